@@ -1,0 +1,70 @@
+//! The error a server sends back in a reply flagged [`crate::frame::FLAG_ERROR`].
+//!
+//! Codes are stable wire values (never reused); each maps to the errno a POSIX front end reports.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    NotFound,
+    Exists,
+    NotDir,
+    IsDir,
+    NotEmpty,
+    Invalid,
+    NameTooLong,
+    Permission,
+    NoSpace,
+    /// A stored block failed its checksum: the bytes are not returned.
+    Corrupt,
+    /// The request could not be decoded or broke a protocol rule.
+    BadRequest,
+    /// The server is out of a bounded resource (sessions, buffers); retry later.
+    Busy,
+    /// The session id is unknown to the server (it restarted or expired the session).
+    StaleSession,
+    /// The slot's sequence number is neither the next one nor a retransmission of the last one.
+    SeqMisordered,
+    Io,
+    Internal,
+    /// No data server is available for a layout.
+    NoServers,
+    /// Offset or length out of the range the server accepts.
+    OutOfRange,
+    NotSymlink,
+}
+
+impl ErrorCode {
+    /// The Linux errno a POSIX front end returns for this code.
+    pub fn errno(self) -> i32 {
+        match self {
+            ErrorCode::NotFound => 2,                         // ENOENT
+            ErrorCode::Exists => 17,                          // EEXIST
+            ErrorCode::NotDir => 20,                          // ENOTDIR
+            ErrorCode::IsDir => 21,                           // EISDIR
+            ErrorCode::NotEmpty => 39,                        // ENOTEMPTY
+            ErrorCode::Invalid | ErrorCode::NotSymlink => 22, // EINVAL
+            ErrorCode::NameTooLong => 36,                     // ENAMETOOLONG
+            ErrorCode::Permission => 13,                      // EACCES
+            ErrorCode::NoSpace => 28,                         // ENOSPC
+            ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal => 5, // EIO
+            ErrorCode::OutOfRange => 27,                      // EFBIG
+            ErrorCode::Busy => 11,                            // EAGAIN
+            _ => 5,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct WireError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl WireError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        WireError { code, message: message.into() }
+    }
+}

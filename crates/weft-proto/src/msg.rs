@@ -1,0 +1,314 @@
+//! Op codes and the request/response body of each op.
+//!
+//! Invariant: an op code, once assigned, is never reused or renumbered; retired ops leave a hole.
+//! Ranges: 1–99 session and control, 100–199 metadata service, 200–299 data servers.
+
+use serde::{Deserialize, Serialize};
+
+use crate::frame::FrameError;
+use crate::layout::Layout;
+use crate::types::*;
+
+macro_rules! messages {
+    ($( $(#[$m:meta])* $variant:ident = $code:literal : $req:ty => $resp:ty, idempotent = $idem:literal, data = $data:literal; )*) => {
+        /// Every op code on the wire.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u16)]
+        pub enum Op { $( $(#[$m])* $variant = $code, )* }
+
+        impl Op {
+            pub fn from_u16(v: u16) -> Option<Op> {
+                match v { $( $code => Some(Op::$variant), )* _ => None }
+            }
+            /// Re-executing the op gives the same outcome, so its reply need not be cached for retransmissions.
+            pub fn is_idempotent(self) -> bool {
+                match self { $( Op::$variant => $idem, )* }
+            }
+            /// The request may carry a bulk data payload after its body.
+            pub fn request_has_data(self) -> bool {
+                match self { $( Op::$variant => $data, )* }
+            }
+        }
+
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        pub enum Request { $( $variant($req), )* }
+
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        pub enum Response { $( $variant($resp), )* }
+
+        impl Request {
+            pub fn op(&self) -> Op {
+                match self { $( Request::$variant(_) => Op::$variant, )* }
+            }
+            pub fn encode_body(&self) -> Vec<u8> {
+                match self { $( Request::$variant(b) => encode(b), )* }
+            }
+            /// Decodes the body of a request whose header carried `op`.
+            pub fn decode(op: u16, body: &[u8]) -> Result<Request, FrameError> {
+                match Op::from_u16(op) {
+                    $( Some(Op::$variant) => Ok(Request::$variant(decode(op, body)?)), )*
+                    None => Err(FrameError::UnknownOp(op)),
+                }
+            }
+        }
+
+        impl Response {
+            pub fn op(&self) -> Op {
+                match self { $( Response::$variant(_) => Op::$variant, )* }
+            }
+            pub fn encode_body(&self) -> Vec<u8> {
+                match self { $( Response::$variant(b) => encode(b), )* }
+            }
+            /// Decodes the body of a (non-error) reply to a request with `op`.
+            pub fn decode(op: u16, body: &[u8]) -> Result<Response, FrameError> {
+                match Op::from_u16(op) {
+                    $( Some(Op::$variant) => Ok(Response::$variant(decode(op, body)?)), )*
+                    None => Err(FrameError::UnknownOp(op)),
+                }
+            }
+        }
+    };
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serializing plain data into a Vec cannot fail.
+    postcard::to_stdvec(v).expect("postcard encoding of a wire type")
+}
+
+/// Decodes a whole body; trailing bytes are an error, so one frame has exactly one reading.
+pub fn decode<'a, T: Deserialize<'a>>(op: u16, body: &'a [u8]) -> Result<T, FrameError> {
+    let (v, rest) =
+        postcard::take_from_bytes(body).map_err(|e| FrameError::BadBody { op, reason: e.to_string() })?;
+    if !rest.is_empty() {
+        return Err(FrameError::BadBody { op, reason: format!("{} trailing bytes", rest.len()) });
+    }
+    Ok(v)
+}
+
+/// Encodes any wire value (used for error bodies).
+pub fn encode_value<T: Serialize>(v: &T) -> Vec<u8> {
+    encode(v)
+}
+
+messages! {
+    /// Liveness probe; no session needed.
+    Null = 1: () => (), idempotent = true, data = false;
+    SessionCreate = 2: SessionCreateReq => SessionCreateResp, idempotent = true, data = false;
+    SessionDestroy = 3: () => (), idempotent = true, data = false;
+
+    Lookup = 100: LookupReq => Attr, idempotent = true, data = false;
+    GetAttr = 101: InoReq => Attr, idempotent = true, data = false;
+    SetAttr = 102: SetAttrReq => Attr, idempotent = false, data = false;
+    Create = 103: CreateReq => Attr, idempotent = false, data = false;
+    Mkdir = 104: MkdirReq => Attr, idempotent = false, data = false;
+    Rmdir = 105: NameReq => (), idempotent = false, data = false;
+    Unlink = 106: NameReq => (), idempotent = false, data = false;
+    Rename = 107: RenameReq => (), idempotent = false, data = false;
+    Symlink = 108: SymlinkReq => Attr, idempotent = false, data = false;
+    Readlink = 109: InoReq => String, idempotent = true, data = false;
+    Link = 110: LinkReq => Attr, idempotent = false, data = false;
+    Readdir = 111: ReaddirReq => ReaddirResp, idempotent = true, data = false;
+    Statfs = 112: () => StatFs, idempotent = true, data = false;
+    /// `weft setstripe`: the layout policy of a directory.
+    SetLayout = 113: SetLayoutReq => Attr, idempotent = false, data = false;
+    /// LAYOUTCOMMIT: the client publishes size and mtime at fsync/close; the largest size wins.
+    Commit = 114: CommitReq => Attr, idempotent = false, data = false;
+    ClusterInfo = 115: () => Vec<ServerInfo>, idempotent = true, data = false;
+    /// A data server announces itself and its space; repeated as its heartbeat.
+    RegisterServer = 116: RegisterServerReq => (), idempotent = true, data = false;
+
+    /// Read `len` bytes of an object; the reply's data payload is exactly `len` bytes (zeros past the object's end).
+    Read = 200: ReadReq => (), idempotent = true, data = false;
+    /// Write the request's data payload at `offset` of an object.
+    Write = 201: WriteReq => u32, idempotent = false, data = true;
+    Truncate = 202: TruncateReq => (), idempotent = false, data = false;
+    RemoveObject = 203: InoReq => (), idempotent = false, data = false;
+    SpaceStat = 204: () => SpaceStat, idempotent = true, data = false;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionCreateReq {
+    /// Free text naming the client in server logs.
+    pub client_name: String,
+    pub slots: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionCreateResp {
+    pub session: u64,
+    /// Slots granted (≤ requested): the most requests the client may have in flight.
+    pub slots: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupReq {
+    pub parent: u64,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InoReq {
+    pub ino: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttrReq {
+    pub ino: u64,
+    pub set: SetAttrs,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateReq {
+    pub parent: u64,
+    pub name: String,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Fail with `Exists` if the name exists; otherwise an existing regular file is returned as it is.
+    pub exclusive: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MkdirReq {
+    pub parent: u64,
+    pub name: String,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameReq {
+    pub parent: u64,
+    pub name: String,
+}
+
+pub const RENAME_NOREPLACE: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameReq {
+    pub src_parent: u64,
+    pub src_name: String,
+    pub dst_parent: u64,
+    pub dst_name: String,
+    /// Bit set of `RENAME_*`.
+    pub flags: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SymlinkReq {
+    pub parent: u64,
+    pub name: String,
+    pub target: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkReq {
+    pub ino: u64,
+    pub new_parent: u64,
+    pub new_name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReaddirReq {
+    pub ino: u64,
+    /// Resume after this name (empty: from the start). Names are a stable cursor under concurrent changes.
+    pub after: String,
+    /// At most this many entries (the server caps it at `READDIR_ENTRIES_MAX`).
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReaddirResp {
+    pub entries: Vec<DirEntry>,
+    pub eof: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetLayoutReq {
+    pub ino: u64,
+    /// A policy: `servers` empty, `stripe_count` 0 meaning every server.
+    pub layout: Layout,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitReq {
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterServerReq {
+    pub id: u32,
+    /// Address clients use to reach the server.
+    pub addr: String,
+    pub space: SpaceStat,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadReq {
+    pub ino: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteReq {
+    pub ino: u64,
+    pub offset: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TruncateReq {
+    pub ino: u64,
+    pub size: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_by_op() {
+        let reqs = vec![
+            Request::Null(()),
+            Request::Lookup(LookupReq { parent: 1, name: "a".into() }),
+            Request::Write(WriteReq { ino: 9, offset: 1 << 40 }),
+            Request::Rename(RenameReq {
+                src_parent: 1,
+                src_name: "x".into(),
+                dst_parent: 2,
+                dst_name: "y".into(),
+                flags: RENAME_NOREPLACE,
+            }),
+        ];
+        for r in reqs {
+            let body = r.encode_body();
+            assert_eq!(Request::decode(r.op() as u16, &body).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn decoding_rejects_garbage() {
+        assert_eq!(Request::decode(999, &[]), Err(FrameError::UnknownOp(999)));
+        assert!(matches!(Request::decode(Op::Lookup as u16, &[1]), Err(FrameError::BadBody { .. })));
+        let mut body = Request::Null(()).encode_body();
+        body.push(0);
+        assert!(matches!(Request::decode(Op::Null as u16, &body), Err(FrameError::BadBody { .. })));
+    }
+
+    #[test]
+    fn op_codes_are_pinned() {
+        // Changing a number here breaks every deployed peer: op codes are never renumbered.
+        assert_eq!(Op::Null as u16, 1);
+        assert_eq!(Op::Lookup as u16, 100);
+        assert_eq!(Op::RegisterServer as u16, 116);
+        assert_eq!(Op::Read as u16, 200);
+        assert_eq!(Op::SpaceStat as u16, 204);
+        assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());
+        assert!(Op::Read.is_idempotent() && !Op::Create.is_idempotent());
+    }
+}

@@ -1,0 +1,98 @@
+//! Plain data carried in request and response bodies: inodes, attributes, directory entries, cluster state.
+//!
+//! Enums here are encoded by postcard as their variant index: variants are only ever appended, never reordered.
+
+use serde::{Deserialize, Serialize};
+
+use crate::layout::Layout;
+
+/// Inode number of the root directory.
+pub const ROOT_INO: u64 = 1;
+/// Longest name of one directory entry, in bytes (as Linux's NAME_MAX).
+pub const NAME_BYTES_MAX: usize = 255;
+/// Longest symlink target, in bytes (as Linux's PATH_MAX).
+pub const SYMLINK_BYTES_MAX: usize = 4096;
+/// Most entries one readdir reply may carry.
+pub const READDIR_ENTRIES_MAX: u32 = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: FileKind,
+    /// Permission bits only (no file-type bits).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    /// Files: the layout fixed at create. Directories: the layout new children inherit, if one was set.
+    pub layout: Option<Layout>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeSet {
+    Now,
+    AtNs(i64),
+}
+
+/// The fields a setattr changes; `None` leaves a field as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttrs {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub ino: u64,
+    pub kind: FileKind,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatFs {
+    pub bytes_total: u64,
+    pub bytes_free: u64,
+    pub files: u64,
+    pub servers_up: u32,
+    pub servers_total: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerState {
+    Up,
+    /// No heartbeat within the MDS's liveness window.
+    Down,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    pub id: u32,
+    pub addr: String,
+    pub state: ServerState,
+    pub bytes_total: u64,
+    pub bytes_free: u64,
+    pub heartbeat_age_ms: u64,
+}
+
+/// Space a data server reports for its root directory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpaceStat {
+    pub bytes_total: u64,
+    pub bytes_free: u64,
+    pub objects: u64,
+}
