@@ -1,1 +1,29 @@
-//! weft-rpc
+//! RPC over a fabric: every client–server pair talks through a *session* of N *slots* (DESIGN.md §2, NFSv4.1
+//! sessions, dissertation §6.2.5).
+//!
+//! - Every request carries (session, slot, sequence). A slot holds at most one request in flight, so the slot
+//!   count is the client's credit: it never has more than N requests outstanding to one server.
+//! - The server caches the last reply of every slot for non-idempotent ops; a retransmission (same slot, same
+//!   sequence) is answered from the cache and never executed twice. A retransmission that arrives while the original
+//!   still runs waits for it.
+//! - The client times calls out, tears the connection down, reconnects and retries on the same slot and sequence.
+//!   When it gives up on a non-idempotent call that may have run, it says so ([`RpcError::MaybeApplied`]).
+//! - Bulk payloads are bounded per frame (`FrameLimits::data_bytes_max`); callers split large transfers into
+//!   transfer units and keep several in flight, so the server's disk works on one unit while the next crosses the
+//!   network. Server buffers come from a bounded, pre-faulted [`pool::BufferPool`]: when it is empty the server
+//!   stops reading the socket (back-pressure, not growth).
+
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod fault;
+pub mod io;
+pub mod pool;
+pub mod server;
+mod session;
+
+pub use client::RpcClient;
+pub use config::{ClientConfig, ServerConfig};
+pub use error::RpcError;
+pub use pool::{BufferPool, PoolBuf};
+pub use server::{CallCtx, Reply, RpcServer, Service};

@@ -1,0 +1,519 @@
+//! The client side of a session: one connection at a time to one server, a reader task that matches replies to
+//! slots, and calls that time out, reconnect and retry on the same (slot, sequence).
+//!
+//! Payloads never pass through an intermediate buffer: a call's outgoing data is written from the caller's
+//! [`Bytes`] segments with one vectored write, and incoming data is read from the socket straight into the caller's
+//! [`BytesMut`] segments, which the call takes by value and gives back (on success and on failure).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, BufReader};
+use tokio::sync::{Semaphore, oneshot};
+use tracing::{debug, warn};
+use weft_fabric::{Connection, Fabric, Killer};
+use weft_proto::frame::FLAG_ERROR;
+use weft_proto::msg::{SessionCreateReq, decode};
+use weft_proto::{ErrorCode, FrameKind, FrameLimits, Header, Op, Request, Response, WireError};
+
+use crate::config::ClientConfig;
+use crate::error::RpcError;
+use crate::io::{read_head, skip, write_frame};
+
+/// Slot number used for session control calls (create, destroy), which run outside the slot table.
+const CONTROL_SLOT: u32 = u32::MAX;
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
+type Outcome = Result<(Header, Vec<u8>, Vec<BytesMut>), (String, Vec<BytesMut>)>;
+
+struct Pending {
+    seq: u32,
+    dest: Vec<BytesMut>,
+    tx: oneshot::Sender<Outcome>,
+}
+
+struct Conn<F: Fabric> {
+    writer: tokio::sync::Mutex<F::Writer>,
+    killer: F::Killer,
+    /// Guarded together with `dead` so no call registers on a connection whose reader has already drained it.
+    pending: Mutex<(bool, HashMap<u32, Pending>)>,
+    dead: AtomicBool,
+}
+
+impl<F: Fabric> Conn<F> {
+    /// Registers a call; gives the buffers back if the connection is already dead.
+    fn register(&self, slot: u32, seq: u32, dest: Vec<BytesMut>) -> Result<oneshot::Receiver<Outcome>, Vec<BytesMut>> {
+        let mut p = self.pending.lock().expect("pending");
+        if p.0 {
+            return Err(dest);
+        }
+        let (tx, rx) = oneshot::channel();
+        p.1.insert(slot, Pending { seq, dest, tx });
+        Ok(rx)
+    }
+
+    fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+        self.killer.kill();
+    }
+
+    /// Marks the connection dead and fails every registered call, giving back its buffers.
+    fn fail_all(&self, reason: &str) {
+        self.dead.store(true, Ordering::SeqCst);
+        let drained: Vec<Pending> = {
+            let mut p = self.pending.lock().expect("pending");
+            p.0 = true;
+            p.1.drain().map(|(_, v)| v).collect()
+        };
+        for p in drained {
+            let _ = p.tx.send(Err((reason.to_string(), p.dest)));
+        }
+    }
+}
+
+struct SlotSeq {
+    session: u64,
+    seq: u32,
+}
+
+struct Inner<F: Fabric> {
+    fabric: F,
+    addr: String,
+    cfg: ClientConfig,
+    conn: tokio::sync::Mutex<Option<Arc<Conn<F>>>>,
+    /// Serialises session control calls.
+    control: tokio::sync::Mutex<()>,
+    session: Mutex<u64>,
+    slots: Vec<Mutex<SlotSeq>>,
+    free: Mutex<Vec<u32>>,
+    credits: Semaphore,
+}
+
+impl<F: Fabric> Drop for Inner<F> {
+    fn drop(&mut self) {
+        if let Ok(c) = self.conn.try_lock()
+            && let Some(c) = c.as_ref()
+        {
+            c.kill();
+        }
+    }
+}
+
+/// A session with one server. Cheap to clone; clones share the session and its slots.
+pub struct RpcClient<F: Fabric> {
+    inner: Arc<Inner<F>>,
+}
+
+impl<F: Fabric> Clone for RpcClient<F> {
+    fn clone(&self) -> Self {
+        RpcClient { inner: self.inner.clone() }
+    }
+}
+
+/// Returns a slot to the free list when a call ends, however it ends.
+struct SlotGuard<'a> {
+    free: &'a Mutex<Vec<u32>>,
+    slot: u32,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        self.free.lock().expect("free slots").push(self.slot);
+    }
+}
+
+impl<F: Fabric> RpcClient<F> {
+    /// Connects and opens a session.
+    pub async fn connect(fabric: F, addr: &str, cfg: ClientConfig) -> Result<Self, RpcError> {
+        let conn = open_conn(&fabric, addr, &cfg).await?;
+        let (session, granted) = create_session(&conn, addr, &cfg).await?;
+        debug!(addr, session = format_args!("{session:#x}"), slots = granted, "session open");
+        Ok(RpcClient {
+            inner: Arc::new(Inner {
+                fabric,
+                addr: addr.to_string(),
+                slots: (0..granted).map(|_| Mutex::new(SlotSeq { session, seq: 0 })).collect(),
+                free: Mutex::new((0..granted).rev().collect()),
+                credits: Semaphore::new(granted as usize),
+                cfg,
+                conn: tokio::sync::Mutex::new(Some(conn)),
+                control: tokio::sync::Mutex::new(()),
+                session: Mutex::new(session),
+            }),
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.inner.addr
+    }
+
+    /// Slots granted by the server: the most calls this client has in flight to it.
+    pub fn slots(&self) -> usize {
+        self.inner.slots.len()
+    }
+
+    /// Ends the session politely (best effort).
+    pub async fn close(&self) {
+        let _ = self.control_call(Request::SessionDestroy(())).await;
+        if let Some(c) = self.inner.conn.lock().await.take() {
+            c.kill();
+        }
+    }
+
+    /// A call without payloads.
+    pub async fn call_simple(&self, req: Request) -> Result<Response, RpcError> {
+        self.call(req, Vec::new(), Vec::new()).await.map(|(r, _)| r)
+    }
+
+    /// Sends `req` with `data` as its payload and receives the reply's payload into `dest`, whose segments'
+    /// lengths must add up to exactly the payload the reply carries. `dest` comes back with the response.
+    pub async fn call(
+        &self,
+        req: Request,
+        data: Vec<Bytes>,
+        dest: Vec<BytesMut>,
+    ) -> Result<(Response, Vec<BytesMut>), RpcError> {
+        let inner = &*self.inner;
+        let op = req.op();
+        let body = req.encode_body();
+        let body_crc = crc32c::crc32c(&body);
+        let data_len: usize = data.iter().map(|d| d.len()).sum();
+        assert!(data_len <= u32::MAX as usize, "payload of {data_len} bytes does not fit a frame");
+        let data_slices: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+        let timeout = Duration::from_millis(inner.cfg.call_timeout_ms);
+
+        let _credit = inner.credits.acquire().await.expect("credits are never closed");
+        let slot = inner.free.lock().expect("free slots").pop().expect("a credit guarantees a free slot");
+        let _guard = SlotGuard { free: &inner.free, slot };
+        let (mut sid, mut seq) = self.next_seq(slot);
+
+        let mut dest = dest;
+        // A non-idempotent attempt went out and no answer came back: it may have run.
+        let mut maybe_ran = false;
+        // The server lost our session after such an attempt: exactly-once cannot be promised for this call.
+        let mut session_lost = false;
+        let mut last_failure = String::from("no attempt made");
+        let mut connect_failed: Option<std::io::Error> = None;
+        for attempt in 1..=inner.cfg.attempts_max {
+            if attempt > 1 {
+                // Back off a little between attempts so a restarting server is not hammered.
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt.min(10)))).await;
+            }
+            let conn = match self.conn().await {
+                Ok(c) => c,
+                Err(e) => {
+                    last_failure = format!("connect: {e}");
+                    connect_failed = Some(e);
+                    continue;
+                }
+            };
+            connect_failed = None;
+            let rx = match conn.register(slot, seq, dest) {
+                Ok(rx) => rx,
+                Err(d) => {
+                    dest = d;
+                    last_failure = "connection closed".into();
+                    continue;
+                }
+            };
+            let h = Header {
+                kind: FrameKind::Request,
+                flags: 0,
+                op: op as u16,
+                session: sid,
+                slot,
+                seq,
+                body_len: body.len() as u32,
+                data_len: data_len as u32,
+                body_crc,
+            };
+            let wrote = tokio::time::timeout(timeout, async {
+                let mut w = conn.writer.lock().await;
+                write_frame(&mut *w, &h, &body, &data_slices).await
+            })
+            .await;
+            if !op.is_idempotent() {
+                maybe_ran = true;
+            }
+            if !matches!(wrote, Ok(Ok(()))) {
+                last_failure = match wrote {
+                    Ok(Err(e)) => format!("send failed: {e}"),
+                    _ => "send timed out".into(),
+                };
+                conn.kill();
+                dest = recover(rx).await;
+                continue;
+            }
+            let mut rx = rx;
+            let outcome = match tokio::time::timeout(timeout, &mut rx).await {
+                Ok(Ok(o)) => o,
+                Ok(Err(_)) => unreachable!("the reader always answers a registered call"),
+                Err(_) => {
+                    warn!(addr = %inner.addr, ?op, slot, seq, attempt, "call timed out; reconnecting to retry");
+                    conn.kill();
+                    // The killed reader fails the call promptly and gives the buffers back.
+                    let d = recover(rx).await;
+                    Err((format!("no reply within {} ms", inner.cfg.call_timeout_ms), d))
+                }
+            };
+            let (rh, rbody, d) = match outcome {
+                Ok(x) => x,
+                Err((reason, d)) => {
+                    dest = d;
+                    last_failure = reason;
+                    continue;
+                }
+            };
+            dest = d;
+            if rh.flags & FLAG_ERROR != 0 {
+                let err: WireError = decode(rh.op, &rbody)
+                    .map_err(|e| RpcError::Protocol { addr: inner.addr.clone(), source: e })?;
+                if matches!(err.code, ErrorCode::StaleSession | ErrorCode::SeqMisordered) && attempt < inner.cfg.attempts_max {
+                    warn!(addr = %inner.addr, ?op, "server refused our session ({}); opening a new one", err.message);
+                    session_lost |= maybe_ran;
+                    self.renew_session(sid).await;
+                    (sid, seq) = self.next_seq(slot);
+                    continue;
+                }
+                if session_lost {
+                    return Err(RpcError::MaybeApplied {
+                        addr: inner.addr.clone(),
+                        op,
+                        reason: format!("the server lost the session after the request was sent, and the retry answered: {err}"),
+                    });
+                }
+                return Err(RpcError::Remote(err));
+            }
+            let resp = Response::decode(rh.op, &rbody)
+                .map_err(|e| RpcError::Protocol { addr: inner.addr.clone(), source: e })?;
+            return Ok((resp, dest));
+        }
+        // Giving up: this slot's sequence may now disagree with the server's, so the next call opens a new session.
+        self.forget_session(sid);
+        if maybe_ran {
+            return Err(RpcError::MaybeApplied { addr: inner.addr.clone(), op, reason: last_failure });
+        }
+        if let Some(source) = connect_failed {
+            return Err(RpcError::Connect { addr: inner.addr.clone(), source });
+        }
+        Err(RpcError::Timeout { addr: inner.addr.clone(), op, attempts: inner.cfg.attempts_max })
+    }
+
+    fn next_seq(&self, slot: u32) -> (u64, u32) {
+        let session = *self.inner.session.lock().expect("session");
+        let mut s = self.inner.slots[slot as usize].lock().expect("slot");
+        if s.session != session {
+            s.session = session;
+            s.seq = 0;
+        }
+        s.seq = s.seq.wrapping_add(1).max(1);
+        (session, s.seq)
+    }
+
+    fn forget_session(&self, sid: u64) {
+        let mut s = self.inner.session.lock().expect("session");
+        if *s == sid {
+            *s = 0;
+        }
+    }
+
+    /// Opens a new session if `stale` is still the current one (another call may have renewed it already).
+    async fn renew_session(&self, stale: u64) {
+        let _g = self.inner.control.lock().await;
+        if *self.inner.session.lock().expect("session") != stale {
+            return;
+        }
+        if let Ok(conn) = self.conn().await {
+            match create_session(&conn, &self.inner.addr, &self.inner.cfg).await {
+                Ok((id, _)) => *self.inner.session.lock().expect("session") = id,
+                Err(e) => warn!(addr = %self.inner.addr, "cannot open a new session: {e}"),
+            }
+        }
+    }
+
+    /// The live connection, reconnecting (and re-opening a forgotten session) if needed.
+    async fn conn(&self) -> std::io::Result<Arc<Conn<F>>> {
+        let conn = {
+            let mut g = self.inner.conn.lock().await;
+            match g.as_ref() {
+                Some(c) if !c.dead.load(Ordering::SeqCst) => c.clone(),
+                _ => {
+                    let c = open_conn(&self.inner.fabric, &self.inner.addr, &self.inner.cfg)
+                        .await
+                        .map_err(|e| match e {
+                            RpcError::Connect { source, .. } => source,
+                            other => std::io::Error::other(other.to_string()),
+                        })?;
+                    debug!(addr = %self.inner.addr, "reconnected");
+                    *g = Some(c.clone());
+                    c
+                }
+            }
+        };
+        if *self.inner.session.lock().expect("session") == 0 {
+            let _g = self.inner.control.lock().await;
+            if *self.inner.session.lock().expect("session") == 0 {
+                let (id, _) = create_session(&conn, &self.inner.addr, &self.inner.cfg)
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                *self.inner.session.lock().expect("session") = id;
+            }
+        }
+        Ok(conn)
+    }
+
+    async fn control_call(&self, req: Request) -> Result<Response, RpcError> {
+        let _g = self.inner.control.lock().await;
+        let conn = self
+            .conn()
+            .await
+            .map_err(|source| RpcError::Connect { addr: self.inner.addr.clone(), source })?;
+        let sid = *self.inner.session.lock().expect("session");
+        control(&conn, &self.inner.addr, &self.inner.cfg, sid, req).await
+    }
+}
+
+/// Takes the buffers back from a call on a killed connection (its reader fails every registered call).
+async fn recover(rx: oneshot::Receiver<Outcome>) -> Vec<BytesMut> {
+    match rx.await {
+        Ok(Ok((_, _, d))) | Ok(Err((_, d))) => d,
+        Err(_) => unreachable!("the reader always answers a registered call"),
+    }
+}
+
+async fn open_conn<F: Fabric>(fabric: &F, addr: &str, cfg: &ClientConfig) -> Result<Arc<Conn<F>>, RpcError> {
+    let connect = tokio::time::timeout(Duration::from_millis(cfg.connect_timeout_ms), fabric.connect(addr)).await;
+    let Connection { reader, writer, killer, .. } = match connect {
+        Ok(Ok(c)) => c,
+        Ok(Err(source)) => return Err(RpcError::Connect { addr: addr.to_string(), source }),
+        Err(_) => {
+            return Err(RpcError::Connect {
+                addr: addr.to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+            });
+        }
+    };
+    let conn = Arc::new(Conn::<F> {
+        writer: tokio::sync::Mutex::new(writer),
+        killer,
+        pending: Mutex::new((false, HashMap::new())),
+        dead: AtomicBool::new(false),
+    });
+    tokio::spawn(reader_loop(conn.clone(), reader, cfg.limits, addr.to_string()));
+    Ok(conn)
+}
+
+async fn create_session<F: Fabric>(conn: &Conn<F>, addr: &str, cfg: &ClientConfig) -> Result<(u64, u32), RpcError> {
+    let req = Request::SessionCreate(SessionCreateReq { client_name: cfg.client_name.clone(), slots: cfg.slots });
+    match control(conn, addr, cfg, 0, req).await? {
+        Response::SessionCreate(r) if r.slots > 0 => Ok((r.session, r.slots)),
+        other => Err(RpcError::Protocol {
+            addr: addr.to_string(),
+            source: weft_proto::FrameError::BadBody { op: Op::SessionCreate as u16, reason: format!("unexpected {other:?}") },
+        }),
+    }
+}
+
+/// A session-control call: one attempt, no slot, no payload.
+async fn control<F: Fabric>(conn: &Conn<F>, addr: &str, cfg: &ClientConfig, sid: u64, req: Request) -> Result<Response, RpcError> {
+    let lost = |reason: String| RpcError::ConnectionLost { addr: addr.to_string(), reason };
+    let rx = conn.register(CONTROL_SLOT, 0, Vec::new()).map_err(|_| lost("connection closed".into()))?;
+    let body = req.encode_body();
+    let h = Header {
+        kind: FrameKind::Request,
+        flags: 0,
+        op: req.op() as u16,
+        session: sid,
+        slot: CONTROL_SLOT,
+        seq: 0,
+        body_len: body.len() as u32,
+        data_len: 0,
+        body_crc: crc32c::crc32c(&body),
+    };
+    let timeout = Duration::from_millis(cfg.call_timeout_ms);
+    let sent = {
+        let mut w = conn.writer.lock().await;
+        tokio::time::timeout(timeout, write_frame(&mut *w, &h, &body, &[])).await
+    };
+    if !matches!(sent, Ok(Ok(()))) {
+        conn.kill();
+        return Err(lost("send failed".into()));
+    }
+    let (rh, rbody, _) = match tokio::time::timeout(timeout, rx).await {
+        Ok(Ok(Ok(x))) => x,
+        Ok(Ok(Err((reason, _)))) => return Err(lost(reason)),
+        Ok(Err(_)) => return Err(lost("reader ended".into())),
+        Err(_) => {
+            conn.kill();
+            return Err(RpcError::Timeout { addr: addr.to_string(), op: req.op(), attempts: 1 });
+        }
+    };
+    if rh.flags & FLAG_ERROR != 0 {
+        let err: WireError =
+            decode(rh.op, &rbody).map_err(|source| RpcError::Protocol { addr: addr.to_string(), source })?;
+        return Err(RpcError::Remote(err));
+    }
+    Response::decode(rh.op, &rbody).map_err(|source| RpcError::Protocol { addr: addr.to_string(), source })
+}
+
+async fn reader_loop<F: Fabric>(conn: Arc<Conn<F>>, reader: F::Reader, limits: FrameLimits, addr: String) {
+    let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+    let reason: String = loop {
+        let (h, body) = match read_head(&mut r, &limits).await {
+            Ok(x) => x,
+            Err(e) => break e.to_string(),
+        };
+        if h.kind != FrameKind::Reply {
+            break "server sent a request frame".into();
+        }
+        if h.op == 0 && h.flags & FLAG_ERROR != 0 {
+            // The server refused a frame it could not parse and is closing the connection.
+            let msg = decode::<WireError>(0, &body).map(|e| e.message).unwrap_or_default();
+            break format!("server refused our frame: {msg}");
+        }
+        if let Err(e) = h.check_body(&body) {
+            break e.to_string();
+        }
+        let p = {
+            let mut p = conn.pending.lock().expect("pending");
+            match p.1.get(&h.slot) {
+                Some(x) if x.seq == h.seq => p.1.remove(&h.slot),
+                _ => None,
+            }
+        };
+        let Some(mut p) = p else {
+            // A late reply to an attempt we already gave up on.
+            if let Err(e) = skip(&mut r, h.data_len as u64).await {
+                break e.to_string();
+            }
+            continue;
+        };
+        let want: usize = p.dest.iter().map(|d| d.len()).sum();
+        let is_error = h.flags & FLAG_ERROR != 0;
+        if h.data_len as usize != want && !(is_error && h.data_len == 0) {
+            let reason = format!("reply carries {} payload bytes, the call expected {want}", h.data_len);
+            let _ = p.tx.send(Err((reason.clone(), p.dest)));
+            break reason;
+        }
+        let mut failed = None;
+        if h.data_len > 0 {
+            for d in p.dest.iter_mut() {
+                if let Err(e) = r.read_exact(&mut d[..]).await {
+                    failed = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        if let Some(reason) = failed {
+            let _ = p.tx.send(Err((reason.clone(), p.dest)));
+            break reason;
+        }
+        let _ = p.tx.send(Ok((h, body, p.dest)));
+    };
+    debug!(%addr, "client connection ended: {reason}");
+    conn.killer.kill();
+    conn.fail_all(&reason);
+}

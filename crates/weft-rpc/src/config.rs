@@ -1,0 +1,57 @@
+//! Tunables of the RPC layer, with the defaults used when a config file does not name them.
+
+use weft_proto::FrameLimits;
+
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Name reported to servers, for their logs.
+    pub client_name: String,
+    /// Slots asked for per session: the most requests in flight to one server.
+    pub slots: u32,
+    pub connect_timeout_ms: u64,
+    /// Deadline of one attempt, from send to reply.
+    pub call_timeout_ms: u64,
+    /// Attempts per call before giving up (the first try counts).
+    pub attempts_max: u32,
+    /// Limits on replies this client accepts.
+    pub limits: FrameLimits,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            client_name: format!("weft-client-{}", std::process::id()),
+            slots: 16,
+            connect_timeout_ms: 5_000,
+            call_timeout_ms: 30_000,
+            attempts_max: 5,
+            limits: FrameLimits { body_bytes_max: 8 << 20, data_bytes_max: 4 << 20 },
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Limits on requests this server accepts; `data_bytes_max` is also the pool's buffer size.
+    pub limits: FrameLimits,
+    /// Most slots granted per session.
+    pub slots_max: u32,
+    /// Most sessions held at once; idle ones are evicted to make room, otherwise new sessions are refused.
+    pub sessions_max: u32,
+    /// A session unused this long may be evicted.
+    pub session_idle_ms: u64,
+    /// Buffers in the server's pool (each `limits.data_bytes_max` bytes, allocated and pre-faulted on first use).
+    pub pool_buffers: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            limits: FrameLimits { body_bytes_max: 1 << 20, data_bytes_max: 2 << 20 },
+            slots_max: 64,
+            sessions_max: 1024,
+            session_idle_ms: 300_000,
+            pool_buffers: 32,
+        }
+    }
+}

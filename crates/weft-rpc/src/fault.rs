@@ -1,0 +1,50 @@
+//! Fault injection for tests, compiled only with the `fault-injection` feature.
+//!
+//! `WEFT_FAULT=drop-after-execute:<op code>:<count>` makes the server close the connection instead of sending the
+//! reply, after executing (and caching the reply of) the next `<count>` requests with that op. Tests use it to prove
+//! that a retransmission is answered from the reply cache and not executed twice.
+
+#[cfg(feature = "fault-injection")]
+mod imp {
+    use std::sync::Mutex;
+
+    static PLAN: Mutex<Option<(u16, u32)>> = Mutex::new(None);
+    static LOADED: std::sync::Once = std::sync::Once::new();
+
+    fn load() {
+        LOADED.call_once(|| {
+            let Ok(spec) = std::env::var("WEFT_FAULT") else { return };
+            let parts: Vec<&str> = spec.split(':').collect();
+            if let ["drop-after-execute", op, count] = parts.as_slice()
+                && let (Ok(op), Ok(count)) = (op.parse(), count.parse())
+            {
+                tracing::warn!(op, count, "fault injection armed: drop connection after execute");
+                *PLAN.lock().expect("fault plan") = Some((op, count));
+            }
+        });
+    }
+
+    pub fn drop_after_execute(op: u16) -> bool {
+        load();
+        let mut plan = PLAN.lock().expect("fault plan");
+        match plan.as_mut() {
+            Some((o, n)) if *o == op && *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// True when the test plan says to drop the connection instead of replying to this op.
+#[cfg(feature = "fault-injection")]
+pub fn drop_after_execute(op: u16) -> bool {
+    imp::drop_after_execute(op)
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn drop_after_execute(_op: u16) -> bool {
+    false
+}

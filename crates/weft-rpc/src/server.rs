@@ -1,0 +1,298 @@
+//! The server side: accept connections on a fabric, check every frame before acting on it, admit requests
+//! through the session table, run them on the [`Service`] and send the replies.
+//!
+//! A frame that cannot be trusted (bad magic, version or kind, oversized lengths, truncated header) is answered with
+//! an error frame and the connection is closed, since the stream can no longer be parsed. A frame whose lengths are
+//! sound but whose body is bad (checksum, undecodable, data where none belongs) is answered with an error and the
+//! connection goes on. Other connections are never affected.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, BufReader};
+use tokio::sync::Semaphore;
+use tracing::{debug, info, warn};
+use weft_fabric::{Connection, Fabric, Killer, Listener};
+use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
+use weft_proto::msg::{SessionCreateResp, encode_value};
+use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, WireError};
+
+use crate::config::ServerConfig;
+use crate::io::{ReadError, read_head, skip, write_frame};
+use crate::pool::{BufferPool, PoolBuf};
+use crate::session::{Admit, CachedReply, SessionTable};
+
+/// Context of one call.
+pub struct CallCtx {
+    pub session: u64,
+    pub peer: Arc<str>,
+    /// The server's payload buffers, for replies that carry data.
+    pub pool: BufferPool,
+}
+
+/// A service's answer: the response body and, for reads, a payload buffer sent after it.
+pub struct Reply {
+    pub resp: Response,
+    pub data: Option<PoolBuf>,
+}
+
+impl From<Response> for Reply {
+    fn from(resp: Response) -> Reply {
+        Reply { resp, data: None }
+    }
+}
+
+/// What a server does with an admitted request. `data` is the request's payload (for ops that carry one).
+pub trait Service: Send + Sync + 'static {
+    fn call(
+        &self,
+        ctx: &CallCtx,
+        req: Request,
+        data: Option<PoolBuf>,
+    ) -> impl Future<Output = Result<Reply, WireError>> + Send;
+}
+
+pub struct RpcServer<F: Fabric, S: Service> {
+    cfg: ServerConfig,
+    service: Arc<S>,
+    sessions: Arc<SessionTable>,
+    pool: BufferPool,
+    connections: Arc<Semaphore>,
+    _fabric: std::marker::PhantomData<F>,
+}
+
+/// Most connections served at once; further accepts wait.
+const CONNECTIONS_MAX: usize = 4096;
+/// Socket read buffer for headers and bodies; payloads larger than this bypass it.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
+struct ConnOut<F: Fabric> {
+    writer: tokio::sync::Mutex<F::Writer>,
+    killer: F::Killer,
+    peer: Arc<str>,
+}
+
+impl<F: Fabric, S: Service> RpcServer<F, S> {
+    pub fn new(cfg: ServerConfig, service: Arc<S>) -> Arc<Self> {
+        let pool = BufferPool::new(cfg.limits.data_bytes_max as usize, cfg.pool_buffers);
+        Arc::new(RpcServer {
+            sessions: Arc::new(SessionTable::new(cfg.slots_max, cfg.sessions_max, cfg.session_idle_ms)),
+            cfg,
+            service,
+            pool,
+            connections: Arc::new(Semaphore::new(CONNECTIONS_MAX)),
+            _fabric: std::marker::PhantomData,
+        })
+    }
+
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    /// Accepts and serves connections until the listener fails.
+    pub async fn serve(self: Arc<Self>, mut listener: F::Listener) -> std::io::Result<()> {
+        loop {
+            let permit = self.connections.clone().acquire_owned().await.expect("never closed");
+            let conn = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    // Transient accept errors (EMFILE, ECONNABORTED) must not end the server.
+                    warn!("accept failed: {e}");
+                    tokio::task::yield_now().await;
+                    continue;
+                }
+            };
+            let me = self.clone();
+            tokio::spawn(async move {
+                me.serve_conn(conn).await;
+                drop(permit);
+            });
+        }
+    }
+
+    async fn serve_conn(self: Arc<Self>, conn: Connection<F>) {
+        let Connection { reader, writer, killer, peer } = conn;
+        let peer: Arc<str> = peer.into();
+        debug!(%peer, "connection open");
+        let out = Arc::new(ConnOut::<F> { writer: tokio::sync::Mutex::new(writer), killer, peer: peer.clone() });
+        let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+        let limits = self.cfg.limits;
+        loop {
+            let (h, body) = match read_head(&mut r, &limits).await {
+                Ok(x) => x,
+                Err(ReadError::Closed) => break,
+                Err(ReadError::Io(e)) => {
+                    debug!(%peer, "connection ended: {e}");
+                    break;
+                }
+                Err(ReadError::Frame(e)) => {
+                    warn!(%peer, "refusing malformed frame, closing connection: {e}");
+                    let err = WireError::new(ErrorCode::BadRequest, e.to_string());
+                    let h0 = Header {
+                        kind: FrameKind::Reply,
+                        flags: 0,
+                        op: 0,
+                        session: 0,
+                        slot: 0,
+                        seq: 0,
+                        body_len: 0,
+                        data_len: 0,
+                        body_crc: 0,
+                    };
+                    send_reply(&out, &h0, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await;
+                    break;
+                }
+            };
+            if h.kind != FrameKind::Request {
+                warn!(%peer, "peer sent a reply frame to a server, closing connection");
+                let err = WireError::new(ErrorCode::BadRequest, "expected a request frame");
+                send_reply(&out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await;
+                break;
+            }
+            let refuse = |e: FrameError| WireError::new(ErrorCode::BadRequest, e.to_string());
+            let decoded = h.check_body(&body).and_then(|()| Request::decode(h.op, &body)).map_err(refuse).and_then(
+                |req| {
+                    if h.data_len > 0 && !req.op().request_has_data() {
+                        Err(refuse(FrameError::UnexpectedData { op: h.op, len: h.data_len }))
+                    } else {
+                        Ok(req)
+                    }
+                },
+            );
+            let req = match decoded {
+                Ok(req) => req,
+                Err(err) => {
+                    warn!(%peer, op = h.op, "refusing request: {}", err.message);
+                    if skip(&mut r, h.data_len as u64).await.is_err() {
+                        break;
+                    }
+                    send_reply(&out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await;
+                    continue;
+                }
+            };
+            let data = if h.data_len > 0 {
+                // Waiting here for a pool buffer is the back-pressure: the socket is not read meanwhile.
+                let mut buf = self.pool.acquire(h.data_len as usize).await;
+                if let Err(e) = r.read_exact(buf.as_mut_slice()).await {
+                    debug!(%peer, "connection ended inside a payload: {e}");
+                    break;
+                }
+                Some(buf)
+            } else {
+                None
+            };
+            self.dispatch(&out, h, req, data).await;
+        }
+        debug!(%peer, "connection closed");
+    }
+
+    async fn dispatch(self: &Arc<Self>, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>) {
+        let result = match &req {
+            Request::Null(()) => Ok(Response::Null(())),
+            Request::SessionCreate(c) => self.sessions.create(&c.client_name, c.slots).map(|(session, slots)| {
+                info!(peer = %out.peer, client = %c.client_name, session = format_args!("{session:#x}"), slots, "session created");
+                Response::SessionCreate(SessionCreateResp { session, slots })
+            }),
+            Request::SessionDestroy(()) => {
+                self.sessions.destroy(h.session);
+                Ok(Response::SessionDestroy(()))
+            }
+            _ => {
+                let me = self.clone();
+                let out = out.clone();
+                match self.sessions.admit(h.session, h.slot, h.seq) {
+                    Admit::Execute => {
+                        tokio::spawn(async move { me.execute(&out, h, req, data, true).await });
+                    }
+                    Admit::Reexecute => {
+                        tokio::spawn(async move { me.execute(&out, h, req, data, false).await });
+                    }
+                    Admit::Replay(c) => {
+                        debug!(peer = %out.peer, slot = h.slot, seq = h.seq, "retransmission answered from the reply cache");
+                        send_reply(&out, &h, c.flags | FLAG_CACHED, c.body, None).await;
+                    }
+                    Admit::Wait(rx) => {
+                        tokio::spawn(async move { me.await_original(&out, h, req, data, rx).await });
+                    }
+                    Admit::Reject(err) => {
+                        warn!(peer = %out.peer, op = h.op, "refusing request: {}", err.message);
+                        send_reply(&out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await;
+                    }
+                }
+                return;
+            }
+        };
+        let (flags, body) = match result {
+            Ok(resp) => (0, resp.encode_body()),
+            Err(err) => (FLAG_ERROR, encode_value(&err)),
+        };
+        send_reply(out, &h, flags, Bytes::from(body), None).await;
+    }
+
+    /// A retransmission arrived while the original ran: wait for it, then answer as the slot now says.
+    async fn await_original(
+        self: Arc<Self>,
+        out: &Arc<ConnOut<F>>,
+        h: Header,
+        req: Request,
+        data: Option<PoolBuf>,
+        mut rx: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let _ = rx.wait_for(|done| *done).await;
+        match self.sessions.admit(h.session, h.slot, h.seq) {
+            Admit::Replay(c) => send_reply(out, &h, c.flags | FLAG_CACHED, c.body, None).await,
+            Admit::Reexecute => self.execute(out, h, req, data, false).await,
+            Admit::Reject(err) => send_reply(out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await,
+            // The session was replaced meanwhile or the slot moved on: nothing sensible to answer.
+            Admit::Execute | Admit::Wait(_) => out.killer.kill(),
+        }
+    }
+
+    async fn execute(&self, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>, track: bool) {
+        let op = req.op();
+        let ctx = CallCtx { session: h.session, peer: out.peer.clone(), pool: self.pool.clone() };
+        let (flags, body, payload) = match self.service.call(&ctx, req, data).await {
+            Ok(reply) => (0, Bytes::from(reply.resp.encode_body()), reply.data),
+            Err(err) => {
+                debug!(peer = %out.peer, ?op, "call failed: {err}");
+                (FLAG_ERROR, Bytes::from(encode_value(&err)), None)
+            }
+        };
+        if track {
+            let cached = (!op.is_idempotent()).then(|| CachedReply { flags, body: body.clone() });
+            self.sessions.complete(h.session, h.slot, h.seq, cached);
+        }
+        if crate::fault::drop_after_execute(h.op) {
+            warn!(peer = %out.peer, ?op, "fault injection: dropping the connection instead of replying");
+            out.killer.kill();
+            return;
+        }
+        send_reply(out, &h, flags, body, payload).await;
+    }
+}
+
+async fn send_reply<F: Fabric>(out: &ConnOut<F>, req: &Header, flags: u8, body: Bytes, data: Option<PoolBuf>) {
+    let data_slice: &[u8] = data.as_ref().map(|d| d.as_slice()).unwrap_or(&[]);
+    let h = Header {
+        kind: FrameKind::Reply,
+        flags,
+        op: req.op,
+        session: req.session,
+        slot: req.slot,
+        seq: req.seq,
+        body_len: body.len() as u32,
+        data_len: data_slice.len() as u32,
+        body_crc: crc32c::crc32c(&body),
+    };
+    let mut w = out.writer.lock().await;
+    if let Err(e) = write_frame(&mut *w, &h, &body, &[data_slice]).await {
+        debug!(peer = %out.peer, "reply not delivered: {e}");
+        out.killer.kill();
+    }
+}
+
+/// Op code of a request, for logs of refused frames.
+pub fn op_name(op: u16) -> String {
+    Op::from_u16(op).map(|o| format!("{o:?}")).unwrap_or_else(|| format!("op {op}"))
+}

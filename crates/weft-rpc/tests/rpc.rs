@@ -1,0 +1,246 @@
+//! The RPC layer over real TCP sockets on loopback: payloads both ways, exactly-once replays, credits, and
+//! refusal of malformed frames without harm to other clients.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use weft_fabric::{Fabric, Listener, TcpFabric};
+use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
+use weft_proto::msg::{ReadReq, SessionCreateReq, WriteReq, decode};
+use weft_proto::{ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, Request, Response, WireError};
+use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
+
+#[derive(Default)]
+struct Counting {
+    writes: AtomicU32,
+    in_flight: AtomicU32,
+    in_flight_max: AtomicU32,
+}
+
+impl Service for Counting {
+    async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.in_flight_max.fetch_max(now, Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        let out = match req {
+            Request::Write(_) => {
+                self.writes.fetch_add(1, Ordering::SeqCst);
+                Ok(Response::Write(data.map(|d| d.len() as u32).unwrap_or(0)).into())
+            }
+            Request::Read(r) => {
+                let mut buf = ctx.pool.acquire(r.len as usize).await;
+                for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
+                    *b = (r.offset as usize + i) as u8;
+                }
+                Ok(Reply { resp: Response::Read(()), data: Some(buf) })
+            }
+            _ => Err(WireError::new(ErrorCode::BadRequest, "not served here")),
+        };
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+}
+
+async fn start(svc: Arc<Counting>) -> String {
+    let f = TcpFabric::default();
+    let l = f.listen("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let srv = RpcServer::<TcpFabric, _>::new(ServerConfig::default(), svc);
+    tokio::spawn(srv.serve(l));
+    addr
+}
+
+#[tokio::test]
+async fn payloads_round_trip_into_caller_buffers() {
+    let svc = Arc::new(Counting::default());
+    let addr = start(svc.clone()).await;
+    let c = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
+    let data = vec![Bytes::from(vec![7u8; 1000]), Bytes::from(vec![8u8; 24])];
+    let (r, _) = c.call(Request::Write(WriteReq { ino: 1, offset: 0 }), data, vec![]).await.unwrap();
+    assert_eq!(r, Response::Write(1024));
+    // The reply's payload lands in two caller segments, in order.
+    let dest = vec![BytesMut::zeroed(100), BytesMut::zeroed(156)];
+    let (r, dest) = c.call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256 }), vec![], dest).await.unwrap();
+    assert_eq!(r, Response::Read(()));
+    assert_eq!(dest[0][99], 99);
+    assert_eq!(dest[1][0], 100);
+    assert_eq!(dest[1][155], 255);
+    // A reply payload that does not match the caller's buffers is a protocol error, not a silent truncation.
+    let short = vec![BytesMut::zeroed(10)];
+    assert!(c.call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256 }), vec![], short).await.is_err());
+}
+
+#[tokio::test]
+async fn credits_bound_requests_in_flight() {
+    let svc = Arc::new(Counting::default());
+    let addr = start(svc.clone()).await;
+    let cfg = ClientConfig { slots: 2, ..ClientConfig::default() };
+    let c = RpcClient::connect(TcpFabric::default(), &addr, cfg).await.unwrap();
+    assert_eq!(c.slots(), 2);
+    let mut tasks = Vec::new();
+    for i in 0..32u64 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            c.call(Request::Write(WriteReq { ino: i, offset: 0 }), vec![Bytes::from_static(b"x")], vec![]).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(svc.writes.load(Ordering::SeqCst), 32);
+    assert!(svc.in_flight_max.load(Ordering::SeqCst) <= 2);
+}
+
+fn frame(op: u16, session: u64, slot: u32, seq: u32, body: &[u8], data: &[u8]) -> Vec<u8> {
+    let h = Header {
+        kind: FrameKind::Request,
+        flags: 0,
+        op,
+        session,
+        slot,
+        seq,
+        body_len: body.len() as u32,
+        data_len: data.len() as u32,
+        body_crc: crc32c::crc32c(body),
+    };
+    let mut v = h.encode().to_vec();
+    v.extend_from_slice(body);
+    v.extend_from_slice(data);
+    v
+}
+
+async fn read_reply(s: &mut TcpStream) -> (Header, Vec<u8>) {
+    let mut hb = [0u8; HEADER_LEN];
+    s.read_exact(&mut hb).await.unwrap();
+    let h = Header::decode(&hb, &FrameLimits::default()).unwrap();
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).await.unwrap();
+    let mut data = vec![0u8; h.data_len as usize];
+    s.read_exact(&mut data).await.unwrap();
+    (h, body)
+}
+
+#[tokio::test]
+async fn retransmission_is_answered_from_cache_not_executed() {
+    let svc = Arc::new(Counting::default());
+    let addr = start(svc.clone()).await;
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let create = Request::SessionCreate(SessionCreateReq { client_name: "raw".into(), slots: 4 });
+    s.write_all(&frame(2, 0, u32::MAX, 0, &create.encode_body(), &[])).await.unwrap();
+    let (_, body) = read_reply(&mut s).await;
+    let Response::SessionCreate(sess) = Response::decode(2, &body).unwrap() else { panic!() };
+    let w = Request::Write(WriteReq { ino: 5, offset: 0 }).encode_body();
+    s.write_all(&frame(201, sess.session, 1, 1, &w, b"abc")).await.unwrap();
+    let (h1, b1) = read_reply(&mut s).await;
+    // The same slot and sequence again: a retransmission, possibly on a new connection.
+    let mut s2 = TcpStream::connect(&addr).await.unwrap();
+    s2.write_all(&frame(201, sess.session, 1, 1, &w, b"abc")).await.unwrap();
+    let (h2, b2) = read_reply(&mut s2).await;
+    assert_eq!(svc.writes.load(Ordering::SeqCst), 1, "a retransmitted write ran twice");
+    assert_eq!(b1, b2);
+    assert_eq!(h1.flags & FLAG_CACHED, 0);
+    assert_ne!(h2.flags & FLAG_CACHED, 0);
+    // A sequence that skips ahead is refused.
+    s2.write_all(&frame(201, sess.session, 1, 7, &w, b"abc")).await.unwrap();
+    let (h3, b3) = read_reply(&mut s2).await;
+    assert_ne!(h3.flags & FLAG_ERROR, 0);
+    assert_eq!(decode::<WireError>(201, &b3).unwrap().code, ErrorCode::SeqMisordered);
+    // An unknown session is refused.
+    s2.write_all(&frame(201, sess.session ^ 0xff, 1, 1, &w, b"abc")).await.unwrap();
+    let (_, b4) = read_reply(&mut s2).await;
+    assert_eq!(decode::<WireError>(201, &b4).unwrap().code, ErrorCode::StaleSession);
+    assert_eq!(svc.writes.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn malformed_frames_get_errors_and_others_keep_being_served() {
+    let svc = Arc::new(Counting::default());
+    let addr = start(svc.clone()).await;
+    let good = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
+
+    // Garbage: an error frame, then the connection closes.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(&[0xAB; 64]).await.unwrap();
+    let (h, body) = read_reply(&mut s).await;
+    assert_ne!(h.flags & FLAG_ERROR, 0);
+    assert!(decode::<WireError>(0, &body).unwrap().message.contains("magic"));
+    assert_eq!(s.read(&mut [0u8; 1]).await.unwrap(), 0);
+
+    // Oversized data length: refused before anything is allocated.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let mut f = frame(201, 1, 0, 1, &[], &[]);
+    f[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
+    s.write_all(&f).await.unwrap();
+    let (_, body) = read_reply(&mut s).await;
+    assert!(decode::<WireError>(0, &body).unwrap().message.contains("exceeds"));
+
+    // Truncated header then close: answered with an error naming the truncation, then closed.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(&frame(1, 0, 0, 0, &[], &[])[..20]).await.unwrap();
+    s.shutdown().await.unwrap();
+    let (_, body) = read_reply(&mut s).await;
+    assert!(decode::<WireError>(0, &body).unwrap().message.contains("truncated"));
+    assert_eq!(s.read(&mut [0u8; 64]).await.unwrap(), 0);
+
+    // Sound lengths, bad body: an error, and the same connection goes on.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(&frame(100, 0, 0, 1, &[0xff, 0xff, 0xff], &[])).await.unwrap();
+    let (h, _) = read_reply(&mut s).await;
+    assert_ne!(h.flags & FLAG_ERROR, 0);
+    let mut bad_crc = frame(1, 0, 0, 0, &[], &[]);
+    bad_crc[36] ^= 1;
+    s.write_all(&bad_crc).await.unwrap();
+    let (h, _) = read_reply(&mut s).await;
+    assert_ne!(h.flags & FLAG_ERROR, 0);
+    // Data on an op that carries none: refused, the payload skipped, the stream still in step.
+    s.write_all(&frame(1, 0, 0, 0, &[], b"unexpected")).await.unwrap();
+    let (h, _) = read_reply(&mut s).await;
+    assert_ne!(h.flags & FLAG_ERROR, 0);
+    s.write_all(&frame(1, 0, 0, 0, &[], &[])).await.unwrap();
+    let (h, _) = read_reply(&mut s).await;
+    assert_eq!(h.flags & FLAG_ERROR, 0, "the connection should still serve a good frame");
+
+    // The well-behaved client never noticed.
+    let (r, _) = good
+        .call(Request::Write(WriteReq { ino: 1, offset: 0 }), vec![Bytes::from_static(b"ok")], vec![])
+        .await
+        .unwrap();
+    assert_eq!(r, Response::Write(2));
+}
+
+#[tokio::test]
+async fn client_reconnects_after_the_connection_dies() {
+    let svc = Arc::new(Counting::default());
+    let f = TcpFabric::default();
+    // A proxy we can cut: the client talks to it, it forwards to the server.
+    let addr = start(svc.clone()).await;
+    let mut proxy = f.listen("127.0.0.1:0").await.unwrap();
+    let paddr = proxy.local_addr().unwrap();
+    let cut = Arc::new(tokio::sync::Notify::new());
+    let cut2 = cut.clone();
+    tokio::spawn(async move {
+        loop {
+            let c = proxy.accept().await.unwrap();
+            let up = TcpFabric::default().connect(&addr).await.unwrap();
+            let cut = cut2.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = (c.reader, c.writer);
+                let (mut ur, mut uw) = (up.reader, up.writer);
+                tokio::select! {
+                    _ = tokio::io::copy(&mut cr, &mut uw) => {}
+                    _ = tokio::io::copy(&mut ur, &mut cw) => {}
+                    _ = cut.notified() => {}
+                }
+            });
+        }
+    });
+    let c = RpcClient::connect(TcpFabric::default(), &paddr, ClientConfig::default()).await.unwrap();
+    c.call(Request::Write(WriteReq { ino: 1, offset: 0 }), vec![Bytes::from_static(b"a")], vec![]).await.unwrap();
+    cut.notify_waiters();
+    let (r, _) = c.call(Request::Write(WriteReq { ino: 1, offset: 0 }), vec![Bytes::from_static(b"bb")], vec![]).await.unwrap();
+    assert_eq!(r, Response::Write(2));
+    assert_eq!(svc.writes.load(Ordering::SeqCst), 2);
+}
