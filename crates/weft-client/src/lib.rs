@@ -1,1 +1,364 @@
-//! weft-client
+//! The native client library: everything an application (or the `weft` CLI, or a FUSE daemon) needs to use a
+//! Weft cluster.
+//!
+//! - [`Client`] holds one session with the metadata service and one per data server (opened lazily), plus a
+//!   bounded cache of layouts. Namespace calls go to the MDS; data never does.
+//! - [`File`] is an open file: reads and writes are split by the layout into per-server pieces, merged into
+//!   transfer units and sent to all the file's data servers at once. Payload bytes go from the caller's buffer to
+//!   the socket and from the socket into the caller's buffer, never through a copy.
+//! - Consistency is close-to-open: [`Client::open`] fetches fresh attributes; [`File::sync`] and [`File::close`]
+//!   commit size and mtime to the MDS (LAYOUTCOMMIT), the largest size winning among concurrent writers.
+
+mod cluster;
+mod error;
+mod file;
+mod layouts;
+
+pub use cluster::{ClientTuning, ClusterConfig};
+pub use error::ClientError;
+pub use file::File;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use weft_fabric::TcpFabric;
+use weft_proto::msg::*;
+use weft_proto::{Attr, DirEntry, ErrorCode, Layout, ROOT_INO, Request, Response, ServerInfo, SetAttrs, StatFs};
+use weft_rpc::{ClientConfig, RpcClient};
+
+use crate::layouts::LayoutCache;
+
+pub type Rpc = RpcClient<TcpFabric>;
+
+/// A connection to one Weft cluster. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tuning: ClientTuning,
+    rpc_cfg: ClientConfig,
+    mds: Rpc,
+    /// Data server addresses by id, refreshed from the MDS when an unknown id shows up in a layout.
+    servers: Mutex<HashMap<u32, String>>,
+    ds: tokio::sync::Mutex<HashMap<u32, Rpc>>,
+    layouts: LayoutCache,
+}
+
+fn unexpected(r: Response) -> ClientError {
+    ClientError::Protocol(format!("unexpected response {:?}", r.op()))
+}
+
+macro_rules! meta_call {
+    ($self:ident, $variant:ident($req:expr)) => {
+        match $self.meta(Request::$variant($req)).await? {
+            Response::$variant(r) => r,
+            other => return Err(unexpected(other)),
+        }
+    };
+}
+
+impl Client {
+    pub async fn connect(cluster: &ClusterConfig) -> Result<Client, ClientError> {
+        let tuning = cluster.client.clone();
+        let rpc_cfg = tuning.rpc_config();
+        let mds = RpcClient::connect(TcpFabric::default(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
+        let client = Client {
+            inner: Arc::new(Inner {
+                layouts: LayoutCache::new(tuning.layout_cache_entries),
+                tuning,
+                rpc_cfg,
+                mds,
+                servers: Mutex::new(HashMap::new()),
+                ds: tokio::sync::Mutex::new(HashMap::new()),
+            }),
+        };
+        Ok(client)
+    }
+
+    pub fn tuning(&self) -> &ClientTuning {
+        &self.inner.tuning
+    }
+
+    async fn meta(&self, req: Request) -> Result<Response, ClientError> {
+        let r = self.inner.mds.call_simple(req).await.map_err(ClientError::Meta)?;
+        if let Some(l) = attr_layout(&r) {
+            self.inner.layouts.insert(l.0, l.1.clone());
+        }
+        Ok(r)
+    }
+
+    /// The session to data server `id`, opened on first use.
+    pub(crate) async fn data_server(&self, id: u32) -> Result<Rpc, ClientError> {
+        let mut ds = self.inner.ds.lock().await;
+        if let Some(c) = ds.get(&id) {
+            return Ok(c.clone());
+        }
+        let mut addr = self.inner.servers.lock().expect("servers").get(&id).cloned();
+        if addr.is_none() {
+            self.refresh_servers().await?;
+            addr = self.inner.servers.lock().expect("servers").get(&id).cloned();
+        }
+        let addr = addr.ok_or(ClientError::UnknownServer(id))?;
+        let c = RpcClient::connect(TcpFabric::default(), &addr, self.inner.rpc_cfg.clone())
+            .await
+            .map_err(|source| ClientError::Data { server: id, source })?;
+        ds.insert(id, c.clone());
+        Ok(c)
+    }
+
+    async fn refresh_servers(&self) -> Result<(), ClientError> {
+        let list = self.cluster_info().await?;
+        let mut s = self.inner.servers.lock().expect("servers");
+        for info in list {
+            s.insert(info.id, info.addr);
+        }
+        Ok(())
+    }
+
+    // ---- namespace -------------------------------------------------------------------------------------------
+
+    pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, ClientError> {
+        Ok(meta_call!(self, Lookup(LookupReq { parent, name: name.into() })))
+    }
+
+    pub async fn getattr(&self, ino: u64) -> Result<Attr, ClientError> {
+        Ok(meta_call!(self, GetAttr(InoReq { ino })))
+    }
+
+    /// Changes attributes. A size change truncates (or extends) the file's objects first, then records the size.
+    pub async fn setattr(&self, ino: u64, set: SetAttrs) -> Result<Attr, ClientError> {
+        if let Some(size) = set.size {
+            let attr = self.getattr(ino).await?;
+            if let Some(layout) = attr.layout.as_ref().filter(|_| attr.kind == weft_proto::FileKind::File) {
+                self.truncate_objects(ino, layout, size).await?;
+            }
+        }
+        Ok(meta_call!(self, SetAttr(SetAttrReq { ino, set })))
+    }
+
+    /// Records attributes at the MDS only (the caller already dealt with the objects).
+    pub(crate) async fn meta_setattr_only(&self, ino: u64, set: SetAttrs) -> Result<Attr, ClientError> {
+        Ok(meta_call!(self, SetAttr(SetAttrReq { ino, set })))
+    }
+
+    pub async fn create(&self, parent: u64, name: &str, mode: u32, exclusive: bool) -> Result<Attr, ClientError> {
+        let (uid, gid) = ids();
+        Ok(meta_call!(self, Create(CreateReq { parent, name: name.into(), mode, uid, gid, exclusive })))
+    }
+
+    pub async fn mkdir(&self, parent: u64, name: &str, mode: u32) -> Result<Attr, ClientError> {
+        let (uid, gid) = ids();
+        Ok(meta_call!(self, Mkdir(MkdirReq { parent, name: name.into(), mode, uid, gid })))
+    }
+
+    pub async fn rmdir(&self, parent: u64, name: &str) -> Result<(), ClientError> {
+        meta_call!(self, Rmdir(NameReq { parent, name: name.into() }));
+        Ok(())
+    }
+
+    pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), ClientError> {
+        meta_call!(self, Unlink(NameReq { parent, name: name.into() }));
+        Ok(())
+    }
+
+    pub async fn rename(&self, src_parent: u64, src_name: &str, dst_parent: u64, dst_name: &str, flags: u32) -> Result<(), ClientError> {
+        meta_call!(
+            self,
+            Rename(RenameReq { src_parent, src_name: src_name.into(), dst_parent, dst_name: dst_name.into(), flags })
+        );
+        Ok(())
+    }
+
+    pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> Result<Attr, ClientError> {
+        let (uid, gid) = ids();
+        Ok(meta_call!(self, Symlink(SymlinkReq { parent, name: name.into(), target: target.into(), uid, gid })))
+    }
+
+    pub async fn readlink(&self, ino: u64) -> Result<String, ClientError> {
+        Ok(meta_call!(self, Readlink(InoReq { ino })))
+    }
+
+    pub async fn link(&self, ino: u64, new_parent: u64, new_name: &str) -> Result<Attr, ClientError> {
+        Ok(meta_call!(self, Link(LinkReq { ino, new_parent, new_name: new_name.into() })))
+    }
+
+    /// One page of a directory, after `after` (empty: from the start).
+    pub async fn readdir_page(&self, ino: u64, after: &str, limit: u32) -> Result<ReaddirResp, ClientError> {
+        Ok(meta_call!(self, Readdir(ReaddirReq { ino, after: after.into(), limit })))
+    }
+
+    /// A whole directory, page by page.
+    pub async fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, ClientError> {
+        let mut out = Vec::new();
+        let mut after = String::new();
+        loop {
+            let page = self.readdir_page(ino, &after, weft_proto::READDIR_ENTRIES_MAX).await?;
+            if let Some(last) = page.entries.last() {
+                after = last.name.clone();
+            }
+            let eof = page.eof || page.entries.is_empty();
+            out.extend(page.entries);
+            if eof {
+                return Ok(out);
+            }
+        }
+    }
+
+    pub async fn statfs(&self) -> Result<StatFs, ClientError> {
+        Ok(meta_call!(self, Statfs(())))
+    }
+
+    /// Sets the layout policy new files under directory `ino` inherit (`weft setstripe`).
+    pub async fn set_layout(&self, ino: u64, stripe_unit: u32, stripe_count: u32) -> Result<Attr, ClientError> {
+        let layout = Layout { stripe_unit, stripe_count, servers: vec![] };
+        Ok(meta_call!(self, SetLayout(SetLayoutReq { ino, layout })))
+    }
+
+    pub async fn commit(&self, ino: u64, size: u64, mtime_ns: i64) -> Result<Attr, ClientError> {
+        Ok(meta_call!(self, Commit(CommitReq { ino, size, mtime_ns })))
+    }
+
+    pub async fn cluster_info(&self) -> Result<Vec<ServerInfo>, ClientError> {
+        Ok(meta_call!(self, ClusterInfo(())))
+    }
+
+    /// Space of one data server, asked of the server itself.
+    pub async fn server_space(&self, id: u32) -> Result<weft_proto::SpaceStat, ClientError> {
+        let ds = self.data_server(id).await?;
+        match ds.call_simple(Request::SpaceStat(())).await.map_err(|source| ClientError::Data { server: id, source })? {
+            Response::SpaceStat(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    // ---- paths -----------------------------------------------------------------------------------------------
+
+    /// Resolves an absolute path (symlinks are not followed).
+    pub async fn resolve(&self, path: &str) -> Result<Attr, ClientError> {
+        let mut attr = self.getattr(ROOT_INO).await?;
+        for name in components(path)? {
+            attr = self.lookup(attr.ino, name).await.map_err(|e| e.with_path(path))?;
+        }
+        Ok(attr)
+    }
+
+    /// Resolves the parent directory of `path` and returns it with the last component.
+    pub async fn resolve_parent<'p>(&self, path: &'p str) -> Result<(Attr, &'p str), ClientError> {
+        let comps = components(path)?;
+        let Some((last, dirs)) = comps.split_last() else {
+            return Err(ClientError::InvalidPath(format!("{path}: the root has no parent")));
+        };
+        let mut attr = self.getattr(ROOT_INO).await?;
+        for name in dirs {
+            attr = self.lookup(attr.ino, name).await.map_err(|e| e.with_path(path))?;
+        }
+        Ok((attr, last))
+    }
+
+    // ---- files -----------------------------------------------------------------------------------------------
+
+    /// Opens an existing regular file by path with fresh attributes (close-to-open).
+    pub async fn open(&self, path: &str) -> Result<File, ClientError> {
+        let attr = self.resolve(path).await?;
+        File::new(self.clone(), attr)
+    }
+
+    /// Opens a file by inode with fresh attributes.
+    pub async fn open_ino(&self, ino: u64) -> Result<File, ClientError> {
+        let attr = self.getattr(ino).await?;
+        File::new(self.clone(), attr)
+    }
+
+    /// Creates (or, unless `exclusive`, opens) a regular file by path. With `truncate`, an existing file is emptied.
+    pub async fn create_path(&self, path: &str, mode: u32, exclusive: bool, truncate: bool) -> Result<File, ClientError> {
+        let (parent, name) = self.resolve_parent(path).await?;
+        let mut attr = self.create(parent.ino, name, mode, exclusive).await.map_err(|e| e.with_path(path))?;
+        if truncate && attr.size > 0 {
+            attr = self.setattr(attr.ino, SetAttrs { size: Some(0), ..SetAttrs::default() }).await?;
+        }
+        File::new(self.clone(), attr)
+    }
+
+    pub(crate) async fn truncate_objects(&self, ino: u64, layout: &Layout, size: u64) -> Result<(), ClientError> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, &server) in layout.servers.iter().enumerate() {
+            let object_size = layout.object_size(size, i as u32);
+            let me = self.clone();
+            tasks.spawn(async move {
+                let ds = me.data_server(server).await?;
+                ds.call_simple(Request::Truncate(TruncateReq { ino, size: object_size }))
+                    .await
+                    .map_err(|source| ClientError::Data { server, source })
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r.map_err(|e| ClientError::Protocol(format!("truncate task failed: {e}")))??;
+        }
+        Ok(())
+    }
+
+    /// The cached layout of `ino`, if any attribute carrying it has been seen.
+    pub fn cached_layout(&self, ino: u64) -> Option<Layout> {
+        self.inner.layouts.get(ino)
+    }
+
+    /// Ends the sessions politely.
+    pub async fn close(&self) {
+        let ds: Vec<Rpc> = self.inner.ds.lock().await.values().cloned().collect();
+        for c in ds {
+            c.close().await;
+        }
+        self.inner.mds.close().await;
+    }
+}
+
+fn attr_layout(r: &Response) -> Option<(u64, &Layout)> {
+    let a = match r {
+        Response::Lookup(a)
+        | Response::GetAttr(a)
+        | Response::SetAttr(a)
+        | Response::Create(a)
+        | Response::Link(a)
+        | Response::Commit(a) => a,
+        _ => return None,
+    };
+    (a.kind == weft_proto::FileKind::File).then_some(()).and(a.layout.as_ref().map(|l| (a.ino, l)))
+}
+
+/// Splits an absolute path into checked components.
+pub fn components(path: &str) -> Result<Vec<&str>, ClientError> {
+    if !path.starts_with('/') {
+        return Err(ClientError::InvalidPath(format!("{path}: paths in a Weft cluster are absolute (start with /)")));
+    }
+    let mut out = Vec::new();
+    for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        if c == ".." {
+            out.pop();
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+fn ids() -> (u32, u32) {
+    // The CLI acts as the invoking user; a FUSE daemon passes each caller's ids (later issue).
+    ids::current()
+}
+
+mod ids {
+    //! The caller's user and group ids: the only FFI in this crate.
+    #![allow(unsafe_code)]
+
+    pub fn current() -> (u32, u32) {
+        // SAFETY: getuid(2) and getgid(2) have no preconditions and cannot fail.
+        unsafe { (libc::getuid(), libc::getgid()) }
+    }
+}
+
+/// Whether an error is the server's "not found".
+pub fn is_not_found(e: &ClientError) -> bool {
+    e.code() == Some(ErrorCode::NotFound)
+}

@@ -61,10 +61,18 @@ impl ErrorCode {
 pub struct WireError {
     pub code: ErrorCode,
     pub message: String,
+    /// The byte offset the error is about, when it is about one (e.g. the object offset of a corrupt block), so
+    /// a client can translate it without parsing the message.
+    pub offset: Option<u64>,
 }
 
 impl WireError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        WireError { code, message: message.into() }
+        WireError { code, message: message.into(), offset: None }
+    }
+
+    pub fn with_offset(mut self, offset: u64) -> Self {
+        self.offset = Some(offset);
+        self
     }
 }

@@ -1,0 +1,98 @@
+//! How a client finds a cluster: `cluster.toml` (written by `weft up`) or a bare MDS address.
+//!
+//! ```toml
+//! mds = "10.0.0.1:7000"
+//! [client]                       # all optional
+//! slots = 16                     # requests in flight per server
+//! transfer_unit_bytes = 1048576  # largest payload of one request
+//! call_timeout_ms = 30000
+//! ```
+
+use serde::{Deserialize, Serialize};
+use weft_rpc::ClientConfig;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Address of the metadata service.
+    pub mds: String,
+    #[serde(default)]
+    pub client: ClientTuning,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientTuning {
+    pub slots: u32,
+    /// Requests larger than this are split into transfer units sent in parallel (pipelined against the disk).
+    pub transfer_unit_bytes: u32,
+    pub call_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub attempts_max: u32,
+    /// Layouts remembered by inode.
+    pub layout_cache_entries: usize,
+}
+
+impl Default for ClientTuning {
+    fn default() -> Self {
+        ClientTuning {
+            slots: 16,
+            transfer_unit_bytes: 1 << 20,
+            call_timeout_ms: 30_000,
+            connect_timeout_ms: 5_000,
+            attempts_max: 5,
+            layout_cache_entries: 65_536,
+        }
+    }
+}
+
+impl ClientTuning {
+    pub fn rpc_config(&self) -> ClientConfig {
+        let mut c = ClientConfig {
+            slots: self.slots.max(1),
+            call_timeout_ms: self.call_timeout_ms,
+            connect_timeout_ms: self.connect_timeout_ms,
+            attempts_max: self.attempts_max.max(1),
+            ..ClientConfig::default()
+        };
+        c.limits.data_bytes_max = c.limits.data_bytes_max.max(self.transfer_unit_bytes);
+        c
+    }
+}
+
+impl ClusterConfig {
+    /// Reads `spec` as a path to a cluster.toml, or else as an MDS address (`host:port`).
+    pub fn from_spec(spec: &str) -> Result<ClusterConfig, String> {
+        let path = std::path::Path::new(spec);
+        if path.is_file() {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {spec}: {e}"))?;
+            return toml::from_str(&text).map_err(|e| format!("{spec} is not a valid cluster file: {e}"));
+        }
+        if path.is_dir() && path.join("cluster.toml").is_file() {
+            return ClusterConfig::from_spec(&path.join("cluster.toml").to_string_lossy());
+        }
+        if spec.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) {
+            return Ok(ClusterConfig { mds: spec.to_string(), client: ClientTuning::default() });
+        }
+        Err(format!("{spec} is neither a cluster file, a directory holding cluster.toml, nor a host:port address"))
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a cluster config always serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse() {
+        assert_eq!(ClusterConfig::from_spec("127.0.0.1:7000").unwrap().mds, "127.0.0.1:7000");
+        assert!(ClusterConfig::from_spec("no-such-file").is_err());
+        let c: ClusterConfig = toml::from_str("mds = \"h:1\"\n[client]\nslots = 4\n").unwrap();
+        assert_eq!(c.client.slots, 4);
+        assert_eq!(c.client.transfer_unit_bytes, 1 << 20);
+        assert!(toml::from_str::<ClusterConfig>("mds = \"h:1\"\nbogus = 1\n").is_err());
+    }
+}

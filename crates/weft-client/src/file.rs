@@ -1,0 +1,291 @@
+//! An open file and its striped, parallel data path.
+//!
+//! A read or write of `[offset, offset + len)` is cut by the layout into pieces (one per stripe unit touched);
+//! pieces that are adjacent in the same server's object are merged into *transfer units* of at most
+//! `transfer_unit_bytes`; every unit is one request, and all units go out at once (each server's session slots
+//! bound how many are in flight to it). The caller's buffer is split into owned segments (`BytesMut::split_to`,
+//! `Bytes::slice`: no copy), each unit's reply payload lands directly in its segments, and the segments are joined
+//! back (`unsplit`, O(1) because they are adjacent) before the buffer is returned.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use tokio::task::JoinSet;
+use weft_proto::msg::{ReadReq, WriteReq};
+use weft_proto::{Attr, ErrorCode, FileKind, Layout, Request, Response};
+use weft_rpc::RpcError;
+
+use crate::{Client, ClientError};
+
+pub struct File {
+    client: Client,
+    attr: Attr,
+    layout: Layout,
+    /// The size as this handle knows it: the size at open, grown by this handle's writes, set by its truncates.
+    size: AtomicU64,
+    /// Written since the last commit.
+    dirty: AtomicBool,
+}
+
+/// One request's worth of a transfer: a contiguous object range on one server, and the file ranges it maps to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Unit {
+    pub server_index: u32,
+    pub object_offset: u64,
+    pub len: u64,
+    /// Indices of the pieces (in file order) that make up this unit, in object order.
+    pub pieces: Vec<usize>,
+}
+
+/// Cuts `[offset, offset+len)` into pieces no longer than `unit_max` and groups them into transfer units.
+pub(crate) fn plan(layout: &Layout, offset: u64, len: u64, unit_max: u64) -> (Vec<weft_proto::Piece>, Vec<Unit>) {
+    assert!(unit_max > 0);
+    let mut pieces = Vec::new();
+    for p in layout.pieces(offset, len) {
+        let mut done = 0;
+        while done < p.len {
+            let n = (p.len - done).min(unit_max);
+            pieces.push(weft_proto::Piece {
+                server_index: p.server_index,
+                object_offset: p.object_offset + done,
+                file_offset: p.file_offset + done,
+                len: n,
+            });
+            done += n;
+        }
+    }
+    let mut units: Vec<Unit> = Vec::new();
+    // The unit each server is currently filling.
+    let mut open: Vec<Option<usize>> = vec![None; layout.stripe_count as usize];
+    for (i, p) in pieces.iter().enumerate() {
+        let slot = &mut open[p.server_index as usize];
+        if let Some(u) = slot.map(|u| &mut units[u])
+            && u.object_offset + u.len == p.object_offset
+            && u.len + p.len <= unit_max
+        {
+            u.len += p.len;
+            u.pieces.push(i);
+            continue;
+        }
+        units.push(Unit { server_index: p.server_index, object_offset: p.object_offset, len: p.len, pieces: vec![i] });
+        *slot = Some(units.len() - 1);
+    }
+    (pieces, units)
+}
+
+impl File {
+    pub(crate) fn new(client: Client, attr: Attr) -> Result<File, ClientError> {
+        if attr.kind != FileKind::File {
+            return Err(ClientError::NotAFile(format!("inode {} is a {:?}, not a regular file", attr.ino, attr.kind)));
+        }
+        let layout = attr
+            .layout
+            .clone()
+            .ok_or_else(|| ClientError::Protocol(format!("file inode {} has no layout", attr.ino)))?;
+        layout.validate(false).map_err(|e| ClientError::Protocol(format!("file inode {}: {e}", attr.ino)))?;
+        Ok(File { client, size: AtomicU64::new(attr.size), attr, layout, dirty: AtomicBool::new(false) })
+    }
+
+    pub fn ino(&self) -> u64 {
+        self.attr.ino
+    }
+
+    /// Attributes as of open.
+    pub fn attr(&self) -> &Attr {
+        &self.attr
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::SeqCst)
+    }
+
+    fn unit_max(&self) -> u64 {
+        u64::from(self.client.tuning().transfer_unit_bytes.max(4096))
+    }
+
+    /// Writes all of `data` at `offset`, to every server involved in parallel.
+    pub async fn write_at(&self, offset: u64, data: Bytes) -> Result<(), ClientError> {
+        let len = data.len() as u64;
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| ClientError::InvalidPath(format!("write at {offset} of {len} bytes overflows")))?;
+        let (pieces, units) = plan(&self.layout, offset, len, self.unit_max());
+        let mut tasks = JoinSet::new();
+        for u in units {
+            let segs: Vec<Bytes> = u
+                .pieces
+                .iter()
+                .map(|&i| {
+                    let p = &pieces[i];
+                    let start = (p.file_offset - offset) as usize;
+                    data.slice(start..start + p.len as usize)
+                })
+                .collect();
+            let server = self.layout.servers[u.server_index as usize];
+            let client = self.client.clone();
+            let req = Request::Write(WriteReq { ino: self.attr.ino, offset: u.object_offset });
+            tasks.spawn(async move {
+                let ds = client.data_server(server).await?;
+                match ds.call(req, segs, Vec::new()).await {
+                    Ok((Response::Write(n), _)) if u64::from(n) == u.len => Ok(()),
+                    Ok((other, _)) => Err(ClientError::Protocol(format!("write answered {other:?}, expected {}", u.len))),
+                    Err(source) => Err(ClientError::Data { server, source }),
+                }
+            });
+        }
+        let mut first_err = None;
+        while let Some(r) = tasks.join_next().await {
+            let r = r.map_err(|e| ClientError::Protocol(format!("write task failed: {e}"))).and_then(|r| r);
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        self.size.fetch_max(end, Ordering::SeqCst);
+        self.dirty.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Reads into `buf` (its length is the amount wanted) from `offset`; returns it cut to what lies before the end
+    /// of the file. Holes read as zeros.
+    pub async fn read_at(&self, offset: u64, mut buf: BytesMut) -> Result<BytesMut, ClientError> {
+        let avail = self.size().saturating_sub(offset).min(buf.len() as u64);
+        buf.truncate(avail as usize);
+        if avail == 0 {
+            return Ok(buf);
+        }
+        let (pieces, units) = plan(&self.layout, offset, avail, self.unit_max());
+        // Split the buffer into one segment per piece, in file order.
+        let mut segs: Vec<Option<BytesMut>> = Vec::with_capacity(pieces.len());
+        for p in &pieces {
+            segs.push(Some(buf.split_to(p.len as usize)));
+        }
+        let mut tasks = JoinSet::new();
+        for u in units {
+            let dest: Vec<BytesMut> = u.pieces.iter().map(|&i| segs[i].take().expect("each piece in one unit")).collect();
+            let server_index = u.server_index;
+            let server = self.layout.servers[server_index as usize];
+            let client = self.client.clone();
+            let ino = self.attr.ino;
+            let layout = self.layout.clone();
+            let req = Request::Read(ReadReq { ino, offset: u.object_offset, len: u.len as u32 });
+            tasks.spawn(async move {
+                let ds = client.data_server(server).await?;
+                match ds.call(req, Vec::new(), dest).await {
+                    Ok((_, dest)) => Ok((u.pieces, dest)),
+                    Err(source) => Err(data_error(&layout, ino, server_index, server, source)),
+                }
+            });
+        }
+        let mut first_err = None;
+        while let Some(r) = tasks.join_next().await {
+            match r {
+                Ok(Ok((idx, dest))) => {
+                    for (i, d) in idx.into_iter().zip(dest) {
+                        segs[i] = Some(d);
+                    }
+                }
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(ClientError::Protocol(format!("read task failed: {e}")));
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        let mut segs = segs.into_iter().map(|s| s.expect("every segment came back"));
+        let mut out = segs.next().expect("at least one piece");
+        for s in segs {
+            // Adjacent halves of one allocation: unsplit is O(1), no copy.
+            out.unsplit(s);
+        }
+        Ok(out)
+    }
+
+    /// Sets the file's size: objects first, then the metadata service.
+    pub async fn truncate(&self, size: u64) -> Result<(), ClientError> {
+        self.client.truncate_objects(self.attr.ino, &self.layout, size).await?;
+        let set = weft_proto::SetAttrs { size: Some(size), ..Default::default() };
+        self.client.meta_setattr_only(self.attr.ino, set).await?;
+        self.size.store(size, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Commits size and mtime to the metadata service if this handle wrote since the last commit.
+    pub async fn sync(&self) -> Result<(), ClientError> {
+        if self.dirty.swap(false, Ordering::SeqCst) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as i64)
+                .unwrap_or(0);
+            if let Err(e) = self.client.commit(self.attr.ino, self.size(), now).await {
+                self.dirty.store(true, Ordering::SeqCst);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits and closes.
+    pub async fn close(self) -> Result<(), ClientError> {
+        self.sync().await
+    }
+}
+
+/// Names a corrupt block by its file offset; other failures by their server.
+fn data_error(layout: &Layout, ino: u64, server_index: u32, server: u32, source: RpcError) -> ClientError {
+    if let RpcError::Remote(w) = &source
+        && w.code == ErrorCode::Corrupt
+        && let Some(object_offset) = w.offset
+    {
+        let unit = u64::from(layout.stripe_unit);
+        let count = u64::from(layout.stripe_count);
+        let stripe = (object_offset / unit) * count + u64::from(server_index);
+        return ClientError::Corrupt { ino, file_offset: stripe * unit + object_offset % unit, server, object_offset };
+    }
+    ClientError::Data { server, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lay(unit: u32, count: u32) -> Layout {
+        Layout { stripe_unit: unit, stripe_count: count, servers: (0..count).collect() }
+    }
+
+    #[test]
+    fn plan_merges_adjacent_object_ranges() {
+        // 4 servers, 4 KiB units, 64 KiB read: each server gets 4 stripes adjacent in its object.
+        let (pieces, units) = plan(&lay(4096, 4), 0, 65536, 1 << 20);
+        assert_eq!(pieces.len(), 16);
+        assert_eq!(units.len(), 4);
+        for u in &units {
+            assert_eq!(u.len, 16384);
+            assert_eq!(u.object_offset, 0);
+            assert_eq!(u.pieces.len(), 4);
+        }
+    }
+
+    #[test]
+    fn plan_respects_the_transfer_unit() {
+        let (pieces, units) = plan(&lay(1 << 20, 1), 100, 3 << 20, 1 << 20);
+        assert!(units.iter().all(|u| u.len <= 1 << 20));
+        assert_eq!(units.iter().map(|u| u.len).sum::<u64>(), 3 << 20);
+        assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), 3 << 20);
+        // File order of pieces is preserved across units.
+        assert!(pieces.windows(2).all(|w| w[0].file_offset + w[0].len == w[1].file_offset));
+    }
+}
