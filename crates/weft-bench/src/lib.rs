@@ -1,1 +1,71 @@
-//! weft-bench
+//! Benchmarks: each `weft bench` subcommand starts its own local cluster per measured point (or uses one given
+//! with `--cluster`), measures ceilings of this machine in the same run, repeats every measurement, and writes
+//! JSON in the shared contract (see `docs/bench.md`) plus an SVG chart beside it.
+//!
+//! Hygiene: buffers are pre-faulted before timing (first touch of memory is slow here), every point has a
+//! warm-up, figures are medians of `--runs` repetitions with min and max, and the load average is recorded before
+//! and after so runs under different loads are not compared silently.
+
+pub mod ceilings;
+pub mod chart;
+pub mod report;
+pub mod stats;
+pub mod throughput;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+
+pub use stats::Summary;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub cmd: BenchCmd,
+}
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Sequential write then read of one file per point through the native client library.
+    Throughput(throughput::ThroughputArgs),
+}
+
+pub async fn run(args: BenchArgs) -> Result<()> {
+    match args.cmd {
+        BenchCmd::Throughput(a) => throughput::run(a).await,
+    }
+}
+
+/// Parses `4096`, `4K`, `1M`, `2G`, `1T` (binary multiples).
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()?.to_ascii_uppercase() {
+        'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'M' => (&s[..s.len() - 1], 1 << 20),
+        'G' => (&s[..s.len() - 1], 1 << 30),
+        'T' => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// Parses a comma-separated list, e.g. `1,2,4` or `4K,1M`.
+pub fn parse_list<T>(s: &str, f: impl Fn(&str) -> Option<T>) -> Option<Vec<T>> {
+    s.split(',').map(|x| f(x.trim())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("4096"), Some(4096));
+        assert_eq!(parse_bytes("4k"), Some(4096));
+        assert_eq!(parse_bytes("1M"), Some(1 << 20));
+        assert_eq!(parse_bytes("2G"), Some(2 << 30));
+        assert_eq!(parse_bytes("x"), None);
+        assert_eq!(parse_bytes(""), None);
+        assert_eq!(parse_bytes("99999999999T"), None);
+        assert_eq!(parse_list("1,2,4", |x| x.parse::<u32>().ok()), Some(vec![1, 2, 4]));
+    }
+}

@@ -1,1 +1,217 @@
-fn main() {}
+//! `weft`: one binary for every role and every user command.
+//!
+//! - `weft meta --config F` / `weft data --config F`: run one server role from a TOML file (a real deployment).
+//! - `weft up`: a whole local cluster (one MDS and N data servers as separate processes on loopback).
+//! - `weft ls|stat|put|get|cat|rm|mkdir|rmdir|mv|ln|truncate|setstripe|status`: use a cluster through the native
+//!   client library.
+//! - `weft bench ...`: benchmarks (see `weft-bench`).
+
+mod commands;
+mod size;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "weft", version, about = "Weft: a striped, clustered network file system", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Where the cluster is: a cluster.toml written by `weft up`, a directory holding one, or the MDS's host:port.
+#[derive(clap::Args, Clone)]
+struct ClusterArg {
+    #[arg(long, env = "WEFT_CLUSTER", value_name = "PATH|ADDR")]
+    cluster: String,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a local cluster: one metadata service and N data servers as separate processes on loopback.
+    Up {
+        /// Where servers keep their data, logs and the client config (DATA_DIR/cluster.toml).
+        #[arg(long, default_value = "weft-data")]
+        data_dir: PathBuf,
+        /// Number of data servers.
+        #[arg(long, default_value_t = 4)]
+        servers: u32,
+    },
+    /// Run the metadata service from a TOML config file.
+    Meta {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run a data server from a TOML config file.
+    Data {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// List a directory.
+    Ls {
+        #[command(flatten)]
+        c: ClusterArg,
+        #[arg(default_value = "/")]
+        path: String,
+        /// Long format: kind, mode, links, size, inode.
+        #[arg(short, long)]
+        long: bool,
+    },
+    /// Show attributes and layout.
+    Stat {
+        #[command(flatten)]
+        c: ClusterArg,
+        path: String,
+    },
+    /// Copy a local file into the cluster.
+    Put {
+        #[command(flatten)]
+        c: ClusterArg,
+        local: PathBuf,
+        remote: String,
+    },
+    /// Copy a file out of the cluster.
+    Get {
+        #[command(flatten)]
+        c: ClusterArg,
+        remote: String,
+        local: PathBuf,
+    },
+    /// Write a file's bytes to stdout.
+    Cat {
+        #[command(flatten)]
+        c: ClusterArg,
+        path: String,
+    },
+    /// Remove a file or symlink (or, with -r, a directory tree).
+    Rm {
+        #[command(flatten)]
+        c: ClusterArg,
+        path: String,
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Create a directory.
+    Mkdir {
+        #[command(flatten)]
+        c: ClusterArg,
+        path: String,
+        /// Create missing parents; no error if it exists.
+        #[arg(short, long)]
+        parents: bool,
+    },
+    /// Remove an empty directory.
+    Rmdir {
+        #[command(flatten)]
+        c: ClusterArg,
+        path: String,
+    },
+    /// Rename; an existing target is replaced (as rename(2)).
+    Mv {
+        #[command(flatten)]
+        c: ClusterArg,
+        src: String,
+        dst: String,
+        /// Fail if the target exists.
+        #[arg(short = 'n', long)]
+        no_clobber: bool,
+    },
+    /// Make a hard link (or, with -s, a symbolic link).
+    Ln {
+        #[command(flatten)]
+        c: ClusterArg,
+        target: String,
+        link: String,
+        #[arg(short, long)]
+        symbolic: bool,
+    },
+    /// Set a file's size.
+    Truncate {
+        #[command(flatten)]
+        c: ClusterArg,
+        path: String,
+        /// New size (suffixes K, M, G).
+        #[arg(short, long)]
+        size: String,
+    },
+    /// Set the layout new files in a directory inherit.
+    Setstripe {
+        #[command(flatten)]
+        c: ClusterArg,
+        /// Stripe unit (suffixes K, M, G; a multiple of 4K).
+        #[arg(long, default_value = "1M")]
+        unit: String,
+        /// Data servers per file (0: all).
+        #[arg(long, default_value_t = 0)]
+        count: u32,
+        dir: String,
+    },
+    /// Show every data server, its state and its space.
+    Status {
+        #[command(flatten)]
+        c: ClusterArg,
+    },
+    /// Benchmarks.
+    Bench(weft_bench::BenchArgs),
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let server_role = matches!(cli.cmd, Cmd::Meta { .. } | Cmd::Data { .. } | Cmd::Up { .. });
+    init_logging(if server_role { "info" } else { "warn" });
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+    rt.block_on(run(cli.cmd))
+}
+
+async fn run(cmd: Cmd) -> Result<()> {
+    use commands as c;
+    match cmd {
+        Cmd::Up { data_dir, servers } => c::up(data_dir, servers).await,
+        Cmd::Meta { config } => {
+            let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
+            let cfg: weft_meta::MetaConfig =
+                toml::from_str(&text).with_context(|| format!("{} is not a valid meta config", config.display()))?;
+            weft_meta::run(cfg, ready).await.context("metadata service failed")
+        }
+        Cmd::Data { config } => {
+            let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
+            let cfg: weft_data::DataConfig =
+                toml::from_str(&text).with_context(|| format!("{} is not a valid data config", config.display()))?;
+            weft_data::run(cfg, ready).await.context("data server failed")
+        }
+        Cmd::Ls { c, path, long } => c::ls(&c.cluster, &path, long).await,
+        Cmd::Stat { c, path } => c::stat(&c.cluster, &path).await,
+        Cmd::Put { c, local, remote } => c::put(&c.cluster, &local, &remote).await,
+        Cmd::Get { c, remote, local } => c::get(&c.cluster, &remote, &local).await,
+        Cmd::Cat { c, path } => c::cat(&c.cluster, &path).await,
+        Cmd::Rm { c, path, recursive } => c::rm(&c.cluster, &path, recursive).await,
+        Cmd::Mkdir { c, path, parents } => c::mkdir(&c.cluster, &path, parents).await,
+        Cmd::Rmdir { c, path } => c::rmdir(&c.cluster, &path).await,
+        Cmd::Mv { c, src, dst, no_clobber } => c::mv(&c.cluster, &src, &dst, no_clobber).await,
+        Cmd::Ln { c, target, link, symbolic } => c::ln(&c.cluster, &target, &link, symbolic).await,
+        Cmd::Truncate { c, path, size } => c::truncate(&c.cluster, &path, size::parse(&size)?).await,
+        Cmd::Setstripe { c, unit, count, dir } => {
+            let unit = size::parse(&unit)?;
+            let unit = u32::try_from(unit).context("stripe unit must be below 4 GiB")?;
+            c::setstripe(&c.cluster, &dir, unit, count).await
+        }
+        Cmd::Status { c } => c::status(&c.cluster).await,
+        Cmd::Bench(args) => weft_bench::run(args).await,
+    }
+}
+
+/// Tells a launcher (`weft up`, tests) that a server listens, on the one stdout line it reads.
+fn ready(addr: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}{addr}", weft_launch::READY_PREFIX);
+    let _ = out.flush();
+}

@@ -1,0 +1,102 @@
+//! Ceilings of this machine, measured in the same run as the system under test: loopback TCP (iperf3) and
+//! memcpy. Plus the client's CPU time (getrusage) and a description of the machine.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+/// Loopback TCP bandwidth in MiB/s from one iperf3 run of `seconds`.
+pub async fn iperf3_mib_per_s(seconds: u32) -> Result<f64> {
+    let port = free_port()?;
+    let mut server = tokio::process::Command::new("iperf3")
+        .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("running iperf3 (install it with `make deps`, Debian package iperf3)")?;
+    let mut last_err = String::new();
+    // The server needs a moment to listen; try a few times.
+    for _ in 0..50 {
+        let out = tokio::process::Command::new("iperf3")
+            .args(["-c", "127.0.0.1", "-p", &port.to_string(), "-t", &seconds.to_string(), "-J"])
+            .output()
+            .await
+            .context("running the iperf3 client")?;
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        if let Some(bps) = v.pointer("/end/sum_received/bits_per_second").and_then(Value::as_f64) {
+            let _ = server.wait().await;
+            return Ok(bps / 8.0 / (1 << 20) as f64);
+        }
+        last_err = v.pointer("/error").and_then(Value::as_str).unwrap_or("no result").to_string();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = server.kill().await;
+    bail!("iperf3 gave no result: {last_err}")
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// memcpy bandwidth in MiB/s between two pre-faulted buffers of `bytes`.
+pub fn memcpy_mib_per_s(bytes: usize) -> f64 {
+    let src = vec![0x5au8; bytes];
+    let mut dst = vec![0u8; bytes];
+    dst.copy_from_slice(&src); // warm-up, and pre-faults dst
+    let rounds = 8;
+    let t = Instant::now();
+    for _ in 0..rounds {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    (bytes * rounds) as f64 / secs / (1 << 20) as f64
+}
+
+pub fn load_average() -> Option<[f64; 3]> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut it = s.split_whitespace().map(|x| x.parse::<f64>().ok());
+    Some([it.next()??, it.next()??, it.next()??])
+}
+
+pub fn machine() -> Value {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("MemTotal:")).map(|l| l.to_string()))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|x| x.parse::<u64>().ok()))
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    json!({
+        "cores": cores,
+        "memory_gib": (mem_kib as f64 / (1u64 << 20) as f64 * 10.0).round() / 10.0,
+        "kernel": kernel,
+        "load_average": load_average(),
+    })
+}
+
+/// User plus system CPU seconds this process has used so far.
+pub fn cpu_seconds() -> f64 {
+    rusage::self_cpu_seconds()
+}
+
+mod rusage {
+    //! getrusage(2): the only FFI in this crate.
+    #![allow(unsafe_code)]
+
+    pub fn self_cpu_seconds() -> f64 {
+        // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a valid, writable rusage; RUSAGE_SELF needs nothing else.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+        if rc != 0 {
+            return 0.0;
+        }
+        let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        tv(ru.ru_utime) + tv(ru.ru_stime)
+    }
+}

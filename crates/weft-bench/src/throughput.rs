@@ -1,0 +1,268 @@
+//! `weft bench throughput`: sequential write, then sequential read, of one file per point through the native
+//! client library, for each data-server count and record size; beside it, iperf3 loopback and memcpy from the
+//! same run.
+//!
+//! Each record is one `File::write_at`/`read_at` call; `--window` records are kept in flight (a client that
+//! issues one record at a time leaves all but one data server idle; the window is reported in the results).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use bytes::{Bytes, BytesMut};
+use clap::Args;
+use serde_json::{Value, json};
+use tokio::task::JoinSet;
+use weft_client::{Client, ClusterConfig};
+use weft_launch::{LaunchOptions, LocalCluster};
+
+use crate::ceilings;
+use crate::stats::summarize;
+
+#[derive(Args, Clone, Debug)]
+pub struct ThroughputArgs {
+    /// Data-server counts to measure, e.g. `1,2,4` (ignored with --cluster).
+    #[arg(long, default_value = "1,2,4")]
+    pub servers: String,
+    /// Record sizes, e.g. `64K,1M`.
+    #[arg(long, default_value = "1M")]
+    pub record: String,
+    /// Bytes written then read per run.
+    #[arg(long, default_value = "2G")]
+    pub size: String,
+    /// Repetitions per point (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Records in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub window: usize,
+    /// Use this running cluster instead of starting one per point.
+    #[arg(long, value_name = "PATH|ADDR")]
+    pub cluster: Option<String>,
+    /// Where to start clusters (default: a fresh directory under /tmp).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Write results here (an SVG chart is written beside it).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Seconds per iperf3 measurement.
+    #[arg(long, default_value_t = 3)]
+    pub iperf_seconds: u32,
+    /// Skip the iperf3 ceiling (e.g. where iperf3 is not installed).
+    #[arg(long)]
+    pub no_iperf: bool,
+}
+
+struct Point {
+    servers: u32,
+    record: u64,
+    write_mib: Vec<f64>,
+    write_cpu: Vec<f64>,
+    read_mib: Vec<f64>,
+    read_cpu: Vec<f64>,
+}
+
+pub async fn run(a: ThroughputArgs) -> Result<()> {
+    let servers: Vec<u32> =
+        crate::parse_list(&a.servers, |x| x.parse().ok()).context("--servers wants a list like 1,2,4")?;
+    let records = crate::parse_list(&a.record, crate::parse_bytes).context("--record wants sizes like 64K,1M")?;
+    let size = crate::parse_bytes(&a.size).context("--size wants a size like 2G")?;
+    if a.runs == 0 || a.window == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
+        bail!("--runs and --window must be at least 1, records between 1 byte and 64M");
+    }
+    let load_before = ceilings::load_average();
+    let machine = ceilings::machine();
+    eprintln!("measuring ceilings (memcpy, iperf3 loopback)...");
+    let memcpy = ceilings::memcpy_mib_per_s(256 << 20);
+    let mut iperf = Vec::new();
+    if !a.no_iperf {
+        for _ in 0..a.runs {
+            iperf.push(ceilings::iperf3_mib_per_s(a.iperf_seconds).await?);
+        }
+    }
+    let iperf_median = summarize(&iperf).map(|s| s.median);
+
+    let mut points = Vec::new();
+    let base_dir = a.dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("weft-bench-{}", std::process::id())));
+    let server_points: Vec<Option<u32>> =
+        if a.cluster.is_some() { vec![None] } else { servers.iter().map(|&n| Some(n)).collect() };
+    for sp in server_points {
+        let (cluster, cfg, n) = match (sp, &a.cluster) {
+            (None, Some(spec)) => {
+                let cfg = ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?;
+                let c = Client::connect(&cfg).await?;
+                let n = c.cluster_info().await?.len() as u32;
+                (None, cfg, n)
+            }
+            (Some(n), _) => {
+                let dir = base_dir.join(format!("servers-{n}"));
+                let _ = std::fs::remove_dir_all(&dir);
+                let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
+                opts.log_filter = "warn".into();
+                eprintln!("starting a cluster with {n} data servers in {}", dir.display());
+                let cl = LocalCluster::start(opts).await?;
+                let cfg = cl.cluster_config();
+                (Some(cl), cfg, n)
+            }
+            _ => unreachable!(),
+        };
+        let client = Client::connect(&cfg).await?;
+        for &record in &records {
+            let p = measure(&client, n, record, size, &a).await?;
+            eprintln!(
+                "servers {n} record {record}: write {:.0} MiB/s, read {:.0} MiB/s",
+                summarize(&p.write_mib).map(|s| s.median).unwrap_or(0.0),
+                summarize(&p.read_mib).map(|s| s.median).unwrap_or(0.0)
+            );
+            points.push(p);
+        }
+        client.close().await;
+        if let Some(mut cl) = cluster {
+            cl.stop().await;
+            let _ = std::fs::remove_dir_all(cl.dir());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&base_dir);
+
+    let mut results = Vec::new();
+    for p in &points {
+        for (op, mib, cpu) in [("write", &p.write_mib, &p.write_cpu), ("read", &p.read_mib, &p.read_cpu)] {
+            let s = summarize(mib).expect("runs >= 1");
+            let c = summarize(cpu).expect("runs >= 1");
+            results.push(json!({
+                "system": "weft",
+                "fabric": "tcp",
+                "servers": p.servers,
+                "clients": 1,
+                "threads": 1,
+                "window": a.window,
+                "record_bytes": p.record,
+                "op": op,
+                "mib_per_s": round1(s.median),
+                "client_cpu_s_per_gib": round3(c.median),
+                "runs": s.runs,
+                "min": round1(s.min),
+                "max": round1(s.max),
+                "ratio_to_iperf3": iperf_median.map(|i| round3(s.median / i)),
+            }));
+        }
+    }
+    let mut ceil = serde_json::Map::new();
+    ceil.insert("memcpy_mib_per_s".into(), json!(round1(memcpy)));
+    if let Some(s) = summarize(&iperf) {
+        ceil.insert("iperf3_mib_per_s".into(), json!(round1(s.median)));
+        ceil.insert("iperf3_min".into(), json!(round1(s.min)));
+        ceil.insert("iperf3_max".into(), json!(round1(s.max)));
+    }
+    let load_after = ceilings::load_average();
+    let doc = json!({
+        "machine": machine,
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "date": crate::report::utc_now(),
+        "config": {
+            "bench": "throughput",
+            "size_bytes": size,
+            "window": a.window,
+            "runs": a.runs,
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+        },
+        "ceilings": Value::Object(ceil),
+        "results": results,
+    });
+    println!("{}", crate::report::markdown_table(&doc));
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        let svg = path.with_extension("svg");
+        std::fs::write(&svg, crate::chart::throughput_svg(&doc)).with_context(|| format!("writing {}", svg.display()))?;
+        eprintln!("wrote {} and {}", path.display(), svg.display());
+    }
+    Ok(())
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &ThroughputArgs) -> Result<Point> {
+    let path = format!("/bench-s{servers}-r{record}");
+    let records = size.div_ceil(record).max(1);
+    // Pre-faulted source record, shared by every write (Bytes clones share the buffer).
+    let src = Bytes::from((0..record).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    // Pre-faulted destination buffers, one per record in flight, reused across runs.
+    let mut bufs: Vec<BytesMut> = (0..a.window).map(|_| BytesMut::zeroed(record as usize)).collect();
+    let mut p = Point { servers, record, write_mib: vec![], write_cpu: vec![], read_mib: vec![], read_cpu: vec![] };
+    // Warm-up: one pass of a small file brings up sessions and connections.
+    sequential(client, &path, record, records.min(16), &src, &mut bufs, a.window).await?;
+    for _ in 0..a.runs {
+        let (w, wc, r, rc) = sequential(client, &path, record, records, &src, &mut bufs, a.window).await?;
+        let gib = (records * record) as f64 / (1u64 << 30) as f64;
+        let mib = gib * 1024.0;
+        p.write_mib.push(mib / w);
+        p.write_cpu.push(wc / gib);
+        p.read_mib.push(mib / r);
+        p.read_cpu.push(rc / gib);
+    }
+    let (parent, name) = client.resolve_parent(&path).await?;
+    client.unlink(parent.ino, name).await?;
+    Ok(p)
+}
+
+/// One write pass and one read pass; returns (write secs, write cpu secs, read secs, read cpu secs).
+async fn sequential(
+    client: &Client,
+    path: &str,
+    record: u64,
+    records: u64,
+    src: &Bytes,
+    bufs: &mut Vec<BytesMut>,
+    window: usize,
+) -> Result<(f64, f64, f64, f64)> {
+    let f = Arc::new(client.create_path(path, 0o644, false, true).await?);
+    let (t, c) = (Instant::now(), ceilings::cpu_seconds());
+    let mut tasks = JoinSet::new();
+    for i in 0..records {
+        if tasks.len() >= window {
+            tasks.join_next().await.expect("non-empty")??;
+        }
+        let f = f.clone();
+        let data = src.clone();
+        tasks.spawn(async move { f.write_at(i * record, data).await });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    f.sync().await?;
+    let (w, wc) = (t.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c);
+
+    let f = Arc::new(client.open(path).await?);
+    if f.size() != records * record {
+        bail!("{path}: size {} after writing {} bytes", f.size(), records * record);
+    }
+    let (t, c) = (Instant::now(), ceilings::cpu_seconds());
+    let mut tasks: JoinSet<Result<BytesMut, weft_client::ClientError>> = JoinSet::new();
+    for i in 0..records {
+        let buf = match bufs.pop() {
+            Some(b) => b,
+            None => {
+                let mut b = tasks.join_next().await.expect("window full")??;
+                b.resize(record as usize, 0);
+                b
+            }
+        };
+        let f = f.clone();
+        tasks.spawn(async move { f.read_at(i * record, buf).await });
+    }
+    while let Some(r) = tasks.join_next().await {
+        let mut b = r??;
+        b.resize(record as usize, 0);
+        bufs.push(b);
+    }
+    let (r, rc) = (t.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c);
+    Ok((w, wc, r, rc))
+}

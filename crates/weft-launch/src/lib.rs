@@ -1,0 +1,250 @@
+//! A local cluster of real processes: one `weft meta` and N `weft data`, on loopback with ephemeral ports.
+//!
+//! Used by `weft up`, by `weft bench` (one cluster per measured point) and by the integration tests. Each child
+//! is given a TOML config under the cluster's directory and prints one line `WEFT-READY <addr>` on stdout once it
+//! listens; its logs go to `DIR/logs/<role>.log`. The cluster is ready when the MDS reports every data server up.
+//! Children are killed when the [`LocalCluster`] is dropped, so a failing test never leaves servers behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use weft_client::{Client, ClusterConfig};
+use weft_proto::ServerState;
+
+/// The line a server prints on stdout when it listens.
+pub const READY_PREFIX: &str = "WEFT-READY ";
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LaunchError {
+    #[error("cannot prepare {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot start {role}: {source}")]
+    Spawn { role: String, source: std::io::Error },
+    #[error("{role} exited before it was ready; see {log}")]
+    Died { role: String, log: PathBuf },
+    #[error("cluster not ready after {waited_ms} ms: {detail}")]
+    NotReady { waited_ms: u64, detail: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// The `weft` binary to run for each role.
+    pub weft_bin: PathBuf,
+    pub dir: PathBuf,
+    pub servers: u32,
+    /// `RUST_LOG` for the children.
+    pub log_filter: String,
+    /// Extra environment for the children (e.g. fault injection in tests).
+    pub env: Vec<(String, String)>,
+    /// Extra TOML lines appended to each data server's config.
+    pub data_extra_toml: String,
+    /// How long to wait for the cluster to come up.
+    pub ready_timeout_ms: u64,
+}
+
+impl LaunchOptions {
+    pub fn new(weft_bin: impl Into<PathBuf>, dir: impl Into<PathBuf>, servers: u32) -> LaunchOptions {
+        LaunchOptions {
+            weft_bin: weft_bin.into(),
+            dir: dir.into(),
+            servers,
+            log_filter: "info".into(),
+            env: Vec::new(),
+            data_extra_toml: String::new(),
+            ready_timeout_ms: 60_000,
+        }
+    }
+}
+
+struct Proc {
+    role: String,
+    config: PathBuf,
+    child: Child,
+    addr: String,
+}
+
+pub struct LocalCluster {
+    opts: LaunchOptions,
+    mds: Option<Proc>,
+    data: Vec<Proc>,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
+    move |source| LaunchError::Io { path: path.to_path_buf(), source }
+}
+
+impl LocalCluster {
+    /// Starts the MDS, then the data servers, and waits until the MDS sees them all.
+    pub async fn start(opts: LaunchOptions) -> Result<LocalCluster, LaunchError> {
+        for sub in ["logs", "meta", "config"] {
+            let p = opts.dir.join(sub);
+            std::fs::create_dir_all(&p).map_err(io_err(&p))?;
+        }
+        let meta_cfg = opts.dir.join("config/meta.toml");
+        let text = format!("listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n", opts.dir.join("meta"));
+        std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
+        let mut cluster = LocalCluster { mds: None, data: Vec::new(), opts };
+        let mds = cluster.spawn("meta", "meta", &meta_cfg).await?;
+        let mds_addr = mds.addr.clone();
+        cluster.mds = Some(mds);
+        for i in 0..cluster.opts.servers {
+            let root = cluster.opts.dir.join(format!("data{i}"));
+            std::fs::create_dir_all(&root).map_err(io_err(&root))?;
+            let cfg = cluster.opts.dir.join(format!("config/data{i}.toml"));
+            let text = format!(
+                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{}\n",
+                cluster.opts.data_extra_toml
+            );
+            std::fs::write(&cfg, text).map_err(io_err(&cfg))?;
+            let p = cluster.spawn(&format!("data{i}"), "data", &cfg).await?;
+            cluster.data.push(p);
+        }
+        cluster.wait_ready().await?;
+        let cfg_path = cluster.cluster_file();
+        std::fs::write(&cfg_path, cluster.cluster_config().to_toml()).map_err(io_err(&cfg_path))?;
+        Ok(cluster)
+    }
+
+    async fn spawn(&self, role: &str, subcommand: &str, config: &Path) -> Result<Proc, LaunchError> {
+        let log = self.opts.dir.join(format!("logs/{role}.log"));
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(io_err(&log))?;
+        let mut cmd = Command::new(&self.opts.weft_bin);
+        cmd.arg(subcommand)
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", &self.opts.log_filter)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file))
+            .kill_on_drop(true);
+        for (k, v) in &self.opts.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { role: role.into(), source })?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let wait = Duration::from_millis(self.opts.ready_timeout_ms);
+        let addr = match tokio::time::timeout(wait, lines.next_line()).await {
+            Ok(Ok(Some(line))) if line.starts_with(READY_PREFIX) => line[READY_PREFIX.len()..].trim().to_string(),
+            Ok(_) => return Err(LaunchError::Died { role: role.into(), log }),
+            Err(_) => {
+                return Err(LaunchError::NotReady {
+                    waited_ms: self.opts.ready_timeout_ms,
+                    detail: format!("{role} did not report its address; see {}", log.display()),
+                });
+            }
+        };
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Proc { role: role.into(), config: config.to_path_buf(), child, addr })
+    }
+
+    async fn wait_ready(&self) -> Result<(), LaunchError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.opts.ready_timeout_ms);
+        let mut detail = String::from("no answer from the MDS");
+        let cfg = self.cluster_config();
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(c) = Client::connect(&cfg).await {
+                match c.cluster_info().await {
+                    Ok(list) => {
+                        let up = list.iter().filter(|s| s.state == ServerState::Up).count();
+                        if up as u32 >= self.opts.servers {
+                            c.close().await;
+                            return Ok(());
+                        }
+                        detail = format!("{up} of {} data servers registered", self.opts.servers);
+                    }
+                    Err(e) => detail = e.to_string(),
+                }
+                c.close().await;
+            }
+            // Polling readiness of freshly started processes; not a timing assumption.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(LaunchError::NotReady { waited_ms: self.opts.ready_timeout_ms, detail })
+    }
+
+    pub fn mds_addr(&self) -> &str {
+        self.mds.as_ref().map(|p| p.addr.as_str()).unwrap_or("")
+    }
+
+    pub fn data_addrs(&self) -> Vec<String> {
+        self.data.iter().map(|p| p.addr.clone()).collect()
+    }
+
+    /// Root directory of data server `i`'s objects.
+    pub fn data_root(&self, i: u32) -> PathBuf {
+        self.opts.dir.join(format!("data{i}"))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.opts.dir
+    }
+
+    pub fn cluster_file(&self) -> PathBuf {
+        self.opts.dir.join("cluster.toml")
+    }
+
+    pub fn cluster_config(&self) -> ClusterConfig {
+        ClusterConfig::from_spec(self.mds_addr()).expect("the MDS reported a host:port address")
+    }
+
+    pub async fn client(&self) -> Result<Client, weft_client::ClientError> {
+        Client::connect(&self.cluster_config()).await
+    }
+
+    /// Kills the MDS with SIGKILL (no chance to clean up) and waits for it to die.
+    pub async fn kill_mds(&mut self) {
+        if let Some(p) = self.mds.as_mut() {
+            let _ = p.child.kill().await;
+        }
+    }
+
+    /// Starts the MDS again on the address it had, from the same store.
+    pub async fn restart_mds(&mut self) -> Result<(), LaunchError> {
+        let old = self.mds.take().expect("the cluster has an MDS");
+        let text = std::fs::read_to_string(&old.config).map_err(io_err(&old.config))?;
+        let text = text.replace("127.0.0.1:0", &old.addr);
+        std::fs::write(&old.config, text).map_err(io_err(&old.config))?;
+        let p = self.spawn(&old.role, "meta", &old.config).await?;
+        self.mds = Some(p);
+        self.wait_ready().await
+    }
+
+    /// Asks every process to stop (SIGTERM) and waits for them.
+    pub async fn stop(&mut self) {
+        let mut all: Vec<Proc> = self.data.drain(..).collect();
+        all.extend(self.mds.take());
+        for p in &all {
+            if let Some(pid) = p.child.id() {
+                terminate(pid);
+            }
+        }
+        for mut p in all {
+            match tokio::time::timeout(Duration::from_secs(10), p.child.wait()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    tracing::warn!(role = %p.role, "did not stop within 10 s of SIGTERM; killing it");
+                    let _ = p.child.kill().await;
+                }
+            }
+        }
+    }
+}
+
+mod signal {
+    //! SIGTERM for children: the only FFI here.
+    #![allow(unsafe_code)]
+
+    pub fn terminate(pid: u32) {
+        // SAFETY: kill(2) with a pid we spawned and still hold; a stale pid only yields ESRCH.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+    }
+}
+use signal::terminate;
