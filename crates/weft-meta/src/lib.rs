@@ -1,1 +1,24 @@
-//! weft-meta
+//! The Weft metadata service's core: the namespace (inodes, directory entries, attributes, layouts, the data
+//! server registry) and the transactional store it lives in.
+//!
+//! Why this split: [`Namespace`] holds every POSIX-like rule once, written against the [`MetaTxn`] trait;
+//! [`MetaStore`] implementations only provide atomic, durable transactions over a few keyed tables. The embedded
+//! default is [`RedbStore`] (one crash-safe file); [`MemStore`] makes the rules testable without a disk. This crate
+//! is synchronous and does no networking: the service wraps [`Namespace::execute`] in its RPC handler and runs it
+//! on a blocking thread, because each write transaction waits for an fsync.
+
+pub mod clock;
+pub mod error;
+pub mod mem_store;
+pub mod namespace;
+pub mod redb_store;
+pub mod server;
+pub mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::MetaError;
+pub use mem_store::MemStore;
+pub use namespace::{DEFAULT_LIVENESS_MS, Namespace};
+pub use redb_store::RedbStore;
+pub use server::{MetaConfig, MetaServerError, MetaService, run};
+pub use store::{Inode, MetaStore, MetaTxn};

@@ -39,18 +39,18 @@ impl ErrorCode {
     /// The Linux errno a POSIX front end returns for this code.
     pub fn errno(self) -> i32 {
         match self {
-            ErrorCode::NotFound => 2,                         // ENOENT
-            ErrorCode::Exists => 17,                          // EEXIST
-            ErrorCode::NotDir => 20,                          // ENOTDIR
-            ErrorCode::IsDir => 21,                           // EISDIR
-            ErrorCode::NotEmpty => 39,                        // ENOTEMPTY
-            ErrorCode::Invalid | ErrorCode::NotSymlink => 22, // EINVAL
-            ErrorCode::NameTooLong => 36,                     // ENAMETOOLONG
-            ErrorCode::Permission => 13,                      // EACCES
-            ErrorCode::NoSpace => 28,                         // ENOSPC
+            ErrorCode::NotFound => 2,                                      // ENOENT
+            ErrorCode::Exists => 17,                                       // EEXIST
+            ErrorCode::NotDir => 20,                                       // ENOTDIR
+            ErrorCode::IsDir => 21,                                        // EISDIR
+            ErrorCode::NotEmpty => 39,                                     // ENOTEMPTY
+            ErrorCode::Invalid | ErrorCode::NotSymlink => 22,              // EINVAL
+            ErrorCode::NameTooLong => 36,                                  // ENAMETOOLONG
+            ErrorCode::Permission => 13,                                   // EACCES
+            ErrorCode::NoSpace => 28,                                      // ENOSPC
             ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal => 5, // EIO
-            ErrorCode::OutOfRange => 27,                      // EFBIG
-            ErrorCode::Busy => 11,                            // EAGAIN
+            ErrorCode::OutOfRange => 27,                                   // EFBIG
+            ErrorCode::Busy => 11,                                         // EAGAIN
             _ => 5,
         }
     }
@@ -68,7 +68,11 @@ pub struct WireError {
 
 impl WireError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        WireError { code, message: message.into(), offset: None }
+        WireError {
+            code,
+            message: message.into(),
+            offset: None,
+        }
     }
 
     pub fn with_offset(mut self, offset: u64) -> Self {

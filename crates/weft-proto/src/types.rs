@@ -12,6 +12,9 @@ pub const ROOT_INO: u64 = 1;
 pub const NAME_BYTES_MAX: usize = 255;
 /// Longest symlink target, in bytes (as Linux's PATH_MAX).
 pub const SYMLINK_BYTES_MAX: usize = 4096;
+/// Largest object a data server holds (16 TiB): offsets and lengths past it are refused before any I/O, so no
+/// arithmetic on them can overflow. A file can be `stripe_count` times larger.
+pub const OBJECT_BYTES_MAX: u64 = 1 << 44;
 /// Most entries one readdir reply may carry.
 pub const READDIR_ENTRIES_MAX: u32 = 4096;
 

@@ -13,12 +13,18 @@ mod imp {
 
     fn load() {
         LOADED.call_once(|| {
-            let Ok(spec) = std::env::var("WEFT_FAULT") else { return };
+            let Ok(spec) = std::env::var("WEFT_FAULT") else {
+                return;
+            };
             let parts: Vec<&str> = spec.split(':').collect();
             if let ["drop-after-execute", op, count] = parts.as_slice()
                 && let (Ok(op), Ok(count)) = (op.parse(), count.parse())
             {
-                tracing::warn!(op, count, "fault injection armed: drop connection after execute");
+                tracing::warn!(
+                    op,
+                    count,
+                    "fault injection armed: drop connection after execute"
+                );
                 *PLAN.lock().expect("fault plan") = Some((op, count));
             }
         });

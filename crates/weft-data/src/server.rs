@@ -1,0 +1,262 @@
+//! The data server process: the RPC service over an [`ObjectStore`], its configuration, and the heartbeat that
+//! registers it with the metadata service.
+//!
+//! Disk I/O runs on tokio's blocking pool so the network side keeps receiving the next transfer unit while the
+//! disk writes (or reads) this one: with the client keeping several units in flight, disk and network overlap.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tracing::{info, warn};
+use weft_fabric::{Fabric, Listener, TcpFabric};
+use weft_proto::msg::RegisterServerReq;
+use weft_proto::{ErrorCode, FrameLimits, Request, Response, WireError};
+use weft_rpc::{
+    CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service,
+};
+
+use crate::store::ObjectStore;
+
+/// `weft data --config F`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// Stable id of this server; layouts refer to it.
+    pub id: u32,
+    /// Address to listen on (`host:0` picks a free port).
+    pub listen: String,
+    /// Address clients should use, if not the listening one (e.g. behind NAT or when listening on 0.0.0.0).
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// Directory holding the objects.
+    pub root: PathBuf,
+    /// The metadata service to register with.
+    pub mds: String,
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Largest payload of one request (a transfer unit); also the size of each pool buffer.
+    #[serde(default = "default_transfer_unit")]
+    pub transfer_unit_bytes: u32,
+    /// Payload buffers in the pool: the bound on payload memory (`pool_buffers × transfer_unit_bytes`).
+    #[serde(default = "default_pool_buffers")]
+    pub pool_buffers: u32,
+    #[serde(default = "default_slots_max")]
+    pub slots_max: u32,
+    #[serde(default = "default_sessions_max")]
+    pub sessions_max: u32,
+}
+
+fn default_heartbeat_ms() -> u64 {
+    1000
+}
+fn default_transfer_unit() -> u32 {
+    2 << 20
+}
+fn default_pool_buffers() -> u32 {
+    32
+}
+fn default_slots_max() -> u32 {
+    64
+}
+fn default_sessions_max() -> u32 {
+    1024
+}
+
+pub struct DataService {
+    store: Arc<ObjectStore>,
+}
+
+fn join_error(e: tokio::task::JoinError) -> WireError {
+    WireError::new(ErrorCode::Internal, format!("disk task failed: {e}"))
+}
+
+impl Service for DataService {
+    async fn call(
+        &self,
+        ctx: &CallCtx,
+        req: Request,
+        data: Option<PoolBuf>,
+    ) -> Result<Reply, WireError> {
+        let store = self.store.clone();
+        match req {
+            Request::Read(r) => {
+                if r.len as usize > ctx.pool.buf_bytes() {
+                    return Err(WireError::new(
+                        ErrorCode::OutOfRange,
+                        format!(
+                            "read of {} bytes exceeds the transfer unit of {}",
+                            r.len,
+                            ctx.pool.buf_bytes()
+                        ),
+                    ));
+                }
+                let mut buf = ctx.pool.acquire(r.len as usize).await;
+                let buf = tokio::task::spawn_blocking(move || {
+                    store
+                        .read(r.ino, r.offset, buf.as_mut_slice())
+                        .map(|()| buf)
+                })
+                .await
+                .map_err(join_error)?
+                .map_err(WireError::from)?;
+                Ok(Reply {
+                    resp: Response::Read(()),
+                    data: Some(buf),
+                })
+            }
+            Request::Write(w) => {
+                let buf = data.ok_or_else(|| {
+                    WireError::new(ErrorCode::BadRequest, "write without a payload")
+                })?;
+                let n = buf.len() as u32;
+                tokio::task::spawn_blocking(move || store.write(w.ino, w.offset, buf.as_slice()))
+                    .await
+                    .map_err(join_error)?
+                    .map_err(WireError::from)?;
+                Ok(Response::Write(n).into())
+            }
+            Request::Truncate(t) => {
+                tokio::task::spawn_blocking(move || store.truncate(t.ino, t.size))
+                    .await
+                    .map_err(join_error)?
+                    .map_err(WireError::from)?;
+                Ok(Response::Truncate(()).into())
+            }
+            Request::RemoveObject(r) => {
+                tokio::task::spawn_blocking(move || store.remove(r.ino))
+                    .await
+                    .map_err(join_error)?
+                    .map_err(WireError::from)?;
+                Ok(Response::RemoveObject(()).into())
+            }
+            Request::SpaceStat(()) => {
+                let s = tokio::task::spawn_blocking(move || store.space())
+                    .await
+                    .map_err(join_error)?
+                    .map_err(WireError::from)?;
+                Ok(Response::SpaceStat(s).into())
+            }
+            other => Err(WireError::new(
+                ErrorCode::BadRequest,
+                format!("{:?} is not served by a data server", other.op()),
+            )),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataServerError {
+    #[error("opening the object store at {root}: {source}")]
+    Store {
+        root: PathBuf,
+        source: crate::DataError,
+    },
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Runs a data server until the process is stopped. `ready` is told the listening address.
+pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataServerError> {
+    let store = ObjectStore::open(&cfg.root).map_err(|source| DataServerError::Store {
+        root: cfg.root.clone(),
+        source,
+    })?;
+    let store = Arc::new(store);
+    let fabric = TcpFabric::default();
+    let listener = fabric
+        .listen(&cfg.listen)
+        .await
+        .map_err(|source| DataServerError::Listen {
+            addr: cfg.listen.clone(),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(DataServerError::Serve)?;
+    let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.clone());
+    let server_cfg = ServerConfig {
+        limits: FrameLimits {
+            body_bytes_max: 64 << 10,
+            data_bytes_max: cfg.transfer_unit_bytes,
+        },
+        slots_max: cfg.slots_max,
+        sessions_max: cfg.sessions_max,
+        pool_buffers: cfg.pool_buffers,
+        ..ServerConfig::default()
+    };
+    let server = RpcServer::<TcpFabric, _>::new(
+        server_cfg,
+        Arc::new(DataService {
+            store: store.clone(),
+        }),
+    );
+    info!(id = cfg.id, %addr, %advertise, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
+    tokio::spawn(heartbeat(cfg.clone(), advertise, store));
+    ready(&addr);
+    server.serve(listener).await.map_err(DataServerError::Serve)
+}
+
+/// Registers with the MDS and repeats it as a heartbeat carrying this server's space. Survives MDS restarts.
+async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>) {
+    let rpc_cfg = ClientConfig {
+        client_name: format!("data-server-{}", cfg.id),
+        slots: 1,
+        call_timeout_ms: cfg.heartbeat_ms.max(1000) * 5,
+        attempts_max: 1,
+        ..ClientConfig::default()
+    };
+    let mut client: Option<RpcClient<TcpFabric>> = None;
+    let mut healthy = true;
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.heartbeat_ms.max(10)));
+    loop {
+        tick.tick().await;
+        let space = {
+            let store = store.clone();
+            match tokio::task::spawn_blocking(move || store.space()).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    warn!("cannot read space of {}: {e}", cfg.root.display());
+                    Default::default()
+                }
+                Err(_) => Default::default(),
+            }
+        };
+        if client.is_none() {
+            client = RpcClient::connect(TcpFabric::default(), &cfg.mds, rpc_cfg.clone())
+                .await
+                .ok();
+        }
+        let result = match &client {
+            Some(c) => c
+                .call_simple(Request::RegisterServer(RegisterServerReq {
+                    id: cfg.id,
+                    addr: advertise.clone(),
+                    space,
+                }))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            None => Err(format!("cannot connect to {}", cfg.mds)),
+        };
+        match result {
+            Ok(()) if !healthy => {
+                info!(mds = %cfg.mds, "registered with the metadata service again");
+                healthy = true;
+            }
+            Ok(()) => {}
+            Err(e) => {
+                if healthy {
+                    warn!(mds = %cfg.mds, "heartbeat failed (will keep trying): {e}");
+                }
+                healthy = false;
+                client = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,540 @@
+//! The object store of one data server: each file's object is a plain file under `ROOT/objects/`, and beside it a
+//! checksum sidecar holding a CRC-32C for every 4 KiB block.
+//!
+//! On-disk format (an on-disk format: change it only with a version bump):
+//! - object of inode `ino`: `ROOT/objects/{ino & 0xff:02x}/{ino:016x}` (256 fan-out directories keep each small);
+//! - its sidecar: the same path with `.crc`: little-endian `u32` number `b` belongs to block `b`, bytes
+//!   `[b·4096, (b+1)·4096)` of the object;
+//! - the stored value is `crc32c(block padded with zeros to 4096 bytes) XOR crc32c(4096 zero bytes)`, so a block
+//!   that was never written (a hole, or past the sidecar's end) has stored value 0 and reads back as zeros,
+//!   sparse sidecars stay sparse, and growing an object never changes the checksum of its old last block.
+//!
+//! Invariant: a block whose stored checksum does not match its bytes is never returned; the read fails with
+//! [`DataError::Corrupt`] naming the object offset of the block.
+//! Invariant: no offset or length reaches a system call before [`check_range`] bounded it by `OBJECT_BYTES_MAX`.
+//!
+//! Durability: writes go to the page cache (no fsync per write); a crash between the data and the checksum update
+//! shows up as `Corrupt` on read, never as wrong bytes.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, ErrorKind};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use weft_proto::{ErrorCode, OBJECT_BYTES_MAX, SpaceStat, WireError};
+
+use crate::range_lock::RangeLocks;
+
+/// Bytes covered by one checksum.
+pub const BLOCK_BYTES: usize = 4096;
+const B: u64 = BLOCK_BYTES as u64;
+const CRC_BYTES: u64 = 4;
+
+static ZERO_BLOCK: [u8; BLOCK_BYTES] = [0; BLOCK_BYTES];
+static ZERO_BLOCK_CRC: LazyLock<u32> = LazyLock::new(|| crc32c::crc32c(&ZERO_BLOCK));
+
+/// The value stored for a block whose (zero-padded) bytes are `block`.
+fn stored_crc(block: &[u8]) -> u32 {
+    debug_assert!(block.len() <= BLOCK_BYTES);
+    let mut crc = crc32c::crc32c(block);
+    if block.len() < BLOCK_BYTES {
+        crc = crc32c::crc32c_append(crc, &ZERO_BLOCK[block.len()..]);
+    }
+    crc ^ *ZERO_BLOCK_CRC
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataError {
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// A block's bytes do not match its stored checksum.
+    #[error(
+        "checksum mismatch in object {ino} in the block at object offset {object_offset} ({path})"
+    )]
+    Corrupt {
+        ino: u64,
+        object_offset: u64,
+        path: PathBuf,
+    },
+    #[error(
+        "range at offset {offset} of {len} bytes of object {ino} lies beyond the object size limit {OBJECT_BYTES_MAX}"
+    )]
+    OutOfRange { ino: u64, offset: u64, len: u64 },
+}
+
+impl From<DataError> for WireError {
+    fn from(e: DataError) -> WireError {
+        let message = e.to_string();
+        match e {
+            DataError::Corrupt { object_offset, .. } => {
+                WireError::new(ErrorCode::Corrupt, message).with_offset(object_offset)
+            }
+            DataError::OutOfRange { offset, .. } => {
+                WireError::new(ErrorCode::OutOfRange, message).with_offset(offset)
+            }
+            DataError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+                WireError::new(ErrorCode::NoSpace, message)
+            }
+            DataError::Io { .. } => WireError::new(ErrorCode::Io, message),
+        }
+    }
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DataError + 'a {
+    move |source| DataError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Checks a range from the wire before any arithmetic or I/O uses it; returns its end.
+fn check_range(ino: u64, offset: u64, len: u64) -> Result<u64, DataError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= OBJECT_BYTES_MAX => Ok(end),
+        _ => Err(DataError::OutOfRange { ino, offset, len }),
+    }
+}
+
+pub struct ObjectStore {
+    root: PathBuf,
+    objects: PathBuf,
+    locks: RangeLocks,
+    object_count: AtomicU64,
+}
+
+impl ObjectStore {
+    /// Opens (creating if needed) the store under `root` and counts its objects once.
+    pub fn open(root: &Path) -> Result<ObjectStore, DataError> {
+        let objects = root.join("objects");
+        std::fs::create_dir_all(&objects).map_err(io_err("creating", &objects))?;
+        let mut count = 0u64;
+        for dir in std::fs::read_dir(&objects).map_err(io_err("listing", &objects))? {
+            let dir = dir.map_err(io_err("listing", &objects))?.path();
+            if !dir.is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(&dir).map_err(io_err("listing", &dir))? {
+                let f = f.map_err(io_err("listing", &dir))?.path();
+                if f.extension().is_none() {
+                    count += 1;
+                }
+            }
+        }
+        Ok(ObjectStore {
+            root: root.to_path_buf(),
+            objects,
+            locks: RangeLocks::default(),
+            object_count: count.into(),
+        })
+    }
+
+    /// Where the object of `ino` lives (the sidecar adds `.crc`).
+    pub fn object_path(&self, ino: u64) -> PathBuf {
+        self.objects
+            .join(format!("{:02x}", ino & 0xff))
+            .join(format!("{ino:016x}"))
+    }
+
+    fn sidecar_path(&self, ino: u64) -> PathBuf {
+        self.objects
+            .join(format!("{:02x}", ino & 0xff))
+            .join(format!("{ino:016x}.crc"))
+    }
+
+    /// Opens an object and its sidecar for writing, creating both (and counting the object) when new.
+    fn open_for_write(&self, ino: u64) -> Result<(File, File), DataError> {
+        let path = self.object_path(ino);
+        let data = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                let dir = path.parent().expect("object paths have a parent");
+                std::fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
+                match OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                {
+                    Ok(f) => {
+                        self.object_count.fetch_add(1, Ordering::Relaxed);
+                        f
+                    }
+                    // Another request created it first.
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(&path)
+                        .map_err(io_err("opening", &path))?,
+                    Err(e) => return Err(io_err("creating", &path)(e)),
+                }
+            }
+            Err(e) => return Err(io_err("opening", &path)(e)),
+        };
+        let side = self.sidecar_path(ino);
+        let crc = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&side)
+            .map_err(io_err("opening", &side))?;
+        Ok((data, crc))
+    }
+
+    /// Stored checksums of blocks `first .. first + n`; those past the sidecar's end (or of a missing sidecar) are 0.
+    fn read_crcs(
+        &self,
+        ino: u64,
+        sidecar: Option<&File>,
+        first: u64,
+        n: usize,
+    ) -> Result<Vec<u32>, DataError> {
+        let mut raw = vec![0u8; n * CRC_BYTES as usize];
+        if let Some(f) = sidecar {
+            read_up_to(f, &mut raw, first * CRC_BYTES)
+                .map_err(io_err("reading", &self.sidecar_path(ino)))?;
+        }
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect())
+    }
+
+    /// Reads block `b` of an object `obj_len` bytes long into `scratch` (zero-padded) and verifies it.
+    fn read_verified_block(
+        &self,
+        ino: u64,
+        f: &File,
+        obj_len: u64,
+        b: u64,
+        stored: u32,
+        scratch: &mut [u8; BLOCK_BYTES],
+    ) -> Result<(), DataError> {
+        let bs = b * B;
+        let have = obj_len.saturating_sub(bs).min(B) as usize;
+        scratch.fill(0);
+        f.read_exact_at(&mut scratch[..have], bs)
+            .map_err(io_err("reading", &self.object_path(ino)))?;
+        if stored_crc(scratch) != stored {
+            return Err(DataError::Corrupt {
+                ino,
+                object_offset: bs,
+                path: self.object_path(ino),
+            });
+        }
+        Ok(())
+    }
+
+    /// Fills `buf` with the object's bytes at `offset`; past the object's end (or for a missing object) with
+    /// zeros. Every block touched is verified against its checksum first.
+    pub fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<(), DataError> {
+        let len = buf.len() as u64;
+        let end = check_range(ino, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let first = offset / B;
+        let _g = self.locks.lock(ino, first * B, end.div_ceil(B) * B, false);
+        let path = self.object_path(ino);
+        let f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                buf.fill(0);
+                return Ok(());
+            }
+            Err(e) => return Err(io_err("opening", &path)(e)),
+        };
+        let obj_len = f.metadata().map_err(io_err("stat", &path))?.len();
+        let data_end = end.min(obj_len);
+        if offset >= data_end {
+            buf.fill(0);
+            return Ok(());
+        }
+        let n = (data_end - offset) as usize;
+        // The one read of the payload, straight into the buffer that will be sent.
+        f.read_exact_at(&mut buf[..n], offset)
+            .map_err(io_err("reading", &path))?;
+        buf[n..].fill(0);
+
+        let last = data_end.div_ceil(B);
+        let sidecar = match File::open(self.sidecar_path(ino)) {
+            Ok(s) => Some(s),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err("opening", &self.sidecar_path(ino))(e)),
+        };
+        let crcs = self.read_crcs(ino, sidecar.as_ref(), first, (last - first) as usize)?;
+        let mut scratch = [0u8; BLOCK_BYTES];
+        for (b, &stored) in (first..last).zip(&crcs) {
+            let bs = b * B;
+            if bs >= offset && bs + B <= end {
+                // Whole block inside the buffer, zero-padded past the object's end as the checksum expects.
+                let i = (bs - offset) as usize;
+                if stored_crc(&buf[i..i + BLOCK_BYTES]) != stored {
+                    return Err(DataError::Corrupt {
+                        ino,
+                        object_offset: bs,
+                        path,
+                    });
+                }
+            } else {
+                // An edge block only partly requested: verify all of it (one extra 4 KiB read, no copy).
+                self.read_verified_block(ino, &f, obj_len, b, stored, &mut scratch)?;
+                let lo = bs.max(offset);
+                let hi = (bs + B).min(data_end);
+                if buf[(lo - offset) as usize..(hi - offset) as usize]
+                    != scratch[(lo - bs) as usize..(hi - bs) as usize]
+                {
+                    // Cannot happen under the range lock unless the disk changed under us: refuse, do not guess.
+                    return Err(DataError::Corrupt {
+                        ino,
+                        object_offset: bs,
+                        path,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` of the object, creating it if needed, and updates the checksums of every block
+    /// touched. A partly overwritten block is verified before it is merged, so corruption is never re-blessed.
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<(), DataError> {
+        let len = data.len() as u64;
+        let end = check_range(ino, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let first = offset / B;
+        let last = end.div_ceil(B);
+        let _g = self.locks.lock(ino, first * B, last * B, true);
+        let (f, side) = self.open_for_write(ino)?;
+        let path = self.object_path(ino);
+        let obj_len = f.metadata().map_err(io_err("stat", &path))?.len();
+        let n = (last - first) as usize;
+        let old = if offset % B != 0 || end % B != 0 {
+            self.read_crcs(ino, Some(&side), first, n)?
+        } else {
+            Vec::new()
+        };
+        let mut crcs = Vec::with_capacity(n * CRC_BYTES as usize);
+        let mut scratch = [0u8; BLOCK_BYTES];
+        for (i, b) in (first..last).enumerate() {
+            let bs = b * B;
+            let crc = if bs >= offset && bs + B <= end {
+                let j = (bs - offset) as usize;
+                stored_crc(&data[j..j + BLOCK_BYTES])
+            } else {
+                if bs < obj_len {
+                    self.read_verified_block(ino, &f, obj_len, b, old[i], &mut scratch)?;
+                } else {
+                    scratch.fill(0);
+                }
+                let lo = bs.max(offset);
+                let hi = (bs + B).min(end);
+                // Copies at most two partial blocks per request, to checksum the merged block.
+                scratch[(lo - bs) as usize..(hi - bs) as usize]
+                    .copy_from_slice(&data[(lo - offset) as usize..(hi - offset) as usize]);
+                stored_crc(&scratch)
+            };
+            crcs.extend_from_slice(&crc.to_le_bytes());
+        }
+        f.write_all_at(data, offset)
+            .map_err(io_err("writing", &path))?;
+        side.write_all_at(&crcs, first * CRC_BYTES)
+            .map_err(io_err("writing", &self.sidecar_path(ino)))?;
+        Ok(())
+    }
+
+    /// Sets the object's length to `size`: bytes past it are gone (a later extension reads zeros).
+    pub fn truncate(&self, ino: u64, size: u64) -> Result<(), DataError> {
+        check_range(ino, size, 0)?;
+        let b = size / B;
+        let _g = self.locks.lock(ino, b * B, OBJECT_BYTES_MAX + B, true);
+        let path = self.object_path(ino);
+        if size == 0 && !path.exists() {
+            return Ok(());
+        }
+        let (f, side) = self.open_for_write(ino)?;
+        let obj_len = f.metadata().map_err(io_err("stat", &path))?.len();
+        if size < obj_len && size % B != 0 {
+            // The new last block keeps a prefix of its bytes: checksum it as zero-padded from the cut on.
+            let stored = self.read_crcs(ino, Some(&side), b, 1)?[0];
+            let mut scratch = [0u8; BLOCK_BYTES];
+            self.read_verified_block(ino, &f, obj_len, b, stored, &mut scratch)?;
+            scratch[(size - b * B) as usize..].fill(0);
+            side.write_all_at(&stored_crc(&scratch).to_le_bytes(), b * CRC_BYTES)
+                .map_err(io_err("writing", &self.sidecar_path(ino)))?;
+        }
+        f.set_len(size).map_err(io_err("truncating", &path))?;
+        side.set_len(size.div_ceil(B) * CRC_BYTES)
+            .map_err(io_err("truncating", &self.sidecar_path(ino)))?;
+        Ok(())
+    }
+
+    /// Deletes the object and its sidecar; removing a missing object succeeds (the MDS's collector retries).
+    pub fn remove(&self, ino: u64) -> Result<(), DataError> {
+        let _g = self.locks.lock(ino, 0, OBJECT_BYTES_MAX + B, true);
+        let path = self.object_path(ino);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                self.object_count.fetch_sub(1, Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("removing", &path)(e)),
+        }
+        let side = self.sidecar_path(ino);
+        match std::fs::remove_file(&side) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("removing", &side)(e)),
+        }
+    }
+
+    /// Space of the file system under the root, and the number of objects.
+    pub fn space(&self) -> Result<SpaceStat, DataError> {
+        let (bytes_total, bytes_free) =
+            crate::sys::space(&self.root).map_err(io_err("statvfs", &self.root))?;
+        Ok(SpaceStat {
+            bytes_total,
+            bytes_free,
+            objects: self.object_count.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// Reads as much of `buf` as the file has at `offset`; the rest is left as it is.
+fn read_up_to(f: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(k) => done += k,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(name: &str) -> (ObjectStore, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("weft-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        (ObjectStore::open(&dir).unwrap(), dir)
+    }
+
+    fn bytes(seed: u8, len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    fn read(s: &ObjectStore, ino: u64, off: u64, len: usize) -> Result<Vec<u8>, DataError> {
+        let mut v = vec![0xEE; len];
+        s.read(ino, off, &mut v).map(|()| v)
+    }
+
+    #[test]
+    fn unaligned_writes_merge_and_read_back() {
+        let (s, dir) = store("merge");
+        let mut model = vec![0u8; 20_000];
+        for (off, len, seed) in [
+            (0u64, 10_000usize, 1u8),
+            (5_000, 7_000, 2),
+            (4_095, 2, 3),
+            (15_000, 5_000, 4),
+        ] {
+            let d = bytes(seed, len);
+            s.write(9, off, &d).unwrap();
+            model[off as usize..off as usize + len].copy_from_slice(&d);
+        }
+        assert_eq!(read(&s, 9, 0, 20_000).unwrap(), model);
+        assert_eq!(read(&s, 9, 4_000, 300).unwrap(), &model[4_000..4_300]);
+        // Past the end: zeros, and a missing object reads as zeros.
+        assert_eq!(read(&s, 9, 19_990, 20).unwrap()[10..], [0u8; 10]);
+        assert_eq!(read(&s, 10, 0, 5).unwrap(), vec![0; 5]);
+        assert_eq!(s.space().unwrap().objects, 1);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_flipped_byte_is_reported_with_its_block_never_returned() {
+        let (s, dir) = store("flip");
+        s.write(3, 0, &bytes(5, 3 * BLOCK_BYTES)).unwrap();
+        let p = s.object_path(3);
+        let mut raw = std::fs::read(&p).unwrap();
+        raw[BLOCK_BYTES + 17] ^= 1;
+        std::fs::write(&p, raw).unwrap();
+        assert!(
+            read(&s, 3, 0, BLOCK_BYTES).is_ok(),
+            "other blocks stay readable"
+        );
+        for (off, len) in [(0, 3 * BLOCK_BYTES), (BLOCK_BYTES as u64 + 100, 10)] {
+            match read(&s, 3, off, len) {
+                Err(DataError::Corrupt {
+                    ino: 3,
+                    object_offset,
+                    ..
+                }) => assert_eq!(object_offset, B),
+                other => panic!("expected Corrupt, got {other:?}"),
+            }
+        }
+        // A partial write into the corrupt block is refused rather than re-checksummed.
+        assert!(matches!(
+            s.write(3, B + 1, b"x"),
+            Err(DataError::Corrupt { .. })
+        ));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn truncate_cuts_and_extension_reads_zeros() {
+        let (s, dir) = store("trunc");
+        let d = bytes(7, 10_000);
+        s.write(1, 0, &d).unwrap();
+        s.truncate(1, 5_000).unwrap();
+        assert_eq!(std::fs::metadata(s.object_path(1)).unwrap().len(), 5_000);
+        s.truncate(1, 9_000).unwrap();
+        let back = read(&s, 1, 0, 10_000).unwrap();
+        assert_eq!(&back[..5_000], &d[..5_000]);
+        assert!(back[5_000..].iter().all(|&b| b == 0));
+        // Writing after a gap keeps the old last block's checksum valid.
+        s.write(1, 50_000, b"tail").unwrap();
+        assert_eq!(&read(&s, 1, 49_998, 6).unwrap(), b"\0\0tail");
+        assert_eq!(&read(&s, 1, 0, 5_000).unwrap()[..], &d[..5_000]);
+        s.remove(1).unwrap();
+        s.remove(1).unwrap();
+        assert_eq!(s.space().unwrap().objects, 0);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn ranges_past_the_object_limit_are_refused_before_io() {
+        let (s, dir) = store("range");
+        assert!(matches!(
+            s.write(1, OBJECT_BYTES_MAX, b"x"),
+            Err(DataError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            read(&s, 1, u64::MAX - 1, 4),
+            Err(DataError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            s.truncate(1, u64::MAX),
+            Err(DataError::OutOfRange { .. })
+        ));
+        assert!(!s.object_path(1).exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

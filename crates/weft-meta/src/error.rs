@@ -1,0 +1,58 @@
+//! Storage failures of the metadata store.
+//!
+//! Why a separate type: a namespace rule violation (a missing name, a non-empty directory) is the caller's problem
+//! and goes back on the wire as a [`WireError`] with a precise [`ErrorCode`]; a storage failure (an I/O error, a
+//! record that does not decode) is the server's problem, is logged, and reaches the client only as `Io` or
+//! `Internal`. Keeping the two apart lets the store implementations stay ignorant of POSIX rules.
+
+use weft_proto::{ErrorCode, WireError};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetaError {
+    #[error("metadata store I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The embedded database engine failed (open, begin, commit, table access).
+    #[error("metadata store: {0}")]
+    Store(String),
+    /// A stored record does not decode or breaks an invariant (e.g. a directory entry naming a missing inode).
+    #[error("corrupt metadata record: {0}")]
+    Corrupt(String),
+    /// A write was attempted inside a read-only transaction: a bug in the caller.
+    #[error("write attempted in a read-only metadata transaction")]
+    ReadOnly,
+    /// A previous transaction panicked while holding the store's lock; the in-memory state is not trusted.
+    #[error("metadata store poisoned by an earlier panic")]
+    Poisoned,
+}
+
+impl From<MetaError> for WireError {
+    fn from(e: MetaError) -> Self {
+        let code = match e {
+            MetaError::Io(_) | MetaError::Store(_) | MetaError::Corrupt(_) => ErrorCode::Io,
+            MetaError::ReadOnly | MetaError::Poisoned => ErrorCode::Internal,
+        };
+        tracing::error!("metadata store failure: {e}");
+        WireError::new(code, e.to_string())
+    }
+}
+
+macro_rules! store_error {
+    ($($t:ty),*) => {$(
+        impl From<$t> for MetaError {
+            fn from(e: $t) -> Self {
+                MetaError::Store(e.to_string())
+            }
+        }
+    )*};
+}
+
+store_error!(
+    redb::Error,
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);

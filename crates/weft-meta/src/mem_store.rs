@@ -1,0 +1,249 @@
+//! `MemStore`: the namespace in `BTreeMap`s behind one mutex, for fast, deterministic unit tests.
+//!
+//! Why an undo log rather than a copy of the state per transaction: tests create 100,000-entry directories, and
+//! cloning maps of that size per op would make them quadratic. Each write records the previous value of every key it
+//! touches; when the transaction's closure fails, the log is replayed backwards, so an `Err` applies nothing.
+//! Not durable, by design.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use weft_proto::{FileKind, Layout, ROOT_INO};
+
+use crate::error::MetaError;
+use crate::store::{Inode, MetaStore, MetaTxn};
+
+#[derive(Debug, Default)]
+struct State {
+    inodes: BTreeMap<u64, Inode>,
+    dirents: BTreeMap<(u64, String), (u64, FileKind)>,
+    servers: BTreeMap<u32, String>,
+    orphans: BTreeMap<u64, Layout>,
+    last_ino: u64,
+}
+
+enum Undo {
+    Inode(u64, Option<Inode>),
+    Dirent((u64, String), Option<(u64, FileKind)>),
+    Server(u32, Option<String>),
+    Orphan(u64, Option<Layout>),
+    LastIno(u64),
+}
+
+/// In-memory [`MetaStore`].
+#[derive(Debug, Default)]
+pub struct MemStore {
+    state: Mutex<State>,
+}
+
+impl MemStore {
+    pub fn new() -> Self {
+        MemStore {
+            state: Mutex::new(State {
+                last_ino: ROOT_INO,
+                ..State::default()
+            }),
+        }
+    }
+}
+
+struct MemTxn<'a> {
+    st: &'a mut State,
+    /// `None` in a read transaction: writes are refused.
+    undo: Option<Vec<Undo>>,
+}
+
+impl MemTxn<'_> {
+    fn log(&mut self, u: Undo) -> Result<(), MetaError> {
+        match &mut self.undo {
+            Some(log) => {
+                log.push(u);
+                Ok(())
+            }
+            None => Err(MetaError::ReadOnly),
+        }
+    }
+
+    fn check_writable(&self) -> Result<(), MetaError> {
+        if self.undo.is_none() {
+            Err(MetaError::ReadOnly)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn rollback(self) {
+        let MemTxn { st, undo } = self;
+        for u in undo.unwrap_or_default().into_iter().rev() {
+            match u {
+                Undo::Inode(k, v) => restore(&mut st.inodes, k, v),
+                Undo::Dirent(k, v) => restore(&mut st.dirents, k, v),
+                Undo::Server(k, v) => restore(&mut st.servers, k, v),
+                Undo::Orphan(k, v) => restore(&mut st.orphans, k, v),
+                Undo::LastIno(v) => st.last_ino = v,
+            }
+        }
+    }
+}
+
+fn restore<K: Ord, V>(m: &mut BTreeMap<K, V>, k: K, v: Option<V>) {
+    match v {
+        Some(v) => {
+            m.insert(k, v);
+        }
+        None => {
+            m.remove(&k);
+        }
+    }
+}
+
+impl MetaStore for MemStore {
+    fn write<R, E: From<MetaError>>(
+        &self,
+        f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let mut guard = self.state.lock().map_err(|_| MetaError::Poisoned)?;
+        let mut txn = MemTxn {
+            st: &mut guard,
+            undo: Some(Vec::new()),
+        };
+        match f(&mut txn) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                txn.rollback();
+                Err(e)
+            }
+        }
+    }
+
+    fn read<R, E: From<MetaError>>(
+        &self,
+        f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let mut guard = self.state.lock().map_err(|_| MetaError::Poisoned)?;
+        let mut txn = MemTxn {
+            st: &mut guard,
+            undo: None,
+        };
+        f(&mut txn)
+    }
+}
+
+impl MetaTxn for MemTxn<'_> {
+    fn get_inode(&mut self, ino: u64) -> Result<Option<Inode>, MetaError> {
+        Ok(self.st.inodes.get(&ino).cloned())
+    }
+
+    fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let old = self.st.inodes.insert(inode.ino, inode.clone());
+        self.log(Undo::Inode(inode.ino, old))
+    }
+
+    fn del_inode(&mut self, ino: u64) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let old = self.st.inodes.remove(&ino);
+        self.log(Undo::Inode(ino, old))
+    }
+
+    fn get_dirent(
+        &mut self,
+        parent: u64,
+        name: &str,
+    ) -> Result<Option<(u64, FileKind)>, MetaError> {
+        Ok(self.st.dirents.get(&(parent, name.to_string())).copied())
+    }
+
+    fn put_dirent(
+        &mut self,
+        parent: u64,
+        name: &str,
+        ino: u64,
+        kind: FileKind,
+    ) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let key = (parent, name.to_string());
+        let old = self.st.dirents.insert(key.clone(), (ino, kind));
+        self.log(Undo::Dirent(key, old))
+    }
+
+    fn del_dirent(&mut self, parent: u64, name: &str) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let key = (parent, name.to_string());
+        let old = self.st.dirents.remove(&key);
+        self.log(Undo::Dirent(key, old))
+    }
+
+    fn list_dirents(
+        &mut self,
+        parent: u64,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, u64, FileKind)>, MetaError> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        Ok(self
+            .st
+            .dirents
+            .range((Excluded((parent, after.to_string())), Unbounded))
+            .take_while(|((p, _), _)| *p == parent)
+            .take(limit)
+            .map(|((_, name), (ino, kind))| (name.clone(), *ino, *kind))
+            .collect())
+    }
+
+    fn dir_is_empty(&mut self, parent: u64) -> Result<bool, MetaError> {
+        Ok(self.list_dirents(parent, "", 1)?.is_empty())
+    }
+
+    fn next_ino(&mut self) -> Result<u64, MetaError> {
+        self.check_writable()?;
+        let old = self.st.last_ino;
+        let next = old
+            .checked_add(1)
+            .ok_or_else(|| MetaError::Corrupt("inode numbers exhausted".into()))?;
+        self.st.last_ino = next;
+        self.log(Undo::LastIno(old))?;
+        Ok(next)
+    }
+
+    fn put_server(&mut self, id: u32, addr: &str) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let old = self.st.servers.insert(id, addr.to_string());
+        self.log(Undo::Server(id, old))
+    }
+
+    fn list_servers(&mut self) -> Result<Vec<(u32, String)>, MetaError> {
+        Ok(self
+            .st
+            .servers
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect())
+    }
+
+    fn put_orphan(&mut self, ino: u64, layout: &Layout) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let old = self.st.orphans.insert(ino, layout.clone());
+        self.log(Undo::Orphan(ino, old))
+    }
+
+    fn del_orphan(&mut self, ino: u64) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let old = self.st.orphans.remove(&ino);
+        self.log(Undo::Orphan(ino, old))
+    }
+
+    fn list_orphans(&mut self, limit: usize) -> Result<Vec<(u64, Layout)>, MetaError> {
+        Ok(self
+            .st
+            .orphans
+            .iter()
+            .take(limit)
+            .map(|(k, v)| (*k, v.clone()))
+            .collect())
+    }
+
+    fn count_inodes(&mut self) -> Result<u64, MetaError> {
+        Ok(self.st.inodes.len() as u64)
+    }
+}

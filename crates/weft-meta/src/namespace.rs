@@ -1,0 +1,812 @@
+//! The namespace: every metadata op's rules, written once against [`MetaTxn`].
+//!
+//! Why here and not in the store: the rules (name validity, link counts, what may replace what in a rename, how
+//! a new file's layout is chosen) are the same whatever engine holds the records, and are the part most worth
+//! testing. Each mutating op is exactly one [`MetaStore::write`] transaction, so a crash leaves either all of an
+//! op or none of it; reads run on a snapshot with [`MetaStore::read`].
+//!
+//! Invariants:
+//! - a directory's `nlink` is 2 plus its number of subdirectories; its `parent` points at the directory holding it
+//!   (the root points at itself), which is how a rename refuses to move a directory under itself;
+//! - every directory carries its effective layout policy: mkdir copies the parent's, SetLayout replaces it;
+//! - a file's layout is chosen once, at create, and never changes;
+//! - the transaction that removes a file's last name records it as an orphan (ino + layout), so the service can
+//!   delete its objects from the data servers later without ever losing track of them.
+//!
+//! Choices the wire leaves open: a hard link to a directory is refused with `Permission` (EPERM on Linux); a
+//! non-exclusive create over a symlink returns `Exists` (the client resolves symlinks, not the MDS); a readdir
+//! `limit` of 0 means "as many as the server allows"; the `Null` probe is answered, other session and data
+//! server ops are refused with `BadRequest`.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+use weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES;
+use weft_proto::msg::{
+    CommitReq, CreateReq, LinkReq, MkdirReq, RENAME_NOREPLACE, ReaddirReq, ReaddirResp,
+    RegisterServerReq, RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
+};
+use weft_proto::{
+    Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, ROOT_INO,
+    Request, Response, SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet,
+    WireError,
+};
+
+use crate::clock::Clock;
+use crate::error::MetaError;
+use crate::store::{Inode, MetaStore, MetaTxn};
+
+/// A data server unheard of for longer than this is reported `Down` (milliseconds).
+pub const DEFAULT_LIVENESS_MS: u64 = 5000;
+/// Longest data server address accepted at registration, in bytes.
+pub const SERVER_ADDR_BYTES_MAX: usize = 1024;
+/// Permission bits kept from a mode.
+const MODE_MASK: u32 = 0o7777;
+/// Bound on the parent-chain walk of a directory rename; deeper means a corrupt parent chain (a cycle).
+const DIR_DEPTH_MAX: usize = 1 << 20;
+
+/// What the MDS knows of one registered data server.
+#[derive(Debug, Clone)]
+struct ServerSlot {
+    addr: String,
+    /// Space from the last heartbeat since this MDS started.
+    space: Option<SpaceStat>,
+    /// `Clock::mono_ms` of the last heartbeat since this MDS started.
+    last_ms: Option<u64>,
+}
+
+/// The metadata namespace over a store `S`, with time from `C`.
+pub struct Namespace<S: MetaStore, C: Clock> {
+    store: S,
+    clock: C,
+    liveness_ms: u64,
+    /// Mirror of the persisted server registry plus in-memory liveness. Held while a registration is persisted,
+    /// so the mirror and the store change in the same order.
+    servers: Mutex<BTreeMap<u32, ServerSlot>>,
+}
+
+/// The layout policy of the root of a new namespace: 1 MiB stripes over every data server.
+pub fn default_policy() -> Layout {
+    Layout {
+        stripe_unit: DEFAULT_STRIPE_UNIT_BYTES,
+        stripe_count: 0,
+        servers: Vec::new(),
+    }
+}
+
+fn werr(code: ErrorCode, message: impl Into<String>) -> WireError {
+    WireError::new(code, message)
+}
+
+impl<S: MetaStore, C: Clock> Namespace<S, C> {
+    /// Opens the namespace in `store`, creating the root directory if the store is empty. `liveness_ms`: a data
+    /// server unheard of for longer is reported down (see [`DEFAULT_LIVENESS_MS`]).
+    pub fn new(store: S, clock: C, liveness_ms: u64) -> Result<Self, MetaError> {
+        let has_root = store.read(|t| Ok::<_, MetaError>(t.get_inode(ROOT_INO)?.is_some()))?;
+        if !has_root {
+            let now = clock.now_ns();
+            store.write(|t| {
+                if t.get_inode(ROOT_INO)?.is_none() {
+                    t.put_inode(&Inode {
+                        ino: ROOT_INO,
+                        kind: FileKind::Dir,
+                        mode: 0o755,
+                        uid: 0,
+                        gid: 0,
+                        nlink: 2,
+                        size: 0,
+                        atime_ns: now,
+                        mtime_ns: now,
+                        ctime_ns: now,
+                        parent: ROOT_INO,
+                        layout: Some(default_policy()),
+                        target: String::new(),
+                    })?;
+                }
+                Ok::<_, MetaError>(())
+            })?;
+        }
+        let persisted = store.read(|t| t.list_servers())?;
+        let servers = persisted
+            .into_iter()
+            .map(|(id, addr)| {
+                (
+                    id,
+                    ServerSlot {
+                        addr,
+                        space: None,
+                        last_ms: None,
+                    },
+                )
+            })
+            .collect();
+        Ok(Namespace {
+            store,
+            clock,
+            liveness_ms,
+            servers: Mutex::new(servers),
+        })
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// Runs one metadata request. Rule violations come back with their precise [`ErrorCode`]; store failures as
+    /// `Io`/`Internal`.
+    pub fn execute(&self, req: &Request) -> Result<Response, WireError> {
+        let now = self.clock.now_ns();
+        match req {
+            Request::Null(()) => Ok(Response::Null(())),
+            Request::Lookup(r) => self
+                .store
+                .read(|t| lookup(t, r.parent, &r.name))
+                .map(Response::Lookup),
+            Request::GetAttr(r) => self
+                .store
+                .read(|t| Ok(load(t, r.ino)?.attr()))
+                .map(Response::GetAttr),
+            Request::SetAttr(r) => self
+                .store
+                .write(|t| set_attr(t, r, now))
+                .map(Response::SetAttr),
+            Request::Create(r) => self
+                .store
+                .write(|t| create(t, r, now))
+                .map(Response::Create),
+            Request::Mkdir(r) => self.store.write(|t| mkdir(t, r, now)).map(Response::Mkdir),
+            Request::Rmdir(r) => self
+                .store
+                .write(|t| rmdir(t, r.parent, &r.name, now))
+                .map(Response::Rmdir),
+            Request::Unlink(r) => self
+                .store
+                .write(|t| unlink(t, r.parent, &r.name, now))
+                .map(Response::Unlink),
+            Request::Rename(r) => self
+                .store
+                .write(|t| rename(t, r, now))
+                .map(Response::Rename),
+            Request::Symlink(r) => self
+                .store
+                .write(|t| symlink(t, r, now))
+                .map(Response::Symlink),
+            Request::Readlink(r) => self
+                .store
+                .read(|t| readlink(t, r.ino))
+                .map(Response::Readlink),
+            Request::Link(r) => self.store.write(|t| link(t, r, now)).map(Response::Link),
+            Request::Readdir(r) => self.store.read(|t| readdir(t, r)).map(Response::Readdir),
+            Request::Statfs(()) => self.statfs().map(Response::Statfs),
+            Request::SetLayout(r) => self
+                .store
+                .write(|t| set_layout(t, r, now))
+                .map(Response::SetLayout),
+            Request::Commit(r) => self.store.write(|t| commit(t, r)).map(Response::Commit),
+            Request::ClusterInfo(()) => Ok(Response::ClusterInfo(self.servers())),
+            Request::RegisterServer(r) => self.register_server(r).map(Response::RegisterServer),
+            other => Err(werr(
+                ErrorCode::BadRequest,
+                format!("op {:?} is not served by the metadata service", other.op()),
+            )),
+        }
+    }
+
+    /// Up to `limit` removed files whose objects are still to be deleted from the data servers. A store failure is
+    /// logged and yields an empty list (the collector retries on its next round).
+    pub fn orphans(&self, limit: usize) -> Vec<(u64, Layout)> {
+        match self.store.read(|t| t.list_orphans(limit)) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("listing orphans: {e}");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Forgets orphan `ino` once every one of its objects was deleted.
+    pub fn orphan_done(&self, ino: u64) -> Result<(), MetaError> {
+        self.store.write(|t| t.del_orphan(ino))
+    }
+
+    /// Every registered data server, with its liveness and last reported space.
+    pub fn servers(&self) -> Vec<ServerInfo> {
+        let now = self.clock.mono_ms();
+        self.lock_servers()
+            .iter()
+            .map(|(id, s)| {
+                let age = s.last_ms.map_or(u64::MAX, |l| now.saturating_sub(l));
+                let up = s.last_ms.is_some() && age <= self.liveness_ms;
+                let space = s.space.unwrap_or_default();
+                ServerInfo {
+                    id: *id,
+                    addr: s.addr.clone(),
+                    state: if up {
+                        ServerState::Up
+                    } else {
+                        ServerState::Down
+                    },
+                    bytes_total: space.bytes_total,
+                    bytes_free: space.bytes_free,
+                    heartbeat_age_ms: age,
+                }
+            })
+            .collect()
+    }
+
+    fn lock_servers(&self) -> MutexGuard<'_, BTreeMap<u32, ServerSlot>> {
+        // The map holds plain values that are each replaced whole, so a panic elsewhere cannot leave it torn.
+        self.servers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn register_server(&self, r: &RegisterServerReq) -> Result<(), WireError> {
+        if r.addr.is_empty() || r.addr.len() > SERVER_ADDR_BYTES_MAX || r.addr.contains('\0') {
+            return Err(werr(
+                ErrorCode::Invalid,
+                format!(
+                    "data server {} address {:?} is empty, too long or has a NUL",
+                    r.id, r.addr
+                ),
+            ));
+        }
+        let mut servers = self.lock_servers();
+        let known = servers.get(&r.id).is_some_and(|s| s.addr == r.addr);
+        if !known {
+            self.store.write(|t| t.put_server(r.id, &r.addr))?;
+            tracing::info!(id = r.id, addr = %r.addr, "data server registered");
+        }
+        servers.insert(
+            r.id,
+            ServerSlot {
+                addr: r.addr.clone(),
+                space: Some(r.space),
+                last_ms: Some(self.clock.mono_ms()),
+            },
+        );
+        Ok(())
+    }
+
+    fn statfs(&self) -> Result<StatFs, WireError> {
+        let files = self.store.read(|t| t.count_inodes())?;
+        let mut st = StatFs {
+            files,
+            ..StatFs::default()
+        };
+        for s in self.servers() {
+            st.servers_total += 1;
+            if s.state == ServerState::Up {
+                st.servers_up += 1;
+            }
+            st.bytes_total = st.bytes_total.saturating_add(s.bytes_total);
+            st.bytes_free = st.bytes_free.saturating_add(s.bytes_free);
+        }
+        Ok(st)
+    }
+}
+
+// ---- helpers ------------------------------------------------------------------------------------------------
+
+fn check_name(name: &str) -> Result<(), WireError> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(werr(ErrorCode::Invalid, format!("invalid name {name:?}")));
+    }
+    if name.len() > NAME_BYTES_MAX {
+        return Err(werr(
+            ErrorCode::NameTooLong,
+            format!(
+                "name of {} bytes is longer than {NAME_BYTES_MAX}",
+                name.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn load(t: &mut dyn MetaTxn, ino: u64) -> Result<Inode, WireError> {
+    t.get_inode(ino)?
+        .ok_or_else(|| werr(ErrorCode::NotFound, format!("no inode {ino}")))
+}
+
+fn load_dir(t: &mut dyn MetaTxn, ino: u64) -> Result<Inode, WireError> {
+    let i = load(t, ino)?;
+    if i.kind != FileKind::Dir {
+        return Err(werr(
+            ErrorCode::NotDir,
+            format!("inode {ino} is not a directory"),
+        ));
+    }
+    Ok(i)
+}
+
+/// The inode a directory entry names; a dangling entry is corruption, not a user error.
+fn load_entry(t: &mut dyn MetaTxn, parent: u64, name: &str, ino: u64) -> Result<Inode, WireError> {
+    Ok(t.get_inode(ino)?.ok_or_else(|| {
+        MetaError::Corrupt(format!(
+            "entry {name:?} in directory {parent} names missing inode {ino}"
+        ))
+    })?)
+}
+
+fn entry(t: &mut dyn MetaTxn, parent: u64, name: &str) -> Result<(u64, FileKind), WireError> {
+    t.get_dirent(parent, name)?.ok_or_else(|| {
+        werr(
+            ErrorCode::NotFound,
+            format!("no entry {name:?} in directory {parent}"),
+        )
+    })
+}
+
+/// Changes a directory's link count by `delta` and stamps its mtime and ctime (its entries changed).
+fn touch_dir(t: &mut dyn MetaTxn, ino: u64, delta: i32, now: i64) -> Result<(), WireError> {
+    let mut d = load(t, ino)?;
+    d.nlink = d.nlink.checked_add_signed(delta).ok_or_else(|| {
+        werr(
+            ErrorCode::Invalid,
+            format!("directory {ino} link count out of range"),
+        )
+    })?;
+    d.mtime_ns = now;
+    d.ctime_ns = now;
+    t.put_inode(&d)?;
+    Ok(())
+}
+
+/// Removes one link of a non-directory; at zero the inode goes and a file's objects become an orphan.
+fn drop_link(t: &mut dyn MetaTxn, mut inode: Inode, now: i64) -> Result<(), WireError> {
+    inode.nlink = inode.nlink.saturating_sub(1);
+    if inode.nlink == 0 {
+        t.del_inode(inode.ino)?;
+        if let (FileKind::File, Some(layout)) = (inode.kind, &inode.layout) {
+            t.put_orphan(inode.ino, layout)?;
+        }
+    } else {
+        inode.ctime_ns = now;
+        t.put_inode(&inode)?;
+    }
+    Ok(())
+}
+
+/// A concrete file layout from a directory policy: `count` consecutive registered servers (by id) starting at
+/// index `ino % n`, so files spread round robin.
+fn assign_layout(
+    policy: &Layout,
+    ino: u64,
+    servers: &[(u32, String)],
+) -> Result<Layout, WireError> {
+    let n = servers.len();
+    if n == 0 {
+        return Err(werr(ErrorCode::NoServers, "no data server is registered"));
+    }
+    let want = policy.stripe_count as usize;
+    let count = if want == 0 || want > n { n } else { want };
+    // `n` is nonzero and fits in u64, so the remainder is below `n`.
+    let start = (ino % n as u64) as usize;
+    let chosen = (0..count).map(|k| servers[(start + k) % n].0).collect();
+    Ok(Layout {
+        stripe_unit: policy.stripe_unit,
+        stripe_count: count as u32,
+        servers: chosen,
+    })
+}
+
+fn new_inode(ino: u64, kind: FileKind, mode: u32, uid: u32, gid: u32, now: i64) -> Inode {
+    Inode {
+        ino,
+        kind,
+        mode: mode & MODE_MASK,
+        uid,
+        gid,
+        nlink: 1,
+        size: 0,
+        atime_ns: now,
+        mtime_ns: now,
+        ctime_ns: now,
+        parent: 0,
+        layout: None,
+        target: String::new(),
+    }
+}
+
+// ---- ops (each runs inside one transaction) -----------------------------------------------------------------
+
+fn lookup(t: &mut dyn MetaTxn, parent: u64, name: &str) -> Result<Attr, WireError> {
+    check_name(name)?;
+    load_dir(t, parent)?;
+    let (ino, _) = entry(t, parent, name)?;
+    Ok(load_entry(t, parent, name, ino)?.attr())
+}
+
+fn set_attr(t: &mut dyn MetaTxn, r: &SetAttrReq, now: i64) -> Result<Attr, WireError> {
+    let mut i = load(t, r.ino)?;
+    let s = &r.set;
+    let at = |ts: TimeSet| match ts {
+        TimeSet::Now => now,
+        TimeSet::AtNs(v) => v,
+    };
+    if let Some(size) = s.size {
+        match i.kind {
+            FileKind::Dir => {
+                return Err(werr(
+                    ErrorCode::IsDir,
+                    format!("inode {} is a directory", r.ino),
+                ));
+            }
+            FileKind::Symlink => {
+                return Err(werr(
+                    ErrorCode::Invalid,
+                    format!("inode {} is a symlink: it has no size to set", r.ino),
+                ));
+            }
+            FileKind::File => {
+                if size != i.size {
+                    i.size = size;
+                    i.mtime_ns = now;
+                }
+            }
+        }
+    }
+    if let Some(mode) = s.mode {
+        i.mode = mode & MODE_MASK;
+    }
+    if let Some(uid) = s.uid {
+        i.uid = uid;
+    }
+    if let Some(gid) = s.gid {
+        i.gid = gid;
+    }
+    if let Some(ts) = s.atime {
+        i.atime_ns = at(ts);
+    }
+    if let Some(ts) = s.mtime {
+        i.mtime_ns = at(ts);
+    }
+    if *s != Default::default() {
+        i.ctime_ns = now;
+        t.put_inode(&i)?;
+    }
+    Ok(i.attr())
+}
+
+fn create(t: &mut dyn MetaTxn, r: &CreateReq, now: i64) -> Result<Attr, WireError> {
+    check_name(&r.name)?;
+    let parent = load_dir(t, r.parent)?;
+    if let Some((ino, kind)) = t.get_dirent(r.parent, &r.name)? {
+        if r.exclusive {
+            return Err(werr(
+                ErrorCode::Exists,
+                format!("{:?} exists in directory {}", r.name, r.parent),
+            ));
+        }
+        return match kind {
+            FileKind::File => Ok(load_entry(t, r.parent, &r.name, ino)?.attr()),
+            FileKind::Dir => Err(werr(
+                ErrorCode::IsDir,
+                format!("{:?} is a directory", r.name),
+            )),
+            FileKind::Symlink => Err(werr(
+                ErrorCode::Exists,
+                format!("{:?} exists and is a symlink", r.name),
+            )),
+        };
+    }
+    let servers = t.list_servers()?;
+    if servers.is_empty() {
+        return Err(werr(
+            ErrorCode::NoServers,
+            format!("cannot create {:?}: no data server is registered", r.name),
+        ));
+    }
+    let policy = parent.layout.unwrap_or_else(default_policy);
+    let ino = t.next_ino()?;
+    let mut inode = new_inode(ino, FileKind::File, r.mode, r.uid, r.gid, now);
+    inode.layout = Some(assign_layout(&policy, ino, &servers)?);
+    t.put_inode(&inode)?;
+    t.put_dirent(r.parent, &r.name, ino, FileKind::File)?;
+    touch_dir(t, r.parent, 0, now)?;
+    Ok(inode.attr())
+}
+
+fn mkdir(t: &mut dyn MetaTxn, r: &MkdirReq, now: i64) -> Result<Attr, WireError> {
+    check_name(&r.name)?;
+    let parent = load_dir(t, r.parent)?;
+    if t.get_dirent(r.parent, &r.name)?.is_some() {
+        return Err(werr(
+            ErrorCode::Exists,
+            format!("{:?} exists in directory {}", r.name, r.parent),
+        ));
+    }
+    let ino = t.next_ino()?;
+    let mut inode = new_inode(ino, FileKind::Dir, r.mode, r.uid, r.gid, now);
+    inode.nlink = 2;
+    inode.parent = r.parent;
+    inode.layout = Some(parent.layout.unwrap_or_else(default_policy));
+    t.put_inode(&inode)?;
+    t.put_dirent(r.parent, &r.name, ino, FileKind::Dir)?;
+    touch_dir(t, r.parent, 1, now)?;
+    Ok(inode.attr())
+}
+
+fn rmdir(t: &mut dyn MetaTxn, parent: u64, name: &str, now: i64) -> Result<(), WireError> {
+    check_name(name)?;
+    load_dir(t, parent)?;
+    let (ino, _) = entry(t, parent, name)?;
+    let dir = load_entry(t, parent, name, ino)?;
+    if dir.kind != FileKind::Dir {
+        return Err(werr(
+            ErrorCode::NotDir,
+            format!("{name:?} in directory {parent} is not a directory"),
+        ));
+    }
+    if !t.dir_is_empty(ino)? {
+        return Err(werr(
+            ErrorCode::NotEmpty,
+            format!("directory {name:?} is not empty"),
+        ));
+    }
+    t.del_dirent(parent, name)?;
+    t.del_inode(ino)?;
+    touch_dir(t, parent, -1, now)
+}
+
+fn unlink(t: &mut dyn MetaTxn, parent: u64, name: &str, now: i64) -> Result<(), WireError> {
+    check_name(name)?;
+    load_dir(t, parent)?;
+    let (ino, _) = entry(t, parent, name)?;
+    let inode = load_entry(t, parent, name, ino)?;
+    if inode.kind == FileKind::Dir {
+        return Err(werr(
+            ErrorCode::IsDir,
+            format!("{name:?} in directory {parent} is a directory"),
+        ));
+    }
+    t.del_dirent(parent, name)?;
+    drop_link(t, inode, now)?;
+    touch_dir(t, parent, 0, now)
+}
+
+fn link(t: &mut dyn MetaTxn, r: &LinkReq, now: i64) -> Result<Attr, WireError> {
+    let mut inode = load(t, r.ino)?;
+    if inode.kind == FileKind::Dir {
+        return Err(werr(
+            ErrorCode::Permission,
+            format!("inode {} is a directory: no hard links to it", r.ino),
+        ));
+    }
+    check_name(&r.new_name)?;
+    load_dir(t, r.new_parent)?;
+    if t.get_dirent(r.new_parent, &r.new_name)?.is_some() {
+        return Err(werr(
+            ErrorCode::Exists,
+            format!("{:?} exists in directory {}", r.new_name, r.new_parent),
+        ));
+    }
+    inode.nlink = inode.nlink.checked_add(1).ok_or_else(|| {
+        werr(
+            ErrorCode::Invalid,
+            format!("inode {} has too many links", r.ino),
+        )
+    })?;
+    inode.ctime_ns = now;
+    t.put_inode(&inode)?;
+    t.put_dirent(r.new_parent, &r.new_name, inode.ino, inode.kind)?;
+    touch_dir(t, r.new_parent, 0, now)?;
+    Ok(inode.attr())
+}
+
+fn symlink(t: &mut dyn MetaTxn, r: &SymlinkReq, now: i64) -> Result<Attr, WireError> {
+    check_name(&r.name)?;
+    if r.target.is_empty() || r.target.contains('\0') {
+        return Err(werr(
+            ErrorCode::Invalid,
+            format!("symlink target {:?} is empty or has a NUL", r.target),
+        ));
+    }
+    if r.target.len() > SYMLINK_BYTES_MAX {
+        return Err(werr(
+            ErrorCode::NameTooLong,
+            format!(
+                "symlink target of {} bytes is longer than {SYMLINK_BYTES_MAX}",
+                r.target.len()
+            ),
+        ));
+    }
+    load_dir(t, r.parent)?;
+    if t.get_dirent(r.parent, &r.name)?.is_some() {
+        return Err(werr(
+            ErrorCode::Exists,
+            format!("{:?} exists in directory {}", r.name, r.parent),
+        ));
+    }
+    let ino = t.next_ino()?;
+    let mut inode = new_inode(ino, FileKind::Symlink, 0o777, r.uid, r.gid, now);
+    inode.size = r.target.len() as u64;
+    inode.target = r.target.clone();
+    t.put_inode(&inode)?;
+    t.put_dirent(r.parent, &r.name, ino, FileKind::Symlink)?;
+    touch_dir(t, r.parent, 0, now)?;
+    Ok(inode.attr())
+}
+
+fn readlink(t: &mut dyn MetaTxn, ino: u64) -> Result<String, WireError> {
+    let i = load(t, ino)?;
+    if i.kind != FileKind::Symlink {
+        return Err(werr(
+            ErrorCode::NotSymlink,
+            format!("inode {ino} is not a symlink"),
+        ));
+    }
+    Ok(i.target)
+}
+
+fn readdir(t: &mut dyn MetaTxn, r: &ReaddirReq) -> Result<ReaddirResp, WireError> {
+    load_dir(t, r.ino)?;
+    let limit = if r.limit == 0 || r.limit > READDIR_ENTRIES_MAX {
+        READDIR_ENTRIES_MAX
+    } else {
+        r.limit
+    } as usize;
+    let mut got = t.list_dirents(r.ino, &r.after, limit + 1)?;
+    let eof = got.len() <= limit;
+    got.truncate(limit);
+    let entries = got
+        .into_iter()
+        .map(|(name, ino, kind)| DirEntry { name, ino, kind })
+        .collect();
+    Ok(ReaddirResp { entries, eof })
+}
+
+fn set_layout(t: &mut dyn MetaTxn, r: &SetLayoutReq, now: i64) -> Result<Attr, WireError> {
+    let mut i = load(t, r.ino)?;
+    if i.kind != FileKind::Dir {
+        return Err(werr(
+            ErrorCode::NotDir,
+            format!(
+                "inode {} is not a directory: a file's layout is fixed at create",
+                r.ino
+            ),
+        ));
+    }
+    r.layout
+        .validate(true)
+        .map_err(|m| werr(ErrorCode::Invalid, format!("layout policy: {m}")))?;
+    if !r.layout.servers.is_empty() {
+        return Err(werr(
+            ErrorCode::Invalid,
+            "a directory layout policy names no servers",
+        ));
+    }
+    i.layout = Some(r.layout.clone());
+    i.ctime_ns = now;
+    t.put_inode(&i)?;
+    Ok(i.attr())
+}
+
+fn commit(t: &mut dyn MetaTxn, r: &CommitReq) -> Result<Attr, WireError> {
+    let mut i = load(t, r.ino)?;
+    match i.kind {
+        FileKind::File => {}
+        FileKind::Dir => {
+            return Err(werr(
+                ErrorCode::IsDir,
+                format!("inode {} is a directory", r.ino),
+            ));
+        }
+        FileKind::Symlink => {
+            return Err(werr(
+                ErrorCode::Invalid,
+                format!("inode {} is a symlink", r.ino),
+            ));
+        }
+    }
+    i.size = i.size.max(r.size);
+    i.mtime_ns = i.mtime_ns.max(r.mtime_ns);
+    i.ctime_ns = i.ctime_ns.max(i.mtime_ns);
+    t.put_inode(&i)?;
+    Ok(i.attr())
+}
+
+fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError> {
+    if r.flags & !RENAME_NOREPLACE != 0 {
+        return Err(werr(
+            ErrorCode::Invalid,
+            format!("unknown rename flags {:#x}", r.flags),
+        ));
+    }
+    check_name(&r.src_name)?;
+    check_name(&r.dst_name)?;
+    load_dir(t, r.src_parent)?;
+    load_dir(t, r.dst_parent)?;
+    let (src_ino, _) = entry(t, r.src_parent, &r.src_name)?;
+    let dst = t.get_dirent(r.dst_parent, &r.dst_name)?;
+    if let Some((dst_ino, _)) = dst {
+        if r.flags & RENAME_NOREPLACE != 0 {
+            return Err(werr(
+                ErrorCode::Exists,
+                format!("{:?} exists in directory {}", r.dst_name, r.dst_parent),
+            ));
+        }
+        if dst_ino == src_ino {
+            // Both names are links to one inode: POSIX says do nothing.
+            return Ok(());
+        }
+    }
+    let mut src = load_entry(t, r.src_parent, &r.src_name, src_ino)?;
+    let src_is_dir = src.kind == FileKind::Dir;
+    if src_is_dir {
+        // Refuse to move a directory into itself or one of its descendants.
+        let mut cur = r.dst_parent;
+        let mut depth = 0usize;
+        loop {
+            if cur == src_ino {
+                return Err(werr(
+                    ErrorCode::Invalid,
+                    format!(
+                        "cannot move directory {:?} into itself or a descendant",
+                        r.src_name
+                    ),
+                ));
+            }
+            if cur == ROOT_INO {
+                break;
+            }
+            let d = load(t, cur)?;
+            if d.kind != FileKind::Dir || d.parent == cur || depth > DIR_DEPTH_MAX {
+                return Err(
+                    MetaError::Corrupt(format!("broken parent chain at directory {cur}")).into(),
+                );
+            }
+            cur = d.parent;
+            depth += 1;
+        }
+    }
+    if let Some((dst_ino, _)) = dst {
+        let victim = load_entry(t, r.dst_parent, &r.dst_name, dst_ino)?;
+        match (src_is_dir, victim.kind == FileKind::Dir) {
+            (true, true) => {
+                if !t.dir_is_empty(dst_ino)? {
+                    return Err(werr(
+                        ErrorCode::NotEmpty,
+                        format!("directory {:?} is not empty", r.dst_name),
+                    ));
+                }
+                t.del_inode(dst_ino)?;
+                touch_dir(t, r.dst_parent, -1, now)?;
+            }
+            (true, false) => {
+                return Err(werr(
+                    ErrorCode::NotDir,
+                    format!("{:?} is not a directory", r.dst_name),
+                ));
+            }
+            (false, true) => {
+                return Err(werr(
+                    ErrorCode::IsDir,
+                    format!("{:?} is a directory", r.dst_name),
+                ));
+            }
+            (false, false) => drop_link(t, victim, now)?,
+        }
+    }
+    t.del_dirent(r.src_parent, &r.src_name)?;
+    t.put_dirent(r.dst_parent, &r.dst_name, src_ino, src.kind)?;
+    if src_is_dir && r.src_parent != r.dst_parent {
+        src.parent = r.dst_parent;
+        touch_dir(t, r.src_parent, -1, now)?;
+        touch_dir(t, r.dst_parent, 1, now)?;
+    } else {
+        touch_dir(t, r.src_parent, 0, now)?;
+        if r.dst_parent != r.src_parent {
+            touch_dir(t, r.dst_parent, 0, now)?;
+        }
+    }
+    src.ctime_ns = now;
+    t.put_inode(&src)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

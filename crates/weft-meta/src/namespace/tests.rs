@@ -1,0 +1,1193 @@
+//! Namespace rules, mostly over `MemStore`; persistence and large directories over `RedbStore`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use weft_proto::msg::{
+    CommitReq, CreateReq, InoReq, LinkReq, LookupReq, MkdirReq, NameReq, RENAME_NOREPLACE, ReadReq,
+    ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq,
+    SetLayoutReq, SymlinkReq,
+};
+use weft_proto::{
+    Attr, ErrorCode, FileKind, Layout, ROOT_INO, Request, Response, ServerState, SetAttrs,
+    SpaceStat, StatFs, TimeSet, WireError,
+};
+
+use super::*;
+use crate::{ManualClock, MemStore, RedbStore};
+
+const T0: i64 = 1_700_000_000_000_000_000;
+
+type Ns<S> = Namespace<S, Arc<ManualClock>>;
+
+fn mem_ns() -> (Ns<MemStore>, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let ns = Namespace::new(MemStore::new(), clock.clone(), DEFAULT_LIVENESS_MS).unwrap();
+    for id in [10, 20, 30] {
+        register(&ns, id, &format!("ds{id}:7000"), 1000);
+    }
+    (ns, clock)
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "weft-meta-test-{}-{tag}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn redb_ns(dir: &TempDir, clock: Arc<ManualClock>) -> Ns<RedbStore> {
+    Namespace::new(RedbStore::open(&dir.0).unwrap(), clock, DEFAULT_LIVENESS_MS).unwrap()
+}
+
+fn register<S: MetaStore>(ns: &Ns<S>, id: u32, addr: &str, total: u64) {
+    let space = SpaceStat {
+        bytes_total: total,
+        bytes_free: total / 2,
+        objects: 0,
+    };
+    let r = ns.execute(&Request::RegisterServer(RegisterServerReq {
+        id,
+        addr: addr.into(),
+        space,
+    }));
+    assert_eq!(r, Ok(Response::RegisterServer(())));
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, WireError>) -> ErrorCode {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => {
+            assert!(!e.message.is_empty());
+            e.code
+        }
+    }
+}
+
+fn attr(r: Result<Response, WireError>) -> Result<Attr, WireError> {
+    r.map(|resp| match resp {
+        Response::Lookup(a)
+        | Response::GetAttr(a)
+        | Response::SetAttr(a)
+        | Response::Create(a)
+        | Response::Mkdir(a)
+        | Response::Symlink(a)
+        | Response::Link(a)
+        | Response::SetLayout(a)
+        | Response::Commit(a) => a,
+        other => panic!("not an attr response: {other:?}"),
+    })
+}
+
+fn unit(r: Result<Response, WireError>) -> Result<(), WireError> {
+    r.map(|resp| match resp {
+        Response::Rmdir(())
+        | Response::Unlink(())
+        | Response::Rename(())
+        | Response::RegisterServer(()) => (),
+        other => panic!("not a unit response: {other:?}"),
+    })
+}
+
+fn create_x<S: MetaStore>(
+    ns: &Ns<S>,
+    parent: u64,
+    name: &str,
+    exclusive: bool,
+) -> Result<Attr, WireError> {
+    attr(ns.execute(&Request::Create(CreateReq {
+        parent,
+        name: name.into(),
+        mode: 0o100644,
+        uid: 7,
+        gid: 8,
+        exclusive,
+    })))
+}
+
+fn create<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<Attr, WireError> {
+    create_x(ns, parent, name, true)
+}
+
+fn mkdir<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<Attr, WireError> {
+    attr(ns.execute(&Request::Mkdir(MkdirReq {
+        parent,
+        name: name.into(),
+        mode: 0o40755,
+        uid: 1,
+        gid: 2,
+    })))
+}
+
+fn lookup<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<Attr, WireError> {
+    attr(ns.execute(&Request::Lookup(LookupReq {
+        parent,
+        name: name.into(),
+    })))
+}
+
+fn getattr<S: MetaStore>(ns: &Ns<S>, ino: u64) -> Result<Attr, WireError> {
+    attr(ns.execute(&Request::GetAttr(InoReq { ino })))
+}
+
+fn rmdir<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<(), WireError> {
+    unit(ns.execute(&Request::Rmdir(NameReq {
+        parent,
+        name: name.into(),
+    })))
+}
+
+fn unlink<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<(), WireError> {
+    unit(ns.execute(&Request::Unlink(NameReq {
+        parent,
+        name: name.into(),
+    })))
+}
+
+fn rename_f<S: MetaStore>(
+    ns: &Ns<S>,
+    sp: u64,
+    sn: &str,
+    dp: u64,
+    dn: &str,
+    flags: u32,
+) -> Result<(), WireError> {
+    unit(ns.execute(&Request::Rename(RenameReq {
+        src_parent: sp,
+        src_name: sn.into(),
+        dst_parent: dp,
+        dst_name: dn.into(),
+        flags,
+    })))
+}
+
+fn rename<S: MetaStore>(ns: &Ns<S>, sp: u64, sn: &str, dp: u64, dn: &str) -> Result<(), WireError> {
+    rename_f(ns, sp, sn, dp, dn, 0)
+}
+
+fn link<S: MetaStore>(ns: &Ns<S>, ino: u64, parent: u64, name: &str) -> Result<Attr, WireError> {
+    attr(ns.execute(&Request::Link(LinkReq {
+        ino,
+        new_parent: parent,
+        new_name: name.into(),
+    })))
+}
+
+fn symlink<S: MetaStore>(
+    ns: &Ns<S>,
+    parent: u64,
+    name: &str,
+    target: &str,
+) -> Result<Attr, WireError> {
+    attr(ns.execute(&Request::Symlink(SymlinkReq {
+        parent,
+        name: name.into(),
+        target: target.into(),
+        uid: 3,
+        gid: 4,
+    })))
+}
+
+fn readlink<S: MetaStore>(ns: &Ns<S>, ino: u64) -> Result<String, WireError> {
+    ns.execute(&Request::Readlink(InoReq { ino }))
+        .map(|r| match r {
+            Response::Readlink(s) => s,
+            other => panic!("{other:?}"),
+        })
+}
+
+fn readdir<S: MetaStore>(
+    ns: &Ns<S>,
+    ino: u64,
+    after: &str,
+    limit: u32,
+) -> Result<ReaddirResp, WireError> {
+    ns.execute(&Request::Readdir(ReaddirReq {
+        ino,
+        after: after.into(),
+        limit,
+    }))
+    .map(|r| match r {
+        Response::Readdir(d) => d,
+        other => panic!("{other:?}"),
+    })
+}
+
+fn readdir_all<S: MetaStore>(ns: &Ns<S>, ino: u64) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = readdir(ns, ino, &after, 0).unwrap();
+        names.extend(page.entries.iter().map(|e| e.name.clone()));
+        if page.eof {
+            return names;
+        }
+        after = page
+            .entries
+            .last()
+            .expect("a non-final page has entries")
+            .name
+            .clone();
+    }
+}
+
+fn statfs<S: MetaStore>(ns: &Ns<S>) -> StatFs {
+    match ns.execute(&Request::Statfs(())).unwrap() {
+        Response::Statfs(s) => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn setattr<S: MetaStore>(ns: &Ns<S>, ino: u64, set: SetAttrs) -> Result<Attr, WireError> {
+    attr(ns.execute(&Request::SetAttr(SetAttrReq { ino, set })))
+}
+
+fn commit<S: MetaStore>(ns: &Ns<S>, ino: u64, size: u64, mtime_ns: i64) -> Result<Attr, WireError> {
+    attr(ns.execute(&Request::Commit(CommitReq {
+        ino,
+        size,
+        mtime_ns,
+    })))
+}
+
+fn set_layout<S: MetaStore>(
+    ns: &Ns<S>,
+    ino: u64,
+    unit: u32,
+    count: u32,
+) -> Result<Attr, WireError> {
+    let layout = Layout {
+        stripe_unit: unit,
+        stripe_count: count,
+        servers: vec![],
+    };
+    attr(ns.execute(&Request::SetLayout(SetLayoutReq { ino, layout })))
+}
+
+// ---- tests ----------------------------------------------------------------------------------------------------
+
+#[test]
+fn root_is_created_on_first_open() {
+    let (ns, _) = mem_ns();
+    let root = getattr(&ns, ROOT_INO).unwrap();
+    assert_eq!(root.kind, FileKind::Dir);
+    assert_eq!(
+        (root.mode, root.uid, root.gid, root.nlink),
+        (0o755, 0, 0, 2)
+    );
+    assert_eq!(
+        root.layout,
+        Some(Layout {
+            stripe_unit: 1 << 20,
+            stripe_count: 0,
+            servers: vec![]
+        })
+    );
+    assert_eq!(root.mtime_ns, T0);
+    assert_eq!(code(getattr(&ns, 999)), ErrorCode::NotFound);
+}
+
+#[test]
+fn names_are_validated() {
+    let (ns, _) = mem_ns();
+    for bad in ["", ".", "..", "a/b", "/", "a\0b"] {
+        assert_eq!(
+            code(create(&ns, ROOT_INO, bad)),
+            ErrorCode::Invalid,
+            "{bad:?}"
+        );
+        assert_eq!(
+            code(mkdir(&ns, ROOT_INO, bad)),
+            ErrorCode::Invalid,
+            "{bad:?}"
+        );
+        assert_eq!(
+            code(lookup(&ns, ROOT_INO, bad)),
+            ErrorCode::Invalid,
+            "{bad:?}"
+        );
+    }
+    let long = "x".repeat(256);
+    assert_eq!(code(create(&ns, ROOT_INO, &long)), ErrorCode::NameTooLong);
+    assert_eq!(
+        code(symlink(&ns, ROOT_INO, &long, "t")),
+        ErrorCode::NameTooLong
+    );
+    create(&ns, ROOT_INO, &"x".repeat(255)).unwrap();
+    // Multi-byte names are measured in bytes: 128 two-byte chars = 256 bytes.
+    assert_eq!(
+        code(create(&ns, ROOT_INO, &"é".repeat(128))),
+        ErrorCode::NameTooLong
+    );
+    create(&ns, ROOT_INO, "ünïcødé ✓").unwrap();
+}
+
+#[test]
+fn parents_must_exist_and_be_directories() {
+    let (ns, _) = mem_ns();
+    let f = create(&ns, ROOT_INO, "f").unwrap();
+    assert_eq!(code(create(&ns, 12345, "a")), ErrorCode::NotFound);
+    assert_eq!(code(create(&ns, f.ino, "a")), ErrorCode::NotDir);
+    assert_eq!(code(mkdir(&ns, f.ino, "a")), ErrorCode::NotDir);
+    assert_eq!(code(lookup(&ns, f.ino, "a")), ErrorCode::NotDir);
+    assert_eq!(code(symlink(&ns, f.ino, "a", "t")), ErrorCode::NotDir);
+    assert_eq!(code(readdir(&ns, f.ino, "", 10)), ErrorCode::NotDir);
+    assert_eq!(code(unlink(&ns, f.ino, "a")), ErrorCode::NotDir);
+    assert_eq!(code(lookup(&ns, ROOT_INO, "missing")), ErrorCode::NotFound);
+}
+
+#[test]
+fn create_sets_attributes_and_follows_existing_rules() {
+    let (ns, clock) = mem_ns();
+    clock.set_ns(T0 + 5);
+    let a = create(&ns, ROOT_INO, "f").unwrap();
+    assert_eq!(a.kind, FileKind::File);
+    assert_eq!((a.mode, a.uid, a.gid, a.nlink, a.size), (0o644, 7, 8, 1, 0));
+    assert_eq!(
+        (a.atime_ns, a.mtime_ns, a.ctime_ns),
+        (T0 + 5, T0 + 5, T0 + 5)
+    );
+    let root = getattr(&ns, ROOT_INO).unwrap();
+    assert_eq!(
+        (root.mtime_ns, root.ctime_ns, root.nlink),
+        (T0 + 5, T0 + 5, 2)
+    );
+    assert_eq!(lookup(&ns, ROOT_INO, "f").unwrap(), a);
+    // Existing file: exclusive fails, otherwise it is returned unchanged.
+    assert_eq!(code(create(&ns, ROOT_INO, "f")), ErrorCode::Exists);
+    clock.set_ns(T0 + 9);
+    assert_eq!(create_x(&ns, ROOT_INO, "f", false).unwrap(), a);
+    mkdir(&ns, ROOT_INO, "d").unwrap();
+    assert_eq!(code(create_x(&ns, ROOT_INO, "d", false)), ErrorCode::IsDir);
+    assert_eq!(code(create_x(&ns, ROOT_INO, "d", true)), ErrorCode::Exists);
+    symlink(&ns, ROOT_INO, "s", "f").unwrap();
+    assert_eq!(code(create_x(&ns, ROOT_INO, "s", false)), ErrorCode::Exists);
+    assert_eq!(code(mkdir(&ns, ROOT_INO, "f")), ErrorCode::Exists);
+}
+
+#[test]
+fn create_without_servers_fails_and_allocates_nothing() {
+    let ns = Namespace::new(
+        MemStore::new(),
+        Arc::new(ManualClock::new(T0)),
+        DEFAULT_LIVENESS_MS,
+    )
+    .unwrap();
+    assert_eq!(code(create(&ns, ROOT_INO, "f")), ErrorCode::NoServers);
+    assert_eq!(code(lookup(&ns, ROOT_INO, "f")), ErrorCode::NotFound);
+    // Directories need no server.
+    mkdir(&ns, ROOT_INO, "d").unwrap();
+    assert_eq!(statfs(&ns).files, 2);
+}
+
+#[test]
+fn layouts_are_assigned_round_robin_from_the_directory_policy() {
+    let (ns, _) = mem_ns(); // servers 10, 20, 30
+    let ids = [10u32, 20, 30];
+    for i in 0..6 {
+        let a = create(&ns, ROOT_INO, &format!("f{i}")).unwrap();
+        let l = a.layout.unwrap();
+        assert_eq!((l.stripe_unit, l.stripe_count), (1 << 20, 3));
+        let start = (a.ino % 3) as usize;
+        let want: Vec<u32> = (0..3).map(|k| ids[(start + k) % 3]).collect();
+        assert_eq!(l.servers, want);
+        l.validate(false).unwrap();
+    }
+    // A policy of 2 stripes of 64 KiB: mkdir under it inherits it.
+    let d = mkdir(&ns, ROOT_INO, "d").unwrap();
+    let d2 = set_layout(&ns, d.ino, 65536, 2).unwrap();
+    assert_eq!(
+        d2.layout,
+        Some(Layout {
+            stripe_unit: 65536,
+            stripe_count: 2,
+            servers: vec![]
+        })
+    );
+    let sub = mkdir(&ns, d.ino, "sub").unwrap();
+    assert_eq!(sub.layout, d2.layout);
+    let mut firsts = std::collections::BTreeSet::new();
+    for i in 0..6 {
+        let a = create(&ns, sub.ino, &format!("f{i}")).unwrap();
+        let l = a.layout.unwrap();
+        assert_eq!((l.stripe_unit, l.stripe_count), (65536, 2));
+        let start = (a.ino % 3) as usize;
+        assert_eq!(l.servers, vec![ids[start], ids[(start + 1) % 3]]);
+        firsts.insert(l.servers[0]);
+    }
+    assert_eq!(firsts.len(), 3, "files spread over every server");
+    // More stripes than servers: all servers.
+    set_layout(&ns, d.ino, 4096, 200).unwrap();
+    let l = create(&ns, d.ino, "wide").unwrap().layout.unwrap();
+    assert_eq!(l.stripe_count, 3);
+    // A file's layout is fixed: later policy changes do not touch it.
+    let before = lookup(&ns, sub.ino, "f0").unwrap().layout;
+    set_layout(&ns, sub.ino, 4096, 1).unwrap();
+    assert_eq!(lookup(&ns, sub.ino, "f0").unwrap().layout, before);
+}
+
+#[test]
+fn set_layout_rules() {
+    let (ns, _) = mem_ns();
+    let f = create(&ns, ROOT_INO, "f").unwrap();
+    assert_eq!(code(set_layout(&ns, f.ino, 65536, 1)), ErrorCode::NotDir);
+    assert_eq!(code(set_layout(&ns, ROOT_INO, 1000, 1)), ErrorCode::Invalid);
+    assert_eq!(
+        code(set_layout(&ns, ROOT_INO, 65536, 100_000)),
+        ErrorCode::Invalid
+    );
+    assert_eq!(code(set_layout(&ns, 4242, 65536, 1)), ErrorCode::NotFound);
+    let pinned = Layout {
+        stripe_unit: 65536,
+        stripe_count: 1,
+        servers: vec![10],
+    };
+    assert_eq!(
+        code(attr(ns.execute(&Request::SetLayout(SetLayoutReq {
+            ino: ROOT_INO,
+            layout: pinned
+        })))),
+        ErrorCode::Invalid
+    );
+    set_layout(&ns, ROOT_INO, 65536, 0).unwrap();
+}
+
+#[test]
+fn mkdir_and_rmdir_keep_link_counts() {
+    let (ns, clock) = mem_ns();
+    let a = mkdir(&ns, ROOT_INO, "a").unwrap();
+    assert_eq!(
+        (a.kind, a.mode, a.nlink, a.uid, a.gid),
+        (FileKind::Dir, 0o755, 2, 1, 2)
+    );
+    assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 3);
+    let b = mkdir(&ns, a.ino, "b").unwrap();
+    assert_eq!(getattr(&ns, a.ino).unwrap().nlink, 3);
+    assert_eq!(code(mkdir(&ns, ROOT_INO, "a")), ErrorCode::Exists);
+    assert_eq!(code(rmdir(&ns, ROOT_INO, "a")), ErrorCode::NotEmpty);
+    create(&ns, b.ino, "f").unwrap();
+    assert_eq!(code(rmdir(&ns, b.ino, "f")), ErrorCode::NotDir);
+    assert_eq!(code(rmdir(&ns, b.ino, "nope")), ErrorCode::NotFound);
+    assert_eq!(code(rmdir(&ns, a.ino, "b")), ErrorCode::NotEmpty);
+    unlink(&ns, b.ino, "f").unwrap();
+    clock.set_ns(T0 + 77);
+    rmdir(&ns, a.ino, "b").unwrap();
+    let a2 = getattr(&ns, a.ino).unwrap();
+    assert_eq!((a2.nlink, a2.mtime_ns, a2.ctime_ns), (2, T0 + 77, T0 + 77));
+    assert_eq!(code(getattr(&ns, b.ino)), ErrorCode::NotFound);
+    rmdir(&ns, ROOT_INO, "a").unwrap();
+    assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 2);
+    assert_eq!(statfs(&ns).files, 1);
+}
+
+#[test]
+fn unlink_orphans_files_at_their_last_link() {
+    let (ns, _) = mem_ns();
+    mkdir(&ns, ROOT_INO, "d").unwrap();
+    assert_eq!(code(unlink(&ns, ROOT_INO, "d")), ErrorCode::IsDir);
+    assert_eq!(code(unlink(&ns, ROOT_INO, "missing")), ErrorCode::NotFound);
+    let f = create(&ns, ROOT_INO, "f").unwrap();
+    let l = link(&ns, f.ino, ROOT_INO, "g").unwrap();
+    assert_eq!(l.nlink, 2);
+    unlink(&ns, ROOT_INO, "f").unwrap();
+    assert_eq!(getattr(&ns, f.ino).unwrap().nlink, 1);
+    assert!(ns.orphans(10).is_empty());
+    unlink(&ns, ROOT_INO, "g").unwrap();
+    assert_eq!(code(getattr(&ns, f.ino)), ErrorCode::NotFound);
+    assert_eq!(ns.orphans(10), vec![(f.ino, f.layout.clone().unwrap())]);
+    // Symlinks have no objects.
+    symlink(&ns, ROOT_INO, "s", "x").unwrap();
+    unlink(&ns, ROOT_INO, "s").unwrap();
+    assert_eq!(ns.orphans(10).len(), 1);
+    ns.orphan_done(f.ino).unwrap();
+    assert!(ns.orphans(10).is_empty());
+    assert_eq!(readdir_all(&ns, ROOT_INO), vec!["d"]);
+}
+
+#[test]
+fn hard_links() {
+    let (ns, clock) = mem_ns();
+    let d = mkdir(&ns, ROOT_INO, "d").unwrap();
+    let f = create(&ns, ROOT_INO, "f").unwrap();
+    assert_eq!(
+        code(link(&ns, d.ino, ROOT_INO, "d2")),
+        ErrorCode::Permission
+    );
+    assert_eq!(code(link(&ns, f.ino, ROOT_INO, "d")), ErrorCode::Exists);
+    assert_eq!(code(link(&ns, 999, ROOT_INO, "x")), ErrorCode::NotFound);
+    assert_eq!(code(link(&ns, f.ino, f.ino, "x")), ErrorCode::NotDir);
+    assert_eq!(code(link(&ns, f.ino, ROOT_INO, "..")), ErrorCode::Invalid);
+    clock.set_ns(T0 + 3);
+    let l = link(&ns, f.ino, d.ino, "f2").unwrap();
+    assert_eq!((l.ino, l.nlink, l.ctime_ns), (f.ino, 2, T0 + 3));
+    assert_eq!(lookup(&ns, d.ino, "f2").unwrap().ino, f.ino);
+    assert_eq!(getattr(&ns, d.ino).unwrap().mtime_ns, T0 + 3);
+    let s = symlink(&ns, ROOT_INO, "s", "f").unwrap();
+    assert_eq!(link(&ns, s.ino, ROOT_INO, "s2").unwrap().nlink, 2);
+}
+
+#[test]
+fn symlinks() {
+    let (ns, _) = mem_ns();
+    let s = symlink(&ns, ROOT_INO, "s", "../some/where").unwrap();
+    assert_eq!(
+        (s.kind, s.mode, s.size, s.nlink, s.uid),
+        (FileKind::Symlink, 0o777, 13, 1, 3)
+    );
+    assert_eq!(readlink(&ns, s.ino).unwrap(), "../some/where");
+    let f = create(&ns, ROOT_INO, "f").unwrap();
+    assert_eq!(code(readlink(&ns, f.ino)), ErrorCode::NotSymlink);
+    assert_eq!(code(readlink(&ns, ROOT_INO)), ErrorCode::NotSymlink);
+    assert_eq!(code(readlink(&ns, 999)), ErrorCode::NotFound);
+    assert_eq!(
+        code(symlink(&ns, ROOT_INO, "long", &"a".repeat(4097))),
+        ErrorCode::NameTooLong
+    );
+    symlink(&ns, ROOT_INO, "max", &"a".repeat(4096)).unwrap();
+    assert_eq!(code(symlink(&ns, ROOT_INO, "e", "")), ErrorCode::Invalid);
+    assert_eq!(code(symlink(&ns, ROOT_INO, "s", "x")), ErrorCode::Exists);
+    assert_eq!(
+        code(setattr(
+            &ns,
+            s.ino,
+            SetAttrs {
+                size: Some(1),
+                ..Default::default()
+            }
+        )),
+        ErrorCode::Invalid
+    );
+}
+
+#[test]
+fn readdir_pages_by_name() {
+    let (ns, _) = mem_ns();
+    let d = mkdir(&ns, ROOT_INO, "d").unwrap();
+    let empty = readdir(&ns, d.ino, "", 10).unwrap();
+    assert!(empty.entries.is_empty() && empty.eof);
+    let mut want = Vec::new();
+    for i in 0..25 {
+        let name = format!("n{i:03}");
+        if i % 5 == 0 {
+            mkdir(&ns, d.ino, &name).unwrap();
+        } else {
+            create(&ns, d.ino, &name).unwrap();
+        }
+        want.push(name);
+    }
+    // A sibling directory's entries never leak in.
+    create(&ns, ROOT_INO, "zzz").unwrap();
+    let p1 = readdir(&ns, d.ino, "", 10).unwrap();
+    assert_eq!(p1.entries.len(), 10);
+    assert!(!p1.eof);
+    assert_eq!(p1.entries[0].name, "n000");
+    assert_eq!(p1.entries[0].kind, FileKind::Dir);
+    assert_eq!(p1.entries[1].kind, FileKind::File);
+    assert_eq!(p1.entries[1].ino, lookup(&ns, d.ino, "n001").unwrap().ino);
+    let p2 = readdir(&ns, d.ino, "n009", 10).unwrap();
+    assert_eq!(p2.entries[0].name, "n010");
+    // Exactly the remaining count: eof is reported on this page.
+    let p3 = readdir(&ns, d.ino, "n014", 10).unwrap();
+    assert_eq!((p3.entries.len(), p3.eof), (10, true));
+    // A cursor that is not an existing name still works.
+    let p4 = readdir(&ns, d.ino, "n0125", 3).unwrap();
+    assert_eq!(
+        p4.entries
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect::<Vec<_>>(),
+        ["n013", "n014", "n015"]
+    );
+    assert_eq!(readdir_all(&ns, d.ino), want);
+    assert_eq!(code(readdir(&ns, 999, "", 1)), ErrorCode::NotFound);
+}
+
+#[test]
+fn readdir_limit_is_capped() {
+    let (ns, _) = mem_ns();
+    let d = mkdir(&ns, ROOT_INO, "d").unwrap();
+    ns.store()
+        .write(|t| {
+            for i in 0..5000 {
+                super::create(t, &file_req(d.ino, &format!("{i:05}")), T0)?;
+            }
+            Ok::<_, WireError>(())
+        })
+        .unwrap();
+    let p = readdir(&ns, d.ino, "", 1_000_000).unwrap();
+    assert_eq!((p.entries.len(), p.eof), (4096, false));
+    let p = readdir(&ns, d.ino, "", 0).unwrap();
+    assert_eq!((p.entries.len(), p.eof), (4096, false));
+    let p = readdir(&ns, d.ino, &p.entries[4095].name, 0).unwrap();
+    assert_eq!((p.entries.len(), p.eof), (904, true));
+}
+
+#[test]
+fn setattr_fields() {
+    let (ns, clock) = mem_ns();
+    let f = create(&ns, ROOT_INO, "f").unwrap();
+    clock.set_ns(T0 + 100);
+    let a = setattr(
+        &ns,
+        f.ino,
+        SetAttrs {
+            mode: Some(0o104777),
+            uid: Some(11),
+            gid: Some(12),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (a.mode, a.uid, a.gid, a.ctime_ns, a.mtime_ns),
+        (0o4777, 11, 12, T0 + 100, T0)
+    );
+    clock.set_ns(T0 + 200);
+    let a = setattr(
+        &ns,
+        f.ino,
+        SetAttrs {
+            size: Some(12345),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (a.size, a.mtime_ns, a.ctime_ns),
+        (12345, T0 + 200, T0 + 200)
+    );
+    let a = setattr(
+        &ns,
+        f.ino,
+        SetAttrs {
+            atime: Some(TimeSet::AtNs(5)),
+            mtime: Some(TimeSet::Now),
+            size: Some(10),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!((a.atime_ns, a.mtime_ns, a.size), (5, T0 + 200, 10));
+    let a = setattr(
+        &ns,
+        f.ino,
+        SetAttrs {
+            mtime: Some(TimeSet::AtNs(-7)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(a.mtime_ns, -7);
+    assert_eq!(getattr(&ns, f.ino).unwrap(), a);
+    assert_eq!(
+        code(setattr(
+            &ns,
+            ROOT_INO,
+            SetAttrs {
+                size: Some(0),
+                ..Default::default()
+            }
+        )),
+        ErrorCode::IsDir
+    );
+    assert_eq!(
+        code(setattr(&ns, 999, SetAttrs::default())),
+        ErrorCode::NotFound
+    );
+    let r = setattr(
+        &ns,
+        ROOT_INO,
+        SetAttrs {
+            mode: Some(0o700),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!((r.mode, r.kind), (0o700, FileKind::Dir));
+}
+
+#[test]
+fn commit_largest_size_wins() {
+    let (ns, _) = mem_ns();
+    let f = create(&ns, ROOT_INO, "f").unwrap();
+    let a = commit(&ns, f.ino, 1000, T0 + 50).unwrap();
+    assert_eq!((a.size, a.mtime_ns), (1000, T0 + 50));
+    // A slower writer commits a smaller size and an older mtime: neither goes back.
+    let a = commit(&ns, f.ino, 400, T0 + 10).unwrap();
+    assert_eq!((a.size, a.mtime_ns), (1000, T0 + 50));
+    let a = commit(&ns, f.ino, 5000, T0 + 60).unwrap();
+    assert_eq!((a.size, a.mtime_ns), (5000, T0 + 60));
+    assert_eq!(getattr(&ns, f.ino).unwrap().size, 5000);
+    assert_eq!(code(commit(&ns, ROOT_INO, 1, 1)), ErrorCode::IsDir);
+    assert_eq!(code(commit(&ns, 999, 1, 1)), ErrorCode::NotFound);
+}
+
+#[test]
+fn rename_within_and_across_directories() {
+    let (ns, clock) = mem_ns();
+    let a = mkdir(&ns, ROOT_INO, "a").unwrap();
+    let b = mkdir(&ns, ROOT_INO, "b").unwrap();
+    let f = create(&ns, a.ino, "f").unwrap();
+    clock.set_ns(T0 + 1);
+    rename(&ns, a.ino, "f", a.ino, "g").unwrap();
+    assert_eq!(code(lookup(&ns, a.ino, "f")), ErrorCode::NotFound);
+    let g = lookup(&ns, a.ino, "g").unwrap();
+    assert_eq!((g.ino, g.ctime_ns), (f.ino, T0 + 1));
+    rename(&ns, a.ino, "g", b.ino, "h").unwrap();
+    assert_eq!(lookup(&ns, b.ino, "h").unwrap().ino, f.ino);
+    assert_eq!(getattr(&ns, a.ino).unwrap().nlink, 2);
+    // Directory across parents: link counts and the parent pointer follow.
+    let sub = mkdir(&ns, a.ino, "sub").unwrap();
+    assert_eq!(getattr(&ns, a.ino).unwrap().nlink, 3);
+    rename(&ns, a.ino, "sub", b.ino, "sub2").unwrap();
+    assert_eq!(getattr(&ns, a.ino).unwrap().nlink, 2);
+    assert_eq!(getattr(&ns, b.ino).unwrap().nlink, 3);
+    assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 4);
+    // Now under b: moving b into sub2 must fail (the parent pointer was updated).
+    assert_eq!(
+        code(rename(&ns, ROOT_INO, "b", sub.ino, "loop")),
+        ErrorCode::Invalid
+    );
+    // Directory within one parent: link counts unchanged.
+    rename(&ns, b.ino, "sub2", b.ino, "sub3").unwrap();
+    assert_eq!(getattr(&ns, b.ino).unwrap().nlink, 3);
+    assert_eq!(
+        code(rename(&ns, b.ino, "nope", a.ino, "x")),
+        ErrorCode::NotFound
+    );
+    assert_eq!(code(rename(&ns, 999, "x", a.ino, "x")), ErrorCode::NotFound);
+    assert_eq!(code(rename(&ns, b.ino, "h", f.ino, "x")), ErrorCode::NotDir);
+    assert_eq!(
+        code(rename(&ns, b.ino, "h", a.ino, "..")),
+        ErrorCode::Invalid
+    );
+    assert_eq!(
+        code(rename_f(&ns, b.ino, "h", a.ino, "x", 0x80)),
+        ErrorCode::Invalid
+    );
+    assert_eq!(getattr(&ns, b.ino).unwrap().mtime_ns, T0 + 1);
+}
+
+#[test]
+fn rename_refuses_moving_a_directory_under_itself() {
+    let (ns, _) = mem_ns();
+    let a = mkdir(&ns, ROOT_INO, "a").unwrap();
+    let b = mkdir(&ns, a.ino, "b").unwrap();
+    let c = mkdir(&ns, b.ino, "c").unwrap();
+    assert_eq!(
+        code(rename(&ns, ROOT_INO, "a", a.ino, "x")),
+        ErrorCode::Invalid
+    );
+    assert_eq!(
+        code(rename(&ns, ROOT_INO, "a", c.ino, "x")),
+        ErrorCode::Invalid
+    );
+    assert_eq!(
+        code(rename(&ns, a.ino, "b", b.ino, "x")),
+        ErrorCode::Invalid
+    );
+    // Moving up is fine.
+    rename(&ns, b.ino, "c", ROOT_INO, "c").unwrap();
+    assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 4);
+    assert_eq!(getattr(&ns, b.ino).unwrap().nlink, 2);
+}
+
+#[test]
+fn rename_replacing_targets() {
+    let (ns, _) = mem_ns();
+    let f1 = create(&ns, ROOT_INO, "f1").unwrap();
+    let f2 = create(&ns, ROOT_INO, "f2").unwrap();
+    let d1 = mkdir(&ns, ROOT_INO, "d1").unwrap();
+    let d2 = mkdir(&ns, ROOT_INO, "d2").unwrap();
+    let full = mkdir(&ns, ROOT_INO, "full").unwrap();
+    create(&ns, full.ino, "x").unwrap();
+    assert_eq!(
+        code(rename(&ns, ROOT_INO, "f1", ROOT_INO, "d1")),
+        ErrorCode::IsDir
+    );
+    assert_eq!(
+        code(rename(&ns, ROOT_INO, "d1", ROOT_INO, "f1")),
+        ErrorCode::NotDir
+    );
+    assert_eq!(
+        code(rename(&ns, ROOT_INO, "d1", ROOT_INO, "full")),
+        ErrorCode::NotEmpty
+    );
+    assert_eq!(
+        code(rename_f(
+            &ns,
+            ROOT_INO,
+            "f1",
+            ROOT_INO,
+            "f2",
+            RENAME_NOREPLACE
+        )),
+        ErrorCode::Exists
+    );
+    assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 5);
+    // File over file: the target loses its only link and becomes an orphan.
+    rename(&ns, ROOT_INO, "f1", ROOT_INO, "f2").unwrap();
+    assert_eq!(lookup(&ns, ROOT_INO, "f2").unwrap().ino, f1.ino);
+    assert_eq!(code(getattr(&ns, f2.ino)), ErrorCode::NotFound);
+    assert_eq!(ns.orphans(10), vec![(f2.ino, f2.layout.clone().unwrap())]);
+    // File over a file with another link: it only loses one.
+    let f3 = create(&ns, ROOT_INO, "f3").unwrap();
+    link(&ns, f3.ino, d1.ino, "keep").unwrap();
+    rename(&ns, ROOT_INO, "f2", ROOT_INO, "f3").unwrap();
+    assert_eq!(getattr(&ns, f3.ino).unwrap().nlink, 1);
+    assert_eq!(ns.orphans(10).len(), 1);
+    // Dir over empty dir (same parent): one directory fewer.
+    rename(&ns, ROOT_INO, "d1", ROOT_INO, "d2").unwrap();
+    assert_eq!(code(getattr(&ns, d2.ino)), ErrorCode::NotFound);
+    assert_eq!(lookup(&ns, ROOT_INO, "d2").unwrap().ino, d1.ino);
+    assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 4);
+    // Dir over empty dir across parents.
+    let e = mkdir(&ns, full.ino, "e").unwrap();
+    assert_eq!(getattr(&ns, full.ino).unwrap().nlink, 3);
+    rename(&ns, ROOT_INO, "d2", full.ino, "e").unwrap();
+    assert_eq!(code(getattr(&ns, e.ino)), ErrorCode::NotFound);
+    assert_eq!(getattr(&ns, full.ino).unwrap().nlink, 3);
+    assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 3);
+    assert_eq!(lookup(&ns, d1.ino, "keep").unwrap().ino, f3.ino);
+    assert_eq!(readdir_all(&ns, ROOT_INO), vec!["f3", "full"]);
+    assert_eq!(readdir_all(&ns, full.ino), vec!["e", "x"]);
+}
+
+#[test]
+fn rename_onto_the_same_inode_is_a_no_op() {
+    let (ns, clock) = mem_ns();
+    let f = create(&ns, ROOT_INO, "f").unwrap();
+    let d = mkdir(&ns, ROOT_INO, "d").unwrap();
+    clock.set_ns(T0 + 10);
+    rename(&ns, ROOT_INO, "f", ROOT_INO, "f").unwrap();
+    rename(&ns, ROOT_INO, "d", ROOT_INO, "d").unwrap();
+    link(&ns, f.ino, ROOT_INO, "g").unwrap();
+    rename(&ns, ROOT_INO, "f", ROOT_INO, "g").unwrap();
+    assert_eq!(lookup(&ns, ROOT_INO, "f").unwrap().ino, f.ino);
+    assert_eq!(lookup(&ns, ROOT_INO, "g").unwrap().nlink, 2);
+    assert_eq!(getattr(&ns, d.ino).unwrap().ctime_ns, T0);
+    assert_eq!(
+        code(rename_f(
+            &ns,
+            ROOT_INO,
+            "f",
+            ROOT_INO,
+            "f",
+            RENAME_NOREPLACE
+        )),
+        ErrorCode::Exists
+    );
+}
+
+#[test]
+fn servers_statfs_and_liveness() {
+    let (ns, clock) = mem_ns();
+    create(&ns, ROOT_INO, "f").unwrap();
+    let s = statfs(&ns);
+    assert_eq!(
+        s,
+        StatFs {
+            bytes_total: 3000,
+            bytes_free: 1500,
+            files: 2,
+            servers_up: 3,
+            servers_total: 3
+        }
+    );
+    clock.advance_ms(3000);
+    register(&ns, 20, "ds20-new:7000", 4000);
+    clock.advance_ms(2500);
+    let info = match ns.execute(&Request::ClusterInfo(())).unwrap() {
+        Response::ClusterInfo(v) => v,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(info, ns.servers());
+    assert_eq!(info.iter().map(|s| s.id).collect::<Vec<_>>(), [10, 20, 30]);
+    assert_eq!(
+        (info[0].state, info[0].heartbeat_age_ms),
+        (ServerState::Down, 5500)
+    );
+    assert_eq!(
+        (info[1].state, info[1].heartbeat_age_ms),
+        (ServerState::Up, 2500)
+    );
+    assert_eq!(
+        (info[1].addr.as_str(), info[1].bytes_total),
+        ("ds20-new:7000", 4000)
+    );
+    let s = statfs(&ns);
+    assert_eq!((s.servers_up, s.servers_total, s.bytes_total), (1, 3, 6000));
+    let bad = RegisterServerReq {
+        id: 1,
+        addr: String::new(),
+        space: SpaceStat::default(),
+    };
+    assert_eq!(
+        code(ns.execute(&Request::RegisterServer(bad))),
+        ErrorCode::Invalid
+    );
+}
+
+#[test]
+fn other_services_ops_are_refused() {
+    let (ns, _) = mem_ns();
+    for req in [
+        Request::Read(ReadReq {
+            ino: 2,
+            offset: 0,
+            len: 1,
+        }),
+        Request::RemoveObject(InoReq { ino: 2 }),
+        Request::SpaceStat(()),
+        Request::SessionCreate(SessionCreateReq {
+            client_name: "c".into(),
+            slots: 1,
+        }),
+        Request::SessionDestroy(()),
+    ] {
+        assert_eq!(code(ns.execute(&req)), ErrorCode::BadRequest, "{req:?}");
+    }
+    assert_eq!(ns.execute(&Request::Null(())), Ok(Response::Null(())));
+}
+
+#[test]
+fn failed_transactions_apply_nothing() {
+    let (ns, _) = mem_ns();
+    let before = statfs(&ns).files;
+    let r: Result<(), WireError> = ns.store().write(|t| {
+        super::create(t, &file_req(ROOT_INO, "a"), T0)?;
+        super::mkdir(t, &dir_req(ROOT_INO, "b"), T0)?;
+        Err(WireError::new(ErrorCode::Internal, "abort"))
+    });
+    assert!(r.is_err());
+    assert_eq!(statfs(&ns).files, before);
+    assert!(readdir_all(&ns, ROOT_INO).is_empty());
+    assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 2);
+    // Inode numbers allocated by the aborted transaction are reused: the counter rolled back too.
+    let a = create(&ns, ROOT_INO, "a").unwrap();
+    assert_eq!(a.ino, 2);
+    // A read transaction refuses writes.
+    let r = ns.store().read(|t| t.del_inode(ROOT_INO));
+    assert!(matches!(r, Err(MetaError::ReadOnly)));
+}
+
+fn file_req(parent: u64, name: &str) -> CreateReq {
+    CreateReq {
+        parent,
+        name: name.into(),
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        exclusive: true,
+    }
+}
+
+fn dir_req(parent: u64, name: &str) -> MkdirReq {
+    MkdirReq {
+        parent,
+        name: name.into(),
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+    }
+}
+
+// ---- RedbStore ------------------------------------------------------------------------------------------------
+
+#[test]
+fn redb_survives_reopen() {
+    let dir = TempDir::new("reopen");
+    let clock = Arc::new(ManualClock::new(T0));
+    let (f, d, s);
+    {
+        let ns = redb_ns(&dir, clock.clone());
+        register(&ns, 1, "a:1", 100);
+        register(&ns, 2, "b:1", 100);
+        f = create(&ns, ROOT_INO, "f").unwrap();
+        d = mkdir(&ns, ROOT_INO, "d").unwrap();
+        s = symlink(&ns, d.ino, "s", "../f").unwrap();
+        commit(&ns, f.ino, 777, T0 + 1).unwrap();
+        let gone = create(&ns, d.ino, "gone").unwrap();
+        unlink(&ns, d.ino, "gone").unwrap();
+        assert_eq!(ns.orphans(10), vec![(gone.ino, gone.layout.unwrap())]);
+        // A failed op leaves nothing behind on disk either.
+        assert_eq!(
+            code(rename(&ns, ROOT_INO, "d", d.ino, "x")),
+            ErrorCode::Invalid
+        );
+    }
+    assert!(dir.0.join("meta.redb").exists());
+    clock.advance_ms(60_000);
+    let ns = redb_ns(&dir, clock.clone());
+    assert_eq!(lookup(&ns, ROOT_INO, "f").unwrap().size, 777);
+    assert_eq!(
+        lookup(&ns, ROOT_INO, "d").unwrap(),
+        getattr(&ns, d.ino).unwrap()
+    );
+    assert_eq!(readlink(&ns, s.ino).unwrap(), "../f");
+    assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 3);
+    assert_eq!(readdir_all(&ns, d.ino), vec!["s"]);
+    assert_eq!(ns.orphans(10).len(), 1);
+    assert_eq!(statfs(&ns).files, 4);
+    // Servers are remembered but not heard from since the restart.
+    let info = ns.servers();
+    assert_eq!(
+        info.iter()
+            .map(|s| (s.id, s.addr.as_str()))
+            .collect::<Vec<_>>(),
+        [(1, "a:1"), (2, "b:1")]
+    );
+    assert!(
+        info.iter()
+            .all(|s| s.state == ServerState::Down && s.heartbeat_age_ms == u64::MAX)
+    );
+    // Creates still work off the persisted registry, and inode numbers are never reused.
+    let g = create(&ns, ROOT_INO, "g").unwrap();
+    assert!(g.ino > s.ino + 1);
+    assert_eq!(g.layout.unwrap().stripe_count, 2);
+    // The file is locked while open.
+    assert!(RedbStore::open(&dir.0).is_err());
+}
+
+#[test]
+fn redb_matches_mem_store_on_a_scenario() {
+    fn scenario<S: MetaStore>(ns: &Ns<S>) -> Vec<(String, Vec<String>)> {
+        register(ns, 5, "x:1", 10);
+        let a = mkdir(ns, ROOT_INO, "a").unwrap();
+        let b = mkdir(ns, a.ino, "b").unwrap();
+        for i in 0..20 {
+            create(ns, b.ino, &format!("f{i}")).unwrap();
+        }
+        rename(ns, a.ino, "b", ROOT_INO, "b").unwrap();
+        rename(ns, b.ino, "f3", b.ino, "f4").unwrap();
+        unlink(ns, b.ino, "f5").unwrap();
+        assert_eq!(code(rmdir(ns, ROOT_INO, "b")), ErrorCode::NotEmpty);
+        rmdir(ns, ROOT_INO, "a").unwrap();
+        vec![
+            ("root".into(), readdir_all(ns, ROOT_INO)),
+            ("b".into(), readdir_all(ns, b.ino)),
+        ]
+    }
+    let dir = TempDir::new("scenario");
+    let clock = Arc::new(ManualClock::new(T0));
+    let mem = Namespace::new(MemStore::new(), clock.clone(), DEFAULT_LIVENESS_MS).unwrap();
+    let red = redb_ns(&dir, clock);
+    assert_eq!(scenario(&mem), scenario(&red));
+    assert_eq!(statfs(&mem), statfs(&red));
+    assert_eq!(mem.orphans(100), red.orphans(100));
+    let r = red.store().read(|t| t.put_server(1, "x"));
+    assert!(matches!(r, Err(MetaError::ReadOnly)));
+}
+
+#[test]
+fn redb_readdir_pages_through_100k_entries() {
+    const N: usize = 100_000;
+    let dir = TempDir::new("big");
+    let clock = Arc::new(ManualClock::new(T0));
+    let ns = redb_ns(&dir, clock);
+    register(&ns, 1, "a:1", 100);
+    let d = mkdir(&ns, ROOT_INO, "big").unwrap();
+    let started = std::time::Instant::now();
+    // Through the namespace's own create, batched into a few transactions (one fsync each).
+    for batch in 0..10 {
+        ns.store()
+            .write(|t| {
+                for i in (batch * N / 10)..((batch + 1) * N / 10) {
+                    super::create(
+                        t,
+                        &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)),
+                        T0,
+                    )?;
+                }
+                Ok::<_, WireError>(())
+            })
+            .unwrap();
+    }
+    let inserted = started.elapsed();
+    let names = readdir_all(&ns, d.ino);
+    eprintln!(
+        "100k creates: {inserted:?}, readdir: {:?}",
+        started.elapsed() - inserted
+    );
+    assert_eq!(names.len(), N);
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(*n, format!("file-{i:08}"));
+    }
+    assert_eq!(statfs(&ns).files, N as u64 + 2);
+    // A sibling created after still does not show up inside.
+    create(&ns, ROOT_INO, "big-sibling").unwrap();
+    let last = readdir(&ns, d.ino, "file-00099990", 100).unwrap();
+    assert_eq!((last.entries.len(), last.eof), (9, true));
+}
+
+#[test]
+fn the_service_type_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<Namespace<RedbStore, crate::SystemClock>>();
+    assert_send_sync::<Namespace<MemStore, Arc<ManualClock>>>();
+}
+
+/// Child half of `redb_acknowledged_ops_survive_abort`: does nothing unless the parent test set the variable.
+#[test]
+fn redb_crash_child() {
+    let Ok(dir) = std::env::var("WEFT_META_CRASH_DIR") else {
+        return;
+    };
+    let ns = Namespace::new(
+        RedbStore::open(&dir).unwrap(),
+        Arc::new(ManualClock::new(T0)),
+        DEFAULT_LIVENESS_MS,
+    )
+    .unwrap();
+    register(&ns, 1, "a:1", 100);
+    for i in 0..50 {
+        create(&ns, ROOT_INO, &format!("acked-{i:02}")).unwrap();
+    }
+    println!("ACKED 50");
+    // Like kill -9: no destructors, no clean close of the database.
+    std::process::abort();
+}
+
+#[test]
+fn redb_acknowledged_ops_survive_abort() {
+    let dir = TempDir::new("crash");
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "namespace::tests::redb_crash_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("WEFT_META_CRASH_DIR", &dir.0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the child must die by abort");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ACKED 50"),
+        "{out:?}"
+    );
+    let ns = redb_ns(&dir, Arc::new(ManualClock::new(T0)));
+    let names = readdir_all(&ns, ROOT_INO);
+    assert_eq!(
+        names,
+        (0..50).map(|i| format!("acked-{i:02}")).collect::<Vec<_>>()
+    );
+    assert_eq!(ns.servers().len(), 1);
+}

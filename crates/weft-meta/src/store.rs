@@ -1,0 +1,170 @@
+//! The `MetaStore` abstraction: the namespace rules in [`crate::namespace`] are written once against
+//! [`MetaTxn`], and any transactional engine that can run them atomically can hold the namespace.
+//!
+//! Why this shape: every metadata op is a handful of point reads and writes plus one ordered scan (readdir), and
+//! must be atomic (a rename touches up to five records). A closure-per-transaction API keeps retries, commit and
+//! abort inside the store, so the embedded engine ([`crate::RedbStore`]), the in-memory test store
+//! ([`crate::MemStore`]) and, later, a distributed transactional engine all fit behind it.
+//!
+//! Invariants every implementation keeps:
+//! - `write` is atomic and durable: when it returns `Ok` the changes survive a crash; when `f` returns `Err` none
+//!   of its changes are applied.
+//! - `read` sees one consistent snapshot and refuses writes with [`MetaError::ReadOnly`].
+//! - directory entries are ordered by the bytes of their name (the order `str` compares in), which makes the
+//!   readdir cursor (`after` name) stable.
+
+use serde::{Deserialize, Serialize};
+use weft_proto::{Attr, FileKind, Layout};
+
+use crate::error::MetaError;
+
+/// One inode as stored. Decoupled from the wire's [`Attr`] so stored fields (parent pointer, symlink target) can
+/// differ from what is sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inode {
+    pub ino: u64,
+    pub kind: FileKind,
+    /// Permission bits only (mask 0o7777).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    /// Directories: the inode of the directory holding it (the root is its own parent). Used to refuse moving a
+    /// directory under itself. Files and symlinks may have several parents (hard links): 0 there.
+    pub parent: u64,
+    /// Files: the layout fixed at create. Directories: the effective policy new children inherit.
+    pub layout: Option<Layout>,
+    /// Symlinks: the target. Empty otherwise.
+    pub target: String,
+}
+
+impl Inode {
+    pub fn attr(&self) -> Attr {
+        Attr {
+            ino: self.ino,
+            kind: self.kind,
+            mode: self.mode,
+            uid: self.uid,
+            gid: self.gid,
+            nlink: self.nlink,
+            size: self.size,
+            atime_ns: self.atime_ns,
+            mtime_ns: self.mtime_ns,
+            ctime_ns: self.ctime_ns,
+            layout: self.layout.clone(),
+        }
+    }
+}
+
+/// Version byte in front of every postcard-encoded stored record, so the format can evolve.
+const RECORD_V1: u8 = 1;
+
+pub(crate) fn encode_record<T: Serialize>(v: &T) -> Result<Vec<u8>, MetaError> {
+    let mut out = vec![RECORD_V1];
+    let body = postcard::to_stdvec(v)
+        .map_err(|e| MetaError::Corrupt(format!("encoding a record: {e}")))?;
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+pub(crate) fn decode_record<'a, T: Deserialize<'a>>(
+    what: &str,
+    bytes: &'a [u8],
+) -> Result<T, MetaError> {
+    match bytes.split_first() {
+        Some((&RECORD_V1, body)) => {
+            let (v, rest) = postcard::take_from_bytes(body)
+                .map_err(|e| MetaError::Corrupt(format!("{what}: {e}")))?;
+            if !rest.is_empty() {
+                return Err(MetaError::Corrupt(format!(
+                    "{what}: {} trailing bytes",
+                    rest.len()
+                )));
+            }
+            Ok(v)
+        }
+        Some((v, _)) => Err(MetaError::Corrupt(format!(
+            "{what}: unknown record version {v}"
+        ))),
+        None => Err(MetaError::Corrupt(format!("{what}: empty record"))),
+    }
+}
+
+pub(crate) fn kind_to_u8(k: FileKind) -> u8 {
+    match k {
+        FileKind::File => 0,
+        FileKind::Dir => 1,
+        FileKind::Symlink => 2,
+    }
+}
+
+pub(crate) fn kind_from_u8(v: u8) -> Result<FileKind, MetaError> {
+    match v {
+        0 => Ok(FileKind::File),
+        1 => Ok(FileKind::Dir),
+        2 => Ok(FileKind::Symlink),
+        _ => Err(MetaError::Corrupt(format!(
+            "unknown file kind {v} in a directory entry"
+        ))),
+    }
+}
+
+/// A transactional store of inodes, directory entries, data servers and orphaned objects.
+pub trait MetaStore: Send + Sync + 'static {
+    /// Runs `f` in one atomic write transaction, durable (fsynced) before this returns `Ok`. If `f` returns `Err`,
+    /// nothing it did is applied. Store failures reach the caller through `E: From<MetaError>`.
+    fn write<R, E: From<MetaError>>(
+        &self,
+        f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>,
+    ) -> Result<R, E>;
+
+    /// Runs `f` against a consistent snapshot. Writes inside it fail with [`MetaError::ReadOnly`].
+    fn read<R, E: From<MetaError>>(
+        &self,
+        f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>,
+    ) -> Result<R, E>;
+}
+
+/// The operations of one transaction. Object safe, so the namespace logic is compiled once per store.
+pub trait MetaTxn {
+    fn get_inode(&mut self, ino: u64) -> Result<Option<Inode>, MetaError>;
+    /// Inserts or replaces an inode.
+    fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError>;
+    fn del_inode(&mut self, ino: u64) -> Result<(), MetaError>;
+    fn get_dirent(&mut self, parent: u64, name: &str)
+    -> Result<Option<(u64, FileKind)>, MetaError>;
+    /// Inserts or replaces an entry.
+    fn put_dirent(
+        &mut self,
+        parent: u64,
+        name: &str,
+        ino: u64,
+        kind: FileKind,
+    ) -> Result<(), MetaError>;
+    fn del_dirent(&mut self, parent: u64, name: &str) -> Result<(), MetaError>;
+    /// Entries of `parent` whose name is strictly greater than `after`, in name order, at most `limit`.
+    fn list_dirents(
+        &mut self,
+        parent: u64,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, u64, FileKind)>, MetaError>;
+    fn dir_is_empty(&mut self, parent: u64) -> Result<bool, MetaError>;
+    /// Allocates a new inode number from a persisted counter; numbers are never reused.
+    fn next_ino(&mut self) -> Result<u64, MetaError>;
+    /// Records (or re-addresses) a data server. Ids are stable because layouts name them.
+    fn put_server(&mut self, id: u32, addr: &str) -> Result<(), MetaError>;
+    /// Every recorded data server, sorted by id.
+    fn list_servers(&mut self) -> Result<Vec<(u32, String)>, MetaError>;
+    /// Records that the objects of removed file `ino` must be deleted from the servers of `layout`.
+    fn put_orphan(&mut self, ino: u64, layout: &Layout) -> Result<(), MetaError>;
+    fn del_orphan(&mut self, ino: u64) -> Result<(), MetaError>;
+    /// Up to `limit` orphans, lowest inode first.
+    fn list_orphans(&mut self, limit: usize) -> Result<Vec<(u64, Layout)>, MetaError>;
+    /// Number of inodes stored.
+    fn count_inodes(&mut self) -> Result<u64, MetaError>;
+}

@@ -1,0 +1,200 @@
+//! Hostile input against real server processes: malformed, truncated and oversized frames, and out-of-range
+//! offsets and lengths. Each gets an error; the server keeps serving everyone else.
+
+mod common;
+
+use bytes::{Bytes, BytesMut};
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use weft_fabric::TcpFabric;
+use weft_proto::frame::FLAG_ERROR;
+use weft_proto::msg::{ReadReq, TruncateReq, WriteReq, decode};
+use weft_proto::{
+    ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, WireError,
+};
+use weft_rpc::{ClientConfig, RpcClient};
+
+fn frame(op: u16, body: &[u8], data_len: u32) -> Vec<u8> {
+    let h = Header {
+        kind: FrameKind::Request,
+        flags: 0,
+        op,
+        session: 0,
+        slot: 0,
+        seq: 0,
+        body_len: body.len() as u32,
+        data_len,
+        body_crc: crc32c::crc32c(body),
+    };
+    let mut v = h.encode().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+/// Sends raw bytes, expects one error reply, and returns its message.
+async fn refused(addr: &str, bytes: &[u8], close: bool) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    if close {
+        s.shutdown().await.unwrap();
+    }
+    let mut hb = [0u8; HEADER_LEN];
+    s.read_exact(&mut hb)
+        .await
+        .expect("an error reply, not a silent close");
+    let h = Header::decode(&hb, &FrameLimits::default()).unwrap();
+    assert_ne!(h.flags & FLAG_ERROR, 0);
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).await.unwrap();
+    decode::<WireError>(h.op, &body).unwrap().message
+}
+
+#[tokio::test]
+async fn malformed_frames_are_refused_and_servers_keep_serving() {
+    let cl = start("hostile-frames", 1).await;
+    let good = cl.client().await;
+    let ds_addr = cl.data_addrs()[0].clone();
+    for addr in [cl.mds_addr().to_string(), ds_addr] {
+        assert!(refused(&addr, &[0x42; 100], false).await.contains("magic"));
+        let mut f = frame(1, &[], 0);
+        f[5] = 9;
+        assert!(refused(&addr, &f, false).await.contains("kind"));
+        let mut f = frame(100, &[], 0);
+        f[28..32].copy_from_slice(&(512u32 << 20).to_le_bytes());
+        assert!(
+            refused(&addr, &f, false).await.contains("exceeds"),
+            "oversized body"
+        );
+        let f = frame(201, &[], u32::MAX);
+        assert!(
+            refused(&addr, &f, false).await.contains("exceeds"),
+            "oversized payload"
+        );
+        assert!(
+            refused(&addr, &frame(1, &[], 0)[..17], true)
+                .await
+                .contains("truncated")
+        );
+        assert!(
+            refused(&addr, &frame(4242, &[], 0), false)
+                .await
+                .contains("unknown op")
+        );
+        assert!(
+            !refused(&addr, &frame(100, &[0xff; 7], 0), false)
+                .await
+                .is_empty(),
+            "undecodable body"
+        );
+        // A body cut short by a close: the server drops the connection without harm.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        let mut f = frame(100, &[0u8; 10], 0);
+        f.truncate(HEADER_LEN + 3);
+        s.write_all(&f).await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest).await;
+        // Meanwhile, a well-behaved client is served as usual.
+        let name = format!("still-served-{}", addr.replace([':', '.'], "-"));
+        good.create(ROOT_INO, &name, 0o644, true).await.unwrap();
+    }
+    let f = good.create_path("/data", 0o644, true, false).await.unwrap();
+    f.write_at(0, Bytes::from_static(b"still fine"))
+        .await
+        .unwrap();
+    f.close().await.unwrap();
+    let g = good.open("/data").await.unwrap();
+    assert_eq!(
+        &g.read_at(0, BytesMut::zeroed(10)).await.unwrap()[..],
+        b"still fine"
+    );
+}
+
+/// The error code a server answered a call with.
+fn code<T>(r: Result<T, weft_rpc::RpcError>) -> Option<ErrorCode> {
+    r.map(|_| ()).unwrap_err().remote().map(|w| w.code)
+}
+
+#[tokio::test]
+async fn out_of_range_offsets_and_lengths_are_refused() {
+    let cl = start("hostile-ranges", 1).await;
+    let ds = RpcClient::connect(
+        TcpFabric::default(),
+        &cl.data_addrs()[0],
+        ClientConfig::default(),
+    )
+    .await
+    .unwrap();
+
+    // A read larger than a transfer unit.
+    let r = ds
+        .call(
+            Request::Read(ReadReq {
+                ino: 5,
+                offset: 0,
+                len: 64 << 20,
+            }),
+            vec![],
+            vec![BytesMut::zeroed(64 << 20)],
+        )
+        .await;
+    assert_eq!(code(r), Some(ErrorCode::OutOfRange));
+    // Offsets whose end overflows or lies beyond what an object may hold.
+    let r = ds
+        .call(
+            Request::Read(ReadReq {
+                ino: 5,
+                offset: u64::MAX - 10,
+                len: 100,
+            }),
+            vec![],
+            vec![BytesMut::zeroed(100)],
+        )
+        .await;
+    assert_eq!(code(r), Some(ErrorCode::OutOfRange));
+    let r = ds
+        .call(
+            Request::Write(WriteReq {
+                ino: 5,
+                offset: 1 << 62,
+            }),
+            vec![Bytes::from_static(b"x")],
+            vec![],
+        )
+        .await;
+    assert_eq!(code(r), Some(ErrorCode::OutOfRange));
+    let r = ds
+        .call_simple(Request::Truncate(TruncateReq {
+            ino: 5,
+            size: u64::MAX,
+        }))
+        .await;
+    assert_eq!(code(r), Some(ErrorCode::OutOfRange));
+    // An op that data servers do not serve.
+    let r = ds.call_simple(Request::Statfs(())).await;
+    assert_eq!(code(r), Some(ErrorCode::BadRequest));
+    // And the same session still works.
+    let (resp, _) = ds
+        .call(
+            Request::Write(WriteReq { ino: 5, offset: 0 }),
+            vec![Bytes::from_static(b"ok")],
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp, weft_proto::Response::Write(2));
+    let (_, back) = ds
+        .call(
+            Request::Read(ReadReq {
+                ino: 5,
+                offset: 0,
+                len: 2,
+            }),
+            vec![],
+            vec![BytesMut::zeroed(2)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(&back[0][..], b"ok");
+}
