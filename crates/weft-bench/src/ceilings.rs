@@ -21,31 +21,16 @@ pub async fn iperf3_mib_per_s(seconds: u32) -> Result<f64> {
     // The server needs a moment to listen; try a few times.
     for _ in 0..50 {
         let out = tokio::process::Command::new("iperf3")
-            .args([
-                "-c",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-t",
-                &seconds.to_string(),
-                "-J",
-            ])
+            .args(["-c", "127.0.0.1", "-p", &port.to_string(), "-t", &seconds.to_string(), "-J"])
             .output()
             .await
             .context("running the iperf3 client")?;
         let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        if let Some(bps) = v
-            .pointer("/end/sum_received/bits_per_second")
-            .and_then(Value::as_f64)
-        {
+        if let Some(bps) = v.pointer("/end/sum_received/bits_per_second").and_then(Value::as_f64) {
             let _ = server.wait().await;
             return Ok(bps / 8.0 / (1 << 20) as f64);
         }
-        last_err = v
-            .pointer("/error")
-            .and_then(Value::as_str)
-            .unwrap_or("no result")
-            .to_string();
+        last_err = v.pointer("/error").and_then(Value::as_str).unwrap_or("no result").to_string();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let _ = server.kill().await;
@@ -79,26 +64,13 @@ pub fn load_average() -> Option<[f64; 3]> {
 }
 
 pub fn machine() -> Value {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let mem_kib = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .map(|l| l.to_string())
-        })
-        .and_then(|l| {
-            l.split_whitespace()
-                .nth(1)
-                .and_then(|x| x.parse::<u64>().ok())
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with("MemTotal:")).map(|l| l.to_string()))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|x| x.parse::<u64>().ok()))
         .unwrap_or(0);
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
     json!({
         "cores": cores,
         "memory_gib": (mem_kib as f64 / (1u64 << 20) as f64 * 10.0).round() / 10.0,

@@ -4,19 +4,9 @@
 use serde_json::Value;
 
 pub fn throughput_svg(doc: &Value) -> String {
-    let results: Vec<&Value> = doc["results"]
-        .as_array()
-        .map(|v| v.iter().collect())
-        .unwrap_or_default();
-    let iperf = doc
-        .pointer("/ceilings/iperf3_mib_per_s")
-        .and_then(Value::as_f64);
-    let top = results
-        .iter()
-        .filter_map(|r| r["max"].as_f64())
-        .chain(iperf)
-        .fold(1.0f64, f64::max)
-        * 1.1;
+    let results: Vec<&Value> = doc["results"].as_array().map(|v| v.iter().collect()).unwrap_or_default();
+    let iperf = doc.pointer("/ceilings/iperf3_mib_per_s").and_then(Value::as_f64);
+    let top = results.iter().filter_map(|r| r["max"].as_f64()).chain(iperf).fold(1.0f64, f64::max) * 1.1;
     let (w, h, left, bottom, top_pad) = (120 + 70 * results.len().max(1), 360.0, 60.0, 60.0, 30.0);
     let plot_h = h - bottom - top_pad;
     let y = |v: f64| top_pad + plot_h * (1.0 - v / top);
@@ -35,11 +25,7 @@ pub fn throughput_svg(doc: &Value) -> String {
     for (i, r) in results.iter().enumerate() {
         let x = left + 10.0 + 70.0 * i as f64;
         let m = r["mib_per_s"].as_f64().unwrap_or(0.0);
-        let color = if r["op"] == "read" {
-            "#3b7dd8"
-        } else {
-            "#e08a2c"
-        };
+        let color = if r["op"] == "read" { "#3b7dd8" } else { "#e08a2c" };
         s += &format!(
             "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"40\" height=\"{:.1}\" fill=\"{color}\"/>\n",
             y(m),

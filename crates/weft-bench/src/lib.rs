@@ -66,9 +66,6 @@ mod tests {
         assert_eq!(parse_bytes("x"), None);
         assert_eq!(parse_bytes(""), None);
         assert_eq!(parse_bytes("99999999999T"), None);
-        assert_eq!(
-            parse_list("1,2,4", |x| x.parse::<u32>().ok()),
-            Some(vec![1, 2, 4])
-        );
+        assert_eq!(parse_list("1,2,4", |x| x.parse::<u32>().ok()), Some(vec![1, 2, 4]));
     }
 }

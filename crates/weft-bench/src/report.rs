@@ -4,10 +4,7 @@ use serde_json::Value;
 
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil-from-days (Howard Hinnant's algorithm).
     let z = days as i64 + 719_468;
@@ -19,23 +16,14 @@ pub fn utc_now() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// A Markdown table of a throughput result document.
 pub fn markdown_table(doc: &Value) -> String {
     let mut s = String::new();
-    let iperf = doc
-        .pointer("/ceilings/iperf3_mib_per_s")
-        .and_then(Value::as_f64);
-    let memcpy = doc
-        .pointer("/ceilings/memcpy_mib_per_s")
-        .and_then(Value::as_f64);
+    let iperf = doc.pointer("/ceilings/iperf3_mib_per_s").and_then(Value::as_f64);
+    let memcpy = doc.pointer("/ceilings/memcpy_mib_per_s").and_then(Value::as_f64);
     s.push_str(&format!(
         "ceilings: iperf3 loopback {} MiB/s, memcpy {} MiB/s\n\n",
         iperf.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
@@ -53,10 +41,7 @@ pub fn markdown_table(doc: &Value) -> String {
             f("mib_per_s"),
             f("min"),
             f("max"),
-            r["ratio_to_iperf3"]
-                .as_f64()
-                .map(|x| format!("{x:.2}"))
-                .unwrap_or("-".into()),
+            r["ratio_to_iperf3"].as_f64().map(|x| format!("{x:.2}")).unwrap_or("-".into()),
             f("client_cpu_s_per_gib"),
             r["runs"],
         ));

@@ -64,10 +64,9 @@ struct Point {
 }
 
 pub async fn run(a: ThroughputArgs) -> Result<()> {
-    let servers: Vec<u32> = crate::parse_list(&a.servers, |x| x.parse().ok())
-        .context("--servers wants a list like 1,2,4")?;
-    let records = crate::parse_list(&a.record, crate::parse_bytes)
-        .context("--record wants sizes like 64K,1M")?;
+    let servers: Vec<u32> =
+        crate::parse_list(&a.servers, |x| x.parse().ok()).context("--servers wants a list like 1,2,4")?;
+    let records = crate::parse_list(&a.record, crate::parse_bytes).context("--record wants sizes like 64K,1M")?;
     let size = crate::parse_bytes(&a.size).context("--size wants a size like 2G")?;
     if a.runs == 0 || a.window == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
         bail!("--runs and --window must be at least 1, records between 1 byte and 64M");
@@ -85,15 +84,10 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     let iperf_median = summarize(&iperf).map(|s| s.median);
 
     let mut points = Vec::new();
-    let base_dir = a
-        .dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("weft-bench-{}", std::process::id())));
-    let server_points: Vec<Option<u32>> = if a.cluster.is_some() {
-        vec![None]
-    } else {
-        servers.iter().map(|&n| Some(n)).collect()
-    };
+    let base_dir =
+        a.dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("weft-bench-{}", std::process::id())));
+    let server_points: Vec<Option<u32>> =
+        if a.cluster.is_some() { vec![None] } else { servers.iter().map(|&n| Some(n)).collect() };
     for sp in server_points {
         let (cluster, cfg, n) = match (sp, &a.cluster) {
             (None, Some(spec)) => {
@@ -107,10 +101,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
                 let _ = std::fs::remove_dir_all(&dir);
                 let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
                 opts.log_filter = "warn".into();
-                eprintln!(
-                    "starting a cluster with {n} data servers in {}",
-                    dir.display()
-                );
+                eprintln!("starting a cluster with {n} data servers in {}", dir.display());
                 let cl = LocalCluster::start(opts).await?;
                 let cfg = cl.cluster_config();
                 (Some(cl), cfg, n)
@@ -137,10 +128,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
 
     let mut results = Vec::new();
     for p in &points {
-        for (op, mib, cpu) in [
-            ("write", &p.write_mib, &p.write_cpu),
-            ("read", &p.read_mib, &p.read_cpu),
-        ] {
+        for (op, mib, cpu) in [("write", &p.write_mib, &p.write_cpu), ("read", &p.read_mib, &p.read_cpu)] {
             let s = summarize(mib).expect("runs >= 1");
             let c = summarize(cpu).expect("runs >= 1");
             results.push(json!({
@@ -203,43 +191,18 @@ fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
-async fn measure(
-    client: &Client,
-    servers: u32,
-    record: u64,
-    size: u64,
-    a: &ThroughputArgs,
-) -> Result<Point> {
+async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &ThroughputArgs) -> Result<Point> {
     let path = format!("/bench-s{servers}-r{record}");
     let records = size.div_ceil(record).max(1);
     // Pre-faulted source record, shared by every write (Bytes clones share the buffer).
     let src = Bytes::from((0..record).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
     // Pre-faulted destination buffers, one per record in flight, reused across runs.
-    let mut bufs: Vec<BytesMut> = (0..a.window)
-        .map(|_| BytesMut::zeroed(record as usize))
-        .collect();
-    let mut p = Point {
-        servers,
-        record,
-        write_mib: vec![],
-        write_cpu: vec![],
-        read_mib: vec![],
-        read_cpu: vec![],
-    };
+    let mut bufs: Vec<BytesMut> = (0..a.window).map(|_| BytesMut::zeroed(record as usize)).collect();
+    let mut p = Point { servers, record, write_mib: vec![], write_cpu: vec![], read_mib: vec![], read_cpu: vec![] };
     // Warm-up: one pass of a small file brings up sessions and connections.
-    sequential(
-        client,
-        &path,
-        record,
-        records.min(16),
-        &src,
-        &mut bufs,
-        a.window,
-    )
-    .await?;
+    sequential(client, &path, record, records.min(16), &src, &mut bufs, a.window).await?;
     for _ in 0..a.runs {
-        let (w, wc, r, rc) =
-            sequential(client, &path, record, records, &src, &mut bufs, a.window).await?;
+        let (w, wc, r, rc) = sequential(client, &path, record, records, &src, &mut bufs, a.window).await?;
         let gib = (records * record) as f64 / (1u64 << 30) as f64;
         let mib = gib * 1024.0;
         p.write_mib.push(mib / w);
@@ -281,11 +244,7 @@ async fn sequential(
 
     let f = Arc::new(client.open(path).await?);
     if f.size() != records * record {
-        bail!(
-            "{path}: size {} after writing {} bytes",
-            f.size(),
-            records * record
-        );
+        bail!("{path}: size {} after writing {} bytes", f.size(), records * record);
     }
     let (t, c) = (Instant::now(), ceilings::cpu_seconds());
     let mut tasks: JoinSet<Result<BytesMut, weft_client::ClientError>> = JoinSet::new();

@@ -65,26 +65,16 @@ impl ClusterConfig {
     pub fn from_spec(spec: &str) -> Result<ClusterConfig, String> {
         let path = std::path::Path::new(spec);
         if path.is_file() {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("cannot read {spec}: {e}"))?;
-            return toml::from_str(&text)
-                .map_err(|e| format!("{spec} is not a valid cluster file: {e}"));
+            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {spec}: {e}"))?;
+            return toml::from_str(&text).map_err(|e| format!("{spec} is not a valid cluster file: {e}"));
         }
         if path.is_dir() && path.join("cluster.toml").is_file() {
             return ClusterConfig::from_spec(&path.join("cluster.toml").to_string_lossy());
         }
-        if spec
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
-        {
-            return Ok(ClusterConfig {
-                mds: spec.to_string(),
-                client: ClientTuning::default(),
-            });
+        if spec.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) {
+            return Ok(ClusterConfig { mds: spec.to_string(), client: ClientTuning::default() });
         }
-        Err(format!(
-            "{spec} is neither a cluster file, a directory holding cluster.toml, nor a host:port address"
-        ))
+        Err(format!("{spec} is neither a cluster file, a directory holding cluster.toml, nor a host:port address"))
     }
 
     pub fn to_toml(&self) -> String {
@@ -98,10 +88,7 @@ mod tests {
 
     #[test]
     fn specs_parse() {
-        assert_eq!(
-            ClusterConfig::from_spec("127.0.0.1:7000").unwrap().mds,
-            "127.0.0.1:7000"
-        );
+        assert_eq!(ClusterConfig::from_spec("127.0.0.1:7000").unwrap().mds, "127.0.0.1:7000");
         assert!(ClusterConfig::from_spec("no-such-file").is_err());
         let c: ClusterConfig = toml::from_str("mds = \"h:1\"\n[client]\nslots = 4\n").unwrap();
         assert_eq!(c.client.slots, 4);

@@ -17,21 +17,13 @@ pub enum ClientError {
     #[error(
         "checksum mismatch in file inode {ino} at file offset {file_offset} (data server {server}, object offset {object_offset})"
     )]
-    Corrupt {
-        ino: u64,
-        file_offset: u64,
-        server: u32,
-        object_offset: u64,
-    },
+    Corrupt { ino: u64, file_offset: u64, server: u32, object_offset: u64 },
     #[error("a layout names data server {0}, which the metadata service does not know")]
     UnknownServer(u32),
     #[error("{0}")]
     InvalidPath(String),
     #[error("{path}: {source}")]
-    Path {
-        path: String,
-        source: Box<ClientError>,
-    },
+    Path { path: String, source: Box<ClientError> },
     #[error("{0}")]
     NotAFile(String),
     #[error("protocol: {0}")]
@@ -42,9 +34,7 @@ impl ClientError {
     /// The server's error code, when a server answered with one.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            ClientError::Meta(e) | ClientError::Data { source: e, .. } => {
-                e.remote().map(|w| w.code)
-            }
+            ClientError::Meta(e) | ClientError::Data { source: e, .. } => e.remote().map(|w| w.code),
             ClientError::Path { source, .. } => source.code(),
             ClientError::Corrupt { .. } => Some(ErrorCode::Corrupt),
             _ => None,
@@ -55,10 +45,7 @@ impl ClientError {
     pub fn with_path(self, path: &str) -> ClientError {
         match self {
             e @ ClientError::Path { .. } => e,
-            e => ClientError::Path {
-                path: path.to_string(),
-                source: Box::new(e),
-            },
+            e => ClientError::Path { path: path.to_string(), source: Box::new(e) },
         }
     }
 }

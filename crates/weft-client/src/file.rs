@@ -38,12 +38,7 @@ pub(crate) struct Unit {
 }
 
 /// Cuts `[offset, offset+len)` into pieces no longer than `unit_max` and groups them into transfer units.
-pub(crate) fn plan(
-    layout: &Layout,
-    offset: u64,
-    len: u64,
-    unit_max: u64,
-) -> (Vec<weft_proto::Piece>, Vec<Unit>) {
+pub(crate) fn plan(layout: &Layout, offset: u64, len: u64, unit_max: u64) -> (Vec<weft_proto::Piece>, Vec<Unit>) {
     assert!(unit_max > 0);
     let mut pieces = Vec::new();
     for p in layout.pieces(offset, len) {
@@ -72,12 +67,7 @@ pub(crate) fn plan(
             u.pieces.push(i);
             continue;
         }
-        units.push(Unit {
-            server_index: p.server_index,
-            object_offset: p.object_offset,
-            len: p.len,
-            pieces: vec![i],
-        });
+        units.push(Unit { server_index: p.server_index, object_offset: p.object_offset, len: p.len, pieces: vec![i] });
         *slot = Some(units.len() - 1);
     }
     (pieces, units)
@@ -86,24 +76,14 @@ pub(crate) fn plan(
 impl File {
     pub(crate) fn new(client: Client, attr: Attr) -> Result<File, ClientError> {
         if attr.kind != FileKind::File {
-            return Err(ClientError::NotAFile(format!(
-                "inode {} is a {:?}, not a regular file",
-                attr.ino, attr.kind
-            )));
+            return Err(ClientError::NotAFile(format!("inode {} is a {:?}, not a regular file", attr.ino, attr.kind)));
         }
-        let layout = attr.layout.clone().ok_or_else(|| {
-            ClientError::Protocol(format!("file inode {} has no layout", attr.ino))
-        })?;
-        layout
-            .validate(false)
-            .map_err(|e| ClientError::Protocol(format!("file inode {}: {e}", attr.ino)))?;
-        Ok(File {
-            client,
-            size: AtomicU64::new(attr.size),
-            attr,
-            layout,
-            dirty: AtomicBool::new(false),
-        })
+        let layout = attr
+            .layout
+            .clone()
+            .ok_or_else(|| ClientError::Protocol(format!("file inode {} has no layout", attr.ino)))?;
+        layout.validate(false).map_err(|e| ClientError::Protocol(format!("file inode {}: {e}", attr.ino)))?;
+        Ok(File { client, size: AtomicU64::new(attr.size), attr, layout, dirty: AtomicBool::new(false) })
     }
 
     pub fn ino(&self) -> u64 {
@@ -133,9 +113,9 @@ impl File {
         if len == 0 {
             return Ok(());
         }
-        let end = offset.checked_add(len).ok_or_else(|| {
-            ClientError::InvalidPath(format!("write at {offset} of {len} bytes overflows"))
-        })?;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| ClientError::InvalidPath(format!("write at {offset} of {len} bytes overflows")))?;
         let (pieces, units) = plan(&self.layout, offset, len, self.unit_max());
         let mut tasks = JoinSet::new();
         for u in units {
@@ -150,27 +130,21 @@ impl File {
                 .collect();
             let server = self.layout.servers[u.server_index as usize];
             let client = self.client.clone();
-            let req = Request::Write(WriteReq {
-                ino: self.attr.ino,
-                offset: u.object_offset,
-            });
+            let req = Request::Write(WriteReq { ino: self.attr.ino, offset: u.object_offset });
             tasks.spawn(async move {
                 let ds = client.data_server(server).await?;
                 match ds.call(req, segs, Vec::new()).await {
                     Ok((Response::Write(n), _)) if u64::from(n) == u.len => Ok(()),
-                    Ok((other, _)) => Err(ClientError::Protocol(format!(
-                        "write answered {other:?}, expected {}",
-                        u.len
-                    ))),
+                    Ok((other, _)) => {
+                        Err(ClientError::Protocol(format!("write answered {other:?}, expected {}", u.len)))
+                    }
                     Err(source) => Err(ClientError::Data { server, source }),
                 }
             });
         }
         let mut first_err = None;
         while let Some(r) = tasks.join_next().await {
-            let r = r
-                .map_err(|e| ClientError::Protocol(format!("write task failed: {e}")))
-                .and_then(|r| r);
+            let r = r.map_err(|e| ClientError::Protocol(format!("write task failed: {e}"))).and_then(|r| r);
             if let Err(e) = r {
                 first_err.get_or_insert(e);
             }
@@ -199,21 +173,14 @@ impl File {
         }
         let mut tasks = JoinSet::new();
         for u in units {
-            let dest: Vec<BytesMut> = u
-                .pieces
-                .iter()
-                .map(|&i| segs[i].take().expect("each piece in one unit"))
-                .collect();
+            let dest: Vec<BytesMut> =
+                u.pieces.iter().map(|&i| segs[i].take().expect("each piece in one unit")).collect();
             let server_index = u.server_index;
             let server = self.layout.servers[server_index as usize];
             let client = self.client.clone();
             let ino = self.attr.ino;
             let layout = self.layout.clone();
-            let req = Request::Read(ReadReq {
-                ino,
-                offset: u.object_offset,
-                len: u.len as u32,
-            });
+            let req = Request::Read(ReadReq { ino, offset: u.object_offset, len: u.len as u32 });
             tasks.spawn(async move {
                 let ds = client.data_server(server).await?;
                 match ds.call(req, Vec::new(), dest).await {
@@ -234,17 +201,14 @@ impl File {
                     first_err.get_or_insert(e);
                 }
                 Err(e) => {
-                    first_err
-                        .get_or_insert(ClientError::Protocol(format!("read task failed: {e}")));
+                    first_err.get_or_insert(ClientError::Protocol(format!("read task failed: {e}")));
                 }
             }
         }
         if let Some(e) = first_err {
             return Err(e);
         }
-        let mut segs = segs
-            .into_iter()
-            .map(|s| s.expect("every segment came back"));
+        let mut segs = segs.into_iter().map(|s| s.expect("every segment came back"));
         let mut out = segs.next().expect("at least one piece");
         for s in segs {
             // Adjacent halves of one allocation: unsplit is O(1), no copy.
@@ -255,13 +219,8 @@ impl File {
 
     /// Sets the file's size: objects first, then the metadata service.
     pub async fn truncate(&self, size: u64) -> Result<(), ClientError> {
-        self.client
-            .truncate_objects(self.attr.ino, &self.layout, size)
-            .await?;
-        let set = weft_proto::SetAttrs {
-            size: Some(size),
-            ..Default::default()
-        };
+        self.client.truncate_objects(self.attr.ino, &self.layout, size).await?;
+        let set = weft_proto::SetAttrs { size: Some(size), ..Default::default() };
         self.client.meta_setattr_only(self.attr.ino, set).await?;
         self.size.store(size, Ordering::SeqCst);
         Ok(())
@@ -289,13 +248,7 @@ impl File {
 }
 
 /// Names a corrupt block by its file offset; other failures by their server.
-fn data_error(
-    layout: &Layout,
-    ino: u64,
-    server_index: u32,
-    server: u32,
-    source: RpcError,
-) -> ClientError {
+fn data_error(layout: &Layout, ino: u64, server_index: u32, server: u32, source: RpcError) -> ClientError {
     if let RpcError::Remote(w) = &source
         && w.code == ErrorCode::Corrupt
         && let Some(object_offset) = w.offset
@@ -303,12 +256,7 @@ fn data_error(
         let unit = u64::from(layout.stripe_unit);
         let count = u64::from(layout.stripe_count);
         let stripe = (object_offset / unit) * count + u64::from(server_index);
-        return ClientError::Corrupt {
-            ino,
-            file_offset: stripe * unit + object_offset % unit,
-            server,
-            object_offset,
-        };
+        return ClientError::Corrupt { ino, file_offset: stripe * unit + object_offset % unit, server, object_offset };
     }
     ClientError::Data { server, source }
 }
@@ -318,11 +266,7 @@ mod tests {
     use super::*;
 
     fn lay(unit: u32, count: u32) -> Layout {
-        Layout {
-            stripe_unit: unit,
-            stripe_count: count,
-            servers: (0..count).collect(),
-        }
+        Layout { stripe_unit: unit, stripe_count: count, servers: (0..count).collect() }
     }
 
     #[test]
@@ -345,10 +289,6 @@ mod tests {
         assert_eq!(units.iter().map(|u| u.len).sum::<u64>(), 3 << 20);
         assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), 3 << 20);
         // File order of pieces is preserved across units.
-        assert!(
-            pieces
-                .windows(2)
-                .all(|w| w[0].file_offset + w[0].len == w[1].file_offset)
-        );
+        assert!(pieces.windows(2).all(|w| w[0].file_offset + w[0].len == w[1].file_offset));
     }
 }

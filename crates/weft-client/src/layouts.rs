@@ -13,10 +13,7 @@ pub struct LayoutCache {
 
 impl LayoutCache {
     pub fn new(entries_max: usize) -> LayoutCache {
-        LayoutCache {
-            entries_max: entries_max.max(1),
-            inner: Mutex::new((HashMap::new(), VecDeque::new())),
-        }
+        LayoutCache { entries_max: entries_max.max(1), inner: Mutex::new((HashMap::new(), VecDeque::new())) }
     }
 
     pub fn insert(&self, ino: u64, layout: Layout) {
@@ -35,12 +32,7 @@ impl LayoutCache {
     }
 
     pub fn get(&self, ino: u64) -> Option<Layout> {
-        self.inner
-            .lock()
-            .expect("layout cache")
-            .0
-            .get(&ino)
-            .cloned()
+        self.inner.lock().expect("layout cache").0.get(&ino).cloned()
     }
 }
 
@@ -51,11 +43,7 @@ mod tests {
     #[test]
     fn bounded() {
         let c = LayoutCache::new(4);
-        let l = Layout {
-            stripe_unit: 4096,
-            stripe_count: 1,
-            servers: vec![0],
-        };
+        let l = Layout { stripe_unit: 4096, stripe_count: 1, servers: vec![0] };
         for i in 0..100 {
             c.insert(i, l.clone());
         }

@@ -23,9 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use weft_fabric::TcpFabric;
 use weft_proto::msg::*;
-use weft_proto::{
-    Attr, DirEntry, ErrorCode, Layout, ROOT_INO, Request, Response, ServerInfo, SetAttrs, StatFs,
-};
+use weft_proto::{Attr, DirEntry, ErrorCode, Layout, ROOT_INO, Request, Response, ServerInfo, SetAttrs, StatFs};
 use weft_rpc::{ClientConfig, RpcClient};
 
 use crate::layouts::LayoutCache;
@@ -65,9 +63,8 @@ impl Client {
     pub async fn connect(cluster: &ClusterConfig) -> Result<Client, ClientError> {
         let tuning = cluster.client.clone();
         let rpc_cfg = tuning.rpc_config();
-        let mds = RpcClient::connect(TcpFabric::default(), &cluster.mds, rpc_cfg.clone())
-            .await
-            .map_err(ClientError::Meta)?;
+        let mds =
+            RpcClient::connect(TcpFabric::default(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
         let client = Client {
             inner: Arc::new(Inner {
                 layouts: LayoutCache::new(tuning.layout_cache_entries),
@@ -86,12 +83,7 @@ impl Client {
     }
 
     async fn meta(&self, req: Request) -> Result<Response, ClientError> {
-        let r = self
-            .inner
-            .mds
-            .call_simple(req)
-            .await
-            .map_err(ClientError::Meta)?;
+        let r = self.inner.mds.call_simple(req).await.map_err(ClientError::Meta)?;
         if let Some(l) = attr_layout(&r) {
             self.inner.layouts.insert(l.0, l.1.clone());
         }
@@ -104,22 +96,10 @@ impl Client {
         if let Some(c) = ds.get(&id) {
             return Ok(c.clone());
         }
-        let mut addr = self
-            .inner
-            .servers
-            .lock()
-            .expect("servers")
-            .get(&id)
-            .cloned();
+        let mut addr = self.inner.servers.lock().expect("servers").get(&id).cloned();
         if addr.is_none() {
             self.refresh_servers().await?;
-            addr = self
-                .inner
-                .servers
-                .lock()
-                .expect("servers")
-                .get(&id)
-                .cloned();
+            addr = self.inner.servers.lock().expect("servers").get(&id).cloned();
         }
         let addr = addr.ok_or(ClientError::UnknownServer(id))?;
         let c = RpcClient::connect(TcpFabric::default(), &addr, self.inner.rpc_cfg.clone())
@@ -141,13 +121,7 @@ impl Client {
     // ---- namespace -------------------------------------------------------------------------------------------
 
     pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, ClientError> {
-        Ok(meta_call!(
-            self,
-            Lookup(LookupReq {
-                parent,
-                name: name.into()
-            })
-        ))
+        Ok(meta_call!(self, Lookup(LookupReq { parent, name: name.into() })))
     }
 
     pub async fn getattr(&self, ino: u64) -> Result<Attr, ClientError> {
@@ -158,11 +132,7 @@ impl Client {
     pub async fn setattr(&self, ino: u64, set: SetAttrs) -> Result<Attr, ClientError> {
         if let Some(size) = set.size {
             let attr = self.getattr(ino).await?;
-            if let Some(layout) = attr
-                .layout
-                .as_ref()
-                .filter(|_| attr.kind == weft_proto::FileKind::File)
-            {
+            if let Some(layout) = attr.layout.as_ref().filter(|_| attr.kind == weft_proto::FileKind::File) {
                 self.truncate_objects(ino, layout, size).await?;
             }
         }
@@ -170,68 +140,27 @@ impl Client {
     }
 
     /// Records attributes at the MDS only (the caller already dealt with the objects).
-    pub(crate) async fn meta_setattr_only(
-        &self,
-        ino: u64,
-        set: SetAttrs,
-    ) -> Result<Attr, ClientError> {
+    pub(crate) async fn meta_setattr_only(&self, ino: u64, set: SetAttrs) -> Result<Attr, ClientError> {
         Ok(meta_call!(self, SetAttr(SetAttrReq { ino, set })))
     }
 
-    pub async fn create(
-        &self,
-        parent: u64,
-        name: &str,
-        mode: u32,
-        exclusive: bool,
-    ) -> Result<Attr, ClientError> {
+    pub async fn create(&self, parent: u64, name: &str, mode: u32, exclusive: bool) -> Result<Attr, ClientError> {
         let (uid, gid) = ids();
-        Ok(meta_call!(
-            self,
-            Create(CreateReq {
-                parent,
-                name: name.into(),
-                mode,
-                uid,
-                gid,
-                exclusive
-            })
-        ))
+        Ok(meta_call!(self, Create(CreateReq { parent, name: name.into(), mode, uid, gid, exclusive })))
     }
 
     pub async fn mkdir(&self, parent: u64, name: &str, mode: u32) -> Result<Attr, ClientError> {
         let (uid, gid) = ids();
-        Ok(meta_call!(
-            self,
-            Mkdir(MkdirReq {
-                parent,
-                name: name.into(),
-                mode,
-                uid,
-                gid
-            })
-        ))
+        Ok(meta_call!(self, Mkdir(MkdirReq { parent, name: name.into(), mode, uid, gid })))
     }
 
     pub async fn rmdir(&self, parent: u64, name: &str) -> Result<(), ClientError> {
-        meta_call!(
-            self,
-            Rmdir(NameReq {
-                parent,
-                name: name.into()
-            })
-        );
+        meta_call!(self, Rmdir(NameReq { parent, name: name.into() }));
         Ok(())
     }
 
     pub async fn unlink(&self, parent: u64, name: &str) -> Result<(), ClientError> {
-        meta_call!(
-            self,
-            Unlink(NameReq {
-                parent,
-                name: name.into()
-            })
-        );
+        meta_call!(self, Unlink(NameReq { parent, name: name.into() }));
         Ok(())
     }
 
@@ -245,71 +174,27 @@ impl Client {
     ) -> Result<(), ClientError> {
         meta_call!(
             self,
-            Rename(RenameReq {
-                src_parent,
-                src_name: src_name.into(),
-                dst_parent,
-                dst_name: dst_name.into(),
-                flags
-            })
+            Rename(RenameReq { src_parent, src_name: src_name.into(), dst_parent, dst_name: dst_name.into(), flags })
         );
         Ok(())
     }
 
-    pub async fn symlink(
-        &self,
-        parent: u64,
-        name: &str,
-        target: &str,
-    ) -> Result<Attr, ClientError> {
+    pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> Result<Attr, ClientError> {
         let (uid, gid) = ids();
-        Ok(meta_call!(
-            self,
-            Symlink(SymlinkReq {
-                parent,
-                name: name.into(),
-                target: target.into(),
-                uid,
-                gid
-            })
-        ))
+        Ok(meta_call!(self, Symlink(SymlinkReq { parent, name: name.into(), target: target.into(), uid, gid })))
     }
 
     pub async fn readlink(&self, ino: u64) -> Result<String, ClientError> {
         Ok(meta_call!(self, Readlink(InoReq { ino })))
     }
 
-    pub async fn link(
-        &self,
-        ino: u64,
-        new_parent: u64,
-        new_name: &str,
-    ) -> Result<Attr, ClientError> {
-        Ok(meta_call!(
-            self,
-            Link(LinkReq {
-                ino,
-                new_parent,
-                new_name: new_name.into()
-            })
-        ))
+    pub async fn link(&self, ino: u64, new_parent: u64, new_name: &str) -> Result<Attr, ClientError> {
+        Ok(meta_call!(self, Link(LinkReq { ino, new_parent, new_name: new_name.into() })))
     }
 
     /// One page of a directory, after `after` (empty: from the start).
-    pub async fn readdir_page(
-        &self,
-        ino: u64,
-        after: &str,
-        limit: u32,
-    ) -> Result<ReaddirResp, ClientError> {
-        Ok(meta_call!(
-            self,
-            Readdir(ReaddirReq {
-                ino,
-                after: after.into(),
-                limit
-            })
-        ))
+    pub async fn readdir_page(&self, ino: u64, after: &str, limit: u32) -> Result<ReaddirResp, ClientError> {
+        Ok(meta_call!(self, Readdir(ReaddirReq { ino, after: after.into(), limit })))
     }
 
     /// A whole directory, page by page.
@@ -317,9 +202,7 @@ impl Client {
         let mut out = Vec::new();
         let mut after = String::new();
         loop {
-            let page = self
-                .readdir_page(ino, &after, weft_proto::READDIR_ENTRIES_MAX)
-                .await?;
+            let page = self.readdir_page(ino, &after, weft_proto::READDIR_ENTRIES_MAX).await?;
             if let Some(last) = page.entries.last() {
                 after = last.name.clone();
             }
@@ -336,29 +219,13 @@ impl Client {
     }
 
     /// Sets the layout policy new files under directory `ino` inherit (`weft setstripe`).
-    pub async fn set_layout(
-        &self,
-        ino: u64,
-        stripe_unit: u32,
-        stripe_count: u32,
-    ) -> Result<Attr, ClientError> {
-        let layout = Layout {
-            stripe_unit,
-            stripe_count,
-            servers: vec![],
-        };
+    pub async fn set_layout(&self, ino: u64, stripe_unit: u32, stripe_count: u32) -> Result<Attr, ClientError> {
+        let layout = Layout { stripe_unit, stripe_count, servers: vec![] };
         Ok(meta_call!(self, SetLayout(SetLayoutReq { ino, layout })))
     }
 
     pub async fn commit(&self, ino: u64, size: u64, mtime_ns: i64) -> Result<Attr, ClientError> {
-        Ok(meta_call!(
-            self,
-            Commit(CommitReq {
-                ino,
-                size,
-                mtime_ns
-            })
-        ))
+        Ok(meta_call!(self, Commit(CommitReq { ino, size, mtime_ns })))
     }
 
     pub async fn cluster_info(&self) -> Result<Vec<ServerInfo>, ClientError> {
@@ -368,11 +235,7 @@ impl Client {
     /// Space of one data server, asked of the server itself.
     pub async fn server_space(&self, id: u32) -> Result<weft_proto::SpaceStat, ClientError> {
         let ds = self.data_server(id).await?;
-        match ds
-            .call_simple(Request::SpaceStat(()))
-            .await
-            .map_err(|source| ClientError::Data { server: id, source })?
-        {
+        match ds.call_simple(Request::SpaceStat(())).await.map_err(|source| ClientError::Data { server: id, source })? {
             Response::SpaceStat(s) => Ok(s),
             other => Err(unexpected(other)),
         }
@@ -384,10 +247,7 @@ impl Client {
     pub async fn resolve(&self, path: &str) -> Result<Attr, ClientError> {
         let mut attr = self.getattr(ROOT_INO).await?;
         for name in components(path)? {
-            attr = self
-                .lookup(attr.ino, name)
-                .await
-                .map_err(|e| e.with_path(path))?;
+            attr = self.lookup(attr.ino, name).await.map_err(|e| e.with_path(path))?;
         }
         Ok(attr)
     }
@@ -396,16 +256,11 @@ impl Client {
     pub async fn resolve_parent<'p>(&self, path: &'p str) -> Result<(Attr, &'p str), ClientError> {
         let comps = components(path)?;
         let Some((last, dirs)) = comps.split_last() else {
-            return Err(ClientError::InvalidPath(format!(
-                "{path}: the root has no parent"
-            )));
+            return Err(ClientError::InvalidPath(format!("{path}: the root has no parent")));
         };
         let mut attr = self.getattr(ROOT_INO).await?;
         for name in dirs {
-            attr = self
-                .lookup(attr.ino, name)
-                .await
-                .map_err(|e| e.with_path(path))?;
+            attr = self.lookup(attr.ino, name).await.map_err(|e| e.with_path(path))?;
         }
         Ok((attr, last))
     }
@@ -433,42 +288,23 @@ impl Client {
         truncate: bool,
     ) -> Result<File, ClientError> {
         let (parent, name) = self.resolve_parent(path).await?;
-        let mut attr = self
-            .create(parent.ino, name, mode, exclusive)
-            .await
-            .map_err(|e| e.with_path(path))?;
+        let mut attr = self.create(parent.ino, name, mode, exclusive).await.map_err(|e| e.with_path(path))?;
         if truncate && attr.size > 0 {
-            attr = self
-                .setattr(
-                    attr.ino,
-                    SetAttrs {
-                        size: Some(0),
-                        ..SetAttrs::default()
-                    },
-                )
-                .await?;
+            attr = self.setattr(attr.ino, SetAttrs { size: Some(0), ..SetAttrs::default() }).await?;
         }
         File::new(self.clone(), attr)
     }
 
-    pub(crate) async fn truncate_objects(
-        &self,
-        ino: u64,
-        layout: &Layout,
-        size: u64,
-    ) -> Result<(), ClientError> {
+    pub(crate) async fn truncate_objects(&self, ino: u64, layout: &Layout, size: u64) -> Result<(), ClientError> {
         let mut tasks = tokio::task::JoinSet::new();
         for (i, &server) in layout.servers.iter().enumerate() {
             let object_size = layout.object_size(size, i as u32);
             let me = self.clone();
             tasks.spawn(async move {
                 let ds = me.data_server(server).await?;
-                ds.call_simple(Request::Truncate(TruncateReq {
-                    ino,
-                    size: object_size,
-                }))
-                .await
-                .map_err(|source| ClientError::Data { server, source })
+                ds.call_simple(Request::Truncate(TruncateReq { ino, size: object_size }))
+                    .await
+                    .map_err(|source| ClientError::Data { server, source })
             });
         }
         while let Some(r) = tasks.join_next().await {
@@ -502,17 +338,13 @@ fn attr_layout(r: &Response) -> Option<(u64, &Layout)> {
         | Response::Commit(a) => a,
         _ => return None,
     };
-    (a.kind == weft_proto::FileKind::File)
-        .then_some(())
-        .and(a.layout.as_ref().map(|l| (a.ino, l)))
+    (a.kind == weft_proto::FileKind::File).then_some(()).and(a.layout.as_ref().map(|l| (a.ino, l)))
 }
 
 /// Splits an absolute path into checked components.
 pub fn components(path: &str) -> Result<Vec<&str>, ClientError> {
     if !path.starts_with('/') {
-        return Err(ClientError::InvalidPath(format!(
-            "{path}: paths in a Weft cluster are absolute (start with /)"
-        )));
+        return Err(ClientError::InvalidPath(format!("{path}: paths in a Weft cluster are absolute (start with /)")));
     }
     let mut out = Vec::new();
     for c in path.split('/').filter(|c| !c.is_empty() && *c != ".") {

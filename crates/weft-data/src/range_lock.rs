@@ -40,16 +40,11 @@ pub struct RangeLocks {
 impl RangeLocks {
     /// Blocks the calling (disk) thread until `[start, end)` of object `ino` can be held.
     pub fn lock(&self, ino: u64, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
-        assert!(
-            start <= end,
-            "range lock of an inverted range {start}..{end}"
-        );
+        assert!(start <= end, "range lock of an inverted range {start}..{end}");
         let mut t = self.table.lock().expect("range lock table");
         loop {
             let conflict = t.held.get(&ino).is_some_and(|v| {
-                v.iter().any(|h| {
-                    (h.exclusive || exclusive) && h.start < end.max(start + 1) && start < h.end
-                })
+                v.iter().any(|h| (h.exclusive || exclusive) && h.start < end.max(start + 1) && start < h.end)
             });
             if !conflict {
                 break;
@@ -59,17 +54,8 @@ impl RangeLocks {
         t.next_id += 1;
         let id = t.next_id;
         // An empty range still excludes its start, so a zero-length truncate orders against writers.
-        t.held.entry(ino).or_default().push(Held {
-            id,
-            start,
-            end: end.max(start + 1),
-            exclusive,
-        });
-        RangeGuard {
-            table: self,
-            ino,
-            id,
-        }
+        t.held.entry(ino).or_default().push(Held { id, start, end: end.max(start + 1), exclusive });
+        RangeGuard { table: self, ino, id }
     }
 }
 

@@ -13,9 +13,7 @@ use tracing::{info, warn};
 use weft_fabric::{Fabric, Listener, TcpFabric};
 use weft_proto::msg::RegisterServerReq;
 use weft_proto::{ErrorCode, FrameLimits, Request, Response, WireError};
-use weft_rpc::{
-    CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service,
-};
+use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
 
 use crate::store::ObjectStore;
 
@@ -73,43 +71,26 @@ fn join_error(e: tokio::task::JoinError) -> WireError {
 }
 
 impl Service for DataService {
-    async fn call(
-        &self,
-        ctx: &CallCtx,
-        req: Request,
-        data: Option<PoolBuf>,
-    ) -> Result<Reply, WireError> {
+    async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
         let store = self.store.clone();
         match req {
             Request::Read(r) => {
                 if r.len as usize > ctx.pool.buf_bytes() {
                     return Err(WireError::new(
                         ErrorCode::OutOfRange,
-                        format!(
-                            "read of {} bytes exceeds the transfer unit of {}",
-                            r.len,
-                            ctx.pool.buf_bytes()
-                        ),
+                        format!("read of {} bytes exceeds the transfer unit of {}", r.len, ctx.pool.buf_bytes()),
                     ));
                 }
                 let mut buf = ctx.pool.acquire(r.len as usize).await;
-                let buf = tokio::task::spawn_blocking(move || {
-                    store
-                        .read(r.ino, r.offset, buf.as_mut_slice())
-                        .map(|()| buf)
-                })
-                .await
-                .map_err(join_error)?
-                .map_err(WireError::from)?;
-                Ok(Reply {
-                    resp: Response::Read(()),
-                    data: Some(buf),
-                })
+                let buf =
+                    tokio::task::spawn_blocking(move || store.read(r.ino, r.offset, buf.as_mut_slice()).map(|()| buf))
+                        .await
+                        .map_err(join_error)?
+                        .map_err(WireError::from)?;
+                Ok(Reply { resp: Response::Read(()), data: Some(buf) })
             }
             Request::Write(w) => {
-                let buf = data.ok_or_else(|| {
-                    WireError::new(ErrorCode::BadRequest, "write without a payload")
-                })?;
+                let buf = data.ok_or_else(|| WireError::new(ErrorCode::BadRequest, "write without a payload"))?;
                 let n = buf.len() as u32;
                 tokio::task::spawn_blocking(move || store.write(w.ino, w.offset, buf.as_slice()))
                     .await
@@ -138,10 +119,9 @@ impl Service for DataService {
                     .map_err(WireError::from)?;
                 Ok(Response::SpaceStat(s).into())
             }
-            other => Err(WireError::new(
-                ErrorCode::BadRequest,
-                format!("{:?} is not served by a data server", other.op()),
-            )),
+            other => {
+                Err(WireError::new(ErrorCode::BadRequest, format!("{:?} is not served by a data server", other.op())))
+            }
         }
     }
 }
@@ -150,52 +130,33 @@ impl Service for DataService {
 #[non_exhaustive]
 pub enum DataServerError {
     #[error("opening the object store at {root}: {source}")]
-    Store {
-        root: PathBuf,
-        source: crate::DataError,
-    },
+    Store { root: PathBuf, source: crate::DataError },
     #[error("listening on {addr}: {source}")]
-    Listen {
-        addr: String,
-        source: std::io::Error,
-    },
+    Listen { addr: String, source: std::io::Error },
     #[error("serving: {0}")]
     Serve(std::io::Error),
 }
 
 /// Runs a data server until the process is stopped. `ready` is told the listening address.
 pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataServerError> {
-    let store = ObjectStore::open(&cfg.root).map_err(|source| DataServerError::Store {
-        root: cfg.root.clone(),
-        source,
-    })?;
+    let store =
+        ObjectStore::open(&cfg.root).map_err(|source| DataServerError::Store { root: cfg.root.clone(), source })?;
     let store = Arc::new(store);
     let fabric = TcpFabric::default();
     let listener = fabric
         .listen(&cfg.listen)
         .await
-        .map_err(|source| DataServerError::Listen {
-            addr: cfg.listen.clone(),
-            source,
-        })?;
+        .map_err(|source| DataServerError::Listen { addr: cfg.listen.clone(), source })?;
     let addr = listener.local_addr().map_err(DataServerError::Serve)?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.clone());
     let server_cfg = ServerConfig {
-        limits: FrameLimits {
-            body_bytes_max: 64 << 10,
-            data_bytes_max: cfg.transfer_unit_bytes,
-        },
+        limits: FrameLimits { body_bytes_max: 64 << 10, data_bytes_max: cfg.transfer_unit_bytes },
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
         pool_buffers: cfg.pool_buffers,
         ..ServerConfig::default()
     };
-    let server = RpcServer::<TcpFabric, _>::new(
-        server_cfg,
-        Arc::new(DataService {
-            store: store.clone(),
-        }),
-    );
+    let server = RpcServer::<TcpFabric, _>::new(server_cfg, Arc::new(DataService { store: store.clone() }));
     info!(id = cfg.id, %addr, %advertise, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
     tokio::spawn(heartbeat(cfg.clone(), advertise, store));
     ready(&addr);
@@ -228,17 +189,11 @@ async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>) 
             }
         };
         if client.is_none() {
-            client = RpcClient::connect(TcpFabric::default(), &cfg.mds, rpc_cfg.clone())
-                .await
-                .ok();
+            client = RpcClient::connect(TcpFabric::default(), &cfg.mds, rpc_cfg.clone()).await.ok();
         }
         let result = match &client {
             Some(c) => c
-                .call_simple(Request::RegisterServer(RegisterServerReq {
-                    id: cfg.id,
-                    addr: advertise.clone(),
-                    space,
-                }))
+                .call_simple(Request::RegisterServer(RegisterServerReq { id: cfg.id, addr: advertise.clone(), space }))
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),

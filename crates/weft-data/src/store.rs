@@ -49,20 +49,10 @@ fn stored_crc(block: &[u8]) -> u32 {
 #[non_exhaustive]
 pub enum DataError {
     #[error("{op} {path}: {source}")]
-    Io {
-        op: &'static str,
-        path: PathBuf,
-        source: io::Error,
-    },
+    Io { op: &'static str, path: PathBuf, source: io::Error },
     /// A block's bytes do not match its stored checksum.
-    #[error(
-        "checksum mismatch in object {ino} in the block at object offset {object_offset} ({path})"
-    )]
-    Corrupt {
-        ino: u64,
-        object_offset: u64,
-        path: PathBuf,
-    },
+    #[error("checksum mismatch in object {ino} in the block at object offset {object_offset} ({path})")]
+    Corrupt { ino: u64, object_offset: u64, path: PathBuf },
     #[error(
         "range at offset {offset} of {len} bytes of object {ino} lies beyond the object size limit {OBJECT_BYTES_MAX}"
     )]
@@ -76,9 +66,7 @@ impl From<DataError> for WireError {
             DataError::Corrupt { object_offset, .. } => {
                 WireError::new(ErrorCode::Corrupt, message).with_offset(object_offset)
             }
-            DataError::OutOfRange { offset, .. } => {
-                WireError::new(ErrorCode::OutOfRange, message).with_offset(offset)
-            }
+            DataError::OutOfRange { offset, .. } => WireError::new(ErrorCode::OutOfRange, message).with_offset(offset),
             DataError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
                 WireError::new(ErrorCode::NoSpace, message)
             }
@@ -88,11 +76,7 @@ impl From<DataError> for WireError {
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DataError + 'a {
-    move |source| DataError::Io {
-        op,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| DataError::Io { op, path: path.to_path_buf(), source }
 }
 
 /// Checks a range from the wire before any arithmetic or I/O uses it; returns its end.
@@ -128,25 +112,16 @@ impl ObjectStore {
                 }
             }
         }
-        Ok(ObjectStore {
-            root: root.to_path_buf(),
-            objects,
-            locks: RangeLocks::default(),
-            object_count: count.into(),
-        })
+        Ok(ObjectStore { root: root.to_path_buf(), objects, locks: RangeLocks::default(), object_count: count.into() })
     }
 
     /// Where the object of `ino` lives (the sidecar adds `.crc`).
     pub fn object_path(&self, ino: u64) -> PathBuf {
-        self.objects
-            .join(format!("{:02x}", ino & 0xff))
-            .join(format!("{ino:016x}"))
+        self.objects.join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"))
     }
 
     fn sidecar_path(&self, ino: u64) -> PathBuf {
-        self.objects
-            .join(format!("{:02x}", ino & 0xff))
-            .join(format!("{ino:016x}.crc"))
+        self.objects.join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}.crc"))
     }
 
     /// Opens an object and its sidecar for writing, creating both (and counting the object) when new.
@@ -157,22 +132,15 @@ impl ObjectStore {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 let dir = path.parent().expect("object paths have a parent");
                 std::fs::create_dir_all(dir).map_err(io_err("creating", dir))?;
-                match OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create_new(true)
-                    .open(&path)
-                {
+                match OpenOptions::new().read(true).write(true).create_new(true).open(&path) {
                     Ok(f) => {
                         self.object_count.fetch_add(1, Ordering::Relaxed);
                         f
                     }
                     // Another request created it first.
-                    Err(e) if e.kind() == ErrorKind::AlreadyExists => OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .open(&path)
-                        .map_err(io_err("opening", &path))?,
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                        OpenOptions::new().read(true).write(true).open(&path).map_err(io_err("opening", &path))?
+                    }
                     Err(e) => return Err(io_err("creating", &path)(e)),
                 }
             }
@@ -190,22 +158,12 @@ impl ObjectStore {
     }
 
     /// Stored checksums of blocks `first .. first + n`; those past the sidecar's end (or of a missing sidecar) are 0.
-    fn read_crcs(
-        &self,
-        ino: u64,
-        sidecar: Option<&File>,
-        first: u64,
-        n: usize,
-    ) -> Result<Vec<u32>, DataError> {
+    fn read_crcs(&self, ino: u64, sidecar: Option<&File>, first: u64, n: usize) -> Result<Vec<u32>, DataError> {
         let mut raw = vec![0u8; n * CRC_BYTES as usize];
         if let Some(f) = sidecar {
-            read_up_to(f, &mut raw, first * CRC_BYTES)
-                .map_err(io_err("reading", &self.sidecar_path(ino)))?;
+            read_up_to(f, &mut raw, first * CRC_BYTES).map_err(io_err("reading", &self.sidecar_path(ino)))?;
         }
-        Ok(raw
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect())
+        Ok(raw.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
     }
 
     /// Reads block `b` of an object `obj_len` bytes long into `scratch` (zero-padded) and verifies it.
@@ -221,14 +179,9 @@ impl ObjectStore {
         let bs = b * B;
         let have = obj_len.saturating_sub(bs).min(B) as usize;
         scratch.fill(0);
-        f.read_exact_at(&mut scratch[..have], bs)
-            .map_err(io_err("reading", &self.object_path(ino)))?;
+        f.read_exact_at(&mut scratch[..have], bs).map_err(io_err("reading", &self.object_path(ino)))?;
         if stored_crc(scratch) != stored {
-            return Err(DataError::Corrupt {
-                ino,
-                object_offset: bs,
-                path: self.object_path(ino),
-            });
+            return Err(DataError::Corrupt { ino, object_offset: bs, path: self.object_path(ino) });
         }
         Ok(())
     }
@@ -260,8 +213,7 @@ impl ObjectStore {
         }
         let n = (data_end - offset) as usize;
         // The one read of the payload, straight into the buffer that will be sent.
-        f.read_exact_at(&mut buf[..n], offset)
-            .map_err(io_err("reading", &path))?;
+        f.read_exact_at(&mut buf[..n], offset).map_err(io_err("reading", &path))?;
         buf[n..].fill(0);
 
         let last = data_end.div_ceil(B);
@@ -278,11 +230,7 @@ impl ObjectStore {
                 // Whole block inside the buffer, zero-padded past the object's end as the checksum expects.
                 let i = (bs - offset) as usize;
                 if stored_crc(&buf[i..i + BLOCK_BYTES]) != stored {
-                    return Err(DataError::Corrupt {
-                        ino,
-                        object_offset: bs,
-                        path,
-                    });
+                    return Err(DataError::Corrupt { ino, object_offset: bs, path });
                 }
             } else {
                 // An edge block only partly requested: verify all of it (one extra 4 KiB read, no copy).
@@ -293,11 +241,7 @@ impl ObjectStore {
                     != scratch[(lo - bs) as usize..(hi - bs) as usize]
                 {
                     // Cannot happen under the range lock unless the disk changed under us: refuse, do not guess.
-                    return Err(DataError::Corrupt {
-                        ino,
-                        object_offset: bs,
-                        path,
-                    });
+                    return Err(DataError::Corrupt { ino, object_offset: bs, path });
                 }
             }
         }
@@ -319,7 +263,7 @@ impl ObjectStore {
         let path = self.object_path(ino);
         let obj_len = f.metadata().map_err(io_err("stat", &path))?.len();
         let n = (last - first) as usize;
-        let old = if offset % B != 0 || end % B != 0 {
+        let old = if !offset.is_multiple_of(B) || end % B != 0 {
             self.read_crcs(ino, Some(&side), first, n)?
         } else {
             Vec::new()
@@ -346,10 +290,8 @@ impl ObjectStore {
             };
             crcs.extend_from_slice(&crc.to_le_bytes());
         }
-        f.write_all_at(data, offset)
-            .map_err(io_err("writing", &path))?;
-        side.write_all_at(&crcs, first * CRC_BYTES)
-            .map_err(io_err("writing", &self.sidecar_path(ino)))?;
+        f.write_all_at(data, offset).map_err(io_err("writing", &path))?;
+        side.write_all_at(&crcs, first * CRC_BYTES).map_err(io_err("writing", &self.sidecar_path(ino)))?;
         Ok(())
     }
 
@@ -364,7 +306,7 @@ impl ObjectStore {
         }
         let (f, side) = self.open_for_write(ino)?;
         let obj_len = f.metadata().map_err(io_err("stat", &path))?.len();
-        if size < obj_len && size % B != 0 {
+        if size < obj_len && !size.is_multiple_of(B) {
             // The new last block keeps a prefix of its bytes: checksum it as zero-padded from the cut on.
             let stored = self.read_crcs(ino, Some(&side), b, 1)?[0];
             let mut scratch = [0u8; BLOCK_BYTES];
@@ -374,8 +316,7 @@ impl ObjectStore {
                 .map_err(io_err("writing", &self.sidecar_path(ino)))?;
         }
         f.set_len(size).map_err(io_err("truncating", &path))?;
-        side.set_len(size.div_ceil(B) * CRC_BYTES)
-            .map_err(io_err("truncating", &self.sidecar_path(ino)))?;
+        side.set_len(size.div_ceil(B) * CRC_BYTES).map_err(io_err("truncating", &self.sidecar_path(ino)))?;
         Ok(())
     }
 
@@ -400,13 +341,8 @@ impl ObjectStore {
 
     /// Space of the file system under the root, and the number of objects.
     pub fn space(&self) -> Result<SpaceStat, DataError> {
-        let (bytes_total, bytes_free) =
-            crate::sys::space(&self.root).map_err(io_err("statvfs", &self.root))?;
-        Ok(SpaceStat {
-            bytes_total,
-            bytes_free,
-            objects: self.object_count.load(Ordering::Relaxed),
-        })
+        let (bytes_total, bytes_free) = crate::sys::space(&self.root).map_err(io_err("statvfs", &self.root))?;
+        Ok(SpaceStat { bytes_total, bytes_free, objects: self.object_count.load(Ordering::Relaxed) })
     }
 }
 
@@ -435,9 +371,7 @@ mod tests {
     }
 
     fn bytes(seed: u8, len: usize) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
+        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
     }
 
     fn read(s: &ObjectStore, ino: u64, off: u64, len: usize) -> Result<Vec<u8>, DataError> {
@@ -449,12 +383,7 @@ mod tests {
     fn unaligned_writes_merge_and_read_back() {
         let (s, dir) = store("merge");
         let mut model = vec![0u8; 20_000];
-        for (off, len, seed) in [
-            (0u64, 10_000usize, 1u8),
-            (5_000, 7_000, 2),
-            (4_095, 2, 3),
-            (15_000, 5_000, 4),
-        ] {
+        for (off, len, seed) in [(0u64, 10_000usize, 1u8), (5_000, 7_000, 2), (4_095, 2, 3), (15_000, 5_000, 4)] {
             let d = bytes(seed, len);
             s.write(9, off, &d).unwrap();
             model[off as usize..off as usize + len].copy_from_slice(&d);
@@ -476,25 +405,15 @@ mod tests {
         let mut raw = std::fs::read(&p).unwrap();
         raw[BLOCK_BYTES + 17] ^= 1;
         std::fs::write(&p, raw).unwrap();
-        assert!(
-            read(&s, 3, 0, BLOCK_BYTES).is_ok(),
-            "other blocks stay readable"
-        );
+        assert!(read(&s, 3, 0, BLOCK_BYTES).is_ok(), "other blocks stay readable");
         for (off, len) in [(0, 3 * BLOCK_BYTES), (BLOCK_BYTES as u64 + 100, 10)] {
             match read(&s, 3, off, len) {
-                Err(DataError::Corrupt {
-                    ino: 3,
-                    object_offset,
-                    ..
-                }) => assert_eq!(object_offset, B),
+                Err(DataError::Corrupt { ino: 3, object_offset, .. }) => assert_eq!(object_offset, B),
                 other => panic!("expected Corrupt, got {other:?}"),
             }
         }
         // A partial write into the corrupt block is refused rather than re-checksummed.
-        assert!(matches!(
-            s.write(3, B + 1, b"x"),
-            Err(DataError::Corrupt { .. })
-        ));
+        assert!(matches!(s.write(3, B + 1, b"x"), Err(DataError::Corrupt { .. })));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -522,18 +441,9 @@ mod tests {
     #[test]
     fn ranges_past_the_object_limit_are_refused_before_io() {
         let (s, dir) = store("range");
-        assert!(matches!(
-            s.write(1, OBJECT_BYTES_MAX, b"x"),
-            Err(DataError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            read(&s, 1, u64::MAX - 1, 4),
-            Err(DataError::OutOfRange { .. })
-        ));
-        assert!(matches!(
-            s.truncate(1, u64::MAX),
-            Err(DataError::OutOfRange { .. })
-        ));
+        assert!(matches!(s.write(1, OBJECT_BYTES_MAX, b"x"), Err(DataError::OutOfRange { .. })));
+        assert!(matches!(read(&s, 1, u64::MAX - 1, 4), Err(DataError::OutOfRange { .. })));
+        assert!(matches!(s.truncate(1, u64::MAX), Err(DataError::OutOfRange { .. })));
         assert!(!s.object_path(1).exists());
         std::fs::remove_dir_all(dir).unwrap();
     }

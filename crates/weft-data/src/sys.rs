@@ -9,8 +9,7 @@ use std::path::Path;
 
 /// (bytes total, bytes available to unprivileged users) of the file system holding `path`.
 pub fn space(path: &Path) -> io::Result<(u64, u64)> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
     // SAFETY: `c` is a NUL-terminated path that outlives the call; `st` points to writable memory of the right
     // type, which statvfs fills completely when it returns 0.
@@ -20,6 +19,6 @@ pub fn space(path: &Path) -> io::Result<(u64, u64)> {
     }
     // SAFETY: statvfs returned 0, so it initialised the struct.
     let st = unsafe { st.assume_init() };
-    let frag = st.f_frsize as u64;
-    Ok((st.f_blocks as u64 * frag, st.f_bavail as u64 * frag))
+    let frag = st.f_frsize;
+    Ok((st.f_blocks * frag, st.f_bavail * frag))
 }

@@ -28,7 +28,7 @@ pub trait Killer: Send + Sync + 'static {
     fn kill(&self);
 }
 
-pub struct Connection<F: Fabric + ?Sized> {
+pub struct Connection<F: Fabric> {
     pub reader: F::Reader,
     pub writer: F::Writer,
     pub killer: F::Killer,
@@ -47,7 +47,7 @@ pub trait Fabric: Clone + Send + Sync + 'static {
     fn listen(&self, addr: &str) -> impl Future<Output = io::Result<Self::Listener>> + Send;
 }
 
-pub trait Listener<F: Fabric + ?Sized>: Send + 'static {
+pub trait Listener<F: Fabric>: Send + 'static {
     fn accept(&mut self) -> impl Future<Output = io::Result<Connection<F>>> + Send;
     /// The bound address, e.g. after listening on port 0.
     fn local_addr(&self) -> io::Result<String>;

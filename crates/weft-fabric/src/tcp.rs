@@ -35,12 +35,7 @@ impl TcpFabric {
         }
         let killer = TcpKiller(stream.as_fd().try_clone_to_owned()?);
         let (reader, writer) = stream.into_split();
-        Ok(Connection {
-            reader,
-            writer,
-            killer,
-            peer,
-        })
+        Ok(Connection { reader, writer, killer, peer })
     }
 }
 
@@ -51,26 +46,17 @@ impl Fabric for TcpFabric {
     type Listener = TcpFabricListener;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            name: "tcp",
-            one_sided: false,
-        }
+        Capabilities { name: "tcp", one_sided: false }
     }
 
     async fn connect(&self, addr: &str) -> io::Result<Connection<Self>> {
         let stream = TcpStream::connect(addr).await?;
-        let peer = stream
-            .peer_addr()
-            .map(|a| a.to_string())
-            .unwrap_or_else(|_| addr.to_string());
+        let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.to_string());
         self.wrap(stream, peer)
     }
 
     async fn listen(&self, addr: &str) -> io::Result<TcpFabricListener> {
-        Ok(TcpFabricListener {
-            listener: TcpListener::bind(addr).await?,
-            fabric: self.clone(),
-        })
+        Ok(TcpFabricListener { listener: TcpListener::bind(addr).await?, fabric: self.clone() })
     }
 }
 

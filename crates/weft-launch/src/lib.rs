@@ -21,15 +21,9 @@ pub const READY_PREFIX: &str = "WEFT-READY ";
 #[non_exhaustive]
 pub enum LaunchError {
     #[error("cannot prepare {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("cannot start {role}: {source}")]
-    Spawn {
-        role: String,
-        source: std::io::Error,
-    },
+    Spawn { role: String, source: std::io::Error },
     #[error("{role} exited before it was ready; see {log}")]
     Died { role: String, log: PathBuf },
     #[error("cluster not ready after {waited_ms} ms: {detail}")]
@@ -53,11 +47,7 @@ pub struct LaunchOptions {
 }
 
 impl LaunchOptions {
-    pub fn new(
-        weft_bin: impl Into<PathBuf>,
-        dir: impl Into<PathBuf>,
-        servers: u32,
-    ) -> LaunchOptions {
+    pub fn new(weft_bin: impl Into<PathBuf>, dir: impl Into<PathBuf>, servers: u32) -> LaunchOptions {
         LaunchOptions {
             weft_bin: weft_bin.into(),
             dir: dir.into(),
@@ -84,10 +74,7 @@ pub struct LocalCluster {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
-    move |source| LaunchError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| LaunchError::Io { path: path.to_path_buf(), source }
 }
 
 impl LocalCluster {
@@ -98,16 +85,9 @@ impl LocalCluster {
             std::fs::create_dir_all(&p).map_err(io_err(&p))?;
         }
         let meta_cfg = opts.dir.join("config/meta.toml");
-        let text = format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n",
-            opts.dir.join("meta")
-        );
+        let text = format!("listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n", opts.dir.join("meta"));
         std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
-        let mut cluster = LocalCluster {
-            mds: None,
-            data: Vec::new(),
-            opts,
-        };
+        let mut cluster = LocalCluster { mds: None, data: Vec::new(), opts };
         let mds = cluster.spawn("meta", "meta", &meta_cfg).await?;
         let mds_addr = mds.addr.clone();
         cluster.mds = Some(mds);
@@ -129,18 +109,9 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    async fn spawn(
-        &self,
-        role: &str,
-        subcommand: &str,
-        config: &Path,
-    ) -> Result<Proc, LaunchError> {
+    async fn spawn(&self, role: &str, subcommand: &str, config: &Path) -> Result<Proc, LaunchError> {
         let log = self.opts.dir.join(format!("logs/{role}.log"));
-        let log_file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .map_err(io_err(&log))?;
+        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(io_err(&log))?;
         let mut cmd = Command::new(&self.opts.weft_bin);
         cmd.arg(subcommand)
             .arg("--config")
@@ -153,22 +124,14 @@ impl LocalCluster {
         for (k, v) in &self.opts.env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn {
-            role: role.into(),
-            source,
-        })?;
+        let mut child = cmd.spawn().map_err(|source| LaunchError::Spawn { role: role.into(), source })?;
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut lines = BufReader::new(stdout).lines();
         let wait = Duration::from_millis(self.opts.ready_timeout_ms);
         let addr = match tokio::time::timeout(wait, lines.next_line()).await {
-            Ok(Ok(Some(line))) if line.starts_with(READY_PREFIX) => {
-                line[READY_PREFIX.len()..].trim().to_string()
-            }
+            Ok(Ok(Some(line))) if line.starts_with(READY_PREFIX) => line[READY_PREFIX.len()..].trim().to_string(),
             Ok(_) => {
-                return Err(LaunchError::Died {
-                    role: role.into(),
-                    log,
-                });
+                return Err(LaunchError::Died { role: role.into(), log });
             }
             Err(_) => {
                 return Err(LaunchError::NotReady {
@@ -179,17 +142,11 @@ impl LocalCluster {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Proc {
-            role: role.into(),
-            config: config.to_path_buf(),
-            child,
-            addr,
-        })
+        Ok(Proc { role: role.into(), config: config.to_path_buf(), child, addr })
     }
 
     async fn wait_ready(&self) -> Result<(), LaunchError> {
-        let deadline =
-            tokio::time::Instant::now() + Duration::from_millis(self.opts.ready_timeout_ms);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.opts.ready_timeout_ms);
         let mut detail = String::from("no answer from the MDS");
         let cfg = self.cluster_config();
         while tokio::time::Instant::now() < deadline {
@@ -210,10 +167,7 @@ impl LocalCluster {
             // Polling readiness of freshly started processes; not a timing assumption.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Err(LaunchError::NotReady {
-            waited_ms: self.opts.ready_timeout_ms,
-            detail,
-        })
+        Err(LaunchError::NotReady { waited_ms: self.opts.ready_timeout_ms, detail })
     }
 
     pub fn mds_addr(&self) -> &str {

@@ -22,9 +22,7 @@ impl Clock for SystemClock {
     fn now_ns(&self) -> i64 {
         match SystemTime::now().duration_since(UNIX_EPOCH) {
             Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
-            Err(e) => i64::try_from(e.duration().as_nanos())
-                .map(|n| -n)
-                .unwrap_or(i64::MIN),
+            Err(e) => i64::try_from(e.duration().as_nanos()).map(|n| -n).unwrap_or(i64::MIN),
         }
     }
 
@@ -44,10 +42,7 @@ pub struct ManualClock {
 
 impl ManualClock {
     pub fn new(now_ns: i64) -> Self {
-        ManualClock {
-            now_ns: AtomicI64::new(now_ns),
-            mono_ms: AtomicU64::new(0),
-        }
+        ManualClock { now_ns: AtomicI64::new(now_ns), mono_ms: AtomicU64::new(0) }
     }
 
     pub fn set_ns(&self, now_ns: i64) {
@@ -58,11 +53,7 @@ impl ManualClock {
     pub fn advance_ms(&self, ms: u64) {
         self.mono_ms.fetch_add(ms, Ordering::SeqCst);
         let ns = i64::try_from(ms.saturating_mul(1_000_000)).unwrap_or(i64::MAX);
-        let _ = self
-            .now_ns
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
-                Some(v.saturating_add(ns))
-            });
+        let _ = self.now_ns.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some(v.saturating_add(ns)));
     }
 }
 

@@ -38,12 +38,7 @@ pub struct MemStore {
 
 impl MemStore {
     pub fn new() -> Self {
-        MemStore {
-            state: Mutex::new(State {
-                last_ino: ROOT_INO,
-                ..State::default()
-            }),
-        }
+        MemStore { state: Mutex::new(State { last_ino: ROOT_INO, ..State::default() }) }
     }
 }
 
@@ -65,11 +60,7 @@ impl MemTxn<'_> {
     }
 
     fn check_writable(&self) -> Result<(), MetaError> {
-        if self.undo.is_none() {
-            Err(MetaError::ReadOnly)
-        } else {
-            Ok(())
-        }
+        if self.undo.is_none() { Err(MetaError::ReadOnly) } else { Ok(()) }
     }
 
     fn rollback(self) {
@@ -98,15 +89,9 @@ fn restore<K: Ord, V>(m: &mut BTreeMap<K, V>, k: K, v: Option<V>) {
 }
 
 impl MetaStore for MemStore {
-    fn write<R, E: From<MetaError>>(
-        &self,
-        f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>,
-    ) -> Result<R, E> {
+    fn write<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let mut guard = self.state.lock().map_err(|_| MetaError::Poisoned)?;
-        let mut txn = MemTxn {
-            st: &mut guard,
-            undo: Some(Vec::new()),
-        };
+        let mut txn = MemTxn { st: &mut guard, undo: Some(Vec::new()) };
         match f(&mut txn) {
             Ok(r) => Ok(r),
             Err(e) => {
@@ -116,15 +101,9 @@ impl MetaStore for MemStore {
         }
     }
 
-    fn read<R, E: From<MetaError>>(
-        &self,
-        f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>,
-    ) -> Result<R, E> {
+    fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let mut guard = self.state.lock().map_err(|_| MetaError::Poisoned)?;
-        let mut txn = MemTxn {
-            st: &mut guard,
-            undo: None,
-        };
+        let mut txn = MemTxn { st: &mut guard, undo: None };
         f(&mut txn)
     }
 }
@@ -146,21 +125,11 @@ impl MetaTxn for MemTxn<'_> {
         self.log(Undo::Inode(ino, old))
     }
 
-    fn get_dirent(
-        &mut self,
-        parent: u64,
-        name: &str,
-    ) -> Result<Option<(u64, FileKind)>, MetaError> {
+    fn get_dirent(&mut self, parent: u64, name: &str) -> Result<Option<(u64, FileKind)>, MetaError> {
         Ok(self.st.dirents.get(&(parent, name.to_string())).copied())
     }
 
-    fn put_dirent(
-        &mut self,
-        parent: u64,
-        name: &str,
-        ino: u64,
-        kind: FileKind,
-    ) -> Result<(), MetaError> {
+    fn put_dirent(&mut self, parent: u64, name: &str, ino: u64, kind: FileKind) -> Result<(), MetaError> {
         self.check_writable()?;
         let key = (parent, name.to_string());
         let old = self.st.dirents.insert(key.clone(), (ino, kind));
@@ -198,9 +167,7 @@ impl MetaTxn for MemTxn<'_> {
     fn next_ino(&mut self) -> Result<u64, MetaError> {
         self.check_writable()?;
         let old = self.st.last_ino;
-        let next = old
-            .checked_add(1)
-            .ok_or_else(|| MetaError::Corrupt("inode numbers exhausted".into()))?;
+        let next = old.checked_add(1).ok_or_else(|| MetaError::Corrupt("inode numbers exhausted".into()))?;
         self.st.last_ino = next;
         self.log(Undo::LastIno(old))?;
         Ok(next)
@@ -213,12 +180,7 @@ impl MetaTxn for MemTxn<'_> {
     }
 
     fn list_servers(&mut self) -> Result<Vec<(u32, String)>, MetaError> {
-        Ok(self
-            .st
-            .servers
-            .iter()
-            .map(|(k, v)| (*k, v.clone()))
-            .collect())
+        Ok(self.st.servers.iter().map(|(k, v)| (*k, v.clone())).collect())
     }
 
     fn put_orphan(&mut self, ino: u64, layout: &Layout) -> Result<(), MetaError> {
@@ -234,13 +196,7 @@ impl MetaTxn for MemTxn<'_> {
     }
 
     fn list_orphans(&mut self, limit: usize) -> Result<Vec<(u64, Layout)>, MetaError> {
-        Ok(self
-            .st
-            .orphans
-            .iter()
-            .take(limit)
-            .map(|(k, v)| (*k, v.clone()))
-            .collect())
+        Ok(self.st.orphans.iter().take(limit).map(|(k, v)| (*k, v.clone())).collect())
     }
 
     fn count_inodes(&mut self) -> Result<u64, MetaError> {

@@ -23,13 +23,12 @@ use std::sync::{Mutex, MutexGuard};
 
 use weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES;
 use weft_proto::msg::{
-    CommitReq, CreateReq, LinkReq, MkdirReq, RENAME_NOREPLACE, ReaddirReq, ReaddirResp,
-    RegisterServerReq, RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
+    CommitReq, CreateReq, LinkReq, MkdirReq, RENAME_NOREPLACE, ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq,
+    SetAttrReq, SetLayoutReq, SymlinkReq,
 };
 use weft_proto::{
-    Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, ROOT_INO,
-    Request, Response, SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet,
-    WireError,
+    Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, ROOT_INO, Request, Response,
+    SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet, WireError,
 };
 
 use crate::clock::Clock;
@@ -67,11 +66,7 @@ pub struct Namespace<S: MetaStore, C: Clock> {
 
 /// The layout policy of the root of a new namespace: 1 MiB stripes over every data server.
 pub fn default_policy() -> Layout {
-    Layout {
-        stripe_unit: DEFAULT_STRIPE_UNIT_BYTES,
-        stripe_count: 0,
-        servers: Vec::new(),
-    }
+    Layout { stripe_unit: DEFAULT_STRIPE_UNIT_BYTES, stripe_count: 0, servers: Vec::new() }
 }
 
 fn werr(code: ErrorCode, message: impl Into<String>) -> WireError {
@@ -107,25 +102,9 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             })?;
         }
         let persisted = store.read(|t| t.list_servers())?;
-        let servers = persisted
-            .into_iter()
-            .map(|(id, addr)| {
-                (
-                    id,
-                    ServerSlot {
-                        addr,
-                        space: None,
-                        last_ms: None,
-                    },
-                )
-            })
-            .collect();
-        Ok(Namespace {
-            store,
-            clock,
-            liveness_ms,
-            servers: Mutex::new(servers),
-        })
+        let servers =
+            persisted.into_iter().map(|(id, addr)| (id, ServerSlot { addr, space: None, last_ms: None })).collect();
+        Ok(Namespace { store, clock, liveness_ms, servers: Mutex::new(servers) })
     }
 
     pub fn store(&self) -> &S {
@@ -142,57 +121,26 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         let now = self.clock.now_ns();
         match req {
             Request::Null(()) => Ok(Response::Null(())),
-            Request::Lookup(r) => self
-                .store
-                .read(|t| lookup(t, r.parent, &r.name))
-                .map(Response::Lookup),
-            Request::GetAttr(r) => self
-                .store
-                .read(|t| Ok(load(t, r.ino)?.attr()))
-                .map(Response::GetAttr),
-            Request::SetAttr(r) => self
-                .store
-                .write(|t| set_attr(t, r, now))
-                .map(Response::SetAttr),
-            Request::Create(r) => self
-                .store
-                .write(|t| create(t, r, now))
-                .map(Response::Create),
+            Request::Lookup(r) => self.store.read(|t| lookup(t, r.parent, &r.name)).map(Response::Lookup),
+            Request::GetAttr(r) => self.store.read(|t| Ok(load(t, r.ino)?.attr())).map(Response::GetAttr),
+            Request::SetAttr(r) => self.store.write(|t| set_attr(t, r, now)).map(Response::SetAttr),
+            Request::Create(r) => self.store.write(|t| create(t, r, now)).map(Response::Create),
             Request::Mkdir(r) => self.store.write(|t| mkdir(t, r, now)).map(Response::Mkdir),
-            Request::Rmdir(r) => self
-                .store
-                .write(|t| rmdir(t, r.parent, &r.name, now))
-                .map(Response::Rmdir),
-            Request::Unlink(r) => self
-                .store
-                .write(|t| unlink(t, r.parent, &r.name, now))
-                .map(Response::Unlink),
-            Request::Rename(r) => self
-                .store
-                .write(|t| rename(t, r, now))
-                .map(Response::Rename),
-            Request::Symlink(r) => self
-                .store
-                .write(|t| symlink(t, r, now))
-                .map(Response::Symlink),
-            Request::Readlink(r) => self
-                .store
-                .read(|t| readlink(t, r.ino))
-                .map(Response::Readlink),
+            Request::Rmdir(r) => self.store.write(|t| rmdir(t, r.parent, &r.name, now)).map(Response::Rmdir),
+            Request::Unlink(r) => self.store.write(|t| unlink(t, r.parent, &r.name, now)).map(Response::Unlink),
+            Request::Rename(r) => self.store.write(|t| rename(t, r, now)).map(Response::Rename),
+            Request::Symlink(r) => self.store.write(|t| symlink(t, r, now)).map(Response::Symlink),
+            Request::Readlink(r) => self.store.read(|t| readlink(t, r.ino)).map(Response::Readlink),
             Request::Link(r) => self.store.write(|t| link(t, r, now)).map(Response::Link),
             Request::Readdir(r) => self.store.read(|t| readdir(t, r)).map(Response::Readdir),
             Request::Statfs(()) => self.statfs().map(Response::Statfs),
-            Request::SetLayout(r) => self
-                .store
-                .write(|t| set_layout(t, r, now))
-                .map(Response::SetLayout),
+            Request::SetLayout(r) => self.store.write(|t| set_layout(t, r, now)).map(Response::SetLayout),
             Request::Commit(r) => self.store.write(|t| commit(t, r)).map(Response::Commit),
             Request::ClusterInfo(()) => Ok(Response::ClusterInfo(self.servers())),
             Request::RegisterServer(r) => self.register_server(r).map(Response::RegisterServer),
-            other => Err(werr(
-                ErrorCode::BadRequest,
-                format!("op {:?} is not served by the metadata service", other.op()),
-            )),
+            other => {
+                Err(werr(ErrorCode::BadRequest, format!("op {:?} is not served by the metadata service", other.op())))
+            }
         }
     }
 
@@ -225,11 +173,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 ServerInfo {
                     id: *id,
                     addr: s.addr.clone(),
-                    state: if up {
-                        ServerState::Up
-                    } else {
-                        ServerState::Down
-                    },
+                    state: if up { ServerState::Up } else { ServerState::Down },
                     bytes_total: space.bytes_total,
                     bytes_free: space.bytes_free,
                     heartbeat_age_ms: age,
@@ -247,10 +191,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         if r.addr.is_empty() || r.addr.len() > SERVER_ADDR_BYTES_MAX || r.addr.contains('\0') {
             return Err(werr(
                 ErrorCode::Invalid,
-                format!(
-                    "data server {} address {:?} is empty, too long or has a NUL",
-                    r.id, r.addr
-                ),
+                format!("data server {} address {:?} is empty, too long or has a NUL", r.id, r.addr),
             ));
         }
         let mut servers = self.lock_servers();
@@ -261,21 +202,14 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         }
         servers.insert(
             r.id,
-            ServerSlot {
-                addr: r.addr.clone(),
-                space: Some(r.space),
-                last_ms: Some(self.clock.mono_ms()),
-            },
+            ServerSlot { addr: r.addr.clone(), space: Some(r.space), last_ms: Some(self.clock.mono_ms()) },
         );
         Ok(())
     }
 
     fn statfs(&self) -> Result<StatFs, WireError> {
         let files = self.store.read(|t| t.count_inodes())?;
-        let mut st = StatFs {
-            files,
-            ..StatFs::default()
-        };
+        let mut st = StatFs { files, ..StatFs::default() };
         for s in self.servers() {
             st.servers_total += 1;
             if s.state == ServerState::Up {
@@ -297,58 +231,42 @@ fn check_name(name: &str) -> Result<(), WireError> {
     if name.len() > NAME_BYTES_MAX {
         return Err(werr(
             ErrorCode::NameTooLong,
-            format!(
-                "name of {} bytes is longer than {NAME_BYTES_MAX}",
-                name.len()
-            ),
+            format!("name of {} bytes is longer than {NAME_BYTES_MAX}", name.len()),
         ));
     }
     Ok(())
 }
 
 fn load(t: &mut dyn MetaTxn, ino: u64) -> Result<Inode, WireError> {
-    t.get_inode(ino)?
-        .ok_or_else(|| werr(ErrorCode::NotFound, format!("no inode {ino}")))
+    t.get_inode(ino)?.ok_or_else(|| werr(ErrorCode::NotFound, format!("no inode {ino}")))
 }
 
 fn load_dir(t: &mut dyn MetaTxn, ino: u64) -> Result<Inode, WireError> {
     let i = load(t, ino)?;
     if i.kind != FileKind::Dir {
-        return Err(werr(
-            ErrorCode::NotDir,
-            format!("inode {ino} is not a directory"),
-        ));
+        return Err(werr(ErrorCode::NotDir, format!("inode {ino} is not a directory")));
     }
     Ok(i)
 }
 
 /// The inode a directory entry names; a dangling entry is corruption, not a user error.
 fn load_entry(t: &mut dyn MetaTxn, parent: u64, name: &str, ino: u64) -> Result<Inode, WireError> {
-    Ok(t.get_inode(ino)?.ok_or_else(|| {
-        MetaError::Corrupt(format!(
-            "entry {name:?} in directory {parent} names missing inode {ino}"
-        ))
-    })?)
+    Ok(t.get_inode(ino)?
+        .ok_or_else(|| MetaError::Corrupt(format!("entry {name:?} in directory {parent} names missing inode {ino}")))?)
 }
 
 fn entry(t: &mut dyn MetaTxn, parent: u64, name: &str) -> Result<(u64, FileKind), WireError> {
-    t.get_dirent(parent, name)?.ok_or_else(|| {
-        werr(
-            ErrorCode::NotFound,
-            format!("no entry {name:?} in directory {parent}"),
-        )
-    })
+    t.get_dirent(parent, name)?
+        .ok_or_else(|| werr(ErrorCode::NotFound, format!("no entry {name:?} in directory {parent}")))
 }
 
 /// Changes a directory's link count by `delta` and stamps its mtime and ctime (its entries changed).
 fn touch_dir(t: &mut dyn MetaTxn, ino: u64, delta: i32, now: i64) -> Result<(), WireError> {
     let mut d = load(t, ino)?;
-    d.nlink = d.nlink.checked_add_signed(delta).ok_or_else(|| {
-        werr(
-            ErrorCode::Invalid,
-            format!("directory {ino} link count out of range"),
-        )
-    })?;
+    d.nlink = d
+        .nlink
+        .checked_add_signed(delta)
+        .ok_or_else(|| werr(ErrorCode::Invalid, format!("directory {ino} link count out of range")))?;
     d.mtime_ns = now;
     d.ctime_ns = now;
     t.put_inode(&d)?;
@@ -372,11 +290,7 @@ fn drop_link(t: &mut dyn MetaTxn, mut inode: Inode, now: i64) -> Result<(), Wire
 
 /// A concrete file layout from a directory policy: `count` consecutive registered servers (by id) starting at
 /// index `ino % n`, so files spread round robin.
-fn assign_layout(
-    policy: &Layout,
-    ino: u64,
-    servers: &[(u32, String)],
-) -> Result<Layout, WireError> {
+fn assign_layout(policy: &Layout, ino: u64, servers: &[(u32, String)]) -> Result<Layout, WireError> {
     let n = servers.len();
     if n == 0 {
         return Err(werr(ErrorCode::NoServers, "no data server is registered"));
@@ -386,11 +300,7 @@ fn assign_layout(
     // `n` is nonzero and fits in u64, so the remainder is below `n`.
     let start = (ino % n as u64) as usize;
     let chosen = (0..count).map(|k| servers[(start + k) % n].0).collect();
-    Ok(Layout {
-        stripe_unit: policy.stripe_unit,
-        stripe_count: count as u32,
-        servers: chosen,
-    })
+    Ok(Layout { stripe_unit: policy.stripe_unit, stripe_count: count as u32, servers: chosen })
 }
 
 fn new_inode(ino: u64, kind: FileKind, mode: u32, uid: u32, gid: u32, now: i64) -> Inode {
@@ -430,16 +340,10 @@ fn set_attr(t: &mut dyn MetaTxn, r: &SetAttrReq, now: i64) -> Result<Attr, WireE
     if let Some(size) = s.size {
         match i.kind {
             FileKind::Dir => {
-                return Err(werr(
-                    ErrorCode::IsDir,
-                    format!("inode {} is a directory", r.ino),
-                ));
+                return Err(werr(ErrorCode::IsDir, format!("inode {} is a directory", r.ino)));
             }
             FileKind::Symlink => {
-                return Err(werr(
-                    ErrorCode::Invalid,
-                    format!("inode {} is a symlink: it has no size to set", r.ino),
-                ));
+                return Err(werr(ErrorCode::Invalid, format!("inode {} is a symlink: it has no size to set", r.ino)));
             }
             FileKind::File => {
                 if size != i.size {
@@ -476,29 +380,17 @@ fn create(t: &mut dyn MetaTxn, r: &CreateReq, now: i64) -> Result<Attr, WireErro
     let parent = load_dir(t, r.parent)?;
     if let Some((ino, kind)) = t.get_dirent(r.parent, &r.name)? {
         if r.exclusive {
-            return Err(werr(
-                ErrorCode::Exists,
-                format!("{:?} exists in directory {}", r.name, r.parent),
-            ));
+            return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
         }
         return match kind {
             FileKind::File => Ok(load_entry(t, r.parent, &r.name, ino)?.attr()),
-            FileKind::Dir => Err(werr(
-                ErrorCode::IsDir,
-                format!("{:?} is a directory", r.name),
-            )),
-            FileKind::Symlink => Err(werr(
-                ErrorCode::Exists,
-                format!("{:?} exists and is a symlink", r.name),
-            )),
+            FileKind::Dir => Err(werr(ErrorCode::IsDir, format!("{:?} is a directory", r.name))),
+            FileKind::Symlink => Err(werr(ErrorCode::Exists, format!("{:?} exists and is a symlink", r.name))),
         };
     }
     let servers = t.list_servers()?;
     if servers.is_empty() {
-        return Err(werr(
-            ErrorCode::NoServers,
-            format!("cannot create {:?}: no data server is registered", r.name),
-        ));
+        return Err(werr(ErrorCode::NoServers, format!("cannot create {:?}: no data server is registered", r.name)));
     }
     let policy = parent.layout.unwrap_or_else(default_policy);
     let ino = t.next_ino()?;
@@ -514,10 +406,7 @@ fn mkdir(t: &mut dyn MetaTxn, r: &MkdirReq, now: i64) -> Result<Attr, WireError>
     check_name(&r.name)?;
     let parent = load_dir(t, r.parent)?;
     if t.get_dirent(r.parent, &r.name)?.is_some() {
-        return Err(werr(
-            ErrorCode::Exists,
-            format!("{:?} exists in directory {}", r.name, r.parent),
-        ));
+        return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
     }
     let ino = t.next_ino()?;
     let mut inode = new_inode(ino, FileKind::Dir, r.mode, r.uid, r.gid, now);
@@ -536,16 +425,10 @@ fn rmdir(t: &mut dyn MetaTxn, parent: u64, name: &str, now: i64) -> Result<(), W
     let (ino, _) = entry(t, parent, name)?;
     let dir = load_entry(t, parent, name, ino)?;
     if dir.kind != FileKind::Dir {
-        return Err(werr(
-            ErrorCode::NotDir,
-            format!("{name:?} in directory {parent} is not a directory"),
-        ));
+        return Err(werr(ErrorCode::NotDir, format!("{name:?} in directory {parent} is not a directory")));
     }
     if !t.dir_is_empty(ino)? {
-        return Err(werr(
-            ErrorCode::NotEmpty,
-            format!("directory {name:?} is not empty"),
-        ));
+        return Err(werr(ErrorCode::NotEmpty, format!("directory {name:?} is not empty")));
     }
     t.del_dirent(parent, name)?;
     t.del_inode(ino)?;
@@ -558,10 +441,7 @@ fn unlink(t: &mut dyn MetaTxn, parent: u64, name: &str, now: i64) -> Result<(), 
     let (ino, _) = entry(t, parent, name)?;
     let inode = load_entry(t, parent, name, ino)?;
     if inode.kind == FileKind::Dir {
-        return Err(werr(
-            ErrorCode::IsDir,
-            format!("{name:?} in directory {parent} is a directory"),
-        ));
+        return Err(werr(ErrorCode::IsDir, format!("{name:?} in directory {parent} is a directory")));
     }
     t.del_dirent(parent, name)?;
     drop_link(t, inode, now)?;
@@ -571,25 +451,17 @@ fn unlink(t: &mut dyn MetaTxn, parent: u64, name: &str, now: i64) -> Result<(), 
 fn link(t: &mut dyn MetaTxn, r: &LinkReq, now: i64) -> Result<Attr, WireError> {
     let mut inode = load(t, r.ino)?;
     if inode.kind == FileKind::Dir {
-        return Err(werr(
-            ErrorCode::Permission,
-            format!("inode {} is a directory: no hard links to it", r.ino),
-        ));
+        return Err(werr(ErrorCode::Permission, format!("inode {} is a directory: no hard links to it", r.ino)));
     }
     check_name(&r.new_name)?;
     load_dir(t, r.new_parent)?;
     if t.get_dirent(r.new_parent, &r.new_name)?.is_some() {
-        return Err(werr(
-            ErrorCode::Exists,
-            format!("{:?} exists in directory {}", r.new_name, r.new_parent),
-        ));
+        return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.new_name, r.new_parent)));
     }
-    inode.nlink = inode.nlink.checked_add(1).ok_or_else(|| {
-        werr(
-            ErrorCode::Invalid,
-            format!("inode {} has too many links", r.ino),
-        )
-    })?;
+    inode.nlink = inode
+        .nlink
+        .checked_add(1)
+        .ok_or_else(|| werr(ErrorCode::Invalid, format!("inode {} has too many links", r.ino)))?;
     inode.ctime_ns = now;
     t.put_inode(&inode)?;
     t.put_dirent(r.new_parent, &r.new_name, inode.ino, inode.kind)?;
@@ -600,26 +472,17 @@ fn link(t: &mut dyn MetaTxn, r: &LinkReq, now: i64) -> Result<Attr, WireError> {
 fn symlink(t: &mut dyn MetaTxn, r: &SymlinkReq, now: i64) -> Result<Attr, WireError> {
     check_name(&r.name)?;
     if r.target.is_empty() || r.target.contains('\0') {
-        return Err(werr(
-            ErrorCode::Invalid,
-            format!("symlink target {:?} is empty or has a NUL", r.target),
-        ));
+        return Err(werr(ErrorCode::Invalid, format!("symlink target {:?} is empty or has a NUL", r.target)));
     }
     if r.target.len() > SYMLINK_BYTES_MAX {
         return Err(werr(
             ErrorCode::NameTooLong,
-            format!(
-                "symlink target of {} bytes is longer than {SYMLINK_BYTES_MAX}",
-                r.target.len()
-            ),
+            format!("symlink target of {} bytes is longer than {SYMLINK_BYTES_MAX}", r.target.len()),
         ));
     }
     load_dir(t, r.parent)?;
     if t.get_dirent(r.parent, &r.name)?.is_some() {
-        return Err(werr(
-            ErrorCode::Exists,
-            format!("{:?} exists in directory {}", r.name, r.parent),
-        ));
+        return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
     }
     let ino = t.next_ino()?;
     let mut inode = new_inode(ino, FileKind::Symlink, 0o777, r.uid, r.gid, now);
@@ -634,28 +497,18 @@ fn symlink(t: &mut dyn MetaTxn, r: &SymlinkReq, now: i64) -> Result<Attr, WireEr
 fn readlink(t: &mut dyn MetaTxn, ino: u64) -> Result<String, WireError> {
     let i = load(t, ino)?;
     if i.kind != FileKind::Symlink {
-        return Err(werr(
-            ErrorCode::NotSymlink,
-            format!("inode {ino} is not a symlink"),
-        ));
+        return Err(werr(ErrorCode::NotSymlink, format!("inode {ino} is not a symlink")));
     }
     Ok(i.target)
 }
 
 fn readdir(t: &mut dyn MetaTxn, r: &ReaddirReq) -> Result<ReaddirResp, WireError> {
     load_dir(t, r.ino)?;
-    let limit = if r.limit == 0 || r.limit > READDIR_ENTRIES_MAX {
-        READDIR_ENTRIES_MAX
-    } else {
-        r.limit
-    } as usize;
+    let limit = if r.limit == 0 || r.limit > READDIR_ENTRIES_MAX { READDIR_ENTRIES_MAX } else { r.limit } as usize;
     let mut got = t.list_dirents(r.ino, &r.after, limit + 1)?;
     let eof = got.len() <= limit;
     got.truncate(limit);
-    let entries = got
-        .into_iter()
-        .map(|(name, ino, kind)| DirEntry { name, ino, kind })
-        .collect();
+    let entries = got.into_iter().map(|(name, ino, kind)| DirEntry { name, ino, kind }).collect();
     Ok(ReaddirResp { entries, eof })
 }
 
@@ -664,20 +517,12 @@ fn set_layout(t: &mut dyn MetaTxn, r: &SetLayoutReq, now: i64) -> Result<Attr, W
     if i.kind != FileKind::Dir {
         return Err(werr(
             ErrorCode::NotDir,
-            format!(
-                "inode {} is not a directory: a file's layout is fixed at create",
-                r.ino
-            ),
+            format!("inode {} is not a directory: a file's layout is fixed at create", r.ino),
         ));
     }
-    r.layout
-        .validate(true)
-        .map_err(|m| werr(ErrorCode::Invalid, format!("layout policy: {m}")))?;
+    r.layout.validate(true).map_err(|m| werr(ErrorCode::Invalid, format!("layout policy: {m}")))?;
     if !r.layout.servers.is_empty() {
-        return Err(werr(
-            ErrorCode::Invalid,
-            "a directory layout policy names no servers",
-        ));
+        return Err(werr(ErrorCode::Invalid, "a directory layout policy names no servers"));
     }
     i.layout = Some(r.layout.clone());
     i.ctime_ns = now;
@@ -690,16 +535,10 @@ fn commit(t: &mut dyn MetaTxn, r: &CommitReq) -> Result<Attr, WireError> {
     match i.kind {
         FileKind::File => {}
         FileKind::Dir => {
-            return Err(werr(
-                ErrorCode::IsDir,
-                format!("inode {} is a directory", r.ino),
-            ));
+            return Err(werr(ErrorCode::IsDir, format!("inode {} is a directory", r.ino)));
         }
         FileKind::Symlink => {
-            return Err(werr(
-                ErrorCode::Invalid,
-                format!("inode {} is a symlink", r.ino),
-            ));
+            return Err(werr(ErrorCode::Invalid, format!("inode {} is a symlink", r.ino)));
         }
     }
     i.size = i.size.max(r.size);
@@ -711,10 +550,7 @@ fn commit(t: &mut dyn MetaTxn, r: &CommitReq) -> Result<Attr, WireError> {
 
 fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError> {
     if r.flags & !RENAME_NOREPLACE != 0 {
-        return Err(werr(
-            ErrorCode::Invalid,
-            format!("unknown rename flags {:#x}", r.flags),
-        ));
+        return Err(werr(ErrorCode::Invalid, format!("unknown rename flags {:#x}", r.flags)));
     }
     check_name(&r.src_name)?;
     check_name(&r.dst_name)?;
@@ -724,10 +560,7 @@ fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError>
     let dst = t.get_dirent(r.dst_parent, &r.dst_name)?;
     if let Some((dst_ino, _)) = dst {
         if r.flags & RENAME_NOREPLACE != 0 {
-            return Err(werr(
-                ErrorCode::Exists,
-                format!("{:?} exists in directory {}", r.dst_name, r.dst_parent),
-            ));
+            return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.dst_name, r.dst_parent)));
         }
         if dst_ino == src_ino {
             // Both names are links to one inode: POSIX says do nothing.
@@ -744,10 +577,7 @@ fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError>
             if cur == src_ino {
                 return Err(werr(
                     ErrorCode::Invalid,
-                    format!(
-                        "cannot move directory {:?} into itself or a descendant",
-                        r.src_name
-                    ),
+                    format!("cannot move directory {:?} into itself or a descendant", r.src_name),
                 ));
             }
             if cur == ROOT_INO {
@@ -755,9 +585,7 @@ fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError>
             }
             let d = load(t, cur)?;
             if d.kind != FileKind::Dir || d.parent == cur || depth > DIR_DEPTH_MAX {
-                return Err(
-                    MetaError::Corrupt(format!("broken parent chain at directory {cur}")).into(),
-                );
+                return Err(MetaError::Corrupt(format!("broken parent chain at directory {cur}")).into());
             }
             cur = d.parent;
             depth += 1;
@@ -768,25 +596,16 @@ fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError>
         match (src_is_dir, victim.kind == FileKind::Dir) {
             (true, true) => {
                 if !t.dir_is_empty(dst_ino)? {
-                    return Err(werr(
-                        ErrorCode::NotEmpty,
-                        format!("directory {:?} is not empty", r.dst_name),
-                    ));
+                    return Err(werr(ErrorCode::NotEmpty, format!("directory {:?} is not empty", r.dst_name)));
                 }
                 t.del_inode(dst_ino)?;
                 touch_dir(t, r.dst_parent, -1, now)?;
             }
             (true, false) => {
-                return Err(werr(
-                    ErrorCode::NotDir,
-                    format!("{:?} is not a directory", r.dst_name),
-                ));
+                return Err(werr(ErrorCode::NotDir, format!("{:?} is not a directory", r.dst_name)));
             }
             (false, true) => {
-                return Err(werr(
-                    ErrorCode::IsDir,
-                    format!("{:?} is a directory", r.dst_name),
-                ));
+                return Err(werr(ErrorCode::IsDir, format!("{:?} is a directory", r.dst_name)));
             }
             (false, false) => drop_link(t, victim, now)?,
         }

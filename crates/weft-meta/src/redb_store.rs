@@ -16,15 +16,12 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use redb::{
-    Database, Durability, ReadOnlyTable, ReadableDatabase, ReadableTable, Table, TableDefinition,
-    WriteTransaction,
+    Database, Durability, ReadOnlyTable, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction,
 };
 use weft_proto::{FileKind, Layout, ROOT_INO};
 
 use crate::error::MetaError;
-use crate::store::{
-    Inode, MetaStore, MetaTxn, decode_record, encode_record, kind_from_u8, kind_to_u8,
-};
+use crate::store::{Inode, MetaStore, MetaTxn, decode_record, encode_record, kind_from_u8, kind_to_u8};
 
 const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 const DIRENTS: TableDefinition<(u64, &str), (u64, u8)> = TableDefinition::new("dirents");
@@ -46,9 +43,7 @@ pub struct RedbStore {
 
 impl std::fmt::Debug for RedbStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedbStore")
-            .field("path", &self.path)
-            .finish()
+        f.debug_struct("RedbStore").field("path", &self.path).finish()
     }
 }
 
@@ -81,13 +76,9 @@ impl RedbStore {
 }
 
 impl MetaStore for RedbStore {
-    fn write<R, E: From<MetaError>>(
-        &self,
-        f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>,
-    ) -> Result<R, E> {
+    fn write<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let mut wtx = self.db.begin_write().map_err(MetaError::from)?;
-        wtx.set_durability(Durability::Immediate)
-            .map_err(MetaError::from)?;
+        wtx.set_durability(Durability::Immediate).map_err(MetaError::from)?;
         let result = {
             let mut txn = WriteTxn::open(&wtx)?;
             f(&mut txn)
@@ -106,10 +97,7 @@ impl MetaStore for RedbStore {
         }
     }
 
-    fn read<R, E: From<MetaError>>(
-        &self,
-        f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>,
-    ) -> Result<R, E> {
+    fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let rtx = self.db.begin_read().map_err(MetaError::from)?;
         let mut txn = ReadTxn {
             inodes: rtx.open_table(INODES).map_err(MetaError::from)?,
@@ -143,9 +131,7 @@ impl<'t> WriteTxn<'t> {
 
     fn add_inode_count(&mut self, delta: i64) -> Result<(), MetaError> {
         let n = counter(&self.counters, COUNTER_INODES)?.unwrap_or(0);
-        let n = n
-            .checked_add_signed(delta)
-            .ok_or_else(|| MetaError::Corrupt("inode count out of range".into()))?;
+        let n = n.checked_add_signed(delta).ok_or_else(|| MetaError::Corrupt("inode count out of range".into()))?;
         self.counters.insert(COUNTER_INODES, n)?;
         Ok(())
     }
@@ -165,19 +151,13 @@ fn counter(t: &impl ReadableTable<u32, u64>, key: u32) -> Result<Option<u64>, Me
     Ok(t.get(key)?.map(|g| g.value()))
 }
 
-fn get_inode(
-    t: &impl ReadableTable<u64, &'static [u8]>,
-    ino: u64,
-) -> Result<Option<Inode>, MetaError> {
+fn get_inode(t: &impl ReadableTable<u64, &'static [u8]>, ino: u64) -> Result<Option<Inode>, MetaError> {
     let Some(g) = t.get(ino)? else {
         return Ok(None);
     };
     let inode: Inode = decode_record(&format!("inode {ino}"), g.value())?;
     if inode.ino != ino {
-        return Err(MetaError::Corrupt(format!(
-            "inode record {ino} says it is inode {}",
-            inode.ino
-        )));
+        return Err(MetaError::Corrupt(format!("inode record {ino} says it is inode {}", inode.ino)));
     }
     Ok(Some(inode))
 }
@@ -223,9 +203,7 @@ fn list_dirents(
     Ok(out)
 }
 
-fn list_servers(
-    t: &impl ReadableTable<u32, &'static str>,
-) -> Result<Vec<(u32, String)>, MetaError> {
+fn list_servers(t: &impl ReadableTable<u32, &'static str>) -> Result<Vec<(u32, String)>, MetaError> {
     let mut out = Vec::new();
     for item in t.range::<u32>(..)? {
         let (k, v) = item?;
@@ -234,10 +212,7 @@ fn list_servers(
     Ok(out)
 }
 
-fn list_orphans(
-    t: &impl ReadableTable<u64, &'static [u8]>,
-    limit: usize,
-) -> Result<Vec<(u64, Layout)>, MetaError> {
+fn list_orphans(t: &impl ReadableTable<u64, &'static [u8]>, limit: usize) -> Result<Vec<(u64, Layout)>, MetaError> {
     let mut out = Vec::new();
     if limit == 0 {
         return Ok(out);
@@ -275,23 +250,12 @@ impl MetaTxn for WriteTxn<'_> {
         Ok(())
     }
 
-    fn get_dirent(
-        &mut self,
-        parent: u64,
-        name: &str,
-    ) -> Result<Option<(u64, FileKind)>, MetaError> {
+    fn get_dirent(&mut self, parent: u64, name: &str) -> Result<Option<(u64, FileKind)>, MetaError> {
         get_dirent(&self.dirents, parent, name)
     }
 
-    fn put_dirent(
-        &mut self,
-        parent: u64,
-        name: &str,
-        ino: u64,
-        kind: FileKind,
-    ) -> Result<(), MetaError> {
-        self.dirents
-            .insert((parent, name), (ino, kind_to_u8(kind)))?;
+    fn put_dirent(&mut self, parent: u64, name: &str, ino: u64, kind: FileKind) -> Result<(), MetaError> {
+        self.dirents.insert((parent, name), (ino, kind_to_u8(kind)))?;
         Ok(())
     }
 
@@ -315,9 +279,7 @@ impl MetaTxn for WriteTxn<'_> {
 
     fn next_ino(&mut self) -> Result<u64, MetaError> {
         let last = counter(&self.counters, COUNTER_LAST_INO)?.unwrap_or(ROOT_INO);
-        let next = last
-            .checked_add(1)
-            .ok_or_else(|| MetaError::Corrupt("inode numbers exhausted".into()))?;
+        let next = last.checked_add(1).ok_or_else(|| MetaError::Corrupt("inode numbers exhausted".into()))?;
         self.counters.insert(COUNTER_LAST_INO, next)?;
         Ok(next)
     }
@@ -364,11 +326,7 @@ impl MetaTxn for ReadTxn {
         Err(MetaError::ReadOnly)
     }
 
-    fn get_dirent(
-        &mut self,
-        parent: u64,
-        name: &str,
-    ) -> Result<Option<(u64, FileKind)>, MetaError> {
+    fn get_dirent(&mut self, parent: u64, name: &str) -> Result<Option<(u64, FileKind)>, MetaError> {
         get_dirent(&self.dirents, parent, name)
     }
 

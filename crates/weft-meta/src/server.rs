@@ -15,9 +15,7 @@ use tracing::{debug, info, warn};
 use weft_fabric::{Fabric, Listener, TcpFabric};
 use weft_proto::msg::InoReq;
 use weft_proto::{ErrorCode, FrameLimits, Request, WireError};
-use weft_rpc::{
-    CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service,
-};
+use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
 
 use crate::{Namespace, RedbStore, SystemClock};
 
@@ -59,18 +57,11 @@ pub struct MetaService {
 }
 
 impl Service for MetaService {
-    async fn call(
-        &self,
-        _ctx: &CallCtx,
-        req: Request,
-        _data: Option<PoolBuf>,
-    ) -> Result<Reply, WireError> {
+    async fn call(&self, _ctx: &CallCtx, req: Request, _data: Option<PoolBuf>) -> Result<Reply, WireError> {
         let ns = self.ns.clone();
         let resp = tokio::task::spawn_blocking(move || ns.execute(&req))
             .await
-            .map_err(|e| {
-                WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}"))
-            })??;
+            .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??;
         Ok(resp.into())
     }
 }
@@ -79,15 +70,9 @@ impl Service for MetaService {
 #[non_exhaustive]
 pub enum MetaServerError {
     #[error("opening the metadata store in {dir}: {source}")]
-    Store {
-        dir: PathBuf,
-        source: crate::MetaError,
-    },
+    Store { dir: PathBuf, source: crate::MetaError },
     #[error("listening on {addr}: {source}")]
-    Listen {
-        addr: String,
-        source: std::io::Error,
-    },
+    Listen { addr: String, source: std::io::Error },
     #[error("serving: {0}")]
     Serve(std::io::Error),
 }
@@ -95,42 +80,25 @@ pub enum MetaServerError {
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
 pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaServerError> {
     let dir = cfg.data_dir.clone();
-    std::fs::create_dir_all(&dir).map_err(|e| MetaServerError::Store {
-        dir: dir.clone(),
-        source: e.into(),
-    })?;
-    let store = RedbStore::open(&dir).map_err(|source| MetaServerError::Store {
-        dir: dir.clone(),
-        source,
-    })?;
-    let ns = Namespace::new(store, SystemClock, cfg.liveness_ms).map_err(|source| {
-        MetaServerError::Store {
-            dir: dir.clone(),
-            source,
-        }
-    })?;
+    std::fs::create_dir_all(&dir).map_err(|e| MetaServerError::Store { dir: dir.clone(), source: e.into() })?;
+    let store = RedbStore::open(&dir).map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
+    let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
+        .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
     let ns = Arc::new(ns);
     let fabric = TcpFabric::default();
     let listener = fabric
         .listen(&cfg.listen)
         .await
-        .map_err(|source| MetaServerError::Listen {
-            addr: cfg.listen.clone(),
-            source,
-        })?;
+        .map_err(|source| MetaServerError::Listen { addr: cfg.listen.clone(), source })?;
     let addr = listener.local_addr().map_err(MetaServerError::Serve)?;
     let server_cfg = ServerConfig {
-        limits: FrameLimits {
-            body_bytes_max: 1 << 20,
-            data_bytes_max: 0,
-        },
+        limits: FrameLimits { body_bytes_max: 1 << 20, data_bytes_max: 0 },
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
         pool_buffers: 1,
         ..ServerConfig::default()
     };
-    let server =
-        RpcServer::<TcpFabric, _>::new(server_cfg, Arc::new(MetaService { ns: ns.clone() }));
+    let server = RpcServer::<TcpFabric, _>::new(server_cfg, Arc::new(MetaService { ns: ns.clone() }));
     info!(%addr, store = %dir.display(), "metadata service listening");
     tokio::spawn(collect_orphans(ns, cfg.gc_interval_ms));
     ready(&addr);
@@ -142,12 +110,7 @@ const GC_BATCH: usize = 256;
 
 async fn collect_orphans(ns: Arc<Namespace<RedbStore, SystemClock>>, interval_ms: u64) {
     let mut clients: HashMap<u32, RpcClient<TcpFabric>> = HashMap::new();
-    let rpc_cfg = ClientConfig {
-        client_name: "mds-gc".into(),
-        slots: 8,
-        attempts_max: 1,
-        ..ClientConfig::default()
-    };
+    let rpc_cfg = ClientConfig { client_name: "mds-gc".into(), slots: 8, attempts_max: 1, ..ClientConfig::default() };
     let mut tick = tokio::time::interval(Duration::from_millis(interval_ms.max(10)));
     loop {
         tick.tick().await;
@@ -161,8 +124,7 @@ async fn collect_orphans(ns: Arc<Namespace<RedbStore, SystemClock>>, interval_ms
         if orphans.is_empty() {
             continue;
         }
-        let addrs: HashMap<u32, String> =
-            ns.servers().into_iter().map(|s| (s.id, s.addr)).collect();
+        let addrs: HashMap<u32, String> = ns.servers().into_iter().map(|s| (s.id, s.addr)).collect();
         for (ino, layout) in orphans {
             let mut all_removed = true;
             for server in &layout.servers {
@@ -173,8 +135,7 @@ async fn collect_orphans(ns: Arc<Namespace<RedbStore, SystemClock>>, interval_ms
                             all_removed = false;
                             continue;
                         };
-                        match RpcClient::connect(TcpFabric::default(), addr, rpc_cfg.clone()).await
-                        {
+                        match RpcClient::connect(TcpFabric::default(), addr, rpc_cfg.clone()).await {
                             Ok(c) => {
                                 clients.insert(*server, c.clone());
                                 c
@@ -187,14 +148,8 @@ async fn collect_orphans(ns: Arc<Namespace<RedbStore, SystemClock>>, interval_ms
                         }
                     }
                 };
-                if let Err(e) = client
-                    .call_simple(Request::RemoveObject(InoReq { ino }))
-                    .await
-                {
-                    debug!(
-                        server,
-                        ino, "orphan collection: remove failed, will retry: {e}"
-                    );
+                if let Err(e) = client.call_simple(Request::RemoveObject(InoReq { ino })).await {
+                    debug!(server, ino, "orphan collection: remove failed, will retry: {e}");
                     clients.remove(server);
                     all_removed = false;
                 }

@@ -65,31 +65,21 @@ const RECORD_V1: u8 = 1;
 
 pub(crate) fn encode_record<T: Serialize>(v: &T) -> Result<Vec<u8>, MetaError> {
     let mut out = vec![RECORD_V1];
-    let body = postcard::to_stdvec(v)
-        .map_err(|e| MetaError::Corrupt(format!("encoding a record: {e}")))?;
+    let body = postcard::to_stdvec(v).map_err(|e| MetaError::Corrupt(format!("encoding a record: {e}")))?;
     out.extend_from_slice(&body);
     Ok(out)
 }
 
-pub(crate) fn decode_record<'a, T: Deserialize<'a>>(
-    what: &str,
-    bytes: &'a [u8],
-) -> Result<T, MetaError> {
+pub(crate) fn decode_record<'a, T: Deserialize<'a>>(what: &str, bytes: &'a [u8]) -> Result<T, MetaError> {
     match bytes.split_first() {
         Some((&RECORD_V1, body)) => {
-            let (v, rest) = postcard::take_from_bytes(body)
-                .map_err(|e| MetaError::Corrupt(format!("{what}: {e}")))?;
+            let (v, rest) = postcard::take_from_bytes(body).map_err(|e| MetaError::Corrupt(format!("{what}: {e}")))?;
             if !rest.is_empty() {
-                return Err(MetaError::Corrupt(format!(
-                    "{what}: {} trailing bytes",
-                    rest.len()
-                )));
+                return Err(MetaError::Corrupt(format!("{what}: {} trailing bytes", rest.len())));
             }
             Ok(v)
         }
-        Some((v, _)) => Err(MetaError::Corrupt(format!(
-            "{what}: unknown record version {v}"
-        ))),
+        Some((v, _)) => Err(MetaError::Corrupt(format!("{what}: unknown record version {v}"))),
         None => Err(MetaError::Corrupt(format!("{what}: empty record"))),
     }
 }
@@ -107,9 +97,7 @@ pub(crate) fn kind_from_u8(v: u8) -> Result<FileKind, MetaError> {
         0 => Ok(FileKind::File),
         1 => Ok(FileKind::Dir),
         2 => Ok(FileKind::Symlink),
-        _ => Err(MetaError::Corrupt(format!(
-            "unknown file kind {v} in a directory entry"
-        ))),
+        _ => Err(MetaError::Corrupt(format!("unknown file kind {v} in a directory entry"))),
     }
 }
 
@@ -117,16 +105,10 @@ pub(crate) fn kind_from_u8(v: u8) -> Result<FileKind, MetaError> {
 pub trait MetaStore: Send + Sync + 'static {
     /// Runs `f` in one atomic write transaction, durable (fsynced) before this returns `Ok`. If `f` returns `Err`,
     /// nothing it did is applied. Store failures reach the caller through `E: From<MetaError>`.
-    fn write<R, E: From<MetaError>>(
-        &self,
-        f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>,
-    ) -> Result<R, E>;
+    fn write<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E>;
 
     /// Runs `f` against a consistent snapshot. Writes inside it fail with [`MetaError::ReadOnly`].
-    fn read<R, E: From<MetaError>>(
-        &self,
-        f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>,
-    ) -> Result<R, E>;
+    fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E>;
 }
 
 /// The operations of one transaction. Object safe, so the namespace logic is compiled once per store.
@@ -135,16 +117,9 @@ pub trait MetaTxn {
     /// Inserts or replaces an inode.
     fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError>;
     fn del_inode(&mut self, ino: u64) -> Result<(), MetaError>;
-    fn get_dirent(&mut self, parent: u64, name: &str)
-    -> Result<Option<(u64, FileKind)>, MetaError>;
+    fn get_dirent(&mut self, parent: u64, name: &str) -> Result<Option<(u64, FileKind)>, MetaError>;
     /// Inserts or replaces an entry.
-    fn put_dirent(
-        &mut self,
-        parent: u64,
-        name: &str,
-        ino: u64,
-        kind: FileKind,
-    ) -> Result<(), MetaError>;
+    fn put_dirent(&mut self, parent: u64, name: &str, ino: u64, kind: FileKind) -> Result<(), MetaError>;
     fn del_dirent(&mut self, parent: u64, name: &str) -> Result<(), MetaError>;
     /// Entries of `parent` whose name is strictly greater than `after`, in name order, at most `limit`.
     fn list_dirents(

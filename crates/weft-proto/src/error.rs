@@ -68,11 +68,7 @@ pub struct WireError {
 
 impl WireError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        WireError {
-            code,
-            message: message.into(),
-            offset: None,
-        }
+        WireError { code, message: message.into(), offset: None }
     }
 
     pub fn with_offset(mut self, offset: u64) -> Self {

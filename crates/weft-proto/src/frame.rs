@@ -51,10 +51,7 @@ pub struct FrameLimits {
 
 impl Default for FrameLimits {
     fn default() -> Self {
-        FrameLimits {
-            body_bytes_max: 4 << 20,
-            data_bytes_max: 4 << 20,
-        }
+        FrameLimits { body_bytes_max: 4 << 20, data_bytes_max: 4 << 20 }
     }
 }
 
@@ -103,10 +100,7 @@ impl Header {
     /// Decodes and checks a header. Lengths are checked against `limits` here, before the caller allocates.
     pub fn decode(buf: &[u8], limits: &FrameLimits) -> Result<Header, FrameError> {
         if buf.len() < HEADER_LEN {
-            return Err(FrameError::Truncated {
-                need: HEADER_LEN,
-                have: buf.len(),
-            });
+            return Err(FrameError::Truncated { need: HEADER_LEN, have: buf.len() });
         }
         let u32_at = |i: usize| u32::from_le_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
         let magic = u32_at(0);
@@ -124,16 +118,10 @@ impl Header {
         let body_len = u32_at(28);
         let data_len = u32_at(32);
         if body_len > limits.body_bytes_max {
-            return Err(FrameError::BodyTooLarge {
-                len: body_len,
-                max: limits.body_bytes_max,
-            });
+            return Err(FrameError::BodyTooLarge { len: body_len, max: limits.body_bytes_max });
         }
         if data_len > limits.data_bytes_max {
-            return Err(FrameError::DataTooLarge {
-                len: data_len,
-                max: limits.data_bytes_max,
-            });
+            return Err(FrameError::DataTooLarge { len: data_len, max: limits.data_bytes_max });
         }
         let mut session = [0u8; 8];
         session.copy_from_slice(&buf[12..20]);
@@ -154,10 +142,7 @@ impl Header {
     pub fn check_body(&self, body: &[u8]) -> Result<(), FrameError> {
         let actual = crc32c::crc32c(body);
         if actual != self.body_crc {
-            return Err(FrameError::BodyChecksum {
-                expected: self.body_crc,
-                actual,
-            });
+            return Err(FrameError::BodyChecksum { expected: self.body_crc, actual });
         }
         Ok(())
     }
@@ -184,48 +169,27 @@ mod tests {
     #[test]
     fn header_round_trips() {
         let h = sample();
-        assert_eq!(
-            Header::decode(&h.encode(), &FrameLimits::default()).unwrap(),
-            h
-        );
+        assert_eq!(Header::decode(&h.encode(), &FrameLimits::default()).unwrap(), h);
     }
 
     #[test]
     fn header_rejects_bad_input() {
         let l = FrameLimits::default();
         let enc = sample().encode();
-        assert!(matches!(
-            Header::decode(&enc[..39], &l),
-            Err(FrameError::Truncated { .. })
-        ));
+        assert!(matches!(Header::decode(&enc[..39], &l), Err(FrameError::Truncated { .. })));
         let mut bad = enc;
         bad[0] ^= 1;
-        assert!(matches!(
-            Header::decode(&bad, &l),
-            Err(FrameError::BadMagic(_))
-        ));
+        assert!(matches!(Header::decode(&bad, &l), Err(FrameError::BadMagic(_))));
         let mut bad = enc;
         bad[4] = 9;
         assert_eq!(Header::decode(&bad, &l), Err(FrameError::BadVersion(9)));
         let mut bad = enc;
         bad[5] = 7;
         assert_eq!(Header::decode(&bad, &l), Err(FrameError::BadKind(7)));
-        let small = FrameLimits {
-            body_bytes_max: 11,
-            data_bytes_max: 1 << 20,
-        };
-        assert!(matches!(
-            Header::decode(&enc, &small),
-            Err(FrameError::BodyTooLarge { len: 12, max: 11 })
-        ));
-        let small = FrameLimits {
-            body_bytes_max: 64,
-            data_bytes_max: 1000,
-        };
-        assert!(matches!(
-            Header::decode(&enc, &small),
-            Err(FrameError::DataTooLarge { .. })
-        ));
+        let small = FrameLimits { body_bytes_max: 11, data_bytes_max: 1 << 20 };
+        assert!(matches!(Header::decode(&enc, &small), Err(FrameError::BodyTooLarge { len: 12, max: 11 })));
+        let small = FrameLimits { body_bytes_max: 64, data_bytes_max: 1000 };
+        assert!(matches!(Header::decode(&enc, &small), Err(FrameError::DataTooLarge { .. })));
     }
 
     #[test]
@@ -234,9 +198,6 @@ mod tests {
         let mut h = sample();
         h.body_crc = crc32c::crc32c(body);
         assert!(h.check_body(body).is_ok());
-        assert!(matches!(
-            h.check_body(b"hellp"),
-            Err(FrameError::BodyChecksum { .. })
-        ));
+        assert!(matches!(h.check_body(b"hellp"), Err(FrameError::BodyChecksum { .. })));
     }
 }

@@ -32,18 +32,13 @@ impl Layout {
     /// Checks a layout (or a directory policy when `policy` is true) from the wire or a user.
     pub fn validate(&self, policy: bool) -> Result<(), String> {
         let u = self.stripe_unit;
-        if !(STRIPE_UNIT_BYTES_MIN..=STRIPE_UNIT_BYTES_MAX).contains(&u)
-            || u % STRIPE_UNIT_BYTES_MIN != 0
-        {
+        if !(STRIPE_UNIT_BYTES_MIN..=STRIPE_UNIT_BYTES_MAX).contains(&u) || !u.is_multiple_of(STRIPE_UNIT_BYTES_MIN) {
             return Err(format!(
                 "stripe unit {u} must be a multiple of {STRIPE_UNIT_BYTES_MIN} between {STRIPE_UNIT_BYTES_MIN} and {STRIPE_UNIT_BYTES_MAX}"
             ));
         }
         if self.stripe_count > STRIPE_COUNT_MAX || (!policy && self.stripe_count == 0) {
-            return Err(format!(
-                "stripe count {} must be 1..={STRIPE_COUNT_MAX}",
-                self.stripe_count
-            ));
+            return Err(format!("stripe count {} must be 1..={STRIPE_COUNT_MAX}", self.stripe_count));
         }
         if !policy && self.servers.len() != self.stripe_count as usize {
             return Err(format!(
@@ -58,10 +53,7 @@ impl Layout {
     /// Splits the file range `[offset, offset + len)` into per-server pieces, in file order. Pieces never cross a
     /// stripe unit. A valid file layout is assumed (see [`Layout::validate`]).
     pub fn pieces(&self, offset: u64, len: u64) -> Vec<Piece> {
-        assert!(
-            self.stripe_count > 0 && self.stripe_unit > 0,
-            "pieces() on a directory policy"
-        );
+        assert!(self.stripe_count > 0 && self.stripe_unit > 0, "pieces() on a directory policy");
         let unit = self.stripe_unit as u64;
         let count = self.stripe_count as u64;
         let mut out = Vec::new();
@@ -105,53 +97,17 @@ mod tests {
     use super::*;
 
     fn lay(unit: u32, count: u32) -> Layout {
-        Layout {
-            stripe_unit: unit,
-            stripe_count: count,
-            servers: (0..count).collect(),
-        }
+        Layout { stripe_unit: unit, stripe_count: count, servers: (0..count).collect() }
     }
 
     #[test]
     fn pieces_follow_the_formula() {
         let l = lay(4096, 3);
         let p = l.pieces(4000, 10_000);
-        assert_eq!(
-            p[0],
-            Piece {
-                server_index: 0,
-                object_offset: 4000,
-                file_offset: 4000,
-                len: 96
-            }
-        );
-        assert_eq!(
-            p[1],
-            Piece {
-                server_index: 1,
-                object_offset: 0,
-                file_offset: 4096,
-                len: 4096
-            }
-        );
-        assert_eq!(
-            p[2],
-            Piece {
-                server_index: 2,
-                object_offset: 0,
-                file_offset: 8192,
-                len: 4096
-            }
-        );
-        assert_eq!(
-            p[3],
-            Piece {
-                server_index: 0,
-                object_offset: 4096,
-                file_offset: 12288,
-                len: 1712
-            }
-        );
+        assert_eq!(p[0], Piece { server_index: 0, object_offset: 4000, file_offset: 4000, len: 96 });
+        assert_eq!(p[1], Piece { server_index: 1, object_offset: 0, file_offset: 4096, len: 4096 });
+        assert_eq!(p[2], Piece { server_index: 2, object_offset: 0, file_offset: 8192, len: 4096 });
+        assert_eq!(p[3], Piece { server_index: 0, object_offset: 4096, file_offset: 12288, len: 1712 });
         assert_eq!(p.iter().map(|x| x.len).sum::<u64>(), 10_000);
     }
 
@@ -168,11 +124,7 @@ mod tests {
                         .map(|p| p.object_offset + p.len)
                         .max()
                         .unwrap_or(0);
-                    assert_eq!(
-                        l.object_size(size, i),
-                        brute,
-                        "count {count} size {size} server {i}"
-                    );
+                    assert_eq!(l.object_size(size, i), brute, "count {count} size {size} server {i}");
                 }
             }
         }
@@ -183,23 +135,7 @@ mod tests {
         assert!(lay(4096, 2).validate(false).is_ok());
         assert!(lay(1000, 2).validate(false).is_err());
         assert!(lay(4096, 0).validate(false).is_err());
-        assert!(
-            Layout {
-                stripe_unit: 4096,
-                stripe_count: 0,
-                servers: vec![]
-            }
-            .validate(true)
-            .is_ok()
-        );
-        assert!(
-            Layout {
-                stripe_unit: 4096,
-                stripe_count: 2,
-                servers: vec![1]
-            }
-            .validate(false)
-            .is_err()
-        );
+        assert!(Layout { stripe_unit: 4096, stripe_count: 0, servers: vec![] }.validate(true).is_ok());
+        assert!(Layout { stripe_unit: 4096, stripe_count: 2, servers: vec![1] }.validate(false).is_err());
     }
 }

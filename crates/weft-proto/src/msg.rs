@@ -77,15 +77,9 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
 
 /// Decodes a whole body; trailing bytes are an error, so one frame has exactly one reading.
 pub fn decode<'a, T: Deserialize<'a>>(op: u16, body: &'a [u8]) -> Result<T, FrameError> {
-    let (v, rest) = postcard::take_from_bytes(body).map_err(|e| FrameError::BadBody {
-        op,
-        reason: e.to_string(),
-    })?;
+    let (v, rest) = postcard::take_from_bytes(body).map_err(|e| FrameError::BadBody { op, reason: e.to_string() })?;
     if !rest.is_empty() {
-        return Err(FrameError::BadBody {
-            op,
-            reason: format!("{} trailing bytes", rest.len()),
-        });
+        return Err(FrameError::BadBody { op, reason: format!("{} trailing bytes", rest.len()) });
     }
     Ok(v)
 }
@@ -280,14 +274,8 @@ mod tests {
     fn requests_round_trip_by_op() {
         let reqs = vec![
             Request::Null(()),
-            Request::Lookup(LookupReq {
-                parent: 1,
-                name: "a".into(),
-            }),
-            Request::Write(WriteReq {
-                ino: 9,
-                offset: 1 << 40,
-            }),
+            Request::Lookup(LookupReq { parent: 1, name: "a".into() }),
+            Request::Write(WriteReq { ino: 9, offset: 1 << 40 }),
             Request::Rename(RenameReq {
                 src_parent: 1,
                 src_name: "x".into(),
@@ -305,16 +293,10 @@ mod tests {
     #[test]
     fn decoding_rejects_garbage() {
         assert_eq!(Request::decode(999, &[]), Err(FrameError::UnknownOp(999)));
-        assert!(matches!(
-            Request::decode(Op::Lookup as u16, &[1]),
-            Err(FrameError::BadBody { .. })
-        ));
+        assert!(matches!(Request::decode(Op::Lookup as u16, &[1]), Err(FrameError::BadBody { .. })));
         let mut body = Request::Null(()).encode_body();
         body.push(0);
-        assert!(matches!(
-            Request::decode(Op::Null as u16, &body),
-            Err(FrameError::BadBody { .. })
-        ));
+        assert!(matches!(Request::decode(Op::Null as u16, &body), Err(FrameError::BadBody { .. })));
     }
 
     #[test]

@@ -45,12 +45,7 @@ struct Conn<F: Fabric> {
 
 impl<F: Fabric> Conn<F> {
     /// Registers a call; gives the buffers back if the connection is already dead.
-    fn register(
-        &self,
-        slot: u32,
-        seq: u32,
-        dest: Vec<BytesMut>,
-    ) -> Result<oneshot::Receiver<Outcome>, Vec<BytesMut>> {
+    fn register(&self, slot: u32, seq: u32, dest: Vec<BytesMut>) -> Result<oneshot::Receiver<Outcome>, Vec<BytesMut>> {
         let mut p = self.pending.lock().expect("pending");
         if p.0 {
             return Err(dest);
@@ -114,9 +109,7 @@ pub struct RpcClient<F: Fabric> {
 
 impl<F: Fabric> Clone for RpcClient<F> {
     fn clone(&self) -> Self {
-        RpcClient {
-            inner: self.inner.clone(),
-        }
+        RpcClient { inner: self.inner.clone() }
     }
 }
 
@@ -137,19 +130,12 @@ impl<F: Fabric> RpcClient<F> {
     pub async fn connect(fabric: F, addr: &str, cfg: ClientConfig) -> Result<Self, RpcError> {
         let conn = open_conn(&fabric, addr, &cfg).await?;
         let (session, granted) = create_session(&conn, addr, &cfg).await?;
-        debug!(
-            addr,
-            session = format_args!("{session:#x}"),
-            slots = granted,
-            "session open"
-        );
+        debug!(addr, session = format_args!("{session:#x}"), slots = granted, "session open");
         Ok(RpcClient {
             inner: Arc::new(Inner {
                 fabric,
                 addr: addr.to_string(),
-                slots: (0..granted)
-                    .map(|_| Mutex::new(SlotSeq { session, seq: 0 }))
-                    .collect(),
+                slots: (0..granted).map(|_| Mutex::new(SlotSeq { session, seq: 0 })).collect(),
                 free: Mutex::new((0..granted).rev().collect()),
                 credits: Semaphore::new(granted as usize),
                 cfg,
@@ -195,28 +181,13 @@ impl<F: Fabric> RpcClient<F> {
         let body = req.encode_body();
         let body_crc = crc32c::crc32c(&body);
         let data_len: usize = data.iter().map(|d| d.len()).sum();
-        assert!(
-            data_len <= u32::MAX as usize,
-            "payload of {data_len} bytes does not fit a frame"
-        );
+        assert!(data_len <= u32::MAX as usize, "payload of {data_len} bytes does not fit a frame");
         let data_slices: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
         let timeout = Duration::from_millis(inner.cfg.call_timeout_ms);
 
-        let _credit = inner
-            .credits
-            .acquire()
-            .await
-            .expect("credits are never closed");
-        let slot = inner
-            .free
-            .lock()
-            .expect("free slots")
-            .pop()
-            .expect("a credit guarantees a free slot");
-        let _guard = SlotGuard {
-            free: &inner.free,
-            slot,
-        };
+        let _credit = inner.credits.acquire().await.expect("credits are never closed");
+        let slot = inner.free.lock().expect("free slots").pop().expect("a credit guarantees a free slot");
+        let _guard = SlotGuard { free: &inner.free, slot };
         let (mut sid, mut seq) = self.next_seq(slot);
 
         let mut dest = dest;
@@ -285,10 +256,7 @@ impl<F: Fabric> RpcClient<F> {
                     conn.kill();
                     // The killed reader fails the call promptly and gives the buffers back.
                     let d = recover(rx).await;
-                    Err((
-                        format!("no reply within {} ms", inner.cfg.call_timeout_ms),
-                        d,
-                    ))
+                    Err((format!("no reply within {} ms", inner.cfg.call_timeout_ms), d))
                 }
             };
             let (rh, rbody, d) = match outcome {
@@ -301,10 +269,8 @@ impl<F: Fabric> RpcClient<F> {
             };
             dest = d;
             if rh.flags & FLAG_ERROR != 0 {
-                let err: WireError = decode(rh.op, &rbody).map_err(|e| RpcError::Protocol {
-                    addr: inner.addr.clone(),
-                    source: e,
-                })?;
+                let err: WireError =
+                    decode(rh.op, &rbody).map_err(|e| RpcError::Protocol { addr: inner.addr.clone(), source: e })?;
                 if matches!(err.code, ErrorCode::StaleSession | ErrorCode::SeqMisordered)
                     && attempt < inner.cfg.attempts_max
                 {
@@ -325,32 +291,19 @@ impl<F: Fabric> RpcClient<F> {
                 }
                 return Err(RpcError::Remote(err));
             }
-            let resp = Response::decode(rh.op, &rbody).map_err(|e| RpcError::Protocol {
-                addr: inner.addr.clone(),
-                source: e,
-            })?;
+            let resp = Response::decode(rh.op, &rbody)
+                .map_err(|e| RpcError::Protocol { addr: inner.addr.clone(), source: e })?;
             return Ok((resp, dest));
         }
         // Giving up: this slot's sequence may now disagree with the server's, so the next call opens a new session.
         self.forget_session(sid);
         if maybe_ran {
-            return Err(RpcError::MaybeApplied {
-                addr: inner.addr.clone(),
-                op,
-                reason: last_failure,
-            });
+            return Err(RpcError::MaybeApplied { addr: inner.addr.clone(), op, reason: last_failure });
         }
         if let Some(source) = connect_failed {
-            return Err(RpcError::Connect {
-                addr: inner.addr.clone(),
-                source,
-            });
+            return Err(RpcError::Connect { addr: inner.addr.clone(), source });
         }
-        Err(RpcError::Timeout {
-            addr: inner.addr.clone(),
-            op,
-            attempts: inner.cfg.attempts_max,
-        })
+        Err(RpcError::Timeout { addr: inner.addr.clone(), op, attempts: inner.cfg.attempts_max })
     }
 
     fn next_seq(&self, slot: u32) -> (u64, u32) {
@@ -392,12 +345,12 @@ impl<F: Fabric> RpcClient<F> {
             match g.as_ref() {
                 Some(c) if !c.dead.load(Ordering::SeqCst) => c.clone(),
                 _ => {
-                    let c = open_conn(&self.inner.fabric, &self.inner.addr, &self.inner.cfg)
-                        .await
-                        .map_err(|e| match e {
+                    let c = open_conn(&self.inner.fabric, &self.inner.addr, &self.inner.cfg).await.map_err(
+                        |e| match e {
                             RpcError::Connect { source, .. } => source,
                             other => std::io::Error::other(other.to_string()),
-                        })?;
+                        },
+                    )?;
                     debug!(addr = %self.inner.addr, "reconnected");
                     *g = Some(c.clone());
                     c
@@ -418,10 +371,7 @@ impl<F: Fabric> RpcClient<F> {
 
     async fn control_call(&self, req: Request) -> Result<Response, RpcError> {
         // Connect before taking the control lock: conn() may take it to open a session.
-        let conn = self.conn().await.map_err(|source| RpcError::Connect {
-            addr: self.inner.addr.clone(),
-            source,
-        })?;
+        let conn = self.conn().await.map_err(|source| RpcError::Connect { addr: self.inner.addr.clone(), source })?;
         let _g = self.inner.control.lock().await;
         let sid = *self.inner.session.lock().expect("session");
         control(&conn, &self.inner.addr, &self.inner.cfg, sid, req).await
@@ -436,28 +386,12 @@ async fn recover(rx: oneshot::Receiver<Outcome>) -> Vec<BytesMut> {
     }
 }
 
-async fn open_conn<F: Fabric>(
-    fabric: &F,
-    addr: &str,
-    cfg: &ClientConfig,
-) -> Result<Arc<Conn<F>>, RpcError> {
-    let connect = tokio::time::timeout(
-        Duration::from_millis(cfg.connect_timeout_ms),
-        fabric.connect(addr),
-    )
-    .await;
-    let Connection {
-        reader,
-        writer,
-        killer,
-        ..
-    } = match connect {
+async fn open_conn<F: Fabric>(fabric: &F, addr: &str, cfg: &ClientConfig) -> Result<Arc<Conn<F>>, RpcError> {
+    let connect = tokio::time::timeout(Duration::from_millis(cfg.connect_timeout_ms), fabric.connect(addr)).await;
+    let Connection { reader, writer, killer, .. } = match connect {
         Ok(Ok(c)) => c,
         Ok(Err(source)) => {
-            return Err(RpcError::Connect {
-                addr: addr.to_string(),
-                source,
-            });
+            return Err(RpcError::Connect { addr: addr.to_string(), source });
         }
         Err(_) => {
             return Err(RpcError::Connect {
@@ -472,24 +406,12 @@ async fn open_conn<F: Fabric>(
         pending: Mutex::new((false, HashMap::new())),
         dead: AtomicBool::new(false),
     });
-    tokio::spawn(reader_loop(
-        conn.clone(),
-        reader,
-        cfg.limits,
-        addr.to_string(),
-    ));
+    tokio::spawn(reader_loop(conn.clone(), reader, cfg.limits, addr.to_string()));
     Ok(conn)
 }
 
-async fn create_session<F: Fabric>(
-    conn: &Conn<F>,
-    addr: &str,
-    cfg: &ClientConfig,
-) -> Result<(u64, u32), RpcError> {
-    let req = Request::SessionCreate(SessionCreateReq {
-        client_name: cfg.client_name.clone(),
-        slots: cfg.slots,
-    });
+async fn create_session<F: Fabric>(conn: &Conn<F>, addr: &str, cfg: &ClientConfig) -> Result<(u64, u32), RpcError> {
+    let req = Request::SessionCreate(SessionCreateReq { client_name: cfg.client_name.clone(), slots: cfg.slots });
     match control(conn, addr, cfg, 0, req).await? {
         Response::SessionCreate(r) if r.slots > 0 => Ok((r.session, r.slots)),
         other => Err(RpcError::Protocol {
@@ -510,13 +432,8 @@ async fn control<F: Fabric>(
     sid: u64,
     req: Request,
 ) -> Result<Response, RpcError> {
-    let lost = |reason: String| RpcError::ConnectionLost {
-        addr: addr.to_string(),
-        reason,
-    };
-    let rx = conn
-        .register(CONTROL_SLOT, 0, Vec::new())
-        .map_err(|_| lost("connection closed".into()))?;
+    let lost = |reason: String| RpcError::ConnectionLost { addr: addr.to_string(), reason };
+    let rx = conn.register(CONTROL_SLOT, 0, Vec::new()).map_err(|_| lost("connection closed".into()))?;
     let body = req.encode_body();
     let h = Header {
         kind: FrameKind::Request,
@@ -544,32 +461,18 @@ async fn control<F: Fabric>(
         Ok(Err(_)) => return Err(lost("reader ended".into())),
         Err(_) => {
             conn.kill();
-            return Err(RpcError::Timeout {
-                addr: addr.to_string(),
-                op: req.op(),
-                attempts: 1,
-            });
+            return Err(RpcError::Timeout { addr: addr.to_string(), op: req.op(), attempts: 1 });
         }
     };
     if rh.flags & FLAG_ERROR != 0 {
-        let err: WireError = decode(rh.op, &rbody).map_err(|source| RpcError::Protocol {
-            addr: addr.to_string(),
-            source,
-        })?;
+        let err: WireError =
+            decode(rh.op, &rbody).map_err(|source| RpcError::Protocol { addr: addr.to_string(), source })?;
         return Err(RpcError::Remote(err));
     }
-    Response::decode(rh.op, &rbody).map_err(|source| RpcError::Protocol {
-        addr: addr.to_string(),
-        source,
-    })
+    Response::decode(rh.op, &rbody).map_err(|source| RpcError::Protocol { addr: addr.to_string(), source })
 }
 
-async fn reader_loop<F: Fabric>(
-    conn: Arc<Conn<F>>,
-    reader: F::Reader,
-    limits: FrameLimits,
-    addr: String,
-) {
+async fn reader_loop<F: Fabric>(conn: Arc<Conn<F>>, reader: F::Reader, limits: FrameLimits, addr: String) {
     let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
     let reason: String = loop {
         let (h, body) = match read_head(&mut r, &limits).await {
@@ -581,9 +484,7 @@ async fn reader_loop<F: Fabric>(
         }
         if h.op == 0 && h.flags & FLAG_ERROR != 0 {
             // The server refused a frame it could not parse and is closing the connection.
-            let msg = decode::<WireError>(0, &body)
-                .map(|e| e.message)
-                .unwrap_or_default();
+            let msg = decode::<WireError>(0, &body).map(|e| e.message).unwrap_or_default();
             break format!("server refused our frame: {msg}");
         }
         if let Err(e) = h.check_body(&body) {
@@ -606,10 +507,7 @@ async fn reader_loop<F: Fabric>(
         let want: usize = p.dest.iter().map(|d| d.len()).sum();
         let is_error = h.flags & FLAG_ERROR != 0;
         if h.data_len as usize != want && !(is_error && h.data_len == 0) {
-            let reason = format!(
-                "reply carries {} payload bytes, the call expected {want}",
-                h.data_len
-            );
+            let reason = format!("reply carries {} payload bytes, the call expected {want}", h.data_len);
             let _ = p.tx.send(Err((reason.clone(), p.dest)));
             break reason;
         }

@@ -25,10 +25,7 @@ impl Default for ClientConfig {
             connect_timeout_ms: 5_000,
             call_timeout_ms: 30_000,
             attempts_max: 5,
-            limits: FrameLimits {
-                body_bytes_max: 8 << 20,
-                data_bytes_max: 4 << 20,
-            },
+            limits: FrameLimits { body_bytes_max: 8 << 20, data_bytes_max: 4 << 20 },
         }
     }
 }
@@ -50,10 +47,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            limits: FrameLimits {
-                body_bytes_max: 1 << 20,
-                data_bytes_max: 2 << 20,
-            },
+            limits: FrameLimits { body_bytes_max: 1 << 20, data_bytes_max: 2 << 20 },
             slots_max: 64,
             sessions_max: 1024,
             session_idle_ms: 300_000,

@@ -6,19 +6,12 @@ use weft_proto::{FrameError, Op, WireError};
 #[non_exhaustive]
 pub enum RpcError {
     #[error("cannot connect to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
+    Connect { addr: String, source: std::io::Error },
     #[error("{op:?} to {addr} timed out after {attempts} attempts; it was never executed")]
     Timeout { addr: String, op: Op, attempts: u32 },
     /// A non-idempotent request was sent, and no reply came back: the server may or may not have executed it.
     #[error("{op:?} to {addr} may or may not have been applied: {reason}")]
-    MaybeApplied {
-        addr: String,
-        op: Op,
-        reason: String,
-    },
+    MaybeApplied { addr: String, op: Op, reason: String },
     /// The server executed the call and answered with an error.
     #[error("{0}")]
     Remote(WireError),

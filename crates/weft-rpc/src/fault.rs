@@ -20,11 +20,7 @@ mod imp {
             if let ["drop-after-execute", op, count] = parts.as_slice()
                 && let (Ok(op), Ok(count)) = (op.parse(), count.parse())
             {
-                tracing::warn!(
-                    op,
-                    count,
-                    "fault injection armed: drop connection after execute"
-                );
+                tracing::warn!(op, count, "fault injection armed: drop connection after execute");
                 *PLAN.lock().expect("fault plan") = Some((op, count));
             }
         });

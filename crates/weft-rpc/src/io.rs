@@ -19,10 +19,7 @@ pub enum ReadError {
 
 /// Reads one header and its body. The body checksum is verified by the caller (so it can still answer the
 /// frame with an error while keeping the stream in step).
-pub async fn read_head<R: AsyncRead + Unpin>(
-    r: &mut R,
-    limits: &FrameLimits,
-) -> Result<(Header, Vec<u8>), ReadError> {
+pub async fn read_head<R: AsyncRead + Unpin>(r: &mut R, limits: &FrameLimits) -> Result<(Header, Vec<u8>), ReadError> {
     let mut hb = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -31,11 +28,7 @@ pub async fn read_head<R: AsyncRead + Unpin>(
             if got == 0 {
                 return Err(ReadError::Closed);
             }
-            return Err(FrameError::Truncated {
-                need: HEADER_LEN,
-                have: got,
-            }
-            .into());
+            return Err(FrameError::Truncated { need: HEADER_LEN, have: got }.into());
         }
         got += n;
     }
@@ -69,11 +62,7 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     if !body.is_empty() {
         slices.push(IoSlice::new(body));
     }
-    slices.extend(
-        data.iter()
-            .filter(|d| !d.is_empty())
-            .map(|d| IoSlice::new(d)),
-    );
+    slices.extend(data.iter().filter(|d| !d.is_empty()).map(|d| IoSlice::new(d)));
     let mut bufs: &mut [IoSlice<'_>] = &mut slices;
     while !bufs.is_empty() {
         let n = w.write_vectored(bufs).await?;

@@ -28,10 +28,7 @@ pub struct PoolBuf {
 
 impl BufferPool {
     pub fn new(buf_bytes: usize, buffers: u32) -> BufferPool {
-        assert!(
-            buf_bytes > 0 && buffers > 0,
-            "an empty buffer pool would deadlock its users"
-        );
+        assert!(buf_bytes > 0 && buffers > 0, "an empty buffer pool would deadlock its users");
         BufferPool {
             inner: Arc::new(PoolInner {
                 buf_bytes,
@@ -47,36 +44,20 @@ impl BufferPool {
 
     /// Borrows a buffer with `len` bytes in use; waits while all buffers are out.
     pub async fn acquire(&self, len: usize) -> PoolBuf {
-        assert!(
-            len <= self.inner.buf_bytes,
-            "request for {len} bytes from a pool of {}",
-            self.inner.buf_bytes
-        );
-        let permit = self
-            .inner
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("pool semaphore is never closed");
-        let buf = self
-            .inner
-            .free
-            .lock()
-            .expect("pool lock")
-            .pop()
-            .unwrap_or_else(|| {
+        assert!(len <= self.inner.buf_bytes, "request for {len} bytes from a pool of {}", self.inner.buf_bytes);
+        let permit = self.inner.permits.clone().acquire_owned().await.expect("pool semaphore is never closed");
+        let buf = self.inner.free.lock().expect("pool lock").pop().unwrap_or_else(|| {
+            // Pre-fault: write every page now rather than on the data path. `vec![0; n]` would be calloc, whose
+            // pages stay unmapped until first touch, which is exactly the cost this avoids.
+            #[allow(clippy::slow_vector_initialization)]
+            let v = {
                 let mut v = Vec::with_capacity(self.inner.buf_bytes);
-                // Pre-fault: write every page now rather than on the data path.
-                v.resize(self.inner.buf_bytes, 0);
+                v.resize(self.inner.buf_bytes, 0u8);
                 v
-            });
-        PoolBuf {
-            buf,
-            len,
-            pool: self.inner.clone(),
-            _permit: permit,
-        }
+            };
+            v
+        });
+        PoolBuf { buf, len, pool: self.inner.clone(), _permit: permit }
     }
 
     /// Buffers currently free (not on loan).

@@ -76,16 +76,9 @@ struct ConnOut<F: Fabric> {
 impl<F: Fabric, S: Service> RpcServer<F, S> {
     pub fn new(cfg: ServerConfig, service: Arc<S>) -> Arc<Self> {
         // A server that takes no payloads (the MDS) still gets a token pool, so the type stays uniform.
-        let pool = BufferPool::new(
-            (cfg.limits.data_bytes_max as usize).max(1),
-            cfg.pool_buffers.max(1),
-        );
+        let pool = BufferPool::new((cfg.limits.data_bytes_max as usize).max(1), cfg.pool_buffers.max(1));
         Arc::new(RpcServer {
-            sessions: Arc::new(SessionTable::new(
-                cfg.slots_max,
-                cfg.sessions_max,
-                cfg.session_idle_ms,
-            )),
+            sessions: Arc::new(SessionTable::new(cfg.slots_max, cfg.sessions_max, cfg.session_idle_ms)),
             cfg,
             service,
             pool,
@@ -101,12 +94,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     /// Accepts and serves connections until the listener fails.
     pub async fn serve(self: Arc<Self>, mut listener: F::Listener) -> std::io::Result<()> {
         loop {
-            let permit = self
-                .connections
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("never closed");
+            let permit = self.connections.clone().acquire_owned().await.expect("never closed");
             let conn = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -125,19 +113,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     }
 
     async fn serve_conn(self: Arc<Self>, conn: Connection<F>) {
-        let Connection {
-            reader,
-            writer,
-            killer,
-            peer,
-        } = conn;
+        let Connection { reader, writer, killer, peer } = conn;
         let peer: Arc<str> = peer.into();
         debug!(%peer, "connection open");
-        let out = Arc::new(ConnOut::<F> {
-            writer: tokio::sync::Mutex::new(writer),
-            killer,
-            peer: peer.clone(),
-        });
+        let out = Arc::new(ConnOut::<F> { writer: tokio::sync::Mutex::new(writer), killer, peer: peer.clone() });
         let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
         let limits = self.cfg.limits;
         loop {
@@ -173,16 +152,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 break;
             }
             let refuse = |e: FrameError| WireError::new(ErrorCode::BadRequest, e.to_string());
-            let decoded = h
-                .check_body(&body)
-                .and_then(|()| Request::decode(h.op, &body))
-                .map_err(refuse)
-                .and_then(|req| {
+            let decoded =
+                h.check_body(&body).and_then(|()| Request::decode(h.op, &body)).map_err(refuse).and_then(|req| {
                     if h.data_len > 0 && !req.op().request_has_data() {
-                        Err(refuse(FrameError::UnexpectedData {
-                            op: h.op,
-                            len: h.data_len,
-                        }))
+                        Err(refuse(FrameError::UnexpectedData { op: h.op, len: h.data_len }))
                     } else {
                         Ok(req)
                     }
@@ -214,13 +187,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         debug!(%peer, "connection closed");
     }
 
-    async fn dispatch(
-        self: &Arc<Self>,
-        out: &Arc<ConnOut<F>>,
-        h: Header,
-        req: Request,
-        data: Option<PoolBuf>,
-    ) {
+    async fn dispatch(self: &Arc<Self>, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>) {
         let result = match &req {
             Request::Null(()) => Ok(Response::Null(())),
             Request::SessionCreate(c) => self.sessions.create(&c.client_name, c.slots).map(|(session, slots)| {
@@ -276,28 +243,15 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         match self.sessions.admit(h.session, h.slot, h.seq) {
             Admit::Replay(c) => send_reply(out, &h, c.flags | FLAG_CACHED, c.body, None).await,
             Admit::Reexecute => self.execute(out, h, req, data, false).await,
-            Admit::Reject(err) => {
-                send_reply(out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await
-            }
+            Admit::Reject(err) => send_reply(out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await,
             // The session was replaced meanwhile or the slot moved on: nothing sensible to answer.
             Admit::Execute | Admit::Wait(_) => out.killer.kill(),
         }
     }
 
-    async fn execute(
-        &self,
-        out: &Arc<ConnOut<F>>,
-        h: Header,
-        req: Request,
-        data: Option<PoolBuf>,
-        track: bool,
-    ) {
+    async fn execute(&self, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>, track: bool) {
         let op = req.op();
-        let ctx = CallCtx {
-            session: h.session,
-            peer: out.peer.clone(),
-            pool: self.pool.clone(),
-        };
+        let ctx = CallCtx { session: h.session, peer: out.peer.clone(), pool: self.pool.clone() };
         let (flags, body, payload) = match self.service.call(&ctx, req, data).await {
             Ok(reply) => (0, Bytes::from(reply.resp.encode_body()), reply.data),
             Err(err) => {
@@ -306,10 +260,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             }
         };
         if track {
-            let cached = (!op.is_idempotent()).then(|| CachedReply {
-                flags,
-                body: body.clone(),
-            });
+            let cached = (!op.is_idempotent()).then(|| CachedReply { flags, body: body.clone() });
             self.sessions.complete(h.session, h.slot, h.seq, cached);
         }
         if crate::fault::drop_after_execute(h.op) {
@@ -321,13 +272,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     }
 }
 
-async fn send_reply<F: Fabric>(
-    out: &ConnOut<F>,
-    req: &Header,
-    flags: u8,
-    body: Bytes,
-    data: Option<PoolBuf>,
-) {
+async fn send_reply<F: Fabric>(out: &ConnOut<F>, req: &Header, flags: u8, body: Bytes, data: Option<PoolBuf>) {
     let data_slice: &[u8] = data.as_ref().map(|d| d.as_slice()).unwrap_or(&[]);
     let h = Header {
         kind: FrameKind::Reply,
@@ -349,7 +294,5 @@ async fn send_reply<F: Fabric>(
 
 /// Op code of a request, for logs of refused frames.
 pub fn op_name(op: u16) -> String {
-    Op::from_u16(op)
-        .map(|o| format!("{o:?}"))
-        .unwrap_or_else(|| format!("op {op}"))
+    Op::from_u16(op).map(|o| format!("{o:?}")).unwrap_or_else(|| format!("op {op}"))
 }

@@ -63,15 +63,10 @@ struct Tables {
 impl SessionTable {
     pub fn new(slots_max: u32, sessions_max: u32, idle_ms: u64) -> SessionTable {
         // Ids start from the boot time so a restarted server never accepts a session id from its previous life.
-        let boot_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
+        let boot_s =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         SessionTable {
-            inner: Mutex::new(Tables {
-                sessions: HashMap::new(),
-                next_id: (boot_s << 24) | 1,
-            }),
+            inner: Mutex::new(Tables { sessions: HashMap::new(), next_id: (boot_s << 24) | 1 }),
             slots_max,
             sessions_max,
             idle_ms,
@@ -96,47 +91,26 @@ impl SessionTable {
             if t.sessions.len() >= self.sessions_max as usize {
                 return Err(WireError::new(
                     ErrorCode::Busy,
-                    format!(
-                        "session table full ({} sessions, none idle)",
-                        self.sessions_max
-                    ),
+                    format!("session table full ({} sessions, none idle)", self.sessions_max),
                 ));
             }
         }
         let id = t.next_id;
         t.next_id += 1;
-        let slots_v = (0..slots)
-            .map(|_| Slot {
-                seq: 0,
-                state: SlotState::Fresh,
-            })
-            .collect();
-        t.sessions.insert(
-            id,
-            Session {
-                client_name: client_name.to_string(),
-                slots: slots_v,
-                last_used: Instant::now(),
-            },
-        );
+        let slots_v = (0..slots).map(|_| Slot { seq: 0, state: SlotState::Fresh }).collect();
+        t.sessions
+            .insert(id, Session { client_name: client_name.to_string(), slots: slots_v, last_used: Instant::now() });
         Ok((id, slots))
     }
 
     pub fn destroy(&self, id: u64) {
-        self.inner
-            .lock()
-            .expect("session table")
-            .sessions
-            .remove(&id);
+        self.inner.lock().expect("session table").sessions.remove(&id);
     }
 
     pub fn admit(&self, id: u64, slot: u32, seq: u32) -> Admit {
         let mut t = self.inner.lock().expect("session table");
         let Some(s) = t.sessions.get_mut(&id) else {
-            return Admit::Reject(WireError::new(
-                ErrorCode::StaleSession,
-                format!("unknown session {id:#x}"),
-            ));
+            return Admit::Reject(WireError::new(ErrorCode::StaleSession, format!("unknown session {id:#x}")));
         };
         s.last_used = Instant::now();
         let nslots = s.slots.len();
@@ -168,21 +142,14 @@ impl SessionTable {
         }
         Admit::Reject(WireError::new(
             ErrorCode::SeqMisordered,
-            format!(
-                "slot {slot}: sequence {seq}, expected {} or {}",
-                sl.seq,
-                sl.seq.wrapping_add(1)
-            ),
+            format!("slot {slot}: sequence {seq}, expected {} or {}", sl.seq, sl.seq.wrapping_add(1)),
         ))
     }
 
     /// Records the outcome of an executed request and wakes retransmissions waiting on it.
     pub fn complete(&self, id: u64, slot: u32, seq: u32, cached: Option<CachedReply>) {
         let mut t = self.inner.lock().expect("session table");
-        if let Some(sl) = t
-            .sessions
-            .get_mut(&id)
-            .and_then(|s| s.slots.get_mut(slot as usize))
+        if let Some(sl) = t.sessions.get_mut(&id).and_then(|s| s.slots.get_mut(slot as usize))
             && sl.seq == seq
         {
             let prev = std::mem::replace(&mut sl.state, SlotState::Done(cached));
@@ -212,43 +179,17 @@ mod tests {
         assert!(matches!(t.admit(id, 0, 1), Admit::Wait(_)));
         // The next sequence while running is a client bug.
         assert!(matches!(t.admit(id, 0, 2), Admit::Reject(_)));
-        t.complete(
-            id,
-            0,
-            1,
-            Some(CachedReply {
-                flags: 0,
-                body: Bytes::from_static(b"r"),
-            }),
-        );
+        t.complete(id, 0, 1, Some(CachedReply { flags: 0, body: Bytes::from_static(b"r") }));
         match t.admit(id, 0, 1) {
             Admit::Replay(c) => assert_eq!(&c.body[..], b"r"),
             _ => panic!("expected replay"),
         }
-        assert!(matches!(
-            t.admit(id, 0, 5),
-            Admit::Reject(WireError {
-                code: ErrorCode::SeqMisordered,
-                ..
-            })
-        ));
+        assert!(matches!(t.admit(id, 0, 5), Admit::Reject(WireError { code: ErrorCode::SeqMisordered, .. })));
         assert!(matches!(t.admit(id, 0, 2), Admit::Execute));
         t.complete(id, 0, 2, None);
         assert!(matches!(t.admit(id, 0, 2), Admit::Reexecute));
-        assert!(matches!(
-            t.admit(id, 9, 1),
-            Admit::Reject(WireError {
-                code: ErrorCode::BadRequest,
-                ..
-            })
-        ));
-        assert!(matches!(
-            t.admit(id + 1, 0, 1),
-            Admit::Reject(WireError {
-                code: ErrorCode::StaleSession,
-                ..
-            })
-        ));
+        assert!(matches!(t.admit(id, 9, 1), Admit::Reject(WireError { code: ErrorCode::BadRequest, .. })));
+        assert!(matches!(t.admit(id + 1, 0, 1), Admit::Reject(WireError { code: ErrorCode::StaleSession, .. })));
     }
 
     #[test]

@@ -10,12 +10,8 @@ use tokio::net::TcpStream;
 use weft_fabric::{Fabric, Listener, TcpFabric};
 use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
 use weft_proto::msg::{ReadReq, SessionCreateReq, WriteReq, decode};
-use weft_proto::{
-    ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, Request, Response, WireError,
-};
-use weft_rpc::{
-    CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service,
-};
+use weft_proto::{ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, Request, Response, WireError};
+use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
 
 #[derive(Default)]
 struct Counting {
@@ -25,12 +21,7 @@ struct Counting {
 }
 
 impl Service for Counting {
-    async fn call(
-        &self,
-        ctx: &CallCtx,
-        req: Request,
-        data: Option<PoolBuf>,
-    ) -> Result<Reply, WireError> {
+    async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.in_flight_max.fetch_max(now, Ordering::SeqCst);
         tokio::task::yield_now().await;
@@ -44,10 +35,7 @@ impl Service for Counting {
                 for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
                     *b = (r.offset as usize + i) as u8;
                 }
-                Ok(Reply {
-                    resp: Response::Read(()),
-                    data: Some(buf),
-                })
+                Ok(Reply { resp: Response::Read(()), data: Some(buf) })
             }
             _ => Err(WireError::new(ErrorCode::BadRequest, "not served here")),
         };
@@ -69,72 +57,34 @@ async fn start(svc: Arc<Counting>) -> String {
 async fn payloads_round_trip_into_caller_buffers() {
     let svc = Arc::new(Counting::default());
     let addr = start(svc.clone()).await;
-    let c = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default())
-        .await
-        .unwrap();
+    let c = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
     let data = vec![Bytes::from(vec![7u8; 1000]), Bytes::from(vec![8u8; 24])];
-    let (r, _) = c
-        .call(Request::Write(WriteReq { ino: 1, offset: 0 }), data, vec![])
-        .await
-        .unwrap();
+    let (r, _) = c.call(Request::Write(WriteReq { ino: 1, offset: 0 }), data, vec![]).await.unwrap();
     assert_eq!(r, Response::Write(1024));
     // The reply's payload lands in two caller segments, in order.
     let dest = vec![BytesMut::zeroed(100), BytesMut::zeroed(156)];
-    let (r, dest) = c
-        .call(
-            Request::Read(ReadReq {
-                ino: 1,
-                offset: 0,
-                len: 256,
-            }),
-            vec![],
-            dest,
-        )
-        .await
-        .unwrap();
+    let (r, dest) = c.call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256 }), vec![], dest).await.unwrap();
     assert_eq!(r, Response::Read(()));
     assert_eq!(dest[0][99], 99);
     assert_eq!(dest[1][0], 100);
     assert_eq!(dest[1][155], 255);
     // A reply payload that does not match the caller's buffers is a protocol error, not a silent truncation.
     let short = vec![BytesMut::zeroed(10)];
-    assert!(
-        c.call(
-            Request::Read(ReadReq {
-                ino: 1,
-                offset: 0,
-                len: 256
-            }),
-            vec![],
-            short
-        )
-        .await
-        .is_err()
-    );
+    assert!(c.call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256 }), vec![], short).await.is_err());
 }
 
 #[tokio::test]
 async fn credits_bound_requests_in_flight() {
     let svc = Arc::new(Counting::default());
     let addr = start(svc.clone()).await;
-    let cfg = ClientConfig {
-        slots: 2,
-        ..ClientConfig::default()
-    };
-    let c = RpcClient::connect(TcpFabric::default(), &addr, cfg)
-        .await
-        .unwrap();
+    let cfg = ClientConfig { slots: 2, ..ClientConfig::default() };
+    let c = RpcClient::connect(TcpFabric::default(), &addr, cfg).await.unwrap();
     assert_eq!(c.slots(), 2);
     let mut tasks = Vec::new();
     for i in 0..32u64 {
         let c = c.clone();
         tasks.push(tokio::spawn(async move {
-            c.call(
-                Request::Write(WriteReq { ino: i, offset: 0 }),
-                vec![Bytes::from_static(b"x")],
-                vec![],
-            )
-            .await
+            c.call(Request::Write(WriteReq { ino: i, offset: 0 }), vec![Bytes::from_static(b"x")], vec![]).await
         }));
     }
     for t in tasks {
@@ -178,55 +128,30 @@ async fn retransmission_is_answered_from_cache_not_executed() {
     let svc = Arc::new(Counting::default());
     let addr = start(svc.clone()).await;
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    let create = Request::SessionCreate(SessionCreateReq {
-        client_name: "raw".into(),
-        slots: 4,
-    });
-    s.write_all(&frame(2, 0, u32::MAX, 0, &create.encode_body(), &[]))
-        .await
-        .unwrap();
+    let create = Request::SessionCreate(SessionCreateReq { client_name: "raw".into(), slots: 4 });
+    s.write_all(&frame(2, 0, u32::MAX, 0, &create.encode_body(), &[])).await.unwrap();
     let (_, body) = read_reply(&mut s).await;
-    let Response::SessionCreate(sess) = Response::decode(2, &body).unwrap() else {
-        panic!()
-    };
+    let Response::SessionCreate(sess) = Response::decode(2, &body).unwrap() else { panic!() };
     let w = Request::Write(WriteReq { ino: 5, offset: 0 }).encode_body();
-    s.write_all(&frame(201, sess.session, 1, 1, &w, b"abc"))
-        .await
-        .unwrap();
+    s.write_all(&frame(201, sess.session, 1, 1, &w, b"abc")).await.unwrap();
     let (h1, b1) = read_reply(&mut s).await;
     // The same slot and sequence again: a retransmission, possibly on a new connection.
     let mut s2 = TcpStream::connect(&addr).await.unwrap();
-    s2.write_all(&frame(201, sess.session, 1, 1, &w, b"abc"))
-        .await
-        .unwrap();
+    s2.write_all(&frame(201, sess.session, 1, 1, &w, b"abc")).await.unwrap();
     let (h2, b2) = read_reply(&mut s2).await;
-    assert_eq!(
-        svc.writes.load(Ordering::SeqCst),
-        1,
-        "a retransmitted write ran twice"
-    );
+    assert_eq!(svc.writes.load(Ordering::SeqCst), 1, "a retransmitted write ran twice");
     assert_eq!(b1, b2);
     assert_eq!(h1.flags & FLAG_CACHED, 0);
     assert_ne!(h2.flags & FLAG_CACHED, 0);
     // A sequence that skips ahead is refused.
-    s2.write_all(&frame(201, sess.session, 1, 7, &w, b"abc"))
-        .await
-        .unwrap();
+    s2.write_all(&frame(201, sess.session, 1, 7, &w, b"abc")).await.unwrap();
     let (h3, b3) = read_reply(&mut s2).await;
     assert_ne!(h3.flags & FLAG_ERROR, 0);
-    assert_eq!(
-        decode::<WireError>(201, &b3).unwrap().code,
-        ErrorCode::SeqMisordered
-    );
+    assert_eq!(decode::<WireError>(201, &b3).unwrap().code, ErrorCode::SeqMisordered);
     // An unknown session is refused.
-    s2.write_all(&frame(201, sess.session ^ 0xff, 1, 1, &w, b"abc"))
-        .await
-        .unwrap();
+    s2.write_all(&frame(201, sess.session ^ 0xff, 1, 1, &w, b"abc")).await.unwrap();
     let (_, b4) = read_reply(&mut s2).await;
-    assert_eq!(
-        decode::<WireError>(201, &b4).unwrap().code,
-        ErrorCode::StaleSession
-    );
+    assert_eq!(decode::<WireError>(201, &b4).unwrap().code, ErrorCode::StaleSession);
     assert_eq!(svc.writes.load(Ordering::SeqCst), 1);
 }
 
@@ -234,21 +159,14 @@ async fn retransmission_is_answered_from_cache_not_executed() {
 async fn malformed_frames_get_errors_and_others_keep_being_served() {
     let svc = Arc::new(Counting::default());
     let addr = start(svc.clone()).await;
-    let good = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default())
-        .await
-        .unwrap();
+    let good = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
 
     // Garbage: an error frame, then the connection closes.
     let mut s = TcpStream::connect(&addr).await.unwrap();
     s.write_all(&[0xAB; 64]).await.unwrap();
     let (h, body) = read_reply(&mut s).await;
     assert_ne!(h.flags & FLAG_ERROR, 0);
-    assert!(
-        decode::<WireError>(0, &body)
-            .unwrap()
-            .message
-            .contains("magic")
-    );
+    assert!(decode::<WireError>(0, &body).unwrap().message.contains("magic"));
     assert_eq!(s.read(&mut [0u8; 1]).await.unwrap(), 0);
 
     // Oversized data length: refused before anything is allocated.
@@ -257,33 +175,19 @@ async fn malformed_frames_get_errors_and_others_keep_being_served() {
     f[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
     s.write_all(&f).await.unwrap();
     let (_, body) = read_reply(&mut s).await;
-    assert!(
-        decode::<WireError>(0, &body)
-            .unwrap()
-            .message
-            .contains("exceeds")
-    );
+    assert!(decode::<WireError>(0, &body).unwrap().message.contains("exceeds"));
 
     // Truncated header then close: answered with an error naming the truncation, then closed.
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    s.write_all(&frame(1, 0, 0, 0, &[], &[])[..20])
-        .await
-        .unwrap();
+    s.write_all(&frame(1, 0, 0, 0, &[], &[])[..20]).await.unwrap();
     s.shutdown().await.unwrap();
     let (_, body) = read_reply(&mut s).await;
-    assert!(
-        decode::<WireError>(0, &body)
-            .unwrap()
-            .message
-            .contains("truncated")
-    );
+    assert!(decode::<WireError>(0, &body).unwrap().message.contains("truncated"));
     assert_eq!(s.read(&mut [0u8; 64]).await.unwrap(), 0);
 
     // Sound lengths, bad body: an error, and the same connection goes on.
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    s.write_all(&frame(100, 0, 0, 1, &[0xff, 0xff, 0xff], &[]))
-        .await
-        .unwrap();
+    s.write_all(&frame(100, 0, 0, 1, &[0xff, 0xff, 0xff], &[])).await.unwrap();
     let (h, _) = read_reply(&mut s).await;
     assert_ne!(h.flags & FLAG_ERROR, 0);
     let mut bad_crc = frame(1, 0, 0, 0, &[], &[]);
@@ -292,26 +196,16 @@ async fn malformed_frames_get_errors_and_others_keep_being_served() {
     let (h, _) = read_reply(&mut s).await;
     assert_ne!(h.flags & FLAG_ERROR, 0);
     // Data on an op that carries none: refused, the payload skipped, the stream still in step.
-    s.write_all(&frame(1, 0, 0, 0, &[], b"unexpected"))
-        .await
-        .unwrap();
+    s.write_all(&frame(1, 0, 0, 0, &[], b"unexpected")).await.unwrap();
     let (h, _) = read_reply(&mut s).await;
     assert_ne!(h.flags & FLAG_ERROR, 0);
     s.write_all(&frame(1, 0, 0, 0, &[], &[])).await.unwrap();
     let (h, _) = read_reply(&mut s).await;
-    assert_eq!(
-        h.flags & FLAG_ERROR,
-        0,
-        "the connection should still serve a good frame"
-    );
+    assert_eq!(h.flags & FLAG_ERROR, 0, "the connection should still serve a good frame");
 
     // The well-behaved client never noticed.
     let (r, _) = good
-        .call(
-            Request::Write(WriteReq { ino: 1, offset: 0 }),
-            vec![Bytes::from_static(b"ok")],
-            vec![],
-        )
+        .call(Request::Write(WriteReq { ino: 1, offset: 0 }), vec![Bytes::from_static(b"ok")], vec![])
         .await
         .unwrap();
     assert_eq!(r, Response::Write(2));
@@ -343,25 +237,11 @@ async fn client_reconnects_after_the_connection_dies() {
             });
         }
     });
-    let c = RpcClient::connect(TcpFabric::default(), &paddr, ClientConfig::default())
-        .await
-        .unwrap();
-    c.call(
-        Request::Write(WriteReq { ino: 1, offset: 0 }),
-        vec![Bytes::from_static(b"a")],
-        vec![],
-    )
-    .await
-    .unwrap();
+    let c = RpcClient::connect(TcpFabric::default(), &paddr, ClientConfig::default()).await.unwrap();
+    c.call(Request::Write(WriteReq { ino: 1, offset: 0 }), vec![Bytes::from_static(b"a")], vec![]).await.unwrap();
     cut.notify_waiters();
-    let (r, _) = c
-        .call(
-            Request::Write(WriteReq { ino: 1, offset: 0 }),
-            vec![Bytes::from_static(b"bb")],
-            vec![],
-        )
-        .await
-        .unwrap();
+    let (r, _) =
+        c.call(Request::Write(WriteReq { ino: 1, offset: 0 }), vec![Bytes::from_static(b"bb")], vec![]).await.unwrap();
     assert_eq!(r, Response::Write(2));
     assert_eq!(svc.writes.load(Ordering::SeqCst), 2);
 }

@@ -15,17 +15,14 @@ const COPY_CHUNK_BYTES: usize = 16 << 20;
 
 async fn connect(spec: &str) -> Result<Client> {
     let cfg = ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?;
-    Client::connect(&cfg)
-        .await
-        .with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
+    Client::connect(&cfg).await.with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
 }
 
 pub async fn up(data_dir: PathBuf, servers: u32) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
     }
-    std::fs::create_dir_all(&data_dir)
-        .with_context(|| format!("creating {}", data_dir.display()))?;
+    std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let exe = std::env::current_exe().context("finding the weft binary")?;
     let mut cluster = LocalCluster::start(LaunchOptions::new(exe, &data_dir, servers)).await?;
@@ -36,15 +33,8 @@ pub async fn up(data_dir: PathBuf, servers: u32) -> Result<()> {
         servers,
         cluster.data_addrs().join(", ")
     );
-    println!(
-        "Data, logs and client config under {} (client config: {})",
-        data_dir.display(),
-        cfg.display()
-    );
-    println!(
-        "Try: export WEFT_CLUSTER={}; weft put /etc/hosts /hosts; weft ls -l /; weft status",
-        cfg.display()
-    );
+    println!("Data, logs and client config under {} (client config: {})", data_dir.display(), cfg.display());
+    println!("Try: export WEFT_CLUSTER={}; weft put /etc/hosts /hosts; weft ls -l /; weft status", cfg.display());
     println!("Ctrl-C stops the cluster.");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -99,15 +89,9 @@ pub async fn stat(spec: &str, path: &str) -> Result<()> {
     println!("  path: {path}");
     println!(" inode: {}", a.ino);
     println!("  kind: {:?}", a.kind);
-    println!(
-        "  mode: {:04o}  uid: {}  gid: {}  links: {}",
-        a.mode, a.uid, a.gid, a.nlink
-    );
+    println!("  mode: {:04o}  uid: {}  gid: {}  links: {}", a.mode, a.uid, a.gid, a.nlink);
     println!("  size: {}", a.size);
-    println!(
-        " mtime: {} ns  ctime: {} ns  atime: {} ns",
-        a.mtime_ns, a.ctime_ns, a.atime_ns
-    );
+    println!(" mtime: {} ns  ctime: {} ns  atime: {} ns", a.mtime_ns, a.ctime_ns, a.atime_ns);
     if a.kind == FileKind::Symlink {
         println!("target: {}", c.readlink(a.ino).await?);
     }
@@ -119,15 +103,8 @@ pub async fn stat(spec: &str, path: &str) -> Result<()> {
             )
         }
         (Some(l), FileKind::Dir) => {
-            let count = if l.stripe_count == 0 {
-                "all".to_string()
-            } else {
-                l.stripe_count.to_string()
-            };
-            println!(
-                "layout policy for new files: stripe unit {} bytes, stripe count {count}",
-                l.stripe_unit
-            )
+            let count = if l.stripe_count == 0 { "all".to_string() } else { l.stripe_count.to_string() };
+            println!("layout policy for new files: stripe unit {} bytes, stripe count {count}", l.stripe_unit)
         }
         _ => {}
     }
@@ -136,19 +113,14 @@ pub async fn stat(spec: &str, path: &str) -> Result<()> {
 
 pub async fn put(spec: &str, local: &Path, remote: &str) -> Result<()> {
     let c = connect(spec).await?;
-    let mut src = tokio::fs::File::open(local)
-        .await
-        .with_context(|| format!("opening {}", local.display()))?;
+    let mut src = tokio::fs::File::open(local).await.with_context(|| format!("opening {}", local.display()))?;
     let f = c.create_path(remote, 0o644, false, true).await?;
     let mut offset = 0u64;
     loop {
         let mut buf = BytesMut::zeroed(COPY_CHUNK_BYTES);
         let mut filled = 0;
         while filled < buf.len() {
-            let n = src
-                .read(&mut buf[filled..])
-                .await
-                .with_context(|| format!("reading {}", local.display()))?;
+            let n = src.read(&mut buf[filled..]).await.with_context(|| format!("reading {}", local.display()))?;
             if n == 0 {
                 break;
             }
@@ -169,10 +141,7 @@ async fn copy_out(c: &Client, remote: &str, out: &mut (impl AsyncWriteExt + Unpi
     let f = c.open(remote).await?;
     let mut offset = 0u64;
     while offset < f.size() {
-        let buf = f
-            .read_at(offset, BytesMut::zeroed(COPY_CHUNK_BYTES))
-            .await
-            .map_err(|e| e.with_path(remote))?;
+        let buf = f.read_at(offset, BytesMut::zeroed(COPY_CHUNK_BYTES)).await.map_err(|e| e.with_path(remote))?;
         if buf.is_empty() {
             break;
         }
@@ -185,9 +154,7 @@ async fn copy_out(c: &Client, remote: &str, out: &mut (impl AsyncWriteExt + Unpi
 
 pub async fn get(spec: &str, remote: &str, local: &Path) -> Result<()> {
     let c = connect(spec).await?;
-    let mut dst = tokio::fs::File::create(local)
-        .await
-        .with_context(|| format!("creating {}", local.display()))?;
+    let mut dst = tokio::fs::File::create(local).await.with_context(|| format!("creating {}", local.display()))?;
     copy_out(&c, remote, &mut dst).await?;
     dst.sync_all().await?;
     Ok(())
@@ -201,22 +168,15 @@ pub async fn cat(spec: &str, path: &str) -> Result<()> {
 pub async fn rm(spec: &str, path: &str, recursive: bool) -> Result<()> {
     let c = connect(spec).await?;
     let (parent, name) = c.resolve_parent(path).await?;
-    let attr = c
-        .lookup(parent.ino, name)
-        .await
-        .map_err(|e| e.with_path(path))?;
+    let attr = c.lookup(parent.ino, name).await.map_err(|e| e.with_path(path))?;
     if attr.kind == FileKind::Dir {
         if !recursive {
             bail!("{path} is a directory (use -r, or rmdir)");
         }
         remove_tree(&c, attr.ino).await?;
-        c.rmdir(parent.ino, name)
-            .await
-            .map_err(|e| e.with_path(path))?;
+        c.rmdir(parent.ino, name).await.map_err(|e| e.with_path(path))?;
     } else {
-        c.unlink(parent.ino, name)
-            .await
-            .map_err(|e| e.with_path(path))?;
+        c.unlink(parent.ino, name).await.map_err(|e| e.with_path(path))?;
     }
     Ok(())
 }
@@ -238,18 +198,14 @@ pub async fn mkdir(spec: &str, path: &str, parents: bool) -> Result<()> {
     let c = connect(spec).await?;
     if !parents {
         let (parent, name) = c.resolve_parent(path).await?;
-        c.mkdir(parent.ino, name, 0o755)
-            .await
-            .map_err(|e| e.with_path(path))?;
+        c.mkdir(parent.ino, name, 0o755).await.map_err(|e| e.with_path(path))?;
         return Ok(());
     }
     let mut ino = weft_proto::ROOT_INO;
     for name in weft_client::components(path)? {
         ino = match c.mkdir(ino, name, 0o755).await {
             Ok(a) => a.ino,
-            Err(e) if e.code() == Some(weft_proto::ErrorCode::Exists) => {
-                c.lookup(ino, name).await?.ino
-            }
+            Err(e) if e.code() == Some(weft_proto::ErrorCode::Exists) => c.lookup(ino, name).await?.ino,
             Err(e) => return Err(e.with_path(path).into()),
         };
     }
@@ -259,9 +215,7 @@ pub async fn mkdir(spec: &str, path: &str, parents: bool) -> Result<()> {
 pub async fn rmdir(spec: &str, path: &str) -> Result<()> {
     let c = connect(spec).await?;
     let (parent, name) = c.resolve_parent(path).await?;
-    c.rmdir(parent.ino, name)
-        .await
-        .map_err(|e| e.with_path(path))?;
+    c.rmdir(parent.ino, name).await.map_err(|e| e.with_path(path))?;
     Ok(())
 }
 
@@ -269,14 +223,8 @@ pub async fn mv(spec: &str, src: &str, dst: &str, no_clobber: bool) -> Result<()
     let c = connect(spec).await?;
     let (sp, sn) = c.resolve_parent(src).await?;
     let (dp, dn) = c.resolve_parent(dst).await?;
-    let flags = if no_clobber {
-        weft_proto::msg::RENAME_NOREPLACE
-    } else {
-        0
-    };
-    c.rename(sp.ino, sn, dp.ino, dn, flags)
-        .await
-        .map_err(|e| e.with_path(src))?;
+    let flags = if no_clobber { weft_proto::msg::RENAME_NOREPLACE } else { 0 };
+    c.rename(sp.ino, sn, dp.ino, dn, flags).await.map_err(|e| e.with_path(src))?;
     Ok(())
 }
 
@@ -284,14 +232,10 @@ pub async fn ln(spec: &str, target: &str, link: &str, symbolic: bool) -> Result<
     let c = connect(spec).await?;
     let (parent, name) = c.resolve_parent(link).await?;
     if symbolic {
-        c.symlink(parent.ino, name, target)
-            .await
-            .map_err(|e| e.with_path(link))?;
+        c.symlink(parent.ino, name, target).await.map_err(|e| e.with_path(link))?;
     } else {
         let t = c.resolve(target).await?;
-        c.link(t.ino, parent.ino, name)
-            .await
-            .map_err(|e| e.with_path(link))?;
+        c.link(t.ino, parent.ino, name).await.map_err(|e| e.with_path(link))?;
     }
     Ok(())
 }
@@ -306,9 +250,7 @@ pub async fn truncate(spec: &str, path: &str, size: u64) -> Result<()> {
 pub async fn setstripe(spec: &str, dir: &str, unit: u32, count: u32) -> Result<()> {
     let c = connect(spec).await?;
     let d = c.resolve(dir).await?;
-    c.set_layout(d.ino, unit, count)
-        .await
-        .map_err(|e| e.with_path(dir))?;
+    c.set_layout(d.ino, unit, count).await.map_err(|e| e.with_path(dir))?;
     Ok(())
 }
 
@@ -330,11 +272,7 @@ pub async fn status(spec: &str) -> Result<()> {
             ServerState::Up => "up",
             ServerState::Down => "DOWN",
         };
-        let age = if s.heartbeat_age_ms == u64::MAX {
-            "never".to_string()
-        } else {
-            s.heartbeat_age_ms.to_string()
-        };
+        let age = if s.heartbeat_age_ms == u64::MAX { "never".to_string() } else { s.heartbeat_age_ms.to_string() };
         println!(
             "{:>4}  {:<22} {:<5} {:>10.1} {:>10.1} {:>12}",
             s.id,

@@ -160,23 +160,14 @@ enum Cmd {
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let server_role = matches!(
-        cli.cmd,
-        Cmd::Meta { .. } | Cmd::Data { .. } | Cmd::Up { .. }
-    );
+    let server_role = matches!(cli.cmd, Cmd::Meta { .. } | Cmd::Data { .. } | Cmd::Up { .. });
     init_logging(if server_role { "info" } else { "warn" });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     rt.block_on(run(cli.cmd))
 }
 
@@ -185,22 +176,16 @@ async fn run(cmd: Cmd) -> Result<()> {
     match cmd {
         Cmd::Up { data_dir, servers } => c::up(data_dir, servers).await,
         Cmd::Meta { config } => {
-            let text = std::fs::read_to_string(&config)
-                .with_context(|| format!("reading {}", config.display()))?;
-            let cfg: weft_meta::MetaConfig = toml::from_str(&text)
-                .with_context(|| format!("{} is not a valid meta config", config.display()))?;
-            weft_meta::run(cfg, ready)
-                .await
-                .context("metadata service failed")
+            let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
+            let cfg: weft_meta::MetaConfig =
+                toml::from_str(&text).with_context(|| format!("{} is not a valid meta config", config.display()))?;
+            weft_meta::run(cfg, ready).await.context("metadata service failed")
         }
         Cmd::Data { config } => {
-            let text = std::fs::read_to_string(&config)
-                .with_context(|| format!("reading {}", config.display()))?;
-            let cfg: weft_data::DataConfig = toml::from_str(&text)
-                .with_context(|| format!("{} is not a valid data config", config.display()))?;
-            weft_data::run(cfg, ready)
-                .await
-                .context("data server failed")
+            let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
+            let cfg: weft_data::DataConfig =
+                toml::from_str(&text).with_context(|| format!("{} is not a valid data config", config.display()))?;
+            weft_data::run(cfg, ready).await.context("data server failed")
         }
         Cmd::Ls { c, path, long } => c::ls(&c.cluster, &path, long).await,
         Cmd::Stat { c, path } => c::stat(&c.cluster, &path).await,
@@ -210,27 +195,10 @@ async fn run(cmd: Cmd) -> Result<()> {
         Cmd::Rm { c, path, recursive } => c::rm(&c.cluster, &path, recursive).await,
         Cmd::Mkdir { c, path, parents } => c::mkdir(&c.cluster, &path, parents).await,
         Cmd::Rmdir { c, path } => c::rmdir(&c.cluster, &path).await,
-        Cmd::Mv {
-            c,
-            src,
-            dst,
-            no_clobber,
-        } => c::mv(&c.cluster, &src, &dst, no_clobber).await,
-        Cmd::Ln {
-            c,
-            target,
-            link,
-            symbolic,
-        } => c::ln(&c.cluster, &target, &link, symbolic).await,
-        Cmd::Truncate { c, path, size } => {
-            c::truncate(&c.cluster, &path, size::parse(&size)?).await
-        }
-        Cmd::Setstripe {
-            c,
-            unit,
-            count,
-            dir,
-        } => {
+        Cmd::Mv { c, src, dst, no_clobber } => c::mv(&c.cluster, &src, &dst, no_clobber).await,
+        Cmd::Ln { c, target, link, symbolic } => c::ln(&c.cluster, &target, &link, symbolic).await,
+        Cmd::Truncate { c, path, size } => c::truncate(&c.cluster, &path, size::parse(&size)?).await,
+        Cmd::Setstripe { c, unit, count, dir } => {
             let unit = size::parse(&unit)?;
             let unit = u32::try_from(unit).context("stripe unit must be below 4 GiB")?;
             c::setstripe(&c.cluster, &dir, unit, count).await

@@ -24,15 +24,9 @@ async fn the_weft_command_end_to_end() {
     ok(&["put", local_s, "/a/b/file"]);
     let stat = ok(&["stat", "/a/b/file"]);
     assert!(stat.contains("size: 3000000"), "{stat}");
-    assert!(
-        stat.contains("stripe unit 65536 bytes, stripe count 2"),
-        "{stat}"
-    );
+    assert!(stat.contains("stripe unit 65536 bytes, stripe count 2"), "{stat}");
     let ls = ok(&["ls", "-l", "/a/b"]);
-    assert!(
-        ls.contains("file") && ls.contains(" c\n") || ls.contains(" c"),
-        "{ls}"
-    );
+    assert!(ls.contains("file") && ls.contains(" c\n") || ls.contains(" c"), "{ls}");
 
     let out = dir.join("out.bin");
     ok(&["get", "/a/b/file", out.to_str().unwrap()]);
@@ -54,14 +48,7 @@ async fn the_weft_command_end_to_end() {
     assert!(ok(&["stat", "/a/moved"]).contains("size: 1024"));
 
     let status = ok(&["status"]);
-    assert_eq!(
-        status
-            .lines()
-            .filter(|l| l.contains("127.0.0.1:") && l.contains(" up "))
-            .count(),
-        2,
-        "{status}"
-    );
+    assert_eq!(status.lines().filter(|l| l.contains("127.0.0.1:") && l.contains(" up ")).count(), 2, "{status}");
     assert!(status.contains("2 of 2 data servers up"), "{status}");
 
     // Errors: clear messages and a failing exit status.
@@ -75,10 +62,7 @@ async fn the_weft_command_end_to_end() {
     ok(&["rm", "-r", "/a"]);
     assert_eq!(ok(&["ls", "/"]).trim(), "");
     // No cluster at all: a clear error, not a panic.
-    let out = std::process::Command::new(WEFT)
-        .args(["ls", "/", "--cluster", "127.0.0.1:1"])
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(WEFT).args(["ls", "/", "--cluster", "127.0.0.1:1"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("connecting to the metadata service"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -86,21 +70,9 @@ async fn the_weft_command_end_to_end() {
 
 #[test]
 fn help_explains_the_commands() {
-    let out = std::process::Command::new(WEFT)
-        .arg("--help")
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(WEFT).arg("--help").output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    for cmd in [
-        "up",
-        "meta",
-        "data",
-        "put",
-        "get",
-        "setstripe",
-        "status",
-        "bench",
-    ] {
+    for cmd in ["up", "meta", "data", "put", "get", "setstripe", "status", "bench"] {
         assert!(text.contains(cmd), "--help lacks {cmd}: {text}");
     }
 }

@@ -42,22 +42,15 @@ async fn close_to_open_between_two_clients() {
     let a = cl.client().await;
     let b = cl.client().await;
     let fa = a.create_path("/shared", 0o644, true, false).await.unwrap();
-    fa.write_at(0, Bytes::from(pattern(1, 0, 200_000)))
-        .await
-        .unwrap();
+    fa.write_at(0, Bytes::from(pattern(1, 0, 200_000))).await.unwrap();
     fa.close().await.unwrap();
     let fb = b.open("/shared").await.unwrap();
     assert_eq!(fb.size(), 200_000);
-    assert_eq!(
-        &fb.read_at(0, BytesMut::zeroed(200_000)).await.unwrap()[..],
-        &pattern(1, 0, 200_000)[..]
-    );
+    assert_eq!(&fb.read_at(0, BytesMut::zeroed(200_000)).await.unwrap()[..], &pattern(1, 0, 200_000)[..]);
 
     // A rewrite and extension by A after B opened: B sees it on its next open.
     let fa = a.open("/shared").await.unwrap();
-    fa.write_at(150_000, Bytes::from(pattern(2, 0, 100_000)))
-        .await
-        .unwrap();
+    fa.write_at(150_000, Bytes::from(pattern(2, 0, 100_000))).await.unwrap();
     fa.close().await.unwrap();
     let fb = b.open("/shared").await.unwrap();
     assert_eq!(fb.size(), 250_000);
@@ -71,17 +64,10 @@ async fn the_largest_size_wins_among_concurrent_writers() {
     let cl = start("conc-size", 2).await;
     let a = cl.client().await;
     let b = cl.client().await;
-    a.create_path("/one", 0o644, true, false)
-        .await
-        .unwrap()
-        .close()
-        .await
-        .unwrap();
+    a.create_path("/one", 0o644, true, false).await.unwrap().close().await.unwrap();
     let fa = a.open("/one").await.unwrap();
     let fb = b.open("/one").await.unwrap();
-    fa.write_at(0, Bytes::from(vec![1u8; 500_000]))
-        .await
-        .unwrap();
+    fa.write_at(0, Bytes::from(vec![1u8; 500_000])).await.unwrap();
     fb.write_at(0, Bytes::from(vec![2u8; 100])).await.unwrap();
     // The longer writer commits first; the shorter commit must not shrink the file.
     fa.close().await.unwrap();

@@ -11,13 +11,8 @@ async fn acknowledged_creates_survive_kill_9_of_the_mds() {
     let mut cl = start("crash", 2).await;
     let setup = cl.client().await;
     let d = setup.mkdir(ROOT_INO, "stream", 0o755).await.unwrap();
-    let f = setup
-        .create_path("/before", 0o644, true, false)
-        .await
-        .unwrap();
-    f.write_at(0, bytes::Bytes::from(pattern(11, 0, 100_000)))
-        .await
-        .unwrap();
+    let f = setup.create_path("/before", 0o644, true, false).await.unwrap();
+    f.write_at(0, bytes::Bytes::from(pattern(11, 0, 100_000))).await.unwrap();
     f.close().await.unwrap();
 
     let c = cl.impatient_client().await;
@@ -50,24 +45,13 @@ async fn acknowledged_creates_survive_kill_9_of_the_mds() {
 
     cl.restart_mds().await.unwrap();
     let c = cl.client().await;
-    let present: std::collections::HashSet<String> = c
-        .readdir(d.ino)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    let present: std::collections::HashSet<String> =
+        c.readdir(d.ino).await.unwrap().into_iter().map(|e| e.name).collect();
     for name in &acked {
-        assert!(
-            present.contains(name),
-            "acknowledged create {name} was lost"
-        );
+        assert!(present.contains(name), "acknowledged create {name} was lost");
     }
     // The file written before the crash is intact.
     let f = c.open("/before").await.unwrap();
-    let buf = f
-        .read_at(0, bytes::BytesMut::zeroed(100_000))
-        .await
-        .unwrap();
+    let buf = f.read_at(0, bytes::BytesMut::zeroed(100_000)).await.unwrap();
     assert_eq!(&buf[..], &pattern(11, 0, 100_000)[..]);
 }

@@ -14,16 +14,9 @@ async fn bytes_land_on_the_expected_servers_at_the_expected_offsets() {
     let client = c.client().await;
     let dir = client.mkdir(ROOT_INO, "d", 0o755).await.unwrap();
     client.set_layout(dir.ino, 64 << 10, 3).await.unwrap();
-    let f = client
-        .create_path("/d/f", 0o644, true, false)
-        .await
-        .unwrap();
+    let f = client.create_path("/d/f", 0o644, true, false).await.unwrap();
     let layout = f.layout().clone();
-    assert_eq!(
-        (layout.stripe_unit, layout.stripe_count),
-        (64 << 10, 3),
-        "layout inherited from the directory"
-    );
+    assert_eq!((layout.stripe_unit, layout.stripe_count), (64 << 10, 3), "layout inherited from the directory");
     assert_eq!(layout.servers.len(), 3);
     let len = 1_000_000usize;
     let data = pattern(7, 0, len);
@@ -41,11 +34,7 @@ async fn bytes_land_on_the_expected_servers_at_the_expected_offsets() {
             let file_off = s * unit;
             let n = unit.min(len as u64 - file_off) as usize;
             let obj_off = ((s / 3) * unit) as usize;
-            assert_eq!(
-                &obj[obj_off..obj_off + n],
-                &data[file_off as usize..file_off as usize + n],
-                "stripe {s}"
-            );
+            assert_eq!(&obj[obj_off..obj_off + n], &data[file_off as usize..file_off as usize + n], "stripe {s}");
             checked += n as u64;
             s += 3;
         }
@@ -64,10 +53,7 @@ async fn bytes_land_on_the_expected_servers_at_the_expected_offsets() {
 async fn one_gib_round_trip_has_equal_checksums() {
     let c = start("gib", 4).await;
     let client = c.client().await;
-    let f = client
-        .create_path("/big", 0o644, true, false)
-        .await
-        .unwrap();
+    let f = client.create_path("/big", 0o644, true, false).await.unwrap();
     let chunk = 16usize << 20;
     let total = 1u64 << 30;
     let mut crc_in = 0u32;
@@ -102,29 +88,18 @@ async fn holes_truncate_and_overwrites() {
     client.set_layout(dir.ino, 4096, 3).await.unwrap();
 
     // A hole: only the range [100000, 100100) is written.
-    let f = client
-        .create_path("/small/holey", 0o644, true, false)
-        .await
-        .unwrap();
-    f.write_at(100_000, Bytes::from(vec![0xAA; 100]))
-        .await
-        .unwrap();
+    let f = client.create_path("/small/holey", 0o644, true, false).await.unwrap();
+    f.write_at(100_000, Bytes::from(vec![0xAA; 100])).await.unwrap();
     f.close().await.unwrap();
     let f = client.open("/small/holey").await.unwrap();
     assert_eq!(f.size(), 100_100);
     let buf = f.read_at(0, BytesMut::zeroed(200_000)).await.unwrap();
     assert_eq!(buf.len(), 100_100, "reads stop at the end of the file");
-    assert!(
-        buf[..100_000].iter().all(|&b| b == 0),
-        "the hole reads as zeros"
-    );
+    assert!(buf[..100_000].iter().all(|&b| b == 0), "the hole reads as zeros");
     assert!(buf[100_000..].iter().all(|&b| b == 0xAA));
 
     // Overwrite in the middle of a stripe unit, across a unit boundary.
-    let f = client
-        .create_path("/small/over", 0o644, true, false)
-        .await
-        .unwrap();
+    let f = client.create_path("/small/over", 0o644, true, false).await.unwrap();
     let mut model = pattern(1, 0, 50_000);
     f.write_at(0, Bytes::from(model.clone())).await.unwrap();
     let patch = pattern(2, 0, 5000);
@@ -138,33 +113,15 @@ async fn holes_truncate_and_overwrites() {
     // Truncate down, then extend: the cut bytes must not come back, the objects shrink.
     f.truncate(10_001).await.unwrap();
     for (i, &server) in f.layout().servers.iter().enumerate() {
-        let len = std::fs::metadata(object_path(&c.data_root(server), f.ino()))
-            .map(|m| m.len())
-            .unwrap_or(0);
-        assert_eq!(
-            len,
-            f.layout().object_size(10_001, i as u32),
-            "object of server {server} after truncate"
-        );
+        let len = std::fs::metadata(object_path(&c.data_root(server), f.ino())).map(|m| m.len()).unwrap_or(0);
+        assert_eq!(len, f.layout().object_size(10_001, i as u32), "object of server {server} after truncate");
     }
-    client
-        .setattr(
-            f.ino(),
-            SetAttrs {
-                size: Some(30_000),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    client.setattr(f.ino(), SetAttrs { size: Some(30_000), ..Default::default() }).await.unwrap();
     let f = client.open("/small/over").await.unwrap();
     assert_eq!(f.size(), 30_000);
     let buf = f.read_at(0, BytesMut::zeroed(30_000)).await.unwrap();
     assert_eq!(&buf[..10_001], &model[..10_001]);
-    assert!(
-        buf[10_001..].iter().all(|&b| b == 0),
-        "bytes past a truncation read as zeros"
-    );
+    assert!(buf[10_001..].iter().all(|&b| b == 0), "bytes past a truncation read as zeros");
 }
 
 #[tokio::test]
@@ -173,10 +130,7 @@ async fn a_corrupted_block_is_an_error_naming_file_and_offset_never_wrong_bytes(
     let client = c.client().await;
     let dir = client.mkdir(ROOT_INO, "d", 0o755).await.unwrap();
     client.set_layout(dir.ino, 64 << 10, 2).await.unwrap();
-    let f = client
-        .create_path("/d/victim", 0o644, true, false)
-        .await
-        .unwrap();
+    let f = client.create_path("/d/victim", 0o644, true, false).await.unwrap();
     let data = pattern(9, 0, 256 << 10);
     f.write_at(0, Bytes::from(data.clone())).await.unwrap();
     let (server, victim) = (f.layout().servers[1], f.ino());
@@ -193,12 +147,7 @@ async fn a_corrupted_block_is_an_error_naming_file_and_offset_never_wrong_bytes(
     let err = f.read_at(0, BytesMut::zeroed(256 << 10)).await.unwrap_err();
     let expected_block = 70_000 / 4096 * 4096;
     match &err {
-        ClientError::Corrupt {
-            ino,
-            file_offset,
-            object_offset,
-            server: s,
-        } => {
+        ClientError::Corrupt { ino, file_offset, object_offset, server: s } => {
             assert_eq!(*ino, f.ino());
             assert_eq!(*s, server);
             assert_eq!(*object_offset, expected_block);

@@ -10,9 +10,7 @@ use tokio::net::TcpStream;
 use weft_fabric::TcpFabric;
 use weft_proto::frame::FLAG_ERROR;
 use weft_proto::msg::{ReadReq, TruncateReq, WriteReq, decode};
-use weft_proto::{
-    ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, WireError,
-};
+use weft_proto::{ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, WireError};
 use weft_rpc::{ClientConfig, RpcClient};
 
 fn frame(op: u16, body: &[u8], data_len: u32) -> Vec<u8> {
@@ -40,9 +38,7 @@ async fn refused(addr: &str, bytes: &[u8], close: bool) -> String {
         s.shutdown().await.unwrap();
     }
     let mut hb = [0u8; HEADER_LEN];
-    s.read_exact(&mut hb)
-        .await
-        .expect("an error reply, not a silent close");
+    s.read_exact(&mut hb).await.expect("an error reply, not a silent close");
     let h = Header::decode(&hb, &FrameLimits::default()).unwrap();
     assert_ne!(h.flags & FLAG_ERROR, 0);
     let mut body = vec![0u8; h.body_len as usize];
@@ -62,31 +58,12 @@ async fn malformed_frames_are_refused_and_servers_keep_serving() {
         assert!(refused(&addr, &f, false).await.contains("kind"));
         let mut f = frame(100, &[], 0);
         f[28..32].copy_from_slice(&(512u32 << 20).to_le_bytes());
-        assert!(
-            refused(&addr, &f, false).await.contains("exceeds"),
-            "oversized body"
-        );
+        assert!(refused(&addr, &f, false).await.contains("exceeds"), "oversized body");
         let f = frame(201, &[], u32::MAX);
-        assert!(
-            refused(&addr, &f, false).await.contains("exceeds"),
-            "oversized payload"
-        );
-        assert!(
-            refused(&addr, &frame(1, &[], 0)[..17], true)
-                .await
-                .contains("truncated")
-        );
-        assert!(
-            refused(&addr, &frame(4242, &[], 0), false)
-                .await
-                .contains("unknown op")
-        );
-        assert!(
-            !refused(&addr, &frame(100, &[0xff; 7], 0), false)
-                .await
-                .is_empty(),
-            "undecodable body"
-        );
+        assert!(refused(&addr, &f, false).await.contains("exceeds"), "oversized payload");
+        assert!(refused(&addr, &frame(1, &[], 0)[..17], true).await.contains("truncated"));
+        assert!(refused(&addr, &frame(4242, &[], 0), false).await.contains("unknown op"));
+        assert!(!refused(&addr, &frame(100, &[0xff; 7], 0), false).await.is_empty(), "undecodable body");
         // A body cut short by a close: the server drops the connection without harm.
         let mut s = TcpStream::connect(&addr).await.unwrap();
         let mut f = frame(100, &[0u8; 10], 0);
@@ -100,15 +77,10 @@ async fn malformed_frames_are_refused_and_servers_keep_serving() {
         good.create(ROOT_INO, &name, 0o644, true).await.unwrap();
     }
     let f = good.create_path("/data", 0o644, true, false).await.unwrap();
-    f.write_at(0, Bytes::from_static(b"still fine"))
-        .await
-        .unwrap();
+    f.write_at(0, Bytes::from_static(b"still fine")).await.unwrap();
     f.close().await.unwrap();
     let g = good.open("/data").await.unwrap();
-    assert_eq!(
-        &g.read_at(0, BytesMut::zeroed(10)).await.unwrap()[..],
-        b"still fine"
-    );
+    assert_eq!(&g.read_at(0, BytesMut::zeroed(10)).await.unwrap()[..], b"still fine");
 }
 
 /// The error code a server answered a call with.
@@ -119,82 +91,30 @@ fn code<T>(r: Result<T, weft_rpc::RpcError>) -> Option<ErrorCode> {
 #[tokio::test]
 async fn out_of_range_offsets_and_lengths_are_refused() {
     let cl = start("hostile-ranges", 1).await;
-    let ds = RpcClient::connect(
-        TcpFabric::default(),
-        &cl.data_addrs()[0],
-        ClientConfig::default(),
-    )
-    .await
-    .unwrap();
+    let ds = RpcClient::connect(TcpFabric::default(), &cl.data_addrs()[0], ClientConfig::default()).await.unwrap();
 
     // A read larger than a transfer unit.
     let r = ds
-        .call(
-            Request::Read(ReadReq {
-                ino: 5,
-                offset: 0,
-                len: 64 << 20,
-            }),
-            vec![],
-            vec![BytesMut::zeroed(64 << 20)],
-        )
+        .call(Request::Read(ReadReq { ino: 5, offset: 0, len: 64 << 20 }), vec![], vec![BytesMut::zeroed(64 << 20)])
         .await;
     assert_eq!(code(r), Some(ErrorCode::OutOfRange));
     // Offsets whose end overflows or lies beyond what an object may hold.
     let r = ds
-        .call(
-            Request::Read(ReadReq {
-                ino: 5,
-                offset: u64::MAX - 10,
-                len: 100,
-            }),
-            vec![],
-            vec![BytesMut::zeroed(100)],
-        )
+        .call(Request::Read(ReadReq { ino: 5, offset: u64::MAX - 10, len: 100 }), vec![], vec![BytesMut::zeroed(100)])
         .await;
     assert_eq!(code(r), Some(ErrorCode::OutOfRange));
-    let r = ds
-        .call(
-            Request::Write(WriteReq {
-                ino: 5,
-                offset: 1 << 62,
-            }),
-            vec![Bytes::from_static(b"x")],
-            vec![],
-        )
-        .await;
+    let r = ds.call(Request::Write(WriteReq { ino: 5, offset: 1 << 62 }), vec![Bytes::from_static(b"x")], vec![]).await;
     assert_eq!(code(r), Some(ErrorCode::OutOfRange));
-    let r = ds
-        .call_simple(Request::Truncate(TruncateReq {
-            ino: 5,
-            size: u64::MAX,
-        }))
-        .await;
+    let r = ds.call_simple(Request::Truncate(TruncateReq { ino: 5, size: u64::MAX })).await;
     assert_eq!(code(r), Some(ErrorCode::OutOfRange));
     // An op that data servers do not serve.
     let r = ds.call_simple(Request::Statfs(())).await;
     assert_eq!(code(r), Some(ErrorCode::BadRequest));
     // And the same session still works.
-    let (resp, _) = ds
-        .call(
-            Request::Write(WriteReq { ino: 5, offset: 0 }),
-            vec![Bytes::from_static(b"ok")],
-            vec![],
-        )
-        .await
-        .unwrap();
+    let (resp, _) =
+        ds.call(Request::Write(WriteReq { ino: 5, offset: 0 }), vec![Bytes::from_static(b"ok")], vec![]).await.unwrap();
     assert_eq!(resp, weft_proto::Response::Write(2));
-    let (_, back) = ds
-        .call(
-            Request::Read(ReadReq {
-                ino: 5,
-                offset: 0,
-                len: 2,
-            }),
-            vec![],
-            vec![BytesMut::zeroed(2)],
-        )
-        .await
-        .unwrap();
+    let (_, back) =
+        ds.call(Request::Read(ReadReq { ino: 5, offset: 0, len: 2 }), vec![], vec![BytesMut::zeroed(2)]).await.unwrap();
     assert_eq!(&back[0][..], b"ok");
 }

@@ -5,13 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use weft_proto::msg::{
-    CommitReq, CreateReq, InoReq, LinkReq, LookupReq, MkdirReq, NameReq, RENAME_NOREPLACE, ReadReq,
-    ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq,
-    SetLayoutReq, SymlinkReq,
+    CommitReq, CreateReq, InoReq, LinkReq, LookupReq, MkdirReq, NameReq, RENAME_NOREPLACE, ReadReq, ReaddirReq,
+    ReaddirResp, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq, SetLayoutReq, SymlinkReq,
 };
 use weft_proto::{
-    Attr, ErrorCode, FileKind, Layout, ROOT_INO, Request, Response, ServerState, SetAttrs,
-    SpaceStat, StatFs, TimeSet, WireError,
+    Attr, ErrorCode, FileKind, Layout, ROOT_INO, Request, Response, ServerState, SetAttrs, SpaceStat, StatFs, TimeSet,
+    WireError,
 };
 
 use super::*;
@@ -57,16 +56,8 @@ fn redb_ns(dir: &TempDir, clock: Arc<ManualClock>) -> Ns<RedbStore> {
 }
 
 fn register<S: MetaStore>(ns: &Ns<S>, id: u32, addr: &str, total: u64) {
-    let space = SpaceStat {
-        bytes_total: total,
-        bytes_free: total / 2,
-        objects: 0,
-    };
-    let r = ns.execute(&Request::RegisterServer(RegisterServerReq {
-        id,
-        addr: addr.into(),
-        space,
-    }));
+    let space = SpaceStat { bytes_total: total, bytes_free: total / 2, objects: 0 };
+    let r = ns.execute(&Request::RegisterServer(RegisterServerReq { id, addr: addr.into(), space }));
     assert_eq!(r, Ok(Response::RegisterServer(())));
 }
 
@@ -97,20 +88,12 @@ fn attr(r: Result<Response, WireError>) -> Result<Attr, WireError> {
 
 fn unit(r: Result<Response, WireError>) -> Result<(), WireError> {
     r.map(|resp| match resp {
-        Response::Rmdir(())
-        | Response::Unlink(())
-        | Response::Rename(())
-        | Response::RegisterServer(()) => (),
+        Response::Rmdir(()) | Response::Unlink(()) | Response::Rename(()) | Response::RegisterServer(()) => (),
         other => panic!("not a unit response: {other:?}"),
     })
 }
 
-fn create_x<S: MetaStore>(
-    ns: &Ns<S>,
-    parent: u64,
-    name: &str,
-    exclusive: bool,
-) -> Result<Attr, WireError> {
+fn create_x<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, exclusive: bool) -> Result<Attr, WireError> {
     attr(ns.execute(&Request::Create(CreateReq {
         parent,
         name: name.into(),
@@ -126,20 +109,11 @@ fn create<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<Attr, Wir
 }
 
 fn mkdir<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<Attr, WireError> {
-    attr(ns.execute(&Request::Mkdir(MkdirReq {
-        parent,
-        name: name.into(),
-        mode: 0o40755,
-        uid: 1,
-        gid: 2,
-    })))
+    attr(ns.execute(&Request::Mkdir(MkdirReq { parent, name: name.into(), mode: 0o40755, uid: 1, gid: 2 })))
 }
 
 fn lookup<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<Attr, WireError> {
-    attr(ns.execute(&Request::Lookup(LookupReq {
-        parent,
-        name: name.into(),
-    })))
+    attr(ns.execute(&Request::Lookup(LookupReq { parent, name: name.into() })))
 }
 
 fn getattr<S: MetaStore>(ns: &Ns<S>, ino: u64) -> Result<Attr, WireError> {
@@ -147,27 +121,14 @@ fn getattr<S: MetaStore>(ns: &Ns<S>, ino: u64) -> Result<Attr, WireError> {
 }
 
 fn rmdir<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<(), WireError> {
-    unit(ns.execute(&Request::Rmdir(NameReq {
-        parent,
-        name: name.into(),
-    })))
+    unit(ns.execute(&Request::Rmdir(NameReq { parent, name: name.into() })))
 }
 
 fn unlink<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<(), WireError> {
-    unit(ns.execute(&Request::Unlink(NameReq {
-        parent,
-        name: name.into(),
-    })))
+    unit(ns.execute(&Request::Unlink(NameReq { parent, name: name.into() })))
 }
 
-fn rename_f<S: MetaStore>(
-    ns: &Ns<S>,
-    sp: u64,
-    sn: &str,
-    dp: u64,
-    dn: &str,
-    flags: u32,
-) -> Result<(), WireError> {
+fn rename_f<S: MetaStore>(ns: &Ns<S>, sp: u64, sn: &str, dp: u64, dn: &str, flags: u32) -> Result<(), WireError> {
     unit(ns.execute(&Request::Rename(RenameReq {
         src_parent: sp,
         src_name: sn.into(),
@@ -182,48 +143,22 @@ fn rename<S: MetaStore>(ns: &Ns<S>, sp: u64, sn: &str, dp: u64, dn: &str) -> Res
 }
 
 fn link<S: MetaStore>(ns: &Ns<S>, ino: u64, parent: u64, name: &str) -> Result<Attr, WireError> {
-    attr(ns.execute(&Request::Link(LinkReq {
-        ino,
-        new_parent: parent,
-        new_name: name.into(),
-    })))
+    attr(ns.execute(&Request::Link(LinkReq { ino, new_parent: parent, new_name: name.into() })))
 }
 
-fn symlink<S: MetaStore>(
-    ns: &Ns<S>,
-    parent: u64,
-    name: &str,
-    target: &str,
-) -> Result<Attr, WireError> {
-    attr(ns.execute(&Request::Symlink(SymlinkReq {
-        parent,
-        name: name.into(),
-        target: target.into(),
-        uid: 3,
-        gid: 4,
-    })))
+fn symlink<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, target: &str) -> Result<Attr, WireError> {
+    attr(ns.execute(&Request::Symlink(SymlinkReq { parent, name: name.into(), target: target.into(), uid: 3, gid: 4 })))
 }
 
 fn readlink<S: MetaStore>(ns: &Ns<S>, ino: u64) -> Result<String, WireError> {
-    ns.execute(&Request::Readlink(InoReq { ino }))
-        .map(|r| match r {
-            Response::Readlink(s) => s,
-            other => panic!("{other:?}"),
-        })
+    ns.execute(&Request::Readlink(InoReq { ino })).map(|r| match r {
+        Response::Readlink(s) => s,
+        other => panic!("{other:?}"),
+    })
 }
 
-fn readdir<S: MetaStore>(
-    ns: &Ns<S>,
-    ino: u64,
-    after: &str,
-    limit: u32,
-) -> Result<ReaddirResp, WireError> {
-    ns.execute(&Request::Readdir(ReaddirReq {
-        ino,
-        after: after.into(),
-        limit,
-    }))
-    .map(|r| match r {
+fn readdir<S: MetaStore>(ns: &Ns<S>, ino: u64, after: &str, limit: u32) -> Result<ReaddirResp, WireError> {
+    ns.execute(&Request::Readdir(ReaddirReq { ino, after: after.into(), limit })).map(|r| match r {
         Response::Readdir(d) => d,
         other => panic!("{other:?}"),
     })
@@ -238,12 +173,7 @@ fn readdir_all<S: MetaStore>(ns: &Ns<S>, ino: u64) -> Vec<String> {
         if page.eof {
             return names;
         }
-        after = page
-            .entries
-            .last()
-            .expect("a non-final page has entries")
-            .name
-            .clone();
+        after = page.entries.last().expect("a non-final page has entries").name.clone();
     }
 }
 
@@ -259,24 +189,11 @@ fn setattr<S: MetaStore>(ns: &Ns<S>, ino: u64, set: SetAttrs) -> Result<Attr, Wi
 }
 
 fn commit<S: MetaStore>(ns: &Ns<S>, ino: u64, size: u64, mtime_ns: i64) -> Result<Attr, WireError> {
-    attr(ns.execute(&Request::Commit(CommitReq {
-        ino,
-        size,
-        mtime_ns,
-    })))
+    attr(ns.execute(&Request::Commit(CommitReq { ino, size, mtime_ns })))
 }
 
-fn set_layout<S: MetaStore>(
-    ns: &Ns<S>,
-    ino: u64,
-    unit: u32,
-    count: u32,
-) -> Result<Attr, WireError> {
-    let layout = Layout {
-        stripe_unit: unit,
-        stripe_count: count,
-        servers: vec![],
-    };
+fn set_layout<S: MetaStore>(ns: &Ns<S>, ino: u64, unit: u32, count: u32) -> Result<Attr, WireError> {
+    let layout = Layout { stripe_unit: unit, stripe_count: count, servers: vec![] };
     attr(ns.execute(&Request::SetLayout(SetLayoutReq { ino, layout })))
 }
 
@@ -287,18 +204,8 @@ fn root_is_created_on_first_open() {
     let (ns, _) = mem_ns();
     let root = getattr(&ns, ROOT_INO).unwrap();
     assert_eq!(root.kind, FileKind::Dir);
-    assert_eq!(
-        (root.mode, root.uid, root.gid, root.nlink),
-        (0o755, 0, 0, 2)
-    );
-    assert_eq!(
-        root.layout,
-        Some(Layout {
-            stripe_unit: 1 << 20,
-            stripe_count: 0,
-            servers: vec![]
-        })
-    );
+    assert_eq!((root.mode, root.uid, root.gid, root.nlink), (0o755, 0, 0, 2));
+    assert_eq!(root.layout, Some(Layout { stripe_unit: 1 << 20, stripe_count: 0, servers: vec![] }));
     assert_eq!(root.mtime_ns, T0);
     assert_eq!(code(getattr(&ns, 999)), ErrorCode::NotFound);
 }
@@ -307,34 +214,16 @@ fn root_is_created_on_first_open() {
 fn names_are_validated() {
     let (ns, _) = mem_ns();
     for bad in ["", ".", "..", "a/b", "/", "a\0b"] {
-        assert_eq!(
-            code(create(&ns, ROOT_INO, bad)),
-            ErrorCode::Invalid,
-            "{bad:?}"
-        );
-        assert_eq!(
-            code(mkdir(&ns, ROOT_INO, bad)),
-            ErrorCode::Invalid,
-            "{bad:?}"
-        );
-        assert_eq!(
-            code(lookup(&ns, ROOT_INO, bad)),
-            ErrorCode::Invalid,
-            "{bad:?}"
-        );
+        assert_eq!(code(create(&ns, ROOT_INO, bad)), ErrorCode::Invalid, "{bad:?}");
+        assert_eq!(code(mkdir(&ns, ROOT_INO, bad)), ErrorCode::Invalid, "{bad:?}");
+        assert_eq!(code(lookup(&ns, ROOT_INO, bad)), ErrorCode::Invalid, "{bad:?}");
     }
     let long = "x".repeat(256);
     assert_eq!(code(create(&ns, ROOT_INO, &long)), ErrorCode::NameTooLong);
-    assert_eq!(
-        code(symlink(&ns, ROOT_INO, &long, "t")),
-        ErrorCode::NameTooLong
-    );
+    assert_eq!(code(symlink(&ns, ROOT_INO, &long, "t")), ErrorCode::NameTooLong);
     create(&ns, ROOT_INO, &"x".repeat(255)).unwrap();
     // Multi-byte names are measured in bytes: 128 two-byte chars = 256 bytes.
-    assert_eq!(
-        code(create(&ns, ROOT_INO, &"é".repeat(128))),
-        ErrorCode::NameTooLong
-    );
+    assert_eq!(code(create(&ns, ROOT_INO, &"é".repeat(128))), ErrorCode::NameTooLong);
     create(&ns, ROOT_INO, "ünïcødé ✓").unwrap();
 }
 
@@ -359,15 +248,9 @@ fn create_sets_attributes_and_follows_existing_rules() {
     let a = create(&ns, ROOT_INO, "f").unwrap();
     assert_eq!(a.kind, FileKind::File);
     assert_eq!((a.mode, a.uid, a.gid, a.nlink, a.size), (0o644, 7, 8, 1, 0));
-    assert_eq!(
-        (a.atime_ns, a.mtime_ns, a.ctime_ns),
-        (T0 + 5, T0 + 5, T0 + 5)
-    );
+    assert_eq!((a.atime_ns, a.mtime_ns, a.ctime_ns), (T0 + 5, T0 + 5, T0 + 5));
     let root = getattr(&ns, ROOT_INO).unwrap();
-    assert_eq!(
-        (root.mtime_ns, root.ctime_ns, root.nlink),
-        (T0 + 5, T0 + 5, 2)
-    );
+    assert_eq!((root.mtime_ns, root.ctime_ns, root.nlink), (T0 + 5, T0 + 5, 2));
     assert_eq!(lookup(&ns, ROOT_INO, "f").unwrap(), a);
     // Existing file: exclusive fails, otherwise it is returned unchanged.
     assert_eq!(code(create(&ns, ROOT_INO, "f")), ErrorCode::Exists);
@@ -383,12 +266,7 @@ fn create_sets_attributes_and_follows_existing_rules() {
 
 #[test]
 fn create_without_servers_fails_and_allocates_nothing() {
-    let ns = Namespace::new(
-        MemStore::new(),
-        Arc::new(ManualClock::new(T0)),
-        DEFAULT_LIVENESS_MS,
-    )
-    .unwrap();
+    let ns = Namespace::new(MemStore::new(), Arc::new(ManualClock::new(T0)), DEFAULT_LIVENESS_MS).unwrap();
     assert_eq!(code(create(&ns, ROOT_INO, "f")), ErrorCode::NoServers);
     assert_eq!(code(lookup(&ns, ROOT_INO, "f")), ErrorCode::NotFound);
     // Directories need no server.
@@ -412,14 +290,7 @@ fn layouts_are_assigned_round_robin_from_the_directory_policy() {
     // A policy of 2 stripes of 64 KiB: mkdir under it inherits it.
     let d = mkdir(&ns, ROOT_INO, "d").unwrap();
     let d2 = set_layout(&ns, d.ino, 65536, 2).unwrap();
-    assert_eq!(
-        d2.layout,
-        Some(Layout {
-            stripe_unit: 65536,
-            stripe_count: 2,
-            servers: vec![]
-        })
-    );
+    assert_eq!(d2.layout, Some(Layout { stripe_unit: 65536, stripe_count: 2, servers: vec![] }));
     let sub = mkdir(&ns, d.ino, "sub").unwrap();
     assert_eq!(sub.layout, d2.layout);
     let mut firsts = std::collections::BTreeSet::new();
@@ -448,21 +319,11 @@ fn set_layout_rules() {
     let f = create(&ns, ROOT_INO, "f").unwrap();
     assert_eq!(code(set_layout(&ns, f.ino, 65536, 1)), ErrorCode::NotDir);
     assert_eq!(code(set_layout(&ns, ROOT_INO, 1000, 1)), ErrorCode::Invalid);
-    assert_eq!(
-        code(set_layout(&ns, ROOT_INO, 65536, 100_000)),
-        ErrorCode::Invalid
-    );
+    assert_eq!(code(set_layout(&ns, ROOT_INO, 65536, 100_000)), ErrorCode::Invalid);
     assert_eq!(code(set_layout(&ns, 4242, 65536, 1)), ErrorCode::NotFound);
-    let pinned = Layout {
-        stripe_unit: 65536,
-        stripe_count: 1,
-        servers: vec![10],
-    };
+    let pinned = Layout { stripe_unit: 65536, stripe_count: 1, servers: vec![10] };
     assert_eq!(
-        code(attr(ns.execute(&Request::SetLayout(SetLayoutReq {
-            ino: ROOT_INO,
-            layout: pinned
-        })))),
+        code(attr(ns.execute(&Request::SetLayout(SetLayoutReq { ino: ROOT_INO, layout: pinned })))),
         ErrorCode::Invalid
     );
     set_layout(&ns, ROOT_INO, 65536, 0).unwrap();
@@ -472,10 +333,7 @@ fn set_layout_rules() {
 fn mkdir_and_rmdir_keep_link_counts() {
     let (ns, clock) = mem_ns();
     let a = mkdir(&ns, ROOT_INO, "a").unwrap();
-    assert_eq!(
-        (a.kind, a.mode, a.nlink, a.uid, a.gid),
-        (FileKind::Dir, 0o755, 2, 1, 2)
-    );
+    assert_eq!((a.kind, a.mode, a.nlink, a.uid, a.gid), (FileKind::Dir, 0o755, 2, 1, 2));
     assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 3);
     let b = mkdir(&ns, a.ino, "b").unwrap();
     assert_eq!(getattr(&ns, a.ino).unwrap().nlink, 3);
@@ -525,10 +383,7 @@ fn hard_links() {
     let (ns, clock) = mem_ns();
     let d = mkdir(&ns, ROOT_INO, "d").unwrap();
     let f = create(&ns, ROOT_INO, "f").unwrap();
-    assert_eq!(
-        code(link(&ns, d.ino, ROOT_INO, "d2")),
-        ErrorCode::Permission
-    );
+    assert_eq!(code(link(&ns, d.ino, ROOT_INO, "d2")), ErrorCode::Permission);
     assert_eq!(code(link(&ns, f.ino, ROOT_INO, "d")), ErrorCode::Exists);
     assert_eq!(code(link(&ns, 999, ROOT_INO, "x")), ErrorCode::NotFound);
     assert_eq!(code(link(&ns, f.ino, f.ino, "x")), ErrorCode::NotDir);
@@ -546,33 +401,17 @@ fn hard_links() {
 fn symlinks() {
     let (ns, _) = mem_ns();
     let s = symlink(&ns, ROOT_INO, "s", "../some/where").unwrap();
-    assert_eq!(
-        (s.kind, s.mode, s.size, s.nlink, s.uid),
-        (FileKind::Symlink, 0o777, 13, 1, 3)
-    );
+    assert_eq!((s.kind, s.mode, s.size, s.nlink, s.uid), (FileKind::Symlink, 0o777, 13, 1, 3));
     assert_eq!(readlink(&ns, s.ino).unwrap(), "../some/where");
     let f = create(&ns, ROOT_INO, "f").unwrap();
     assert_eq!(code(readlink(&ns, f.ino)), ErrorCode::NotSymlink);
     assert_eq!(code(readlink(&ns, ROOT_INO)), ErrorCode::NotSymlink);
     assert_eq!(code(readlink(&ns, 999)), ErrorCode::NotFound);
-    assert_eq!(
-        code(symlink(&ns, ROOT_INO, "long", &"a".repeat(4097))),
-        ErrorCode::NameTooLong
-    );
+    assert_eq!(code(symlink(&ns, ROOT_INO, "long", &"a".repeat(4097))), ErrorCode::NameTooLong);
     symlink(&ns, ROOT_INO, "max", &"a".repeat(4096)).unwrap();
     assert_eq!(code(symlink(&ns, ROOT_INO, "e", "")), ErrorCode::Invalid);
     assert_eq!(code(symlink(&ns, ROOT_INO, "s", "x")), ErrorCode::Exists);
-    assert_eq!(
-        code(setattr(
-            &ns,
-            s.ino,
-            SetAttrs {
-                size: Some(1),
-                ..Default::default()
-            }
-        )),
-        ErrorCode::Invalid
-    );
+    assert_eq!(code(setattr(&ns, s.ino, SetAttrs { size: Some(1), ..Default::default() })), ErrorCode::Invalid);
 }
 
 #[test]
@@ -607,13 +446,7 @@ fn readdir_pages_by_name() {
     assert_eq!((p3.entries.len(), p3.eof), (10, true));
     // A cursor that is not an existing name still works.
     let p4 = readdir(&ns, d.ino, "n0125", 3).unwrap();
-    assert_eq!(
-        p4.entries
-            .iter()
-            .map(|e| e.name.as_str())
-            .collect::<Vec<_>>(),
-        ["n013", "n014", "n015"]
-    );
+    assert_eq!(p4.entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["n013", "n014", "n015"]);
     assert_eq!(readdir_all(&ns, d.ino), want);
     assert_eq!(code(readdir(&ns, 999, "", 1)), ErrorCode::NotFound);
 }
@@ -643,82 +476,25 @@ fn setattr_fields() {
     let (ns, clock) = mem_ns();
     let f = create(&ns, ROOT_INO, "f").unwrap();
     clock.set_ns(T0 + 100);
-    let a = setattr(
-        &ns,
-        f.ino,
-        SetAttrs {
-            mode: Some(0o104777),
-            uid: Some(11),
-            gid: Some(12),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(
-        (a.mode, a.uid, a.gid, a.ctime_ns, a.mtime_ns),
-        (0o4777, 11, 12, T0 + 100, T0)
-    );
+    let a = setattr(&ns, f.ino, SetAttrs { mode: Some(0o104777), uid: Some(11), gid: Some(12), ..Default::default() })
+        .unwrap();
+    assert_eq!((a.mode, a.uid, a.gid, a.ctime_ns, a.mtime_ns), (0o4777, 11, 12, T0 + 100, T0));
     clock.set_ns(T0 + 200);
+    let a = setattr(&ns, f.ino, SetAttrs { size: Some(12345), ..Default::default() }).unwrap();
+    assert_eq!((a.size, a.mtime_ns, a.ctime_ns), (12345, T0 + 200, T0 + 200));
     let a = setattr(
         &ns,
         f.ino,
-        SetAttrs {
-            size: Some(12345),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(
-        (a.size, a.mtime_ns, a.ctime_ns),
-        (12345, T0 + 200, T0 + 200)
-    );
-    let a = setattr(
-        &ns,
-        f.ino,
-        SetAttrs {
-            atime: Some(TimeSet::AtNs(5)),
-            mtime: Some(TimeSet::Now),
-            size: Some(10),
-            ..Default::default()
-        },
+        SetAttrs { atime: Some(TimeSet::AtNs(5)), mtime: Some(TimeSet::Now), size: Some(10), ..Default::default() },
     )
     .unwrap();
     assert_eq!((a.atime_ns, a.mtime_ns, a.size), (5, T0 + 200, 10));
-    let a = setattr(
-        &ns,
-        f.ino,
-        SetAttrs {
-            mtime: Some(TimeSet::AtNs(-7)),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let a = setattr(&ns, f.ino, SetAttrs { mtime: Some(TimeSet::AtNs(-7)), ..Default::default() }).unwrap();
     assert_eq!(a.mtime_ns, -7);
     assert_eq!(getattr(&ns, f.ino).unwrap(), a);
-    assert_eq!(
-        code(setattr(
-            &ns,
-            ROOT_INO,
-            SetAttrs {
-                size: Some(0),
-                ..Default::default()
-            }
-        )),
-        ErrorCode::IsDir
-    );
-    assert_eq!(
-        code(setattr(&ns, 999, SetAttrs::default())),
-        ErrorCode::NotFound
-    );
-    let r = setattr(
-        &ns,
-        ROOT_INO,
-        SetAttrs {
-            mode: Some(0o700),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    assert_eq!(code(setattr(&ns, ROOT_INO, SetAttrs { size: Some(0), ..Default::default() })), ErrorCode::IsDir);
+    assert_eq!(code(setattr(&ns, 999, SetAttrs::default())), ErrorCode::NotFound);
+    let r = setattr(&ns, ROOT_INO, SetAttrs { mode: Some(0o700), ..Default::default() }).unwrap();
     assert_eq!((r.mode, r.kind), (0o700, FileKind::Dir));
 }
 
@@ -760,27 +536,15 @@ fn rename_within_and_across_directories() {
     assert_eq!(getattr(&ns, b.ino).unwrap().nlink, 3);
     assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 4);
     // Now under b: moving b into sub2 must fail (the parent pointer was updated).
-    assert_eq!(
-        code(rename(&ns, ROOT_INO, "b", sub.ino, "loop")),
-        ErrorCode::Invalid
-    );
+    assert_eq!(code(rename(&ns, ROOT_INO, "b", sub.ino, "loop")), ErrorCode::Invalid);
     // Directory within one parent: link counts unchanged.
     rename(&ns, b.ino, "sub2", b.ino, "sub3").unwrap();
     assert_eq!(getattr(&ns, b.ino).unwrap().nlink, 3);
-    assert_eq!(
-        code(rename(&ns, b.ino, "nope", a.ino, "x")),
-        ErrorCode::NotFound
-    );
+    assert_eq!(code(rename(&ns, b.ino, "nope", a.ino, "x")), ErrorCode::NotFound);
     assert_eq!(code(rename(&ns, 999, "x", a.ino, "x")), ErrorCode::NotFound);
     assert_eq!(code(rename(&ns, b.ino, "h", f.ino, "x")), ErrorCode::NotDir);
-    assert_eq!(
-        code(rename(&ns, b.ino, "h", a.ino, "..")),
-        ErrorCode::Invalid
-    );
-    assert_eq!(
-        code(rename_f(&ns, b.ino, "h", a.ino, "x", 0x80)),
-        ErrorCode::Invalid
-    );
+    assert_eq!(code(rename(&ns, b.ino, "h", a.ino, "..")), ErrorCode::Invalid);
+    assert_eq!(code(rename_f(&ns, b.ino, "h", a.ino, "x", 0x80)), ErrorCode::Invalid);
     assert_eq!(getattr(&ns, b.ino).unwrap().mtime_ns, T0 + 1);
 }
 
@@ -790,18 +554,9 @@ fn rename_refuses_moving_a_directory_under_itself() {
     let a = mkdir(&ns, ROOT_INO, "a").unwrap();
     let b = mkdir(&ns, a.ino, "b").unwrap();
     let c = mkdir(&ns, b.ino, "c").unwrap();
-    assert_eq!(
-        code(rename(&ns, ROOT_INO, "a", a.ino, "x")),
-        ErrorCode::Invalid
-    );
-    assert_eq!(
-        code(rename(&ns, ROOT_INO, "a", c.ino, "x")),
-        ErrorCode::Invalid
-    );
-    assert_eq!(
-        code(rename(&ns, a.ino, "b", b.ino, "x")),
-        ErrorCode::Invalid
-    );
+    assert_eq!(code(rename(&ns, ROOT_INO, "a", a.ino, "x")), ErrorCode::Invalid);
+    assert_eq!(code(rename(&ns, ROOT_INO, "a", c.ino, "x")), ErrorCode::Invalid);
+    assert_eq!(code(rename(&ns, a.ino, "b", b.ino, "x")), ErrorCode::Invalid);
     // Moving up is fine.
     rename(&ns, b.ino, "c", ROOT_INO, "c").unwrap();
     assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 4);
@@ -817,29 +572,10 @@ fn rename_replacing_targets() {
     let d2 = mkdir(&ns, ROOT_INO, "d2").unwrap();
     let full = mkdir(&ns, ROOT_INO, "full").unwrap();
     create(&ns, full.ino, "x").unwrap();
-    assert_eq!(
-        code(rename(&ns, ROOT_INO, "f1", ROOT_INO, "d1")),
-        ErrorCode::IsDir
-    );
-    assert_eq!(
-        code(rename(&ns, ROOT_INO, "d1", ROOT_INO, "f1")),
-        ErrorCode::NotDir
-    );
-    assert_eq!(
-        code(rename(&ns, ROOT_INO, "d1", ROOT_INO, "full")),
-        ErrorCode::NotEmpty
-    );
-    assert_eq!(
-        code(rename_f(
-            &ns,
-            ROOT_INO,
-            "f1",
-            ROOT_INO,
-            "f2",
-            RENAME_NOREPLACE
-        )),
-        ErrorCode::Exists
-    );
+    assert_eq!(code(rename(&ns, ROOT_INO, "f1", ROOT_INO, "d1")), ErrorCode::IsDir);
+    assert_eq!(code(rename(&ns, ROOT_INO, "d1", ROOT_INO, "f1")), ErrorCode::NotDir);
+    assert_eq!(code(rename(&ns, ROOT_INO, "d1", ROOT_INO, "full")), ErrorCode::NotEmpty);
+    assert_eq!(code(rename_f(&ns, ROOT_INO, "f1", ROOT_INO, "f2", RENAME_NOREPLACE)), ErrorCode::Exists);
     assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 5);
     // File over file: the target loses its only link and becomes an orphan.
     rename(&ns, ROOT_INO, "f1", ROOT_INO, "f2").unwrap();
@@ -882,17 +618,7 @@ fn rename_onto_the_same_inode_is_a_no_op() {
     assert_eq!(lookup(&ns, ROOT_INO, "f").unwrap().ino, f.ino);
     assert_eq!(lookup(&ns, ROOT_INO, "g").unwrap().nlink, 2);
     assert_eq!(getattr(&ns, d.ino).unwrap().ctime_ns, T0);
-    assert_eq!(
-        code(rename_f(
-            &ns,
-            ROOT_INO,
-            "f",
-            ROOT_INO,
-            "f",
-            RENAME_NOREPLACE
-        )),
-        ErrorCode::Exists
-    );
+    assert_eq!(code(rename_f(&ns, ROOT_INO, "f", ROOT_INO, "f", RENAME_NOREPLACE)), ErrorCode::Exists);
 }
 
 #[test]
@@ -900,16 +626,7 @@ fn servers_statfs_and_liveness() {
     let (ns, clock) = mem_ns();
     create(&ns, ROOT_INO, "f").unwrap();
     let s = statfs(&ns);
-    assert_eq!(
-        s,
-        StatFs {
-            bytes_total: 3000,
-            bytes_free: 1500,
-            files: 2,
-            servers_up: 3,
-            servers_total: 3
-        }
-    );
+    assert_eq!(s, StatFs { bytes_total: 3000, bytes_free: 1500, files: 2, servers_up: 3, servers_total: 3 });
     clock.advance_ms(3000);
     register(&ns, 20, "ds20-new:7000", 4000);
     clock.advance_ms(2500);
@@ -919,46 +636,23 @@ fn servers_statfs_and_liveness() {
     };
     assert_eq!(info, ns.servers());
     assert_eq!(info.iter().map(|s| s.id).collect::<Vec<_>>(), [10, 20, 30]);
-    assert_eq!(
-        (info[0].state, info[0].heartbeat_age_ms),
-        (ServerState::Down, 5500)
-    );
-    assert_eq!(
-        (info[1].state, info[1].heartbeat_age_ms),
-        (ServerState::Up, 2500)
-    );
-    assert_eq!(
-        (info[1].addr.as_str(), info[1].bytes_total),
-        ("ds20-new:7000", 4000)
-    );
+    assert_eq!((info[0].state, info[0].heartbeat_age_ms), (ServerState::Down, 5500));
+    assert_eq!((info[1].state, info[1].heartbeat_age_ms), (ServerState::Up, 2500));
+    assert_eq!((info[1].addr.as_str(), info[1].bytes_total), ("ds20-new:7000", 4000));
     let s = statfs(&ns);
     assert_eq!((s.servers_up, s.servers_total, s.bytes_total), (1, 3, 6000));
-    let bad = RegisterServerReq {
-        id: 1,
-        addr: String::new(),
-        space: SpaceStat::default(),
-    };
-    assert_eq!(
-        code(ns.execute(&Request::RegisterServer(bad))),
-        ErrorCode::Invalid
-    );
+    let bad = RegisterServerReq { id: 1, addr: String::new(), space: SpaceStat::default() };
+    assert_eq!(code(ns.execute(&Request::RegisterServer(bad))), ErrorCode::Invalid);
 }
 
 #[test]
 fn other_services_ops_are_refused() {
     let (ns, _) = mem_ns();
     for req in [
-        Request::Read(ReadReq {
-            ino: 2,
-            offset: 0,
-            len: 1,
-        }),
+        Request::Read(ReadReq { ino: 2, offset: 0, len: 1 }),
         Request::RemoveObject(InoReq { ino: 2 }),
         Request::SpaceStat(()),
-        Request::SessionCreate(SessionCreateReq {
-            client_name: "c".into(),
-            slots: 1,
-        }),
+        Request::SessionCreate(SessionCreateReq { client_name: "c".into(), slots: 1 }),
         Request::SessionDestroy(()),
     ] {
         assert_eq!(code(ns.execute(&req)), ErrorCode::BadRequest, "{req:?}");
@@ -988,24 +682,11 @@ fn failed_transactions_apply_nothing() {
 }
 
 fn file_req(parent: u64, name: &str) -> CreateReq {
-    CreateReq {
-        parent,
-        name: name.into(),
-        mode: 0o644,
-        uid: 0,
-        gid: 0,
-        exclusive: true,
-    }
+    CreateReq { parent, name: name.into(), mode: 0o644, uid: 0, gid: 0, exclusive: true }
 }
 
 fn dir_req(parent: u64, name: &str) -> MkdirReq {
-    MkdirReq {
-        parent,
-        name: name.into(),
-        mode: 0o755,
-        uid: 0,
-        gid: 0,
-    }
+    MkdirReq { parent, name: name.into(), mode: 0o755, uid: 0, gid: 0 }
 }
 
 // ---- RedbStore ------------------------------------------------------------------------------------------------
@@ -1027,19 +708,13 @@ fn redb_survives_reopen() {
         unlink(&ns, d.ino, "gone").unwrap();
         assert_eq!(ns.orphans(10), vec![(gone.ino, gone.layout.unwrap())]);
         // A failed op leaves nothing behind on disk either.
-        assert_eq!(
-            code(rename(&ns, ROOT_INO, "d", d.ino, "x")),
-            ErrorCode::Invalid
-        );
+        assert_eq!(code(rename(&ns, ROOT_INO, "d", d.ino, "x")), ErrorCode::Invalid);
     }
     assert!(dir.0.join("meta.redb").exists());
     clock.advance_ms(60_000);
     let ns = redb_ns(&dir, clock.clone());
     assert_eq!(lookup(&ns, ROOT_INO, "f").unwrap().size, 777);
-    assert_eq!(
-        lookup(&ns, ROOT_INO, "d").unwrap(),
-        getattr(&ns, d.ino).unwrap()
-    );
+    assert_eq!(lookup(&ns, ROOT_INO, "d").unwrap(), getattr(&ns, d.ino).unwrap());
     assert_eq!(readlink(&ns, s.ino).unwrap(), "../f");
     assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 3);
     assert_eq!(readdir_all(&ns, d.ino), vec!["s"]);
@@ -1047,16 +722,8 @@ fn redb_survives_reopen() {
     assert_eq!(statfs(&ns).files, 4);
     // Servers are remembered but not heard from since the restart.
     let info = ns.servers();
-    assert_eq!(
-        info.iter()
-            .map(|s| (s.id, s.addr.as_str()))
-            .collect::<Vec<_>>(),
-        [(1, "a:1"), (2, "b:1")]
-    );
-    assert!(
-        info.iter()
-            .all(|s| s.state == ServerState::Down && s.heartbeat_age_ms == u64::MAX)
-    );
+    assert_eq!(info.iter().map(|s| (s.id, s.addr.as_str())).collect::<Vec<_>>(), [(1, "a:1"), (2, "b:1")]);
+    assert!(info.iter().all(|s| s.state == ServerState::Down && s.heartbeat_age_ms == u64::MAX));
     // Creates still work off the persisted registry, and inode numbers are never reused.
     let g = create(&ns, ROOT_INO, "g").unwrap();
     assert!(g.ino > s.ino + 1);
@@ -1079,10 +746,7 @@ fn redb_matches_mem_store_on_a_scenario() {
         unlink(ns, b.ino, "f5").unwrap();
         assert_eq!(code(rmdir(ns, ROOT_INO, "b")), ErrorCode::NotEmpty);
         rmdir(ns, ROOT_INO, "a").unwrap();
-        vec![
-            ("root".into(), readdir_all(ns, ROOT_INO)),
-            ("b".into(), readdir_all(ns, b.ino)),
-        ]
+        vec![("root".into(), readdir_all(ns, ROOT_INO)), ("b".into(), readdir_all(ns, b.ino))]
     }
     let dir = TempDir::new("scenario");
     let clock = Arc::new(ManualClock::new(T0));
@@ -1109,11 +773,7 @@ fn redb_readdir_pages_through_100k_entries() {
         ns.store()
             .write(|t| {
                 for i in (batch * N / 10)..((batch + 1) * N / 10) {
-                    super::create(
-                        t,
-                        &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)),
-                        T0,
-                    )?;
+                    super::create(t, &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)), T0)?;
                 }
                 Ok::<_, WireError>(())
             })
@@ -1121,10 +781,7 @@ fn redb_readdir_pages_through_100k_entries() {
     }
     let inserted = started.elapsed();
     let names = readdir_all(&ns, d.ino);
-    eprintln!(
-        "100k creates: {inserted:?}, readdir: {:?}",
-        started.elapsed() - inserted
-    );
+    eprintln!("100k creates: {inserted:?}, readdir: {:?}", started.elapsed() - inserted);
     assert_eq!(names.len(), N);
     for (i, n) in names.iter().enumerate() {
         assert_eq!(*n, format!("file-{i:08}"));
@@ -1149,12 +806,8 @@ fn redb_crash_child() {
     let Ok(dir) = std::env::var("WEFT_META_CRASH_DIR") else {
         return;
     };
-    let ns = Namespace::new(
-        RedbStore::open(&dir).unwrap(),
-        Arc::new(ManualClock::new(T0)),
-        DEFAULT_LIVENESS_MS,
-    )
-    .unwrap();
+    let ns =
+        Namespace::new(RedbStore::open(&dir).unwrap(), Arc::new(ManualClock::new(T0)), DEFAULT_LIVENESS_MS).unwrap();
     register(&ns, 1, "a:1", 100);
     for i in 0..50 {
         create(&ns, ROOT_INO, &format!("acked-{i:02}")).unwrap();
@@ -1169,25 +822,14 @@ fn redb_acknowledged_ops_survive_abort() {
     let dir = TempDir::new("crash");
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "namespace::tests::redb_crash_child",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", "namespace::tests::redb_crash_child", "--nocapture", "--test-threads=1"])
         .env("WEFT_META_CRASH_DIR", &dir.0)
         .output()
         .unwrap();
     assert!(!out.status.success(), "the child must die by abort");
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("ACKED 50"),
-        "{out:?}"
-    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ACKED 50"), "{out:?}");
     let ns = redb_ns(&dir, Arc::new(ManualClock::new(T0)));
     let names = readdir_all(&ns, ROOT_INO);
-    assert_eq!(
-        names,
-        (0..50).map(|i| format!("acked-{i:02}")).collect::<Vec<_>>()
-    );
+    assert_eq!(names, (0..50).map(|i| format!("acked-{i:02}")).collect::<Vec<_>>());
     assert_eq!(ns.servers().len(), 1);
 }

@@ -45,18 +45,12 @@ pub async fn start(name: &str, servers: u32) -> TestCluster {
     start_with(name, servers, |_| {}).await
 }
 
-pub async fn start_with(
-    name: &str,
-    servers: u32,
-    f: impl FnOnce(&mut LaunchOptions),
-) -> TestCluster {
+pub async fn start_with(name: &str, servers: u32, f: impl FnOnce(&mut LaunchOptions)) -> TestCluster {
     let dir = test_dir(name);
     let mut opts = LaunchOptions::new(WEFT, &dir, servers);
     opts.log_filter = "info".into();
     f(&mut opts);
-    let cluster = LocalCluster::start(opts)
-        .await
-        .unwrap_or_else(|e| panic!("starting the cluster: {e}"));
+    let cluster = LocalCluster::start(opts).await.unwrap_or_else(|e| panic!("starting the cluster: {e}"));
     TestCluster { cluster, dir }
 }
 
@@ -69,11 +63,7 @@ impl TestCluster {
     pub async fn impatient_client(&self) -> Client {
         let cfg = ClusterConfig {
             mds: self.mds_addr().to_string(),
-            client: ClientTuning {
-                attempts_max: 1,
-                call_timeout_ms: 5_000,
-                ..ClientTuning::default()
-            },
+            client: ClientTuning { attempts_max: 1, call_timeout_ms: 5_000, ..ClientTuning::default() },
         };
         Client::connect(&cfg).await.unwrap()
     }
@@ -85,9 +75,7 @@ impl TestCluster {
 
 /// Where data server `root` keeps the object of inode `ino` (the on-disk format of weft-data).
 pub fn object_path(root: &Path, ino: u64) -> PathBuf {
-    root.join("objects")
-        .join(format!("{:02x}", ino & 0xff))
-        .join(format!("{ino:016x}"))
+    root.join("objects").join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"))
 }
 
 /// Deterministic pseudo-random bytes (xorshift64*), different for every seed and offset.

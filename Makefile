@@ -1,0 +1,53 @@
+# Weft developer entry points. `make test` is what CI runs (.ci/run).
+
+SERVERS ?= 4
+DATA_DIR ?= weft-data
+CARGO ?= cargo
+
+.PHONY: up deps lint test bench clean-data
+
+# up: build the release binary and start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR).
+up:
+	$(CARGO) build --release -p weft
+	./target/release/weft up --data-dir $(DATA_DIR) --servers $(SERVERS)
+
+# deps: install what a fresh Debian lacks (iperf3, pkg-config; rustfmt and clippy), as root or with sudo.
+deps:
+	@set -eu; \
+	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
+	missing=""; \
+	command -v iperf3 >/dev/null 2>&1 || missing="$$missing iperf3"; \
+	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkg-config"; \
+	if [ -n "$$missing" ]; then \
+		echo "deps: installing$$missing"; \
+		$$sudo apt-get update; \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi; \
+	$(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt; \
+	$(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy; \
+	echo "deps: ok"
+
+# lint: formatting and clippy (warnings are errors), with the test-only fault-injection feature compiled in.
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --features weft/fault-injection -- -D warnings
+
+# test: everything CI checks, in order: lint, the whole test suite in release (the 1 GiB round trip needs it),
+# then a short run of every fuzz target (FUZZ_SECONDS each, default 30). Stops at the first failure.
+test: deps
+	@echo "==================== lint ===================="
+	@$(MAKE) --no-print-directory lint
+	@echo "==================== cargo test (release, fault-injection) ===================="
+	$(CARGO) test --workspace --release --features weft/fault-injection
+	@echo "==================== fuzz smoke ===================="
+	scripts/fuzz-smoke.sh
+	@echo "==================== make test: all steps passed ===================="
+
+# bench: throughput over 1, 2 and 4 data servers; results in docs/bench/throughput.json (+ an SVG beside it).
+bench:
+	mkdir -p docs/bench
+	$(CARGO) run --release -p weft -- bench throughput --servers 1,2,4 --record 1M --size 2G --json docs/bench/throughput.json
+
+# clean-data: remove the data directory `make up` uses.
+clean-data:
+	rm -rf $(DATA_DIR)
