@@ -3,6 +3,9 @@
 SERVERS ?= 4
 DATA_DIR ?= weft-data
 CARGO ?= cargo
+# bash with pipefail, so a failing command piped into tee still fails the target.
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
 
 .PHONY: up deps lint test bench clean-data
 
@@ -38,10 +41,12 @@ test: deps
 	@echo "==================== lint ===================="
 	@$(MAKE) --no-print-directory lint
 	@echo "==================== cargo test (release, fault-injection) ===================="
-	$(CARGO) test --workspace --release --features weft/fault-injection
+	mkdir -p target
+	$(CARGO) test --workspace --release --features weft/fault-injection 2>&1 | tee target/cargo-test.log
 	@echo "==================== fuzz smoke ===================="
 	scripts/fuzz-smoke.sh
 	@echo "==================== make test: all steps passed ===================="
+	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "tests: %d passed, %d failed\n", p, f}' target/cargo-test.log
 
 # bench: throughput over 1, 2 and 4 data servers; results in docs/bench/throughput.json (+ an SVG beside it).
 bench:

@@ -22,9 +22,16 @@ if [ -z "$targets" ]; then
     exit 1
 fi
 
+mkdir -p target
 for target in $targets; do
-    echo "fuzz-smoke: $target for ${FUZZ_SECONDS}s"
+    echo "fuzz-smoke: $target for ${FUZZ_SECONDS}s (log: fuzz/target/smoke-$target.log)"
     mkdir -p "corpus/$target"
-    cargo +nightly fuzz run "$target" -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048
+    if ! cargo +nightly fuzz run "$target" -- -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 \
+        >"target/smoke-$target.log" 2>&1; then
+        tail -n 60 "target/smoke-$target.log" >&2
+        echo "fuzz-smoke: $target FAILED; the input is in fuzz/artifacts/$target/" >&2
+        exit 1
+    fi
+    grep -E '^Done [0-9]+ runs' "target/smoke-$target.log" | sed "s/^/fuzz-smoke: $target: /"
 done
 echo "fuzz-smoke: all targets ran ${FUZZ_SECONDS}s without a crash"

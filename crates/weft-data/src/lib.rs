@@ -10,4 +10,4 @@ pub mod store;
 mod sys;
 
 pub use server::{DataConfig, DataServerError, DataService, run};
-pub use store::{BLOCK_BYTES, DataError, ObjectStore};
+pub use store::{BLOCK_BYTES, DataError, MappedRead, ObjectStore};

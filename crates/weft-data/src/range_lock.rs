@@ -9,11 +9,11 @@
 //! Bounded: the table holds only the ranges of operations in progress, at most one per disk task.
 
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
-/// A held range; released on drop.
-pub struct RangeGuard<'a> {
-    table: &'a RangeLocks,
+/// A held range; released on drop. It owns its table, so it can travel with a reply until the bytes are sent.
+pub struct RangeGuard {
+    table: Arc<RangeLocks>,
     ino: u64,
     id: u64,
 }
@@ -39,7 +39,7 @@ pub struct RangeLocks {
 
 impl RangeLocks {
     /// Blocks the calling (disk) thread until `[start, end)` of object `ino` can be held.
-    pub fn lock(&self, ino: u64, start: u64, end: u64, exclusive: bool) -> RangeGuard<'_> {
+    pub fn lock(self: &Arc<Self>, ino: u64, start: u64, end: u64, exclusive: bool) -> RangeGuard {
         assert!(start <= end, "range lock of an inverted range {start}..{end}");
         let mut t = self.table.lock().expect("range lock table");
         loop {
@@ -55,11 +55,11 @@ impl RangeLocks {
         let id = t.next_id;
         // An empty range still excludes its start, so a zero-length truncate orders against writers.
         t.held.entry(ino).or_default().push(Held { id, start, end: end.max(start + 1), exclusive });
-        RangeGuard { table: self, ino, id }
+        RangeGuard { table: self.clone(), ino, id }
     }
 }
 
-impl Drop for RangeGuard<'_> {
+impl Drop for RangeGuard {
     fn drop(&mut self) {
         let mut t = self.table.table.lock().expect("range lock table");
         if let Some(v) = t.held.get_mut(&self.ino) {
@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn shared_ranges_coexist_and_the_table_empties() {
-        let l = RangeLocks::default();
+        let l = Arc::new(RangeLocks::default());
         let a = l.lock(1, 0, 100, false);
         let b = l.lock(1, 50, 150, false);
         let c = l.lock(1, 200, 300, true);

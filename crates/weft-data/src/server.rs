@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{info, warn};
 use weft_fabric::{Fabric, Listener, TcpFabric};
 use weft_proto::msg::RegisterServerReq;
 use weft_proto::{ErrorCode, FrameLimits, Request, Response, WireError};
-use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
+use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, ReplyData, RpcClient, RpcServer, ServerConfig, Service};
 
-use crate::store::ObjectStore;
+use crate::store::{MappedRead, ObjectStore};
 
 /// `weft data --config F`.
 #[derive(Debug, Clone, Deserialize)]
@@ -64,6 +65,28 @@ fn default_sessions_max() -> u32 {
 
 pub struct DataService {
     store: Arc<ObjectStore>,
+    /// Reads served from mappings in flight at once: each pins its pages and a mapping until its reply is sent.
+    mapped_reads: Arc<Semaphore>,
+}
+
+impl DataService {
+    /// `mapped_reads_max` bounds the reads served from page-cache mappings at once (the copying path is bounded
+    /// by the RPC server's buffer pool).
+    pub fn new(store: Arc<ObjectStore>, mapped_reads_max: u32) -> DataService {
+        DataService { store, mapped_reads: Arc::new(Semaphore::new(mapped_reads_max.max(1) as usize)) }
+    }
+}
+
+/// A mapped read on its way out: the mapping and its range lock live until the reply is sent.
+struct MappedReply {
+    read: MappedRead,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl ReplyData for MappedReply {
+    fn as_bytes(&self) -> &[u8] {
+        self.read.as_bytes()
+    }
 }
 
 fn join_error(e: tokio::task::JoinError) -> WireError {
@@ -81,13 +104,31 @@ impl Service for DataService {
                         format!("read of {} bytes exceeds the transfer unit of {}", r.len, ctx.pool.buf_bytes()),
                     ));
                 }
+                // Common case, a range inside the object: verified and sent straight from the page cache.
+                let permit = self.mapped_reads.clone().acquire_owned().await.expect("never closed");
+                let mapped = {
+                    let store = store.clone();
+                    let r = r.clone();
+                    tokio::task::spawn_blocking(move || store.read_mapped(r.ino, r.offset, u64::from(r.len)))
+                        .await
+                        .map_err(join_error)?
+                        .map_err(WireError::from)?
+                };
+                if let Some(read) = mapped {
+                    return Ok(Reply {
+                        resp: Response::Read(()),
+                        data: Some(Box::new(MappedReply { read, _permit: permit })),
+                    });
+                }
+                drop(permit);
+                // Past the object's end or a missing object: copy into a pool buffer, filling zeros.
                 let mut buf = ctx.pool.acquire(r.len as usize).await;
                 let buf =
                     tokio::task::spawn_blocking(move || store.read(r.ino, r.offset, buf.as_mut_slice()).map(|()| buf))
                         .await
                         .map_err(join_error)?
                         .map_err(WireError::from)?;
-                Ok(Reply { resp: Response::Read(()), data: Some(buf) })
+                Ok(Reply { resp: Response::Read(()), data: Some(Box::new(buf)) })
             }
             Request::Write(w) => {
                 let buf = data.ok_or_else(|| WireError::new(ErrorCode::BadRequest, "write without a payload"))?;
@@ -156,7 +197,8 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         pool_buffers: cfg.pool_buffers,
         ..ServerConfig::default()
     };
-    let server = RpcServer::<TcpFabric, _>::new(server_cfg, Arc::new(DataService { store: store.clone() }));
+    let server =
+        RpcServer::<TcpFabric, _>::new(server_cfg, Arc::new(DataService::new(store.clone(), cfg.pool_buffers)));
     info!(id = cfg.id, %addr, %advertise, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
     tokio::spawn(heartbeat(cfg.clone(), advertise, store));
     ready(&addr);

@@ -20,12 +20,12 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use weft_proto::{ErrorCode, OBJECT_BYTES_MAX, SpaceStat, WireError};
 
-use crate::range_lock::RangeLocks;
+use crate::range_lock::{RangeGuard, RangeLocks};
 
 /// Bytes covered by one checksum.
 pub const BLOCK_BYTES: usize = 4096;
@@ -90,8 +90,24 @@ fn check_range(ino: u64, offset: u64, len: u64) -> Result<u64, DataError> {
 pub struct ObjectStore {
     root: PathBuf,
     objects: PathBuf,
-    locks: RangeLocks,
+    locks: Arc<RangeLocks>,
     object_count: AtomicU64,
+}
+
+/// A verified read served straight from the page cache: a read-only mapping of the object's blocks, the part of
+/// it that was asked for, and the shared range lock that keeps writers and truncates off those blocks until this
+/// is dropped (after the reply is sent). No copy of the payload is made in user space.
+pub struct MappedRead {
+    map: memmap2::Mmap,
+    start: usize,
+    len: usize,
+    _guard: RangeGuard,
+}
+
+impl MappedRead {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.map[self.start..self.start + self.len]
+    }
 }
 
 impl ObjectStore {
@@ -112,7 +128,7 @@ impl ObjectStore {
                 }
             }
         }
-        Ok(ObjectStore { root: root.to_path_buf(), objects, locks: RangeLocks::default(), object_count: count.into() })
+        Ok(ObjectStore { root: root.to_path_buf(), objects, locks: Arc::default(), object_count: count.into() })
     }
 
     /// Where the object of `ino` lives (the sidecar adds `.crc`).
@@ -217,11 +233,7 @@ impl ObjectStore {
         buf[n..].fill(0);
 
         let last = data_end.div_ceil(B);
-        let sidecar = match File::open(self.sidecar_path(ino)) {
-            Ok(s) => Some(s),
-            Err(e) if e.kind() == ErrorKind::NotFound => None,
-            Err(e) => return Err(io_err("opening", &self.sidecar_path(ino))(e)),
-        };
+        let sidecar = self.open_sidecar(ino)?;
         let crcs = self.read_crcs(ino, sidecar.as_ref(), first, (last - first) as usize)?;
         let mut scratch = [0u8; BLOCK_BYTES];
         for (b, &stored) in (first..last).zip(&crcs) {
@@ -246,6 +258,50 @@ impl ObjectStore {
             }
         }
         Ok(())
+    }
+
+    /// The sidecar for reading, if there is one (a missing sidecar means every block is expected to be zeros).
+    fn open_sidecar(&self, ino: u64) -> Result<Option<File>, DataError> {
+        match File::open(self.sidecar_path(ino)) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io_err("opening", &self.sidecar_path(ino))(e)),
+        }
+    }
+
+    /// Like [`ObjectStore::read`], but without copying: maps the blocks covering the range, verifies them, and
+    /// returns the mapping. `Ok(None)` when the range is not entirely inside the object (a hole at the end, a
+    /// missing object): the caller then uses `read`, which fills zeros.
+    pub fn read_mapped(&self, ino: u64, offset: u64, len: u64) -> Result<Option<MappedRead>, DataError> {
+        let end = check_range(ino, offset, len)?;
+        if len == 0 {
+            return Ok(None);
+        }
+        let first = offset / B;
+        let last = end.div_ceil(B);
+        let guard = self.locks.lock(ino, first * B, last * B, false);
+        let path = self.object_path(ino);
+        let f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("opening", &path)(e)),
+        };
+        let obj_len = f.metadata().map_err(io_err("stat", &path))?.len();
+        if end > obj_len {
+            return Ok(None);
+        }
+        let map_start = first * B;
+        let map_len = ((last * B).min(obj_len) - map_start) as usize;
+        let map = crate::sys::map_populated(&f, map_start, map_len).map_err(io_err("mapping", &path))?;
+        let sidecar = self.open_sidecar(ino)?;
+        let crcs = self.read_crcs(ino, sidecar.as_ref(), first, (last - first) as usize)?;
+        for (block, (b, &stored)) in map.chunks(BLOCK_BYTES).zip((first..last).zip(&crcs)) {
+            // A short last block is the object's end: stored_crc pads it with zeros, as the format says.
+            if stored_crc(block) != stored {
+                return Err(DataError::Corrupt { ino, object_offset: b * B, path });
+            }
+        }
+        Ok(Some(MappedRead { map, start: (offset - map_start) as usize, len: len as usize, _guard: guard }))
     }
 
     /// Writes `data` at `offset` of the object, creating it if needed, and updates the checksums of every block
@@ -414,6 +470,32 @@ mod tests {
         }
         // A partial write into the corrupt block is refused rather than re-checksummed.
         assert!(matches!(s.write(3, B + 1, b"x"), Err(DataError::Corrupt { .. })));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn mapped_reads_verify_and_fall_back_past_the_end() {
+        let (s, dir) = store("mapped");
+        let d = bytes(3, 10_000);
+        s.write(4, 0, &d).unwrap();
+        let m = s.read_mapped(4, 100, 9_900).unwrap().expect("inside the object");
+        assert_eq!(m.as_bytes(), &d[100..]);
+        drop(m);
+        assert!(s.read_mapped(4, 9_000, 2_000).unwrap().is_none(), "past the end: the copying path fills zeros");
+        assert!(s.read_mapped(5, 0, 10).unwrap().is_none(), "missing object");
+        let p = s.object_path(4);
+        let mut raw = std::fs::read(&p).unwrap();
+        raw[9_999] ^= 0x40;
+        std::fs::write(&p, raw).unwrap();
+        match s.read_mapped(4, 0, 100) {
+            Ok(Some(_)) => {}
+            other => panic!("block 0 is intact: {:?}", other.err()),
+        }
+        assert!(s.read_mapped(4, 8_000, 10).unwrap().is_some(), "block 1 is intact");
+        match s.read_mapped(4, 9_000, 10) {
+            Err(DataError::Corrupt { object_offset, .. }) => assert_eq!(object_offset, 2 * B),
+            other => panic!("expected Corrupt, got {:?}", other.map(|m| m.map(|m| m.as_bytes().len()))),
+        }
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -1,8 +1,9 @@
-//! The one system call std lacks here: statvfs(3) for the space of the object root. The only `unsafe` of this
-//! crate lives in this module.
+//! What std lacks here: statvfs(3) for the space of the object root, and read-only mappings of object files
+//! for reads served from the page cache. The only `unsafe` of this crate lives in this module.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
+use std::fs::File;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -21,4 +22,14 @@ pub fn space(path: &Path) -> io::Result<(u64, u64)> {
     let st = unsafe { st.assume_init() };
     let frag = st.f_frsize;
     Ok((st.f_blocks * frag, st.f_bavail * frag))
+}
+
+/// Maps `len` bytes of `f` from `offset` (a multiple of the page size) read-only, with the pages populated up front
+/// so the checksum pass and the socket send take no page faults.
+pub fn map_populated(f: &File, offset: u64, len: usize) -> io::Result<memmap2::Mmap> {
+    // SAFETY: the mapping is read-only, and the bytes must not change while it lives. Weft's own writers and
+    // truncates of this range are excluded by the range lock the caller holds for the mapping's whole life (see
+    // `store::MappedRead`); object files belong to the data server alone, and changing them from outside while it
+    // runs is unsupported (as for any storage daemon's files).
+    unsafe { memmap2::MmapOptions::new().offset(offset).len(len).populate().map(f) }
 }

@@ -26,4 +26,4 @@ pub use client::RpcClient;
 pub use config::{ClientConfig, ServerConfig};
 pub use error::RpcError;
 pub use pool::{BufferPool, PoolBuf};
-pub use server::{CallCtx, Reply, RpcServer, Service};
+pub use server::{CallCtx, Reply, ReplyData, RpcServer, Service};

@@ -31,10 +31,22 @@ pub struct CallCtx {
     pub pool: BufferPool,
 }
 
-/// A service's answer: the response body and, for reads, a payload buffer sent after it.
+/// Bytes a reply carries after its body, sent straight from where they are (a pool buffer, a mapping of the
+/// page cache, ...). Whatever the payload holds (a buffer, a lock) is released only once the bytes are sent.
+pub trait ReplyData: Send + Sync + 'static {
+    fn as_bytes(&self) -> &[u8];
+}
+
+impl ReplyData for PoolBuf {
+    fn as_bytes(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+/// A service's answer: the response body and, for reads, a payload sent after it.
 pub struct Reply {
     pub resp: Response,
-    pub data: Option<PoolBuf>,
+    pub data: Option<Box<dyn ReplyData>>,
 }
 
 impl From<Response> for Reply {
@@ -272,8 +284,14 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     }
 }
 
-async fn send_reply<F: Fabric>(out: &ConnOut<F>, req: &Header, flags: u8, body: Bytes, data: Option<PoolBuf>) {
-    let data_slice: &[u8] = data.as_ref().map(|d| d.as_slice()).unwrap_or(&[]);
+async fn send_reply<F: Fabric>(
+    out: &ConnOut<F>,
+    req: &Header,
+    flags: u8,
+    body: Bytes,
+    data: Option<Box<dyn ReplyData>>,
+) {
+    let data_slice: &[u8] = data.as_ref().map(|d| d.as_bytes()).unwrap_or(&[]);
     let h = Header {
         kind: FrameKind::Reply,
         flags,

@@ -35,7 +35,7 @@ impl Service for Counting {
                 for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
                     *b = (r.offset as usize + i) as u8;
                 }
-                Ok(Reply { resp: Response::Read(()), data: Some(buf) })
+                Ok(Reply { resp: Response::Read(()), data: Some(Box::new(buf)) })
             }
             _ => Err(WireError::new(ErrorCode::BadRequest, "not served here")),
         };

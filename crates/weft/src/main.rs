@@ -40,12 +40,34 @@ enum Cmd {
         servers: u32,
     },
     /// Run the metadata service from a TOML config file.
+    #[command(after_help = "Config keys (TOML):\n  \
+        listen = \"0.0.0.0:7000\"          address to listen on (port 0: any free port)\n  \
+        data_dir = \"/var/lib/weft/meta\"   where the embedded store (meta.redb) lives\n  \
+        liveness_ms = 5000               a data server silent this long is shown down\n  \
+        slots_max = 64                   most slots (requests in flight) granted per client session\n  \
+        sessions_max = 4096              most client sessions held at once\n  \
+        gc_interval_ms = 1000            how often removed files' objects are collected\n\n\
+        On start it prints `WEFT-READY <addr>` on stdout; logs go to stderr (RUST_LOG filters them).")]
     Meta {
+        /// The TOML file describing this metadata service.
         #[arg(long)]
         config: PathBuf,
     },
     /// Run a data server from a TOML config file.
+    #[command(after_help = "Config keys (TOML):\n  \
+        id = 1                           stable id; layouts refer to it\n  \
+        listen = \"0.0.0.0:7100\"          address to listen on (port 0: any free port)\n  \
+        advertise = \"10.0.0.11:7100\"     address clients use (default: the listening one)\n  \
+        root = \"/srv/weft/data\"          directory holding the objects\n  \
+        mds = \"10.0.0.1:7000\"            the metadata service to register with\n  \
+        heartbeat_ms = 1000              registration/heartbeat period\n  \
+        transfer_unit_bytes = 2097152    largest payload of one request\n  \
+        pool_buffers = 32                payload memory bound: pool_buffers x transfer_unit_bytes\n  \
+        slots_max = 64                   most slots granted per client session\n  \
+        sessions_max = 1024              most client sessions held at once\n\n\
+        On start it prints `WEFT-READY <addr>` on stdout; logs go to stderr (RUST_LOG filters them).")]
     Data {
+        /// The TOML file describing this data server.
         #[arg(long)]
         config: PathBuf,
     },
