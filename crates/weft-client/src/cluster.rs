@@ -74,6 +74,11 @@ impl ClusterConfig {
         if spec.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) {
             return Ok(ClusterConfig { mds: spec.to_string(), client: ClientTuning::default() });
         }
+        if spec.contains('/') || spec.ends_with(".toml") {
+            return Err(format!(
+                "{spec}: no such cluster file (is the cluster up? `weft up --data-dir DIR` writes DIR/cluster.toml)"
+            ));
+        }
         Err(format!("{spec} is neither a cluster file, a directory holding cluster.toml, nor a host:port address"))
     }
 

@@ -22,8 +22,9 @@ pub enum ClientError {
     UnknownServer(u32),
     #[error("{0}")]
     InvalidPath(String),
-    #[error("{path}: {source}")]
-    Path { path: String, source: Box<ClientError> },
+    /// `error` is not a `source`: its text is already part of this message, so chains do not repeat it.
+    #[error("{path}: {error}")]
+    Path { path: String, error: Box<ClientError> },
     #[error("{0}")]
     NotAFile(String),
     #[error("protocol: {0}")]
@@ -35,7 +36,7 @@ impl ClientError {
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             ClientError::Meta(e) | ClientError::Data { source: e, .. } => e.remote().map(|w| w.code),
-            ClientError::Path { source, .. } => source.code(),
+            ClientError::Path { error, .. } => error.code(),
             ClientError::Corrupt { .. } => Some(ErrorCode::Corrupt),
             _ => None,
         }
@@ -45,7 +46,7 @@ impl ClientError {
     pub fn with_path(self, path: &str) -> ClientError {
         match self {
             e @ ClientError::Path { .. } => e,
-            e => ClientError::Path { path: path.to_string(), source: Box::new(e) },
+            e => ClientError::Path { path: path.to_string(), error: Box::new(e) },
         }
     }
 }
