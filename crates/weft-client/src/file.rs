@@ -25,6 +25,8 @@ pub struct File {
     size: AtomicU64,
     /// Written since the last commit.
     dirty: AtomicBool,
+    /// Written (or truncated) since the last fsync of the objects.
+    unsynced: AtomicBool,
 }
 
 /// One request's worth of a transfer: a contiguous object range on one server, and the file ranges it maps to.
@@ -83,7 +85,14 @@ impl File {
             .clone()
             .ok_or_else(|| ClientError::Protocol(format!("file inode {} has no layout", attr.ino)))?;
         layout.validate(false).map_err(|e| ClientError::Protocol(format!("file inode {}: {e}", attr.ino)))?;
-        Ok(File { client, size: AtomicU64::new(attr.size), attr, layout, dirty: AtomicBool::new(false) })
+        Ok(File {
+            client,
+            size: AtomicU64::new(attr.size),
+            attr,
+            layout,
+            dirty: AtomicBool::new(false),
+            unsynced: AtomicBool::new(false),
+        })
     }
 
     pub fn ino(&self) -> u64 {
@@ -117,6 +126,8 @@ impl File {
             .checked_add(len)
             .ok_or_else(|| ClientError::InvalidPath(format!("write at {offset} of {len} bytes overflows")))?;
         let (pieces, units) = plan(&self.layout, offset, len, self.unit_max());
+        // Before sending: a write that fails half-way may still have changed some objects.
+        self.unsynced.store(true, Ordering::SeqCst);
         let mut tasks = JoinSet::new();
         for u in units {
             let segs: Vec<Bytes> = u
@@ -219,6 +230,7 @@ impl File {
 
     /// Sets the file's size: objects first, then the metadata service.
     pub async fn truncate(&self, size: u64) -> Result<(), ClientError> {
+        self.unsynced.store(true, Ordering::SeqCst);
         self.client.truncate_objects(self.attr.ino, &self.layout, size).await?;
         let set = weft_proto::SetAttrs { size: Some(size), ..Default::default() };
         self.client.meta_setattr_only(self.attr.ino, set).await?;
@@ -226,8 +238,22 @@ impl File {
         Ok(())
     }
 
-    /// Commits size and mtime to the metadata service if this handle wrote since the last commit.
+    /// fsync: makes this handle's writes durable on the data servers (every object and its checksums reach the
+    /// disk), then commits size and mtime to the metadata service.
     pub async fn sync(&self) -> Result<(), ClientError> {
+        if self.unsynced.swap(false, Ordering::SeqCst)
+            && let Err(e) = self.client.fsync_objects(self.attr.ino, &self.layout).await
+        {
+            self.unsynced.store(true, Ordering::SeqCst);
+            return Err(e);
+        }
+        self.commit().await
+    }
+
+    /// Publishes size and mtime to the metadata service if this handle wrote since the last commit (pNFS
+    /// LAYOUTCOMMIT). This is what makes the writes visible to the next open (close-to-open); it does not force
+    /// them to disk (that is [`File::sync`]).
+    pub async fn commit(&self) -> Result<(), ClientError> {
         if self.dirty.swap(false, Ordering::SeqCst) {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -241,9 +267,9 @@ impl File {
         Ok(())
     }
 
-    /// Commits and closes.
+    /// Commits (close-to-open visibility) and closes; call [`File::sync`] first for durability.
     pub async fn close(self) -> Result<(), ClientError> {
-        self.sync().await
+        self.commit().await
     }
 }
 

@@ -296,21 +296,37 @@ impl Client {
     }
 
     pub(crate) async fn truncate_objects(&self, ino: u64, layout: &Layout, size: u64) -> Result<(), ClientError> {
+        let reqs = (0..layout.stripe_count)
+            .map(|i| Request::Truncate(TruncateReq { ino, size: layout.object_size(size, i) }))
+            .collect();
+        self.on_every_object(layout, reqs).await
+    }
+
+    /// Makes every object of the file durable on its data server (fsync of data and checksums).
+    pub(crate) async fn fsync_objects(&self, ino: u64, layout: &Layout) -> Result<(), ClientError> {
+        let reqs = (0..layout.stripe_count).map(|_| Request::Fsync(weft_proto::msg::InoReq { ino })).collect();
+        self.on_every_object(layout, reqs).await
+    }
+
+    /// Sends `reqs[i]` to the data server of stripe index `i`, all in parallel; the first failure is returned.
+    async fn on_every_object(&self, layout: &Layout, reqs: Vec<Request>) -> Result<(), ClientError> {
+        assert_eq!(reqs.len(), layout.servers.len(), "one request per object");
         let mut tasks = tokio::task::JoinSet::new();
-        for (i, &server) in layout.servers.iter().enumerate() {
-            let object_size = layout.object_size(size, i as u32);
+        for (&server, req) in layout.servers.iter().zip(reqs) {
             let me = self.clone();
             tasks.spawn(async move {
                 let ds = me.data_server(server).await?;
-                ds.call_simple(Request::Truncate(TruncateReq { ino, size: object_size }))
-                    .await
-                    .map_err(|source| ClientError::Data { server, source })
+                ds.call_simple(req).await.map_err(|source| ClientError::Data { server, source })
             });
         }
+        let mut first_err = None;
         while let Some(r) = tasks.join_next().await {
-            r.map_err(|e| ClientError::Protocol(format!("truncate task failed: {e}")))??;
+            let r = r.map_err(|e| ClientError::Protocol(format!("data server task failed: {e}"))).and_then(|r| r);
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     /// The cached layout of `ino`, if any attribute carrying it has been seen.

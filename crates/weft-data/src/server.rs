@@ -153,6 +153,13 @@ impl Service for DataService {
                     .map_err(WireError::from)?;
                 Ok(Response::RemoveObject(()).into())
             }
+            Request::Fsync(r) => {
+                tokio::task::spawn_blocking(move || store.fsync(r.ino))
+                    .await
+                    .map_err(join_error)?
+                    .map_err(WireError::from)?;
+                Ok(Response::Fsync(()).into())
+            }
             Request::SpaceStat(()) => {
                 let s = tokio::task::spawn_blocking(move || store.space())
                     .await

@@ -376,6 +376,22 @@ impl ObjectStore {
         Ok(())
     }
 
+    /// Makes the object's data, its checksums and its directory entry durable. A missing object succeeds.
+    pub fn fsync(&self, ino: u64) -> Result<(), DataError> {
+        let path = self.object_path(ino);
+        let side = self.sidecar_path(ino);
+        for p in [&path, &side] {
+            match File::open(p) {
+                Ok(f) => f.sync_data().map_err(io_err("syncing", p))?,
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(io_err("opening", p)(e)),
+            }
+        }
+        // A new object's name lives in its fan-out directory: sync that too, or a crash may lose the file.
+        let dir = path.parent().expect("object paths have a parent");
+        File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("syncing", dir))
+    }
+
     /// Deletes the object and its sidecar; removing a missing object succeeds (the MDS's collector retries).
     pub fn remove(&self, ino: u64) -> Result<(), DataError> {
         let _g = self.locks.lock(ino, 0, OBJECT_BYTES_MAX + B, true);
@@ -512,6 +528,8 @@ mod tests {
         assert!(back[5_000..].iter().all(|&b| b == 0));
         // Writing after a gap keeps the old last block's checksum valid.
         s.write(1, 50_000, b"tail").unwrap();
+        s.fsync(1).unwrap();
+        s.fsync(999).expect("a missing object is trivially durable");
         assert_eq!(&read(&s, 1, 49_998, 6).unwrap(), b"\0\0tail");
         assert_eq!(&read(&s, 1, 0, 5_000).unwrap()[..], &d[..5_000]);
         s.remove(1).unwrap();

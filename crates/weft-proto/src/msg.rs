@@ -123,6 +123,8 @@ messages! {
     Truncate = 202: TruncateReq => (), idempotent = false, data = false;
     RemoveObject = 203: InoReq => (), idempotent = false, data = false;
     SpaceStat = 204: () => SpaceStat, idempotent = true, data = false;
+    /// Make an object's data and checksums durable (fsync); a missing object is already durable.
+    Fsync = 205: InoReq => (), idempotent = true, data = false;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -307,6 +309,7 @@ mod tests {
         assert_eq!(Op::RegisterServer as u16, 116);
         assert_eq!(Op::Read as u16, 200);
         assert_eq!(Op::SpaceStat as u16, 204);
+        assert_eq!(Op::Fsync as u16, 205);
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());
         assert!(Op::Read.is_idempotent() && !Op::Create.is_idempotent());
     }

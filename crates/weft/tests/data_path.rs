@@ -105,6 +105,9 @@ async fn holes_truncate_and_overwrites() {
     let patch = pattern(2, 0, 5000);
     f.write_at(6000, Bytes::from(patch.clone())).await.unwrap();
     model[6000..11_000].copy_from_slice(&patch);
+    // fsync reaches every data server of the layout (an unserved op would fail here), then commits.
+    f.sync().await.unwrap();
+    assert_eq!(client.getattr(f.ino()).await.unwrap().size, 50_000, "sync commits the size");
     f.close().await.unwrap();
     let f = client.open("/small/over").await.unwrap();
     let buf = f.read_at(0, BytesMut::zeroed(50_000)).await.unwrap();
