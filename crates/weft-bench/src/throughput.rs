@@ -205,9 +205,9 @@ async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &Thro
     let mut bufs: Vec<BytesMut> = (0..a.window).map(|_| BytesMut::zeroed(record as usize)).collect();
     let mut p = Point { servers, record, write_mib: vec![], write_cpu: vec![], read_mib: vec![], read_cpu: vec![] };
     // Warm-up: one pass of a small file brings up sessions and connections.
-    sequential(client, &path, record, records.min(16), &src, &mut bufs, a.window, a.fsync).await?;
+    sequential(client, &path, record, records.min(16), &src, &mut bufs, a).await?;
     for _ in 0..a.runs {
-        let (w, wc, r, rc) = sequential(client, &path, record, records, &src, &mut bufs, a.window, a.fsync).await?;
+        let (w, wc, r, rc) = sequential(client, &path, record, records, &src, &mut bufs, a).await?;
         let gib = (records * record) as f64 / (1u64 << 30) as f64;
         let mib = gib * 1024.0;
         p.write_mib.push(mib / w);
@@ -228,9 +228,9 @@ async fn sequential(
     records: u64,
     src: &Bytes,
     bufs: &mut Vec<BytesMut>,
-    window: usize,
-    fsync: bool,
+    a: &ThroughputArgs,
 ) -> Result<(f64, f64, f64, f64)> {
+    let (window, fsync) = (a.window, a.fsync);
     let f = Arc::new(client.create_path(path, 0o644, false, true).await?);
     let (t, c) = (Instant::now(), ceilings::cpu_seconds());
     let mut tasks = JoinSet::new();
