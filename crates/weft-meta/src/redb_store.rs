@@ -1,8 +1,9 @@
 //! `RedbStore`: the embedded, crash-safe default [`MetaStore`], one file `meta.redb` in the service's directory.
 //!
 //! Why redb: a single-file, pure-Rust, copy-on-write B-tree with ACID transactions and no server to run (see
-//! DESIGN.md §8). Every write transaction commits with `Durability::Immediate`, so an acknowledged op survives
-//! `kill -9` and power loss.
+//! DESIGN.md §8). Writes use group commit (see [`RedbStore::write`] and `GroupCommit`): a transaction is acknowledged
+//! only after a durable (`Durability::Immediate`) commit covers it, so an acknowledged op survives `kill -9` and
+//! power loss, while concurrent transactions share one fsync.
 //!
 //! Tables (keys are fixed-width integers, or (integer, name) so one directory is one contiguous key range):
 //! - `inodes`:   ino u64 → versioned postcard [`Inode`]
@@ -14,6 +15,7 @@
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex};
 
 use redb::{
     Database, Durability, ReadOnlyTable, ReadableDatabase, ReadableTable, Table, TableDefinition, WriteTransaction,
@@ -39,6 +41,30 @@ pub const STORE_FILE: &str = "meta.redb";
 pub struct RedbStore {
     db: Database,
     path: PathBuf,
+    group: GroupCommit,
+}
+
+/// Group commit: each write transaction commits without an fsync (`Durability::None`), then waits until a
+/// durable commit covers it. Whoever finds no flush running runs one: an empty `Durability::Immediate` commit,
+/// which makes every earlier non-durable commit durable (redb's documented contract). While one fsync runs, the
+/// transactions that commit meanwhile queue up and share the next one, so N concurrent creates cost about one
+/// fsync instead of N.
+///
+/// Trade-off: a mutation is visible to other readers from its in-memory commit, up to one fsync before it is
+/// durable; it is acknowledged to its own client only once durable.
+#[derive(Default)]
+struct GroupCommit {
+    state: Mutex<GroupState>,
+    flushed: Condvar,
+}
+
+#[derive(Default)]
+struct GroupState {
+    /// Number of non-durable commits so far.
+    committed: u64,
+    /// Every commit numbered up to this is durable.
+    durable: u64,
+    flushing: bool,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -66,19 +92,60 @@ impl RedbStore {
             wtx.open_table(COUNTERS)?;
         }
         wtx.commit()?;
-        Ok(RedbStore { db, path })
+        Ok(RedbStore { db, path, group: GroupCommit::default() })
     }
 
     /// Path of the store file.
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Numbers a non-durable commit that just returned. A flush that starts after this covers it.
+    fn note_commit(&self) -> u64 {
+        let mut s = self.group.state.lock().expect("group commit state");
+        s.committed += 1;
+        s.committed
+    }
+
+    /// Returns once commit number `seq` is durable, running the flush itself if none is under way.
+    fn wait_durable(&self, seq: u64) -> Result<(), MetaError> {
+        let mut s = self.group.state.lock().expect("group commit state");
+        loop {
+            if s.durable >= seq {
+                return Ok(());
+            }
+            if s.flushing {
+                s = self.group.flushed.wait(s).expect("group commit state");
+                continue;
+            }
+            s.flushing = true;
+            let target = s.committed;
+            drop(s);
+            let result = self.flush();
+            s = self.group.state.lock().expect("group commit state");
+            s.flushing = false;
+            if result.is_ok() {
+                s.durable = s.durable.max(target);
+            }
+            self.group.flushed.notify_all();
+            // On failure every waiter tries its own flush; a persistent disk error fails them all.
+            result?;
+        }
+    }
+
+    /// An empty durable commit: persists every non-durable commit before it.
+    fn flush(&self) -> Result<(), MetaError> {
+        let mut wtx = self.db.begin_write()?;
+        wtx.set_durability(Durability::Immediate)?;
+        wtx.commit()?;
+        Ok(())
+    }
 }
 
 impl MetaStore for RedbStore {
     fn write<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let mut wtx = self.db.begin_write().map_err(MetaError::from)?;
-        wtx.set_durability(Durability::Immediate).map_err(MetaError::from)?;
+        wtx.set_durability(Durability::None).map_err(MetaError::from)?;
         let result = {
             let mut txn = WriteTxn::open(&wtx)?;
             f(&mut txn)
@@ -86,6 +153,8 @@ impl MetaStore for RedbStore {
         match result {
             Ok(r) => {
                 wtx.commit().map_err(MetaError::from)?;
+                let seq = self.note_commit();
+                self.wait_durable(seq)?;
                 Ok(r)
             }
             Err(e) => {

@@ -812,7 +812,18 @@ fn redb_crash_child() {
     for i in 0..50 {
         create(&ns, ROOT_INO, &format!("acked-{i:02}")).unwrap();
     }
-    println!("ACKED 50");
+    // Concurrent writers share group commits; each is acknowledged only once durable.
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            let ns = &ns;
+            sc.spawn(move || {
+                for i in 0..25 {
+                    create(ns, ROOT_INO, &format!("z{t}-{i:02}")).unwrap();
+                }
+            });
+        }
+    });
+    println!("ACKED 150");
     // Like kill -9: no destructors, no clean close of the database.
     std::process::abort();
 }
@@ -827,9 +838,11 @@ fn redb_acknowledged_ops_survive_abort() {
         .output()
         .unwrap();
     assert!(!out.status.success(), "the child must die by abort");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ACKED 50"), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ACKED 150"), "{out:?}");
     let ns = redb_ns(&dir, Arc::new(ManualClock::new(T0)));
     let names = readdir_all(&ns, ROOT_INO);
-    assert_eq!(names, (0..50).map(|i| format!("acked-{i:02}")).collect::<Vec<_>>());
+    let mut expected: Vec<String> = (0..50).map(|i| format!("acked-{i:02}")).collect();
+    expected.extend((0..4).flat_map(|t| (0..25).map(move |i| format!("z{t}-{i:02}"))));
+    assert_eq!(names, expected);
     assert_eq!(ns.servers().len(), 1);
 }
