@@ -2,6 +2,7 @@
 
 SERVERS ?= 4
 DATA_DIR ?= weft-data
+MOUNT ?= weft-mnt
 CARGO ?= cargo
 # bash with pipefail, so a failing command piped into tee still fails the target.
 SHELL := /bin/bash
@@ -9,18 +10,22 @@ SHELL := /bin/bash
 
 .PHONY: up deps lint test bench clean-data
 
-# up: build the release binary and start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR).
-up:
+# up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
+# mount it on $(MOUNT) (FUSE). Ctrl-C unmounts and stops everything.
+up: deps
 	$(CARGO) build --release -p weft
-	./target/release/weft up --data-dir $(DATA_DIR) --servers $(SERVERS)
+	mkdir -p $(MOUNT)
+	./target/release/weft up --data-dir $(DATA_DIR) --servers $(SERVERS) --mount $(MOUNT)
 
-# deps: install what a fresh Debian lacks (iperf3, pkg-config; rustfmt and clippy), as root or with sudo.
+# deps: install what a fresh Debian lacks (iperf3, pkg-config, fuse3 for the mount; rustfmt and clippy), as root or
+# with sudo.
 deps:
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
 	missing=""; \
 	command -v iperf3 >/dev/null 2>&1 || missing="$$missing iperf3"; \
 	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkg-config"; \
+	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing$$missing"; \
 		$$sudo apt-get update; \

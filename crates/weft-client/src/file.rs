@@ -112,6 +112,11 @@ impl File {
         self.size.load(Ordering::SeqCst)
     }
 
+    /// Raises the known size to `size` (e.g. fresh attributes seen at another open of the same file).
+    pub fn observe_size(&self, size: u64) {
+        self.size.fetch_max(size, Ordering::SeqCst);
+    }
+
     fn unit_max(&self) -> u64 {
         u64::from(self.client.tuning().transfer_unit_bytes.max(4096))
     }

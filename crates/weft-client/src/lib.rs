@@ -145,12 +145,33 @@ impl Client {
     }
 
     pub async fn create(&self, parent: u64, name: &str, mode: u32, exclusive: bool) -> Result<Attr, ClientError> {
-        let (uid, gid) = ids();
+        self.create_as(parent, name, mode, ids(), exclusive).await
+    }
+
+    /// `create` on behalf of `owner` (uid, gid): what a FUSE daemon does for each caller.
+    pub async fn create_as(
+        &self,
+        parent: u64,
+        name: &str,
+        mode: u32,
+        (uid, gid): (u32, u32),
+        exclusive: bool,
+    ) -> Result<Attr, ClientError> {
         Ok(meta_call!(self, Create(CreateReq { parent, name: name.into(), mode, uid, gid, exclusive })))
     }
 
     pub async fn mkdir(&self, parent: u64, name: &str, mode: u32) -> Result<Attr, ClientError> {
-        let (uid, gid) = ids();
+        self.mkdir_as(parent, name, mode, ids()).await
+    }
+
+    /// `mkdir` on behalf of `owner` (uid, gid).
+    pub async fn mkdir_as(
+        &self,
+        parent: u64,
+        name: &str,
+        mode: u32,
+        (uid, gid): (u32, u32),
+    ) -> Result<Attr, ClientError> {
         Ok(meta_call!(self, Mkdir(MkdirReq { parent, name: name.into(), mode, uid, gid })))
     }
 
@@ -180,7 +201,17 @@ impl Client {
     }
 
     pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> Result<Attr, ClientError> {
-        let (uid, gid) = ids();
+        self.symlink_as(parent, name, target, ids()).await
+    }
+
+    /// `symlink` on behalf of `owner` (uid, gid).
+    pub async fn symlink_as(
+        &self,
+        parent: u64,
+        name: &str,
+        target: &str,
+        (uid, gid): (u32, u32),
+    ) -> Result<Attr, ClientError> {
         Ok(meta_call!(self, Symlink(SymlinkReq { parent, name: name.into(), target: target.into(), uid, gid })))
     }
 
@@ -279,6 +310,11 @@ impl Client {
         File::new(self.clone(), attr)
     }
 
+    /// Opens a file from attributes just received (e.g. from a create), without another round trip.
+    pub fn open_attr(&self, attr: Attr) -> Result<File, ClientError> {
+        File::new(self.clone(), attr)
+    }
+
     /// Creates (or, unless `exclusive`, opens) a regular file by path. With `truncate`, an existing file is emptied.
     pub async fn create_path(
         &self,
@@ -374,7 +410,7 @@ pub fn components(path: &str) -> Result<Vec<&str>, ClientError> {
 }
 
 fn ids() -> (u32, u32) {
-    // The CLI acts as the invoking user; a FUSE daemon passes each caller's ids (later issue).
+    // The CLI acts as the invoking user; the FUSE daemon passes each caller's ids through the `_as` calls.
     ids::current()
 }
 

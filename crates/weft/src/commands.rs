@@ -18,7 +18,7 @@ async fn connect(spec: &str) -> Result<Client> {
     Client::connect(&cfg).await.with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
 }
 
-pub async fn up(data_dir: PathBuf, servers: u32) -> Result<()> {
+pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
     }
@@ -34,16 +34,150 @@ pub async fn up(data_dir: PathBuf, servers: u32) -> Result<()> {
         cluster.data_addrs().join(", ")
     );
     println!("Data, logs and client config under {} (client config: {})", data_dir.display(), cfg.display());
+    let mounted = match &mount_dir {
+        Some(dir) => {
+            let m = start_mount(&cfg.to_string_lossy(), dir, &crate::MountArgs::defaults()).await;
+            match m {
+                Ok(m) => {
+                    println!("Mounted on {} (FUSE): use it with any tool, e.g. ls -l {}", dir.display(), dir.display());
+                    Some(m)
+                }
+                Err(e) => {
+                    cluster.stop().await;
+                    return Err(e);
+                }
+            }
+        }
+        None => None,
+    };
     println!("Try: export WEFT_CLUSTER={}; weft put /etc/hosts /hosts; weft ls -l /; weft status", cfg.display());
     println!("Ctrl-C stops the cluster.");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    wait_for_stop(mounted.as_ref()).await?;
+    if let (Some(m), Some(dir)) = (mounted, &mount_dir) {
+        println!("Unmounting {}...", dir.display());
+        unmount(m, dir).await;
     }
     println!("Stopping the cluster...");
     cluster.stop().await;
     println!("Stopped.");
+    Ok(())
+}
+
+/// The line `weft mount` prints on stdout once the file system is mounted (read by `--daemon` and by tests).
+pub const MOUNTED_PREFIX: &str = "WEFT-MOUNTED ";
+
+async fn start_mount(spec: &str, dir: &Path, args: &crate::MountArgs) -> Result<weft_fuse::Mounted> {
+    let meta = std::fs::metadata(dir).with_context(|| format!("mount point {}", dir.display()))?;
+    if !meta.is_dir() {
+        bail!("mount point {} is not a directory", dir.display());
+    }
+    let client = connect(spec).await?;
+    let rt = tokio::runtime::Handle::current();
+    let (d, opts) = (dir.to_path_buf(), args.options());
+    tokio::task::spawn_blocking(move || weft_fuse::mount(client, rt, &d, &opts))
+        .await
+        .context("mount task")?
+        .with_context(|| {
+            format!(
+                "mounting on {} (needs /dev/fuse, and fusermount3 from Debian's fuse3 when not root)",
+                dir.display()
+            )
+        })
+}
+
+/// Waits for Ctrl-C or SIGTERM, or for the mount (if any) to be unmounted from outside.
+async fn wait_for_stop(mounted: Option<&weft_fuse::Mounted>) -> Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut check = tokio::time::interval(std::time::Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = term.recv() => return Ok(()),
+            _ = check.tick() => {
+                if mounted.is_some_and(|m| !m.is_alive()) {
+                    tracing::info!("the file system was unmounted from outside");
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Unmounts; if the mount is busy, detaches it lazily so the process can still exit cleanly.
+async fn unmount(m: weft_fuse::Mounted, dir: &Path) {
+    let alive = m.is_alive();
+    match tokio::task::spawn_blocking(move || m.unmount()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) if alive => {
+            tracing::warn!("unmounting {}: {e}; detaching it lazily", dir.display());
+            let _ = std::process::Command::new("umount").arg("-l").arg(dir).status();
+        }
+        _ => {}
+    }
+}
+
+pub async fn mount(spec: &str, dir: &Path, args: &crate::MountArgs) -> Result<()> {
+    let m = start_mount(spec, dir, args).await?;
+    tracing::info!(dir = %dir.display(), "mounted");
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{MOUNTED_PREFIX}{}", dir.display())?;
+        out.flush()?;
+    }
+    wait_for_stop(Some(&m)).await?;
+    tracing::info!(dir = %dir.display(), "unmounting");
+    unmount(m, dir).await;
+    Ok(())
+}
+
+/// `weft mount --daemon`: runs `weft mount` detached (own process group, output to a log file) and returns once
+/// it reports the file system mounted.
+pub async fn mount_daemon(spec: &str, dir: &Path, args: &crate::MountArgs, log: Option<PathBuf>) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let dir_abs = dir.canonicalize().with_context(|| format!("mount point {}", dir.display()))?;
+    let log = log.unwrap_or_else(|| {
+        let name = dir_abs.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "root".into());
+        dir_abs.with_file_name(format!(".{name}.weft-mount.log"))
+    });
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("opening the log {}", log.display()))?;
+    let mut cmd = std::process::Command::new(std::env::current_exe().context("finding the weft binary")?);
+    cmd.arg("mount")
+        .arg("--cluster")
+        .arg(spec)
+        .arg(&dir_abs)
+        .arg("--attr-timeout-ms")
+        .arg(args.attr_timeout_ms.to_string())
+        .arg("--entry-timeout-ms")
+        .arg(args.entry_timeout_ms.to_string())
+        .arg("--threads")
+        .arg(args.threads.to_string());
+    if args.allow_other {
+        cmd.arg("--allow-other");
+    }
+    if args.direct_io {
+        cmd.arg("--direct-io");
+    }
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::from(log_file))
+        .process_group(0);
+    let mut child = cmd.spawn().context("starting the mount daemon")?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
+    })
+    .await
+    .context("waiting for the mount daemon")??;
+    if !line.starts_with(MOUNTED_PREFIX) {
+        let _ = child.wait();
+        bail!("the mount daemon failed; see {}", log.display());
+    }
+    println!("Mounted {} on {} (daemon pid {}, log {})", spec, dir_abs.display(), child.id(), log.display());
     Ok(())
 }
 

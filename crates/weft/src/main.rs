@@ -28,6 +28,44 @@ struct ClusterArg {
     cluster: String,
 }
 
+/// Tunables of a FUSE mount.
+#[derive(clap::Args, Clone, Debug)]
+pub struct MountArgs {
+    /// How long the kernel may cache attributes (0: ask every time).
+    #[arg(long, default_value_t = 1000)]
+    pub attr_timeout_ms: u64,
+    /// How long the kernel may cache name lookups; a rename elsewhere is seen after at most this.
+    #[arg(long, default_value_t = 1000)]
+    pub entry_timeout_ms: u64,
+    /// FUSE worker threads (each with its own /dev/fuse descriptor).
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Let other users use the mount (permissions are still checked against mode bits).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Bypass the kernel page cache for every file, as if every open had O_DIRECT.
+    #[arg(long)]
+    pub direct_io: bool,
+}
+
+impl MountArgs {
+    /// The defaults of the flags, for `weft up --mount`.
+    pub fn defaults() -> MountArgs {
+        MountArgs { attr_timeout_ms: 1000, entry_timeout_ms: 1000, threads: 4, allow_other: false, direct_io: false }
+    }
+
+    pub fn options(&self) -> weft_fuse::MountOptions {
+        weft_fuse::MountOptions {
+            attr_timeout_ms: self.attr_timeout_ms,
+            entry_timeout_ms: self.entry_timeout_ms,
+            threads: self.threads,
+            allow_other: self.allow_other,
+            direct_io: self.direct_io,
+            ..weft_fuse::MountOptions::default()
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Start a local cluster: one metadata service and N data servers as separate processes on loopback.
@@ -38,6 +76,25 @@ enum Cmd {
         /// Number of data servers.
         #[arg(long, default_value_t = 4)]
         servers: u32,
+        /// Also mount the cluster here (FUSE); unmounted before the cluster stops.
+        #[arg(long, value_name = "DIR")]
+        mount: Option<PathBuf>,
+    },
+    /// Mount a cluster as a POSIX file system (FUSE) and serve it until Ctrl-C, SIGTERM or `umount DIR`.
+    Mount {
+        #[command(flatten)]
+        c: ClusterArg,
+        /// The (existing, empty) directory to mount on.
+        dir: PathBuf,
+        #[command(flatten)]
+        opts: MountArgs,
+        /// Detach: return once the file system is mounted; the daemon logs to DIR's sibling `.weft-mount.log`
+        /// unless --log is given. Stop it with `umount DIR` (or `fusermount3 -u DIR`).
+        #[arg(long)]
+        daemon: bool,
+        /// Log file of the daemon (with --daemon).
+        #[arg(long)]
+        log: Option<PathBuf>,
     },
     /// Run the metadata service from a TOML config file.
     #[command(after_help = "Config keys (TOML):\n  \
@@ -187,7 +244,7 @@ fn init_logging(default: &str) {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let server_role = matches!(cli.cmd, Cmd::Meta { .. } | Cmd::Data { .. } | Cmd::Up { .. });
+    let server_role = matches!(cli.cmd, Cmd::Meta { .. } | Cmd::Data { .. } | Cmd::Up { .. } | Cmd::Mount { .. });
     init_logging(if server_role { "info" } else { "warn" });
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     rt.block_on(run(cli.cmd))
@@ -196,7 +253,14 @@ fn main() -> Result<()> {
 async fn run(cmd: Cmd) -> Result<()> {
     use commands as c;
     match cmd {
-        Cmd::Up { data_dir, servers } => c::up(data_dir, servers).await,
+        Cmd::Up { data_dir, servers, mount } => c::up(data_dir, servers, mount).await,
+        Cmd::Mount { c, dir, opts, daemon, log } => {
+            if daemon {
+                c::mount_daemon(&c.cluster, &dir, &opts, log).await
+            } else {
+                c::mount(&c.cluster, &dir, &opts).await
+            }
+        }
         Cmd::Meta { config } => {
             let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
             let cfg: weft_meta::MetaConfig =

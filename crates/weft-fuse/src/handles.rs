@@ -1,0 +1,142 @@
+//! Open file and directory handles of one mount, bounded by [`HANDLES_MAX`].
+//!
+//! All handles of one inode share one [`File`], so writes through one handle are seen (size included) through
+//! the others, as POSIX wants within one machine. A directory handle keeps the listing it has shown so far, so
+//! the offsets it gave the kernel stay valid while the directory changes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use fuser::{Errno, FileType};
+use weft_client::{Client, ClientError, File};
+use weft_proto::Attr;
+
+/// Most handles (files and directories) open at once in one mount; more get ENFILE.
+pub const HANDLES_MAX: usize = 65_536;
+/// Entries fetched from the metadata service per readdir page.
+const DIR_PAGE_ENTRIES: u32 = 1024;
+
+#[derive(Default)]
+pub(crate) struct Handles {
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    next_fh: u64,
+    files: HashMap<u64, Arc<File>>,
+    /// The shared file of each open inode, and how many handles hold it.
+    by_ino: HashMap<u64, (Weak<File>, usize)>,
+    dirs: HashMap<u64, Arc<DirHandle>>,
+}
+
+impl State {
+    fn new_fh(&mut self) -> Result<u64, Errno> {
+        if self.files.len() + self.dirs.len() >= HANDLES_MAX {
+            return Err(Errno::ENFILE);
+        }
+        self.next_fh += 1;
+        Ok(self.next_fh)
+    }
+}
+
+impl Handles {
+    /// A new handle on the file `attr` describes (fresh from the metadata service).
+    pub(crate) fn open(&self, client: &Client, attr: Attr) -> Result<u64, Errno> {
+        let mut s = self.state.lock().expect("handles");
+        let fh = s.new_fh()?;
+        let ino = attr.ino;
+        let shared = s.by_ino.get(&ino).and_then(|(w, _)| w.upgrade());
+        let file = match shared {
+            Some(f) => {
+                // Another client may have grown the file since this mount opened it.
+                f.observe_size(attr.size);
+                f
+            }
+            None => Arc::new(client.open_attr(attr).map_err(|_| Errno::EIO)?),
+        };
+        let entry = s.by_ino.entry(ino).or_insert_with(|| (Arc::downgrade(&file), 0));
+        entry.0 = Arc::downgrade(&file);
+        entry.1 += 1;
+        s.files.insert(fh, file);
+        Ok(fh)
+    }
+
+    pub(crate) fn file(&self, fh: u64) -> Option<Arc<File>> {
+        self.state.lock().expect("handles").files.get(&fh).cloned()
+    }
+
+    /// The file shared by this mount's open handles of `ino`, if any.
+    pub(crate) fn open_file(&self, ino: u64) -> Option<Arc<File>> {
+        self.state.lock().expect("handles").by_ino.get(&ino).and_then(|(w, _)| w.upgrade())
+    }
+
+    /// Forgets a file handle; returns its file for a last commit.
+    pub(crate) fn close(&self, fh: u64) -> Option<Arc<File>> {
+        let mut s = self.state.lock().expect("handles");
+        let f = s.files.remove(&fh)?;
+        let ino = f.ino();
+        if let Some(e) = s.by_ino.get_mut(&ino) {
+            e.1 -= 1;
+            if e.1 == 0 {
+                s.by_ino.remove(&ino);
+            }
+        }
+        Some(f)
+    }
+
+    pub(crate) fn open_dir(&self, d: DirHandle) -> Result<u64, Errno> {
+        let mut s = self.state.lock().expect("handles");
+        let fh = s.new_fh()?;
+        s.dirs.insert(fh, Arc::new(d));
+        Ok(fh)
+    }
+
+    pub(crate) fn dir(&self, fh: u64) -> Option<Arc<DirHandle>> {
+        self.state.lock().expect("handles").dirs.get(&fh).cloned()
+    }
+
+    pub(crate) fn close_dir(&self, fh: u64) {
+        self.state.lock().expect("handles").dirs.remove(&fh);
+    }
+}
+
+/// An open directory: the entries listed so far ("." and ".." first), fetched page by page on demand.
+pub(crate) struct DirHandle {
+    ino: u64,
+    state: tokio::sync::Mutex<DirState>,
+}
+
+struct DirState {
+    entries: Vec<(u64, FileType, String)>,
+    after: String,
+    eof: bool,
+}
+
+impl DirHandle {
+    pub(crate) fn new(ino: u64) -> DirHandle {
+        // ".." carries inode 0: the kernel fills in the real parent itself.
+        let entries = vec![(ino, FileType::Directory, ".".into()), (0, FileType::Directory, "..".into())];
+        DirHandle { ino, state: tokio::sync::Mutex::new(DirState { entries, after: String::new(), eof: false }) }
+    }
+
+    /// Entries from position `pos` on (at most one page); empty at the end of the directory.
+    pub(crate) async fn entries_from(
+        &self,
+        client: &Client,
+        pos: u64,
+    ) -> Result<Vec<(u64, FileType, String)>, ClientError> {
+        let mut s = self.state.lock().await;
+        let pos = usize::try_from(pos).unwrap_or(usize::MAX);
+        while s.entries.len() <= pos && !s.eof {
+            let page = client.readdir_page(self.ino, &s.after, DIR_PAGE_ENTRIES).await?;
+            if let Some(last) = page.entries.last() {
+                s.after = last.name.clone();
+            }
+            s.eof = page.eof || page.entries.is_empty();
+            s.entries.extend(page.entries.into_iter().map(|e| (e.ino, crate::dirent_type(e.kind), e.name)));
+        }
+        let end = s.entries.len().min(pos.saturating_add(DIR_PAGE_ENTRIES as usize));
+        Ok(s.entries.get(pos..end).map(<[_]>::to_vec).unwrap_or_default())
+    }
+}

@@ -1,0 +1,692 @@
+//! `weft mount`: a FUSE file system over the native client.
+//!
+//! Why fuser: a pure-Rust FUSE protocol implementation (no libfuse build), multi-threaded with one cloned
+//! `/dev/fuse` descriptor per worker, `&self` handlers (so handlers hand work to tokio and return at once), and
+//! the kernel options this mount needs (max_write, readahead, max_pages). Only `fusermount3` (Debian's fuse3) is
+//! needed at run time, and only when not running as root.
+//!
+//! Shape: every kernel request is handled on the tokio runtime (`Inner::spawn`), so one FUSE worker thread keeps
+//! many requests in flight; the reply is sent from the task. Inode numbers are Weft's own (the root is 1 in both),
+//! so `forget` has nothing to free.
+//!
+//! Consistency: close-to-open. `open` fetches fresh attributes and the kernel drops cached pages on open (no
+//! `FOPEN_KEEP_CACHE`); every `close(2)` (FUSE flush) commits size and mtime to the metadata service. Inside one
+//! mount all handles of an inode share one [`weft_client::File`], so their sizes agree. Attribute and entry
+//! timeouts are configurable; 0 disables kernel caching of either.
+//!
+//! Permissions: the mount uses `default_permissions`: the kernel checks mode bits against the caller's uid/gid
+//! (and chown/chmod ownership rules), and new files are owned by the caller.
+
+mod attr;
+mod handles;
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use fuser::{
+    AccessFlags, Config, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+};
+use tracing::debug;
+use weft_client::{Client, ClientError};
+use weft_proto::{FileKind, SetAttrs, TimeSet};
+
+use crate::attr::{file_attr, file_type};
+use crate::handles::{DirHandle, Handles};
+
+pub use handles::HANDLES_MAX;
+
+/// Tunables of a mount (`weft mount --help` documents each).
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// How long the kernel may cache attributes.
+    pub attr_timeout_ms: u64,
+    /// How long the kernel may cache name lookups.
+    pub entry_timeout_ms: u64,
+    /// FUSE worker threads, each with its own cloned `/dev/fuse` descriptor.
+    pub threads: usize,
+    /// Let other users use the mount (`allow_other`).
+    pub allow_other: bool,
+    /// Bypass the page cache for every file (as if every open had O_DIRECT).
+    pub direct_io: bool,
+    /// Largest write the kernel sends in one request.
+    pub max_write_bytes: u32,
+    /// Kernel readahead window.
+    pub max_readahead_bytes: u32,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            attr_timeout_ms: 1000,
+            entry_timeout_ms: 1000,
+            threads: 4,
+            allow_other: false,
+            direct_io: false,
+            max_write_bytes: 1 << 20,
+            max_readahead_bytes: 1 << 20,
+        }
+    }
+}
+
+/// The file system handed to fuser.
+pub struct WeftFs {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    rt: tokio::runtime::Handle,
+    opts: MountOptions,
+    handles: Handles,
+}
+
+/// The errno a failed client call means to POSIX callers.
+fn errno(e: &ClientError) -> Errno {
+    match e.code() {
+        Some(code) => Errno::from_i32(code.errno()),
+        None => {
+            debug!("client error without a code, reported as EIO: {e}");
+            Errno::EIO
+        }
+    }
+}
+
+/// A name from the kernel as the wire wants it: UTF-8, at most 255 bytes.
+fn name_str(name: &OsStr) -> Result<String, Errno> {
+    if name.len() > weft_proto::NAME_BYTES_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    name.to_str().map(str::to_owned).ok_or(Errno::EINVAL)
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(st) => TimeSet::AtNs(match st.duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+            Err(e) => -i64::try_from(e.duration().as_nanos()).unwrap_or(i64::MAX),
+        }),
+    }
+}
+
+impl Inner {
+    fn entry_ttl(&self) -> Duration {
+        Duration::from_millis(self.opts.entry_timeout_ms)
+    }
+
+    fn attr_ttl(&self) -> Duration {
+        Duration::from_millis(self.opts.attr_timeout_ms)
+    }
+
+    /// Attributes with this mount's view of the size: an open file may have grown by writes not yet committed.
+    fn local_view(&self, mut a: weft_proto::Attr) -> weft_proto::Attr {
+        if let Some(f) = self.handles.open_file(a.ino) {
+            a.size = a.size.max(f.size());
+        }
+        a
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, r: Result<weft_proto::Attr, ClientError>) {
+        match r {
+            Ok(a) => reply.entry(&self.entry_ttl(), &file_attr(&self.local_view(a)), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+impl WeftFs {
+    pub fn new(client: Client, rt: tokio::runtime::Handle, opts: MountOptions) -> WeftFs {
+        WeftFs { inner: Arc::new(Inner { client, rt, opts, handles: Handles::default() }) }
+    }
+
+    /// Runs `f` on the runtime with a handle on the shared state; the reply is sent from there.
+    fn spawn<Fut>(&self, f: impl FnOnce(Arc<Inner>) -> Fut)
+    where
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let fut = f(self.inner.clone());
+        self.inner.rt.spawn(fut);
+    }
+
+    /// fuser's mount configuration for these options.
+    pub fn config(opts: &MountOptions) -> Config {
+        let mut c = Config::default();
+        c.mount_options = vec![
+            MountOption::FSName("weft".into()),
+            MountOption::Subtype("weft".into()),
+            MountOption::DefaultPermissions,
+        ];
+        if opts.allow_other {
+            c.acl = SessionACL::All;
+        }
+        c.n_threads = Some(opts.threads.max(1));
+        c.clone_fd = true;
+        c
+    }
+}
+
+impl Filesystem for WeftFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Each setter returns the nearest value the kernel accepts on error; that value is as good.
+        let _ = config.set_max_write(self.inner.opts.max_write_bytes);
+        let _ = config.set_max_readahead(self.inner.opts.max_readahead_bytes);
+        let _ = config.set_max_background(64);
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |i| async move {
+            let r = i.client.lookup(parent.0, &name).await;
+            i.reply_entry(reply, r);
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.spawn(move |i| async move {
+            match i.client.getattr(ino.0).await {
+                Ok(a) => reply.attr(&i.attr_ttl(), &file_attr(&i.local_view(a))),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        self.spawn(move |i| async move {
+            let result = async {
+                if let Some(size) = size {
+                    // Through the open file when there is one, so this mount's handles see the new size.
+                    match i.handles.open_file(ino.0) {
+                        Some(f) => f.truncate(size).await?,
+                        None => {
+                            let f = i.client.open_ino(ino.0).await?;
+                            f.truncate(size).await?;
+                        }
+                    }
+                }
+                let set = SetAttrs {
+                    mode: mode.map(|m| m & 0o7777),
+                    uid,
+                    gid,
+                    size: None,
+                    atime: atime.map(time_set),
+                    mtime: mtime.map(time_set),
+                };
+                if set == SetAttrs::default() {
+                    i.client.getattr(ino.0).await
+                } else {
+                    i.client.setattr(ino.0, set).await
+                }
+            }
+            .await;
+            match result {
+                Ok(a) => reply.attr(&i.attr_ttl(), &file_attr(&i.local_view(a))),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.spawn(move |i| async move {
+            match i.client.readlink(ino.0).await {
+                Ok(t) => reply.data(t.as_bytes()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            // Devices, FIFOs and sockets have no place in a striped data store.
+            return reply.error(Errno::EPERM);
+        }
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let owner = (req.uid(), req.gid());
+        self.spawn(move |i| async move {
+            let r = i.client.create_as(parent.0, &name, mode & !umask & 0o7777, owner, true).await;
+            i.reply_entry(reply, r);
+        });
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let owner = (req.uid(), req.gid());
+        self.spawn(move |i| async move {
+            let r = i.client.mkdir_as(parent.0, &name, mode & !umask & 0o7777, owner).await;
+            i.reply_entry(reply, r);
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |i| async move {
+            match i.client.unlink(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |i| async move {
+            match i.client.rmdir(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let name = match name_str(link_name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let Some(target) = target.to_str().map(str::to_owned) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let owner = (req.uid(), req.gid());
+        self.spawn(move |i| async move {
+            let r = i.client.symlink_as(parent.0, &name, &target, owner).await;
+            i.reply_entry(reply, r);
+        });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) || flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            // The metadata service has no atomic exchange yet; refusing beats a non-atomic imitation.
+            return reply.error(Errno::EINVAL);
+        }
+        let (name, newname) = match (name_str(name), name_str(newname)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        let wire_flags =
+            if flags.contains(RenameFlags::RENAME_NOREPLACE) { weft_proto::msg::RENAME_NOREPLACE } else { 0 };
+        self.spawn(move |i| async move {
+            match i.client.rename(parent.0, &name, newparent.0, &newname, wire_flags).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let name = match name_str(newname) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.spawn(move |i| async move {
+            let r = i.client.link(ino.0, newparent.0, &name).await;
+            i.reply_entry(reply, r);
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.spawn(move |i| async move {
+            // Fresh attributes on every open: close-to-open.
+            let attr = match i.client.getattr(ino.0).await {
+                Ok(a) => a,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            if attr.kind == FileKind::Dir {
+                return reply.error(Errno::EISDIR);
+            }
+            match i.handles.open(&i.client, attr) {
+                Ok(fh) => reply.opened(FileHandle(fh), open_flags(&i.opts, flags)),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(f) = self.inner.handles.file(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        self.spawn(move |_| async move {
+            match f.read_at(offset, BytesMut::zeroed(size as usize)).await {
+                Ok(buf) => reply.data(&buf),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(f) = self.inner.handles.file(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        let Ok(len) = u32::try_from(data.len()) else {
+            return reply.error(Errno::EINVAL);
+        };
+        // fuser lends the kernel's buffer only for this call: the one copy of a FUSE write (see ARCHITECTURE.md).
+        let data = Bytes::copy_from_slice(data);
+        self.spawn(move |_| async move {
+            match f.write_at(offset, data).await {
+                Ok(()) => reply.written(len),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let Some(f) = self.inner.handles.file(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        // Every close(2): publish size and mtime, so the next open anywhere sees the writes.
+        self.spawn(move |_| async move {
+            match f.commit().await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(f) = self.inner.handles.close(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        self.spawn(move |_| async move {
+            match f.commit().await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let Some(f) = self.inner.handles.file(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        self.spawn(move |_| async move {
+            match f.sync().await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.spawn(move |i| async move {
+            let attr = match i.client.getattr(ino.0).await {
+                Ok(a) => a,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            if attr.kind != FileKind::Dir {
+                return reply.error(Errno::ENOTDIR);
+            }
+            match i.handles.open_dir(DirHandle::new(ino.0)) {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let Some(dir) = self.inner.handles.dir(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        self.spawn(move |i| async move {
+            // Offsets are positions in this handle's listing, which only ever grows: stable under concurrent
+            // changes (an entry listed once keeps its offset; one added behind the cursor is not shown).
+            let mut pos = offset;
+            loop {
+                let entries = match dir.entries_from(&i.client, pos).await {
+                    Ok(e) => e,
+                    Err(e) => return reply.error(errno(&e)),
+                };
+                if entries.is_empty() {
+                    break;
+                }
+                for (e_ino, kind, name) in entries {
+                    pos += 1;
+                    if reply.add(INodeNo(if e_ino == 0 { ino.0 } else { e_ino }), pos, kind, name) {
+                        return reply.ok();
+                    }
+                }
+            }
+            reply.ok();
+        });
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.inner.handles.close_dir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Every namespace change is durable at the metadata service before it is acknowledged.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn(move |i| async move {
+            match i.client.statfs().await {
+                Ok(s) => {
+                    const FRAG: u64 = 4096;
+                    // Inodes are not a limited resource here: report plenty free.
+                    let ffree = u64::from(u32::MAX);
+                    reply.statfs(
+                        s.bytes_total / FRAG,
+                        s.bytes_free / FRAG,
+                        s.bytes_free / FRAG,
+                        s.files + ffree,
+                        ffree,
+                        1 << 20,
+                        weft_proto::NAME_BYTES_MAX as u32,
+                        FRAG as u32,
+                    )
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // The kernel checks the mode bits itself (default_permissions); what is left is existence.
+        self.spawn(move |i| async move {
+            match i.client.getattr(ino.0).await {
+                Ok(_) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    // Extended attributes are not stored: say so precisely, so tools (cp -a, tar --xattrs) carry on.
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
+        reply.error(Errno::ENODATA);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 { reply.size(0) } else { reply.data(&[]) }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOTSUP);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::ENODATA);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The kernel falls back to read and write; a server-side copy is future work.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let name = match name_str(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let owner = (req.uid(), req.gid());
+        let exclusive = flags & libc::O_EXCL != 0;
+        self.spawn(move |i| async move {
+            let attr = match i.client.create_as(parent.0, &name, mode & !umask & 0o7777, owner, exclusive).await {
+                Ok(a) => a,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            let fattr = file_attr(&i.local_view(attr.clone()));
+            match i.handles.open(&i.client, attr) {
+                Ok(fh) => reply.created(
+                    &i.entry_ttl(),
+                    &fattr,
+                    Generation(0),
+                    FileHandle(fh),
+                    open_flags(&i.opts, OpenFlags(flags)),
+                ),
+                Err(e) => reply.error(e),
+            }
+        });
+    }
+}
+
+/// O_DIRECT (or `--direct-io`) bypasses the page cache; otherwise pages are dropped at open (close-to-open).
+fn open_flags(opts: &MountOptions, flags: OpenFlags) -> FopenFlags {
+    if opts.direct_io || flags.0 & libc::O_DIRECT != 0 { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() }
+}
+
+/// Kind of a directory entry for the kernel.
+pub(crate) fn dirent_type(k: FileKind) -> FileType {
+    file_type(k)
+}
+
+/// A mounted Weft file system, served by fuser's worker threads until [`Mounted::unmount`] (or drop).
+pub struct Mounted {
+    session: fuser::BackgroundSession,
+}
+
+impl Mounted {
+    /// False once the kernel ended the session (e.g. someone ran `umount DIR`).
+    pub fn is_alive(&self) -> bool {
+        !self.session.guard.is_finished()
+    }
+
+    /// Unmounts and waits for the workers to finish.
+    pub fn unmount(self) -> std::io::Result<()> {
+        self.session.umount_and_join()
+    }
+}
+
+/// Mounts the cluster `client` talks to on `dir`. Blocks for the mount system call only: call it from a blocking
+/// context. Requests are served on `rt`.
+pub fn mount(client: Client, rt: tokio::runtime::Handle, dir: &Path, opts: &MountOptions) -> std::io::Result<Mounted> {
+    let fs = WeftFs::new(client, rt, opts.clone());
+    let session = fuser::spawn_mount(fs, dir, &WeftFs::config(opts))?;
+    Ok(Mounted { session })
+}

@@ -1,0 +1,347 @@
+//! `weft mount` against a real cluster and a real kernel mount: POSIX operations and their errno, consistency
+//! between two mounts, and real tools (tar, diff, git) on the mount.
+
+mod common;
+
+use std::io::{BufRead, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+
+/// A `weft mount` process; unmounted (and the process reaped) on drop, even when the test failed.
+struct Mount {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Mount {
+    fn start(cl: &TestCluster, dir: &Path, extra: &[&str]) -> Mount {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut child = Command::new(WEFT)
+            .arg("mount")
+            .arg("--cluster")
+            .arg(cl.cluster_file())
+            .arg(dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("running weft mount");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("WEFT-MOUNTED "), "weft mount did not mount {}: {line:?}", dir.display());
+        Mount { child, dir: dir.to_path_buf() }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        terminate(self.child.id());
+        let _ = self.child.wait();
+        // If the daemon could not unmount (a test left a file open), do not leave a dead mount behind.
+        if is_mounted(&self.dir) {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+    }
+}
+
+fn terminate(pid: u32) {
+    let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+}
+
+fn is_mounted(dir: &Path) -> bool {
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mounts").unwrap().lines().any(|l| l.split(' ').nth(1) == Some(&dir))
+}
+
+fn errno(r: std::io::Result<impl Sized>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().expect("an OS error"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_read_write_truncate_append_and_their_errors() {
+    let cl = start("fuse-files", 3).await;
+    let m = Mount::start(&cl, &test_dir("fuse-files-mnt"), &[]);
+    let tests = tokio::task::spawn_blocking(move || {
+        // A multi-stripe file written and read back through the kernel.
+        let data = pattern(5, 0, 3_500_000);
+        std::fs::write(m.path("big"), &data).unwrap();
+        assert_eq!(std::fs::read(m.path("big")).unwrap(), data);
+        assert_eq!(std::fs::metadata(m.path("big")).unwrap().len(), data.len() as u64);
+
+        // Overwrite in the middle, read a range.
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).open(m.path("big")).unwrap();
+        f.seek(SeekFrom::Start(1_048_000)).unwrap();
+        f.write_all(&[0xAB; 1000]).unwrap();
+        f.seek(SeekFrom::Start(1_047_990)).unwrap();
+        let mut buf = [0u8; 20];
+        f.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf[..10], &data[1_047_990..1_048_000]);
+        assert_eq!(buf[10..], [0xAB; 10]);
+        drop(f);
+
+        // O_APPEND, O_TRUNC, O_EXCL.
+        std::fs::write(m.path("log"), b"one\n").unwrap();
+        let mut a = std::fs::OpenOptions::new().append(true).open(m.path("log")).unwrap();
+        a.write_all(b"two\n").unwrap();
+        drop(a);
+        assert_eq!(std::fs::read(m.path("log")).unwrap(), b"one\ntwo\n");
+        std::fs::OpenOptions::new().write(true).truncate(true).open(m.path("log")).unwrap();
+        assert_eq!(std::fs::metadata(m.path("log")).unwrap().len(), 0);
+        let excl = std::fs::OpenOptions::new().write(true).create_new(true).open(m.path("log"));
+        assert_eq!(errno(excl), libc::EEXIST);
+
+        // Truncate down and up: the cut bytes read back as zeros.
+        let f = std::fs::OpenOptions::new().write(true).open(m.path("big")).unwrap();
+        f.set_len(10_000).unwrap();
+        f.set_len(20_000).unwrap();
+        drop(f);
+        let back = std::fs::read(m.path("big")).unwrap();
+        assert_eq!(back.len(), 20_000);
+        assert_eq!(&back[..10_000], &data[..10_000]);
+        assert!(back[10_000..].iter().all(|&b| b == 0));
+
+        // A hole.
+        let mut h = std::fs::File::create(m.path("holey")).unwrap();
+        h.seek(SeekFrom::Start(5_000_000)).unwrap();
+        h.write_all(b"end").unwrap();
+        drop(h);
+        let back = std::fs::read(m.path("holey")).unwrap();
+        assert_eq!(back.len(), 5_000_003);
+        assert!(back[..5_000_000].iter().all(|&b| b == 0));
+
+        // O_DIRECT reads and writes (the page cache is bypassed).
+        let mut d = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.path("log"))
+            .unwrap();
+        let block = vec![7u8; 4096];
+        d.write_all(&block).unwrap();
+        d.seek(SeekFrom::Start(0)).unwrap();
+        let mut back = vec![0u8; 4096];
+        d.read_exact(&mut back).unwrap();
+        assert_eq!(back, block);
+        drop(d);
+
+        // chmod, utimes, fsync.
+        std::fs::set_permissions(m.path("log"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(std::fs::metadata(m.path("log")).unwrap().permissions().mode() & 0o7777, 0o600);
+        let f = std::fs::File::options().write(true).open(m.path("log")).unwrap();
+        let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+        f.set_modified(when).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        assert_eq!(std::fs::metadata(m.path("log")).unwrap().mtime(), 1_000_000_000);
+
+        // Errors.
+        assert_eq!(errno(std::fs::read(m.path("missing"))), libc::ENOENT);
+        assert_eq!(errno(std::fs::read(m.path("log/below"))), libc::ENOTDIR);
+        assert_eq!(errno(std::fs::write(m.path(&"n".repeat(256)), b"x")), libc::ENAMETOOLONG);
+        std::fs::write(m.path(&"n".repeat(255)), b"x").unwrap();
+        assert_eq!(errno(std::fs::OpenOptions::new().write(true).open(&m.dir)), libc::EISDIR);
+        // statfs works and reports space.
+        let st = nix_statvfs(&m.dir);
+        assert!(st.0 > 0 && st.1 <= st.0, "{st:?}");
+    });
+    tests.await.unwrap();
+}
+
+/// (blocks, free blocks) of the file system at `p`.
+fn nix_statvfs(p: &Path) -> (u64, u64) {
+    let out = Command::new("stat").args(["-f", "-c", "%b %f"]).arg(p).output().unwrap();
+    assert!(out.status.success());
+    let s = String::from_utf8(out.stdout).unwrap();
+    let mut it = s.split_whitespace().map(|x| x.parse::<u64>().unwrap());
+    (it.next().unwrap(), it.next().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn directories_links_renames_and_their_errors() {
+    let cl = start("fuse-dirs", 2).await;
+    let m = Mount::start(&cl, &test_dir("fuse-dirs-mnt"), &[]);
+    tokio::task::spawn_blocking(move || {
+        std::fs::create_dir(m.path("d")).unwrap();
+        assert_eq!(errno(std::fs::create_dir(m.path("d"))), libc::EEXIST);
+        let n = 3000;
+        for i in 0..n {
+            std::fs::write(m.path(&format!("d/f{i:05}")), i.to_string()).unwrap();
+        }
+        let mut names: Vec<String> =
+            std::fs::read_dir(m.path("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        assert_eq!(names, (0..n).map(|i| format!("f{i:05}")).collect::<Vec<_>>());
+        assert_eq!(std::fs::read_to_string(m.path("d/f02999")).unwrap(), "2999");
+
+        assert_eq!(errno(std::fs::remove_dir(m.path("d"))), libc::ENOTEMPTY);
+        assert_eq!(errno(std::fs::remove_dir(m.path("d/f00001"))), libc::ENOTDIR);
+        assert_eq!(errno(std::fs::remove_file(m.path("d"))), libc::EISDIR);
+
+        // rename: replace an existing target, across directories, NOREPLACE, a directory under itself.
+        std::fs::create_dir(m.path("e")).unwrap();
+        std::fs::write(m.path("e/target"), b"old").unwrap();
+        std::fs::rename(m.path("d/f00000"), m.path("e/target")).unwrap();
+        assert_eq!(std::fs::read_to_string(m.path("e/target")).unwrap(), "0");
+        assert_eq!(errno(std::fs::metadata(m.path("d/f00000"))), libc::ENOENT);
+        std::fs::write(m.path("e/other"), b"o").unwrap();
+        assert_eq!(renameat2(&m.path("e/other"), &m.path("e/target"), libc::RENAME_NOREPLACE), libc::EEXIST);
+        assert_eq!(renameat2(&m.path("e/other"), &m.path("e/target"), libc::RENAME_EXCHANGE), libc::EINVAL);
+        std::fs::create_dir(m.path("e/sub")).unwrap();
+        assert_eq!(errno(std::fs::rename(m.path("e"), m.path("e/sub/e"))), libc::EINVAL);
+
+        // Hard and symbolic links.
+        std::fs::hard_link(m.path("e/target"), m.path("hard")).unwrap();
+        assert_eq!(std::fs::metadata(m.path("hard")).unwrap().nlink(), 2);
+        assert_eq!(
+            std::fs::metadata(m.path("e/target")).unwrap().ino(),
+            std::fs::metadata(m.path("hard")).unwrap().ino()
+        );
+        std::os::unix::fs::symlink("e/target", m.path("sym")).unwrap();
+        assert_eq!(std::fs::read_link(m.path("sym")).unwrap(), Path::new("e/target"));
+        assert_eq!(std::fs::read_to_string(m.path("sym")).unwrap(), "0");
+        assert_eq!(errno(std::fs::hard_link(m.path("e"), m.path("dirlink"))), libc::EPERM);
+
+        // mknod of a regular file works; of a FIFO it is refused.
+        assert_eq!(mknod(&m.path("node"), libc::S_IFREG | 0o644), 0);
+        assert!(std::fs::metadata(m.path("node")).unwrap().is_file());
+        assert_eq!(mknod(&m.path("fifo"), libc::S_IFIFO | 0o644), libc::EPERM);
+
+        // Remove everything again.
+        std::fs::remove_dir_all(m.path("d")).unwrap();
+        std::fs::remove_dir_all(m.path("e")).unwrap();
+        assert_eq!(errno(std::fs::read_dir(m.path("d"))), libc::ENOENT);
+    })
+    .await
+    .unwrap();
+}
+
+fn cpath(p: &Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap()
+}
+
+/// renameat2(2)'s errno (0 on success).
+fn renameat2(from: &Path, to: &Path, flags: libc::c_uint) -> i32 {
+    let (a, b) = (cpath(from), cpath(to));
+    // SAFETY: two NUL-terminated paths that outlive the call.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
+    if rc == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap() }
+}
+
+/// mknod(2)'s errno (0 on success).
+fn mknod(p: &Path, mode: libc::mode_t) -> i32 {
+    let c = cpath(p);
+    // SAFETY: a NUL-terminated path that outlives the call.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::mknod(c.as_ptr(), mode, 0) };
+    if rc == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap() }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_mounts_see_each_other_close_to_open() {
+    let cl = start("fuse-two", 2).await;
+    let a = Mount::start(&cl, &test_dir("fuse-two-a"), &[]);
+    // Entry and attribute timeouts of 0: a change elsewhere is seen at the next lookup.
+    let b = Mount::start(&cl, &test_dir("fuse-two-b"), &["--entry-timeout-ms", "0", "--attr-timeout-ms", "0"]);
+    tokio::task::spawn_blocking(move || {
+        let data = pattern(9, 0, 2_000_000);
+        std::fs::write(a.path("shared"), &data).unwrap();
+        assert_eq!(std::fs::read(b.path("shared")).unwrap(), data, "written and closed in A, read in B");
+        // Rewritten in A, re-opened in B: the new bytes, not B's cached pages.
+        let data2 = pattern(10, 0, 2_000_000);
+        std::fs::write(a.path("shared"), &data2).unwrap();
+        assert_eq!(std::fs::read(b.path("shared")).unwrap(), data2);
+        std::fs::rename(a.path("shared"), a.path("renamed")).unwrap();
+        assert_eq!(errno(std::fs::metadata(b.path("shared"))), libc::ENOENT);
+        assert_eq!(std::fs::read(b.path("renamed")).unwrap(), data2);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn real_tools_tar_diff_and_git_work_on_the_mount() {
+    let cl = start("fuse-tools", 3).await;
+    let m = Mount::start(&cl, &test_dir("fuse-tools-mnt"), &[]);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf(); // crates/
+    tokio::task::spawn_blocking(move || {
+        let sh = |cmd: &str| {
+            let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+            assert!(
+                out.status.success(),
+                "{cmd}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let mnt = m.dir.display().to_string();
+        // tar in, tar out, byte-for-byte diff.
+        sh(&format!("tar -C {} -cf - --exclude=target . | tar -C {mnt} -xf -", src.display()));
+        sh(&format!("diff -r --exclude=target {} {mnt}", src.display()));
+        let out = test_dir("fuse-tools-out");
+        sh(&format!("tar -C {mnt} -cf - . | tar -C {} -xf -", out.display()));
+        sh(&format!("diff -r {mnt} {}", out.display()));
+        // git: init, add, commit, fsck on the mount.
+        std::fs::create_dir(m.path("repo")).unwrap();
+        sh(&format!(
+            "cd {mnt}/repo && git init -q && cp -r {mnt}/weft-proto . && git add -A && \
+             git -c user.name=t -c user.email=t@e commit -q -m first && git fsck --strict && git log --oneline"
+        ));
+        let log = sh(&format!("cd {mnt}/repo && git log --oneline | wc -l"));
+        assert_eq!(log.trim(), "1");
+        let _ = std::fs::remove_dir_all(out);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn permissions_follow_uid_gid_and_mode() {
+    let cl = start("fuse-perm", 1).await;
+    let m = Mount::start(&cl, &test_dir("fuse-perm-mnt"), &["--allow-other", "--attr-timeout-ms", "0"]);
+    tokio::task::spawn_blocking(move || {
+        // As an unprivileged user (nobody): returns the exit status of `sh -c cmd`.
+        let as_nobody = |cmd: &str| {
+            Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c", cmd])
+                .stderr(Stdio::null())
+                .status()
+                .unwrap()
+                .success()
+        };
+        let mnt = m.dir.display().to_string();
+        std::fs::set_permissions(&m.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(m.path("secret"), b"root only").unwrap();
+        std::fs::set_permissions(m.path("secret"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::write(m.path("public"), b"everyone").unwrap();
+        std::fs::set_permissions(m.path("public"), std::fs::Permissions::from_mode(0o644)).unwrap();
+
+        assert!(!as_nobody(&format!("cat {mnt}/secret")), "mode 0600 of root refuses others");
+        assert!(as_nobody(&format!("cat {mnt}/public")));
+        assert!(!as_nobody(&format!("echo x >> {mnt}/public")), "no write bit for others");
+        assert!(!as_nobody(&format!("touch {mnt}/new")), "the root directory is 0755 root");
+        assert!(!as_nobody(&format!("chmod 666 {mnt}/public")), "only the owner may chmod");
+
+        // A directory nobody may write: files created there belong to nobody.
+        std::fs::create_dir(m.path("pub")).unwrap();
+        std::fs::set_permissions(m.path("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(as_nobody(&format!("echo mine > {mnt}/pub/own && chmod 600 {mnt}/pub/own")));
+        let md = std::fs::metadata(m.path("pub/own")).unwrap();
+        assert_eq!((md.uid(), md.gid(), md.mode() & 0o777), (65534, 65534, 0o600));
+        assert!(!as_nobody(&format!("chown 0 {mnt}/pub/own")), "giving a file away needs CAP_CHOWN");
+    })
+    .await
+    .unwrap();
+}
