@@ -17,8 +17,8 @@ up: deps
 	mkdir -p $(MOUNT)
 	./target/release/weft up --data-dir $(DATA_DIR) --servers $(SERVERS) --mount $(MOUNT)
 
-# deps: install what a fresh Debian lacks (iperf3, pkg-config, fuse3 for the mount; rustfmt and clippy), as root or
-# with sudo.
+# deps: install what a fresh Debian lacks (iperf3, pkg-config, fuse3 for the mount, and fio, dbench, rsync,
+# sqlite3 which the mount's tests run; rustfmt and clippy), as root or with sudo.
 deps:
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
@@ -26,6 +26,9 @@ deps:
 	command -v iperf3 >/dev/null 2>&1 || missing="$$missing iperf3"; \
 	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkg-config"; \
 	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
+	for tool in fio dbench rsync sqlite3; do \
+		command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing$$missing"; \
 		$$sudo apt-get update; \

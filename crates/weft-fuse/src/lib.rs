@@ -177,6 +177,11 @@ impl Filesystem for WeftFs {
         let _ = config.set_max_readahead(self.inner.opts.max_readahead_bytes);
         let _ = config.set_max_background(64);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        tracing::info!(
+            max_pages = config.capabilities().contains(InitFlags::FUSE_MAX_PAGES),
+            max_write = self.inner.opts.max_write_bytes,
+            "FUSE session negotiated"
+        );
         Ok(())
     }
 
@@ -436,6 +441,7 @@ impl Filesystem for WeftFs {
             return reply.error(Errno::EINVAL);
         };
         // fuser lends the kernel's buffer only for this call: the one copy of a FUSE write (see ARCHITECTURE.md).
+        tracing::trace!(offset, len, "write");
         let data = Bytes::copy_from_slice(data);
         self.spawn(move |_| async move {
             match f.write_at(offset, data).await {
@@ -601,6 +607,21 @@ impl Filesystem for WeftFs {
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         reply.error(Errno::ENODATA);
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // Not a terminal, not a device (isatty() asks this of every file).
+        reply.error(Errno::ENOTTY);
     }
 
     fn copy_file_range(

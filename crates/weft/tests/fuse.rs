@@ -345,3 +345,102 @@ async fn permissions_follow_uid_gid_and_mode() {
     .await
     .unwrap();
 }
+
+/// Runs a shell command, asserting success; returns its stdout.
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fio_dbench_rsync_and_sqlite_run_on_the_mount() {
+    let cl = start("fuse-fio", 2).await;
+    let m = Mount::start(&cl, &test_dir("fuse-fio-mnt"), &[]);
+    tokio::task::spawn_blocking(move || {
+        let mnt = m.dir.display().to_string();
+        // fio writes with checksums and reads them back (do_verify): any wrong byte fails the job.
+        let fio = |args: &str| {
+            let out = sh(&format!("fio --directory={mnt} --fallocate=none --output-format=terse {args}"));
+            // Terse format field 5 is the job's error code.
+            let err = out.split(';').nth(4).unwrap_or("?").to_string();
+            assert_eq!(err, "0", "fio {args}: {out}");
+        };
+        fio("--name=seq --rw=write --bs=1M --size=64M --verify=crc32c --do_verify=1");
+        fio("--name=seq --rw=read --bs=1M --size=64M");
+        fio("--name=rand --rw=randwrite --bs=4k --size=8M --verify=crc32c --do_verify=1");
+        fio("--name=rand --rw=randread --bs=4k --size=8M");
+        fio("--name=direct --rw=randwrite --bs=4k --size=4M --direct=1 --verify=crc32c --do_verify=1");
+        fio("--name=direct --rw=randread --bs=4k --size=4M --direct=1");
+
+        // dbench: a file-server mix of creates, renames, reads, writes and unlinks, two clients.
+        let out = sh(&format!("dbench -D {mnt} -c /usr/share/dbench/client.txt -t 5 2"));
+        assert!(out.contains("Throughput"), "{out}");
+
+        // rsync -a round trip, then a checksum pass that finds nothing to change.
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("weft-proto");
+        let back = test_dir("fuse-fio-back");
+        sh(&format!("rsync -a {}/ {mnt}/rs/", src.display()));
+        sh(&format!("rsync -a {mnt}/rs/ {}/", back.display()));
+        sh(&format!("diff -r {} {}", src.display(), back.display()));
+        assert_eq!(sh(&format!("rsync -ai --checksum {}/ {mnt}/rs/", src.display())).trim(), "");
+        let _ = std::fs::remove_dir_all(back);
+
+        // SQLite: a database created, filled and queried on the mount, and its integrity checked.
+        let script = m.path("fill.sql");
+        let mut sql = String::from("create table t(a integer, b text);\nbegin;\n");
+        for i in 0..2000 {
+            sql.push_str(&format!("insert into t values({i}, 'row {i}');\n"));
+        }
+        sql.push_str("commit;\ncreate index ta on t(a);\n");
+        std::fs::write(&script, sql).unwrap();
+        sh(&format!("sqlite3 {mnt}/db.sqlite < {}", script.display()));
+        let q = sh(&format!(
+            "sqlite3 {mnt}/db.sqlite 'select count(*), sum(a) from t where a >= 0; pragma integrity_check;'"
+        ));
+        assert_eq!(q.trim(), "2000|1999000\nok");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
+    let cl = start("fuse-daemon", 1).await;
+    let dir = test_dir("fuse-daemon-mnt");
+    let log = test_dir("fuse-daemon-log").join("mount.log");
+    let out = Command::new(WEFT)
+        .args(["mount", "--daemon", "--log", log.to_str().unwrap(), "--cluster"])
+        .arg(cl.cluster_file())
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(is_mounted(&dir), "mounted when --daemon returns");
+    std::fs::write(dir.join("f"), b"daemon").unwrap();
+    assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"daemon");
+    // `umount DIR` ends the daemon's session; the daemon notices and exits.
+    sh(&format!("umount {}", dir.display()));
+    assert!(!is_mounted(&dir));
+    let pid = String::from_utf8_lossy(&out.stdout)
+        .split("daemon pid ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .expect("the daemon's pid is printed");
+    // Waiting for an unrelated process to exit: poll /proc (bounded), not a timing assertion.
+    let gone = (0..200).any(|_| {
+        let alive = Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ");
+        if alive {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        !alive
+    });
+    assert!(gone, "the daemon exits after umount");
+}
