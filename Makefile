@@ -8,7 +8,7 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: up deps lint test bench clean-data
+.PHONY: up deps lint test bench bench-deps bench-mount clean-data
 
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
 # mount it on $(MOUNT) (FUSE). Ctrl-C unmounts and stops everything.
@@ -60,6 +60,26 @@ test: deps
 bench:
 	mkdir -p docs/bench
 	$(CARGO) run --release -p weft -- bench throughput --servers 1,2,4 --record 1M --size 2G --json docs/bench/throughput.json
+
+# bench-deps: the peers `weft bench mount` compares with, from Debian's packages (libfuse's passthrough_ll is built
+# from the example source in libfuse3-dev; GlusterFS from glusterfs-server).
+bench-deps: deps
+	@set -eu; \
+	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
+	missing=""; \
+	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
+	pkg-config --exists fuse3 2>/dev/null || missing="$$missing libfuse3-dev"; \
+	command -v glusterd >/dev/null 2>&1 || missing="$$missing glusterfs-server"; \
+	if [ -n "$$missing" ]; then \
+		$$sudo apt-get update; \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi; \
+	echo "bench-deps: ok"
+
+# bench-mount: fio and a create/stat loop on Weft's FUSE mount, passthrough_ll and GlusterFS, in one run.
+bench-mount: bench-deps
+	mkdir -p docs/bench
+	$(CARGO) run --release -p weft -- bench mount --json docs/bench/mount.json
 
 # clean-data: remove the data directory `make up` uses.
 clean-data:

@@ -8,9 +8,15 @@
 
 pub mod ceilings;
 pub mod chart;
+pub mod common;
+pub mod latency;
+pub mod meta;
+pub mod mount;
 pub mod report;
+pub mod rng;
 pub mod stats;
 pub mod throughput;
+pub mod zipf;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
@@ -27,11 +33,23 @@ pub struct BenchArgs {
 pub enum BenchCmd {
     /// Sequential write then read of one file per point through the native client library.
     Throughput(throughput::ThroughputArgs),
+    /// Metadata operations (mdtest-style): create, stat, readdir, remove; or a stat storm.
+    Meta(meta::MetaArgs),
+    /// Latency of single reads and writes, one call at a time, per record size.
+    Latency(latency::LatencyArgs),
+    /// Reads and overwrites of records at Zipf-distributed offsets of one file.
+    Zipf(zipf::ZipfArgs),
+    /// fio and a create/stat loop on a Weft FUSE mount, libfuse's passthrough_ll and a GlusterFS mount, side by side.
+    Mount(mount::MountArgs),
 }
 
 pub async fn run(args: BenchArgs) -> Result<()> {
     match args.cmd {
         BenchCmd::Throughput(a) => throughput::run(a).await,
+        BenchCmd::Meta(a) => meta::run(a).await,
+        BenchCmd::Latency(a) => latency::run(a).await,
+        BenchCmd::Zipf(a) => zipf::run(a).await,
+        BenchCmd::Mount(a) => mount::run_bench(a).await,
     }
 }
 

@@ -14,10 +14,10 @@ use bytes::{Bytes, BytesMut};
 use clap::Args;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
-use weft_client::{Client, ClusterConfig};
-use weft_launch::{LaunchOptions, LocalCluster};
+use weft_client::Client;
 
 use crate::ceilings;
+use crate::common::{self, Targets, round1, round3};
 use crate::stats::summarize;
 
 #[derive(Args, Clone, Debug)]
@@ -40,7 +40,7 @@ pub struct ThroughputArgs {
     /// Use this running cluster instead of starting one per point.
     #[arg(long, value_name = "PATH|ADDR")]
     pub cluster: Option<String>,
-    /// Where to start clusters (default: a fresh directory under /tmp).
+    /// Where to start clusters, each in a subdirectory removed when done (default: a fresh directory under /tmp).
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Write results here (an SVG chart is written beside it).
@@ -68,8 +68,6 @@ struct Point {
 }
 
 pub async fn run(a: ThroughputArgs) -> Result<()> {
-    let servers: Vec<u32> =
-        crate::parse_list(&a.servers, |x| x.parse().ok()).context("--servers wants a list like 1,2,4")?;
     let records = crate::parse_list(&a.record, crate::parse_bytes).context("--record wants sizes like 64K,1M")?;
     let size = crate::parse_bytes(&a.size).context("--size wants a size like 2G")?;
     if a.runs == 0 || a.window == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
@@ -88,31 +86,11 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     let iperf_median = summarize(&iperf).map(|s| s.median);
 
     let mut points = Vec::new();
-    let base_dir =
-        a.dir.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("weft-bench-{}", std::process::id())));
-    let server_points: Vec<Option<u32>> =
-        if a.cluster.is_some() { vec![None] } else { servers.iter().map(|&n| Some(n)).collect() };
-    for sp in server_points {
-        let (cluster, cfg, n) = match (sp, &a.cluster) {
-            (None, Some(spec)) => {
-                let cfg = ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?;
-                let c = Client::connect(&cfg).await?;
-                let n = c.cluster_info().await?.len() as u32;
-                (None, cfg, n)
-            }
-            (Some(n), _) => {
-                let dir = base_dir.join(format!("servers-{n}"));
-                let _ = std::fs::remove_dir_all(&dir);
-                let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
-                opts.log_filter = "warn".into();
-                eprintln!("starting a cluster with {n} data servers in {}", dir.display());
-                let cl = LocalCluster::start(opts).await?;
-                let cfg = cl.cluster_config();
-                (Some(cl), cfg, n)
-            }
-            _ => unreachable!(),
-        };
-        let client = Client::connect(&cfg).await?;
+    let targets = Targets::new(&a.servers, a.cluster.as_deref(), a.dir.as_deref())?;
+    for sp in targets.points() {
+        let target = targets.start(sp).await?;
+        let n = target.servers;
+        let client = Client::connect(&target.cfg).await?;
         for &record in &records {
             let p = measure(&client, n, record, size, &a).await?;
             eprintln!(
@@ -123,12 +101,9 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
             points.push(p);
         }
         client.close().await;
-        if let Some(mut cl) = cluster {
-            cl.stop().await;
-            let _ = std::fs::remove_dir_all(cl.dir());
-        }
+        target.stop().await;
     }
-    let _ = std::fs::remove_dir_all(&base_dir);
+    targets.finish();
 
     let mut results = Vec::new();
     for p in &points {
@@ -163,7 +138,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     let load_after = ceilings::load_average();
     let doc = json!({
         "machine": machine,
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "command": common::command_line(),
         "date": crate::report::utc_now(),
         "config": {
             "bench": "throughput",
@@ -177,23 +152,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
         "ceilings": Value::Object(ceil),
         "results": results,
     });
-    println!("{}", crate::report::markdown_table(&doc));
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        let svg = path.with_extension("svg");
-        std::fs::write(&svg, crate::chart::throughput_svg(&doc))
-            .with_context(|| format!("writing {}", svg.display()))?;
-        eprintln!("wrote {} and {}", path.display(), svg.display());
-    }
-    Ok(())
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
+    common::emit(&doc, &crate::report::markdown_table(&doc), a.json.as_deref(), crate::chart::throughput_svg)
 }
 
 async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &ThroughputArgs) -> Result<Point> {

@@ -1,0 +1,221 @@
+//! What every workload shares: the clusters it measures (a fresh local cluster per `--servers` point, or a running
+//! one given with `--cluster`), rounding of reported figures, and writing the JSON document with its chart.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use weft_client::{Client, ClusterConfig};
+use weft_launch::{LaunchOptions, LocalCluster};
+
+/// The clusters one bench command measures.
+pub struct Targets {
+    base_dir: PathBuf,
+    /// Remove `base_dir` itself at the end: it is the default one under /tmp. A `--dir` is never removed (it may
+    /// hold the JSON output, or anything else of the caller's); only the per-point directories we made in it are.
+    remove_base: bool,
+    servers: Vec<u32>,
+    spec: Option<String>,
+}
+
+/// One cluster being measured: `servers` data servers, reachable with `cfg`.
+pub struct Target {
+    pub servers: u32,
+    pub cfg: ClusterConfig,
+    cluster: Option<LocalCluster>,
+}
+
+impl Targets {
+    /// `servers` is the `--servers` list (ignored with `--cluster`), `dir` the `--dir` under which clusters start.
+    pub fn new(servers: &str, cluster: Option<&str>, dir: Option<&Path>) -> Result<Targets> {
+        let servers: Vec<u32> =
+            crate::parse_list(servers, |x| x.parse().ok()).context("--servers wants a list like 1,2,4")?;
+        if servers.contains(&0) {
+            anyhow::bail!("--servers: a cluster needs at least one data server");
+        }
+        let (base_dir, remove_base) = match dir {
+            Some(d) => (d.to_path_buf(), false),
+            None => (std::env::temp_dir().join(format!("weft-bench-{}", std::process::id())), true),
+        };
+        Ok(Targets { base_dir, remove_base, servers, spec: cluster.map(str::to_string) })
+    }
+
+    /// The points to measure: one per `--servers` value, or the one `--cluster`.
+    pub fn points(&self) -> Vec<Option<u32>> {
+        if self.spec.is_some() { vec![None] } else { self.servers.iter().map(|&n| Some(n)).collect() }
+    }
+
+    /// Starts the cluster of one point (or connects to the given one to count its data servers).
+    pub async fn start(&self, point: Option<u32>) -> Result<Target> {
+        match (point, &self.spec) {
+            (Some(n), _) => {
+                let dir = self.base_dir.join(format!("servers-{n}"));
+                let _ = std::fs::remove_dir_all(&dir);
+                let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
+                opts.log_filter = "warn".into();
+                eprintln!("starting a cluster with {n} data servers in {}", dir.display());
+                let cl = LocalCluster::start(opts).await?;
+                let cfg = cl.cluster_config();
+                Ok(Target { servers: n, cfg, cluster: Some(cl) })
+            }
+            (None, Some(spec)) => {
+                let cfg = ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?;
+                let c = Client::connect(&cfg).await?;
+                let n = c.cluster_info().await?.len() as u32;
+                c.close().await;
+                Ok(Target { servers: n, cfg, cluster: None })
+            }
+            (None, None) => unreachable!("a point without --cluster always has a server count"),
+        }
+    }
+
+    /// Removes the default `base_dir`. A `--dir` is left in place: `Target::stop` already removed the per-point
+    /// directories in it.
+    pub fn finish(self) {
+        if self.remove_base {
+            let _ = std::fs::remove_dir_all(&self.base_dir);
+        }
+    }
+}
+
+impl Target {
+    /// Stops a cluster we started and removes its directory.
+    pub async fn stop(self) {
+        if let Some(mut cl) = self.cluster {
+            cl.stop().await;
+            let _ = std::fs::remove_dir_all(cl.dir());
+        }
+    }
+}
+
+/// Prints the Markdown table, then writes the JSON document and, beside it, its SVG chart.
+pub fn emit(doc: &Value, table: &str, json: Option<&Path>, svg: impl FnOnce(&Value) -> String) -> Result<()> {
+    println!("{table}");
+    if let Some(path) = json {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(path, serde_json::to_string_pretty(doc)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        let svg_path = path.with_extension("svg");
+        std::fs::write(&svg_path, svg(doc)).with_context(|| format!("writing {}", svg_path.display()))?;
+        eprintln!("wrote {} and {}", path.display(), svg_path.display());
+    }
+    Ok(())
+}
+
+/// The command line as run.
+pub fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+pub fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+pub fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Microseconds since `t`.
+pub fn micros_since(t: std::time::Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e6
+}
+
+/// Which figure of a result is its headline: the one whose min and max over the runs are reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Headline {
+    OpsPerS,
+    P50,
+}
+
+/// One op's measurements over the runs of one point.
+#[derive(Debug, Default, Clone)]
+pub struct OpRuns {
+    /// Operations per run (the same every run).
+    pub ops: u64,
+    pub ops_per_s: Vec<f64>,
+    pub mib_per_s: Vec<f64>,
+    pub cpu_us_per_op: Vec<f64>,
+    pub mean_us: Vec<f64>,
+    pub p50_us: Vec<f64>,
+    pub p99_us: Vec<f64>,
+}
+
+impl OpRuns {
+    /// Records one run: `ops` operations moving `bytes` in `secs`, the client using `cpu_s`; `lat_us` holds the
+    /// per-call latencies (may be empty: no percentiles then).
+    pub fn push(&mut self, ops: u64, bytes: u64, secs: f64, cpu_s: f64, lat_us: &mut [f64]) -> Result<()> {
+        if ops == 0 || secs <= 0.0 {
+            anyhow::bail!("a run did no operations");
+        }
+        self.ops = ops;
+        self.ops_per_s.push(ops as f64 / secs);
+        if bytes > 0 {
+            self.mib_per_s.push(bytes as f64 / (1u64 << 20) as f64 / secs);
+        }
+        self.cpu_us_per_op.push(cpu_s * 1e6 / ops as f64);
+        if let Some(l) = crate::stats::latency(lat_us) {
+            self.mean_us.push(l.mean);
+            self.p50_us.push(l.p50);
+            self.p99_us.push(l.p99);
+        }
+        Ok(())
+    }
+
+    /// Adds `op`, the medians over the runs, `runs`, and `min`/`max` of the headline to the object `base`.
+    pub fn result(&self, base: &Value, op: &str, headline: Headline) -> Value {
+        let med = |v: &[f64]| crate::stats::summarize(v).map(|s| round1(s.median));
+        let mut r = base.clone();
+        let o = r.as_object_mut().expect("a result is an object");
+        o.insert("op".into(), op.into());
+        o.insert("ops".into(), self.ops.into());
+        o.insert("ops_per_s".into(), med(&self.ops_per_s).into());
+        if !self.mib_per_s.is_empty() {
+            o.insert("mib_per_s".into(), med(&self.mib_per_s).into());
+        }
+        o.insert("client_cpu_us_per_op".into(), med(&self.cpu_us_per_op).into());
+        if !self.p50_us.is_empty() {
+            o.insert("mean_us".into(), med(&self.mean_us).into());
+            o.insert("p50_us".into(), med(&self.p50_us).into());
+            o.insert("p99_us".into(), med(&self.p99_us).into());
+        }
+        let head = match headline {
+            Headline::OpsPerS => &self.ops_per_s,
+            Headline::P50 => &self.p50_us,
+        };
+        let s = crate::stats::summarize(head);
+        o.insert("runs".into(), s.map_or(0, |s| s.runs).into());
+        o.insert("min".into(), s.map(|s| round1(s.min)).into());
+        o.insert("max".into(), s.map(|s| round1(s.max)).into());
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_runs_report_medians_and_the_headline_range() {
+        let mut o = OpRuns::default();
+        o.push(100, 100 << 20, 1.0, 0.001, &mut [3.0, 1.0, 2.0]).unwrap();
+        o.push(100, 100 << 20, 2.0, 0.002, &mut [5.0, 5.0, 5.0]).unwrap();
+        o.push(100, 100 << 20, 4.0, 0.004, &mut [9.0, 8.0, 7.0]).unwrap();
+        assert!(o.push(0, 0, 1.0, 0.0, &mut []).is_err());
+        let base = serde_json::json!({"servers": 4});
+        let r = o.result(&base, "read", Headline::OpsPerS);
+        assert_eq!(r["servers"], 4);
+        assert_eq!(r["op"], "read");
+        assert_eq!(r["ops"], 100);
+        assert_eq!(r["ops_per_s"], 50.0);
+        assert_eq!(r["mib_per_s"], 50.0);
+        assert_eq!(r["client_cpu_us_per_op"], 20.0);
+        assert_eq!(r["p50_us"], 5.0);
+        assert_eq!(r["p99_us"], 5.0);
+        assert_eq!(r["runs"], 3);
+        assert_eq!((r["min"].as_f64(), r["max"].as_f64()), (Some(25.0), Some(100.0)));
+        let r = o.result(&base, "read", Headline::P50);
+        assert_eq!((r["min"].as_f64(), r["max"].as_f64()), (Some(2.0), Some(8.0)));
+    }
+}

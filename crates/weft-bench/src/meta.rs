@@ -1,0 +1,430 @@
+//! `weft bench meta`: metadata operations in the manner of mdtest, through the native client library.
+//!
+//! Per point (data servers × clients) and per run: every client creates its share of `--files` empty files in its
+//! own directory (or all in one with `--shared`), then looks each one up (lookup returns the attributes: stat),
+//! then lists its directory page by page, then removes its files. Each phase starts for every client at once (a
+//! barrier) and is timed from the release to the last client's end; ops/s is the phase's operations over that
+//! time, readdir counting entries returned. Every client is a task of this process with its own `Client`, that
+//! is its own sessions with the MDS; each issues one operation at a time.
+//!
+//! `--stat-storm` (IMCa's stat storm): the files are created once, then every client looks up all of them at the
+//! same moment; reported are the aggregate rate and each client's own rate, the slowest one separately.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+use weft_client::Client;
+
+use crate::ceilings;
+use crate::common::{self, Headline, OpRuns, Target, Targets, micros_since, round1};
+use crate::stats::summarize;
+
+#[derive(Args, Clone, Debug)]
+#[command(after_help = "Clients are tasks of the one bench process, each with its own Client (its own sessions \
+    with the MDS and data servers); a mode with one process per client (mdtest's MPI ranks) is not implemented.")]
+pub struct MetaArgs {
+    /// Data-server counts to measure, e.g. `1,4` (ignored with --cluster); the MDS is one process either way.
+    #[arg(long, default_value = "4")]
+    pub servers: String,
+    /// Client counts to measure, e.g. `1,4,8`. Each client is a task with its own Client (separate sessions),
+    /// issuing one operation at a time; there is no one-process-per-client mode.
+    #[arg(long, default_value = "8")]
+    pub threads: String,
+    /// Files per run, split evenly among the clients. With --stat-storm: the files every client stats.
+    #[arg(long, default_value_t = 20_000)]
+    pub files: u64,
+    /// Put every client's files in one shared directory instead of one private directory per client (every
+    /// client then lists the whole shared directory).
+    #[arg(long)]
+    pub shared: bool,
+    /// IMCa's stat storm: create the files once, then every client stats all of them at the same time.
+    #[arg(long, conflicts_with = "shared")]
+    pub stat_storm: bool,
+    /// Repetitions per point (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Use this running cluster instead of starting one per point.
+    #[arg(long, value_name = "PATH|ADDR")]
+    pub cluster: Option<String>,
+    /// Where to start clusters, each in a subdirectory removed when done (default: a fresh directory under /tmp).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Write results here (an SVG chart is written beside it).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// One phase of one run, all clients together.
+struct Phase {
+    secs: f64,
+    cpu_s: f64,
+    ops: u64,
+    /// Per-call latencies of every client, µs (empty for readdir, whose calls return pages of entries).
+    lat_us: Vec<f64>,
+    /// Each client's operations and its own seconds from the barrier to its last operation.
+    per_client: Vec<(u64, f64)>,
+}
+
+/// Runs one task per future, released together by a barrier; times the phase from just before the release to
+/// the last task's end (the few microseconds tasks take to reach the barrier can only make it look slower).
+/// Every task returns (operations, latencies in µs).
+async fn phase<F>(tasks: Vec<F>) -> Result<Phase>
+where
+    F: Future<Output = Result<(u64, Vec<f64>)>> + Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(tasks.len() + 1));
+    let handles: Vec<_> = tasks
+        .into_iter()
+        .map(|task| {
+            let b = barrier.clone();
+            tokio::spawn(async move {
+                b.wait().await;
+                let t = Instant::now();
+                let (ops, lat) = task.await?;
+                anyhow::Ok((ops, lat, t.elapsed().as_secs_f64()))
+            })
+        })
+        .collect();
+    let (t0, c0) = (Instant::now(), ceilings::cpu_seconds());
+    barrier.wait().await;
+    let mut p = Phase { secs: 0.0, cpu_s: 0.0, ops: 0, lat_us: Vec::new(), per_client: Vec::new() };
+    for h in handles {
+        let (ops, lat, secs) = h.await.context("a client task failed")??;
+        p.ops += ops;
+        p.lat_us.extend(lat);
+        p.per_client.push((ops, secs));
+    }
+    p.secs = t0.elapsed().as_secs_f64();
+    p.cpu_s = ceilings::cpu_seconds() - c0;
+    Ok(p)
+}
+
+/// One op's measurements over the runs, with each client's own rate (for the stat storm).
+#[derive(Default)]
+struct MetaRuns {
+    all: OpRuns,
+    /// Per run: every client's rate, and the slowest one.
+    per_client: Vec<Vec<f64>>,
+    slowest: Vec<f64>,
+}
+
+impl MetaRuns {
+    fn push(&mut self, mut p: Phase) -> Result<()> {
+        self.all.push(p.ops, 0, p.secs, p.cpu_s, &mut p.lat_us)?;
+        let rates: Vec<f64> = p.per_client.iter().map(|&(ops, secs)| ops as f64 / secs.max(1e-9)).collect();
+        self.slowest.push(rates.iter().copied().fold(f64::INFINITY, f64::min));
+        self.per_client.push(rates);
+        Ok(())
+    }
+}
+
+pub async fn run(a: MetaArgs) -> Result<()> {
+    let threads: Vec<usize> =
+        crate::parse_list(&a.threads, |x| x.parse().ok()).context("--threads wants a list like 1,4,8")?;
+    if a.runs == 0 || a.files == 0 || threads.contains(&0) {
+        bail!("--runs, --files and every --threads value must be at least 1");
+    }
+    if !a.stat_storm && threads.iter().any(|&t| t as u64 > a.files) {
+        bail!("--files must be at least the number of clients (every client gets a share)");
+    }
+    let load_before = ceilings::load_average();
+    let machine = ceilings::machine();
+    let targets = Targets::new(&a.servers, a.cluster.as_deref(), a.dir.as_deref())?;
+    let mut results = Vec::new();
+    for sp in targets.points() {
+        let target = targets.start(sp).await?;
+        for &n in &threads {
+            // On an error the cluster's processes die with `target` (kill on drop).
+            results.extend(if a.stat_storm { storm(&target, n, &a).await? } else { mdtest(&target, n, &a).await? });
+        }
+        target.stop().await;
+    }
+    targets.finish();
+
+    let load_after = ceilings::load_average();
+    let doc = json!({
+        "machine": machine,
+        "command": common::command_line(),
+        "date": crate::report::utc_now(),
+        "config": {
+            "bench": "meta",
+            "mode": if a.stat_storm { "stat-storm" } else if a.shared { "shared" } else { "private" },
+            "files": a.files,
+            "runs": a.runs,
+            "clients_are": "tasks of one process, one Client (own sessions) each, one operation at a time",
+            "phase_time": "from the release of a barrier all clients wait at to the last client's last reply",
+            "per_client_rate": "a client's operations over its own time from the release to its last reply",
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+        },
+        "ceilings": {},
+        "results": results,
+    });
+    common::emit(&doc, &crate::report::meta_table(&doc), a.json.as_deref(), crate::chart::meta_svg)
+}
+
+/// Connects `n` clients, each with its own sessions.
+async fn clients(target: &Target, n: usize) -> Result<Vec<Client>> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(Client::connect(&target.cfg).await?);
+    }
+    Ok(v)
+}
+
+async fn close_all(clients: &[Client]) {
+    for c in clients {
+        c.close().await;
+    }
+}
+
+/// A fresh directory for this bench at the root of the file system.
+async fn bench_dir(client: &Client, name: &str) -> Result<u64> {
+    let root = client.resolve("/").await?.ino;
+    let name = format!("bench-{name}-{}", std::process::id());
+    Ok(client.mkdir(root, &name, 0o755).await.with_context(|| format!("mkdir /{name}"))?.ino)
+}
+
+async fn remove_bench_dir(client: &Client, name: &str) -> Result<()> {
+    let root = client.resolve("/").await?.ino;
+    client.rmdir(root, &format!("bench-{name}-{}", std::process::id())).await?;
+    Ok(())
+}
+
+/// The names of client `i`'s files: `share` of `files`, the first `files % n` clients taking one more.
+fn file_names(i: usize, n: usize, files: u64) -> Vec<String> {
+    let share = files / n as u64 + u64::from((i as u64) < files % n as u64);
+    (0..share).map(|j| format!("f{i}.{j}")).collect()
+}
+
+async fn mdtest(target: &Target, n: usize, a: &MetaArgs) -> Result<Vec<Value>> {
+    let clients = clients(target, n).await?;
+    let tag = format!("meta-s{}-c{n}", target.servers);
+    let top = bench_dir(&clients[0], &tag).await?;
+    // Warm-up: a small cycle (sessions, the MDS's tables and caches).
+    cycle(&clients, top, "warm-up", (64 * n as u64).min(a.files), a.shared).await?;
+    let mut ops: [MetaRuns; 4] = Default::default();
+    for run in 0..a.runs {
+        let phases = cycle(&clients, top, &format!("run{run}"), a.files, a.shared).await?;
+        for (o, p) in ops.iter_mut().zip(phases) {
+            o.push(p)?;
+        }
+    }
+    remove_bench_dir(&clients[0], &tag).await?;
+    close_all(&clients).await;
+    let dirs = if a.shared { 1 } else { n };
+    let base = json!({
+        "system": "weft",
+        "fabric": "tcp",
+        "mode": if a.shared { "shared" } else { "private" },
+        "servers": target.servers,
+        "clients": n,
+        "threads": n,
+        "files": a.files,
+        "directories": dirs,
+    });
+    let mut out = Vec::new();
+    for (o, op) in ops.iter().zip(["create", "stat", "readdir", "remove"]) {
+        let r = o.all.result(&base, op, Headline::OpsPerS);
+        eprintln!("servers {} clients {n}: {op} {} ops/s", target.servers, r["ops_per_s"]);
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// One task per client: `f(its client, its directory, its names, the entries its listing must return)`.
+fn per_client<F, Fut>(clients: &[Client], dirs: &[u64], names: &[Arc<Vec<String>>], expect: &[u64], f: F) -> Vec<Fut>
+where
+    F: Fn(Client, u64, Arc<Vec<String>>, u64) -> Fut,
+{
+    (0..clients.len()).map(|i| f(clients[i].clone(), dirs[i], names[i].clone(), expect[i])).collect()
+}
+
+/// One create, stat, readdir, remove cycle of `files` files under a new directory `name` of `top`.
+async fn cycle(clients: &[Client], top: u64, name: &str, files: u64, shared: bool) -> Result<[Phase; 4]> {
+    let n = clients.len();
+    let c0 = &clients[0];
+    let run_dir = c0.mkdir(top, name, 0o755).await?.ino;
+    let dirs: Vec<u64> = if shared {
+        vec![c0.mkdir(run_dir, "shared", 0o755).await?.ino; n]
+    } else {
+        let mut v = Vec::with_capacity(n);
+        for i in 0..n {
+            v.push(c0.mkdir(run_dir, &format!("c{i}"), 0o755).await?.ino);
+        }
+        v
+    };
+    let names: Vec<Arc<Vec<String>>> = (0..n).map(|i| Arc::new(file_names(i, n, files))).collect();
+    // The entries one client's listing must return.
+    let expect_entries = |i: usize| if shared { files } else { names[i].len() as u64 };
+
+    let expect: Vec<u64> = (0..n).map(expect_entries).collect();
+    let create = phase(per_client(clients, &dirs, &names, &expect, |c, dir, names, _| async move {
+        let mut lat = Vec::with_capacity(names.len());
+        for name in names.iter() {
+            let t = Instant::now();
+            c.create(dir, name, 0o644, true).await.with_context(|| format!("create {name}"))?;
+            lat.push(micros_since(t));
+        }
+        Ok((names.len() as u64, lat))
+    }))
+    .await?;
+    let stat = phase(per_client(clients, &dirs, &names, &expect, |c, dir, names, _| async move {
+        let mut lat = Vec::with_capacity(names.len());
+        for name in names.iter() {
+            let t = Instant::now();
+            let attr = c.lookup(dir, name).await.with_context(|| format!("stat {name}"))?;
+            lat.push(micros_since(t));
+            if attr.size != 0 {
+                bail!("stat {name}: size {} of an empty file", attr.size);
+            }
+        }
+        Ok((names.len() as u64, lat))
+    }))
+    .await?;
+    let readdir = phase(per_client(clients, &dirs, &names, &expect, |c, dir, _, expect| async move {
+        let entries = c.readdir(dir).await.context("readdir")?.len() as u64;
+        if entries != expect {
+            bail!("readdir: {entries} entries, {expect} expected");
+        }
+        Ok((entries, Vec::new()))
+    }))
+    .await?;
+    let remove = phase(per_client(clients, &dirs, &names, &expect, |c, dir, names, _| async move {
+        let mut lat = Vec::with_capacity(names.len());
+        for name in names.iter() {
+            let t = Instant::now();
+            c.unlink(dir, name).await.with_context(|| format!("remove {name}"))?;
+            lat.push(micros_since(t));
+        }
+        Ok((names.len() as u64, lat))
+    }))
+    .await?;
+
+    if shared {
+        c0.rmdir(run_dir, "shared").await?;
+    } else {
+        for i in 0..n {
+            c0.rmdir(run_dir, &format!("c{i}")).await?;
+        }
+    }
+    c0.rmdir(top, name).await?;
+    Ok([create, stat, readdir, remove])
+}
+
+async fn storm(target: &Target, n: usize, a: &MetaArgs) -> Result<Vec<Value>> {
+    let clients = clients(target, n).await?;
+    let tag = format!("storm-s{}-c{n}", target.servers);
+    let top = bench_dir(&clients[0], &tag).await?;
+    let dir = clients[0].mkdir(top, "storm", 0o755).await?.ino;
+    // The files, created once (split among the clients, not timed).
+    let all: Arc<Vec<String>> = Arc::new((0..a.files).map(|j| format!("f{j}")).collect());
+    let share = |i: usize| all.iter().skip(i).step_by(n).cloned().collect::<Vec<String>>();
+    phase(
+        (0..n)
+            .map(|i| {
+                let (c, mine) = (clients[i].clone(), share(i));
+                async move {
+                    for name in &mine {
+                        c.create(dir, name, 0o644, true).await.with_context(|| format!("create {name}"))?;
+                    }
+                    Ok((mine.len() as u64, Vec::new()))
+                }
+            })
+            .collect(),
+    )
+    .await?;
+    let stat_all = |count: usize| {
+        (0..n)
+            .map(|i| {
+                let (c, all) = (clients[i].clone(), all.clone());
+                async move {
+                    let mut lat = Vec::with_capacity(count);
+                    for name in all.iter().take(count) {
+                        let t = Instant::now();
+                        c.lookup(dir, name).await.with_context(|| format!("stat {name}"))?;
+                        lat.push(micros_since(t));
+                    }
+                    Ok((count as u64, lat))
+                }
+            })
+            .collect::<Vec<_>>()
+    };
+    // Warm-up: every client stats a few of the files.
+    phase(stat_all(all.len().min(256))).await?;
+    let mut o = MetaRuns::default();
+    for _ in 0..a.runs {
+        o.push(phase(stat_all(all.len())).await?)?;
+    }
+    // Clean up (not timed).
+    phase(
+        (0..n)
+            .map(|i| {
+                let (c, mine) = (clients[i].clone(), share(i));
+                async move {
+                    for name in &mine {
+                        c.unlink(dir, name).await.with_context(|| format!("remove {name}"))?;
+                    }
+                    Ok((mine.len() as u64, Vec::new()))
+                }
+            })
+            .collect(),
+    )
+    .await?;
+    clients[0].rmdir(top, "storm").await?;
+    remove_bench_dir(&clients[0], &tag).await?;
+    close_all(&clients).await;
+
+    let base = json!({
+        "system": "weft",
+        "fabric": "tcp",
+        "mode": "stat-storm",
+        "servers": target.servers,
+        "clients": n,
+        "threads": n,
+        "files": a.files,
+        "directories": 1,
+    });
+    let mut r = o.all.result(&base, "stat", Headline::OpsPerS);
+    let slow = summarize(&o.slowest).expect("runs >= 1");
+    // Each client's rate: its median over the runs.
+    let per_client: Vec<f64> = (0..n)
+        .map(|i| round1(summarize(&o.per_client.iter().map(|run| run[i]).collect::<Vec<_>>()).expect("runs").median))
+        .collect();
+    let m = r.as_object_mut().expect("an object");
+    m.insert("stats_per_client".into(), json!(a.files));
+    m.insert("slowest_client_ops_per_s".into(), json!(round1(slow.median)));
+    m.insert("slowest_client_min".into(), json!(round1(slow.min)));
+    m.insert("slowest_client_max".into(), json!(round1(slow.max)));
+    m.insert("per_client_ops_per_s".into(), json!(per_client));
+    eprintln!(
+        "servers {} clients {n}: stat storm {} ops/s, slowest client {} ops/s",
+        target.servers, r["ops_per_s"], r["slowest_client_ops_per_s"]
+    );
+    Ok(vec![r])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_every_file_once() {
+        for (files, n) in [(10u64, 3usize), (9, 3), (1, 1), (20_000, 8), (7, 7)] {
+            let all: Vec<String> = (0..n).flat_map(|i| file_names(i, n, files)).collect();
+            assert_eq!(all.len() as u64, files);
+            let mut dedup = all.clone();
+            dedup.sort();
+            dedup.dedup();
+            assert_eq!(dedup.len(), all.len(), "names are unique across clients");
+            let sizes: Vec<usize> = (0..n).map(|i| file_names(i, n, files).len()).collect();
+            assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+        }
+    }
+}

@@ -1,0 +1,529 @@
+//! `weft bench mount`: fio and a metadata loop on a Weft FUSE mount and, in the same run, on the FUSE ceiling of
+//! this machine (libfuse's `passthrough_ll` over the same local disk) and on a real clustered peer (a GlusterFS
+//! 2-brick distributed volume on loopback, FUSE-mounted). Every figure is reported with its ratio to both.
+//!
+//! The peers come from Debian's packages (`make bench-deps` installs fio, libfuse3-dev, gcc and glusterfs-server);
+//! `passthrough_ll` is compiled from the example source libfuse3-dev ships. Everything lives under one temporary
+//! directory on the local disk and is unmounted and stopped at the end, also on failure.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+use weft_launch::{LaunchOptions, LocalCluster};
+
+use crate::ceilings;
+use crate::stats::summarize;
+
+#[derive(Args, Clone, Debug)]
+pub struct MountArgs {
+    /// Data servers of the Weft cluster.
+    #[arg(long, default_value_t = 4)]
+    pub servers: u32,
+    /// File size of the sequential fio jobs.
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// Seconds of each random 4 KiB fio job.
+    #[arg(long, default_value_t = 5)]
+    pub random_seconds: u32,
+    /// fio jobs (threads) of the random 4 KiB jobs.
+    #[arg(long, default_value_t = 4)]
+    pub random_jobs: u32,
+    /// File size of each random job.
+    #[arg(long, default_value = "256M")]
+    pub random_size: String,
+    /// Files created then stat'ed by the metadata loop.
+    #[arg(long, default_value_t = 2000)]
+    pub files: u32,
+    /// Threads of the metadata loop.
+    #[arg(long, default_value_t = 4)]
+    pub threads: u32,
+    /// Repetitions per figure (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Systems to measure, of `weft,passthrough_ll,glusterfs`.
+    #[arg(long, default_value = "weft,passthrough_ll,glusterfs")]
+    pub systems: String,
+    /// Working directory on the local disk (default: a fresh one under /tmp).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Write results here (an SVG chart is written beside it).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// A mounted system under test; unmounted and stopped on drop.
+struct Target {
+    system: &'static str,
+    mnt: PathBuf,
+    procs: Vec<Child>,
+    cluster: Option<LocalCluster>,
+    gluster: Option<PathBuf>,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        for p in &mut self.procs {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+        if self.gluster.is_some() {
+            let _ = gluster(&["volume", "stop", GLUSTER_VOLUME, "force"]);
+            let _ = gluster(&["volume", "delete", GLUSTER_VOLUME]);
+            let _ = Command::new("pkill").arg("-x").arg("glusterd").status();
+            let _ = Command::new("pkill").arg("-x").arg("glusterfsd").status();
+        }
+        // The local cluster is stopped by its own drop (kill on drop).
+        drop(self.cluster.take());
+    }
+}
+
+const GLUSTER_VOLUME: &str = "weftbench";
+const GLUSTER_HOST: &str = "127.0.0.2";
+
+fn is_mounted(dir: &Path) -> bool {
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mounts").unwrap_or_default().lines().any(|l| l.split(' ').nth(1) == Some(&dir))
+}
+
+/// Polls until `dir` is a mount point (a freshly started daemon mounts asynchronously).
+fn wait_mounted(dir: &Path, what: &str) -> Result<()> {
+    for _ in 0..600 {
+        if is_mounted(dir) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("{what} did not mount {} within 30 s", dir.display())
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!("{what} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn gluster(args: &[&str]) -> Result<String> {
+    run(Command::new("gluster").arg("--mode=script").args(args), &format!("gluster {}", args.join(" ")))
+}
+
+fn need(tool: &str) -> Result<()> {
+    if Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status()?.success() {
+        Ok(())
+    } else {
+        bail!(
+            "{tool} is not installed: run `make bench-deps` (Debian packages fio, libfuse3-dev, gcc, glusterfs-server)"
+        )
+    }
+}
+
+async fn start_weft(base: &Path, servers: u32) -> Result<Target> {
+    let dir = base.join("weft");
+    let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, servers);
+    opts.log_filter = "warn".into();
+    let cluster = LocalCluster::start(opts).await?;
+    let mnt = base.join("weft-mnt");
+    std::fs::create_dir_all(&mnt)?;
+    let child = Command::new(std::env::current_exe()?)
+        .arg("mount")
+        .arg("--cluster")
+        .arg(cluster.cluster_file())
+        .arg(&mnt)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting weft mount")?;
+    let t = Target { system: "weft", mnt, procs: vec![child], cluster: Some(cluster), gluster: None };
+    wait_mounted(&t.mnt, "weft mount")?;
+    Ok(t)
+}
+
+/// Builds libfuse's passthrough_ll example from the source Debian's libfuse3-dev ships.
+fn build_passthrough(base: &Path) -> Result<PathBuf> {
+    need("gcc")?;
+    let ex = Path::new("/usr/share/doc/libfuse3-dev/examples");
+    let build = base.join("passthrough-build");
+    std::fs::create_dir_all(&build)?;
+    for f in ["passthrough_ll.c", "passthrough_helpers.h"] {
+        let plain = ex.join(f);
+        let gz = ex.join(format!("{f}.gz"));
+        if plain.exists() {
+            std::fs::copy(&plain, build.join(f))?;
+        } else if gz.exists() {
+            let text = run(Command::new("zcat").arg(&gz), "zcat")?;
+            std::fs::write(build.join(f), text)?;
+        } else {
+            bail!("{} not found: install libfuse3-dev (`make bench-deps`)", plain.display());
+        }
+    }
+    let flags = run(Command::new("pkg-config").args(["--cflags", "--libs", "fuse3"]), "pkg-config fuse3")?;
+    let bin = build.join("passthrough_ll");
+    run(
+        Command::new("gcc")
+            .arg("-O2")
+            .arg("-o")
+            .arg(&bin)
+            .arg(build.join("passthrough_ll.c"))
+            .args(flags.split_whitespace()),
+        "compiling passthrough_ll",
+    )?;
+    Ok(bin)
+}
+
+fn start_passthrough(base: &Path) -> Result<Target> {
+    let bin = build_passthrough(base)?;
+    let src = base.join("passthrough-src");
+    let mnt = base.join("passthrough-mnt");
+    std::fs::create_dir_all(&src)?;
+    std::fs::create_dir_all(&mnt)?;
+    let child = Command::new(&bin)
+        .arg("-f")
+        .arg("-o")
+        .arg(format!("source={},allow_other,default_permissions", src.display()))
+        .arg(&mnt)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting passthrough_ll")?;
+    let t = Target { system: "passthrough_ll", mnt, procs: vec![child], cluster: None, gluster: None };
+    wait_mounted(&t.mnt, "passthrough_ll")?;
+    Ok(t)
+}
+
+fn start_gluster(base: &Path) -> Result<Target> {
+    need("glusterd")?;
+    let mnt = base.join("gluster-mnt");
+    std::fs::create_dir_all(&mnt)?;
+    let bricks = [base.join("gluster-b1"), base.join("gluster-b2")];
+    for b in &bricks {
+        std::fs::create_dir_all(b)?;
+    }
+    let mut t = Target { system: "glusterfs", mnt, procs: vec![], cluster: None, gluster: Some(base.to_path_buf()) };
+    if gluster(&["volume", "list"]).is_err() {
+        run(&mut Command::new("glusterd"), "glusterd")?;
+    }
+    // glusterd answers the CLI a moment after it forks.
+    let mut ready = false;
+    for _ in 0..100 {
+        if gluster(&["volume", "list"]).is_ok() {
+            ready = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if !ready {
+        bail!("glusterd did not answer");
+    }
+    let _ = gluster(&["volume", "stop", GLUSTER_VOLUME, "force"]);
+    let _ = gluster(&["volume", "delete", GLUSTER_VOLUME]);
+    // glusterd refuses 127.0.0.1 and localhost as brick hosts; 127.0.0.2 is loopback too.
+    let b: Vec<String> = bricks.iter().map(|b| format!("{GLUSTER_HOST}:{}", b.display())).collect();
+    gluster(&["volume", "create", GLUSTER_VOLUME, "transport", "tcp", &b[0], &b[1], "force"])?;
+    gluster(&["volume", "start", GLUSTER_VOLUME])?;
+    run(
+        Command::new("mount").args(["-t", "glusterfs"]).arg(format!("{GLUSTER_HOST}:/{GLUSTER_VOLUME}")).arg(&t.mnt),
+        "mount -t glusterfs",
+    )?;
+    wait_mounted(&t.mnt, "glusterfs")?;
+    t.gluster = Some(base.to_path_buf());
+    Ok(t)
+}
+
+/// One fio job on `dir`; returns (MiB/s, IOPS) of its reads or writes.
+fn fio(dir: &Path, args: &str, write: bool) -> Result<(f64, f64)> {
+    let out = run(
+        Command::new("sh").arg("-c").arg(format!(
+            "fio --directory={} --fallocate=none --output-format=json --group_reporting {args}",
+            dir.display()
+        )),
+        &format!("fio {args}"),
+    )?;
+    let v: Value = serde_json::from_str(&out).context("fio's JSON")?;
+    let side = if write { "write" } else { "read" };
+    let job = v.pointer("/jobs/0").context("fio reported no job")?;
+    if job.get("error").and_then(Value::as_i64).unwrap_or(0) != 0 {
+        bail!("fio {args}: job error {}", job["error"]);
+    }
+    let bw = job.pointer(&format!("/{side}/bw_bytes")).and_then(Value::as_f64).unwrap_or(0.0);
+    let iops = job.pointer(&format!("/{side}/iops")).and_then(Value::as_f64).unwrap_or(0.0);
+    Ok((bw / (1 << 20) as f64, iops))
+}
+
+/// Creates `files` empty files with `threads` threads, then stats them all; returns (creates/s, stats/s).
+fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<(f64, f64)> {
+    let d = dir.join(format!("meta-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    let per = files.div_ceil(threads.max(1));
+    let phase = |f: &(dyn Fn(PathBuf) -> std::io::Result<()> + Sync)| -> Result<f64> {
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|th| {
+                    let d = &d;
+                    s.spawn(move || -> std::io::Result<()> {
+                        for i in 0..per {
+                            f(d.join(format!("t{th}-{i}")))?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles.into_iter().try_for_each(|h| h.join().expect("meta thread"))
+        })?;
+        Ok(f64::from(per * threads) / t.elapsed().as_secs_f64())
+    };
+    let creates = phase(&|p| std::fs::File::create(p).map(drop))?;
+    let stats = phase(&|p| std::fs::metadata(p).map(drop))?;
+    std::fs::remove_dir_all(&d)?;
+    Ok((creates, stats))
+}
+
+struct Figure {
+    system: &'static str,
+    /// One of the contract's ops (write, read, create, stat).
+    op: &'static str,
+    /// `sequential` or `random` for data ops.
+    pattern: Option<&'static str>,
+    record_bytes: Option<u64>,
+    unit: &'static str,
+    samples: Vec<f64>,
+}
+
+/// The figures measured per system: (op, pattern, record bytes, unit).
+type FigureSpec = (&'static str, Option<&'static str>, Option<u64>, &'static str);
+const FIGURES: [FigureSpec; 6] = [
+    ("write", Some("sequential"), Some(1 << 20), "mib_per_s"),
+    ("read", Some("sequential"), Some(1 << 20), "mib_per_s"),
+    ("read", Some("random"), Some(4096), "ops_per_s"),
+    ("write", Some("random"), Some(4096), "ops_per_s"),
+    ("create", None, None, "ops_per_s"),
+    ("stat", None, None, "ops_per_s"),
+];
+
+/// Short name of a figure for tables: `write`, `read`, `randread`, `randwrite`, `create`, `stat`.
+fn label(op: &str, pattern: Option<&str>) -> String {
+    match pattern {
+        Some("random") => format!("rand{op}"),
+        _ => op.to_string(),
+    }
+}
+
+fn measure(t: &Target, a: &MountArgs) -> Result<Vec<Figure>> {
+    let size = &a.size;
+    let mut figs: Vec<Figure> = FIGURES
+        .iter()
+        .map(|&(op, pattern, record_bytes, unit)| Figure {
+            system: t.system,
+            op,
+            pattern,
+            record_bytes,
+            unit,
+            samples: vec![],
+        })
+        .collect();
+    let rand = format!(
+        "--bs=4k --size={} --numjobs={} --time_based --runtime={} --ioengine=psync",
+        a.random_size, a.random_jobs, a.random_seconds
+    );
+    // Warm-up: lay out the files the read jobs use, and bring up sessions and caches.
+    fio(&t.mnt, &format!("--name=seq --rw=write --bs=1M --size={size}"), true)?;
+    fio(&t.mnt, &format!("--name=rand --rw=randwrite {rand} --runtime=1"), true)?;
+    for run in 0..a.runs {
+        eprintln!("  {}: run {} of {}", t.system, run + 1, a.runs);
+        let (w, _) = fio(&t.mnt, &format!("--name=seq --rw=write --bs=1M --size={size} --end_fsync=1"), true)?;
+        let (r, _) = fio(&t.mnt, &format!("--name=seq --rw=read --bs=1M --size={size}"), false)?;
+        let (_, rr) = fio(&t.mnt, &format!("--name=rand --rw=randread {rand}"), false)?;
+        let (_, rw) = fio(&t.mnt, &format!("--name=rand --rw=randwrite {rand}"), true)?;
+        let (c, s) = meta_loop(&t.mnt, a.files, a.threads)?;
+        for (f, v) in figs.iter_mut().zip([w, r, rr, rw, c, s]) {
+            f.samples.push(v);
+        }
+    }
+    Ok(figs)
+}
+
+pub async fn run_bench(a: MountArgs) -> Result<()> {
+    need("fio")?;
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let systems: Vec<String> = a.systems.split(',').map(|s| s.trim().to_string()).collect();
+    // A given --dir is kept; only the work directory made inside it is removed at the end.
+    let base =
+        a.dir.clone().unwrap_or_else(std::env::temp_dir).join(format!("weft-bench-mount-{}", std::process::id()));
+    std::fs::create_dir_all(&base)?;
+    let load_before = ceilings::load_average();
+    let mut figs = Vec::new();
+    for sys in &systems {
+        eprintln!("setting up {sys} under {}", base.display());
+        let target = match sys.as_str() {
+            "weft" => start_weft(&base, a.servers).await?,
+            "passthrough_ll" => start_passthrough(&base)?,
+            "glusterfs" => start_gluster(&base)?,
+            other => bail!("unknown system {other:?} (weft, passthrough_ll, glusterfs)"),
+        };
+        let a2 = a.clone();
+        let (target, result) = tokio::task::spawn_blocking(move || {
+            let r = measure(&target, &a2);
+            (target, r)
+        })
+        .await?;
+        drop(target);
+        figs.extend(result?);
+    }
+    let _ = std::fs::remove_dir_all(&base);
+
+    let median = |system: &str, op: &str, pattern: Option<&str>| {
+        figs.iter()
+            .find(|f| f.system == system && f.op == op && f.pattern == pattern)
+            .and_then(|f| summarize(&f.samples))
+            .map(|s| s.median)
+    };
+    let mut results = Vec::new();
+    for f in &figs {
+        let s = summarize(&f.samples).expect("runs >= 1");
+        let mut r = json!({
+            "system": f.system,
+            "fabric": "tcp",
+            "servers": if f.system == "weft" { json!(a.servers) } else if f.system == "glusterfs" { json!(2) } else { json!(1) },
+            "clients": 1,
+            "op": f.op,
+            "pattern": f.pattern,
+            "record_bytes": f.record_bytes,
+            f.unit: round(s.median),
+            "runs": s.runs,
+            "min": round(s.min),
+            "max": round(s.max),
+        });
+        for peer in ["passthrough_ll", "glusterfs"] {
+            if let Some(p) = median(peer, f.op, f.pattern).filter(|p| *p > 0.0) {
+                r[format!("ratio_to_{peer}")] = json!((s.median / p * 1000.0).round() / 1000.0);
+            }
+        }
+        results.push(r);
+    }
+    let doc = json!({
+        "machine": ceilings::machine(),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "date": crate::report::utc_now(),
+        "config": {
+            "bench": "mount",
+            "seq_size": a.size,
+            "random_seconds": a.random_seconds,
+            "random_jobs": a.random_jobs,
+            "random_size": a.random_size,
+            "files": a.files,
+            "threads": a.threads,
+            "runs": a.runs,
+            "load_average_before": load_before,
+            "load_average_after": ceilings::load_average(),
+        },
+        "ceilings": {},
+        "results": results,
+    });
+    println!("{}", table(&doc));
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        let svg = path.with_extension("svg");
+        std::fs::write(&svg, chart(&doc)).with_context(|| format!("writing {}", svg.display()))?;
+        eprintln!("wrote {} and {}", path.display(), svg.display());
+    }
+    Ok(())
+}
+
+fn round(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn headline(r: &Value) -> f64 {
+    r.get("mib_per_s").or_else(|| r.get("ops_per_s")).and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+/// A Markdown table: one row per op, one column per system, and Weft's ratios.
+pub fn table(doc: &Value) -> String {
+    let results = doc["results"].as_array().cloned().unwrap_or_default();
+    let mut s = String::from(
+        "| op | unit | weft | passthrough_ll | glusterfs | weft ÷ passthrough_ll | weft ÷ glusterfs |\n|---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for (op, pattern, _, _) in FIGURES {
+        let get = |sys: &str| {
+            results.iter().find(|r| r["system"] == sys && r["op"] == op && r["pattern"].as_str() == pattern)
+        };
+        let op = label(op, pattern);
+        let Some(w) = get("weft").or_else(|| get("passthrough_ll")).or_else(|| get("glusterfs")) else { continue };
+        let unit = if w.get("mib_per_s").is_some() { "MiB/s" } else { "ops/s" };
+        let cell = |sys: &str| get(sys).map(|r| format!("{:.0}", headline(r))).unwrap_or("-".into());
+        let ratio = |peer: &str| {
+            get("weft")
+                .and_then(|r| r.get(format!("ratio_to_{peer}")))
+                .and_then(Value::as_f64)
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or("-".into())
+        };
+        s.push_str(&format!(
+            "| {op} | {unit} | {} | {} | {} | {} | {} |\n",
+            cell("weft"),
+            cell("passthrough_ll"),
+            cell("glusterfs"),
+            ratio("passthrough_ll"),
+            ratio("glusterfs")
+        ));
+    }
+    s
+}
+
+/// Weft's ratio to each peer per op, as bars (1.0 = parity).
+fn chart(doc: &Value) -> String {
+    let results = doc["results"].as_array().cloned().unwrap_or_default();
+    let weft: Vec<&Value> = results.iter().filter(|r| r["system"] == "weft").collect();
+    let (w, h, left, top) = (560.0, 320.0, 60.0, 30.0);
+    let max = weft
+        .iter()
+        .flat_map(|r| ["ratio_to_passthrough_ll", "ratio_to_glusterfs"].map(|k| r.get(k).and_then(Value::as_f64)))
+        .flatten()
+        .fold(1.0f64, f64::max)
+        * 1.1;
+    let plot_h = h - top - 50.0;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"DejaVu Sans, sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"18\" font-size=\"13\">weft bench mount: Weft ÷ passthrough_ll (blue), ÷ GlusterFS (orange)</text>\n"
+    );
+    let y1 = top + plot_h - plot_h / max;
+    s.push_str(&format!("<line x1=\"{left}\" x2=\"{}\" y1=\"{y1:.1}\" y2=\"{y1:.1}\" stroke=\"#999\" stroke-dasharray=\"4\"/><text x=\"5\" y=\"{:.1}\">1.0</text>\n", w - 10.0, y1 + 4.0));
+    let slot = (w - left - 10.0) / weft.len().max(1) as f64;
+    for (i, r) in weft.iter().enumerate() {
+        let x = left + i as f64 * slot;
+        for (j, (k, color)) in
+            [("ratio_to_passthrough_ll", "#4477aa"), ("ratio_to_glusterfs", "#ee7733")].iter().enumerate()
+        {
+            if let Some(v) = r.get(*k).and_then(Value::as_f64) {
+                let bh = plot_h * v / max;
+                s.push_str(&format!(
+                    "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{bh:.1}\" fill=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\">{v:.2}</text>\n",
+                    x + 8.0 + j as f64 * slot * 0.4,
+                    top + plot_h - bh,
+                    slot * 0.35,
+                    x + 8.0 + j as f64 * slot * 0.4,
+                    top + plot_h - bh - 3.0
+                ));
+            }
+        }
+        s.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
+            x + 8.0,
+            top + plot_h + 16.0,
+            label(r["op"].as_str().unwrap_or(""), r["pattern"].as_str())
+        ));
+    }
+    s.push_str("</svg>\n");
+    s
+}

@@ -1,0 +1,238 @@
+//! Every `weft bench` workload runs end to end at tiny sizes and writes JSON in the shared contract (see
+//! docs/bench.md): "machine", "command", "config", "ceilings", and a non-empty "results" whose every entry names
+//! its "op", its "runs" and a finite, positive headline figure. No timing is asserted: the figures of a shared,
+//! noisy machine are not the test's business, only that they are there and well formed.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+/// Far above what the tiny runs need; only a hang reaches it.
+const TIMEOUT: Duration = Duration::from_secs(300);
+const OPS: [&str; 9] = ["write", "rewrite", "read", "reread", "create", "stat", "readdir", "remove", "checkpoint"];
+
+/// A fresh directory, removed when the test ends (pass or fail).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("weft-bench-smoke-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `weft bench <args> --dir DIR --json DIR/<name>.json` and returns the parsed JSON.
+fn bench(name: &str, args: &[&str]) -> Value {
+    let dir = TempDir::new(name);
+    let json = dir.0.join(format!("{name}.json"));
+    let mut child = Command::new(WEFT)
+        .arg("bench")
+        .args(args)
+        .arg("--dir")
+        .arg(&dir.0)
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running weft bench");
+    // Drain both pipes while waiting, so a chatty run cannot block on a full pipe.
+    let drain = |r: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_string(&mut s);
+            }
+            s
+        })
+    };
+    let out = drain(child.stdout.take().map(|r| Box::new(r) as _));
+    let err = drain(child.stderr.take().map(|r| Box::new(r) as _));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("weft bench {args:?} did not finish within {TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (stdout, stderr) = (out.join().unwrap(), err.join().unwrap());
+    assert!(status.success(), "weft bench {args:?} failed: {status}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    // The Markdown table went to stdout.
+    assert!(stdout.contains("|---"), "no table on stdout:\n{stdout}");
+    // The chart beside the JSON; the given --dir is left in place, the clusters in it are gone.
+    let svg = std::fs::read_to_string(json.with_extension("svg")).expect("an SVG chart beside the JSON");
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+    assert_leftovers_gone(&dir.0, &json);
+    let text = std::fs::read_to_string(&json).expect("the JSON result file");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON ({e}):\n{text}", json.display()))
+}
+
+fn assert_leftovers_gone(dir: &Path, json: &Path) {
+    let left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p != json && *p != json.with_extension("svg"))
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(left.is_empty(), "left behind in --dir: {left:?}");
+}
+
+fn positive(v: &Value, key: &str) -> f64 {
+    let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number in {v}"));
+    assert!(x.is_finite() && x > 0.0, "{key} = {x} in {v}");
+    x
+}
+
+/// The contract every bench document honours; `headline` is the figure each result must carry.
+fn check_contract(doc: &Value, command: &str, headline: &str) {
+    let machine = &doc["machine"];
+    assert!(machine.is_object(), "machine: {doc}");
+    assert!(machine["cores"].as_u64().unwrap_or(0) >= 1, "machine.cores: {machine}");
+    assert!(machine["memory_gib"].is_number(), "machine.memory_gib: {machine}");
+    assert!(machine["kernel"].is_string(), "machine.kernel: {machine}");
+    assert!(machine.get("load_average").is_some(), "machine.load_average: {machine}");
+    let cmd = doc["command"].as_str().unwrap_or_else(|| panic!("command: {doc}"));
+    assert!(cmd.contains(&format!("bench {command}")), "command: {cmd}");
+    assert!(doc["config"].is_object(), "config: {doc}");
+    assert!(doc["ceilings"].is_object(), "ceilings: {doc}");
+    let results = doc["results"].as_array().unwrap_or_else(|| panic!("results: {doc}"));
+    assert!(!results.is_empty(), "no results: {doc}");
+    for r in results {
+        let op = r["op"].as_str().unwrap_or_else(|| panic!("op: {r}"));
+        assert!(OPS.contains(&op), "op {op:?} is not one of {OPS:?}");
+        assert!(r["runs"].as_u64().unwrap_or(0) >= 1, "runs: {r}");
+        assert_eq!(r["system"], "weft", "{r}");
+        assert!(r["servers"].as_u64().unwrap_or(0) >= 1, "servers: {r}");
+        let h = positive(r, headline);
+        // min and max are of the headline over the runs, so they bracket its median.
+        let (lo, hi) = (positive(r, "min"), positive(r, "max"));
+        assert!(lo <= h && h <= hi, "min {lo} ≤ {headline} {h} ≤ max {hi}: {r}");
+    }
+}
+
+fn ops_of(doc: &Value) -> Vec<String> {
+    doc["results"].as_array().unwrap().iter().map(|r| r["op"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn meta() {
+    let doc = bench("meta", &["meta", "--servers", "1", "--threads", "2", "--files", "50", "--runs", "1"]);
+    check_contract(&doc, "meta", "ops_per_s");
+    assert_eq!(ops_of(&doc), ["create", "stat", "readdir", "remove"]);
+    for r in doc["results"].as_array().unwrap() {
+        assert_eq!(r["clients"], 2, "{r}");
+        positive(r, "client_cpu_us_per_op");
+        if r["op"] != "readdir" {
+            positive(r, "p50_us");
+            assert!(positive(r, "p99_us") >= positive(r, "p50_us"), "{r}");
+        }
+    }
+}
+
+#[test]
+fn meta_stat_storm() {
+    let args = ["meta", "--stat-storm", "--servers", "1", "--threads", "2", "--files", "30", "--runs", "1"];
+    let doc = bench("storm", &args);
+    check_contract(&doc, "meta", "ops_per_s");
+    let r = &doc["results"][0];
+    assert_eq!((r["op"].as_str(), r["mode"].as_str()), (Some("stat"), Some("stat-storm")));
+    positive(r, "slowest_client_ops_per_s");
+    let per = r["per_client_ops_per_s"].as_array().expect("per-client rates");
+    assert_eq!(per.len(), 2);
+    assert!(per.iter().all(|x| x.as_f64().is_some_and(|x| x.is_finite() && x > 0.0)), "{r}");
+}
+
+#[test]
+fn latency() {
+    let args = ["latency", "--servers", "1", "--record", "1,4K", "--count", "16", "--runs", "1"];
+    let doc = bench("latency", &args);
+    check_contract(&doc, "latency", "p50_us");
+    assert_eq!(ops_of(&doc), ["write", "read", "write", "read"]);
+    for r in doc["results"].as_array().unwrap() {
+        positive(r, "mean_us");
+        assert!(positive(r, "p99_us") >= positive(r, "p50_us"), "{r}");
+        assert!([1, 4096].contains(&r["record_bytes"].as_u64().unwrap()), "{r}");
+    }
+}
+
+#[test]
+fn zipf() {
+    let args = ["zipf", "--servers", "1", "--size", "1M", "--record", "4K", "--ops", "200", "--runs", "1"];
+    let doc = bench("zipf", &args);
+    check_contract(&doc, "zipf", "ops_per_s");
+    assert_eq!(ops_of(&doc), ["read", "rewrite"]);
+    for r in doc["results"].as_array().unwrap() {
+        positive(r, "mib_per_s");
+        positive(r, "p50_us");
+        positive(r, "p99_us");
+        assert_eq!(r["record_bytes"], 4096, "{r}");
+    }
+    // The two ops split the 200 operations of the mix.
+    let ops: u64 = doc["results"].as_array().unwrap().iter().map(|r| r["ops"].as_u64().unwrap()).sum();
+    assert_eq!(ops, 200);
+}
+
+#[test]
+fn throughput() {
+    let args = ["throughput", "--servers", "1", "--record", "64K", "--size", "1M", "--runs", "1", "--no-iperf"];
+    let doc = bench("throughput", &args);
+    check_contract(&doc, "throughput", "mib_per_s");
+    assert_eq!(ops_of(&doc), ["write", "read"]);
+    positive(&doc["ceilings"], "memcpy_mib_per_s");
+}
+
+#[test]
+fn mount() {
+    // Only Weft here: the peers (passthrough_ll, GlusterFS) need packages `make bench-deps` installs.
+    let args = [
+        "mount",
+        "--systems",
+        "weft",
+        "--servers",
+        "1",
+        "--size",
+        "4M",
+        "--random-size",
+        "1M",
+        "--random-seconds",
+        "1",
+        "--random-jobs",
+        "1",
+        "--files",
+        "20",
+        "--threads",
+        "2",
+        "--runs",
+        "1",
+    ];
+    let doc = bench("mount", &args);
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(ops_of(&doc), ["write", "read", "read", "write", "create", "stat"]);
+    for (r, headline) in
+        results.iter().zip(["mib_per_s", "mib_per_s", "ops_per_s", "ops_per_s", "ops_per_s", "ops_per_s"])
+    {
+        let op = r["op"].as_str().unwrap();
+        assert!(OPS.contains(&op), "{r}");
+        assert_eq!(r["system"], "weft", "{r}");
+        positive(r, headline);
+    }
+    assert!(doc["machine"]["cores"].as_u64().unwrap_or(0) >= 1);
+    assert!(doc["command"].as_str().unwrap().contains("bench mount"));
+}
