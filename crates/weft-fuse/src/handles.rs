@@ -134,7 +134,7 @@ impl DirHandle {
                 s.after = last.name.clone();
             }
             s.eof = page.eof || page.entries.is_empty();
-            s.entries.extend(page.entries.into_iter().map(|e| (e.ino, crate::dirent_type(e.kind), e.name)));
+            s.entries.extend(page.entries.into_iter().map(|e| (e.ino, crate::attr::file_type(e.kind), e.name)));
         }
         let end = s.entries.len().min(pos.saturating_add(DIR_PAGE_ENTRIES as usize));
         Ok(s.entries.get(pos..end).map(<[_]>::to_vec).unwrap_or_default())

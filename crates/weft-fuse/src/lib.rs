@@ -27,15 +27,15 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fuser::{
-    AccessFlags, Config, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    AccessFlags, Config, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use tracing::debug;
 use weft_client::{Client, ClientError};
 use weft_proto::{FileKind, SetAttrs, TimeSet};
 
-use crate::attr::{file_attr, file_type};
+use crate::attr::file_attr;
 use crate::handles::{DirHandle, Handles};
 
 pub use handles::HANDLES_MAX;
@@ -680,11 +680,6 @@ impl Filesystem for WeftFs {
 /// O_DIRECT (or `--direct-io`) bypasses the page cache; otherwise pages are dropped at open (close-to-open).
 fn open_flags(opts: &MountOptions, flags: OpenFlags) -> FopenFlags {
     if opts.direct_io || flags.0 & libc::O_DIRECT != 0 { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() }
-}
-
-/// Kind of a directory entry for the kernel.
-pub(crate) fn dirent_type(k: FileKind) -> FileType {
-    file_type(k)
 }
 
 /// A mounted Weft file system, served by fuser's worker threads until [`Mounted::unmount`] (or drop).
