@@ -154,7 +154,9 @@ pub async fn mount_daemon(spec: &str, dir: &Path, args: &crate::MountArgs, log: 
         .arg("--entry-timeout-ms")
         .arg(args.entry_timeout_ms.to_string())
         .arg("--threads")
-        .arg(args.threads.to_string());
+        .arg(args.threads.to_string())
+        .arg("--readahead-kib")
+        .arg(args.readahead_kib.to_string());
     if args.allow_other {
         cmd.arg("--allow-other");
     }

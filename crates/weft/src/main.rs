@@ -46,12 +46,22 @@ pub struct MountArgs {
     /// Bypass the kernel page cache for every file, as if every open had O_DIRECT.
     #[arg(long)]
     pub direct_io: bool,
+    /// Kernel readahead window of the mount, in KiB (set through sysfs; needs root).
+    #[arg(long, default_value_t = 4096)]
+    pub readahead_kib: u32,
 }
 
 impl MountArgs {
     /// The defaults of the flags, for `weft up --mount`.
     pub fn defaults() -> MountArgs {
-        MountArgs { attr_timeout_ms: 1000, entry_timeout_ms: 1000, threads: 4, allow_other: false, direct_io: false }
+        MountArgs {
+            attr_timeout_ms: 1000,
+            entry_timeout_ms: 1000,
+            threads: 4,
+            allow_other: false,
+            direct_io: false,
+            readahead_kib: 4096,
+        }
     }
 
     pub fn options(&self) -> weft_fuse::MountOptions {
@@ -61,6 +71,7 @@ impl MountArgs {
             threads: self.threads,
             allow_other: self.allow_other,
             direct_io: self.direct_io,
+            max_readahead_bytes: self.readahead_kib.saturating_mul(1024),
             ..weft_fuse::MountOptions::default()
         }
     }
@@ -88,7 +99,7 @@ enum Cmd {
         dir: PathBuf,
         #[command(flatten)]
         opts: MountArgs,
-        /// Detach: return once the file system is mounted; the daemon logs to DIR's sibling `.weft-mount.log`
+        /// Detach: return once the file system is mounted; the daemon logs to `.NAME.weft-mount.log` beside DIR
         /// unless --log is given. Stop it with `umount DIR` (or `fusermount3 -u DIR`).
         #[arg(long)]
         daemon: bool,
