@@ -219,3 +219,20 @@ mod tests {
         assert_eq!((r["min"].as_f64(), r["max"].as_f64()), (Some(2.0), Some(8.0)));
     }
 }
+
+/// Flags every workload that runs against a cluster shares: repetitions, where the cluster is, where results go.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SharedArgs {
+    /// Repetitions per point (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Use this running cluster instead of starting one per point.
+    #[arg(long, value_name = "PATH|ADDR")]
+    pub cluster: Option<String>,
+    /// Where to start clusters, each in a subdirectory removed when done (default: a fresh directory under /tmp).
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
+    /// Write results here (an SVG chart is written beside it).
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}

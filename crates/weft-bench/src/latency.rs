@@ -6,7 +6,6 @@
 //! reported are the mean, p50 and p99 (nearest rank) of each run, as medians over the runs (the min and max are
 //! those of p50), and ops/s and client CPU per call over the whole pass.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -29,28 +28,18 @@ pub struct LatencyArgs {
     /// Calls per op and run (writes, then as many reads).
     #[arg(long, default_value_t = 1024)]
     pub count: u64,
-    /// Repetitions per point (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
-    /// Use this running cluster instead of starting one per point.
-    #[arg(long, value_name = "PATH|ADDR")]
-    pub cluster: Option<String>,
-    /// Where to start clusters, each in a subdirectory removed when done (default: a fresh directory under /tmp).
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Write results here (an SVG chart is written beside it).
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: common::SharedArgs,
 }
 
 pub async fn run(a: LatencyArgs) -> Result<()> {
     let records = crate::parse_list(&a.record, crate::parse_bytes).context("--record wants sizes like 1,4K,64K")?;
-    if a.runs == 0 || a.count == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
+    if a.common.runs == 0 || a.count == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
         bail!("--runs and --count must be at least 1, records between 1 byte and 64M");
     }
     let load_before = ceilings::load_average();
     let machine = ceilings::machine();
-    let targets = Targets::new(&a.servers, a.cluster.as_deref(), a.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
     let mut results = Vec::new();
     for sp in targets.points() {
         let target = targets.start(sp).await?;
@@ -86,7 +75,7 @@ pub async fn run(a: LatencyArgs) -> Result<()> {
         "config": {
             "bench": "latency",
             "count": a.count,
-            "runs": a.runs,
+            "runs": a.common.runs,
             "percentiles": "nearest rank, per run; medians over the runs",
             "load_average_before": load_before,
             "load_average_after": load_after,
@@ -94,7 +83,7 @@ pub async fn run(a: LatencyArgs) -> Result<()> {
         "ceilings": {},
         "results": results,
     });
-    common::emit(&doc, &crate::report::latency_table(&doc), a.json.as_deref(), crate::chart::latency_svg)
+    common::emit(&doc, &crate::report::latency_table(&doc), a.common.json.as_deref(), crate::chart::latency_svg)
 }
 
 /// The record every call writes, and every read must return.
@@ -110,7 +99,7 @@ async fn measure(client: &Client, servers: u32, record: u64, a: &LatencyArgs) ->
     // Warm-up: a short pass, every read checked.
     pass(client, &path, record, a.count.min(64), &src, &mut buf, true).await?;
     let (mut w, mut r) = (OpRuns::default(), OpRuns::default());
-    for _ in 0..a.runs {
+    for _ in 0..a.common.runs {
         let (mut wl, ws, wc, mut rl, rs, rc) = pass(client, &path, record, a.count, &src, &mut buf, false).await?;
         w.push(a.count, a.count * record, ws, wc, &mut wl)?;
         r.push(a.count, a.count * record, rs, rc, &mut rl)?;

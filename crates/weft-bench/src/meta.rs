@@ -11,7 +11,6 @@
 //! same moment; reported are the aggregate rate and each client's own rate, the slowest one separately.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -46,18 +45,8 @@ pub struct MetaArgs {
     /// IMCa's stat storm: create the files once, then every client stats all of them at the same time.
     #[arg(long, conflicts_with = "shared")]
     pub stat_storm: bool,
-    /// Repetitions per point (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
-    /// Use this running cluster instead of starting one per point.
-    #[arg(long, value_name = "PATH|ADDR")]
-    pub cluster: Option<String>,
-    /// Where to start clusters, each in a subdirectory removed when done (default: a fresh directory under /tmp).
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Write results here (an SVG chart is written beside it).
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: common::SharedArgs,
 }
 
 /// One phase of one run, all clients together.
@@ -127,7 +116,7 @@ impl MetaRuns {
 pub async fn run(a: MetaArgs) -> Result<()> {
     let threads: Vec<usize> =
         crate::parse_list(&a.threads, |x| x.parse().ok()).context("--threads wants a list like 1,4,8")?;
-    if a.runs == 0 || a.files == 0 || threads.contains(&0) {
+    if a.common.runs == 0 || a.files == 0 || threads.contains(&0) {
         bail!("--runs, --files and every --threads value must be at least 1");
     }
     if !a.stat_storm && threads.iter().any(|&t| t as u64 > a.files) {
@@ -135,7 +124,7 @@ pub async fn run(a: MetaArgs) -> Result<()> {
     }
     let load_before = ceilings::load_average();
     let machine = ceilings::machine();
-    let targets = Targets::new(&a.servers, a.cluster.as_deref(), a.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
     let mut results = Vec::new();
     for sp in targets.points() {
         let target = targets.start(sp).await?;
@@ -156,7 +145,7 @@ pub async fn run(a: MetaArgs) -> Result<()> {
             "bench": "meta",
             "mode": if a.stat_storm { "stat-storm" } else if a.shared { "shared" } else { "private" },
             "files": a.files,
-            "runs": a.runs,
+            "runs": a.common.runs,
             "clients_are": "tasks of one process, one Client (own sessions) each, one operation at a time",
             "phase_time": "from the release of a barrier all clients wait at to the last client's last reply",
             "per_client_rate": "a client's operations over its own time from the release to its last reply",
@@ -166,7 +155,7 @@ pub async fn run(a: MetaArgs) -> Result<()> {
         "ceilings": {},
         "results": results,
     });
-    common::emit(&doc, &crate::report::meta_table(&doc), a.json.as_deref(), crate::chart::meta_svg)
+    common::emit(&doc, &crate::report::meta_table(&doc), a.common.json.as_deref(), crate::chart::meta_svg)
 }
 
 /// Connects `n` clients, each with its own sessions.
@@ -210,7 +199,7 @@ async fn mdtest(target: &Target, n: usize, a: &MetaArgs) -> Result<Vec<Value>> {
     // Warm-up: a small cycle (sessions, the MDS's tables and caches).
     cycle(&clients, top, "warm-up", (64 * n as u64).min(a.files), a.shared).await?;
     let mut ops: [MetaRuns; 4] = Default::default();
-    for run in 0..a.runs {
+    for run in 0..a.common.runs {
         let phases = cycle(&clients, top, &format!("run{run}"), a.files, a.shared).await?;
         for (o, p) in ops.iter_mut().zip(phases) {
             o.push(p)?;
@@ -359,7 +348,7 @@ async fn storm(target: &Target, n: usize, a: &MetaArgs) -> Result<Vec<Value>> {
     // Warm-up: every client stats a few of the files.
     phase(stat_all(all.len().min(256))).await?;
     let mut o = MetaRuns::default();
-    for _ in 0..a.runs {
+    for _ in 0..a.common.runs {
         o.push(phase(stat_all(all.len())).await?)?;
     }
     // Clean up (not timed).

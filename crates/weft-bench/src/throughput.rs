@@ -5,7 +5,6 @@
 //! Each record is one `File::write_at`/`read_at` call; `--window` records are kept in flight (a client that
 //! issues one record at a time leaves all but one data server idle; the window is reported in the results).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,21 +30,9 @@ pub struct ThroughputArgs {
     /// Bytes written then read per run.
     #[arg(long, default_value = "2G")]
     pub size: String,
-    /// Repetitions per point (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
     /// Records in flight at once.
     #[arg(long, default_value_t = 8)]
     pub window: usize,
-    /// Use this running cluster instead of starting one per point.
-    #[arg(long, value_name = "PATH|ADDR")]
-    pub cluster: Option<String>,
-    /// Where to start clusters, each in a subdirectory removed when done (default: a fresh directory under /tmp).
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Write results here (an SVG chart is written beside it).
-    #[arg(long)]
-    pub json: Option<PathBuf>,
     /// Seconds per iperf3 measurement.
     #[arg(long, default_value_t = 3)]
     pub iperf_seconds: u32,
@@ -56,6 +43,8 @@ pub struct ThroughputArgs {
     /// commit that makes it visible to the next open, and the data may still be in the servers' page cache.
     #[arg(long)]
     pub fsync: bool,
+    #[command(flatten)]
+    pub common: common::SharedArgs,
 }
 
 struct Point {
@@ -70,7 +59,7 @@ struct Point {
 pub async fn run(a: ThroughputArgs) -> Result<()> {
     let records = crate::parse_list(&a.record, crate::parse_bytes).context("--record wants sizes like 64K,1M")?;
     let size = crate::parse_bytes(&a.size).context("--size wants a size like 2G")?;
-    if a.runs == 0 || a.window == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
+    if a.common.runs == 0 || a.window == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
         bail!("--runs and --window must be at least 1, records between 1 byte and 64M");
     }
     let load_before = ceilings::load_average();
@@ -79,14 +68,14 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     let memcpy = ceilings::memcpy_mib_per_s(256 << 20);
     let mut iperf = Vec::new();
     if !a.no_iperf {
-        for _ in 0..a.runs {
+        for _ in 0..a.common.runs {
             iperf.push(ceilings::iperf3_mib_per_s(a.iperf_seconds).await?);
         }
     }
     let iperf_median = summarize(&iperf).map(|s| s.median);
 
     let mut points = Vec::new();
-    let targets = Targets::new(&a.servers, a.cluster.as_deref(), a.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
     for sp in targets.points() {
         let target = targets.start(sp).await?;
         let n = target.servers;
@@ -145,14 +134,14 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
             "size_bytes": size,
             "window": a.window,
             "fsync": a.fsync,
-            "runs": a.runs,
+            "runs": a.common.runs,
             "load_average_before": load_before,
             "load_average_after": load_after,
         },
         "ceilings": Value::Object(ceil),
         "results": results,
     });
-    common::emit(&doc, &crate::report::markdown_table(&doc), a.json.as_deref(), crate::chart::throughput_svg)
+    common::emit(&doc, &crate::report::markdown_table(&doc), a.common.json.as_deref(), crate::chart::throughput_svg)
 }
 
 async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &ThroughputArgs) -> Result<Point> {
@@ -165,7 +154,7 @@ async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &Thro
     let mut p = Point { servers, record, write_mib: vec![], write_cpu: vec![], read_mib: vec![], read_cpu: vec![] };
     // Warm-up: one pass of a small file brings up sessions and connections.
     sequential(client, &path, record, records.min(16), &src, &mut bufs, a).await?;
-    for _ in 0..a.runs {
+    for _ in 0..a.common.runs {
         let (w, wc, r, rc) = sequential(client, &path, record, records, &src, &mut bufs, a).await?;
         let gib = (records * record) as f64 / (1u64 << 30) as f64;
         let mib = gib * 1024.0;

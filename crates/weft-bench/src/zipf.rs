@@ -9,7 +9,6 @@
 //! alone, so every run and every rerun issues the same operations. `--window` operations are in flight at once
 //! (default 1: each call's time is its latency).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -55,18 +54,8 @@ pub struct ZipfArgs {
     /// Map rank k to record k-1 (the hottest records together at the start of the file) instead of scattering.
     #[arg(long)]
     pub hot_start: bool,
-    /// Repetitions per point (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
-    /// Use this running cluster instead of starting one per point.
-    #[arg(long, value_name = "PATH|ADDR")]
-    pub cluster: Option<String>,
-    /// Where to start clusters, each in a subdirectory removed when done (default: a fresh directory under /tmp).
-    #[arg(long)]
-    pub dir: Option<PathBuf>,
-    /// Write results here (an SVG chart is written beside it).
-    #[arg(long)]
-    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub common: common::SharedArgs,
 }
 
 /// One operation: read or overwrite record `slot`.
@@ -114,7 +103,7 @@ pub fn plan(n: u64, ops: u64, alpha: f64, seed: u64, read_fraction: f64, hot_sta
 pub async fn run(a: ZipfArgs) -> Result<()> {
     let records = crate::parse_list(&a.record, crate::parse_bytes).context("--record wants sizes like 4K,64K")?;
     let size = crate::parse_bytes(&a.size).context("--size wants a size like 256M")?;
-    if a.runs == 0 || a.ops == 0 || a.window == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
+    if a.common.runs == 0 || a.ops == 0 || a.window == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
         bail!("--runs, --ops and --window must be at least 1, records between 1 byte and 64M");
     }
     if records.iter().any(|&r| r > size) {
@@ -128,7 +117,7 @@ pub async fn run(a: ZipfArgs) -> Result<()> {
     }
     let load_before = ceilings::load_average();
     let machine = ceilings::machine();
-    let targets = Targets::new(&a.servers, a.cluster.as_deref(), a.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
     let mut results = Vec::new();
     for sp in targets.points() {
         let target = targets.start(sp).await?;
@@ -155,7 +144,7 @@ pub async fn run(a: ZipfArgs) -> Result<()> {
             "read_fraction": a.read_fraction,
             "window": a.window,
             "placement": if a.hot_start { "hot-start" } else { "scattered" },
-            "runs": a.runs,
+            "runs": a.common.runs,
             "client_cpu_us_per_op": "of the whole mix (reads and writes share the process's CPU time)",
             "load_average_before": load_before,
             "load_average_after": load_after,
@@ -163,7 +152,7 @@ pub async fn run(a: ZipfArgs) -> Result<()> {
         "ceilings": {},
         "results": results,
     });
-    common::emit(&doc, &crate::report::zipf_table(&doc), a.json.as_deref(), crate::chart::zipf_svg)
+    common::emit(&doc, &crate::report::zipf_table(&doc), a.common.json.as_deref(), crate::chart::zipf_svg)
 }
 
 async fn measure(
@@ -198,7 +187,7 @@ async fn measure(
     // Warm-up: the start of the sequence, every read checked.
     mixed(&f, &ops[..ops.len().min(512)], record, &src, &mut bufs, a.window, true).await?;
     let (mut r, mut w, mut mix) = (OpRuns::default(), OpRuns::default(), Vec::new());
-    for _ in 0..a.runs {
+    for _ in 0..a.common.runs {
         let (secs, cpu, mut rl, mut wl) = mixed(&f, &ops, record, &src, &mut bufs, a.window, false).await?;
         // CPU time cannot be split between reads and writes: each gets its share, i.e. the mix's CPU per op.
         let share = |k: u64| cpu * k as f64 / a.ops as f64;
