@@ -53,7 +53,10 @@ impl Handles {
                 f.observe_size(attr.size);
                 f
             }
-            None => Arc::new(client.open_attr(attr).map_err(|_| Errno::EIO)?),
+            None => Arc::new(client.open_attr(attr).map_err(|e| {
+                tracing::warn!(ino, "cannot open: {e}");
+                Errno::EIO
+            })?),
         };
         let entry = s.by_ino.entry(ino).or_insert_with(|| (Arc::downgrade(&file), 0));
         entry.0 = Arc::downgrade(&file);

@@ -96,6 +96,14 @@ fn errno(e: &ClientError) -> Errno {
     }
 }
 
+/// Answers an operation that returns nothing: ok, or the errno of the failure.
+fn reply_empty(reply: ReplyEmpty, r: Result<(), ClientError>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 /// A name from the kernel as the wire wants it: UTF-8, at most 255 bytes.
 fn name_str(name: &OsStr) -> Result<String, Errno> {
     if name.len() > weft_proto::NAME_BYTES_MAX {
@@ -311,12 +319,7 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(move |i| async move {
-            match i.client.unlink(parent.0, &name).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(move |i| async move { reply_empty(reply, i.client.unlink(parent.0, &name).await) });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -324,12 +327,7 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(move |i| async move {
-            match i.client.rmdir(parent.0, &name).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(move |i| async move { reply_empty(reply, i.client.rmdir(parent.0, &name).await) });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -368,10 +366,7 @@ impl Filesystem for WeftFs {
         let wire_flags =
             if flags.contains(RenameFlags::RENAME_NOREPLACE) { weft_proto::msg::RENAME_NOREPLACE } else { 0 };
         self.spawn(move |i| async move {
-            match i.client.rename(parent.0, &name, newparent.0, &newname, wire_flags).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
+            reply_empty(reply, i.client.rename(parent.0, &name, newparent.0, &newname, wire_flags).await)
         });
     }
 
@@ -459,12 +454,7 @@ impl Filesystem for WeftFs {
             return reply.error(Errno::EBADF);
         };
         // Every close(2): publish size and mtime, so the next open anywhere sees the writes.
-        self.spawn(move |_| async move {
-            match f.commit().await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(move |_| async move { reply_empty(reply, f.commit().await) });
     }
 
     fn release(
@@ -480,24 +470,14 @@ impl Filesystem for WeftFs {
         let Some(f) = self.inner.handles.close(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |_| async move {
-            match f.commit().await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(move |_| async move { reply_empty(reply, f.commit().await) });
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let Some(f) = self.inner.handles.file(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |_| async move {
-            match f.sync().await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        self.spawn(move |_| async move { reply_empty(reply, f.sync().await) });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
