@@ -246,30 +246,44 @@ impl File {
     /// fsync: makes this handle's writes durable on the data servers (every object and its checksums reach the
     /// disk), then commits size and mtime to the metadata service.
     pub async fn sync(&self) -> Result<(), ClientError> {
+        self.sync_wcc().await.map(|_| ())
+    }
+
+    /// [`File::sync`], returning what [`File::commit_wcc`] returns.
+    pub async fn sync_wcc(&self) -> Result<Option<weft_proto::msg::CommitWccResp>, ClientError> {
         if self.unsynced.swap(false, Ordering::SeqCst)
             && let Err(e) = self.client.fsync_objects(self.attr.ino, &self.layout).await
         {
             self.unsynced.store(true, Ordering::SeqCst);
             return Err(e);
         }
-        self.commit().await
+        self.commit_wcc().await
     }
 
     /// Publishes size and mtime to the metadata service if this handle wrote since the last commit (pNFS
     /// LAYOUTCOMMIT). This is what makes the writes visible to the next open (close-to-open); it does not force
     /// them to disk (that is [`File::sync`]).
     pub async fn commit(&self) -> Result<(), ClientError> {
-        if self.dirty.swap(false, Ordering::SeqCst) {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as i64)
-                .unwrap_or(0);
-            if let Err(e) = self.client.commit(self.attr.ino, self.size(), now).await {
+        self.commit_wcc().await.map(|_| ())
+    }
+
+    /// [`File::commit`] that returns, when it committed, the file's mtime and size just before and its
+    /// attributes after (a cache keyed by (mtime, size) stays valid across the commit iff the "before" matches).
+    pub async fn commit_wcc(&self) -> Result<Option<weft_proto::msg::CommitWccResp>, ClientError> {
+        if !self.dirty.swap(false, Ordering::SeqCst) {
+            return Ok(None);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0);
+        match self.client.commit_wcc(self.attr.ino, self.size(), now).await {
+            Ok(w) => Ok(Some(w)),
+            Err(e) => {
                 self.dirty.store(true, Ordering::SeqCst);
-                return Err(e);
+                Err(e)
             }
         }
-        Ok(())
     }
 
     /// Commits (close-to-open visibility) and closes; call [`File::sync`] first for durability.

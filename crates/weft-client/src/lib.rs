@@ -228,6 +228,11 @@ impl Client {
         Ok(meta_call!(self, Readdir(ReaddirReq { ino, after: after.into(), limit })))
     }
 
+    /// One page of a directory with each entry's attributes (at most `READDIRPLUS_ENTRIES_MAX` entries).
+    pub async fn readdir_plus_page(&self, ino: u64, after: &str, limit: u32) -> Result<ReaddirPlusResp, ClientError> {
+        Ok(meta_call!(self, ReaddirPlus(ReaddirReq { ino, after: after.into(), limit })))
+    }
+
     /// A whole directory, page by page.
     pub async fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, ClientError> {
         let mut out = Vec::new();
@@ -257,6 +262,11 @@ impl Client {
 
     pub async fn commit(&self, ino: u64, size: u64, mtime_ns: i64) -> Result<Attr, ClientError> {
         Ok(meta_call!(self, Commit(CommitReq { ino, size, mtime_ns })))
+    }
+
+    /// [`Client::commit`] that also says what mtime and size the file had just before.
+    pub async fn commit_wcc(&self, ino: u64, size: u64, mtime_ns: i64) -> Result<CommitWccResp, ClientError> {
+        Ok(meta_call!(self, CommitWcc(CommitReq { ino, size, mtime_ns })))
     }
 
     pub async fn cluster_info(&self) -> Result<Vec<ServerInfo>, ClientError> {

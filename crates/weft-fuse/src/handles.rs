@@ -13,13 +13,16 @@ use weft_proto::Attr;
 
 /// Most handles (files and directories) open at once in one mount; more get ENFILE.
 pub const HANDLES_MAX: usize = 65_536;
-/// Entries fetched from the metadata service per readdir page.
+/// Entries fetched from the metadata service per readdir page (within both readdir's and readdirplus's caps).
 const DIR_PAGE_ENTRIES: u32 = 1024;
 
 #[derive(Default)]
 pub(crate) struct Handles {
     state: Mutex<State>,
 }
+
+/// Where a file unlinked while open was renamed aside: (parent directory, hidden name).
+pub(crate) type Hidden = (u64, String);
 
 #[derive(Default)]
 struct State {
@@ -28,6 +31,8 @@ struct State {
     /// The shared file of each open inode, and how many handles hold it.
     by_ino: HashMap<u64, (Weak<File>, usize)>,
     dirs: HashMap<u64, Arc<DirHandle>>,
+    /// Files unlinked while open here, renamed aside until their last handle closes.
+    hidden: HashMap<u64, Hidden>,
 }
 
 impl State {
@@ -74,18 +79,37 @@ impl Handles {
         self.state.lock().expect("handles").by_ino.get(&ino).and_then(|(w, _)| w.upgrade())
     }
 
-    /// Forgets a file handle; returns its file for a last commit.
-    pub(crate) fn close(&self, fh: u64) -> Option<Arc<File>> {
+    /// Forgets a file handle; returns its file for a last commit and, if this was the last handle of a file
+    /// unlinked while open, the hidden name to remove now.
+    pub(crate) fn close(&self, fh: u64) -> Option<(Arc<File>, Option<Hidden>)> {
         let mut s = self.state.lock().expect("handles");
         let f = s.files.remove(&fh)?;
         let ino = f.ino();
+        let mut hidden = None;
         if let Some(e) = s.by_ino.get_mut(&ino) {
             e.1 -= 1;
             if e.1 == 0 {
                 s.by_ino.remove(&ino);
+                hidden = s.hidden.remove(&ino);
             }
         }
-        Some(f)
+        Some((f, hidden))
+    }
+
+    /// True if any file is open in this mount (unlink only then looks for open files to rename aside).
+    pub(crate) fn any_file_open(&self) -> bool {
+        !self.state.lock().expect("handles").by_ino.is_empty()
+    }
+
+    /// Records that open file `ino` now lives under `name` in `parent`, to be removed at its last close. False if
+    /// its last handle closed meanwhile: the caller removes it at once.
+    pub(crate) fn hide(&self, ino: u64, parent: u64, name: String) -> bool {
+        let mut s = self.state.lock().expect("handles");
+        if !s.by_ino.contains_key(&ino) {
+            return false;
+        }
+        s.hidden.insert(ino, (parent, name));
+        true
     }
 
     pub(crate) fn open_dir(&self, d: DirHandle) -> Result<u64, Errno> {
@@ -104,40 +128,69 @@ impl Handles {
     }
 }
 
+/// One entry of a directory listing; `attr` is there when the page came from readdirplus.
+#[derive(Clone)]
+pub(crate) struct DirItem {
+    pub(crate) ino: u64,
+    pub(crate) kind: FileType,
+    pub(crate) name: String,
+    pub(crate) attr: Option<Attr>,
+}
+
 /// An open directory: the entries listed so far ("." and ".." first), fetched page by page on demand.
 pub(crate) struct DirHandle {
     ino: u64,
+    /// Fetch pages with their attributes (the kernel negotiated readdirplus).
+    plus: bool,
     state: tokio::sync::Mutex<DirState>,
 }
 
 struct DirState {
-    entries: Vec<(u64, FileType, String)>,
+    entries: Vec<DirItem>,
     after: String,
     eof: bool,
 }
 
 impl DirHandle {
-    pub(crate) fn new(ino: u64) -> DirHandle {
-        // ".." carries inode 0: the kernel fills in the real parent itself.
-        let entries = vec![(ino, FileType::Directory, ".".into()), (0, FileType::Directory, "..".into())];
-        DirHandle { ino, state: tokio::sync::Mutex::new(DirState { entries, after: String::new(), eof: false }) }
+    /// A handle on the directory `dir` (attributes fresh from the metadata service).
+    pub(crate) fn new(dir: Attr, plus: bool) -> DirHandle {
+        let ino = dir.ino;
+        // ".." carries inode 0: the kernel fills in the real parent itself, and with readdirplus an inode 0 entry
+        // is listed without being looked up.
+        let entries = vec![
+            DirItem { ino, kind: FileType::Directory, name: ".".into(), attr: Some(dir.clone()) },
+            DirItem { ino: 0, kind: FileType::Directory, name: "..".into(), attr: Some(Attr { ino: 0, ..dir }) },
+        ];
+        DirHandle { ino, plus, state: tokio::sync::Mutex::new(DirState { entries, after: String::new(), eof: false }) }
     }
 
     /// Entries from position `pos` on (at most one page); empty at the end of the directory.
-    pub(crate) async fn entries_from(
-        &self,
-        client: &Client,
-        pos: u64,
-    ) -> Result<Vec<(u64, FileType, String)>, ClientError> {
+    pub(crate) async fn entries_from(&self, client: &Client, pos: u64) -> Result<Vec<DirItem>, ClientError> {
         let mut s = self.state.lock().await;
         let pos = usize::try_from(pos).unwrap_or(usize::MAX);
         while s.entries.len() <= pos && !s.eof {
-            let page = client.readdir_page(self.ino, &s.after, DIR_PAGE_ENTRIES).await?;
-            if let Some(last) = page.entries.last() {
+            let (items, eof): (Vec<DirItem>, bool) = if self.plus {
+                let page = client.readdir_plus_page(self.ino, &s.after, DIR_PAGE_ENTRIES).await?;
+                let items = page
+                    .entries
+                    .into_iter()
+                    .map(|(name, a)| DirItem { ino: a.ino, kind: crate::attr::file_type(a.kind), name, attr: Some(a) })
+                    .collect();
+                (items, page.eof)
+            } else {
+                let page = client.readdir_page(self.ino, &s.after, DIR_PAGE_ENTRIES).await?;
+                let items = page
+                    .entries
+                    .into_iter()
+                    .map(|e| DirItem { ino: e.ino, kind: crate::attr::file_type(e.kind), name: e.name, attr: None })
+                    .collect();
+                (items, page.eof)
+            };
+            if let Some(last) = items.last() {
                 s.after = last.name.clone();
             }
-            s.eof = page.eof || page.entries.is_empty();
-            s.entries.extend(page.entries.into_iter().map(|e| (e.ino, crate::attr::file_type(e.kind), e.name)));
+            s.eof = eof || items.is_empty();
+            s.entries.extend(items);
         }
         let end = s.entries.len().min(pos.saturating_add(DIR_PAGE_ENTRIES as usize));
         Ok(s.entries.get(pos..end).map(<[_]>::to_vec).unwrap_or_default())

@@ -20,16 +20,19 @@
 mod attr;
 mod handles;
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fuser::{
     AccessFlags, Config, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow, WriteFlags,
+    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow,
+    WriteFlags,
 };
 use tracing::debug;
 use weft_client::{Client, ClientError};
@@ -57,6 +60,9 @@ pub struct MountOptions {
     pub max_write_bytes: u32,
     /// Kernel readahead window (set through sysfs after the mount, as root).
     pub max_readahead_bytes: u32,
+    /// FUSE writeback cache: the kernel buffers writes and flushes them at close (so close-to-open holds for
+    /// the data), but trusts its own sizes over the cluster's for cached inodes. Off by default.
+    pub writeback_cache: bool,
 }
 
 impl Default for MountOptions {
@@ -69,6 +75,7 @@ impl Default for MountOptions {
             direct_io: false,
             max_write_bytes: 1 << 20,
             max_readahead_bytes: 4 << 20,
+            writeback_cache: false,
         }
     }
 }
@@ -83,7 +90,18 @@ struct Inner {
     rt: tokio::runtime::Handle,
     opts: MountOptions,
     handles: Handles,
+    /// The kernel agreed to readdirplus at init.
+    readdirplus: AtomicBool,
+    /// Page cache validators: for each inode, the (mtime, size) it had when this mount last opened it, which is
+    /// the version whose pages the kernel may hold. An open that finds the same pair keeps the cached pages
+    /// (`FOPEN_KEEP_CACHE`); any other pair means another writer changed the file, and the kernel drops them
+    /// (close-to-open, as NFS does). Bounded by [`VALIDATORS_MAX`]: when full it is cleared, which costs only
+    /// re-reads.
+    validators: Mutex<HashMap<u64, (i64, u64)>>,
 }
+
+/// Most page cache validators a mount keeps.
+const VALIDATORS_MAX: usize = 65_536;
 
 /// The errno a failed client call means to POSIX callers.
 fn errno(e: &ClientError) -> Errno {
@@ -139,6 +157,38 @@ impl Inner {
         a
     }
 
+    /// Records the version of `a` this mount now opens; true if the kernel's cached pages are of that version.
+    fn revalidate(&self, a: &weft_proto::Attr) -> bool {
+        let mut v = self.validators.lock().expect("validators");
+        let now = (a.mtime_ns, a.size);
+        let same = v.get(&a.ino) == Some(&now);
+        if !same && v.len() >= VALIDATORS_MAX {
+            v.clear();
+        }
+        v.insert(a.ino, now);
+        same
+    }
+
+    /// After this mount committed its writes: if the file was at the version the kernel's pages are of, they
+    /// now hold the committed version (the writes went through them); otherwise someone else committed in
+    /// between and the next open must drop them.
+    fn after_commit(&self, w: &weft_proto::msg::CommitWccResp) {
+        let mut v = self.validators.lock().expect("validators");
+        if v.get(&w.attr.ino) == Some(&(w.pre_mtime_ns, w.pre_size)) {
+            v.insert(w.attr.ino, (w.attr.mtime_ns, w.attr.size));
+        } else {
+            v.remove(&w.attr.ino);
+        }
+    }
+
+    /// Commits `f`'s writes (close-to-open) and keeps the page cache validator in step.
+    async fn commit(&self, f: &weft_client::File) -> Result<(), ClientError> {
+        if let Some(w) = f.commit_wcc().await? {
+            self.after_commit(&w);
+        }
+        Ok(())
+    }
+
     fn reply_entry(&self, reply: ReplyEntry, r: Result<weft_proto::Attr, ClientError>) {
         match r {
             Ok(a) => reply.entry(&self.entry_ttl(), &file_attr(&self.local_view(a)), Generation(0)),
@@ -149,7 +199,16 @@ impl Inner {
 
 impl WeftFs {
     pub fn new(client: Client, rt: tokio::runtime::Handle, opts: MountOptions) -> WeftFs {
-        WeftFs { inner: Arc::new(Inner { client, rt, opts, handles: Handles::default() }) }
+        WeftFs {
+            inner: Arc::new(Inner {
+                client,
+                rt,
+                opts,
+                handles: Handles::default(),
+                readdirplus: AtomicBool::new(false),
+                validators: Mutex::new(HashMap::new()),
+            }),
+        }
     }
 
     /// Runs `f` on the runtime with a handle on the shared state; the reply is sent from there.
@@ -188,9 +247,17 @@ impl Filesystem for WeftFs {
         }
         let _ = config.set_max_background(64);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // Let the kernel choose readdirplus when listings are followed by lookups (`ls -l`, `find`, rsync).
+        let plus = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO).is_ok();
+        self.inner.readdirplus.store(plus, Ordering::Relaxed);
+        let writeback = self.inner.opts.writeback_cache
+            && !self.inner.opts.direct_io
+            && config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE).is_ok();
         tracing::info!(
             max_pages = config.capabilities().contains(InitFlags::FUSE_MAX_PAGES),
             max_write = self.inner.opts.max_write_bytes,
+            readdirplus = plus,
+            writeback,
             "FUSE session negotiated"
         );
         Ok(())
@@ -319,7 +386,27 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(move |i| async move { reply_empty(reply, i.client.unlink(parent.0, &name).await) });
+        self.spawn(move |i| async move {
+            // POSIX keeps an unlinked file readable while it is open, but the metadata service frees a file at its
+            // last unlink. So a file still open in this mount is renamed aside instead and removed at its last
+            // close (the "silly rename" of NFS clients; opens in other mounts are not covered, as with NFS).
+            if i.handles.any_file_open()
+                && let Ok(a) = i.client.lookup(parent.0, &name).await
+                && a.kind == FileKind::File
+                && a.nlink == 1
+                && i.handles.open_file(a.ino).is_some()
+            {
+                let hidden = format!(".weft-unlinked-{:016x}", a.ino);
+                if let Err(e) = i.client.rename(parent.0, &name, parent.0, &hidden, 0).await {
+                    return reply.error(errno(&e));
+                }
+                if !i.handles.hide(a.ino, parent.0, hidden.clone()) {
+                    return reply_empty(reply, i.client.unlink(parent.0, &hidden).await);
+                }
+                return reply.ok();
+            }
+            reply_empty(reply, i.client.unlink(parent.0, &name).await)
+        });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -391,8 +478,9 @@ impl Filesystem for WeftFs {
             if attr.kind == FileKind::Dir {
                 return reply.error(Errno::EISDIR);
             }
+            let keep_cache = i.revalidate(&attr);
             match i.handles.open(&i.client, attr) {
-                Ok(fh) => reply.opened(FileHandle(fh), open_flags(&i.opts, flags)),
+                Ok(fh) => reply.opened(FileHandle(fh), open_flags(&i.opts, flags, keep_cache)),
                 Err(e) => reply.error(e),
             }
         });
@@ -454,7 +542,7 @@ impl Filesystem for WeftFs {
             return reply.error(Errno::EBADF);
         };
         // Every close(2): publish size and mtime, so the next open anywhere sees the writes.
-        self.spawn(move |_| async move { reply_empty(reply, f.commit().await) });
+        self.spawn(move |i| async move { reply_empty(reply, i.commit(&f).await) });
     }
 
     fn release(
@@ -467,17 +555,32 @@ impl Filesystem for WeftFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let Some(f) = self.inner.handles.close(fh.0) else {
+        let Some((f, hidden)) = self.inner.handles.close(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |_| async move { reply_empty(reply, f.commit().await) });
+        self.spawn(move |i| async move {
+            let r = i.commit(&f).await;
+            if let Some((parent, name)) = hidden
+                && let Err(e) = i.client.unlink(parent, &name).await
+            {
+                tracing::warn!(ino = f.ino(), "removing {name:?}, unlinked while open: {e}");
+            }
+            reply_empty(reply, r)
+        });
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let Some(f) = self.inner.handles.file(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |_| async move { reply_empty(reply, f.sync().await) });
+        self.spawn(move |i| async move {
+            let r = f.sync_wcc().await.map(|w| {
+                if let Some(w) = w {
+                    i.after_commit(&w);
+                }
+            });
+            reply_empty(reply, r)
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -489,7 +592,8 @@ impl Filesystem for WeftFs {
             if attr.kind != FileKind::Dir {
                 return reply.error(Errno::ENOTDIR);
             }
-            match i.handles.open_dir(DirHandle::new(ino.0)) {
+            let plus = i.readdirplus.load(Ordering::Relaxed);
+            match i.handles.open_dir(DirHandle::new(attr, plus)) {
                 Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                 Err(e) => reply.error(e),
             }
@@ -512,9 +616,45 @@ impl Filesystem for WeftFs {
                 if entries.is_empty() {
                     break;
                 }
-                for (e_ino, kind, name) in entries {
+                for e in entries {
                     pos += 1;
-                    if reply.add(INodeNo(if e_ino == 0 { ino.0 } else { e_ino }), pos, kind, name) {
+                    if reply.add(INodeNo(if e.ino == 0 { ino.0 } else { e.ino }), pos, e.kind, e.name) {
+                        return reply.ok();
+                    }
+                }
+            }
+            reply.ok();
+        });
+    }
+
+    fn readdirplus(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let Some(dir) = self.inner.handles.dir(fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        self.spawn(move |i| async move {
+            // The same stable offsets as readdir; every entry brings its attributes, so `ls -l` or `find` needs no
+            // lookup per entry.
+            let mut pos = offset;
+            let ttl = i.entry_ttl();
+            loop {
+                let entries = match dir.entries_from(&i.client, pos).await {
+                    Ok(e) => e,
+                    Err(e) => return reply.error(errno(&e)),
+                };
+                if entries.is_empty() {
+                    break;
+                }
+                for e in entries {
+                    pos += 1;
+                    let attr = match e.attr {
+                        Some(a) => a,
+                        // Listed by a plain readdir on this handle before: fetch the attributes now.
+                        None => match i.client.getattr(e.ino).await {
+                            Ok(a) => a,
+                            Err(err) => return reply.error(errno(&err)),
+                        },
+                    };
+                    if reply.add(INodeNo(e.ino), pos, &e.name, &ttl, &file_attr(&i.local_view(attr)), Generation(0)) {
                         return reply.ok();
                     }
                 }
@@ -646,13 +786,15 @@ impl Filesystem for WeftFs {
                 Err(e) => return reply.error(errno(&e)),
             };
             let fattr = file_attr(&i.local_view(attr.clone()));
+            // A new file has no cached pages (or a previous inode's, if the inode number came back: drop them).
+            i.revalidate(&attr);
             match i.handles.open(&i.client, attr) {
                 Ok(fh) => reply.created(
                     &i.entry_ttl(),
                     &fattr,
                     Generation(0),
                     FileHandle(fh),
-                    open_flags(&i.opts, OpenFlags(flags)),
+                    open_flags(&i.opts, OpenFlags(flags), false),
                 ),
                 Err(e) => reply.error(e),
             }
@@ -660,9 +802,16 @@ impl Filesystem for WeftFs {
     }
 }
 
-/// O_DIRECT (or `--direct-io`) bypasses the page cache; otherwise pages are dropped at open (close-to-open).
-fn open_flags(opts: &MountOptions, flags: OpenFlags) -> FopenFlags {
-    if opts.direct_io || flags.0 & libc::O_DIRECT != 0 { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() }
+/// O_DIRECT (or `--direct-io`) bypasses the page cache; otherwise cached pages are kept only when the file is
+/// unchanged since this mount last opened it (`keep_cache`, see `Inner::validators`).
+fn open_flags(opts: &MountOptions, flags: OpenFlags, keep_cache: bool) -> FopenFlags {
+    if opts.direct_io || flags.0 & libc::O_DIRECT != 0 {
+        FopenFlags::FOPEN_DIRECT_IO
+    } else if keep_cache {
+        FopenFlags::FOPEN_KEEP_CACHE
+    } else {
+        FopenFlags::empty()
+    }
 }
 
 /// A mounted Weft file system, served by fuser's worker threads until [`Mounted::unmount`] (or drop).

@@ -23,12 +23,12 @@ use std::sync::{Mutex, MutexGuard};
 
 use weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES;
 use weft_proto::msg::{
-    CommitReq, CreateReq, LinkReq, MkdirReq, RENAME_NOREPLACE, ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq,
-    SetAttrReq, SetLayoutReq, SymlinkReq,
+    CommitReq, CommitWccResp, CreateReq, LinkReq, MkdirReq, RENAME_NOREPLACE, ReaddirPlusResp, ReaddirReq, ReaddirResp,
+    RegisterServerReq, RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
 };
 use weft_proto::{
-    Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, ROOT_INO, Request, Response,
-    SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet, WireError,
+    Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, READDIRPLUS_ENTRIES_MAX,
+    ROOT_INO, Request, Response, SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet, WireError,
 };
 
 use crate::clock::Clock;
@@ -133,9 +133,13 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             Request::Readlink(r) => self.store.read(|t| readlink(t, r.ino)).map(Response::Readlink),
             Request::Link(r) => self.store.write(|t| link(t, r, now)).map(Response::Link),
             Request::Readdir(r) => self.store.read(|t| readdir(t, r)).map(Response::Readdir),
+            Request::ReaddirPlus(r) => self.store.read(|t| readdir_plus(t, r)).map(Response::ReaddirPlus),
             Request::Statfs(()) => self.statfs().map(Response::Statfs),
             Request::SetLayout(r) => self.store.write(|t| set_layout(t, r, now)).map(Response::SetLayout),
-            Request::Commit(r) => self.store.write(|t| commit(t, r)).map(Response::Commit),
+            Request::Commit(r) => self.store.write(|t| commit(t, r)).map(|(_, a)| Response::Commit(a)),
+            Request::CommitWcc(r) => self.store.write(|t| commit(t, r)).map(|((pre_mtime_ns, pre_size), attr)| {
+                Response::CommitWcc(CommitWccResp { pre_mtime_ns, pre_size, attr })
+            }),
             Request::ClusterInfo(()) => Ok(Response::ClusterInfo(self.servers())),
             Request::RegisterServer(r) => self.register_server(r).map(Response::RegisterServer),
             other => {
@@ -512,6 +516,23 @@ fn readdir(t: &mut dyn MetaTxn, r: &ReaddirReq) -> Result<ReaddirResp, WireError
     Ok(ReaddirResp { entries, eof })
 }
 
+/// One page of entries with their attributes, read in one snapshot, so an entry and its attributes agree.
+fn readdir_plus(t: &mut dyn MetaTxn, r: &ReaddirReq) -> Result<ReaddirPlusResp, WireError> {
+    load_dir(t, r.ino)?;
+    let limit =
+        if r.limit == 0 || r.limit > READDIRPLUS_ENTRIES_MAX { READDIRPLUS_ENTRIES_MAX } else { r.limit } as usize;
+    let mut got = t.list_dirents(r.ino, &r.after, limit + 1)?;
+    let eof = got.len() <= limit;
+    got.truncate(limit);
+    let mut entries = Vec::with_capacity(got.len());
+    for (name, ino, _) in got {
+        // Same snapshot as the entry: a dangling entry is a corrupt store, not a race.
+        let attr = load_entry(t, r.ino, &name, ino)?.attr();
+        entries.push((name, attr));
+    }
+    Ok(ReaddirPlusResp { entries, eof })
+}
+
 fn set_layout(t: &mut dyn MetaTxn, r: &SetLayoutReq, now: i64) -> Result<Attr, WireError> {
     let mut i = load(t, r.ino)?;
     if i.kind != FileKind::Dir {
@@ -530,8 +551,10 @@ fn set_layout(t: &mut dyn MetaTxn, r: &SetLayoutReq, now: i64) -> Result<Attr, W
     Ok(i.attr())
 }
 
-fn commit(t: &mut dyn MetaTxn, r: &CommitReq) -> Result<Attr, WireError> {
+/// Returns the (mtime, size) found before the commit and the attributes after it.
+fn commit(t: &mut dyn MetaTxn, r: &CommitReq) -> Result<((i64, u64), Attr), WireError> {
     let mut i = load(t, r.ino)?;
+    let pre = (i.mtime_ns, i.size);
     match i.kind {
         FileKind::File => {}
         FileKind::Dir => {
@@ -545,7 +568,7 @@ fn commit(t: &mut dyn MetaTxn, r: &CommitReq) -> Result<Attr, WireError> {
     i.mtime_ns = i.mtime_ns.max(r.mtime_ns);
     i.ctime_ns = i.ctime_ns.max(i.mtime_ns);
     t.put_inode(&i)?;
-    Ok(i.attr())
+    Ok((pre, i.attr()))
 }
 
 fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError> {

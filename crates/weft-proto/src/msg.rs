@@ -115,6 +115,12 @@ messages! {
     ClusterInfo = 115: () => Vec<ServerInfo>, idempotent = true, data = false;
     /// A data server announces itself and its space; repeated as its heartbeat.
     RegisterServer = 116: RegisterServerReq => (), idempotent = true, data = false;
+    /// readdir with every entry's attributes (FUSE readdirplus, NFS READDIRPLUS): one round trip instead of a
+    /// lookup per entry. At most `READDIRPLUS_ENTRIES_MAX` entries per page.
+    ReaddirPlus = 117: ReaddirReq => ReaddirPlusResp, idempotent = true, data = false;
+    /// Commit that also returns the attributes it found (NFS "weak cache consistency"): a client whose cached
+    /// view equals the pre-commit attributes knows nobody else committed since, and may keep its cached pages.
+    CommitWcc = 118: CommitReq => CommitWccResp, idempotent = false, data = false;
 
     /// Read `len` bytes of an object; the reply's data payload is exactly `len` bytes (zeros past the object's end).
     Read = 200: ReadReq => (), idempotent = true, data = false;
@@ -228,6 +234,22 @@ pub struct ReaddirResp {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitWccResp {
+    /// mtime and size just before this commit.
+    pub pre_mtime_ns: i64,
+    pub pre_size: u64,
+    /// The attributes after it.
+    pub attr: Attr,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReaddirPlusResp {
+    /// Each entry's name with its inode's attributes, in name order.
+    pub entries: Vec<(String, Attr)>,
+    pub eof: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetLayoutReq {
     pub ino: u64,
     /// A policy: `servers` empty, `stripe_count` 0 meaning every server.
@@ -307,6 +329,8 @@ mod tests {
         assert_eq!(Op::Null as u16, 1);
         assert_eq!(Op::Lookup as u16, 100);
         assert_eq!(Op::RegisterServer as u16, 116);
+        assert_eq!(Op::ReaddirPlus as u16, 117);
+        assert_eq!(Op::CommitWcc as u16, 118);
         assert_eq!(Op::Read as u16, 200);
         assert_eq!(Op::SpaceStat as u16, 204);
         assert_eq!(Op::Fsync as u16, 205);

@@ -17,6 +17,9 @@ pub const SYMLINK_BYTES_MAX: usize = 4096;
 pub const OBJECT_BYTES_MAX: u64 = 1 << 44;
 /// Most entries one readdir reply may carry.
 pub const READDIR_ENTRIES_MAX: u32 = 4096;
+/// Most entries in one readdirplus page: each carries a full [`Attr`] (layout included), so pages stay well under
+/// the frame's body limit.
+pub const READDIRPLUS_ENTRIES_MAX: u32 = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FileKind {

@@ -163,6 +163,9 @@ pub async fn mount_daemon(spec: &str, dir: &Path, args: &crate::MountArgs, log: 
     if args.direct_io {
         cmd.arg("--direct-io");
     }
+    if args.writeback_cache {
+        cmd.arg("--writeback-cache");
+    }
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::from(log_file))

@@ -49,6 +49,11 @@ pub struct MountArgs {
     /// Kernel readahead window of the mount, in KiB (set through sysfs; needs root).
     #[arg(long, default_value_t = 4096)]
     pub readahead_kib: u32,
+    /// Let the kernel cache writes and send them in large batches (FUSE writeback cache). Faster small writes,
+    /// but the kernel then trusts its own file sizes over the cluster's: a file grown by another client is not
+    /// seen at its new size here until this mount forgets the inode. For one client per file set only.
+    #[arg(long)]
+    pub writeback_cache: bool,
 }
 
 impl MountArgs {
@@ -61,6 +66,7 @@ impl MountArgs {
             allow_other: false,
             direct_io: false,
             readahead_kib: 4096,
+            writeback_cache: false,
         }
     }
 
@@ -72,6 +78,7 @@ impl MountArgs {
             allow_other: self.allow_other,
             direct_io: self.direct_io,
             max_readahead_bytes: self.readahead_kib.saturating_mul(1024),
+            writeback_cache: self.writeback_cache,
             ..weft_fuse::MountOptions::default()
         }
     }

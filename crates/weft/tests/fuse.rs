@@ -444,3 +444,280 @@ async fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
     });
     assert!(gone, "the daemon exits after umount");
 }
+
+/// utimensat(2) on `p` with raw timespecs (UTIME_NOW / UTIME_OMIT allowed); its errno (0 on success).
+fn utimensat(p: &Path, atime: libc::timespec, mtime: libc::timespec) -> i32 {
+    let c = cpath(p);
+    let times = [atime, mtime];
+    // SAFETY: a NUL-terminated path and a two-element timespec array, both outliving the call.
+    #[allow(unsafe_code)]
+    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) };
+    if rc == 0 { 0 } else { std::io::Error::last_os_error().raw_os_error().unwrap() }
+}
+
+fn ts(sec: i64, nsec: i64) -> libc::timespec {
+    libc::timespec { tv_sec: sec, tv_nsec: nsec }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn setattr_combinations_and_rename_errors() {
+    let cl = start("fuse-setattr", 2).await;
+    let m = Mount::start(&cl, &test_dir("fuse-setattr-mnt"), &["--attr-timeout-ms", "0"]);
+    tokio::task::spawn_blocking(move || {
+        let f = m.path("f");
+        std::fs::write(&f, b"0123456789").unwrap();
+
+        // utimens: explicit times, then UTIME_OMIT keeps one, UTIME_NOW sets the other to the present.
+        assert_eq!(utimensat(&f, ts(1_000, 5), ts(2_000, 7)), 0);
+        let md = std::fs::metadata(&f).unwrap();
+        assert_eq!((md.atime(), md.atime_nsec(), md.mtime(), md.mtime_nsec()), (1_000, 5, 2_000, 7));
+        let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        assert_eq!(utimensat(&f, ts(0, libc::UTIME_OMIT), ts(0, libc::UTIME_NOW)), 0);
+        let md = std::fs::metadata(&f).unwrap();
+        assert_eq!((md.atime(), md.atime_nsec()), (1_000, 5), "UTIME_OMIT leaves atime alone");
+        assert!(md.mtime() >= before, "UTIME_NOW sets mtime to now: {} < {before}", md.mtime());
+        assert_eq!(utimensat(&f, ts(0, libc::UTIME_NOW), ts(0, libc::UTIME_OMIT)), 0);
+        let md2 = std::fs::metadata(&f).unwrap();
+        assert!(md2.atime() >= before);
+        assert_eq!((md2.mtime(), md2.mtime_nsec()), (md.mtime(), md.mtime_nsec()), "UTIME_OMIT leaves mtime alone");
+        assert_eq!(utimensat(&f, ts(0, 1_000_000_000), ts(0, 0)), libc::EINVAL, "nanoseconds out of range");
+
+        // chown (root may give files away), chmod keeps the file type, and ctime moves on each.
+        std::os::unix::fs::chown(&f, Some(65534), Some(65534)).unwrap();
+        let md = std::fs::metadata(&f).unwrap();
+        assert_eq!((md.uid(), md.gid()), (65534, 65534));
+        std::os::unix::fs::chown(&f, None, Some(0)).unwrap();
+        assert_eq!(std::fs::metadata(&f).unwrap().gid(), 0);
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o4751)).unwrap();
+        let md = std::fs::metadata(&f).unwrap();
+        assert_eq!(md.mode(), libc::S_IFREG | 0o4751);
+
+        // truncate by path while another handle is open: the open handle sees the new size and zeros.
+        let mut open = std::fs::File::open(&f).unwrap();
+        let t = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+        t.set_len(4).unwrap();
+        drop(t);
+        let mut got = Vec::new();
+        open.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"0123");
+        std::fs::OpenOptions::new().write(true).open(&f).unwrap().set_len(8).unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"0123\0\0\0\0");
+
+        // A file removed while open stays readable through its handle.
+        std::fs::write(m.path("doomed"), b"still here").unwrap();
+        let mut h = std::fs::File::open(m.path("doomed")).unwrap();
+        std::fs::remove_file(m.path("doomed")).unwrap();
+        assert_eq!(errno(std::fs::metadata(m.path("doomed"))), libc::ENOENT);
+        let mut s = String::new();
+        h.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "still here");
+
+        // rename's errors: a directory over a file, a file over a directory, over a non-empty directory, a
+        // missing source, into a missing directory.
+        std::fs::create_dir(m.path("d")).unwrap();
+        std::fs::create_dir(m.path("full")).unwrap();
+        std::fs::write(m.path("full/x"), b"x").unwrap();
+        std::fs::create_dir(m.path("empty")).unwrap();
+        assert_eq!(errno(std::fs::rename(m.path("d"), &f)), libc::ENOTDIR);
+        assert_eq!(errno(std::fs::rename(&f, m.path("d"))), libc::EISDIR);
+        assert_eq!(errno(std::fs::rename(m.path("d"), m.path("full"))), libc::ENOTEMPTY);
+        assert_eq!(errno(std::fs::rename(m.path("nope"), m.path("d/nope"))), libc::ENOENT);
+        assert_eq!(errno(std::fs::rename(&f, m.path("nodir/f"))), libc::ENOENT);
+        // A directory replaces an empty one; a file replaces a file; renaming onto itself is a no-op.
+        std::fs::rename(m.path("d"), m.path("empty")).unwrap();
+        assert!(std::fs::metadata(m.path("empty")).unwrap().is_dir());
+        assert_eq!(errno(std::fs::metadata(m.path("d"))), libc::ENOENT);
+        std::fs::rename(&f, &f).unwrap();
+        assert_eq!(std::fs::read(&f).unwrap().len(), 8);
+        // Directory link counts follow subdirectories.
+        assert_eq!(std::fs::metadata(m.path("full")).unwrap().nlink(), 2);
+        std::fs::create_dir(m.path("full/sub")).unwrap();
+        assert_eq!(std::fs::metadata(m.path("full")).unwrap().nlink(), 3);
+        // Long names: 255 bytes is fine for every entry-making call, 256 is ENAMETOOLONG.
+        let long = "L".repeat(256);
+        assert_eq!(errno(std::fs::create_dir(m.path(&long))), libc::ENAMETOOLONG);
+        assert_eq!(errno(std::os::unix::fs::symlink("x", m.path(&long))), libc::ENAMETOOLONG);
+        assert_eq!(errno(std::fs::hard_link(&f, m.path(&long))), libc::ENAMETOOLONG);
+        assert_eq!(errno(std::fs::rename(&f, m.path(&long))), libc::ENAMETOOLONG);
+        assert_eq!(mknod(&m.path(&long), libc::S_IFREG | 0o644), libc::ENAMETOOLONG);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readdir_offsets_stay_stable_and_readdirplus_brings_attributes() {
+    let cl = start("fuse-readdir", 2).await;
+    let a = Mount::start(&cl, &test_dir("fuse-readdir-a"), &[]);
+    let b = Mount::start(&cl, &test_dir("fuse-readdir-b"), &["--entry-timeout-ms", "0", "--attr-timeout-ms", "0"]);
+    tokio::task::spawn_blocking(move || {
+        std::fs::create_dir(a.path("d")).unwrap();
+        let n = 2500;
+        for i in 0..n {
+            std::fs::write(a.path(&format!("d/f{i:05}")), vec![b'x'; i % 7]).unwrap();
+        }
+        // The directory's listing with attributes (readdirplus, as `ls -l` asks) matches stat of each name.
+        let listed = sh(&format!("ls -ln --time-style=+%s {}", b.path("d").display()));
+        let lines: Vec<&str> = listed.lines().skip(1).collect();
+        assert_eq!(lines.len(), n);
+        for (i, line) in lines.iter().enumerate() {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(cols[4].parse::<usize>().unwrap(), i % 7, "size in `ls -l`: {line}");
+            assert_eq!(cols.last().unwrap(), &format!("f{i:05}"));
+        }
+
+        // A handle's offsets survive concurrent changes: read part of the listing, then entries behind and
+        // ahead of the cursor are removed and added; the rest of the listing has no duplicates, and every entry
+        // present throughout is listed exactly once.
+        let dir = cpath(&b.path("d"));
+        // SAFETY: a NUL-terminated path; the DIR* is used only here and closed below.
+        #[allow(unsafe_code)]
+        let dp = unsafe { libc::opendir(dir.as_ptr()) };
+        assert!(!dp.is_null());
+        let next = || -> Option<(String, i64)> {
+            // SAFETY: `dp` is an open DIR*; the entry is copied out before the next call.
+            #[allow(unsafe_code)]
+            unsafe {
+                let e = libc::readdir(dp);
+                if e.is_null() {
+                    return None;
+                }
+                let name = std::ffi::CStr::from_ptr((*e).d_name.as_ptr()).to_string_lossy().into_owned();
+                Some((name, libc::telldir(dp)))
+            }
+        };
+        let mut seen = Vec::new();
+        let mut mark = 0;
+        for k in 0..1000 {
+            let (name, off) = next().unwrap();
+            if k == 500 {
+                mark = off;
+            }
+            seen.push(name);
+        }
+        for i in (0..400).step_by(2) {
+            std::fs::remove_file(a.path(&format!("d/f{i:05}"))).unwrap();
+        }
+        for i in (2000..2400).step_by(2) {
+            std::fs::remove_file(a.path(&format!("d/f{i:05}"))).unwrap();
+        }
+        std::fs::write(a.path("d/zz-new"), b"").unwrap();
+        while let Some((name, _)) = next() {
+            seen.push(name);
+        }
+        let mut dedup = seen.clone();
+        dedup.sort();
+        dedup.dedup();
+        assert_eq!(dedup.len(), seen.len(), "no entry listed twice");
+        for i in 0..n {
+            let name = format!("f{i:05}");
+            let stable = !(i < 400 && i % 2 == 0) && !((2000..2400).contains(&i) && i % 2 == 0);
+            if stable {
+                assert!(seen.contains(&name), "{name} was present all along but not listed");
+            }
+        }
+        // seekdir back to a remembered offset resumes at the same entry.
+        let after_mark = seen[501].clone();
+        // SAFETY: `dp` is an open DIR* and `mark` an offset telldir returned for it.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::seekdir(dp, mark)
+        };
+        assert_eq!(next().unwrap().0, after_mark);
+        // SAFETY: `dp` is open and not used after this.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::closedir(dp)
+        };
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cached_pages_are_kept_only_while_the_file_is_unchanged() {
+    let cl = start("fuse-cache", 2).await;
+    let a = Mount::start(&cl, &test_dir("fuse-cache-a"), &[]);
+    let b = Mount::start(&cl, &test_dir("fuse-cache-b"), &["--entry-timeout-ms", "0", "--attr-timeout-ms", "0"]);
+    tokio::task::spawn_blocking(move || {
+        let data = pattern(3, 0, 3_000_000);
+        std::fs::write(a.path("f"), &data).unwrap();
+        // B reads the file twice: the second open keeps the pages (same bytes either way).
+        assert_eq!(std::fs::read(b.path("f")).unwrap(), data);
+        assert_eq!(std::fs::read(b.path("f")).unwrap(), data);
+        // A overwrites a range in place (same size) and closes: B's next open must drop its cached pages.
+        let mut w = std::fs::OpenOptions::new().write(true).open(a.path("f")).unwrap();
+        w.seek(SeekFrom::Start(1_000_000)).unwrap();
+        w.write_all(&[0xEE; 70_000]).unwrap();
+        drop(w);
+        let mut want = data.clone();
+        want[1_000_000..1_070_000].fill(0xEE);
+        assert_eq!(std::fs::read(b.path("f")).unwrap(), want, "B must not serve its stale pages");
+        // B writes, closes, reopens: its own writes are there; A sees them too.
+        let mut w = std::fs::OpenOptions::new().write(true).open(b.path("f")).unwrap();
+        w.write_all(b"from b").unwrap();
+        drop(w);
+        want[..6].copy_from_slice(b"from b");
+        assert_eq!(std::fs::read(b.path("f")).unwrap(), want);
+        assert_eq!(std::fs::read(a.path("f")).unwrap(), want);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writeback_cache_mount_keeps_data_and_sizes_right() {
+    let cl = start("fuse-wb", 2).await;
+    let a = Mount::start(&cl, &test_dir("fuse-wb-a"), &["--writeback-cache"]);
+    let b = Mount::start(&cl, &test_dir("fuse-wb-b"), &["--entry-timeout-ms", "0", "--attr-timeout-ms", "0"]);
+    tokio::task::spawn_blocking(move || {
+        // Many small unaligned writes, which the kernel gathers into pages and flushes at close.
+        let mut want = Vec::new();
+        let mut f = std::fs::File::create(a.path("small")).unwrap();
+        for i in 0..5000u32 {
+            let chunk = format!("record {i:05} {}\n", "x".repeat((i % 13) as usize));
+            f.write_all(chunk.as_bytes()).unwrap();
+            want.extend_from_slice(chunk.as_bytes());
+        }
+        // Overwrite inside a page written earlier, then read through the same handle before close.
+        f.seek(SeekFrom::Start(10)).unwrap();
+        f.write_all(b"PATCH").unwrap();
+        want[10..15].copy_from_slice(b"PATCH");
+        drop(f);
+        assert_eq!(std::fs::read(a.path("small")).unwrap(), want);
+        // Closed in A: another mount reads every byte (close flushed the cached writes first).
+        assert_eq!(std::fs::read(b.path("small")).unwrap(), want);
+        assert_eq!(std::fs::metadata(b.path("small")).unwrap().len(), want.len() as u64);
+
+        // O_APPEND, truncate down and up, and a write past the end leaving a hole.
+        let mut ap = std::fs::OpenOptions::new().append(true).open(a.path("small")).unwrap();
+        ap.write_all(b"tail").unwrap();
+        drop(ap);
+        want.extend_from_slice(b"tail");
+        assert_eq!(std::fs::read(b.path("small")).unwrap(), want);
+        let t = std::fs::OpenOptions::new().write(true).open(a.path("small")).unwrap();
+        t.set_len(100).unwrap();
+        t.set_len(200).unwrap();
+        drop(t);
+        let back = std::fs::read(b.path("small")).unwrap();
+        assert_eq!(back.len(), 200);
+        assert_eq!(&back[..100], &want[..100]);
+        assert!(back[100..].iter().all(|&x| x == 0));
+        let mut h = std::fs::File::create(a.path("holey")).unwrap();
+        h.seek(SeekFrom::Start(3_000_000)).unwrap();
+        h.write_all(b"end").unwrap();
+        h.sync_all().unwrap();
+        drop(h);
+        let back = std::fs::read(b.path("holey")).unwrap();
+        assert_eq!(back.len(), 3_000_003);
+        assert!(back[..3_000_000].iter().all(|&x| x == 0));
+        // fio's own verification of random 4 KiB writes through the writeback cache.
+        sh(&format!(
+            "cd {} && fio --name=wb --rw=randwrite --bs=4k --size=16M --verify=crc32c --do_verify=1 \
+             --ioengine=psync --fallocate=none --output=/dev/null",
+            a.dir.display()
+        ));
+    })
+    .await
+    .unwrap();
+}

@@ -415,6 +415,58 @@ fn symlinks() {
 }
 
 #[test]
+fn readdir_plus_pages_carry_each_entrys_attributes() {
+    let (ns, _) = mem_ns();
+    let d = mkdir(&ns, ROOT_INO, "d").unwrap();
+    let sub = mkdir(&ns, d.ino, "a-dir").unwrap();
+    let f = create(&ns, d.ino, "b-file").unwrap();
+    commit(&ns, f.ino, 4242, 7).unwrap();
+    let l = link(&ns, f.ino, d.ino, "c-link").unwrap();
+    let plus = |after: &str, limit: u32| match ns
+        .execute(&Request::ReaddirPlus(ReaddirReq { ino: d.ino, after: after.into(), limit }))
+        .unwrap()
+    {
+        Response::ReaddirPlus(p) => p,
+        other => panic!("{other:?}"),
+    };
+    let p1 = plus("", 2);
+    assert!(!p1.eof);
+    let names: Vec<_> = p1.entries.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a-dir", "b-file"]);
+    assert_eq!(p1.entries[0].1.ino, sub.ino);
+    assert_eq!(p1.entries[0].1.kind, FileKind::Dir);
+    // The attributes are the inode's current ones (committed size, both links counted), not the entry's kind only.
+    assert_eq!(p1.entries[1].1.size, 4242);
+    assert_eq!(p1.entries[1].1.nlink, 2);
+    let p2 = plus("b-file", 0);
+    assert!(p2.eof);
+    assert_eq!(p2.entries.len(), 1);
+    assert_eq!(p2.entries[0].0, "c-link");
+    assert_eq!(p2.entries[0].1.ino, l.ino);
+    // Not a directory: the same errors as readdir.
+    let e = ns.execute(&Request::ReaddirPlus(ReaddirReq { ino: f.ino, after: String::new(), limit: 0 })).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotDir);
+}
+
+#[test]
+fn commit_wcc_reports_the_attributes_it_replaced() {
+    let (ns, _) = mem_ns();
+    let f = create(&ns, ROOT_INO, "f").unwrap();
+    let wcc = |size, mtime_ns| match ns.execute(&Request::CommitWcc(CommitReq { ino: f.ino, size, mtime_ns })).unwrap()
+    {
+        Response::CommitWcc(w) => w,
+        other => panic!("{other:?}"),
+    };
+    let w1 = wcc(100, T0 + 50);
+    assert_eq!((w1.pre_mtime_ns, w1.pre_size), (f.mtime_ns, 0));
+    assert_eq!((w1.attr.mtime_ns, w1.attr.size), (T0 + 50, 100));
+    // The next commit's "before" is the previous commit's "after"; sizes never shrink by a commit.
+    let w2 = wcc(10, T0 + 60);
+    assert_eq!((w2.pre_mtime_ns, w2.pre_size), (T0 + 50, 100));
+    assert_eq!((w2.attr.mtime_ns, w2.attr.size), (T0 + 60, 100));
+}
+
+#[test]
 fn readdir_pages_by_name() {
     let (ns, _) = mem_ns();
     let d = mkdir(&ns, ROOT_INO, "d").unwrap();
