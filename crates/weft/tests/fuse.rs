@@ -329,6 +329,10 @@ async fn permissions_follow_uid_gid_and_mode() {
         std::fs::set_permissions(m.path("public"), std::fs::Permissions::from_mode(0o644)).unwrap();
 
         assert!(!as_nobody(&format!("cat {mnt}/secret")), "mode 0600 of root refuses others");
+        // access(2) (test -r/-w/-x) answers from the same mode bits.
+        assert!(!as_nobody(&format!("test -r {mnt}/secret")), "access(R_OK) is EACCES");
+        assert!(as_nobody(&format!("test -r {mnt}/public && ! test -w {mnt}/public && ! test -x {mnt}/public")));
+        assert!(as_nobody(&format!("test -x {mnt} && ! test -w {mnt}")));
         assert!(as_nobody(&format!("cat {mnt}/public")));
         assert!(!as_nobody(&format!("echo x >> {mnt}/public")), "no write bit for others");
         assert!(!as_nobody(&format!("touch {mnt}/new")), "the root directory is 0755 root");
