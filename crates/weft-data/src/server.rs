@@ -63,6 +63,10 @@ fn default_sessions_max() -> u32 {
     1024
 }
 
+/// Reads and writes up to this size run on the runtime worker that received them, without a mapping or a
+/// hand-off to the blocking pool (see `DataService::call`).
+pub const INLINE_IO_BYTES_MAX: u32 = 64 << 10;
+
 pub struct DataService {
     store: Arc<ObjectStore>,
     /// Reads served from mappings in flight at once: each pins its pages and a mapping until its reply is sent.
@@ -104,7 +108,16 @@ impl Service for DataService {
                         format!("read of {} bytes exceeds the transfer unit of {}", r.len, ctx.pool.buf_bytes()),
                     ));
                 }
-                // Common case, a range inside the object: verified and sent straight from the page cache.
+                if r.len <= INLINE_IO_BYTES_MAX {
+                    // Small reads (random I/O) are read into a pool buffer right here: mapping a few pages costs
+                    // more (mmap, populate, munmap and its TLB shootdown) than copying them, and a hand-off to the
+                    // blocking pool costs two thread wake-ups, more than a page-cache read. A cache miss holds
+                    // this worker for one small disk read.
+                    let mut buf = ctx.pool.acquire(r.len as usize).await;
+                    store.read(r.ino, r.offset, buf.as_mut_slice()).map_err(WireError::from)?;
+                    return Ok(Reply { resp: Response::Read(()), data: Some(Box::new(buf)) });
+                }
+                // Larger ranges inside the object: verified and sent straight from the page cache.
                 let permit = self.mapped_reads.clone().acquire_owned().await.expect("never closed");
                 let mapped = {
                     let store = store.clone();
@@ -133,10 +146,15 @@ impl Service for DataService {
             Request::Write(w) => {
                 let buf = data.ok_or_else(|| WireError::new(ErrorCode::BadRequest, "write without a payload"))?;
                 let n = buf.len() as u32;
-                tokio::task::spawn_blocking(move || store.write(w.ino, w.offset, buf.as_slice()))
-                    .await
-                    .map_err(join_error)?
-                    .map_err(WireError::from)?;
+                if n <= INLINE_IO_BYTES_MAX {
+                    // As small reads: a page-cache write takes less than the hand-off to the blocking pool.
+                    store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)?;
+                } else {
+                    tokio::task::spawn_blocking(move || store.write(w.ino, w.offset, buf.as_slice()))
+                        .await
+                        .map_err(join_error)?
+                        .map_err(WireError::from)?;
+                }
                 Ok(Response::Write(n).into())
             }
             Request::Truncate(t) => {

@@ -100,6 +100,9 @@ struct Inner {
     validators: Mutex<HashMap<u64, (i64, u64)>>,
 }
 
+/// Reads and writes up to this size are served on the FUSE thread that received them (see `read`).
+const INLINE_IO_BYTES_MAX: u32 = 64 << 10;
+
 /// Most page cache validators a mount keeps.
 const VALIDATORS_MAX: usize = 65_536;
 
@@ -500,12 +503,20 @@ impl Filesystem for WeftFs {
         let Some(f) = self.inner.handles.file(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |_| async move {
+        let read = async move {
             match f.read_at(offset, BytesMut::zeroed(size as usize)).await {
                 Ok(buf) => reply.data(&buf),
                 Err(e) => reply.error(errno(&e)),
             }
-        });
+        };
+        if size <= INLINE_IO_BYTES_MAX {
+            // Small reads (random I/O) run on this FUSE thread: handing them to a runtime worker costs two thread
+            // wake-ups per read, more than the read itself. The kernel keeps one such read per FUSE thread.
+            self.inner.rt.block_on(read);
+        } else {
+            // Large reads (readahead) are spawned, so one thread keeps many in flight to different servers.
+            self.inner.rt.spawn(read);
+        }
     }
 
     fn write(
@@ -529,12 +540,18 @@ impl Filesystem for WeftFs {
         // fuser lends the kernel's buffer only for this call: the one copy of a FUSE write (see ARCHITECTURE.md).
         tracing::trace!(offset, len, "write");
         let data = Bytes::copy_from_slice(data);
-        self.spawn(move |_| async move {
+        let write = async move {
             match f.write_at(offset, data).await {
                 Ok(()) => reply.written(len),
                 Err(e) => reply.error(errno(&e)),
             }
-        });
+        };
+        if len <= INLINE_IO_BYTES_MAX {
+            // As small reads: served on this FUSE thread, without two hand-offs to and from a runtime worker.
+            self.inner.rt.block_on(write);
+        } else {
+            self.inner.rt.spawn(write);
+        }
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
