@@ -160,6 +160,19 @@ impl Client {
         Ok(meta_call!(self, Create(CreateReq { parent, name: name.into(), mode, uid, gid, exclusive })))
     }
 
+    /// A FIFO, socket or device node in `parent`, owned by `owner` (uid, gid).
+    pub async fn mknod_as(
+        &self,
+        parent: u64,
+        name: &str,
+        kind: weft_proto::FileKind,
+        mode: u32,
+        (uid, gid): (u32, u32),
+        rdev: u32,
+    ) -> Result<Attr, ClientError> {
+        Ok(meta_call!(self, Mknod(MknodReq { parent, name: name.into(), kind, mode, uid, gid, rdev })))
+    }
+
     pub async fn mkdir(&self, parent: u64, name: &str, mode: u32) -> Result<Attr, ClientError> {
         self.mkdir_as(parent, name, mode, ids()).await
     }

@@ -13,6 +13,10 @@ pub(crate) fn file_type(k: FileKind) -> FileType {
         FileKind::File => FileType::RegularFile,
         FileKind::Dir => FileType::Directory,
         FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
     }
 }
 
@@ -38,7 +42,7 @@ pub(crate) fn file_attr(a: &Attr) -> FileAttr {
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: 0,
+        rdev: a.rdev,
         blksize: BLKSIZE_BYTES,
         flags: 0,
     }
@@ -62,6 +66,7 @@ mod tests {
             mtime_ns: 1_000_000_001,
             ctime_ns: 0,
             layout: None,
+            rdev: 0,
         };
         let f = file_attr(&a);
         assert_eq!((f.ino, f.kind, f.perm, f.blocks), (INodeNo(7), FileType::Symlink, 0o4755, 2));

@@ -347,27 +347,27 @@ impl Filesystem for WeftFs {
         });
     }
 
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            // Devices, FIFOs and sockets have no place in a striped data store.
-            return reply.error(Errno::EPERM);
-        }
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        // FIFOs, sockets and device nodes are metadata only: their I/O is served by the kernel, never by Weft.
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => None,
+            libc::S_IFIFO => Some(FileKind::Fifo),
+            libc::S_IFSOCK => Some(FileKind::Socket),
+            libc::S_IFCHR => Some(FileKind::CharDev),
+            libc::S_IFBLK => Some(FileKind::BlockDev),
+            _ => return reply.error(Errno::EINVAL),
+        };
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
         let owner = (req.uid(), req.gid());
+        let perm = mode & !umask & 0o7777;
         self.spawn(move |i| async move {
-            let r = i.client.create_as(parent.0, &name, mode & !umask & 0o7777, owner, true).await;
+            let r = match kind {
+                None => i.client.create_as(parent.0, &name, perm, owner, true).await,
+                Some(k) => i.client.mknod_as(parent.0, &name, k, perm, owner, rdev).await,
+            };
             i.reply_entry(reply, r);
         });
     }

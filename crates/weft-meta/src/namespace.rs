@@ -23,8 +23,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES;
 use weft_proto::msg::{
-    CommitReq, CommitWccResp, CreateReq, LinkReq, MkdirReq, RENAME_NOREPLACE, ReaddirPlusResp, ReaddirReq, ReaddirResp,
-    RegisterServerReq, RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
+    CommitReq, CommitWccResp, CreateReq, LinkReq, MkdirReq, MknodReq, RENAME_NOREPLACE, ReaddirPlusResp, ReaddirReq,
+    ReaddirResp, RegisterServerReq, RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
 };
 use weft_proto::{
     Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, READDIRPLUS_ENTRIES_MAX,
@@ -96,6 +96,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                         parent: ROOT_INO,
                         layout: Some(default_policy()),
                         target: String::new(),
+                        rdev: 0,
                     })?;
                 }
                 Ok::<_, MetaError>(())
@@ -130,6 +131,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             Request::Unlink(r) => self.store.write(|t| unlink(t, r.parent, &r.name, now)).map(Response::Unlink),
             Request::Rename(r) => self.store.write(|t| rename(t, r, now)).map(Response::Rename),
             Request::Symlink(r) => self.store.write(|t| symlink(t, r, now)).map(Response::Symlink),
+            Request::Mknod(r) => self.store.write(|t| mknod(t, r, now)).map(Response::Mknod),
             Request::Readlink(r) => self.store.read(|t| readlink(t, r.ino)).map(Response::Readlink),
             Request::Link(r) => self.store.write(|t| link(t, r, now)).map(Response::Link),
             Request::Readdir(r) => self.store.read(|t| readdir(t, r)).map(Response::Readdir),
@@ -322,8 +324,21 @@ fn new_inode(ino: u64, kind: FileKind, mode: u32, uid: u32, gid: u32, now: i64) 
         parent: 0,
         layout: None,
         target: String::new(),
+        rdev: 0,
     }
 }
+
+/// The group and mode bits a new entry in `parent` gets: in a set-group-ID directory, the directory's group, and
+/// new subdirectories keep the bit (BSD semantics, as Linux file systems do).
+fn inherit(parent: &Inode, kind: FileKind, mode: u32, gid: u32) -> (u32, u32) {
+    if parent.mode & SET_GID == 0 {
+        return (mode, gid);
+    }
+    let mode = if kind == FileKind::Dir { mode | SET_GID } else { mode };
+    (mode, parent.gid)
+}
+
+const SET_GID: u32 = 0o2000;
 
 // ---- ops (each runs inside one transaction) -----------------------------------------------------------------
 
@@ -346,8 +361,8 @@ fn set_attr(t: &mut dyn MetaTxn, r: &SetAttrReq, now: i64) -> Result<Attr, WireE
             FileKind::Dir => {
                 return Err(werr(ErrorCode::IsDir, format!("inode {} is a directory", r.ino)));
             }
-            FileKind::Symlink => {
-                return Err(werr(ErrorCode::Invalid, format!("inode {} is a symlink: it has no size to set", r.ino)));
+            k @ (FileKind::Symlink | FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev) => {
+                return Err(werr(ErrorCode::Invalid, format!("inode {} is a {k:?}: it has no size to set", r.ino)));
             }
             FileKind::File => {
                 if size != i.size {
@@ -389,16 +404,17 @@ fn create(t: &mut dyn MetaTxn, r: &CreateReq, now: i64) -> Result<Attr, WireErro
         return match kind {
             FileKind::File => Ok(load_entry(t, r.parent, &r.name, ino)?.attr()),
             FileKind::Dir => Err(werr(ErrorCode::IsDir, format!("{:?} is a directory", r.name))),
-            FileKind::Symlink => Err(werr(ErrorCode::Exists, format!("{:?} exists and is a symlink", r.name))),
+            other => Err(werr(ErrorCode::Exists, format!("{:?} exists and is a {other:?}", r.name))),
         };
     }
     let servers = t.list_servers()?;
     if servers.is_empty() {
         return Err(werr(ErrorCode::NoServers, format!("cannot create {:?}: no data server is registered", r.name)));
     }
+    let (mode, gid) = inherit(&parent, FileKind::File, r.mode, r.gid);
     let policy = parent.layout.unwrap_or_else(default_policy);
     let ino = t.next_ino()?;
-    let mut inode = new_inode(ino, FileKind::File, r.mode, r.uid, r.gid, now);
+    let mut inode = new_inode(ino, FileKind::File, mode, r.uid, gid, now);
     inode.layout = Some(assign_layout(&policy, ino, &servers)?);
     t.put_inode(&inode)?;
     t.put_dirent(r.parent, &r.name, ino, FileKind::File)?;
@@ -413,7 +429,8 @@ fn mkdir(t: &mut dyn MetaTxn, r: &MkdirReq, now: i64) -> Result<Attr, WireError>
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
     }
     let ino = t.next_ino()?;
-    let mut inode = new_inode(ino, FileKind::Dir, r.mode, r.uid, r.gid, now);
+    let (mode, gid) = inherit(&parent, FileKind::Dir, r.mode, r.gid);
+    let mut inode = new_inode(ino, FileKind::Dir, mode, r.uid, gid, now);
     inode.nlink = 2;
     inode.parent = r.parent;
     inode.layout = Some(parent.layout.unwrap_or_else(default_policy));
@@ -473,6 +490,28 @@ fn link(t: &mut dyn MetaTxn, r: &LinkReq, now: i64) -> Result<Attr, WireError> {
     Ok(inode.attr())
 }
 
+/// A FIFO, socket or device node: an inode and an entry, nothing on the data servers.
+fn mknod(t: &mut dyn MetaTxn, r: &MknodReq, now: i64) -> Result<Attr, WireError> {
+    check_name(&r.name)?;
+    if !r.kind.is_special() {
+        return Err(werr(ErrorCode::Invalid, format!("mknod makes special files only, not a {:?}", r.kind)));
+    }
+    let parent = load_dir(t, r.parent)?;
+    if t.get_dirent(r.parent, &r.name)?.is_some() {
+        return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
+    }
+    let ino = t.next_ino()?;
+    let (mode, gid) = inherit(&parent, r.kind, r.mode, r.gid);
+    let mut inode = new_inode(ino, r.kind, mode, r.uid, gid, now);
+    if matches!(r.kind, FileKind::CharDev | FileKind::BlockDev) {
+        inode.rdev = r.rdev;
+    }
+    t.put_inode(&inode)?;
+    t.put_dirent(r.parent, &r.name, ino, r.kind)?;
+    touch_dir(t, r.parent, 0, now)?;
+    Ok(inode.attr())
+}
+
 fn symlink(t: &mut dyn MetaTxn, r: &SymlinkReq, now: i64) -> Result<Attr, WireError> {
     check_name(&r.name)?;
     if r.target.is_empty() || r.target.contains('\0') {
@@ -484,12 +523,13 @@ fn symlink(t: &mut dyn MetaTxn, r: &SymlinkReq, now: i64) -> Result<Attr, WireEr
             format!("symlink target of {} bytes is longer than {SYMLINK_BYTES_MAX}", r.target.len()),
         ));
     }
-    load_dir(t, r.parent)?;
+    let parent = load_dir(t, r.parent)?;
     if t.get_dirent(r.parent, &r.name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
     }
     let ino = t.next_ino()?;
-    let mut inode = new_inode(ino, FileKind::Symlink, 0o777, r.uid, r.gid, now);
+    let (_, gid) = inherit(&parent, FileKind::Symlink, 0o777, r.gid);
+    let mut inode = new_inode(ino, FileKind::Symlink, 0o777, r.uid, gid, now);
     inode.size = r.target.len() as u64;
     inode.target = r.target.clone();
     t.put_inode(&inode)?;
@@ -560,8 +600,8 @@ fn commit(t: &mut dyn MetaTxn, r: &CommitReq) -> Result<((i64, u64), Attr), Wire
         FileKind::Dir => {
             return Err(werr(ErrorCode::IsDir, format!("inode {} is a directory", r.ino)));
         }
-        FileKind::Symlink => {
-            return Err(werr(ErrorCode::Invalid, format!("inode {} is a symlink", r.ino)));
+        k => {
+            return Err(werr(ErrorCode::Invalid, format!("inode {} is a {k:?}, not a regular file", r.ino)));
         }
     }
     i.size = i.size.max(r.size);

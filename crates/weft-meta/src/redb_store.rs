@@ -23,7 +23,9 @@ use redb::{
 use weft_proto::{FileKind, Layout, ROOT_INO};
 
 use crate::error::MetaError;
-use crate::store::{Inode, MetaStore, MetaTxn, decode_record, encode_record, kind_from_u8, kind_to_u8};
+use crate::store::{
+    Inode, MetaStore, MetaTxn, decode_inode, decode_record, encode_inode, encode_record, kind_from_u8, kind_to_u8,
+};
 
 const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 const DIRENTS: TableDefinition<(u64, &str), (u64, u8)> = TableDefinition::new("dirents");
@@ -224,7 +226,7 @@ fn get_inode(t: &impl ReadableTable<u64, &'static [u8]>, ino: u64) -> Result<Opt
     let Some(g) = t.get(ino)? else {
         return Ok(None);
     };
-    let inode: Inode = decode_record(&format!("inode {ino}"), g.value())?;
+    let inode = decode_inode(&format!("inode {ino}"), g.value())?;
     if inode.ino != ino {
         return Err(MetaError::Corrupt(format!("inode record {ino} says it is inode {}", inode.ino)));
     }
@@ -303,7 +305,7 @@ impl MetaTxn for WriteTxn<'_> {
     }
 
     fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
-        let bytes = encode_record(inode)?;
+        let bytes = encode_inode(inode)?;
         let existed = self.inodes.insert(inode.ino, bytes.as_slice())?.is_some();
         if !existed {
             self.add_inode_count(1)?;

@@ -121,6 +121,8 @@ messages! {
     /// Commit that also returns the attributes it found (NFS "weak cache consistency"): a client whose cached
     /// view equals the pre-commit attributes knows nobody else committed since, and may keep its cached pages.
     CommitWcc = 118: CommitReq => CommitWccResp, idempotent = false, data = false;
+    /// Create a FIFO, socket or device node (regular files use `Create`).
+    Mknod = 119: MknodReq => Attr, idempotent = false, data = false;
 
     /// Read `len` bytes of an object; the reply's data payload is exactly `len` bytes (zeros past the object's end).
     Read = 200: ReadReq => (), idempotent = true, data = false;
@@ -173,6 +175,18 @@ pub struct CreateReq {
     pub gid: u32,
     /// Fail with `Exists` if the name exists; otherwise an existing regular file is returned as it is.
     pub exclusive: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MknodReq {
+    pub parent: u64,
+    pub name: String,
+    /// One of the special kinds (`FileKind::is_special`).
+    pub kind: FileKind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -331,6 +345,7 @@ mod tests {
         assert_eq!(Op::RegisterServer as u16, 116);
         assert_eq!(Op::ReaddirPlus as u16, 117);
         assert_eq!(Op::CommitWcc as u16, 118);
+        assert_eq!(Op::Mknod as u16, 119);
         assert_eq!(Op::Read as u16, 200);
         assert_eq!(Op::SpaceStat as u16, 204);
         assert_eq!(Op::Fsync as u16, 205);

@@ -26,6 +26,18 @@ pub enum FileKind {
     File,
     Dir,
     Symlink,
+    /// Special files: metadata only (no objects, no layout); their I/O never reaches Weft.
+    Fifo,
+    Socket,
+    CharDev,
+    BlockDev,
+}
+
+impl FileKind {
+    /// FIFOs, sockets and device nodes.
+    pub fn is_special(self) -> bool {
+        matches!(self, FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +55,8 @@ pub struct Attr {
     pub ctime_ns: i64,
     /// Files: the layout fixed at create. Directories: the layout new children inherit, if one was set.
     pub layout: Option<Layout>,
+    /// Device nodes: the device number (Linux `dev_t` encoding). 0 otherwise.
+    pub rdev: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

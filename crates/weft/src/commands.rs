@@ -191,6 +191,10 @@ fn kind_char(k: FileKind) -> char {
         FileKind::Dir => 'd',
         FileKind::Symlink => 'l',
         FileKind::File => '-',
+        FileKind::Fifo => 'p',
+        FileKind::Socket => 's',
+        FileKind::CharDev => 'c',
+        FileKind::BlockDev => 'b',
     }
 }
 

@@ -212,10 +212,47 @@ async fn directories_links_renames_and_their_errors() {
         assert_eq!(std::fs::read_to_string(m.path("sym")).unwrap(), "0");
         assert_eq!(errno(std::fs::hard_link(m.path("e"), m.path("dirlink"))), libc::EPERM);
 
-        // mknod of a regular file works; of a FIFO it is refused.
+        // mknod of a regular file, a FIFO, a device node; a socket by bind(2). The special files are metadata
+        // only: a FIFO works as a pipe through the kernel, the device keeps its number.
+        use std::os::unix::fs::FileTypeExt;
         assert_eq!(mknod(&m.path("node"), libc::S_IFREG | 0o644), 0);
         assert!(std::fs::metadata(m.path("node")).unwrap().is_file());
-        assert_eq!(mknod(&m.path("fifo"), libc::S_IFIFO | 0o644), libc::EPERM);
+        assert_eq!(mknod(&m.path("node"), libc::S_IFIFO | 0o644), libc::EEXIST);
+        assert_eq!(mknod(&m.path("fifo"), libc::S_IFIFO | 0o640), 0);
+        let md = std::fs::symlink_metadata(m.path("fifo")).unwrap();
+        assert!(md.file_type().is_fifo());
+        assert_eq!(md.mode() & 0o7777, 0o640);
+        let fifo = m.path("fifo");
+        let writer = std::thread::spawn(move || std::fs::write(fifo, b"through the pipe").unwrap());
+        assert_eq!(std::fs::read(m.path("fifo")).unwrap(), b"through the pipe");
+        writer.join().unwrap();
+        let dev = libc::makedev(1, 3);
+        let c = cpath(&m.path("null"));
+        // SAFETY: a NUL-terminated path that outlives the call.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, dev) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        let md = std::fs::symlink_metadata(m.path("null")).unwrap();
+        assert!(md.file_type().is_char_device());
+        assert_eq!(md.rdev(), dev);
+        let sock = std::os::unix::net::UnixListener::bind(m.path("sock")).unwrap();
+        assert!(std::fs::symlink_metadata(m.path("sock")).unwrap().file_type().is_socket());
+        drop(sock);
+        assert_eq!(errno(std::fs::write(m.path("fifo/below"), b"x")), libc::ENOTDIR);
+        std::fs::remove_file(m.path("fifo")).unwrap();
+        std::fs::remove_file(m.path("null")).unwrap();
+        std::fs::remove_file(m.path("sock")).unwrap();
+
+        // A set-group-ID directory hands its group to new entries, and its bit to new subdirectories.
+        std::fs::create_dir(m.path("sgid")).unwrap();
+        std::os::unix::fs::chown(m.path("sgid"), None, Some(4242)).unwrap();
+        std::fs::set_permissions(m.path("sgid"), std::fs::Permissions::from_mode(0o2775)).unwrap();
+        std::fs::write(m.path("sgid/f"), b"").unwrap();
+        std::fs::create_dir(m.path("sgid/d")).unwrap();
+        assert_eq!(std::fs::metadata(m.path("sgid/f")).unwrap().gid(), 4242);
+        let d = std::fs::metadata(m.path("sgid/d")).unwrap();
+        assert_eq!((d.gid(), d.mode() & 0o2000), (4242, 0o2000));
+        std::fs::remove_dir_all(m.path("sgid")).unwrap();
 
         // Remove everything again.
         std::fs::remove_dir_all(m.path("d")).unwrap();

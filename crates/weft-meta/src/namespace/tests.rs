@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use weft_proto::msg::{
-    CommitReq, CreateReq, InoReq, LinkReq, LookupReq, MkdirReq, NameReq, RENAME_NOREPLACE, ReadReq, ReaddirReq,
-    ReaddirResp, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq, SetLayoutReq, SymlinkReq,
+    CommitReq, CreateReq, InoReq, LinkReq, LookupReq, MkdirReq, MknodReq, NameReq, RENAME_NOREPLACE, ReadReq,
+    ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq, SetLayoutReq, SymlinkReq,
 };
 use weft_proto::{
     Attr, ErrorCode, FileKind, Layout, ROOT_INO, Request, Response, ServerState, SetAttrs, SpaceStat, StatFs, TimeSet,
@@ -79,6 +79,7 @@ fn attr(r: Result<Response, WireError>) -> Result<Attr, WireError> {
         | Response::Create(a)
         | Response::Mkdir(a)
         | Response::Symlink(a)
+        | Response::Mknod(a)
         | Response::Link(a)
         | Response::SetLayout(a)
         | Response::Commit(a) => a,
@@ -464,6 +465,48 @@ fn commit_wcc_reports_the_attributes_it_replaced() {
     let w2 = wcc(10, T0 + 60);
     assert_eq!((w2.pre_mtime_ns, w2.pre_size), (T0 + 50, 100));
     assert_eq!((w2.attr.mtime_ns, w2.attr.size), (T0 + 60, 100));
+}
+
+fn mknod<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, kind: FileKind, rdev: u32) -> Result<Attr, WireError> {
+    let req = MknodReq { parent, name: name.into(), kind, mode: 0o640, uid: 5, gid: 6, rdev };
+    attr(ns.execute(&Request::Mknod(req)))
+}
+
+#[test]
+fn special_files_are_metadata_only() {
+    let (ns, _) = mem_ns();
+    let f = mknod(&ns, ROOT_INO, "fifo", FileKind::Fifo, 99).unwrap();
+    assert_eq!((f.kind, f.mode, f.uid, f.gid, f.rdev, f.layout), (FileKind::Fifo, 0o640, 5, 6, 0, None));
+    let c = mknod(&ns, ROOT_INO, "tty", FileKind::CharDev, 0x0501).unwrap();
+    assert_eq!((c.kind, c.rdev), (FileKind::CharDev, 0x0501));
+    assert_eq!(lookup(&ns, ROOT_INO, "tty").unwrap(), c);
+    assert_eq!(code(mknod(&ns, ROOT_INO, "tty", FileKind::Socket, 0)), ErrorCode::Exists);
+    assert_eq!(code(mknod(&ns, ROOT_INO, "file", FileKind::File, 0)), ErrorCode::Invalid);
+    assert_eq!(code(create_x(&ns, ROOT_INO, "fifo", false)), ErrorCode::Exists);
+    let set = SetAttrs { size: Some(0), ..Default::default() };
+    assert_eq!(code(setattr(&ns, f.ino, set)), ErrorCode::Invalid);
+    assert_eq!(code(commit(&ns, c.ino, 10, T0)), ErrorCode::Invalid);
+    // Removing them leaves nothing for the data servers to delete.
+    unlink(&ns, ROOT_INO, "fifo").unwrap();
+    unlink(&ns, ROOT_INO, "tty").unwrap();
+    let orphans = ns.store().read(|t| t.list_orphans(10)).unwrap();
+    assert!(orphans.is_empty(), "{orphans:?}");
+}
+
+#[test]
+fn set_group_id_directories_pass_on_their_group() {
+    let (ns, _) = mem_ns();
+    let d = mkdir(&ns, ROOT_INO, "d").unwrap();
+    setattr(&ns, d.ino, SetAttrs { mode: Some(0o2775), gid: Some(77), ..Default::default() }).unwrap();
+    let f = create(&ns, d.ino, "f").unwrap();
+    let sub = mkdir(&ns, d.ino, "sub").unwrap();
+    let l = symlink(&ns, d.ino, "l", "f").unwrap();
+    let n = mknod(&ns, d.ino, "n", FileKind::Fifo, 0).unwrap();
+    assert_eq!((f.gid, f.mode & 0o2000), (77, 0), "files take the group, not the bit");
+    assert_eq!((sub.gid, sub.mode & 0o2000), (77, 0o2000), "directories take both");
+    assert_eq!((l.gid, n.gid), (77, 77));
+    // Elsewhere the caller's group stays.
+    assert_ne!(create(&ns, ROOT_INO, "g").unwrap().gid, 77);
 }
 
 #[test]
