@@ -445,16 +445,22 @@ impl Filesystem for WeftFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.contains(RenameFlags::RENAME_EXCHANGE) || flags.contains(RenameFlags::RENAME_WHITEOUT) {
-            // The metadata service has no atomic exchange yet; refusing beats a non-atomic imitation.
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            // Whiteouts are for overlay file systems' upper layers; Weft is not one.
             return reply.error(Errno::EINVAL);
         }
         let (name, newname) = match (name_str(name), name_str(newname)) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
-        let wire_flags =
-            if flags.contains(RenameFlags::RENAME_NOREPLACE) { weft_proto::msg::RENAME_NOREPLACE } else { 0 };
+        let mut wire_flags = 0;
+        if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            wire_flags |= weft_proto::msg::RENAME_NOREPLACE;
+        }
+        if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            // Atomic at the metadata service: both entries swap in one transaction.
+            wire_flags |= weft_proto::msg::RENAME_EXCHANGE;
+        }
         self.spawn(move |i| async move {
             reply_empty(reply, i.client.rename(parent.0, &name, newparent.0, &newname, wire_flags).await)
         });

@@ -23,8 +23,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES;
 use weft_proto::msg::{
-    CommitReq, CommitWccResp, CreateReq, LinkReq, MkdirReq, MknodReq, RENAME_NOREPLACE, ReaddirPlusResp, ReaddirReq,
-    ReaddirResp, RegisterServerReq, RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
+    CommitReq, CommitWccResp, CreateReq, LinkReq, MkdirReq, MknodReq, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    ReaddirPlusResp, ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
 };
 use weft_proto::{
     Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, READDIRPLUS_ENTRIES_MAX,
@@ -611,14 +611,80 @@ fn commit(t: &mut dyn MetaTxn, r: &CommitReq) -> Result<((i64, u64), Attr), Wire
     Ok((pre, i.attr()))
 }
 
+/// Refuses to place directory `dir` (called `name`) under `new_parent` if that is `dir` or one of its descendants.
+fn check_not_into_itself(t: &mut dyn MetaTxn, dir: u64, name: &str, new_parent: u64) -> Result<(), WireError> {
+    let mut cur = new_parent;
+    let mut depth = 0usize;
+    loop {
+        if cur == dir {
+            return Err(werr(
+                ErrorCode::Invalid,
+                format!("cannot move directory {name:?} into itself or a descendant"),
+            ));
+        }
+        if cur == ROOT_INO {
+            return Ok(());
+        }
+        let d = load(t, cur)?;
+        if d.kind != FileKind::Dir || d.parent == cur || depth > DIR_DEPTH_MAX {
+            return Err(MetaError::Corrupt(format!("broken parent chain at directory {cur}")).into());
+        }
+        cur = d.parent;
+        depth += 1;
+    }
+}
+
+/// RENAME_EXCHANGE: both names exist and swap inodes in one transaction; directories change parents (and their
+/// parents' link counts) as they move.
+fn rename_exchange(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError> {
+    let (a_ino, _) = entry(t, r.src_parent, &r.src_name)?;
+    let (b_ino, _) = entry(t, r.dst_parent, &r.dst_name)?;
+    if a_ino == b_ino {
+        return Ok(());
+    }
+    let mut a = load_entry(t, r.src_parent, &r.src_name, a_ino)?;
+    let mut b = load_entry(t, r.dst_parent, &r.dst_name, b_ino)?;
+    let (a_dir, b_dir) = (a.kind == FileKind::Dir, b.kind == FileKind::Dir);
+    if a_dir {
+        check_not_into_itself(t, a_ino, &r.src_name, r.dst_parent)?;
+    }
+    if b_dir {
+        check_not_into_itself(t, b_ino, &r.dst_name, r.src_parent)?;
+    }
+    t.put_dirent(r.src_parent, &r.src_name, b_ino, b.kind)?;
+    t.put_dirent(r.dst_parent, &r.dst_name, a_ino, a.kind)?;
+    if r.src_parent == r.dst_parent {
+        touch_dir(t, r.src_parent, 0, now)?;
+    } else {
+        // The source directory loses `a` and gains `b`; the destination the other way round.
+        let delta = i32::from(b_dir) - i32::from(a_dir);
+        touch_dir(t, r.src_parent, delta, now)?;
+        touch_dir(t, r.dst_parent, -delta, now)?;
+        if a_dir {
+            a.parent = r.dst_parent;
+        }
+        if b_dir {
+            b.parent = r.src_parent;
+        }
+    }
+    a.ctime_ns = now;
+    b.ctime_ns = now;
+    t.put_inode(&a)?;
+    t.put_inode(&b)?;
+    Ok(())
+}
+
 fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError> {
-    if r.flags & !RENAME_NOREPLACE != 0 {
-        return Err(werr(ErrorCode::Invalid, format!("unknown rename flags {:#x}", r.flags)));
+    if r.flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || r.flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
+        return Err(werr(ErrorCode::Invalid, format!("unknown or conflicting rename flags {:#x}", r.flags)));
     }
     check_name(&r.src_name)?;
     check_name(&r.dst_name)?;
     load_dir(t, r.src_parent)?;
     load_dir(t, r.dst_parent)?;
+    if r.flags & RENAME_EXCHANGE != 0 {
+        return rename_exchange(t, r, now);
+    }
     let (src_ino, _) = entry(t, r.src_parent, &r.src_name)?;
     let dst = t.get_dirent(r.dst_parent, &r.dst_name)?;
     if let Some((dst_ino, _)) = dst {
@@ -633,26 +699,7 @@ fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError>
     let mut src = load_entry(t, r.src_parent, &r.src_name, src_ino)?;
     let src_is_dir = src.kind == FileKind::Dir;
     if src_is_dir {
-        // Refuse to move a directory into itself or one of its descendants.
-        let mut cur = r.dst_parent;
-        let mut depth = 0usize;
-        loop {
-            if cur == src_ino {
-                return Err(werr(
-                    ErrorCode::Invalid,
-                    format!("cannot move directory {:?} into itself or a descendant", r.src_name),
-                ));
-            }
-            if cur == ROOT_INO {
-                break;
-            }
-            let d = load(t, cur)?;
-            if d.kind != FileKind::Dir || d.parent == cur || depth > DIR_DEPTH_MAX {
-                return Err(MetaError::Corrupt(format!("broken parent chain at directory {cur}")).into());
-            }
-            cur = d.parent;
-            depth += 1;
-        }
+        check_not_into_itself(t, src_ino, &r.src_name, r.dst_parent)?;
     }
     if let Some((dst_ino, _)) = dst {
         let victim = load_entry(t, r.dst_parent, &r.dst_name, dst_ino)?;

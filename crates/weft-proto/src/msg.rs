@@ -205,6 +205,8 @@ pub struct NameReq {
 }
 
 pub const RENAME_NOREPLACE: u32 = 1;
+/// `RenameReq::flags`: swap the two names atomically; both must exist (renameat2's RENAME_EXCHANGE).
+pub const RENAME_EXCHANGE: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RenameReq {

@@ -196,7 +196,17 @@ async fn directories_links_renames_and_their_errors() {
         assert_eq!(errno(std::fs::metadata(m.path("d/f00000"))), libc::ENOENT);
         std::fs::write(m.path("e/other"), b"o").unwrap();
         assert_eq!(renameat2(&m.path("e/other"), &m.path("e/target"), libc::RENAME_NOREPLACE), libc::EEXIST);
-        assert_eq!(renameat2(&m.path("e/other"), &m.path("e/target"), libc::RENAME_EXCHANGE), libc::EINVAL);
+        // RENAME_EXCHANGE swaps two existing names atomically, a file with a directory too.
+        assert_eq!(renameat2(&m.path("e/other"), &m.path("e/target"), libc::RENAME_EXCHANGE), 0);
+        assert_eq!(std::fs::read_to_string(m.path("e/other")).unwrap(), "0");
+        assert_eq!(std::fs::read_to_string(m.path("e/target")).unwrap(), "o");
+        assert_eq!(renameat2(&m.path("e/other"), &m.path("e/missing"), libc::RENAME_EXCHANGE), libc::ENOENT);
+        std::fs::create_dir(m.path("xdir")).unwrap();
+        assert_eq!(renameat2(&m.path("e/other"), &m.path("xdir"), libc::RENAME_EXCHANGE), 0);
+        assert!(std::fs::metadata(m.path("e/other")).unwrap().is_dir());
+        assert_eq!(std::fs::read_to_string(m.path("xdir")).unwrap(), "0");
+        assert_eq!(renameat2(&m.path("e/other"), &m.path("xdir"), libc::RENAME_EXCHANGE), 0);
+        std::fs::remove_dir(m.path("xdir")).unwrap();
         std::fs::create_dir(m.path("e/sub")).unwrap();
         assert_eq!(errno(std::fs::rename(m.path("e"), m.path("e/sub/e"))), libc::EINVAL);
 
@@ -209,7 +219,7 @@ async fn directories_links_renames_and_their_errors() {
         );
         std::os::unix::fs::symlink("e/target", m.path("sym")).unwrap();
         assert_eq!(std::fs::read_link(m.path("sym")).unwrap(), Path::new("e/target"));
-        assert_eq!(std::fs::read_to_string(m.path("sym")).unwrap(), "0");
+        assert_eq!(std::fs::read_to_string(m.path("sym")).unwrap(), "o", "e/target holds what e/other held");
         assert_eq!(errno(std::fs::hard_link(m.path("e"), m.path("dirlink"))), libc::EPERM);
 
         // mknod of a regular file, a FIFO, a device node; a socket by bind(2). The special files are metadata

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use weft_proto::msg::{
-    CommitReq, CreateReq, InoReq, LinkReq, LookupReq, MkdirReq, MknodReq, NameReq, RENAME_NOREPLACE, ReadReq,
-    ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq, SetLayoutReq, SymlinkReq,
+    CommitReq, CreateReq, InoReq, LinkReq, LookupReq, MkdirReq, MknodReq, NameReq, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    ReadReq, ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq, SetLayoutReq,
+    SymlinkReq,
 };
 use weft_proto::{
     Attr, ErrorCode, FileKind, Layout, ROOT_INO, Request, Response, ServerState, SetAttrs, SpaceStat, StatFs, TimeSet,
@@ -507,6 +508,31 @@ fn set_group_id_directories_pass_on_their_group() {
     assert_eq!((l.gid, n.gid), (77, 77));
     // Elsewhere the caller's group stays.
     assert_ne!(create(&ns, ROOT_INO, "g").unwrap().gid, 77);
+}
+
+#[test]
+fn rename_exchange_swaps_two_names_atomically() {
+    let (ns, _) = mem_ns();
+    let d1 = mkdir(&ns, ROOT_INO, "d1").unwrap();
+    let d2 = mkdir(&ns, ROOT_INO, "d2").unwrap();
+    let f = create(&ns, d1.ino, "f").unwrap();
+    let sub = mkdir(&ns, d2.ino, "sub").unwrap();
+    let inner = mkdir(&ns, sub.ino, "inner").unwrap();
+    // A file and a directory across parents: entries swap, link counts and the directory's parent follow.
+    rename_f(&ns, d1.ino, "f", d2.ino, "sub", RENAME_EXCHANGE).unwrap();
+    assert_eq!(lookup(&ns, d1.ino, "f").unwrap().ino, sub.ino);
+    assert_eq!(lookup(&ns, d2.ino, "sub").unwrap().ino, f.ino);
+    assert_eq!(getattr(&ns, d1.ino).unwrap().nlink, 3, "d1 gained a subdirectory");
+    assert_eq!(getattr(&ns, d2.ino).unwrap().nlink, 2, "d2 lost one");
+    // The moved directory's parent pointer moved: putting d1 under it is now a loop, d2 under it is not.
+    assert_eq!(code(rename(&ns, ROOT_INO, "d1", sub.ino, "x")), ErrorCode::Invalid);
+    // Exchanging a directory with an entry inside its own subtree is refused as well.
+    assert_eq!(code(rename_f(&ns, d1.ino, "f", sub.ino, "inner", RENAME_EXCHANGE)), ErrorCode::Invalid);
+    assert_eq!(lookup(&ns, sub.ino, "inner").unwrap().ino, inner.ino, "nothing changed");
+    // Both names must exist; NOREPLACE and EXCHANGE together are refused; a name with itself is a no-op.
+    assert_eq!(code(rename_f(&ns, d1.ino, "f", d2.ino, "none", RENAME_EXCHANGE)), ErrorCode::NotFound);
+    assert_eq!(code(rename_f(&ns, d1.ino, "f", d2.ino, "sub", RENAME_EXCHANGE | RENAME_NOREPLACE)), ErrorCode::Invalid);
+    rename_f(&ns, d1.ino, "f", d1.ino, "f", RENAME_EXCHANGE).unwrap();
 }
 
 #[test]
