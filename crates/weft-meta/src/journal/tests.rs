@@ -1,0 +1,1 @@
+//! Tests of the journal framing and recovery scan.
