@@ -29,8 +29,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use redb::{
-    Database, Durability, Key, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable, Table,
-    TableDefinition, Value, WriteTransaction,
+    Database, Durability, Key, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable, Table, TableDefinition,
+    Value, WriteTransaction,
 };
 use weft_proto::{FileKind, Layout, ROOT_INO};
 
@@ -129,9 +129,7 @@ impl RedbStore {
         let inner = Arc::new(Inner { db, journal });
         let checkpointer = {
             let inner = inner.clone();
-            std::thread::Builder::new()
-                .name("meta-checkpoint".into())
-                .spawn(move || inner.run_checkpoints())?
+            std::thread::Builder::new().name("meta-checkpoint".into()).spawn(move || inner.run_checkpoints())?
         };
         Ok(RedbStore { inner, path, checkpointer: Some(checkpointer) })
     }
