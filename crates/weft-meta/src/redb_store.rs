@@ -342,11 +342,13 @@ impl<'t> WriteTxn<'t> {
     }
 }
 
+type DirentsTable = ReadOnlyTable<(u64, &'static str), (u64, u8)>;
+
 /// A read transaction opens only the tables it touches (a getattr needs one, not five).
 struct ReadTxn {
     rtx: ReadTransaction,
     inodes: Option<ReadOnlyTable<u64, &'static [u8]>>,
-    dirents: Option<ReadOnlyTable<(u64, &'static str), (u64, u8)>>,
+    dirents: Option<DirentsTable>,
     servers: Option<ReadOnlyTable<u32, &'static str>>,
     orphans: Option<ReadOnlyTable<u64, &'static [u8]>>,
     counters: Option<ReadOnlyTable<u32, u64>>,
