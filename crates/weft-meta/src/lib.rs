@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod error;
+pub mod journal;
 pub mod mem_store;
 pub mod namespace;
 pub mod redb_store;
@@ -17,6 +18,7 @@ pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::MetaError;
+pub use journal::JournalConfig;
 pub use mem_store::MemStore;
 pub use namespace::{DEFAULT_LIVENESS_MS, Namespace};
 pub use redb_store::RedbStore;

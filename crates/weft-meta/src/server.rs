@@ -1,7 +1,7 @@
 //! The metadata service process: the RPC service over a [`Namespace`], its configuration, and the garbage
 //! collector that deletes the objects of removed files from the data servers.
 //!
-//! Store transactions are synchronous and durable (fsync), so they run on tokio's blocking pool.
+//! Store transactions are synchronous and durable (a journal fdatasync), so they run on tokio's blocking pool.
 //! Invariant: a file's objects are deleted only after the transaction that removed its last name committed
 //! (it records the file in the orphan table in that same transaction), so a crash never loses track of them.
 
@@ -17,7 +17,7 @@ use weft_proto::msg::InoReq;
 use weft_proto::{ErrorCode, FrameLimits, Request, WireError};
 use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
 
-use crate::{Namespace, RedbStore, SystemClock};
+use crate::{JournalConfig, Namespace, RedbStore, SystemClock};
 
 /// `weft meta --config F`.
 #[derive(Debug, Clone, Deserialize)]
@@ -37,6 +37,30 @@ pub struct MetaConfig {
     /// How often removed files' objects are collected from the data servers.
     #[serde(default = "default_gc_interval_ms")]
     pub gc_interval_ms: u64,
+    /// Size each metadata journal segment is preallocated to.
+    #[serde(default = "default_journal_segment_bytes")]
+    pub journal_segment_bytes: u64,
+    /// Journal bytes not yet checkpointed above which writers wait for a checkpoint (back-pressure).
+    #[serde(default = "default_journal_bytes_max")]
+    pub journal_bytes_max: u64,
+    /// Journal bytes since the last checkpoint that trigger the next one.
+    #[serde(default = "default_checkpoint_bytes")]
+    pub checkpoint_bytes: u64,
+    /// Longest a journaled change waits for a checkpoint into the store (bounds replay time after a crash).
+    #[serde(default = "default_checkpoint_interval_ms")]
+    pub checkpoint_interval_ms: u64,
+}
+
+impl MetaConfig {
+    /// The store's journal limits from this config.
+    pub fn journal(&self) -> JournalConfig {
+        JournalConfig {
+            segment_bytes: self.journal_segment_bytes,
+            journal_bytes_max: self.journal_bytes_max,
+            checkpoint_bytes: self.checkpoint_bytes,
+            checkpoint_interval_ms: self.checkpoint_interval_ms,
+        }
+    }
 }
 
 fn default_liveness_ms() -> u64 {
@@ -51,6 +75,18 @@ fn default_sessions_max() -> u32 {
 fn default_gc_interval_ms() -> u64 {
     1000
 }
+fn default_journal_segment_bytes() -> u64 {
+    JournalConfig::default().segment_bytes
+}
+fn default_journal_bytes_max() -> u64 {
+    JournalConfig::default().journal_bytes_max
+}
+fn default_checkpoint_bytes() -> u64 {
+    JournalConfig::default().checkpoint_bytes
+}
+fn default_checkpoint_interval_ms() -> u64 {
+    JournalConfig::default().checkpoint_interval_ms
+}
 
 pub struct MetaService {
     ns: Arc<Namespace<RedbStore, SystemClock>>,
@@ -58,6 +94,12 @@ pub struct MetaService {
 
 impl Service for MetaService {
     async fn call(&self, _ctx: &CallCtx, req: Request, _data: Option<PoolBuf>) -> Result<Reply, WireError> {
+        // Point reads never wait for a disk flush (redb reads from its cache; a miss is one pread), so they run
+        // in place: a hop to the blocking pool costs two thread wake-ups, more than the lookup itself. Writes
+        // wait for the journal's fdatasync and readdir pages may be long, so those go to the blocking pool.
+        if matches!(req, Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_)) {
+            return Ok(self.ns.execute(&req)?.into());
+        }
         let ns = self.ns.clone();
         let resp = tokio::task::spawn_blocking(move || ns.execute(&req))
             .await
@@ -81,7 +123,8 @@ pub enum MetaServerError {
 pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaServerError> {
     let dir = cfg.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|e| MetaServerError::Store { dir: dir.clone(), source: e.into() })?;
-    let store = RedbStore::open(&dir).map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
+    let store = RedbStore::open_with(&dir, cfg.journal())
+        .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
     let ns = Arc::new(ns);

@@ -121,7 +121,11 @@ enum Cmd {
         liveness_ms = 5000               a data server silent this long is shown down\n  \
         slots_max = 64                   most slots (requests in flight) granted per client session\n  \
         sessions_max = 4096              most client sessions held at once\n  \
-        gc_interval_ms = 1000            how often removed files' objects are collected\n\n\
+        gc_interval_ms = 1000            how often removed files' objects are collected\n  \
+        journal_segment_bytes = 16777216 size each metadata journal segment is preallocated to\n  \
+        journal_bytes_max = 268435456    journal not yet checkpointed above which writers wait\n  \
+        checkpoint_bytes = 33554432      journal growth that triggers a checkpoint into meta.redb\n  \
+        checkpoint_interval_ms = 2000    longest a journaled change waits for a checkpoint\n\n\
         On start it prints `WEFT-READY <addr>` on stdout; logs go to stderr (RUST_LOG filters them).")]
     Meta {
         /// The TOML file describing this metadata service.
