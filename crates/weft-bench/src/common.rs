@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use serde_json::Value;
+use serde_json::{Value, json};
 use weft_client::{Client, ClusterConfig};
 use weft_launch::{LaunchOptions, LocalCluster};
 
@@ -88,8 +88,14 @@ impl Target {
     }
 }
 
-/// Prints the Markdown table, then writes the JSON document and, beside it, its SVG chart.
+/// Prints the Markdown table, then writes the JSON document and, beside it, its SVG chart. Every document gets
+/// `argv` (the exact command, word by word, so `weft bench report` can show how to regenerate it) if it lacks one.
 pub fn emit(doc: &Value, table: &str, json: Option<&Path>, svg: impl FnOnce(&Value) -> String) -> Result<()> {
+    let mut doc = doc.clone();
+    if let Some(o) = doc.as_object_mut() {
+        o.entry("argv").or_insert_with(|| json!(argv()));
+    }
+    let doc = &doc;
     println!("{table}");
     if let Some(path) = json {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -107,6 +113,55 @@ pub fn emit(doc: &Value, table: &str, json: Option<&Path>, svg: impl FnOnce(&Val
 /// The command line as run.
 pub fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// The command line as run, word by word.
+pub fn argv() -> Vec<String> {
+    std::env::args().collect()
+}
+
+/// The 1-minute load average before and after each run of a point (`uptime`'s first figure), so a run taken
+/// while the shared machine was busy shows in its result.
+#[derive(Debug, Default, Clone)]
+pub struct Loads {
+    pub before: Vec<f64>,
+    pub after: Vec<f64>,
+}
+
+impl Loads {
+    /// Call just before a run, and [`Loads::end`] just after it.
+    pub fn start(&mut self) {
+        self.before.push(crate::ceilings::load1());
+    }
+    pub fn end(&mut self) {
+        self.after.push(crate::ceilings::load1());
+    }
+    /// Adds `load_1min_before` and `load_1min_after` (one figure per run) to a result object.
+    pub fn annotate(&self, r: &mut Value) {
+        if let Some(o) = r.as_object_mut() {
+            o.insert("load_1min_before".into(), json!(self.before));
+            o.insert("load_1min_after".into(), json!(self.after));
+        }
+    }
+    /// The largest load seen.
+    pub fn max(&self) -> f64 {
+        self.before.iter().chain(&self.after).copied().fold(0.0, f64::max)
+    }
+}
+
+/// A progress bar on stderr counting `len` steps; drawn only when stderr is a terminal, so tests and CI logs stay
+/// clean.
+pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template("{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    pb.set_style(style);
+    pb.set_prefix(what.to_string());
+    pb
 }
 
 pub fn round1(x: f64) -> f64 {

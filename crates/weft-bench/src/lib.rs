@@ -8,6 +8,8 @@
 
 pub mod ceilings;
 pub mod chart;
+pub mod checkpoint;
+pub mod compare;
 pub mod common;
 pub mod latency;
 pub mod meta;
@@ -16,6 +18,7 @@ pub mod report;
 pub mod rng;
 pub mod stats;
 pub mod throughput;
+pub mod worker;
 pub mod zipf;
 
 use anyhow::Result;
@@ -41,6 +44,16 @@ pub enum BenchCmd {
     Zipf(zipf::ZipfArgs),
     /// fio and a create/stat loop on a Weft FUSE mount, libfuse's passthrough_ll and a GlusterFS mount, side by side.
     Mount(mount::MountArgs),
+    /// N client processes write a checkpoint (a file each, or slices of one shared file) and fsync it.
+    Checkpoint(checkpoint::CheckpointArgs),
+    /// The same workloads on Weft and on every peer (local disk, passthrough_ll, GlusterFS, nfs-ganesha, iperf3,
+    /// memcpy) in one run, with Weft's ratio to each.
+    Compare(compare::CompareArgs),
+    /// Turns a directory of result JSON into Markdown tables and SVG charts, with machine, date and command.
+    Report(report::ReportArgs),
+    /// One client process of a multi-process workload (started by the other subcommands).
+    #[command(hide = true)]
+    Worker(worker::WorkerArgs),
 }
 
 pub async fn run(args: BenchArgs) -> Result<()> {
@@ -50,6 +63,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         BenchCmd::Latency(a) => latency::run(a).await,
         BenchCmd::Zipf(a) => zipf::run(a).await,
         BenchCmd::Mount(a) => mount::run_bench(a).await,
+        BenchCmd::Checkpoint(a) => checkpoint::run(a).await,
+        BenchCmd::Worker(a) => worker::run(a).await,
+        BenchCmd::Compare(a) => compare::run(a).await,
+        BenchCmd::Report(a) => report::run(a),
     }
 }
 
