@@ -195,9 +195,17 @@ pub struct OpRuns {
     pub mean_us: Vec<f64>,
     pub p50_us: Vec<f64>,
     pub p99_us: Vec<f64>,
+    /// The 1-minute load average around each run.
+    pub loads: Loads,
 }
 
 impl OpRuns {
+    /// Records the load average of one run: `before` as read when it started, and now as its end.
+    pub fn push_load(&mut self, before: f64) {
+        self.loads.before.push(before);
+        self.loads.end();
+    }
+
     /// Records one run: `ops` operations moving `bytes` in `secs`, the client using `cpu_s`; `lat_us` holds the
     /// per-call latencies (may be empty: no percentiles then).
     pub fn push(&mut self, ops: u64, bytes: u64, secs: f64, cpu_s: f64, lat_us: &mut [f64]) -> Result<()> {
@@ -243,6 +251,9 @@ impl OpRuns {
         o.insert("runs".into(), s.map_or(0, |s| s.runs).into());
         o.insert("min".into(), s.map(|s| round1(s.min)).into());
         o.insert("max".into(), s.map(|s| round1(s.max)).into());
+        if !self.loads.before.is_empty() {
+            self.loads.annotate(&mut r);
+        }
         r
     }
 }

@@ -5,7 +5,8 @@
 //! `weft-native` (the native client library in worker processes: sequential write and read, create and stat),
 //! `local` (the local disk the others sit on, through the same fio jobs), `passthrough_ll` (libfuse's FUSE
 //! ceiling over that disk), `glusterfs` (a 2-brick distributed volume, FUSE-mounted), `nfs-ganesha` (its VFS
-//! backend, read and written with libnfs's `nfs-cp`; fio here has no NFS engine, so only sequential figures), and
+//! backend, read with libnfs's `nfs-cat`: fio here has no NFS engine, and libnfs 4.0's NFSv4 writes fail against
+//! ganesha, so only the sequential read), and
 //! the ceilings `iperf3` (loopback TCP) and `memcpy`.
 //!
 //! Loads: the 1-minute load average is recorded before and after every run of every system. When the loads
@@ -33,7 +34,7 @@ pub struct CompareArgs {
     /// Data servers of the Weft cluster.
     #[arg(long, default_value_t = 2)]
     pub servers: u32,
-    /// File size of the sequential jobs (fio, nfs-cp, the native client).
+    /// File size of the sequential jobs (fio, nfs-cat, the native client).
     #[arg(long, default_value = "512M")]
     pub size: String,
     /// Seconds of each random 4 KiB fio job.
@@ -289,8 +290,8 @@ async fn native(base: &Path, size: u64, a: &CompareArgs) -> Result<Vec<(Figure, 
     r
 }
 
-/// nfs-ganesha with its VFS backend as a plain process (NFSv4 on a free loopback port), written and read with
-/// libnfs's `nfs-cp`; stopped on drop.
+/// nfs-ganesha with its VFS backend as a plain process (NFSv4 on a free loopback port, no rpcbind), read with
+/// libnfs's `nfs-cat`; stopped on drop.
 struct Ganesha {
     child: Child,
     url: String,
@@ -306,7 +307,7 @@ impl Drop for Ganesha {
 
 fn start_ganesha(base: &Path) -> Result<Ganesha> {
     mount::need("ganesha.nfsd").context("nfs-ganesha: Debian packages nfs-ganesha nfs-ganesha-vfs")?;
-    mount::need("nfs-cp").context("nfs-cp: Debian package libnfs-utils")?;
+    mount::need("nfs-cat").context("nfs-cat: Debian package libnfs-utils")?;
     let dir = base.join("ganesha");
     let export = dir.join("export");
     std::fs::create_dir_all(&export)?;
@@ -359,54 +360,48 @@ fn start_ganesha(base: &Path) -> Result<Ganesha> {
     }
 }
 
-/// Sequential write and read of a `size` file through `nfs-cp`; the time of each copy is its process's wall time
-/// (connecting included: a few ms against seconds of transfer), the CPU that of the reaped `nfs-cp`.
+/// Sequential read of a `size` file through libnfs (`nfs-cat` into /dev/null); the time of each read is its
+/// process's wall time (connecting included: a few ms against the transfer), the CPU that of the reaped `nfs-cat`.
+///
+/// Writes are not measured: libnfs 4.0.0 (Debian 12's) fails every NFSv4 WRITE to ganesha with "ZDR error:
+/// Failed to encode COMPOUND4args" (nfs-cp creates the file, then writes nothing), and NFSv3 needs rpcbind. The
+/// file read is therefore laid down directly in the export directory, beneath the server.
 fn ganesha(base: &Path, size: u64, a: &CompareArgs) -> Result<Vec<(Figure, Loads)>> {
     let g = start_ganesha(base)?;
-    let src = base.join("nfs-src");
-    // The source, written once: its pages are in the page cache for every copy.
     {
         let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
-        let mut f = std::fs::File::create(&src)?;
+        let mut f = std::fs::File::create(g.export.join("seq"))?;
         let mut left = size;
         while left > 0 {
             let n = left.min(chunk.len() as u64) as usize;
             std::io::Write::write_all(&mut f, &chunk[..n])?;
             left -= n as u64;
         }
+        f.sync_all()?;
     }
-    let cp = |from: &str, to: &str| -> Result<(f64, f64)> {
+    let url = g.url.replace("%s", "seq");
+    let cat = || -> Result<(f64, f64)> {
         let (t, c) = (Instant::now(), ceilings::children_cpu_seconds());
-        mount::run(Command::new("nfs-cp").arg(from).arg(to), &format!("nfs-cp {from} {to}"))?;
+        let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+        let status = Command::new("nfs-cat").arg(&url).stdout(null).status().context("running nfs-cat")?;
+        if !status.success() {
+            bail!("nfs-cat {url}: {status}");
+        }
         Ok((t.elapsed().as_secs_f64(), ceilings::children_cpu_seconds() - c))
     };
-    let url = g.url.replace("%s", "seq");
-    let src_s = src.to_string_lossy().into_owned();
-    let (mut w, mut r) = (
-        figure("nfs-ganesha", "write", Some("sequential"), None, "mib_per_s"),
-        figure("nfs-ganesha", "read", Some("sequential"), None, "mib_per_s"),
-    );
+    let mut r = figure("nfs-ganesha", "read", Some("sequential"), None, "mib_per_s");
     let gib = size as f64 / (1u64 << 30) as f64;
     let mut loads = Loads::default();
-    for run in 0..=a.runs {
-        // nfs-cp will not replace an existing file (NFS4ERR_EXIST): remove it underneath the export.
-        let _ = std::fs::remove_file(g.export.join("seq"));
-        if run > 0 {
-            loads.start();
-        }
-        let (ws, wc) = cp(&src_s, &url)?;
-        let (rs, rc) = cp(&url, "/dev/null")?;
-        if run > 0 {
-            loads.end();
-            w.samples.push(gib * 1024.0 / ws);
-            w.cpu_s.push(wc / gib);
-            r.samples.push(gib * 1024.0 / rs);
-            r.cpu_s.push(rc / gib);
-        }
+    cat()?; // warm-up
+    for _ in 0..a.runs {
+        loads.start();
+        let (secs, cpu) = cat()?;
+        loads.end();
+        r.samples.push(gib * 1024.0 / secs);
+        r.cpu_s.push(cpu / gib);
     }
-    let _ = std::fs::remove_file(&src);
     drop(g);
-    Ok(vec![(w, loads.clone()), (r, loads)])
+    Ok(vec![(r, loads)])
 }
 
 /// The key of a figure in tables: `write`, `read`, `randread`, ...
@@ -486,7 +481,7 @@ fn document(figs: &[(Figure, Loads)], a: &CompareArgs, load_before: Option<[f64;
                 "mismatch": mismatch,
             },
             "notes": "weft = Weft's FUSE mount under fio; weft-native = the client library in a worker process \
-                      (writes fsync'ed); nfs-ganesha = nfs-cp copies (writes not fsync'ed); iperf3/memcpy are \
+                      (writes fsync'ed); nfs-ganesha = nfs-cat reads (libnfs 4.0 NFSv4 writes fail); iperf3/memcpy are \
                       ceilings, compared with sequential figures",
         },
         "load_mismatch": mismatch,

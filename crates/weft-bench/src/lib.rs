@@ -6,6 +6,7 @@
 //! warm-up, figures are medians of `--runs` repetitions with min and max, and the load average is recorded before
 //! and after so runs under different loads are not compared silently.
 
+pub mod aggregate;
 pub mod ceilings;
 pub mod chart;
 pub mod checkpoint;
