@@ -45,7 +45,12 @@ pub(crate) async fn measure(
         let rd = w.phase().await?;
         p.loads.end();
         if wr.bytes() != rd.bytes() || wr.bytes() != size * n as u64 {
-            anyhow::bail!("the processes wrote {} and read {} bytes, {} expected", wr.bytes(), rd.bytes(), size * n as u64);
+            anyhow::bail!(
+                "the processes wrote {} and read {} bytes, {} expected",
+                wr.bytes(),
+                rd.bytes(),
+                size * n as u64
+            );
         }
         let gib = wr.bytes() as f64 / (1u64 << 30) as f64;
         p.push(gib, (wr.secs, wr.cpu_s(), rd.secs, rd.cpu_s()));
@@ -123,5 +128,9 @@ pub(crate) async fn meta(target: &crate::common::Target, a: &crate::meta::MetaAr
         "files": a.files,
         "directories": if a.shared { 1 } else { n },
     });
-    Ok(ops.iter().zip(["create", "stat", "readdir", "remove"]).map(|(o, op)| o.result(&base, op, Headline::OpsPerS)).collect())
+    Ok(ops
+        .iter()
+        .zip(["create", "stat", "readdir", "remove"])
+        .map(|(o, op)| o.result(&base, op, Headline::OpsPerS))
+        .collect())
 }

@@ -90,7 +90,7 @@ pub async fn run(a: CheckpointArgs) -> Result<()> {
     let p = Params { size, record, unit };
     let load_before = ceilings::load_average();
     let machine = ceilings::machine();
-    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let points = targets.points();
     let steps = (points.len() * stripes.len() * modes.len() * procs.len() * a.common.runs) as u64;
     let pb = common::progress(steps, "checkpoint");

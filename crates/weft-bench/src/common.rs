@@ -16,7 +16,22 @@ pub struct Targets {
     remove_base: bool,
     servers: Vec<u32>,
     spec: Option<String>,
+    /// `--delay-us` and `--short-circuit` of [`SharedArgs`].
+    delay_us: u64,
+    short_circuit: Option<ShortCircuit>,
 }
+
+/// Sandia's short circuits: a layer answers without doing its work, to show the ceiling of the layers above it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShortCircuit {
+    /// Data servers discard writes and serve zeros, never touching the disk.
+    Server,
+    /// The client stops at the wire: reads and writes are planned but never sent; reads return zeros.
+    Network,
+}
+
+/// The fabric options of this run, recorded in every document's config by [`emit`].
+static FABRIC_OPTIONS: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
 
 /// One cluster being measured: `servers` data servers, reachable with `cfg`.
 pub struct Target {
@@ -37,7 +52,26 @@ impl Targets {
             Some(d) => (d.to_path_buf(), false),
             None => (std::env::temp_dir().join(format!("weft-bench-{}", std::process::id())), true),
         };
-        Ok(Targets { base_dir, remove_base, servers, spec: cluster.map(str::to_string) })
+        Ok(Targets {
+            base_dir,
+            remove_base,
+            servers,
+            spec: cluster.map(str::to_string),
+            delay_us: 0,
+            short_circuit: None,
+        })
+    }
+
+    /// Applies `--delay-us` and `--short-circuit` to every cluster measured.
+    pub fn tuned(mut self, a: &SharedArgs) -> Result<Targets> {
+        if a.short_circuit == Some(ShortCircuit::Server) && self.spec.is_some() {
+            anyhow::bail!("--short-circuit server needs clusters the bench starts (not --cluster)");
+        }
+        self.delay_us = a.delay_us;
+        self.short_circuit = a.short_circuit;
+        let name = a.short_circuit.map(|s| format!("{s:?}").to_lowercase());
+        let _ = FABRIC_OPTIONS.set(json!({"delay_us": a.delay_us, "short_circuit": name}));
+        Ok(self)
     }
 
     /// The points to measure: one per `--servers` value, or the one `--cluster`.
@@ -53,13 +87,16 @@ impl Targets {
                 let _ = std::fs::remove_dir_all(&dir);
                 let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
                 opts.log_filter = "warn".into();
+                if self.short_circuit == Some(ShortCircuit::Server) {
+                    opts.data_extra_toml.push_str("short_circuit = true\n");
+                }
                 eprintln!("starting a cluster with {n} data servers in {}", dir.display());
                 let cl = LocalCluster::start(opts).await?;
-                let cfg = cl.cluster_config();
+                let cfg = self.tune(cl.cluster_config());
                 Ok(Target { servers: n, cfg, cluster: Some(cl) })
             }
             (None, Some(spec)) => {
-                let cfg = ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?;
+                let cfg = self.tune(ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?);
                 let c = Client::connect(&cfg).await?;
                 let n = c.cluster_info().await?.len() as u32;
                 c.close().await;
@@ -67,6 +104,12 @@ impl Targets {
             }
             (None, None) => unreachable!("a point without --cluster always has a server count"),
         }
+    }
+
+    fn tune(&self, mut cfg: ClusterConfig) -> ClusterConfig {
+        cfg.client.send_delay_us = self.delay_us;
+        cfg.client.short_circuit_network = self.short_circuit == Some(ShortCircuit::Network);
+        cfg
     }
 
     /// Removes the default `base_dir`. A `--dir` is left in place: `Target::stop` already removed the per-point
@@ -94,6 +137,9 @@ pub fn emit(doc: &Value, table: &str, json: Option<&Path>, svg: impl FnOnce(&Val
     let mut doc = doc.clone();
     if let Some(o) = doc.as_object_mut() {
         o.entry("argv").or_insert_with(|| json!(argv()));
+        if let (Some(f), Some(c)) = (FABRIC_OPTIONS.get(), o.get_mut("config").and_then(Value::as_object_mut)) {
+            c.insert("fabric_options".into(), f.clone());
+        }
     }
     let doc = &doc;
     println!("{table}");
@@ -301,4 +347,10 @@ pub struct SharedArgs {
     /// Write results here (an SVG chart is written beside it).
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Delay every request this many µs before it is sent (a one-way WAN delay; netem is not available here).
+    #[arg(long, default_value_t = 0)]
+    pub delay_us: u64,
+    /// Short-circuit a layer (Sandia): `server` discards writes and serves zeros, `network` skips the wire.
+    #[arg(long, value_enum)]
+    pub short_circuit: Option<ShortCircuit>,
 }

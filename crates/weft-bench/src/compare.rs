@@ -76,7 +76,8 @@ pub struct CompareArgs {
     pub json: Option<PathBuf>,
 }
 
-const ALL: [&str; 8] = ["weft", "weft-native", "local", "passthrough_ll", "glusterfs", "nfs-ganesha", "iperf3", "memcpy"];
+const ALL: [&str; 8] =
+    ["weft", "weft-native", "local", "passthrough_ll", "glusterfs", "nfs-ganesha", "iperf3", "memcpy"];
 
 /// The peers Weft's figures are divided by, in table order.
 const PEERS: [&str; 6] = ["local", "passthrough_ll", "glusterfs", "nfs-ganesha", "iperf3", "memcpy"];

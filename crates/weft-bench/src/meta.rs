@@ -128,7 +128,7 @@ pub async fn run(a: MetaArgs) -> Result<()> {
     }
     let load_before = ceilings::load_average();
     let machine = ceilings::machine();
-    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
     for sp in targets.points() {
         let target = targets.start(sp).await?;

@@ -265,7 +265,12 @@ pub(crate) fn fio(dir: &Path, args: &str, write: bool) -> Result<FioOut> {
         bail!("fio {args}: job error {}", job["error"]);
     }
     let get = |k: &str| job.pointer(&format!("/{side}/{k}")).and_then(Value::as_f64).unwrap_or(0.0);
-    Ok(FioOut { mib_per_s: get("bw_bytes") / (1 << 20) as f64, iops: get("iops"), bytes: get("io_bytes"), ios: get("total_ios") })
+    Ok(FioOut {
+        mib_per_s: get("bw_bytes") / (1 << 20) as f64,
+        iops: get("iops"),
+        bytes: get("io_bytes"),
+        ios: get("total_ios"),
+    })
 }
 
 /// Creates `files` empty files with `threads` threads, then stats them all; returns (creates/s, CPU seconds,

@@ -80,7 +80,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     let iperf_median = summarize(&iperf).map(|s| s.median);
 
     let mut points = Vec::new();
-    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     for sp in targets.points() {
         let target = targets.start(sp).await?;
         let n = target.servers;

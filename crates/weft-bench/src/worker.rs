@@ -208,7 +208,9 @@ async fn one_phase(client: &Client, ph: &Value) -> Result<(u64, u64, Vec<f64>)> 
                 let name = format!("{prefix}{i}");
                 let t = Instant::now();
                 match op {
-                    "create" => drop(client.create(dir, &name, 0o644, true).await.with_context(|| format!("create {name}"))?),
+                    "create" => {
+                        drop(client.create(dir, &name, 0o644, true).await.with_context(|| format!("create {name}"))?)
+                    }
                     "stat" => drop(client.lookup(dir, &name).await.with_context(|| format!("stat {name}"))?),
                     _ => client.unlink(dir, &name).await.with_context(|| format!("remove {name}"))?,
                 }
