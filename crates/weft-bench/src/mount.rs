@@ -273,13 +273,16 @@ pub(crate) fn fio(dir: &Path, args: &str, write: bool) -> Result<FioOut> {
     })
 }
 
+/// One metadata phase: (ops/s, CPU seconds, operations).
+pub(crate) type MetaFigure = (f64, f64, f64);
+
 /// Creates `files` empty files with `threads` threads, then stats them all; returns (creates/s, CPU seconds,
 /// operations) and the same of the stats.
-pub(crate) fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<((f64, f64, f64), (f64, f64, f64))> {
+pub(crate) fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<(MetaFigure, MetaFigure)> {
     let d = dir.join(format!("meta-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
     let per = files.div_ceil(threads.max(1));
-    let phase = |f: &(dyn Fn(PathBuf) -> std::io::Result<()> + Sync)| -> Result<(f64, f64, f64)> {
+    let phase = |f: &(dyn Fn(PathBuf) -> std::io::Result<()> + Sync)| -> Result<MetaFigure> {
         let (t, c) = (Instant::now(), ceilings::cpu_seconds());
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
