@@ -8,7 +8,7 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: up deps lint test bench bench-deps bench-mount clean-data
+.PHONY: up deps lint test bench bench-deps bench-mount bench-compare clean-data
 
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
 # mount it on $(MOUNT) (FUSE). Ctrl-C unmounts and stops everything.
@@ -61,8 +61,9 @@ bench:
 	mkdir -p docs/bench
 	$(CARGO) run --release -p weft -- bench throughput --servers 1,2,4 --record 1M --size 2G --json docs/bench/throughput.json
 
-# bench-deps: the peers `weft bench mount` compares with, from Debian's packages (libfuse's passthrough_ll is built
-# from the example source in libfuse3-dev; GlusterFS from glusterfs-server).
+# bench-deps: the peers `weft bench mount` and `weft bench compare` compare with, from Debian's packages (libfuse's
+# passthrough_ll is built from the example source in libfuse3-dev; GlusterFS from glusterfs-server; nfs-ganesha with
+# its VFS backend, read through libnfs's nfs-cat from libnfs-utils).
 bench-deps: deps
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
@@ -70,6 +71,9 @@ bench-deps: deps
 	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
 	pkg-config --exists fuse3 2>/dev/null || missing="$$missing libfuse3-dev"; \
 	command -v glusterd >/dev/null 2>&1 || missing="$$missing glusterfs-server"; \
+	command -v ganesha.nfsd >/dev/null 2>&1 || missing="$$missing nfs-ganesha"; \
+	ls /usr/lib/*/ganesha/libfsalvfs.so >/dev/null 2>&1 || missing="$$missing nfs-ganesha-vfs"; \
+	command -v nfs-cat >/dev/null 2>&1 || missing="$$missing libnfs-utils"; \
 	if [ -n "$$missing" ]; then \
 		$$sudo apt-get update; \
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
@@ -80,6 +84,12 @@ bench-deps: deps
 bench-mount: bench-deps
 	mkdir -p docs/bench
 	$(CARGO) run --release -p weft -- bench mount --json docs/bench/mount.json
+
+# bench-compare: the same workloads on Weft and every peer in one run, with ratios; then the report of docs/bench.
+bench-compare: bench-deps
+	mkdir -p docs/bench
+	$(CARGO) run --release -p weft -- bench compare --json docs/bench/compare.json
+	$(CARGO) run --release -p weft -- bench report docs/bench --out docs/bench/REPORT.md
 
 # clean-data: remove the data directory `make up` uses.
 clean-data:

@@ -71,7 +71,17 @@ pub fn machine() -> Value {
         .and_then(|l| l.split_whitespace().nth(1).and_then(|x| x.parse::<u64>().ok()))
         .unwrap_or(0);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_default();
     json!({
+        "cpu_model": cpu_model,
         "cores": cores,
         "memory_gib": (mem_kib as f64 / (1u64 << 20) as f64 * 10.0).round() / 10.0,
         "kernel": kernel,
@@ -81,18 +91,30 @@ pub fn machine() -> Value {
 
 /// User plus system CPU seconds this process has used so far.
 pub fn cpu_seconds() -> f64 {
-    rusage::self_cpu_seconds()
+    rusage::cpu_seconds(libc::RUSAGE_SELF)
+}
+
+/// User plus system CPU seconds of this process's children that have ended and been waited for (bench workers,
+/// fio, nfs-cp; not the cluster's servers, which are reaped only when the cluster stops).
+pub fn children_cpu_seconds() -> f64 {
+    rusage::cpu_seconds(libc::RUSAGE_CHILDREN)
+}
+
+/// The 1-minute load average (`uptime`'s first figure), or 0 where /proc/loadavg cannot be read.
+pub fn load1() -> f64 {
+    load_average().map_or(0.0, |l| l[0])
 }
 
 mod rusage {
     //! getrusage(2): the only FFI in this crate.
     #![allow(unsafe_code)]
 
-    pub fn self_cpu_seconds() -> f64 {
+    /// `who` is RUSAGE_SELF or RUSAGE_CHILDREN.
+    pub fn cpu_seconds(who: libc::c_int) -> f64 {
         // SAFETY: an all-zero rusage is a valid value of this plain C struct.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: `ru` is a valid, writable rusage; RUSAGE_SELF needs nothing else.
-        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+        // SAFETY: `ru` is a valid, writable rusage and `who` one of the two values getrusage accepts here.
+        let rc = unsafe { libc::getrusage(who, &mut ru) };
         if rc != 0 {
             return 0.0;
         }

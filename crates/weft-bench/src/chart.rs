@@ -179,6 +179,14 @@ pub fn zipf_svg(doc: &Value) -> String {
     bars_svg("weft bench zipf: ops/s (median, bars show min–max)", &bars)
 }
 
+/// `weft bench checkpoint`: aggregate MiB/s per stripe count, mode and process count.
+pub fn checkpoint_svg(doc: &Value) -> String {
+    let bars = bars_of(doc, "mib_per_s", |r| {
+        format!("k={} {} p={}", r["stripes"], r["mode"].as_str().unwrap_or(""), r["procs"])
+    });
+    bars_svg("weft bench checkpoint: aggregate MiB/s (median, bars show min–max)", &bars)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

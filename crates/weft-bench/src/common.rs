@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use serde_json::Value;
+use serde_json::{Value, json};
 use weft_client::{Client, ClusterConfig};
 use weft_launch::{LaunchOptions, LocalCluster};
 
@@ -16,7 +16,22 @@ pub struct Targets {
     remove_base: bool,
     servers: Vec<u32>,
     spec: Option<String>,
+    /// `--delay-us` and `--short-circuit` of [`SharedArgs`].
+    delay_us: u64,
+    short_circuit: Option<ShortCircuit>,
 }
+
+/// Sandia's short circuits: a layer answers without doing its work, to show the ceiling of the layers above it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShortCircuit {
+    /// Data servers discard writes and serve zeros, never touching the disk.
+    Server,
+    /// The client stops at the wire: reads and writes are planned but never sent; reads return zeros.
+    Network,
+}
+
+/// The fabric options of this run, recorded in every document's config by [`emit`].
+static FABRIC_OPTIONS: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
 
 /// One cluster being measured: `servers` data servers, reachable with `cfg`.
 pub struct Target {
@@ -37,7 +52,26 @@ impl Targets {
             Some(d) => (d.to_path_buf(), false),
             None => (std::env::temp_dir().join(format!("weft-bench-{}", std::process::id())), true),
         };
-        Ok(Targets { base_dir, remove_base, servers, spec: cluster.map(str::to_string) })
+        Ok(Targets {
+            base_dir,
+            remove_base,
+            servers,
+            spec: cluster.map(str::to_string),
+            delay_us: 0,
+            short_circuit: None,
+        })
+    }
+
+    /// Applies `--delay-us` and `--short-circuit` to every cluster measured.
+    pub fn tuned(mut self, a: &SharedArgs) -> Result<Targets> {
+        if a.short_circuit == Some(ShortCircuit::Server) && self.spec.is_some() {
+            anyhow::bail!("--short-circuit server needs clusters the bench starts (not --cluster)");
+        }
+        self.delay_us = a.delay_us;
+        self.short_circuit = a.short_circuit;
+        let name = a.short_circuit.map(|s| format!("{s:?}").to_lowercase());
+        let _ = FABRIC_OPTIONS.set(json!({"delay_us": a.delay_us, "short_circuit": name}));
+        Ok(self)
     }
 
     /// The points to measure: one per `--servers` value, or the one `--cluster`.
@@ -53,13 +87,16 @@ impl Targets {
                 let _ = std::fs::remove_dir_all(&dir);
                 let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
                 opts.log_filter = "warn".into();
+                if self.short_circuit == Some(ShortCircuit::Server) {
+                    opts.data_extra_toml.push_str("short_circuit = true\n");
+                }
                 eprintln!("starting a cluster with {n} data servers in {}", dir.display());
                 let cl = LocalCluster::start(opts).await?;
-                let cfg = cl.cluster_config();
+                let cfg = self.tune(cl.cluster_config());
                 Ok(Target { servers: n, cfg, cluster: Some(cl) })
             }
             (None, Some(spec)) => {
-                let cfg = ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?;
+                let cfg = self.tune(ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?);
                 let c = Client::connect(&cfg).await?;
                 let n = c.cluster_info().await?.len() as u32;
                 c.close().await;
@@ -67,6 +104,12 @@ impl Targets {
             }
             (None, None) => unreachable!("a point without --cluster always has a server count"),
         }
+    }
+
+    fn tune(&self, mut cfg: ClusterConfig) -> ClusterConfig {
+        cfg.client.send_delay_us = self.delay_us;
+        cfg.client.short_circuit_network = self.short_circuit == Some(ShortCircuit::Network);
+        cfg
     }
 
     /// Removes the default `base_dir`. A `--dir` is left in place: `Target::stop` already removed the per-point
@@ -88,8 +131,17 @@ impl Target {
     }
 }
 
-/// Prints the Markdown table, then writes the JSON document and, beside it, its SVG chart.
+/// Prints the Markdown table, then writes the JSON document and, beside it, its SVG chart. Every document gets
+/// `argv` (the exact command, word by word, so `weft bench report` can show how to regenerate it) if it lacks one.
 pub fn emit(doc: &Value, table: &str, json: Option<&Path>, svg: impl FnOnce(&Value) -> String) -> Result<()> {
+    let mut doc = doc.clone();
+    if let Some(o) = doc.as_object_mut() {
+        o.entry("argv").or_insert_with(|| json!(argv()));
+        if let (Some(f), Some(c)) = (FABRIC_OPTIONS.get(), o.get_mut("config").and_then(Value::as_object_mut)) {
+            c.insert("fabric_options".into(), f.clone());
+        }
+    }
+    let doc = &doc;
     println!("{table}");
     if let Some(path) = json {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -107,6 +159,55 @@ pub fn emit(doc: &Value, table: &str, json: Option<&Path>, svg: impl FnOnce(&Val
 /// The command line as run.
 pub fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// The command line as run, word by word.
+pub fn argv() -> Vec<String> {
+    std::env::args().collect()
+}
+
+/// The 1-minute load average before and after each run of a point (`uptime`'s first figure), so a run taken
+/// while the shared machine was busy shows in its result.
+#[derive(Debug, Default, Clone)]
+pub struct Loads {
+    pub before: Vec<f64>,
+    pub after: Vec<f64>,
+}
+
+impl Loads {
+    /// Call just before a run, and [`Loads::end`] just after it.
+    pub fn start(&mut self) {
+        self.before.push(crate::ceilings::load1());
+    }
+    pub fn end(&mut self) {
+        self.after.push(crate::ceilings::load1());
+    }
+    /// Adds `load_1min_before` and `load_1min_after` (one figure per run) to a result object.
+    pub fn annotate(&self, r: &mut Value) {
+        if let Some(o) = r.as_object_mut() {
+            o.insert("load_1min_before".into(), json!(self.before));
+            o.insert("load_1min_after".into(), json!(self.after));
+        }
+    }
+    /// The largest load seen.
+    pub fn max(&self) -> f64 {
+        self.before.iter().chain(&self.after).copied().fold(0.0, f64::max)
+    }
+}
+
+/// A progress bar on stderr counting `len` steps; drawn only when stderr is a terminal, so tests and CI logs stay
+/// clean.
+pub fn progress(len: u64, what: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template("{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}")
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    pb.set_style(style);
+    pb.set_prefix(what.to_string());
+    pb
 }
 
 pub fn round1(x: f64) -> f64 {
@@ -140,9 +241,17 @@ pub struct OpRuns {
     pub mean_us: Vec<f64>,
     pub p50_us: Vec<f64>,
     pub p99_us: Vec<f64>,
+    /// The 1-minute load average around each run.
+    pub loads: Loads,
 }
 
 impl OpRuns {
+    /// Records the load average of one run: `before` as read when it started, and now as its end.
+    pub fn push_load(&mut self, before: f64) {
+        self.loads.before.push(before);
+        self.loads.end();
+    }
+
     /// Records one run: `ops` operations moving `bytes` in `secs`, the client using `cpu_s`; `lat_us` holds the
     /// per-call latencies (may be empty: no percentiles then).
     pub fn push(&mut self, ops: u64, bytes: u64, secs: f64, cpu_s: f64, lat_us: &mut [f64]) -> Result<()> {
@@ -188,6 +297,9 @@ impl OpRuns {
         o.insert("runs".into(), s.map_or(0, |s| s.runs).into());
         o.insert("min".into(), s.map(|s| round1(s.min)).into());
         o.insert("max".into(), s.map(|s| round1(s.max)).into());
+        if !self.loads.before.is_empty() {
+            self.loads.annotate(&mut r);
+        }
         r
     }
 }
@@ -235,4 +347,10 @@ pub struct SharedArgs {
     /// Write results here (an SVG chart is written beside it).
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Delay every request this many µs before it is sent (a one-way WAN delay; netem is not available here).
+    #[arg(long, default_value_t = 0)]
+    pub delay_us: u64,
+    /// Short-circuit a layer (Sandia): `server` discards writes and serves zeros, `network` skips the wire.
+    #[arg(long, value_enum)]
+    pub short_circuit: Option<ShortCircuit>,
 }

@@ -39,7 +39,7 @@ pub async fn run(a: LatencyArgs) -> Result<()> {
     }
     let load_before = ceilings::load_average();
     let machine = ceilings::machine();
-    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
     for sp in targets.points() {
         let target = targets.start(sp).await?;
@@ -100,9 +100,12 @@ async fn measure(client: &Client, servers: u32, record: u64, a: &LatencyArgs) ->
     pass(client, &path, record, a.count.min(64), &src, &mut buf, true).await?;
     let (mut w, mut r) = (OpRuns::default(), OpRuns::default());
     for _ in 0..a.common.runs {
+        let load = crate::ceilings::load1();
         let (mut wl, ws, wc, mut rl, rs, rc) = pass(client, &path, record, a.count, &src, &mut buf, false).await?;
         w.push(a.count, a.count * record, ws, wc, &mut wl)?;
         r.push(a.count, a.count * record, rs, rc, &mut rl)?;
+        w.push_load(load);
+        r.push_load(load);
     }
     let (parent, name) = client.resolve_parent(&path).await?;
     client.unlink(parent.ino, name).await?;

@@ -6,9 +6,12 @@
 //! warm-up, figures are medians of `--runs` repetitions with min and max, and the load average is recorded before
 //! and after so runs under different loads are not compared silently.
 
+pub mod aggregate;
 pub mod ceilings;
 pub mod chart;
+pub mod checkpoint;
 pub mod common;
+pub mod compare;
 pub mod latency;
 pub mod meta;
 pub mod mount;
@@ -16,6 +19,7 @@ pub mod report;
 pub mod rng;
 pub mod stats;
 pub mod throughput;
+pub mod worker;
 pub mod zipf;
 
 use anyhow::Result;
@@ -41,6 +45,16 @@ pub enum BenchCmd {
     Zipf(zipf::ZipfArgs),
     /// fio and a create/stat loop on a Weft FUSE mount, libfuse's passthrough_ll and a GlusterFS mount, side by side.
     Mount(mount::MountArgs),
+    /// N client processes write a checkpoint (a file each, or slices of one shared file) and fsync it.
+    Checkpoint(checkpoint::CheckpointArgs),
+    /// The same workloads on Weft and on every peer (local disk, passthrough_ll, GlusterFS, nfs-ganesha, iperf3,
+    /// memcpy) in one run, with Weft's ratio to each.
+    Compare(compare::CompareArgs),
+    /// Turns a directory of result JSON into Markdown tables and SVG charts, with machine, date and command.
+    Report(report::ReportArgs),
+    /// One client process of a multi-process workload (started by the other subcommands).
+    #[command(hide = true)]
+    Worker(worker::WorkerArgs),
 }
 
 pub async fn run(args: BenchArgs) -> Result<()> {
@@ -50,6 +64,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         BenchCmd::Latency(a) => latency::run(a).await,
         BenchCmd::Zipf(a) => zipf::run(a).await,
         BenchCmd::Mount(a) => mount::run_bench(a).await,
+        BenchCmd::Checkpoint(a) => checkpoint::run(a).await,
+        BenchCmd::Worker(a) => worker::run(a).await,
+        BenchCmd::Compare(a) => compare::run(a).await,
+        BenchCmd::Report(a) => report::run(a),
     }
 }
 

@@ -26,13 +26,13 @@ use crate::stats::summarize;
 
 #[derive(Args, Clone, Debug)]
 #[command(after_help = "Clients are tasks of the one bench process, each with its own Client (its own sessions \
-    with the MDS and data servers); a mode with one process per client (mdtest's MPI ranks) is not implemented.")]
+    with the MDS and data servers); with --procs N they are N processes instead (mdtest's MPI ranks).")]
 pub struct MetaArgs {
     /// Data-server counts to measure, e.g. `1,4` (ignored with --cluster); the MDS is one process either way.
     #[arg(long, default_value = "4")]
     pub servers: String,
     /// Client counts to measure, e.g. `1,4,8`. Each client is a task with its own Client (separate sessions),
-    /// issuing one operation at a time; there is no one-process-per-client mode.
+    /// issuing one operation at a time (see --procs for one process per client).
     #[arg(long, default_value = "8")]
     pub threads: String,
     /// Files per run, split evenly among the clients. With --stat-storm: the files every client stats.
@@ -45,6 +45,10 @@ pub struct MetaArgs {
     /// IMCa's stat storm: create the files once, then every client stats all of them at the same time.
     #[arg(long, conflicts_with = "shared")]
     pub stat_storm: bool,
+    /// Run the clients as this many processes (`weft bench worker`, one Client each) instead of --threads tasks
+    /// of this process; 0 keeps tasks. Not with --stat-storm.
+    #[arg(long, default_value_t = 0, conflicts_with = "stat_storm")]
+    pub procs: usize,
     #[command(flatten)]
     pub common: common::SharedArgs,
 }
@@ -124,13 +128,19 @@ pub async fn run(a: MetaArgs) -> Result<()> {
     }
     let load_before = ceilings::load_average();
     let machine = ceilings::machine();
-    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
     for sp in targets.points() {
         let target = targets.start(sp).await?;
         for &n in &threads {
             // On an error the cluster's processes die with `target` (kill on drop).
+            if a.procs > 0 {
+                break;
+            }
             results.extend(if a.stat_storm { storm(&target, n, &a).await? } else { mdtest(&target, n, &a).await? });
+        }
+        if a.procs > 0 {
+            results.extend(crate::aggregate::meta(&target, &a).await?);
         }
         target.stop().await;
     }
@@ -146,7 +156,9 @@ pub async fn run(a: MetaArgs) -> Result<()> {
             "mode": if a.stat_storm { "stat-storm" } else if a.shared { "shared" } else { "private" },
             "files": a.files,
             "runs": a.common.runs,
-            "clients_are": "tasks of one process, one Client (own sessions) each, one operation at a time",
+            "clients_are": if a.procs > 0 { "processes (weft bench worker), one Client each, one operation at a time" }
+                else { "tasks of one process, one Client (own sessions) each, one operation at a time" },
+            "procs": a.procs,
             "phase_time": "from the release of a barrier all clients wait at to the last client's last reply",
             "per_client_rate": "a client's operations over its own time from the release to its last reply",
             "load_average_before": load_before,
@@ -200,9 +212,11 @@ async fn mdtest(target: &Target, n: usize, a: &MetaArgs) -> Result<Vec<Value>> {
     cycle(&clients, top, "warm-up", (64 * n as u64).min(a.files), a.shared).await?;
     let mut ops: [MetaRuns; 4] = Default::default();
     for run in 0..a.common.runs {
+        let load = ceilings::load1();
         let phases = cycle(&clients, top, &format!("run{run}"), a.files, a.shared).await?;
         for (o, p) in ops.iter_mut().zip(phases) {
             o.push(p)?;
+            o.all.push_load(load);
         }
     }
     remove_bench_dir(&clients[0], &tag).await?;
@@ -349,7 +363,9 @@ async fn storm(target: &Target, n: usize, a: &MetaArgs) -> Result<Vec<Value>> {
     phase(stat_all(all.len().min(256))).await?;
     let mut o = MetaRuns::default();
     for _ in 0..a.common.runs {
+        let load = ceilings::load1();
         o.push(phase(stat_all(all.len())).await?)?;
+        o.all.push_load(load);
     }
     // Clean up (not timed).
     phase(

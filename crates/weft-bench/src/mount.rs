@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use weft_launch::{LaunchOptions, LocalCluster};
 
 use crate::ceilings;
+use crate::common::Loads;
 use crate::stats::summarize;
 
 #[derive(Args, Clone, Debug)]
@@ -56,17 +57,19 @@ pub struct MountArgs {
 }
 
 /// A mounted system under test; unmounted and stopped on drop.
-struct Target {
-    system: &'static str,
-    mnt: PathBuf,
-    procs: Vec<Child>,
-    cluster: Option<LocalCluster>,
-    gluster: Option<PathBuf>,
+pub(crate) struct Target {
+    pub(crate) system: &'static str,
+    pub(crate) mnt: PathBuf,
+    pub(crate) procs: Vec<Child>,
+    pub(crate) cluster: Option<LocalCluster>,
+    pub(crate) gluster: Option<PathBuf>,
 }
 
 impl Drop for Target {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+        }
         if is_mounted(&self.mnt) {
             let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
         }
@@ -104,7 +107,7 @@ fn wait_mounted(dir: &Path, what: &str) -> Result<()> {
     bail!("{what} did not mount {} within 30 s", dir.display())
 }
 
-fn run(cmd: &mut Command, what: &str) -> Result<String> {
+pub(crate) fn run(cmd: &mut Command, what: &str) -> Result<String> {
     let out = cmd.output().with_context(|| format!("running {what}"))?;
     if !out.status.success() {
         bail!("{what} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -116,7 +119,7 @@ fn gluster(args: &[&str]) -> Result<String> {
     run(Command::new("gluster").arg("--mode=script").args(args), &format!("gluster {}", args.join(" ")))
 }
 
-fn need(tool: &str) -> Result<()> {
+pub(crate) fn need(tool: &str) -> Result<()> {
     if Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status()?.success() {
         Ok(())
     } else {
@@ -126,7 +129,7 @@ fn need(tool: &str) -> Result<()> {
     }
 }
 
-async fn start_weft(base: &Path, servers: u32) -> Result<Target> {
+pub(crate) async fn start_weft(base: &Path, servers: u32) -> Result<Target> {
     let dir = base.join("weft");
     let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, servers);
     opts.log_filter = "warn".into();
@@ -179,7 +182,7 @@ fn build_passthrough(base: &Path) -> Result<PathBuf> {
     Ok(bin)
 }
 
-fn start_passthrough(base: &Path) -> Result<Target> {
+pub(crate) fn start_passthrough(base: &Path) -> Result<Target> {
     let bin = build_passthrough(base)?;
     let src = base.join("passthrough-src");
     let mnt = base.join("passthrough-mnt");
@@ -199,7 +202,7 @@ fn start_passthrough(base: &Path) -> Result<Target> {
     Ok(t)
 }
 
-fn start_gluster(base: &Path) -> Result<Target> {
+pub(crate) fn start_gluster(base: &Path) -> Result<Target> {
     need("glusterd")?;
     let mnt = base.join("gluster-mnt");
     std::fs::create_dir_all(&mnt)?;
@@ -238,8 +241,16 @@ fn start_gluster(base: &Path) -> Result<Target> {
     Ok(t)
 }
 
-/// One fio job on `dir`; returns (MiB/s, IOPS) of its reads or writes.
-fn fio(dir: &Path, args: &str, write: bool) -> Result<(f64, f64)> {
+/// What one fio job did, of its reads or its writes.
+pub(crate) struct FioOut {
+    pub(crate) mib_per_s: f64,
+    pub(crate) iops: f64,
+    pub(crate) bytes: f64,
+    pub(crate) ios: f64,
+}
+
+/// One fio job on `dir`.
+pub(crate) fn fio(dir: &Path, args: &str, write: bool) -> Result<FioOut> {
     let out = run(
         Command::new("sh").arg("-c").arg(format!(
             "fio --directory={} --fallocate=none --output-format=json --group_reporting {args}",
@@ -253,18 +264,26 @@ fn fio(dir: &Path, args: &str, write: bool) -> Result<(f64, f64)> {
     if job.get("error").and_then(Value::as_i64).unwrap_or(0) != 0 {
         bail!("fio {args}: job error {}", job["error"]);
     }
-    let bw = job.pointer(&format!("/{side}/bw_bytes")).and_then(Value::as_f64).unwrap_or(0.0);
-    let iops = job.pointer(&format!("/{side}/iops")).and_then(Value::as_f64).unwrap_or(0.0);
-    Ok((bw / (1 << 20) as f64, iops))
+    let get = |k: &str| job.pointer(&format!("/{side}/{k}")).and_then(Value::as_f64).unwrap_or(0.0);
+    Ok(FioOut {
+        mib_per_s: get("bw_bytes") / (1 << 20) as f64,
+        iops: get("iops"),
+        bytes: get("io_bytes"),
+        ios: get("total_ios"),
+    })
 }
 
-/// Creates `files` empty files with `threads` threads, then stats them all; returns (creates/s, stats/s).
-fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<(f64, f64)> {
+/// One metadata phase: (ops/s, CPU seconds, operations).
+pub(crate) type MetaFigure = (f64, f64, f64);
+
+/// Creates `files` empty files with `threads` threads, then stats them all; returns (creates/s, CPU seconds,
+/// operations) and the same of the stats.
+pub(crate) fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<(MetaFigure, MetaFigure)> {
     let d = dir.join(format!("meta-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
     let per = files.div_ceil(threads.max(1));
-    let phase = |f: &(dyn Fn(PathBuf) -> std::io::Result<()> + Sync)| -> Result<f64> {
-        let t = Instant::now();
+    let phase = |f: &(dyn Fn(PathBuf) -> std::io::Result<()> + Sync)| -> Result<MetaFigure> {
+        let (t, c) = (Instant::now(), ceilings::cpu_seconds());
         std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
                 .map(|th| {
@@ -279,7 +298,8 @@ fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<(f64, f64)> {
                 .collect();
             handles.into_iter().try_for_each(|h| h.join().expect("meta thread"))
         })?;
-        Ok(f64::from(per * threads) / t.elapsed().as_secs_f64())
+        let ops = f64::from(per * threads);
+        Ok((ops / t.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c, ops))
     };
     let creates = phase(&|p| std::fs::File::create(p).map(drop))?;
     let stats = phase(&|p| std::fs::metadata(p).map(drop))?;
@@ -287,20 +307,23 @@ fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<(f64, f64)> {
     Ok((creates, stats))
 }
 
-struct Figure {
-    system: &'static str,
+pub(crate) struct Figure {
+    pub(crate) system: &'static str,
     /// One of the contract's ops (write, read, create, stat).
-    op: &'static str,
+    pub(crate) op: &'static str,
     /// `sequential` or `random` for data ops.
-    pattern: Option<&'static str>,
-    record_bytes: Option<u64>,
-    unit: &'static str,
-    samples: Vec<f64>,
+    pub(crate) pattern: Option<&'static str>,
+    pub(crate) record_bytes: Option<u64>,
+    pub(crate) unit: &'static str,
+    pub(crate) samples: Vec<f64>,
+    /// Client CPU per run (fio and the metadata loop: this process and its reaped children), per GiB for
+    /// `mib_per_s` figures, in µs per operation for the others.
+    pub(crate) cpu_s: Vec<f64>,
 }
 
 /// The figures measured per system: (op, pattern, record bytes, unit).
-type FigureSpec = (&'static str, Option<&'static str>, Option<u64>, &'static str);
-const FIGURES: [FigureSpec; 6] = [
+pub(crate) type FigureSpec = (&'static str, Option<&'static str>, Option<u64>, &'static str);
+pub(crate) const FIGURES: [FigureSpec; 6] = [
     ("write", Some("sequential"), Some(1 << 20), "mib_per_s"),
     ("read", Some("sequential"), Some(1 << 20), "mib_per_s"),
     ("read", Some("random"), Some(4096), "ops_per_s"),
@@ -310,14 +333,14 @@ const FIGURES: [FigureSpec; 6] = [
 ];
 
 /// Short name of a figure for tables: `write`, `read`, `randread`, `randwrite`, `create`, `stat`.
-fn label(op: &str, pattern: Option<&str>) -> String {
+pub(crate) fn label(op: &str, pattern: Option<&str>) -> String {
     match pattern {
         Some("random") => format!("rand{op}"),
         _ => op.to_string(),
     }
 }
 
-fn measure(t: &Target, a: &MountArgs) -> Result<Vec<Figure>> {
+pub(crate) fn measure(t: &Target, a: &MountArgs, loads: &mut Loads) -> Result<Vec<Figure>> {
     let size = &a.size;
     let mut figs: Vec<Figure> = FIGURES
         .iter()
@@ -328,6 +351,7 @@ fn measure(t: &Target, a: &MountArgs) -> Result<Vec<Figure>> {
             record_bytes,
             unit,
             samples: vec![],
+            cpu_s: vec![],
         })
         .collect();
     let rand = format!(
@@ -339,13 +363,28 @@ fn measure(t: &Target, a: &MountArgs) -> Result<Vec<Figure>> {
     fio(&t.mnt, &format!("--name=rand --rw=randwrite {rand} --runtime=1"), true)?;
     for run in 0..a.runs {
         eprintln!("  {}: run {} of {}", t.system, run + 1, a.runs);
-        let (w, _) = fio(&t.mnt, &format!("--name=seq --rw=write --bs=1M --size={size} --end_fsync=1"), true)?;
-        let (r, _) = fio(&t.mnt, &format!("--name=seq --rw=read --bs=1M --size={size}"), false)?;
-        let (_, rr) = fio(&t.mnt, &format!("--name=rand --rw=randread {rand}"), false)?;
-        let (_, rw) = fio(&t.mnt, &format!("--name=rand --rw=randwrite {rand}"), true)?;
+        loads.start();
+        let cpu = || ceilings::cpu_seconds() + ceilings::children_cpu_seconds();
+        let mut c0 = cpu();
+        let mut v = Vec::new();
+        // (figure, client CPU seconds, work: GiB moved or operations done)
+        let mut step = |o: FioOut, seq: bool| {
+            let c1 = cpu();
+            let gib = o.bytes / (1u64 << 30) as f64;
+            v.push(if seq { (o.mib_per_s, c1 - c0, gib) } else { (o.iops, c1 - c0, o.ios) });
+            c0 = c1;
+        };
+        step(fio(&t.mnt, &format!("--name=seq --rw=write --bs=1M --size={size} --end_fsync=1"), true)?, true);
+        step(fio(&t.mnt, &format!("--name=seq --rw=read --bs=1M --size={size}"), false)?, true);
+        step(fio(&t.mnt, &format!("--name=rand --rw=randread {rand}"), false)?, false);
+        step(fio(&t.mnt, &format!("--name=rand --rw=randwrite {rand}"), true)?, false);
         let (c, s) = meta_loop(&t.mnt, a.files, a.threads)?;
-        for (f, v) in figs.iter_mut().zip([w, r, rr, rw, c, s]) {
-            f.samples.push(v);
+        v.extend([c, s]);
+        loads.end();
+        for (f, (x, c, work)) in figs.iter_mut().zip(v) {
+            f.samples.push(x);
+            // CPU per GiB (data) or per operation in µs (random I/O, metadata).
+            f.cpu_s.push(if f.unit == "mib_per_s" { c / work.max(1e-12) } else { c * 1e6 / work.max(1.0) });
         }
     }
     Ok(figs)
@@ -373,23 +412,26 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
         };
         let a2 = a.clone();
         let (target, result) = tokio::task::spawn_blocking(move || {
-            let r = measure(&target, &a2);
-            (target, r)
+            let mut loads = Loads::default();
+            let r = measure(&target, &a2, &mut loads);
+            (target, r.map(|f| (f, loads)))
         })
         .await?;
         drop(target);
-        figs.extend(result?);
+        let (f, loads) = result?;
+        figs.extend(f.into_iter().map(|f| (f, loads.clone())));
     }
     let _ = std::fs::remove_dir_all(&base);
 
     let median = |system: &str, op: &str, pattern: Option<&str>| {
         figs.iter()
+            .map(|(f, _)| f)
             .find(|f| f.system == system && f.op == op && f.pattern == pattern)
             .and_then(|f| summarize(&f.samples))
             .map(|s| s.median)
     };
     let mut results = Vec::new();
-    for f in &figs {
+    for (f, loads) in &figs {
         let s = summarize(&f.samples).expect("runs >= 1");
         let mut r = json!({
             "system": f.system,
@@ -409,11 +451,14 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
                 r[format!("ratio_to_{peer}")] = json!((s.median / p * 1000.0).round() / 1000.0);
             }
         }
+        add_cpu(&mut r, f);
+        loads.annotate(&mut r);
         results.push(r);
     }
     let doc = json!({
         "machine": ceilings::machine(),
         "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "argv": crate::common::argv(),
         "date": crate::report::utc_now(),
         "config": {
             "bench": "mount",
@@ -439,6 +484,15 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
         eprintln!("wrote {} and {}", path.display(), svg.display());
     }
     Ok(())
+}
+
+/// The client's CPU per GiB (data figures) or per operation (metadata figures), median over the runs. fio's CPU
+/// is its own (a reaped child); the FUSE daemon's or the servers' is not included.
+pub(crate) fn add_cpu(r: &mut Value, f: &Figure) {
+    if let Some(s) = summarize(&f.cpu_s) {
+        let key = if f.unit == "mib_per_s" { "client_cpu_s_per_gib" } else { "client_cpu_us_per_op" };
+        r[key] = json!((s.median * 1000.0).round() / 1000.0);
+    }
 }
 
 fn round(x: f64) -> f64 {
@@ -483,7 +537,7 @@ pub fn table(doc: &Value) -> String {
 }
 
 /// Weft's ratio to each peer per op, as bars (1.0 = parity).
-fn chart(doc: &Value) -> String {
+pub fn chart(doc: &Value) -> String {
     let results = doc["results"].as_array().cloned().unwrap_or_default();
     let weft: Vec<&Value> = results.iter().filter(|r| r["system"] == "weft").collect();
     let (w, h, left, top) = (560.0, 320.0, 60.0, 30.0);

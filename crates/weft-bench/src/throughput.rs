@@ -43,17 +43,22 @@ pub struct ThroughputArgs {
     /// commit that makes it visible to the next open, and the data may still be in the servers' page cache.
     #[arg(long)]
     pub fsync: bool,
+    /// Aggregate mode: this many client processes (`weft bench worker`), each writing then reading its own file
+    /// of --size; 0 measures from this process, as one client.
+    #[arg(long, default_value_t = 0)]
+    pub procs: usize,
     #[command(flatten)]
     pub common: common::SharedArgs,
 }
 
-struct Point {
+pub(crate) struct Point {
     servers: u32,
     record: u64,
     write_mib: Vec<f64>,
     write_cpu: Vec<f64>,
     read_mib: Vec<f64>,
     read_cpu: Vec<f64>,
+    pub(crate) loads: common::Loads,
 }
 
 pub async fn run(a: ThroughputArgs) -> Result<()> {
@@ -75,13 +80,17 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     let iperf_median = summarize(&iperf).map(|s| s.median);
 
     let mut points = Vec::new();
-    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     for sp in targets.points() {
         let target = targets.start(sp).await?;
         let n = target.servers;
         let client = Client::connect(&target.cfg).await?;
         for &record in &records {
-            let p = measure(&client, n, record, size, &a).await?;
+            let p = if a.procs > 0 {
+                crate::aggregate::measure(&target.cfg, n, record, size, &a).await?
+            } else {
+                measure(&client, n, record, size, &a).await?
+            };
             eprintln!(
                 "servers {n} record {record}: write {:.0} MiB/s, read {:.0} MiB/s",
                 summarize(&p.write_mib).map(|s| s.median).unwrap_or(0.0),
@@ -99,11 +108,12 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
         for (op, mib, cpu) in [("write", &p.write_mib, &p.write_cpu), ("read", &p.read_mib, &p.read_cpu)] {
             let s = summarize(mib).expect("runs >= 1");
             let c = summarize(cpu).expect("runs >= 1");
-            results.push(json!({
+            let mut r = json!({
                 "system": "weft",
                 "fabric": "tcp",
                 "servers": p.servers,
-                "clients": 1,
+                "clients": a.procs.max(1),
+                "procs": a.procs,
                 "threads": 1,
                 "window": a.window,
                 "record_bytes": p.record,
@@ -114,7 +124,9 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
                 "min": round1(s.min),
                 "max": round1(s.max),
                 "ratio_to_iperf3": iperf_median.map(|i| round3(s.median / i)),
-            }));
+            });
+            p.loads.annotate(&mut r);
+            results.push(r);
         }
     }
     let mut ceil = serde_json::Map::new();
@@ -134,6 +146,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
             "size_bytes": size,
             "window": a.window,
             "fsync": a.fsync,
+            "procs": a.procs,
             "runs": a.common.runs,
             "load_average_before": load_before,
             "load_average_after": load_after,
@@ -144,6 +157,21 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     common::emit(&doc, &crate::report::markdown_table(&doc), a.common.json.as_deref(), crate::chart::throughput_svg)
 }
 
+impl Point {
+    pub(crate) fn new(servers: u32, record: u64) -> Point {
+        let (write_mib, write_cpu, read_mib, read_cpu) = (vec![], vec![], vec![], vec![]);
+        Point { servers, record, write_mib, write_cpu, read_mib, read_cpu, loads: common::Loads::default() }
+    }
+
+    /// One run that moved `gib` each way: (write secs, write CPU secs, read secs, read CPU secs).
+    pub(crate) fn push(&mut self, gib: f64, (w, wc, r, rc): (f64, f64, f64, f64)) {
+        self.write_mib.push(gib * 1024.0 / w);
+        self.write_cpu.push(wc / gib);
+        self.read_mib.push(gib * 1024.0 / r);
+        self.read_cpu.push(rc / gib);
+    }
+}
+
 async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &ThroughputArgs) -> Result<Point> {
     let path = format!("/bench-s{servers}-r{record}");
     let records = size.div_ceil(record).max(1);
@@ -151,17 +179,14 @@ async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &Thro
     let src = Bytes::from((0..record).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
     // Pre-faulted destination buffers, one per record in flight, reused across runs.
     let mut bufs: Vec<BytesMut> = (0..a.window).map(|_| BytesMut::zeroed(record as usize)).collect();
-    let mut p = Point { servers, record, write_mib: vec![], write_cpu: vec![], read_mib: vec![], read_cpu: vec![] };
+    let mut p = Point::new(servers, record);
     // Warm-up: one pass of a small file brings up sessions and connections.
     sequential(client, &path, record, records.min(16), &src, &mut bufs, a).await?;
     for _ in 0..a.common.runs {
+        p.loads.start();
         let (w, wc, r, rc) = sequential(client, &path, record, records, &src, &mut bufs, a).await?;
-        let gib = (records * record) as f64 / (1u64 << 30) as f64;
-        let mib = gib * 1024.0;
-        p.write_mib.push(mib / w);
-        p.write_cpu.push(wc / gib);
-        p.read_mib.push(mib / r);
-        p.read_cpu.push(rc / gib);
+        p.loads.end();
+        p.push((records * record) as f64 / (1u64 << 30) as f64, (w, wc, r, rc));
     }
     let (parent, name) = client.resolve_parent(&path).await?;
     client.unlink(parent.ino, name).await?;

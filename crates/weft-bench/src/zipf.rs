@@ -117,7 +117,7 @@ pub async fn run(a: ZipfArgs) -> Result<()> {
     }
     let load_before = ceilings::load_average();
     let machine = ceilings::machine();
-    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?;
+    let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
     for sp in targets.points() {
         let target = targets.start(sp).await?;
@@ -188,6 +188,7 @@ async fn measure(
     mixed(&f, &ops[..ops.len().min(512)], record, &src, &mut bufs, a.window, true).await?;
     let (mut r, mut w, mut mix) = (OpRuns::default(), OpRuns::default(), Vec::new());
     for _ in 0..a.common.runs {
+        let load = crate::ceilings::load1();
         let (secs, cpu, mut rl, mut wl) = mixed(&f, &ops, record, &src, &mut bufs, a.window, false).await?;
         // CPU time cannot be split between reads and writes: each gets its share, i.e. the mix's CPU per op.
         let share = |k: u64| cpu * k as f64 / a.ops as f64;
@@ -198,6 +199,8 @@ async fn measure(
             w.push(writes, writes * record, secs, share(writes), &mut wl)?;
         }
         mix.push(a.ops as f64 / secs);
+        r.push_load(load);
+        w.push_load(load);
     }
     f.commit().await?;
     let (parent, name) = client.resolve_parent(&path).await?;

@@ -31,6 +31,11 @@ pub struct ClientTuning {
     pub attempts_max: u32,
     /// Layouts remembered by inode.
     pub layout_cache_entries: usize,
+    /// Benchmarks only: delay before every request is sent (see `weft_rpc::ClientConfig::send_delay_us`).
+    pub send_delay_us: u64,
+    /// Benchmarks only (Sandia's short circuit): reads and writes stop at the wire, reads returning zeros; shows
+    /// the ceiling of the client above the network.
+    pub short_circuit_network: bool,
 }
 
 impl Default for ClientTuning {
@@ -42,6 +47,8 @@ impl Default for ClientTuning {
             connect_timeout_ms: 5_000,
             attempts_max: 5,
             layout_cache_entries: 65_536,
+            send_delay_us: 0,
+            short_circuit_network: false,
         }
     }
 }
@@ -53,6 +60,7 @@ impl ClientTuning {
             call_timeout_ms: self.call_timeout_ms,
             connect_timeout_ms: self.connect_timeout_ms,
             attempts_max: self.attempts_max.max(1),
+            send_delay_us: self.send_delay_us,
             ..ClientConfig::default()
         };
         c.limits.data_bytes_max = c.limits.data_bytes_max.max(self.transfer_unit_bytes);

@@ -363,6 +363,9 @@ impl Client {
 
     /// Makes every object of the file durable on its data server (fsync of data and checksums).
     pub(crate) async fn fsync_objects(&self, ino: u64, layout: &Layout) -> Result<(), ClientError> {
+        if self.tuning().short_circuit_network {
+            return Ok(());
+        }
         let reqs = (0..layout.stripe_count).map(|_| Request::Fsync(weft_proto::msg::InoReq { ino })).collect();
         self.on_every_object(layout, reqs).await
     }

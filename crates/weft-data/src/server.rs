@@ -45,6 +45,10 @@ pub struct DataConfig {
     pub slots_max: u32,
     #[serde(default = "default_sessions_max")]
     pub sessions_max: u32,
+    /// Benchmarks only (Sandia's short circuit, `weft bench --short-circuit server`): writes are discarded and
+    /// reads served as zeros without touching the disk, showing the ceiling of everything before the store.
+    #[serde(default)]
+    pub short_circuit: bool,
 }
 
 fn default_heartbeat_ms() -> u64 {
@@ -71,13 +75,25 @@ pub struct DataService {
     store: Arc<ObjectStore>,
     /// Reads served from mappings in flight at once: each pins its pages and a mapping until its reply is sent.
     mapped_reads: Arc<Semaphore>,
+    /// See [`DataConfig::short_circuit`].
+    short_circuit: bool,
 }
 
 impl DataService {
     /// `mapped_reads_max` bounds the reads served from page-cache mappings at once (the copying path is bounded
     /// by the RPC server's buffer pool).
     pub fn new(store: Arc<ObjectStore>, mapped_reads_max: u32) -> DataService {
-        DataService { store, mapped_reads: Arc::new(Semaphore::new(mapped_reads_max.max(1) as usize)) }
+        DataService {
+            store,
+            mapped_reads: Arc::new(Semaphore::new(mapped_reads_max.max(1) as usize)),
+            short_circuit: false,
+        }
+    }
+
+    /// Benchmarks only: see [`DataConfig::short_circuit`].
+    pub fn with_short_circuit(mut self, on: bool) -> DataService {
+        self.short_circuit = on;
+        self
     }
 }
 
@@ -107,6 +123,11 @@ impl Service for DataService {
                         ErrorCode::OutOfRange,
                         format!("read of {} bytes exceeds the transfer unit of {}", r.len, ctx.pool.buf_bytes()),
                     ));
+                }
+                if self.short_circuit {
+                    let mut buf = ctx.pool.acquire(r.len as usize).await;
+                    buf.as_mut_slice().fill(0);
+                    return Ok(Reply { resp: Response::Read(()), data: Some(Box::new(buf)) });
                 }
                 if r.len <= INLINE_IO_BYTES_MAX {
                     // Small reads (random I/O) are read into a pool buffer right here: mapping a few pages costs
@@ -146,6 +167,9 @@ impl Service for DataService {
             Request::Write(w) => {
                 let buf = data.ok_or_else(|| WireError::new(ErrorCode::BadRequest, "write without a payload"))?;
                 let n = buf.len() as u32;
+                if self.short_circuit {
+                    return Ok(Response::Write(n).into());
+                }
                 if n <= INLINE_IO_BYTES_MAX {
                     // As small reads: a page-cache write takes less than the hand-off to the blocking pool.
                     store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)?;
@@ -171,6 +195,7 @@ impl Service for DataService {
                     .map_err(WireError::from)?;
                 Ok(Response::RemoveObject(()).into())
             }
+            Request::Fsync(_) if self.short_circuit => Ok(Response::Fsync(()).into()),
             Request::Fsync(r) => {
                 tokio::task::spawn_blocking(move || store.fsync(r.ino))
                     .await
@@ -222,8 +247,10 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         pool_buffers: cfg.pool_buffers,
         ..ServerConfig::default()
     };
-    let server =
-        RpcServer::<TcpFabric, _>::new(server_cfg, Arc::new(DataService::new(store.clone(), cfg.pool_buffers)));
+    let server = RpcServer::<TcpFabric, _>::new(
+        server_cfg,
+        Arc::new(DataService::new(store.clone(), cfg.pool_buffers).with_short_circuit(cfg.short_circuit)),
+    );
     info!(id = cfg.id, %addr, %advertise, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
     tokio::spawn(heartbeat(cfg.clone(), advertise, store));
     ready(&addr);

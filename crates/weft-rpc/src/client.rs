@@ -230,6 +230,9 @@ impl<F: Fabric> RpcClient<F> {
                 data_len: data_len as u32,
                 body_crc,
             };
+            if inner.cfg.send_delay_us > 0 {
+                send_delay(inner.cfg.send_delay_us).await;
+            }
             let wrote = tokio::time::timeout(timeout, async {
                 let mut w = conn.writer.lock().await;
                 write_frame(&mut *w, &h, &body, &data_slices).await
@@ -529,4 +532,19 @@ async fn reader_loop<F: Fabric>(conn: Arc<Conn<F>>, reader: F::Reader, limits: F
     debug!(%addr, "client connection ended: {reason}");
     conn.killer.kill();
     conn.fail_all(&reason);
+}
+
+/// Waits `us` microseconds before a send (`ClientConfig::send_delay_us`). Below a millisecond the timer wheel is too
+/// coarse, so the task yields in a loop until the time has passed: other calls keep going meanwhile, which is what
+/// a window of requests in flight over a long link looks like.
+async fn send_delay(us: u64) {
+    let d = Duration::from_micros(us);
+    if us >= 1000 {
+        tokio::time::sleep(d).await;
+        return;
+    }
+    let t = std::time::Instant::now();
+    while t.elapsed() < d {
+        tokio::task::yield_now().await;
+    }
 }

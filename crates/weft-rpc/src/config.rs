@@ -15,6 +15,9 @@ pub struct ClientConfig {
     pub attempts_max: u32,
     /// Limits on replies this client accepts.
     pub limits: FrameLimits,
+    /// Benchmarks only (`weft bench --delay-us`): each request waits this long before it is sent, emulating a
+    /// one-way WAN delay (netem is not available). 0 = none.
+    pub send_delay_us: u64,
 }
 
 impl Default for ClientConfig {
@@ -26,6 +29,7 @@ impl Default for ClientConfig {
             call_timeout_ms: 30_000,
             attempts_max: 5,
             limits: FrameLimits { body_bytes_max: 8 << 20, data_bytes_max: 4 << 20 },
+            send_delay_us: 0,
         }
     }
 }

@@ -135,6 +135,7 @@ fn ops_of(doc: &Value) -> Vec<String> {
 fn meta() {
     let doc = bench("meta", &["meta", "--servers", "1", "--threads", "2", "--files", "50", "--runs", "1"]);
     check_contract(&doc, "meta", "ops_per_s");
+    check_loads(&doc);
     assert_eq!(ops_of(&doc), ["create", "stat", "readdir", "remove"]);
     for r in doc["results"].as_array().unwrap() {
         assert_eq!(r["clients"], 2, "{r}");
@@ -164,6 +165,7 @@ fn latency() {
     let args = ["latency", "--servers", "1", "--record", "1,4K", "--count", "16", "--runs", "1"];
     let doc = bench("latency", &args);
     check_contract(&doc, "latency", "p50_us");
+    check_loads(&doc);
     assert_eq!(ops_of(&doc), ["write", "read", "write", "read"]);
     for r in doc["results"].as_array().unwrap() {
         positive(r, "mean_us");
@@ -177,6 +179,7 @@ fn zipf() {
     let args = ["zipf", "--servers", "1", "--size", "1M", "--record", "4K", "--ops", "200", "--runs", "1"];
     let doc = bench("zipf", &args);
     check_contract(&doc, "zipf", "ops_per_s");
+    check_loads(&doc);
     assert_eq!(ops_of(&doc), ["read", "rewrite"]);
     for r in doc["results"].as_array().unwrap() {
         positive(r, "mib_per_s");
@@ -194,6 +197,7 @@ fn throughput() {
     let args = ["throughput", "--servers", "1", "--record", "64K", "--size", "1M", "--runs", "1", "--no-iperf"];
     let doc = bench("throughput", &args);
     check_contract(&doc, "throughput", "mib_per_s");
+    check_loads(&doc);
     assert_eq!(ops_of(&doc), ["write", "read"]);
     positive(&doc["ceilings"], "memcpy_mib_per_s");
 }
@@ -235,4 +239,165 @@ fn mount() {
     }
     assert!(doc["machine"]["cores"].as_u64().unwrap_or(0) >= 1);
     assert!(doc["command"].as_str().unwrap().contains("bench mount"));
+}
+
+/// Every result of a multi-run workload carries the load average before and after each run.
+fn check_loads(doc: &Value) {
+    for r in doc["results"].as_array().unwrap() {
+        for k in ["load_1min_before", "load_1min_after"] {
+            let v = r[k].as_array().unwrap_or_else(|| panic!("{k}: {r}"));
+            assert_eq!(v.len() as u64, r["runs"].as_u64().unwrap(), "{k}: {r}");
+            assert!(v.iter().all(|x| x.as_f64().is_some_and(|x| x.is_finite() && x >= 0.0)), "{k}: {r}");
+        }
+    }
+    let argv = doc["argv"].as_array().expect("argv");
+    assert!(argv.iter().any(|w| w == "bench"), "argv: {argv:?}");
+}
+
+#[test]
+fn checkpoint() {
+    let args = [
+        "checkpoint",
+        "--servers",
+        "2",
+        "--procs",
+        "2",
+        "--size",
+        "256K",
+        "--record",
+        "64K",
+        "--stripes",
+        "1,2,3",
+        "--runs",
+        "2",
+    ];
+    let doc = bench("checkpoint", &args);
+    check_contract(&doc, "checkpoint", "mib_per_s");
+    check_loads(&doc);
+    let results = doc["results"].as_array().unwrap();
+    // Stripe count 3 exceeds the 2 data servers: skipped. Two stripe counts × two modes remain.
+    assert_eq!(results.len(), 4, "{results:?}");
+    let modes: Vec<&str> = results.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["n-n", "n-1", "n-n", "n-1"]);
+    for r in results {
+        assert_eq!(r["op"], "checkpoint");
+        assert_eq!(r["procs"], 2, "{r}");
+        assert_eq!(r["size_bytes_per_proc"], 256 << 10, "{r}");
+        let s = positive(r, "checkpoint_s");
+        assert!(positive(r, "checkpoint_s_min") <= s && s <= positive(r, "checkpoint_s_max"), "{r}");
+        positive(r, "client_cpu_s_per_gib");
+        positive(r, "ops_per_s");
+    }
+}
+
+#[test]
+fn throughput_procs() {
+    let args = [
+        "throughput",
+        "--servers",
+        "1",
+        "--record",
+        "64K",
+        "--size",
+        "512K",
+        "--runs",
+        "2",
+        "--no-iperf",
+        "--procs",
+        "2",
+    ];
+    let doc = bench("throughput-procs", &args);
+    check_contract(&doc, "throughput", "mib_per_s");
+    check_loads(&doc);
+    assert_eq!(ops_of(&doc), ["write", "read"]);
+    for r in doc["results"].as_array().unwrap() {
+        assert_eq!((r["procs"].as_u64(), r["clients"].as_u64()), (Some(2), Some(2)), "{r}");
+        positive(r, "client_cpu_s_per_gib");
+    }
+}
+
+#[test]
+fn meta_procs() {
+    let doc = bench("meta-procs", &["meta", "--servers", "1", "--procs", "2", "--files", "40", "--runs", "2"]);
+    check_contract(&doc, "meta", "ops_per_s");
+    check_loads(&doc);
+    assert_eq!(ops_of(&doc), ["create", "stat", "readdir", "remove"]);
+    for r in doc["results"].as_array().unwrap() {
+        assert_eq!(r["procs"], 2, "{r}");
+        positive(r, "client_cpu_us_per_op");
+    }
+}
+
+#[test]
+fn compare_native_and_memcpy() {
+    // The peers that need packages (fio, FUSE, GlusterFS, nfs-ganesha) are left to `make bench-compare`.
+    let args = ["compare", "--systems", "weft-native,memcpy", "--servers", "1", "--size", "1M", "--files", "20"];
+    let doc = bench("compare", &[&args[..], &["--threads", "2", "--runs", "1"]].concat());
+    assert!(doc["command"].as_str().unwrap().contains("bench compare"));
+    assert!(doc["machine"]["cores"].as_u64().unwrap_or(0) >= 1);
+    assert!(doc["config"]["load_check"]["mismatch"].is_boolean(), "{doc}");
+    let results = doc["results"].as_array().unwrap();
+    let systems: Vec<&str> = results.iter().map(|r| r["system"].as_str().unwrap()).collect();
+    assert_eq!(systems, ["weft-native", "weft-native", "weft-native", "weft-native", "memcpy"]);
+    for r in results {
+        assert!(OPS.contains(&r["op"].as_str().unwrap()), "{r}");
+        let h = r.get("mib_per_s").or_else(|| r.get("ops_per_s")).and_then(Value::as_f64).unwrap();
+        assert!(h.is_finite() && h > 0.0, "{r}");
+    }
+    let ratios = doc["ratios"].as_array().unwrap();
+    assert!(!ratios.is_empty());
+    for r in ratios {
+        assert_eq!(r["peer"], "memcpy", "{r}");
+        positive(r, "ratio");
+    }
+}
+
+#[test]
+fn report_of_a_directory() {
+    let dir = TempDir::new("report");
+    let json = dir.0.join("ckpt.json");
+    let status = Command::new(WEFT)
+        .args(["bench", "checkpoint", "--servers", "1", "--procs", "1", "--size", "64K", "--record", "64K"])
+        .args(["--stripes", "1", "--mode", "n-n", "--runs", "1", "--dir"])
+        .arg(&dir.0)
+        .arg("--json")
+        .arg(&json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::remove_file(json.with_extension("svg")).unwrap();
+    let out = dir.0.join("report.md");
+    let status = Command::new(WEFT).args(["bench", "report"]).arg(&dir.0).arg("--out").arg(&out).status().unwrap();
+    assert!(status.success());
+    let md = std::fs::read_to_string(&out).unwrap();
+    assert!(md.contains("## checkpoint (ckpt.json)"), "{md}");
+    assert!(md.contains("- command: `") && md.contains("bench checkpoint"), "{md}");
+    assert!(md.contains("cores)") && md.contains("kernel"), "{md}");
+    assert!(md.contains("| 1 | 1 | n-n | 1 |"), "{md}");
+    // The chart is regenerated beside the JSON.
+    assert!(std::fs::read_to_string(json.with_extension("svg")).unwrap().starts_with("<svg"));
+}
+
+#[test]
+fn short_circuits_and_delay() {
+    for (name, extra) in [
+        ("sc-server", ["--short-circuit", "server"]),
+        ("sc-network", ["--short-circuit", "network"]),
+        ("delay", ["--delay-us", "10"]),
+    ] {
+        let args = ["throughput", "--servers", "1", "--record", "64K", "--size", "1M", "--runs", "1", "--no-iperf"];
+        let doc = bench(name, &[&args[..], &extra[..]].concat());
+        check_contract(&doc, "throughput", "mib_per_s");
+        let f = &doc["config"]["fabric_options"];
+        match name {
+            "delay" => assert_eq!((f["delay_us"].as_u64(), f["short_circuit"].is_null()), (Some(10), true), "{f}"),
+            _ => assert_eq!(f["short_circuit"], name.trim_start_matches("sc-"), "{f}"),
+        }
+    }
+    // A checkpoint (fsync included) through short-circuited servers.
+    let args = ["checkpoint", "--servers", "1", "--procs", "2", "--size", "128K", "--record", "64K", "--stripes", "1"];
+    let doc = bench("sc-ckpt", &[&args[..], &["--runs", "1", "--short-circuit", "server"]].concat());
+    check_contract(&doc, "checkpoint", "mib_per_s");
 }
