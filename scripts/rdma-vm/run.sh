@@ -32,6 +32,7 @@ done
 guest_script="$1"; shift
 guest_args=("$@")
 
+export PATH="$PATH:/usr/sbin:/sbin" # depmod lives there
 for tool in qemu-system-x86_64 cpio depmod gzip apt-get dpkg; do
 	command -v "$tool" >/dev/null || { echo "run.sh: $tool missing (make test-rdma installs it)" >&2; exit 2; }
 done

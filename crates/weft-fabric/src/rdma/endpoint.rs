@@ -181,7 +181,7 @@ impl Endpoint {
         for slot in 0..ep.cfg.recv_credits as usize {
             ep.post_recv(slot)?;
         }
-        ep.to_rtr_rts(&local)?;
+        ep.ready_to_send(&local)?;
         // Barrier: one byte each way once at RTS.
         stream.write_all(&[1])?;
         let mut ready = [0u8; 1];
@@ -192,7 +192,7 @@ impl Endpoint {
         Ok(ep)
     }
 
-    fn to_rtr_rts(&mut self, local: &ConnInfo) -> Result<()> {
+    fn ready_to_send(&mut self, local: &ConnInfo) -> Result<()> {
         let inner = &self.dev.inner;
         let peer = &self.peer;
         let mut ah =
@@ -283,7 +283,7 @@ impl Endpoint {
 
     fn check_deadline(&self, deadline: Instant, spins: &mut u32, op: &'static str) -> Result<()> {
         *spins = spins.wrapping_add(1);
-        if *spins % 64 == 0 {
+        if spins.is_multiple_of(64) {
             if Instant::now() > deadline {
                 return Err(RdmaError::Timeout { op, timeout_ms: self.cfg.timeout_ms });
             }

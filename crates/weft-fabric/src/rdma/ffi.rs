@@ -311,31 +311,50 @@ const _: () = {
 };
 
 /// The exported libibverbs entry points Weft calls, resolved once per process.
+pub type GetDeviceListFn = unsafe extern "C" fn(num: *mut c_int) -> *mut *mut c_void;
+pub type FreeDeviceListFn = unsafe extern "C" fn(list: *mut *mut c_void);
+pub type GetDeviceNameFn = unsafe extern "C" fn(dev: *mut c_void) -> *const c_char;
+pub type OpenDeviceFn = unsafe extern "C" fn(dev: *mut c_void) -> *mut IbvContext;
+pub type CloseDeviceFn = unsafe extern "C" fn(ctx: *mut IbvContext) -> c_int;
+pub type QueryDeviceFn = unsafe extern "C" fn(ctx: *mut IbvContext, attr: *mut IbvDeviceAttr) -> c_int;
+pub type QueryPortFn = unsafe extern "C" fn(ctx: *mut IbvContext, port: u8, attr: *mut IbvPortAttr) -> c_int;
+pub type QueryGidFn = unsafe extern "C" fn(ctx: *mut IbvContext, port: u8, index: c_int, gid: *mut [u8; 16]) -> c_int;
+pub type AllocPdFn = unsafe extern "C" fn(ctx: *mut IbvContext) -> *mut c_void;
+pub type DeallocPdFn = unsafe extern "C" fn(pd: *mut c_void) -> c_int;
+pub type RegMrFn = unsafe extern "C" fn(pd: *mut c_void, addr: *mut c_void, len: usize, access: c_int) -> *mut IbvMr;
+pub type DeregMrFn = unsafe extern "C" fn(mr: *mut IbvMr) -> c_int;
+pub type CreateCqFn = unsafe extern "C" fn(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut c_void,
+    comp_vector: c_int,
+) -> *mut c_void;
+pub type DestroyCqFn = unsafe extern "C" fn(cq: *mut c_void) -> c_int;
+pub type CreateQpFn = unsafe extern "C" fn(pd: *mut c_void, attr: *mut IbvQpInitAttr) -> *mut c_void;
+pub type ModifyQpFn = unsafe extern "C" fn(qp: *mut c_void, attr: *mut IbvQpAttr, mask: c_int) -> c_int;
+pub type DestroyQpFn = unsafe extern "C" fn(qp: *mut c_void) -> c_int;
+pub type WcStatusStrFn = unsafe extern "C" fn(status: c_uint) -> *const c_char;
+
 pub struct Verbs {
-    pub get_device_list: unsafe extern "C" fn(num: *mut c_int) -> *mut *mut c_void,
-    pub free_device_list: unsafe extern "C" fn(list: *mut *mut c_void),
-    pub get_device_name: unsafe extern "C" fn(dev: *mut c_void) -> *const c_char,
-    pub open_device: unsafe extern "C" fn(dev: *mut c_void) -> *mut IbvContext,
-    pub close_device: unsafe extern "C" fn(ctx: *mut IbvContext) -> c_int,
-    pub query_device: unsafe extern "C" fn(ctx: *mut IbvContext, attr: *mut IbvDeviceAttr) -> c_int,
-    pub query_port: unsafe extern "C" fn(ctx: *mut IbvContext, port: u8, attr: *mut IbvPortAttr) -> c_int,
-    pub query_gid: unsafe extern "C" fn(ctx: *mut IbvContext, port: u8, index: c_int, gid: *mut [u8; 16]) -> c_int,
-    pub alloc_pd: unsafe extern "C" fn(ctx: *mut IbvContext) -> *mut c_void,
-    pub dealloc_pd: unsafe extern "C" fn(pd: *mut c_void) -> c_int,
-    pub reg_mr: unsafe extern "C" fn(pd: *mut c_void, addr: *mut c_void, len: usize, access: c_int) -> *mut IbvMr,
-    pub dereg_mr: unsafe extern "C" fn(mr: *mut IbvMr) -> c_int,
-    pub create_cq: unsafe extern "C" fn(
-        ctx: *mut IbvContext,
-        cqe: c_int,
-        cq_context: *mut c_void,
-        channel: *mut c_void,
-        comp_vector: c_int,
-    ) -> *mut c_void,
-    pub destroy_cq: unsafe extern "C" fn(cq: *mut c_void) -> c_int,
-    pub create_qp: unsafe extern "C" fn(pd: *mut c_void, attr: *mut IbvQpInitAttr) -> *mut c_void,
-    pub modify_qp: unsafe extern "C" fn(qp: *mut c_void, attr: *mut IbvQpAttr, mask: c_int) -> c_int,
-    pub destroy_qp: unsafe extern "C" fn(qp: *mut c_void) -> c_int,
-    pub wc_status_str: unsafe extern "C" fn(status: c_uint) -> *const c_char,
+    pub get_device_list: GetDeviceListFn,
+    pub free_device_list: FreeDeviceListFn,
+    pub get_device_name: GetDeviceNameFn,
+    pub open_device: OpenDeviceFn,
+    pub close_device: CloseDeviceFn,
+    pub query_device: QueryDeviceFn,
+    pub query_port: QueryPortFn,
+    pub query_gid: QueryGidFn,
+    pub alloc_pd: AllocPdFn,
+    pub dealloc_pd: DeallocPdFn,
+    pub reg_mr: RegMrFn,
+    pub dereg_mr: DeregMrFn,
+    pub create_cq: CreateCqFn,
+    pub destroy_cq: DestroyCqFn,
+    pub create_qp: CreateQpFn,
+    pub modify_qp: ModifyQpFn,
+    pub destroy_qp: DestroyQpFn,
+    pub wc_status_str: WcStatusStrFn,
 }
 
 const LIBRARY: &CStr = c"libibverbs.so.1";
@@ -358,7 +377,7 @@ fn load() -> Result<Verbs, String> {
         ));
     }
     macro_rules! sym {
-        ($name:literal) => {{
+        ($name:literal, $ty:ty) => {{
             let name: &CStr = $name;
             // SAFETY: valid handle and NUL-terminated name.
             let ptr = unsafe { libc::dlsym(handle, name.as_ptr()) };
@@ -368,28 +387,28 @@ fn load() -> Result<Verbs, String> {
             // SAFETY: the symbol is the libibverbs function of that name; the field's type is its C prototype from
             // verbs.h (IBVERBS_1.1, the default version dlsym returns), and a data pointer and a function pointer
             // have the same size on every platform libibverbs supports.
-            unsafe { std::mem::transmute::<*mut c_void, _>(ptr) }
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(ptr) }
         }};
     }
     Ok(Verbs {
-        get_device_list: sym!(c"ibv_get_device_list"),
-        free_device_list: sym!(c"ibv_free_device_list"),
-        get_device_name: sym!(c"ibv_get_device_name"),
-        open_device: sym!(c"ibv_open_device"),
-        close_device: sym!(c"ibv_close_device"),
-        query_device: sym!(c"ibv_query_device"),
-        query_port: sym!(c"ibv_query_port"),
-        query_gid: sym!(c"ibv_query_gid"),
-        alloc_pd: sym!(c"ibv_alloc_pd"),
-        dealloc_pd: sym!(c"ibv_dealloc_pd"),
-        reg_mr: sym!(c"ibv_reg_mr"),
-        dereg_mr: sym!(c"ibv_dereg_mr"),
-        create_cq: sym!(c"ibv_create_cq"),
-        destroy_cq: sym!(c"ibv_destroy_cq"),
-        create_qp: sym!(c"ibv_create_qp"),
-        modify_qp: sym!(c"ibv_modify_qp"),
-        destroy_qp: sym!(c"ibv_destroy_qp"),
-        wc_status_str: sym!(c"ibv_wc_status_str"),
+        get_device_list: sym!(c"ibv_get_device_list", GetDeviceListFn),
+        free_device_list: sym!(c"ibv_free_device_list", FreeDeviceListFn),
+        get_device_name: sym!(c"ibv_get_device_name", GetDeviceNameFn),
+        open_device: sym!(c"ibv_open_device", OpenDeviceFn),
+        close_device: sym!(c"ibv_close_device", CloseDeviceFn),
+        query_device: sym!(c"ibv_query_device", QueryDeviceFn),
+        query_port: sym!(c"ibv_query_port", QueryPortFn),
+        query_gid: sym!(c"ibv_query_gid", QueryGidFn),
+        alloc_pd: sym!(c"ibv_alloc_pd", AllocPdFn),
+        dealloc_pd: sym!(c"ibv_dealloc_pd", DeallocPdFn),
+        reg_mr: sym!(c"ibv_reg_mr", RegMrFn),
+        dereg_mr: sym!(c"ibv_dereg_mr", DeregMrFn),
+        create_cq: sym!(c"ibv_create_cq", CreateCqFn),
+        destroy_cq: sym!(c"ibv_destroy_cq", DestroyCqFn),
+        create_qp: sym!(c"ibv_create_qp", CreateQpFn),
+        modify_qp: sym!(c"ibv_modify_qp", ModifyQpFn),
+        destroy_qp: sym!(c"ibv_destroy_qp", DestroyQpFn),
+        wc_status_str: sym!(c"ibv_wc_status_str", WcStatusStrFn),
     })
 }
 

@@ -508,3 +508,35 @@ impl Drop for Qp {
         unsafe { (self.dev.verbs.destroy_qp)(self.ptr) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REGION: RemoteRegion = RemoteRegion { addr: 0x1000, len: 0x2000, rkey: 7 };
+
+    #[test]
+    fn contains_checks_bounds_and_rkey() {
+        assert!(REGION.contains(&REGION));
+        assert!(REGION.contains(&RemoteRegion { addr: 0x2000, len: 0x1000, rkey: 7 }));
+        assert!(!REGION.contains(&RemoteRegion { addr: 0x2000, len: 0x1001, rkey: 7 }), "runs past the end");
+        assert!(!REGION.contains(&RemoteRegion { addr: 0xfff, len: 1, rkey: 7 }), "starts before");
+        assert!(!REGION.contains(&RemoteRegion { addr: 0x1000, len: 1, rkey: 8 }), "other rkey");
+        assert!(!REGION.contains(&RemoteRegion { addr: u64::MAX, len: 2, rkey: 7 }), "wraps");
+    }
+
+    #[test]
+    fn slice_stays_inside() {
+        assert_eq!(REGION.slice(0x1000, 0x1000).unwrap(), RemoteRegion { addr: 0x2000, len: 0x1000, rkey: 7 });
+        assert!(REGION.slice(0x1000, 0x1001).is_err());
+        assert!(REGION.slice(u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn descriptor_round_trips_and_rejects_bad_input() {
+        assert_eq!(RemoteRegion::decode(&REGION.encode()).unwrap(), REGION);
+        assert!(RemoteRegion::decode(&REGION.encode()[..19]).is_err());
+        let wrapping = RemoteRegion { addr: u64::MAX, len: 2, rkey: 1 }.encode();
+        assert!(RemoteRegion::decode(&wrapping).is_err());
+    }
+}
