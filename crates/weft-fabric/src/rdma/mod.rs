@@ -23,13 +23,13 @@
 mod endpoint;
 mod ffi;
 mod verbs;
-mod wire;
+pub mod wire;
 
 use std::fmt;
 
 pub use endpoint::{Endpoint, EndpointConfig};
 pub use verbs::{Device, DeviceConfig, MemoryRegion, RemoteRegion, list_devices};
-pub use wire::{CONN_INFO_BYTES, ConnInfo, MSG_HEADER_BYTES};
+pub use wire::{CONN_INFO_BYTES, ConnInfo, MSG_HEADER_BYTES, MsgHeader};
 
 /// Errors of the verbs layer and of endpoint setup and traffic.
 #[derive(Debug)]
