@@ -7,8 +7,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use weft_fabric::rdma::wire::{self, CONN_INFO_BYTES, ConnInfo, MSG_HEADER_BYTES, RECV_CREDITS_MAX};
 use weft_fabric::rdma::RemoteRegion;
+use weft_fabric::rdma::wire::{self, CONN_INFO_BYTES, ConnInfo, MSG_HEADER_BYTES, RECV_CREDITS_MAX};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(info) = ConnInfo::decode(data.get(..CONN_INFO_BYTES.min(data.len())).unwrap_or_default()) {
