@@ -10,6 +10,7 @@
 //! client's region, then replies (RC ordering makes the reply the completion). Between the two, the client sends a
 //! rogue READ whose chunk runs past its region: the server must refuse it and keep serving. The client compares
 //! CRC-32C of the original and returned bytes and prints `RDMA-ROUNDTRIP: PASS` or `RDMA-ROUNDTRIP: FAIL`.
+//! The server busy-polls its completion queues; the client sleeps on a completion channel (evented).
 //! Run inside the Soft-RoCE VM by `make test-rdma` (scripts/rdma-vm/guest/roundtrip.sh).
 
 use std::fs::File;
@@ -185,7 +186,11 @@ fn connect_retrying(dev: &Device, addr: &str) -> Result<Endpoint> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match std::net::TcpStream::connect(addr) {
-            Ok(mut stream) => return Ok(Endpoint::over_tcp(dev, &mut stream, EndpointConfig::default())?),
+            Ok(mut stream) => {
+                // Clients sleep on completion events; the server busy-polls (DESIGN.md §2).
+                let cfg = EndpointConfig { evented: true, ..EndpointConfig::default() };
+                return Ok(Endpoint::over_tcp(dev, &mut stream, cfg)?);
+            }
             Err(e) if Instant::now() < deadline => {
                 let _ = e;
                 std::thread::sleep(Duration::from_millis(100));
@@ -206,7 +211,7 @@ fn client(addr: &str, in_path: &str, opts: Opts) -> Result<()> {
     src.as_mut_slice().copy_from_slice(&data);
     let dst = MemoryRegion::new(&dev, data.len(), false, true)?;
     let mut ep = connect_retrying(&dev, addr)?;
-    eprintln!("client: connected over {} ({ep:?})", dev.name());
+    eprintln!("client: connected over {} ({ep:?}, evented, completion fd {:?})", dev.name(), ep.completion_fd());
     for region in [src.remote(), dst.remote()] {
         let r = call(&mut ep, OP_REGION, &region)?;
         if r.status != ST_OK {

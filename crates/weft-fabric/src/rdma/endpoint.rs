@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ffi::{self, IbvQpAttr, IbvRecvWr, IbvSendWr, IbvSge, IbvWc};
-use super::verbs::{Cq, Device, DeviceInner, MemoryRegion, Qp, RemoteRegion};
+use super::verbs::{CompChannel, Cq, Device, DeviceInner, MemoryRegion, Qp, RemoteRegion};
 use super::wire::{
     self, CONN_INFO_BYTES, ConnInfo, FLAG_CREDIT_ONLY, MSG_BYTES_MAX_LIMIT, MSG_HEADER_BYTES, RECV_CREDITS_MAX,
 };
@@ -32,6 +32,9 @@ pub struct EndpointConfig {
     pub transfer_unit_bytes: usize,
     /// How long a wait for a completion or a message may take before it fails.
     pub timeout_ms: u64,
+    /// Sleep on a completion channel instead of busy-polling (DESIGN.md §2: servers may poll, clients wait on
+    /// events). Costs a system call or two per wait, saves a core.
+    pub evented: bool,
 }
 
 impl Default for EndpointConfig {
@@ -42,6 +45,7 @@ impl Default for EndpointConfig {
             send_slots: 16,
             transfer_unit_bytes: 1 << 20,
             timeout_ms: 30_000,
+            evented: false,
         }
     }
 }
@@ -53,10 +57,15 @@ const WR_SEQ_MASK: u64 = (1 << WR_KIND_SHIFT) - 1;
 
 /// A connected RC queue pair with its completion queues and message buffers.
 pub struct Endpoint {
-    // Field order is drop order: the QP goes before the CQs it uses, the rings after the QP stops using them.
+    // Field order is drop order: the QP goes before the CQs it uses, the CQs before their channel, the rings
+    // after the QP stops using them.
     qp: Qp,
     send_cq: Cq,
     recv_cq: Cq,
+    channel: Option<CompChannel>,
+    /// Whether each CQ is armed for an event (evented mode).
+    send_armed: bool,
+    recv_armed: bool,
     recv_ring: MemoryRegion,
     send_ring: MemoryRegion,
     dev: Device,
@@ -84,6 +93,7 @@ impl std::fmt::Debug for Endpoint {
             .field("qpn", &self.qp.qpn)
             .field("peer_qpn", &self.peer.qpn)
             .field("send_credits", &self.send_credits)
+            .field("evented", &self.channel.is_some())
             .finish()
     }
 }
@@ -126,8 +136,9 @@ impl Endpoint {
         let inner: &Arc<DeviceInner> = &dev.inner;
         let rdma_depth = u32::from(inner.max_rd_atomic).max(1);
         let send_wr = cfg.send_slots + rdma_depth;
-        let send_cq = Cq::new(inner, send_wr)?;
-        let recv_cq = Cq::new(inner, cfg.recv_credits)?;
+        let channel = if cfg.evented { Some(CompChannel::new(inner)?) } else { None };
+        let send_cq = Cq::new(inner, send_wr, channel.as_ref())?;
+        let recv_cq = Cq::new(inner, cfg.recv_credits, channel.as_ref())?;
         let qp = Qp::new_rc(inner, &send_cq, &recv_cq, send_wr, cfg.recv_credits)?;
         let mut attr = IbvQpAttr {
             qp_state: ffi::IBV_QPS_INIT,
@@ -164,6 +175,9 @@ impl Endpoint {
             qp,
             send_cq,
             recv_cq,
+            channel,
+            send_armed: false,
+            recv_armed: false,
             recv_ring,
             send_ring,
             dev: dev.clone(),
@@ -281,6 +295,42 @@ impl Endpoint {
         Instant::now() + Duration::from_millis(self.cfg.timeout_ms)
     }
 
+    /// Called when a poll found nothing: spin (polled mode) or sleep on the completion channel (evented mode).
+    /// Either way the caller polls again afterwards.
+    fn wait(&mut self, deadline: Instant, spins: &mut u32, op: &'static str) -> Result<()> {
+        let Some(channel) = &self.channel else {
+            return self.check_deadline(deadline, spins, op);
+        };
+        // Arm, then let the caller poll once more before sleeping: a completion that landed before the arm
+        // raises no event.
+        if !self.send_armed {
+            self.send_cq.arm()?;
+            self.send_armed = true;
+            return Ok(());
+        }
+        if !self.recv_armed {
+            self.recv_cq.arm()?;
+            self.recv_armed = true;
+            return Ok(());
+        }
+        let now = Instant::now();
+        if now > deadline {
+            return Err(RdmaError::Timeout { op, timeout_ms: self.cfg.timeout_ms });
+        }
+        match channel.wait(deadline - now)? {
+            Some(cq) if cq == self.send_cq.ptr => self.send_armed = false,
+            Some(_) => self.recv_armed = false,
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// The completion channel's fd in evented mode: readable when a completion event is pending (for an event
+    /// loop such as tokio's `AsyncFd`).
+    pub fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.channel.as_ref().map(CompChannel::fd)
+    }
+
     fn check_deadline(&self, deadline: Instant, spins: &mut u32, op: &'static str) -> Result<()> {
         *spins = spins.wrapping_add(1);
         if spins.is_multiple_of(64) {
@@ -361,7 +411,7 @@ impl Endpoint {
         while self.send_credits == 0 || self.sends_outstanding >= self.cfg.send_slots {
             let progress = self.reap_send()? + self.reap_recv()?;
             if progress == 0 {
-                self.check_deadline(deadline, &mut spins, "send (waiting for a credit)")?;
+                self.wait(deadline, &mut spins, "send (waiting for a credit)")?;
             }
         }
         let slot_bytes = self.peer.msg_bytes_max as usize;
@@ -407,7 +457,7 @@ impl Endpoint {
             // Keep the send queue drained while we wait, so its slots free up.
             let progress = self.reap_recv()? + self.reap_send()?;
             if progress == 0 {
-                self.check_deadline(deadline, &mut spins, "recv")?;
+                self.wait(deadline, &mut spins, "recv")?;
             }
         };
         let size = self.cfg.msg_bytes_max as usize;
@@ -458,7 +508,7 @@ impl Endpoint {
             // Keep up to `depth` units in flight: the pipeline that hides the round trip of each unit.
             while self.rdma_outstanding >= depth {
                 if self.reap_send()? == 0 {
-                    self.check_deadline(deadline, &mut spins, op)?;
+                    self.wait(deadline, &mut spins, op)?;
                 }
             }
             let n = unit.min(len - done);
@@ -479,7 +529,7 @@ impl Endpoint {
         }
         while self.rdma_done_seq < last_seq {
             if self.reap_send()? == 0 {
-                self.check_deadline(deadline, &mut spins, op)?;
+                self.wait(deadline, &mut spins, op)?;
             }
         }
         Ok(())

@@ -236,14 +236,24 @@ pub struct IbvQpHead {
     pub qp_num: u32,
 }
 
+pub type ReqNotifyCqFn = unsafe extern "C" fn(cq: *mut c_void, solicited_only: c_int) -> c_int;
 pub type PollCqFn = unsafe extern "C" fn(cq: *mut c_void, num_entries: c_int, wc: *mut IbvWc) -> c_int;
 pub type PostSendFn = unsafe extern "C" fn(qp: *mut c_void, wr: *mut IbvSendWr, bad: *mut *mut IbvSendWr) -> c_int;
 pub type PostRecvFn = unsafe extern "C" fn(qp: *mut c_void, wr: *mut IbvRecvWr, bad: *mut *mut IbvRecvWr) -> c_int;
 
 /// Indices into `struct ibv_context_ops` (32 pointers).
 const OPS_POLL_CQ: usize = 11;
+const OPS_REQ_NOTIFY_CQ: usize = 12;
 const OPS_POST_SEND: usize = 25;
 const OPS_POST_RECV: usize = 26;
+
+/// `struct ibv_comp_channel`: completion events arrive as readable data on `fd`.
+#[repr(C)]
+pub struct IbvCompChannel {
+    pub context: *mut IbvContext,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
 
 /// The head of `struct ibv_context`: the device pointer and the provider's function table.
 #[repr(C)]
@@ -305,9 +315,12 @@ const _: () = {
     assert!(offset_of!(IbvQpHead, qp_num) == 52);
     assert!(offset_of!(IbvContext, ops) == 8);
     assert!(offset_of!(IbvContext, ops) + OPS_POLL_CQ * 8 == 96);
+    assert!(offset_of!(IbvContext, ops) + OPS_REQ_NOTIFY_CQ * 8 == 104);
     assert!(offset_of!(IbvContext, ops) + OPS_POST_SEND * 8 == 208);
     assert!(offset_of!(IbvContext, ops) + OPS_POST_RECV * 8 == 216);
     assert!(offset_of!(IbvContext, cmd_fd) == 264);
+    assert!(size_of::<IbvCompChannel>() == 16);
+    assert!(offset_of!(IbvCompChannel, fd) == 8);
 };
 
 /// The exported libibverbs entry points Weft calls, resolved once per process.
@@ -334,6 +347,11 @@ pub type DestroyCqFn = unsafe extern "C" fn(cq: *mut c_void) -> c_int;
 pub type CreateQpFn = unsafe extern "C" fn(pd: *mut c_void, attr: *mut IbvQpInitAttr) -> *mut c_void;
 pub type ModifyQpFn = unsafe extern "C" fn(qp: *mut c_void, attr: *mut IbvQpAttr, mask: c_int) -> c_int;
 pub type DestroyQpFn = unsafe extern "C" fn(qp: *mut c_void) -> c_int;
+pub type CreateCompChannelFn = unsafe extern "C" fn(ctx: *mut IbvContext) -> *mut IbvCompChannel;
+pub type DestroyCompChannelFn = unsafe extern "C" fn(channel: *mut IbvCompChannel) -> c_int;
+pub type GetCqEventFn =
+    unsafe extern "C" fn(channel: *mut IbvCompChannel, cq: *mut *mut c_void, cq_context: *mut *mut c_void) -> c_int;
+pub type AckCqEventsFn = unsafe extern "C" fn(cq: *mut c_void, nevents: c_uint);
 pub type WcStatusStrFn = unsafe extern "C" fn(status: c_uint) -> *const c_char;
 
 pub struct Verbs {
@@ -355,6 +373,10 @@ pub struct Verbs {
     pub modify_qp: ModifyQpFn,
     pub destroy_qp: DestroyQpFn,
     pub wc_status_str: WcStatusStrFn,
+    pub create_comp_channel: CreateCompChannelFn,
+    pub destroy_comp_channel: DestroyCompChannelFn,
+    pub get_cq_event: GetCqEventFn,
+    pub ack_cq_events: AckCqEventsFn,
 }
 
 const LIBRARY: &CStr = c"libibverbs.so.1";
@@ -409,6 +431,10 @@ fn load() -> Result<Verbs, String> {
         modify_qp: sym!(c"ibv_modify_qp", ModifyQpFn),
         destroy_qp: sym!(c"ibv_destroy_qp", DestroyQpFn),
         wc_status_str: sym!(c"ibv_wc_status_str", WcStatusStrFn),
+        create_comp_channel: sym!(c"ibv_create_comp_channel", CreateCompChannelFn),
+        destroy_comp_channel: sym!(c"ibv_destroy_comp_channel", DestroyCompChannelFn),
+        get_cq_event: sym!(c"ibv_get_cq_event", GetCqEventFn),
+        ack_cq_events: sym!(c"ibv_ack_cq_events", AckCqEventsFn),
     })
 }
 
@@ -439,6 +465,20 @@ impl Verbs {
                     wc.as_mut_ptr(),
                 ),
                 None => -libc::EOPNOTSUPP,
+            }
+        }
+    }
+
+    /// `ibv_req_notify_cq`: the provider's `ops.req_notify_cq`; arms the CQ for one completion event.
+    ///
+    /// # Safety
+    /// As for [`Verbs::poll_cq`].
+    pub unsafe fn req_notify_cq(&self, ctx: *mut IbvContext, cq: *mut c_void) -> c_int {
+        // SAFETY: as for poll_cq; the slot's prototype is ReqNotifyCqFn.
+        unsafe {
+            match (*ctx).ops[OPS_REQ_NOTIFY_CQ] {
+                Some(f) => std::mem::transmute::<unsafe extern "C" fn(), ReqNotifyCqFn>(f)(cq, 0),
+                None => libc::EOPNOTSUPP,
             }
         }
     }

@@ -5,7 +5,12 @@
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::Arc;
 
-use super::ffi::{self, IbvContext, IbvDeviceAttr, IbvMr, IbvPortAttr, IbvQpAttr, IbvQpInitAttr, IbvWc, Verbs};
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use super::ffi::{
+    self, IbvCompChannel, IbvContext, IbvDeviceAttr, IbvMr, IbvPortAttr, IbvQpAttr, IbvQpInitAttr, IbvWc, Verbs,
+};
 use super::{RdmaError, Result};
 
 /// Which device, port and GID to use.
@@ -410,7 +415,71 @@ impl Drop for MemoryRegion {
     }
 }
 
-/// A completion queue, polled.
+/// A completion channel: CQs bound to it signal armed completions as readable data on its fd, so a waiter can
+/// sleep (or hand the fd to an event loop) instead of spinning.
+pub(super) struct CompChannel {
+    dev: Arc<DeviceInner>,
+    ptr: *mut IbvCompChannel,
+}
+
+// SAFETY: see DeviceInner.
+unsafe impl Send for CompChannel {}
+
+impl CompChannel {
+    pub fn new(dev: &Arc<DeviceInner>) -> Result<Self> {
+        // SAFETY: ctx is live.
+        let ptr = unsafe { (dev.verbs.create_comp_channel)(dev.ctx) };
+        if ptr.is_null() {
+            return Err(RdmaError::Verbs { op: "ibv_create_comp_channel", errno: errno() });
+        }
+        Ok(Self { dev: Arc::clone(dev), ptr })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: the channel is live until Drop.
+        unsafe { (*self.ptr).fd }
+    }
+
+    /// Sleeps until a completion event arrives or `timeout` passes; returns the CQ the event was for (already
+    /// acknowledged, and disarmed: notifications are one-shot), or `None` on timeout or a signal.
+    pub fn wait(&self, timeout: Duration) -> Result<Option<*mut c_void>> {
+        let mut pfd = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
+        let timeout_ms = c_int::try_from(timeout.as_millis().max(1)).unwrap_or(c_int::MAX);
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if n < 0 {
+            let e = errno();
+            return if e == libc::EINTR {
+                Ok(None)
+            } else {
+                Err(RdmaError::Verbs { op: "poll(completion channel)", errno: e })
+            };
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut cq: *mut c_void = std::ptr::null_mut();
+        let mut cq_context: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the channel is live and readable, so this does not block; both out-pointers are valid.
+        let rc = unsafe { (self.dev.verbs.get_cq_event)(self.ptr, &mut cq, &mut cq_context) };
+        if rc != 0 {
+            return Err(RdmaError::Verbs { op: "ibv_get_cq_event", errno: errno() });
+        }
+        // Acknowledge at once: ibv_destroy_cq waits for every event to be acknowledged.
+        // SAFETY: cq is the live CQ the event was for.
+        unsafe { (self.dev.verbs.ack_cq_events)(cq, 1) };
+        Ok(Some(cq))
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: every CQ bound to the channel is destroyed first (Endpoint field order); released once.
+        unsafe { (self.dev.verbs.destroy_comp_channel)(self.ptr) };
+    }
+}
+
+/// A completion queue, polled, optionally bound to a completion channel.
 pub(super) struct Cq {
     dev: Arc<DeviceInner>,
     pub ptr: *mut c_void,
@@ -420,14 +489,25 @@ pub(super) struct Cq {
 unsafe impl Send for Cq {}
 
 impl Cq {
-    pub fn new(dev: &Arc<DeviceInner>, entries: u32) -> Result<Self> {
+    pub fn new(dev: &Arc<DeviceInner>, entries: u32, channel: Option<&CompChannel>) -> Result<Self> {
         let entries = c_int::try_from(entries).unwrap_or(c_int::MAX);
-        // SAFETY: ctx is live; no completion channel (polled), vector 0.
-        let ptr = unsafe { (dev.verbs.create_cq)(dev.ctx, entries, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+        let channel = channel.map_or(std::ptr::null_mut(), |c| c.ptr.cast::<c_void>());
+        // SAFETY: ctx is live; channel is NULL or a live channel of the same context that outlives the CQ.
+        let ptr = unsafe { (dev.verbs.create_cq)(dev.ctx, entries, std::ptr::null_mut(), channel, 0) };
         if ptr.is_null() {
             return Err(RdmaError::Verbs { op: "ibv_create_cq", errno: errno() });
         }
         Ok(Self { dev: Arc::clone(dev), ptr })
+    }
+
+    /// Asks for one event on the CQ's channel at the next completion.
+    pub fn arm(&self) -> Result<()> {
+        // SAFETY: this CQ was created on dev.ctx and is live until Drop.
+        let rc = unsafe { self.dev.verbs.req_notify_cq(self.dev.ctx, self.ptr) };
+        if rc != 0 {
+            return Err(RdmaError::Verbs { op: "ibv_req_notify_cq", errno: rc });
+        }
+        Ok(())
     }
 
     /// Fills `wc` with up to its length of completions; returns how many.
