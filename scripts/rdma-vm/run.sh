@@ -126,7 +126,8 @@ copy_deps "$provider"
 cp "$root/etc/libibverbs.d/rxe.driver" "$work/etc/libibverbs.d/"
 for f in "${files[@]}"; do add_bin "$f"; done
 cp "$guest_script" "$work/test.sh"
-printf '%q ' "${guest_args[@]}" >"$work/test.args"
+: >"$work/test.args"
+[ ${#guest_args[@]} -eq 0 ] || printf '%q ' "${guest_args[@]}" >"$work/test.args"
 
 cat >"$work/init" <<'EOF'
 #!/bin/busybox sh
