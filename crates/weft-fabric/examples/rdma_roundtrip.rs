@@ -27,8 +27,9 @@ const OP_BYE: u8 = 4;
 const ST_OK: u8 = 0;
 const ST_REFUSED: u8 = 1;
 const ST_ERROR: u8 = 2;
-/// Regions a client may register in its session: bounded like every table in Weft.
+/// Regions a client may register in its session, and chunks per request: bounded like every table in Weft.
 const SESSION_REGIONS_MAX: usize = 16;
+const CHUNKS_MAX: usize = 64;
 
 fn main() {
     match run() {
@@ -95,21 +96,22 @@ fn server(listen: &str, out_path: &str, opts: Opts) -> Result<()> {
             eprintln!("server: client said bye");
             return Ok(());
         }
-        let chunk = match RemoteRegion::decode(body) {
+        let chunks = match decode_chunks(body) {
             Ok(c) => c,
             Err(e) => {
                 reply(&mut ep, ST_ERROR, 0, 0, &e.to_string())?;
                 continue;
             }
         };
+        let total: u64 = chunks.iter().map(|c| c.len).sum(); // no overflow: each decoded chunk fits below 2^64
         match op {
-            OP_REGION if regions.len() < SESSION_REGIONS_MAX => {
-                regions.push(chunk);
+            OP_REGION if chunks.len() == 1 && regions.len() < SESSION_REGIONS_MAX => {
+                regions.push(chunks[0]);
                 reply(&mut ep, ST_OK, 0, 0, "")?;
             }
-            OP_REGION => reply(&mut ep, ST_REFUSED, 0, 0, "too many regions")?,
-            OP_WRITE | OP_READ if !regions.iter().any(|r| r.contains(&chunk)) => {
-                eprintln!("server: refused chunk {chunk:?}: outside the client's registered regions");
+            OP_REGION => reply(&mut ep, ST_REFUSED, 0, 0, "one region per request, at most 16")?,
+            OP_WRITE | OP_READ if !chunks.iter().all(|c| regions.iter().any(|r| r.contains(c))) => {
+                eprintln!("server: refused chunk list {chunks:?}: outside the client's registered regions");
                 reply(&mut ep, ST_REFUSED, 0, 0, "chunk outside registered regions")?;
             }
             OP_WRITE => {
@@ -118,21 +120,21 @@ fn server(listen: &str, out_path: &str, opts: Opts) -> Result<()> {
                 let started = Instant::now();
                 let mut crc = 0u32;
                 let mut off = 0u64;
-                while off < chunk.len {
-                    let n = (chunk.len - off).min(buf.len() as u64);
-                    ep.read(&mut buf, 0, &chunk.slice(off, n)?)?;
+                while off < total {
+                    let n = (total - off).min(buf.len() as u64);
+                    ep.read_chunks(&mut buf, 0, &sub_chunks(&chunks, off, n))?;
                     let bytes = &buf.as_slice()[..n as usize];
                     crc = crc32c::crc32c_append(crc, bytes);
                     out.write_all(bytes)?;
                     off += n;
                 }
                 out.sync_all()?;
-                stored_len = chunk.len;
-                eprintln!("server: RDMA READ {} bytes in {:?}", chunk.len, started.elapsed());
-                reply(&mut ep, ST_OK, crc, chunk.len, "")?;
+                stored_len = total;
+                eprintln!("server: RDMA READ {total} bytes from {} chunks in {:?}", chunks.len(), started.elapsed());
+                reply(&mut ep, ST_OK, crc, total, "")?;
             }
             OP_READ => {
-                if chunk.len > stored_len {
+                if total > stored_len {
                     reply(&mut ep, ST_ERROR, 0, 0, "read past the stored data")?;
                     continue;
                 }
@@ -142,19 +144,60 @@ fn server(listen: &str, out_path: &str, opts: Opts) -> Result<()> {
                 let started = Instant::now();
                 let mut crc = 0u32;
                 let mut off = 0u64;
-                while off < chunk.len {
-                    let n = (chunk.len - off).min(buf.len() as u64);
+                while off < total {
+                    let n = (total - off).min(buf.len() as u64);
                     file.read_exact(&mut buf.as_mut_slice()[..n as usize])?;
                     crc = crc32c::crc32c_append(crc, &buf.as_slice()[..n as usize]);
-                    ep.write(&buf, 0, &chunk.slice(off, n)?)?;
+                    ep.write_chunks(&buf, 0, &sub_chunks(&chunks, off, n))?;
                     off += n;
                 }
-                eprintln!("server: RDMA WRITE {} bytes in {:?}", chunk.len, started.elapsed());
-                reply(&mut ep, ST_OK, crc, chunk.len, "")?;
+                eprintln!("server: RDMA WRITE {total} bytes into {} chunks in {:?}", chunks.len(), started.elapsed());
+                reply(&mut ep, ST_OK, crc, total, "")?;
             }
             other => reply(&mut ep, ST_ERROR, 0, 0, &format!("unknown op {other}"))?,
         }
     }
+}
+
+/// A request's chunk list: 1..=CHUNKS_MAX region descriptors back to back.
+fn decode_chunks(body: &[u8]) -> Result<Vec<RemoteRegion>> {
+    let size = RemoteRegion::ENCODED_BYTES;
+    if body.is_empty() || !body.len().is_multiple_of(size) || body.len() / size > CHUNKS_MAX {
+        bail!("a chunk list of {} bytes is not 1..={CHUNKS_MAX} descriptors", body.len());
+    }
+    let chunks = body.chunks_exact(size).map(RemoteRegion::decode).collect::<Result<Vec<_>, _>>()?;
+    chunks.iter().try_fold(0u64, |sum, c| sum.checked_add(c.len)).ok_or_else(|| anyhow!("chunk lengths overflow"))?;
+    Ok(chunks)
+}
+
+/// The part of a chunk list that covers bytes `off..off + len` of its concatenation: one transfer unit's worth.
+fn sub_chunks(chunks: &[RemoteRegion], mut off: u64, mut len: u64) -> Vec<RemoteRegion> {
+    let mut out = Vec::new();
+    for c in chunks {
+        if len == 0 {
+            break;
+        }
+        if off >= c.len {
+            off -= c.len;
+            continue;
+        }
+        let n = (c.len - off).min(len);
+        out.push(RemoteRegion { addr: c.addr + off, len: n, rkey: c.rkey });
+        off = 0;
+        len -= n;
+    }
+    out
+}
+
+/// Splits a region into three uneven chunks (so transfers cross chunk and buffer boundaries mid-way).
+fn three_chunks(r: &RemoteRegion) -> Vec<RemoteRegion> {
+    let a = r.len / 3 + 1;
+    let b = (r.len / 2).max(a);
+    [(0, a.min(r.len)), (a.min(r.len), b - a.min(r.len)), (b, r.len - b)]
+        .into_iter()
+        .filter(|&(_, len)| len > 0)
+        .map(|(off, len)| RemoteRegion { addr: r.addr + off, len, rkey: r.rkey })
+        .collect()
 }
 
 struct Reply {
@@ -164,9 +207,11 @@ struct Reply {
     text: String,
 }
 
-fn call(ep: &mut Endpoint, op: u8, chunk: &RemoteRegion) -> Result<Reply> {
+fn call(ep: &mut Endpoint, op: u8, chunks: &[RemoteRegion]) -> Result<Reply> {
     let mut msg = vec![op];
-    msg.extend_from_slice(&chunk.encode());
+    for c in chunks {
+        msg.extend_from_slice(&c.encode());
+    }
     ep.send(&msg)?;
     ep.recv(|m| {
         if m.len() < 13 {
@@ -213,7 +258,7 @@ fn client(addr: &str, in_path: &str, opts: Opts) -> Result<()> {
     let mut ep = connect_retrying(&dev, addr)?;
     eprintln!("client: connected over {} ({ep:?}, evented, completion fd {:?})", dev.name(), ep.completion_fd());
     for region in [src.remote(), dst.remote()] {
-        let r = call(&mut ep, OP_REGION, &region)?;
+        let r = call(&mut ep, OP_REGION, &[region])?;
         if r.status != ST_OK {
             bail!("region refused: {}", r.text);
         }
@@ -221,14 +266,18 @@ fn client(addr: &str, in_path: &str, opts: Opts) -> Result<()> {
     let want = crc32c::crc32c(src.as_slice());
 
     let started = Instant::now();
-    let w = call(&mut ep, OP_WRITE, &src.remote())?;
+    let w = call(&mut ep, OP_WRITE, &three_chunks(&src.remote()))?;
     let write_s = started.elapsed().as_secs_f64();
     if w.status != ST_OK || w.crc != want || w.len != data.len() as u64 {
         bail!("WRITE: status {} crc {:#010x} (want {want:#010x}) len {}: {}", w.status, w.crc, w.len, w.text);
     }
 
-    // A rogue chunk: one page past the end of the landing area. Must be refused, and the session must go on.
-    let rogue = RemoteRegion { len: dst.len() as u64 + 4096, ..dst.remote() };
+    // A rogue chunk list: its last chunk runs one page past the landing area. Must be refused, nothing may be
+    // written, and the session must go on.
+    let mut rogue = three_chunks(&dst.remote());
+    if let Some(last) = rogue.last_mut() {
+        last.len += 4096;
+    }
     let r = call(&mut ep, OP_READ, &rogue)?;
     if r.status != ST_REFUSED {
         bail!("rogue READ was not refused (status {})", r.status);
@@ -236,7 +285,10 @@ fn client(addr: &str, in_path: &str, opts: Opts) -> Result<()> {
     eprintln!("client: rogue chunk refused: {}", r.text);
 
     let started = Instant::now();
-    let r = call(&mut ep, OP_READ, &dst.remote())?;
+    if dst.as_slice().iter().any(|&b| b != 0) {
+        bail!("the refused READ wrote into the landing area");
+    }
+    let r = call(&mut ep, OP_READ, &three_chunks(&dst.remote()))?;
     let read_s = started.elapsed().as_secs_f64();
     if r.status != ST_OK {
         bail!("READ: status {}: {}", r.status, r.text);

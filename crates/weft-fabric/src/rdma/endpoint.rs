@@ -475,57 +475,85 @@ impl Endpoint {
     /// RDMA READ: copies the peer's `remote` chunk into `local[local_offset..]` without the peer's CPU. Returns
     /// once every byte has landed.
     pub fn read(&mut self, local: &mut MemoryRegion, local_offset: usize, remote: &RemoteRegion) -> Result<()> {
-        self.rdma(ffi::IBV_WR_RDMA_READ, local, local_offset, remote)
+        self.rdma(ffi::IBV_WR_RDMA_READ, local, local_offset, std::slice::from_ref(remote))
     }
 
     /// RDMA WRITE: copies `local[local_offset..]` into the peer's `remote` chunk. Returns once the writes have
     /// completed at this side; a message sent afterwards reaches the peer after the data (RC ordering), so the
     /// reply doubles as the peer's completion.
     pub fn write(&mut self, local: &MemoryRegion, local_offset: usize, remote: &RemoteRegion) -> Result<()> {
-        self.rdma(ffi::IBV_WR_RDMA_WRITE, local, local_offset, remote)
+        self.rdma(ffi::IBV_WR_RDMA_WRITE, local, local_offset, std::slice::from_ref(remote))
     }
 
-    fn rdma(&mut self, opcode: u32, local: &MemoryRegion, local_offset: usize, remote: &RemoteRegion) -> Result<()> {
+    /// [`Endpoint::read`] of a chunk list: the chunks, in order, land back to back from `local_offset`. All
+    /// chunks share one pipeline, so a list of small chunks costs one round trip, not one per chunk.
+    pub fn read_chunks(
+        &mut self,
+        local: &mut MemoryRegion,
+        local_offset: usize,
+        chunks: &[RemoteRegion],
+    ) -> Result<()> {
+        self.rdma(ffi::IBV_WR_RDMA_READ, local, local_offset, chunks)
+    }
+
+    /// [`Endpoint::write`] of a chunk list: `local` from `local_offset` is spread over the chunks in order.
+    pub fn write_chunks(&mut self, local: &MemoryRegion, local_offset: usize, chunks: &[RemoteRegion]) -> Result<()> {
+        self.rdma(ffi::IBV_WR_RDMA_WRITE, local, local_offset, chunks)
+    }
+
+    /// Posts the transfer as work requests of at most `transfer_unit_bytes`, up to `max_rd_atomic` in flight, and
+    /// waits for all of them. On an error the endpoint is unusable (its QP is in the error state or still has work
+    /// in flight): drop it. Memory stays safe either way: a region is deregistered before it is unmapped, so late
+    /// work fails at the device instead of touching freed memory.
+    fn rdma(&mut self, opcode: u32, local: &MemoryRegion, local_offset: usize, chunks: &[RemoteRegion]) -> Result<()> {
         if !Arc::ptr_eq(&local.dev, &self.dev.inner) {
             return Err(RdmaError::Protocol("local region belongs to another device".into()));
         }
-        let len = usize::try_from(remote.len).map_err(|_| RdmaError::TooLarge { len: usize::MAX, max: local.len() })?;
-        local.check("local buffer", local_offset, len)?;
-        remote.addr.checked_add(remote.len).ok_or(RdmaError::OutOfBounds {
-            what: "remote chunk",
-            offset: remote.addr,
-            len: remote.len,
-            region_len: u64::MAX,
-        })?;
+        let mut total = 0u64;
+        for c in chunks {
+            c.addr.checked_add(c.len).ok_or(RdmaError::OutOfBounds {
+                what: "remote chunk",
+                offset: c.addr,
+                len: c.len,
+                region_len: u64::MAX,
+            })?;
+            total = total.checked_add(c.len).ok_or(RdmaError::TooLarge { len: usize::MAX, max: local.len() })?;
+        }
+        let total = usize::try_from(total).map_err(|_| RdmaError::TooLarge { len: usize::MAX, max: local.len() })?;
+        local.check("local buffer", local_offset, total)?;
         let op = if opcode == ffi::IBV_WR_RDMA_READ { "rdma read" } else { "rdma write" };
         let depth = u32::from(self.dev.inner.max_rd_atomic).max(1);
         let unit = self.cfg.transfer_unit_bytes;
         let deadline = self.deadline();
         let mut spins = 0;
-        let mut done = 0usize;
+        let mut local_at = local_offset;
         let mut last_seq = self.rdma_done_seq;
-        while done < len {
-            // Keep up to `depth` units in flight: the pipeline that hides the round trip of each unit.
-            while self.rdma_outstanding >= depth {
-                if self.reap_send()? == 0 {
-                    self.wait(deadline, &mut spins, op)?;
+        for chunk in chunks {
+            let len = chunk.len as usize; // fits: the sum fits in usize
+            let mut done = 0usize;
+            while done < len {
+                // Keep up to `depth` units in flight: the pipeline that hides the round trip of each unit.
+                while self.rdma_outstanding >= depth {
+                    if self.reap_send()? == 0 {
+                        self.wait(deadline, &mut spins, op)?;
+                    }
                 }
+                let n = unit.min(len - done);
+                let mut sge = IbvSge { addr: local.addr() + local_at as u64, length: n as u32, lkey: local.lkey() };
+                self.next_seq += 1;
+                last_seq = self.next_seq;
+                let mut wr = send_wr(WR_RDMA | self.next_seq, &mut sge, opcode, chunk.addr + done as u64, chunk.rkey);
+                let inner = &self.dev.inner;
+                // SAFETY: the QP is live; the SGE lies inside `local` (checked above), which the caller borrows
+                // until this function has reaped every completion of the transfer (or failed, see above).
+                let rc = unsafe { inner.verbs.post_send(inner.ctx, self.qp.ptr, &mut wr) };
+                if rc != 0 {
+                    return Err(RdmaError::Verbs { op: "ibv_post_send(RDMA)", errno: rc });
+                }
+                self.rdma_outstanding += 1;
+                done += n;
+                local_at += n;
             }
-            let n = unit.min(len - done);
-            let mut sge =
-                IbvSge { addr: local.addr() + (local_offset + done) as u64, length: n as u32, lkey: local.lkey() };
-            self.next_seq += 1;
-            last_seq = self.next_seq;
-            let mut wr = send_wr(WR_RDMA | self.next_seq, &mut sge, opcode, remote.addr + done as u64, remote.rkey);
-            let inner = &self.dev.inner;
-            // SAFETY: the QP is live; the SGE lies inside `local` (checked above), which the caller borrows until
-            // this function has reaped every completion of the transfer.
-            let rc = unsafe { inner.verbs.post_send(inner.ctx, self.qp.ptr, &mut wr) };
-            if rc != 0 {
-                return Err(RdmaError::Verbs { op: "ibv_post_send(RDMA)", errno: rc });
-            }
-            self.rdma_outstanding += 1;
-            done += n;
         }
         while self.rdma_done_seq < last_seq {
             if self.reap_send()? == 0 {
