@@ -11,6 +11,8 @@ use std::io;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod tcp;
 
 pub use tcp::TcpFabric;
