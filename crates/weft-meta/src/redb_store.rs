@@ -278,36 +278,72 @@ impl MetaStore for RedbStore {
     }
 }
 
+type DirentsTableMut<'t> = Table<'t, (u64, &'static str), (u64, u8)>;
+
+/// A write transaction opens only the tables it touches (a create needs three of five).
 struct WriteTxn<'t> {
-    inodes: Table<'t, u64, &'static [u8]>,
-    dirents: Table<'t, (u64, &'static str), (u64, u8)>,
-    servers: Table<'t, u32, &'static str>,
-    orphans: Table<'t, u64, &'static [u8]>,
-    counters: Table<'t, u32, u64>,
+    wtx: &'t WriteTransaction,
+    inodes: Option<Table<'t, u64, &'static [u8]>>,
+    dirents: Option<DirentsTableMut<'t>>,
+    servers: Option<Table<'t, u32, &'static str>>,
+    orphans: Option<Table<'t, u64, &'static [u8]>>,
+    counters: Option<Table<'t, u32, u64>>,
     /// Physical redo records of every change so far, the journal entry's payload.
     redo: Vec<u8>,
+}
+
+fn lazy_mut<'a, 't, K: Key + 'static, V: Value + 'static>(
+    wtx: &'t WriteTransaction,
+    slot: &'a mut Option<Table<'t, K, V>>,
+    def: TableDefinition<K, V>,
+) -> Result<&'a mut Table<'t, K, V>, MetaError> {
+    if slot.is_none() {
+        *slot = Some(wtx.open_table(def)?);
+    }
+    slot.as_mut().ok_or_else(|| MetaError::Store("table just opened is missing".into()))
 }
 
 impl<'t> WriteTxn<'t> {
     fn open(wtx: &'t WriteTransaction) -> Result<Self, MetaError> {
         Ok(WriteTxn {
-            inodes: wtx.open_table(INODES)?,
-            dirents: wtx.open_table(DIRENTS)?,
-            servers: wtx.open_table(SERVERS)?,
-            orphans: wtx.open_table(ORPHANS)?,
-            counters: wtx.open_table(COUNTERS)?,
+            wtx,
+            inodes: None,
+            dirents: None,
+            servers: None,
+            orphans: None,
+            counters: None,
             redo: Vec::new(),
         })
     }
 
+    fn inodes(&mut self) -> Result<&mut Table<'t, u64, &'static [u8]>, MetaError> {
+        lazy_mut(self.wtx, &mut self.inodes, INODES)
+    }
+
+    fn dirents(&mut self) -> Result<&mut DirentsTableMut<'t>, MetaError> {
+        lazy_mut(self.wtx, &mut self.dirents, DIRENTS)
+    }
+
+    fn servers(&mut self) -> Result<&mut Table<'t, u32, &'static str>, MetaError> {
+        lazy_mut(self.wtx, &mut self.servers, SERVERS)
+    }
+
+    fn orphans(&mut self) -> Result<&mut Table<'t, u64, &'static [u8]>, MetaError> {
+        lazy_mut(self.wtx, &mut self.orphans, ORPHANS)
+    }
+
+    fn counters(&mut self) -> Result<&mut Table<'t, u32, u64>, MetaError> {
+        lazy_mut(self.wtx, &mut self.counters, COUNTERS)
+    }
+
     fn set_counter(&mut self, key: u32, value: u64) -> Result<(), MetaError> {
-        self.counters.insert(key, value)?;
+        self.counters()?.insert(key, value)?;
         journal::encode_redo(&mut self.redo, &Redo::PutCounter { key, value });
         Ok(())
     }
 
     fn add_inode_count(&mut self, delta: i64) -> Result<(), MetaError> {
-        let n = counter(&self.counters, COUNTER_INODES)?.unwrap_or(0);
+        let n = counter(&*self.counters()?, COUNTER_INODES)?.unwrap_or(0);
         let n = n.checked_add_signed(delta).ok_or_else(|| MetaError::Corrupt("inode count out of range".into()))?;
         self.set_counter(COUNTER_INODES, n)
     }
@@ -316,28 +352,28 @@ impl<'t> WriteTxn<'t> {
     fn apply(&mut self, r: &Redo<'_>) -> Result<(), MetaError> {
         match *r {
             Redo::PutInode { ino, record } => {
-                self.inodes.insert(ino, record)?;
+                self.inodes()?.insert(ino, record)?;
             }
             Redo::DelInode { ino } => {
-                self.inodes.remove(ino)?;
+                self.inodes()?.remove(ino)?;
             }
             Redo::PutDirent { parent, name, ino, kind } => {
-                self.dirents.insert((parent, name), (ino, kind))?;
+                self.dirents()?.insert((parent, name), (ino, kind))?;
             }
             Redo::DelDirent { parent, name } => {
-                self.dirents.remove((parent, name))?;
+                self.dirents()?.remove((parent, name))?;
             }
             Redo::PutServer { id, addr } => {
-                self.servers.insert(id, addr)?;
+                self.servers()?.insert(id, addr)?;
             }
             Redo::PutOrphan { ino, record } => {
-                self.orphans.insert(ino, record)?;
+                self.orphans()?.insert(ino, record)?;
             }
             Redo::DelOrphan { ino } => {
-                self.orphans.remove(ino)?;
+                self.orphans()?.remove(ino)?;
             }
             Redo::PutCounter { key, value } => {
-                self.counters.insert(key, value)?;
+                self.counters()?.insert(key, value)?;
             }
         }
         Ok(())
@@ -452,12 +488,12 @@ fn list_orphans(t: &impl ReadableTable<u64, &'static [u8]>, limit: usize) -> Res
 
 impl MetaTxn for WriteTxn<'_> {
     fn get_inode(&mut self, ino: u64) -> Result<Option<Inode>, MetaError> {
-        get_inode(&self.inodes, ino)
+        get_inode(&*self.inodes()?, ino)
     }
 
     fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
         let bytes = encode_inode(inode)?;
-        let existed = self.inodes.insert(inode.ino, bytes.as_slice())?.is_some();
+        let existed = self.inodes()?.insert(inode.ino, bytes.as_slice())?.is_some();
         journal::encode_redo(&mut self.redo, &Redo::PutInode { ino: inode.ino, record: &bytes });
         if !existed {
             self.add_inode_count(1)?;
@@ -466,7 +502,7 @@ impl MetaTxn for WriteTxn<'_> {
     }
 
     fn del_inode(&mut self, ino: u64) -> Result<(), MetaError> {
-        let existed = self.inodes.remove(ino)?.is_some();
+        let existed = self.inodes()?.remove(ino)?.is_some();
         if existed {
             journal::encode_redo(&mut self.redo, &Redo::DelInode { ino });
             self.add_inode_count(-1)?;
@@ -475,18 +511,18 @@ impl MetaTxn for WriteTxn<'_> {
     }
 
     fn get_dirent(&mut self, parent: u64, name: &str) -> Result<Option<(u64, FileKind)>, MetaError> {
-        get_dirent(&self.dirents, parent, name)
+        get_dirent(&*self.dirents()?, parent, name)
     }
 
     fn put_dirent(&mut self, parent: u64, name: &str, ino: u64, kind: FileKind) -> Result<(), MetaError> {
         let kind = kind_to_u8(kind);
-        self.dirents.insert((parent, name), (ino, kind))?;
+        self.dirents()?.insert((parent, name), (ino, kind))?;
         journal::encode_redo(&mut self.redo, &Redo::PutDirent { parent, name, ino, kind });
         Ok(())
     }
 
     fn del_dirent(&mut self, parent: u64, name: &str) -> Result<(), MetaError> {
-        if self.dirents.remove((parent, name))?.is_some() {
+        if self.dirents()?.remove((parent, name))?.is_some() {
             journal::encode_redo(&mut self.redo, &Redo::DelDirent { parent, name });
         }
         Ok(())
@@ -498,50 +534,50 @@ impl MetaTxn for WriteTxn<'_> {
         after: &str,
         limit: usize,
     ) -> Result<Vec<(String, u64, FileKind)>, MetaError> {
-        list_dirents(&self.dirents, parent, after, limit)
+        list_dirents(&*self.dirents()?, parent, after, limit)
     }
 
     fn dir_is_empty(&mut self, parent: u64) -> Result<bool, MetaError> {
-        Ok(list_dirents(&self.dirents, parent, "", 1)?.is_empty())
+        Ok(list_dirents(&*self.dirents()?, parent, "", 1)?.is_empty())
     }
 
     fn next_ino(&mut self) -> Result<u64, MetaError> {
-        let last = counter(&self.counters, COUNTER_LAST_INO)?.unwrap_or(ROOT_INO);
+        let last = counter(&*self.counters()?, COUNTER_LAST_INO)?.unwrap_or(ROOT_INO);
         let next = last.checked_add(1).ok_or_else(|| MetaError::Corrupt("inode numbers exhausted".into()))?;
         self.set_counter(COUNTER_LAST_INO, next)?;
         Ok(next)
     }
 
     fn put_server(&mut self, id: u32, addr: &str) -> Result<(), MetaError> {
-        self.servers.insert(id, addr)?;
+        self.servers()?.insert(id, addr)?;
         journal::encode_redo(&mut self.redo, &Redo::PutServer { id, addr });
         Ok(())
     }
 
     fn list_servers(&mut self) -> Result<Vec<(u32, String)>, MetaError> {
-        list_servers(&self.servers)
+        list_servers(&*self.servers()?)
     }
 
     fn put_orphan(&mut self, ino: u64, layout: &Layout) -> Result<(), MetaError> {
         let bytes = encode_record(layout)?;
-        self.orphans.insert(ino, bytes.as_slice())?;
+        self.orphans()?.insert(ino, bytes.as_slice())?;
         journal::encode_redo(&mut self.redo, &Redo::PutOrphan { ino, record: &bytes });
         Ok(())
     }
 
     fn del_orphan(&mut self, ino: u64) -> Result<(), MetaError> {
-        if self.orphans.remove(ino)?.is_some() {
+        if self.orphans()?.remove(ino)?.is_some() {
             journal::encode_redo(&mut self.redo, &Redo::DelOrphan { ino });
         }
         Ok(())
     }
 
     fn list_orphans(&mut self, limit: usize) -> Result<Vec<(u64, Layout)>, MetaError> {
-        list_orphans(&self.orphans, limit)
+        list_orphans(&*self.orphans()?, limit)
     }
 
     fn count_inodes(&mut self) -> Result<u64, MetaError> {
-        Ok(counter(&self.counters, COUNTER_INODES)?.unwrap_or(0))
+        Ok(counter(&*self.counters()?, COUNTER_INODES)?.unwrap_or(0))
     }
 }
 
