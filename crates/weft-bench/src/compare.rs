@@ -116,9 +116,7 @@ pub async fn run(a: CompareArgs) -> Result<()> {
             pb.suspend(|| eprintln!("measuring {sys} under {}", base.display()));
             match sys.as_str() {
                 "weft" | "local" | "passthrough_ll" | "glusterfs" => {
-                    if sys != "local" {
-                        mount::need("fio")?;
-                    }
+                    mount::need("fio")?;
                     let target = match sys.as_str() {
                         "weft" => mount::start_weft(&base, a.servers).await?,
                         "local" => start_local(&base)?,

@@ -41,6 +41,7 @@ pub async fn run(a: LatencyArgs) -> Result<()> {
     let machine = ceilings::machine();
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
+    let pb = common::progress((targets.points().len() * records.len()) as u64, "latency");
     for sp in targets.points() {
         let target = targets.start(sp).await?;
         let n = target.servers;
@@ -61,10 +62,12 @@ pub async fn run(a: LatencyArgs) -> Result<()> {
                 eprintln!("servers {n} record {record}: {op} p50 {} µs, p99 {} µs", res["p50_us"], res["p99_us"]);
                 results.push(res);
             }
+            pb.inc(1);
         }
         client.close().await;
         target.stop().await;
     }
+    pb.finish_and_clear();
     targets.finish();
 
     let load_after = ceilings::load_average();

@@ -130,6 +130,7 @@ pub async fn run(a: MetaArgs) -> Result<()> {
     let machine = ceilings::machine();
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
+    let pb = common::progress((targets.points().len() * threads.len()) as u64, "meta");
     for sp in targets.points() {
         let target = targets.start(sp).await?;
         for &n in &threads {
@@ -138,12 +139,14 @@ pub async fn run(a: MetaArgs) -> Result<()> {
                 break;
             }
             results.extend(if a.stat_storm { storm(&target, n, &a).await? } else { mdtest(&target, n, &a).await? });
+            pb.inc(1);
         }
         if a.procs > 0 {
             results.extend(crate::aggregate::meta(&target, &a).await?);
         }
         target.stop().await;
     }
+    pb.finish_and_clear();
     targets.finish();
 
     let load_after = ceilings::load_average();

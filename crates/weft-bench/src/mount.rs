@@ -402,6 +402,7 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
     std::fs::create_dir_all(&base)?;
     let load_before = ceilings::load_average();
     let mut figs = Vec::new();
+    let pb = crate::common::progress(systems.len() as u64, "mount");
     for sys in &systems {
         eprintln!("setting up {sys} under {}", base.display());
         let target = match sys.as_str() {
@@ -420,7 +421,9 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
         drop(target);
         let (f, loads) = result?;
         figs.extend(f.into_iter().map(|f| (f, loads.clone())));
+        pb.inc(1);
     }
+    pb.finish_and_clear();
     let _ = std::fs::remove_dir_all(&base);
 
     let median = |system: &str, op: &str, pattern: Option<&str>| {

@@ -81,6 +81,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
 
     let mut points = Vec::new();
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
+    let pb = common::progress((targets.points().len() * records.len()) as u64, "throughput");
     for sp in targets.points() {
         let target = targets.start(sp).await?;
         let n = target.servers;
@@ -97,10 +98,12 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
                 summarize(&p.read_mib).map(|s| s.median).unwrap_or(0.0)
             );
             points.push(p);
+            pb.inc(1);
         }
         client.close().await;
         target.stop().await;
     }
+    pb.finish_and_clear();
     targets.finish();
 
     let mut results = Vec::new();

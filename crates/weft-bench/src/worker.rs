@@ -270,19 +270,28 @@ async fn data_phase(client: &Client, ph: &Value) -> Result<(u64, u64, Vec<f64>)>
         Ok((records, bytes, Vec::new()))
     } else {
         let f = Arc::new(client.open(path).await?);
+        // Pre-faulted destination buffers, one per record in flight, reused.
         let mut bufs: Vec<BytesMut> = (0..window).map(|_| BytesMut::zeroed(record as usize)).collect();
+        let mut got = 0u64;
         let mut tasks: JoinSet<Result<BytesMut, weft_client::ClientError>> = JoinSet::new();
         for i in 0..records {
             let mut buf = match bufs.pop() {
                 Some(b) => b,
-                None => tasks.join_next().await.expect("window full")??,
+                None => {
+                    let b = tasks.join_next().await.expect("window full")??;
+                    got += b.len() as u64;
+                    b
+                }
             };
             buf.resize(record.min(bytes - i * record) as usize, 0);
             let f = f.clone();
             tasks.spawn(async move { f.read_at(offset + i * record, buf).await });
         }
         while let Some(r) = tasks.join_next().await {
-            r??;
+            got += r??.len() as u64;
+        }
+        if got != bytes {
+            bail!("{path}: read {got} of {bytes} bytes");
         }
         Ok((records, bytes, Vec::new()))
     }

@@ -119,15 +119,18 @@ pub async fn run(a: ZipfArgs) -> Result<()> {
     let machine = ceilings::machine();
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
+    let pb = common::progress((targets.points().len() * records.len()) as u64, "zipf");
     for sp in targets.points() {
         let target = targets.start(sp).await?;
         let client = Client::connect(&target.cfg).await?;
         for &record in &records {
             results.extend(measure(&client, target.servers, record, size, &a).await?);
+            pb.inc(1);
         }
         client.close().await;
         target.stop().await;
     }
+    pb.finish_and_clear();
     targets.finish();
 
     let load_after = ceilings::load_average();
