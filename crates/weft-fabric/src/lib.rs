@@ -78,6 +78,8 @@ pub trait PeerMemory: Send + Sync + 'static {
     fn get(&self, chunks: &[Chunk], dst: &mut [u8]) -> Result<(), MemoryError>;
     /// Copies `src` into the chunks, in order.
     fn put(&self, chunks: &[Chunk], src: &[u8]) -> Result<(), MemoryError>;
+    /// The connection ended: every later `get`/`put` fails. The client may already reuse the memory.
+    fn revoke(&self);
 }
 
 pub trait Fabric: Clone + Send + Sync + 'static {

@@ -325,6 +325,7 @@ struct ShmPeer {
     pid: i32,
     arena: Option<sys::SharedMap>,
     table: Mutex<RegionTable>,
+    revoked: std::sync::atomic::AtomicBool,
 }
 
 impl ShmPeer {
@@ -334,7 +335,7 @@ impl ShmPeer {
             table.set_arena(a.len() as u64);
             ARENAS.fetch_add(1, Ordering::SeqCst);
         }
-        ShmPeer { pid, arena, table: Mutex::new(table) }
+        ShmPeer { pid, arena, table: Mutex::new(table), revoked: Default::default() }
     }
 
     fn process_regions(table: &RegionTable) -> u64 {
@@ -344,6 +345,9 @@ impl ShmPeer {
     /// Checks the list, then splits it into arena copies and process-memory vectors (in chunk order, paired
     /// with the byte range of the local buffer each covers).
     fn plan(&self, chunks: &[Chunk], want: u64) -> Result<Vec<(Chunk, Option<u64>, usize)>, MemoryError> {
+        if self.revoked.load(Ordering::SeqCst) {
+            return Err(MemoryError::Io(io::Error::new(io::ErrorKind::NotConnected, "the client's connection ended")));
+        }
         let table = self.table.lock().expect("regions");
         table.check(chunks, want).inspect_err(|_| {
             REFUSED.fetch_add(1, Ordering::SeqCst);
@@ -376,6 +380,10 @@ impl Drop for ShmPeer {
 }
 
 impl PeerMemory for ShmPeer {
+    fn revoke(&self) {
+        self.revoked.store(true, Ordering::SeqCst);
+    }
+
     fn register(&self, add: &[Region], remove: &[u32]) -> Result<(), ChunkError> {
         let mut t = self.table.lock().expect("regions");
         let before = Self::process_regions(&t);
