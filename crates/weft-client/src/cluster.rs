@@ -24,6 +24,22 @@ pub enum FabricChoice {
     Shm,
 }
 
+impl FabricChoice {
+    /// `WEFT_FABRIC` from the environment, else `auto`: the default of every client tuning (so a test run or a
+    /// shell can force one fabric for every client it starts without editing cluster files).
+    pub fn from_env() -> FabricChoice {
+        std::env::var("WEFT_FABRIC").ok().and_then(|v| v.parse().ok()).unwrap_or_default()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FabricChoice::Auto => "auto",
+            FabricChoice::Tcp => "tcp",
+            FabricChoice::Shm => "shm",
+        }
+    }
+}
+
 impl std::str::FromStr for FabricChoice {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -76,7 +92,7 @@ impl Default for ClientTuning {
             connect_timeout_ms: 5_000,
             attempts_max: 5,
             layout_cache_entries: 65_536,
-            fabric: FabricChoice::Auto,
+            fabric: FabricChoice::from_env(),
             inline_bytes_max: SizeClasses::default().inline_bytes_max,
             buffered_bytes_max: SizeClasses::default().buffered_bytes_max,
             arena_buffers: 64,

@@ -62,13 +62,8 @@ macro_rules! meta_call {
 }
 
 impl Client {
-    /// Connects to the cluster's MDS. `WEFT_FABRIC=auto|tcp|shm` in the environment overrides the configured
-    /// fabric (how the test suite runs every data test over both).
     pub async fn connect(cluster: &ClusterConfig) -> Result<Client, ClientError> {
-        let mut tuning = cluster.client.clone();
-        if let Ok(f) = std::env::var("WEFT_FABRIC") {
-            tuning.fabric = f.parse().map_err(ClientError::Protocol)?;
-        }
+        let tuning = cluster.client.clone();
         let rpc_cfg = tuning.rpc_config();
         let fabric = AnyFabric {
             tcp: TcpFabric::default(),
@@ -422,7 +417,7 @@ impl Client {
 
 /// The server's shm address, if it runs on this host and offers one.
 async fn shm_address(tcp: &Rpc) -> Option<String> {
-    match tcp.call_simple(Request::FabricInfo(())).await {
+    match tcp.call_control(Request::FabricInfo(())).await {
         Ok(Response::FabricInfo(info)) if info.host_id == weft_fabric::host_id() && !info.host_id.is_empty() => {
             info.shm_addr
         }

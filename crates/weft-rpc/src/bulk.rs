@@ -61,9 +61,7 @@ impl RegCache {
     }
 
     fn find(&mut self, addr: u64, len: u64, ready_only: bool) -> Option<usize> {
-        self.entries
-            .iter()
-            .position(|e| (e.ready || !ready_only) && e.addr <= addr && addr + len <= e.addr + e.len)
+        self.entries.iter().position(|e| (e.ready || !ready_only) && e.addr <= addr && addr + len <= e.addr + e.len)
     }
 
     /// Registrations in the cache (for tests and stats).
@@ -223,7 +221,14 @@ impl<F: Fabric> RpcClient<F> {
                         let end = (a + l).div_ceil(window).saturating_mul(window).max(a + l);
                         let id = c.next_id;
                         c.next_id = c.next_id.checked_add(1).unwrap_or(1).max(1);
-                        c.entries.push(RegEntry { id, addr: start, len: end - start, last_use: 0, users: 0, ready: false });
+                        c.entries.push(RegEntry {
+                            id,
+                            addr: start,
+                            len: end - start,
+                            last_use: 0,
+                            users: 0,
+                            ready: false,
+                        });
                         add.push(Region { id, addr: start, len: end - start });
                         c.entries.len() - 1
                     }

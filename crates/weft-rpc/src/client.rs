@@ -412,6 +412,11 @@ impl<F: Fabric> RpcClient<F> {
         Ok(conn)
     }
 
+    /// A session-control call outside the slots (`FabricInfo`, `FabricStat`, `Regions`): one attempt, no payload.
+    pub async fn call_control(&self, req: Request) -> Result<Response, RpcError> {
+        self.control_call(req).await
+    }
+
     async fn control_call(&self, req: Request) -> Result<Response, RpcError> {
         // Connect before taking the control lock: conn() may take it to open a session.
         let conn = self.conn().await.map_err(|source| RpcError::Connect { addr: self.inner.addr.clone(), source })?;

@@ -19,6 +19,10 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// How clients reach data servers: auto (shm to servers on this host, tcp to the others), tcp or shm.
+    /// Also WEFT_FABRIC.
+    #[arg(long, global = true, value_name = "auto|tcp|shm")]
+    fabric: Option<weft_client::FabricChoice>,
 }
 
 /// Where the cluster is: a cluster.toml written by `weft up`, a directory holding one, or the MDS's host:port.
@@ -255,6 +259,9 @@ fn init_logging(default: &str) {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Some(f) = cli.fabric {
+        commands::FABRIC.set(f).expect("set once");
+    }
     let server_role = matches!(cli.cmd, Cmd::Meta { .. } | Cmd::Data { .. } | Cmd::Up { .. } | Cmd::Mount { .. });
     init_logging(if server_role { "info" } else { "warn" });
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
