@@ -51,6 +51,9 @@ test: deps
 	@echo "==================== cargo test (release, fault-injection) ===================="
 	mkdir -p target
 	$(CARGO) test --workspace --release --features weft/fault-injection 2>&1 | tee target/cargo-test.log
+	@echo "==================== data tests again over tcp (the run above used shm: same host) ===================="
+	WEFT_FABRIC=tcp $(CARGO) test -p weft --release --features weft/fault-injection --test data_path --test cli \
+		--test concurrency --test exactly_once --test crash 2>&1 | tee -a target/cargo-test.log
 	@echo "==================== fuzz smoke ===================="
 	scripts/fuzz-smoke.sh
 	@echo "==================== make test: all steps passed ===================="

@@ -100,7 +100,8 @@ mod rusage {
     pub fn process_vm_readv_mib_per_s(chunk: usize, total: usize) -> Result<f64> {
         let span = 64usize << 20;
         let chunk = chunk.clamp(4096, span);
-        let src = vec![1u8; span];
+        let mut src = vec![1u8; span];
+        let src_mut = src.as_mut_ptr();
         let mut dst = vec![0u8; chunk * 8];
         let mut fds = [0i32; 2];
         // SAFETY: `fds` is a writable array of two ints, as pipe(2) requires.
@@ -117,7 +118,7 @@ mod rusage {
             // SAFETY: child side: `src` is a live allocation of `span` bytes (our private copy after fork); the
             // pipe's write end is open. Touching every page makes them the child's own (no shared COW pages).
             unsafe {
-                std::ptr::write_bytes(src.as_ptr() as *mut u8, 2, span);
+                std::ptr::write_bytes(src_mut, 2, span);
                 libc::write(fds[1], b"r".as_ptr().cast(), 1);
                 loop {
                     libc::pause();

@@ -12,11 +12,13 @@
 mod cluster;
 mod error;
 mod file;
+mod io_queue;
 mod layouts;
 
 pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
 pub use error::ClientError;
 pub use file::File;
+pub use io_queue::{Completion, IoKind, IoOp, IoQueue};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

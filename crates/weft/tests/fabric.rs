@@ -161,7 +161,7 @@ async fn a_killed_clients_arena_is_released() {
 
     // `weft cat` reads the file over shm, then blocks writing to a pipe nobody reads: alive, connection open.
     let mut child = tokio::process::Command::new(WEFT)
-        .args(["--fabric", "shm", "cat", "/big"])
+        .args(["cat", "--fabric", "shm", "/big"])
         .env("WEFT_CLUSTER", c.cluster_file())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
