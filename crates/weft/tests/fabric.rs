@@ -180,3 +180,50 @@ async fn a_killed_clients_arena_is_released() {
     assert_eq!(f.read_at(0, BytesMut::zeroed(4 << 20)).await.unwrap().len(), 4 << 20);
     writer.close().await;
 }
+
+#[tokio::test]
+async fn the_native_io_queue_writes_and_reads_batches_into_its_slots() {
+    use weft_client::{IoKind, IoOp, IoQueue};
+    let c = start("fabric-ioq", 2).await;
+    for fabric in [FabricChoice::Tcp, FabricChoice::Shm] {
+        let client = client_over(&c, fabric).await;
+        let path = format!("/q-{}", fabric.name());
+        let file = std::sync::Arc::new(client.create_path(&path, 0o644, false, true).await.unwrap());
+        let (slots, slot_bytes) = (4usize, (1usize << 20) + 512);
+        let mut q = IoQueue::new(file.clone(), slots, slot_bytes);
+        for s in 0..slots {
+            let p = pattern(s as u64 + 40, 0, slot_bytes);
+            q.slot_mut(s).unwrap().copy_from_slice(&p);
+        }
+        let op = |tag: u64, kind, slot: usize| IoOp {
+            tag,
+            kind,
+            file_offset: (tag % 10) * slot_bytes as u64,
+            slot,
+            len: slot_bytes,
+        };
+        let writes: Vec<IoOp> = (0..slots).map(|s| op(s as u64, IoKind::Write, s)).collect();
+        q.submit(&writes).unwrap();
+        // A slot lent to an operation in flight cannot be named again until it is reaped.
+        assert!(q.slot(0).is_none());
+        assert!(q.submit(&[op(9, IoKind::Read, 0)]).is_err());
+        let done = q.reap(slots).await;
+        assert_eq!(done.len(), slots);
+        assert!(done.iter().all(|c| c.result.as_ref().is_ok_and(|&n| n == slot_bytes)), "{done:?}");
+        file.commit().await.unwrap();
+        for s in 0..slots {
+            q.slot_mut(s).unwrap().fill(0);
+        }
+        // Read back into other slots (rotated), twice: the second batch reuses the registrations.
+        for _ in 0..2 {
+            let reads: Vec<IoOp> = (0..slots).map(|s| op(10 + s as u64, IoKind::Read, (s + 1) % slots)).collect();
+            q.submit(&reads).unwrap();
+            for c in q.reap(slots).await {
+                assert_eq!(*c.result.as_ref().unwrap(), slot_bytes);
+                let want = pattern((c.tag - 10) + 40, 0, slot_bytes);
+                assert!(q.slot(c.slot).unwrap() == &want[..], "{} slot {}", fabric.name(), c.slot);
+            }
+        }
+        client.close().await;
+    }
+}
