@@ -119,12 +119,22 @@ impl Client {
         let c = match self.inner.tuning.fabric {
             FabricChoice::Tcp => tcp,
             choice => match shm_address(&tcp).await {
-                Some(shm) => {
-                    let c = RpcClient::connect(fabric, &shm, self.inner.rpc_cfg.clone()).await.map_err(data)?;
-                    tcp.close().await;
-                    tracing::debug!(server = id, %shm, "data server reached over shm");
-                    c
-                }
+                Some(shm) => match RpcClient::connect(fabric, &shm, self.inner.rpc_cfg.clone()).await {
+                    Ok(c) => {
+                        tcp.close().await;
+                        tracing::debug!(server = id, %shm, "data server reached over shm");
+                        c
+                    }
+                    // Same boot id but another mount namespace (containers): the socket is out of reach.
+                    Err(e) if choice == FabricChoice::Auto => {
+                        tracing::warn!(server = id, %shm, "shm unreachable, using tcp: {e}");
+                        tcp
+                    }
+                    Err(e) => {
+                        tcp.close().await;
+                        return Err(data(e));
+                    }
+                },
                 None if choice == FabricChoice::Shm => {
                     tcp.close().await;
                     return Err(ClientError::Protocol(format!(
