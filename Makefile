@@ -53,6 +53,9 @@ test: deps
 	@echo "==================== cargo test (release, fault-injection) ===================="
 	mkdir -p target
 	$(CARGO) test --workspace --release --features weft/fault-injection,weft-fabric/rdma 2>&1 | tee target/cargo-test.log
+	@echo "==================== data tests again over tcp (the run above used shm: same host) ===================="
+	WEFT_FABRIC=tcp $(CARGO) test -p weft --release --features weft/fault-injection,weft-fabric/rdma --test data_path --test cli \
+		--test concurrency --test exactly_once --test crash 2>&1 | tee -a target/cargo-test.log
 	@echo "==================== fuzz smoke ===================="
 	scripts/fuzz-smoke.sh
 	@if [ "$(RDMA_VM)" != 0 ]; then \

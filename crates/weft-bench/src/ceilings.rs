@@ -89,6 +89,12 @@ pub fn machine() -> Value {
     })
 }
 
+/// process_vm_readv bandwidth in MiB/s: `chunk`-byte reads from another process's pre-faulted buffer into this
+/// one's, the copy a `shm` read makes (the data server copies into the client's buffer).
+pub fn process_vm_readv_mib_per_s(chunk: usize, total: usize) -> Result<f64> {
+    rusage::process_vm_readv_mib_per_s(chunk, total)
+}
+
 /// User plus system CPU seconds this process has used so far.
 pub fn cpu_seconds() -> f64 {
     rusage::cpu_seconds(libc::RUSAGE_SELF)
@@ -106,8 +112,75 @@ pub fn load1() -> f64 {
 }
 
 mod rusage {
-    //! getrusage(2): the only FFI in this crate.
+    //! getrusage(2), and fork/process_vm_readv for the shm ceiling: the only FFI in this crate.
     #![allow(unsafe_code)]
+
+    use anyhow::{Result, bail};
+
+    /// Forks a child that owns a pre-faulted `span`-byte buffer and waits; reads it `chunk` bytes at a time.
+    pub fn process_vm_readv_mib_per_s(chunk: usize, total: usize) -> Result<f64> {
+        let span = 64usize << 20;
+        let chunk = chunk.clamp(4096, span);
+        let mut src = vec![1u8; span];
+        let src_mut = src.as_mut_ptr();
+        let mut dst = vec![0u8; chunk * 8];
+        let mut fds = [0i32; 2];
+        // SAFETY: `fds` is a writable array of two ints, as pipe(2) requires.
+        if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+            bail!("pipe: {}", std::io::Error::last_os_error());
+        }
+        // SAFETY: the child only calls async-signal-safe functions (memset through write_bytes, write, pause,
+        // _exit) and never returns into Rust code, so forking a multi-threaded process is sound here.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            bail!("fork: {}", std::io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: child side: `src` is a live allocation of `span` bytes (our private copy after fork); the
+            // pipe's write end is open. Touching every page makes them the child's own (no shared COW pages).
+            unsafe {
+                std::ptr::write_bytes(src_mut, 2, span);
+                libc::write(fds[1], b"r".as_ptr().cast(), 1);
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        let mut b = [0u8; 1];
+        // SAFETY: reading one byte into a live one-byte buffer from the pipe's read end.
+        unsafe { libc::read(fds[0], b.as_mut_ptr().cast(), 1) };
+        let t = std::time::Instant::now();
+        let mut done = 0usize;
+        let mut i = 0usize;
+        let mut failed = None;
+        while done < total {
+            let off = (i * chunk) % span;
+            let d = (i % 8) * chunk;
+            let local = libc::iovec { iov_base: dst[d..].as_mut_ptr().cast(), iov_len: chunk };
+            let remote = libc::iovec { iov_base: (src.as_ptr() as usize + off) as *mut libc::c_void, iov_len: chunk };
+            // SAFETY: `local` covers `chunk` writable bytes of `dst`; `remote` names memory of the child, which
+            // the kernel checks (we only read it).
+            let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+            if n != chunk as isize {
+                failed = Some(std::io::Error::last_os_error());
+                break;
+            }
+            done += chunk;
+            i += 1;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        // SAFETY: `pid` is our child; killing and reaping it has no other preconditions. The fds are ours.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        if let Some(e) = failed {
+            bail!("process_vm_readv: {e}");
+        }
+        Ok(done as f64 / secs / (1 << 20) as f64)
+    }
 
     /// `who` is RUSAGE_SELF or RUSAGE_CHILDREN.
     pub fn cpu_seconds(who: libc::c_int) -> f64 {

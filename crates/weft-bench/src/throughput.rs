@@ -30,6 +30,9 @@ pub struct ThroughputArgs {
     /// Bytes written then read per run.
     #[arg(long, default_value = "2G")]
     pub size: String,
+    /// Fabrics to measure, e.g. `tcp,shm` (auto: shm to same-host servers).
+    #[arg(long, default_value = "tcp")]
+    pub fabric: String,
     /// Records in flight at once.
     #[arg(long, default_value_t = 8)]
     pub window: usize,
@@ -52,6 +55,9 @@ pub struct ThroughputArgs {
 }
 
 pub(crate) struct Point {
+    fabric: weft_client::FabricChoice,
+    /// 4 KiB reads one at a time (record 4K only): (p50, p99) µs.
+    latency_us: Option<(f64, f64)>,
     servers: u32,
     record: u64,
     write_mib: Vec<f64>,
@@ -67,10 +73,17 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     if a.common.runs == 0 || a.window == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
         bail!("--runs and --window must be at least 1, records between 1 byte and 64M");
     }
+    let fabrics: Vec<weft_client::FabricChoice> = a
+        .fabric
+        .split(',')
+        .map(|f| f.trim().parse().map_err(anyhow::Error::msg))
+        .collect::<Result<_>>()
+        .context("--fabric wants a list like tcp,shm")?;
     let load_before = ceilings::load_average();
     let machine = ceilings::machine();
-    eprintln!("measuring ceilings (memcpy, iperf3 loopback)...");
+    eprintln!("measuring ceilings (memcpy, process_vm_readv, iperf3 loopback)...");
     let memcpy = ceilings::memcpy_mib_per_s(256 << 20);
+    let vm_readv = ceilings::process_vm_readv_mib_per_s(1 << 20, 4 << 30)?;
     let mut iperf = Vec::new();
     if !a.no_iperf {
         for _ in 0..a.common.runs {
@@ -81,26 +94,32 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
 
     let mut points = Vec::new();
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
-    let pb = common::progress((targets.points().len() * records.len()) as u64, "throughput");
+    let pb = common::progress((targets.points().len() * records.len() * fabrics.len()) as u64, "throughput");
     for sp in targets.points() {
         let target = targets.start(sp).await?;
         let n = target.servers;
-        let client = Client::connect(&target.cfg).await?;
-        for &record in &records {
-            let p = if a.procs > 0 {
-                crate::aggregate::measure(&target.cfg, n, record, size, &a).await?
-            } else {
-                measure(&client, n, record, size, &a).await?
-            };
-            eprintln!(
-                "servers {n} record {record}: write {:.0} MiB/s, read {:.0} MiB/s",
-                summarize(&p.write_mib).map(|s| s.median).unwrap_or(0.0),
-                summarize(&p.read_mib).map(|s| s.median).unwrap_or(0.0)
-            );
-            points.push(p);
-            pb.inc(1);
+        for &fabric in &fabrics {
+            let mut cfg = target.cfg.clone();
+            cfg.client.fabric = fabric;
+            let client = Client::connect(&cfg).await?;
+            for &record in &records {
+                let mut p = if a.procs > 0 {
+                    crate::aggregate::measure(&cfg, n, record, size, &a).await?
+                } else {
+                    measure(&client, n, record, size, &a).await?
+                };
+                p.fabric = fabric;
+                eprintln!(
+                    "{} servers {n} record {record}: write {:.0} MiB/s, read {:.0} MiB/s",
+                    fabric.name(),
+                    summarize(&p.write_mib).map(|s| s.median).unwrap_or(0.0),
+                    summarize(&p.read_mib).map(|s| s.median).unwrap_or(0.0)
+                );
+                points.push(p);
+                pb.inc(1);
+            }
+            client.close().await;
         }
-        client.close().await;
         target.stop().await;
     }
     pb.finish_and_clear();
@@ -111,9 +130,12 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
         for (op, mib, cpu) in [("write", &p.write_mib, &p.write_cpu), ("read", &p.read_mib, &p.read_cpu)] {
             let s = summarize(mib).expect("runs >= 1");
             let c = summarize(cpu).expect("runs >= 1");
+            let lat = p.latency_us.filter(|_| op == "read");
             let mut r = json!({
                 "system": "weft",
-                "fabric": "tcp",
+                "fabric": p.fabric.name(),
+                "read_4k_latency_p50_us": lat.map(|l| round1(l.0)),
+                "read_4k_latency_p99_us": lat.map(|l| round1(l.1)),
                 "servers": p.servers,
                 "clients": a.procs.max(1),
                 "procs": a.procs,
@@ -134,6 +156,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     }
     let mut ceil = serde_json::Map::new();
     ceil.insert("memcpy_mib_per_s".into(), json!(round1(memcpy)));
+    ceil.insert("process_vm_readv_1m_mib_per_s".into(), json!(round1(vm_readv)));
     if let Some(s) = summarize(&iperf) {
         ceil.insert("iperf3_mib_per_s".into(), json!(round1(s.median)));
         ceil.insert("iperf3_min".into(), json!(round1(s.min)));
@@ -163,7 +186,17 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
 impl Point {
     pub(crate) fn new(servers: u32, record: u64) -> Point {
         let (write_mib, write_cpu, read_mib, read_cpu) = (vec![], vec![], vec![], vec![]);
-        Point { servers, record, write_mib, write_cpu, read_mib, read_cpu, loads: common::Loads::default() }
+        Point {
+            fabric: weft_client::FabricChoice::Tcp,
+            latency_us: None,
+            servers,
+            record,
+            write_mib,
+            write_cpu,
+            read_mib,
+            read_cpu,
+            loads: common::Loads::default(),
+        }
     }
 
     /// One run that moved `gib` each way: (write secs, write CPU secs, read secs, read CPU secs).
@@ -190,6 +223,20 @@ async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &Thro
         let (w, wc, r, rc) = sequential(client, &path, record, records, &src, &mut bufs, a).await?;
         p.loads.end();
         p.push((records * record) as f64 / (1u64 << 30) as f64, (w, wc, r, rc));
+    }
+    if record == 4096 {
+        // One read at a time: the latency of a small read, not the pipeline's throughput.
+        let f = client.open(&path).await?;
+        let mut lat = Vec::new();
+        let mut buf = BytesMut::zeroed(4096);
+        for i in 0..2000u64 {
+            let t = Instant::now();
+            buf = f.read_at((i % records) * 4096, buf).await?;
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+            buf.resize(4096, 0);
+        }
+        lat.sort_by(f64::total_cmp);
+        p.latency_us = Some((lat[lat.len() / 2], lat[lat.len() * 99 / 100]));
     }
     let (parent, name) = client.resolve_parent(&path).await?;
     client.unlink(parent.ino, name).await?;

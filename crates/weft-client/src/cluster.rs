@@ -6,10 +6,51 @@
 //! slots = 16                     # requests in flight per server
 //! transfer_unit_bytes = 1048576  # largest payload of one request
 //! call_timeout_ms = 30000
+//! fabric = "auto"                # auto | tcp | shm: how to reach data servers
 //! ```
 
 use serde::{Deserialize, Serialize};
-use weft_rpc::ClientConfig;
+use weft_rpc::{ClientConfig, SizeClasses};
+
+/// How the client reaches data servers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FabricChoice {
+    /// `shm` to servers on this host (same boot id and a shm listener), `tcp` to the others.
+    #[default]
+    Auto,
+    Tcp,
+    /// `shm` only: a server on another host (or without a shm listener) is an error.
+    Shm,
+}
+
+impl FabricChoice {
+    /// `WEFT_FABRIC` from the environment, else `auto`: the default of every client tuning (so a test run or a
+    /// shell can force one fabric for every client it starts without editing cluster files).
+    pub fn from_env() -> FabricChoice {
+        std::env::var("WEFT_FABRIC").ok().and_then(|v| v.parse().ok()).unwrap_or_default()
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FabricChoice::Auto => "auto",
+            FabricChoice::Tcp => "tcp",
+            FabricChoice::Shm => "shm",
+        }
+    }
+}
+
+impl std::str::FromStr for FabricChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(FabricChoice::Auto),
+            "tcp" => Ok(FabricChoice::Tcp),
+            "shm" => Ok(FabricChoice::Shm),
+            other => Err(format!("unknown fabric {other:?} (auto, tcp or shm)")),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,6 +77,15 @@ pub struct ClientTuning {
     /// Benchmarks only (Sandia's short circuit): reads and writes stop at the wire, reads returning zeros; shows
     /// the ceiling of the client above the network.
     pub short_circuit_network: bool,
+    pub fabric: FabricChoice,
+    /// One-sided size classes: inline up to this many bytes…
+    pub inline_bytes_max: usize,
+    /// …through the pre-registered arena up to this many, zero-copy from the caller's buffer beyond.
+    pub buffered_bytes_max: usize,
+    /// Arena buffers (each `buffered_bytes_max`), shared by all shm servers: the bound on staged transfers.
+    pub arena_buffers: u32,
+    /// Pin-down cache entries per data server.
+    pub registrations_max: usize,
 }
 
 impl Default for ClientTuning {
@@ -49,6 +99,11 @@ impl Default for ClientTuning {
             layout_cache_entries: 65_536,
             send_delay_us: 0,
             short_circuit_network: false,
+            fabric: FabricChoice::from_env(),
+            inline_bytes_max: SizeClasses::default().inline_bytes_max,
+            buffered_bytes_max: SizeClasses::default().buffered_bytes_max,
+            arena_buffers: 64,
+            registrations_max: SizeClasses::default().registrations_max,
         }
     }
 }
@@ -61,6 +116,12 @@ impl ClientTuning {
             connect_timeout_ms: self.connect_timeout_ms,
             attempts_max: self.attempts_max.max(1),
             send_delay_us: self.send_delay_us,
+            classes: SizeClasses {
+                inline_bytes_max: self.inline_bytes_max,
+                buffered_bytes_max: self.buffered_bytes_max,
+                registrations_max: self.registrations_max.max(1),
+                ..SizeClasses::default()
+            },
             ..ClientConfig::default()
         };
         c.limits.data_bytes_max = c.limits.data_bytes_max.max(self.transfer_unit_bytes);

@@ -11,8 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use tokio::task::JoinSet;
-use weft_proto::msg::{ReadReq, WriteReq};
-use weft_proto::{Attr, ErrorCode, FileKind, Layout, Request, Response};
+use weft_proto::{Attr, ErrorCode, FileKind, Layout};
 use weft_rpc::RpcError;
 
 use crate::{Client, ClientError};
@@ -153,14 +152,12 @@ impl File {
                 .collect();
             let server = self.layout.servers[u.server_index as usize];
             let client = self.client.clone();
-            let req = Request::Write(WriteReq { ino: self.attr.ino, offset: u.object_offset });
+            let (ino, object_offset) = (self.attr.ino, u.object_offset);
             tasks.spawn(async move {
                 let ds = client.data_server(server).await?;
-                match ds.call(req, segs, Vec::new()).await {
-                    Ok((Response::Write(n), _)) if u64::from(n) == u.len => Ok(()),
-                    Ok((other, _)) => {
-                        Err(ClientError::Protocol(format!("write answered {other:?}, expected {}", u.len)))
-                    }
+                match ds.write_object(ino, object_offset, segs).await {
+                    Ok(n) if u64::from(n) == u.len => Ok(()),
+                    Ok(n) => Err(ClientError::Protocol(format!("write answered {n} bytes, expected {}", u.len))),
                     Err(source) => Err(ClientError::Data { server, source }),
                 }
             });
@@ -209,11 +206,11 @@ impl File {
             let client = self.client.clone();
             let ino = self.attr.ino;
             let layout = self.layout.clone();
-            let req = Request::Read(ReadReq { ino, offset: u.object_offset, len: u.len as u32 });
+            let object_offset = u.object_offset;
             tasks.spawn(async move {
                 let ds = client.data_server(server).await?;
-                match ds.call(req, Vec::new(), dest).await {
-                    Ok((_, dest)) => Ok((u.pieces, dest)),
+                match ds.read_object(ino, object_offset, dest).await {
+                    Ok(dest) => Ok((u.pieces, dest)),
                     Err(source) => Err(data_error(&layout, ino, server_index, server, source)),
                 }
             });

@@ -12,23 +12,25 @@
 mod cluster;
 mod error;
 mod file;
+mod io_queue;
 mod layouts;
 
-pub use cluster::{ClientTuning, ClusterConfig};
+pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
 pub use error::ClientError;
 pub use file::File;
+pub use io_queue::{Completion, IoKind, IoOp, IoQueue};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use weft_fabric::TcpFabric;
+use weft_fabric::{AnyFabric, ShmConfig, ShmFabric, TcpFabric};
 use weft_proto::msg::*;
 use weft_proto::{Attr, DirEntry, ErrorCode, Layout, ROOT_INO, Request, Response, ServerInfo, SetAttrs, StatFs};
 use weft_rpc::{ClientConfig, RpcClient};
 
 use crate::layouts::LayoutCache;
 
-pub type Rpc = RpcClient<TcpFabric>;
+pub type Rpc = RpcClient<AnyFabric>;
 
 /// A connection to one Weft cluster. Cheap to clone.
 #[derive(Clone)]
@@ -44,6 +46,8 @@ struct Inner {
     servers: Mutex<HashMap<u32, String>>,
     ds: tokio::sync::Mutex<HashMap<u32, Rpc>>,
     layouts: LayoutCache,
+    /// One fabric for all sessions: its shm side owns the client's arena, shared with every shm server.
+    fabric: AnyFabric,
 }
 
 fn unexpected(r: Response) -> ClientError {
@@ -63,8 +67,14 @@ impl Client {
     pub async fn connect(cluster: &ClusterConfig) -> Result<Client, ClientError> {
         let tuning = cluster.client.clone();
         let rpc_cfg = tuning.rpc_config();
-        let mds =
-            RpcClient::connect(TcpFabric::default(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
+        let fabric = AnyFabric {
+            tcp: TcpFabric::default(),
+            shm: ShmFabric::new(ShmConfig {
+                arena_buffers: tuning.arena_buffers.max(1),
+                buffer_bytes: tuning.buffered_bytes_max.max(4096),
+            }),
+        };
+        let mds = RpcClient::connect(fabric.clone(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
         let client = Client {
             inner: Arc::new(Inner {
                 layouts: LayoutCache::new(tuning.layout_cache_entries),
@@ -73,6 +83,7 @@ impl Client {
                 mds,
                 servers: Mutex::new(HashMap::new()),
                 ds: tokio::sync::Mutex::new(HashMap::new()),
+                fabric,
             }),
         };
         Ok(client)
@@ -102,11 +113,47 @@ impl Client {
             addr = self.inner.servers.lock().expect("servers").get(&id).cloned();
         }
         let addr = addr.ok_or(ClientError::UnknownServer(id))?;
-        let c = RpcClient::connect(TcpFabric::default(), &addr, self.inner.rpc_cfg.clone())
-            .await
-            .map_err(|source| ClientError::Data { server: id, source })?;
+        let data = |source| ClientError::Data { server: id, source };
+        let fabric = self.inner.fabric.clone();
+        let tcp = RpcClient::connect(fabric.clone(), &addr, self.inner.rpc_cfg.clone()).await.map_err(data)?;
+        let c = match self.inner.tuning.fabric {
+            FabricChoice::Tcp => tcp,
+            choice => match shm_address(&tcp).await {
+                Some(shm) => match RpcClient::connect(fabric, &shm, self.inner.rpc_cfg.clone()).await {
+                    Ok(c) => {
+                        tcp.close().await;
+                        tracing::debug!(server = id, %shm, "data server reached over shm");
+                        c
+                    }
+                    // Same boot id but another mount namespace (containers): the socket is out of reach.
+                    Err(e) if choice == FabricChoice::Auto => {
+                        tracing::warn!(server = id, %shm, "shm unreachable, using tcp: {e}");
+                        tcp
+                    }
+                    Err(e) => {
+                        tcp.close().await;
+                        return Err(data(e));
+                    }
+                },
+                None if choice == FabricChoice::Shm => {
+                    tcp.close().await;
+                    return Err(ClientError::Protocol(format!(
+                        "data server {id} at {addr} offers no shm fabric to this host (--fabric shm)"
+                    )));
+                }
+                None => tcp,
+            },
+        };
         ds.insert(id, c.clone());
         Ok(c)
+    }
+
+    /// The fabric each open data server session uses, by server id (`tcp` or `shm`).
+    pub async fn fabrics(&self) -> Vec<(u32, &'static str)> {
+        let ds = self.inner.ds.lock().await;
+        let mut v: Vec<(u32, &'static str)> = ds.iter().map(|(id, c)| (*id, c.capabilities().name)).collect();
+        v.sort();
+        v
     }
 
     async fn refresh_servers(&self) -> Result<(), ClientError> {
@@ -403,6 +450,16 @@ impl Client {
             c.close().await;
         }
         self.inner.mds.close().await;
+    }
+}
+
+/// The server's shm address, if it runs on this host and offers one.
+async fn shm_address(tcp: &Rpc) -> Option<String> {
+    match tcp.call_control(Request::FabricInfo(())).await {
+        Ok(Response::FabricInfo(info)) if info.host_id == weft_fabric::host_id() && !info.host_id.is_empty() => {
+            info.shm_addr
+        }
+        _ => None,
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::{info, warn};
-use weft_fabric::{Fabric, Listener, TcpFabric};
+use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
 use weft_proto::msg::RegisterServerReq;
 use weft_proto::{ErrorCode, FrameLimits, Request, Response, WireError};
 use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, ReplyData, RpcClient, RpcServer, ServerConfig, Service};
@@ -49,6 +49,15 @@ pub struct DataConfig {
     /// reads served as zeros without touching the disk, showing the ceiling of everything before the store.
     #[serde(default)]
     pub short_circuit: bool,
+    /// Also listen for same-host clients on the `shm` fabric, at `shm_socket` (default `ROOT/weft-data.sock`).
+    #[serde(default = "default_true")]
+    pub shm: bool,
+    #[serde(default)]
+    pub shm_socket: Option<PathBuf>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_heartbeat_ms() -> u64 {
@@ -109,6 +118,31 @@ impl ReplyData for MappedReply {
     }
 }
 
+fn one_sided(ctx: &CallCtx) -> Result<std::sync::Arc<dyn weft_fabric::PeerMemory>, WireError> {
+    ctx.memory.clone().ok_or_else(|| {
+        WireError::new(ErrorCode::BadRequest, "chunk lists need a one-sided fabric; this connection has none")
+    })
+}
+
+/// A chunk outside the client's registered regions: refused, logged, and nothing was read or written.
+fn refuse_chunks(ctx: &CallCtx, e: weft_proto::ChunkError) -> WireError {
+    warn!(peer = %ctx.peer, "refusing a chunk list: {e}");
+    WireError::new(ErrorCode::BadRequest, format!("chunk list refused: {e}"))
+}
+
+fn memory_error(peer: &str, e: weft_fabric::MemoryError) -> WireError {
+    match e {
+        weft_fabric::MemoryError::Chunk(c) => {
+            warn!(%peer, "refusing a chunk list: {c}");
+            WireError::new(ErrorCode::BadRequest, format!("chunk list refused: {c}"))
+        }
+        other => {
+            warn!(%peer, "one-sided transfer failed: {other}");
+            WireError::new(ErrorCode::Io, other.to_string())
+        }
+    }
+}
+
 fn join_error(e: tokio::task::JoinError) -> WireError {
     WireError::new(ErrorCode::Internal, format!("disk task failed: {e}"))
 }
@@ -163,6 +197,69 @@ impl Service for DataService {
                         .map_err(join_error)?
                         .map_err(WireError::from)?;
                 Ok(Reply { resp: Response::Read(()), data: Some(Box::new(buf)) })
+            }
+            Request::ReadChunks(r) => {
+                let memory = one_sided(ctx)?;
+                let len: u64 = r.chunks.iter().map(|c| u64::from(c.len)).sum();
+                if len > ctx.pool.buf_bytes() as u64 {
+                    return Err(WireError::new(
+                        ErrorCode::OutOfRange,
+                        format!("read of {len} bytes exceeds the transfer unit of {}", ctx.pool.buf_bytes()),
+                    ));
+                }
+                // Refuse a bad chunk list before touching the disk.
+                memory.check(&r.chunks, len).map_err(|e| refuse_chunks(ctx, e))?;
+                let permit = self.mapped_reads.clone().acquire_owned().await.expect("never closed");
+                let peer = ctx.peer.clone();
+                // Read and put in one blocking task: the data goes from the page-cache mapping (or a pool buffer
+                // past the object's end) straight into the client's memory.
+                let mapped = {
+                    let store = store.clone();
+                    let memory = memory.clone();
+                    let chunks = r.chunks.clone();
+                    tokio::task::spawn_blocking(move || -> Result<bool, WireError> {
+                        let Some(read) = store.read_mapped(r.ino, r.offset, len).map_err(WireError::from)? else {
+                            return Ok(false);
+                        };
+                        memory.put(&chunks, read.as_bytes()).map_err(|e| memory_error(&peer, e))?;
+                        Ok(true)
+                    })
+                    .await
+                    .map_err(join_error)??
+                };
+                drop(permit);
+                if !mapped {
+                    let mut buf = ctx.pool.acquire(len as usize).await;
+                    let peer = ctx.peer.clone();
+                    tokio::task::spawn_blocking(move || -> Result<(), WireError> {
+                        store.read(r.ino, r.offset, buf.as_mut_slice()).map_err(WireError::from)?;
+                        memory.put(&r.chunks, buf.as_slice()).map_err(|e| memory_error(&peer, e))
+                    })
+                    .await
+                    .map_err(join_error)??;
+                }
+                Ok(Response::ReadChunks(()).into())
+            }
+            Request::WriteChunks(w) => {
+                let memory = one_sided(ctx)?;
+                let len: u64 = w.chunks.iter().map(|c| u64::from(c.len)).sum();
+                if len > ctx.pool.buf_bytes() as u64 {
+                    return Err(WireError::new(
+                        ErrorCode::OutOfRange,
+                        format!("write of {len} bytes exceeds the transfer unit of {}", ctx.pool.buf_bytes()),
+                    ));
+                }
+                memory.check(&w.chunks, len).map_err(|e| refuse_chunks(ctx, e))?;
+                // The server pulls the bytes when it has a buffer for them: its own pace, its own memory.
+                let mut buf = ctx.pool.acquire(len as usize).await;
+                let peer = ctx.peer.clone();
+                tokio::task::spawn_blocking(move || -> Result<(), WireError> {
+                    memory.get(&w.chunks, buf.as_mut_slice()).map_err(|e| memory_error(&peer, e))?;
+                    store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)
+                })
+                .await
+                .map_err(join_error)??;
+                Ok(Response::WriteChunks(len as u32).into())
             }
             Request::Write(w) => {
                 let buf = data.ok_or_else(|| WireError::new(ErrorCode::BadRequest, "write without a payload"))?;
@@ -233,26 +330,47 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
     let store =
         ObjectStore::open(&cfg.root).map_err(|source| DataServerError::Store { root: cfg.root.clone(), source })?;
     let store = Arc::new(store);
-    let fabric = TcpFabric::default();
+    let fabric = AnyFabric::default();
     let listener = fabric
         .listen(&cfg.listen)
         .await
         .map_err(|source| DataServerError::Listen { addr: cfg.listen.clone(), source })?;
     let addr = listener.local_addr().map_err(DataServerError::Serve)?;
     let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.clone());
+    // The shm listener is an optimisation: a server that cannot bind it (path too long, read-only root) still
+    // serves everyone over TCP.
+    let mut shm_listener = None;
+    if cfg.shm {
+        let path = cfg.shm_socket.clone().unwrap_or_else(|| cfg.root.join("weft-data.sock"));
+        let shm_addr = format!("{}{}", weft_fabric::shm::SHM_SCHEME, path.display());
+        match fabric.listen(&shm_addr).await {
+            Ok(l) => shm_listener = Some(l),
+            Err(e) => warn!(%shm_addr, "no shm listener, same-host clients will use tcp: {e}"),
+        }
+    }
+    let shm_addr = shm_listener.as_ref().and_then(|l| l.local_addr().ok());
     let server_cfg = ServerConfig {
         limits: FrameLimits { body_bytes_max: 64 << 10, data_bytes_max: cfg.transfer_unit_bytes },
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
         pool_buffers: cfg.pool_buffers,
+        shm_addr: shm_addr.clone(),
         ..ServerConfig::default()
     };
-    let server = RpcServer::<TcpFabric, _>::new(
+    let server = RpcServer::<AnyFabric, _>::new(
         server_cfg,
         Arc::new(DataService::new(store.clone(), cfg.pool_buffers).with_short_circuit(cfg.short_circuit)),
     );
-    info!(id = cfg.id, %addr, %advertise, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
+    info!(id = cfg.id, %addr, %advertise, shm = ?shm_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
     tokio::spawn(heartbeat(cfg.clone(), advertise, store));
+    if let Some(l) = shm_listener {
+        let server = server.clone();
+        tokio::spawn(async move {
+            if let Err(e) = server.serve(l).await {
+                warn!("shm listener ended: {e}");
+            }
+        });
+    }
     ready(&addr);
     server.serve(listener).await.map_err(DataServerError::Serve)
 }

@@ -3,18 +3,35 @@
 //! A [`Fabric`] opens connections and listens; each connection is a reader, a writer and a [`Killer`] that can
 //! tear the connection down from any task (so a timed-out caller never waits on a blocked reader). The RPC layer
 //! (`weft-rpc`) is generic over the fabric and never names TCP. Backends advertise [`Capabilities`] so the RPC layer
-//! can pick the data path: `tcp` offers only two-sided messages, bulk data rides in the stream; one-sided backends
-//! (`shm`, `rdma`) are later issues.
+//! can pick the data path:
+//!
+//! - two-sided messages: every backend; the frames of `weft-rpc` travel as a byte stream (`tcp`: bulk data rides
+//!   in the stream after the header);
+//! - one-sided `get`/`put`: the server side of a connection may hold a [`PeerMemory`], the client memory that
+//!   the client registered (its arena, passed at connect, plus regions registered later with the `Regions` op).
+//!   The server moves bulk data between its own buffers and that memory; it never exposes its own memory. Every
+//!   chunk is checked against the registered regions ([`weft_proto::RegionTable::check`]) before a byte moves.
+//!   An rdma backend implements the same trait with RDMA READ/WRITE on registered memory regions (remote keys
+//!   travel in [`weft_proto::Region`]) and waits for the completions.
+//!
+//! Backends: [`tcp`] (always), [`shm`] (same host: Unix socket, memfd arena, process_vm_readv/writev). [`AnyFabric`]
+//! picks one per address (`unix:/path` is shm, `host:port` is tcp) so one client can mix them.
 
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncWrite};
+use weft_proto::{Chunk, ChunkError, Region};
 
+pub mod any;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod shm;
 pub mod tcp;
 
+pub use any::AnyFabric;
+pub use shm::{Arena, ArenaBuf, ShmConfig, ShmFabric};
 pub use tcp::TcpFabric;
 
 /// What a fabric can do; the RPC layer chooses transfer methods from this.
@@ -36,6 +53,35 @@ pub struct Connection<F: Fabric> {
     pub killer: F::Killer,
     /// The peer's address, for logs.
     pub peer: String,
+    /// Server side of a one-sided fabric: the client's registered memory, reachable with `get`/`put`. Dropping
+    /// the last reference releases it (unmaps the arena): that happens when the connection ends.
+    pub memory: Option<Arc<dyn PeerMemory>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemoryError {
+    /// The chunk list broke a rule; nothing was read or written.
+    #[error("{0}")]
+    Chunk(#[from] ChunkError),
+    /// The transfer itself failed (e.g. the client unmapped memory it had registered).
+    #[error("one-sided transfer failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// A client's registered memory as the server sees it. Methods block (a memory copy or a system call; an rdma
+/// backend posts the work requests and waits for their completions): call them from a blocking thread.
+pub trait PeerMemory: Send + Sync + 'static {
+    /// Applies a registration batch from the client.
+    fn register(&self, add: &[Region], remove: &[u32]) -> Result<(), ChunkError>;
+    /// Checks a chunk list without moving data (so a bad request is refused before any disk work).
+    fn check(&self, chunks: &[Chunk], want: u64) -> Result<(), ChunkError>;
+    /// Copies the chunks, in order, into `dst` (whose length the chunks must add up to).
+    fn get(&self, chunks: &[Chunk], dst: &mut [u8]) -> Result<(), MemoryError>;
+    /// Copies `src` into the chunks, in order.
+    fn put(&self, chunks: &[Chunk], src: &[u8]) -> Result<(), MemoryError>;
+    /// The connection ended: every later `get`/`put` fails. The client may already reuse the memory.
+    fn revoke(&self);
 }
 
 pub trait Fabric: Clone + Send + Sync + 'static {
@@ -45,6 +91,14 @@ pub trait Fabric: Clone + Send + Sync + 'static {
     type Listener: Listener<Self>;
 
     fn capabilities(&self) -> Capabilities;
+    /// What a connection to `addr` can do (a fabric that spans backends answers per address).
+    fn capabilities_of(&self, _addr: &str) -> Capabilities {
+        self.capabilities()
+    }
+    /// The client's pre-registered arena, shared with every server it connects to over a one-sided fabric.
+    fn arena(&self) -> Option<Arc<Arena>> {
+        None
+    }
     fn connect(&self, addr: &str) -> impl Future<Output = io::Result<Connection<Self>>> + Send;
     fn listen(&self, addr: &str) -> impl Future<Output = io::Result<Self::Listener>> + Send;
 }
@@ -53,4 +107,14 @@ pub trait Listener<F: Fabric>: Send + 'static {
     fn accept(&mut self) -> impl Future<Output = io::Result<Connection<F>>> + Send;
     /// The bound address, e.g. after listening on port 0.
     fn local_addr(&self) -> io::Result<String>;
+}
+
+/// Counters of one-sided resources held by this process as a server (all connections, all listeners).
+pub fn memory_stats() -> weft_proto::msg::FabricStat {
+    shm::stats()
+}
+
+/// Identifies this machine: two processes with equal ids run on the same host (and can use `shm`).
+pub fn host_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
 }

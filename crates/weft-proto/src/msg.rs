@@ -133,6 +133,16 @@ messages! {
     SpaceStat = 204: () => SpaceStat, idempotent = true, data = false;
     /// Make an object's data and checksums durable (fsync); a missing object is already durable.
     Fsync = 205: InoReq => (), idempotent = true, data = false;
+    /// RPC Read-Write read: the server `put`s `len` bytes of the object into the client's write chunks, then replies.
+    ReadChunks = 206: ReadChunksReq => (), idempotent = true, data = false;
+    /// RPC Read-Write write: the server `get`s the bytes from the client's read chunks and writes them.
+    WriteChunks = 207: WriteChunksReq => u32, idempotent = false, data = false;
+    /// Registers and deregisters client memory regions on this connection (one batch).
+    Regions = 208: RegionsReq => (), idempotent = true, data = false;
+    /// Which fabrics the server offers besides the one asked on, so a client can pick one.
+    FabricInfo = 209: () => FabricInfoResp, idempotent = true, data = false;
+    /// The server's fabric resources in use (connections with mapped client memory, regions): observability.
+    FabricStat = 210: () => FabricStat, idempotent = true, data = false;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -306,6 +316,47 @@ pub struct TruncateReq {
     pub size: u64,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadChunksReq {
+    pub ino: u64,
+    pub offset: u64,
+    /// Where the bytes go, in order; their lengths add up to the length read.
+    pub chunks: Vec<crate::chunk::Chunk>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteChunksReq {
+    pub ino: u64,
+    pub offset: u64,
+    /// Where the bytes come from, in order; their lengths add up to the length written.
+    pub chunks: Vec<crate::chunk::Chunk>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionsReq {
+    pub add: Vec<crate::chunk::Region>,
+    /// Ids deregistered before `add` is applied (batched deregistration).
+    pub remove: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricInfoResp {
+    /// Identifies the server's machine (Linux boot id): equal to the client's means "same host".
+    pub host_id: String,
+    /// Address of the server's `shm` listener (`unix:/path`), if it has one.
+    pub shm_addr: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricStat {
+    /// Open connections that mapped a client's memory arena.
+    pub arenas: u64,
+    /// Client memory regions registered over all connections (arenas excluded).
+    pub regions: u64,
+    /// Chunk lists refused because a chunk lay outside the registered regions.
+    pub chunks_refused: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,6 +402,11 @@ mod tests {
         assert_eq!(Op::Read as u16, 200);
         assert_eq!(Op::SpaceStat as u16, 204);
         assert_eq!(Op::Fsync as u16, 205);
+        assert_eq!(Op::ReadChunks as u16, 206);
+        assert_eq!(Op::WriteChunks as u16, 207);
+        assert_eq!(Op::Regions as u16, 208);
+        assert_eq!(Op::FabricInfo as u16, 209);
+        assert_eq!(Op::FabricStat as u16, 210);
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());
         assert!(Op::Read.is_idempotent() && !Op::Create.is_idempotent());
     }

@@ -35,7 +35,9 @@ struct Pending {
     tx: oneshot::Sender<Outcome>,
 }
 
-struct Conn<F: Fabric> {
+pub(crate) struct Conn<F: Fabric> {
+    /// Unique per process: registrations of client memory belong to one connection.
+    pub(crate) id: u64,
     writer: tokio::sync::Mutex<F::Writer>,
     killer: F::Killer,
     /// Guarded together with `dead` so no call registers on a connection whose reader has already drained it.
@@ -74,15 +76,17 @@ impl<F: Fabric> Conn<F> {
     }
 }
 
+static CONN_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 struct SlotSeq {
     session: u64,
     seq: u32,
 }
 
-struct Inner<F: Fabric> {
+pub(crate) struct Inner<F: Fabric> {
     fabric: F,
-    addr: String,
-    cfg: ClientConfig,
+    pub(crate) addr: String,
+    pub(crate) cfg: ClientConfig,
     conn: tokio::sync::Mutex<Option<Arc<Conn<F>>>>,
     /// Serialises session control calls.
     control: tokio::sync::Mutex<()>,
@@ -90,6 +94,9 @@ struct Inner<F: Fabric> {
     slots: Vec<Mutex<SlotSeq>>,
     free: Mutex<Vec<u32>>,
     credits: Semaphore,
+    /// Client memory registered on the current connection (pin-down cache), and the lock its misses take.
+    pub(crate) regs: Arc<Mutex<crate::bulk::RegCache>>,
+    pub(crate) reg_lock: tokio::sync::Mutex<()>,
 }
 
 impl<F: Fabric> Drop for Inner<F> {
@@ -104,7 +111,7 @@ impl<F: Fabric> Drop for Inner<F> {
 
 /// A session with one server. Cheap to clone; clones share the session and its slots.
 pub struct RpcClient<F: Fabric> {
-    inner: Arc<Inner<F>>,
+    pub(crate) inner: Arc<Inner<F>>,
 }
 
 impl<F: Fabric> Clone for RpcClient<F> {
@@ -130,6 +137,7 @@ impl<F: Fabric> RpcClient<F> {
     pub async fn connect(fabric: F, addr: &str, cfg: ClientConfig) -> Result<Self, RpcError> {
         let conn = open_conn(&fabric, addr, &cfg).await?;
         let (session, granted) = create_session(&conn, addr, &cfg).await?;
+        let cfg_regs = cfg.classes.registrations_max;
         debug!(addr, session = format_args!("{session:#x}"), slots = granted, "session open");
         Ok(RpcClient {
             inner: Arc::new(Inner {
@@ -142,6 +150,8 @@ impl<F: Fabric> RpcClient<F> {
                 conn: tokio::sync::Mutex::new(Some(conn)),
                 control: tokio::sync::Mutex::new(()),
                 session: Mutex::new(session),
+                regs: Arc::new(Mutex::new(crate::bulk::RegCache::new(cfg_regs))),
+                reg_lock: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -156,6 +166,10 @@ impl<F: Fabric> RpcClient<F> {
     }
 
     /// Ends the session politely (best effort).
+    pub(crate) fn session_id(&self) -> u64 {
+        *self.inner.session.lock().expect("session")
+    }
+
     pub async fn close(&self) {
         let _ = self.control_call(Request::SessionDestroy(())).await;
         if let Some(c) = self.inner.conn.lock().await.take() {
@@ -175,6 +189,29 @@ impl<F: Fabric> RpcClient<F> {
         req: Request,
         data: Vec<Bytes>,
         dest: Vec<BytesMut>,
+    ) -> Result<(Response, Vec<BytesMut>), RpcError> {
+        self.call_on(req, data, dest, None).await
+    }
+
+    /// What the fabric to this server can do.
+    pub fn capabilities(&self) -> weft_fabric::Capabilities {
+        self.inner.fabric.capabilities_of(&self.inner.addr)
+    }
+
+    /// The client's pre-registered arena, on a one-sided fabric.
+    pub fn arena(&self) -> Option<Arc<weft_fabric::Arena>> {
+        if self.capabilities().one_sided { self.inner.fabric.arena() } else { None }
+    }
+
+    /// As [`RpcClient::call`]; with `require_conn`, the request may only go out on that connection (its chunks
+    /// name regions registered there): on any other it fails with `RegionsLost` (or `MaybeApplied` if an
+    /// attempt of a non-idempotent op went out before the connection changed).
+    pub(crate) async fn call_on(
+        &self,
+        req: Request,
+        data: Vec<Bytes>,
+        dest: Vec<BytesMut>,
+        require_conn: Option<u64>,
     ) -> Result<(Response, Vec<BytesMut>), RpcError> {
         let inner = &*self.inner;
         let op = req.op();
@@ -211,6 +248,12 @@ impl<F: Fabric> RpcClient<F> {
                 }
             };
             connect_failed = None;
+            if require_conn.is_some_and(|id| id != conn.id) {
+                if maybe_ran {
+                    return Err(RpcError::MaybeApplied { addr: inner.addr.clone(), op, reason: last_failure });
+                }
+                return Err(RpcError::RegionsLost { addr: inner.addr.clone() });
+            }
             let rx = match conn.register(slot, seq, dest) {
                 Ok(rx) => rx,
                 Err(d) => {
@@ -342,7 +385,7 @@ impl<F: Fabric> RpcClient<F> {
     }
 
     /// The live connection, reconnecting (and re-opening a forgotten session) if needed.
-    async fn conn(&self) -> std::io::Result<Arc<Conn<F>>> {
+    pub(crate) async fn conn(&self) -> std::io::Result<Arc<Conn<F>>> {
         let conn = {
             let mut g = self.inner.conn.lock().await;
             match g.as_ref() {
@@ -370,6 +413,11 @@ impl<F: Fabric> RpcClient<F> {
             }
         }
         Ok(conn)
+    }
+
+    /// A session-control call outside the slots (`FabricInfo`, `FabricStat`, `Regions`): one attempt, no payload.
+    pub async fn call_control(&self, req: Request) -> Result<Response, RpcError> {
+        self.control_call(req).await
     }
 
     async fn control_call(&self, req: Request) -> Result<Response, RpcError> {
@@ -404,6 +452,7 @@ async fn open_conn<F: Fabric>(fabric: &F, addr: &str, cfg: &ClientConfig) -> Res
         }
     };
     let conn = Arc::new(Conn::<F> {
+        id: CONN_IDS.fetch_add(1, Ordering::SeqCst),
         writer: tokio::sync::Mutex::new(writer),
         killer,
         pending: Mutex::new((false, HashMap::new())),
@@ -428,7 +477,7 @@ async fn create_session<F: Fabric>(conn: &Conn<F>, addr: &str, cfg: &ClientConfi
 }
 
 /// A session-control call: one attempt, no slot, no payload.
-async fn control<F: Fabric>(
+pub(crate) async fn control<F: Fabric>(
     conn: &Conn<F>,
     addr: &str,
     cfg: &ClientConfig,

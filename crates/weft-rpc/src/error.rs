@@ -17,6 +17,9 @@ pub enum RpcError {
     Remote(WireError),
     #[error("protocol error talking to {addr}: {source}")]
     Protocol { addr: String, source: FrameError },
+    /// The connection that held this call's memory registrations ended before the call went out; register again.
+    #[error("connection to {addr} changed; its memory registrations are gone")]
+    RegionsLost { addr: String },
     #[error("connection to {addr} lost: {reason}")]
     ConnectionLost { addr: String, reason: String },
 }

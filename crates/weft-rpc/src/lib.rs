@@ -13,6 +13,7 @@
 //!   network. Server buffers come from a bounded, pre-faulted [`pool::BufferPool`]: when it is empty the server
 //!   stops reading the socket (back-pressure, not growth).
 
+pub mod bulk;
 pub mod client;
 pub mod config;
 pub mod error;
@@ -23,7 +24,7 @@ pub mod server;
 mod session;
 
 pub use client::RpcClient;
-pub use config::{ClientConfig, ServerConfig};
+pub use config::{ClientConfig, ServerConfig, SizeClasses};
 pub use error::RpcError;
 pub use pool::{BufferPool, PoolBuf};
 pub use server::{CallCtx, Reply, ReplyData, RpcServer, Service};

@@ -13,9 +13,9 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, BufReader};
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
-use weft_fabric::{Connection, Fabric, Killer, Listener};
+use weft_fabric::{Connection, Fabric, Killer, Listener, PeerMemory};
 use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
-use weft_proto::msg::{SessionCreateResp, encode_value};
+use weft_proto::msg::{FabricInfoResp, SessionCreateResp, encode_value};
 use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, WireError};
 
 use crate::config::ServerConfig;
@@ -29,6 +29,8 @@ pub struct CallCtx {
     pub peer: Arc<str>,
     /// The server's payload buffers, for replies that carry data.
     pub pool: BufferPool,
+    /// The client's registered memory, on a one-sided fabric: where chunk lists point.
+    pub memory: Option<Arc<dyn PeerMemory>>,
 }
 
 /// Bytes a reply carries after its body, sent straight from where they are (a pool buffer, a mapping of the
@@ -83,6 +85,7 @@ struct ConnOut<F: Fabric> {
     writer: tokio::sync::Mutex<F::Writer>,
     killer: F::Killer,
     peer: Arc<str>,
+    memory: Option<Arc<dyn PeerMemory>>,
 }
 
 impl<F: Fabric, S: Service> RpcServer<F, S> {
@@ -125,10 +128,15 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     }
 
     async fn serve_conn(self: Arc<Self>, conn: Connection<F>) {
-        let Connection { reader, writer, killer, peer } = conn;
+        let Connection { reader, writer, killer, peer, memory } = conn;
         let peer: Arc<str> = peer.into();
-        debug!(%peer, "connection open");
-        let out = Arc::new(ConnOut::<F> { writer: tokio::sync::Mutex::new(writer), killer, peer: peer.clone() });
+        debug!(%peer, one_sided = memory.is_some(), "connection open");
+        let out = Arc::new(ConnOut::<F> {
+            writer: tokio::sync::Mutex::new(writer),
+            killer,
+            peer: peer.clone(),
+            memory: memory.clone(),
+        });
         let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
         let limits = self.cfg.limits;
         loop {
@@ -196,6 +204,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             };
             self.dispatch(&out, h, req, data).await;
         }
+        // Calls still running must not write into memory the client may reuse once it saw the connection die.
+        if let Some(m) = &memory {
+            m.revoke();
+        }
         debug!(%peer, "connection closed");
     }
 
@@ -210,6 +222,19 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 self.sessions.destroy(h.session);
                 Ok(Response::SessionDestroy(()))
             }
+            // Registration belongs to the connection (its memory), so it is answered here, outside the slots.
+            Request::Regions(r) => match &out.memory {
+                Some(m) => m.register(&r.add, &r.remove).map(|()| Response::Regions(())).map_err(|e| {
+                    warn!(peer = %out.peer, "refusing a registration: {e}");
+                    WireError::new(ErrorCode::BadRequest, e.to_string())
+                }),
+                None => Err(WireError::new(ErrorCode::BadRequest, "this connection's fabric has no one-sided memory")),
+            },
+            Request::FabricInfo(()) => Ok(Response::FabricInfo(FabricInfoResp {
+                host_id: weft_fabric::host_id(),
+                shm_addr: self.cfg.shm_addr.clone(),
+            })),
+            Request::FabricStat(()) => Ok(Response::FabricStat(weft_fabric::memory_stats())),
             _ => {
                 let me = self.clone();
                 let out = out.clone();
@@ -263,7 +288,8 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
 
     async fn execute(&self, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>, track: bool) {
         let op = req.op();
-        let ctx = CallCtx { session: h.session, peer: out.peer.clone(), pool: self.pool.clone() };
+        let ctx =
+            CallCtx { session: h.session, peer: out.peer.clone(), pool: self.pool.clone(), memory: out.memory.clone() };
         let (flags, body, payload) = match self.service.call(&ctx, req, data).await {
             Ok(reply) => (0, Bytes::from(reply.resp.encode_body()), reply.data),
             Err(err) => {

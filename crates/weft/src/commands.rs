@@ -13,8 +13,14 @@ use weft_proto::{FileKind, ServerState};
 /// Bytes moved per client call by put/get/cat: large enough to keep every data server of a file busy.
 const COPY_CHUNK_BYTES: usize = 16 << 20;
 
+/// `--fabric`, when given: overrides the cluster file's and WEFT_FABRIC's choice for every client of this process.
+pub static FABRIC: std::sync::OnceLock<weft_client::FabricChoice> = std::sync::OnceLock::new();
+
 async fn connect(spec: &str) -> Result<Client> {
-    let cfg = ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?;
+    let mut cfg = ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?;
+    if let Some(f) = FABRIC.get() {
+        cfg.client.fabric = *f;
+    }
     Client::connect(&cfg).await.with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
 }
 
@@ -165,6 +171,9 @@ pub async fn mount_daemon(spec: &str, dir: &Path, args: &crate::MountArgs, log: 
     }
     if args.writeback_cache {
         cmd.arg("--writeback-cache");
+    }
+    if let Some(f) = FABRIC.get() {
+        cmd.arg("--fabric").arg(f.name());
     }
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

@@ -26,6 +26,20 @@ struct Cli {
 struct ClusterArg {
     #[arg(long, env = "WEFT_CLUSTER", value_name = "PATH|ADDR")]
     cluster: String,
+    /// How to reach data servers: auto (shm to servers on this host, tcp to the others), tcp or shm.
+    /// Default: WEFT_FABRIC, else the cluster file's, else auto.
+    #[arg(long, value_name = "auto|tcp|shm")]
+    fabric: Option<weft_client::FabricChoice>,
+}
+
+impl ClusterArg {
+    /// The cluster spec; records `--fabric` for every client this process opens.
+    fn spec(&self) -> &str {
+        if let Some(f) = self.fabric {
+            let _ = commands::FABRIC.set(f);
+        }
+        &self.cluster
+    }
 }
 
 /// Tunables of a FUSE mount.
@@ -278,9 +292,9 @@ async fn run(cmd: Cmd) -> Result<()> {
         Cmd::Up { data_dir, servers, mount } => c::up(data_dir, servers, mount).await,
         Cmd::Mount { c, dir, opts, daemon, log } => {
             if daemon {
-                c::mount_daemon(&c.cluster, &dir, &opts, log).await
+                c::mount_daemon(c.spec(), &dir, &opts, log).await
             } else {
-                c::mount(&c.cluster, &dir, &opts).await
+                c::mount(c.spec(), &dir, &opts).await
             }
         }
         Cmd::Meta { config } => {
@@ -295,23 +309,23 @@ async fn run(cmd: Cmd) -> Result<()> {
                 toml::from_str(&text).with_context(|| format!("{} is not a valid data config", config.display()))?;
             weft_data::run(cfg, ready).await.context("data server failed")
         }
-        Cmd::Ls { c, path, long } => c::ls(&c.cluster, &path, long).await,
-        Cmd::Stat { c, path } => c::stat(&c.cluster, &path).await,
-        Cmd::Put { c, local, remote } => c::put(&c.cluster, &local, &remote).await,
-        Cmd::Get { c, remote, local } => c::get(&c.cluster, &remote, &local).await,
-        Cmd::Cat { c, path } => c::cat(&c.cluster, &path).await,
-        Cmd::Rm { c, path, recursive } => c::rm(&c.cluster, &path, recursive).await,
-        Cmd::Mkdir { c, path, parents } => c::mkdir(&c.cluster, &path, parents).await,
-        Cmd::Rmdir { c, path } => c::rmdir(&c.cluster, &path).await,
-        Cmd::Mv { c, src, dst, no_clobber } => c::mv(&c.cluster, &src, &dst, no_clobber).await,
-        Cmd::Ln { c, target, link, symbolic } => c::ln(&c.cluster, &target, &link, symbolic).await,
-        Cmd::Truncate { c, path, size } => c::truncate(&c.cluster, &path, size::parse(&size)?).await,
+        Cmd::Ls { c, path, long } => c::ls(c.spec(), &path, long).await,
+        Cmd::Stat { c, path } => c::stat(c.spec(), &path).await,
+        Cmd::Put { c, local, remote } => c::put(c.spec(), &local, &remote).await,
+        Cmd::Get { c, remote, local } => c::get(c.spec(), &remote, &local).await,
+        Cmd::Cat { c, path } => c::cat(c.spec(), &path).await,
+        Cmd::Rm { c, path, recursive } => c::rm(c.spec(), &path, recursive).await,
+        Cmd::Mkdir { c, path, parents } => c::mkdir(c.spec(), &path, parents).await,
+        Cmd::Rmdir { c, path } => c::rmdir(c.spec(), &path).await,
+        Cmd::Mv { c, src, dst, no_clobber } => c::mv(c.spec(), &src, &dst, no_clobber).await,
+        Cmd::Ln { c, target, link, symbolic } => c::ln(c.spec(), &target, &link, symbolic).await,
+        Cmd::Truncate { c, path, size } => c::truncate(c.spec(), &path, size::parse(&size)?).await,
         Cmd::Setstripe { c, unit, count, dir } => {
             let unit = size::parse(&unit)?;
             let unit = u32::try_from(unit).context("stripe unit must be below 4 GiB")?;
-            c::setstripe(&c.cluster, &dir, unit, count).await
+            c::setstripe(c.spec(), &dir, unit, count).await
         }
-        Cmd::Status { c } => c::status(&c.cluster).await,
+        Cmd::Status { c } => c::status(c.spec()).await,
         Cmd::Bench(args) => weft_bench::run(args).await,
     }
 }

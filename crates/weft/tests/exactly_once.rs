@@ -41,8 +41,13 @@ async fn a_retried_rename_is_not_executed_twice() {
 
 #[tokio::test]
 async fn a_retried_write_to_a_data_server_is_answered_from_cache() {
+    // A 10 000-byte write is `Write` over tcp and `WriteChunks` (through the arena) over shm.
+    let op = match weft_client::FabricChoice::from_env() {
+        weft_client::FabricChoice::Tcp => Op::Write,
+        _ => Op::WriteChunks,
+    };
     let cl = start_with("eo-write", 1, |o| {
-        o.env.push(("WEFT_FAULT".into(), format!("drop-after-execute:{}:1", Op::Write as u16)));
+        o.env.push(("WEFT_FAULT".into(), format!("drop-after-execute:{}:1", op as u16)));
     })
     .await;
     let c = cl.client().await;

@@ -1,0 +1,515 @@
+//! The `shm` backend: one-sided transfers between processes on the same host.
+//!
+//! - Messages (the RPC frames) travel over a Unix stream socket; servers listen on `unix:/path` beside their TCP
+//!   port and announce the path in `FabricInfo` (the data server puts it at `DATA_ROOT/weft-data.sock`).
+//! - The client's pre-registered I/O memory is an [`Arena`]: a memfd, sealed against shrinking, cut into
+//!   `buffer_bytes` buffers. Its descriptor travels once per connection in the hello (SCM_RIGHTS); the server
+//!   checks the seal and size, maps it shared and populated, and reaches it by plain copies as region 0.
+//! - Memory outside the arena (the caller's own buffers for large transfers) is registered as process-memory
+//!   regions (`Regions` op) and reached with process_vm_readv/writev. The peer's pid comes from SO_PEERCRED,
+//!   never from the client's word, so a client can only ever point the server at its own address space.
+//! - When the connection ends, the [`PeerMemory`] is dropped: the arena is unmapped and the regions forgotten.
+//!
+//! All `unsafe` of the backend is in [`sys`].
+
+mod sys;
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::Interest;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use weft_proto::chunk::ARENA_REGION;
+use weft_proto::{Chunk, ChunkError, Region, RegionTable};
+
+use crate::{Capabilities, Connection, Fabric, Killer, Listener, MemoryError, PeerMemory};
+
+/// Address prefix of shm endpoints: `unix:/run/weft/data.sock`.
+pub const SHM_SCHEME: &str = "unix:";
+const HELLO_MAGIC: &[u8; 8] = b"WFTSHM01";
+const HELLO_LEN: usize = 16;
+/// Process-memory regions one connection may register.
+pub const REGIONS_MAX: usize = 4096;
+/// A client that connects but sends no hello within this time is dropped.
+const HELLO_TIMEOUT_MS: u64 = 10_000;
+/// Handshaken connections waiting for `accept`.
+const ACCEPT_QUEUE: usize = 64;
+
+static ARENAS: AtomicU64 = AtomicU64::new(0);
+static REGIONS: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn stats() -> weft_proto::msg::FabricStat {
+    weft_proto::msg::FabricStat {
+        arenas: ARENAS.load(Ordering::SeqCst),
+        regions: REGIONS.load(Ordering::SeqCst),
+        chunks_refused: REFUSED.load(Ordering::SeqCst),
+    }
+}
+
+/// Client-side sizes of the arena (the "pre-registered buffers" size class).
+#[derive(Debug, Clone, Copy)]
+pub struct ShmConfig {
+    /// Buffers in the arena: the most medium-sized transfers in flight at once over all shm servers.
+    pub arena_buffers: u32,
+    /// Size of each arena buffer: the largest transfer staged through the arena (64 KiB in the papers).
+    pub buffer_bytes: usize,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig { arena_buffers: 64, buffer_bytes: 64 << 10 }
+    }
+}
+
+/// Pre-registered client memory shared with shm servers: a sealed memfd cut into equal buffers, bounded.
+pub struct Arena {
+    fd: OwnedFd,
+    map: sys::SharedMap,
+    buf_bytes: usize,
+    free: Mutex<Vec<u32>>,
+    permits: Arc<Semaphore>,
+}
+
+/// One arena buffer on loan; returns on drop. Touched only by copies (`copy_in`/`copy_out`), because the server
+/// writes it from another process while a request is in flight.
+pub struct ArenaBuf {
+    arena: Arc<Arena>,
+    index: u32,
+    len: usize,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Arena {
+    pub fn create(cfg: ShmConfig) -> io::Result<Arc<Arena>> {
+        let buffers = cfg.arena_buffers.max(1);
+        let len = (buffers as u64) * (cfg.buffer_bytes.max(4096) as u64);
+        let fd = sys::create_arena_fd(len)?;
+        let map = sys::SharedMap::map(&fd, len)?;
+        Ok(Arc::new(Arena {
+            fd,
+            map,
+            buf_bytes: cfg.buffer_bytes.max(4096),
+            free: Mutex::new((0..buffers).rev().collect()),
+            permits: Arc::new(Semaphore::new(buffers as usize)),
+        }))
+    }
+
+    pub fn buf_bytes(&self) -> usize {
+        self.buf_bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// Borrows a buffer with `len` bytes in use (≤ `buf_bytes`); waits while all are out (back-pressure).
+    pub async fn acquire(self: &Arc<Self>, len: usize) -> ArenaBuf {
+        assert!(len <= self.buf_bytes, "arena buffer of {len} bytes asked from buffers of {}", self.buf_bytes);
+        let permit = self.permits.clone().acquire_owned().await.expect("arena semaphore is never closed");
+        let index = self.free.lock().expect("arena").pop().expect("a permit guarantees a free buffer");
+        ArenaBuf { arena: self.clone(), index, len, _permit: permit }
+    }
+}
+
+impl ArenaBuf {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    fn base(&self) -> u64 {
+        self.index as u64 * self.arena.buf_bytes as u64
+    }
+    /// The chunk naming `[offset, offset + len)` of this buffer in the arena region.
+    pub fn chunk(&self, offset: usize, len: usize) -> Chunk {
+        assert!(offset + len <= self.len);
+        Chunk { region: ARENA_REGION, offset: self.base() + offset as u64, len: len as u32 }
+    }
+    pub fn copy_in(&mut self, offset: usize, src: &[u8]) {
+        assert!(offset + src.len() <= self.len);
+        self.arena.map.copy_in(self.base() + offset as u64, src).expect("inside the arena by construction");
+    }
+    pub fn copy_out(&self, offset: usize, dst: &mut [u8]) {
+        assert!(offset + dst.len() <= self.len);
+        self.arena.map.copy_out(self.base() + offset as u64, dst).expect("inside the arena by construction");
+    }
+}
+
+impl Drop for ArenaBuf {
+    fn drop(&mut self) {
+        if let Ok(mut f) = self.arena.free.lock() {
+            f.push(self.index);
+        }
+    }
+}
+
+/// Client side: connects over a Unix socket and shares one arena (created on first use) with every server.
+#[derive(Clone, Default)]
+pub struct ShmFabric {
+    pub cfg: ShmConfig,
+    arena: Arc<Mutex<Option<Arc<Arena>>>>,
+}
+
+impl ShmFabric {
+    pub fn new(cfg: ShmConfig) -> ShmFabric {
+        ShmFabric { cfg, arena: Arc::default() }
+    }
+
+    fn arena_or_create(&self) -> io::Result<Arc<Arena>> {
+        let mut a = self.arena.lock().expect("arena");
+        if let Some(a) = a.as_ref() {
+            return Ok(a.clone());
+        }
+        let created = Arena::create(self.cfg)?;
+        *a = Some(created.clone());
+        Ok(created)
+    }
+}
+
+fn path_of(addr: &str) -> &str {
+    addr.strip_prefix(SHM_SCHEME).unwrap_or(addr)
+}
+
+/// A duplicate of the socket: `shutdown(2)` on it ends both halves.
+pub struct ShmKiller(OwnedFd);
+
+impl Killer for ShmKiller {
+    fn kill(&self) {
+        // Already shut down or reset: dead either way.
+        let _ = socket2::SockRef::from(&self.0).shutdown(std::net::Shutdown::Both);
+    }
+}
+
+fn split(stream: UnixStream, peer: String, memory: Option<Arc<dyn PeerMemory>>) -> io::Result<Connection<ShmFabric>> {
+    let killer = ShmKiller(stream.as_fd().try_clone_to_owned()?);
+    let (reader, writer) = stream.into_split();
+    Ok(Connection { reader, writer, killer, peer, memory })
+}
+
+impl Fabric for ShmFabric {
+    type Reader = OwnedReadHalf;
+    type Writer = OwnedWriteHalf;
+    type Killer = ShmKiller;
+    type Listener = ShmListener;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { name: "shm", one_sided: true }
+    }
+
+    fn arena(&self) -> Option<Arc<Arena>> {
+        self.arena_or_create().ok()
+    }
+
+    async fn connect(&self, addr: &str) -> io::Result<Connection<Self>> {
+        let arena = self.arena_or_create()?;
+        let stream = UnixStream::connect(path_of(addr)).await?;
+        let mut hello = [0u8; HELLO_LEN];
+        hello[..8].copy_from_slice(HELLO_MAGIC);
+        hello[8..].copy_from_slice(&(arena.len() as u64).to_le_bytes());
+        loop {
+            stream.writable().await?;
+            match stream
+                .try_io(Interest::WRITABLE, || sys::send_hello(stream.as_raw_fd(), &hello, Some(arena.fd.as_raw_fd())))
+            {
+                Ok(HELLO_LEN) => break,
+                Ok(n) => return Err(io::Error::other(format!("short hello: {n} bytes sent"))),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        split(stream, addr.to_string(), None)
+    }
+
+    async fn listen(&self, addr: &str) -> io::Result<ShmListener> {
+        let path = path_of(addr).to_string();
+        // A socket file left by a previous run of this server would make bind fail; anything else is kept.
+        if let Ok(m) = std::fs::symlink_metadata(&path) {
+            use std::os::unix::fs::FileTypeExt;
+            if m.file_type().is_socket() {
+                std::fs::remove_file(&path)?;
+            }
+        }
+        let listener = UnixListener::bind(&path)?;
+        let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
+        let task = tokio::spawn(accept_loop(listener, tx));
+        Ok(ShmListener { rx, addr: format!("{SHM_SCHEME}{path}"), task })
+    }
+}
+
+/// Accepts connections and runs each hello on its own task, so a client that never sends one blocks nobody.
+async fn accept_loop(listener: UnixListener, tx: mpsc::Sender<io::Result<Connection<ShmFabric>>>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                if tx.send(Err(e)).await.is_err() {
+                    return;
+                }
+                tokio::task::yield_now().await;
+                continue;
+            }
+        };
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let r = tokio::time::timeout(Duration::from_millis(HELLO_TIMEOUT_MS), handshake(stream)).await;
+            let r = r.unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "no hello from the client")));
+            let _ = tx.send(r).await;
+        });
+    }
+}
+
+async fn handshake(stream: UnixStream) -> io::Result<Connection<ShmFabric>> {
+    let cred = stream.peer_cred()?;
+    let pid = cred.pid().ok_or_else(|| io::Error::other("the peer's pid is unknown (SO_PEERCRED)"))?;
+    let mut hello = [0u8; HELLO_LEN];
+    let (n, fd) = loop {
+        stream.readable().await?;
+        match stream.try_io(Interest::READABLE, || sys::recv_hello(stream.as_raw_fd(), &mut hello)) {
+            Ok(x) => break x,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    if n != HELLO_LEN || &hello[..8] != HELLO_MAGIC {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a Weft shm hello"));
+    }
+    let arena_len = u64::from_le_bytes(hello[8..].try_into().expect("8 bytes"));
+    let arena = match (fd, arena_len) {
+        (None, 0) => None,
+        (Some(fd), len) if len > 0 => {
+            sys::check_arena_fd(&fd, len)?;
+            Some(sys::SharedMap::map(&fd, len)?)
+        }
+        _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "arena length and descriptor disagree")),
+    };
+    let peer = format!("shm:pid{pid}");
+    let memory = Arc::new(ShmPeer::new(pid, arena));
+    split(stream, peer, Some(memory))
+}
+
+pub struct ShmListener {
+    rx: mpsc::Receiver<io::Result<Connection<ShmFabric>>>,
+    addr: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ShmListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Listener<ShmFabric> for ShmListener {
+    async fn accept(&mut self) -> io::Result<Connection<ShmFabric>> {
+        self.rx.recv().await.unwrap_or_else(|| Err(io::Error::other("shm accept loop ended")))
+    }
+
+    fn local_addr(&self) -> io::Result<String> {
+        Ok(self.addr.clone())
+    }
+}
+
+/// The server's view of one client connection's memory.
+struct ShmPeer {
+    pid: i32,
+    arena: Option<sys::SharedMap>,
+    table: Mutex<RegionTable>,
+    revoked: std::sync::atomic::AtomicBool,
+}
+
+impl ShmPeer {
+    fn new(pid: i32, arena: Option<sys::SharedMap>) -> ShmPeer {
+        let mut table = RegionTable::new(REGIONS_MAX + 1);
+        if let Some(a) = &arena {
+            table.set_arena(a.len() as u64);
+            ARENAS.fetch_add(1, Ordering::SeqCst);
+        }
+        ShmPeer { pid, arena, table: Mutex::new(table), revoked: Default::default() }
+    }
+
+    fn process_regions(table: &RegionTable) -> u64 {
+        table.len() as u64 - u64::from(table.get(ARENA_REGION).is_some())
+    }
+
+    /// Checks the list, then splits it into arena copies and process-memory vectors (in chunk order, paired
+    /// with the byte range of the local buffer each covers).
+    fn plan(&self, chunks: &[Chunk], want: u64) -> Result<Vec<(Chunk, Option<u64>, usize)>, MemoryError> {
+        if self.revoked.load(Ordering::SeqCst) {
+            return Err(MemoryError::Io(io::Error::new(io::ErrorKind::NotConnected, "the client's connection ended")));
+        }
+        let table = self.table.lock().expect("regions");
+        table.check(chunks, want).inspect_err(|_| {
+            REFUSED.fetch_add(1, Ordering::SeqCst);
+        })?;
+        let mut at = 0usize;
+        let mut out = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            let addr = if c.region == ARENA_REGION {
+                None
+            } else {
+                // The check guarantees the region exists and addr + offset + len does not overflow.
+                Some(table.get(c.region).expect("checked").addr + c.offset)
+            };
+            out.push((*c, addr, at));
+            at += c.len as usize;
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for ShmPeer {
+    fn drop(&mut self) {
+        if self.arena.is_some() {
+            ARENAS.fetch_sub(1, Ordering::SeqCst);
+        }
+        if let Ok(t) = self.table.lock() {
+            REGIONS.fetch_sub(Self::process_regions(&t), Ordering::SeqCst);
+        }
+    }
+}
+
+impl PeerMemory for ShmPeer {
+    fn revoke(&self) {
+        self.revoked.store(true, Ordering::SeqCst);
+    }
+
+    fn register(&self, add: &[Region], remove: &[u32]) -> Result<(), ChunkError> {
+        let mut t = self.table.lock().expect("regions");
+        let before = Self::process_regions(&t);
+        let r = t.apply(add, remove);
+        let after = Self::process_regions(&t);
+        if after >= before {
+            REGIONS.fetch_add(after - before, Ordering::SeqCst);
+        } else {
+            REGIONS.fetch_sub(before - after, Ordering::SeqCst);
+        }
+        r
+    }
+
+    fn check(&self, chunks: &[Chunk], want: u64) -> Result<(), ChunkError> {
+        let r = self.table.lock().expect("regions").check(chunks, want);
+        if r.is_err() {
+            REFUSED.fetch_add(1, Ordering::SeqCst);
+        }
+        r
+    }
+
+    fn get(&self, chunks: &[Chunk], dst: &mut [u8]) -> Result<(), MemoryError> {
+        let plan = self.plan(chunks, dst.len() as u64)?;
+        let mut remote = Vec::new();
+        let mut local_ranges = Vec::new();
+        for (c, addr, at) in plan {
+            let len = c.len as usize;
+            match addr {
+                None => self
+                    .arena
+                    .as_ref()
+                    .expect("arena region implies an arena")
+                    .copy_out(c.offset, &mut dst[at..at + len])?,
+                Some(a) => {
+                    remote.push(sys::RemoteVec { base: a as usize, len });
+                    local_ranges.push(at..at + len);
+                }
+            }
+        }
+        if !remote.is_empty() {
+            let mut local: Vec<IoSliceMut<'_>> = Vec::with_capacity(local_ranges.len());
+            let mut rest: &mut [u8] = dst;
+            let mut consumed = 0;
+            for r in local_ranges {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.start - consumed);
+                let (mine, tail) = tail.split_at_mut(r.end - r.start);
+                local.push(IoSliceMut::new(mine));
+                rest = tail;
+                consumed = r.end;
+            }
+            sys::vm_read(self.pid, &mut local, &remote)?;
+        }
+        Ok(())
+    }
+
+    fn put(&self, chunks: &[Chunk], src: &[u8]) -> Result<(), MemoryError> {
+        let plan = self.plan(chunks, src.len() as u64)?;
+        let mut remote = Vec::new();
+        let mut local = Vec::new();
+        for (c, addr, at) in plan {
+            let len = c.len as usize;
+            match addr {
+                None => {
+                    self.arena.as_ref().expect("arena region implies an arena").copy_in(c.offset, &src[at..at + len])?
+                }
+                Some(a) => {
+                    remote.push(sys::RemoteVec { base: a as usize, len });
+                    local.push(IoSlice::new(&src[at..at + len]));
+                }
+            }
+        }
+        if !remote.is_empty() {
+            sys::vm_write(self.pid, &local, &remote)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn arena_is_shared_and_chunks_are_checked() {
+        let dir = std::env::temp_dir().join(format!("weft-shm-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let addr = format!("{SHM_SCHEME}{}", dir.join("s.sock").display());
+        let server = ShmFabric::default();
+        let mut l = server.listen(&addr).await.unwrap();
+        let client = ShmFabric::new(ShmConfig { arena_buffers: 2, buffer_bytes: 8192 });
+        let mut c = client.connect(&l.local_addr().unwrap()).await.unwrap();
+        let mut s = l.accept().await.unwrap();
+        let mem = s.memory.clone().expect("shm connections carry the peer's memory");
+        assert_eq!(stats().arenas, 1);
+
+        // Arena: the server puts, the client sees it.
+        let arena = client.arena().unwrap();
+        let mut b = arena.acquire(8192).await;
+        mem.put(&[b.chunk(100, 5)], b"hello").unwrap();
+        let mut got = [0u8; 5];
+        b.copy_out(100, &mut got);
+        assert_eq!(&got, b"hello");
+        b.copy_in(0, b"world");
+        let mut back = [0u8; 5];
+        mem.get(&[b.chunk(0, 5)], &mut back).unwrap();
+        assert_eq!(&back, b"world");
+
+        // Process memory: registered regions only.
+        let mut mine = vec![0u8; 4096];
+        let region = Region { id: 7, addr: mine.as_ptr() as u64, len: 4096 };
+        let outside = Chunk { region: 7, offset: 4000, len: 200 };
+        assert!(matches!(mem.put(&[outside], &[1u8; 200]), Err(MemoryError::Chunk(ChunkError::UnknownRegion { .. }))));
+        mem.register(&[region], &[]).unwrap();
+        assert!(matches!(mem.put(&[outside], &[1u8; 200]), Err(MemoryError::Chunk(ChunkError::OutOfRegion { .. }))));
+        mem.put(&[Chunk { region: 7, offset: 10, len: 3 }], b"abc").unwrap();
+        assert_eq!(&std::hint::black_box(&mut mine)[10..13], b"abc");
+
+        // Messages still flow both ways; dropping the server side releases the arena.
+        c.writer.write_all(b"ping").await.unwrap();
+        let mut p = [0u8; 4];
+        s.reader.read_exact(&mut p).await.unwrap();
+        assert_eq!(&p, b"ping");
+        drop(mem);
+        drop(s);
+        assert_eq!(stats().arenas, 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
