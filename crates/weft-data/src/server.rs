@@ -209,6 +209,17 @@ impl Service for DataService {
                 }
                 // Refuse a bad chunk list before touching the disk.
                 memory.check(&r.chunks, len).map_err(|e| refuse_chunks(ctx, e))?;
+                if self.short_circuit || len <= u64::from(INLINE_IO_BYTES_MAX) {
+                    // As for `Read`: a small range is read (or, short-circuited, zeroed) and put right here.
+                    let mut buf = ctx.pool.acquire(len as usize).await;
+                    if self.short_circuit {
+                        buf.as_mut_slice().fill(0);
+                    } else {
+                        store.read(r.ino, r.offset, buf.as_mut_slice()).map_err(WireError::from)?;
+                    }
+                    memory.put(&r.chunks, buf.as_slice()).map_err(|e| memory_error(&ctx.peer, e))?;
+                    return Ok(Response::ReadChunks(()).into());
+                }
                 let permit = self.mapped_reads.clone().acquire_owned().await.expect("never closed");
                 let peer = ctx.peer.clone();
                 // Read and put in one blocking task: the data goes from the page-cache mapping (or a pool buffer
@@ -250,8 +261,16 @@ impl Service for DataService {
                     ));
                 }
                 memory.check(&w.chunks, len).map_err(|e| refuse_chunks(ctx, e))?;
+                if self.short_circuit {
+                    return Ok(Response::WriteChunks(len as u32).into());
+                }
                 // The server pulls the bytes when it has a buffer for them: its own pace, its own memory.
                 let mut buf = ctx.pool.acquire(len as usize).await;
+                if len <= u64::from(INLINE_IO_BYTES_MAX) {
+                    memory.get(&w.chunks, buf.as_mut_slice()).map_err(|e| memory_error(&ctx.peer, e))?;
+                    store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)?;
+                    return Ok(Response::WriteChunks(len as u32).into());
+                }
                 let peer = ctx.peer.clone();
                 tokio::task::spawn_blocking(move || -> Result<(), WireError> {
                     memory.get(&w.chunks, buf.as_mut_slice()).map_err(|e| memory_error(&peer, e))?;
