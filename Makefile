@@ -18,7 +18,7 @@ up: deps
 	./target/release/weft up --data-dir $(DATA_DIR) --servers $(SERVERS) --mount $(MOUNT)
 
 # deps: install what a fresh Debian lacks (iperf3, pkg-config, fuse3 for the mount, and fio, dbench, rsync,
-# sqlite3 which the mount's tests run; rustfmt and clippy), as root or with sudo.
+# sqlite3 and fincore (util-linux-extra) which the mount's tests run; rustfmt and clippy), as root or with sudo.
 deps:
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
@@ -29,6 +29,7 @@ deps:
 	for tool in fio dbench rsync sqlite3; do \
 		command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
 	done; \
+	command -v fincore >/dev/null 2>&1 || missing="$$missing util-linux-extra"; \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing$$missing"; \
 		$$sudo apt-get update; \

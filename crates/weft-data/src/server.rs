@@ -158,18 +158,17 @@ impl Service for DataService {
                         format!("read of {} bytes exceeds the transfer unit of {}", r.len, ctx.pool.buf_bytes()),
                     ));
                 }
-                if self.short_circuit {
-                    let mut buf = ctx.pool.acquire(r.len as usize).await;
-                    buf.as_mut_slice().fill(0);
-                    return Ok(Reply { resp: Response::Read(()), data: Some(Box::new(buf)) });
-                }
-                if r.len <= INLINE_IO_BYTES_MAX {
+                if self.short_circuit || r.len <= INLINE_IO_BYTES_MAX {
                     // Small reads (random I/O) are read into a pool buffer right here: mapping a few pages costs
                     // more (mmap, populate, munmap and its TLB shootdown) than copying them, and a hand-off to the
                     // blocking pool costs two thread wake-ups, more than a page-cache read. A cache miss holds
-                    // this worker for one small disk read.
+                    // this worker for one small disk read. Short-circuited, the buffer is zeros.
                     let mut buf = ctx.pool.acquire(r.len as usize).await;
-                    store.read(r.ino, r.offset, buf.as_mut_slice()).map_err(WireError::from)?;
+                    if self.short_circuit {
+                        buf.as_mut_slice().fill(0);
+                    } else {
+                        store.read(r.ino, r.offset, buf.as_mut_slice()).map_err(WireError::from)?;
+                    }
                     return Ok(Reply { resp: Response::Read(()), data: Some(Box::new(buf)) });
                 }
                 // Larger ranges inside the object: verified and sent straight from the page cache.

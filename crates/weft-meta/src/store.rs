@@ -138,13 +138,7 @@ pub(crate) fn encode_record<T: Serialize>(v: &T) -> Result<Vec<u8>, MetaError> {
 
 pub(crate) fn decode_record<'a, T: Deserialize<'a>>(what: &str, bytes: &'a [u8]) -> Result<T, MetaError> {
     match bytes.split_first() {
-        Some((&RECORD_V1, body)) => {
-            let (v, rest) = postcard::take_from_bytes(body).map_err(|e| MetaError::Corrupt(format!("{what}: {e}")))?;
-            if !rest.is_empty() {
-                return Err(MetaError::Corrupt(format!("{what}: {} trailing bytes", rest.len())));
-            }
-            Ok(v)
-        }
+        Some((&RECORD_V1, body)) => decode_exact(what, body),
         Some((v, _)) => Err(MetaError::Corrupt(format!("{what}: unknown record version {v}"))),
         None => Err(MetaError::Corrupt(format!("{what}: empty record"))),
     }

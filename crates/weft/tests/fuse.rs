@@ -498,6 +498,12 @@ async fn daemon_mode_returns_once_mounted_and_umount_stops_it() {
     assert!(gone, "the daemon exits after umount");
 }
 
+/// Pages of `p` in the page cache, as util-linux's fincore counts them (it opens the file first).
+fn cached_pages(p: &Path) -> u64 {
+    let out = sh(&format!("fincore --noheadings --output PAGES {}", p.display()));
+    out.trim().parse().unwrap_or_else(|e| panic!("fincore said {out:?}: {e}"))
+}
+
 /// utimensat(2) on `p` with raw timespecs (UTIME_NOW / UTIME_OMIT allowed); its errno (0 on success).
 fn utimensat(p: &Path, atime: libc::timespec, mtime: libc::timespec) -> i32 {
     let c = cpath(p);
@@ -696,8 +702,9 @@ async fn cached_pages_are_kept_only_while_the_file_is_unchanged() {
     tokio::task::spawn_blocking(move || {
         let data = pattern(3, 0, 3_000_000);
         std::fs::write(a.path("f"), &data).unwrap();
-        // B reads the file twice: the second open keeps the pages (same bytes either way).
+        // B reads the file; its next open keeps those pages (fincore opens the file and counts resident pages).
         assert_eq!(std::fs::read(b.path("f")).unwrap(), data);
+        assert!(cached_pages(&b.path("f")) > 0, "an open of an unchanged file keeps the cached pages");
         assert_eq!(std::fs::read(b.path("f")).unwrap(), data);
         // A overwrites a range in place (same size) and closes: B's next open must drop its cached pages.
         let mut w = std::fs::OpenOptions::new().write(true).open(a.path("f")).unwrap();
@@ -706,6 +713,7 @@ async fn cached_pages_are_kept_only_while_the_file_is_unchanged() {
         drop(w);
         let mut want = data.clone();
         want[1_000_000..1_070_000].fill(0xEE);
+        assert_eq!(cached_pages(&b.path("f")), 0, "an open after another mount's commit drops the cached pages");
         assert_eq!(std::fs::read(b.path("f")).unwrap(), want, "B must not serve its stale pages");
         // B writes, closes, reopens: its own writes are there; A sees them too.
         let mut w = std::fs::OpenOptions::new().write(true).open(b.path("f")).unwrap();
