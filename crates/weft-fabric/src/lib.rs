@@ -29,6 +29,7 @@ pub mod any;
 pub mod rdma;
 pub mod shm;
 pub mod tcp;
+pub mod zones;
 
 pub use any::AnyFabric;
 pub use shm::{Arena, ArenaBuf, ShmConfig, ShmFabric};
@@ -84,6 +85,13 @@ pub trait PeerMemory: Send + Sync + 'static {
     fn revoke(&self);
 }
 
+/// A local memory registration (an `rdma` memory region): the key a peer uses to reach it, and the handle that
+/// keeps it registered until dropped.
+pub struct LocalRegistration {
+    pub rkey: u32,
+    pub handle: Box<dyn std::any::Any + Send + Sync>,
+}
+
 pub trait Fabric: Clone + Send + Sync + 'static {
     type Reader: AsyncRead + Unpin + Send + 'static;
     type Writer: AsyncWrite + Unpin + Send + 'static;
@@ -98,6 +106,12 @@ pub trait Fabric: Clone + Send + Sync + 'static {
     /// The client's pre-registered arena, shared with every server it connects to over a one-sided fabric.
     fn arena(&self) -> Option<Arc<Arena>> {
         None
+    }
+    /// Registers `[addr, addr + len)` of this process (a client's pin-down window) with the fabric serving
+    /// `peer`, for one-sided access by the server. `Ok(None)`: this fabric needs no local registration (`shm`
+    /// reaches process memory by pid). The handle keeps the registration alive; dropping it deregisters.
+    fn register_local(&self, _peer: &str, _addr: u64, _len: u64) -> io::Result<Option<LocalRegistration>> {
+        Ok(None)
     }
     fn connect(&self, addr: &str) -> impl Future<Output = io::Result<Connection<Self>>> + Send;
     fn listen(&self, addr: &str) -> impl Future<Output = io::Result<Self::Listener>> + Send;

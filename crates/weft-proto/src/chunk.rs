@@ -31,6 +31,8 @@ pub struct Region {
     /// Base address in the client's address space (process-memory regions); 0 for fabric-provided regions.
     pub addr: u64,
     pub len: u64,
+    /// The fabric's remote key for the region (`rdma`: the memory region's rkey); 0 where the fabric needs none.
+    pub rkey: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,7 +68,18 @@ impl RegionTable {
 
     /// Installs the fabric's arena (region [`ARENA_REGION`]); only the fabric does this, never a request.
     pub fn set_arena(&mut self, len: u64) {
-        self.regions.insert(ARENA_REGION, Region { id: ARENA_REGION, addr: 0, len });
+        self.regions.insert(ARENA_REGION, Region { id: ARENA_REGION, addr: 0, len, rkey: 0 });
+    }
+
+    /// Installs a region the fabric set up itself at connect (the `rdma` arena, with its address and rkey); only
+    /// the fabric does this, never a request.
+    pub fn set_fabric_region(&mut self, r: Region) {
+        self.regions.insert(r.id, r);
+    }
+
+    /// The registered region `id`, if any (the fabric needs its address and key to reach a chunk).
+    pub fn region(&self, id: u32) -> Option<&Region> {
+        self.regions.get(&id)
     }
 
     /// Applies a client's batch: removals first, then additions (an id may be reused in the same batch).
@@ -141,7 +154,7 @@ mod tests {
     fn chunks_are_checked_against_regions() {
         let mut t = RegionTable::new(4);
         t.set_arena(1 << 20);
-        t.apply(&[Region { id: 5, addr: 0x1000, len: 8192 }], &[]).unwrap();
+        t.apply(&[Region { id: 5, addr: 0x1000, len: 8192, rkey: 0 }], &[]).unwrap();
         let ok = [Chunk { region: 0, offset: 0, len: 4096 }, Chunk { region: 5, offset: 4096, len: 4096 }];
         t.check(&ok, 8192).unwrap();
         assert!(matches!(t.check(&ok, 8191), Err(ChunkError::LengthMismatch { .. })));
@@ -159,15 +172,16 @@ mod tests {
     #[test]
     fn registration_is_bounded_and_guards_the_arena() {
         let mut t = RegionTable::new(2);
-        assert!(matches!(t.apply(&[Region { id: 0, addr: 1, len: 1 }], &[]), Err(ChunkError::Reserved(0))));
-        assert!(t.apply(&[Region { id: 1, addr: u64::MAX, len: 2 }], &[]).is_err());
-        assert!(t.apply(&[Region { id: 1, addr: 1, len: 0 }], &[]).is_err());
-        t.apply(&[Region { id: 1, addr: 1, len: 1 }, Region { id: 2, addr: 1, len: 1 }], &[]).unwrap();
+        assert!(matches!(t.apply(&[Region { id: 0, addr: 1, len: 1, rkey: 0 }], &[]), Err(ChunkError::Reserved(0))));
+        assert!(t.apply(&[Region { id: 1, addr: u64::MAX, len: 2, rkey: 0 }], &[]).is_err());
+        assert!(t.apply(&[Region { id: 1, addr: 1, len: 0, rkey: 0 }], &[]).is_err());
+        t.apply(&[Region { id: 1, addr: 1, len: 1, rkey: 0 }, Region { id: 2, addr: 1, len: 1, rkey: 0 }], &[])
+            .unwrap();
         assert!(matches!(
-            t.apply(&[Region { id: 3, addr: 1, len: 1 }], &[]),
+            t.apply(&[Region { id: 3, addr: 1, len: 1, rkey: 0 }], &[]),
             Err(ChunkError::TooManyRegions { max: 2 })
         ));
-        t.apply(&[Region { id: 3, addr: 1, len: 1 }], &[1]).unwrap();
+        t.apply(&[Region { id: 3, addr: 1, len: 1, rkey: 0 }], &[1]).unwrap();
         assert_eq!(t.len(), 2);
     }
 }

@@ -35,6 +35,8 @@ struct RegEntry {
     users: u32,
     /// The server acknowledged it.
     ready: bool,
+    /// The fabric's local registration (an `rdma` memory region); deregistered when the entry is dropped.
+    _local: Option<weft_fabric::LocalRegistration>,
 }
 
 pub struct RegCache {
@@ -221,6 +223,16 @@ impl<F: Fabric> RpcClient<F> {
                         let end = (a + l).div_ceil(window).saturating_mul(window).max(a + l);
                         let id = c.next_id;
                         c.next_id = c.next_id.checked_add(1).unwrap_or(1).max(1);
+                        let local = match inner.fabric.register_local(&inner.addr, start, end - start) {
+                            Ok(l) => l,
+                            Err(source) => {
+                                // Forget this batch's new entries: none of them reached the server.
+                                let added: Vec<u32> = add.iter().map(|r: &Region| r.id).collect();
+                                c.entries.retain(|e| !added.contains(&e.id));
+                                return Err(RpcError::Connect { addr: inner.addr.clone(), source });
+                            }
+                        };
+                        let rkey = local.as_ref().map_or(0, |l| l.rkey);
                         c.entries.push(RegEntry {
                             id,
                             addr: start,
@@ -228,8 +240,9 @@ impl<F: Fabric> RpcClient<F> {
                             last_use: 0,
                             users: 0,
                             ready: false,
+                            _local: local,
                         });
-                        add.push(Region { id, addr: start, len: end - start });
+                        add.push(Region { id, addr: start, len: end - start, rkey });
                         c.entries.len() - 1
                     }
                 };

@@ -84,7 +84,7 @@ struct SlotSeq {
 }
 
 pub(crate) struct Inner<F: Fabric> {
-    fabric: F,
+    pub(crate) fabric: F,
     pub(crate) addr: String,
     pub(crate) cfg: ClientConfig,
     conn: tokio::sync::Mutex<Option<Arc<Conn<F>>>>,

@@ -494,7 +494,7 @@ mod tests {
 
         // Process memory: registered regions only.
         let mut mine = vec![0u8; 4096];
-        let region = Region { id: 7, addr: mine.as_ptr() as u64, len: 4096 };
+        let region = Region { id: 7, addr: mine.as_ptr() as u64, len: 4096, rkey: 0 };
         let outside = Chunk { region: 7, offset: 4000, len: 200 };
         assert!(matches!(mem.put(&[outside], &[1u8; 200]), Err(MemoryError::Chunk(ChunkError::UnknownRegion { .. }))));
         mem.register(&[region], &[]).unwrap();
