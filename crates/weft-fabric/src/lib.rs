@@ -83,6 +83,12 @@ pub trait PeerMemory: Send + Sync + 'static {
     fn put(&self, chunks: &[Chunk], src: &[u8]) -> Result<(), MemoryError>;
     /// The connection ended: every later `get`/`put` fails. The client may already reuse the memory.
     fn revoke(&self);
+    /// Whether `get`/`put` want the server-side buffer inside an announced zone ([`zones`]): `rdma` can only move
+    /// bytes to and from registered memory, so a buffer outside every zone costs a bounce copy. `shm` reaches any
+    /// memory of its own process (a page-cache mapping included) and says false.
+    fn wants_zone_buffers(&self) -> bool {
+        false
+    }
 }
 
 /// A local memory registration (an `rdma` memory region): the key a peer uses to reach it, and the handle that
