@@ -121,13 +121,18 @@ rdma-deps:
 
 # test-rdma: the rdma backend over Soft-RoCE (rdma_rxe) in a qemu VM: rdma-core's ibv_rc_pingpong (proves the
 # harness), then crates/weft-fabric/examples/rdma_roundtrip.rs: a file goes to a server by RDMA READ and comes back
-# by RDMA WRITE with equal CRC-32C, and a chunk outside the client's regions is refused.
+# by RDMA WRITE with equal CRC-32C, and a chunk outside the client's regions is refused; then a whole cluster
+# (scripts/rdma-vm/guest/cluster.sh): a metadata service, two data servers and a client forced onto `--fabric
+# rdma`, a striped file put and got back with equal checksums.
 RDMA_VM ?= 1
 test-rdma: rdma-deps
 	$(CARGO) build --release -p weft-fabric --features rdma --example rdma_roundtrip
+	$(CARGO) build --release -p weft --features weft/fault-injection,weft-fabric/rdma
 	scripts/rdma-vm/run.sh scripts/rdma-vm/guest/pingpong.sh
 	scripts/rdma-vm/run.sh --file "$${CARGO_TARGET_DIR:-target}/release/examples/rdma_roundtrip" \
 		scripts/rdma-vm/guest/roundtrip.sh 8
+	scripts/rdma-vm/run.sh --timeout-s 900 --file "$${CARGO_TARGET_DIR:-target}/release/weft" \
+		scripts/rdma-vm/guest/cluster.sh 4
 
 # clean-data: remove the data directory `make up` uses.
 clean-data:

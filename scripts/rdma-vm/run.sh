@@ -124,7 +124,11 @@ provider="$(ls "$root"/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so | he
 copy_lib "$provider"
 copy_deps "$provider"
 cp "$root/etc/libibverbs.d/rxe.driver" "$work/etc/libibverbs.d/"
-for f in "${files[@]}"; do add_bin "$f"; done
+for f in "${files[@]}"; do
+	add_bin "$f"
+	# Debug info only makes the initramfs (held in guest RAM) bigger.
+	if command -v strip >/dev/null; then strip --strip-debug "$work/bin/$(basename "$f")"; fi
+done
 cp "$guest_script" "$work/test.sh"
 : >"$work/test.args"
 [ ${#guest_args[@]} -eq 0 ] || printf '%q ' "${guest_args[@]}" >"$work/test.args"

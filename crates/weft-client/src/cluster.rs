@@ -6,7 +6,7 @@
 //! slots = 16                     # requests in flight per server
 //! transfer_unit_bytes = 1048576  # largest payload of one request
 //! call_timeout_ms = 30000
-//! fabric = "auto"                # auto | tcp | shm: how to reach data servers
+//! fabric = "auto"                # auto | tcp | shm | rdma: how to reach data servers
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -16,12 +16,16 @@ use weft_rpc::{ClientConfig, SizeClasses};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FabricChoice {
-    /// `shm` to servers on this host (same boot id and a shm listener), `tcp` to the others.
+    /// `shm` to servers on this host (same boot id and a shm listener), `rdma` to others that offer it when this
+    /// host has an RDMA device, `tcp` to the rest.
     #[default]
     Auto,
     Tcp,
     /// `shm` only: a server on another host (or without a shm listener) is an error.
     Shm,
+    /// `rdma` only (even on the same host): a server without an rdma listener, or a client without a device, is
+    /// an error.
+    Rdma,
 }
 
 impl FabricChoice {
@@ -36,6 +40,7 @@ impl FabricChoice {
             FabricChoice::Auto => "auto",
             FabricChoice::Tcp => "tcp",
             FabricChoice::Shm => "shm",
+            FabricChoice::Rdma => "rdma",
         }
     }
 }
@@ -47,7 +52,8 @@ impl std::str::FromStr for FabricChoice {
             "auto" => Ok(FabricChoice::Auto),
             "tcp" => Ok(FabricChoice::Tcp),
             "shm" => Ok(FabricChoice::Shm),
-            other => Err(format!("unknown fabric {other:?} (auto, tcp or shm)")),
+            "rdma" => Ok(FabricChoice::Rdma),
+            other => Err(format!("unknown fabric {other:?} (auto, tcp, shm or rdma)")),
         }
     }
 }

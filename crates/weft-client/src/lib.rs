@@ -67,13 +67,13 @@ impl Client {
     pub async fn connect(cluster: &ClusterConfig) -> Result<Client, ClientError> {
         let tuning = cluster.client.clone();
         let rpc_cfg = tuning.rpc_config();
-        let fabric = AnyFabric {
-            tcp: TcpFabric::default(),
-            shm: ShmFabric::new(ShmConfig {
+        let fabric = AnyFabric::new(
+            TcpFabric::default(),
+            ShmFabric::new(ShmConfig {
                 arena_buffers: tuning.arena_buffers.max(1),
                 buffer_bytes: tuning.buffered_bytes_max.max(4096),
             }),
-        };
+        );
         let mds = RpcClient::connect(fabric.clone(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
         let client = Client {
             inner: Arc::new(Inner {
@@ -116,39 +116,53 @@ impl Client {
         let data = |source| ClientError::Data { server: id, source };
         let fabric = self.inner.fabric.clone();
         let tcp = RpcClient::connect(fabric.clone(), &addr, self.inner.rpc_cfg.clone()).await.map_err(data)?;
-        let c = match self.inner.tuning.fabric {
-            FabricChoice::Tcp => tcp,
-            choice => match shm_address(&tcp).await {
-                Some(shm) => match RpcClient::connect(fabric, &shm, self.inner.rpc_cfg.clone()).await {
-                    Ok(c) => {
-                        tcp.close().await;
-                        tracing::debug!(server = id, %shm, "data server reached over shm");
-                        c
-                    }
-                    // Same boot id but another mount namespace (containers): the socket is out of reach.
-                    Err(e) if choice == FabricChoice::Auto => {
-                        tracing::warn!(server = id, %shm, "shm unreachable, using tcp: {e}");
-                        tcp
-                    }
-                    Err(e) => {
-                        tcp.close().await;
-                        return Err(data(e));
-                    }
-                },
-                None if choice == FabricChoice::Shm => {
-                    tcp.close().await;
-                    return Err(ClientError::Protocol(format!(
-                        "data server {id} at {addr} offers no shm fabric to this host (--fabric shm)"
-                    )));
-                }
-                None => tcp,
+        let choice = self.inner.tuning.fabric;
+        if choice == FabricChoice::Tcp {
+            ds.insert(id, tcp.clone());
+            return Ok(tcp);
+        }
+        let offer = fabric_offer(&tcp).await;
+        // The one-sided address to try, by preference: shm on this host, else rdma (with a device here).
+        let (name, one_sided) = match choice {
+            FabricChoice::Shm => ("shm", offer.shm),
+            FabricChoice::Rdma => ("rdma", offer.rdma),
+            _ => match (offer.shm, offer.rdma) {
+                (Some(shm), _) => ("shm", Some(shm)),
+                (None, Some(rdma)) if weft_fabric::rdma_available() => ("rdma", Some(rdma)),
+                _ => ("tcp", None),
             },
+        };
+        let c = match one_sided {
+            Some(to) => match RpcClient::connect(fabric, &to, self.inner.rpc_cfg.clone()).await {
+                Ok(c) => {
+                    tcp.close().await;
+                    tracing::debug!(server = id, %to, "data server reached over {name}");
+                    c
+                }
+                // shm: same boot id but another mount namespace (containers); rdma: no route or no device.
+                Err(e) if choice == FabricChoice::Auto => {
+                    tracing::warn!(server = id, %to, "{name} unreachable, using tcp: {e}");
+                    tcp
+                }
+                Err(e) => {
+                    tcp.close().await;
+                    return Err(data(e));
+                }
+            },
+            None if choice == FabricChoice::Auto => tcp,
+            None => {
+                tcp.close().await;
+                let why = if name == "shm" { "no shm fabric to this host" } else { "no rdma listener" };
+                return Err(ClientError::Protocol(format!(
+                    "data server {id} at {addr} offers {why} (--fabric {name})"
+                )));
+            }
         };
         ds.insert(id, c.clone());
         Ok(c)
     }
 
-    /// The fabric each open data server session uses, by server id (`tcp` or `shm`).
+    /// The fabric each open data server session uses, by server id (`tcp`, `shm` or `rdma`).
     pub async fn fabrics(&self) -> Vec<(u32, &'static str)> {
         let ds = self.inner.ds.lock().await;
         let mut v: Vec<(u32, &'static str)> = ds.iter().map(|(id, c)| (*id, c.capabilities().name)).collect();
@@ -453,13 +467,22 @@ impl Client {
     }
 }
 
-/// The server's shm address, if it runs on this host and offers one.
-async fn shm_address(tcp: &Rpc) -> Option<String> {
+/// The one-sided fabrics a data server offers this client.
+#[derive(Default)]
+struct FabricOffer {
+    /// Its shm address, if it runs on this host and has one.
+    shm: Option<String>,
+    /// Its rdma side channel, if it has an RDMA device.
+    rdma: Option<String>,
+}
+
+async fn fabric_offer(tcp: &Rpc) -> FabricOffer {
     match tcp.call_control(Request::FabricInfo(())).await {
-        Ok(Response::FabricInfo(info)) if info.host_id == weft_fabric::host_id() && !info.host_id.is_empty() => {
-            info.shm_addr
+        Ok(Response::FabricInfo(info)) => {
+            let same_host = info.host_id == weft_fabric::host_id() && !info.host_id.is_empty();
+            FabricOffer { shm: info.shm_addr.filter(|_| same_host), rdma: info.rdma_addr }
         }
-        _ => None,
+        _ => FabricOffer::default(),
     }
 }
 

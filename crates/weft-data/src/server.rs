@@ -54,6 +54,12 @@ pub struct DataConfig {
     pub shm: bool,
     #[serde(default)]
     pub shm_socket: Option<PathBuf>,
+    /// Also listen for `rdma` clients when this host has an RDMA device (libibverbs and a device; the side
+    /// channel listens on the TCP listener's address, port `rdma_port`, 0 = any free port).
+    #[serde(default = "default_true")]
+    pub rdma: bool,
+    #[serde(default)]
+    pub rdma_port: u16,
 }
 
 fn default_true() -> bool {
@@ -367,25 +373,44 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         }
     }
     let shm_addr = shm_listener.as_ref().and_then(|l| l.local_addr().ok());
+    // So is rdma: without a device (most hosts) the server says so once and serves over tcp and shm.
+    let mut rdma_listener = None;
+    let mut rdma_addr = None;
+    if cfg.rdma {
+        let ip = addr.rsplit_once(':').map_or("0.0.0.0", |(h, _)| h);
+        let listen = format!("rdma:{ip}:{}", cfg.rdma_port);
+        match fabric.listen(&listen).await {
+            Ok(l) => {
+                let port = l.local_addr().ok().and_then(|a| a.rsplit_once(':').map(|(_, p)| p.to_string()));
+                let host = advertise.rsplit_once(':').map_or(ip, |(h, _)| h);
+                rdma_addr = port.map(|p| format!("rdma:{host}:{p}"));
+                rdma_listener = Some(l);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => info!("no rdma listener: {e}"),
+            Err(e) => warn!(%listen, "no rdma listener, clients will use tcp: {e}"),
+        }
+    }
     let server_cfg = ServerConfig {
         limits: FrameLimits { body_bytes_max: 64 << 10, data_bytes_max: cfg.transfer_unit_bytes },
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
         pool_buffers: cfg.pool_buffers,
         shm_addr: shm_addr.clone(),
+        rdma_addr: rdma_addr.clone(),
         ..ServerConfig::default()
     };
     let server = RpcServer::<AnyFabric, _>::new(
         server_cfg,
         Arc::new(DataService::new(store.clone(), cfg.pool_buffers).with_short_circuit(cfg.short_circuit)),
     );
-    info!(id = cfg.id, %addr, %advertise, shm = ?shm_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
+    info!(id = cfg.id, %addr, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
     tokio::spawn(heartbeat(cfg.clone(), advertise, store));
-    if let Some(l) = shm_listener {
+    for (name, l) in [("shm", shm_listener), ("rdma", rdma_listener)] {
+        let Some(l) = l else { continue };
         let server = server.clone();
         tokio::spawn(async move {
             if let Err(e) = server.serve(l).await {
-                warn!("shm listener ended: {e}");
+                warn!("{name} listener ended: {e}");
             }
         });
     }

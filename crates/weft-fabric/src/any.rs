@@ -1,6 +1,7 @@
-//! One fabric type over all backends, chosen per address: `unix:/path` connects with [`ShmFabric`], anything else
-//! (`host:port`) with [`TcpFabric`]. Lets a client talk `shm` to the data servers on its own host and `tcp` to the
-//! others through one `RpcClient` type.
+//! One fabric type over all backends, chosen per address: `unix:/path` connects with [`ShmFabric`],
+//! `rdma:host:port` with the rdma fabric (feature `rdma`), anything else (`host:port`) with [`TcpFabric`]. Lets a
+//! client talk `shm` to the data servers on its own host and `rdma` or `tcp` to the others through one
+//! `RpcClient` type.
 
 use std::io;
 use std::pin::Pin;
@@ -9,107 +10,143 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+#[cfg(feature = "rdma")]
+use crate::rdma::{RdmaFabric, RdmaListener};
 use crate::shm::{SHM_SCHEME, ShmFabric, ShmListener};
 use crate::tcp::{TcpFabric, TcpFabricListener};
-use crate::{Arena, Capabilities, Connection, Fabric, Killer, Listener};
+use crate::{Arena, Capabilities, Connection, Fabric, Killer, Listener, LocalRegistration};
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct AnyFabric {
     pub tcp: TcpFabric,
     pub shm: ShmFabric,
+    /// Shares the shm fabric's arena: one client, one arena, whichever fabric reaches it.
+    #[cfg(feature = "rdma")]
+    pub rdma: RdmaFabric,
 }
 
-pub enum AnyReader {
-    Tcp(<TcpFabric as Fabric>::Reader),
-    Shm(<ShmFabric as Fabric>::Reader),
+impl AnyFabric {
+    pub fn new(tcp: TcpFabric, shm: ShmFabric) -> AnyFabric {
+        AnyFabric {
+            tcp,
+            #[cfg(feature = "rdma")]
+            rdma: RdmaFabric::new(shm.clone()),
+            shm,
+        }
+    }
 }
-pub enum AnyWriter {
-    Tcp(<TcpFabric as Fabric>::Writer),
-    Shm(<ShmFabric as Fabric>::Writer),
+
+impl Default for AnyFabric {
+    fn default() -> Self {
+        AnyFabric::new(TcpFabric::default(), ShmFabric::default())
+    }
 }
-pub enum AnyKiller {
-    Tcp(<TcpFabric as Fabric>::Killer),
-    Shm(<ShmFabric as Fabric>::Killer),
+
+/// Address prefix of the rdma fabric (`weft_fabric::rdma::RDMA_SCHEME`; spelt here so builds without the feature
+/// still recognise, and refuse, such addresses).
+const RDMA_PREFIX: &str = "rdma:";
+
+/// Which backend an address names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tcp,
+    Shm,
+    Rdma,
 }
+
+fn kind(addr: &str) -> Kind {
+    if addr.starts_with(SHM_SCHEME) {
+        Kind::Shm
+    } else if addr.starts_with(RDMA_PREFIX) {
+        Kind::Rdma
+    } else {
+        Kind::Tcp
+    }
+}
+
+#[cfg(not(feature = "rdma"))]
+fn no_rdma() -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, "this build has no rdma fabric (cargo feature `rdma` is off)")
+}
+
+macro_rules! any_enum {
+    ($name:ident, $assoc:ident) => {
+        pub enum $name {
+            Tcp(<TcpFabric as Fabric>::$assoc),
+            Shm(<ShmFabric as Fabric>::$assoc),
+            #[cfg(feature = "rdma")]
+            Rdma(<RdmaFabric as Fabric>::$assoc),
+        }
+    };
+}
+any_enum!(AnyReader, Reader);
+any_enum!(AnyWriter, Writer);
+any_enum!(AnyKiller, Killer);
+
 pub enum AnyListener {
     Tcp(TcpFabricListener),
     Shm(ShmListener),
+    #[cfg(feature = "rdma")]
+    Rdma(RdmaListener),
+}
+
+/// Runs `$body` with `$x` bound to the inner value of whichever variant `$e` is.
+macro_rules! each {
+    ($e:expr, $t:ident, $x:ident => $body:expr) => {
+        match $e {
+            $t::Tcp($x) => $body,
+            $t::Shm($x) => $body,
+            #[cfg(feature = "rdma")]
+            $t::Rdma($x) => $body,
+        }
+    };
 }
 
 impl AsyncRead for AnyReader {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            AnyReader::Tcp(r) => Pin::new(r).poll_read(cx, buf),
-            AnyReader::Shm(r) => Pin::new(r).poll_read(cx, buf),
-        }
+        each!(self.get_mut(), AnyReader, r => Pin::new(r).poll_read(cx, buf))
     }
 }
 
 impl AsyncWrite for AnyWriter {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            AnyWriter::Tcp(w) => Pin::new(w).poll_write(cx, buf),
-            AnyWriter::Shm(w) => Pin::new(w).poll_write(cx, buf),
-        }
+        each!(self.get_mut(), AnyWriter, w => Pin::new(w).poll_write(cx, buf))
     }
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            AnyWriter::Tcp(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-            AnyWriter::Shm(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-        }
+        each!(self.get_mut(), AnyWriter, w => Pin::new(w).poll_write_vectored(cx, bufs))
     }
     fn is_write_vectored(&self) -> bool {
         true
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            AnyWriter::Tcp(w) => Pin::new(w).poll_flush(cx),
-            AnyWriter::Shm(w) => Pin::new(w).poll_flush(cx),
-        }
+        each!(self.get_mut(), AnyWriter, w => Pin::new(w).poll_flush(cx))
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            AnyWriter::Tcp(w) => Pin::new(w).poll_shutdown(cx),
-            AnyWriter::Shm(w) => Pin::new(w).poll_shutdown(cx),
-        }
+        each!(self.get_mut(), AnyWriter, w => Pin::new(w).poll_shutdown(cx))
     }
 }
 
 impl Killer for AnyKiller {
     fn kill(&self) {
-        match self {
-            AnyKiller::Tcp(k) => k.kill(),
-            AnyKiller::Shm(k) => k.kill(),
+        each!(self, AnyKiller, k => k.kill())
+    }
+}
+
+macro_rules! wrap {
+    ($variant:ident, $c:expr) => {{
+        let c = $c;
+        Connection {
+            reader: AnyReader::$variant(c.reader),
+            writer: AnyWriter::$variant(c.writer),
+            killer: AnyKiller::$variant(c.killer),
+            peer: c.peer,
+            memory: c.memory,
         }
-    }
-}
-
-fn wrap_tcp(c: Connection<TcpFabric>) -> Connection<AnyFabric> {
-    Connection {
-        reader: AnyReader::Tcp(c.reader),
-        writer: AnyWriter::Tcp(c.writer),
-        killer: AnyKiller::Tcp(c.killer),
-        peer: c.peer,
-        memory: c.memory,
-    }
-}
-
-fn wrap_shm(c: Connection<ShmFabric>) -> Connection<AnyFabric> {
-    Connection {
-        reader: AnyReader::Shm(c.reader),
-        writer: AnyWriter::Shm(c.writer),
-        killer: AnyKiller::Shm(c.killer),
-        peer: c.peer,
-        memory: c.memory,
-    }
-}
-
-fn is_shm(addr: &str) -> bool {
-    addr.starts_with(SHM_SCHEME)
+    }};
 }
 
 impl Fabric for AnyFabric {
@@ -119,30 +156,49 @@ impl Fabric for AnyFabric {
     type Listener = AnyListener;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { name: "any", one_sided: false }
+        Capabilities { name: "any", one_sided: false, pins_pages: false }
     }
 
     fn capabilities_of(&self, addr: &str) -> Capabilities {
-        if is_shm(addr) { self.shm.capabilities() } else { self.tcp.capabilities() }
+        match kind(addr) {
+            Kind::Shm => self.shm.capabilities(),
+            #[cfg(feature = "rdma")]
+            Kind::Rdma => self.rdma.capabilities(),
+            _ => self.tcp.capabilities(),
+        }
     }
 
     fn arena(&self) -> Option<Arc<Arena>> {
         self.shm.arena()
     }
 
+    fn register_local(&self, peer: &str, addr: u64, len: u64) -> io::Result<Option<LocalRegistration>> {
+        match kind(peer) {
+            #[cfg(feature = "rdma")]
+            Kind::Rdma => self.rdma.register_local(peer, addr, len),
+            _ => Ok(None),
+        }
+    }
+
     async fn connect(&self, addr: &str) -> io::Result<Connection<Self>> {
-        if is_shm(addr) {
-            self.shm.connect(addr).await.map(wrap_shm)
-        } else {
-            self.tcp.connect(addr).await.map(wrap_tcp)
+        match kind(addr) {
+            Kind::Shm => Ok(wrap!(Shm, self.shm.connect(addr).await?)),
+            #[cfg(feature = "rdma")]
+            Kind::Rdma => Ok(wrap!(Rdma, self.rdma.connect(addr).await?)),
+            #[cfg(not(feature = "rdma"))]
+            Kind::Rdma => Err(no_rdma()),
+            Kind::Tcp => Ok(wrap!(Tcp, self.tcp.connect(addr).await?)),
         }
     }
 
     async fn listen(&self, addr: &str) -> io::Result<AnyListener> {
-        if is_shm(addr) {
-            self.shm.listen(addr).await.map(AnyListener::Shm)
-        } else {
-            self.tcp.listen(addr).await.map(AnyListener::Tcp)
+        match kind(addr) {
+            Kind::Shm => self.shm.listen(addr).await.map(AnyListener::Shm),
+            #[cfg(feature = "rdma")]
+            Kind::Rdma => self.rdma.listen(addr).await.map(AnyListener::Rdma),
+            #[cfg(not(feature = "rdma"))]
+            Kind::Rdma => Err(no_rdma()),
+            Kind::Tcp => self.tcp.listen(addr).await.map(AnyListener::Tcp),
         }
     }
 }
@@ -150,15 +206,14 @@ impl Fabric for AnyFabric {
 impl Listener<AnyFabric> for AnyListener {
     async fn accept(&mut self) -> io::Result<Connection<AnyFabric>> {
         match self {
-            AnyListener::Tcp(l) => l.accept().await.map(wrap_tcp),
-            AnyListener::Shm(l) => l.accept().await.map(wrap_shm),
+            AnyListener::Tcp(l) => Ok(wrap!(Tcp, l.accept().await?)),
+            AnyListener::Shm(l) => Ok(wrap!(Shm, l.accept().await?)),
+            #[cfg(feature = "rdma")]
+            AnyListener::Rdma(l) => Ok(wrap!(Rdma, l.accept().await?)),
         }
     }
 
     fn local_addr(&self) -> io::Result<String> {
-        match self {
-            AnyListener::Tcp(l) => l.local_addr(),
-            AnyListener::Shm(l) => l.local_addr(),
-        }
+        each!(self, AnyListener, l => l.local_addr())
     }
 }

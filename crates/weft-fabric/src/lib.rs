@@ -14,8 +14,9 @@
 //!   An rdma backend implements the same trait with RDMA READ/WRITE on registered memory regions (remote keys
 //!   travel in [`weft_proto::Region`]) and waits for the completions.
 //!
-//! Backends: [`tcp`] (always), [`shm`] (same host: Unix socket, memfd arena, process_vm_readv/writev). [`AnyFabric`]
-//! picks one per address (`unix:/path` is shm, `host:port` is tcp) so one client can mix them.
+//! Backends: [`tcp`] (always), [`shm`] (same host: Unix socket, memfd arena, process_vm_readv/writev), `rdma`
+//! (feature `rdma`, on by default: RC queue pairs over libibverbs, loaded at run time). [`AnyFabric`] picks one
+//! per address (`unix:/path` is shm, `rdma:host:port` is rdma, `host:port` is tcp) so one client can mix them.
 
 use std::future::Future;
 use std::io;
@@ -41,6 +42,10 @@ pub struct Capabilities {
     pub name: &'static str,
     /// The peer's registered memory can be read and written without its CPU (RDMA READ/WRITE, shared memory).
     pub one_sided: bool,
+    /// Registering memory pins its pages (`rdma`): a registration stays right only while the buffer it covers is
+    /// alive (freed and reused virtual addresses may map other pages), so clients register exactly the pages of a
+    /// call and drop the registration after it instead of caching it.
+    pub pins_pages: bool,
 }
 
 /// Tears a connection down; pending reads and writes on both halves fail promptly.
@@ -131,7 +136,28 @@ pub trait Listener<F: Fabric>: Send + 'static {
 
 /// Counters of one-sided resources held by this process as a server (all connections, all listeners).
 pub fn memory_stats() -> weft_proto::msg::FabricStat {
-    shm::stats()
+    #[allow(unused_mut)]
+    let mut s = shm::stats();
+    #[cfg(feature = "rdma")]
+    {
+        let r = rdma::stats();
+        s.arenas += r.arenas;
+        s.regions += r.regions;
+        s.chunks_refused += r.chunks_refused;
+    }
+    s
+}
+
+/// Whether this process can use the `rdma` fabric: built with it, libibverbs loads and a device opens.
+pub fn rdma_available() -> bool {
+    #[cfg(feature = "rdma")]
+    {
+        rdma::available()
+    }
+    #[cfg(not(feature = "rdma"))]
+    {
+        false
+    }
 }
 
 /// Identifies this machine: two processes with equal ids run on the same host (and can use `shm`).

@@ -46,7 +46,7 @@ impl Fabric for TcpFabric {
     type Listener = TcpFabricListener;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { name: "tcp", one_sided: false }
+        Capabilities { name: "tcp", one_sided: false, pins_pages: false }
     }
 
     async fn connect(&self, addr: &str) -> io::Result<Connection<Self>> {

@@ -77,11 +77,6 @@ impl RegionTable {
         self.regions.insert(r.id, r);
     }
 
-    /// The registered region `id`, if any (the fabric needs its address and key to reach a chunk).
-    pub fn region(&self, id: u32) -> Option<&Region> {
-        self.regions.get(&id)
-    }
-
     /// Applies a client's batch: removals first, then additions (an id may be reused in the same batch).
     pub fn apply(&mut self, add: &[Region], remove: &[u32]) -> Result<(), ChunkError> {
         for r in add {

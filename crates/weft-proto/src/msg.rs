@@ -345,6 +345,8 @@ pub struct FabricInfoResp {
     pub host_id: String,
     /// Address of the server's `shm` listener (`unix:/path`), if it has one.
     pub shm_addr: Option<String>,
+    /// Address of the server's `rdma` side channel (`rdma:host:port`), if it has an RDMA device.
+    pub rdma_addr: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,7 +12,9 @@
 //! (`registration_window_bytes`) so neighbouring buffers share one. Entries in use by a call in flight are never
 //! evicted; evicted ids are deregistered in the next registration batch (one `Regions` op adds and removes).
 //! A new connection starts with an empty cache; a call whose registrations belong to a connection that ended
-//! registers again and retries.
+//! registers again and retries. On a fabric whose registration pins pages (`rdma`), an entry covers exactly the
+//! pages of a call and is dropped (deregistered locally at once, at the server in the next batch) when its last
+//! call ends: a cached registration would outlive the caller's buffer and keep pointing at its old pages.
 
 use std::sync::{Arc, Mutex};
 
@@ -37,6 +39,8 @@ struct RegEntry {
     ready: bool,
     /// The fabric's local registration (an `rdma` memory region); deregistered when the entry is dropped.
     _local: Option<weft_fabric::LocalRegistration>,
+    /// Dropped as soon as no call uses it (the fabric pins pages: see `Capabilities::pins_pages`).
+    transient: bool,
 }
 
 pub struct RegCache {
@@ -91,8 +95,15 @@ impl Drop for Pinned {
             return;
         }
         for (id, _) in &self.regions {
-            if let Some(e) = c.entries.iter_mut().find(|e| e.id == *id) {
+            if let Some(i) = c.entries.iter().position(|e| e.id == *id) {
+                let e = &mut c.entries[i];
                 e.users = e.users.saturating_sub(1);
+                if e.transient && e.users == 0 {
+                    let e = c.entries.swap_remove(i);
+                    if e.ready {
+                        c.remove.push(e.id);
+                    }
+                }
             }
         }
     }
@@ -209,7 +220,9 @@ impl<F: Fabric> RpcClient<F> {
         }
         // Misses are registered one batch at a time.
         let _serial = inner.reg_lock.lock().await;
-        let window = inner.cfg.classes.registration_window_bytes.max(4096);
+        // A fabric that pins pages registers exactly the pages of the call, and only for the call.
+        let transient = self.capabilities().pins_pages;
+        let window = if transient { 4096 } else { inner.cfg.classes.registration_window_bytes.max(4096) };
         let (regions, add, remove) = {
             let mut c = inner.regs.lock().expect("registration cache");
             c.reset_for(conn.id);
@@ -241,6 +254,7 @@ impl<F: Fabric> RpcClient<F> {
                             users: 0,
                             ready: false,
                             _local: local,
+                            transient,
                         });
                         add.push(Region { id, addr: start, len: end - start, rkey });
                         c.entries.len() - 1

@@ -77,6 +77,8 @@ pub struct ServerConfig {
     pub pool_buffers: u32,
     /// The server's `shm` listener (`unix:/path`), announced to clients in `FabricInfo`.
     pub shm_addr: Option<String>,
+    /// The server's `rdma` listener (`rdma:host:port`), announced to clients in `FabricInfo`.
+    pub rdma_addr: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -88,6 +90,7 @@ impl Default for ServerConfig {
             session_idle_ms: 300_000,
             pool_buffers: 32,
             shm_addr: None,
+            rdma_addr: None,
         }
     }
 }

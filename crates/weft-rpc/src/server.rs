@@ -233,6 +233,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             Request::FabricInfo(()) => Ok(Response::FabricInfo(FabricInfoResp {
                 host_id: weft_fabric::host_id(),
                 shm_addr: self.cfg.shm_addr.clone(),
+                rdma_addr: self.cfg.rdma_addr.clone(),
             })),
             Request::FabricStat(()) => Ok(Response::FabricStat(weft_fabric::memory_stats())),
             _ => {

@@ -26,9 +26,10 @@ struct Cli {
 struct ClusterArg {
     #[arg(long, env = "WEFT_CLUSTER", value_name = "PATH|ADDR")]
     cluster: String,
-    /// How to reach data servers: auto (shm to servers on this host, tcp to the others), tcp or shm.
-    /// Default: WEFT_FABRIC, else the cluster file's, else auto.
-    #[arg(long, value_name = "auto|tcp|shm")]
+    /// How to reach data servers: auto (shm to servers on this host, rdma to others that offer it when this host
+    /// has an RDMA device, tcp to the rest), tcp, shm or rdma. Default: WEFT_FABRIC, else the cluster file's,
+    /// else auto.
+    #[arg(long, value_name = "auto|tcp|shm|rdma")]
     fabric: Option<weft_client::FabricChoice>,
 }
 
@@ -157,7 +158,10 @@ enum Cmd {
         transfer_unit_bytes = 2097152    largest payload of one request\n  \
         pool_buffers = 32                payload memory bound: pool_buffers x transfer_unit_bytes\n  \
         slots_max = 64                   most slots granted per client session\n  \
-        sessions_max = 1024              most client sessions held at once\n\n\
+        sessions_max = 1024              most client sessions held at once\n  \
+        shm = true                       also serve same-host clients over shm (ROOT/weft-data.sock)\n  \
+        rdma = true                      also serve rdma clients when this host has an RDMA device\n  \
+        rdma_port = 0                    the rdma side channel's TCP port (0: any free port)\n\n\
         On start it prints `WEFT-READY <addr>` on stdout; logs go to stderr (RUST_LOG filters them).")]
     Data {
         /// The TOML file describing this data server.
@@ -275,7 +279,9 @@ enum Cmd {
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // Colours only on a terminal: servers usually log to files, where escape codes get in the way of grep.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
 }
 
 fn main() -> Result<()> {

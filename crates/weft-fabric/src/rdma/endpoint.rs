@@ -496,6 +496,21 @@ impl Endpoint {
         self.rdma(ffi::IBV_WR_RDMA_READ, local, local_offset, chunks)
     }
 
+    /// [`Endpoint::read_chunks`] into a region shared with other threads (a server zone registered once): the
+    /// chunks land back to back in `local` from `local_offset`.
+    ///
+    /// # Safety
+    /// The caller has exclusive use of `local[local_offset..local_offset + total]` until this returns (no Rust
+    /// reference to those bytes exists meanwhile), as it would through `&mut` on an owned region.
+    pub unsafe fn read_chunks_shared(
+        &mut self,
+        local: &MemoryRegion,
+        local_offset: usize,
+        chunks: &[RemoteRegion],
+    ) -> Result<()> {
+        self.rdma(ffi::IBV_WR_RDMA_READ, local, local_offset, chunks)
+    }
+
     /// [`Endpoint::write`] of a chunk list: `local` from `local_offset` is spread over the chunks in order.
     pub fn write_chunks(&mut self, local: &MemoryRegion, local_offset: usize, chunks: &[RemoteRegion]) -> Result<()> {
         self.rdma(ffi::IBV_WR_RDMA_WRITE, local, local_offset, chunks)

@@ -21,6 +21,7 @@
 #![allow(unsafe_code)]
 
 mod endpoint;
+mod fabric;
 mod ffi;
 mod verbs;
 pub mod wire;
@@ -28,6 +29,8 @@ pub mod wire;
 use std::fmt;
 
 pub use endpoint::{Endpoint, EndpointConfig};
+pub(crate) use fabric::stats;
+pub use fabric::{RDMA_SCHEME, RdmaFabric, RdmaKiller, RdmaListener, RdmaReader, available};
 pub use verbs::{Device, DeviceConfig, MemoryRegion, RemoteRegion, list_devices};
 pub use wire::{CONN_INFO_BYTES, ConnInfo, MSG_HEADER_BYTES, MsgHeader};
 

@@ -305,6 +305,9 @@ pub struct MemoryRegion {
     mr: *mut IbvMr,
     ptr: *mut u8,
     len: usize,
+    /// The mapping is this value's (made by [`MemoryRegion::new`]) and is unmapped on drop; false for memory
+    /// registered with [`MemoryRegion::register_external`], which belongs to someone else.
+    owned: bool,
 }
 
 // SAFETY: the buffer is owned by this value and the MR handle is thread-safe (see DeviceInner).
@@ -350,7 +353,30 @@ impl MemoryRegion {
             unsafe { libc::munmap(ptr, len) };
             return Err(RdmaError::Verbs { op: "ibv_reg_mr", errno: e });
         }
-        Ok(Self { dev: Arc::clone(inner), mr, ptr: ptr.cast(), len })
+        Ok(Self { dev: Arc::clone(inner), mr, ptr: ptr.cast(), len, owned: true })
+    }
+
+    /// Registers memory this value does not own (a server zone, a client's arena or I/O buffer) for local writes
+    /// and remote read and write. The pages are pinned while registered, so a late transfer lands in them and
+    /// never in memory reused since; dropping the value deregisters and leaves the memory alone.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must be mapped now, and nothing may rely on its contents staying unchanged by the
+    /// peer while the registration is advertised: the caller hands the range out only for transfers it orders.
+    /// The Rust accessors ([`MemoryRegion::as_slice`], [`MemoryRegion::as_mut_slice`]) must not be used on an
+    /// external region (they would alias the owner's references); only its address and keys are.
+    pub unsafe fn register_external(dev: &Device, ptr: *mut u8, len: usize) -> Result<Self> {
+        if len == 0 || ptr.is_null() {
+            return Err(RdmaError::OutOfBounds { what: "memory region", offset: ptr as u64, len: 0, region_len: 0 });
+        }
+        let access = ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_READ | ffi::IBV_ACCESS_REMOTE_WRITE;
+        let inner = &dev.inner;
+        // SAFETY: pd is live (held by the Arc); the caller guarantees the range is mapped; ibv_reg_mr pins it.
+        let mr = unsafe { (inner.verbs.reg_mr)(inner.pd, ptr.cast(), len, access) };
+        if mr.is_null() {
+            return Err(RdmaError::Verbs { op: "ibv_reg_mr", errno: errno() });
+        }
+        Ok(Self { dev: Arc::clone(inner), mr, ptr, len, owned: false })
     }
 
     pub fn len(&self) -> usize {
@@ -406,11 +432,13 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        // SAFETY: mr and the mapping are owned by self and released once, the MR first so the device stops
-        // referencing the pages before they go away.
+        // SAFETY: mr (and, when owned, the mapping) belong to self and are released once, the MR first so the
+        // device stops referencing the pages before they go away.
         unsafe {
             (self.dev.verbs.dereg_mr)(self.mr);
-            libc::munmap(self.ptr.cast(), self.len);
+            if self.owned {
+                libc::munmap(self.ptr.cast(), self.len);
+            }
         }
     }
 }

@@ -104,6 +104,11 @@ impl Arena {
         self.buf_bytes
     }
 
+    /// The arena's base address in this process (the `rdma` fabric registers the whole arena with its device).
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -166,7 +171,7 @@ impl ShmFabric {
         ShmFabric { cfg, arena: Arc::default() }
     }
 
-    fn arena_or_create(&self) -> io::Result<Arc<Arena>> {
+    pub(crate) fn arena_or_create(&self) -> io::Result<Arc<Arena>> {
         let mut a = self.arena.lock().expect("arena");
         if let Some(a) = a.as_ref() {
             return Ok(a.clone());
@@ -204,7 +209,7 @@ impl Fabric for ShmFabric {
     type Listener = ShmListener;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { name: "shm", one_sided: true }
+        Capabilities { name: "shm", one_sided: true, pins_pages: false }
     }
 
     fn arena(&self) -> Option<Arc<Arena>> {

@@ -60,6 +60,11 @@ impl SharedMap {
         Ok(SharedMap { map })
     }
 
+    /// The mapping's base address, for a fabric that registers the arena with a device (`rdma`).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
     pub fn len(&self) -> usize {
         self.map.len()
     }

@@ -1,0 +1,596 @@
+//! The `rdma` fabric: RPC Read-Write over an RC queue pair (InfiniBand, RoCE, Soft-RoCE).
+//!
+//! - A connection is a TCP stream that first serves as the side channel: both sides bring up an RC queue pair
+//!   over it ([`Endpoint::over_tcp`]), then the client sends a 32-byte hello naming its arena (address, length,
+//!   rkey: the same [`Arena`] the `shm` fabric shares, registered once with this process's device). After that
+//!   the stream carries the RPC frames, as on `tcp`; bulk data never does (the client picks chunk lists for
+//!   everything above the inline size class on a one-sided fabric).
+//! - The server's [`PeerMemory`] for the connection moves bulk data with RDMA READ (`get`) and RDMA WRITE (`put`)
+//!   between its own buffers and the chunks the client named, after checking them against the regions the
+//!   client registered (arena plus `Regions`, each with its rkey). Server buffers inside an announced zone
+//!   ([`crate::zones`]) are registered once per process and used in place; any other buffer goes through a
+//!   per-connection bounce region (one copy, counted in ARCHITECTURE.md's copy table).
+//! - Clients register the exact pages of each large transfer for the length of the call
+//!   ([`Capabilities::pins_pages`]): a cached registration would keep pinning the pages of a buffer the caller
+//!   freed, and a new buffer at the same address would silently miss the data.
+//!
+//! The device is opened once per process (`WEFT_RDMA_DEVICE` names one; default: the first). Without libibverbs
+//! or a device, connect and listen fail with `Unsupported` and a message saying why, never a panic.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use weft_proto::chunk::ARENA_REGION;
+use weft_proto::{Chunk, ChunkError, Region, RegionTable};
+
+use super::{Device, DeviceConfig, Endpoint, EndpointConfig, MemoryRegion, RdmaError, RemoteRegion};
+use crate::shm::{Arena, ShmFabric};
+use crate::{Capabilities, Connection, Fabric, Killer, Listener, LocalRegistration, MemoryError, PeerMemory};
+
+/// Address prefix of rdma endpoints: `rdma:host:port` (the TCP side channel's address).
+pub const RDMA_SCHEME: &str = "rdma:";
+const HELLO_MAGIC: &[u8; 8] = b"WFTRDM01";
+/// Magic, arena address u64, arena length u64, arena rkey u32, reserved u32 (little-endian).
+const HELLO_LEN: usize = 32;
+/// The queue pair setup plus the hello must finish within this time, or the connection is dropped.
+const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// Handshaken connections waiting for `accept`.
+const ACCEPT_QUEUE: usize = 64;
+/// Regions one connection may register (arena excluded).
+pub const REGIONS_MAX: usize = 4096;
+/// Largest arena a client may name.
+const ARENA_BYTES_MAX: u64 = 1 << 30;
+/// Largest bounce region a connection keeps (the largest transfer it moves through one).
+const BOUNCE_BYTES_MAX: usize = 16 << 20;
+/// Largest single RDMA READ/WRITE work request (bigger transfers are pipelined in units of this).
+const WORK_REQUEST_BYTES_MAX: usize = 1 << 20;
+
+static CONNECTIONS: AtomicU64 = AtomicU64::new(0);
+static REGIONS: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// Counters of this process's rdma server connections (the `FabricStat` op adds them to the shm ones).
+pub(crate) fn stats() -> weft_proto::msg::FabricStat {
+    weft_proto::msg::FabricStat {
+        arenas: CONNECTIONS.load(Ordering::SeqCst),
+        regions: REGIONS.load(Ordering::SeqCst),
+        chunks_refused: REFUSED.load(Ordering::SeqCst),
+    }
+}
+
+fn unsupported(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::Unsupported, format!("rdma fabric unavailable: {e}"))
+}
+
+fn to_io(e: RdmaError) -> io::Error {
+    match e {
+        RdmaError::Io(e) => e,
+        RdmaError::Timeout { .. } => io::Error::new(io::ErrorKind::TimedOut, e.to_string()),
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+/// The process's verbs device, opened on first use.
+fn device() -> io::Result<Device> {
+    static DEVICE: OnceLock<Result<Device, String>> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            let name = std::env::var("WEFT_RDMA_DEVICE").ok().filter(|s| !s.is_empty());
+            Device::open(&DeviceConfig { name, ..DeviceConfig::default() }).map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(unsupported)
+}
+
+/// Whether this process can use the rdma fabric (libibverbs loads and a device opens).
+pub fn available() -> bool {
+    device().is_ok()
+}
+
+fn endpoint_config() -> EndpointConfig {
+    // Messages travel on the TCP stream, so the queue pair's two-sided side needs only a few small receives;
+    // completions are waited for on the channel (a server thread per transfer sleeps instead of spinning).
+    EndpointConfig {
+        recv_credits: 4,
+        msg_bytes_max: 256,
+        send_slots: 4,
+        transfer_unit_bytes: WORK_REQUEST_BYTES_MAX,
+        timeout_ms: 30_000,
+        evented: true,
+    }
+}
+
+/// The client's arena registered with the device (once per process). Field order is drop order: the
+/// registration goes before the memory it covers.
+struct ArenaRegistration {
+    mr: MemoryRegion,
+    _arena: Arc<Arena>,
+}
+
+/// Client side: connects to `rdma:host:port` and registers the arena shared with the `shm` fabric.
+#[derive(Clone, Default)]
+pub struct RdmaFabric {
+    arena_source: ShmFabric,
+    arena_reg: Arc<Mutex<Option<Arc<ArenaRegistration>>>>,
+}
+
+impl RdmaFabric {
+    /// A fabric whose connections advertise the arena of `arena_source` (so one client has one arena).
+    pub fn new(arena_source: ShmFabric) -> RdmaFabric {
+        RdmaFabric { arena_source, arena_reg: Arc::default() }
+    }
+
+    fn arena_registration(&self, dev: &Device) -> io::Result<Arc<ArenaRegistration>> {
+        let mut slot = self.arena_reg.lock().expect("arena registration");
+        if let Some(r) = slot.as_ref() {
+            return Ok(r.clone());
+        }
+        let arena = self.arena_source.arena_or_create()?;
+        // SAFETY: the arena's mapping lives as long as the Arc kept beside the registration (dropped after it);
+        // only its address and keys are used, the arena's own copies stay the only Rust access to its bytes.
+        let mr = unsafe { MemoryRegion::register_external(dev, arena.base_ptr(), arena.len()) }.map_err(to_io)?;
+        let r = Arc::new(ArenaRegistration { mr, _arena: arena });
+        *slot = Some(r.clone());
+        Ok(r)
+    }
+}
+
+fn host_port(addr: &str) -> &str {
+    addr.strip_prefix(RDMA_SCHEME).unwrap_or(addr)
+}
+
+/// The client's side of a queue pair: kept alive with the connection's reader (the server does every transfer,
+/// so the client only has to keep its QP, and the arena it advertised, in existence).
+struct ClientQp {
+    _ep: Mutex<Endpoint>,
+    _arena: Arc<ArenaRegistration>,
+}
+
+/// The RPC stream of an rdma connection (server side: no queue pair state; client side: keeps its QP alive).
+pub struct RdmaReader {
+    inner: OwnedReadHalf,
+    _qp: Option<Arc<ClientQp>>,
+}
+
+impl AsyncRead for RdmaReader {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+/// A duplicate of the side-channel socket: `shutdown(2)` ends the RPC stream for both halves.
+pub struct RdmaKiller(OwnedFd);
+
+impl Killer for RdmaKiller {
+    fn kill(&self) {
+        // Already shut down or reset: dead either way.
+        let _ = socket2::SockRef::from(&self.0).shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Hands a tokio stream to a blocking thread for the queue pair setup and takes it back afterwards.
+async fn with_blocking_stream<T: Send + 'static>(
+    stream: TcpStream,
+    f: impl FnOnce(&mut std::net::TcpStream) -> io::Result<T> + Send + 'static,
+) -> io::Result<(TcpStream, T)> {
+    let mut std_stream = stream.into_std()?;
+    std_stream.set_nonblocking(false)?;
+    let timeout = Some(Duration::from_millis(HANDSHAKE_TIMEOUT_MS));
+    std_stream.set_read_timeout(timeout)?;
+    std_stream.set_write_timeout(timeout)?;
+    let (std_stream, out) = tokio::task::spawn_blocking(move || f(&mut std_stream).map(|t| (std_stream, t)))
+        .await
+        .map_err(|e| io::Error::other(format!("rdma handshake task: {e}")))??;
+    std_stream.set_read_timeout(None)?;
+    std_stream.set_write_timeout(None)?;
+    std_stream.set_nonblocking(true)?;
+    Ok((TcpStream::from_std(std_stream)?, out))
+}
+
+fn split(
+    stream: TcpStream,
+    peer: String,
+    qp: Option<Arc<ClientQp>>,
+    memory: Option<Arc<dyn PeerMemory>>,
+) -> io::Result<Connection<RdmaFabric>> {
+    stream.set_nodelay(true)?;
+    let killer = RdmaKiller(stream.as_fd().try_clone_to_owned()?);
+    let (reader, writer) = stream.into_split();
+    Ok(Connection { reader: RdmaReader { inner: reader, _qp: qp }, writer, killer, peer, memory })
+}
+
+impl Fabric for RdmaFabric {
+    type Reader = RdmaReader;
+    type Writer = OwnedWriteHalf;
+    type Killer = RdmaKiller;
+    type Listener = RdmaListener;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { name: "rdma", one_sided: true, pins_pages: true }
+    }
+
+    fn arena(&self) -> Option<Arc<Arena>> {
+        self.arena_source.arena()
+    }
+
+    fn register_local(&self, _peer: &str, addr: u64, len: u64) -> io::Result<Option<LocalRegistration>> {
+        let dev = device()?;
+        let len = usize::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "region too large"))?;
+        // SAFETY: the caller (the pin-down cache) registers the pages of a buffer a call holds for its whole
+        // length, and drops the registration when the call ends; the device pins the pages meanwhile.
+        let mr = unsafe { MemoryRegion::register_external(&dev, addr as *mut u8, len) }.map_err(to_io)?;
+        Ok(Some(LocalRegistration { rkey: mr.rkey(), handle: Box::new(mr) }))
+    }
+
+    async fn connect(&self, addr: &str) -> io::Result<Connection<Self>> {
+        let dev = device()?;
+        let arena = self.arena_registration(&dev)?;
+        let stream = TcpStream::connect(host_port(addr)).await?;
+        let peer =
+            format!("{RDMA_SCHEME}{}", stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.into()));
+        let hello = {
+            let mut h = [0u8; HELLO_LEN];
+            h[..8].copy_from_slice(HELLO_MAGIC);
+            h[8..16].copy_from_slice(&arena.mr.addr().to_le_bytes());
+            h[16..24].copy_from_slice(&(arena.mr.len() as u64).to_le_bytes());
+            h[24..28].copy_from_slice(&arena.mr.rkey().to_le_bytes());
+            h
+        };
+        let (stream, ep) = with_blocking_stream(stream, move |s| {
+            let ep = Endpoint::over_tcp(&dev, s, endpoint_config()).map_err(to_io)?;
+            s.write_all(&hello)?;
+            Ok(ep)
+        })
+        .await?;
+        let qp = Arc::new(ClientQp { _ep: Mutex::new(ep), _arena: arena });
+        split(stream, peer, Some(qp), None)
+    }
+
+    async fn listen(&self, addr: &str) -> io::Result<RdmaListener> {
+        let dev = device()?;
+        let listener = TcpListener::bind(host_port(addr)).await?;
+        let local = format!("{RDMA_SCHEME}{}", listener.local_addr()?);
+        let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
+        let task = tokio::spawn(accept_loop(listener, dev, tx));
+        Ok(RdmaListener { rx, addr: local, task })
+    }
+}
+
+/// Accepts side-channel connections and runs each handshake on its own task, so a client that stalls in the
+/// middle of one blocks nobody else.
+async fn accept_loop(listener: TcpListener, dev: Device, tx: mpsc::Sender<io::Result<Connection<RdmaFabric>>>) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                if tx.send(Err(e)).await.is_err() {
+                    return;
+                }
+                tokio::task::yield_now().await;
+                continue;
+            }
+        };
+        let tx = tx.clone();
+        let dev = dev.clone();
+        tokio::spawn(async move {
+            let r = handshake(stream, format!("{RDMA_SCHEME}{peer}"), dev).await;
+            if let Err(e) = &r {
+                tracing::warn!(%peer, "rdma connection refused: {e}");
+            }
+            let _ = tx.send(r).await;
+        });
+    }
+}
+
+async fn handshake(stream: TcpStream, peer: String, dev: Device) -> io::Result<Connection<RdmaFabric>> {
+    let dev2 = dev.clone();
+    let (stream, (ep, hello)) = with_blocking_stream(stream, move |s| {
+        let ep = Endpoint::over_tcp(&dev2, s, endpoint_config()).map_err(to_io)?;
+        let mut hello = [0u8; HELLO_LEN];
+        s.read_exact(&mut hello)?;
+        Ok((ep, hello))
+    })
+    .await?;
+    let arena = decode_hello(&hello)?;
+    tracing::info!(%peer, arena_bytes = arena.len, "rdma connection up");
+    let memory = Arc::new(RdmaPeer::new(dev, ep, arena, peer.clone()));
+    split(stream, peer, None, Some(memory))
+}
+
+/// Checks a client's hello; returns its arena as region [`ARENA_REGION`].
+fn decode_hello(h: &[u8; HELLO_LEN]) -> io::Result<Region> {
+    let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, format!("bad rdma hello: {why}"));
+    if &h[..8] != HELLO_MAGIC {
+        return Err(bad("not a Weft rdma hello"));
+    }
+    let u64_at = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+    let (addr, len) = (u64_at(8), u64_at(16));
+    let rkey = u32::from_le_bytes(h[24..28].try_into().expect("4 bytes"));
+    if len == 0 || len > ARENA_BYTES_MAX || addr.checked_add(len).is_none() {
+        return Err(bad(&format!("arena of {len} bytes at {addr:#x}")));
+    }
+    Ok(Region { id: ARENA_REGION, addr, len, rkey })
+}
+
+pub struct RdmaListener {
+    rx: mpsc::Receiver<io::Result<Connection<RdmaFabric>>>,
+    addr: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RdmaListener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Listener<RdmaFabric> for RdmaListener {
+    async fn accept(&mut self) -> io::Result<Connection<RdmaFabric>> {
+        self.rx.recv().await.unwrap_or_else(|| Err(io::Error::other("rdma accept loop ended")))
+    }
+
+    fn local_addr(&self) -> io::Result<String> {
+        Ok(self.addr.clone())
+    }
+}
+
+/// Server zones registered with the device, once each (zones are never withdrawn, see [`crate::zones`]).
+fn zone_region(dev: &Device, ptr: *const u8, len: usize) -> Option<(Arc<MemoryRegion>, usize)> {
+    static ZONE_MRS: Mutex<Vec<(usize, Arc<MemoryRegion>)>> = Mutex::new(Vec::new());
+    let zone = crate::zones::find(ptr, len)?;
+    let offset = ptr as usize - zone.addr;
+    let mut mrs = ZONE_MRS.lock().expect("zone registrations");
+    if let Some((_, mr)) = mrs.iter().find(|(a, _)| *a == zone.addr) {
+        return Some((mr.clone(), offset));
+    }
+    // SAFETY: an announced zone stays mapped for the life of the process (the `zones` contract); the region is
+    // used only through addresses and keys, by transfers whose target range the caller holds exclusively.
+    match unsafe { MemoryRegion::register_external(dev, zone.addr as *mut u8, zone.len) } {
+        Ok(mr) => {
+            tracing::info!(bytes = zone.len, "rdma: server zone registered");
+            let mr = Arc::new(mr);
+            mrs.push((zone.addr, mr.clone()));
+            Some((mr, offset))
+        }
+        Err(e) => {
+            tracing::warn!(bytes = zone.len, "rdma: zone registration failed, bouncing through a copy: {e}");
+            None
+        }
+    }
+}
+
+/// The queue pair a server moves one client's data on, and its bounce region.
+struct PeerQp {
+    ep: Endpoint,
+    bounce: Option<MemoryRegion>,
+    /// A transfer failed: the QP is in the error state (or has work in flight) and must not be used again.
+    broken: bool,
+}
+
+impl PeerQp {
+    /// Takes the bounce region out of `slot` (growing it to hold `len` bytes); the caller puts it back.
+    fn take_bounce(slot: &mut Option<MemoryRegion>, dev: &Device, len: usize) -> Result<MemoryRegion, MemoryError> {
+        if len > BOUNCE_BYTES_MAX {
+            return Err(MemoryError::Io(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("transfer of {len} bytes exceeds the bounce region's {BOUNCE_BYTES_MAX}"),
+            )));
+        }
+        match slot.take() {
+            Some(b) if b.len() >= len => Ok(b),
+            _ => {
+                let size = len.next_power_of_two().max(64 << 10);
+                MemoryRegion::new(dev, size, false, false).map_err(|e| MemoryError::Io(to_io(e)))
+            }
+        }
+    }
+}
+
+/// One client connection's memory as the server sees it: its regions (with rkeys) and the queue pair.
+struct RdmaPeer {
+    dev: Device,
+    qp: Mutex<PeerQp>,
+    table: Mutex<RegionTable>,
+    revoked: AtomicBool,
+    peer: String,
+    /// Bytes moved by RDMA READ (client → server) and RDMA WRITE (server → client), and bytes that went through
+    /// the bounce region: logged when the connection ends.
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    bytes_bounced: AtomicU64,
+}
+
+impl RdmaPeer {
+    fn new(dev: Device, ep: Endpoint, arena: Region, peer: String) -> RdmaPeer {
+        let mut table = RegionTable::new(REGIONS_MAX + 1);
+        table.set_fabric_region(arena);
+        CONNECTIONS.fetch_add(1, Ordering::SeqCst);
+        RdmaPeer {
+            dev,
+            qp: Mutex::new(PeerQp { ep, bounce: None, broken: false }),
+            table: Mutex::new(table),
+            revoked: AtomicBool::new(false),
+            peer,
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            bytes_bounced: AtomicU64::new(0),
+        }
+    }
+
+    fn client_regions(t: &RegionTable) -> u64 {
+        t.len() as u64 - u64::from(t.get(ARENA_REGION).is_some())
+    }
+
+    /// Checks the chunk list and turns it into remote addresses and keys.
+    fn resolve(&self, chunks: &[Chunk], want: u64) -> Result<Vec<RemoteRegion>, MemoryError> {
+        if self.revoked.load(Ordering::SeqCst) {
+            return Err(MemoryError::Io(io::Error::new(io::ErrorKind::NotConnected, "the connection ended")));
+        }
+        let t = self.table.lock().expect("regions");
+        if let Err(e) = t.check(chunks, want) {
+            REFUSED.fetch_add(1, Ordering::SeqCst);
+            return Err(e.into());
+        }
+        Ok(chunks
+            .iter()
+            .map(|c| {
+                let r = t.get(c.region).expect("checked: the region is registered");
+                RemoteRegion { addr: r.addr + c.offset, len: u64::from(c.len), rkey: r.rkey }
+            })
+            .collect())
+    }
+
+    fn transfer(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut PeerQp, &Device) -> Result<(), MemoryError>,
+    ) -> Result<(), MemoryError> {
+        let mut q = self.qp.lock().expect("queue pair");
+        if q.broken {
+            return Err(MemoryError::Io(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "an earlier transfer on this connection failed",
+            )));
+        }
+        let r = f(&mut q, &self.dev);
+        if let Err(MemoryError::Io(e)) = &r {
+            q.broken = true;
+            tracing::warn!(peer = %self.peer, "rdma {op} failed; the connection's queue pair is retired: {e}");
+        }
+        r
+    }
+}
+
+impl Drop for RdmaPeer {
+    fn drop(&mut self) {
+        tracing::info!(
+            peer = %self.peer,
+            bytes_read = self.bytes_read.load(Ordering::Relaxed),
+            bytes_written = self.bytes_written.load(Ordering::Relaxed),
+            bytes_bounced = self.bytes_bounced.load(Ordering::Relaxed),
+            "rdma connection closed"
+        );
+        CONNECTIONS.fetch_sub(1, Ordering::SeqCst);
+        if let Ok(t) = self.table.lock() {
+            REGIONS.fetch_sub(Self::client_regions(&t), Ordering::SeqCst);
+        }
+    }
+}
+
+impl PeerMemory for RdmaPeer {
+    fn register(&self, add: &[Region], remove: &[u32]) -> Result<(), ChunkError> {
+        let mut t = self.table.lock().expect("regions");
+        let before = Self::client_regions(&t);
+        let r = t.apply(add, remove);
+        let after = Self::client_regions(&t);
+        if after >= before {
+            REGIONS.fetch_add(after - before, Ordering::SeqCst);
+        } else {
+            REGIONS.fetch_sub(before - after, Ordering::SeqCst);
+        }
+        r
+    }
+
+    fn check(&self, chunks: &[Chunk], want: u64) -> Result<(), ChunkError> {
+        let r = self.table.lock().expect("regions").check(chunks, want);
+        if r.is_err() {
+            REFUSED.fetch_add(1, Ordering::SeqCst);
+        }
+        r
+    }
+
+    fn get(&self, chunks: &[Chunk], dst: &mut [u8]) -> Result<(), MemoryError> {
+        let remote = self.resolve(chunks, dst.len() as u64)?;
+        self.bytes_read.fetch_add(dst.len() as u64, Ordering::Relaxed);
+        self.transfer("read", |q, dev| {
+            let io = |e| MemoryError::Io(to_io(e));
+            if let Some((mr, offset)) = zone_region(dev, dst.as_ptr(), dst.len()) {
+                // SAFETY: `dst` is borrowed mutably for this whole call, so no other reference to those bytes
+                // exists while the RDMA READ fills them.
+                return unsafe { q.ep.read_chunks_shared(&mr, offset, &remote) }.map_err(io);
+            }
+            self.bytes_bounced.fetch_add(dst.len() as u64, Ordering::Relaxed);
+            let PeerQp { ep, bounce, .. } = q;
+            let mut tmp = PeerQp::take_bounce(bounce, dev, dst.len())?;
+            let r = ep.read_chunks(&mut tmp, 0, &remote).map_err(io);
+            if r.is_ok() {
+                dst.copy_from_slice(&tmp.as_slice()[..dst.len()]);
+            }
+            *bounce = Some(tmp);
+            r
+        })
+    }
+
+    fn put(&self, chunks: &[Chunk], src: &[u8]) -> Result<(), MemoryError> {
+        let remote = self.resolve(chunks, src.len() as u64)?;
+        self.bytes_written.fetch_add(src.len() as u64, Ordering::Relaxed);
+        self.transfer("write", |q, dev| {
+            let io = |e| MemoryError::Io(to_io(e));
+            if let Some((mr, offset)) = zone_region(dev, src.as_ptr(), src.len()) {
+                return q.ep.write_chunks(&mr, offset, &remote).map_err(io);
+            }
+            self.bytes_bounced.fetch_add(src.len() as u64, Ordering::Relaxed);
+            let PeerQp { ep, bounce, .. } = q;
+            let mut tmp = PeerQp::take_bounce(bounce, dev, src.len())?;
+            tmp.as_mut_slice()[..src.len()].copy_from_slice(src);
+            let r = ep.write_chunks(&tmp, 0, &remote).map_err(io);
+            *bounce = Some(tmp);
+            r
+        })
+    }
+
+    fn revoke(&self) {
+        self.revoked.store(true, Ordering::SeqCst);
+    }
+
+    fn wants_zone_buffers(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(addr: u64, len: u64, rkey: u32) -> [u8; HELLO_LEN] {
+        let mut h = [0u8; HELLO_LEN];
+        h[..8].copy_from_slice(HELLO_MAGIC);
+        h[8..16].copy_from_slice(&addr.to_le_bytes());
+        h[16..24].copy_from_slice(&len.to_le_bytes());
+        h[24..28].copy_from_slice(&rkey.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn hello_is_checked() {
+        let r = decode_hello(&hello(0x1000, 4 << 20, 7)).unwrap();
+        assert_eq!((r.id, r.addr, r.len, r.rkey), (ARENA_REGION, 0x1000, 4 << 20, 7));
+        assert!(decode_hello(&hello(0x1000, 0, 7)).is_err(), "empty arena");
+        assert!(decode_hello(&hello(u64::MAX, 2, 7)).is_err(), "wraps");
+        assert!(decode_hello(&hello(0, ARENA_BYTES_MAX + 1, 7)).is_err(), "too large");
+        let mut h = hello(0x1000, 4096, 7);
+        h[0] = b'X';
+        assert!(decode_hello(&h).is_err(), "bad magic");
+    }
+
+    #[tokio::test]
+    async fn without_a_device_connect_and_listen_fail_cleanly() {
+        if available() {
+            return; // a host with a device (the Soft-RoCE VM) exercises the real path instead
+        }
+        let f = RdmaFabric::default();
+        let e = f.listen("rdma:127.0.0.1:0").await.err().expect("no device: listen fails");
+        assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}");
+        let e = f.connect("rdma:127.0.0.1:9").await.err().expect("no device: connect fails");
+        assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}");
+    }
+}
