@@ -445,6 +445,72 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Sends one message if a credit and a send slot are free right now; `Ok(false)` (nothing sent) otherwise.
+    /// Never waits: for a thread that also has to keep receiving (the `rdma` fabric's message pump).
+    pub fn try_send(&mut self, payload: &[u8]) -> Result<bool> {
+        if payload.is_empty() || payload.len() > self.payload_bytes_max() {
+            return Err(RdmaError::TooLarge { len: payload.len(), max: self.payload_bytes_max() });
+        }
+        self.reap_send()?;
+        self.reap_recv()?;
+        if self.send_credits == 0 || self.sends_outstanding >= self.cfg.send_slots {
+            return Ok(false);
+        }
+        self.send_inner(payload, 0)?;
+        Ok(true)
+    }
+
+    /// Hands the next message that has arrived to `f` in place, if there is one; never waits. Returns credits
+    /// as [`Endpoint::recv`] does, but only when that cannot block.
+    pub fn try_recv<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Result<Option<R>> {
+        if self.ready.is_empty() {
+            self.reap_recv()?;
+            self.reap_send()?;
+        }
+        let Some((slot, len)) = self.ready.pop_front() else {
+            return Ok(None);
+        };
+        let size = self.cfg.msg_bytes_max as usize;
+        let start = slot * size + MSG_HEADER_BYTES;
+        let out = f(&self.recv_ring.as_slice()[start..start + len]);
+        self.post_recv(slot)?;
+        self.credits_owed += 1;
+        if self.credits_owed >= (self.cfg.recv_credits / 2).max(1)
+            && self.send_credits > 1
+            && self.sends_outstanding < self.cfg.send_slots
+        {
+            self.send_inner(&[], FLAG_CREDIT_ONLY)?;
+        }
+        Ok(Some(out))
+    }
+
+    /// Evented endpoints: sleeps until a completion event, one of `extra` becomes readable, or `timeout` passes.
+    /// The first calls only arm the completion queues and return at once, because a completion that landed before
+    /// the arm raises no event: the caller polls (`try_send`/`try_recv`) after every return, then calls again.
+    /// Returns which of `extra` are readable.
+    pub fn wait_event(&mut self, extra: &[std::os::fd::RawFd], timeout: Duration) -> Result<Vec<bool>> {
+        let Some(channel) = &self.channel else {
+            return Err(RdmaError::Protocol("wait_event needs an evented endpoint".into()));
+        };
+        if !self.send_armed {
+            self.send_cq.arm()?;
+            self.send_armed = true;
+            return Ok(vec![false; extra.len()]);
+        }
+        if !self.recv_armed {
+            self.recv_cq.arm()?;
+            self.recv_armed = true;
+            return Ok(vec![false; extra.len()]);
+        }
+        let (cq, ready) = channel.wait_with(extra, timeout)?;
+        match cq {
+            Some(cq) if cq == self.send_cq.ptr => self.send_armed = false,
+            Some(_) => self.recv_armed = false,
+            None => {}
+        }
+        Ok(ready)
+    }
+
     /// Waits for the next message and hands its payload to `f` in place (no copy); the receive buffer is
     /// re-posted when `f` returns.
     pub fn recv<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Result<R> {

@@ -1,10 +1,12 @@
 //! The `rdma` fabric: RPC Read-Write over an RC queue pair (InfiniBand, RoCE, Soft-RoCE).
 //!
-//! - A connection is a TCP stream that first serves as the side channel: both sides bring up an RC queue pair
-//!   over it ([`Endpoint::over_tcp`]), then the client sends a 32-byte hello naming its arena (address, length,
-//!   rkey: the same [`Arena`] the `shm` fabric shares, registered once with this process's device). After that
-//!   the stream carries the RPC frames, as on `tcp`; bulk data never does (the client picks chunk lists for
-//!   everything above the inline size class on a one-sided fabric).
+//! - A connection starts as a TCP side channel: both sides bring up two RC queue pairs over it
+//!   ([`Endpoint::over_tcp`]), one for messages and one for the server's one-sided transfers, then the client
+//!   sends a 32-byte hello naming its arena (address, length, rkey: the same [`Arena`] the `shm` fabric shares,
+//!   registered once with this process's device). From then on the RPC frames travel as two-sided messages from
+//!   pre-posted receives under credits ([`super::stream`]: a pump thread per connection), and the side channel
+//!   only tells each end when the other is gone. Bulk data never rides in the messages: on a one-sided fabric
+//!   the client names chunks for everything above the inline size class.
 //! - The server's [`PeerMemory`] for the connection moves bulk data with RDMA READ (`get`) and RDMA WRITE (`put`)
 //!   between its own buffers and the chunks the client named, after checking them against the regions the
 //!   client registered (arena plus `Regions`, each with its rkey). Server buffers inside an announced zone
@@ -18,7 +20,6 @@
 //! or a device, connect and listen fail with `Unsupported` and a message saying why, never a panic.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,15 +27,15 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use weft_proto::chunk::ARENA_REGION;
 use weft_proto::{Chunk, ChunkError, Region, RegionTable};
 
+use super::stream::{self, StreamKiller, StreamReader, StreamWriter};
 use super::{Device, DeviceConfig, Endpoint, EndpointConfig, MemoryRegion, RdmaError, RemoteRegion};
 use crate::shm::{Arena, ShmFabric};
-use crate::{Capabilities, Connection, Fabric, Killer, Listener, LocalRegistration, MemoryError, PeerMemory};
+use crate::{Capabilities, Connection, Fabric, Listener, LocalRegistration, MemoryError, PeerMemory};
 
 /// Address prefix of rdma endpoints: `rdma:host:port` (the TCP side channel's address).
 pub const RDMA_SCHEME: &str = "rdma:";
@@ -96,13 +97,26 @@ pub fn available() -> bool {
     device().is_ok()
 }
 
-fn endpoint_config() -> EndpointConfig {
-    // Messages travel on the TCP stream, so the queue pair's two-sided side needs only a few small receives;
-    // completions are waited for on the channel (a server thread per transfer sleeps instead of spinning).
+/// The message queue pair: 16 receives of 16 KiB each way (an RPC header and body, or an inline payload of up
+/// to 4 KiB, fits in one message; longer frames span several). Completions wake the pump through the channel.
+fn message_config() -> EndpointConfig {
     EndpointConfig {
-        recv_credits: 4,
-        msg_bytes_max: 256,
-        send_slots: 4,
+        recv_credits: 16,
+        msg_bytes_max: (16 << 10) + super::MSG_HEADER_BYTES as u32,
+        send_slots: 16,
+        transfer_unit_bytes: WORK_REQUEST_BYTES_MAX,
+        timeout_ms: 30_000,
+        evented: true,
+    }
+}
+
+/// The transfer queue pair: one-sided only, so one tiny receive; a server thread waiting for its transfer's
+/// completions sleeps on the channel instead of spinning.
+fn transfer_config() -> EndpointConfig {
+    EndpointConfig {
+        recv_credits: 1,
+        msg_bytes_max: 64 + super::MSG_HEADER_BYTES as u32,
+        send_slots: 1,
         transfer_unit_bytes: WORK_REQUEST_BYTES_MAX,
         timeout_ms: 30_000,
         evented: true,
@@ -148,16 +162,16 @@ fn host_port(addr: &str) -> &str {
     addr.strip_prefix(RDMA_SCHEME).unwrap_or(addr)
 }
 
-/// The client's side of a queue pair: kept alive with the connection's reader (the server does every transfer,
-/// so the client only has to keep its QP, and the arena it advertised, in existence).
+/// The client's side of the transfer queue pair: kept alive with the connection's reader (the server does every
+/// transfer, so the client only has to keep its QP, and the arena it advertised, in existence).
 struct ClientQp {
     _ep: Mutex<Endpoint>,
     _arena: Arc<ArenaRegistration>,
 }
 
-/// The RPC stream of an rdma connection (server side: no queue pair state; client side: keeps its QP alive).
+/// The RPC stream of an rdma connection (client side: also keeps its transfer QP alive).
 pub struct RdmaReader {
-    inner: OwnedReadHalf,
+    inner: StreamReader,
     _qp: Option<Arc<ClientQp>>,
 }
 
@@ -167,51 +181,41 @@ impl AsyncRead for RdmaReader {
     }
 }
 
-/// A duplicate of the side-channel socket: `shutdown(2)` ends the RPC stream for both halves.
-pub struct RdmaKiller(OwnedFd);
-
-impl Killer for RdmaKiller {
-    fn kill(&self) {
-        // Already shut down or reset: dead either way.
-        let _ = socket2::SockRef::from(&self.0).shutdown(std::net::Shutdown::Both);
-    }
-}
-
-/// Hands a tokio stream to a blocking thread for the queue pair setup and takes it back afterwards.
-async fn with_blocking_stream<T: Send + 'static>(
+/// Hands a connected side channel to a blocking thread for the queue pair setup (bounded by the handshake
+/// timeout on every read and write).
+async fn blocking_setup<T: Send + 'static>(
     stream: TcpStream,
     f: impl FnOnce(&mut std::net::TcpStream) -> io::Result<T> + Send + 'static,
-) -> io::Result<(TcpStream, T)> {
-    let mut std_stream = stream.into_std()?;
-    std_stream.set_nonblocking(false)?;
+) -> io::Result<(std::net::TcpStream, T)> {
+    let mut side = stream.into_std()?;
+    side.set_nonblocking(false)?;
+    side.set_nodelay(true)?;
     let timeout = Some(Duration::from_millis(HANDSHAKE_TIMEOUT_MS));
-    std_stream.set_read_timeout(timeout)?;
-    std_stream.set_write_timeout(timeout)?;
-    let (std_stream, out) = tokio::task::spawn_blocking(move || f(&mut std_stream).map(|t| (std_stream, t)))
+    side.set_read_timeout(timeout)?;
+    side.set_write_timeout(timeout)?;
+    let (side, out) = tokio::task::spawn_blocking(move || f(&mut side).map(|t| (side, t)))
         .await
         .map_err(|e| io::Error::other(format!("rdma handshake task: {e}")))??;
-    std_stream.set_read_timeout(None)?;
-    std_stream.set_write_timeout(None)?;
-    std_stream.set_nonblocking(true)?;
-    Ok((TcpStream::from_std(std_stream)?, out))
+    side.set_read_timeout(None)?;
+    side.set_write_timeout(None)?;
+    Ok((side, out))
 }
 
-fn split(
-    stream: TcpStream,
+fn connection(
+    side: std::net::TcpStream,
+    messages: Endpoint,
     peer: String,
     qp: Option<Arc<ClientQp>>,
     memory: Option<Arc<dyn PeerMemory>>,
 ) -> io::Result<Connection<RdmaFabric>> {
-    stream.set_nodelay(true)?;
-    let killer = RdmaKiller(stream.as_fd().try_clone_to_owned()?);
-    let (reader, writer) = stream.into_split();
+    let (reader, writer, killer) = stream::start(messages, side, peer.clone())?;
     Ok(Connection { reader: RdmaReader { inner: reader, _qp: qp }, writer, killer, peer, memory })
 }
 
 impl Fabric for RdmaFabric {
     type Reader = RdmaReader;
-    type Writer = OwnedWriteHalf;
-    type Killer = RdmaKiller;
+    type Writer = StreamWriter;
+    type Killer = StreamKiller;
     type Listener = RdmaListener;
 
     fn capabilities(&self) -> Capabilities {
@@ -245,14 +249,15 @@ impl Fabric for RdmaFabric {
             h[24..28].copy_from_slice(&arena.mr.rkey().to_le_bytes());
             h
         };
-        let (stream, ep) = with_blocking_stream(stream, move |s| {
-            let ep = Endpoint::over_tcp(&dev, s, endpoint_config()).map_err(to_io)?;
+        let (side, (messages, transfers)) = blocking_setup(stream, move |s| {
+            let messages = Endpoint::over_tcp(&dev, s, message_config()).map_err(to_io)?;
+            let transfers = Endpoint::over_tcp(&dev, s, transfer_config()).map_err(to_io)?;
             s.write_all(&hello)?;
-            Ok(ep)
+            Ok((messages, transfers))
         })
         .await?;
-        let qp = Arc::new(ClientQp { _ep: Mutex::new(ep), _arena: arena });
-        split(stream, peer, Some(qp), None)
+        let qp = Arc::new(ClientQp { _ep: Mutex::new(transfers), _arena: arena });
+        connection(side, messages, peer, Some(qp), None)
     }
 
     async fn listen(&self, addr: &str) -> io::Result<RdmaListener> {
@@ -293,17 +298,18 @@ async fn accept_loop(listener: TcpListener, dev: Device, tx: mpsc::Sender<io::Re
 
 async fn handshake(stream: TcpStream, peer: String, dev: Device) -> io::Result<Connection<RdmaFabric>> {
     let dev2 = dev.clone();
-    let (stream, (ep, hello)) = with_blocking_stream(stream, move |s| {
-        let ep = Endpoint::over_tcp(&dev2, s, endpoint_config()).map_err(to_io)?;
+    let (side, (messages, transfers, hello)) = blocking_setup(stream, move |s| {
+        let messages = Endpoint::over_tcp(&dev2, s, message_config()).map_err(to_io)?;
+        let transfers = Endpoint::over_tcp(&dev2, s, transfer_config()).map_err(to_io)?;
         let mut hello = [0u8; HELLO_LEN];
         s.read_exact(&mut hello)?;
-        Ok((ep, hello))
+        Ok((messages, transfers, hello))
     })
     .await?;
     let arena = decode_hello(&hello)?;
     tracing::info!(%peer, arena_bytes = arena.len, "rdma connection up");
-    let memory = Arc::new(RdmaPeer::new(dev, ep, arena, peer.clone()));
-    split(stream, peer, None, Some(memory))
+    let memory = Arc::new(RdmaPeer::new(dev, transfers, arena, peer.clone()));
+    connection(side, messages, peer, None, Some(memory))
 }
 
 /// Checks a client's hello; returns its arena as region [`ARENA_REGION`].

@@ -23,6 +23,7 @@
 mod endpoint;
 mod fabric;
 mod ffi;
+mod stream;
 mod verbs;
 pub mod wire;
 
@@ -30,7 +31,8 @@ use std::fmt;
 
 pub use endpoint::{Endpoint, EndpointConfig};
 pub(crate) use fabric::stats;
-pub use fabric::{RDMA_SCHEME, RdmaFabric, RdmaKiller, RdmaListener, RdmaReader, available};
+pub use fabric::{RDMA_SCHEME, RdmaFabric, RdmaListener, RdmaReader, available};
+pub use stream::{StreamKiller, StreamReader, StreamWriter};
 pub use verbs::{Device, DeviceConfig, MemoryRegion, RemoteRegion, list_devices};
 pub use wire::{CONN_INFO_BYTES, ConnInfo, MSG_HEADER_BYTES, MsgHeader};
 

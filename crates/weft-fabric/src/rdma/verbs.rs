@@ -500,6 +500,41 @@ impl CompChannel {
     }
 }
 
+impl CompChannel {
+    /// [`CompChannel::wait`] that also wakes when one of `extra` is readable (or hung up); returns the CQ of a
+    /// completion event, if one came, and which of `extra` are ready.
+    pub fn wait_with(&self, extra: &[RawFd], timeout: Duration) -> Result<(Option<*mut c_void>, Vec<bool>)> {
+        let mut pfds = Vec::with_capacity(1 + extra.len());
+        pfds.push(libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 });
+        pfds.extend(extra.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 }));
+        let timeout_ms = c_int::try_from(timeout.as_millis().max(1)).unwrap_or(c_int::MAX);
+        // SAFETY: pfds is a valid array of pfds.len() pollfds for the duration of the call.
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+        if n < 0 {
+            let e = errno();
+            return if e == libc::EINTR {
+                Ok((None, vec![false; extra.len()]))
+            } else {
+                Err(RdmaError::Verbs { op: "poll(completion channel)", errno: e })
+            };
+        }
+        let ready = pfds[1..].iter().map(|p| p.revents != 0).collect();
+        if pfds[0].revents & libc::POLLIN == 0 {
+            return Ok((None, ready));
+        }
+        let mut cq: *mut c_void = std::ptr::null_mut();
+        let mut cq_context: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the channel is live and readable, so this does not block; both out-pointers are valid.
+        let rc = unsafe { (self.dev.verbs.get_cq_event)(self.ptr, &mut cq, &mut cq_context) };
+        if rc != 0 {
+            return Err(RdmaError::Verbs { op: "ibv_get_cq_event", errno: errno() });
+        }
+        // SAFETY: cq is the live CQ the event was for; acknowledged at once (ibv_destroy_cq waits for acks).
+        unsafe { (self.dev.verbs.ack_cq_events)(cq, 1) };
+        Ok((Some(cq), ready))
+    }
+}
+
 impl Drop for CompChannel {
     fn drop(&mut self) {
         // SAFETY: every CQ bound to the channel is destroyed first (Endpoint field order); released once.
