@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use tracing::{debug, info, warn};
-use weft_fabric::{Fabric, Listener, TcpFabric};
+use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
 use weft_proto::msg::InoReq;
 use weft_proto::{ErrorCode, FrameLimits, Request, WireError};
 use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
@@ -25,6 +25,10 @@ use crate::{JournalConfig, Namespace, RedbStore, SystemClock};
 pub struct MetaConfig {
     /// Address to listen on (`host:0` picks a free port).
     pub listen: String,
+    /// Also serve clients over the `rdma` fabric's messages at this address (`rdma:host:port`), e.g. on a cluster
+    /// whose clients reach nothing else; off by default (metadata is never on the data path).
+    #[serde(default)]
+    pub rdma_listen: Option<String>,
     /// Directory of the embedded store (`meta.redb`).
     pub data_dir: PathBuf,
     /// A data server unheard of for this long is reported down.
@@ -128,7 +132,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
     let ns = Arc::new(ns);
-    let fabric = TcpFabric::default();
+    let fabric = AnyFabric::default();
     let listener = fabric
         .listen(&cfg.listen)
         .await
@@ -141,8 +145,18 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         pool_buffers: 1,
         ..ServerConfig::default()
     };
-    let server = RpcServer::<TcpFabric, _>::new(server_cfg, Arc::new(MetaService { ns: ns.clone() }));
+    let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(MetaService { ns: ns.clone() }));
     info!(%addr, store = %dir.display(), "metadata service listening");
+    if let Some(rdma) = &cfg.rdma_listen {
+        let l = fabric.listen(rdma).await.map_err(|source| MetaServerError::Listen { addr: rdma.clone(), source })?;
+        info!(addr = %l.local_addr().map_err(MetaServerError::Serve)?, "metadata service listening on rdma");
+        let server = server.clone();
+        tokio::spawn(async move {
+            if let Err(e) = server.serve(l).await {
+                tracing::warn!("rdma listener ended: {e}");
+            }
+        });
+    }
     tokio::spawn(collect_orphans(ns, cfg.gc_interval_ms));
     ready(&addr);
     server.serve(listener).await.map_err(MetaServerError::Serve)

@@ -1,7 +1,9 @@
 #!/bin/sh
-# A Weft cluster over rxe0: a metadata service, two data servers and a client, each its own process, the client
-# forced onto the rdma fabric (`--fabric rdma`: no fallback to tcp). A file striped over both servers goes in
-# and comes back out; the checksums must match, and both data servers must have served rdma connections.
+# A Weft cluster over rxe0: a metadata service, two data servers and a client, each its own process. The client
+# reaches the metadata service at its rdma address and is forced onto the rdma fabric for data (`--fabric rdma`:
+# no fallback to tcp), so every message and every bulk byte it exchanges travels over RDMA (SEND/RECV for the RPC
+# frames, RDMA READ/WRITE for data). A file striped over both servers goes in and comes back out; the checksums
+# must match, and both data servers must have moved bytes by RDMA READ and WRITE.
 # usage: cluster.sh [MIB]   (file size, default 8)
 set -e
 mib="${1:-8}"
@@ -22,12 +24,15 @@ start() {
 	sed -n 's/^WEFT-READY //p' "$w/$name.out"
 }
 
+# The guest is a machine of its own: a fixed port for the metadata service's rdma side channel is free.
+mds_rdma="rdma:127.0.0.1:7001"
 cat >$w/meta.toml <<CFG
 listen = "127.0.0.1:0"
+rdma_listen = "$mds_rdma"
 data_dir = "$w/meta"
 CFG
 mds="$(start meta meta)"
-echo "cluster.sh: metadata service at $mds"
+echo "cluster.sh: metadata service at $mds and $mds_rdma"
 for n in 1 2; do
 	cat >$w/d$n.toml <<CFG
 id = $n
@@ -50,17 +55,18 @@ done
 dd if=/dev/urandom of=/tmp/in bs=1M count="$mib" 2>/dev/null
 # Odd sizes too: a tail that is neither a stripe nor a page multiple takes every size class.
 head -c 70001 /tmp/in >/tmp/in.odd
-weft mkdir --cluster "$mds" --fabric rdma /d
-weft setstripe --cluster "$mds" --fabric rdma --unit 256K --count 2 /d
+weft mkdir --cluster "$mds_rdma" --fabric rdma /d
+weft setstripe --cluster "$mds_rdma" --fabric rdma --unit 256K --count 2 /d
 for f in in in.odd; do
-	weft put --cluster "$mds" --fabric rdma /tmp/$f /d/$f
-	weft get --cluster "$mds" --fabric rdma /d/$f /tmp/$f.back
+	weft put --cluster "$mds_rdma" --fabric rdma /tmp/$f /d/$f
+	weft get --cluster "$mds_rdma" --fabric rdma /d/$f /tmp/$f.back
 	a="$(md5sum </tmp/$f)"; b="$(md5sum </tmp/$f.back)"
 	echo "cluster.sh: $f: sent $a, got back $b"
 	[ "$a" = "$b" ] || { echo "cluster.sh: checksums differ for $f"; exit 1; }
 done
 # Every bulk byte went one-sided: each server's closed connections report bytes moved by RDMA READ and WRITE.
 # (The client has exited, so its connections are closed and logged.)
+grep -q "rdma connection up" $w/meta.log || { echo "cluster.sh: the client never reached the MDS over rdma"; exit 1; }
 for n in 1 2; do
 	grep "rdma connection closed\|zone registered\|bouncing" $w/d$n.log | sed "s/^/cluster.sh: d$n: /"
 	grep "rdma connection closed" $w/d$n.log | grep -q "bytes_read=[1-9]" ||
