@@ -1,5 +1,6 @@
 //! Arbitrary bytes into the rdma backend's decoders: the connection info a peer sends over the TCP side channel,
-//! the header of a two-sided message, and a region descriptor (what a chunk list carries).
+//! the header of a two-sided message, a region descriptor (what a chunk list carries), and the client's arena
+//! hello.
 //!
 //! Any panic is a bug: a peer controls all three. Checked properties: accepted values respect their limits and
 //! survive encode/decode unchanged.
@@ -8,7 +9,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use weft_fabric::rdma::RemoteRegion;
-use weft_fabric::rdma::wire::{self, CONN_INFO_BYTES, ConnInfo, MSG_HEADER_BYTES, RECV_CREDITS_MAX};
+use weft_fabric::rdma::wire::{self, ARENA_BYTES_MAX, ArenaHello, CONN_INFO_BYTES, ConnInfo, HELLO_BYTES, MSG_HEADER_BYTES, RECV_CREDITS_MAX};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(info) = ConnInfo::decode(data.get(..CONN_INFO_BYTES.min(data.len())).unwrap_or_default()) {
@@ -30,5 +31,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(RemoteRegion::decode(&region.encode()).expect("re-encoded region decodes"), region);
         let _ = region.contains(&region);
         let _ = region.slice(region.len / 2, region.len);
+    }
+
+    if let Ok(h) = ArenaHello::decode(data.get(..HELLO_BYTES.min(data.len())).unwrap_or_default()) {
+        assert!(h.len > 0 && h.len <= ARENA_BYTES_MAX && h.addr.checked_add(h.len).is_some(), "{h:?}");
+        assert_eq!(ArenaHello::decode(&h.encode()).expect("re-encoded hello decodes"), h);
     }
 });

@@ -33,23 +33,19 @@ use weft_proto::chunk::ARENA_REGION;
 use weft_proto::{Chunk, ChunkError, Region, RegionTable};
 
 use super::stream::{self, StreamKiller, StreamReader, StreamWriter};
+use super::wire::{ArenaHello, HELLO_BYTES};
 use super::{Device, DeviceConfig, Endpoint, EndpointConfig, MemoryRegion, RdmaError, RemoteRegion};
 use crate::shm::{Arena, ShmFabric};
 use crate::{Capabilities, Connection, Fabric, Listener, LocalRegistration, MemoryError, PeerMemory};
 
 /// Address prefix of rdma endpoints: `rdma:host:port` (the TCP side channel's address).
 pub const RDMA_SCHEME: &str = "rdma:";
-const HELLO_MAGIC: &[u8; 8] = b"WFTRDM01";
-/// Magic, arena address u64, arena length u64, arena rkey u32, reserved u32 (little-endian).
-const HELLO_LEN: usize = 32;
 /// The queue pair setup plus the hello must finish within this time, or the connection is dropped.
 const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 /// Handshaken connections waiting for `accept`.
 const ACCEPT_QUEUE: usize = 64;
 /// Regions one connection may register (arena excluded).
 pub const REGIONS_MAX: usize = 4096;
-/// Largest arena a client may name.
-const ARENA_BYTES_MAX: u64 = 1 << 30;
 /// Largest bounce region a connection keeps (the largest transfer it moves through one).
 const BOUNCE_BYTES_MAX: usize = 16 << 20;
 /// Largest single RDMA READ/WRITE work request (bigger transfers are pipelined in units of this).
@@ -241,14 +237,7 @@ impl Fabric for RdmaFabric {
         let stream = TcpStream::connect(host_port(addr)).await?;
         let peer =
             format!("{RDMA_SCHEME}{}", stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.into()));
-        let hello = {
-            let mut h = [0u8; HELLO_LEN];
-            h[..8].copy_from_slice(HELLO_MAGIC);
-            h[8..16].copy_from_slice(&arena.mr.addr().to_le_bytes());
-            h[16..24].copy_from_slice(&(arena.mr.len() as u64).to_le_bytes());
-            h[24..28].copy_from_slice(&arena.mr.rkey().to_le_bytes());
-            h
-        };
+        let hello = ArenaHello { addr: arena.mr.addr(), len: arena.mr.len() as u64, rkey: arena.mr.rkey() }.encode();
         let (side, (messages, transfers)) = blocking_setup(stream, move |s| {
             let messages = Endpoint::over_tcp(&dev, s, message_config()).map_err(to_io)?;
             let transfers = Endpoint::over_tcp(&dev, s, transfer_config()).map_err(to_io)?;
@@ -301,30 +290,16 @@ async fn handshake(stream: TcpStream, peer: String, dev: Device) -> io::Result<C
     let (side, (messages, transfers, hello)) = blocking_setup(stream, move |s| {
         let messages = Endpoint::over_tcp(&dev2, s, message_config()).map_err(to_io)?;
         let transfers = Endpoint::over_tcp(&dev2, s, transfer_config()).map_err(to_io)?;
-        let mut hello = [0u8; HELLO_LEN];
+        let mut hello = [0u8; HELLO_BYTES];
         s.read_exact(&mut hello)?;
         Ok((messages, transfers, hello))
     })
     .await?;
-    let arena = decode_hello(&hello)?;
+    let hello = ArenaHello::decode(&hello).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    let arena = Region { id: ARENA_REGION, addr: hello.addr, len: hello.len, rkey: hello.rkey };
     tracing::info!(%peer, arena_bytes = arena.len, "rdma connection up");
     let memory = Arc::new(RdmaPeer::new(dev, transfers, arena, peer.clone()));
     connection(side, messages, peer, None, Some(memory))
-}
-
-/// Checks a client's hello; returns its arena as region [`ARENA_REGION`].
-fn decode_hello(h: &[u8; HELLO_LEN]) -> io::Result<Region> {
-    let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, format!("bad rdma hello: {why}"));
-    if &h[..8] != HELLO_MAGIC {
-        return Err(bad("not a Weft rdma hello"));
-    }
-    let u64_at = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
-    let (addr, len) = (u64_at(8), u64_at(16));
-    let rkey = u32::from_le_bytes(h[24..28].try_into().expect("4 bytes"));
-    if len == 0 || len > ARENA_BYTES_MAX || addr.checked_add(len).is_none() {
-        return Err(bad(&format!("arena of {len} bytes at {addr:#x}")));
-    }
-    Ok(Region { id: ARENA_REGION, addr, len, rkey })
 }
 
 pub struct RdmaListener {
@@ -567,25 +542,18 @@ impl PeerMemory for RdmaPeer {
 mod tests {
     use super::*;
 
-    fn hello(addr: u64, len: u64, rkey: u32) -> [u8; HELLO_LEN] {
-        let mut h = [0u8; HELLO_LEN];
-        h[..8].copy_from_slice(HELLO_MAGIC);
-        h[8..16].copy_from_slice(&addr.to_le_bytes());
-        h[16..24].copy_from_slice(&len.to_le_bytes());
-        h[24..28].copy_from_slice(&rkey.to_le_bytes());
-        h
-    }
-
     #[test]
     fn hello_is_checked() {
-        let r = decode_hello(&hello(0x1000, 4 << 20, 7)).unwrap();
-        assert_eq!((r.id, r.addr, r.len, r.rkey), (ARENA_REGION, 0x1000, 4 << 20, 7));
-        assert!(decode_hello(&hello(0x1000, 0, 7)).is_err(), "empty arena");
-        assert!(decode_hello(&hello(u64::MAX, 2, 7)).is_err(), "wraps");
-        assert!(decode_hello(&hello(0, ARENA_BYTES_MAX + 1, 7)).is_err(), "too large");
-        let mut h = hello(0x1000, 4096, 7);
-        h[0] = b'X';
-        assert!(decode_hello(&h).is_err(), "bad magic");
+        let h = ArenaHello { addr: 0x1000, len: 4 << 20, rkey: 7 };
+        assert_eq!(ArenaHello::decode(&h.encode()).unwrap(), h);
+        let bad = |addr, len| ArenaHello::decode(&ArenaHello { addr, len, rkey: 7 }.encode()).is_err();
+        assert!(bad(0x1000, 0), "empty arena");
+        assert!(bad(u64::MAX, 2), "wraps");
+        assert!(bad(0, super::super::wire::ARENA_BYTES_MAX + 1), "too large");
+        let mut e = h.encode();
+        e[0] = b'X';
+        assert!(ArenaHello::decode(&e).is_err(), "bad magic");
+        assert!(ArenaHello::decode(&e[..31]).is_err(), "short");
     }
 
     #[tokio::test]

@@ -19,6 +19,49 @@ const MAX_24BIT: u32 = 0x00ff_ffff;
 pub const RECV_CREDITS_MAX: u32 = 4096;
 pub const MSG_BYTES_MAX_LIMIT: u32 = 16 << 20;
 
+/// Bytes of the client's hello, sent on the side channel once both queue pairs are up.
+pub const HELLO_BYTES: usize = 32;
+const HELLO_MAGIC: &[u8; 8] = b"WFTRDM01";
+/// Largest arena a client may name in its hello.
+pub const ARENA_BYTES_MAX: u64 = 1 << 30;
+
+/// The client's arena as its hello names it: `"WFTRDM01" | addr u64 | len u64 | rkey u32 | reserved u32`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArenaHello {
+    pub addr: u64,
+    pub len: u64,
+    pub rkey: u32,
+}
+
+impl ArenaHello {
+    pub fn encode(&self) -> [u8; HELLO_BYTES] {
+        let mut h = [0u8; HELLO_BYTES];
+        h[..8].copy_from_slice(HELLO_MAGIC);
+        h[8..16].copy_from_slice(&self.addr.to_le_bytes());
+        h[16..24].copy_from_slice(&self.len.to_le_bytes());
+        h[24..28].copy_from_slice(&self.rkey.to_le_bytes());
+        h
+    }
+
+    /// Checks magic, size (1 byte ..= [`ARENA_BYTES_MAX`]) and that the arena does not wrap the address space.
+    pub fn decode(h: &[u8]) -> Result<Self> {
+        let bad = |why: String| Err(RdmaError::Protocol(format!("bad hello: {why}")));
+        if h.len() != HELLO_BYTES {
+            return bad(format!("{} bytes instead of {HELLO_BYTES}", h.len()));
+        }
+        if &h[..8] != HELLO_MAGIC {
+            return bad("not a Weft rdma hello".into());
+        }
+        let u64_at = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().unwrap_or_default());
+        let (addr, len) = (u64_at(8), u64_at(16));
+        let rkey = u32::from_le_bytes(h[24..28].try_into().unwrap_or_default());
+        if len == 0 || len > ARENA_BYTES_MAX || addr.checked_add(len).is_none() {
+            return bad(format!("arena of {len} bytes at {addr:#x}"));
+        }
+        Ok(ArenaHello { addr, len, rkey })
+    }
+}
+
 /// What each side of a new RC connection tells the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnInfo {
