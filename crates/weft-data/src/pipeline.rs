@@ -5,8 +5,22 @@
 //! checksum block), so every piece but an unaligned first or last one covers whole blocks and a write never merges
 //! a block twice. The client's chunk list is cut at the same edges: a chunk that straddles an edge is split into
 //! two chunks of the same region.
+//!
+//! [`write_chunks`] and [`read_chunks`] run the two stages on tokio's blocking pool with exactly two buffers (or
+//! one, when the pool cannot lend a pair: then the stages alternate): while the disk stage works on piece `i` out
+//! of one buffer, the fabric stage moves piece `i + 1` through the other. Both stages of a step are joined before
+//! the next step starts, so an error in either ends the transfer with nothing left running and nothing more
+//! moved: no piece is put to the client after a failed read, none written after a failed get. Pieces before the
+//! failure stay done (a failed write may have written a prefix, as with `pwrite`); the reply is the error.
 
-use weft_proto::Chunk;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use weft_fabric::{MemoryError, PeerMemory};
+use weft_proto::{Chunk, ErrorCode, WireError};
+use weft_rpc::PoolBuf;
+
+use crate::store::{MappedRead, ObjectStore};
 
 /// One piece of a transfer: where it goes in the object, and the client memory that holds its bytes, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +75,166 @@ pub fn split(chunks: &[Chunk], offset: u64, piece_bytes: u64) -> Result<Vec<Piec
         }
     }
     Ok(pieces)
+}
+
+/// How a failed one-sided transfer is reported (and logged) to the client.
+pub fn memory_error(peer: &str, e: MemoryError) -> WireError {
+    match e {
+        MemoryError::Chunk(c) => {
+            tracing::warn!(%peer, "refusing a chunk list: {c}");
+            WireError::new(ErrorCode::BadRequest, format!("chunk list refused: {c}"))
+        }
+        other => {
+            tracing::warn!(%peer, "one-sided transfer failed: {other}");
+            WireError::new(ErrorCode::Io, other.to_string())
+        }
+    }
+}
+
+pub fn join_error(e: tokio::task::JoinError) -> WireError {
+    WireError::new(ErrorCode::Internal, format!("disk task failed: {e}"))
+}
+
+fn joined<T>(r: Result<Result<T, WireError>, tokio::task::JoinError>) -> Result<T, WireError> {
+    r.map_err(join_error)?
+}
+
+/// Waits for the stage in flight, if any, and hands back the buffer it used.
+async fn finish(stage: Option<JoinHandle<Result<PoolBuf, WireError>>>) -> Option<Result<PoolBuf, WireError>> {
+    match stage {
+        Some(h) => Some(joined(h.await)),
+        None => None,
+    }
+}
+
+/// A client's `WriteChunks`: `get` piece `i + 1` into one buffer while piece `i` is checksummed and written from
+/// the other. `bufs` holds one or two buffers, each at least as large as the largest piece.
+pub async fn write_chunks(
+    store: Arc<ObjectStore>,
+    memory: Arc<dyn PeerMemory>,
+    peer: Arc<str>,
+    ino: u64,
+    pieces: Vec<Piece>,
+    mut bufs: Vec<PoolBuf>,
+) -> Result<(), WireError> {
+    if pieces.len() == 1 {
+        // Nothing to overlap: one hand-off to the blocking pool, not two.
+        let piece = pieces.into_iter().next().expect("one piece");
+        let mut buf = bufs.pop().expect("at least one buffer");
+        return joined(
+            tokio::task::spawn_blocking(move || {
+                buf.set_len(piece.len as usize);
+                memory.get(&piece.chunks, buf.as_mut_slice()).map_err(|e| memory_error(&peer, e))?;
+                store.write(ino, piece.object_offset, buf.as_slice()).map_err(WireError::from)
+            })
+            .await,
+        );
+    }
+    let mut writing: Option<JoinHandle<Result<PoolBuf, WireError>>> = None;
+    for piece in pieces {
+        if bufs.is_empty() {
+            // A single buffer: the write of the previous piece must end before the next get can use it.
+            bufs.push(finish(writing.take()).await.expect("the only buffer is being written")?);
+        }
+        let mut buf = bufs.pop().expect("a free buffer");
+        let getting = {
+            let memory = memory.clone();
+            let peer = peer.clone();
+            tokio::task::spawn_blocking(move || -> Result<(PoolBuf, u64), WireError> {
+                buf.set_len(piece.len as usize);
+                memory.get(&piece.chunks, buf.as_mut_slice()).map_err(|e| memory_error(&peer, e))?;
+                Ok((buf, piece.object_offset))
+            })
+        };
+        let (got, wrote) = tokio::join!(getting, finish(writing.take()));
+        if let Some(wrote) = wrote {
+            bufs.push(wrote?);
+        }
+        let (buf, object_offset) = joined(got)?;
+        let store = store.clone();
+        writing = Some(tokio::task::spawn_blocking(move || {
+            store.write(ino, object_offset, buf.as_slice()).map_err(WireError::from)?;
+            Ok(buf)
+        }));
+    }
+    finish(writing).await.transpose()?;
+    Ok(())
+}
+
+/// One piece read from the object: a verified mapping of the page cache, or the bytes read into a pool buffer.
+struct Loaded {
+    mapped: Option<MappedRead>,
+    buf: PoolBuf,
+}
+
+impl Loaded {
+    fn as_bytes(&self) -> &[u8] {
+        match &self.mapped {
+            Some(m) => m.as_bytes(),
+            None => self.buf.as_slice(),
+        }
+    }
+}
+
+/// Reads and verifies one piece. With `map`, from a mapping of the page cache when the piece lies inside the
+/// object (no copy); otherwise (and past the object's end, which reads as zeros) into `buf`.
+fn load(store: &ObjectStore, ino: u64, piece: &Piece, mut buf: PoolBuf, map: bool) -> Result<Loaded, WireError> {
+    if map && let Some(m) = store.read_mapped(ino, piece.object_offset, piece.len).map_err(WireError::from)? {
+        return Ok(Loaded { mapped: Some(m), buf });
+    }
+    buf.set_len(piece.len as usize);
+    store.read(ino, piece.object_offset, buf.as_mut_slice()).map_err(WireError::from)?;
+    Ok(Loaded { mapped: None, buf })
+}
+
+/// A client's `ReadChunks`: read and verify piece `i + 1` while piece `i` is `put` to the client. `map`: serve
+/// from page-cache mappings (a fabric that reaches any server memory, `shm`); otherwise every piece goes through
+/// a pool buffer, inside an announced zone (`rdma` moves bytes only from registered memory).
+pub async fn read_chunks(
+    store: Arc<ObjectStore>,
+    memory: Arc<dyn PeerMemory>,
+    peer: Arc<str>,
+    ino: u64,
+    pieces: Vec<Piece>,
+    mut bufs: Vec<PoolBuf>,
+    map: bool,
+) -> Result<(), WireError> {
+    if pieces.len() == 1 {
+        let piece = pieces.into_iter().next().expect("one piece");
+        let buf = bufs.pop().expect("at least one buffer");
+        return joined(
+            tokio::task::spawn_blocking(move || {
+                let loaded = load(&store, ino, &piece, buf, map)?;
+                memory.put(&piece.chunks, loaded.as_bytes()).map_err(|e| memory_error(&peer, e))
+            })
+            .await,
+        );
+    }
+    let mut putting: Option<JoinHandle<Result<PoolBuf, WireError>>> = None;
+    for piece in pieces {
+        if bufs.is_empty() {
+            bufs.push(finish(putting.take()).await.expect("the only buffer is being put")?);
+        }
+        let buf = bufs.pop().expect("a free buffer");
+        let loading = {
+            let store = store.clone();
+            tokio::task::spawn_blocking(move || load(&store, ino, &piece, buf, map).map(|l| (l, piece.chunks)))
+        };
+        let (loaded, put) = tokio::join!(loading, finish(putting.take()));
+        if let Some(put) = put {
+            bufs.push(put?);
+        }
+        let (loaded, chunks) = joined(loaded)?;
+        let memory = memory.clone();
+        let peer = peer.clone();
+        putting = Some(tokio::task::spawn_blocking(move || {
+            memory.put(&chunks, loaded.as_bytes()).map_err(|e| memory_error(&peer, e))?;
+            // The mapping (and its range lock) goes now; the buffer goes back for the piece after next.
+            Ok(loaded.buf)
+        }));
+    }
+    finish(putting).await.transpose()?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -147,10 +321,10 @@ mod tests {
     fn empty_chunks_and_lists_make_no_pieces() {
         assert!(check(&[], 5, 4096).is_empty());
         let p = check(&[chunk(1, 0, 0), chunk(1, 0, 10), chunk(2, 0, 0)], 4090, 4096);
-        assert_eq!(p.iter().map(|p| p.chunks.clone()).collect::<Vec<_>>(), vec![
-            vec![chunk(1, 0, 6)],
-            vec![chunk(1, 6, 4)]
-        ]);
+        assert_eq!(
+            p.iter().map(|p| p.chunks.clone()).collect::<Vec<_>>(),
+            vec![vec![chunk(1, 0, 6)], vec![chunk(1, 6, 4)]]
+        );
     }
 
     #[test]
