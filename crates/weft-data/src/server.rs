@@ -14,8 +14,12 @@ use tracing::{info, warn};
 use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
 use weft_proto::msg::RegisterServerReq;
 use weft_proto::{ErrorCode, FrameLimits, Request, Response, WireError};
-use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, ReplyData, RpcClient, RpcServer, ServerConfig, Service};
+use weft_rpc::{
+    BufferPool, CallCtx, ClientConfig, PoolBuf, PoolClass, Reply, ReplyData, RpcClient, RpcServer, ServerConfig,
+    Service,
+};
 
+use crate::pipeline::{self, join_error, memory_error};
 use crate::store::{MappedRead, ObjectStore};
 
 /// `weft data --config F`.
@@ -35,12 +39,22 @@ pub struct DataConfig {
     pub mds: String,
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
-    /// Largest payload of one request (a transfer unit); also the size of each pool buffer.
+    /// Largest payload of one request (a transfer unit); also the size of the largest pool buffers.
     #[serde(default = "default_transfer_unit")]
     pub transfer_unit_bytes: u32,
-    /// Payload buffers in the pool: the bound on payload memory (`pool_buffers × transfer_unit_bytes`).
+    /// Buffers of the transfer unit's size in the pool (the largest class; see [`DataConfig::pool_classes`]).
     #[serde(default = "default_pool_buffers")]
     pub pool_buffers: u32,
+    /// The pool's size classes below the transfer unit (`[[pool_classes]]` tables of `buf_bytes` and `buffers`);
+    /// empty picks [`DEFAULT_POOL_CLASSES`]. Each class is one zone, allocated and pre-faulted at start; payload
+    /// memory is bounded by the sum of `buffers × buf_bytes` over the classes plus `pool_buffers ×
+    /// transfer_unit_bytes`.
+    #[serde(default)]
+    pub pool_classes: Vec<PoolClassConfig>,
+    /// One-sided transfers larger than this move in pieces of this size (a multiple of 4096), the disk working on
+    /// one piece while the fabric moves the next.
+    #[serde(default = "default_pipeline_piece")]
+    pub pipeline_piece_bytes: u32,
     #[serde(default = "default_slots_max")]
     pub slots_max: u32,
     #[serde(default = "default_sessions_max")]
@@ -62,6 +76,40 @@ pub struct DataConfig {
     pub rdma_port: u16,
 }
 
+/// One size class of the data server's buffer pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolClassConfig {
+    pub buf_bytes: u32,
+    pub buffers: u32,
+}
+
+/// Classes below the transfer unit, by default: 64 KiB for small I/O (the arena size class of the papers),
+/// 256 KiB for pipeline pieces (two per large one-sided transfer in flight), 1 MiB for the client's usual
+/// transfer unit over TCP. With 32 transfer-unit buffers of 2 MiB, 84 MiB in all.
+pub const DEFAULT_POOL_CLASSES: [PoolClassConfig; 3] = [
+    PoolClassConfig { buf_bytes: 64 << 10, buffers: 64 },
+    PoolClassConfig { buf_bytes: 256 << 10, buffers: 32 },
+    PoolClassConfig { buf_bytes: 1 << 20, buffers: 8 },
+];
+
+impl DataConfig {
+    /// The pool's classes: the configured (or default) ones smaller than the transfer unit, then
+    /// `pool_buffers` buffers of the transfer unit, so every payload the server accepts fits a class.
+    pub fn pool_classes(&self) -> Vec<PoolClass> {
+        let unit = self.transfer_unit_bytes.max(1);
+        let below: &[PoolClassConfig] =
+            if self.pool_classes.is_empty() { &DEFAULT_POOL_CLASSES } else { &self.pool_classes };
+        let mut v: Vec<PoolClass> = below
+            .iter()
+            .filter(|c| c.buf_bytes < unit)
+            .map(|c| PoolClass { buf_bytes: c.buf_bytes as usize, buffers: c.buffers })
+            .collect();
+        v.push(PoolClass { buf_bytes: unit as usize, buffers: self.pool_buffers.max(1) });
+        v
+    }
+}
+
 fn default_true() -> bool {
     true
 }
@@ -75,6 +123,12 @@ fn default_transfer_unit() -> u32 {
 fn default_pool_buffers() -> u32 {
     32
 }
+fn default_pipeline_piece() -> u32 {
+    DEFAULT_PIPELINE_PIECE_BYTES
+}
+
+/// Pieces of a pipelined one-sided transfer, by default: four per 1 MiB transfer unit.
+pub const DEFAULT_PIPELINE_PIECE_BYTES: u32 = 256 << 10;
 fn default_slots_max() -> u32 {
     64
 }
@@ -92,6 +146,8 @@ pub struct DataService {
     mapped_reads: Arc<Semaphore>,
     /// See [`DataConfig::short_circuit`].
     short_circuit: bool,
+    /// See [`DataConfig::pipeline_piece_bytes`].
+    piece_bytes: u64,
 }
 
 impl DataService {
@@ -102,6 +158,22 @@ impl DataService {
             store,
             mapped_reads: Arc::new(Semaphore::new(mapped_reads_max.max(1) as usize)),
             short_circuit: false,
+            piece_bytes: u64::from(DEFAULT_PIPELINE_PIECE_BYTES),
+        }
+    }
+
+    /// See [`DataConfig::pipeline_piece_bytes`]; rounded down to whole 4 KiB blocks, at least one.
+    pub fn with_pipeline_piece_bytes(mut self, bytes: u32) -> DataService {
+        self.piece_bytes = (u64::from(bytes) / 4096).max(1) * 4096;
+        self
+    }
+
+    /// Two buffers for a pipelined transfer whose largest piece is `piece_max` bytes (one if the pool has no
+    /// class that can lend a pair: the stages then alternate instead of overlapping).
+    async fn piece_buffers(pool: &BufferPool, piece_max: usize) -> Vec<PoolBuf> {
+        match pool.acquire_pair(piece_max).await {
+            Some((a, b)) => vec![a, b],
+            None => vec![pool.acquire(piece_max).await],
         }
     }
 
@@ -130,27 +202,14 @@ fn one_sided(ctx: &CallCtx) -> Result<std::sync::Arc<dyn weft_fabric::PeerMemory
     })
 }
 
+fn bad_pieces(e: pipeline::PieceError) -> WireError {
+    WireError::new(ErrorCode::BadRequest, format!("chunk list refused: {e}"))
+}
+
 /// A chunk outside the client's registered regions: refused, logged, and nothing was read or written.
 fn refuse_chunks(ctx: &CallCtx, e: weft_proto::ChunkError) -> WireError {
     warn!(peer = %ctx.peer, "refusing a chunk list: {e}");
     WireError::new(ErrorCode::BadRequest, format!("chunk list refused: {e}"))
-}
-
-fn memory_error(peer: &str, e: weft_fabric::MemoryError) -> WireError {
-    match e {
-        weft_fabric::MemoryError::Chunk(c) => {
-            warn!(%peer, "refusing a chunk list: {c}");
-            WireError::new(ErrorCode::BadRequest, format!("chunk list refused: {c}"))
-        }
-        other => {
-            warn!(%peer, "one-sided transfer failed: {other}");
-            WireError::new(ErrorCode::Io, other.to_string())
-        }
-    }
-}
-
-fn join_error(e: tokio::task::JoinError) -> WireError {
-    WireError::new(ErrorCode::Internal, format!("disk task failed: {e}"))
 }
 
 impl Service for DataService {
@@ -225,35 +284,17 @@ impl Service for DataService {
                     memory.put(&r.chunks, buf.as_slice()).map_err(|e| memory_error(&ctx.peer, e))?;
                     return Ok(Response::ReadChunks(()).into());
                 }
-                let permit = self.mapped_reads.clone().acquire_owned().await.expect("never closed");
-                let peer = ctx.peer.clone();
-                // Read and put in one blocking task: the data goes from the page-cache mapping (or a pool buffer
-                // past the object's end) straight into the client's memory.
-                let mapped = {
-                    let store = store.clone();
-                    let memory = memory.clone();
-                    let chunks = r.chunks.clone();
-                    tokio::task::spawn_blocking(move || -> Result<bool, WireError> {
-                        let Some(read) = store.read_mapped(r.ino, r.offset, len).map_err(WireError::from)? else {
-                            return Ok(false);
-                        };
-                        memory.put(&chunks, read.as_bytes()).map_err(|e| memory_error(&peer, e))?;
-                        Ok(true)
-                    })
-                    .await
-                    .map_err(join_error)??
+                let pieces = pipeline::split(&r.chunks, r.offset, self.piece_bytes).map_err(bad_pieces)?;
+                // A fabric that reaches any server memory (shm) is served from page-cache mappings, straight into
+                // the client's memory; one that needs registered memory (rdma) from pool buffers in the zones.
+                let map = !memory.wants_zone_buffers();
+                let _permit = match map {
+                    true => Some(self.mapped_reads.clone().acquire_owned().await.expect("never closed")),
+                    false => None,
                 };
-                drop(permit);
-                if !mapped {
-                    let mut buf = ctx.pool.acquire(len as usize).await;
-                    let peer = ctx.peer.clone();
-                    tokio::task::spawn_blocking(move || -> Result<(), WireError> {
-                        store.read(r.ino, r.offset, buf.as_mut_slice()).map_err(WireError::from)?;
-                        memory.put(&r.chunks, buf.as_slice()).map_err(|e| memory_error(&peer, e))
-                    })
-                    .await
-                    .map_err(join_error)??;
-                }
+                let piece_max = pieces.iter().map(|p| p.len).max().unwrap_or(0) as usize;
+                let bufs = Self::piece_buffers(&ctx.pool, piece_max).await;
+                pipeline::read_chunks(store, memory, ctx.peer.clone(), r.ino, pieces, bufs, map).await?;
                 Ok(Response::ReadChunks(()).into())
             }
             Request::WriteChunks(w) => {
@@ -270,19 +311,16 @@ impl Service for DataService {
                     return Ok(Response::WriteChunks(len as u32).into());
                 }
                 // The server pulls the bytes when it has a buffer for them: its own pace, its own memory.
-                let mut buf = ctx.pool.acquire(len as usize).await;
                 if len <= u64::from(INLINE_IO_BYTES_MAX) {
+                    let mut buf = ctx.pool.acquire(len as usize).await;
                     memory.get(&w.chunks, buf.as_mut_slice()).map_err(|e| memory_error(&ctx.peer, e))?;
                     store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)?;
                     return Ok(Response::WriteChunks(len as u32).into());
                 }
-                let peer = ctx.peer.clone();
-                tokio::task::spawn_blocking(move || -> Result<(), WireError> {
-                    memory.get(&w.chunks, buf.as_mut_slice()).map_err(|e| memory_error(&peer, e))?;
-                    store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)
-                })
-                .await
-                .map_err(join_error)??;
+                let pieces = pipeline::split(&w.chunks, w.offset, self.piece_bytes).map_err(bad_pieces)?;
+                let piece_max = pieces.iter().map(|p| p.len).max().unwrap_or(0) as usize;
+                let bufs = Self::piece_buffers(&ctx.pool, piece_max).await;
+                pipeline::write_chunks(store, memory, ctx.peer.clone(), w.ino, pieces, bufs).await?;
                 Ok(Response::WriteChunks(len as u32).into())
             }
             Request::Write(w) => {
@@ -347,6 +385,8 @@ pub enum DataServerError {
     Listen { addr: String, source: std::io::Error },
     #[error("serving: {0}")]
     Serve(std::io::Error),
+    #[error("allocating the buffer zones: {0}")]
+    Pool(weft_rpc::PoolError),
 }
 
 /// Runs a data server until the process is stopped. `ready` is told the listening address.
@@ -399,10 +439,11 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         rdma_addr: rdma_addr.clone(),
         ..ServerConfig::default()
     };
-    let server = RpcServer::<AnyFabric, _>::new(
-        server_cfg,
-        Arc::new(DataService::new(store.clone(), cfg.pool_buffers).with_short_circuit(cfg.short_circuit)),
-    );
+    let pool = BufferPool::with_classes(&cfg.pool_classes()).map_err(DataServerError::Pool)?;
+    let service = DataService::new(store.clone(), cfg.pool_buffers)
+        .with_short_circuit(cfg.short_circuit)
+        .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes);
+    let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
     info!(id = cfg.id, %addr, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
     tokio::spawn(heartbeat(cfg.clone(), advertise, store));
     for (name, l) in [("shm", shm_listener), ("rdma", rdma_listener)] {
@@ -467,6 +508,268 @@ async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>) 
                 healthy = false;
                 client = None;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The pipelined one-sided path against a client memory held in this process, so a test can see every `get`
+    //! and `put`, make one fail, and check that rdma-style transfers only touch buffers inside announced zones.
+
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use weft_fabric::{MemoryError, PeerMemory};
+    use weft_proto::msg::{ReadChunksReq, WriteChunksReq};
+    use weft_proto::{Chunk, ChunkError, Region};
+
+    use super::*;
+
+    const K: usize = 1024;
+    const REGION_BYTES: usize = 4 << 20;
+
+    /// Two regions of "client memory"; `get`/`put` number `fail_at` fails.
+    struct FakeMemory {
+        regions: Mutex<[Vec<u8>; 2]>,
+        zone: bool,
+        fail_get_at: Option<usize>,
+        fail_put_at: Option<usize>,
+        gets: AtomicUsize,
+        puts: AtomicUsize,
+        /// Transfers whose server-side buffer lay outside every announced zone.
+        unzoned: AtomicUsize,
+    }
+
+    impl FakeMemory {
+        fn new(zone: bool) -> FakeMemory {
+            FakeMemory {
+                regions: Mutex::new([vec![0; REGION_BYTES], vec![0; REGION_BYTES]]),
+                zone,
+                fail_get_at: None,
+                fail_put_at: None,
+                gets: AtomicUsize::new(0),
+                puts: AtomicUsize::new(0),
+                unzoned: AtomicUsize::new(0),
+            }
+        }
+        fn note_zone(&self, buf: &[u8]) {
+            if weft_fabric::zones::find(buf.as_ptr(), buf.len()).is_none() {
+                self.unzoned.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fn region(&self, id: usize) -> Vec<u8> {
+            self.regions.lock().unwrap()[id].clone()
+        }
+    }
+
+    fn injected() -> MemoryError {
+        MemoryError::Io(std::io::Error::other("injected failure"))
+    }
+
+    impl PeerMemory for FakeMemory {
+        fn register(&self, _add: &[Region], _remove: &[u32]) -> Result<(), ChunkError> {
+            Ok(())
+        }
+        fn check(&self, chunks: &[Chunk], want: u64) -> Result<(), ChunkError> {
+            for (index, c) in chunks.iter().enumerate() {
+                if c.region > 1 || c.offset + u64::from(c.len) > REGION_BYTES as u64 {
+                    return Err(ChunkError::UnknownRegion { index, region: c.region });
+                }
+            }
+            let have = chunks.iter().map(|c| u64::from(c.len)).sum();
+            if have != want {
+                return Err(ChunkError::LengthMismatch { have, want });
+            }
+            Ok(())
+        }
+        fn get(&self, chunks: &[Chunk], dst: &mut [u8]) -> Result<(), MemoryError> {
+            if Some(self.gets.fetch_add(1, Ordering::SeqCst)) == self.fail_get_at {
+                return Err(injected());
+            }
+            self.note_zone(dst);
+            let r = self.regions.lock().unwrap();
+            let mut at = 0;
+            for c in chunks {
+                let (o, n) = (c.offset as usize, c.len as usize);
+                dst[at..at + n].copy_from_slice(&r[c.region as usize][o..o + n]);
+                at += n;
+            }
+            assert_eq!(at, dst.len(), "a piece's chunks add up to its buffer");
+            Ok(())
+        }
+        fn put(&self, chunks: &[Chunk], src: &[u8]) -> Result<(), MemoryError> {
+            if Some(self.puts.fetch_add(1, Ordering::SeqCst)) == self.fail_put_at {
+                return Err(injected());
+            }
+            if self.zone {
+                self.note_zone(src);
+            }
+            let mut r = self.regions.lock().unwrap();
+            let mut at = 0;
+            for c in chunks {
+                let (o, n) = (c.offset as usize, c.len as usize);
+                r[c.region as usize][o..o + n].copy_from_slice(&src[at..at + n]);
+                at += n;
+            }
+            assert_eq!(at, src.len(), "a piece's chunks add up to its bytes");
+            Ok(())
+        }
+        fn revoke(&self) {}
+        fn wants_zone_buffers(&self) -> bool {
+            self.zone
+        }
+    }
+
+    fn setup(name: &str) -> (DataService, BufferPool, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("weft-data-pipe-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Arc::new(ObjectStore::open(&dir).unwrap());
+        let cfg = DataConfig {
+            id: 1,
+            listen: String::new(),
+            advertise: None,
+            root: dir.clone(),
+            mds: String::new(),
+            heartbeat_ms: 1000,
+            transfer_unit_bytes: 2 << 20,
+            pool_buffers: 2,
+            pool_classes: vec![PoolClassConfig { buf_bytes: 64 << 10, buffers: 4 }],
+            pipeline_piece_bytes: 64 << 10,
+            slots_max: 4,
+            sessions_max: 4,
+            short_circuit: false,
+            shm: false,
+            shm_socket: None,
+            rdma: false,
+            rdma_port: 0,
+        };
+        let pool = BufferPool::with_classes(&cfg.pool_classes()).unwrap();
+        let svc = DataService::new(store, 4).with_pipeline_piece_bytes(cfg.pipeline_piece_bytes);
+        (svc, pool, dir)
+    }
+
+    fn ctx(pool: &BufferPool, memory: &Arc<FakeMemory>) -> CallCtx {
+        CallCtx { session: 1, peer: "test".into(), pool: pool.clone(), memory: Some(memory.clone()) }
+    }
+
+    /// Odd-sized chunks laid out backwards in `region` from `start`, so bytes cut into the wrong piece, or
+    /// pieces taken in the wrong order, land in the wrong place.
+    fn scattered(region: u32, start: u64, total: usize) -> Vec<Chunk> {
+        let sizes = [7 * K + 13, 333, 70 * K + 1, 4096, 1, 19 * K + 7];
+        let mut chunks = Vec::new();
+        let mut left = total;
+        let mut end = start + 2 * total as u64;
+        let mut i = 0;
+        while left > 0 {
+            let n = sizes[i % sizes.len()].min(left);
+            // Leave a one-byte gap between chunks.
+            end -= n as u64 + 1;
+            chunks.push(Chunk { region, offset: end, len: n as u32 });
+            left -= n;
+            i += 1;
+        }
+        chunks
+    }
+
+    fn gather(mem: &[u8], chunks: &[Chunk]) -> Vec<u8> {
+        chunks.iter().flat_map(|c| mem[c.offset as usize..c.offset as usize + c.len as usize].to_vec()).collect()
+    }
+
+    fn pattern(seed: u8, len: usize) -> Vec<u8> {
+        (0..len).map(|i| ((i * 7 + i / 4099) as u8).wrapping_add(seed)).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pipelined_transfers_with_straddling_chunks_round_trip() {
+        for zone in [false, true] {
+            let (svc, pool, dir) = setup(if zone { "zone" } else { "map" });
+            let mem = Arc::new(FakeMemory::new(zone));
+            let data = pattern(3, 700 * K + 77);
+            let wchunks = scattered(0, 1001, data.len());
+            {
+                let mut r = mem.regions.lock().unwrap();
+                let mut at = 0;
+                for c in &wchunks {
+                    let (o, n) = (c.offset as usize, c.len as usize);
+                    r[0][o..o + n].copy_from_slice(&data[at..at + n]);
+                    at += n;
+                }
+            }
+            let offset = 3 * 4096 + 1234;
+            let req = Request::WriteChunks(WriteChunksReq { ino: 7, offset, chunks: wchunks.clone() });
+            let reply = svc.call(&ctx(&pool, &mem), req, None).await.unwrap();
+            assert!(matches!(reply.resp, Response::WriteChunks(n) if n as usize == data.len()));
+            let pieces = pipeline::split(&wchunks, offset, 64 << 10).unwrap().len();
+            assert!(pieces > 10);
+            assert_eq!(mem.gets.load(Ordering::SeqCst), pieces);
+            let mut disk = vec![0u8; data.len()];
+            svc.store.read(7, offset, &mut disk).unwrap();
+            assert!(disk == data, "zone={zone}: the object holds the bytes in chunk order");
+
+            // Read back a range that starts before the data and runs past the object's end (zeros there).
+            let read_off = offset - 5000;
+            let read_len = data.len() + 5000 + 9000;
+            let rchunks = scattered(1, 17, read_len);
+            let req = Request::ReadChunks(ReadChunksReq { ino: 7, offset: read_off, chunks: rchunks.clone() });
+            svc.call(&ctx(&pool, &mem), req, None).await.unwrap();
+            let got = gather(&mem.region(1), &rchunks);
+            assert!(got[..5000].iter().all(|&b| b == 0), "zone={zone}: before the data");
+            assert!(got[5000..5000 + data.len()] == data[..], "zone={zone}: the data, in chunk order");
+            assert!(got[5000 + data.len()..].iter().all(|&b| b == 0), "zone={zone}: past the end");
+            assert_eq!(mem.unzoned.load(Ordering::SeqCst), 0, "zone={zone}: every buffer came from a zone");
+            assert_eq!(pool.available(), 6, "every buffer went back");
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_get_in_the_second_piece_fails_the_write() {
+        let (svc, pool, dir) = setup("failget");
+        let mut mem = FakeMemory::new(true);
+        mem.fail_get_at = Some(1);
+        let mem = Arc::new(mem);
+        let chunks = vec![Chunk { region: 0, offset: 5, len: 300 << 10 }];
+        let req = Request::WriteChunks(WriteChunksReq { ino: 8, offset: 100, chunks });
+        let err = svc.call(&ctx(&pool, &mem), req, None).await.err().expect("the write fails");
+        assert_eq!(err.code, ErrorCode::Io, "{err:?}");
+        assert_eq!(mem.gets.load(Ordering::SeqCst), 2, "nothing is fetched after the failed piece");
+        assert_eq!(pool.available(), 6);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_read_or_put_stops_the_puts() {
+        for zone in [false, true] {
+            let (svc, pool, dir) = setup(if zone { "failz" } else { "failm" });
+            let data = pattern(5, 400 << 10);
+            svc.store.write(9, 0, &data).unwrap();
+            // Corrupt a byte in the third piece: the read of that piece fails its checksum.
+            let path = svc.store.object_path(9);
+            let mut raw = std::fs::read(&path).unwrap();
+            raw[(128 << 10) + 10] ^= 1;
+            std::fs::write(&path, &raw).unwrap();
+            let mem = Arc::new(FakeMemory::new(zone));
+            let chunks = vec![Chunk { region: 1, offset: 0, len: 400 << 10 }];
+            let req = Request::ReadChunks(ReadChunksReq { ino: 9, offset: 0, chunks: chunks.clone() });
+            let err = svc.call(&ctx(&pool, &mem), req, None).await.err().expect("the read fails");
+            assert_eq!(err.code, ErrorCode::Corrupt, "{err:?}");
+            assert_eq!(mem.puts.load(Ordering::SeqCst), 2, "zone={zone}: pieces after the bad one are not put");
+            let got = mem.region(1);
+            assert!(got[..128 << 10] == data[..128 << 10], "zone={zone}");
+            assert!(got[128 << 10..].iter().all(|&b| b == 0), "zone={zone}: nothing after the failure");
+
+            // A put that fails ends the transfer: the piece being read meanwhile is never put.
+            let mut mem = FakeMemory::new(zone);
+            mem.fail_put_at = Some(0);
+            let mem = Arc::new(mem);
+            let req = Request::ReadChunks(ReadChunksReq { ino: 9, offset: 0, chunks: chunks.clone() });
+            let err = svc.call(&ctx(&pool, &mem), req, None).await.err().expect("the read fails");
+            assert_eq!(err.code, ErrorCode::Io, "{err:?}");
+            assert_eq!(mem.puts.load(Ordering::SeqCst), 1);
+            assert!(mem.region(1).iter().all(|&b| b == 0));
+            assert_eq!(pool.available(), 6);
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }

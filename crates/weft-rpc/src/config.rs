@@ -73,7 +73,8 @@ pub struct ServerConfig {
     pub sessions_max: u32,
     /// A session unused this long may be evicted.
     pub session_idle_ms: u64,
-    /// Buffers in the server's pool (each `limits.data_bytes_max` bytes, allocated and pre-faulted on first use).
+    /// Buffers in the server's pool made by [`crate::RpcServer::new`] (each `limits.data_bytes_max` bytes, one zone
+    /// allocated and pre-faulted at start); a server with size classes passes its own pool to `with_pool`.
     pub pool_buffers: u32,
     /// The server's `shm` listener (`unix:/path`), announced to clients in `FabricInfo`.
     pub shm_addr: Option<String>,

@@ -10,8 +10,9 @@
 //!   When it gives up on a non-idempotent call that may have run, it says so ([`RpcError::MaybeApplied`]).
 //! - Bulk payloads are bounded per frame (`FrameLimits::data_bytes_max`); callers split large transfers into
 //!   transfer units and keep several in flight, so the server's disk works on one unit while the next crosses the
-//!   network. Server buffers come from a bounded, pre-faulted [`pool::BufferPool`]: when it is empty the server
-//!   stops reading the socket (back-pressure, not growth).
+//!   network. Server buffers come from a bounded [`pool::BufferPool`] of size classes, each one zone pre-faulted
+//!   and announced at start: when the class a payload needs is out the server stops reading the socket
+//!   (back-pressure, not growth).
 
 pub mod bulk;
 pub mod client;
@@ -26,5 +27,5 @@ mod session;
 pub use client::RpcClient;
 pub use config::{ClientConfig, ServerConfig, SizeClasses};
 pub use error::RpcError;
-pub use pool::{BufferPool, PoolBuf};
+pub use pool::{BufferPool, PoolBuf, PoolClass, PoolError};
 pub use server::{CallCtx, Reply, ReplyData, RpcServer, Service};

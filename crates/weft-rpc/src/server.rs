@@ -92,6 +92,13 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     pub fn new(cfg: ServerConfig, service: Arc<S>) -> Arc<Self> {
         // A server that takes no payloads (the MDS) still gets a token pool, so the type stays uniform.
         let pool = BufferPool::new((cfg.limits.data_bytes_max as usize).max(1), cfg.pool_buffers.max(1));
+        Self::with_pool(cfg, service, pool)
+    }
+
+    /// A server lending payload buffers from `pool`, whose largest class must hold `limits.data_bytes_max`.
+    pub fn with_pool(mut cfg: ServerConfig, service: Arc<S>, pool: BufferPool) -> Arc<Self> {
+        // A payload is read into one buffer: never accept one larger than the largest class.
+        cfg.limits.data_bytes_max = cfg.limits.data_bytes_max.min(u32::try_from(pool.buf_bytes()).unwrap_or(u32::MAX));
         Arc::new(RpcServer {
             sessions: Arc::new(SessionTable::new(cfg.slots_max, cfg.sessions_max, cfg.session_idle_ms)),
             cfg,

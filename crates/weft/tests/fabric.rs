@@ -227,3 +227,144 @@ async fn the_native_io_queue_writes_and_reads_batches_into_its_slots() {
         client.close().await;
     }
 }
+
+/// Process memory whose first half is readable and writable and whose second half is not accessible at all, so a
+/// one-sided transfer that reaches the second half fails part way through.
+struct HalfAccessible {
+    addr: *mut libc::c_void,
+    half: usize,
+}
+
+impl HalfAccessible {
+    fn new(half: usize) -> HalfAccessible {
+        #[allow(unsafe_code)]
+        // SAFETY: a fresh anonymous private mapping; nothing else refers to it; the result is checked.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * half,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(addr, libc::MAP_FAILED);
+        #[allow(unsafe_code)]
+        // SAFETY: the second half lies inside the mapping just made, and no reference into it exists.
+        let rc = unsafe { libc::mprotect(addr.cast::<u8>().add(half).cast(), half, libc::PROT_NONE) };
+        assert_eq!(rc, 0);
+        HalfAccessible { addr, half }
+    }
+}
+
+impl Drop for HalfAccessible {
+    fn drop(&mut self) {
+        #[allow(unsafe_code)]
+        // SAFETY: unmaps exactly the mapping made in `new`; no reference into it outlives `self`.
+        unsafe {
+            libc::munmap(self.addr, 2 * self.half);
+        }
+    }
+}
+
+/// Odd-sized chunks laid out backwards in `region` from `start`, one byte apart, so bytes cut into the wrong
+/// pipeline piece, or pieces moved in the wrong order, land in the wrong place.
+fn scattered(region: u32, start: u64, total: usize) -> Vec<Chunk> {
+    let sizes = [(7 << 10) + 13, 333, (70 << 10) + 1, 4096, 1, (190 << 10) + 7];
+    let (mut chunks, mut left, mut end, mut i) = (Vec::new(), total, start + 2 * total as u64, 0);
+    while left > 0 {
+        let n = sizes[i % sizes.len()].min(left);
+        end -= n as u64 + 1;
+        chunks.push(Chunk { region, offset: end, len: n as u32 });
+        left -= n;
+        i += 1;
+    }
+    chunks
+}
+
+#[tokio::test]
+async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm() {
+    let c = start("fabric-pieces", 1).await;
+    let tcp_addr = c.data_addrs()[0].clone();
+    let honest = client_over(&c, FabricChoice::Tcp).await;
+    let f = honest.create_path("/pieces", 0o644, false, true).await.unwrap();
+    f.close().await.unwrap();
+    let ino = honest.open("/pieces").await.unwrap().ino();
+
+    let probe = RpcClient::connect(TcpFabric::default(), &tcp_addr, ClientConfig::default()).await.unwrap();
+    let shm_addr = match probe.call_control(Request::FabricInfo(())).await.unwrap() {
+        Response::FabricInfo(i) => i.shm_addr.expect("the data server listens on shm"),
+        other => panic!("unexpected {other:?}"),
+    };
+    let fabric = ShmFabric::new(ShmConfig { arena_buffers: 1, buffer_bytes: 64 << 10 });
+    let raw = RpcClient::connect(fabric, &shm_addr, ClientConfig::default()).await.unwrap();
+
+    // 1 MiB + 777 bytes at an odd object offset: pieces (256 KiB by default) with a short first and last one,
+    // and chunks of odd sizes straddling every piece edge.
+    let len = (1 << 20) + 777;
+    let offset = 3 * 4096 + 1234;
+    let data = pattern(21, 0, len);
+    let mut src = vec![0u8; 2 * len + 64];
+    let wchunks = scattered(5, 3, len);
+    let mut at = 0;
+    for ch in &wchunks {
+        let (o, n) = (ch.offset as usize, ch.len as usize);
+        src[o..o + n].copy_from_slice(&data[at..at + n]);
+        at += n;
+    }
+    let mut dst = vec![0u8; 2 * (len + 8000) + 64];
+    let add = vec![
+        Region { id: 5, addr: src.as_ptr() as u64, len: src.len() as u64, rkey: 0 },
+        Region { id: 6, addr: dst.as_mut_ptr() as u64, len: dst.len() as u64, rkey: 0 },
+    ];
+    raw.call_control(Request::Regions(RegionsReq { add, remove: vec![] })).await.unwrap();
+    let req = Request::WriteChunks(WriteChunksReq { ino, offset, chunks: wchunks });
+    match raw.call(req, Vec::new(), Vec::new()).await.unwrap().0 {
+        Response::WriteChunks(n) => assert_eq!(n as usize, len),
+        other => panic!("unexpected {other:?}"),
+    }
+    // The object holds the bytes in chunk order: checked on disk (the MDS never heard of this size)...
+    let obj = std::fs::read(common::object_path(&c.data_root(0), ino)).unwrap();
+    assert_eq!(obj.len(), offset as usize + len);
+    assert!(obj[..offset as usize].iter().all(|&b| b == 0));
+    assert!(obj[offset as usize..] == data[..], "the written object differs");
+    // ...and through a pipelined read scattered differently, starting before the data and ending past it.
+    let (before, after) = (5000usize, 3000usize);
+    let rchunks = scattered(6, 11, before + len + after);
+    let req = Request::ReadChunks(ReadChunksReq { ino, offset: offset - before as u64, chunks: rchunks.clone() });
+    raw.call(req, Vec::new(), Vec::new()).await.unwrap();
+    let back: Vec<u8> = std::hint::black_box(&dst)[..].to_vec();
+    let back: Vec<u8> =
+        rchunks.iter().flat_map(|ch| back[ch.offset as usize..ch.offset as usize + ch.len as usize].to_vec()).collect();
+    assert!(back[..before].iter().all(|&b| b == 0), "the hole before the data");
+    assert!(back[before..before + len] == data[..], "the data, in chunk order");
+    assert!(back[before + len..].iter().all(|&b| b == 0), "past the object's end");
+
+    // A get that fails in the second piece (its memory is not accessible) fails the whole write.
+    let half = 512 << 10;
+    let bad = HalfAccessible::new(half);
+    let region = Region { id: 7, addr: bad.addr as u64, len: 2 * half as u64, rkey: 0 };
+    raw.call_control(Request::Regions(RegionsReq { add: vec![region], remove: vec![] })).await.unwrap();
+    let chunks =
+        vec![Chunk { region: 7, offset: 0, len: 300 << 10 }, Chunk { region: 7, offset: half as u64, len: 300 << 10 }];
+    // Far from the data: the pieces before the failure are written (as a failed pwrite may write a prefix).
+    let req = Request::WriteChunks(WriteChunksReq { ino, offset: 8 << 20, chunks });
+    let err = raw.call(req, Vec::new(), Vec::new()).await.expect_err("a write from inaccessible memory fails");
+    let w = err.remote().unwrap_or_else(|| panic!("not a server error: {err}"));
+    assert_eq!(w.code, ErrorCode::Io, "{w}");
+    assert!(c.log("data0").contains("one-sided transfer failed"), "the failure is logged");
+
+    // The connection and the server keep serving.
+    let req = Request::ReadChunks(ReadChunksReq {
+        ino,
+        offset,
+        chunks: vec![Chunk { region: 6, offset: 0, len: len as u32 }],
+    });
+    raw.call(req, Vec::new(), Vec::new()).await.unwrap();
+    assert!(std::hint::black_box(&dst)[..len] == data[..]);
+    drop(bad);
+    raw.close().await;
+    probe.close().await;
+    honest.close().await;
+}
