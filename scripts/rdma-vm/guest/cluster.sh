@@ -73,5 +73,8 @@ for n in 1 2; do
 		{ echo "cluster.sh: data server $n moved no bytes by RDMA READ"; exit 1; }
 	grep "rdma connection closed" $w/d$n.log | grep -q "bytes_written=[1-9]" ||
 		{ echo "cluster.sh: data server $n moved no bytes by RDMA WRITE"; exit 1; }
+	# Its pool buffers are zones registered once: nothing went through the bounce copy.
+	! grep "rdma connection closed" $w/d$n.log | grep -v -q "bytes_bounced=0$" ||
+		{ echo "cluster.sh: data server $n bounced bytes through a copy"; exit 1; }
 done
 echo "RDMA-CLUSTER: PASS bytes=$((mib * 1048576)) md5=$(md5sum </tmp/in | cut -d" " -f1)"
