@@ -168,8 +168,13 @@ async fn a_killed_clients_arena_is_released() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let held = wait_for_stat(&tcp_addr, "the client's arena is mapped", |s| s.arenas == 1).await;
-    assert!(held.regions >= 1, "the 4 MiB read registered the caller's buffer: {held:?}");
+    // The arena is mapped at connect, the caller's buffer registered by the first large read after it: wait for
+    // both (asserting the second right after seeing the first raced with the client).
+    let held = wait_for_stat(&tcp_addr, "the client's arena is mapped and its 4 MiB read's buffer registered", |s| {
+        s.arenas == 1 && s.regions >= 1
+    })
+    .await;
+    assert_eq!(held.arenas, 1, "{held:?}");
     child.start_kill().unwrap();
     child.wait().await.unwrap();
     let after = wait_for_stat(&tcp_addr, "the killed client's arena is released", |s| s.arenas == 0).await;
