@@ -88,7 +88,7 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
     let refused_before = fabric_stat(&tcp_addr).await.chunks_refused;
 
     let mine = vec![0u8; 8192];
-    let region = Region { id: 5, addr: mine.as_ptr() as u64, len: 8192 };
+    let region = Region { id: 5, addr: mine.as_ptr() as u64, len: 8192, rkey: 0 };
     rogue.call_control(Request::Regions(RegionsReq { add: vec![region], remove: vec![] })).await.unwrap();
     let bad: Vec<(&str, Request)> = vec![
         (
