@@ -148,18 +148,6 @@ fn join_error(e: tokio::task::JoinError) -> WireError {
 }
 
 impl Service for DataService {
-    fn runs_inline(&self, req: &Request, data_len: u32) -> bool {
-        // The branches below that neither map nor hand off to the blocking pool.
-        let len = match req {
-            Request::Read(r) => r.len,
-            Request::Write(_) => data_len,
-            Request::ReadChunks(r) => r.chunks.iter().fold(0u32, |a, c| a.saturating_add(c.len)),
-            Request::WriteChunks(w) => w.chunks.iter().fold(0u32, |a, c| a.saturating_add(c.len)),
-            _ => return false,
-        };
-        self.short_circuit || len <= INLINE_IO_BYTES_MAX
-    }
-
     async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
         let store = self.store.clone();
         match req {

@@ -65,15 +65,6 @@ pub trait Service: Send + Sync + 'static {
         req: Request,
         data: Option<PoolBuf>,
     ) -> impl Future<Output = Result<Reply, WireError>> + Send;
-
-    /// Whether `req` (carrying `data_len` payload bytes) is cheap enough to run on the connection's own task,
-    /// before the next request is read: a small page-cache read or write takes less than spawning a task for it
-    /// (an allocation, and often a wake-up of another worker). Calls that may wait long must say no, since the
-    /// connection reads nothing meanwhile.
-    fn runs_inline(&self, req: &Request, data_len: u32) -> bool {
-        let _ = (req, data_len);
-        false
-    }
 }
 
 pub struct RpcServer<F: Fabric, S: Service> {
@@ -248,9 +239,6 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 let me = self.clone();
                 let out = out.clone();
                 match self.sessions.admit(h.session, h.slot, h.seq) {
-                    Admit::Execute if self.service.runs_inline(&req, h.data_len) => {
-                        me.execute(&out, h, req, data, true).await;
-                    }
                     Admit::Execute => {
                         tokio::spawn(async move { me.execute(&out, h, req, data, true).await });
                     }
