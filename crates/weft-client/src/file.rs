@@ -5,7 +5,8 @@
 //! `transfer_unit_bytes`; every unit is one request, and all units go out at once (each server's session slots
 //! bound how many are in flight to it). The caller's buffer is split into owned segments (`BytesMut::split_to`,
 //! `Bytes::slice`: no copy), each unit's reply payload lands directly in its segments, and the segments are joined
-//! back (`unsplit`, O(1) because they are adjacent) before the buffer is returned.
+//! back (`unsplit`, O(1) because they are adjacent) before the buffer is returned. A transfer of a single unit
+//! (most small I/O) is sent from the caller's own task rather than a spawned one, saving two thread wake-ups.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
