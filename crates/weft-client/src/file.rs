@@ -5,7 +5,8 @@
 //! `transfer_unit_bytes`; every unit is one request, and all units go out at once (each server's session slots
 //! bound how many are in flight to it). The caller's buffer is split into owned segments (`BytesMut::split_to`,
 //! `Bytes::slice`: no copy), each unit's reply payload lands directly in its segments, and the segments are joined
-//! back (`unsplit`, O(1) because they are adjacent) before the buffer is returned.
+//! back (`unsplit`, O(1) because they are adjacent) before the buffer is returned. A transfer of a single unit
+//! (most small I/O) is sent from the caller's own task rather than a spawned one, saving two thread wake-ups.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -139,28 +140,22 @@ impl File {
         }
         // Before sending: a write that fails half-way may still have changed some objects.
         self.unsynced.store(true, Ordering::SeqCst);
+        if let [u] = &units[..] {
+            // One unit (every write up to a transfer unit inside one stripe unit): sent from the caller's task. A
+            // spawned task would cost a wake-up of another worker to start and another to report back.
+            let segs: Vec<Bytes> = u.pieces.iter().map(|&i| seg_of(&data, &pieces[i], offset)).collect();
+            write_unit(&self.client, self.attr.ino, self.layout.servers[u.server_index as usize], u, segs).await?;
+            self.size.fetch_max(end, Ordering::SeqCst);
+            self.dirty.store(true, Ordering::SeqCst);
+            return Ok(());
+        }
         let mut tasks = JoinSet::new();
         for u in units {
-            let segs: Vec<Bytes> = u
-                .pieces
-                .iter()
-                .map(|&i| {
-                    let p = &pieces[i];
-                    let start = (p.file_offset - offset) as usize;
-                    data.slice(start..start + p.len as usize)
-                })
-                .collect();
+            let segs: Vec<Bytes> = u.pieces.iter().map(|&i| seg_of(&data, &pieces[i], offset)).collect();
             let server = self.layout.servers[u.server_index as usize];
             let client = self.client.clone();
-            let (ino, object_offset) = (self.attr.ino, u.object_offset);
-            tasks.spawn(async move {
-                let ds = client.data_server(server).await?;
-                match ds.write_object(ino, object_offset, segs).await {
-                    Ok(n) if u64::from(n) == u.len => Ok(()),
-                    Ok(n) => Err(ClientError::Protocol(format!("write answered {n} bytes, expected {}", u.len))),
-                    Err(source) => Err(ClientError::Data { server, source }),
-                }
-            });
+            let ino = self.attr.ino;
+            tasks.spawn(async move { write_unit(&client, ino, server, &u, segs).await });
         }
         let mut first_err = None;
         while let Some(r) = tasks.join_next().await {
@@ -191,6 +186,19 @@ impl File {
             std::hint::black_box((pieces, units));
             buf.fill(0);
             return Ok(buf);
+        }
+        if let [u] = &units[..]
+            && u.pieces.len() == 1
+        {
+            // One unit of one piece (a read inside one stripe unit): read from the caller's task, straight into
+            // `buf`, without the two wake-ups of a spawned task.
+            let server = self.layout.servers[u.server_index as usize];
+            let ds = self.client.data_server(server).await?;
+            let mut dest = ds
+                .read_object(self.attr.ino, u.object_offset, vec![buf])
+                .await
+                .map_err(|source| data_error(&self.layout, self.attr.ino, u.server_index, server, source))?;
+            return Ok(dest.pop().expect("the destination comes back"));
         }
         // Split the buffer into one segment per piece, in file order.
         let mut segs: Vec<Option<BytesMut>> = Vec::with_capacity(pieces.len());
@@ -299,6 +307,22 @@ impl File {
     /// Commits (close-to-open visibility) and closes; call [`File::sync`] first for durability.
     pub async fn close(self) -> Result<(), ClientError> {
         self.commit().await
+    }
+}
+
+/// The part of `data` (which starts at file offset `offset`) that piece `p` covers.
+fn seg_of(data: &Bytes, p: &weft_proto::Piece, offset: u64) -> Bytes {
+    let start = (p.file_offset - offset) as usize;
+    data.slice(start..start + p.len as usize)
+}
+
+/// Sends one write unit and checks the count the server answers.
+async fn write_unit(client: &Client, ino: u64, server: u32, u: &Unit, segs: Vec<Bytes>) -> Result<(), ClientError> {
+    let ds = client.data_server(server).await?;
+    match ds.write_object(ino, u.object_offset, segs).await {
+        Ok(n) if u64::from(n) == u.len => Ok(()),
+        Ok(n) => Err(ClientError::Protocol(format!("write answered {n} bytes, expected {}", u.len))),
+        Err(source) => Err(ClientError::Data { server, source }),
     }
 }
 

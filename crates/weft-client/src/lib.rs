@@ -44,7 +44,10 @@ struct Inner {
     mds: Rpc,
     /// Data server addresses by id, refreshed from the MDS when an unknown id shows up in a layout.
     servers: Mutex<HashMap<u32, String>>,
-    ds: tokio::sync::Mutex<HashMap<u32, Rpc>>,
+    /// Open data-server sessions: looked up under a plain lock on every read and write.
+    ds: Mutex<HashMap<u32, Rpc>>,
+    /// Serialises opening sessions, so two calls to a new server open one.
+    ds_connect: tokio::sync::Mutex<()>,
     layouts: LayoutCache,
     /// One fabric for all sessions: its shm side owns the client's arena, shared with every shm server.
     fabric: AnyFabric,
@@ -82,7 +85,8 @@ impl Client {
                 rpc_cfg,
                 mds,
                 servers: Mutex::new(HashMap::new()),
-                ds: tokio::sync::Mutex::new(HashMap::new()),
+                ds: Mutex::new(HashMap::new()),
+                ds_connect: tokio::sync::Mutex::new(()),
                 fabric,
             }),
         };
@@ -103,8 +107,11 @@ impl Client {
 
     /// The session to data server `id`, opened on first use.
     pub(crate) async fn data_server(&self, id: u32) -> Result<Rpc, ClientError> {
-        let mut ds = self.inner.ds.lock().await;
-        if let Some(c) = ds.get(&id) {
+        if let Some(c) = self.inner.ds.lock().expect("data servers").get(&id) {
+            return Ok(c.clone());
+        }
+        let _connecting = self.inner.ds_connect.lock().await;
+        if let Some(c) = self.inner.ds.lock().expect("data servers").get(&id) {
             return Ok(c.clone());
         }
         let mut addr = self.inner.servers.lock().expect("servers").get(&id).cloned();
@@ -118,7 +125,7 @@ impl Client {
         let tcp = RpcClient::connect(fabric.clone(), &addr, self.inner.rpc_cfg.clone()).await.map_err(data)?;
         let choice = self.inner.tuning.fabric;
         if choice == FabricChoice::Tcp {
-            ds.insert(id, tcp.clone());
+            self.inner.ds.lock().expect("data servers").insert(id, tcp.clone());
             return Ok(tcp);
         }
         let offer = fabric_offer(&tcp).await;
@@ -158,13 +165,13 @@ impl Client {
                 )));
             }
         };
-        ds.insert(id, c.clone());
+        self.inner.ds.lock().expect("data servers").insert(id, c.clone());
         Ok(c)
     }
 
     /// The fabric each open data server session uses, by server id (`tcp`, `shm` or `rdma`).
     pub async fn fabrics(&self) -> Vec<(u32, &'static str)> {
-        let ds = self.inner.ds.lock().await;
+        let ds = self.inner.ds.lock().expect("data servers").clone();
         let mut v: Vec<(u32, &'static str)> = ds.iter().map(|(id, c)| (*id, c.capabilities().name)).collect();
         v.sort();
         v
@@ -459,7 +466,7 @@ impl Client {
 
     /// Ends the sessions politely.
     pub async fn close(&self) {
-        let ds: Vec<Rpc> = self.inner.ds.lock().await.values().cloned().collect();
+        let ds: Vec<Rpc> = self.inner.ds.lock().expect("data servers").values().cloned().collect();
         for c in ds {
             c.close().await;
         }

@@ -19,6 +19,7 @@
 
 mod attr;
 mod handles;
+mod write_bufs;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -27,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use fuser::{
     AccessFlags, Config, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
@@ -42,6 +43,7 @@ use crate::attr::file_attr;
 use crate::handles::{DirHandle, Handles};
 
 pub use handles::HANDLES_MAX;
+pub use write_bufs::WriteBufs;
 
 /// Tunables of a mount (`weft mount --help` documents each).
 #[derive(Debug, Clone)]
@@ -98,10 +100,16 @@ struct Inner {
     /// (close-to-open, as NFS does). Bounded by [`VALIDATORS_MAX`]: when full it is cleared, which costs only
     /// re-reads.
     validators: Mutex<HashMap<u64, (i64, u64)>>,
+    /// Where each write's data is copied: reused buffers, so one-sided fabrics keep their registrations.
+    write_bufs: WriteBufs,
 }
 
 /// Reads and writes up to this size are served on the FUSE thread that received them (see `read`).
 const INLINE_IO_BYTES_MAX: u32 = 64 << 10;
+
+/// Write buffers kept for reuse per FUSE thread: the kernel has a few writes in flight per thread (more with
+/// large writes, which are spawned); beyond this they are allocated and freed.
+const WRITE_BUFFERS_PER_THREAD: usize = 4;
 
 /// Most page cache validators a mount keeps.
 const VALIDATORS_MAX: usize = 65_536;
@@ -206,10 +214,14 @@ impl WeftFs {
             inner: Arc::new(Inner {
                 client,
                 rt,
-                opts,
                 handles: Handles::default(),
                 readdirplus: AtomicBool::new(false),
                 validators: Mutex::new(HashMap::new()),
+                write_bufs: WriteBufs::new(
+                    opts.max_write_bytes as usize,
+                    opts.threads.max(1) * WRITE_BUFFERS_PER_THREAD,
+                ),
+                opts,
             }),
         }
     }
@@ -543,9 +555,10 @@ impl Filesystem for WeftFs {
         let Ok(len) = u32::try_from(data.len()) else {
             return reply.error(Errno::EINVAL);
         };
-        // fuser lends the kernel's buffer only for this call: the one copy of a FUSE write (see ARCHITECTURE.md).
+        // fuser lends the kernel's buffer only for this call: the one copy of a FUSE write (see ARCHITECTURE.md),
+        // into a reused buffer whose registration a one-sided fabric keeps.
         tracing::trace!(offset, len, "write");
-        let data = Bytes::copy_from_slice(data);
+        let data = self.inner.write_bufs.copy_of(data);
         let write = async move {
             match f.write_at(offset, data).await {
                 Ok(()) => reply.written(len),
