@@ -77,4 +77,30 @@ for n in 1 2; do
 	! grep "rdma connection closed" $w/d$n.log | grep -v -q "bytes_bounced=0$" ||
 		{ echo "cluster.sh: data server $n bounced bytes through a copy"; exit 1; }
 done
+# A client killed mid-read: its connections must end on the servers (the side channel's end-of-file; an idle
+# queue pair would never notice), releasing its queue pairs and registrations. `weft cat` writes into a FIFO
+# whose reader never reads, so it stays alive with its connections open until it is killed.
+count() { grep -c "rdma connection $1" "$w/d$2.log" || true; }
+up1="$(count up 1)"; up2="$(count up 2)"; closed1="$(count closed 1)"; closed2="$(count closed 2)"
+mkfifo /tmp/pipe
+sleep 600 </tmp/pipe &
+stuck_reader=$!
+weft cat --cluster "$mds_rdma" --fabric rdma /d/in >/tmp/pipe &
+victim=$!
+i=0
+until [ "$(count up 1)" -gt "$up1" ] && [ "$(count up 2)" -gt "$up2" ]; do
+	i=$((i + 1))
+	[ "$i" -le 600 ] || { echo "cluster.sh: the victim never connected to both data servers"; exit 1; }
+	sleep 0.1
+done
+kill -9 "$victim"
+i=0
+until [ "$(count closed 1)" -gt "$closed1" ] && [ "$(count closed 2)" -gt "$closed2" ]; do
+	i=$((i + 1))
+	[ "$i" -le 600 ] || { echo "cluster.sh: a killed client's rdma connections were never closed"; exit 1; }
+	sleep 0.1
+done
+kill "$stuck_reader" 2>/dev/null || true
+echo "cluster.sh: a killed client's rdma connections were closed on both data servers"
+
 echo "RDMA-CLUSTER: PASS bytes=$((mib * 1048576)) md5=$(md5sum </tmp/in | cut -d" " -f1)"
