@@ -85,12 +85,13 @@ pub struct PoolClassConfig {
 }
 
 /// Classes below the transfer unit, by default: 64 KiB for small I/O (the arena size class of the papers),
-/// 256 KiB for pipeline pieces (two per large one-sided transfer in flight), 1 MiB for the client's usual
-/// transfer unit over TCP. With 32 transfer-unit buffers of 2 MiB, 84 MiB in all.
+/// 256 KiB for medium payloads and short pipeline pieces, 1 MiB for the client's usual transfer unit (over TCP)
+/// and for pipeline pieces (two per large one-sided transfer in flight). With 32 transfer-unit buffers of 2 MiB,
+/// 92 MiB in all.
 pub const DEFAULT_POOL_CLASSES: [PoolClassConfig; 3] = [
     PoolClassConfig { buf_bytes: 64 << 10, buffers: 64 },
     PoolClassConfig { buf_bytes: 256 << 10, buffers: 32 },
-    PoolClassConfig { buf_bytes: 1 << 20, buffers: 8 },
+    PoolClassConfig { buf_bytes: 1 << 20, buffers: 16 },
 ];
 
 impl DataConfig {
@@ -127,8 +128,11 @@ fn default_pipeline_piece() -> u32 {
     DEFAULT_PIPELINE_PIECE_BYTES
 }
 
-/// Pieces of a pipelined one-sided transfer, by default: four per 1 MiB transfer unit.
-pub const DEFAULT_PIPELINE_PIECE_BYTES: u32 = 256 << 10;
+/// Pieces of a pipelined one-sided transfer, by default: the client's 1 MiB transfer unit moves whole, a 2 MiB one
+/// in two pieces. Smaller pieces (256 KiB) measured slower here with 8 units in flight on 2 cores: units in
+/// flight already overlap disk and transfer, and each piece costs two hand-offs and its own mapping (see
+/// ARCHITECTURE.md, "Double buffering").
+pub const DEFAULT_PIPELINE_PIECE_BYTES: u32 = 1 << 20;
 fn default_slots_max() -> u32 {
     64
 }
@@ -168,9 +172,12 @@ impl DataService {
         self
     }
 
-    /// Two buffers for a pipelined transfer whose largest piece is `piece_max` bytes (one if the pool has no
-    /// class that can lend a pair: the stages then alternate instead of overlapping).
-    async fn piece_buffers(pool: &BufferPool, piece_max: usize) -> Vec<PoolBuf> {
+    /// Two buffers for a pipelined transfer of `pieces` pieces, the largest `piece_max` bytes (one for a single
+    /// piece, or if the pool has no class that can lend a pair: the stages then alternate instead of overlapping).
+    async fn piece_buffers(pool: &BufferPool, pieces: usize, piece_max: usize) -> Vec<PoolBuf> {
+        if pieces < 2 {
+            return vec![pool.acquire(piece_max).await];
+        }
         match pool.acquire_pair(piece_max).await {
             Some((a, b)) => vec![a, b],
             None => vec![pool.acquire(piece_max).await],
@@ -293,7 +300,7 @@ impl Service for DataService {
                     false => None,
                 };
                 let piece_max = pieces.iter().map(|p| p.len).max().unwrap_or(0) as usize;
-                let bufs = Self::piece_buffers(&ctx.pool, piece_max).await;
+                let bufs = Self::piece_buffers(&ctx.pool, pieces.len(), piece_max).await;
                 pipeline::read_chunks(store, memory, ctx.peer.clone(), r.ino, pieces, bufs, map).await?;
                 Ok(Response::ReadChunks(()).into())
             }
@@ -319,7 +326,7 @@ impl Service for DataService {
                 }
                 let pieces = pipeline::split(&w.chunks, w.offset, self.piece_bytes).map_err(bad_pieces)?;
                 let piece_max = pieces.iter().map(|p| p.len).max().unwrap_or(0) as usize;
-                let bufs = Self::piece_buffers(&ctx.pool, piece_max).await;
+                let bufs = Self::piece_buffers(&ctx.pool, pieces.len(), piece_max).await;
                 pipeline::write_chunks(store, memory, ctx.peer.clone(), w.ino, pieces, bufs).await?;
                 Ok(Response::WriteChunks(len as u32).into())
             }

@@ -158,9 +158,9 @@ enum Cmd {
         transfer_unit_bytes = 2097152    largest payload of one request\n  \
         pool_buffers = 32                buffers of transfer_unit_bytes in the pool (its largest class)\n  \
         pool_classes = [{ buf_bytes = 65536, buffers = 64 }, ...]\n                                   \
-        smaller classes (default 64 KiB x 64, 256 KiB x 32, 1 MiB x 8);\n                                   \
+        smaller classes (default 64 KiB x 64, 256 KiB x 32, 1 MiB x 16);\n                                   \
         each class is one zone, pre-faulted at start\n  \
-        pipeline_piece_bytes = 262144    one-sided transfers move in pieces of this size, disk and\n                                   \
+        pipeline_piece_bytes = 1048576   one-sided transfers move in pieces of this size, disk and\n                                   \
         fabric overlapping (a multiple of 4096)\n  \
         slots_max = 64                   most slots granted per client session\n  \
         sessions_max = 1024              most client sessions held at once\n  \

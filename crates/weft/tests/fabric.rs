@@ -305,8 +305,8 @@ async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm()
     let fabric = ShmFabric::new(ShmConfig { arena_buffers: 1, buffer_bytes: 64 << 10 });
     let raw = RpcClient::connect(fabric, &shm_addr, ClientConfig::default()).await.unwrap();
 
-    // 1 MiB + 777 bytes at an odd object offset: pieces (256 KiB by default) with a short first and last one,
-    // and chunks of odd sizes straddling every piece edge.
+    // 1 MiB + 777 bytes at an odd object offset: two pieces (1 MiB by default; edges at multiples of it in the
+    // object), both short, and chunks of odd sizes, one straddling the edge.
     let len = (1 << 20) + 777;
     let offset = 3 * 4096 + 1234;
     let data = pattern(21, 0, len);
@@ -347,12 +347,15 @@ async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm()
     assert!(back[before + len..].iter().all(|&b| b == 0), "past the object's end");
 
     // A get that fails in the second piece (its memory is not accessible) fails the whole write.
-    let half = 512 << 10;
+    let half = 2 << 20;
     let bad = HalfAccessible::new(half);
     let region = Region { id: 7, addr: bad.addr as u64, len: 2 * half as u64, rkey: 0 };
     raw.call_control(Request::Regions(RegionsReq { add: vec![region], remove: vec![] })).await.unwrap();
-    let chunks =
-        vec![Chunk { region: 7, offset: 0, len: 300 << 10 }, Chunk { region: 7, offset: half as u64, len: 300 << 10 }];
+    // 1.6 MiB: the first piece (1 MiB) is readable, the second runs from readable into inaccessible memory.
+    let chunks = vec![
+        Chunk { region: 7, offset: 0, len: (1 << 20) + (300 << 10) },
+        Chunk { region: 7, offset: half as u64, len: 300 << 10 },
+    ];
     // Far from the data: the pieces before the failure are written (as a failed pwrite may write a prefix).
     let req = Request::WriteChunks(WriteChunksReq { ino, offset: 8 << 20, chunks });
     let err = raw.call(req, Vec::new(), Vec::new()).await.expect_err("a write from inaccessible memory fails");
