@@ -55,6 +55,10 @@ pub struct DataConfig {
     /// one piece while the fabric moves the next.
     #[serde(default = "default_pipeline_piece")]
     pub pipeline_piece_bytes: u32,
+    /// The same for fabrics that move bytes without the CPU (`rdma`: the NIC does the transfer, so overlapping it
+    /// with the disk costs no core; `pipeline_piece_bytes` applies to `shm`, whose transfer is a CPU copy).
+    #[serde(default = "default_rdma_pipeline_piece")]
+    pub rdma_pipeline_piece_bytes: u32,
     #[serde(default = "default_slots_max")]
     pub slots_max: u32,
     #[serde(default = "default_sessions_max")]
@@ -127,6 +131,13 @@ fn default_pool_buffers() -> u32 {
 fn default_pipeline_piece() -> u32 {
     DEFAULT_PIPELINE_PIECE_BYTES
 }
+fn default_rdma_pipeline_piece() -> u32 {
+    DEFAULT_RDMA_PIPELINE_PIECE_BYTES
+}
+
+/// Pieces of a pipelined transfer over a fabric whose transfers do not use the CPU (`rdma`): four per 1 MiB unit,
+/// so the disk reads or writes one piece while the NIC moves another.
+pub const DEFAULT_RDMA_PIPELINE_PIECE_BYTES: u32 = 256 << 10;
 
 /// Pieces of a pipelined one-sided transfer, by default: the client's 1 MiB transfer unit moves whole, a 2 MiB one
 /// in two pieces. Smaller pieces (256 KiB) measured slower here with 8 units in flight on 2 cores: units in
@@ -150,8 +161,9 @@ pub struct DataService {
     mapped_reads: Arc<Semaphore>,
     /// See [`DataConfig::short_circuit`].
     short_circuit: bool,
-    /// See [`DataConfig::pipeline_piece_bytes`].
+    /// See [`DataConfig::pipeline_piece_bytes`] and [`DataConfig::rdma_pipeline_piece_bytes`].
     piece_bytes: u64,
+    rdma_piece_bytes: u64,
 }
 
 impl DataService {
@@ -163,6 +175,7 @@ impl DataService {
             mapped_reads: Arc::new(Semaphore::new(mapped_reads_max.max(1) as usize)),
             short_circuit: false,
             piece_bytes: u64::from(DEFAULT_PIPELINE_PIECE_BYTES),
+            rdma_piece_bytes: u64::from(DEFAULT_RDMA_PIPELINE_PIECE_BYTES),
         }
     }
 
@@ -170,6 +183,17 @@ impl DataService {
     pub fn with_pipeline_piece_bytes(mut self, bytes: u32) -> DataService {
         self.piece_bytes = (u64::from(bytes) / 4096).max(1) * 4096;
         self
+    }
+
+    /// See [`DataConfig::rdma_pipeline_piece_bytes`]; rounded as above.
+    pub fn with_rdma_pipeline_piece_bytes(mut self, bytes: u32) -> DataService {
+        self.rdma_piece_bytes = (u64::from(bytes) / 4096).max(1) * 4096;
+        self
+    }
+
+    /// The piece size for transfers with `memory`'s fabric.
+    fn piece_bytes_for(&self, memory: &dyn weft_fabric::PeerMemory) -> u64 {
+        if memory.wants_zone_buffers() { self.rdma_piece_bytes } else { self.piece_bytes }
     }
 
     /// Two buffers for a pipelined transfer of `pieces` pieces, the largest `piece_max` bytes (one for a single
@@ -291,7 +315,8 @@ impl Service for DataService {
                     memory.put(&r.chunks, buf.as_slice()).map_err(|e| memory_error(&ctx.peer, e))?;
                     return Ok(Response::ReadChunks(()).into());
                 }
-                let pieces = pipeline::split(&r.chunks, r.offset, self.piece_bytes).map_err(bad_pieces)?;
+                let pieces =
+                    pipeline::split(&r.chunks, r.offset, self.piece_bytes_for(&*memory)).map_err(bad_pieces)?;
                 // A fabric that reaches any server memory (shm) is served from page-cache mappings, straight into
                 // the client's memory; one that needs registered memory (rdma) from pool buffers in the zones.
                 let map = !memory.wants_zone_buffers();
@@ -324,7 +349,8 @@ impl Service for DataService {
                     store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)?;
                     return Ok(Response::WriteChunks(len as u32).into());
                 }
-                let pieces = pipeline::split(&w.chunks, w.offset, self.piece_bytes).map_err(bad_pieces)?;
+                let pieces =
+                    pipeline::split(&w.chunks, w.offset, self.piece_bytes_for(&*memory)).map_err(bad_pieces)?;
                 let piece_max = pieces.iter().map(|p| p.len).max().unwrap_or(0) as usize;
                 let bufs = Self::piece_buffers(&ctx.pool, pieces.len(), piece_max).await;
                 pipeline::write_chunks(store, memory, ctx.peer.clone(), w.ino, pieces, bufs).await?;
@@ -449,7 +475,8 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
     let pool = BufferPool::with_classes(&cfg.pool_classes()).map_err(DataServerError::Pool)?;
     let service = DataService::new(store.clone(), cfg.pool_buffers)
         .with_short_circuit(cfg.short_circuit)
-        .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes);
+        .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
+        .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes);
     let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
     info!(id = cfg.id, %addr, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
     tokio::spawn(heartbeat(cfg.clone(), advertise, store));
@@ -643,6 +670,7 @@ mod tests {
             pool_buffers: 2,
             pool_classes: vec![PoolClassConfig { buf_bytes: 64 << 10, buffers: 4 }],
             pipeline_piece_bytes: 64 << 10,
+            rdma_pipeline_piece_bytes: 64 << 10,
             slots_max: 4,
             sessions_max: 4,
             short_circuit: false,
@@ -652,7 +680,9 @@ mod tests {
             rdma_port: 0,
         };
         let pool = BufferPool::with_classes(&cfg.pool_classes()).unwrap();
-        let svc = DataService::new(store, 4).with_pipeline_piece_bytes(cfg.pipeline_piece_bytes);
+        let svc = DataService::new(store, 4)
+            .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
+            .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes);
         (svc, pool, dir)
     }
 

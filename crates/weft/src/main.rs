@@ -162,6 +162,7 @@ enum Cmd {
         each class is one zone, pre-faulted at start\n  \
         pipeline_piece_bytes = 1048576   one-sided transfers move in pieces of this size, disk and\n                                   \
         fabric overlapping (a multiple of 4096)\n  \
+        rdma_pipeline_piece_bytes = 262144  the same over rdma, where the NIC moves the bytes\n  \
         slots_max = 64                   most slots granted per client session\n  \
         sessions_max = 1024              most client sessions held at once\n  \
         shm = true                       also serve same-host clients over shm (ROOT/weft-data.sock)\n  \
