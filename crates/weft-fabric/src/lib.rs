@@ -26,6 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use weft_proto::{Chunk, ChunkError, Region};
 
 pub mod any;
+mod peer;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod shm;
@@ -136,16 +137,7 @@ pub trait Listener<F: Fabric>: Send + 'static {
 
 /// Counters of one-sided resources held by this process as a server (all connections, all listeners).
 pub fn memory_stats() -> weft_proto::msg::FabricStat {
-    #[allow(unused_mut)]
-    let mut s = shm::stats();
-    #[cfg(feature = "rdma")]
-    {
-        let r = rdma::stats();
-        s.arenas += r.arenas;
-        s.regions += r.regions;
-        s.chunks_refused += r.chunks_refused;
-    }
-    s
+    peer::stats()
 }
 
 /// Whether this process can use the `rdma` fabric: built with it, libibverbs loads and a device opens.

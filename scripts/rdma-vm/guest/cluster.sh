@@ -3,7 +3,8 @@
 # reaches the metadata service at its rdma address and is forced onto the rdma fabric for data (`--fabric rdma`:
 # no fallback to tcp), so every message and every bulk byte it exchanges travels over RDMA (SEND/RECV for the RPC
 # frames, RDMA READ/WRITE for data). A file striped over both servers goes in and comes back out; the checksums
-# must match, and both data servers must have moved bytes by RDMA READ and WRITE.
+# must match, and both data servers must have moved bytes by RDMA READ and WRITE, none through a bounce copy.
+# Then a client killed mid-read must have its connections closed on both data servers.
 # usage: cluster.sh [MIB]   (file size, default 8)
 set -e
 mib="${1:-8}"
@@ -11,16 +12,22 @@ export RUST_LOG=info
 w=/tmp/weft
 mkdir -p $w/meta $w/d1 $w/d2
 
-# Starts `weft ROLE --config FILE` in the background and waits (bounded) for its WEFT-READY line.
+# wait_for WHAT CMD...: runs CMD until it succeeds, 0.1 s apart, for at most a minute; else fails saying WHAT.
+wait_for() {
+	what="$1"; shift
+	i=0
+	until "$@"; do
+		i=$((i + 1))
+		[ "$i" -le 600 ] || { echo "cluster.sh: $what" >&2; exit 1; }
+		sleep 0.1
+	done
+}
+
+# Starts `weft ROLE --config FILE` in the background and waits for its WEFT-READY line.
 start() {
 	role="$1"; name="$2"
 	weft "$role" --config "$w/$name.toml" >"$w/$name.out" 2>"$w/$name.log" &
-	i=0
-	until grep -q "^WEFT-READY " "$w/$name.out" 2>/dev/null; do
-		i=$((i + 1))
-		[ "$i" -le 600 ] || { echo "cluster.sh: $name never became ready"; cat "$w/$name.log"; exit 1; }
-		sleep 0.1
-	done
+	wait_for "$name never became ready" grep -q "^WEFT-READY " "$w/$name.out"
 	sed -n 's/^WEFT-READY //p' "$w/$name.out"
 }
 
@@ -44,13 +51,9 @@ CFG
 	echo "cluster.sh: data server $n at $(start data d$n)"
 done
 
-# Both servers registered with the metadata service (bounded wait: heartbeats arrive every second).
-i=0
-until weft status --cluster "$mds" 2>/dev/null | grep -q "2 of 2 data servers up"; do
-	i=$((i + 1))
-	[ "$i" -le 300 ] || { echo "cluster.sh: data servers never registered"; weft status --cluster "$mds"; exit 1; }
-	sleep 0.1
-done
+# Both servers registered with the metadata service (heartbeats arrive every second).
+both_up() { weft status --cluster "$mds" 2>/dev/null | grep -q "2 of 2 data servers up"; }
+wait_for "the data servers never registered" both_up
 
 dd if=/dev/urandom of=/tmp/in bs=1M count="$mib" 2>/dev/null
 # Odd sizes too: a tail that is neither a stripe nor a page multiple takes every size class.
@@ -82,24 +85,16 @@ done
 # whose reader never reads, so it stays alive with its connections open until it is killed.
 count() { grep -c "rdma connection $1" "$w/d$2.log" || true; }
 up1="$(count up 1)"; up2="$(count up 2)"; closed1="$(count closed 1)"; closed2="$(count closed 2)"
+connected() { [ "$(count up 1)" -gt "$up1" ] && [ "$(count up 2)" -gt "$up2" ]; }
+closed() { [ "$(count closed 1)" -gt "$closed1" ] && [ "$(count closed 2)" -gt "$closed2" ]; }
 mkfifo /tmp/pipe
 sleep 600 </tmp/pipe &
 stuck_reader=$!
 weft cat --cluster "$mds_rdma" --fabric rdma /d/in >/tmp/pipe &
 victim=$!
-i=0
-until [ "$(count up 1)" -gt "$up1" ] && [ "$(count up 2)" -gt "$up2" ]; do
-	i=$((i + 1))
-	[ "$i" -le 600 ] || { echo "cluster.sh: the victim never connected to both data servers"; exit 1; }
-	sleep 0.1
-done
+wait_for "the victim never connected to both data servers" connected
 kill -9 "$victim"
-i=0
-until [ "$(count closed 1)" -gt "$closed1" ] && [ "$(count closed 2)" -gt "$closed2" ]; do
-	i=$((i + 1))
-	[ "$i" -le 600 ] || { echo "cluster.sh: a killed client's rdma connections were never closed"; exit 1; }
-	sleep 0.1
-done
+wait_for "a killed client's rdma connections were never closed" closed
 kill "$stuck_reader" 2>/dev/null || true
 echo "cluster.sh: a killed client's rdma connections were closed on both data servers"
 

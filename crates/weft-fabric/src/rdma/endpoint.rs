@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ffi::{self, IbvQpAttr, IbvRecvWr, IbvSendWr, IbvSge, IbvWc};
-use super::verbs::{CompChannel, Cq, Device, DeviceInner, MemoryRegion, Qp, RemoteRegion};
+use super::verbs::{CompChannel, Cq, Device, DeviceInner, EXTRA_FDS_MAX, MemoryRegion, Qp, RemoteRegion};
 use super::wire::{
     self, CONN_INFO_BYTES, ConnInfo, FLAG_CREDIT_ONLY, MSG_BYTES_MAX_LIMIT, MSG_HEADER_BYTES, RECV_CREDITS_MAX,
 };
@@ -298,31 +298,15 @@ impl Endpoint {
     /// Called when a poll found nothing: spin (polled mode) or sleep on the completion channel (evented mode).
     /// Either way the caller polls again afterwards.
     fn wait(&mut self, deadline: Instant, spins: &mut u32, op: &'static str) -> Result<()> {
-        let Some(channel) = &self.channel else {
+        if self.channel.is_none() {
             return self.check_deadline(deadline, spins, op);
-        };
-        // Arm, then let the caller poll once more before sleeping: a completion that landed before the arm
-        // raises no event.
-        if !self.send_armed {
-            self.send_cq.arm()?;
-            self.send_armed = true;
-            return Ok(());
-        }
-        if !self.recv_armed {
-            self.recv_cq.arm()?;
-            self.recv_armed = true;
-            return Ok(());
         }
         let now = Instant::now();
-        if now > deadline {
+        // Only a wait that could sleep can time out: the arming calls return at once.
+        if self.send_armed && self.recv_armed && now > deadline {
             return Err(RdmaError::Timeout { op, timeout_ms: self.cfg.timeout_ms });
         }
-        match channel.wait(deadline - now)? {
-            Some(cq) if cq == self.send_cq.ptr => self.send_armed = false,
-            Some(_) => self.recv_armed = false,
-            None => {}
-        }
-        Ok(())
+        self.wait_event(&[], deadline.saturating_duration_since(now)).map(|_| ())
     }
 
     /// The completion channel's fd in evented mode: readable when a completion event is pending (for an event
@@ -488,19 +472,20 @@ impl Endpoint {
     /// The first calls only arm the completion queues and return at once, because a completion that landed before
     /// the arm raises no event: the caller polls (`try_send`/`try_recv`) after every return, then calls again.
     /// Returns which of `extra` are readable.
-    pub fn wait_event(&mut self, extra: &[std::os::fd::RawFd], timeout: Duration) -> Result<Vec<bool>> {
+    /// At most [`EXTRA_FDS_MAX`] extra descriptors.
+    pub fn wait_event(&mut self, extra: &[std::os::fd::RawFd], timeout: Duration) -> Result<[bool; EXTRA_FDS_MAX]> {
         let Some(channel) = &self.channel else {
             return Err(RdmaError::Protocol("wait_event needs an evented endpoint".into()));
         };
         if !self.send_armed {
             self.send_cq.arm()?;
             self.send_armed = true;
-            return Ok(vec![false; extra.len()]);
+            return Ok([false; EXTRA_FDS_MAX]);
         }
         if !self.recv_armed {
             self.recv_cq.arm()?;
             self.recv_armed = true;
-            return Ok(vec![false; extra.len()]);
+            return Ok([false; EXTRA_FDS_MAX]);
         }
         let (cq, ready) = channel.wait_with(extra, timeout)?;
         match cq {

@@ -21,7 +21,7 @@
 
 use std::io::{self, Read, Write};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -30,11 +30,12 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use weft_proto::chunk::ARENA_REGION;
-use weft_proto::{Chunk, ChunkError, Region, RegionTable};
+use weft_proto::{Chunk, ChunkError, Region};
 
 use super::stream::{self, StreamKiller, StreamReader, StreamWriter};
 use super::wire::{ArenaHello, HELLO_BYTES};
 use super::{Device, DeviceConfig, Endpoint, EndpointConfig, MemoryRegion, RdmaError, RemoteRegion};
+use crate::peer::ClientRegions;
 use crate::shm::{Arena, ShmFabric};
 use crate::{Capabilities, Connection, Fabric, Listener, LocalRegistration, MemoryError, PeerMemory};
 
@@ -44,25 +45,10 @@ pub const RDMA_SCHEME: &str = "rdma:";
 const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 /// Handshaken connections waiting for `accept`.
 const ACCEPT_QUEUE: usize = 64;
-/// Regions one connection may register (arena excluded).
-pub const REGIONS_MAX: usize = 4096;
 /// Largest bounce region a connection keeps (the largest transfer it moves through one).
 const BOUNCE_BYTES_MAX: usize = 16 << 20;
 /// Largest single RDMA READ/WRITE work request (bigger transfers are pipelined in units of this).
 const WORK_REQUEST_BYTES_MAX: usize = 1 << 20;
-
-static CONNECTIONS: AtomicU64 = AtomicU64::new(0);
-static REGIONS: AtomicU64 = AtomicU64::new(0);
-static REFUSED: AtomicU64 = AtomicU64::new(0);
-
-/// Counters of this process's rdma server connections (the `FabricStat` op adds them to the shm ones).
-pub(crate) fn stats() -> weft_proto::msg::FabricStat {
-    weft_proto::msg::FabricStat {
-        arenas: CONNECTIONS.load(Ordering::SeqCst),
-        regions: REGIONS.load(Ordering::SeqCst),
-        chunks_refused: REFUSED.load(Ordering::SeqCst),
-    }
-}
 
 fn unsupported(e: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::Unsupported, format!("rdma fabric unavailable: {e}"))
@@ -197,17 +183,6 @@ async fn blocking_setup<T: Send + 'static>(
     Ok((side, out))
 }
 
-fn connection(
-    side: std::net::TcpStream,
-    messages: Endpoint,
-    peer: String,
-    qp: Option<Arc<ClientQp>>,
-    memory: Option<Arc<dyn PeerMemory>>,
-) -> io::Result<Connection<RdmaFabric>> {
-    let (reader, writer, killer) = stream::start(messages, side, peer.clone())?;
-    Ok(Connection { reader: RdmaReader { inner: reader, _qp: qp }, writer, killer, peer, memory })
-}
-
 impl Fabric for RdmaFabric {
     type Reader = RdmaReader;
     type Writer = StreamWriter;
@@ -246,7 +221,8 @@ impl Fabric for RdmaFabric {
         })
         .await?;
         let qp = Arc::new(ClientQp { _ep: Mutex::new(transfers), _arena: arena });
-        connection(side, messages, peer, Some(qp), None)
+        let (reader, writer, killer) = stream::start(messages, side, peer.clone())?;
+        Ok(Connection { reader: RdmaReader { inner: reader, _qp: Some(qp) }, writer, killer, peer, memory: None })
     }
 
     async fn listen(&self, addr: &str) -> io::Result<RdmaListener> {
@@ -298,8 +274,9 @@ async fn handshake(stream: TcpStream, peer: String, dev: Device) -> io::Result<C
     let hello = ArenaHello::decode(&hello).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     let arena = Region { id: ARENA_REGION, addr: hello.addr, len: hello.len, rkey: hello.rkey };
     tracing::info!(%peer, arena_bytes = arena.len, "rdma connection up");
+    let (reader, writer, killer) = stream::start(messages, side, peer.clone())?;
     let memory = Arc::new(RdmaPeer::new(dev, transfers, arena, peer.clone()));
-    connection(side, messages, peer, None, Some(memory))
+    Ok(Connection { reader: RdmaReader { inner: reader, _qp: None }, writer, killer, peer, memory: Some(memory) })
 }
 
 pub struct RdmaListener {
@@ -357,34 +334,23 @@ struct PeerQp {
     broken: bool,
 }
 
-impl PeerQp {
-    /// Takes the bounce region out of `slot` (growing it to hold `len` bytes); the caller puts it back.
-    fn take_bounce(slot: &mut Option<MemoryRegion>, dev: &Device, len: usize) -> Result<MemoryRegion, MemoryError> {
-        if len > BOUNCE_BYTES_MAX {
-            return Err(MemoryError::Io(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("transfer of {len} bytes exceeds the bounce region's {BOUNCE_BYTES_MAX}"),
-            )));
-        }
-        match slot.take() {
-            Some(b) if b.len() >= len => Ok(b),
-            _ => {
-                let size = len.next_power_of_two().max(64 << 10);
-                MemoryRegion::new(dev, size, false, false).map_err(|e| MemoryError::Io(to_io(e)))
-            }
-        }
-    }
+/// Which way a transfer goes.
+#[derive(Clone, Copy)]
+enum Dir {
+    /// RDMA READ: client memory → server buffer (`get`).
+    Read,
+    /// RDMA WRITE: server buffer → client memory (`put`).
+    Write,
 }
 
 /// One client connection's memory as the server sees it: its regions (with rkeys) and the queue pair.
 struct RdmaPeer {
     dev: Device,
     qp: Mutex<PeerQp>,
-    table: Mutex<RegionTable>,
-    revoked: AtomicBool,
+    regions: ClientRegions,
     peer: String,
-    /// Bytes moved by RDMA READ (client → server) and RDMA WRITE (server → client), and bytes that went through
-    /// the bounce region: logged when the connection ends.
+    /// Bytes moved by RDMA READ (client → server) and RDMA WRITE (server → client), and how many of them went
+    /// through the bounce region: logged when the connection ends.
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     bytes_bounced: AtomicU64,
@@ -392,14 +358,10 @@ struct RdmaPeer {
 
 impl RdmaPeer {
     fn new(dev: Device, ep: Endpoint, arena: Region, peer: String) -> RdmaPeer {
-        let mut table = RegionTable::new(REGIONS_MAX + 1);
-        table.set_fabric_region(arena);
-        CONNECTIONS.fetch_add(1, Ordering::SeqCst);
         RdmaPeer {
             dev,
             qp: Mutex::new(PeerQp { ep, bounce: None, broken: false }),
-            table: Mutex::new(table),
-            revoked: AtomicBool::new(false),
+            regions: ClientRegions::new(Some(arena)),
             peer,
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
@@ -407,34 +369,16 @@ impl RdmaPeer {
         }
     }
 
-    fn client_regions(t: &RegionTable) -> u64 {
-        t.len() as u64 - u64::from(t.get(ARENA_REGION).is_some())
-    }
-
-    /// Checks the chunk list and turns it into remote addresses and keys.
-    fn resolve(&self, chunks: &[Chunk], want: u64) -> Result<Vec<RemoteRegion>, MemoryError> {
-        if self.revoked.load(Ordering::SeqCst) {
-            return Err(MemoryError::Io(io::Error::new(io::ErrorKind::NotConnected, "the connection ended")));
-        }
-        let t = self.table.lock().expect("regions");
-        if let Err(e) = t.check(chunks, want) {
-            REFUSED.fetch_add(1, Ordering::SeqCst);
-            return Err(e.into());
-        }
-        Ok(chunks
-            .iter()
-            .map(|c| {
-                let r = t.get(c.region).expect("checked: the region is registered");
-                RemoteRegion { addr: r.addr + c.offset, len: u64::from(c.len), rkey: r.rkey }
-            })
-            .collect())
-    }
-
-    fn transfer(
-        &self,
-        op: &'static str,
-        f: impl FnOnce(&mut PeerQp, &Device) -> Result<(), MemoryError>,
-    ) -> Result<(), MemoryError> {
+    /// Moves `local` (the server's buffer) to or from the client's `chunks`, after checking them. A server
+    /// buffer inside an announced zone is used in place; any other goes through the bounce region (one copy).
+    /// A failed RDMA operation retires the queue pair.
+    fn transfer(&self, dir: Dir, chunks: &[Chunk], local: Local<'_>) -> Result<(), MemoryError> {
+        let len = local.len();
+        let remote = self.regions.resolve(chunks, len as u64, |r, c| RemoteRegion {
+            addr: r.addr + c.offset,
+            len: u64::from(c.len),
+            rkey: r.rkey,
+        })?;
         let mut q = self.qp.lock().expect("queue pair");
         if q.broken {
             return Err(MemoryError::Io(io::Error::new(
@@ -442,12 +386,84 @@ impl RdmaPeer {
                 "an earlier transfer on this connection failed",
             )));
         }
-        let r = f(&mut q, &self.dev);
-        if let Err(MemoryError::Io(e)) = &r {
-            q.broken = true;
-            tracing::warn!(peer = %self.peer, "rdma {op} failed; the connection's queue pair is retired: {e}");
+        let PeerQp { ep, bounce, broken } = &mut *q;
+        let moved = match zone_region(&self.dev, local.ptr(), len) {
+            // SAFETY: `local` is borrowed (mutably for a read) for this whole call, so no other reference to
+            // those bytes exists while the RDMA READ fills them.
+            Some((mr, offset)) => match dir {
+                Dir::Read => unsafe { ep.read_chunks_shared(&mr, offset, &remote) },
+                Dir::Write => ep.write_chunks(&mr, offset, &remote),
+            },
+            None => {
+                let mut tmp = take_bounce(bounce, &self.dev, len)?;
+                let r = match local {
+                    Local::Dst(dst) => ep.read_chunks(&mut tmp, 0, &remote).map(|()| {
+                        dst.copy_from_slice(&tmp.as_slice()[..len]);
+                    }),
+                    Local::Src(src) => {
+                        tmp.as_mut_slice()[..len].copy_from_slice(src);
+                        ep.write_chunks(&tmp, 0, &remote)
+                    }
+                };
+                *bounce = Some(tmp);
+                if r.is_ok() {
+                    self.bytes_bounced.fetch_add(len as u64, Ordering::Relaxed);
+                }
+                r
+            }
+        };
+        match moved {
+            Ok(()) => {
+                let counter = if matches!(dir, Dir::Read) { &self.bytes_read } else { &self.bytes_written };
+                counter.fetch_add(len as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                *broken = true;
+                let op = if matches!(dir, Dir::Read) { "read" } else { "write" };
+                tracing::warn!(peer = %self.peer, "rdma {op} failed; the connection's queue pair is retired: {e}");
+                Err(MemoryError::Io(to_io(e)))
+            }
         }
-        r
+    }
+}
+
+/// The server's side of a transfer.
+enum Local<'a> {
+    Dst(&'a mut [u8]),
+    Src(&'a [u8]),
+}
+
+impl Local<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Local::Dst(d) => d.len(),
+            Local::Src(s) => s.len(),
+        }
+    }
+    fn ptr(&self) -> *const u8 {
+        match self {
+            Local::Dst(d) => d.as_ptr(),
+            Local::Src(s) => s.as_ptr(),
+        }
+    }
+}
+
+/// Takes the bounce region out of `slot` (growing it to hold `len` bytes); the caller puts it back. Failing here
+/// moved nothing, so the queue pair stays usable.
+fn take_bounce(slot: &mut Option<MemoryRegion>, dev: &Device, len: usize) -> Result<MemoryRegion, MemoryError> {
+    if len > BOUNCE_BYTES_MAX {
+        return Err(MemoryError::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("transfer of {len} bytes exceeds the bounce region's {BOUNCE_BYTES_MAX}"),
+        )));
+    }
+    match slot.take() {
+        Some(b) if b.len() >= len => Ok(b),
+        _ => {
+            let size = len.next_power_of_two().max(64 << 10);
+            MemoryRegion::new(dev, size, false, false).map_err(|e| MemoryError::Io(to_io(e)))
+        }
     }
 }
 
@@ -460,77 +476,28 @@ impl Drop for RdmaPeer {
             bytes_bounced = self.bytes_bounced.load(Ordering::Relaxed),
             "rdma connection closed"
         );
-        CONNECTIONS.fetch_sub(1, Ordering::SeqCst);
-        if let Ok(t) = self.table.lock() {
-            REGIONS.fetch_sub(Self::client_regions(&t), Ordering::SeqCst);
-        }
     }
 }
 
 impl PeerMemory for RdmaPeer {
     fn register(&self, add: &[Region], remove: &[u32]) -> Result<(), ChunkError> {
-        let mut t = self.table.lock().expect("regions");
-        let before = Self::client_regions(&t);
-        let r = t.apply(add, remove);
-        let after = Self::client_regions(&t);
-        if after >= before {
-            REGIONS.fetch_add(after - before, Ordering::SeqCst);
-        } else {
-            REGIONS.fetch_sub(before - after, Ordering::SeqCst);
-        }
-        r
+        self.regions.register(add, remove)
     }
 
     fn check(&self, chunks: &[Chunk], want: u64) -> Result<(), ChunkError> {
-        let r = self.table.lock().expect("regions").check(chunks, want);
-        if r.is_err() {
-            REFUSED.fetch_add(1, Ordering::SeqCst);
-        }
-        r
+        self.regions.check(chunks, want)
     }
 
     fn get(&self, chunks: &[Chunk], dst: &mut [u8]) -> Result<(), MemoryError> {
-        let remote = self.resolve(chunks, dst.len() as u64)?;
-        self.bytes_read.fetch_add(dst.len() as u64, Ordering::Relaxed);
-        self.transfer("read", |q, dev| {
-            let io = |e| MemoryError::Io(to_io(e));
-            if let Some((mr, offset)) = zone_region(dev, dst.as_ptr(), dst.len()) {
-                // SAFETY: `dst` is borrowed mutably for this whole call, so no other reference to those bytes
-                // exists while the RDMA READ fills them.
-                return unsafe { q.ep.read_chunks_shared(&mr, offset, &remote) }.map_err(io);
-            }
-            self.bytes_bounced.fetch_add(dst.len() as u64, Ordering::Relaxed);
-            let PeerQp { ep, bounce, .. } = q;
-            let mut tmp = PeerQp::take_bounce(bounce, dev, dst.len())?;
-            let r = ep.read_chunks(&mut tmp, 0, &remote).map_err(io);
-            if r.is_ok() {
-                dst.copy_from_slice(&tmp.as_slice()[..dst.len()]);
-            }
-            *bounce = Some(tmp);
-            r
-        })
+        self.transfer(Dir::Read, chunks, Local::Dst(dst))
     }
 
     fn put(&self, chunks: &[Chunk], src: &[u8]) -> Result<(), MemoryError> {
-        let remote = self.resolve(chunks, src.len() as u64)?;
-        self.bytes_written.fetch_add(src.len() as u64, Ordering::Relaxed);
-        self.transfer("write", |q, dev| {
-            let io = |e| MemoryError::Io(to_io(e));
-            if let Some((mr, offset)) = zone_region(dev, src.as_ptr(), src.len()) {
-                return q.ep.write_chunks(&mr, offset, &remote).map_err(io);
-            }
-            self.bytes_bounced.fetch_add(src.len() as u64, Ordering::Relaxed);
-            let PeerQp { ep, bounce, .. } = q;
-            let mut tmp = PeerQp::take_bounce(bounce, dev, src.len())?;
-            tmp.as_mut_slice()[..src.len()].copy_from_slice(src);
-            let r = ep.write_chunks(&tmp, 0, &remote).map_err(io);
-            *bounce = Some(tmp);
-            r
-        })
+        self.transfer(Dir::Write, chunks, Local::Src(src))
     }
 
     fn revoke(&self) {
-        self.revoked.store(true, Ordering::SeqCst);
+        self.regions.revoke();
     }
 
     fn wants_zone_buffers(&self) -> bool {

@@ -30,7 +30,6 @@ pub mod wire;
 use std::fmt;
 
 pub use endpoint::{Endpoint, EndpointConfig};
-pub(crate) use fabric::stats;
 pub use fabric::{RDMA_SCHEME, RdmaFabric, RdmaListener, RdmaReader, available};
 pub use stream::{StreamKiller, StreamReader, StreamWriter};
 pub use verbs::{Device, DeviceConfig, MemoryRegion, RemoteRegion, list_devices};

@@ -443,6 +443,9 @@ impl Drop for MemoryRegion {
     }
 }
 
+/// Other descriptors a completion-channel wait may also watch.
+pub(super) const EXTRA_FDS_MAX: usize = 2;
+
 /// A completion channel: CQs bound to it signal armed completions as readable data on its fd, so a waiter can
 /// sleep (or hand the fd to an event loop) instead of spinning.
 pub(super) struct CompChannel {
@@ -468,57 +471,36 @@ impl CompChannel {
         unsafe { (*self.ptr).fd }
     }
 
-    /// Sleeps until a completion event arrives or `timeout` passes; returns the CQ the event was for (already
-    /// acknowledged, and disarmed: notifications are one-shot), or `None` on timeout or a signal.
-    pub fn wait(&self, timeout: Duration) -> Result<Option<*mut c_void>> {
-        let mut pfd = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
-        let timeout_ms = c_int::try_from(timeout.as_millis().max(1)).unwrap_or(c_int::MAX);
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-        if n < 0 {
-            let e = errno();
-            return if e == libc::EINTR {
-                Ok(None)
-            } else {
-                Err(RdmaError::Verbs { op: "poll(completion channel)", errno: e })
-            };
+    /// Sleeps until a completion event arrives, one of `extra` is readable (or hung up), or `timeout` passes;
+    /// returns the CQ the event was for (already acknowledged, and disarmed: notifications are one-shot), if one
+    /// came, and which of `extra` are ready. A signal ends the sleep early with nothing ready.
+    pub fn wait_with(
+        &self,
+        extra: &[RawFd],
+        timeout: Duration,
+    ) -> Result<(Option<*mut c_void>, [bool; EXTRA_FDS_MAX])> {
+        assert!(extra.len() <= EXTRA_FDS_MAX, "{} extra fds, at most {EXTRA_FDS_MAX}", extra.len());
+        let idle = libc::pollfd { fd: -1, events: 0, revents: 0 }; // poll(2) skips negative fds
+        let mut pfds = [idle; 1 + EXTRA_FDS_MAX];
+        pfds[0] = libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 };
+        for (p, &fd) in pfds[1..].iter_mut().zip(extra) {
+            *p = libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
         }
-        if n == 0 {
-            return Ok(None);
-        }
-        let mut cq: *mut c_void = std::ptr::null_mut();
-        let mut cq_context: *mut c_void = std::ptr::null_mut();
-        // SAFETY: the channel is live and readable, so this does not block; both out-pointers are valid.
-        let rc = unsafe { (self.dev.verbs.get_cq_event)(self.ptr, &mut cq, &mut cq_context) };
-        if rc != 0 {
-            return Err(RdmaError::Verbs { op: "ibv_get_cq_event", errno: errno() });
-        }
-        // Acknowledge at once: ibv_destroy_cq waits for every event to be acknowledged.
-        // SAFETY: cq is the live CQ the event was for.
-        unsafe { (self.dev.verbs.ack_cq_events)(cq, 1) };
-        Ok(Some(cq))
-    }
-}
-
-impl CompChannel {
-    /// [`CompChannel::wait`] that also wakes when one of `extra` is readable (or hung up); returns the CQ of a
-    /// completion event, if one came, and which of `extra` are ready.
-    pub fn wait_with(&self, extra: &[RawFd], timeout: Duration) -> Result<(Option<*mut c_void>, Vec<bool>)> {
-        let mut pfds = Vec::with_capacity(1 + extra.len());
-        pfds.push(libc::pollfd { fd: self.fd(), events: libc::POLLIN, revents: 0 });
-        pfds.extend(extra.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN | libc::POLLRDHUP, revents: 0 }));
         let timeout_ms = c_int::try_from(timeout.as_millis().max(1)).unwrap_or(c_int::MAX);
         // SAFETY: pfds is a valid array of pfds.len() pollfds for the duration of the call.
         let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+        let mut ready = [false; EXTRA_FDS_MAX];
         if n < 0 {
             let e = errno();
             return if e == libc::EINTR {
-                Ok((None, vec![false; extra.len()]))
+                Ok((None, ready))
             } else {
                 Err(RdmaError::Verbs { op: "poll(completion channel)", errno: e })
             };
         }
-        let ready = pfds[1..].iter().map(|p| p.revents != 0).collect();
+        for (r, p) in ready.iter_mut().zip(&pfds[1..]) {
+            *r = p.revents != 0;
+        }
         if pfds[0].revents & libc::POLLIN == 0 {
             return Ok((None, ready));
         }

@@ -16,7 +16,6 @@ mod sys;
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,32 +24,19 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use weft_proto::chunk::ARENA_REGION;
-use weft_proto::{Chunk, ChunkError, Region, RegionTable};
+use weft_proto::{Chunk, ChunkError, Region};
 
+use crate::peer::ClientRegions;
 use crate::{Capabilities, Connection, Fabric, Killer, Listener, MemoryError, PeerMemory};
 
 /// Address prefix of shm endpoints: `unix:/run/weft/data.sock`.
 pub const SHM_SCHEME: &str = "unix:";
 const HELLO_MAGIC: &[u8; 8] = b"WFTSHM01";
 const HELLO_LEN: usize = 16;
-/// Process-memory regions one connection may register.
-pub const REGIONS_MAX: usize = 4096;
 /// A client that connects but sends no hello within this time is dropped.
 const HELLO_TIMEOUT_MS: u64 = 10_000;
 /// Handshaken connections waiting for `accept`.
 const ACCEPT_QUEUE: usize = 64;
-
-static ARENAS: AtomicU64 = AtomicU64::new(0);
-static REGIONS: AtomicU64 = AtomicU64::new(0);
-static REFUSED: AtomicU64 = AtomicU64::new(0);
-
-pub(crate) fn stats() -> weft_proto::msg::FabricStat {
-    weft_proto::msg::FabricStat {
-        arenas: ARENAS.load(Ordering::SeqCst),
-        regions: REGIONS.load(Ordering::SeqCst),
-        chunks_refused: REFUSED.load(Ordering::SeqCst),
-    }
-}
 
 /// Client-side sizes of the arena (the "pre-registered buffers" size class).
 #[derive(Debug, Clone, Copy)]
@@ -329,85 +315,39 @@ impl Listener<ShmFabric> for ShmListener {
 struct ShmPeer {
     pid: i32,
     arena: Option<sys::SharedMap>,
-    table: Mutex<RegionTable>,
-    revoked: std::sync::atomic::AtomicBool,
+    regions: ClientRegions,
 }
 
 impl ShmPeer {
     fn new(pid: i32, arena: Option<sys::SharedMap>) -> ShmPeer {
-        let mut table = RegionTable::new(REGIONS_MAX + 1);
-        if let Some(a) = &arena {
-            table.set_arena(a.len() as u64);
-            ARENAS.fetch_add(1, Ordering::SeqCst);
-        }
-        ShmPeer { pid, arena, table: Mutex::new(table), revoked: Default::default() }
-    }
-
-    fn process_regions(table: &RegionTable) -> u64 {
-        table.len() as u64 - u64::from(table.get(ARENA_REGION).is_some())
+        // The arena is region 0 at offset 0 of its mapping; process-memory regions carry their own addresses.
+        let arena_region = arena.as_ref().map(|a| Region { id: ARENA_REGION, addr: 0, len: a.len() as u64, rkey: 0 });
+        ShmPeer { pid, arena, regions: ClientRegions::new(arena_region) }
     }
 
     /// Checks the list, then splits it into arena copies and process-memory vectors (in chunk order, paired
     /// with the byte range of the local buffer each covers).
     fn plan(&self, chunks: &[Chunk], want: u64) -> Result<Vec<(Chunk, Option<u64>, usize)>, MemoryError> {
-        if self.revoked.load(Ordering::SeqCst) {
-            return Err(MemoryError::Io(io::Error::new(io::ErrorKind::NotConnected, "the client's connection ended")));
-        }
-        let table = self.table.lock().expect("regions");
-        table.check(chunks, want).inspect_err(|_| {
-            REFUSED.fetch_add(1, Ordering::SeqCst);
-        })?;
         let mut at = 0usize;
-        let mut out = Vec::with_capacity(chunks.len());
-        for c in chunks {
-            let addr = if c.region == ARENA_REGION {
-                None
-            } else {
-                // The check guarantees the region exists and addr + offset + len does not overflow.
-                Some(table.get(c.region).expect("checked").addr + c.offset)
-            };
-            out.push((*c, addr, at));
+        self.regions.resolve(chunks, want, |r, c| {
+            let addr = (c.region != ARENA_REGION).then(|| r.addr + c.offset);
             at += c.len as usize;
-        }
-        Ok(out)
-    }
-}
-
-impl Drop for ShmPeer {
-    fn drop(&mut self) {
-        if self.arena.is_some() {
-            ARENAS.fetch_sub(1, Ordering::SeqCst);
-        }
-        if let Ok(t) = self.table.lock() {
-            REGIONS.fetch_sub(Self::process_regions(&t), Ordering::SeqCst);
-        }
+            (*c, addr, at - c.len as usize)
+        })
     }
 }
 
 impl PeerMemory for ShmPeer {
     fn revoke(&self) {
-        self.revoked.store(true, Ordering::SeqCst);
+        self.regions.revoke();
     }
 
     fn register(&self, add: &[Region], remove: &[u32]) -> Result<(), ChunkError> {
-        let mut t = self.table.lock().expect("regions");
-        let before = Self::process_regions(&t);
-        let r = t.apply(add, remove);
-        let after = Self::process_regions(&t);
-        if after >= before {
-            REGIONS.fetch_add(after - before, Ordering::SeqCst);
-        } else {
-            REGIONS.fetch_sub(before - after, Ordering::SeqCst);
-        }
-        r
+        self.regions.register(add, remove)
     }
 
     fn check(&self, chunks: &[Chunk], want: u64) -> Result<(), ChunkError> {
-        let r = self.table.lock().expect("regions").check(chunks, want);
-        if r.is_err() {
-            REFUSED.fetch_add(1, Ordering::SeqCst);
-        }
-        r
+        self.regions.check(chunks, want)
     }
 
     fn get(&self, chunks: &[Chunk], dst: &mut [u8]) -> Result<(), MemoryError> {
@@ -483,7 +423,7 @@ mod tests {
         let mut c = client.connect(&l.local_addr().unwrap()).await.unwrap();
         let mut s = l.accept().await.unwrap();
         let mem = s.memory.clone().expect("shm connections carry the peer's memory");
-        assert_eq!(stats().arenas, 1);
+        assert_eq!(crate::peer::stats().arenas, 1);
 
         // Arena: the server puts, the client sees it.
         let arena = client.arena().unwrap();
@@ -514,7 +454,7 @@ mod tests {
         assert_eq!(&p, b"ping");
         drop(mem);
         drop(s);
-        assert_eq!(stats().arenas, 0);
+        assert_eq!(crate::peer::stats().arenas, 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
