@@ -37,7 +37,7 @@ use super::wire::{ArenaHello, HELLO_BYTES};
 use super::{Device, DeviceConfig, Endpoint, EndpointConfig, MemoryRegion, RdmaError, RemoteRegion};
 use crate::peer::ClientRegions;
 use crate::shm::{Arena, ShmFabric};
-use crate::{Capabilities, Connection, Fabric, Listener, LocalRegistration, MemoryError, PeerMemory};
+use crate::{Capabilities, Connection, Fabric, Killer, Listener, LocalRegistration, MemoryError, PeerMemory};
 
 /// Address prefix of rdma endpoints: `rdma:host:port` (the TCP side channel's address).
 pub const RDMA_SCHEME: &str = "rdma:";
@@ -275,7 +275,7 @@ async fn handshake(stream: TcpStream, peer: String, dev: Device) -> io::Result<C
     let arena = Region { id: ARENA_REGION, addr: hello.addr, len: hello.len, rkey: hello.rkey };
     tracing::info!(%peer, arena_bytes = arena.len, "rdma connection up");
     let (reader, writer, killer) = stream::start(messages, side, peer.clone())?;
-    let memory = Arc::new(RdmaPeer::new(dev, transfers, arena, peer.clone()));
+    let memory = Arc::new(RdmaPeer::new(dev, transfers, arena, peer.clone(), killer.try_clone()?));
     Ok(Connection { reader: RdmaReader { inner: reader, _qp: None }, writer, killer, peer, memory: Some(memory) })
 }
 
@@ -348,6 +348,9 @@ struct RdmaPeer {
     dev: Device,
     qp: Mutex<PeerQp>,
     regions: ClientRegions,
+    /// Ends the connection when its queue pair fails, so the client reconnects instead of failing every
+    /// later transfer on a retired pair.
+    killer: StreamKiller,
     peer: String,
     /// Bytes moved by RDMA READ (client → server) and RDMA WRITE (server → client), and how many of them went
     /// through the bounce region: logged when the connection ends.
@@ -357,11 +360,12 @@ struct RdmaPeer {
 }
 
 impl RdmaPeer {
-    fn new(dev: Device, ep: Endpoint, arena: Region, peer: String) -> RdmaPeer {
+    fn new(dev: Device, ep: Endpoint, arena: Region, peer: String, killer: StreamKiller) -> RdmaPeer {
         RdmaPeer {
             dev,
             qp: Mutex::new(PeerQp { ep, bounce: None, broken: false }),
             regions: ClientRegions::new(Some(arena)),
+            killer,
             peer,
             bytes_read: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
@@ -371,7 +375,7 @@ impl RdmaPeer {
 
     /// Moves `local` (the server's buffer) to or from the client's `chunks`, after checking them. A server
     /// buffer inside an announced zone is used in place; any other goes through the bounce region (one copy).
-    /// A failed RDMA operation retires the queue pair.
+    /// A failed RDMA operation retires the queue pair and ends the connection.
     fn transfer(&self, dir: Dir, chunks: &[Chunk], local: Local<'_>) -> Result<(), MemoryError> {
         let len = local.len();
         let remote = self.regions.resolve(chunks, len as u64, |r, c| RemoteRegion {
@@ -421,7 +425,8 @@ impl RdmaPeer {
             Err(e) => {
                 *broken = true;
                 let op = if matches!(dir, Dir::Read) { "read" } else { "write" };
-                tracing::warn!(peer = %self.peer, "rdma {op} failed; the connection's queue pair is retired: {e}");
+                tracing::warn!(peer = %self.peer, "rdma {op} failed; retiring the connection: {e}");
+                self.killer.kill();
                 Err(MemoryError::Io(to_io(e)))
             }
         }

@@ -326,6 +326,13 @@ pub struct StreamKiller {
     side: OwnedFd,
 }
 
+impl StreamKiller {
+    /// A second handle on the same connection (for the server's memory, which ends it when a transfer fails).
+    pub(super) fn try_clone(&self) -> io::Result<StreamKiller> {
+        Ok(StreamKiller { shared: self.shared.clone(), side: self.side.try_clone()? })
+    }
+}
+
 impl Killer for StreamKiller {
     fn kill(&self) {
         // Already shut down or reset: dead either way.
