@@ -351,7 +351,7 @@ pub struct FabricInfoResp {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FabricStat {
-    /// Open connections that mapped a client's memory arena.
+    /// Open one-sided connections holding a client's arena (mapped over shm, registered over rdma).
     pub arenas: u64,
     /// Client memory regions registered over all connections (arenas excluded).
     pub regions: u64,
