@@ -232,7 +232,7 @@ fn connect_retrying(dev: &Device, addr: &str) -> Result<Endpoint> {
     loop {
         match std::net::TcpStream::connect(addr) {
             Ok(mut stream) => {
-                // Clients sleep on completion events; the server busy-polls (DESIGN.md §2).
+                // Clients sleep on completion events; the server busy-polls.
                 let cfg = EndpointConfig { evented: true, ..EndpointConfig::default() };
                 return Ok(Endpoint::over_tcp(dev, &mut stream, cfg)?);
             }

@@ -1,8 +1,8 @@
 //! `RedbStore`: the embedded, crash-safe default [`MetaStore`]: `meta.redb` plus a redo journal (`journal/`) in
 //! the service's directory.
 //!
-//! Why redb: a single-file, pure-Rust, copy-on-write B-tree with ACID transactions and no server to run (see
-//! DESIGN.md §8). Why the journal: a durable redb commit costs milliseconds, an `fdatasync` of an appended record
+//! Why redb: a single-file, pure-Rust, copy-on-write B-tree with ACID transactions and no server to run.
+//! Why the journal: a durable redb commit costs milliseconds, an `fdatasync` of an appended record
 //! a tenth of that. So every transaction commits to redb without an fsync (`Durability::None`: visible at once,
 //! lost on a crash) and appends its physical redo records to the journal ([`crate::journal`]); it is
 //! acknowledged once the journal entry is durable, and concurrent transactions share one `fdatasync`. A

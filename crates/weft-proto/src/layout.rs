@@ -1,4 +1,4 @@
-//! Striping arithmetic (DESIGN.md §1): byte `o` lives in stripe `s = o / unit`, on server index `s % count`, at
+//! Striping arithmetic: byte `o` lives in stripe `s = o / unit`, on server index `s % count`, at
 //! object offset `(s / count) * unit + o % unit`.
 
 use serde::{Deserialize, Serialize};

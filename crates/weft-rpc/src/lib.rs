@@ -1,4 +1,4 @@
-//! RPC over a fabric: every client–server pair talks through a *session* of N *slots* (DESIGN.md §2, NFSv4.1
+//! RPC over a fabric: every client–server pair talks through a *session* of N *slots* (NFSv4.1
 //! sessions, dissertation §6.2.5).
 //!
 //! - Every request carries (session, slot, sequence). A slot holds at most one request in flight, so the slot

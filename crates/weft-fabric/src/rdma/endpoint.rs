@@ -32,7 +32,7 @@ pub struct EndpointConfig {
     pub transfer_unit_bytes: usize,
     /// How long a wait for a completion or a message may take before it fails.
     pub timeout_ms: u64,
-    /// Sleep on a completion channel instead of busy-polling (DESIGN.md §2: servers may poll, clients wait on
+    /// Sleep on a completion channel instead of busy-polling (servers may poll, clients wait on
     /// events). Costs a system call or two per wait, saves a core.
     pub evented: bool,
 }

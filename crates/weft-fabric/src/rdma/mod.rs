@@ -8,7 +8,7 @@
 //!   registered send ring into receives pre-posted by the peer, under credits (one credit = one posted receive
 //!   buffer on the peer; credits return piggybacked on the next message). One-sided [`Endpoint::read`] and
 //!   [`Endpoint::write`] move bytes between a local registered region and a peer's advertised region without the
-//!   peer's CPU: in Weft only servers call them (the Read-Write design, DESIGN.md §2).
+//!   peer's CPU: in Weft only servers call them (the Read-Write design).
 //! - Connection setup runs over a TCP side channel ([`Endpoint::connect`], [`Endpoint::accept`]): both sides
 //!   swap a fixed-size [`ConnInfo`] (QPN, PSN, LID, GID, MTU, receive credits) and move their QPs to RTS.
 //!
