@@ -1,5 +1,5 @@
 //! A data server node: [`run`] opens the object store, listens (tcp, and shm and rdma where they can be had) and
-//! serves [`DataService`]; [`heartbeat`] registers the server with the metadata service and repeats it, carrying
+//! serves [`DataService`]; `heartbeat` registers the server with the metadata service and repeats it, carrying
 //! the server's free space, so the MDS reports it up (and up again after either side restarts).
 
 use std::path::PathBuf;

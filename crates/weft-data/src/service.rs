@@ -3,7 +3,7 @@
 //!
 //! Disk I/O runs on tokio's blocking pool so the network side keeps receiving the next transfer unit while the
 //! disk writes (or reads) this one: with the client keeping several units in flight, disk and network overlap.
-//! Small reads and writes (up to [`INLINE_IO_BYTES_MAX`]) run in place instead, see [`DataService::read_inline`].
+//! Small reads and writes (up to [`INLINE_IO_BYTES_MAX`]) run in place instead, see `DataService::read_inline`.
 
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ use crate::pipeline::{self, Piece, join_error, memory_error};
 use crate::store::{DataError, MappedRead, ObjectStore};
 
 /// Reads and writes up to this size run on the runtime worker that received them, without a mapping or a
-/// hand-off to the blocking pool (see [`DataService::read_inline`]).
+/// hand-off to the blocking pool (see `DataService::read_inline`).
 pub const INLINE_IO_BYTES_MAX: u32 = 64 << 10;
 
 pub struct DataService {
