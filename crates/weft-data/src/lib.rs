@@ -3,13 +3,21 @@
 //!
 //! - [`store`]: the on-disk object format and its checks (no networking, synchronous).
 //! - [`pipeline`]: a transfer unit cut into pieces (and its chunk list with it) for double buffering.
-//! - [`server`]: the RPC service, the `weft data` configuration and the heartbeat to the metadata service.
+//! - [`config`]: `weft data --config F` and its defaults.
+//! - [`service`]: the RPC service, one method per data-server op.
+//! - [`node`]: the process: listeners, the service, and the heartbeat that registers it with the metadata service.
 
+pub mod config;
+pub mod node;
 pub mod pipeline;
 mod range_lock;
-pub mod server;
+pub mod service;
 pub mod store;
 mod sys;
 
-pub use server::{DataConfig, DataServerError, DataService, run};
+pub use config::{
+    DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_POOL_CLASSES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES, DataConfig, PoolClassConfig,
+};
+pub use node::{DataServerError, run};
+pub use service::{DataService, INLINE_IO_BYTES_MAX};
 pub use store::{BLOCK_BYTES, DataError, MappedRead, ObjectStore};

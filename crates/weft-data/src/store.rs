@@ -11,7 +11,7 @@
 //!
 //! Invariant: a block whose stored checksum does not match its bytes is never returned; the read fails with
 //! [`DataError::Corrupt`] naming the object offset of the block.
-//! Invariant: no offset or length reaches a system call before [`check_range`] bounded it by `OBJECT_BYTES_MAX`.
+//! Invariant: no offset or length reaches a system call before `check_range` bounded it by `OBJECT_BYTES_MAX`.
 //!
 //! Durability: writes go to the page cache (no fsync per write); a crash between the data and the checksum update
 //! shows up as `Corrupt` on read, never as wrong bytes.

@@ -4,6 +4,9 @@
 //! is given a TOML config under the cluster's directory and prints one line `WEFT-READY <addr>` on stdout once it
 //! listens; its logs go to `DIR/logs/<role>.log`. The cluster is ready when the MDS reports every data server up.
 //! Children are killed when the [`LocalCluster`] is dropped, so a failing test never leaves servers behind.
+//!
+//! Tests can stop (SIGTERM), kill (SIGKILL) and restart the MDS and any single data server: a restarted process
+//! gets its old address and directory back, so the rest of the cluster sees the same server return.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -12,7 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use weft_client::{Client, ClusterConfig};
-use weft_proto::ServerState;
+use weft_proto::{ServerInfo, ServerState};
 
 /// The line a server prints on stdout when it listens.
 pub const READY_PREFIX: &str = "WEFT-READY ";
@@ -146,20 +149,29 @@ impl LocalCluster {
     }
 
     async fn wait_ready(&self) -> Result<(), LaunchError> {
+        let servers = self.opts.servers;
+        self.wait_for_servers(|list| {
+            let up = list.iter().filter(|s| s.state == ServerState::Up).count();
+            (up as u32 >= servers).then_some(()).ok_or_else(|| format!("{up} of {servers} data servers registered"))
+        })
+        .await
+    }
+
+    /// Polls the MDS's server list until `check` accepts it; `check`'s complaint is the detail of a timeout.
+    async fn wait_for_servers(&self, check: impl Fn(&[ServerInfo]) -> Result<(), String>) -> Result<(), LaunchError> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(self.opts.ready_timeout_ms);
         let mut detail = String::from("no answer from the MDS");
         let cfg = self.cluster_config();
         while tokio::time::Instant::now() < deadline {
             if let Ok(c) = Client::connect(&cfg).await {
                 match c.cluster_info().await {
-                    Ok(list) => {
-                        let up = list.iter().filter(|s| s.state == ServerState::Up).count();
-                        if up as u32 >= self.opts.servers {
+                    Ok(list) => match check(&list) {
+                        Ok(()) => {
                             c.close().await;
                             return Ok(());
                         }
-                        detail = format!("{up} of {} data servers registered", self.opts.servers);
-                    }
+                        Err(why) => detail = why,
+                    },
                     Err(e) => detail = e.to_string(),
                 }
                 c.close().await;
@@ -206,33 +218,91 @@ impl LocalCluster {
         }
     }
 
+    /// Asks the MDS to stop (SIGTERM) and waits for it to exit (SIGKILL if it takes over 10 s).
+    pub async fn stop_mds(&mut self) {
+        if let Some(p) = self.mds.as_mut() {
+            stop_all(std::slice::from_mut(p)).await;
+        }
+    }
+
     /// Starts the MDS again on the address it had, from the same store.
     pub async fn restart_mds(&mut self) -> Result<(), LaunchError> {
         let old = self.mds.take().expect("the cluster has an MDS");
+        let p = self.respawn(&old, "meta").await?;
+        self.mds = Some(p);
+        self.wait_ready().await
+    }
+
+    /// Asks data server `i` to stop (SIGTERM) and waits for it to exit (SIGKILL if it takes over 10 s). The MDS
+    /// reports it down once its liveness window passes without a heartbeat.
+    pub async fn stop_data_server(&mut self, i: u32) {
+        stop_all(std::slice::from_mut(self.data_proc(i))).await;
+    }
+
+    /// Kills data server `i` with SIGKILL (no chance to clean up) and waits for it to die.
+    pub async fn kill_data_server(&mut self, i: u32) {
+        let _ = self.data_proc(i).child.kill().await;
+    }
+
+    /// Starts data server `i` again, on the address it had and over the same root directory (stopping it first
+    /// if it still runs), and waits until the MDS has heard the new process's heartbeat and reports it up.
+    pub async fn restart_data_server(&mut self, i: u32) -> Result<(), LaunchError> {
+        self.stop_data_server(i).await;
+        let started = tokio::time::Instant::now();
+        let old = &self.data[i as usize];
+        let p = self.respawn(old, "data").await?;
+        self.data[i as usize] = p;
+        // A heartbeat younger than the time since the respawn began came from the new process: the old one was
+        // dead by then. (Until the liveness window passes, the MDS still reports a killed server up.)
+        self.wait_for_servers(|list| {
+            let since_ms = started.elapsed().as_millis() as u64;
+            match list.iter().find(|s| s.id == i) {
+                Some(s) if s.state == ServerState::Up && s.heartbeat_age_ms < since_ms => Ok(()),
+                Some(s) => Err(format!(
+                    "data server {i} is {:?}, last heard {} ms ago, restarted {since_ms} ms ago",
+                    s.state, s.heartbeat_age_ms
+                )),
+                None => Err(format!("the MDS does not know data server {i}")),
+            }
+        })
+        .await
+    }
+
+    fn data_proc(&mut self, i: u32) -> &mut Proc {
+        let n = self.data.len();
+        self.data.get_mut(i as usize).unwrap_or_else(|| panic!("no data server {i}: the cluster has {n}"))
+    }
+
+    /// Starts `old`'s role again with its config, pinned to the address it had (its config asked for port 0).
+    async fn respawn(&self, old: &Proc, subcommand: &str) -> Result<Proc, LaunchError> {
         let text = std::fs::read_to_string(&old.config).map_err(io_err(&old.config))?;
         let text = text.replace("127.0.0.1:0", &old.addr);
         std::fs::write(&old.config, text).map_err(io_err(&old.config))?;
-        let p = self.spawn(&old.role, "meta", &old.config).await?;
-        self.mds = Some(p);
-        self.wait_ready().await
+        self.spawn(&old.role, subcommand, &old.config).await
     }
 
     /// Asks every process to stop (SIGTERM) and waits for them.
     pub async fn stop(&mut self) {
         let mut all: Vec<Proc> = self.data.drain(..).collect();
         all.extend(self.mds.take());
-        for p in &all {
-            if let Some(pid) = p.child.id() {
-                terminate(pid);
-            }
+        stop_all(&mut all).await;
+    }
+}
+
+/// Sends SIGTERM to every process still running, then waits for each (SIGKILL after 10 s). Processes already
+/// waited for are left alone.
+async fn stop_all(procs: &mut [Proc]) {
+    for p in procs.iter() {
+        if let Some(pid) = p.child.id() {
+            terminate(pid);
         }
-        for mut p in all {
-            match tokio::time::timeout(Duration::from_secs(10), p.child.wait()).await {
-                Ok(_) => {}
-                Err(_) => {
-                    tracing::warn!(role = %p.role, "did not stop within 10 s of SIGTERM; killing it");
-                    let _ = p.child.kill().await;
-                }
+    }
+    for p in procs.iter_mut() {
+        match tokio::time::timeout(Duration::from_secs(10), p.child.wait()).await {
+            Ok(_) => {}
+            Err(_) => {
+                tracing::warn!(role = %p.role, "did not stop within 10 s of SIGTERM; killing it");
+                let _ = p.child.kill().await;
             }
         }
     }

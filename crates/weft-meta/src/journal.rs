@@ -95,17 +95,24 @@ pub struct Entry<'a> {
     pub payload: &'a [u8],
 }
 
-/// Why the bytes at a position are not an intact entry of the segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FrameError {
+/// Why the bytes at a position are not an intact entry of the segment (see [`decode_entry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EntryError {
     /// Fewer bytes than a header, or than the header says: a torn tail or the segment's end.
+    #[error("fewer bytes than the entry's header or length: a torn tail or the segment's end")]
     Short,
     /// The header is all zeros: the unwritten, preallocated part of a segment.
+    #[error("an all-zero header: the unwritten part of the segment")]
     Zeros,
+    #[error("no entry magic")]
     BadMagic,
+    #[error("the entry's length exceeds the largest payload")]
     TooLong,
+    #[error("the entry's checksum does not match")]
     BadCrc,
     /// An intact entry of an earlier use of this (recycled) file.
+    #[error("an intact entry of an earlier use of this segment file")]
     OtherSegment,
 }
 
@@ -137,29 +144,29 @@ pub fn encode_entry(out: &mut Vec<u8>, seg: u64, lsn: u64, synced_lsn: u64, payl
 
 /// Decodes the entry at the start of `buf` if it is intact and belongs to segment `seg`; returns it and its
 /// framed length.
-pub fn decode_entry(buf: &[u8], seg: u64) -> Result<(Entry<'_>, usize), FrameError> {
+pub fn decode_entry(buf: &[u8], seg: u64) -> Result<(Entry<'_>, usize), EntryError> {
     if buf.len() < ENTRY_HEADER_BYTES {
-        return Err(if buf.iter().all(|&b| b == 0) { FrameError::Zeros } else { FrameError::Short });
+        return Err(if buf.iter().all(|&b| b == 0) { EntryError::Zeros } else { EntryError::Short });
     }
     let header = &buf[..ENTRY_HEADER_BYTES];
     if header[..4] != ENTRY_MAGIC {
-        return Err(if header.iter().all(|&b| b == 0) { FrameError::Zeros } else { FrameError::BadMagic });
+        return Err(if header.iter().all(|&b| b == 0) { EntryError::Zeros } else { EntryError::BadMagic });
     }
     let len = u32_at(header, 4) as usize;
     if len > ENTRY_PAYLOAD_MAX {
-        return Err(FrameError::TooLong);
+        return Err(EntryError::TooLong);
     }
     let total = ENTRY_HEADER_BYTES + len;
     if buf.len() < total {
-        return Err(FrameError::Short);
+        return Err(EntryError::Short);
     }
     let payload = &buf[ENTRY_HEADER_BYTES..total];
     let crc = crc32c::crc32c_append(crc32c::crc32c(&header[4..32]), payload);
     if crc != u32_at(header, 32) {
-        return Err(FrameError::BadCrc);
+        return Err(EntryError::BadCrc);
     }
     if u64_at(header, 8) != seg {
-        return Err(FrameError::OtherSegment);
+        return Err(EntryError::OtherSegment);
     }
     Ok((Entry { lsn: u64_at(header, 16), synced_lsn: u64_at(header, 24), payload }, total))
 }

@@ -3,24 +3,32 @@
 //!
 //! Why this split: [`Namespace`] holds every POSIX-like rule once, written against the [`MetaTxn`] trait;
 //! [`MetaStore`] implementations only provide atomic, durable transactions over a few keyed tables. The embedded
-//! default is [`RedbStore`] (one crash-safe file); [`MemStore`] makes the rules testable without a disk. This crate
-//! is synchronous and does no networking: the service wraps [`Namespace::execute`] in its RPC handler and runs it
-//! on a blocking thread, because each write transaction waits for an fsync.
+//! default is [`RedbStore`] (one crash-safe file); [`MemStore`] makes the rules testable without a disk. This
+//! core is synchronous and does no networking: the service wraps [`Namespace::execute`] in its RPC handler and runs
+//! it on a blocking thread, because each write transaction waits for an fsync.
+//!
+//! The process around it: [`config`] (`weft meta --config F` and its defaults), [`service`] (the RPC service),
+//! [`node`] (store, listeners, service) and `gc` (deletes removed files' objects from the data servers).
 
 pub mod clock;
+pub mod config;
 pub mod error;
+mod gc;
 pub mod journal;
 pub mod mem_store;
 pub mod namespace;
+pub mod node;
 pub mod redb_store;
-pub mod server;
+pub mod service;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::MetaConfig;
 pub use error::MetaError;
 pub use journal::JournalConfig;
 pub use mem_store::MemStore;
 pub use namespace::{DEFAULT_LIVENESS_MS, Namespace};
+pub use node::{MetaServerError, run};
 pub use redb_store::RedbStore;
-pub use server::{MetaConfig, MetaServerError, MetaService, run};
+pub use service::MetaService;
 pub use store::{Inode, MetaStore, MetaTxn};

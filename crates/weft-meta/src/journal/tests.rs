@@ -31,11 +31,11 @@ fn entries_round_trip_and_reject_damage() {
     encode_entry(&mut buf, SEG, 42, 40, b"payload");
     let (e, n) = decode_entry(&buf, SEG).unwrap();
     assert_eq!((e.lsn, e.synced_lsn, e.payload, n), (42, 40, &b"payload"[..], buf.len()));
-    assert_eq!(decode_entry(&buf, SEG + 1), Err(FrameError::OtherSegment));
-    assert_eq!(decode_entry(&buf[..buf.len() - 1], SEG), Err(FrameError::Short));
-    assert_eq!(decode_entry(&buf[..10], SEG), Err(FrameError::Short));
-    assert_eq!(decode_entry(&[0u8; 100], SEG), Err(FrameError::Zeros));
-    assert_eq!(decode_entry(&[0u8; 3], SEG), Err(FrameError::Zeros));
+    assert_eq!(decode_entry(&buf, SEG + 1), Err(EntryError::OtherSegment));
+    assert_eq!(decode_entry(&buf[..buf.len() - 1], SEG), Err(EntryError::Short));
+    assert_eq!(decode_entry(&buf[..10], SEG), Err(EntryError::Short));
+    assert_eq!(decode_entry(&[0u8; 100], SEG), Err(EntryError::Zeros));
+    assert_eq!(decode_entry(&[0u8; 3], SEG), Err(EntryError::Zeros));
     for i in 4..buf.len() {
         let mut bad = buf.clone();
         bad[i] ^= 0x10;
@@ -43,10 +43,10 @@ fn entries_round_trip_and_reject_damage() {
     }
     let mut bad = buf.clone();
     bad[0] = b'X';
-    assert_eq!(decode_entry(&bad, SEG), Err(FrameError::BadMagic));
+    assert_eq!(decode_entry(&bad, SEG), Err(EntryError::BadMagic));
     let mut huge = buf.clone();
     huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-    assert_eq!(decode_entry(&huge, SEG), Err(FrameError::TooLong));
+    assert_eq!(decode_entry(&huge, SEG), Err(EntryError::TooLong));
 }
 
 #[test]

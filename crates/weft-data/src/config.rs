@@ -1,0 +1,200 @@
+//! `weft data --config F`: the data server's TOML configuration, its serde defaults and the buffer pool's size
+//! classes derived from it.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use weft_rpc::PoolClass;
+
+/// `weft data --config F`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// Stable id of this server; layouts refer to it.
+    pub id: u32,
+    /// Address to listen on (`host:0` picks a free port).
+    pub listen: String,
+    /// Address clients should use, if not the listening one (e.g. behind NAT or when listening on 0.0.0.0).
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// Directory holding the objects.
+    pub root: PathBuf,
+    /// The metadata service to register with.
+    pub mds: String,
+    #[serde(default = "default_heartbeat_ms")]
+    pub heartbeat_ms: u64,
+    /// Largest payload of one request (a transfer unit); also the size of the largest pool buffers.
+    #[serde(default = "default_transfer_unit")]
+    pub transfer_unit_bytes: u32,
+    /// Buffers of the transfer unit's size in the pool (the largest class; see [`DataConfig::pool_classes`]).
+    #[serde(default = "default_pool_buffers")]
+    pub pool_buffers: u32,
+    /// The pool's size classes below the transfer unit (`[[pool_classes]]` tables of `buf_bytes` and `buffers`);
+    /// empty picks [`DEFAULT_POOL_CLASSES`]. Each class is one zone, allocated and pre-faulted at start; payload
+    /// memory is bounded by the sum of `buffers × buf_bytes` over the classes plus `pool_buffers ×
+    /// transfer_unit_bytes`.
+    #[serde(default)]
+    pub pool_classes: Vec<PoolClassConfig>,
+    /// One-sided transfers larger than this move in pieces of this size (a multiple of 4096), the disk working on
+    /// one piece while the fabric moves the next.
+    #[serde(default = "default_pipeline_piece")]
+    pub pipeline_piece_bytes: u32,
+    /// The same for fabrics that move bytes without the CPU (`rdma`: the NIC does the transfer, so overlapping it
+    /// with the disk costs no core; `pipeline_piece_bytes` applies to `shm`, whose transfer is a CPU copy).
+    #[serde(default = "default_rdma_pipeline_piece")]
+    pub rdma_pipeline_piece_bytes: u32,
+    #[serde(default = "default_slots_max")]
+    pub slots_max: u32,
+    #[serde(default = "default_sessions_max")]
+    pub sessions_max: u32,
+    /// Benchmarks only (Sandia's short circuit, `weft bench --short-circuit server`): writes are discarded and
+    /// reads served as zeros without touching the disk, showing the ceiling of everything before the store.
+    #[serde(default)]
+    pub short_circuit: bool,
+    /// Also listen for same-host clients on the `shm` fabric, at `shm_socket` (default `ROOT/weft-data.sock`).
+    #[serde(default = "default_true")]
+    pub shm: bool,
+    #[serde(default)]
+    pub shm_socket: Option<PathBuf>,
+    /// Also listen for `rdma` clients when this host has an RDMA device (libibverbs and a device; the side
+    /// channel listens on the TCP listener's address, port `rdma_port`, 0 = any free port).
+    #[serde(default = "default_true")]
+    pub rdma: bool,
+    #[serde(default)]
+    pub rdma_port: u16,
+}
+
+/// One size class of the data server's buffer pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolClassConfig {
+    pub buf_bytes: u32,
+    pub buffers: u32,
+}
+
+/// Classes below the transfer unit, by default: 64 KiB for small I/O (the arena size class of the papers),
+/// 256 KiB for medium payloads and short pipeline pieces, 1 MiB for the client's usual transfer unit (over TCP)
+/// and for pipeline pieces (two per large one-sided transfer in flight). With 32 transfer-unit buffers of 2 MiB,
+/// 92 MiB in all.
+pub const DEFAULT_POOL_CLASSES: [PoolClassConfig; 3] = [
+    PoolClassConfig { buf_bytes: 64 << 10, buffers: 64 },
+    PoolClassConfig { buf_bytes: 256 << 10, buffers: 32 },
+    PoolClassConfig { buf_bytes: 1 << 20, buffers: 16 },
+];
+
+impl DataConfig {
+    /// The pool's classes: the configured (or default) ones smaller than the transfer unit, then
+    /// `pool_buffers` buffers of the transfer unit, so every payload the server accepts fits a class.
+    pub fn pool_classes(&self) -> Vec<PoolClass> {
+        let unit = self.transfer_unit_bytes.max(1);
+        let below: &[PoolClassConfig] =
+            if self.pool_classes.is_empty() { &DEFAULT_POOL_CLASSES } else { &self.pool_classes };
+        let mut v: Vec<PoolClass> = below
+            .iter()
+            .filter(|c| c.buf_bytes < unit)
+            .map(|c| PoolClass { buf_bytes: c.buf_bytes as usize, buffers: c.buffers })
+            .collect();
+        v.push(PoolClass { buf_bytes: unit as usize, buffers: self.pool_buffers.max(1) });
+        v
+    }
+}
+
+/// Pieces of a pipelined one-sided transfer, by default: the client's 1 MiB transfer unit moves whole, a 2 MiB one
+/// in two pieces. Smaller pieces (256 KiB) measured slower here with 8 units in flight on 2 cores: units in
+/// flight already overlap disk and transfer, and each piece costs two hand-offs and its own mapping (see
+/// ARCHITECTURE.md, "Double buffering").
+pub const DEFAULT_PIPELINE_PIECE_BYTES: u32 = 1 << 20;
+
+/// Pieces of a pipelined transfer over a fabric whose transfers do not use the CPU (`rdma`): four per 1 MiB unit,
+/// so the disk reads or writes one piece while the NIC moves another.
+pub const DEFAULT_RDMA_PIPELINE_PIECE_BYTES: u32 = 256 << 10;
+
+fn default_true() -> bool {
+    true
+}
+fn default_heartbeat_ms() -> u64 {
+    1000
+}
+fn default_transfer_unit() -> u32 {
+    2 << 20
+}
+fn default_pool_buffers() -> u32 {
+    32
+}
+fn default_pipeline_piece() -> u32 {
+    DEFAULT_PIPELINE_PIECE_BYTES
+}
+fn default_rdma_pipeline_piece() -> u32 {
+    DEFAULT_RDMA_PIPELINE_PIECE_BYTES
+}
+fn default_slots_max() -> u32 {
+    64
+}
+fn default_sessions_max() -> u32 {
+    1024
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields `weft up` and the launcher write; everything else takes its default.
+    #[test]
+    fn a_minimal_config_takes_the_defaults() {
+        let cfg: DataConfig =
+            toml::from_str("id = 3\nlisten = \"127.0.0.1:0\"\nroot = \"/srv/d3\"\nmds = \"127.0.0.1:7000\"\n").unwrap();
+        assert_eq!((cfg.id, cfg.listen.as_str(), cfg.mds.as_str()), (3, "127.0.0.1:0", "127.0.0.1:7000"));
+        assert_eq!(cfg.root, PathBuf::from("/srv/d3"));
+        assert_eq!(cfg.advertise, None);
+        assert_eq!(cfg.heartbeat_ms, 1000);
+        assert_eq!(cfg.transfer_unit_bytes, 2 << 20);
+        assert_eq!(cfg.pool_buffers, 32);
+        assert!(cfg.pool_classes.is_empty());
+        assert_eq!(cfg.pipeline_piece_bytes, DEFAULT_PIPELINE_PIECE_BYTES);
+        assert_eq!(cfg.rdma_pipeline_piece_bytes, DEFAULT_RDMA_PIPELINE_PIECE_BYTES);
+        assert_eq!((cfg.slots_max, cfg.sessions_max), (64, 1024));
+        assert!(!cfg.short_circuit);
+        assert!(cfg.shm && cfg.rdma);
+        assert_eq!((cfg.shm_socket, cfg.rdma_port), (None, 0));
+    }
+
+    #[test]
+    fn every_field_is_read_and_unknown_ones_are_refused() {
+        let text = r#"
+            id = 1
+            listen = "0.0.0.0:7100"
+            advertise = "10.0.0.1:7100"
+            root = "/d"
+            mds = "m:7000"
+            heartbeat_ms = 250
+            transfer_unit_bytes = 1048576
+            pool_buffers = 8
+            pipeline_piece_bytes = 524288
+            rdma_pipeline_piece_bytes = 131072
+            slots_max = 16
+            sessions_max = 32
+            short_circuit = true
+            shm = false
+            shm_socket = "/run/d.sock"
+            rdma = false
+            rdma_port = 7101
+            [[pool_classes]]
+            buf_bytes = 65536
+            buffers = 4
+            [[pool_classes]]
+            buf_bytes = 4194304
+            buffers = 2
+        "#;
+        let cfg: DataConfig = toml::from_str(text).unwrap();
+        assert_eq!(cfg.advertise.as_deref(), Some("10.0.0.1:7100"));
+        assert_eq!((cfg.heartbeat_ms, cfg.transfer_unit_bytes, cfg.pool_buffers), (250, 1 << 20, 8));
+        assert_eq!((cfg.pipeline_piece_bytes, cfg.rdma_pipeline_piece_bytes), (512 << 10, 128 << 10));
+        assert_eq!((cfg.slots_max, cfg.sessions_max, cfg.rdma_port), (16, 32, 7101));
+        assert!(cfg.short_circuit && !cfg.shm && !cfg.rdma);
+        assert_eq!(cfg.shm_socket, Some(PathBuf::from("/run/d.sock")));
+        // Classes at or above the transfer unit are dropped; the unit's own class comes last.
+        let classes: Vec<(usize, u32)> = cfg.pool_classes().iter().map(|c| (c.buf_bytes, c.buffers)).collect();
+        assert_eq!(classes, vec![(64 << 10, 4), (1 << 20, 8)]);
+        assert!(toml::from_str::<DataConfig>(&format!("{text}\nunknown = 1\n")).is_err());
+    }
+}

@@ -1,0 +1,178 @@
+//! A data server node: [`run`] opens the object store, listens (tcp, and shm and rdma where they can be had) and
+//! serves [`DataService`]; `heartbeat` registers the server with the metadata service and repeats it, carrying
+//! the server's free space, so the MDS reports it up (and up again after either side restarts).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
+use weft_proto::msg::RegisterServerReq;
+use weft_proto::{FrameLimits, Request};
+use weft_rpc::{BufferPool, ClientConfig, RpcClient, RpcServer, ServerConfig};
+
+use crate::config::DataConfig;
+use crate::service::DataService;
+use crate::store::ObjectStore;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataServerError {
+    #[error("opening the object store at {root}: {source}")]
+    Store { root: PathBuf, source: crate::DataError },
+    #[error("listening on {addr}: {source}")]
+    Listen { addr: String, source: std::io::Error },
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+    #[error("allocating the buffer zones: {0}")]
+    Pool(weft_rpc::PoolError),
+}
+
+/// Runs a data server until the process is stopped. `ready` is told the listening address.
+pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataServerError> {
+    let store =
+        ObjectStore::open(&cfg.root).map_err(|source| DataServerError::Store { root: cfg.root.clone(), source })?;
+    let store = Arc::new(store);
+    let fabric = AnyFabric::default();
+    let listener = fabric
+        .listen(&cfg.listen)
+        .await
+        .map_err(|source| DataServerError::Listen { addr: cfg.listen.clone(), source })?;
+    let addr = listener.local_addr().map_err(DataServerError::Serve)?;
+    let advertise = cfg.advertise.clone().unwrap_or_else(|| addr.clone());
+    let shm_listener = listen_shm(&fabric, &cfg).await;
+    let shm_addr = shm_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let (rdma_listener, rdma_addr) = listen_rdma(&fabric, &cfg, &addr, &advertise).await;
+    let server_cfg = ServerConfig {
+        limits: FrameLimits { body_bytes_max: 64 << 10, data_bytes_max: cfg.transfer_unit_bytes },
+        slots_max: cfg.slots_max,
+        sessions_max: cfg.sessions_max,
+        pool_buffers: cfg.pool_buffers,
+        shm_addr: shm_addr.clone(),
+        rdma_addr: rdma_addr.clone(),
+        ..ServerConfig::default()
+    };
+    let pool = BufferPool::with_classes(&cfg.pool_classes()).map_err(DataServerError::Pool)?;
+    let service = DataService::new(store.clone(), cfg.pool_buffers)
+        .with_short_circuit(cfg.short_circuit)
+        .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
+        .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes);
+    let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
+    info!(id = cfg.id, %addr, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
+    tokio::spawn(heartbeat(cfg.clone(), advertise, store));
+    for (name, l) in [("shm", shm_listener), ("rdma", rdma_listener)] {
+        let Some(l) = l else { continue };
+        let server = server.clone();
+        tokio::spawn(async move {
+            if let Err(e) = server.serve(l).await {
+                warn!("{name} listener ended: {e}");
+            }
+        });
+    }
+    ready(&addr);
+    server.serve(listener).await.map_err(DataServerError::Serve)
+}
+
+type AnyListener = <AnyFabric as Fabric>::Listener;
+
+/// The shm listener, if configured. It is an optimisation: a server that cannot bind it (path too long, read-only
+/// root) still serves everyone over TCP.
+async fn listen_shm(fabric: &AnyFabric, cfg: &DataConfig) -> Option<AnyListener> {
+    if !cfg.shm {
+        return None;
+    }
+    let path = cfg.shm_socket.clone().unwrap_or_else(|| cfg.root.join("weft-data.sock"));
+    let shm_addr = format!("{}{}", weft_fabric::shm::SHM_SCHEME, path.display());
+    match fabric.listen(&shm_addr).await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            warn!(%shm_addr, "no shm listener, same-host clients will use tcp: {e}");
+            None
+        }
+    }
+}
+
+/// The rdma listener, if configured and this host has a device, with the address clients are told (the
+/// advertised host, the listener's port). So is rdma an optimisation: without a device (most hosts) the server
+/// says so once and serves over tcp and shm.
+async fn listen_rdma(
+    fabric: &AnyFabric,
+    cfg: &DataConfig,
+    addr: &str,
+    advertise: &str,
+) -> (Option<AnyListener>, Option<String>) {
+    if !cfg.rdma {
+        return (None, None);
+    }
+    let ip = addr.rsplit_once(':').map_or("0.0.0.0", |(h, _)| h);
+    let listen = format!("rdma:{ip}:{}", cfg.rdma_port);
+    match fabric.listen(&listen).await {
+        Ok(l) => {
+            let port = l.local_addr().ok().and_then(|a| a.rsplit_once(':').map(|(_, p)| p.to_string()));
+            let host = advertise.rsplit_once(':').map_or(ip, |(h, _)| h);
+            (Some(l), port.map(|p| format!("rdma:{host}:{p}")))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+            info!("no rdma listener: {e}");
+            (None, None)
+        }
+        Err(e) => {
+            warn!(%listen, "no rdma listener, clients will use tcp: {e}");
+            (None, None)
+        }
+    }
+}
+
+/// Registers with the MDS and repeats it as a heartbeat carrying this server's space. Survives MDS restarts.
+async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>) {
+    let rpc_cfg = ClientConfig {
+        client_name: format!("data-server-{}", cfg.id),
+        slots: 1,
+        call_timeout_ms: cfg.heartbeat_ms.max(1000) * 5,
+        attempts_max: 1,
+        ..ClientConfig::default()
+    };
+    let mut client: Option<RpcClient<TcpFabric>> = None;
+    let mut healthy = true;
+    let mut tick = tokio::time::interval(Duration::from_millis(cfg.heartbeat_ms.max(10)));
+    loop {
+        tick.tick().await;
+        let space = {
+            let store = store.clone();
+            match tokio::task::spawn_blocking(move || store.space()).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    warn!("cannot read space of {}: {e}", cfg.root.display());
+                    Default::default()
+                }
+                Err(_) => Default::default(),
+            }
+        };
+        if client.is_none() {
+            client = RpcClient::connect(TcpFabric::default(), &cfg.mds, rpc_cfg.clone()).await.ok();
+        }
+        let result = match &client {
+            Some(c) => c
+                .call_simple(Request::RegisterServer(RegisterServerReq { id: cfg.id, addr: advertise.clone(), space }))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            None => Err(format!("cannot connect to {}", cfg.mds)),
+        };
+        match result {
+            Ok(()) if !healthy => {
+                info!(mds = %cfg.mds, "registered with the metadata service again");
+                healthy = true;
+            }
+            Ok(()) => {}
+            Err(e) => {
+                if healthy {
+                    warn!(mds = %cfg.mds, "heartbeat failed (will keep trying): {e}");
+                }
+                healthy = false;
+                client = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,569 @@
+//! The data server's RPC service: [`DataService::call`] matches the op and hands it to one method per op over the
+//! [`ObjectStore`].
+//!
+//! Disk I/O runs on tokio's blocking pool so the network side keeps receiving the next transfer unit while the
+//! disk writes (or reads) this one: with the client keeping several units in flight, disk and network overlap.
+//! Small reads and writes (up to [`INLINE_IO_BYTES_MAX`]) run in place instead, see `DataService::read_inline`.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::warn;
+use weft_fabric::PeerMemory;
+use weft_proto::msg::{InoReq, ReadChunksReq, ReadReq, TruncateReq, WriteChunksReq, WriteReq};
+use weft_proto::{Chunk, ErrorCode, Request, Response, WireError};
+use weft_rpc::{BufferPool, CallCtx, PoolBuf, Reply, ReplyData, Service};
+
+use crate::config::{DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES};
+use crate::pipeline::{self, Piece, join_error, memory_error};
+use crate::store::{DataError, MappedRead, ObjectStore};
+
+/// Reads and writes up to this size run on the runtime worker that received them, without a mapping or a
+/// hand-off to the blocking pool (see `DataService::read_inline`).
+pub const INLINE_IO_BYTES_MAX: u32 = 64 << 10;
+
+pub struct DataService {
+    store: Arc<ObjectStore>,
+    /// Reads served from mappings in flight at once: each pins its pages and a mapping until its reply is sent.
+    mapped_reads: Arc<Semaphore>,
+    /// See [`DataConfig::short_circuit`](crate::DataConfig::short_circuit).
+    short_circuit: bool,
+    /// See [`DataConfig::pipeline_piece_bytes`](crate::DataConfig::pipeline_piece_bytes) and
+    /// [`DataConfig::rdma_pipeline_piece_bytes`](crate::DataConfig::rdma_pipeline_piece_bytes).
+    piece_bytes: u64,
+    rdma_piece_bytes: u64,
+}
+
+impl DataService {
+    /// `mapped_reads_max` bounds the reads served from page-cache mappings at once (the copying path is bounded
+    /// by the RPC server's buffer pool).
+    pub fn new(store: Arc<ObjectStore>, mapped_reads_max: u32) -> DataService {
+        DataService {
+            store,
+            mapped_reads: Arc::new(Semaphore::new(mapped_reads_max.max(1) as usize)),
+            short_circuit: false,
+            piece_bytes: u64::from(DEFAULT_PIPELINE_PIECE_BYTES),
+            rdma_piece_bytes: u64::from(DEFAULT_RDMA_PIPELINE_PIECE_BYTES),
+        }
+    }
+
+    /// See [`DataConfig::pipeline_piece_bytes`](crate::DataConfig::pipeline_piece_bytes); rounded down to whole
+    /// 4 KiB blocks, at least one.
+    pub fn with_pipeline_piece_bytes(mut self, bytes: u32) -> DataService {
+        self.piece_bytes = (u64::from(bytes) / 4096).max(1) * 4096;
+        self
+    }
+
+    /// See [`DataConfig::rdma_pipeline_piece_bytes`](crate::DataConfig::rdma_pipeline_piece_bytes); rounded as
+    /// above.
+    pub fn with_rdma_pipeline_piece_bytes(mut self, bytes: u32) -> DataService {
+        self.rdma_piece_bytes = (u64::from(bytes) / 4096).max(1) * 4096;
+        self
+    }
+
+    /// Benchmarks only: see [`DataConfig::short_circuit`](crate::DataConfig::short_circuit).
+    pub fn with_short_circuit(mut self, on: bool) -> DataService {
+        self.short_circuit = on;
+        self
+    }
+
+    // ---- One method per op --------------------------------------------------------------------------------------
+
+    /// `Read`: the bytes go back as the reply's payload.
+    async fn read(&self, ctx: &CallCtx, r: ReadReq) -> Result<Reply, WireError> {
+        fits_transfer_unit(ctx, "read", u64::from(r.len))?;
+        if let Some(buf) = self.read_inline(ctx, r.ino, r.offset, u64::from(r.len)).await? {
+            return Ok(Reply { resp: Response::Read(()), data: Some(Box::new(buf)) });
+        }
+        // Larger ranges inside the object: verified and sent straight from the page cache.
+        let permit = self.mapped_reads.clone().acquire_owned().await.expect("never closed");
+        let mapped = {
+            let store = self.store.clone();
+            on_blocking_pool(move || store.read_mapped(r.ino, r.offset, u64::from(r.len))).await?
+        };
+        if let Some(read) = mapped {
+            return Ok(Reply { resp: Response::Read(()), data: Some(Box::new(MappedReply { read, _permit: permit })) });
+        }
+        drop(permit);
+        // Past the object's end or a missing object: copy into a pool buffer, filling zeros.
+        let mut buf = ctx.pool.acquire(r.len as usize).await;
+        let store = self.store.clone();
+        let buf = on_blocking_pool(move || store.read(r.ino, r.offset, buf.as_mut_slice()).map(|()| buf)).await?;
+        Ok(Reply { resp: Response::Read(()), data: Some(Box::new(buf)) })
+    }
+
+    /// `ReadChunks`: the server puts the bytes into the client's memory, then replies.
+    async fn read_chunks(&self, ctx: &CallCtx, r: ReadChunksReq) -> Result<Reply, WireError> {
+        let (memory, len) = checked_chunks(ctx, "read", &r.chunks)?;
+        if let Some(buf) = self.read_inline(ctx, r.ino, r.offset, len).await? {
+            memory.put(&r.chunks, buf.as_slice()).map_err(|e| memory_error(&ctx.peer, e))?;
+            return Ok(Response::ReadChunks(()).into());
+        }
+        // A fabric that reaches any server memory (shm) is served from page-cache mappings, straight into the
+        // client's memory; one that needs registered memory (rdma) from pool buffers in the zones.
+        let map = !memory.wants_zone_buffers();
+        let _permit = match map {
+            true => Some(self.mapped_reads.clone().acquire_owned().await.expect("never closed")),
+            false => None,
+        };
+        let (pieces, bufs) = self.pieces(ctx, &*memory, &r.chunks, r.offset).await?;
+        pipeline::read_chunks(self.store.clone(), memory, ctx.peer.clone(), r.ino, pieces, bufs, map).await?;
+        Ok(Response::ReadChunks(()).into())
+    }
+
+    /// `WriteChunks`: the server gets the bytes from the client's memory when it has a buffer for them (its own
+    /// pace, its own memory) and writes them.
+    async fn write_chunks(&self, ctx: &CallCtx, w: WriteChunksReq) -> Result<Reply, WireError> {
+        let (memory, len) = checked_chunks(ctx, "write", &w.chunks)?;
+        if self.short_circuit {
+            return Ok(Response::WriteChunks(len as u32).into());
+        }
+        if len <= u64::from(INLINE_IO_BYTES_MAX) {
+            let mut buf = ctx.pool.acquire(len as usize).await;
+            memory.get(&w.chunks, buf.as_mut_slice()).map_err(|e| memory_error(&ctx.peer, e))?;
+            self.store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)?;
+            return Ok(Response::WriteChunks(len as u32).into());
+        }
+        let (pieces, bufs) = self.pieces(ctx, &*memory, &w.chunks, w.offset).await?;
+        pipeline::write_chunks(self.store.clone(), memory, ctx.peer.clone(), w.ino, pieces, bufs).await?;
+        Ok(Response::WriteChunks(len as u32).into())
+    }
+
+    /// `Write`: the bytes came as the request's payload.
+    async fn write(&self, w: WriteReq, data: Option<PoolBuf>) -> Result<Reply, WireError> {
+        let buf = data.ok_or_else(|| WireError::new(ErrorCode::BadRequest, "write without a payload"))?;
+        let n = buf.len() as u32;
+        if self.short_circuit {
+            return Ok(Response::Write(n).into());
+        }
+        if n <= INLINE_IO_BYTES_MAX {
+            // As small reads: a page-cache write takes less than the hand-off to the blocking pool.
+            self.store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)?;
+        } else {
+            let store = self.store.clone();
+            on_blocking_pool(move || store.write(w.ino, w.offset, buf.as_slice())).await?;
+        }
+        Ok(Response::Write(n).into())
+    }
+
+    async fn truncate(&self, t: TruncateReq) -> Result<Reply, WireError> {
+        let store = self.store.clone();
+        on_blocking_pool(move || store.truncate(t.ino, t.size)).await?;
+        Ok(Response::Truncate(()).into())
+    }
+
+    async fn remove_object(&self, r: InoReq) -> Result<Reply, WireError> {
+        let store = self.store.clone();
+        on_blocking_pool(move || store.remove(r.ino)).await?;
+        Ok(Response::RemoveObject(()).into())
+    }
+
+    async fn fsync(&self, r: InoReq) -> Result<Reply, WireError> {
+        if !self.short_circuit {
+            let store = self.store.clone();
+            on_blocking_pool(move || store.fsync(r.ino)).await?;
+        }
+        Ok(Response::Fsync(()).into())
+    }
+
+    async fn space_stat(&self) -> Result<Reply, WireError> {
+        let store = self.store.clone();
+        let s = on_blocking_pool(move || store.space()).await?;
+        Ok(Response::SpaceStat(s).into())
+    }
+
+    // ---- Shared by the ops --------------------------------------------------------------------------------------
+
+    /// The small-read choice of `Read` and `ReadChunks`: a read of up to [`INLINE_IO_BYTES_MAX`] bytes (or any
+    /// read, short-circuited) is read into a pool buffer right here and returned; a larger one is `None`, left to
+    /// the caller's mapped or pipelined path.
+    ///
+    /// Why in place: for random I/O, mapping a few pages costs more (mmap, populate, munmap and its TLB
+    /// shootdown) than copying them, and a hand-off to the blocking pool costs two thread wake-ups, more than a
+    /// page-cache read. A cache miss holds this worker for one small disk read. Short-circuited, the buffer is
+    /// zeros.
+    async fn read_inline(&self, ctx: &CallCtx, ino: u64, offset: u64, len: u64) -> Result<Option<PoolBuf>, WireError> {
+        if !self.short_circuit && len > u64::from(INLINE_IO_BYTES_MAX) {
+            return Ok(None);
+        }
+        let mut buf = ctx.pool.acquire(len as usize).await;
+        if self.short_circuit {
+            buf.as_mut_slice().fill(0);
+        } else {
+            self.store.read(ino, offset, buf.as_mut_slice()).map_err(WireError::from)?;
+        }
+        Ok(Some(buf))
+    }
+
+    /// A one-sided transfer of `chunks` at object `offset` cut into pieces, with the buffers to move them through.
+    async fn pieces(
+        &self,
+        ctx: &CallCtx,
+        memory: &dyn PeerMemory,
+        chunks: &[Chunk],
+        offset: u64,
+    ) -> Result<(Vec<Piece>, Vec<PoolBuf>), WireError> {
+        let pieces = pipeline::split(chunks, offset, self.piece_bytes_for(memory)).map_err(bad_pieces)?;
+        let piece_max = pieces.iter().map(|p| p.len).max().unwrap_or(0) as usize;
+        let bufs = piece_buffers(&ctx.pool, pieces.len(), piece_max).await;
+        Ok((pieces, bufs))
+    }
+
+    /// The piece size for transfers with `memory`'s fabric.
+    fn piece_bytes_for(&self, memory: &dyn PeerMemory) -> u64 {
+        if memory.wants_zone_buffers() { self.rdma_piece_bytes } else { self.piece_bytes }
+    }
+}
+
+impl Service for DataService {
+    async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
+        match req {
+            Request::Read(r) => self.read(ctx, r).await,
+            Request::ReadChunks(r) => self.read_chunks(ctx, r).await,
+            Request::WriteChunks(w) => self.write_chunks(ctx, w).await,
+            Request::Write(w) => self.write(w, data).await,
+            Request::Truncate(t) => self.truncate(t).await,
+            Request::RemoveObject(r) => self.remove_object(r).await,
+            Request::Fsync(r) => self.fsync(r).await,
+            Request::SpaceStat(()) => self.space_stat().await,
+            other => {
+                Err(WireError::new(ErrorCode::BadRequest, format!("{:?} is not served by a data server", other.op())))
+            }
+        }
+    }
+}
+
+/// A mapped read on its way out: the mapping and its range lock live until the reply is sent.
+struct MappedReply {
+    read: MappedRead,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl ReplyData for MappedReply {
+    fn as_bytes(&self) -> &[u8] {
+        self.read.as_bytes()
+    }
+}
+
+/// Runs a store call on tokio's blocking pool.
+async fn on_blocking_pool<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, DataError> + Send + 'static,
+) -> Result<T, WireError> {
+    tokio::task::spawn_blocking(f).await.map_err(join_error)?.map_err(WireError::from)
+}
+
+/// Refuses a transfer (`what` is "read" or "write") larger than a transfer unit.
+fn fits_transfer_unit(ctx: &CallCtx, what: &str, len: u64) -> Result<(), WireError> {
+    if len > ctx.pool.buf_bytes() as u64 {
+        return Err(WireError::new(
+            ErrorCode::OutOfRange,
+            format!("{what} of {len} bytes exceeds the transfer unit of {}", ctx.pool.buf_bytes()),
+        ));
+    }
+    Ok(())
+}
+
+/// The client memory a chunk list names and the list's length, once the list is checked: refused before the disk
+/// is touched if the connection has no one-sided fabric, the transfer exceeds a unit, or a chunk lies outside the
+/// client's registered regions.
+fn checked_chunks(ctx: &CallCtx, what: &str, chunks: &[Chunk]) -> Result<(Arc<dyn PeerMemory>, u64), WireError> {
+    let memory = one_sided(ctx)?;
+    let len: u64 = chunks.iter().map(|c| u64::from(c.len)).sum();
+    fits_transfer_unit(ctx, what, len)?;
+    memory.check(chunks, len).map_err(|e| refuse_chunks(ctx, e))?;
+    Ok((memory, len))
+}
+
+/// Two buffers for a pipelined transfer of `pieces` pieces, the largest `piece_max` bytes (one for a single
+/// piece, or if the pool has no class that can lend a pair: the stages then alternate instead of overlapping).
+async fn piece_buffers(pool: &BufferPool, pieces: usize, piece_max: usize) -> Vec<PoolBuf> {
+    if pieces < 2 {
+        return vec![pool.acquire(piece_max).await];
+    }
+    match pool.acquire_pair(piece_max).await {
+        Some((a, b)) => vec![a, b],
+        None => vec![pool.acquire(piece_max).await],
+    }
+}
+
+fn one_sided(ctx: &CallCtx) -> Result<Arc<dyn PeerMemory>, WireError> {
+    ctx.memory.clone().ok_or_else(|| {
+        WireError::new(ErrorCode::BadRequest, "chunk lists need a one-sided fabric; this connection has none")
+    })
+}
+
+fn bad_pieces(e: pipeline::PieceError) -> WireError {
+    WireError::new(ErrorCode::BadRequest, format!("chunk list refused: {e}"))
+}
+
+/// A chunk outside the client's registered regions: refused, logged, and nothing was read or written.
+fn refuse_chunks(ctx: &CallCtx, e: weft_proto::ChunkError) -> WireError {
+    warn!(peer = %ctx.peer, "refusing a chunk list: {e}");
+    WireError::new(ErrorCode::BadRequest, format!("chunk list refused: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The pipelined one-sided path against a client memory held in this process, so a test can see every `get`
+    //! and `put`, make one fail, and check that rdma-style transfers only touch buffers inside announced zones.
+
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use weft_fabric::MemoryError;
+    use weft_proto::{ChunkError, Region};
+
+    use super::*;
+    use crate::{DataConfig, PoolClassConfig};
+
+    const K: usize = 1024;
+    const REGION_BYTES: usize = 4 << 20;
+
+    /// Two regions of "client memory"; `get`/`put` number `fail_at` fails.
+    struct FakeMemory {
+        regions: Mutex<[Vec<u8>; 2]>,
+        zone: bool,
+        fail_get_at: Option<usize>,
+        fail_put_at: Option<usize>,
+        gets: AtomicUsize,
+        puts: AtomicUsize,
+        /// Transfers whose server-side buffer lay outside every announced zone.
+        unzoned: AtomicUsize,
+    }
+
+    impl FakeMemory {
+        fn new(zone: bool) -> FakeMemory {
+            FakeMemory {
+                regions: Mutex::new([vec![0; REGION_BYTES], vec![0; REGION_BYTES]]),
+                zone,
+                fail_get_at: None,
+                fail_put_at: None,
+                gets: AtomicUsize::new(0),
+                puts: AtomicUsize::new(0),
+                unzoned: AtomicUsize::new(0),
+            }
+        }
+        fn note_zone(&self, buf: &[u8]) {
+            if weft_fabric::zones::find(buf.as_ptr(), buf.len()).is_none() {
+                self.unzoned.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fn region(&self, id: usize) -> Vec<u8> {
+            self.regions.lock().unwrap()[id].clone()
+        }
+    }
+
+    fn injected() -> MemoryError {
+        MemoryError::Io(std::io::Error::other("injected failure"))
+    }
+
+    impl PeerMemory for FakeMemory {
+        fn register(&self, _add: &[Region], _remove: &[u32]) -> Result<(), ChunkError> {
+            Ok(())
+        }
+        fn check(&self, chunks: &[Chunk], want: u64) -> Result<(), ChunkError> {
+            for (index, c) in chunks.iter().enumerate() {
+                if c.region > 1 || c.offset + u64::from(c.len) > REGION_BYTES as u64 {
+                    return Err(ChunkError::UnknownRegion { index, region: c.region });
+                }
+            }
+            let have = chunks.iter().map(|c| u64::from(c.len)).sum();
+            if have != want {
+                return Err(ChunkError::LengthMismatch { have, want });
+            }
+            Ok(())
+        }
+        fn get(&self, chunks: &[Chunk], dst: &mut [u8]) -> Result<(), MemoryError> {
+            if Some(self.gets.fetch_add(1, Ordering::SeqCst)) == self.fail_get_at {
+                return Err(injected());
+            }
+            self.note_zone(dst);
+            let r = self.regions.lock().unwrap();
+            let mut at = 0;
+            for c in chunks {
+                let (o, n) = (c.offset as usize, c.len as usize);
+                dst[at..at + n].copy_from_slice(&r[c.region as usize][o..o + n]);
+                at += n;
+            }
+            assert_eq!(at, dst.len(), "a piece's chunks add up to its buffer");
+            Ok(())
+        }
+        fn put(&self, chunks: &[Chunk], src: &[u8]) -> Result<(), MemoryError> {
+            if Some(self.puts.fetch_add(1, Ordering::SeqCst)) == self.fail_put_at {
+                return Err(injected());
+            }
+            if self.zone {
+                self.note_zone(src);
+            }
+            let mut r = self.regions.lock().unwrap();
+            let mut at = 0;
+            for c in chunks {
+                let (o, n) = (c.offset as usize, c.len as usize);
+                r[c.region as usize][o..o + n].copy_from_slice(&src[at..at + n]);
+                at += n;
+            }
+            assert_eq!(at, src.len(), "a piece's chunks add up to its bytes");
+            Ok(())
+        }
+        fn revoke(&self) {}
+        fn wants_zone_buffers(&self) -> bool {
+            self.zone
+        }
+    }
+
+    fn setup(name: &str) -> (DataService, BufferPool, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("weft-data-pipe-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Arc::new(ObjectStore::open(&dir).unwrap());
+        let cfg = DataConfig {
+            id: 1,
+            listen: String::new(),
+            advertise: None,
+            root: dir.clone(),
+            mds: String::new(),
+            heartbeat_ms: 1000,
+            transfer_unit_bytes: 2 << 20,
+            pool_buffers: 2,
+            pool_classes: vec![PoolClassConfig { buf_bytes: 64 << 10, buffers: 4 }],
+            pipeline_piece_bytes: 64 << 10,
+            rdma_pipeline_piece_bytes: 64 << 10,
+            slots_max: 4,
+            sessions_max: 4,
+            short_circuit: false,
+            shm: false,
+            shm_socket: None,
+            rdma: false,
+            rdma_port: 0,
+        };
+        let pool = BufferPool::with_classes(&cfg.pool_classes()).unwrap();
+        let svc = DataService::new(store, 4)
+            .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
+            .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes);
+        (svc, pool, dir)
+    }
+
+    fn ctx(pool: &BufferPool, memory: &Arc<FakeMemory>) -> CallCtx {
+        CallCtx { session: 1, peer: "test".into(), pool: pool.clone(), memory: Some(memory.clone()) }
+    }
+
+    /// Odd-sized chunks laid out backwards in `region` from `start`, so bytes cut into the wrong piece, or
+    /// pieces taken in the wrong order, land in the wrong place.
+    fn scattered(region: u32, start: u64, total: usize) -> Vec<Chunk> {
+        let sizes = [7 * K + 13, 333, 70 * K + 1, 4096, 1, 19 * K + 7];
+        let mut chunks = Vec::new();
+        let mut left = total;
+        let mut end = start + 2 * total as u64;
+        let mut i = 0;
+        while left > 0 {
+            let n = sizes[i % sizes.len()].min(left);
+            // Leave a one-byte gap between chunks.
+            end -= n as u64 + 1;
+            chunks.push(Chunk { region, offset: end, len: n as u32 });
+            left -= n;
+            i += 1;
+        }
+        chunks
+    }
+
+    fn gather(mem: &[u8], chunks: &[Chunk]) -> Vec<u8> {
+        chunks.iter().flat_map(|c| mem[c.offset as usize..c.offset as usize + c.len as usize].to_vec()).collect()
+    }
+
+    fn pattern(seed: u8, len: usize) -> Vec<u8> {
+        (0..len).map(|i| ((i * 7 + i / 4099) as u8).wrapping_add(seed)).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pipelined_transfers_with_straddling_chunks_round_trip() {
+        for zone in [false, true] {
+            let (svc, pool, dir) = setup(if zone { "zone" } else { "map" });
+            let mem = Arc::new(FakeMemory::new(zone));
+            let data = pattern(3, 700 * K + 77);
+            let wchunks = scattered(0, 1001, data.len());
+            {
+                let mut r = mem.regions.lock().unwrap();
+                let mut at = 0;
+                for c in &wchunks {
+                    let (o, n) = (c.offset as usize, c.len as usize);
+                    r[0][o..o + n].copy_from_slice(&data[at..at + n]);
+                    at += n;
+                }
+            }
+            let offset = 3 * 4096 + 1234;
+            let req = Request::WriteChunks(WriteChunksReq { ino: 7, offset, chunks: wchunks.clone() });
+            let reply = svc.call(&ctx(&pool, &mem), req, None).await.unwrap();
+            assert!(matches!(reply.resp, Response::WriteChunks(n) if n as usize == data.len()));
+            let pieces = pipeline::split(&wchunks, offset, 64 << 10).unwrap().len();
+            assert!(pieces > 10);
+            assert_eq!(mem.gets.load(Ordering::SeqCst), pieces);
+            let mut disk = vec![0u8; data.len()];
+            svc.store.read(7, offset, &mut disk).unwrap();
+            assert!(disk == data, "zone={zone}: the object holds the bytes in chunk order");
+
+            // Read back a range that starts before the data and runs past the object's end (zeros there).
+            let read_off = offset - 5000;
+            let read_len = data.len() + 5000 + 9000;
+            let rchunks = scattered(1, 17, read_len);
+            let req = Request::ReadChunks(ReadChunksReq { ino: 7, offset: read_off, chunks: rchunks.clone() });
+            svc.call(&ctx(&pool, &mem), req, None).await.unwrap();
+            let got = gather(&mem.region(1), &rchunks);
+            assert!(got[..5000].iter().all(|&b| b == 0), "zone={zone}: before the data");
+            assert!(got[5000..5000 + data.len()] == data[..], "zone={zone}: the data, in chunk order");
+            assert!(got[5000 + data.len()..].iter().all(|&b| b == 0), "zone={zone}: past the end");
+            assert_eq!(mem.unzoned.load(Ordering::SeqCst), 0, "zone={zone}: every buffer came from a zone");
+            assert_eq!(pool.available(), 6, "every buffer went back");
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_get_in_the_second_piece_fails_the_write() {
+        let (svc, pool, dir) = setup("failget");
+        let mut mem = FakeMemory::new(true);
+        mem.fail_get_at = Some(1);
+        let mem = Arc::new(mem);
+        let chunks = vec![Chunk { region: 0, offset: 5, len: 300 << 10 }];
+        let req = Request::WriteChunks(WriteChunksReq { ino: 8, offset: 100, chunks });
+        let err = svc.call(&ctx(&pool, &mem), req, None).await.err().expect("the write fails");
+        assert_eq!(err.code, ErrorCode::Io, "{err:?}");
+        assert_eq!(mem.gets.load(Ordering::SeqCst), 2, "nothing is fetched after the failed piece");
+        assert_eq!(pool.available(), 6);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_read_or_put_stops_the_puts() {
+        for zone in [false, true] {
+            let (svc, pool, dir) = setup(if zone { "failz" } else { "failm" });
+            let data = pattern(5, 400 << 10);
+            svc.store.write(9, 0, &data).unwrap();
+            // Corrupt a byte in the third piece: the read of that piece fails its checksum.
+            let path = svc.store.object_path(9);
+            let mut raw = std::fs::read(&path).unwrap();
+            raw[(128 << 10) + 10] ^= 1;
+            std::fs::write(&path, &raw).unwrap();
+            let mem = Arc::new(FakeMemory::new(zone));
+            let chunks = vec![Chunk { region: 1, offset: 0, len: 400 << 10 }];
+            let req = Request::ReadChunks(ReadChunksReq { ino: 9, offset: 0, chunks: chunks.clone() });
+            let err = svc.call(&ctx(&pool, &mem), req, None).await.err().expect("the read fails");
+            assert_eq!(err.code, ErrorCode::Corrupt, "{err:?}");
+            assert_eq!(mem.puts.load(Ordering::SeqCst), 2, "zone={zone}: pieces after the bad one are not put");
+            let got = mem.region(1);
+            assert!(got[..128 << 10] == data[..128 << 10], "zone={zone}");
+            assert!(got[128 << 10..].iter().all(|&b| b == 0), "zone={zone}: nothing after the failure");
+
+            // A put that fails ends the transfer: the piece being read meanwhile is never put.
+            let mut mem = FakeMemory::new(zone);
+            mem.fail_put_at = Some(0);
+            let mem = Arc::new(mem);
+            let req = Request::ReadChunks(ReadChunksReq { ino: 9, offset: 0, chunks: chunks.clone() });
+            let err = svc.call(&ctx(&pool, &mem), req, None).await.err().expect("the read fails");
+            assert_eq!(err.code, ErrorCode::Io, "{err:?}");
+            assert_eq!(mem.puts.load(Ordering::SeqCst), 1);
+            assert!(mem.region(1).iter().all(|&b| b == 0));
+            assert_eq!(pool.available(), 6);
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! `weft meta --config F`: the metadata service's TOML configuration and its serde defaults.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use crate::JournalConfig;
+
+/// `weft meta --config F`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaConfig {
+    /// Address to listen on (`host:0` picks a free port).
+    pub listen: String,
+    /// Also serve clients over the `rdma` fabric's messages at this address (`rdma:host:port`), e.g. on a cluster
+    /// whose clients reach nothing else; off by default (metadata is never on the data path).
+    #[serde(default)]
+    pub rdma_listen: Option<String>,
+    /// Directory of the embedded store (`meta.redb`).
+    pub data_dir: PathBuf,
+    /// A data server unheard of for this long is reported down.
+    #[serde(default = "default_liveness_ms")]
+    pub liveness_ms: u64,
+    #[serde(default = "default_slots_max")]
+    pub slots_max: u32,
+    #[serde(default = "default_sessions_max")]
+    pub sessions_max: u32,
+    /// How often removed files' objects are collected from the data servers.
+    #[serde(default = "default_gc_interval_ms")]
+    pub gc_interval_ms: u64,
+    /// Size each metadata journal segment is preallocated to.
+    #[serde(default = "default_journal_segment_bytes")]
+    pub journal_segment_bytes: u64,
+    /// Journal bytes not yet checkpointed above which writers wait for a checkpoint (back-pressure).
+    #[serde(default = "default_journal_bytes_max")]
+    pub journal_bytes_max: u64,
+    /// Journal bytes since the last checkpoint that trigger the next one.
+    #[serde(default = "default_checkpoint_bytes")]
+    pub checkpoint_bytes: u64,
+    /// Longest a journaled change waits for a checkpoint into the store (bounds replay time after a crash).
+    #[serde(default = "default_checkpoint_interval_ms")]
+    pub checkpoint_interval_ms: u64,
+}
+
+impl MetaConfig {
+    /// The store's journal limits from this config.
+    pub fn journal(&self) -> JournalConfig {
+        JournalConfig {
+            segment_bytes: self.journal_segment_bytes,
+            journal_bytes_max: self.journal_bytes_max,
+            checkpoint_bytes: self.checkpoint_bytes,
+            checkpoint_interval_ms: self.checkpoint_interval_ms,
+        }
+    }
+}
+
+fn default_liveness_ms() -> u64 {
+    5000
+}
+fn default_slots_max() -> u32 {
+    64
+}
+fn default_sessions_max() -> u32 {
+    4096
+}
+fn default_gc_interval_ms() -> u64 {
+    1000
+}
+fn default_journal_segment_bytes() -> u64 {
+    JournalConfig::default().segment_bytes
+}
+fn default_journal_bytes_max() -> u64 {
+    JournalConfig::default().journal_bytes_max
+}
+fn default_checkpoint_bytes() -> u64 {
+    JournalConfig::default().checkpoint_bytes
+}
+fn default_checkpoint_interval_ms() -> u64 {
+    JournalConfig::default().checkpoint_interval_ms
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields `weft up` and the launcher write; everything else takes its default.
+    #[test]
+    fn a_minimal_config_takes_the_defaults() {
+        let cfg: MetaConfig = toml::from_str("listen = \"127.0.0.1:0\"\ndata_dir = \"/srv/meta\"\n").unwrap();
+        assert_eq!(cfg.listen, "127.0.0.1:0");
+        assert_eq!(cfg.data_dir, PathBuf::from("/srv/meta"));
+        assert_eq!(cfg.rdma_listen, None);
+        assert_eq!((cfg.liveness_ms, cfg.slots_max, cfg.sessions_max, cfg.gc_interval_ms), (5000, 64, 4096, 1000));
+        let journal = cfg.journal();
+        let default = JournalConfig::default();
+        assert_eq!(journal.segment_bytes, default.segment_bytes);
+        assert_eq!(journal.journal_bytes_max, default.journal_bytes_max);
+        assert_eq!(journal.checkpoint_bytes, default.checkpoint_bytes);
+        assert_eq!(journal.checkpoint_interval_ms, default.checkpoint_interval_ms);
+    }
+
+    #[test]
+    fn every_field_is_read_and_unknown_ones_are_refused() {
+        let text = r#"
+            listen = "0.0.0.0:7000"
+            rdma_listen = "rdma:10.0.0.1:7001"
+            data_dir = "/m"
+            liveness_ms = 900
+            slots_max = 8
+            sessions_max = 16
+            gc_interval_ms = 50
+            journal_segment_bytes = 1048576
+            journal_bytes_max = 8388608
+            checkpoint_bytes = 2097152
+            checkpoint_interval_ms = 300
+        "#;
+        let cfg: MetaConfig = toml::from_str(text).unwrap();
+        assert_eq!(cfg.rdma_listen.as_deref(), Some("rdma:10.0.0.1:7001"));
+        assert_eq!((cfg.liveness_ms, cfg.slots_max, cfg.sessions_max, cfg.gc_interval_ms), (900, 8, 16, 50));
+        let journal = cfg.journal();
+        assert_eq!((journal.segment_bytes, journal.journal_bytes_max), (1 << 20, 8 << 20));
+        assert_eq!((journal.checkpoint_bytes, journal.checkpoint_interval_ms), (2 << 20, 300));
+        assert!(toml::from_str::<MetaConfig>(&format!("{text}\nunknown = 1\n")).is_err());
+    }
+}

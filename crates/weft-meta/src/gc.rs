@@ -1,0 +1,77 @@
+//! The metadata service's garbage collector: deletes the objects of removed files from the data servers.
+//!
+//! Invariant: a file's objects are deleted only after the transaction that removed its last name committed (it
+//! records the file in the orphan table in that same transaction), so a crash never loses track of them; the
+//! orphan record is cleared only once every server of the layout has removed its object.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{debug, warn};
+use weft_fabric::TcpFabric;
+use weft_proto::Request;
+use weft_proto::msg::InoReq;
+use weft_rpc::{ClientConfig, RpcClient};
+
+use crate::{Namespace, RedbStore, SystemClock};
+
+/// Most orphans handled per round; the rest wait for the next one.
+const GC_BATCH: usize = 256;
+
+pub(crate) async fn collect_orphans(ns: Arc<Namespace<RedbStore, SystemClock>>, interval_ms: u64) {
+    let mut clients: HashMap<u32, RpcClient<TcpFabric>> = HashMap::new();
+    let rpc_cfg = ClientConfig { client_name: "mds-gc".into(), slots: 8, attempts_max: 1, ..ClientConfig::default() };
+    let mut tick = tokio::time::interval(Duration::from_millis(interval_ms.max(10)));
+    loop {
+        tick.tick().await;
+        let orphans = {
+            let ns = ns.clone();
+            match tokio::task::spawn_blocking(move || ns.orphans(GC_BATCH)).await {
+                Ok(o) => o,
+                Err(_) => continue,
+            }
+        };
+        if orphans.is_empty() {
+            continue;
+        }
+        let addrs: HashMap<u32, String> = ns.servers().into_iter().map(|s| (s.id, s.addr)).collect();
+        for (ino, layout) in orphans {
+            let mut all_removed = true;
+            for server in &layout.servers {
+                let client = match clients.get(server) {
+                    Some(c) => c.clone(),
+                    None => {
+                        let Some(addr) = addrs.get(server) else {
+                            all_removed = false;
+                            continue;
+                        };
+                        match RpcClient::connect(TcpFabric::default(), addr, rpc_cfg.clone()).await {
+                            Ok(c) => {
+                                clients.insert(*server, c.clone());
+                                c
+                            }
+                            Err(e) => {
+                                debug!(server, "orphan collection: cannot reach data server: {e}");
+                                all_removed = false;
+                                continue;
+                            }
+                        }
+                    }
+                };
+                if let Err(e) = client.call_simple(Request::RemoveObject(InoReq { ino })).await {
+                    debug!(server, ino, "orphan collection: remove failed, will retry: {e}");
+                    clients.remove(server);
+                    all_removed = false;
+                }
+            }
+            if all_removed {
+                let ns = ns.clone();
+                match tokio::task::spawn_blocking(move || ns.orphan_done(ino)).await {
+                    Ok(Ok(())) => debug!(ino, "objects of removed file collected"),
+                    other => warn!(ino, "cannot clear orphan record: {other:?}"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! A metadata service node: [`run`] opens the store (replaying its journal), listens (tcp, and rdma messages if
+//! configured), serves [`MetaService`] and starts the orphan collector (`gc.rs`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tracing::info;
+use weft_fabric::{AnyFabric, Fabric, Listener};
+use weft_proto::FrameLimits;
+use weft_rpc::{RpcServer, ServerConfig};
+
+use crate::config::MetaConfig;
+use crate::gc::collect_orphans;
+use crate::service::MetaService;
+use crate::{Namespace, RedbStore, SystemClock};
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetaServerError {
+    #[error("opening the metadata store in {dir}: {source}")]
+    Store { dir: PathBuf, source: crate::MetaError },
+    #[error("listening on {addr}: {source}")]
+    Listen { addr: String, source: std::io::Error },
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Runs the metadata service until the process is stopped. `ready` is told the listening address.
+pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaServerError> {
+    let dir = cfg.data_dir.clone();
+    std::fs::create_dir_all(&dir).map_err(|e| MetaServerError::Store { dir: dir.clone(), source: e.into() })?;
+    let store = RedbStore::open_with(&dir, cfg.journal())
+        .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
+    let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
+        .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
+    let ns = Arc::new(ns);
+    let fabric = AnyFabric::default();
+    let listener = fabric
+        .listen(&cfg.listen)
+        .await
+        .map_err(|source| MetaServerError::Listen { addr: cfg.listen.clone(), source })?;
+    let addr = listener.local_addr().map_err(MetaServerError::Serve)?;
+    let server_cfg = ServerConfig {
+        limits: FrameLimits { body_bytes_max: 1 << 20, data_bytes_max: 0 },
+        slots_max: cfg.slots_max,
+        sessions_max: cfg.sessions_max,
+        pool_buffers: 1,
+        ..ServerConfig::default()
+    };
+    let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(MetaService::new(ns.clone())));
+    info!(%addr, store = %dir.display(), "metadata service listening");
+    if let Some(rdma) = &cfg.rdma_listen {
+        let l = fabric.listen(rdma).await.map_err(|source| MetaServerError::Listen { addr: rdma.clone(), source })?;
+        info!(addr = %l.local_addr().map_err(MetaServerError::Serve)?, "metadata service listening on rdma");
+        let server = server.clone();
+        tokio::spawn(async move {
+            if let Err(e) = server.serve(l).await {
+                tracing::warn!("rdma listener ended: {e}");
+            }
+        });
+    }
+    tokio::spawn(collect_orphans(ns, cfg.gc_interval_ms));
+    ready(&addr);
+    server.serve(listener).await.map_err(MetaServerError::Serve)
+}
