@@ -285,12 +285,12 @@ mod tests {
     #[test]
     fn neighbouring_spans_share_one_window_and_only_acknowledged_ones_take_the_fast_path() {
         let c = cache(8);
-        let spans = [(WINDOW + 100, 200), (WINDOW + 4096, 100)];
+        let spans = [(WINDOW + 100, 300), (WINDOW + 4096, 100)];
         let (p, batch) = RegCache::hold_or_add(&c, 1, &spans, WINDOW, false, no_local).unwrap();
         assert_eq!(batch.add.len(), 1, "one window covers both");
         assert_eq!((batch.add[0].addr, batch.add[0].len), (WINDOW, WINDOW));
         let chunks = p.chunks(&spans);
-        assert_eq!((chunks[0].offset, chunks[0].len), (100, 200));
+        assert_eq!((chunks[0].offset, chunks[0].len), (100, 300));
         assert_eq!((chunks[1].offset, chunks[1].len), (4096, 100));
         assert!(RegCache::hold_registered(&c, 1, &spans).is_none(), "not acknowledged yet");
         c.lock().unwrap().acknowledge(&[batch.add[0].id]);

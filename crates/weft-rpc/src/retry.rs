@@ -194,10 +194,16 @@ mod tests {
     use super::*;
 
     const ADDR: &str = "ds:1";
-    /// Not idempotent: a lost attempt may have run.
-    const WRITE: Op = Op::Write;
+    /// Not idempotent: a lost attempt may have run. (Any op with the property does; the machine only asks it.)
+    const WRITE: Op = Op::Rename;
     /// Idempotent: a lost attempt changes nothing.
-    const READ: Op = Op::Read;
+    const READ: Op = Op::Null;
+
+    #[test]
+    fn the_test_ops_have_the_property_they_stand_for() {
+        assert!(!WRITE.is_idempotent());
+        assert!(READ.is_idempotent());
+    }
 
     fn refused() -> WireError {
         WireError::new(ErrorCode::StaleSession, "unknown session")
@@ -280,7 +286,9 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
-        assert_eq!(seen, vec![40, 60, 80, 100, 120, 140, 160, 180, 200, 200, 200]);
+        // Attempts 2..=12 wait 2..=10 steps of 20 ms, then stay at 10.
+        let steps: Vec<u128> = [2, 3, 4, 5, 6, 7, 8, 9, 10, 10, 10].iter().map(|n| n * 20).collect();
+        assert_eq!(seen, steps);
         let mut s = Retry::new(ADDR, READ, 3);
         s.start();
         assert!(
