@@ -10,7 +10,9 @@
 //! ```
 
 use serde::{Deserialize, Serialize};
-use weft_rpc::{ClientConfig, SizeClasses};
+use weft_rpc::ClientConfig;
+
+use crate::transfer::SizeClasses;
 
 /// How the client reaches data servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -109,12 +111,17 @@ impl Default for ClientTuning {
             inline_bytes_max: SizeClasses::default().inline_bytes_max,
             buffered_bytes_max: SizeClasses::default().buffered_bytes_max,
             arena_buffers: 64,
-            registrations_max: SizeClasses::default().registrations_max,
+            registrations_max: ClientConfig::default().registrations_max,
         }
     }
 }
 
 impl ClientTuning {
+    /// The thresholds that choose how a transfer travels on a one-sided fabric.
+    pub(crate) fn size_classes(&self) -> SizeClasses {
+        SizeClasses { inline_bytes_max: self.inline_bytes_max, buffered_bytes_max: self.buffered_bytes_max }
+    }
+
     pub fn rpc_config(&self) -> ClientConfig {
         let mut c = ClientConfig {
             slots: self.slots.max(1),
@@ -122,12 +129,7 @@ impl ClientTuning {
             connect_timeout_ms: self.connect_timeout_ms,
             attempts_max: self.attempts_max.max(1),
             send_delay_us: self.send_delay_us,
-            classes: SizeClasses {
-                inline_bytes_max: self.inline_bytes_max,
-                buffered_bytes_max: self.buffered_bytes_max,
-                registrations_max: self.registrations_max.max(1),
-                ..SizeClasses::default()
-            },
+            registrations_max: self.registrations_max.max(1),
             ..ClientConfig::default()
         };
         c.limits.data_bytes_max = c.limits.data_bytes_max.max(self.transfer_unit_bytes);

@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use weft_proto::{Attr, ErrorCode, FileKind, Layout};
 use weft_rpc::RpcError;
 
-use crate::{Client, ClientError};
+use crate::{Client, ClientError, transfer};
 
 pub struct File {
     client: Client,
@@ -194,8 +194,8 @@ impl File {
             // `buf`, without the two wake-ups of a spawned task.
             let server = self.layout.servers[u.server_index as usize];
             let ds = self.client.data_server(server).await?;
-            let mut dest = ds
-                .read_object(self.attr.ino, u.object_offset, vec![buf])
+            let classes = self.client.tuning().size_classes();
+            let mut dest = transfer::read_object(&ds, classes, self.attr.ino, u.object_offset, vec![buf])
                 .await
                 .map_err(|source| data_error(&self.layout, self.attr.ino, u.server_index, server, source))?;
             return Ok(dest.pop().expect("the destination comes back"));
@@ -217,7 +217,8 @@ impl File {
             let object_offset = u.object_offset;
             tasks.spawn(async move {
                 let ds = client.data_server(server).await?;
-                match ds.read_object(ino, object_offset, dest).await {
+                let classes = client.tuning().size_classes();
+                match transfer::read_object(&ds, classes, ino, object_offset, dest).await {
                     Ok(dest) => Ok((u.pieces, dest)),
                     Err(source) => Err(data_error(&layout, ino, server_index, server, source)),
                 }
@@ -319,7 +320,7 @@ fn seg_of(data: &Bytes, p: &weft_proto::Piece, offset: u64) -> Bytes {
 /// Sends one write unit and checks the count the server answers.
 async fn write_unit(client: &Client, ino: u64, server: u32, u: &Unit, segs: Vec<Bytes>) -> Result<(), ClientError> {
     let ds = client.data_server(server).await?;
-    match ds.write_object(ino, u.object_offset, segs).await {
+    match transfer::write_object(&ds, client.tuning().size_classes(), ino, u.object_offset, segs).await {
         Ok(n) if u64::from(n) == u.len => Ok(()),
         Ok(n) => Err(ClientError::Protocol(format!("write answered {n} bytes, expected {}", u.len))),
         Err(source) => Err(ClientError::Data { server, source }),

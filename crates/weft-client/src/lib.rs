@@ -14,6 +14,7 @@ mod error;
 mod file;
 mod io_queue;
 mod layouts;
+mod transfer;
 
 pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
 pub use error::ClientError;

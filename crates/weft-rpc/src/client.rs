@@ -16,12 +16,15 @@ use tokio::sync::{Semaphore, oneshot};
 use tracing::{debug, warn};
 use weft_fabric::{Connection, Fabric, Killer};
 use weft_proto::frame::FLAG_ERROR;
+use weft_proto::msg::RegionsReq;
 use weft_proto::msg::{SessionCreateReq, decode};
-use weft_proto::{ErrorCode, FrameKind, FrameLimits, Header, Op, Request, Response, WireError};
+use weft_proto::{Chunk, FrameKind, FrameLimits, Header, Op, Request, Response, WireError};
 
 use crate::config::ClientConfig;
 use crate::error::RpcError;
 use crate::io::{read_head, skip, write_frame};
+use crate::pin::{ChunkBuffers, Pinned, REGISTER_ATTEMPTS, RegCache};
+use crate::retry::{Event, Next, Retry};
 
 /// Slot number used for session control calls (create, destroy), which run outside the slot table.
 const CONTROL_SLOT: u32 = u32::MAX;
@@ -35,9 +38,9 @@ struct Pending {
     tx: oneshot::Sender<Outcome>,
 }
 
-pub(crate) struct Conn<F: Fabric> {
+struct Conn<F: Fabric> {
     /// Unique per process: registrations of client memory belong to one connection.
-    pub(crate) id: u64,
+    id: u64,
     writer: tokio::sync::Mutex<F::Writer>,
     killer: F::Killer,
     /// Guarded together with `dead` so no call registers on a connection whose reader has already drained it.
@@ -83,10 +86,10 @@ struct SlotSeq {
     seq: u32,
 }
 
-pub(crate) struct Inner<F: Fabric> {
-    pub(crate) fabric: F,
-    pub(crate) addr: String,
-    pub(crate) cfg: ClientConfig,
+struct Inner<F: Fabric> {
+    fabric: F,
+    addr: String,
+    cfg: ClientConfig,
     conn: tokio::sync::Mutex<Option<Arc<Conn<F>>>>,
     /// Serialises session control calls.
     control: tokio::sync::Mutex<()>,
@@ -95,8 +98,8 @@ pub(crate) struct Inner<F: Fabric> {
     free: Mutex<Vec<u32>>,
     credits: Semaphore,
     /// Client memory registered on the current connection (pin-down cache), and the lock its misses take.
-    pub(crate) regs: Arc<Mutex<crate::bulk::RegCache>>,
-    pub(crate) reg_lock: tokio::sync::Mutex<()>,
+    regs: Arc<Mutex<RegCache>>,
+    reg_lock: tokio::sync::Mutex<()>,
 }
 
 impl<F: Fabric> Drop for Inner<F> {
@@ -111,7 +114,7 @@ impl<F: Fabric> Drop for Inner<F> {
 
 /// A session with one server. Cheap to clone; clones share the session and its slots.
 pub struct RpcClient<F: Fabric> {
-    pub(crate) inner: Arc<Inner<F>>,
+    inner: Arc<Inner<F>>,
 }
 
 impl<F: Fabric> Clone for RpcClient<F> {
@@ -132,12 +135,21 @@ impl Drop for SlotGuard<'_> {
     }
 }
 
+/// A request as it goes out on every attempt: encoded once.
+struct Outgoing<'a> {
+    op: Op,
+    body: &'a [u8],
+    body_crc: u32,
+    data: &'a [&'a [u8]],
+    data_len: u32,
+}
+
 impl<F: Fabric> RpcClient<F> {
     /// Connects and opens a session.
     pub async fn connect(fabric: F, addr: &str, cfg: ClientConfig) -> Result<Self, RpcError> {
         let conn = open_conn(&fabric, addr, &cfg).await?;
         let (session, granted) = create_session(&conn, addr, &cfg).await?;
-        let cfg_regs = cfg.classes.registrations_max;
+        let cfg_regs = cfg.registrations_max;
         debug!(addr, session = format_args!("{session:#x}"), slots = granted, "session open");
         Ok(RpcClient {
             inner: Arc::new(Inner {
@@ -150,7 +162,7 @@ impl<F: Fabric> RpcClient<F> {
                 conn: tokio::sync::Mutex::new(Some(conn)),
                 control: tokio::sync::Mutex::new(()),
                 session: Mutex::new(session),
-                regs: Arc::new(Mutex::new(crate::bulk::RegCache::new(cfg_regs))),
+                regs: Arc::new(Mutex::new(RegCache::new(cfg_regs))),
                 reg_lock: tokio::sync::Mutex::new(()),
             }),
         })
@@ -165,11 +177,11 @@ impl<F: Fabric> RpcClient<F> {
         self.inner.slots.len()
     }
 
-    /// Ends the session politely (best effort).
-    pub(crate) fn session_id(&self) -> u64 {
+    fn session_id(&self) -> u64 {
         *self.inner.session.lock().expect("session")
     }
 
+    /// Ends the session politely (best effort).
     pub async fn close(&self) {
         let _ = self.control_call(Request::SessionDestroy(())).await;
         if let Some(c) = self.inner.conn.lock().await.take() {
@@ -206,7 +218,10 @@ impl<F: Fabric> RpcClient<F> {
     /// As [`RpcClient::call`]; with `require_conn`, the request may only go out on that connection (its chunks
     /// name regions registered there): on any other it fails with `RegionsLost` (or `MaybeApplied` if an
     /// attempt of a non-idempotent op went out before the connection changed).
-    pub(crate) async fn call_on(
+    ///
+    /// Makes one attempt at a time on the call's (slot, sequence); the retry machine ([`Retry`]) decides what
+    /// follows a failed one.
+    async fn call_on(
         &self,
         req: Request,
         data: Vec<Bytes>,
@@ -216,11 +231,16 @@ impl<F: Fabric> RpcClient<F> {
         let inner = &*self.inner;
         let op = req.op();
         let body = req.encode_body();
-        let body_crc = crc32c::crc32c(&body);
         let data_len: usize = data.iter().map(|d| d.len()).sum();
         assert!(data_len <= u32::MAX as usize, "payload of {data_len} bytes does not fit a frame");
         let data_slices: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
-        let timeout = Duration::from_millis(inner.cfg.call_timeout_ms);
+        let frame = Outgoing {
+            op,
+            body: &body,
+            body_crc: crc32c::crc32c(&body),
+            data: &data_slices,
+            data_len: data_len as u32,
+        };
 
         let _credit = inner.credits.acquire().await.expect("credits are never closed");
         let slot = inner.free.lock().expect("free slots").pop().expect("a credit guarantees a free slot");
@@ -228,128 +248,186 @@ impl<F: Fabric> RpcClient<F> {
         let (mut sid, mut seq) = self.next_seq(slot);
 
         let mut dest = dest;
-        // A non-idempotent attempt went out and no answer came back: it may have run.
-        let mut maybe_ran = false;
-        // The server lost our session after such an attempt: exactly-once cannot be promised for this call.
-        let mut session_lost = false;
-        let mut last_failure = String::from("no attempt made");
-        let mut connect_failed: Option<std::io::Error> = None;
-        for attempt in 1..=inner.cfg.attempts_max {
-            if attempt > 1 {
-                // Back off a little between attempts so a restarting server is not hammered.
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt.min(10)))).await;
-            }
-            let conn = match self.conn().await {
-                Ok(c) => c,
-                Err(e) => {
-                    last_failure = format!("connect: {e}");
-                    connect_failed = Some(e);
-                    continue;
+        let mut retry = Retry::new(&inner.addr, op, inner.cfg.attempts_max);
+        let mut next = retry.start();
+        loop {
+            let backoff = match next {
+                Next::Send { backoff } => backoff,
+                Next::RenewSession { backoff } => {
+                    self.renew_session(sid).await;
+                    (sid, seq) = self.next_seq(slot);
+                    backoff
+                }
+                Next::GiveUp { error, forget_session } => {
+                    if forget_session {
+                        self.forget_session(sid);
+                    }
+                    return Err(error);
                 }
             };
-            connect_failed = None;
-            if require_conn.is_some_and(|id| id != conn.id) {
-                if maybe_ran {
-                    return Err(RpcError::MaybeApplied { addr: inner.addr.clone(), op, reason: last_failure });
-                }
-                return Err(RpcError::RegionsLost { addr: inner.addr.clone() });
+            if !backoff.is_zero() {
+                tokio::time::sleep(backoff).await;
             }
-            let rx = match conn.register(slot, seq, dest) {
-                Ok(rx) => rx,
-                Err(d) => {
-                    dest = d;
-                    last_failure = "connection closed".into();
-                    continue;
-                }
-            };
-            let h = Header {
-                kind: FrameKind::Request,
-                flags: 0,
-                op: op as u16,
-                session: sid,
-                slot,
-                seq,
-                body_len: body.len() as u32,
-                data_len: data_len as u32,
-                body_crc,
-            };
-            if inner.cfg.send_delay_us > 0 {
-                send_delay(inner.cfg.send_delay_us).await;
-            }
-            let wrote = tokio::time::timeout(timeout, async {
-                let mut w = conn.writer.lock().await;
-                write_frame(&mut *w, &h, &body, &data_slices).await
-            })
-            .await;
-            if !op.is_idempotent() {
-                maybe_ran = true;
-            }
-            if !matches!(wrote, Ok(Ok(()))) {
-                last_failure = match wrote {
-                    Ok(Err(e)) => format!("send failed: {e}"),
-                    _ => "send timed out".into(),
-                };
-                conn.kill();
-                dest = recover(rx).await;
-                continue;
-            }
-            let mut rx = rx;
-            let outcome = match tokio::time::timeout(timeout, &mut rx).await {
-                Ok(Ok(o)) => o,
-                Ok(Err(_)) => unreachable!("the reader always answers a registered call"),
-                Err(_) => {
-                    warn!(addr = %inner.addr, ?op, slot, seq, attempt, "call timed out; reconnecting to retry");
-                    conn.kill();
-                    // The killed reader fails the call promptly and gives the buffers back.
-                    let d = recover(rx).await;
-                    Err((format!("no reply within {} ms", inner.cfg.call_timeout_ms), d))
-                }
-            };
-            let (rh, rbody, d) = match outcome {
-                Ok(x) => x,
-                Err((reason, d)) => {
-                    dest = d;
-                    last_failure = reason;
-                    continue;
-                }
-            };
+            let (reply, d) = self.attempt(&frame, (sid, slot, seq), dest, require_conn, retry.attempt()).await;
             dest = d;
+            let (rh, rbody) = match reply {
+                Ok(x) => x,
+                Err(event) => {
+                    next = retry.on(event);
+                    continue;
+                }
+            };
             if rh.flags & FLAG_ERROR != 0 {
                 let err: WireError =
                     decode(rh.op, &rbody).map_err(|e| RpcError::Protocol { addr: inner.addr.clone(), source: e })?;
-                if matches!(err.code, ErrorCode::StaleSession | ErrorCode::SeqMisordered)
-                    && attempt < inner.cfg.attempts_max
-                {
-                    warn!(addr = %inner.addr, ?op, "server refused our session ({}); opening a new one", err.message);
-                    session_lost |= maybe_ran;
-                    self.renew_session(sid).await;
-                    (sid, seq) = self.next_seq(slot);
-                    continue;
+                let message = err.message.clone();
+                next = retry.on(Event::ErrorReply(err));
+                if matches!(next, Next::RenewSession { .. }) {
+                    warn!(addr = %inner.addr, ?op, "server refused our session ({message}); opening a new one");
                 }
-                if session_lost {
-                    return Err(RpcError::MaybeApplied {
-                        addr: inner.addr.clone(),
-                        op,
-                        reason: format!(
-                            "the server lost the session after the request was sent, and the retry answered: {err}"
-                        ),
-                    });
-                }
-                return Err(RpcError::Remote(err));
+                continue;
             }
             let resp = Response::decode(rh.op, &rbody)
                 .map_err(|e| RpcError::Protocol { addr: inner.addr.clone(), source: e })?;
             return Ok((resp, dest));
         }
-        // Giving up: this slot's sequence may now disagree with the server's, so the next call opens a new session.
-        self.forget_session(sid);
-        if maybe_ran {
-            return Err(RpcError::MaybeApplied { addr: inner.addr.clone(), op, reason: last_failure });
+    }
+
+    /// One attempt of a call on (session, slot, seq): sends on the live connection and waits for the reply.
+    /// Gives `dest` back however it ends; a failure is reported as the retry machine's [`Event`].
+    async fn attempt(
+        &self,
+        frame: &Outgoing<'_>,
+        (sid, slot, seq): (u64, u32, u32),
+        dest: Vec<BytesMut>,
+        require_conn: Option<u64>,
+        attempt: u32,
+    ) -> (Result<(Header, Vec<u8>), Event>, Vec<BytesMut>) {
+        let inner = &*self.inner;
+        let timeout = Duration::from_millis(inner.cfg.call_timeout_ms);
+        let conn = match self.conn().await {
+            Ok(c) => c,
+            Err(e) => return (Err(Event::ConnectFailed(e)), dest),
+        };
+        if require_conn.is_some_and(|id| id != conn.id) {
+            return (Err(Event::WrongConnection), dest);
         }
-        if let Some(source) = connect_failed {
-            return Err(RpcError::Connect { addr: inner.addr.clone(), source });
+        let rx = match conn.register(slot, seq, dest) {
+            Ok(rx) => rx,
+            Err(d) => return (Err(Event::Closed), d),
+        };
+        let h = Header {
+            kind: FrameKind::Request,
+            flags: 0,
+            op: frame.op as u16,
+            session: sid,
+            slot,
+            seq,
+            body_len: frame.body.len() as u32,
+            data_len: frame.data_len,
+            body_crc: frame.body_crc,
+        };
+        if inner.cfg.send_delay_us > 0 {
+            send_delay(inner.cfg.send_delay_us).await;
         }
-        Err(RpcError::Timeout { addr: inner.addr.clone(), op, attempts: inner.cfg.attempts_max })
+        let wrote = tokio::time::timeout(timeout, async {
+            let mut w = conn.writer.lock().await;
+            write_frame(&mut *w, &h, frame.body, frame.data).await
+        })
+        .await;
+        if !matches!(wrote, Ok(Ok(()))) {
+            let reason = match wrote {
+                Ok(Err(e)) => format!("send failed: {e}"),
+                _ => "send timed out".into(),
+            };
+            conn.kill();
+            return (Err(Event::SendFailed(reason)), recover(rx).await);
+        }
+        let mut rx = rx;
+        let outcome = match tokio::time::timeout(timeout, &mut rx).await {
+            Ok(Ok(o)) => o,
+            Ok(Err(_)) => unreachable!("the reader always answers a registered call"),
+            Err(_) => {
+                let op = frame.op;
+                warn!(addr = %inner.addr, ?op, slot, seq, attempt, "call timed out; reconnecting to retry");
+                conn.kill();
+                // The killed reader fails the call promptly and gives the buffers back.
+                let d = recover(rx).await;
+                Err((format!("no reply within {} ms", inner.cfg.call_timeout_ms), d))
+            }
+        };
+        match outcome {
+            Ok((rh, rbody, d)) => (Ok((rh, rbody)), d),
+            Err((reason, d)) => (Err(Event::NoReply(reason)), d),
+        }
+    }
+
+    /// A call whose request names `bufs` by registration: registers them on the live connection (through the
+    /// pin-down cache), builds the request from their chunks (`build`, one chunk per buffer, in order), and sends
+    /// it on that connection only. If the connection changes before the request goes out (`RegionsLost`), the
+    /// buffers are registered again on the new one and the request rebuilt, up to `REGISTER_ATTEMPTS` times.
+    ///
+    /// The server may read the buffers, and write them if the request asks it to, until the call returns:
+    /// `bufs` is taken by value and given back with the response, so its memory stays alive and in place for
+    /// that long (see [`ChunkBuffers`]). The request carries no inline payload and expects none back.
+    pub async fn call_with_chunks<B: ChunkBuffers>(
+        &self,
+        bufs: B,
+        build: impl Fn(Vec<Chunk>) -> Request,
+    ) -> Result<(Response, B), RpcError> {
+        let spans = bufs.spans();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let pinned = self.pin(&spans).await?;
+            let req = build(pinned.chunks(&spans));
+            // `bufs` stays owned here, so its memory stays put while the server reads or writes it.
+            match self.call_on(req, Vec::new(), Vec::new(), Some(pinned.conn_id)).await {
+                Ok((r, _)) => return Ok((r, bufs)),
+                Err(RpcError::RegionsLost { .. }) if attempt < REGISTER_ATTEMPTS => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Registrations in this client's pin-down cache (current connection).
+    pub fn registrations(&self) -> usize {
+        self.inner.regs.lock().expect("registration cache").len()
+    }
+
+    /// Makes sure every span lies in a region registered on the current connection, and holds those regions.
+    async fn pin(&self, spans: &[(u64, u64)]) -> Result<Pinned, RpcError> {
+        let inner = &*self.inner;
+        let conn = self.conn().await.map_err(|source| RpcError::Connect { addr: inner.addr.clone(), source })?;
+        // Fast path: everything already registered and acknowledged.
+        if let Some(pinned) = RegCache::hold_registered(&inner.regs, conn.id, spans) {
+            return Ok(pinned);
+        }
+        // Misses are registered one batch at a time.
+        let _serial = inner.reg_lock.lock().await;
+        // A fabric that pins pages registers exactly the pages of the call, and only for the call.
+        let transient = self.capabilities().pins_pages;
+        let window = if transient { 4096 } else { inner.cfg.registration_window_bytes.max(4096) };
+        let (pinned, batch) = RegCache::hold_or_add(&inner.regs, conn.id, spans, window, transient, |addr, len| {
+            inner.fabric.register_local(&inner.addr, addr, len)
+        })
+        .map_err(|source| RpcError::Connect { addr: inner.addr.clone(), source })?;
+        if !batch.is_empty() {
+            let sid = self.session_id();
+            let added: Vec<u32> = batch.add.iter().map(|r| r.id).collect();
+            let req = Request::Regions(RegionsReq { add: batch.add, remove: batch.remove });
+            let r = control(&conn, &inner.addr, &inner.cfg, sid, req).await;
+            let mut c = inner.regs.lock().expect("registration cache");
+            match r {
+                Ok(_) => c.acknowledge(&added),
+                Err(e) => {
+                    c.forget(&added);
+                    drop(c);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(pinned)
     }
 
     fn next_seq(&self, slot: u32) -> (u64, u32) {
@@ -385,7 +463,7 @@ impl<F: Fabric> RpcClient<F> {
     }
 
     /// The live connection, reconnecting (and re-opening a forgotten session) if needed.
-    pub(crate) async fn conn(&self) -> std::io::Result<Arc<Conn<F>>> {
+    async fn conn(&self) -> std::io::Result<Arc<Conn<F>>> {
         let conn = {
             let mut g = self.inner.conn.lock().await;
             match g.as_ref() {
@@ -477,7 +555,7 @@ async fn create_session<F: Fabric>(conn: &Conn<F>, addr: &str, cfg: &ClientConfi
 }
 
 /// A session-control call: one attempt, no slot, no payload.
-pub(crate) async fn control<F: Fabric>(
+async fn control<F: Fabric>(
     conn: &Conn<F>,
     addr: &str,
     cfg: &ClientConfig,

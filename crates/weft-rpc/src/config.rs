@@ -18,34 +18,12 @@ pub struct ClientConfig {
     /// Benchmarks only (`weft bench --delay-us`): each request waits this long before it is sent, emulating a
     /// one-way WAN delay (netem is not available). 0 = none.
     pub send_delay_us: u64,
-    /// How bulk data travels on a one-sided fabric.
-    pub classes: SizeClasses,
-}
-
-/// Size classes of bulk transfers on a one-sided fabric (defaults from the PVFS report and dissertation ch. 6):
-/// up to `inline_bytes_max` the data rides inline in the message (a registration would cost more than the copy);
-/// up to `buffered_bytes_max` it is staged through the client's pre-registered arena (one copy on the client);
-/// larger, the server moves it straight from or to the caller's buffer (registered through the pin-down cache),
-/// one transfer unit per request, all units in flight at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SizeClasses {
-    pub inline_bytes_max: usize,
-    pub buffered_bytes_max: usize,
-    /// Registrations kept per server connection (LRU; evicted ones are deregistered in the next batch).
+    /// Registrations kept per server connection in the pin-down cache (LRU; evicted ones are deregistered in the
+    /// next batch).
     pub registrations_max: usize,
-    /// Registrations cover aligned windows of this size, so neighbouring buffers share one.
+    /// Registrations cover aligned windows of this size, so neighbouring buffers share one (on a fabric that pins
+    /// pages, a registration covers exactly the pages of one call instead).
     pub registration_window_bytes: u64,
-}
-
-impl Default for SizeClasses {
-    fn default() -> Self {
-        SizeClasses {
-            inline_bytes_max: 4 << 10,
-            buffered_bytes_max: 64 << 10,
-            registrations_max: 256,
-            registration_window_bytes: 2 << 20,
-        }
-    }
 }
 
 impl Default for ClientConfig {
@@ -58,7 +36,8 @@ impl Default for ClientConfig {
             attempts_max: 5,
             limits: FrameLimits { body_bytes_max: 8 << 20, data_bytes_max: 4 << 20 },
             send_delay_us: 0,
-            classes: SizeClasses::default(),
+            registrations_max: 256,
+            registration_window_bytes: 2 << 20,
         }
     }
 }

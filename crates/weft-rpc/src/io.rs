@@ -6,7 +6,9 @@ use std::io::IoSlice;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use weft_proto::{FrameError, FrameLimits, HEADER_LEN, Header};
 
+/// Why a frame could not be read.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReadError {
     /// The peer closed the connection cleanly between frames.
     #[error("connection closed")]

@@ -14,18 +14,20 @@
 //!   and announced at start: when the class a payload needs is out the server stops reading the socket
 //!   (back-pressure, not growth).
 
-pub mod bulk;
 pub mod client;
 pub mod config;
 pub mod error;
 pub mod fault;
 pub mod io;
+mod pin;
 pub mod pool;
+mod retry;
 pub mod server;
 mod session;
 
 pub use client::RpcClient;
-pub use config::{ClientConfig, ServerConfig, SizeClasses};
+pub use config::{ClientConfig, ServerConfig};
 pub use error::RpcError;
+pub use pin::ChunkBuffers;
 pub use pool::{BufferPool, PoolBuf, PoolClass, PoolError};
 pub use server::{CallCtx, Reply, ReplyData, RpcServer, Service};
