@@ -4,6 +4,8 @@ SERVERS ?= 4
 DATA_DIR ?= weft-data
 MOUNT ?= weft-mnt
 CARGO ?= cargo
+# Every cargo build, test, clippy and run below passes --locked: a Cargo.lock that no longer matches the manifests
+# fails loudly instead of being rewritten (fuzz/Cargo.lock likewise, in scripts/fuzz-smoke.sh).
 # bash with pipefail, so a failing command piped into tee still fails the target.
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
@@ -13,7 +15,7 @@ SHELL := /bin/bash
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
 # mount it on $(MOUNT) (FUSE). Ctrl-C unmounts and stops everything.
 up: deps
-	$(CARGO) build --release -p weft
+	$(CARGO) build --locked --release -p weft
 	mkdir -p $(MOUNT)
 	./target/release/weft up --data-dir $(DATA_DIR) --servers $(SERVERS) --mount $(MOUNT)
 
@@ -42,8 +44,8 @@ deps:
 # lint: formatting and clippy (warnings are errors), with the test-only fault-injection feature compiled in.
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --workspace --all-targets --features weft/fault-injection -- -D warnings
-	$(CARGO) clippy -p weft-fabric --all-targets --features rdma -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets --features weft/fault-injection -- -D warnings
+	$(CARGO) clippy --locked -p weft-fabric --all-targets --features rdma -- -D warnings
 
 # test: everything CI checks, in order: lint, the whole test suite in release (the 1 GiB round trip needs it),
 # then a short run of every fuzz target (FUZZ_SECONDS each, default 30), then the rdma backend over Soft-RoCE in a
@@ -53,9 +55,9 @@ test: deps
 	@$(MAKE) --no-print-directory lint
 	@echo "==================== cargo test (release, fault-injection) ===================="
 	mkdir -p target
-	$(CARGO) test --workspace --release --features weft/fault-injection,weft-fabric/rdma 2>&1 | tee target/cargo-test.log
+	$(CARGO) test --locked --workspace --release --features weft/fault-injection,weft-fabric/rdma 2>&1 | tee target/cargo-test.log
 	@echo "==================== data tests again over tcp (the run above used shm: same host) ===================="
-	WEFT_FABRIC=tcp $(CARGO) test -p weft --release --features weft/fault-injection,weft-fabric/rdma --test data_path --test cli \
+	WEFT_FABRIC=tcp $(CARGO) test --locked -p weft --release --features weft/fault-injection,weft-fabric/rdma --test data_path --test cli \
 		--test concurrency --test exactly_once --test crash 2>&1 | tee -a target/cargo-test.log
 	@echo "==================== fuzz smoke ===================="
 	scripts/fuzz-smoke.sh
@@ -69,7 +71,7 @@ test: deps
 # bench: throughput over 1, 2 and 4 data servers; results in docs/bench/throughput.json (+ an SVG beside it).
 bench:
 	mkdir -p docs/bench
-	$(CARGO) run --release -p weft -- bench throughput --servers 1,2,4 --record 1M --size 2G --json docs/bench/throughput.json
+	$(CARGO) run --locked --release -p weft -- bench throughput --servers 1,2,4 --record 1M --size 2G --json docs/bench/throughput.json
 
 # bench-deps: the peers `weft bench mount` and `weft bench compare` compare with, from Debian's packages (libfuse's
 # passthrough_ll is built from the example source in libfuse3-dev; GlusterFS from glusterfs-server; nfs-ganesha with
@@ -93,13 +95,13 @@ bench-deps: deps
 # bench-mount: fio and a create/stat loop on Weft's FUSE mount, passthrough_ll and GlusterFS, in one run.
 bench-mount: bench-deps
 	mkdir -p docs/bench
-	$(CARGO) run --release -p weft -- bench mount --json docs/bench/mount.json
+	$(CARGO) run --locked --release -p weft -- bench mount --json docs/bench/mount.json
 
 # bench-compare: the same workloads on Weft and every peer in one run, with ratios; then the report of docs/bench.
 bench-compare: bench-deps
 	mkdir -p docs/bench
-	$(CARGO) run --release -p weft -- bench compare --json docs/bench/compare.json
-	$(CARGO) run --release -p weft -- bench report docs/bench --out docs/bench/REPORT.md
+	$(CARGO) run --locked --release -p weft -- bench compare --json docs/bench/compare.json
+	$(CARGO) run --locked --release -p weft -- bench report docs/bench --out docs/bench/REPORT.md
 
 # rdma-deps: what the Soft-RoCE VM of `make test-rdma` needs on the host: qemu (TCG; KVM cannot boot a stock
 # kernel here), cpio and kmod's depmod. The guest's kernel, busybox and rdma-core are not installed: run.sh fetches
@@ -126,8 +128,8 @@ rdma-deps:
 # rdma`, a striped file put and got back with equal checksums.
 RDMA_VM ?= 1
 test-rdma: rdma-deps
-	$(CARGO) build --release -p weft-fabric --features rdma --example rdma_roundtrip
-	$(CARGO) build --release -p weft --features weft/fault-injection,weft-fabric/rdma
+	$(CARGO) build --locked --release -p weft-fabric --features rdma --example rdma_roundtrip
+	$(CARGO) build --locked --release -p weft --features weft/fault-injection,weft-fabric/rdma
 	scripts/rdma-vm/run.sh scripts/rdma-vm/guest/pingpong.sh
 	scripts/rdma-vm/run.sh --file "$${CARGO_TARGET_DIR:-target}/release/examples/rdma_roundtrip" \
 		scripts/rdma-vm/guest/roundtrip.sh 8

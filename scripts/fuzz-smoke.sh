@@ -2,7 +2,8 @@
 # Runs every cargo-fuzz target in fuzz/ for a short while (FUZZ_SECONDS each, default 30): frame, layout,
 # journal (the metadata journal decoder), found by `cargo fuzz list`.
 # Installs the nightly toolchain and cargo-fuzz first when they are missing. Exits non-zero on a crash; the
-# crashing input is left in fuzz/artifacts/TARGET/ (replay it with `cargo +nightly fuzz run TARGET FILE`).
+# crashing input is left in fuzz/artifacts/TARGET/ (replay it with `cargo +nightly fuzz run TARGET FILE`). A stale
+# fuzz/Cargo.lock fails before anything is built.
 set -euo pipefail
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}"
@@ -15,6 +16,13 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "fuzz-smoke: installing cargo-fuzz"
     cargo install cargo-fuzz --locked
+fi
+
+# cargo-fuzz has no --locked (rust-fuzz/cargo-fuzz#312): check the committed lock first, so a stale
+# fuzz/Cargo.lock fails here instead of being rewritten by the builds below.
+if ! cargo +nightly fetch --locked; then
+    echo "fuzz-smoke: fuzz/Cargo.lock is stale; update it (cargo +nightly update -p CRATE in fuzz/) and commit it" >&2
+    exit 1
 fi
 
 targets=$(cargo +nightly fuzz list)

@@ -39,11 +39,13 @@ pub(crate) async fn measure(
     w.phase().await?;
     w.phase().await?;
     let mut p = Point::new(servers, record);
+    let mut fabrics = Vec::new();
     for _ in 0..a.common.runs {
         p.loads.start();
         let wr = w.phase().await?;
         let rd = w.phase().await?;
         p.loads.end();
+        fabrics.extend([wr.fabric(), rd.fabric()]);
         if wr.bytes() != rd.bytes() || wr.bytes() != size * n as u64 {
             anyhow::bail!(
                 "the processes wrote {} and read {} bytes, {} expected",
@@ -56,6 +58,7 @@ pub(crate) async fn measure(
         p.push(gib, (wr.secs, wr.cpu_s(), rd.secs, rd.cpu_s()));
     }
     w.finish().await?;
+    p.fabric = crate::common::merge_fabrics(fabrics.iter().map(String::as_str));
     let client = Client::connect(cfg).await?;
     for rank in 0..n {
         let path = file(rank);
@@ -96,10 +99,12 @@ pub(crate) async fn meta(target: &crate::common::Target, a: &crate::meta::MetaAr
     }
     let mut w = Workers::spawn(&target.cfg, phases).await?;
     let mut ops: [OpRuns; 4] = Default::default();
+    let mut fabrics = Vec::new();
     for run in 0..=a.common.runs {
         let load = crate::ceilings::load1();
         for o in ops.iter_mut() {
             let p = w.phase().await?;
+            fabrics.push(p.fabric());
             if run > 0 {
                 let bytes = p.bytes();
                 o.push(p.ops(), bytes, p.secs, p.cpu_s(), &mut p.lat_us())?;
@@ -119,7 +124,7 @@ pub(crate) async fn meta(target: &crate::common::Target, a: &crate::meta::MetaAr
     client.close().await;
     let base = json!({
         "system": "weft",
-        "fabric": "tcp",
+        "fabric": crate::common::merge_fabrics(fabrics.iter().map(String::as_str)),
         "mode": if a.shared { "shared" } else { "private" },
         "servers": target.servers,
         "clients": n,

@@ -10,8 +10,8 @@ use clap::Args;
 use serde_json::{Value, json};
 use weft_client::Client;
 
-use crate::ceilings;
 use crate::common::{self, Loads, Target, Targets, round1, round3};
+use crate::doc::Document;
 use crate::stats::summarize;
 use crate::worker::Workers;
 
@@ -88,34 +88,38 @@ pub async fn run(a: CheckpointArgs) -> Result<()> {
     }
     let unit = u32::try_from(unit).ok().filter(|u| *u >= 4096 && u % 4096 == 0).context("--stripe-unit: 4K..4G")?;
     let p = Params { size, record, unit };
-    let load_before = ceilings::load_average();
-    let machine = ceilings::machine();
+    let fabrics = common::fabric_choices(&a.common.fabric)?;
+    let doc = Document::start("checkpoint");
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let points = targets.points();
-    let steps = (points.len() * stripes.len() * modes.len() * procs.len() * a.common.runs) as u64;
+    let steps = (points.len() * fabrics.len() * stripes.len() * modes.len() * procs.len() * a.common.runs) as u64;
     let pb = common::progress(steps, "checkpoint");
     let mut results = Vec::new();
     for sp in points {
-        let target = targets.start(sp).await?;
-        for &k in &stripes {
-            if k > target.servers {
-                pb.suspend(|| eprintln!("stripes {k} > {} data servers: skipped", target.servers));
-                pb.inc((modes.len() * procs.len() * a.common.runs) as u64);
-                continue;
-            }
-            for &m in &modes {
-                for &n in &procs {
-                    let r = point(&target, k, m, n, &p, &a, &pb).await?;
-                    pb.suspend(|| {
-                        eprintln!(
-                            "servers {} stripes {k} {} procs {n}: {} s per checkpoint, {} MiB/s",
-                            target.servers,
-                            m.name(),
-                            r["checkpoint_s"],
-                            r["mib_per_s"]
-                        )
-                    });
-                    results.push(r);
+        let mut target = targets.start(sp).await?;
+        for &fabric in &fabrics {
+            target.cfg.client.fabric = fabric;
+            for &k in &stripes {
+                if k > target.servers {
+                    pb.suspend(|| eprintln!("stripes {k} > {} data servers: skipped", target.servers));
+                    pb.inc((modes.len() * procs.len() * a.common.runs) as u64);
+                    continue;
+                }
+                for &m in &modes {
+                    for &n in &procs {
+                        let r = point(&target, k, m, n, &p, &a, &pb).await?;
+                        pb.suspend(|| {
+                            eprintln!(
+                                "{} servers {} stripes {k} {} procs {n}: {} s per checkpoint, {} MiB/s",
+                                r["fabric"].as_str().unwrap_or("?"),
+                                target.servers,
+                                m.name(),
+                                r["checkpoint_s"],
+                                r["mib_per_s"]
+                            )
+                        });
+                        results.push(r);
+                    }
                 }
             }
         }
@@ -123,25 +127,16 @@ pub async fn run(a: CheckpointArgs) -> Result<()> {
     }
     pb.finish_and_clear();
     targets.finish();
-    let doc = json!({
-        "machine": machine,
-        "command": common::command_line(),
-        "date": crate::report::utc_now(),
-        "config": {
-            "bench": "checkpoint",
-            "size_bytes_per_proc": size,
-            "record_bytes": record,
-            "stripe_unit_bytes": unit,
-            "window": a.window,
-            "runs": a.common.runs,
-            "clients_are": "processes (weft bench worker), each with its own Client",
-            "checkpoint_time": "from the release of a barrier across the processes to the last process's fsync",
-            "load_average_before": load_before,
-            "load_average_after": ceilings::load_average(),
-        },
-        "ceilings": {},
-        "results": results,
+    let config = json!({
+        "size_bytes_per_proc": size,
+        "record_bytes": record,
+        "stripe_unit_bytes": unit,
+        "window": a.window,
+        "runs": a.common.runs,
+        "clients_are": "processes (weft bench worker), each with its own Client",
+        "checkpoint_time": "from the release of a barrier across the processes to the last process's fsync",
     });
+    let doc = doc.finish(config, json!({}), results);
     common::emit(&doc, &table(&doc), a.common.json.as_deref(), crate::chart::checkpoint_svg)
 }
 
@@ -187,10 +182,12 @@ async fn point(
     w.phase().await?;
     let (mut secs, mut mib, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
     let mut loads = Loads::default();
+    let mut fabrics = Vec::new();
     for _ in 0..a.common.runs {
         loads.start();
         let r = w.phase().await?;
         loads.end();
+        fabrics.push(r.fabric());
         pb.inc(1);
         let bytes = r.bytes();
         if bytes != p.size * n as u64 {
@@ -223,7 +220,7 @@ async fn point(
     let (s, m, c) = (s.expect("runs >= 1"), m.expect("runs >= 1"), c.expect("runs >= 1"));
     let mut r = json!({
         "system": "weft",
-        "fabric": "tcp",
+        "fabric": common::merge_fabrics(fabrics.iter().map(String::as_str)),
         "servers": target.servers,
         "clients": n,
         "procs": n,

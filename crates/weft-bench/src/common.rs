@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use weft_client::{Client, ClusterConfig};
+use weft_client::{Client, ClusterConfig, FabricChoice};
 use weft_launch::{LaunchOptions, LocalCluster};
 
 /// The clusters one bench command measures.
@@ -131,15 +131,12 @@ impl Target {
     }
 }
 
-/// Prints the Markdown table, then writes the JSON document and, beside it, its SVG chart. Every document gets
-/// `argv` (the exact command, word by word, so `weft bench report` can show how to regenerate it) if it lacks one.
+/// Prints the Markdown table, then writes the JSON document (built by [`crate::doc::Document`]) and, beside it,
+/// its SVG chart. The fabric options of this run, if any, go into the document's config.
 pub fn emit(doc: &Value, table: &str, json: Option<&Path>, svg: impl FnOnce(&Value) -> String) -> Result<()> {
     let mut doc = doc.clone();
-    if let Some(o) = doc.as_object_mut() {
-        o.entry("argv").or_insert_with(|| json!(argv()));
-        if let (Some(f), Some(c)) = (FABRIC_OPTIONS.get(), o.get_mut("config").and_then(Value::as_object_mut)) {
-            c.insert("fabric_options".into(), f.clone());
-        }
+    if let (Some(f), Some(c)) = (FABRIC_OPTIONS.get(), doc.get_mut("config").and_then(Value::as_object_mut)) {
+        c.insert("fabric_options".into(), f.clone());
     }
     let doc = &doc;
     println!("{table}");
@@ -154,6 +151,30 @@ pub fn emit(doc: &Value, table: &str, json: Option<&Path>, svg: impl FnOnce(&Val
         eprintln!("wrote {} and {}", path.display(), svg_path.display());
     }
     Ok(())
+}
+
+/// Parses `--fabric`: a comma-separated list of `auto`, `tcp`, `shm`, `rdma`.
+pub fn fabric_choices(list: &str) -> Result<Vec<FabricChoice>> {
+    list.split(',')
+        .map(|f| f.trim().parse().map_err(anyhow::Error::msg))
+        .collect::<Result<_>>()
+        .context("--fabric wants a list like tcp,shm")
+}
+
+/// The fabric `client` actually used to reach the data servers: the name of every fabric its open data-server
+/// sessions use (`tcp`, `shm`, `rdma`), several joined by `+`. A client that opened no data-server session only
+/// spoke to the MDS, over TCP: `tcp`.
+pub async fn fabric_used(client: &Client) -> String {
+    merge_fabrics(client.fabrics().await.iter().map(|(_, name)| *name))
+}
+
+/// One fabric name for several clients' (or sessions') fabric names, each maybe already joined by `+`: the distinct
+/// names, sorted, joined by `+`; `tcp` for none.
+pub fn merge_fabrics<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let mut v: Vec<&str> = names.into_iter().flat_map(|n| n.split('+')).filter(|n| !n.is_empty()).collect();
+    v.sort_unstable();
+    v.dedup();
+    if v.is_empty() { "tcp".to_string() } else { v.join("+") }
 }
 
 /// The command line as run.
@@ -304,6 +325,33 @@ impl OpRuns {
     }
 }
 
+/// Flags every workload that runs against a cluster shares: repetitions, where the cluster is, where results go.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SharedArgs {
+    /// Repetitions per point (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Use this running cluster instead of starting one per point.
+    #[arg(long, value_name = "PATH|ADDR")]
+    pub cluster: Option<String>,
+    /// Where to start clusters, each in a subdirectory removed when done (default: a fresh directory under /tmp).
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
+    /// Write results here (an SVG chart is written beside it).
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Fabrics to measure, every point once per fabric, e.g. `tcp,shm` (auto: shm to same-host servers, rdma to
+    /// others that offer it). Every result records the fabric the client actually used.
+    #[arg(long, env = "WEFT_FABRIC", default_value = "tcp")]
+    pub fabric: String,
+    /// Delay every request this many µs before it is sent (a one-way WAN delay; netem is not available here).
+    #[arg(long, default_value_t = 0)]
+    pub delay_us: u64,
+    /// Short-circuit a layer (Sandia): `server` discards writes and serves zeros, `network` skips the wire.
+    #[arg(long, value_enum)]
+    pub short_circuit: Option<ShortCircuit>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,27 +378,14 @@ mod tests {
         let r = o.result(&base, "read", Headline::P50);
         assert_eq!((r["min"].as_f64(), r["max"].as_f64()), (Some(2.0), Some(8.0)));
     }
-}
 
-/// Flags every workload that runs against a cluster shares: repetitions, where the cluster is, where results go.
-#[derive(clap::Args, Clone, Debug)]
-pub struct SharedArgs {
-    /// Repetitions per point (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
-    /// Use this running cluster instead of starting one per point.
-    #[arg(long, value_name = "PATH|ADDR")]
-    pub cluster: Option<String>,
-    /// Where to start clusters, each in a subdirectory removed when done (default: a fresh directory under /tmp).
-    #[arg(long)]
-    pub dir: Option<std::path::PathBuf>,
-    /// Write results here (an SVG chart is written beside it).
-    #[arg(long)]
-    pub json: Option<std::path::PathBuf>,
-    /// Delay every request this many µs before it is sent (a one-way WAN delay; netem is not available here).
-    #[arg(long, default_value_t = 0)]
-    pub delay_us: u64,
-    /// Short-circuit a layer (Sandia): `server` discards writes and serves zeros, `network` skips the wire.
-    #[arg(long, value_enum)]
-    pub short_circuit: Option<ShortCircuit>,
+    #[test]
+    fn fabric_names_merge_distinct_and_sorted() {
+        assert_eq!(merge_fabrics([]), "tcp");
+        assert_eq!(merge_fabrics(["shm", "shm"]), "shm");
+        assert_eq!(merge_fabrics(["tcp", "shm", "tcp"]), "shm+tcp");
+        assert_eq!(merge_fabrics(["shm+tcp", "rdma"]), "rdma+shm+tcp");
+        assert_eq!(fabric_choices("tcp, shm").unwrap(), [FabricChoice::Tcp, FabricChoice::Shm]);
+        assert!(fabric_choices("tcp,ib").is_err());
+    }
 }

@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 
 use crate::ceilings;
 use crate::common::{self, Loads, round1, round3};
+use crate::doc::Document;
 use crate::mount::{self, FIGURES, Figure, MountArgs, label};
 use crate::stats::summarize;
 use crate::worker::Workers;
@@ -68,6 +69,10 @@ pub struct CompareArgs {
     /// Fail instead of warning when the loads differ by more than --load-threshold.
     #[arg(long)]
     pub refuse_load_mismatch: bool,
+    /// The fabric Weft's clients (the FUSE mount, the native workers) reach the data servers by: tcp, shm or rdma
+    /// (auto: shm to same-host servers, rdma to others that offer it).
+    #[arg(long, env = "WEFT_FABRIC", default_value = "tcp", value_name = "auto|tcp|shm|rdma")]
+    pub fabric: weft_client::FabricChoice,
     /// Working directory on the local disk (default: a fresh one under /tmp).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -104,10 +109,11 @@ pub async fn run(a: CompareArgs) -> Result<()> {
         threads: a.threads,
         runs: a.runs,
         systems: String::new(),
+        fabric: a.fabric,
         dir: None,
         json: None,
     };
-    let load_before = ceilings::load_average();
+    let doc = Document::start("compare");
     let pb = common::progress(systems.len() as u64, "compare");
     let mut figs: Vec<(Figure, Loads)> = Vec::new();
     let result = async {
@@ -118,7 +124,7 @@ pub async fn run(a: CompareArgs) -> Result<()> {
                 "weft" | "local" | "passthrough_ll" | "glusterfs" => {
                     mount::need("fio")?;
                     let target = match sys.as_str() {
-                        "weft" => mount::start_weft(&base, a.servers).await?,
+                        "weft" => mount::start_weft(&base, a.servers, a.fabric).await?,
                         "local" => start_local(&base)?,
                         "passthrough_ll" => mount::start_passthrough(&base)?,
                         _ => mount::start_gluster(&base)?,
@@ -167,7 +173,7 @@ pub async fn run(a: CompareArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&base);
     result?;
 
-    let doc = document(&figs, &a, load_before);
+    let doc = document(doc, &figs, &a);
     let mismatch = doc.pointer("/config/load_check/mismatch").and_then(Value::as_bool).unwrap_or(false);
     let table = table(&doc);
     if mismatch {
@@ -194,7 +200,9 @@ fn figure(
     record: Option<u64>,
     unit: &'static str,
 ) -> Figure {
-    Figure { system, op, pattern, record_bytes: record, unit, samples: vec![], cpu_s: vec![] }
+    // The native client's fabric is what its workers report (see `native`); the peers' is tcp.
+    let fabric = if system == "weft-native" { String::new() } else { "tcp".to_string() };
+    Figure { system, fabric, op, pattern, record_bytes: record, unit, samples: vec![], cpu_s: vec![] }
 }
 
 /// The local disk itself: a plain directory (no mount).
@@ -210,7 +218,8 @@ async fn native(base: &Path, size: u64, a: &CompareArgs) -> Result<Vec<(Figure, 
     let mut opts = weft_launch::LaunchOptions::new(std::env::current_exe()?, base.join("weft-native"), a.servers);
     opts.log_filter = "warn".into();
     let mut cluster = weft_launch::LocalCluster::start(opts).await?;
-    let cfg = cluster.cluster_config();
+    let mut cfg = cluster.cluster_config();
+    cfg.client.fabric = a.fabric;
     let r = async {
         let (mut w, mut r) = (
             figure("weft-native", "write", Some("sequential"), Some(1 << 20), "mib_per_s"),
@@ -235,6 +244,7 @@ async fn native(base: &Path, size: u64, a: &CompareArgs) -> Result<Vec<(Figure, 
             loads.start();
             for f in [&mut w, &mut r] {
                 let p = workers.phase().await?;
+                f.fabric = common::merge_fabrics([f.fabric.as_str(), &p.fabric()]);
                 let gib = p.bytes() as f64 / (1u64 << 30) as f64;
                 f.samples.push(gib * 1024.0 / p.secs);
                 f.cpu_s.push(p.cpu_s() / gib);
@@ -272,6 +282,7 @@ async fn native(base: &Path, size: u64, a: &CompareArgs) -> Result<Vec<(Figure, 
                 if run > 0
                     && let Some(f) = f
                 {
+                    f.fabric = common::merge_fabrics([f.fabric.as_str(), &p.fabric()]);
                     f.samples.push(p.ops() as f64 / p.secs);
                     f.cpu_s.push(p.cpu_s() * 1e6 / p.ops().max(1) as f64);
                 }
@@ -413,13 +424,13 @@ fn headline(r: &Value) -> Option<f64> {
 }
 
 /// Builds the result document: one result per system and figure, Weft's ratios to each peer, the load check.
-fn document(figs: &[(Figure, Loads)], a: &CompareArgs, load_before: Option<[f64; 3]>) -> Value {
+fn document(doc: Document, figs: &[(Figure, Loads)], a: &CompareArgs) -> Value {
     let mut results = Vec::new();
     for (f, loads) in figs {
         let Some(s) = summarize(&f.samples) else { continue };
         let mut r = json!({
             "system": f.system,
-            "fabric": "tcp",
+            "fabric": f.fabric,
             "servers": match f.system { "weft" | "weft-native" => a.servers, "glusterfs" => 2, _ => 1 },
             "clients": 1,
             "op": f.op,
@@ -456,38 +467,29 @@ fn document(figs: &[(Figure, Loads)], a: &CompareArgs, load_before: Option<[f64;
     let befores: Vec<f64> = figs.iter().flat_map(|(_, l)| l.before.iter().copied()).collect();
     let (lo, hi) = (befores.iter().copied().fold(f64::INFINITY, f64::min), befores.iter().copied().fold(0.0, f64::max));
     let mismatch = !befores.is_empty() && hi - lo > a.load_threshold;
-    json!({
-        "machine": ceilings::machine(),
-        "command": common::command_line(),
-        "argv": common::argv(),
-        "date": crate::report::utc_now(),
-        "config": {
-            "bench": "compare",
-            "seq_size": a.size,
-            "random_seconds": a.random_seconds,
-            "random_jobs": a.random_jobs,
-            "random_size": a.random_size,
-            "files": a.files,
-            "threads": a.threads,
-            "runs": a.runs,
-            "servers": a.servers,
-            "load_average_before": load_before,
-            "load_average_after": ceilings::load_average(),
-            "load_check": {
-                "threshold": a.load_threshold,
-                "min_before": if befores.is_empty() { Value::Null } else { json!(lo) },
-                "max_before": if befores.is_empty() { Value::Null } else { json!(hi) },
-                "mismatch": mismatch,
-            },
-            "notes": "weft = Weft's FUSE mount under fio; weft-native = the client library in a worker process \
-                      (writes fsync'ed); nfs-ganesha = nfs-cat reads (libnfs 4.0 NFSv4 writes fail); iperf3/memcpy are \
-                      ceilings, compared with sequential figures",
+    let config = json!({
+        "seq_size": a.size,
+        "random_seconds": a.random_seconds,
+        "random_jobs": a.random_jobs,
+        "random_size": a.random_size,
+        "files": a.files,
+        "threads": a.threads,
+        "runs": a.runs,
+        "servers": a.servers,
+        "load_check": {
+            "threshold": a.load_threshold,
+            "min_before": if befores.is_empty() { Value::Null } else { json!(lo) },
+            "max_before": if befores.is_empty() { Value::Null } else { json!(hi) },
+            "mismatch": mismatch,
         },
-        "load_mismatch": mismatch,
-        "ceilings": {},
-        "results": results,
-        "ratios": ratios,
-    })
+        "notes": "weft = Weft's FUSE mount under fio; weft-native = the client library in a worker process \
+                  (writes fsync'ed); nfs-ganesha = nfs-cat reads (libnfs 4.0 NFSv4 writes fail); iperf3/memcpy are \
+                  ceilings, compared with sequential figures",
+    });
+    let mut doc = doc.finish(config, json!({}), results);
+    doc["load_mismatch"] = json!(mismatch);
+    doc["ratios"] = json!(ratios);
+    doc
 }
 
 /// A Markdown table: one row per figure, one column per system, then Weft's ratios.
@@ -599,7 +601,7 @@ mod tests {
         ];
         figs[0].1.before = vec![1.0, 1.2];
         figs[1].1.before = vec![3.5];
-        let doc = document(&figs, &args(1.0), None);
+        let doc = document(Document::start("compare"), &figs, &args(1.0));
         let ratio = |peer: &str, figure: &str| {
             doc["ratios"].as_array().unwrap().iter().find(|r| r["peer"] == peer && r["figure"] == figure).unwrap()
                 ["ratio"]
@@ -612,7 +614,7 @@ mod tests {
         assert_eq!(doc["load_mismatch"], true);
         assert!(table(&doc).contains("WARNING"));
         assert!(chart(&doc).starts_with("<svg"));
-        let calm = document(&figs, &args(5.0), None);
+        let calm = document(Document::start("compare"), &figs, &args(5.0));
         assert_eq!(calm["load_mismatch"], false);
         assert!(!table(&calm).contains("WARNING"));
     }

@@ -16,6 +16,7 @@ use weft_client::Client;
 
 use crate::ceilings;
 use crate::common::{self, Headline, OpRuns, Targets, micros_since};
+use crate::doc::Document;
 
 #[derive(Args, Clone, Debug)]
 pub struct LatencyArgs {
@@ -37,55 +38,52 @@ pub async fn run(a: LatencyArgs) -> Result<()> {
     if a.common.runs == 0 || a.count == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
         bail!("--runs and --count must be at least 1, records between 1 byte and 64M");
     }
-    let load_before = ceilings::load_average();
-    let machine = ceilings::machine();
+    let fabrics = common::fabric_choices(&a.common.fabric)?;
+    let doc = Document::start("latency");
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
-    let pb = common::progress((targets.points().len() * records.len()) as u64, "latency");
+    let pb = common::progress((targets.points().len() * fabrics.len() * records.len()) as u64, "latency");
     for sp in targets.points() {
-        let target = targets.start(sp).await?;
+        let mut target = targets.start(sp).await?;
         let n = target.servers;
-        let client = Client::connect(&target.cfg).await?;
-        for &record in &records {
-            let [w, r] = measure(&client, n, record, &a).await?;
-            let base = json!({
-                "system": "weft",
-                "fabric": "tcp",
-                "servers": n,
-                "clients": 1,
-                "threads": 1,
-                "window": 1,
-                "record_bytes": record,
-            });
-            for (o, op) in [(w, "write"), (r, "read")] {
-                let res = o.result(&base, op, Headline::P50);
-                eprintln!("servers {n} record {record}: {op} p50 {} µs, p99 {} µs", res["p50_us"], res["p99_us"]);
-                results.push(res);
+        for &fabric in &fabrics {
+            target.cfg.client.fabric = fabric;
+            let client = Client::connect(&target.cfg).await?;
+            for &record in &records {
+                let [w, r] = measure(&client, n, record, &a).await?;
+                let fabric = common::fabric_used(&client).await;
+                let base = json!({
+                    "system": "weft",
+                    "fabric": fabric,
+                    "servers": n,
+                    "clients": 1,
+                    "threads": 1,
+                    "window": 1,
+                    "record_bytes": record,
+                });
+                for (o, op) in [(w, "write"), (r, "read")] {
+                    let res = o.result(&base, op, Headline::P50);
+                    eprintln!(
+                        "{fabric} servers {n} record {record}: {op} p50 {} µs, p99 {} µs",
+                        res["p50_us"], res["p99_us"]
+                    );
+                    results.push(res);
+                }
+                pb.inc(1);
             }
-            pb.inc(1);
+            client.close().await;
         }
-        client.close().await;
         target.stop().await;
     }
     pb.finish_and_clear();
     targets.finish();
 
-    let load_after = ceilings::load_average();
-    let doc = json!({
-        "machine": machine,
-        "command": common::command_line(),
-        "date": crate::report::utc_now(),
-        "config": {
-            "bench": "latency",
-            "count": a.count,
-            "runs": a.common.runs,
-            "percentiles": "nearest rank, per run; medians over the runs",
-            "load_average_before": load_before,
-            "load_average_after": load_after,
-        },
-        "ceilings": {},
-        "results": results,
+    let config = json!({
+        "count": a.count,
+        "runs": a.common.runs,
+        "percentiles": "nearest rank, per run; medians over the runs",
     });
+    let doc = doc.finish(config, json!({}), results);
     common::emit(&doc, &crate::report::latency_table(&doc), a.common.json.as_deref(), crate::chart::latency_svg)
 }
 

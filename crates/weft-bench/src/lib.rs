@@ -12,6 +12,7 @@ pub mod chart;
 pub mod checkpoint;
 pub mod common;
 pub mod compare;
+pub mod doc;
 pub mod latency;
 pub mod meta;
 pub mod mount;

@@ -22,6 +22,7 @@ use weft_client::Client;
 
 use crate::ceilings;
 use crate::common::{self, Headline, OpRuns, Target, Targets, micros_since, round1};
+use crate::doc::Document;
 use crate::stats::summarize;
 
 #[derive(Args, Clone, Debug)]
@@ -126,51 +127,56 @@ pub async fn run(a: MetaArgs) -> Result<()> {
     if !a.stat_storm && threads.iter().any(|&t| t as u64 > a.files) {
         bail!("--files must be at least the number of clients (every client gets a share)");
     }
-    let load_before = ceilings::load_average();
-    let machine = ceilings::machine();
+    let fabrics = common::fabric_choices(&a.common.fabric)?;
+    let doc = Document::start("meta");
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
-    let pb = common::progress((targets.points().len() * threads.len()) as u64, "meta");
+    let pb = common::progress((targets.points().len() * fabrics.len() * threads.len()) as u64, "meta");
     for sp in targets.points() {
-        let target = targets.start(sp).await?;
-        for &n in &threads {
-            // On an error the cluster's processes die with `target` (kill on drop).
+        let mut target = targets.start(sp).await?;
+        for &fabric in &fabrics {
+            target.cfg.client.fabric = fabric;
             if a.procs > 0 {
-                break;
+                results.extend(crate::aggregate::meta(&target, &a).await?);
+                pb.inc(threads.len() as u64);
+                continue;
             }
-            results.extend(if a.stat_storm { storm(&target, n, &a).await? } else { mdtest(&target, n, &a).await? });
-            pb.inc(1);
-        }
-        if a.procs > 0 {
-            results.extend(crate::aggregate::meta(&target, &a).await?);
+            for &n in &threads {
+                // On an error the cluster's processes die with `target` (kill on drop).
+                results.extend(if a.stat_storm {
+                    storm(&target, n, &a).await?
+                } else {
+                    mdtest(&target, n, &a).await?
+                });
+                pb.inc(1);
+            }
         }
         target.stop().await;
     }
     pb.finish_and_clear();
     targets.finish();
 
-    let load_after = ceilings::load_average();
-    let doc = json!({
-        "machine": machine,
-        "command": common::command_line(),
-        "date": crate::report::utc_now(),
-        "config": {
-            "bench": "meta",
-            "mode": if a.stat_storm { "stat-storm" } else if a.shared { "shared" } else { "private" },
-            "files": a.files,
-            "runs": a.common.runs,
-            "clients_are": if a.procs > 0 { "processes (weft bench worker), one Client each, one operation at a time" }
-                else { "tasks of one process, one Client (own sessions) each, one operation at a time" },
-            "procs": a.procs,
-            "phase_time": "from the release of a barrier all clients wait at to the last client's last reply",
-            "per_client_rate": "a client's operations over its own time from the release to its last reply",
-            "load_average_before": load_before,
-            "load_average_after": load_after,
-        },
-        "ceilings": {},
-        "results": results,
+    let config = json!({
+        "mode": if a.stat_storm { "stat-storm" } else if a.shared { "shared" } else { "private" },
+        "files": a.files,
+        "runs": a.common.runs,
+        "clients_are": if a.procs > 0 { "processes (weft bench worker), one Client each, one operation at a time" }
+            else { "tasks of one process, one Client (own sessions) each, one operation at a time" },
+        "procs": a.procs,
+        "phase_time": "from the release of a barrier all clients wait at to the last client's last reply",
+        "per_client_rate": "a client's operations over its own time from the release to its last reply",
     });
+    let doc = doc.finish(config, json!({}), results);
     common::emit(&doc, &crate::report::meta_table(&doc), a.common.json.as_deref(), crate::chart::meta_svg)
+}
+
+/// The fabric `clients` actually used, all of them together.
+async fn fabric_used(clients: &[Client]) -> String {
+    let mut names = Vec::with_capacity(clients.len());
+    for c in clients {
+        names.push(common::fabric_used(c).await);
+    }
+    common::merge_fabrics(names.iter().map(String::as_str))
 }
 
 /// Connects `n` clients, each with its own sessions.
@@ -223,11 +229,12 @@ async fn mdtest(target: &Target, n: usize, a: &MetaArgs) -> Result<Vec<Value>> {
         }
     }
     remove_bench_dir(&clients[0], &tag).await?;
+    let fabric = fabric_used(&clients).await;
     close_all(&clients).await;
     let dirs = if a.shared { 1 } else { n };
     let base = json!({
         "system": "weft",
-        "fabric": "tcp",
+        "fabric": fabric,
         "mode": if a.shared { "shared" } else { "private" },
         "servers": target.servers,
         "clients": n,
@@ -387,11 +394,12 @@ async fn storm(target: &Target, n: usize, a: &MetaArgs) -> Result<Vec<Value>> {
     .await?;
     clients[0].rmdir(top, "storm").await?;
     remove_bench_dir(&clients[0], &tag).await?;
+    let fabric = fabric_used(&clients).await;
     close_all(&clients).await;
 
     let base = json!({
         "system": "weft",
-        "fabric": "tcp",
+        "fabric": fabric,
         "mode": "stat-storm",
         "servers": target.servers,
         "clients": n,

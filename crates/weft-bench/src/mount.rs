@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Value, json};
+use weft_client::FabricChoice;
 use weft_launch::{LaunchOptions, LocalCluster};
 
 use crate::ceilings;
-use crate::common::Loads;
+use crate::common::{Loads, round1, round3};
+use crate::doc::Document;
 use crate::stats::summarize;
 
 #[derive(Args, Clone, Debug)]
@@ -48,6 +50,10 @@ pub struct MountArgs {
     /// Systems to measure, of `weft,passthrough_ll,glusterfs`.
     #[arg(long, default_value = "weft,passthrough_ll,glusterfs")]
     pub systems: String,
+    /// The fabric the Weft mount reaches its data servers by: tcp, shm or rdma (auto: shm to same-host servers,
+    /// rdma to others that offer it; recorded as `auto`, which one the mount process chose is not seen from here).
+    #[arg(long, env = "WEFT_FABRIC", default_value = "tcp", value_name = "auto|tcp|shm|rdma")]
+    pub fabric: FabricChoice,
     /// Working directory on the local disk (default: a fresh one under /tmp).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -129,7 +135,8 @@ pub(crate) fn need(tool: &str) -> Result<()> {
     }
 }
 
-pub(crate) async fn start_weft(base: &Path, servers: u32) -> Result<Target> {
+/// A Weft cluster of `servers` data servers under `base`, FUSE-mounted with `--fabric fabric`.
+pub(crate) async fn start_weft(base: &Path, servers: u32, fabric: FabricChoice) -> Result<Target> {
     let dir = base.join("weft");
     let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, servers);
     opts.log_filter = "warn".into();
@@ -140,6 +147,8 @@ pub(crate) async fn start_weft(base: &Path, servers: u32) -> Result<Target> {
         .arg("mount")
         .arg("--cluster")
         .arg(cluster.cluster_file())
+        .arg("--fabric")
+        .arg(fabric.name())
         .arg(&mnt)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -309,6 +318,9 @@ pub(crate) fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<(MetaFig
 
 pub(crate) struct Figure {
     pub(crate) system: &'static str,
+    /// The fabric of the system's client: what Weft's client used (or, for the FUSE mount, was told to use);
+    /// `tcp` for the peers.
+    pub(crate) fabric: String,
     /// One of the contract's ops (write, read, create, stat).
     pub(crate) op: &'static str,
     /// `sequential` or `random` for data ops.
@@ -346,6 +358,7 @@ pub(crate) fn measure(t: &Target, a: &MountArgs, loads: &mut Loads) -> Result<Ve
         .iter()
         .map(|&(op, pattern, record_bytes, unit)| Figure {
             system: t.system,
+            fabric: if t.system == "weft" { a.fabric.name() } else { "tcp" }.to_string(),
             op,
             pattern,
             record_bytes,
@@ -400,13 +413,13 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
     let base =
         a.dir.clone().unwrap_or_else(std::env::temp_dir).join(format!("weft-bench-mount-{}", std::process::id()));
     std::fs::create_dir_all(&base)?;
-    let load_before = ceilings::load_average();
+    let doc = Document::start("mount");
     let mut figs = Vec::new();
     let pb = crate::common::progress(systems.len() as u64, "mount");
     for sys in &systems {
         eprintln!("setting up {sys} under {}", base.display());
         let target = match sys.as_str() {
-            "weft" => start_weft(&base, a.servers).await?,
+            "weft" => start_weft(&base, a.servers, a.fabric).await?,
             "passthrough_ll" => start_passthrough(&base)?,
             "glusterfs" => start_gluster(&base)?,
             other => bail!("unknown system {other:?} (weft, passthrough_ll, glusterfs)"),
@@ -438,55 +451,37 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
         let s = summarize(&f.samples).expect("runs >= 1");
         let mut r = json!({
             "system": f.system,
-            "fabric": "tcp",
+            "fabric": f.fabric,
             "servers": if f.system == "weft" { json!(a.servers) } else if f.system == "glusterfs" { json!(2) } else { json!(1) },
             "clients": 1,
             "op": f.op,
             "pattern": f.pattern,
             "record_bytes": f.record_bytes,
-            f.unit: round(s.median),
+            f.unit: round1(s.median),
             "runs": s.runs,
-            "min": round(s.min),
-            "max": round(s.max),
+            "min": round1(s.min),
+            "max": round1(s.max),
         });
         for peer in ["passthrough_ll", "glusterfs"] {
             if let Some(p) = median(peer, f.op, f.pattern).filter(|p| *p > 0.0) {
-                r[format!("ratio_to_{peer}")] = json!((s.median / p * 1000.0).round() / 1000.0);
+                r[format!("ratio_to_{peer}")] = json!(round3(s.median / p));
             }
         }
         add_cpu(&mut r, f);
         loads.annotate(&mut r);
         results.push(r);
     }
-    let doc = json!({
-        "machine": ceilings::machine(),
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "argv": crate::common::argv(),
-        "date": crate::report::utc_now(),
-        "config": {
-            "bench": "mount",
-            "seq_size": a.size,
-            "random_seconds": a.random_seconds,
-            "random_jobs": a.random_jobs,
-            "random_size": a.random_size,
-            "files": a.files,
-            "threads": a.threads,
-            "runs": a.runs,
-            "load_average_before": load_before,
-            "load_average_after": ceilings::load_average(),
-        },
-        "ceilings": {},
-        "results": results,
+    let config = json!({
+        "seq_size": a.size,
+        "random_seconds": a.random_seconds,
+        "random_jobs": a.random_jobs,
+        "random_size": a.random_size,
+        "files": a.files,
+        "threads": a.threads,
+        "runs": a.runs,
     });
-    println!("{}", table(&doc));
-    if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        let svg = path.with_extension("svg");
-        std::fs::write(&svg, chart(&doc)).with_context(|| format!("writing {}", svg.display()))?;
-        eprintln!("wrote {} and {}", path.display(), svg.display());
-    }
-    Ok(())
+    let doc = doc.finish(config, json!({}), results);
+    crate::common::emit(&doc, &table(&doc), a.json.as_deref(), chart)
 }
 
 /// The client's CPU per GiB (data figures) or per operation (metadata figures), median over the runs. fio's CPU
@@ -494,12 +489,8 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
 pub(crate) fn add_cpu(r: &mut Value, f: &Figure) {
     if let Some(s) = summarize(&f.cpu_s) {
         let key = if f.unit == "mib_per_s" { "client_cpu_s_per_gib" } else { "client_cpu_us_per_op" };
-        r[key] = json!((s.median * 1000.0).round() / 1000.0);
+        r[key] = json!(round3(s.median));
     }
-}
-
-fn round(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
 }
 
 fn headline(r: &Value) -> f64 {

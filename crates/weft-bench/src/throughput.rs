@@ -17,6 +17,7 @@ use weft_client::Client;
 
 use crate::ceilings;
 use crate::common::{self, Targets, round1, round3};
+use crate::doc::Document;
 use crate::stats::summarize;
 
 #[derive(Args, Clone, Debug)]
@@ -30,9 +31,6 @@ pub struct ThroughputArgs {
     /// Bytes written then read per run.
     #[arg(long, default_value = "2G")]
     pub size: String,
-    /// Fabrics to measure, e.g. `tcp,shm` (auto: shm to same-host servers).
-    #[arg(long, default_value = "tcp")]
-    pub fabric: String,
     /// Records in flight at once.
     #[arg(long, default_value_t = 8)]
     pub window: usize,
@@ -55,7 +53,8 @@ pub struct ThroughputArgs {
 }
 
 pub(crate) struct Point {
-    fabric: weft_client::FabricChoice,
+    /// The fabric the client actually used (see [`common::fabric_used`]).
+    pub(crate) fabric: String,
     /// 4 KiB reads one at a time (record 4K only): (p50, p99) µs.
     latency_us: Option<(f64, f64)>,
     servers: u32,
@@ -73,14 +72,8 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     if a.common.runs == 0 || a.window == 0 || records.iter().any(|&r| r == 0 || r > 64 << 20) {
         bail!("--runs and --window must be at least 1, records between 1 byte and 64M");
     }
-    let fabrics: Vec<weft_client::FabricChoice> = a
-        .fabric
-        .split(',')
-        .map(|f| f.trim().parse().map_err(anyhow::Error::msg))
-        .collect::<Result<_>>()
-        .context("--fabric wants a list like tcp,shm")?;
-    let load_before = ceilings::load_average();
-    let machine = ceilings::machine();
+    let fabrics = common::fabric_choices(&a.common.fabric)?;
+    let doc = Document::start("throughput");
     eprintln!("measuring ceilings (memcpy, process_vm_readv, iperf3 loopback)...");
     let memcpy = ceilings::memcpy_mib_per_s(256 << 20);
     let vm_readv = ceilings::process_vm_readv_mib_per_s(1 << 20, 4 << 30)?;
@@ -103,15 +96,14 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
             cfg.client.fabric = fabric;
             let client = Client::connect(&cfg).await?;
             for &record in &records {
-                let mut p = if a.procs > 0 {
+                let p = if a.procs > 0 {
                     crate::aggregate::measure(&cfg, n, record, size, &a).await?
                 } else {
                     measure(&client, n, record, size, &a).await?
                 };
-                p.fabric = fabric;
                 eprintln!(
                     "{} servers {n} record {record}: write {:.0} MiB/s, read {:.0} MiB/s",
-                    fabric.name(),
+                    p.fabric,
                     summarize(&p.write_mib).map(|s| s.median).unwrap_or(0.0),
                     summarize(&p.read_mib).map(|s| s.median).unwrap_or(0.0)
                 );
@@ -133,7 +125,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
             let lat = p.latency_us.filter(|_| op == "read");
             let mut r = json!({
                 "system": "weft",
-                "fabric": p.fabric.name(),
+                "fabric": p.fabric,
                 "read_4k_latency_p50_us": lat.map(|l| round1(l.0)),
                 "read_4k_latency_p99_us": lat.map(|l| round1(l.1)),
                 "servers": p.servers,
@@ -162,24 +154,14 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
         ceil.insert("iperf3_min".into(), json!(round1(s.min)));
         ceil.insert("iperf3_max".into(), json!(round1(s.max)));
     }
-    let load_after = ceilings::load_average();
-    let doc = json!({
-        "machine": machine,
-        "command": common::command_line(),
-        "date": crate::report::utc_now(),
-        "config": {
-            "bench": "throughput",
-            "size_bytes": size,
-            "window": a.window,
-            "fsync": a.fsync,
-            "procs": a.procs,
-            "runs": a.common.runs,
-            "load_average_before": load_before,
-            "load_average_after": load_after,
-        },
-        "ceilings": Value::Object(ceil),
-        "results": results,
+    let config = json!({
+        "size_bytes": size,
+        "window": a.window,
+        "fsync": a.fsync,
+        "procs": a.procs,
+        "runs": a.common.runs,
     });
+    let doc = doc.finish(config, Value::Object(ceil), results);
     common::emit(&doc, &crate::report::markdown_table(&doc), a.common.json.as_deref(), crate::chart::throughput_svg)
 }
 
@@ -187,7 +169,7 @@ impl Point {
     pub(crate) fn new(servers: u32, record: u64) -> Point {
         let (write_mib, write_cpu, read_mib, read_cpu) = (vec![], vec![], vec![], vec![]);
         Point {
-            fabric: weft_client::FabricChoice::Tcp,
+            fabric: String::new(),
             latency_us: None,
             servers,
             record,
@@ -240,6 +222,7 @@ async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &Thro
     }
     let (parent, name) = client.resolve_parent(&path).await?;
     client.unlink(parent.ino, name).await?;
+    p.fabric = common::fabric_used(client).await;
     Ok(p)
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Protocol, one line each on the worker's stdin/stdout: the worker connects, then for every phase of its spec
 //! prints `ready`, waits for `go`, runs the phase and prints one JSON line `{"ops", "bytes", "secs", "cpu_s",
-//! "lat_us"}`. The parent sends `go` to every worker only once all are ready (a barrier across processes) and times
+//! "lat_us", "fabric"}` (`fabric`: what its client actually used so far, see `common::fabric_used`). The parent sends `go` to every worker only once all are ready (a barrier across processes) and times
 //! the phase from the first `go` to the last result. `cpu_s` is the worker's own getrusage(RUSAGE_SELF) over the
 //! phase; the parent also reads getrusage(RUSAGE_CHILDREN) once the workers have been reaped, which includes
 //! connecting and setting up.
@@ -42,6 +42,8 @@ pub struct WorkerPhase {
     /// The worker's CPU seconds (user + system) over the phase.
     pub cpu_s: f64,
     pub lat_us: Vec<f64>,
+    /// The fabric the worker's client actually used (see [`crate::common::fabric_used`]).
+    pub fabric: String,
 }
 
 /// One phase of all workers.
@@ -64,6 +66,10 @@ impl PhaseResult {
     }
     pub fn lat_us(&self) -> Vec<f64> {
         self.workers.iter().flat_map(|w| w.lat_us.iter().copied()).collect()
+    }
+    /// The fabric the workers' clients actually used, all of them together.
+    pub fn fabric(&self) -> String {
+        crate::common::merge_fabrics(self.workers.iter().map(|w| w.fabric.as_str()))
     }
 }
 
@@ -134,6 +140,7 @@ impl Workers {
                 secs: v["secs"].as_f64().unwrap_or(0.0),
                 cpu_s: v["cpu_s"].as_f64().unwrap_or(0.0),
                 lat_us: v["lat_us"].as_array().into_iter().flatten().filter_map(Value::as_f64).collect(),
+                fabric: v["fabric"].as_str().unwrap_or_default().to_string(),
             });
         }
         self.done += 1;
@@ -179,7 +186,8 @@ pub async fn run(a: WorkerArgs) -> Result<()> {
         let (t, c) = (Instant::now(), ceilings::cpu_seconds());
         let (ops, bytes, lat) = one_phase(&client, ph).await?;
         let (secs, cpu_s) = (t.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c);
-        let r = json!({"ops": ops, "bytes": bytes, "secs": secs, "cpu_s": cpu_s, "lat_us": lat});
+        let fabric = crate::common::fabric_used(&client).await;
+        let r = json!({"ops": ops, "bytes": bytes, "secs": secs, "cpu_s": cpu_s, "lat_us": lat, "fabric": fabric});
         out.write_all(format!("{r}\n").as_bytes()).await?;
         out.flush().await?;
     }

@@ -21,6 +21,7 @@ use weft_client::{Client, File};
 
 use crate::ceilings;
 use crate::common::{self, Headline, OpRuns, Targets, micros_since, round1, round3};
+use crate::doc::Document;
 use crate::latency::pattern;
 use crate::rng::{SplitMix64, Zipf};
 use crate::stats::summarize;
@@ -115,46 +116,39 @@ pub async fn run(a: ZipfArgs) -> Result<()> {
     if !a.alpha.is_finite() || a.alpha <= 0.0 {
         bail!("--alpha must be a positive number");
     }
-    let load_before = ceilings::load_average();
-    let machine = ceilings::machine();
+    let fabrics = common::fabric_choices(&a.common.fabric)?;
+    let doc = Document::start("zipf");
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
-    let pb = common::progress((targets.points().len() * records.len()) as u64, "zipf");
+    let pb = common::progress((targets.points().len() * fabrics.len() * records.len()) as u64, "zipf");
     for sp in targets.points() {
-        let target = targets.start(sp).await?;
-        let client = Client::connect(&target.cfg).await?;
-        for &record in &records {
-            results.extend(measure(&client, target.servers, record, size, &a).await?);
-            pb.inc(1);
+        let mut target = targets.start(sp).await?;
+        for &fabric in &fabrics {
+            target.cfg.client.fabric = fabric;
+            let client = Client::connect(&target.cfg).await?;
+            for &record in &records {
+                results.extend(measure(&client, target.servers, record, size, &a).await?);
+                pb.inc(1);
+            }
+            client.close().await;
         }
-        client.close().await;
         target.stop().await;
     }
     pb.finish_and_clear();
     targets.finish();
 
-    let load_after = ceilings::load_average();
-    let doc = json!({
-        "machine": machine,
-        "command": common::command_line(),
-        "date": crate::report::utc_now(),
-        "config": {
-            "bench": "zipf",
-            "size_bytes": size,
-            "ops": a.ops,
-            "alpha": a.alpha,
-            "seed": a.seed,
-            "read_fraction": a.read_fraction,
-            "window": a.window,
-            "placement": if a.hot_start { "hot-start" } else { "scattered" },
-            "runs": a.common.runs,
-            "client_cpu_us_per_op": "of the whole mix (reads and writes share the process's CPU time)",
-            "load_average_before": load_before,
-            "load_average_after": load_after,
-        },
-        "ceilings": {},
-        "results": results,
+    let config = json!({
+        "size_bytes": size,
+        "ops": a.ops,
+        "alpha": a.alpha,
+        "seed": a.seed,
+        "read_fraction": a.read_fraction,
+        "window": a.window,
+        "placement": if a.hot_start { "hot-start" } else { "scattered" },
+        "runs": a.common.runs,
+        "client_cpu_us_per_op": "of the whole mix (reads and writes share the process's CPU time)",
     });
+    let doc = doc.finish(config, json!({}), results);
     common::emit(&doc, &crate::report::zipf_table(&doc), a.common.json.as_deref(), crate::chart::zipf_svg)
 }
 
@@ -210,9 +204,10 @@ async fn measure(
     client.unlink(parent.ino, name).await?;
 
     let mix = summarize(&mix).expect("runs >= 1");
+    let fabric = common::fabric_used(client).await;
     let base = json!({
         "system": "weft",
-        "fabric": "tcp",
+        "fabric": fabric,
         "servers": servers,
         "clients": 1,
         "threads": 1,
@@ -232,7 +227,7 @@ async fn measure(
         if count > 0 {
             let res = o.result(&base, op, Headline::OpsPerS);
             eprintln!(
-                "servers {servers} record {record}: {op} {} ops/s, p50 {} µs, p99 {} µs",
+                "{fabric} servers {servers} record {record}: {op} {} ops/s, p50 {} µs, p99 {} µs",
                 res["ops_per_s"], res["p50_us"], res["p99_us"]
             );
             out.push(res);

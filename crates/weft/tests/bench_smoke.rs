@@ -35,9 +35,15 @@ impl Drop for TempDir {
 
 /// Runs `weft bench <args> --dir DIR --json DIR/<name>.json` and returns the parsed JSON.
 fn bench(name: &str, args: &[&str]) -> Value {
+    bench_env(name, args, &[])
+}
+
+/// [`bench`] with these environment variables set.
+fn bench_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Value {
     let dir = TempDir::new(name);
     let json = dir.0.join(format!("{name}.json"));
     let mut child = Command::new(WEFT)
+        .envs(env.iter().copied())
         .arg("bench")
         .args(args)
         .arg("--dir")
@@ -172,6 +178,24 @@ fn latency() {
         assert!(positive(r, "p99_us") >= positive(r, "p50_us"), "{r}");
         assert!([1, 4096].contains(&r["record_bytes"].as_u64().unwrap()), "{r}");
     }
+}
+
+/// Every result names the fabric the client actually used for its point: `--fabric tcp,shm` measures each record
+/// size over both, and WEFT_FABRIC is the default of `--fabric`.
+#[test]
+fn latency_records_the_fabric_used() {
+    let args = ["latency", "--servers", "1", "--record", "4K", "--count", "8", "--runs", "1"];
+    let fabrics_of = |doc: &Value| -> Vec<String> {
+        doc["results"].as_array().unwrap().iter().map(|r| r["fabric"].as_str().unwrap().to_string()).collect()
+    };
+    let doc = bench("latency-fabrics", &[&args[..], &["--fabric", "tcp,shm"]].concat());
+    check_contract(&doc, "latency", "p50_us");
+    assert_eq!(fabrics_of(&doc), ["tcp", "tcp", "shm", "shm"]);
+    assert_eq!(ops_of(&doc), ["write", "read", "write", "read"]);
+    let doc = bench_env("latency-env-shm", &args, &[("WEFT_FABRIC", "shm")]);
+    assert_eq!(fabrics_of(&doc), ["shm", "shm"]);
+    let doc = bench_env("latency-env-tcp", &args, &[("WEFT_FABRIC", "tcp")]);
+    assert_eq!(fabrics_of(&doc), ["tcp", "tcp"]);
 }
 
 #[test]
