@@ -579,7 +579,7 @@ fn readdir_limit_is_capped() {
     ns.store()
         .write(|t| {
             for i in 0..5000 {
-                super::create(t, &file_req(d.ino, &format!("{i:05}")), T0)?;
+                super::create(t, &Cred::root(), &file_req(d.ino, &format!("{i:05}")), T0)?;
             }
             Ok::<_, WireError>(())
         })
@@ -786,8 +786,8 @@ fn failed_transactions_apply_nothing() {
     let (ns, _) = mem_ns();
     let before = statfs(&ns).files;
     let r: Result<(), WireError> = ns.store().write(|t| {
-        super::create(t, &file_req(ROOT_INO, "a"), T0)?;
-        super::mkdir(t, &dir_req(ROOT_INO, "b"), T0)?;
+        super::create(t, &Cred::root(), &file_req(ROOT_INO, "a"), T0)?;
+        super::mkdir(t, &Cred::root(), &dir_req(ROOT_INO, "b"), T0)?;
         Err(WireError::new(ErrorCode::Internal, "abort"))
     });
     assert!(r.is_err());
@@ -894,7 +894,7 @@ fn redb_readdir_pages_through_100k_entries() {
         ns.store()
             .write(|t| {
                 for i in (batch * N / 10)..((batch + 1) * N / 10) {
-                    super::create(t, &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)), T0)?;
+                    super::create(t, &Cred::root(), &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)), T0)?;
                 }
                 Ok::<_, WireError>(())
             })
