@@ -141,9 +141,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             Request::Create(r) => self.store.write(|t| create(t, cred, r, now)).map(Response::Create),
             Request::Mkdir(r) => self.store.write(|t| mkdir(t, cred, r, now)).map(Response::Mkdir),
             Request::Rmdir(r) => self.store.write(|t| rmdir(t, cred, r.parent, &r.name, now)).map(Response::Rmdir),
-            Request::Unlink(r) => {
-                self.store.write(|t| unlink(t, cred, r.parent, &r.name, now)).map(Response::Unlink)
-            }
+            Request::Unlink(r) => self.store.write(|t| unlink(t, cred, r.parent, &r.name, now)).map(Response::Unlink),
             Request::Rename(r) => self.store.write(|t| rename(t, cred, r, now)).map(Response::Rename),
             Request::Symlink(r) => self.store.write(|t| symlink(t, cred, r, now)).map(Response::Symlink),
             Request::Mknod(r) => self.store.write(|t| mknod(t, cred, r, now)).map(Response::Mknod),

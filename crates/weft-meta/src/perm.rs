@@ -263,11 +263,8 @@ pub fn mode_after_write(cred: &Cred, inode: &Inode) -> u32 {
 /// executable set-group-ID file there loses the bit if its creator is not in that group (`mode_strip_sgid`).
 /// Returns `(mode, uid, gid)`.
 pub fn new_owner(cred: &Cred, parent: &Inode, kind: FileKind, mode: u32, uid: u32, gid: u32) -> (u32, u32, u32) {
-    let (uid, mut gid) = if cred.is_root() {
-        (uid, gid)
-    } else {
-        (cred.uid, if cred.in_group(gid) { gid } else { cred.gid })
-    };
+    let (uid, mut gid) =
+        if cred.is_root() { (uid, gid) } else { (cred.uid, if cred.in_group(gid) { gid } else { cred.gid }) };
     let mut mode = mode;
     if parent.mode & SET_GID != 0 {
         gid = parent.gid;
