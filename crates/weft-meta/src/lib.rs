@@ -1,7 +1,8 @@
 //! The Weft metadata service's core: the namespace (inodes, directory entries, attributes, layouts, the data
 //! server registry) and the transactional store it lives in.
 //!
-//! Why this split: [`Namespace`] holds every POSIX-like rule once, written against the [`MetaTxn`] trait;
+//! Why this split: [`Namespace`] holds every POSIX-like rule once, written against the [`MetaTxn`] trait, and
+//! checks each op's permissions for a [`Cred`] with the pure rules of [`perm`];
 //! [`MetaStore`] implementations only provide atomic, durable transactions over a few keyed tables. The embedded
 //! default is [`RedbStore`] (one crash-safe file); [`MemStore`] makes the rules testable without a disk. This
 //! core is synchronous and does no networking: the service wraps [`Namespace::execute`] in its RPC handler and runs
@@ -18,6 +19,7 @@ pub mod journal;
 pub mod mem_store;
 pub mod namespace;
 pub mod node;
+pub mod perm;
 pub mod redb_store;
 pub mod service;
 pub mod store;
@@ -29,6 +31,7 @@ pub use journal::JournalConfig;
 pub use mem_store::MemStore;
 pub use namespace::{DEFAULT_LIVENESS_MS, Namespace};
 pub use node::{MetaServerError, run};
+pub use perm::{Cred, Mask, PermError};
 pub use redb_store::RedbStore;
 pub use service::MetaService;
 pub use store::{Inode, MetaStore, MetaTxn};

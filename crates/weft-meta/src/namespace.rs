@@ -13,6 +13,12 @@
 //! - the transaction that removes a file's last name records it as an orphan (ino + layout), so the service can
 //!   delete its objects from the data servers later without ever losing track of them.
 //!
+//! Permissions: [`Namespace::execute_as`] checks every op against a [`Cred`] with the rules of [`crate::perm`]
+//! (search on the directory a name is looked up in, write and search on a directory whose entries change, the
+//! sticky bit, owner-only chmod/chown/utimes, device nodes for root, set-ID bits cleared by a non-root write),
+//! inside the op's transaction, on the records the op itself reads. [`Namespace::execute`] runs as root: until
+//! sessions carry an authenticated identity, the service trusts what a request says, as before.
+//!
 //! Choices the wire leaves open: a hard link to a directory is refused with `Permission` (EPERM on Linux); a
 //! non-exclusive create over a symlink returns `Exists` (the client resolves symlinks, not the MDS); a readdir
 //! `limit` of 0 means "as many as the server allows"; the `Null` probe is answered, other session and data
@@ -33,6 +39,7 @@ use weft_proto::{
 
 use crate::clock::Clock;
 use crate::error::MetaError;
+use crate::perm::{self, Cred, Mask};
 use crate::store::{Inode, MetaStore, MetaTxn};
 
 /// A data server unheard of for longer than this is reported `Down` (milliseconds).
@@ -116,38 +123,60 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         &self.clock
     }
 
-    /// Runs one metadata request. Rule violations come back with their precise [`ErrorCode`]; store failures as
-    /// `Io`/`Internal`.
+    /// Runs one metadata request as root (see [`Namespace::execute_as`]).
     pub fn execute(&self, req: &Request) -> Result<Response, WireError> {
+        self.execute_as(&Cred::root(), req)
+    }
+
+    /// Runs one metadata request on behalf of `cred`, checking its permissions (see [`crate::perm`]). Rule
+    /// violations come back with their precise [`ErrorCode`] (a refused permission as `Permission` (EACCES) or
+    /// `NotPermitted` (EPERM)), and change nothing; store failures as `Io`/`Internal`.
+    pub fn execute_as(&self, cred: &Cred, req: &Request) -> Result<Response, WireError> {
         let now = self.clock.now_ns();
         match req {
             Request::Null(()) => Ok(Response::Null(())),
-            Request::Lookup(r) => self.store.read(|t| lookup(t, r.parent, &r.name)).map(Response::Lookup),
+            Request::Lookup(r) => self.store.read(|t| lookup(t, cred, r.parent, &r.name)).map(Response::Lookup),
             Request::GetAttr(r) => self.store.read(|t| Ok(load(t, r.ino)?.attr())).map(Response::GetAttr),
-            Request::SetAttr(r) => self.store.write(|t| set_attr(t, r, now)).map(Response::SetAttr),
-            Request::Create(r) => self.store.write(|t| create(t, r, now)).map(Response::Create),
-            Request::Mkdir(r) => self.store.write(|t| mkdir(t, r, now)).map(Response::Mkdir),
-            Request::Rmdir(r) => self.store.write(|t| rmdir(t, r.parent, &r.name, now)).map(Response::Rmdir),
-            Request::Unlink(r) => self.store.write(|t| unlink(t, r.parent, &r.name, now)).map(Response::Unlink),
-            Request::Rename(r) => self.store.write(|t| rename(t, r, now)).map(Response::Rename),
-            Request::Symlink(r) => self.store.write(|t| symlink(t, r, now)).map(Response::Symlink),
-            Request::Mknod(r) => self.store.write(|t| mknod(t, r, now)).map(Response::Mknod),
+            Request::SetAttr(r) => self.store.write(|t| set_attr(t, cred, r, now)).map(Response::SetAttr),
+            Request::Create(r) => self.store.write(|t| create(t, cred, r, now)).map(Response::Create),
+            Request::Mkdir(r) => self.store.write(|t| mkdir(t, cred, r, now)).map(Response::Mkdir),
+            Request::Rmdir(r) => self.store.write(|t| rmdir(t, cred, r.parent, &r.name, now)).map(Response::Rmdir),
+            Request::Unlink(r) => self.store.write(|t| unlink(t, cred, r.parent, &r.name, now)).map(Response::Unlink),
+            Request::Rename(r) => self.store.write(|t| rename(t, cred, r, now)).map(Response::Rename),
+            Request::Symlink(r) => self.store.write(|t| symlink(t, cred, r, now)).map(Response::Symlink),
+            Request::Mknod(r) => self.store.write(|t| mknod(t, cred, r, now)).map(Response::Mknod),
             Request::Readlink(r) => self.store.read(|t| readlink(t, r.ino)).map(Response::Readlink),
-            Request::Link(r) => self.store.write(|t| link(t, r, now)).map(Response::Link),
-            Request::Readdir(r) => self.store.read(|t| readdir(t, r)).map(Response::Readdir),
-            Request::ReaddirPlus(r) => self.store.read(|t| readdir_plus(t, r)).map(Response::ReaddirPlus),
+            Request::Link(r) => self.store.write(|t| link(t, cred, r, now)).map(Response::Link),
+            Request::Readdir(r) => self.store.read(|t| readdir(t, cred, r)).map(Response::Readdir),
+            Request::ReaddirPlus(r) => self.store.read(|t| readdir_plus(t, cred, r)).map(Response::ReaddirPlus),
             Request::Statfs(()) => self.statfs().map(Response::Statfs),
-            Request::SetLayout(r) => self.store.write(|t| set_layout(t, r, now)).map(Response::SetLayout),
-            Request::Commit(r) => self.store.write(|t| commit(t, r)).map(|(_, a)| Response::Commit(a)),
-            Request::CommitWcc(r) => self.store.write(|t| commit(t, r)).map(|((pre_mtime_ns, pre_size), attr)| {
-                Response::CommitWcc(CommitWccResp { pre_mtime_ns, pre_size, attr })
-            }),
+            Request::SetLayout(r) => self.store.write(|t| set_layout(t, cred, r, now)).map(Response::SetLayout),
+            Request::Commit(r) => self.store.write(|t| commit(t, cred, r, now)).map(|(_, a)| Response::Commit(a)),
+            Request::CommitWcc(r) => {
+                self.store.write(|t| commit(t, cred, r, now)).map(|((pre_mtime_ns, pre_size), attr)| {
+                    Response::CommitWcc(CommitWccResp { pre_mtime_ns, pre_size, attr })
+                })
+            }
             Request::ClusterInfo(()) => Ok(Response::ClusterInfo(self.servers())),
-            Request::RegisterServer(r) => self.register_server(r).map(Response::RegisterServer),
+            Request::RegisterServer(r) => {
+                if !cred.is_root() {
+                    return Err(werr(
+                        ErrorCode::NotPermitted,
+                        format!("uid {} may not register data server {}: root only", cred.uid, r.id),
+                    ));
+                }
+                self.register_server(r).map(Response::RegisterServer)
+            }
             other => {
                 Err(werr(ErrorCode::BadRequest, format!("op {:?} is not served by the metadata service", other.op())))
             }
         }
+    }
+
+    /// Whether `cred` may access inode `ino` as `mask` asks ([`Mask::READ`], [`Mask::WRITE`], [`Mask::EXEC`];
+    /// [`Mask::NONE`] asks only that it exists): the check an ACCESS request or an open makes. Reads only.
+    pub fn access(&self, cred: &Cred, ino: u64, mask: Mask) -> Result<(), WireError> {
+        self.store.read(|t| Ok(perm::may(cred, &load(t, ino)?, mask)?))
     }
 
     /// Up to `limit` removed files whose objects are still to be deleted from the data servers. A store failure is
@@ -328,35 +357,30 @@ fn new_inode(ino: u64, kind: FileKind, mode: u32, uid: u32, gid: u32, now: i64) 
     }
 }
 
-/// The group and mode bits a new entry in `parent` gets: in a set-group-ID directory, the directory's group, and
-/// new subdirectories keep the bit (BSD semantics, as Linux file systems do).
-fn inherit(parent: &Inode, kind: FileKind, mode: u32, gid: u32) -> (u32, u32) {
-    if parent.mode & SET_GID == 0 {
-        return (mode, gid);
-    }
-    let mode = if kind == FileKind::Dir { mode | SET_GID } else { mode };
-    (mode, parent.gid)
+/// The directory `ino`, which `cred` may search (look names up in).
+fn load_searchable_dir(t: &mut dyn MetaTxn, cred: &Cred, ino: u64) -> Result<Inode, WireError> {
+    let d = load_dir(t, ino)?;
+    perm::may(cred, &d, Mask::EXEC)?;
+    Ok(d)
 }
-
-const SET_GID: u32 = 0o2000;
 
 // ---- ops (each runs inside one transaction) -----------------------------------------------------------------
 
-fn lookup(t: &mut dyn MetaTxn, parent: u64, name: &str) -> Result<Attr, WireError> {
+fn lookup(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str) -> Result<Attr, WireError> {
     check_name(name)?;
-    load_dir(t, parent)?;
+    load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
     Ok(load_entry(t, parent, name, ino)?.attr())
 }
 
-fn set_attr(t: &mut dyn MetaTxn, r: &SetAttrReq, now: i64) -> Result<Attr, WireError> {
+fn set_attr(t: &mut dyn MetaTxn, cred: &Cred, r: &SetAttrReq, now: i64) -> Result<Attr, WireError> {
     let mut i = load(t, r.ino)?;
     let s = &r.set;
     let at = |ts: TimeSet| match ts {
         TimeSet::Now => now,
         TimeSet::AtNs(v) => v,
     };
-    if let Some(size) = s.size {
+    if s.size.is_some() {
         match i.kind {
             FileKind::Dir => {
                 return Err(werr(ErrorCode::IsDir, format!("inode {} is a directory", r.ino)));
@@ -364,15 +388,17 @@ fn set_attr(t: &mut dyn MetaTxn, r: &SetAttrReq, now: i64) -> Result<Attr, WireE
             k @ (FileKind::Symlink | FileKind::Fifo | FileKind::Socket | FileKind::CharDev | FileKind::BlockDev) => {
                 return Err(werr(ErrorCode::Invalid, format!("inode {} is a {k:?}: it has no size to set", r.ino)));
             }
-            FileKind::File => {
-                if size != i.size {
-                    i.size = size;
-                    i.mtime_ns = now;
-                }
-            }
+            FileKind::File => {}
         }
     }
-    if let Some(mode) = s.mode {
+    let mode = perm::check_setattr(cred, &i, s)?;
+    if let Some(size) = s.size
+        && size != i.size
+    {
+        i.size = size;
+        i.mtime_ns = now;
+    }
+    if let Some(mode) = mode {
         i.mode = mode & MODE_MASK;
     }
     if let Some(uid) = s.uid {
@@ -394,9 +420,11 @@ fn set_attr(t: &mut dyn MetaTxn, r: &SetAttrReq, now: i64) -> Result<Attr, WireE
     Ok(i.attr())
 }
 
-fn create(t: &mut dyn MetaTxn, r: &CreateReq, now: i64) -> Result<Attr, WireError> {
+/// A name that exists answers as Linux's `open(O_CREAT)` does: `Exists` if exclusive, else the file, with only
+/// search permission on the directory (the open's own access check is the caller's, see [`Namespace::access`]).
+fn create(t: &mut dyn MetaTxn, cred: &Cred, r: &CreateReq, now: i64) -> Result<Attr, WireError> {
     check_name(&r.name)?;
-    let parent = load_dir(t, r.parent)?;
+    let parent = load_searchable_dir(t, cred, r.parent)?;
     if let Some((ino, kind)) = t.get_dirent(r.parent, &r.name)? {
         if r.exclusive {
             return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
@@ -407,14 +435,15 @@ fn create(t: &mut dyn MetaTxn, r: &CreateReq, now: i64) -> Result<Attr, WireErro
             other => Err(werr(ErrorCode::Exists, format!("{:?} exists and is a {other:?}", r.name))),
         };
     }
+    perm::may_create(cred, &parent)?;
     let servers = t.list_servers()?;
     if servers.is_empty() {
         return Err(werr(ErrorCode::NoServers, format!("cannot create {:?}: no data server is registered", r.name)));
     }
-    let (mode, gid) = inherit(&parent, FileKind::File, r.mode, r.gid);
+    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::File, r.mode, r.uid, r.gid);
     let policy = parent.layout.unwrap_or_else(default_policy);
     let ino = t.next_ino()?;
-    let mut inode = new_inode(ino, FileKind::File, mode, r.uid, gid, now);
+    let mut inode = new_inode(ino, FileKind::File, mode, uid, gid, now);
     inode.layout = Some(assign_layout(&policy, ino, &servers)?);
     t.put_inode(&inode)?;
     t.put_dirent(r.parent, &r.name, ino, FileKind::File)?;
@@ -422,15 +451,16 @@ fn create(t: &mut dyn MetaTxn, r: &CreateReq, now: i64) -> Result<Attr, WireErro
     Ok(inode.attr())
 }
 
-fn mkdir(t: &mut dyn MetaTxn, r: &MkdirReq, now: i64) -> Result<Attr, WireError> {
+fn mkdir(t: &mut dyn MetaTxn, cred: &Cred, r: &MkdirReq, now: i64) -> Result<Attr, WireError> {
     check_name(&r.name)?;
-    let parent = load_dir(t, r.parent)?;
+    let parent = load_searchable_dir(t, cred, r.parent)?;
     if t.get_dirent(r.parent, &r.name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
     }
+    perm::may_create(cred, &parent)?;
     let ino = t.next_ino()?;
-    let (mode, gid) = inherit(&parent, FileKind::Dir, r.mode, r.gid);
-    let mut inode = new_inode(ino, FileKind::Dir, mode, r.uid, gid, now);
+    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::Dir, r.mode, r.uid, r.gid);
+    let mut inode = new_inode(ino, FileKind::Dir, mode, uid, gid, now);
     inode.nlink = 2;
     inode.parent = r.parent;
     inode.layout = Some(parent.layout.unwrap_or_else(default_policy));
@@ -440,11 +470,12 @@ fn mkdir(t: &mut dyn MetaTxn, r: &MkdirReq, now: i64) -> Result<Attr, WireError>
     Ok(inode.attr())
 }
 
-fn rmdir(t: &mut dyn MetaTxn, parent: u64, name: &str, now: i64) -> Result<(), WireError> {
+fn rmdir(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) -> Result<(), WireError> {
     check_name(name)?;
-    load_dir(t, parent)?;
+    let parent_dir = load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
     let dir = load_entry(t, parent, name, ino)?;
+    perm::may_delete(cred, &parent_dir, &dir)?;
     if dir.kind != FileKind::Dir {
         return Err(werr(ErrorCode::NotDir, format!("{name:?} in directory {parent} is not a directory")));
     }
@@ -456,11 +487,12 @@ fn rmdir(t: &mut dyn MetaTxn, parent: u64, name: &str, now: i64) -> Result<(), W
     touch_dir(t, parent, -1, now)
 }
 
-fn unlink(t: &mut dyn MetaTxn, parent: u64, name: &str, now: i64) -> Result<(), WireError> {
+fn unlink(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) -> Result<(), WireError> {
     check_name(name)?;
-    load_dir(t, parent)?;
+    let dir = load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
     let inode = load_entry(t, parent, name, ino)?;
+    perm::may_delete(cred, &dir, &inode)?;
     if inode.kind == FileKind::Dir {
         return Err(werr(ErrorCode::IsDir, format!("{name:?} in directory {parent} is a directory")));
     }
@@ -469,16 +501,18 @@ fn unlink(t: &mut dyn MetaTxn, parent: u64, name: &str, now: i64) -> Result<(), 
     touch_dir(t, parent, 0, now)
 }
 
-fn link(t: &mut dyn MetaTxn, r: &LinkReq, now: i64) -> Result<Attr, WireError> {
+fn link(t: &mut dyn MetaTxn, cred: &Cred, r: &LinkReq, now: i64) -> Result<Attr, WireError> {
     let mut inode = load(t, r.ino)?;
     if inode.kind == FileKind::Dir {
         return Err(werr(ErrorCode::Permission, format!("inode {} is a directory: no hard links to it", r.ino)));
     }
     check_name(&r.new_name)?;
-    load_dir(t, r.new_parent)?;
+    let dir = load_searchable_dir(t, cred, r.new_parent)?;
     if t.get_dirent(r.new_parent, &r.new_name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.new_name, r.new_parent)));
     }
+    perm::may_create(cred, &dir)?;
+    perm::may_link(cred, &inode)?;
     inode.nlink = inode
         .nlink
         .checked_add(1)
@@ -491,18 +525,20 @@ fn link(t: &mut dyn MetaTxn, r: &LinkReq, now: i64) -> Result<Attr, WireError> {
 }
 
 /// A FIFO, socket or device node: an inode and an entry, nothing on the data servers.
-fn mknod(t: &mut dyn MetaTxn, r: &MknodReq, now: i64) -> Result<Attr, WireError> {
+fn mknod(t: &mut dyn MetaTxn, cred: &Cred, r: &MknodReq, now: i64) -> Result<Attr, WireError> {
     check_name(&r.name)?;
     if !r.kind.is_special() {
         return Err(werr(ErrorCode::Invalid, format!("mknod makes special files only, not a {:?}", r.kind)));
     }
-    let parent = load_dir(t, r.parent)?;
+    let parent = load_searchable_dir(t, cred, r.parent)?;
     if t.get_dirent(r.parent, &r.name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
     }
+    perm::may_create(cred, &parent)?;
+    perm::may_mknod(cred, r.kind)?;
     let ino = t.next_ino()?;
-    let (mode, gid) = inherit(&parent, r.kind, r.mode, r.gid);
-    let mut inode = new_inode(ino, r.kind, mode, r.uid, gid, now);
+    let (mode, uid, gid) = perm::new_owner(cred, &parent, r.kind, r.mode, r.uid, r.gid);
+    let mut inode = new_inode(ino, r.kind, mode, uid, gid, now);
     if matches!(r.kind, FileKind::CharDev | FileKind::BlockDev) {
         inode.rdev = r.rdev;
     }
@@ -512,7 +548,7 @@ fn mknod(t: &mut dyn MetaTxn, r: &MknodReq, now: i64) -> Result<Attr, WireError>
     Ok(inode.attr())
 }
 
-fn symlink(t: &mut dyn MetaTxn, r: &SymlinkReq, now: i64) -> Result<Attr, WireError> {
+fn symlink(t: &mut dyn MetaTxn, cred: &Cred, r: &SymlinkReq, now: i64) -> Result<Attr, WireError> {
     check_name(&r.name)?;
     if r.target.is_empty() || r.target.contains('\0') {
         return Err(werr(ErrorCode::Invalid, format!("symlink target {:?} is empty or has a NUL", r.target)));
@@ -523,13 +559,14 @@ fn symlink(t: &mut dyn MetaTxn, r: &SymlinkReq, now: i64) -> Result<Attr, WireEr
             format!("symlink target of {} bytes is longer than {SYMLINK_BYTES_MAX}", r.target.len()),
         ));
     }
-    let parent = load_dir(t, r.parent)?;
+    let parent = load_searchable_dir(t, cred, r.parent)?;
     if t.get_dirent(r.parent, &r.name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
     }
+    perm::may_create(cred, &parent)?;
     let ino = t.next_ino()?;
-    let (_, gid) = inherit(&parent, FileKind::Symlink, 0o777, r.gid);
-    let mut inode = new_inode(ino, FileKind::Symlink, 0o777, r.uid, gid, now);
+    let (_, uid, gid) = perm::new_owner(cred, &parent, FileKind::Symlink, 0o777, r.uid, r.gid);
+    let mut inode = new_inode(ino, FileKind::Symlink, 0o777, uid, gid, now);
     inode.size = r.target.len() as u64;
     inode.target = r.target.clone();
     t.put_inode(&inode)?;
@@ -546,8 +583,10 @@ fn readlink(t: &mut dyn MetaTxn, ino: u64) -> Result<String, WireError> {
     Ok(i.target)
 }
 
-fn readdir(t: &mut dyn MetaTxn, r: &ReaddirReq) -> Result<ReaddirResp, WireError> {
-    load_dir(t, r.ino)?;
+/// Listing names needs read permission on the directory (as `opendir`).
+fn readdir(t: &mut dyn MetaTxn, cred: &Cred, r: &ReaddirReq) -> Result<ReaddirResp, WireError> {
+    let dir = load_dir(t, r.ino)?;
+    perm::may(cred, &dir, Mask::READ)?;
     let limit = if r.limit == 0 || r.limit > READDIR_ENTRIES_MAX { READDIR_ENTRIES_MAX } else { r.limit } as usize;
     let mut got = t.list_dirents(r.ino, &r.after, limit + 1)?;
     let eof = got.len() <= limit;
@@ -557,8 +596,11 @@ fn readdir(t: &mut dyn MetaTxn, r: &ReaddirReq) -> Result<ReaddirResp, WireError
 }
 
 /// One page of entries with their attributes, read in one snapshot, so an entry and its attributes agree.
-fn readdir_plus(t: &mut dyn MetaTxn, r: &ReaddirReq) -> Result<ReaddirPlusResp, WireError> {
-    load_dir(t, r.ino)?;
+/// Needs read permission (the names) and search permission (the attributes, which Linux gives only through a
+/// lookup; knfsd's READDIRPLUS omits them without it): one reply carries both, so both are required.
+fn readdir_plus(t: &mut dyn MetaTxn, cred: &Cred, r: &ReaddirReq) -> Result<ReaddirPlusResp, WireError> {
+    let dir = load_dir(t, r.ino)?;
+    perm::may(cred, &dir, Mask::READ | Mask::EXEC)?;
     let limit =
         if r.limit == 0 || r.limit > READDIRPLUS_ENTRIES_MAX { READDIRPLUS_ENTRIES_MAX } else { r.limit } as usize;
     let mut got = t.list_dirents(r.ino, &r.after, limit + 1)?;
@@ -573,7 +615,7 @@ fn readdir_plus(t: &mut dyn MetaTxn, r: &ReaddirReq) -> Result<ReaddirPlusResp, 
     Ok(ReaddirPlusResp { entries, eof })
 }
 
-fn set_layout(t: &mut dyn MetaTxn, r: &SetLayoutReq, now: i64) -> Result<Attr, WireError> {
+fn set_layout(t: &mut dyn MetaTxn, cred: &Cred, r: &SetLayoutReq, now: i64) -> Result<Attr, WireError> {
     let mut i = load(t, r.ino)?;
     if i.kind != FileKind::Dir {
         return Err(werr(
@@ -581,6 +623,7 @@ fn set_layout(t: &mut dyn MetaTxn, r: &SetLayoutReq, now: i64) -> Result<Attr, W
             format!("inode {} is not a directory: a file's layout is fixed at create", r.ino),
         ));
     }
+    perm::may_set_layout(cred, &i)?;
     r.layout.validate(true).map_err(|m| werr(ErrorCode::Invalid, format!("layout policy: {m}")))?;
     if !r.layout.servers.is_empty() {
         return Err(werr(ErrorCode::Invalid, "a directory layout policy names no servers"));
@@ -591,8 +634,9 @@ fn set_layout(t: &mut dyn MetaTxn, r: &SetLayoutReq, now: i64) -> Result<Attr, W
     Ok(i.attr())
 }
 
-/// Returns the (mtime, size) found before the commit and the attributes after it.
-fn commit(t: &mut dyn MetaTxn, r: &CommitReq) -> Result<((i64, u64), Attr), WireError> {
+/// Returns the (mtime, size) found before the commit and the attributes after it. A commit follows writes, so a
+/// non-root committer clears the set-ID bits a write clears ([`perm::mode_after_write`]).
+fn commit(t: &mut dyn MetaTxn, cred: &Cred, r: &CommitReq, now: i64) -> Result<((i64, u64), Attr), WireError> {
     let mut i = load(t, r.ino)?;
     let pre = (i.mtime_ns, i.size);
     match i.kind {
@@ -603,6 +647,12 @@ fn commit(t: &mut dyn MetaTxn, r: &CommitReq) -> Result<((i64, u64), Attr), Wire
         k => {
             return Err(werr(ErrorCode::Invalid, format!("inode {} is a {k:?}, not a regular file", r.ino)));
         }
+    }
+    perm::may_commit(cred, &i)?;
+    let mode = perm::mode_after_write(cred, &i);
+    if mode != i.mode {
+        i.mode = mode;
+        i.ctime_ns = i.ctime_ns.max(now);
     }
     i.size = i.size.max(r.size);
     i.mtime_ns = i.mtime_ns.max(r.mtime_ns);
@@ -636,7 +686,13 @@ fn check_not_into_itself(t: &mut dyn MetaTxn, dir: u64, name: &str, new_parent: 
 
 /// RENAME_EXCHANGE: both names exist and swap inodes in one transaction; directories change parents (and their
 /// parents' link counts) as they move.
-fn rename_exchange(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError> {
+fn rename_exchange(
+    t: &mut dyn MetaTxn,
+    cred: &Cred,
+    (src_dir, dst_dir): (&Inode, &Inode),
+    r: &RenameReq,
+    now: i64,
+) -> Result<(), WireError> {
     let (a_ino, _) = entry(t, r.src_parent, &r.src_name)?;
     let (b_ino, _) = entry(t, r.dst_parent, &r.dst_name)?;
     if a_ino == b_ino {
@@ -645,6 +701,16 @@ fn rename_exchange(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), W
     let mut a = load_entry(t, r.src_parent, &r.src_name, a_ino)?;
     let mut b = load_entry(t, r.dst_parent, &r.dst_name, b_ino)?;
     let (a_dir, b_dir) = (a.kind == FileKind::Dir, b.kind == FileKind::Dir);
+    perm::may_delete(cred, src_dir, &a)?;
+    perm::may_delete(cred, dst_dir, &b)?;
+    if r.src_parent != r.dst_parent {
+        // A directory changing parents has its `..` rewritten: that needs write permission on it.
+        for moved in [&a, &b] {
+            if moved.kind == FileKind::Dir {
+                perm::may(cred, moved, Mask::WRITE)?;
+            }
+        }
+    }
     if a_dir {
         check_not_into_itself(t, a_ino, &r.src_name, r.dst_parent)?;
     }
@@ -674,16 +740,19 @@ fn rename_exchange(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), W
     Ok(())
 }
 
-fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError> {
+/// Permissions, as Linux's `vfs_rename`: search on both directories; the source's entry may be deleted from its
+/// directory (write, search, sticky); the destination's entry may be created, or, if it exists, deleted; a
+/// directory moving to another parent needs write permission on itself (its `..` changes).
+fn rename(t: &mut dyn MetaTxn, cred: &Cred, r: &RenameReq, now: i64) -> Result<(), WireError> {
     if r.flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || r.flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
         return Err(werr(ErrorCode::Invalid, format!("unknown or conflicting rename flags {:#x}", r.flags)));
     }
     check_name(&r.src_name)?;
     check_name(&r.dst_name)?;
-    load_dir(t, r.src_parent)?;
-    load_dir(t, r.dst_parent)?;
+    let src_dir = load_searchable_dir(t, cred, r.src_parent)?;
+    let dst_dir = load_searchable_dir(t, cred, r.dst_parent)?;
     if r.flags & RENAME_EXCHANGE != 0 {
-        return rename_exchange(t, r, now);
+        return rename_exchange(t, cred, (&src_dir, &dst_dir), r, now);
     }
     let (src_ino, _) = entry(t, r.src_parent, &r.src_name)?;
     let dst = t.get_dirent(r.dst_parent, &r.dst_name)?;
@@ -698,11 +767,26 @@ fn rename(t: &mut dyn MetaTxn, r: &RenameReq, now: i64) -> Result<(), WireError>
     }
     let mut src = load_entry(t, r.src_parent, &r.src_name, src_ino)?;
     let src_is_dir = src.kind == FileKind::Dir;
+    perm::may_delete(cred, &src_dir, &src)?;
+    let victim = match dst {
+        Some((dst_ino, _)) => {
+            let victim = load_entry(t, r.dst_parent, &r.dst_name, dst_ino)?;
+            perm::may_delete(cred, &dst_dir, &victim)?;
+            Some((dst_ino, victim))
+        }
+        None => {
+            perm::may_create(cred, &dst_dir)?;
+            None
+        }
+    };
+    if src_is_dir && r.src_parent != r.dst_parent {
+        // Its `..` changes.
+        perm::may(cred, &src, Mask::WRITE)?;
+    }
     if src_is_dir {
         check_not_into_itself(t, src_ino, &r.src_name, r.dst_parent)?;
     }
-    if let Some((dst_ino, _)) = dst {
-        let victim = load_entry(t, r.dst_parent, &r.dst_name, dst_ino)?;
+    if let Some((dst_ino, victim)) = victim {
         match (src_is_dir, victim.kind == FileKind::Dir) {
             (true, true) => {
                 if !t.dir_is_empty(dst_ino)? {

@@ -33,6 +33,9 @@ pub enum ErrorCode {
     /// Offset or length out of the range the server accepts.
     OutOfRange,
     NotSymlink,
+    /// The act is reserved to a file's owner or to root (chown, chmod, a sticky directory's entries, device
+    /// nodes), as opposed to `Permission`, which is a missing mode bit.
+    NotPermitted,
 }
 
 impl ErrorCode {
@@ -51,6 +54,7 @@ impl ErrorCode {
             ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal => 5, // EIO
             ErrorCode::OutOfRange => 27,                                   // EFBIG
             ErrorCode::Busy => 11,                                         // EAGAIN
+            ErrorCode::NotPermitted => 1,                                  // EPERM
             _ => 5,
         }
     }

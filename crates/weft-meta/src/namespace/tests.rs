@@ -579,7 +579,7 @@ fn readdir_limit_is_capped() {
     ns.store()
         .write(|t| {
             for i in 0..5000 {
-                super::create(t, &file_req(d.ino, &format!("{i:05}")), T0)?;
+                super::create(t, &Cred::root(), &file_req(d.ino, &format!("{i:05}")), T0)?;
             }
             Ok::<_, WireError>(())
         })
@@ -786,8 +786,8 @@ fn failed_transactions_apply_nothing() {
     let (ns, _) = mem_ns();
     let before = statfs(&ns).files;
     let r: Result<(), WireError> = ns.store().write(|t| {
-        super::create(t, &file_req(ROOT_INO, "a"), T0)?;
-        super::mkdir(t, &dir_req(ROOT_INO, "b"), T0)?;
+        super::create(t, &Cred::root(), &file_req(ROOT_INO, "a"), T0)?;
+        super::mkdir(t, &Cred::root(), &dir_req(ROOT_INO, "b"), T0)?;
         Err(WireError::new(ErrorCode::Internal, "abort"))
     });
     assert!(r.is_err());
@@ -894,7 +894,7 @@ fn redb_readdir_pages_through_100k_entries() {
         ns.store()
             .write(|t| {
                 for i in (batch * N / 10)..((batch + 1) * N / 10) {
-                    super::create(t, &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)), T0)?;
+                    super::create(t, &Cred::root(), &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)), T0)?;
                 }
                 Ok::<_, WireError>(())
             })
@@ -966,4 +966,431 @@ fn redb_acknowledged_ops_survive_abort() {
     expected.extend((0..4).flat_map(|t| (0..25).map(move |i| format!("z{t}-{i:02}"))));
     assert_eq!(names, expected);
     assert_eq!(ns.servers().len(), 1);
+}
+
+// ---- permissions (execute_as) ---------------------------------------------------------------------------------
+
+const ALICE: u32 = 1000;
+const BOB: u32 = 1001;
+const USERS: u32 = 100;
+const STAFF: u32 = 50;
+const WHEEL: u32 = 10;
+
+/// Alice: primary group users, also in staff.
+fn alice() -> Cred {
+    Cred::new(ALICE, USERS, vec![STAFF])
+}
+
+/// Bob: users only.
+fn bob() -> Cred {
+    Cred::new(BOB, USERS, vec![])
+}
+
+/// Everything a client could observe, read as root: every reachable entry with its attributes, the inode count,
+/// the orphans and the servers.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    entries: Vec<(String, Attr)>,
+    inodes: u64,
+    orphans: Vec<(u64, Layout)>,
+    servers: Vec<(u32, String)>,
+}
+
+fn snapshot<S: MetaStore>(ns: &Ns<S>) -> Snapshot {
+    fn walk<S: MetaStore>(ns: &Ns<S>, ino: u64, path: &str, out: &mut Vec<(String, Attr)>) {
+        let Response::ReaddirPlus(page) =
+            ns.execute(&Request::ReaddirPlus(ReaddirReq { ino, after: String::new(), limit: 0 })).unwrap()
+        else {
+            panic!("not a readdirplus reply")
+        };
+        assert!(page.eof, "test directories fit in one page");
+        for (name, a) in page.entries {
+            let p = format!("{path}/{name}");
+            out.push((p.clone(), a.clone()));
+            if a.kind == FileKind::Dir {
+                walk(ns, a.ino, &p, out);
+            }
+        }
+    }
+    let mut entries = vec![(String::from("/"), getattr(ns, ROOT_INO).unwrap())];
+    walk(ns, ROOT_INO, "", &mut entries);
+    let servers = ns.servers().into_iter().map(|s| (s.id, s.addr)).collect();
+    Snapshot { entries, inodes: statfs(ns).files, orphans: ns.store().read(|t| t.list_orphans(100)).unwrap(), servers }
+}
+
+/// Runs `req` as `cred`, expects `want`, and checks that nothing changed (the clock moves first, so a stray
+/// timestamp update would show).
+fn refused<S: MetaStore>(ns: &Ns<S>, clock: &ManualClock, cred: &Cred, req: Request, want: ErrorCode) {
+    let before = snapshot(ns);
+    clock.advance_ms(1);
+    let r = ns.execute_as(cred, &req);
+    assert_eq!(code(r), want, "{req:?} as uid {}", cred.uid);
+    assert_eq!(snapshot(ns), before, "{req:?} as uid {} was refused but changed something", cred.uid);
+}
+
+fn as_attr<S: MetaStore>(ns: &Ns<S>, cred: &Cred, req: Request) -> Attr {
+    attr(ns.execute_as(cred, &req)).unwrap_or_else(|e| panic!("{req:?} as uid {}: {e}", cred.uid))
+}
+
+fn as_unit<S: MetaStore>(ns: &Ns<S>, cred: &Cred, req: Request) {
+    unit(ns.execute_as(cred, &req)).unwrap_or_else(|e| panic!("{req:?} as uid {}: {e}", cred.uid))
+}
+
+/// A directory made by root for `uid`:`gid` with `mode`.
+fn dir_of<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, mode: u32, uid: u32, gid: u32) -> Attr {
+    attr(ns.execute(&Request::Mkdir(MkdirReq { parent, name: name.into(), mode, uid, gid }))).unwrap()
+}
+
+/// A file made by root for `uid`:`gid` with `mode`.
+fn file_of<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, mode: u32, uid: u32, gid: u32) -> Attr {
+    let req = CreateReq { parent, name: name.into(), mode, uid, gid, exclusive: true };
+    attr(ns.execute(&Request::Create(req))).unwrap()
+}
+
+fn create_req(parent: u64, name: &str) -> Request {
+    Request::Create(CreateReq { parent, name: name.into(), mode: 0o644, uid: 7, gid: 8, exclusive: true })
+}
+
+fn mkdir_req(parent: u64, name: &str) -> Request {
+    Request::Mkdir(MkdirReq { parent, name: name.into(), mode: 0o755, uid: 7, gid: 8 })
+}
+
+fn mknod_req(parent: u64, name: &str, kind: FileKind) -> Request {
+    Request::Mknod(MknodReq { parent, name: name.into(), kind, mode: 0o666, uid: 7, gid: 8, rdev: 0x0501 })
+}
+
+fn name_req(parent: u64, name: &str) -> NameReq {
+    NameReq { parent, name: name.into() }
+}
+
+fn rename_req(sp: u64, sn: &str, dp: u64, dn: &str, flags: u32) -> Request {
+    Request::Rename(RenameReq { src_parent: sp, src_name: sn.into(), dst_parent: dp, dst_name: dn.into(), flags })
+}
+
+fn readdir_req(ino: u64) -> ReaddirReq {
+    ReaddirReq { ino, after: String::new(), limit: 0 }
+}
+
+fn setattr_req(ino: u64, set: SetAttrs) -> Request {
+    Request::SetAttr(SetAttrReq { ino, set })
+}
+
+fn commit_req(ino: u64, size: u64) -> Request {
+    Request::Commit(CommitReq { ino, size, mtime_ns: T0 + 1_000_000_000 })
+}
+
+#[test]
+fn a_private_directory_cannot_be_searched_or_listed_by_others() {
+    let (ns, clock) = mem_ns();
+    let b = dir_of(&ns, ROOT_INO, "b", 0o700, BOB, USERS);
+    let f = file_of(&ns, b.ino, "f", 0o644, BOB, USERS);
+    for req in [
+        Request::Lookup(LookupReq { parent: b.ino, name: "f".into() }),
+        Request::Readdir(readdir_req(b.ino)),
+        Request::ReaddirPlus(readdir_req(b.ino)),
+    ] {
+        refused(&ns, &clock, &alice(), req.clone(), ErrorCode::Permission);
+        assert!(ns.execute_as(&bob(), &req).is_ok(), "the owner: {req:?}");
+        assert!(ns.execute_as(&Cred::root(), &req).is_ok(), "root: {req:?}");
+    }
+    // Search only (0711): names can be looked up, not listed.
+    setattr(&ns, b.ino, SetAttrs { mode: Some(0o711), ..Default::default() }).unwrap();
+    assert_eq!(as_attr(&ns, &alice(), Request::Lookup(LookupReq { parent: b.ino, name: "f".into() })), f);
+    refused(&ns, &clock, &alice(), Request::Readdir(readdir_req(b.ino)), ErrorCode::Permission);
+    refused(&ns, &clock, &alice(), Request::ReaddirPlus(readdir_req(b.ino)), ErrorCode::Permission);
+    // Read only (0744): names can be listed, but neither looked up nor listed with their attributes.
+    setattr(&ns, b.ino, SetAttrs { mode: Some(0o744), ..Default::default() }).unwrap();
+    let Ok(Response::Readdir(names)) = ns.execute_as(&alice(), &Request::Readdir(readdir_req(b.ino))) else {
+        panic!("readdir of a readable directory")
+    };
+    assert_eq!(names.entries.len(), 1);
+    refused(&ns, &clock, &alice(), Request::ReaddirPlus(readdir_req(b.ino)), ErrorCode::Permission);
+    refused(
+        &ns,
+        &clock,
+        &alice(),
+        Request::Lookup(LookupReq { parent: b.ino, name: "f".into() }),
+        ErrorCode::Permission,
+    );
+    // Group members use the group bits (alice is in staff).
+    let s = dir_of(&ns, ROOT_INO, "s", 0o750, BOB, STAFF);
+    assert!(ns.execute_as(&alice(), &Request::ReaddirPlus(readdir_req(s.ino))).is_ok());
+}
+
+#[test]
+fn access_checks_the_mode_bits_of_one_inode() {
+    let (ns, _) = mem_ns();
+    let f = file_of(&ns, ROOT_INO, "f", 0o640, BOB, STAFF);
+    assert_eq!(ns.access(&bob(), f.ino, Mask::READ | Mask::WRITE), Ok(()));
+    assert_eq!(ns.access(&alice(), f.ino, Mask::READ), Ok(()), "through staff");
+    assert_eq!(ns.access(&alice(), f.ino, Mask::WRITE).unwrap_err().code, ErrorCode::Permission);
+    assert_eq!(ns.access(&Cred::new(2000, 2000, vec![]), f.ino, Mask::READ).unwrap_err().code, ErrorCode::Permission);
+    assert_eq!(ns.access(&Cred::new(2000, 2000, vec![]), f.ino, Mask::NONE), Ok(()), "existence only");
+    assert_eq!(ns.access(&Cred::root(), f.ino, Mask::READ | Mask::WRITE), Ok(()));
+    assert_eq!(ns.access(&Cred::root(), f.ino, Mask::EXEC).unwrap_err().code, ErrorCode::Permission, "no x bit");
+    assert_eq!(ns.access(&Cred::root(), ROOT_INO, Mask::EXEC), Ok(()));
+    assert_eq!(ns.access(&alice(), 999, Mask::READ).unwrap_err().code, ErrorCode::NotFound);
+}
+
+#[test]
+fn entries_are_added_only_with_write_and_search_on_the_directory() {
+    let (ns, clock) = mem_ns();
+    let b = dir_of(&ns, ROOT_INO, "b", 0o755, BOB, USERS);
+    file_of(&ns, b.ino, "f", 0o644, BOB, USERS);
+    let tmp = dir_of(&ns, ROOT_INO, "tmp", 0o1777, 0, 0);
+    let mine = as_attr(&ns, &alice(), create_req(tmp.ino, "mine"));
+    for req in [
+        create_req(b.ino, "new"),
+        mkdir_req(b.ino, "new"),
+        mknod_req(b.ino, "new", FileKind::Fifo),
+        Request::Symlink(SymlinkReq { parent: b.ino, name: "new".into(), target: "x".into(), uid: 7, gid: 8 }),
+        Request::Link(LinkReq { ino: mine.ino, new_parent: b.ino, new_name: "new".into() }),
+        rename_req(tmp.ino, "mine", b.ino, "new", 0),
+    ] {
+        refused(&ns, &clock, &alice(), req, ErrorCode::Permission);
+    }
+    // An existing name answers without write permission, as open(O_CREAT) does.
+    refused(&ns, &clock, &alice(), create_req(b.ino, "f"), ErrorCode::Exists);
+    let existing =
+        Request::Create(CreateReq { parent: b.ino, name: "f".into(), mode: 0o644, uid: 7, gid: 8, exclusive: false });
+    assert_eq!(as_attr(&ns, &alice(), existing).uid, BOB);
+    refused(&ns, &clock, &alice(), mkdir_req(b.ino, "f"), ErrorCode::Exists);
+    // Without search permission, not even that.
+    let x = dir_of(&ns, ROOT_INO, "x", 0o776, BOB, WHEEL);
+    refused(&ns, &clock, &alice(), create_req(x.ino, "new"), ErrorCode::Permission);
+    // The owner may; what a user creates is theirs, in the requested group only if they are in it.
+    assert_eq!(as_attr(&ns, &bob(), create_req(b.ino, "new")).uid, BOB);
+    let a = as_attr(&ns, &alice(), mkdir_req(tmp.ino, "a"));
+    assert_eq!((a.uid, a.gid, a.mode), (ALICE, USERS, 0o755), "gid 8 is not alice's");
+    let req = Request::Create(CreateReq {
+        parent: tmp.ino,
+        name: "s".into(),
+        mode: 0o640,
+        uid: BOB,
+        gid: STAFF,
+        exclusive: true,
+    });
+    let s = as_attr(&ns, &alice(), req);
+    assert_eq!((s.uid, s.gid), (ALICE, STAFF));
+}
+
+#[test]
+fn a_sticky_directory_protects_other_users_entries() {
+    let (ns, clock) = mem_ns();
+    let tmp = dir_of(&ns, ROOT_INO, "tmp", 0o1777, 0, 0);
+    as_attr(&ns, &bob(), create_req(tmp.ino, "bobs"));
+    as_attr(&ns, &bob(), mkdir_req(tmp.ino, "bobs-dir"));
+    as_attr(&ns, &alice(), create_req(tmp.ino, "alices"));
+    for req in [
+        Request::Unlink(name_req(tmp.ino, "bobs")),
+        Request::Rmdir(name_req(tmp.ino, "bobs-dir")),
+        rename_req(tmp.ino, "bobs", tmp.ino, "stolen", 0),
+        rename_req(tmp.ino, "alices", tmp.ino, "bobs", 0),
+        rename_req(tmp.ino, "alices", tmp.ino, "bobs", RENAME_EXCHANGE),
+    ] {
+        refused(&ns, &clock, &alice(), req, ErrorCode::NotPermitted);
+    }
+    // Her own entries, yes; and root and the directory's owner may remove anyone's.
+    as_unit(&ns, &alice(), rename_req(tmp.ino, "alices", tmp.ino, "alices2", 0));
+    as_unit(&ns, &alice(), Request::Unlink(name_req(tmp.ino, "alices2")));
+    as_unit(&ns, &Cred::root(), Request::Unlink(name_req(tmp.ino, "bobs")));
+    let own = dir_of(&ns, ROOT_INO, "own", 0o1777, ALICE, USERS);
+    as_attr(&ns, &bob(), create_req(own.ino, "bobs"));
+    as_unit(&ns, &alice(), Request::Unlink(name_req(own.ino, "bobs")));
+    assert_eq!(readdir_all(&ns, tmp.ino), ["bobs-dir"]);
+    // Outside a sticky directory, write permission on the directory is what counts.
+    let b = dir_of(&ns, ROOT_INO, "b", 0o755, BOB, USERS);
+    file_of(&ns, b.ino, "f", 0o666, BOB, USERS);
+    refused(&ns, &clock, &alice(), Request::Unlink(name_req(b.ino, "f")), ErrorCode::Permission);
+    let shared = dir_of(&ns, ROOT_INO, "shared", 0o777, 0, 0);
+    file_of(&ns, shared.ino, "f", 0o600, BOB, USERS);
+    as_unit(&ns, &alice(), Request::Unlink(name_req(shared.ino, "f")));
+}
+
+#[test]
+fn a_directory_moving_to_another_parent_needs_write_permission_on_itself() {
+    let (ns, clock) = mem_ns();
+    let x = dir_of(&ns, ROOT_INO, "x", 0o777, 0, 0);
+    let y = dir_of(&ns, ROOT_INO, "y", 0o777, 0, 0);
+    dir_of(&ns, x.ino, "d", 0o755, BOB, USERS);
+    file_of(&ns, x.ino, "f", 0o644, BOB, USERS);
+    as_attr(&ns, &alice(), mkdir_req(y.ino, "mine"));
+    refused(&ns, &clock, &alice(), rename_req(x.ino, "d", y.ino, "d", 0), ErrorCode::Permission);
+    refused(&ns, &clock, &alice(), rename_req(x.ino, "d", y.ino, "mine", RENAME_EXCHANGE), ErrorCode::Permission);
+    // Within its directory, or a file (no `..`), or her own directory: allowed.
+    as_unit(&ns, &alice(), rename_req(x.ino, "d", x.ino, "d2", 0));
+    as_unit(&ns, &alice(), rename_req(x.ino, "f", y.ino, "f", 0));
+    as_unit(&ns, &alice(), rename_req(y.ino, "mine", x.ino, "mine", 0));
+    // The destination directory needs write permission too.
+    let ro = dir_of(&ns, ROOT_INO, "ro", 0o755, 0, 0);
+    refused(&ns, &clock, &alice(), rename_req(x.ino, "mine", ro.ino, "mine", 0), ErrorCode::Permission);
+}
+
+#[test]
+fn chmod_chown_and_times_of_someone_elses_file_are_refused() {
+    let (ns, clock) = mem_ns();
+    let f = file_of(&ns, ROOT_INO, "f", 0o644, BOB, USERS);
+    let set = |s: SetAttrs| setattr_req(f.ino, s);
+    for (req, want) in [
+        (set(SetAttrs { mode: Some(0o666), ..Default::default() }), ErrorCode::NotPermitted),
+        (set(SetAttrs { uid: Some(ALICE), ..Default::default() }), ErrorCode::NotPermitted),
+        (set(SetAttrs { gid: Some(STAFF), ..Default::default() }), ErrorCode::NotPermitted),
+        (set(SetAttrs { mtime: Some(TimeSet::AtNs(5)), ..Default::default() }), ErrorCode::NotPermitted),
+        (
+            set(SetAttrs { atime: Some(TimeSet::Now), mtime: Some(TimeSet::Now), ..Default::default() }),
+            ErrorCode::Permission,
+        ),
+        (set(SetAttrs { size: Some(0), ..Default::default() }), ErrorCode::Permission),
+    ] {
+        refused(&ns, &clock, &alice(), req, want);
+    }
+    // The owner may not give the file away, nor give it a group that is not theirs.
+    refused(&ns, &clock, &bob(), set(SetAttrs { uid: Some(ALICE), ..Default::default() }), ErrorCode::NotPermitted);
+    refused(&ns, &clock, &bob(), set(SetAttrs { gid: Some(STAFF), ..Default::default() }), ErrorCode::NotPermitted);
+    // With write permission, "touch" and truncate are allowed, explicit times are not.
+    let w = file_of(&ns, ROOT_INO, "w", 0o666, BOB, USERS);
+    clock.advance_ms(1);
+    let touch = SetAttrs { atime: Some(TimeSet::Now), mtime: Some(TimeSet::Now), ..Default::default() };
+    let t = as_attr(&ns, &alice(), setattr_req(w.ino, touch));
+    assert!(t.mtime_ns > w.mtime_ns);
+    assert_eq!(as_attr(&ns, &alice(), setattr_req(w.ino, SetAttrs { size: Some(9), ..Default::default() })).size, 9);
+    let explicit = SetAttrs { atime: Some(TimeSet::AtNs(1)), mtime: Some(TimeSet::AtNs(1)), ..Default::default() };
+    refused(&ns, &clock, &alice(), setattr_req(w.ino, explicit.clone()), ErrorCode::NotPermitted);
+    let by_owner = as_attr(&ns, &bob(), setattr_req(w.ino, explicit));
+    assert_eq!((by_owner.atime_ns, by_owner.mtime_ns), (1, 1));
+    // Root may do it all.
+    let all = SetAttrs { mode: Some(0o600), uid: Some(ALICE), gid: Some(WHEEL), ..Default::default() };
+    let r = as_attr(&ns, &Cred::root(), setattr_req(f.ino, all));
+    assert_eq!((r.mode, r.uid, r.gid), (0o600, ALICE, WHEEL));
+}
+
+#[test]
+fn the_owner_may_chgrp_to_their_own_groups_only() {
+    let (ns, clock) = mem_ns();
+    let f = file_of(&ns, ROOT_INO, "f", 0o644, ALICE, USERS);
+    let to = |gid| setattr_req(f.ino, SetAttrs { gid: Some(gid), ..Default::default() });
+    assert_eq!(as_attr(&ns, &alice(), to(STAFF)).gid, STAFF);
+    refused(&ns, &clock, &alice(), to(WHEEL), ErrorCode::NotPermitted);
+    assert_eq!(getattr(&ns, f.ino).unwrap().gid, STAFF);
+    // chmod by the owner works; set-group-ID survives only for a group she is in.
+    let m = as_attr(&ns, &alice(), setattr_req(f.ino, SetAttrs { mode: Some(0o2755), ..Default::default() }));
+    assert_eq!(m.mode, 0o2755);
+    setattr(&ns, f.ino, SetAttrs { gid: Some(WHEEL), ..Default::default() }).unwrap();
+    let m = as_attr(&ns, &alice(), setattr_req(f.ino, SetAttrs { mode: Some(0o2755), ..Default::default() }));
+    assert_eq!(m.mode, 0o755);
+}
+
+#[test]
+fn device_nodes_are_made_by_root_only() {
+    let (ns, clock) = mem_ns();
+    let tmp = dir_of(&ns, ROOT_INO, "tmp", 0o1777, 0, 0);
+    refused(&ns, &clock, &alice(), mknod_req(tmp.ino, "tty", FileKind::CharDev), ErrorCode::NotPermitted);
+    refused(&ns, &clock, &alice(), mknod_req(tmp.ino, "sda", FileKind::BlockDev), ErrorCode::NotPermitted);
+    // Write permission is checked first (EACCES before EPERM, as Linux).
+    refused(&ns, &clock, &alice(), mknod_req(ROOT_INO, "tty", FileKind::CharDev), ErrorCode::Permission);
+    let fifo = as_attr(&ns, &alice(), mknod_req(tmp.ino, "fifo", FileKind::Fifo));
+    assert_eq!((fifo.uid, fifo.kind), (ALICE, FileKind::Fifo));
+    as_attr(&ns, &alice(), mknod_req(tmp.ino, "sock", FileKind::Socket));
+    let tty = as_attr(&ns, &Cred::root(), mknod_req(tmp.ino, "tty", FileKind::CharDev));
+    assert_eq!((tty.kind, tty.rdev), (FileKind::CharDev, 0x0501));
+}
+
+#[test]
+fn a_non_root_commit_clears_set_id_bits() {
+    let (ns, clock) = mem_ns();
+    // Alice writes through the staff group bits; bob owns the file.
+    let f = file_of(&ns, ROOT_INO, "f", 0o6775, BOB, STAFF);
+    let c = as_attr(&ns, &alice(), commit_req(f.ino, 10));
+    assert_eq!((c.mode, c.size), (0o775, 10));
+    // The owner's own write clears them too (Linux: everyone without CAP_FSETID); root's does not.
+    setattr(&ns, f.ino, SetAttrs { mode: Some(0o4755), ..Default::default() }).unwrap();
+    assert_eq!(as_attr(&ns, &Cred::root(), commit_req(f.ino, 20)).mode, 0o4755);
+    assert_eq!(as_attr(&ns, &bob(), commit_req(f.ino, 30)).mode, 0o755);
+    // Set-group-ID without group exec stays for a writer in the group.
+    let g = file_of(&ns, ROOT_INO, "g", 0o2664, BOB, STAFF);
+    assert_eq!(as_attr(&ns, &alice(), commit_req(g.ino, 1)).mode, 0o2664);
+    // No write permission and not the owner: refused, nothing changes.
+    let h = file_of(&ns, ROOT_INO, "h", 0o4755, BOB, USERS);
+    refused(&ns, &clock, &alice(), commit_req(h.ino, 10), ErrorCode::Permission);
+    let wcc = Request::CommitWcc(CommitReq { ino: h.ino, size: 10, mtime_ns: T0 });
+    refused(&ns, &clock, &alice(), wcc, ErrorCode::Permission);
+    // The owner of a file made read-only after opening it may still commit.
+    let ro = file_of(&ns, ROOT_INO, "ro", 0o444, BOB, USERS);
+    assert_eq!(as_attr(&ns, &bob(), commit_req(ro.ino, 5)).size, 5);
+    // A non-root chown/chgrp and a truncate clear them as a write does.
+    let k = file_of(&ns, ROOT_INO, "k", 0o6775, ALICE, STAFF);
+    let k2 = as_attr(&ns, &alice(), setattr_req(k.ino, SetAttrs { gid: Some(USERS), ..Default::default() }));
+    assert_eq!((k2.mode, k2.gid), (0o775, USERS));
+    let t = file_of(&ns, ROOT_INO, "t", 0o4777, BOB, USERS);
+    assert_eq!(
+        as_attr(&ns, &alice(), setattr_req(t.ino, SetAttrs { size: Some(0), ..Default::default() })).mode,
+        0o777
+    );
+}
+
+#[test]
+fn hard_links_to_files_one_may_not_write_are_refused() {
+    let (ns, clock) = mem_ns();
+    let tmp = dir_of(&ns, ROOT_INO, "tmp", 0o1777, 0, 0);
+    let ro = file_of(&ns, ROOT_INO, "ro", 0o644, BOB, USERS);
+    let suid = file_of(&ns, ROOT_INO, "suid", 0o4777, BOB, USERS);
+    let rw = file_of(&ns, ROOT_INO, "rw", 0o666, BOB, USERS);
+    for ino in [ro.ino, suid.ino] {
+        let req = Request::Link(LinkReq { ino, new_parent: tmp.ino, new_name: "l".into() });
+        refused(&ns, &clock, &alice(), req, ErrorCode::NotPermitted);
+    }
+    let l = as_attr(&ns, &alice(), Request::Link(LinkReq { ino: rw.ino, new_parent: tmp.ino, new_name: "l".into() }));
+    assert_eq!(l.nlink, 2);
+}
+
+#[test]
+fn layout_policy_and_server_registration_are_privileged() {
+    let (ns, clock) = mem_ns();
+    let d = dir_of(&ns, ROOT_INO, "d", 0o777, BOB, USERS);
+    let layout = Layout { stripe_unit: 1 << 16, stripe_count: 1, servers: vec![] };
+    let req = Request::SetLayout(SetLayoutReq { ino: d.ino, layout });
+    refused(&ns, &clock, &alice(), req.clone(), ErrorCode::NotPermitted);
+    assert_eq!(as_attr(&ns, &bob(), req).layout.unwrap().stripe_count, 1);
+    let space = SpaceStat { bytes_total: 1, bytes_free: 1, objects: 0 };
+    let reg = Request::RegisterServer(RegisterServerReq { id: 99, addr: "evil:1".into(), space });
+    refused(&ns, &clock, &alice(), reg, ErrorCode::NotPermitted);
+}
+
+#[test]
+fn root_may_do_everything() {
+    let (ns, _) = mem_ns();
+    let root = Cred::root();
+    let b = dir_of(&ns, ROOT_INO, "b", 0o1000, BOB, USERS);
+    let f = file_of(&ns, b.ino, "f", 0o6000, BOB, USERS);
+    assert_eq!(as_attr(&ns, &root, Request::Lookup(LookupReq { parent: b.ino, name: "f".into() })), f);
+    assert!(ns.execute_as(&root, &Request::Readdir(readdir_req(b.ino))).is_ok());
+    assert!(ns.execute_as(&root, &Request::ReaddirPlus(readdir_req(b.ino))).is_ok());
+    as_attr(&ns, &root, create_req(b.ino, "g"));
+    as_attr(&ns, &root, mkdir_req(b.ino, "sub"));
+    as_attr(&ns, &root, mknod_req(b.ino, "tty", FileKind::CharDev));
+    as_attr(&ns, &root, Request::Link(LinkReq { ino: f.ino, new_parent: b.ino, new_name: "l".into() }));
+    as_unit(&ns, &root, rename_req(b.ino, "sub", ROOT_INO, "sub", 0));
+    let c = as_attr(&ns, &root, commit_req(f.ino, 4));
+    assert_eq!(c.mode, 0o6000, "root's writes keep set-ID bits");
+    let all = SetAttrs {
+        mode: Some(0o4700),
+        uid: Some(ALICE),
+        gid: Some(WHEEL),
+        size: Some(1),
+        atime: Some(TimeSet::AtNs(3)),
+        mtime: Some(TimeSet::AtNs(3)),
+    };
+    let s = as_attr(&ns, &root, setattr_req(f.ino, all));
+    assert_eq!((s.mode, s.uid, s.gid, s.size, s.mtime_ns), (0o4700, ALICE, WHEEL, 1, 3));
+    as_unit(&ns, &root, Request::Unlink(name_req(b.ino, "f")));
+    as_unit(&ns, &root, Request::Unlink(name_req(b.ino, "l")));
+    let layout = Layout { stripe_unit: 1 << 16, stripe_count: 1, servers: vec![] };
+    as_attr(&ns, &root, Request::SetLayout(SetLayoutReq { ino: b.ino, layout }));
+    // `execute` is `execute_as(root)`.
+    assert_eq!(ns.execute(&create_req(b.ino, "h")).map(|_| ()), Ok(()));
+    assert_eq!(
+        getattr(&ns, lookup(&ns, b.ino, "h").unwrap().ino).unwrap().uid,
+        7,
+        "root creates for the request's uid"
+    );
 }

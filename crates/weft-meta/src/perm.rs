@@ -1,0 +1,670 @@
+//! Who may do what to an inode: the POSIX permission rules as pure functions over an [`Inode`] and a [`Cred`].
+//!
+//! Why a module of its own, with no I/O: the rules are subtle (root's exceptions, the sticky bit, which bits a
+//! chown or a write clears) and are worth testing one by one, apart from the transactions that apply them. The
+//! namespace calls them inside each op's transaction, on the records it already loaded, so a check and the change
+//! it allows see the same snapshot.
+//!
+//! The rules follow Linux (`fs/namei.c` `generic_permission`, `may_delete`, `may_create`, `may_linkat`;
+//! `fs/attr.c` `setattr_prepare`, `setattr_should_drop_suidgid`; `fs/inode.c` `inode_init_owner`), which knfsd
+//! applies too. "Root" is uid 0 and stands for the capabilities Linux gives it (`CAP_DAC_OVERRIDE`,
+//! `CAP_FOWNER`, `CAP_CHOWN`, `CAP_FSETID`, `CAP_MKNOD`); a squashed root arrives here as an ordinary uid.
+//!
+//! Errors: a missing mode bit is `Access` (EACCES); an act reserved to the owner or to root is `NotPermitted`
+//! (EPERM), as on Linux.
+
+use std::ops::BitOr;
+
+use weft_proto::{ErrorCode, FileKind, SetAttrs, TimeSet, WireError};
+
+use crate::store::Inode;
+
+/// The user id with every privilege.
+pub const ROOT_UID: u32 = 0;
+/// Set-user-ID on execution.
+pub const SET_UID: u32 = 0o4000;
+/// Set-group-ID on execution; on a directory, new entries take the directory's group.
+pub const SET_GID: u32 = 0o2000;
+/// Sticky: in a directory, only an entry's owner, the directory's owner or root may remove or rename the entry.
+pub const STICKY: u32 = 0o1000;
+/// Execute (search) permission for the group.
+const GROUP_EXEC: u32 = 0o010;
+/// Any execute bit (owner, group, other).
+const ANY_EXEC: u32 = 0o111;
+
+/// The identity an operation runs as: the file system uid, gid and supplementary groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cred {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups (the primary `gid` need not be repeated).
+    pub groups: Vec<u32>,
+}
+
+impl Cred {
+    pub fn new(uid: u32, gid: u32, groups: Vec<u32>) -> Cred {
+        Cred { uid, gid, groups }
+    }
+
+    /// Root: what every caller is until sessions carry an authenticated identity.
+    pub fn root() -> Cred {
+        Cred { uid: ROOT_UID, gid: 0, groups: Vec::new() }
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.uid == ROOT_UID
+    }
+
+    /// Whether `gid` is this credential's primary group or one of its supplementary groups.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+
+    fn owns(&self, inode: &Inode) -> bool {
+        self.uid == inode.uid
+    }
+
+    /// Owner or root: Linux's `inode_owner_or_capable`.
+    fn owns_or_root(&self, inode: &Inode) -> bool {
+        self.is_root() || self.owns(inode)
+    }
+}
+
+/// The access asked for: a combination of [`Mask::READ`], [`Mask::WRITE`] and [`Mask::EXEC`] (the values of
+/// `R_OK`, `W_OK` and `X_OK`). On a directory, `EXEC` is search permission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mask(u32);
+
+impl Mask {
+    pub const NONE: Mask = Mask(0);
+    pub const READ: Mask = Mask(4);
+    pub const WRITE: Mask = Mask(2);
+    pub const EXEC: Mask = Mask(1);
+
+    /// The mask from `R_OK | W_OK | X_OK` bits; other bits are ignored.
+    pub fn from_bits(bits: u32) -> Mask {
+        Mask(bits & 7)
+    }
+
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+
+    fn has(self, other: Mask) -> bool {
+        self.0 & other.0 == other.0 && other.0 != 0
+    }
+}
+
+impl BitOr for Mask {
+    type Output = Mask;
+
+    fn bitor(self, rhs: Mask) -> Mask {
+        Mask(self.0 | rhs.0)
+    }
+}
+
+/// A refused operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PermError {
+    /// The mode bits do not grant the access (EACCES).
+    #[error("permission denied: {0}")]
+    Access(String),
+    /// The act is reserved to the owner or to root (EPERM).
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
+}
+
+impl From<PermError> for WireError {
+    fn from(e: PermError) -> Self {
+        let code = match e {
+            PermError::Access(_) => ErrorCode::Permission,
+            PermError::NotPermitted(_) => ErrorCode::NotPermitted,
+        };
+        WireError::new(code, e.to_string())
+    }
+}
+
+fn mask_name(mask: Mask) -> String {
+    let mut s = String::new();
+    for (m, c) in [(Mask::READ, 'r'), (Mask::WRITE, 'w'), (Mask::EXEC, 'x')] {
+        if mask.has(m) {
+            s.push(c);
+        }
+    }
+    s
+}
+
+fn access_denied(cred: &Cred, inode: &Inode, mask: Mask) -> PermError {
+    PermError::Access(format!(
+        "uid {} has no {} permission on inode {} (mode {:o}, owner {}:{})",
+        cred.uid,
+        mask_name(mask),
+        inode.ino,
+        inode.mode,
+        inode.uid,
+        inode.gid
+    ))
+}
+
+fn not_permitted(cred: &Cred, inode: &Inode, what: &str) -> PermError {
+    PermError::NotPermitted(format!("uid {} may not {what} inode {} (owner {})", cred.uid, inode.ino, inode.uid))
+}
+
+/// Whether the mode bits alone grant `mask`: the owner class if `cred` owns the inode (and only it: an owner
+/// denied by the owner bits is denied even if the group or other bits would allow), else the group class if
+/// `cred` is in the inode's group, else the other class.
+fn mode_allows(cred: &Cred, inode: &Inode, mask: Mask) -> bool {
+    let bits = if cred.owns(inode) {
+        inode.mode >> 6
+    } else if cred.in_group(inode.gid) {
+        inode.mode >> 3
+    } else {
+        inode.mode
+    } & 7;
+    mask.0 & !bits == 0
+}
+
+/// `generic_permission`: the mode bits, then root's override. Root may read and write anything, and search any
+/// directory; it may execute a non-directory only if at least one execute bit is set.
+pub fn may(cred: &Cred, inode: &Inode, mask: Mask) -> Result<(), PermError> {
+    if mode_allows(cred, inode, mask) {
+        return Ok(());
+    }
+    if cred.is_root() && (!mask.has(Mask::EXEC) || inode.kind == FileKind::Dir || inode.mode & ANY_EXEC != 0) {
+        return Ok(());
+    }
+    Err(access_denied(cred, inode, mask))
+}
+
+/// Adding an entry to `dir` (create, mkdir, mknod, symlink, link, rename's destination): write and search.
+pub fn may_create(cred: &Cred, dir: &Inode) -> Result<(), PermError> {
+    may(cred, dir, Mask::WRITE | Mask::EXEC)
+}
+
+/// The sticky-directory rule: in a sticky `dir`, only the owner of `victim`, the owner of `dir` or root may
+/// remove or rename `victim`'s entry.
+pub fn check_sticky(cred: &Cred, dir: &Inode, victim: &Inode) -> Result<(), PermError> {
+    if dir.mode & STICKY == 0 || cred.owns_or_root(victim) || cred.owns(dir) {
+        return Ok(());
+    }
+    Err(PermError::NotPermitted(format!(
+        "uid {} may not remove inode {} (owner {}) from sticky directory {} (owner {})",
+        cred.uid, victim.ino, victim.uid, dir.ino, dir.uid
+    )))
+}
+
+/// Removing `victim`'s entry from `dir` (unlink, rmdir, rename's source and replaced target): write and search on
+/// `dir`, then the sticky rule.
+pub fn may_delete(cred: &Cred, dir: &Inode, victim: &Inode) -> Result<(), PermError> {
+    may(cred, dir, Mask::WRITE | Mask::EXEC)?;
+    check_sticky(cred, dir, victim)
+}
+
+/// Only root makes character and block device nodes; anyone may make FIFOs and sockets (given [`may_create`]).
+pub fn may_mknod(cred: &Cred, kind: FileKind) -> Result<(), PermError> {
+    if matches!(kind, FileKind::CharDev | FileKind::BlockDev) && !cred.is_root() {
+        return Err(PermError::NotPermitted(format!("uid {} may not make a {kind:?} node: root only", cred.uid)));
+    }
+    Ok(())
+}
+
+/// A new hard link to `source` (Linux's `fs.protected_hardlinks = 1`, the default of most distributions): the
+/// owner and root may link anything; others only a regular file that is not set-user-ID, not executable
+/// set-group-ID, and that they may both read and write. This stops a user pinning someone else's file (e.g. a
+/// set-user-ID binary about to be replaced) in a directory of their own.
+pub fn may_link(cred: &Cred, source: &Inode) -> Result<(), PermError> {
+    if cred.owns_or_root(source) {
+        return Ok(());
+    }
+    let safe = source.kind == FileKind::File
+        && source.mode & SET_UID == 0
+        && source.mode & (SET_GID | GROUP_EXEC) != SET_GID | GROUP_EXEC
+        && may(cred, source, Mask::READ | Mask::WRITE).is_ok();
+    if safe { Ok(()) } else { Err(not_permitted(cred, source, "hard-link (protected_hardlinks)")) }
+}
+
+/// Changing a directory's layout policy: the owner or root (no Linux counterpart; it plays the part of a
+/// file system attribute only the owner sets).
+pub fn may_set_layout(cred: &Cred, inode: &Inode) -> Result<(), PermError> {
+    if cred.owns_or_root(inode) { Ok(()) } else { Err(not_permitted(cred, inode, "change the layout policy of")) }
+}
+
+/// Publishing a write's size and mtime (Commit). Linux checks write permission when a file is opened, not when
+/// it is closed; the MDS sees only the commit, after the writes. It requires write permission, or ownership, so
+/// an owner who opened the file for writing and then made it read-only (as `cp -p` or an installer does) can
+/// still commit; a non-owner whose write permission was taken away after the open cannot.
+pub fn may_commit(cred: &Cred, inode: &Inode) -> Result<(), PermError> {
+    if cred.owns_or_root(inode) {
+        return Ok(());
+    }
+    may(cred, inode, Mask::WRITE)
+}
+
+/// The mode a regular file keeps after a non-root caller writes to it, truncates it or changes its owner
+/// (`setattr_should_drop_suidgid`): set-user-ID goes; set-group-ID goes if group execute is set (without it,
+/// the bit marks mandatory locking, not a privilege) or if the caller is not in the file's group. Root
+/// (`CAP_FSETID`) keeps both. Directories and special files keep their bits.
+pub fn mode_after_write(cred: &Cred, inode: &Inode) -> u32 {
+    if cred.is_root() || inode.kind != FileKind::File {
+        return inode.mode;
+    }
+    let mut mode = inode.mode & !SET_UID;
+    if mode & SET_GID != 0 && (mode & GROUP_EXEC != 0 || !cred.in_group(inode.gid)) {
+        mode &= !SET_GID;
+    }
+    mode
+}
+
+/// The owner, group and mode of a new `kind` entry in `parent` (`inode_init_owner`). The request's `uid`/`gid`
+/// are honoured from root only (root creates on behalf of the users it serves, as the service does today);
+/// anyone else's entries are theirs, in the requested group if they belong to it, else in their primary group.
+/// In a set-group-ID directory the entry takes the directory's group and a new subdirectory keeps the bit; a new
+/// executable set-group-ID file there loses the bit if its creator is not in that group (`mode_strip_sgid`).
+/// Returns `(mode, uid, gid)`.
+pub fn new_owner(cred: &Cred, parent: &Inode, kind: FileKind, mode: u32, uid: u32, gid: u32) -> (u32, u32, u32) {
+    let (uid, mut gid) =
+        if cred.is_root() { (uid, gid) } else { (cred.uid, if cred.in_group(gid) { gid } else { cred.gid }) };
+    let mut mode = mode;
+    if parent.mode & SET_GID != 0 {
+        gid = parent.gid;
+        if kind == FileKind::Dir {
+            mode |= SET_GID;
+        } else if mode & (SET_GID | GROUP_EXEC) == SET_GID | GROUP_EXEC && !cred.is_root() && !cred.in_group(gid) {
+            mode &= !SET_GID;
+        }
+    }
+    (mode, uid, gid)
+}
+
+/// Both times set to "now" (`utimes(path, NULL)`, `touch`): the one time change that write permission allows.
+fn is_touch(set: &SetAttrs) -> bool {
+    set.atime == Some(TimeSet::Now) && set.mtime == Some(TimeSet::Now)
+}
+
+/// Checks a setattr (`setattr_prepare`, plus `vfs_truncate`'s write check) and returns the mode to store:
+/// `Some(mode)` when the mode changes (an explicit chmod, adjusted; or bits a chown or truncate clears), `None`
+/// when it stays. Rules, in Linux's order:
+/// - size: write permission (EACCES), as `truncate(2)`;
+/// - uid: root only, except the owner "changing" it to itself (EPERM);
+/// - gid: root, or the owner changing it to the file's own group or to one of theirs (EPERM);
+/// - mode: owner or root (EPERM); a non-root caller not in the file's (new) group loses set-group-ID;
+/// - times: explicit values (or only one time set) need owner or root (EPERM); both "now" need owner, root or
+///   write permission (EACCES);
+/// - a non-root chown, chgrp or truncate of a regular file clears bits as [`mode_after_write`], unless the same
+///   request sets the mode explicitly (then that mode, checked as above, is what the caller asked for).
+///
+/// Root's requests pass unchanged (in particular root's chown keeps set-user-ID, unlike Linux, which clears it
+/// for everyone: the kernel's FUSE client sends that mode change itself).
+pub fn check_setattr(cred: &Cred, inode: &Inode, set: &SetAttrs) -> Result<Option<u32>, PermError> {
+    if cred.is_root() {
+        return Ok(set.mode);
+    }
+    if set.size.is_some() {
+        may(cred, inode, Mask::WRITE)?;
+    }
+    if let Some(uid) = set.uid
+        && !(cred.owns(inode) && uid == inode.uid)
+    {
+        return Err(not_permitted(cred, inode, &format!("give uid {uid}")));
+    }
+    if let Some(gid) = set.gid
+        && !(cred.owns(inode) && (gid == inode.gid || cred.in_group(gid)))
+    {
+        return Err(not_permitted(cred, inode, &format!("give gid {gid}")));
+    }
+    let mut mode = None;
+    if let Some(m) = set.mode {
+        if !cred.owns(inode) {
+            return Err(not_permitted(cred, inode, "chmod"));
+        }
+        let group = set.gid.unwrap_or(inode.gid);
+        mode = Some(if cred.in_group(group) { m } else { m & !SET_GID });
+    }
+    if set.atime.is_some() || set.mtime.is_some() {
+        if is_touch(set) {
+            if !cred.owns(inode) {
+                may(cred, inode, Mask::WRITE)?;
+            }
+        } else if !cred.owns(inode) {
+            return Err(not_permitted(cred, inode, "set explicit times on"));
+        }
+    }
+    let kills = set.uid.is_some() || set.gid.is_some() || set.size.is_some();
+    if mode.is_none() && kills {
+        let after = mode_after_write(cred, inode);
+        if after != inode.mode {
+            mode = Some(after);
+        }
+    }
+    Ok(mode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALICE: u32 = 1000;
+    const BOB: u32 = 1001;
+    const STAFF: u32 = 50;
+    const USERS: u32 = 100;
+    const WHEEL: u32 = 10;
+
+    fn alice() -> Cred {
+        Cred::new(ALICE, USERS, vec![STAFF])
+    }
+
+    fn bob() -> Cred {
+        Cred::new(BOB, USERS, vec![])
+    }
+
+    fn node(kind: FileKind, mode: u32, uid: u32, gid: u32) -> Inode {
+        Inode {
+            ino: 42,
+            kind,
+            mode,
+            uid,
+            gid,
+            nlink: 1,
+            size: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            parent: 0,
+            layout: None,
+            target: String::new(),
+            rdev: 0,
+        }
+    }
+
+    fn file(mode: u32, uid: u32, gid: u32) -> Inode {
+        node(FileKind::File, mode, uid, gid)
+    }
+
+    fn dir(mode: u32, uid: u32, gid: u32) -> Inode {
+        node(FileKind::Dir, mode, uid, gid)
+    }
+
+    fn is_access<T: std::fmt::Debug>(r: Result<T, PermError>) -> bool {
+        matches!(r, Err(PermError::Access(_)))
+    }
+
+    fn is_eperm<T: std::fmt::Debug>(r: Result<T, PermError>) -> bool {
+        matches!(r, Err(PermError::NotPermitted(_)))
+    }
+
+    const MASKS: [Mask; 3] = [Mask::READ, Mask::WRITE, Mask::EXEC];
+
+    #[test]
+    fn each_class_grants_exactly_its_own_bits() {
+        // For each single bit of each class: the caller of that class gets exactly that access, the others none.
+        let owner = Cred::new(ALICE, 1, vec![]);
+        let member = Cred::new(BOB, 2, vec![STAFF]);
+        let other = Cred::new(2000, 3, vec![]);
+        for (shift, who) in [(6, &owner), (3, &member), (0, &other)] {
+            for bit in MASKS {
+                let f = file(bit.bits() << shift, ALICE, STAFF);
+                for cred in [&owner, &member, &other] {
+                    for ask in MASKS {
+                        let want = std::ptr::eq(cred, who) && ask == bit;
+                        assert_eq!(may(cred, &f, ask).is_ok(), want, "mode {:o} uid {} ask {ask:?}", f.mode, cred.uid);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn combined_masks_need_every_bit() {
+        let f = file(0o600, ALICE, STAFF);
+        assert!(may(&alice(), &f, Mask::READ | Mask::WRITE).is_ok());
+        assert!(is_access(may(&alice(), &f, Mask::READ | Mask::EXEC)));
+        assert!(may(&alice(), &f, Mask::NONE).is_ok());
+        assert!(may(&bob(), &f, Mask::NONE).is_ok(), "an empty mask asks for nothing");
+        assert_eq!(Mask::from_bits(0o17), Mask::READ | Mask::WRITE | Mask::EXEC);
+    }
+
+    #[test]
+    fn the_owner_class_is_exclusive() {
+        // The owner is denied by the owner bits even if the group and other bits allow; likewise a group member.
+        let f = file(0o077, ALICE, STAFF);
+        assert!(is_access(may(&alice(), &f, Mask::READ)));
+        let g = file(0o707, ALICE, USERS);
+        assert!(is_access(may(&bob(), &g, Mask::READ)));
+        assert!(may(&Cred::new(2000, 3, vec![]), &g, Mask::READ).is_ok());
+    }
+
+    #[test]
+    fn supplementary_groups_count() {
+        let f = file(0o040, BOB, STAFF);
+        assert!(may(&alice(), &f, Mask::READ).is_ok(), "alice is in staff through a supplementary group");
+        assert!(is_access(may(&bob(), &f, Mask::READ)), "bob owns it, and the owner bits are empty");
+        assert!(alice().in_group(USERS) && alice().in_group(STAFF) && !alice().in_group(WHEEL));
+    }
+
+    #[test]
+    fn root_reads_and_writes_anything_but_executes_only_with_an_x_bit() {
+        let root = Cred::root();
+        let f = file(0o000, ALICE, STAFF);
+        assert!(may(&root, &f, Mask::READ | Mask::WRITE).is_ok());
+        assert!(is_access(may(&root, &f, Mask::EXEC)));
+        assert!(may(&root, &file(0o001, ALICE, STAFF), Mask::EXEC).is_ok());
+        assert!(may(&root, &file(0o100, ALICE, STAFF), Mask::EXEC).is_ok());
+        assert!(may(&root, &dir(0o000, ALICE, STAFF), Mask::READ | Mask::WRITE | Mask::EXEC).is_ok());
+        assert!(root.is_root() && !alice().is_root());
+    }
+
+    #[test]
+    fn create_and_delete_need_write_and_search_on_the_directory() {
+        for (mode, ok) in [(0o700, true), (0o500, false), (0o300, true), (0o600, false)] {
+            let d = dir(mode, ALICE, STAFF);
+            assert_eq!(may_create(&alice(), &d).is_ok(), ok, "mode {mode:o}");
+            assert_eq!(may_delete(&alice(), &d, &file(0o644, BOB, USERS)).is_ok(), ok, "mode {mode:o}");
+        }
+        assert!(is_access(may_create(&bob(), &dir(0o755, ALICE, STAFF))));
+    }
+
+    #[test]
+    fn sticky_directories_protect_other_users_entries() {
+        let tmp = dir(0o1777, ROOT_UID, 0);
+        let bobs = file(0o666, BOB, USERS);
+        let alices = file(0o600, ALICE, USERS);
+        assert!(is_eperm(may_delete(&alice(), &tmp, &bobs)), "not alice's entry, not alice's directory");
+        assert!(may_delete(&alice(), &tmp, &alices).is_ok(), "her own entry");
+        assert!(may_delete(&Cred::root(), &tmp, &bobs).is_ok(), "root");
+        let alices_tmp = dir(0o1777, ALICE, USERS);
+        assert!(may_delete(&alice(), &alices_tmp, &bobs).is_ok(), "the directory's owner");
+        assert!(may_delete(&alice(), &dir(0o777, ROOT_UID, 0), &bobs).is_ok(), "not sticky");
+        // Write permission is checked first: EACCES, not EPERM.
+        assert!(is_access(may_delete(&alice(), &dir(0o1755, ROOT_UID, 0), &bobs)));
+    }
+
+    #[test]
+    fn device_nodes_are_for_root_only() {
+        for kind in [FileKind::CharDev, FileKind::BlockDev] {
+            assert!(is_eperm(may_mknod(&alice(), kind)));
+            assert!(may_mknod(&Cred::root(), kind).is_ok());
+        }
+        for kind in [FileKind::Fifo, FileKind::Socket] {
+            assert!(may_mknod(&alice(), kind).is_ok());
+        }
+    }
+
+    #[test]
+    fn protected_hardlinks() {
+        let rw = file(0o666, BOB, USERS);
+        assert!(may_link(&alice(), &rw).is_ok(), "a file she may read and write");
+        assert!(is_eperm(may_link(&alice(), &file(0o644, BOB, USERS))), "read only");
+        assert!(is_eperm(may_link(&alice(), &file(0o4666, BOB, USERS))), "set-user-ID");
+        assert!(is_eperm(may_link(&alice(), &file(0o2676, BOB, USERS))), "executable set-group-ID");
+        assert!(may_link(&alice(), &file(0o2666, BOB, USERS)).is_ok(), "set-group-ID without group exec");
+        assert!(is_eperm(may_link(&alice(), &node(FileKind::Fifo, 0o666, BOB, USERS))), "not a regular file");
+        assert!(may_link(&alice(), &file(0o4000, ALICE, USERS)).is_ok(), "her own file");
+        assert!(may_link(&Cred::root(), &file(0o4000, BOB, USERS)).is_ok(), "root");
+    }
+
+    #[test]
+    fn layout_policy_is_for_the_owner_and_root() {
+        let d = dir(0o777, BOB, USERS);
+        assert!(is_eperm(may_set_layout(&alice(), &d)));
+        assert!(may_set_layout(&bob(), &d).is_ok());
+        assert!(may_set_layout(&Cred::root(), &d).is_ok());
+    }
+
+    #[test]
+    fn commit_needs_write_permission_or_ownership() {
+        let ro = file(0o444, BOB, USERS);
+        assert!(may_commit(&bob(), &ro).is_ok(), "the owner, though the file is read-only now");
+        assert!(is_access(may_commit(&alice(), &ro)));
+        assert!(may_commit(&alice(), &file(0o464, BOB, USERS)).is_ok(), "group write");
+        assert!(is_access(may_commit(&alice(), &file(0o646, BOB, USERS))), "her group class has no write");
+        assert!(may_commit(&Cred::root(), &ro).is_ok());
+    }
+
+    #[test]
+    fn writes_by_non_root_clear_set_id_bits() {
+        // Set-user-ID always goes; set-group-ID with group exec, or when the writer is not in the group.
+        assert_eq!(mode_after_write(&alice(), &file(0o4755, BOB, USERS)), 0o755);
+        assert_eq!(mode_after_write(&alice(), &file(0o6755, BOB, USERS)), 0o755);
+        assert_eq!(mode_after_write(&alice(), &file(0o2646, BOB, USERS)), 0o2646, "no group exec, in group");
+        assert_eq!(mode_after_write(&alice(), &file(0o2646, BOB, WHEEL)), 0o646, "not in the group");
+        assert_eq!(mode_after_write(&bob(), &file(0o4755, BOB, USERS)), 0o755, "the owner too");
+        assert_eq!(mode_after_write(&Cred::root(), &file(0o6755, BOB, USERS)), 0o6755, "root keeps them");
+        assert_eq!(mode_after_write(&alice(), &dir(0o2775, BOB, WHEEL)), 0o2775, "not a regular file");
+    }
+
+    #[test]
+    fn new_entries_belong_to_their_creator() {
+        let plain = dir(0o777, ROOT_UID, 0);
+        // Root creates on behalf of whoever the request names.
+        assert_eq!(new_owner(&Cred::root(), &plain, FileKind::File, 0o644, 7, 8), (0o644, 7, 8));
+        // Anyone else: their uid; the requested group if theirs, else their primary group.
+        assert_eq!(new_owner(&alice(), &plain, FileKind::File, 0o644, 7, STAFF), (0o644, ALICE, STAFF));
+        assert_eq!(new_owner(&alice(), &plain, FileKind::File, 0o644, ALICE, WHEEL), (0o644, ALICE, USERS));
+        // A set-group-ID directory passes on its group, and the bit to subdirectories.
+        let sgid = dir(0o2777, ROOT_UID, WHEEL);
+        assert_eq!(new_owner(&alice(), &sgid, FileKind::Dir, 0o755, 0, 0), (0o2755, ALICE, WHEEL));
+        assert_eq!(new_owner(&alice(), &sgid, FileKind::File, 0o644, 0, 0), (0o644, ALICE, WHEEL));
+        // An executable set-group-ID file there keeps the bit only if its creator is in the group.
+        assert_eq!(new_owner(&alice(), &sgid, FileKind::File, 0o2755, 0, 0), (0o755, ALICE, WHEEL));
+        let staff_sgid = dir(0o2777, ROOT_UID, STAFF);
+        assert_eq!(new_owner(&alice(), &staff_sgid, FileKind::File, 0o2755, 0, 0), (0o2755, ALICE, STAFF));
+        assert_eq!(new_owner(&Cred::root(), &sgid, FileKind::File, 0o2755, 7, 8), (0o2755, 7, WHEEL));
+    }
+
+    fn set() -> SetAttrs {
+        SetAttrs::default()
+    }
+
+    #[test]
+    fn chmod_is_for_the_owner_and_root() {
+        let f = file(0o644, BOB, USERS);
+        let chmod = SetAttrs { mode: Some(0o600), ..set() };
+        assert!(is_eperm(check_setattr(&alice(), &f, &chmod)), "even with write permission on the file");
+        assert!(is_eperm(check_setattr(&alice(), &file(0o666, BOB, USERS), &chmod)));
+        assert_eq!(check_setattr(&bob(), &f, &chmod), Ok(Some(0o600)));
+        assert_eq!(check_setattr(&Cred::root(), &f, &chmod), Ok(Some(0o600)));
+        // The owner may set set-user-ID and sticky.
+        assert_eq!(check_setattr(&bob(), &f, &SetAttrs { mode: Some(0o5755), ..set() }), Ok(Some(0o5755)));
+    }
+
+    #[test]
+    fn chmod_by_an_owner_outside_the_group_drops_set_group_id() {
+        let f = file(0o644, ALICE, WHEEL);
+        let sgid = SetAttrs { mode: Some(0o2755), ..set() };
+        assert_eq!(check_setattr(&alice(), &f, &sgid), Ok(Some(0o755)));
+        assert_eq!(check_setattr(&alice(), &file(0o644, ALICE, STAFF), &sgid), Ok(Some(0o2755)));
+        assert_eq!(check_setattr(&Cred::root(), &f, &sgid), Ok(Some(0o2755)));
+        // With a chgrp in the same request, the new group is the one that counts.
+        let both = SetAttrs { mode: Some(0o2755), gid: Some(STAFF), ..set() };
+        assert_eq!(check_setattr(&alice(), &f, &both), Ok(Some(0o2755)));
+    }
+
+    #[test]
+    fn chown_is_for_root_only() {
+        let f = file(0o644, ALICE, USERS);
+        assert!(is_eperm(check_setattr(&alice(), &f, &SetAttrs { uid: Some(BOB), ..set() })), "giving away");
+        assert!(is_eperm(check_setattr(&bob(), &f, &SetAttrs { uid: Some(BOB), ..set() })), "taking");
+        assert!(is_eperm(check_setattr(&bob(), &f, &SetAttrs { uid: Some(ALICE), ..set() })), "not the owner");
+        assert_eq!(check_setattr(&alice(), &f, &SetAttrs { uid: Some(ALICE), ..set() }), Ok(None), "to oneself");
+        assert_eq!(check_setattr(&Cred::root(), &f, &SetAttrs { uid: Some(BOB), ..set() }), Ok(None));
+    }
+
+    #[test]
+    fn chgrp_by_the_owner_to_their_own_groups() {
+        let f = file(0o644, ALICE, USERS);
+        assert_eq!(check_setattr(&alice(), &f, &SetAttrs { gid: Some(STAFF), ..set() }), Ok(None));
+        assert!(is_eperm(check_setattr(&alice(), &f, &SetAttrs { gid: Some(WHEEL), ..set() })), "not her group");
+        assert!(is_eperm(check_setattr(&bob(), &f, &SetAttrs { gid: Some(USERS), ..set() })), "not the owner");
+        // The file's current group is allowed even if the owner left it.
+        let g = file(0o644, ALICE, WHEEL);
+        assert_eq!(check_setattr(&alice(), &g, &SetAttrs { gid: Some(WHEEL), ..set() }), Ok(None));
+        assert_eq!(check_setattr(&Cred::root(), &f, &SetAttrs { gid: Some(WHEEL), ..set() }), Ok(None));
+    }
+
+    #[test]
+    fn chown_and_chgrp_by_non_root_clear_set_id_bits() {
+        let f = file(0o6755, ALICE, STAFF);
+        assert_eq!(check_setattr(&alice(), &f, &SetAttrs { gid: Some(USERS), ..set() }), Ok(Some(0o755)));
+        assert_eq!(check_setattr(&alice(), &f, &SetAttrs { uid: Some(ALICE), ..set() }), Ok(Some(0o755)));
+        // Set-group-ID without group exec stays for a group member.
+        let g = file(0o2644, ALICE, STAFF);
+        assert_eq!(check_setattr(&alice(), &g, &SetAttrs { gid: Some(USERS), ..set() }), Ok(None));
+        // An explicit mode in the same request is what is stored.
+        let both = SetAttrs { gid: Some(USERS), mode: Some(0o4755), ..set() };
+        assert_eq!(check_setattr(&alice(), &f, &both), Ok(Some(0o4755)));
+        // Root's chown keeps them; directories keep them.
+        assert_eq!(check_setattr(&Cred::root(), &f, &SetAttrs { uid: Some(BOB), ..set() }), Ok(None));
+        let d = dir(0o2775, ALICE, STAFF);
+        assert_eq!(check_setattr(&alice(), &d, &SetAttrs { gid: Some(USERS), ..set() }), Ok(None));
+    }
+
+    #[test]
+    fn truncate_needs_write_permission_and_clears_set_id_bits() {
+        let trunc = SetAttrs { size: Some(0), ..set() };
+        assert!(is_access(check_setattr(&alice(), &file(0o644, BOB, USERS), &trunc)));
+        assert!(is_access(check_setattr(&bob(), &file(0o444, BOB, USERS), &trunc)), "even the owner");
+        assert_eq!(check_setattr(&alice(), &file(0o666, BOB, USERS), &trunc), Ok(None));
+        assert_eq!(check_setattr(&alice(), &file(0o4766, BOB, USERS), &trunc), Ok(Some(0o766)));
+        assert_eq!(check_setattr(&Cred::root(), &file(0o4444, BOB, USERS), &trunc), Ok(None));
+    }
+
+    #[test]
+    fn explicit_times_are_for_the_owner_and_root() {
+        let writable = file(0o666, BOB, USERS);
+        for (atime, mtime) in [
+            (Some(TimeSet::AtNs(5)), None),
+            (None, Some(TimeSet::AtNs(5))),
+            (Some(TimeSet::AtNs(5)), Some(TimeSet::Now)),
+            (Some(TimeSet::Now), None),
+            (None, Some(TimeSet::Now)),
+        ] {
+            let times = SetAttrs { atime, mtime, ..set() };
+            assert!(is_eperm(check_setattr(&alice(), &writable, &times)), "{times:?}");
+            assert_eq!(check_setattr(&bob(), &file(0o444, BOB, USERS), &times), Ok(None), "{times:?}");
+            assert_eq!(check_setattr(&Cred::root(), &writable, &times), Ok(None), "{times:?}");
+        }
+    }
+
+    #[test]
+    fn touching_both_times_to_now_needs_write_permission_or_ownership() {
+        let touch = SetAttrs { atime: Some(TimeSet::Now), mtime: Some(TimeSet::Now), ..set() };
+        assert_eq!(check_setattr(&alice(), &file(0o666, BOB, USERS), &touch), Ok(None));
+        assert!(is_access(check_setattr(&alice(), &file(0o644, BOB, USERS), &touch)));
+        assert_eq!(check_setattr(&bob(), &file(0o444, BOB, USERS), &touch), Ok(None));
+        assert_eq!(check_setattr(&Cred::root(), &file(0o000, BOB, USERS), &touch), Ok(None));
+    }
+
+    #[test]
+    fn an_empty_setattr_needs_nothing() {
+        assert_eq!(check_setattr(&alice(), &file(0o000, BOB, WHEEL), &set()), Ok(None));
+    }
+
+    #[test]
+    fn errors_map_to_eacces_and_eperm() {
+        let a: WireError = PermError::Access("x".into()).into();
+        let p: WireError = PermError::NotPermitted("x".into()).into();
+        assert_eq!((a.code, a.code.errno()), (ErrorCode::Permission, 13));
+        assert_eq!((p.code, p.code.errno()), (ErrorCode::NotPermitted, 1));
+    }
+}
