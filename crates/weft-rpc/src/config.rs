@@ -59,6 +59,21 @@ pub struct ServerConfig {
     pub shm_addr: Option<String>,
     /// The server's `rdma` listener (`rdma:host:port`), announced to clients in `FabricInfo`.
     pub rdma_addr: Option<String>,
+    /// Deadline for a whole request frame (header, body and payload) once its first byte has arrived; a new
+    /// connection must complete its first frame this long after it was accepted. On expiry the connection is
+    /// closed. Time spent waiting for a pool buffer (the server's own back-pressure) does not count.
+    pub frame_timeout_ms: u64,
+    /// A connection with no frame arriving and no call in flight for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// Deadline for sending one reply (including the wait for the connection's writer): a peer that does not read
+    /// its replies has its connection closed and the reply's buffers (and locks) released.
+    pub send_timeout_ms: u64,
+    /// Most connections open at once over all listeners. At the cap the oldest connection that has not completed
+    /// a frame is closed to admit a new one; when there is none the new one is refused.
+    pub connections_max: usize,
+    /// Most connections from one peer IP address (tcp, and rdma's side channel; `shm` peers are not limited per
+    /// peer). Further ones are closed at once.
+    pub connections_per_peer_max: u32,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +86,17 @@ impl Default for ServerConfig {
             pool_buffers: 32,
             shm_addr: None,
             rdma_addr: None,
+            // 4 MiB (the largest payload) at 2 Mbit/s takes 17 s: a generous bound even for slow links, still
+            // short enough that a half-open connection is gone well before a client's call timeout (30 s).
+            frame_timeout_ms: 20_000,
+            // As the session table's idle time: a client with nothing to do reconnects on its next call.
+            idle_timeout_ms: 300_000,
+            // As a client's call timeout: past it the client has given up on the reply anyway.
+            send_timeout_ms: 30_000,
+            connections_max: 4096,
+            // A quarter of the cap: a node running hundreds of client processes fits, and no single host can take
+            // the whole table.
+            connections_per_peer_max: 1024,
         }
     }
 }

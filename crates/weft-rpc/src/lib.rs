@@ -16,6 +16,7 @@
 
 pub mod client;
 pub mod config;
+mod conn;
 pub mod error;
 pub mod fault;
 pub mod io;

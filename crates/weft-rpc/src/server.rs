@@ -5,13 +5,21 @@
 //! an error frame and the connection is closed, since the stream can no longer be parsed. A frame whose lengths are
 //! sound but whose body is bad (checksum, undecodable, data where none belongs) is answered with an error and the
 //! connection goes on. Other connections are never affected.
+//!
+//! Connections are admitted through a table with a global and a per-peer cap (`conn.rs`); the accept loop never
+//! waits on it. Every read and write has a deadline: a frame must be complete `frame_timeout_ms` after its first
+//! byte, a connection with nothing arriving and no call in flight is closed after `idle_timeout_ms`, and a reply
+//! not sent within `send_timeout_ms` (a peer that stops reading) closes its connection, releasing what the reply
+//! held. Each connection has its own writer, so one stuck peer delays no other connection's replies.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, BufReader};
-use tokio::sync::Semaphore;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use weft_fabric::{Connection, Fabric, Killer, Listener, PeerMemory};
 use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
@@ -19,6 +27,7 @@ use weft_proto::msg::{FabricInfoResp, SessionCreateResp, encode_value};
 use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, WireError};
 
 use crate::config::ServerConfig;
+use crate::conn::{ConnTable, ConnTicket, RateLimitedLog};
 use crate::io::{ReadError, read_head, skip, write_frame};
 use crate::pool::{BufferPool, PoolBuf};
 use crate::session::{Admit, CachedReply, SessionTable};
@@ -72,20 +81,28 @@ pub struct RpcServer<F: Fabric, S: Service> {
     service: Arc<S>,
     sessions: Arc<SessionTable>,
     pool: BufferPool,
-    connections: Arc<Semaphore>,
+    connections: Arc<ConnTable>,
+    /// Refused, evicted and timed-out connections: logged at most once a second each, with a count of the rest.
+    refusals_log: RateLimitedLog,
+    deadlines_log: Arc<RateLimitedLog>,
     _fabric: std::marker::PhantomData<F>,
 }
 
-/// Most connections served at once; further accepts wait.
-const CONNECTIONS_MAX: usize = 4096;
 /// Socket read buffer for headers and bodies; payloads larger than this bypass it.
 const READ_BUFFER_BYTES: usize = 64 << 10;
 
+/// Accept errors (EMFILE, ...) are retried after this pause, so a server out of descriptors does not spin.
+const ACCEPT_RETRY_MS: u64 = 10;
+
 struct ConnOut<F: Fabric> {
     writer: tokio::sync::Mutex<F::Writer>,
-    killer: F::Killer,
+    killer: Arc<F::Killer>,
     peer: Arc<str>,
     memory: Option<Arc<dyn PeerMemory>>,
+    /// Requests read and not yet answered: a connection is idle only when this is 0.
+    calls_in_flight: AtomicUsize,
+    send_timeout: Duration,
+    deadlines_log: Arc<RateLimitedLog>,
 }
 
 impl<F: Fabric, S: Service> RpcServer<F, S> {
@@ -101,10 +118,12 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         cfg.limits.data_bytes_max = cfg.limits.data_bytes_max.min(u32::try_from(pool.buf_bytes()).unwrap_or(u32::MAX));
         Arc::new(RpcServer {
             sessions: Arc::new(SessionTable::new(cfg.slots_max, cfg.sessions_max, cfg.session_idle_ms)),
+            connections: ConnTable::new(cfg.connections_max, cfg.connections_per_peer_max),
             cfg,
             service,
             pool,
-            connections: Arc::new(Semaphore::new(CONNECTIONS_MAX)),
+            refusals_log: RateLimitedLog::new(Duration::from_secs(1)),
+            deadlines_log: Arc::new(RateLimitedLog::new(Duration::from_secs(1))),
             _fabric: std::marker::PhantomData,
         })
     }
@@ -113,48 +132,97 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         &self.pool
     }
 
-    /// Accepts and serves connections until the listener fails.
+    /// Accepts and serves connections until the listener fails. Never waits on a limit: a connection over one is
+    /// closed at once (or makes room by evicting one that has not completed a frame), see `conn.rs`.
     pub async fn serve(self: Arc<Self>, mut listener: F::Listener) -> std::io::Result<()> {
         loop {
-            let permit = self.connections.clone().acquire_owned().await.expect("never closed");
             let conn = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
-                    // Transient accept errors (EMFILE, ECONNABORTED) must not end the server.
-                    warn!("accept failed: {e}");
-                    tokio::task::yield_now().await;
+                    // Transient accept errors (EMFILE, ECONNABORTED) must not end the server. Out of descriptors,
+                    // closing a connection that has not completed a frame lets the next accept succeed.
+                    let evicted = is_out_of_descriptors(&e) && self.connections.evict_oldest_unproven();
+                    if let Some(held_back) = self.refusals_log.allow() {
+                        warn!(evicted, held_back, "accept failed: {e}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(ACCEPT_RETRY_MS)).await;
                     continue;
                 }
             };
-            let me = self.clone();
-            tokio::spawn(async move {
-                me.serve_conn(conn).await;
-                drop(permit);
+            let killer = Arc::new(conn.killer);
+            let admitted = match self.connections.admit(&conn.peer, killer.clone()) {
+                Ok(a) => a,
+                Err(refusal) => {
+                    killer.kill();
+                    if let Some(held_back) = self.refusals_log.allow() {
+                        warn!(peer = %conn.peer, held_back, "refusing a connection: {refusal}");
+                    }
+                    continue;
+                }
+            };
+            if admitted.evicted.is_some()
+                && let Some(held_back) = self.refusals_log.allow()
+            {
+                warn!(
+                    peer = %conn.peer,
+                    held_back,
+                    "connection table full: closed the oldest connection that had not completed a frame"
+                );
+            }
+            let Connection { reader, writer, killer: _, peer, memory } = conn;
+            let out = Arc::new(ConnOut::<F> {
+                writer: tokio::sync::Mutex::new(writer),
+                killer,
+                peer: peer.into(),
+                memory,
+                calls_in_flight: AtomicUsize::new(0),
+                send_timeout: Duration::from_millis(self.cfg.send_timeout_ms),
+                deadlines_log: self.deadlines_log.clone(),
             });
+            let me = self.clone();
+            tokio::spawn(async move { me.serve_conn(out, reader, admitted.ticket).await });
         }
     }
 
-    async fn serve_conn(self: Arc<Self>, conn: Connection<F>) {
-        let Connection { reader, writer, killer, peer, memory } = conn;
-        let peer: Arc<str> = peer.into();
-        debug!(%peer, one_sided = memory.is_some(), "connection open");
-        let out = Arc::new(ConnOut::<F> {
-            writer: tokio::sync::Mutex::new(writer),
-            killer,
-            peer: peer.clone(),
-            memory: memory.clone(),
-        });
+    /// Reads frames until the peer closes the connection, breaks the protocol or misses a deadline, and hands
+    /// each request to `dispatch`.
+    async fn serve_conn(self: Arc<Self>, out: Arc<ConnOut<F>>, reader: F::Reader, ticket: ConnTicket) {
+        let peer = out.peer.clone();
+        debug!(%peer, one_sided = out.memory.is_some(), "connection open");
         let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
         let limits = self.cfg.limits;
+        let frame_timeout = Duration::from_millis(self.cfg.frame_timeout_ms);
+        let idle_timeout = Duration::from_millis(self.cfg.idle_timeout_ms);
+        // The first frame's deadline runs from the accept: a connection that never sends is not merely idle.
+        let mut first_frame_deadline = Some(Instant::now() + frame_timeout);
         loop {
-            let (h, body) = match read_head(&mut r, &limits).await {
-                Ok(x) => x,
-                Err(ReadError::Closed) => break,
-                Err(ReadError::Io(e)) => {
+            let deadline = match first_frame_deadline {
+                Some(d) => d,
+                None => match next_frame_begins(&mut r, idle_timeout, &out.calls_in_flight).await {
+                    Ok(FrameStart::Begun) => Instant::now() + frame_timeout,
+                    Ok(FrameStart::Closed) => break,
+                    Ok(FrameStart::Idle) => {
+                        info!(%peer, idle_ms = self.cfg.idle_timeout_ms, "closing an idle connection");
+                        break;
+                    }
+                    Err(e) => {
+                        debug!(%peer, "connection ended: {e}");
+                        break;
+                    }
+                },
+            };
+            let (h, body) = match tokio::time::timeout_at(deadline, read_head(&mut r, &limits)).await {
+                Err(_) => {
+                    self.frame_deadline_missed(&peer);
+                    break;
+                }
+                Ok(Ok(x)) => x,
+                Ok(Err(ReadError::Closed)) => break,
+                Ok(Err(ReadError::Io(e))) => {
                     debug!(%peer, "connection ended: {e}");
                     break;
                 }
-                Err(ReadError::Frame(e)) => {
+                Ok(Err(ReadError::Frame(e))) => {
                     warn!(%peer, "refusing malformed frame, closing connection: {e}");
                     let err = WireError::new(ErrorCode::BadRequest, e.to_string());
                     let h0 = Header {
@@ -178,6 +246,9 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 send_reply(&out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await;
                 break;
             }
+            // From here every request gets exactly one reply through `send_reply` (which counts it answered), or
+            // its connection is closed.
+            out.calls_in_flight.fetch_add(1, Ordering::Relaxed);
             let refuse = |e: FrameError| WireError::new(ErrorCode::BadRequest, e.to_string());
             let decoded =
                 h.check_body(&body).and_then(|()| Request::decode(h.op, &body)).map_err(refuse).and_then(|req| {
@@ -191,31 +262,61 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 Ok(req) => req,
                 Err(err) => {
                     warn!(%peer, op = h.op, "refusing request: {}", err.message);
-                    if skip(&mut r, h.data_len as u64).await.is_err() {
-                        break;
+                    match tokio::time::timeout_at(deadline, skip(&mut r, h.data_len as u64)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => {
+                            self.frame_deadline_missed(&peer);
+                            break;
+                        }
+                    }
+                    if first_frame_deadline.take().is_some() {
+                        ticket.mark_proven();
                     }
                     send_reply(&out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await;
                     continue;
                 }
             };
             let data = if h.data_len > 0 {
-                // Waiting here for a pool buffer is the back-pressure: the socket is not read meanwhile.
+                // Waiting here for a pool buffer is the back-pressure: the socket is not read meanwhile. That wait
+                // is the server's, not the peer's, so it extends the frame's deadline.
+                let wait_began = Instant::now();
                 let mut buf = self.pool.acquire(h.data_len as usize).await;
-                if let Err(e) = r.read_exact(buf.as_mut_slice()).await {
-                    debug!(%peer, "connection ended inside a payload: {e}");
-                    break;
+                let deadline = deadline + wait_began.elapsed();
+                match tokio::time::timeout_at(deadline, r.read_exact(buf.as_mut_slice())).await {
+                    Ok(Ok(_)) => Some(buf),
+                    Ok(Err(e)) => {
+                        debug!(%peer, "connection ended inside a payload: {e}");
+                        break;
+                    }
+                    Err(_) => {
+                        self.frame_deadline_missed(&peer);
+                        break;
+                    }
                 }
-                Some(buf)
             } else {
                 None
             };
+            if first_frame_deadline.take().is_some() {
+                ticket.mark_proven();
+            }
             self.dispatch(&out, h, req, data).await;
         }
+        // Leave the table before the (possibly slow) revoke, so a new connection can take the place.
+        drop(ticket);
         // Calls still running must not write into memory the client may reuse once it saw the connection die.
-        if let Some(m) = &memory {
+        if let Some(m) = &out.memory {
             m.revoke();
         }
         debug!(%peer, "connection closed");
+    }
+
+    /// A peer did not complete a frame in time: log (rate-limited, a flood of half-open connections would flood
+    /// the log) and let the caller close the connection.
+    fn frame_deadline_missed(&self, peer: &str) {
+        if let Some(held_back) = self.deadlines_log.allow() {
+            info!(%peer, frame_timeout_ms = self.cfg.frame_timeout_ms, held_back, "frame not completed in time, closing connection");
+        }
     }
 
     async fn dispatch(self: &Arc<Self>, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>) {
@@ -337,11 +438,61 @@ async fn send_reply<F: Fabric>(
         data_len: data_slice.len() as u32,
         body_crc: crc32c::crc32c(&body),
     };
-    let mut w = out.writer.lock().await;
-    if let Err(e) = write_frame(&mut *w, &h, &body, &[data_slice]).await {
-        debug!(peer = %out.peer, "reply not delivered: {e}");
-        out.killer.kill();
+    // The deadline covers the wait for the writer too: behind a stuck send, every later reply expires as well.
+    let send = async {
+        let mut w = out.writer.lock().await;
+        write_frame(&mut *w, &h, &body, &[data_slice]).await
+    };
+    match tokio::time::timeout(out.send_timeout, send).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            debug!(peer = %out.peer, "reply not delivered: {e}");
+            out.killer.kill();
+        }
+        Err(_) => {
+            if let Some(held_back) = out.deadlines_log.allow() {
+                warn!(peer = %out.peer, send_timeout_ms = out.send_timeout.as_millis() as u64, held_back, "reply not sent in time (the peer does not read), closing connection");
+            }
+            out.killer.kill();
+        }
     }
+    // Only now is the reply's payload (a pool buffer, a mapping and its range lock) released, by the caller's drop.
+    if req.kind == FrameKind::Request {
+        out.calls_in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How the wait between frames ended.
+enum FrameStart {
+    /// A byte of the next frame is buffered.
+    Begun,
+    /// The peer closed the connection between frames.
+    Closed,
+    /// Nothing arrived for the idle timeout and no call is in flight.
+    Idle,
+}
+
+/// Waits for the first byte of the next frame. A connection with calls in flight is never idle: its peer waits
+/// for replies.
+async fn next_frame_begins<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    idle_timeout: Duration,
+    calls_in_flight: &AtomicUsize,
+) -> std::io::Result<FrameStart> {
+    loop {
+        // Cancelling `fill_buf` loses nothing: what it read stays in the buffer.
+        match tokio::time::timeout(idle_timeout, r.fill_buf()).await {
+            Ok(Ok(buf)) => return Ok(if buf.is_empty() { FrameStart::Closed } else { FrameStart::Begun }),
+            Ok(Err(e)) => return Err(e),
+            Err(_) if calls_in_flight.load(Ordering::Relaxed) == 0 => return Ok(FrameStart::Idle),
+            Err(_) => continue,
+        }
+    }
+}
+
+/// EMFILE or ENFILE (Linux): the process or the system is out of file descriptors.
+fn is_out_of_descriptors(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(23 | 24))
 }
 
 /// Op code of a request, for logs of refused frames.
