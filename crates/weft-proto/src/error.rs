@@ -33,6 +33,9 @@ pub enum ErrorCode {
     /// Offset or length out of the range the server accepts.
     OutOfRange,
     NotSymlink,
+    /// The connection has not proved it holds a key (or its proof was wrong): nothing but `Null` and the
+    /// authentication ops is served on it.
+    Unauthenticated,
 }
 
 impl ErrorCode {
@@ -46,7 +49,7 @@ impl ErrorCode {
             ErrorCode::NotEmpty => 39,                                     // ENOTEMPTY
             ErrorCode::Invalid | ErrorCode::NotSymlink => 22,              // EINVAL
             ErrorCode::NameTooLong => 36,                                  // ENAMETOOLONG
-            ErrorCode::Permission => 13,                                   // EACCES
+            ErrorCode::Permission | ErrorCode::Unauthenticated => 13,      // EACCES
             ErrorCode::NoSpace => 28,                                      // ENOSPC
             ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal => 5, // EIO
             ErrorCode::OutOfRange => 27,                                   // EFBIG
