@@ -45,7 +45,10 @@ impl MetaService {
                 "refusing a data-server registration: it needs the cluster key");
             return Err(WireError::new(
                 ErrorCode::Permission,
-                format!("registering a data server needs the cluster key (this connection proved {:?})", ctx.principal.name()),
+                format!(
+                    "registering a data server needs the cluster key (this connection proved {:?})",
+                    ctx.principal.name()
+                ),
             ));
         }
         if let Some(old) = self.ns.servers().into_iter().find(|s| s.id == r.id && s.addr != r.addr) {

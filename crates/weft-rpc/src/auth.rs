@@ -87,7 +87,11 @@ impl Key {
         let rest = text.strip_prefix(KEY_FILE_HEADER).ok_or(KeyFormatError::Header)?;
         let hex = rest.strip_suffix('\n').unwrap_or(rest);
         if let Some(end) = hex.find(|c: char| c.is_whitespace()) {
-            return Err(if hex[..end].len() == 2 * AUTH_BYTES { KeyFormatError::Trailing } else { KeyFormatError::NotHex });
+            return Err(if hex[..end].len() == 2 * AUTH_BYTES {
+                KeyFormatError::Trailing
+            } else {
+                KeyFormatError::NotHex
+            });
         }
         if !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
             return Err(KeyFormatError::NotHex);
@@ -342,7 +346,11 @@ pub enum ServerAuth {
     #[default]
     Fresh,
     /// `AuthBegin` answered; waiting for the client's proof.
-    Begun { key_id: Arc<str>, key: Key, nonces: Nonces },
+    Begun {
+        key_id: Arc<str>,
+        key: Key,
+        nonces: Nonces,
+    },
     Done(Authenticated),
 }
 
@@ -440,13 +448,18 @@ mod tests {
             parts.extend_from_slice(rest);
             mac(&k, &parts)
         };
-        assert_eq!(server_proof(&key, "cluster", &n.client, &n.server), expect(b"weft-auth-v1 server", &[
-            b"cluster", &n.client, &n.server
-        ]));
-        assert_eq!(client_proof(&key, "cluster", &n.client, &n.server), expect(b"weft-auth-v1 client", &[
-            b"cluster", &n.client, &n.server
-        ]));
-        assert_ne!(server_proof(&key, "cluster", &n.client, &n.server), client_proof(&key, "cluster", &n.client, &n.server));
+        assert_eq!(
+            server_proof(&key, "cluster", &n.client, &n.server),
+            expect(b"weft-auth-v1 server", &[b"cluster", &n.client, &n.server])
+        );
+        assert_eq!(
+            client_proof(&key, "cluster", &n.client, &n.server),
+            expect(b"weft-auth-v1 client", &[b"cluster", &n.client, &n.server])
+        );
+        assert_ne!(
+            server_proof(&key, "cluster", &n.client, &n.server),
+            client_proof(&key, "cluster", &n.client, &n.server)
+        );
         let secret = session_secret(&key, &n, 0x0102);
         assert_eq!(secret, expect(b"weft-session-v1", &[&n.client, &n.server, &0x0102u64.to_le_bytes()]));
         let p = bind_proof(&secret, 0x0102, &n);
@@ -455,7 +468,12 @@ mod tests {
         let other = Nonces { client: [0x44; 32], ..n };
         assert!(!bind_proof_matches(&secret, 0x0102, &other, &p), "the proof is bound to the connection's nonces");
         assert!(server_proof_matches(&key, "cluster", &n, &server_proof(&key, "cluster", &n.client, &n.server)));
-        assert!(!server_proof_matches(&Key([0x12; 32]), "cluster", &n, &server_proof(&key, "cluster", &n.client, &n.server)));
+        assert!(!server_proof_matches(
+            &Key([0x12; 32]),
+            "cluster",
+            &n,
+            &server_proof(&key, "cluster", &n.client, &n.server)
+        ));
     }
 
     #[test]

@@ -257,11 +257,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         let result = match &req {
             Request::Null(()) => Ok(Response::Null(())),
             Request::AuthBegin(_) | Request::AuthFinish(_) | Request::SessionBind(_) => {
-                self.authenticate(out, &req).map(|resp| {
+                self.authenticate(out, &req).inspect(|_| {
                     if let Some(p) = out.principal.get().filter(|_| matches!(req, Request::AuthFinish(_))) {
                         debug!(peer = %out.peer, principal = p.name(), "connection authenticated");
                     }
-                    resp
                 })
             }
             Request::SessionCreate(c) => {
@@ -271,10 +270,11 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                     Response::SessionCreate(SessionCreateResp { session, slots })
                 })
             }
-            Request::SessionDestroy(()) => self.sessions.destroy(h.session, out.id).map(Response::SessionDestroy).map_err(|e| {
-                warn!(peer = %out.peer, "refusing to destroy a session: {}", e.message);
-                e
-            }),
+            Request::SessionDestroy(()) => {
+                self.sessions.destroy(h.session, out.id).map(Response::SessionDestroy).inspect_err(|e| {
+                    warn!(peer = %out.peer, "refusing to destroy a session: {}", e.message);
+                })
+            }
             // Registration belongs to the connection (its memory), so it is answered here, outside the slots.
             Request::Regions(r) => match &out.memory {
                 Some(m) => m.register(&r.add, &r.remove).map(|()| Response::Regions(())).map_err(|e| {
@@ -329,7 +329,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 Request::SessionBind(_) => Ok(Response::SessionBind(())),
                 _ => {
                     warn!(peer = %out.peer, "peer wants to authenticate, but authentication is off here (auth = \"none\")");
-                    Err(WireError::new(ErrorCode::Unauthenticated, "authentication is off on this server (auth = \"none\")"))
+                    Err(WireError::new(
+                        ErrorCode::Unauthenticated,
+                        "authentication is off on this server (auth = \"none\")",
+                    ))
                 }
             };
         };

@@ -80,12 +80,7 @@ fn not_bound(id: u64) -> WireError {
 
 impl SessionTable {
     pub fn new(slots_max: u32, sessions_max: u32, idle_ms: u64) -> SessionTable {
-        SessionTable {
-            inner: Mutex::new(Tables { sessions: HashMap::new() }),
-            slots_max,
-            sessions_max,
-            idle_ms,
-        }
+        SessionTable { inner: Mutex::new(Tables { sessions: HashMap::new() }), slots_max, sessions_max, idle_ms }
     }
 
     /// Creates a session; returns its id and the slots granted. `owner` makes the binding from the new id (`None`:
@@ -121,8 +116,12 @@ impl SessionTable {
             id = crate::auth::random_id();
         }
         let slots_v = (0..slots).map(|_| Slot { seq: 0, state: SlotState::Fresh }).collect();
-        let session =
-            Session { client_name: client_name.to_string(), owner: owner(id), slots: slots_v, last_used: Instant::now() };
+        let session = Session {
+            client_name: client_name.to_string(),
+            owner: owner(id),
+            slots: slots_v,
+            last_used: Instant::now(),
+        };
         t.sessions.insert(id, session);
         Ok((id, slots))
     }

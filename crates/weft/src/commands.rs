@@ -24,12 +24,7 @@ async fn connect(spec: &str) -> Result<Client> {
     Client::connect(&cfg).await.with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
 }
 
-pub async fn up(
-    data_dir: PathBuf,
-    servers: u32,
-    mount_dir: Option<PathBuf>,
-    auth: weft_rpc::AuthMode,
-) -> Result<()> {
+pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, auth: weft_rpc::AuthMode) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
     }

@@ -14,7 +14,9 @@ use weft_client::{Client, ClientTuning, ClusterConfig};
 use weft_fabric::TcpFabric;
 use weft_proto::frame::FLAG_ERROR;
 use weft_proto::msg::{AuthBeginReq, AuthFinishReq, InoReq, SessionBindReq, SessionCreateReq, decode};
-use weft_proto::{ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, Response, ServerState, WireError};
+use weft_proto::{
+    ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, Response, ServerState, WireError,
+};
 use weft_rpc::auth::{self, Key, Nonces};
 use weft_rpc::{AuthMode, ClientConfig, RpcClient};
 
@@ -122,11 +124,7 @@ async fn a_client_without_the_key_can_do_nothing_and_both_sides_say_why() {
     // The CLI says it on stderr too.
     let wrong_file = cl.dir().join("wrong-cluster.toml");
     std::fs::write(&wrong_file, wrong.to_toml()).unwrap();
-    let out = std::process::Command::new(WEFT)
-        .args(["ls", "/"])
-        .env("WEFT_CLUSTER", &wrong_file)
-        .output()
-        .unwrap();
+    let out = std::process::Command::new(WEFT).args(["ls", "/"]).env("WEFT_CLUSTER", &wrong_file).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("could not prove it holds key"), "{stderr}");
@@ -139,7 +137,10 @@ async fn a_client_without_the_key_can_do_nothing_and_both_sides_say_why() {
         assert_eq!(raw.control(Request::Null(())).await, Ok(Response::Null(())));
         let create = Request::SessionCreate(SessionCreateReq { client_name: "x".into(), slots: 1 });
         assert_eq!(code(raw.control(create).await), ErrorCode::Unauthenticated);
-        assert_eq!(code(raw.call(&Request::GetAttr(InoReq { ino: ROOT_INO }), 1, 0, 1).await), ErrorCode::Unauthenticated);
+        assert_eq!(
+            code(raw.call(&Request::GetAttr(InoReq { ino: ROOT_INO }), 1, 0, 1).await),
+            ErrorCode::Unauthenticated
+        );
         // A made-up proof is refused too, and the connection stays unauthenticated.
         let begin = AuthBeginReq { key_id: "cluster".into(), client_nonce: [1; 32] };
         assert!(matches!(raw.control(Request::AuthBegin(begin)).await, Ok(Response::AuthBegin(_))));
@@ -176,7 +177,10 @@ async fn a_session_serves_only_the_connection_it_is_bound_to() {
         let e = thief.call(&probe, s.session, 0, 2).await.unwrap_err();
         assert_eq!(e.code, ErrorCode::StaleSession, "{e:?}");
         assert!(e.message.contains("not bound to this connection"), "{e:?}");
-        assert_eq!(code(thief.call(&Request::SessionDestroy(()), s.session, CONTROL_SLOT, 0).await), ErrorCode::StaleSession);
+        assert_eq!(
+            code(thief.call(&Request::SessionDestroy(()), s.session, CONTROL_SLOT, 0).await),
+            ErrorCode::StaleSession
+        );
         // …nor bind it without the session secret (a proof made from the key alone, or replayed, fails).
         let guess = auth::bind_proof(&auth::session_secret(&key, &thief_nonces, s.session), s.session, &thief_nonces);
         let bind = Request::SessionBind(SessionBindReq { session: s.session, proof: guess });
@@ -192,11 +196,17 @@ async fn a_session_serves_only_the_connection_it_is_bound_to() {
         // from then on only that one is served.
         let mut again = Raw::connect(&addr).await;
         let n = again.authenticate(&key).await;
-        let bind = Request::SessionBind(SessionBindReq { session: s.session, proof: auth::bind_proof(&secret, s.session, &n) });
+        let bind = Request::SessionBind(SessionBindReq {
+            session: s.session,
+            proof: auth::bind_proof(&secret, s.session, &n),
+        });
         assert_eq!(again.control(bind).await, Ok(Response::SessionBind(())));
         assert!(again.call(&probe, s.session, 0, 3).await.is_ok());
         assert_eq!(code(owner.call(&probe, s.session, 0, 4).await), ErrorCode::StaleSession);
-        assert_eq!(again.call(&Request::SessionDestroy(()), s.session, CONTROL_SLOT, 0).await, Ok(Response::SessionDestroy(())));
+        assert_eq!(
+            again.call(&Request::SessionDestroy(()), s.session, CONTROL_SLOT, 0).await,
+            Ok(Response::SessionDestroy(()))
+        );
         assert_eq!(code(again.call(&probe, s.session, 0, 4).await), ErrorCode::StaleSession);
     }
 }
@@ -215,7 +225,11 @@ async fn spawn_data(config: &Path, log: &Path) -> tokio::process::Child {
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let line = lines.next_line().await.unwrap().unwrap_or_default();
-    assert!(line.starts_with("WEFT-READY "), "the rogue data server did not start: {}", std::fs::read_to_string(log).unwrap());
+    assert!(
+        line.starts_with("WEFT-READY "),
+        "the rogue data server did not start: {}",
+        std::fs::read_to_string(log).unwrap()
+    );
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     child
 }
@@ -246,7 +260,10 @@ async fn a_data_server_with_another_key_is_not_registered_and_cannot_take_over_a
         .await;
         assert!(text.contains("could not prove it holds key"), "{text}");
     }
-    eventually("the MDS logs the refusals", async || cl.log("meta").matches("without proving the key").count().ge(&2).then_some(())).await;
+    eventually("the MDS logs the refusals", async || {
+        cl.log("meta").matches("without proving the key").count().ge(&2).then_some(())
+    })
+    .await;
     // Server 0 keeps its address, 7 is unknown; `weft status` agrees.
     let after = cl.client().await.cluster_info().await.unwrap();
     assert_eq!(after.len(), 1, "{after:?}");
@@ -265,7 +282,8 @@ async fn a_key_file_others_may_read_is_refused_with_its_name() {
     Key::create_file(&key).unwrap();
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
     let cfg = dir.join("meta.toml");
-    std::fs::write(&cfg, format!("listen = \"127.0.0.1:0\"\ndata_dir = {:?}\nkey_file = {key:?}\n", dir.join("m"))).unwrap();
+    std::fs::write(&cfg, format!("listen = \"127.0.0.1:0\"\ndata_dir = {:?}\nkey_file = {key:?}\n", dir.join("m")))
+        .unwrap();
     let out = std::process::Command::new(WEFT).args(["meta", "--config"]).arg(&cfg).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());

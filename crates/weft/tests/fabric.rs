@@ -28,7 +28,12 @@ async fn fabric_stat(c: &common::TestCluster, tcp_addr: &str) -> FabricStat {
 }
 
 /// Polls the data server's counters until `ok` holds; bounded, so a leak fails the test instead of hanging it.
-async fn wait_for_stat(c: &common::TestCluster, tcp_addr: &str, what: &str, ok: impl Fn(&FabricStat) -> bool) -> FabricStat {
+async fn wait_for_stat(
+    c: &common::TestCluster,
+    tcp_addr: &str,
+    what: &str,
+    ok: impl Fn(&FabricStat) -> bool,
+) -> FabricStat {
     let mut last = FabricStat::default();
     for _ in 0..500 {
         last = fabric_stat(c, tcp_addr).await;
@@ -169,10 +174,11 @@ async fn a_killed_clients_arena_is_released() {
         .unwrap();
     // The arena is mapped at connect, the caller's buffer registered by the first large read after it: wait for
     // both (asserting the second right after seeing the first raced with the client).
-    let held = wait_for_stat(&c, &tcp_addr, "the client's arena is mapped and its 4 MiB read's buffer registered", |s| {
-        s.arenas == 1 && s.regions >= 1
-    })
-    .await;
+    let held =
+        wait_for_stat(&c, &tcp_addr, "the client's arena is mapped and its 4 MiB read's buffer registered", |s| {
+            s.arenas == 1 && s.regions >= 1
+        })
+        .await;
     assert_eq!(held.arenas, 1, "{held:?}");
     child.start_kill().unwrap();
     child.wait().await.unwrap();
