@@ -2,6 +2,8 @@
 //!
 //! ```toml
 //! mds = "10.0.0.1:7000"
+//! key_file = "cluster.key"       # the cluster key (relative: to this file's directory)
+//! auth = "key"                   # key (default) | none
 //! [client]                       # all optional
 //! slots = 16                     # requests in flight per server
 //! transfer_unit_bytes = 1048576  # largest payload of one request
@@ -9,8 +11,10 @@
 //! fabric = "auto"                # auto | tcp | shm | rdma: how to reach data servers
 //! ```
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
-use weft_rpc::ClientConfig;
+use weft_rpc::{AuthMode, ClientConfig, Credential, KeyError};
 
 use crate::transfer::SizeClasses;
 
@@ -65,6 +69,11 @@ impl std::str::FromStr for FabricChoice {
 pub struct ClusterConfig {
     /// Address of the metadata service.
     pub mds: String,
+    /// The cluster key this client proves to every server (docs/format.md §9); required with `auth = "key"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    #[serde(default)]
+    pub auth: AuthMode,
     #[serde(default)]
     pub client: ClientTuning,
 }
@@ -143,13 +152,20 @@ impl ClusterConfig {
         let path = std::path::Path::new(spec);
         if path.is_file() {
             let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {spec}: {e}"))?;
-            return toml::from_str(&text).map_err(|e| format!("{spec} is not a valid cluster file: {e}"));
+            let mut cfg: ClusterConfig =
+                toml::from_str(&text).map_err(|e| format!("{spec} is not a valid cluster file: {e}"))?;
+            if let (Some(k), Some(dir)) = (&cfg.key_file, path.parent())
+                && k.is_relative()
+            {
+                cfg.key_file = Some(dir.join(k));
+            }
+            return Ok(cfg);
         }
         if path.is_dir() && path.join("cluster.toml").is_file() {
             return ClusterConfig::from_spec(&path.join("cluster.toml").to_string_lossy());
         }
         if spec.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) {
-            return Ok(ClusterConfig { mds: spec.to_string(), client: ClientTuning::default() });
+            return Ok(ClusterConfig::new(spec));
         }
         if spec.contains('/') || spec.ends_with(".toml") {
             return Err(format!(
@@ -157,6 +173,16 @@ impl ClusterConfig {
             ));
         }
         Err(format!("{spec} is neither a cluster file, a directory holding cluster.toml, nor a host:port address"))
+    }
+
+    /// A config for the MDS at `mds` with every default (auth = "key", no key file yet).
+    pub fn new(mds: &str) -> ClusterConfig {
+        ClusterConfig { mds: mds.to_string(), key_file: None, auth: AuthMode::Key, client: ClientTuning::default() }
+    }
+
+    /// The credential this config names: the cluster key from `key_file` (none with `auth = "none"`, which warns).
+    pub fn credential(&self) -> Result<Option<Credential>, KeyError> {
+        Ok(weft_rpc::auth::role_key(self.auth, self.key_file.as_deref(), "client")?.map(Credential::cluster))
     }
 
     pub fn to_toml(&self) -> String {
@@ -176,5 +202,9 @@ mod tests {
         assert_eq!(c.client.slots, 4);
         assert_eq!(c.client.transfer_unit_bytes, 1 << 20);
         assert!(toml::from_str::<ClusterConfig>("mds = \"h:1\"\nbogus = 1\n").is_err());
+        assert_eq!((c.auth, c.key_file), (AuthMode::Key, None));
+        let c: ClusterConfig = toml::from_str("mds = \"h:1\"\nkey_file = \"/k\"\nauth = \"none\"\n").unwrap();
+        assert_eq!((c.auth, c.key_file.as_deref()), (AuthMode::None, Some(std::path::Path::new("/k"))));
+        assert!(c.to_toml().contains("key_file = \"/k\"\nauth = \"none\""), "{}", c.to_toml());
     }
 }

@@ -29,6 +29,9 @@ pub enum ClientError {
     NotAFile(String),
     #[error("protocol: {0}")]
     Protocol(String),
+    /// The cluster config's key could not be loaded (see docs/format.md §9).
+    #[error("{0}")]
+    Key(weft_rpc::KeyError),
 }
 
 impl ClientError {

@@ -70,7 +70,8 @@ macro_rules! meta_call {
 impl Client {
     pub async fn connect(cluster: &ClusterConfig) -> Result<Client, ClientError> {
         let tuning = cluster.client.clone();
-        let rpc_cfg = tuning.rpc_config();
+        let mut rpc_cfg = tuning.rpc_config();
+        rpc_cfg.credential = cluster.credential().map_err(ClientError::Key)?;
         let fabric = AnyFabric::new(
             TcpFabric::default(),
             ShmFabric::new(ShmConfig {

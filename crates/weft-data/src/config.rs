@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use serde::Deserialize;
-use weft_rpc::PoolClass;
+use weft_rpc::{AuthMode, PoolClass};
 
 /// `weft data --config F`.
 #[derive(Debug, Clone, Deserialize)]
@@ -21,6 +21,13 @@ pub struct DataConfig {
     pub root: PathBuf,
     /// The metadata service to register with.
     pub mds: String,
+    /// The cluster key file (docs/format.md §9): proved to the MDS, and asked of every client; required with
+    /// `auth = "key"`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// `key` (default) or `none` (no authentication at all; warns loudly at start).
+    #[serde(default)]
+    pub auth: AuthMode,
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
     /// Largest payload of one request (a transfer unit); also the size of the largest pool buffers.
@@ -146,6 +153,7 @@ mod tests {
         assert_eq!((cfg.id, cfg.listen.as_str(), cfg.mds.as_str()), (3, "127.0.0.1:0", "127.0.0.1:7000"));
         assert_eq!(cfg.root, PathBuf::from("/srv/d3"));
         assert_eq!(cfg.advertise, None);
+        assert_eq!((cfg.key_file.clone(), cfg.auth), (None, AuthMode::Key));
         assert_eq!(cfg.heartbeat_ms, 1000);
         assert_eq!(cfg.transfer_unit_bytes, 2 << 20);
         assert_eq!(cfg.pool_buffers, 32);
@@ -166,6 +174,8 @@ mod tests {
             advertise = "10.0.0.1:7100"
             root = "/d"
             mds = "m:7000"
+            key_file = "/d/cluster.key"
+            auth = "none"
             heartbeat_ms = 250
             transfer_unit_bytes = 1048576
             pool_buffers = 8
@@ -187,6 +197,7 @@ mod tests {
         "#;
         let cfg: DataConfig = toml::from_str(text).unwrap();
         assert_eq!(cfg.advertise.as_deref(), Some("10.0.0.1:7100"));
+        assert_eq!((cfg.key_file.clone(), cfg.auth), (Some(PathBuf::from("/d/cluster.key")), AuthMode::None));
         assert_eq!((cfg.heartbeat_ms, cfg.transfer_unit_bytes, cfg.pool_buffers), (250, 1 << 20, 8));
         assert_eq!((cfg.pipeline_piece_bytes, cfg.rdma_pipeline_piece_bytes), (512 << 10, 128 << 10));
         assert_eq!((cfg.slots_max, cfg.sessions_max, cfg.rdma_port), (16, 32, 7101));

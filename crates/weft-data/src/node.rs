@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
 use weft_proto::msg::RegisterServerReq;
 use weft_proto::{FrameLimits, Request};
-use weft_rpc::{BufferPool, ClientConfig, RpcClient, RpcServer, ServerConfig};
+use weft_rpc::{BufferPool, ClientConfig, Credential, KeyRing, RpcClient, RpcServer, ServerConfig};
 
 use crate::config::DataConfig;
 use crate::service::DataService;
@@ -27,10 +27,14 @@ pub enum DataServerError {
     Serve(std::io::Error),
     #[error("allocating the buffer zones: {0}")]
     Pool(weft_rpc::PoolError),
+    #[error("{0}")]
+    Key(weft_rpc::KeyError),
 }
 
 /// Runs a data server until the process is stopped. `ready` is told the listening address.
 pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataServerError> {
+    let key =
+        weft_rpc::auth::role_key(cfg.auth, cfg.key_file.as_deref(), "data server").map_err(DataServerError::Key)?;
     let store =
         ObjectStore::open(&cfg.root).map_err(|source| DataServerError::Store { root: cfg.root.clone(), source })?;
     let store = Arc::new(store);
@@ -51,6 +55,7 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         pool_buffers: cfg.pool_buffers,
         shm_addr: shm_addr.clone(),
         rdma_addr: rdma_addr.clone(),
+        auth: key.clone().map(|k| Arc::new(KeyRing::cluster(k))),
         ..ServerConfig::default()
     };
     let pool = BufferPool::with_classes(&cfg.pool_classes()).map_err(DataServerError::Pool)?;
@@ -60,7 +65,7 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes);
     let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
     info!(id = cfg.id, %addr, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
-    tokio::spawn(heartbeat(cfg.clone(), advertise, store));
+    tokio::spawn(heartbeat(cfg.clone(), advertise, store, key.map(Credential::cluster)));
     for (name, l) in [("shm", shm_listener), ("rdma", rdma_listener)] {
         let Some(l) = l else { continue };
         let server = server.clone();
@@ -125,8 +130,9 @@ async fn listen_rdma(
 }
 
 /// Registers with the MDS and repeats it as a heartbeat carrying this server's space. Survives MDS restarts.
-async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>) {
+async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>, credential: Option<Credential>) {
     let rpc_cfg = ClientConfig {
+        credential,
         client_name: format!("data-server-{}", cfg.id),
         slots: 1,
         call_timeout_ms: cfg.heartbeat_ms.max(1000) * 5,
@@ -149,8 +155,12 @@ async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>) 
                 Err(_) => Default::default(),
             }
         };
+        let mut connect_error = None;
         if client.is_none() {
-            client = RpcClient::connect(TcpFabric::default(), &cfg.mds, rpc_cfg.clone()).await.ok();
+            client = RpcClient::connect(TcpFabric::default(), &cfg.mds, rpc_cfg.clone())
+                .await
+                .map_err(|e| connect_error = Some(e.to_string()))
+                .ok();
         }
         let result = match &client {
             Some(c) => c
@@ -158,7 +168,7 @@ async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>) 
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
-            None => Err(format!("cannot connect to {}", cfg.mds)),
+            None => Err(connect_error.unwrap_or_else(|| format!("cannot connect to {}", cfg.mds))),
         };
         match result {
             Ok(()) if !healthy => {

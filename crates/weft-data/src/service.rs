@@ -422,6 +422,8 @@ mod tests {
             advertise: None,
             root: dir.clone(),
             mds: String::new(),
+            key_file: None,
+            auth: weft_rpc::AuthMode::None,
             heartbeat_ms: 1000,
             transfer_unit_bytes: 2 << 20,
             pool_buffers: 2,
@@ -444,7 +446,13 @@ mod tests {
     }
 
     fn ctx(pool: &BufferPool, memory: &Arc<FakeMemory>) -> CallCtx {
-        CallCtx { session: 1, peer: "test".into(), pool: pool.clone(), memory: Some(memory.clone()) }
+        CallCtx {
+            session: 1,
+            peer: "test".into(),
+            principal: weft_rpc::Principal::Anonymous,
+            pool: pool.clone(),
+            memory: Some(memory.clone()),
+        }
     }
 
     /// Odd-sized chunks laid out backwards in `region` from `start`, so bytes cut into the wrong piece, or

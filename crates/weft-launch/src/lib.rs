@@ -5,6 +5,10 @@
 //! listens; its logs go to `DIR/logs/<role>.log`. The cluster is ready when the MDS reports every data server up.
 //! Children are killed when the [`LocalCluster`] is dropped, so a failing test never leaves servers behind.
 //!
+//! Every cluster runs with a cluster key: `DIR/cluster.key` (mode 0600) is created unless present and named by
+//! every config (`key_file`), the client's `cluster.toml` included; `LaunchOptions::auth = AuthMode::None` runs
+//! without authentication instead.
+//!
 //! Tests can stop (SIGTERM), kill (SIGKILL) and restart the MDS and any single data server: a restarted process
 //! gets its old address and directory back, so the rest of the cluster sees the same server return.
 
@@ -16,6 +20,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use weft_client::{Client, ClusterConfig};
 use weft_proto::{ServerInfo, ServerState};
+use weft_rpc::AuthMode;
 
 /// The line a server prints on stdout when it listens.
 pub const READY_PREFIX: &str = "WEFT-READY ";
@@ -31,6 +36,8 @@ pub enum LaunchError {
     Died { role: String, log: PathBuf },
     #[error("cluster not ready after {waited_ms} ms: {detail}")]
     NotReady { waited_ms: u64, detail: String },
+    #[error("{0}")]
+    Key(weft_rpc::KeyError),
 }
 
 #[derive(Debug, Clone)]
@@ -47,6 +54,8 @@ pub struct LaunchOptions {
     pub data_extra_toml: String,
     /// How long to wait for the cluster to come up.
     pub ready_timeout_ms: u64,
+    /// `Key` (default): every role proves `DIR/cluster.key`; `None`: no authentication.
+    pub auth: AuthMode,
 }
 
 impl LaunchOptions {
@@ -59,6 +68,7 @@ impl LaunchOptions {
             env: Vec::new(),
             data_extra_toml: String::new(),
             ready_timeout_ms: 60_000,
+            auth: AuthMode::Key,
         }
     }
 }
@@ -87,8 +97,16 @@ impl LocalCluster {
             let p = opts.dir.join(sub);
             std::fs::create_dir_all(&p).map_err(io_err(&p))?;
         }
+        let auth_toml = match opts.auth {
+            AuthMode::Key => {
+                let key = opts.dir.join("cluster.key");
+                weft_rpc::Key::load_or_create(&key).map_err(LaunchError::Key)?;
+                format!("key_file = {key:?}\n")
+            }
+            AuthMode::None => "auth = \"none\"\n".to_string(),
+        };
         let meta_cfg = opts.dir.join("config/meta.toml");
-        let text = format!("listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n", opts.dir.join("meta"));
+        let text = format!("listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}", opts.dir.join("meta"));
         std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
         let mut cluster = LocalCluster { mds: None, data: Vec::new(), opts };
         let mds = cluster.spawn("meta", "meta", &meta_cfg).await?;
@@ -99,7 +117,7 @@ impl LocalCluster {
             std::fs::create_dir_all(&root).map_err(io_err(&root))?;
             let cfg = cluster.opts.dir.join(format!("config/data{i}.toml"));
             let text = format!(
-                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{}\n",
+                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{auth_toml}{}\n",
                 cluster.opts.data_extra_toml
             );
             std::fs::write(&cfg, text).map_err(io_err(&cfg))?;
@@ -203,8 +221,28 @@ impl LocalCluster {
         self.opts.dir.join("cluster.toml")
     }
 
+    /// The key file every role of this cluster proves (with authentication on).
+    pub fn key_file(&self) -> PathBuf {
+        self.opts.dir.join("cluster.key")
+    }
+
+    /// The client's view of the cluster: the MDS address and the key (or `auth = "none"`).
     pub fn cluster_config(&self) -> ClusterConfig {
-        ClusterConfig::from_spec(self.mds_addr()).expect("the MDS reported a host:port address")
+        let mut cfg = ClusterConfig::new(self.mds_addr());
+        cfg.auth = self.opts.auth;
+        if self.opts.auth == AuthMode::Key {
+            cfg.key_file = Some(self.key_file());
+        }
+        cfg
+    }
+
+    /// An RPC client config carrying this cluster's key, for tests and tools that talk to one server directly.
+    pub fn rpc_config(&self) -> weft_rpc::ClientConfig {
+        let credential = match self.opts.auth {
+            AuthMode::Key => weft_rpc::Key::load(&self.key_file()).ok().map(weft_rpc::Credential::cluster),
+            AuthMode::None => None,
+        };
+        weft_rpc::ClientConfig { credential, ..weft_rpc::ClientConfig::default() }
     }
 
     pub async fn client(&self) -> Result<Client, weft_client::ClientError> {

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use weft_rpc::AuthMode;
+
 use crate::JournalConfig;
 
 /// `weft meta --config F`.
@@ -18,6 +20,12 @@ pub struct MetaConfig {
     pub rdma_listen: Option<String>,
     /// Directory of the embedded store (`meta.redb`).
     pub data_dir: PathBuf,
+    /// The cluster key file (docs/format.md §9): every connection must prove it; required with `auth = "key"`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// `key` (default) or `none` (no authentication at all; warns loudly at start).
+    #[serde(default)]
+    pub auth: AuthMode,
     /// A data server unheard of for this long is reported down.
     #[serde(default = "default_liveness_ms")]
     pub liveness_ms: u64,
@@ -90,6 +98,7 @@ mod tests {
         assert_eq!(cfg.listen, "127.0.0.1:0");
         assert_eq!(cfg.data_dir, PathBuf::from("/srv/meta"));
         assert_eq!(cfg.rdma_listen, None);
+        assert_eq!((cfg.key_file.clone(), cfg.auth), (None, AuthMode::Key));
         assert_eq!((cfg.liveness_ms, cfg.slots_max, cfg.sessions_max, cfg.gc_interval_ms), (5000, 64, 4096, 1000));
         let journal = cfg.journal();
         let default = JournalConfig::default();
@@ -105,6 +114,8 @@ mod tests {
             listen = "0.0.0.0:7000"
             rdma_listen = "rdma:10.0.0.1:7001"
             data_dir = "/m"
+            key_file = "/m/cluster.key"
+            auth = "none"
             liveness_ms = 900
             slots_max = 8
             sessions_max = 16
@@ -116,6 +127,7 @@ mod tests {
         "#;
         let cfg: MetaConfig = toml::from_str(text).unwrap();
         assert_eq!(cfg.rdma_listen.as_deref(), Some("rdma:10.0.0.1:7001"));
+        assert_eq!((cfg.key_file.clone(), cfg.auth), (Some(PathBuf::from("/m/cluster.key")), AuthMode::None));
         assert_eq!((cfg.liveness_ms, cfg.slots_max, cfg.sessions_max, cfg.gc_interval_ms), (900, 8, 16, 50));
         let journal = cfg.journal();
         assert_eq!((journal.segment_bytes, journal.journal_bytes_max), (1 << 20, 8 << 20));

@@ -12,16 +12,22 @@ use tracing::{debug, warn};
 use weft_fabric::TcpFabric;
 use weft_proto::Request;
 use weft_proto::msg::InoReq;
-use weft_rpc::{ClientConfig, RpcClient};
+use weft_rpc::{ClientConfig, Credential, RpcClient};
 
 use crate::{Namespace, RedbStore, SystemClock};
 
 /// Most orphans handled per round; the rest wait for the next one.
 const GC_BATCH: usize = 256;
 
-pub(crate) async fn collect_orphans(ns: Arc<Namespace<RedbStore, SystemClock>>, interval_ms: u64) {
+/// `credential`: the cluster key the MDS proves to the data servers (none with authentication off).
+pub(crate) async fn collect_orphans(
+    ns: Arc<Namespace<RedbStore, SystemClock>>,
+    interval_ms: u64,
+    credential: Option<Credential>,
+) {
     let mut clients: HashMap<u32, RpcClient<TcpFabric>> = HashMap::new();
-    let rpc_cfg = ClientConfig { client_name: "mds-gc".into(), slots: 8, attempts_max: 1, ..ClientConfig::default() };
+    let rpc_cfg =
+        ClientConfig { client_name: "mds-gc".into(), slots: 8, attempts_max: 1, credential, ..ClientConfig::default() };
     let mut tick = tokio::time::interval(Duration::from_millis(interval_ms.max(10)));
     loop {
         tick.tick().await;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tracing::info;
 use weft_fabric::{AnyFabric, Fabric, Listener};
 use weft_proto::FrameLimits;
-use weft_rpc::{RpcServer, ServerConfig};
+use weft_rpc::{Credential, KeyRing, RpcServer, ServerConfig};
 
 use crate::config::MetaConfig;
 use crate::gc::collect_orphans;
@@ -23,10 +23,14 @@ pub enum MetaServerError {
     Listen { addr: String, source: std::io::Error },
     #[error("serving: {0}")]
     Serve(std::io::Error),
+    #[error("{0}")]
+    Key(weft_rpc::KeyError),
 }
 
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
 pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaServerError> {
+    let key = weft_rpc::auth::role_key(cfg.auth, cfg.key_file.as_deref(), "metadata service")
+        .map_err(MetaServerError::Key)?;
     let dir = cfg.data_dir.clone();
     std::fs::create_dir_all(&dir).map_err(|e| MetaServerError::Store { dir: dir.clone(), source: e.into() })?;
     let store = RedbStore::open_with(&dir, cfg.journal())
@@ -45,6 +49,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
         pool_buffers: 1,
+        auth: key.clone().map(|k| Arc::new(KeyRing::cluster(k))),
         ..ServerConfig::default()
     };
     let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(MetaService::new(ns.clone())));
@@ -59,7 +64,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
             }
         });
     }
-    tokio::spawn(collect_orphans(ns, cfg.gc_interval_ms));
+    tokio::spawn(collect_orphans(ns, cfg.gc_interval_ms, key.map(Credential::cluster)));
     ready(&addr);
     server.serve(listener).await.map_err(MetaServerError::Serve)
 }

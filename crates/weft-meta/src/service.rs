@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use weft_proto::msg::RegisterServerReq;
 use weft_proto::{ErrorCode, Request, WireError};
 use weft_rpc::{CallCtx, PoolBuf, Reply, Service};
 
@@ -35,8 +36,33 @@ impl MetaService {
     }
 }
 
+impl MetaService {
+    /// Only the cluster key registers data servers (with authentication on): anyone else could otherwise receive
+    /// new files' data. An id moving to a new address is allowed (a server restarted elsewhere) but logged.
+    fn check_registration(&self, ctx: &CallCtx, r: &RegisterServerReq) -> Result<(), WireError> {
+        if !ctx.principal.is_trusted_server() {
+            tracing::warn!(peer = %ctx.peer, principal = ctx.principal.name(), id = r.id, addr = %r.addr,
+                "refusing a data-server registration: it needs the cluster key");
+            return Err(WireError::new(
+                ErrorCode::Permission,
+                format!(
+                    "registering a data server needs the cluster key (this connection proved {:?})",
+                    ctx.principal.name()
+                ),
+            ));
+        }
+        if let Some(old) = self.ns.servers().into_iter().find(|s| s.id == r.id && s.addr != r.addr) {
+            tracing::warn!(id = r.id, old = %old.addr, new = %r.addr, peer = %ctx.peer, "data server id moves to a new address");
+        }
+        Ok(())
+    }
+}
+
 impl Service for MetaService {
-    async fn call(&self, _ctx: &CallCtx, req: Request, _data: Option<PoolBuf>) -> Result<Reply, WireError> {
+    async fn call(&self, ctx: &CallCtx, req: Request, _data: Option<PoolBuf>) -> Result<Reply, WireError> {
+        if let Request::RegisterServer(r) = &req {
+            self.check_registration(ctx, r)?;
+        }
         match req {
             Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
                 self.execute_in_place(&req)

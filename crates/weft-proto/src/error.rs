@@ -36,6 +36,9 @@ pub enum ErrorCode {
     /// The act is reserved to a file's owner or to root (chown, chmod, a sticky directory's entries, device
     /// nodes), as opposed to `Permission`, which is a missing mode bit.
     NotPermitted,
+    /// The connection has not proved it holds a key (or its proof was wrong): nothing but `Null` and the
+    /// authentication ops is served on it.
+    Unauthenticated,
 }
 
 impl ErrorCode {
@@ -49,7 +52,7 @@ impl ErrorCode {
             ErrorCode::NotEmpty => 39,                                     // ENOTEMPTY
             ErrorCode::Invalid | ErrorCode::NotSymlink => 22,              // EINVAL
             ErrorCode::NameTooLong => 36,                                  // ENAMETOOLONG
-            ErrorCode::Permission => 13,                                   // EACCES
+            ErrorCode::Permission | ErrorCode::Unauthenticated => 13,      // EACCES
             ErrorCode::NoSpace => 28,                                      // ENOSPC
             ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal => 5, // EIO
             ErrorCode::OutOfRange => 27,                                   // EFBIG

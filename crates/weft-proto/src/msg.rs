@@ -94,6 +94,12 @@ messages! {
     Null = 1: () => (), idempotent = true, data = false;
     SessionCreate = 2: SessionCreateReq => SessionCreateResp, idempotent = true, data = false;
     SessionDestroy = 3: () => (), idempotent = true, data = false;
+    /// Mutual challenge–response, first half: the client's nonce and which key; the server's nonce and proof.
+    AuthBegin = 4: AuthBeginReq => AuthBeginResp, idempotent = true, data = false;
+    /// Second half: the client's proof. The connection is then authenticated.
+    AuthFinish = 5: AuthFinishReq => (), idempotent = true, data = false;
+    /// Binds an existing session to this (newly authenticated) connection, with a proof from the session secret.
+    SessionBind = 6: SessionBindReq => (), idempotent = true, data = false;
 
     Lookup = 100: LookupReq => Attr, idempotent = true, data = false;
     GetAttr = 101: InoReq => Attr, idempotent = true, data = false;
@@ -157,6 +163,39 @@ pub struct SessionCreateResp {
     pub session: u64,
     /// Slots granted (≤ requested): the most requests the client may have in flight.
     pub slots: u32,
+}
+
+/// Length of the nonces, proofs and keys of the authentication ops (HMAC-SHA256 outputs, 256-bit keys).
+pub const AUTH_BYTES: usize = 32;
+
+/// Longest `AuthBeginReq::key_id` a server accepts.
+pub const KEY_ID_BYTES_MAX: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthBeginReq {
+    /// Which key the client proves ("cluster" for the cluster key).
+    pub key_id: String,
+    pub client_nonce: [u8; AUTH_BYTES],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthBeginResp {
+    pub server_nonce: [u8; AUTH_BYTES],
+    /// HMAC-SHA256(key, "weft-auth-v1 server" ‖ key_id ‖ client_nonce ‖ server_nonce): the server holds the key.
+    pub server_proof: [u8; AUTH_BYTES],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthFinishReq {
+    /// HMAC-SHA256(key, "weft-auth-v1 client" ‖ key_id ‖ client_nonce ‖ server_nonce).
+    pub client_proof: [u8; AUTH_BYTES],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionBindReq {
+    pub session: u64,
+    /// HMAC-SHA256(session secret, "weft-bind-v1" ‖ session LE ‖ this connection's client_nonce ‖ server_nonce).
+    pub proof: [u8; AUTH_BYTES],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -383,6 +422,26 @@ mod tests {
         }
     }
 
+    /// The byte layout docs/format.md §9 gives: nonces and proofs are 32 raw bytes, no length prefix.
+    #[test]
+    fn auth_bodies_have_the_documented_layout() {
+        let begin = Request::AuthBegin(AuthBeginReq { key_id: "cluster".into(), client_nonce: [7; AUTH_BYTES] });
+        let body = begin.encode_body();
+        assert_eq!(body.len(), 1 + 7 + 32);
+        assert_eq!((body[0], &body[1..8], &body[8..]), (7, &b"cluster"[..], &[7u8; 32][..]));
+        assert_eq!(Request::decode(Op::AuthBegin as u16, &body).unwrap(), begin);
+        let finish = Request::AuthFinish(AuthFinishReq { client_proof: [9; AUTH_BYTES] });
+        assert_eq!(finish.encode_body(), vec![9u8; 32]);
+        let resp = Response::AuthBegin(AuthBeginResp { server_nonce: [1; AUTH_BYTES], server_proof: [2; AUTH_BYTES] });
+        let body = resp.encode_body();
+        assert_eq!((&body[..32], &body[32..]), (&[1u8; 32][..], &[2u8; 32][..]));
+        let bind = Request::SessionBind(SessionBindReq { session: 300, proof: [3; AUTH_BYTES] });
+        let body = bind.encode_body();
+        assert_eq!(&body[..2], &[0xac, 0x02], "the session is a varint");
+        assert_eq!(Request::decode(Op::SessionBind as u16, &body).unwrap(), bind);
+        assert!(Request::decode(Op::AuthFinish as u16, &[9; 31]).is_err(), "a short proof is refused");
+    }
+
     #[test]
     fn decoding_rejects_garbage() {
         assert_eq!(Request::decode(999, &[]), Err(FrameError::UnknownOp(999)));
@@ -396,6 +455,7 @@ mod tests {
     fn op_codes_are_pinned() {
         // Changing a number here breaks every deployed peer: op codes are never renumbered.
         assert_eq!(Op::Null as u16, 1);
+        assert_eq!((Op::AuthBegin as u16, Op::AuthFinish as u16, Op::SessionBind as u16), (4, 5, 6));
         assert_eq!(Op::Lookup as u16, 100);
         assert_eq!(Op::RegisterServer as u16, 116);
         assert_eq!(Op::ReaddirPlus as u16, 117);

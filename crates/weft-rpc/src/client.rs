@@ -4,6 +4,10 @@
 //! Payloads never pass through an intermediate buffer: a call's outgoing data is written from the caller's
 //! [`Bytes`] segments with one vectored write, and incoming data is read from the socket straight into the caller's
 //! [`BytesMut`] segments, which the call takes by value and gives back (on success and on failure).
+//!
+//! With a credential (`ClientConfig::credential`), every connection runs the mutual challenge–response (auth.rs)
+//! before anything else, and a reconnect re-binds the session to the new connection (`SessionBind`) before any
+//! call uses it; a server that cannot prove the key is refused.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,9 +21,10 @@ use tracing::{debug, warn};
 use weft_fabric::{Connection, Fabric, Killer};
 use weft_proto::frame::FLAG_ERROR;
 use weft_proto::msg::RegionsReq;
-use weft_proto::msg::{SessionCreateReq, decode};
+use weft_proto::msg::{AuthBeginReq, AuthFinishReq, SessionBindReq, SessionCreateReq, decode};
 use weft_proto::{Chunk, FrameKind, FrameLimits, Header, Op, Request, Response, WireError};
 
+use crate::auth::{self, Nonces, Secret};
 use crate::config::ClientConfig;
 use crate::error::RpcError;
 use crate::io::{read_head, skip, write_frame};
@@ -46,6 +51,8 @@ struct Conn<F: Fabric> {
     /// Guarded together with `dead` so no call registers on a connection whose reader has already drained it.
     pending: Mutex<(bool, HashMap<u32, Pending>)>,
     dead: AtomicBool,
+    /// The handshake's nonces, once authenticated (session secrets and bind proofs derive from them).
+    nonces: std::sync::OnceLock<Nonces>,
 }
 
 impl<F: Fabric> Conn<F> {
@@ -94,6 +101,8 @@ struct Inner<F: Fabric> {
     /// Serialises session control calls.
     control: tokio::sync::Mutex<()>,
     session: Mutex<u64>,
+    /// The secret of the session it was derived for (with a credential), proving ownership on a reconnect.
+    session_secret: Mutex<Option<(u64, Secret)>>,
     slots: Vec<Mutex<SlotSeq>>,
     free: Mutex<Vec<u32>>,
     credits: Semaphore,
@@ -148,7 +157,7 @@ impl<F: Fabric> RpcClient<F> {
     /// Connects and opens a session.
     pub async fn connect(fabric: F, addr: &str, cfg: ClientConfig) -> Result<Self, RpcError> {
         let conn = open_conn(&fabric, addr, &cfg).await?;
-        let (session, granted) = create_session(&conn, addr, &cfg).await?;
+        let (session, granted, secret) = create_session(&conn, addr, &cfg).await?;
         let cfg_regs = cfg.registrations_max;
         debug!(addr, session = format_args!("{session:#x}"), slots = granted, "session open");
         Ok(RpcClient {
@@ -162,6 +171,7 @@ impl<F: Fabric> RpcClient<F> {
                 conn: tokio::sync::Mutex::new(Some(conn)),
                 control: tokio::sync::Mutex::new(()),
                 session: Mutex::new(session),
+                session_secret: Mutex::new(secret.map(|s| (session, s))),
                 regs: Arc::new(Mutex::new(RegCache::new(cfg_regs))),
                 reg_lock: tokio::sync::Mutex::new(()),
             }),
@@ -456,9 +466,31 @@ impl<F: Fabric> RpcClient<F> {
         }
         if let Ok(conn) = self.conn().await {
             match create_session(&conn, &self.inner.addr, &self.inner.cfg).await {
-                Ok((id, _)) => *self.inner.session.lock().expect("session") = id,
+                Ok((id, _, secret)) => self.set_session(id, secret),
                 Err(e) => warn!(addr = %self.inner.addr, "cannot open a new session: {e}"),
             }
+        }
+    }
+
+    fn set_session(&self, id: u64, secret: Option<Secret>) {
+        *self.inner.session_secret.lock().expect("session secret") = secret.map(|s| (id, s));
+        *self.inner.session.lock().expect("session") = id;
+    }
+
+    /// Binds the current session to a new, authenticated connection, so calls on it are served there. A refusal
+    /// (the server restarted, or forgot the session) is left for the calls to meet: the server then answers them
+    /// `StaleSession` and the retry machine opens a new session, knowing what that means for exactly-once.
+    async fn rebind(&self, conn: &Conn<F>) {
+        let Some(&nonces) = conn.nonces.get() else { return };
+        let session = *self.inner.session.lock().expect("session");
+        let secret = match *self.inner.session_secret.lock().expect("session secret") {
+            Some((id, secret)) if id == session && session != 0 => secret,
+            _ => return,
+        };
+        let proof = auth::bind_proof(&secret, session, &nonces);
+        let req = Request::SessionBind(SessionBindReq { session, proof });
+        if let Err(e) = control(conn, &self.inner.addr, &self.inner.cfg, session, req).await {
+            debug!(addr = %self.inner.addr, session = format_args!("{session:#x}"), "session not re-bound: {e}");
         }
     }
 
@@ -476,6 +508,7 @@ impl<F: Fabric> RpcClient<F> {
                         },
                     )?;
                     debug!(addr = %self.inner.addr, "reconnected");
+                    self.rebind(&c).await;
                     *g = Some(c.clone());
                     c
                 }
@@ -484,10 +517,10 @@ impl<F: Fabric> RpcClient<F> {
         if *self.inner.session.lock().expect("session") == 0 {
             let _g = self.inner.control.lock().await;
             if *self.inner.session.lock().expect("session") == 0 {
-                let (id, _) = create_session(&conn, &self.inner.addr, &self.inner.cfg)
+                let (id, _, secret) = create_session(&conn, &self.inner.addr, &self.inner.cfg)
                     .await
                     .map_err(|e| std::io::Error::other(e.to_string()))?;
-                *self.inner.session.lock().expect("session") = id;
+                self.set_session(id, secret);
             }
         }
         Ok(conn)
@@ -535,15 +568,72 @@ async fn open_conn<F: Fabric>(fabric: &F, addr: &str, cfg: &ClientConfig) -> Res
         killer,
         pending: Mutex::new((false, HashMap::new())),
         dead: AtomicBool::new(false),
+        nonces: std::sync::OnceLock::new(),
     });
     tokio::spawn(reader_loop(conn.clone(), reader, cfg.limits, addr.to_string()));
+    if let Some(credential) = &cfg.credential {
+        match authenticate(&conn, addr, cfg, credential).await {
+            Ok(nonces) => {
+                let _ = conn.nonces.set(nonces);
+            }
+            Err(e) => {
+                conn.kill();
+                return Err(e);
+            }
+        }
+    }
     Ok(conn)
 }
 
-async fn create_session<F: Fabric>(conn: &Conn<F>, addr: &str, cfg: &ClientConfig) -> Result<(u64, u32), RpcError> {
+/// The client's half of the challenge–response (docs/format.md §9): checks the server's proof before giving its
+/// own, so a server without our key learns nothing it could reuse.
+async fn authenticate<F: Fabric>(
+    conn: &Conn<F>,
+    addr: &str,
+    cfg: &ClientConfig,
+    credential: &auth::Credential,
+) -> Result<Nonces, RpcError> {
+    let refused = |reason: String| {
+        warn!(addr, key_id = %credential.key_id, "authentication failed: {reason}");
+        RpcError::Unauthenticated { addr: addr.to_string(), reason }
+    };
+    let client_nonce = auth::random_bytes().map_err(|e| refused(e.to_string()))?;
+    let key_id = credential.key_id.to_string();
+    let begin = Request::AuthBegin(AuthBeginReq { key_id: key_id.clone(), client_nonce });
+    let resp = match control(conn, addr, cfg, 0, begin).await {
+        Ok(Response::AuthBegin(r)) => r,
+        Ok(other) => return Err(refused(format!("unexpected answer to AuthBegin: {other:?}"))),
+        Err(RpcError::Remote(e)) => return Err(refused(format!("the server refused us: {}", e.message))),
+        Err(e) => return Err(e),
+    };
+    let nonces = Nonces { client: client_nonce, server: resp.server_nonce };
+    if !auth::server_proof_matches(&credential.key, &key_id, &nonces, &resp.server_proof) {
+        return Err(refused(format!(
+            "the server could not prove it holds key {key_id:?}: it has another key, or is not a server of this cluster; refusing it"
+        )));
+    }
+    let proof = auth::client_proof(&credential.key, &key_id, &nonces.client, &nonces.server);
+    match control(conn, addr, cfg, 0, Request::AuthFinish(AuthFinishReq { client_proof: proof })).await {
+        Ok(_) => Ok(nonces),
+        Err(RpcError::Remote(e)) => Err(refused(format!("the server refused our proof: {}", e.message))),
+        Err(e) => Err(e),
+    }
+}
+
+async fn create_session<F: Fabric>(
+    conn: &Conn<F>,
+    addr: &str,
+    cfg: &ClientConfig,
+) -> Result<(u64, u32, Option<Secret>), RpcError> {
     let req = Request::SessionCreate(SessionCreateReq { client_name: cfg.client_name.clone(), slots: cfg.slots });
     match control(conn, addr, cfg, 0, req).await? {
-        Response::SessionCreate(r) if r.slots > 0 => Ok((r.session, r.slots)),
+        Response::SessionCreate(r) if r.slots > 0 => {
+            let secret = match (&cfg.credential, conn.nonces.get()) {
+                (Some(c), Some(n)) => Some(auth::session_secret(&c.key, n, r.session)),
+                _ => None,
+            };
+            Ok((r.session, r.slots, secret))
+        }
         other => Err(RpcError::Protocol {
             addr: addr.to_string(),
             source: weft_proto::FrameError::BadBody {

@@ -1,6 +1,10 @@
 //! Tunables of the RPC layer, with the defaults used when a config file does not name them.
 
+use std::sync::Arc;
+
 use weft_proto::FrameLimits;
+
+use crate::auth::{Credential, KeyRing};
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -24,6 +28,9 @@ pub struct ClientConfig {
     /// Registrations cover aligned windows of this size, so neighbouring buffers share one (on a fabric that pins
     /// pages, a registration covers exactly the pages of one call instead).
     pub registration_window_bytes: u64,
+    /// The key this client proves on every connection (docs/format.md §9); `None`: it proves none, and only
+    /// servers with authentication off serve it.
+    pub credential: Option<Credential>,
 }
 
 impl Default for ClientConfig {
@@ -38,6 +45,7 @@ impl Default for ClientConfig {
             send_delay_us: 0,
             registrations_max: 256,
             registration_window_bytes: 2 << 20,
+            credential: None,
         }
     }
 }
@@ -74,6 +82,9 @@ pub struct ServerConfig {
     /// Most connections from one peer IP address (tcp, and rdma's side channel; `shm` peers are not limited per
     /// peer). Further ones are closed at once.
     pub connections_per_peer_max: u32,
+    /// The keys clients must prove before anything but `Null` is served; `None`: authentication is off (every
+    /// connection is trusted, sessions are not bound to connections).
+    pub auth: Option<Arc<KeyRing>>,
 }
 
 impl Default for ServerConfig {
@@ -97,6 +108,7 @@ impl Default for ServerConfig {
             // A quarter of the cap: a node running hundreds of client processes fits, and no single host can take
             // the whole table.
             connections_per_peer_max: 1024,
+            auth: None,
         }
     }
 }

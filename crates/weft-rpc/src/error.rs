@@ -20,6 +20,9 @@ pub enum RpcError {
     /// The connection that held this call's memory registrations ended before the call went out; register again.
     #[error("connection to {addr} changed; its memory registrations are gone")]
     RegionsLost { addr: String },
+    /// The handshake failed: the server refused our key, or could not prove it holds it (see the log line).
+    #[error("authenticating with {addr}: {reason}")]
+    Unauthenticated { addr: String, reason: String },
     #[error("connection to {addr} lost: {reason}")]
     ConnectionLost { addr: String, reason: String },
 }

@@ -14,6 +14,7 @@
 //!   and announced at start: when the class a payload needs is out the server stops reading the socket
 //!   (back-pressure, not growth).
 
+pub mod auth;
 pub mod client;
 pub mod config;
 mod conn;
@@ -26,6 +27,7 @@ mod retry;
 pub mod server;
 mod session;
 
+pub use auth::{AuthMode, Credential, Key, KeyError, KeyRing, Principal};
 pub use client::RpcClient;
 pub use config::{ClientConfig, ServerConfig};
 pub use error::RpcError;

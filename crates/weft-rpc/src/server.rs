@@ -11,10 +11,14 @@
 //! byte, a connection with nothing arriving and no call in flight is closed after `idle_timeout_ms`, and a reply
 //! not sent within `send_timeout_ms` (a peer that stops reading) closes its connection, releasing what the reply
 //! held. Each connection has its own writer, so one stuck peer delays no other connection's replies.
+//!
+//! Admission: with authentication on (`ServerConfig::auth`), a connection is served nothing but `Null` and the
+//! handshake (`AuthBegin`, `AuthFinish`; auth.rs) until it has proved a key; a session is served only on the
+//! connection it is bound to (session.rs).
 
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,19 +27,22 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use weft_fabric::{Connection, Fabric, Killer, Listener, PeerMemory};
 use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
-use weft_proto::msg::{FabricInfoResp, SessionCreateResp, encode_value};
+use weft_proto::msg::{FabricInfoResp, SessionBindReq, SessionCreateResp, encode_value};
 use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, WireError};
 
+use crate::auth::{self, Principal, ServerAuth};
 use crate::config::ServerConfig;
 use crate::conn::{ConnTable, ConnTicket, RateLimitedLog};
 use crate::io::{ReadError, read_head, skip, write_frame};
 use crate::pool::{BufferPool, PoolBuf};
-use crate::session::{Admit, CachedReply, SessionTable};
+use crate::session::{Admit, Binding, CachedReply, SessionTable};
 
 /// Context of one call.
 pub struct CallCtx {
     pub session: u64,
     pub peer: Arc<str>,
+    /// Who the connection proved to be (`Anonymous` with authentication off).
+    pub principal: Principal,
     /// The server's payload buffers, for replies that carry data.
     pub pool: BufferPool,
     /// The client's registered memory, on a one-sided fabric: where chunk lists point.
@@ -103,7 +110,15 @@ struct ConnOut<F: Fabric> {
     calls_in_flight: AtomicUsize,
     send_timeout: Duration,
     deadlines_log: Arc<RateLimitedLog>,
+    /// Unique in this process: sessions are bound to it.
+    id: u64,
+    /// Set once the connection is authenticated (at once with authentication off).
+    principal: OnceLock<Principal>,
+    /// The handshake so far; only the read loop touches it.
+    auth: Mutex<ServerAuth>,
 }
+
+static CONN_IDS: AtomicU64 = AtomicU64::new(1);
 
 impl<F: Fabric, S: Service> RpcServer<F, S> {
     pub fn new(cfg: ServerConfig, service: Arc<S>) -> Arc<Self> {
@@ -178,7 +193,13 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 calls_in_flight: AtomicUsize::new(0),
                 send_timeout: Duration::from_millis(self.cfg.send_timeout_ms),
                 deadlines_log: self.deadlines_log.clone(),
+                id: CONN_IDS.fetch_add(1, Ordering::Relaxed),
+                principal: OnceLock::new(),
+                auth: Mutex::new(ServerAuth::Fresh),
             });
+            if self.cfg.auth.is_none() {
+                let _ = out.principal.set(Principal::Anonymous);
+            }
             let me = self.clone();
             tokio::spawn(async move { me.serve_conn(out, reader, admitted.ticket).await });
         }
@@ -302,6 +323,9 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             }
             self.dispatch(&out, h, req, data).await;
         }
+        if let Some(key_id) = out.auth.lock().expect("handshake").pending_key_id() {
+            warn!(%peer, key_id, "peer left during authentication without proving the key: it holds another key (see its log)");
+        }
         // Leave the table before the (possibly slow) revoke, so a new connection can take the place.
         drop(ticket);
         // Calls still running must not write into memory the client may reuse once it saw the connection die.
@@ -320,15 +344,36 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     }
 
     async fn dispatch(self: &Arc<Self>, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>) {
+        let open = matches!(req, Request::Null(()) | Request::AuthBegin(_) | Request::AuthFinish(_));
+        if !open && out.principal.get().is_none() {
+            warn!(peer = %out.peer, op = ?req.op(), "refusing a request on a connection that has not authenticated (does the peer have our key_file?)");
+            let err = WireError::new(
+                ErrorCode::Unauthenticated,
+                "this server requires authentication (AuthBegin/AuthFinish with a key) before any other request",
+            );
+            send_reply(out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await;
+            return;
+        }
         let result = match &req {
             Request::Null(()) => Ok(Response::Null(())),
-            Request::SessionCreate(c) => self.sessions.create(&c.client_name, c.slots).map(|(session, slots)| {
-                info!(peer = %out.peer, client = %c.client_name, session = format_args!("{session:#x}"), slots, "session created");
-                Response::SessionCreate(SessionCreateResp { session, slots })
-            }),
+            Request::AuthBegin(_) | Request::AuthFinish(_) | Request::SessionBind(_) => {
+                self.authenticate(out, &req).inspect(|_| {
+                    if let Some(p) = out.principal.get().filter(|_| matches!(req, Request::AuthFinish(_))) {
+                        debug!(peer = %out.peer, principal = p.name(), "connection authenticated");
+                    }
+                })
+            }
+            Request::SessionCreate(c) => {
+                let binding = |id| self.binding(out, id);
+                self.sessions.create(&c.client_name, c.slots, binding).map(|(session, slots)| {
+                    info!(peer = %out.peer, client = %c.client_name, session = format_args!("{session:#x}"), slots, "session created");
+                    Response::SessionCreate(SessionCreateResp { session, slots })
+                })
+            }
             Request::SessionDestroy(()) => {
-                self.sessions.destroy(h.session);
-                Ok(Response::SessionDestroy(()))
+                self.sessions.destroy(h.session, out.id).map(Response::SessionDestroy).inspect_err(|e| {
+                    warn!(peer = %out.peer, "refusing to destroy a session: {}", e.message);
+                })
             }
             // Registration belongs to the connection (its memory), so it is answered here, outside the slots.
             Request::Regions(r) => match &out.memory {
@@ -347,7 +392,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             _ => {
                 let me = self.clone();
                 let out = out.clone();
-                match self.sessions.admit(h.session, h.slot, h.seq) {
+                match self.sessions.admit(h.session, out.id, h.slot, h.seq) {
                     Admit::Execute => {
                         tokio::spawn(async move { me.execute(&out, h, req, data, true).await });
                     }
@@ -376,6 +421,63 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         send_reply(out, &h, flags, Bytes::from(body), None).await;
     }
 
+    /// The handshake ops and `SessionBind`, answered on the read loop (they belong to the connection).
+    fn authenticate(&self, out: &ConnOut<F>, req: &Request) -> Result<Response, WireError> {
+        let Some(ring) = &self.cfg.auth else {
+            return match req {
+                // Authentication off: sessions are not bound, so there is nothing to re-bind.
+                Request::SessionBind(_) => Ok(Response::SessionBind(())),
+                _ => {
+                    warn!(peer = %out.peer, "peer wants to authenticate, but authentication is off here (auth = \"none\")");
+                    Err(WireError::new(
+                        ErrorCode::Unauthenticated,
+                        "authentication is off on this server (auth = \"none\")",
+                    ))
+                }
+            };
+        };
+        let mut state = out.auth.lock().expect("handshake");
+        let result = match req {
+            Request::AuthBegin(b) => state.begin(ring, b).map(Response::AuthBegin),
+            Request::AuthFinish(f) => state.finish(f).map(|a| {
+                let _ = out.principal.set(a.principal.clone());
+                Response::AuthFinish(())
+            }),
+            Request::SessionBind(SessionBindReq { session, proof }) => match &*state {
+                ServerAuth::Done(a) => {
+                    let key_id = a.principal.name();
+                    let nonces = a.nonces;
+                    self.sessions
+                        .bind(*session, out.id, key_id, |secret| auth::bind_proof_matches(secret, *session, &nonces, proof))
+                        .map(|()| {
+                            debug!(peer = %out.peer, session = format_args!("{session:#x}"), "session bound to a new connection");
+                            Response::SessionBind(())
+                        })
+                }
+                _ => Err(WireError::new(ErrorCode::Unauthenticated, "SessionBind before authenticating")),
+            },
+            _ => unreachable!("only handshake ops come here"),
+        };
+        if let Err(e) = &result {
+            warn!(peer = %out.peer, op = ?req.op(), "refusing: {}", e.message);
+        }
+        result
+    }
+
+    /// The binding of a session created on `out` (none with authentication off).
+    fn binding(&self, out: &ConnOut<F>, session: u64) -> Option<Binding> {
+        self.cfg.auth.as_ref()?;
+        match &*out.auth.lock().expect("handshake") {
+            ServerAuth::Done(a) => Some(Binding {
+                conn: out.id,
+                key_id: a.principal.name().into(),
+                secret: auth::session_secret(&a.key, &a.nonces, session),
+            }),
+            // Unreachable: admission let SessionCreate through, so the connection is authenticated.
+            _ => None,
+        }
+    }
+
     /// A retransmission arrived while the original ran: wait for it, then answer as the slot now says.
     async fn await_original(
         self: Arc<Self>,
@@ -386,7 +488,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         mut rx: tokio::sync::watch::Receiver<bool>,
     ) {
         let _ = rx.wait_for(|done| *done).await;
-        match self.sessions.admit(h.session, h.slot, h.seq) {
+        match self.sessions.admit(h.session, out.id, h.slot, h.seq) {
             Admit::Replay(c) => send_reply(out, &h, c.flags | FLAG_CACHED, c.body, None).await,
             Admit::Reexecute => self.execute(out, h, req, data, false).await,
             Admit::Reject(err) => send_reply(out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await,
@@ -397,8 +499,13 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
 
     async fn execute(&self, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>, track: bool) {
         let op = req.op();
-        let ctx =
-            CallCtx { session: h.session, peer: out.peer.clone(), pool: self.pool.clone(), memory: out.memory.clone() };
+        let ctx = CallCtx {
+            session: h.session,
+            peer: out.peer.clone(),
+            principal: out.principal.get().cloned().unwrap_or(Principal::Anonymous),
+            pool: self.pool.clone(),
+            memory: out.memory.clone(),
+        };
         let (flags, body, payload) = match self.service.call(&ctx, req, data).await {
             Ok(reply) => (0, Bytes::from(reply.resp.encode_body()), reply.data),
             Err(err) => {

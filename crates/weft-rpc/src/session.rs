@@ -3,6 +3,11 @@
 //! Invariant: for each slot, a request with sequence `last + 1` is executed at most once; a request with sequence
 //! `last` is a retransmission and is answered from the cache (or, for an idempotent op, executed again); any other
 //! sequence is refused with `SeqMisordered`.
+//!
+//! Session ids are random 64-bit numbers (never 0), so they cannot be guessed and a restarted server never meets
+//! an id from its previous life. With authentication on, a session is bound to one connection ([`Binding`]):
+//! requests naming it on any other connection are refused with `StaleSession` until that connection re-binds it
+//! with a proof from the session secret ([`SessionTable::bind`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -31,9 +36,19 @@ struct Slot {
     state: SlotState,
 }
 
+/// Who owns a session, with authentication on: the connection it is bound to, the principal that created it,
+/// and the session secret that proves ownership when a new connection re-binds it.
+pub struct Binding {
+    pub conn: u64,
+    pub key_id: std::sync::Arc<str>,
+    pub secret: crate::auth::Secret,
+}
+
 struct Session {
     /// For logs of evictions.
     client_name: String,
+    /// `None` with authentication off: any connection may use the session.
+    owner: Option<Binding>,
     slots: Vec<Slot>,
     last_used: Instant,
 }
@@ -57,24 +72,25 @@ pub struct SessionTable {
 
 struct Tables {
     sessions: HashMap<u64, Session>,
-    next_id: u64,
+}
+
+fn not_bound(id: u64) -> WireError {
+    WireError::new(ErrorCode::StaleSession, format!("session {id:#x} is not bound to this connection"))
 }
 
 impl SessionTable {
     pub fn new(slots_max: u32, sessions_max: u32, idle_ms: u64) -> SessionTable {
-        // Ids start from the boot time so a restarted server never accepts a session id from its previous life.
-        let boot_s =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        SessionTable {
-            inner: Mutex::new(Tables { sessions: HashMap::new(), next_id: (boot_s << 24) | 1 }),
-            slots_max,
-            sessions_max,
-            idle_ms,
-        }
+        SessionTable { inner: Mutex::new(Tables { sessions: HashMap::new() }), slots_max, sessions_max, idle_ms }
     }
 
-    /// Creates a session; returns its id and the slots granted.
-    pub fn create(&self, client_name: &str, slots: u32) -> Result<(u64, u32), WireError> {
+    /// Creates a session; returns its id and the slots granted. `owner` makes the binding from the new id (`None`:
+    /// authentication is off).
+    pub fn create(
+        &self,
+        client_name: &str,
+        slots: u32,
+        owner: impl FnOnce(u64) -> Option<Binding>,
+    ) -> Result<(u64, u32), WireError> {
         let slots = slots.clamp(1, self.slots_max);
         let mut t = self.inner.lock().expect("session table");
         if t.sessions.len() >= self.sessions_max as usize {
@@ -95,23 +111,72 @@ impl SessionTable {
                 ));
             }
         }
-        let id = t.next_id;
-        t.next_id += 1;
+        let mut id = crate::auth::random_id();
+        while t.sessions.contains_key(&id) {
+            id = crate::auth::random_id();
+        }
         let slots_v = (0..slots).map(|_| Slot { seq: 0, state: SlotState::Fresh }).collect();
-        t.sessions
-            .insert(id, Session { client_name: client_name.to_string(), slots: slots_v, last_used: Instant::now() });
+        let session = Session {
+            client_name: client_name.to_string(),
+            owner: owner(id),
+            slots: slots_v,
+            last_used: Instant::now(),
+        };
+        t.sessions.insert(id, session);
         Ok((id, slots))
     }
 
-    pub fn destroy(&self, id: u64) {
-        self.inner.lock().expect("session table").sessions.remove(&id);
+    /// Ends session `id`, if connection `conn` may (it is bound there, or authentication is off).
+    pub fn destroy(&self, id: u64, conn: u64) -> Result<(), WireError> {
+        let mut t = self.inner.lock().expect("session table");
+        match t.sessions.get(&id) {
+            Some(s) if s.owner.as_ref().is_some_and(|o| o.conn != conn) => Err(not_bound(id)),
+            _ => {
+                t.sessions.remove(&id);
+                Ok(())
+            }
+        }
     }
 
-    pub fn admit(&self, id: u64, slot: u32, seq: u32) -> Admit {
+    /// Binds session `id` to connection `conn`, authenticated as `key_id`, if `proof_ok` accepts the proof made
+    /// with the session's secret. Afterwards only `conn` may use it.
+    pub fn bind(
+        &self,
+        id: u64,
+        conn: u64,
+        key_id: &str,
+        proof_ok: impl FnOnce(&crate::auth::Secret) -> bool,
+    ) -> Result<(), WireError> {
+        let mut t = self.inner.lock().expect("session table");
+        let Some(s) = t.sessions.get_mut(&id) else {
+            return Err(WireError::new(ErrorCode::StaleSession, format!("unknown session {id:#x}")));
+        };
+        let Some(owner) = s.owner.as_mut() else {
+            return Ok(()); // authentication off: nothing to bind
+        };
+        if &*owner.key_id != key_id {
+            return Err(WireError::new(
+                ErrorCode::StaleSession,
+                format!("session {id:#x} belongs to another principal than {key_id:?}"),
+            ));
+        }
+        if !proof_ok(&owner.secret) {
+            return Err(WireError::new(ErrorCode::StaleSession, format!("wrong proof for session {id:#x}")));
+        }
+        owner.conn = conn;
+        s.last_used = Instant::now();
+        Ok(())
+    }
+
+    /// Admits a request of connection `conn` on (session, slot, seq).
+    pub fn admit(&self, id: u64, conn: u64, slot: u32, seq: u32) -> Admit {
         let mut t = self.inner.lock().expect("session table");
         let Some(s) = t.sessions.get_mut(&id) else {
             return Admit::Reject(WireError::new(ErrorCode::StaleSession, format!("unknown session {id:#x}")));
         };
+        if s.owner.as_ref().is_some_and(|o| o.conn != conn) {
+            return Admit::Reject(not_bound(id));
+        }
         s.last_used = Instant::now();
         let nslots = s.slots.len();
         let Some(sl) = s.slots.get_mut(slot as usize) else {
@@ -172,36 +237,69 @@ mod tests {
     #[test]
     fn sequence_rules() {
         let t = SessionTable::new(4, 8, 1000);
-        let (id, n) = t.create("c", 100).unwrap();
+        let (id, n) = t.create("c", 100, |_| None).unwrap();
         assert_eq!(n, 4);
-        assert!(matches!(t.admit(id, 0, 1), Admit::Execute));
+        assert!(matches!(t.admit(id, 1, 0, 1), Admit::Execute));
         // Retransmission while running waits.
-        assert!(matches!(t.admit(id, 0, 1), Admit::Wait(_)));
+        assert!(matches!(t.admit(id, 1, 0, 1), Admit::Wait(_)));
         // The next sequence while running is a client bug.
-        assert!(matches!(t.admit(id, 0, 2), Admit::Reject(_)));
+        assert!(matches!(t.admit(id, 1, 0, 2), Admit::Reject(_)));
         t.complete(id, 0, 1, Some(CachedReply { flags: 0, body: Bytes::from_static(b"r") }));
-        match t.admit(id, 0, 1) {
+        match t.admit(id, 1, 0, 1) {
             Admit::Replay(c) => assert_eq!(&c.body[..], b"r"),
             _ => panic!("expected replay"),
         }
-        assert!(matches!(t.admit(id, 0, 5), Admit::Reject(WireError { code: ErrorCode::SeqMisordered, .. })));
-        assert!(matches!(t.admit(id, 0, 2), Admit::Execute));
+        assert!(matches!(t.admit(id, 1, 0, 5), Admit::Reject(WireError { code: ErrorCode::SeqMisordered, .. })));
+        assert!(matches!(t.admit(id, 1, 0, 2), Admit::Execute));
         t.complete(id, 0, 2, None);
-        assert!(matches!(t.admit(id, 0, 2), Admit::Reexecute));
-        assert!(matches!(t.admit(id, 9, 1), Admit::Reject(WireError { code: ErrorCode::BadRequest, .. })));
-        assert!(matches!(t.admit(id + 1, 0, 1), Admit::Reject(WireError { code: ErrorCode::StaleSession, .. })));
+        assert!(matches!(t.admit(id, 1, 0, 2), Admit::Reexecute));
+        assert!(matches!(t.admit(id, 1, 9, 1), Admit::Reject(WireError { code: ErrorCode::BadRequest, .. })));
+        assert!(matches!(t.admit(id ^ 1, 1, 0, 1), Admit::Reject(WireError { code: ErrorCode::StaleSession, .. })));
     }
 
     #[test]
     fn table_is_bounded() {
         let t = SessionTable::new(1, 2, 3_600_000);
-        t.create("a", 1).unwrap();
-        t.create("b", 1).unwrap();
-        assert_eq!(t.create("c", 1).unwrap_err().code, ErrorCode::Busy);
+        t.create("a", 1, |_| None).unwrap();
+        t.create("b", 1, |_| None).unwrap();
+        assert_eq!(t.create("c", 1, |_| None).unwrap_err().code, ErrorCode::Busy);
         let t = SessionTable::new(1, 1, 0);
-        t.create("a", 1).unwrap();
+        t.create("a", 1, |_| None).unwrap();
         // With a zero idle limit the idle session is evicted to make room.
-        assert!(t.create("b", 1).is_ok());
+        assert!(t.create("b", 1, |_| None).is_ok());
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn a_bound_session_serves_only_its_connection_until_rebound_with_the_proof() {
+        let t = SessionTable::new(2, 8, 1000);
+        let secret = [7u8; 32];
+        let (id, _) = t.create("c", 2, |_| Some(Binding { conn: 10, key_id: "cluster".into(), secret })).unwrap();
+        assert!(matches!(t.admit(id, 10, 0, 1), Admit::Execute));
+        t.complete(id, 0, 1, None);
+        // Another connection can neither use nor destroy it.
+        assert!(matches!(t.admit(id, 11, 0, 2), Admit::Reject(WireError { code: ErrorCode::StaleSession, .. })));
+        assert_eq!(t.destroy(id, 11).unwrap_err().code, ErrorCode::StaleSession);
+        // Nor bind it without the proof, or as another principal.
+        assert_eq!(t.bind(id, 11, "cluster", |_| false).unwrap_err().code, ErrorCode::StaleSession);
+        assert_eq!(t.bind(id, 11, "alice", |_| true).unwrap_err().code, ErrorCode::StaleSession);
+        assert_eq!(t.bind(id ^ 1, 11, "cluster", |_| true).unwrap_err().code, ErrorCode::StaleSession);
+        // With it, the session moves, slots and all: the old connection is now the stranger.
+        t.bind(id, 11, "cluster", |s| *s == secret).unwrap();
+        assert!(matches!(t.admit(id, 11, 0, 1), Admit::Reexecute), "the slot's state survives the bind");
+        assert!(matches!(t.admit(id, 10, 0, 2), Admit::Reject(_)));
+        t.destroy(id, 11).unwrap();
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn session_ids_are_random_and_never_zero() {
+        let t = SessionTable::new(1, 64, 1000);
+        let ids: std::collections::HashSet<u64> = (0..64).map(|_| t.create("c", 1, |_| None).unwrap().0).collect();
+        assert_eq!(ids.len(), 64);
+        assert!(!ids.contains(&0));
+        // Two tables made in the same second (a fast restart) share no ids.
+        let u = SessionTable::new(1, 64, 1000);
+        assert!((0..64).all(|_| !ids.contains(&u.create("c", 1, |_| None).unwrap().0)));
     }
 }

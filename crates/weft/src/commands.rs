@@ -24,14 +24,16 @@ async fn connect(spec: &str) -> Result<Client> {
     Client::connect(&cfg).await.with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
 }
 
-pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>) -> Result<()> {
+pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, auth: weft_rpc::AuthMode) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
     }
     std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
     let exe = std::env::current_exe().context("finding the weft binary")?;
-    let mut cluster = LocalCluster::start(LaunchOptions::new(exe, &data_dir, servers)).await?;
+    let mut opts = LaunchOptions::new(exe, &data_dir, servers);
+    opts.auth = auth;
+    let mut cluster = LocalCluster::start(opts).await?;
     let cfg = cluster.cluster_file();
     println!(
         "Weft cluster up: metadata service {}, {} data servers ({})",

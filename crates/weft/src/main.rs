@@ -112,6 +112,15 @@ enum Cmd {
         /// Also mount the cluster here (FUSE); unmounted before the cluster stops.
         #[arg(long, value_name = "DIR")]
         mount: Option<PathBuf>,
+        /// `key` (default): every role proves the cluster key DATA_DIR/cluster.key (created 0600 unless present);
+        /// `none`: no authentication at all, for loopback experiments (every role warns).
+        #[arg(long, value_name = "key|none", default_value = "key")]
+        auth: AuthArg,
+    },
+    /// Keys: `weft key new FILE` makes a cluster key file (mode 0600) for a multi-machine cluster.
+    Key {
+        #[command(subcommand)]
+        cmd: KeyCmd,
     },
     /// Mount a cluster as a POSIX file system (FUSE) and serve it until Ctrl-C, SIGTERM or `umount DIR`.
     Mount {
@@ -132,6 +141,8 @@ enum Cmd {
     /// Run the metadata service from a TOML config file.
     #[command(after_help = "Config keys (TOML):\n  \
         listen = \"0.0.0.0:7000\"          address to listen on (port 0: any free port)\n  \
+        key_file = \"/etc/weft/cluster.key\" the cluster key (`weft key new`); every peer must prove it\n  \
+        auth = \"key\"                     key | none (no authentication; loopback experiments only)\n  \
         data_dir = \"/var/lib/weft/meta\"   where the embedded store (meta.redb) lives\n  \
         liveness_ms = 5000               a data server silent this long is shown down\n  \
         slots_max = 64                   most slots (requests in flight) granted per client session\n  \
@@ -154,6 +165,8 @@ enum Cmd {
         advertise = \"10.0.0.11:7100\"     address clients use (default: the listening one)\n  \
         root = \"/srv/weft/data\"          directory holding the objects\n  \
         mds = \"10.0.0.1:7000\"            the metadata service to register with\n  \
+        key_file = \"/etc/weft/cluster.key\" the cluster key (`weft key new`); every peer must prove it\n  \
+        auth = \"key\"                     key | none (no authentication; loopback experiments only)\n  \
         heartbeat_ms = 1000              registration/heartbeat period\n  \
         transfer_unit_bytes = 2097152    largest payload of one request\n  \
         pool_buffers = 32                buffers of transfer_unit_bytes in the pool (its largest class)\n  \
@@ -282,6 +295,29 @@ enum Cmd {
     Bench(weft_bench::BenchArgs),
 }
 
+#[derive(Subcommand)]
+enum KeyCmd {
+    /// Create a key file holding a new random 256-bit key, mode 0600 (never overwrites). Copy it to every machine
+    /// of the cluster and name it as `key_file` in every config.
+    New { file: PathBuf },
+}
+
+/// `--auth key|none`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum AuthArg {
+    Key,
+    None,
+}
+
+impl From<AuthArg> for weft_rpc::AuthMode {
+    fn from(a: AuthArg) -> Self {
+        match a {
+            AuthArg::Key => weft_rpc::AuthMode::Key,
+            AuthArg::None => weft_rpc::AuthMode::None,
+        }
+    }
+}
+
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
@@ -301,7 +337,12 @@ fn main() -> Result<()> {
 async fn run(cmd: Cmd) -> Result<()> {
     use commands as c;
     match cmd {
-        Cmd::Up { data_dir, servers, mount } => c::up(data_dir, servers, mount).await,
+        Cmd::Up { data_dir, servers, mount, auth } => c::up(data_dir, servers, mount, auth.into()).await,
+        Cmd::Key { cmd: KeyCmd::New { file } } => {
+            weft_rpc::Key::create_file(&file)?;
+            println!("wrote a new cluster key to {} (mode 0600); name it as key_file in every config", file.display());
+            Ok(())
+        }
         Cmd::Mount { c, dir, opts, daemon, log } => {
             if daemon {
                 c::mount_daemon(c.spec(), &dir, &opts, log).await

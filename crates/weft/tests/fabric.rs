@@ -10,16 +10,15 @@ use weft_client::{Client, ClientTuning, ClusterConfig, FabricChoice};
 use weft_fabric::{ShmConfig, ShmFabric, TcpFabric};
 use weft_proto::msg::{FabricStat, ReadChunksReq, RegionsReq, WriteChunksReq};
 use weft_proto::{Chunk, ErrorCode, Region, Request, Response};
-use weft_rpc::{ClientConfig, RpcClient};
+use weft_rpc::RpcClient;
 
 async fn client_over(c: &common::TestCluster, fabric: FabricChoice) -> Client {
-    let cfg =
-        ClusterConfig { mds: c.mds_addr().to_string(), client: ClientTuning { fabric, ..ClientTuning::default() } };
+    let cfg = ClusterConfig { client: ClientTuning { fabric, ..ClientTuning::default() }, ..c.cluster_config() };
     Client::connect(&cfg).await.unwrap()
 }
 
-async fn fabric_stat(tcp_addr: &str) -> FabricStat {
-    let rpc = RpcClient::connect(TcpFabric::default(), tcp_addr, ClientConfig::default()).await.unwrap();
+async fn fabric_stat(c: &common::TestCluster, tcp_addr: &str) -> FabricStat {
+    let rpc = RpcClient::connect(TcpFabric::default(), tcp_addr, c.rpc_config()).await.unwrap();
     let r = rpc.call_control(Request::FabricStat(())).await.unwrap();
     rpc.close().await;
     match r {
@@ -29,10 +28,15 @@ async fn fabric_stat(tcp_addr: &str) -> FabricStat {
 }
 
 /// Polls the data server's counters until `ok` holds; bounded, so a leak fails the test instead of hanging it.
-async fn wait_for_stat(tcp_addr: &str, what: &str, ok: impl Fn(&FabricStat) -> bool) -> FabricStat {
+async fn wait_for_stat(
+    c: &common::TestCluster,
+    tcp_addr: &str,
+    what: &str,
+    ok: impl Fn(&FabricStat) -> bool,
+) -> FabricStat {
     let mut last = FabricStat::default();
     for _ in 0..500 {
-        last = fabric_stat(tcp_addr).await;
+        last = fabric_stat(c, tcp_addr).await;
         if ok(&last) {
             return last;
         }
@@ -77,15 +81,15 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
     f.close().await.unwrap();
     let ino = honest.open("/victim").await.unwrap().ino();
 
-    let probe = RpcClient::connect(TcpFabric::default(), &tcp_addr, ClientConfig::default()).await.unwrap();
+    let probe = RpcClient::connect(TcpFabric::default(), &tcp_addr, c.rpc_config()).await.unwrap();
     let shm_addr = match probe.call_control(Request::FabricInfo(())).await.unwrap() {
         Response::FabricInfo(i) => i.shm_addr.expect("the data server listens on shm"),
         other => panic!("unexpected {other:?}"),
     };
     let arena_bytes = 64 << 10;
     let fabric = ShmFabric::new(ShmConfig { arena_buffers: 1, buffer_bytes: arena_bytes });
-    let rogue = RpcClient::connect(fabric, &shm_addr, ClientConfig::default()).await.unwrap();
-    let refused_before = fabric_stat(&tcp_addr).await.chunks_refused;
+    let rogue = RpcClient::connect(fabric, &shm_addr, c.rpc_config()).await.unwrap();
+    let refused_before = fabric_stat(&c, &tcp_addr).await.chunks_refused;
 
     let mine = vec![0u8; 8192];
     let region = Region { id: 5, addr: mine.as_ptr() as u64, len: 8192, rkey: 0 };
@@ -131,7 +135,7 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
         assert!(w.message.contains("chunk list refused"), "{what}: {w}");
     }
     assert!(mine.iter().all(|&b| b == 0), "nothing was written into the rogue's memory");
-    let stat = fabric_stat(&tcp_addr).await;
+    let stat = fabric_stat(&c, &tcp_addr).await;
     assert!(stat.chunks_refused >= refused_before + 4, "{stat:?}");
     assert!(c.log("data0").contains("refusing a chunk list"), "the refusal is logged");
 
@@ -156,7 +160,7 @@ async fn a_killed_clients_arena_is_released() {
     let f = writer.create_path("/big", 0o644, false, true).await.unwrap();
     f.write_at(0, Bytes::from(pattern(3, 0, 4 << 20))).await.unwrap();
     f.close().await.unwrap();
-    let base = fabric_stat(&tcp_addr).await;
+    let base = fabric_stat(&c, &tcp_addr).await;
     assert_eq!(base.arenas, 0, "{base:?}");
 
     // `weft cat` reads the file over shm, then blocks writing to a pipe nobody reads: alive, connection open.
@@ -170,14 +174,15 @@ async fn a_killed_clients_arena_is_released() {
         .unwrap();
     // The arena is mapped at connect, the caller's buffer registered by the first large read after it: wait for
     // both (asserting the second right after seeing the first raced with the client).
-    let held = wait_for_stat(&tcp_addr, "the client's arena is mapped and its 4 MiB read's buffer registered", |s| {
-        s.arenas == 1 && s.regions >= 1
-    })
-    .await;
+    let held =
+        wait_for_stat(&c, &tcp_addr, "the client's arena is mapped and its 4 MiB read's buffer registered", |s| {
+            s.arenas == 1 && s.regions >= 1
+        })
+        .await;
     assert_eq!(held.arenas, 1, "{held:?}");
     child.start_kill().unwrap();
     child.wait().await.unwrap();
-    let after = wait_for_stat(&tcp_addr, "the killed client's arena is released", |s| s.arenas == 0).await;
+    let after = wait_for_stat(&c, &tcp_addr, "the killed client's arena is released", |s| s.arenas == 0).await;
     assert_eq!(after.regions, 0, "its registrations went with it: {after:?}");
 
     // The server still serves others.
@@ -297,13 +302,13 @@ async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm()
     f.close().await.unwrap();
     let ino = honest.open("/pieces").await.unwrap().ino();
 
-    let probe = RpcClient::connect(TcpFabric::default(), &tcp_addr, ClientConfig::default()).await.unwrap();
+    let probe = RpcClient::connect(TcpFabric::default(), &tcp_addr, c.rpc_config()).await.unwrap();
     let shm_addr = match probe.call_control(Request::FabricInfo(())).await.unwrap() {
         Response::FabricInfo(i) => i.shm_addr.expect("the data server listens on shm"),
         other => panic!("unexpected {other:?}"),
     };
     let fabric = ShmFabric::new(ShmConfig { arena_buffers: 1, buffer_bytes: 64 << 10 });
-    let raw = RpcClient::connect(fabric, &shm_addr, ClientConfig::default()).await.unwrap();
+    let raw = RpcClient::connect(fabric, &shm_addr, c.rpc_config()).await.unwrap();
 
     // 1 MiB + 777 bytes at an odd object offset: two pieces (1 MiB by default; edges at multiples of it in the
     // object), both short, and chunks of odd sizes, one straddling the edge.

@@ -11,7 +11,7 @@ use weft_fabric::TcpFabric;
 use weft_proto::frame::FLAG_ERROR;
 use weft_proto::msg::{ReadReq, TruncateReq, WriteReq, decode};
 use weft_proto::{ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, WireError};
-use weft_rpc::{ClientConfig, RpcClient};
+use weft_rpc::RpcClient;
 
 fn frame(op: u16, body: &[u8], data_len: u32) -> Vec<u8> {
     let h = Header {
@@ -91,7 +91,7 @@ fn code<T>(r: Result<T, weft_rpc::RpcError>) -> Option<ErrorCode> {
 #[tokio::test]
 async fn out_of_range_offsets_and_lengths_are_refused() {
     let cl = start("hostile-ranges", 1).await;
-    let ds = RpcClient::connect(TcpFabric::default(), &cl.data_addrs()[0], ClientConfig::default()).await.unwrap();
+    let ds = RpcClient::connect(TcpFabric::default(), &cl.data_addrs()[0], cl.rpc_config()).await.unwrap();
 
     // A read larger than a transfer unit.
     let r = ds

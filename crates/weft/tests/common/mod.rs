@@ -62,8 +62,8 @@ impl TestCluster {
     /// A client that gives up quickly (for tests that stop servers on purpose).
     pub async fn impatient_client(&self) -> Client {
         let cfg = ClusterConfig {
-            mds: self.mds_addr().to_string(),
             client: ClientTuning { attempts_max: 1, call_timeout_ms: 5_000, ..ClientTuning::default() },
+            ..self.cluster_config()
         };
         Client::connect(&cfg).await.unwrap()
     }
