@@ -425,6 +425,7 @@ impl Client {
     }
 
     pub(crate) async fn truncate_objects(&self, ino: u64, layout: &Layout, size: u64) -> Result<(), ClientError> {
+        check_file_layout(ino, layout)?;
         let reqs = (0..layout.stripe_count)
             .map(|i| Request::Truncate(TruncateReq { ino, size: layout.object_size(size, i) }))
             .collect();
@@ -436,6 +437,7 @@ impl Client {
         if self.tuning().short_circuit_network {
             return Ok(());
         }
+        check_file_layout(ino, layout)?;
         let reqs = (0..layout.stripe_count).map(|_| Request::Fsync(weft_proto::msg::InoReq { ino })).collect();
         self.on_every_object(layout, reqs).await
     }
@@ -495,6 +497,11 @@ async fn fabric_offer(tcp: &Rpc) -> FabricOffer {
     }
 }
 
+/// A file's layout comes from the MDS: a malformed one is a protocol error, never a panic here.
+fn check_file_layout(ino: u64, layout: &Layout) -> Result<(), ClientError> {
+    layout.validate(false).map_err(|e| ClientError::Protocol(format!("file inode {ino}: {e}")))
+}
+
 fn attr_layout(r: &Response) -> Option<(u64, &Layout)> {
     let a = match r {
         Response::Lookup(a)
@@ -542,4 +549,20 @@ mod ids {
 /// Whether an error is the server's "not found".
 pub fn is_not_found(e: &ClientError) -> bool {
     e.code() == Some(ErrorCode::NotFound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_layout_from_the_mds_is_an_error_not_a_panic() {
+        let bad = Layout { stripe_unit: 4096, stripe_count: 3, servers: vec![1] };
+        match check_file_layout(7, &bad) {
+            Err(ClientError::Protocol(m)) => assert!(m.contains("inode 7"), "{m}"),
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+        let good = Layout { stripe_unit: 4096, stripe_count: 1, servers: vec![1] };
+        assert!(check_file_layout(7, &good).is_ok());
+    }
 }
