@@ -27,19 +27,26 @@ wait_for() {
 start() {
 	role="$1"; name="$2"
 	weft "$role" --config "$w/$name.toml" >"$w/$name.out" 2>"$w/$name.log" &
-	wait_for "$name never became ready" grep -q "^WEFT-READY " "$w/$name.out"
+	wait_for "$name never became ready (its log: $(tail -n 20 "$w/$name.log" 2>/dev/null))" \
+		grep -q "^WEFT-READY " "$w/$name.out"
 	sed -n 's/^WEFT-READY //p' "$w/$name.out"
 }
 
 # The guest is a machine of its own: a fixed port for the metadata service's rdma side channel is free.
 mds_rdma="rdma:127.0.0.1:7001"
+# Every role proves the cluster key on every connection, over rdma too.
+weft key new $w/cluster.key
 cat >$w/meta.toml <<CFG
 listen = "127.0.0.1:0"
 rdma_listen = "$mds_rdma"
 data_dir = "$w/meta"
+key_file = "$w/cluster.key"
 CFG
 mds="$(start meta meta)"
 echo "cluster.sh: metadata service at $mds and $mds_rdma"
+# The client's configs: the MDS over tcp (status) and over rdma (everything else).
+printf 'mds = "%s"\nkey_file = "%s"\n' "$mds" "$w/cluster.key" >$w/tcp.toml
+printf 'mds = "%s"\nkey_file = "%s"\n' "$mds_rdma" "$w/cluster.key" >$w/rdma.toml
 for n in 1 2; do
 	cat >$w/d$n.toml <<CFG
 id = $n
@@ -47,22 +54,23 @@ listen = "127.0.0.1:0"
 root = "$w/d$n"
 mds = "$mds"
 shm = false
+key_file = "$w/cluster.key"
 CFG
 	echo "cluster.sh: data server $n at $(start data d$n)"
 done
 
 # Both servers registered with the metadata service (heartbeats arrive every second).
-both_up() { weft status --cluster "$mds" 2>/dev/null | grep -q "2 of 2 data servers up"; }
+both_up() { weft status --cluster $w/tcp.toml 2>/dev/null | grep -q "2 of 2 data servers up"; }
 wait_for "the data servers never registered" both_up
 
 dd if=/dev/urandom of=/tmp/in bs=1M count="$mib" 2>/dev/null
 # Odd sizes too: a tail that is neither a stripe nor a page multiple takes every size class.
 head -c 70001 /tmp/in >/tmp/in.odd
-weft mkdir --cluster "$mds_rdma" --fabric rdma /d
-weft setstripe --cluster "$mds_rdma" --fabric rdma --unit 256K --count 2 /d
+weft mkdir --cluster $w/rdma.toml --fabric rdma /d
+weft setstripe --cluster $w/rdma.toml --fabric rdma --unit 256K --count 2 /d
 for f in in in.odd; do
-	weft put --cluster "$mds_rdma" --fabric rdma /tmp/$f /d/$f
-	weft get --cluster "$mds_rdma" --fabric rdma /d/$f /tmp/$f.back
+	weft put --cluster $w/rdma.toml --fabric rdma /tmp/$f /d/$f
+	weft get --cluster $w/rdma.toml --fabric rdma /d/$f /tmp/$f.back
 	a="$(md5sum </tmp/$f)"; b="$(md5sum </tmp/$f.back)"
 	echo "cluster.sh: $f: sent $a, got back $b"
 	[ "$a" = "$b" ] || { echo "cluster.sh: checksums differ for $f"; exit 1; }
@@ -90,7 +98,7 @@ closed() { [ "$(count closed 1)" -gt "$closed1" ] && [ "$(count closed 2)" -gt "
 mkfifo /tmp/pipe
 sleep 600 </tmp/pipe &
 stuck_reader=$!
-weft cat --cluster "$mds_rdma" --fabric rdma /d/in >/tmp/pipe &
+weft cat --cluster $w/rdma.toml --fabric rdma /d/in >/tmp/pipe &
 victim=$!
 wait_for "the victim never connected to both data servers" connected
 kill -9 "$victim"
