@@ -147,7 +147,7 @@ impl ConnTicket {
         self.table.inner.lock().expect("connection table").unproven.remove(&self.id);
     }
 
-    #[cfg(test)]
+    /// This connection's id: unique for the life of the server (never reused), so sessions can be bound to it.
     pub fn id(&self) -> u64 {
         self.id
     }

@@ -17,7 +17,7 @@
 //! connection it is bound to (session.rs).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -110,15 +110,13 @@ struct ConnOut<F: Fabric> {
     calls_in_flight: AtomicUsize,
     send_timeout: Duration,
     deadlines_log: Arc<RateLimitedLog>,
-    /// Unique in this process: sessions are bound to it.
+    /// The connection table's id of this connection (unique for this server's life): sessions are bound to it.
     id: u64,
     /// Set once the connection is authenticated (at once with authentication off).
     principal: OnceLock<Principal>,
     /// The handshake so far; only the read loop touches it.
     auth: Mutex<ServerAuth>,
 }
-
-static CONN_IDS: AtomicU64 = AtomicU64::new(1);
 
 impl<F: Fabric, S: Service> RpcServer<F, S> {
     pub fn new(cfg: ServerConfig, service: Arc<S>) -> Arc<Self> {
@@ -193,7 +191,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 calls_in_flight: AtomicUsize::new(0),
                 send_timeout: Duration::from_millis(self.cfg.send_timeout_ms),
                 deadlines_log: self.deadlines_log.clone(),
-                id: CONN_IDS.fetch_add(1, Ordering::Relaxed),
+                id: admitted.ticket.id(),
                 principal: OnceLock::new(),
                 auth: Mutex::new(ServerAuth::Fresh),
             });
