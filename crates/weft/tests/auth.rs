@@ -8,15 +8,13 @@ use std::path::Path;
 use std::process::Stdio;
 
 use common::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use weft_client::{Client, ClientTuning, ClusterConfig};
 use weft_fabric::TcpFabric;
 use weft_proto::frame::FLAG_ERROR;
 use weft_proto::msg::{AuthBeginReq, AuthFinishReq, InoReq, SessionBindReq, SessionCreateReq, decode};
-use weft_proto::{
-    ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, Response, ServerState, WireError,
-};
+use weft_proto::{ErrorCode, ROOT_INO, Request, Response, ServerState, WireError};
 use weft_rpc::auth::{self, Key, Nonces};
 use weft_rpc::{AuthMode, ClientConfig, RpcClient};
 
@@ -35,26 +33,9 @@ impl Raw {
     /// Sends `req` on (session, slot, seq) and returns the reply: the response, or the server's error.
     async fn call(&mut self, req: &Request, session: u64, slot: u32, seq: u32) -> Result<Response, WireError> {
         let body = req.encode_body();
-        let h = Header {
-            kind: FrameKind::Request,
-            flags: 0,
-            op: req.op() as u16,
-            session,
-            slot,
-            seq,
-            body_len: body.len() as u32,
-            data_len: 0,
-            body_crc: crc32c::crc32c(&body),
-        };
-        let mut f = h.encode().to_vec();
-        f.extend_from_slice(&body);
-        self.s.write_all(&f).await.unwrap();
-        let mut hb = [0u8; HEADER_LEN];
-        self.s.read_exact(&mut hb).await.expect("a reply");
-        let rh = Header::decode(&hb, &FrameLimits::default()).unwrap();
-        let mut rbody = vec![0u8; rh.body_len as usize];
-        self.s.read_exact(&mut rbody).await.unwrap();
-        assert_eq!(rh.data_len, 0);
+        self.s.write_all(&wire::request_frame(req.op() as u16, session, slot, seq, &body, &[])).await.unwrap();
+        let (rh, rbody, rdata) = wire::read_reply(&mut self.s).await;
+        assert!(rdata.is_empty());
         if rh.flags & FLAG_ERROR != 0 {
             return Err(decode::<WireError>(rh.op, &rbody).unwrap());
         }

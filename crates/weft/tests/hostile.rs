@@ -10,24 +10,12 @@ use tokio::net::TcpStream;
 use weft_fabric::TcpFabric;
 use weft_proto::frame::FLAG_ERROR;
 use weft_proto::msg::{ReadReq, TruncateReq, WriteReq, decode};
-use weft_proto::{ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, WireError};
+use weft_proto::{ErrorCode, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, WireError};
 use weft_rpc::RpcClient;
 
+/// A request outside any session whose header announces `data_len` payload bytes (none follow).
 fn frame(op: u16, body: &[u8], data_len: u32) -> Vec<u8> {
-    let h = Header {
-        kind: FrameKind::Request,
-        flags: 0,
-        op,
-        session: 0,
-        slot: 0,
-        seq: 0,
-        body_len: body.len() as u32,
-        data_len,
-        body_crc: crc32c::crc32c(body),
-    };
-    let mut v = h.encode().to_vec();
-    v.extend_from_slice(body);
-    v
+    wire::request_head(op, 0, 0, 0, body, data_len)
 }
 
 /// Sends raw bytes, expects one error reply, and returns its message.

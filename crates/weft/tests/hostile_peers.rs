@@ -2,15 +2,18 @@
 //! deadlines and limits can be set short and small): floods of half-open connections, half-sent headers, idle
 //! connections and clients that never read their replies. Each is cut off; well-behaved clients keep being served.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use common::wire::{read_reply, request_frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use weft_fabric::{Fabric, Listener, TcpFabric};
 use weft_proto::msg::{ReadReq, SessionCreateReq};
-use weft_proto::{ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, Request, Response, WireError};
+use weft_proto::{ErrorCode, FrameLimits, HEADER_LEN, Request, Response, WireError};
 use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
 
 const OP_NULL: u16 = 1;
@@ -51,32 +54,7 @@ async fn start(listen: &str, cfg: ServerConfig) -> String {
 }
 
 fn frame(op: u16, session: u64, slot: u32, seq: u32, body: &[u8]) -> Vec<u8> {
-    let h = Header {
-        kind: FrameKind::Request,
-        flags: 0,
-        op,
-        session,
-        slot,
-        seq,
-        body_len: body.len() as u32,
-        data_len: 0,
-        body_crc: crc32c::crc32c(body),
-    };
-    let mut v = h.encode().to_vec();
-    v.extend_from_slice(body);
-    v
-}
-
-/// Reads one reply frame: header, body, payload.
-async fn read_reply(s: &mut TcpStream) -> (Header, Vec<u8>, Vec<u8>) {
-    let mut hb = [0u8; HEADER_LEN];
-    s.read_exact(&mut hb).await.unwrap();
-    let h = Header::decode(&hb, &FrameLimits { body_bytes_max: 1 << 20, data_bytes_max: 4 << 20 }).unwrap();
-    let mut body = vec![0u8; h.body_len as usize];
-    s.read_exact(&mut body).await.unwrap();
-    let mut data = vec![0u8; h.data_len as usize];
-    s.read_exact(&mut data).await.unwrap();
-    (h, body, data)
+    request_frame(op, session, slot, seq, body, &[])
 }
 
 /// Opens a session on a raw connection; returns its id.

@@ -1,16 +1,19 @@
 //! The RPC layer over real TCP sockets on loopback: payloads both ways, exactly-once replays, credits, and
 //! refusal of malformed frames without harm to other clients.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use bytes::{Bytes, BytesMut};
+use common::wire::{read_reply, request_frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use weft_fabric::{Fabric, Listener, TcpFabric};
 use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
 use weft_proto::msg::{ReadReq, SessionCreateReq, WriteReq, decode};
-use weft_proto::{ErrorCode, FrameKind, FrameLimits, HEADER_LEN, Header, Request, Response, WireError};
+use weft_proto::{ErrorCode, Request, Response, WireError};
 use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
 
 #[derive(Default)]
@@ -94,63 +97,34 @@ async fn credits_bound_requests_in_flight() {
     assert!(svc.in_flight_max.load(Ordering::SeqCst) <= 2);
 }
 
-fn frame(op: u16, session: u64, slot: u32, seq: u32, body: &[u8], data: &[u8]) -> Vec<u8> {
-    let h = Header {
-        kind: FrameKind::Request,
-        flags: 0,
-        op,
-        session,
-        slot,
-        seq,
-        body_len: body.len() as u32,
-        data_len: data.len() as u32,
-        body_crc: crc32c::crc32c(body),
-    };
-    let mut v = h.encode().to_vec();
-    v.extend_from_slice(body);
-    v.extend_from_slice(data);
-    v
-}
-
-async fn read_reply(s: &mut TcpStream) -> (Header, Vec<u8>) {
-    let mut hb = [0u8; HEADER_LEN];
-    s.read_exact(&mut hb).await.unwrap();
-    let h = Header::decode(&hb, &FrameLimits::default()).unwrap();
-    let mut body = vec![0u8; h.body_len as usize];
-    s.read_exact(&mut body).await.unwrap();
-    let mut data = vec![0u8; h.data_len as usize];
-    s.read_exact(&mut data).await.unwrap();
-    (h, body)
-}
-
 #[tokio::test]
 async fn retransmission_is_answered_from_cache_not_executed() {
     let svc = Arc::new(Counting::default());
     let addr = start(svc.clone()).await;
     let mut s = TcpStream::connect(&addr).await.unwrap();
     let create = Request::SessionCreate(SessionCreateReq { client_name: "raw".into(), slots: 4 });
-    s.write_all(&frame(2, 0, u32::MAX, 0, &create.encode_body(), &[])).await.unwrap();
-    let (_, body) = read_reply(&mut s).await;
+    s.write_all(&request_frame(2, 0, u32::MAX, 0, &create.encode_body(), &[])).await.unwrap();
+    let (_, body, _) = read_reply(&mut s).await;
     let Response::SessionCreate(sess) = Response::decode(2, &body).unwrap() else { panic!() };
     let w = Request::Write(WriteReq { ino: 5, offset: 0 }).encode_body();
-    s.write_all(&frame(201, sess.session, 1, 1, &w, b"abc")).await.unwrap();
-    let (h1, b1) = read_reply(&mut s).await;
+    s.write_all(&request_frame(201, sess.session, 1, 1, &w, b"abc")).await.unwrap();
+    let (h1, b1, _) = read_reply(&mut s).await;
     // The same slot and sequence again: a retransmission, possibly on a new connection.
     let mut s2 = TcpStream::connect(&addr).await.unwrap();
-    s2.write_all(&frame(201, sess.session, 1, 1, &w, b"abc")).await.unwrap();
-    let (h2, b2) = read_reply(&mut s2).await;
+    s2.write_all(&request_frame(201, sess.session, 1, 1, &w, b"abc")).await.unwrap();
+    let (h2, b2, _) = read_reply(&mut s2).await;
     assert_eq!(svc.writes.load(Ordering::SeqCst), 1, "a retransmitted write ran twice");
     assert_eq!(b1, b2);
     assert_eq!(h1.flags & FLAG_CACHED, 0);
     assert_ne!(h2.flags & FLAG_CACHED, 0);
     // A sequence that skips ahead is refused.
-    s2.write_all(&frame(201, sess.session, 1, 7, &w, b"abc")).await.unwrap();
-    let (h3, b3) = read_reply(&mut s2).await;
+    s2.write_all(&request_frame(201, sess.session, 1, 7, &w, b"abc")).await.unwrap();
+    let (h3, b3, _) = read_reply(&mut s2).await;
     assert_ne!(h3.flags & FLAG_ERROR, 0);
     assert_eq!(decode::<WireError>(201, &b3).unwrap().code, ErrorCode::SeqMisordered);
     // An unknown session is refused.
-    s2.write_all(&frame(201, sess.session ^ 0xff, 1, 1, &w, b"abc")).await.unwrap();
-    let (_, b4) = read_reply(&mut s2).await;
+    s2.write_all(&request_frame(201, sess.session ^ 0xff, 1, 1, &w, b"abc")).await.unwrap();
+    let (_, b4, _) = read_reply(&mut s2).await;
     assert_eq!(decode::<WireError>(201, &b4).unwrap().code, ErrorCode::StaleSession);
     assert_eq!(svc.writes.load(Ordering::SeqCst), 1);
 }
@@ -164,43 +138,43 @@ async fn malformed_frames_get_errors_and_others_keep_being_served() {
     // Garbage: an error frame, then the connection closes.
     let mut s = TcpStream::connect(&addr).await.unwrap();
     s.write_all(&[0xAB; 64]).await.unwrap();
-    let (h, body) = read_reply(&mut s).await;
+    let (h, body, _) = read_reply(&mut s).await;
     assert_ne!(h.flags & FLAG_ERROR, 0);
     assert!(decode::<WireError>(0, &body).unwrap().message.contains("magic"));
     assert_eq!(s.read(&mut [0u8; 1]).await.unwrap(), 0);
 
     // Oversized data length: refused before anything is allocated.
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    let mut f = frame(201, 1, 0, 1, &[], &[]);
+    let mut f = request_frame(201, 1, 0, 1, &[], &[]);
     f[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
     s.write_all(&f).await.unwrap();
-    let (_, body) = read_reply(&mut s).await;
+    let (_, body, _) = read_reply(&mut s).await;
     assert!(decode::<WireError>(0, &body).unwrap().message.contains("exceeds"));
 
     // Truncated header then close: answered with an error naming the truncation, then closed.
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    s.write_all(&frame(1, 0, 0, 0, &[], &[])[..20]).await.unwrap();
+    s.write_all(&request_frame(1, 0, 0, 0, &[], &[])[..20]).await.unwrap();
     s.shutdown().await.unwrap();
-    let (_, body) = read_reply(&mut s).await;
+    let (_, body, _) = read_reply(&mut s).await;
     assert!(decode::<WireError>(0, &body).unwrap().message.contains("truncated"));
     assert_eq!(s.read(&mut [0u8; 64]).await.unwrap(), 0);
 
     // Sound lengths, bad body: an error, and the same connection goes on.
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    s.write_all(&frame(100, 0, 0, 1, &[0xff, 0xff, 0xff], &[])).await.unwrap();
-    let (h, _) = read_reply(&mut s).await;
+    s.write_all(&request_frame(100, 0, 0, 1, &[0xff, 0xff, 0xff], &[])).await.unwrap();
+    let (h, _, _) = read_reply(&mut s).await;
     assert_ne!(h.flags & FLAG_ERROR, 0);
-    let mut bad_crc = frame(1, 0, 0, 0, &[], &[]);
+    let mut bad_crc = request_frame(1, 0, 0, 0, &[], &[]);
     bad_crc[36] ^= 1;
     s.write_all(&bad_crc).await.unwrap();
-    let (h, _) = read_reply(&mut s).await;
+    let (h, _, _) = read_reply(&mut s).await;
     assert_ne!(h.flags & FLAG_ERROR, 0);
     // Data on an op that carries none: refused, the payload skipped, the stream still in step.
-    s.write_all(&frame(1, 0, 0, 0, &[], b"unexpected")).await.unwrap();
-    let (h, _) = read_reply(&mut s).await;
+    s.write_all(&request_frame(1, 0, 0, 0, &[], b"unexpected")).await.unwrap();
+    let (h, _, _) = read_reply(&mut s).await;
     assert_ne!(h.flags & FLAG_ERROR, 0);
-    s.write_all(&frame(1, 0, 0, 0, &[], &[])).await.unwrap();
-    let (h, _) = read_reply(&mut s).await;
+    s.write_all(&request_frame(1, 0, 0, 0, &[], &[])).await.unwrap();
+    let (h, _, _) = read_reply(&mut s).await;
     assert_eq!(h.flags & FLAG_ERROR, 0, "the connection should still serve a good frame");
 
     // The well-behaved client never noticed.

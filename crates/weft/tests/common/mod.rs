@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod wire;
+
 use std::path::{Path, PathBuf};
 
 use weft_client::{Client, ClientTuning, ClusterConfig};
