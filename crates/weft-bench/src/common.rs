@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use weft_client::{Client, ClusterConfig, FabricChoice};
+use weft_client::{AuthMode, Client, ClusterConfig, FabricChoice};
 use weft_launch::{LaunchOptions, LocalCluster};
 
 /// The clusters one bench command measures.
@@ -19,6 +19,15 @@ pub struct Targets {
     /// `--delay-us` and `--short-circuit` of [`SharedArgs`].
     delay_us: u64,
     short_circuit: Option<ShortCircuit>,
+    /// `--auth` of [`SharedArgs`]: every point is measured once per mode.
+    auths: Vec<AuthMode>,
+}
+
+/// One cluster to measure: how many data servers (`None`: the `--cluster` given) and its security mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Point {
+    pub servers: Option<u32>,
+    pub auth: AuthMode,
 }
 
 /// Sandia's short circuits: a layer answers without doing its work, to show the ceiling of the layers above it.
@@ -36,6 +45,8 @@ static FABRIC_OPTIONS: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
 /// One cluster being measured: `servers` data servers, reachable with `cfg`.
 pub struct Target {
     pub servers: u32,
+    /// `key` (keys, sessions bound to them, capabilities) or `none`: recorded in every result.
+    pub auth: &'static str,
     pub cfg: ClusterConfig,
     cluster: Option<LocalCluster>,
 }
@@ -59,6 +70,7 @@ impl Targets {
             spec: cluster.map(str::to_string),
             delay_us: 0,
             short_circuit: None,
+            auths: vec![AuthMode::Key],
         })
     }
 
@@ -69,38 +81,54 @@ impl Targets {
         }
         self.delay_us = a.delay_us;
         self.short_circuit = a.short_circuit;
+        self.auths = auth_choices(&a.auth)?;
+        if self.spec.is_some() && self.auths != [AuthMode::Key] {
+            anyhow::bail!("--auth needs clusters the bench starts (a --cluster runs as it was configured)");
+        }
         let name = a.short_circuit.map(|s| format!("{s:?}").to_lowercase());
         let _ = FABRIC_OPTIONS.set(json!({"delay_us": a.delay_us, "short_circuit": name}));
         Ok(self)
     }
 
-    /// The points to measure: one per `--servers` value, or the one `--cluster`.
-    pub fn points(&self) -> Vec<Option<u32>> {
-        if self.spec.is_some() { vec![None] } else { self.servers.iter().map(|&n| Some(n)).collect() }
+    /// The points to measure: one per `--servers` value and `--auth` mode, or the one `--cluster`.
+    pub fn points(&self) -> Vec<Point> {
+        if self.spec.is_some() {
+            return vec![Point { servers: None, auth: AuthMode::Key }];
+        }
+        let mut points = Vec::new();
+        for &n in &self.servers {
+            for &auth in &self.auths {
+                points.push(Point { servers: Some(n), auth });
+            }
+        }
+        points
     }
 
     /// Starts the cluster of one point (or connects to the given one to count its data servers).
-    pub async fn start(&self, point: Option<u32>) -> Result<Target> {
-        match (point, &self.spec) {
+    pub async fn start(&self, point: Point) -> Result<Target> {
+        match (point.servers, &self.spec) {
             (Some(n), _) => {
-                let dir = self.base_dir.join(format!("servers-{n}"));
+                let auth = auth_name(point.auth);
+                let dir = self.base_dir.join(format!("servers-{n}-auth-{auth}"));
                 let _ = std::fs::remove_dir_all(&dir);
                 let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
                 opts.log_filter = "warn".into();
+                opts.auth = point.auth;
                 if self.short_circuit == Some(ShortCircuit::Server) {
                     opts.data_extra_toml.push_str("short_circuit = true\n");
                 }
-                eprintln!("starting a cluster with {n} data servers in {}", dir.display());
+                eprintln!("starting a cluster with {n} data servers, auth {auth}, in {}", dir.display());
                 let cl = LocalCluster::start(opts).await?;
                 let cfg = self.tune(cl.cluster_config());
-                Ok(Target { servers: n, cfg, cluster: Some(cl) })
+                Ok(Target { servers: n, auth, cfg, cluster: Some(cl) })
             }
             (None, Some(spec)) => {
                 let cfg = self.tune(ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?);
                 let c = Client::connect(&cfg).await?;
                 let n = c.cluster_info().await?.len() as u32;
                 c.close().await;
-                Ok(Target { servers: n, cfg, cluster: None })
+                let auth = auth_name(cfg.auth);
+                Ok(Target { servers: n, auth, cfg, cluster: None })
             }
             (None, None) => unreachable!("a point without --cluster always has a server count"),
         }
@@ -151,6 +179,24 @@ pub fn emit(doc: &Value, table: &str, json: Option<&Path>, svg: impl FnOnce(&Val
         eprintln!("wrote {} and {}", path.display(), svg_path.display());
     }
     Ok(())
+}
+
+/// Parses `--auth`: a comma-separated list of `key` and `none`.
+pub fn auth_choices(list: &str) -> Result<Vec<AuthMode>> {
+    crate::parse_list(list, |x| match x {
+        "key" => Some(AuthMode::Key),
+        "none" => Some(AuthMode::None),
+        _ => None,
+    })
+    .context("--auth wants a list like key,none")
+}
+
+/// The name of a security mode in results and logs.
+pub fn auth_name(auth: AuthMode) -> &'static str {
+    match auth {
+        AuthMode::Key => "key",
+        AuthMode::None => "none",
+    }
 }
 
 /// Parses `--fabric`: a comma-separated list of `auto`, `tcp`, `shm`, `rdma`.
@@ -350,6 +396,10 @@ pub struct SharedArgs {
     /// Short-circuit a layer (Sandia): `server` discards writes and serves zeros, `network` skips the wire.
     #[arg(long, value_enum)]
     pub short_circuit: Option<ShortCircuit>,
+    /// Security of the clusters the bench starts, every point once per mode: `key` (cluster key, authenticated
+    /// sessions, capabilities: the default) and/or `none` (no authentication), e.g. `key,none`.
+    #[arg(long, default_value = "key")]
+    pub auth: String,
 }
 
 #[cfg(test)]
@@ -387,5 +437,7 @@ mod tests {
         assert_eq!(merge_fabrics(["shm+tcp", "rdma"]), "rdma+shm+tcp");
         assert_eq!(fabric_choices("tcp, shm").unwrap(), [FabricChoice::Tcp, FabricChoice::Shm]);
         assert!(fabric_choices("tcp,ib").is_err());
+        assert_eq!(auth_choices("key,none").unwrap(), [AuthMode::Key, AuthMode::None]);
+        assert!(auth_choices("key,off").is_err());
     }
 }

@@ -46,6 +46,7 @@ pub async fn run(a: LatencyArgs) -> Result<()> {
     for sp in targets.points() {
         let mut target = targets.start(sp).await?;
         let n = target.servers;
+        let auth = target.auth;
         for &fabric in &fabrics {
             target.cfg.client.fabric = fabric;
             let client = Client::connect(&target.cfg).await?;
@@ -55,6 +56,7 @@ pub async fn run(a: LatencyArgs) -> Result<()> {
                 let base = json!({
                     "system": "weft",
                     "fabric": fabric,
+                    "auth": auth,
                     "servers": n,
                     "clients": 1,
                     "threads": 1,
@@ -64,7 +66,7 @@ pub async fn run(a: LatencyArgs) -> Result<()> {
                 for (o, op) in [(w, "write"), (r, "read")] {
                     let res = o.result(&base, op, Headline::P50);
                     eprintln!(
-                        "{fabric} servers {n} record {record}: {op} p50 {} µs, p99 {} µs",
+                        "{fabric} auth {auth} servers {n} record {record}: {op} p50 {} µs, p99 {} µs",
                         res["p50_us"], res["p99_us"]
                     );
                     results.push(res);

@@ -140,12 +140,16 @@ pub fn markdown_table(doc: &Value) -> String {
         iperf.map(|x| format!("{x:.0}")).unwrap_or("-".into()),
         memcpy.map(|x| format!("{x:.0}")).unwrap_or("-".into())
     ));
-    s.push_str("| servers | record | op | MiB/s (median) | min–max | × iperf3 | client CPU s/GiB | runs |\n");
-    s.push_str("|---:|---:|---|---:|---|---:|---:|---:|\n");
+    s.push_str(
+        "| fabric | auth | servers | record | op | MiB/s (median) | min–max | × iperf3 | client CPU s/GiB | runs |\n",
+    );
+    s.push_str("|---|---|---:|---:|---|---:|---|---:|---:|---:|\n");
     for r in doc["results"].as_array().into_iter().flatten() {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         s.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0}–{:.0} | {} | {:.3} | {} |\n",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0}–{:.0} | {} | {:.3} | {} |\n",
+            r["fabric"].as_str().unwrap_or("-"),
+            r["auth"].as_str().unwrap_or("-"),
             r["servers"],
             human_bytes(r["record_bytes"].as_u64().unwrap_or(0)),
             r["op"].as_str().unwrap_or("?"),
@@ -224,11 +228,15 @@ pub fn latency_table(doc: &Value) -> String {
         "{} calls per op and run, one at a time; percentiles by nearest rank per run, medians over the runs\n\n",
         doc.pointer("/config/count").unwrap_or(&Value::Null)
     );
-    s.push_str("| servers | record | op | mean µs | p50 µs (median) | p50 min–max | p99 µs | ops/s | client CPU µs/op | runs |\n");
-    s.push_str("|---:|---:|---|---:|---:|---|---:|---:|---:|---:|\n");
+    s.push_str(
+        "| fabric | auth | servers | record | op | mean µs | p50 µs (median) | p50 min–max | p99 µs | ops/s | client CPU µs/op | runs |\n",
+    );
+    s.push_str("|---|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|\n");
     for r in doc["results"].as_array().into_iter().flatten() {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} |\n",
+            r["fabric"].as_str().unwrap_or("-"),
+            r["auth"].as_str().unwrap_or("-"),
             r["servers"],
             human_bytes(r["record_bytes"].as_u64().unwrap_or(0)),
             r["op"].as_str().unwrap_or("?"),
@@ -337,7 +345,7 @@ mod tests {
         for t in
             [meta_table(&doc("private")), meta_table(&doc("stat-storm")), latency_table(&doc("")), zipf_table(&doc(""))]
         {
-            let rows = t.lines().filter(|l| l.starts_with("| 4 |")).count();
+            let rows = t.lines().filter(|l| l.starts_with("| 4 |") || l.starts_with("| - | - | 4 |")).count();
             assert_eq!(rows, 2, "{t}");
             assert!(!t.contains("NaN"), "{t}");
         }

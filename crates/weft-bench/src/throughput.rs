@@ -55,6 +55,8 @@ pub struct ThroughputArgs {
 pub(crate) struct Point {
     /// The fabric the client actually used (see [`common::fabric_used`]).
     pub(crate) fabric: String,
+    /// The cluster's security mode (`--auth`).
+    auth: &'static str,
     /// 4 KiB reads one at a time (record 4K only): (p50, p99) µs.
     latency_us: Option<(f64, f64)>,
     servers: u32,
@@ -91,6 +93,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     for sp in targets.points() {
         let target = targets.start(sp).await?;
         let n = target.servers;
+        let auth = target.auth;
         for &fabric in &fabrics {
             let mut cfg = target.cfg.clone();
             cfg.client.fabric = fabric;
@@ -101,8 +104,9 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
                 } else {
                     measure(&client, n, record, size, &a).await?
                 };
+                let p = Point { auth, ..p };
                 eprintln!(
-                    "{} servers {n} record {record}: write {:.0} MiB/s, read {:.0} MiB/s",
+                    "{} auth {auth} servers {n} record {record}: write {:.0} MiB/s, read {:.0} MiB/s",
                     p.fabric,
                     summarize(&p.write_mib).map(|s| s.median).unwrap_or(0.0),
                     summarize(&p.read_mib).map(|s| s.median).unwrap_or(0.0)
@@ -126,6 +130,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
             let mut r = json!({
                 "system": "weft",
                 "fabric": p.fabric,
+                "auth": p.auth,
                 "read_4k_latency_p50_us": lat.map(|l| round1(l.0)),
                 "read_4k_latency_p99_us": lat.map(|l| round1(l.1)),
                 "servers": p.servers,
@@ -170,6 +175,7 @@ impl Point {
         let (write_mib, write_cpu, read_mib, read_cpu) = (vec![], vec![], vec![], vec![]);
         Point {
             fabric: String::new(),
+            auth: "key",
             latency_us: None,
             servers,
             record,

@@ -20,6 +20,8 @@ pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
 pub use error::ClientError;
 pub use file::File;
 pub use io_queue::{Completion, IoKind, IoOp, IoQueue};
+/// The security mode of `ClusterConfig::auth`.
+pub use weft_rpc::AuthMode;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
