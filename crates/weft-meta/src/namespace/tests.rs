@@ -770,7 +770,7 @@ fn servers_statfs_and_liveness() {
 fn other_services_ops_are_refused() {
     let (ns, _) = mem_ns();
     for req in [
-        Request::Read(ReadReq { ino: 2, offset: 0, len: 1 }),
+        Request::Read(ReadReq { ino: 2, offset: 0, len: 1, cap: weft_proto::Capability::none() }),
         Request::RemoveObject(InoReq { ino: 2 }),
         Request::SpaceStat(()),
         Request::SessionCreate(SessionCreateReq { client_name: "c".into(), slots: 1 }),
