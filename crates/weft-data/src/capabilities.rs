@@ -75,6 +75,12 @@ impl CapabilityGate {
         self.removed_any.store(r.len() as u64, Ordering::Relaxed);
     }
 
+    /// Whether `ino`'s object was removed lately (a write that was admitted before the removal and finished after
+    /// it must undo itself).
+    pub fn was_removed(&self, ino: u64) -> bool {
+        self.removed_any.load(Ordering::Relaxed) > 0 && self.is_removed(ino, unix_now_ms())
+    }
+
     fn is_removed(&self, ino: u64, now_ms: u64) -> bool {
         let mut r = self.removed.lock().expect("removed inodes");
         r.expire(now_ms);

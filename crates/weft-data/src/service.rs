@@ -267,6 +267,29 @@ impl DataService {
 impl Service for DataService {
     async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
         self.admit(ctx, &req)?;
+        let writes_ino = match &req {
+            Request::Write(w) => Some(w.ino),
+            Request::WriteChunks(w) => Some(w.ino),
+            Request::Truncate(t) => Some(t.ino),
+            _ => None,
+        };
+        let r = self.run(ctx, req, data).await;
+        // Admitted before the object's removal and finished after it: the object it recreated goes again, so no
+        // object outlives its orphan record.
+        if let (Some(ino), Some(gate)) = (writes_ino, &self.gate)
+            && gate.was_removed(ino)
+        {
+            let store = self.store.clone();
+            on_blocking_pool(move || store.remove(ino)).await?;
+            return Err(weft_rpc::Refusal::Removed(ino).to_wire());
+        }
+        r
+    }
+}
+
+impl DataService {
+    /// One op, admitted.
+    async fn run(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
         match req {
             Request::Read(r) => self.read(ctx, r).await,
             Request::ReadChunks(r) => self.read_chunks(ctx, r).await,
@@ -647,5 +670,48 @@ mod tests {
             assert_eq!(pool.available(), 6);
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+
+    /// With a gate: a request on an inode without a good capability is refused before the store is touched, and
+    /// only a cluster-key connection removes objects (the MDS's orphan collector).
+    #[tokio::test]
+    async fn the_gate_refuses_before_the_store_and_only_the_cluster_removes_objects() {
+        use weft_proto::msg::FsyncReq;
+        use weft_rpc::{CapabilityKey, Key, Principal};
+        let (svc, pool, dir) = setup("gate");
+        let key = CapabilityKey::derive(&Key::from_bytes([9; 32]));
+        let svc = svc.with_capability_gate(Some(CapabilityGate::new(key.clone(), 0, 60_000, 8)));
+        let memory = Arc::new(FakeMemory::new(false));
+        let mut cx = ctx(&pool, &memory);
+        cx.principal = Principal::Key { key_id: "alice".into() };
+        let expiry = weft_rpc::capability::unix_now_ms() + 60_000;
+        let theirs = key.seal(3, Rights::READ_WRITE, expiry, "cluster", 1).unwrap();
+        let mine = key.seal(3, Rights::READ_WRITE, expiry, "alice", 1).unwrap();
+        let write = |cap| Request::Truncate(TruncateReq { ino: 3, size: 4096, cap });
+        let e = svc.call(&cx, write(theirs), None).await.map(|_| ()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::CapabilityRefused, "another key's capability: {e}");
+        assert!(!common_object(&dir, 3).exists(), "a refused truncate created the object");
+        svc.call(&cx, write(mine.clone()), None).await.unwrap();
+        assert!(common_object(&dir, 3).exists());
+        let mine_again = mine.clone();
+        let fsync = Request::Fsync(FsyncReq { ino: 3, cap: mine });
+        svc.call(&cx, fsync, None).await.unwrap();
+        let remove = || Request::RemoveObject(InoReq { ino: 3 });
+        let e = svc.call(&cx, remove(), None).await.map(|_| ()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotPermitted, "{e}");
+        assert!(common_object(&dir, 3).exists(), "a refused RemoveObject removed the object");
+        cx.principal = Principal::Key { key_id: weft_rpc::auth::CLUSTER_KEY_ID.into() };
+        svc.call(&cx, remove(), None).await.unwrap();
+        assert!(!common_object(&dir, 3).exists());
+        // Removed: a still-valid capability of its own key no longer recreates it.
+        cx.principal = Principal::Key { key_id: "alice".into() };
+        let e = svc.call(&cx, write(mine_again), None).await.map(|_| ()).unwrap_err();
+        assert!(e.message.contains("removed"), "{e}");
+        assert!(!common_object(&dir, 3).exists(), "a write after the removal recreated the object");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn common_object(root: &std::path::Path, ino: u64) -> PathBuf {
+        root.join("objects").join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"))
     }
 }
