@@ -8,7 +8,7 @@
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::{Value, json};
-use weft_client::Client;
+use weft_client::{Client, OpenMode};
 
 use crate::common::{self, Loads, Target, Targets, round1, round3};
 use crate::doc::Document;
@@ -201,7 +201,7 @@ async fn point(
     // Every byte is where it belongs: the shared file is N slices long, each private one a slice.
     for run in 1..=a.common.runs {
         let expect = if mode == Mode::N1 { p.size * n as u64 } else { p.size };
-        let f = client.open(&file(run, 0)).await?;
+        let f = client.open(&file(run, 0), OpenMode::Read).await?;
         if f.size() != expect {
             bail!("{}: size {} after a checkpoint of {expect} bytes", file(run, 0), f.size());
         }

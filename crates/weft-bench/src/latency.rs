@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use bytes::{Bytes, BytesMut};
 use clap::Args;
 use serde_json::json;
-use weft_client::Client;
+use weft_client::{Client, OpenMode};
 
 use crate::ceilings;
 use crate::common::{self, Headline, OpRuns, Targets, micros_since};
@@ -140,7 +140,7 @@ async fn pass(
     let (ws, wc) = (t0.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c0);
     f.close().await?;
 
-    let f = client.open(path).await?;
+    let f = client.open(path, OpenMode::Read).await?;
     if f.size() != count * record {
         bail!("{path}: size {} after writing {} bytes", f.size(), count * record);
     }

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use clap::Args;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
-use weft_client::Client;
+use weft_client::{Client, OpenMode};
 
 use crate::ceilings;
 use crate::common::{self, Targets, round1, round3};
@@ -214,7 +214,7 @@ async fn measure(client: &Client, servers: u32, record: u64, size: u64, a: &Thro
     }
     if record == 4096 {
         // One read at a time: the latency of a small read, not the pipeline's throughput.
-        let f = client.open(&path).await?;
+        let f = client.open(&path, OpenMode::Read).await?;
         let mut lat = Vec::new();
         let mut buf = BytesMut::zeroed(4096);
         for i in 0..2000u64 {
@@ -264,7 +264,7 @@ async fn sequential(
     }
     let (w, wc) = (t.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c);
 
-    let f = Arc::new(client.open(path).await?);
+    let f = Arc::new(client.open(path, OpenMode::Read).await?);
     if f.size() != records * record {
         bail!("{path}: size {} after writing {} bytes", f.size(), records * record);
     }

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::task::JoinSet;
-use weft_client::{Client, ClusterConfig};
+use weft_client::{Client, ClusterConfig, OpenMode};
 
 use crate::ceilings;
 use crate::common::micros_since;
@@ -253,7 +253,7 @@ async fn data_phase(client: &Client, ph: &Value) -> Result<(u64, u64, Vec<f64>)>
         let f = if ph["create"].as_bool().unwrap_or(false) {
             client.create_path(path, 0o644, false, false).await?
         } else {
-            client.open(path).await?
+            client.open(path, OpenMode::Write).await?
         };
         let f = Arc::new(f);
         // Pre-faulted source record, shared by every write.
@@ -277,7 +277,7 @@ async fn data_phase(client: &Client, ph: &Value) -> Result<(u64, u64, Vec<f64>)>
         }
         Ok((records, bytes, Vec::new()))
     } else {
-        let f = Arc::new(client.open(path).await?);
+        let f = Arc::new(client.open(path, OpenMode::Read).await?);
         // Pre-faulted destination buffers, one per record in flight, reused.
         let mut bufs: Vec<BytesMut> = (0..window).map(|_| BytesMut::zeroed(record as usize)).collect();
         let mut got = 0u64;

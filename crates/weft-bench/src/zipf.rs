@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use clap::Args;
 use serde_json::json;
 use tokio::task::JoinSet;
-use weft_client::{Client, File};
+use weft_client::{Client, File, OpenMode};
 
 use crate::ceilings;
 use crate::common::{self, Headline, OpRuns, Targets, micros_since, round1, round3};
@@ -175,7 +175,7 @@ async fn measure(
     eprintln!("servers {servers} record {record}: writing the {} MiB file", (n * record) >> 20);
     let src = pattern(record);
     fill(client, &path, record, n, &src).await?;
-    let f = Arc::new(client.open(&path).await?);
+    let f = Arc::new(client.open(&path, OpenMode::ReadWrite).await?);
     if f.size() != n * record {
         bail!("{path}: size {} after writing {} bytes", f.size(), n * record);
     }

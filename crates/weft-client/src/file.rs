@@ -7,14 +7,21 @@
 //! `Bytes::slice`: no copy), each unit's reply payload lands directly in its segments, and the segments are joined
 //! back (`unsplit`, O(1) because they are adjacent) before the buffer is returned. A transfer of a single unit
 //! (most small I/O) is sent from the caller's own task rather than a spawned one, saving two thread wake-ups.
+//!
+//! Every request carries the file's capability (`capability.rs`), renewed before it runs out; a request refused
+//! as expired is renewed and sent once more.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use tokio::task::JoinSet;
-use weft_proto::{Attr, ErrorCode, FileKind, Layout};
+use weft_proto::msg::OpenResp;
+use weft_proto::{Attr, ErrorCode, FileKind, Layout, Rights};
 use weft_rpc::RpcError;
 
+use crate::capability::{CapHolder, is_expired};
 use crate::{Client, ClientError, transfer};
 
 pub struct File {
@@ -27,6 +34,8 @@ pub struct File {
     dirty: AtomicBool,
     /// Written (or truncated) since the last fsync of the objects.
     unsynced: AtomicBool,
+    /// The capability every data-server request carries, and its renewal.
+    caps: Arc<CapHolder>,
 }
 
 /// One request's worth of a transfer: a contiguous object range on one server, and the file ranges it maps to.
@@ -76,7 +85,10 @@ pub(crate) fn plan(layout: &Layout, offset: u64, len: u64, unit_max: u64) -> (Ve
 }
 
 impl File {
-    pub(crate) fn new(client: Client, attr: Attr) -> Result<File, ClientError> {
+    /// The file `Open` (or `CreateOpen`) answered, with the rights asked; `at` is when the answer arrived.
+    pub(crate) fn new(client: Client, opened: OpenResp, rights: Rights, at: Instant) -> Result<File, ClientError> {
+        let caps = Arc::new(CapHolder::new(client.clone(), opened.attr.ino, rights, &opened, at));
+        let attr = opened.attr;
         if attr.kind != FileKind::File {
             return Err(ClientError::NotAFile(format!("inode {} is a {:?}, not a regular file", attr.ino, attr.kind)));
         }
@@ -92,7 +104,19 @@ impl File {
             layout,
             dirty: AtomicBool::new(false),
             unsynced: AtomicBool::new(false),
+            caps,
         })
+    }
+
+    /// The rights this file's capability grants on the data servers.
+    pub fn rights(&self) -> Rights {
+        self.caps.rights()
+    }
+
+    /// Shares `other`'s capability if it grants at least this file's rights (the FUSE mount keeps one file per
+    /// inode; an open with wider rights widens it).
+    pub fn adopt_capability(&self, other: &File) {
+        self.caps.adopt(&other.caps);
     }
 
     pub fn ino(&self) -> u64 {
@@ -144,7 +168,8 @@ impl File {
             // One unit (every write up to a transfer unit inside one stripe unit): sent from the caller's task. A
             // spawned task would cost a wake-up of another worker to start and another to report back.
             let segs: Vec<Bytes> = u.pieces.iter().map(|&i| seg_of(&data, &pieces[i], offset)).collect();
-            write_unit(&self.client, self.attr.ino, self.layout.servers[u.server_index as usize], u, segs).await?;
+            let server = self.layout.servers[u.server_index as usize];
+            write_unit(&self.client, &self.caps, self.attr.ino, server, u, segs).await?;
             self.size.fetch_max(end, Ordering::SeqCst);
             self.dirty.store(true, Ordering::SeqCst);
             return Ok(());
@@ -155,7 +180,8 @@ impl File {
             let server = self.layout.servers[u.server_index as usize];
             let client = self.client.clone();
             let ino = self.attr.ino;
-            tasks.spawn(async move { write_unit(&client, ino, server, &u, segs).await });
+            let caps = self.caps.clone();
+            tasks.spawn(async move { write_unit(&client, &caps, ino, server, &u, segs).await });
         }
         let mut first_err = None;
         while let Some(r) = tasks.join_next().await {
@@ -192,12 +218,7 @@ impl File {
         {
             // One unit of one piece (a read inside one stripe unit): read from the caller's task, straight into
             // `buf`, without the two wake-ups of a spawned task.
-            let server = self.layout.servers[u.server_index as usize];
-            let ds = self.client.data_server(server).await?;
-            let classes = self.client.tuning().size_classes();
-            let mut dest = transfer::read_object(&ds, classes, self.attr.ino, u.object_offset, vec![buf])
-                .await
-                .map_err(|source| data_error(&self.layout, self.attr.ino, u.server_index, server, source))?;
+            let mut dest = read_unit(&self.client, &self.caps, &self.layout, self.attr.ino, u, vec![buf]).await?;
             return Ok(dest.pop().expect("the destination comes back"));
         }
         // Split the buffer into one segment per piece, in file order.
@@ -209,19 +230,13 @@ impl File {
         for u in units {
             let dest: Vec<BytesMut> =
                 u.pieces.iter().map(|&i| segs[i].take().expect("each piece in one unit")).collect();
-            let server_index = u.server_index;
-            let server = self.layout.servers[server_index as usize];
             let client = self.client.clone();
             let ino = self.attr.ino;
             let layout = self.layout.clone();
-            let object_offset = u.object_offset;
+            let caps = self.caps.clone();
             tasks.spawn(async move {
-                let ds = client.data_server(server).await?;
-                let classes = client.tuning().size_classes();
-                match transfer::read_object(&ds, classes, ino, object_offset, dest).await {
-                    Ok(dest) => Ok((u.pieces, dest)),
-                    Err(source) => Err(data_error(&layout, ino, server_index, server, source)),
-                }
+                let dest = read_unit(&client, &caps, &layout, ino, &u, dest).await?;
+                Ok((u.pieces, dest))
             });
         }
         let mut first_err = None;
@@ -252,10 +267,18 @@ impl File {
         Ok(out)
     }
 
+    /// Truncates (or extends) the objects only; the caller records the size at the metadata service.
+    pub(crate) async fn truncate_objects_only(&self, size: u64) -> Result<(), ClientError> {
+        self.unsynced.store(true, Ordering::SeqCst);
+        self.client.truncate_objects(self.attr.ino, &self.layout, size, &self.caps).await?;
+        self.size.store(size, Ordering::SeqCst);
+        Ok(())
+    }
+
     /// Sets the file's size: objects first, then the metadata service.
     pub async fn truncate(&self, size: u64) -> Result<(), ClientError> {
         self.unsynced.store(true, Ordering::SeqCst);
-        self.client.truncate_objects(self.attr.ino, &self.layout, size).await?;
+        self.client.truncate_objects(self.attr.ino, &self.layout, size, &self.caps).await?;
         let set = weft_proto::SetAttrs { size: Some(size), ..Default::default() };
         self.client.meta_setattr_only(self.attr.ino, set).await?;
         self.size.store(size, Ordering::SeqCst);
@@ -271,7 +294,7 @@ impl File {
     /// [`File::sync`], returning what [`File::commit_wcc`] returns.
     pub async fn sync_wcc(&self) -> Result<Option<weft_proto::msg::CommitWccResp>, ClientError> {
         if self.unsynced.swap(false, Ordering::SeqCst)
-            && let Err(e) = self.client.fsync_objects(self.attr.ino, &self.layout).await
+            && let Err(e) = self.client.fsync_objects(self.attr.ino, &self.layout, &self.caps).await
         {
             self.unsynced.store(true, Ordering::SeqCst);
             return Err(e);
@@ -317,13 +340,58 @@ fn seg_of(data: &Bytes, p: &weft_proto::Piece, offset: u64) -> Bytes {
     data.slice(start..start + p.len as usize)
 }
 
-/// Sends one write unit and checks the count the server answers.
-async fn write_unit(client: &Client, ino: u64, server: u32, u: &Unit, segs: Vec<Bytes>) -> Result<(), ClientError> {
+/// Sends one write unit and checks the count the server answers; an expired capability is renewed and the unit
+/// sent once more (a refused request wrote nothing).
+async fn write_unit(
+    client: &Client,
+    caps: &CapHolder,
+    ino: u64,
+    server: u32,
+    u: &Unit,
+    segs: Vec<Bytes>,
+) -> Result<(), ClientError> {
     let ds = client.data_server(server).await?;
-    match transfer::write_object(&ds, client.tuning().size_classes(), ino, u.object_offset, segs).await {
-        Ok(n) if u64::from(n) == u.len => Ok(()),
-        Ok(n) => Err(ClientError::Protocol(format!("write answered {n} bytes, expected {}", u.len))),
-        Err(source) => Err(ClientError::Data { server, source }),
+    let classes = client.tuning().size_classes();
+    let mut cap = caps.get().await?;
+    let mut renewed = false;
+    loop {
+        match transfer::write_object(&ds, classes, ino, u.object_offset, segs.clone(), cap.clone()).await {
+            Ok(n) if u64::from(n) == u.len => return Ok(()),
+            Ok(n) => return Err(ClientError::Protocol(format!("write answered {n} bytes, expected {}", u.len))),
+            Err(source) if !renewed && is_expired(&source) => {
+                cap = caps.renew_from(&cap).await?;
+                renewed = true;
+            }
+            Err(source) => return Err(ClientError::Data { server, source }),
+        }
+    }
+}
+
+/// Reads one unit into `dest`; an expired capability is renewed and the unit read once more, into fresh buffers
+/// of the same lengths (the refused request consumed the first ones and read nothing).
+async fn read_unit(
+    client: &Client,
+    caps: &CapHolder,
+    layout: &Layout,
+    ino: u64,
+    u: &Unit,
+    dest: Vec<BytesMut>,
+) -> Result<Vec<BytesMut>, ClientError> {
+    let server = layout.servers[u.server_index as usize];
+    let ds = client.data_server(server).await?;
+    let classes = client.tuning().size_classes();
+    let lens: Vec<usize> = dest.iter().map(|d| d.len()).collect();
+    let cap = caps.get().await?;
+    match transfer::read_object(&ds, classes, ino, u.object_offset, dest, cap.clone()).await {
+        Ok(dest) => Ok(dest),
+        Err(source) if is_expired(&source) => {
+            let cap = caps.renew_from(&cap).await?;
+            let dest = lens.iter().map(|&n| BytesMut::zeroed(n)).collect();
+            transfer::read_object(&ds, classes, ino, u.object_offset, dest, cap)
+                .await
+                .map_err(|source| data_error(layout, ino, u.server_index, server, source))
+        }
+        Err(source) => Err(data_error(layout, ino, u.server_index, server, source)),
     }
 }
 

@@ -6,9 +6,12 @@
 //! - [`File`] is an open file: reads and writes are split by the layout into per-server pieces, merged into
 //!   transfer units and sent to all the file's data servers at once. Payload bytes go from the caller's buffer to
 //!   the socket and from the socket into the caller's buffer, never through a copy.
+//! - Data-server access is by capability: [`Client::open`] (an [`OpenMode`]) and [`Client::create_path`] get one
+//!   from the MDS with the file's fresh attributes, and the [`File`] renews it while it is used.
 //! - Consistency is close-to-open: [`Client::open`] fetches fresh attributes; [`File::sync`] and [`File::close`]
 //!   commit size and mtime to the MDS (LAYOUTCOMMIT), the largest size winning among concurrent writers.
 
+mod capability;
 mod cluster;
 mod error;
 mod file;
@@ -16,6 +19,7 @@ mod io_queue;
 mod layouts;
 mod transfer;
 
+pub use capability::OpenMode;
 pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
 pub use error::ClientError;
 pub use file::File;
@@ -28,9 +32,12 @@ use std::sync::{Arc, Mutex};
 
 use weft_fabric::{AnyFabric, ShmConfig, ShmFabric, TcpFabric};
 use weft_proto::msg::*;
-use weft_proto::{Attr, DirEntry, ErrorCode, Layout, ROOT_INO, Request, Response, ServerInfo, SetAttrs, StatFs};
+use weft_proto::{
+    Attr, Capability, DirEntry, ErrorCode, Layout, ROOT_INO, Request, Response, Rights, ServerInfo, SetAttrs, StatFs,
+};
 use weft_rpc::{ClientConfig, RpcClient};
 
+use crate::capability::{CapHolder, is_expired};
 use crate::layouts::LayoutCache;
 
 pub type Rpc = RpcClient<AnyFabric>;
@@ -204,8 +211,10 @@ impl Client {
     pub async fn setattr(&self, ino: u64, set: SetAttrs) -> Result<Attr, ClientError> {
         if let Some(size) = set.size {
             let attr = self.getattr(ino).await?;
-            if let Some(layout) = attr.layout.as_ref().filter(|_| attr.kind == weft_proto::FileKind::File) {
-                self.truncate_objects(ino, layout, size).await?;
+            if attr.kind == weft_proto::FileKind::File {
+                // The objects change: that needs a write capability, i.e. write permission.
+                let f = self.open_ino(ino, OpenMode::Write).await?;
+                f.truncate_objects_only(size).await?;
             }
         }
         Ok(meta_call!(self, SetAttr(SetAttrReq { ino, set })))
@@ -393,24 +402,40 @@ impl Client {
 
     // ---- files -----------------------------------------------------------------------------------------------
 
-    /// Opens an existing regular file by path with fresh attributes (close-to-open).
-    pub async fn open(&self, path: &str) -> Result<File, ClientError> {
+    /// `Open`: the fresh attributes of regular file `ino` and a capability for `rights` on its data servers (what
+    /// a [`File`] renews with). Refused unless the caller may access the file so.
+    pub async fn open_capability(&self, ino: u64, rights: Rights) -> Result<OpenResp, ClientError> {
+        Ok(meta_call!(self, Open(OpenReq { ino, rights })))
+    }
+
+    /// Opens an existing regular file by path with fresh attributes (close-to-open), for `mode`.
+    pub async fn open(&self, path: &str, mode: OpenMode) -> Result<File, ClientError> {
         let attr = self.resolve(path).await?;
-        File::new(self.clone(), attr)
+        self.open_ino(attr.ino, mode).await.map_err(|e| e.with_path(path))
     }
 
-    /// Opens a file by inode with fresh attributes.
-    pub async fn open_ino(&self, ino: u64) -> Result<File, ClientError> {
-        let attr = self.getattr(ino).await?;
-        File::new(self.clone(), attr)
+    /// Opens a file by inode with fresh attributes, for `mode`: one round trip (`Open`).
+    pub async fn open_ino(&self, ino: u64, mode: OpenMode) -> Result<File, ClientError> {
+        let opened = self.open_capability(ino, mode.rights()).await?;
+        File::new(self.clone(), opened, mode.rights(), std::time::Instant::now())
     }
 
-    /// Opens a file from attributes just received (e.g. from a create), without another round trip.
-    pub fn open_attr(&self, attr: Attr) -> Result<File, ClientError> {
-        File::new(self.clone(), attr)
+    /// Creates (or, unless `exclusive`, opens) a regular file in `parent` on behalf of `owner` (uid, gid), opened
+    /// read+write: one round trip (`CreateOpen`).
+    pub async fn create_open_as(
+        &self,
+        parent: u64,
+        name: &str,
+        mode: u32,
+        (uid, gid): (u32, u32),
+        exclusive: bool,
+    ) -> Result<File, ClientError> {
+        let opened = meta_call!(self, CreateOpen(CreateReq { parent, name: name.into(), mode, uid, gid, exclusive }));
+        File::new(self.clone(), opened, Rights::READ_WRITE, std::time::Instant::now())
     }
 
-    /// Creates (or, unless `exclusive`, opens) a regular file by path. With `truncate`, an existing file is emptied.
+    /// Creates (or, unless `exclusive`, opens) a regular file by path, opened read+write. With `truncate`, an
+    /// existing file is emptied.
     pub async fn create_path(
         &self,
         path: &str,
@@ -419,29 +444,54 @@ impl Client {
         truncate: bool,
     ) -> Result<File, ClientError> {
         let (parent, name) = self.resolve_parent(path).await?;
-        let mut attr = self.create(parent.ino, name, mode, exclusive).await.map_err(|e| e.with_path(path))?;
-        if truncate && attr.size > 0 {
-            attr = self.setattr(attr.ino, SetAttrs { size: Some(0), ..SetAttrs::default() }).await?;
+        let f = self.create_open_as(parent.ino, name, mode, ids(), exclusive).await.map_err(|e| e.with_path(path))?;
+        if truncate && f.size() > 0 {
+            f.truncate(0).await?;
         }
-        File::new(self.clone(), attr)
+        Ok(f)
     }
 
-    pub(crate) async fn truncate_objects(&self, ino: u64, layout: &Layout, size: u64) -> Result<(), ClientError> {
+    pub(crate) async fn truncate_objects(
+        &self,
+        ino: u64,
+        layout: &Layout,
+        size: u64,
+        caps: &CapHolder,
+    ) -> Result<(), ClientError> {
         check_file_layout(ino, layout)?;
-        let reqs = (0..layout.stripe_count)
-            .map(|i| Request::Truncate(TruncateReq { ino, size: layout.object_size(size, i) }))
-            .collect();
-        self.on_every_object(layout, reqs).await
+        self.on_every_object_with(layout, caps, |i, cap| {
+            Request::Truncate(TruncateReq { ino, size: layout.object_size(size, i), cap })
+        })
+        .await
     }
 
     /// Makes every object of the file durable on its data server (fsync of data and checksums).
-    pub(crate) async fn fsync_objects(&self, ino: u64, layout: &Layout) -> Result<(), ClientError> {
+    pub(crate) async fn fsync_objects(&self, ino: u64, layout: &Layout, caps: &CapHolder) -> Result<(), ClientError> {
         if self.tuning().short_circuit_network {
             return Ok(());
         }
         check_file_layout(ino, layout)?;
-        let reqs = (0..layout.stripe_count).map(|_| Request::Fsync(weft_proto::msg::InoReq { ino })).collect();
-        self.on_every_object(layout, reqs).await
+        self.on_every_object_with(layout, caps, |_, cap| Request::Fsync(FsyncReq { ino, cap })).await
+    }
+
+    /// [`Client::on_every_object`] with requests carrying the file's capability; if a server refuses it as
+    /// expired, it is renewed and every request sent once more (truncate and fsync may run twice).
+    async fn on_every_object_with(
+        &self,
+        layout: &Layout,
+        caps: &CapHolder,
+        make: impl Fn(u32, Capability) -> Request,
+    ) -> Result<(), ClientError> {
+        let mut cap = caps.get().await?;
+        let reqs = (0..layout.stripe_count).map(|i| make(i, cap.clone())).collect();
+        match self.on_every_object(layout, reqs).await {
+            Err(ClientError::Data { source, .. }) if is_expired(&source) => {
+                cap = caps.renew_from(&cap).await?;
+                let reqs = (0..layout.stripe_count).map(|i| make(i, cap.clone())).collect();
+                self.on_every_object(layout, reqs).await
+            }
+            other => other,
+        }
     }
 
     /// Sends `reqs[i]` to the data server of stripe index `i`, all in parallel; the first failure is returned.
@@ -512,6 +562,7 @@ fn attr_layout(r: &Response) -> Option<(u64, &Layout)> {
         | Response::Create(a)
         | Response::Link(a)
         | Response::Commit(a) => a,
+        Response::Open(o) | Response::CreateOpen(o) => &o.attr,
         _ => return None,
     };
     (a.kind == weft_proto::FileKind::File).then_some(()).and(a.layout.as_ref().map(|l| (a.ino, l)))

@@ -7,11 +7,13 @@
 //! - one-sided, larger: the caller's own buffers are the chunks, registered through the session's pin-down cache
 //!   ([`weft_rpc::RpcClient::call_with_chunks`]); the server `put`s a read's data into them before replying and
 //!   `get`s a write's data at its own pace.
+//!
+//! Every request carries the file's capability (docs/format.md §10), which the caller passes in.
 
 use bytes::{Bytes, BytesMut};
 use weft_fabric::Fabric;
 use weft_proto::msg::{ReadChunksReq, ReadReq, WriteChunksReq, WriteReq};
-use weft_proto::{Request, Response};
+use weft_proto::{Capability, Request, Response};
 use weft_rpc::{RpcClient, RpcError};
 
 /// Size classes of bulk transfers on a one-sided fabric (defaults from the PVFS report and dissertation ch. 6):
@@ -38,16 +40,17 @@ pub(crate) async fn read_object<F: Fabric>(
     ino: u64,
     offset: u64,
     dest: Vec<BytesMut>,
+    cap: Capability,
 ) -> Result<Vec<BytesMut>, RpcError> {
     let len: usize = dest.iter().map(|d| d.len()).sum();
     let arena = if len > classes.inline_bytes_max { ds.arena() } else { None };
     let Some(arena) = arena else {
-        let req = Request::Read(ReadReq { ino, offset, len: len as u32 });
+        let req = Request::Read(ReadReq { ino, offset, len: len as u32, cap });
         return ds.call(req, Vec::new(), dest).await.map(|(_, d)| d);
     };
     if len <= classes.buffered_bytes_max.min(arena.buf_bytes()) {
         let buf = arena.acquire(len).await;
-        let req = Request::ReadChunks(ReadChunksReq { ino, offset, chunks: vec![buf.chunk(0, len)] });
+        let req = Request::ReadChunks(ReadChunksReq { ino, offset, chunks: vec![buf.chunk(0, len)], cap });
         ds.call(req, Vec::new(), Vec::new()).await?;
         let mut dest = dest;
         let mut at = 0;
@@ -58,8 +61,9 @@ pub(crate) async fn read_object<F: Fabric>(
         }
         return Ok(dest);
     }
-    let (_, dest) =
-        ds.call_with_chunks(dest, |chunks| Request::ReadChunks(ReadChunksReq { ino, offset, chunks })).await?;
+    let (_, dest) = ds
+        .call_with_chunks(dest, |chunks| Request::ReadChunks(ReadChunksReq { ino, offset, chunks, cap: cap.clone() }))
+        .await?;
     Ok(dest)
 }
 
@@ -70,6 +74,7 @@ pub(crate) async fn write_object<F: Fabric>(
     ino: u64,
     offset: u64,
     data: Vec<Bytes>,
+    cap: Capability,
 ) -> Result<u32, RpcError> {
     let len: usize = data.iter().map(|d| d.len()).sum();
     let arena = if len > classes.inline_bytes_max { ds.arena() } else { None };
@@ -81,7 +86,7 @@ pub(crate) async fn write_object<F: Fabric>(
         }),
     };
     let Some(arena) = arena else {
-        let req = Request::Write(WriteReq { ino, offset });
+        let req = Request::Write(WriteReq { ino, offset, cap });
         return written(ds.call(req, data, Vec::new()).await?.0);
     };
     if len <= classes.buffered_bytes_max.min(arena.buf_bytes()) {
@@ -91,11 +96,12 @@ pub(crate) async fn write_object<F: Fabric>(
             buf.copy_in(at, d);
             at += d.len();
         }
-        let req = Request::WriteChunks(WriteChunksReq { ino, offset, chunks: vec![buf.chunk(0, len)] });
+        let req = Request::WriteChunks(WriteChunksReq { ino, offset, chunks: vec![buf.chunk(0, len)], cap });
         return written(ds.call(req, Vec::new(), Vec::new()).await?.0);
     }
     // The server only reads these chunks (it `get`s the data), as `Bytes` buffers require.
-    let (r, _) =
-        ds.call_with_chunks(data, |chunks| Request::WriteChunks(WriteChunksReq { ino, offset, chunks })).await?;
+    let (r, _) = ds
+        .call_with_chunks(data, |chunks| Request::WriteChunks(WriteChunksReq { ino, offset, chunks, cap: cap.clone() }))
+        .await?;
     written(r)
 }

@@ -69,6 +69,29 @@ pub struct DataConfig {
     pub rdma: bool,
     #[serde(default)]
     pub rdma_port: u16,
+    /// How far this server's clock may be behind the MDS's: a capability is refused only this long after its
+    /// expiry (docs/format.md §10).
+    #[serde(default = "default_capability_clock_skew_ms")]
+    pub capability_clock_skew_ms: u64,
+    /// How long an inode whose object the MDS removed is remembered (any request on it is refused meanwhile, so an
+    /// old capability cannot recreate the object). Must exceed the MDS's `capability_ttl_ms` plus the skew.
+    #[serde(default = "default_removed_inode_memory_ms")]
+    pub removed_inode_memory_ms: u64,
+    /// At most this many removed inodes are remembered (the oldest forgotten first).
+    #[serde(default = "default_removed_inodes_max")]
+    pub removed_inodes_max: u32,
+}
+
+fn default_capability_clock_skew_ms() -> u64 {
+    5_000
+}
+/// Ten minutes: well past the default capability lifetime (60 s) plus the skew.
+fn default_removed_inode_memory_ms() -> u64 {
+    600_000
+}
+/// 64 Ki inodes, a few MiB at most.
+fn default_removed_inodes_max() -> u32 {
+    65_536
 }
 
 /// One size class of the data server's buffer pool.
@@ -164,6 +187,10 @@ mod tests {
         assert!(!cfg.short_circuit);
         assert!(cfg.shm && cfg.rdma);
         assert_eq!((cfg.shm_socket, cfg.rdma_port), (None, 0));
+        assert_eq!(
+            (cfg.capability_clock_skew_ms, cfg.removed_inode_memory_ms, cfg.removed_inodes_max),
+            (5000, 600_000, 65_536)
+        );
     }
 
     #[test]
@@ -188,6 +215,9 @@ mod tests {
             shm_socket = "/run/d.sock"
             rdma = false
             rdma_port = 7101
+            capability_clock_skew_ms = 10
+            removed_inode_memory_ms = 20
+            removed_inodes_max = 30
             [[pool_classes]]
             buf_bytes = 65536
             buffers = 4
@@ -201,6 +231,7 @@ mod tests {
         assert_eq!((cfg.heartbeat_ms, cfg.transfer_unit_bytes, cfg.pool_buffers), (250, 1 << 20, 8));
         assert_eq!((cfg.pipeline_piece_bytes, cfg.rdma_pipeline_piece_bytes), (512 << 10, 128 << 10));
         assert_eq!((cfg.slots_max, cfg.sessions_max, cfg.rdma_port), (16, 32, 7101));
+        assert_eq!((cfg.capability_clock_skew_ms, cfg.removed_inode_memory_ms, cfg.removed_inodes_max), (10, 20, 30));
         assert!(cfg.short_circuit && !cfg.shm && !cfg.rdma);
         assert_eq!(cfg.shm_socket, Some(PathBuf::from("/run/d.sock")));
         // Classes at or above the transfer unit are dropped; the unit's own class comes last.

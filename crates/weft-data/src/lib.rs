@@ -7,6 +7,7 @@
 //! - [`service`]: the RPC service, one method per data-server op.
 //! - [`node`]: the process: listeners, the service, and the heartbeat that registers it with the metadata service.
 
+pub mod capabilities;
 pub mod config;
 pub mod node;
 pub mod pipeline;

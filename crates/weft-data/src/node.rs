@@ -10,8 +10,9 @@ use tracing::{info, warn};
 use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
 use weft_proto::msg::RegisterServerReq;
 use weft_proto::{FrameLimits, Request};
-use weft_rpc::{BufferPool, ClientConfig, Credential, KeyRing, RpcClient, RpcServer, ServerConfig};
+use weft_rpc::{BufferPool, CapabilityKey, ClientConfig, Credential, KeyRing, RpcClient, RpcServer, ServerConfig};
 
+use crate::capabilities::CapabilityGate;
 use crate::config::DataConfig;
 use crate::service::DataService;
 use crate::store::ObjectStore;
@@ -59,7 +60,16 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         ..ServerConfig::default()
     };
     let pool = BufferPool::with_classes(&cfg.pool_classes()).map_err(DataServerError::Pool)?;
+    let gate = key.as_ref().map(|k| {
+        CapabilityGate::new(
+            CapabilityKey::derive(k),
+            cfg.capability_clock_skew_ms,
+            cfg.removed_inode_memory_ms,
+            cfg.removed_inodes_max as usize,
+        )
+    });
     let service = DataService::new(store.clone(), cfg.pool_buffers)
+        .with_capability_gate(gate)
         .with_short_circuit(cfg.short_circuit)
         .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
         .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes);

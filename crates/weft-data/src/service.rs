@@ -4,16 +4,20 @@
 //! Disk I/O runs on tokio's blocking pool so the network side keeps receiving the next transfer unit while the
 //! disk writes (or reads) this one: with the client keeping several units in flight, disk and network overlap.
 //! Small reads and writes (up to [`INLINE_IO_BYTES_MAX`]) run in place instead, see `DataService::read_inline`.
+//!
+//! Before any op on an inode runs, [`DataService::admit`] checks the capability it carries (with authentication
+//! on): a refused request reads and writes nothing.
 
 use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use weft_fabric::PeerMemory;
-use weft_proto::msg::{InoReq, ReadChunksReq, ReadReq, TruncateReq, WriteChunksReq, WriteReq};
-use weft_proto::{Chunk, ErrorCode, Request, Response, WireError};
+use weft_proto::msg::{FsyncReq, InoReq, ReadChunksReq, ReadReq, TruncateReq, WriteChunksReq, WriteReq};
+use weft_proto::{Chunk, ErrorCode, Request, Response, Rights, WireError};
 use weft_rpc::{BufferPool, CallCtx, PoolBuf, Reply, ReplyData, Service};
 
+use crate::capabilities::CapabilityGate;
 use crate::config::{DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES};
 use crate::pipeline::{self, Piece, join_error, memory_error};
 use crate::store::{DataError, MappedRead, ObjectStore};
@@ -32,6 +36,8 @@ pub struct DataService {
     /// [`DataConfig::rdma_pipeline_piece_bytes`](crate::DataConfig::rdma_pipeline_piece_bytes).
     piece_bytes: u64,
     rdma_piece_bytes: u64,
+    /// Checks capabilities; `None` with authentication off (nothing is checked).
+    gate: Option<CapabilityGate>,
 }
 
 impl DataService {
@@ -44,6 +50,46 @@ impl DataService {
             short_circuit: false,
             piece_bytes: u64::from(DEFAULT_PIPELINE_PIECE_BYTES),
             rdma_piece_bytes: u64::from(DEFAULT_RDMA_PIPELINE_PIECE_BYTES),
+            gate: None,
+        }
+    }
+
+    /// Checks every request's capability with `gate` (authentication on).
+    pub fn with_capability_gate(mut self, gate: Option<CapabilityGate>) -> DataService {
+        self.gate = gate;
+        self
+    }
+
+    /// The capability check of a request on an inode, and who may remove objects: only a server of the cluster
+    /// (the MDS's orphan collector proves the cluster key). Ops on no inode pass.
+    fn admit(&self, ctx: &CallCtx, req: &Request) -> Result<(), WireError> {
+        let (ino, rights, cap) = match req {
+            Request::Read(r) => (r.ino, Rights::READ, &r.cap),
+            Request::ReadChunks(r) => (r.ino, Rights::READ, &r.cap),
+            Request::Write(w) => (w.ino, Rights::WRITE, &w.cap),
+            Request::WriteChunks(w) => (w.ino, Rights::WRITE, &w.cap),
+            Request::Truncate(t) => (t.ino, Rights::WRITE, &t.cap),
+            // Durability of what is there: either right will do.
+            Request::Fsync(f) => (f.ino, Rights::NONE, &f.cap),
+            Request::RemoveObject(r) => {
+                if !ctx.principal.is_trusted_server() {
+                    warn!(peer = %ctx.peer, key = ctx.principal.name(), ino = r.ino,
+                        "refusing RemoveObject: only the metadata service (cluster key) removes objects");
+                    return Err(WireError::new(
+                        ErrorCode::NotPermitted,
+                        format!(
+                            "RemoveObject needs the cluster key (this connection proved {:?})",
+                            ctx.principal.name()
+                        ),
+                    ));
+                }
+                return Ok(());
+            }
+            _ => return Ok(()),
+        };
+        match &self.gate {
+            Some(gate) => gate.admit(&ctx.peer, &ctx.principal, ino, rights, cap),
+            None => Ok(()),
         }
     }
 
@@ -153,12 +199,15 @@ impl DataService {
     }
 
     async fn remove_object(&self, r: InoReq) -> Result<Reply, WireError> {
+        if let Some(gate) = &self.gate {
+            gate.removed(r.ino);
+        }
         let store = self.store.clone();
         on_blocking_pool(move || store.remove(r.ino)).await?;
         Ok(Response::RemoveObject(()).into())
     }
 
-    async fn fsync(&self, r: InoReq) -> Result<Reply, WireError> {
+    async fn fsync(&self, r: FsyncReq) -> Result<Reply, WireError> {
         if !self.short_circuit {
             let store = self.store.clone();
             on_blocking_pool(move || store.fsync(r.ino)).await?;
@@ -217,6 +266,30 @@ impl DataService {
 
 impl Service for DataService {
     async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
+        self.admit(ctx, &req)?;
+        let writes_ino = match &req {
+            Request::Write(w) => Some(w.ino),
+            Request::WriteChunks(w) => Some(w.ino),
+            Request::Truncate(t) => Some(t.ino),
+            _ => None,
+        };
+        let r = self.run(ctx, req, data).await;
+        // Admitted before the object's removal and finished after it: the object it recreated goes again, so no
+        // object outlives its orphan record.
+        if let (Some(ino), Some(gate)) = (writes_ino, &self.gate)
+            && gate.was_removed(ino)
+        {
+            let store = self.store.clone();
+            on_blocking_pool(move || store.remove(ino)).await?;
+            return Err(weft_rpc::Refusal::Removed(ino).to_wire());
+        }
+        r
+    }
+}
+
+impl DataService {
+    /// One op, admitted.
+    async fn run(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
         match req {
             Request::Read(r) => self.read(ctx, r).await,
             Request::ReadChunks(r) => self.read_chunks(ctx, r).await,
@@ -437,6 +510,9 @@ mod tests {
             shm_socket: None,
             rdma: false,
             rdma_port: 0,
+            capability_clock_skew_ms: 0,
+            removed_inode_memory_ms: 0,
+            removed_inodes_max: 1,
         };
         let pool = BufferPool::with_classes(&cfg.pool_classes()).unwrap();
         let svc = DataService::new(store, 4)
@@ -499,7 +575,12 @@ mod tests {
                 }
             }
             let offset = 3 * 4096 + 1234;
-            let req = Request::WriteChunks(WriteChunksReq { ino: 7, offset, chunks: wchunks.clone() });
+            let req = Request::WriteChunks(WriteChunksReq {
+                cap: weft_proto::Capability::none(),
+                ino: 7,
+                offset,
+                chunks: wchunks.clone(),
+            });
             let reply = svc.call(&ctx(&pool, &mem), req, None).await.unwrap();
             assert!(matches!(reply.resp, Response::WriteChunks(n) if n as usize == data.len()));
             let pieces = pipeline::split(&wchunks, offset, 64 << 10).unwrap().len();
@@ -513,7 +594,12 @@ mod tests {
             let read_off = offset - 5000;
             let read_len = data.len() + 5000 + 9000;
             let rchunks = scattered(1, 17, read_len);
-            let req = Request::ReadChunks(ReadChunksReq { ino: 7, offset: read_off, chunks: rchunks.clone() });
+            let req = Request::ReadChunks(ReadChunksReq {
+                cap: weft_proto::Capability::none(),
+                ino: 7,
+                offset: read_off,
+                chunks: rchunks.clone(),
+            });
             svc.call(&ctx(&pool, &mem), req, None).await.unwrap();
             let got = gather(&mem.region(1), &rchunks);
             assert!(got[..5000].iter().all(|&b| b == 0), "zone={zone}: before the data");
@@ -532,7 +618,8 @@ mod tests {
         mem.fail_get_at = Some(1);
         let mem = Arc::new(mem);
         let chunks = vec![Chunk { region: 0, offset: 5, len: 300 << 10 }];
-        let req = Request::WriteChunks(WriteChunksReq { ino: 8, offset: 100, chunks });
+        let req =
+            Request::WriteChunks(WriteChunksReq { cap: weft_proto::Capability::none(), ino: 8, offset: 100, chunks });
         let err = svc.call(&ctx(&pool, &mem), req, None).await.err().expect("the write fails");
         assert_eq!(err.code, ErrorCode::Io, "{err:?}");
         assert_eq!(mem.gets.load(Ordering::SeqCst), 2, "nothing is fetched after the failed piece");
@@ -553,7 +640,12 @@ mod tests {
             std::fs::write(&path, &raw).unwrap();
             let mem = Arc::new(FakeMemory::new(zone));
             let chunks = vec![Chunk { region: 1, offset: 0, len: 400 << 10 }];
-            let req = Request::ReadChunks(ReadChunksReq { ino: 9, offset: 0, chunks: chunks.clone() });
+            let req = Request::ReadChunks(ReadChunksReq {
+                cap: weft_proto::Capability::none(),
+                ino: 9,
+                offset: 0,
+                chunks: chunks.clone(),
+            });
             let err = svc.call(&ctx(&pool, &mem), req, None).await.err().expect("the read fails");
             assert_eq!(err.code, ErrorCode::Corrupt, "{err:?}");
             assert_eq!(mem.puts.load(Ordering::SeqCst), 2, "zone={zone}: pieces after the bad one are not put");
@@ -565,7 +657,12 @@ mod tests {
             let mut mem = FakeMemory::new(zone);
             mem.fail_put_at = Some(0);
             let mem = Arc::new(mem);
-            let req = Request::ReadChunks(ReadChunksReq { ino: 9, offset: 0, chunks: chunks.clone() });
+            let req = Request::ReadChunks(ReadChunksReq {
+                cap: weft_proto::Capability::none(),
+                ino: 9,
+                offset: 0,
+                chunks: chunks.clone(),
+            });
             let err = svc.call(&ctx(&pool, &mem), req, None).await.err().expect("the read fails");
             assert_eq!(err.code, ErrorCode::Io, "{err:?}");
             assert_eq!(mem.puts.load(Ordering::SeqCst), 1);
@@ -573,5 +670,48 @@ mod tests {
             assert_eq!(pool.available(), 6);
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+
+    /// With a gate: a request on an inode without a good capability is refused before the store is touched, and
+    /// only a cluster-key connection removes objects (the MDS's orphan collector).
+    #[tokio::test]
+    async fn the_gate_refuses_before_the_store_and_only_the_cluster_removes_objects() {
+        use weft_proto::msg::FsyncReq;
+        use weft_rpc::{CapabilityKey, Key, Principal};
+        let (svc, pool, dir) = setup("gate");
+        let key = CapabilityKey::derive(&Key::from_bytes([9; 32]));
+        let svc = svc.with_capability_gate(Some(CapabilityGate::new(key.clone(), 0, 60_000, 8)));
+        let memory = Arc::new(FakeMemory::new(false));
+        let mut cx = ctx(&pool, &memory);
+        cx.principal = Principal::Key { key_id: "alice".into() };
+        let expiry = weft_rpc::capability::unix_now_ms() + 60_000;
+        let theirs = key.seal(3, Rights::READ_WRITE, expiry, "cluster", 1).unwrap();
+        let mine = key.seal(3, Rights::READ_WRITE, expiry, "alice", 1).unwrap();
+        let write = |cap| Request::Truncate(TruncateReq { ino: 3, size: 4096, cap });
+        let e = svc.call(&cx, write(theirs), None).await.map(|_| ()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::CapabilityRefused, "another key's capability: {e}");
+        assert!(!common_object(&dir, 3).exists(), "a refused truncate created the object");
+        svc.call(&cx, write(mine.clone()), None).await.unwrap();
+        assert!(common_object(&dir, 3).exists());
+        let mine_again = mine.clone();
+        let fsync = Request::Fsync(FsyncReq { ino: 3, cap: mine });
+        svc.call(&cx, fsync, None).await.unwrap();
+        let remove = || Request::RemoveObject(InoReq { ino: 3 });
+        let e = svc.call(&cx, remove(), None).await.map(|_| ()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotPermitted, "{e}");
+        assert!(common_object(&dir, 3).exists(), "a refused RemoveObject removed the object");
+        cx.principal = Principal::Key { key_id: weft_rpc::auth::CLUSTER_KEY_ID.into() };
+        svc.call(&cx, remove(), None).await.unwrap();
+        assert!(!common_object(&dir, 3).exists());
+        // Removed: a still-valid capability of its own key no longer recreates it.
+        cx.principal = Principal::Key { key_id: "alice".into() };
+        let e = svc.call(&cx, write(mine_again), None).await.map(|_| ()).unwrap_err();
+        assert!(e.message.contains("removed"), "{e}");
+        assert!(!common_object(&dir, 3).exists(), "a write after the removal recreated the object");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn common_object(root: &std::path::Path, ino: u64) -> PathBuf {
+        root.join("objects").join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"))
     }
 }

@@ -46,22 +46,21 @@ impl State {
 }
 
 impl Handles {
-    /// A new handle on the file `attr` describes (fresh from the metadata service).
-    pub(crate) fn open(&self, client: &Client, attr: Attr) -> Result<u64, Errno> {
+    /// A new handle on `opened`, just opened at the metadata service (fresh attributes and a capability). A file
+    /// already open in this mount is shared: it learns the fresh size and, if wider, the new capability's rights.
+    pub(crate) fn open(&self, opened: File) -> Result<u64, Errno> {
         let mut s = self.state.lock().expect("handles");
         let fh = s.new_fh()?;
-        let ino = attr.ino;
+        let ino = opened.ino();
         let shared = s.by_ino.get(&ino).and_then(|(w, _)| w.upgrade());
         let file = match shared {
             Some(f) => {
                 // Another client may have grown the file since this mount opened it.
-                f.observe_size(attr.size);
+                f.observe_size(opened.attr().size);
+                f.adopt_capability(&opened);
                 f
             }
-            None => Arc::new(client.open_attr(attr).map_err(|e| {
-                tracing::warn!(ino, "cannot open: {e}");
-                Errno::EIO
-            })?),
+            None => Arc::new(opened),
         };
         let entry = s.by_ino.entry(ino).or_insert_with(|| (Arc::downgrade(&file), 0));
         entry.0 = Arc::downgrade(&file);

@@ -36,7 +36,7 @@ use fuser::{
     WriteFlags,
 };
 use tracing::debug;
-use weft_client::{Client, ClientError};
+use weft_client::{Client, ClientError, OpenMode};
 use weft_proto::{FileKind, SetAttrs, TimeSet};
 
 use crate::attr::file_attr;
@@ -323,7 +323,7 @@ impl Filesystem for WeftFs {
                     match i.handles.open_file(ino.0) {
                         Some(f) => f.truncate(size).await?,
                         None => {
-                            let f = i.client.open_ino(ino.0).await?;
+                            let f = i.client.open_ino(ino.0, OpenMode::Write).await?;
                             f.truncate(size).await?;
                         }
                     }
@@ -491,16 +491,13 @@ impl Filesystem for WeftFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.spawn(move |i| async move {
-            // Fresh attributes on every open: close-to-open.
-            let attr = match i.client.getattr(ino.0).await {
-                Ok(a) => a,
+            // Fresh attributes on every open (close-to-open), with the capability for the access mode asked.
+            let file = match i.client.open_ino(ino.0, open_mode(flags)).await {
+                Ok(f) => f,
                 Err(e) => return reply.error(errno(&e)),
             };
-            if attr.kind == FileKind::Dir {
-                return reply.error(Errno::EISDIR);
-            }
-            let keep_cache = i.revalidate(&attr);
-            match i.handles.open(&i.client, attr) {
+            let keep_cache = i.revalidate(file.attr());
+            match i.handles.open(file) {
                 Ok(fh) => reply.opened(FileHandle(fh), open_flags(&i.opts, flags, keep_cache)),
                 Err(e) => reply.error(e),
             }
@@ -817,14 +814,16 @@ impl Filesystem for WeftFs {
         let owner = (req.uid(), req.gid());
         let exclusive = flags & libc::O_EXCL != 0;
         self.spawn(move |i| async move {
-            let attr = match i.client.create_as(parent.0, &name, mode & !umask & 0o7777, owner, exclusive).await {
-                Ok(a) => a,
+            let perm = mode & !umask & 0o7777;
+            let file = match i.client.create_open_as(parent.0, &name, perm, owner, exclusive).await {
+                Ok(f) => f,
                 Err(e) => return reply.error(errno(&e)),
             };
+            let attr = file.attr().clone();
             let fattr = file_attr(&i.local_view(attr.clone()));
             // A new file has no cached pages (or a previous inode's, if the inode number came back: drop them).
             i.revalidate(&attr);
-            match i.handles.open(&i.client, attr) {
+            match i.handles.open(file) {
                 Ok(fh) => reply.created(
                     &i.entry_ttl(),
                     &fattr,
@@ -840,6 +839,16 @@ impl Filesystem for WeftFs {
 
 /// O_DIRECT (or `--direct-io`) bypasses the page cache; otherwise cached pages are kept only when the file is
 /// unchanged since this mount last opened it (`keep_cache`, see `Inner::validators`).
+/// The rights an open asks for, from its access mode (the kernel checked the mode bits already with
+/// `default_permissions`; the MDS checks them again when it issues the capability).
+fn open_mode(flags: OpenFlags) -> OpenMode {
+    match flags.0 & libc::O_ACCMODE {
+        libc::O_RDONLY => OpenMode::Read,
+        libc::O_WRONLY => OpenMode::Write,
+        _ => OpenMode::ReadWrite,
+    }
+}
+
 fn open_flags(opts: &MountOptions, flags: OpenFlags, keep_cache: bool) -> FopenFlags {
     if opts.direct_io || flags.0 & libc::O_DIRECT != 0 {
         FopenFlags::FOPEN_DIRECT_IO

@@ -52,6 +52,8 @@ pub struct LaunchOptions {
     pub env: Vec<(String, String)>,
     /// Extra TOML lines appended to each data server's config.
     pub data_extra_toml: String,
+    /// Extra TOML lines appended to the MDS's config (e.g. `capability_ttl_ms`).
+    pub meta_extra_toml: String,
     /// How long to wait for the cluster to come up.
     pub ready_timeout_ms: u64,
     /// `Key` (default): every role proves `DIR/cluster.key`; `None`: no authentication.
@@ -67,6 +69,7 @@ impl LaunchOptions {
             log_filter: "info".into(),
             env: Vec::new(),
             data_extra_toml: String::new(),
+            meta_extra_toml: String::new(),
             ready_timeout_ms: 60_000,
             auth: AuthMode::Key,
         }
@@ -106,7 +109,11 @@ impl LocalCluster {
             AuthMode::None => "auth = \"none\"\n".to_string(),
         };
         let meta_cfg = opts.dir.join("config/meta.toml");
-        let text = format!("listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}", opts.dir.join("meta"));
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}{}\n",
+            opts.dir.join("meta"),
+            opts.meta_extra_toml
+        );
         std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
         let mut cluster = LocalCluster { mds: None, data: Vec::new(), opts };
         let mds = cluster.spawn("meta", "meta", &meta_cfg).await?;
@@ -243,6 +250,21 @@ impl LocalCluster {
             AuthMode::None => None,
         };
         weft_rpc::ClientConfig { credential, ..weft_rpc::ClientConfig::default() }
+    }
+
+    /// A capability for `ino` with `rights`, valid for `ttl_ms`, sealed as the MDS seals them for a connection
+    /// proving the cluster key (the empty one with authentication off): for tests and tools that talk to one data
+    /// server directly with [`LocalCluster::rpc_config`].
+    pub fn capability(&self, ino: u64, rights: weft_proto::Rights, ttl_ms: u64) -> weft_proto::Capability {
+        let key = match self.opts.auth {
+            AuthMode::Key => weft_rpc::Key::load(&self.key_file()).ok(),
+            AuthMode::None => None,
+        };
+        let Some(key) = key else { return weft_proto::Capability::none() };
+        let expiry_ms = weft_rpc::capability::unix_now_ms().saturating_add(ttl_ms);
+        weft_rpc::CapabilityKey::derive(&key)
+            .seal(ino, rights, expiry_ms, weft_rpc::auth::CLUSTER_KEY_ID, 0)
+            .unwrap_or_else(|_| weft_proto::Capability::none())
     }
 
     pub async fn client(&self) -> Result<Client, weft_client::ClientError> {

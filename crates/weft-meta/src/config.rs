@@ -48,6 +48,10 @@ pub struct MetaConfig {
     /// Longest a journaled change waits for a checkpoint into the store (bounds replay time after a crash).
     #[serde(default = "default_checkpoint_interval_ms")]
     pub checkpoint_interval_ms: u64,
+    /// Lifetime of the capabilities `Open` issues (docs/format.md §10): bounds how long a removed permission keeps
+    /// working on the data servers; clients renew before it runs out.
+    #[serde(default = "default_capability_ttl_ms")]
+    pub capability_ttl_ms: u64,
 }
 
 impl MetaConfig {
@@ -62,6 +66,9 @@ impl MetaConfig {
     }
 }
 
+fn default_capability_ttl_ms() -> u64 {
+    crate::service::DEFAULT_CAPABILITY_TTL_MS
+}
 fn default_liveness_ms() -> u64 {
     5000
 }
@@ -106,6 +113,7 @@ mod tests {
         assert_eq!(journal.journal_bytes_max, default.journal_bytes_max);
         assert_eq!(journal.checkpoint_bytes, default.checkpoint_bytes);
         assert_eq!(journal.checkpoint_interval_ms, default.checkpoint_interval_ms);
+        assert_eq!(cfg.capability_ttl_ms, 60_000);
     }
 
     #[test]
@@ -124,6 +132,7 @@ mod tests {
             journal_bytes_max = 8388608
             checkpoint_bytes = 2097152
             checkpoint_interval_ms = 300
+            capability_ttl_ms = 2500
         "#;
         let cfg: MetaConfig = toml::from_str(text).unwrap();
         assert_eq!(cfg.rdma_listen.as_deref(), Some("rdma:10.0.0.1:7001"));
@@ -132,6 +141,7 @@ mod tests {
         let journal = cfg.journal();
         assert_eq!((journal.segment_bytes, journal.journal_bytes_max), (1 << 20, 8 << 20));
         assert_eq!((journal.checkpoint_bytes, journal.checkpoint_interval_ms), (2 << 20, 300));
+        assert_eq!(cfg.capability_ttl_ms, 2500);
         assert!(toml::from_str::<MetaConfig>(&format!("{text}\nunknown = 1\n")).is_err());
     }
 }

@@ -34,7 +34,8 @@ use weft_proto::msg::{
 };
 use weft_proto::{
     Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, READDIRPLUS_ENTRIES_MAX,
-    ROOT_INO, Request, Response, SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet, WireError,
+    ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet,
+    WireError,
 };
 
 use crate::clock::Clock;
@@ -177,6 +178,39 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
     /// [`Mask::NONE`] asks only that it exists): the check an ACCESS request or an open makes. Reads only.
     pub fn access(&self, cred: &Cred, ino: u64, mask: Mask) -> Result<(), WireError> {
         self.store.read(|t| Ok(perm::may(cred, &load(t, ino)?, mask)?))
+    }
+
+    /// The fresh attributes of regular file `ino` once `cred` may access it for `rights` (read needs R, write W):
+    /// the check behind `Open`. A directory is `IsDir`, any other non-regular file `Invalid`: only regular files
+    /// have objects on the data servers. Reads only.
+    pub fn open(&self, cred: &Cred, ino: u64, rights: Rights) -> Result<Attr, WireError> {
+        if !rights.is_valid() {
+            return Err(werr(ErrorCode::Invalid, format!("open of inode {ino} asks for no valid rights ({rights:?})")));
+        }
+        let mut bits = 0;
+        if rights.covers(Rights::READ) {
+            bits |= Mask::READ.bits();
+        }
+        if rights.covers(Rights::WRITE) {
+            bits |= Mask::WRITE.bits();
+        }
+        self.store.read(|t| {
+            let inode = load(t, ino)?;
+            match inode.kind {
+                FileKind::File => {}
+                FileKind::Dir => {
+                    return Err(werr(ErrorCode::IsDir, format!("inode {ino} is a directory: it has no data to open")));
+                }
+                other => {
+                    return Err(werr(
+                        ErrorCode::Invalid,
+                        format!("inode {ino} is a {other:?}, not a regular file: it has no data to open"),
+                    ));
+                }
+            }
+            perm::may(cred, &inode, Mask::from_bits(bits))?;
+            Ok(inode.attr())
+        })
     }
 
     /// Up to `limit` removed files whose objects are still to be deleted from the data servers. A store failure is

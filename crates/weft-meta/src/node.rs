@@ -52,7 +52,9 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         auth: key.clone().map(|k| Arc::new(KeyRing::cluster(k))),
         ..ServerConfig::default()
     };
-    let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(MetaService::new(ns.clone())));
+    let cap_key = key.as_ref().map(weft_rpc::CapabilityKey::derive);
+    let service = MetaService::new(ns.clone()).with_capabilities(cap_key, cfg.capability_ttl_ms);
+    let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(service));
     info!(%addr, store = %dir.display(), "metadata service listening");
     if let Some(rdma) = &cfg.rdma_listen {
         let l = fabric.listen(rdma).await.map_err(|source| MetaServerError::Listen { addr: rdma.clone(), source })?;

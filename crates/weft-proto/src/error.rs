@@ -39,25 +39,33 @@ pub enum ErrorCode {
     /// The connection has not proved it holds a key (or its proof was wrong): nothing but `Null` and the
     /// authentication ops is served on it.
     Unauthenticated,
+    /// A data server refused the request's capability (missing, forged, for another inode or key, without the
+    /// rights the op needs, or for a removed file): nothing was read or written. The message says which.
+    CapabilityRefused,
+    /// The request's capability expired: the client renews it at the MDS (`Open`) and retries once.
+    CapabilityExpired,
 }
 
 impl ErrorCode {
     /// The Linux errno a POSIX front end returns for this code.
     pub fn errno(self) -> i32 {
         match self {
-            ErrorCode::NotFound => 2,                                      // ENOENT
-            ErrorCode::Exists => 17,                                       // EEXIST
-            ErrorCode::NotDir => 20,                                       // ENOTDIR
-            ErrorCode::IsDir => 21,                                        // EISDIR
-            ErrorCode::NotEmpty => 39,                                     // ENOTEMPTY
-            ErrorCode::Invalid | ErrorCode::NotSymlink => 22,              // EINVAL
-            ErrorCode::NameTooLong => 36,                                  // ENAMETOOLONG
-            ErrorCode::Permission | ErrorCode::Unauthenticated => 13,      // EACCES
-            ErrorCode::NoSpace => 28,                                      // ENOSPC
+            ErrorCode::NotFound => 2,                         // ENOENT
+            ErrorCode::Exists => 17,                          // EEXIST
+            ErrorCode::NotDir => 20,                          // ENOTDIR
+            ErrorCode::IsDir => 21,                           // EISDIR
+            ErrorCode::NotEmpty => 39,                        // ENOTEMPTY
+            ErrorCode::Invalid | ErrorCode::NotSymlink => 22, // EINVAL
+            ErrorCode::NameTooLong => 36,                     // ENAMETOOLONG
+            ErrorCode::Permission
+            | ErrorCode::Unauthenticated
+            | ErrorCode::CapabilityRefused
+            | ErrorCode::CapabilityExpired => 13, // EACCES
+            ErrorCode::NoSpace => 28,                         // ENOSPC
             ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal => 5, // EIO
-            ErrorCode::OutOfRange => 27,                                   // EFBIG
-            ErrorCode::Busy => 11,                                         // EAGAIN
-            ErrorCode::NotPermitted => 1,                                  // EPERM
+            ErrorCode::OutOfRange => 27,                      // EFBIG
+            ErrorCode::Busy => 11,                            // EAGAIN
+            ErrorCode::NotPermitted => 1,                     // EPERM
             _ => 5,
         }
     }

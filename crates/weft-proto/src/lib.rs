@@ -8,6 +8,7 @@
 //! is chosen by the op code, never by position), then `data_len` bytes of bulk payload that is never copied into
 //! the body.
 
+pub mod capability;
 pub mod chunk;
 pub mod error;
 pub mod frame;
@@ -15,6 +16,7 @@ pub mod layout;
 pub mod msg;
 pub mod types;
 
+pub use capability::{Capability, Rights};
 pub use chunk::{Chunk, ChunkError, Region, RegionTable};
 pub use error::{ErrorCode, WireError};
 pub use frame::{FrameError, FrameKind, FrameLimits, HEADER_LEN, Header};

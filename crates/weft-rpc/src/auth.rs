@@ -150,7 +150,7 @@ impl Key {
         }
     }
 
-    fn hmac_key(&self) -> hmac::Key {
+    pub(crate) fn hmac_key(&self) -> hmac::Key {
         hmac::Key::new(hmac::HMAC_SHA256, &self.0)
     }
 }

@@ -15,6 +15,7 @@
 //!   (back-pressure, not growth).
 
 pub mod auth;
+pub mod capability;
 pub mod client;
 pub mod config;
 mod conn;
@@ -28,6 +29,7 @@ pub mod server;
 mod session;
 
 pub use auth::{AuthMode, Credential, Key, KeyError, KeyRing, Principal};
+pub use capability::{CapabilityKey, Demand, Refusal};
 pub use client::RpcClient;
 pub use config::{ClientConfig, ServerConfig};
 pub use error::RpcError;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use weft_client::{Client, ClientError, ClusterConfig};
+use weft_client::{Client, ClientError, ClusterConfig, OpenMode};
 use weft_launch::{LaunchOptions, LocalCluster};
 use weft_proto::{FileKind, ServerState};
 
@@ -292,7 +292,7 @@ pub async fn put(spec: &str, local: &Path, remote: &str) -> Result<()> {
 }
 
 async fn copy_out(c: &Client, remote: &str, out: &mut (impl AsyncWriteExt + Unpin)) -> Result<()> {
-    let f = c.open(remote).await?;
+    let f = c.open(remote, OpenMode::Read).await?;
     let mut offset = 0u64;
     while offset < f.size() {
         let buf = f.read_at(offset, BytesMut::zeroed(COPY_CHUNK_BYTES)).await.map_err(|e| e.with_path(remote))?;
@@ -396,7 +396,7 @@ pub async fn ln(spec: &str, target: &str, link: &str, symbolic: bool) -> Result<
 
 pub async fn truncate(spec: &str, path: &str, size: u64) -> Result<()> {
     let c = connect(spec).await?;
-    let f = c.open(path).await?;
+    let f = c.open(path, OpenMode::Write).await?;
     f.truncate(size).await?;
     Ok(())
 }

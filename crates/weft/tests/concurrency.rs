@@ -5,6 +5,7 @@ mod common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;
+use weft_client::OpenMode;
 
 #[tokio::test]
 async fn concurrent_writers_from_several_processes() {
@@ -28,7 +29,7 @@ async fn concurrent_writers_from_several_processes() {
     let c = cl.client().await;
     for i in 0..4u64 {
         let want = pattern(100 + i, 0, 5_000_000 + i as usize * 1000);
-        let f = c.open(&format!("/f{i}")).await.unwrap();
+        let f = c.open(&format!("/f{i}"), OpenMode::ReadWrite).await.unwrap();
         assert_eq!(f.size(), want.len() as u64);
         let got = f.read_at(0, BytesMut::zeroed(want.len())).await.unwrap();
         assert!(got[..] == want[..], "file {i} differs");
@@ -44,15 +45,15 @@ async fn close_to_open_between_two_clients() {
     let fa = a.create_path("/shared", 0o644, true, false).await.unwrap();
     fa.write_at(0, Bytes::from(pattern(1, 0, 200_000))).await.unwrap();
     fa.close().await.unwrap();
-    let fb = b.open("/shared").await.unwrap();
+    let fb = b.open("/shared", OpenMode::ReadWrite).await.unwrap();
     assert_eq!(fb.size(), 200_000);
     assert_eq!(&fb.read_at(0, BytesMut::zeroed(200_000)).await.unwrap()[..], &pattern(1, 0, 200_000)[..]);
 
     // A rewrite and extension by A after B opened: B sees it on its next open.
-    let fa = a.open("/shared").await.unwrap();
+    let fa = a.open("/shared", OpenMode::ReadWrite).await.unwrap();
     fa.write_at(150_000, Bytes::from(pattern(2, 0, 100_000))).await.unwrap();
     fa.close().await.unwrap();
-    let fb = b.open("/shared").await.unwrap();
+    let fb = b.open("/shared", OpenMode::ReadWrite).await.unwrap();
     assert_eq!(fb.size(), 250_000);
     let got = fb.read_at(0, BytesMut::zeroed(250_000)).await.unwrap();
     assert_eq!(&got[..150_000], &pattern(1, 0, 150_000)[..]);
@@ -65,13 +66,13 @@ async fn the_largest_size_wins_among_concurrent_writers() {
     let a = cl.client().await;
     let b = cl.client().await;
     a.create_path("/one", 0o644, true, false).await.unwrap().close().await.unwrap();
-    let fa = a.open("/one").await.unwrap();
-    let fb = b.open("/one").await.unwrap();
+    let fa = a.open("/one", OpenMode::ReadWrite).await.unwrap();
+    let fb = b.open("/one", OpenMode::ReadWrite).await.unwrap();
     fa.write_at(0, Bytes::from(vec![1u8; 500_000])).await.unwrap();
     fb.write_at(0, Bytes::from(vec![2u8; 100])).await.unwrap();
     // The longer writer commits first; the shorter commit must not shrink the file.
     fa.close().await.unwrap();
     fb.close().await.unwrap();
-    let f = a.open("/one").await.unwrap();
+    let f = a.open("/one", OpenMode::ReadWrite).await.unwrap();
     assert_eq!(f.size(), 500_000);
 }

@@ -7,7 +7,7 @@ mod common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;
-use weft_client::{Client, ClientError, File};
+use weft_client::{Client, ClientError, File, OpenMode};
 use weft_proto::ROOT_INO;
 use weft_rpc::RpcError;
 
@@ -56,7 +56,7 @@ async fn acknowledged_creates_survive_kill_9_of_the_mds() {
         assert!(present.contains(name), "acknowledged create {name} was lost");
     }
     // The file written before the crash is intact.
-    let f = c.open("/before").await.unwrap();
+    let f = c.open("/before", OpenMode::ReadWrite).await.unwrap();
     let buf = f.read_at(0, bytes::BytesMut::zeroed(100_000)).await.unwrap();
     assert_eq!(&buf[..], &pattern(11, 0, 100_000)[..]);
 }
@@ -140,7 +140,7 @@ async fn striped_file(name: &str) -> (TestCluster, Vec<u8>) {
 }
 
 async fn read_all(c: &Client) -> Result<Vec<u8>, ClientError> {
-    let f = c.open("/d/f").await?;
+    let f = c.open("/d/f", OpenMode::ReadWrite).await?;
     Ok(f.read_at(0, BytesMut::zeroed(STRIPED_BYTES)).await?.to_vec())
 }
 
@@ -163,7 +163,7 @@ async fn assert_reads_need(cl: &TestCluster, down: u32, data: &[u8]) {
         }
         other => panic!("a read that needs data server {down} while it is down: {other:?}"),
     }
-    let f = c.open("/d/f").await.unwrap();
+    let f = c.open("/d/f", OpenMode::ReadWrite).await.unwrap();
     let up = (down + 1) % 3;
     let (offset, unit) = read_unit_on(&f, up).await.unwrap();
     assert!(unit[..] == data[offset as usize..offset as usize + STRIPE_UNIT as usize], "server {up} still serves");

@@ -5,7 +5,7 @@ mod common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;
-use weft_client::ClientError;
+use weft_client::{ClientError, OpenMode};
 use weft_proto::{ROOT_INO, SetAttrs};
 
 #[tokio::test]
@@ -66,7 +66,7 @@ async fn one_gib_round_trip_has_equal_checksums() {
     }
     f.close().await.unwrap();
 
-    let f = client.open("/big").await.unwrap();
+    let f = client.open("/big", OpenMode::ReadWrite).await.unwrap();
     assert_eq!(f.size(), total);
     let mut crc_out = 0u32;
     let mut off = 0u64;
@@ -91,7 +91,7 @@ async fn holes_truncate_and_overwrites() {
     let f = client.create_path("/small/holey", 0o644, true, false).await.unwrap();
     f.write_at(100_000, Bytes::from(vec![0xAA; 100])).await.unwrap();
     f.close().await.unwrap();
-    let f = client.open("/small/holey").await.unwrap();
+    let f = client.open("/small/holey", OpenMode::ReadWrite).await.unwrap();
     assert_eq!(f.size(), 100_100);
     let buf = f.read_at(0, BytesMut::zeroed(200_000)).await.unwrap();
     assert_eq!(buf.len(), 100_100, "reads stop at the end of the file");
@@ -109,7 +109,7 @@ async fn holes_truncate_and_overwrites() {
     f.sync().await.unwrap();
     assert_eq!(client.getattr(f.ino()).await.unwrap().size, 50_000, "sync commits the size");
     f.close().await.unwrap();
-    let f = client.open("/small/over").await.unwrap();
+    let f = client.open("/small/over", OpenMode::ReadWrite).await.unwrap();
     let buf = f.read_at(0, BytesMut::zeroed(50_000)).await.unwrap();
     assert_eq!(&buf[..], &model[..]);
 
@@ -120,7 +120,7 @@ async fn holes_truncate_and_overwrites() {
         assert_eq!(len, f.layout().object_size(10_001, i as u32), "object of server {server} after truncate");
     }
     client.setattr(f.ino(), SetAttrs { size: Some(30_000), ..Default::default() }).await.unwrap();
-    let f = client.open("/small/over").await.unwrap();
+    let f = client.open("/small/over", OpenMode::ReadWrite).await.unwrap();
     assert_eq!(f.size(), 30_000);
     let buf = f.read_at(0, BytesMut::zeroed(30_000)).await.unwrap();
     assert_eq!(&buf[..10_001], &model[..10_001]);
@@ -146,7 +146,7 @@ async fn a_corrupted_block_is_an_error_naming_file_and_offset_never_wrong_bytes(
     obj[70_000] ^= 0xFF;
     std::fs::write(&path, &obj).unwrap();
 
-    let f = client.open("/d/victim").await.unwrap();
+    let f = client.open("/d/victim", OpenMode::ReadWrite).await.unwrap();
     let err = f.read_at(0, BytesMut::zeroed(256 << 10)).await.unwrap_err();
     let expected_block = 70_000 / 4096 * 4096;
     match &err {

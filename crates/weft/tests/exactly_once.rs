@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use weft_client::OpenMode;
 use weft_proto::{Op, ROOT_INO};
 
 #[tokio::test]
@@ -54,7 +55,7 @@ async fn a_retried_write_to_a_data_server_is_answered_from_cache() {
     let f = c.create_path("/w", 0o644, true, false).await.unwrap();
     f.write_at(0, bytes::Bytes::from(pattern(5, 0, 10_000))).await.unwrap();
     f.close().await.unwrap();
-    let g = c.open("/w").await.unwrap();
+    let g = c.open("/w", OpenMode::ReadWrite).await.unwrap();
     let buf = g.read_at(0, bytes::BytesMut::zeroed(10_000)).await.unwrap();
     assert_eq!(&buf[..], &pattern(5, 0, 10_000)[..]);
     let log = cl.log("data0");

@@ -6,10 +6,10 @@ mod common;
 
 use bytes::{Bytes, BytesMut};
 use common::{WEFT, pattern, start};
-use weft_client::{Client, ClientTuning, ClusterConfig, FabricChoice};
+use weft_client::{Client, ClientTuning, ClusterConfig, FabricChoice, OpenMode};
 use weft_fabric::{ShmConfig, ShmFabric, TcpFabric};
 use weft_proto::msg::{FabricStat, ReadChunksReq, RegionsReq, WriteChunksReq};
-use weft_proto::{Chunk, ErrorCode, Region, Request, Response};
+use weft_proto::{Chunk, ErrorCode, Region, Request, Response, Rights};
 use weft_rpc::RpcClient;
 
 async fn client_over(c: &common::TestCluster, fabric: FabricChoice) -> Client {
@@ -58,7 +58,7 @@ async fn every_size_class_round_trips_over_tcp_and_shm() {
             let f = client.create_path(&path, 0o644, false, true).await.unwrap();
             f.write_at(777, Bytes::from(data.clone())).await.unwrap();
             f.close().await.unwrap();
-            let f = client.open(&path).await.unwrap();
+            let f = client.open(&path, OpenMode::ReadWrite).await.unwrap();
             let got = f.read_at(0, BytesMut::zeroed(len + 777 + 10)).await.unwrap();
             assert_eq!(got.len(), len + 777, "{path}");
             assert!(got[..777].iter().all(|&b| b == 0), "{path}: the hole reads as zeros");
@@ -79,7 +79,8 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
     let f = honest.create_path("/victim", 0o644, false, true).await.unwrap();
     f.write_at(0, Bytes::from(data.clone())).await.unwrap();
     f.close().await.unwrap();
-    let ino = honest.open("/victim").await.unwrap().ino();
+    let ino = honest.open("/victim", OpenMode::ReadWrite).await.unwrap().ino();
+    let cap = c.capability(ino, Rights::READ_WRITE, 600_000);
 
     let probe = RpcClient::connect(TcpFabric::default(), &tcp_addr, c.rpc_config()).await.unwrap();
     let shm_addr = match probe.call_control(Request::FabricInfo(())).await.unwrap() {
@@ -98,6 +99,7 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
         (
             "read past the arena's end",
             Request::ReadChunks(ReadChunksReq {
+                cap: cap.clone(),
                 ino,
                 offset: 0,
                 chunks: vec![Chunk { region: 0, offset: arena_bytes as u64 - 100, len: 4096 }],
@@ -106,6 +108,7 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
         (
             "read into a region never registered",
             Request::ReadChunks(ReadChunksReq {
+                cap: cap.clone(),
                 ino,
                 offset: 0,
                 chunks: vec![Chunk { region: 77, offset: 0, len: 4096 }],
@@ -114,6 +117,7 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
         (
             "read past a registered region",
             Request::ReadChunks(ReadChunksReq {
+                cap: cap.clone(),
                 ino,
                 offset: 0,
                 chunks: vec![Chunk { region: 5, offset: 4096, len: 8192 }],
@@ -122,6 +126,7 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
         (
             "write from outside a registered region",
             Request::WriteChunks(WriteChunksReq {
+                cap: cap.clone(),
                 ino,
                 offset: 0,
                 chunks: vec![Chunk { region: 5, offset: u64::MAX - 10, len: 4096 }],
@@ -140,11 +145,15 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
     assert!(c.log("data0").contains("refusing a chunk list"), "the refusal is logged");
 
     // A well-formed request on the same connection is still served, and the file is unchanged.
-    let ok =
-        Request::ReadChunks(ReadChunksReq { ino, offset: 0, chunks: vec![Chunk { region: 5, offset: 0, len: 8192 }] });
+    let ok = Request::ReadChunks(ReadChunksReq {
+        cap: cap.clone(),
+        ino,
+        offset: 0,
+        chunks: vec![Chunk { region: 5, offset: 0, len: 8192 }],
+    });
     rogue.call(ok, Vec::new(), Vec::new()).await.unwrap();
     assert!(std::hint::black_box(&mine)[..] == data[..8192]);
-    let f = honest.open("/victim").await.unwrap();
+    let f = honest.open("/victim", OpenMode::ReadWrite).await.unwrap();
     let got = f.read_at(0, BytesMut::zeroed(data.len())).await.unwrap();
     assert!(got[..] == data[..], "the victim file is intact and still served");
     rogue.close().await;
@@ -186,7 +195,7 @@ async fn a_killed_clients_arena_is_released() {
     assert_eq!(after.regions, 0, "its registrations went with it: {after:?}");
 
     // The server still serves others.
-    let f = writer.open("/big").await.unwrap();
+    let f = writer.open("/big", OpenMode::ReadWrite).await.unwrap();
     assert_eq!(f.read_at(0, BytesMut::zeroed(4 << 20)).await.unwrap().len(), 4 << 20);
     writer.close().await;
 }
@@ -300,7 +309,8 @@ async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm()
     let honest = client_over(&c, FabricChoice::Tcp).await;
     let f = honest.create_path("/pieces", 0o644, false, true).await.unwrap();
     f.close().await.unwrap();
-    let ino = honest.open("/pieces").await.unwrap().ino();
+    let ino = honest.open("/pieces", OpenMode::ReadWrite).await.unwrap().ino();
+    let cap = c.capability(ino, Rights::READ_WRITE, 600_000);
 
     let probe = RpcClient::connect(TcpFabric::default(), &tcp_addr, c.rpc_config()).await.unwrap();
     let shm_addr = match probe.call_control(Request::FabricInfo(())).await.unwrap() {
@@ -329,7 +339,7 @@ async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm()
         Region { id: 6, addr: dst.as_mut_ptr() as u64, len: dst.len() as u64, rkey: 0 },
     ];
     raw.call_control(Request::Regions(RegionsReq { add, remove: vec![] })).await.unwrap();
-    let req = Request::WriteChunks(WriteChunksReq { ino, offset, chunks: wchunks });
+    let req = Request::WriteChunks(WriteChunksReq { cap: cap.clone(), ino, offset, chunks: wchunks });
     match raw.call(req, Vec::new(), Vec::new()).await.unwrap().0 {
         Response::WriteChunks(n) => assert_eq!(n as usize, len),
         other => panic!("unexpected {other:?}"),
@@ -342,7 +352,12 @@ async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm()
     // ...and through a pipelined read scattered differently, starting before the data and ending past it.
     let (before, after) = (5000usize, 3000usize);
     let rchunks = scattered(6, 11, before + len + after);
-    let req = Request::ReadChunks(ReadChunksReq { ino, offset: offset - before as u64, chunks: rchunks.clone() });
+    let req = Request::ReadChunks(ReadChunksReq {
+        cap: cap.clone(),
+        ino,
+        offset: offset - before as u64,
+        chunks: rchunks.clone(),
+    });
     raw.call(req, Vec::new(), Vec::new()).await.unwrap();
     let back: Vec<u8> = std::hint::black_box(&dst)[..].to_vec();
     let back: Vec<u8> =
@@ -362,7 +377,7 @@ async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm()
         Chunk { region: 7, offset: half as u64, len: 300 << 10 },
     ];
     // Far from the data: the pieces before the failure are written (as a failed pwrite may write a prefix).
-    let req = Request::WriteChunks(WriteChunksReq { ino, offset: 8 << 20, chunks });
+    let req = Request::WriteChunks(WriteChunksReq { cap: cap.clone(), ino, offset: 8 << 20, chunks });
     let err = raw.call(req, Vec::new(), Vec::new()).await.expect_err("a write from inaccessible memory fails");
     let w = err.remote().unwrap_or_else(|| panic!("not a server error: {err}"));
     assert_eq!(w.code, ErrorCode::Io, "{w}");
@@ -370,6 +385,7 @@ async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm()
 
     // The connection and the server keep serving.
     let req = Request::ReadChunks(ReadChunksReq {
+        cap: cap.clone(),
         ino,
         offset,
         chunks: vec![Chunk { region: 6, offset: 0, len: len as u32 }],

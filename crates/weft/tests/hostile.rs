@@ -7,10 +7,11 @@ use bytes::{Bytes, BytesMut};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use weft_client::OpenMode;
 use weft_fabric::TcpFabric;
 use weft_proto::frame::FLAG_ERROR;
 use weft_proto::msg::{ReadReq, TruncateReq, WriteReq, decode};
-use weft_proto::{ErrorCode, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, WireError};
+use weft_proto::{ErrorCode, FrameLimits, HEADER_LEN, Header, ROOT_INO, Request, Rights, WireError};
 use weft_rpc::RpcClient;
 
 /// A request outside any session whose header announces `data_len` payload bytes (none follow).
@@ -47,7 +48,7 @@ async fn malformed_frames_are_refused_and_servers_keep_serving() {
         let mut f = frame(100, &[], 0);
         f[28..32].copy_from_slice(&(512u32 << 20).to_le_bytes());
         assert!(refused(&addr, &f, false).await.contains("exceeds"), "oversized body");
-        let f = frame(201, &[], u32::MAX);
+        let f = frame(weft_proto::Op::Write as u16, &[], u32::MAX);
         assert!(refused(&addr, &f, false).await.contains("exceeds"), "oversized payload");
         assert!(refused(&addr, &frame(1, &[], 0)[..17], true).await.contains("truncated"));
         assert!(refused(&addr, &frame(4242, &[], 0), false).await.contains("unknown op"));
@@ -67,7 +68,7 @@ async fn malformed_frames_are_refused_and_servers_keep_serving() {
     let f = good.create_path("/data", 0o644, true, false).await.unwrap();
     f.write_at(0, Bytes::from_static(b"still fine")).await.unwrap();
     f.close().await.unwrap();
-    let g = good.open("/data").await.unwrap();
+    let g = good.open("/data", OpenMode::ReadWrite).await.unwrap();
     assert_eq!(&g.read_at(0, BytesMut::zeroed(10)).await.unwrap()[..], b"still fine");
 }
 
@@ -80,29 +81,48 @@ fn code<T>(r: Result<T, weft_rpc::RpcError>) -> Option<ErrorCode> {
 async fn out_of_range_offsets_and_lengths_are_refused() {
     let cl = start("hostile-ranges", 1).await;
     let ds = RpcClient::connect(TcpFabric::default(), &cl.data_addrs()[0], cl.rpc_config()).await.unwrap();
+    let cap = cl.capability(5, Rights::READ_WRITE, 600_000);
 
     // A read larger than a transfer unit.
     let r = ds
-        .call(Request::Read(ReadReq { ino: 5, offset: 0, len: 64 << 20 }), vec![], vec![BytesMut::zeroed(64 << 20)])
+        .call(
+            Request::Read(ReadReq { ino: 5, offset: 0, len: 64 << 20, cap: cap.clone() }),
+            vec![],
+            vec![BytesMut::zeroed(64 << 20)],
+        )
         .await;
     assert_eq!(code(r), Some(ErrorCode::OutOfRange));
     // Offsets whose end overflows or lies beyond what an object may hold.
     let r = ds
-        .call(Request::Read(ReadReq { ino: 5, offset: u64::MAX - 10, len: 100 }), vec![], vec![BytesMut::zeroed(100)])
+        .call(
+            Request::Read(ReadReq { ino: 5, offset: u64::MAX - 10, len: 100, cap: cap.clone() }),
+            vec![],
+            vec![BytesMut::zeroed(100)],
+        )
         .await;
     assert_eq!(code(r), Some(ErrorCode::OutOfRange));
-    let r = ds.call(Request::Write(WriteReq { ino: 5, offset: 1 << 62 }), vec![Bytes::from_static(b"x")], vec![]).await;
+    let r = ds
+        .call(
+            Request::Write(WriteReq { ino: 5, offset: 1 << 62, cap: cap.clone() }),
+            vec![Bytes::from_static(b"x")],
+            vec![],
+        )
+        .await;
     assert_eq!(code(r), Some(ErrorCode::OutOfRange));
-    let r = ds.call_simple(Request::Truncate(TruncateReq { ino: 5, size: u64::MAX })).await;
+    let r = ds.call_simple(Request::Truncate(TruncateReq { ino: 5, size: u64::MAX, cap: cap.clone() })).await;
     assert_eq!(code(r), Some(ErrorCode::OutOfRange));
     // An op that data servers do not serve.
     let r = ds.call_simple(Request::Statfs(())).await;
     assert_eq!(code(r), Some(ErrorCode::BadRequest));
     // And the same session still works.
-    let (resp, _) =
-        ds.call(Request::Write(WriteReq { ino: 5, offset: 0 }), vec![Bytes::from_static(b"ok")], vec![]).await.unwrap();
+    let (resp, _) = ds
+        .call(Request::Write(WriteReq { ino: 5, offset: 0, cap: cap.clone() }), vec![Bytes::from_static(b"ok")], vec![])
+        .await
+        .unwrap();
     assert_eq!(resp, weft_proto::Response::Write(2));
-    let (_, back) =
-        ds.call(Request::Read(ReadReq { ino: 5, offset: 0, len: 2 }), vec![], vec![BytesMut::zeroed(2)]).await.unwrap();
+    let (_, back) = ds
+        .call(Request::Read(ReadReq { ino: 5, offset: 0, len: 2, cap: cap.clone() }), vec![], vec![BytesMut::zeroed(2)])
+        .await
+        .unwrap();
     assert_eq!(&back[0][..], b"ok");
 }

@@ -13,12 +13,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use weft_fabric::{Fabric, Listener, TcpFabric};
 use weft_proto::msg::{ReadReq, SessionCreateReq};
-use weft_proto::{ErrorCode, FrameLimits, HEADER_LEN, Request, Response, WireError};
+use weft_proto::{Capability, ErrorCode, FrameLimits, HEADER_LEN, Request, Response, WireError};
 use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
 
 const OP_NULL: u16 = 1;
 const OP_SESSION_CREATE: u16 = 2;
-const OP_READ: u16 = 200;
+const OP_READ: u16 = weft_proto::Op::Read as u16;
 
 /// Every wait in these tests is bounded by this; reaching it fails the test (nothing is timed).
 const BOUND: Duration = Duration::from_secs(60);
@@ -139,7 +139,8 @@ async fn two_thousand_half_open_connections_do_not_stop_a_client_from_another_ad
     let served = async {
         let session = raw_session(&mut s, 4).await;
         for i in 0..8u32 {
-            let read = Request::Read(ReadReq { ino: 1, offset: u64::from(i) * 1000, len: 100_000 });
+            let read =
+                Request::Read(ReadReq { ino: 1, offset: u64::from(i) * 1000, len: 100_000, cap: Capability::none() });
             s.write_all(&frame(OP_READ, session, 0, i + 1, &read.encode_body())).await.unwrap();
             let (h, _, data) = read_reply(&mut s).await;
             assert_eq!(h.flags & weft_proto::frame::FLAG_ERROR, 0);
@@ -164,7 +165,10 @@ async fn at_the_global_cap_unproven_connections_make_room_and_proven_ones_stay()
     let served = async {
         let c = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
         let dest = vec![BytesMut::zeroed(4096)];
-        let (r, dest) = c.call(Request::Read(ReadReq { ino: 1, offset: 7, len: 4096 }), vec![], dest).await.unwrap();
+        let (r, dest) = c
+            .call(Request::Read(ReadReq { ino: 1, offset: 7, len: 4096, cap: Capability::none() }), vec![], dest)
+            .await
+            .unwrap();
         assert_eq!(r, Response::Read(()));
         assert!(dest[0].iter().enumerate().all(|(j, b)| *b == pattern_byte(7 + j as u64)));
     };
@@ -202,7 +206,7 @@ async fn idle_connections_are_closed_after_the_idle_timeout() {
     assert_closed_by_server(&mut s).await;
     // A client whose connection was closed for idleness reconnects on its next call.
     let c = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
-    let read = || Request::Read(ReadReq { ino: 1, offset: 0, len: 10 });
+    let read = || Request::Read(ReadReq { ino: 1, offset: 0, len: 10, cap: Capability::none() });
     c.call(read(), vec![], vec![BytesMut::zeroed(10)]).await.unwrap();
     let mut probe = TcpStream::connect(&addr).await.unwrap();
     raw_null(&mut probe).await;
@@ -230,7 +234,12 @@ async fn a_client_that_never_reads_its_replies_does_not_stop_another_clients_rea
     let session = raw_session(&mut stuck, 64).await;
     let mut requests = Vec::new();
     for slot in 0..64u32 {
-        let read = Request::Read(ReadReq { ino: 9, offset: u64::from(slot) * u64::from(MIB), len: MIB });
+        let read = Request::Read(ReadReq {
+            ino: 9,
+            offset: u64::from(slot) * u64::from(MIB),
+            len: MIB,
+            cap: Capability::none(),
+        });
         requests.extend_from_slice(&frame(OP_READ, session, slot, 1, &read.encode_body()));
     }
     stuck.write_all(&requests).await.unwrap();
@@ -241,7 +250,10 @@ async fn a_client_that_never_reads_its_replies_does_not_stop_another_clients_rea
         for i in 0..16u64 {
             let offset = i * 12_345;
             let dest = vec![BytesMut::zeroed(MIB as usize)];
-            let (r, dest) = c.call(Request::Read(ReadReq { ino: 1, offset, len: MIB }), vec![], dest).await.unwrap();
+            let (r, dest) = c
+                .call(Request::Read(ReadReq { ino: 1, offset, len: MIB, cap: Capability::none() }), vec![], dest)
+                .await
+                .unwrap();
             assert_eq!(r, Response::Read(()));
             assert!(dest[0].iter().enumerate().all(|(j, b)| *b == pattern_byte(offset + j as u64)), "read {i}");
         }

@@ -4,7 +4,7 @@ mod common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;
-use weft_client::Client;
+use weft_client::{Client, OpenMode};
 use weft_proto::msg::RENAME_NOREPLACE;
 use weft_proto::{ErrorCode, FileKind, ROOT_INO, SetAttrs, TimeSet};
 
@@ -144,7 +144,7 @@ async fn links_symlinks_and_unlink_collects_objects() {
     assert!(c.link(d.ino, ROOT_INO, "dirlink").await.is_err(), "hard links to directories are refused");
 
     c.unlink(ROOT_INO, "orig").await.unwrap();
-    let g = c.open("/hard").await.unwrap();
+    let g = c.open("/hard", OpenMode::ReadWrite).await.unwrap();
     assert_eq!(g.size(), 300_000);
     let buf = g.read_at(0, BytesMut::zeroed(300_000)).await.unwrap();
     assert_eq!(&buf[..], &pattern(3, 0, 300_000)[..], "the data survives through the other link");

@@ -13,8 +13,10 @@ use tokio::net::TcpStream;
 use weft_fabric::{Fabric, Listener, TcpFabric};
 use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
 use weft_proto::msg::{ReadReq, SessionCreateReq, WriteReq, decode};
-use weft_proto::{ErrorCode, Request, Response, WireError};
+use weft_proto::{Capability, ErrorCode, Request, Response, WireError};
 use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
+
+const OP_WRITE: u16 = weft_proto::Op::Write as u16;
 
 #[derive(Default)]
 struct Counting {
@@ -62,18 +64,26 @@ async fn payloads_round_trip_into_caller_buffers() {
     let addr = start(svc.clone()).await;
     let c = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
     let data = vec![Bytes::from(vec![7u8; 1000]), Bytes::from(vec![8u8; 24])];
-    let (r, _) = c.call(Request::Write(WriteReq { ino: 1, offset: 0 }), data, vec![]).await.unwrap();
+    let (r, _) =
+        c.call(Request::Write(WriteReq { ino: 1, offset: 0, cap: Capability::none() }), data, vec![]).await.unwrap();
     assert_eq!(r, Response::Write(1024));
     // The reply's payload lands in two caller segments, in order.
     let dest = vec![BytesMut::zeroed(100), BytesMut::zeroed(156)];
-    let (r, dest) = c.call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256 }), vec![], dest).await.unwrap();
+    let (r, dest) = c
+        .call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256, cap: Capability::none() }), vec![], dest)
+        .await
+        .unwrap();
     assert_eq!(r, Response::Read(()));
     assert_eq!(dest[0][99], 99);
     assert_eq!(dest[1][0], 100);
     assert_eq!(dest[1][155], 255);
     // A reply payload that does not match the caller's buffers is a protocol error, not a silent truncation.
     let short = vec![BytesMut::zeroed(10)];
-    assert!(c.call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256 }), vec![], short).await.is_err());
+    assert!(
+        c.call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256, cap: Capability::none() }), vec![], short)
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test]
@@ -87,7 +97,12 @@ async fn credits_bound_requests_in_flight() {
     for i in 0..32u64 {
         let c = c.clone();
         tasks.push(tokio::spawn(async move {
-            c.call(Request::Write(WriteReq { ino: i, offset: 0 }), vec![Bytes::from_static(b"x")], vec![]).await
+            c.call(
+                Request::Write(WriteReq { ino: i, offset: 0, cap: Capability::none() }),
+                vec![Bytes::from_static(b"x")],
+                vec![],
+            )
+            .await
         }));
     }
     for t in tasks {
@@ -106,26 +121,26 @@ async fn retransmission_is_answered_from_cache_not_executed() {
     s.write_all(&request_frame(2, 0, u32::MAX, 0, &create.encode_body(), &[])).await.unwrap();
     let (_, body, _) = read_reply(&mut s).await;
     let Response::SessionCreate(sess) = Response::decode(2, &body).unwrap() else { panic!() };
-    let w = Request::Write(WriteReq { ino: 5, offset: 0 }).encode_body();
-    s.write_all(&request_frame(201, sess.session, 1, 1, &w, b"abc")).await.unwrap();
+    let w = Request::Write(WriteReq { ino: 5, offset: 0, cap: Capability::none() }).encode_body();
+    s.write_all(&request_frame(OP_WRITE, sess.session, 1, 1, &w, b"abc")).await.unwrap();
     let (h1, b1, _) = read_reply(&mut s).await;
     // The same slot and sequence again: a retransmission, possibly on a new connection.
     let mut s2 = TcpStream::connect(&addr).await.unwrap();
-    s2.write_all(&request_frame(201, sess.session, 1, 1, &w, b"abc")).await.unwrap();
+    s2.write_all(&request_frame(OP_WRITE, sess.session, 1, 1, &w, b"abc")).await.unwrap();
     let (h2, b2, _) = read_reply(&mut s2).await;
     assert_eq!(svc.writes.load(Ordering::SeqCst), 1, "a retransmitted write ran twice");
     assert_eq!(b1, b2);
     assert_eq!(h1.flags & FLAG_CACHED, 0);
     assert_ne!(h2.flags & FLAG_CACHED, 0);
     // A sequence that skips ahead is refused.
-    s2.write_all(&request_frame(201, sess.session, 1, 7, &w, b"abc")).await.unwrap();
+    s2.write_all(&request_frame(OP_WRITE, sess.session, 1, 7, &w, b"abc")).await.unwrap();
     let (h3, b3, _) = read_reply(&mut s2).await;
     assert_ne!(h3.flags & FLAG_ERROR, 0);
-    assert_eq!(decode::<WireError>(201, &b3).unwrap().code, ErrorCode::SeqMisordered);
+    assert_eq!(decode::<WireError>(OP_WRITE, &b3).unwrap().code, ErrorCode::SeqMisordered);
     // An unknown session is refused.
-    s2.write_all(&request_frame(201, sess.session ^ 0xff, 1, 1, &w, b"abc")).await.unwrap();
+    s2.write_all(&request_frame(OP_WRITE, sess.session ^ 0xff, 1, 1, &w, b"abc")).await.unwrap();
     let (_, b4, _) = read_reply(&mut s2).await;
-    assert_eq!(decode::<WireError>(201, &b4).unwrap().code, ErrorCode::StaleSession);
+    assert_eq!(decode::<WireError>(OP_WRITE, &b4).unwrap().code, ErrorCode::StaleSession);
     assert_eq!(svc.writes.load(Ordering::SeqCst), 1);
 }
 
@@ -145,7 +160,7 @@ async fn malformed_frames_get_errors_and_others_keep_being_served() {
 
     // Oversized data length: refused before anything is allocated.
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    let mut f = request_frame(201, 1, 0, 1, &[], &[]);
+    let mut f = request_frame(OP_WRITE, 1, 0, 1, &[], &[]);
     f[32..36].copy_from_slice(&u32::MAX.to_le_bytes());
     s.write_all(&f).await.unwrap();
     let (_, body, _) = read_reply(&mut s).await;
@@ -179,7 +194,11 @@ async fn malformed_frames_get_errors_and_others_keep_being_served() {
 
     // The well-behaved client never noticed.
     let (r, _) = good
-        .call(Request::Write(WriteReq { ino: 1, offset: 0 }), vec![Bytes::from_static(b"ok")], vec![])
+        .call(
+            Request::Write(WriteReq { ino: 1, offset: 0, cap: Capability::none() }),
+            vec![Bytes::from_static(b"ok")],
+            vec![],
+        )
         .await
         .unwrap();
     assert_eq!(r, Response::Write(2));
@@ -212,10 +231,22 @@ async fn client_reconnects_after_the_connection_dies() {
         }
     });
     let c = RpcClient::connect(TcpFabric::default(), &paddr, ClientConfig::default()).await.unwrap();
-    c.call(Request::Write(WriteReq { ino: 1, offset: 0 }), vec![Bytes::from_static(b"a")], vec![]).await.unwrap();
+    c.call(
+        Request::Write(WriteReq { ino: 1, offset: 0, cap: Capability::none() }),
+        vec![Bytes::from_static(b"a")],
+        vec![],
+    )
+    .await
+    .unwrap();
     cut.notify_waiters();
-    let (r, _) =
-        c.call(Request::Write(WriteReq { ino: 1, offset: 0 }), vec![Bytes::from_static(b"bb")], vec![]).await.unwrap();
+    let (r, _) = c
+        .call(
+            Request::Write(WriteReq { ino: 1, offset: 0, cap: Capability::none() }),
+            vec![Bytes::from_static(b"bb")],
+            vec![],
+        )
+        .await
+        .unwrap();
     assert_eq!(r, Response::Write(2));
     assert_eq!(svc.writes.load(Ordering::SeqCst), 2);
 }

@@ -770,7 +770,7 @@ fn servers_statfs_and_liveness() {
 fn other_services_ops_are_refused() {
     let (ns, _) = mem_ns();
     for req in [
-        Request::Read(ReadReq { ino: 2, offset: 0, len: 1 }),
+        Request::Read(ReadReq { ino: 2, offset: 0, len: 1, cap: weft_proto::Capability::none() }),
         Request::RemoveObject(InoReq { ino: 2 }),
         Request::SpaceStat(()),
         Request::SessionCreate(SessionCreateReq { client_name: "c".into(), slots: 1 }),
@@ -1393,4 +1393,28 @@ fn root_may_do_everything() {
         7,
         "root creates for the request's uid"
     );
+}
+
+/// `Open` (the check behind a capability): read needs R, write W, both both; directories and special files have no
+/// data to open. This is what takes write away from the data servers after a chmod: no new write capability.
+#[test]
+fn open_checks_the_callers_access_for_the_rights_asked() {
+    use weft_proto::Rights;
+    let (ns, _clock) = mem_ns();
+    let f = file_of(&ns, ROOT_INO, "f", 0o640, BOB, USERS);
+    assert_eq!(ns.open(&bob(), f.ino, Rights::READ_WRITE).unwrap(), f);
+    assert!(ns.open(&alice(), f.ino, Rights::READ).is_ok(), "group read");
+    assert_eq!(code(ns.open(&alice(), f.ino, Rights::WRITE)), ErrorCode::Permission);
+    assert_eq!(code(ns.open(&alice(), f.ino, Rights::READ_WRITE)), ErrorCode::Permission);
+    // chmod a-w: the owner no longer gets a write capability; root still does.
+    setattr(&ns, f.ino, SetAttrs { mode: Some(0o444), ..Default::default() }).unwrap();
+    assert_eq!(code(ns.open(&bob(), f.ino, Rights::WRITE)), ErrorCode::Permission);
+    assert!(ns.open(&bob(), f.ino, Rights::READ).is_ok());
+    assert!(ns.open(&Cred::root(), f.ino, Rights::READ_WRITE).is_ok());
+    assert_eq!(code(ns.open(&bob(), f.ino, Rights::NONE)), ErrorCode::Invalid);
+    let d = dir_of(&ns, ROOT_INO, "d", 0o755, BOB, USERS);
+    assert_eq!(code(ns.open(&bob(), d.ino, Rights::READ)), ErrorCode::IsDir);
+    let p = attr(ns.execute(&mknod_req(ROOT_INO, "p", FileKind::Fifo))).unwrap();
+    assert_eq!(code(ns.open(&Cred::root(), p.ino, Rights::READ)), ErrorCode::Invalid);
+    assert_eq!(code(ns.open(&bob(), 999_999, Rights::READ)), ErrorCode::NotFound);
 }

@@ -1,0 +1,225 @@
+//! Capabilities on the data servers (docs/format.md §10), against real processes: a data server serves a request
+//! on an inode only with a capability the MDS sealed for it, with the right rights, unexpired, for the connection's
+//! key; every refusal reads and writes nothing (the object's bytes on disk are checked); a file held open past the
+//! capability's lifetime keeps working through the library (renewal); and old capabilities stop working within the
+//! bound ARCHITECTURE.md states, after a chmod and after an unlink.
+//!
+//! The requests go out as the client library's frames would (an `RpcClient` proving the cluster key, the same
+//! bytes on the wire), with the capability changed by hand.
+
+mod common;
+
+use bytes::{Bytes, BytesMut};
+use common::*;
+use weft_client::{Client, OpenMode};
+use weft_fabric::TcpFabric;
+use weft_proto::msg::{ReadReq, TruncateReq, WriteReq};
+use weft_proto::{Capability, ErrorCode, ROOT_INO, Request, Rights, SetAttrs};
+use weft_rpc::RpcClient;
+use weft_rpc::capability::unix_now_ms;
+
+/// Every wait for a condition here is bounded by this (nothing is timed).
+const BOUND_MS: u64 = 60_000;
+
+type Ds = RpcClient<TcpFabric>;
+
+async fn data_server(c: &TestCluster) -> Ds {
+    RpcClient::connect(TcpFabric::default(), &c.data_addrs()[0], c.rpc_config()).await.unwrap()
+}
+
+/// A file of `len` pattern bytes on one data server; returns its inode.
+async fn file_with_bytes(client: &Client, path: &str, len: usize) -> u64 {
+    let f = client.create_path(path, 0o644, true, false).await.unwrap();
+    f.write_at(0, Bytes::from(pattern(3, 0, len))).await.unwrap();
+    let ino = f.ino();
+    f.close().await.unwrap();
+    ino
+}
+
+async fn write(ds: &Ds, ino: u64, cap: Capability) -> Result<u32, weft_rpc::RpcError> {
+    let req = Request::Write(WriteReq { ino, offset: 0, cap });
+    ds.call(req, vec![Bytes::from_static(b"overwritten!")], vec![]).await.map(|(r, _)| match r {
+        weft_proto::Response::Write(n) => n,
+        other => panic!("unexpected {other:?}"),
+    })
+}
+
+/// Asserts a capability refusal with `code` whose message contains `reason`.
+fn assert_refused<T: std::fmt::Debug>(r: Result<T, weft_rpc::RpcError>, code: ErrorCode, reason: &str, what: &str) {
+    let e = r.expect_err(what);
+    let w = e.remote().unwrap_or_else(|| panic!("{what}: not a server refusal: {e}"));
+    assert_eq!(w.code, code, "{what}: {w}");
+    assert!(w.message.contains(reason), "{what}: {w}");
+}
+
+/// Waits (bounded) until the wall clock is past `ms`.
+async fn wait_until_past(ms: u64) {
+    let start = unix_now_ms();
+    while unix_now_ms() <= ms {
+        assert!(unix_now_ms() - start < BOUND_MS, "the clock never passed {ms}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn forged_read_only_wrong_inode_and_missing_capabilities_are_refused_and_nothing_changes() {
+    let c = start("caps-refused", 1).await;
+    let client = c.client().await;
+    let ino = file_with_bytes(&client, "/f", 8192).await;
+    let other = file_with_bytes(&client, "/g", 10).await;
+    let object = object_path(&c.data_root(0), ino);
+    let before = std::fs::read(&object).unwrap();
+    let ds = data_server(&c).await;
+
+    let rw = client.open_capability(ino, Rights::READ_WRITE).await.unwrap().cap;
+    let ro = client.open_capability(ino, Rights::READ).await.unwrap().cap;
+    assert_eq!((rw.version, rw.ino, rw.rights, &*rw.key_id), (1, ino, Rights::READ_WRITE, "cluster"));
+    let mut forged = rw.clone();
+    forged.mac[7] ^= 0x01;
+    assert_refused(write(&ds, ino, forged).await, ErrorCode::CapabilityRefused, "forged", "a flipped MAC byte");
+    let mut widened = ro.clone();
+    widened.rights = Rights::READ_WRITE;
+    assert_refused(write(&ds, ino, widened).await, ErrorCode::CapabilityRefused, "forged", "rights widened by hand");
+    assert_refused(write(&ds, ino, ro.clone()).await, ErrorCode::CapabilityRefused, "needs write", "read-only");
+    let truncate = Request::Truncate(TruncateReq { ino, size: 0, cap: ro.clone() });
+    assert_refused(ds.call_simple(truncate).await, ErrorCode::CapabilityRefused, "needs write", "truncate, read-only");
+    let for_other = client.open_capability(other, Rights::READ_WRITE).await.unwrap().cap;
+    assert_refused(write(&ds, ino, for_other).await, ErrorCode::CapabilityRefused, "inode", "another inode's");
+    assert_refused(write(&ds, ino, Capability::none()).await, ErrorCode::CapabilityRefused, "no capability", "none");
+    let mut v2 = rw.clone();
+    v2.version = 2;
+    assert_refused(write(&ds, ino, v2).await, ErrorCode::CapabilityRefused, "version", "an unknown version");
+    // A capability the MDS sealed for a connection of another key is refused on this one (only the cluster key
+    // exists yet, so the key id is changed by hand: the MAC then no longer matches, caught first).
+    let mut other_key = rw.clone();
+    other_key.key_id = "alice".into();
+    assert_refused(write(&ds, ino, other_key).await, ErrorCode::CapabilityRefused, "forged", "another key's");
+
+    assert_eq!(std::fs::read(&object).unwrap(), before, "a refused request changed the object");
+    // A read capability reads, and the refusals were logged naming the peer, inode and reason.
+    let read = Request::Read(ReadReq { ino, offset: 0, len: 8192, cap: ro });
+    let (_, back) = ds.call(read, vec![], vec![BytesMut::zeroed(8192)]).await.unwrap();
+    assert_eq!(&back[0][..], &before[..]);
+    let log = c.log("data0");
+    assert!(log.contains("refusing a request's capability"), "no refusal logged");
+    assert!(log.contains(&format!("ino={ino}")) && log.contains("forged"), "the log line names both");
+    // The write capability writes.
+    assert_eq!(write(&ds, ino, rw).await.unwrap(), 12);
+    assert_eq!(&std::fs::read(&object).unwrap()[..12], b"overwritten!");
+}
+
+/// With a 2 s lifetime: a capability is refused once expired (skew 0 here) and nothing is written; a file held
+/// open for several lifetimes still reads and writes through the library, which renews; after a chmod that takes
+/// write away, the old write capability stops at its expiry.
+#[tokio::test]
+async fn expired_capabilities_are_refused_and_open_files_renew() {
+    const TTL_MS: u64 = 2000;
+    let c = start_with("caps-expiry", 1, |o| {
+        o.meta_extra_toml = format!("capability_ttl_ms = {TTL_MS}");
+        o.data_extra_toml = "capability_clock_skew_ms = 0".into();
+    })
+    .await;
+    let client = c.client().await;
+    let ino = file_with_bytes(&client, "/f", 4096).await;
+    let object = object_path(&c.data_root(0), ino);
+    let before = std::fs::read(&object).unwrap();
+    let ds = data_server(&c).await;
+
+    let opened = client.open_capability(ino, Rights::READ_WRITE).await.unwrap();
+    assert_eq!(opened.ttl_ms, TTL_MS);
+    assert!(opened.cap.expiry_ms <= unix_now_ms() + TTL_MS, "the expiry follows the configured lifetime");
+    // Held open across the expiry of its first capability (and the next).
+    let held = client.open("/f", OpenMode::ReadWrite).await.unwrap();
+    // chmod: write permission gone (root still may write, so renewals still get one; the MDS's refusal of a new
+    // write capability to a user without write permission is a unit test of weft-meta's namespace).
+    client.setattr(ino, SetAttrs { mode: Some(0o444), ..Default::default() }).await.unwrap();
+    wait_until_past(opened.cap.expiry_ms + TTL_MS).await;
+    assert_refused(
+        write(&ds, ino, opened.cap.clone()).await,
+        ErrorCode::CapabilityExpired,
+        "expired",
+        "an expired capability",
+    );
+    assert_eq!(std::fs::read(&object).unwrap(), before, "an expired capability wrote");
+
+    // The held file renews on its next I/O, for many I/Os at once (single flight).
+    let mut tasks = tokio::task::JoinSet::new();
+    let held = std::sync::Arc::new(held);
+    for i in 0..16u64 {
+        let f = held.clone();
+        tasks.spawn(async move { f.read_at(i * 256, BytesMut::zeroed(256)).await.map(|b| (i, b)) });
+    }
+    while let Some(r) = tasks.join_next().await {
+        let (i, got) = r.unwrap().expect("a read after the capability expired");
+        assert_eq!(&got[..], &before[(i * 256) as usize..(i * 256 + 256) as usize]);
+    }
+    held.write_at(0, Bytes::from_static(b"renewed")).await.expect("a write after the capability expired");
+    held.sync().await.unwrap();
+    assert_eq!(&std::fs::read(&object).unwrap()[..7], b"renewed");
+    // And once more past another lifetime: renewal is not a one-off.
+    let now = unix_now_ms();
+    wait_until_past(now + TTL_MS + 100).await;
+    let got = held.read_at(0, BytesMut::zeroed(7)).await.unwrap();
+    assert_eq!(&got[..], b"renewed");
+}
+
+/// After an unlink, the orphan collector removes the object; the data server remembers the inode, so a write
+/// with a capability issued before the unlink (and not yet expired) is refused and does not recreate the object.
+#[tokio::test]
+async fn an_unlinked_files_old_capability_cannot_recreate_its_object() {
+    let c = start("caps-unlink", 1).await;
+    let client = c.client().await;
+    let ino = file_with_bytes(&client, "/doomed", 4096).await;
+    let object = object_path(&c.data_root(0), ino);
+    assert!(object.exists());
+    let cap = client.open_capability(ino, Rights::READ_WRITE).await.unwrap().cap;
+    let ds = data_server(&c).await;
+    assert_eq!(write(&ds, ino, cap.clone()).await.unwrap(), 12, "valid before the unlink");
+    client.unlink(ROOT_INO, "doomed").await.unwrap();
+    let start = unix_now_ms();
+    while object.exists() {
+        assert!(unix_now_ms() - start < BOUND_MS, "the orphan collector never removed the object");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(unix_now_ms() < cap.expiry_ms, "the capability is still unexpired: only the removal can refuse it");
+    assert_refused(write(&ds, ino, cap.clone()).await, ErrorCode::CapabilityRefused, "removed", "after the unlink");
+    let read = Request::Read(ReadReq { ino, offset: 0, len: 10, cap });
+    assert_refused(
+        ds.call(read, vec![], vec![BytesMut::zeroed(10)]).await,
+        ErrorCode::CapabilityRefused,
+        "removed",
+        "a read after the unlink",
+    );
+    assert!(!object.exists(), "a refused write recreated the object");
+    // The MDS no longer opens it either.
+    let e = client.open_capability(ino, Rights::READ).await.map(|_| ()).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NotFound), "{e}");
+}
+
+/// With authentication off the MDS issues empty capabilities and the data servers check nothing.
+#[tokio::test]
+async fn with_authentication_off_capabilities_are_empty_and_unchecked() {
+    let c = start_with("caps-auth-off", 1, |o| o.auth = weft_rpc::AuthMode::None).await;
+    let client = c.client().await;
+    let ino = file_with_bytes(&client, "/f", 100).await;
+    let opened = client.open_capability(ino, Rights::READ).await.unwrap();
+    assert!(opened.cap.is_none());
+    let ds = data_server(&c).await;
+    assert_eq!(write(&ds, ino, Capability::none()).await.unwrap(), 12);
+    let f = client.open("/f", OpenMode::Read).await.unwrap();
+    let got = f.read_at(0, BytesMut::zeroed(12)).await.unwrap();
+    assert_eq!(&got[..], b"overwritten!");
+}
+
+/// Open refuses what has no data: a directory (`IsDir`), a FIFO (`Invalid`).
+#[tokio::test]
+async fn open_refuses_directories_and_special_files() {
+    let c = start("caps-open-kinds", 1).await;
+    let client = c.client().await;
+    let d = client.mkdir(ROOT_INO, "d", 0o755).await.unwrap();
+    let e = client.open_ino(d.ino, OpenMode::Read).await.map(|_| ()).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::IsDir), "{e}");
+    let fifo = client.mknod_as(ROOT_INO, "p", weft_proto::FileKind::Fifo, 0o644, (0, 0), 0).await.unwrap();
+    let e = client.open_ino(fifo.ino, OpenMode::Read).await.map(|_| ()).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Invalid), "{e}");
+}
