@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{info, warn};
-use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
+use weft_fabric::{AnyFabric, Fabric, Listener, ShmFabric, ShmServerConfig, TcpFabric};
 use weft_proto::msg::RegisterServerReq;
 use weft_proto::{FrameLimits, Request};
 use weft_rpc::{BufferPool, ClientConfig, Credential, KeyRing, RpcClient, RpcServer, ServerConfig};
@@ -38,7 +38,11 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
     let store =
         ObjectStore::open(&cfg.root).map_err(|source| DataServerError::Store { root: cfg.root.clone(), source })?;
     let store = Arc::new(store);
-    let fabric = AnyFabric::default();
+    let shm_rules = ShmServerConfig {
+        socket_group: cfg.shm_socket_group.clone(),
+        arena_bytes_max: cfg.shm_arena_bytes_max,
+    };
+    let fabric = AnyFabric::new(TcpFabric::default(), ShmFabric::default().with_server(shm_rules));
     let listener = fabric
         .listen(&cfg.listen)
         .await

@@ -435,6 +435,8 @@ mod tests {
             short_circuit: false,
             shm: false,
             shm_socket: None,
+            shm_socket_group: None,
+            shm_arena_bytes_max: 1 << 20,
             rdma: false,
             rdma_port: 0,
         };
@@ -452,6 +454,7 @@ mod tests {
             principal: weft_rpc::Principal::Anonymous,
             pool: pool.clone(),
             memory: Some(memory.clone()),
+            peer_cred: None,
         }
     }
 
