@@ -76,6 +76,12 @@ pub struct DataConfig {
     pub rdma: bool,
     #[serde(default)]
     pub rdma_port: u16,
+    /// rdma handshakes (side-channel authentication, queue pairs, hello) in progress at once; more wait.
+    #[serde(default = "default_rdma_handshakes_max")]
+    pub rdma_handshakes_max: u32,
+    /// A whole rdma handshake, the wait for a turn included, must finish within this time.
+    #[serde(default = "default_rdma_handshake_timeout_ms")]
+    pub rdma_handshake_timeout_ms: u64,
 }
 
 /// One size class of the data server's buffer pool.
@@ -123,6 +129,12 @@ pub const DEFAULT_PIPELINE_PIECE_BYTES: u32 = 1 << 20;
 /// so the disk reads or writes one piece while the NIC moves another.
 pub const DEFAULT_RDMA_PIPELINE_PIECE_BYTES: u32 = 256 << 10;
 
+fn default_rdma_handshakes_max() -> u32 {
+    64
+}
+fn default_rdma_handshake_timeout_ms() -> u64 {
+    10_000
+}
 fn default_shm_arena_bytes_max() -> u64 {
     weft_fabric::shm::ARENA_BYTES_MAX_DEFAULT
 }

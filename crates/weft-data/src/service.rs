@@ -439,6 +439,8 @@ mod tests {
             shm_arena_bytes_max: 1 << 20,
             rdma: false,
             rdma_port: 0,
+            rdma_handshakes_max: 4,
+            rdma_handshake_timeout_ms: 1000,
         };
         let pool = BufferPool::with_classes(&cfg.pool_classes()).unwrap();
         let svc = DataService::new(store, 4)

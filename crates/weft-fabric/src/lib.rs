@@ -30,11 +30,13 @@ mod peer;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod shm;
+pub mod side_auth;
 pub mod tcp;
 pub mod zones;
 
 pub use any::AnyFabric;
 pub use shm::{Arena, ArenaBuf, ShmConfig, ShmFabric, ShmServerConfig};
+pub use side_auth::{SideChannelAuth, SideStream};
 pub use tcp::TcpFabric;
 
 /// What a fabric can do; the RPC layer chooses transfer methods from this.

@@ -117,12 +117,8 @@ impl SessionTable {
         }
         let owner = owner(id)?;
         let slots_v = (0..slots).map(|_| Slot { seq: 0, state: SlotState::Fresh }).collect();
-        let session = Session {
-            client_name: client_name.to_string(),
-            owner,
-            slots: slots_v,
-            last_used: Instant::now(),
-        };
+        let session =
+            Session { client_name: client_name.to_string(), owner, slots: slots_v, last_used: Instant::now() };
         t.sessions.insert(id, session);
         Ok((id, slots))
     }
