@@ -708,6 +708,9 @@ mod tests {
             )
             .await
         });
+        while gate.permits.available_permits() > 0 {
+            tokio::task::yield_now().await; // until the first holds the turn
+        }
         // A second one waits for the turn and runs out of time without ever starting.
         let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let s = started.clone();
