@@ -87,7 +87,9 @@ impl Client {
                 arena_buffers: tuning.arena_buffers.max(1),
                 buffer_bytes: tuning.buffered_bytes_max.max(4096),
             }),
-        );
+        )
+        // The rdma side channel proves our key before any queue pair is made.
+        .with_side_channel_auth(rpc_cfg.credential.clone().map(weft_rpc::SideClient::boxed));
         let mds = RpcClient::connect(fabric.clone(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
         let client = Client {
             inner: Arc::new(Inner {

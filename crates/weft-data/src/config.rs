@@ -63,12 +63,25 @@ pub struct DataConfig {
     pub shm: bool,
     #[serde(default)]
     pub shm_socket: Option<PathBuf>,
+    /// Group (name or number) whose members may connect to the shm socket too (mode 0660 in that group); without
+    /// one the socket is mode 0600: only this server's user and root.
+    #[serde(default)]
+    pub shm_socket_group: Option<String>,
+    /// Largest arena a shm client may hand over (bytes); a larger one is refused at the hello.
+    #[serde(default = "default_shm_arena_bytes_max")]
+    pub shm_arena_bytes_max: u64,
     /// Also listen for `rdma` clients when this host has an RDMA device (libibverbs and a device; the side
     /// channel listens on the TCP listener's address, port `rdma_port`, 0 = any free port).
     #[serde(default = "default_true")]
     pub rdma: bool,
     #[serde(default)]
     pub rdma_port: u16,
+    /// rdma handshakes (side-channel authentication, queue pairs, hello) in progress at once; more wait.
+    #[serde(default = "default_rdma_handshakes_max")]
+    pub rdma_handshakes_max: u32,
+    /// A whole rdma handshake, the wait for a turn included, must finish within this time.
+    #[serde(default = "default_rdma_handshake_timeout_ms")]
+    pub rdma_handshake_timeout_ms: u64,
     /// How far this server's clock may be behind the MDS's: a capability is refused only this long after its
     /// expiry (docs/format.md §10).
     #[serde(default = "default_capability_clock_skew_ms")]
@@ -139,6 +152,15 @@ pub const DEFAULT_PIPELINE_PIECE_BYTES: u32 = 1 << 20;
 /// so the disk reads or writes one piece while the NIC moves another.
 pub const DEFAULT_RDMA_PIPELINE_PIECE_BYTES: u32 = 256 << 10;
 
+fn default_rdma_handshakes_max() -> u32 {
+    64
+}
+fn default_rdma_handshake_timeout_ms() -> u64 {
+    10_000
+}
+fn default_shm_arena_bytes_max() -> u64 {
+    weft_fabric::shm::ARENA_BYTES_MAX_DEFAULT
+}
 fn default_true() -> bool {
     true
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{info, warn};
-use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
+use weft_fabric::{AnyFabric, Fabric, Listener, ShmFabric, ShmServerConfig, TcpFabric};
 use weft_proto::msg::RegisterServerReq;
 use weft_proto::{FrameLimits, Request};
 use weft_rpc::{BufferPool, CapabilityKey, ClientConfig, Credential, KeyRing, RpcClient, RpcServer, ServerConfig};
@@ -39,7 +39,13 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
     let store =
         ObjectStore::open(&cfg.root).map_err(|source| DataServerError::Store { root: cfg.root.clone(), source })?;
     let store = Arc::new(store);
-    let fabric = AnyFabric::default();
+    let shm_rules =
+        ShmServerConfig { socket_group: cfg.shm_socket_group.clone(), arena_bytes_max: cfg.shm_arena_bytes_max };
+    let ring = key.clone().map(|k| Arc::new(KeyRing::cluster(k)));
+    // The rdma side channel proves the same keys before any queue pair exists; handshakes are bounded.
+    let fabric = AnyFabric::new(TcpFabric::default(), ShmFabric::default().with_server(shm_rules))
+        .with_side_channel_auth(ring.clone().map(weft_rpc::SideServer::boxed))
+        .with_rdma_handshake_limits(cfg.rdma_handshakes_max, cfg.rdma_handshake_timeout_ms);
     let listener = fabric
         .listen(&cfg.listen)
         .await
@@ -56,7 +62,7 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         pool_buffers: cfg.pool_buffers,
         shm_addr: shm_addr.clone(),
         rdma_addr: rdma_addr.clone(),
-        auth: key.clone().map(|k| Arc::new(KeyRing::cluster(k))),
+        auth: ring,
         ..ServerConfig::default()
     };
     let pool = BufferPool::with_classes(&cfg.pool_classes()).map_err(DataServerError::Pool)?;

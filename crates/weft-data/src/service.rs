@@ -508,11 +508,15 @@ mod tests {
             short_circuit: false,
             shm: false,
             shm_socket: None,
+            shm_socket_group: None,
+            shm_arena_bytes_max: 1 << 20,
             rdma: false,
             rdma_port: 0,
             capability_clock_skew_ms: 0,
             removed_inode_memory_ms: 0,
             removed_inodes_max: 1,
+            rdma_handshakes_max: 4,
+            rdma_handshake_timeout_ms: 1000,
         };
         let pool = BufferPool::with_classes(&cfg.pool_classes()).unwrap();
         let svc = DataService::new(store, 4)
@@ -528,6 +532,7 @@ mod tests {
             principal: weft_rpc::Principal::Anonymous,
             pool: pool.clone(),
             memory: Some(memory.clone()),
+            peer_cred: None,
         }
     }
 

@@ -36,6 +36,31 @@ impl AnyFabric {
     }
 }
 
+impl AnyFabric {
+    /// Authenticates every `rdma` side channel with `auth` before any queue pair is made (no-op without rdma).
+    pub fn with_side_channel_auth(mut self, auth: Option<Arc<dyn crate::SideChannelAuth>>) -> AnyFabric {
+        #[cfg(feature = "rdma")]
+        {
+            self.rdma = self.rdma.with_side_channel_auth(auth);
+        }
+        #[cfg(not(feature = "rdma"))]
+        let _ = auth;
+        self
+    }
+
+    /// Bounds the `rdma` listeners' handshakes: at most `handshakes_max` at once, each within
+    /// `handshake_timeout_ms` (no-op without rdma).
+    pub fn with_rdma_handshake_limits(mut self, handshakes_max: u32, handshake_timeout_ms: u64) -> AnyFabric {
+        #[cfg(feature = "rdma")]
+        {
+            self.rdma = self.rdma.with_limits(crate::rdma::RdmaServerLimits { handshakes_max, handshake_timeout_ms });
+        }
+        #[cfg(not(feature = "rdma"))]
+        let _ = (handshakes_max, handshake_timeout_ms);
+        self
+    }
+}
+
 impl Default for AnyFabric {
     fn default() -> Self {
         AnyFabric::new(TcpFabric::default(), ShmFabric::default())
@@ -145,6 +170,7 @@ macro_rules! wrap {
             killer: AnyKiller::$variant(c.killer),
             peer: c.peer,
             memory: c.memory,
+            peer_cred: c.peer_cred,
         }
     }};
 }

@@ -30,11 +30,13 @@ mod peer;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod shm;
+pub mod side_auth;
 pub mod tcp;
 pub mod zones;
 
 pub use any::AnyFabric;
-pub use shm::{Arena, ArenaBuf, ShmConfig, ShmFabric};
+pub use shm::{Arena, ArenaBuf, ShmConfig, ShmFabric, ShmServerConfig};
+pub use side_auth::{SideChannelAuth, SideStream};
 pub use tcp::TcpFabric;
 
 /// What a fabric can do; the RPC layer chooses transfer methods from this.
@@ -63,6 +65,16 @@ pub struct Connection<F: Fabric> {
     /// Server side of a one-sided fabric: the client's registered memory, reachable with `get`/`put`. Dropping
     /// the last reference releases it (unmaps the arena): that happens when the connection ends.
     pub memory: Option<Arc<dyn PeerMemory>>,
+    /// Server side of `shm`: who the kernel says the peer is (SO_PEERCRED at accept). None on other fabrics.
+    pub peer_cred: Option<PeerCred>,
+}
+
+/// The credentials of a local peer process, as the kernel reported them when it connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: i32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +150,17 @@ pub trait Listener<F: Fabric>: Send + 'static {
 /// Counters of one-sided resources held by this process as a server (all connections, all listeners).
 pub fn memory_stats() -> weft_proto::msg::FabricStat {
     peer::stats()
+}
+
+/// Raises this process's soft limit on open files (RLIMIT_NOFILE) to its hard limit, as servers with thousands of
+/// connections need; returns the new soft limit.
+pub fn raise_open_files_limit() -> io::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+    }
+    Ok(hard.max(soft))
 }
 
 /// Whether this process can use the `rdma` fabric: built with it, libibverbs loads and a device opens.

@@ -35,7 +35,7 @@ impl TcpFabric {
         }
         let killer = TcpKiller(stream.as_fd().try_clone_to_owned()?);
         let (reader, writer) = stream.into_split();
-        Ok(Connection { reader, writer, killer, peer, memory: None })
+        Ok(Connection { reader, writer, killer, peer, memory: None, peer_cred: None })
     }
 }
 

@@ -38,7 +38,9 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
     let ns = Arc::new(ns);
-    let fabric = AnyFabric::default();
+    let ring = key.clone().map(|k| Arc::new(KeyRing::cluster(k)));
+    // The rdma side channel proves the same keys before any queue pair exists.
+    let fabric = AnyFabric::default().with_side_channel_auth(ring.clone().map(weft_rpc::SideServer::boxed));
     let listener = fabric
         .listen(&cfg.listen)
         .await
@@ -49,7 +51,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
         pool_buffers: 1,
-        auth: key.clone().map(|k| Arc::new(KeyRing::cluster(k))),
+        auth: ring,
         ..ServerConfig::default()
     };
     let cap_key = key.as_ref().map(weft_rpc::CapabilityKey::derive);

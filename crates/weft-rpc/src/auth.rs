@@ -25,6 +25,8 @@ const SERVER_PROOF_LABEL: &[u8] = b"weft-auth-v1 server";
 const CLIENT_PROOF_LABEL: &[u8] = b"weft-auth-v1 client";
 const SESSION_SECRET_LABEL: &[u8] = b"weft-session-v1";
 const BIND_PROOF_LABEL: &[u8] = b"weft-bind-v1";
+const SIDE_SERVER_LABEL: &[u8] = b"weft-rdma-side-v1 server";
+const SIDE_CLIENT_LABEL: &[u8] = b"weft-rdma-side-v1 client";
 
 /// 32 bytes: a nonce, a proof or a session secret.
 pub type Secret = [u8; AUTH_BYTES];
@@ -305,6 +307,26 @@ pub fn client_proof(key: &Key, key_id: &str, client_nonce: &Secret, server_nonce
 /// Constant-time check of a server's proof (on the client).
 pub fn server_proof_matches(key: &Key, key_id: &str, nonces: &Nonces, proof: &Secret) -> bool {
     mac_matches(&key.hmac_key(), &[SERVER_PROOF_LABEL, key_id.as_bytes(), &nonces.client, &nonces.server], proof)
+}
+
+/// A side-channel proof (side_auth.rs): HMAC(key, "weft-rdma-side-v1 server|client" ‖ key_id ‖ client_nonce ‖
+/// server_nonce); `server` picks the direction.
+pub fn side_proof(key: &Key, server: bool, key_id: &str, client_nonce: &Secret, server_nonce: &Secret) -> Secret {
+    let label = if server { SIDE_SERVER_LABEL } else { SIDE_CLIENT_LABEL };
+    mac(&key.hmac_key(), &[label, key_id.as_bytes(), client_nonce, server_nonce])
+}
+
+/// Constant-time check of a side-channel proof.
+pub fn side_proof_matches(
+    key: &Key,
+    server: bool,
+    key_id: &str,
+    client_nonce: &Secret,
+    server_nonce: &Secret,
+    proof: &Secret,
+) -> bool {
+    let label = if server { SIDE_SERVER_LABEL } else { SIDE_CLIENT_LABEL };
+    mac_matches(&key.hmac_key(), &[label, key_id.as_bytes(), client_nonce, server_nonce], proof)
 }
 
 /// HMAC(key, "weft-session-v1" ‖ client_nonce ‖ server_nonce ‖ session LE): the secret of a session, known to both

@@ -620,6 +620,12 @@ async fn authenticate<F: Fabric>(
     }
 }
 
+/// Whether a server's slot grant is one this client can take: at least one, at most what it asked for (a grant
+/// of billions would make it allocate a slot table of that size).
+fn slots_grant_ok(asked: u32, granted: u32) -> bool {
+    (1..=asked.max(1)).contains(&granted)
+}
+
 async fn create_session<F: Fabric>(
     conn: &Conn<F>,
     addr: &str,
@@ -627,7 +633,8 @@ async fn create_session<F: Fabric>(
 ) -> Result<(u64, u32, Option<Secret>), RpcError> {
     let req = Request::SessionCreate(SessionCreateReq { client_name: cfg.client_name.clone(), slots: cfg.slots });
     match control(conn, addr, cfg, 0, req).await? {
-        Response::SessionCreate(r) if r.slots > 0 => {
+        // The grant sizes the client's slot table: a server may give fewer slots than asked, never none or more.
+        Response::SessionCreate(r) if slots_grant_ok(cfg.slots, r.slots) => {
             let secret = match (&cfg.credential, conn.nonces.get()) {
                 (Some(c), Some(n)) => Some(auth::session_secret(&c.key, n, r.session)),
                 _ => None,
@@ -763,5 +770,15 @@ async fn send_delay(us: u64) {
     let t = std::time::Instant::now();
     while t.elapsed() < d {
         tokio::task::yield_now().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_slot_grant_outside_what_was_asked_is_a_protocol_error() {
+        assert!(super::slots_grant_ok(16, 16) && super::slots_grant_ok(16, 1));
+        assert!(!super::slots_grant_ok(16, 0), "no slots");
+        assert!(!super::slots_grant_ok(16, 17) && !super::slots_grant_ok(16, u32::MAX), "more than asked");
     }
 }

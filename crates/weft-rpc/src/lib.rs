@@ -27,6 +27,7 @@ pub mod pool;
 mod retry;
 pub mod server;
 mod session;
+pub mod side_auth;
 
 pub use auth::{AuthMode, Credential, Key, KeyError, KeyRing, Principal};
 pub use capability::{CapabilityKey, Demand, Refusal};
@@ -36,3 +37,4 @@ pub use error::RpcError;
 pub use pin::ChunkBuffers;
 pub use pool::{BufferPool, PoolBuf, PoolClass, PoolError};
 pub use server::{CallCtx, Reply, ReplyData, RpcServer, Service};
+pub use side_auth::{SideClient, SideServer};

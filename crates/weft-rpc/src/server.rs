@@ -25,7 +25,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
-use weft_fabric::{Connection, Fabric, Killer, Listener, PeerMemory};
+use weft_fabric::{Connection, Fabric, Killer, Listener, PeerCred, PeerMemory};
 use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
 use weft_proto::msg::{FabricInfoResp, SessionBindReq, SessionCreateResp, encode_value};
 use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, WireError};
@@ -47,6 +47,17 @@ pub struct CallCtx {
     pub pool: BufferPool,
     /// The client's registered memory, on a one-sided fabric: where chunk lists point.
     pub memory: Option<Arc<dyn PeerMemory>>,
+    /// The peer's uid, gid and pid as the kernel names them (`shm`: SO_PEERCRED at accept); None on network
+    /// fabrics.
+    pub peer_cred: Option<PeerCred>,
+}
+
+impl CallCtx {
+    /// The peer's uid when the kernel vouches for it (`shm`), for a service to check against the identity the
+    /// connection's credential allows (a per-client key with a fixed uid must come from that uid or root).
+    pub fn peer_uid(&self) -> Option<u32> {
+        self.peer_cred.map(|c| c.uid)
+    }
 }
 
 /// Bytes a reply carries after its body, sent straight from where they are (a pool buffer, a mapping of the
@@ -106,6 +117,7 @@ struct ConnOut<F: Fabric> {
     killer: Arc<F::Killer>,
     peer: Arc<str>,
     memory: Option<Arc<dyn PeerMemory>>,
+    peer_cred: Option<PeerCred>,
     /// Requests read and not yet answered: a connection is idle only when this is 0.
     calls_in_flight: AtomicUsize,
     send_timeout: Duration,
@@ -182,12 +194,13 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                     "connection table full: closed the oldest connection that had not completed a frame"
                 );
             }
-            let Connection { reader, writer, killer: _, peer, memory } = conn;
+            let Connection { reader, writer, killer: _, peer, memory, peer_cred } = conn;
             let out = Arc::new(ConnOut::<F> {
                 writer: tokio::sync::Mutex::new(writer),
                 killer,
                 peer: peer.into(),
                 memory,
+                peer_cred,
                 calls_in_flight: AtomicUsize::new(0),
                 send_timeout: Duration::from_millis(self.cfg.send_timeout_ms),
                 deadlines_log: self.deadlines_log.clone(),
@@ -463,17 +476,12 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     }
 
     /// The binding of a session created on `out` (none with authentication off).
-    fn binding(&self, out: &ConnOut<F>, session: u64) -> Option<Binding> {
-        self.cfg.auth.as_ref()?;
-        match &*out.auth.lock().expect("handshake") {
-            ServerAuth::Done(a) => Some(Binding {
-                conn: out.id,
-                key_id: a.principal.name().into(),
-                secret: auth::session_secret(&a.key, &a.nonces, session),
-            }),
-            // Unreachable: admission let SessionCreate through, so the connection is authenticated.
-            _ => None,
+    fn binding(&self, out: &ConnOut<F>, session: u64) -> Result<Option<Binding>, WireError> {
+        let r = session_binding(self.cfg.auth.is_some(), &out.auth.lock().expect("handshake"), out.id, session);
+        if let Err(e) = &r {
+            warn!(peer = %out.peer, "refusing SessionCreate: {}", e.message);
         }
+        r
     }
 
     /// A retransmission arrived while the original ran: wait for it, then answer as the slot now says.
@@ -503,6 +511,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             principal: out.principal.get().cloned().unwrap_or(Principal::Anonymous),
             pool: self.pool.clone(),
             memory: out.memory.clone(),
+            peer_cred: out.peer_cred,
         };
         let (flags, body, payload) = match self.service.call(&ctx, req, data).await {
             Ok(reply) => (0, Bytes::from(reply.resp.encode_body()), reply.data),
@@ -567,6 +576,26 @@ async fn send_reply<F: Fabric>(
     }
 }
 
+/// The binding of session `session` created on connection `conn` whose handshake is `state`: none with
+/// authentication off. Fails closed: admission only lets `SessionCreate` through on an authenticated connection,
+/// but should that ever not hold, the session is refused rather than created unbound (usable from anywhere).
+fn session_binding(auth_on: bool, state: &ServerAuth, conn: u64, session: u64) -> Result<Option<Binding>, WireError> {
+    if !auth_on {
+        return Ok(None);
+    }
+    match state {
+        ServerAuth::Done(a) => Ok(Some(Binding {
+            conn,
+            key_id: a.principal.name().into(),
+            secret: auth::session_secret(&a.key, &a.nonces, session),
+        })),
+        _ => Err(WireError::new(
+            ErrorCode::Unauthenticated,
+            "SessionCreate on a connection that has not completed authentication",
+        )),
+    }
+}
+
 /// How the wait between frames ended.
 enum FrameStart {
     /// A byte of the next frame is buffered.
@@ -603,4 +632,24 @@ fn is_out_of_descriptors(e: &std::io::Error) -> bool {
 /// Op code of a request, for logs of refused frames.
 pub fn op_name(op: u16) -> String {
     Op::from_u16(op).map(|o| format!("{o:?}")).unwrap_or_else(|| format!("op {op}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::{Authenticated, Key, Nonces};
+
+    #[test]
+    fn session_binding_fails_closed_on_an_unauthenticated_connection() {
+        assert!(session_binding(false, &ServerAuth::Fresh, 1, 7).unwrap().is_none(), "auth off: no binding");
+        let e = session_binding(true, &ServerAuth::Fresh, 1, 7).err().expect("refused");
+        assert_eq!(e.code, ErrorCode::Unauthenticated);
+        let a = Authenticated {
+            principal: Principal::Key { key_id: "cluster".into() },
+            key: Key::from_bytes([3; 32]),
+            nonces: Nonces { client: [1; 32], server: [2; 32] },
+        };
+        let b = session_binding(true, &ServerAuth::Done(a), 9, 7).unwrap().expect("bound");
+        assert_eq!((b.conn, &*b.key_id), (9, "cluster"));
+    }
 }

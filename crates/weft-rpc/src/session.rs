@@ -84,12 +84,12 @@ impl SessionTable {
     }
 
     /// Creates a session; returns its id and the slots granted. `owner` makes the binding from the new id (`None`:
-    /// authentication is off).
+    /// authentication is off; an error refuses the session).
     pub fn create(
         &self,
         client_name: &str,
         slots: u32,
-        owner: impl FnOnce(u64) -> Option<Binding>,
+        owner: impl FnOnce(u64) -> Result<Option<Binding>, WireError>,
     ) -> Result<(u64, u32), WireError> {
         let slots = slots.clamp(1, self.slots_max);
         let mut t = self.inner.lock().expect("session table");
@@ -115,13 +115,10 @@ impl SessionTable {
         while t.sessions.contains_key(&id) {
             id = crate::auth::random_id();
         }
+        let owner = owner(id)?;
         let slots_v = (0..slots).map(|_| Slot { seq: 0, state: SlotState::Fresh }).collect();
-        let session = Session {
-            client_name: client_name.to_string(),
-            owner: owner(id),
-            slots: slots_v,
-            last_used: Instant::now(),
-        };
+        let session =
+            Session { client_name: client_name.to_string(), owner, slots: slots_v, last_used: Instant::now() };
         t.sessions.insert(id, session);
         Ok((id, slots))
     }
@@ -237,7 +234,7 @@ mod tests {
     #[test]
     fn sequence_rules() {
         let t = SessionTable::new(4, 8, 1000);
-        let (id, n) = t.create("c", 100, |_| None).unwrap();
+        let (id, n) = t.create("c", 100, |_| Ok(None)).unwrap();
         assert_eq!(n, 4);
         assert!(matches!(t.admit(id, 1, 0, 1), Admit::Execute));
         // Retransmission while running waits.
@@ -260,13 +257,13 @@ mod tests {
     #[test]
     fn table_is_bounded() {
         let t = SessionTable::new(1, 2, 3_600_000);
-        t.create("a", 1, |_| None).unwrap();
-        t.create("b", 1, |_| None).unwrap();
-        assert_eq!(t.create("c", 1, |_| None).unwrap_err().code, ErrorCode::Busy);
+        t.create("a", 1, |_| Ok(None)).unwrap();
+        t.create("b", 1, |_| Ok(None)).unwrap();
+        assert_eq!(t.create("c", 1, |_| Ok(None)).unwrap_err().code, ErrorCode::Busy);
         let t = SessionTable::new(1, 1, 0);
-        t.create("a", 1, |_| None).unwrap();
+        t.create("a", 1, |_| Ok(None)).unwrap();
         // With a zero idle limit the idle session is evicted to make room.
-        assert!(t.create("b", 1, |_| None).is_ok());
+        assert!(t.create("b", 1, |_| Ok(None)).is_ok());
         assert_eq!(t.len(), 1);
     }
 
@@ -274,7 +271,7 @@ mod tests {
     fn a_bound_session_serves_only_its_connection_until_rebound_with_the_proof() {
         let t = SessionTable::new(2, 8, 1000);
         let secret = [7u8; 32];
-        let (id, _) = t.create("c", 2, |_| Some(Binding { conn: 10, key_id: "cluster".into(), secret })).unwrap();
+        let (id, _) = t.create("c", 2, |_| Ok(Some(Binding { conn: 10, key_id: "cluster".into(), secret }))).unwrap();
         assert!(matches!(t.admit(id, 10, 0, 1), Admit::Execute));
         t.complete(id, 0, 1, None);
         // Another connection can neither use nor destroy it.
@@ -295,11 +292,11 @@ mod tests {
     #[test]
     fn session_ids_are_random_and_never_zero() {
         let t = SessionTable::new(1, 64, 1000);
-        let ids: std::collections::HashSet<u64> = (0..64).map(|_| t.create("c", 1, |_| None).unwrap().0).collect();
+        let ids: std::collections::HashSet<u64> = (0..64).map(|_| t.create("c", 1, |_| Ok(None)).unwrap().0).collect();
         assert_eq!(ids.len(), 64);
         assert!(!ids.contains(&0));
         // Two tables made in the same second (a fast restart) share no ids.
         let u = SessionTable::new(1, 64, 1000);
-        assert!((0..64).all(|_| !ids.contains(&u.create("c", 1, |_| None).unwrap().0)));
+        assert!((0..64).all(|_| !ids.contains(&u.create("c", 1, |_| Ok(None)).unwrap().0)));
     }
 }

@@ -330,6 +330,13 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let server_role = matches!(cli.cmd, Cmd::Meta { .. } | Cmd::Data { .. } | Cmd::Up { .. } | Cmd::Mount { .. });
     init_logging(if server_role { "info" } else { "warn" });
+    // Servers hold thousands of connections (their caps are 4096 by default), more than the usual soft limit of
+    // 1024 descriptors: take the hard limit, as every process of this binary may serve or open many.
+    match weft_fabric::raise_open_files_limit() {
+        Ok(n) if server_role => tracing::info!(open_files_max = n, "raised the open files limit (RLIMIT_NOFILE)"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("could not raise the open files limit (RLIMIT_NOFILE): {e}"),
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     rt.block_on(run(cli.cmd))
 }

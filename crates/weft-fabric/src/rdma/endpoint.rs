@@ -35,6 +35,9 @@ pub struct EndpointConfig {
     /// Sleep on a completion channel instead of busy-polling (servers may poll, clients wait on
     /// events). Costs a system call or two per wait, saves a core.
     pub evented: bool,
+    /// The peer may RDMA READ and WRITE through this queue pair (into memory registered for it). Only the client's
+    /// transfer QP needs it: the server initiates every transfer, so its QPs (and all message QPs) refuse them.
+    pub remote_access: bool,
 }
 
 impl Default for EndpointConfig {
@@ -46,6 +49,7 @@ impl Default for EndpointConfig {
             transfer_unit_bytes: 1 << 20,
             timeout_ms: 30_000,
             evented: false,
+            remote_access: true,
         }
     }
 }
@@ -144,8 +148,11 @@ impl Endpoint {
             qp_state: ffi::IBV_QPS_INIT,
             pkey_index: 0,
             port_num: inner.port,
-            qp_access_flags: (ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_READ | ffi::IBV_ACCESS_REMOTE_WRITE)
-                as u32,
+            qp_access_flags: if cfg.remote_access {
+                (ffi::IBV_ACCESS_REMOTE_READ | ffi::IBV_ACCESS_REMOTE_WRITE) as u32
+            } else {
+                0
+            },
             ..IbvQpAttr::default()
         };
         qp.modify(

@@ -16,10 +16,19 @@
 //!   ([`Capabilities::pins_pages`]): a cached registration would keep pinning the pages of a buffer the caller
 //!   freed, and a new buffer at the same address would silently miss the data.
 //!
+//! - Before any queue pair or registration is made for a peer, the side channel runs the [`SideChannelAuth`]
+//!   exchange the fabric was given (weft-rpc's HMAC challenge–response under the cluster key): a peer that cannot
+//!   prove the key gets no queue pair. A server runs at most `handshakes_max` handshakes at once, and each must
+//!   finish (authentication, both queue pairs, the hello) within `handshake_timeout_ms`, or its side channel is
+//!   shut down. Server memory (zones, bounce regions) is registered for local access only and the server's queue
+//!   pairs refuse remote access: only the server initiates transfers.
+//!
 //! The device is opened once per process (`WEFT_RDMA_DEVICE` names one; default: the first). Without libibverbs
 //! or a device, connect and listen fail with `Unsupported` and a message saying why, never a panic.
 
+use std::future::Future;
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -28,7 +37,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use weft_proto::chunk::ARENA_REGION;
 use weft_proto::{Chunk, ChunkError, Region};
 
@@ -37,12 +46,31 @@ use super::wire::{ArenaHello, HELLO_BYTES};
 use super::{Device, DeviceConfig, Endpoint, EndpointConfig, MemoryRegion, RdmaError, RemoteRegion};
 use crate::peer::ClientRegions;
 use crate::shm::{Arena, ShmFabric};
-use crate::{Capabilities, Connection, Fabric, Killer, Listener, LocalRegistration, MemoryError, PeerMemory};
+use crate::{
+    Capabilities, Connection, Fabric, Killer, Listener, LocalRegistration, MemoryError, PeerMemory, SideChannelAuth,
+};
 
 /// Address prefix of rdma endpoints: `rdma:host:port` (the TCP side channel's address).
 pub const RDMA_SCHEME: &str = "rdma:";
-/// The queue pair setup plus the hello must finish within this time, or the connection is dropped.
-const HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// Default [`RdmaServerLimits::handshake_timeout_ms`].
+pub const HANDSHAKE_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Default [`RdmaServerLimits::handshakes_max`].
+pub const HANDSHAKES_MAX_DEFAULT: u32 = 64;
+
+/// What an rdma listener bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaServerLimits {
+    /// Handshakes (authentication, queue pair setup, hello) in progress at once; more wait for a turn.
+    pub handshakes_max: u32,
+    /// The whole handshake, the wait for a turn included, must finish within this time.
+    pub handshake_timeout_ms: u64,
+}
+
+impl Default for RdmaServerLimits {
+    fn default() -> Self {
+        RdmaServerLimits { handshakes_max: HANDSHAKES_MAX_DEFAULT, handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS_DEFAULT }
+    }
+}
 /// Handshaken connections waiting for `accept`.
 const ACCEPT_QUEUE: usize = 64;
 /// Largest bounce region a connection keeps (the largest transfer it moves through one).
@@ -89,12 +117,14 @@ fn message_config() -> EndpointConfig {
         transfer_unit_bytes: WORK_REQUEST_BYTES_MAX,
         timeout_ms: 30_000,
         evented: true,
+        remote_access: false,
     }
 }
 
 /// The transfer queue pair: one-sided only, so one tiny receive; a server thread waiting for its transfer's
-/// completions sleeps on the channel instead of spinning.
-fn transfer_config() -> EndpointConfig {
+/// completions sleeps on the channel instead of spinning. Only the client's end admits remote access (the
+/// server reads and writes the client's memory, never the other way).
+fn transfer_config(remote_access: bool) -> EndpointConfig {
     EndpointConfig {
         recv_credits: 1,
         msg_bytes_max: 64 + super::MSG_HEADER_BYTES as u32,
@@ -102,6 +132,7 @@ fn transfer_config() -> EndpointConfig {
         transfer_unit_bytes: WORK_REQUEST_BYTES_MAX,
         timeout_ms: 30_000,
         evented: true,
+        remote_access,
     }
 }
 
@@ -117,12 +148,27 @@ struct ArenaRegistration {
 pub struct RdmaFabric {
     arena_source: ShmFabric,
     arena_reg: Arc<Mutex<Option<Arc<ArenaRegistration>>>>,
+    /// Runs first on every side channel, both ways; None: no authentication (`auth = "none"`).
+    auth: Option<Arc<dyn SideChannelAuth>>,
+    limits: RdmaServerLimits,
 }
 
 impl RdmaFabric {
     /// A fabric whose connections advertise the arena of `arena_source` (so one client has one arena).
     pub fn new(arena_source: ShmFabric) -> RdmaFabric {
-        RdmaFabric { arena_source, arena_reg: Arc::default() }
+        RdmaFabric { arena_source, arena_reg: Arc::default(), auth: None, limits: RdmaServerLimits::default() }
+    }
+
+    /// The same fabric, authenticating every side channel with `auth` before any queue pair exists.
+    pub fn with_side_channel_auth(mut self, auth: Option<Arc<dyn SideChannelAuth>>) -> RdmaFabric {
+        self.auth = auth;
+        self
+    }
+
+    /// The same fabric, its listeners bounded by `limits`.
+    pub fn with_limits(mut self, limits: RdmaServerLimits) -> RdmaFabric {
+        self.limits = limits;
+        self
     }
 
     fn arena_registration(&self, dev: &Device) -> io::Result<Arc<ArenaRegistration>> {
@@ -133,7 +179,7 @@ impl RdmaFabric {
         let arena = self.arena_source.arena_or_create()?;
         // SAFETY: the arena's mapping lives as long as the Arc kept beside the registration (dropped after it);
         // only its address and keys are used, the arena's own copies stay the only Rust access to its bytes.
-        let mr = unsafe { MemoryRegion::register_external(dev, arena.base_ptr(), arena.len()) }.map_err(to_io)?;
+        let mr = unsafe { MemoryRegion::register_external(dev, arena.base_ptr(), arena.len(), true) }.map_err(to_io)?;
         let r = Arc::new(ArenaRegistration { mr, _arena: arena });
         *slot = Some(r.clone());
         Ok(r)
@@ -163,16 +209,17 @@ impl AsyncRead for RdmaReader {
     }
 }
 
-/// Hands a connected side channel to a blocking thread for the queue pair setup (bounded by the handshake
-/// timeout on every read and write).
+/// Hands a connected side channel to a blocking thread for the queue pair setup (bounded by `timeout_ms` on every
+/// read and write; the caller's deadline shuts the socket down to end it sooner).
 async fn blocking_setup<T: Send + 'static>(
     stream: TcpStream,
+    timeout_ms: u64,
     f: impl FnOnce(&mut std::net::TcpStream) -> io::Result<T> + Send + 'static,
 ) -> io::Result<(std::net::TcpStream, T)> {
     let mut side = stream.into_std()?;
     side.set_nonblocking(false)?;
     side.set_nodelay(true)?;
-    let timeout = Some(Duration::from_millis(HANDSHAKE_TIMEOUT_MS));
+    let timeout = Some(Duration::from_millis(timeout_ms.max(1)));
     side.set_read_timeout(timeout)?;
     side.set_write_timeout(timeout)?;
     let (side, out) = tokio::task::spawn_blocking(move || f(&mut side).map(|t| (side, t)))
@@ -202,27 +249,47 @@ impl Fabric for RdmaFabric {
         let len = usize::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "region too large"))?;
         // SAFETY: the caller (the pin-down cache) registers the pages of a buffer a call holds for its whole
         // length, and drops the registration when the call ends; the device pins the pages meanwhile.
-        let mr = unsafe { MemoryRegion::register_external(&dev, addr as *mut u8, len) }.map_err(to_io)?;
+        let mr = unsafe { MemoryRegion::register_external(&dev, addr as *mut u8, len, true) }.map_err(to_io)?;
         Ok(Some(LocalRegistration { rkey: mr.rkey(), handle: Box::new(mr) }))
     }
 
     async fn connect(&self, addr: &str) -> io::Result<Connection<Self>> {
         let dev = device()?;
         let arena = self.arena_registration(&dev)?;
-        let stream = TcpStream::connect(host_port(addr)).await?;
+        let mut stream = TcpStream::connect(host_port(addr)).await?;
         let peer =
             format!("{RDMA_SCHEME}{}", stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| addr.into()));
+        if let Some(auth) = &self.auth {
+            let deadline = Duration::from_millis(self.limits.handshake_timeout_ms);
+            let proved = tokio::time::timeout(deadline, auth.client(&mut stream)).await.unwrap_or_else(|_| {
+                Err(io::Error::new(io::ErrorKind::TimedOut, "side-channel authentication timed out"))
+            });
+            if let Err(e) = proved {
+                tracing::warn!(%peer, "rdma side-channel authentication failed, no queue pair made: {e}");
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("rdma side-channel authentication with {peer} failed: {e}"),
+                ));
+            }
+        }
         let hello = ArenaHello { addr: arena.mr.addr(), len: arena.mr.len() as u64, rkey: arena.mr.rkey() }.encode();
-        let (side, (messages, transfers)) = blocking_setup(stream, move |s| {
+        let (side, (messages, transfers)) = blocking_setup(stream, self.limits.handshake_timeout_ms, move |s| {
             let messages = Endpoint::over_tcp(&dev, s, message_config()).map_err(to_io)?;
-            let transfers = Endpoint::over_tcp(&dev, s, transfer_config()).map_err(to_io)?;
+            let transfers = Endpoint::over_tcp(&dev, s, transfer_config(true)).map_err(to_io)?;
             s.write_all(&hello)?;
             Ok((messages, transfers))
         })
         .await?;
         let qp = Arc::new(ClientQp { _ep: Mutex::new(transfers), _arena: arena });
         let (reader, writer, killer) = stream::start(messages, side, peer.clone())?;
-        Ok(Connection { reader: RdmaReader { inner: reader, _qp: Some(qp) }, writer, killer, peer, memory: None })
+        Ok(Connection {
+            reader: RdmaReader { inner: reader, _qp: Some(qp) },
+            writer,
+            killer,
+            peer,
+            memory: None,
+            peer_cred: None,
+        })
     }
 
     async fn listen(&self, addr: &str) -> io::Result<RdmaListener> {
@@ -230,14 +297,58 @@ impl Fabric for RdmaFabric {
         let listener = TcpListener::bind(host_port(addr)).await?;
         let local = format!("{RDMA_SCHEME}{}", listener.local_addr()?);
         let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
-        let task = tokio::spawn(accept_loop(listener, dev, tx));
+        let gate = HandshakeGate::new(self.limits);
+        let task = tokio::spawn(accept_loop(listener, dev, tx, gate, self.auth.clone()));
         Ok(RdmaListener { rx, addr: local, task })
     }
 }
 
+/// Bounds a listener's handshakes: how many run at once, and how long each may take (the wait for a turn
+/// included).
+#[derive(Clone)]
+struct HandshakeGate {
+    permits: Arc<Semaphore>,
+    limits: RdmaServerLimits,
+}
+
+impl HandshakeGate {
+    fn new(limits: RdmaServerLimits) -> HandshakeGate {
+        HandshakeGate { permits: Arc::new(Semaphore::new(limits.handshakes_max.max(1) as usize)), limits }
+    }
+
+    /// Runs `handshake` once a turn is free, all within the deadline. On a missed deadline `abandon` runs (it
+    /// shuts the side channel down, so a blocking setup thread stops at its next read or write).
+    async fn run<T>(&self, handshake: impl Future<Output = io::Result<T>>, abandon: impl FnOnce()) -> io::Result<T> {
+        let timeout_ms = self.limits.handshake_timeout_ms;
+        let bounded = async {
+            let _turn = self.permits.acquire().await.map_err(|_| io::Error::other("handshake gate closed"))?;
+            handshake.await
+        };
+        match tokio::time::timeout(Duration::from_millis(timeout_ms), bounded).await {
+            Ok(r) => r,
+            Err(_) => {
+                abandon();
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "handshake not finished within {timeout_ms} ms (at most {} run at once)",
+                        self.limits.handshakes_max
+                    ),
+                ))
+            }
+        }
+    }
+}
+
 /// Accepts side-channel connections and runs each handshake on its own task, so a client that stalls in the
-/// middle of one blocks nobody else.
-async fn accept_loop(listener: TcpListener, dev: Device, tx: mpsc::Sender<io::Result<Connection<RdmaFabric>>>) {
+/// middle of one blocks nobody else. A failed handshake is logged here and never reaches `accept`.
+async fn accept_loop(
+    listener: TcpListener,
+    dev: Device,
+    tx: mpsc::Sender<io::Result<Connection<RdmaFabric>>>,
+    gate: HandshakeGate,
+    auth: Option<Arc<dyn SideChannelAuth>>,
+) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -251,21 +362,52 @@ async fn accept_loop(listener: TcpListener, dev: Device, tx: mpsc::Sender<io::Re
         };
         let tx = tx.clone();
         let dev = dev.clone();
+        let gate = gate.clone();
+        let auth = auth.clone();
         tokio::spawn(async move {
-            let r = handshake(stream, format!("{RDMA_SCHEME}{peer}"), dev).await;
-            if let Err(e) = &r {
-                tracing::warn!(%peer, "rdma connection refused: {e}");
+            let shut = match stream.as_fd().try_clone_to_owned() {
+                Ok(fd) => fd,
+                Err(e) => {
+                    tracing::warn!(%peer, "rdma connection refused: {e}");
+                    return;
+                }
+            };
+            let name = format!("{RDMA_SCHEME}{peer}");
+            let timeout_ms = gate.limits.handshake_timeout_ms;
+            let r = gate
+                .run(handshake(stream, name, dev, auth, timeout_ms), || {
+                    let _ = socket2::SockRef::from(&shut).shutdown(std::net::Shutdown::Both);
+                })
+                .await;
+            match r {
+                Ok(c) => {
+                    let _ = tx.send(Ok(c)).await;
+                }
+                Err(e) => tracing::warn!(%peer, "rdma connection refused: {e}"),
             }
-            let _ = tx.send(r).await;
         });
     }
 }
 
-async fn handshake(stream: TcpStream, peer: String, dev: Device) -> io::Result<Connection<RdmaFabric>> {
+async fn handshake(
+    mut stream: TcpStream,
+    peer: String,
+    dev: Device,
+    auth: Option<Arc<dyn SideChannelAuth>>,
+    timeout_ms: u64,
+) -> io::Result<Connection<RdmaFabric>> {
+    if let Some(auth) = &auth {
+        auth.server(&mut stream, &peer).await.map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("side-channel authentication failed, no queue pair made: {e}"),
+            )
+        })?;
+    }
     let dev2 = dev.clone();
-    let (side, (messages, transfers, hello)) = blocking_setup(stream, move |s| {
+    let (side, (messages, transfers, hello)) = blocking_setup(stream, timeout_ms, move |s| {
         let messages = Endpoint::over_tcp(&dev2, s, message_config()).map_err(to_io)?;
-        let transfers = Endpoint::over_tcp(&dev2, s, transfer_config()).map_err(to_io)?;
+        let transfers = Endpoint::over_tcp(&dev2, s, transfer_config(false)).map_err(to_io)?;
         let mut hello = [0u8; HELLO_BYTES];
         s.read_exact(&mut hello)?;
         Ok((messages, transfers, hello))
@@ -273,10 +415,17 @@ async fn handshake(stream: TcpStream, peer: String, dev: Device) -> io::Result<C
     .await?;
     let hello = ArenaHello::decode(&hello).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     let arena = Region { id: ARENA_REGION, addr: hello.addr, len: hello.len, rkey: hello.rkey };
-    tracing::info!(%peer, arena_bytes = arena.len, "rdma connection up");
+    tracing::info!(%peer, arena_bytes = arena.len, authenticated = auth.is_some(), "rdma connection up");
     let (reader, writer, killer) = stream::start(messages, side, peer.clone())?;
     let memory = Arc::new(RdmaPeer::new(dev, transfers, arena, peer.clone(), killer.try_clone()?));
-    Ok(Connection { reader: RdmaReader { inner: reader, _qp: None }, writer, killer, peer, memory: Some(memory) })
+    Ok(Connection {
+        reader: RdmaReader { inner: reader, _qp: None },
+        writer,
+        killer,
+        peer,
+        memory: Some(memory),
+        peer_cred: None,
+    })
 }
 
 pub struct RdmaListener {
@@ -312,7 +461,8 @@ fn zone_region(dev: &Device, ptr: *const u8, len: usize) -> Option<(Arc<MemoryRe
     }
     // SAFETY: an announced zone stays mapped for the life of the process (the `zones` contract); the region is
     // used only through addresses and keys, by transfers whose target range the caller holds exclusively.
-    match unsafe { MemoryRegion::register_external(dev, zone.addr as *mut u8, zone.len) } {
+    // Local access only: the server initiates every transfer, so no peer ever gets a key to its memory.
+    match unsafe { MemoryRegion::register_external(dev, zone.addr as *mut u8, zone.len, false) } {
         Ok(mr) => {
             tracing::info!(bytes = zone.len, "rdma: server zone registered");
             let mr = Arc::new(mr);
@@ -538,5 +688,48 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}");
         let e = f.connect("rdma:127.0.0.1:9").await.err().expect("no device: connect fails");
         assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}");
+    }
+
+    #[tokio::test]
+    async fn handshakes_are_bounded_in_number_and_time() {
+        let gate = HandshakeGate::new(RdmaServerLimits { handshakes_max: 1, handshake_timeout_ms: 200 });
+        // One handshake holds the only turn and never finishes: it is abandoned at the deadline.
+        let (hold_tx, hold_rx) = tokio::sync::oneshot::channel::<()>();
+        let g = gate.clone();
+        let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let a = abandoned.clone();
+        let first = tokio::spawn(async move {
+            g.run(
+                async {
+                    let _ = hold_rx.await;
+                    Ok(())
+                },
+                move || a.store(true, Ordering::SeqCst),
+            )
+            .await
+        });
+        while gate.permits.available_permits() > 0 {
+            tokio::task::yield_now().await; // until the first holds the turn
+        }
+        // A second one waits for the turn and runs out of time without ever starting.
+        let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = started.clone();
+        let second = gate
+            .run(
+                async move {
+                    s.store(true, Ordering::SeqCst);
+                    Ok(())
+                },
+                || {},
+            )
+            .await;
+        assert_eq!(second.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert!(!started.load(Ordering::SeqCst), "no turn was free");
+        let first = first.await.unwrap();
+        assert_eq!(first.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert!(abandoned.load(Ordering::SeqCst), "the stalled handshake's side channel is shut down");
+        drop(hold_tx);
+        // The turn is free again.
+        gate.run(async { Ok(()) }, || {}).await.unwrap();
     }
 }

@@ -30,7 +30,7 @@ pub mod wire;
 use std::fmt;
 
 pub use endpoint::{Endpoint, EndpointConfig};
-pub use fabric::{RDMA_SCHEME, RdmaFabric, RdmaListener, RdmaReader, available};
+pub use fabric::{RDMA_SCHEME, RdmaFabric, RdmaListener, RdmaReader, RdmaServerLimits, available};
 pub use stream::{StreamKiller, StreamReader, StreamWriter};
 pub use verbs::{Device, DeviceConfig, MemoryRegion, RemoteRegion, list_devices};
 pub use wire::{CONN_INFO_BYTES, ConnInfo, MSG_HEADER_BYTES, MsgHeader};

@@ -356,8 +356,9 @@ impl MemoryRegion {
         Ok(Self { dev: Arc::clone(inner), mr, ptr: ptr.cast(), len, owned: true })
     }
 
-    /// Registers memory this value does not own (a server zone, a client's arena or I/O buffer) for local writes
-    /// and remote read and write. The pages are pinned while registered, so a late transfer lands in them and
+    /// Registers memory this value does not own (a server zone, a client's arena or I/O buffer) for local writes,
+    /// and with `remote` for remote read and write too (a client's memory, which the server reaches; never a
+    /// server's, since only the server initiates transfers). The pages are pinned while registered, so a late transfer lands in them and
     /// never in memory reused since; dropping the value deregisters and leaves the memory alone.
     ///
     /// # Safety
@@ -365,11 +366,14 @@ impl MemoryRegion {
     /// peer while the registration is advertised: the caller hands the range out only for transfers it orders.
     /// The Rust accessors ([`MemoryRegion::as_slice`], [`MemoryRegion::as_mut_slice`]) must not be used on an
     /// external region (they would alias the owner's references); only its address and keys are.
-    pub unsafe fn register_external(dev: &Device, ptr: *mut u8, len: usize) -> Result<Self> {
+    pub unsafe fn register_external(dev: &Device, ptr: *mut u8, len: usize, remote: bool) -> Result<Self> {
         if len == 0 || ptr.is_null() {
             return Err(RdmaError::OutOfBounds { what: "memory region", offset: ptr as u64, len: 0, region_len: 0 });
         }
-        let access = ffi::IBV_ACCESS_LOCAL_WRITE | ffi::IBV_ACCESS_REMOTE_READ | ffi::IBV_ACCESS_REMOTE_WRITE;
+        let mut access = ffi::IBV_ACCESS_LOCAL_WRITE;
+        if remote {
+            access |= ffi::IBV_ACCESS_REMOTE_READ | ffi::IBV_ACCESS_REMOTE_WRITE;
+        }
         let inner = &dev.inner;
         // SAFETY: pd is live (held by the Arc); the caller guarantees the range is mapped; ibv_reg_mr pins it.
         let mr = unsafe { (inner.verbs.reg_mr)(inner.pd, ptr.cast(), len, access) };

@@ -9,6 +9,11 @@
 //!   regions (`Regions` op) and reached with process_vm_readv/writev. The peer's pid comes from SO_PEERCRED,
 //!   never from the client's word, so a client can only ever point the server at its own address space.
 //! - When the connection ends, the [`PeerMemory`] is dropped: the arena is unmapped and the regions forgotten.
+//! - Who may connect: the socket file is created mode 0600 (0660 with `socket_group`), so the kernel refuses
+//!   other users' `connect`. The peer's uid, gid and pid (SO_PEERCRED) travel with the connection
+//!   ([`crate::Connection::peer_cred`]) for the services to check against the key the peer proves. The peer's
+//!   process is held as a pidfd from the hello on and checked before every process_vm transfer, so a pid
+//!   reused after the client died is never read or written. The arena's size is bounded (`arena_bytes_max`).
 //!
 //! All `unsafe` of the backend is in [`sys`].
 
@@ -27,7 +32,7 @@ use weft_proto::chunk::ARENA_REGION;
 use weft_proto::{Chunk, ChunkError, Region};
 
 use crate::peer::ClientRegions;
-use crate::{Capabilities, Connection, Fabric, Killer, Listener, MemoryError, PeerMemory};
+use crate::{Capabilities, Connection, Fabric, Killer, Listener, MemoryError, PeerCred, PeerMemory};
 
 /// Address prefix of shm endpoints: `unix:/run/weft/data.sock`.
 pub const SHM_SCHEME: &str = "unix:";
@@ -37,6 +42,25 @@ const HELLO_LEN: usize = 16;
 const HELLO_TIMEOUT_MS: u64 = 10_000;
 /// Handshaken connections waiting for `accept`.
 const ACCEPT_QUEUE: usize = 64;
+
+/// Server-side rules of the shm listener (the data server's `shm_socket_group` and `shm_arena_bytes_max`).
+#[derive(Debug, Clone)]
+pub struct ShmServerConfig {
+    /// Group (name or number) that may connect too: the socket file is then mode 0660 in that group; without
+    /// one it is 0600 (only this server's user, and root).
+    pub socket_group: Option<String>,
+    /// Largest arena a client may hand over; a larger hello is refused.
+    pub arena_bytes_max: u64,
+}
+
+/// Default [`ShmServerConfig::arena_bytes_max`]: 256 MiB (a default client's arena is 4 MiB).
+pub const ARENA_BYTES_MAX_DEFAULT: u64 = 256 << 20;
+
+impl Default for ShmServerConfig {
+    fn default() -> Self {
+        ShmServerConfig { socket_group: None, arena_bytes_max: ARENA_BYTES_MAX_DEFAULT }
+    }
+}
 
 /// Client-side sizes of the arena (the "pre-registered buffers" size class).
 #[derive(Debug, Clone, Copy)]
@@ -149,12 +173,20 @@ impl Drop for ArenaBuf {
 #[derive(Clone, Default)]
 pub struct ShmFabric {
     pub cfg: ShmConfig,
+    /// What `listen` enforces.
+    pub server: Arc<ShmServerConfig>,
     arena: Arc<Mutex<Option<Arc<Arena>>>>,
 }
 
 impl ShmFabric {
     pub fn new(cfg: ShmConfig) -> ShmFabric {
-        ShmFabric { cfg, arena: Arc::default() }
+        ShmFabric { cfg, server: Arc::default(), arena: Arc::default() }
+    }
+
+    /// The same fabric with the listener's rules `server`.
+    pub fn with_server(mut self, server: ShmServerConfig) -> ShmFabric {
+        self.server = Arc::new(server);
+        self
     }
 
     pub(crate) fn arena_or_create(&self) -> io::Result<Arc<Arena>> {
@@ -182,10 +214,15 @@ impl Killer for ShmKiller {
     }
 }
 
-fn split(stream: UnixStream, peer: String, memory: Option<Arc<dyn PeerMemory>>) -> io::Result<Connection<ShmFabric>> {
+fn split(
+    stream: UnixStream,
+    peer: String,
+    memory: Option<Arc<dyn PeerMemory>>,
+    peer_cred: Option<PeerCred>,
+) -> io::Result<Connection<ShmFabric>> {
     let killer = ShmKiller(stream.as_fd().try_clone_to_owned()?);
     let (reader, writer) = stream.into_split();
-    Ok(Connection { reader, writer, killer, peer, memory })
+    Ok(Connection { reader, writer, killer, peer, memory, peer_cred })
 }
 
 impl Fabric for ShmFabric {
@@ -219,27 +256,50 @@ impl Fabric for ShmFabric {
                 Err(e) => return Err(e),
             }
         }
-        split(stream, addr.to_string(), None)
+        split(stream, addr.to_string(), None, None)
     }
 
     async fn listen(&self, addr: &str) -> io::Result<ShmListener> {
         let path = path_of(addr).to_string();
+        let gid = self.server.socket_group.as_deref().map(sys::group_id).transpose()?;
+        let mode = if gid.is_some() { 0o660 } else { 0o600 };
         // A socket file left by a previous run of this server would make bind fail; anything else is kept.
-        if let Ok(m) = std::fs::symlink_metadata(&path) {
-            use std::os::unix::fs::FileTypeExt;
-            if m.file_type().is_socket() {
-                std::fs::remove_file(&path)?;
-            }
+        remove_stale_socket(&path)?;
+        // Bound under a temporary name, given its mode and group, then renamed: the public name never exists
+        // with the umask's mode, so no other user can connect in between.
+        let staging = format!("{path}.{}.tmp", std::process::id());
+        remove_stale_socket(&staging)?;
+        let listener = UnixListener::bind(&staging)?;
+        let published = sys::set_socket_mode(std::path::Path::new(&staging), mode, gid)
+            .and_then(|()| std::fs::rename(&staging, &path));
+        if let Err(e) = published {
+            let _ = std::fs::remove_file(&staging);
+            return Err(e);
         }
-        let listener = UnixListener::bind(&path)?;
+        tracing::info!(%path, mode = format_args!("{mode:04o}"), group = ?self.server.socket_group, "shm socket");
         let (tx, rx) = mpsc::channel(ACCEPT_QUEUE);
-        let task = tokio::spawn(accept_loop(listener, tx));
+        let task = tokio::spawn(accept_loop(listener, tx, self.server.clone()));
         Ok(ShmListener { rx, addr: format!("{SHM_SCHEME}{path}"), task })
     }
 }
 
-/// Accepts connections and runs each hello on its own task, so a client that never sends one blocks nobody.
-async fn accept_loop(listener: UnixListener, tx: mpsc::Sender<io::Result<Connection<ShmFabric>>>) {
+fn remove_stale_socket(path: &str) -> io::Result<()> {
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if m.file_type().is_socket() {
+            std::fs::remove_file(path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Accepts connections and runs each hello on its own task, so a client that never sends one blocks nobody. A
+/// failed hello is logged here and never reaches `accept` (whose caller pauses after errors).
+async fn accept_loop(
+    listener: UnixListener,
+    tx: mpsc::Sender<io::Result<Connection<ShmFabric>>>,
+    server: Arc<ShmServerConfig>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -252,17 +312,25 @@ async fn accept_loop(listener: UnixListener, tx: mpsc::Sender<io::Result<Connect
             }
         };
         let tx = tx.clone();
+        let server = server.clone();
         tokio::spawn(async move {
-            let r = tokio::time::timeout(Duration::from_millis(HELLO_TIMEOUT_MS), handshake(stream)).await;
-            let r = r.unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "no hello from the client")));
-            let _ = tx.send(r).await;
+            let r = tokio::time::timeout(Duration::from_millis(HELLO_TIMEOUT_MS), handshake(stream, &server)).await;
+            match r.unwrap_or_else(|_| Err(io::Error::new(io::ErrorKind::TimedOut, "no hello from the client"))) {
+                Ok(c) => {
+                    let _ = tx.send(Ok(c)).await;
+                }
+                Err(e) => tracing::warn!("shm connection refused: {e}"),
+            }
         });
     }
 }
 
-async fn handshake(stream: UnixStream) -> io::Result<Connection<ShmFabric>> {
+async fn handshake(stream: UnixStream, server: &ShmServerConfig) -> io::Result<Connection<ShmFabric>> {
     let cred = stream.peer_cred()?;
     let pid = cred.pid().ok_or_else(|| io::Error::other("the peer's pid is unknown (SO_PEERCRED)"))?;
+    let peer_cred = PeerCred { uid: cred.uid(), gid: cred.gid(), pid };
+    let pidfd = sys::peer_pidfd(&stream, pid)
+        .map_err(|e| io::Error::other(format!("cannot hold the peer's process (pid {pid}) as a pidfd: {e}")))?;
     let mut hello = [0u8; HELLO_LEN];
     let (n, fd) = loop {
         stream.readable().await?;
@@ -273,9 +341,18 @@ async fn handshake(stream: UnixStream) -> io::Result<Connection<ShmFabric>> {
         }
     };
     if n != HELLO_LEN || &hello[..8] != HELLO_MAGIC {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "not a Weft shm hello"));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("pid {pid}: not a Weft shm hello")));
     }
     let arena_len = u64::from_le_bytes(hello[8..].try_into().expect("8 bytes"));
+    if arena_len > server.arena_bytes_max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "pid {pid} (uid {}): an arena of {arena_len} bytes exceeds this server's shm_arena_bytes_max of {} bytes",
+                peer_cred.uid, server.arena_bytes_max
+            ),
+        ));
+    }
     let arena = match (fd, arena_len) {
         (None, 0) => None,
         (Some(fd), len) if len > 0 => {
@@ -284,9 +361,12 @@ async fn handshake(stream: UnixStream) -> io::Result<Connection<ShmFabric>> {
         }
         _ => return Err(io::Error::new(io::ErrorKind::InvalidData, "arena length and descriptor disagree")),
     };
+    if !sys::pidfd_alive(&pidfd)? {
+        return Err(io::Error::other(format!("pid {pid} exited during the hello")));
+    }
     let peer = format!("shm:pid{pid}");
-    let memory = Arc::new(ShmPeer::new(pid, arena));
-    split(stream, peer, Some(memory))
+    let memory = Arc::new(ShmPeer::new(pid, pidfd, arena));
+    split(stream, peer, Some(memory), Some(peer_cred))
 }
 
 pub struct ShmListener {
@@ -314,15 +394,38 @@ impl Listener<ShmFabric> for ShmListener {
 /// The server's view of one client connection's memory.
 struct ShmPeer {
     pid: i32,
+    /// The client's process itself (not its number), held from the hello on.
+    pidfd: OwnedFd,
     arena: Option<sys::SharedMap>,
     regions: ClientRegions,
 }
 
 impl ShmPeer {
-    fn new(pid: i32, arena: Option<sys::SharedMap>) -> ShmPeer {
+    fn new(pid: i32, pidfd: OwnedFd, arena: Option<sys::SharedMap>) -> ShmPeer {
         // The arena is region 0 at offset 0 of its mapping; process-memory regions carry their own addresses.
         let arena_region = arena.as_ref().map(|a| Region { id: ARENA_REGION, addr: 0, len: a.len() as u64, rkey: 0 });
-        ShmPeer { pid, arena, regions: ClientRegions::new(arena_region) }
+        ShmPeer { pid, pidfd, arena, regions: ClientRegions::new(arena_region) }
+    }
+
+    /// Fails unless the client's process is still alive, so `pid` still names it.
+    ///
+    /// process_vm_readv/writev take a pid number, not a pidfd, so a race remains: the client exits, is reaped
+    /// and its number is given to a new process between this check and the system call. A read closes it by
+    /// checking again after the call (if the client is alive afterwards, its number named it throughout; if not,
+    /// the bytes are thrown away). A write cannot be undone; it is accepted because the window is a few
+    /// microseconds in which the kernel would have to hand out every other pid number (allocation is cyclic up
+    /// to pid_max, 4 Mi on 64-bit hosts) before reusing this one, the new process would need writable memory at
+    /// the client's registered addresses, and process_vm_writev still demands ptrace rights over it. Besides, the
+    /// client's death closes the socket, which revokes this memory as soon as the server notices.
+    fn ensure_alive(&self) -> Result<(), MemoryError> {
+        match sys::pidfd_alive(&self.pidfd) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(MemoryError::Io(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                format!("the client process {} has exited", self.pid),
+            ))),
+            Err(e) => Err(MemoryError::Io(e)),
+        }
     }
 
     /// Checks the list, then splits it into arena copies and process-memory vectors (in chunk order, paired
@@ -379,7 +482,10 @@ impl PeerMemory for ShmPeer {
                 rest = tail;
                 consumed = r.end;
             }
+            self.ensure_alive()?;
             sys::vm_read(self.pid, &mut local, &remote)?;
+            // Alive after the read: the pid named the client throughout, so the bytes are its own.
+            self.ensure_alive()?;
         }
         Ok(())
     }
@@ -401,6 +507,7 @@ impl PeerMemory for ShmPeer {
             }
         }
         if !remote.is_empty() {
+            self.ensure_alive()?;
             sys::vm_write(self.pid, &local, &remote)?;
         }
         Ok(())
@@ -456,5 +563,93 @@ mod tests {
         drop(s);
         assert_eq!(crate::peer::stats().arenas, 0);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn scratch_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("weft-shm-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Other users must be able to reach the socket's directory, so only the socket's own mode decides.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir
+    }
+
+    fn mode_of(path: &std::path::Path) -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).unwrap().mode() & 0o7777
+    }
+
+    #[tokio::test]
+    async fn socket_is_0600_and_refuses_other_users() {
+        let dir = scratch_dir("mode");
+        let path = dir.join("s.sock");
+        let _l = ShmFabric::default().listen(&format!("{SHM_SCHEME}{}", path.display())).await.unwrap();
+        assert_eq!(mode_of(&path), 0o600);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no staging name left behind");
+        if !nix::unistd::geteuid().is_root() {
+            return; // dropping to another uid needs root; the mode above is what the kernel enforces
+        }
+        assert_eq!(sys::connect_as(&path, 0, 0).unwrap(), 0, "root (and the owner) may connect");
+        assert_eq!(sys::connect_as(&path, 65533, 65533).unwrap(), libc::EACCES, "another user is refused");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn socket_group_may_connect_others_may_not() {
+        let dir = scratch_dir("group");
+        let path = dir.join("s.sock");
+        let f = ShmFabric::default()
+            .with_server(ShmServerConfig { socket_group: Some("65532".into()), ..ShmServerConfig::default() });
+        let _l = f.listen(&format!("{SHM_SCHEME}{}", path.display())).await.unwrap();
+        assert_eq!(mode_of(&path), 0o660);
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().gid(), 65532);
+        assert_eq!(sys::connect_as(&path, 65533, 65532).unwrap(), 0, "a member of the group connects");
+        assert_eq!(sys::connect_as(&path, 65533, 65533).unwrap(), libc::EACCES, "a non-member is refused");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_arena_over_the_maximum_is_refused_with_a_clear_error() {
+        let (client, server) = UnixStream::pair().unwrap();
+        let arena = Arena::create(ShmConfig { arena_buffers: 4, buffer_bytes: 64 << 10 }).unwrap();
+        let mut hello = [0u8; HELLO_LEN];
+        hello[..8].copy_from_slice(HELLO_MAGIC);
+        hello[8..].copy_from_slice(&(arena.len() as u64).to_le_bytes());
+        client.writable().await.unwrap();
+        sys::send_hello(client.as_raw_fd(), &hello, Some(arena.fd.as_raw_fd())).unwrap();
+        let cfg = ShmServerConfig { arena_bytes_max: 128 << 10, ..ShmServerConfig::default() };
+        let e = handshake(server, &cfg).await.err().expect("refused");
+        let msg = e.to_string();
+        assert!(msg.contains("262144") && msg.contains("shm_arena_bytes_max of 131072"), "{msg}");
+
+        // At the maximum it is accepted, and the connection carries the peer's credentials.
+        let (client, server) = UnixStream::pair().unwrap();
+        client.writable().await.unwrap();
+        sys::send_hello(client.as_raw_fd(), &hello, Some(arena.fd.as_raw_fd())).unwrap();
+        let cfg = ShmServerConfig { arena_bytes_max: 256 << 10, ..ShmServerConfig::default() };
+        let c = handshake(server, &cfg).await.unwrap();
+        let cred = c.peer_cred.expect("shm names its peer");
+        assert_eq!((cred.uid, cred.pid), (nix::unistd::geteuid().as_raw(), std::process::id() as i32));
+    }
+
+    #[test]
+    fn a_pidfd_of_an_exited_child_is_detected() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let fd = sys::pidfd_open(child.id() as i32).unwrap();
+        assert!(sys::pidfd_alive(&fd).unwrap());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!sys::pidfd_alive(&fd).unwrap(), "a reaped child is gone even if its pid is reused");
+        let peer = ShmPeer::new(child.id() as i32, fd, None);
+        let mut buf = [0u8; 8];
+        let mine = [0u8; 8];
+        peer.register(&[Region { id: 3, addr: mine.as_ptr() as u64, len: 8, rkey: 0 }], &[]).unwrap();
+        let e = peer.get(&[Chunk { region: 3, offset: 0, len: 8 }], &mut buf).unwrap_err();
+        assert!(e.to_string().contains("has exited"), "{e}");
     }
 }

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use memmap2::{MmapOptions, MmapRaw};
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
@@ -149,3 +149,117 @@ pub fn vm_read(pid: i32, local: &mut [IoSliceMut<'_>], remote: &[RemoteIoVec]) -
 }
 
 pub use nix::sys::uio::RemoteIoVec as RemoteVec;
+
+/// The connected peer's process as a pidfd: SO_PEERPIDFD (Linux 6.5+) names the very process that connected, so
+/// no pid reuse can slip in; on older kernels `pidfd_open` of the SO_PEERCRED pid, which leaves the window
+/// between the client's `connect` and this call (the caller checks liveness after the hello, see `ShmPeer`).
+pub fn peer_pidfd(sock: &impl AsFd, pid: i32) -> io::Result<OwnedFd> {
+    match nix::sys::socket::getsockopt(sock, nix::sys::socket::sockopt::PeerPidfd) {
+        Ok(fd) => Ok(fd),
+        Err(nix::Error::ENOPROTOOPT | nix::Error::EINVAL) => pidfd_open(pid),
+        Err(e) => Err(nix_err(e)),
+    }
+}
+
+/// pidfd_open(2): a descriptor naming process `pid` itself, not its number.
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: a plain system call with integer arguments; a non-negative result is a new descriptor we own.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by the kernel to this process and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Whether the process a pidfd names has not exited: pidfd_send_signal(2) with signal 0 checks without signalling.
+/// A zombie counts as alive (it still holds its pid number, so the number cannot name another process yet).
+pub fn pidfd_alive(pidfd: &OwnedFd) -> io::Result<bool> {
+    // SAFETY: a plain system call: a live descriptor, signal 0, no siginfo, no flags.
+    let r = unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), 0, std::ptr::null::<libc::siginfo_t>(), 0)
+    };
+    if r == 0 {
+        return Ok(true);
+    }
+    match io::Error::last_os_error() {
+        e if e.raw_os_error() == Some(libc::ESRCH) => Ok(false),
+        // Not allowed to signal it: it exists.
+        e if e.raw_os_error() == Some(libc::EPERM) => Ok(true),
+        e => Err(e),
+    }
+}
+
+/// Gives a bound socket file its mode (and group), before it gets its public name.
+pub fn set_socket_mode(path: &std::path::Path, mode: u32, gid: Option<u32>) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(g) = gid {
+        std::os::unix::fs::chown(path, None, Some(g))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// A group's id from its name or number (`shm_socket_group`).
+pub fn group_id(group: &str) -> io::Result<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(group).map_err(nix_err)? {
+        Some(g) => Ok(g.gid.as_raw()),
+        None => Err(io::Error::new(io::ErrorKind::NotFound, format!("no group named {group:?}"))),
+    }
+}
+
+/// Tests only: a forked child that takes uid/gid (no supplementary groups) and connects to the Unix socket at
+/// `path`; returns the connect's errno (0: connected). The child makes only raw system calls before `_exit`.
+#[cfg(test)]
+pub fn connect_as(path: &std::path::Path, uid: u32, gid: u32) -> io::Result<i32> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: sockaddr_un is plain data, valid all zeros.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket path too long"));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: the child runs only async-signal-safe system calls (setgroups, setresgid, setresuid, socket,
+    // connect, _exit) on memory prepared before the fork, so the other threads of the test process do not matter.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if child == 0 {
+        // SAFETY: see above; every path ends in _exit.
+        unsafe {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(gid, gid, gid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+            {
+                libc::_exit(200);
+            }
+            let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+            if s < 0 {
+                libc::_exit(201);
+            }
+            let r = libc::connect(
+                s,
+                (&addr as *const libc::sockaddr_un).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            );
+            let errno = if r == 0 { 0 } else { *libc::__errno_location() };
+            libc::_exit(errno.min(199));
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waiting for the child forked above.
+    if unsafe { libc::waitpid(child, &mut status, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    match libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status)) {
+        Some(c) if c < 200 => Ok(c),
+        other => Err(io::Error::other(format!("the connecting child could not drop privileges ({other:?})"))),
+    }
+}
