@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
 use weft_proto::msg::RegisterServerReq;
 use weft_proto::{FrameLimits, Request};
-use weft_rpc::{BufferPool, ClientConfig, Credential, KeyRing, RpcClient, RpcServer, ServerConfig};
+use weft_rpc::{BufferPool, ClientConfig, Credential, RpcClient, RpcServer, ServerConfig};
 
 use crate::config::DataConfig;
 use crate::service::DataService;
@@ -29,6 +29,8 @@ pub enum DataServerError {
     Pool(weft_rpc::PoolError),
     #[error("{0}")]
     Key(weft_rpc::KeyError),
+    #[error("{0}")]
+    Keyring(weft_rpc::KeyringError),
 }
 
 /// Runs a data server until the process is stopped. `ready` is told the listening address.
@@ -55,7 +57,8 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         pool_buffers: cfg.pool_buffers,
         shm_addr: shm_addr.clone(),
         rdma_addr: rdma_addr.clone(),
-        auth: key.clone().map(|k| Arc::new(KeyRing::cluster(k))),
+        auth: weft_rpc::auth::role_keyring(key.clone(), cfg.clients_keyring.as_deref())
+            .map_err(DataServerError::Keyring)?,
         ..ServerConfig::default()
     };
     let pool = BufferPool::with_classes(&cfg.pool_classes()).map_err(DataServerError::Pool)?;

@@ -424,6 +424,7 @@ mod tests {
             mds: String::new(),
             key_file: None,
             auth: weft_rpc::AuthMode::None,
+            clients_keyring: None,
             heartbeat_ms: 1000,
             transfer_unit_bytes: 2 << 20,
             pool_buffers: 2,
@@ -450,6 +451,7 @@ mod tests {
             session: 1,
             peer: "test".into(),
             principal: weft_rpc::Principal::Anonymous,
+            user: None,
             pool: pool.clone(),
             memory: Some(memory.clone()),
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tracing::info;
 use weft_fabric::{AnyFabric, Fabric, Listener};
 use weft_proto::FrameLimits;
-use weft_rpc::{Credential, KeyRing, RpcServer, ServerConfig};
+use weft_rpc::{Credential, RpcServer, ServerConfig};
 
 use crate::config::MetaConfig;
 use crate::gc::collect_orphans;
@@ -25,6 +25,8 @@ pub enum MetaServerError {
     Serve(std::io::Error),
     #[error("{0}")]
     Key(weft_rpc::KeyError),
+    #[error("{0}")]
+    Keyring(weft_rpc::KeyringError),
 }
 
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
@@ -49,7 +51,8 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
         pool_buffers: 1,
-        auth: key.clone().map(|k| Arc::new(KeyRing::cluster(k))),
+        auth: weft_rpc::auth::role_keyring(key.clone(), cfg.clients_keyring.as_deref())
+            .map_err(MetaServerError::Keyring)?,
         ..ServerConfig::default()
     };
     let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(MetaService::new(ns.clone())));

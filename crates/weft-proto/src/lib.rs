@@ -14,6 +14,7 @@ pub mod frame;
 pub mod layout;
 pub mod msg;
 pub mod types;
+pub mod user;
 
 pub use chunk::{Chunk, ChunkError, Region, RegionTable};
 pub use error::{ErrorCode, WireError};
@@ -21,3 +22,4 @@ pub use frame::{FrameError, FrameKind, FrameLimits, HEADER_LEN, Header};
 pub use layout::{Layout, Piece};
 pub use msg::{Op, Request, Response};
 pub use types::*;
+pub use user::{USER_GROUPS_MAX, UserCred, UserCredError};

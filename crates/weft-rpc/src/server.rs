@@ -26,9 +26,9 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use weft_fabric::{Connection, Fabric, Killer, Listener, PeerMemory};
-use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
+use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR, FLAG_USER};
 use weft_proto::msg::{FabricInfoResp, SessionBindReq, SessionCreateResp, encode_value};
-use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, WireError};
+use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, UserCred, WireError};
 
 use crate::auth::{self, Principal, ServerAuth};
 use crate::config::ServerConfig;
@@ -43,6 +43,9 @@ pub struct CallCtx {
     pub peer: Arc<str>,
     /// Who the connection proved to be (`Anonymous` with authentication off).
     pub principal: Principal,
+    /// The user the request asserts (its user block, flag `FLAG_USER`), checked for form only: what it may mean
+    /// under `principal` is the service's decision.
+    pub user: Option<UserCred>,
     /// The server's payload buffers, for replies that carry data.
     pub pool: BufferPool,
     /// The client's registered memory, on a one-sided fabric: where chunk lists point.
@@ -269,16 +272,20 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             // its connection is closed.
             out.calls_in_flight.fetch_add(1, Ordering::Relaxed);
             let refuse = |e: FrameError| WireError::new(ErrorCode::BadRequest, e.to_string());
-            let decoded =
-                h.check_body(&body).and_then(|()| Request::decode(h.op, &body)).map_err(refuse).and_then(|req| {
+            let decoded = h
+                .check_body(&body)
+                .and_then(|()| split_user_block(&h, &body))
+                .and_then(|(user, rest)| Ok((user, Request::decode(h.op, rest)?)))
+                .map_err(refuse)
+                .and_then(|(user, req)| {
                     if h.data_len > 0 && !req.op().request_has_data() {
                         Err(refuse(FrameError::UnexpectedData { op: h.op, len: h.data_len }))
                     } else {
-                        Ok(req)
+                        Ok((user, req))
                     }
                 });
-            let req = match decoded {
-                Ok(req) => req,
+            let (user, req) = match decoded {
+                Ok(x) => x,
                 Err(err) => {
                     warn!(%peer, op = h.op, "refusing request: {}", err.message);
                     match tokio::time::timeout_at(deadline, skip(&mut r, h.data_len as u64)).await {
@@ -319,7 +326,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             if first_frame_deadline.take().is_some() {
                 ticket.mark_proven();
             }
-            self.dispatch(&out, h, req, data).await;
+            self.dispatch(&out, h, Call { req, user, data }).await;
         }
         if let Some(key_id) = out.auth.lock().expect("handshake").pending_key_id() {
             warn!(%peer, key_id, "peer left during authentication without proving the key: it holds another key (see its log)");
@@ -341,7 +348,8 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         }
     }
 
-    async fn dispatch(self: &Arc<Self>, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>) {
+    async fn dispatch(self: &Arc<Self>, out: &Arc<ConnOut<F>>, h: Header, call: Call) {
+        let req = &call.req;
         let open = matches!(req, Request::Null(()) | Request::AuthBegin(_) | Request::AuthFinish(_));
         if !open && out.principal.get().is_none() {
             warn!(peer = %out.peer, op = ?req.op(), "refusing a request on a connection that has not authenticated (does the peer have our key_file?)");
@@ -352,10 +360,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             send_reply(out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await;
             return;
         }
-        let result = match &req {
+        let result = match req {
             Request::Null(()) => Ok(Response::Null(())),
             Request::AuthBegin(_) | Request::AuthFinish(_) | Request::SessionBind(_) => {
-                self.authenticate(out, &req).inspect(|_| {
+                self.authenticate(out, req).inspect(|_| {
                     if let Some(p) = out.principal.get().filter(|_| matches!(req, Request::AuthFinish(_))) {
                         debug!(peer = %out.peer, principal = p.name(), "connection authenticated");
                     }
@@ -392,17 +400,17 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 let out = out.clone();
                 match self.sessions.admit(h.session, out.id, h.slot, h.seq) {
                     Admit::Execute => {
-                        tokio::spawn(async move { me.execute(&out, h, req, data, true).await });
+                        tokio::spawn(async move { me.execute(&out, h, call, true).await });
                     }
                     Admit::Reexecute => {
-                        tokio::spawn(async move { me.execute(&out, h, req, data, false).await });
+                        tokio::spawn(async move { me.execute(&out, h, call, false).await });
                     }
                     Admit::Replay(c) => {
                         info!(peer = %out.peer, slot = h.slot, seq = h.seq, "retransmission answered from the reply cache");
                         send_reply(&out, &h, c.flags | FLAG_CACHED, c.body, None).await;
                     }
                     Admit::Wait(rx) => {
-                        tokio::spawn(async move { me.await_original(&out, h, req, data, rx).await });
+                        tokio::spawn(async move { me.await_original(&out, h, call, rx).await });
                     }
                     Admit::Reject(err) => {
                         warn!(peer = %out.peer, op = h.op, "refusing request: {}", err.message);
@@ -481,26 +489,27 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         self: Arc<Self>,
         out: &Arc<ConnOut<F>>,
         h: Header,
-        req: Request,
-        data: Option<PoolBuf>,
+        call: Call,
         mut rx: tokio::sync::watch::Receiver<bool>,
     ) {
         let _ = rx.wait_for(|done| *done).await;
         match self.sessions.admit(h.session, out.id, h.slot, h.seq) {
             Admit::Replay(c) => send_reply(out, &h, c.flags | FLAG_CACHED, c.body, None).await,
-            Admit::Reexecute => self.execute(out, h, req, data, false).await,
+            Admit::Reexecute => self.execute(out, h, call, false).await,
             Admit::Reject(err) => send_reply(out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await,
             // The session was replaced meanwhile or the slot moved on: nothing sensible to answer.
             Admit::Execute | Admit::Wait(_) => out.killer.kill(),
         }
     }
 
-    async fn execute(&self, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>, track: bool) {
+    async fn execute(&self, out: &Arc<ConnOut<F>>, h: Header, call: Call, track: bool) {
+        let Call { req, user, data } = call;
         let op = req.op();
         let ctx = CallCtx {
             session: h.session,
             peer: out.peer.clone(),
             principal: out.principal.get().cloned().unwrap_or(Principal::Anonymous),
+            user,
             pool: self.pool.clone(),
             memory: out.memory.clone(),
         };
@@ -565,6 +574,22 @@ async fn send_reply<F: Fabric>(
     if req.kind == FrameKind::Request {
         out.calls_in_flight.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// A decoded request on its way to the service.
+struct Call {
+    req: Request,
+    user: Option<UserCred>,
+    data: Option<PoolBuf>,
+}
+
+/// Splits a request body into its user block (with `FLAG_USER`) and the op's body.
+fn split_user_block<'b>(h: &Header, body: &'b [u8]) -> Result<(Option<UserCred>, &'b [u8]), FrameError> {
+    if h.flags & FLAG_USER == 0 {
+        return Ok((None, body));
+    }
+    let (user, rest) = UserCred::decode_prefix(body)?;
+    Ok((Some(user), rest))
 }
 
 /// How the wait between frames ended.
