@@ -223,6 +223,9 @@ impl Client {
     pub async fn setattr(&self, ino: u64, set: SetAttrs) -> Result<Attr, ClientError> {
         if let Some(size) = set.size {
             let attr = self.getattr(ino).await?;
+            // Truncating needs write permission (truncate(2)); checked before the objects change, as the data
+            // servers do not check (yet: capabilities, issue 12).
+            self.may_open(&attr, true)?;
             if let Some(layout) = attr.layout.as_ref().filter(|_| attr.kind == weft_proto::FileKind::File) {
                 self.truncate_objects(ino, layout, size).await?;
             }
