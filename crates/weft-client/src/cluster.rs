@@ -4,6 +4,7 @@
 //! mds = "10.0.0.1:7000"
 //! key_file = "cluster.key"       # the cluster key (relative: to this file's directory)
 //! auth = "key"                   # key (default) | none
+//! key_id = "cluster"             # the key's name: "cluster", or a per-client key's (`weft key add NAME`)
 //! [client]                       # all optional
 //! slots = 16                     # requests in flight per server
 //! transfer_unit_bytes = 1048576  # largest payload of one request
@@ -14,7 +15,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use weft_rpc::{AuthMode, ClientConfig, Credential, KeyError};
+use weft_rpc::{AuthMode, ClientConfig, Credential};
 
 use crate::transfer::SizeClasses;
 
@@ -74,8 +75,16 @@ pub struct ClusterConfig {
     pub key_file: Option<PathBuf>,
     #[serde(default)]
     pub auth: AuthMode,
+    /// Which key `key_file` holds: `"cluster"` (the default) for the cluster key, or the name a per-client key
+    /// was added under (`weft key add NAME`).
+    #[serde(default = "default_key_id")]
+    pub key_id: String,
     #[serde(default)]
     pub client: ClientTuning,
+}
+
+fn default_key_id() -> String {
+    weft_rpc::auth::CLUSTER_KEY_ID.to_string()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -177,12 +186,23 @@ impl ClusterConfig {
 
     /// A config for the MDS at `mds` with every default (auth = "key", no key file yet).
     pub fn new(mds: &str) -> ClusterConfig {
-        ClusterConfig { mds: mds.to_string(), key_file: None, auth: AuthMode::Key, client: ClientTuning::default() }
+        ClusterConfig {
+            mds: mds.to_string(),
+            key_file: None,
+            auth: AuthMode::Key,
+            key_id: default_key_id(),
+            client: ClientTuning::default(),
+        }
     }
 
-    /// The credential this config names: the cluster key from `key_file` (none with `auth = "none"`, which warns).
-    pub fn credential(&self) -> Result<Option<Credential>, KeyError> {
-        Ok(weft_rpc::auth::role_key(self.auth, self.key_file.as_deref(), "client")?.map(Credential::cluster))
+    /// The credential this config names: the key in `key_file`, under `key_id` (none with `auth = "none"`,
+    /// which warns).
+    pub fn credential(&self) -> Result<Option<Credential>, String> {
+        if self.key_id != weft_rpc::auth::CLUSTER_KEY_ID {
+            weft_rpc::keyring::check_client_name(&self.key_id).map_err(|e| format!("key_id: {e}"))?;
+        }
+        let key = weft_rpc::auth::role_key(self.auth, self.key_file.as_deref(), "client").map_err(|e| e.to_string())?;
+        Ok(key.map(|key| Credential { key_id: self.key_id.as_str().into(), key }))
     }
 
     pub fn to_toml(&self) -> String {
@@ -202,7 +222,11 @@ mod tests {
         assert_eq!(c.client.slots, 4);
         assert_eq!(c.client.transfer_unit_bytes, 1 << 20);
         assert!(toml::from_str::<ClusterConfig>("mds = \"h:1\"\nbogus = 1\n").is_err());
-        assert_eq!((c.auth, c.key_file), (AuthMode::Key, None));
+        assert_eq!((c.auth, c.key_file, c.key_id.as_str()), (AuthMode::Key, None, "cluster"));
+        let c: ClusterConfig = toml::from_str("mds = \"h:1\"\nkey_id = \"alice\"\n").unwrap();
+        assert_eq!(c.key_id, "alice");
+        let c = ClusterConfig { key_id: "no/slash".into(), ..c };
+        assert!(c.credential().unwrap_err().contains("key_id"));
         let c: ClusterConfig = toml::from_str("mds = \"h:1\"\nkey_file = \"/k\"\nauth = \"none\"\n").unwrap();
         assert_eq!((c.auth, c.key_file.as_deref()), (AuthMode::None, Some(std::path::Path::new("/k"))));
         assert!(c.to_toml().contains("key_file = \"/k\"\nauth = \"none\""), "{}", c.to_toml());

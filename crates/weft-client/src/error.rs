@@ -31,7 +31,13 @@ pub enum ClientError {
     Protocol(String),
     /// The cluster config's key could not be loaded (see docs/format.md §9).
     #[error("{0}")]
-    Key(weft_rpc::KeyError),
+    Key(String),
+    /// The user this client acts for cannot be sent (too many groups) or read from the system.
+    #[error("user credential: {0}")]
+    User(String),
+    /// The caller's credential does not allow this access (checked by the library from the attributes).
+    #[error("{0}")]
+    Access(String),
 }
 
 impl ClientError {
@@ -41,6 +47,7 @@ impl ClientError {
             ClientError::Meta(e) | ClientError::Data { source: e, .. } => e.remote().map(|w| w.code),
             ClientError::Path { error, .. } => error.code(),
             ClientError::Corrupt { .. } => Some(ErrorCode::Corrupt),
+            ClientError::Access(_) => Some(ErrorCode::Permission),
             _ => None,
         }
     }

@@ -8,6 +8,9 @@
 //!   the socket and from the socket into the caller's buffer, never through a copy.
 //! - Data-server access is by capability: [`Client::open`] (an [`OpenMode`]) and [`Client::create_path`] get one
 //!   from the MDS with the file's fresh attributes, and the [`File`] renews it while it is used.
+//! - A `Client` acts as one user: the process's uid, gid and groups by default, or any other with
+//!   [`Client::with_user`] (a FUSE daemon, per request). Every metadata request carries that user (its user block);
+//!   the MDS decides what it may do under the key the client proved, and owns new entries to it.
 //! - Consistency is close-to-open: [`Client::open`] fetches fresh attributes; [`File::sync`] and [`File::close`]
 //!   commit size and mtime to the MDS (LAYOUTCOMMIT), the largest size winning among concurrent writers.
 
@@ -34,6 +37,7 @@ use weft_fabric::{AnyFabric, ShmConfig, ShmFabric, TcpFabric};
 use weft_proto::msg::*;
 use weft_proto::{
     Attr, Capability, DirEntry, ErrorCode, Layout, ROOT_INO, Request, Response, Rights, ServerInfo, SetAttrs, StatFs,
+    UserCred,
 };
 use weft_rpc::{ClientConfig, RpcClient};
 
@@ -42,10 +46,12 @@ use crate::layouts::LayoutCache;
 
 pub type Rpc = RpcClient<AnyFabric>;
 
-/// A connection to one Weft cluster. Cheap to clone.
+/// A connection to one Weft cluster, acting as one user. Cheap to clone; [`Client::with_user`] makes a client for
+/// another user sharing the same sessions.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    user: Arc<UserCred>,
 }
 
 struct Inner {
@@ -81,6 +87,7 @@ impl Client {
         let tuning = cluster.client.clone();
         let mut rpc_cfg = tuning.rpc_config();
         rpc_cfg.credential = cluster.credential().map_err(ClientError::Key)?;
+        let user = ids::current_user()?;
         let fabric = AnyFabric::new(
             TcpFabric::default(),
             ShmFabric::new(ShmConfig {
@@ -102,8 +109,21 @@ impl Client {
                 ds_connect: tokio::sync::Mutex::new(()),
                 fabric,
             }),
+            user: Arc::new(user),
         };
         Ok(client)
+    }
+
+    /// This client's connections acting as `user`: what a FUSE daemon or a gateway does for each request. Cheap
+    /// (no new session); the MDS maps `user` through the key this client proved (a per-client key may pin or squash
+    /// it).
+    pub fn with_user(&self, user: UserCred) -> Client {
+        Client { inner: self.inner.clone(), user: Arc::new(user) }
+    }
+
+    /// The user this client acts as.
+    pub fn user(&self) -> &UserCred {
+        &self.user
     }
 
     pub fn tuning(&self) -> &ClientTuning {
@@ -111,7 +131,7 @@ impl Client {
     }
 
     async fn meta(&self, req: Request) -> Result<Response, ClientError> {
-        let r = self.inner.mds.call_simple(req).await.map_err(ClientError::Meta)?;
+        let r = self.inner.mds.call_simple_as(Some(&self.user), req).await.map_err(ClientError::Meta)?;
         if let Some(l) = attr_layout(&r) {
             self.inner.layouts.insert(l.0, l.1.clone());
         }
@@ -227,48 +247,25 @@ impl Client {
         Ok(meta_call!(self, SetAttr(SetAttrReq { ino, set })))
     }
 
+    /// Creates (or, unless `exclusive`, finds) a regular file; it belongs to this client's user.
     pub async fn create(&self, parent: u64, name: &str, mode: u32, exclusive: bool) -> Result<Attr, ClientError> {
-        self.create_as(parent, name, mode, ids(), exclusive).await
+        Ok(meta_call!(self, Create(CreateReq { parent, name: name.into(), mode, exclusive })))
     }
 
-    /// `create` on behalf of `owner` (uid, gid): what a FUSE daemon does for each caller.
-    pub async fn create_as(
-        &self,
-        parent: u64,
-        name: &str,
-        mode: u32,
-        (uid, gid): (u32, u32),
-        exclusive: bool,
-    ) -> Result<Attr, ClientError> {
-        Ok(meta_call!(self, Create(CreateReq { parent, name: name.into(), mode, uid, gid, exclusive })))
-    }
-
-    /// A FIFO, socket or device node in `parent`, owned by `owner` (uid, gid).
-    pub async fn mknod_as(
+    /// A FIFO, socket or device node in `parent` (device nodes: root only).
+    pub async fn mknod(
         &self,
         parent: u64,
         name: &str,
         kind: weft_proto::FileKind,
         mode: u32,
-        (uid, gid): (u32, u32),
         rdev: u32,
     ) -> Result<Attr, ClientError> {
-        Ok(meta_call!(self, Mknod(MknodReq { parent, name: name.into(), kind, mode, uid, gid, rdev })))
+        Ok(meta_call!(self, Mknod(MknodReq { parent, name: name.into(), kind, mode, rdev })))
     }
 
     pub async fn mkdir(&self, parent: u64, name: &str, mode: u32) -> Result<Attr, ClientError> {
-        self.mkdir_as(parent, name, mode, ids()).await
-    }
-
-    /// `mkdir` on behalf of `owner` (uid, gid).
-    pub async fn mkdir_as(
-        &self,
-        parent: u64,
-        name: &str,
-        mode: u32,
-        (uid, gid): (u32, u32),
-    ) -> Result<Attr, ClientError> {
-        Ok(meta_call!(self, Mkdir(MkdirReq { parent, name: name.into(), mode, uid, gid })))
+        Ok(meta_call!(self, Mkdir(MkdirReq { parent, name: name.into(), mode })))
     }
 
     pub async fn rmdir(&self, parent: u64, name: &str) -> Result<(), ClientError> {
@@ -297,18 +294,7 @@ impl Client {
     }
 
     pub async fn symlink(&self, parent: u64, name: &str, target: &str) -> Result<Attr, ClientError> {
-        self.symlink_as(parent, name, target, ids()).await
-    }
-
-    /// `symlink` on behalf of `owner` (uid, gid).
-    pub async fn symlink_as(
-        &self,
-        parent: u64,
-        name: &str,
-        target: &str,
-        (uid, gid): (u32, u32),
-    ) -> Result<Attr, ClientError> {
-        Ok(meta_call!(self, Symlink(SymlinkReq { parent, name: name.into(), target: target.into(), uid, gid })))
+        Ok(meta_call!(self, Symlink(SymlinkReq { parent, name: name.into(), target: target.into() })))
     }
 
     pub async fn readlink(&self, ino: u64) -> Result<String, ClientError> {
@@ -422,17 +408,10 @@ impl Client {
         File::new(self.clone(), opened, mode.rights(), std::time::Instant::now())
     }
 
-    /// Creates (or, unless `exclusive`, opens) a regular file in `parent` on behalf of `owner` (uid, gid), opened
+    /// Creates (or, unless `exclusive`, opens) a regular file in `parent`, owned by this client's user, opened
     /// read+write: one round trip (`CreateOpen`).
-    pub async fn create_open_as(
-        &self,
-        parent: u64,
-        name: &str,
-        mode: u32,
-        (uid, gid): (u32, u32),
-        exclusive: bool,
-    ) -> Result<File, ClientError> {
-        let opened = meta_call!(self, CreateOpen(CreateReq { parent, name: name.into(), mode, uid, gid, exclusive }));
+    pub async fn create_open(&self, parent: u64, name: &str, mode: u32, exclusive: bool) -> Result<File, ClientError> {
+        let opened = meta_call!(self, CreateOpen(CreateReq { parent, name: name.into(), mode, exclusive }));
         File::new(self.clone(), opened, Rights::READ_WRITE, std::time::Instant::now())
     }
 
@@ -446,7 +425,7 @@ impl Client {
         truncate: bool,
     ) -> Result<File, ClientError> {
         let (parent, name) = self.resolve_parent(path).await?;
-        let f = self.create_open_as(parent.ino, name, mode, ids(), exclusive).await.map_err(|e| e.with_path(path))?;
+        let f = self.create_open(parent.ino, name, mode, exclusive).await.map_err(|e| e.with_path(path))?;
         if truncate && f.size() > 0 {
             f.truncate(0).await?;
         }
@@ -586,20 +565,42 @@ pub fn components(path: &str) -> Result<Vec<&str>, ClientError> {
     Ok(out)
 }
 
-fn ids() -> (u32, u32) {
-    // The CLI acts as the invoking user; the FUSE daemon passes each caller's ids through the `_as` calls.
-    ids::current()
-}
-
 mod ids {
-    //! The caller's user and group ids: the only FFI in this crate.
+    //! The process's user, group and supplementary groups: the only FFI in this crate.
     #![allow(unsafe_code)]
 
-    pub fn current() -> (u32, u32) {
+    use weft_proto::UserCred;
+
+    use crate::ClientError;
+
+    /// Most groups asked of getgroups(2); a process in more is refused with a clear error by `UserCred::new`.
+    const GROUPS_READ_MAX: usize = 1024;
+
+    /// The calling process's credential (real uid/gid, as the CLI acts for whoever runs it).
+    pub fn current_user() -> Result<UserCred, ClientError> {
         // SAFETY: getuid(2) and getgid(2) have no preconditions and cannot fail.
-        unsafe { (libc::getuid(), libc::getgid()) }
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let mut groups = vec![0 as libc::gid_t; GROUPS_READ_MAX];
+        // SAFETY: `groups` holds GROUPS_READ_MAX writable gid_t, the count passed; the kernel writes at most that.
+        let n = unsafe { libc::getgroups(GROUPS_READ_MAX as libc::c_int, groups.as_mut_ptr()) };
+        if n < 0 {
+            return Err(ClientError::User(format!("getgroups: {}", std::io::Error::last_os_error())));
+        }
+        groups.truncate(n as usize);
+        Ok(user_cred(uid, gid, groups)?)
+    }
+
+    /// A credential from ids as the system lists them: the primary group and duplicates are dropped from the
+    /// supplementary groups (they would only use up the block's room).
+    pub fn user_cred(uid: u32, gid: u32, mut groups: Vec<u32>) -> Result<UserCred, ClientError> {
+        groups.retain(|&g| g != gid);
+        groups.sort_unstable();
+        groups.dedup();
+        UserCred::new(uid, gid, groups).map_err(|e| ClientError::User(format!("uid {uid}: {e}")))
     }
 }
+
+pub use ids::user_cred;
 
 /// Whether an error is the server's "not found".
 pub fn is_not_found(e: &ClientError) -> bool {

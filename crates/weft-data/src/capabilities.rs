@@ -53,7 +53,7 @@ impl CapabilityGate {
         cap: &Capability,
     ) -> Result<(), WireError> {
         let key_id = match principal {
-            Principal::Key { key_id } => &**key_id,
+            Principal::Key { key_id, .. } => &**key_id,
             Principal::Anonymous => "",
         };
         let now_ms = unix_now_ms();
@@ -189,13 +189,13 @@ mod tests {
         let key = CapabilityKey::derive(&Key::from_bytes([3; 32]));
         let gate = CapabilityGate::new(key.clone(), 1000, 60_000, 16);
         let cap = key.seal(5, Rights::READ_WRITE, unix_now_ms() + 60_000, "cluster", 1).unwrap();
-        let p = Principal::Key { key_id: "cluster".into() };
+        let p = Principal::Key { key_id: "cluster".into(), policy: weft_rpc::KeyPolicy::Cluster };
         assert!(gate.admit("peer", &p, 5, Rights::WRITE, &cap).is_ok());
         gate.removed(5);
         let e = gate.admit("peer", &p, 5, Rights::WRITE, &cap).unwrap_err();
         assert_eq!(e.code, weft_proto::ErrorCode::CapabilityRefused);
         assert!(e.message.contains("removed"), "{e}");
-        let other = Principal::Key { key_id: "alice".into() };
+        let other = Principal::Key { key_id: "alice".into(), policy: weft_rpc::KeyPolicy::Trusted };
         assert!(gate.admit("peer", &other, 5, Rights::READ, &cap).unwrap_err().message.contains("alice"));
     }
 }

@@ -28,6 +28,10 @@ pub struct DataConfig {
     /// `key` (default) or `none` (no authentication at all; warns loudly at start).
     #[serde(default)]
     pub auth: AuthMode,
+    /// The clients keyring (`weft key add`, docs/format.md §9): per-client keys accepted besides the cluster key,
+    /// re-read when it changes. None: only the cluster key is accepted.
+    #[serde(default)]
+    pub clients_keyring: Option<PathBuf>,
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
     /// Largest payload of one request (a transfer unit); also the size of the largest pool buffers.

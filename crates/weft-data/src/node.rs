@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use weft_fabric::{AnyFabric, Fabric, Listener, ShmFabric, ShmServerConfig, TcpFabric};
 use weft_proto::msg::RegisterServerReq;
 use weft_proto::{FrameLimits, Request};
-use weft_rpc::{BufferPool, CapabilityKey, ClientConfig, Credential, KeyRing, RpcClient, RpcServer, ServerConfig};
+use weft_rpc::{BufferPool, CapabilityKey, ClientConfig, Credential, RpcClient, RpcServer, ServerConfig};
 
 use crate::capabilities::CapabilityGate;
 use crate::config::DataConfig;
@@ -30,6 +30,8 @@ pub enum DataServerError {
     Pool(weft_rpc::PoolError),
     #[error("{0}")]
     Key(weft_rpc::KeyError),
+    #[error("{0}")]
+    Keyring(weft_rpc::KeyringError),
 }
 
 /// Runs a data server until the process is stopped. `ready` is told the listening address.
@@ -41,7 +43,8 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
     let store = Arc::new(store);
     let shm_rules =
         ShmServerConfig { socket_group: cfg.shm_socket_group.clone(), arena_bytes_max: cfg.shm_arena_bytes_max };
-    let ring = key.clone().map(|k| Arc::new(KeyRing::cluster(k)));
+    let ring =
+        weft_rpc::auth::role_keyring(key.clone(), cfg.clients_keyring.as_deref()).map_err(DataServerError::Keyring)?;
     // The rdma side channel proves the same keys before any queue pair exists; handshakes are bounded.
     let fabric = AnyFabric::new(TcpFabric::default(), ShmFabric::default().with_server(shm_rules))
         .with_side_channel_auth(ring.clone().map(weft_rpc::SideServer::boxed))

@@ -497,6 +497,7 @@ mod tests {
             mds: String::new(),
             key_file: None,
             auth: weft_rpc::AuthMode::None,
+            clients_keyring: None,
             heartbeat_ms: 1000,
             transfer_unit_bytes: 2 << 20,
             pool_buffers: 2,
@@ -530,6 +531,7 @@ mod tests {
             session: 1,
             peer: "test".into(),
             principal: weft_rpc::Principal::Anonymous,
+            user: None,
             pool: pool.clone(),
             memory: Some(memory.clone()),
             peer_cred: None,
@@ -688,7 +690,7 @@ mod tests {
         let svc = svc.with_capability_gate(Some(CapabilityGate::new(key.clone(), 0, 60_000, 8)));
         let memory = Arc::new(FakeMemory::new(false));
         let mut cx = ctx(&pool, &memory);
-        cx.principal = Principal::Key { key_id: "alice".into() };
+        cx.principal = Principal::Key { key_id: "alice".into(), policy: weft_rpc::KeyPolicy::Trusted };
         let expiry = weft_rpc::capability::unix_now_ms() + 60_000;
         let theirs = key.seal(3, Rights::READ_WRITE, expiry, "cluster", 1).unwrap();
         let mine = key.seal(3, Rights::READ_WRITE, expiry, "alice", 1).unwrap();
@@ -705,11 +707,12 @@ mod tests {
         let e = svc.call(&cx, remove(), None).await.map(|_| ()).unwrap_err();
         assert_eq!(e.code, ErrorCode::NotPermitted, "{e}");
         assert!(common_object(&dir, 3).exists(), "a refused RemoveObject removed the object");
-        cx.principal = Principal::Key { key_id: weft_rpc::auth::CLUSTER_KEY_ID.into() };
+        cx.principal =
+            Principal::Key { key_id: weft_rpc::auth::CLUSTER_KEY_ID.into(), policy: weft_rpc::KeyPolicy::Cluster };
         svc.call(&cx, remove(), None).await.unwrap();
         assert!(!common_object(&dir, 3).exists());
         // Removed: a still-valid capability of its own key no longer recreates it.
-        cx.principal = Principal::Key { key_id: "alice".into() };
+        cx.principal = Principal::Key { key_id: "alice".into(), policy: weft_rpc::KeyPolicy::Trusted };
         let e = svc.call(&cx, write(mine_again), None).await.map(|_| ()).unwrap_err();
         assert!(e.message.contains("removed"), "{e}");
         assert!(!common_object(&dir, 3).exists(), "a write after the removal recreated the object");

@@ -14,11 +14,15 @@
 //! mount all handles of an inode share one [`weft_client::File`], so their sizes agree. Attribute and entry
 //! timeouts are configurable; 0 disables kernel caching of either.
 //!
-//! Permissions: the mount uses `default_permissions`: the kernel checks mode bits against the caller's uid/gid
-//! (and chown/chmod ownership rules), and new files are owned by the caller.
+//! Permissions: every request acts as the user who made it (uid and gid from the kernel, supplementary groups
+//! from /proc, `users.rs`), so the MDS checks it and owns new entries to it. `default_permissions` stays on as the
+//! fast path: the kernel refuses what the mode bits forbid before a request leaves the host. An open file's writes
+//! are committed as the user who first opened it in this mount (all handles of an inode share one `File`). The
+//! mount is `nosuid,nodev` unless `suid`/`dev` are set.
 
 mod attr;
 mod handles;
+mod users;
 mod write_bufs;
 
 use std::collections::HashMap;
@@ -41,6 +45,7 @@ use weft_proto::{FileKind, SetAttrs, TimeSet};
 
 use crate::attr::file_attr;
 use crate::handles::{DirHandle, Handles};
+use crate::users::Users;
 
 pub use handles::HANDLES_MAX;
 pub use write_bufs::WriteBufs;
@@ -65,6 +70,10 @@ pub struct MountOptions {
     /// FUSE writeback cache: the kernel buffers writes and flushes them at close (so close-to-open holds for
     /// the data), but trusts its own sizes over the cluster's for cached inodes. Off by default.
     pub writeback_cache: bool,
+    /// Honour set-user-ID and set-group-ID bits (`--suid`); off: the mount is `nosuid`.
+    pub suid: bool,
+    /// Honour device nodes (`--dev`); off: the mount is `nodev`.
+    pub dev: bool,
 }
 
 impl Default for MountOptions {
@@ -78,6 +87,8 @@ impl Default for MountOptions {
             max_write_bytes: 1 << 20,
             max_readahead_bytes: 4 << 20,
             writeback_cache: false,
+            suid: false,
+            dev: false,
         }
     }
 }
@@ -102,6 +113,8 @@ struct Inner {
     validators: Mutex<HashMap<u64, (i64, u64)>>,
     /// Where each write's data is copied: reused buffers, so one-sided fabrics keep their registrations.
     write_bufs: WriteBufs,
+    /// The requesting users' credentials (supplementary groups from /proc), briefly cached.
+    users: Users,
 }
 
 /// Reads and writes up to this size are served on the FUSE thread that received them (see `read`).
@@ -222,16 +235,19 @@ impl WeftFs {
                     opts.threads.max(1) * WRITE_BUFFERS_PER_THREAD,
                 ),
                 opts,
+                users: Users::default(),
             }),
         }
     }
 
-    /// Runs `f` on the runtime with a handle on the shared state; the reply is sent from there.
-    fn spawn<Fut>(&self, f: impl FnOnce(Arc<Inner>) -> Fut)
+    /// Runs `f` on the runtime with a handle on the shared state and a client acting as the user who made the
+    /// request; the reply is sent from there.
+    fn spawn<Fut>(&self, req: &Request, f: impl FnOnce(Arc<Inner>, Client) -> Fut)
     where
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        let fut = f(self.inner.clone());
+        let client = self.inner.users.client_for(&self.inner.client, req.uid(), req.gid(), req.pid());
+        let fut = f(self.inner.clone(), client);
         self.inner.rt.spawn(fut);
     }
 
@@ -243,6 +259,14 @@ impl WeftFs {
             MountOption::Subtype("weft".into()),
             MountOption::DefaultPermissions,
         ];
+        // Set-user-ID bits and device nodes on a network file system are only as trustworthy as every client
+        // that can write to it: honoured only when asked for.
+        if !opts.suid {
+            c.mount_options.push(MountOption::NoSuid);
+        }
+        if !opts.dev {
+            c.mount_options.push(MountOption::NoDev);
+        }
         if opts.allow_other {
             c.acl = SessionACL::All;
         }
@@ -278,20 +302,20 @@ impl Filesystem for WeftFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(move |i| async move {
-            let r = i.client.lookup(parent.0, &name).await;
+        self.spawn(req, move |i, c| async move {
+            let r = c.lookup(parent.0, &name).await;
             i.reply_entry(reply, r);
         });
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.spawn(move |i| async move {
-            match i.client.getattr(ino.0).await {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.spawn(req, move |i, c| async move {
+            match c.getattr(ino.0).await {
                 Ok(a) => reply.attr(&i.attr_ttl(), &file_attr(&i.local_view(a))),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -300,7 +324,7 @@ impl Filesystem for WeftFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -316,14 +340,14 @@ impl Filesystem for WeftFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.spawn(move |i| async move {
+        self.spawn(req, move |i, c| async move {
             let result = async {
                 if let Some(size) = size {
                     // Through the open file when there is one, so this mount's handles see the new size.
                     match i.handles.open_file(ino.0) {
                         Some(f) => f.truncate(size).await?,
                         None => {
-                            let f = i.client.open_ino(ino.0, OpenMode::Write).await?;
+                            let f = c.open_ino(ino.0, OpenMode::Write).await?;
                             f.truncate(size).await?;
                         }
                     }
@@ -336,11 +360,7 @@ impl Filesystem for WeftFs {
                     atime: atime.map(time_set),
                     mtime: mtime.map(time_set),
                 };
-                if set == SetAttrs::default() {
-                    i.client.getattr(ino.0).await
-                } else {
-                    i.client.setattr(ino.0, set).await
-                }
+                if set == SetAttrs::default() { c.getattr(ino.0).await } else { c.setattr(ino.0, set).await }
             }
             .await;
             match result {
@@ -350,9 +370,9 @@ impl Filesystem for WeftFs {
         });
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.spawn(move |i| async move {
-            match i.client.readlink(ino.0).await {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.spawn(req, move |_i, c| async move {
+            match c.readlink(ino.0).await {
                 Ok(t) => reply.data(t.as_bytes()),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -373,12 +393,11 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let owner = (req.uid(), req.gid());
         let perm = mode & !umask & 0o7777;
-        self.spawn(move |i| async move {
+        self.spawn(req, move |i, c| async move {
             let r = match kind {
-                None => i.client.create_as(parent.0, &name, perm, owner, true).await,
-                Some(k) => i.client.mknod_as(parent.0, &name, k, perm, owner, rdev).await,
+                None => c.create(parent.0, &name, perm, true).await,
+                Some(k) => c.mknod(parent.0, &name, k, perm, rdev).await,
             };
             i.reply_entry(reply, r);
         });
@@ -389,47 +408,46 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let owner = (req.uid(), req.gid());
-        self.spawn(move |i| async move {
-            let r = i.client.mkdir_as(parent.0, &name, mode & !umask & 0o7777, owner).await;
+        self.spawn(req, move |i, c| async move {
+            let r = c.mkdir(parent.0, &name, mode & !umask & 0o7777).await;
             i.reply_entry(reply, r);
         });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(move |i| async move {
+        self.spawn(req, move |i, c| async move {
             // POSIX keeps an unlinked file readable while it is open, but the metadata service frees a file at its
             // last unlink. So a file still open in this mount is renamed aside instead and removed at its last
             // close (the "silly rename" of NFS clients; opens in other mounts are not covered, as with NFS).
             if i.handles.any_file_open()
-                && let Ok(a) = i.client.lookup(parent.0, &name).await
+                && let Ok(a) = c.lookup(parent.0, &name).await
                 && a.kind == FileKind::File
                 && a.nlink == 1
                 && i.handles.open_file(a.ino).is_some()
             {
                 let hidden = format!(".weft-unlinked-{:016x}", a.ino);
-                if let Err(e) = i.client.rename(parent.0, &name, parent.0, &hidden, 0).await {
+                if let Err(e) = c.rename(parent.0, &name, parent.0, &hidden, 0).await {
                     return reply.error(errno(&e));
                 }
                 if !i.handles.hide(a.ino, parent.0, hidden.clone()) {
-                    return reply_empty(reply, i.client.unlink(parent.0, &hidden).await);
+                    return reply_empty(reply, c.unlink(parent.0, &hidden).await);
                 }
                 return reply.ok();
             }
-            reply_empty(reply, i.client.unlink(parent.0, &name).await)
+            reply_empty(reply, c.unlink(parent.0, &name).await)
         });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = match name_str(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(move |i| async move { reply_empty(reply, i.client.rmdir(parent.0, &name).await) });
+        self.spawn(req, move |_i, c| async move { reply_empty(reply, c.rmdir(parent.0, &name).await) });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -440,16 +458,15 @@ impl Filesystem for WeftFs {
         let Some(target) = target.to_str().map(str::to_owned) else {
             return reply.error(Errno::EINVAL);
         };
-        let owner = (req.uid(), req.gid());
-        self.spawn(move |i| async move {
-            let r = i.client.symlink_as(parent.0, &name, &target, owner).await;
+        self.spawn(req, move |i, c| async move {
+            let r = c.symlink(parent.0, &name, &target).await;
             i.reply_entry(reply, r);
         });
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -473,26 +490,26 @@ impl Filesystem for WeftFs {
             // Atomic at the metadata service: both entries swap in one transaction.
             wire_flags |= weft_proto::msg::RENAME_EXCHANGE;
         }
-        self.spawn(move |i| async move {
-            reply_empty(reply, i.client.rename(parent.0, &name, newparent.0, &newname, wire_flags).await)
+        self.spawn(req, move |_i, c| async move {
+            reply_empty(reply, c.rename(parent.0, &name, newparent.0, &newname, wire_flags).await)
         });
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let name = match name_str(newname) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(move |i| async move {
-            let r = i.client.link(ino.0, newparent.0, &name).await;
+        self.spawn(req, move |i, c| async move {
+            let r = c.link(ino.0, newparent.0, &name).await;
             i.reply_entry(reply, r);
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.spawn(move |i| async move {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.spawn(req, move |i, c| async move {
             // Fresh attributes on every open (close-to-open), with the capability for the access mode asked.
-            let file = match i.client.open_ino(ino.0, open_mode(flags)).await {
+            let file = match c.open_ino(ino.0, open_mode(flags)).await {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(&e)),
             };
@@ -570,17 +587,17 @@ impl Filesystem for WeftFs {
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         let Some(f) = self.inner.handles.file(fh.0) else {
             return reply.error(Errno::EBADF);
         };
         // Every close(2): publish size and mtime, so the next open anywhere sees the writes.
-        self.spawn(move |i| async move { reply_empty(reply, i.commit(&f).await) });
+        self.spawn(req, move |i, _c| async move { reply_empty(reply, i.commit(&f).await) });
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -591,7 +608,8 @@ impl Filesystem for WeftFs {
         let Some((f, hidden)) = self.inner.handles.close(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |i| async move {
+        // The hidden name is the mount's own doing: the mount's client removes it, whoever closes last.
+        self.spawn(req, move |i, _c| async move {
             let r = i.commit(&f).await;
             if let Some((parent, name)) = hidden
                 && let Err(e) = i.client.unlink(parent, &name).await
@@ -602,11 +620,11 @@ impl Filesystem for WeftFs {
         });
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let Some(f) = self.inner.handles.file(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |i| async move {
+        self.spawn(req, move |i, _c| async move {
             let r = f.sync_wcc().await.map(|w| {
                 if let Some(w) = w {
                     i.after_commit(&w);
@@ -616,9 +634,9 @@ impl Filesystem for WeftFs {
         });
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.spawn(move |i| async move {
-            let attr = match i.client.getattr(ino.0).await {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.spawn(req, move |i, c| async move {
+            let attr = match c.getattr(ino.0).await {
                 Ok(a) => a,
                 Err(e) => return reply.error(errno(&e)),
             };
@@ -633,16 +651,16 @@ impl Filesystem for WeftFs {
         });
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let Some(dir) = self.inner.handles.dir(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |i| async move {
+        self.spawn(req, move |_i, c| async move {
             // Offsets are positions in this handle's listing, which only ever grows: stable under concurrent
             // changes (an entry listed once keeps its offset; one added behind the cursor is not shown).
             let mut pos = offset;
             loop {
-                let entries = match dir.entries_from(&i.client, pos).await {
+                let entries = match dir.entries_from(&c, pos).await {
                     Ok(e) => e,
                     Err(e) => return reply.error(errno(&e)),
                 };
@@ -660,17 +678,17 @@ impl Filesystem for WeftFs {
         });
     }
 
-    fn readdirplus(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         let Some(dir) = self.inner.handles.dir(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(move |i| async move {
+        self.spawn(req, move |i, c| async move {
             // The same stable offsets as readdir; every entry brings its attributes, so `ls -l` or `find` needs no
             // lookup per entry.
             let mut pos = offset;
             let ttl = i.entry_ttl();
             loop {
-                let entries = match dir.entries_from(&i.client, pos).await {
+                let entries = match dir.entries_from(&c, pos).await {
                     Ok(e) => e,
                     Err(e) => return reply.error(errno(&e)),
                 };
@@ -682,7 +700,7 @@ impl Filesystem for WeftFs {
                     let attr = match e.attr {
                         Some(a) => a,
                         // Listed by a plain readdir on this handle before: fetch the attributes now.
-                        None => match i.client.getattr(e.ino).await {
+                        None => match c.getattr(e.ino).await {
                             Ok(a) => a,
                             Err(err) => return reply.error(errno(&err)),
                         },
@@ -706,9 +724,9 @@ impl Filesystem for WeftFs {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.spawn(move |i| async move {
-            match i.client.statfs().await {
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn(req, move |_i, c| async move {
+            match c.statfs().await {
                 Ok(s) => {
                     const FRAG: u64 = 4096;
                     // Inodes are not a limited resource here: report plenty free.
@@ -729,10 +747,10 @@ impl Filesystem for WeftFs {
         });
     }
 
-    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // The kernel checks the mode bits itself (default_permissions); what is left is existence.
-        self.spawn(move |i| async move {
-            match i.client.getattr(ino.0).await {
+        self.spawn(req, move |_i, c| async move {
+            match c.getattr(ino.0).await {
                 Ok(_) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -811,11 +829,10 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let owner = (req.uid(), req.gid());
         let exclusive = flags & libc::O_EXCL != 0;
-        self.spawn(move |i| async move {
+        self.spawn(req, move |i, c| async move {
             let perm = mode & !umask & 0o7777;
-            let file = match i.client.create_open_as(parent.0, &name, perm, owner, exclusive).await {
+            let file = match c.create_open(parent.0, &name, perm, exclusive).await {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(&e)),
             };

@@ -7,7 +7,9 @@
 //!
 //! Every cluster runs with a cluster key: `DIR/cluster.key` (mode 0600) is created unless present and named by
 //! every config (`key_file`), the client's `cluster.toml` included; `LaunchOptions::auth = AuthMode::None` runs
-//! without authentication instead.
+//! without authentication instead. With keys, an empty clients keyring `DIR/clients.keyring` is created unless
+//! present and named by every server's config (`clients_keyring`): `weft key add NAME --keyring DIR/clients.keyring`
+//! issues per-client keys to the running cluster.
 //!
 //! Tests can stop (SIGTERM), kill (SIGKILL) and restart the MDS and any single data server: a restarted process
 //! gets its old address and directory back, so the rest of the cluster sees the same server return.
@@ -38,7 +40,12 @@ pub enum LaunchError {
     NotReady { waited_ms: u64, detail: String },
     #[error("{0}")]
     Key(weft_rpc::KeyError),
+    #[error("{0}")]
+    Keyring(weft_rpc::KeyringError),
 }
+
+/// The clients keyring's file name in the cluster directory.
+pub const CLIENTS_KEYRING: &str = "clients.keyring";
 
 #[derive(Debug, Clone)]
 pub struct LaunchOptions {
@@ -104,7 +111,11 @@ impl LocalCluster {
             AuthMode::Key => {
                 let key = opts.dir.join("cluster.key");
                 weft_rpc::Key::load_or_create(&key).map_err(LaunchError::Key)?;
-                format!("key_file = {key:?}\n")
+                let keyring = opts.dir.join(CLIENTS_KEYRING);
+                if !keyring.exists() {
+                    weft_rpc::ClientKeys::default().save(&keyring).map_err(LaunchError::Keyring)?;
+                }
+                format!("key_file = {key:?}\nclients_keyring = {keyring:?}\n")
             }
             AuthMode::None => "auth = \"none\"\n".to_string(),
         };
@@ -231,6 +242,11 @@ impl LocalCluster {
     /// The key file every role of this cluster proves (with authentication on).
     pub fn key_file(&self) -> PathBuf {
         self.opts.dir.join("cluster.key")
+    }
+
+    /// The clients keyring every server of this cluster reads (`weft key add --keyring`), with authentication on.
+    pub fn clients_keyring(&self) -> PathBuf {
+        self.opts.dir.join(CLIENTS_KEYRING)
     }
 
     /// The client's view of the cluster: the MDS address and the key (or `auth = "none"`).

@@ -26,6 +26,10 @@ pub struct MetaConfig {
     /// `key` (default) or `none` (no authentication at all; warns loudly at start).
     #[serde(default)]
     pub auth: AuthMode,
+    /// The clients keyring (`weft key add`, docs/format.md §9): per-client keys accepted besides the cluster key,
+    /// re-read when it changes. None: only the cluster key is accepted.
+    #[serde(default)]
+    pub clients_keyring: Option<PathBuf>,
     /// A data server unheard of for this long is reported down.
     #[serde(default = "default_liveness_ms")]
     pub liveness_ms: u64,

@@ -474,7 +474,7 @@ fn create(t: &mut dyn MetaTxn, cred: &Cred, r: &CreateReq, now: i64) -> Result<A
     if servers.is_empty() {
         return Err(werr(ErrorCode::NoServers, format!("cannot create {:?}: no data server is registered", r.name)));
     }
-    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::File, r.mode, r.uid, r.gid);
+    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::File, r.mode);
     let policy = parent.layout.unwrap_or_else(default_policy);
     let ino = t.next_ino()?;
     let mut inode = new_inode(ino, FileKind::File, mode, uid, gid, now);
@@ -493,7 +493,7 @@ fn mkdir(t: &mut dyn MetaTxn, cred: &Cred, r: &MkdirReq, now: i64) -> Result<Att
     }
     perm::may_create(cred, &parent)?;
     let ino = t.next_ino()?;
-    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::Dir, r.mode, r.uid, r.gid);
+    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::Dir, r.mode);
     let mut inode = new_inode(ino, FileKind::Dir, mode, uid, gid, now);
     inode.nlink = 2;
     inode.parent = r.parent;
@@ -571,7 +571,7 @@ fn mknod(t: &mut dyn MetaTxn, cred: &Cred, r: &MknodReq, now: i64) -> Result<Att
     perm::may_create(cred, &parent)?;
     perm::may_mknod(cred, r.kind)?;
     let ino = t.next_ino()?;
-    let (mode, uid, gid) = perm::new_owner(cred, &parent, r.kind, r.mode, r.uid, r.gid);
+    let (mode, uid, gid) = perm::new_owner(cred, &parent, r.kind, r.mode);
     let mut inode = new_inode(ino, r.kind, mode, uid, gid, now);
     if matches!(r.kind, FileKind::CharDev | FileKind::BlockDev) {
         inode.rdev = r.rdev;
@@ -599,7 +599,7 @@ fn symlink(t: &mut dyn MetaTxn, cred: &Cred, r: &SymlinkReq, now: i64) -> Result
     }
     perm::may_create(cred, &parent)?;
     let ino = t.next_ino()?;
-    let (_, uid, gid) = perm::new_owner(cred, &parent, FileKind::Symlink, 0o777, r.uid, r.gid);
+    let (_, uid, gid) = perm::new_owner(cred, &parent, FileKind::Symlink, 0o777);
     let mut inode = new_inode(ino, FileKind::Symlink, 0o777, uid, gid, now);
     inode.size = r.target.len() as u64;
     inode.target = r.target.clone();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tracing::info;
 use weft_fabric::{AnyFabric, Fabric, Listener};
 use weft_proto::FrameLimits;
-use weft_rpc::{Credential, KeyRing, RpcServer, ServerConfig};
+use weft_rpc::{Credential, RpcServer, ServerConfig};
 
 use crate::config::MetaConfig;
 use crate::gc::collect_orphans;
@@ -25,6 +25,8 @@ pub enum MetaServerError {
     Serve(std::io::Error),
     #[error("{0}")]
     Key(weft_rpc::KeyError),
+    #[error("{0}")]
+    Keyring(weft_rpc::KeyringError),
 }
 
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
@@ -38,7 +40,8 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
     let ns = Arc::new(ns);
-    let ring = key.clone().map(|k| Arc::new(KeyRing::cluster(k)));
+    let ring =
+        weft_rpc::auth::role_keyring(key.clone(), cfg.clients_keyring.as_deref()).map_err(MetaServerError::Keyring)?;
     // The rdma side channel proves the same keys before any queue pair exists.
     let fabric = AnyFabric::default().with_side_channel_auth(ring.clone().map(weft_rpc::SideServer::boxed));
     let listener = fabric

@@ -256,15 +256,13 @@ pub fn mode_after_write(cred: &Cred, inode: &Inode) -> u32 {
     mode
 }
 
-/// The owner, group and mode of a new `kind` entry in `parent` (`inode_init_owner`). The request's `uid`/`gid`
-/// are honoured from root only (root creates on behalf of the users it serves, as the service does today);
-/// anyone else's entries are theirs, in the requested group if they belong to it, else in their primary group.
-/// In a set-group-ID directory the entry takes the directory's group and a new subdirectory keeps the bit; a new
+/// The owner, group and mode of a new `kind` entry in `parent` (`inode_init_owner`): the caller's uid and primary
+/// gid (requests carry no owner: a FUSE daemon or gateway acts as each user through that user's credential). In a
+/// set-group-ID directory the entry takes the directory's group and a new subdirectory keeps the bit; a new
 /// executable set-group-ID file there loses the bit if its creator is not in that group (`mode_strip_sgid`).
 /// Returns `(mode, uid, gid)`.
-pub fn new_owner(cred: &Cred, parent: &Inode, kind: FileKind, mode: u32, uid: u32, gid: u32) -> (u32, u32, u32) {
-    let (uid, mut gid) =
-        if cred.is_root() { (uid, gid) } else { (cred.uid, if cred.in_group(gid) { gid } else { cred.gid }) };
+pub fn new_owner(cred: &Cred, parent: &Inode, kind: FileKind, mode: u32) -> (u32, u32, u32) {
+    let (uid, mut gid) = (cred.uid, cred.gid);
     let mut mode = mode;
     if parent.mode & SET_GID != 0 {
         gid = parent.gid;
@@ -536,20 +534,18 @@ mod tests {
     #[test]
     fn new_entries_belong_to_their_creator() {
         let plain = dir(0o777, ROOT_UID, 0);
-        // Root creates on behalf of whoever the request names.
-        assert_eq!(new_owner(&Cred::root(), &plain, FileKind::File, 0o644, 7, 8), (0o644, 7, 8));
-        // Anyone else: their uid; the requested group if theirs, else their primary group.
-        assert_eq!(new_owner(&alice(), &plain, FileKind::File, 0o644, 7, STAFF), (0o644, ALICE, STAFF));
-        assert_eq!(new_owner(&alice(), &plain, FileKind::File, 0o644, ALICE, WHEEL), (0o644, ALICE, USERS));
+        // The creator's uid and primary group, root included: a request names no owner.
+        assert_eq!(new_owner(&Cred::root(), &plain, FileKind::File, 0o644), (0o644, ROOT_UID, 0));
+        assert_eq!(new_owner(&alice(), &plain, FileKind::File, 0o644), (0o644, ALICE, USERS));
         // A set-group-ID directory passes on its group, and the bit to subdirectories.
         let sgid = dir(0o2777, ROOT_UID, WHEEL);
-        assert_eq!(new_owner(&alice(), &sgid, FileKind::Dir, 0o755, 0, 0), (0o2755, ALICE, WHEEL));
-        assert_eq!(new_owner(&alice(), &sgid, FileKind::File, 0o644, 0, 0), (0o644, ALICE, WHEEL));
+        assert_eq!(new_owner(&alice(), &sgid, FileKind::Dir, 0o755), (0o2755, ALICE, WHEEL));
+        assert_eq!(new_owner(&alice(), &sgid, FileKind::File, 0o644), (0o644, ALICE, WHEEL));
         // An executable set-group-ID file there keeps the bit only if its creator is in the group.
-        assert_eq!(new_owner(&alice(), &sgid, FileKind::File, 0o2755, 0, 0), (0o755, ALICE, WHEEL));
+        assert_eq!(new_owner(&alice(), &sgid, FileKind::File, 0o2755), (0o755, ALICE, WHEEL));
         let staff_sgid = dir(0o2777, ROOT_UID, STAFF);
-        assert_eq!(new_owner(&alice(), &staff_sgid, FileKind::File, 0o2755, 0, 0), (0o2755, ALICE, STAFF));
-        assert_eq!(new_owner(&Cred::root(), &sgid, FileKind::File, 0o2755, 7, 8), (0o2755, 7, WHEEL));
+        assert_eq!(new_owner(&alice(), &staff_sgid, FileKind::File, 0o2755), (0o2755, ALICE, STAFF));
+        assert_eq!(new_owner(&Cred::root(), &sgid, FileKind::File, 0o2755), (0o2755, ROOT_UID, WHEEL));
     }
 
     fn set() -> SetAttrs {

@@ -1,5 +1,6 @@
-//! The metadata service's RPC service: [`MetaService::call`] runs each request through [`Namespace::execute`]
-//! (which holds one function per op), in place for point reads and on tokio's blocking pool for the rest.
+//! The metadata service's RPC service: [`MetaService::call`] maps the caller to the identity it acts as
+//! ([`MetaService::caller_cred`]) and runs each request through [`Namespace::execute_as`] (which holds one function
+//! per op and checks its permissions), in place for point reads and on tokio's blocking pool for the rest.
 //!
 //! Store transactions are synchronous and durable (a journal fdatasync), so they run on the blocking pool.
 //!
@@ -9,8 +10,9 @@
 use std::sync::Arc;
 
 use weft_proto::msg::{CreateReq, OpenReq, OpenResp, RegisterServerReq};
-use weft_proto::{Attr, Capability, ErrorCode, Request, Response, Rights, WireError};
-use weft_rpc::{CallCtx, CapabilityKey, PoolBuf, Principal, Reply, Service};
+use weft_proto::{Attr, Capability, ErrorCode, Request, Response, Rights, UserCred, WireError};
+use weft_rpc::keyring::NOBODY_ID;
+use weft_rpc::{CallCtx, CapabilityKey, KeyPolicy, PoolBuf, Principal, Reply, Service};
 
 use crate::{Cred, Namespace, RedbStore, SystemClock};
 
@@ -38,17 +40,12 @@ impl MetaService {
         self
     }
 
-    /// The identity the caller acts as. Stub: the ident branch replaces this (per-user identity on MDS requests).
-    fn caller_cred(&self, _ctx: &CallCtx) -> Result<Cred, WireError> {
-        Ok(Cred::root())
-    }
-
     /// A capability for `ino` with `rights`, for the calling connection's key and session; empty with
     /// authentication off.
     fn issue(&self, ctx: &CallCtx, ino: u64, rights: Rights) -> Result<Capability, WireError> {
         let Some(key) = &self.cap_key else { return Ok(Capability::none()) };
         let key_id = match &ctx.principal {
-            Principal::Key { key_id } => key_id.clone(),
+            Principal::Key { key_id, .. } => key_id.clone(),
             Principal::Anonymous => {
                 return Err(WireError::new(
                     ErrorCode::Unauthenticated,
@@ -95,14 +92,14 @@ impl MetaService {
 
     /// Point reads never wait for a disk flush (redb reads from its cache; a miss is one pread), so they run in
     /// place: a hop to the blocking pool costs two thread wake-ups, more than the lookup itself.
-    fn execute_in_place(&self, req: &Request) -> Result<Reply, WireError> {
-        Ok(self.ns.execute(req)?.into())
+    fn execute_in_place(&self, cred: &Cred, req: &Request) -> Result<Reply, WireError> {
+        Ok(self.ns.execute_as(cred, req)?.into())
     }
 
     /// Writes wait for the journal's fdatasync and readdir pages may be long, so those go to the blocking pool.
-    async fn execute_on_blocking_pool(&self, req: Request) -> Result<Reply, WireError> {
+    async fn execute_on_blocking_pool(&self, cred: Cred, req: Request) -> Result<Reply, WireError> {
         let ns = self.ns.clone();
-        let resp = tokio::task::spawn_blocking(move || ns.execute(&req))
+        let resp = tokio::task::spawn_blocking(move || ns.execute_as(&cred, &req))
             .await
             .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??;
         Ok(resp.into())
@@ -110,6 +107,21 @@ impl MetaService {
 }
 
 impl MetaService {
+    /// The identity a request runs as, from the key its connection proved and the user it asserts (its user
+    /// block), as an NFS server maps an AUTH_SYS credential through its export options:
+    ///
+    /// | key | user block | runs as |
+    /// |---|---|---|
+    /// | cluster key, or `auth = "none"` | present | the asserted user (a trusted host, AUTH_SYS) |
+    /// | cluster key, or `auth = "none"` | absent | root (a server of the cluster: the data servers, tools) |
+    /// | client key, `trusted` | present | the asserted user |
+    /// | client key, `squash-root` | present | the asserted user; uid 0 and gid 0 (also among the groups) become 65534 |
+    /// | client key, `uid=U,gid=G` | any | U, G, no supplementary groups |
+    /// | client key, `trusted` or `squash-root` | absent | nobody (65534:65534) |
+    pub fn caller_cred(&self, ctx: &CallCtx) -> Result<Cred, WireError> {
+        Ok(effective_cred(&ctx.principal, ctx.user.as_ref()))
+    }
+
     /// Only the cluster key registers data servers (with authentication on): anyone else could otherwise receive
     /// new files' data. An id moving to a new address is allowed (a server restarted elsewhere) but logged.
     fn check_registration(&self, ctx: &CallCtx, r: &RegisterServerReq) -> Result<(), WireError> {
@@ -136,13 +148,70 @@ impl Service for MetaService {
         if let Request::RegisterServer(r) = &req {
             self.check_registration(ctx, r)?;
         }
+        let cred = self.caller_cred(ctx)?;
         match req {
             Request::Open(r) => self.open(ctx, &r),
             Request::CreateOpen(r) => self.create_open(ctx, r).await,
             Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
-                self.execute_in_place(&req)
+                self.execute_in_place(&cred, &req)
             }
-            req => self.execute_on_blocking_pool(req).await,
+            req => self.execute_on_blocking_pool(cred, req).await,
+        }
+    }
+}
+
+/// [`MetaService::caller_cred`]'s table, as a pure function.
+fn effective_cred(principal: &Principal, user: Option<&UserCred>) -> Cred {
+    let asserted = |u: &UserCred| Cred::new(u.uid, u.gid, u.groups.clone());
+    let nobody = || Cred::new(NOBODY_ID, NOBODY_ID, Vec::new());
+    let policy = match principal {
+        Principal::Anonymous => KeyPolicy::Cluster,
+        Principal::Key { policy, .. } => *policy,
+    };
+    match (policy, user) {
+        (KeyPolicy::Cluster, None) => Cred::root(),
+        (KeyPolicy::Cluster | KeyPolicy::Trusted, Some(u)) => asserted(u),
+        (KeyPolicy::Fixed { uid, gid }, _) => Cred::new(uid, gid, Vec::new()),
+        (KeyPolicy::SquashRoot, Some(u)) => {
+            let squash = |id: u32| if id == 0 { NOBODY_ID } else { id };
+            Cred::new(squash(u.uid), squash(u.gid), u.groups.iter().map(|&g| squash(g)).collect())
+        }
+        (KeyPolicy::Trusted | KeyPolicy::SquashRoot, None) => nobody(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(policy: KeyPolicy) -> Principal {
+        Principal::Key { key_id: "k".into(), policy }
+    }
+
+    #[test]
+    fn every_key_policy_maps_the_asserted_user_as_documented() {
+        let alice = UserCred { uid: 1000, gid: 100, groups: vec![0, 27] };
+        let root = UserCred { uid: 0, gid: 0, groups: vec![0, 4] };
+        let cred = |p: &Principal, u: Option<&UserCred>| {
+            let c = effective_cred(p, u);
+            (c.uid, c.gid, c.groups)
+        };
+        for p in [Principal::Anonymous, key(KeyPolicy::Cluster), key(KeyPolicy::Trusted)] {
+            assert_eq!(cred(&p, Some(&alice)), (1000, 100, vec![0, 27]), "{p:?}");
+            assert_eq!(cred(&p, Some(&root)), (0, 0, vec![0, 4]), "{p:?}");
+        }
+        for p in [Principal::Anonymous, key(KeyPolicy::Cluster)] {
+            assert_eq!(cred(&p, None), (0, 0, vec![]), "a server of the cluster acts as root");
+        }
+        let squash = key(KeyPolicy::SquashRoot);
+        assert_eq!(cred(&squash, Some(&root)), (65534, 65534, vec![65534, 4]));
+        assert_eq!(cred(&squash, Some(&alice)), (1000, 100, vec![65534, 27]), "group 0 is squashed too");
+        let fixed = key(KeyPolicy::Fixed { uid: 1234, gid: 55 });
+        for u in [Some(&alice), Some(&root), None] {
+            assert_eq!(cred(&fixed, u), (1234, 55, vec![]));
+        }
+        for p in [key(KeyPolicy::Trusted), squash] {
+            assert_eq!(cred(&p, None), (65534, 65534, vec![]), "a client key without a user is nobody");
         }
     }
 }

@@ -20,6 +20,8 @@ pub const HEADER_LEN: usize = 40;
 pub const FLAG_ERROR: u8 = 0x01;
 /// The reply was served from the slot's reply cache (a retransmission); informational.
 pub const FLAG_CACHED: u8 = 0x02;
+/// A request whose body starts with a user block ([`crate::UserCred`]): the user it acts for.
+pub const FLAG_USER: u8 = 0x04;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -76,6 +78,8 @@ pub enum FrameError {
     UnknownOp(u16),
     #[error("malformed body for op {op}: {reason}")]
     BadBody { op: u16, reason: String },
+    #[error("bad user block: {0}")]
+    BadUser(String),
     #[error("op {op} does not carry a data payload, but the frame has {len} bytes of it")]
     UnexpectedData { op: u16, len: u32 },
 }

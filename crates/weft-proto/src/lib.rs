@@ -15,6 +15,7 @@ pub mod frame;
 pub mod layout;
 pub mod msg;
 pub mod types;
+pub mod user;
 
 pub use capability::{Capability, Rights};
 pub use chunk::{Chunk, ChunkError, Region, RegionTable};
@@ -23,3 +24,4 @@ pub use frame::{FrameError, FrameKind, FrameLimits, HEADER_LEN, Header};
 pub use layout::{Layout, Piece};
 pub use msg::{Op, Request, Response};
 pub use types::*;
+pub use user::{USER_GROUPS_MAX, UserCred, UserCredError};

@@ -233,8 +233,6 @@ pub struct CreateReq {
     pub parent: u64,
     pub name: String,
     pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
     /// Fail with `Exists` if the name exists; otherwise an existing regular file is returned as it is.
     pub exclusive: bool,
 }
@@ -246,8 +244,6 @@ pub struct MknodReq {
     /// One of the special kinds (`FileKind::is_special`).
     pub kind: FileKind,
     pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
     pub rdev: u32,
 }
 
@@ -256,8 +252,6 @@ pub struct MkdirReq {
     pub parent: u64,
     pub name: String,
     pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -285,8 +279,6 @@ pub struct SymlinkReq {
     pub parent: u64,
     pub name: String,
     pub target: String,
-    pub uid: u32,
-    pub gid: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,15 +6,16 @@
 //! connection: the server's half of the handshake is the pure state machine [`ServerAuth`], the client's half is in
 //! `client.rs`.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 use weft_proto::msg::{AUTH_BYTES, AuthBeginReq, AuthBeginResp, AuthFinishReq, KEY_ID_BYTES_MAX};
 use weft_proto::{ErrorCode, WireError};
+
+use crate::keyring::{ClientKeys, FileStamp, KeyPolicy, KeyringError};
 
 /// The key id of the cluster key: the credential of servers and trusted hosts.
 pub const CLUSTER_KEY_ID: &str = "cluster";
@@ -186,6 +187,16 @@ pub fn role_key(auth: AuthMode, key_file: Option<&Path>, role: &str) -> Result<O
     }
 }
 
+/// The key ring a server role runs with: none with authentication off; else the cluster key, and the clients
+/// keyring when the config names one.
+pub fn role_keyring(key: Option<Key>, clients_keyring: Option<&Path>) -> Result<Option<Arc<KeyRing>>, KeyringError> {
+    let Some(key) = key else { return Ok(None) };
+    Ok(Some(Arc::new(match clients_keyring {
+        Some(path) => KeyRing::with_clients(key, path)?,
+        None => KeyRing::cluster(key),
+    })))
+}
+
 /// A client's credential: which key it proves, and the key.
 #[derive(Debug, Clone)]
 pub struct Credential {
@@ -205,14 +216,14 @@ impl Credential {
 pub enum Principal {
     /// Authentication is off on this server: everyone is trusted as what they claim.
     Anonymous,
-    /// Proved the key named `key_id` in the server's [`KeyRing`].
-    Key { key_id: Arc<str> },
+    /// Proved the key named `key_id` in the server's [`KeyRing`]; `policy` says what its holder may assert.
+    Key { key_id: Arc<str>, policy: KeyPolicy },
 }
 
 impl Principal {
     /// Proved the cluster key.
     pub fn is_cluster(&self) -> bool {
-        matches!(self, Principal::Key { key_id } if &**key_id == CLUSTER_KEY_ID)
+        matches!(self, Principal::Key { policy: KeyPolicy::Cluster, .. })
     }
 
     /// May act as a server of the cluster (register a data server): the cluster key, or anyone when authentication
@@ -225,32 +236,70 @@ impl Principal {
     pub fn name(&self) -> &str {
         match self {
             Principal::Anonymous => "anonymous (auth off)",
-            Principal::Key { key_id } => key_id,
+            Principal::Key { key_id, .. } => key_id,
         }
     }
 }
 
-/// The keys a server accepts, by key id. Today only the cluster key; per-client keys (`weft key add`) are further
-/// entries.
-#[derive(Debug, Clone, Default)]
+/// The keys a server accepts, by key id: the cluster key, and the per-client keys of the clients keyring
+/// (`weft key add`), if the server's config names one.
+///
+/// The keyring is re-read when it changes while the server runs: every handshake naming a client key `stat`s the
+/// file (one syscall per new connection, bounded by the connection caps) and reads it again only when its inode,
+/// length or mtime differ from the version loaded. A key added with `weft key add` works for the next connection;
+/// a key removed stops new connections, while connections already authenticated keep their principal until they
+/// close. A file that has become unreadable or malformed is logged and the last good version stays in force.
+#[derive(Debug)]
 pub struct KeyRing {
-    keys: HashMap<String, Key>,
+    cluster: Key,
+    clients: Option<ClientsFile>,
+}
+
+#[derive(Debug)]
+struct ClientsFile {
+    path: PathBuf,
+    loaded: Mutex<(Option<FileStamp>, ClientKeys)>,
 }
 
 impl KeyRing {
     /// A ring holding only the cluster key.
     pub fn cluster(key: Key) -> KeyRing {
-        let mut r = KeyRing::default();
-        r.insert(CLUSTER_KEY_ID, key);
-        r
+        KeyRing { cluster: key, clients: None }
     }
 
-    pub fn insert(&mut self, key_id: &str, key: Key) {
-        self.keys.insert(key_id.to_string(), key);
+    /// The cluster key and the clients keyring at `path`, which must exist and be well formed (a typo in a config
+    /// must not silently turn every client key away).
+    pub fn with_clients(key: Key, path: &Path) -> Result<KeyRing, KeyringError> {
+        let stamp = FileStamp::of(path);
+        let keys = ClientKeys::load(path)?;
+        Ok(KeyRing {
+            cluster: key,
+            clients: Some(ClientsFile { path: path.to_path_buf(), loaded: Mutex::new((stamp, keys)) }),
+        })
     }
 
-    pub fn get(&self, key_id: &str) -> Option<&Key> {
-        self.keys.get(key_id)
+    /// The key named `key_id` and its policy.
+    pub fn get(&self, key_id: &str) -> Option<(Key, KeyPolicy)> {
+        if key_id == CLUSTER_KEY_ID {
+            return Some((self.cluster.clone(), KeyPolicy::Cluster));
+        }
+        let clients = self.clients.as_ref()?;
+        let mut loaded = clients.loaded.lock().expect("keyring");
+        let stamp = FileStamp::of(&clients.path);
+        if stamp != loaded.0 {
+            match ClientKeys::load(&clients.path) {
+                Ok(keys) => {
+                    tracing::info!(path = %clients.path.display(), keys = keys.len(), "clients keyring re-read");
+                    *loaded = (stamp, keys);
+                }
+                Err(e) => {
+                    // Remember the bad version, so it is logged once, not on every handshake.
+                    loaded.0 = stamp;
+                    tracing::warn!("{e}; keeping the keyring as last read");
+                }
+            }
+        }
+        loaded.1.get(key_id).cloned()
     }
 }
 
@@ -371,6 +420,7 @@ pub enum ServerAuth {
     Begun {
         key_id: Arc<str>,
         key: Key,
+        policy: KeyPolicy,
         nonces: Nonces,
     },
     Done(Authenticated),
@@ -389,26 +439,26 @@ impl ServerAuth {
         if req.key_id.len() > KEY_ID_BYTES_MAX {
             return Err(unauthenticated(format!("key id of {} bytes is too long", req.key_id.len())));
         }
-        let Some(key) = ring.get(&req.key_id) else {
+        let Some((key, policy)) = ring.get(&req.key_id) else {
             *self = ServerAuth::Fresh;
             return Err(unauthenticated(format!("unknown key id {:?}", req.key_id)));
         };
         let server_nonce = random_bytes().map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))?;
         let nonces = Nonces { client: req.client_nonce, server: server_nonce };
-        let server_proof = server_proof(key, &req.key_id, &nonces.client, &nonces.server);
-        *self = ServerAuth::Begun { key_id: req.key_id.as_str().into(), key: key.clone(), nonces };
+        let server_proof = server_proof(&key, &req.key_id, &nonces.client, &nonces.server);
+        *self = ServerAuth::Begun { key_id: req.key_id.as_str().into(), key, policy, nonces };
         Ok(AuthBeginResp { server_nonce, server_proof })
     }
 
     /// Checks the client's proof; on success the connection is authenticated. Any failure starts over.
     pub fn finish(&mut self, req: &AuthFinishReq) -> Result<&Authenticated, WireError> {
         match std::mem::take(self) {
-            ServerAuth::Begun { key_id, key, nonces } => {
+            ServerAuth::Begun { key_id, key, policy, nonces } => {
                 let parts: [&[u8]; 4] = [CLIENT_PROOF_LABEL, key_id.as_bytes(), &nonces.client, &nonces.server];
                 if !mac_matches(&key.hmac_key(), &parts, &req.client_proof) {
                     return Err(unauthenticated(format!("wrong proof of key {key_id:?}: the client has another key")));
                 }
-                *self = ServerAuth::Done(Authenticated { principal: Principal::Key { key_id }, key, nonces });
+                *self = ServerAuth::Done(Authenticated { principal: Principal::Key { key_id, policy }, key, nonces });
                 match self {
                     ServerAuth::Done(a) => Ok(a),
                     _ => unreachable!("just set"),

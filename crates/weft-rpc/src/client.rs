@@ -19,7 +19,8 @@ use tokio::io::{AsyncReadExt, BufReader};
 use tokio::sync::{Semaphore, oneshot};
 use tracing::{debug, warn};
 use weft_fabric::{Connection, Fabric, Killer};
-use weft_proto::frame::FLAG_ERROR;
+use weft_proto::UserCred;
+use weft_proto::frame::{FLAG_ERROR, FLAG_USER};
 use weft_proto::msg::RegionsReq;
 use weft_proto::msg::{AuthBeginReq, AuthFinishReq, SessionBindReq, SessionCreateReq, decode};
 use weft_proto::{Chunk, FrameKind, FrameLimits, Header, Op, Request, Response, WireError};
@@ -147,6 +148,7 @@ impl Drop for SlotGuard<'_> {
 /// A request as it goes out on every attempt: encoded once.
 struct Outgoing<'a> {
     op: Op,
+    flags: u8,
     body: &'a [u8],
     body_crc: u32,
     data: &'a [&'a [u8]],
@@ -204,6 +206,13 @@ impl<F: Fabric> RpcClient<F> {
         self.call(req, Vec::new(), Vec::new()).await.map(|(r, _)| r)
     }
 
+    /// A call without payloads on behalf of `user`: the request carries its user block (flag `FLAG_USER`,
+    /// docs/format.md §1), which the server's service interprets under the key this connection proved. A
+    /// retransmission carries the same block.
+    pub async fn call_simple_as(&self, user: Option<&UserCred>, req: Request) -> Result<Response, RpcError> {
+        self.call_on(req, user, Vec::new(), Vec::new(), None).await.map(|(r, _)| r)
+    }
+
     /// Sends `req` with `data` as its payload and receives the reply's payload into `dest`, whose segments'
     /// lengths must add up to exactly the payload the reply carries. `dest` comes back with the response.
     pub async fn call(
@@ -212,7 +221,7 @@ impl<F: Fabric> RpcClient<F> {
         data: Vec<Bytes>,
         dest: Vec<BytesMut>,
     ) -> Result<(Response, Vec<BytesMut>), RpcError> {
-        self.call_on(req, data, dest, None).await
+        self.call_on(req, None, data, dest, None).await
     }
 
     /// What the fabric to this server can do.
@@ -234,18 +243,28 @@ impl<F: Fabric> RpcClient<F> {
     async fn call_on(
         &self,
         req: Request,
+        user: Option<&UserCred>,
         data: Vec<Bytes>,
         dest: Vec<BytesMut>,
         require_conn: Option<u64>,
     ) -> Result<(Response, Vec<BytesMut>), RpcError> {
         let inner = &*self.inner;
         let op = req.op();
-        let body = req.encode_body();
+        let body = match user {
+            None => req.encode_body(),
+            Some(u) => {
+                let mut b = Vec::new();
+                u.encode_into(&mut b).map_err(|e| RpcError::Protocol { addr: inner.addr.clone(), source: e.into() })?;
+                b.extend_from_slice(&req.encode_body());
+                b
+            }
+        };
         let data_len: usize = data.iter().map(|d| d.len()).sum();
         assert!(data_len <= u32::MAX as usize, "payload of {data_len} bytes does not fit a frame");
         let data_slices: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
         let frame = Outgoing {
             op,
+            flags: if user.is_some() { FLAG_USER } else { 0 },
             body: &body,
             body_crc: crc32c::crc32c(&body),
             data: &data_slices,
@@ -328,7 +347,7 @@ impl<F: Fabric> RpcClient<F> {
         };
         let h = Header {
             kind: FrameKind::Request,
-            flags: 0,
+            flags: frame.flags,
             op: frame.op as u16,
             session: sid,
             slot,
@@ -392,7 +411,7 @@ impl<F: Fabric> RpcClient<F> {
             let pinned = self.pin(&spans).await?;
             let req = build(pinned.chunks(&spans));
             // `bufs` stays owned here, so its memory stays put while the server reads or writes it.
-            match self.call_on(req, Vec::new(), Vec::new(), Some(pinned.conn_id)).await {
+            match self.call_on(req, None, Vec::new(), Vec::new(), Some(pinned.conn_id)).await {
                 Ok((r, _)) => return Ok((r, bufs)),
                 Err(RpcError::RegionsLost { .. }) if attempt < REGISTER_ATTEMPTS => continue,
                 Err(e) => return Err(e),

@@ -26,9 +26,9 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use weft_fabric::{Connection, Fabric, Killer, Listener, PeerCred, PeerMemory};
-use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
+use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR, FLAG_USER};
 use weft_proto::msg::{FabricInfoResp, SessionBindReq, SessionCreateResp, encode_value};
-use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, WireError};
+use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, UserCred, WireError};
 
 use crate::auth::{self, Principal, ServerAuth};
 use crate::config::ServerConfig;
@@ -43,6 +43,9 @@ pub struct CallCtx {
     pub peer: Arc<str>,
     /// Who the connection proved to be (`Anonymous` with authentication off).
     pub principal: Principal,
+    /// The user the request asserts (its user block, flag `FLAG_USER`), checked for form only: what it may mean
+    /// under `principal` is the service's decision.
+    pub user: Option<UserCred>,
     /// The server's payload buffers, for replies that carry data.
     pub pool: BufferPool,
     /// The client's registered memory, on a one-sided fabric: where chunk lists point.
@@ -282,16 +285,20 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             // its connection is closed.
             out.calls_in_flight.fetch_add(1, Ordering::Relaxed);
             let refuse = |e: FrameError| WireError::new(ErrorCode::BadRequest, e.to_string());
-            let decoded =
-                h.check_body(&body).and_then(|()| Request::decode(h.op, &body)).map_err(refuse).and_then(|req| {
+            let decoded = h
+                .check_body(&body)
+                .and_then(|()| split_user_block(&h, &body))
+                .and_then(|(user, rest)| Ok((user, Request::decode(h.op, rest)?)))
+                .map_err(refuse)
+                .and_then(|(user, req)| {
                     if h.data_len > 0 && !req.op().request_has_data() {
                         Err(refuse(FrameError::UnexpectedData { op: h.op, len: h.data_len }))
                     } else {
-                        Ok(req)
+                        Ok((user, req))
                     }
                 });
-            let req = match decoded {
-                Ok(req) => req,
+            let (user, req) = match decoded {
+                Ok(x) => x,
                 Err(err) => {
                     warn!(%peer, op = h.op, "refusing request: {}", err.message);
                     match tokio::time::timeout_at(deadline, skip(&mut r, h.data_len as u64)).await {
@@ -332,7 +339,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             if first_frame_deadline.take().is_some() {
                 ticket.mark_proven();
             }
-            self.dispatch(&out, h, req, data).await;
+            self.dispatch(&out, h, Call { req, user, data }).await;
         }
         if let Some(key_id) = out.auth.lock().expect("handshake").pending_key_id() {
             warn!(%peer, key_id, "peer left during authentication without proving the key: it holds another key (see its log)");
@@ -354,7 +361,8 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         }
     }
 
-    async fn dispatch(self: &Arc<Self>, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>) {
+    async fn dispatch(self: &Arc<Self>, out: &Arc<ConnOut<F>>, h: Header, call: Call) {
+        let req = &call.req;
         let open = matches!(req, Request::Null(()) | Request::AuthBegin(_) | Request::AuthFinish(_));
         if !open && out.principal.get().is_none() {
             warn!(peer = %out.peer, op = ?req.op(), "refusing a request on a connection that has not authenticated (does the peer have our key_file?)");
@@ -365,10 +373,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             send_reply(out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await;
             return;
         }
-        let result = match &req {
+        let result = match req {
             Request::Null(()) => Ok(Response::Null(())),
             Request::AuthBegin(_) | Request::AuthFinish(_) | Request::SessionBind(_) => {
-                self.authenticate(out, &req).inspect(|_| {
+                self.authenticate(out, req).inspect(|_| {
                     if let Some(p) = out.principal.get().filter(|_| matches!(req, Request::AuthFinish(_))) {
                         debug!(peer = %out.peer, principal = p.name(), "connection authenticated");
                     }
@@ -405,17 +413,17 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 let out = out.clone();
                 match self.sessions.admit(h.session, out.id, h.slot, h.seq) {
                     Admit::Execute => {
-                        tokio::spawn(async move { me.execute(&out, h, req, data, true).await });
+                        tokio::spawn(async move { me.execute(&out, h, call, true).await });
                     }
                     Admit::Reexecute => {
-                        tokio::spawn(async move { me.execute(&out, h, req, data, false).await });
+                        tokio::spawn(async move { me.execute(&out, h, call, false).await });
                     }
                     Admit::Replay(c) => {
                         info!(peer = %out.peer, slot = h.slot, seq = h.seq, "retransmission answered from the reply cache");
                         send_reply(&out, &h, c.flags | FLAG_CACHED, c.body, None).await;
                     }
                     Admit::Wait(rx) => {
-                        tokio::spawn(async move { me.await_original(&out, h, req, data, rx).await });
+                        tokio::spawn(async move { me.await_original(&out, h, call, rx).await });
                     }
                     Admit::Reject(err) => {
                         warn!(peer = %out.peer, op = h.op, "refusing request: {}", err.message);
@@ -450,9 +458,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         let mut state = out.auth.lock().expect("handshake");
         let result = match req {
             Request::AuthBegin(b) => state.begin(ring, b).map(Response::AuthBegin),
-            Request::AuthFinish(f) => state.finish(f).map(|a| {
+            Request::AuthFinish(f) => state.finish(f).and_then(|a| {
+                peer_may_hold(&a.principal, out.peer_cred)?;
                 let _ = out.principal.set(a.principal.clone());
-                Response::AuthFinish(())
+                Ok(Response::AuthFinish(()))
             }),
             Request::SessionBind(SessionBindReq { session, proof }) => match &*state {
                 ServerAuth::Done(a) => {
@@ -489,26 +498,27 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         self: Arc<Self>,
         out: &Arc<ConnOut<F>>,
         h: Header,
-        req: Request,
-        data: Option<PoolBuf>,
+        call: Call,
         mut rx: tokio::sync::watch::Receiver<bool>,
     ) {
         let _ = rx.wait_for(|done| *done).await;
         match self.sessions.admit(h.session, out.id, h.slot, h.seq) {
             Admit::Replay(c) => send_reply(out, &h, c.flags | FLAG_CACHED, c.body, None).await,
-            Admit::Reexecute => self.execute(out, h, req, data, false).await,
+            Admit::Reexecute => self.execute(out, h, call, false).await,
             Admit::Reject(err) => send_reply(out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await,
             // The session was replaced meanwhile or the slot moved on: nothing sensible to answer.
             Admit::Execute | Admit::Wait(_) => out.killer.kill(),
         }
     }
 
-    async fn execute(&self, out: &Arc<ConnOut<F>>, h: Header, req: Request, data: Option<PoolBuf>, track: bool) {
+    async fn execute(&self, out: &Arc<ConnOut<F>>, h: Header, call: Call, track: bool) {
+        let Call { req, user, data } = call;
         let op = req.op();
         let ctx = CallCtx {
             session: h.session,
             peer: out.peer.clone(),
             principal: out.principal.get().cloned().unwrap_or(Principal::Anonymous),
+            user,
             pool: self.pool.clone(),
             memory: out.memory.clone(),
             peer_cred: out.peer_cred,
@@ -576,6 +586,23 @@ async fn send_reply<F: Fabric>(
     }
 }
 
+/// Where the kernel names the peer (shm: SO_PEERCRED), a key bound to one user (`weft key add --uid U`) is
+/// accepted only from a process of that user or root: another local user who stole the key file still cannot
+/// use it over shm.
+fn peer_may_hold(principal: &Principal, peer: Option<PeerCred>) -> Result<(), WireError> {
+    match (principal, peer) {
+        (Principal::Key { key_id, policy: crate::KeyPolicy::Fixed { uid, .. } }, Some(p))
+            if p.uid != 0 && p.uid != *uid =>
+        {
+            Err(WireError::new(
+                ErrorCode::Unauthenticated,
+                format!("key {key_id:?} belongs to uid {uid}, but the connecting process runs as uid {}", p.uid),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The binding of session `session` created on connection `conn` whose handshake is `state`: none with
 /// authentication off. Fails closed: admission only lets `SessionCreate` through on an authenticated connection,
 /// but should that ever not hold, the session is refused rather than created unbound (usable from anywhere).
@@ -594,6 +621,22 @@ fn session_binding(auth_on: bool, state: &ServerAuth, conn: u64, session: u64) -
             "SessionCreate on a connection that has not completed authentication",
         )),
     }
+}
+
+/// A decoded request on its way to the service.
+struct Call {
+    req: Request,
+    user: Option<UserCred>,
+    data: Option<PoolBuf>,
+}
+
+/// Splits a request body into its user block (with `FLAG_USER`) and the op's body.
+fn split_user_block<'b>(h: &Header, body: &'b [u8]) -> Result<(Option<UserCred>, &'b [u8]), FrameError> {
+    if h.flags & FLAG_USER == 0 {
+        return Ok((None, body));
+    }
+    let (user, rest) = UserCred::decode_prefix(body)?;
+    Ok((Some(user), rest))
 }
 
 /// How the wait between frames ended.
@@ -645,11 +688,23 @@ mod tests {
         let e = session_binding(true, &ServerAuth::Fresh, 1, 7).err().expect("refused");
         assert_eq!(e.code, ErrorCode::Unauthenticated);
         let a = Authenticated {
-            principal: Principal::Key { key_id: "cluster".into() },
+            principal: Principal::Key { key_id: "cluster".into(), policy: crate::KeyPolicy::Cluster },
             key: Key::from_bytes([3; 32]),
             nonces: Nonces { client: [1; 32], server: [2; 32] },
         };
         let b = session_binding(true, &ServerAuth::Done(a), 9, 7).unwrap().expect("bound");
         assert_eq!((b.conn, &*b.key_id), (9, "cluster"));
+    }
+
+    #[test]
+    fn a_key_bound_to_one_user_is_refused_from_another_users_process_over_shm() {
+        let alice = Principal::Key { key_id: "alice".into(), policy: crate::KeyPolicy::Fixed { uid: 1000, gid: 100 } };
+        let cred = |uid| Some(PeerCred { uid, gid: uid, pid: 42 });
+        assert!(peer_may_hold(&alice, cred(1000)).is_ok(), "its own user");
+        assert!(peer_may_hold(&alice, cred(0)).is_ok(), "root (a FUSE daemon) may hold any key");
+        assert_eq!(peer_may_hold(&alice, cred(1001)).unwrap_err().code, ErrorCode::Unauthenticated);
+        assert!(peer_may_hold(&alice, None).is_ok(), "tcp/rdma: the kernel names no peer");
+        let cluster = Principal::Key { key_id: "cluster".into(), policy: crate::KeyPolicy::Cluster };
+        assert!(peer_may_hold(&cluster, cred(1001)).is_ok(), "the cluster key is a host's: no user to match");
     }
 }

@@ -92,7 +92,7 @@ async fn server(ring: &KeyRing, s: &mut dyn SideStream, peer: &str) -> std::io::
     s.read_exact(&mut rest).await?;
     let key_id = String::from_utf8_lossy(&rest[..len]).into_owned();
     let client_nonce: Secret = rest[len..].try_into().expect("32 bytes");
-    let Some(key) = std::str::from_utf8(&rest[..len]).ok().and_then(|k| ring.get(k)) else {
+    let Some((key, _policy)) = std::str::from_utf8(&rest[..len]).ok().and_then(|k| ring.get(k)) else {
         let _ = s.write_all(&[REFUSED]).await;
         return Err(refused(format!("{peer}: unknown key id {key_id:?}")));
     };
@@ -100,13 +100,13 @@ async fn server(ring: &KeyRing, s: &mut dyn SideStream, peer: &str) -> std::io::
     let mut reply = Vec::with_capacity(65);
     reply.push(ACCEPTED);
     reply.extend_from_slice(&server_nonce);
-    reply.extend_from_slice(&side_proof(key, true, &key_id, &client_nonce, &server_nonce));
+    reply.extend_from_slice(&side_proof(&key, true, &key_id, &client_nonce, &server_nonce));
     s.write_all(&reply).await?;
     let mut proof = [0u8; 32];
     s.read_exact(&mut proof).await.map_err(|e| {
         refused(format!("{peer}: left without proving key {key_id:?} (it holds another key; see its log): {e}"))
     })?;
-    if !side_proof_matches(key, false, &key_id, &client_nonce, &server_nonce, &proof) {
+    if !side_proof_matches(&key, false, &key_id, &client_nonce, &server_nonce, &proof) {
         let _ = s.write_all(&[REFUSED]).await;
         return Err(refused(format!("{peer}: wrong proof of key {key_id:?}")));
     }

@@ -24,7 +24,13 @@ async fn connect(spec: &str) -> Result<Client> {
     Client::connect(&cfg).await.with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
 }
 
-pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, auth: weft_rpc::AuthMode) -> Result<()> {
+pub async fn up(
+    data_dir: PathBuf,
+    servers: u32,
+    mount_dir: Option<PathBuf>,
+    auth: weft_rpc::AuthMode,
+    mount_args: crate::MountArgs,
+) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
     }
@@ -44,7 +50,7 @@ pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, aut
     println!("Data, logs and client config under {} (client config: {})", data_dir.display(), cfg.display());
     let mounted = match &mount_dir {
         Some(dir) => {
-            let m = start_mount(&cfg.to_string_lossy(), dir, &crate::MountArgs::defaults()).await;
+            let m = start_mount(&cfg.to_string_lossy(), dir, &mount_args).await;
             match m {
                 Ok(m) => {
                     println!("Mounted on {} (FUSE): use it with any tool, e.g. ls -l {}", dir.display(), dir.display());
@@ -59,6 +65,12 @@ pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, aut
         None => None,
     };
     println!("Try: export WEFT_CLUSTER={}; weft put /etc/hosts /hosts; weft ls -l /; weft status", cfg.display());
+    if auth == weft_rpc::AuthMode::Key {
+        println!(
+            "Per-client keys: weft key add NAME --keyring {} (the servers re-read it when it changes)",
+            cluster.clients_keyring().display()
+        );
+    }
     println!("Ctrl-C stops the cluster.");
     wait_for_stop(mounted.as_ref()).await?;
     if let (Some(m), Some(dir)) = (mounted, &mount_dir) {
@@ -68,6 +80,55 @@ pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, aut
     println!("Stopping the cluster...");
     cluster.stop().await;
     println!("Stopped.");
+    Ok(())
+}
+
+/// `weft key add`: a new key file for client `name` at `out` (0600, never overwritten), added to `keyring`
+/// (created 0600 if missing). The key file is written first, so a failure leaves the keyring unchanged.
+pub fn key_add(name: &str, policy: weft_rpc::KeyPolicy, keyring: &Path, out: &Path) -> Result<()> {
+    weft_rpc::keyring::check_client_name(name)?;
+    let mut keys = weft_rpc::ClientKeys::load_or_empty(keyring)?;
+    if keys.get(name).is_some() {
+        bail!("keyring {} already has a key named {name:?}", keyring.display());
+    }
+    let key = weft_rpc::Key::create_file(out)?;
+    let added = keys.add(name, key, policy, keyring).and_then(|()| keys.save(keyring));
+    if let Err(e) = added {
+        let _ = std::fs::remove_file(out);
+        return Err(e.into());
+    }
+    let acts_as = match policy {
+        weft_rpc::KeyPolicy::Fixed { uid, gid } => format!("always as uid {uid}, gid {gid}"),
+        weft_rpc::KeyPolicy::SquashRoot => "as the users it asserts, root squashed to nobody (65534)".into(),
+        _ => "as any user it asserts, root included (a trusted host)".into(),
+    };
+    println!("added client {name:?} to {}: it acts {acts_as}", keyring.display());
+    println!(
+        "wrote its key to {} (mode 0600); in the client's cluster.toml: key_file = \"{}\" and key_id = \"{name}\"",
+        out.display(),
+        out.display()
+    );
+    Ok(())
+}
+
+/// `weft key list`: names and policies, never the keys.
+pub fn key_list(keyring: &Path) -> Result<()> {
+    let keys = weft_rpc::ClientKeys::load(keyring)?;
+    if keys.is_empty() {
+        println!("{}: no client keys", keyring.display());
+    }
+    for (name, policy) in keys.list() {
+        println!("{name} {}", policy.to_text());
+    }
+    Ok(())
+}
+
+/// `weft key remove`.
+pub fn key_remove(name: &str, keyring: &Path) -> Result<()> {
+    let mut keys = weft_rpc::ClientKeys::load(keyring)?;
+    keys.remove(name, keyring)?;
+    keys.save(keyring)?;
+    println!("removed client {name:?} from {}: new connections with its key are refused", keyring.display());
     Ok(())
 }
 

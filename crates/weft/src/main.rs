@@ -69,6 +69,12 @@ pub struct MountArgs {
     /// seen at its new size here until this mount forgets the inode. For one client per file set only.
     #[arg(long)]
     pub writeback_cache: bool,
+    /// Honour set-user-ID and set-group-ID bits on the mount (default: mounted nosuid).
+    #[arg(long)]
+    pub suid: bool,
+    /// Honour device nodes on the mount (default: mounted nodev).
+    #[arg(long)]
+    pub dev: bool,
 }
 
 impl MountArgs {
@@ -82,6 +88,8 @@ impl MountArgs {
             direct_io: false,
             readahead_kib: 4096,
             writeback_cache: false,
+            suid: false,
+            dev: false,
         }
     }
 
@@ -94,6 +102,8 @@ impl MountArgs {
             direct_io: self.direct_io,
             max_readahead_bytes: self.readahead_kib.saturating_mul(1024),
             writeback_cache: self.writeback_cache,
+            suid: self.suid,
+            dev: self.dev,
             ..weft_fuse::MountOptions::default()
         }
     }
@@ -116,8 +126,15 @@ enum Cmd {
         /// `none`: no authentication at all, for loopback experiments (every role warns).
         #[arg(long, value_name = "key|none", default_value = "key")]
         auth: AuthArg,
+        /// With --mount: honour set-user-ID bits on the mount (default nosuid).
+        #[arg(long, requires = "mount")]
+        suid: bool,
+        /// With --mount: honour device nodes on the mount (default nodev).
+        #[arg(long, requires = "mount")]
+        dev: bool,
     },
-    /// Keys: `weft key new FILE` makes a cluster key file (mode 0600) for a multi-machine cluster.
+    /// Keys: `weft key new FILE` makes a cluster key file (mode 0600) for a multi-machine cluster; `weft key
+    /// add|list|remove` manage per-client keys in the clients keyring.
     Key {
         #[command(subcommand)]
         cmd: KeyCmd,
@@ -300,6 +317,40 @@ enum KeyCmd {
     /// Create a key file holding a new random 256-bit key, mode 0600 (never overwrites). Copy it to every machine
     /// of the cluster and name it as `key_file` in every config.
     New { file: PathBuf },
+    /// Issue a per-client key: writes a new key file for the client (mode 0600) and adds it to the clients keyring,
+    /// which the servers re-read when it changes. The client names the key file as `key_file` and NAME as
+    /// `key_id` in its cluster.toml.
+    Add {
+        /// The client's name (its key id): 1-64 letters, digits, '.', '_' or '-'.
+        name: String,
+        /// The client acts as any user it asserts, but root (uid 0, gid 0) becomes nobody (65534), as NFS's
+        /// root_squash.
+        #[arg(long, conflicts_with_all = ["uid", "gid"])]
+        squash_root: bool,
+        /// The client always acts as this uid, whatever it asserts (with --gid).
+        #[arg(long, requires = "gid")]
+        uid: Option<u32>,
+        /// The group of --uid.
+        #[arg(long, requires = "uid")]
+        gid: Option<u32>,
+        /// The clients keyring (created 0600 if missing).
+        #[arg(long, env = "WEFT_KEYRING", default_value = "weft-data/clients.keyring")]
+        keyring: PathBuf,
+        /// Where to write the client's key file (default: NAME.key); never overwritten.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// List the clients in a keyring and their policies (never the keys).
+    List {
+        #[arg(long, env = "WEFT_KEYRING", default_value = "weft-data/clients.keyring")]
+        keyring: PathBuf,
+    },
+    /// Remove a client's key: new connections with it are refused (open ones keep working until they close).
+    Remove {
+        name: String,
+        #[arg(long, env = "WEFT_KEYRING", default_value = "weft-data/clients.keyring")]
+        keyring: PathBuf,
+    },
 }
 
 /// `--auth key|none`.
@@ -344,12 +395,26 @@ fn main() -> Result<()> {
 async fn run(cmd: Cmd) -> Result<()> {
     use commands as c;
     match cmd {
-        Cmd::Up { data_dir, servers, mount, auth } => c::up(data_dir, servers, mount, auth.into()).await,
+        Cmd::Up { data_dir, servers, mount, auth, suid, dev } => {
+            let mount_args = MountArgs { suid, dev, ..MountArgs::defaults() };
+            c::up(data_dir, servers, mount, auth.into(), mount_args).await
+        }
         Cmd::Key { cmd: KeyCmd::New { file } } => {
             weft_rpc::Key::create_file(&file)?;
             println!("wrote a new cluster key to {} (mode 0600); name it as key_file in every config", file.display());
             Ok(())
         }
+        Cmd::Key { cmd: KeyCmd::Add { name, squash_root, uid, gid, keyring, out } } => {
+            let policy = match (squash_root, uid, gid) {
+                (true, _, _) => weft_rpc::KeyPolicy::SquashRoot,
+                (false, Some(uid), Some(gid)) => weft_rpc::KeyPolicy::Fixed { uid, gid },
+                _ => weft_rpc::KeyPolicy::Trusted,
+            };
+            let out = out.unwrap_or_else(|| PathBuf::from(format!("{name}.key")));
+            c::key_add(&name, policy, &keyring, &out)
+        }
+        Cmd::Key { cmd: KeyCmd::List { keyring } } => c::key_list(&keyring),
+        Cmd::Key { cmd: KeyCmd::Remove { name, keyring } } => c::key_remove(&name, &keyring),
         Cmd::Mount { c, dir, opts, daemon, log } => {
             if daemon {
                 c::mount_daemon(c.spec(), &dir, &opts, log).await

@@ -3,63 +3,13 @@
 
 mod common;
 
-use std::io::{BufRead, Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
+use common::mount::*;
 use common::*;
-
-/// A `weft mount` process; unmounted (and the process reaped) on drop, even when the test failed.
-struct Mount {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Mount {
-    fn start(cl: &TestCluster, dir: &Path, extra: &[&str]) -> Mount {
-        std::fs::create_dir_all(dir).unwrap();
-        let mut child = Command::new(WEFT)
-            .arg("mount")
-            .arg("--cluster")
-            .arg(cl.cluster_file())
-            .arg(dir)
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("running weft mount");
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        assert!(line.starts_with("WEFT-MOUNTED "), "weft mount did not mount {}: {line:?}", dir.display());
-        Mount { child, dir: dir.to_path_buf() }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.join(rel)
-    }
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        terminate(self.child.id());
-        let _ = self.child.wait();
-        // If the daemon could not unmount (a test left a file open), do not leave a dead mount behind.
-        if is_mounted(&self.dir) {
-            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-        }
-    }
-}
-
-fn terminate(pid: u32) {
-    let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
-}
-
-fn is_mounted(dir: &Path) -> bool {
-    let dir = dir.to_string_lossy().into_owned();
-    std::fs::read_to_string("/proc/self/mounts").unwrap().lines().any(|l| l.split(' ').nth(1) == Some(&dir))
-}
 
 fn errno(r: std::io::Result<impl Sized>) -> i32 {
     match r {

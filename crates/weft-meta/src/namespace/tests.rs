@@ -96,14 +96,7 @@ fn unit(r: Result<Response, WireError>) -> Result<(), WireError> {
 }
 
 fn create_x<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, exclusive: bool) -> Result<Attr, WireError> {
-    attr(ns.execute(&Request::Create(CreateReq {
-        parent,
-        name: name.into(),
-        mode: 0o100644,
-        uid: 7,
-        gid: 8,
-        exclusive,
-    })))
+    attr(ns.execute(&Request::Create(CreateReq { parent, name: name.into(), mode: 0o100644, exclusive })))
 }
 
 fn create<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<Attr, WireError> {
@@ -111,7 +104,7 @@ fn create<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<Attr, Wir
 }
 
 fn mkdir<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<Attr, WireError> {
-    attr(ns.execute(&Request::Mkdir(MkdirReq { parent, name: name.into(), mode: 0o40755, uid: 1, gid: 2 })))
+    attr(ns.execute(&Request::Mkdir(MkdirReq { parent, name: name.into(), mode: 0o40755 })))
 }
 
 fn lookup<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str) -> Result<Attr, WireError> {
@@ -149,7 +142,7 @@ fn link<S: MetaStore>(ns: &Ns<S>, ino: u64, parent: u64, name: &str) -> Result<A
 }
 
 fn symlink<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, target: &str) -> Result<Attr, WireError> {
-    attr(ns.execute(&Request::Symlink(SymlinkReq { parent, name: name.into(), target: target.into(), uid: 3, gid: 4 })))
+    attr(ns.execute(&Request::Symlink(SymlinkReq { parent, name: name.into(), target: target.into() })))
 }
 
 fn readlink<S: MetaStore>(ns: &Ns<S>, ino: u64) -> Result<String, WireError> {
@@ -249,7 +242,7 @@ fn create_sets_attributes_and_follows_existing_rules() {
     clock.set_ns(T0 + 5);
     let a = create(&ns, ROOT_INO, "f").unwrap();
     assert_eq!(a.kind, FileKind::File);
-    assert_eq!((a.mode, a.uid, a.gid, a.nlink, a.size), (0o644, 7, 8, 1, 0));
+    assert_eq!((a.mode, a.uid, a.gid, a.nlink, a.size), (0o644, 0, 0, 1, 0), "root's, as root made it");
     assert_eq!((a.atime_ns, a.mtime_ns, a.ctime_ns), (T0 + 5, T0 + 5, T0 + 5));
     let root = getattr(&ns, ROOT_INO).unwrap();
     assert_eq!((root.mtime_ns, root.ctime_ns, root.nlink), (T0 + 5, T0 + 5, 2));
@@ -335,7 +328,7 @@ fn set_layout_rules() {
 fn mkdir_and_rmdir_keep_link_counts() {
     let (ns, clock) = mem_ns();
     let a = mkdir(&ns, ROOT_INO, "a").unwrap();
-    assert_eq!((a.kind, a.mode, a.nlink, a.uid, a.gid), (FileKind::Dir, 0o755, 2, 1, 2));
+    assert_eq!((a.kind, a.mode, a.nlink, a.uid, a.gid), (FileKind::Dir, 0o755, 2, 0, 0));
     assert_eq!(getattr(&ns, ROOT_INO).unwrap().nlink, 3);
     let b = mkdir(&ns, a.ino, "b").unwrap();
     assert_eq!(getattr(&ns, a.ino).unwrap().nlink, 3);
@@ -403,7 +396,7 @@ fn hard_links() {
 fn symlinks() {
     let (ns, _) = mem_ns();
     let s = symlink(&ns, ROOT_INO, "s", "../some/where").unwrap();
-    assert_eq!((s.kind, s.mode, s.size, s.nlink, s.uid), (FileKind::Symlink, 0o777, 13, 1, 3));
+    assert_eq!((s.kind, s.mode, s.size, s.nlink, s.uid), (FileKind::Symlink, 0o777, 13, 1, 0));
     assert_eq!(readlink(&ns, s.ino).unwrap(), "../some/where");
     let f = create(&ns, ROOT_INO, "f").unwrap();
     assert_eq!(code(readlink(&ns, f.ino)), ErrorCode::NotSymlink);
@@ -469,7 +462,7 @@ fn commit_wcc_reports_the_attributes_it_replaced() {
 }
 
 fn mknod<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, kind: FileKind, rdev: u32) -> Result<Attr, WireError> {
-    let req = MknodReq { parent, name: name.into(), kind, mode: 0o640, uid: 5, gid: 6, rdev };
+    let req = MknodReq { parent, name: name.into(), kind, mode: 0o640, rdev };
     attr(ns.execute(&Request::Mknod(req)))
 }
 
@@ -477,7 +470,7 @@ fn mknod<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, kind: FileKind, rdev
 fn special_files_are_metadata_only() {
     let (ns, _) = mem_ns();
     let f = mknod(&ns, ROOT_INO, "fifo", FileKind::Fifo, 99).unwrap();
-    assert_eq!((f.kind, f.mode, f.uid, f.gid, f.rdev, f.layout), (FileKind::Fifo, 0o640, 5, 6, 0, None));
+    assert_eq!((f.kind, f.mode, f.uid, f.gid, f.rdev, f.layout), (FileKind::Fifo, 0o640, 0, 0, 0, None));
     let c = mknod(&ns, ROOT_INO, "tty", FileKind::CharDev, 0x0501).unwrap();
     assert_eq!((c.kind, c.rdev), (FileKind::CharDev, 0x0501));
     assert_eq!(lookup(&ns, ROOT_INO, "tty").unwrap(), c);
@@ -803,11 +796,11 @@ fn failed_transactions_apply_nothing() {
 }
 
 fn file_req(parent: u64, name: &str) -> CreateReq {
-    CreateReq { parent, name: name.into(), mode: 0o644, uid: 0, gid: 0, exclusive: true }
+    CreateReq { parent, name: name.into(), mode: 0o644, exclusive: true }
 }
 
 fn dir_req(parent: u64, name: &str) -> MkdirReq {
-    MkdirReq { parent, name: name.into(), mode: 0o755, uid: 0, gid: 0 }
+    MkdirReq { parent, name: name.into(), mode: 0o755 }
 }
 
 // ---- RedbStore ------------------------------------------------------------------------------------------------
@@ -1036,27 +1029,35 @@ fn as_unit<S: MetaStore>(ns: &Ns<S>, cred: &Cred, req: Request) {
     unit(ns.execute_as(cred, &req)).unwrap_or_else(|e| panic!("{req:?} as uid {}: {e}", cred.uid))
 }
 
-/// A directory made by root for `uid`:`gid` with `mode`.
+/// A directory made by root and given to `uid`:`gid`, with `mode`.
 fn dir_of<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, mode: u32, uid: u32, gid: u32) -> Attr {
-    attr(ns.execute(&Request::Mkdir(MkdirReq { parent, name: name.into(), mode, uid, gid }))).unwrap()
+    let d = attr(ns.execute(&Request::Mkdir(MkdirReq { parent, name: name.into(), mode }))).unwrap();
+    chown_to(ns, d.ino, mode, uid, gid)
 }
 
-/// A file made by root for `uid`:`gid` with `mode`.
+/// A file made by root and given to `uid`:`gid`, with `mode`.
 fn file_of<S: MetaStore>(ns: &Ns<S>, parent: u64, name: &str, mode: u32, uid: u32, gid: u32) -> Attr {
-    let req = CreateReq { parent, name: name.into(), mode, uid, gid, exclusive: true };
-    attr(ns.execute(&Request::Create(req))).unwrap()
+    let req = CreateReq { parent, name: name.into(), mode, exclusive: true };
+    let f = attr(ns.execute(&Request::Create(req))).unwrap();
+    chown_to(ns, f.ino, mode, uid, gid)
+}
+
+/// Root's chown (which keeps every mode bit), with the mode set again as asked.
+fn chown_to<S: MetaStore>(ns: &Ns<S>, ino: u64, mode: u32, uid: u32, gid: u32) -> Attr {
+    let set = SetAttrs { uid: Some(uid), gid: Some(gid), mode: Some(mode), ..SetAttrs::default() };
+    attr(ns.execute(&Request::SetAttr(SetAttrReq { ino, set }))).unwrap()
 }
 
 fn create_req(parent: u64, name: &str) -> Request {
-    Request::Create(CreateReq { parent, name: name.into(), mode: 0o644, uid: 7, gid: 8, exclusive: true })
+    Request::Create(CreateReq { parent, name: name.into(), mode: 0o644, exclusive: true })
 }
 
 fn mkdir_req(parent: u64, name: &str) -> Request {
-    Request::Mkdir(MkdirReq { parent, name: name.into(), mode: 0o755, uid: 7, gid: 8 })
+    Request::Mkdir(MkdirReq { parent, name: name.into(), mode: 0o755 })
 }
 
 fn mknod_req(parent: u64, name: &str, kind: FileKind) -> Request {
-    Request::Mknod(MknodReq { parent, name: name.into(), kind, mode: 0o666, uid: 7, gid: 8, rdev: 0x0501 })
+    Request::Mknod(MknodReq { parent, name: name.into(), kind, mode: 0o666, rdev: 0x0501 })
 }
 
 fn name_req(parent: u64, name: &str) -> NameReq {
@@ -1143,7 +1144,7 @@ fn entries_are_added_only_with_write_and_search_on_the_directory() {
         create_req(b.ino, "new"),
         mkdir_req(b.ino, "new"),
         mknod_req(b.ino, "new", FileKind::Fifo),
-        Request::Symlink(SymlinkReq { parent: b.ino, name: "new".into(), target: "x".into(), uid: 7, gid: 8 }),
+        Request::Symlink(SymlinkReq { parent: b.ino, name: "new".into(), target: "x".into() }),
         Request::Link(LinkReq { ino: mine.ino, new_parent: b.ino, new_name: "new".into() }),
         rename_req(tmp.ino, "mine", b.ino, "new", 0),
     ] {
@@ -1151,27 +1152,16 @@ fn entries_are_added_only_with_write_and_search_on_the_directory() {
     }
     // An existing name answers without write permission, as open(O_CREAT) does.
     refused(&ns, &clock, &alice(), create_req(b.ino, "f"), ErrorCode::Exists);
-    let existing =
-        Request::Create(CreateReq { parent: b.ino, name: "f".into(), mode: 0o644, uid: 7, gid: 8, exclusive: false });
+    let existing = Request::Create(CreateReq { parent: b.ino, name: "f".into(), mode: 0o644, exclusive: false });
     assert_eq!(as_attr(&ns, &alice(), existing).uid, BOB);
     refused(&ns, &clock, &alice(), mkdir_req(b.ino, "f"), ErrorCode::Exists);
     // Without search permission, not even that.
     let x = dir_of(&ns, ROOT_INO, "x", 0o776, BOB, WHEEL);
     refused(&ns, &clock, &alice(), create_req(x.ino, "new"), ErrorCode::Permission);
-    // The owner may; what a user creates is theirs, in the requested group only if they are in it.
+    // The owner may; what a user creates is theirs, in their primary group.
     assert_eq!(as_attr(&ns, &bob(), create_req(b.ino, "new")).uid, BOB);
     let a = as_attr(&ns, &alice(), mkdir_req(tmp.ino, "a"));
-    assert_eq!((a.uid, a.gid, a.mode), (ALICE, USERS, 0o755), "gid 8 is not alice's");
-    let req = Request::Create(CreateReq {
-        parent: tmp.ino,
-        name: "s".into(),
-        mode: 0o640,
-        uid: BOB,
-        gid: STAFF,
-        exclusive: true,
-    });
-    let s = as_attr(&ns, &alice(), req);
-    assert_eq!((s.uid, s.gid), (ALICE, STAFF));
+    assert_eq!((a.uid, a.gid, a.mode), (ALICE, USERS, 0o755));
 }
 
 #[test]
@@ -1388,11 +1378,7 @@ fn root_may_do_everything() {
     as_attr(&ns, &root, Request::SetLayout(SetLayoutReq { ino: b.ino, layout }));
     // `execute` is `execute_as(root)`.
     assert_eq!(ns.execute(&create_req(b.ino, "h")).map(|_| ()), Ok(()));
-    assert_eq!(
-        getattr(&ns, lookup(&ns, b.ino, "h").unwrap().ino).unwrap().uid,
-        7,
-        "root creates for the request's uid"
-    );
+    assert_eq!(getattr(&ns, lookup(&ns, b.ino, "h").unwrap().ino).unwrap().uid, 0, "root's file is root's");
 }
 
 /// `Open` (the check behind a capability): read needs R, write W, both both; directories and special files have no

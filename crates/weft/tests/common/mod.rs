@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod mount;
 pub mod wire;
 
 use std::path::{Path, PathBuf};

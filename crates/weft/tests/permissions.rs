@@ -1,0 +1,282 @@
+//! Who may do what, against real server processes: every metadata request acts as the user it carries, mapped by
+//! the key its connection proved (cluster key: the asserted user; per-client keys: pinned or root-squashed), and
+//! the MDS applies the POSIX rules to that identity, through the library, the CLI and the mount.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use bytes::{Bytes, BytesMut};
+use common::mount::Mount;
+use common::*;
+use weft_client::{Client, ClientError, ClusterConfig, OpenMode};
+use weft_proto::{ErrorCode, FileKind, SetAttrs, UserCred};
+
+const ALICE: u32 = 1000;
+const BOB: u32 = 1001;
+const USERS: u32 = 100;
+const NOBODY: u32 = 65534;
+
+fn alice() -> UserCred {
+    UserCred::new(ALICE, USERS, vec![]).unwrap()
+}
+
+fn bob() -> UserCred {
+    UserCred::new(BOB, USERS, vec![]).unwrap()
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.code().unwrap_or_else(|| panic!("an error without a code: {e}")),
+    }
+}
+
+/// `weft key add NAME FLAGS` into the cluster's keyring; returns the client's key file.
+fn key_add(cl: &TestCluster, name: &str, flags: &[&str]) -> PathBuf {
+    let out = cl.dir().join(format!("{name}.key"));
+    let keyring = cl.clients_keyring();
+    let mut args = vec!["key", "add", name, "--keyring", keyring.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    args.extend_from_slice(flags);
+    let (ok, stdout, stderr) = weft(cl, &args);
+    assert!(ok, "weft key add {name}: {stderr}");
+    assert!(stdout.contains(name), "it says what it did: {stdout}");
+    out
+}
+
+/// The cluster's config with a per-client key instead of the cluster key.
+fn config_with_key(cl: &TestCluster, name: &str, key_file: &Path) -> ClusterConfig {
+    ClusterConfig { key_file: Some(key_file.to_path_buf()), key_id: name.into(), ..cl.cluster_config() }
+}
+
+/// A directory anyone may create in, made by root.
+async fn shared_dir(root: &Client) -> u64 {
+    let d = root.mkdir(weft_proto::ROOT_INO, "shared", 0o777).await.unwrap();
+    assert_eq!((d.uid, d.mode & 0o7777), (0, 0o777));
+    d.ino
+}
+
+async fn write_file(c: &Client, path: &str, mode: u32, data: &'static [u8]) -> u64 {
+    let f = c.create_path(path, mode, true, false).await.unwrap();
+    let ino = f.ino();
+    f.write_at(0, Bytes::from_static(data)).await.unwrap();
+    f.close().await.unwrap();
+    ino
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_user_cannot_read_chmod_or_chown_another_users_private_file() {
+    let cl = start("perm-users", 2).await;
+    let root = cl.client().await;
+    shared_dir(&root).await;
+    let (a, b) = (root.with_user(alice()), root.with_user(bob()));
+    let ino = write_file(&b, "/shared/b", 0o600, b"bob's secret").await;
+    let attr = root.getattr(ino).await.unwrap();
+    assert_eq!((attr.uid, attr.gid, attr.mode & 0o7777), (BOB, USERS, 0o600), "owned by its creator's credential");
+
+    // Bob reads his own file; Alice may not open it.
+    let f = b.open("/shared/b", OpenMode::Read).await.unwrap();
+    assert_eq!(&f.read_at(0, BytesMut::zeroed(12)).await.unwrap()[..], b"bob's secret");
+    assert_eq!(code(a.open("/shared/b", OpenMode::Read).await.map(|f| f.ino())), ErrorCode::Permission, "EACCES");
+    // Nor chmod it, chown it, or give it to herself (EPERM: reserved to the owner or root).
+    let chmod = SetAttrs { mode: Some(0o644), ..SetAttrs::default() };
+    assert_eq!(code(a.setattr(ino, chmod.clone()).await), ErrorCode::NotPermitted);
+    let chown = SetAttrs { uid: Some(ALICE), ..SetAttrs::default() };
+    assert_eq!(code(a.setattr(ino, chown).await), ErrorCode::NotPermitted);
+    // Truncating needs write permission (EACCES).
+    assert_eq!(code(a.setattr(ino, SetAttrs { size: Some(0), ..SetAttrs::default() }).await), ErrorCode::Permission);
+    assert_eq!(root.getattr(ino).await.unwrap(), attr, "nothing changed");
+    // Bob may chmod his file; root may chown it.
+    assert_eq!(b.setattr(ino, chmod).await.unwrap().mode & 0o7777, 0o644);
+    let a_open = a.open("/shared/b", OpenMode::Read).await.unwrap();
+    assert_eq!(&a_open.read_at(0, BytesMut::zeroed(5)).await.unwrap()[..], b"bob's");
+    assert_eq!(root.setattr(ino, SetAttrs { uid: Some(ALICE), ..SetAttrs::default() }).await.unwrap().uid, ALICE);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_user_id_is_cleared_by_a_non_owners_write_and_device_nodes_are_roots() {
+    let cl = start("perm-suid", 2).await;
+    let root = cl.client().await;
+    let shared = shared_dir(&root).await;
+    let a = root.with_user(alice());
+    let suid = root.create(shared, "suid", 0o4777, true).await.unwrap();
+    assert_eq!(suid.mode & 0o7777, 0o4777);
+    // Alice may write (mode 777): her write, committed at close, clears set-user-ID.
+    let f = a.open("/shared/suid", OpenMode::ReadWrite).await.unwrap();
+    f.write_at(0, Bytes::from_static(b"#!/bin/sh\n")).await.unwrap();
+    f.close().await.unwrap();
+    let after = root.getattr(suid.ino).await.unwrap();
+    assert_eq!((after.mode & 0o7777, after.size), (0o777, 10), "set-user-ID dropped on a non-owner's write");
+    // Root's own write keeps it.
+    root.setattr(suid.ino, SetAttrs { mode: Some(0o4755), ..SetAttrs::default() }).await.unwrap();
+    let f = root.open("/shared/suid", OpenMode::ReadWrite).await.unwrap();
+    f.write_at(0, Bytes::from_static(b"#")).await.unwrap();
+    f.close().await.unwrap();
+    assert_eq!(root.getattr(suid.ino).await.unwrap().mode & 0o7777, 0o4755);
+
+    // Device nodes: root only (EPERM); a FIFO is anyone's, and theirs.
+    assert_eq!(code(a.mknod(shared, "tty", FileKind::CharDev, 0o666, 0x0501).await), ErrorCode::NotPermitted);
+    assert_eq!(code(a.mknod(shared, "sda", FileKind::BlockDev, 0o666, 0x0800).await), ErrorCode::NotPermitted);
+    assert!(code(root.lookup(shared, "tty").await) == ErrorCode::NotFound);
+    let fifo = a.mknod(shared, "pipe", FileKind::Fifo, 0o644, 0).await.unwrap();
+    assert_eq!((fifo.uid, fifo.gid), (ALICE, USERS));
+    let dev = root.mknod(shared, "tty", FileKind::CharDev, 0o666, 0x0501).await.unwrap();
+    assert_eq!((dev.uid, dev.rdev), (0, 0x0501));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn per_client_keys_pin_or_squash_the_user_and_unknown_keys_are_refused() {
+    let cl = start("perm-keys", 2).await;
+    let root = cl.client().await;
+    let shared = shared_dir(&root).await;
+    let secret = write_file(&root, "/shared/root-only", 0o600, b"root's").await;
+
+    // Keys added while the cluster runs work at once (the servers re-read the keyring).
+    let squash_key = key_add(&cl, "lab", &["--squash-root"]);
+    let fixed_key = key_add(&cl, "alice-laptop", &["--uid", "4242", "--gid", "4343"]);
+    let (_, listed, _) = weft(&cl, &["key", "list", "--keyring", cl.clients_keyring().to_str().unwrap()]);
+    assert_eq!(listed, "alice-laptop uid=4242,gid=4343\nlab squash-root\n");
+    assert!(!listed.contains(&std::fs::read_to_string(&fixed_key).unwrap()[12..40]), "keys are never printed");
+
+    // Root squash: this process asserts uid 0; the MDS makes it nobody.
+    let squashed = Client::connect(&config_with_key(&cl, "lab", &squash_key)).await.unwrap();
+    assert_eq!(squashed.user().uid, 0, "the process asserts root");
+    let made = squashed.create(shared, "by-squashed-root", 0o644, true).await.unwrap();
+    assert_eq!((made.uid, made.gid), (NOBODY, NOBODY));
+    let as_root_asserted = squashed.with_user(UserCred::new(0, 0, vec![0]).unwrap());
+    let chmod = SetAttrs { mode: Some(0o644), ..SetAttrs::default() };
+    assert_eq!(code(as_root_asserted.setattr(secret, chmod.clone()).await), ErrorCode::NotPermitted);
+    assert_eq!(code(as_root_asserted.unlink(weft_proto::ROOT_INO, "shared").await), ErrorCode::Permission);
+    assert_eq!(code(as_root_asserted.mknod(shared, "tty", FileKind::CharDev, 0o666, 1).await), ErrorCode::NotPermitted);
+    // Other users pass through as they are.
+    let a = squashed.with_user(alice()).create(shared, "by-alice", 0o644, true).await.unwrap();
+    assert_eq!((a.uid, a.gid), (ALICE, USERS));
+
+    // A fixed identity: whatever the process asserts, it acts as 4242:4343.
+    let fixed = Client::connect(&config_with_key(&cl, "alice-laptop", &fixed_key)).await.unwrap();
+    for asserted in [UserCred::new(0, 0, vec![]).unwrap(), bob()] {
+        let name = format!("fixed-{}", asserted.uid);
+        let made = fixed.with_user(asserted).create(shared, &name, 0o644, true).await.unwrap();
+        assert_eq!((made.uid, made.gid), (4242, 4343));
+    }
+    assert_eq!(code(fixed.setattr(secret, chmod).await), ErrorCode::NotPermitted);
+    let chown = SetAttrs { uid: Some(4242), ..SetAttrs::default() };
+    assert_eq!(code(fixed.setattr(secret, chown).await), ErrorCode::NotPermitted);
+    assert_eq!(root.getattr(secret).await.unwrap().mode & 0o7777, 0o600);
+
+    // A key that was never added, and a removed one, open no session.
+    let stranger_key = cl.dir().join("stranger.key");
+    weft_rpc::Key::create_file(&stranger_key).unwrap();
+    let e = Client::connect(&config_with_key(&cl, "stranger", &stranger_key)).await.err().expect("refused");
+    assert!(e.to_string().contains("unknown key id \"stranger\""), "{e}");
+    let (ok, _, stderr) = weft(&cl, &["key", "remove", "lab", "--keyring", cl.clients_keyring().to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let e = Client::connect(&config_with_key(&cl, "lab", &squash_key)).await.err().expect("refused once removed");
+    assert!(e.to_string().contains("unknown key id \"lab\""), "{e}");
+    // Someone else's key file (the cluster key) under a client's name proves nothing.
+    let e = Client::connect(&config_with_key(&cl, "alice-laptop", &cl.key_file())).await.err().expect("refused");
+    assert!(e.to_string().contains("could not prove it holds key \"alice-laptop\""), "{e}");
+    // Duplicate names and bad names are refused by `weft key add`.
+    let keyring = cl.clients_keyring();
+    let other = cl.dir().join("dup.key");
+    let args = ["key", "add", "alice-laptop", "--keyring", keyring.to_str().unwrap(), "--out", other.to_str().unwrap()];
+    let (ok, _, stderr) = weft(&cl, &args);
+    assert!(!ok && stderr.contains("already has"), "{stderr}");
+    assert!(!other.exists(), "no key file is left behind");
+    let (ok, _, _) = weft(&cl, &["key", "add", "cluster", "--keyring", keyring.to_str().unwrap()]);
+    assert!(!ok, "\"cluster\" is the cluster key's name");
+}
+
+/// Runs `weft ARGS` as uid/gid 1000 with no supplementary groups, over tcp (the shm socket belongs to root).
+fn weft_as_1000(cluster_file: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--clear-groups", WEFT])
+        .args(args)
+        .env("WEFT_CLUSTER", cluster_file)
+        .env("WEFT_FABRIC", "tcp")
+        .output()
+        .expect("running setpriv");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_run_by_a_local_user_with_its_own_key_acts_as_that_user() {
+    let cl = start("perm-cli", 2).await;
+    let root = cl.client().await;
+    let shared = shared_dir(&root).await;
+    write_file(&root, "/shared/root-only", 0o600, b"root's").await;
+    write_file(&root, "/shared/public", 0o644, b"anyone's").await;
+    // A trusted-host key for this machine, owned by the local user 1000 (its key file must be theirs, 0600).
+    let key = key_add(&cl, "workstation", &[]);
+    std::os::unix::fs::chown(&key, Some(1000), Some(1000)).unwrap();
+    let cluster_file = cl.dir().join("workstation.toml");
+    let cfg = config_with_key(&cl, "workstation", &key);
+    std::fs::write(&cluster_file, cfg.to_toml()).unwrap();
+
+    let (ok, out, err) = weft_as_1000(&cluster_file, &["cat", "/shared/public"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "anyone's");
+    let (ok, _, err) = weft_as_1000(&cluster_file, &["cat", "/shared/root-only"]);
+    assert!(!ok, "a 0600 file of root is refused");
+    assert!(err.to_lowercase().contains("permission denied"), "{err}");
+    let local = cl.dir().join("local.txt");
+    std::fs::write(&local, b"mine").unwrap();
+    let (ok, _, err) = weft_as_1000(&cluster_file, &["put", local.to_str().unwrap(), "/shared/mine"]);
+    assert!(ok, "{err}");
+    let mine = root.lookup(shared, "mine").await.unwrap();
+    assert_eq!((mine.uid, mine.gid), (1000, 1000), "the CLI acts as whoever runs it");
+    let (ok, _, err) = weft_as_1000(&cluster_file, &["rm", "/shared/root-only"]);
+    assert!(ok, "a 0777 directory lets anyone remove entries: {err}");
+    let (ok, _, _) = weft_as_1000(&cluster_file, &["mkdir", "/not-in-root"]);
+    assert!(!ok, "the root directory is root's, 0755");
+    // The cluster key file is root's: the user cannot use it.
+    let (ok, _, err) = weft_as_1000(&cl.cluster_file(), &["ls", "/"]);
+    assert!(!ok && err.contains("cluster.key"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mount_acts_as_each_caller_and_is_nosuid_nodev() {
+    let cl = start("perm-fuse", 2).await;
+    let root = cl.client().await;
+    shared_dir(&root).await;
+    write_file(&root, "/shared/root-only", 0o600, b"root's").await;
+    write_file(&root, "/shared/public", 0o644, b"anyone's").await;
+    let m = Mount::start(&cl, &test_dir("perm-fuse-mnt"), &["--allow-other"]);
+    let mnt = m.dir.clone();
+    let opts = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(mnt.to_str().unwrap()))
+        .map(|l| l.split(' ').nth(3).unwrap().to_string())
+        .expect("mounted");
+    assert!(opts.split(',').any(|o| o == "nosuid") && opts.split(',').any(|o| o == "nodev"), "{opts}");
+
+    let as_1000 = |args: &[&str]| {
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=1000", "--regid=1000", "--clear-groups"])
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let path = |rel: &str| mnt.join(rel).to_string_lossy().into_owned();
+    assert_eq!(as_1000(&["cat", &path("shared/public")]), (true, "anyone's".to_string()));
+    assert!(!as_1000(&["cat", &path("shared/root-only")]).0, "mode 0600 of root refuses uid 1000");
+    assert!(as_1000(&["touch", &path("shared/made-by-1000")]).0);
+    let made = root.resolve("/shared/made-by-1000").await.unwrap();
+    assert_eq!((made.uid, made.gid), (1000, 1000), "the MDS owns it to the caller, not to the mount's process");
+    // A set-user-ID copy of `id` on the mount runs as its caller (nosuid).
+    let id = std::fs::read("/usr/bin/id").unwrap();
+    let suid_id = m.path("shared/suid-id");
+    std::fs::write(&suid_id, id).unwrap();
+    std::fs::set_permissions(&suid_id, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    assert_eq!(root.resolve("/shared/suid-id").await.unwrap().mode & 0o7777, 0o4755);
+    let (ok, out) = as_1000(&[suid_id.to_str().unwrap(), "-u"]);
+    assert!(ok);
+    assert_eq!(out.trim(), "1000", "set-user-ID is not honoured on a nosuid mount");
+    drop(m);
+}
