@@ -4,6 +4,8 @@
 //! mds = "10.0.0.1:7000"
 //! key_file = "cluster.key"       # the cluster key (relative: to this file's directory)
 //! auth = "key"                   # key (default) | none
+//! tls = true                     # run tcp under TLS 1.3 (default false)
+//! tls_ca_file = "tls/ca.pem"     # the cluster's CA: servers' certificates must chain to it
 //! [client]                       # all optional
 //! slots = 16                     # requests in flight per server
 //! transfer_unit_bytes = 1048576  # largest payload of one request
@@ -74,6 +76,13 @@ pub struct ClusterConfig {
     pub key_file: Option<PathBuf>,
     #[serde(default)]
     pub auth: AuthMode,
+    /// Run every `tcp` connection under TLS 1.3, verifying servers against `tls_ca_file` (`shm` and `rdma` are
+    /// unaffected: docs/format.md §10).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
+    /// The cluster's CA certificate (PEM); required with `tls = true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
     #[serde(default)]
     pub client: ClientTuning,
 }
@@ -154,10 +163,14 @@ impl ClusterConfig {
             let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {spec}: {e}"))?;
             let mut cfg: ClusterConfig =
                 toml::from_str(&text).map_err(|e| format!("{spec} is not a valid cluster file: {e}"))?;
-            if let (Some(k), Some(dir)) = (&cfg.key_file, path.parent())
-                && k.is_relative()
-            {
-                cfg.key_file = Some(dir.join(k));
+            if let Some(dir) = path.parent() {
+                for file in [&mut cfg.key_file, &mut cfg.tls_ca_file] {
+                    if let Some(f) = file.as_mut()
+                        && f.is_relative()
+                    {
+                        *f = dir.join(&*f);
+                    }
+                }
             }
             return Ok(cfg);
         }
@@ -177,7 +190,23 @@ impl ClusterConfig {
 
     /// A config for the MDS at `mds` with every default (auth = "key", no key file yet).
     pub fn new(mds: &str) -> ClusterConfig {
-        ClusterConfig { mds: mds.to_string(), key_file: None, auth: AuthMode::Key, client: ClientTuning::default() }
+        ClusterConfig {
+            mds: mds.to_string(),
+            key_file: None,
+            auth: AuthMode::Key,
+            tls: false,
+            tls_ca_file: None,
+            client: ClientTuning::default(),
+        }
+    }
+
+    /// The TLS configuration this config names (`tls = true`), or `None` for plain tcp.
+    pub fn tls_config(&self) -> Result<Option<weft_fabric::TlsConfig>, weft_fabric::TlsError> {
+        if !self.tls {
+            return Ok(None);
+        }
+        let files = weft_fabric::TlsFiles { ca_file: self.tls_ca_file.clone(), ..Default::default() };
+        weft_fabric::TlsConfig::from_files(&files).map(Some)
     }
 
     /// The credential this config names: the cluster key from `key_file` (none with `auth = "none"`, which warns).

@@ -32,6 +32,9 @@ pub enum ClientError {
     /// The cluster config's key could not be loaded (see docs/format.md §9).
     #[error("{0}")]
     Key(weft_rpc::KeyError),
+    /// The cluster config's TLS files could not be loaded.
+    #[error("{0}")]
+    Tls(weft_fabric::TlsError),
 }
 
 impl ClientError {

@@ -29,6 +29,8 @@ pub enum DataServerError {
     Pool(weft_rpc::PoolError),
     #[error("{0}")]
     Key(weft_rpc::KeyError),
+    #[error("{0}")]
+    Tls(weft_fabric::TlsError),
 }
 
 /// Runs a data server until the process is stopped. `ready` is told the listening address.
@@ -38,7 +40,9 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
     let store =
         ObjectStore::open(&cfg.root).map_err(|source| DataServerError::Store { root: cfg.root.clone(), source })?;
     let store = Arc::new(store);
-    let fabric = AnyFabric::default();
+    let tls = cfg.tls_config().map_err(DataServerError::Tls)?;
+    let tcp = TcpFabric::default().with_tls(tls);
+    let fabric = AnyFabric::new(tcp.clone(), Default::default());
     let listener = fabric
         .listen(&cfg.listen)
         .await
@@ -64,8 +68,8 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
         .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes);
     let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
-    info!(id = cfg.id, %addr, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
-    tokio::spawn(heartbeat(cfg.clone(), advertise, store, key.map(Credential::cluster)));
+    info!(id = cfg.id, %addr, tls = cfg.tls, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
+    tokio::spawn(heartbeat(cfg.clone(), tcp, advertise, store, key.map(Credential::cluster)));
     for (name, l) in [("shm", shm_listener), ("rdma", rdma_listener)] {
         let Some(l) = l else { continue };
         let server = server.clone();
@@ -130,7 +134,7 @@ async fn listen_rdma(
 }
 
 /// Registers with the MDS and repeats it as a heartbeat carrying this server's space. Survives MDS restarts.
-async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>, credential: Option<Credential>) {
+async fn heartbeat(cfg: DataConfig, tcp: TcpFabric, advertise: String, store: Arc<ObjectStore>, credential: Option<Credential>) {
     let rpc_cfg = ClientConfig {
         credential,
         client_name: format!("data-server-{}", cfg.id),
@@ -157,7 +161,7 @@ async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>, 
         };
         let mut connect_error = None;
         if client.is_none() {
-            client = RpcClient::connect(TcpFabric::default(), &cfg.mds, rpc_cfg.clone())
+            client = RpcClient::connect(tcp.clone(), &cfg.mds, rpc_cfg.clone())
                 .await
                 .map_err(|e| connect_error = Some(e.to_string()))
                 .ok();

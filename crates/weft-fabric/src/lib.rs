@@ -14,7 +14,7 @@
 //!   An rdma backend implements the same trait with RDMA READ/WRITE on registered memory regions (remote keys
 //!   travel in [`weft_proto::Region`]) and waits for the completions.
 //!
-//! Backends: [`tcp`] (always), [`shm`] (same host: Unix socket, memfd arena, process_vm_readv/writev), `rdma`
+//! Backends: [`tcp`] (always; under TLS 1.3 when given a [`TlsConfig`], see [`tls`]), [`shm`] (same host: Unix socket, memfd arena, process_vm_readv/writev), `rdma`
 //! (feature `rdma`, on by default: RC queue pairs over libibverbs, loaded at run time). [`AnyFabric`] picks one
 //! per address (`unix:/path` is shm, `rdma:host:port` is rdma, `host:port` is tcp) so one client can mix them.
 
@@ -31,11 +31,13 @@ mod peer;
 pub mod rdma;
 pub mod shm;
 pub mod tcp;
+pub mod tls;
 pub mod zones;
 
 pub use any::AnyFabric;
 pub use shm::{Arena, ArenaBuf, ShmConfig, ShmFabric};
 pub use tcp::TcpFabric;
+pub use tls::{TlsConfig, TlsError, TlsFiles};
 
 /// What a fabric can do; the RPC layer chooses transfer methods from this.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tracing::info;
-use weft_fabric::{AnyFabric, Fabric, Listener};
+use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
 use weft_proto::FrameLimits;
 use weft_rpc::{Credential, KeyRing, RpcServer, ServerConfig};
 
@@ -25,6 +25,8 @@ pub enum MetaServerError {
     Serve(std::io::Error),
     #[error("{0}")]
     Key(weft_rpc::KeyError),
+    #[error("{0}")]
+    Tls(weft_fabric::TlsError),
 }
 
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
@@ -38,7 +40,9 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
     let ns = Arc::new(ns);
-    let fabric = AnyFabric::default();
+    let tls = cfg.tls_config().map_err(MetaServerError::Tls)?;
+    let tcp = TcpFabric::default().with_tls(tls);
+    let fabric = AnyFabric::new(tcp.clone(), Default::default());
     let listener = fabric
         .listen(&cfg.listen)
         .await
@@ -53,7 +57,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         ..ServerConfig::default()
     };
     let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(MetaService::new(ns.clone())));
-    info!(%addr, store = %dir.display(), "metadata service listening");
+    info!(%addr, tls = cfg.tls, store = %dir.display(), "metadata service listening");
     if let Some(rdma) = &cfg.rdma_listen {
         let l = fabric.listen(rdma).await.map_err(|source| MetaServerError::Listen { addr: rdma.clone(), source })?;
         info!(addr = %l.local_addr().map_err(MetaServerError::Serve)?, "metadata service listening on rdma");
@@ -64,7 +68,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
             }
         });
     }
-    tokio::spawn(collect_orphans(ns, cfg.gc_interval_ms, key.map(Credential::cluster)));
+    tokio::spawn(collect_orphans(ns, tcp, cfg.gc_interval_ms, key.map(Credential::cluster)));
     ready(&addr);
     server.serve(listener).await.map_err(MetaServerError::Serve)
 }
