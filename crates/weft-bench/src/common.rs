@@ -19,6 +19,8 @@ pub struct Targets {
     /// `--delay-us` and `--short-circuit` of [`SharedArgs`].
     delay_us: u64,
     short_circuit: Option<ShortCircuit>,
+    /// `--tls`: clusters started here run `tcp` under TLS.
+    tls: bool,
 }
 
 /// Sandia's short circuits: a layer answers without doing its work, to show the ceiling of the layers above it.
@@ -59,6 +61,7 @@ impl Targets {
             spec: cluster.map(str::to_string),
             delay_us: 0,
             short_circuit: None,
+            tls: false,
         })
     }
 
@@ -69,8 +72,10 @@ impl Targets {
         }
         self.delay_us = a.delay_us;
         self.short_circuit = a.short_circuit;
+        // A `--cluster` file says `tls = true` itself; `--tls` is for the clusters started here.
+        self.tls = a.tls && self.spec.is_none();
         let name = a.short_circuit.map(|s| format!("{s:?}").to_lowercase());
-        let _ = FABRIC_OPTIONS.set(json!({"delay_us": a.delay_us, "short_circuit": name}));
+        let _ = FABRIC_OPTIONS.set(json!({"delay_us": a.delay_us, "short_circuit": name, "tls": self.tls}));
         Ok(self)
     }
 
@@ -87,6 +92,7 @@ impl Targets {
                 let _ = std::fs::remove_dir_all(&dir);
                 let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
                 opts.log_filter = "warn".into();
+                opts.tls = self.tls;
                 if self.short_circuit == Some(ShortCircuit::Server) {
                     opts.data_extra_toml.push_str("short_circuit = true\n");
                 }
@@ -162,7 +168,7 @@ pub fn fabric_choices(list: &str) -> Result<Vec<FabricChoice>> {
 }
 
 /// The fabric `client` actually used to reach the data servers: the name of every fabric its open data-server
-/// sessions use (`tcp`, `shm`, `rdma`), several joined by `+`. A client that opened no data-server session only
+/// sessions use (`tcp`, `tls` for tcp under TLS, `shm`, `rdma`), several joined by `+`. A client that opened no data-server session only
 /// spoke to the MDS, over TCP: `tcp`.
 pub async fn fabric_used(client: &Client) -> String {
     merge_fabrics(client.fabrics().await.iter().map(|(_, name)| *name))
@@ -350,6 +356,10 @@ pub struct SharedArgs {
     /// Short-circuit a layer (Sandia): `server` discards writes and serves zeros, `network` skips the wire.
     #[arg(long, value_enum)]
     pub short_circuit: Option<ShortCircuit>,
+    /// Start the clusters with `tcp` under TLS 1.3 (certificates made in each cluster's directory); results
+    /// over it record the fabric `tls`, and the document's config `fabric_options.tls`.
+    #[arg(long, env = "WEFT_TLS", value_parser = clap::builder::FalseyValueParser::new())]
+    pub tls: bool,
 }
 
 #[cfg(test)]

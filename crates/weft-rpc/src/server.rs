@@ -241,6 +241,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                     debug!(%peer, "connection ended: {e}");
                     break;
                 }
+                Ok(Err(e @ ReadError::PeerSpeaksTls)) => {
+                    warn!(%peer, "refusing a connection: {e}");
+                    break;
+                }
                 Ok(Err(ReadError::Frame(e))) => {
                     warn!(%peer, "refusing malformed frame, closing connection: {e}");
                     let err = WireError::new(ErrorCode::BadRequest, e.to_string());

@@ -24,7 +24,13 @@ async fn connect(spec: &str) -> Result<Client> {
     Client::connect(&cfg).await.with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
 }
 
-pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, auth: weft_rpc::AuthMode) -> Result<()> {
+pub async fn up(
+    data_dir: PathBuf,
+    servers: u32,
+    mount_dir: Option<PathBuf>,
+    auth: weft_rpc::AuthMode,
+    tls: bool,
+) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
     }
@@ -33,6 +39,7 @@ pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, aut
     let exe = std::env::current_exe().context("finding the weft binary")?;
     let mut opts = LaunchOptions::new(exe, &data_dir, servers);
     opts.auth = auth;
+    opts.tls |= tls;
     let mut cluster = LocalCluster::start(opts).await?;
     let cfg = cluster.cluster_file();
     println!(
@@ -41,6 +48,9 @@ pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, aut
         servers,
         cluster.data_addrs().join(", ")
     );
+    if cluster.tls() {
+        println!("tcp runs under TLS: CA and server certificate in {}", data_dir.join("tls").display());
+    }
     println!("Data, logs and client config under {} (client config: {})", data_dir.display(), cfg.display());
     let mounted = match &mount_dir {
         Some(dir) => {
