@@ -145,6 +145,7 @@ macro_rules! wrap {
             killer: AnyKiller::$variant(c.killer),
             peer: c.peer,
             memory: c.memory,
+            channel_binding: c.channel_binding,
         }
     }};
 }

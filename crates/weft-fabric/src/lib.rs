@@ -65,6 +65,10 @@ pub struct Connection<F: Fabric> {
     /// Server side of a one-sided fabric: the client's registered memory, reachable with `get`/`put`. Dropping
     /// the last reference releases it (unmaps the arena): that happens when the connection ends.
     pub memory: Option<Arc<dyn PeerMemory>>,
+    /// Under TLS: 32 bytes of the session's exporter (RFC 9266 `tls-exporter`), equal at both ends only when they
+    /// share one TLS session. weft-rpc mixes it into the key handshake (docs/format.md §10), so a relay that
+    /// terminates TLS on each side cannot forward the proofs. `None` on fabrics without a secure channel.
+    pub channel_binding: Option<[u8; 32]>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -121,13 +121,22 @@ impl TcpFabric {
     fn wrap(&self, stream: TcpStream, peer: String) -> io::Result<Connection<Self>> {
         let killer = self.prepare(&stream)?;
         let (reader, writer) = stream.into_split();
-        Ok(Connection { reader: TcpReader::Plain(reader), writer: TcpWriter::Plain(writer), killer, peer, memory: None })
+        let (reader, writer) = (TcpReader::Plain(reader), TcpWriter::Plain(writer));
+        Ok(Connection { reader, writer, killer, peer, memory: None, channel_binding: None })
     }
 
-    fn wrap_tls(killer: TcpKiller, stream: TlsStream, peer: String) -> Connection<Self> {
+    fn wrap_tls(killer: TcpKiller, stream: TlsStream, binding: [u8; 32], peer: String) -> Connection<Self> {
         let (reader, writer) = tokio::io::split(stream);
-        Connection { reader: TcpReader::Tls(reader), writer: TcpWriter::Tls(writer), killer, peer, memory: None }
+        let (reader, writer) = (TcpReader::Tls(reader), TcpWriter::Tls(writer));
+        Connection { reader, writer, killer, peer, memory: None, channel_binding: Some(binding) }
     }
+}
+
+/// RFC 9266's `tls-exporter` channel binding of a finished TLS 1.3 handshake: 32 bytes of the exporter with label
+/// `EXPORTER-Channel-Binding` and no context.
+fn channel_binding<D>(conn: &rustls::ConnectionCommon<D>) -> io::Result<[u8; 32]> {
+    conn.export_keying_material([0u8; 32], b"EXPORTER-Channel-Binding", None)
+        .map_err(|e| io::Error::other(format!("TLS exporter: {e}")))
 }
 
 /// A TLS handshake failure, said so that the operator knows what to check.
@@ -157,7 +166,8 @@ impl Fabric for TcpFabric {
         let killer = self.prepare(&stream)?;
         let name = server_name(addr)?;
         let stream = tls.connector().connect(name, stream).await.map_err(|e| handshake_error("client", addr, e))?;
-        Ok(Self::wrap_tls(killer, stream.into(), peer))
+        let binding = channel_binding(&stream.get_ref().1)?;
+        Ok(Self::wrap_tls(killer, stream.into(), binding, peer))
     }
 
     async fn listen(&self, addr: &str) -> io::Result<TcpFabricListener> {
@@ -199,7 +209,13 @@ impl TcpFabricListener {
         }
         let handle = self.handshakes.spawn(async move {
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(s)) => Some(TcpFabric::wrap_tls(killer, s.into(), peer)),
+                Ok(Ok(s)) => match channel_binding(&s.get_ref().1) {
+                    Ok(binding) => Some(TcpFabric::wrap_tls(killer, s.into(), binding, peer)),
+                    Err(e) => {
+                        warn!(%peer, "refusing a connection: {e}");
+                        None
+                    }
+                },
                 Ok(Err(e)) => {
                     warn!(%peer, "refusing a connection: {}", handshake_error("server", &peer, e));
                     None

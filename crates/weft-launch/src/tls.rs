@@ -21,7 +21,8 @@ pub const CA_KEY_FILE: &str = "ca.key";
 pub const SERVER_CERT_FILE: &str = "server.pem";
 /// A server's private key, named by `tls_key_file`.
 pub const SERVER_KEY_FILE: &str = "server.key";
-/// The CA's subject. `weft tls cert` rebuilds the issuer name from it, so it signs only with CAs made here.
+/// The CA's subject starts with this; a random suffix makes each cluster's CA distinct, so a certificate of
+/// another cluster's CA is refused as coming from an unknown issuer (not as a bad signature of a same-named one).
 const CA_COMMON_NAME: &str = "Weft cluster CA";
 
 #[derive(Debug, thiserror::Error)]
@@ -54,10 +55,12 @@ fn write_new(path: &Path, text: &str, mode: u32) -> Result<(), CertError> {
     f.sync_all().map_err(io_err(path))
 }
 
-fn ca_params() -> Result<CertificateParams, CertError> {
+/// The CA's certificate parameters; its name ends with 8 bytes of its (fresh, random) public key in hex.
+fn ca_params(key: &KeyPair) -> Result<CertificateParams, CertError> {
     let mut p = CertificateParams::new(Vec::<String>::new())?;
+    let id: String = key.public_key_raw().iter().rev().take(8).map(|b| format!("{b:02x}")).collect();
     p.distinguished_name = DistinguishedName::new();
-    p.distinguished_name.push(DnType::CommonName, CA_COMMON_NAME);
+    p.distinguished_name.push(DnType::CommonName, format!("{CA_COMMON_NAME} {id}"));
     p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     p.not_before = rcgen::date_time_ymd(2024, 1, 1);
@@ -69,19 +72,21 @@ fn ca_params() -> Result<CertificateParams, CertError> {
 pub fn make_ca(dir: &Path) -> Result<(), CertError> {
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let key = KeyPair::generate()?;
-    let cert = ca_params()?.self_signed(&key)?;
+    let cert = ca_params(&key)?.self_signed(&key)?;
     write_new(&dir.join(CA_KEY_FILE), &key.serialize_pem(), 0o600)?;
     write_new(&dir.join(CA_CERT_FILE), &cert.pem(), 0o644)
 }
 
 /// Makes a server certificate for `names` (DNS names or IP addresses; the first is also its common name) signed
-/// by the CA in `ca_dir`, into `out` (`server.pem`, and `server.key` with mode 0600); refuses to overwrite.
+/// by the CA in `ca_dir` (`ca.pem` and `ca.key`; any CA, not only one made here), into `out` (`server.pem`, and `server.key` with mode 0600); refuses to overwrite.
 pub fn make_server_cert(ca_dir: &Path, names: &[String], out: &Path) -> Result<(), CertError> {
     let first = names.first().ok_or_else(|| CertError::Name("a certificate needs at least one name".into()))?;
     let ca_key_path = ca_dir.join(CA_KEY_FILE);
     let ca_key_pem = std::fs::read_to_string(&ca_key_path).map_err(io_err(&ca_key_path))?;
     let ca_key = KeyPair::from_pem(&ca_key_pem)?;
-    let issuer = Issuer::new(ca_params()?, ca_key);
+    let ca_cert_path = ca_dir.join(CA_CERT_FILE);
+    let ca_pem = std::fs::read_to_string(&ca_cert_path).map_err(io_err(&ca_cert_path))?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key)?;
     let mut p = CertificateParams::new(Vec::<String>::new())?;
     p.distinguished_name = DistinguishedName::new();
     p.distinguished_name.push(DnType::CommonName, first.as_str());

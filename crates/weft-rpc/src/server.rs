@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use weft_fabric::{Connection, Fabric, Killer, Listener, PeerMemory};
 use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
-use weft_proto::msg::{FabricInfoResp, SessionBindReq, SessionCreateResp, encode_value};
+use weft_proto::msg::{AuthBeginReq, FabricInfoResp, SessionBindReq, SessionCreateResp, encode_value};
 use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, WireError};
 
 use crate::auth::{self, Principal, ServerAuth};
@@ -116,6 +116,8 @@ struct ConnOut<F: Fabric> {
     principal: OnceLock<Principal>,
     /// The handshake so far; only the read loop touches it.
     auth: Mutex<ServerAuth>,
+    /// The fabric's channel binding (TLS), mixed into the handshake's client nonce.
+    channel_binding: Option<[u8; 32]>,
 }
 
 impl<F: Fabric, S: Service> RpcServer<F, S> {
@@ -182,7 +184,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                     "connection table full: closed the oldest connection that had not completed a frame"
                 );
             }
-            let Connection { reader, writer, killer: _, peer, memory } = conn;
+            let Connection { reader, writer, killer: _, peer, memory, channel_binding } = conn;
             let out = Arc::new(ConnOut::<F> {
                 writer: tokio::sync::Mutex::new(writer),
                 killer,
@@ -194,6 +196,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 id: admitted.ticket.id(),
                 principal: OnceLock::new(),
                 auth: Mutex::new(ServerAuth::Fresh),
+                channel_binding,
             });
             if self.cfg.auth.is_none() {
                 let _ = out.principal.set(Principal::Anonymous);
@@ -440,7 +443,11 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         };
         let mut state = out.auth.lock().expect("handshake");
         let result = match req {
-            Request::AuthBegin(b) => state.begin(ring, b).map(Response::AuthBegin),
+            Request::AuthBegin(b) => {
+                // Under TLS the proofs name this TLS session (docs/format.md §10): a relay's two sessions differ.
+                let client_nonce = auth::bound_nonce(&b.client_nonce, out.channel_binding.as_ref());
+                state.begin(ring, &AuthBeginReq { client_nonce, ..b.clone() }).map(Response::AuthBegin)
+            }
             Request::AuthFinish(f) => state.finish(f).map(|a| {
                 let _ = out.principal.set(a.principal.clone());
                 Response::AuthFinish(())

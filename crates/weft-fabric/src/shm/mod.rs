@@ -185,7 +185,7 @@ impl Killer for ShmKiller {
 fn split(stream: UnixStream, peer: String, memory: Option<Arc<dyn PeerMemory>>) -> io::Result<Connection<ShmFabric>> {
     let killer = ShmKiller(stream.as_fd().try_clone_to_owned()?);
     let (reader, writer) = stream.into_split();
-    Ok(Connection { reader, writer, killer, peer, memory })
+    Ok(Connection { reader, writer, killer, peer, memory, channel_binding: None })
 }
 
 impl Fabric for ShmFabric {
