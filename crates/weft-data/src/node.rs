@@ -134,7 +134,13 @@ async fn listen_rdma(
 }
 
 /// Registers with the MDS and repeats it as a heartbeat carrying this server's space. Survives MDS restarts.
-async fn heartbeat(cfg: DataConfig, tcp: TcpFabric, advertise: String, store: Arc<ObjectStore>, credential: Option<Credential>) {
+async fn heartbeat(
+    cfg: DataConfig,
+    tcp: TcpFabric,
+    advertise: String,
+    store: Arc<ObjectStore>,
+    credential: Option<Credential>,
+) {
     let rpc_cfg = ClientConfig {
         credential,
         client_name: format!("data-server-{}", cfg.id),

@@ -140,9 +140,27 @@ async fn the_cli_makes_a_ca_and_certificates_and_a_certificate_for_another_name_
     let out = weft(&["tls", "ca", "--out", ca.to_str().unwrap()]);
     assert!(out.contains("ca.pem"), "{out}");
     let here = dir.join("here");
-    weft(&["tls", "cert", "--ca", ca.to_str().unwrap(), "--name", "localhost,127.0.0.1", "--out", here.to_str().unwrap()]);
+    weft(&[
+        "tls",
+        "cert",
+        "--ca",
+        ca.to_str().unwrap(),
+        "--name",
+        "localhost,127.0.0.1",
+        "--out",
+        here.to_str().unwrap(),
+    ]);
     let elsewhere = dir.join("elsewhere");
-    weft(&["tls", "cert", "--ca", ca.to_str().unwrap(), "--name", "db1.example,10.9.9.9", "--out", elsewhere.to_str().unwrap()]);
+    weft(&[
+        "tls",
+        "cert",
+        "--ca",
+        ca.to_str().unwrap(),
+        "--name",
+        "db1.example,10.9.9.9",
+        "--out",
+        elsewhere.to_str().unwrap(),
+    ]);
     for key in [ca.join(CA_KEY_FILE), here.join(SERVER_KEY_FILE), elsewhere.join(SERVER_KEY_FILE)] {
         assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600, "{}", key.display());
     }

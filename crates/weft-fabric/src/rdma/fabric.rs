@@ -222,7 +222,14 @@ impl Fabric for RdmaFabric {
         .await?;
         let qp = Arc::new(ClientQp { _ep: Mutex::new(transfers), _arena: arena });
         let (reader, writer, killer) = stream::start(messages, side, peer.clone())?;
-        Ok(Connection { reader: RdmaReader { inner: reader, _qp: Some(qp) }, writer, killer, peer, memory: None, channel_binding: None })
+        Ok(Connection {
+            reader: RdmaReader { inner: reader, _qp: Some(qp) },
+            writer,
+            killer,
+            peer,
+            memory: None,
+            channel_binding: None,
+        })
     }
 
     async fn listen(&self, addr: &str) -> io::Result<RdmaListener> {
@@ -276,7 +283,14 @@ async fn handshake(stream: TcpStream, peer: String, dev: Device) -> io::Result<C
     tracing::info!(%peer, arena_bytes = arena.len, "rdma connection up");
     let (reader, writer, killer) = stream::start(messages, side, peer.clone())?;
     let memory = Arc::new(RdmaPeer::new(dev, transfers, arena, peer.clone(), killer.try_clone()?));
-    Ok(Connection { reader: RdmaReader { inner: reader, _qp: None }, writer, killer, peer, memory: Some(memory), channel_binding: None })
+    Ok(Connection {
+        reader: RdmaReader { inner: reader, _qp: None },
+        writer,
+        killer,
+        peer,
+        memory: Some(memory),
+        channel_binding: None,
+    })
 }
 
 pub struct RdmaListener {
