@@ -59,6 +59,9 @@ test: deps
 	@echo "==================== data tests again over tcp (the run above used shm: same host) ===================="
 	WEFT_FABRIC=tcp $(CARGO) test --locked -p weft --release --features weft/fault-injection,weft-fabric/rdma --test data_path --test cli \
 		--test concurrency --test exactly_once --test crash 2>&1 | tee -a target/cargo-test.log
+	@echo "==================== data tests again over tcp under TLS (WEFT_TLS=1: every cluster makes its certificates) ===================="
+	WEFT_FABRIC=tcp WEFT_TLS=1 $(CARGO) test --locked -p weft --release --features weft/fault-injection,weft-fabric/rdma --test data_path --test cli \
+		2>&1 | tee -a target/cargo-test.log
 	@echo "==================== fuzz smoke ===================="
 	scripts/fuzz-smoke.sh
 	@if [ "$(RDMA_VM)" != 0 ]; then \

@@ -19,6 +19,8 @@ pub struct Targets {
     /// `--delay-us` and `--short-circuit` of [`SharedArgs`].
     delay_us: u64,
     short_circuit: Option<ShortCircuit>,
+    /// `--tls`: clusters started here run `tcp` under TLS.
+    tls: bool,
     /// `--auth` of [`SharedArgs`]: every point is measured once per mode.
     auths: Vec<AuthMode>,
 }
@@ -71,6 +73,7 @@ impl Targets {
             delay_us: 0,
             short_circuit: None,
             auths: vec![AuthMode::Key],
+            tls: false,
         })
     }
 
@@ -85,8 +88,10 @@ impl Targets {
         if self.spec.is_some() && self.auths != [AuthMode::Key] {
             anyhow::bail!("--auth needs clusters the bench starts (a --cluster runs as it was configured)");
         }
+        // A `--cluster` file says `tls = true` itself; `--tls` is for the clusters started here.
+        self.tls = a.tls && self.spec.is_none();
         let name = a.short_circuit.map(|s| format!("{s:?}").to_lowercase());
-        let _ = FABRIC_OPTIONS.set(json!({"delay_us": a.delay_us, "short_circuit": name}));
+        let _ = FABRIC_OPTIONS.set(json!({"delay_us": a.delay_us, "short_circuit": name, "tls": self.tls}));
         Ok(self)
     }
 
@@ -114,6 +119,7 @@ impl Targets {
                 let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
                 opts.log_filter = "warn".into();
                 opts.auth = point.auth;
+                opts.tls = self.tls;
                 if self.short_circuit == Some(ShortCircuit::Server) {
                     opts.data_extra_toml.push_str("short_circuit = true\n");
                 }
@@ -208,7 +214,7 @@ pub fn fabric_choices(list: &str) -> Result<Vec<FabricChoice>> {
 }
 
 /// The fabric `client` actually used to reach the data servers: the name of every fabric its open data-server
-/// sessions use (`tcp`, `shm`, `rdma`), several joined by `+`. A client that opened no data-server session only
+/// sessions use (`tcp`, `tls` for tcp under TLS, `shm`, `rdma`), several joined by `+`. A client that opened no data-server session only
 /// spoke to the MDS, over TCP: `tcp`.
 pub async fn fabric_used(client: &Client) -> String {
     merge_fabrics(client.fabrics().await.iter().map(|(_, name)| *name))
@@ -400,6 +406,10 @@ pub struct SharedArgs {
     /// sessions, capabilities: the default) and/or `none` (no authentication), e.g. `key,none`.
     #[arg(long, default_value = "key")]
     pub auth: String,
+    /// Start the clusters with `tcp` under TLS 1.3 (certificates made in each cluster's directory); results
+    /// over it record the fabric `tls`, and the document's config `fabric_options.tls`.
+    #[arg(long, env = "WEFT_TLS", value_parser = clap::builder::FalseyValueParser::new())]
+    pub tls: bool,
 }
 
 #[cfg(test)]

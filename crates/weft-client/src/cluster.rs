@@ -5,6 +5,8 @@
 //! key_file = "cluster.key"       # the cluster key (relative: to this file's directory)
 //! auth = "key"                   # key (default) | none
 //! key_id = "cluster"             # the key's name: "cluster", or a per-client key's (`weft key add NAME`)
+//! tls = true                     # run tcp under TLS 1.3 (default false)
+//! tls_ca_file = "tls/ca.pem"     # the cluster's CA: servers' certificates must chain to it
 //! [client]                       # all optional
 //! slots = 16                     # requests in flight per server
 //! transfer_unit_bytes = 1048576  # largest payload of one request
@@ -79,6 +81,13 @@ pub struct ClusterConfig {
     /// was added under (`weft key add NAME`).
     #[serde(default = "default_key_id")]
     pub key_id: String,
+    /// Run every `tcp` connection under TLS 1.3, verifying servers against `tls_ca_file` (`shm` and `rdma` are
+    /// unaffected: docs/format.md §11).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
+    /// The cluster's CA certificate (PEM); required with `tls = true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
     #[serde(default)]
     pub client: ClientTuning,
 }
@@ -163,10 +172,14 @@ impl ClusterConfig {
             let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {spec}: {e}"))?;
             let mut cfg: ClusterConfig =
                 toml::from_str(&text).map_err(|e| format!("{spec} is not a valid cluster file: {e}"))?;
-            if let (Some(k), Some(dir)) = (&cfg.key_file, path.parent())
-                && k.is_relative()
-            {
-                cfg.key_file = Some(dir.join(k));
+            if let Some(dir) = path.parent() {
+                for file in [&mut cfg.key_file, &mut cfg.tls_ca_file] {
+                    if let Some(f) = file.as_mut()
+                        && f.is_relative()
+                    {
+                        *f = dir.join(&*f);
+                    }
+                }
             }
             return Ok(cfg);
         }
@@ -191,8 +204,19 @@ impl ClusterConfig {
             key_file: None,
             auth: AuthMode::Key,
             key_id: default_key_id(),
+            tls: false,
+            tls_ca_file: None,
             client: ClientTuning::default(),
         }
+    }
+
+    /// The TLS configuration this config names (`tls = true`), or `None` for plain tcp.
+    pub fn tls_config(&self) -> Result<Option<weft_fabric::TlsConfig>, weft_fabric::TlsError> {
+        if !self.tls {
+            return Ok(None);
+        }
+        let files = weft_fabric::TlsFiles { ca_file: self.tls_ca_file.clone(), ..Default::default() };
+        weft_fabric::TlsConfig::from_files(&files).map(Some)
     }
 
     /// The credential this config names: the key in `key_file`, under `key_id` (none with `auth = "none"`,

@@ -38,6 +38,9 @@ pub enum ClientError {
     /// The caller's credential does not allow this access (checked by the library from the attributes).
     #[error("{0}")]
     Access(String),
+    /// The cluster config's TLS files could not be loaded.
+    #[error("{0}")]
+    Tls(weft_fabric::TlsError),
 }
 
 impl ClientError {

@@ -88,8 +88,9 @@ impl Client {
         let mut rpc_cfg = tuning.rpc_config();
         rpc_cfg.credential = cluster.credential().map_err(ClientError::Key)?;
         let user = ids::current_user()?;
+        let tls = cluster.tls_config().map_err(ClientError::Tls)?;
         let fabric = AnyFabric::new(
-            TcpFabric::default(),
+            TcpFabric::default().with_tls(tls),
             ShmFabric::new(ShmConfig {
                 arena_buffers: tuning.arena_buffers.max(1),
                 buffer_bytes: tuning.buffered_bytes_max.max(4096),

@@ -32,6 +32,16 @@ pub struct DataConfig {
     /// re-read when it changes. None: only the cluster key is accepted.
     #[serde(default)]
     pub clients_keyring: Option<PathBuf>,
+    /// Run `tcp` under TLS 1.3 (docs/format.md §11): listen with `tls_cert_file`/`tls_key_file`, verify servers
+    /// against `tls_ca_file`. `shm` and `rdma` are unaffected.
+    #[serde(default)]
+    pub tls: bool,
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
     /// Largest payload of one request (a transfer unit); also the size of the largest pool buffers.
@@ -130,6 +140,16 @@ pub const DEFAULT_POOL_CLASSES: [PoolClassConfig; 3] = [
 ];
 
 impl DataConfig {
+    /// The TLS setup this config names (`tls = true`), or `None` for plain tcp.
+    pub fn tls_config(&self) -> Result<Option<weft_fabric::TlsConfig>, weft_fabric::TlsError> {
+        let files = weft_fabric::TlsFiles {
+            ca_file: self.tls_ca_file.clone(),
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_key_file.clone(),
+        };
+        weft_fabric::tls::server_tls(self.tls, &files)
+    }
+
     /// The pool's classes: the configured (or default) ones smaller than the transfer unit, then
     /// `pool_buffers` buffers of the transfer unit, so every payload the server accepts fits a class.
     pub fn pool_classes(&self) -> Vec<PoolClass> {

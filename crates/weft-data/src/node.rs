@@ -32,6 +32,8 @@ pub enum DataServerError {
     Key(weft_rpc::KeyError),
     #[error("{0}")]
     Keyring(weft_rpc::KeyringError),
+    #[error("{0}")]
+    Tls(weft_fabric::TlsError),
 }
 
 /// Runs a data server until the process is stopped. `ready` is told the listening address.
@@ -45,8 +47,10 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         ShmServerConfig { socket_group: cfg.shm_socket_group.clone(), arena_bytes_max: cfg.shm_arena_bytes_max };
     let ring =
         weft_rpc::auth::role_keyring(key.clone(), cfg.clients_keyring.as_deref()).map_err(DataServerError::Keyring)?;
+    let tls = cfg.tls_config().map_err(DataServerError::Tls)?;
+    let tcp = TcpFabric::default().with_tls(tls);
     // The rdma side channel proves the same keys before any queue pair exists; handshakes are bounded.
-    let fabric = AnyFabric::new(TcpFabric::default(), ShmFabric::default().with_server(shm_rules))
+    let fabric = AnyFabric::new(tcp.clone(), ShmFabric::default().with_server(shm_rules))
         .with_side_channel_auth(ring.clone().map(weft_rpc::SideServer::boxed))
         .with_rdma_handshake_limits(cfg.rdma_handshakes_max, cfg.rdma_handshake_timeout_ms);
     let listener = fabric
@@ -83,8 +87,8 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
         .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes);
     let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
-    info!(id = cfg.id, %addr, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
-    tokio::spawn(heartbeat(cfg.clone(), advertise, store, key.map(Credential::cluster)));
+    info!(id = cfg.id, %addr, tls = cfg.tls, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
+    tokio::spawn(heartbeat(cfg.clone(), tcp, advertise, store, key.map(Credential::cluster)));
     for (name, l) in [("shm", shm_listener), ("rdma", rdma_listener)] {
         let Some(l) = l else { continue };
         let server = server.clone();
@@ -149,7 +153,13 @@ async fn listen_rdma(
 }
 
 /// Registers with the MDS and repeats it as a heartbeat carrying this server's space. Survives MDS restarts.
-async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>, credential: Option<Credential>) {
+async fn heartbeat(
+    cfg: DataConfig,
+    tcp: TcpFabric,
+    advertise: String,
+    store: Arc<ObjectStore>,
+    credential: Option<Credential>,
+) {
     let rpc_cfg = ClientConfig {
         credential,
         client_name: format!("data-server-{}", cfg.id),
@@ -176,7 +186,7 @@ async fn heartbeat(cfg: DataConfig, advertise: String, store: Arc<ObjectStore>, 
         };
         let mut connect_error = None;
         if client.is_none() {
-            client = RpcClient::connect(TcpFabric::default(), &cfg.mds, rpc_cfg.clone())
+            client = RpcClient::connect(tcp.clone(), &cfg.mds, rpc_cfg.clone())
                 .await
                 .map_err(|e| connect_error = Some(e.to_string()))
                 .ok();

@@ -171,6 +171,7 @@ macro_rules! wrap {
             peer: c.peer,
             memory: c.memory,
             peer_cred: c.peer_cred,
+            channel_binding: c.channel_binding,
         }
     }};
 }

@@ -14,7 +14,7 @@
 //!   An rdma backend implements the same trait with RDMA READ/WRITE on registered memory regions (remote keys
 //!   travel in [`weft_proto::Region`]) and waits for the completions.
 //!
-//! Backends: [`tcp`] (always), [`shm`] (same host: Unix socket, memfd arena, process_vm_readv/writev), `rdma`
+//! Backends: [`tcp`] (always; under TLS 1.3 when given a [`TlsConfig`], see [`tls`]), [`shm`] (same host: Unix socket, memfd arena, process_vm_readv/writev), `rdma`
 //! (feature `rdma`, on by default: RC queue pairs over libibverbs, loaded at run time). [`AnyFabric`] picks one
 //! per address (`unix:/path` is shm, `rdma:host:port` is rdma, `host:port` is tcp) so one client can mix them.
 
@@ -32,12 +32,14 @@ pub mod rdma;
 pub mod shm;
 pub mod side_auth;
 pub mod tcp;
+pub mod tls;
 pub mod zones;
 
 pub use any::AnyFabric;
 pub use shm::{Arena, ArenaBuf, ShmConfig, ShmFabric, ShmServerConfig};
 pub use side_auth::{SideChannelAuth, SideStream};
 pub use tcp::TcpFabric;
+pub use tls::{TlsConfig, TlsError, TlsFiles};
 
 /// What a fabric can do; the RPC layer chooses transfer methods from this.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +67,10 @@ pub struct Connection<F: Fabric> {
     /// Server side of a one-sided fabric: the client's registered memory, reachable with `get`/`put`. Dropping
     /// the last reference releases it (unmaps the arena): that happens when the connection ends.
     pub memory: Option<Arc<dyn PeerMemory>>,
+    /// Under TLS: 32 bytes of the session's exporter (RFC 9266 `tls-exporter`), equal at both ends only when they
+    /// share one TLS session. weft-rpc mixes it into the key handshake (docs/format.md §11), so a relay that
+    /// terminates TLS on each side cannot forward the proofs. `None` on fabrics without a secure channel.
+    pub channel_binding: Option<[u8; 32]>,
     /// Server side of `shm`: who the kernel says the peer is (SO_PEERCRED at accept). None on other fabrics.
     pub peer_cred: Option<PeerCred>,
 }

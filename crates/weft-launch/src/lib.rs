@@ -11,6 +11,10 @@
 //! present and named by every server's config (`clients_keyring`): `weft key add NAME --keyring DIR/clients.keyring`
 //! issues per-client keys to the running cluster.
 //!
+//! With `LaunchOptions::tls` (on when `WEFT_TLS=1`, so a test run can put every cluster under TLS) the `tcp`
+//! fabric runs under TLS 1.3: `DIR/tls/` gets a CA and a server certificate for the loopback names ([`tls`])
+//! unless present, and every config names them.
+//!
 //! Tests can stop (SIGTERM), kill (SIGKILL) and restart the MDS and any single data server: a restarted process
 //! gets its old address and directory back, so the rest of the cluster sees the same server return.
 
@@ -23,6 +27,8 @@ use tokio::process::{Child, Command};
 use weft_client::{Client, ClusterConfig};
 use weft_proto::{ServerInfo, ServerState};
 use weft_rpc::AuthMode;
+
+pub mod tls;
 
 /// The line a server prints on stdout when it listens.
 pub const READY_PREFIX: &str = "WEFT-READY ";
@@ -42,6 +48,8 @@ pub enum LaunchError {
     Key(weft_rpc::KeyError),
     #[error("{0}")]
     Keyring(weft_rpc::KeyringError),
+    #[error("TLS certificates: {0}")]
+    Cert(#[from] tls::CertError),
 }
 
 /// The clients keyring's file name in the cluster directory.
@@ -65,6 +73,14 @@ pub struct LaunchOptions {
     pub ready_timeout_ms: u64,
     /// `Key` (default): every role proves `DIR/cluster.key`; `None`: no authentication.
     pub auth: AuthMode,
+    /// Run `tcp` under TLS with certificates in `DIR/tls/` (default: `WEFT_TLS=1` in the environment).
+    pub tls: bool,
+}
+
+/// Whether `WEFT_TLS` asks for TLS (`1`, `true`, `on` or `yes`): the default of [`LaunchOptions::tls`], as
+/// `WEFT_FABRIC` is of the client's fabric.
+pub fn tls_from_env() -> bool {
+    std::env::var("WEFT_TLS").is_ok_and(|v| matches!(v.trim(), "1" | "true" | "on" | "yes"))
 }
 
 impl LaunchOptions {
@@ -79,6 +95,7 @@ impl LaunchOptions {
             meta_extra_toml: String::new(),
             ready_timeout_ms: 60_000,
             auth: AuthMode::Key,
+            tls: tls_from_env(),
         }
     }
 }
@@ -118,6 +135,18 @@ impl LocalCluster {
                 format!("key_file = {key:?}\nclients_keyring = {keyring:?}\n")
             }
             AuthMode::None => "auth = \"none\"\n".to_string(),
+        };
+        let auth_toml = if opts.tls {
+            let files = tls::ensure_local(&opts.dir.join("tls"))?;
+            let path = |p: Option<PathBuf>| p.unwrap_or_default();
+            format!(
+                "{auth_toml}tls = true\ntls_cert_file = {:?}\ntls_key_file = {:?}\ntls_ca_file = {:?}\n",
+                path(files.cert_file),
+                path(files.key_file),
+                path(files.ca_file)
+            )
+        } else {
+            auth_toml
         };
         let meta_cfg = opts.dir.join("config/meta.toml");
         let text = format!(
@@ -256,7 +285,28 @@ impl LocalCluster {
         if self.opts.auth == AuthMode::Key {
             cfg.key_file = Some(self.key_file());
         }
+        if self.opts.tls {
+            cfg.tls = true;
+            cfg.tls_ca_file = Some(self.tls_ca_file());
+        }
         cfg
+    }
+
+    /// Whether this cluster runs `tcp` under TLS.
+    pub fn tls(&self) -> bool {
+        self.opts.tls
+    }
+
+    /// The CA certificate the cluster's servers chain to (with TLS on).
+    pub fn tls_ca_file(&self) -> PathBuf {
+        self.opts.dir.join("tls").join(tls::CA_CERT_FILE)
+    }
+
+    /// A tcp fabric set up as this cluster's clients are (under TLS when the cluster has it), for tests and tools
+    /// that talk to one server directly.
+    pub fn tcp_fabric(&self) -> weft_fabric::TcpFabric {
+        let tls = self.cluster_config().tls_config().expect("the cluster's own CA file loads");
+        weft_fabric::TcpFabric::default().with_tls(tls)
     }
 
     /// An RPC client config carrying this cluster's key, for tests and tools that talk to one server directly.

@@ -30,6 +30,16 @@ pub struct MetaConfig {
     /// re-read when it changes. None: only the cluster key is accepted.
     #[serde(default)]
     pub clients_keyring: Option<PathBuf>,
+    /// Run `tcp` under TLS 1.3 (docs/format.md §11): listen with `tls_cert_file`/`tls_key_file`, verify servers
+    /// against `tls_ca_file`. `shm` and `rdma` are unaffected.
+    #[serde(default)]
+    pub tls: bool,
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
     /// A data server unheard of for this long is reported down.
     #[serde(default = "default_liveness_ms")]
     pub liveness_ms: u64,
@@ -59,6 +69,16 @@ pub struct MetaConfig {
 }
 
 impl MetaConfig {
+    /// The TLS setup this config names (`tls = true`), or `None` for plain tcp.
+    pub fn tls_config(&self) -> Result<Option<weft_fabric::TlsConfig>, weft_fabric::TlsError> {
+        let files = weft_fabric::TlsFiles {
+            ca_file: self.tls_ca_file.clone(),
+            cert_file: self.tls_cert_file.clone(),
+            key_file: self.tls_key_file.clone(),
+        };
+        weft_fabric::tls::server_tls(self.tls, &files)
+    }
+
     /// The store's journal limits from this config.
     pub fn journal(&self) -> JournalConfig {
         JournalConfig {

@@ -19,9 +19,10 @@ use crate::{Namespace, RedbStore, SystemClock};
 /// Most orphans handled per round; the rest wait for the next one.
 const GC_BATCH: usize = 256;
 
-/// `credential`: the cluster key the MDS proves to the data servers (none with authentication off).
+/// `tcp`: the fabric to reach the data servers with (under TLS when the MDS has it). `credential`: the cluster key the MDS proves to the data servers (none with authentication off).
 pub(crate) async fn collect_orphans(
     ns: Arc<Namespace<RedbStore, SystemClock>>,
+    tcp: TcpFabric,
     interval_ms: u64,
     credential: Option<Credential>,
 ) {
@@ -52,7 +53,7 @@ pub(crate) async fn collect_orphans(
                             all_removed = false;
                             continue;
                         };
-                        match RpcClient::connect(TcpFabric::default(), addr, rpc_cfg.clone()).await {
+                        match RpcClient::connect(tcp.clone(), addr, rpc_cfg.clone()).await {
                             Ok(c) => {
                                 clients.insert(*server, c.clone());
                                 c

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tracing::info;
-use weft_fabric::{AnyFabric, Fabric, Listener};
+use weft_fabric::{AnyFabric, Fabric, Listener, TcpFabric};
 use weft_proto::FrameLimits;
 use weft_rpc::{Credential, RpcServer, ServerConfig};
 
@@ -27,6 +27,8 @@ pub enum MetaServerError {
     Key(weft_rpc::KeyError),
     #[error("{0}")]
     Keyring(weft_rpc::KeyringError),
+    #[error("{0}")]
+    Tls(weft_fabric::TlsError),
 }
 
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
@@ -42,8 +44,11 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     let ns = Arc::new(ns);
     let ring =
         weft_rpc::auth::role_keyring(key.clone(), cfg.clients_keyring.as_deref()).map_err(MetaServerError::Keyring)?;
+    let tls = cfg.tls_config().map_err(MetaServerError::Tls)?;
+    let tcp = TcpFabric::default().with_tls(tls);
     // The rdma side channel proves the same keys before any queue pair exists.
-    let fabric = AnyFabric::default().with_side_channel_auth(ring.clone().map(weft_rpc::SideServer::boxed));
+    let fabric = AnyFabric::new(tcp.clone(), Default::default())
+        .with_side_channel_auth(ring.clone().map(weft_rpc::SideServer::boxed));
     let listener = fabric
         .listen(&cfg.listen)
         .await
@@ -60,7 +65,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     let cap_key = key.as_ref().map(weft_rpc::CapabilityKey::derive);
     let service = MetaService::new(ns.clone()).with_capabilities(cap_key, cfg.capability_ttl_ms);
     let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(service));
-    info!(%addr, store = %dir.display(), "metadata service listening");
+    info!(%addr, tls = cfg.tls, store = %dir.display(), "metadata service listening");
     if let Some(rdma) = &cfg.rdma_listen {
         let l = fabric.listen(rdma).await.map_err(|source| MetaServerError::Listen { addr: rdma.clone(), source })?;
         info!(addr = %l.local_addr().map_err(MetaServerError::Serve)?, "metadata service listening on rdma");
@@ -71,7 +76,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
             }
         });
     }
-    tokio::spawn(collect_orphans(ns, cfg.gc_interval_ms, key.map(Credential::cluster)));
+    tokio::spawn(collect_orphans(ns, tcp, cfg.gc_interval_ms, key.map(Credential::cluster)));
     ready(&addr);
     server.serve(listener).await.map_err(MetaServerError::Serve)
 }

@@ -28,6 +28,7 @@ const SESSION_SECRET_LABEL: &[u8] = b"weft-session-v1";
 const BIND_PROOF_LABEL: &[u8] = b"weft-bind-v1";
 const SIDE_SERVER_LABEL: &[u8] = b"weft-rdma-side-v1 server";
 const SIDE_CLIENT_LABEL: &[u8] = b"weft-rdma-side-v1 client";
+const TLS_BINDING_LABEL: &[u8] = b"weft-tls-binding-v1";
 
 /// 32 bytes: a nonce, a proof or a session secret.
 pub type Secret = [u8; AUTH_BYTES];
@@ -396,6 +397,20 @@ pub fn bind_proof_matches(secret: &Secret, session: u64, nonces: &Nonces, proof:
     mac_matches(&k, &[BIND_PROOF_LABEL, &session.to_le_bytes(), &nonces.client, &nonces.server], proof)
 }
 
+/// The client nonce the proofs use (docs/format.md §11): with a channel binding (TLS),
+/// `SHA-256("weft-tls-binding-v1" ‖ client_nonce ‖ binding)`, so proofs made on one TLS session do not verify on
+/// another; without one, the nonce as sent.
+pub fn bound_nonce(client_nonce: &Secret, binding: Option<&[u8; 32]>) -> Secret {
+    let Some(binding) = binding else { return *client_nonce };
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in [TLS_BINDING_LABEL, &client_nonce[..], &binding[..]] {
+        ctx.update(part);
+    }
+    let mut out = [0u8; AUTH_BYTES];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
 /// The two nonces of one connection's handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Nonces {
@@ -630,5 +645,26 @@ mod tests {
         let ids: std::collections::HashSet<u64> = (0..1000).map(|_| random_id()).collect();
         assert_eq!(ids.len(), 1000);
         assert!(!ids.contains(&0));
+    }
+
+    /// The TLS channel binding (docs/format.md §11): the documented digest, identity without a binding, and a
+    /// proof made on one TLS session does not verify on another (a relay terminating TLS on both sides).
+    #[test]
+    fn a_channel_binding_ties_the_proofs_to_one_tls_session() {
+        let cn = [1u8; AUTH_BYTES];
+        assert_eq!(bound_nonce(&cn, None), cn);
+        let (a, b) = ([0xaau8; 32], [0xbbu8; 32]);
+        let mut input = b"weft-tls-binding-v1".to_vec();
+        input.extend_from_slice(&cn);
+        input.extend_from_slice(&a);
+        assert_eq!(&bound_nonce(&cn, Some(&a))[..], ring::digest::digest(&ring::digest::SHA256, &input).as_ref());
+        let key = Key::from_bytes([7; AUTH_BYTES]);
+        let sn = [2u8; AUTH_BYTES];
+        // The server's session with the relay has binding `a`, the client's has `b`.
+        let server_side = Nonces { client: bound_nonce(&cn, Some(&a)), server: sn };
+        let client_side = Nonces { client: bound_nonce(&cn, Some(&b)), server: sn };
+        let proof = server_proof(&key, "cluster", &server_side.client, &server_side.server);
+        assert!(!server_proof_matches(&key, "cluster", &client_side, &proof));
+        assert!(server_proof_matches(&key, "cluster", &server_side, &proof));
     }
 }

@@ -569,7 +569,7 @@ async fn recover(rx: oneshot::Receiver<Outcome>) -> Vec<BytesMut> {
 
 async fn open_conn<F: Fabric>(fabric: &F, addr: &str, cfg: &ClientConfig) -> Result<Arc<Conn<F>>, RpcError> {
     let connect = tokio::time::timeout(Duration::from_millis(cfg.connect_timeout_ms), fabric.connect(addr)).await;
-    let Connection { reader, writer, killer, .. } = match connect {
+    let Connection { reader, writer, killer, channel_binding, .. } = match connect {
         Ok(Ok(c)) => c,
         Ok(Err(source)) => {
             return Err(RpcError::Connect { addr: addr.to_string(), source });
@@ -591,7 +591,7 @@ async fn open_conn<F: Fabric>(fabric: &F, addr: &str, cfg: &ClientConfig) -> Res
     });
     tokio::spawn(reader_loop(conn.clone(), reader, cfg.limits, addr.to_string()));
     if let Some(credential) = &cfg.credential {
-        match authenticate(&conn, addr, cfg, credential).await {
+        match authenticate(&conn, addr, cfg, credential, channel_binding.as_ref()).await {
             Ok(nonces) => {
                 let _ = conn.nonces.set(nonces);
             }
@@ -611,6 +611,7 @@ async fn authenticate<F: Fabric>(
     addr: &str,
     cfg: &ClientConfig,
     credential: &auth::Credential,
+    channel_binding: Option<&[u8; 32]>,
 ) -> Result<Nonces, RpcError> {
     let refused = |reason: String| {
         warn!(addr, key_id = %credential.key_id, "authentication failed: {reason}");
@@ -625,7 +626,8 @@ async fn authenticate<F: Fabric>(
         Err(RpcError::Remote(e)) => return Err(refused(format!("the server refused us: {}", e.message))),
         Err(e) => return Err(e),
     };
-    let nonces = Nonces { client: client_nonce, server: resp.server_nonce };
+    // Under TLS the proofs name this TLS session (docs/format.md §11): a relay's two sessions differ.
+    let nonces = Nonces { client: auth::bound_nonce(&client_nonce, channel_binding), server: resp.server_nonce };
     if !auth::server_proof_matches(&credential.key, &key_id, &nonces, &resp.server_proof) {
         return Err(refused(format!(
             "the server could not prove it holds key {key_id:?}: it has another key, or is not a server of this cluster; refusing it"

@@ -17,6 +17,14 @@ pub enum ReadError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Frame(#[from] FrameError),
+    /// A TLS record came where a frame header was due: the peer runs `tcp` under TLS and this end does not.
+    #[error("the peer speaks TLS (tls = true on its side) but tls is off here: set tls = true and tls_ca_file")]
+    PeerSpeaksTls,
+}
+
+/// Whether `head` starts like a TLS record (handshake or alert, TLS 1.x), as a TLS peer's first bytes do.
+fn looks_like_tls(head: &[u8]) -> bool {
+    matches!(head, [0x15 | 0x16, 0x03, 0x01..=0x04, ..])
 }
 
 /// Reads one header and its body. The body checksum is verified by the caller (so it can still answer the
@@ -30,11 +38,18 @@ pub async fn read_head<R: AsyncRead + Unpin>(r: &mut R, limits: &FrameLimits) ->
             if got == 0 {
                 return Err(ReadError::Closed);
             }
+            if looks_like_tls(&hb[..got]) {
+                return Err(ReadError::PeerSpeaksTls);
+            }
             return Err(FrameError::Truncated { need: HEADER_LEN, have: got }.into());
         }
         got += n;
     }
-    let h = Header::decode(&hb, limits)?;
+    let h = match Header::decode(&hb, limits) {
+        Ok(h) => h,
+        Err(_) if looks_like_tls(&hb) => return Err(ReadError::PeerSpeaksTls),
+        Err(e) => return Err(e.into()),
+    };
     let mut body = vec![0u8; h.body_len as usize];
     r.read_exact(&mut body).await?;
     Ok((h, body))

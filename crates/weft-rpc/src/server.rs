@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use weft_fabric::{Connection, Fabric, Killer, Listener, PeerCred, PeerMemory};
 use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR, FLAG_USER};
-use weft_proto::msg::{FabricInfoResp, SessionBindReq, SessionCreateResp, encode_value};
+use weft_proto::msg::{AuthBeginReq, FabricInfoResp, SessionBindReq, SessionCreateResp, encode_value};
 use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, UserCred, WireError};
 
 use crate::auth::{self, Principal, ServerAuth};
@@ -131,6 +131,8 @@ struct ConnOut<F: Fabric> {
     principal: OnceLock<Principal>,
     /// The handshake so far; only the read loop touches it.
     auth: Mutex<ServerAuth>,
+    /// The fabric's channel binding (TLS), mixed into the handshake's client nonce.
+    channel_binding: Option<[u8; 32]>,
 }
 
 impl<F: Fabric, S: Service> RpcServer<F, S> {
@@ -197,7 +199,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                     "connection table full: closed the oldest connection that had not completed a frame"
                 );
             }
-            let Connection { reader, writer, killer: _, peer, memory, peer_cred } = conn;
+            let Connection { reader, writer, killer: _, peer, memory, peer_cred, channel_binding } = conn;
             let out = Arc::new(ConnOut::<F> {
                 writer: tokio::sync::Mutex::new(writer),
                 killer,
@@ -210,6 +212,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 id: admitted.ticket.id(),
                 principal: OnceLock::new(),
                 auth: Mutex::new(ServerAuth::Fresh),
+                channel_binding,
             });
             if self.cfg.auth.is_none() {
                 let _ = out.principal.set(Principal::Anonymous);
@@ -255,6 +258,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 Ok(Err(ReadError::Closed)) => break,
                 Ok(Err(ReadError::Io(e))) => {
                     debug!(%peer, "connection ended: {e}");
+                    break;
+                }
+                Ok(Err(e @ ReadError::PeerSpeaksTls)) => {
+                    warn!(%peer, "refusing a connection: {e}");
                     break;
                 }
                 Ok(Err(ReadError::Frame(e))) => {
@@ -457,7 +464,11 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         };
         let mut state = out.auth.lock().expect("handshake");
         let result = match req {
-            Request::AuthBegin(b) => state.begin(ring, b).map(Response::AuthBegin),
+            Request::AuthBegin(b) => {
+                // Under TLS the proofs name this TLS session (docs/format.md §11): a relay's two sessions differ.
+                let client_nonce = auth::bound_nonce(&b.client_nonce, out.channel_binding.as_ref());
+                state.begin(ring, &AuthBeginReq { client_nonce, ..b.clone() }).map(Response::AuthBegin)
+            }
             Request::AuthFinish(f) => state.finish(f).and_then(|a| {
                 peer_may_hold(&a.principal, out.peer_cred)?;
                 let _ = out.principal.set(a.principal.clone());

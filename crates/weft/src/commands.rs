@@ -30,6 +30,7 @@ pub async fn up(
     mount_dir: Option<PathBuf>,
     auth: weft_rpc::AuthMode,
     mount_args: crate::MountArgs,
+    tls: bool,
 ) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
@@ -39,6 +40,7 @@ pub async fn up(
     let exe = std::env::current_exe().context("finding the weft binary")?;
     let mut opts = LaunchOptions::new(exe, &data_dir, servers);
     opts.auth = auth;
+    opts.tls |= tls;
     let mut cluster = LocalCluster::start(opts).await?;
     let cfg = cluster.cluster_file();
     println!(
@@ -47,6 +49,9 @@ pub async fn up(
         servers,
         cluster.data_addrs().join(", ")
     );
+    if cluster.tls() {
+        println!("tcp runs under TLS: CA and server certificate in {}", data_dir.join("tls").display());
+    }
     println!("Data, logs and client config under {} (client config: {})", data_dir.display(), cfg.display());
     let mounted = match &mount_dir {
         Some(dir) => {

@@ -132,6 +132,16 @@ enum Cmd {
         /// With --mount: honour device nodes on the mount (default nodev).
         #[arg(long, requires = "mount")]
         dev: bool,
+        /// Run `tcp` under TLS 1.3 (also with WEFT_TLS=1): a CA and a server certificate for 127.0.0.1, ::1,
+        /// localhost and this host's name are made in DATA_DIR/tls/ unless present. Off by default: on loopback
+        /// nothing is on the path, and same-host clients use `shm` anyway.
+        #[arg(long)]
+        tls: bool,
+    },
+    /// TLS certificates for a multi-machine cluster: `weft tls ca --out DIR`, then `weft tls cert` per server.
+    Tls {
+        #[command(subcommand)]
+        cmd: TlsCmd,
     },
     /// Keys: `weft key new FILE` makes a cluster key file (mode 0600) for a multi-machine cluster; `weft key
     /// add|list|remove` manage per-client keys in the clients keyring.
@@ -160,6 +170,10 @@ enum Cmd {
         listen = \"0.0.0.0:7000\"          address to listen on (port 0: any free port)\n  \
         key_file = \"/etc/weft/cluster.key\" the cluster key (`weft key new`); every peer must prove it\n  \
         auth = \"key\"                     key | none (no authentication; loopback experiments only)\n  \
+        tls = true                       run tcp under TLS 1.3 (default false)\n  \
+        tls_cert_file = \"server.pem\"     this server's certificate (`weft tls cert`)\n  \
+        tls_key_file = \"server.key\"      its private key\n  \
+        tls_ca_file = \"ca.pem\"           the cluster CA that servers' certificates chain to\n  \
         data_dir = \"/var/lib/weft/meta\"   where the embedded store (meta.redb) lives\n  \
         liveness_ms = 5000               a data server silent this long is shown down\n  \
         slots_max = 64                   most slots (requests in flight) granted per client session\n  \
@@ -184,6 +198,10 @@ enum Cmd {
         mds = \"10.0.0.1:7000\"            the metadata service to register with\n  \
         key_file = \"/etc/weft/cluster.key\" the cluster key (`weft key new`); every peer must prove it\n  \
         auth = \"key\"                     key | none (no authentication; loopback experiments only)\n  \
+        tls = true                       run tcp under TLS 1.3 (default false)\n  \
+        tls_cert_file = \"server.pem\"     this server's certificate (`weft tls cert`)\n  \
+        tls_key_file = \"server.key\"      its private key\n  \
+        tls_ca_file = \"ca.pem\"           the cluster CA that servers' certificates chain to\n  \
         heartbeat_ms = 1000              registration/heartbeat period\n  \
         transfer_unit_bytes = 2097152    largest payload of one request\n  \
         pool_buffers = 32                buffers of transfer_unit_bytes in the pool (its largest class)\n  \
@@ -353,6 +371,28 @@ enum KeyCmd {
     },
 }
 
+#[derive(Subcommand)]
+enum TlsCmd {
+    /// Make a cluster CA: DIR/ca.pem (give it to every machine, `tls_ca_file`) and DIR/ca.key (mode 0600; keep
+    /// it where certificates are made, never on a server). Never overwrites.
+    Ca {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Make a server certificate signed by the CA in `--ca`: DIR/server.pem (`tls_cert_file`) and DIR/server.key
+    /// (mode 0600, `tls_key_file`). Never overwrites.
+    Cert {
+        /// The CA directory made by `weft tls ca`.
+        #[arg(long, value_name = "DIR")]
+        ca: PathBuf,
+        /// The names clients reach this server by: DNS names and/or IP addresses, comma-separated.
+        #[arg(long, value_name = "HOST[,IP...]", value_delimiter = ',', required = true)]
+        name: Vec<String>,
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+}
+
 /// `--auth key|none`.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum AuthArg {
@@ -395,9 +435,28 @@ fn main() -> Result<()> {
 async fn run(cmd: Cmd) -> Result<()> {
     use commands as c;
     match cmd {
-        Cmd::Up { data_dir, servers, mount, auth, suid, dev } => {
+        Cmd::Up { data_dir, servers, mount, auth, suid, dev, tls } => {
             let mount_args = MountArgs { suid, dev, ..MountArgs::defaults() };
-            c::up(data_dir, servers, mount, auth.into(), mount_args).await
+            c::up(data_dir, servers, mount, auth.into(), mount_args, tls).await
+        }
+        Cmd::Tls { cmd: TlsCmd::Ca { out } } => {
+            weft_launch::tls::make_ca(&out)?;
+            println!(
+                "wrote {} (every machine's tls_ca_file) and {} (mode 0600; keep it off the servers)",
+                out.join(weft_launch::tls::CA_CERT_FILE).display(),
+                out.join(weft_launch::tls::CA_KEY_FILE).display()
+            );
+            Ok(())
+        }
+        Cmd::Tls { cmd: TlsCmd::Cert { ca, name, out } } => {
+            weft_launch::tls::make_server_cert(&ca, &name, &out)?;
+            println!(
+                "wrote {} (tls_cert_file) and {} (tls_key_file, mode 0600) for {}",
+                out.join(weft_launch::tls::SERVER_CERT_FILE).display(),
+                out.join(weft_launch::tls::SERVER_KEY_FILE).display(),
+                name.join(", ")
+            );
+            Ok(())
         }
         Cmd::Key { cmd: KeyCmd::New { file } } => {
             weft_rpc::Key::create_file(&file)?;

@@ -289,6 +289,7 @@ impl Fabric for RdmaFabric {
             peer,
             memory: None,
             peer_cred: None,
+            channel_binding: None,
         })
     }
 
@@ -425,6 +426,7 @@ async fn handshake(
         peer,
         memory: Some(memory),
         peer_cred: None,
+        channel_binding: None,
     })
 }
 

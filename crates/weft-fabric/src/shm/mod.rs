@@ -222,7 +222,7 @@ fn split(
 ) -> io::Result<Connection<ShmFabric>> {
     let killer = ShmKiller(stream.as_fd().try_clone_to_owned()?);
     let (reader, writer) = stream.into_split();
-    Ok(Connection { reader, writer, killer, peer, memory, peer_cred })
+    Ok(Connection { reader, writer, killer, peer, memory, peer_cred, channel_binding: None })
 }
 
 impl Fabric for ShmFabric {

@@ -1,5 +1,6 @@
 //! Shared by the integration tests: a real local cluster of `weft` processes on loopback with ephemeral ports,
-//! in a fresh directory that is removed when the test ends.
+//! in a fresh directory that is removed when the test ends. `WEFT_FABRIC=tcp` makes every client use tcp, and
+//! `WEFT_TLS=1` starts every cluster with `tcp` under TLS (`LaunchOptions::tls`), so one suite runs both ways.
 
 #![allow(dead_code)]
 
