@@ -9,6 +9,8 @@
 //! transfer_unit_bytes = 1048576  # largest payload of one request
 //! call_timeout_ms = 30000
 //! fabric = "auto"                # auto | tcp | shm | rdma: how to reach data servers
+//! [cache]                        # optional: the memcached bank (weft_cache::CacheConfig), written by
+//! servers = ["127.0.0.1:40001"]  # `weft up --cache N`; absent = no bank
 //! ```
 
 use std::path::PathBuf;
@@ -76,6 +78,9 @@ pub struct ClusterConfig {
     pub auth: AuthMode,
     #[serde(default)]
     pub client: ClientTuning,
+    /// The cache bank's daemons and what is cached (issue 16); absent in configs written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<weft_cache::CacheConfig>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -177,7 +182,13 @@ impl ClusterConfig {
 
     /// A config for the MDS at `mds` with every default (auth = "key", no key file yet).
     pub fn new(mds: &str) -> ClusterConfig {
-        ClusterConfig { mds: mds.to_string(), key_file: None, auth: AuthMode::Key, client: ClientTuning::default() }
+        ClusterConfig {
+            mds: mds.to_string(),
+            key_file: None,
+            auth: AuthMode::Key,
+            client: ClientTuning::default(),
+            cache: None,
+        }
     }
 
     /// The credential this config names: the cluster key from `key_file` (none with `auth = "none"`, which warns).
@@ -206,5 +217,19 @@ mod tests {
         let c: ClusterConfig = toml::from_str("mds = \"h:1\"\nkey_file = \"/k\"\nauth = \"none\"\n").unwrap();
         assert_eq!((c.auth, c.key_file.as_deref()), (AuthMode::None, Some(std::path::Path::new("/k"))));
         assert!(c.to_toml().contains("key_file = \"/k\"\nauth = \"none\""), "{}", c.to_toml());
+    }
+
+    #[test]
+    fn the_cache_section_is_optional() {
+        // A config written before the bank existed has none, and writing it back adds none.
+        let old: ClusterConfig = toml::from_str("mds = \"h:1\"\n[client]\nslots = 4\n").unwrap();
+        assert!(old.cache.is_none());
+        assert!(!old.to_toml().contains("[cache]"), "{}", old.to_toml());
+        let c: ClusterConfig =
+            toml::from_str("mds = \"h:1\"\n[cache]\nservers = [\"127.0.0.1:5\"]\nblock_bytes = 256\n").unwrap();
+        let cache = c.cache.as_ref().unwrap();
+        assert_eq!((cache.servers.as_slice(), cache.block_bytes), (&["127.0.0.1:5".to_string()][..], 256));
+        let back: ClusterConfig = toml::from_str(&c.to_toml()).unwrap();
+        assert_eq!(back.cache, c.cache);
     }
 }

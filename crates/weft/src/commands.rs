@@ -24,7 +24,19 @@ async fn connect(spec: &str) -> Result<Client> {
     Client::connect(&cfg).await.with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
 }
 
-pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, auth: weft_rpc::AuthMode) -> Result<()> {
+/// `weft up --cache N --cache-mib M`: the cache bank's memcached daemons.
+pub struct CacheArgs {
+    pub daemons: u32,
+    pub mib: u32,
+}
+
+pub async fn up(
+    data_dir: PathBuf,
+    servers: u32,
+    mount_dir: Option<PathBuf>,
+    auth: weft_rpc::AuthMode,
+    cache: CacheArgs,
+) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
     }
@@ -33,6 +45,8 @@ pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, aut
     let exe = std::env::current_exe().context("finding the weft binary")?;
     let mut opts = LaunchOptions::new(exe, &data_dir, servers);
     opts.auth = auth;
+    opts.cache = cache.daemons;
+    opts.cache_mib = cache.mib;
     let mut cluster = LocalCluster::start(opts).await?;
     let cfg = cluster.cluster_file();
     println!(
@@ -41,6 +55,14 @@ pub async fn up(data_dir: PathBuf, servers: u32, mount_dir: Option<PathBuf>, aut
         servers,
         cluster.data_addrs().join(", ")
     );
+    if cache.daemons > 0 {
+        println!(
+            "Cache bank: {} memcached daemons of {} MiB on loopback ({})",
+            cache.daemons,
+            cache.mib,
+            cluster.cache_addrs().join(", ")
+        );
+    }
     println!("Data, logs and client config under {} (client config: {})", data_dir.display(), cfg.display());
     let mounted = match &mount_dir {
         Some(dir) => {

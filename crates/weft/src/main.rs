@@ -116,6 +116,12 @@ enum Cmd {
         /// `none`: no authentication at all, for loopback experiments (every role warns).
         #[arg(long, value_name = "key|none", default_value = "key")]
         auth: AuthArg,
+        /// Also start N memcached daemons (the cache bank) on 127.0.0.1, named in cluster.toml's [cache].
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        cache: u32,
+        /// Memory of each memcached daemon, MiB.
+        #[arg(long, value_name = "M", default_value_t = 64)]
+        cache_mib: u32,
     },
     /// Keys: `weft key new FILE` makes a cluster key file (mode 0600) for a multi-machine cluster.
     Key {
@@ -337,7 +343,9 @@ fn main() -> Result<()> {
 async fn run(cmd: Cmd) -> Result<()> {
     use commands as c;
     match cmd {
-        Cmd::Up { data_dir, servers, mount, auth } => c::up(data_dir, servers, mount, auth.into()).await,
+        Cmd::Up { data_dir, servers, mount, auth, cache, cache_mib } => {
+            c::up(data_dir, servers, mount, auth.into(), c::CacheArgs { daemons: cache, mib: cache_mib }).await
+        }
         Cmd::Key { cmd: KeyCmd::New { file } } => {
             weft_rpc::Key::create_file(&file)?;
             println!("wrote a new cluster key to {} (mode 0600); name it as key_file in every config", file.display());
