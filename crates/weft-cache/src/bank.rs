@@ -62,6 +62,8 @@ pub struct BankStats {
 
 struct Daemon {
     address: String,
+    /// `tcp://host:port`: the client crate's DSN (a bare `ip:port` does not parse as one).
+    dsn: String,
     health: Mutex<Health>,
     /// Idle connections, at most `connections_per_daemon`.
     idle: Mutex<Vec<McClient>>,
@@ -107,6 +109,7 @@ impl Bank {
             .iter()
             .map(|a| Daemon {
                 address: a.clone(),
+                dsn: format!("tcp://{a}"),
                 health: Mutex::new(Health::new(config.errors_to_eject, config.eject_ms)),
                 idle: Mutex::new(Vec::new()),
             })
@@ -297,7 +300,7 @@ impl Inner {
                 Some(c) => c,
                 None => {
                     let connect = Duration::from_millis(self.config.connect_timeout_ms);
-                    match tokio::time::timeout(connect, McClient::new(daemon.address.as_str())).await {
+                    match tokio::time::timeout(connect, McClient::new(daemon.dsn.as_str())).await {
                         Ok(Ok(c)) => c,
                         Ok(Err(e)) => return Err(Some(e)),
                         Err(_) => return Err(None),
