@@ -3,7 +3,7 @@
 //! ```toml
 //! [cache]
 //! servers = ["127.0.0.1:40001", "127.0.0.1:40002"]   # memcached daemons (host:port)
-//! namespace = 12345                # u64 in every key: clusters sharing daemons never collide
+//! namespace = 12345                # in every key: clusters sharing daemons never collide (0 ..= 2^63 − 1)
 //! block_bytes = 8192               # data block size (the papers measured 256, 2048 and 8192)
 //! attrs = true                     # cache attributes and lookups
 //! data = true                      # cache data blocks
@@ -66,6 +66,8 @@ pub enum ConfigError {
     Server(String),
     #[error("cache inflight_max must be at least 1")]
     Inflight,
+    #[error("cache namespace {0} is above 2^63 - 1 (TOML integers are signed)")]
+    Namespace(u64),
 }
 
 impl CacheConfig {
@@ -86,6 +88,9 @@ impl CacheConfig {
         }
         if self.inflight_max == 0 {
             return Err(ConfigError::Inflight);
+        }
+        if i64::try_from(self.namespace).is_err() {
+            return Err(ConfigError::Namespace(self.namespace));
         }
         Ok(())
     }
@@ -121,5 +126,9 @@ mod tests {
         assert_eq!(bad.validate(), Err(ConfigError::Server("localhost".into())));
         let none = CacheConfig { inflight_max: 0, ..CacheConfig::default() };
         assert_eq!(none.validate(), Err(ConfigError::Inflight));
+        let wide = CacheConfig { namespace: u64::MAX, ..CacheConfig::default() };
+        assert_eq!(wide.validate(), Err(ConfigError::Namespace(u64::MAX)));
+        let widest = CacheConfig { namespace: i64::MAX as u64, ..CacheConfig::default() };
+        assert!(toml::to_string(&widest).is_ok() && widest.validate().is_ok());
     }
 }

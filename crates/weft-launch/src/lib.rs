@@ -101,7 +101,8 @@ pub struct LocalCluster {
     data: Vec<Proc>,
     /// memcached daemons (`config` unused).
     cache: Vec<Proc>,
-    /// The bank's key namespace for this cluster (random, so clusters sharing daemons never collide).
+    /// The bank's key namespace for this cluster (random, so clusters sharing daemons never collide; 63 bits, as
+    /// TOML integers are signed).
     cache_namespace: u64,
 }
 
@@ -128,7 +129,7 @@ impl LocalCluster {
         let text = format!("listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}", opts.dir.join("meta"));
         std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
         let mut cluster =
-            LocalCluster { mds: None, data: Vec::new(), cache: Vec::new(), cache_namespace: random_u64(), opts };
+            LocalCluster { mds: None, data: Vec::new(), cache: Vec::new(), cache_namespace: random_u64() >> 1, opts };
         let mds = cluster.spawn("meta", "meta", &meta_cfg).await?;
         let mds_addr = mds.addr.clone();
         cluster.mds = Some(mds);
