@@ -69,17 +69,27 @@ impl Ring {
         }
         let position = Ring::position(key_hash);
         let start = self.points.partition_point(|p| p.position < position);
-        let mut refused = vec![false; self.daemons];
+        // Daemons already refused: a bit mask for the usual small bank, a vector (allocated only then) beyond 64.
+        let mut refused_mask = 0u64;
+        let mut refused_many = if self.daemons > 64 { vec![false; self.daemons] } else { Vec::new() };
         let mut refused_count = 0;
         for i in 0..self.points.len() {
             let daemon = self.points[(start + i) % self.points.len()].daemon;
-            if refused[daemon] {
+            let seen = match refused_many.get_mut(daemon) {
+                Some(flag) => std::mem::replace(flag, true),
+                None => {
+                    let bit = 1u64 << daemon;
+                    let seen = refused_mask & bit != 0;
+                    refused_mask |= bit;
+                    seen
+                }
+            };
+            if seen {
                 continue;
             }
             if usable(daemon) {
                 return Some(daemon);
             }
-            refused[daemon] = true;
             refused_count += 1;
             if refused_count == self.daemons {
                 break;
@@ -190,6 +200,13 @@ mod tests {
                 assert_eq!(ring.route(k, |d| d != 0), Some(owner));
             }
             assert_eq!(ring.route(k, |_| false), None);
+        }
+        // Past 64 daemons (the bit mask's width) the same walk holds.
+        let big = Ring::new(&addresses(70), 16);
+        for &k in ks.iter().take(200) {
+            assert_eq!(big.route(k, |d| d == 69), Some(69));
+            assert_eq!(big.route(k, |d| d == 3), Some(3));
+            assert_eq!(big.route(k, |_| false), None);
         }
     }
 }

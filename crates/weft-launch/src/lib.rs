@@ -426,7 +426,7 @@ impl LocalCluster {
     pub async fn stop(&mut self) {
         let mut all: Vec<Proc> = self.data.drain(..).collect();
         all.extend(self.mds.take());
-        all.extend(self.cache.drain(..));
+        all.append(&mut self.cache);
         stop_all(&mut all).await;
     }
 }

@@ -108,8 +108,8 @@ async fn set_get_and_multi_get_round_trip_counted_by_memcached() {
     keys.push(CacheKey::Block { ino: 42, data_version: 2, index: 0 }); // another data version: another key
     let got = bank.get_many(&keys).await;
     assert_eq!(got.len(), keys.len());
-    for i in 0..n as usize {
-        assert_eq!(got[i].as_deref(), Some(&payload(i as u64, len)[..]), "multi-get block {i}");
+    for (i, v) in got.iter().take(n as usize).enumerate() {
+        assert_eq!(v.as_deref(), Some(&payload(i as u64, len)[..]), "multi-get block {i}");
     }
     assert_eq!((got[n as usize].as_ref(), got[n as usize + 1].as_ref()), (None, None));
     assert_eq!(total_stat(&cl, "get_hits").await, 2 * n);
