@@ -20,7 +20,8 @@ up: deps
 	./target/release/weft up --data-dir $(DATA_DIR) --servers $(SERVERS) --mount $(MOUNT)
 
 # deps: install what a fresh Debian lacks (iperf3, pkg-config, fuse3 for the mount, and fio, dbench, rsync,
-# sqlite3 and fincore (util-linux-extra) which the mount's tests run; rustfmt and clippy), as root or with sudo.
+# sqlite3 and fincore (util-linux-extra) which the mount's tests run; memcached for the cache bank (`weft up
+# --cache N` and its tests); rustfmt and clippy), as root or with sudo.
 deps:
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
@@ -28,7 +29,7 @@ deps:
 	command -v iperf3 >/dev/null 2>&1 || missing="$$missing iperf3"; \
 	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkg-config"; \
 	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
-	for tool in fio dbench rsync sqlite3; do \
+	for tool in fio dbench rsync sqlite3 memcached; do \
 		command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
 	done; \
 	command -v fincore >/dev/null 2>&1 || missing="$$missing util-linux-extra"; \

@@ -12,6 +12,8 @@
 //! transfer_unit_bytes = 1048576  # largest payload of one request
 //! call_timeout_ms = 30000
 //! fabric = "auto"                # auto | tcp | shm | rdma: how to reach data servers
+//! [cache]                        # optional: the memcached bank (weft_cache::CacheConfig), written by
+//! servers = ["127.0.0.1:40001"]  # `weft up --cache N`; absent = no bank
 //! ```
 
 use std::path::PathBuf;
@@ -90,6 +92,9 @@ pub struct ClusterConfig {
     pub tls_ca_file: Option<PathBuf>,
     #[serde(default)]
     pub client: ClientTuning,
+    /// The cache bank's daemons and what is cached (issue 16); absent in configs written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<weft_cache::CacheConfig>,
 }
 
 fn default_key_id() -> String {
@@ -207,6 +212,7 @@ impl ClusterConfig {
             tls: false,
             tls_ca_file: None,
             client: ClientTuning::default(),
+            cache: None,
         }
     }
 
@@ -254,5 +260,19 @@ mod tests {
         let c: ClusterConfig = toml::from_str("mds = \"h:1\"\nkey_file = \"/k\"\nauth = \"none\"\n").unwrap();
         assert_eq!((c.auth, c.key_file.as_deref()), (AuthMode::None, Some(std::path::Path::new("/k"))));
         assert!(c.to_toml().contains("key_file = \"/k\"\nauth = \"none\""), "{}", c.to_toml());
+    }
+
+    #[test]
+    fn the_cache_section_is_optional() {
+        // A config written before the bank existed has none, and writing it back adds none.
+        let old: ClusterConfig = toml::from_str("mds = \"h:1\"\n[client]\nslots = 4\n").unwrap();
+        assert!(old.cache.is_none());
+        assert!(!old.to_toml().contains("[cache]"), "{}", old.to_toml());
+        let c: ClusterConfig =
+            toml::from_str("mds = \"h:1\"\n[cache]\nservers = [\"127.0.0.1:5\"]\nblock_bytes = 256\n").unwrap();
+        let cache = c.cache.as_ref().unwrap();
+        assert_eq!((cache.servers.as_slice(), cache.block_bytes), (&["127.0.0.1:5".to_string()][..], 256));
+        let back: ClusterConfig = toml::from_str(&c.to_toml()).unwrap();
+        assert_eq!(back.cache, c.cache);
     }
 }

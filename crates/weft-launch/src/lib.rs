@@ -17,6 +17,11 @@
 //!
 //! Tests can stop (SIGTERM), kill (SIGKILL) and restart the MDS and any single data server: a restarted process
 //! gets its old address and directory back, so the rest of the cluster sees the same server return.
+//!
+//! With `LaunchOptions::cache = N` the cluster also runs N memcached daemons (the cache bank, issue 16), bound to
+//! 127.0.0.1 only (memcached's text protocol has no authentication: see ARCHITECTURE.md), each on a port picked
+//! free, without UDP, with `cache_mib` MiB of memory; `cluster.toml` names them in its `[cache]` table. They can
+//! be stopped, killed and restarted (empty, on the same port) one by one like the data servers.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -24,6 +29,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use weft_cache::CacheConfig;
 use weft_client::{Client, ClusterConfig};
 use weft_proto::{ServerInfo, ServerState};
 use weft_rpc::AuthMode;
@@ -73,6 +79,12 @@ pub struct LaunchOptions {
     pub ready_timeout_ms: u64,
     /// `Key` (default): every role proves `DIR/cluster.key`; `None`: no authentication.
     pub auth: AuthMode,
+    /// memcached daemons of the cache bank (0: no bank).
+    pub cache: u32,
+    /// Memory of each memcached daemon (`-m`), MiB.
+    pub cache_mib: u32,
+    /// The bank's data block size, written into `cluster.toml`.
+    pub cache_block_bytes: u32,
     /// Run `tcp` under TLS with certificates in `DIR/tls/` (default: `WEFT_TLS=1` in the environment).
     pub tls: bool,
 }
@@ -96,6 +108,9 @@ impl LaunchOptions {
             ready_timeout_ms: 60_000,
             auth: AuthMode::Key,
             tls: tls_from_env(),
+            cache: 0,
+            cache_mib: 64,
+            cache_block_bytes: CacheConfig::default().block_bytes,
         }
     }
 }
@@ -111,6 +126,11 @@ pub struct LocalCluster {
     opts: LaunchOptions,
     mds: Option<Proc>,
     data: Vec<Proc>,
+    /// memcached daemons (`config` unused).
+    cache: Vec<Proc>,
+    /// The bank's key namespace for this cluster (random, so clusters sharing daemons never collide; 63 bits, as
+    /// TOML integers are signed).
+    cache_namespace: u64,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
@@ -155,7 +175,8 @@ impl LocalCluster {
             opts.meta_extra_toml
         );
         std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
-        let mut cluster = LocalCluster { mds: None, data: Vec::new(), opts };
+        let mut cluster =
+            LocalCluster { mds: None, data: Vec::new(), cache: Vec::new(), cache_namespace: random_u64() >> 1, opts };
         let mds = cluster.spawn("meta", "meta", &meta_cfg).await?;
         let mds_addr = mds.addr.clone();
         cluster.mds = Some(mds);
@@ -172,6 +193,10 @@ impl LocalCluster {
             cluster.data.push(p);
         }
         cluster.wait_ready().await?;
+        for i in 0..cluster.opts.cache {
+            let p = cluster.spawn_cache(i, None).await?;
+            cluster.cache.push(p);
+        }
         let cfg_path = cluster.cluster_file();
         std::fs::write(&cfg_path, cluster.cluster_config().to_toml()).map_err(io_err(&cfg_path))?;
         Ok(cluster)
@@ -211,6 +236,43 @@ impl LocalCluster {
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(Proc { role: role.into(), config: config.to_path_buf(), child, addr })
+    }
+
+    /// Starts memcached daemon `i` on `port`, or on a free port (tried again on another if it was taken meanwhile),
+    /// and waits until it answers `version`.
+    async fn spawn_cache(&self, i: u32, port: Option<u16>) -> Result<Proc, LaunchError> {
+        let role = format!("cache{i}");
+        let log = self.opts.dir.join(format!("logs/{role}.log"));
+        let attempts = if port.is_some() { 1 } else { 5 };
+        for _ in 0..attempts {
+            let port = match port {
+                Some(p) => p,
+                None => free_port().map_err(io_err(&log))?,
+            };
+            let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(io_err(&log))?;
+            let err_file = log_file.try_clone().map_err(io_err(&log))?;
+            let mut cmd = Command::new("memcached");
+            // `-u nobody`: memcached refuses to run as root without -u and ignores it otherwise.
+            cmd.args(["-l", "127.0.0.1", "-U", "0", "-u", "nobody"])
+                .arg("-p")
+                .arg(port.to_string())
+                .arg("-m")
+                .arg(self.opts.cache_mib.max(1).to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(log_file))
+                .stderr(Stdio::from(err_file))
+                .kill_on_drop(true);
+            let child = cmd.spawn().map_err(|source| LaunchError::Spawn {
+                role: format!("{role} (memcached; `make deps` installs it)"),
+                source,
+            })?;
+            let mut p = Proc { role: role.clone(), config: PathBuf::new(), child, addr: format!("127.0.0.1:{port}") };
+            if wait_memcached(&mut p, self.opts.ready_timeout_ms).await? {
+                return Ok(p);
+            }
+            // It exited: most likely another process took the port between our probe and its bind.
+        }
+        Err(LaunchError::Died { role, log })
     }
 
     async fn wait_ready(&self) -> Result<(), LaunchError> {
@@ -255,6 +317,21 @@ impl LocalCluster {
         self.data.iter().map(|p| p.addr.clone()).collect()
     }
 
+    /// The memcached daemons' addresses (`127.0.0.1:PORT`), in bank order.
+    pub fn cache_addrs(&self) -> Vec<String> {
+        self.cache.iter().map(|p| p.addr.clone()).collect()
+    }
+
+    /// The bank as `cluster.toml` names it, or `None` without daemons.
+    pub fn cache_config(&self) -> Option<CacheConfig> {
+        (!self.cache.is_empty()).then(|| CacheConfig {
+            servers: self.cache_addrs(),
+            namespace: self.cache_namespace,
+            block_bytes: self.opts.cache_block_bytes,
+            ..CacheConfig::default()
+        })
+    }
+
     /// Root directory of data server `i`'s objects.
     pub fn data_root(&self, i: u32) -> PathBuf {
         self.opts.dir.join(format!("data{i}"))
@@ -289,6 +366,7 @@ impl LocalCluster {
             cfg.tls = true;
             cfg.tls_ca_file = Some(self.tls_ca_file());
         }
+        cfg.cache = self.cache_config();
         cfg
     }
 
@@ -394,6 +472,31 @@ impl LocalCluster {
         .await
     }
 
+    /// Asks memcached daemon `i` to stop (SIGTERM) and waits for it to exit.
+    pub async fn stop_cache(&mut self, i: u32) {
+        stop_all(std::slice::from_mut(self.cache_proc(i))).await;
+    }
+
+    /// Kills memcached daemon `i` with SIGKILL and waits for it to die.
+    pub async fn kill_cache(&mut self, i: u32) {
+        let _ = self.cache_proc(i).child.kill().await;
+    }
+
+    /// Starts memcached daemon `i` again, empty, on the port it had (stopping it first if it still runs), and
+    /// waits until it answers.
+    pub async fn restart_cache(&mut self, i: u32) -> Result<(), LaunchError> {
+        self.stop_cache(i).await;
+        let port = self.cache[i as usize].addr.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
+        let p = self.spawn_cache(i, port).await?;
+        self.cache[i as usize] = p;
+        Ok(())
+    }
+
+    fn cache_proc(&mut self, i: u32) -> &mut Proc {
+        let n = self.cache.len();
+        self.cache.get_mut(i as usize).unwrap_or_else(|| panic!("no cache daemon {i}: the cluster has {n}"))
+    }
+
     fn data_proc(&mut self, i: u32) -> &mut Proc {
         let n = self.data.len();
         self.data.get_mut(i as usize).unwrap_or_else(|| panic!("no data server {i}: the cluster has {n}"))
@@ -411,8 +514,50 @@ impl LocalCluster {
     pub async fn stop(&mut self) {
         let mut all: Vec<Proc> = self.data.drain(..).collect();
         all.extend(self.mds.take());
+        all.append(&mut self.cache);
         stop_all(&mut all).await;
     }
+}
+
+/// A port on 127.0.0.1 that was free a moment ago (memcached cannot report an ephemeral port it bound without
+/// writing a file, which it cannot do after dropping root).
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Polls memcached `p` until it answers `version` (`Ok(true)`), exits (`Ok(false)`), or the wait runs out.
+async fn wait_memcached(p: &mut Proc, ready_timeout_ms: u64) -> Result<bool, LaunchError> {
+    use tokio::io::AsyncWriteExt;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(ready_timeout_ms);
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = p.child.try_wait() {
+            return Ok(false);
+        }
+        let probe = async {
+            let mut s = tokio::net::TcpStream::connect(&p.addr).await?;
+            s.write_all(b"version\r\n").await?;
+            let mut line = String::new();
+            BufReader::new(s).read_line(&mut line).await?;
+            Ok::<bool, std::io::Error>(line.starts_with("VERSION "))
+        };
+        if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(1), probe).await {
+            return Ok(true);
+        }
+        // Polling readiness of a freshly started process; not a timing assumption.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(LaunchError::NotReady {
+        waited_ms: ready_timeout_ms,
+        detail: format!("{} (memcached on {}) did not answer", p.role, p.addr),
+    })
+}
+
+/// 64 random bits from the standard library's per-process hash keys (no dependency needed for a namespace).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish()
 }
 
 /// Sends SIGTERM to every process still running, then waits for each (SIGKILL after 10 s). Processes already

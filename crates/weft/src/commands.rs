@@ -24,6 +24,12 @@ async fn connect(spec: &str) -> Result<Client> {
     Client::connect(&cfg).await.with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
 }
 
+/// `weft up --cache N --cache-mib M`: the cache bank's memcached daemons.
+pub struct CacheArgs {
+    pub daemons: u32,
+    pub mib: u32,
+}
+
 pub async fn up(
     data_dir: PathBuf,
     servers: u32,
@@ -31,6 +37,7 @@ pub async fn up(
     auth: weft_rpc::AuthMode,
     mount_args: crate::MountArgs,
     tls: bool,
+    cache: CacheArgs,
 ) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
@@ -41,6 +48,8 @@ pub async fn up(
     let mut opts = LaunchOptions::new(exe, &data_dir, servers);
     opts.auth = auth;
     opts.tls |= tls;
+    opts.cache = cache.daemons;
+    opts.cache_mib = cache.mib;
     let mut cluster = LocalCluster::start(opts).await?;
     let cfg = cluster.cluster_file();
     println!(
@@ -51,6 +60,14 @@ pub async fn up(
     );
     if cluster.tls() {
         println!("tcp runs under TLS: CA and server certificate in {}", data_dir.join("tls").display());
+    }
+    if cache.daemons > 0 {
+        println!(
+            "Cache bank: {} memcached daemons of {} MiB on loopback ({})",
+            cache.daemons,
+            cache.mib,
+            cluster.cache_addrs().join(", ")
+        );
     }
     println!("Data, logs and client config under {} (client config: {})", data_dir.display(), cfg.display());
     let mounted = match &mount_dir {

@@ -137,6 +137,12 @@ enum Cmd {
         /// nothing is on the path, and same-host clients use `shm` anyway.
         #[arg(long)]
         tls: bool,
+        /// Also start N memcached daemons (the cache bank) on 127.0.0.1, named in cluster.toml's [cache].
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        cache: u32,
+        /// Memory of each memcached daemon, MiB.
+        #[arg(long, value_name = "M", default_value_t = 64)]
+        cache_mib: u32,
     },
     /// TLS certificates for a multi-machine cluster: `weft tls ca --out DIR`, then `weft tls cert` per server.
     Tls {
@@ -435,9 +441,10 @@ fn main() -> Result<()> {
 async fn run(cmd: Cmd) -> Result<()> {
     use commands as c;
     match cmd {
-        Cmd::Up { data_dir, servers, mount, auth, suid, dev, tls } => {
+        Cmd::Up { data_dir, servers, mount, auth, suid, dev, tls, cache, cache_mib } => {
             let mount_args = MountArgs { suid, dev, ..MountArgs::defaults() };
-            c::up(data_dir, servers, mount, auth.into(), mount_args, tls).await
+            let cache = c::CacheArgs { daemons: cache, mib: cache_mib };
+            c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache).await
         }
         Cmd::Tls { cmd: TlsCmd::Ca { out } } => {
             weft_launch::tls::make_ca(&out)?;

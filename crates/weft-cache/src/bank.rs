@@ -1,0 +1,371 @@
+//! The bank: get, multi-get (one `get k1 k2 …` per daemon, daemons in parallel), set and delete over a ring of
+//! memcached daemons.
+//!
+//! Nothing here is ever an error to the caller: a miss, a corrupt or foreign item, a daemon that is down, slow,
+//! ejected or saturated all read as `None` (and a failed store as `false`), so the caller goes to the server that
+//! owns the data. Every request holds one of `inflight_max` permits and has `request_timeout_ms` from the moment
+//! it is asked for, permit wait included; a request whose deadline passes drops its connection (the client crate
+//! closes a connection whose reply was not read whole), and the failure counts toward ejecting the daemon.
+//! The protocol is `async-memcached`'s (memcached's text protocol over tokio).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_memcached::{AsciiProtocol, Client as McClient, Error as McError, Status};
+use bytes::Bytes;
+use tokio::sync::Semaphore;
+
+use crate::config::{CacheConfig, ConfigError};
+use crate::health::{Admit, Health, HealthState};
+use crate::ring::Ring;
+use crate::value::{self, CacheKey, ItemKind, key_hash};
+
+/// The largest reply one multi-get asks for: a read spanning more blocks is cut into batches of at most this
+/// many value bytes each, so one reply never holds more than a few MiB in the client's buffer.
+const BATCH_BYTES_MAX: usize = 4 << 20;
+
+/// Counters of everything the bank did (monotonic, all daemons).
+#[derive(Debug, Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    refused_items: AtomicU64,
+    failures: AtomicU64,
+    timeouts: AtomicU64,
+    routed_around: AtomicU64,
+    saturated: AtomicU64,
+    stores: AtomicU64,
+}
+
+/// A snapshot of the bank's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BankStats {
+    /// Keys answered with a checked value.
+    pub hits: u64,
+    /// Keys not answered with data, for any reason below or simply absent.
+    pub misses: u64,
+    /// Items present but refused by the value checks (corrupt, foreign, truncated).
+    pub refused_items: u64,
+    /// Requests that failed on a daemon (connect, I/O, protocol), timeouts excluded.
+    pub failures: u64,
+    /// Requests whose deadline passed.
+    pub timeouts: u64,
+    /// Keys with no usable daemon at all (every daemon ejected).
+    pub routed_around: u64,
+    /// Requests given up waiting for an in-flight permit.
+    pub saturated: u64,
+    /// Values stored.
+    pub stores: u64,
+}
+
+struct Daemon {
+    address: String,
+    /// `tcp://host:port`: the client crate's DSN (a bare `ip:port` does not parse as one).
+    dsn: String,
+    health: Mutex<Health>,
+    /// Idle connections, at most `connections_per_daemon`.
+    idle: Mutex<Vec<McClient>>,
+}
+
+struct Inner {
+    config: CacheConfig,
+    ring: Ring,
+    daemons: Vec<Daemon>,
+    inflight: Semaphore,
+    epoch: Instant,
+    counters: Counters,
+}
+
+/// A handle on the bank; clones share daemons, connections and counters.
+#[derive(Clone)]
+pub struct Bank {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Bank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bank").field("servers", &self.inner.config.servers).finish_non_exhaustive()
+    }
+}
+
+/// How one request to one daemon ended.
+enum Outcome<T> {
+    Done(T),
+    /// The daemon failed or timed out (counted, reported to its health).
+    Failed,
+    /// Not sent: no permit in time, or the daemon was no longer admissible.
+    NotSent,
+}
+
+impl Bank {
+    /// A bank over `config.servers` (connections are made on first use).
+    pub fn new(config: CacheConfig) -> Result<Bank, ConfigError> {
+        config.validate()?;
+        let ring = Ring::new(&config.servers, config.points_per_daemon);
+        let daemons = config
+            .servers
+            .iter()
+            .map(|a| Daemon {
+                address: a.clone(),
+                dsn: format!("tcp://{a}"),
+                health: Mutex::new(Health::new(config.errors_to_eject, config.eject_ms)),
+                idle: Mutex::new(Vec::new()),
+            })
+            .collect();
+        Ok(Bank {
+            inner: Arc::new(Inner {
+                inflight: Semaphore::new(config.inflight_max),
+                config,
+                ring,
+                daemons,
+                epoch: Instant::now(),
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.inner.config
+    }
+
+    pub fn stats(&self) -> BankStats {
+        let c = &self.inner.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        BankStats {
+            hits: l(&c.hits),
+            misses: l(&c.misses),
+            refused_items: l(&c.refused_items),
+            failures: l(&c.failures),
+            timeouts: l(&c.timeouts),
+            routed_around: l(&c.routed_around),
+            saturated: l(&c.saturated),
+            stores: l(&c.stores),
+        }
+    }
+
+    /// Daemon `i`'s health (for tests and status output).
+    pub fn daemon_state(&self, i: usize) -> Option<HealthState> {
+        self.inner.daemons.get(i).map(|d| lock(&d.health).state())
+    }
+
+    /// The daemon that owns `key` when every daemon is up.
+    pub fn owner(&self, key: &CacheKey) -> Option<usize> {
+        self.inner.ring.owner(key_hash(key.encode(self.inner.config.namespace).as_bytes()))
+    }
+
+    /// The payload cached under `key`, or `None` (absent, refused, or no daemon answered in time).
+    pub async fn get(&self, key: &CacheKey) -> Option<Bytes> {
+        self.get_many(std::slice::from_ref(key)).await.pop().flatten()
+    }
+
+    /// The payloads cached under `keys`, in order: one multi-get per daemon (cut into batches of a few MiB),
+    /// daemons asked in parallel.
+    pub async fn get_many(&self, keys: &[CacheKey]) -> Vec<Option<Bytes>> {
+        let inner = &self.inner;
+        let mut results: Vec<Option<Bytes>> = vec![None; keys.len()];
+        let now = inner.now_ms();
+        // (daemon, encoded keys, their indices in `keys`)
+        let mut batches: Vec<(usize, Vec<String>, Vec<usize>)> = Vec::new();
+        let mut open_batch: HashMap<usize, usize> = HashMap::new();
+        let per_batch = (BATCH_BYTES_MAX / (inner.config.block_bytes as usize + value::HEADER_BYTES)).max(1);
+        for (i, key) in keys.iter().enumerate() {
+            let encoded = key.encode(inner.config.namespace);
+            let Some(d) = inner.route(key_hash(encoded.as_bytes()), now) else {
+                inner.counters.routed_around.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let b = match open_batch.get(&d) {
+                Some(&b) if batches[b].1.len() < per_batch => b,
+                _ => {
+                    batches.push((d, Vec::new(), Vec::new()));
+                    open_batch.insert(d, batches.len() - 1);
+                    batches.len() - 1
+                }
+            };
+            batches[b].1.push(encoded);
+            batches[b].2.push(i);
+        }
+        if let [(d, encoded, indices)] = batches.as_slice() {
+            // One daemon: ask it in this task (no spawn on the single-block path).
+            let kinds: Vec<ItemKind> = indices.iter().map(|&i| keys[i].kind()).collect();
+            let found = inner.multi_get(*d, encoded, &kinds).await;
+            for (&i, value) in indices.iter().zip(found) {
+                results[i] = value;
+            }
+            batches.clear();
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for (d, encoded, indices) in batches {
+            let inner = Arc::clone(inner);
+            let kinds: Vec<ItemKind> = indices.iter().map(|&i| keys[i].kind()).collect();
+            tasks.spawn(async move {
+                let found = inner.multi_get(d, &encoded, &kinds).await;
+                (indices, found)
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            // A panicking task would be a bug in this module; its keys stay misses.
+            let Ok((indices, found)) = joined else { continue };
+            for (i, value) in indices.into_iter().zip(found) {
+                results[i] = value;
+            }
+        }
+        let hits = results.iter().filter(|r| r.is_some()).count() as u64;
+        inner.counters.hits.fetch_add(hits, Ordering::Relaxed);
+        inner.counters.misses.fetch_add(keys.len() as u64 - hits, Ordering::Relaxed);
+        results
+    }
+
+    /// Stores `payload` under `key`; `false` when it was not stored (too large, or no daemon took it in time).
+    pub async fn set(&self, key: &CacheKey, payload: &[u8]) -> bool {
+        let inner = &self.inner;
+        let encoded = key.encode(inner.config.namespace);
+        let Ok(item) = value::encode_value(encoded.as_bytes(), key.kind(), payload) else { return false };
+        let Some(d) = inner.route(key_hash(encoded.as_bytes()), inner.now_ms()) else { return false };
+        let stored = inner
+            .on_daemon(d, async |c: &mut McClient| match c.set(encoded.as_bytes(), item.as_slice(), None, None).await {
+                Ok(()) => Ok(true),
+                // The daemon answered (e.g. SERVER_ERROR out of memory): it works, the item is just not there.
+                Err(McError::Protocol(_)) => Ok(false),
+                Err(e) => Err(e),
+            })
+            .await;
+        let stored = matches!(stored, Outcome::Done(true));
+        if stored {
+            inner.counters.stores.fetch_add(1, Ordering::Relaxed);
+        }
+        stored
+    }
+
+    /// Removes `key` from the daemon that would serve it now; `false` if that daemon could not be asked (a
+    /// caller that needs the item gone must not rely on this alone: see ARCHITECTURE.md on coherence).
+    pub async fn delete(&self, key: &CacheKey) -> bool {
+        let inner = &self.inner;
+        let encoded = key.encode(inner.config.namespace);
+        let Some(d) = inner.route(key_hash(encoded.as_bytes()), inner.now_ms()) else { return false };
+        let done = inner
+            .on_daemon(d, async |c: &mut McClient| match c.delete(encoded.as_bytes()).await {
+                Ok(()) | Err(McError::Protocol(Status::NotFound)) => Ok(()),
+                Err(e) => Err(e),
+            })
+            .await;
+        matches!(done, Outcome::Done(()))
+    }
+}
+
+impl Inner {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The daemon to ask for a key at `now_ms`: its owner, or the next admissible one on the ring.
+    fn route(&self, hash: u64, now_ms: u64) -> Option<usize> {
+        self.ring.route(hash, |d| lock(&self.daemons[d].health).admissible(now_ms))
+    }
+
+    /// One `get` of `keys` on daemon `d`; each found item checked against its key and kind.
+    async fn multi_get(&self, d: usize, keys: &[String], kinds: &[ItemKind]) -> Vec<Option<Bytes>> {
+        let found = self
+            .on_daemon(d, async |c: &mut McClient| match c.get_multi(keys).await {
+                Ok(values) => Ok(values),
+                Err(McError::Protocol(Status::NotFound)) => Ok(Vec::new()),
+                Err(e) => Err(e),
+            })
+            .await;
+        let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
+        let Outcome::Done(values) = found else { return out };
+        let position: HashMap<&[u8], usize> = keys.iter().enumerate().map(|(i, k)| (k.as_bytes(), i)).collect();
+        for v in values {
+            let (Some(&i), Some(data)) = (position.get(v.key.as_slice()), v.data) else { continue };
+            let item = Bytes::from(data);
+            match value::decode_value(&item, kinds[i], key_hash(keys[i].as_bytes())) {
+                Ok(payload) => out[i] = Some(payload),
+                Err(e) => {
+                    self.counters.refused_items.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(daemon = %self.daemons[d].address, key = %keys[i], "cache item refused: {e}");
+                }
+            }
+        }
+        out
+    }
+
+    /// Runs `op` on a connection to daemon `d` under a permit and the request deadline, and reports the outcome
+    /// to the daemon's health.
+    async fn on_daemon<T>(&self, d: usize, op: impl AsyncFnOnce(&mut McClient) -> Result<T, McError>) -> Outcome<T> {
+        let deadline = Instant::now() + Duration::from_millis(self.config.request_timeout_ms);
+        let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline.into(), self.inflight.acquire()).await else {
+            self.counters.saturated.fetch_add(1, Ordering::Relaxed);
+            return Outcome::NotSent;
+        };
+        let daemon = &self.daemons[d];
+        if lock(&daemon.health).admit(self.now_ms()) == Admit::No {
+            return Outcome::NotSent;
+        }
+        let idle = lock(&daemon.idle).pop();
+        let attempt = async {
+            let mut client = match idle {
+                Some(c) => c,
+                None => {
+                    let connect = Duration::from_millis(self.config.connect_timeout_ms);
+                    match tokio::time::timeout(connect, McClient::new(daemon.dsn.as_str())).await {
+                        Ok(Ok(c)) => c,
+                        Ok(Err(e)) => return Err(Some(e)),
+                        Err(_) => return Err(None),
+                    }
+                }
+            };
+            let result = op(&mut client).await.map_err(Some)?;
+            Ok((client, result))
+        };
+        match tokio::time::timeout_at(deadline.into(), attempt).await {
+            Ok(Ok((client, result))) => {
+                lock(&daemon.health).success();
+                let mut idle = lock(&daemon.idle);
+                if !client.is_closed() && idle.len() < self.config.connections_per_daemon {
+                    idle.push(client);
+                }
+                Outcome::Done(result)
+            }
+            Ok(Err(error)) => {
+                match error {
+                    Some(e) => {
+                        self.counters.failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(daemon = %daemon.address, "cache request failed: {e}");
+                    }
+                    None => {
+                        self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                self.fail(d);
+                Outcome::Failed
+            }
+            Err(_) => {
+                self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                self.fail(d);
+                Outcome::Failed
+            }
+        }
+    }
+
+    /// A failure on daemon `d`: count it toward ejection and forget its idle connections, which likely share
+    /// the fate of the one that failed.
+    fn fail(&self, d: usize) {
+        let daemon = &self.daemons[d];
+        let now = self.now_ms();
+        let mut health = lock(&daemon.health);
+        let was_ejected = health.is_ejected();
+        health.failure(now);
+        if health.is_ejected() && !was_ejected {
+            tracing::info!(daemon = %daemon.address, "cache daemon ejected for {} ms", self.config.eject_ms);
+        }
+        drop(health);
+        lock(&daemon.idle).clear();
+    }
+}
+
+/// A poisoned lock only means another task panicked while holding plain data; the data is still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

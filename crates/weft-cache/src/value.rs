@@ -1,0 +1,236 @@
+//! Cache keys and the checked value around every cached payload (docs/format.md §12).
+//!
+//! memcached holds whatever anyone `set`s: a value is used only when its magic, version, kind, key hash, length
+//! and CRC-32C all check, so a corrupt, truncated, foreign or misrouted item is a miss, never data.
+
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+
+/// Bytes of the value header before the payload.
+pub const HEADER_BYTES: usize = 24;
+/// The largest whole item we store: memcached's default item limit (1 MiB) counts its own item header and the
+/// key too, so keep 1 KiB of slack.
+pub const VALUE_BYTES_MAX: usize = (1 << 20) - 1024;
+/// The largest payload one item carries.
+pub const PAYLOAD_BYTES_MAX: usize = VALUE_BYTES_MAX - HEADER_BYTES;
+/// memcached's key length limit.
+pub const KEY_BYTES_MAX: usize = 250;
+
+const MAGIC: [u8; 4] = *b"WFCV";
+const VERSION: u8 = 1;
+
+/// What an item caches; its code is byte 5 of the value and its letter is in the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ItemKind {
+    /// A data block of a file at one data version.
+    Block = 1,
+    /// A file's attributes at one attribute version (reserved: nothing writes it yet).
+    Attrs = 2,
+}
+
+impl ItemKind {
+    fn letter(self) -> char {
+        match self {
+            ItemKind::Block => 'b',
+            ItemKind::Attrs => 'a',
+        }
+    }
+}
+
+/// What is cached, named so that an item never changes meaning: a key carries the version of what it holds, so a
+/// newer version is a new key and an old item is simply never asked for again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CacheKey {
+    /// Block `index` (file offset / block_bytes) of inode `ino` at `data_version`.
+    Block { ino: u64, data_version: u64, index: u64 },
+    /// Attributes of inode `ino` at `attr_version`.
+    Attrs { ino: u64, attr_version: u64 },
+}
+
+impl CacheKey {
+    pub fn kind(&self) -> ItemKind {
+        match self {
+            CacheKey::Block { .. } => ItemKind::Block,
+            CacheKey::Attrs { .. } => ItemKind::Attrs,
+        }
+    }
+
+    /// The memcached key under cache namespace `namespace` (at most 73 ASCII bytes, no space or control byte).
+    pub fn encode(&self, namespace: u64) -> String {
+        let mut s = String::with_capacity(80);
+        let _ = write!(s, "wf1/{namespace:x}/{}", self.kind().letter());
+        match *self {
+            CacheKey::Block { ino, data_version, index } => {
+                let _ = write!(s, "/{ino:x}/{data_version:x}/{index:x}");
+            }
+            CacheKey::Attrs { ino, attr_version } => {
+                let _ = write!(s, "/{ino:x}/{attr_version:x}");
+            }
+        }
+        debug_assert!(s.len() <= KEY_BYTES_MAX);
+        s
+    }
+}
+
+/// The first 8 bytes of SHA-256 of the key, as stored in the value header.
+pub fn key_hash(key: &[u8]) -> u64 {
+    let d = ring::digest::digest(&ring::digest::SHA256, key);
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d.as_ref()[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// Why an item is not used (each is a miss to the caller; the reason is for counters and logs).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ValueError {
+    #[error("item of {0} bytes is shorter than the header")]
+    Short(usize),
+    #[error("bad magic")]
+    Magic,
+    #[error("unknown value version {0}")]
+    Version(u8),
+    #[error("kind {found} where {expected:?} was asked for")]
+    Kind { found: u8, expected: ItemKind },
+    #[error("reserved bytes are not zero")]
+    Reserved,
+    #[error("value stored under another key")]
+    ForeignKey,
+    #[error("payload length {stated} but {actual} bytes follow the header")]
+    Length { stated: u32, actual: usize },
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("payload of {0} bytes exceeds the item limit")]
+    TooLarge(usize),
+}
+
+/// Builds the value for `payload` stored under `key` (the encoded key's bytes).
+pub fn encode_value(key: &[u8], kind: ItemKind, payload: &[u8]) -> Result<Vec<u8>, ValueError> {
+    if payload.len() > PAYLOAD_BYTES_MAX {
+        return Err(ValueError::TooLarge(payload.len()));
+    }
+    let mut v = Vec::with_capacity(HEADER_BYTES + payload.len());
+    v.extend_from_slice(&MAGIC);
+    v.push(VERSION);
+    v.push(kind as u8);
+    v.extend_from_slice(&[0, 0]);
+    v.extend_from_slice(&key_hash(key).to_le_bytes());
+    // Checked above: the payload fits in 1 MiB, so in a u32.
+    v.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&v[..20]), payload);
+    v.extend_from_slice(&crc.to_le_bytes());
+    v.extend_from_slice(payload);
+    Ok(v)
+}
+
+/// Checks `item` as a value of `kind` stored under the key whose [`key_hash`] is `expected_key_hash`, and
+/// returns its payload (a slice of `item`, no copy).
+pub fn decode_value(item: &Bytes, kind: ItemKind, expected_key_hash: u64) -> Result<Bytes, ValueError> {
+    let header = decode_header(item, kind, expected_key_hash)?;
+    Ok(item.slice(HEADER_BYTES..HEADER_BYTES + header))
+}
+
+/// The checks of [`decode_value`] on a plain slice; returns the payload length.
+pub fn decode_header(item: &[u8], kind: ItemKind, expected_key_hash: u64) -> Result<usize, ValueError> {
+    if item.len() < HEADER_BYTES {
+        return Err(ValueError::Short(item.len()));
+    }
+    if item[0..4] != MAGIC {
+        return Err(ValueError::Magic);
+    }
+    if item[4] != VERSION {
+        return Err(ValueError::Version(item[4]));
+    }
+    if item[5] != kind as u8 {
+        return Err(ValueError::Kind { found: item[5], expected: kind });
+    }
+    if item[6..8] != [0, 0] {
+        return Err(ValueError::Reserved);
+    }
+    let hash = u64::from_le_bytes(item[8..16].try_into().expect("8 bytes"));
+    if hash != expected_key_hash {
+        return Err(ValueError::ForeignKey);
+    }
+    let stated = u32::from_le_bytes(item[16..20].try_into().expect("4 bytes"));
+    let actual = item.len() - HEADER_BYTES;
+    if usize::try_from(stated).ok() != Some(actual) {
+        return Err(ValueError::Length { stated, actual });
+    }
+    if actual > PAYLOAD_BYTES_MAX {
+        return Err(ValueError::TooLarge(actual));
+    }
+    let crc = u32::from_le_bytes(item[20..24].try_into().expect("4 bytes"));
+    if crc32c::crc32c_append(crc32c::crc32c(&item[..20]), &item[HEADER_BYTES..]) != crc {
+        return Err(ValueError::Checksum);
+    }
+    Ok(actual)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(ino: u64) -> CacheKey {
+        CacheKey::Block { ino, data_version: 7, index: 3 }
+    }
+
+    #[test]
+    fn keys_are_short_ascii_and_distinct() {
+        let k = block(0x42).encode(0xabc);
+        assert_eq!(k, "wf1/abc/b/42/7/3");
+        let longest = CacheKey::Block { ino: u64::MAX, data_version: u64::MAX, index: u64::MAX }.encode(u64::MAX);
+        assert_eq!(longest.len(), 73);
+        assert!(longest.bytes().all(|b| b.is_ascii_graphic()));
+        assert_ne!(block(1).encode(0), CacheKey::Attrs { ino: 1, attr_version: 7 }.encode(0));
+        assert_ne!(block(1).encode(0), block(1).encode(1), "namespaces separate clusters");
+    }
+
+    #[test]
+    fn round_trip() {
+        let key = block(9).encode(1);
+        let v = Bytes::from(encode_value(key.as_bytes(), ItemKind::Block, b"hello").unwrap());
+        assert_eq!(v.len(), HEADER_BYTES + 5);
+        let p = decode_value(&v, ItemKind::Block, key_hash(key.as_bytes())).unwrap();
+        assert_eq!(&p[..], b"hello");
+        let empty = Bytes::from(encode_value(key.as_bytes(), ItemKind::Block, b"").unwrap());
+        assert!(decode_value(&empty, ItemKind::Block, key_hash(key.as_bytes())).unwrap().is_empty());
+    }
+
+    #[test]
+    fn every_refusal() {
+        let key = block(9).encode(1);
+        let h = key_hash(key.as_bytes());
+        let good = encode_value(key.as_bytes(), ItemKind::Block, b"payload").unwrap();
+        let check = |v: &[u8]| decode_header(v, ItemKind::Block, h);
+        assert_eq!(check(&good), Ok(7));
+        assert_eq!(check(&good[..10]), Err(ValueError::Short(10)));
+        let mut v = good.clone();
+        v[0] = b'X';
+        assert_eq!(check(&v), Err(ValueError::Magic));
+        let mut v = good.clone();
+        v[4] = 2;
+        assert_eq!(check(&v), Err(ValueError::Version(2)));
+        assert!(matches!(decode_header(&good, ItemKind::Attrs, h), Err(ValueError::Kind { found: 1, .. })));
+        let mut v = good.clone();
+        v[7] = 1;
+        assert_eq!(check(&v), Err(ValueError::Reserved));
+        assert_eq!(decode_header(&good, ItemKind::Block, h ^ 1), Err(ValueError::ForeignKey));
+        assert!(matches!(check(&good[..good.len() - 1]), Err(ValueError::Length { stated: 7, actual: 6 })));
+        let mut v = good.clone();
+        v.push(0);
+        assert!(matches!(check(&v), Err(ValueError::Length { .. })));
+        let mut v = good.clone();
+        *v.last_mut().unwrap() ^= 0x10;
+        assert_eq!(check(&v), Err(ValueError::Checksum));
+        let mut v = good.clone();
+        v[20] ^= 1;
+        assert_eq!(check(&v), Err(ValueError::Checksum));
+        assert!(matches!(
+            encode_value(key.as_bytes(), ItemKind::Block, &vec![0; PAYLOAD_BYTES_MAX + 1]),
+            Err(ValueError::TooLarge(_))
+        ));
+        assert!(encode_value(key.as_bytes(), ItemKind::Block, &vec![0; PAYLOAD_BYTES_MAX]).is_ok());
+    }
+}

@@ -1,0 +1,29 @@
+//! The cache bank's value decoder (`weft_cache::value`, docs/format.md §12) on arbitrary items.
+//!
+//! `decode_value` must never panic; what it accepts must be exactly what `encode_value` writes for the key and
+//! kind asked for (re-encoding the payload gives the item back byte for byte), so no other byte string can pass
+//! as a cached payload.
+
+#![no_main]
+
+use bytes::Bytes;
+use libfuzzer_sys::fuzz_target;
+use weft_cache::value::{ItemKind, decode_value, encode_value, key_hash};
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&selector, item)) = data.split_first() else { return };
+    let kind = if selector & 1 == 0 { ItemKind::Block } else { ItemKind::Attrs };
+    let key = format!("wf1/0/{}/{:x}", if selector & 1 == 0 { 'b' } else { 'a' }, selector >> 1);
+    let item = Bytes::copy_from_slice(item);
+    // Feed both the real key's hash and the hash the item claims, so the checks past the key hash are reached.
+    let claimed = item.get(8..16).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    for expected in [Some(key_hash(key.as_bytes())), claimed].into_iter().flatten() {
+        if let Ok(payload) = decode_value(&item, kind, expected) {
+            if expected == key_hash(key.as_bytes()) {
+                assert_eq!(encode_value(key.as_bytes(), kind, &payload).unwrap(), item.to_vec());
+            } else {
+                assert_eq!(payload.len() + 24, item.len());
+            }
+        }
+    }
+});
