@@ -223,3 +223,39 @@ async fn open_refuses_directories_and_special_files() {
     let e = client.open_ino(fifo.ino, OpenMode::Read).await.map(|_| ()).unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Invalid), "{e}");
 }
+
+/// Taking write permission away from a user: a new write open is refused at once, and the user's file already
+/// open for writing keeps its old capability only until that expires (the bound ARCHITECTURE.md states); its
+/// renewal is refused, so its next write fails and nothing reaches the disk.
+#[tokio::test]
+async fn a_chmod_revokes_a_users_open_write_capability_within_its_lifetime() {
+    const TTL_MS: u64 = 2000;
+    let c = start_with("caps-chmod", 1, |o| {
+        o.meta_extra_toml = format!("capability_ttl_ms = {TTL_MS}");
+        o.data_extra_toml = "capability_clock_skew_ms = 0".into();
+    })
+    .await;
+    let root = c.client().await;
+    let shared = root.mkdir(ROOT_INO, "shared", 0o777).await.unwrap().ino;
+    root.setattr(shared, SetAttrs { mode: Some(0o777), ..Default::default() }).await.unwrap();
+    let alice = root.with_user(weft_proto::UserCred { uid: 1000, gid: 100, groups: vec![] });
+    let f = alice.create_path("/shared/a", 0o644, true, false).await.unwrap();
+    let ino = f.ino();
+    f.write_at(0, Bytes::from_static(b"first")).await.unwrap();
+    f.sync().await.unwrap();
+    let issued_ms = unix_now_ms();
+
+    root.setattr(ino, SetAttrs { mode: Some(0o444), ..Default::default() }).await.unwrap();
+    let refused = alice.open("/shared/a", OpenMode::Write).await.map(|_| ()).unwrap_err();
+    assert!(format!("{refused}").contains("ermission"), "a new write open after the chmod: {refused}");
+
+    // Past the old capability's lifetime, the open file must renew, and the MDS refuses alice a write capability.
+    wait_until_past(issued_ms + TTL_MS).await;
+    let late = f.write_at(0, Bytes::from_static(b"later")).await;
+    assert!(late.is_err(), "a write with write permission revoked, past the capability lifetime");
+    let object = object_path(&c.data_root(0), ino);
+    assert_eq!(&std::fs::read(&object).unwrap()[..5], b"first", "the revoked write reached the disk");
+    // Reading is still allowed (mode 0444): the renewal for reading succeeds.
+    let r = alice.open("/shared/a", OpenMode::Read).await.unwrap();
+    assert_eq!(&r.read_at(0, BytesMut::zeroed(5)).await.unwrap()[..], b"first");
+}
