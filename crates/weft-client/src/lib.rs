@@ -582,7 +582,7 @@ mod ids {
             return Err(ClientError::User(format!("getgroups: {}", std::io::Error::last_os_error())));
         }
         groups.truncate(n as usize);
-        Ok(user_cred(uid, gid, groups)?)
+        user_cred(uid, gid, groups)
     }
 
     /// A credential from ids as the system lists them: the primary group and duplicates are dropped from the

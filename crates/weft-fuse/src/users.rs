@@ -22,9 +22,13 @@ pub const USER_TTL_MS: u64 = 1000;
 /// Bytes of /proc/PID/status read: "Groups:" is in its first lines.
 const STATUS_BYTES_MAX: u64 = 16 << 10;
 
+/// A request's (pid, uid, gid).
+type Caller = (u32, u32, u32);
+
 #[derive(Default)]
 pub(crate) struct Users {
-    cache: Mutex<HashMap<(u32, u32, u32), (Instant, Client)>>,
+    /// When each caller's client was made, and the client.
+    cache: Mutex<HashMap<Caller, (Instant, Client)>>,
 }
 
 impl Users {
