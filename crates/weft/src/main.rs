@@ -160,6 +160,7 @@ enum Cmd {
         listen = \"0.0.0.0:7000\"          address to listen on (port 0: any free port)\n  \
         key_file = \"/etc/weft/cluster.key\" the cluster key (`weft key new`); every peer must prove it\n  \
         auth = \"key\"                     key | none (no authentication; loopback experiments only)\n  \
+        clients_keyring = \"/etc/weft/clients.keyring\" per-client keys (`weft key add`), re-read on change\n  \
         data_dir = \"/var/lib/weft/meta\"   where the embedded store (meta.redb) lives\n  \
         liveness_ms = 5000               a data server silent this long is shown down\n  \
         slots_max = 64                   most slots (requests in flight) granted per client session\n  \
@@ -184,6 +185,7 @@ enum Cmd {
         mds = \"10.0.0.1:7000\"            the metadata service to register with\n  \
         key_file = \"/etc/weft/cluster.key\" the cluster key (`weft key new`); every peer must prove it\n  \
         auth = \"key\"                     key | none (no authentication; loopback experiments only)\n  \
+        clients_keyring = \"/etc/weft/clients.keyring\" per-client keys (`weft key add`), re-read on change\n  \
         heartbeat_ms = 1000              registration/heartbeat period\n  \
         transfer_unit_bytes = 2097152    largest payload of one request\n  \
         pool_buffers = 32                buffers of transfer_unit_bytes in the pool (its largest class)\n  \
@@ -319,7 +321,8 @@ enum KeyCmd {
     New { file: PathBuf },
     /// Issue a per-client key: writes a new key file for the client (mode 0600) and adds it to the clients keyring,
     /// which the servers re-read when it changes. The client names the key file as `key_file` and NAME as
-    /// `key_id` in its cluster.toml.
+    /// `key_id` in its cluster.toml. Without --squash-root or --uid/--gid the client is a trusted host: it acts
+    /// as any user it asserts, root included (as a cluster-key host, but it cannot register data servers).
     Add {
         /// The client's name (its key id): 1-64 letters, digits, '.', '_' or '-'.
         name: String,
