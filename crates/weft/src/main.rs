@@ -180,6 +180,7 @@ enum Cmd {
         tls_cert_file = \"server.pem\"     this server's certificate (`weft tls cert`)\n  \
         tls_key_file = \"server.key\"      its private key\n  \
         tls_ca_file = \"ca.pem\"           the cluster CA that servers' certificates chain to\n  \
+        clients_keyring = \"/etc/weft/clients.keyring\" per-client keys (`weft key add`), re-read on change\n  \
         data_dir = \"/var/lib/weft/meta\"   where the embedded store (meta.redb) lives\n  \
         liveness_ms = 5000               a data server silent this long is shown down\n  \
         slots_max = 64                   most slots (requests in flight) granted per client session\n  \
@@ -208,6 +209,7 @@ enum Cmd {
         tls_cert_file = \"server.pem\"     this server's certificate (`weft tls cert`)\n  \
         tls_key_file = \"server.key\"      its private key\n  \
         tls_ca_file = \"ca.pem\"           the cluster CA that servers' certificates chain to\n  \
+        clients_keyring = \"/etc/weft/clients.keyring\" per-client keys (`weft key add`), re-read on change\n  \
         heartbeat_ms = 1000              registration/heartbeat period\n  \
         transfer_unit_bytes = 2097152    largest payload of one request\n  \
         pool_buffers = 32                buffers of transfer_unit_bytes in the pool (its largest class)\n  \
@@ -343,7 +345,8 @@ enum KeyCmd {
     New { file: PathBuf },
     /// Issue a per-client key: writes a new key file for the client (mode 0600) and adds it to the clients keyring,
     /// which the servers re-read when it changes. The client names the key file as `key_file` and NAME as
-    /// `key_id` in its cluster.toml.
+    /// `key_id` in its cluster.toml. Without --squash-root or --uid/--gid the client is a trusted host: it acts
+    /// as any user it asserts, root included (as a cluster-key host, but it cannot register data servers).
     Add {
         /// The client's name (its key id): 1-64 letters, digits, '.', '_' or '-'.
         name: String,

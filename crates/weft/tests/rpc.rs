@@ -11,15 +11,17 @@ use common::wire::{read_reply, request_frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use weft_fabric::{Fabric, Listener, TcpFabric};
-use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR};
+use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR, FLAG_USER};
 use weft_proto::msg::{ReadReq, SessionCreateReq, WriteReq, decode};
-use weft_proto::{Capability, ErrorCode, Request, Response, WireError};
+use weft_proto::{Capability, ErrorCode, Op, Request, Response, UserCred, WireError};
 use weft_rpc::{CallCtx, ClientConfig, PoolBuf, Reply, RpcClient, RpcServer, ServerConfig, Service};
 
 const OP_WRITE: u16 = weft_proto::Op::Write as u16;
 
 #[derive(Default)]
 struct Counting {
+    /// The user block of every call, in order.
+    users: std::sync::Mutex<Vec<Option<UserCred>>>,
     writes: AtomicU32,
     in_flight: AtomicU32,
     in_flight_max: AtomicU32,
@@ -27,6 +29,7 @@ struct Counting {
 
 impl Service for Counting {
     async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
+        self.users.lock().unwrap().push(ctx.user.clone());
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.in_flight_max.fetch_max(now, Ordering::SeqCst);
         tokio::task::yield_now().await;
@@ -249,4 +252,61 @@ async fn client_reconnects_after_the_connection_dies() {
         .unwrap();
     assert_eq!(r, Response::Write(2));
     assert_eq!(svc.writes.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn user_blocks_reach_the_service_survive_replays_and_bad_ones_are_refused() {
+    let svc = Arc::new(Counting::default());
+    let addr = start(svc.clone()).await;
+    let alice = UserCred::new(1000, 100, vec![4, 27]).unwrap();
+    let write = Request::Write(WriteReq { ino: 5, offset: 0, cap: Capability::none() });
+    // Through the client: with and without a user.
+    let c = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
+    c.call_simple_as(Some(&alice), write.clone()).await.unwrap();
+    c.call_simple(write.clone()).await.unwrap();
+    assert_eq!(*svc.users.lock().unwrap(), vec![Some(alice.clone()), None]);
+    let too_many = UserCred { uid: 1, gid: 1, groups: vec![0; 33] };
+    assert!(c.call_simple_as(Some(&too_many), write.clone()).await.is_err(), "the client never sends 33 groups");
+
+    // By hand: the block is the start of the body, covered by its CRC; a retransmission is answered from the cache.
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let create = Request::SessionCreate(SessionCreateReq { client_name: "raw".into(), slots: 2 });
+    s.write_all(&request_frame(2, 0, u32::MAX, 0, &create.encode_body(), &[])).await.unwrap();
+    let (_, body, _) = read_reply(&mut s).await;
+    let Response::SessionCreate(sess) = Response::decode(2, &body).unwrap() else { panic!() };
+    let with_user = |body: &[u8], slot, seq, data: &[u8]| {
+        let mut f = request_frame(Op::Write as u16, sess.session, slot, seq, body, data);
+        f[6] |= FLAG_USER;
+        f
+    };
+    let mut b = Vec::new();
+    alice.encode_into(&mut b).unwrap();
+    b.extend_from_slice(&write.encode_body());
+    let writes_before = svc.writes.load(Ordering::SeqCst);
+    for _ in 0..2 {
+        s.write_all(&with_user(&b, 0, 1, b"abc")).await.unwrap();
+        let (h, body, _) = read_reply(&mut s).await;
+        assert_eq!((h.flags & FLAG_ERROR, Response::decode(Op::Write as u16, &body).unwrap()), (0, Response::Write(3)));
+    }
+    assert_eq!(svc.writes.load(Ordering::SeqCst), writes_before + 1, "a retransmission with a user block ran twice");
+    assert_eq!(svc.users.lock().unwrap().last().unwrap().as_ref(), Some(&alice));
+    // A truncated block, too many groups, a reserved field set: refused before the service runs; the
+    // connection goes on.
+    let calls = svc.users.lock().unwrap().len();
+    let mut many = vec![1, 0, 0, 0, 1, 0, 0, 0, 33, 0, 0, 0];
+    many.extend_from_slice(&[0; 33 * 4]);
+    let mut reserved = b[..12].to_vec();
+    reserved[10] = 1;
+    for (i, bad) in [b[..10].to_vec(), b[..14].to_vec(), many, reserved].into_iter().enumerate() {
+        s.write_all(&with_user(&bad, 1, 1 + i as u32, &[])).await.unwrap();
+        let (h, body, _) = read_reply(&mut s).await;
+        assert_ne!(h.flags & FLAG_ERROR, 0);
+        let e = decode::<WireError>(Op::Write as u16, &body).unwrap();
+        assert_eq!(e.code, ErrorCode::BadRequest);
+        assert!(e.message.contains("user block"), "{e:?}");
+    }
+    assert_eq!(svc.users.lock().unwrap().len(), calls, "the service never saw a bad block");
+    s.write_all(&with_user(&b, 0, 2, b"abcd")).await.unwrap();
+    let (_, body, _) = read_reply(&mut s).await;
+    assert_eq!(Response::decode(Op::Write as u16, &body).unwrap(), Response::Write(4));
 }
