@@ -148,6 +148,11 @@ async fn per_client_keys_pin_or_squash_the_user_and_unknown_keys_are_refused() {
     assert_eq!(code(as_root_asserted.setattr(secret, chmod.clone()).await), ErrorCode::NotPermitted);
     assert_eq!(code(as_root_asserted.unlink(weft_proto::ROOT_INO, "shared").await), ErrorCode::Permission);
     assert_eq!(code(as_root_asserted.mknod(shared, "tty", FileKind::CharDev, 0o666, 1).await), ErrorCode::NotPermitted);
+    // Nor may a squashed root read root's 0600 file: the MDS refuses the capability, so no data server serves it.
+    assert_eq!(
+        code(as_root_asserted.open("/shared/root-only", OpenMode::Read).await.map(|f| f.ino())),
+        ErrorCode::Permission
+    );
     // Other users pass through as they are.
     let a = squashed.with_user(alice()).create(shared, "by-alice", 0o644, true).await.unwrap();
     assert_eq!((a.uid, a.gid), (ALICE, USERS));
@@ -160,6 +165,7 @@ async fn per_client_keys_pin_or_squash_the_user_and_unknown_keys_are_refused() {
         assert_eq!((made.uid, made.gid), (4242, 4343));
     }
     assert_eq!(code(fixed.setattr(secret, chmod).await), ErrorCode::NotPermitted);
+    assert_eq!(code(fixed.open("/shared/root-only", OpenMode::Read).await.map(|f| f.ino())), ErrorCode::Permission);
     let chown = SetAttrs { uid: Some(4242), ..SetAttrs::default() };
     assert_eq!(code(fixed.setattr(secret, chown).await), ErrorCode::NotPermitted);
     assert_eq!(root.getattr(secret).await.unwrap().mode & 0o7777, 0o600);
