@@ -19,8 +19,8 @@ pub struct Targets {
     /// `--delay-us` and `--short-circuit` of [`SharedArgs`].
     delay_us: u64,
     short_circuit: Option<ShortCircuit>,
-    /// `--tls`: clusters started here run `tcp` under TLS.
-    tls: bool,
+    /// `--tls`: clusters started here run `tcp` plain (false) and/or under TLS (true), every point once per mode.
+    tls_modes: Vec<bool>,
     /// `--auth` of [`SharedArgs`]: every point is measured once per mode.
     auths: Vec<AuthMode>,
 }
@@ -30,6 +30,8 @@ pub struct Targets {
 pub struct Point {
     pub servers: Option<u32>,
     pub auth: AuthMode,
+    /// `tcp` under TLS.
+    pub tls: bool,
 }
 
 /// Sandia's short circuits: a layer answers without doing its work, to show the ceiling of the layers above it.
@@ -73,7 +75,7 @@ impl Targets {
             delay_us: 0,
             short_circuit: None,
             auths: vec![AuthMode::Key],
-            tls: false,
+            tls_modes: vec![false],
         })
     }
 
@@ -89,21 +91,26 @@ impl Targets {
             anyhow::bail!("--auth needs clusters the bench starts (a --cluster runs as it was configured)");
         }
         // A `--cluster` file says `tls = true` itself; `--tls` is for the clusters started here.
-        self.tls = a.tls && self.spec.is_none();
+        self.tls_modes = tls_choices(&a.tls)?;
+        if self.spec.is_some() && self.tls_modes != [false] {
+            anyhow::bail!("--tls needs clusters the bench starts (a --cluster file says `tls = true` itself)");
+        }
         let name = a.short_circuit.map(|s| format!("{s:?}").to_lowercase());
-        let _ = FABRIC_OPTIONS.set(json!({"delay_us": a.delay_us, "short_circuit": name, "tls": self.tls}));
+        let _ = FABRIC_OPTIONS.set(json!({"delay_us": a.delay_us, "short_circuit": name, "tls": a.tls}));
         Ok(self)
     }
 
     /// The points to measure: one per `--servers` value and `--auth` mode, or the one `--cluster`.
     pub fn points(&self) -> Vec<Point> {
         if self.spec.is_some() {
-            return vec![Point { servers: None, auth: AuthMode::Key }];
+            return vec![Point { servers: None, auth: AuthMode::Key, tls: false }];
         }
         let mut points = Vec::new();
         for &n in &self.servers {
             for &auth in &self.auths {
-                points.push(Point { servers: Some(n), auth });
+                for &tls in &self.tls_modes {
+                    points.push(Point { servers: Some(n), auth, tls });
+                }
             }
         }
         points
@@ -114,12 +121,13 @@ impl Targets {
         match (point.servers, &self.spec) {
             (Some(n), _) => {
                 let auth = auth_name(point.auth);
-                let dir = self.base_dir.join(format!("servers-{n}-auth-{auth}"));
+                let tls = if point.tls { "-tls" } else { "" };
+                let dir = self.base_dir.join(format!("servers-{n}-auth-{auth}{tls}"));
                 let _ = std::fs::remove_dir_all(&dir);
                 let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
                 opts.log_filter = "warn".into();
                 opts.auth = point.auth;
-                opts.tls = self.tls;
+                opts.tls = point.tls;
                 if self.short_circuit == Some(ShortCircuit::Server) {
                     opts.data_extra_toml.push_str("short_circuit = true\n");
                 }
@@ -185,6 +193,16 @@ pub fn emit(doc: &Value, table: &str, json: Option<&Path>, svg: impl FnOnce(&Val
         eprintln!("wrote {} and {}", path.display(), svg_path.display());
     }
     Ok(())
+}
+
+/// Parses `--tls`: a comma-separated list of `off` and `on` (also `0`/`1`, `false`/`true`, as `WEFT_TLS` says).
+pub fn tls_choices(list: &str) -> Result<Vec<bool>> {
+    crate::parse_list(list, |x| match x {
+        "off" | "0" | "false" | "no" | "" => Some(false),
+        "on" | "1" | "true" | "yes" => Some(true),
+        _ => None,
+    })
+    .context("--tls wants a list like off,on")
 }
 
 /// Parses `--auth`: a comma-separated list of `key` and `none`.
@@ -406,10 +424,11 @@ pub struct SharedArgs {
     /// sessions, capabilities: the default) and/or `none` (no authentication), e.g. `key,none`.
     #[arg(long, default_value = "key")]
     pub auth: String,
-    /// Start the clusters with `tcp` under TLS 1.3 (certificates made in each cluster's directory); results
-    /// over it record the fabric `tls`, and the document's config `fabric_options.tls`.
-    #[arg(long, env = "WEFT_TLS", value_parser = clap::builder::FalseyValueParser::new())]
-    pub tls: bool,
+    /// `tcp` of the clusters the bench starts, every point once per mode: `off` (plain, the default) and/or `on`
+    /// (TLS 1.3, certificates made in each cluster's directory), e.g. `off,on`. Results over TLS record the fabric
+    /// `tls`. `WEFT_TLS=1` means `on`.
+    #[arg(long, env = "WEFT_TLS", default_value = "off")]
+    pub tls: String,
 }
 
 #[cfg(test)]
@@ -449,5 +468,8 @@ mod tests {
         assert!(fabric_choices("tcp,ib").is_err());
         assert_eq!(auth_choices("key,none").unwrap(), [AuthMode::Key, AuthMode::None]);
         assert!(auth_choices("key,off").is_err());
+        assert_eq!(tls_choices("off,on").unwrap(), [false, true]);
+        assert_eq!(tls_choices("1").unwrap(), [true]);
+        assert!(tls_choices("maybe").is_err());
     }
 }
