@@ -166,7 +166,7 @@ impl Fabric for TcpFabric {
         let killer = self.prepare(&stream)?;
         let name = server_name(addr)?;
         let stream = tls.connector().connect(name, stream).await.map_err(|e| handshake_error("client", addr, e))?;
-        let binding = channel_binding(&stream.get_ref().1)?;
+        let binding = channel_binding(stream.get_ref().1)?;
         Ok(Self::wrap_tls(killer, stream.into(), binding, peer))
     }
 
@@ -209,7 +209,7 @@ impl TcpFabricListener {
         }
         let handle = self.handshakes.spawn(async move {
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(s)) => match channel_binding(&s.get_ref().1) {
+                Ok(Ok(s)) => match channel_binding(s.get_ref().1) {
                     Ok(binding) => Some(TcpFabric::wrap_tls(killer, s.into(), binding, peer)),
                     Err(e) => {
                         warn!(%peer, "refusing a connection: {e}");
