@@ -106,4 +106,19 @@ wait_for "a killed client's rdma connections were never closed" closed
 kill "$stuck_reader" 2>/dev/null || true
 echo "cluster.sh: a killed client's rdma connections were closed on both data servers"
 
+# A client holding another key gets no queue pair: the side channel refuses it before anything is registered.
+weft key new $w/wrong.key
+printf 'mds = "%s"\nkey_file = "%s"\n' "$mds_rdma" "$w/wrong.key" >$w/wrong.toml
+ups="$(grep -c "rdma connection up" $w/meta.log || true)"
+if weft ls --cluster $w/wrong.toml --fabric rdma / >/tmp/wrong.out 2>&1; then
+	echo "cluster.sh: a client with the wrong key listed the root over rdma"; exit 1
+fi
+refused() { grep -q "rdma connection refused: .*key" $w/meta.log; }
+wait_for "the MDS never logged the wrong key's side-channel refusal" refused
+[ "$(grep -c "rdma connection up" $w/meta.log || true)" = "$ups" ] ||
+	{ echo "cluster.sh: the MDS made a queue pair for a client with the wrong key"; exit 1; }
+grep "rdma connection refused" $w/meta.log | sed "s/^/cluster.sh: meta: /"
+echo "cluster.sh: a client with the wrong key was refused on the side channel, no queue pair made"
+echo "cluster.sh: the client said: $(tr "\n" " " </tmp/wrong.out | tail -c 400)"
+
 echo "RDMA-CLUSTER: PASS bytes=$((mib * 1048576)) md5=$(md5sum </tmp/in | cut -d" " -f1)"
