@@ -64,9 +64,8 @@ impl MetaService {
     }
 
     /// `Open`: access checked as the caller, then a capability. A point read, run in place.
-    fn open(&self, ctx: &CallCtx, r: &OpenReq) -> Result<Reply, WireError> {
-        let cred = self.caller_cred(ctx)?;
-        let attr = self.ns.open(&cred, r.ino, r.rights)?;
+    fn open(&self, ctx: &CallCtx, cred: &Cred, r: &OpenReq) -> Result<Reply, WireError> {
+        let attr = self.ns.open(cred, r.ino, r.rights)?;
         Ok(Response::Open(self.opened(ctx, attr, r.rights)?).into())
     }
 
@@ -74,8 +73,7 @@ impl MetaService {
     /// it whatever its mode (as open(2) with O_CREAT); a non-exclusive one may have found an existing file, whose
     /// mode is then checked (so a non-exclusive create of a new file with a mode without write permission for its
     /// owner is refused its capability: the one case where this differs from open(2)).
-    async fn create_open(&self, ctx: &CallCtx, r: CreateReq) -> Result<Reply, WireError> {
-        let cred = self.caller_cred(ctx)?;
+    async fn create_open(&self, ctx: &CallCtx, cred: Cred, r: CreateReq) -> Result<Reply, WireError> {
         let ns = self.ns.clone();
         let attr = tokio::task::spawn_blocking(move || {
             let exclusive = r.exclusive;
@@ -150,8 +148,8 @@ impl Service for MetaService {
         }
         let cred = self.caller_cred(ctx)?;
         match req {
-            Request::Open(r) => self.open(ctx, &r),
-            Request::CreateOpen(r) => self.create_open(ctx, r).await,
+            Request::Open(r) => self.open(ctx, &cred, &r),
+            Request::CreateOpen(r) => self.create_open(ctx, cred, r).await,
             Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
                 self.execute_in_place(&cred, &req)
             }
