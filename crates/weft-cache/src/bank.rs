@@ -90,6 +90,13 @@ impl std::fmt::Debug for Bank {
     }
 }
 
+/// memcached's two stores: `set` replaces, `add` stores only into an empty key.
+#[derive(Clone, Copy)]
+enum Store {
+    Set,
+    Add,
+}
+
 /// How one request to one daemon ended.
 enum Outcome<T> {
     Done(T),
@@ -172,7 +179,7 @@ impl Bank {
         let per_batch = (BATCH_BYTES_MAX / (inner.config.block_bytes as usize + value::HEADER_BYTES)).max(1);
         for (i, key) in keys.iter().enumerate() {
             let encoded = key.encode(inner.config.namespace);
-            let Some(d) = inner.route(key_hash(encoded.as_bytes()), now) else {
+            let Some(d) = inner.route(key.kind(), key_hash(encoded.as_bytes()), now) else {
                 inner.counters.routed_around.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
@@ -218,18 +225,44 @@ impl Bank {
         results
     }
 
-    /// Stores `payload` under `key`; `false` when it was not stored (too large, or no daemon took it in time).
+    /// Stores `payload` under `key`, kept until evicted; `false` when it was not stored (too large, or no daemon
+    /// took it in time).
     pub async fn set(&self, key: &CacheKey, payload: &[u8]) -> bool {
+        self.set_expiring(key, payload, None).await
+    }
+
+    /// [`Bank::set`] with memcached's expiry: the item is gone `expiry_s` seconds after the store (`None` or 0:
+    /// never). Items that are overwritten in place (attributes, lookups) expire, so an invalidation lost with a
+    /// dead daemon is bounded in time.
+    pub async fn set_expiring(&self, key: &CacheKey, payload: &[u8], expiry_s: Option<u32>) -> bool {
+        self.store(key, payload, expiry_s, Store::Set).await
+    }
+
+    /// [`Bank::set_expiring`] only if the key holds no item (memcached `add`): a fill that must not replace what
+    /// is there. `false` also when an item was there.
+    pub async fn add_expiring(&self, key: &CacheKey, payload: &[u8], expiry_s: Option<u32>) -> bool {
+        self.store(key, payload, expiry_s, Store::Add).await
+    }
+
+    async fn store(&self, key: &CacheKey, payload: &[u8], expiry_s: Option<u32>, how: Store) -> bool {
         let inner = &self.inner;
+        // memcached reads an expiry above 30 days as an absolute Unix time: cap it there.
+        let ttl = expiry_s.filter(|&s| s > 0).map(|s| i64::from(s.min(30 * 24 * 3600)));
         let encoded = key.encode(inner.config.namespace);
         let Ok(item) = value::encode_value(encoded.as_bytes(), key.kind(), payload) else { return false };
-        let Some(d) = inner.route(key_hash(encoded.as_bytes()), inner.now_ms()) else { return false };
+        let Some(d) = inner.route(key.kind(), key_hash(encoded.as_bytes()), inner.now_ms()) else { return false };
         let stored = inner
-            .on_daemon(d, async |c: &mut McClient| match c.set(encoded.as_bytes(), item.as_slice(), None, None).await {
-                Ok(()) => Ok(true),
-                // The daemon answered (e.g. SERVER_ERROR out of memory): it works, the item is just not there.
-                Err(McError::Protocol(_)) => Ok(false),
-                Err(e) => Err(e),
+            .on_daemon(d, async |c: &mut McClient| {
+                let done = match how {
+                    Store::Set => c.set(encoded.as_bytes(), item.as_slice(), ttl, None).await,
+                    Store::Add => c.add(encoded.as_bytes(), item.as_slice(), ttl, None).await,
+                };
+                match done {
+                    Ok(()) => Ok(true),
+                    // The daemon answered (e.g. SERVER_ERROR out of memory): it works, the item is just not there.
+                    Err(McError::Protocol(_)) => Ok(false),
+                    Err(e) => Err(e),
+                }
             })
             .await;
         let stored = matches!(stored, Outcome::Done(true));
@@ -244,7 +277,7 @@ impl Bank {
     pub async fn delete(&self, key: &CacheKey) -> bool {
         let inner = &self.inner;
         let encoded = key.encode(inner.config.namespace);
-        let Some(d) = inner.route(key_hash(encoded.as_bytes()), inner.now_ms()) else { return false };
+        let Some(d) = inner.route(key.kind(), key_hash(encoded.as_bytes()), inner.now_ms()) else { return false };
         let done = inner
             .on_daemon(d, async |c: &mut McClient| match c.delete(encoded.as_bytes()).await {
                 Ok(()) | Err(McError::Protocol(Status::NotFound)) => Ok(()),
@@ -260,9 +293,16 @@ impl Inner {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// The daemon to ask for a key at `now_ms`: its owner, or the next admissible one on the ring.
-    fn route(&self, hash: u64, now_ms: u64) -> Option<usize> {
-        self.ring.route(hash, |d| lock(&self.daemons[d].health).admissible(now_ms))
+    /// The daemon to ask for a key of `kind` at `now_ms`: its owner, or for a data block the next admissible
+    /// daemon on the ring. Attributes and lookups are overwritten in place, so a copy left on a fallback daemon
+    /// while the owner was out could be served stale by a client that still routes around it: they live on
+    /// their owner only, and are a miss while it is out.
+    fn route(&self, kind: ItemKind, hash: u64, now_ms: u64) -> Option<usize> {
+        let admissible = |d: usize| lock(&self.daemons[d].health).admissible(now_ms);
+        match kind {
+            ItemKind::Block => self.ring.route(hash, admissible),
+            ItemKind::Attrs | ItemKind::Lookup => self.ring.owner(hash).filter(|&d| admissible(d)),
+        }
     }
 
     /// One `get` of `keys` on daemon `d`; each found item checked against its key and kind.

@@ -6,6 +6,7 @@
 //! namespace = 12345                # in every key: clusters sharing daemons never collide (0 ..= 2^63 − 1)
 //! block_bytes = 8192               # data block size (the papers measured 256, 2048 and 8192)
 //! attrs = true                     # cache attributes and lookups
+//! attr_ttl_s = 60                  # attribute and lookup items expire after this (NFS acregmax)
 //! data = true                      # cache data blocks
 //! request_timeout_ms = 50          # deadline of one bank request; past it, a miss
 //! connect_timeout_ms = 50
@@ -26,8 +27,12 @@ pub struct CacheConfig {
     pub servers: Vec<String>,
     pub namespace: u64,
     pub block_bytes: u32,
+    /// Cache attributes and lookups: the MDS pushes them on every change, clients look there before the MDS.
     pub attrs: bool,
     pub data: bool,
+    /// Attribute and lookup items expire this many seconds after they were stored (as NFS's `acregmax`): the bound
+    /// on how stale one can be when both the MDS's push and its fallback delete were lost with a daemon. 0: never.
+    pub attr_ttl_s: u32,
     pub request_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub inflight_max: usize,
@@ -45,6 +50,7 @@ impl Default for CacheConfig {
             block_bytes: 8192,
             attrs: true,
             data: true,
+            attr_ttl_s: 60,
             request_timeout_ms: 50,
             connect_timeout_ms: 50,
             inflight_max: 256,

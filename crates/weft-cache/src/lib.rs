@@ -5,8 +5,10 @@
 //! ([`value`], docs/format.md §12), so what a daemon returns is data only when it checks. The [`Bank`] never
 //! fails a caller: a miss, a timeout or a dead daemon is `None`, and the caller asks the server that owns the
 //! data. Keys carry the version of what they hold (a file's data version), so an item is never overwritten with
-//! other contents and a stale one is simply never asked for.
+//! other contents and a stale one is simply never asked for. Attributes and lookups ([`attrs`]) cannot carry a
+//! version a client knows in advance: the MDS overwrites them after every change, and they expire.
 
+pub mod attrs;
 pub mod bank;
 pub mod config;
 pub mod health;
@@ -16,4 +18,4 @@ pub mod value;
 pub use bank::{Bank, BankStats};
 pub use config::{CacheConfig, ConfigError};
 pub use health::HealthState;
-pub use value::{CacheKey, ItemKind};
+pub use value::{AttrItem, CacheKey, ItemKind, LookupItem};

@@ -26,8 +26,10 @@ const VERSION: u8 = 1;
 pub enum ItemKind {
     /// A data block of a file at one data version.
     Block = 1,
-    /// A file's attributes at one attribute version (reserved: nothing writes it yet).
+    /// An inode's attributes (pushed by the MDS on every change; payload [`AttrItem`]).
     Attrs = 2,
+    /// A directory entry: (parent, name) → child inode (pushed by the MDS; payload [`LookupItem`]).
+    Lookup = 3,
 }
 
 impl ItemKind {
@@ -35,6 +37,7 @@ impl ItemKind {
         match self {
             ItemKind::Block => 'b',
             ItemKind::Attrs => 'a',
+            ItemKind::Lookup => 'l',
         }
     }
 }
@@ -45,8 +48,12 @@ impl ItemKind {
 pub enum CacheKey {
     /// Block `index` (file offset / block_bytes) of inode `ino` at `data_version`.
     Block { ino: u64, data_version: u64, index: u64 },
-    /// Attributes of inode `ino` at `attr_version`.
-    Attrs { ino: u64, attr_version: u64 },
+    /// Attributes of inode `ino`: overwritten in place by the MDS on each change (no version in the key: a client
+    /// cannot know the current one), so their staleness is bounded by the push and by the item's expiry.
+    Attrs { ino: u64 },
+    /// The entry `name` of directory `parent`, keyed by the first 16 bytes of SHA-256(name) (a name may be 255
+    /// bytes, a memcached key only 250); the payload carries the whole name, checked on read.
+    Lookup { parent: u64, name_hash: [u8; 16] },
 }
 
 impl CacheKey {
@@ -54,7 +61,16 @@ impl CacheKey {
         match self {
             CacheKey::Block { .. } => ItemKind::Block,
             CacheKey::Attrs { .. } => ItemKind::Attrs,
+            CacheKey::Lookup { .. } => ItemKind::Lookup,
         }
+    }
+
+    /// The key of the entry `name` in directory `parent`.
+    pub fn lookup(parent: u64, name: &str) -> CacheKey {
+        let d = ring::digest::digest(&ring::digest::SHA256, name.as_bytes());
+        let mut name_hash = [0u8; 16];
+        name_hash.copy_from_slice(&d.as_ref()[..16]);
+        CacheKey::Lookup { parent, name_hash }
     }
 
     /// The memcached key under cache namespace `namespace` (at most 73 ASCII bytes, no space or control byte).
@@ -65,8 +81,14 @@ impl CacheKey {
             CacheKey::Block { ino, data_version, index } => {
                 let _ = write!(s, "/{ino:x}/{data_version:x}/{index:x}");
             }
-            CacheKey::Attrs { ino, attr_version } => {
-                let _ = write!(s, "/{ino:x}/{attr_version:x}");
+            CacheKey::Attrs { ino } => {
+                let _ = write!(s, "/{ino:x}");
+            }
+            CacheKey::Lookup { parent, name_hash } => {
+                let _ = write!(s, "/{parent:x}/");
+                for b in name_hash {
+                    let _ = write!(s, "{b:02x}");
+                }
             }
         }
         debug_assert!(s.len() <= KEY_BYTES_MAX);
@@ -168,6 +190,89 @@ pub fn decode_header(item: &[u8], kind: ItemKind, expected_key_hash: u64) -> Res
     Ok(actual)
 }
 
+/// Version byte that starts the payload of an attributes or lookup item.
+const ITEM_PAYLOAD_VERSION: u8 = 1;
+
+/// Why an attributes or lookup payload is not used (a miss to the caller).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PayloadError {
+    #[error("empty payload")]
+    Empty,
+    #[error("unknown payload version {0}")]
+    Version(u8),
+    #[error("payload does not decode: {0}")]
+    Decode(String),
+    #[error("{0} trailing bytes after the payload")]
+    Trailing(usize),
+    #[error("item for inode {found} under the key of inode {expected}")]
+    WrongInode { expected: u64, found: u64 },
+    #[error("entry named {found:?} under the key of {expected:?} (a name-hash collision or a foreign item)")]
+    WrongName { expected: String, found: String },
+}
+
+/// The payload of an [`ItemKind::Attrs`] item: version 1, then the postcard `Attr` (docs/format.md §12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttrItem(pub weft_proto::Attr);
+
+/// The payload of an [`ItemKind::Lookup`] item: version 1, then the postcard `(name: String, ino: u64)`. It
+/// carries no attributes: those live once, under the child's own [`CacheKey::Attrs`], so a chmod through one
+/// hard link never leaves another name's copy stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupItem {
+    pub name: String,
+    pub ino: u64,
+}
+
+fn versioned<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    let mut out = vec![ITEM_PAYLOAD_VERSION];
+    // Serializing plain data into a Vec cannot fail.
+    out.extend_from_slice(&postcard::to_stdvec(v).expect("postcard encoding of plain data"));
+    out
+}
+
+fn unversioned<'a, T: serde::Deserialize<'a>>(payload: &'a [u8]) -> Result<T, PayloadError> {
+    let (&version, body) = payload.split_first().ok_or(PayloadError::Empty)?;
+    if version != ITEM_PAYLOAD_VERSION {
+        return Err(PayloadError::Version(version));
+    }
+    let (v, rest) = postcard::take_from_bytes(body).map_err(|e| PayloadError::Decode(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(PayloadError::Trailing(rest.len()));
+    }
+    Ok(v)
+}
+
+impl AttrItem {
+    pub fn encode(&self) -> Vec<u8> {
+        versioned(&self.0)
+    }
+
+    /// The attributes in `payload`, which was found under the attributes key of inode `ino`.
+    pub fn decode(payload: &[u8], ino: u64) -> Result<weft_proto::Attr, PayloadError> {
+        let attr: weft_proto::Attr = unversioned(payload)?;
+        if attr.ino != ino {
+            return Err(PayloadError::WrongInode { expected: ino, found: attr.ino });
+        }
+        Ok(attr)
+    }
+}
+
+impl LookupItem {
+    pub fn encode(&self) -> Vec<u8> {
+        versioned(&(&self.name, self.ino))
+    }
+
+    /// The child inode in `payload`, which was found under the lookup key of `name` (in some directory).
+    pub fn decode(payload: &[u8], name: &str) -> Result<u64, PayloadError> {
+        let (found, ino): (String, u64) = unversioned(payload)?;
+        if found != name {
+            return Err(PayloadError::WrongName { expected: name.to_string(), found });
+        }
+        Ok(ino)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,7 +288,15 @@ mod tests {
         let longest = CacheKey::Block { ino: u64::MAX, data_version: u64::MAX, index: u64::MAX }.encode(u64::MAX);
         assert_eq!(longest.len(), 73);
         assert!(longest.bytes().all(|b| b.is_ascii_graphic()));
-        assert_ne!(block(1).encode(0), CacheKey::Attrs { ino: 1, attr_version: 7 }.encode(0));
+        assert_ne!(block(1).encode(0), CacheKey::Attrs { ino: 1 }.encode(0));
+        assert_eq!(CacheKey::Attrs { ino: 0x1f }.encode(0xabc), "wf1/abc/a/1f");
+        // SHA-256("x") = 2d711642b726b044 01627ca9fbac32f5 …
+        assert_eq!(CacheKey::lookup(2, "x").encode(0xabc), "wf1/abc/l/2/2d711642b726b04401627ca9fbac32f5");
+        let long = "n".repeat(255);
+        let k = CacheKey::lookup(u64::MAX, &long).encode(i64::MAX as u64);
+        assert!(k.len() <= KEY_BYTES_MAX && k.bytes().all(|b| b.is_ascii_graphic()), "{k}");
+        assert_ne!(CacheKey::lookup(1, "a").encode(0), CacheKey::lookup(1, "b").encode(0));
+        assert_ne!(CacheKey::lookup(1, "a").encode(0), CacheKey::lookup(2, "a").encode(0));
         assert_ne!(block(1).encode(0), block(1).encode(1), "namespaces separate clusters");
     }
 
@@ -232,5 +345,57 @@ mod tests {
             Err(ValueError::TooLarge(_))
         ));
         assert!(encode_value(key.as_bytes(), ItemKind::Block, &vec![0; PAYLOAD_BYTES_MAX]).is_ok());
+    }
+
+    fn attr(ino: u64) -> weft_proto::Attr {
+        weft_proto::Attr {
+            ino,
+            kind: weft_proto::FileKind::File,
+            mode: 0o640,
+            uid: 1000,
+            gid: 100,
+            nlink: 1,
+            size: 12345,
+            atime_ns: 1,
+            mtime_ns: -2,
+            ctime_ns: 3,
+            layout: None,
+            rdev: 0,
+        }
+    }
+
+    #[test]
+    fn attr_items_round_trip_and_refuse_what_is_not_theirs() {
+        let a = attr(77);
+        let p = AttrItem(a.clone()).encode();
+        assert_eq!(p[0], 1, "payload version first");
+        assert_eq!(AttrItem::decode(&p, 77), Ok(a));
+        assert_eq!(AttrItem::decode(&p, 78), Err(PayloadError::WrongInode { expected: 78, found: 77 }));
+        assert_eq!(AttrItem::decode(&[], 77), Err(PayloadError::Empty));
+        let mut v = p.clone();
+        v[0] = 9;
+        assert_eq!(AttrItem::decode(&v, 77), Err(PayloadError::Version(9)));
+        let mut v = p.clone();
+        v.push(0);
+        assert_eq!(AttrItem::decode(&v, 77), Err(PayloadError::Trailing(1)));
+        assert!(matches!(AttrItem::decode(&p[..p.len() - 1], 77), Err(PayloadError::Decode(_))));
+        for cut in 1..p.len() {
+            assert!(AttrItem::decode(&p[..cut], 77).is_err(), "a truncated payload of {cut} bytes");
+        }
+    }
+
+    #[test]
+    fn lookup_items_round_trip_and_check_the_name() {
+        let p = LookupItem { name: "report.txt".into(), ino: 5 }.encode();
+        assert_eq!(LookupItem::decode(&p, "report.txt"), Ok(5));
+        assert!(matches!(LookupItem::decode(&p, "other"), Err(PayloadError::WrongName { .. })));
+        assert!(LookupItem::decode(&p[..p.len() - 1], "report.txt").is_err());
+        let attrs = AttrItem(attr(5)).encode();
+        assert!(LookupItem::decode(&attrs, "report.txt").is_err(), "an attributes payload is no entry");
+        // Under the value header, the kind keeps the two apart anyway.
+        let key = CacheKey::lookup(1, "report.txt").encode(0);
+        let v = encode_value(key.as_bytes(), ItemKind::Lookup, &p).unwrap();
+        assert!(matches!(decode_header(&v, ItemKind::Attrs, key_hash(key.as_bytes())), Err(ValueError::Kind { .. })));
+        assert_eq!(decode_header(&v, ItemKind::Lookup, key_hash(key.as_bytes())), Ok(p.len()));
     }
 }

@@ -13,6 +13,9 @@
 //!   the MDS decides what it may do under the key the client proved, and owns new entries to it.
 //! - Consistency is close-to-open: [`Client::open`] fetches fresh attributes; [`File::sync`] and [`File::close`]
 //!   commit size and mtime to the MDS (LAYOUTCOMMIT), the largest size winning among concurrent writers.
+//! - With a cache bank (`[cache]`, `attrs = true`), [`Client::getattr`] and [`Client::lookup`] ask it first (the
+//!   MDS publishes every change there before it replies) and the MDS on a miss; opens always go to the MDS. A
+//!   client never stores into the bank (see `weft_cache::attrs`).
 
 mod capability;
 mod cluster;
@@ -67,6 +70,12 @@ struct Inner {
     layouts: LayoutCache,
     /// One fabric for all sessions: its shm side owns the client's arena, shared with every shm server.
     fabric: AnyFabric,
+    /// The cache bank (`[cache]` in cluster.toml), if it names any daemon.
+    bank: Option<weft_cache::Bank>,
+    /// Whether the MDS runs requests as the user they assert (the cluster key, or no authentication), so this
+    /// client can check a directory's search permission for its own user exactly; a per-client key may map the
+    /// user to another (docs/format.md §9), and then only a directory anyone may search is checked locally.
+    asserted_user_is_effective: bool,
 }
 
 fn unexpected(r: Response) -> ClientError {
@@ -99,6 +108,12 @@ impl Client {
         // The rdma side channel proves our key before any queue pair is made.
         .with_side_channel_auth(rpc_cfg.credential.clone().map(weft_rpc::SideClient::boxed));
         let mds = RpcClient::connect(fabric.clone(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
+        let bank = match cluster.cache.clone().filter(|c| c.enabled()) {
+            Some(c) => Some(weft_cache::Bank::new(c).map_err(|e| ClientError::Protocol(format!("[cache]: {e}")))?),
+            None => None,
+        };
+        let asserted_user_is_effective =
+            cluster.auth == AuthMode::None || cluster.key_id == weft_rpc::auth::CLUSTER_KEY_ID;
         let client = Client {
             inner: Arc::new(Inner {
                 layouts: LayoutCache::new(tuning.layout_cache_entries),
@@ -109,6 +124,8 @@ impl Client {
                 ds: Mutex::new(HashMap::new()),
                 ds_connect: tokio::sync::Mutex::new(()),
                 fabric,
+                bank,
+                asserted_user_is_effective,
             }),
             user: Arc::new(user),
         };
@@ -222,12 +239,47 @@ impl Client {
 
     // ---- namespace -------------------------------------------------------------------------------------------
 
+    /// The attributes of `parent`'s entry `name`: from the cache bank when it has the entry, the child's
+    /// attributes, and the parent's attributes showing that this client's user may search `parent`
+    /// ([`bank_may_search`]); else from the MDS, which checks everything itself.
     pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, ClientError> {
+        if let Some(attr) = self.lookup_in_bank(parent, name).await {
+            return Ok(attr);
+        }
         Ok(meta_call!(self, Lookup(LookupReq { parent, name: name.into() })))
     }
 
+    /// The attributes of `ino`: from the cache bank if it has them (attributes are not secret beyond the lookup
+    /// that found the inode), else from the MDS.
     pub async fn getattr(&self, ino: u64) -> Result<Attr, ClientError> {
+        if let Some(bank) = self.attr_bank()
+            && let Some(attr) = bank.get_attr(ino).await
+        {
+            return Ok(attr);
+        }
         Ok(meta_call!(self, GetAttr(InoReq { ino })))
+    }
+
+    /// The bank, when it caches attributes and lookups.
+    fn attr_bank(&self) -> Option<&weft_cache::Bank> {
+        self.inner.bank.as_ref().filter(|b| b.caches_attrs())
+    }
+
+    /// The cache bank's own counters (hits, misses, refused items…), if this client has a bank.
+    pub fn bank_stats(&self) -> Option<weft_cache::BankStats> {
+        self.inner.bank.as_ref().map(|b| b.stats())
+    }
+
+    /// A lookup served by the bank: two round trips (the parent's attributes with the entry, then the child's
+    /// attributes), each far cheaper than the MDS; `None` sends the lookup to the MDS.
+    async fn lookup_in_bank(&self, parent: u64, name: &str) -> Option<Attr> {
+        let bank = self.attr_bank()?;
+        let (dir, child) = bank.get_parent_and_entry(parent, name).await;
+        let (dir, child) = (dir?, child?);
+        if !bank_may_search(&dir, &self.user, self.inner.asserted_user_is_effective) {
+            return None;
+        }
+        bank.get_attr(child).await
     }
 
     /// Changes attributes. A size change truncates (or extends) the file's objects first, then records the size.
@@ -550,6 +602,33 @@ fn attr_layout(r: &Response) -> Option<(u64, &Layout)> {
     (a.kind == weft_proto::FileKind::File).then_some(()).and(a.layout.as_ref().map(|l| (a.ino, l)))
 }
 
+/// Whether `user` may search directory `dir` (the check the MDS makes on a lookup's parent), decided from its
+/// attributes alone as `perm::may` decides it: a directory with all three execute bits is searchable by anyone;
+/// otherwise only when the MDS runs requests as the user they assert (`exact`) are the owner, group and other
+/// classes checked for `user` (root searches any directory). Any doubt is `false`: the MDS decides.
+fn bank_may_search(dir: &Attr, user: &UserCred, exact: bool) -> bool {
+    if dir.kind != weft_proto::FileKind::Dir {
+        return false;
+    }
+    if dir.mode & 0o111 == 0o111 {
+        return true;
+    }
+    if !exact {
+        return false;
+    }
+    if user.uid == 0 {
+        return true;
+    }
+    let bits = if user.uid == dir.uid {
+        dir.mode >> 6
+    } else if user.gid == dir.gid || user.groups.contains(&dir.gid) {
+        dir.mode >> 3
+    } else {
+        dir.mode
+    };
+    bits & 1 != 0
+}
+
 /// Splits an absolute path into checked components.
 pub fn components(path: &str) -> Result<Vec<&str>, ClientError> {
     if !path.starts_with('/') {
@@ -621,5 +700,49 @@ mod tests {
         }
         let good = Layout { stripe_unit: 4096, stripe_count: 1, servers: vec![1] };
         assert!(check_file_layout(7, &good).is_ok());
+    }
+
+    fn dir(mode: u32, uid: u32, gid: u32) -> Attr {
+        Attr {
+            ino: 5,
+            kind: weft_proto::FileKind::Dir,
+            mode,
+            uid,
+            gid,
+            nlink: 2,
+            size: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            layout: None,
+            rdev: 0,
+        }
+    }
+
+    /// The local search check agrees with the MDS's rules (perm.rs) where it answers, and says "ask the MDS"
+    /// whenever the key may map the user to another.
+    #[test]
+    fn the_bank_lookup_checks_search_permission_as_the_mds_would() {
+        let user = |uid, gid, groups: &[u32]| UserCred { uid, gid, groups: groups.to_vec() };
+        let (alice, bob, root) = (user(1000, 100, &[]), user(1001, 200, &[100]), user(0, 0, &[]));
+        for exact in [true, false] {
+            assert!(bank_may_search(&dir(0o755, 1000, 100), &bob, exact), "anyone searches a 755 directory");
+            assert!(bank_may_search(&dir(0o711, 1000, 100), &bob, exact));
+            let mut file = dir(0o755, 1000, 100);
+            file.kind = weft_proto::FileKind::File;
+            assert!(!bank_may_search(&file, &alice, exact), "a file is no directory to search");
+        }
+        let private = dir(0o700, 1000, 100);
+        assert!(bank_may_search(&private, &alice, true), "the owner");
+        assert!(!bank_may_search(&private, &bob, true), "another user, even in the group");
+        assert!(bank_may_search(&private, &root, true), "root searches any directory");
+        assert!(!bank_may_search(&private, &alice, false), "a mapped user: only the MDS knows who it is");
+        assert!(!bank_may_search(&private, &root, false), "root may be squashed");
+        let group = dir(0o710, 1000, 100);
+        assert!(bank_may_search(&group, &bob, true), "through a supplementary group");
+        assert!(!bank_may_search(&group, &user(1002, 300, &[]), true));
+        let not_owner = dir(0o011, 1000, 100);
+        assert!(!bank_may_search(&not_owner, &alice, true), "the owner class alone decides for the owner");
+        assert!(bank_may_search(&not_owner, &bob, true));
     }
 }

@@ -20,7 +20,8 @@
 //!
 //! With `LaunchOptions::cache = N` the cluster also runs N memcached daemons (the cache bank, issue 16), bound to
 //! 127.0.0.1 only (memcached's text protocol has no authentication: see ARCHITECTURE.md), each on a port picked
-//! free, without UDP, with `cache_mib` MiB of memory; `cluster.toml` names them in its `[cache]` table. They can
+//! free, without UDP, with `cache_mib` MiB of memory; `cluster.toml` and the MDS's config name them in their
+//! `[cache]` tables (the daemons start first, so the MDS publishes to them from its first change). They can
 //! be stopped, killed and restarted (empty, on the same port) one by one like the data servers.
 
 use std::path::{Path, PathBuf};
@@ -85,6 +86,8 @@ pub struct LaunchOptions {
     pub cache_mib: u32,
     /// The bank's data block size, written into `cluster.toml`.
     pub cache_block_bytes: u32,
+    /// Cache attributes and lookups (`attrs` in the `[cache]` tables of `cluster.toml` and the MDS's config).
+    pub cache_attrs: bool,
     /// Run `tcp` under TLS with certificates in `DIR/tls/` (default: `WEFT_TLS=1` in the environment).
     pub tls: bool,
 }
@@ -111,6 +114,8 @@ impl LaunchOptions {
             cache: 0,
             cache_mib: 64,
             cache_block_bytes: CacheConfig::default().block_bytes,
+            cache_attrs: true,
+            cache_timeout_ms: CacheConfig::default().request_timeout_ms,
         }
     }
 }
@@ -168,15 +173,24 @@ impl LocalCluster {
         } else {
             auth_toml
         };
-        let meta_cfg = opts.dir.join("config/meta.toml");
-        let text = format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}{}\n",
-            opts.dir.join("meta"),
-            opts.meta_extra_toml
-        );
-        std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
         let mut cluster =
             LocalCluster { mds: None, data: Vec::new(), cache: Vec::new(), cache_namespace: random_u64() >> 1, opts };
+        // The bank first: the MDS publishes attributes to it from its first change on.
+        for i in 0..cluster.opts.cache {
+            let p = cluster.spawn_cache(i, None).await?;
+            cluster.cache.push(p);
+        }
+        let cache_toml = match cluster.cache_config() {
+            Some(c) => format!("\n[cache]\n{}", toml::to_string(&c).expect("a cache config always serialises")),
+            None => String::new(),
+        };
+        let meta_cfg = cluster.opts.dir.join("config/meta.toml");
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}{}\n{cache_toml}",
+            cluster.opts.dir.join("meta"),
+            cluster.opts.meta_extra_toml
+        );
+        std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
         let mds = cluster.spawn("meta", "meta", &meta_cfg).await?;
         let mds_addr = mds.addr.clone();
         cluster.mds = Some(mds);
@@ -193,10 +207,6 @@ impl LocalCluster {
             cluster.data.push(p);
         }
         cluster.wait_ready().await?;
-        for i in 0..cluster.opts.cache {
-            let p = cluster.spawn_cache(i, None).await?;
-            cluster.cache.push(p);
-        }
         let cfg_path = cluster.cluster_file();
         std::fs::write(&cfg_path, cluster.cluster_config().to_toml()).map_err(io_err(&cfg_path))?;
         Ok(cluster)
@@ -328,6 +338,9 @@ impl LocalCluster {
             servers: self.cache_addrs(),
             namespace: self.cache_namespace,
             block_bytes: self.opts.cache_block_bytes,
+            attrs: self.opts.cache_attrs,
+            request_timeout_ms: self.opts.cache_timeout_ms,
+            connect_timeout_ms: self.opts.cache_timeout_ms,
             ..CacheConfig::default()
         })
     }

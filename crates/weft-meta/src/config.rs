@@ -66,6 +66,10 @@ pub struct MetaConfig {
     /// working on the data servers; clients renew before it runs out.
     #[serde(default = "default_capability_ttl_ms")]
     pub capability_ttl_ms: u64,
+    /// The cache bank (issue 16): with `attrs = true` the MDS publishes every change of attributes and names to
+    /// these memcached daemons before replying. Absent: no bank.
+    #[serde(default)]
+    pub cache: Option<weft_cache::CacheConfig>,
 }
 
 impl MetaConfig {
@@ -138,6 +142,7 @@ mod tests {
         assert_eq!(journal.checkpoint_bytes, default.checkpoint_bytes);
         assert_eq!(journal.checkpoint_interval_ms, default.checkpoint_interval_ms);
         assert_eq!(cfg.capability_ttl_ms, 60_000);
+        assert_eq!(cfg.cache, None);
     }
 
     #[test]
@@ -157,6 +162,10 @@ mod tests {
             checkpoint_bytes = 2097152
             checkpoint_interval_ms = 300
             capability_ttl_ms = 2500
+
+            [cache]
+            servers = ["127.0.0.1:11211"]
+            attrs = false
         "#;
         let cfg: MetaConfig = toml::from_str(text).unwrap();
         assert_eq!(cfg.rdma_listen.as_deref(), Some("rdma:10.0.0.1:7001"));
@@ -166,6 +175,10 @@ mod tests {
         assert_eq!((journal.segment_bytes, journal.journal_bytes_max), (1 << 20, 8 << 20));
         assert_eq!((journal.checkpoint_bytes, journal.checkpoint_interval_ms), (2 << 20, 300));
         assert_eq!(cfg.capability_ttl_ms, 2500);
-        assert!(toml::from_str::<MetaConfig>(&format!("{text}\nunknown = 1\n")).is_err());
+        let cache = cfg.cache.expect("the [cache] table");
+        assert_eq!((cache.servers, cache.attrs, cache.attr_ttl_s), (vec!["127.0.0.1:11211".to_string()], false, 60));
+        let unknown = text.replace("[cache]", "unknown = 1\n[cache]");
+        assert!(toml::from_str::<MetaConfig>(&unknown).is_err());
+        assert!(toml::from_str::<MetaConfig>(&format!("{text}\nunknown = 1\n")).is_err(), "nor in [cache]");
     }
 }

@@ -9,7 +9,8 @@
 //! it on a blocking thread, because each write transaction waits for an fsync.
 //!
 //! The process around it: [`config`] (`weft meta --config F` and its defaults), [`service`] (the RPC service),
-//! [`node`] (store, listeners, service) and `gc` (deletes removed files' objects from the data servers).
+//! [`node`] (store, listeners, service), `gc` (deletes removed files' objects from the data servers) and `push`
+//! (publishes changed attributes and lookups to the cache bank).
 
 pub mod clock;
 pub mod config;
@@ -20,6 +21,7 @@ pub mod mem_store;
 pub mod namespace;
 pub mod node;
 pub mod perm;
+mod push;
 pub mod redb_store;
 pub mod service;
 pub mod store;

@@ -29,6 +29,8 @@ pub enum MetaServerError {
     Keyring(weft_rpc::KeyringError),
     #[error("{0}")]
     Tls(weft_fabric::TlsError),
+    #[error("[cache]: {0}")]
+    Cache(weft_cache::ConfigError),
 }
 
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
@@ -63,7 +65,11 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         ..ServerConfig::default()
     };
     let cap_key = key.as_ref().map(weft_rpc::CapabilityKey::derive);
-    let service = MetaService::new(ns.clone()).with_capabilities(cap_key, cfg.capability_ttl_ms);
+    let bank = match cfg.cache.clone().filter(|c| c.enabled() && c.attrs) {
+        Some(c) => Some(weft_cache::Bank::new(c).map_err(MetaServerError::Cache)?),
+        None => None,
+    };
+    let service = MetaService::new(ns.clone()).with_capabilities(cap_key, cfg.capability_ttl_ms).with_cache_bank(bank);
     let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(service));
     info!(%addr, tls = cfg.tls, store = %dir.display(), "metadata service listening");
     if let Some(rdma) = &cfg.rdma_listen {

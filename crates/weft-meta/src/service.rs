@@ -6,6 +6,9 @@
 //!
 //! `Open` and `CreateOpen` are answered here: the namespace checks the caller's access, and the service seals a
 //! capability (docs/format.md §10) for the calling connection's key and session with the capability key.
+//!
+//! With a cache bank (`[cache]` with `attrs = true`), every change is published to it after it commits and before
+//! its reply ([`crate::push`]), so a client that reads attributes or lookups from the bank sees it.
 
 use std::sync::Arc;
 
@@ -14,6 +17,7 @@ use weft_proto::{Attr, Capability, ErrorCode, Request, Response, Rights, UserCre
 use weft_rpc::keyring::NOBODY_ID;
 use weft_rpc::{CallCtx, CapabilityKey, KeyPolicy, PoolBuf, Principal, Reply, Service};
 
+use crate::push::Pusher;
 use crate::{Cred, Namespace, RedbStore, SystemClock};
 
 /// Default lifetime of a capability: one minute. It bounds how long a removed permission keeps working on the
@@ -26,11 +30,19 @@ pub struct MetaService {
     /// `None` with authentication off: capabilities are issued empty (version 0).
     cap_key: Option<CapabilityKey>,
     capability_ttl_ms: u64,
+    /// Publishes changes to the cache bank (`None`: no bank, or `attrs = false`).
+    pusher: Option<Arc<Pusher>>,
 }
 
 impl MetaService {
     pub fn new(ns: Arc<Namespace<RedbStore, SystemClock>>) -> MetaService {
-        MetaService { ns, cap_key: None, capability_ttl_ms: DEFAULT_CAPABILITY_TTL_MS }
+        MetaService { ns, cap_key: None, capability_ttl_ms: DEFAULT_CAPABILITY_TTL_MS, pusher: None }
+    }
+
+    /// Publishes attributes and lookups to `bank` after every change (when it caches them).
+    pub fn with_cache_bank(mut self, bank: Option<weft_cache::Bank>) -> MetaService {
+        self.pusher = bank.filter(|b| b.caches_attrs()).map(|b| Pusher::new(b, self.ns.clone()));
+        self
     }
 
     /// Seals capabilities under `key` (derived from the cluster key), valid for `ttl_ms`.
@@ -64,16 +76,16 @@ impl MetaService {
     }
 
     /// `Open`: access checked as the caller, then a capability. A point read, run in place.
-    fn open(&self, ctx: &CallCtx, cred: &Cred, r: &OpenReq) -> Result<Reply, WireError> {
+    fn open(&self, ctx: &CallCtx, cred: &Cred, r: &OpenReq) -> Result<Response, WireError> {
         let attr = self.ns.open(cred, r.ino, r.rights)?;
-        Ok(Response::Open(self.opened(ctx, attr, r.rights)?).into())
+        Ok(Response::Open(self.opened(ctx, attr, r.rights)?))
     }
 
     /// `CreateOpen`: `Create`, then read+write rights. An exclusive create made the file, and its creator may write
     /// it whatever its mode (as open(2) with O_CREAT); a non-exclusive one may have found an existing file, whose
     /// mode is then checked (so a non-exclusive create of a new file with a mode without write permission for its
     /// owner is refused its capability: the one case where this differs from open(2)).
-    async fn create_open(&self, ctx: &CallCtx, cred: Cred, r: CreateReq) -> Result<Reply, WireError> {
+    async fn create_open(&self, ctx: &CallCtx, cred: Cred, r: CreateReq) -> Result<Response, WireError> {
         let ns = self.ns.clone();
         let attr = tokio::task::spawn_blocking(move || {
             let exclusive = r.exclusive;
@@ -85,22 +97,21 @@ impl MetaService {
         })
         .await
         .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??;
-        Ok(Response::CreateOpen(self.opened(ctx, attr, Rights::READ_WRITE)?).into())
+        Ok(Response::CreateOpen(self.opened(ctx, attr, Rights::READ_WRITE)?))
     }
 
     /// Point reads never wait for a disk flush (redb reads from its cache; a miss is one pread), so they run in
     /// place: a hop to the blocking pool costs two thread wake-ups, more than the lookup itself.
-    fn execute_in_place(&self, cred: &Cred, req: &Request) -> Result<Reply, WireError> {
-        Ok(self.ns.execute_as(cred, req)?.into())
+    fn execute_in_place(&self, cred: &Cred, req: &Request) -> Result<Response, WireError> {
+        self.ns.execute_as(cred, req)
     }
 
     /// Writes wait for the journal's fdatasync and readdir pages may be long, so those go to the blocking pool.
-    async fn execute_on_blocking_pool(&self, cred: Cred, req: Request) -> Result<Reply, WireError> {
+    async fn execute_on_blocking_pool(&self, cred: Cred, req: Request) -> Result<Response, WireError> {
         let ns = self.ns.clone();
-        let resp = tokio::task::spawn_blocking(move || ns.execute_as(&cred, &req))
+        tokio::task::spawn_blocking(move || ns.execute_as(&cred, &req))
             .await
-            .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??;
-        Ok(resp.into())
+            .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))?
     }
 }
 
@@ -147,14 +158,25 @@ impl Service for MetaService {
             self.check_registration(ctx, r)?;
         }
         let cred = self.caller_cred(ctx)?;
-        match req {
-            Request::Open(r) => self.open(ctx, &cred, &r),
-            Request::CreateOpen(r) => self.create_open(ctx, cred, r).await,
+        // What the op may change, read before it runs (a removed name's inode is gone from the store after).
+        let touched = self.pusher.as_ref().map(|p| p.before(&req));
+        let resp = match req {
+            Request::Open(r) => return Ok(self.open(ctx, &cred, &r)?.into()),
+            Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
             Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
-                self.execute_in_place(&cred, &req)
+                let resp = self.execute_in_place(&cred, &req)?;
+                if let Some(p) = &self.pusher {
+                    p.fill(&req, &resp);
+                }
+                return Ok(resp.into());
             }
-            req => self.execute_on_blocking_pool(cred, req).await,
+            req => self.execute_on_blocking_pool(cred, req).await?,
+        };
+        // Committed: publish before replying, so whoever hears of the change finds it in the bank.
+        if let (Some(p), Some(t)) = (&self.pusher, touched) {
+            p.after(t, &resp).await;
         }
+        Ok(resp.into())
     }
 }
 

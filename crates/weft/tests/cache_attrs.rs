@@ -1,0 +1,314 @@
+//! Attributes and lookups through the cache bank (issue 16), against real memcached daemons and real servers: the
+//! MDS publishes every change before it replies, so a second client reading from the bank sees chmod, truncate,
+//! rename, link and unlink at once; a removed name is NotFound; garbage and hash collisions are misses; a killed
+//! daemon costs only speed; a lookup through the bank still needs search permission on the parent; and
+//! `attrs = false` turns it all off.
+//!
+//! Ground truth is a client without a bank (every answer from the MDS). That an answer came from the bank is
+//! proven by the bank's own hit counter of the client that asked, which counts only checked items.
+
+mod common;
+
+use bytes::Bytes;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use weft_cache::value::encode_value;
+use weft_cache::{AttrItem, Bank, CacheKey, ItemKind, LookupItem};
+use weft_client::{Client, ClientError, ClusterConfig};
+use weft_proto::{Attr, ErrorCode, ROOT_INO, SetAttrs, UserCred};
+
+use common::{TestCluster, start_with};
+
+/// A bank deadline long enough that a loaded test machine never turns a hit, a push or a delete into a timeout.
+const PATIENT_MS: u64 = 10_000;
+
+async fn start_bank_cluster(name: &str, daemons: u32, attrs: bool) -> TestCluster {
+    start_with(name, 1, |o| {
+        o.cache = daemons;
+        o.cache_mib = 16;
+        o.cache_attrs = attrs;
+        o.cache_timeout_ms = PATIENT_MS;
+    })
+    .await
+}
+
+/// A client with its own bank (its own counters).
+async fn bank_client(cl: &TestCluster) -> Client {
+    let cfg = ClusterConfig::from_spec(&cl.cluster_file().to_string_lossy()).unwrap();
+    assert!(cfg.cache.is_some(), "cluster.toml names the bank");
+    Client::connect(&cfg).await.unwrap()
+}
+
+/// A client without a bank: the MDS's answer.
+async fn truth_client(cl: &TestCluster) -> Client {
+    let cfg = ClusterConfig { cache: None, ..ClusterConfig::from_spec(&cl.cluster_file().to_string_lossy()).unwrap() };
+    Client::connect(&cfg).await.unwrap()
+}
+
+fn hits(c: &Client) -> u64 {
+    c.bank_stats().expect("a client with a bank").hits
+}
+
+fn code<T: std::fmt::Debug>(r: Result<T, ClientError>) -> ErrorCode {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.code().unwrap_or_else(|| panic!("an error without a code: {e}")),
+    }
+}
+
+/// `getattr` by `b` is served by its bank (`hits` grows by one) and equals the MDS's answer.
+async fn getattr_from_bank(b: &Client, truth: &Client, ino: u64) -> Attr {
+    let before = hits(b);
+    let got = b.getattr(ino).await.unwrap();
+    assert_eq!(hits(b), before + 1, "inode {ino}'s attributes came from the bank");
+    assert_eq!(got, truth.getattr(ino).await.unwrap(), "the bank's copy of inode {ino} is the MDS's");
+    got
+}
+
+/// `lookup` by `b` is served by its bank (the parent's attributes, the entry, the child's attributes) and equals
+/// the MDS's answer.
+async fn lookup_from_bank(b: &Client, truth: &Client, parent: u64, name: &str) -> Attr {
+    let before = hits(b);
+    let got = b.lookup(parent, name).await.unwrap();
+    assert_eq!(hits(b), before + 3, "{name:?} was looked up in the bank");
+    assert_eq!(got, truth.lookup(parent, name).await.unwrap(), "the bank's {name:?} is the MDS's");
+    got
+}
+
+#[tokio::test]
+async fn changes_by_one_client_are_seen_through_the_bank_by_another() {
+    let cl = start_bank_cluster("cattr-changes", 2, true).await;
+    let (a, b, truth) = (bank_client(&cl).await, bank_client(&cl).await, truth_client(&cl).await);
+    let d = a.mkdir(ROOT_INO, "d", 0o755).await.unwrap();
+    let f = a.create_path("/d/f", 0o644, true, false).await.unwrap();
+    let ino = f.ino();
+    f.write_at(0, Bytes::from(vec![7u8; 1000])).await.unwrap();
+    f.close().await.unwrap();
+
+    // The create, the write's commit: all published.
+    assert_eq!(lookup_from_bank(&b, &truth, d.ino, "f").await.ino, ino);
+    assert_eq!(getattr_from_bank(&b, &truth, ino).await.size, 1000);
+    getattr_from_bank(&b, &truth, d.ino).await;
+
+    // chmod
+    a.setattr(ino, SetAttrs { mode: Some(0o600), ..SetAttrs::default() }).await.unwrap();
+    assert_eq!(getattr_from_bank(&b, &truth, ino).await.mode, 0o600);
+    // truncate
+    a.setattr(ino, SetAttrs { size: Some(10), ..SetAttrs::default() }).await.unwrap();
+    assert_eq!(getattr_from_bank(&b, &truth, ino).await.size, 10);
+    // chown (root may), utimes
+    a.setattr(ino, SetAttrs { uid: Some(1234), gid: Some(99), ..SetAttrs::default() }).await.unwrap();
+    let after = getattr_from_bank(&b, &truth, ino).await;
+    assert_eq!((after.uid, after.gid), (1234, 99));
+    a.setattr(ino, SetAttrs { mtime: Some(weft_proto::TimeSet::AtNs(5_000_000_000)), ..SetAttrs::default() })
+        .await
+        .unwrap();
+    assert_eq!(getattr_from_bank(&b, &truth, ino).await.mtime_ns, 5_000_000_000);
+
+    // rename: the old name is gone (the MDS says so: the bank has no entry for it), the new one is in the bank,
+    // and the directory's times moved on in the bank too.
+    let e = a.mkdir(ROOT_INO, "e", 0o755).await.unwrap();
+    a.rename(d.ino, "f", e.ino, "g", 0).await.unwrap();
+    assert_eq!(code(b.lookup(d.ino, "f").await), ErrorCode::NotFound);
+    assert_eq!(lookup_from_bank(&b, &truth, e.ino, "g").await.ino, ino);
+    getattr_from_bank(&b, &truth, d.ino).await;
+    getattr_from_bank(&b, &truth, e.ino).await;
+
+    // rename over an existing file: the replaced file's inode is gone, its name now names the moved one.
+    let victim = a.create(e.ino, "victim", 0o644, true).await.unwrap();
+    assert_eq!(lookup_from_bank(&b, &truth, e.ino, "victim").await.ino, victim.ino);
+    a.rename(e.ino, "g", e.ino, "victim", 0).await.unwrap();
+    assert_eq!(code(b.lookup(e.ino, "g").await), ErrorCode::NotFound);
+    assert_eq!(lookup_from_bank(&b, &truth, e.ino, "victim").await.ino, ino);
+    assert_eq!(code(b.getattr(victim.ino).await), ErrorCode::NotFound, "the replaced inode is gone");
+
+    // link: a second name, the link count in the bank; unlink one name: the other stays, the count drops.
+    a.link(ino, d.ino, "again").await.unwrap();
+    assert_eq!(lookup_from_bank(&b, &truth, d.ino, "again").await.nlink, 2);
+    a.unlink(e.ino, "victim").await.unwrap();
+    assert_eq!(code(b.lookup(e.ino, "victim").await), ErrorCode::NotFound);
+    assert_eq!(getattr_from_bank(&b, &truth, ino).await.nlink, 1);
+    // The last name: the inode's attributes leave the bank with it.
+    a.unlink(d.ino, "again").await.unwrap();
+    assert_eq!(code(b.lookup(d.ino, "again").await), ErrorCode::NotFound);
+    assert_eq!(code(b.getattr(ino).await), ErrorCode::NotFound);
+
+    // rmdir
+    a.rmdir(ROOT_INO, "e").await.unwrap();
+    assert_eq!(code(b.lookup(ROOT_INO, "e").await), ErrorCode::NotFound);
+    assert_eq!(code(b.getattr(e.ino).await), ErrorCode::NotFound);
+    getattr_from_bank(&b, &truth, ROOT_INO).await;
+    let stats = b.bank_stats().unwrap();
+    assert_eq!((stats.refused_items, stats.failures, stats.timeouts), (0, 0, 0), "{stats:?}");
+}
+
+/// One raw text-protocol `set`, bypassing the bank.
+async fn raw_set(addr: &str, key: &str, value: &[u8]) {
+    let mut req = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
+    req.extend_from_slice(value);
+    req.extend_from_slice(b"\r\n");
+    let mut s = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    s.get_mut().write_all(&req).await.unwrap();
+    let mut line = String::new();
+    s.read_line(&mut line).await.unwrap();
+    assert_eq!(line.trim_end(), "STORED");
+}
+
+#[tokio::test]
+async fn garbage_and_foreign_items_under_valid_keys_are_misses() {
+    let cl = start_bank_cluster("cattr-garbage", 2, true).await;
+    let (a, b, truth) = (bank_client(&cl).await, bank_client(&cl).await, truth_client(&cl).await);
+    let cfg = ClusterConfig::from_spec(&cl.cluster_file().to_string_lossy()).unwrap().cache.unwrap();
+    let bank = Bank::new(cfg.clone()).unwrap();
+    let f = a.create(ROOT_INO, "f", 0o640, true).await.unwrap();
+    let other = a.create(ROOT_INO, "other", 0o600, true).await.unwrap();
+    let right = getattr_from_bank(&b, &truth, f.ino).await;
+
+    let key = CacheKey::Attrs { ino: f.ino };
+    let encoded = key.encode(cfg.namespace);
+    let addr = &cl.cache_addrs()[bank.owner(&key).unwrap()];
+    let mut liar = right.clone();
+    liar.mode = 0o777;
+    let mut flipped = encode_value(encoded.as_bytes(), ItemKind::Attrs, &AttrItem(liar.clone()).encode()).unwrap();
+    *flipped.last_mut().unwrap() ^= 1;
+    let plants: Vec<(&str, Vec<u8>, bool)> = vec![
+        ("plain text", b"mode=0777".to_vec(), true),
+        ("a flipped bit", flipped, true),
+        (
+            "another inode's attributes, well formed",
+            {
+                let payload = AttrItem(truth.getattr(other.ino).await.unwrap()).encode();
+                encode_value(encoded.as_bytes(), ItemKind::Attrs, &payload).unwrap()
+            },
+            false,
+        ),
+        (
+            "a lookup item under an attributes key",
+            {
+                let payload = LookupItem { name: "f".into(), ino: f.ino }.encode();
+                encode_value(encoded.as_bytes(), ItemKind::Lookup, &payload).unwrap()
+            },
+            true,
+        ),
+        (
+            "garbage behind a good header",
+            encode_value(encoded.as_bytes(), ItemKind::Attrs, b"\x01\xff\xff").unwrap(),
+            false,
+        ),
+    ];
+    for (what, item, refused_by_header) in plants {
+        raw_set(addr, &encoded, &item).await;
+        let before = b.bank_stats().unwrap();
+        assert_eq!(b.getattr(f.ino).await.unwrap(), right, "{what}: the MDS's attributes, not the plant");
+        let after = b.bank_stats().unwrap();
+        assert_eq!(after.refused_items - before.refused_items, u64::from(refused_by_header), "{what}");
+    }
+
+    // A lookup entry naming another name under this name's key (what a hash collision would look like) is a
+    // miss: the MDS answers, here NotFound for a name that does not exist.
+    let ghost = CacheKey::lookup(ROOT_INO, "ghost");
+    let ghost_addr = &cl.cache_addrs()[bank.owner(&ghost).unwrap()];
+    let payload = LookupItem { name: "f".into(), ino: f.ino }.encode();
+    let ghost_key = ghost.encode(cfg.namespace);
+    raw_set(ghost_addr, &ghost_key, &encode_value(ghost_key.as_bytes(), ItemKind::Lookup, &payload).unwrap()).await;
+    assert_eq!(code(b.lookup(ROOT_INO, "ghost").await), ErrorCode::NotFound);
+    // A real entry still works, and the planted attributes were replaced by the MDS's fill or next push.
+    assert_eq!(lookup_from_bank(&b, &truth, ROOT_INO, "other").await.ino, other.ino);
+}
+
+#[tokio::test]
+async fn a_killed_daemon_costs_only_speed() {
+    let mut cl = start_bank_cluster("cattr-kill", 3, true).await;
+    let (a, b, truth) = (bank_client(&cl).await, bank_client(&cl).await, truth_client(&cl).await);
+    let d = a.mkdir(ROOT_INO, "d", 0o755).await.unwrap();
+    let mut inos = Vec::new();
+    for i in 0..30 {
+        inos.push(a.create(d.ino, &format!("f{i}"), 0o644, true).await.unwrap().ino);
+    }
+    for &ino in &inos {
+        getattr_from_bank(&b, &truth, ino).await;
+    }
+    cl.kill_cache(1).await;
+    // Every stat is right, whether the bank or the MDS answers it; so is every change made meanwhile.
+    for round in 0..3u32 {
+        for (i, &ino) in inos.iter().enumerate() {
+            let mode = 0o600 | (round + i as u32) % 8;
+            a.setattr(ino, SetAttrs { mode: Some(mode), ..SetAttrs::default() }).await.unwrap();
+            let got = b.getattr(ino).await.unwrap();
+            assert_eq!(got, truth.getattr(ino).await.unwrap(), "round {round}, inode {ino}");
+            assert_eq!(got.mode, mode);
+            let by_name = b.lookup(d.ino, &format!("f{i}")).await.unwrap();
+            assert_eq!(by_name, got, "round {round}, f{i} by name");
+        }
+    }
+    assert!(b.bank_stats().unwrap().failures + b.bank_stats().unwrap().timeouts > 0, "the dead daemon was asked");
+    // Restarted empty: still right, and the bank serves again once changes are pushed to it.
+    cl.restart_cache(1).await.unwrap();
+    for (i, &ino) in inos.iter().enumerate() {
+        a.setattr(ino, SetAttrs { mode: Some(0o640), ..SetAttrs::default() }).await.unwrap();
+        let got = b.getattr(ino).await.unwrap();
+        assert_eq!((got.ino, got.mode), (ino, 0o640), "f{i} after the restart");
+    }
+}
+
+const ALICE: u32 = 1000;
+const BOB: u32 = 1001;
+
+#[tokio::test]
+async fn a_lookup_through_the_bank_still_needs_search_permission() {
+    let cl = start_bank_cluster("cattr-perm", 2, true).await;
+    let (a, b, truth) = (bank_client(&cl).await, bank_client(&cl).await, truth_client(&cl).await);
+    let alice = a.with_user(UserCred::new(ALICE, 100, vec![]).unwrap());
+    let bob = b.with_user(UserCred::new(BOB, 200, vec![]).unwrap());
+    let private = alice_dir(&a, &alice).await;
+    alice.create(private, "secret", 0o644, true).await.unwrap();
+
+    // Alice, the owner, looks up through the bank (and her own `with_user` client shares b's bank counters).
+    let alice_b = b.with_user(UserCred::new(ALICE, 100, vec![]).unwrap());
+    lookup_from_bank(&alice_b, &truth, private, "secret").await;
+    // Bob finds the parent and the entry in the bank, but may not search the directory: the MDS refuses him.
+    let before = hits(&bob);
+    assert_eq!(code(bob.lookup(private, "secret").await), ErrorCode::Permission);
+    assert_eq!(hits(&bob), before + 2, "the entry was in the bank, and was not used");
+    // Once Alice opens the directory to everyone (a push), Bob looks up through the bank.
+    alice.setattr(private, SetAttrs { mode: Some(0o711), ..SetAttrs::default() }).await.unwrap();
+    lookup_from_bank(&bob, &truth, private, "secret").await;
+    // …and once she closes it again, he is refused again at once.
+    alice.setattr(private, SetAttrs { mode: Some(0o700), ..SetAttrs::default() }).await.unwrap();
+    assert_eq!(code(bob.lookup(private, "secret").await), ErrorCode::Permission);
+}
+
+/// A directory only Alice may search, made by root and given to her.
+async fn alice_dir(root: &Client, alice: &Client) -> u64 {
+    let d = root.mkdir(ROOT_INO, "home", 0o700).await.unwrap();
+    root.setattr(d.ino, SetAttrs { uid: Some(ALICE), gid: Some(100), ..SetAttrs::default() }).await.unwrap();
+    assert_eq!(alice.getattr(d.ino).await.unwrap().uid, ALICE);
+    d.ino
+}
+
+#[tokio::test]
+async fn attrs_false_turns_the_attribute_cache_off() {
+    let cl = start_bank_cluster("cattr-off", 1, false).await;
+    let (a, b) = (bank_client(&cl).await, bank_client(&cl).await);
+    let f = a.create(ROOT_INO, "f", 0o644, true).await.unwrap();
+    a.setattr(f.ino, SetAttrs { mode: Some(0o600), ..SetAttrs::default() }).await.unwrap();
+    assert_eq!(b.getattr(f.ino).await.unwrap().mode, 0o600);
+    assert_eq!(b.lookup(ROOT_INO, "f").await.unwrap().ino, f.ino);
+    let stats = b.bank_stats().unwrap();
+    assert_eq!((stats.hits, stats.misses), (0, 0), "the bank was not asked: {stats:?}");
+    // …and the MDS published nothing: the daemon holds no item.
+    assert_eq!(memcached_stat(&cl.cache_addrs()[0], "curr_items").await, 0);
+}
+
+async fn memcached_stat(addr: &str, name: &str) -> u64 {
+    let mut s = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    s.get_mut().write_all(b"stats\r\n").await.unwrap();
+    loop {
+        let mut line = String::new();
+        assert!(s.read_line(&mut line).await.unwrap() > 0);
+        if let Some(v) = line.strip_prefix(&format!("STAT {name} ")) {
+            return v.trim().parse().unwrap();
+        }
+        assert_ne!(line.trim_end(), "END", "no {name} in stats");
+    }
+}
