@@ -88,6 +88,8 @@ pub struct LaunchOptions {
     pub cache_block_bytes: u32,
     /// Cache attributes and lookups (`attrs` in the `[cache]` tables of `cluster.toml` and the MDS's config).
     pub cache_attrs: bool,
+    /// The bank's request and connect deadline (`request_timeout_ms`, `connect_timeout_ms`), for every role.
+    pub cache_timeout_ms: u64,
     /// Run `tcp` under TLS with certificates in `DIR/tls/` (default: `WEFT_TLS=1` in the environment).
     pub tls: bool,
 }
