@@ -232,7 +232,7 @@ async fn a_killed_daemon_costs_only_speed() {
     // Every stat is right, whether the bank or the MDS answers it; so is every change made meanwhile.
     for round in 0..3u32 {
         for (i, &ino) in inos.iter().enumerate() {
-            let mode = 0o600 | (round + i as u32) % 8;
+            let mode = 0o600 | ((round + i as u32) % 8);
             a.setattr(ino, SetAttrs { mode: Some(mode), ..SetAttrs::default() }).await.unwrap();
             let got = b.getattr(ino).await.unwrap();
             assert_eq!(got, truth.getattr(ino).await.unwrap(), "round {round}, inode {ino}");
