@@ -107,7 +107,7 @@ bench-mount: bench-deps
 bench-cache: bench-deps
 	mkdir -p docs/bench
 	$(CARGO) run --locked --release -p weft -- bench cache --cache 0,1,2,4 --block 256,2K,8K --procs 8 --files 1000 \
-		--miss --fuse --json docs/bench/cache.json
+		--miss --unused --fuse --json docs/bench/cache.json
 
 # bench-compare: the same workloads on Weft and every peer in one run, with ratios; then the report of docs/bench.
 bench-compare: bench-deps

@@ -13,6 +13,13 @@
 //!   together; aggregate MiB/s and client CPU s/GiB.
 //! - `iozone`: one process reads the file sequentially by each `--iozone-record` size; MiB/s, CPU s/GiB.
 //!
+//! Every bank point measures its modes (`--unused`, the bank, `--miss`) interleaved: each run of a workload runs
+//! every mode in turn, so the drift of a shared machine falls on them alike.
+//!
+//! `--unused` measures every bank point with clients that do not use the bank (no `[cache]` in their config) as
+//! well: a baseline on the same cluster at the same time, steadier than the no-bank cluster measured minutes
+//! earlier (`ratio_to_unused`, `speedup_vs_unused`).
+//!
 //! `--miss` measures every bank point a second time with every bank lookup missing: each client of a run gets
 //! its own fresh key namespace (the bank's `namespace`, which every key carries), so the servers still fill the
 //! bank under the cluster's namespace and the clients pay the lookups but never find anything (the "no workload
@@ -87,6 +94,10 @@ pub struct CacheArgs {
     /// Also measure every bank point with every bank lookup missing (each client in a fresh key namespace).
     #[arg(long)]
     pub miss: bool,
+    /// Also measure every bank point with clients that do not use the bank (no `[cache]` in their config; the
+    /// servers still fill it): a baseline on the same cluster, interleaved run by run with the other modes.
+    #[arg(long)]
+    pub unused: bool,
     /// Also run the stat storm through a Weft FUSE mount of each cluster (not in --miss mode).
     #[arg(long)]
     pub fuse: bool,
@@ -129,10 +140,12 @@ impl Workload {
     }
 }
 
-/// How a point's clients use the bank: none there (`off`), as configured (`hit`), or every lookup missing.
+/// How a point's clients use the bank: none there (`off`), there but not used by the clients (`unused`: their
+/// config has no `[cache]`), as configured (`hit`), or every lookup missing (`miss`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Bank {
     Off,
+    Unused,
     Hit,
     Miss,
 }
@@ -141,6 +154,7 @@ impl Bank {
     fn name(self) -> &'static str {
         match self {
             Bank::Off => "off",
+            Bank::Unused => "unused",
             Bank::Hit => "hit",
             Bank::Miss => "miss",
         }
@@ -184,9 +198,14 @@ fn miss_config(cfg: &ClusterConfig) -> ClusterConfig {
     cfg
 }
 
-/// The config of one client of one run: the cluster's, or with `Bank::Miss` a fresh namespace each call.
+/// The config of one client of one run: the cluster's; with `Bank::Miss` a fresh namespace each call; with
+/// `Bank::Unused` no bank.
 fn client_config(cfg: &ClusterConfig, bank: Bank) -> ClusterConfig {
-    if bank == Bank::Miss { miss_config(cfg) } else { cfg.clone() }
+    match bank {
+        Bank::Miss => miss_config(cfg),
+        Bank::Unused => ClusterConfig { cache: None, ..cfg.clone() },
+        Bank::Off | Bank::Hit => cfg.clone(),
+    }
 }
 
 pub async fn run(a: CacheArgs) -> Result<()> {
@@ -293,11 +312,15 @@ pub async fn run(a: CacheArgs) -> Result<()> {
         "iozone_records": plan.iozone_records,
         "seed": a.seed,
         "miss": a.miss,
+        "unused": a.unused,
         "fuse": a.fuse,
         "runs": a.common.runs,
-        "warm_up": "one unreported run before the --runs runs of every workload and point",
-        "bank_modes": "off: no bank; hit: the bank as configured; miss: every client in a fresh key namespace, so \
-            every bank lookup misses while the servers still fill the bank",
+        "warm_up": "one unreported round before the --runs rounds of every workload and point",
+        "interleaving": "each round runs every bank mode of a point in turn (unused, hit, miss; the FUSE storm \
+            last), so a shared machine's drift hits them alike",
+        "bank_modes": "off: no bank; unused: a bank, the clients not using it (no [cache] in their config); hit: \
+            the bank as configured; miss: every client in a fresh key namespace, so every bank lookup misses while \
+            the servers still fill the bank",
         "glusterfs": glusterfs,
         "storm_time": "slowest_s: the slowest process's own time from its `go` to its last stat",
         "client_cpu": "the worker processes' (or, for latency, this process's) own CPU; not the FUSE daemon's nor \
@@ -308,11 +331,19 @@ pub async fn run(a: CacheArgs) -> Result<()> {
     common::emit(&doc, &table(&doc), a.common.json.as_deref(), chart)
 }
 
-/// Every selected workload on one cluster, once per bank mode.
+/// Every selected workload on one cluster, every bank mode of it interleaved run by run.
 async fn point(target: &Target, daemons: u32, block: Option<u64>, plan: &Plan, a: &CacheArgs) -> Result<Vec<Value>> {
-    let mut banks = vec![if daemons == 0 { Bank::Off } else { Bank::Hit }];
-    if daemons > 0 && a.miss {
-        banks.push(Bank::Miss);
+    let mut banks = Vec::new();
+    if daemons == 0 {
+        banks.push(Bank::Off);
+    } else {
+        if a.unused {
+            banks.push(Bank::Unused);
+        }
+        banks.push(Bank::Hit);
+        if a.miss {
+            banks.push(Bank::Miss);
+        }
     }
     setup_weft(&target.cfg, plan, a).await?;
     let fuse = match (a.fuse && plan.workloads.contains(&Workload::Storm), target.cluster_file()) {
@@ -322,48 +353,51 @@ async fn point(target: &Target, daemons: u32, block: Option<u64>, plan: &Plan, a
         }
         _ => None,
     };
-    let mut out = Vec::new();
-    for bank in banks {
-        let base = json!({
+    let base = |bank: Bank, access: &str| {
+        json!({
             "system": "weft",
-            "access": "native",
+            "access": access,
             "auth": target.auth,
             "servers": target.servers,
             "cache": daemons,
             "block_bytes": block,
             "bank": bank.name(),
-        });
-        for &w in &plan.workloads {
-            let r = match w {
-                Workload::Storm => {
-                    let mut r = vec![storm(Storm::Weft(&target.cfg, bank), &base, a).await?];
-                    if let Some(m) = fuse.as_ref().filter(|_| bank != Bank::Miss) {
-                        let mut b = base.clone();
-                        b["access"] = json!("fuse");
-                        r.push(storm(Storm::Mount(&m.mnt), &b, a).await?);
-                    }
-                    r
-                }
-                Workload::Latency => latency(&target.cfg, bank, &base, plan, a).await?,
-                Workload::Shared => vec![shared(Reader::Weft(&target.cfg, bank), &base, plan, a).await?],
-                Workload::Iozone => iozone(Reader::Weft(&target.cfg, bank), &base, plan, a).await?,
-            };
-            for r in &r {
-                eprintln!(
-                    "  {} bank {} {} record {}: {} {}",
-                    r["access"].as_str().unwrap_or(""),
-                    bank.name(),
-                    w.name(),
-                    r["record_bytes"],
-                    w.headline().0,
-                    r[w.headline().0]
-                );
-            }
-            out.extend(r);
-        }
+        })
+    };
+    let native: Vec<Arm> =
+        banks.iter().map(|&b| Arm { base: base(b, "native"), on: On::Weft(&target.cfg, b) }).collect();
+    // The mount reads the cluster's own cluster.toml: its bank as configured (not in --miss or --unused mode).
+    let mount_bank = if daemons == 0 { Bank::Off } else { Bank::Hit };
+    let mounted: Vec<Arm> =
+        fuse.iter().map(|m| Arm { base: base(mount_bank, "fuse"), on: On::Mount(&m.mnt) }).collect();
+    let mut out = Vec::new();
+    for &w in &plan.workloads {
+        let r = match w {
+            Workload::Storm => storm(&[&native[..], &mounted[..]].concat(), a).await?,
+            Workload::Latency => latency(&native, plan, a).await?,
+            Workload::Shared => shared(&native, plan, a).await?,
+            Workload::Iozone => iozone(&native, plan, a).await?,
+        };
+        log(&r);
+        out.extend(r);
     }
     drop(fuse);
     Ok(out)
+}
+
+fn log(results: &[Value]) {
+    for r in results {
+        let key = r["workload"].as_str().and_then(Workload::parse).map_or("ops_per_s", |w| w.headline().0);
+        eprintln!(
+            "  {} {} bank {} {} record {}: {key} {}",
+            r["system"].as_str().unwrap_or(""),
+            r["access"].as_str().unwrap_or(""),
+            r["bank"].as_str().unwrap_or(""),
+            r["workload"].as_str().unwrap_or(""),
+            r["record_bytes"],
+            r[key]
+        );
+    }
 }
 
 /// The storm's files and the data file, written once per cluster (not timed).
@@ -391,68 +425,101 @@ async fn setup_weft(cfg: &ClusterConfig, plan: &Plan, a: &CacheArgs) -> Result<(
     Ok(())
 }
 
-/// Where a storm runs: through the native client (with a bank mode), or on a mounted file system.
+/// Who runs a workload's clients: processes (or this one) through the native client with a bank mode, or
+/// processes on a mounted file system.
 #[derive(Clone, Copy)]
-enum Storm<'a> {
+enum On<'a> {
     Weft(&'a ClusterConfig, Bank),
     Mount(&'a Path),
 }
 
-/// Runs `phase` on `procs` fresh worker processes (each its config, `None` on a mount); a warm-up run, then
-/// `runs` runs, each with its own processes (so a `--miss` run's namespaces are fresh).
-async fn worker_runs(
-    procs: usize,
-    runs: usize,
-    cfg: impl Fn() -> Option<ClusterConfig>,
-    phase: impl Fn(usize) -> Value,
-) -> Result<(Vec<PhaseResult>, Loads)> {
-    let mut out = Vec::with_capacity(runs);
-    let mut loads = Loads::default();
-    for run in 0..=runs {
-        let mut w = Workers::spawn_each((0..procs).map(|i| (cfg(), vec![phase(i)])).collect()).await?;
-        if run > 0 {
-            loads.start();
+impl On<'_> {
+    /// A fresh client config for one client of one run (`None` on a mount).
+    fn config(&self) -> Option<ClusterConfig> {
+        match self {
+            On::Weft(cfg, bank) => Some(client_config(cfg, *bank)),
+            On::Mount(_) => None,
         }
-        let p = w.phase().await?;
-        if run > 0 {
-            loads.end();
-            out.push(p);
-        }
-        w.finish().await?;
     }
-    Ok((out, loads))
+
+    /// A worker phase that stats every file of the storm.
+    fn stat_phase(&self, files: u64) -> Value {
+        match self {
+            On::Weft(..) => json!({"op": "stat", "dir": format!("/{STORM_DIR}"), "prefix": "f", "count": files}),
+            On::Mount(mnt) => json!({"op": "fs-stat", "dir": mnt.join(STORM_DIR), "prefix": "f", "count": files}),
+        }
+    }
+
+    /// A worker phase reading the whole data file sequentially, one `record` at a time.
+    fn read_phase(&self, size: u64, record: u64) -> Value {
+        match self {
+            On::Weft(..) => json!({"op": "read", "path": format!("/{DATA_FILE}"), "offset": 0, "bytes": size,
+                "record": record, "window": 1}),
+            On::Mount(mnt) => json!({"op": "fs-read", "path": mnt.join(DATA_FILE), "offset": 0, "bytes": size,
+                "record": record}),
+        }
+    }
 }
 
-async fn storm(on: Storm<'_>, base: &Value, a: &CacheArgs) -> Result<Value> {
-    let (cfg, phase) = match on {
-        Storm::Weft(cfg, bank) => {
-            (Some((cfg, bank)), json!({"op": "stat", "dir": format!("/{STORM_DIR}"), "prefix": "f", "count": a.files}))
+/// One way of measuring at a point: the fields every result of it carries, and who runs the clients.
+#[derive(Clone)]
+struct Arm<'a> {
+    base: Value,
+    on: On<'a>,
+}
+
+/// Runs `phase(arm)` on `procs` fresh worker processes per arm; a warm-up round, then `runs` rounds, each round
+/// every arm in turn (so drift of a shared machine hits every arm alike), each run with its own processes (so a
+/// `--miss` run's namespaces are fresh). Returns each arm's runs and loads.
+async fn worker_runs(
+    arms: &[Arm<'_>],
+    procs: usize,
+    runs: usize,
+    phase: impl Fn(&On) -> Value,
+) -> Result<Vec<(Vec<PhaseResult>, Loads)>> {
+    let mut out: Vec<(Vec<PhaseResult>, Loads)> = arms.iter().map(|_| Default::default()).collect();
+    for run in 0..=runs {
+        for (arm, (results, loads)) in arms.iter().zip(out.iter_mut()) {
+            let ph = phase(&arm.on);
+            let mut w = Workers::spawn_each((0..procs).map(|_| (arm.on.config(), vec![ph.clone()])).collect()).await?;
+            let load = ceilings::load1();
+            let p = w.phase().await?;
+            if run > 0 {
+                loads.before.push(load);
+                loads.end();
+                results.push(p);
+            }
+            w.finish().await?;
         }
-        Storm::Mount(mnt) => {
-            (None, json!({"op": "fs-stat", "dir": mnt.join(STORM_DIR), "prefix": "f", "count": a.files}))
-        }
-    };
-    let (runs, loads) =
-        worker_runs(a.procs, a.common.runs, || cfg.map(|(c, b)| client_config(c, b)), |_| phase.clone()).await?;
-    let mut o = OpRuns::default();
-    let mut slowest = Vec::new();
-    for p in &runs {
-        if p.ops() != a.files * a.procs as u64 {
-            bail!("the storm did {} stats, {} expected", p.ops(), a.files * a.procs as u64);
-        }
-        o.push(p.ops(), 0, p.secs, p.cpu_s(), &mut p.lat_us())?;
-        slowest.push(p.workers.iter().map(|w| w.secs).fold(0.0, f64::max));
     }
-    let mut r = o.result(base, "stat", Headline::OpsPerS);
-    r["workload"] = json!("storm");
-    r["fabric"] = json!(fabric_of(&runs));
-    r["clients"] = json!(a.procs);
-    r["procs"] = json!(a.procs);
-    r["files"] = json!(a.files);
-    r["record_bytes"] = Value::Null;
-    set_headline(&mut r, "slowest_s", &slowest, 6);
-    loads.annotate(&mut r);
-    Ok(r)
+    Ok(out)
+}
+
+async fn storm(arms: &[Arm<'_>], a: &CacheArgs) -> Result<Vec<Value>> {
+    let runs = worker_runs(arms, a.procs, a.common.runs, |on| on.stat_phase(a.files)).await?;
+    let mut out = Vec::new();
+    for (arm, (runs, loads)) in arms.iter().zip(runs) {
+        let mut o = OpRuns::default();
+        let mut slowest = Vec::new();
+        for p in &runs {
+            if p.ops() != a.files * a.procs as u64 {
+                bail!("the storm did {} stats, {} expected", p.ops(), a.files * a.procs as u64);
+            }
+            o.push(p.ops(), 0, p.secs, p.cpu_s(), &mut p.lat_us())?;
+            slowest.push(p.workers.iter().map(|w| w.secs).fold(0.0, f64::max));
+        }
+        let mut r = o.result(&arm.base, "stat", Headline::OpsPerS);
+        r["workload"] = json!("storm");
+        r["fabric"] = json!(fabric_of(&runs));
+        r["clients"] = json!(a.procs);
+        r["procs"] = json!(a.procs);
+        r["files"] = json!(a.files);
+        r["record_bytes"] = Value::Null;
+        set_headline(&mut r, "slowest_s", &slowest, 6);
+        loads.annotate(&mut r);
+        out.push(r);
+    }
+    Ok(out)
 }
 
 fn fabric_of(runs: &[PhaseResult]) -> String {
@@ -474,141 +541,121 @@ fn set_headline(r: &mut Value, key: &str, samples: &[f64], digits: i32) {
     }
 }
 
-/// Single reads at seeded random offsets, one call at a time, per record size, after a warming pass.
-async fn latency(cfg: &ClusterConfig, bank: Bank, base: &Value, plan: &Plan, a: &CacheArgs) -> Result<Vec<Value>> {
+/// Single reads at seeded random offsets, one call at a time, per record size, after a warming pass; the arms
+/// (native only) interleaved run by run.
+async fn latency(arms: &[Arm<'_>], plan: &Plan, a: &CacheArgs) -> Result<Vec<Value>> {
     let path = format!("/{DATA_FILE}");
     let mut out = Vec::new();
     for &record in &plan.records {
-        let mut o = OpRuns::default();
-        let mut fabric = String::new();
-        // Pre-faulted: the destination buffer, reused by every call.
+        let mut per_arm: Vec<(OpRuns, String)> = arms.iter().map(|_| Default::default()).collect();
+        // Pre-faulted: the destination buffer, reused by every call, and the warming pass's.
         let mut buf = BytesMut::zeroed(record as usize);
         let mut warm = BytesMut::zeroed(plan.size.min(64 << 10) as usize);
         for run in 0..=a.common.runs {
-            let client = Client::connect(&client_config(cfg, bank)).await?;
-            let f = client.open(&path, OpenMode::Read).await?;
-            if f.size() != plan.size {
-                bail!("{path}: size {} instead of {}", f.size(), plan.size);
-            }
-            // The warming pass: every block of the file read once (the data servers fill the bank).
-            let mut off = 0;
-            while off < plan.size {
-                warm.resize(warm.capacity().min((plan.size - off) as usize), 0);
-                warm = f.read_at(off, warm).await?;
-                if warm.is_empty() {
-                    bail!("{path}: nothing read at {off}");
+            for (arm, (o, fabric)) in arms.iter().zip(per_arm.iter_mut()) {
+                let cfg = arm.on.config().context("the latency workload runs through the native client")?;
+                let bank = arm.base["bank"].as_str().unwrap_or("?");
+                let client = Client::connect(&cfg).await?;
+                let f = client.open(&path, OpenMode::Read).await?;
+                if f.size() != plan.size {
+                    bail!("{path}: size {} instead of {}", f.size(), plan.size);
                 }
-                off += warm.len() as u64;
-            }
-            // The same offsets at every point and run: the comparison is of the bank, not of the draw.
-            let mut rng = SplitMix64::new(a.seed ^ record.rotate_left(32));
-            let mut lat = Vec::with_capacity(a.count as usize);
-            let load = ceilings::load1();
-            let (t0, c0) = (Instant::now(), ceilings::cpu_seconds());
-            for _ in 0..a.count {
-                let offset = rng.next_u64() % (plan.size - record + 1);
-                buf.resize(record as usize, 0);
-                let t = Instant::now();
-                buf = f.read_at(offset, buf).await?;
-                lat.push(micros_since(t));
-                if buf.len() as u64 != record || buf[..] != expected(offset, record as usize)[..] {
-                    bail!("{path}: the {record}-byte read at {offset} returned wrong bytes (bank {})", bank.name());
+                // The warming pass: every block of the file read once (the data servers fill the bank).
+                let mut off = 0;
+                while off < plan.size {
+                    warm.resize(warm.capacity().min((plan.size - off) as usize), 0);
+                    warm = f.read_at(off, warm).await?;
+                    if warm.is_empty() {
+                        bail!("{path}: nothing read at {off}");
+                    }
+                    off += warm.len() as u64;
                 }
-            }
-            // The checks are inside the timed loop but outside every call's own time; they cost the client's
-            // CPU figure a comparison per read, the same at every point.
-            let (secs, cpu_s) = (t0.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c0);
-            fabric = common::fabric_used(&client).await;
-            drop(f);
-            client.close().await;
-            if run > 0 {
-                o.push(a.count, a.count * record, secs, cpu_s, &mut lat)?;
-                o.push_load(load);
+                // The same offsets at every point, arm and run: the comparison is of the bank, not of the draw.
+                let mut rng = SplitMix64::new(a.seed ^ record.rotate_left(32));
+                let mut lat = Vec::with_capacity(a.count as usize);
+                let load = ceilings::load1();
+                let (t0, c0) = (Instant::now(), ceilings::cpu_seconds());
+                for _ in 0..a.count {
+                    let offset = rng.next_u64() % (plan.size - record + 1);
+                    buf.resize(record as usize, 0);
+                    let t = Instant::now();
+                    buf = f.read_at(offset, buf).await?;
+                    lat.push(micros_since(t));
+                    // Checked outside the call's own time; it costs the CPU figure a comparison per read, the
+                    // same at every point.
+                    if buf.len() as u64 != record || buf[..] != expected(offset, record as usize)[..] {
+                        bail!("{path}: the {record}-byte read at {offset} returned wrong bytes (bank {bank})");
+                    }
+                }
+                let (secs, cpu_s) = (t0.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c0);
+                *fabric = common::fabric_used(&client).await;
+                drop(f);
+                client.close().await;
+                if run > 0 {
+                    o.push(a.count, a.count * record, secs, cpu_s, &mut lat)?;
+                    o.push_load(load);
+                }
             }
         }
-        let mut r = o.result(base, "read", Headline::P50);
-        r["workload"] = json!("latency");
-        r["fabric"] = json!(fabric);
-        r["clients"] = json!(1);
-        r["procs"] = json!(1);
+        for (arm, (o, fabric)) in arms.iter().zip(per_arm) {
+            let mut r = o.result(&arm.base, "read", Headline::P50);
+            r["workload"] = json!("latency");
+            r["fabric"] = json!(fabric);
+            r["clients"] = json!(1);
+            r["procs"] = json!(1);
+            r["record_bytes"] = json!(record);
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// `procs` processes per arm reading the whole data file by `record`: one result per arm.
+async fn read_runs(
+    arms: &[Arm<'_>],
+    workload: Workload,
+    procs: usize,
+    record: u64,
+    plan: &Plan,
+    a: &CacheArgs,
+) -> Result<Vec<Value>> {
+    let runs = worker_runs(arms, procs, a.common.runs, |on| on.read_phase(plan.size, record)).await?;
+    let mut out = Vec::new();
+    for (arm, (runs, loads)) in arms.iter().zip(runs) {
+        let mut o = OpRuns::default();
+        let (mut mib, mut cpu_gib) = (Vec::new(), Vec::new());
+        for p in &runs {
+            if p.bytes() != plan.size * procs as u64 {
+                bail!("the readers read {} bytes, {} expected", p.bytes(), plan.size * procs as u64);
+            }
+            let gib = p.bytes() as f64 / (1u64 << 30) as f64;
+            o.push(p.ops(), p.bytes(), p.secs, p.cpu_s(), &mut [])?;
+            mib.push(p.bytes() as f64 / (1u64 << 20) as f64 / p.secs);
+            cpu_gib.push(p.cpu_s() / gib);
+        }
+        let mut r = o.result(&arm.base, "read", Headline::OpsPerS);
+        r["workload"] = json!(workload.name());
+        r["fabric"] = json!(fabric_of(&runs));
+        r["clients"] = json!(procs);
+        r["procs"] = json!(procs);
         r["record_bytes"] = json!(record);
+        r["size_bytes"] = json!(plan.size);
+        set_headline(&mut r, "mib_per_s", &mib, 1);
+        r["client_cpu_s_per_gib"] = json!(summarize(&cpu_gib).map(|s| round3(s.median)));
+        loads.annotate(&mut r);
         out.push(r);
     }
     Ok(out)
 }
 
-/// Who reads the data file: worker processes through the native client, or on a mount.
-#[derive(Clone, Copy)]
-enum Reader<'a> {
-    Weft(&'a ClusterConfig, Bank),
-    Mount(&'a Path),
+async fn shared(arms: &[Arm<'_>], plan: &Plan, a: &CacheArgs) -> Result<Vec<Value>> {
+    read_runs(arms, Workload::Shared, a.procs, plan.shared_record, plan, a).await
 }
 
-impl Reader<'_> {
-    fn config(&self) -> Option<ClusterConfig> {
-        match self {
-            Reader::Weft(cfg, bank) => Some(client_config(cfg, *bank)),
-            Reader::Mount(_) => None,
-        }
-    }
-
-    /// A worker phase reading the whole file sequentially, one `record` at a time.
-    fn phase(&self, size: u64, record: u64) -> Value {
-        match self {
-            Reader::Weft(..) => json!({"op": "read", "path": format!("/{DATA_FILE}"), "offset": 0, "bytes": size,
-                "record": record, "window": 1}),
-            Reader::Mount(mnt) => json!({"op": "fs-read", "path": mnt.join(DATA_FILE), "offset": 0, "bytes": size,
-                "record": record}),
-        }
-    }
-}
-
-/// `procs` processes (or 1) reading the whole data file by `record`: (runs, loads) as a result.
-async fn read_runs(reader: Reader<'_>, procs: usize, record: u64, plan: &Plan, a: &CacheArgs) -> Result<Value> {
-    let phase = reader.phase(plan.size, record);
-    let (runs, loads) = worker_runs(procs, a.common.runs, || reader.config(), |_| phase.clone()).await?;
-    let mut o = OpRuns::default();
-    let (mut mib, mut cpu_gib) = (Vec::new(), Vec::new());
-    for p in &runs {
-        if p.bytes() != plan.size * procs as u64 {
-            bail!("the readers read {} bytes, {} expected", p.bytes(), plan.size * procs as u64);
-        }
-        let gib = p.bytes() as f64 / (1u64 << 30) as f64;
-        o.push(p.ops(), p.bytes(), p.secs, p.cpu_s(), &mut [])?;
-        mib.push(p.bytes() as f64 / (1u64 << 20) as f64 / p.secs);
-        cpu_gib.push(p.cpu_s() / gib);
-    }
-    let mut r = o.result(&Value::Object(Default::default()), "read", Headline::OpsPerS);
-    r["fabric"] = json!(fabric_of(&runs));
-    r["clients"] = json!(procs);
-    r["procs"] = json!(procs);
-    r["record_bytes"] = json!(record);
-    r["size_bytes"] = json!(plan.size);
-    set_headline(&mut r, "mib_per_s", &mib, 1);
-    r["client_cpu_s_per_gib"] = json!(summarize(&cpu_gib).map(|s| round3(s.median)));
-    loads.annotate(&mut r);
-    Ok(r)
-}
-
-/// Merges `extra`'s fields into a copy of `base`.
-fn with(base: &Value, extra: Value) -> Value {
-    let mut r = base.clone();
-    if let (Some(o), Value::Object(e)) = (r.as_object_mut(), extra) {
-        o.extend(e);
-    }
-    r
-}
-
-async fn shared(reader: Reader<'_>, base: &Value, plan: &Plan, a: &CacheArgs) -> Result<Value> {
-    let r = read_runs(reader, a.procs, plan.shared_record, plan, a).await?;
-    Ok(with(&with(base, r), json!({"workload": "shared"})))
-}
-
-async fn iozone(reader: Reader<'_>, base: &Value, plan: &Plan, a: &CacheArgs) -> Result<Vec<Value>> {
+async fn iozone(arms: &[Arm<'_>], plan: &Plan, a: &CacheArgs) -> Result<Vec<Value>> {
     let mut out = Vec::new();
     for &record in &plan.iozone_records {
-        let r = read_runs(reader, 1, record, plan, a).await?;
-        out.push(with(&with(base, r), json!({"workload": "iozone"})));
+        out.extend(read_runs(arms, Workload::Iozone, 1, record, plan, a).await?);
     }
     Ok(out)
 }
@@ -630,16 +677,21 @@ async fn glusterfs(plan: &Plan, a: &CacheArgs) -> Result<Vec<Value>> {
         if plan.workloads.iter().any(|w| matches!(w, Workload::Shared | Workload::Iozone)) {
             std::fs::write(mnt.join(DATA_FILE), expected(0, plan.size as usize))?;
         }
-        let base = json!({"system": "glusterfs", "access": "fuse", "auth": "none", "servers": 2, "cache": 0,
-            "block_bytes": null, "bank": "off"});
+        let arms = [Arm {
+            base: json!({"system": "glusterfs", "access": "fuse", "auth": "none", "servers": 2, "cache": 0,
+                "block_bytes": null, "bank": "off"}),
+            on: On::Mount(&mnt),
+        }];
         let mut out = Vec::new();
         for &w in &plan.workloads {
-            match w {
-                Workload::Storm => out.push(storm(Storm::Mount(&mnt), &base, a).await?),
-                Workload::Shared => out.push(shared(Reader::Mount(&mnt), &base, plan, a).await?),
-                Workload::Iozone => out.extend(iozone(Reader::Mount(&mnt), &base, plan, a).await?),
-                Workload::Latency => {}
-            }
+            let r = match w {
+                Workload::Storm => storm(&arms, a).await?,
+                Workload::Shared => shared(&arms, plan, a).await?,
+                Workload::Iozone => iozone(&arms, plan, a).await?,
+                Workload::Latency => continue,
+            };
+            log(&r);
+            out.extend(r);
         }
         drop(g);
         anyhow::Ok(out)
@@ -649,38 +701,54 @@ async fn glusterfs(plan: &Plan, a: &CacheArgs) -> Result<Vec<Value>> {
     r
 }
 
-/// The key that tells which results are the same measurement at different points.
-fn same_measure(r: &Value) -> (Value, Value, Value) {
-    (r["workload"].clone(), r["access"].clone(), r["record_bytes"].clone())
+/// Merges `extra`'s fields into a copy of `base`.
+fn with(base: &Value, extra: Value) -> Value {
+    let mut r = base.clone();
+    if let (Some(o), Value::Object(e)) = (r.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    r
 }
 
-/// Adds `headline`, `ratio_to_cache0` (headline ÷ the same measurement's through the native client — or the
-/// same mount kind — without a bank) and `speedup_vs_cache0` (> 1: faster than without a bank).
+/// Adds `headline` and, against two baselines, the ratio of the headline (`ratio_to_*`: this ÷ the baseline's)
+/// and the speed-up (`speedup_vs_*`: how many times faster, > 1 better):
+/// - `cache0`: the same workload, access and record without a bank (the `--cache 0` cluster); GlusterFS's mount
+///   results are compared with Weft's native ones;
+/// - `unused`: the same on the same cluster with clients not using the bank (`--unused`), measured interleaved.
 fn add_ratios(results: &mut [Value]) {
-    let baselines: Vec<((Value, Value, Value), Value)> = results
+    let measure = |r: &Value| [r["workload"].clone(), r["access"].clone(), r["record_bytes"].clone()];
+    let no_bank: Vec<([Value; 3], Value)> = results
         .iter()
         .filter(|r| r["system"] == "weft" && r["bank"] == "off")
-        .map(|r| (same_measure(r), r.clone()))
+        .map(|r| (measure(r), r.clone()))
         .collect();
+    let same_point = |r: &Value| (measure(r), r["cache"].clone(), r["block_bytes"].clone());
+    let unused: Vec<_> = results.iter().filter(|r| r["bank"] == "unused").map(|r| (same_point(r), r.clone())).collect();
     for r in results.iter_mut() {
         let Some(w) = r["workload"].as_str().and_then(Workload::parse) else { continue };
         let (key, lower_better) = w.headline();
         r["headline"] = json!(key);
-        // GlusterFS's mount results are compared with Weft's native ones.
-        let mut k = same_measure(r);
+        let mut k = measure(r);
         if r["system"] == "glusterfs" {
-            k.1 = json!("native");
+            k[1] = json!("native");
         }
-        let Some((_, base)) = baselines.iter().find(|(bk, _)| *bk == k) else { continue };
-        let (Some(x), Some(b)) = (r[key].as_f64(), base[key].as_f64()) else { continue };
-        if x > 0.0 && b > 0.0 {
-            r["ratio_to_cache0"] = json!(round3(x / b));
-            r["speedup_vs_cache0"] = json!(round3(if lower_better { b / x } else { x / b }));
+        let bases = [
+            ("cache0", no_bank.iter().find(|(bk, _)| *bk == k).map(|(_, b)| b)),
+            ("unused", unused.iter().find(|(bk, _)| *bk == same_point(r)).map(|(_, b)| b)),
+        ];
+        for (name, base) in bases {
+            let Some(base) = base else { continue };
+            let (Some(x), Some(b)) = (r[key].as_f64(), base[key].as_f64()) else { continue };
+            if x > 0.0 && b > 0.0 {
+                r[format!("ratio_to_{name}")] = json!(round3(x / b));
+                r[format!("speedup_vs_{name}")] = json!(round3(if lower_better { b / x } else { x / b }));
+            }
         }
     }
 }
 
-/// The issue's targets, checked against this run's results.
+/// The issue's targets, checked against this run's results (against the no-bank cluster; the same-cluster
+/// `--unused` figures beside them where measured).
 fn target_checks(results: &[Value], procs: usize) -> Value {
     let weft = |bank: &'static str| {
         results.iter().filter(move |r| r["system"] == "weft" && r["access"] == "native" && r["bank"] == bank)
@@ -691,7 +759,8 @@ fn target_checks(results: &[Value], procs: usize) -> Value {
         .map(|r| {
             with(
                 &point(r),
-                json!({"speedup": r["speedup_vs_cache0"], "met": r["speedup_vs_cache0"].as_f64().map(|s| s >= 3.0)}),
+                json!({"speedup": r["speedup_vs_cache0"], "met": r["speedup_vs_cache0"].as_f64().map(|s| s >= 3.0),
+                    "speedup_vs_unused": r["speedup_vs_unused"]}),
             )
         })
         .collect();
@@ -700,33 +769,33 @@ fn target_checks(results: &[Value], procs: usize) -> Value {
         .map(|r| {
             with(
                 &point(r),
-                json!({"ratio": r["ratio_to_cache0"], "met": r["ratio_to_cache0"].as_f64().map(|x| x <= 0.5)}),
+                json!({"ratio": r["ratio_to_cache0"], "met": r["ratio_to_cache0"].as_f64().map(|x| x <= 0.5),
+                    "ratio_to_unused": r["ratio_to_unused"]}),
             )
         })
         .collect();
-    let worst_miss = weft("miss")
-        .filter_map(|r| r["speedup_vs_cache0"].as_f64().map(|s| (s, r)))
-        .min_by(|x, y| x.0.total_cmp(&y.0))
-        .map(|(s, r)| {
+    let worst = |key: &str| {
+        weft("miss").filter_map(|r| r[key].as_f64().map(|s| (s, r))).min_by(|x, y| x.0.total_cmp(&y.0)).map(|(s, r)| {
             with(
                 &point(r),
                 json!({"workload": r["workload"], "record_bytes": r["record_bytes"], "slowdown": round3(1.0 / s),
-                    "met": 1.0 / s <= 1.1}),
+                        "met": 1.0 / s <= 1.1}),
             )
-        });
+        })
+    };
     json!({
         "stat_storm": {"goal": format!("slowest of {procs} processes ≥ 3× faster with the bank"), "points": storm},
         "one_byte_read": {"goal": "1-byte read p50 with the bank ≤ 0.5× without", "points": one_byte},
         "all_miss": {"goal": "no workload > 10 % slower when every lookup misses (worst shown; needs --miss)",
-            "worst": worst_miss},
+            "worst": worst("speedup_vs_cache0"), "worst_vs_unused": worst("speedup_vs_unused")},
     })
 }
 
 /// A Markdown table: one row per result, with its headline, ratio and CPU.
 pub fn table(doc: &Value) -> String {
     let mut s = String::from(
-        "| system | access | cache | block | bank | workload | record | headline | median | min–max | p99 µs | client CPU | × faster than cache 0 | runs |\n\
-         |---|---|---:|---:|---|---|---:|---|---:|---|---:|---:|---:|---:|\n",
+        "| system | access | cache | block | bank | workload | record | headline | median | min–max | p99 µs | client CPU | × faster than cache 0 | × faster than unused | runs |\n\
+         |---|---|---:|---:|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|\n",
     );
     let size = |v: &Value| v.as_u64().map_or("-".to_string(), crate::report::human_bytes);
     let num = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x}"));
@@ -738,7 +807,7 @@ pub fn table(doc: &Value) -> String {
             _ => "-".into(),
         };
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {key} | {} | {}–{} | {} | {cpu} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {key} | {} | {}–{} | {} | {cpu} | {} | {} | {} |\n",
             r["system"].as_str().unwrap_or("?"),
             r["access"].as_str().unwrap_or("?"),
             r["cache"],
@@ -751,15 +820,17 @@ pub fn table(doc: &Value) -> String {
             num(&r["max"]),
             num(&r["p99_us"]),
             num(&r["speedup_vs_cache0"]),
+            num(&r["speedup_vs_unused"]),
             r["runs"],
         ));
     }
     let t = &doc["targets"];
     s.push_str(&format!(
-        "\ntargets: stat storm {}; 1-byte read {}; every lookup missing, worst {}\n",
+        "\ntargets: stat storm {}; 1-byte read {}; every lookup missing, worst {} (against unused: {})\n",
         serde_json::to_string(&t["stat_storm"]["points"]).unwrap_or_default(),
         serde_json::to_string(&t["one_byte_read"]["points"]).unwrap_or_default(),
         serde_json::to_string(&t["all_miss"]["worst"]).unwrap_or_default(),
+        serde_json::to_string(&t["all_miss"]["worst_vs_unused"]).unwrap_or_default(),
     ));
     s
 }

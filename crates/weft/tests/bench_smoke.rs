@@ -426,9 +426,10 @@ fn short_circuits_and_delay() {
     check_contract(&doc, "checkpoint", "mib_per_s");
 }
 
-/// `weft bench cache` at tiny sizes with the bank off and on (one daemon, two block sizes), every lookup missing
-/// (`--miss`) and the storm through FUSE too: one result per (cache, block, bank mode, workload) — per record size
-/// for the latency — each with its headline and, against the no-bank point, its ratio; and the targets block.
+/// `weft bench cache` at tiny sizes with the bank off and on (one daemon, two block sizes), unused by the clients
+/// (`--unused`), every lookup missing (`--miss`) and the storm through FUSE too: one result per (cache, block, bank
+/// mode, workload) — per record size for the latency — each with its headline and its ratios to the no-bank
+/// cluster and to the same cluster's clients not using the bank; and the targets block.
 #[test]
 fn cache() {
     let args = [
@@ -456,6 +457,7 @@ fn cache() {
         "--iozone-record",
         "16K",
         "--miss",
+        "--unused",
         "--fuse",
         "--no-glusterfs",
         "--runs",
@@ -468,8 +470,10 @@ fn cache() {
     let results = doc["results"].as_array().unwrap();
     let points = [
         (0, None, "off"),
+        (1, Some(256), "unused"),
         (1, Some(256), "hit"),
         (1, Some(256), "miss"),
+        (1, Some(2048), "unused"),
         (1, Some(2048), "hit"),
         (1, Some(2048), "miss"),
     ];
@@ -493,9 +497,10 @@ fn cache() {
         for (w, n) in [("storm", 1), ("shared", 1), ("iozone", 1)] {
             assert_eq!(at(w, "native").len(), n, "{w} of cache {cache} block {block:?} bank {bank}");
         }
-        // Through FUSE: the storm, except with every lookup missing (a mount has the cluster's namespace).
-        assert_eq!(at("storm", "fuse").len(), usize::from(bank != "miss"), "fuse storm, bank {bank}");
-        seen += 6 + usize::from(bank != "miss");
+        // Through FUSE: the storm, with the cluster's own bank (a mount reads its cluster.toml).
+        let fuse = usize::from(bank == "off" || bank == "hit");
+        assert_eq!(at("storm", "fuse").len(), fuse, "fuse storm, bank {bank}");
+        seen += 6 + fuse;
     }
     assert_eq!(results.len(), seen, "no other results");
     for r in results {
@@ -508,6 +513,9 @@ fn cache() {
         assert!(r["runs"].as_u64().unwrap_or(0) >= 1, "runs: {r}");
         positive(r, "speedup_vs_cache0");
         positive(r, "ratio_to_cache0");
+        if r["cache"] != 0 && r["access"] == "native" {
+            positive(r, "speedup_vs_unused");
+        }
         if r["workload"] == "shared" || r["workload"] == "iozone" {
             positive(r, "client_cpu_s_per_gib");
         }
@@ -519,4 +527,5 @@ fn cache() {
     assert_eq!(t["stat_storm"]["points"].as_array().unwrap().len(), 2, "{t}");
     assert_eq!(t["one_byte_read"]["points"].as_array().unwrap().len(), 2, "{t}");
     assert!(t["all_miss"]["worst"]["slowdown"].as_f64().is_some(), "{t}");
+    assert!(t["all_miss"]["worst_vs_unused"]["slowdown"].as_f64().is_some(), "{t}");
 }
