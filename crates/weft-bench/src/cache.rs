@@ -468,20 +468,42 @@ struct Arm<'a> {
     on: On<'a>,
 }
 
-/// Runs `phase(arm)` on `procs` fresh worker processes per arm; a warm-up round, then `runs` rounds, each round
-/// every arm in turn (so drift of a shared machine hits every arm alike), each run with its own processes (so a
-/// `--miss` run's namespaces are fresh). Returns each arm's runs and loads.
+/// Runs `phase(arm)` on `procs` worker processes per arm (all started first, waiting for their `go`): a warm-up
+/// round, then `runs` rounds, each round every arm in turn, so the drift of a shared machine hits every arm
+/// alike. A `--miss` arm's clients take a fresh key namespace every round (`cache_namespace`: a new client,
+/// connected right after the previous round, before the next arm runs). Returns each arm's runs and loads.
 async fn worker_runs(
     arms: &[Arm<'_>],
     procs: usize,
     runs: usize,
     phase: impl Fn(&On) -> Value,
 ) -> Result<Vec<(Vec<PhaseResult>, Loads)>> {
+    let mut workers = Vec::with_capacity(arms.len());
+    for arm in arms {
+        let ph = phase(&arm.on);
+        let rounds = |cfg: &Option<ClusterConfig>| -> Vec<Value> {
+            (0..=runs)
+                .map(|_| match (arm.on, cfg) {
+                    (On::Weft(_, Bank::Miss), Some(cfg)) => {
+                        let ns = miss_config(cfg).cache.map(|c| c.namespace);
+                        with(&ph, json!({"cache_namespace": ns}))
+                    }
+                    _ => ph.clone(),
+                })
+                .collect()
+        };
+        let specs = (0..procs)
+            .map(|_| {
+                let cfg = arm.on.config();
+                let phases = rounds(&cfg);
+                (cfg, phases)
+            })
+            .collect();
+        workers.push(Workers::spawn_each(specs).await?);
+    }
     let mut out: Vec<(Vec<PhaseResult>, Loads)> = arms.iter().map(|_| Default::default()).collect();
     for run in 0..=runs {
-        for (arm, (results, loads)) in arms.iter().zip(out.iter_mut()) {
-            let ph = phase(&arm.on);
-            let mut w = Workers::spawn_each((0..procs).map(|_| (arm.on.config(), vec![ph.clone()])).collect()).await?;
+        for (w, (results, loads)) in workers.iter_mut().zip(out.iter_mut()) {
             let load = ceilings::load1();
             let p = w.phase().await?;
             if run > 0 {
@@ -489,8 +511,12 @@ async fn worker_runs(
                 loads.end();
                 results.push(p);
             }
-            w.finish().await?;
+            // A --miss arm's workers connect their next round's clients now, before the next arm is timed.
+            w.wait_ready().await?;
         }
+    }
+    for w in workers {
+        w.finish().await?;
     }
     Ok(out)
 }
@@ -875,7 +901,7 @@ mod tests {
 
     #[test]
     fn miss_namespaces_are_fresh_and_valid() {
-        let mut cfg = ClusterConfig::new("127.0.0.1:1".to_string());
+        let mut cfg = ClusterConfig::new("127.0.0.1:1");
         cfg.cache = Some(weft_cache::CacheConfig { namespace: i64::MAX as u64, ..Default::default() });
         let mut seen = std::collections::BTreeSet::new();
         seen.insert(i64::MAX as u64);

@@ -9,7 +9,8 @@
 //! phase; the parent also reads getrusage(RUSAGE_CHILDREN) once the workers have been reaped, which includes
 //! connecting and setting up.
 //!
-//! A worker whose spec has no cluster (`"cluster": null`) connects nothing and runs only `fs-*` phases (`stat`s
+//! A phase with `"cache_namespace": N` runs on a fresh client whose cache-bank keys are in namespace N (connected
+//! before `ready`). A worker whose spec has no cluster (`"cluster": null`) connects nothing and runs only `fs-*` phases (`stat`s
 //! and `pread`s through the kernel on a mounted file system, e.g. GlusterFS's FUSE mount in `weft bench cache`);
 //! its `fabric` is `fuse`.
 
@@ -88,6 +89,8 @@ pub struct Workers {
     procs: Vec<Proc>,
     phases: usize,
     done: usize,
+    /// Every worker has said `ready` for the next phase (see [`Workers::wait_ready`]).
+    ready: bool,
 }
 
 impl Workers {
@@ -120,13 +123,14 @@ impl Workers {
             let stdout = BufReader::new(child.stdout.take().context("worker stdout")?);
             procs.push(Proc { child, stdin, stdout });
         }
-        Ok(Workers { procs, phases: count, done: 0 })
+        Ok(Workers { procs, phases: count, done: 0, ready: false })
     }
 
-    /// Runs the next phase on every worker at once.
-    pub async fn phase(&mut self) -> Result<PhaseResult> {
-        if self.done >= self.phases {
-            bail!("no phase left");
+    /// Waits until every worker is ready for the next phase (its set-up done, e.g. a fresh client connected), so
+    /// that set-up does not overlap what the caller times next; a no-op once no phase is left.
+    pub async fn wait_ready(&mut self) -> Result<()> {
+        if self.ready || self.done >= self.phases {
+            return Ok(());
         }
         for p in &mut self.procs {
             let line = read_line(&mut p.stdout).await?;
@@ -134,6 +138,17 @@ impl Workers {
                 bail!("a worker said {line:?} instead of ready");
             }
         }
+        self.ready = true;
+        Ok(())
+    }
+
+    /// Runs the next phase on every worker at once.
+    pub async fn phase(&mut self) -> Result<PhaseResult> {
+        if self.done >= self.phases {
+            bail!("no phase left");
+        }
+        self.wait_ready().await?;
+        self.ready = false;
         let t = Instant::now();
         for p in &mut self.procs {
             p.stdin.write_all(b"go\n").await?;
@@ -182,16 +197,28 @@ pub async fn run(a: WorkerArgs) -> Result<()> {
     let spec: Value = serde_json::from_str(&a.spec).context("--spec is not JSON")?;
     let phases = spec["phases"].as_array().cloned().unwrap_or_default();
     // No cluster: the phases are all `fs-*` ones, on a mounted file system (e.g. GlusterFS's FUSE mount).
-    let client = match &spec["cluster"] {
+    let cfg: Option<ClusterConfig> = match &spec["cluster"] {
         Value::Null => None,
-        c => {
-            let cfg: ClusterConfig = serde_json::from_value(c.clone()).context("spec.cluster")?;
-            Some(Client::connect(&cfg).await?)
-        }
+        c => Some(serde_json::from_value(c.clone()).context("spec.cluster")?),
+    };
+    let mut client = match &cfg {
+        Some(cfg) => Some(Client::connect(cfg).await?),
+        None => None,
     };
     let mut stdin = BufReader::new(tokio::io::stdin());
     let mut out = tokio::io::stdout();
     for ph in &phases {
+        if let (Some(ns), Some(cfg)) = (ph["cache_namespace"].as_u64(), &cfg) {
+            // A phase in a key namespace of its own (`weft bench cache --miss`): a fresh client, connected before
+            // `ready`, so outside the phase's time.
+            let mut cfg = cfg.clone();
+            if let Some(cache) = cfg.cache.as_mut() {
+                cache.namespace = ns;
+            }
+            if let Some(old) = client.replace(Client::connect(&cfg).await?) {
+                old.close().await;
+            }
+        }
         out.write_all(b"ready\n").await?;
         out.flush().await?;
         let mut line = String::new();
