@@ -500,7 +500,7 @@ fn cache() {
         // Through FUSE: the storm, with the cluster's own bank (a mount reads its cluster.toml).
         let fuse = usize::from(bank == "off" || bank == "hit");
         assert_eq!(at("storm", "fuse").len(), fuse, "fuse storm, bank {bank}");
-        seen += 6 + fuse;
+        seen += 5 + fuse;
     }
     assert_eq!(results.len(), seen, "no other results");
     for r in results {
