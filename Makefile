@@ -10,7 +10,7 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: up deps lint test bench bench-deps bench-mount bench-compare clean-data rdma-deps test-rdma
+.PHONY: up deps lint test bench bench-deps bench-mount bench-compare bench-cache clean-data rdma-deps test-rdma
 
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
 # mount it on $(MOUNT) (FUSE). Ctrl-C unmounts and stops everything.
@@ -100,6 +100,14 @@ bench-deps: deps
 bench-mount: bench-deps
 	mkdir -p docs/bench
 	$(CARGO) run --locked --release -p weft -- bench mount --json docs/bench/mount.json
+
+# bench-cache: the cache bank (issue 16) with 0, 1, 2, 4 memcached daemons and 256 B / 2 KiB / 8 KiB blocks: stat
+# storm (native and FUSE), read latency by record size, shared-file and IOzone-style reads, every lookup missing,
+# and GlusterFS beside them (skipped with a note in the JSON when glusterd is missing).
+bench-cache: bench-deps
+	mkdir -p docs/bench
+	$(CARGO) run --locked --release -p weft -- bench cache --cache 0,1,2,4 --block 256,2K,8K --procs 8 --files 1000 \
+		--miss --unused --fuse --json docs/bench/cache.json
 
 # bench-compare: the same workloads on Weft and every peer in one run, with ratios; then the report of docs/bench.
 bench-compare: bench-deps

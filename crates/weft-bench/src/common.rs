@@ -118,11 +118,17 @@ impl Targets {
 
     /// Starts the cluster of one point (or connects to the given one to count its data servers).
     pub async fn start(&self, point: Point) -> Result<Target> {
+        self.start_with(point, "", |_| ()).await
+    }
+
+    /// [`Targets::start`], with `tune` adjusting the launch options of a cluster started here (e.g. its cache
+    /// bank) and `tag` added to its directory's name.
+    pub async fn start_with(&self, point: Point, tag: &str, tune: impl FnOnce(&mut LaunchOptions)) -> Result<Target> {
         match (point.servers, &self.spec) {
             (Some(n), _) => {
                 let auth = auth_name(point.auth);
                 let tls = if point.tls { "-tls" } else { "" };
-                let dir = self.base_dir.join(format!("servers-{n}-auth-{auth}{tls}"));
+                let dir = self.base_dir.join(format!("servers-{n}-auth-{auth}{tls}{tag}"));
                 let _ = std::fs::remove_dir_all(&dir);
                 let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
                 opts.log_filter = "warn".into();
@@ -131,6 +137,7 @@ impl Targets {
                 if self.short_circuit == Some(ShortCircuit::Server) {
                     opts.data_extra_toml.push_str("short_circuit = true\n");
                 }
+                tune(&mut opts);
                 eprintln!("starting a cluster with {n} data servers, auth {auth}, in {}", dir.display());
                 let cl = LocalCluster::start(opts).await?;
                 let cfg = self.tune(cl.cluster_config());
@@ -164,6 +171,11 @@ impl Targets {
 }
 
 impl Target {
+    /// The `cluster.toml` of a cluster started here (what `weft mount --cluster` takes).
+    pub fn cluster_file(&self) -> Option<PathBuf> {
+        self.cluster.as_ref().map(LocalCluster::cluster_file)
+    }
+
     /// Stops a cluster we started and removes its directory.
     pub async fn stop(self) {
         if let Some(mut cl) = self.cluster {

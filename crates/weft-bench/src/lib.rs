@@ -7,6 +7,7 @@
 //! and after so runs under different loads are not compared silently.
 
 pub mod aggregate;
+pub mod cache;
 pub mod ceilings;
 pub mod chart;
 pub mod checkpoint;
@@ -51,6 +52,9 @@ pub enum BenchCmd {
     /// The same workloads on Weft and on every peer (local disk, passthrough_ll, GlusterFS, nfs-ganesha, iperf3,
     /// memcpy) in one run, with Weft's ratio to each.
     Compare(compare::CompareArgs),
+    /// The cache bank (issue 16) with 0, 1, 2, 4 memcached daemons and several block sizes: stat storm, read
+    /// latency by record size, shared-file reads, IOzone-style reads, and GlusterFS beside them.
+    Cache(cache::CacheArgs),
     /// Turns a directory of result JSON into Markdown tables and SVG charts, with machine, date and command.
     Report(report::ReportArgs),
     /// One client process of a multi-process workload (started by the other subcommands).
@@ -68,6 +72,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         BenchCmd::Checkpoint(a) => checkpoint::run(a).await,
         BenchCmd::Worker(a) => worker::run(a).await,
         BenchCmd::Compare(a) => compare::run(a).await,
+        BenchCmd::Cache(a) => cache::run(a).await,
         BenchCmd::Report(a) => report::run(a),
     }
 }

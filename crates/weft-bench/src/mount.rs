@@ -141,20 +141,28 @@ pub(crate) async fn start_weft(base: &Path, servers: u32, fabric: FabricChoice) 
     let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, servers);
     opts.log_filter = "warn".into();
     let cluster = LocalCluster::start(opts).await?;
-    let mnt = base.join("weft-mnt");
-    std::fs::create_dir_all(&mnt)?;
+    let mut t = mount_weft(&cluster.cluster_file(), &base.join("weft-mnt"), fabric, &[])?;
+    t.cluster = Some(cluster);
+    Ok(t)
+}
+
+/// `weft mount` of the cluster `cluster_file` names on `mnt` (made if missing), with `extra` mount arguments
+/// (e.g. `--attr-timeout-ms 0`); the cluster itself is the caller's.
+pub(crate) fn mount_weft(cluster_file: &Path, mnt: &Path, fabric: FabricChoice, extra: &[&str]) -> Result<Target> {
+    std::fs::create_dir_all(mnt)?;
     let child = Command::new(std::env::current_exe()?)
         .arg("mount")
         .arg("--cluster")
-        .arg(cluster.cluster_file())
+        .arg(cluster_file)
         .arg("--fabric")
         .arg(fabric.name())
-        .arg(&mnt)
+        .args(extra)
+        .arg(mnt)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
         .context("starting weft mount")?;
-    let t = Target { system: "weft", mnt, procs: vec![child], cluster: Some(cluster), gluster: None };
+    let t = Target { system: "weft", mnt: mnt.to_path_buf(), procs: vec![child], cluster: None, gluster: None };
     wait_mounted(&t.mnt, "weft mount")?;
     Ok(t)
 }
@@ -212,6 +220,11 @@ pub(crate) fn start_passthrough(base: &Path) -> Result<Target> {
 }
 
 pub(crate) fn start_gluster(base: &Path) -> Result<Target> {
+    start_gluster_with(base, None)
+}
+
+/// [`start_gluster`], the FUSE mount given `-o mount_options` (e.g. `attribute-timeout=0,entry-timeout=0`).
+pub(crate) fn start_gluster_with(base: &Path, mount_options: Option<&str>) -> Result<Target> {
     need("glusterd")?;
     let mnt = base.join("gluster-mnt");
     std::fs::create_dir_all(&mnt)?;
@@ -242,7 +255,11 @@ pub(crate) fn start_gluster(base: &Path) -> Result<Target> {
     gluster(&["volume", "create", GLUSTER_VOLUME, "transport", "tcp", &b[0], &b[1], "force"])?;
     gluster(&["volume", "start", GLUSTER_VOLUME])?;
     run(
-        Command::new("mount").args(["-t", "glusterfs"]).arg(format!("{GLUSTER_HOST}:/{GLUSTER_VOLUME}")).arg(&t.mnt),
+        Command::new("mount")
+            .args(["-t", "glusterfs"])
+            .args(mount_options.map(|o| ["-o", o]).into_iter().flatten())
+            .arg(format!("{GLUSTER_HOST}:/{GLUSTER_VOLUME}"))
+            .arg(&t.mnt),
         "mount -t glusterfs",
     )?;
     wait_mounted(&t.mnt, "glusterfs")?;

@@ -35,6 +35,7 @@ fn render(doc: &Value) -> Option<(String, String)> {
         "mount" => (crate::mount::table(doc), crate::mount::chart(doc)),
         "checkpoint" => (crate::checkpoint::table(doc), crate::chart::checkpoint_svg(doc)),
         "compare" => (crate::compare::table(doc), crate::compare::chart(doc)),
+        "cache" => (crate::cache::table(doc), crate::cache::chart(doc)),
         _ => return None,
     })
 }

@@ -8,6 +8,11 @@
 //! the phase from the first `go` to the last result. `cpu_s` is the worker's own getrusage(RUSAGE_SELF) over the
 //! phase; the parent also reads getrusage(RUSAGE_CHILDREN) once the workers have been reaped, which includes
 //! connecting and setting up.
+//!
+//! A phase with `"cache_namespace": N` runs on a fresh client whose cache-bank keys are in namespace N (connected
+//! before `ready`). A worker whose spec has no cluster (`"cluster": null`) connects nothing and runs only `fs-*` phases (`stat`s
+//! and `pread`s through the kernel on a mounted file system, e.g. GlusterFS's FUSE mount in `weft bench cache`);
+//! its `fabric` is `fuse`.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -84,20 +89,27 @@ pub struct Workers {
     procs: Vec<Proc>,
     phases: usize,
     done: usize,
+    /// Every worker has said `ready` for the next phase (see [`Workers::wait_ready`]).
+    ready: bool,
 }
 
 impl Workers {
     /// Starts one worker per entry of `phases` (each its list of phase specs; every list must be as long).
     pub async fn spawn(cfg: &ClusterConfig, phases: Vec<Vec<Value>>) -> Result<Workers> {
-        let count = phases.first().map_or(0, Vec::len);
-        if phases.iter().any(|p| p.len() != count) {
+        Workers::spawn_each(phases.into_iter().map(|p| (Some(cfg.clone()), p)).collect()).await
+    }
+
+    /// Starts one worker per entry, each with its own cluster config (`None`: no client, only `fs-*` phases on a
+    /// mounted file system) and list of phase specs (every list as long).
+    pub async fn spawn_each(workers: Vec<(Option<ClusterConfig>, Vec<Value>)>) -> Result<Workers> {
+        let count = workers.first().map_or(0, |(_, p)| p.len());
+        if workers.iter().any(|(_, p)| p.len() != count) {
             bail!("every worker needs the same number of phases");
         }
         let exe = std::env::current_exe()?;
-        let cluster = serde_json::to_value(cfg)?;
-        let mut procs = Vec::with_capacity(phases.len());
-        for p in phases {
-            let spec = json!({"cluster": cluster, "phases": p});
+        let mut procs = Vec::with_capacity(workers.len());
+        for (cfg, p) in workers {
+            let spec = json!({"cluster": cfg, "phases": p});
             let mut child = tokio::process::Command::new(&exe)
                 .args(["bench", "worker", "--spec"])
                 .arg(spec.to_string())
@@ -111,13 +123,14 @@ impl Workers {
             let stdout = BufReader::new(child.stdout.take().context("worker stdout")?);
             procs.push(Proc { child, stdin, stdout });
         }
-        Ok(Workers { procs, phases: count, done: 0 })
+        Ok(Workers { procs, phases: count, done: 0, ready: false })
     }
 
-    /// Runs the next phase on every worker at once.
-    pub async fn phase(&mut self) -> Result<PhaseResult> {
-        if self.done >= self.phases {
-            bail!("no phase left");
+    /// Waits until every worker is ready for the next phase (its set-up done, e.g. a fresh client connected), so
+    /// that set-up does not overlap what the caller times next; a no-op once no phase is left.
+    pub async fn wait_ready(&mut self) -> Result<()> {
+        if self.ready || self.done >= self.phases {
+            return Ok(());
         }
         for p in &mut self.procs {
             let line = read_line(&mut p.stdout).await?;
@@ -125,6 +138,17 @@ impl Workers {
                 bail!("a worker said {line:?} instead of ready");
             }
         }
+        self.ready = true;
+        Ok(())
+    }
+
+    /// Runs the next phase on every worker at once.
+    pub async fn phase(&mut self) -> Result<PhaseResult> {
+        if self.done >= self.phases {
+            bail!("no phase left");
+        }
+        self.wait_ready().await?;
+        self.ready = false;
         let t = Instant::now();
         for p in &mut self.procs {
             p.stdin.write_all(b"go\n").await?;
@@ -171,12 +195,30 @@ async fn read_line(r: &mut BufReader<ChildStdout>) -> Result<String> {
 /// `weft bench worker`: runs inside a client process.
 pub async fn run(a: WorkerArgs) -> Result<()> {
     let spec: Value = serde_json::from_str(&a.spec).context("--spec is not JSON")?;
-    let cfg: ClusterConfig = serde_json::from_value(spec["cluster"].clone()).context("spec.cluster")?;
     let phases = spec["phases"].as_array().cloned().unwrap_or_default();
-    let client = Client::connect(&cfg).await?;
+    // No cluster: the phases are all `fs-*` ones, on a mounted file system (e.g. GlusterFS's FUSE mount).
+    let cfg: Option<ClusterConfig> = match &spec["cluster"] {
+        Value::Null => None,
+        c => Some(serde_json::from_value(c.clone()).context("spec.cluster")?),
+    };
+    let mut client = match &cfg {
+        Some(cfg) => Some(Client::connect(cfg).await?),
+        None => None,
+    };
     let mut stdin = BufReader::new(tokio::io::stdin());
     let mut out = tokio::io::stdout();
     for ph in &phases {
+        if let (Some(ns), Some(cfg)) = (ph["cache_namespace"].as_u64(), &cfg) {
+            // A phase in a key namespace of its own (`weft bench cache --miss`): a fresh client, connected before
+            // `ready`, so outside the phase's time.
+            let mut cfg = cfg.clone();
+            if let Some(cache) = cfg.cache.as_mut() {
+                cache.namespace = ns;
+            }
+            if let Some(old) = client.replace(Client::connect(&cfg).await?) {
+                old.close().await;
+            }
+        }
         out.write_all(b"ready\n").await?;
         out.flush().await?;
         let mut line = String::new();
@@ -184,15 +226,70 @@ pub async fn run(a: WorkerArgs) -> Result<()> {
             bail!("the parent went away");
         }
         let (t, c) = (Instant::now(), ceilings::cpu_seconds());
-        let (ops, bytes, lat) = one_phase(&client, ph).await?;
+        let (ops, bytes, lat) = match (&client, field_str(ph, "op")?) {
+            (_, op) if op.starts_with("fs-") => fs_phase(ph).await?,
+            (Some(client), _) => one_phase(client, ph).await?,
+            (None, op) => bail!("phase {op:?} needs a cluster in the spec"),
+        };
         let (secs, cpu_s) = (t.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c);
-        let fabric = crate::common::fabric_used(&client).await;
+        let fabric = match &client {
+            Some(client) => crate::common::fabric_used(client).await,
+            None => "fuse".to_string(),
+        };
         let r = json!({"ops": ops, "bytes": bytes, "secs": secs, "cpu_s": cpu_s, "lat_us": lat, "fabric": fabric});
         out.write_all(format!("{r}\n").as_bytes()).await?;
         out.flush().await?;
     }
-    client.close().await;
+    if let Some(client) = client {
+        client.close().await;
+    }
     Ok(())
+}
+
+/// A phase on a mounted file system, through the kernel (std::fs, on a blocking thread):
+/// - `fs-stat`: `stat` of `dir/prefix{i}` for i in 0..count;
+/// - `fs-read`: sequential `pread`s of `record` bytes over [offset, offset + bytes) of `path`, one at a time.
+async fn fs_phase(ph: &Value) -> Result<(u64, u64, Vec<f64>)> {
+    let ph = ph.clone();
+    tokio::task::spawn_blocking(move || match field_str(&ph, "op")? {
+        "fs-stat" => {
+            let dir = std::path::Path::new(field_str(&ph, "dir")?);
+            let (prefix, count) = (field_str(&ph, "prefix")?, field_u64(&ph, "count")?);
+            let mut lat = Vec::with_capacity(count as usize);
+            for i in 0..count {
+                let p = dir.join(format!("{prefix}{i}"));
+                let t = Instant::now();
+                std::fs::metadata(&p).with_context(|| format!("stat {}", p.display()))?;
+                lat.push(micros_since(t));
+            }
+            Ok((count, 0, lat))
+        }
+        "fs-read" => {
+            use std::os::unix::fs::FileExt;
+            let path = field_str(&ph, "path")?;
+            let (offset, bytes, record) =
+                (field_u64(&ph, "offset")?, field_u64(&ph, "bytes")?, field_u64(&ph, "record")?);
+            if record == 0 || record > 64 << 20 {
+                bail!("record {record} out of range");
+            }
+            let f = std::fs::File::open(path).with_context(|| format!("open {path}"))?;
+            // Pre-faulted destination buffer, reused.
+            let mut buf = vec![0u8; record as usize];
+            let (mut got, mut ops) = (0u64, 0u64);
+            while got < bytes {
+                let len = record.min(bytes - got) as usize;
+                let n = f.read_at(&mut buf[..len], offset + got)?;
+                if n == 0 {
+                    bail!("{path}: end of file after {got} of {bytes} bytes");
+                }
+                got += n as u64;
+                ops += 1;
+            }
+            Ok((ops, got, Vec::new()))
+        }
+        other => bail!("unknown worker phase {other:?}"),
+    })
+    .await?
 }
 
 fn field_u64(ph: &Value, k: &str) -> Result<u64> {

@@ -425,3 +425,107 @@ fn short_circuits_and_delay() {
     let doc = bench("sc-ckpt", &[&args[..], &["--runs", "1", "--short-circuit", "server"]].concat());
     check_contract(&doc, "checkpoint", "mib_per_s");
 }
+
+/// `weft bench cache` at tiny sizes with the bank off and on (one daemon, two block sizes), unused by the clients
+/// (`--unused`), every lookup missing (`--miss`) and the storm through FUSE too: one result per (cache, block, bank
+/// mode, workload) — per record size for the latency — each with its headline and its ratios to the no-bank
+/// cluster and to the same cluster's clients not using the bank; and the targets block.
+#[test]
+fn cache() {
+    let args = [
+        "cache",
+        "--servers",
+        "1",
+        "--cache",
+        "0,1",
+        "--block",
+        "256,2K",
+        "--cache-mib",
+        "16",
+        "--procs",
+        "2",
+        "--files",
+        "10",
+        "--record",
+        "1,4K",
+        "--count",
+        "8",
+        "--size",
+        "64K",
+        "--shared-record",
+        "16K",
+        "--iozone-record",
+        "16K",
+        "--miss",
+        "--unused",
+        "--fuse",
+        "--no-glusterfs",
+        "--runs",
+        "1",
+    ];
+    let doc = bench("cache", &args);
+    assert!(doc["command"].as_str().unwrap().contains("bench cache"), "{doc}");
+    assert_eq!(doc["config"]["bench"], "cache");
+    assert!(doc["config"]["glusterfs"].as_str().unwrap().starts_with("not measured"), "{}", doc["config"]);
+    let results = doc["results"].as_array().unwrap();
+    let points = [
+        (0, None, "off"),
+        (1, Some(256), "unused"),
+        (1, Some(256), "hit"),
+        (1, Some(256), "miss"),
+        (1, Some(2048), "unused"),
+        (1, Some(2048), "hit"),
+        (1, Some(2048), "miss"),
+    ];
+    let mut seen = 0;
+    for (cache, block, bank) in points {
+        let at = |w: &str, access: &str| -> Vec<&Value> {
+            results
+                .iter()
+                .filter(|r| {
+                    r["system"] == "weft"
+                        && r["cache"] == cache
+                        && r["block_bytes"].as_u64() == block
+                        && r["bank"] == bank
+                        && r["workload"] == w
+                        && r["access"] == access
+                })
+                .collect()
+        };
+        let latency: Vec<u64> = at("latency", "native").iter().map(|r| r["record_bytes"].as_u64().unwrap()).collect();
+        assert_eq!(latency, [1, 4096], "latency of cache {cache} block {block:?} bank {bank}");
+        for (w, n) in [("storm", 1), ("shared", 1), ("iozone", 1)] {
+            assert_eq!(at(w, "native").len(), n, "{w} of cache {cache} block {block:?} bank {bank}");
+        }
+        // Through FUSE: the storm, with the cluster's own bank (a mount reads its cluster.toml).
+        let fuse = usize::from(bank == "off" || bank == "hit");
+        assert_eq!(at("storm", "fuse").len(), fuse, "fuse storm, bank {bank}");
+        seen += 5 + fuse;
+    }
+    assert_eq!(results.len(), seen, "no other results");
+    for r in results {
+        let op = r["op"].as_str().unwrap();
+        assert!(OPS.contains(&op), "{r}");
+        let headline = r["headline"].as_str().unwrap_or_else(|| panic!("headline: {r}"));
+        let h = positive(r, headline);
+        let (lo, hi) = (positive(r, "min"), positive(r, "max"));
+        assert!(lo <= h && h <= hi, "min {lo} ≤ {headline} {h} ≤ max {hi}: {r}");
+        assert!(r["runs"].as_u64().unwrap_or(0) >= 1, "runs: {r}");
+        positive(r, "speedup_vs_cache0");
+        positive(r, "ratio_to_cache0");
+        if r["cache"] != 0 && r["access"] == "native" {
+            positive(r, "speedup_vs_unused");
+        }
+        if r["workload"] == "shared" || r["workload"] == "iozone" {
+            positive(r, "client_cpu_s_per_gib");
+        }
+        if r["bank"] == "off" && r["system"] == "weft" {
+            assert_eq!(r["speedup_vs_cache0"], 1.0, "the baseline is its own baseline: {r}");
+        }
+    }
+    let t = &doc["targets"];
+    assert_eq!(t["stat_storm"]["points"].as_array().unwrap().len(), 2, "{t}");
+    assert_eq!(t["one_byte_read"]["points"].as_array().unwrap().len(), 2, "{t}");
+    assert!(t["all_miss"]["worst"]["slowdown"].as_f64().is_some(), "{t}");
+    assert!(t["all_miss"]["worst_vs_unused"]["slowdown"].as_f64().is_some(), "{t}");
+}
