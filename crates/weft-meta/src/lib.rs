@@ -11,6 +11,7 @@
 //! The process around it: [`config`] (`weft meta --config F` and its defaults), [`service`] (the RPC service),
 //! [`node`] (store, listeners, service) and `gc` (deletes removed files' objects from the data servers).
 
+pub mod acl;
 pub mod clock;
 pub mod config;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod redb_store;
 pub mod service;
 pub mod store;
 
+pub use acl::{Acl, AclError};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::MetaConfig;
 pub use error::MetaError;
