@@ -143,7 +143,9 @@ impl Acl {
     /// The minimal ACL that says what `mode`'s permission bits say.
     pub fn from_mode(mode: u32) -> Acl {
         let e = |tag, perm| Entry { tag, perm, id: ACL_UNDEFINED_ID };
-        Acl { entries: vec![e(Tag::UserObj, (mode >> 6) & 7), e(Tag::GroupObj, (mode >> 3) & 7), e(Tag::Other, mode & 7)] }
+        Acl {
+            entries: vec![e(Tag::UserObj, (mode >> 6) & 7), e(Tag::GroupObj, (mode >> 3) & 7), e(Tag::Other, mode & 7)],
+        }
     }
 
     pub fn entries(&self) -> &[Entry] {

@@ -38,9 +38,9 @@ use weft_proto::{
     WireError,
 };
 
+use crate::acl::Acl;
 use crate::clock::Clock;
 use crate::error::MetaError;
-use crate::acl::Acl;
 use crate::perm::{self, Cred, Mask};
 use crate::store::{Inode, MetaStore, MetaTxn};
 

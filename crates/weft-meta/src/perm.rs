@@ -356,16 +356,14 @@ pub fn check_setattr(cred: &Cred, inode: &Inode, acl: Option<&Acl>, set: &SetAtt
 /// attribute"); `security.*` anyone reads, the owner or root writes (what SELinux-less Linux leaves to the file
 /// system; no security module runs here); `system.posix_acl_*` anyone reads, the owner or root writes
 /// (`posix_acl_xattr_set`). Returns `Ok(false)` when the attribute must look absent to this caller.
-pub fn may_xattr(
-    cred: &Cred,
-    inode: &Inode,
-    acl: Option<&Acl>,
-    name: &str,
-    write: bool,
-) -> Result<bool, PermError> {
+pub fn may_xattr(cred: &Cred, inode: &Inode, acl: Option<&Acl>, name: &str, write: bool) -> Result<bool, PermError> {
     if name.starts_with("user.") {
         if !matches!(inode.kind, FileKind::File | FileKind::Dir) {
-            return if write { Err(not_permitted(cred, inode, "set user.* attributes on a special file or symlink")) } else { Ok(false) };
+            return if write {
+                Err(not_permitted(cred, inode, "set user.* attributes on a special file or symlink"))
+            } else {
+                Ok(false)
+            };
         }
         if write && inode.kind == FileKind::Dir && inode.mode & STICKY != 0 && !cred.owns_or_root(inode) {
             return Err(not_permitted(cred, inode, "set user.* attributes of a sticky directory"));
@@ -459,7 +457,13 @@ mod tests {
                 for cred in [&owner, &member, &other] {
                     for ask in MASKS {
                         let want = std::ptr::eq(cred, who) && ask == bit;
-                        assert_eq!(may(cred, &f, None, ask).is_ok(), want, "mode {:o} uid {} ask {ask:?}", f.mode, cred.uid);
+                        assert_eq!(
+                            may(cred, &f, None, ask).is_ok(),
+                            want,
+                            "mode {:o} uid {} ask {ask:?}",
+                            f.mode,
+                            cred.uid
+                        );
                     }
                 }
             }

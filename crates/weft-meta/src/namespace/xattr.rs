@@ -135,13 +135,7 @@ pub(super) fn set(
 }
 
 /// Whether `name` with a value of `value_len` bytes fits inode `ino`'s limits, counting what it replaces as gone.
-fn check_room(
-    t: &mut dyn MetaTxn,
-    ino: u64,
-    name: &str,
-    value_len: usize,
-    bytes_max: usize,
-) -> Result<(), WireError> {
+fn check_room(t: &mut dyn MetaTxn, ino: u64, name: &str, value_len: usize, bytes_max: usize) -> Result<(), WireError> {
     let others: Vec<(String, usize)> = t.list_xattrs(ino)?.into_iter().filter(|(n, _)| n != name).collect();
     let list_bytes = others.iter().map(|(n, _)| n.len() + 1).sum::<usize>() + name.len() + 1;
     if list_bytes > XATTR_LIST_BYTES_MAX {
@@ -297,3 +291,6 @@ pub(super) fn inherit(
         default: (kind == FileKind::Dir).then(|| default.encode()),
     })
 }
+
+#[cfg(test)]
+mod tests;
