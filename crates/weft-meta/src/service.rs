@@ -150,7 +150,13 @@ impl Service for MetaService {
         match req {
             Request::Open(r) => self.open(ctx, &cred, &r),
             Request::CreateOpen(r) => self.create_open(ctx, cred, r).await,
-            Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
+            // Point reads (GetXattr too: a mount with POSIX ACLs asks for each inode's access ACL).
+            Request::GetAttr(_)
+            | Request::Lookup(_)
+            | Request::Readlink(_)
+            | Request::GetXattr(_)
+            | Request::ListXattr(_)
+            | Request::Null(_) => {
                 self.execute_in_place(&cred, &req)
             }
             req => self.execute_on_blocking_pool(cred, req).await,

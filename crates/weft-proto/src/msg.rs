@@ -507,6 +507,15 @@ mod tests {
     }
 
     #[test]
+    fn a_create_mode_carries_the_umask_in_its_documented_bits() {
+        // docs/format.md §13: bit 31 flags it, bits 16..=24 hold it, the mode keeps its 12 low bits.
+        let m = crate::mode_with_umask(0o102755, 0o022);
+        assert_eq!(m, 0x8000_0000 | (0o022 << 16) | 0o2755);
+        assert_eq!(crate::split_mode_umask(m), (0o2755, Some(0o022)));
+        assert_eq!(crate::split_mode_umask(0o644), (0o644, None), "without the flag the mode is final");
+    }
+
+    #[test]
     fn decoding_rejects_garbage() {
         assert_eq!(Request::decode(999, &[]), Err(FrameError::UnknownOp(999)));
         assert!(matches!(Request::decode(Op::Lookup as u16, &[1]), Err(FrameError::BadBody { .. })));
