@@ -156,9 +156,7 @@ impl Service for MetaService {
             | Request::Readlink(_)
             | Request::GetXattr(_)
             | Request::ListXattr(_)
-            | Request::Null(_) => {
-                self.execute_in_place(&cred, &req)
-            }
+            | Request::Null(_) => self.execute_in_place(&cred, &req),
             req => self.execute_on_blocking_pool(cred, req).await,
         }
     }

@@ -109,8 +109,7 @@ impl MountArgs {
     }
 }
 
-// Parsed once per process and matched at once: the size of its largest variant (the benchmark flags) costs nothing.
-#[allow(clippy::large_enum_variant)]
+/// `weft xattr …`.
 #[derive(Subcommand)]
 enum XattrCmd {
     /// Print the names of a path's attributes, one per line.
@@ -149,6 +148,8 @@ enum XattrCmd {
     },
 }
 
+// Parsed once per process and matched at once: the size of its largest variant (the benchmark flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Start a local cluster: one metadata service and N data servers as separate processes on loopback.
