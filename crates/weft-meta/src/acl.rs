@@ -383,4 +383,62 @@ mod tests {
         assert!(!masked.permits(7, &groups(&[50]), owner, 2));
         assert!(masked.permits(500, &groups(&[]), owner, 6));
     }
+
+    /// What the fuzz target asserts, on seeded random values shaped like ACLs (valid header, entries with tags
+    /// and perms mostly in range), so accepted ACLs are common: decode never panics, accepted ACLs re-encode to
+    /// themselves, and the mode rules stay within the mode.
+    #[test]
+    fn random_values_keep_the_fuzz_invariants() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut accepted = 0;
+        for _ in 0..20_000 {
+            // A well-formed shape (named entries sometimes, a mask sometimes), then perhaps damaged.
+            let mut entries: Vec<(u16, u16, u32)> = vec![(0x01, 0, 0)];
+            entries.extend((0..next() % 3).map(|k| (0x02, 0, 1000 + k as u32)));
+            entries.push((0x04, 0, 0));
+            entries.extend((0..next() % 3).map(|k| (0x08, 0, 50 + k as u32)));
+            if next() % 4 != 0 {
+                entries.push((0x10, 0, 0));
+            }
+            entries.push((0x20, 0, 0));
+            for e in &mut entries {
+                e.1 = (next() % 8) as u16;
+            }
+            match next() % 8 {
+                0 => entries[0].1 = 8,
+                1 => entries.swap(0, 1),
+                2 => entries[1].0 = 0x40,
+                3 => {
+                    entries.remove(0);
+                }
+                _ => {}
+            }
+            let mut v = 2u32.to_le_bytes().to_vec();
+            for (tag, perm, id) in entries {
+                v.extend_from_slice(&tag.to_le_bytes());
+                v.extend_from_slice(&perm.to_le_bytes());
+                v.extend_from_slice(&id.to_le_bytes());
+            }
+            if next() % 10 == 0 {
+                v.truncate((next() as usize) % (v.len() + 1));
+            }
+            let Ok(Some(acl)) = Acl::decode(&v) else { continue };
+            accepted += 1;
+            assert_eq!(Acl::decode(&acl.encode()), Ok(Some(acl.clone())));
+            let mode = (next() % 0o10000) as u32;
+            let mut c = acl.clone();
+            c.chmod(mode);
+            assert_eq!(c.equiv_mode().0, mode & 0o777);
+            let mut m = acl.clone();
+            let (new_mode, _) = m.create_masq(mode);
+            assert_eq!((new_mode & !0o777, new_mode & 0o777 & !mode), (mode & !0o777, 0));
+        }
+        assert!(accepted > 100, "only {accepted} values were valid ACLs");
+    }
 }
