@@ -33,6 +33,8 @@ deps:
 		command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
 	done; \
 	command -v fincore >/dev/null 2>&1 || missing="$$missing util-linux-extra"; \
+	command -v setfacl >/dev/null 2>&1 || missing="$$missing acl"; \
+	command -v setfattr >/dev/null 2>&1 || missing="$$missing attr"; \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing$$missing"; \
 		$$sudo apt-get update; \

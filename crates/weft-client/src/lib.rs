@@ -350,6 +350,29 @@ impl Client {
         Ok(meta_call!(self, Symlink(SymlinkReq { parent, name: name.into(), target: target.into() })))
     }
 
+    /// The value of extended attribute `name` (with its namespace prefix) of inode `ino`; `NoData` if absent.
+    pub async fn getxattr(&self, ino: u64, name: &str) -> Result<Vec<u8>, ClientError> {
+        Ok(meta_call!(self, GetXattr(XattrReq { ino, name: name.into() })))
+    }
+
+    /// Sets extended attribute `name`; `flags` is 0, `XATTR_CREATE` or `XATTR_REPLACE` (weft_proto::msg).
+    /// `system.posix_acl_access`/`_default` take the Linux ACL value format and keep the mode bits coherent.
+    pub async fn setxattr(&self, ino: u64, name: &str, value: &[u8], flags: u32) -> Result<(), ClientError> {
+        meta_call!(self, SetXattr(SetXattrReq { ino, name: name.into(), value: value.to_vec(), flags }));
+        Ok(())
+    }
+
+    /// The names of inode `ino`'s extended attributes this user may see.
+    pub async fn listxattr(&self, ino: u64) -> Result<Vec<String>, ClientError> {
+        Ok(meta_call!(self, ListXattr(InoReq { ino })))
+    }
+
+    /// Removes extended attribute `name`; `NoData` if absent.
+    pub async fn removexattr(&self, ino: u64, name: &str) -> Result<(), ClientError> {
+        meta_call!(self, RemoveXattr(XattrReq { ino, name: name.into() }));
+        Ok(())
+    }
+
     pub async fn readlink(&self, ino: u64) -> Result<String, ClientError> {
         Ok(meta_call!(self, Readlink(InoReq { ino })))
     }

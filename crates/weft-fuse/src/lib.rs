@@ -16,7 +16,9 @@
 //!
 //! Permissions: every request acts as the user who made it (uid and gid from the kernel, supplementary groups
 //! from /proc, `users.rs`), so the MDS checks it and owns new entries to it. `default_permissions` stays on as the
-//! fast path: the kernel refuses what the mode bits forbid before a request leaves the host. An open file's writes
+//! fast path: the kernel refuses what the mode bits forbid before a request leaves the host. With `FUSE_POSIX_ACL`
+//! (asked at init) the kernel enforces POSIX ACLs too, reading `system.posix_acl_access` through getxattr; the
+//! MDS, which keeps ACLs and mode bits coherent and applies default ACLs at create, checks them again. An open file's writes
 //! are committed as the user who first opened it in this mount (all handles of an inode share one `File`). The
 //! mount is `nosuid,nodev` unless `suid`/`dev` are set.
 
@@ -154,6 +156,19 @@ fn name_str(name: &OsStr) -> Result<String, Errno> {
     name.to_str().map(str::to_owned).ok_or(Errno::EINVAL)
 }
 
+/// Answers getxattr/listxattr: the length for a size-0 probe, ERANGE when `data` does not fit `size`.
+fn reply_xattr(reply: fuser::ReplyXattr, size: u32, data: &[u8]) {
+    // Values and lists are at most 64 KiB (the MDS's limits), so the length fits.
+    let len = data.len() as u32;
+    if size == 0 {
+        reply.size(len)
+    } else if len > size {
+        reply.error(Errno::ERANGE)
+    } else {
+        reply.data(data)
+    }
+}
+
 fn time_set(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
@@ -286,6 +301,10 @@ impl Filesystem for WeftFs {
         }
         let _ = config.set_max_background(64);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // POSIX ACLs: the kernel reads `system.posix_acl_access` (through getxattr) and enforces it with
+        // `default_permissions`; the mode and umask of a create come unmasked with the umask beside them
+        // (DONT_MASK), so the MDS can apply a parent's default ACL instead of the umask, as Linux does.
+        let acl = config.add_capabilities(InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK).is_ok();
         // Let the kernel choose readdirplus when listings are followed by lookups (`ls -l`, `find`, rsync).
         let plus = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO).is_ok();
         self.inner.readdirplus.store(plus, Ordering::Relaxed);
@@ -296,6 +315,7 @@ impl Filesystem for WeftFs {
             max_pages = config.capabilities().contains(InitFlags::FUSE_MAX_PAGES),
             max_write = self.inner.opts.max_write_bytes,
             readdirplus = plus,
+            posix_acl = acl,
             writeback,
             "FUSE session negotiated"
         );
@@ -393,7 +413,8 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let perm = mode & !umask & 0o7777;
+        // The MDS applies the umask, unless the directory has a default ACL (docs/format.md §13).
+        let perm = weft_proto::mode_with_umask(mode, umask);
         self.spawn(req, move |i, c| async move {
             let r = match kind {
                 None => c.create(parent.0, &name, perm, true).await,
@@ -409,7 +430,7 @@ impl Filesystem for WeftFs {
             Err(e) => return reply.error(e),
         };
         self.spawn(req, move |i, c| async move {
-            let r = c.mkdir(parent.0, &name, mode & !umask & 0o7777).await;
+            let r = c.mkdir(parent.0, &name, weft_proto::mode_with_umask(mode, umask)).await;
             i.reply_entry(reply, r);
         });
     }
@@ -757,30 +778,58 @@ impl Filesystem for WeftFs {
         });
     }
 
-    // Extended attributes are not stored: say so precisely, so tools (cp -a, tar --xattrs) carry on.
-    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
-        reply.error(Errno::ENODATA);
+    // Extended attributes (POSIX ACLs included) live on the MDS; a size-0 request asks for the length.
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: fuser::ReplyXattr) {
+        let Some(name) = name.to_str().map(str::to_owned) else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        self.spawn(req, move |_i, c| async move {
+            match c.getxattr(ino.0, &name).await {
+                Ok(v) => reply_xattr(reply, size, &v),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        if size == 0 { reply.size(0) } else { reply.data(&[]) }
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        self.spawn(req, move |_i, c| async move {
+            match c.listxattr(ino.0).await {
+                Ok(names) => {
+                    let mut list = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+                    for n in names {
+                        list.extend_from_slice(n.as_bytes());
+                        list.push(0);
+                    }
+                    reply_xattr(reply, size, &list)
+                }
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOTSUP);
+        let Some(name) = name.to_str().map(str::to_owned) else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        // Linux's XATTR_CREATE and XATTR_REPLACE have the wire's values; other bits are refused by the MDS.
+        let (value, flags) = (value.to_vec(), flags as u32);
+        self.spawn(req, move |_i, c| async move { reply_empty(reply, c.setxattr(ino.0, &name, &value, flags).await) });
     }
 
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::ENODATA);
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = name.to_str().map(str::to_owned) else {
+            return reply.error(Errno::EOPNOTSUPP);
+        };
+        self.spawn(req, move |_i, c| async move { reply_empty(reply, c.removexattr(ino.0, &name).await) });
     }
 
     fn ioctl(
@@ -831,7 +880,7 @@ impl Filesystem for WeftFs {
         };
         let exclusive = flags & libc::O_EXCL != 0;
         self.spawn(req, move |i, c| async move {
-            let perm = mode & !umask & 0o7777;
+            let perm = weft_proto::mode_with_umask(mode, umask);
             let file = match c.create_open(parent.0, &name, perm, exclusive).await {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(&e)),

@@ -70,6 +70,10 @@ pub struct MetaConfig {
     /// these memcached daemons before replying. Absent: no bank.
     #[serde(default)]
     pub cache: Option<weft_cache::CacheConfig>,
+    /// Most bytes of extended attributes (names plus values, ACLs included) one inode may hold; a set past it is
+    /// refused with ENOSPC. Raised to at least one largest value (64 KiB) with a longest name.
+    #[serde(default = "default_xattr_bytes_max_per_inode")]
+    pub xattr_bytes_max_per_inode: usize,
 }
 
 impl MetaConfig {
@@ -96,6 +100,9 @@ impl MetaConfig {
 
 fn default_capability_ttl_ms() -> u64 {
     crate::service::DEFAULT_CAPABILITY_TTL_MS
+}
+fn default_xattr_bytes_max_per_inode() -> usize {
+    crate::namespace::DEFAULT_XATTR_BYTES_MAX_PER_INODE
 }
 fn default_liveness_ms() -> u64 {
     5000

@@ -214,6 +214,8 @@ pub enum Redo<'a> {
     PutOrphan { ino: u64, record: &'a [u8] },
     DelOrphan { ino: u64 },
     PutCounter { key: u32, value: u64 },
+    PutXattr { ino: u64, name: &'a str, value: &'a [u8] },
+    DelXattr { ino: u64, name: &'a str },
 }
 
 const OP_PUT_INODE: u8 = 1;
@@ -224,6 +226,8 @@ const OP_PUT_SERVER: u8 = 5;
 const OP_PUT_ORPHAN: u8 = 6;
 const OP_DEL_ORPHAN: u8 = 7;
 const OP_PUT_COUNTER: u8 = 8;
+const OP_PUT_XATTR: u8 = 9;
+const OP_DEL_XATTR: u8 = 10;
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     // Values are inode records, names and addresses: far below 4 GiB (entries are capped at 64 MiB).
@@ -274,6 +278,17 @@ pub fn encode_redo(out: &mut Vec<u8>, r: &Redo<'_>) {
             out.extend_from_slice(&key.to_le_bytes());
             out.extend_from_slice(&value.to_le_bytes());
         }
+        Redo::PutXattr { ino, name, value } => {
+            out.push(OP_PUT_XATTR);
+            out.extend_from_slice(&ino.to_le_bytes());
+            put_bytes(out, name.as_bytes());
+            put_bytes(out, value);
+        }
+        Redo::DelXattr { ino, name } => {
+            out.push(OP_DEL_XATTR);
+            out.extend_from_slice(&ino.to_le_bytes());
+            put_bytes(out, name.as_bytes());
+        }
     }
 }
 
@@ -322,6 +337,8 @@ pub fn decode_redo(payload: &[u8]) -> Result<Vec<Redo<'_>>, MetaError> {
             OP_PUT_ORPHAN => Redo::PutOrphan { ino: c.u64()?, record: c.bytes()? },
             OP_DEL_ORPHAN => Redo::DelOrphan { ino: c.u64()? },
             OP_PUT_COUNTER => Redo::PutCounter { key: c.u32()?, value: c.u64()? },
+            OP_PUT_XATTR => Redo::PutXattr { ino: c.u64()?, name: c.str()?, value: c.bytes()? },
+            OP_DEL_XATTR => Redo::DelXattr { ino: c.u64()?, name: c.str()? },
             op => return Err(MetaError::Corrupt(format!("journal entry: unknown redo op {op}"))),
         };
         out.push(r);

@@ -12,6 +12,7 @@
 //! [`node`] (store, listeners, service), `gc` (deletes removed files' objects from the data servers) and `push`
 //! (publishes changed attributes and lookups to the cache bank).
 
+pub mod acl;
 pub mod clock;
 pub mod config;
 pub mod error;
@@ -26,6 +27,7 @@ pub mod redb_store;
 pub mod service;
 pub mod store;
 
+pub use acl::{Acl, AclError};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::MetaConfig;
 pub use error::MetaError;

@@ -19,6 +19,7 @@ struct State {
     dirents: BTreeMap<(u64, String), (u64, FileKind)>,
     servers: BTreeMap<u32, String>,
     orphans: BTreeMap<u64, Layout>,
+    xattrs: BTreeMap<(u64, String), Vec<u8>>,
     last_ino: u64,
 }
 
@@ -27,6 +28,7 @@ enum Undo {
     Dirent((u64, String), Option<(u64, FileKind)>),
     Server(u32, Option<String>),
     Orphan(u64, Option<Layout>),
+    Xattr((u64, String), Option<Vec<u8>>),
     LastIno(u64),
 }
 
@@ -71,6 +73,7 @@ impl MemTxn<'_> {
                 Undo::Dirent(k, v) => restore(&mut st.dirents, k, v),
                 Undo::Server(k, v) => restore(&mut st.servers, k, v),
                 Undo::Orphan(k, v) => restore(&mut st.orphans, k, v),
+                Undo::Xattr(k, v) => restore(&mut st.xattrs, k, v),
                 Undo::LastIno(v) => st.last_ino = v,
             }
         }
@@ -201,5 +204,34 @@ impl MetaTxn for MemTxn<'_> {
 
     fn count_inodes(&mut self) -> Result<u64, MetaError> {
         Ok(self.st.inodes.len() as u64)
+    }
+
+    fn get_xattr(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
+        Ok(self.st.xattrs.get(&(ino, name.to_string())).cloned())
+    }
+
+    fn put_xattr(&mut self, ino: u64, name: &str, value: &[u8]) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let key = (ino, name.to_string());
+        let old = self.st.xattrs.insert(key.clone(), value.to_vec());
+        self.log(Undo::Xattr(key, old))
+    }
+
+    fn del_xattr(&mut self, ino: u64, name: &str) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let key = (ino, name.to_string());
+        let old = self.st.xattrs.remove(&key);
+        self.log(Undo::Xattr(key, old))
+    }
+
+    fn list_xattrs(&mut self, ino: u64) -> Result<Vec<(String, usize)>, MetaError> {
+        use std::ops::Bound::{Included, Unbounded};
+        Ok(self
+            .st
+            .xattrs
+            .range((Included((ino, String::new())), Unbounded))
+            .take_while(|((i, _), _)| *i == ino)
+            .map(|((_, name), v)| (name.clone(), v.len()))
+            .collect())
     }
 }

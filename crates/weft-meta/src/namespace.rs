@@ -38,10 +38,15 @@ use weft_proto::{
     WireError,
 };
 
+use crate::acl::Acl;
 use crate::clock::Clock;
 use crate::error::MetaError;
 use crate::perm::{self, Cred, Mask};
 use crate::store::{Inode, MetaStore, MetaTxn};
+
+mod xattr;
+
+pub use xattr::DEFAULT_XATTR_BYTES_MAX_PER_INODE;
 
 /// A data server unheard of for longer than this is reported `Down` (milliseconds).
 pub const DEFAULT_LIVENESS_MS: u64 = 5000;
@@ -70,6 +75,8 @@ pub struct Namespace<S: MetaStore, C: Clock> {
     /// Mirror of the persisted server registry plus in-memory liveness. Held while a registration is persisted,
     /// so the mirror and the store change in the same order.
     servers: Mutex<BTreeMap<u32, ServerSlot>>,
+    /// Most bytes of extended attributes (names and values) one inode may hold.
+    xattr_bytes_max: usize,
 }
 
 /// The layout policy of the root of a new namespace: 1 MiB stripes over every data server.
@@ -113,7 +120,20 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         let persisted = store.read(|t| t.list_servers())?;
         let servers =
             persisted.into_iter().map(|(id, addr)| (id, ServerSlot { addr, space: None, last_ms: None })).collect();
-        Ok(Namespace { store, clock, liveness_ms, servers: Mutex::new(servers) })
+        Ok(Namespace {
+            store,
+            clock,
+            liveness_ms,
+            servers: Mutex::new(servers),
+            xattr_bytes_max: DEFAULT_XATTR_BYTES_MAX_PER_INODE,
+        })
+    }
+
+    /// Sets the most bytes of extended attributes (names plus values) one inode may hold (the MDS config's
+    /// `xattr_bytes_max_per_inode`); at least one largest value with a longest name must fit.
+    pub fn with_xattr_bytes_max(mut self, bytes: usize) -> Self {
+        self.xattr_bytes_max = bytes.max(weft_proto::XATTR_VALUE_BYTES_MAX + weft_proto::XATTR_NAME_BYTES_MAX);
+        self
     }
 
     pub fn store(&self) -> &S {
@@ -159,6 +179,12 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 })
             }
             Request::ClusterInfo(()) => Ok(Response::ClusterInfo(self.servers())),
+            Request::GetXattr(r) => self.store.read(|t| xattr::get(t, cred, r)).map(Response::GetXattr),
+            Request::ListXattr(r) => self.store.read(|t| xattr::list(t, cred, r.ino)).map(Response::ListXattr),
+            Request::SetXattr(r) => {
+                self.store.write(|t| xattr::set(t, cred, r, self.xattr_bytes_max, now)).map(Response::SetXattr)
+            }
+            Request::RemoveXattr(r) => self.store.write(|t| xattr::remove(t, cred, r, now)).map(Response::RemoveXattr),
             Request::RegisterServer(r) => {
                 if !cred.is_root() {
                     return Err(werr(
@@ -177,7 +203,10 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
     /// Whether `cred` may access inode `ino` as `mask` asks ([`Mask::READ`], [`Mask::WRITE`], [`Mask::EXEC`];
     /// [`Mask::NONE`] asks only that it exists): the check an ACCESS request or an open makes. Reads only.
     pub fn access(&self, cred: &Cred, ino: u64, mask: Mask) -> Result<(), WireError> {
-        self.store.read(|t| Ok(perm::may(cred, &load(t, ino)?, mask)?))
+        self.store.read(|t| {
+            let inode = load(t, ino)?;
+            may(t, cred, &inode, mask)
+        })
     }
 
     /// The fresh attributes of regular file `ino` once `cred` may access it for `rights` (read needs R, write W):
@@ -208,7 +237,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                     ));
                 }
             }
-            perm::may(cred, &inode, Mask::from_bits(bits))?;
+            may(t, cred, &inode, Mask::from_bits(bits))?;
             Ok(inode.attr())
         })
     }
@@ -346,7 +375,7 @@ fn touch_dir(t: &mut dyn MetaTxn, ino: u64, delta: i32, now: i64) -> Result<(), 
 fn drop_link(t: &mut dyn MetaTxn, mut inode: Inode, now: i64) -> Result<(), WireError> {
     inode.nlink = inode.nlink.saturating_sub(1);
     if inode.nlink == 0 {
-        t.del_inode(inode.ino)?;
+        free_inode(t, inode.ino)?;
         if let (FileKind::File, Some(layout)) = (inode.kind, &inode.layout) {
             t.put_orphan(inode.ino, layout)?;
         }
@@ -391,10 +420,35 @@ fn new_inode(ino: u64, kind: FileKind, mode: u32, uid: u32, gid: u32, now: i64) 
     }
 }
 
+/// Removes inode `ino` and its extended attributes.
+fn free_inode(t: &mut dyn MetaTxn, ino: u64) -> Result<(), WireError> {
+    for (name, _) in t.list_xattrs(ino)? {
+        t.del_xattr(ino, &name)?;
+    }
+    t.del_inode(ino)?;
+    Ok(())
+}
+
+/// The access ACL the permission check of `cred` on `inode` needs: none when it cannot matter (the owner is
+/// judged by the owner bits; clear group bits, the ACL's mask, leave it unconsulted, see [`perm::may`]), which
+/// spares the lookup on most checks.
+fn acl_for(t: &mut dyn MetaTxn, cred: &Cred, inode: &Inode) -> Result<Option<Acl>, WireError> {
+    if cred.uid == inode.uid || inode.mode & 0o070 == 0 {
+        return Ok(None);
+    }
+    xattr::access_acl(t, inode.ino)
+}
+
+/// [`perm::may`] with the inode's access ACL.
+fn may(t: &mut dyn MetaTxn, cred: &Cred, inode: &Inode, mask: Mask) -> Result<(), WireError> {
+    let acl = acl_for(t, cred, inode)?;
+    Ok(perm::may(cred, inode, acl.as_ref(), mask)?)
+}
+
 /// The directory `ino`, which `cred` may search (look names up in).
 fn load_searchable_dir(t: &mut dyn MetaTxn, cred: &Cred, ino: u64) -> Result<Inode, WireError> {
     let d = load_dir(t, ino)?;
-    perm::may(cred, &d, Mask::EXEC)?;
+    may(t, cred, &d, Mask::EXEC)?;
     Ok(d)
 }
 
@@ -425,7 +479,7 @@ fn set_attr(t: &mut dyn MetaTxn, cred: &Cred, r: &SetAttrReq, now: i64) -> Resul
             FileKind::File => {}
         }
     }
-    let mode = perm::check_setattr(cred, &i, s)?;
+    let mode = perm::check_setattr(cred, &i, acl_for(t, cred, &i)?.as_ref(), s)?;
     if let Some(size) = s.size
         && size != i.size
     {
@@ -434,6 +488,8 @@ fn set_attr(t: &mut dyn MetaTxn, cred: &Cred, r: &SetAttrReq, now: i64) -> Resul
     }
     if let Some(mode) = mode {
         i.mode = mode & MODE_MASK;
+        // The access ACL follows a chmod (`posix_acl_chmod`): owner, mask (or group) and other entries.
+        xattr::chmod_acl(t, i.ino, i.mode)?;
     }
     if let Some(uid) = s.uid {
         i.uid = uid;
@@ -469,17 +525,21 @@ fn create(t: &mut dyn MetaTxn, cred: &Cred, r: &CreateReq, now: i64) -> Result<A
             other => Err(werr(ErrorCode::Exists, format!("{:?} exists and is a {other:?}", r.name))),
         };
     }
-    perm::may_create(cred, &parent)?;
+    perm::may_create(cred, &parent, acl_for(t, cred, &parent)?.as_ref())?;
     let servers = t.list_servers()?;
     if servers.is_empty() {
         return Err(werr(ErrorCode::NoServers, format!("cannot create {:?}: no data server is registered", r.name)));
     }
-    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::File, r.mode);
-    let policy = parent.layout.unwrap_or_else(default_policy);
+    let (mode, umask) = weft_proto::split_mode_umask(r.mode);
+    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::File, mode);
+    let inherited = xattr::inherit(t, &parent, FileKind::File, mode, umask)?;
+    let mode = inherited.mode;
+    let policy = parent.layout.clone().unwrap_or_else(default_policy);
     let ino = t.next_ino()?;
     let mut inode = new_inode(ino, FileKind::File, mode, uid, gid, now);
     inode.layout = Some(assign_layout(&policy, ino, &servers)?);
     t.put_inode(&inode)?;
+    inherited.store(t, ino)?;
     t.put_dirent(r.parent, &r.name, ino, FileKind::File)?;
     touch_dir(t, r.parent, 0, now)?;
     Ok(inode.attr())
@@ -491,14 +551,17 @@ fn mkdir(t: &mut dyn MetaTxn, cred: &Cred, r: &MkdirReq, now: i64) -> Result<Att
     if t.get_dirent(r.parent, &r.name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
     }
-    perm::may_create(cred, &parent)?;
+    perm::may_create(cred, &parent, acl_for(t, cred, &parent)?.as_ref())?;
     let ino = t.next_ino()?;
-    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::Dir, r.mode);
-    let mut inode = new_inode(ino, FileKind::Dir, mode, uid, gid, now);
+    let (mode, umask) = weft_proto::split_mode_umask(r.mode);
+    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::Dir, mode);
+    let inherited = xattr::inherit(t, &parent, FileKind::Dir, mode, umask)?;
+    let mut inode = new_inode(ino, FileKind::Dir, inherited.mode, uid, gid, now);
     inode.nlink = 2;
     inode.parent = r.parent;
     inode.layout = Some(parent.layout.unwrap_or_else(default_policy));
     t.put_inode(&inode)?;
+    inherited.store(t, ino)?;
     t.put_dirent(r.parent, &r.name, ino, FileKind::Dir)?;
     touch_dir(t, r.parent, 1, now)?;
     Ok(inode.attr())
@@ -509,7 +572,7 @@ fn rmdir(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) ->
     let parent_dir = load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
     let dir = load_entry(t, parent, name, ino)?;
-    perm::may_delete(cred, &parent_dir, &dir)?;
+    perm::may_delete(cred, &parent_dir, acl_for(t, cred, &parent_dir)?.as_ref(), &dir)?;
     if dir.kind != FileKind::Dir {
         return Err(werr(ErrorCode::NotDir, format!("{name:?} in directory {parent} is not a directory")));
     }
@@ -517,7 +580,7 @@ fn rmdir(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) ->
         return Err(werr(ErrorCode::NotEmpty, format!("directory {name:?} is not empty")));
     }
     t.del_dirent(parent, name)?;
-    t.del_inode(ino)?;
+    free_inode(t, ino)?;
     touch_dir(t, parent, -1, now)
 }
 
@@ -526,7 +589,7 @@ fn unlink(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) -
     let dir = load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
     let inode = load_entry(t, parent, name, ino)?;
-    perm::may_delete(cred, &dir, &inode)?;
+    perm::may_delete(cred, &dir, acl_for(t, cred, &dir)?.as_ref(), &inode)?;
     if inode.kind == FileKind::Dir {
         return Err(werr(ErrorCode::IsDir, format!("{name:?} in directory {parent} is a directory")));
     }
@@ -545,8 +608,8 @@ fn link(t: &mut dyn MetaTxn, cred: &Cred, r: &LinkReq, now: i64) -> Result<Attr,
     if t.get_dirent(r.new_parent, &r.new_name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.new_name, r.new_parent)));
     }
-    perm::may_create(cred, &dir)?;
-    perm::may_link(cred, &inode)?;
+    perm::may_create(cred, &dir, acl_for(t, cred, &dir)?.as_ref())?;
+    perm::may_link(cred, &inode, acl_for(t, cred, &inode)?.as_ref())?;
     inode.nlink = inode
         .nlink
         .checked_add(1)
@@ -568,15 +631,18 @@ fn mknod(t: &mut dyn MetaTxn, cred: &Cred, r: &MknodReq, now: i64) -> Result<Att
     if t.get_dirent(r.parent, &r.name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
     }
-    perm::may_create(cred, &parent)?;
+    perm::may_create(cred, &parent, acl_for(t, cred, &parent)?.as_ref())?;
     perm::may_mknod(cred, r.kind)?;
     let ino = t.next_ino()?;
-    let (mode, uid, gid) = perm::new_owner(cred, &parent, r.kind, r.mode);
-    let mut inode = new_inode(ino, r.kind, mode, uid, gid, now);
+    let (mode, umask) = weft_proto::split_mode_umask(r.mode);
+    let (mode, uid, gid) = perm::new_owner(cred, &parent, r.kind, mode);
+    let inherited = xattr::inherit(t, &parent, r.kind, mode, umask)?;
+    let mut inode = new_inode(ino, r.kind, inherited.mode, uid, gid, now);
     if matches!(r.kind, FileKind::CharDev | FileKind::BlockDev) {
         inode.rdev = r.rdev;
     }
     t.put_inode(&inode)?;
+    inherited.store(t, ino)?;
     t.put_dirent(r.parent, &r.name, ino, r.kind)?;
     touch_dir(t, r.parent, 0, now)?;
     Ok(inode.attr())
@@ -597,7 +663,7 @@ fn symlink(t: &mut dyn MetaTxn, cred: &Cred, r: &SymlinkReq, now: i64) -> Result
     if t.get_dirent(r.parent, &r.name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
     }
-    perm::may_create(cred, &parent)?;
+    perm::may_create(cred, &parent, acl_for(t, cred, &parent)?.as_ref())?;
     let ino = t.next_ino()?;
     let (_, uid, gid) = perm::new_owner(cred, &parent, FileKind::Symlink, 0o777);
     let mut inode = new_inode(ino, FileKind::Symlink, 0o777, uid, gid, now);
@@ -620,7 +686,7 @@ fn readlink(t: &mut dyn MetaTxn, ino: u64) -> Result<String, WireError> {
 /// Listing names needs read permission on the directory (as `opendir`).
 fn readdir(t: &mut dyn MetaTxn, cred: &Cred, r: &ReaddirReq) -> Result<ReaddirResp, WireError> {
     let dir = load_dir(t, r.ino)?;
-    perm::may(cred, &dir, Mask::READ)?;
+    may(t, cred, &dir, Mask::READ)?;
     let limit = if r.limit == 0 || r.limit > READDIR_ENTRIES_MAX { READDIR_ENTRIES_MAX } else { r.limit } as usize;
     let mut got = t.list_dirents(r.ino, &r.after, limit + 1)?;
     let eof = got.len() <= limit;
@@ -634,7 +700,7 @@ fn readdir(t: &mut dyn MetaTxn, cred: &Cred, r: &ReaddirReq) -> Result<ReaddirRe
 /// lookup; knfsd's READDIRPLUS omits them without it): one reply carries both, so both are required.
 fn readdir_plus(t: &mut dyn MetaTxn, cred: &Cred, r: &ReaddirReq) -> Result<ReaddirPlusResp, WireError> {
     let dir = load_dir(t, r.ino)?;
-    perm::may(cred, &dir, Mask::READ | Mask::EXEC)?;
+    may(t, cred, &dir, Mask::READ | Mask::EXEC)?;
     let limit =
         if r.limit == 0 || r.limit > READDIRPLUS_ENTRIES_MAX { READDIRPLUS_ENTRIES_MAX } else { r.limit } as usize;
     let mut got = t.list_dirents(r.ino, &r.after, limit + 1)?;
@@ -682,7 +748,7 @@ fn commit(t: &mut dyn MetaTxn, cred: &Cred, r: &CommitReq, now: i64) -> Result<(
             return Err(werr(ErrorCode::Invalid, format!("inode {} is a {k:?}, not a regular file", r.ino)));
         }
     }
-    perm::may_commit(cred, &i)?;
+    perm::may_commit(cred, &i, acl_for(t, cred, &i)?.as_ref())?;
     let mode = perm::mode_after_write(cred, &i);
     if mode != i.mode {
         i.mode = mode;
@@ -735,13 +801,13 @@ fn rename_exchange(
     let mut a = load_entry(t, r.src_parent, &r.src_name, a_ino)?;
     let mut b = load_entry(t, r.dst_parent, &r.dst_name, b_ino)?;
     let (a_dir, b_dir) = (a.kind == FileKind::Dir, b.kind == FileKind::Dir);
-    perm::may_delete(cred, src_dir, &a)?;
-    perm::may_delete(cred, dst_dir, &b)?;
+    perm::may_delete(cred, src_dir, acl_for(t, cred, src_dir)?.as_ref(), &a)?;
+    perm::may_delete(cred, dst_dir, acl_for(t, cred, dst_dir)?.as_ref(), &b)?;
     if r.src_parent != r.dst_parent {
         // A directory changing parents has its `..` rewritten: that needs write permission on it.
         for moved in [&a, &b] {
             if moved.kind == FileKind::Dir {
-                perm::may(cred, moved, Mask::WRITE)?;
+                may(t, cred, moved, Mask::WRITE)?;
             }
         }
     }
@@ -801,21 +867,21 @@ fn rename(t: &mut dyn MetaTxn, cred: &Cred, r: &RenameReq, now: i64) -> Result<(
     }
     let mut src = load_entry(t, r.src_parent, &r.src_name, src_ino)?;
     let src_is_dir = src.kind == FileKind::Dir;
-    perm::may_delete(cred, &src_dir, &src)?;
+    perm::may_delete(cred, &src_dir, acl_for(t, cred, &src_dir)?.as_ref(), &src)?;
     let victim = match dst {
         Some((dst_ino, _)) => {
             let victim = load_entry(t, r.dst_parent, &r.dst_name, dst_ino)?;
-            perm::may_delete(cred, &dst_dir, &victim)?;
+            perm::may_delete(cred, &dst_dir, acl_for(t, cred, &dst_dir)?.as_ref(), &victim)?;
             Some((dst_ino, victim))
         }
         None => {
-            perm::may_create(cred, &dst_dir)?;
+            perm::may_create(cred, &dst_dir, acl_for(t, cred, &dst_dir)?.as_ref())?;
             None
         }
     };
     if src_is_dir && r.src_parent != r.dst_parent {
         // Its `..` changes.
-        perm::may(cred, &src, Mask::WRITE)?;
+        may(t, cred, &src, Mask::WRITE)?;
     }
     if src_is_dir {
         check_not_into_itself(t, src_ino, &r.src_name, r.dst_parent)?;
@@ -826,7 +892,7 @@ fn rename(t: &mut dyn MetaTxn, cred: &Cred, r: &RenameReq, now: i64) -> Result<(
                 if !t.dir_is_empty(dst_ino)? {
                     return Err(werr(ErrorCode::NotEmpty, format!("directory {:?} is not empty", r.dst_name)));
                 }
-                t.del_inode(dst_ino)?;
+                free_inode(t, dst_ino)?;
                 touch_dir(t, r.dst_parent, -1, now)?;
             }
             (true, false) => {

@@ -42,7 +42,8 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     let store = RedbStore::open_with(&dir, cfg.journal())
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
-        .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
+        .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?
+        .with_xattr_bytes_max(cfg.xattr_bytes_max_per_inode);
     let ns = Arc::new(ns);
     let ring =
         weft_rpc::auth::role_keyring(key.clone(), cfg.clients_keyring.as_deref()).map_err(MetaServerError::Keyring)?;

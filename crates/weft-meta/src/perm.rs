@@ -17,6 +17,7 @@ use std::ops::BitOr;
 
 use weft_proto::{ErrorCode, FileKind, SetAttrs, TimeSet, WireError};
 
+use crate::acl::Acl;
 use crate::store::Inode;
 
 /// The user id with every privilege.
@@ -165,10 +166,20 @@ fn mode_allows(cred: &Cred, inode: &Inode, mask: Mask) -> bool {
     mask.0 & !bits == 0
 }
 
-/// `generic_permission`: the mode bits, then root's override. Root may read and write anything, and search any
-/// directory; it may execute a non-directory only if at least one execute bit is set.
-pub fn may(cred: &Cred, inode: &Inode, mask: Mask) -> Result<(), PermError> {
-    if mode_allows(cred, inode, mask) {
+/// `generic_permission`: the mode bits or the inode's access ACL, then root's override. Root may read and write
+/// anything, and search any directory; it may execute a non-directory only if at least one execute bit is set.
+///
+/// `acl` is the inode's access ACL, if it has one (`crate::acl::ACCESS_XATTR`). As Linux's
+/// `acl_permission_check`: the owner is judged by the owner bits (USER_OBJ mirrors them); anyone else by the ACL
+/// when the mode's group bits (the ACL's mask) are not all clear; else by the group or other bits.
+pub fn may(cred: &Cred, inode: &Inode, acl: Option<&Acl>, mask: Mask) -> Result<(), PermError> {
+    let allowed = match acl {
+        Some(acl) if !cred.owns(inode) && inode.mode & 0o070 != 0 => {
+            acl.permits(cred.uid, &|g| cred.in_group(g), (inode.uid, inode.gid), mask.0)
+        }
+        _ => mode_allows(cred, inode, mask),
+    };
+    if allowed {
         return Ok(());
     }
     if cred.is_root() && (!mask.has(Mask::EXEC) || inode.kind == FileKind::Dir || inode.mode & ANY_EXEC != 0) {
@@ -178,8 +189,8 @@ pub fn may(cred: &Cred, inode: &Inode, mask: Mask) -> Result<(), PermError> {
 }
 
 /// Adding an entry to `dir` (create, mkdir, mknod, symlink, link, rename's destination): write and search.
-pub fn may_create(cred: &Cred, dir: &Inode) -> Result<(), PermError> {
-    may(cred, dir, Mask::WRITE | Mask::EXEC)
+pub fn may_create(cred: &Cred, dir: &Inode, dir_acl: Option<&Acl>) -> Result<(), PermError> {
+    may(cred, dir, dir_acl, Mask::WRITE | Mask::EXEC)
 }
 
 /// The sticky-directory rule: in a sticky `dir`, only the owner of `victim`, the owner of `dir` or root may
@@ -196,8 +207,8 @@ pub fn check_sticky(cred: &Cred, dir: &Inode, victim: &Inode) -> Result<(), Perm
 
 /// Removing `victim`'s entry from `dir` (unlink, rmdir, rename's source and replaced target): write and search on
 /// `dir`, then the sticky rule.
-pub fn may_delete(cred: &Cred, dir: &Inode, victim: &Inode) -> Result<(), PermError> {
-    may(cred, dir, Mask::WRITE | Mask::EXEC)?;
+pub fn may_delete(cred: &Cred, dir: &Inode, dir_acl: Option<&Acl>, victim: &Inode) -> Result<(), PermError> {
+    may(cred, dir, dir_acl, Mask::WRITE | Mask::EXEC)?;
     check_sticky(cred, dir, victim)
 }
 
@@ -213,14 +224,14 @@ pub fn may_mknod(cred: &Cred, kind: FileKind) -> Result<(), PermError> {
 /// owner and root may link anything; others only a regular file that is not set-user-ID, not executable
 /// set-group-ID, and that they may both read and write. This stops a user pinning someone else's file (e.g. a
 /// set-user-ID binary about to be replaced) in a directory of their own.
-pub fn may_link(cred: &Cred, source: &Inode) -> Result<(), PermError> {
+pub fn may_link(cred: &Cred, source: &Inode, acl: Option<&Acl>) -> Result<(), PermError> {
     if cred.owns_or_root(source) {
         return Ok(());
     }
     let safe = source.kind == FileKind::File
         && source.mode & SET_UID == 0
         && source.mode & (SET_GID | GROUP_EXEC) != SET_GID | GROUP_EXEC
-        && may(cred, source, Mask::READ | Mask::WRITE).is_ok();
+        && may(cred, source, acl, Mask::READ | Mask::WRITE).is_ok();
     if safe { Ok(()) } else { Err(not_permitted(cred, source, "hard-link (protected_hardlinks)")) }
 }
 
@@ -234,11 +245,11 @@ pub fn may_set_layout(cred: &Cred, inode: &Inode) -> Result<(), PermError> {
 /// it is closed; the MDS sees only the commit, after the writes. It requires write permission, or ownership, so
 /// an owner who opened the file for writing and then made it read-only (as `cp -p` or an installer does) can
 /// still commit; a non-owner whose write permission was taken away after the open cannot.
-pub fn may_commit(cred: &Cred, inode: &Inode) -> Result<(), PermError> {
+pub fn may_commit(cred: &Cred, inode: &Inode, acl: Option<&Acl>) -> Result<(), PermError> {
     if cred.owns_or_root(inode) {
         return Ok(());
     }
-    may(cred, inode, Mask::WRITE)
+    may(cred, inode, acl, Mask::WRITE)
 }
 
 /// The mode a regular file keeps after a non-root caller writes to it, truncates it or changes its owner
@@ -294,12 +305,12 @@ fn is_touch(set: &SetAttrs) -> bool {
 ///
 /// Root's requests pass unchanged (in particular root's chown keeps set-user-ID, unlike Linux, which clears it
 /// for everyone: the kernel's FUSE client sends that mode change itself).
-pub fn check_setattr(cred: &Cred, inode: &Inode, set: &SetAttrs) -> Result<Option<u32>, PermError> {
+pub fn check_setattr(cred: &Cred, inode: &Inode, acl: Option<&Acl>, set: &SetAttrs) -> Result<Option<u32>, PermError> {
     if cred.is_root() {
         return Ok(set.mode);
     }
     if set.size.is_some() {
-        may(cred, inode, Mask::WRITE)?;
+        may(cred, inode, acl, Mask::WRITE)?;
     }
     if let Some(uid) = set.uid
         && !(cred.owns(inode) && uid == inode.uid)
@@ -322,7 +333,7 @@ pub fn check_setattr(cred: &Cred, inode: &Inode, set: &SetAttrs) -> Result<Optio
     if set.atime.is_some() || set.mtime.is_some() {
         if is_touch(set) {
             if !cred.owns(inode) {
-                may(cred, inode, Mask::WRITE)?;
+                may(cred, inode, acl, Mask::WRITE)?;
             }
         } else if !cred.owns(inode) {
             return Err(not_permitted(cred, inode, "set explicit times on"));
@@ -336,6 +347,47 @@ pub fn check_setattr(cred: &Cred, inode: &Inode, set: &SetAttrs) -> Result<Optio
         }
     }
     Ok(mode)
+}
+
+/// Who may read or change extended attribute `name` of `inode` (Linux's `xattr_permission` with the rules of
+/// its file systems): `user.*` only on regular files and directories (`NotPermitted` on a write, "no such
+/// attribute" on a read elsewhere), read needs read permission, write needs write permission, and a sticky
+/// directory's only from its owner or root; `trusted.*` is root's alone (CAP_SYS_ADMIN; others read "no such
+/// attribute"); `security.*` anyone reads, the owner or root writes (what SELinux-less Linux leaves to the file
+/// system; no security module runs here); `system.posix_acl_*` anyone reads, the owner or root writes
+/// (`posix_acl_xattr_set`). Returns `Ok(false)` when the attribute must look absent to this caller.
+pub fn may_xattr(cred: &Cred, inode: &Inode, acl: Option<&Acl>, name: &str, write: bool) -> Result<bool, PermError> {
+    if name.starts_with("user.") {
+        if !matches!(inode.kind, FileKind::File | FileKind::Dir) {
+            return if write {
+                Err(not_permitted(cred, inode, "set user.* attributes on a special file or symlink"))
+            } else {
+                Ok(false)
+            };
+        }
+        if write && inode.kind == FileKind::Dir && inode.mode & STICKY != 0 && !cred.owns_or_root(inode) {
+            return Err(not_permitted(cred, inode, "set user.* attributes of a sticky directory"));
+        }
+        may(cred, inode, acl, if write { Mask::WRITE } else { Mask::READ })?;
+        return Ok(true);
+    }
+    if name.starts_with("trusted.") {
+        return match (cred.is_root(), write) {
+            (true, _) => Ok(true),
+            (false, true) => Err(not_permitted(cred, inode, "set trusted.* attributes (root only) on")),
+            (false, false) => Ok(false),
+        };
+    }
+    if write && !cred.owns_or_root(inode) {
+        return Err(not_permitted(cred, inode, &format!("set {name} on")));
+    }
+    Ok(true)
+}
+
+/// Whether `cred` keeps the set-group-ID bit of `inode` when it sets its access ACL (`posix_acl_update_mode`):
+/// root, or a member of the file's group.
+pub fn keeps_sgid(cred: &Cred, inode: &Inode) -> bool {
+    cred.is_root() || cred.in_group(inode.gid)
 }
 
 #[cfg(test)]
@@ -405,7 +457,13 @@ mod tests {
                 for cred in [&owner, &member, &other] {
                     for ask in MASKS {
                         let want = std::ptr::eq(cred, who) && ask == bit;
-                        assert_eq!(may(cred, &f, ask).is_ok(), want, "mode {:o} uid {} ask {ask:?}", f.mode, cred.uid);
+                        assert_eq!(
+                            may(cred, &f, None, ask).is_ok(),
+                            want,
+                            "mode {:o} uid {} ask {ask:?}",
+                            f.mode,
+                            cred.uid
+                        );
                     }
                 }
             }
@@ -415,10 +473,10 @@ mod tests {
     #[test]
     fn combined_masks_need_every_bit() {
         let f = file(0o600, ALICE, STAFF);
-        assert!(may(&alice(), &f, Mask::READ | Mask::WRITE).is_ok());
-        assert!(is_access(may(&alice(), &f, Mask::READ | Mask::EXEC)));
-        assert!(may(&alice(), &f, Mask::NONE).is_ok());
-        assert!(may(&bob(), &f, Mask::NONE).is_ok(), "an empty mask asks for nothing");
+        assert!(may(&alice(), &f, None, Mask::READ | Mask::WRITE).is_ok());
+        assert!(is_access(may(&alice(), &f, None, Mask::READ | Mask::EXEC)));
+        assert!(may(&alice(), &f, None, Mask::NONE).is_ok());
+        assert!(may(&bob(), &f, None, Mask::NONE).is_ok(), "an empty mask asks for nothing");
         assert_eq!(Mask::from_bits(0o17), Mask::READ | Mask::WRITE | Mask::EXEC);
     }
 
@@ -426,17 +484,17 @@ mod tests {
     fn the_owner_class_is_exclusive() {
         // The owner is denied by the owner bits even if the group and other bits allow; likewise a group member.
         let f = file(0o077, ALICE, STAFF);
-        assert!(is_access(may(&alice(), &f, Mask::READ)));
+        assert!(is_access(may(&alice(), &f, None, Mask::READ)));
         let g = file(0o707, ALICE, USERS);
-        assert!(is_access(may(&bob(), &g, Mask::READ)));
-        assert!(may(&Cred::new(2000, 3, vec![]), &g, Mask::READ).is_ok());
+        assert!(is_access(may(&bob(), &g, None, Mask::READ)));
+        assert!(may(&Cred::new(2000, 3, vec![]), &g, None, Mask::READ).is_ok());
     }
 
     #[test]
     fn supplementary_groups_count() {
         let f = file(0o040, BOB, STAFF);
-        assert!(may(&alice(), &f, Mask::READ).is_ok(), "alice is in staff through a supplementary group");
-        assert!(is_access(may(&bob(), &f, Mask::READ)), "bob owns it, and the owner bits are empty");
+        assert!(may(&alice(), &f, None, Mask::READ).is_ok(), "alice is in staff through a supplementary group");
+        assert!(is_access(may(&bob(), &f, None, Mask::READ)), "bob owns it, and the owner bits are empty");
         assert!(alice().in_group(USERS) && alice().in_group(STAFF) && !alice().in_group(WHEEL));
     }
 
@@ -444,11 +502,11 @@ mod tests {
     fn root_reads_and_writes_anything_but_executes_only_with_an_x_bit() {
         let root = Cred::root();
         let f = file(0o000, ALICE, STAFF);
-        assert!(may(&root, &f, Mask::READ | Mask::WRITE).is_ok());
-        assert!(is_access(may(&root, &f, Mask::EXEC)));
-        assert!(may(&root, &file(0o001, ALICE, STAFF), Mask::EXEC).is_ok());
-        assert!(may(&root, &file(0o100, ALICE, STAFF), Mask::EXEC).is_ok());
-        assert!(may(&root, &dir(0o000, ALICE, STAFF), Mask::READ | Mask::WRITE | Mask::EXEC).is_ok());
+        assert!(may(&root, &f, None, Mask::READ | Mask::WRITE).is_ok());
+        assert!(is_access(may(&root, &f, None, Mask::EXEC)));
+        assert!(may(&root, &file(0o001, ALICE, STAFF), None, Mask::EXEC).is_ok());
+        assert!(may(&root, &file(0o100, ALICE, STAFF), None, Mask::EXEC).is_ok());
+        assert!(may(&root, &dir(0o000, ALICE, STAFF), None, Mask::READ | Mask::WRITE | Mask::EXEC).is_ok());
         assert!(root.is_root() && !alice().is_root());
     }
 
@@ -456,10 +514,10 @@ mod tests {
     fn create_and_delete_need_write_and_search_on_the_directory() {
         for (mode, ok) in [(0o700, true), (0o500, false), (0o300, true), (0o600, false)] {
             let d = dir(mode, ALICE, STAFF);
-            assert_eq!(may_create(&alice(), &d).is_ok(), ok, "mode {mode:o}");
-            assert_eq!(may_delete(&alice(), &d, &file(0o644, BOB, USERS)).is_ok(), ok, "mode {mode:o}");
+            assert_eq!(may_create(&alice(), &d, None).is_ok(), ok, "mode {mode:o}");
+            assert_eq!(may_delete(&alice(), &d, None, &file(0o644, BOB, USERS)).is_ok(), ok, "mode {mode:o}");
         }
-        assert!(is_access(may_create(&bob(), &dir(0o755, ALICE, STAFF))));
+        assert!(is_access(may_create(&bob(), &dir(0o755, ALICE, STAFF), None)));
     }
 
     #[test]
@@ -467,14 +525,14 @@ mod tests {
         let tmp = dir(0o1777, ROOT_UID, 0);
         let bobs = file(0o666, BOB, USERS);
         let alices = file(0o600, ALICE, USERS);
-        assert!(is_eperm(may_delete(&alice(), &tmp, &bobs)), "not alice's entry, not alice's directory");
-        assert!(may_delete(&alice(), &tmp, &alices).is_ok(), "her own entry");
-        assert!(may_delete(&Cred::root(), &tmp, &bobs).is_ok(), "root");
+        assert!(is_eperm(may_delete(&alice(), &tmp, None, &bobs)), "not alice's entry, not alice's directory");
+        assert!(may_delete(&alice(), &tmp, None, &alices).is_ok(), "her own entry");
+        assert!(may_delete(&Cred::root(), &tmp, None, &bobs).is_ok(), "root");
         let alices_tmp = dir(0o1777, ALICE, USERS);
-        assert!(may_delete(&alice(), &alices_tmp, &bobs).is_ok(), "the directory's owner");
-        assert!(may_delete(&alice(), &dir(0o777, ROOT_UID, 0), &bobs).is_ok(), "not sticky");
+        assert!(may_delete(&alice(), &alices_tmp, None, &bobs).is_ok(), "the directory's owner");
+        assert!(may_delete(&alice(), &dir(0o777, ROOT_UID, 0), None, &bobs).is_ok(), "not sticky");
         // Write permission is checked first: EACCES, not EPERM.
-        assert!(is_access(may_delete(&alice(), &dir(0o1755, ROOT_UID, 0), &bobs)));
+        assert!(is_access(may_delete(&alice(), &dir(0o1755, ROOT_UID, 0), None, &bobs)));
     }
 
     #[test]
@@ -491,14 +549,14 @@ mod tests {
     #[test]
     fn protected_hardlinks() {
         let rw = file(0o666, BOB, USERS);
-        assert!(may_link(&alice(), &rw).is_ok(), "a file she may read and write");
-        assert!(is_eperm(may_link(&alice(), &file(0o644, BOB, USERS))), "read only");
-        assert!(is_eperm(may_link(&alice(), &file(0o4666, BOB, USERS))), "set-user-ID");
-        assert!(is_eperm(may_link(&alice(), &file(0o2676, BOB, USERS))), "executable set-group-ID");
-        assert!(may_link(&alice(), &file(0o2666, BOB, USERS)).is_ok(), "set-group-ID without group exec");
-        assert!(is_eperm(may_link(&alice(), &node(FileKind::Fifo, 0o666, BOB, USERS))), "not a regular file");
-        assert!(may_link(&alice(), &file(0o4000, ALICE, USERS)).is_ok(), "her own file");
-        assert!(may_link(&Cred::root(), &file(0o4000, BOB, USERS)).is_ok(), "root");
+        assert!(may_link(&alice(), &rw, None).is_ok(), "a file she may read and write");
+        assert!(is_eperm(may_link(&alice(), &file(0o644, BOB, USERS), None)), "read only");
+        assert!(is_eperm(may_link(&alice(), &file(0o4666, BOB, USERS), None)), "set-user-ID");
+        assert!(is_eperm(may_link(&alice(), &file(0o2676, BOB, USERS), None)), "executable set-group-ID");
+        assert!(may_link(&alice(), &file(0o2666, BOB, USERS), None).is_ok(), "set-group-ID without group exec");
+        assert!(is_eperm(may_link(&alice(), &node(FileKind::Fifo, 0o666, BOB, USERS), None)), "not a regular file");
+        assert!(may_link(&alice(), &file(0o4000, ALICE, USERS), None).is_ok(), "her own file");
+        assert!(may_link(&Cred::root(), &file(0o4000, BOB, USERS), None).is_ok(), "root");
     }
 
     #[test]
@@ -512,11 +570,11 @@ mod tests {
     #[test]
     fn commit_needs_write_permission_or_ownership() {
         let ro = file(0o444, BOB, USERS);
-        assert!(may_commit(&bob(), &ro).is_ok(), "the owner, though the file is read-only now");
-        assert!(is_access(may_commit(&alice(), &ro)));
-        assert!(may_commit(&alice(), &file(0o464, BOB, USERS)).is_ok(), "group write");
-        assert!(is_access(may_commit(&alice(), &file(0o646, BOB, USERS))), "her group class has no write");
-        assert!(may_commit(&Cred::root(), &ro).is_ok());
+        assert!(may_commit(&bob(), &ro, None).is_ok(), "the owner, though the file is read-only now");
+        assert!(is_access(may_commit(&alice(), &ro, None)));
+        assert!(may_commit(&alice(), &file(0o464, BOB, USERS), None).is_ok(), "group write");
+        assert!(is_access(may_commit(&alice(), &file(0o646, BOB, USERS), None)), "her group class has no write");
+        assert!(may_commit(&Cred::root(), &ro, None).is_ok());
     }
 
     #[test]
@@ -556,73 +614,73 @@ mod tests {
     fn chmod_is_for_the_owner_and_root() {
         let f = file(0o644, BOB, USERS);
         let chmod = SetAttrs { mode: Some(0o600), ..set() };
-        assert!(is_eperm(check_setattr(&alice(), &f, &chmod)), "even with write permission on the file");
-        assert!(is_eperm(check_setattr(&alice(), &file(0o666, BOB, USERS), &chmod)));
-        assert_eq!(check_setattr(&bob(), &f, &chmod), Ok(Some(0o600)));
-        assert_eq!(check_setattr(&Cred::root(), &f, &chmod), Ok(Some(0o600)));
+        assert!(is_eperm(check_setattr(&alice(), &f, None, &chmod)), "even with write permission on the file");
+        assert!(is_eperm(check_setattr(&alice(), &file(0o666, BOB, USERS), None, &chmod)));
+        assert_eq!(check_setattr(&bob(), &f, None, &chmod), Ok(Some(0o600)));
+        assert_eq!(check_setattr(&Cred::root(), &f, None, &chmod), Ok(Some(0o600)));
         // The owner may set set-user-ID and sticky.
-        assert_eq!(check_setattr(&bob(), &f, &SetAttrs { mode: Some(0o5755), ..set() }), Ok(Some(0o5755)));
+        assert_eq!(check_setattr(&bob(), &f, None, &SetAttrs { mode: Some(0o5755), ..set() }), Ok(Some(0o5755)));
     }
 
     #[test]
     fn chmod_by_an_owner_outside_the_group_drops_set_group_id() {
         let f = file(0o644, ALICE, WHEEL);
         let sgid = SetAttrs { mode: Some(0o2755), ..set() };
-        assert_eq!(check_setattr(&alice(), &f, &sgid), Ok(Some(0o755)));
-        assert_eq!(check_setattr(&alice(), &file(0o644, ALICE, STAFF), &sgid), Ok(Some(0o2755)));
-        assert_eq!(check_setattr(&Cred::root(), &f, &sgid), Ok(Some(0o2755)));
+        assert_eq!(check_setattr(&alice(), &f, None, &sgid), Ok(Some(0o755)));
+        assert_eq!(check_setattr(&alice(), &file(0o644, ALICE, STAFF), None, &sgid), Ok(Some(0o2755)));
+        assert_eq!(check_setattr(&Cred::root(), &f, None, &sgid), Ok(Some(0o2755)));
         // With a chgrp in the same request, the new group is the one that counts.
         let both = SetAttrs { mode: Some(0o2755), gid: Some(STAFF), ..set() };
-        assert_eq!(check_setattr(&alice(), &f, &both), Ok(Some(0o2755)));
+        assert_eq!(check_setattr(&alice(), &f, None, &both), Ok(Some(0o2755)));
     }
 
     #[test]
     fn chown_is_for_root_only() {
         let f = file(0o644, ALICE, USERS);
-        assert!(is_eperm(check_setattr(&alice(), &f, &SetAttrs { uid: Some(BOB), ..set() })), "giving away");
-        assert!(is_eperm(check_setattr(&bob(), &f, &SetAttrs { uid: Some(BOB), ..set() })), "taking");
-        assert!(is_eperm(check_setattr(&bob(), &f, &SetAttrs { uid: Some(ALICE), ..set() })), "not the owner");
-        assert_eq!(check_setattr(&alice(), &f, &SetAttrs { uid: Some(ALICE), ..set() }), Ok(None), "to oneself");
-        assert_eq!(check_setattr(&Cred::root(), &f, &SetAttrs { uid: Some(BOB), ..set() }), Ok(None));
+        assert!(is_eperm(check_setattr(&alice(), &f, None, &SetAttrs { uid: Some(BOB), ..set() })), "giving away");
+        assert!(is_eperm(check_setattr(&bob(), &f, None, &SetAttrs { uid: Some(BOB), ..set() })), "taking");
+        assert!(is_eperm(check_setattr(&bob(), &f, None, &SetAttrs { uid: Some(ALICE), ..set() })), "not the owner");
+        assert_eq!(check_setattr(&alice(), &f, None, &SetAttrs { uid: Some(ALICE), ..set() }), Ok(None), "to oneself");
+        assert_eq!(check_setattr(&Cred::root(), &f, None, &SetAttrs { uid: Some(BOB), ..set() }), Ok(None));
     }
 
     #[test]
     fn chgrp_by_the_owner_to_their_own_groups() {
         let f = file(0o644, ALICE, USERS);
-        assert_eq!(check_setattr(&alice(), &f, &SetAttrs { gid: Some(STAFF), ..set() }), Ok(None));
-        assert!(is_eperm(check_setattr(&alice(), &f, &SetAttrs { gid: Some(WHEEL), ..set() })), "not her group");
-        assert!(is_eperm(check_setattr(&bob(), &f, &SetAttrs { gid: Some(USERS), ..set() })), "not the owner");
+        assert_eq!(check_setattr(&alice(), &f, None, &SetAttrs { gid: Some(STAFF), ..set() }), Ok(None));
+        assert!(is_eperm(check_setattr(&alice(), &f, None, &SetAttrs { gid: Some(WHEEL), ..set() })), "not her group");
+        assert!(is_eperm(check_setattr(&bob(), &f, None, &SetAttrs { gid: Some(USERS), ..set() })), "not the owner");
         // The file's current group is allowed even if the owner left it.
         let g = file(0o644, ALICE, WHEEL);
-        assert_eq!(check_setattr(&alice(), &g, &SetAttrs { gid: Some(WHEEL), ..set() }), Ok(None));
-        assert_eq!(check_setattr(&Cred::root(), &f, &SetAttrs { gid: Some(WHEEL), ..set() }), Ok(None));
+        assert_eq!(check_setattr(&alice(), &g, None, &SetAttrs { gid: Some(WHEEL), ..set() }), Ok(None));
+        assert_eq!(check_setattr(&Cred::root(), &f, None, &SetAttrs { gid: Some(WHEEL), ..set() }), Ok(None));
     }
 
     #[test]
     fn chown_and_chgrp_by_non_root_clear_set_id_bits() {
         let f = file(0o6755, ALICE, STAFF);
-        assert_eq!(check_setattr(&alice(), &f, &SetAttrs { gid: Some(USERS), ..set() }), Ok(Some(0o755)));
-        assert_eq!(check_setattr(&alice(), &f, &SetAttrs { uid: Some(ALICE), ..set() }), Ok(Some(0o755)));
+        assert_eq!(check_setattr(&alice(), &f, None, &SetAttrs { gid: Some(USERS), ..set() }), Ok(Some(0o755)));
+        assert_eq!(check_setattr(&alice(), &f, None, &SetAttrs { uid: Some(ALICE), ..set() }), Ok(Some(0o755)));
         // Set-group-ID without group exec stays for a group member.
         let g = file(0o2644, ALICE, STAFF);
-        assert_eq!(check_setattr(&alice(), &g, &SetAttrs { gid: Some(USERS), ..set() }), Ok(None));
+        assert_eq!(check_setattr(&alice(), &g, None, &SetAttrs { gid: Some(USERS), ..set() }), Ok(None));
         // An explicit mode in the same request is what is stored.
         let both = SetAttrs { gid: Some(USERS), mode: Some(0o4755), ..set() };
-        assert_eq!(check_setattr(&alice(), &f, &both), Ok(Some(0o4755)));
+        assert_eq!(check_setattr(&alice(), &f, None, &both), Ok(Some(0o4755)));
         // Root's chown keeps them; directories keep them.
-        assert_eq!(check_setattr(&Cred::root(), &f, &SetAttrs { uid: Some(BOB), ..set() }), Ok(None));
+        assert_eq!(check_setattr(&Cred::root(), &f, None, &SetAttrs { uid: Some(BOB), ..set() }), Ok(None));
         let d = dir(0o2775, ALICE, STAFF);
-        assert_eq!(check_setattr(&alice(), &d, &SetAttrs { gid: Some(USERS), ..set() }), Ok(None));
+        assert_eq!(check_setattr(&alice(), &d, None, &SetAttrs { gid: Some(USERS), ..set() }), Ok(None));
     }
 
     #[test]
     fn truncate_needs_write_permission_and_clears_set_id_bits() {
         let trunc = SetAttrs { size: Some(0), ..set() };
-        assert!(is_access(check_setattr(&alice(), &file(0o644, BOB, USERS), &trunc)));
-        assert!(is_access(check_setattr(&bob(), &file(0o444, BOB, USERS), &trunc)), "even the owner");
-        assert_eq!(check_setattr(&alice(), &file(0o666, BOB, USERS), &trunc), Ok(None));
-        assert_eq!(check_setattr(&alice(), &file(0o4766, BOB, USERS), &trunc), Ok(Some(0o766)));
-        assert_eq!(check_setattr(&Cred::root(), &file(0o4444, BOB, USERS), &trunc), Ok(None));
+        assert!(is_access(check_setattr(&alice(), &file(0o644, BOB, USERS), None, &trunc)));
+        assert!(is_access(check_setattr(&bob(), &file(0o444, BOB, USERS), None, &trunc)), "even the owner");
+        assert_eq!(check_setattr(&alice(), &file(0o666, BOB, USERS), None, &trunc), Ok(None));
+        assert_eq!(check_setattr(&alice(), &file(0o4766, BOB, USERS), None, &trunc), Ok(Some(0o766)));
+        assert_eq!(check_setattr(&Cred::root(), &file(0o4444, BOB, USERS), None, &trunc), Ok(None));
     }
 
     #[test]
@@ -636,24 +694,24 @@ mod tests {
             (None, Some(TimeSet::Now)),
         ] {
             let times = SetAttrs { atime, mtime, ..set() };
-            assert!(is_eperm(check_setattr(&alice(), &writable, &times)), "{times:?}");
-            assert_eq!(check_setattr(&bob(), &file(0o444, BOB, USERS), &times), Ok(None), "{times:?}");
-            assert_eq!(check_setattr(&Cred::root(), &writable, &times), Ok(None), "{times:?}");
+            assert!(is_eperm(check_setattr(&alice(), &writable, None, &times)), "{times:?}");
+            assert_eq!(check_setattr(&bob(), &file(0o444, BOB, USERS), None, &times), Ok(None), "{times:?}");
+            assert_eq!(check_setattr(&Cred::root(), &writable, None, &times), Ok(None), "{times:?}");
         }
     }
 
     #[test]
     fn touching_both_times_to_now_needs_write_permission_or_ownership() {
         let touch = SetAttrs { atime: Some(TimeSet::Now), mtime: Some(TimeSet::Now), ..set() };
-        assert_eq!(check_setattr(&alice(), &file(0o666, BOB, USERS), &touch), Ok(None));
-        assert!(is_access(check_setattr(&alice(), &file(0o644, BOB, USERS), &touch)));
-        assert_eq!(check_setattr(&bob(), &file(0o444, BOB, USERS), &touch), Ok(None));
-        assert_eq!(check_setattr(&Cred::root(), &file(0o000, BOB, USERS), &touch), Ok(None));
+        assert_eq!(check_setattr(&alice(), &file(0o666, BOB, USERS), None, &touch), Ok(None));
+        assert!(is_access(check_setattr(&alice(), &file(0o644, BOB, USERS), None, &touch)));
+        assert_eq!(check_setattr(&bob(), &file(0o444, BOB, USERS), None, &touch), Ok(None));
+        assert_eq!(check_setattr(&Cred::root(), &file(0o000, BOB, USERS), None, &touch), Ok(None));
     }
 
     #[test]
     fn an_empty_setattr_needs_nothing() {
-        assert_eq!(check_setattr(&alice(), &file(0o000, BOB, WHEEL), &set()), Ok(None));
+        assert_eq!(check_setattr(&alice(), &file(0o000, BOB, WHEEL), None, &set()), Ok(None));
     }
 
     #[test]

@@ -75,6 +75,9 @@ impl Pusher {
             Request::SetAttr(r) => t.ino(r.ino),
             Request::Commit(r) | Request::CommitWcc(r) => t.ino(r.ino),
             Request::SetLayout(r) => t.ino(r.ino),
+            // An ACL changes the mode; any attribute change stamps the ctime.
+            Request::SetXattr(r) => t.ino(r.ino),
+            Request::RemoveXattr(r) => t.ino(r.ino),
             Request::Create(r) | Request::CreateOpen(r) => t.name(r.parent, &r.name),
             Request::Mkdir(r) => t.name(r.parent, &r.name),
             Request::Symlink(r) => t.name(r.parent, &r.name),

@@ -22,6 +22,8 @@
 //! - `orphans`:  ino u64 → versioned postcard [`Layout`] of a removed file whose objects are still to be deleted
 //! - `counters`: u32 → u64 (the last allocated inode number, the inode count)
 //! - `journal`:  u32 → u64 (the LSN of the last journal entry the durable state includes)
+//! - `xattrs`:   (ino u64, name str) → value bytes: an inode's extended attributes (POSIX ACLs included), one
+//!   contiguous key range per inode, kept apart from the inode record so it stays small
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -46,6 +48,7 @@ const SERVERS: TableDefinition<u32, &str> = TableDefinition::new("servers");
 const ORPHANS: TableDefinition<u64, &[u8]> = TableDefinition::new("orphans");
 const COUNTERS: TableDefinition<u32, u64> = TableDefinition::new("counters");
 const JOURNAL: TableDefinition<u32, u64> = TableDefinition::new("journal");
+const XATTRS: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("xattrs");
 
 const COUNTER_LAST_INO: u32 = 0;
 const COUNTER_INODES: u32 = 1;
@@ -102,6 +105,7 @@ impl RedbStore {
             wtx.open_table(ORPHANS)?;
             wtx.open_table(COUNTERS)?;
             wtx.open_table(JOURNAL)?;
+            wtx.open_table(XATTRS)?;
         }
         wtx.commit()?;
         let jdir = dir.join(JOURNAL_DIR);
@@ -273,12 +277,14 @@ impl MetaStore for RedbStore {
 
     fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let rtx = self.inner.db.begin_read().map_err(MetaError::from)?;
-        let mut txn = ReadTxn { rtx, inodes: None, dirents: None, servers: None, orphans: None, counters: None };
+        let mut txn =
+            ReadTxn { rtx, inodes: None, dirents: None, servers: None, orphans: None, counters: None, xattrs: None };
         f(&mut txn)
     }
 }
 
 type DirentsTableMut<'t> = Table<'t, (u64, &'static str), (u64, u8)>;
+type XattrsTableMut<'t> = Table<'t, (u64, &'static str), &'static [u8]>;
 
 /// A write transaction opens only the tables it touches (a create needs three of five).
 struct WriteTxn<'t> {
@@ -288,6 +294,7 @@ struct WriteTxn<'t> {
     servers: Option<Table<'t, u32, &'static str>>,
     orphans: Option<Table<'t, u64, &'static [u8]>>,
     counters: Option<Table<'t, u32, u64>>,
+    xattrs: Option<XattrsTableMut<'t>>,
     /// Physical redo records of every change so far, the journal entry's payload.
     redo: Vec<u8>,
 }
@@ -312,6 +319,7 @@ impl<'t> WriteTxn<'t> {
             servers: None,
             orphans: None,
             counters: None,
+            xattrs: None,
             redo: Vec::new(),
         })
     }
@@ -334,6 +342,10 @@ impl<'t> WriteTxn<'t> {
 
     fn counters(&mut self) -> Result<&mut Table<'t, u32, u64>, MetaError> {
         lazy_mut(self.wtx, &mut self.counters, COUNTERS)
+    }
+
+    fn xattrs(&mut self) -> Result<&mut XattrsTableMut<'t>, MetaError> {
+        lazy_mut(self.wtx, &mut self.xattrs, XATTRS)
     }
 
     fn set_counter(&mut self, key: u32, value: u64) -> Result<(), MetaError> {
@@ -375,12 +387,19 @@ impl<'t> WriteTxn<'t> {
             Redo::PutCounter { key, value } => {
                 self.counters()?.insert(key, value)?;
             }
+            Redo::PutXattr { ino, name, value } => {
+                self.xattrs()?.insert((ino, name), value)?;
+            }
+            Redo::DelXattr { ino, name } => {
+                self.xattrs()?.remove((ino, name))?;
+            }
         }
         Ok(())
     }
 }
 
 type DirentsTable = ReadOnlyTable<(u64, &'static str), (u64, u8)>;
+type XattrsTable = ReadOnlyTable<(u64, &'static str), &'static [u8]>;
 
 /// A read transaction opens only the tables it touches (a getattr needs one, not five).
 struct ReadTxn {
@@ -390,6 +409,7 @@ struct ReadTxn {
     servers: Option<ReadOnlyTable<u32, &'static str>>,
     orphans: Option<ReadOnlyTable<u64, &'static [u8]>>,
     counters: Option<ReadOnlyTable<u32, u64>>,
+    xattrs: Option<XattrsTable>,
 }
 
 fn lazy<'a, K: Key + 'static, V: Value + 'static>(
@@ -457,6 +477,34 @@ fn list_dirents(
         if out.len() >= limit {
             break;
         }
+    }
+    Ok(out)
+}
+
+fn get_xattr(
+    t: &impl ReadableTable<(u64, &'static str), &'static [u8]>,
+    ino: u64,
+    name: &str,
+) -> Result<Option<Vec<u8>>, MetaError> {
+    Ok(t.get((ino, name))?.map(|g| g.value().to_vec()))
+}
+
+fn list_xattrs(
+    t: &impl ReadableTable<(u64, &'static str), &'static [u8]>,
+    ino: u64,
+) -> Result<Vec<(String, usize)>, MetaError> {
+    let upper = match ino.checked_add(1) {
+        Some(next) => Bound::Excluded((next, "")),
+        None => Bound::Unbounded,
+    };
+    let mut out = Vec::new();
+    for item in t.range::<(u64, &str)>((Bound::Included((ino, "")), upper))? {
+        let (k, v) = item?;
+        let (i, name) = k.value();
+        if i != ino {
+            break;
+        }
+        out.push((name.to_string(), v.value().len()));
     }
     Ok(out)
 }
@@ -579,6 +627,27 @@ impl MetaTxn for WriteTxn<'_> {
     fn count_inodes(&mut self) -> Result<u64, MetaError> {
         Ok(counter(&*self.counters()?, COUNTER_INODES)?.unwrap_or(0))
     }
+
+    fn get_xattr(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
+        get_xattr(&*self.xattrs()?, ino, name)
+    }
+
+    fn put_xattr(&mut self, ino: u64, name: &str, value: &[u8]) -> Result<(), MetaError> {
+        self.xattrs()?.insert((ino, name), value)?;
+        journal::encode_redo(&mut self.redo, &Redo::PutXattr { ino, name, value });
+        Ok(())
+    }
+
+    fn del_xattr(&mut self, ino: u64, name: &str) -> Result<(), MetaError> {
+        if self.xattrs()?.remove((ino, name))?.is_some() {
+            journal::encode_redo(&mut self.redo, &Redo::DelXattr { ino, name });
+        }
+        Ok(())
+    }
+
+    fn list_xattrs(&mut self, ino: u64) -> Result<Vec<(String, usize)>, MetaError> {
+        list_xattrs(&*self.xattrs()?, ino)
+    }
 }
 
 impl MetaTxn for ReadTxn {
@@ -645,5 +714,21 @@ impl MetaTxn for ReadTxn {
 
     fn count_inodes(&mut self) -> Result<u64, MetaError> {
         Ok(counter(lazy(&self.rtx, &mut self.counters, COUNTERS)?, COUNTER_INODES)?.unwrap_or(0))
+    }
+
+    fn get_xattr(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
+        get_xattr(lazy(&self.rtx, &mut self.xattrs, XATTRS)?, ino, name)
+    }
+
+    fn put_xattr(&mut self, _: u64, _: &str, _: &[u8]) -> Result<(), MetaError> {
+        Err(MetaError::ReadOnly)
+    }
+
+    fn del_xattr(&mut self, _: u64, _: &str) -> Result<(), MetaError> {
+        Err(MetaError::ReadOnly)
+    }
+
+    fn list_xattrs(&mut self, ino: u64) -> Result<Vec<(String, usize)>, MetaError> {
+        list_xattrs(lazy(&self.rtx, &mut self.xattrs, XATTRS)?, ino)
     }
 }

@@ -210,6 +210,14 @@ pub trait MetaTxn {
     fn list_orphans(&mut self, limit: usize) -> Result<Vec<(u64, Layout)>, MetaError>;
     /// Number of inodes stored.
     fn count_inodes(&mut self) -> Result<u64, MetaError>;
+    /// The value of extended attribute `name` of inode `ino`.
+    fn get_xattr(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError>;
+    /// Inserts or replaces an extended attribute.
+    fn put_xattr(&mut self, ino: u64, name: &str, value: &[u8]) -> Result<(), MetaError>;
+    fn del_xattr(&mut self, ino: u64, name: &str) -> Result<(), MetaError>;
+    /// Every extended attribute of `ino` as (name, value length), in name order. The caller bounds how many an
+    /// inode may have (see `crate::namespace`), so the list is bounded too.
+    fn list_xattrs(&mut self, ino: u64) -> Result<Vec<(String, usize)>, MetaError>;
 }
 
 #[cfg(test)]

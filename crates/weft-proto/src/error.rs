@@ -44,6 +44,14 @@ pub enum ErrorCode {
     CapabilityRefused,
     /// The request's capability expired: the client renews it at the MDS (`Open`) and retries once.
     CapabilityExpired,
+    /// No such extended attribute (ENODATA).
+    NoData,
+    /// A reply would not fit the caller's buffer (ERANGE).
+    Range,
+    /// An extended attribute, or an inode's set of them, is over its limit (E2BIG).
+    TooBig,
+    /// The operation or attribute namespace is not supported (EOPNOTSUPP).
+    NotSupported,
 }
 
 impl ErrorCode {
@@ -66,6 +74,10 @@ impl ErrorCode {
             ErrorCode::OutOfRange => 27,                      // EFBIG
             ErrorCode::Busy => 11,                            // EAGAIN
             ErrorCode::NotPermitted => 1,                     // EPERM
+            ErrorCode::NoData => 61,                          // ENODATA
+            ErrorCode::Range => 34,                           // ERANGE
+            ErrorCode::TooBig => 7,                           // E2BIG
+            ErrorCode::NotSupported => 95,                    // EOPNOTSUPP
             _ => 5,
         }
     }

@@ -137,6 +137,15 @@ messages! {
     /// `Create` that also opens the file read+write: the capability comes with the new file's attributes, so a
     /// create-then-write costs no second round trip.
     CreateOpen = 121: CreateReq => OpenResp, idempotent = false, data = false;
+    /// An extended attribute's value (docs/format.md §13): `NoData` if the inode has no such attribute.
+    GetXattr = 122: XattrReq => Vec<u8>, idempotent = true, data = false;
+    /// Sets an extended attribute; `flags` is `XATTR_CREATE` (`Exists` if present), `XATTR_REPLACE` (`NoData` if
+    /// absent) or 0 (either). `system.posix_acl_*` values are checked ACLs and keep the mode bits coherent.
+    SetXattr = 123: SetXattrReq => (), idempotent = false, data = false;
+    /// The names of an inode's extended attributes the caller may see, in byte order.
+    ListXattr = 124: InoReq => Vec<String>, idempotent = true, data = false;
+    /// Removes an extended attribute: `NoData` if absent.
+    RemoveXattr = 125: XattrReq => (), idempotent = false, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -387,6 +396,27 @@ pub struct OpenResp {
     pub ttl_ms: u64,
 }
 
+/// `SetXattrReq::flags`: fail with `Exists` if the attribute exists (Linux's XATTR_CREATE).
+pub const XATTR_CREATE: u32 = 1;
+/// `SetXattrReq::flags`: fail with `NoData` if the attribute does not exist (Linux's XATTR_REPLACE).
+pub const XATTR_REPLACE: u32 = 2;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct XattrReq {
+    pub ino: u64,
+    /// The full name with its namespace prefix (`user.`, `trusted.`, `security.`, `system.`).
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetXattrReq {
+    pub ino: u64,
+    pub name: String,
+    pub value: Vec<u8>,
+    /// 0, [`XATTR_CREATE`] or [`XATTR_REPLACE`].
+    pub flags: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadChunksReq {
     pub ino: u64,
@@ -477,6 +507,15 @@ mod tests {
     }
 
     #[test]
+    fn a_create_mode_carries_the_umask_in_its_documented_bits() {
+        // docs/format.md §13: bit 31 flags it, bits 16..=24 hold it, the mode keeps its 12 low bits.
+        let m = crate::mode_with_umask(0o102755, 0o022);
+        assert_eq!(m, 0x8000_0000 | (0o022 << 16) | 0o2755);
+        assert_eq!(crate::split_mode_umask(m), (0o2755, Some(0o022)));
+        assert_eq!(crate::split_mode_umask(0o644), (0o644, None), "without the flag the mode is final");
+    }
+
+    #[test]
     fn decoding_rejects_garbage() {
         assert_eq!(Request::decode(999, &[]), Err(FrameError::UnknownOp(999)));
         assert!(matches!(Request::decode(Op::Lookup as u16, &[1]), Err(FrameError::BadBody { .. })));
@@ -496,6 +535,9 @@ mod tests {
         assert_eq!(Op::CommitWcc as u16, 118);
         assert_eq!(Op::Mknod as u16, 119);
         assert_eq!((Op::Open as u16, Op::CreateOpen as u16), (120, 121));
+        assert_eq!((Op::GetXattr as u16, Op::SetXattr as u16), (122, 123));
+        assert_eq!((Op::ListXattr as u16, Op::RemoveXattr as u16), (124, 125));
+        assert!(Op::GetXattr.is_idempotent() && !Op::SetXattr.is_idempotent() && !Op::RemoveXattr.is_idempotent());
         assert_eq!((Op::RemoveObject as u16, Op::SpaceStat as u16), (203, 204));
         assert_eq!((Op::Read as u16, Op::Write as u16, Op::Truncate as u16), (211, 212, 213));
         assert_eq!((Op::Fsync as u16, Op::ReadChunks as u16, Op::WriteChunks as u16), (214, 215, 216));

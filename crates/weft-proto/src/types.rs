@@ -12,6 +12,30 @@ pub const ROOT_INO: u64 = 1;
 pub const NAME_BYTES_MAX: usize = 255;
 /// Longest symlink target, in bytes (as Linux's PATH_MAX).
 pub const SYMLINK_BYTES_MAX: usize = 4096;
+/// Longest extended attribute name, prefix included, in bytes (Linux's XATTR_NAME_MAX).
+pub const XATTR_NAME_BYTES_MAX: usize = 255;
+/// Largest extended attribute value, in bytes (Linux's XATTR_SIZE_MAX).
+pub const XATTR_VALUE_BYTES_MAX: usize = 64 << 10;
+/// Largest list of an inode's attribute names (each name and its NUL), in bytes (Linux's XATTR_LIST_MAX).
+pub const XATTR_LIST_BYTES_MAX: usize = 64 << 10;
+
+/// In the `mode` of `Create`, `CreateOpen`, `Mkdir` and `Mknod`: this bit says bits 16..=24 carry the creator's
+/// umask, not yet applied (docs/format.md §13). The MDS applies it unless the parent directory has a default
+/// ACL, which then masks the mode instead (as Linux's `posix_acl_create`). Without the bit the mode is final.
+pub const MODE_UMASK_FLAG: u32 = 1 << 31;
+const MODE_UMASK_SHIFT: u32 = 16;
+
+/// A create mode carrying the creator's umask for the MDS to apply (see [`MODE_UMASK_FLAG`]).
+pub fn mode_with_umask(mode: u32, umask: u32) -> u32 {
+    (mode & 0o7777) | MODE_UMASK_FLAG | ((umask & 0o777) << MODE_UMASK_SHIFT)
+}
+
+/// A create mode's permission bits and the umask it carries, if any.
+pub fn split_mode_umask(mode: u32) -> (u32, Option<u32>) {
+    let umask = (mode & MODE_UMASK_FLAG != 0).then_some((mode >> MODE_UMASK_SHIFT) & 0o777);
+    (mode & 0o7777, umask)
+}
+
 /// Largest object a data server holds (16 TiB): offsets and lengths past it are refused before any I/O, so no
 /// arithmetic on them can overflow. A file can be `stripe_count` times larger.
 pub const OBJECT_BYTES_MAX: u64 = 1 << 44;

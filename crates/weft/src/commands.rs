@@ -348,6 +348,38 @@ pub async fn stat(spec: &str, path: &str) -> Result<()> {
     Ok(())
 }
 
+pub async fn xattr_list(spec: &str, path: &str) -> Result<()> {
+    let c = connect(spec).await?;
+    let a = c.resolve(path).await?;
+    let mut out = std::io::stdout().lock();
+    for name in c.listxattr(a.ino).await? {
+        writeln!(out, "{name}")?;
+    }
+    Ok(())
+}
+
+pub async fn xattr_get(spec: &str, path: &str, name: &str) -> Result<()> {
+    let c = connect(spec).await?;
+    let a = c.resolve(path).await?;
+    let v = c.getxattr(a.ino, name).await.with_context(|| format!("{path}: {name}"))?;
+    std::io::stdout().lock().write_all(&v)?;
+    Ok(())
+}
+
+pub async fn xattr_set(spec: &str, path: &str, name: &str, value: &[u8], flags: u32) -> Result<()> {
+    let c = connect(spec).await?;
+    let a = c.resolve(path).await?;
+    c.setxattr(a.ino, name, value, flags).await.with_context(|| format!("{path}: {name}"))?;
+    Ok(())
+}
+
+pub async fn xattr_rm(spec: &str, path: &str, name: &str) -> Result<()> {
+    let c = connect(spec).await?;
+    let a = c.resolve(path).await?;
+    c.removexattr(a.ino, name).await.with_context(|| format!("{path}: {name}"))?;
+    Ok(())
+}
+
 pub async fn put(spec: &str, local: &Path, remote: &str) -> Result<()> {
     let c = connect(spec).await?;
     let mut src = tokio::fs::File::open(local).await.with_context(|| format!("opening {}", local.display()))?;

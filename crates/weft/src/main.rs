@@ -109,6 +109,45 @@ impl MountArgs {
     }
 }
 
+/// `weft xattr …`.
+#[derive(Subcommand)]
+enum XattrCmd {
+    /// Print the names of a path's attributes, one per line.
+    List {
+        #[command(flatten)]
+        c: ClusterArg,
+        path: String,
+    },
+    /// Print an attribute's value, raw (as `getfattr --only-values`).
+    Get {
+        #[command(flatten)]
+        c: ClusterArg,
+        path: String,
+        name: String,
+    },
+    /// Set an attribute to VALUE (the argument's bytes).
+    Set {
+        #[command(flatten)]
+        c: ClusterArg,
+        path: String,
+        name: String,
+        value: String,
+        /// Fail if the attribute exists (XATTR_CREATE).
+        #[arg(long, conflicts_with = "replace")]
+        create: bool,
+        /// Fail if the attribute does not exist (XATTR_REPLACE).
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Remove an attribute.
+    Rm {
+        #[command(flatten)]
+        c: ClusterArg,
+        path: String,
+        name: String,
+    },
+}
+
 // Parsed once per process and matched at once: the size of its largest variant (the benchmark flags) costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
@@ -319,6 +358,10 @@ enum Cmd {
         #[arg(short, long)]
         size: String,
     },
+    /// Extended attributes of a file or directory (`user.*`, `trusted.*`, `security.*`, and POSIX ACLs as
+    /// `system.posix_acl_access`/`_default` in the Linux value format).
+    #[command(subcommand)]
+    Xattr(XattrCmd),
     /// Set the layout new files in a directory inherit.
     Setstripe {
         #[command(flatten)]
@@ -521,6 +564,21 @@ async fn run(cmd: Cmd) -> Result<()> {
             let unit = u32::try_from(unit).context("stripe unit must be below 4 GiB")?;
             c::setstripe(c.spec(), &dir, unit, count).await
         }
+        Cmd::Xattr(x) => match x {
+            XattrCmd::List { c, path } => c::xattr_list(c.spec(), &path).await,
+            XattrCmd::Get { c, path, name } => c::xattr_get(c.spec(), &path, &name).await,
+            XattrCmd::Set { c, path, name, value, create, replace } => {
+                let flags = if create {
+                    weft_proto::msg::XATTR_CREATE
+                } else if replace {
+                    weft_proto::msg::XATTR_REPLACE
+                } else {
+                    0
+                };
+                c::xattr_set(c.spec(), &path, &name, value.as_bytes(), flags).await
+            }
+            XattrCmd::Rm { c, path, name } => c::xattr_rm(c.spec(), &path, &name).await,
+        },
         Cmd::Status { c } => c::status(c.spec()).await,
         Cmd::Bench(args) => weft_bench::run(args).await,
     }

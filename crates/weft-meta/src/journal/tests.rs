@@ -71,6 +71,9 @@ fn redo_records_round_trip_and_reject_garbage() {
         Redo::PutOrphan { ino: 6, record: b"" },
         Redo::DelOrphan { ino: 6 },
         Redo::PutCounter { key: 1, value: u64::MAX },
+        Redo::PutXattr { ino: 7, name: "user.x", value: b"\0v" },
+        Redo::PutXattr { ino: 7, name: "user.empty", value: b"" },
+        Redo::DelXattr { ino: 7, name: "user.x" },
     ];
     let mut buf = Vec::new();
     for r in &records {
