@@ -74,6 +74,8 @@ pub struct MountOptions {
     pub suid: bool,
     /// Honour device nodes (`--dev`); off: the mount is `nodev`.
     pub dev: bool,
+    /// Mount read-only (`--ro`): the kernel refuses every change with EROFS before it reaches Weft.
+    pub read_only: bool,
 }
 
 impl Default for MountOptions {
@@ -89,6 +91,7 @@ impl Default for MountOptions {
             writeback_cache: false,
             suid: false,
             dev: false,
+            read_only: false,
         }
     }
 }
@@ -266,6 +269,9 @@ impl WeftFs {
         }
         if !opts.dev {
             c.mount_options.push(MountOption::NoDev);
+        }
+        if opts.read_only {
+            c.mount_options.push(MountOption::RO);
         }
         if opts.allow_other {
             c.acl = SessionACL::All;
