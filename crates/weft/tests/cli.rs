@@ -125,14 +125,14 @@ async fn status_and_df_count_servers_on_one_disk_once() {
         assert_eq!(used + free, size);
     }
     assert_eq!(st["devices"].as_array().unwrap().len(), 1, "{st}");
-    assert_eq!(st["devices"][0]["servers"], serde_json::json!([1, 2, 3, 4]));
+    assert_eq!(st["devices"][0]["servers"], serde_json::json!([0, 1, 2, 3]));
     assert_eq!(st["total"]["size_bytes"], disk);
     assert_eq!(st["usable_bytes"]["striping"], st["total"]["free_bytes"], "striping stores every byte once");
     assert_eq!(st["metadata"]["files"], 1, "the root");
 
     let text = ok(&["status"]);
     assert_eq!(text.lines().filter(|l| l.contains("127.0.0.1:") && l.contains(" up ")).count(), 4, "{text}");
-    assert!(text.contains("servers 1, 2, 3, 4 share one file system, counted once"), "{text}");
+    assert!(text.contains("servers 0, 1, 2, 3 share one file system, counted once"), "{text}");
     assert!(text.contains("in 1 file system(s)") && text.contains("4 of 4 data servers up"), "{text}");
     assert!(text.contains("usable for new data with striping:"), "{text}");
 }
