@@ -28,11 +28,11 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES;
-use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::msg::{
     CommitReq, CommitWccResp, CreateReq, LinkReq, MkdirReq, MknodReq, RENAME_EXCHANGE, RENAME_NOREPLACE,
     ReaddirPlusResp, ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
 };
+use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::{
     Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, READDIRPLUS_ENTRIES_MAX,
     ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet,
@@ -115,8 +115,10 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             })?;
         }
         let persisted = store.read(|t| t.list_servers())?;
-        let servers =
-            persisted.into_iter().map(|(id, addr)| (id, ServerSlot { addr, space: None, device: None, last_ms: None })).collect();
+        let servers = persisted
+            .into_iter()
+            .map(|(id, addr)| (id, ServerSlot { addr, space: None, device: None, last_ms: None }))
+            .collect();
         Ok(Namespace { store, clock, liveness_ms, servers: Mutex::new(servers) })
     }
 

@@ -760,7 +760,9 @@ pub async fn status(spec: &str, json: bool) -> Result<()> {
         .zip(&fresh)
         .map(|(s, f)| match f {
             Some(d) => (s.id, d.space, Some(d.device.clone())),
-            None => (s.id, weft_proto::SpaceStat { bytes_total: s.bytes_total, bytes_free: s.bytes_free, objects: 0 }, None),
+            None => {
+                (s.id, weft_proto::SpaceStat { bytes_total: s.bytes_total, bytes_free: s.bytes_free, objects: 0 }, None)
+            }
         })
         .collect();
     let devices = count_once(&rows);
@@ -780,8 +782,7 @@ pub async fn status(spec: &str, json: bool) -> Result<()> {
             .zip(&rows)
             .map(|(s, (_, space, dev))| {
                 let d = device_of(s.id);
-                let shares: Vec<u32> =
-                    devices[d - 1].servers.iter().copied().filter(|&o| o != s.id).collect();
+                let shares: Vec<u32> = devices[d - 1].servers.iter().copied().filter(|&o| o != s.id).collect();
                 serde_json::json!({
                     "id": s.id,
                     "address": s.addr,

@@ -75,6 +75,12 @@ fn help_explains_the_commands() {
     for cmd in ["up", "meta", "data", "put", "get", "setstripe", "status", "bench"] {
         assert!(text.contains(cmd), "--help lacks {cmd}: {text}");
     }
+    // `weft up --mount` takes `weft mount`'s options (one flattened clap struct).
+    let out = std::process::Command::new(WEFT).args(["up", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in ["--allow-other", "--ro", "--suid", "--dev", "--attr-timeout-ms", "--writeback-cache"] {
+        assert!(text.contains(flag), "weft up --help lacks {flag}: {text}");
+    }
 }
 
 /// Bytes of the file system holding `p` (statvfs f_blocks × f_frsize, as a data server reports it).
@@ -198,7 +204,10 @@ async fn chmod_chown_stat_ls_du_and_json() {
     let ns = j["mtime_ns"].as_i64().unwrap();
     assert_eq!(&mtime[20..29], format!("{:09}", ns % 1_000_000_000), "the fraction is the nanoseconds");
     assert!(ok(&["stat", "--raw", "/t/a"]).contains(&format!("mtime: {ns} ns")));
-    assert_eq!((j["size_bytes"].as_u64(), j["nlink"].as_u64(), j["kind"].as_str()), (Some(1000), Some(2), Some("file")));
+    assert_eq!(
+        (j["size_bytes"].as_u64(), j["nlink"].as_u64(), j["kind"].as_str()),
+        (Some(1000), Some(2), Some("file"))
+    );
     assert_eq!(j["layout"]["stripe_count"], 2);
     assert_eq!(stat("/t/sym")["target"], "/t/a");
 

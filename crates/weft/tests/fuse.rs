@@ -785,7 +785,8 @@ async fn readdir_lists_dot_and_dotdot_and_statfs_counts_one_disk_once() {
         // statfs (df) through the mount: three data servers on one disk are that disk's size once.
         let (blocks, _) = nix_statvfs(&m.dir);
         let out = Command::new("stat").args(["-f", "-c", "%S %b"]).arg(&disk_dir).output().unwrap();
-        let v: Vec<u64> = String::from_utf8(out.stdout).unwrap().split_whitespace().map(|x| x.parse().unwrap()).collect();
+        let v: Vec<u64> =
+            String::from_utf8(out.stdout).unwrap().split_whitespace().map(|x| x.parse().unwrap()).collect();
         assert_eq!(blocks, v[0] * v[1] / 4096, "the mount's size is the disk's, counted once");
     })
     .await

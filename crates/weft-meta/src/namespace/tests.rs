@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use weft_proto::msg::{
     CommitReq, CreateReq, InoReq, LinkReq, LookupReq, MkdirReq, MknodReq, NameReq, RENAME_EXCHANGE, RENAME_NOREPLACE,
-    ReadReq, ReaddirReq, ReaddirResp, RegisterServerDevReq, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq, SetLayoutReq,
-    SymlinkReq,
+    ReadReq, ReaddirReq, ReaddirResp, RegisterServerDevReq, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq,
+    SetLayoutReq, SymlinkReq,
 };
 use weft_proto::{
     Attr, ErrorCode, FileKind, Layout, ROOT_INO, Request, Response, ServerState, SetAttrs, SpaceStat, StatFs, TimeSet,
