@@ -37,7 +37,7 @@ pub fn device(path: &Path) -> io::Result<(u64, u64)> {
     }
     // SAFETY: statvfs returned 0, so it initialised the struct.
     let st = unsafe { st.assume_init() };
-    Ok((dev, u64::from(st.f_fsid)))
+    Ok((dev, st.f_fsid))
 }
 
 /// Maps `len` bytes of `f` from `offset` (a multiple of the page size) read-only, with the pages populated up front

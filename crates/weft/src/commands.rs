@@ -138,7 +138,7 @@ pub fn key_list(keyring: &Path, json: bool) -> Result<()> {
     let keys = weft_rpc::ClientKeys::load(keyring)?;
     if json {
         let list: Vec<_> =
-            keys.list().into_iter().map(|(name, p)| serde_json::json!({"name": name, "policy": p.to_text()})).collect();
+            keys.list().map(|(name, p)| serde_json::json!({"name": name, "policy": p.to_text()})).collect();
         return print_json(&serde_json::Value::Array(list));
     }
     if keys.is_empty() {
