@@ -440,6 +440,19 @@ impl Client {
         }
     }
 
+    /// Space of one data server and the file system it is on (op 217), asked of the server itself.
+    pub async fn server_space_dev(&self, id: u32) -> Result<weft_proto::SpaceStatDev, ClientError> {
+        let ds = self.data_server(id).await?;
+        match ds
+            .call_simple(Request::SpaceStatDev(()))
+            .await
+            .map_err(|source| ClientError::Data { server: id, source })?
+        {
+            Response::SpaceStatDev(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
     // ---- paths -----------------------------------------------------------------------------------------------
 
     /// Resolves an absolute path (symlinks are not followed).

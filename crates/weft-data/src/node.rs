@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 use weft_fabric::{AnyFabric, Fabric, Listener, ShmFabric, ShmServerConfig, TcpFabric};
-use weft_proto::msg::RegisterServerReq;
+use weft_proto::msg::RegisterServerDevReq;
 use weft_proto::{FrameLimits, Request};
 use weft_rpc::{BufferPool, CapabilityKey, ClientConfig, Credential, RpcClient, RpcServer, ServerConfig};
 
@@ -175,7 +175,7 @@ async fn heartbeat(
         tick.tick().await;
         let space = {
             let store = store.clone();
-            match tokio::task::spawn_blocking(move || store.space()).await {
+            match tokio::task::spawn_blocking(move || store.space_dev()).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     warn!("cannot read space of {}: {e}", cfg.root.display());
@@ -193,7 +193,11 @@ async fn heartbeat(
         }
         let result = match &client {
             Some(c) => c
-                .call_simple(Request::RegisterServer(RegisterServerReq { id: cfg.id, addr: advertise.clone(), space }))
+                .call_simple(Request::RegisterServerDev(RegisterServerDevReq {
+                    id: cfg.id,
+                    addr: advertise.clone(),
+                    space,
+                }))
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),

@@ -221,6 +221,12 @@ impl DataService {
         Ok(Response::SpaceStat(s).into())
     }
 
+    async fn space_stat_dev(&self) -> Result<Reply, WireError> {
+        let store = self.store.clone();
+        let s = on_blocking_pool(move || store.space_dev()).await?;
+        Ok(Response::SpaceStatDev(s).into())
+    }
+
     // ---- Shared by the ops --------------------------------------------------------------------------------------
 
     /// The small-read choice of `Read` and `ReadChunks`: a read of up to [`INLINE_IO_BYTES_MAX`] bytes (or any
@@ -299,6 +305,7 @@ impl DataService {
             Request::RemoveObject(r) => self.remove_object(r).await,
             Request::Fsync(r) => self.fsync(r).await,
             Request::SpaceStat(()) => self.space_stat().await,
+            Request::SpaceStatDev(()) => self.space_stat_dev().await,
             other => {
                 Err(WireError::new(ErrorCode::BadRequest, format!("{:?} is not served by a data server", other.op())))
             }

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 
-use weft_proto::{ErrorCode, OBJECT_BYTES_MAX, SpaceStat, WireError};
+use weft_proto::{DeviceId, ErrorCode, OBJECT_BYTES_MAX, SpaceStat, SpaceStatDev, WireError};
 
 use crate::range_lock::{RangeGuard, RangeLocks};
 
@@ -415,6 +415,14 @@ impl ObjectStore {
     pub fn space(&self) -> Result<SpaceStat, DataError> {
         let (bytes_total, bytes_free) = crate::sys::space(&self.root).map_err(io_err("statvfs", &self.root))?;
         Ok(SpaceStat { bytes_total, bytes_free, objects: self.object_count.load(Ordering::Relaxed) })
+    }
+
+    /// [`ObjectStore::space`] with the identity of the file system under the root, so servers sharing a disk are
+    /// counted once (`weft_proto::space`).
+    pub fn space_dev(&self) -> Result<SpaceStatDev, DataError> {
+        let space = self.space()?;
+        let (dev, fsid) = crate::sys::device(&self.root).map_err(io_err("statvfs", &self.root))?;
+        Ok(SpaceStatDev { space, device: DeviceId { host_id: weft_fabric::host_id(), dev, fsid } })
     }
 }
 

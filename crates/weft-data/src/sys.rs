@@ -1,4 +1,4 @@
-//! What std lacks here: statvfs(3) for the space of the object root, and read-only mappings of object files
+//! What std lacks here: statvfs(3) for the space and the file system identity of the object root, and read-only mappings of object files
 //! for reads served from the page cache. The only `unsafe` of this crate lives in this module.
 #![allow(unsafe_code)]
 
@@ -22,6 +22,22 @@ pub fn space(path: &Path) -> io::Result<(u64, u64)> {
     let st = unsafe { st.assume_init() };
     let frag = st.f_frsize;
     Ok((st.f_blocks * frag, st.f_bavail * frag))
+}
+
+/// (`st_dev`, statvfs `f_fsid`) of the file system holding `path`: its identity (`weft_proto::space`).
+pub fn device(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path)?.dev();
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: as in `space`: a NUL-terminated path that outlives the call, and writable memory of the right type.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it initialised the struct.
+    let st = unsafe { st.assume_init() };
+    Ok((dev, st.f_fsid))
 }
 
 /// Maps `len` bytes of `f` from `offset` (a multiple of the page size) read-only, with the pages populated up front

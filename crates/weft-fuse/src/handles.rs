@@ -154,8 +154,8 @@ impl DirHandle {
     /// A handle on the directory `dir` (attributes fresh from the metadata service).
     pub(crate) fn new(dir: Attr, plus: bool) -> DirHandle {
         let ino = dir.ino;
-        // ".." carries inode 0: the kernel fills in the real parent itself, and with readdirplus an inode 0 entry
-        // is listed without being looked up.
+        // ".." carries inode 0 until it is first listed, when `entries_from` asks the metadata service for the
+        // parent (a lookup of ".."): an entry with inode 0 is skipped by readdir(3), so `ls -a` would not show it.
         let entries = vec![
             DirItem { ino, kind: FileType::Directory, name: ".".into(), attr: Some(dir.clone()) },
             DirItem { ino: 0, kind: FileType::Directory, name: "..".into(), attr: Some(Attr { ino: 0, ..dir }) },
@@ -167,6 +167,18 @@ impl DirHandle {
     pub(crate) async fn entries_from(&self, client: &Client, pos: u64) -> Result<Vec<DirItem>, ClientError> {
         let mut s = self.state.lock().await;
         let pos = usize::try_from(pos).unwrap_or(usize::MAX);
+        if pos <= 1 && s.entries[1].ino == 0 {
+            // The root is its own parent. A metadata service from before ".." lookups (or a caller without search
+            // permission) gets the directory itself: listed, if not quite right, rather than hidden.
+            s.entries[1] = match client.lookup(self.ino, "..").await {
+                Ok(a) => DirItem { ino: a.ino, kind: FileType::Directory, name: "..".into(), attr: Some(a) },
+                Err(e) => {
+                    tracing::debug!(ino = self.ino, "looking up ..: {e}");
+                    let dot = s.entries[0].clone();
+                    DirItem { name: "..".into(), ..dot }
+                }
+            };
+        }
         while s.entries.len() <= pos && !s.eof {
             let (items, eof): (Vec<DirItem>, bool) = if self.plus {
                 let page = client.readdir_plus_page(self.ino, &s.after, DIR_PAGE_ENTRIES).await?;

@@ -76,6 +76,8 @@ pub struct MountOptions {
     pub suid: bool,
     /// Honour device nodes (`--dev`); off: the mount is `nodev`.
     pub dev: bool,
+    /// Mount read-only (`--ro`): the kernel refuses every change with EROFS before it reaches Weft.
+    pub read_only: bool,
 }
 
 impl Default for MountOptions {
@@ -91,6 +93,7 @@ impl Default for MountOptions {
             writeback_cache: false,
             suid: false,
             dev: false,
+            read_only: false,
         }
     }
 }
@@ -281,6 +284,9 @@ impl WeftFs {
         }
         if !opts.dev {
             c.mount_options.push(MountOption::NoDev);
+        }
+        if opts.read_only {
+            c.mount_options.push(MountOption::RO);
         }
         if opts.allow_other {
             c.acl = SessionACL::All;

@@ -32,6 +32,7 @@ use weft_proto::msg::{
     CommitReq, CommitWccResp, CreateReq, LinkReq, MkdirReq, MknodReq, RENAME_EXCHANGE, RENAME_NOREPLACE,
     ReaddirPlusResp, ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
 };
+use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::{
     Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, READDIRPLUS_ENTRIES_MAX,
     ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet,
@@ -63,6 +64,9 @@ struct ServerSlot {
     addr: String,
     /// Space from the last heartbeat since this MDS started.
     space: Option<SpaceStat>,
+    /// The file system the server stores on, from its last `RegisterServerDev` (None: an older server's
+    /// `RegisterServer`, counted alone).
+    device: Option<DeviceId>,
     /// `Clock::mono_ms` of the last heartbeat since this MDS started.
     last_ms: Option<u64>,
 }
@@ -119,7 +123,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         }
         let persisted = store.read(|t| t.list_servers())?;
         let servers =
-            persisted.into_iter().map(|(id, addr)| (id, ServerSlot { addr, space: None, last_ms: None })).collect();
+            persisted.into_iter().map(|(id, addr)| (id, ServerSlot { addr, space: None, device: None, last_ms: None })).collect();
         Ok(Namespace {
             store,
             clock,
@@ -192,7 +196,20 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                         format!("uid {} may not register data server {}: root only", cred.uid, r.id),
                     ));
                 }
-                self.register_server(r).map(Response::RegisterServer)
+                self.register_server(r, None).map(Response::RegisterServer)
+            }
+            Request::RegisterServerDev(r) => {
+                if !cred.is_root() {
+                    return Err(werr(
+                        ErrorCode::NotPermitted,
+                        format!("uid {} may not register data server {}: root only", cred.uid, r.id),
+                    ));
+                }
+                if r.space.device.host_id.len() > HOST_ID_BYTES_MAX {
+                    return Err(werr(ErrorCode::Invalid, format!("data server {}: host id too long", r.id)));
+                }
+                let plain = RegisterServerReq { id: r.id, addr: r.addr.clone(), space: r.space.space };
+                self.register_server(&plain, Some(r.space.device.clone())).map(Response::RegisterServerDev)
             }
             other => {
                 Err(werr(ErrorCode::BadRequest, format!("op {:?} is not served by the metadata service", other.op())))
@@ -285,7 +302,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         self.servers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn register_server(&self, r: &RegisterServerReq) -> Result<(), WireError> {
+    fn register_server(&self, r: &RegisterServerReq, device: Option<DeviceId>) -> Result<(), WireError> {
         if r.addr.is_empty() || r.addr.len() > SERVER_ADDR_BYTES_MAX || r.addr.contains('\0') {
             return Err(werr(
                 ErrorCode::Invalid,
@@ -300,11 +317,18 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         }
         servers.insert(
             r.id,
-            ServerSlot { addr: r.addr.clone(), space: Some(r.space), last_ms: Some(self.clock.mono_ms()) },
+            ServerSlot { addr: r.addr.clone(), space: Some(r.space), device, last_ms: Some(self.clock.mono_ms()) },
         );
         Ok(())
     }
 
+    /// Every registered server's last space and file system, for counting each file system once.
+    pub fn server_devices(&self) -> Vec<(u32, SpaceStat, Option<DeviceId>)> {
+        self.lock_servers().iter().map(|(id, s)| (*id, s.space.unwrap_or_default(), s.device.clone())).collect()
+    }
+
+    /// Space is counted once per file system (`weft_proto::space::count_once`): four data servers on one disk
+    /// are one disk's size, not four.
     fn statfs(&self) -> Result<StatFs, WireError> {
         let files = self.store.read(|t| t.count_inodes())?;
         let mut st = StatFs { files, ..StatFs::default() };
@@ -313,8 +337,10 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             if s.state == ServerState::Up {
                 st.servers_up += 1;
             }
-            st.bytes_total = st.bytes_total.saturating_add(s.bytes_total);
-            st.bytes_free = st.bytes_free.saturating_add(s.bytes_free);
+        }
+        for d in weft_proto::space::count_once(&self.server_devices()) {
+            st.bytes_total = st.bytes_total.saturating_add(d.bytes_total);
+            st.bytes_free = st.bytes_free.saturating_add(d.bytes_free);
         }
         Ok(st)
     }
@@ -454,7 +480,14 @@ fn load_searchable_dir(t: &mut dyn MetaTxn, cred: &Cred, ino: u64) -> Result<Ino
 
 // ---- ops (each runs inside one transaction) -----------------------------------------------------------------
 
+/// `name` ".." is the directory's parent (the root is its own), as the kernel's lookup of "..": the mount lists it
+/// with the right inode. Search permission on the directory is needed, as for any name in it.
 fn lookup(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str) -> Result<Attr, WireError> {
+    if name == ".." {
+        let d = load_searchable_dir(t, cred, parent)?;
+        let up = if d.parent == 0 { ROOT_INO } else { d.parent };
+        return Ok(load_dir(t, up)?.attr());
+    }
     check_name(name)?;
     load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;

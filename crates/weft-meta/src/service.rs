@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use weft_proto::msg::{CreateReq, OpenReq, OpenResp, RegisterServerReq};
+use weft_proto::msg::{CreateReq, OpenReq, OpenResp};
 use weft_proto::{Attr, Capability, ErrorCode, Request, Response, Rights, UserCred, WireError};
 use weft_rpc::keyring::NOBODY_ID;
 use weft_rpc::{CallCtx, CapabilityKey, KeyPolicy, PoolBuf, Principal, Reply, Service};
@@ -133,9 +133,9 @@ impl MetaService {
 
     /// Only the cluster key registers data servers (with authentication on): anyone else could otherwise receive
     /// new files' data. An id moving to a new address is allowed (a server restarted elsewhere) but logged.
-    fn check_registration(&self, ctx: &CallCtx, r: &RegisterServerReq) -> Result<(), WireError> {
+    fn check_registration(&self, ctx: &CallCtx, id: u32, addr: &str) -> Result<(), WireError> {
         if !ctx.principal.is_trusted_server() {
-            tracing::warn!(peer = %ctx.peer, principal = ctx.principal.name(), id = r.id, addr = %r.addr,
+            tracing::warn!(peer = %ctx.peer, principal = ctx.principal.name(), id, addr,
                 "refusing a data-server registration: it needs the cluster key");
             return Err(WireError::new(
                 ErrorCode::Permission,
@@ -145,8 +145,8 @@ impl MetaService {
                 ),
             ));
         }
-        if let Some(old) = self.ns.servers().into_iter().find(|s| s.id == r.id && s.addr != r.addr) {
-            tracing::warn!(id = r.id, old = %old.addr, new = %r.addr, peer = %ctx.peer, "data server id moves to a new address");
+        if let Some(old) = self.ns.servers().into_iter().find(|s| s.id == id && s.addr != addr) {
+            tracing::warn!(id, old = %old.addr, new = %addr, peer = %ctx.peer, "data server id moves to a new address");
         }
         Ok(())
     }
@@ -154,8 +154,10 @@ impl MetaService {
 
 impl Service for MetaService {
     async fn call(&self, ctx: &CallCtx, req: Request, _data: Option<PoolBuf>) -> Result<Reply, WireError> {
-        if let Request::RegisterServer(r) = &req {
-            self.check_registration(ctx, r)?;
+        match &req {
+            Request::RegisterServer(r) => self.check_registration(ctx, r.id, &r.addr)?,
+            Request::RegisterServerDev(r) => self.check_registration(ctx, r.id, &r.addr)?,
+            _ => {}
         }
         let cred = self.caller_cred(ctx)?;
         // What the op may change, read before it runs (a removed name's inode is gone from the store after).

@@ -14,6 +14,7 @@ pub mod error;
 pub mod frame;
 pub mod layout;
 pub mod msg;
+pub mod space;
 pub mod types;
 pub mod user;
 
@@ -23,5 +24,6 @@ pub use error::{ErrorCode, WireError};
 pub use frame::{FrameError, FrameKind, FrameLimits, HEADER_LEN, Header};
 pub use layout::{Layout, Piece};
 pub use msg::{Op, Request, Response};
+pub use space::{DeviceId, Redundancy, SpaceStatDev};
 pub use types::*;
 pub use user::{USER_GROUPS_MAX, UserCred, UserCredError};

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::capability::{Capability, Rights};
 use crate::frame::FrameError;
 use crate::layout::Layout;
+use crate::space::SpaceStatDev;
 use crate::types::*;
 
 macro_rules! messages {
@@ -146,6 +147,9 @@ messages! {
     ListXattr = 124: InoReq => Vec<String>, idempotent = true, data = false;
     /// Removes an extended attribute: `NoData` if absent.
     RemoveXattr = 125: XattrReq => (), idempotent = false, data = false;
+    /// `RegisterServer` whose space names the file system it is on, so the MDS counts a shared disk once
+    /// (`crate::space`). Data servers send it as their heartbeat.
+    RegisterServerDev = 126: RegisterServerDevReq => (), idempotent = true, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -171,6 +175,8 @@ messages! {
     ReadChunks = 215: ReadChunksReq => (), idempotent = true, data = false;
     /// RPC Read-Write write: the server `get`s the bytes from the client's read chunks and writes them.
     WriteChunks = 216: WriteChunksReq => u32, idempotent = false, data = false;
+    /// `SpaceStat` with the identity of the file system under the server's root (`crate::space`).
+    SpaceStatDev = 217: () => SpaceStatDev, idempotent = true, data = false;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -348,6 +354,14 @@ pub struct RegisterServerReq {
     /// Address clients use to reach the server.
     pub addr: String,
     pub space: SpaceStat,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterServerDevReq {
+    pub id: u32,
+    /// Address clients use to reach the server.
+    pub addr: String,
+    pub space: SpaceStatDev,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -548,6 +562,7 @@ mod tests {
         assert_eq!(Op::Regions as u16, 208);
         assert_eq!(Op::FabricInfo as u16, 209);
         assert_eq!(Op::FabricStat as u16, 210);
+        assert_eq!((Op::RegisterServerDev as u16, Op::SpaceStatDev as u16), (126, 217));
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());
         assert!(Op::Read.is_idempotent() && !Op::Create.is_idempotent());
     }

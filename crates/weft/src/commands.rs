@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use weft_client::{Client, ClientError, ClusterConfig, OpenMode};
 use weft_launch::{LaunchOptions, LocalCluster};
-use weft_proto::{FileKind, ServerState};
+use weft_proto::{Attr, FileKind, ServerState};
 
 /// Bytes moved per client call by put/get/cat: large enough to keep every data server of a file busy.
 const COPY_CHUNK_BYTES: usize = 16 << 20;
@@ -134,8 +134,13 @@ pub fn key_add(name: &str, policy: weft_rpc::KeyPolicy, keyring: &Path, out: &Pa
 }
 
 /// `weft key list`: names and policies, never the keys.
-pub fn key_list(keyring: &Path) -> Result<()> {
+pub fn key_list(keyring: &Path, json: bool) -> Result<()> {
     let keys = weft_rpc::ClientKeys::load(keyring)?;
+    if json {
+        let list: Vec<_> =
+            keys.list().map(|(name, p)| serde_json::json!({"name": name, "policy": p.to_text()})).collect();
+        return print_json(&serde_json::Value::Array(list));
+    }
     if keys.is_empty() {
         println!("{}: no client keys", keyring.display());
     }
@@ -257,6 +262,11 @@ pub async fn mount_daemon(spec: &str, dir: &Path, args: &crate::MountArgs, log: 
     if args.writeback_cache {
         cmd.arg("--writeback-cache");
     }
+    for (on, flag) in [(args.suid, "--suid"), (args.dev, "--dev"), (args.ro, "--ro")] {
+        if on {
+            cmd.arg(flag);
+        }
+    }
     if let Some(f) = FABRIC.get() {
         cmd.arg("--fabric").arg(f.name());
     }
@@ -292,45 +302,135 @@ fn kind_char(k: FileKind) -> char {
     }
 }
 
-pub async fn ls(spec: &str, path: &str, long: bool) -> Result<()> {
+/// Prints one JSON document on stdout.
+fn print_json(v: &serde_json::Value) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn kind_name(k: FileKind) -> &'static str {
+    match k {
+        FileKind::Dir => "dir",
+        FileKind::Symlink => "symlink",
+        FileKind::File => "file",
+        FileKind::Fifo => "fifo",
+        FileKind::Socket => "socket",
+        FileKind::CharDev => "char_device",
+        FileKind::BlockDev => "block_device",
+    }
+}
+
+/// The fields of `ls --json` and `stat --json` (stable names; units in the names).
+fn attr_json(name: &str, a: &Attr) -> serde_json::Value {
+    serde_json::json!({
+        "name": name,
+        "ino": a.ino,
+        "kind": kind_name(a.kind),
+        "mode": a.mode,
+        "mode_octal": format!("{:04o}", a.mode),
+        "uid": a.uid,
+        "gid": a.gid,
+        "nlink": a.nlink,
+        "size_bytes": a.size,
+        "atime_ns": a.atime_ns,
+        "mtime_ns": a.mtime_ns,
+        "ctime_ns": a.ctime_ns,
+    })
+}
+
+/// Every entry of directory `ino` with its attributes, page by page (readdirplus: one round trip a page).
+async fn list_plus(c: &Client, ino: u64) -> Result<Vec<(String, Attr)>, ClientError> {
+    let mut out = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = c.readdir_plus_page(ino, &after, weft_proto::READDIRPLUS_ENTRIES_MAX).await?;
+        if let Some((last, _)) = page.entries.last() {
+            after = last.clone();
+        }
+        let eof = page.eof || page.entries.is_empty();
+        out.extend(page.entries);
+        if eof {
+            return Ok(out);
+        }
+    }
+}
+
+pub async fn ls(spec: &str, path: &str, long: bool, all: bool, json: bool) -> Result<()> {
     let c = connect(spec).await?;
     let attr = c.resolve(path).await?;
-    let mut out = std::io::stdout().lock();
-    if attr.kind != FileKind::Dir {
-        writeln!(out, "{path}")?;
-        return Ok(());
+    let entries = if attr.kind != FileKind::Dir {
+        vec![(path.to_string(), attr)]
+    } else {
+        let mut v = Vec::new();
+        if all {
+            v.push((".".to_string(), attr.clone()));
+            let parent = c.lookup(attr.ino, "..").await.map_err(|e| e.with_path(path))?;
+            v.push(("..".to_string(), parent));
+        }
+        v.extend(list_plus(&c, attr.ino).await?);
+        v
+    };
+    if json {
+        return print_json(&serde_json::Value::Array(entries.iter().map(|(n, a)| attr_json(n, a)).collect()));
     }
-    for e in c.readdir(attr.ino).await? {
+    let mut out = std::io::stdout().lock();
+    for (name, a) in &entries {
         if long {
-            let a = c.getattr(e.ino).await?;
+            let mtime = crate::human::iso8601_ns(a.mtime_ns);
             writeln!(
                 out,
-                "{}{:04o} {:>3} {:>12} {:>10} {}",
+                "{}{:04o} {:>3} {:>6} {:>6} {:>12} {} {:>10} {name}",
                 kind_char(a.kind),
                 a.mode,
                 a.nlink,
+                a.uid,
+                a.gid,
                 a.size,
+                &mtime[..19],
                 a.ino,
-                e.name
             )?;
         } else {
-            writeln!(out, "{}", e.name)?;
+            writeln!(out, "{name}")?;
         }
     }
     Ok(())
 }
 
-pub async fn stat(spec: &str, path: &str) -> Result<()> {
+pub async fn stat(spec: &str, path: &str, raw: bool, json: bool) -> Result<()> {
     let c = connect(spec).await?;
     let a = c.resolve(path).await?;
+    let target = if a.kind == FileKind::Symlink { Some(c.readlink(a.ino).await?) } else { None };
+    let time = |ns: i64| if raw { format!("{ns} ns") } else { crate::human::iso8601_ns(ns) };
+    if json {
+        let mut v = attr_json(path, &a);
+        v["path"] = path.into();
+        for (k, ns) in [("atime", a.atime_ns), ("mtime", a.mtime_ns), ("ctime", a.ctime_ns)] {
+            v[k] = crate::human::iso8601_ns(ns).into();
+        }
+        if let Some(t) = &target {
+            v["target"] = t.as_str().into();
+        }
+        if let Some(l) = &a.layout {
+            v["layout"] = serde_json::json!({
+                "stripe_unit_bytes": l.stripe_unit,
+                "stripe_count": l.stripe_count,
+                "servers": l.servers,
+            });
+        }
+        return print_json(&v);
+    }
     println!("  path: {path}");
     println!(" inode: {}", a.ino);
     println!("  kind: {:?}", a.kind);
     println!("  mode: {:04o}  uid: {}  gid: {}  links: {}", a.mode, a.uid, a.gid, a.nlink);
     println!("  size: {}", a.size);
-    println!(" mtime: {} ns  ctime: {} ns  atime: {} ns", a.mtime_ns, a.ctime_ns, a.atime_ns);
-    if a.kind == FileKind::Symlink {
-        println!("target: {}", c.readlink(a.ino).await?);
+    println!(" atime: {}", time(a.atime_ns));
+    println!(" mtime: {}", time(a.mtime_ns));
+    println!(" ctime: {}", time(a.ctime_ns));
+    if let Some(t) = target {
+        println!("target: {t}");
     }
     match (&a.layout, a.kind) {
         (Some(l), FileKind::File) => {
@@ -344,6 +444,34 @@ pub async fn stat(spec: &str, path: &str) -> Result<()> {
             println!("layout policy for new files: stripe unit {} bytes, stripe count {count}", l.stripe_unit)
         }
         _ => {}
+    }
+    Ok(())
+}
+
+/// Applies `f` to `path` and, with `recursive`, to every entry below it (depth first; symlinks are handed to `f`
+/// but never followed). `f` gets the entry's inode and attributes.
+async fn walk_apply<F, Fut>(c: &Client, path: &str, recursive: bool, f: &F) -> Result<()>
+where
+    F: Fn(u64, Attr, String) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let top = c.resolve(path).await?;
+    let is_dir = top.kind == FileKind::Dir;
+    let ino = top.ino;
+    f(ino, top, path.to_string()).await?;
+    if recursive && is_dir {
+        // An explicit stack, so a deep tree needs no deep recursion; it holds directories not yet listed.
+        let mut dirs = vec![(ino, path.trim_end_matches('/').to_string())];
+        while let Some((dir, dir_path)) = dirs.pop() {
+            for (name, a) in list_plus(c, dir).await.map_err(|e| e.with_path(&dir_path))? {
+                let p = format!("{dir_path}/{name}");
+                let (ino, is_dir) = (a.ino, a.kind == FileKind::Dir);
+                f(ino, a, p.clone()).await?;
+                if is_dir {
+                    dirs.push((ino, p));
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -377,6 +505,117 @@ pub async fn xattr_rm(spec: &str, path: &str, name: &str) -> Result<()> {
     let c = connect(spec).await?;
     let a = c.resolve(path).await?;
     c.removexattr(a.ino, name).await.with_context(|| format!("{path}: {name}"))?;
+    Ok(())
+}
+
+pub async fn chmod(spec: &str, mode: &str, path: &str, recursive: bool) -> Result<()> {
+    // Checked once up front, so a bad MODE fails before anything changes.
+    crate::mode::apply(mode, 0, false).map_err(anyhow::Error::msg)?;
+    let c = connect(spec).await?;
+    let c = &c;
+    walk_apply(c, path, recursive, &|ino, a: Attr, p: String| async move {
+        if a.kind == FileKind::Symlink {
+            // A symlink's own mode means nothing (chmod(1) skips them too).
+            return Ok(());
+        }
+        let new = crate::mode::apply(mode, a.mode, a.kind == FileKind::Dir).map_err(anyhow::Error::msg)?;
+        if new != a.mode {
+            let set = weft_proto::SetAttrs { mode: Some(new), ..Default::default() };
+            c.setattr(ino, set).await.map_err(|e| e.with_path(&p))?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+pub async fn chown(spec: &str, uid: Option<u32>, gid: Option<u32>, path: &str, recursive: bool) -> Result<()> {
+    let c = connect(spec).await?;
+    let c = &c;
+    walk_apply(c, path, recursive, &|ino, _a: Attr, p: String| async move {
+        let set = weft_proto::SetAttrs { uid, gid, ..Default::default() };
+        c.setattr(ino, set).await.map_err(|e| e.with_path(&p))?;
+        Ok(())
+    })
+    .await
+}
+
+pub async fn df(spec: &str, json: bool) -> Result<()> {
+    let c = connect(spec).await?;
+    let fs = c.statfs().await?;
+    let used = fs.bytes_total.saturating_sub(fs.bytes_free);
+    // As df: used / (used + available), rounded up.
+    let denom = used.saturating_add(fs.bytes_free);
+    let pct = if denom == 0 { 0 } else { (u128::from(used) * 100).div_ceil(u128::from(denom)) as u64 };
+    if json {
+        return print_json(&serde_json::json!({
+            "size_bytes": fs.bytes_total,
+            "used_bytes": used,
+            "avail_bytes": fs.bytes_free,
+            "use_percent": pct,
+            "files": fs.files,
+            "servers_up": fs.servers_up,
+            "servers_total": fs.servers_total,
+        }));
+    }
+    use crate::human::size;
+    println!("{:<10} {:>6} {:>6} {:>6} {:>4} servers up", "Filesystem", "Size", "Used", "Avail", "Use%");
+    println!(
+        "{:<10} {:>6} {:>6} {:>6} {:>3}% {}/{}",
+        "weft",
+        size(fs.bytes_total),
+        size(used),
+        size(fs.bytes_free),
+        pct,
+        fs.servers_up,
+        fs.servers_total
+    );
+    Ok(())
+}
+
+/// `weft du`'s walk: the total of the tree under `ino` at `path`; directories' totals are pushed to `out`
+/// deepest first (as du prints them). `seen` holds hard-linked files already counted.
+async fn du_tree(
+    c: &Client,
+    ino: u64,
+    path: &str,
+    seen: &mut std::collections::HashSet<u64>,
+    out: &mut Vec<(String, u64)>,
+) -> Result<u64> {
+    let mut total = 0u64;
+    for (name, a) in list_plus(c, ino).await.map_err(|e| e.with_path(path))? {
+        let p = format!("{}/{name}", path.trim_end_matches('/'));
+        if a.kind == FileKind::Dir {
+            // Boxed: an async fn cannot recurse into itself unboxed.
+            total = total.saturating_add(Box::pin(du_tree(c, a.ino, &p, seen, out)).await?);
+        } else if a.nlink <= 1 || seen.insert(a.ino) {
+            total = total.saturating_add(a.size);
+        }
+    }
+    out.push((path.to_string(), total));
+    Ok(total)
+}
+
+pub async fn du(spec: &str, path: &str, summarize: bool, human: bool, json: bool) -> Result<()> {
+    let c = connect(spec).await?;
+    let top = c.resolve(path).await?;
+    let mut dirs = Vec::new();
+    if top.kind == FileKind::Dir {
+        du_tree(&c, top.ino, path, &mut std::collections::HashSet::new(), &mut dirs).await?;
+    } else {
+        dirs.push((path.to_string(), top.size));
+    }
+    if summarize {
+        dirs.drain(..dirs.len() - 1);
+    }
+    if json {
+        let v = dirs.iter().map(|(p, b)| serde_json::json!({"path": p, "size_bytes": b})).collect();
+        return print_json(&serde_json::Value::Array(v));
+    }
+    let mut out = std::io::stdout().lock();
+    for (p, b) in &dirs {
+        let n = if human { crate::human::size(*b) } else { b.to_string() };
+        writeln!(out, "{n}\t{p}")?;
+    }
     Ok(())
 }
 
@@ -523,41 +762,146 @@ pub async fn setstripe(spec: &str, dir: &str, unit: u32, count: u32) -> Result<(
     Ok(())
 }
 
-fn gib(b: u64) -> f64 {
-    b as f64 / (1u64 << 30) as f64
-}
+/// How long `weft status` waits for one data server's `SpaceStatDev` before showing its last heartbeat's space.
+const SPACE_TIMEOUT_MS: u64 = 3000;
 
-pub async fn status(spec: &str) -> Result<()> {
+pub async fn status(spec: &str, json: bool) -> Result<()> {
+    use weft_proto::space::{Redundancy, count_once, usable_bytes};
     let c = connect(spec).await?;
     let servers = c.cluster_info().await?;
     let fs = c.statfs().await?;
+    // Each live server's space and file system, asked of the server itself (all at once, bounded by the number of
+    // servers); a server that is down or does not answer in time keeps the space of its last heartbeat and an
+    // unknown file system.
+    let mut asks = tokio::task::JoinSet::new();
+    for (i, sv) in servers.iter().enumerate().filter(|(_, sv)| sv.state == ServerState::Up) {
+        let (c, id) = (c.clone(), sv.id);
+        asks.spawn(async move {
+            let t = std::time::Duration::from_millis(SPACE_TIMEOUT_MS);
+            (i, tokio::time::timeout(t, c.server_space_dev(id)).await.ok().and_then(Result::ok))
+        });
+    }
+    let mut fresh = vec![None; servers.len()];
+    while let Some(r) = asks.join_next().await {
+        if let Ok((i, d)) = r {
+            fresh[i] = d;
+        }
+    }
+    let rows: Vec<(u32, weft_proto::SpaceStat, Option<weft_proto::DeviceId>)> = servers
+        .iter()
+        .zip(&fresh)
+        .map(|(s, f)| match f {
+            Some(d) => (s.id, d.space, Some(d.device.clone())),
+            None => {
+                (s.id, weft_proto::SpaceStat { bytes_total: s.bytes_total, bytes_free: s.bytes_free, objects: 0 }, None)
+            }
+        })
+        .collect();
+    let devices = count_once(&rows);
+    let device_of = |id: u32| devices.iter().position(|d| d.servers.contains(&id)).map_or(0, |i| i + 1);
+    let total: u64 = devices.iter().fold(0, |a, d| a.saturating_add(d.bytes_total));
+    let free: u64 = devices.iter().fold(0, |a, d| a.saturating_add(d.bytes_free));
+    let per_device_free: Vec<u64> = devices.iter().map(|d| d.bytes_free).collect();
+    let usable: Vec<(Redundancy, u64)> =
+        Redundancy::ALL.iter().map(|&p| (p, usable_bytes(p, &per_device_free))).collect();
+    let state_name = |s: ServerState| match s {
+        ServerState::Up => "up",
+        ServerState::Down => "down",
+    };
+    if json {
+        let server_rows: Vec<_> = servers
+            .iter()
+            .zip(&rows)
+            .map(|(s, (_, space, dev))| {
+                let d = device_of(s.id);
+                let shares: Vec<u32> = devices[d - 1].servers.iter().copied().filter(|&o| o != s.id).collect();
+                serde_json::json!({
+                    "id": s.id,
+                    "address": s.addr,
+                    "state": state_name(s.state),
+                    "size_bytes": space.bytes_total,
+                    "used_bytes": space.bytes_total.saturating_sub(space.bytes_free),
+                    "free_bytes": space.bytes_free,
+                    "device": d,
+                    "device_known": dev.is_some(),
+                    "shares_device_with": shares,
+                    "heartbeat_age_ms": (s.heartbeat_age_ms != u64::MAX).then_some(s.heartbeat_age_ms),
+                })
+            })
+            .collect();
+        let device_rows: Vec<_> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                serde_json::json!({
+                    "device": i + 1,
+                    "servers": d.servers,
+                    "size_bytes": d.bytes_total,
+                    "used_bytes": d.bytes_total.saturating_sub(d.bytes_free),
+                    "free_bytes": d.bytes_free,
+                })
+            })
+            .collect();
+        let usable_map: serde_json::Map<String, serde_json::Value> =
+            usable.iter().map(|(p, b)| (p.name().to_string(), (*b).into())).collect();
+        return print_json(&serde_json::json!({
+            "metadata": {"state": "up", "files": fs.files},
+            "servers": server_rows,
+            "devices": device_rows,
+            "total": {
+                "size_bytes": total,
+                "used_bytes": total.saturating_sub(free),
+                "free_bytes": free,
+                "servers_up": fs.servers_up,
+                "servers_total": fs.servers_total,
+            },
+            "usable_bytes": usable_map,
+        }));
+    }
+    use crate::human::size;
     println!("metadata service: up ({} files)", fs.files);
     println!(
-        "{:>4}  {:<22} {:<5} {:>10} {:>10} {:>12}",
-        "id", "address", "state", "size GiB", "free GiB", "heartbeat ms"
+        "{:>4}  {:<22} {:<5} {:>7} {:>7} {:>7} {:>6}  {:>12}",
+        "id", "address", "state", "size", "used", "free", "device", "heartbeat ms"
     );
-    for s in &servers {
+    for (s, (_, space, dev)) in servers.iter().zip(&rows) {
         let state = match s.state {
             ServerState::Up => "up",
             ServerState::Down => "DOWN",
         };
         let age = if s.heartbeat_age_ms == u64::MAX { "never".to_string() } else { s.heartbeat_age_ms.to_string() };
+        let d = device_of(s.id);
+        let dev = if dev.is_some() { format!("d{d}") } else { format!("d{d}?") };
         println!(
-            "{:>4}  {:<22} {:<5} {:>10.1} {:>10.1} {:>12}",
+            "{:>4}  {:<22} {:<5} {:>7} {:>7} {:>7} {:>6}  {:>12}",
             s.id,
             s.addr,
             state,
-            gib(s.bytes_total),
-            gib(s.bytes_free),
+            size(space.bytes_total),
+            size(space.bytes_total.saturating_sub(space.bytes_free)),
+            size(space.bytes_free),
+            dev,
             age
         );
     }
+    for (i, d) in devices.iter().enumerate().filter(|(_, d)| d.servers.len() > 1) {
+        let ids: Vec<String> = d.servers.iter().map(u32::to_string).collect();
+        println!("device d{}: servers {} share one file system, counted once", i + 1, ids.join(", "));
+    }
+    if rows.iter().any(|r| r.2.is_none()) {
+        println!("(d?: file system not known, the server is down or did not answer: counted on its own)");
+    }
     println!(
-        "total: {:.1} GiB, free {:.1} GiB, {} of {} data servers up",
-        gib(fs.bytes_total),
-        gib(fs.bytes_free),
+        "total: {} in {} file system(s), used {}, free {}; {} of {} data servers up",
+        size(total),
+        devices.len(),
+        size(total.saturating_sub(free)),
+        size(free),
         fs.servers_up,
         fs.servers_total
     );
+    for (p, b) in &usable {
+        println!("usable for new data with {}: {}", p.name(), size(*b));
+    }
     Ok(())
 }

@@ -2,11 +2,14 @@
 //!
 //! - `weft meta --config F` / `weft data --config F`: run one server role from a TOML file (a real deployment).
 //! - `weft up`: a whole local cluster (one MDS and N data servers as separate processes on loopback).
-//! - `weft ls|stat|put|get|cat|rm|mkdir|rmdir|mv|ln|truncate|setstripe|status`: use a cluster through the native
-//!   client library.
+//! - `weft ls|stat|put|get|cat|rm|mkdir|rmdir|mv|ln|truncate|chmod|chown|setstripe|status|df|du`: use a cluster
+//!   through the native client library (`--json` on every listing and status command).
 //! - `weft bench ...`: benchmarks (see `weft-bench`).
 
 mod commands;
+mod human;
+mod mode;
+mod owner;
 mod size;
 
 use std::path::PathBuf;
@@ -43,6 +46,14 @@ impl ClusterArg {
     }
 }
 
+/// `--json`: machine-readable output (one JSON document on stdout; field names stable, units in the names).
+#[derive(clap::Args, Clone, Copy)]
+struct JsonArg {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
 /// Tunables of a FUSE mount.
 #[derive(clap::Args, Clone, Debug)]
 pub struct MountArgs {
@@ -75,24 +86,12 @@ pub struct MountArgs {
     /// Honour device nodes on the mount (default: mounted nodev).
     #[arg(long)]
     pub dev: bool,
+    /// Mount read-only.
+    #[arg(long)]
+    pub ro: bool,
 }
 
 impl MountArgs {
-    /// The defaults of the flags, for `weft up --mount`.
-    pub fn defaults() -> MountArgs {
-        MountArgs {
-            attr_timeout_ms: 1000,
-            entry_timeout_ms: 1000,
-            threads: 4,
-            allow_other: false,
-            direct_io: false,
-            readahead_kib: 4096,
-            writeback_cache: false,
-            suid: false,
-            dev: false,
-        }
-    }
-
     pub fn options(&self) -> weft_fuse::MountOptions {
         weft_fuse::MountOptions {
             attr_timeout_ms: self.attr_timeout_ms,
@@ -104,6 +103,7 @@ impl MountArgs {
             writeback_cache: self.writeback_cache,
             suid: self.suid,
             dev: self.dev,
+            read_only: self.ro,
             ..weft_fuse::MountOptions::default()
         }
     }
@@ -167,12 +167,9 @@ enum Cmd {
         /// `none`: no authentication at all, for loopback experiments (every role warns).
         #[arg(long, value_name = "key|none", default_value = "key")]
         auth: AuthArg,
-        /// With --mount: honour set-user-ID bits on the mount (default nosuid).
-        #[arg(long, requires = "mount")]
-        suid: bool,
-        /// With --mount: honour device nodes on the mount (default nodev).
-        #[arg(long, requires = "mount")]
-        dev: bool,
+        /// The options of `weft mount`, for the mount of --mount.
+        #[command(flatten, next_help_heading = "Mount options (with --mount)")]
+        mount_opts: MountArgs,
         /// Run `tcp` under TLS 1.3 (also with WEFT_TLS=1): a CA and a server certificate for 127.0.0.1, ::1,
         /// localhost and this host's name are made in DATA_DIR/tls/ unless present. Off by default: on loopback
         /// nothing is on the path, and same-host clients use `shm` anyway.
@@ -277,15 +274,73 @@ enum Cmd {
         c: ClusterArg,
         #[arg(default_value = "/")]
         path: String,
-        /// Long format: kind, mode, links, size, inode.
+        /// Long format: kind, mode, links, owner, size, mtime, inode.
         #[arg(short, long)]
         long: bool,
+        /// Also list "." and "..".
+        #[arg(short, long)]
+        all: bool,
+        #[command(flatten)]
+        out: JsonArg,
     },
-    /// Show attributes and layout.
+    /// Show attributes and layout; times in ISO 8601 (UTC, nanoseconds).
     Stat {
         #[command(flatten)]
         c: ClusterArg,
         path: String,
+        /// Times as raw nanoseconds since the epoch.
+        #[arg(long)]
+        raw: bool,
+        #[command(flatten)]
+        out: JsonArg,
+    },
+    /// Change permission bits: octal (0755) or symbolic as chmod(1) (u+x,go-w, a=rX, g=u); without u/g/o/a a
+    /// clause applies to all (the umask is not consulted).
+    Chmod {
+        #[command(flatten)]
+        c: ClusterArg,
+        mode: String,
+        path: String,
+        /// Also every entry below a directory (symlinks are not followed, nor changed).
+        #[arg(short = 'R', long)]
+        recursive: bool,
+    },
+    /// Change owner and/or group: USER, USER:GROUP, USER: (the user's login group) or :GROUP; names from the local
+    /// user database, or numbers. Root only (a file's owner may change its group to one of its own groups).
+    Chown {
+        #[command(flatten)]
+        c: ClusterArg,
+        owner: String,
+        path: String,
+        /// Also every entry below a directory (symlinks themselves are changed, never followed).
+        #[arg(short = 'R', long)]
+        recursive: bool,
+    },
+    /// The cluster's size, used and available space, each file system counted once (as df -h).
+    Df {
+        #[command(flatten)]
+        c: ClusterArg,
+        #[command(flatten)]
+        out: JsonArg,
+    },
+    /// Space used by a tree: the sum of its files' sizes (apparent sizes; a hard-linked file counts once).
+    #[command(disable_help_flag = true)]
+    Du {
+        #[command(flatten)]
+        c: ClusterArg,
+        #[arg(default_value = "/")]
+        path: String,
+        /// Only the total of PATH (default: every directory's total, deepest first, as du).
+        #[arg(short, long)]
+        summarize: bool,
+        /// Sizes in K, M, G (powers of 1024).
+        #[arg(short = 'h', long = "human-readable")]
+        human: bool,
+        #[command(flatten)]
+        out: JsonArg,
+        /// Print help (-h is --human-readable here, as in du).
+        #[arg(long, action = clap::ArgAction::Help)]
+        help: Option<bool>,
     },
     /// Copy a local file into the cluster.
     Put {
@@ -374,10 +429,13 @@ enum Cmd {
         count: u32,
         dir: String,
     },
-    /// Show every data server, its state and its space.
+    /// Show every data server, its state, its space and which servers share a file system; the cluster's space
+    /// counted once per file system and the space usable under each redundancy policy.
     Status {
         #[command(flatten)]
         c: ClusterArg,
+        #[command(flatten)]
+        out: JsonArg,
     },
     /// Benchmarks.
     Bench(weft_bench::BenchArgs),
@@ -416,6 +474,8 @@ enum KeyCmd {
     List {
         #[arg(long, env = "WEFT_KEYRING", default_value = "weft-data/clients.keyring")]
         keyring: PathBuf,
+        #[command(flatten)]
+        out: JsonArg,
     },
     /// Remove a client's key: new connections with it are refused (open ones keep working until they close).
     Remove {
@@ -489,8 +549,7 @@ fn main() -> Result<()> {
 async fn run(cmd: Cmd) -> Result<()> {
     use commands as c;
     match cmd {
-        Cmd::Up { data_dir, servers, mount, auth, suid, dev, tls, cache, cache_mib } => {
-            let mount_args = MountArgs { suid, dev, ..MountArgs::defaults() };
+        Cmd::Up { data_dir, servers, mount, auth, mount_opts: mount_args, tls, cache, cache_mib } => {
             let cache = c::CacheArgs { daemons: cache, mib: cache_mib };
             c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache).await
         }
@@ -527,7 +586,7 @@ async fn run(cmd: Cmd) -> Result<()> {
             let out = out.unwrap_or_else(|| PathBuf::from(format!("{name}.key")));
             c::key_add(&name, policy, &keyring, &out)
         }
-        Cmd::Key { cmd: KeyCmd::List { keyring } } => c::key_list(&keyring),
+        Cmd::Key { cmd: KeyCmd::List { keyring, out } } => c::key_list(&keyring, out.json),
         Cmd::Key { cmd: KeyCmd::Remove { name, keyring } } => c::key_remove(&name, &keyring),
         Cmd::Mount { c, dir, opts, daemon, log } => {
             if daemon {
@@ -548,8 +607,15 @@ async fn run(cmd: Cmd) -> Result<()> {
                 toml::from_str(&text).with_context(|| format!("{} is not a valid data config", config.display()))?;
             weft_data::run(cfg, ready).await.context("data server failed")
         }
-        Cmd::Ls { c, path, long } => c::ls(c.spec(), &path, long).await,
-        Cmd::Stat { c, path } => c::stat(c.spec(), &path).await,
+        Cmd::Ls { c, path, long, all, out } => c::ls(c.spec(), &path, long, all, out.json).await,
+        Cmd::Stat { c, path, raw, out } => c::stat(c.spec(), &path, raw, out.json).await,
+        Cmd::Chmod { c, mode, path, recursive } => c::chmod(c.spec(), &mode, &path, recursive).await,
+        Cmd::Chown { c, owner, path, recursive } => {
+            let (uid, gid) = owner::parse(&owner)?;
+            c::chown(c.spec(), uid, gid, &path, recursive).await
+        }
+        Cmd::Df { c, out } => c::df(c.spec(), out.json).await,
+        Cmd::Du { c, path, summarize, human, out, .. } => c::du(c.spec(), &path, summarize, human, out.json).await,
         Cmd::Put { c, local, remote } => c::put(c.spec(), &local, &remote).await,
         Cmd::Get { c, remote, local } => c::get(c.spec(), &remote, &local).await,
         Cmd::Cat { c, path } => c::cat(c.spec(), &path).await,
@@ -579,7 +645,7 @@ async fn run(cmd: Cmd) -> Result<()> {
             }
             XattrCmd::Rm { c, path, name } => c::xattr_rm(c.spec(), &path, &name).await,
         },
-        Cmd::Status { c } => c::status(c.spec()).await,
+        Cmd::Status { c, out } => c::status(c.spec(), out.json).await,
         Cmd::Bench(args) => weft_bench::run(args).await,
     }
 }

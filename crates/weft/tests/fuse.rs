@@ -733,3 +733,62 @@ async fn writeback_cache_mount_keeps_data_and_sizes_right() {
     .await
     .unwrap();
 }
+
+/// (name, d_ino) of every entry readdir(3) returns for `dir`, "." and ".." included.
+fn raw_entries(dir: &Path) -> Vec<(String, u64)> {
+    let c = cpath(dir);
+    let mut out = Vec::new();
+    // SAFETY: a NUL-terminated path; the DIR* is used only in this block and closed at its end; each entry is
+    // copied out before the next readdir.
+    #[allow(unsafe_code)]
+    unsafe {
+        let dp = libc::opendir(c.as_ptr());
+        assert!(!dp.is_null(), "opendir {}", dir.display());
+        loop {
+            let e = libc::readdir(dp);
+            if e.is_null() {
+                break;
+            }
+            let name = std::ffi::CStr::from_ptr((*e).d_name.as_ptr()).to_string_lossy().into_owned();
+            out.push((name, (*e).d_ino));
+        }
+        libc::closedir(dp);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readdir_lists_dot_and_dotdot_and_statfs_counts_one_disk_once() {
+    let cl = start("fuse-dots", 3).await;
+    let m = Mount::start(&cl, &test_dir("fuse-dots-mnt"), &[]);
+    let disk_dir = std::env::temp_dir();
+    tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(m.path("d/e")).unwrap();
+        std::fs::write(m.path("d/e/f"), b"x").unwrap();
+        let ino = |p: &str| std::fs::metadata(m.path(p)).unwrap().ino();
+        // "." is the directory, ".." its parent; the root's ".." is the root. Read twice: the second listing is
+        // served from a fresh handle too (plain readdir or readdirplus, as the kernel chooses).
+        for _ in 0..2 {
+            let e = raw_entries(&m.path("d/e"));
+            assert_eq!(e, vec![(".".into(), ino("d/e")), ("..".into(), ino("d")), ("f".into(), ino("d/e/f"))]);
+            let d = raw_entries(&m.path("d"));
+            assert_eq!(&d[..2], &[(".".into(), ino("d")), ("..".into(), ino(""))]);
+            let root = raw_entries(&m.dir);
+            assert_eq!(&root[..2], &[(".".into(), ino("")), ("..".into(), ino(""))]);
+        }
+        // What users see: `ls -a` shows both, `find` walks without them.
+        let ls = sh(&format!("ls -a {}", m.path("d/e").display()));
+        assert_eq!(ls.split_whitespace().collect::<Vec<_>>(), [".", "..", "f"]);
+        let found = sh(&format!("cd {} && find . | sort", m.dir.display()));
+        assert_eq!(found.split_whitespace().collect::<Vec<_>>(), [".", "./d", "./d/e", "./d/e/f"]);
+
+        // statfs (df) through the mount: three data servers on one disk are that disk's size once.
+        let (blocks, _) = nix_statvfs(&m.dir);
+        let out = Command::new("stat").args(["-f", "-c", "%S %b"]).arg(&disk_dir).output().unwrap();
+        let v: Vec<u64> =
+            String::from_utf8(out.stdout).unwrap().split_whitespace().map(|x| x.parse().unwrap()).collect();
+        assert_eq!(blocks, v[0] * v[1] / 4096, "the mount's size is the disk's, counted once");
+    })
+    .await
+    .unwrap();
+}

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use weft_proto::msg::{
     CommitReq, CreateReq, InoReq, LinkReq, LookupReq, MkdirReq, MknodReq, NameReq, RENAME_EXCHANGE, RENAME_NOREPLACE,
-    ReadReq, ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq, SetLayoutReq,
-    SymlinkReq,
+    ReadReq, ReaddirReq, ReaddirResp, RegisterServerDevReq, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq,
+    SetLayoutReq, SymlinkReq,
 };
 use weft_proto::{
     Attr, ErrorCode, FileKind, Layout, ROOT_INO, Request, Response, ServerState, SetAttrs, SpaceStat, StatFs, TimeSet,
@@ -211,7 +211,10 @@ fn names_are_validated() {
     for bad in ["", ".", "..", "a/b", "/", "a\0b"] {
         assert_eq!(code(create(&ns, ROOT_INO, bad)), ErrorCode::Invalid, "{bad:?}");
         assert_eq!(code(mkdir(&ns, ROOT_INO, bad)), ErrorCode::Invalid, "{bad:?}");
-        assert_eq!(code(lookup(&ns, ROOT_INO, bad)), ErrorCode::Invalid, "{bad:?}");
+        if bad != ".." {
+            // A lookup of ".." is the parent (`lookup_of_dotdot_is_the_parent`).
+            assert_eq!(code(lookup(&ns, ROOT_INO, bad)), ErrorCode::Invalid, "{bad:?}");
+        }
     }
     let long = "x".repeat(256);
     assert_eq!(code(create(&ns, ROOT_INO, &long)), ErrorCode::NameTooLong);
@@ -760,12 +763,56 @@ fn servers_statfs_and_liveness() {
 }
 
 #[test]
+fn statfs_counts_a_shared_file_system_once() {
+    let (ns, _) = mem_ns();
+    let reg = |id: u32, dev: u64, free: u64| {
+        let space = weft_proto::SpaceStatDev {
+            space: SpaceStat { bytes_total: 1000, bytes_free: free, objects: 0 },
+            device: weft_proto::DeviceId { host_id: "host-a".into(), dev, fsid: 0 },
+        };
+        let r = ns.execute(&Request::RegisterServerDev(RegisterServerDevReq { id, addr: format!("ds{id}:1"), space }));
+        assert_eq!(r, Ok(Response::RegisterServerDev(())));
+    };
+    // mem_ns registered 10, 20, 30 with plain RegisterServer (1000 bytes each, no device: counted alone). Now 10
+    // and 20 report the same device and 30 another: two file systems.
+    reg(10, 7, 600);
+    reg(20, 7, 500);
+    reg(30, 8, 400);
+    let s = statfs(&ns);
+    assert_eq!((s.bytes_total, s.bytes_free, s.servers_total), (2000, 900, 3), "device 7 once (smallest free)");
+    // A host id past the bound is refused before anything is recorded.
+    let space = weft_proto::SpaceStatDev {
+        space: SpaceStat::default(),
+        device: weft_proto::DeviceId { host_id: "h".repeat(65), dev: 1, fsid: 1 },
+    };
+    let bad = RegisterServerDevReq { id: 40, addr: "ds40:1".into(), space };
+    assert_eq!(code(ns.execute(&Request::RegisterServerDev(bad))), ErrorCode::Invalid);
+    assert_eq!(statfs(&ns).servers_total, 3);
+}
+
+#[test]
+fn lookup_of_dotdot_is_the_parent() {
+    let (ns, _) = mem_ns();
+    let a = mkdir(&ns, ROOT_INO, "a").unwrap();
+    let b = mkdir(&ns, a.ino, "b").unwrap();
+    let up = |dir: u64| match ns.execute(&Request::Lookup(LookupReq { parent: dir, name: "..".into() })) {
+        Ok(Response::Lookup(attr)) => attr.ino,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((up(b.ino), up(a.ino), up(ROOT_INO)), (a.ino, ROOT_INO, ROOT_INO));
+    let f = create(&ns, ROOT_INO, "f").unwrap();
+    let r = ns.execute(&Request::Lookup(LookupReq { parent: f.ino, name: "..".into() }));
+    assert_eq!(code(r), ErrorCode::NotDir, "a file has no ..");
+}
+
+#[test]
 fn other_services_ops_are_refused() {
     let (ns, _) = mem_ns();
     for req in [
         Request::Read(ReadReq { ino: 2, offset: 0, len: 1, cap: weft_proto::Capability::none() }),
         Request::RemoveObject(InoReq { ino: 2 }),
         Request::SpaceStat(()),
+        Request::SpaceStatDev(()),
         Request::SessionCreate(SessionCreateReq { client_name: "c".into(), slots: 1 }),
         Request::SessionDestroy(()),
     ] {
