@@ -67,6 +67,8 @@ struct Inner {
     layouts: LayoutCache,
     /// One fabric for all sessions: its shm side owns the client's arena, shared with every shm server.
     fabric: AnyFabric,
+    /// The cache bank, when the cluster config names one (`[cache]`).
+    bank: Option<weft_cache::Bank>,
 }
 
 fn unexpected(r: Response) -> ClientError {
@@ -98,6 +100,10 @@ impl Client {
         )
         // The rdma side channel proves our key before any queue pair is made.
         .with_side_channel_auth(rpc_cfg.credential.clone().map(weft_rpc::SideClient::boxed));
+        let bank = match &cluster.cache {
+            Some(c) if c.enabled() => Some(weft_cache::Bank::new(c.clone()).map_err(ClientError::Cache)?),
+            _ => None,
+        };
         let mds = RpcClient::connect(fabric.clone(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
         let client = Client {
             inner: Arc::new(Inner {
@@ -109,6 +115,7 @@ impl Client {
                 ds: Mutex::new(HashMap::new()),
                 ds_connect: tokio::sync::Mutex::new(()),
                 fabric,
+                bank,
             }),
             user: Arc::new(user),
         };
@@ -129,6 +136,16 @@ impl Client {
 
     pub fn tuning(&self) -> &ClientTuning {
         &self.inner.tuning
+    }
+
+    /// The cache bank, if the cluster config names one (its counters say what it served).
+    pub fn bank(&self) -> Option<&weft_cache::Bank> {
+        self.inner.bank.as_ref()
+    }
+
+    /// The bank, if it caches data blocks.
+    pub(crate) fn data_bank(&self) -> Option<&weft_cache::Bank> {
+        self.inner.bank.as_ref().filter(|b| b.config().data)
     }
 
     async fn meta(&self, req: Request) -> Result<Response, ClientError> {

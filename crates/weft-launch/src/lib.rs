@@ -177,6 +177,17 @@ impl LocalCluster {
         std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
         let mut cluster =
             LocalCluster { mds: None, data: Vec::new(), cache: Vec::new(), cache_namespace: random_u64() >> 1, opts };
+        // The bank first: the data servers' configs name its daemons.
+        for i in 0..cluster.opts.cache {
+            let p = cluster.spawn_cache(i, None).await?;
+            cluster.cache.push(p);
+        }
+        // Last in each data server's config (a TOML table ends the top-level keys).
+        let cache_toml = match cluster.cache_config() {
+            // Plain strings and numbers: serialising cannot fail.
+            Some(c) => format!("\n[cache]\n{}", toml::to_string(&c).expect("a cache config serialises")),
+            None => String::new(),
+        };
         let mds = cluster.spawn("meta", "meta", &meta_cfg).await?;
         let mds_addr = mds.addr.clone();
         cluster.mds = Some(mds);
@@ -185,7 +196,7 @@ impl LocalCluster {
             std::fs::create_dir_all(&root).map_err(io_err(&root))?;
             let cfg = cluster.opts.dir.join(format!("config/data{i}.toml"));
             let text = format!(
-                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{auth_toml}{}\n",
+                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{auth_toml}{}\n{cache_toml}",
                 cluster.opts.data_extra_toml
             );
             std::fs::write(&cfg, text).map_err(io_err(&cfg))?;
@@ -193,10 +204,6 @@ impl LocalCluster {
             cluster.data.push(p);
         }
         cluster.wait_ready().await?;
-        for i in 0..cluster.opts.cache {
-            let p = cluster.spawn_cache(i, None).await?;
-            cluster.cache.push(p);
-        }
         let cfg_path = cluster.cluster_file();
         std::fs::write(&cfg_path, cluster.cluster_config().to_toml()).map_err(io_err(&cfg_path))?;
         Ok(cluster)

@@ -63,9 +63,17 @@ impl MetaService {
         Ok(OpenResp { attr, cap, ttl_ms: self.capability_ttl_ms })
     }
 
-    /// `Open`: access checked as the caller, then a capability. A point read, run in place.
-    fn open(&self, ctx: &CallCtx, cred: &Cred, r: &OpenReq) -> Result<Reply, WireError> {
-        let attr = self.ns.open(cred, r.ino, r.rights)?;
+    /// `Open`: access checked as the caller, then a capability. For reading, a point read run in place; for
+    /// writing, a transaction (the data version advances) on the blocking pool, as every write.
+    async fn open(&self, ctx: &CallCtx, cred: Cred, r: OpenReq) -> Result<Reply, WireError> {
+        let attr = if r.rights.covers(Rights::WRITE) {
+            let ns = self.ns.clone();
+            tokio::task::spawn_blocking(move || ns.open(&cred, r.ino, r.rights))
+                .await
+                .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??
+        } else {
+            self.ns.open(&cred, r.ino, r.rights)?
+        };
         Ok(Response::Open(self.opened(ctx, attr, r.rights)?).into())
     }
 
@@ -148,7 +156,7 @@ impl Service for MetaService {
         }
         let cred = self.caller_cred(ctx)?;
         match req {
-            Request::Open(r) => self.open(ctx, &cred, &r),
+            Request::Open(r) => self.open(ctx, cred, r).await,
             Request::CreateOpen(r) => self.create_open(ctx, cred, r).await,
             Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
                 self.execute_in_place(&cred, &req)
