@@ -182,9 +182,8 @@ mod tests {
     fn keys_are_short_ascii_and_distinct() {
         let k = block(0x42).encode(0xabc);
         assert_eq!(k, "wf1/abc/b/42/7/2/3");
-        let longest =
-            CacheKey::Block { ino: u64::MAX, data_version: u64::MAX, position: u32::MAX, block: u64::MAX }
-                .encode(u64::MAX);
+        let longest = CacheKey::Block { ino: u64::MAX, data_version: u64::MAX, position: u32::MAX, block: u64::MAX }
+            .encode(u64::MAX);
         assert_eq!(longest.len(), 82);
         // Each field is its own path segment: (position 1, block 0x23) and (position 0x12, block 3) differ.
         let a = CacheKey::Block { ino: 1, data_version: 1, position: 1, block: 0x23 }.encode(0);

@@ -317,7 +317,12 @@ impl File {
                 runs.push(Some(seg.split_to((to - from) as usize)));
                 miss_runs.push(runs.len() - 1);
                 let file_offset = p.file_offset + (from - p.object_offset);
-                misses.push(weft_proto::Piece { server_index: p.server_index, object_offset: from, file_offset, len: to - from });
+                misses.push(weft_proto::Piece {
+                    server_index: p.server_index,
+                    object_offset: from,
+                    file_offset,
+                    len: to - from,
+                });
             };
             while at < end {
                 let block = at / block_bytes;

@@ -271,7 +271,10 @@ mod tests {
             (cfg.capability_clock_skew_ms, cfg.removed_inode_memory_ms, cfg.removed_inodes_max),
             (5000, 600_000, 65_536)
         );
-        assert_eq!((cfg.cache_fill_queue_max, cfg.cache_versions_per_inode, cfg.cache_recent_inodes_max), (4096, 4, 65_536));
+        assert_eq!(
+            (cfg.cache_fill_queue_max, cfg.cache_versions_per_inode, cfg.cache_recent_inodes_max),
+            (4096, 4, 65_536)
+        );
         assert_eq!(cfg.cache, None);
     }
 
