@@ -325,21 +325,17 @@ fn read_blocks(store: &ObjectStore, ino: u64, offset: u64, len: u64, block_bytes
     let Ok(obj_len) = store.object_len(ino) else { return Vec::new() };
     let first = offset / block_bytes;
     let end = offset.saturating_add(len).min(obj_len);
-    if end <= first * block_bytes {
+    let start = first * block_bytes;
+    if end <= start {
         return Vec::new();
     }
-    let last = (end - 1) / block_bytes;
-    let mut out = Vec::with_capacity((last - first + 1) as usize);
-    for block in first..=last {
-        let start = block * block_bytes;
-        let n = (obj_len - start).min(block_bytes) as usize;
-        let mut buf = vec![0u8; n];
-        if store.read(ino, start, &mut buf).is_err() {
-            return out;
-        }
-        out.push((block, buf));
+    // One read of the whole blocks (verified by the store), cut at the object's end.
+    let stop = end.div_ceil(block_bytes).saturating_mul(block_bytes).min(obj_len);
+    let mut buf = vec![0u8; (stop - start) as usize];
+    if store.read(ino, start, &mut buf).is_err() {
+        return Vec::new();
     }
-    out
+    buf.chunks(block_bytes as usize).zip(first..).map(|(b, i)| (i, b.to_vec())).collect()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
