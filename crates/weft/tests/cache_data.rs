@@ -190,6 +190,13 @@ async fn rewrite_in_place(name: &str, disturb: Disturb) {
     match disturb {
         Disturb::None => {}
         Disturb::InvalidationsLost => {
+            // The write's deletes run on the data server after its reply: wait until they did (the items are gone,
+            // which also shows they work), then undo them.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while bank.get_many(&keys(&before, v_old, 8)).await.iter().any(Option::is_some) {
+                assert!(Instant::now() < deadline, "the write never deleted the old blocks");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             for (i, k) in keys(&before, v_old, 8).iter().enumerate() {
                 plant(&cl, &bank, k, &old[i * BLOCK..(i + 1) * BLOCK]).await;
             }
