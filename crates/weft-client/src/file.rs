@@ -601,6 +601,23 @@ mod tests {
         }
     }
 
+    /// The bank's block keys are per object: a read across a stripe boundary names blocks of two objects, each
+    /// by its position in the layout and its object offset / block size.
+    #[test]
+    fn bank_blocks_are_named_per_object() {
+        let (pieces, _) = plan(&lay(65536, 2), 60 << 10, 10 << 10, 1 << 20);
+        let named: Vec<(u32, Vec<u64>)> =
+            pieces.iter().map(|p| (p.server_index, blocks_of(p, 8192).collect())).collect();
+        // [60 KiB, 64 KiB) is object 0's block 7; [64 KiB, 70 KiB) is object 1's [0, 6 KiB): its block 0.
+        assert_eq!(named, vec![(0, vec![7]), (1, vec![0])]);
+        // The second stripe row: file offset 128 KiB is object 0 at 64 KiB, block 8.
+        let (pieces, _) = plan(&lay(65536, 2), 128 << 10, 20000, 1 << 20);
+        assert_eq!((pieces[0].server_index, blocks_of(&pieces[0], 8192).collect::<Vec<_>>()), (0, vec![8, 9, 10]));
+        // A one-byte read touches one block.
+        let (pieces, _) = plan(&lay(65536, 2), 8191, 1, 1 << 20);
+        assert_eq!(blocks_of(&pieces[0], 8192).collect::<Vec<_>>(), vec![0]);
+    }
+
     #[test]
     fn plan_respects_the_transfer_unit() {
         let (pieces, units) = plan(&lay(1 << 20, 1), 100, 3 << 20, 1 << 20);
