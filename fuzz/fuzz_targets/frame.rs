@@ -4,7 +4,9 @@
 //! Checked properties:
 //! - `Header::decode` never panics, and a header it accepts respects the limits and survives `encode`/`decode`;
 //! - `Request::decode`, `Response::decode` and `msg::decode::<WireError>` never panic on the remaining bytes;
-//! - whatever decodes re-encodes to a body that decodes to an equal value (one frame, one reading).
+//! - whatever decodes re-encodes to a body that decodes to an equal value (one frame, one reading);
+//! - a `Read`/`ReadChunks` body decodes only with its trailing fill hint (issue 16), and a hint survives the
+//!   round trip.
 
 #![no_main]
 
@@ -33,6 +35,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(back, req, "request round trip");
         let _ = req.op().is_idempotent();
         let _ = req.op().request_has_data();
+        // The fill hint is the body's last field: without its option byte the body is short, never misread.
+        if matches!(req, Request::Read(_) | Request::ReadChunks(_)) {
+            assert!(Request::decode(header.op, &enc[..enc.len() - 1]).is_err(), "{req:?} decoded without its hint");
+        }
     }
 
     if let Ok(resp) = Response::decode(header.op, body) {

@@ -46,8 +46,10 @@ impl ItemKind {
 /// newer version is a new key and an old item is simply never asked for again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CacheKey {
-    /// Block `index` (file offset / block_bytes) of inode `ino` at `data_version`.
-    Block { ino: u64, data_version: u64, index: u64 },
+    /// Block `block` (object offset / block_bytes) of the object at `position` in the layout of inode `ino`, at
+    /// `data_version`. Per object, so a data server names what it read without knowing the layout; used only when
+    /// block_bytes divides the file's stripe unit (a block never straddles two objects).
+    Block { ino: u64, data_version: u64, position: u32, block: u64 },
     /// Attributes of inode `ino`: overwritten in place by the MDS on each change (no version in the key: a client
     /// cannot know the current one), so their staleness is bounded by the push and by the item's expiry.
     Attrs { ino: u64 },
@@ -73,13 +75,13 @@ impl CacheKey {
         CacheKey::Lookup { parent, name_hash }
     }
 
-    /// The memcached key under cache namespace `namespace` (at most 73 ASCII bytes, no space or control byte).
+    /// The memcached key under cache namespace `namespace` (at most 82 ASCII bytes, no space or control byte).
     pub fn encode(&self, namespace: u64) -> String {
         let mut s = String::with_capacity(80);
         let _ = write!(s, "wf1/{namespace:x}/{}", self.kind().letter());
         match *self {
-            CacheKey::Block { ino, data_version, index } => {
-                let _ = write!(s, "/{ino:x}/{data_version:x}/{index:x}");
+            CacheKey::Block { ino, data_version, position, block } => {
+                let _ = write!(s, "/{ino:x}/{data_version:x}/{position:x}/{block:x}");
             }
             CacheKey::Attrs { ino } => {
                 let _ = write!(s, "/{ino:x}");
@@ -278,15 +280,20 @@ mod tests {
     use super::*;
 
     fn block(ino: u64) -> CacheKey {
-        CacheKey::Block { ino, data_version: 7, index: 3 }
+        CacheKey::Block { ino, data_version: 7, position: 2, block: 3 }
     }
 
     #[test]
     fn keys_are_short_ascii_and_distinct() {
         let k = block(0x42).encode(0xabc);
-        assert_eq!(k, "wf1/abc/b/42/7/3");
-        let longest = CacheKey::Block { ino: u64::MAX, data_version: u64::MAX, index: u64::MAX }.encode(u64::MAX);
-        assert_eq!(longest.len(), 73);
+        assert_eq!(k, "wf1/abc/b/42/7/2/3");
+        let longest = CacheKey::Block { ino: u64::MAX, data_version: u64::MAX, position: u32::MAX, block: u64::MAX }
+            .encode(u64::MAX);
+        assert_eq!(longest.len(), 82);
+        // Each field is its own path segment: (position 1, block 0x23) and (position 0x12, block 3) differ.
+        let a = CacheKey::Block { ino: 1, data_version: 1, position: 1, block: 0x23 }.encode(0);
+        let b = CacheKey::Block { ino: 1, data_version: 1, position: 0x12, block: 3 }.encode(0);
+        assert_ne!(a, b);
         assert!(longest.bytes().all(|b| b.is_ascii_graphic()));
         assert_ne!(block(1).encode(0), CacheKey::Attrs { ino: 1 }.encode(0));
         assert_eq!(CacheKey::Attrs { ino: 0x1f }.encode(0xabc), "wf1/abc/a/1f");

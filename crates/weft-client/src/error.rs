@@ -41,6 +41,9 @@ pub enum ClientError {
     /// The cluster config's TLS files could not be loaded.
     #[error("{0}")]
     Tls(weft_fabric::TlsError),
+    /// The cluster config's `[cache]` table cannot work.
+    #[error("the [cache] table: {0}")]
+    Cache(weft_cache::ConfigError),
 }
 
 impl ClientError {

@@ -17,7 +17,8 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use tokio::task::JoinSet;
-use weft_proto::msg::OpenResp;
+use weft_cache::CacheKey;
+use weft_proto::msg::{FillHint, OpenResp};
 use weft_proto::{Attr, ErrorCode, FileKind, Layout, Rights};
 use weft_rpc::RpcError;
 
@@ -36,7 +37,17 @@ pub struct File {
     unsynced: AtomicBool,
     /// The capability every data-server request carries, and its renewal.
     caps: Arc<CapHolder>,
+    /// The file's data version at open (raised by a later open of the same file, [`File::observe_open`]): the
+    /// version the cache bank's block keys carry.
+    data_version: AtomicU64,
+    /// Written or truncated through this handle: reads no longer use the bank nor ask for fills, so a client
+    /// always reads its own writes.
+    wrote: AtomicBool,
 }
+
+/// A read covering more bank blocks than this goes straight to the data servers: one multi-get of thousands of
+/// keys costs more than it can save on a transfer that large.
+pub const BANK_BLOCKS_PER_READ_MAX: u64 = 4096;
 
 /// One request's worth of a transfer: a contiguous object range on one server, and the file ranges it maps to.
 #[derive(Debug, PartialEq, Eq)]
@@ -65,9 +76,16 @@ pub(crate) fn plan(layout: &Layout, offset: u64, len: u64, unit_max: u64) -> (Ve
             done += n;
         }
     }
+    let units = group(&pieces, layout.stripe_count, unit_max);
+    (pieces, units)
+}
+
+/// Groups `pieces` (in file order) into transfer units: pieces adjacent in one server's object merge while the unit
+/// stays within `unit_max`.
+pub(crate) fn group(pieces: &[weft_proto::Piece], stripe_count: u32, unit_max: u64) -> Vec<Unit> {
     let mut units: Vec<Unit> = Vec::new();
     // The unit each server is currently filling.
-    let mut open: Vec<Option<usize>> = vec![None; layout.stripe_count as usize];
+    let mut open: Vec<Option<usize>> = vec![None; stripe_count as usize];
     for (i, p) in pieces.iter().enumerate() {
         let slot = &mut open[p.server_index as usize];
         if let Some(u) = slot.map(|u| &mut units[u])
@@ -81,7 +99,7 @@ pub(crate) fn plan(layout: &Layout, offset: u64, len: u64, unit_max: u64) -> (Ve
         units.push(Unit { server_index: p.server_index, object_offset: p.object_offset, len: p.len, pieces: vec![i] });
         *slot = Some(units.len() - 1);
     }
-    (pieces, units)
+    units
 }
 
 impl File {
@@ -99,6 +117,8 @@ impl File {
         layout.validate(false).map_err(|e| ClientError::Protocol(format!("file inode {}: {e}", attr.ino)))?;
         Ok(File {
             client,
+            data_version: AtomicU64::new(attr.data_version),
+            wrote: AtomicBool::new(false),
             size: AtomicU64::new(attr.size),
             attr,
             layout,
@@ -141,6 +161,26 @@ impl File {
         self.size.fetch_max(size, Ordering::SeqCst);
     }
 
+    /// Another open of the same file answered `attr` (the FUSE mount shares one `File` per inode): its size and
+    /// data version become this file's, so reads through the bank see what that open must see (close-to-open).
+    pub fn observe_open(&self, attr: &Attr) {
+        self.observe_size(attr.size);
+        self.data_version.fetch_max(attr.data_version, Ordering::SeqCst);
+    }
+
+    /// The data version reads through the bank use.
+    pub fn data_version(&self) -> u64 {
+        self.data_version.load(Ordering::SeqCst)
+    }
+
+    /// The bank, when reads of this file may use it: it caches data, this handle has not written, and a bank
+    /// block never straddles two objects (its size divides the stripe unit).
+    fn read_bank(&self) -> Option<&weft_cache::Bank> {
+        let bank = self.client.data_bank()?;
+        let fits = self.layout.stripe_unit.is_multiple_of(bank.config().block_bytes);
+        (fits && !self.wrote.load(Ordering::SeqCst)).then_some(bank)
+    }
+
     fn unit_max(&self) -> u64 {
         u64::from(self.client.tuning().transfer_unit_bytes.max(4096))
     }
@@ -164,6 +204,7 @@ impl File {
         }
         // Before sending: a write that fails half-way may still have changed some objects.
         self.unsynced.store(true, Ordering::SeqCst);
+        self.wrote.store(true, Ordering::SeqCst);
         if let [u] = &units[..] {
             // One unit (every write up to a transfer unit inside one stripe unit): sent from the caller's task. A
             // spawned task would cost a wake-up of another worker to start and another to report back.
@@ -199,7 +240,8 @@ impl File {
     }
 
     /// Reads into `buf` (its length is the amount wanted) from `offset`; returns it cut to what lies before the end
-    /// of the file. Holes read as zeros.
+    /// of the file. Holes read as zeros. With the cache bank on, blocks found there are copied in and only the
+    /// rest is read from the data servers (which then store it in the bank).
     pub async fn read_at(&self, offset: u64, mut buf: BytesMut) -> Result<BytesMut, ClientError> {
         let avail = self.size().saturating_sub(offset).min(buf.len() as u64);
         buf.truncate(avail as usize);
@@ -213,18 +255,132 @@ impl File {
             buf.fill(0);
             return Ok(buf);
         }
+        if let Some(bank) = self.read_bank() {
+            let block_bytes = u64::from(bank.config().block_bytes);
+            let blocks: u64 = pieces.iter().map(|p| blocks_of(p, block_bytes).count() as u64).sum();
+            if blocks <= BANK_BLOCKS_PER_READ_MAX {
+                return self.read_through_bank(bank, buf, &pieces).await;
+            }
+        }
         if let [u] = &units[..]
             && u.pieces.len() == 1
         {
             // One unit of one piece (a read inside one stripe unit): read from the caller's task, straight into
             // `buf`, without the two wake-ups of a spawned task.
-            let mut dest = read_unit(&self.client, &self.caps, &self.layout, self.attr.ino, u, vec![buf]).await?;
+            let mut dest = read_unit(&self.client, &self.caps, &self.layout, self.attr.ino, u, vec![buf], None).await?;
             return Ok(dest.pop().expect("the destination comes back"));
         }
         // Split the buffer into one segment per piece, in file order.
         let mut segs: Vec<Option<BytesMut>> = Vec::with_capacity(pieces.len());
         for p in &pieces {
             segs.push(Some(buf.split_to(p.len as usize)));
+        }
+        self.read_units(units, &mut segs, None).await?;
+        Ok(join(segs))
+    }
+
+    /// [`File::read_at`] through the bank: one multi-get for every block the pieces cover; hits are copied into
+    /// the caller's buffer (the one copy a bank hit costs: out of memcached's reply), the misses, merged where
+    /// adjacent in an object, are read from the data servers with a fill hint.
+    async fn read_through_bank(
+        &self,
+        bank: &weft_cache::Bank,
+        mut buf: BytesMut,
+        pieces: &[weft_proto::Piece],
+    ) -> Result<BytesMut, ClientError> {
+        let ino = self.attr.ino;
+        let data_version = self.data_version();
+        let block_bytes = u64::from(bank.config().block_bytes);
+        let keys: Vec<CacheKey> = pieces
+            .iter()
+            .flat_map(|p| {
+                blocks_of(p, block_bytes).map(move |block| CacheKey::Block {
+                    ino,
+                    data_version,
+                    position: p.server_index,
+                    block,
+                })
+            })
+            .collect();
+        let mut found = bank.get_many(&keys).await.into_iter();
+        // The buffer cut into runs in file order, each filled from the bank or read from a server.
+        let mut runs: Vec<Option<BytesMut>> = Vec::new();
+        let mut misses: Vec<weft_proto::Piece> = Vec::new();
+        let mut miss_runs: Vec<usize> = Vec::new();
+        for p in pieces {
+            let mut seg = buf.split_to(p.len as usize);
+            let end = p.object_offset + p.len;
+            let mut at = p.object_offset;
+            // The object offset where the current run of missing blocks began.
+            let mut miss_from: Option<u64> = None;
+            let mut flush = |from: u64, to: u64, seg: &mut BytesMut, runs: &mut Vec<Option<BytesMut>>| {
+                runs.push(Some(seg.split_to((to - from) as usize)));
+                miss_runs.push(runs.len() - 1);
+                let file_offset = p.file_offset + (from - p.object_offset);
+                misses.push(weft_proto::Piece {
+                    server_index: p.server_index,
+                    object_offset: from,
+                    file_offset,
+                    len: to - from,
+                });
+            };
+            while at < end {
+                let block = at / block_bytes;
+                let block_end = ((block + 1) * block_bytes).min(end);
+                // A value longer than a block is not one this cluster stored: a miss.
+                let hit = found.next().flatten().filter(|v| v.len() as u64 <= block_bytes);
+                match hit {
+                    Some(v) => {
+                        if let Some(from) = miss_from.take() {
+                            flush(from, at, &mut seg, &mut runs);
+                        }
+                        let mut part = seg.split_to((block_end - at) as usize);
+                        // A short item ends at the object's end: zeros follow.
+                        let from = (at - block * block_bytes) as usize;
+                        let have = v.len().saturating_sub(from).min(part.len());
+                        part[..have].copy_from_slice(&v[from..from + have]);
+                        part[have..].fill(0);
+                        runs.push(Some(part));
+                    }
+                    None => {
+                        miss_from.get_or_insert(at);
+                    }
+                }
+                at = block_end;
+            }
+            if let Some(from) = miss_from {
+                flush(from, end, &mut seg, &mut runs);
+            }
+        }
+        if misses.is_empty() {
+            return Ok(join(runs));
+        }
+        let units = group(&misses, self.layout.stripe_count, self.unit_max());
+        let mut segs: Vec<Option<BytesMut>> = miss_runs.iter().map(|&r| runs[r].take()).collect();
+        self.read_units(units, &mut segs, Some(data_version)).await?;
+        for (&r, seg) in miss_runs.iter().zip(segs) {
+            runs[r] = seg;
+        }
+        Ok(join(runs))
+    }
+
+    /// Reads `units` into `segs` (one segment per piece the units name), every unit at once; a single unit from
+    /// the caller's task. With `fill` (a data version) each request asks its server to fill the bank.
+    async fn read_units(
+        &self,
+        units: Vec<Unit>,
+        segs: &mut [Option<BytesMut>],
+        fill: Option<u64>,
+    ) -> Result<(), ClientError> {
+        let hint = |u: &Unit| fill.map(|data_version| FillHint { data_version, position: u.server_index });
+        if let [u] = &units[..] {
+            let dest: Vec<BytesMut> =
+                u.pieces.iter().map(|&i| segs[i].take().expect("each piece in one unit")).collect();
+            let dest = read_unit(&self.client, &self.caps, &self.layout, self.attr.ino, u, dest, hint(u)).await?;
+            for (&i, d) in u.pieces.iter().zip(dest) {
+                segs[i] = Some(d);
+            }
+            return Ok(());
         }
         let mut tasks = JoinSet::new();
         for u in units {
@@ -234,8 +390,9 @@ impl File {
             let ino = self.attr.ino;
             let layout = self.layout.clone();
             let caps = self.caps.clone();
+            let fill = hint(&u);
             tasks.spawn(async move {
-                let dest = read_unit(&client, &caps, &layout, ino, &u, dest).await?;
+                let dest = read_unit(&client, &caps, &layout, ino, &u, dest, fill).await?;
                 Ok((u.pieces, dest))
             });
         }
@@ -255,21 +412,16 @@ impl File {
                 }
             }
         }
-        if let Some(e) = first_err {
-            return Err(e);
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        let mut segs = segs.into_iter().map(|s| s.expect("every segment came back"));
-        let mut out = segs.next().expect("at least one piece");
-        for s in segs {
-            // Adjacent halves of one allocation: unsplit is O(1), no copy.
-            out.unsplit(s);
-        }
-        Ok(out)
     }
 
     /// Truncates (or extends) the objects only; the caller records the size at the metadata service.
     pub(crate) async fn truncate_objects_only(&self, size: u64) -> Result<(), ClientError> {
         self.unsynced.store(true, Ordering::SeqCst);
+        self.wrote.store(true, Ordering::SeqCst);
         self.client.truncate_objects(self.attr.ino, &self.layout, size, &self.caps).await?;
         self.size.store(size, Ordering::SeqCst);
         Ok(())
@@ -278,6 +430,7 @@ impl File {
     /// Sets the file's size: objects first, then the metadata service.
     pub async fn truncate(&self, size: u64) -> Result<(), ClientError> {
         self.unsynced.store(true, Ordering::SeqCst);
+        self.wrote.store(true, Ordering::SeqCst);
         self.client.truncate_objects(self.attr.ino, &self.layout, size, &self.caps).await?;
         let set = weft_proto::SetAttrs { size: Some(size), ..Default::default() };
         self.client.meta_setattr_only(self.attr.ino, set).await?;
@@ -334,6 +487,23 @@ impl File {
     }
 }
 
+/// Joins segments cut from one buffer, in order, back into it.
+fn join(segs: Vec<Option<BytesMut>>) -> BytesMut {
+    let mut segs = segs.into_iter().map(|s| s.expect("every segment came back"));
+    let mut out = segs.next().expect("at least one segment");
+    for s in segs {
+        // Adjacent halves of one allocation: unsplit is O(1), no copy.
+        out.unsplit(s);
+    }
+    out
+}
+
+/// The bank blocks (object offset / `block_bytes`) piece `p` touches.
+fn blocks_of(p: &weft_proto::Piece, block_bytes: u64) -> std::ops::RangeInclusive<u64> {
+    debug_assert!(p.len > 0);
+    p.object_offset / block_bytes..=(p.object_offset + p.len - 1) / block_bytes
+}
+
 /// The part of `data` (which starts at file offset `offset`) that piece `p` covers.
 fn seg_of(data: &Bytes, p: &weft_proto::Piece, offset: u64) -> Bytes {
     let start = (p.file_offset - offset) as usize;
@@ -376,18 +546,19 @@ async fn read_unit(
     ino: u64,
     u: &Unit,
     dest: Vec<BytesMut>,
+    fill: Option<FillHint>,
 ) -> Result<Vec<BytesMut>, ClientError> {
     let server = layout.servers[u.server_index as usize];
     let ds = client.data_server(server).await?;
     let classes = client.tuning().size_classes();
     let lens: Vec<usize> = dest.iter().map(|d| d.len()).collect();
     let cap = caps.get().await?;
-    match transfer::read_object(&ds, classes, ino, u.object_offset, dest, cap.clone()).await {
+    match transfer::read_object(&ds, classes, ino, u.object_offset, dest, cap.clone(), fill).await {
         Ok(dest) => Ok(dest),
         Err(source) if is_expired(&source) => {
             let cap = caps.renew_from(&cap).await?;
             let dest = lens.iter().map(|&n| BytesMut::zeroed(n)).collect();
-            transfer::read_object(&ds, classes, ino, u.object_offset, dest, cap)
+            transfer::read_object(&ds, classes, ino, u.object_offset, dest, cap, fill)
                 .await
                 .map_err(|source| data_error(layout, ino, u.server_index, server, source))
         }
@@ -428,6 +599,23 @@ mod tests {
             assert_eq!(u.object_offset, 0);
             assert_eq!(u.pieces.len(), 4);
         }
+    }
+
+    /// The bank's block keys are per object: a read across a stripe boundary names blocks of two objects, each
+    /// by its position in the layout and its object offset / block size.
+    #[test]
+    fn bank_blocks_are_named_per_object() {
+        let (pieces, _) = plan(&lay(65536, 2), 60 << 10, 10 << 10, 1 << 20);
+        let named: Vec<(u32, Vec<u64>)> =
+            pieces.iter().map(|p| (p.server_index, blocks_of(p, 8192).collect())).collect();
+        // [60 KiB, 64 KiB) is object 0's block 7; [64 KiB, 70 KiB) is object 1's [0, 6 KiB): its block 0.
+        assert_eq!(named, vec![(0, vec![7]), (1, vec![0])]);
+        // The second stripe row: file offset 128 KiB is object 0 at 64 KiB, block 8.
+        let (pieces, _) = plan(&lay(65536, 2), 128 << 10, 20000, 1 << 20);
+        assert_eq!((pieces[0].server_index, blocks_of(&pieces[0], 8192).collect::<Vec<_>>()), (0, vec![8, 9, 10]));
+        // A one-byte read touches one block.
+        let (pieces, _) = plan(&lay(65536, 2), 8191, 1, 1 << 20);
+        assert_eq!(blocks_of(&pieces[0], 8192).collect::<Vec<_>>(), vec![0]);
     }
 
     #[test]

@@ -107,11 +107,11 @@ impl Client {
         )
         // The rdma side channel proves our key before any queue pair is made.
         .with_side_channel_auth(rpc_cfg.credential.clone().map(weft_rpc::SideClient::boxed));
-        let mds = RpcClient::connect(fabric.clone(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
-        let bank = match cluster.cache.clone().filter(|c| c.enabled()) {
-            Some(c) => Some(weft_cache::Bank::new(c).map_err(|e| ClientError::Protocol(format!("[cache]: {e}")))?),
-            None => None,
+        let bank = match &cluster.cache {
+            Some(c) if c.enabled() => Some(weft_cache::Bank::new(c.clone()).map_err(ClientError::Cache)?),
+            _ => None,
         };
+        let mds = RpcClient::connect(fabric.clone(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
         let asserted_user_is_effective =
             cluster.auth == AuthMode::None || cluster.key_id == weft_rpc::auth::CLUSTER_KEY_ID;
         let client = Client {
@@ -146,6 +146,16 @@ impl Client {
 
     pub fn tuning(&self) -> &ClientTuning {
         &self.inner.tuning
+    }
+
+    /// The cache bank, if the cluster config names one (its counters say what it served).
+    pub fn bank(&self) -> Option<&weft_cache::Bank> {
+        self.inner.bank.as_ref()
+    }
+
+    /// The bank, if it caches data blocks.
+    pub(crate) fn data_bank(&self) -> Option<&weft_cache::Bank> {
+        self.inner.bank.as_ref().filter(|b| b.config().data)
     }
 
     async fn meta(&self, req: Request) -> Result<Response, ClientError> {

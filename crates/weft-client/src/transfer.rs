@@ -12,7 +12,7 @@
 
 use bytes::{Bytes, BytesMut};
 use weft_fabric::Fabric;
-use weft_proto::msg::{ReadChunksReq, ReadReq, WriteChunksReq, WriteReq};
+use weft_proto::msg::{FillHint, ReadChunksReq, ReadReq, WriteChunksReq, WriteReq};
 use weft_proto::{Capability, Request, Response};
 use weft_rpc::{RpcClient, RpcError};
 
@@ -33,7 +33,8 @@ impl Default for SizeClasses {
     }
 }
 
-/// Reads `sum(dest lengths)` bytes of object `ino` at `offset` into `dest`, by the size class's method.
+/// Reads `sum(dest lengths)` bytes of object `ino` at `offset` into `dest`, by the size class's method; `fill`
+/// asks the server to store the cache-bank blocks it read.
 pub(crate) async fn read_object<F: Fabric>(
     ds: &RpcClient<F>,
     classes: SizeClasses,
@@ -41,16 +42,17 @@ pub(crate) async fn read_object<F: Fabric>(
     offset: u64,
     dest: Vec<BytesMut>,
     cap: Capability,
+    fill: Option<FillHint>,
 ) -> Result<Vec<BytesMut>, RpcError> {
     let len: usize = dest.iter().map(|d| d.len()).sum();
     let arena = if len > classes.inline_bytes_max { ds.arena() } else { None };
     let Some(arena) = arena else {
-        let req = Request::Read(ReadReq { ino, offset, len: len as u32, cap });
+        let req = Request::Read(ReadReq { ino, offset, len: len as u32, cap, fill });
         return ds.call(req, Vec::new(), dest).await.map(|(_, d)| d);
     };
     if len <= classes.buffered_bytes_max.min(arena.buf_bytes()) {
         let buf = arena.acquire(len).await;
-        let req = Request::ReadChunks(ReadChunksReq { ino, offset, chunks: vec![buf.chunk(0, len)], cap });
+        let req = Request::ReadChunks(ReadChunksReq { ino, offset, chunks: vec![buf.chunk(0, len)], cap, fill });
         ds.call(req, Vec::new(), Vec::new()).await?;
         let mut dest = dest;
         let mut at = 0;
@@ -62,7 +64,9 @@ pub(crate) async fn read_object<F: Fabric>(
         return Ok(dest);
     }
     let (_, dest) = ds
-        .call_with_chunks(dest, |chunks| Request::ReadChunks(ReadChunksReq { ino, offset, chunks, cap: cap.clone() }))
+        .call_with_chunks(dest, |chunks| {
+            Request::ReadChunks(ReadChunksReq { ino, offset, chunks, cap: cap.clone(), fill })
+        })
         .await?;
     Ok(dest)
 }

@@ -107,6 +107,31 @@ pub struct DataConfig {
     /// At most this many removed inodes are remembered (the oldest forgotten first).
     #[serde(default = "default_removed_inodes_max")]
     pub removed_inodes_max: u32,
+    /// Cache-bank jobs (fills after reads, invalidations after writes) waiting at once, in one FIFO queue. A fill
+    /// that finds it full is dropped (counted); an invalidation waits for room, holding its write's reply back.
+    #[serde(default = "default_cache_fill_queue_max")]
+    pub cache_fill_queue_max: u32,
+    /// Data versions remembered per inode from fill hints (a write deletes its blocks under each).
+    #[serde(default = "default_cache_versions_per_inode")]
+    pub cache_versions_per_inode: u32,
+    /// Inodes whose recent data versions are remembered (the least recently read forgotten first).
+    #[serde(default = "default_cache_recent_inodes_max")]
+    pub cache_recent_inodes_max: u32,
+    /// The cache bank (`weft_cache::CacheConfig`, the `[cache]` table `weft up --cache N` writes): with `data =
+    /// true` this server stores the blocks it reads for a client that asks (a fill hint) and deletes those a write
+    /// changes. Absent: no bank.
+    #[serde(default)]
+    pub cache: Option<weft_cache::CacheConfig>,
+}
+
+fn default_cache_fill_queue_max() -> u32 {
+    4096
+}
+fn default_cache_versions_per_inode() -> u32 {
+    4
+}
+fn default_cache_recent_inodes_max() -> u32 {
+    65_536
 }
 
 fn default_capability_clock_skew_ms() -> u64 {
@@ -140,6 +165,15 @@ pub const DEFAULT_POOL_CLASSES: [PoolClassConfig; 3] = [
 ];
 
 impl DataConfig {
+    /// The limits of the cache bank's fill queue and recent-versions map.
+    pub fn fill_limits(&self) -> crate::cache_fill::FillLimits {
+        crate::cache_fill::FillLimits {
+            queue_max: self.cache_fill_queue_max.max(1) as usize,
+            versions_per_inode: self.cache_versions_per_inode.max(1) as usize,
+            inodes_max: self.cache_recent_inodes_max.max(1) as usize,
+        }
+    }
+
     /// The TLS setup this config names (`tls = true`), or `None` for plain tcp.
     pub fn tls_config(&self) -> Result<Option<weft_fabric::TlsConfig>, weft_fabric::TlsError> {
         let files = weft_fabric::TlsFiles {
@@ -237,6 +271,11 @@ mod tests {
             (cfg.capability_clock_skew_ms, cfg.removed_inode_memory_ms, cfg.removed_inodes_max),
             (5000, 600_000, 65_536)
         );
+        assert_eq!(
+            (cfg.cache_fill_queue_max, cfg.cache_versions_per_inode, cfg.cache_recent_inodes_max),
+            (4096, 4, 65_536)
+        );
+        assert_eq!(cfg.cache, None);
     }
 
     #[test]
@@ -264,12 +303,18 @@ mod tests {
             capability_clock_skew_ms = 10
             removed_inode_memory_ms = 20
             removed_inodes_max = 30
+            cache_fill_queue_max = 40
+            cache_versions_per_inode = 2
+            cache_recent_inodes_max = 50
             [[pool_classes]]
             buf_bytes = 65536
             buffers = 4
             [[pool_classes]]
             buf_bytes = 4194304
             buffers = 2
+            [cache]
+            servers = ["127.0.0.1:11211"]
+            block_bytes = 2048
         "#;
         let cfg: DataConfig = toml::from_str(text).unwrap();
         assert_eq!(cfg.advertise.as_deref(), Some("10.0.0.1:7100"));
@@ -279,10 +324,15 @@ mod tests {
         assert_eq!((cfg.slots_max, cfg.sessions_max, cfg.rdma_port), (16, 32, 7101));
         assert_eq!((cfg.capability_clock_skew_ms, cfg.removed_inode_memory_ms, cfg.removed_inodes_max), (10, 20, 30));
         assert!(cfg.short_circuit && !cfg.shm && !cfg.rdma);
+        let limits = cfg.fill_limits();
+        assert_eq!((limits.queue_max, limits.versions_per_inode, limits.inodes_max), (40, 2, 50));
+        let cache = cfg.cache.as_ref().expect("the [cache] table");
+        assert_eq!((cache.servers.len(), cache.block_bytes, cache.data), (1, 2048, true));
         assert_eq!(cfg.shm_socket, Some(PathBuf::from("/run/d.sock")));
         // Classes at or above the transfer unit are dropped; the unit's own class comes last.
         let classes: Vec<(usize, u32)> = cfg.pool_classes().iter().map(|c| (c.buf_bytes, c.buffers)).collect();
         assert_eq!(classes, vec![(64 << 10, 4), (1 << 20, 8)]);
-        assert!(toml::from_str::<DataConfig>(&format!("{text}\nunknown = 1\n")).is_err());
+        assert!(toml::from_str::<DataConfig>(&format!("unknown = 1\n{text}")).is_err());
+        assert!(toml::from_str::<DataConfig>(&format!("{text}\nunknown = 1\n")).is_err(), "nor in [cache]");
     }
 }

@@ -5,8 +5,10 @@
 //! - [`pipeline`]: a transfer unit cut into pieces (and its chunk list with it) for double buffering.
 //! - [`config`]: `weft data --config F` and its defaults.
 //! - [`service`]: the RPC service, one method per data-server op.
+//! - [`cache_fill`]: the cache bank's fills after reads and invalidations after writes (issue 16).
 //! - [`node`]: the process: listeners, the service, and the heartbeat that registers it with the metadata service.
 
+pub mod cache_fill;
 pub mod capabilities;
 pub mod config;
 pub mod node;

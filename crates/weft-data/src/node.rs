@@ -12,6 +12,7 @@ use weft_proto::msg::RegisterServerDevReq;
 use weft_proto::{FrameLimits, Request};
 use weft_rpc::{BufferPool, CapabilityKey, ClientConfig, Credential, RpcClient, RpcServer, ServerConfig};
 
+use crate::cache_fill::CacheFiller;
 use crate::capabilities::CapabilityGate;
 use crate::config::DataConfig;
 use crate::service::DataService;
@@ -34,6 +35,8 @@ pub enum DataServerError {
     Keyring(weft_rpc::KeyringError),
     #[error("{0}")]
     Tls(weft_fabric::TlsError),
+    #[error("the [cache] table: {0}")]
+    Cache(weft_cache::ConfigError),
 }
 
 /// Runs a data server until the process is stopped. `ready` is told the listening address.
@@ -81,8 +84,13 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
             cfg.removed_inodes_max as usize,
         )
     });
+    let filler = match &cfg.cache {
+        Some(cache) => CacheFiller::start(cache, cfg.fill_limits(), store.clone()).map_err(DataServerError::Cache)?,
+        None => None,
+    };
     let service = DataService::new(store.clone(), cfg.pool_buffers)
         .with_capability_gate(gate)
+        .with_cache_filler(filler)
         .with_short_circuit(cfg.short_circuit)
         .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
         .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes);

@@ -13,10 +13,11 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use weft_fabric::PeerMemory;
-use weft_proto::msg::{FsyncReq, InoReq, ReadChunksReq, ReadReq, TruncateReq, WriteChunksReq, WriteReq};
+use weft_proto::msg::{FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, TruncateReq, WriteChunksReq, WriteReq};
 use weft_proto::{Chunk, ErrorCode, Request, Response, Rights, WireError};
 use weft_rpc::{BufferPool, CallCtx, PoolBuf, Reply, ReplyData, Service};
 
+use crate::cache_fill::CacheFiller;
 use crate::capabilities::CapabilityGate;
 use crate::config::{DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES};
 use crate::pipeline::{self, Piece, join_error, memory_error};
@@ -38,6 +39,8 @@ pub struct DataService {
     rdma_piece_bytes: u64,
     /// Checks capabilities; `None` with authentication off (nothing is checked).
     gate: Option<CapabilityGate>,
+    /// The cache bank's fills and invalidations; `None` without a bank caching data.
+    filler: Option<Arc<CacheFiller>>,
 }
 
 impl DataService {
@@ -51,7 +54,14 @@ impl DataService {
             piece_bytes: u64::from(DEFAULT_PIPELINE_PIECE_BYTES),
             rdma_piece_bytes: u64::from(DEFAULT_RDMA_PIPELINE_PIECE_BYTES),
             gate: None,
+            filler: None,
         }
+    }
+
+    /// Fills the cache bank after reads that ask for it and invalidates it after writes (`cache_fill.rs`).
+    pub fn with_cache_filler(mut self, filler: Option<Arc<CacheFiller>>) -> DataService {
+        self.filler = filler;
+        self
     }
 
     /// Checks every request's capability with `gate` (authentication on).
@@ -279,7 +289,20 @@ impl Service for DataService {
             Request::Truncate(t) => Some(t.ino),
             _ => None,
         };
+        let bank = match &self.filler {
+            Some(filler) => self.before_bank(filler, &req, data.as_ref()),
+            None => BankWork::None,
+        };
         let r = self.run(ctx, req, data).await;
+        if let (Some(filler), Ok(_)) = (&self.filler, &r) {
+            match bank {
+                BankWork::None => {}
+                // Offered once the reply is ready: the worker reads and stores while the reply goes out.
+                BankWork::Fill { ino, hint, offset, len } => filler.fill(ino, hint, offset, len),
+                // Once the bytes are in the store, before the reply: a full queue holds the reply back.
+                BankWork::Invalidate { ino, offset, len } => filler.invalidate(ino, offset, len).await,
+            }
+        }
         // Admitted before the object's removal and finished after it: the object it recreated goes again, so no
         // object outlives its orphan record.
         if let (Some(ino), Some(gate)) = (writes_ino, &self.gate)
@@ -293,7 +316,41 @@ impl Service for DataService {
     }
 }
 
+/// What the cache bank needs done after an op (see [`DataService::before_bank`]).
+enum BankWork {
+    None,
+    Fill { ino: u64, hint: FillHint, offset: u64, len: u64 },
+    Invalidate { ino: u64, offset: u64, len: u64 },
+}
+
 impl DataService {
+    /// Before an admitted op runs: a read with a fill hint records its data version (so a write from now on
+    /// deletes what it fills) and names its fill; a write or a shrinking truncate names the object range whose
+    /// cached blocks it changes.
+    fn before_bank(&self, filler: &CacheFiller, req: &Request, data: Option<&PoolBuf>) -> BankWork {
+        let (ino, hint, offset, len) = match req {
+            Request::Read(r) => (r.ino, r.fill, r.offset, u64::from(r.len)),
+            Request::ReadChunks(r) => (r.ino, r.fill, r.offset, r.chunks.iter().map(|c| u64::from(c.len)).sum()),
+            Request::Write(w) => {
+                return BankWork::Invalidate { ino: w.ino, offset: w.offset, len: data.map_or(0, |d| d.len() as u64) };
+            }
+            Request::WriteChunks(w) => {
+                let len = w.chunks.iter().map(|c| u64::from(c.len)).sum();
+                return BankWork::Invalidate { ino: w.ino, offset: w.offset, len };
+            }
+            Request::Truncate(t) => {
+                // Growing only adds zeros past the old end, which a short cached block already stands for.
+                let old = self.store.object_len(t.ino).unwrap_or(u64::MAX);
+                let len = old.saturating_sub(t.size);
+                return BankWork::Invalidate { ino: t.ino, offset: t.size, len };
+            }
+            _ => return BankWork::None,
+        };
+        let Some(hint) = hint else { return BankWork::None };
+        filler.saw(ino, hint);
+        BankWork::Fill { ino, hint, offset, len }
+    }
+
     /// One op, admitted.
     async fn run(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
         match req {
@@ -527,6 +584,10 @@ mod tests {
             capability_clock_skew_ms: 0,
             removed_inode_memory_ms: 0,
             removed_inodes_max: 1,
+            cache_fill_queue_max: 1,
+            cache_versions_per_inode: 1,
+            cache_recent_inodes_max: 1,
+            cache: None,
             rdma_handshakes_max: 4,
             rdma_handshake_timeout_ms: 1000,
         };
@@ -614,6 +675,7 @@ mod tests {
             let rchunks = scattered(1, 17, read_len);
             let req = Request::ReadChunks(ReadChunksReq {
                 cap: weft_proto::Capability::none(),
+                fill: None,
                 ino: 7,
                 offset: read_off,
                 chunks: rchunks.clone(),
@@ -660,6 +722,7 @@ mod tests {
             let chunks = vec![Chunk { region: 1, offset: 0, len: 400 << 10 }];
             let req = Request::ReadChunks(ReadChunksReq {
                 cap: weft_proto::Capability::none(),
+                fill: None,
                 ino: 9,
                 offset: 0,
                 chunks: chunks.clone(),
@@ -677,6 +740,7 @@ mod tests {
             let mem = Arc::new(mem);
             let req = Request::ReadChunks(ReadChunksReq {
                 cap: weft_proto::Capability::none(),
+                fill: None,
                 ino: 9,
                 offset: 0,
                 chunks: chunks.clone(),

@@ -202,6 +202,16 @@ impl ObjectStore {
         Ok(())
     }
 
+    /// The object's length in bytes (0 for a missing object).
+    pub fn object_len(&self, ino: u64) -> Result<u64, DataError> {
+        let path = self.object_path(ino);
+        match std::fs::metadata(&path) {
+            Ok(m) => Ok(m.len()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(io_err("stat", &path)(e)),
+        }
+    }
+
     /// Fills `buf` with the object's bytes at `offset`; past the object's end (or for a missing object) with
     /// zeros. Every block touched is verified against its checksum first.
     pub fn read(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<(), DataError> {

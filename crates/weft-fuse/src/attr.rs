@@ -67,6 +67,7 @@ mod tests {
             ctime_ns: 0,
             layout: None,
             rdev: 0,
+            data_version: 0,
         };
         let f = file_attr(&a);
         assert_eq!((f.ino, f.kind, f.perm, f.blocks), (INodeNo(7), FileType::Symlink, 0o4755, 2));

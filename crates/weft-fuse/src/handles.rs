@@ -56,7 +56,7 @@ impl Handles {
         let file = match shared {
             Some(f) => {
                 // Another client may have grown the file since this mount opened it.
-                f.observe_size(opened.attr().size);
+                f.observe_open(opened.attr());
                 f.adopt_capability(&opened);
                 f
             }

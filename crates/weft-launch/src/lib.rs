@@ -177,7 +177,7 @@ impl LocalCluster {
         };
         let mut cluster =
             LocalCluster { mds: None, data: Vec::new(), cache: Vec::new(), cache_namespace: random_u64() >> 1, opts };
-        // The bank first: the MDS publishes attributes to it from its first change on.
+        // The bank first: the MDS and the data servers publish to it from their first change on.
         for i in 0..cluster.opts.cache {
             let p = cluster.spawn_cache(i, None).await?;
             cluster.cache.push(p);
@@ -201,7 +201,7 @@ impl LocalCluster {
             std::fs::create_dir_all(&root).map_err(io_err(&root))?;
             let cfg = cluster.opts.dir.join(format!("config/data{i}.toml"));
             let text = format!(
-                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{auth_toml}{}\n",
+                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{auth_toml}{}\n{cache_toml}",
                 cluster.opts.data_extra_toml
             );
             std::fs::write(&cfg, text).map_err(io_err(&cfg))?;

@@ -116,6 +116,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                         layout: Some(default_policy()),
                         target: String::new(),
                         rdev: 0,
+                        data_version: 0,
                     })?;
                 }
                 Ok::<_, MetaError>(())
@@ -228,7 +229,8 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
 
     /// The fresh attributes of regular file `ino` once `cred` may access it for `rights` (read needs R, write W):
     /// the check behind `Open`. A directory is `IsDir`, any other non-regular file `Invalid`: only regular files
-    /// have objects on the data servers. Reads only.
+    /// have objects on the data servers. Reads only, unless `rights` cover writing: then the file's data version
+    /// advances (a write transaction).
     pub fn open(&self, cred: &Cred, ino: u64, rights: Rights) -> Result<Attr, WireError> {
         if !rights.is_valid() {
             return Err(werr(ErrorCode::Invalid, format!("open of inode {ino} asks for no valid rights ({rights:?})")));
@@ -240,7 +242,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         if rights.covers(Rights::WRITE) {
             bits |= Mask::WRITE.bits();
         }
-        self.store.read(|t| {
+        let check = |t: &mut dyn MetaTxn| -> Result<Inode, WireError> {
             let inode = load(t, ino)?;
             match inode.kind {
                 FileKind::File => {}
@@ -255,6 +257,17 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 }
             }
             may(t, cred, &inode, Mask::from_bits(bits))?;
+            Ok(inode)
+        };
+        if !rights.covers(Rights::WRITE) {
+            return self.store.read(|t| Ok(check(t)?.attr()));
+        }
+        // An open for writing takes a new data version in the same transaction: whatever this writer writes lives
+        // under a version no earlier reader holds, even if it dies without committing (docs/format.md §12).
+        self.store.write(|t| {
+            let mut inode = check(t)?;
+            inode.bump_data_version();
+            t.put_inode(&inode)?;
             Ok(inode.attr())
         })
     }
@@ -443,6 +456,7 @@ fn new_inode(ino: u64, kind: FileKind, mode: u32, uid: u32, gid: u32, now: i64) 
         layout: None,
         target: String::new(),
         rdev: 0,
+        data_version: crate::store::initial_data_version(kind),
     }
 }
 
@@ -518,6 +532,7 @@ fn set_attr(t: &mut dyn MetaTxn, cred: &Cred, r: &SetAttrReq, now: i64) -> Resul
     {
         i.size = size;
         i.mtime_ns = now;
+        i.bump_data_version();
     }
     if let Some(mode) = mode {
         i.mode = mode & MODE_MASK;
@@ -790,6 +805,8 @@ fn commit(t: &mut dyn MetaTxn, cred: &Cred, r: &CommitReq, now: i64) -> Result<(
     i.size = i.size.max(r.size);
     i.mtime_ns = i.mtime_ns.max(r.mtime_ns);
     i.ctime_ns = i.ctime_ns.max(i.mtime_ns);
+    // The writer's bytes are now what an open sees: a version no reader that opened before holds.
+    i.bump_data_version();
     t.put_inode(&i)?;
     Ok((pre, i.attr()))
 }

@@ -424,6 +424,7 @@ mod tests {
             layout: None,
             target: String::new(),
             rdev: 0,
+            data_version: 1,
         }
     }
 

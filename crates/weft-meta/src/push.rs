@@ -73,6 +73,8 @@ impl Pusher {
         let mut t = Touched::default();
         match req {
             Request::SetAttr(r) => t.ino(r.ino),
+            // An open for writing advances the data version.
+            Request::Open(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
             Request::Commit(r) | Request::CommitWcc(r) => t.ino(r.ino),
             Request::SetLayout(r) => t.ino(r.ino),
             // An ACL changes the mode; any attribute change stamps the ctime.

@@ -75,9 +75,17 @@ impl MetaService {
         Ok(OpenResp { attr, cap, ttl_ms: self.capability_ttl_ms })
     }
 
-    /// `Open`: access checked as the caller, then a capability. A point read, run in place.
-    fn open(&self, ctx: &CallCtx, cred: &Cred, r: &OpenReq) -> Result<Response, WireError> {
-        let attr = self.ns.open(cred, r.ino, r.rights)?;
+    /// `Open`: access checked as the caller, then a capability. For reading, a point read run in place; for
+    /// writing, a transaction (the data version advances) on the blocking pool, as every write.
+    async fn open(&self, ctx: &CallCtx, cred: Cred, r: OpenReq) -> Result<Response, WireError> {
+        let attr = if r.rights.covers(Rights::WRITE) {
+            let ns = self.ns.clone();
+            tokio::task::spawn_blocking(move || ns.open(&cred, r.ino, r.rights))
+                .await
+                .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??
+        } else {
+            self.ns.open(&cred, r.ino, r.rights)?
+        };
         Ok(Response::Open(self.opened(ctx, attr, r.rights)?))
     }
 
@@ -163,7 +171,15 @@ impl Service for MetaService {
         // What the op may change, read before it runs (a removed name's inode is gone from the store after).
         let touched = self.pusher.as_ref().map(|p| p.before(&req));
         let resp = match req {
-            Request::Open(r) => return Ok(self.open(ctx, &cred, &r)?.into()),
+            Request::Open(r) => {
+                let write = r.rights.covers(Rights::WRITE);
+                let resp = self.open(ctx, cred, r).await?;
+                if !write {
+                    return Ok(resp.into());
+                }
+                // An open for writing advanced the data version: publish the new attributes.
+                resp
+            }
             Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
             Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
                 let resp = self.execute_in_place(&cred, &req)?;

@@ -42,6 +42,28 @@ pub struct Inode {
     pub target: String,
     /// Device nodes: the device number. 0 otherwise.
     pub rdev: u32,
+    /// Regular files: the version of the bytes (see [`Attr::data_version`]); starts at 1, advanced by
+    /// [`Inode::bump_data_version`]. 0 for other kinds.
+    pub data_version: u64,
+}
+
+/// The second stored form (special files, no data version), still read.
+#[derive(Deserialize)]
+struct InodeV2 {
+    ino: u64,
+    kind: FileKind,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    size: u64,
+    atime_ns: i64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    parent: u64,
+    layout: Option<Layout>,
+    target: String,
+    rdev: u32,
 }
 
 /// The first stored form of an inode (before special files), still read from old stores.
@@ -62,9 +84,10 @@ struct InodeV1 {
     target: String,
 }
 
-/// An inode as stored: version 2 (with `rdev`); version 1 records are still read.
+/// An inode as stored: version 3 (with `data_version`); version 1 and 2 records are still read (a file's data
+/// version then reads as 1).
 pub(crate) fn encode_inode(i: &Inode) -> Result<Vec<u8>, MetaError> {
-    let mut out = vec![RECORD_V2];
+    let mut out = vec![RECORD_V3];
     let body = postcard::to_stdvec(i).map_err(|e| MetaError::Corrupt(format!("encoding an inode: {e}")))?;
     out.extend_from_slice(&body);
     Ok(out)
@@ -72,7 +95,27 @@ pub(crate) fn encode_inode(i: &Inode) -> Result<Vec<u8>, MetaError> {
 
 pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError> {
     match bytes.split_first() {
-        Some((&RECORD_V2, body)) => decode_exact(what, body),
+        Some((&RECORD_V3, body)) => decode_exact(what, body),
+        Some((&RECORD_V2, body)) => {
+            let v2: InodeV2 = decode_exact(what, body)?;
+            Ok(Inode {
+                ino: v2.ino,
+                kind: v2.kind,
+                mode: v2.mode,
+                uid: v2.uid,
+                gid: v2.gid,
+                nlink: v2.nlink,
+                size: v2.size,
+                atime_ns: v2.atime_ns,
+                mtime_ns: v2.mtime_ns,
+                ctime_ns: v2.ctime_ns,
+                parent: v2.parent,
+                data_version: initial_data_version(v2.kind),
+                layout: v2.layout,
+                target: v2.target,
+                rdev: v2.rdev,
+            })
+        }
         Some((&RECORD_V1, _)) => {
             let v1: InodeV1 = decode_record(what, bytes)?;
             Ok(Inode {
@@ -88,6 +131,7 @@ pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError>
                 ctime_ns: v1.ctime_ns,
                 parent: v1.parent,
                 layout: v1.layout,
+                data_version: initial_data_version(v1.kind),
                 target: v1.target,
                 rdev: 0,
             })
@@ -105,7 +149,20 @@ fn decode_exact<'a, T: Deserialize<'a>>(what: &str, body: &'a [u8]) -> Result<T,
     Ok(v)
 }
 
+/// The data version a new inode of `kind` starts at (and an inode stored before versions reads as).
+pub fn initial_data_version(kind: FileKind) -> u64 {
+    if kind == FileKind::File { 1 } else { 0 }
+}
+
 impl Inode {
+    /// A new data version for a file whose bytes may change (an open for writing, a commit, a size change): every
+    /// block cached under an older version is never asked for again. Saturates (2^64 changes are never reached).
+    pub fn bump_data_version(&mut self) {
+        if self.kind == FileKind::File {
+            self.data_version = self.data_version.saturating_add(1);
+        }
+    }
+
     pub fn attr(&self) -> Attr {
         Attr {
             ino: self.ino,
@@ -120,6 +177,7 @@ impl Inode {
             ctime_ns: self.ctime_ns,
             layout: self.layout.clone(),
             rdev: self.rdev,
+            data_version: self.data_version,
         }
     }
 }
@@ -128,6 +186,8 @@ impl Inode {
 const RECORD_V1: u8 = 1;
 /// Inodes with `rdev` (special files).
 const RECORD_V2: u8 = 2;
+/// Inodes with `data_version` (issue 16).
+const RECORD_V3: u8 = 3;
 
 pub(crate) fn encode_record<T: Serialize>(v: &T) -> Result<Vec<u8>, MetaError> {
     let mut out = vec![RECORD_V1];
@@ -260,14 +320,70 @@ mod tests {
         };
         let i = decode_inode("old", &encode_record(&old).unwrap()).unwrap();
         assert_eq!(
-            (i.ino, i.kind, i.size, i.mtime_ns, i.target.as_str(), i.rdev),
-            (9, FileKind::Symlink, 3, 5, "abc", 0)
+            (i.ino, i.kind, i.size, i.mtime_ns, i.target.as_str(), i.rdev, i.data_version),
+            (9, FileKind::Symlink, 3, 5, "abc", 0, 0)
         );
         // Today's records round-trip, rdev included; garbage is Corrupt, not a panic.
         let new = Inode { rdev: 0x0801, kind: FileKind::BlockDev, target: String::new(), ..i };
         assert_eq!(decode_inode("new", &encode_inode(&new).unwrap()).unwrap(), new);
-        for bad in [&[][..], &[2], &[3, 1, 2], &[1, 0xff]] {
+        for bad in [&[][..], &[2], &[3, 1, 2], &[4, 1, 2], &[1, 0xff]] {
             assert!(matches!(decode_inode("bad", bad), Err(MetaError::Corrupt(_))), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn inode_records_of_version_2_read_as_data_version_1() {
+        // The version 2 layout: version 1 plus `rdev`, no `data_version`.
+        #[derive(Serialize)]
+        struct V2 {
+            ino: u64,
+            kind: FileKind,
+            mode: u32,
+            uid: u32,
+            gid: u32,
+            nlink: u32,
+            size: u64,
+            atime_ns: i64,
+            mtime_ns: i64,
+            ctime_ns: i64,
+            parent: u64,
+            layout: Option<Layout>,
+            target: String,
+            rdev: u32,
+        }
+        let layout = Some(Layout { stripe_unit: 65536, stripe_count: 1, servers: vec![0] });
+        let old = V2 {
+            ino: 7,
+            kind: FileKind::File,
+            mode: 0o644,
+            uid: 1,
+            gid: 2,
+            nlink: 1,
+            size: 10,
+            atime_ns: 4,
+            mtime_ns: 5,
+            ctime_ns: 6,
+            parent: 0,
+            layout: layout.clone(),
+            target: String::new(),
+            rdev: 0,
+        };
+        let mut bytes = vec![RECORD_V2];
+        bytes.extend(postcard::to_stdvec(&old).unwrap());
+        let mut i = decode_inode("v2", &bytes).unwrap();
+        assert_eq!((i.ino, i.size, i.layout.clone(), i.data_version), (7, 10, layout, 1));
+        i.bump_data_version();
+        assert_eq!(i.attr().data_version, 2);
+        let back = decode_inode("v3", &encode_inode(&i).unwrap()).unwrap();
+        assert_eq!(back, i);
+        assert_eq!(encode_inode(&i).unwrap()[0], 3, "written as version 3");
+        // The version byte says which layout follows: a v3 body under the v2 byte is refused, not misread.
+        let mut v3_as_v2 = encode_inode(&i).unwrap();
+        v3_as_v2[0] = RECORD_V2;
+        assert!(matches!(decode_inode("mixed", &v3_as_v2), Err(MetaError::Corrupt(_))));
+        // Only files have a data version.
+        let mut dir = Inode { kind: FileKind::Dir, data_version: 0, ..i };
+        dir.bump_data_version();
+        assert_eq!(dir.data_version, 0);
     }
 }

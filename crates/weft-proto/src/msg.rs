@@ -370,6 +370,17 @@ pub struct ReadReq {
     pub offset: u64,
     pub len: u32,
     pub cap: Capability,
+    /// Asks the data server to store the whole cache-bank blocks of what it read (after replying).
+    pub fill: Option<FillHint>,
+}
+
+/// What a data server needs to name the cache-bank blocks of a read (docs/format.md §12): the file's data version
+/// at the reader's open and the object's position in the layout. A server with no bank ignores it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FillHint {
+    pub data_version: u64,
+    /// The object's index in the file's layout (`Piece::server_index`).
+    pub position: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -438,6 +449,8 @@ pub struct ReadChunksReq {
     /// Where the bytes go, in order; their lengths add up to the length read.
     pub chunks: Vec<crate::chunk::Chunk>,
     pub cap: Capability,
+    /// As [`ReadReq::fill`].
+    pub fill: Option<FillHint>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -486,6 +499,14 @@ mod tests {
             Request::Null(()),
             Request::Lookup(LookupReq { parent: 1, name: "a".into() }),
             Request::Write(WriteReq { ino: 9, offset: 1 << 40, cap: Capability::none() }),
+            Request::Read(ReadReq { ino: 9, offset: 4096, len: 8192, cap: Capability::none(), fill: None }),
+            Request::Read(ReadReq {
+                ino: 9,
+                offset: 0,
+                len: 1,
+                cap: Capability::none(),
+                fill: Some(FillHint { data_version: u64::MAX, position: 3 }),
+            }),
             Request::Rename(RenameReq {
                 src_parent: 1,
                 src_name: "x".into(),
@@ -518,6 +539,19 @@ mod tests {
         assert_eq!(&body[..2], &[0xac, 0x02], "the session is a varint");
         assert_eq!(Request::decode(Op::SessionBind as u16, &body).unwrap(), bind);
         assert!(Request::decode(Op::AuthFinish as u16, &[9; 31]).is_err(), "a short proof is refused");
+    }
+
+    /// docs/format.md §2: the fill hint is the last field, an option (0 = none, 1 then the hint's two varints).
+    #[test]
+    fn the_fill_hint_is_the_last_field() {
+        let none = ReadReq { ino: 1, offset: 2, len: 3, cap: Capability::none(), fill: None };
+        let body = Request::Read(none.clone()).encode_body();
+        assert_eq!(body.last(), Some(&0));
+        let some = ReadReq { fill: Some(FillHint { data_version: 300, position: 2 }), ..none };
+        let with = Request::Read(some).encode_body();
+        assert_eq!(&with[..body.len() - 1], &body[..body.len() - 1]);
+        assert_eq!(&with[body.len() - 1..], &[1, 0xac, 0x02, 2]);
+        assert!(Request::decode(Op::Read as u16, &body[..body.len() - 1]).is_err(), "the hint is not optional");
     }
 
     #[test]

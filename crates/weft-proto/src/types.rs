@@ -81,6 +81,10 @@ pub struct Attr {
     pub layout: Option<Layout>,
     /// Device nodes: the device number (Linux `dev_t` encoding). 0 otherwise.
     pub rdev: u32,
+    /// Regular files: the version of the file's bytes, advanced by the MDS at every open for writing, commit and
+    /// size change (docs/format.md §8). Cache-bank block keys carry it, so bytes cached under an older version
+    /// are never asked for after a newer open (close-to-open through the bank). 0 for other kinds.
+    pub data_version: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -97,7 +97,7 @@ async fn forged_read_only_wrong_inode_and_missing_capabilities_are_refused_and_n
 
     assert_eq!(std::fs::read(&object).unwrap(), before, "a refused request changed the object");
     // A read capability reads, and the refusals were logged naming the peer, inode and reason.
-    let read = Request::Read(ReadReq { ino, offset: 0, len: 8192, cap: ro });
+    let read = Request::Read(ReadReq { ino, offset: 0, len: 8192, cap: ro, fill: None });
     let (_, back) = ds.call(read, vec![], vec![BytesMut::zeroed(8192)]).await.unwrap();
     assert_eq!(&back[0][..], &before[..]);
     let log = c.log("data0");
@@ -183,7 +183,7 @@ async fn an_unlinked_files_old_capability_cannot_recreate_its_object() {
     }
     assert!(unix_now_ms() < cap.expiry_ms, "the capability is still unexpired: only the removal can refuse it");
     assert_refused(write(&ds, ino, cap.clone()).await, ErrorCode::CapabilityRefused, "removed", "after the unlink");
-    let read = Request::Read(ReadReq { ino, offset: 0, len: 10, cap });
+    let read = Request::Read(ReadReq { ino, offset: 0, len: 10, cap, fill: None });
     assert_refused(
         ds.call(read, vec![], vec![BytesMut::zeroed(10)]).await,
         ErrorCode::CapabilityRefused,

@@ -103,6 +103,7 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
                 ino,
                 offset: 0,
                 chunks: vec![Chunk { region: 0, offset: arena_bytes as u64 - 100, len: 4096 }],
+                fill: None,
             }),
         ),
         (
@@ -112,6 +113,7 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
                 ino,
                 offset: 0,
                 chunks: vec![Chunk { region: 77, offset: 0, len: 4096 }],
+                fill: None,
             }),
         ),
         (
@@ -121,6 +123,7 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
                 ino,
                 offset: 0,
                 chunks: vec![Chunk { region: 5, offset: 4096, len: 8192 }],
+                fill: None,
             }),
         ),
         (
@@ -150,6 +153,7 @@ async fn a_rogue_client_is_refused_and_the_server_keeps_serving() {
         ino,
         offset: 0,
         chunks: vec![Chunk { region: 5, offset: 0, len: 8192 }],
+        fill: None,
     });
     rogue.call(ok, Vec::new(), Vec::new()).await.unwrap();
     assert!(std::hint::black_box(&mine)[..] == data[..8192]);
@@ -357,6 +361,7 @@ async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm()
         ino,
         offset: offset - before as u64,
         chunks: rchunks.clone(),
+        fill: None,
     });
     raw.call(req, Vec::new(), Vec::new()).await.unwrap();
     let back: Vec<u8> = std::hint::black_box(&dst)[..].to_vec();
@@ -389,6 +394,7 @@ async fn pipelined_transfers_with_chunks_straddling_pieces_round_trip_over_shm()
         ino,
         offset,
         chunks: vec![Chunk { region: 6, offset: 0, len: len as u32 }],
+        fill: None,
     });
     raw.call(req, Vec::new(), Vec::new()).await.unwrap();
     assert!(std::hint::black_box(&dst)[..len] == data[..]);

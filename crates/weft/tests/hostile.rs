@@ -86,7 +86,7 @@ async fn out_of_range_offsets_and_lengths_are_refused() {
     // A read larger than a transfer unit.
     let r = ds
         .call(
-            Request::Read(ReadReq { ino: 5, offset: 0, len: 64 << 20, cap: cap.clone() }),
+            Request::Read(ReadReq { ino: 5, offset: 0, len: 64 << 20, cap: cap.clone(), fill: None }),
             vec![],
             vec![BytesMut::zeroed(64 << 20)],
         )
@@ -95,7 +95,7 @@ async fn out_of_range_offsets_and_lengths_are_refused() {
     // Offsets whose end overflows or lies beyond what an object may hold.
     let r = ds
         .call(
-            Request::Read(ReadReq { ino: 5, offset: u64::MAX - 10, len: 100, cap: cap.clone() }),
+            Request::Read(ReadReq { ino: 5, offset: u64::MAX - 10, len: 100, cap: cap.clone(), fill: None }),
             vec![],
             vec![BytesMut::zeroed(100)],
         )
@@ -121,7 +121,11 @@ async fn out_of_range_offsets_and_lengths_are_refused() {
         .unwrap();
     assert_eq!(resp, weft_proto::Response::Write(2));
     let (_, back) = ds
-        .call(Request::Read(ReadReq { ino: 5, offset: 0, len: 2, cap: cap.clone() }), vec![], vec![BytesMut::zeroed(2)])
+        .call(
+            Request::Read(ReadReq { ino: 5, offset: 0, len: 2, cap: cap.clone(), fill: None }),
+            vec![],
+            vec![BytesMut::zeroed(2)],
+        )
         .await
         .unwrap();
     assert_eq!(&back[0][..], b"ok");

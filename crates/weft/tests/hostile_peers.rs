@@ -139,8 +139,13 @@ async fn two_thousand_half_open_connections_do_not_stop_a_client_from_another_ad
     let served = async {
         let session = raw_session(&mut s, 4).await;
         for i in 0..8u32 {
-            let read =
-                Request::Read(ReadReq { ino: 1, offset: u64::from(i) * 1000, len: 100_000, cap: Capability::none() });
+            let read = Request::Read(ReadReq {
+                ino: 1,
+                offset: u64::from(i) * 1000,
+                len: 100_000,
+                cap: Capability::none(),
+                fill: None,
+            });
             s.write_all(&frame(OP_READ, session, 0, i + 1, &read.encode_body())).await.unwrap();
             let (h, _, data) = read_reply(&mut s).await;
             assert_eq!(h.flags & weft_proto::frame::FLAG_ERROR, 0);
@@ -166,7 +171,11 @@ async fn at_the_global_cap_unproven_connections_make_room_and_proven_ones_stay()
         let c = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
         let dest = vec![BytesMut::zeroed(4096)];
         let (r, dest) = c
-            .call(Request::Read(ReadReq { ino: 1, offset: 7, len: 4096, cap: Capability::none() }), vec![], dest)
+            .call(
+                Request::Read(ReadReq { ino: 1, offset: 7, len: 4096, cap: Capability::none(), fill: None }),
+                vec![],
+                dest,
+            )
             .await
             .unwrap();
         assert_eq!(r, Response::Read(()));
@@ -206,7 +215,7 @@ async fn idle_connections_are_closed_after_the_idle_timeout() {
     assert_closed_by_server(&mut s).await;
     // A client whose connection was closed for idleness reconnects on its next call.
     let c = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
-    let read = || Request::Read(ReadReq { ino: 1, offset: 0, len: 10, cap: Capability::none() });
+    let read = || Request::Read(ReadReq { ino: 1, offset: 0, len: 10, cap: Capability::none(), fill: None });
     c.call(read(), vec![], vec![BytesMut::zeroed(10)]).await.unwrap();
     let mut probe = TcpStream::connect(&addr).await.unwrap();
     raw_null(&mut probe).await;
@@ -239,6 +248,7 @@ async fn a_client_that_never_reads_its_replies_does_not_stop_another_clients_rea
             offset: u64::from(slot) * u64::from(MIB),
             len: MIB,
             cap: Capability::none(),
+            fill: None,
         });
         requests.extend_from_slice(&frame(OP_READ, session, slot, 1, &read.encode_body()));
     }
@@ -251,7 +261,11 @@ async fn a_client_that_never_reads_its_replies_does_not_stop_another_clients_rea
             let offset = i * 12_345;
             let dest = vec![BytesMut::zeroed(MIB as usize)];
             let (r, dest) = c
-                .call(Request::Read(ReadReq { ino: 1, offset, len: MIB, cap: Capability::none() }), vec![], dest)
+                .call(
+                    Request::Read(ReadReq { ino: 1, offset, len: MIB, cap: Capability::none(), fill: None }),
+                    vec![],
+                    dest,
+                )
                 .await
                 .unwrap();
             assert_eq!(r, Response::Read(()));

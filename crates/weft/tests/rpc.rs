@@ -73,7 +73,7 @@ async fn payloads_round_trip_into_caller_buffers() {
     // The reply's payload lands in two caller segments, in order.
     let dest = vec![BytesMut::zeroed(100), BytesMut::zeroed(156)];
     let (r, dest) = c
-        .call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256, cap: Capability::none() }), vec![], dest)
+        .call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256, cap: Capability::none(), fill: None }), vec![], dest)
         .await
         .unwrap();
     assert_eq!(r, Response::Read(()));
@@ -83,9 +83,13 @@ async fn payloads_round_trip_into_caller_buffers() {
     // A reply payload that does not match the caller's buffers is a protocol error, not a silent truncation.
     let short = vec![BytesMut::zeroed(10)];
     assert!(
-        c.call(Request::Read(ReadReq { ino: 1, offset: 0, len: 256, cap: Capability::none() }), vec![], short)
-            .await
-            .is_err()
+        c.call(
+            Request::Read(ReadReq { ino: 1, offset: 0, len: 256, cap: Capability::none(), fill: None }),
+            vec![],
+            short
+        )
+        .await
+        .is_err()
     );
 }
 

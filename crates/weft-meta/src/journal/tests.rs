@@ -241,6 +241,7 @@ fn inode(ino: u64, size: u64) -> Inode {
         layout: None,
         target: String::new(),
         rdev: 0,
+        data_version: 1,
     }
 }
 

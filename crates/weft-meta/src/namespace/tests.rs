@@ -809,7 +809,7 @@ fn lookup_of_dotdot_is_the_parent() {
 fn other_services_ops_are_refused() {
     let (ns, _) = mem_ns();
     for req in [
-        Request::Read(ReadReq { ino: 2, offset: 0, len: 1, cap: weft_proto::Capability::none() }),
+        Request::Read(ReadReq { ino: 2, offset: 0, len: 1, cap: weft_proto::Capability::none(), fill: None }),
         Request::RemoveObject(InoReq { ino: 2 }),
         Request::SpaceStat(()),
         Request::SpaceStatDev(()),
@@ -1435,7 +1435,7 @@ fn open_checks_the_callers_access_for_the_rights_asked() {
     use weft_proto::Rights;
     let (ns, _clock) = mem_ns();
     let f = file_of(&ns, ROOT_INO, "f", 0o640, BOB, USERS);
-    assert_eq!(ns.open(&bob(), f.ino, Rights::READ_WRITE).unwrap(), f);
+    assert_eq!(ns.open(&bob(), f.ino, Rights::READ_WRITE).unwrap(), Attr { data_version: f.data_version + 1, ..f });
     assert!(ns.open(&alice(), f.ino, Rights::READ).is_ok(), "group read");
     assert_eq!(code(ns.open(&alice(), f.ino, Rights::WRITE)), ErrorCode::Permission);
     assert_eq!(code(ns.open(&alice(), f.ino, Rights::READ_WRITE)), ErrorCode::Permission);
@@ -1450,4 +1450,49 @@ fn open_checks_the_callers_access_for_the_rights_asked() {
     let p = attr(ns.execute(&mknod_req(ROOT_INO, "p", FileKind::Fifo))).unwrap();
     assert_eq!(code(ns.open(&Cred::root(), p.ino, Rights::READ)), ErrorCode::Invalid);
     assert_eq!(code(ns.open(&bob(), 999_999, Rights::READ)), ErrorCode::NotFound);
+}
+
+/// The data version (docs/format.md §8, §12): a file's bytes get a new version at every open for writing, commit
+/// and size change, in the same transaction; reads, opens for reading and attribute-only changes keep it. A
+/// refused open takes none. It survives a restart of the store.
+#[test]
+fn the_data_version_advances_at_write_opens_commits_and_size_changes() {
+    use weft_proto::Rights;
+    let dir = TempDir::new("data-version");
+    let clock = Arc::new(ManualClock::new(T0));
+    let ns = redb_ns(&dir, clock.clone());
+    register(&ns, 10, "ds10:7000", 1000);
+    let f = file_of(&ns, ROOT_INO, "f", 0o640, BOB, USERS);
+    let v = |ns: &Ns<RedbStore>| getattr(ns, f.ino).unwrap().data_version;
+    assert_eq!(attr(ns.execute(&create_req(ROOT_INO, "g"))).unwrap().data_version, 1, "a new file is version 1");
+    let v0 = v(&ns);
+    assert_eq!(v0, 1, "chown and chmod at creation keep it");
+    // Reading changes nothing.
+    assert_eq!(ns.open(&bob(), f.ino, Rights::READ).unwrap().data_version, v0);
+    assert_eq!(v(&ns), v0);
+    // An open for writing: a new version, answered and stored.
+    assert_eq!(ns.open(&bob(), f.ino, Rights::WRITE).unwrap().data_version, v0 + 1);
+    assert_eq!(ns.open(&bob(), f.ino, Rights::READ_WRITE).unwrap().data_version, v0 + 2);
+    assert_eq!(v(&ns), v0 + 2);
+    // A refused one takes none.
+    assert_eq!(code(ns.open(&alice(), f.ino, Rights::WRITE)), ErrorCode::Permission);
+    assert_eq!(v(&ns), v0 + 2);
+    // A commit, even of the same size and mtime (a rewrite in place in the same second).
+    let commit = CommitReq { ino: f.ino, size: 0, mtime_ns: 0 };
+    assert_eq!(as_attr(&ns, &bob(), Request::Commit(commit.clone())).data_version, v0 + 3);
+    let wcc = ns.execute_as(&bob(), &Request::CommitWcc(commit)).unwrap();
+    let Response::CommitWcc(w) = wcc else { panic!("{wcc:?}") };
+    assert_eq!(w.attr.data_version, v0 + 4);
+    // A size change does; a setattr of the same size, a chmod or a utimes does not.
+    assert_eq!(setattr(&ns, f.ino, SetAttrs { size: Some(10), ..Default::default() }).unwrap().data_version, v0 + 5);
+    assert_eq!(setattr(&ns, f.ino, SetAttrs { size: Some(10), ..Default::default() }).unwrap().data_version, v0 + 5);
+    let chmod = SetAttrs { mode: Some(0o600), mtime: Some(TimeSet::Now), ..Default::default() };
+    assert_eq!(setattr(&ns, f.ino, chmod).unwrap().data_version, v0 + 5);
+    // Lookups and readdirplus carry it too; directories have none.
+    assert_eq!(lookup(&ns, ROOT_INO, "f").unwrap().data_version, v0 + 5);
+    assert_eq!(getattr(&ns, ROOT_INO).unwrap().data_version, 0);
+    // Stored: a restart reads it back.
+    drop(ns);
+    let ns = redb_ns(&dir, clock);
+    assert_eq!(v(&ns), v0 + 5);
 }

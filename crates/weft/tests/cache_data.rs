@@ -1,0 +1,352 @@
+//! Data blocks through the cache bank (issue 16), against real memcached daemons and real data servers: a block
+//! served from the bank on a second read (memcached's own `get_hits`), close-to-open across two clients when a
+//! file is rewritten in place (bank up, a daemon killed, a daemon restarted empty, invalidations lost), garbage
+//! planted under a valid key, a daemon killed during a storm of random reads, and a client reading its own writes.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use weft_cache::value::encode_value;
+use weft_cache::{Bank, CacheConfig, CacheKey, ItemKind};
+use weft_client::{Client, ClusterConfig, File, OpenMode};
+
+use common::{TestCluster, pattern, start_with};
+
+/// Bank blocks of 4 KiB: the default 1 MiB stripe unit is a multiple, so every file uses the bank.
+const BLOCK: usize = 4096;
+
+async fn start_bank_cluster(name: &str, servers: u32, daemons: u32) -> TestCluster {
+    start_with(name, servers, |o| {
+        o.cache = daemons;
+        o.cache_mib = 16;
+        o.cache_block_bytes = BLOCK as u32;
+    })
+    .await
+}
+
+/// The bank as `cluster.toml` names it, with deadlines long enough that a loaded test machine never turns a hit
+/// into a miss (tests that kill daemons want misses quickly: `fast`).
+fn bank_config(cl: &TestCluster, fast: bool) -> CacheConfig {
+    let cache = cl.cluster_config().cache.expect("cluster.toml has a [cache] table");
+    let timeout_ms = if fast { 500 } else { 5_000 };
+    CacheConfig { request_timeout_ms: timeout_ms, connect_timeout_ms: timeout_ms, ..cache }
+}
+
+/// A client with the bank `cache` (or none).
+async fn client_with(cl: &TestCluster, cache: Option<CacheConfig>) -> Client {
+    let cfg = ClusterConfig { cache, ..cl.cluster_config() };
+    Client::connect(&cfg).await.unwrap()
+}
+
+/// Writes `data` as the whole content of `path` (created if absent) and closes (commits).
+async fn write_file(c: &Client, path: &str, data: &[u8]) -> u64 {
+    let f = c.create_path(path, 0o644, false, false).await.unwrap();
+    f.write_at(0, data.to_vec().into()).await.unwrap();
+    let ino = f.ino();
+    f.close().await.unwrap();
+    ino
+}
+
+async fn read_all(f: &File) -> Vec<u8> {
+    f.read_at(0, BytesMut::zeroed(f.size() as usize)).await.unwrap().to_vec()
+}
+
+/// One raw text-protocol exchange with a memcached daemon: sends `request`, reads until a line equal to one of
+/// `ends`.
+async fn raw(addr: &str, request: &[u8], ends: &[&str]) -> String {
+    let mut s = BufReader::new(TcpStream::connect(addr).await.unwrap());
+    s.get_mut().write_all(request).await.unwrap();
+    let mut out = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(s.read_line(&mut line).await.unwrap() > 0, "{addr} closed: {out}");
+        out.push_str(&line);
+        if ends.iter().any(|e| line.trim_end() == *e) {
+            return out;
+        }
+    }
+}
+
+/// A counter from memcached's own `stats`, summed over the daemons that answer.
+async fn total_stat(addrs: &[String], name: &str) -> u64 {
+    let mut sum = 0;
+    for a in addrs {
+        if TcpStream::connect(a).await.is_err() {
+            continue;
+        }
+        let text = raw(a, b"stats\r\n", &["END"]).await;
+        sum += text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("STAT {name} ")).map(|v| v.trim().parse::<u64>().unwrap()))
+            .unwrap_or_else(|| panic!("no {name} in stats of {a}"));
+    }
+    sum
+}
+
+/// Stores raw bytes under `key` with a plain `set`, bypassing the bank.
+async fn raw_set(addr: &str, key: &str, value: &[u8]) {
+    let mut req = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
+    req.extend_from_slice(value);
+    req.extend_from_slice(b"\r\n");
+    assert_eq!(raw(addr, &req, &["STORED", "NOT_STORED"]).await.trim_end(), "STORED");
+}
+
+/// The bank keys of file `f` (one object: position 0) for its first `blocks` blocks at `data_version`.
+fn keys(f: &File, data_version: u64, blocks: u64) -> Vec<CacheKey> {
+    (0..blocks).map(|block| CacheKey::Block { ino: f.ino(), data_version, position: 0, block }).collect()
+}
+
+/// Reads all of `f` (asserting `expected` every time) until the bank holds every one of `keys`: the data servers
+/// fill it after answering, off the reply path, and a fill sent to a daemon that just died is lost, so reading
+/// again offers it again. Not a timing assumption: the condition is polled, and only a bank that never fills fails.
+async fn read_until_cached(f: &File, expected: &[u8], bank: &Bank, keys: &[CacheKey]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert_eq!(read_all(f).await, expected, "every read right while the bank fills");
+        if bank.get_many(keys).await.iter().all(Option::is_some) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the data servers never filled the bank: {:?}", bank.stats());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Stores `payload` under `key` as a well-formed item, the way a data server would.
+async fn plant(cl: &TestCluster, bank: &Bank, key: &CacheKey, payload: &[u8]) {
+    let encoded = key.encode(bank.config().namespace);
+    let item = encode_value(encoded.as_bytes(), ItemKind::Block, payload).unwrap();
+    let addr = &cl.cache_addrs()[bank.owner(key).unwrap()];
+    raw_set(addr, &encoded, &item).await;
+}
+
+#[tokio::test]
+async fn a_block_is_served_from_the_bank_on_the_second_read() {
+    let cl = start_bank_cluster("cdata-hit", 1, 2).await;
+    let writer = client_with(&cl, None).await;
+    // 16 whole blocks and a short last one.
+    let data = pattern(1, 0, 16 * BLOCK + 100);
+    write_file(&writer, "/f", &data).await;
+
+    let reader = client_with(&cl, Some(bank_config(&cl, false))).await;
+    let bank = reader.bank().expect("the reader has a bank").clone();
+    let f = reader.open("/f", OpenMode::Read).await.unwrap();
+    let ks = keys(&f, f.data_version(), 17);
+    read_until_cached(&f, &data, &bank, &ks).await;
+
+    let hits_before = total_stat(&cl.cache_addrs(), "get_hits").await;
+    let bank_hits = bank.stats().hits;
+    let f2 = reader.open("/f", OpenMode::Read).await.unwrap();
+    assert_eq!(f2.data_version(), f.data_version(), "no writer: same version");
+    assert_eq!(read_all(&f2).await, data, "second read, from the bank");
+    assert_eq!(total_stat(&cl.cache_addrs(), "get_hits").await - hits_before, 17, "memcached served all 17 blocks");
+    assert_eq!(bank.stats().hits - bank_hits, 17);
+    // A small read inside one block: one key, one hit, the right bytes (the short last block included).
+    let got = f2.read_at(16 * BLOCK as u64 + 10, BytesMut::zeroed(200)).await.unwrap();
+    assert_eq!(&got[..], &data[16 * BLOCK + 10..], "cut at the end of the file");
+    let got = f2.read_at(5000, BytesMut::zeroed(3)).await.unwrap();
+    assert_eq!(&got[..], &data[5000..5003]);
+    assert_eq!(bank.stats().hits - bank_hits, 19);
+}
+
+/// How the bank is disturbed between the writer's close and the reader's open.
+#[derive(Debug, Clone, Copy)]
+enum Disturb {
+    None,
+    /// The old blocks are stored again under the old version: every invalidation was lost.
+    InvalidationsLost,
+    KillDaemon,
+    RestartDaemonEmpty,
+}
+
+async fn rewrite_in_place(name: &str, disturb: Disturb) {
+    let mut cl = start_bank_cluster(name, 2, 2).await;
+    let cache = bank_config(&cl, true);
+    let writer = client_with(&cl, Some(cache.clone())).await;
+    let reader = client_with(&cl, Some(cache)).await;
+    let bank = reader.bank().unwrap().clone();
+    // Two stripes of 1 MiB over two servers, and a bit: every block is read through the bank.
+    let len = (2 << 20) + 3 * BLOCK + 7;
+    let old = pattern(10, 0, len);
+    let new = pattern(20, 0, len);
+    write_file(&writer, "/f", &old).await;
+
+    let before = reader.open("/f", OpenMode::Read).await.unwrap();
+    let v_old = before.data_version();
+    // The old bytes are in the bank (first blocks of the first object).
+    read_until_cached(&before, &old, &bank, &keys(&before, v_old, 8)).await;
+    assert_eq!(read_all(&before).await, old, "read again, partly from the bank");
+
+    // The rewrite: same size, same second, closed.
+    let w = writer.open("/f", OpenMode::ReadWrite).await.unwrap();
+    w.write_at(0, new.clone().into()).await.unwrap();
+    w.close().await.unwrap();
+
+    match disturb {
+        Disturb::None => {}
+        Disturb::InvalidationsLost => {
+            // The write's deletes run on the data server after its reply: wait until they did (the items are gone,
+            // which also shows they work), then undo them.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while bank.get_many(&keys(&before, v_old, 8)).await.iter().any(Option::is_some) {
+                assert!(Instant::now() < deadline, "the write never deleted the old blocks");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            for (i, k) in keys(&before, v_old, 8).iter().enumerate() {
+                plant(&cl, &bank, k, &old[i * BLOCK..(i + 1) * BLOCK]).await;
+            }
+            assert!(bank.get_many(&keys(&before, v_old, 8)).await.iter().all(Option::is_some));
+        }
+        Disturb::KillDaemon => cl.kill_cache(0).await,
+        Disturb::RestartDaemonEmpty => cl.restart_cache(0).await.unwrap(),
+    }
+
+    let after = reader.open("/f", OpenMode::Read).await.unwrap();
+    assert!(after.data_version() > v_old, "the writer's open and close took new versions");
+    assert_eq!(read_all(&after).await, new, "{disturb:?}: never the old bytes after the writer's close");
+    // Read again until the new version's blocks are in the bank, then once more from it: still the new bytes.
+    read_until_cached(&after, &new, &bank, &keys(&after, after.data_version(), 4)).await;
+    assert_eq!(read_all(&after).await, new, "{disturb:?}: the new bytes from the bank");
+    // Random small reads too.
+    for (i, off) in [0usize, 4095, 4096, 1 << 20, (1 << 20) + 5000, len - 7].into_iter().enumerate() {
+        let got = after.read_at(off as u64, BytesMut::zeroed(3000)).await.unwrap();
+        assert_eq!(&got[..], &new[off..(off + 3000).min(len)], "{disturb:?}: small read {i} at {off}");
+    }
+}
+
+#[tokio::test]
+async fn a_rewrite_in_place_is_seen_after_close_with_the_bank_on() {
+    rewrite_in_place("cdata-c2o", Disturb::None).await;
+}
+
+#[tokio::test]
+async fn a_rewrite_in_place_is_seen_after_close_when_invalidations_were_lost() {
+    rewrite_in_place("cdata-c2o-lost", Disturb::InvalidationsLost).await;
+}
+
+#[tokio::test]
+async fn a_rewrite_in_place_is_seen_after_close_with_a_daemon_killed() {
+    rewrite_in_place("cdata-c2o-kill", Disturb::KillDaemon).await;
+}
+
+#[tokio::test]
+async fn a_rewrite_in_place_is_seen_after_close_with_a_daemon_restarted_empty() {
+    rewrite_in_place("cdata-c2o-restart", Disturb::RestartDaemonEmpty).await;
+}
+
+#[tokio::test]
+async fn garbage_planted_under_a_valid_block_key_is_ignored() {
+    let cl = start_bank_cluster("cdata-garbage", 1, 2).await;
+    let writer = client_with(&cl, None).await;
+    let data = pattern(3, 0, 4 * BLOCK);
+    write_file(&writer, "/f", &data).await;
+    let reader = client_with(&cl, Some(bank_config(&cl, false))).await;
+    let bank = reader.bank().unwrap().clone();
+    let f = reader.open("/f", OpenMode::Read).await.unwrap();
+    let ks = keys(&f, f.data_version(), 4);
+    let ns = bank.config().namespace;
+    let addr = |k: &CacheKey| cl.cache_addrs()[bank.owner(k).unwrap()].clone();
+    // Block 0: plain garbage; 1: a well-formed value of another key; 2: a flipped bit; 3: a value longer than a
+    // block (well-formed, so only the length check refuses it).
+    raw_set(&addr(&ks[0]), &ks[0].encode(ns), b"not a weft value at all").await;
+    let other = ks[2].encode(ns);
+    raw_set(&addr(&ks[1]), &ks[1].encode(ns), &encode_value(other.as_bytes(), ItemKind::Block, &[0; BLOCK]).unwrap())
+        .await;
+    let mut flipped = encode_value(ks[2].encode(ns).as_bytes(), ItemKind::Block, &[0; BLOCK]).unwrap();
+    *flipped.last_mut().unwrap() ^= 1;
+    raw_set(&addr(&ks[2]), &ks[2].encode(ns), &flipped).await;
+    plant(&cl, &bank, &ks[3], &[0; BLOCK + 1]).await;
+
+    assert_eq!(read_all(&f).await, data, "the file's bytes, not the planted ones");
+    assert_eq!(bank.stats().refused_items, 3, "three refused by the value checks: {:?}", bank.stats());
+    assert_eq!(bank.stats().hits, 1, "the over-long value checked but is not a block");
+}
+
+#[tokio::test]
+async fn a_daemon_killed_during_a_read_storm_costs_no_wrong_byte() {
+    let mut cl = start_bank_cluster("cdata-storm", 2, 3).await;
+    let cache = bank_config(&cl, true);
+    let writer = client_with(&cl, None).await;
+    let len = (3 << 20) + 1234;
+    let data = Arc::new(pattern(7, 0, len));
+    write_file(&writer, "/f", &data).await;
+    let reader = client_with(&cl, Some(cache)).await;
+
+    let tasks = 8;
+    let reads_per_task = 60;
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for t in 0..tasks {
+        let reader = reader.clone();
+        let data = data.clone();
+        let done = done.clone();
+        set.spawn(async move {
+            // xorshift64, seeded per task.
+            let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ (t as u64 + 1);
+            let mut next = move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            let mut f = reader.open("/f", OpenMode::Read).await.unwrap();
+            for i in 0..reads_per_task {
+                if i % 10 == 0 {
+                    f = reader.open("/f", OpenMode::Read).await.unwrap();
+                }
+                let off = (next() % len as u64) as usize;
+                let n = 1 + (next() % (3 * BLOCK as u64 * 8)) as usize;
+                let got = f.read_at(off as u64, BytesMut::zeroed(n)).await.unwrap();
+                assert_eq!(&got[..], &data[off..(off + n).min(len)], "task {t} read {i} at {off} of {n}");
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+    // Kill a daemon once a third of the reads are done (the bank is warm by then).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while done.load(Ordering::SeqCst) < tasks * reads_per_task / 3 {
+        assert!(Instant::now() < deadline, "the storm made no progress");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cl.kill_cache(1).await;
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+    assert_eq!(done.load(Ordering::SeqCst), tasks * reads_per_task);
+    let stats = reader.bank().unwrap().stats();
+    assert!(stats.hits > 0, "the bank served some of the storm: {stats:?}");
+}
+
+#[tokio::test]
+async fn a_client_reads_its_own_writes_with_the_bank_on() {
+    let cl = start_bank_cluster("cdata-own", 1, 2).await;
+    let c = client_with(&cl, Some(bank_config(&cl, false))).await;
+    let bank = c.bank().unwrap().clone();
+    let old = pattern(4, 0, 8 * BLOCK);
+    write_file(&c, "/f", &old).await;
+
+    let w = c.open("/f", OpenMode::ReadWrite).await.unwrap();
+    // As if a reader that opened after this writer had filled the bank with the bytes before the write (a fill
+    // whose delete was lost): items of the writer's own version.
+    for (i, k) in keys(&w, w.data_version(), 8).iter().enumerate() {
+        plant(&cl, &bank, k, &old[i * BLOCK..(i + 1) * BLOCK]).await;
+    }
+    let new = pattern(5, 0, 3 * BLOCK);
+    w.write_at(BLOCK as u64, new.clone().into()).await.unwrap();
+    let hits = bank.stats().hits;
+    let got = read_all(&w).await;
+    assert_eq!(&got[BLOCK..4 * BLOCK], &new[..], "the writer reads its own writes, not the bank");
+    assert_eq!((&got[..BLOCK], &got[4 * BLOCK..]), (&old[..BLOCK], &old[4 * BLOCK..]));
+    assert_eq!(bank.stats().hits, hits, "a file that wrote does not ask the bank");
+    w.close().await.unwrap();
+
+    // After the close, a new open reads everything right, through the bank.
+    let r = c.open("/f", OpenMode::Read).await.unwrap();
+    let got = read_all(&r).await;
+    assert_eq!((&got[BLOCK..4 * BLOCK], &got[..BLOCK]), (&new[..], &old[..BLOCK]));
+}
