@@ -368,6 +368,7 @@ mod tests {
             ctime_ns: 3,
             layout: None,
             rdev: 0,
+            data_version: 9,
         }
     }
 

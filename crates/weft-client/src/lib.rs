@@ -762,6 +762,7 @@ mod tests {
             ctime_ns: 0,
             layout: None,
             rdev: 0,
+            data_version: 0,
         }
     }
 
