@@ -15,7 +15,9 @@ use tracing::warn;
 use weft_fabric::PeerMemory;
 use weft_proto::msg::{FsyncReq, InoReq, ReadChunksReq, ReadReq, TruncateReq, WriteChunksReq, WriteReq};
 use weft_proto::{Chunk, ErrorCode, Request, Response, Rights, WireError};
-use weft_rpc::{BufferPool, CallCtx, PoolBuf, Reply, ReplyData, Service};
+use weft_rpc::metrics::FabricBytes;
+use weft_rpc::metrics::prometheus_client::metrics::counter::Counter;
+use weft_rpc::{BufferPool, CallCtx, Metrics, PoolBuf, Reply, ReplyData, Service};
 
 use crate::capabilities::CapabilityGate;
 use crate::config::{DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES};
@@ -38,6 +40,16 @@ pub struct DataService {
     rdma_piece_bytes: u64,
     /// Checks capabilities; `None` with authentication off (nothing is checked).
     gate: Option<CapabilityGate>,
+    /// Counters, when the server exports metrics.
+    metrics: Option<DataMetrics>,
+}
+
+/// The data server's own series (the RPC server counts requests and latency).
+struct DataMetrics {
+    /// Object bytes written (in) and read (out), by the fabric the request came over, one-sided transfers included.
+    bytes: FabricBytes,
+    /// Requests refused by the capability check (or a `RemoveObject` without the cluster key).
+    refusals: Counter,
 }
 
 impl DataService {
@@ -51,7 +63,24 @@ impl DataService {
             piece_bytes: u64::from(DEFAULT_PIPELINE_PIECE_BYTES),
             rdma_piece_bytes: u64::from(DEFAULT_RDMA_PIPELINE_PIECE_BYTES),
             gate: None,
+            metrics: None,
         }
+    }
+
+    /// Counts bytes moved and capability refusals into `metrics`.
+    pub fn with_metrics(mut self, metrics: Option<&Metrics>) -> DataService {
+        self.metrics = metrics.map(|m| DataMetrics {
+            bytes: FabricBytes::new(
+                m,
+                "weft_data_bytes",
+                "Object bytes written (in) and read (out) by clients, by fabric (one-sided transfers included)",
+            ),
+            refusals: m.counter(
+                "weft_data_capability_refusals",
+                "Requests refused for a missing, expired or wrong capability (or RemoveObject without the cluster key)",
+            ),
+        });
+        self
     }
 
     /// Checks every request's capability with `gate` (authentication on).
@@ -266,7 +295,20 @@ impl DataService {
 
 impl Service for DataService {
     async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
-        self.admit(ctx, &req)?;
+        if let Err(e) = self.admit(ctx, &req) {
+            if let Some(m) = &self.metrics {
+                m.refusals.inc();
+            }
+            return Err(e);
+        }
+        // (inbound, bytes) of a transfer, counted once it succeeded.
+        let moved = match &req {
+            Request::Write(_) => Some((true, data.as_ref().map_or(0, |d| d.len() as u64))),
+            Request::WriteChunks(w) => Some((true, chunk_bytes(&w.chunks))),
+            Request::Read(r) => Some((false, u64::from(r.len))),
+            Request::ReadChunks(r) => Some((false, chunk_bytes(&r.chunks))),
+            _ => None,
+        };
         let writes_ino = match &req {
             Request::Write(w) => Some(w.ino),
             Request::WriteChunks(w) => Some(w.ino),
@@ -274,6 +316,9 @@ impl Service for DataService {
             _ => None,
         };
         let r = self.run(ctx, req, data).await;
+        if let (Some(m), Some((inbound, bytes)), Ok(_)) = (&self.metrics, moved, &r) {
+            m.bytes.add(weft_rpc::metrics::fabric_index_of(ctx.fabric), inbound, bytes);
+        }
         // Admitted before the object's removal and finished after it: the object it recreated goes again, so no
         // object outlives its orphan record.
         if let (Some(ino), Some(gate)) = (writes_ino, &self.gate)
@@ -316,6 +361,11 @@ impl ReplyData for MappedReply {
     fn as_bytes(&self) -> &[u8] {
         self.read.as_bytes()
     }
+}
+
+/// Bytes a chunk list names (saturating: the list was not checked yet, and this is only a count).
+fn chunk_bytes(chunks: &[Chunk]) -> u64 {
+    chunks.iter().fold(0u64, |n, c| n.saturating_add(u64::from(c.len)))
 }
 
 /// Runs a store call on tokio's blocking pool.
@@ -539,6 +589,7 @@ mod tests {
             pool: pool.clone(),
             memory: Some(memory.clone()),
             peer_cred: None,
+            fabric: "shm",
         }
     }
 

@@ -147,14 +147,46 @@ impl Service for MetaService {
             self.check_registration(ctx, r)?;
         }
         let cred = self.caller_cred(ctx)?;
-        match req {
+        // What the request is about, for the log line of a failure: taken only when debug logging is on (the
+        // name is a copy).
+        let target = tracing::enabled!(tracing::Level::DEBUG).then(|| target_of(&req));
+        let (op, uid) = (req.op(), cred.uid);
+        let r = match req {
             Request::Open(r) => self.open(ctx, &cred, &r),
             Request::CreateOpen(r) => self.create_open(ctx, cred, r).await,
             Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
                 self.execute_in_place(&cred, &req)
             }
             req => self.execute_on_blocking_pool(cred, req).await,
+        };
+        if let (Err(e), Some((ino, name))) = (&r, target) {
+            let what = if e.code == ErrorCode::Permission { "permission denied" } else { "request failed" };
+            tracing::debug!(peer = %ctx.peer, key = ctx.principal.name(), session = format_args!("{:#x}", ctx.session),
+                uid, op = op.name(), ino, name = name.as_deref().unwrap_or(""), code = ?e.code, "{what}: {}", e.message);
         }
+        r
+    }
+}
+
+/// The inode a request is about (the directory, for an op on a name) and the name, for logs.
+fn target_of(req: &Request) -> (u64, Option<String>) {
+    let named = |parent: u64, name: &str| (parent, Some(name.to_string()));
+    match req {
+        Request::Lookup(r) => named(r.parent, &r.name),
+        Request::Create(r) | Request::CreateOpen(r) => named(r.parent, &r.name),
+        Request::Mknod(r) => named(r.parent, &r.name),
+        Request::Mkdir(r) => named(r.parent, &r.name),
+        Request::Rmdir(r) | Request::Unlink(r) => named(r.parent, &r.name),
+        Request::Rename(r) => (r.src_parent, Some(format!("{} -> {}:{}", r.src_name, r.dst_parent, r.dst_name))),
+        Request::Symlink(r) => named(r.parent, &r.name),
+        Request::Link(r) => (r.ino, Some(format!("-> {}:{}", r.new_parent, r.new_name))),
+        Request::GetAttr(r) | Request::Readlink(r) => (r.ino, None),
+        Request::SetAttr(r) => (r.ino, None),
+        Request::Readdir(r) | Request::ReaddirPlus(r) => (r.ino, None),
+        Request::SetLayout(r) => (r.ino, None),
+        Request::Commit(r) | Request::CommitWcc(r) => (r.ino, None),
+        Request::Open(r) => (r.ino, None),
+        _ => (0, None),
     }
 }
 
