@@ -43,6 +43,7 @@ type Refresh = Box<dyn Fn() + Send + Sync>;
 
 /// One process's metrics: the registry and the hooks that refresh its gauges.
 pub struct Metrics {
+    role: &'static str,
     registry: Mutex<Registry>,
     refresh: Mutex<Vec<Refresh>>,
 }
@@ -56,11 +57,16 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// An empty registry, with `weft_info{role}` set to 1 so a scrape names the role it came from.
     pub fn new(role: &'static str) -> Arc<Metrics> {
-        let m = Arc::new(Metrics { registry: Mutex::new(Registry::default()), refresh: Mutex::new(Vec::new()) });
+        let m = Arc::new(Metrics { role, registry: Mutex::new(Registry::default()), refresh: Mutex::new(Vec::new()) });
         let info = Family::<OpLabel, Gauge>::default();
         info.get_or_create(&[("role", role)]).set(1);
         m.register("weft_info", "The role this process plays (always 1)", info);
         m
+    }
+
+    /// The role named at creation (`mds`, `data`, `mount`).
+    pub fn role(&self) -> &'static str {
+        self.role
     }
 
     /// Registers `metric` (a handle: counters, gauges and histograms share their state with their clones).
@@ -212,9 +218,9 @@ impl OpMetrics {
         for &(i, name) in ops {
             let l = [("op", name)];
             by_index[i] = Some(OpSeries {
-                calls: calls.get_or_create(&l).clone(),
-                errors: errors.get_or_create(&l).clone(),
-                seconds: seconds.get_or_create(&l).clone(),
+                calls: calls.get_or_create_owned(&l),
+                errors: errors.get_or_create_owned(&l),
+                seconds: seconds.get_or_create_owned(&l),
             });
         }
         metrics.register(prefix, &format!("{what} by operation"), calls);
@@ -239,9 +245,16 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(LATENCY_START_S, LATENCY_FACTOR, LATENCY_BUCKETS))
 }
 
-/// Every wire op as (code, name): the label set of the RPC series.
-pub fn wire_ops() -> Vec<(usize, &'static str)> {
-    weft_proto::Op::ALL.iter().map(|&op| (op as usize, op.name())).collect()
+/// The wire ops a server of `role` serves, as (code, name): the label sets of its RPC series. By the op code
+/// ranges (weft-proto msg.rs): 1–99 every server, 100–199 the MDS (`mds`), 200–299 data servers (`data`); any
+/// other role gets every op.
+pub fn wire_ops(role: &str) -> Vec<(usize, &'static str)> {
+    let served = |code: u16| match role {
+        "mds" => code < 200,
+        "data" => !(100..200).contains(&code),
+        _ => true,
+    };
+    weft_proto::Op::ALL.iter().filter(|&&op| served(op as u16)).map(|&op| (op as usize, op.name())).collect()
 }
 
 /// Fabric names as they appear in the `fabric` label.
@@ -250,7 +263,8 @@ pub const FABRICS: [&str; 3] = ["tcp", "shm", "rdma"];
 /// Bytes moved, by fabric and direction, resolved at start.
 #[derive(Clone)]
 pub struct FabricBytes {
-    /// `[fabric][0 = in, 1 = out]`, fabrics in [`FABRICS`] order.
+    /// `[fabric][0 = in, 1 = out]`, fabrics in [`FABRICS`] order. (Series are resolved with `get_or_create_owned`:
+    /// two guards of one family alive in one expression would deadlock its lock.)
     series: Arc<[[Counter; 2]; 3]>,
 }
 
@@ -259,8 +273,8 @@ impl FabricBytes {
         let family = Family::<FabricLabels, Counter>::default();
         let series = FABRICS.map(|f| {
             [
-                family.get_or_create(&[("fabric", f), ("direction", "in")]).clone(),
-                family.get_or_create(&[("fabric", f), ("direction", "out")]).clone(),
+                family.get_or_create_owned(&[("fabric", f), ("direction", "in")]),
+                family.get_or_create_owned(&[("fabric", f), ("direction", "out")]),
             ]
         });
         metrics.register(name, help, family);
@@ -409,6 +423,15 @@ mod tests {
         let text = m.encode();
         assert!(text.contains("t_bytes_total{fabric=\"shm\",direction=\"in\"} 10\n"), "{text}");
         assert!(text.contains("t_bytes_total{fabric=\"tcp\",direction=\"out\"} 7\n"), "{text}");
+    }
+
+    #[test]
+    fn each_role_counts_the_ops_it_serves() {
+        let names = |role| wire_ops(role).into_iter().map(|(_, n)| n).collect::<Vec<_>>();
+        assert!(names("mds").contains(&"Create") && !names("mds").contains(&"WriteChunks"));
+        assert!(names("data").contains(&"WriteChunks") && !names("data").contains(&"Create"));
+        assert!(names("data").contains(&"SessionCreate") && names("mds").contains(&"SessionCreate"));
+        assert_eq!(names("other").len(), weft_proto::Op::ALL.len());
     }
 
     #[test]

@@ -123,7 +123,7 @@ struct ServerMetrics {
 
 impl ServerMetrics {
     fn new(m: &Metrics, sessions: &Arc<SessionTable>, conns: &Arc<ConnTable>, pool: &BufferPool) -> ServerMetrics {
-        let ops = OpMetrics::new(m, "weft_rpc_server_requests", "RPC requests served", &crate::metrics::wire_ops());
+        let ops = OpMetrics::new(m, "weft_rpc_server_requests", "RPC requests served", &crate::metrics::wire_ops(m.role()));
         let payload = FabricBytes::new(
             m,
             "weft_rpc_server_payload_bytes",

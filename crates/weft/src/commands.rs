@@ -59,6 +59,10 @@ pub async fn up(
     opts.cache = cache.daemons;
     opts.cache_mib = cache.mib;
     opts.metrics = metrics;
+    // The servers log as this process was asked to (RUST_LOG=debug weft up: every server at debug).
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        opts.log_filter = filter;
+    }
     if log_json() {
         opts.env.push(("WEFT_LOG_FORMAT".into(), "json".into()));
     }

@@ -224,7 +224,8 @@ enum Cmd {
         journal_segment_bytes = 16777216 size each metadata journal segment is preallocated to\n  \
         journal_bytes_max = 268435456    journal not yet checkpointed above which writers wait\n  \
         checkpoint_bytes = 33554432      journal growth that triggers a checkpoint into meta.redb\n  \
-        checkpoint_interval_ms = 2000    longest a journaled change waits for a checkpoint\n\n\
+        checkpoint_interval_ms = 2000    longest a journaled change waits for a checkpoint\n  \
+        metrics_listen = \"127.0.0.1:9100\" serve Prometheus metrics at http://ADDR/metrics (default off)\n\n\
         On start it prints `WEFT-READY <addr>` on stdout; logs go to stderr (RUST_LOG filters them).")]
     Meta {
         /// The TOML file describing this metadata service.
@@ -258,7 +259,8 @@ enum Cmd {
         sessions_max = 1024              most client sessions held at once\n  \
         shm = true                       also serve same-host clients over shm (ROOT/weft-data.sock)\n  \
         rdma = true                      also serve rdma clients when this host has an RDMA device\n  \
-        rdma_port = 0                    the rdma side channel's TCP port (0: any free port)\n\n\
+        rdma_port = 0                    the rdma side channel's TCP port (0: any free port)\n  \
+        metrics_listen = \"127.0.0.1:9101\" serve Prometheus metrics at http://ADDR/metrics (default off)\n\n\
         On start it prints `WEFT-READY <addr>` on stdout; logs go to stderr (RUST_LOG filters them).")]
     Data {
         /// The TOML file describing this data server.
