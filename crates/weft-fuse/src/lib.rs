@@ -167,7 +167,31 @@ enum FuseOp {
 }
 
 impl FuseOp {
-    const NAMES: [(FuseOp, &'static str); 23] = [(FuseOp::Access, "access"), (FuseOp::Create, "create"), (FuseOp::Flush, "flush"), (FuseOp::Fsync, "fsync"), (FuseOp::Getattr, "getattr"), (FuseOp::Link, "link"), (FuseOp::Lookup, "lookup"), (FuseOp::Mkdir, "mkdir"), (FuseOp::Mknod, "mknod"), (FuseOp::Open, "open"), (FuseOp::Opendir, "opendir"), (FuseOp::Read, "read"), (FuseOp::Readdir, "readdir"), (FuseOp::Readdirplus, "readdirplus"), (FuseOp::Readlink, "readlink"), (FuseOp::Release, "release"), (FuseOp::Rename, "rename"), (FuseOp::Rmdir, "rmdir"), (FuseOp::Setattr, "setattr"), (FuseOp::Statfs, "statfs"), (FuseOp::Symlink, "symlink"), (FuseOp::Unlink, "unlink"), (FuseOp::Write, "write")];
+    const NAMES: [(FuseOp, &'static str); 23] = [
+        (FuseOp::Access, "access"),
+        (FuseOp::Create, "create"),
+        (FuseOp::Flush, "flush"),
+        (FuseOp::Fsync, "fsync"),
+        (FuseOp::Getattr, "getattr"),
+        (FuseOp::Link, "link"),
+        (FuseOp::Lookup, "lookup"),
+        (FuseOp::Mkdir, "mkdir"),
+        (FuseOp::Mknod, "mknod"),
+        (FuseOp::Open, "open"),
+        (FuseOp::Opendir, "opendir"),
+        (FuseOp::Read, "read"),
+        (FuseOp::Readdir, "readdir"),
+        (FuseOp::Readdirplus, "readdirplus"),
+        (FuseOp::Readlink, "readlink"),
+        (FuseOp::Release, "release"),
+        (FuseOp::Rename, "rename"),
+        (FuseOp::Rmdir, "rmdir"),
+        (FuseOp::Setattr, "setattr"),
+        (FuseOp::Statfs, "statfs"),
+        (FuseOp::Symlink, "symlink"),
+        (FuseOp::Unlink, "unlink"),
+        (FuseOp::Write, "write"),
+    ];
 
     fn all() -> Vec<(usize, &'static str)> {
         FuseOp::NAMES.iter().map(|&(op, name)| (op as usize, name)).collect()
@@ -264,7 +288,11 @@ impl Inner {
 
     /// `fut` (one request, replying at its end), counted by op: its latency, and as failed when it replied with an
     /// errno (see [`errno`]).
-    fn timed<F: std::future::Future<Output = ()>>(&self, op: FuseOp, fut: F) -> impl std::future::Future<Output = ()> + use<F> {
+    fn timed<F: std::future::Future<Output = ()>>(
+        &self,
+        op: FuseOp,
+        fut: F,
+    ) -> impl std::future::Future<Output = ()> + use<F> {
         let metrics = self.metrics.clone();
         async move {
             let Some(m) = metrics else { return fut.await };

@@ -68,7 +68,12 @@ pub(crate) async fn collect_orphans(
                     }
                 };
                 if let Err(e) = client.call_simple(Request::RemoveObject(InoReq { ino })).await {
-                    debug!(server, addr = addrs.get(server).map_or("?", |a| a.as_str()), ino, "orphan collection: remove failed, will retry: {e}");
+                    debug!(
+                        server,
+                        addr = addrs.get(server).map_or("?", |a| a.as_str()),
+                        ino,
+                        "orphan collection: remove failed, will retry: {e}"
+                    );
                     clients.remove(server);
                     all_removed = false;
                 }

@@ -20,8 +20,6 @@
 //! only after everything written to the previous one is durable; a segment is freed only once a checkpoint covers
 //! all its entries.
 
-use weft_rpc::metrics::prometheus_client::metrics::counter::Counter;
-use weft_rpc::metrics::prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -29,6 +27,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use weft_rpc::metrics::prometheus_client::metrics::counter::Counter;
+use weft_rpc::metrics::prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use crate::error::MetaError;
 

@@ -160,7 +160,8 @@ impl Service for MetaService {
             req => self.execute_on_blocking_pool(cred, req).await,
         };
         if let (Err(e), Some((ino, name))) = (&r, target) {
-            let what = if e.code == ErrorCode::Permission { "permission denied" } else { "request failed" };
+            let what =
+                if e.code == ErrorCode::Permission { "refused by the permission check" } else { "request failed" };
             tracing::debug!(peer = %ctx.peer, key = ctx.principal.name(), session = format_args!("{:#x}", ctx.session),
                 uid, op = op.name(), ino, name = name.as_deref().unwrap_or(""), code = ?e.code, "{what}: {}", e.message);
         }

@@ -176,7 +176,12 @@ impl Metrics {
     }
 }
 
-async fn respond(sock: &mut tokio::net::TcpStream, status: &str, content_type: &str, body: &str) -> std::io::Result<()> {
+async fn respond(
+    sock: &mut tokio::net::TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let head = format!(
         "HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -436,7 +441,8 @@ mod tests {
 
     #[test]
     fn parse_and_sum_by_labels() {
-        let text = "# TYPE x counter\nx_total{op=\"A\",fabric=\"tcp\"} 2\nx_total{op=\"B\",fabric=\"tcp\"} 3\ny 1.5\n# EOF\n";
+        let text =
+            "# TYPE x counter\nx_total{op=\"A\",fabric=\"tcp\"} 2\nx_total{op=\"B\",fabric=\"tcp\"} 3\ny 1.5\n# EOF\n";
         let s = parse(text);
         assert_eq!(sum(&s, "x_total", &[]), 5.0);
         assert_eq!(sum(&s, "x_total", &["op=\"A\""]), 2.0);

@@ -123,7 +123,8 @@ struct ServerMetrics {
 
 impl ServerMetrics {
     fn new(m: &Metrics, sessions: &Arc<SessionTable>, conns: &Arc<ConnTable>, pool: &BufferPool) -> ServerMetrics {
-        let ops = OpMetrics::new(m, "weft_rpc_server_requests", "RPC requests served", &crate::metrics::wire_ops(m.role()));
+        let ops =
+            OpMetrics::new(m, "weft_rpc_server_requests", "RPC requests served", &crate::metrics::wire_ops(m.role()));
         let payload = FabricBytes::new(
             m,
             "weft_rpc_server_payload_bytes",
@@ -133,8 +134,12 @@ impl ServerMetrics {
         let slots_g = m.gauge("weft_rpc_slots_granted", "Slots granted over all sessions");
         let running_g = m.gauge("weft_rpc_slots_running", "Slots running a request now");
         let conns_g = m.gauge("weft_rpc_connections", "Connections open over all listeners");
-        let free = prometheus_client::metrics::family::Family::<ClassLabel, prometheus_client::metrics::gauge::Gauge>::default();
-        let total = prometheus_client::metrics::family::Family::<ClassLabel, prometheus_client::metrics::gauge::Gauge>::default();
+        let free =
+            prometheus_client::metrics::family::Family::<ClassLabel, prometheus_client::metrics::gauge::Gauge>::default(
+            );
+        let total =
+            prometheus_client::metrics::family::Family::<ClassLabel, prometheus_client::metrics::gauge::Gauge>::default(
+            );
         m.register("weft_rpc_pool_buffers_free", "Payload buffers not on loan, by size class (bytes)", free.clone());
         m.register("weft_rpc_pool_buffers", "Payload buffers, by size class (bytes)", total.clone());
         let arenas = m.gauge("weft_fabric_arenas", "One-sided connections holding a client's arena");
@@ -558,7 +563,12 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             _ => unreachable!("only handshake ops come here"),
         };
         if let Err(e) = &result {
-            warn!(peer = %out.peer, op = ?req.op(), "refusing: {}", e.message);
+            // The key the peer claims: named by AuthBegin, else the one the handshake is about.
+            let key = match req {
+                Request::AuthBegin(b) => b.key_id.clone(),
+                _ => state.pending_key_id().map(str::to_string).unwrap_or_default(),
+            };
+            warn!(peer = %out.peer, key, op = req.op().name(), "authentication refused: {}", e.message);
         }
         result
     }
