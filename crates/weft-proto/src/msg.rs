@@ -20,7 +20,8 @@ macro_rules! messages {
         impl Op {
             /// Every op, in code order (metrics resolve their per-op series from it).
             pub const ALL: &'static [Op] = &[ $( Op::$variant, )* ];
-            /// The op's name as in this file (`"Create"`): the `op` label of metrics and logs.
+            /// The op's name as in this file (`"Create"`): the `op` label of metrics and logs, so dashboards
+            /// depend on it: rename a variant only as deliberately as a metric.
             pub fn name(self) -> &'static str {
                 match self { $( Op::$variant => stringify!($variant), )* }
             }
