@@ -27,6 +27,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
 use weft_rpc::metrics::prometheus_client::metrics::counter::Counter;
 use weft_rpc::metrics::prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
@@ -713,7 +714,7 @@ impl Journal {
                         self.stats.commits.inc();
                         self.stats.group_entries.observe((target - s.durable_lsn) as f64);
                     }
-                    s.durable_lsn = s.durable_lsn.max(target)
+                    s.durable_lsn = s.durable_lsn.max(target);
                 }
                 Err(e) => s.failed = Some(e.to_string()),
             }
