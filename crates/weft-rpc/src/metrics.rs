@@ -364,7 +364,7 @@ pub async fn scrape(addr: &str) -> std::io::Result<String> {
     let Some((head, body)) = text.split_once("\r\n\r\n") else {
         return Err(std::io::Error::other(format!("{addr} sent no HTTP answer")));
     };
-    if !head.lines().next().is_some_and(|l| l.split(' ').nth(1) == Some("200")) {
+    if head.lines().next().is_none_or(|l| l.split(' ').nth(1) != Some("200")) {
         return Err(std::io::Error::other(format!("{addr} answered {:?}", head.lines().next().unwrap_or(""))));
     }
     Ok(body.to_string())
