@@ -544,6 +544,7 @@ mod tests {
             listen: String::new(),
             advertise: None,
             root: dir.clone(),
+            metrics_listen: None,
             mds: String::new(),
             key_file: None,
             auth: weft_rpc::AuthMode::None,
