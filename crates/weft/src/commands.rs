@@ -37,6 +37,8 @@ pub struct CacheArgs {
     pub mib: u32,
 }
 
+// One argument per group of `weft up` flags, straight from clap.
+#[allow(clippy::too_many_arguments)]
 pub async fn up(
     data_dir: PathBuf,
     servers: u32,
