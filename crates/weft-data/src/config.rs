@@ -19,6 +19,10 @@ pub struct DataConfig {
     pub advertise: Option<String>,
     /// Directory holding the objects.
     pub root: PathBuf,
+    /// Serve Prometheus metrics over HTTP at `GET /metrics` on this address (`127.0.0.1:9100`; port 0: any free
+    /// port). Off when absent. Plain HTTP without authentication: keep it on loopback or a management network.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
     /// The metadata service to register with.
     pub mds: String,
     /// The cluster key file (docs/format.md §9): proved to the MDS, and asked of every client; required with

@@ -65,7 +65,17 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
     let shm_listener = listen_shm(&fabric, &cfg).await;
     let shm_addr = shm_listener.as_ref().and_then(|l| l.local_addr().ok());
     let (rdma_listener, rdma_addr) = listen_rdma(&fabric, &cfg, &addr, &advertise).await;
+    let metrics = match &cfg.metrics_listen {
+        Some(at) => {
+            let m = weft_rpc::Metrics::new("data");
+            weft_rpc::metrics::register_client(&m);
+            m.listen(at).await.map_err(|source| DataServerError::Listen { addr: at.clone(), source })?;
+            Some(m)
+        }
+        None => None,
+    };
     let server_cfg = ServerConfig {
+        metrics: metrics.clone(),
         limits: FrameLimits { body_bytes_max: 64 << 10, data_bytes_max: cfg.transfer_unit_bytes },
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
@@ -93,7 +103,8 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         .with_cache_filler(filler)
         .with_short_circuit(cfg.short_circuit)
         .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
-        .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes);
+        .with_rdma_pipeline_piece_bytes(cfg.rdma_pipeline_piece_bytes)
+        .with_metrics(metrics.as_deref());
     let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
     info!(id = cfg.id, %addr, tls = cfg.tls, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
     tokio::spawn(heartbeat(cfg.clone(), tcp, advertise, store, key.map(Credential::cluster)));

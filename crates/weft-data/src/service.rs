@@ -15,7 +15,9 @@ use tracing::warn;
 use weft_fabric::PeerMemory;
 use weft_proto::msg::{FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, TruncateReq, WriteChunksReq, WriteReq};
 use weft_proto::{Chunk, ErrorCode, Request, Response, Rights, WireError};
-use weft_rpc::{BufferPool, CallCtx, PoolBuf, Reply, ReplyData, Service};
+use weft_rpc::metrics::FabricBytes;
+use weft_rpc::metrics::prometheus_client::metrics::counter::Counter;
+use weft_rpc::{BufferPool, CallCtx, Metrics, PoolBuf, Reply, ReplyData, Service};
 
 use crate::cache_fill::CacheFiller;
 use crate::capabilities::CapabilityGate;
@@ -41,6 +43,16 @@ pub struct DataService {
     gate: Option<CapabilityGate>,
     /// The cache bank's fills and invalidations; `None` without a bank caching data.
     filler: Option<Arc<CacheFiller>>,
+    /// Counters, when the server exports metrics.
+    metrics: Option<DataMetrics>,
+}
+
+/// The data server's own series (the RPC server counts requests and latency).
+struct DataMetrics {
+    /// Object bytes written (in) and read (out), by the fabric the request came over, one-sided transfers included.
+    bytes: FabricBytes,
+    /// Requests refused by the capability check (or a `RemoveObject` without the cluster key).
+    refusals: Counter,
 }
 
 impl DataService {
@@ -55,12 +67,29 @@ impl DataService {
             rdma_piece_bytes: u64::from(DEFAULT_RDMA_PIPELINE_PIECE_BYTES),
             gate: None,
             filler: None,
+            metrics: None,
         }
     }
 
     /// Fills the cache bank after reads that ask for it and invalidates it after writes (`cache_fill.rs`).
     pub fn with_cache_filler(mut self, filler: Option<Arc<CacheFiller>>) -> DataService {
         self.filler = filler;
+        self
+    }
+
+    /// Counts bytes moved and capability refusals into `metrics`.
+    pub fn with_metrics(mut self, metrics: Option<&Metrics>) -> DataService {
+        self.metrics = metrics.map(|m| DataMetrics {
+            bytes: FabricBytes::new(
+                m,
+                "weft_data_bytes",
+                "Object bytes written (in) and read (out) by clients, by fabric (one-sided transfers included)",
+            ),
+            refusals: m.counter(
+                "weft_data_capability_refusals",
+                "Requests refused for a missing, expired or wrong capability (or RemoveObject without the cluster key)",
+            ),
+        });
         self
     }
 
@@ -282,7 +311,20 @@ impl DataService {
 
 impl Service for DataService {
     async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
-        self.admit(ctx, &req)?;
+        if let Err(e) = self.admit(ctx, &req) {
+            if let Some(m) = &self.metrics {
+                m.refusals.inc();
+            }
+            return Err(e);
+        }
+        // (inbound, bytes) of a transfer, counted once it succeeded.
+        let moved = match &req {
+            Request::Write(_) => Some((true, data.as_ref().map_or(0, |d| d.len() as u64))),
+            Request::WriteChunks(w) => Some((true, chunk_bytes(&w.chunks))),
+            Request::Read(r) => Some((false, u64::from(r.len))),
+            Request::ReadChunks(r) => Some((false, chunk_bytes(&r.chunks))),
+            _ => None,
+        };
         let writes_ino = match &req {
             Request::Write(w) => Some(w.ino),
             Request::WriteChunks(w) => Some(w.ino),
@@ -302,6 +344,9 @@ impl Service for DataService {
                 // Once the bytes are in the store, before the reply: a full queue holds the reply back.
                 BankWork::Invalidate { ino, offset, len } => filler.invalidate(ino, offset, len).await,
             }
+        }
+        if let (Some(m), Some((inbound, bytes)), Ok(_)) = (&self.metrics, moved, &r) {
+            m.bytes.add(weft_rpc::metrics::fabric_index_of(ctx.fabric), inbound, bytes);
         }
         // Admitted before the object's removal and finished after it: the object it recreated goes again, so no
         // object outlives its orphan record.
@@ -380,6 +425,11 @@ impl ReplyData for MappedReply {
     fn as_bytes(&self) -> &[u8] {
         self.read.as_bytes()
     }
+}
+
+/// Bytes a chunk list names (saturating: the list was not checked yet, and this is only a count).
+fn chunk_bytes(chunks: &[Chunk]) -> u64 {
+    chunks.iter().fold(0u64, |n, c| n.saturating_add(u64::from(c.len)))
 }
 
 /// Runs a store call on tokio's blocking pool.
@@ -558,6 +608,7 @@ mod tests {
             listen: String::new(),
             advertise: None,
             root: dir.clone(),
+            metrics_listen: None,
             mds: String::new(),
             key_file: None,
             auth: weft_rpc::AuthMode::None,
@@ -607,6 +658,7 @@ mod tests {
             pool: pool.clone(),
             memory: Some(memory.clone()),
             peer_cred: None,
+            fabric: "shm",
         }
     }
 

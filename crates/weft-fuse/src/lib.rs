@@ -44,6 +44,7 @@ use fuser::{
 use tracing::debug;
 use weft_client::{Client, ClientError, OpenMode};
 use weft_proto::{FileKind, SetAttrs, TimeSet};
+use weft_rpc::{Metrics, OpMetrics};
 
 use crate::attr::file_attr;
 use crate::handles::{DirHandle, Handles};
@@ -78,6 +79,8 @@ pub struct MountOptions {
     pub dev: bool,
     /// Mount read-only (`--ro`): the kernel refuses every change with EROFS before it reaches Weft.
     pub read_only: bool,
+    /// Count FUSE requests (and this process's RPC retries) into this registry; `None`: not counted.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 impl Default for MountOptions {
@@ -94,6 +97,7 @@ impl Default for MountOptions {
             suid: false,
             dev: false,
             read_only: false,
+            metrics: None,
         }
     }
 }
@@ -120,6 +124,8 @@ struct Inner {
     write_bufs: WriteBufs,
     /// The requesting users' credentials (supplementary groups from /proc), briefly cached.
     users: Users,
+    /// FUSE requests, errors and latency by op, when the mount serves metrics.
+    metrics: Option<OpMetrics>,
 }
 
 /// Reads and writes up to this size are served on the FUSE thread that received them (see `read`).
@@ -132,8 +138,75 @@ const WRITE_BUFFERS_PER_THREAD: usize = 4;
 /// Most page cache validators a mount keeps.
 const VALIDATORS_MAX: usize = 65_536;
 
+tokio::task_local! {
+    /// Set by [`errno`] while a request runs under [`Inner::timed`]: the request is answered with an error.
+    static REPLIED_ERROR: std::cell::Cell<bool>;
+}
+
+/// The FUSE requests counted in metrics (the `op` label is the kernel request's name).
+#[derive(Clone, Copy, Debug)]
+enum FuseOp {
+    Access,
+    Create,
+    Flush,
+    Fsync,
+    Getattr,
+    Link,
+    Lookup,
+    Mkdir,
+    Mknod,
+    Open,
+    Opendir,
+    Read,
+    Readdir,
+    Readdirplus,
+    Readlink,
+    Release,
+    Rename,
+    Rmdir,
+    Setattr,
+    Statfs,
+    Symlink,
+    Unlink,
+    Write,
+}
+
+impl FuseOp {
+    const NAMES: [(FuseOp, &'static str); 23] = [
+        (FuseOp::Access, "access"),
+        (FuseOp::Create, "create"),
+        (FuseOp::Flush, "flush"),
+        (FuseOp::Fsync, "fsync"),
+        (FuseOp::Getattr, "getattr"),
+        (FuseOp::Link, "link"),
+        (FuseOp::Lookup, "lookup"),
+        (FuseOp::Mkdir, "mkdir"),
+        (FuseOp::Mknod, "mknod"),
+        (FuseOp::Open, "open"),
+        (FuseOp::Opendir, "opendir"),
+        (FuseOp::Read, "read"),
+        (FuseOp::Readdir, "readdir"),
+        (FuseOp::Readdirplus, "readdirplus"),
+        (FuseOp::Readlink, "readlink"),
+        (FuseOp::Release, "release"),
+        (FuseOp::Rename, "rename"),
+        (FuseOp::Rmdir, "rmdir"),
+        (FuseOp::Setattr, "setattr"),
+        (FuseOp::Statfs, "statfs"),
+        (FuseOp::Symlink, "symlink"),
+        (FuseOp::Unlink, "unlink"),
+        (FuseOp::Write, "write"),
+    ];
+
+    fn all() -> Vec<(usize, &'static str)> {
+        FuseOp::NAMES.iter().map(|&(op, name)| (op as usize, name)).collect()
+    }
+}
+
 /// The errno a failed client call means to POSIX callers.
 fn errno(e: &ClientError) -> Errno {
+    // Outside a counted request (no metrics) there is no flag to set.
+    let _ = REPLIED_ERROR.try_with(|f| f.set(true));
     match e.code() {
         Some(code) => Errno::from_i32(code.errno()),
         None => {
@@ -231,6 +304,27 @@ impl Inner {
         Ok(())
     }
 
+    /// `fut` (one request, replying at its end), counted by op: its latency, and as failed when it replied with an
+    /// errno (see [`errno`]).
+    fn timed<F: std::future::Future<Output = ()>>(
+        &self,
+        op: FuseOp,
+        fut: F,
+    ) -> impl std::future::Future<Output = ()> + use<F> {
+        let metrics = self.metrics.clone();
+        async move {
+            let Some(m) = metrics else { return fut.await };
+            let began = std::time::Instant::now();
+            let failed = REPLIED_ERROR
+                .scope(std::cell::Cell::new(false), async {
+                    fut.await;
+                    REPLIED_ERROR.with(|f| f.get())
+                })
+                .await;
+            m.record(op as usize, !failed, began.elapsed());
+        }
+    }
+
     fn reply_entry(&self, reply: ReplyEntry, r: Result<weft_proto::Attr, ClientError>) {
         match r {
             Ok(a) => reply.entry(&self.entry_ttl(), &file_attr(&self.local_view(a)), Generation(0)),
@@ -252,6 +346,10 @@ impl WeftFs {
                     opts.max_write_bytes as usize,
                     opts.threads.max(1) * WRITE_BUFFERS_PER_THREAD,
                 ),
+                metrics: opts.metrics.as_ref().map(|m| {
+                    weft_rpc::metrics::register_client(m);
+                    OpMetrics::new(m, "weft_fuse_requests", "FUSE requests", &FuseOp::all())
+                }),
                 opts,
                 users: Users::default(),
             }),
@@ -260,13 +358,13 @@ impl WeftFs {
 
     /// Runs `f` on the runtime with a handle on the shared state and a client acting as the user who made the
     /// request; the reply is sent from there.
-    fn spawn<Fut>(&self, req: &Request, f: impl FnOnce(Arc<Inner>, Client) -> Fut)
+    fn spawn<Fut>(&self, op: FuseOp, req: &Request, f: impl FnOnce(Arc<Inner>, Client) -> Fut)
     where
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         let client = self.inner.users.client_for(&self.inner.client, req.uid(), req.gid(), req.pid());
         let fut = f(self.inner.clone(), client);
-        self.inner.rt.spawn(fut);
+        self.inner.rt.spawn(self.inner.timed(op, fut));
     }
 
     /// fuser's mount configuration for these options.
@@ -333,14 +431,14 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Lookup, req, move |i, c| async move {
             let r = c.lookup(parent.0, &name).await;
             i.reply_entry(reply, r);
         });
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Getattr, req, move |i, c| async move {
             match c.getattr(ino.0).await {
                 Ok(a) => reply.attr(&i.attr_ttl(), &file_attr(&i.local_view(a))),
                 Err(e) => reply.error(errno(&e)),
@@ -366,7 +464,7 @@ impl Filesystem for WeftFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Setattr, req, move |i, c| async move {
             let result = async {
                 if let Some(size) = size {
                     // Through the open file when there is one, so this mount's handles see the new size.
@@ -397,7 +495,7 @@ impl Filesystem for WeftFs {
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.spawn(req, move |_i, c| async move {
+        self.spawn(FuseOp::Readlink, req, move |_i, c| async move {
             match c.readlink(ino.0).await {
                 Ok(t) => reply.data(t.as_bytes()),
                 Err(e) => reply.error(errno(&e)),
@@ -421,7 +519,7 @@ impl Filesystem for WeftFs {
         };
         // The MDS applies the umask, unless the directory has a default ACL (docs/format.md §13).
         let perm = weft_proto::mode_with_umask(mode, umask);
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Mknod, req, move |i, c| async move {
             let r = match kind {
                 None => c.create(parent.0, &name, perm, true).await,
                 Some(k) => c.mknod(parent.0, &name, k, perm, rdev).await,
@@ -435,7 +533,7 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Mkdir, req, move |i, c| async move {
             let r = c.mkdir(parent.0, &name, weft_proto::mode_with_umask(mode, umask)).await;
             i.reply_entry(reply, r);
         });
@@ -446,7 +544,7 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Unlink, req, move |i, c| async move {
             // POSIX keeps an unlinked file readable while it is open, but the metadata service frees a file at its
             // last unlink. So a file still open in this mount is renamed aside instead and removed at its last
             // close (the "silly rename" of NFS clients; opens in other mounts are not covered, as with NFS).
@@ -474,7 +572,7 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(req, move |_i, c| async move { reply_empty(reply, c.rmdir(parent.0, &name).await) });
+        self.spawn(FuseOp::Rmdir, req, move |_i, c| async move { reply_empty(reply, c.rmdir(parent.0, &name).await) });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -485,7 +583,7 @@ impl Filesystem for WeftFs {
         let Some(target) = target.to_str().map(str::to_owned) else {
             return reply.error(Errno::EINVAL);
         };
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Symlink, req, move |i, c| async move {
             let r = c.symlink(parent.0, &name, &target).await;
             i.reply_entry(reply, r);
         });
@@ -517,7 +615,7 @@ impl Filesystem for WeftFs {
             // Atomic at the metadata service: both entries swap in one transaction.
             wire_flags |= weft_proto::msg::RENAME_EXCHANGE;
         }
-        self.spawn(req, move |_i, c| async move {
+        self.spawn(FuseOp::Rename, req, move |_i, c| async move {
             reply_empty(reply, c.rename(parent.0, &name, newparent.0, &newname, wire_flags).await)
         });
     }
@@ -527,14 +625,14 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Link, req, move |i, c| async move {
             let r = c.link(ino.0, newparent.0, &name).await;
             i.reply_entry(reply, r);
         });
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Open, req, move |i, c| async move {
             // Fresh attributes on every open (close-to-open), with the capability for the access mode asked.
             let file = match c.open_ino(ino.0, open_mode(flags)).await {
                 Ok(f) => f,
@@ -571,10 +669,10 @@ impl Filesystem for WeftFs {
         if size <= INLINE_IO_BYTES_MAX {
             // Small reads (random I/O) run on this FUSE thread: handing them to a runtime worker costs two thread
             // wake-ups per read, more than the read itself. The kernel keeps one such read per FUSE thread.
-            self.inner.rt.block_on(read);
+            self.inner.rt.block_on(self.inner.timed(FuseOp::Read, read));
         } else {
             // Large reads (readahead) are spawned, so one thread keeps many in flight to different servers.
-            self.inner.rt.spawn(read);
+            self.inner.rt.spawn(self.inner.timed(FuseOp::Read, read));
         }
     }
 
@@ -608,9 +706,9 @@ impl Filesystem for WeftFs {
         };
         if len <= INLINE_IO_BYTES_MAX {
             // As small reads: served on this FUSE thread, without two hand-offs to and from a runtime worker.
-            self.inner.rt.block_on(write);
+            self.inner.rt.block_on(self.inner.timed(FuseOp::Write, write));
         } else {
-            self.inner.rt.spawn(write);
+            self.inner.rt.spawn(self.inner.timed(FuseOp::Write, write));
         }
     }
 
@@ -619,7 +717,7 @@ impl Filesystem for WeftFs {
             return reply.error(Errno::EBADF);
         };
         // Every close(2): publish size and mtime, so the next open anywhere sees the writes.
-        self.spawn(req, move |i, _c| async move { reply_empty(reply, i.commit(&f).await) });
+        self.spawn(FuseOp::Flush, req, move |i, _c| async move { reply_empty(reply, i.commit(&f).await) });
     }
 
     fn release(
@@ -636,7 +734,7 @@ impl Filesystem for WeftFs {
             return reply.error(Errno::EBADF);
         };
         // The hidden name is the mount's own doing: the mount's client removes it, whoever closes last.
-        self.spawn(req, move |i, _c| async move {
+        self.spawn(FuseOp::Release, req, move |i, _c| async move {
             let r = i.commit(&f).await;
             if let Some((parent, name)) = hidden
                 && let Err(e) = i.client.unlink(parent, &name).await
@@ -651,7 +749,7 @@ impl Filesystem for WeftFs {
         let Some(f) = self.inner.handles.file(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(req, move |i, _c| async move {
+        self.spawn(FuseOp::Fsync, req, move |i, _c| async move {
             let r = f.sync_wcc().await.map(|w| {
                 if let Some(w) = w {
                     i.after_commit(&w);
@@ -662,7 +760,7 @@ impl Filesystem for WeftFs {
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Opendir, req, move |i, c| async move {
             let attr = match c.getattr(ino.0).await {
                 Ok(a) => a,
                 Err(e) => return reply.error(errno(&e)),
@@ -682,7 +780,7 @@ impl Filesystem for WeftFs {
         let Some(dir) = self.inner.handles.dir(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(req, move |_i, c| async move {
+        self.spawn(FuseOp::Readdir, req, move |_i, c| async move {
             // Offsets are positions in this handle's listing, which only ever grows: stable under concurrent
             // changes (an entry listed once keeps its offset; one added behind the cursor is not shown).
             let mut pos = offset;
@@ -709,7 +807,7 @@ impl Filesystem for WeftFs {
         let Some(dir) = self.inner.handles.dir(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Readdirplus, req, move |i, c| async move {
             // The same stable offsets as readdir; every entry brings its attributes, so `ls -l` or `find` needs no
             // lookup per entry.
             let mut pos = offset;
@@ -752,7 +850,7 @@ impl Filesystem for WeftFs {
     }
 
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.spawn(req, move |_i, c| async move {
+        self.spawn(FuseOp::Statfs, req, move |_i, c| async move {
             match c.statfs().await {
                 Ok(s) => {
                     const FRAG: u64 = 4096;
@@ -776,7 +874,7 @@ impl Filesystem for WeftFs {
 
     fn access(&self, req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // The kernel checks the mode bits itself (default_permissions); what is left is existence.
-        self.spawn(req, move |_i, c| async move {
+        self.spawn(FuseOp::Access, req, move |_i, c| async move {
             match c.getattr(ino.0).await {
                 Ok(_) => reply.ok(),
                 Err(e) => reply.error(errno(&e)),
@@ -885,7 +983,7 @@ impl Filesystem for WeftFs {
             Err(e) => return reply.error(e),
         };
         let exclusive = flags & libc::O_EXCL != 0;
-        self.spawn(req, move |i, c| async move {
+        self.spawn(FuseOp::Create, req, move |i, c| async move {
             let perm = weft_proto::mode_with_umask(mode, umask);
             let file = match c.create_open(parent.0, &name, perm, exclusive).await {
                 Ok(f) => f,

@@ -92,6 +92,9 @@ pub struct LaunchOptions {
     pub cache_timeout_ms: u64,
     /// Run `tcp` under TLS with certificates in `DIR/tls/` (default: `WEFT_TLS=1` in the environment).
     pub tls: bool,
+    /// Give every server a Prometheus endpoint on a free loopback port (`metrics_listen`), listed by
+    /// [`LocalCluster::metrics_addrs`] and in `DIR/metrics.txt`. Off by default.
+    pub metrics: bool,
 }
 
 /// Whether `WEFT_TLS` asks for TLS (`1`, `true`, `on` or `yes`): the default of [`LaunchOptions::tls`], as
@@ -118,6 +121,7 @@ impl LaunchOptions {
             cache_block_bytes: CacheConfig::default().block_bytes,
             cache_attrs: true,
             cache_timeout_ms: CacheConfig::default().request_timeout_ms,
+            metrics: false,
         }
     }
 }
@@ -127,6 +131,8 @@ struct Proc {
     config: PathBuf,
     child: Child,
     addr: String,
+    /// Its metrics endpoint (`host:port`), if it serves one.
+    metrics: Option<String>,
 }
 
 pub struct LocalCluster {
@@ -188,8 +194,9 @@ impl LocalCluster {
         };
         let meta_cfg = cluster.opts.dir.join("config/meta.toml");
         let text = format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}{}\n{cache_toml}",
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}{}{}\n{cache_toml}",
             cluster.opts.dir.join("meta"),
+            metrics_toml(cluster.opts.metrics).map_err(io_err(&meta_cfg))?,
             cluster.opts.meta_extra_toml
         );
         std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
@@ -201,7 +208,8 @@ impl LocalCluster {
             std::fs::create_dir_all(&root).map_err(io_err(&root))?;
             let cfg = cluster.opts.dir.join(format!("config/data{i}.toml"));
             let text = format!(
-                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{auth_toml}{}\n{cache_toml}",
+                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{auth_toml}{}{}\n{cache_toml}",
+                metrics_toml(cluster.opts.metrics).map_err(io_err(&cfg))?,
                 cluster.opts.data_extra_toml
             );
             std::fs::write(&cfg, text).map_err(io_err(&cfg))?;
@@ -211,6 +219,11 @@ impl LocalCluster {
         cluster.wait_ready().await?;
         let cfg_path = cluster.cluster_file();
         std::fs::write(&cfg_path, cluster.cluster_config().to_toml()).map_err(io_err(&cfg_path))?;
+        if cluster.opts.metrics {
+            let list = cluster.metrics_file();
+            let text: String = cluster.metrics_addrs().iter().map(|(role, addr)| format!("{role} {addr}\n")).collect();
+            std::fs::write(&list, text).map_err(io_err(&list))?;
+        }
         Ok(cluster)
     }
 
@@ -247,7 +260,8 @@ impl LocalCluster {
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Proc { role: role.into(), config: config.to_path_buf(), child, addr })
+        let metrics = config_metrics_listen(config);
+        Ok(Proc { role: role.into(), config: config.to_path_buf(), child, addr, metrics })
     }
 
     /// Starts memcached daemon `i` on `port`, or on a free port (tried again on another if it was taken meanwhile),
@@ -278,7 +292,13 @@ impl LocalCluster {
                 role: format!("{role} (memcached; `make deps` installs it)"),
                 source,
             })?;
-            let mut p = Proc { role: role.clone(), config: PathBuf::new(), child, addr: format!("127.0.0.1:{port}") };
+            let mut p = Proc {
+                role: role.clone(),
+                config: PathBuf::new(),
+                child,
+                addr: format!("127.0.0.1:{port}"),
+                metrics: None,
+            };
             if wait_memcached(&mut p, self.opts.ready_timeout_ms).await? {
                 return Ok(p);
             }
@@ -327,6 +347,17 @@ impl LocalCluster {
 
     pub fn data_addrs(&self) -> Vec<String> {
         self.data.iter().map(|p| p.addr.clone()).collect()
+    }
+
+    /// Every server's metrics endpoint as (role, `127.0.0.1:PORT`): `meta`, then `data0`, `data1`, ... (with
+    /// [`LaunchOptions::metrics`]; empty otherwise). Scrape `http://ADDR/metrics`.
+    pub fn metrics_addrs(&self) -> Vec<(String, String)> {
+        self.mds.iter().chain(&self.data).filter_map(|p| Some((p.role.clone(), p.metrics.clone()?))).collect()
+    }
+
+    /// `DIR/metrics.txt`: one line `ROLE ADDR` per metrics endpoint (what `weft top` reads).
+    pub fn metrics_file(&self) -> PathBuf {
+        self.opts.dir.join(METRICS_FILE)
     }
 
     /// The memcached daemons' addresses (`127.0.0.1:PORT`), in bank order.
@@ -536,6 +567,21 @@ impl LocalCluster {
 
 /// A port on 127.0.0.1 that was free a moment ago (memcached cannot report an ephemeral port it bound without
 /// writing a file, which it cannot do after dropping root).
+/// The list of metrics endpoints in the cluster directory.
+pub const METRICS_FILE: &str = "metrics.txt";
+
+/// The `metrics_listen` line of a server's config: a free loopback port (fixed, so a restart keeps it), or none.
+fn metrics_toml(on: bool) -> std::io::Result<String> {
+    Ok(if on { format!("metrics_listen = \"127.0.0.1:{}\"\n", free_port()?) } else { String::new() })
+}
+
+/// The `metrics_listen` address a config file written by [`metrics_toml`] names.
+fn config_metrics_listen(config: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(config).ok()?;
+    let line = text.lines().find_map(|l| l.strip_prefix("metrics_listen = "))?;
+    Some(line.trim().trim_matches('"').to_string())
+}
+
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

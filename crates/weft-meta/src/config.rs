@@ -18,6 +18,10 @@ pub struct MetaConfig {
     /// whose clients reach nothing else; off by default (metadata is never on the data path).
     #[serde(default)]
     pub rdma_listen: Option<String>,
+    /// Serve Prometheus metrics over HTTP at `GET /metrics` on this address (`127.0.0.1:9100`; port 0: any free
+    /// port). Off when absent. Plain HTTP without authentication: keep it on loopback or a management network.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
     /// Directory of the embedded store (`meta.redb`).
     pub data_dir: PathBuf,
     /// The cluster key file (docs/format.md §9): every connection must prove it; required with `auth = "key"`.

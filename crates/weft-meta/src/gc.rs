@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use weft_fabric::TcpFabric;
 use weft_proto::Request;
 use weft_proto::msg::InoReq;
@@ -43,6 +43,7 @@ pub(crate) async fn collect_orphans(
             continue;
         }
         let addrs: HashMap<u32, String> = ns.servers().into_iter().map(|s| (s.id, s.addr)).collect();
+        let (found, mut collected) = (orphans.len(), 0usize);
         for (ino, layout) in orphans {
             let mut all_removed = true;
             for server in &layout.servers {
@@ -59,7 +60,7 @@ pub(crate) async fn collect_orphans(
                                 c
                             }
                             Err(e) => {
-                                debug!(server, "orphan collection: cannot reach data server: {e}");
+                                debug!(server, addr = %addr, ino, "orphan collection: cannot reach data server: {e}");
                                 all_removed = false;
                                 continue;
                             }
@@ -67,7 +68,12 @@ pub(crate) async fn collect_orphans(
                     }
                 };
                 if let Err(e) = client.call_simple(Request::RemoveObject(InoReq { ino })).await {
-                    debug!(server, ino, "orphan collection: remove failed, will retry: {e}");
+                    debug!(
+                        server,
+                        addr = addrs.get(server).map_or("?", |a| a.as_str()),
+                        ino,
+                        "orphan collection: remove failed, will retry: {e}"
+                    );
                     clients.remove(server);
                     all_removed = false;
                 }
@@ -75,10 +81,20 @@ pub(crate) async fn collect_orphans(
             if all_removed {
                 let ns = ns.clone();
                 match tokio::task::spawn_blocking(move || ns.orphan_done(ino)).await {
-                    Ok(Ok(())) => debug!(ino, "objects of removed file collected"),
-                    other => warn!(ino, "cannot clear orphan record: {other:?}"),
+                    Ok(Ok(())) => {
+                        collected += 1;
+                        debug!(ino, servers = ?layout.servers, "orphan collection: objects of a removed file deleted");
+                    }
+                    other => warn!(ino, "orphan collection: cannot clear the orphan record: {other:?}"),
                 }
             }
+        }
+        // One line per round that deleted something; a round that could not (a server down) retries every
+        // interval, so it says so at debug only.
+        if collected > 0 {
+            info!(found, collected, left = found - collected, "orphan collection: removed files' objects deleted");
+        } else {
+            debug!(found, "orphan collection: nothing could be deleted this round");
         }
     }
 }

@@ -41,6 +41,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     std::fs::create_dir_all(&dir).map_err(|e| MetaServerError::Store { dir: dir.clone(), source: e.into() })?;
     let store = RedbStore::open_with(&dir, cfg.journal())
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
+    let journal_stats = store.journal_stats();
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?
         .with_xattr_bytes_max(cfg.xattr_bytes_max_per_inode);
@@ -57,7 +58,12 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         .await
         .map_err(|source| MetaServerError::Listen { addr: cfg.listen.clone(), source })?;
     let addr = listener.local_addr().map_err(MetaServerError::Serve)?;
+    let metrics = match &cfg.metrics_listen {
+        Some(at) => Some(serve_metrics(at, journal_stats).await?),
+        None => None,
+    };
     let server_cfg = ServerConfig {
+        metrics,
         limits: FrameLimits { body_bytes_max: 1 << 20, data_bytes_max: 0 },
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
@@ -86,4 +92,22 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     tokio::spawn(collect_orphans(ns, tcp, cfg.gc_interval_ms, key.map(Credential::cluster)));
     ready(&addr);
     server.serve(listener).await.map_err(MetaServerError::Serve)
+}
+
+/// The MDS's metrics (the RPC server's, added by `RpcServer`; the journal's; the RPC clients' of the orphan
+/// collector), served on `at`.
+async fn serve_metrics(
+    at: &str,
+    journal: crate::journal::JournalStats,
+) -> Result<Arc<weft_rpc::Metrics>, MetaServerError> {
+    let m = weft_rpc::Metrics::new("mds");
+    m.register("weft_mds_journal_commits", "Journal group commits (one fdatasync each)", journal.commits);
+    m.register(
+        "weft_mds_journal_group_entries",
+        "Journal entries (metadata transactions) made durable by one group commit",
+        journal.group_entries,
+    );
+    weft_rpc::metrics::register_client(&m);
+    m.listen(at).await.map_err(|source| MetaServerError::Listen { addr: at.to_string(), source })?;
+    Ok(m)
 }

@@ -81,6 +81,11 @@ impl std::fmt::Debug for RedbStore {
 }
 
 impl RedbStore {
+    /// The journal's metrics handles (shared with the journal: clones count together).
+    pub fn journal_stats(&self) -> crate::journal::JournalStats {
+        self.inner.journal.stats.clone()
+    }
+
     /// Opens (creating if needed) `dir/meta.redb` and its journal with the default limits. See
     /// [`RedbStore::open_with`].
     pub fn open(dir: impl AsRef<Path>) -> Result<RedbStore, MetaError> {
@@ -119,14 +124,14 @@ impl RedbStore {
         let segs: Vec<(u64, &[u8])> = disk.segments.iter().map(|(seq, _, data)| (*seq, data.as_slice())).collect();
         let found = journal::scan(&segs, applied)?;
         if found.dropped > 0 {
-            tracing::warn!(dropped = found.dropped, "journal: dropped never-acknowledged entries past a torn tail");
+            tracing::warn!(dir = %jdir.display(), dropped = found.dropped, "journal recovery: dropped never-acknowledged entries past a torn tail");
         }
         for batch in found.replay.chunk_by(|a, b| a.seg == b.seg) {
             replay(&db, batch.iter().map(|r| &segs[r.seg].1[r.range.clone()]))?;
         }
         let last = found.replay.last().map_or(applied, |r| r.lsn);
         if !found.replay.is_empty() {
-            tracing::info!(entries = found.replay.len(), from = applied + 1, to = last, "journal: replayed");
+            tracing::info!(dir = %jdir.display(), entries = found.replay.len(), from = applied + 1, to = last, "journal recovery: replayed");
         }
         checkpoint_at(&db, last)?;
         let next_seq = disk.segments.last().map_or(0, |s| s.0) + 1;

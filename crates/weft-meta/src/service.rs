@@ -168,35 +168,74 @@ impl Service for MetaService {
             _ => {}
         }
         let cred = self.caller_cred(ctx)?;
+        // What the request is about, for the log line of a failure: taken only when debug logging is on (the
+        // name is a copy).
+        let target = tracing::enabled!(tracing::Level::DEBUG).then(|| target_of(&req));
+        let (op, uid) = (req.op(), cred.uid);
         // What the op may change, read before it runs (a removed name's inode is gone from the store after).
         let touched = self.pusher.as_ref().map(|p| p.before(&req));
-        let resp = match req {
-            Request::Open(r) => {
-                let write = r.rights.covers(Rights::WRITE);
-                let resp = self.open(ctx, cred, r).await?;
-                if !write {
-                    return Ok(resp.into());
+        let r: Result<Response, WireError> = async {
+            let resp = match req {
+                Request::Open(r) => {
+                    let write = r.rights.covers(Rights::WRITE);
+                    let resp = self.open(ctx, cred, r).await?;
+                    if !write {
+                        return Ok(resp);
+                    }
+                    // An open for writing advanced the data version: publish the new attributes.
+                    resp
                 }
-                // An open for writing advanced the data version: publish the new attributes.
-                resp
-            }
-            Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
-            Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
-                let resp = self.execute_in_place(&cred, &req)?;
-                if let Some(p) = &self.pusher {
-                    p.fill(&req, &resp);
+                Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
+                Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
+                    let resp = self.execute_in_place(&cred, &req)?;
+                    if let Some(p) = &self.pusher {
+                        p.fill(&req, &resp);
+                    }
+                    return Ok(resp);
                 }
-                return Ok(resp.into());
+                // Point reads too (a mount with POSIX ACLs asks for each inode's access ACL).
+                Request::GetXattr(_) | Request::ListXattr(_) => return self.execute_in_place(&cred, &req),
+                req => self.execute_on_blocking_pool(cred, req).await?,
+            };
+            // Committed: publish before replying, so whoever hears of the change finds it in the bank.
+            if let (Some(p), Some(t)) = (&self.pusher, touched) {
+                p.after(t, &resp).await;
             }
-            // Point reads too (a mount with POSIX ACLs asks for each inode's access ACL).
-            Request::GetXattr(_) | Request::ListXattr(_) => return Ok(self.execute_in_place(&cred, &req)?.into()),
-            req => self.execute_on_blocking_pool(cred, req).await?,
-        };
-        // Committed: publish before replying, so whoever hears of the change finds it in the bank.
-        if let (Some(p), Some(t)) = (&self.pusher, touched) {
-            p.after(t, &resp).await;
+            Ok(resp)
         }
-        Ok(resp.into())
+        .await;
+        if let (Err(e), Some((ino, name))) = (&r, target) {
+            let what =
+                if e.code == ErrorCode::Permission { "refused by the permission check" } else { "request failed" };
+            tracing::debug!(peer = %ctx.peer, key = ctx.principal.name(), session = format_args!("{:#x}", ctx.session),
+                uid, op = op.name(), ino, name = name.as_deref().unwrap_or(""), code = ?e.code, "{what}: {}", e.message);
+        }
+        r.map(Into::into)
+    }
+}
+
+/// The inode a request is about (the directory, for an op on a name) and the name, for logs.
+fn target_of(req: &Request) -> (u64, Option<String>) {
+    let named = |parent: u64, name: &str| (parent, Some(name.to_string()));
+    match req {
+        Request::Lookup(r) => named(r.parent, &r.name),
+        Request::Create(r) | Request::CreateOpen(r) => named(r.parent, &r.name),
+        Request::Mknod(r) => named(r.parent, &r.name),
+        Request::Mkdir(r) => named(r.parent, &r.name),
+        Request::Rmdir(r) | Request::Unlink(r) => named(r.parent, &r.name),
+        Request::Rename(r) => (r.src_parent, Some(format!("{} -> {}:{}", r.src_name, r.dst_parent, r.dst_name))),
+        Request::Symlink(r) => named(r.parent, &r.name),
+        Request::Link(r) => (r.ino, Some(format!("-> {}:{}", r.new_parent, r.new_name))),
+        Request::GetAttr(r) | Request::Readlink(r) => (r.ino, None),
+        Request::SetAttr(r) => (r.ino, None),
+        Request::Readdir(r) | Request::ReaddirPlus(r) => (r.ino, None),
+        Request::SetLayout(r) => (r.ino, None),
+        Request::Commit(r) | Request::CommitWcc(r) => (r.ino, None),
+        Request::Open(r) => (r.ino, None),
+        Request::GetXattr(r) | Request::RemoveXattr(r) => (r.ino, Some(r.name.clone())),
+        Request::SetXattr(r) => (r.ino, Some(r.name.clone())),
+        Request::ListXattr(r) => (r.ino, None),
+        _ => (0, None),
     }
 }
 

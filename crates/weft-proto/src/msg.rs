@@ -19,6 +19,13 @@ macro_rules! messages {
         pub enum Op { $( $(#[$m])* $variant = $code, )* }
 
         impl Op {
+            /// Every op, in code order (metrics resolve their per-op series from it).
+            pub const ALL: &'static [Op] = &[ $( Op::$variant, )* ];
+            /// The op's name as in this file (`"Create"`): the `op` label of metrics and logs, so dashboards
+            /// depend on it: rename a variant only as deliberately as a metric.
+            pub fn name(self) -> &'static str {
+                match self { $( Op::$variant => stringify!($variant), )* }
+            }
             pub fn from_u16(v: u16) -> Option<Op> {
                 match v { $( $code => Some(Op::$variant), )* _ => None }
             }

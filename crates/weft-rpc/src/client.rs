@@ -279,6 +279,7 @@ impl<F: Fabric> RpcClient<F> {
         let mut dest = dest;
         let mut retry = Retry::new(&inner.addr, op, inner.cfg.attempts_max);
         let mut next = retry.start();
+        let mut resend = false;
         loop {
             let backoff = match next {
                 Next::Send { backoff } => backoff,
@@ -291,11 +292,15 @@ impl<F: Fabric> RpcClient<F> {
                     if forget_session {
                         self.forget_session(sid);
                     }
+                    crate::metrics::CLIENT.calls_failed.inc();
                     return Err(error);
                 }
             };
             if !backoff.is_zero() {
                 tokio::time::sleep(backoff).await;
+            }
+            if std::mem::replace(&mut resend, true) {
+                crate::metrics::CLIENT.retries.inc();
             }
             let (reply, d) = self.attempt(&frame, (sid, slot, seq), dest, require_conn, retry.attempt()).await;
             dest = d;

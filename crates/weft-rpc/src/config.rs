@@ -5,6 +5,7 @@ use std::sync::Arc;
 use weft_proto::FrameLimits;
 
 use crate::auth::{Credential, KeyRing};
+use crate::metrics::Metrics;
 
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -85,6 +86,9 @@ pub struct ServerConfig {
     /// The keys clients must prove before anything but `Null` is served; `None`: authentication is off (every
     /// connection is trusted, sessions are not bound to connections).
     pub auth: Option<Arc<KeyRing>>,
+    /// Where the server's counters go (requests, errors and latency by op, bytes by fabric, sessions, slots,
+    /// connections, pool buffers); `None`: not counted.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 impl Default for ServerConfig {
@@ -109,6 +113,7 @@ impl Default for ServerConfig {
             // the whole table.
             connections_per_peer_max: 1024,
             auth: None,
+            metrics: None,
         }
     }
 }

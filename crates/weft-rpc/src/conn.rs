@@ -119,8 +119,7 @@ impl ConnTable {
     }
 
     /// Connections in the table.
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.inner.lock().expect("connection table").conns.len()
     }
 }

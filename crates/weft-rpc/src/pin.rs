@@ -13,6 +13,7 @@
 //! This module is the cache alone (no I/O): [`crate::RpcClient::call_with_chunks`] registers the misses and sends
 //! the batch.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
@@ -62,6 +63,21 @@ struct RegEntry {
     _local: Option<weft_fabric::LocalRegistration>,
     /// Dropped as soon as no call uses it (the fabric pins pages: see `Capabilities::pins_pages`).
     transient: bool,
+}
+
+/// Registrations held by every cache of this process (the metrics' `weft_rpc_client_registrations`): counted up
+/// where an entry is made, down when it is dropped.
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for RegEntry {
+    fn drop(&mut self) {
+        HELD.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Registrations held by all pin-down caches of this process.
+pub(crate) fn registrations_held() -> usize {
+    HELD.load(Ordering::Relaxed)
 }
 
 pub(crate) struct RegCache {
@@ -167,6 +183,7 @@ impl RegCache {
                         }
                     };
                     let rkey = local.as_ref().map_or(0, |l| l.rkey);
+                    HELD.fetch_add(1, Ordering::Relaxed);
                     c.entries.push(RegEntry {
                         id,
                         addr: start,

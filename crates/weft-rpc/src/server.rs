@@ -34,6 +34,7 @@ use crate::auth::{self, Principal, ServerAuth};
 use crate::config::ServerConfig;
 use crate::conn::{ConnTable, ConnTicket, RateLimitedLog};
 use crate::io::{ReadError, read_head, skip, write_frame};
+use crate::metrics::{FabricBytes, Metrics, OpMetrics};
 use crate::pool::{BufferPool, PoolBuf};
 use crate::session::{Admit, Binding, CachedReply, SessionTable};
 
@@ -53,6 +54,8 @@ pub struct CallCtx {
     /// The peer's uid, gid and pid as the kernel names them (`shm`: SO_PEERCRED at accept); None on network
     /// fabrics.
     pub peer_cred: Option<PeerCred>,
+    /// The fabric the call came over (`tcp`, `shm`, `rdma`), for metrics and logs.
+    pub fabric: &'static str,
 }
 
 impl CallCtx {
@@ -106,8 +109,65 @@ pub struct RpcServer<F: Fabric, S: Service> {
     /// Refused, evicted and timed-out connections: logged at most once a second each, with a count of the rest.
     refusals_log: RateLimitedLog,
     deadlines_log: Arc<RateLimitedLog>,
+    /// Counters, when the config names a registry.
+    metrics: Option<ServerMetrics>,
     _fabric: std::marker::PhantomData<F>,
 }
+
+/// The server's series, resolved once (see `metrics.rs`).
+struct ServerMetrics {
+    ops: OpMetrics,
+    /// Request and reply payload bytes (after the body) by fabric.
+    payload: FabricBytes,
+}
+
+impl ServerMetrics {
+    fn new(m: &Metrics, sessions: &Arc<SessionTable>, conns: &Arc<ConnTable>, pool: &BufferPool) -> ServerMetrics {
+        let ops =
+            OpMetrics::new(m, "weft_rpc_server_requests", "RPC requests served", &crate::metrics::wire_ops(m.role()));
+        let payload = FabricBytes::new(
+            m,
+            "weft_rpc_server_payload_bytes",
+            "Payload bytes carried in RPC frames (requests in, replies out), by fabric",
+        );
+        let sessions_g = m.gauge("weft_rpc_sessions", "RPC sessions held");
+        let slots_g = m.gauge("weft_rpc_slots_granted", "Slots granted over all sessions");
+        let running_g = m.gauge("weft_rpc_slots_running", "Slots running a request now");
+        let conns_g = m.gauge("weft_rpc_connections", "Connections open over all listeners");
+        let free =
+            prometheus_client::metrics::family::Family::<ClassLabel, prometheus_client::metrics::gauge::Gauge>::default(
+            );
+        let total =
+            prometheus_client::metrics::family::Family::<ClassLabel, prometheus_client::metrics::gauge::Gauge>::default(
+            );
+        m.register("weft_rpc_pool_buffers_free", "Payload buffers not on loan, by size class (bytes)", free.clone());
+        m.register("weft_rpc_pool_buffers", "Payload buffers, by size class (bytes)", total.clone());
+        let arenas = m.gauge("weft_fabric_arenas", "One-sided connections holding a client's arena");
+        let regions = m.gauge("weft_fabric_regions", "Client memory regions registered over all connections");
+        let refused = m.gauge("weft_fabric_chunks_refused", "Chunk lists refused for leaving the registered regions");
+        let (sessions, conns, pool) = (sessions.clone(), conns.clone(), pool.clone());
+        m.on_scrape(move || {
+            let (s, slots, running) = sessions.occupancy();
+            sessions_g.set(s as i64);
+            slots_g.set(slots as i64);
+            running_g.set(running as i64);
+            conns_g.set(conns.len() as i64);
+            for c in pool.classes() {
+                let l = [("class_bytes", c.buf_bytes.to_string())];
+                total.get_or_create(&l).set(i64::from(c.buffers));
+                free.get_or_create(&l).set(pool.available_in(c.buf_bytes) as i64);
+            }
+            let f = weft_fabric::memory_stats();
+            arenas.set(f.arenas as i64);
+            regions.set(f.regions as i64);
+            refused.set(f.chunks_refused as i64);
+        });
+        ServerMetrics { ops, payload }
+    }
+}
+
+/// Label of a pool size class: `class_bytes="65536"`.
+type ClassLabel = [(&'static str, String); 1];
 
 /// Socket read buffer for headers and bodies; payloads larger than this bypass it.
 const READ_BUFFER_BYTES: usize = 64 << 10;
@@ -133,6 +193,8 @@ struct ConnOut<F: Fabric> {
     auth: Mutex<ServerAuth>,
     /// The fabric's channel binding (TLS), mixed into the handshake's client nonce.
     channel_binding: Option<[u8; 32]>,
+    /// The listener's fabric, an index into `metrics::FABRICS`.
+    fabric: usize,
 }
 
 impl<F: Fabric, S: Service> RpcServer<F, S> {
@@ -146,9 +208,13 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     pub fn with_pool(mut cfg: ServerConfig, service: Arc<S>, pool: BufferPool) -> Arc<Self> {
         // A payload is read into one buffer: never accept one larger than the largest class.
         cfg.limits.data_bytes_max = cfg.limits.data_bytes_max.min(u32::try_from(pool.buf_bytes()).unwrap_or(u32::MAX));
+        let sessions = Arc::new(SessionTable::new(cfg.slots_max, cfg.sessions_max, cfg.session_idle_ms));
+        let connections = ConnTable::new(cfg.connections_max, cfg.connections_per_peer_max);
+        let metrics = cfg.metrics.as_ref().map(|m| ServerMetrics::new(m, &sessions, &connections, &pool));
         Arc::new(RpcServer {
-            sessions: Arc::new(SessionTable::new(cfg.slots_max, cfg.sessions_max, cfg.session_idle_ms)),
-            connections: ConnTable::new(cfg.connections_max, cfg.connections_per_peer_max),
+            sessions,
+            connections,
+            metrics,
             cfg,
             service,
             pool,
@@ -165,6 +231,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     /// Accepts and serves connections until the listener fails. Never waits on a limit: a connection over one is
     /// closed at once (or makes room by evicting one that has not completed a frame), see `conn.rs`.
     pub async fn serve(self: Arc<Self>, mut listener: F::Listener) -> std::io::Result<()> {
+        let fabric = crate::metrics::fabric_index(&listener.local_addr().unwrap_or_default());
         loop {
             let conn = match listener.accept().await {
                 Ok(c) => c,
@@ -213,6 +280,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 principal: OnceLock::new(),
                 auth: Mutex::new(ServerAuth::Fresh),
                 channel_binding,
+                fabric,
             });
             if self.cfg.auth.is_none() {
                 let _ = out.principal.set(Principal::Anonymous);
@@ -369,6 +437,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     }
 
     async fn dispatch(self: &Arc<Self>, out: &Arc<ConnOut<F>>, h: Header, call: Call) {
+        let began = std::time::Instant::now();
         let req = &call.req;
         let open = matches!(req, Request::Null(()) | Request::AuthBegin(_) | Request::AuthFinish(_));
         if !open && out.principal.get().is_none() {
@@ -392,7 +461,8 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             Request::SessionCreate(c) => {
                 let binding = |id| self.binding(out, id);
                 self.sessions.create(&c.client_name, c.slots, binding).map(|(session, slots)| {
-                    info!(peer = %out.peer, client = %c.client_name, session = format_args!("{session:#x}"), slots, "session created");
+                    let key = out.principal.get().map_or("-", |p| p.name());
+                    info!(peer = %out.peer, client = %c.client_name, key, session = format_args!("{session:#x}"), slots, "session created");
                     Response::SessionCreate(SessionCreateResp { session, slots })
                 })
             }
@@ -440,6 +510,9 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 return;
             }
         };
+        if let Some(m) = &self.metrics {
+            m.ops.record(h.op as usize, result.is_ok(), began.elapsed());
+        }
         let (flags, body) = match result {
             Ok(resp) => (0, resp.encode_body()),
             Err(err) => (FLAG_ERROR, encode_value(&err)),
@@ -490,7 +563,12 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             _ => unreachable!("only handshake ops come here"),
         };
         if let Err(e) = &result {
-            warn!(peer = %out.peer, op = ?req.op(), "refusing: {}", e.message);
+            // The key the peer claims: named by AuthBegin, else the one the handshake is about.
+            let key = match req {
+                Request::AuthBegin(b) => b.key_id.clone(),
+                _ => state.pending_key_id().map(str::to_string).unwrap_or_default(),
+            };
+            warn!(peer = %out.peer, key, op = req.op().name(), "authentication refused: {}", e.message);
         }
         result
     }
@@ -525,6 +603,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     async fn execute(&self, out: &Arc<ConnOut<F>>, h: Header, call: Call, track: bool) {
         let Call { req, user, data } = call;
         let op = req.op();
+        let began = std::time::Instant::now();
         let ctx = CallCtx {
             session: h.session,
             peer: out.peer.clone(),
@@ -533,14 +612,21 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             pool: self.pool.clone(),
             memory: out.memory.clone(),
             peer_cred: out.peer_cred,
+            fabric: crate::metrics::FABRICS[out.fabric],
         };
         let (flags, body, payload) = match self.service.call(&ctx, req, data).await {
             Ok(reply) => (0, Bytes::from(reply.resp.encode_body()), reply.data),
             Err(err) => {
-                debug!(peer = %out.peer, ?op, "call failed: {err}");
+                let session = format_args!("{:#x}", h.session);
+                debug!(peer = %out.peer, key = ctx.principal.name(), session = %session, op = op.name(), code = ?err.code, "error returned to the client: {}", err.message);
                 (FLAG_ERROR, Bytes::from(encode_value(&err)), None)
             }
         };
+        if let Some(m) = &self.metrics {
+            m.ops.record(h.op as usize, flags & FLAG_ERROR == 0, began.elapsed());
+            m.payload.add(out.fabric, true, u64::from(h.data_len));
+            m.payload.add(out.fabric, false, payload.as_ref().map_or(0, |p| p.as_bytes().len() as u64));
+        }
         if track {
             let cached = (!op.is_idempotent()).then(|| CachedReply { flags, body: body.clone() });
             self.sessions.complete(h.session, h.slot, h.seq, cached);

@@ -100,7 +100,8 @@ impl SessionTable {
                 let idle = now.duration_since(s.last_used).as_millis() as u64 >= idle_ms;
                 let busy = s.slots.iter().any(|sl| matches!(sl.state, SlotState::Running(_)));
                 if idle && !busy {
-                    tracing::info!(session = format_args!("{id:#x}"), client = %s.client_name, "evicting idle session");
+                    let key = s.owner.as_ref().map_or("-", |o| &*o.key_id);
+                    tracing::info!(session = format_args!("{id:#x}"), client = %s.client_name, key, idle_ms, "session expired: evicting an idle session to make room");
                 }
                 !idle || busy
             });
@@ -224,6 +225,19 @@ impl SessionTable {
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.inner.lock().expect("session table").sessions.len()
+    }
+
+    /// (sessions, slots granted, slots running a request): the table's occupancy, for metrics at scrape time.
+    pub fn occupancy(&self) -> (usize, usize, usize) {
+        let t = self.inner.lock().expect("session table");
+        let slots = t.sessions.values().map(|s| s.slots.len()).sum();
+        let running = t
+            .sessions
+            .values()
+            .flat_map(|s| s.slots.iter())
+            .filter(|sl| matches!(sl.state, SlotState::Running(_)))
+            .count();
+        (t.sessions.len(), slots, running)
     }
 }
 

@@ -24,12 +24,21 @@ async fn connect(spec: &str) -> Result<Client> {
     Client::connect(&cfg).await.with_context(|| format!("connecting to the metadata service at {}", cfg.mds))
 }
 
+/// `--log-format json`: children this process starts log as JSON too.
+pub static LOG_JSON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+fn log_json() -> bool {
+    LOG_JSON.get().copied().unwrap_or(false)
+}
+
 /// `weft up --cache N --cache-mib M`: the cache bank's memcached daemons.
 pub struct CacheArgs {
     pub daemons: u32,
     pub mib: u32,
 }
 
+// One argument per group of `weft up` flags, straight from clap.
+#[allow(clippy::too_many_arguments)]
 pub async fn up(
     data_dir: PathBuf,
     servers: u32,
@@ -38,6 +47,7 @@ pub async fn up(
     mount_args: crate::MountArgs,
     tls: bool,
     cache: CacheArgs,
+    metrics: bool,
 ) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
@@ -50,6 +60,19 @@ pub async fn up(
     opts.tls |= tls;
     opts.cache = cache.daemons;
     opts.cache_mib = cache.mib;
+    opts.metrics = metrics;
+    // The servers log as this process was asked to (RUST_LOG=debug weft up: every server at debug).
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        opts.log_filter = filter;
+    }
+    if log_json() {
+        opts.env.push(("WEFT_LOG_FORMAT".into(), "json".into()));
+    }
+    let mut mount_args = mount_args;
+    if metrics && mount_dir.is_some() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        mount_args.metrics_listen = Some(format!("127.0.0.1:{port}"));
+    }
     let mut cluster = LocalCluster::start(opts).await?;
     let cfg = cluster.cluster_file();
     println!(
@@ -70,6 +93,16 @@ pub async fn up(
         );
     }
     println!("Data, logs and client config under {} (client config: {})", data_dir.display(), cfg.display());
+    if metrics {
+        let mut list = cluster.metrics_addrs();
+        if let Some(at) = &mount_args.metrics_listen {
+            list.push(("mount".into(), at.clone()));
+            let text: String = list.iter().map(|(role, addr)| format!("{role} {addr}\n")).collect();
+            std::fs::write(cluster.metrics_file(), text).context("writing metrics.txt")?;
+        }
+        let shown: Vec<String> = list.iter().map(|(role, addr)| format!("{role} http://{addr}/metrics")).collect();
+        println!("Metrics (Prometheus): {}; live rates: weft top --from {}", shown.join(", "), data_dir.display());
+    }
     let mounted = match &mount_dir {
         Some(dir) => {
             let m = start_mount(&cfg.to_string_lossy(), dir, &mount_args).await;
@@ -169,7 +202,14 @@ async fn start_mount(spec: &str, dir: &Path, args: &crate::MountArgs) -> Result<
     }
     let client = connect(spec).await?;
     let rt = tokio::runtime::Handle::current();
-    let (d, opts) = (dir.to_path_buf(), args.options());
+    let mut opts = args.options();
+    if let Some(at) = &args.metrics_listen {
+        let m = weft_rpc::Metrics::new("mount");
+        // Logged by `listen`: stdout carries only the launcher's one line.
+        m.listen(at).await.with_context(|| format!("serving metrics on {at}"))?;
+        opts.metrics = Some(m);
+    }
+    let d = dir.to_path_buf();
     tokio::task::spawn_blocking(move || weft_fuse::mount(client, rt, &d, &opts))
         .await
         .context("mount task")?
@@ -269,6 +309,12 @@ pub async fn mount_daemon(spec: &str, dir: &Path, args: &crate::MountArgs, log: 
     }
     if let Some(f) = FABRIC.get() {
         cmd.arg("--fabric").arg(f.name());
+    }
+    if let Some(at) = &args.metrics_listen {
+        cmd.arg("--metrics-listen").arg(at);
+    }
+    if log_json() {
+        cmd.arg("--log-format").arg("json");
     }
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())

@@ -11,6 +11,7 @@ mod human;
 mod mode;
 mod owner;
 mod size;
+mod top;
 
 use std::path::PathBuf;
 
@@ -20,8 +21,19 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "weft", version, about = "Weft: a striped, clustered network file system", long_about = None)]
 struct Cli {
+    /// Log lines as `text` (default) or `json` (one object per line, for log shippers); servers started by
+    /// `weft up` inherit it.
+    #[arg(long, global = true, value_enum, env = "WEFT_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// `--log-format text|json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Where the cluster is: a cluster.toml written by `weft up`, a directory holding one, or the MDS's host:port.
@@ -89,6 +101,9 @@ pub struct MountArgs {
     /// Mount read-only.
     #[arg(long)]
     pub ro: bool,
+    /// Serve Prometheus metrics (FUSE requests by op with latency, RPC retries) at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 }
 
 impl MountArgs {
@@ -181,6 +196,23 @@ enum Cmd {
         /// Memory of each memcached daemon, MiB.
         #[arg(long, value_name = "M", default_value_t = 64)]
         cache_mib: u32,
+        /// Serve no metrics (by default every role serves Prometheus metrics on a free loopback port, listed at
+        /// start and in DATA_DIR/metrics.txt).
+        #[arg(long)]
+        no_metrics: bool,
+    },
+    /// Live rates of a cluster from its metrics endpoints (DATA_DIR/metrics.txt of `weft up`, or ROLE=ADDR
+    /// pairs): requests per second by role and op, errors, bytes moved, journal commits.
+    Top {
+        /// A metrics.txt, the directory holding one, or endpoints as ROLE=HOST:PORT (comma-separated).
+        #[arg(long, default_value = "weft-data")]
+        from: String,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 2)]
+        interval_s: u64,
+        /// Samples to print before exiting (0: until Ctrl-C).
+        #[arg(long, default_value_t = 0)]
+        count: u32,
     },
     /// TLS certificates for a multi-machine cluster: `weft tls ca --out DIR`, then `weft tls cert` per server.
     Tls {
@@ -227,7 +259,8 @@ enum Cmd {
         journal_segment_bytes = 16777216 size each metadata journal segment is preallocated to\n  \
         journal_bytes_max = 268435456    journal not yet checkpointed above which writers wait\n  \
         checkpoint_bytes = 33554432      journal growth that triggers a checkpoint into meta.redb\n  \
-        checkpoint_interval_ms = 2000    longest a journaled change waits for a checkpoint\n\n\
+        checkpoint_interval_ms = 2000    longest a journaled change waits for a checkpoint\n  \
+        metrics_listen = \"127.0.0.1:9100\" serve Prometheus metrics at http://ADDR/metrics (default off)\n\n\
         On start it prints `WEFT-READY <addr>` on stdout; logs go to stderr (RUST_LOG filters them).")]
     Meta {
         /// The TOML file describing this metadata service.
@@ -261,7 +294,8 @@ enum Cmd {
         sessions_max = 1024              most client sessions held at once\n  \
         shm = true                       also serve same-host clients over shm (ROOT/weft-data.sock)\n  \
         rdma = true                      also serve rdma clients when this host has an RDMA device\n  \
-        rdma_port = 0                    the rdma side channel's TCP port (0: any free port)\n\n\
+        rdma_port = 0                    the rdma side channel's TCP port (0: any free port)\n  \
+        metrics_listen = \"127.0.0.1:9101\" serve Prometheus metrics at http://ADDR/metrics (default off)\n\n\
         On start it prints `WEFT-READY <addr>` on stdout; logs go to stderr (RUST_LOG filters them).")]
     Data {
         /// The TOML file describing this data server.
@@ -523,18 +557,27 @@ impl From<AuthArg> for weft_rpc::AuthMode {
     }
 }
 
-fn init_logging(default: &str) {
+fn init_logging(default: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    // Colours only on a terminal: servers usually log to files, where escape codes get in the way of grep.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        // One JSON object per line, fields flattened beside the message, for log shippers.
+        LogFormat::Json => fmt.json().flatten_event(true).with_current_span(false).init(),
+        LogFormat::Text => {
+            // Colours only on a terminal: servers usually log to files, where escape codes get in the way of grep.
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            fmt.with_ansi(ansi).init()
+        }
+    }
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let server_role = matches!(cli.cmd, Cmd::Meta { .. } | Cmd::Data { .. } | Cmd::Up { .. } | Cmd::Mount { .. });
-    init_logging(if server_role { "info" } else { "warn" });
+    init_logging(if server_role { "info" } else { "warn" }, cli.log_format);
+    // Children (`weft up`'s servers, `weft mount --daemon`) log the same way.
+    let _ = commands::LOG_JSON.set(cli.log_format == LogFormat::Json);
     // Servers hold thousands of connections (their caps are 4096 by default), more than the usual soft limit of
     // 1024 descriptors: take the hard limit, as every process of this binary may serve or open many.
     match weft_fabric::raise_open_files_limit() {
@@ -549,10 +592,11 @@ fn main() -> Result<()> {
 async fn run(cmd: Cmd) -> Result<()> {
     use commands as c;
     match cmd {
-        Cmd::Up { data_dir, servers, mount, auth, mount_opts: mount_args, tls, cache, cache_mib } => {
+        Cmd::Up { data_dir, servers, mount, auth, mount_opts: mount_args, tls, cache, cache_mib, no_metrics } => {
             let cache = c::CacheArgs { daemons: cache, mib: cache_mib };
-            c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache).await
+            c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache, !no_metrics).await
         }
+        Cmd::Top { from, interval_s, count } => top::top(&from, interval_s, count).await,
         Cmd::Tls { cmd: TlsCmd::Ca { out } } => {
             weft_launch::tls::make_ca(&out)?;
             println!(
