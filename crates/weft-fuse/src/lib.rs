@@ -151,7 +151,9 @@ enum FuseOp {
     Flush,
     Fsync,
     Getattr,
+    Getxattr,
     Link,
+    Listxattr,
     Lookup,
     Mkdir,
     Mknod,
@@ -162,9 +164,11 @@ enum FuseOp {
     Readdirplus,
     Readlink,
     Release,
+    Removexattr,
     Rename,
     Rmdir,
     Setattr,
+    Setxattr,
     Statfs,
     Symlink,
     Unlink,
@@ -172,13 +176,15 @@ enum FuseOp {
 }
 
 impl FuseOp {
-    const NAMES: [(FuseOp, &'static str); 23] = [
+    const NAMES: [(FuseOp, &'static str); 27] = [
         (FuseOp::Access, "access"),
         (FuseOp::Create, "create"),
         (FuseOp::Flush, "flush"),
         (FuseOp::Fsync, "fsync"),
         (FuseOp::Getattr, "getattr"),
+        (FuseOp::Getxattr, "getxattr"),
         (FuseOp::Link, "link"),
+        (FuseOp::Listxattr, "listxattr"),
         (FuseOp::Lookup, "lookup"),
         (FuseOp::Mkdir, "mkdir"),
         (FuseOp::Mknod, "mknod"),
@@ -189,9 +195,11 @@ impl FuseOp {
         (FuseOp::Readdirplus, "readdirplus"),
         (FuseOp::Readlink, "readlink"),
         (FuseOp::Release, "release"),
+        (FuseOp::Removexattr, "removexattr"),
         (FuseOp::Rename, "rename"),
         (FuseOp::Rmdir, "rmdir"),
         (FuseOp::Setattr, "setattr"),
+        (FuseOp::Setxattr, "setxattr"),
         (FuseOp::Statfs, "statfs"),
         (FuseOp::Symlink, "symlink"),
         (FuseOp::Unlink, "unlink"),
@@ -887,7 +895,7 @@ impl Filesystem for WeftFs {
         let Some(name) = name.to_str().map(str::to_owned) else {
             return reply.error(Errno::EOPNOTSUPP);
         };
-        self.spawn(req, move |_i, c| async move {
+        self.spawn(FuseOp::Getxattr, req, move |_i, c| async move {
             match c.getxattr(ino.0, &name).await {
                 Ok(v) => reply_xattr(reply, size, &v),
                 Err(e) => reply.error(errno(&e)),
@@ -896,7 +904,7 @@ impl Filesystem for WeftFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        self.spawn(req, move |_i, c| async move {
+        self.spawn(FuseOp::Listxattr, req, move |_i, c| async move {
             match c.listxattr(ino.0).await {
                 Ok(names) => {
                     let mut list = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
@@ -926,14 +934,14 @@ impl Filesystem for WeftFs {
         };
         // Linux's XATTR_CREATE and XATTR_REPLACE have the wire's values; other bits are refused by the MDS.
         let (value, flags) = (value.to_vec(), flags as u32);
-        self.spawn(req, move |_i, c| async move { reply_empty(reply, c.setxattr(ino.0, &name, &value, flags).await) });
+        self.spawn(FuseOp::Setxattr, req, move |_i, c| async move { reply_empty(reply, c.setxattr(ino.0, &name, &value, flags).await) });
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let Some(name) = name.to_str().map(str::to_owned) else {
             return reply.error(Errno::EOPNOTSUPP);
         };
-        self.spawn(req, move |_i, c| async move { reply_empty(reply, c.removexattr(ino.0, &name).await) });
+        self.spawn(FuseOp::Removexattr, req, move |_i, c| async move { reply_empty(reply, c.removexattr(ino.0, &name).await) });
     }
 
     fn ioctl(
