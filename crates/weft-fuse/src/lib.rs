@@ -934,14 +934,18 @@ impl Filesystem for WeftFs {
         };
         // Linux's XATTR_CREATE and XATTR_REPLACE have the wire's values; other bits are refused by the MDS.
         let (value, flags) = (value.to_vec(), flags as u32);
-        self.spawn(FuseOp::Setxattr, req, move |_i, c| async move { reply_empty(reply, c.setxattr(ino.0, &name, &value, flags).await) });
+        self.spawn(FuseOp::Setxattr, req, move |_i, c| async move {
+            reply_empty(reply, c.setxattr(ino.0, &name, &value, flags).await)
+        });
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let Some(name) = name.to_str().map(str::to_owned) else {
             return reply.error(Errno::EOPNOTSUPP);
         };
-        self.spawn(FuseOp::Removexattr, req, move |_i, c| async move { reply_empty(reply, c.removexattr(ino.0, &name).await) });
+        self.spawn(FuseOp::Removexattr, req, move |_i, c| async move {
+            reply_empty(reply, c.removexattr(ino.0, &name).await)
+        });
     }
 
     fn ioctl(

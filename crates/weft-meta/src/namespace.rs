@@ -123,8 +123,10 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             })?;
         }
         let persisted = store.read(|t| t.list_servers())?;
-        let servers =
-            persisted.into_iter().map(|(id, addr)| (id, ServerSlot { addr, space: None, device: None, last_ms: None })).collect();
+        let servers = persisted
+            .into_iter()
+            .map(|(id, addr)| (id, ServerSlot { addr, space: None, device: None, last_ms: None }))
+            .collect();
         Ok(Namespace {
             store,
             clock,
