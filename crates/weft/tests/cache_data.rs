@@ -35,7 +35,8 @@ async fn start_bank_cluster(name: &str, servers: u32, daemons: u32) -> TestClust
 fn bank_config(cl: &TestCluster, fast: bool) -> CacheConfig {
     let cache = cl.cluster_config().cache.expect("cluster.toml has a [cache] table");
     let timeout_ms = if fast { 500 } else { 5_000 };
-    CacheConfig { request_timeout_ms: timeout_ms, connect_timeout_ms: timeout_ms, ..cache }
+    // Data blocks only: the counts below are of block items (attributes and lookups are cache_attrs.rs's).
+    CacheConfig { request_timeout_ms: timeout_ms, connect_timeout_ms: timeout_ms, attrs: false, ..cache }
 }
 
 /// A client with the bank `cache` (or none).
