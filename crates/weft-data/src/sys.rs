@@ -8,8 +8,8 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-/// (bytes total, bytes available to unprivileged users) of the file system holding `path`.
-pub fn space(path: &Path) -> io::Result<(u64, u64)> {
+/// statvfs(3) of the file system holding `path`.
+fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
     let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
     // SAFETY: `c` is a NUL-terminated path that outlives the call; `st` points to writable memory of the right
@@ -19,7 +19,12 @@ pub fn space(path: &Path) -> io::Result<(u64, u64)> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: statvfs returned 0, so it initialised the struct.
-    let st = unsafe { st.assume_init() };
+    Ok(unsafe { st.assume_init() })
+}
+
+/// (bytes total, bytes available to unprivileged users) of the file system holding `path`.
+pub fn space(path: &Path) -> io::Result<(u64, u64)> {
+    let st = statvfs(path)?;
     let frag = st.f_frsize;
     Ok((st.f_blocks * frag, st.f_bavail * frag))
 }
@@ -28,16 +33,7 @@ pub fn space(path: &Path) -> io::Result<(u64, u64)> {
 pub fn device(path: &Path) -> io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(path)?.dev();
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
-    // SAFETY: as in `space`: a NUL-terminated path that outlives the call, and writable memory of the right type.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: statvfs returned 0, so it initialised the struct.
-    let st = unsafe { st.assume_init() };
-    Ok((dev, st.f_fsid))
+    Ok((dev, statvfs(path)?.f_fsid))
 }
 
 /// Maps `len` bytes of `f` from `offset` (a multiple of the page size) read-only, with the pages populated up front
