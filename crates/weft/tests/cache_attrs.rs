@@ -17,6 +17,7 @@ use weft_cache::{AttrItem, Bank, CacheKey, ItemKind, LookupItem};
 use weft_client::{Client, ClientError, ClusterConfig};
 use weft_proto::{Attr, ErrorCode, ROOT_INO, SetAttrs, UserCred};
 
+use common::memcached::raw_set;
 use common::{TestCluster, start_with};
 
 /// A bank deadline long enough that a loaded test machine never turns a hit, a push or a delete into a timeout.
@@ -140,18 +141,6 @@ async fn changes_by_one_client_are_seen_through_the_bank_by_another() {
     getattr_from_bank(&b, &truth, ROOT_INO).await;
     let stats = b.bank_stats().unwrap();
     assert_eq!((stats.refused_items, stats.failures, stats.timeouts), (0, 0, 0), "{stats:?}");
-}
-
-/// One raw text-protocol `set`, bypassing the bank.
-async fn raw_set(addr: &str, key: &str, value: &[u8]) {
-    let mut req = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
-    req.extend_from_slice(value);
-    req.extend_from_slice(b"\r\n");
-    let mut s = BufReader::new(TcpStream::connect(addr).await.unwrap());
-    s.get_mut().write_all(&req).await.unwrap();
-    let mut line = String::new();
-    s.read_line(&mut line).await.unwrap();
-    assert_eq!(line.trim_end(), "STORED");
 }
 
 #[tokio::test]

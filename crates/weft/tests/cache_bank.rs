@@ -7,12 +7,12 @@ mod common;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use weft_cache::value::{PAYLOAD_BYTES_MAX, encode_value};
 use weft_cache::{Bank, CacheConfig, CacheKey, HealthState, ItemKind};
 use weft_client::ClusterConfig;
 
+use common::memcached::{raw, raw_set};
 use common::{TestCluster, pattern, start_with};
 
 async fn start_bank_cluster(name: &str, daemons: u32) -> TestCluster {
@@ -40,21 +40,6 @@ fn payload(index: u64, len: usize) -> Vec<u8> {
     pattern(index, 0, len)
 }
 
-/// One raw text-protocol exchange: sends `request`, reads until a line equal to one of `ends`.
-async fn raw(addr: &str, request: &[u8], ends: &[&str]) -> String {
-    let mut s = BufReader::new(TcpStream::connect(addr).await.unwrap());
-    s.get_mut().write_all(request).await.unwrap();
-    let mut out = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(s.read_line(&mut line).await.unwrap() > 0, "{addr} closed: {out}");
-        out.push_str(&line);
-        if ends.iter().any(|e| line.trim_end() == *e) {
-            return out;
-        }
-    }
-}
-
 /// A counter from memcached's own `stats`.
 async fn stat(addr: &str, name: &str) -> u64 {
     let text = raw(addr, b"stats\r\n", &["END"]).await;
@@ -69,15 +54,6 @@ async fn total_stat(cl: &TestCluster, name: &str) -> u64 {
         sum += stat(&a, name).await;
     }
     sum
-}
-
-/// Stores `value` under `key` with a plain `set`, bypassing the bank.
-async fn raw_set(addr: &str, key: &str, value: &[u8]) {
-    let mut req = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
-    req.extend_from_slice(value);
-    req.extend_from_slice(b"\r\n");
-    let reply = raw(addr, &req, &["STORED", "NOT_STORED", "SERVER_ERROR object too large for cache"]).await;
-    assert_eq!(reply.trim_end(), "STORED");
 }
 
 #[tokio::test]

@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use weft_cache::value::encode_value;
 use weft_cache::{Bank, CacheConfig, CacheKey, ItemKind};
 use weft_client::{Client, ClusterConfig, File, OpenMode};
 
+use common::memcached::{raw, raw_set};
 use common::{TestCluster, pattern, start_with};
 
 /// Bank blocks of 4 KiB: the default 1 MiB stripe unit is a multiple, so every file uses the bank.
@@ -58,22 +58,6 @@ async fn read_all(f: &File) -> Vec<u8> {
     f.read_at(0, BytesMut::zeroed(f.size() as usize)).await.unwrap().to_vec()
 }
 
-/// One raw text-protocol exchange with a memcached daemon: sends `request`, reads until a line equal to one of
-/// `ends`.
-async fn raw(addr: &str, request: &[u8], ends: &[&str]) -> String {
-    let mut s = BufReader::new(TcpStream::connect(addr).await.unwrap());
-    s.get_mut().write_all(request).await.unwrap();
-    let mut out = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(s.read_line(&mut line).await.unwrap() > 0, "{addr} closed: {out}");
-        out.push_str(&line);
-        if ends.iter().any(|e| line.trim_end() == *e) {
-            return out;
-        }
-    }
-}
-
 /// A counter from memcached's own `stats`, summed over the daemons that answer.
 async fn total_stat(addrs: &[String], name: &str) -> u64 {
     let mut sum = 0;
@@ -88,14 +72,6 @@ async fn total_stat(addrs: &[String], name: &str) -> u64 {
             .unwrap_or_else(|| panic!("no {name} in stats of {a}"));
     }
     sum
-}
-
-/// Stores raw bytes under `key` with a plain `set`, bypassing the bank.
-async fn raw_set(addr: &str, key: &str, value: &[u8]) {
-    let mut req = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
-    req.extend_from_slice(value);
-    req.extend_from_slice(b"\r\n");
-    assert_eq!(raw(addr, &req, &["STORED", "NOT_STORED"]).await.trim_end(), "STORED");
 }
 
 /// The bank keys of file `f` (one object: position 0) for its first `blocks` blocks at `data_version`.
