@@ -541,6 +541,11 @@ fn set_attr(t: &mut dyn MetaTxn, cred: &Cred, r: &SetAttrReq, now: i64) -> Resul
         // The access ACL follows a chmod (`posix_acl_chmod`): owner, mask (or group) and other entries.
         xattr::chmod_acl(t, i.ino, i.mode)?;
     }
+    // A truncate or a change of owner drops file capabilities (`do_truncate`, `chown_common`: ATTR_KILL_PRIV).
+    let owner_changes = s.uid.is_some_and(|u| u != i.uid) || s.gid.is_some_and(|g| g != i.gid);
+    if i.kind == FileKind::File && (s.size.is_some() || owner_changes) {
+        xattr::kill_priv(t, i.ino)?;
+    }
     if let Some(uid) = s.uid {
         i.uid = uid;
     }
@@ -785,7 +790,8 @@ fn set_layout(t: &mut dyn MetaTxn, cred: &Cred, r: &SetLayoutReq, now: i64) -> R
 }
 
 /// Returns the (mtime, size) found before the commit and the attributes after it. A commit follows writes, so a
-/// non-root committer clears the set-ID bits a write clears ([`perm::mode_after_write`]).
+/// non-root committer clears the set-ID bits a write clears ([`perm::mode_after_write`]), and any committer
+/// removes the file's capabilities ([`xattr::kill_priv`]).
 fn commit(t: &mut dyn MetaTxn, cred: &Cred, r: &CommitReq, now: i64) -> Result<((i64, u64), Attr), WireError> {
     let mut i = load(t, r.ino)?;
     let pre = (i.mtime_ns, i.size);
@@ -800,7 +806,8 @@ fn commit(t: &mut dyn MetaTxn, cred: &Cred, r: &CommitReq, now: i64) -> Result<(
     }
     perm::may_commit(cred, &i, acl_for(t, cred, &i)?.as_ref())?;
     let mode = perm::mode_after_write(cred, &i);
-    if mode != i.mode {
+    let killed = xattr::kill_priv(t, i.ino)?;
+    if mode != i.mode || killed {
         i.mode = mode;
         i.ctime_ns = i.ctime_ns.max(now);
     }

@@ -191,3 +191,65 @@ async fn the_mount_serves_attributes_and_enforces_acls_with_the_real_tools() {
     .await
     .unwrap();
 }
+
+/// The mount negotiates `FUSE_HANDLE_KILLPRIV_V2`, so the MDS, not the kernel, drops privileges when a file
+/// changes: a write (at its commit), a truncate and a chown remove `security.capability`, a non-root write drops
+/// set-user-ID; and the kernel no longer asks for `security.capability` before every write request.
+#[tokio::test(flavor = "multi_thread")]
+async fn changes_drop_file_capabilities_without_a_getxattr_per_write() {
+    let cl = start("xattr-killpriv", 1).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let m = Mount::start(
+        &cl,
+        &test_dir("xattr-killpriv-mnt"),
+        &["--allow-other", "--attr-timeout-ms", "0", "--metrics-listen", &addr],
+    );
+    // A version-2 capability value granting cap_net_bind_service (what `setcap` writes).
+    const CAP: &str = "0x0100000200040000000000000000000000000000";
+    let mnt = m.dir.display().to_string();
+    let has_cap = |p: &str| getxattr(Path::new(p), "security.capability", 64).is_ok();
+    {
+        let mnt = mnt.clone();
+        tokio::task::spawn_blocking(move || {
+            std::fs::set_permissions(Path::new(&mnt), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+            for f in ["w", "t", "o"] {
+                sh(&format!("echo v1 > {mnt}/{f} && setfattr -n security.capability -v {CAP} {mnt}/{f}"));
+                assert!(has_cap(&format!("{mnt}/{f}")), "{f} holds the capability");
+            }
+            sh(&format!("echo more >> {mnt}/w"));
+            assert!(!has_cap(&format!("{mnt}/w")), "a write drops the capability");
+            sh(&format!("truncate -s 1 {mnt}/t"));
+            assert!(!has_cap(&format!("{mnt}/t")), "a truncate drops the capability");
+            sh(&format!("chown 1000 {mnt}/o"));
+            assert!(!has_cap(&format!("{mnt}/o")), "a chown drops the capability");
+            // A set-user-ID file another user may write: that user's write clears the bit.
+            sh(&format!("echo x > {mnt}/s && chmod 4777 {mnt}/s"));
+            assert!(as_user(ALICE, &format!("echo y >> {mnt}/s")));
+            let mode = std::fs::metadata(format!("{mnt}/s")).unwrap();
+            assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o7777, 0o777);
+        })
+        .await
+        .unwrap();
+    }
+    let before = weft_rpc::metrics::parse(&weft_rpc::metrics::scrape(&addr).await.unwrap());
+    let big = m.path("big");
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&big).unwrap();
+        for _ in 0..64 {
+            f.write_all(&[7u8; 65536]).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let after = weft_rpc::metrics::parse(&weft_rpc::metrics::scrape(&addr).await.unwrap());
+    let grew = |op: &str| {
+        let l = format!("op=\"{op}\"");
+        weft_rpc::metrics::sum(&after, "weft_fuse_requests_total", &[&l])
+            - weft_rpc::metrics::sum(&before, "weft_fuse_requests_total", &[&l])
+    };
+    assert!(grew("write") >= 64.0, "64 write requests at least");
+    assert!(grew("getxattr") <= 2.0, "no getxattr per write: {} for {} writes", grew("getxattr"), grew("write"));
+    drop(m);
+}

@@ -232,6 +232,22 @@ pub(super) fn remove(t: &mut dyn MetaTxn, cred: &Cred, r: &XattrReq, now: i64) -
     Ok(())
 }
 
+/// The file-capability attribute Linux removes when a file's data, size or owner changes
+/// (`security_inode_killpriv`, `cap_inode_killpriv`).
+pub const CAPABILITY_XATTR: &str = "security.capability";
+
+/// Removes `ino`'s file capabilities after a write, a truncate or a change of owner, as Linux does for anyone
+/// (root included): a changed program must not keep the privileges granted to the old one. The MDS does it
+/// itself because the FUSE mount negotiates `FUSE_HANDLE_KILLPRIV_V2`, so the kernel no longer asks
+/// (a `getxattr` of this name before every write). Returns whether anything was removed.
+pub(super) fn kill_priv(t: &mut dyn MetaTxn, ino: u64) -> Result<bool, WireError> {
+    if t.get_xattr(ino, CAPABILITY_XATTR)?.is_none() {
+        return Ok(false);
+    }
+    t.del_xattr(ino, CAPABILITY_XATTR)?;
+    Ok(true)
+}
+
 /// After a chmod to `mode`: the access ACL's owner, mask (or group) and other entries take the new bits.
 pub(super) fn chmod_acl(t: &mut dyn MetaTxn, ino: u64, mode: u32) -> Result<(), WireError> {
     if let Some(mut acl) = access_acl(t, ino)? {
