@@ -156,7 +156,13 @@ async fn read_unit_on(f: &File, server: u32) -> Result<(u64, Vec<u8>), ClientErr
 async fn assert_reads_need(cl: &TestCluster, down: u32, data: &[u8]) {
     let c = cl.impatient_client().await;
     match read_all(&c).await {
-        Err(ClientError::DataAt { server, addr: named, file_offset, source: RpcError::Connect { addr, source }, .. }) => {
+        Err(ClientError::DataAt {
+            server,
+            addr: named,
+            file_offset,
+            source: RpcError::Connect { addr, source },
+            ..
+        }) => {
             assert_eq!(server, down);
             assert_eq!(addr, cl.data_addrs()[down as usize]);
             assert_eq!(named, addr, "the error names the server's address");
