@@ -320,17 +320,17 @@ impl ObjectStore {
         let mut scratch = [0u8; BLOCK_BYTES];
         for (b, &stored) in (first..last).zip(&crcs) {
             let bs = b * B;
-            let lost = DataError::Lost { ino, object_offset: bs, obj_len, path: self.object_path(ino) };
+            let lost = || DataError::Lost { ino, object_offset: bs, obj_len, path: self.object_path(ino) };
             if bs >= obj_len {
                 if stored != 0 {
-                    return Err(lost);
+                    return Err(lost());
                 }
             } else if let Some(f) = f
                 && offset >= obj_len
             {
                 // The block holding the end, not verified by the caller (it reads none of its bytes).
                 self.read_verified_block(ino, f, obj_len, b, stored, &mut scratch).map_err(|e| match e {
-                    DataError::Corrupt { .. } => lost,
+                    DataError::Corrupt { .. } => lost(),
                     other => other,
                 })?;
             }

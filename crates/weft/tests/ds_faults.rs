@@ -168,7 +168,9 @@ async fn a_full_data_server_is_enospc_through_the_mount() {
     assert!(back == pattern(8, 0, acked as usize), "acknowledged bytes changed after ENOSPC");
     assert!(std::fs::read(&path).unwrap() == back, "the mount reads the same bytes");
     c.close().await;
+    let mnt = m.dir.clone();
     drop(m);
+    let _ = std::fs::remove_dir(mnt);
 }
 
 #[tokio::test]
