@@ -13,6 +13,11 @@ pub enum ClientError {
     /// A call to a data server failed.
     #[error("data server {server}: {source}")]
     Data { server: u32, source: RpcError },
+    /// Reading or writing a file's bytes failed at one data server, after the RPC layer's bounded retries: it is
+    /// down or unreachable (`Connect`, `Timeout`, `ConnectionLost`), full (`NoSpace`), or answered another error.
+    /// Nothing is returned in place of the bytes (no zeros); a write that failed was not acknowledged.
+    #[error("file inode {ino} at file offset {file_offset}: data server {server} ({addr}): {source}")]
+    DataAt { ino: u64, file_offset: u64, server: u32, addr: String, source: RpcError },
     /// A stored block failed its checksum; no bytes of it were returned.
     #[error(
         "checksum mismatch in file inode {ino} at file offset {file_offset} (data server {server}, object offset {object_offset})"
@@ -50,7 +55,9 @@ impl ClientError {
     /// The server's error code, when a server answered with one.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            ClientError::Meta(e) | ClientError::Data { source: e, .. } => e.remote().map(|w| w.code),
+            ClientError::Meta(e) | ClientError::Data { source: e, .. } | ClientError::DataAt { source: e, .. } => {
+                e.remote().map(|w| w.code)
+            }
             ClientError::Path { error, .. } => error.code(),
             ClientError::Corrupt { .. } => Some(ErrorCode::Corrupt),
             ClientError::Access(_) => Some(ErrorCode::Permission),

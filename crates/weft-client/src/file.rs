@@ -209,8 +209,7 @@ impl File {
             // One unit (every write up to a transfer unit inside one stripe unit): sent from the caller's task. A
             // spawned task would cost a wake-up of another worker to start and another to report back.
             let segs: Vec<Bytes> = u.pieces.iter().map(|&i| seg_of(&data, &pieces[i], offset)).collect();
-            let server = self.layout.servers[u.server_index as usize];
-            write_unit(&self.client, &self.caps, self.attr.ino, server, u, segs).await?;
+            write_unit(&self.client, &self.caps, &self.layout, self.attr.ino, u, segs).await?;
             self.size.fetch_max(end, Ordering::SeqCst);
             self.dirty.store(true, Ordering::SeqCst);
             return Ok(());
@@ -218,11 +217,11 @@ impl File {
         let mut tasks = JoinSet::new();
         for u in units {
             let segs: Vec<Bytes> = u.pieces.iter().map(|&i| seg_of(&data, &pieces[i], offset)).collect();
-            let server = self.layout.servers[u.server_index as usize];
             let client = self.client.clone();
             let ino = self.attr.ino;
             let caps = self.caps.clone();
-            tasks.spawn(async move { write_unit(&client, &caps, ino, server, &u, segs).await });
+            let layout = self.layout.clone();
+            tasks.spawn(async move { write_unit(&client, &caps, &layout, ino, &u, segs).await });
         }
         let mut first_err = None;
         while let Some(r) = tasks.join_next().await {
@@ -515,12 +514,13 @@ fn seg_of(data: &Bytes, p: &weft_proto::Piece, offset: u64) -> Bytes {
 async fn write_unit(
     client: &Client,
     caps: &CapHolder,
+    layout: &Layout,
     ino: u64,
-    server: u32,
     u: &Unit,
     segs: Vec<Bytes>,
 ) -> Result<(), ClientError> {
-    let ds = client.data_server(server).await?;
+    let server = layout.servers[u.server_index as usize];
+    let ds = client.data_server(server).await.map_err(|e| at_offset(client, layout, ino, u, e))?;
     let classes = client.tuning().size_classes();
     let mut cap = caps.get().await?;
     let mut renewed = false;
@@ -532,8 +532,31 @@ async fn write_unit(
                 cap = caps.renew_from(&cap).await?;
                 renewed = true;
             }
-            Err(source) => return Err(ClientError::Data { server, source }),
+            Err(source) => return Err(at_offset(client, layout, ino, u, ClientError::Data { server, source })),
         }
+    }
+}
+
+/// The file offset of object offset `object_offset` in the object at `server_index` of `layout`.
+fn file_offset_of(layout: &Layout, server_index: u32, object_offset: u64) -> u64 {
+    let unit = u64::from(layout.stripe_unit);
+    let count = u64::from(layout.stripe_count);
+    let stripe = (object_offset / unit) * count + u64::from(server_index);
+    stripe * unit + object_offset % unit
+}
+
+/// Names the file, the unit's first file offset and the server's address in a data server's failure (a dead
+/// server, a full disk); other errors pass unchanged.
+fn at_offset(client: &Client, layout: &Layout, ino: u64, u: &Unit, e: ClientError) -> ClientError {
+    match e {
+        ClientError::Data { server, source } => ClientError::DataAt {
+            ino,
+            file_offset: file_offset_of(layout, u.server_index, u.object_offset),
+            server,
+            addr: client.server_addr(server).unwrap_or_else(|| "address unknown".into()),
+            source,
+        },
+        other => other,
     }
 }
 
@@ -549,7 +572,7 @@ async fn read_unit(
     fill: Option<FillHint>,
 ) -> Result<Vec<BytesMut>, ClientError> {
     let server = layout.servers[u.server_index as usize];
-    let ds = client.data_server(server).await?;
+    let ds = client.data_server(server).await.map_err(|e| at_offset(client, layout, ino, u, e))?;
     let classes = client.tuning().size_classes();
     let lens: Vec<usize> = dest.iter().map(|d| d.len()).collect();
     let cap = caps.get().await?;
@@ -560,24 +583,22 @@ async fn read_unit(
             let dest = lens.iter().map(|&n| BytesMut::zeroed(n)).collect();
             transfer::read_object(&ds, classes, ino, u.object_offset, dest, cap, fill)
                 .await
-                .map_err(|source| data_error(layout, ino, u.server_index, server, source))
+                .map_err(|source| data_error(client, layout, ino, u, server, source))
         }
-        Err(source) => Err(data_error(layout, ino, u.server_index, server, source)),
+        Err(source) => Err(data_error(client, layout, ino, u, server, source)),
     }
 }
 
-/// Names a corrupt block by its file offset; other failures by their server.
-fn data_error(layout: &Layout, ino: u64, server_index: u32, server: u32, source: RpcError) -> ClientError {
+/// Names a corrupt block by its file offset; other failures by the file offset of the unit and their server.
+fn data_error(client: &Client, layout: &Layout, ino: u64, u: &Unit, server: u32, source: RpcError) -> ClientError {
     if let RpcError::Remote(w) = &source
         && w.code == ErrorCode::Corrupt
         && let Some(object_offset) = w.offset
     {
-        let unit = u64::from(layout.stripe_unit);
-        let count = u64::from(layout.stripe_count);
-        let stripe = (object_offset / unit) * count + u64::from(server_index);
-        return ClientError::Corrupt { ino, file_offset: stripe * unit + object_offset % unit, server, object_offset };
+        let file_offset = file_offset_of(layout, u.server_index, object_offset);
+        return ClientError::Corrupt { ino, file_offset, server, object_offset };
     }
-    ClientError::Data { server, source }
+    at_offset(client, layout, ino, u, ClientError::Data { server, source })
 }
 
 #[cfg(test)]

@@ -167,6 +167,11 @@ impl Client {
     }
 
     /// The session to data server `id`, opened on first use.
+    /// The address the metadata service gave for data server `id`, if this client has asked for it.
+    pub fn server_addr(&self, id: u32) -> Option<String> {
+        self.inner.servers.lock().expect("servers").get(&id).cloned()
+    }
+
     pub(crate) async fn data_server(&self, id: u32) -> Result<Rpc, ClientError> {
         if let Some(c) = self.inner.ds.lock().expect("data servers").get(&id) {
             return Ok(c.clone());

@@ -13,8 +13,18 @@
 //! [`DataError::Corrupt`] naming the object offset of the block.
 //! Invariant: no offset or length reaches a system call before `check_range` bounded it by `OBJECT_BYTES_MAX`.
 //!
-//! Durability: writes go to the page cache (no fsync per write); a crash between the data and the checksum update
-//! shows up as `Corrupt` on read, never as wrong bytes.
+//! Durability: writes go to the page cache (no fsync per write); `fsync` (op `Fsync`) makes an object, its sidecar
+//! and its name durable. A crash between the data and the checksum update shows up as `Corrupt` on read, never as
+//! wrong bytes.
+//!
+//! A full file system (ENOSPC, EDQUOT) is [`DataError::NoSpace`]. A write reserves its blocks first, the sidecar's
+//! then the object's (`fallocate` with `KEEP_SIZE`), so on a full disk it fails before any byte or checksum
+//! changed; if the data write fails anyway, the part it appended past the object's old end is punched out again, so
+//! the old checksums (zeros there) still match. The sidecar is written last, into reserved blocks.
+//!
+//! Invariant: a write refused for lack of space leaves every block's data and checksum as they were (on file
+//! systems that can reserve blocks for overwrites: ext4, xfs, tmpfs; on copy-on-write ones such as btrfs an
+//! overwrite can still fail after the reservation, and its blocks then read `Corrupt`, never wrong bytes).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, ErrorKind};
@@ -50,9 +60,21 @@ fn stored_crc(block: &[u8]) -> u32 {
 pub enum DataError {
     #[error("{op} {path}: {source}")]
     Io { op: &'static str, path: PathBuf, source: io::Error },
+    /// The file system under the root is full (ENOSPC) or over its quota (EDQUOT); nothing of the request was
+    /// stored (see the module's invariant).
+    #[error("no space left on the data server's disk: {op} {path}: {source}")]
+    NoSpace { op: &'static str, path: PathBuf, source: io::Error },
     /// A block's bytes do not match its stored checksum.
     #[error("checksum mismatch in object {ino} in the block at object offset {object_offset} ({path})")]
     Corrupt { ino: u64, object_offset: u64, path: PathBuf },
+    /// The sidecar has a checksum for a block past the object's end (or for the partial block at its end that does
+    /// not match): bytes that were written are not on disk (lost in a crash before they were synced, or cut). The
+    /// read fails instead of returning zeros for them.
+    #[error(
+        "object {ino} ends at {obj_len}, but the block at object offset {object_offset} was written and its bytes are \
+         missing (lost in a data-server crash before they were synced?) ({path})"
+    )]
+    Lost { ino: u64, object_offset: u64, obj_len: u64, path: PathBuf },
     #[error(
         "range at offset {offset} of {len} bytes of object {ino} lies beyond the object size limit {OBJECT_BYTES_MAX}"
     )]
@@ -63,20 +85,23 @@ impl From<DataError> for WireError {
     fn from(e: DataError) -> WireError {
         let message = e.to_string();
         match e {
-            DataError::Corrupt { object_offset, .. } => {
+            // Lost bytes are a block that does not match its checksum: `Corrupt` on the wire, so a client names the
+            // file offset and a redundant layout rebuilds it as it would a corrupt one.
+            DataError::Corrupt { object_offset, .. } | DataError::Lost { object_offset, .. } => {
                 WireError::new(ErrorCode::Corrupt, message).with_offset(object_offset)
             }
             DataError::OutOfRange { offset, .. } => WireError::new(ErrorCode::OutOfRange, message).with_offset(offset),
-            DataError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
-                WireError::new(ErrorCode::NoSpace, message)
-            }
+            DataError::NoSpace { .. } => WireError::new(ErrorCode::NoSpace, message),
             DataError::Io { .. } => WireError::new(ErrorCode::Io, message),
         }
     }
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DataError + 'a {
-    move |source| DataError::Io { op, path: path.to_path_buf(), source }
+    move |source| match source.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => DataError::NoSpace { op, path: path.to_path_buf(), source },
+        _ => DataError::Io { op, path: path.to_path_buf(), source },
+    }
 }
 
 /// Checks a range from the wire before any arithmetic or I/O uses it; returns its end.
@@ -224,26 +249,30 @@ impl ObjectStore {
         let _g = self.locks.lock(ino, first * B, end.div_ceil(B) * B, false);
         let path = self.object_path(ino);
         let f = match File::open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                buf.fill(0);
-                return Ok(());
-            }
+            Ok(f) => Some(f),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
             Err(e) => return Err(io_err("opening", &path)(e)),
         };
-        let obj_len = f.metadata().map_err(io_err("stat", &path))?.len();
+        let obj_len = match &f {
+            Some(f) => f.metadata().map_err(io_err("stat", &path))?.len(),
+            None => 0,
+        };
         let data_end = end.min(obj_len);
-        if offset >= data_end {
+        let sidecar = self.open_sidecar(ino)?;
+        if end > obj_len {
+            // Zeros past the object's end only where no block was ever checksummed.
+            self.check_lost_tail(ino, f.as_ref(), sidecar.as_ref(), obj_len, offset, end)?;
+        }
+        let Some(f) = f.filter(|_| offset < data_end) else {
             buf.fill(0);
             return Ok(());
-        }
+        };
         let n = (data_end - offset) as usize;
         // The one read of the payload, straight into the buffer that will be sent.
         f.read_exact_at(&mut buf[..n], offset).map_err(io_err("reading", &path))?;
         buf[n..].fill(0);
 
         let last = data_end.div_ceil(B);
-        let sidecar = self.open_sidecar(ino)?;
         let crcs = self.read_crcs(ino, sidecar.as_ref(), first, (last - first) as usize)?;
         let mut scratch = [0u8; BLOCK_BYTES];
         for (b, &stored) in (first..last).zip(&crcs) {
@@ -265,6 +294,45 @@ impl ObjectStore {
                     // Cannot happen under the range lock unless the disk changed under us: refuse, do not guess.
                     return Err(DataError::Corrupt { ino, object_offset: bs, path });
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Before zeros are returned for `[offset, end)` past the object's end (`obj_len`, 0 for a missing object):
+    /// every block wholly past the end must have stored checksum 0 (never written), and the partly filled block
+    /// holding the end, when the read touches it, must verify. A block the sidecar says was written but whose bytes
+    /// are not there was lost (the data's pages never reached the disk before a crash, or the file was cut): the
+    /// read fails with [`DataError::Lost`] instead of returning zeros.
+    fn check_lost_tail(
+        &self,
+        ino: u64,
+        f: Option<&File>,
+        sidecar: Option<&File>,
+        obj_len: u64,
+        offset: u64,
+        end: u64,
+    ) -> Result<(), DataError> {
+        let Some(sidecar) = sidecar else { return Ok(()) };
+        let first = offset.max(obj_len) / B;
+        let last = end.div_ceil(B);
+        let crcs = self.read_crcs(ino, Some(sidecar), first, (last - first) as usize)?;
+        let mut scratch = [0u8; BLOCK_BYTES];
+        for (b, &stored) in (first..last).zip(&crcs) {
+            let bs = b * B;
+            let lost = || DataError::Lost { ino, object_offset: bs, obj_len, path: self.object_path(ino) };
+            if bs >= obj_len {
+                if stored != 0 {
+                    return Err(lost());
+                }
+            } else if let Some(f) = f
+                && offset >= obj_len
+            {
+                // The block holding the end, not verified by the caller (it reads none of its bytes).
+                self.read_verified_block(ino, f, obj_len, b, stored, &mut scratch).map_err(|e| match e {
+                    DataError::Corrupt { .. } => lost(),
+                    other => other,
+                })?;
             }
         }
         Ok(())
@@ -344,6 +412,9 @@ impl ObjectStore {
             } else {
                 if bs < obj_len {
                     self.read_verified_block(ino, &f, obj_len, b, old[i], &mut scratch)?;
+                } else if old[i] != 0 {
+                    // Written once, gone now: merging zeros in would bless the loss.
+                    return Err(DataError::Lost { ino, object_offset: bs, obj_len, path });
                 } else {
                     scratch.fill(0);
                 }
@@ -356,9 +427,36 @@ impl ObjectStore {
             };
             crcs.extend_from_slice(&crc.to_le_bytes());
         }
-        f.write_all_at(data, offset).map_err(io_err("writing", &path))?;
-        side.write_all_at(&crcs, first * CRC_BYTES).map_err(io_err("writing", &self.sidecar_path(ino)))?;
+        // Reserve before changing anything: a full disk fails here, with every block and checksum as it was.
+        let side_path = self.sidecar_path(ino);
+        crate::sys::reserve(&side, first * CRC_BYTES, crcs.len() as u64).map_err(io_err("reserving", &side_path))?;
+        crate::sys::reserve(&f, offset, len).map_err(io_err("reserving", &path))?;
+        if let Err(e) = f.write_all_at(data, offset) {
+            self.undo_append(&f, ino, obj_len, offset, end);
+            return Err(io_err("writing", &path)(e));
+        }
+        if let Err(e) = side.write_all_at(&crcs, first * CRC_BYTES) {
+            // Into reserved blocks, so only a copy-on-write file system gets here: the appended part goes again;
+            // overwritten blocks keep their old checksums and read `Corrupt`, never wrong bytes.
+            self.undo_append(&f, ino, obj_len, offset, end);
+            return Err(io_err("writing", &side_path)(e));
+        }
         Ok(())
+    }
+
+    /// After a failed write of `[offset, end)` to an object that was `obj_len` bytes long: deallocates what the write
+    /// may have put past the old end, so it reads as zeros again, which the untouched checksums there (zero: never
+    /// written, or the zero-padded old last block) expect. The object's length may stay longer (a hole).
+    fn undo_append(&self, f: &File, ino: u64, obj_len: u64, offset: u64, end: u64) {
+        let from = offset.max(obj_len);
+        if from >= end {
+            return;
+        }
+        match crate::sys::punch_hole(f, from, end - from) {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(ino, from, end, "cannot punch out a failed write's appended bytes here"),
+            Err(e) => tracing::warn!(ino, from, end, "punching out a failed write's appended bytes: {e}"),
+        }
     }
 
     /// Sets the object's length to `size`: bytes past it are gone (a later extension reads zeros).
@@ -553,6 +651,39 @@ mod tests {
         s.remove(1).unwrap();
         s.remove(1).unwrap();
         assert_eq!(s.space().unwrap().objects, 0);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// An object cut shorter than what its sidecar checksums (its tail lost in a crash) reads as an error for the
+    /// lost blocks, never as zeros; what is still there reads; a hole that was never written reads as zeros.
+    #[test]
+    fn bytes_lost_past_the_end_are_an_error_not_zeros() {
+        let (s, dir) = store("lost");
+        let d = bytes(9, 3 * BLOCK_BYTES);
+        s.write(2, 0, &d).unwrap();
+        s.write(2, 20 * B, b"far").unwrap();
+        s.truncate(2, 3 * B).unwrap();
+        // A hole after a truncate that extends: zeros, as before.
+        s.truncate(2, 8 * B).unwrap();
+        assert_eq!(read(&s, 2, 4 * B, 100).unwrap(), vec![0; 100]);
+        s.truncate(2, 3 * B).unwrap();
+        // Lose everything past 5000 bytes, as a crash that lost the data's pages but not the sidecar's would.
+        OpenOptions::new().write(true).open(s.object_path(2)).unwrap().set_len(5_000).unwrap();
+        assert_eq!(read(&s, 2, 0, 4_096).unwrap(), &d[..4_096], "block 0 is intact");
+        for (off, len) in [(0u64, 3 * BLOCK_BYTES), (6_000, 1_000), (2 * B, 10), (4_096, 500)] {
+            match read(&s, 2, off, len) {
+                Err(e @ DataError::Lost { .. }) | Err(e @ DataError::Corrupt { .. }) => {
+                    let w = WireError::from(e);
+                    assert_eq!(w.code, ErrorCode::Corrupt, "{off}+{len}");
+                    assert!(w.offset.is_some_and(|o| o == B || o == 2 * B), "{off}+{len}: {w:?}");
+                }
+                other => panic!("{off}+{len}: expected an error for lost bytes, got {:?}", other.map(|v| v.len())),
+            }
+        }
+        // A partial write into a lost block is refused rather than blessing its zeros.
+        assert!(matches!(s.write(2, 2 * B + 10, b"x"), Err(DataError::Lost { .. })));
+        // Past the sidecar's end: never written, zeros.
+        assert_eq!(read(&s, 2, 10 * B, 10).unwrap(), vec![0; 10]);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -1,5 +1,7 @@
-//! What std lacks here: statvfs(3) for the space and the file system identity of the object root, and read-only mappings of object files
-//! for reads served from the page cache. The only `unsafe` of this crate lives in this module.
+//! What std lacks here: statvfs(3) for the space and the file system identity of the object root, read-only mappings of object files
+//! for reads served from the page cache, and fallocate(2) to reserve space before a write (so a full disk fails the
+//! write before any byte changes) and to punch out the appended part of a write that failed. The only `unsafe` of
+//! this crate lives in this module.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
@@ -44,4 +46,39 @@ pub fn map_populated(f: &File, offset: u64, len: usize) -> io::Result<memmap2::M
     // `store::MappedRead`); object files belong to the data server alone, and changing them from outside while it
     // runs is unsupported (as for any storage daemon's files).
     unsafe { memmap2::MmapOptions::new().offset(offset).len(len).populate().map(f) }
+}
+
+/// Reserves disk blocks for `[offset, offset + len)` of `f` without changing its size or contents
+/// (`FALLOC_FL_KEEP_SIZE`). `Ok(false)`: the file system cannot reserve (no fallocate support), nothing was done.
+pub fn reserve(f: &File, offset: u64, len: u64) -> io::Result<bool> {
+    fallocate(f, libc::FALLOC_FL_KEEP_SIZE, offset, len)
+}
+
+/// Deallocates `[offset, offset + len)` of `f`: it reads as zeros afterwards; the size does not change.
+/// `Ok(false)`: the file system cannot punch holes, nothing was done.
+pub fn punch_hole(f: &File, offset: u64, len: u64) -> io::Result<bool> {
+    fallocate(f, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len)
+}
+
+fn fallocate(f: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    if len == 0 {
+        return Ok(true);
+    }
+    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    };
+    loop {
+        // SAFETY: fallocate(2) on a descriptor `f` owns for the whole call; it touches no memory of ours.
+        let rc = unsafe { libc::fallocate(f.as_raw_fd(), mode, off, n) };
+        if rc == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EOPNOTSUPP | libc::ENOSYS) => return Ok(false),
+            _ => return Err(e),
+        }
+    }
 }

@@ -215,6 +215,10 @@ impl FuseOp {
 fn errno(e: &ClientError) -> Errno {
     // Outside a counted request (no metrics) there is no flag to set.
     let _ = REPLIED_ERROR.try_with(|f| f.set(true));
+    if matches!(e, ClientError::DataAt { .. } | ClientError::Corrupt { .. }) {
+        // EIO (ENOSPC for a full disk) is all the caller sees: the log says which file, offset and server.
+        tracing::warn!("{e}");
+    }
     match e.code() {
         Some(code) => Errno::from_i32(code.errno()),
         None => {

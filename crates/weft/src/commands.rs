@@ -684,9 +684,13 @@ pub async fn put(spec: &str, local: &Path, remote: &str) -> Result<()> {
             break;
         }
         buf.truncate(filled);
-        f.write_at(offset, buf.freeze()).await?;
+        // The error names the file, the offset and the data server (a full disk, a server down).
+        f.write_at(offset, buf.freeze()).await.map_err(|e| e.with_path(remote))?;
         offset += filled as u64;
     }
+    // Like fsync(2) at the end of a copy: the data servers sync every object before the size is committed, so a
+    // `put` that succeeded survives a data server's crash.
+    f.sync().await.map_err(|e| e.with_path(remote))?;
     f.close().await?;
     Ok(())
 }

@@ -151,14 +151,24 @@ async fn read_unit_on(f: &File, server: u32) -> Result<(u64, Vec<u8>), ClientErr
     Ok((offset, f.read_at(offset, BytesMut::zeroed(STRIPE_UNIT as usize)).await?.to_vec()))
 }
 
-/// While data server `down` is not running: a read of the whole file fails, naming that server and its refused
-/// TCP address (a client that never reached it connects over TCP first); a unit on a server still up reads fine.
+/// While data server `down` is not running: a read of the whole file fails, naming that server, its refused
+/// TCP address and a file offset that lies on it (a client that never reached it connects over TCP first); a unit on a server still up reads fine.
 async fn assert_reads_need(cl: &TestCluster, down: u32, data: &[u8]) {
     let c = cl.impatient_client().await;
     match read_all(&c).await {
-        Err(ClientError::Data { server, source: RpcError::Connect { addr, source } }) => {
+        Err(ClientError::DataAt {
+            server,
+            addr: named,
+            file_offset,
+            source: RpcError::Connect { addr, source },
+            ..
+        }) => {
             assert_eq!(server, down);
             assert_eq!(addr, cl.data_addrs()[down as usize]);
+            assert_eq!(named, addr, "the error names the server's address");
+            let index = (file_offset / u64::from(STRIPE_UNIT)) % 3;
+            let layout_servers = c.open("/d/f", OpenMode::Read).await.unwrap().layout().servers.clone();
+            assert_eq!(layout_servers[index as usize], down, "the file offset named lies on the server that is down");
             assert_eq!(source.kind(), std::io::ErrorKind::ConnectionRefused);
         }
         other => panic!("a read that needs data server {down} while it is down: {other:?}"),
