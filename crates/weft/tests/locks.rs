@@ -214,7 +214,7 @@ async fn flock_contends_between_two_mounts() {
             }
         };
         let hold = |mode: &str, f: &Path| {
-            let mut p = Proc::spawn(Command::new("flock").arg(mode).arg(f).args(["sh", "-c", "echo LOCKED; read x"]));
+            let mut p = Proc::spawn(Command::new("flock").arg(mode).arg(f).args(["sh", "-c", "echo LOCKED; read x || true"]));
             assert_eq!(p.line(), "LOCKED");
             p
         };
