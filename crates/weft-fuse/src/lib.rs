@@ -40,8 +40,7 @@ use fuser::{
     AccessFlags, Config, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL,
-    TimeOrNow,
-    WriteFlags,
+    TimeOrNow, WriteFlags,
 };
 use tracing::debug;
 use weft_client::{Client, ClientError, OpenMode};

@@ -171,8 +171,12 @@ impl SessionLocks {
                 let mut table = me.table.lock().expect("lock table");
                 let n = table.release(session, None, None);
                 me.note(session, &table);
-                tracing::info!(session = format_args!("{session:#x}"), locks = n, grace_ms = me.grace_ms,
-                    "released the locks of a session whose connection closed and did not come back");
+                tracing::info!(
+                    session = format_args!("{session:#x}"),
+                    locks = n,
+                    grace_ms = me.grace_ms,
+                    "released the locks of a session whose connection closed and did not come back"
+                );
             }
         });
     }

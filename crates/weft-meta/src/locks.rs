@@ -161,10 +161,9 @@ impl LockTable {
         let mine: Vec<Entry> = list.iter().filter(|e| e.owner == owner).copied().collect();
         let next = match op.class {
             LockClass::Posix => posix_apply(&mine, owner, op.kind, start, end, op.pid),
-            LockClass::Flock => op
-                .kind
-                .map(|kind| vec![Entry { owner, kind, start, end, pid: op.pid }])
-                .unwrap_or_default(),
+            LockClass::Flock => {
+                op.kind.map(|kind| vec![Entry { owner, kind, start, end, pid: op.pid }]).unwrap_or_default()
+            }
         };
         let count_after = self.count - mine.len() + next.len();
         if next.len() > mine.len() && count_after > self.locks_max {
@@ -265,9 +264,9 @@ mod tests {
     }
 
     fn ranges(t: &LockTable, ino: u64, o: Owner) -> Vec<(LockKind, u64, u64)> {
-        t.inodes.get(&ino).map_or(vec![], |l| {
-            l.posix.iter().filter(|e| e.owner == o).map(|e| (e.kind, e.start, e.end)).collect()
-        })
+        t.inodes
+            .get(&ino)
+            .map_or(vec![], |l| l.posix.iter().filter(|e| e.owner == o).map(|e| (e.kind, e.start, e.end)).collect())
     }
 
     #[test]
@@ -394,9 +393,8 @@ mod tests {
                     _ => Some(X),
                 };
                 let conflict = kind.is_some_and(|k| {
-                    (start..=end).any(|i| {
-                        (0..3).any(|o| o != who && model[i as usize][o].is_some_and(|h| conflicts(h, k)))
-                    })
+                    (start..=end)
+                        .any(|i| (0..3).any(|o| o != who && model[i as usize][o].is_some_and(|h| conflicts(h, k))))
                 });
                 let r = t.set(5, OWNERS[who], op(kind, start, end_wire));
                 assert_eq!(r.is_err(), conflict, "{r:?}");
@@ -424,9 +422,8 @@ mod tests {
                 // F_GETLK agrees with the model too.
                 let k = if next(2) == 0 { S } else { X };
                 let probe = t.get(5, LockClass::Posix, OWNERS[who], k, start, end_wire).unwrap();
-                let expect = (start..=end).any(|i| {
-                    (0..3).any(|o| o != who && model[i as usize][o].is_some_and(|h| conflicts(h, k)))
-                });
+                let expect = (start..=end)
+                    .any(|i| (0..3).any(|o| o != who && model[i as usize][o].is_some_and(|h| conflicts(h, k))));
                 assert_eq!(probe.is_some(), expect);
             }
         }

@@ -187,8 +187,12 @@ impl Service for MetaService {
         self.locks.touch(ctx.session);
         // Locks are in memory and answered in place (the permission check is a point read).
         match &req {
-            Request::SetLock(r) => return Ok(Response::SetLock(self.locks.set(&self.ns, &cred, ctx.session, r)?).into()),
-            Request::GetLock(r) => return Ok(Response::GetLock(self.locks.get(&self.ns, &cred, ctx.session, r)?).into()),
+            Request::SetLock(r) => {
+                return Ok(Response::SetLock(self.locks.set(&self.ns, &cred, ctx.session, r)?).into());
+            }
+            Request::GetLock(r) => {
+                return Ok(Response::GetLock(self.locks.get(&self.ns, &cred, ctx.session, r)?).into());
+            }
             Request::ReleaseLocks(r) => return Ok(Response::ReleaseLocks(self.locks.release(ctx.session, r)).into()),
             _ => {}
         }

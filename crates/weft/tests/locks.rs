@@ -214,7 +214,8 @@ async fn flock_contends_between_two_mounts() {
             }
         };
         let hold = |mode: &str, f: &Path| {
-            let mut p = Proc::spawn(Command::new("flock").arg(mode).arg(f).args(["sh", "-c", "echo LOCKED; read x || true"]));
+            let mut p =
+                Proc::spawn(Command::new("flock").arg(mode).arg(f).args(["sh", "-c", "echo LOCKED; read x || true"]));
             assert_eq!(p.line(), "LOCKED");
             p
         };
@@ -274,15 +275,8 @@ async fn the_client_api_checks_permission_and_bounds_the_table() {
     let root = c1.resolve("/").await.unwrap().ino;
     let f = c1.create(root, "f", 0o600, true).await.unwrap().ino;
     let g = c1.create(root, "g", 0o644, true).await.unwrap().ino;
-    let set = |ino, kind, start, end, owner| SetLockReq {
-        ino,
-        class: LockClass::Posix,
-        kind,
-        start,
-        end,
-        owner,
-        pid: 1,
-    };
+    let set =
+        |ino, kind, start, end, owner| SetLockReq { ino, class: LockClass::Posix, kind, start, end, owner, pid: 1 };
     use LockKind::{Exclusive as X, Shared as S};
     assert_eq!(c1.set_lock(set(f, Some(X), 0, 9, 1)).await.unwrap(), None);
     let h = c2.set_lock(set(f, Some(S), 5, 5, 1)).await.unwrap().expect("a conflict");
