@@ -95,6 +95,8 @@ impl InodeLocks {
 pub struct LockTable {
     inodes: HashMap<u64, InodeLocks>,
     count: usize,
+    /// Locks held per session (sessions holding none are absent), so "does it hold any" is one lookup.
+    per_session: HashMap<u64, usize>,
     locks_max: usize,
 }
 
@@ -104,7 +106,7 @@ fn conflicts(a: LockKind, b: LockKind) -> bool {
 
 impl LockTable {
     pub fn new(locks_max: usize) -> LockTable {
-        LockTable { inodes: HashMap::new(), count: 0, locks_max }
+        LockTable { inodes: HashMap::new(), count: 0, per_session: HashMap::new(), locks_max }
     }
 
     /// Locks held, all inodes and owners.
@@ -176,8 +178,10 @@ impl LockTable {
         let at = list.iter().position(|e| e.owner == owner).unwrap_or(list.len());
         list.retain(|e| e.owner != owner);
         let at = at.min(list.len());
+        let (removed, added) = (mine.len(), next.len());
         list.splice(at..at, next);
         self.count = count_after;
+        self.account(owner.session, removed, added);
         if self.inodes.get(&ino).is_some_and(|l| l.len() == 0) {
             self.inodes.remove(&ino);
         }
@@ -187,6 +191,9 @@ impl LockTable {
     /// Removes every lock of `owner.session` matching `ino` (all inodes if `None`) and `owner.owner` (every owner of
     /// the session if `None`), both classes. Returns how many were removed.
     pub fn release(&mut self, session: u64, ino: Option<u64>, owner: Option<u64>) -> usize {
+        if !self.per_session.contains_key(&session) {
+            return 0;
+        }
         let matches = |e: &Entry| e.owner.session == session && owner.is_none_or(|o| e.owner.owner == o);
         let mut removed = 0;
         let mut release_in = |locks: &mut InodeLocks| {
@@ -205,12 +212,21 @@ impl LockTable {
         }
         self.inodes.retain(|_, l| l.len() > 0);
         self.count -= removed;
+        self.account(session, removed, 0);
         removed
+    }
+
+    fn account(&mut self, session: u64, removed: usize, added: usize) {
+        let n = self.per_session.entry(session).or_default();
+        *n = *n + added - removed;
+        if *n == 0 {
+            self.per_session.remove(&session);
+        }
     }
 
     /// Whether `session` holds any lock.
     pub fn session_holds(&self, session: u64) -> bool {
-        self.inodes.values().any(|l| l.posix.iter().chain(&l.flock).any(|e| e.owner.session == session))
+        self.per_session.contains_key(&session)
     }
 }
 
@@ -419,6 +435,9 @@ mod tests {
                 }
                 let total: usize = OWNERS.iter().map(|&o| ranges(&t, 5, o).len()).sum();
                 assert_eq!(t.len(), total);
+                let of_session_1: usize = [A, A2].iter().map(|&o| ranges(&t, 5, o).len()).sum();
+                assert_eq!(t.per_session.get(&1).copied().unwrap_or(0), of_session_1);
+                assert_eq!(t.session_holds(2), !ranges(&t, 5, B).is_empty());
                 // F_GETLK agrees with the model too.
                 let k = if next(2) == 0 { S } else { X };
                 let probe = t.get(5, LockClass::Posix, OWNERS[who], k, start, end_wire).unwrap();
