@@ -163,21 +163,73 @@ impl SessionLocks {
         // One task per closed connection that held locks: bounded by the server's connection table.
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(me.grace_ms)).await;
-            for session in holding {
-                let back = me.seen.lock().expect("lock sessions").get(&session).is_none_or(|&at| at > closed_at);
-                if back {
-                    continue;
-                }
-                let mut table = me.table.lock().expect("lock table");
-                let n = table.release(session, None, None);
-                me.note(session, &table);
-                tracing::info!(
-                    session = format_args!("{session:#x}"),
-                    locks = n,
-                    grace_ms = me.grace_ms,
-                    "released the locks of a session whose connection closed and did not come back"
-                );
-            }
+            me.expire(&holding, closed_at);
         });
+    }
+
+    /// Releases the locks of each of `sessions` that made no call since `closed_at`; returns how many sessions.
+    fn expire(&self, sessions: &[u64], closed_at: Instant) -> usize {
+        let mut expired = 0;
+        for &session in sessions {
+            let back = self.seen.lock().expect("lock sessions").get(&session).is_none_or(|&at| at >= closed_at);
+            if back {
+                continue;
+            }
+            let mut table = self.table.lock().expect("lock table");
+            let n = table.release(session, None, None);
+            self.note(session, &table);
+            expired += 1;
+            tracing::info!(
+                session = format_args!("{session:#x}"),
+                locks = n,
+                grace_ms = self.grace_ms,
+                "released the locks of a session whose connection closed and did not come back"
+            );
+        }
+        expired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use weft_proto::ROOT_INO;
+    use weft_proto::msg::MkdirReq;
+
+    use super::*;
+    use crate::{DEFAULT_LIVENESS_MS, ManualClock, MemStore};
+
+    #[test]
+    fn permission_then_the_table_and_only_sessions_that_stay_away_lose_their_locks() {
+        let ns = Namespace::new(MemStore::new(), Arc::new(ManualClock::new(0)), DEFAULT_LIVENESS_MS).unwrap();
+        let root = Cred::root();
+        let mkdir = weft_proto::Request::Mkdir(MkdirReq { parent: ROOT_INO, name: "d".into(), mode: 0o700 });
+        let ino = match ns.execute_as(&root, &mkdir).unwrap() {
+            weft_proto::Response::Mkdir(a) => a.ino,
+            other => panic!("{other:?}"),
+        };
+        let locks = SessionLocks::new(10, 0);
+        let req = |kind, owner| SetLockReq { ino, class: LockClass::Posix, kind, start: 0, end: 9, owner, pid: 1 };
+        let alice = Cred::new(1000, 1000, vec![]);
+        let e = locks.set(&ns, &alice, 7, &req(Some(LockKind::Shared), 1)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Permission, "a 0700 directory of root's: alice may not read it");
+        assert_eq!(locks.set(&ns, &alice, 7, &req(None, 1)).unwrap(), None, "an unlock needs no permission");
+        assert_eq!(locks.set(&ns, &root, 1, &req(Some(LockKind::Shared), 1)).unwrap(), None);
+        assert_eq!(locks.set(&ns, &root, 2, &req(Some(LockKind::Shared), 1)).unwrap(), None);
+        let h = locks.set(&ns, &root, 3, &req(Some(LockKind::Exclusive), 1)).unwrap().expect("a conflict");
+        assert_eq!((h.kind, h.start, h.end), (LockKind::Shared, 0, 9));
+        assert_eq!(locks.holders.load(Ordering::Relaxed), 2, "only sessions 1 and 2 are watched");
+
+        // Both connections close; session 1 calls again (a reconnect), session 2 does not.
+        let closed_at = Instant::now();
+        locks.touch(1);
+        assert_eq!(locks.expire(&[1, 2, 9], closed_at), 1);
+        assert_eq!(locks.len(), 1, "session 2's lock went, session 1's stayed");
+        let q = GetLockReq { ino, class: LockClass::Posix, kind: LockKind::Exclusive, start: 0, end: 0, owner: 1 };
+        assert!(locks.get(&ns, &root, 3, &q).unwrap().is_some());
+        assert_eq!(locks.release(1, &ReleaseLocksReq { ino: None, owner: None }), 1);
+        assert!(locks.is_empty());
+        assert_eq!(locks.holders.load(Ordering::Relaxed), 0, "nobody watched: touch is one atomic load");
     }
 }
