@@ -16,6 +16,8 @@
 //! - With a cache bank (`[cache]`, `attrs = true`), [`Client::getattr`] and [`Client::lookup`] ask it first (the
 //!   MDS publishes every change there before it replies) and the MDS on a miss; opens always go to the MDS. A
 //!   client never stores into the bank (see `weft_cache::attrs`).
+//! - Advisory locks ([`Client::set_lock`], [`Client::get_lock`], [`Client::release_locks`]) are kept by the MDS for
+//!   this client's session and an owner id the caller picks (`locks.rs`).
 
 mod capability;
 mod cluster;
@@ -30,6 +32,7 @@ pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
 pub use error::ClientError;
 pub use file::File;
 pub use io_queue::{Completion, IoKind, IoOp, IoQueue};
+pub use locks::{LOCK_KEEPALIVE_MS, LOCK_RETRY_FIRST_MS, LOCK_RETRY_MAX_MS};
 /// The security mode of `ClusterConfig::auth`.
 pub use weft_rpc::AuthMode;
 
@@ -76,6 +79,8 @@ struct Inner {
     /// client can check a directory's search permission for its own user exactly; a per-client key may map the
     /// user to another (docs/format.md §9), and then only a directory anyone may search is checked locally.
     asserted_user_is_effective: bool,
+    /// Set once the first lock is granted: the keepalive task runs from then on (`locks.rs`).
+    lock_keepalive: std::sync::OnceLock<()>,
 }
 
 fn unexpected(r: Response) -> ClientError {
@@ -90,6 +95,9 @@ macro_rules! meta_call {
         }
     };
 }
+
+// After `meta_call!`, which it uses.
+mod locks;
 
 impl Client {
     pub async fn connect(cluster: &ClusterConfig) -> Result<Client, ClientError> {
@@ -126,6 +134,7 @@ impl Client {
                 fabric,
                 bank,
                 asserted_user_is_effective,
+                lock_keepalive: std::sync::OnceLock::new(),
             }),
             user: Arc::new(user),
         };

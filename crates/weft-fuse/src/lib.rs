@@ -24,6 +24,7 @@
 
 mod attr;
 mod handles;
+mod locks;
 mod users;
 mod write_bufs;
 
@@ -38,11 +39,12 @@ use bytes::BytesMut;
 use fuser::{
     AccessFlags, Config, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL, TimeOrNow,
-    WriteFlags,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, Request, SessionACL,
+    TimeOrNow, WriteFlags,
 };
 use tracing::debug;
 use weft_client::{Client, ClientError, OpenMode};
+use weft_proto::msg::{GetLockReq, SetLockReq};
 use weft_proto::{FileKind, SetAttrs, TimeSet};
 use weft_rpc::{Metrics, OpMetrics};
 
@@ -126,6 +128,8 @@ struct Inner {
     users: Users,
     /// FUSE requests, errors and latency by op, when the mount serves metrics.
     metrics: Option<OpMetrics>,
+    /// The (inode, lock owner) pairs that took advisory locks here, released at flush/release (`locks.rs`).
+    lock_owners: locks::LockOwners,
 }
 
 /// Reads and writes up to this size are served on the FUSE thread that received them (see `read`).
@@ -151,6 +155,7 @@ enum FuseOp {
     Flush,
     Fsync,
     Getattr,
+    Getlk,
     Getxattr,
     Link,
     Listxattr,
@@ -168,6 +173,7 @@ enum FuseOp {
     Rename,
     Rmdir,
     Setattr,
+    Setlk,
     Setxattr,
     Statfs,
     Symlink,
@@ -176,12 +182,13 @@ enum FuseOp {
 }
 
 impl FuseOp {
-    const NAMES: [(FuseOp, &'static str); 27] = [
+    const NAMES: [(FuseOp, &'static str); 29] = [
         (FuseOp::Access, "access"),
         (FuseOp::Create, "create"),
         (FuseOp::Flush, "flush"),
         (FuseOp::Fsync, "fsync"),
         (FuseOp::Getattr, "getattr"),
+        (FuseOp::Getlk, "getlk"),
         (FuseOp::Getxattr, "getxattr"),
         (FuseOp::Link, "link"),
         (FuseOp::Listxattr, "listxattr"),
@@ -199,6 +206,7 @@ impl FuseOp {
         (FuseOp::Rename, "rename"),
         (FuseOp::Rmdir, "rmdir"),
         (FuseOp::Setattr, "setattr"),
+        (FuseOp::Setlk, "setlk"),
         (FuseOp::Setxattr, "setxattr"),
         (FuseOp::Statfs, "statfs"),
         (FuseOp::Symlink, "symlink"),
@@ -268,6 +276,15 @@ fn time_set(t: TimeOrNow) -> TimeSet {
 }
 
 impl Inner {
+    /// Drops `owner`'s locks on `ino` if it took any through this mount (one MDS call, only then).
+    async fn release_locks(&self, ino: u64, owner: u64) {
+        if self.lock_owners.take(ino, owner)
+            && let Err(e) = self.client.release_locks(Some(ino), Some(owner)).await
+        {
+            tracing::warn!(ino, owner, "releasing locks at close: {e}");
+        }
+    }
+
     fn entry_ttl(&self) -> Duration {
         Duration::from_millis(self.opts.entry_timeout_ms)
     }
@@ -354,6 +371,7 @@ impl WeftFs {
                 handles: Handles::default(),
                 readdirplus: AtomicBool::new(false),
                 validators: Mutex::new(HashMap::new()),
+                lock_owners: locks::LockOwners::default(),
                 write_bufs: WriteBufs::new(
                     opts.max_write_bytes as usize,
                     opts.threads.max(1) * WRITE_BUFFERS_PER_THREAD,
@@ -422,6 +440,9 @@ impl Filesystem for WeftFs {
         // saves a `getxattr("security.capability")` round trip before every write request (measured: one per
         // write, ~90 µs each, half the cost of a 64 KiB write).
         let killpriv = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        // Advisory locks go to the MDS (getlk/setlk, and flock as whole-file setlk), so every mount sees them;
+        // without these the kernel would keep them local to this host.
+        let locks = config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS).is_ok();
         // POSIX ACLs: the kernel reads `system.posix_acl_access` (through getxattr) and enforces it with
         // `default_permissions`; the mode and umask of a create come unmasked with the umask beside them
         // (DONT_MASK), so the MDS can apply a parent's default ACL instead of the umask, as Linux does.
@@ -438,6 +459,7 @@ impl Filesystem for WeftFs {
             readdirplus = plus,
             posix_acl = acl,
             killpriv,
+            locks,
             writeback,
             "FUSE session negotiated"
         );
@@ -730,12 +752,16 @@ impl Filesystem for WeftFs {
         }
     }
 
-    fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         let Some(f) = self.inner.handles.file(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        // Every close(2): publish size and mtime, so the next open anywhere sees the writes.
-        self.spawn(FuseOp::Flush, req, move |i, _c| async move { reply_empty(reply, i.commit(&f).await) });
+        // Every close(2): publish size and mtime, so the next open anywhere sees the writes; and drop the closing
+        // process's POSIX locks on the file, as close(2) does.
+        self.spawn(FuseOp::Flush, req, move |i, _c| async move {
+            i.release_locks(ino.0, lock_owner.0).await;
+            reply_empty(reply, i.commit(&f).await)
+        });
     }
 
     fn release(
@@ -744,7 +770,7 @@ impl Filesystem for WeftFs {
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
@@ -753,6 +779,10 @@ impl Filesystem for WeftFs {
         };
         // The hidden name is the mount's own doing: the mount's client removes it, whoever closes last.
         self.spawn(FuseOp::Release, req, move |i, _c| async move {
+            // The last close of an open file drops its flock locks (the kernel names their owner).
+            if let Some(owner) = lock_owner {
+                i.release_locks(f.ino(), owner.0).await;
+            }
             let r = i.commit(&f).await;
             if let Some((parent, name)) = hidden
                 && let Err(e) = i.client.unlink(parent, &name).await
@@ -774,6 +804,69 @@ impl Filesystem for WeftFs {
                 }
             });
             reply_empty(reply, r)
+        });
+    }
+
+    fn getlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        let kind = match locks::kind_of(typ) {
+            Ok(Some(k)) => k,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        self.spawn(FuseOp::Getlk, req, move |_i, c| async move {
+            let q = GetLockReq { ino: ino.0, class: locks::CLASS, kind, start, end, owner: lock_owner.0 };
+            match c.get_lock(q).await {
+                Ok(Some(h)) => reply.locked(h.start, h.end, locks::typ_of(&h), h.pid),
+                Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Ok(kind) = locks::kind_of(typ) else {
+            return reply.error(Errno::EINVAL);
+        };
+        if kind.is_some() && !self.inner.lock_owners.note(ino.0, lock_owner.0) {
+            return reply.error(Errno::from_i32(libc::ENOLCK));
+        }
+        self.spawn(FuseOp::Setlk, req, move |_i, c| async move {
+            let q = SetLockReq { ino: ino.0, class: locks::CLASS, kind, start, end, owner: lock_owner.0, pid };
+            if sleep && kind.is_some() {
+                match c.set_lock_wait(q, || locks::process_alive(pid)).await {
+                    Ok(true) => reply.ok(),
+                    Ok(false) => reply.error(Errno::EINTR),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            } else {
+                match c.set_lock(q).await {
+                    Ok(None) => reply.ok(),
+                    Ok(Some(_)) => reply.error(Errno::EAGAIN),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            }
         });
     }
 

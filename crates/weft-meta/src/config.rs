@@ -78,6 +78,14 @@ pub struct MetaConfig {
     /// refused with ENOSPC. Raised to at least one largest value (64 KiB) with a longest name.
     #[serde(default = "default_xattr_bytes_max_per_inode")]
     pub xattr_bytes_max_per_inode: usize,
+    /// Most advisory locks (POSIX ranges and `flock` locks, all clients) held at once; a lock past it is refused
+    /// with ENOLCK (docs/format.md §14).
+    #[serde(default = "default_locks_max")]
+    pub locks_max: usize,
+    /// How long a client session that holds locks may stay away after its connection closed (a reconnect) before
+    /// its locks are released.
+    #[serde(default = "default_locks_grace_ms")]
+    pub locks_grace_ms: u64,
 }
 
 impl MetaConfig {
@@ -107,6 +115,12 @@ fn default_capability_ttl_ms() -> u64 {
 }
 fn default_xattr_bytes_max_per_inode() -> usize {
     crate::namespace::DEFAULT_XATTR_BYTES_MAX_PER_INODE
+}
+fn default_locks_max() -> usize {
+    crate::locks::DEFAULT_LOCKS_MAX
+}
+fn default_locks_grace_ms() -> u64 {
+    crate::lock_sessions::DEFAULT_LOCKS_GRACE_MS
 }
 fn default_liveness_ms() -> u64 {
     5000
@@ -154,6 +168,7 @@ mod tests {
         assert_eq!(journal.checkpoint_interval_ms, default.checkpoint_interval_ms);
         assert_eq!(cfg.capability_ttl_ms, 60_000);
         assert_eq!(cfg.cache, None);
+        assert_eq!((cfg.locks_max, cfg.locks_grace_ms), (65536, 10_000));
     }
 
     #[test]
@@ -173,6 +188,8 @@ mod tests {
             checkpoint_bytes = 2097152
             checkpoint_interval_ms = 300
             capability_ttl_ms = 2500
+            locks_max = 10
+            locks_grace_ms = 20
 
             [cache]
             servers = ["127.0.0.1:11211"]
@@ -186,6 +203,7 @@ mod tests {
         assert_eq!((journal.segment_bytes, journal.journal_bytes_max), (1 << 20, 8 << 20));
         assert_eq!((journal.checkpoint_bytes, journal.checkpoint_interval_ms), (2 << 20, 300));
         assert_eq!(cfg.capability_ttl_ms, 2500);
+        assert_eq!((cfg.locks_max, cfg.locks_grace_ms), (10, 20));
         let cache = cfg.cache.expect("the [cache] table");
         assert_eq!((cache.servers, cache.attrs, cache.attr_ttl_s), (vec!["127.0.0.1:11211".to_string()], false, 60));
         let unknown = text.replace("[cache]", "unknown = 1\n[cache]");

@@ -10,7 +10,8 @@
 //!
 //! The process around it: [`config`] (`weft meta --config F` and its defaults), [`service`] (the RPC service),
 //! [`node`] (store, listeners, service), `gc` (deletes removed files' objects from the data servers) and `push`
-//! (publishes changed attributes and lookups to the cache bank).
+//! (publishes changed attributes and lookups to the cache bank); [`locks`] (the advisory lock table) and
+//! [`lock_sessions`] (its permission checks and the release of a vanished client's locks).
 
 pub mod acl;
 pub mod clock;
@@ -18,6 +19,8 @@ pub mod config;
 pub mod error;
 mod gc;
 pub mod journal;
+pub mod lock_sessions;
+pub mod locks;
 pub mod mem_store;
 pub mod namespace;
 pub mod node;

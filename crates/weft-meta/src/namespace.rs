@@ -274,6 +274,15 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         })
     }
 
+    /// Whether `cred` may access inode `ino` as `mask` says (a read transaction): the check behind a lock, which
+    /// needs the file to be open-able by its caller (docs/format.md §14).
+    pub fn may_access(&self, cred: &Cred, ino: u64, mask: Mask) -> Result<(), WireError> {
+        self.store.read(|t| {
+            let inode = load(t, ino)?;
+            may(t, cred, &inode, mask)
+        })
+    }
+
     /// Up to `limit` removed files whose objects are still to be deleted from the data servers. A store failure is
     /// logged and yields an empty list (the collector retries on its next round).
     pub fn orphans(&self, limit: usize) -> Vec<(u64, Layout)> {

@@ -76,7 +76,10 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         Some(c) => Some(weft_cache::Bank::new(c).map_err(MetaServerError::Cache)?),
         None => None,
     };
-    let service = MetaService::new(ns.clone()).with_capabilities(cap_key, cfg.capability_ttl_ms).with_cache_bank(bank);
+    let service = MetaService::new(ns.clone())
+        .with_capabilities(cap_key, cfg.capability_ttl_ms)
+        .with_cache_bank(bank)
+        .with_locks(cfg.locks_max, cfg.locks_grace_ms);
     let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(service));
     info!(%addr, tls = cfg.tls, store = %dir.display(), "metadata service listening");
     if let Some(rdma) = &cfg.rdma_listen {

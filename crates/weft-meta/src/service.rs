@@ -17,6 +17,8 @@ use weft_proto::{Attr, Capability, ErrorCode, Request, Response, Rights, UserCre
 use weft_rpc::keyring::NOBODY_ID;
 use weft_rpc::{CallCtx, CapabilityKey, KeyPolicy, PoolBuf, Principal, Reply, Service};
 
+use crate::lock_sessions::{DEFAULT_LOCKS_GRACE_MS, SessionLocks};
+use crate::locks::DEFAULT_LOCKS_MAX;
 use crate::push::Pusher;
 use crate::{Cred, Namespace, RedbStore, SystemClock};
 
@@ -32,11 +34,25 @@ pub struct MetaService {
     capability_ttl_ms: u64,
     /// Publishes changes to the cache bank (`None`: no bank, or `attrs = false`).
     pusher: Option<Arc<Pusher>>,
+    /// Advisory locks (ops 127–129), in memory.
+    locks: Arc<SessionLocks>,
 }
 
 impl MetaService {
     pub fn new(ns: Arc<Namespace<RedbStore, SystemClock>>) -> MetaService {
-        MetaService { ns, cap_key: None, capability_ttl_ms: DEFAULT_CAPABILITY_TTL_MS, pusher: None }
+        MetaService {
+            ns,
+            cap_key: None,
+            capability_ttl_ms: DEFAULT_CAPABILITY_TTL_MS,
+            pusher: None,
+            locks: Arc::new(SessionLocks::new(DEFAULT_LOCKS_MAX, DEFAULT_LOCKS_GRACE_MS)),
+        }
+    }
+
+    /// Holds at most `locks_max` advisory locks; a vanished client's go `grace_ms` after its connection closed.
+    pub fn with_locks(mut self, locks_max: usize, grace_ms: u64) -> MetaService {
+        self.locks = Arc::new(SessionLocks::new(locks_max, grace_ms));
+        self
     }
 
     /// Publishes attributes and lookups to `bank` after every change (when it caches them).
@@ -168,6 +184,18 @@ impl Service for MetaService {
             _ => {}
         }
         let cred = self.caller_cred(ctx)?;
+        self.locks.touch(ctx.session);
+        // Locks are in memory and answered in place (the permission check is a point read).
+        match &req {
+            Request::SetLock(r) => {
+                return Ok(Response::SetLock(self.locks.set(&self.ns, &cred, ctx.session, r)?).into());
+            }
+            Request::GetLock(r) => {
+                return Ok(Response::GetLock(self.locks.get(&self.ns, &cred, ctx.session, r)?).into());
+            }
+            Request::ReleaseLocks(r) => return Ok(Response::ReleaseLocks(self.locks.release(ctx.session, r)).into()),
+            _ => {}
+        }
         // What the request is about, for the log line of a failure: taken only when debug logging is on (the
         // name is a copy).
         let target = tracing::enabled!(tracing::Level::DEBUG).then(|| target_of(&req));
@@ -211,6 +239,10 @@ impl Service for MetaService {
                 uid, op = op.name(), ino, name = name.as_deref().unwrap_or(""), code = ?e.code, "{what}: {}", e.message);
         }
         r.map(Into::into)
+    }
+
+    fn connection_closed(&self, sessions: &[u64]) {
+        self.locks.connection_closed(sessions);
     }
 }
 

@@ -52,6 +52,8 @@ pub enum ErrorCode {
     TooBig,
     /// The operation or attribute namespace is not supported (EOPNOTSUPP).
     NotSupported,
+    /// The lock table is full (`locks_max`, docs/format.md §14): ENOLCK.
+    NoLocks,
 }
 
 impl ErrorCode {
@@ -78,6 +80,7 @@ impl ErrorCode {
             ErrorCode::Range => 34,                           // ERANGE
             ErrorCode::TooBig => 7,                           // E2BIG
             ErrorCode::NotSupported => 95,                    // EOPNOTSUPP
+            ErrorCode::NoLocks => 37,                         // ENOLCK
             _ => 5,
         }
     }

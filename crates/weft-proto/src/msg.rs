@@ -157,6 +157,13 @@ messages! {
     /// `RegisterServer` whose space names the file system it is on, so the MDS counts a shared disk once
     /// (`crate::space`). Data servers send it as their heartbeat.
     RegisterServerDev = 126: RegisterServerDevReq => (), idempotent = true, data = false;
+    /// Sets or clears an advisory lock (F_SETLK, flock, NFSv4 LOCK/LOCKU) for (the caller's session, `owner`):
+    /// `None` granted, or the first conflicting lock (docs/format.md §14). Never waits: blocking is the client's.
+    SetLock = 127: SetLockReq => Option<LockHolder>, idempotent = false, data = false;
+    /// The first lock of another owner that conflicts with the one described (F_GETLK, NFSv4 LOCKT), or `None`.
+    GetLock = 128: GetLockReq => Option<LockHolder>, idempotent = true, data = false;
+    /// Drops the caller's session's locks on one inode or all, of one owner or all (close, flush); returns how many.
+    ReleaseLocks = 129: ReleaseLocksReq => u32, idempotent = false, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -433,6 +440,62 @@ pub const XATTR_CREATE: u32 = 1;
 /// `SetXattrReq::flags`: fail with `NoData` if the attribute does not exist (Linux's XATTR_REPLACE).
 pub const XATTR_REPLACE: u32 = 2;
 
+/// A lock's class: POSIX record locks (`fcntl`, NFSv4) and `flock` whole-file locks never conflict with each
+/// other, as on Linux.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LockClass {
+    Posix,
+    Flock,
+}
+
+/// Shared (F_RDLCK, LOCK_SH, READ_LT) or exclusive (F_WRLCK, LOCK_EX, WRITE_LT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LockKind {
+    Shared,
+    Exclusive,
+}
+
+/// `SetLock`: `kind = None` unlocks `[start, end]`. Ranges are inclusive; `end = u64::MAX` is "to EOF". A `Flock`
+/// lock is whole-file whatever the range says. `pid` only names the holder in F_GETLK reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetLockReq {
+    pub ino: u64,
+    pub class: LockClass,
+    pub kind: Option<LockKind>,
+    pub start: u64,
+    pub end: u64,
+    pub owner: u64,
+    pub pid: u32,
+}
+
+/// `GetLock`: would `owner` get a `kind` lock on `[start, end]`?
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetLockReq {
+    pub ino: u64,
+    pub class: LockClass,
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+    pub owner: u64,
+}
+
+/// A lock that stands in the way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockHolder {
+    pub class: LockClass,
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+    pub pid: u32,
+}
+
+/// `ReleaseLocks`: `None` matches every inode / every owner of the caller's session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseLocksReq {
+    pub ino: Option<u64>,
+    pub owner: Option<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct XattrReq {
     pub ino: u64,
@@ -604,6 +667,8 @@ mod tests {
         assert_eq!(Op::FabricInfo as u16, 209);
         assert_eq!(Op::FabricStat as u16, 210);
         assert_eq!((Op::RegisterServerDev as u16, Op::SpaceStatDev as u16), (126, 217));
+        assert_eq!((Op::SetLock as u16, Op::GetLock as u16, Op::ReleaseLocks as u16), (127, 128, 129));
+        assert!(!Op::SetLock.is_idempotent() && Op::GetLock.is_idempotent() && !Op::ReleaseLocks.is_idempotent());
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());
         assert!(Op::Read.is_idempotent() && !Op::Create.is_idempotent());
     }

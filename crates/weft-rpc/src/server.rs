@@ -17,7 +17,7 @@
 //! connection it is bound to (session.rs).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -98,7 +98,16 @@ pub trait Service: Send + Sync + 'static {
         req: Request,
         data: Option<PoolBuf>,
     ) -> impl Future<Output = Result<Reply, WireError>> + Send;
+
+    /// A connection closed; `sessions` made calls on it (at most [`CONN_SESSIONS_MAX`], the first ones). A session
+    /// outlives its connections (a client reconnects and resends), so this is a hint, not the session's end: the MDS
+    /// gives lock holders a grace period to come back (docs/format.md §14).
+    fn connection_closed(&self, _sessions: &[u64]) {}
 }
+
+/// Sessions remembered per connection for [`Service::connection_closed`]: one in practice (a client binds one
+/// session to a connection); a bound, so a peer cycling session ids grows nothing.
+pub const CONN_SESSIONS_MAX: usize = 8;
 
 pub struct RpcServer<F: Fabric, S: Service> {
     cfg: ServerConfig,
@@ -195,6 +204,10 @@ struct ConnOut<F: Fabric> {
     channel_binding: Option<[u8; 32]>,
     /// The listener's fabric, an index into `metrics::FABRICS`.
     fabric: usize,
+    /// The last session that called here (a cheap check before `sessions`) and the sessions seen, for
+    /// [`Service::connection_closed`].
+    last_session: AtomicU64,
+    sessions: Mutex<Vec<u64>>,
 }
 
 impl<F: Fabric, S: Service> RpcServer<F, S> {
@@ -281,6 +294,8 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 auth: Mutex::new(ServerAuth::Fresh),
                 channel_binding,
                 fabric,
+                last_session: AtomicU64::new(0),
+                sessions: Mutex::new(Vec::new()),
             });
             if self.cfg.auth.is_none() {
                 let _ = out.principal.set(Principal::Anonymous);
@@ -424,6 +439,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         // Calls still running must not write into memory the client may reuse once it saw the connection die.
         if let Some(m) = &out.memory {
             m.revoke();
+        }
+        let sessions = std::mem::take(&mut *out.sessions.lock().expect("connection sessions"));
+        if !sessions.is_empty() {
+            self.service.connection_closed(&sessions);
         }
         debug!(%peer, "connection closed");
     }
@@ -604,6 +623,12 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         let Call { req, user, data } = call;
         let op = req.op();
         let began = std::time::Instant::now();
+        if out.last_session.swap(h.session, Ordering::Relaxed) != h.session {
+            let mut seen = out.sessions.lock().expect("connection sessions");
+            if !seen.contains(&h.session) && seen.len() < CONN_SESSIONS_MAX {
+                seen.push(h.session);
+            }
+        }
         let ctx = CallCtx {
             session: h.session,
             peer: out.peer.clone(),

@@ -1,0 +1,450 @@
+//! The MDS's advisory lock table: POSIX record locks (`fcntl` F_SETLK/F_GETLK, NFSv4 LOCK/LOCKT/LOCKU) and
+//! `flock` whole-file locks, as Linux's `fs/locks.c` keeps them. A pure data structure: no I/O, no clocks.
+//!
+//! An owner is (the caller's authenticated session, an owner id the caller chooses: a FUSE `lock_owner`, an NFSv4
+//! lock-owner): two owners conflict, the same owner never conflicts with itself. Ranges are inclusive byte ranges
+//! `[start, end]`, `end = u64::MAX` meaning "to the end of the file, however it grows".
+//!
+//! POSIX locks follow `posix_lock_inode`: a new lock replaces whatever the same owner held under its range (an
+//! upgrade or a downgrade is atomic: refused as a whole or applied as a whole), splitting older ranges around it;
+//! ranges of one owner and one kind that touch or overlap are merged; an unlock of the middle of a range splits
+//! it. `flock` locks are a separate class (one per owner and inode, whole file) that never conflicts with POSIX
+//! locks, as on Linux. A conversion of a `flock` lock that conflicts keeps the old lock (Linux may drop it first:
+//! "not guaranteed to be atomic"; keeping it is the kinder of the allowed outcomes).
+//!
+//! Invariant: an owner's POSIX ranges on one inode are disjoint, sorted by start and never adjacent with the same
+//! kind; no two owners hold overlapping ranges (or `flock` locks) of which one is exclusive; the table never holds
+//! more than `locks_max` entries (a request that would pass it is refused with `NoLocks`, ENOLCK).
+
+use std::collections::HashMap;
+
+use weft_proto::msg::{LockClass, LockHolder, LockKind};
+
+/// Default for `locks_max` (meta config): locks held at once across all clients.
+pub const DEFAULT_LOCKS_MAX: usize = 65536;
+
+/// Who holds a lock: the authenticated session it was taken on and the caller's owner id within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Owner {
+    pub session: u64,
+    pub owner: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    owner: Owner,
+    kind: LockKind,
+    start: u64,
+    end: u64,
+    /// The holder's process id as its client named it, for F_GETLK reports only.
+    pid: u32,
+}
+
+impl Entry {
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.start <= end && start <= self.end
+    }
+
+    fn holder(&self, class: LockClass) -> LockHolder {
+        LockHolder { class, kind: self.kind, start: self.start, end: self.end, pid: self.pid }
+    }
+}
+
+/// Why a lock was not set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Another owner holds a conflicting lock (the first found): EAGAIN for a non-blocking request.
+    Conflict(LockHolder),
+    /// The table would pass `locks_max`: ENOLCK.
+    NoLocks { locks_max: usize },
+    /// `start > end`: EINVAL.
+    BadRange { start: u64, end: u64 },
+}
+
+/// A requested change: set a shared or exclusive lock, or unlock (`kind = None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockOp {
+    pub class: LockClass,
+    pub kind: Option<LockKind>,
+    pub start: u64,
+    pub end: u64,
+    pub pid: u32,
+}
+
+#[derive(Default)]
+struct InodeLocks {
+    /// Sorted by (owner, start): each owner's ranges are contiguous in the vector.
+    posix: Vec<Entry>,
+    flock: Vec<Entry>,
+}
+
+impl InodeLocks {
+    fn len(&self) -> usize {
+        self.posix.len() + self.flock.len()
+    }
+    fn list(&mut self, class: LockClass) -> &mut Vec<Entry> {
+        match class {
+            LockClass::Posix => &mut self.posix,
+            LockClass::Flock => &mut self.flock,
+        }
+    }
+}
+
+/// The lock table of one MDS (in memory, not journaled: a restart drops every lock).
+pub struct LockTable {
+    inodes: HashMap<u64, InodeLocks>,
+    count: usize,
+    /// Locks held per session (sessions holding none are absent), so "does it hold any" is one lookup.
+    per_session: HashMap<u64, usize>,
+    locks_max: usize,
+}
+
+fn conflicts(a: LockKind, b: LockKind) -> bool {
+    a == LockKind::Exclusive || b == LockKind::Exclusive
+}
+
+impl LockTable {
+    pub fn new(locks_max: usize) -> LockTable {
+        LockTable { inodes: HashMap::new(), count: 0, per_session: HashMap::new(), locks_max }
+    }
+
+    /// Locks held, all inodes and owners.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The first lock of another owner that conflicts with `kind` on `[start, end]` of `class`, if any (F_GETLK).
+    pub fn get(
+        &self,
+        ino: u64,
+        class: LockClass,
+        owner: Owner,
+        kind: LockKind,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<LockHolder>, LockError> {
+        if start > end {
+            return Err(LockError::BadRange { start, end });
+        }
+        let Some(locks) = self.inodes.get(&ino) else { return Ok(None) };
+        let list = match class {
+            LockClass::Posix => &locks.posix,
+            LockClass::Flock => &locks.flock,
+        };
+        Ok(list
+            .iter()
+            .find(|e| e.owner != owner && e.overlaps(start, end) && conflicts(e.kind, kind))
+            .map(|e| e.holder(class)))
+    }
+
+    /// Sets or clears a lock for `owner` (F_SETLK, flock(2)): all or nothing.
+    pub fn set(&mut self, ino: u64, owner: Owner, op: LockOp) -> Result<(), LockError> {
+        let (start, end) = match op.class {
+            LockClass::Posix => (op.start, op.end),
+            LockClass::Flock => (0, u64::MAX),
+        };
+        if start > end {
+            return Err(LockError::BadRange { start, end });
+        }
+        if let Some(kind) = op.kind
+            && let Some(h) = self.get(ino, op.class, owner, kind, start, end)?
+        {
+            return Err(LockError::Conflict(h));
+        }
+        let locks = self.inodes.entry(ino).or_default();
+        let before = locks.len();
+        let list = locks.list(op.class);
+        // The owner's entries after the change, computed beside the table so a refusal changes nothing.
+        let mine: Vec<Entry> = list.iter().filter(|e| e.owner == owner).copied().collect();
+        let next = match op.class {
+            LockClass::Posix => posix_apply(&mine, owner, op.kind, start, end, op.pid),
+            LockClass::Flock => {
+                op.kind.map(|kind| vec![Entry { owner, kind, start, end, pid: op.pid }]).unwrap_or_default()
+            }
+        };
+        let count_after = self.count - mine.len() + next.len();
+        if next.len() > mine.len() && count_after > self.locks_max {
+            if before == 0 {
+                self.inodes.remove(&ino);
+            }
+            return Err(LockError::NoLocks { locks_max: self.locks_max });
+        }
+        // Keep the owner's entries contiguous: take them out, put the new ones where they were (or at the end).
+        let at = list.iter().position(|e| e.owner == owner).unwrap_or(list.len());
+        list.retain(|e| e.owner != owner);
+        let at = at.min(list.len());
+        let (removed, added) = (mine.len(), next.len());
+        list.splice(at..at, next);
+        self.count = count_after;
+        self.account(owner.session, removed, added);
+        if self.inodes.get(&ino).is_some_and(|l| l.len() == 0) {
+            self.inodes.remove(&ino);
+        }
+        Ok(())
+    }
+
+    /// Removes every lock of `owner.session` matching `ino` (all inodes if `None`) and `owner.owner` (every owner of
+    /// the session if `None`), both classes. Returns how many were removed.
+    pub fn release(&mut self, session: u64, ino: Option<u64>, owner: Option<u64>) -> usize {
+        if !self.per_session.contains_key(&session) {
+            return 0;
+        }
+        let matches = |e: &Entry| e.owner.session == session && owner.is_none_or(|o| e.owner.owner == o);
+        let mut removed = 0;
+        let mut release_in = |locks: &mut InodeLocks| {
+            let before = locks.len();
+            locks.posix.retain(|e| !matches(e));
+            locks.flock.retain(|e| !matches(e));
+            removed += before - locks.len();
+        };
+        match ino {
+            Some(ino) => {
+                if let Some(l) = self.inodes.get_mut(&ino) {
+                    release_in(l);
+                }
+            }
+            None => self.inodes.values_mut().for_each(&mut release_in),
+        }
+        self.inodes.retain(|_, l| l.len() > 0);
+        self.count -= removed;
+        self.account(session, removed, 0);
+        removed
+    }
+
+    fn account(&mut self, session: u64, removed: usize, added: usize) {
+        let n = self.per_session.entry(session).or_default();
+        *n = *n + added - removed;
+        if *n == 0 {
+            self.per_session.remove(&session);
+        }
+    }
+
+    /// Whether `session` holds any lock.
+    pub fn session_holds(&self, session: u64) -> bool {
+        self.per_session.contains_key(&session)
+    }
+}
+
+/// An owner's POSIX ranges after setting `kind` (or unlocking, `None`) on `[start, end]`: the old ranges cut
+/// around the new one, the new one added, then same-kind neighbours that touch merged. `mine` is sorted and
+/// canonical; so is the result.
+fn posix_apply(mine: &[Entry], owner: Owner, kind: Option<LockKind>, start: u64, end: u64, pid: u32) -> Vec<Entry> {
+    let mut out = Vec::with_capacity(mine.len() + 2);
+    for e in mine {
+        if !e.overlaps(start, end) {
+            out.push(*e);
+            continue;
+        }
+        if e.start < start {
+            out.push(Entry { end: start - 1, ..*e });
+        }
+        if e.end > end {
+            out.push(Entry { start: end + 1, ..*e });
+        }
+    }
+    if let Some(kind) = kind {
+        out.push(Entry { owner, kind, start, end, pid });
+    }
+    out.sort_by_key(|e| e.start);
+    let mut merged: Vec<Entry> = Vec::with_capacity(out.len());
+    for e in out {
+        match merged.last_mut() {
+            // `last.end + 1 >= e.start` without overflow: last.end == MAX overlaps everything after it.
+            Some(last) if last.kind == e.kind && (last.end == u64::MAX || last.end + 1 >= e.start) => {
+                last.end = last.end.max(e.end);
+                // The newest pid names the merged range, as Linux keeps the new lock's.
+                last.pid = pid;
+            }
+            _ => merged.push(e),
+        }
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use LockKind::{Exclusive as X, Shared as S};
+
+    const A: Owner = Owner { session: 1, owner: 10 };
+    const B: Owner = Owner { session: 2, owner: 10 };
+    const A2: Owner = Owner { session: 1, owner: 11 };
+
+    fn op(kind: Option<LockKind>, start: u64, end: u64) -> LockOp {
+        LockOp { class: LockClass::Posix, kind, start, end, pid: 7 }
+    }
+
+    fn ranges(t: &LockTable, ino: u64, o: Owner) -> Vec<(LockKind, u64, u64)> {
+        t.inodes
+            .get(&ino)
+            .map_or(vec![], |l| l.posix.iter().filter(|e| e.owner == o).map(|e| (e.kind, e.start, e.end)).collect())
+    }
+
+    #[test]
+    fn exclusive_conflicts_shared_shares_and_disjoint_ranges_are_independent() {
+        let mut t = LockTable::new(100);
+        t.set(1, A, op(Some(X), 0, 99)).unwrap();
+        let err = t.set(1, B, op(Some(X), 50, 60)).unwrap_err();
+        assert_eq!(
+            err,
+            LockError::Conflict(LockHolder { class: LockClass::Posix, kind: X, start: 0, end: 99, pid: 7 })
+        );
+        assert!(matches!(t.set(1, B, op(Some(S), 99, 99)), Err(LockError::Conflict(_))));
+        t.set(1, B, op(Some(X), 100, 199)).unwrap();
+        t.set(2, B, op(Some(X), 0, 10)).unwrap(); // another inode
+        // Two owners of one session are two owners.
+        assert!(matches!(t.set(1, A2, op(Some(S), 0, 0)), Err(LockError::Conflict(_))));
+        let mut t = LockTable::new(100);
+        t.set(1, A, op(Some(S), 0, u64::MAX)).unwrap();
+        t.set(1, B, op(Some(S), 5, 5)).unwrap();
+        assert!(matches!(t.set(1, B, op(Some(X), 5, 5)), Err(LockError::Conflict(_))), "upgrade against a reader");
+        assert_eq!(ranges(&t, 1, B), vec![(S, 5, 5)], "a refused upgrade leaves the shared lock");
+    }
+
+    #[test]
+    fn the_same_owner_upgrades_downgrades_splits_and_merges() {
+        let mut t = LockTable::new(100);
+        t.set(1, A, op(Some(S), 0, 99)).unwrap();
+        t.set(1, A, op(Some(X), 40, 59)).unwrap();
+        assert_eq!(ranges(&t, 1, A), vec![(S, 0, 39), (X, 40, 59), (S, 60, 99)]);
+        assert_eq!(t.len(), 3);
+        t.set(1, A, op(Some(S), 40, 59)).unwrap();
+        assert_eq!(ranges(&t, 1, A), vec![(S, 0, 99)], "a downgrade merges with both neighbours");
+        t.set(1, A, op(None, 10, 19)).unwrap();
+        assert_eq!(ranges(&t, 1, A), vec![(S, 0, 9), (S, 20, 99)], "an unlock in the middle splits");
+        t.set(1, A, op(Some(S), 100, 100)).unwrap();
+        assert_eq!(ranges(&t, 1, A), vec![(S, 0, 9), (S, 20, 100)], "adjacent ranges of one kind merge");
+        t.set(1, A, op(Some(X), 101, u64::MAX)).unwrap();
+        assert_eq!(ranges(&t, 1, A), vec![(S, 0, 9), (S, 20, 100), (X, 101, u64::MAX)], "kinds never merge");
+        t.set(1, A, op(Some(X), 0, u64::MAX)).unwrap();
+        assert_eq!(ranges(&t, 1, A), vec![(X, 0, u64::MAX)]);
+        t.set(1, A, op(None, 0, u64::MAX)).unwrap();
+        assert!(t.is_empty() && t.inodes.is_empty(), "an empty inode leaves the table");
+        assert!(t.set(1, A, op(None, 5, 5)).is_ok(), "unlocking nothing is fine");
+        assert_eq!(t.set(1, A, op(Some(S), 9, 8)), Err(LockError::BadRange { start: 9, end: 8 }));
+        assert_eq!(t.get(1, LockClass::Posix, A, S, 9, 8), Err(LockError::BadRange { start: 9, end: 8 }));
+    }
+
+    #[test]
+    fn get_reports_the_first_conflict_of_another_owner_only() {
+        let mut t = LockTable::new(100);
+        t.set(1, A, LockOp { pid: 42, ..op(Some(S), 10, 19) }).unwrap();
+        assert_eq!(t.get(1, LockClass::Posix, B, S, 0, 100).unwrap(), None, "shared vs shared");
+        let h = t.get(1, LockClass::Posix, B, X, 0, 100).unwrap().unwrap();
+        assert_eq!((h.kind, h.start, h.end, h.pid), (S, 10, 19, 42));
+        assert_eq!(t.get(1, LockClass::Posix, A, X, 0, 100).unwrap(), None, "an owner never conflicts with itself");
+        assert_eq!(t.get(1, LockClass::Posix, B, X, 20, 30).unwrap(), None);
+        assert_eq!(t.get(1, LockClass::Flock, B, X, 0, u64::MAX).unwrap(), None, "classes are separate");
+    }
+
+    #[test]
+    fn flock_is_whole_file_one_per_owner_and_apart_from_posix() {
+        let mut t = LockTable::new(100);
+        let fl = |kind| LockOp { class: LockClass::Flock, kind, start: 0, end: u64::MAX, pid: 1 };
+        t.set(1, A, fl(Some(S))).unwrap();
+        t.set(1, B, fl(Some(S))).unwrap();
+        assert!(matches!(t.set(1, B, fl(Some(X))), Err(LockError::Conflict(_))));
+        t.set(1, B, op(Some(X), 0, u64::MAX)).unwrap(); // POSIX locks do not see flock locks
+        t.set(1, A, fl(None)).unwrap();
+        t.set(1, B, fl(Some(X))).unwrap();
+        t.set(1, B, fl(Some(S))).unwrap();
+        assert_eq!(t.len(), 2, "a conversion replaces the owner's flock lock");
+        let h = t.get(1, LockClass::Flock, A, X, 0, u64::MAX).unwrap().unwrap();
+        assert_eq!((h.class, h.kind), (LockClass::Flock, S));
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_release_frees() {
+        let mut t = LockTable::new(3);
+        t.set(1, A, op(Some(S), 0, 9)).unwrap();
+        t.set(1, A, op(Some(S), 20, 29)).unwrap();
+        t.set(2, B, op(Some(S), 0, 9)).unwrap();
+        assert_eq!(t.set(3, B, op(Some(S), 0, 9)), Err(LockError::NoLocks { locks_max: 3 }));
+        assert_eq!(t.set(1, A, op(None, 2, 3)), Err(LockError::NoLocks { locks_max: 3 }), "a split needs room");
+        assert!(!t.inodes.contains_key(&3));
+        t.set(1, A, op(Some(S), 10, 19)).unwrap(); // a merge needs none
+        assert_eq!(ranges(&t, 1, A), vec![(S, 0, 29)]);
+        t.set(1, A2, op(Some(S), 50, 50)).unwrap();
+        assert_eq!(t.len(), 3);
+        assert!(t.session_holds(1));
+        assert_eq!(t.release(1, Some(1), Some(11)), 1, "one owner on one inode");
+        t.set(3, B, op(Some(X), 0, 0)).unwrap();
+        assert_eq!(t.release(2, None, None), 2, "a whole session");
+        assert!(!t.session_holds(2));
+        assert_eq!(t.release(1, Some(1), None), 1);
+        assert!(t.is_empty() && t.inodes.is_empty());
+    }
+
+    /// A per-byte model: bytes 0..N (N-1 standing for "to EOF"), each with its holders' kinds; random operations
+    /// from a fixed seed must be granted or refused as the model says and leave the same state, in canonical form.
+    #[test]
+    fn random_operations_match_a_per_byte_model() {
+        const N: u64 = 24;
+        const OWNERS: [Owner; 3] = [A, B, A2];
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |m: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % m
+        };
+        for _round in 0..200 {
+            let mut t = LockTable::new(1000);
+            let mut model = vec![[None::<LockKind>; 3]; N as usize];
+            for _step in 0..60 {
+                let who = next(3) as usize;
+                let a = next(N);
+                let b = next(N);
+                let (start, end) = (a.min(b), a.max(b));
+                // The last byte stands for everything to EOF.
+                let end_wire = if end == N - 1 { u64::MAX } else { end };
+                let kind = match next(3) {
+                    0 => None,
+                    1 => Some(S),
+                    _ => Some(X),
+                };
+                let conflict = kind.is_some_and(|k| {
+                    (start..=end)
+                        .any(|i| (0..3).any(|o| o != who && model[i as usize][o].is_some_and(|h| conflicts(h, k))))
+                });
+                let r = t.set(5, OWNERS[who], op(kind, start, end_wire));
+                assert_eq!(r.is_err(), conflict, "{r:?}");
+                if !conflict {
+                    for i in start..=end {
+                        model[i as usize][who] = kind;
+                    }
+                }
+                for (o, &owner) in OWNERS.iter().enumerate() {
+                    let got = ranges(&t, 5, owner);
+                    for w in got.windows(2) {
+                        assert!(w[0].2 < w[1].1, "sorted and disjoint");
+                        assert!(w[0].0 != w[1].0 || w[0].2 + 1 < w[1].1, "same kind never adjacent");
+                    }
+                    for i in 0..N {
+                        let held = got.iter().find(|r| r.1 <= i && (i <= r.2)).map(|r| r.0);
+                        assert_eq!(held, model[i as usize][o], "byte {i} owner {o}");
+                    }
+                    if let Some(last) = got.last() {
+                        assert!(last.2 < N - 1 || last.2 == u64::MAX, "to-EOF ranges stay to EOF");
+                    }
+                }
+                let total: usize = OWNERS.iter().map(|&o| ranges(&t, 5, o).len()).sum();
+                assert_eq!(t.len(), total);
+                let of_session_1: usize = [A, A2].iter().map(|&o| ranges(&t, 5, o).len()).sum();
+                assert_eq!(t.per_session.get(&1).copied().unwrap_or(0), of_session_1);
+                assert_eq!(t.session_holds(2), !ranges(&t, 5, B).is_empty());
+                // F_GETLK agrees with the model too.
+                let k = if next(2) == 0 { S } else { X };
+                let probe = t.get(5, LockClass::Posix, OWNERS[who], k, start, end_wire).unwrap();
+                let expect = (start..=end)
+                    .any(|i| (0..3).any(|o| o != who && model[i as usize][o].is_some_and(|h| conflicts(h, k))));
+                assert_eq!(probe.is_some(), expect);
+            }
+        }
+    }
+}
