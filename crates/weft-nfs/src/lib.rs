@@ -256,6 +256,8 @@ impl Gateway {
             let rec = match rpc::read_record(&mut rd, &self.cfg.record).await {
                 Ok(Some(r)) => Bytes::from(r),
                 Ok(None) => break,
+                // A client closing its connection (libnfs resets it) is not news.
+                Err(rpc::RecordError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "closing the connection");
                     break;

@@ -1,5 +1,5 @@
 //! MOUNT v3 (RFC 1813 Appendix I), served on the gateway's one port: MNT gives the root handle of the export
-//! (or of a directory below it), EXPORT lists the export; DUMP is empty and UMNT/UMNTALL are no-ops, since the
+//! (or of a directory below it); EXPORT and DUMP are empty and UMNT/UMNTALL are no-ops, since the
 //! gateway keeps no mount list (NFSv3 is stateless and the list is advisory).
 
 use std::net::SocketAddr;
@@ -43,9 +43,12 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, peer: SocketAddr) -> Vec<u8> {
             w.bool(false);
             w.buf
         }
+        // An empty list: libnfs treats every listed export below the path it mounts as a nested mount to
+        // traverse, and fails on the export root itself when it mounts "" (a URL naming a file in the root).
+        // Clients are told the export path (it is on the command line, `--export`).
         EXPORT => {
             let mut w = rpc::accepted(call.xid, rpc::SUCCESS);
-            w.bool(true).opaque(gw.export_path().as_bytes()).bool(false).bool(false);
+            w.bool(false);
             w.buf
         }
         MNT => {

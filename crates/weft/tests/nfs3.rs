@@ -50,6 +50,15 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
+/// libnfs mounts the URL's directory and opens the file in it; a file directly in the root would make it mount
+/// "" (which it then refuses itself), so the tools work in a directory anyone may write, `/io`.
+async fn io_dir(c: &common::TestCluster) -> u64 {
+    let client = c.client().await;
+    let d = client.mkdir(1, "io", 0o777).await.unwrap();
+    client.setattr(d.ino, weft_proto::SetAttrs { mode: Some(0o777), ..Default::default() }).await.unwrap();
+    d.ino
+}
+
 async fn gateway(c: &common::TestCluster) -> NfsGateway {
     c.start_nfs(&NfsOptions::default()).await.unwrap_or_else(|e| panic!("starting the gateway: {e}"))
 }
@@ -62,6 +71,7 @@ async fn libnfs_round_trips_keep_every_byte() {
         panic!("libnfs-utils is not installed (make deps)");
     }
     let c = common::start("nfs-roundtrip", 3).await;
+    let io = io_dir(&c).await;
     let g = gateway(&c).await;
     let dir = c.dir().join("local");
     std::fs::create_dir_all(&dir).unwrap();
@@ -72,7 +82,7 @@ async fn libnfs_round_trips_keep_every_byte() {
     for (i, (name, len)) in cases.iter().enumerate() {
         let local = dir.join(name);
         std::fs::write(&local, pattern(*len, i as u64 + 1)).unwrap();
-        let remote = url(&g, &format!("/{name}"), "");
+        let remote = url(&g, &format!("/io/{name}"), "");
         let (ok, _, err) = run("nfs-cp", &[local.to_str().unwrap(), &remote]);
         assert!(ok, "nfs-cp in {name}: {err}");
         let back = dir.join(format!("{name}.back"));
@@ -82,51 +92,52 @@ async fn libnfs_round_trips_keep_every_byte() {
     }
     // Another access path sees what NFS wrote (the gateway committed at COMMIT or close of its handle).
     let client = c.client().await;
-    let f = client.open("/unaligned", weft_client::OpenMode::Read).await.unwrap();
+    let f = client.open("/io/unaligned", weft_client::OpenMode::Read).await.unwrap();
     assert_eq!(f.size(), (1 << 20) + 12345);
     let got = f.read_at(0, bytes::BytesMut::zeroed((1 << 20) + 12345)).await.unwrap();
     assert!(got[..] == pattern((1 << 20) + 12345, 2)[..], "the native client reads what NFS wrote");
     // And NFS sees what the native client wrote and closed.
-    let w = client.create_path("/native", 0o644, false, true).await.unwrap();
+    let w = client.create_path("/io/native", 0o644, false, true).await.unwrap();
     w.write_at(0, bytes::Bytes::from(pattern(70_000, 9))).await.unwrap();
     w.close().await.unwrap();
     let back = dir.join("native.back");
-    let (ok, _, err) = run("nfs-cp", &[&url(&g, "/native", ""), back.to_str().unwrap()]);
+    let (ok, _, err) = run("nfs-cp", &[&url(&g, "/io/native", ""), back.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert_eq!(std::fs::read(&back).unwrap(), pattern(70_000, 9));
     // A directory made natively, listed through NFS with its files.
-    client.mkdir(1, "sub", 0o755).await.unwrap();
-    let (ok, out, err) = run("nfs-ls", &[&url(&g, "/", "")]);
+    client.mkdir(io, "sub", 0o755).await.unwrap();
+    let (ok, out, err) = run("nfs-ls", &[&url(&g, "/io", "")]);
     assert!(ok, "{err}");
     for name in ["small", "unaligned", "large", "native", "sub"] {
         assert!(out.lines().any(|l| l.ends_with(name)), "{name} missing from:\n{out}");
     }
-    let (ok, out, err) = run("nfs-cat", &[&url(&g, "/small", "")]);
-    assert!(ok, "{err}");
-    assert_eq!(out.as_bytes(), &pattern(100, 1)[..]);
+    let out = Command::new("nfs-cat").arg(url(&g, "/io/small", "")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout == pattern(100, 1), "nfs-cat printed other bytes");
 }
 
 /// Errors the tools can reach: a missing file is NOENT, a file the caller may not read is ACCES.
 #[tokio::test(flavor = "multi_thread")]
 async fn libnfs_sees_noent_and_acces() {
     let c = common::start("nfs-errors", 1).await;
+    io_dir(&c).await;
     let g = gateway(&c).await;
-    let (ok, _, err) = run("nfs-cat", &[&url(&g, "/missing", "")]);
+    let (ok, _, err) = run("nfs-cat", &[&url(&g, "/io/missing", "")]);
     assert!(!ok);
     assert!(err.contains("NOENT"), "{err}");
     let client = c.client().await;
-    let private = client.create_path("/private", 0o600, true, false).await.unwrap();
+    let private = client.create_path("/io/private", 0o600, true, false).await.unwrap();
     private.write_at(0, bytes::Bytes::from_static(b"secret")).await.unwrap();
     private.close().await.unwrap();
     // Owned by the test's user; another uid (through the URL's AUTH_SYS credential) may not read it.
     let me = client.user().uid;
     let other = if me == 4242 { 4243 } else { 4242 };
-    let (ok, out, err) = run("nfs-cat", &[&url(&g, "/private", &format!("&uid={other}&gid={other}"))]);
+    let (ok, out, err) = run("nfs-cat", &[&url(&g, "/io/private", &format!("&uid={other}&gid={other}"))]);
     assert!(!ok, "read as another user: {out}");
     assert!(err.contains("ACCES"), "{err}");
     if me != 0 {
         // The owner reads it (root would be squashed to nobody and refused too).
-        let (ok, out, err) = run("nfs-cat", &[&url(&g, "/private", &format!("&uid={me}&gid={}", client.user().gid))]);
+        let (ok, out, err) = run("nfs-cat", &[&url(&g, "/io/private", &format!("&uid={me}&gid={}", client.user().gid))]);
         assert!(ok, "{err}");
         assert_eq!(out, "secret");
     }
@@ -366,6 +377,7 @@ async fn addresses_outside_the_allow_list_are_refused() {
     assert!(matches!(rpc::parse_reply(&r).unwrap(), ReplyHead::Denied { reject: 1, .. }), "AUTH_ERROR");
     let (ok, _, err) = run("nfs-ls", &[&url(&g, "/", "")]);
     assert!(!ok, "listed from a refused address");
+    assert!(err.contains("mount"), "{err}");
     assert!(!err.is_empty());
 }
 
