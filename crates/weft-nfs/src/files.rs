@@ -135,8 +135,11 @@ impl OpenFiles {
         let now = Instant::now();
         let idle: Vec<Arc<File>> = {
             let mut map = self.map.lock().expect("open files");
-            let keys: Vec<Key> =
-                map.iter().filter(|(_, e)| now.duration_since(e.used) >= self.open_idle).map(|(k, _)| k.clone()).collect();
+            let keys: Vec<Key> = map
+                .iter()
+                .filter(|(_, e)| now.duration_since(e.used) >= self.open_idle)
+                .map(|(k, _)| k.clone())
+                .collect();
             keys.into_iter().filter_map(|k| map.remove(&k)).map(|e| e.file).collect()
         };
         let n = idle.len();

@@ -4,10 +4,10 @@
 
 use std::net::SocketAddr;
 
+use crate::Gateway;
 use crate::proto::decode_mount_path;
 use crate::rpc::{self, Call};
 use crate::status::status_of;
-use crate::Gateway;
 
 pub const NULL: u32 = 0;
 pub const MNT: u32 = 1;

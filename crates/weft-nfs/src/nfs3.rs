@@ -544,10 +544,12 @@ async fn remove(gw: &Gateway, c: &Client, at: DirOp<'_>, dir_wanted: bool) -> Ou
 }
 
 async fn rename(gw: &Gateway, c: &Client, from: DirOp<'_>, to: DirOp<'_>) -> Out {
-    let two = |s| fail(s, |w| {
-        wcc_data(w, None, None, 0);
-        wcc_data(w, None, None, 0);
-    });
+    let two = |s| {
+        fail(s, |w| {
+            wcc_data(w, None, None, 0);
+            wcc_data(w, None, None, 0);
+        })
+    };
     let (src, dst) = match (ino_of(gw, from.dir), ino_of(gw, to.dir)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(s), _) | (_, Err(s)) => return two(s),
@@ -567,10 +569,12 @@ async fn rename(gw: &Gateway, c: &Client, from: DirOp<'_>, to: DirOp<'_>) -> Out
 }
 
 async fn link(gw: &Gateway, c: &Client, fh: &[u8], to: DirOp<'_>) -> Out {
-    let out = |s, a: Option<&Attr>, fsid| fail(s, |w| {
-        post_op_attr(w, a, fsid);
-        wcc_data(w, None, None, 0);
-    });
+    let out = |s, a: Option<&Attr>, fsid| {
+        fail(s, |w| {
+            post_op_attr(w, a, fsid);
+            wcc_data(w, None, None, 0);
+        })
+    };
     let (ino, dir) = match (ino_of(gw, fh), ino_of(gw, to.dir)) {
         (Ok(a), Ok(b)) => (a, b),
         (Err(s), _) | (_, Err(s)) => return out(s, None, 0),

@@ -367,10 +367,7 @@ mod tests {
         w.u32(77);
         let c = parse_call(&w.buf).unwrap();
         assert_eq!((c.xid, c.prog, c.vers, c.proc_, c.args), (9, 100003, 3, 1, &77u32.to_be_bytes()[..]));
-        assert_eq!(
-            c.auth,
-            Auth::Sys { stamp: 0, machine: "weft-test".into(), uid: 1000, gid: 100, gids: vec![4, 5] }
-        );
+        assert_eq!(c.auth, Auth::Sys { stamp: 0, machine: "weft-test".into(), uid: 1000, gid: 100, gids: vec![4, 5] });
         let mut bad = w.buf.clone();
         bad[8..12].copy_from_slice(&3u32.to_be_bytes());
         assert_eq!(parse_call(&bad).unwrap_err(), CallError::RpcMismatch(9, 3));

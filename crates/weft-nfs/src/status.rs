@@ -132,8 +132,9 @@ mod tests {
         ];
         for (code, want) in cases {
             assert_eq!(status_of_code(code), want, "{code:?}");
-            // Agrees with the errno the FUSE mount reports for the same code.
-            if want < 100 {
+            // Agrees with the errno the FUSE mount reports for the same code (NFS took NAMETOOLONG and NOTEMPTY
+            // from BSD's numbering, 63 and 66, where Linux has 36 and 39).
+            if want < 60 {
                 assert_eq!(want as i32, code.errno(), "{code:?}");
             }
         }

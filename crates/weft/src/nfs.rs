@@ -48,7 +48,8 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         open_idle_ms: args.open_idle_ms,
         ..weft_nfs::GatewayConfig::default()
     };
-    let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
     let gw = weft_nfs::Gateway::new(&cluster, cfg).await?;
     tracing::info!(
