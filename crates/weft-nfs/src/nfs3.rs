@@ -451,10 +451,10 @@ async fn create(gw: &Gateway, c: &Client, at: DirOp<'_>, how: CreateHow) -> Out 
         set.atime = Some(TimeSet::AtNs(at_ns));
         set.mtime = Some(TimeSet::AtNs(mt_ns));
     }
-    if set.size.is_some() {
-        if let Err(e) = gw.files.close_inode(a.ino).await {
-            tracing::warn!(ino = a.ino, error = %e, "syncing before a size change");
-        }
+    if set.size.is_some()
+        && let Err(e) = gw.files.close_inode(a.ino).await
+    {
+        tracing::warn!(ino = a.ino, error = %e, "syncing before a size change");
     }
     if is_empty(&set) {
         return created(gw, &a);
