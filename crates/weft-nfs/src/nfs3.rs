@@ -122,6 +122,12 @@ fn stale_if_gone(s: u32) -> u32 {
     if s == NFS3ERR_NOENT { NFS3ERR_STALE } else { s }
 }
 
+/// The status of a failed operation on a name in `dir`: NOENT stays NOENT (the name is missing) unless `dir`
+/// itself is gone, which is STALE.
+async fn name_status(gw: &Gateway, c: &Client, dir: u64, s: u32) -> u32 {
+    if s == NFS3ERR_NOENT && attr_of(gw, c, dir).await == Err(NFS3ERR_STALE) { NFS3ERR_STALE } else { s }
+}
+
 fn fail(stat: u32, body: impl FnOnce(&mut Writer)) -> Out {
     let mut w = Writer::new();
     body(&mut w);
@@ -441,7 +447,7 @@ async fn create(gw: &Gateway, c: &Client, at: DirOp<'_>, how: CreateHow) -> Out 
                     return created(gw, &a);
                 }
             }
-            return dir_fail(stale_if_gone(s));
+            return dir_fail(name_status(gw, c, dir, s).await);
         }
     };
     let mut set = set_attrs(&sattr);
@@ -506,7 +512,7 @@ async fn make(gw: &Gateway, c: &Client, at: DirOp<'_>, what: Make<'_>) -> Out {
     };
     let a = match res {
         Ok(a) => a,
-        Err(e) => return dir_fail(stale_if_gone(status_of(&e))),
+        Err(e) => return dir_fail(name_status(gw, c, dir, status_of(&e)).await),
     };
     let mut set = set_attrs(&sattr);
     set.mode = None;
@@ -539,7 +545,7 @@ async fn remove(gw: &Gateway, c: &Client, at: DirOp<'_>, dir_wanted: bool) -> Ou
     };
     match res {
         Ok(()) => dir_fail(NFS3_OK),
-        Err(e) => dir_fail(stale_if_gone(status_of(&e))),
+        Err(e) => dir_fail(name_status(gw, c, dir, status_of(&e)).await),
     }
 }
 
@@ -564,7 +570,10 @@ async fn rename(gw: &Gateway, c: &Client, from: DirOp<'_>, to: DirOp<'_>) -> Out
     }
     match c.rename(src, from.name, dst, to.name, 0).await {
         Ok(()) => two(NFS3_OK),
-        Err(e) => two(stale_if_gone(status_of(&e))),
+        Err(e) => {
+            let s = name_status(gw, c, src, status_of(&e)).await;
+            two(if s == NFS3ERR_NOENT { name_status(gw, c, dst, s).await } else { s })
+        }
     }
 }
 
@@ -584,7 +593,10 @@ async fn link(gw: &Gateway, c: &Client, fh: &[u8], to: DirOp<'_>) -> Out {
     }
     match c.link(ino, dir, to.name).await {
         Ok(a) => out(NFS3_OK, Some(&a), gw.fsid),
-        Err(e) => out(stale_if_gone(status_of(&e)), None, 0),
+        Err(e) => {
+            let s = name_status(gw, c, ino, status_of(&e)).await;
+            out(if s == NFS3ERR_NOENT { name_status(gw, c, dir, s).await } else { s }, None, 0)
+        }
     }
 }
 

@@ -417,3 +417,109 @@ async fn a_restarted_gateway_has_a_new_verifier_and_the_same_handles() {
     let got = f.read_at(0, bytes::BytesMut::zeroed(64)).await.unwrap();
     assert_eq!(&got[..], b"durable-unstable");
 }
+
+/// The remaining procedures through raw calls: SYMLINK/READLINK, LINK, RENAME, SETATTR with a guard (NOT_SYNC),
+/// ACCESS, FSSTAT, FSINFO, PATHCONF, and READDIR continued from a cookie across pages.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_other_procedure_answers_as_rfc_1813_says() {
+    let c = common::start("nfs-procs", 1).await;
+    io_dir(&c).await;
+    let g = gateway(&c).await;
+    let mut raw = Raw::connect(&g).await;
+    let root = raw.mount_root().await;
+    let dir = raw.lookup(&root, "io").await.1.unwrap();
+    let fh = raw.create(&dir, "a").await;
+    // SYMLINK then READLINK.
+    let mut a = Writer::new();
+    a.opaque(&dir).opaque(b"ln");
+    a.bool(false).bool(false).bool(false).bool(false).u32(0).u32(0);
+    a.opaque(b"a");
+    assert_eq!(raw.nfs(10, &a.buf).await.0, NFS3_OK);
+    let ln = raw.lookup(&dir, "ln").await.1.unwrap();
+    let mut a = Writer::new();
+    a.opaque(&ln);
+    let (s, body) = raw.nfs(5, &a.buf).await;
+    assert_eq!(s, NFS3_OK);
+    let mut r = Reader::new(&body);
+    assert!(r.bool().unwrap());
+    r.fixed(84).unwrap();
+    assert_eq!(r.opaque(4096).unwrap(), b"a");
+    let mut a = Writer::new();
+    a.opaque(&fh);
+    assert_eq!(raw.nfs(5, &a.buf).await.0, NFS3ERR_INVAL, "READLINK of a file");
+    // LINK, then RENAME over an existing name.
+    let mut a = Writer::new();
+    a.opaque(&fh).opaque(&dir).opaque(b"b");
+    assert_eq!(raw.nfs(15, &a.buf).await.0, NFS3_OK);
+    raw.create(&dir, "c").await;
+    let mut a = Writer::new();
+    a.opaque(&dir).opaque(b"c").opaque(&dir).opaque(b"b");
+    assert_eq!(raw.nfs(14, &a.buf).await.0, NFS3_OK);
+    let mut a = Writer::new();
+    a.opaque(&dir).opaque(b"c").opaque(&dir).opaque(b"d");
+    assert_eq!(raw.nfs(14, &a.buf).await.0, NFS3ERR_NOENT);
+    // SETATTR: size and mode; a guard with the wrong ctime is NOT_SYNC.
+    let mut a = Writer::new();
+    a.opaque(&fh).bool(true).u32(0o600).bool(false).bool(false).bool(true).u64(5000).u32(0).u32(0).bool(false);
+    assert_eq!(raw.nfs(2, &a.buf).await.0, NFS3_OK);
+    let mut a = Writer::new();
+    a.opaque(&fh).bool(true).u32(0o644).bool(false).bool(false).bool(false).u32(0).u32(0);
+    a.bool(true).u32(1).u32(0);
+    assert_eq!(raw.nfs(2, &a.buf).await.0, NFS3ERR_NOT_SYNC);
+    let mut a = Writer::new();
+    a.opaque(&fh);
+    let (s, body) = raw.nfs(1, &a.buf).await;
+    assert_eq!(s, NFS3_OK);
+    let mut r = Reader::new(&body);
+    assert_eq!((r.u32().unwrap(), r.u32().unwrap()), (1, 0o600), "a regular file of mode 0600");
+    r.fixed(12).unwrap();
+    assert_eq!(r.u64().unwrap(), 5000, "the size set");
+    // ACCESS as the owner (the raw caller, uid 4242, created it): read and modify, not execute.
+    let mut a = Writer::new();
+    a.opaque(&fh).u32(0x3f);
+    let (s, body) = raw.nfs(4, &a.buf).await;
+    assert_eq!(s, NFS3_OK);
+    assert_eq!(u32::from_be_bytes(body[body.len() - 4..].try_into().unwrap()), 0x01 | 0x04 | 0x08);
+    for p in [18, 19, 20] {
+        let mut a = Writer::new();
+        a.opaque(&root);
+        assert_eq!(raw.nfs(p, &a.buf).await.0, NFS3_OK, "proc {p}");
+    }
+    // READDIR in pages too small for all: every name once, continued by cookie.
+    for i in 0..40 {
+        raw.create(&dir, &format!("f{i:02}")).await;
+    }
+    let mut names = Vec::new();
+    let (mut cookie, mut verf) = (0u64, [0u8; 8]);
+    let mut pages = 0;
+    loop {
+        let mut a = Writer::new();
+        a.opaque(&dir).u64(cookie).fixed(&verf).u32(600);
+        let (s, body) = raw.nfs(16, &a.buf).await;
+        assert_eq!(s, NFS3_OK);
+        pages += 1;
+        let mut r = Reader::new(&body);
+        if r.bool().unwrap() {
+            r.fixed(84).unwrap();
+        }
+        verf = r.fixed(8).unwrap().try_into().unwrap();
+        while r.bool().unwrap() {
+            r.u64().unwrap();
+            names.push(String::from_utf8(r.opaque(255).unwrap().to_vec()).unwrap());
+            cookie = r.u64().unwrap();
+        }
+        if r.bool().unwrap() {
+            break;
+        }
+    }
+    assert!(pages > 2, "{pages} pages");
+    let mut want: Vec<String> = [".", "..", "a", "b", "ln"].iter().map(|s| s.to_string()).collect();
+    want.extend((0..40).map(|i| format!("f{i:02}")));
+    names.sort();
+    want.sort();
+    assert_eq!(names, want);
+    // A cookie no entry has: BAD_COOKIE.
+    let mut a = Writer::new();
+    a.opaque(&dir).u64(12345).fixed(&verf).u32(600);
+    assert_eq!(raw.nfs(16, &a.buf).await.0, NFS3ERR_BAD_COOKIE);
+}
