@@ -21,7 +21,8 @@ up: deps
 
 # deps: install what a fresh Debian lacks (iperf3, pkg-config, fuse3 for the mount, and fio, dbench, rsync,
 # sqlite3 and fincore (util-linux-extra) which the mount's tests run; memcached for the cache bank (`weft up
-# --cache N` and its tests); rustfmt and clippy), as root or with sudo.
+# --cache N` and its tests); libnfs-utils (nfs-cp, nfs-ls, nfs-cat) for the NFS gateway's tests; rustfmt and
+# clippy), as root or with sudo.
 deps:
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
@@ -35,6 +36,7 @@ deps:
 	command -v fincore >/dev/null 2>&1 || missing="$$missing util-linux-extra"; \
 	command -v setfacl >/dev/null 2>&1 || missing="$$missing acl"; \
 	command -v setfattr >/dev/null 2>&1 || missing="$$missing attr"; \
+	command -v nfs-cp >/dev/null 2>&1 || missing="$$missing libnfs-utils"; \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing$$missing"; \
 		$$sudo apt-get update; \

@@ -35,7 +35,10 @@ use weft_client::{Client, ClusterConfig};
 use weft_proto::{ServerInfo, ServerState};
 use weft_rpc::AuthMode;
 
+pub mod nfs;
 pub mod tls;
+
+pub use nfs::{NfsGateway, NfsOptions};
 
 /// The line a server prints on stdout when it listens.
 pub const READY_PREFIX: &str = "WEFT-READY ";

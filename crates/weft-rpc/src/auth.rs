@@ -154,6 +154,17 @@ impl Key {
         }
     }
 
+    /// A sub-key for one purpose, `HMAC(self, label)`, so one key is never used directly for two (the NFS
+    /// gateway seals filehandles with `derive(b"weft-nfs-fh-v1")`, docs/format.md §15).
+    pub fn derive(&self, label: &[u8]) -> Key {
+        Key(mac(&self.hmac_key(), &[label]))
+    }
+
+    /// `HMAC(self, part₀ ‖ part₁ ‖ …)`.
+    pub fn sign(&self, parts: &[&[u8]]) -> Secret {
+        mac(&self.hmac_key(), parts)
+    }
+
     pub(crate) fn hmac_key(&self) -> hmac::Key {
         hmac::Key::new(hmac::HMAC_SHA256, &self.0)
     }

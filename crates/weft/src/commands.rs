@@ -48,6 +48,7 @@ pub async fn up(
     tls: bool,
     cache: CacheArgs,
     metrics: bool,
+    nfs_port: Option<u16>,
 ) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
@@ -126,8 +127,29 @@ pub async fn up(
             cluster.clients_keyring().display()
         );
     }
+    let mut gateway = match nfs_port {
+        Some(port) => {
+            let o = weft_launch::NfsOptions { listen: format!("127.0.0.1:{port}"), ..Default::default() };
+            match cluster.start_nfs(&o).await {
+                Ok(g) => {
+                    println!("NFS gateway on {} (log: {}); mount with:", g.addr(), g.log().display());
+                    println!("  {}", crate::nfs::mount_hint(g.port()));
+                    Some(g)
+                }
+                Err(e) => {
+                    cluster.stop().await;
+                    return Err(e.into());
+                }
+            }
+        }
+        None => None,
+    };
     println!("Ctrl-C stops the cluster.");
     wait_for_stop(mounted.as_ref()).await?;
+    if let Some(g) = gateway.as_mut() {
+        println!("Stopping the NFS gateway...");
+        g.stop().await;
+    }
     if let (Some(m), Some(dir)) = (mounted, &mount_dir) {
         println!("Unmounting {}...", dir.display());
         unmount(m, dir).await;

@@ -9,6 +9,7 @@
 mod commands;
 mod human;
 mod mode;
+mod nfs;
 mod owner;
 mod size;
 mod top;
@@ -200,6 +201,9 @@ enum Cmd {
         /// start and in DATA_DIR/metrics.txt).
         #[arg(long)]
         no_metrics: bool,
+        /// Also start an NFS gateway (`weft nfs`) on 127.0.0.1:PORT (default 2049) and print the mount command.
+        #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "2049")]
+        nfs: Option<u16>,
     },
     /// Live rates of a cluster from its metrics endpoints (DATA_DIR/metrics.txt of `weft up`, or ROLE=ADDR
     /// pairs): requests per second by role and op, errors, bytes moved, journal commits.
@@ -240,6 +244,17 @@ enum Cmd {
         /// Log file of the daemon (with --daemon).
         #[arg(long)]
         log: Option<PathBuf>,
+    },
+    /// Serve a cluster to NFS clients: NFSv3 and MOUNT v3 on one port, each request run as the caller's AUTH_SYS
+    /// identity through the native client. Needs the cluster key (or a `trusted` client key) in the cluster file.
+    #[command(after_help = "Mount from Linux (no rpcbind: give both ports):\n  \
+        mount -t nfs -o vers=3,proto=tcp,port=2049,mountport=2049,nolock 127.0.0.1:/ /mnt\n\
+        With libnfs: nfs-ls 'nfs://127.0.0.1/?version=3&nfsport=2049&mountport=2049'")]
+    Nfs {
+        #[command(flatten)]
+        c: ClusterArg,
+        #[command(flatten)]
+        args: nfs::NfsArgs,
     },
     /// Run the metadata service from a TOML config file.
     #[command(after_help = "Config keys (TOML):\n  \
@@ -574,7 +589,8 @@ fn init_logging(default: &str, format: LogFormat) {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let server_role = matches!(cli.cmd, Cmd::Meta { .. } | Cmd::Data { .. } | Cmd::Up { .. } | Cmd::Mount { .. });
+    let server_role =
+        matches!(cli.cmd, Cmd::Meta { .. } | Cmd::Data { .. } | Cmd::Up { .. } | Cmd::Mount { .. } | Cmd::Nfs { .. });
     init_logging(if server_role { "info" } else { "warn" }, cli.log_format);
     // Children (`weft up`'s servers, `weft mount --daemon`) log the same way.
     let _ = commands::LOG_JSON.set(cli.log_format == LogFormat::Json);
@@ -592,10 +608,11 @@ fn main() -> Result<()> {
 async fn run(cmd: Cmd) -> Result<()> {
     use commands as c;
     match cmd {
-        Cmd::Up { data_dir, servers, mount, auth, mount_opts: mount_args, tls, cache, cache_mib, no_metrics } => {
+        Cmd::Up { data_dir, servers, mount, auth, mount_opts: mount_args, tls, cache, cache_mib, no_metrics, nfs } => {
             let cache = c::CacheArgs { daemons: cache, mib: cache_mib };
-            c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache, !no_metrics).await
+            c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache, !no_metrics, nfs).await
         }
+        Cmd::Nfs { c, args } => nfs::run(c.spec(), &args, ready).await,
         Cmd::Top { from, interval_s, count } => top::top(&from, interval_s, count).await,
         Cmd::Tls { cmd: TlsCmd::Ca { out } } => {
             weft_launch::tls::make_ca(&out)?;

@@ -1,0 +1,176 @@
+//! The gateway's bounded cache of open files, so an NFS READ or WRITE (stateless: a handle and an offset) does
+//! not cost an MDS `Open` each.
+//!
+//! Entries are keyed by (inode, user): a capability obtained for one caller's permissions is never used for
+//! another's. At most `open_files_max` entries; inserting into a full cache closes the least recently used one.
+//! Closing an entry — on eviction, after `open_idle_ms` unused, before a SETATTR of its size, at shutdown — is
+//! `File::sync`: the objects are fsynced and size and mtime committed to the MDS, so data the client wrote
+//! UNSTABLE is durable once its entry is gone, and NFS COMMIT syncs every entry of the inode.
+//!
+//! Close-to-open: a client opening a file sends GETATTR, answered from the MDS (raised by the size of this
+//! gateway's uncommitted writes) and passed to every cached entry of the inode (`File::observe_open`), so a
+//! cached handle then reads what another path (FUSE, another gateway) wrote and closed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use weft_client::{Client, ClientError, File, OpenMode};
+use weft_proto::{Attr, UserCred};
+
+type Key = (u64, UserCred);
+
+struct Entry {
+    file: Arc<File>,
+    writable: bool,
+    used: Instant,
+}
+
+pub struct OpenFiles {
+    map: Mutex<HashMap<Key, Entry>>,
+    open_files_max: usize,
+    open_idle: Duration,
+}
+
+impl OpenFiles {
+    pub fn new(open_files_max: usize, open_idle_ms: u64) -> OpenFiles {
+        OpenFiles {
+            map: Mutex::new(HashMap::new()),
+            open_files_max: open_files_max.max(1),
+            open_idle: Duration::from_millis(open_idle_ms),
+        }
+    }
+
+    /// An open file for `client`'s user, for writing (`write`) or reading; opened at the MDS if not cached.
+    pub async fn get(&self, client: &Client, ino: u64, write: bool) -> Result<Arc<File>, ClientError> {
+        let key = (ino, client.user().clone());
+        {
+            let mut map = self.map.lock().expect("open files");
+            if let Some(e) = map.get_mut(&key)
+                && (e.writable || !write)
+            {
+                e.used = Instant::now();
+                return Ok(e.file.clone());
+            }
+        }
+        // Writers open for writing only if they may not read (a 0200 file): NFS clients read-modify-write pages.
+        let file = if write {
+            match client.open_ino(ino, OpenMode::ReadWrite).await {
+                Ok(f) => f,
+                Err(e) if crate::status::status_of(&e) == crate::status::NFS3ERR_ACCES => {
+                    client.open_ino(ino, OpenMode::Write).await?
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            client.open_ino(ino, OpenMode::Read).await?
+        };
+        let file = Arc::new(file);
+        let evicted = {
+            let mut map = self.map.lock().expect("open files");
+            let mut evicted = Vec::new();
+            if let Some(old) = map.remove(&key) {
+                evicted.push(old.file);
+            }
+            while map.len() >= self.open_files_max {
+                let lru = map.iter().min_by_key(|(_, e)| e.used).map(|(k, _)| k.clone()).expect("non-empty");
+                evicted.push(map.remove(&lru).expect("present").file);
+            }
+            map.insert(key, Entry { file: file.clone(), writable: write, used: Instant::now() });
+            evicted
+        };
+        for f in evicted {
+            close(f).await;
+        }
+        Ok(file)
+    }
+
+    /// Every cached file of `ino` (any user).
+    pub fn of_inode(&self, ino: u64) -> Vec<Arc<File>> {
+        self.map.lock().expect("open files").iter().filter(|(k, _)| k.0 == ino).map(|(_, e)| e.file.clone()).collect()
+    }
+
+    /// Syncs every cached file of `ino` (COMMIT); the first error is returned after all were tried.
+    pub async fn sync_inode(&self, ino: u64) -> Result<(), ClientError> {
+        let mut first = Ok(());
+        for f in self.of_inode(ino) {
+            if let Err(e) = f.sync().await
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        }
+        first
+    }
+
+    /// Syncs and drops every cached file of `ino` (before its size is set, or after it is removed).
+    pub async fn close_inode(&self, ino: u64) -> Result<(), ClientError> {
+        let files: Vec<Arc<File>> = {
+            let mut map = self.map.lock().expect("open files");
+            let keys: Vec<Key> = map.keys().filter(|k| k.0 == ino).cloned().collect();
+            keys.into_iter().filter_map(|k| map.remove(&k)).map(|e| e.file).collect()
+        };
+        let mut first = Ok(());
+        for f in files {
+            if let Err(e) = f.sync().await
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        }
+        first
+    }
+
+    /// `attr` as the gateway's clients must see it: the size raised to what cached handles wrote but have not
+    /// committed yet, and those handles told about the fresh attributes (close-to-open).
+    pub fn overlay(&self, attr: &mut Attr) {
+        for f in self.of_inode(attr.ino) {
+            f.observe_open(attr);
+            attr.size = attr.size.max(f.size());
+        }
+    }
+
+    /// Closes the entries unused for `open_idle_ms`; returns how many.
+    pub async fn close_idle(&self) -> usize {
+        let now = Instant::now();
+        let idle: Vec<Arc<File>> = {
+            let mut map = self.map.lock().expect("open files");
+            let keys: Vec<Key> = map
+                .iter()
+                .filter(|(_, e)| now.duration_since(e.used) >= self.open_idle)
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter().filter_map(|k| map.remove(&k)).map(|e| e.file).collect()
+        };
+        let n = idle.len();
+        for f in idle {
+            close(f).await;
+        }
+        n
+    }
+
+    /// Closes everything (shutdown).
+    pub async fn close_all(&self) {
+        let all: Vec<Arc<File>> = self.map.lock().expect("open files").drain().map(|(_, e)| e.file).collect();
+        for f in all {
+            close(f).await;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().expect("open files").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Makes a dropped entry's writes durable and visible; a failure is logged (the client learns of lost writes
+/// through COMMIT's verifier only if the gateway restarts, so this is also why entries are synced, not just
+/// committed).
+async fn close(f: Arc<File>) {
+    if let Err(e) = f.sync().await {
+        tracing::warn!(ino = f.ino(), error = %e, "closing a cached open file failed");
+    }
+}

@@ -1,0 +1,401 @@
+//! `weft nfs`: a gateway that exports a Weft cluster (or a subtree) to unmodified NFS clients.
+//!
+//! One TCP port serves ONC RPC (RFC 5531, [`rpc`]) with a dispatcher by (program, version): MOUNT v3 and NFSv3
+//! (RFC 1813, [`mount`], [`nfs3`]); NFSv4 answers PROG_MISMATCH (3–3) until NFSv4.1 slots in beside them.
+//! Requests run through [`weft_client`] acting as the caller's AUTH_SYS identity (root squashed per export), so
+//! the gateway gets striping and the fabrics for free and the MDS applies its permission checks to that
+//! identity; the gateway's own key must be the cluster key or a client key of policy `trusted` (docs/format.md
+//! §9). Filehandles are sealed ([`fh`], docs/format.md §15). Everything is bounded: connections, requests in
+//! flight per connection, record size, open files ([`files`]), directory cursors.
+
+pub mod fh;
+pub mod files;
+pub mod mount;
+pub mod nfs3;
+pub mod proto;
+pub mod rpc;
+pub mod status;
+pub mod xdr;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use weft_client::{Client, ClientError, ClusterConfig};
+use weft_proto::UserCred;
+
+use crate::fh::FhSealer;
+use crate::files::OpenFiles;
+use crate::proto::{MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3};
+use crate::rpc::{Auth, Call, RecordLimits};
+
+/// The uid and gid root and AUTH_NONE callers become.
+pub const NOBODY: u32 = 65534;
+
+/// An address range callers may come from (`127.0.0.1/32`, `10.0.0.0/8`, `::1/128`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub net: IpAddr,
+    pub prefix_len: u8,
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Cidr, String> {
+        let (addr, len) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let net: IpAddr = addr.parse().map_err(|_| format!("{s:?}: not an IP address"))?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let prefix_len = match len {
+            Some(l) => l.parse::<u8>().ok().filter(|&l| l <= max).ok_or(format!("{s:?}: prefix length 0–{max}"))?,
+            None => max,
+        };
+        Ok(Cidr { net, prefix_len })
+    }
+}
+
+impl Cidr {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        let bits = |a: IpAddr| -> u128 {
+            match a {
+                IpAddr::V4(v) => u32::from(v) as u128,
+                IpAddr::V6(v) => u128::from(v),
+            }
+        };
+        if ip.is_ipv4() != self.net.is_ipv4() {
+            return false;
+        }
+        let width = if ip.is_ipv4() { 32 } else { 128 };
+        let shift = width - self.prefix_len as u32;
+        if shift >= 128 {
+            return true;
+        }
+        (bits(ip) >> shift) == (bits(self.net) >> shift)
+    }
+}
+
+/// Parses `--allow` (comma-separated CIDRs).
+pub fn parse_allow(s: &str) -> Result<Vec<Cidr>, String> {
+    s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect()
+}
+
+/// How the gateway serves.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// The Weft directory exported (`/` the whole namespace).
+    pub export: String,
+    /// Client addresses served; others get MNT3ERR_ACCES and AUTH_ERROR.
+    pub allow: Vec<Cidr>,
+    /// uid/gid 0 (and group 0) become [`NOBODY`].
+    pub root_squash: bool,
+    /// Connections served at once; more wait in the listen backlog (back-pressure).
+    pub connections_max: usize,
+    /// Requests of one connection run at once; the connection is not read further until one finishes.
+    pub requests_in_flight_max: usize,
+    /// Open weft files cached ([`files`]).
+    pub open_files_max: usize,
+    /// A cached open file unused this long is synced and closed.
+    pub open_idle_ms: u64,
+    /// Directory cursors (READDIR cookie → name) remembered.
+    pub dir_cursors_max: usize,
+    pub record: RecordLimits,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            export: "/".into(),
+            allow: vec![Cidr { net: IpAddr::from([127, 0, 0, 1]), prefix_len: 8 }, "::1/128".parse().expect("cidr")],
+            root_squash: true,
+            connections_max: 256,
+            requests_in_flight_max: 32,
+            open_files_max: 1024,
+            open_idle_ms: 5_000,
+            dir_cursors_max: 4096,
+            record: RecordLimits::default(),
+        }
+    }
+}
+
+/// Why a gateway cannot start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    #[error("connecting to the cluster: {0}")]
+    Client(#[from] ClientError),
+    #[error("export {path}: {error}")]
+    Export { path: String, error: String },
+    #[error("{0}")]
+    Key(String),
+}
+
+/// One running gateway.
+pub struct Gateway {
+    client: Client,
+    cfg: GatewayConfig,
+    sealer: FhSealer,
+    export_ino: u64,
+    fsid: u64,
+    verifier: [u8; 8],
+    files: OpenFiles,
+    cursors: Mutex<Cursors>,
+}
+
+/// READDIR cookie → the name it continues after, bounded (oldest dropped first); a miss rescans the directory.
+#[derive(Default)]
+struct Cursors {
+    map: HashMap<(u64, u64), String>,
+    order: VecDeque<(u64, u64)>,
+}
+
+impl Gateway {
+    /// Connects to the cluster and resolves the export.
+    pub async fn new(cluster: &ClusterConfig, cfg: GatewayConfig) -> Result<Arc<Gateway>, GatewayError> {
+        let key = match cluster.credential().map_err(GatewayError::Key)? {
+            Some(c) => c.key,
+            None => {
+                tracing::warn!(
+                    "authentication is off: filehandles are sealed with a fixed key, so clients can forge them"
+                );
+                weft_rpc::Key::from_bytes([0; 32])
+            }
+        };
+        let client = Client::connect(cluster).await?;
+        let export = normalize_export(&cfg.export)?;
+        let root = client
+            .resolve(&export)
+            .await
+            .map_err(|e| GatewayError::Export { path: export.clone(), error: e.to_string() })?;
+        if root.kind != weft_proto::FileKind::Dir {
+            return Err(GatewayError::Export { path: export, error: "not a directory".into() });
+        }
+        let sealer = FhSealer::new(&key, &export);
+        let verifier = (weft_rpc::auth::random_id()
+            ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+            ^ ((std::process::id() as u64) << 40))
+            .to_be_bytes();
+        let fsid = sealer.export_id() as u64;
+        let files = OpenFiles::new(cfg.open_files_max, cfg.open_idle_ms);
+        Ok(Arc::new(Gateway {
+            client,
+            sealer,
+            export_ino: root.ino,
+            fsid,
+            verifier,
+            files,
+            cursors: Mutex::new(Cursors::default()),
+            cfg: GatewayConfig { export, ..cfg },
+        }))
+    }
+
+    /// The WRITE/COMMIT verifier of this process: new at every start, so clients resend uncommitted writes.
+    pub fn write_verifier(&self) -> [u8; 8] {
+        self.verifier
+    }
+
+    pub fn export_path(&self) -> &str {
+        &self.cfg.export
+    }
+
+    /// Serves `listener` until the task is dropped.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let conns = Arc::new(Semaphore::new(self.cfg.connections_max.max(1)));
+        let idle = self.clone();
+        // Aborted when `serve` is dropped (its caller stops the gateway by dropping the future).
+        let _sweeper = AbortOnDrop(tokio::spawn(async move {
+            let every = std::time::Duration::from_millis((idle.cfg.open_idle_ms / 2).max(100));
+            loop {
+                tokio::time::sleep(every).await;
+                let n = idle.files.close_idle().await;
+                if n > 0 {
+                    tracing::debug!(closed = n, "closed idle open files");
+                }
+            }
+        }));
+        loop {
+            let permit = conns.clone().acquire_owned().await.expect("never closed");
+            let (stream, peer) = match listener.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            };
+            let gw = self.clone();
+            tokio::spawn(async move {
+                gw.connection(stream, peer).await;
+                drop(permit);
+            });
+        }
+    }
+
+    /// Syncs and closes every cached open file (on SIGTERM).
+    pub async fn shutdown(&self) {
+        self.files.close_all().await;
+    }
+
+    fn allowed(&self, peer: IpAddr) -> bool {
+        self.cfg.allow.iter().any(|c| c.contains(peer))
+    }
+
+    async fn connection(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        let allowed = self.allowed(peer.ip());
+        tracing::debug!(%peer, allowed, "connection");
+        let (mut rd, wr) = stream.into_split();
+        let wr = Arc::new(tokio::sync::Mutex::new(wr));
+        let inflight = Arc::new(Semaphore::new(self.cfg.requests_in_flight_max.max(1)));
+        loop {
+            let rec = match rpc::read_record(&mut rd, &self.cfg.record).await {
+                Ok(Some(r)) => Bytes::from(r),
+                Ok(None) => break,
+                // A client closing its connection (libnfs resets it) is not news.
+                Err(rpc::RecordError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "closing the connection");
+                    break;
+                }
+            };
+            let permit = inflight.clone().acquire_owned().await.expect("never closed");
+            let (gw, wr) = (self.clone(), wr.clone());
+            let reply = match rpc::parse_call(&rec) {
+                Ok(_) => None,
+                Err(e) => {
+                    tracing::info!(%peer, error = %e, "refused a call");
+                    match e.reply() {
+                        Some(r) => Some(r),
+                        None if matches!(e, rpc::CallError::NoXid) => break,
+                        None => continue,
+                    }
+                }
+            };
+            if let Some(r) = reply {
+                if wr.lock().await.write_all(&rpc::encode_record(&r)).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            tokio::spawn(async move {
+                let call = rpc::parse_call(&rec).expect("parsed above");
+                let reply = gw.dispatch(&call, &rec, peer, allowed).await;
+                let _ = wr.lock().await.write_all(&rpc::encode_record(&reply)).await;
+                drop(permit);
+            });
+        }
+    }
+
+    /// Runs one call; returns the whole reply message.
+    async fn dispatch(&self, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, allowed: bool) -> Vec<u8> {
+        // NULL of any served program answers everyone (clients probe with it before they mount).
+        let null_of_served =
+            call.proc_ == 0 && matches!((call.prog, call.vers), (NFS_PROGRAM, NFS_V3) | (MOUNT_PROGRAM, MOUNT_V3));
+        if !(allowed || null_of_served) {
+            tracing::info!(%peer, prog = call.prog, proc = call.proc_, "refused: address not in --allow");
+            if call.prog == MOUNT_PROGRAM && call.vers == MOUNT_V3 && call.proc_ == mount::MNT {
+                return mount::refused(call.xid);
+            }
+            let mut w = rpc::denied(call.xid, 1);
+            w.u32(rpc::AUTH_TOOWEAK);
+            return w.buf;
+        }
+        match (call.prog, call.vers) {
+            (NFS_PROGRAM, NFS_V3) => nfs3::call(self, call, rec, peer).await,
+            (NFS_PROGRAM, _) => {
+                let mut w = rpc::accepted(call.xid, rpc::PROG_MISMATCH);
+                w.u32(NFS_V3).u32(NFS_V3);
+                w.buf
+            }
+            (MOUNT_PROGRAM, MOUNT_V3) => mount::call(self, call, peer).await,
+            (MOUNT_PROGRAM, _) => {
+                let mut w = rpc::accepted(call.xid, rpc::PROG_MISMATCH);
+                w.u32(MOUNT_V3).u32(MOUNT_V3);
+                w.buf
+            }
+            _ => rpc::accepted(call.xid, rpc::PROG_UNAVAIL).buf,
+        }
+    }
+
+    /// The client acting as the caller: AUTH_SYS ids (root squashed if the export says so), AUTH_NONE nobody.
+    fn client_for(&self, auth: &Auth) -> Client {
+        self.client.with_user(user_of(auth, self.cfg.root_squash))
+    }
+
+    fn remember_cursor(&self, dir: u64, cookie: u64, name: &str) {
+        let mut c = self.cursors.lock().expect("cursors");
+        if c.map.insert((dir, cookie), name.to_string()).is_none() {
+            c.order.push_back((dir, cookie));
+        }
+        while c.order.len() > self.cfg.dir_cursors_max.max(1) {
+            if let Some(old) = c.order.pop_front() {
+                c.map.remove(&old);
+            }
+        }
+    }
+
+    fn cursor(&self, dir: u64, cookie: u64) -> Option<String> {
+        self.cursors.lock().expect("cursors").map.get(&(dir, cookie)).cloned()
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The user block a call runs as.
+pub fn user_of(auth: &Auth, root_squash: bool) -> UserCred {
+    let squash = |id: u32| if root_squash && id == 0 { NOBODY } else { id };
+    let (uid, gid, groups) = match auth {
+        Auth::None => (NOBODY, NOBODY, vec![]),
+        Auth::Sys { uid, gid, gids, .. } => (squash(*uid), squash(*gid), gids.iter().map(|&g| squash(g)).collect()),
+    };
+    // At most 16 groups arrive (AUTH_SYS), under the user block's limit; an error cannot happen, but if it did the
+    // caller would be nobody rather than someone else.
+    weft_client::user_cred(uid, gid, groups).unwrap_or(UserCred { uid: NOBODY, gid: NOBODY, groups: vec![] })
+}
+
+fn normalize_export(path: &str) -> Result<String, GatewayError> {
+    let comps = weft_client::components(path)
+        .map_err(|e| GatewayError::Export { path: path.to_string(), error: e.to_string() })?;
+    Ok(format!("/{}", comps.join("/")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs_match() {
+        let lo: Cidr = "127.0.0.1/32".parse().unwrap();
+        assert!(lo.contains("127.0.0.1".parse().unwrap()));
+        assert!(!lo.contains("127.0.0.2".parse().unwrap()));
+        assert!(lo.contains("::ffff:127.0.0.1".parse().unwrap()), "v4-mapped v6 is the v4 address");
+        let net = parse_allow("10.0.0.0/8, ::1").unwrap();
+        assert!(net[0].contains("10.200.1.1".parse().unwrap()));
+        assert!(!net[0].contains("11.0.0.1".parse().unwrap()));
+        assert!(net[1].contains("::1".parse().unwrap()));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("8.8.8.8".parse().unwrap()));
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert!("host".parse::<Cidr>().is_err());
+    }
+
+    #[test]
+    fn root_is_squashed_and_anonymous_is_nobody() {
+        let sys = |uid, gid, gids: Vec<u32>| Auth::Sys { stamp: 0, machine: "m".into(), uid, gid, gids };
+        assert_eq!(user_of(&sys(0, 0, vec![0, 5]), true), UserCred { uid: NOBODY, gid: NOBODY, groups: vec![5] });
+        assert_eq!(user_of(&sys(0, 0, vec![5]), false), UserCred { uid: 0, gid: 0, groups: vec![5] });
+        assert_eq!(user_of(&sys(1000, 100, vec![100, 7]), true), UserCred { uid: 1000, gid: 100, groups: vec![7] });
+        assert_eq!(user_of(&Auth::None, false), UserCred { uid: NOBODY, gid: NOBODY, groups: vec![] });
+    }
+}

@@ -1,0 +1,79 @@
+//! `weft nfs`: runs an NFS gateway (crate `weft-nfs`) in this process until Ctrl-C or SIGTERM.
+
+use anyhow::{Context, Result};
+
+/// The options of `weft nfs`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct NfsArgs {
+    /// Address to serve NFSv3 and MOUNT on, both on this one port (port 0: any free port, reported at start).
+    /// Clients are told the port: `mount -o port=P,mountport=P`; rpcbind is not used.
+    #[arg(long, default_value = "127.0.0.1:2049")]
+    pub listen: String,
+    /// The Weft directory to export (`/`: the whole namespace). Clients mount it as `HOST:/` or by its path.
+    #[arg(long, default_value = "/")]
+    pub export: String,
+    /// Client addresses served (comma-separated CIDRs); others are refused (MNT3ERR_ACCES, AUTH_ERROR).
+    #[arg(long, value_name = "CIDRS", default_value = "127.0.0.0/8,::1/128")]
+    pub allow: String,
+    /// Map uid 0 and gid 0 of callers to nobody (65534), as knfsd's root_squash (the default).
+    #[arg(long, overrides_with = "no_root_squash")]
+    pub root_squash: bool,
+    /// Serve root as root: only for trusted client machines.
+    #[arg(long, overrides_with = "root_squash")]
+    pub no_root_squash: bool,
+    /// Open files kept between READs and WRITEs (each costs one MDS open when first used).
+    #[arg(long, default_value_t = 1024)]
+    pub open_files_max: usize,
+    /// An open file unused this long is synced and closed.
+    #[arg(long, default_value_t = 5000)]
+    pub open_idle_ms: u64,
+    /// Connections served at once; more wait.
+    #[arg(long, default_value_t = 256)]
+    pub connections_max: usize,
+    /// Requests of one connection run at once; the connection is read no further until one finishes.
+    #[arg(long, default_value_t = 32)]
+    pub requests_in_flight_max: usize,
+}
+
+/// Runs the gateway; `ready` is told the bound address (the launcher's readiness line).
+pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<()> {
+    let cluster = weft_client::ClusterConfig::from_spec(cluster_spec).map_err(anyhow::Error::msg)?;
+    let cfg = weft_nfs::GatewayConfig {
+        export: args.export.clone(),
+        allow: weft_nfs::parse_allow(&args.allow).map_err(anyhow::Error::msg).context("--allow")?,
+        root_squash: !args.no_root_squash,
+        connections_max: args.connections_max,
+        requests_in_flight_max: args.requests_in_flight_max,
+        open_files_max: args.open_files_max,
+        open_idle_ms: args.open_idle_ms,
+        ..weft_nfs::GatewayConfig::default()
+    };
+    let listener =
+        tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let gw = weft_nfs::Gateway::new(&cluster, cfg).await?;
+    tracing::info!(
+        %addr,
+        export = gw.export_path(),
+        allow = %args.allow,
+        root_squash = !args.no_root_squash,
+        "NFS gateway serving NFSv3 and MOUNT v3; mount with: mount -t nfs -o vers=3,proto=tcp,port={p},mountport={p},nolock {h}:/ /mnt",
+        p = addr.port(),
+        h = addr.ip(),
+    );
+    ready(&addr.to_string());
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = gw.clone().serve(listener) => {}
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("stopping: syncing open files");
+    gw.shutdown().await;
+    Ok(())
+}
+
+/// The mount command for a gateway on `port` of this host.
+pub fn mount_hint(port: u16) -> String {
+    format!("mount -t nfs -o vers=3,proto=tcp,port={port},mountport={port},nolock 127.0.0.1:/ /mnt")
+}
