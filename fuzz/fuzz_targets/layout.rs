@@ -36,13 +36,14 @@ fn layout_of(input: &Input) -> Layout {
             stripe_unit: input.stripe_unit,
             stripe_count: input.stripe_count,
             servers: input.servers.clone(),
+            redundancy: weft_proto::DataRedundancy::Plain,
         };
     }
     let units = STRIPE_UNIT_BYTES_MAX / STRIPE_UNIT_BYTES_MIN;
     let stripe_unit = (input.stripe_unit % units + 1) * STRIPE_UNIT_BYTES_MIN;
     let stripe_count = input.stripe_count % STRIPE_COUNT_MAX + 1;
     let servers = (0..stripe_count).map(|i| input.servers.get(i as usize).copied().unwrap_or(i)).collect();
-    Layout { stripe_unit, stripe_count, servers }
+    Layout { stripe_unit, stripe_count, servers, redundancy: weft_proto::DataRedundancy::Plain }
 }
 
 fuzz_target!(|input: Input| {
