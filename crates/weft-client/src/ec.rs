@@ -23,7 +23,12 @@ use std::sync::atomic::Ordering;
 use tokio::task::JoinSet;
 use weft_proto::{DataRedundancy, ErrorCode, Layout};
 
+use std::sync::Arc;
+use std::time::Instant;
+use weft_proto::Rights;
+
 use crate::ClientError;
+use crate::capability::CapHolder;
 use crate::file::{File, Io, plan, read_unit, write_unit};
 
 /// Rows decoded per batch in a degraded read are bounded so that `rows × (k + m) × unit` stays under this (but at
@@ -172,7 +177,7 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
         Ok(b) => Ok(b),
         Err(e) if is_chunk_loss(&e) => {
             tracing::debug!(ino = file.attr.ino, offset, len, "degraded ec read: {e}");
-            read_degraded(file, offset, len).await
+                read_degraded(file, offset, len).await
         }
         Err(e) => Err(e),
     }
@@ -266,15 +271,33 @@ async fn decode_rows(file: &File, codec: &Codec, first: u64, rows: u64) -> Resul
     }
     // Repair on read: the decoded chunks of every server that answered `Corrupt`, written whole (whole stripe
     // units, so whole checksum blocks: a repair never keeps a bad byte of a partly rewritten block).
-    for (n, &i) in corrupt.iter().enumerate() {
-        let obj = object_of(layout, i);
-        let bytes = Bytes::from(std::mem::take(&mut repaired[n]));
-        match write_on(&file.io(), &obj, first * unit, bytes).await {
-            Ok(()) => tracing::info!(ino = file.attr.ino, chunk = i, first_row = first, rows, "repaired a corrupt chunk"),
-            Err(e) => tracing::warn!(ino = file.attr.ino, chunk = i, "repairing a corrupt chunk failed: {e}"),
+    if !corrupt.is_empty() {
+        match repair_io(file).await {
+            Ok(io) => {
+                for (n, &i) in corrupt.iter().enumerate() {
+                    let obj = object_of(layout, i);
+                    let bytes = Bytes::from(std::mem::take(&mut repaired[n]));
+                    match write_on(&io, &obj, first * unit, bytes).await {
+                        Ok(()) => tracing::info!(ino = file.attr.ino, chunk = i, first_row = first, rows, "repaired a corrupt chunk"),
+                        Err(e) => tracing::warn!(ino = file.attr.ino, chunk = i, "repairing a corrupt chunk failed: {e}"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(ino = file.attr.ino, "no write capability to repair corrupt chunks: {e}"),
         }
     }
     Ok(data)
+}
+
+/// What a repair writes with: this handle's capability when it may write, else a fresh read-write one (a reader
+/// repairs too, if the file's permissions let it write; otherwise the bad chunk stays for a later pass).
+pub(crate) async fn repair_io(file: &File) -> Result<Io, ClientError> {
+    if file.rights().covers(Rights::WRITE) {
+        return Ok(file.io());
+    }
+    let opened = file.client.open_capability(file.attr.ino, Rights::READ_WRITE).await?;
+    let caps = CapHolder::new(file.client.clone(), file.attr.ino, Rights::READ_WRITE, &opened, Instant::now());
+    Ok(Io { caps: Arc::new(caps), ..file.io() })
 }
 
 /// Writes `data` at `offset` of an ec file: read–modify–write of the rows it only partly covers, parity

@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use weft_proto::{DataRedundancy, ErrorCode, Layout};
 
 use crate::ClientError;
-use crate::ec::{is_chunk_loss, read_on, write_on};
+use crate::ec::{is_chunk_loss, read_on, repair_io, write_on};
 use crate::file::File;
 
 /// Checksum block size of the data servers' sidecars (§5): repairs rewrite whole blocks.
@@ -38,15 +38,8 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
     for c in (0..n).map(|i| (start + i) % n) {
         match read_on(&file.io(), &layout.data_view(c), a, b - a).await {
             Ok(mut got) => {
-                for bad in corrupt {
-                    let copy = layout.data_view(bad);
-                    // The block-aligned bytes, cut at the file's size: bytes past it are not the copy's to store.
-                    let keep = (b.min(file.size().max(a)) - a) as usize;
-                    let bytes = Bytes::copy_from_slice(&got[..keep]);
-                    match write_on(&file.io(), &copy, a, bytes).await {
-                        Ok(()) => tracing::info!(ino = file.attr.ino, copy = bad, "repaired a corrupt mirror copy"),
-                        Err(e) => tracing::warn!(ino = file.attr.ino, copy = bad, "repairing a mirror copy failed: {e}"),
-                    }
+                if !corrupt.is_empty() {
+                    repair(file, &corrupt, a, b, &got).await;
                 }
                 let _ = got.split_to((offset - a) as usize);
                 got.truncate(len as usize);
@@ -68,6 +61,26 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
         needed: 1,
         cause: causes.join("; "),
     })
+}
+
+/// Rewrites the block-aligned range `[a, b)` of the copies in `bad` from `good` (read from another copy).
+async fn repair(file: &File, bad: &[usize], a: u64, b: u64, good: &[u8]) {
+    let io = match repair_io(file).await {
+        Ok(io) => io,
+        Err(e) => {
+            tracing::warn!(ino = file.attr.ino, "no write capability to repair a mirror copy: {e}");
+            return;
+        }
+    };
+    // Cut at the file's size: bytes past it are not the copy's to store.
+    let keep = (b.min(file.size().max(a)) - a) as usize;
+    for &c in bad {
+        let copy = file.layout.data_view(c);
+        match write_on(&io, &copy, a, Bytes::copy_from_slice(&good[..keep])).await {
+            Ok(()) => tracing::info!(ino = file.attr.ino, copy = c, "repaired a corrupt mirror copy"),
+            Err(e) => tracing::warn!(ino = file.attr.ino, copy = c, "repairing a mirror copy failed: {e}"),
+        }
+    }
 }
 
 /// Writes `data` at `offset` to every copy at once.

@@ -30,6 +30,15 @@ impl Rng {
     }
 }
 
+/// Asserts `got == want` naming the first differing byte (not printing megabytes).
+#[track_caller]
+fn same(got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+        panic!("{what}: {} bytes read, {} expected, first difference at {at}", got.len(), want.len());
+    }
+}
+
 /// Reads `[off, off + len)` of `path` with a fresh open of `c`.
 async fn read_range(c: &Client, path: &str, off: u64, len: usize) -> Result<Vec<u8>, ClientError> {
     let f = c.open(path, OpenMode::Read).await?;
@@ -44,7 +53,7 @@ async fn check_reads(c: Client, path: String, model: Arc<Vec<u8>>, seed: u64, n:
         let off = rng.below(model.len() as u64);
         let len = (rng.below(600_000) + 1).min(model.len() as u64 - off) as usize;
         let got = read_range(&c, &path, off, len).await.unwrap_or_else(|e| panic!("read {off}+{len}: {e}"));
-        assert_eq!(got, model[off as usize..off as usize + len], "read {off}+{len}");
+        same(&got, &model[off as usize..off as usize + len], &format!("read {off}+{len}"));
         done.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -103,7 +112,7 @@ async fn ec_4_2_reads_stay_right_through_two_lost_servers_and_a_third_is_a_clear
         r.unwrap();
     }
     let model = Arc::new(model);
-    assert_eq!(read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), *model, "healthy read");
+    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &*model, "healthy read");
 
     // Kill -9 a data server while three clients read.
     let done = Arc::new(AtomicU64::new(0));
@@ -117,11 +126,12 @@ async fn ec_4_2_reads_stay_right_through_two_lost_servers_and_a_third_is_a_clear
     while let Some(r) = readers.join_next().await {
         r.unwrap();
     }
-    assert_eq!(read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), *model, "one server down");
+    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &*model, "one server down");
 
     // A write now needs a server that is down: a clear error, not a silent partial stripe.
     let f = client.open("/ec/f", OpenMode::ReadWrite).await.unwrap();
-    let err = f.write_at(10, Bytes::from_static(b"xyz")).await.unwrap_err();
+    // (It writes the bytes the model already holds: a failed write may still have reached some chunks.)
+    let err = f.write_at(10, Bytes::copy_from_slice(&model[10..13])).await.unwrap_err();
     assert!(matches!(err, ClientError::DegradedWrite { server, .. } if server == layout.servers[1]), "{err}");
     drop(f);
 
@@ -135,12 +145,15 @@ async fn ec_4_2_reads_stay_right_through_two_lost_servers_and_a_third_is_a_clear
     while let Some(r) = readers.join_next().await {
         r.unwrap();
     }
-    assert_eq!(read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), *model, "two servers down");
+    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &*model, "two servers down");
 
     // A third: more than m lost. The read fails, naming the file and the offset; no zeros come back.
     c.kill_data_server(layout.servers[2]).await;
-    let off = 3 * row as u64 + 5;
-    let err = read_range(&client, "/ec/f", off, 1000).await.map_err(|e| e.with_path("/ec/f")).unwrap_err();
+    // (Chunk 1 of row 3, which is lost: a read of chunk 0 alone would still be served by its live server.)
+    let off = 3 * row as u64 + UNIT as u64 + 5;
+    let Err(err) = read_range(&client, "/ec/f", off, 1000).await.map_err(|e| e.with_path("/ec/f")) else {
+        panic!("a read with three of six chunks lost must fail");
+    };
     let msg = err.to_string();
     assert!(msg.contains("/ec/f") && msg.contains(&format!("file offset {}", 3 * row)), "{msg}");
     assert!(msg.contains("3 chunks") && msg.contains("4 are needed"), "{msg}");
@@ -168,7 +181,7 @@ async fn a_flipped_byte_in_a_chunk_is_read_right_and_repaired() {
     std::fs::write(&path, &bad).unwrap();
 
     let reader = c.client().await;
-    assert_eq!(read_range(&reader, "/ec/f", 0, FILE_BYTES).await.unwrap(), model, "decoded around the bad chunk");
+    same(&read_range(&reader, "/ec/f", 0, FILE_BYTES).await.unwrap(), &model, "decoded around the bad chunk");
     // Repaired on read: the object holds the right bytes again, and a read of just that chunk passes its checksum.
     assert_eq!(std::fs::read(&path).unwrap()[at], original[at], "the chunk was rewritten");
     let file_at = (UNIT as u64) * 4 + 2 * UNIT as u64 + 100;
@@ -186,7 +199,7 @@ async fn mirror_2_reads_the_other_copy_and_setstripe_checks_the_width() {
     let (ok, _, err) = weft(&c, &["setstripe", "--ec", "4+2", "/m"]);
     assert!(!ok && err.contains("6 distinct data servers"), "{err}");
     let (ok, _, err) = weft(&c, &["setstripe", "--ec", "2+0", "/m"]);
-    assert!(!ok && err.contains("m must be"), "{err}");
+    assert!(!ok && err.contains("m 1..="), "{err}");
     let (ok, _, err) = weft(&c, &["setstripe", "--unit", "64K", "--mirror", "2", "/m"]);
     assert!(ok, "{err}");
     let (ok, out, err) = weft(&c, &["stat", "/m"]);
@@ -203,15 +216,15 @@ async fn mirror_2_reads_the_other_copy_and_setstripe_checks_the_width() {
     assert!(ok && out.contains("mirror 2"), "{out}{err}");
     for &s in &layout.servers {
         let copy = std::fs::read(object_path(&c.data_root(s), f_ino(&client).await)).unwrap();
-        assert_eq!(copy, model, "copy on server {s}");
+        same(&copy, &model, &format!("copy on server {s}"));
     }
 
     c.kill_data_server(layout.servers[0]).await;
     let reader = c.impatient_client().await;
-    assert_eq!(read_range(&reader, "/m/f", 0, model.len()).await.unwrap(), model, "read from the other copy");
-    assert_eq!(read_range(&reader, "/m/f", 4095, 3).await.unwrap(), model[4095..4098], "a small read");
+    same(&read_range(&reader, "/m/f", 0, model.len()).await.unwrap(), &model, "read from the other copy");
+    same(&read_range(&reader, "/m/f", 4095, 3).await.unwrap(), &model[4095..4098], "a small read");
     let f = reader.open("/m/f", OpenMode::ReadWrite).await.unwrap();
-    let err = f.write_at(0, Bytes::from_static(b"x")).await.unwrap_err();
+    let err = f.write_at(0, Bytes::copy_from_slice(&model[..1])).await.unwrap_err();
     assert!(matches!(err, ClientError::DegradedWrite { .. }), "{err}");
     c.kill_data_server(layout.servers[1]).await;
     let err = read_range(&reader, "/m/f", 0, 10).await.unwrap_err();
