@@ -6,6 +6,8 @@
 //!   the formula gives (checked by inverting it);
 //! - `object_size(file_size, i)` matches an independent closed form, and the brute force over `pieces` for small
 //!   files; the object sizes of all servers add up to the file size.
+//! - with redundancy (§16), `validate` never panics, and an accepted `ec k+m` file layout's `data_view` is a valid
+//!   plain layout of `k` servers whose object sizes the ec layout's data servers share, parity as data server 0.
 
 #![no_main]
 
@@ -28,6 +30,8 @@ struct Input {
     offset: u64,
     len: u64,
     file_size: u64,
+    ec_k: u8,
+    ec_m: u8,
 }
 
 fn layout_of(input: &Input) -> Layout {
@@ -47,6 +51,18 @@ fn layout_of(input: &Input) -> Layout {
 }
 
 fuzz_target!(|input: Input| {
+    let ec = Layout { redundancy: weft_proto::DataRedundancy::Ec { k: input.ec_k, m: input.ec_m }, ..layout_of(&input) };
+    let _ = ec.validate(true);
+    if ec.validate(false).is_ok() {
+        let k = u32::from(input.ec_k);
+        let data = ec.data_view(0);
+        assert!(data.validate(false).is_ok(), "data view of {ec:?}");
+        assert_eq!(data.stripe_count, k);
+        for i in 0..ec.stripe_count {
+            let want = data.object_size(input.file_size, if i < k { i } else { 0 });
+            assert_eq!(ec.object_size(input.file_size, i), want, "object {i} of {ec:?}");
+        }
+    }
     let layout = layout_of(&input);
     let _ = layout.validate(true);
     if layout.validate(false).is_err() {

@@ -177,7 +177,7 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
         Ok(b) => Ok(b),
         Err(e) if is_chunk_loss(&e) => {
             tracing::debug!(ino = file.attr.ino, offset, len, "degraded ec read: {e}");
-                read_degraded(file, offset, len).await
+            read_degraded(file, offset, len).await
         }
         Err(e) => Err(e),
     }
@@ -278,8 +278,16 @@ async fn decode_rows(file: &File, codec: &Codec, first: u64, rows: u64) -> Resul
                     let obj = object_of(layout, i);
                     let bytes = Bytes::from(std::mem::take(&mut repaired[n]));
                     match write_on(&io, &obj, first * unit, bytes).await {
-                        Ok(()) => tracing::info!(ino = file.attr.ino, chunk = i, first_row = first, rows, "repaired a corrupt chunk"),
-                        Err(e) => tracing::warn!(ino = file.attr.ino, chunk = i, "repairing a corrupt chunk failed: {e}"),
+                        Ok(()) => tracing::info!(
+                            ino = file.attr.ino,
+                            chunk = i,
+                            first_row = first,
+                            rows,
+                            "repaired a corrupt chunk"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(ino = file.attr.ino, chunk = i, "repairing a corrupt chunk failed: {e}")
+                        }
                     }
                 }
             }

@@ -632,7 +632,12 @@ mod tests {
     use super::*;
 
     fn lay(unit: u32, count: u32) -> Layout {
-        Layout { stripe_unit: unit, stripe_count: count, servers: (0..count).collect(), redundancy: weft_proto::DataRedundancy::Plain }
+        Layout {
+            stripe_unit: unit,
+            stripe_count: count,
+            servers: (0..count).collect(),
+            redundancy: weft_proto::DataRedundancy::Plain,
+        }
     }
 
     #[test]

@@ -754,12 +754,22 @@ mod tests {
 
     #[test]
     fn a_malformed_layout_from_the_mds_is_an_error_not_a_panic() {
-        let bad = Layout { stripe_unit: 4096, stripe_count: 3, servers: vec![1], redundancy: weft_proto::DataRedundancy::Plain };
+        let bad = Layout {
+            stripe_unit: 4096,
+            stripe_count: 3,
+            servers: vec![1],
+            redundancy: weft_proto::DataRedundancy::Plain,
+        };
         match check_file_layout(7, &bad) {
             Err(ClientError::Protocol(m)) => assert!(m.contains("inode 7"), "{m}"),
             other => panic!("expected a protocol error, got {other:?}"),
         }
-        let good = Layout { stripe_unit: 4096, stripe_count: 1, servers: vec![1], redundancy: weft_proto::DataRedundancy::Plain };
+        let good = Layout {
+            stripe_unit: 4096,
+            stripe_count: 1,
+            servers: vec![1],
+            redundancy: weft_proto::DataRedundancy::Plain,
+        };
         assert!(check_file_layout(7, &good).is_ok());
     }
 

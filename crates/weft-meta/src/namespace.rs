@@ -34,10 +34,9 @@ use weft_proto::msg::{
 };
 use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::{
-    DataRedundancy,
-    Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, READDIRPLUS_ENTRIES_MAX,
-    ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet,
-    WireError,
+    Attr, DataRedundancy, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX,
+    READDIRPLUS_ENTRIES_MAX, ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState,
+    SpaceStat, StatFs, TimeSet, WireError,
 };
 
 use crate::acl::Acl;
@@ -86,7 +85,12 @@ pub struct Namespace<S: MetaStore, C: Clock> {
 
 /// The layout policy of the root of a new namespace: 1 MiB stripes over every data server.
 pub fn default_policy() -> Layout {
-    Layout { stripe_unit: DEFAULT_STRIPE_UNIT_BYTES, stripe_count: 0, servers: Vec::new(), redundancy: DataRedundancy::Plain }
+    Layout {
+        stripe_unit: DEFAULT_STRIPE_UNIT_BYTES,
+        stripe_count: 0,
+        servers: Vec::new(),
+        redundancy: DataRedundancy::Plain,
+    }
 }
 
 fn werr(code: ErrorCode, message: impl Into<String>) -> WireError {
@@ -449,7 +453,12 @@ fn assign_layout(policy: &Layout, ino: u64, servers: &[(u32, String)]) -> Result
     // `n` is nonzero and fits in u64, so the remainder is below `n`.
     let start = (ino % n as u64) as usize;
     let chosen = (0..count).map(|k| servers[(start + k) % n].0).collect();
-    Ok(Layout { stripe_unit: policy.stripe_unit, stripe_count: count as u32, servers: chosen, redundancy: policy.redundancy })
+    Ok(Layout {
+        stripe_unit: policy.stripe_unit,
+        stripe_count: count as u32,
+        servers: chosen,
+        redundancy: policy.redundancy,
+    })
 }
 
 fn new_inode(ino: u64, kind: FileKind, mode: u32, uid: u32, gid: u32, now: i64) -> Inode {

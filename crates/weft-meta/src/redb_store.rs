@@ -39,8 +39,7 @@ use weft_proto::{FileKind, Layout, ROOT_INO};
 use crate::error::MetaError;
 use crate::journal::{self, Journal, JournalConfig, Redo};
 use crate::store::{
-    Inode, MetaStore, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan,
-    kind_from_u8, kind_to_u8,
+    Inode, MetaStore, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan, kind_from_u8, kind_to_u8,
 };
 
 const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");

@@ -433,7 +433,12 @@ mod tests {
             target: String,
             rdev: u32,
         }
-        let layout = Some(Layout { stripe_unit: 65536, stripe_count: 1, servers: vec![0], redundancy: weft_proto::DataRedundancy::Plain });
+        let layout = Some(Layout {
+            stripe_unit: 65536,
+            stripe_count: 1,
+            servers: vec![0],
+            redundancy: weft_proto::DataRedundancy::Plain,
+        });
         let old_layout = Some(LayoutV1 { stripe_unit: 65536, stripe_count: 1, servers: vec![0] });
         let old = V2 {
             ino: 7,

@@ -56,9 +56,7 @@ impl DataRedundancy {
             DataRedundancy::Plain => Ok(()),
             DataRedundancy::Ec { k, m } => {
                 if !(1..=EC_DATA_MAX).contains(&k) || !(1..=EC_PARITY_MAX).contains(&m) {
-                    return Err(format!(
-                        "ec {k}+{m}: k must be 1..={EC_DATA_MAX} and m 1..={EC_PARITY_MAX}"
-                    ));
+                    return Err(format!("ec {k}+{m}: k must be 1..={EC_DATA_MAX} and m 1..={EC_PARITY_MAX}"));
                 }
                 Ok(())
             }
@@ -121,7 +119,10 @@ impl Layout {
         if let Some(w) = self.redundancy.width()
             && self.stripe_count != w
         {
-            return Err(format!("a {} layout uses {w} servers, not a stripe count of {}", self.redundancy, self.stripe_count));
+            return Err(format!(
+                "a {} layout uses {w} servers, not a stripe count of {}",
+                self.redundancy, self.stripe_count
+            ));
         }
         if !policy && self.servers.len() != self.stripe_count as usize {
             return Err(format!(
@@ -247,12 +248,25 @@ mod tests {
 
     #[test]
     fn the_data_of_an_ec_layout_follows_the_plain_rule_over_k_servers() {
-        let ec = Layout { stripe_unit: 4096, stripe_count: 6, servers: vec![10, 11, 12, 13, 14, 15], redundancy: DataRedundancy::Ec { k: 4, m: 2 } };
+        let ec = Layout {
+            stripe_unit: 4096,
+            stripe_count: 6,
+            servers: vec![10, 11, 12, 13, 14, 15],
+            redundancy: DataRedundancy::Ec { k: 4, m: 2 },
+        };
         let d = ec.data_view(0);
         assert_eq!(d, Layout::plain(4096, vec![10, 11, 12, 13]));
         // Byte 5 * 4096 + 7: stripe 5, data server 1, row 1 at object offset 4096 + 7.
-        assert_eq!(d.pieces(5 * 4096 + 7, 1)[0], Piece { server_index: 1, object_offset: 4103, file_offset: 20487, len: 1 });
-        let m = Layout { stripe_unit: 4096, stripe_count: 2, servers: vec![7, 8], redundancy: DataRedundancy::Mirror { n: 2 } };
+        assert_eq!(
+            d.pieces(5 * 4096 + 7, 1)[0],
+            Piece { server_index: 1, object_offset: 4103, file_offset: 20487, len: 1 }
+        );
+        let m = Layout {
+            stripe_unit: 4096,
+            stripe_count: 2,
+            servers: vec![7, 8],
+            redundancy: DataRedundancy::Mirror { n: 2 },
+        };
         assert_eq!(m.data_view(1), Layout::plain(4096, vec![8]));
     }
 
