@@ -172,12 +172,17 @@ fn object_of(layout: &Layout, i: usize) -> Layout {
 
 /// Reads `[offset, offset + len)` of an ec file (the caller has cut `len` at the file's size).
 pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
+    read_via(file, &file.io(), offset, len).await
+}
+
+/// [`read`] with the capability of `io`.
+async fn read_via(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
     let layout = &file.layout;
-    match read_on(&file.io(), &layout.data_view(0), offset, len).await {
+    match read_on(io, &layout.data_view(0), offset, len).await {
         Ok(b) => Ok(b),
         Err(e) if is_chunk_loss(&e) => {
             tracing::debug!(ino = file.attr.ino, offset, len, "degraded ec read: {e}");
-            read_degraded(file, offset, len).await
+            read_degraded(file, io, offset, len).await
         }
         Err(e) => Err(e),
     }
@@ -185,7 +190,7 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
 
 /// [`read`] from whole stripe rows, each decoded from any `k` of its chunks; chunks refused as corrupt are
 /// rewritten from the decoded rows.
-async fn read_degraded(file: &File, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
+async fn read_degraded(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
     let layout = &file.layout;
     let (k, m) = km(layout).expect("an ec layout");
     let unit = u64::from(layout.stripe_unit);
@@ -198,7 +203,7 @@ async fn read_degraded(file: &File, offset: u64, len: u64) -> Result<BytesMut, C
     let mut r = first_row;
     while r <= last_row {
         let rows = batch_rows.min(last_row - r + 1);
-        let decoded = decode_rows(file, &codec, r, rows).await?;
+        let decoded = decode_rows(file, io, &codec, r, rows).await?;
         // `decoded` holds file bytes [r * row_bytes, (r + rows) * row_bytes); keep those inside the range.
         let base = r * row_bytes;
         let from = offset.max(base) - base;
@@ -211,14 +216,14 @@ async fn read_degraded(file: &File, offset: u64, len: u64) -> Result<BytesMut, C
 
 /// The file bytes of stripe rows `[first, first + rows)`, decoded from whichever `k` chunks of each row could be
 /// read; servers that answered `Corrupt` are repaired (their chunks rewritten) before returning.
-async fn decode_rows(file: &File, codec: &Codec, first: u64, rows: u64) -> Result<Vec<u8>, ClientError> {
+async fn decode_rows(file: &File, io: &Io, codec: &Codec, first: u64, rows: u64) -> Result<Vec<u8>, ClientError> {
     let layout = &file.layout;
     let (k, m) = (codec.k, codec.m);
     let unit = u64::from(layout.stripe_unit);
     let mut tasks = JoinSet::new();
     for i in 0..k + m {
         let obj = object_of(layout, i);
-        let io = file.io();
+        let io = io.clone();
         tasks.spawn(async move { (i, read_on(&io, &obj, first * unit, rows * unit).await) });
     }
     let mut chunks: Vec<Option<BytesMut>> = vec![None; k + m];
@@ -308,6 +313,18 @@ pub(crate) async fn repair_io(file: &File) -> Result<Io, ClientError> {
     Ok(Io { caps: Arc::new(caps), ..file.io() })
 }
 
+/// What read–modify–write reads old rows with: this handle's capability when it may read, else a fresh
+/// read-write one (a file opened write-only still needs its old rows; a writer without read permission on the
+/// file cannot write partial rows of an ec file).
+async fn rmw_io(file: &File) -> Result<Io, ClientError> {
+    if file.rights().covers(Rights::READ) {
+        return Ok(file.io());
+    }
+    let opened = file.client.open_capability(file.attr.ino, Rights::READ_WRITE).await?;
+    let caps = CapHolder::new(file.client.clone(), file.attr.ino, Rights::READ_WRITE, &opened, Instant::now());
+    Ok(Io { caps: Arc::new(caps), ..file.io() })
+}
+
 /// Writes `data` at `offset` of an ec file: read–modify–write of the rows it only partly covers, parity
 /// computed, every chunk of the rows written to every server of the layout at once.
 pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
@@ -322,6 +339,7 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
     // Rows in batches, so a large write holds a bounded amount of memory (at least one row).
     let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1);
     let codec = Codec::new(k, m)?;
+    let mut rmw: Option<Io> = None;
     let mut r = offset / row_bytes;
     let last_row = (end - 1) / row_bytes;
     while r <= last_row {
@@ -337,7 +355,11 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
             if a < b {
                 // Whole rows keep `read` healthy-first; only bytes before the old size exist.
                 let row_a = a - (a - base) % row_bytes;
-                let old = read(file, row_a, b - row_a).await?;
+                if rmw.is_none() {
+                    rmw = Some(rmw_io(file).await?);
+                }
+                let io = rmw.as_ref().expect("set above");
+                let old = read_via(file, io, row_a, b - row_a).await?;
                 buf[(row_a - base) as usize..(b - base) as usize].copy_from_slice(&old);
             }
         }
@@ -402,7 +424,11 @@ pub(crate) async fn truncate(file: &File, size: u64) -> Result<(), ClientError> 
         return Ok(());
     }
     let row_start = size - size % row_bytes;
-    let tail = if size > row_start { Some(read(file, row_start, size - row_start).await?) } else { None };
+    let tail = if size > row_start {
+        Some(read_via(file, &rmw_io(file).await?, row_start, size - row_start).await?)
+    } else {
+        None
+    };
     file.client.truncate_objects(file.attr.ino, layout, size, &file.caps).await?;
     file.size.store(size, Ordering::SeqCst);
     if let Some(tail) = tail {

@@ -46,6 +46,7 @@ pub struct File {
 }
 
 /// What a spawned transfer of a file needs (redundant layouts, `ec.rs` and `mirror.rs`).
+#[derive(Clone)]
 pub(crate) struct Io {
     pub client: Client,
     pub caps: Arc<CapHolder>,

@@ -188,6 +188,22 @@ async fn a_flipped_byte_in_a_chunk_is_read_right_and_repaired() {
     let f = reader.open("/ec/f", OpenMode::Read).await.unwrap();
     let plain = f.read_at(file_at, BytesMut::zeroed(10)).await.unwrap();
     assert_eq!(&plain[..], &model[file_at as usize..file_at as usize + 10]);
+
+    // A partial-row write through a write-only handle still reads its row first (read-modify-write), and a
+    // truncate into the middle of a row leaves the rest of the row reading as zeros.
+    let mut model = model;
+    let w = reader.open("/ec/f", OpenMode::Write).await.unwrap();
+    w.write_at(5, Bytes::from_static(b"hello")).await.unwrap();
+    model[5..10].copy_from_slice(b"hello");
+    let cut = 4 * UNIT as u64 + 1000;
+    w.truncate(cut).await.unwrap();
+    model.truncate(cut as usize);
+    w.write_at(cut + 3000, Bytes::from_static(b"!")).await.unwrap();
+    model.resize(cut as usize + 3000, 0);
+    model.push(b'!');
+    w.close().await.unwrap();
+    let fresh = c.client().await;
+    same(&read_range(&fresh, "/ec/f", 0, model.len()).await.unwrap(), &model, "after RMW and truncate");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
