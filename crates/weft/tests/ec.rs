@@ -112,7 +112,7 @@ async fn ec_4_2_reads_stay_right_through_two_lost_servers_and_a_third_is_a_clear
         r.unwrap();
     }
     let model = Arc::new(model);
-    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &*model, "healthy read");
+    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &model, "healthy read");
 
     // Kill -9 a data server while three clients read.
     let done = Arc::new(AtomicU64::new(0));
@@ -126,7 +126,7 @@ async fn ec_4_2_reads_stay_right_through_two_lost_servers_and_a_third_is_a_clear
     while let Some(r) = readers.join_next().await {
         r.unwrap();
     }
-    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &*model, "one server down");
+    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &model, "one server down");
 
     // A write now needs a server that is down: a clear error, not a silent partial stripe.
     let f = client.open("/ec/f", OpenMode::ReadWrite).await.unwrap();
@@ -145,7 +145,7 @@ async fn ec_4_2_reads_stay_right_through_two_lost_servers_and_a_third_is_a_clear
     while let Some(r) = readers.join_next().await {
         r.unwrap();
     }
-    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &*model, "two servers down");
+    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &model, "two servers down");
 
     // A third: more than m lost. The read fails, naming the file and the offset; no zeros come back.
     c.kill_data_server(layout.servers[2]).await;
