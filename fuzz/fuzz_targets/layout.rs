@@ -6,6 +6,8 @@
 //!   the formula gives (checked by inverting it);
 //! - `object_size(file_size, i)` matches an independent closed form, and the brute force over `pieces` for small
 //!   files; the object sizes of all servers add up to the file size.
+//! - with redundancy (§16), `validate` never panics, and an accepted `ec k+m` file layout's `data_view` is a valid
+//!   plain layout of `k` servers whose object sizes the ec layout's data servers share, parity as data server 0.
 
 #![no_main]
 
@@ -28,6 +30,8 @@ struct Input {
     offset: u64,
     len: u64,
     file_size: u64,
+    ec_k: u8,
+    ec_m: u8,
 }
 
 fn layout_of(input: &Input) -> Layout {
@@ -36,16 +40,29 @@ fn layout_of(input: &Input) -> Layout {
             stripe_unit: input.stripe_unit,
             stripe_count: input.stripe_count,
             servers: input.servers.clone(),
+            redundancy: weft_proto::DataRedundancy::Plain,
         };
     }
     let units = STRIPE_UNIT_BYTES_MAX / STRIPE_UNIT_BYTES_MIN;
     let stripe_unit = (input.stripe_unit % units + 1) * STRIPE_UNIT_BYTES_MIN;
     let stripe_count = input.stripe_count % STRIPE_COUNT_MAX + 1;
     let servers = (0..stripe_count).map(|i| input.servers.get(i as usize).copied().unwrap_or(i)).collect();
-    Layout { stripe_unit, stripe_count, servers }
+    Layout { stripe_unit, stripe_count, servers, redundancy: weft_proto::DataRedundancy::Plain }
 }
 
 fuzz_target!(|input: Input| {
+    let ec = Layout { redundancy: weft_proto::DataRedundancy::Ec { k: input.ec_k, m: input.ec_m }, ..layout_of(&input) };
+    let _ = ec.validate(true);
+    if ec.validate(false).is_ok() {
+        let k = u32::from(input.ec_k);
+        let data = ec.data_view(0);
+        assert!(data.validate(false).is_ok(), "data view of {ec:?}");
+        assert_eq!(data.stripe_count, k);
+        for i in 0..ec.stripe_count {
+            let want = data.object_size(input.file_size, if i < k { i } else { 0 });
+            assert_eq!(ec.object_size(input.file_size, i), want, "object {i} of {ec:?}");
+        }
+    }
     let layout = layout_of(&input);
     let _ = layout.validate(true);
     if layout.validate(false).is_err() {

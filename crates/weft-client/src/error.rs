@@ -23,6 +23,18 @@ pub enum ClientError {
         "checksum mismatch in file inode {ino} at file offset {file_offset} (data server {server}, object offset {object_offset})"
     )]
     Corrupt { ino: u64, file_offset: u64, server: u32, object_offset: u64 },
+    /// Fewer chunks (or copies) of a redundant file could be read than decoding needs: nothing is returned,
+    /// never zeros (docs/format.md §16).
+    #[error(
+        "file inode {ino}: the bytes at file offset {file_offset} are unavailable: {available} chunks of their stripe could be read, {needed} are needed ({cause})"
+    )]
+    Unavailable { ino: u64, file_offset: u64, available: u32, needed: u32, cause: String },
+    /// A write to a redundant file could not reach one of its layout's servers. What it missed is not recorded
+    /// (degraded writes are not supported yet), so the write fails instead of leaving a stale chunk behind.
+    #[error(
+        "file inode {ino}: the write at file offset {file_offset} needs every server of its layout, and data server {server} failed: {cause}"
+    )]
+    DegradedWrite { ino: u64, file_offset: u64, server: u32, cause: String },
     #[error("a layout names data server {0}, which the metadata service does not know")]
     UnknownServer(u32),
     #[error("{0}")]

@@ -19,30 +19,39 @@ use bytes::{Bytes, BytesMut};
 use tokio::task::JoinSet;
 use weft_cache::CacheKey;
 use weft_proto::msg::{FillHint, OpenResp};
-use weft_proto::{Attr, ErrorCode, FileKind, Layout, Rights};
+use weft_proto::{Attr, DataRedundancy, ErrorCode, FileKind, Layout, Rights};
 use weft_rpc::RpcError;
 
 use crate::capability::{CapHolder, is_expired};
 use crate::{Client, ClientError, transfer};
 
 pub struct File {
-    client: Client,
-    attr: Attr,
-    layout: Layout,
+    pub(crate) client: Client,
+    pub(crate) attr: Attr,
+    pub(crate) layout: Layout,
     /// The size as this handle knows it: the size at open, grown by this handle's writes, set by its truncates.
-    size: AtomicU64,
+    pub(crate) size: AtomicU64,
     /// Written since the last commit.
     dirty: AtomicBool,
     /// Written (or truncated) since the last fsync of the objects.
     unsynced: AtomicBool,
     /// The capability every data-server request carries, and its renewal.
-    caps: Arc<CapHolder>,
+    pub(crate) caps: Arc<CapHolder>,
     /// The file's data version at open (raised by a later open of the same file, [`File::observe_open`]): the
     /// version the cache bank's block keys carry.
     data_version: AtomicU64,
     /// Written or truncated through this handle: reads no longer use the bank nor ask for fills, so a client
     /// always reads its own writes.
     wrote: AtomicBool,
+}
+
+/// What a spawned transfer of a file needs (redundant layouts, `ec.rs` and `mirror.rs`).
+#[derive(Clone)]
+pub(crate) struct Io {
+    pub client: Client,
+    pub caps: Arc<CapHolder>,
+    pub ino: u64,
+    pub unit_max: u64,
 }
 
 /// A read covering more bank blocks than this goes straight to the data servers: one multi-get of thousands of
@@ -176,6 +185,10 @@ impl File {
     /// The bank, when reads of this file may use it: it caches data, this handle has not written, and a bank
     /// block never straddles two objects (its size divides the stripe unit).
     fn read_bank(&self) -> Option<&weft_cache::Bank> {
+        // Redundant layouts read through their own path (ec.rs, mirror.rs), never the bank.
+        if !self.is_plain() {
+            return None;
+        }
         let bank = self.client.data_bank()?;
         let fits = self.layout.stripe_unit.is_multiple_of(bank.config().block_bytes);
         (fits && !self.wrote.load(Ordering::SeqCst)).then_some(bank)
@@ -183,6 +196,14 @@ impl File {
 
     fn unit_max(&self) -> u64 {
         u64::from(self.client.tuning().transfer_unit_bytes.max(4096))
+    }
+
+    pub(crate) fn io(&self) -> Io {
+        Io { client: self.client.clone(), caps: self.caps.clone(), ino: self.attr.ino, unit_max: self.unit_max() }
+    }
+
+    fn is_plain(&self) -> bool {
+        self.layout.redundancy == DataRedundancy::Plain
     }
 
     /// Writes all of `data` at `offset`, to every server involved in parallel.
@@ -194,6 +215,17 @@ impl File {
         let end = offset
             .checked_add(len)
             .ok_or_else(|| ClientError::InvalidPath(format!("write at {offset} of {len} bytes overflows")))?;
+        if !self.is_plain() {
+            self.unsynced.store(true, Ordering::SeqCst);
+            self.wrote.store(true, Ordering::SeqCst);
+            match self.layout.redundancy {
+                DataRedundancy::Mirror { .. } => crate::mirror::write(self, offset, data).await?,
+                _ => crate::ec::write(self, offset, data).await?,
+            }
+            self.size.fetch_max(end, Ordering::SeqCst);
+            self.dirty.store(true, Ordering::SeqCst);
+            return Ok(());
+        }
         let (pieces, units) = plan(&self.layout, offset, len, self.unit_max());
         if self.client.tuning().short_circuit_network {
             // Benchmark short circuit: everything above the wire happened; nothing is sent.
@@ -245,6 +277,14 @@ impl File {
         let avail = self.size().saturating_sub(offset).min(buf.len() as u64);
         buf.truncate(avail as usize);
         if avail == 0 {
+            return Ok(buf);
+        }
+        if !self.is_plain() {
+            let got = match self.layout.redundancy {
+                DataRedundancy::Mirror { .. } => crate::mirror::read(self, offset, avail).await?,
+                _ => crate::ec::read(self, offset, avail).await?,
+            };
+            buf.copy_from_slice(&got);
             return Ok(buf);
         }
         let (pieces, units) = plan(&self.layout, offset, avail, self.unit_max());
@@ -421,16 +461,24 @@ impl File {
     pub(crate) async fn truncate_objects_only(&self, size: u64) -> Result<(), ClientError> {
         self.unsynced.store(true, Ordering::SeqCst);
         self.wrote.store(true, Ordering::SeqCst);
-        self.client.truncate_objects(self.attr.ino, &self.layout, size, &self.caps).await?;
+        self.truncate_layout_objects(size).await?;
         self.size.store(size, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Sets the objects to the lengths a file of `size` bytes has (§5, §16); an ec file's last row is rewritten.
+    async fn truncate_layout_objects(&self, size: u64) -> Result<(), ClientError> {
+        match self.layout.redundancy {
+            DataRedundancy::Ec { .. } => crate::ec::truncate(self, size).await,
+            _ => self.client.truncate_objects(self.attr.ino, &self.layout, size, &self.caps).await,
+        }
     }
 
     /// Sets the file's size: objects first, then the metadata service.
     pub async fn truncate(&self, size: u64) -> Result<(), ClientError> {
         self.unsynced.store(true, Ordering::SeqCst);
         self.wrote.store(true, Ordering::SeqCst);
-        self.client.truncate_objects(self.attr.ino, &self.layout, size, &self.caps).await?;
+        self.truncate_layout_objects(size).await?;
         let set = weft_proto::SetAttrs { size: Some(size), ..Default::default() };
         self.client.meta_setattr_only(self.attr.ino, set).await?;
         self.size.store(size, Ordering::SeqCst);
@@ -511,7 +559,7 @@ fn seg_of(data: &Bytes, p: &weft_proto::Piece, offset: u64) -> Bytes {
 
 /// Sends one write unit and checks the count the server answers; an expired capability is renewed and the unit
 /// sent once more (a refused request wrote nothing).
-async fn write_unit(
+pub(crate) async fn write_unit(
     client: &Client,
     caps: &CapHolder,
     layout: &Layout,
@@ -562,7 +610,7 @@ fn at_offset(client: &Client, layout: &Layout, ino: u64, u: &Unit, e: ClientErro
 
 /// Reads one unit into `dest`; an expired capability is renewed and the unit read once more, into fresh buffers
 /// of the same lengths (the refused request consumed the first ones and read nothing).
-async fn read_unit(
+pub(crate) async fn read_unit(
     client: &Client,
     caps: &CapHolder,
     layout: &Layout,
@@ -606,7 +654,12 @@ mod tests {
     use super::*;
 
     fn lay(unit: u32, count: u32) -> Layout {
-        Layout { stripe_unit: unit, stripe_count: count, servers: (0..count).collect() }
+        Layout {
+            stripe_unit: unit,
+            stripe_count: count,
+            servers: (0..count).collect(),
+            redundancy: weft_proto::DataRedundancy::Plain,
+        }
     }
 
     #[test]

@@ -43,7 +43,12 @@ mod tests {
     #[test]
     fn bounded() {
         let c = LayoutCache::new(4);
-        let l = Layout { stripe_unit: 4096, stripe_count: 1, servers: vec![0] };
+        let l = Layout {
+            stripe_unit: 4096,
+            stripe_count: 1,
+            servers: vec![0],
+            redundancy: weft_proto::DataRedundancy::Plain,
+        };
         for i in 0..100 {
             c.insert(i, l.clone());
         }

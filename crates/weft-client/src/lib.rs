@@ -21,10 +21,12 @@
 
 mod capability;
 mod cluster;
+mod ec;
 mod error;
 mod file;
 mod io_queue;
 mod layouts;
+mod mirror;
 mod transfer;
 
 pub use capability::OpenMode;
@@ -436,9 +438,22 @@ impl Client {
         Ok(meta_call!(self, Statfs(())))
     }
 
-    /// Sets the layout policy new files under directory `ino` inherit (`weft setstripe`).
+    /// Sets the plain layout policy new files under directory `ino` inherit (`weft setstripe`).
     pub async fn set_layout(&self, ino: u64, stripe_unit: u32, stripe_count: u32) -> Result<Attr, ClientError> {
-        let layout = Layout { stripe_unit, stripe_count, servers: vec![] };
+        self.set_layout_with(ino, stripe_unit, stripe_count, weft_proto::DataRedundancy::Plain).await
+    }
+
+    /// [`Client::set_layout`] with redundancy (`weft setstripe --ec/--mirror`, docs/format.md §16); with
+    /// redundancy the stripe count is its width (`k + m`, `n`), whatever `stripe_count` says.
+    pub async fn set_layout_with(
+        &self,
+        ino: u64,
+        stripe_unit: u32,
+        stripe_count: u32,
+        redundancy: weft_proto::DataRedundancy,
+    ) -> Result<Attr, ClientError> {
+        let stripe_count = redundancy.width().unwrap_or(stripe_count);
+        let layout = Layout { stripe_unit, stripe_count, servers: vec![], redundancy };
         Ok(meta_call!(self, SetLayout(SetLayoutReq { ino, layout })))
     }
 
@@ -753,12 +768,22 @@ mod tests {
 
     #[test]
     fn a_malformed_layout_from_the_mds_is_an_error_not_a_panic() {
-        let bad = Layout { stripe_unit: 4096, stripe_count: 3, servers: vec![1] };
+        let bad = Layout {
+            stripe_unit: 4096,
+            stripe_count: 3,
+            servers: vec![1],
+            redundancy: weft_proto::DataRedundancy::Plain,
+        };
         match check_file_layout(7, &bad) {
             Err(ClientError::Protocol(m)) => assert!(m.contains("inode 7"), "{m}"),
             other => panic!("expected a protocol error, got {other:?}"),
         }
-        let good = Layout { stripe_unit: 4096, stripe_count: 1, servers: vec![1] };
+        let good = Layout {
+            stripe_unit: 4096,
+            stripe_count: 1,
+            servers: vec![1],
+            redundancy: weft_proto::DataRedundancy::Plain,
+        };
         assert!(check_file_layout(7, &good).is_ok());
     }
 

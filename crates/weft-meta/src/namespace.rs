@@ -34,9 +34,9 @@ use weft_proto::msg::{
 };
 use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::{
-    Attr, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX, READDIRPLUS_ENTRIES_MAX,
-    ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState, SpaceStat, StatFs, TimeSet,
-    WireError,
+    Attr, DataRedundancy, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX,
+    READDIRPLUS_ENTRIES_MAX, ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState,
+    SpaceStat, StatFs, TimeSet, WireError,
 };
 
 use crate::acl::Acl;
@@ -85,7 +85,12 @@ pub struct Namespace<S: MetaStore, C: Clock> {
 
 /// The layout policy of the root of a new namespace: 1 MiB stripes over every data server.
 pub fn default_policy() -> Layout {
-    Layout { stripe_unit: DEFAULT_STRIPE_UNIT_BYTES, stripe_count: 0, servers: Vec::new() }
+    Layout {
+        stripe_unit: DEFAULT_STRIPE_UNIT_BYTES,
+        stripe_count: 0,
+        servers: Vec::new(),
+        redundancy: DataRedundancy::Plain,
+    }
 }
 
 fn werr(code: ErrorCode, message: impl Into<String>) -> WireError {
@@ -444,11 +449,25 @@ fn assign_layout(policy: &Layout, ino: u64, servers: &[(u32, String)]) -> Result
         return Err(werr(ErrorCode::NoServers, "no data server is registered"));
     }
     let want = policy.stripe_count as usize;
+    if let Some(w) = policy.redundancy.width()
+        && w as usize > n
+    {
+        // Redundancy needs its servers distinct: a 4+2 file on 5 servers would lose two chunks with one server.
+        return Err(werr(
+            ErrorCode::NoServers,
+            format!("a {} layout needs {w} distinct data servers; {n} are registered", policy.redundancy),
+        ));
+    }
     let count = if want == 0 || want > n { n } else { want };
     // `n` is nonzero and fits in u64, so the remainder is below `n`.
     let start = (ino % n as u64) as usize;
     let chosen = (0..count).map(|k| servers[(start + k) % n].0).collect();
-    Ok(Layout { stripe_unit: policy.stripe_unit, stripe_count: count as u32, servers: chosen })
+    Ok(Layout {
+        stripe_unit: policy.stripe_unit,
+        stripe_count: count as u32,
+        servers: chosen,
+        redundancy: policy.redundancy,
+    })
 }
 
 fn new_inode(ino: u64, kind: FileKind, mode: u32, uid: u32, gid: u32, now: i64) -> Inode {
@@ -791,6 +810,15 @@ fn set_layout(t: &mut dyn MetaTxn, cred: &Cred, r: &SetLayoutReq, now: i64) -> R
     r.layout.validate(true).map_err(|m| werr(ErrorCode::Invalid, format!("layout policy: {m}")))?;
     if !r.layout.servers.is_empty() {
         return Err(werr(ErrorCode::Invalid, "a directory layout policy names no servers"));
+    }
+    if let Some(w) = r.layout.redundancy.width() {
+        let n = t.list_servers()?.len();
+        if w as usize > n {
+            return Err(werr(
+                ErrorCode::Invalid,
+                format!("a {} layout needs {w} distinct data servers; {n} are registered", r.layout.redundancy),
+            ));
+        }
     }
     i.layout = Some(r.layout.clone());
     i.ctime_ns = now;

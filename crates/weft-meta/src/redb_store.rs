@@ -39,7 +39,7 @@ use weft_proto::{FileKind, Layout, ROOT_INO};
 use crate::error::MetaError;
 use crate::journal::{self, Journal, JournalConfig, Redo};
 use crate::store::{
-    Inode, MetaStore, MetaTxn, decode_inode, decode_record, encode_inode, encode_record, kind_from_u8, kind_to_u8,
+    Inode, MetaStore, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan, kind_from_u8, kind_to_u8,
 };
 
 const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
@@ -531,7 +531,7 @@ fn list_orphans(t: &impl ReadableTable<u64, &'static [u8]>, limit: usize) -> Res
     for item in t.range::<u64>(..)? {
         let (k, v) = item?;
         let ino = k.value();
-        out.push((ino, decode_record(&format!("orphan {ino}"), v.value())?));
+        out.push((ino, decode_orphan(&format!("orphan {ino}"), v.value())?));
         if out.len() >= limit {
             break;
         }
@@ -612,7 +612,7 @@ impl MetaTxn for WriteTxn<'_> {
     }
 
     fn put_orphan(&mut self, ino: u64, layout: &Layout) -> Result<(), MetaError> {
-        let bytes = encode_record(layout)?;
+        let bytes = encode_orphan(layout)?;
         self.orphans()?.insert(ino, bytes.as_slice())?;
         journal::encode_redo(&mut self.redo, &Redo::PutOrphan { ino, record: &bytes });
         Ok(())

@@ -47,6 +47,46 @@ pub struct Inode {
     pub data_version: u64,
 }
 
+/// A layout as stored before issue 13 (no redundancy: plain), in inode records of versions 1 to 3 and orphan
+/// records of version 1.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LayoutV1 {
+    pub stripe_unit: u32,
+    pub stripe_count: u32,
+    pub servers: Vec<u32>,
+}
+
+impl From<LayoutV1> for Layout {
+    fn from(l: LayoutV1) -> Layout {
+        Layout {
+            stripe_unit: l.stripe_unit,
+            stripe_count: l.stripe_count,
+            servers: l.servers,
+            redundancy: weft_proto::DataRedundancy::Plain,
+        }
+    }
+}
+
+/// The third stored form (data version, layouts without redundancy), still read.
+#[derive(Deserialize)]
+struct InodeV3 {
+    ino: u64,
+    kind: FileKind,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    size: u64,
+    atime_ns: i64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    parent: u64,
+    layout: Option<LayoutV1>,
+    target: String,
+    rdev: u32,
+    data_version: u64,
+}
+
 /// The second stored form (special files, no data version), still read.
 #[derive(Deserialize)]
 struct InodeV2 {
@@ -61,7 +101,7 @@ struct InodeV2 {
     mtime_ns: i64,
     ctime_ns: i64,
     parent: u64,
-    layout: Option<Layout>,
+    layout: Option<LayoutV1>,
     target: String,
     rdev: u32,
 }
@@ -80,14 +120,14 @@ struct InodeV1 {
     mtime_ns: i64,
     ctime_ns: i64,
     parent: u64,
-    layout: Option<Layout>,
+    layout: Option<LayoutV1>,
     target: String,
 }
 
-/// An inode as stored: version 3 (with `data_version`); version 1 and 2 records are still read (a file's data
-/// version then reads as 1).
+/// An inode as stored: version 4 (layouts with redundancy); version 1 to 3 records are still read (their layouts
+/// are plain; a file's data version reads as 1 before version 3).
 pub(crate) fn encode_inode(i: &Inode) -> Result<Vec<u8>, MetaError> {
-    let mut out = vec![RECORD_V3];
+    let mut out = vec![RECORD_V4];
     let body = postcard::to_stdvec(i).map_err(|e| MetaError::Corrupt(format!("encoding an inode: {e}")))?;
     out.extend_from_slice(&body);
     Ok(out)
@@ -95,7 +135,27 @@ pub(crate) fn encode_inode(i: &Inode) -> Result<Vec<u8>, MetaError> {
 
 pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError> {
     match bytes.split_first() {
-        Some((&RECORD_V3, body)) => decode_exact(what, body),
+        Some((&RECORD_V4, body)) => decode_exact(what, body),
+        Some((&RECORD_V3, body)) => {
+            let v3: InodeV3 = decode_exact(what, body)?;
+            Ok(Inode {
+                ino: v3.ino,
+                kind: v3.kind,
+                mode: v3.mode,
+                uid: v3.uid,
+                gid: v3.gid,
+                nlink: v3.nlink,
+                size: v3.size,
+                atime_ns: v3.atime_ns,
+                mtime_ns: v3.mtime_ns,
+                ctime_ns: v3.ctime_ns,
+                parent: v3.parent,
+                data_version: v3.data_version,
+                layout: v3.layout.map(Layout::from),
+                target: v3.target,
+                rdev: v3.rdev,
+            })
+        }
         Some((&RECORD_V2, body)) => {
             let v2: InodeV2 = decode_exact(what, body)?;
             Ok(Inode {
@@ -111,7 +171,7 @@ pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError>
                 ctime_ns: v2.ctime_ns,
                 parent: v2.parent,
                 data_version: initial_data_version(v2.kind),
-                layout: v2.layout,
+                layout: v2.layout.map(Layout::from),
                 target: v2.target,
                 rdev: v2.rdev,
             })
@@ -130,7 +190,7 @@ pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError>
                 mtime_ns: v1.mtime_ns,
                 ctime_ns: v1.ctime_ns,
                 parent: v1.parent,
-                layout: v1.layout,
+                layout: v1.layout.map(Layout::from),
                 data_version: initial_data_version(v1.kind),
                 target: v1.target,
                 rdev: 0,
@@ -188,7 +248,29 @@ const RECORD_V1: u8 = 1;
 const RECORD_V2: u8 = 2;
 /// Inodes with `data_version` (issue 16).
 const RECORD_V3: u8 = 3;
+/// Inodes whose layout has `redundancy` (issue 13); orphan records use version 2 for the same layout.
+const RECORD_V4: u8 = 4;
+const ORPHAN_V2: u8 = 2;
 
+/// An orphan record: version 2, a [`Layout`] with redundancy.
+pub(crate) fn encode_orphan(l: &Layout) -> Result<Vec<u8>, MetaError> {
+    let mut out = vec![ORPHAN_V2];
+    let body = postcard::to_stdvec(l).map_err(|e| MetaError::Corrupt(format!("encoding a layout: {e}")))?;
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Reads an orphan record of version 2, or of version 1 (a plain layout).
+pub(crate) fn decode_orphan(what: &str, bytes: &[u8]) -> Result<Layout, MetaError> {
+    match bytes.split_first() {
+        Some((&ORPHAN_V2, body)) => decode_exact(what, body),
+        Some((&RECORD_V1, _)) => decode_record::<LayoutV1>(what, bytes).map(Layout::from),
+        Some((v, _)) => Err(MetaError::Corrupt(format!("{what}: unknown record version {v}"))),
+        None => Err(MetaError::Corrupt(format!("{what}: empty record"))),
+    }
+}
+
+#[cfg(test)]
 pub(crate) fn encode_record<T: Serialize>(v: &T) -> Result<Vec<u8>, MetaError> {
     let mut out = vec![RECORD_V1];
     let body = postcard::to_stdvec(v).map_err(|e| MetaError::Corrupt(format!("encoding a record: {e}")))?;
@@ -300,7 +382,7 @@ mod tests {
             mtime_ns: i64,
             ctime_ns: i64,
             parent: u64,
-            layout: Option<Layout>,
+            layout: Option<LayoutV1>,
             target: &'a str,
         }
         let old = V1 {
@@ -347,11 +429,17 @@ mod tests {
             mtime_ns: i64,
             ctime_ns: i64,
             parent: u64,
-            layout: Option<Layout>,
+            layout: Option<LayoutV1>,
             target: String,
             rdev: u32,
         }
-        let layout = Some(Layout { stripe_unit: 65536, stripe_count: 1, servers: vec![0] });
+        let layout = Some(Layout {
+            stripe_unit: 65536,
+            stripe_count: 1,
+            servers: vec![0],
+            redundancy: weft_proto::DataRedundancy::Plain,
+        });
+        let old_layout = Some(LayoutV1 { stripe_unit: 65536, stripe_count: 1, servers: vec![0] });
         let old = V2 {
             ino: 7,
             kind: FileKind::File,
@@ -364,7 +452,7 @@ mod tests {
             mtime_ns: 5,
             ctime_ns: 6,
             parent: 0,
-            layout: layout.clone(),
+            layout: old_layout,
             target: String::new(),
             rdev: 0,
         };
@@ -376,7 +464,7 @@ mod tests {
         assert_eq!(i.attr().data_version, 2);
         let back = decode_inode("v3", &encode_inode(&i).unwrap()).unwrap();
         assert_eq!(back, i);
-        assert_eq!(encode_inode(&i).unwrap()[0], 3, "written as version 3");
+        assert_eq!(encode_inode(&i).unwrap()[0], 4, "written as version 4");
         // The version byte says which layout follows: a v3 body under the v2 byte is refused, not misread.
         let mut v3_as_v2 = encode_inode(&i).unwrap();
         v3_as_v2[0] = RECORD_V2;

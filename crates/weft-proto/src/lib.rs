@@ -22,7 +22,7 @@ pub use capability::{Capability, Rights};
 pub use chunk::{Chunk, ChunkError, Region, RegionTable};
 pub use error::{ErrorCode, WireError};
 pub use frame::{FrameError, FrameKind, FrameLimits, HEADER_LEN, Header};
-pub use layout::{Layout, Piece};
+pub use layout::{DataRedundancy, Layout, Piece};
 pub use msg::{Op, Request, Response};
 pub use space::{DeviceId, Redundancy, SpaceStatDev};
 pub use types::*;

@@ -485,6 +485,7 @@ pub async fn stat(spec: &str, path: &str, raw: bool, json: bool) -> Result<()> {
                 "stripe_unit_bytes": l.stripe_unit,
                 "stripe_count": l.stripe_count,
                 "servers": l.servers,
+                "redundancy": l.redundancy.to_string(),
             });
         }
         return print_json(&v);
@@ -503,13 +504,16 @@ pub async fn stat(spec: &str, path: &str, raw: bool, json: bool) -> Result<()> {
     match (&a.layout, a.kind) {
         (Some(l), FileKind::File) => {
             println!(
-                "layout: stripe unit {} bytes, stripe count {}, data servers {:?}",
-                l.stripe_unit, l.stripe_count, l.servers
+                "layout: {}, stripe unit {} bytes, stripe count {}, data servers {:?}",
+                l.redundancy, l.stripe_unit, l.stripe_count, l.servers
             )
         }
         (Some(l), FileKind::Dir) => {
             let count = if l.stripe_count == 0 { "all".to_string() } else { l.stripe_count.to_string() };
-            println!("layout policy for new files: stripe unit {} bytes, stripe count {count}", l.stripe_unit)
+            println!(
+                "layout policy for new files: {}, stripe unit {} bytes, stripe count {count}",
+                l.redundancy, l.stripe_unit
+            )
         }
         _ => {}
     }
@@ -827,11 +831,35 @@ pub async fn truncate(spec: &str, path: &str, size: u64) -> Result<()> {
     Ok(())
 }
 
-pub async fn setstripe(spec: &str, dir: &str, unit: u32, count: u32) -> Result<()> {
+pub async fn setstripe(
+    spec: &str,
+    dir: &str,
+    unit: u32,
+    count: u32,
+    redundancy: weft_proto::DataRedundancy,
+) -> Result<()> {
     let c = connect(spec).await?;
     let d = c.resolve(dir).await?;
-    c.set_layout(d.ino, unit, count).await.map_err(|e| e.with_path(dir))?;
+    c.set_layout_with(d.ino, unit, count, redundancy).await.map_err(|e| e.with_path(dir))?;
     Ok(())
+}
+
+/// Parses `setstripe`'s `--ec K+M` / `--mirror N` (at most one of them) into a redundancy.
+pub fn parse_redundancy(ec: Option<&str>, mirror: Option<u8>) -> Result<weft_proto::DataRedundancy> {
+    use weft_proto::DataRedundancy;
+    let r = match (ec, mirror) {
+        (Some(_), Some(_)) => anyhow::bail!("--ec and --mirror exclude each other"),
+        (Some(spec), None) => {
+            let (k, m) = spec.split_once('+').with_context(|| format!("--ec {spec}: expected K+M, e.g. 4+2"))?;
+            let k: u8 = k.trim().parse().with_context(|| format!("--ec {spec}: K is not a number"))?;
+            let m: u8 = m.trim().parse().with_context(|| format!("--ec {spec}: M is not a number"))?;
+            DataRedundancy::Ec { k, m }
+        }
+        (None, Some(n)) => DataRedundancy::Mirror { n },
+        (None, None) => DataRedundancy::Plain,
+    };
+    r.validate().map_err(|e| anyhow::anyhow!(e))?;
+    Ok(r)
 }
 
 /// How long `weft status` waits for one data server's `SpaceStatDev` before showing its last heartbeat's space.

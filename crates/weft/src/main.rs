@@ -473,9 +473,15 @@ enum Cmd {
         /// Stripe unit (suffixes K, M, G; a multiple of 4K).
         #[arg(long, default_value = "1M")]
         unit: String,
-        /// Data servers per file (0: all).
+        /// Data servers per file (0: all). Ignored with --ec or --mirror (their width decides).
         #[arg(long, default_value_t = 0)]
         count: u32,
+        /// Erasure coding: K data + M parity chunks per stripe row on K+M distinct servers (e.g. 4+2).
+        #[arg(long, value_name = "K+M")]
+        ec: Option<String>,
+        /// Mirroring: every byte on N distinct servers.
+        #[arg(long, value_name = "N")]
+        mirror: Option<u8>,
         dir: String,
     },
     /// Show every data server, its state, its space and which servers share a file system; the cluster's space
@@ -686,10 +692,11 @@ async fn run(cmd: Cmd) -> Result<()> {
         Cmd::Mv { c, src, dst, no_clobber } => c::mv(c.spec(), &src, &dst, no_clobber).await,
         Cmd::Ln { c, target, link, symbolic } => c::ln(c.spec(), &target, &link, symbolic).await,
         Cmd::Truncate { c, path, size } => c::truncate(c.spec(), &path, size::parse(&size)?).await,
-        Cmd::Setstripe { c, unit, count, dir } => {
+        Cmd::Setstripe { c, unit, count, ec, mirror, dir } => {
             let unit = size::parse(&unit)?;
             let unit = u32::try_from(unit).context("stripe unit must be below 4 GiB")?;
-            c::setstripe(c.spec(), &dir, unit, count).await
+            let redundancy = c::parse_redundancy(ec.as_deref(), mirror)?;
+            c::setstripe(c.spec(), &dir, unit, count, redundancy).await
         }
         Cmd::Xattr(x) => match x {
             XattrCmd::List { c, path } => c::xattr_list(c.spec(), &path).await,

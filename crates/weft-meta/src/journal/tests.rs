@@ -274,7 +274,15 @@ fn workload(s: &RedbStore, n: u64) {
                 let (ino, _) = t.get_dirent(1, &format!("f{i:05}"))?.expect("just created");
                 t.del_dirent(1, &format!("f{i:05}"))?;
                 t.del_inode(ino)?;
-                t.put_orphan(ino, &weft_proto::Layout { stripe_unit: 1 << 16, stripe_count: 1, servers: vec![1] })
+                t.put_orphan(
+                    ino,
+                    &weft_proto::Layout {
+                        stripe_unit: 1 << 16,
+                        stripe_count: 1,
+                        servers: vec![1],
+                        redundancy: weft_proto::DataRedundancy::Plain,
+                    },
+                )
             })
             .unwrap();
         }

@@ -188,7 +188,12 @@ fn commit<S: MetaStore>(ns: &Ns<S>, ino: u64, size: u64, mtime_ns: i64) -> Resul
 }
 
 fn set_layout<S: MetaStore>(ns: &Ns<S>, ino: u64, unit: u32, count: u32) -> Result<Attr, WireError> {
-    let layout = Layout { stripe_unit: unit, stripe_count: count, servers: vec![] };
+    let layout = Layout {
+        stripe_unit: unit,
+        stripe_count: count,
+        servers: vec![],
+        redundancy: weft_proto::DataRedundancy::Plain,
+    };
     attr(ns.execute(&Request::SetLayout(SetLayoutReq { ino, layout })))
 }
 
@@ -200,7 +205,15 @@ fn root_is_created_on_first_open() {
     let root = getattr(&ns, ROOT_INO).unwrap();
     assert_eq!(root.kind, FileKind::Dir);
     assert_eq!((root.mode, root.uid, root.gid, root.nlink), (0o755, 0, 0, 2));
-    assert_eq!(root.layout, Some(Layout { stripe_unit: 1 << 20, stripe_count: 0, servers: vec![] }));
+    assert_eq!(
+        root.layout,
+        Some(Layout {
+            stripe_unit: 1 << 20,
+            stripe_count: 0,
+            servers: vec![],
+            redundancy: weft_proto::DataRedundancy::Plain
+        })
+    );
     assert_eq!(root.mtime_ns, T0);
     assert_eq!(code(getattr(&ns, 999)), ErrorCode::NotFound);
 }
@@ -288,7 +301,15 @@ fn layouts_are_assigned_round_robin_from_the_directory_policy() {
     // A policy of 2 stripes of 64 KiB: mkdir under it inherits it.
     let d = mkdir(&ns, ROOT_INO, "d").unwrap();
     let d2 = set_layout(&ns, d.ino, 65536, 2).unwrap();
-    assert_eq!(d2.layout, Some(Layout { stripe_unit: 65536, stripe_count: 2, servers: vec![] }));
+    assert_eq!(
+        d2.layout,
+        Some(Layout {
+            stripe_unit: 65536,
+            stripe_count: 2,
+            servers: vec![],
+            redundancy: weft_proto::DataRedundancy::Plain
+        })
+    );
     let sub = mkdir(&ns, d.ino, "sub").unwrap();
     assert_eq!(sub.layout, d2.layout);
     let mut firsts = std::collections::BTreeSet::new();
@@ -319,7 +340,12 @@ fn set_layout_rules() {
     assert_eq!(code(set_layout(&ns, ROOT_INO, 1000, 1)), ErrorCode::Invalid);
     assert_eq!(code(set_layout(&ns, ROOT_INO, 65536, 100_000)), ErrorCode::Invalid);
     assert_eq!(code(set_layout(&ns, 4242, 65536, 1)), ErrorCode::NotFound);
-    let pinned = Layout { stripe_unit: 65536, stripe_count: 1, servers: vec![10] };
+    let pinned = Layout {
+        stripe_unit: 65536,
+        stripe_count: 1,
+        servers: vec![10],
+        redundancy: weft_proto::DataRedundancy::Plain,
+    };
     assert_eq!(
         code(attr(ns.execute(&Request::SetLayout(SetLayoutReq { ino: ROOT_INO, layout: pinned })))),
         ErrorCode::Invalid
@@ -1384,7 +1410,12 @@ fn hard_links_to_files_one_may_not_write_are_refused() {
 fn layout_policy_and_server_registration_are_privileged() {
     let (ns, clock) = mem_ns();
     let d = dir_of(&ns, ROOT_INO, "d", 0o777, BOB, USERS);
-    let layout = Layout { stripe_unit: 1 << 16, stripe_count: 1, servers: vec![] };
+    let layout = Layout {
+        stripe_unit: 1 << 16,
+        stripe_count: 1,
+        servers: vec![],
+        redundancy: weft_proto::DataRedundancy::Plain,
+    };
     let req = Request::SetLayout(SetLayoutReq { ino: d.ino, layout });
     refused(&ns, &clock, &alice(), req.clone(), ErrorCode::NotPermitted);
     assert_eq!(as_attr(&ns, &bob(), req).layout.unwrap().stripe_count, 1);
@@ -1421,7 +1452,12 @@ fn root_may_do_everything() {
     assert_eq!((s.mode, s.uid, s.gid, s.size, s.mtime_ns), (0o4700, ALICE, WHEEL, 1, 3));
     as_unit(&ns, &root, Request::Unlink(name_req(b.ino, "f")));
     as_unit(&ns, &root, Request::Unlink(name_req(b.ino, "l")));
-    let layout = Layout { stripe_unit: 1 << 16, stripe_count: 1, servers: vec![] };
+    let layout = Layout {
+        stripe_unit: 1 << 16,
+        stripe_count: 1,
+        servers: vec![],
+        redundancy: weft_proto::DataRedundancy::Plain,
+    };
     as_attr(&ns, &root, Request::SetLayout(SetLayoutReq { ino: b.ino, layout }));
     // `execute` is `execute_as(root)`.
     assert_eq!(ns.execute(&create_req(b.ino, "h")).map(|_| ()), Ok(()));

@@ -1,0 +1,107 @@
+//! The data path of mirrored files (`mirror n`, docs/format.md §16): every byte at the same object offset on each
+//! of the layout's `n` servers, each copy a plain object.
+//!
+//! Writes go to every copy at once and fail if any copy cannot be written ([`ClientError::DegradedWrite`]: what a
+//! copy missed is not recorded yet, so going on would leave a stale copy that a later read could pick). Reads ask
+//! one copy and fall over to the next when a server does not answer or a block fails its checksum; a copy that
+//! answered `Corrupt` is rewritten from the copy that answered (repair on read), over whole checksum blocks.
+
+use bytes::{Bytes, BytesMut};
+use tokio::task::JoinSet;
+use weft_proto::{DataRedundancy, ErrorCode, Layout};
+
+use crate::ClientError;
+use crate::ec::{is_chunk_loss, read_on, repair_io, write_on};
+use crate::file::File;
+
+/// Checksum block size of the data servers' sidecars (§5): repairs rewrite whole blocks.
+const BLOCK_BYTES: u64 = 4096;
+
+fn copies(layout: &Layout) -> usize {
+    match layout.redundancy {
+        DataRedundancy::Mirror { n } => usize::from(n),
+        _ => 1,
+    }
+}
+
+/// Reads `[offset, offset + len)` (cut at the file's size by the caller) from the first copy that answers.
+pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
+    let layout = &file.layout;
+    let n = copies(layout);
+    // Copies are tried starting at one picked by inode, so that readers of many files spread over the servers.
+    let start = (file.attr.ino % n as u64) as usize;
+    // Whole checksum blocks, so a copy found corrupt can be rewritten without keeping a bad byte.
+    let a = offset - offset % BLOCK_BYTES;
+    let b = (offset + len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
+    let mut corrupt = Vec::new();
+    let mut causes = Vec::new();
+    for c in (0..n).map(|i| (start + i) % n) {
+        match read_on(&file.io(), &layout.data_view(c), a, b - a).await {
+            Ok(mut got) => {
+                if !corrupt.is_empty() {
+                    repair(file, &corrupt, a, b, &got).await;
+                }
+                let _ = got.split_to((offset - a) as usize);
+                got.truncate(len as usize);
+                return Ok(got);
+            }
+            Err(e) if is_chunk_loss(&e) => {
+                if e.code() == Some(ErrorCode::Corrupt) {
+                    corrupt.push(c);
+                }
+                causes.push(format!("copy {c}: {e}"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ClientError::Unavailable {
+        ino: file.attr.ino,
+        file_offset: offset,
+        available: 0,
+        needed: 1,
+        cause: causes.join("; "),
+    })
+}
+
+/// Rewrites the block-aligned range `[a, b)` of the copies in `bad` from `good` (read from another copy).
+async fn repair(file: &File, bad: &[usize], a: u64, b: u64, good: &[u8]) {
+    let io = match repair_io(file).await {
+        Ok(io) => io,
+        Err(e) => {
+            tracing::warn!(ino = file.attr.ino, "no write capability to repair a mirror copy: {e}");
+            return;
+        }
+    };
+    // Cut at the file's size: bytes past it are not the copy's to store.
+    let keep = (b.min(file.size().max(a)) - a) as usize;
+    for &c in bad {
+        let copy = file.layout.data_view(c);
+        match write_on(&io, &copy, a, Bytes::copy_from_slice(&good[..keep])).await {
+            Ok(()) => tracing::info!(ino = file.attr.ino, copy = c, "repaired a corrupt mirror copy"),
+            Err(e) => tracing::warn!(ino = file.attr.ino, copy = c, "repairing a mirror copy failed: {e}"),
+        }
+    }
+}
+
+/// Writes `data` at `offset` to every copy at once.
+pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
+    let layout = &file.layout;
+    let mut tasks = JoinSet::new();
+    for c in 0..copies(layout) {
+        let (io, copy, data) = (file.io(), layout.data_view(c), data.clone());
+        tasks.spawn(async move { (c, write_on(&io, &copy, offset, data).await) });
+    }
+    let mut first_err = None;
+    while let Some(r) = tasks.join_next().await {
+        let (c, r) = r.map_err(|e| ClientError::Protocol(format!("write task failed: {e}")))?;
+        if let Err(e) = r {
+            first_err.get_or_insert(ClientError::DegradedWrite {
+                ino: file.attr.ino,
+                file_offset: offset,
+                server: layout.servers[c],
+                cause: e.to_string(),
+            });
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}

@@ -1,0 +1,252 @@
+//! Erasure-coded and mirrored layouts against a real cluster (docs/format.md §16): reads stay right while up to
+//! `m` servers of a layout are killed, a third loss is a clear error naming the file and offset, a flipped byte on
+//! disk is read right and repaired, and a mirror reads from its other copy.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use common::*;
+use weft_client::{Client, ClientError, OpenMode};
+use weft_proto::{DataRedundancy, ROOT_INO};
+
+const UNIT: u32 = 64 << 10;
+/// Not a multiple of a stripe row (4 × 64 KiB): the last row is short.
+const FILE_BYTES: usize = 3 * (4 << 20) / 2 + 12_345;
+
+/// A seeded xorshift for offsets and lengths.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Asserts `got == want` naming the first differing byte (not printing megabytes).
+#[track_caller]
+fn same(got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
+        panic!("{what}: {} bytes read, {} expected, first difference at {at}", got.len(), want.len());
+    }
+}
+
+/// Reads `[off, off + len)` of `path` with a fresh open of `c`.
+async fn read_range(c: &Client, path: &str, off: u64, len: usize) -> Result<Vec<u8>, ClientError> {
+    let f = c.open(path, OpenMode::Read).await?;
+    let got = f.read_at(off, BytesMut::zeroed(len)).await?;
+    Ok(got.to_vec())
+}
+
+/// Reads random ranges of `path` and checks each against `model`, `n` times; counts reads done in `done`.
+async fn check_reads(c: Client, path: String, model: Arc<Vec<u8>>, seed: u64, n: usize, done: Arc<AtomicU64>) {
+    let mut rng = Rng(seed);
+    for _ in 0..n {
+        let off = rng.below(model.len() as u64);
+        let len = (rng.below(600_000) + 1).min(model.len() as u64 - off) as usize;
+        let got = read_range(&c, &path, off, len).await.unwrap_or_else(|e| panic!("read {off}+{len}: {e}"));
+        same(&got, &model[off as usize..off as usize + len], &format!("read {off}+{len}"));
+        done.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Waits (without sleeping on a clock) until `done` reaches `n`.
+async fn until(done: &AtomicU64, n: u64) {
+    while done.load(Ordering::SeqCst) < n {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ec_4_2_reads_stay_right_through_two_lost_servers_and_a_third_is_a_clear_error() {
+    let mut c = start("ec-kill", 7).await;
+    let client = c.impatient_client().await;
+    let dir = client.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
+    client.set_layout_with(dir.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
+
+    // Written by two clients at once, each its own half (whole rows apart), in seeded pieces of every size: full
+    // rows, partial rows (read-modify-write) and single bytes.
+    let f = client.create_path("/ec/f", 0o644, true, false).await.unwrap();
+    let layout = f.layout().clone();
+    assert_eq!(layout.redundancy, DataRedundancy::Ec { k: 4, m: 2 });
+    assert_eq!(layout.servers.len(), 6, "k + m distinct servers");
+    let mut distinct = layout.servers.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 6);
+    f.truncate(FILE_BYTES as u64).await.unwrap();
+    f.close().await.unwrap();
+    let model = pattern(13, 0, FILE_BYTES);
+    let row = 4 * UNIT as usize;
+    let half = (FILE_BYTES / 2 / row) * row;
+    let mut writers = tokio::task::JoinSet::new();
+    for (w, (a, b)) in [(0, half), (half, FILE_BYTES)].into_iter().enumerate() {
+        let c2 = c.impatient_client().await;
+        let model = model.clone();
+        writers.spawn(async move {
+            let f = c2.open("/ec/f", OpenMode::ReadWrite).await.unwrap();
+            let mut rng = Rng(77 + w as u64);
+            let mut at = a;
+            while at < b {
+                let n = match rng.below(3) {
+                    0 => 1,
+                    1 => rng.below(100_000) as usize + 1,
+                    _ => rng.below(3 * row as u64) as usize + 1,
+                }
+                .min(b - at);
+                f.write_at(at as u64, Bytes::copy_from_slice(&model[at..at + n])).await.unwrap();
+                at += n;
+            }
+            f.close().await.unwrap();
+        });
+    }
+    while let Some(r) = writers.join_next().await {
+        r.unwrap();
+    }
+    let model = Arc::new(model);
+    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &model, "healthy read");
+
+    // Kill -9 a data server while three clients read.
+    let done = Arc::new(AtomicU64::new(0));
+    let mut readers = tokio::task::JoinSet::new();
+    for r in 0..3 {
+        let rc = c.impatient_client().await;
+        readers.spawn(check_reads(rc, "/ec/f".into(), model.clone(), 1000 + r, 12, done.clone()));
+    }
+    until(&done, 6).await;
+    c.kill_data_server(layout.servers[1]).await;
+    while let Some(r) = readers.join_next().await {
+        r.unwrap();
+    }
+    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &model, "one server down");
+
+    // A write now needs a server that is down: a clear error, not a silent partial stripe.
+    let f = client.open("/ec/f", OpenMode::ReadWrite).await.unwrap();
+    // (It writes the bytes the model already holds: a failed write may still have reached some chunks.)
+    let err = f.write_at(10, Bytes::copy_from_slice(&model[10..13])).await.unwrap_err();
+    assert!(matches!(err, ClientError::DegradedWrite { server, .. } if server == layout.servers[1]), "{err}");
+    drop(f);
+
+    // A second one (a parity server this time): still right, from several clients.
+    c.kill_data_server(layout.servers[4]).await;
+    let done = Arc::new(AtomicU64::new(0));
+    for r in 0..3 {
+        let rc = c.impatient_client().await;
+        readers.spawn(check_reads(rc, "/ec/f".into(), model.clone(), 2000 + r, 6, done.clone()));
+    }
+    while let Some(r) = readers.join_next().await {
+        r.unwrap();
+    }
+    same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &model, "two servers down");
+
+    // A third: more than m lost. The read fails, naming the file and the offset; no zeros come back.
+    c.kill_data_server(layout.servers[2]).await;
+    // (Chunk 1 of row 3, which is lost: a read of chunk 0 alone would still be served by its live server.)
+    let off = 3 * row as u64 + UNIT as u64 + 5;
+    let Err(err) = read_range(&client, "/ec/f", off, 1000).await.map_err(|e| e.with_path("/ec/f")) else {
+        panic!("a read with three of six chunks lost must fail");
+    };
+    let msg = err.to_string();
+    assert!(msg.contains("/ec/f") && msg.contains(&format!("file offset {}", 3 * row)), "{msg}");
+    assert!(msg.contains("3 chunks") && msg.contains("4 are needed"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_in_a_chunk_is_read_right_and_repaired() {
+    let c = start("ec-flip", 7).await;
+    let client = c.client().await;
+    let dir = client.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
+    client.set_layout_with(dir.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
+    let f = client.create_path("/ec/f", 0o644, true, false).await.unwrap();
+    let model = pattern(21, 0, FILE_BYTES);
+    f.write_at(0, Bytes::from(model.clone())).await.unwrap();
+    let (ino, layout) = (f.ino(), f.layout().clone());
+    f.sync().await.unwrap();
+    f.close().await.unwrap();
+
+    // Data chunk 2 of row 1: flip one byte of it in the object file, behind the data server's back.
+    let path = object_path(&c.data_root(layout.servers[2]), ino);
+    let original = std::fs::read(&path).unwrap();
+    let at = UNIT as usize + 100;
+    let mut bad = original.clone();
+    bad[at] ^= 0x5a;
+    std::fs::write(&path, &bad).unwrap();
+
+    let reader = c.client().await;
+    same(&read_range(&reader, "/ec/f", 0, FILE_BYTES).await.unwrap(), &model, "decoded around the bad chunk");
+    // Repaired on read: the object holds the right bytes again, and a read of just that chunk passes its checksum.
+    assert_eq!(std::fs::read(&path).unwrap()[at], original[at], "the chunk was rewritten");
+    let file_at = (UNIT as u64) * 4 + 2 * UNIT as u64 + 100;
+    let f = reader.open("/ec/f", OpenMode::Read).await.unwrap();
+    let plain = f.read_at(file_at, BytesMut::zeroed(10)).await.unwrap();
+    assert_eq!(&plain[..], &model[file_at as usize..file_at as usize + 10]);
+
+    // A partial-row write through a write-only handle still reads its row first (read-modify-write), and a
+    // truncate into the middle of a row leaves the rest of the row reading as zeros.
+    let mut model = model;
+    let w = reader.open("/ec/f", OpenMode::Write).await.unwrap();
+    w.write_at(5, Bytes::from_static(b"hello")).await.unwrap();
+    model[5..10].copy_from_slice(b"hello");
+    let cut = 4 * UNIT as u64 + 1000;
+    w.truncate(cut).await.unwrap();
+    model.truncate(cut as usize);
+    w.write_at(cut + 3000, Bytes::from_static(b"!")).await.unwrap();
+    model.resize(cut as usize + 3000, 0);
+    model.push(b'!');
+    w.close().await.unwrap();
+    let fresh = c.client().await;
+    same(&read_range(&fresh, "/ec/f", 0, model.len()).await.unwrap(), &model, "after RMW and truncate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirror_2_reads_the_other_copy_and_setstripe_checks_the_width() {
+    let mut c = start("ec-mirror", 3).await;
+    // The CLI: --ec wider than the cluster is refused; --mirror 2 is set and shown.
+    let (ok, _, err) = weft(&c, &["mkdir", "/m"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = weft(&c, &["setstripe", "--ec", "4+2", "/m"]);
+    assert!(!ok && err.contains("6 distinct data servers"), "{err}");
+    let (ok, _, err) = weft(&c, &["setstripe", "--ec", "2+0", "/m"]);
+    assert!(!ok && err.contains("m 1..="), "{err}");
+    let (ok, _, err) = weft(&c, &["setstripe", "--unit", "64K", "--mirror", "2", "/m"]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = weft(&c, &["stat", "/m"]);
+    assert!(ok && out.contains("mirror 2"), "{out}{err}");
+
+    let client = c.impatient_client().await;
+    let f = client.create_path("/m/f", 0o644, true, false).await.unwrap();
+    let model = pattern(5, 0, 700_001);
+    f.write_at(0, Bytes::from(model.clone())).await.unwrap();
+    let layout = f.layout().clone();
+    f.close().await.unwrap();
+    assert_eq!(layout.redundancy, DataRedundancy::Mirror { n: 2 });
+    let (ok, out, err) = weft(&c, &["stat", "/m/f"]);
+    assert!(ok && out.contains("mirror 2"), "{out}{err}");
+    for &s in &layout.servers {
+        let copy = std::fs::read(object_path(&c.data_root(s), f_ino(&client).await)).unwrap();
+        same(&copy, &model, &format!("copy on server {s}"));
+    }
+
+    c.kill_data_server(layout.servers[0]).await;
+    let reader = c.impatient_client().await;
+    same(&read_range(&reader, "/m/f", 0, model.len()).await.unwrap(), &model, "read from the other copy");
+    same(&read_range(&reader, "/m/f", 4095, 3).await.unwrap(), &model[4095..4098], "a small read");
+    let f = reader.open("/m/f", OpenMode::ReadWrite).await.unwrap();
+    let err = f.write_at(0, Bytes::copy_from_slice(&model[..1])).await.unwrap_err();
+    assert!(matches!(err, ClientError::DegradedWrite { .. }), "{err}");
+    c.kill_data_server(layout.servers[1]).await;
+    let err = read_range(&reader, "/m/f", 0, 10).await.unwrap_err();
+    assert!(err.to_string().contains("unavailable"), "{err}");
+}
+
+async fn f_ino(c: &Client) -> u64 {
+    c.resolve("/m/f").await.unwrap().ino
+}
