@@ -78,7 +78,7 @@ pub(crate) fn km(layout: &Layout) -> Option<(usize, usize)> {
 pub(crate) fn is_chunk_loss(e: &ClientError) -> bool {
     match e {
         ClientError::Corrupt { .. } | ClientError::UnknownServer(_) => true,
-        ClientError::Data { source, .. } => match source.remote() {
+        ClientError::Data { source, .. } | ClientError::DataAt { source, .. } => match source.remote() {
             Some(w) => matches!(w.code, ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal),
             None => true,
         },
@@ -103,9 +103,8 @@ pub(crate) async fn write_on(io: &Io, layout: &Layout, offset: u64, data: Bytes)
                 data.slice(start..start + pieces[i].len as usize)
             })
             .collect();
-        let server = layout.servers[u.server_index as usize];
-        let (client, caps, ino) = (io.client.clone(), io.caps.clone(), io.ino);
-        tasks.spawn(async move { write_unit(&client, &caps, ino, server, &u, segs).await });
+        let (client, caps, ino, layout) = (io.client.clone(), io.caps.clone(), io.ino, layout.clone());
+        tasks.spawn(async move { write_unit(&client, &caps, &layout, ino, &u, segs).await });
     }
     let mut first_err = None;
     while let Some(r) = tasks.join_next().await {
