@@ -29,7 +29,7 @@ use weft_proto::Rights;
 
 use crate::ClientError;
 use crate::capability::CapHolder;
-use crate::file::{File, Io, plan, read_unit, write_unit};
+use crate::file::{File, Io, plan, read_units_on, write_units_on};
 
 /// Rows decoded per batch in a degraded read are bounded so that `rows × (k + m) × unit` stays under this (but at
 /// least one row): the memory a degraded read holds at once.
@@ -93,27 +93,7 @@ pub(crate) async fn write_on(io: &Io, layout: &Layout, offset: u64, data: Bytes)
         return Ok(());
     }
     let (pieces, units) = plan(layout, offset, data.len() as u64, io.unit_max);
-    let mut tasks = JoinSet::new();
-    for u in units {
-        let segs: Vec<Bytes> = u
-            .pieces
-            .iter()
-            .map(|&i| {
-                let start = (pieces[i].file_offset - offset) as usize;
-                data.slice(start..start + pieces[i].len as usize)
-            })
-            .collect();
-        let (client, caps, ino, layout) = (io.client.clone(), io.caps.clone(), io.ino, layout.clone());
-        tasks.spawn(async move { write_unit(&client, &caps, &layout, ino, &u, segs).await });
-    }
-    let mut first_err = None;
-    while let Some(r) = tasks.join_next().await {
-        let r = r.map_err(|e| ClientError::Protocol(format!("write task failed: {e}"))).and_then(|r| r);
-        if let Err(e) = r {
-            first_err.get_or_insert(e);
-        }
-    }
-    first_err.map_or(Ok(()), Err)
+    write_units_on(io, layout, &pieces, units, &data, offset).await
 }
 
 /// Reads `len` bytes at `offset` of `layout` (plain) through the plain machinery; holes and bytes past an
@@ -128,34 +108,7 @@ pub(crate) async fn read_on(io: &Io, layout: &Layout, offset: u64, len: u64) -> 
     for p in &pieces {
         segs.push(Some(buf.split_to(p.len as usize)));
     }
-    let mut tasks = JoinSet::new();
-    for u in units {
-        let dest: Vec<BytesMut> = u.pieces.iter().map(|&i| segs[i].take().expect("each piece in one unit")).collect();
-        let (client, caps, ino, layout) = (io.client.clone(), io.caps.clone(), io.ino, layout.clone());
-        tasks.spawn(async move {
-            let dest = read_unit(&client, &caps, &layout, ino, &u, dest, None).await?;
-            Ok::<_, ClientError>((u.pieces, dest))
-        });
-    }
-    let mut first_err = None;
-    while let Some(r) = tasks.join_next().await {
-        match r {
-            Ok(Ok((idx, dest))) => {
-                for (i, d) in idx.into_iter().zip(dest) {
-                    segs[i] = Some(d);
-                }
-            }
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-            Err(e) => {
-                first_err.get_or_insert(ClientError::Protocol(format!("read task failed: {e}")));
-            }
-        }
-    }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
+    read_units_on(io, layout, units, &mut segs, None).await?;
     let mut segs = segs.into_iter().map(|s| s.expect("every segment came back"));
     let mut out = segs.next().expect("at least one segment");
     for s in segs {

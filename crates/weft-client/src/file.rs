@@ -246,25 +246,7 @@ impl File {
             self.dirty.store(true, Ordering::SeqCst);
             return Ok(());
         }
-        let mut tasks = JoinSet::new();
-        for u in units {
-            let segs: Vec<Bytes> = u.pieces.iter().map(|&i| seg_of(&data, &pieces[i], offset)).collect();
-            let client = self.client.clone();
-            let ino = self.attr.ino;
-            let caps = self.caps.clone();
-            let layout = self.layout.clone();
-            tasks.spawn(async move { write_unit(&client, &caps, &layout, ino, &u, segs).await });
-        }
-        let mut first_err = None;
-        while let Some(r) = tasks.join_next().await {
-            let r = r.map_err(|e| ClientError::Protocol(format!("write task failed: {e}"))).and_then(|r| r);
-            if let Err(e) = r {
-                first_err.get_or_insert(e);
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
+        write_units_on(&self.io(), &self.layout, &pieces, units, &data, offset).await?;
         self.size.fetch_max(end, Ordering::SeqCst);
         self.dirty.store(true, Ordering::SeqCst);
         Ok(())
@@ -411,50 +393,7 @@ impl File {
         segs: &mut [Option<BytesMut>],
         fill: Option<u64>,
     ) -> Result<(), ClientError> {
-        let hint = |u: &Unit| fill.map(|data_version| FillHint { data_version, position: u.server_index });
-        if let [u] = &units[..] {
-            let dest: Vec<BytesMut> =
-                u.pieces.iter().map(|&i| segs[i].take().expect("each piece in one unit")).collect();
-            let dest = read_unit(&self.client, &self.caps, &self.layout, self.attr.ino, u, dest, hint(u)).await?;
-            for (&i, d) in u.pieces.iter().zip(dest) {
-                segs[i] = Some(d);
-            }
-            return Ok(());
-        }
-        let mut tasks = JoinSet::new();
-        for u in units {
-            let dest: Vec<BytesMut> =
-                u.pieces.iter().map(|&i| segs[i].take().expect("each piece in one unit")).collect();
-            let client = self.client.clone();
-            let ino = self.attr.ino;
-            let layout = self.layout.clone();
-            let caps = self.caps.clone();
-            let fill = hint(&u);
-            tasks.spawn(async move {
-                let dest = read_unit(&client, &caps, &layout, ino, &u, dest, fill).await?;
-                Ok((u.pieces, dest))
-            });
-        }
-        let mut first_err = None;
-        while let Some(r) = tasks.join_next().await {
-            match r {
-                Ok(Ok((idx, dest))) => {
-                    for (i, d) in idx.into_iter().zip(dest) {
-                        segs[i] = Some(d);
-                    }
-                }
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
-                }
-                Err(e) => {
-                    first_err.get_or_insert(ClientError::Protocol(format!("read task failed: {e}")));
-                }
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        read_units_on(&self.io(), &self.layout, units, segs, fill).await
     }
 
     /// Truncates (or extends) the objects only; the caller records the size at the metadata service.
@@ -549,6 +488,85 @@ fn join(segs: Vec<Option<BytesMut>>) -> BytesMut {
 fn blocks_of(p: &weft_proto::Piece, block_bytes: u64) -> std::ops::RangeInclusive<u64> {
     debug_assert!(p.len > 0);
     p.object_offset / block_bytes..=(p.object_offset + p.len - 1) / block_bytes
+}
+
+/// Sends `units` (planned by [`plan`] over `pieces` of `data`, which starts at file offset `offset`) to their
+/// servers, every unit at once; the first failure is returned.
+pub(crate) async fn write_units_on(
+    io: &Io,
+    layout: &Layout,
+    pieces: &[weft_proto::Piece],
+    units: Vec<Unit>,
+    data: &Bytes,
+    offset: u64,
+) -> Result<(), ClientError> {
+    let mut tasks = JoinSet::new();
+    for u in units {
+        let segs: Vec<Bytes> = u.pieces.iter().map(|&i| seg_of(data, &pieces[i], offset)).collect();
+        let (client, caps, ino, layout) = (io.client.clone(), io.caps.clone(), io.ino, layout.clone());
+        tasks.spawn(async move { write_unit(&client, &caps, &layout, ino, &u, segs).await });
+    }
+    let mut first_err = None;
+    while let Some(r) = tasks.join_next().await {
+        let r = r.map_err(|e| ClientError::Protocol(format!("write task failed: {e}"))).and_then(|r| r);
+        if let Err(e) = r {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Reads `units` of `layout` into `segs` (one segment per piece the units name), every unit at once; a single
+/// unit from the caller's task. With `fill` (a data version) each request asks its server to fill the bank.
+pub(crate) async fn read_units_on(
+    io: &Io,
+    layout: &Layout,
+    units: Vec<Unit>,
+    segs: &mut [Option<BytesMut>],
+    fill: Option<u64>,
+) -> Result<(), ClientError> {
+    let hint = |u: &Unit| fill.map(|data_version| FillHint { data_version, position: u.server_index });
+    if let [u] = &units[..] {
+        let dest: Vec<BytesMut> = u.pieces.iter().map(|&i| segs[i].take().expect("each piece in one unit")).collect();
+        let dest = read_unit(&io.client, &io.caps, layout, io.ino, u, dest, hint(u)).await?;
+        for (&i, d) in u.pieces.iter().zip(dest) {
+            segs[i] = Some(d);
+        }
+        return Ok(());
+    }
+    let mut tasks = JoinSet::new();
+    for u in units {
+        let dest: Vec<BytesMut> = u.pieces.iter().map(|&i| segs[i].take().expect("each piece in one unit")).collect();
+        let client = io.client.clone();
+        let ino = io.ino;
+        let layout = layout.clone();
+        let caps = io.caps.clone();
+        let fill = hint(&u);
+        tasks.spawn(async move {
+            let dest = read_unit(&client, &caps, &layout, ino, &u, dest, fill).await?;
+            Ok((u.pieces, dest))
+        });
+    }
+    let mut first_err = None;
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok((idx, dest))) => {
+                for (i, d) in idx.into_iter().zip(dest) {
+                    segs[i] = Some(d);
+                }
+            }
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                first_err.get_or_insert(ClientError::Protocol(format!("read task failed: {e}")));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// The part of `data` (which starts at file offset `offset`) that piece `p` covers.
