@@ -35,6 +35,16 @@ pub enum ClientError {
         "file inode {ino}: the write at file offset {file_offset} needs every server of its layout, and data server {server} failed: {cause}"
     )]
     DegradedWrite { ino: u64, file_offset: u64, server: u32, cause: String },
+    /// A stripe row of an ec file whose chunks do not agree (a write torn by a crash, or two writers' updates not
+    /// both finished) and too few of them are consistent to decode it: nothing is returned, never wrong bytes.
+    /// Writing the row again or a scrub repairs it (docs/format.md §17).
+    #[error("file inode {ino}: the stripe row at file offset {file_offset} is torn (its chunks disagree): {cause}")]
+    TornRow { ino: u64, file_offset: u64, cause: String },
+    /// A write of an ec file kept losing its row to other writers' (compare-and-set, §17) and gave up.
+    #[error(
+        "file inode {ino}: the write of the stripe row at file offset {file_offset} lost to other writers {attempts} times; not written"
+    )]
+    WriteConflict { ino: u64, file_offset: u64, attempts: u32 },
     #[error("a layout names data server {0}, which the metadata service does not know")]
     UnknownServer(u32),
     #[error("{0}")]

@@ -13,7 +13,10 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use weft_fabric::PeerMemory;
-use weft_proto::msg::{FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, TruncateReq, WriteChunksReq, WriteReq};
+use weft_proto::msg::{
+    FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, ReadRowsReq, TruncateReq, WriteChunksReq, WriteReq,
+    WriteRowsReq,
+};
 use weft_proto::{Chunk, ErrorCode, Request, Response, Rights, WireError};
 use weft_rpc::metrics::FabricBytes;
 use weft_rpc::metrics::prometheus_client::metrics::counter::Counter;
@@ -108,6 +111,8 @@ impl DataService {
             Request::Write(w) => (w.ino, Rights::WRITE, &w.cap),
             Request::WriteChunks(w) => (w.ino, Rights::WRITE, &w.cap),
             Request::Truncate(t) => (t.ino, Rights::WRITE, &t.cap),
+            Request::ReadRows(r) => (r.ino, Rights::READ, &r.cap),
+            Request::WriteRows(w) => (w.ino, Rights::WRITE, &w.cap),
             // Durability of what is there: either right will do.
             Request::Fsync(f) => (f.ino, Rights::NONE, &f.cap),
             Request::RemoveObject(r) => {
@@ -231,6 +236,32 @@ impl DataService {
         Ok(Response::Write(n).into())
     }
 
+    /// `ReadRows` (docs/format.md §17): the rows' versions, and with `data` their bytes as the payload.
+    async fn read_rows(&self, ctx: &CallCtx, r: ReadRowsReq) -> Result<Reply, WireError> {
+        let store = self.store.clone();
+        if !r.data {
+            let v = on_blocking_pool(move || store.read_rows(r.ino, r.unit, r.first_row, r.rows, None)).await?;
+            return Ok(Response::ReadRows(v).into());
+        }
+        let len = u64::from(r.rows) * u64::from(r.unit);
+        fits_transfer_unit(ctx, "read", len)?;
+        let mut buf = ctx.pool.acquire(len as usize).await;
+        let (v, buf) = on_blocking_pool(move || {
+            let v = store.read_rows(r.ino, r.unit, r.first_row, r.rows, Some(buf.as_mut_slice()))?;
+            Ok((v, buf))
+        })
+        .await?;
+        Ok(Reply { resp: Response::ReadRows(v), data: Some(Box::new(buf)) })
+    }
+
+    /// `WriteRows` (docs/format.md §17): compare-and-set of whole chunks and their version records.
+    async fn write_rows(&self, w: WriteRowsReq, data: Option<PoolBuf>) -> Result<Reply, WireError> {
+        let buf = data.ok_or_else(|| WireError::new(ErrorCode::BadRequest, "WriteRows without a payload"))?;
+        let store = self.store.clone();
+        on_blocking_pool(move || store.write_rows(w.ino, w.unit, w.first_row, &w.rows, buf.as_slice())).await?;
+        Ok(Response::WriteRows(()).into())
+    }
+
     async fn truncate(&self, t: TruncateReq) -> Result<Reply, WireError> {
         let store = self.store.clone();
         on_blocking_pool(move || store.truncate(t.ino, t.size)).await?;
@@ -329,6 +360,7 @@ impl Service for DataService {
             Request::Write(w) => Some(w.ino),
             Request::WriteChunks(w) => Some(w.ino),
             Request::Truncate(t) => Some(t.ino),
+            Request::WriteRows(w) => Some(w.ino),
             _ => None,
         };
         let bank = match &self.filler {
@@ -383,6 +415,10 @@ impl DataService {
                 let len = w.chunks.iter().map(|c| u64::from(c.len)).sum();
                 return BankWork::Invalidate { ino: w.ino, offset: w.offset, len };
             }
+            Request::WriteRows(w) => {
+                let offset = w.first_row.saturating_mul(u64::from(w.unit));
+                return BankWork::Invalidate { ino: w.ino, offset, len: data.map_or(0, |d| d.len() as u64) };
+            }
             Request::Truncate(t) => {
                 // Growing only adds zeros past the old end, which a short cached block already stands for.
                 let old = self.store.object_len(t.ino).unwrap_or(u64::MAX);
@@ -404,6 +440,8 @@ impl DataService {
             Request::WriteChunks(w) => self.write_chunks(ctx, w).await,
             Request::Write(w) => self.write(w, data).await,
             Request::Truncate(t) => self.truncate(t).await,
+            Request::ReadRows(r) => self.read_rows(ctx, r).await,
+            Request::WriteRows(w) => self.write_rows(w, data).await,
             Request::RemoveObject(r) => self.remove_object(r).await,
             Request::Fsync(r) => self.fsync(r).await,
             Request::SpaceStat(()) => self.space_stat().await,

@@ -37,6 +37,8 @@ use weft_proto::{DeviceId, ErrorCode, OBJECT_BYTES_MAX, SpaceStat, SpaceStatDev,
 
 use crate::range_lock::{RangeGuard, RangeLocks};
 
+mod versions;
+
 /// Bytes covered by one checksum.
 pub const BLOCK_BYTES: usize = 4096;
 const B: u64 = BLOCK_BYTES as u64;
@@ -79,6 +81,15 @@ pub enum DataError {
         "range at offset {offset} of {len} bytes of object {ino} lies beyond the object size limit {OBJECT_BYTES_MAX}"
     )]
     OutOfRange { ino: u64, offset: u64, len: u64 },
+    /// A chunk-version request broke a rule of docs/format.md §17 (row count, payload length, unit, versions).
+    #[error("object {ino}: {reason}")]
+    Invalid { ino: u64, reason: String },
+    /// A compare-and-set chunk write found another version than it expected: nothing was written.
+    #[error("object {ino} row {row}: version {found}, not the {expected} the write expected (another writer moved it)")]
+    VersionMoved { ino: u64, row: u64, unit: u32, expected: u64, found: u64 },
+    /// The version sidecar's header is damaged: the records cannot be trusted.
+    #[error("object {ino}: version sidecar {path}: {reason}")]
+    BadVersions { ino: u64, path: PathBuf, reason: String },
 }
 
 impl From<DataError> for WireError {
@@ -92,6 +103,11 @@ impl From<DataError> for WireError {
             }
             DataError::OutOfRange { offset, .. } => WireError::new(ErrorCode::OutOfRange, message).with_offset(offset),
             DataError::NoSpace { .. } => WireError::new(ErrorCode::NoSpace, message),
+            DataError::Invalid { .. } => WireError::new(ErrorCode::BadRequest, message),
+            DataError::VersionMoved { row, unit, .. } => {
+                WireError::new(ErrorCode::VersionMoved, message).with_offset(row.saturating_mul(u64::from(unit)))
+            }
+            DataError::BadVersions { .. } => WireError::new(ErrorCode::Corrupt, message),
             DataError::Io { .. } => WireError::new(ErrorCode::Io, message),
         }
     }
@@ -247,6 +263,17 @@ impl ObjectStore {
         }
         let first = offset / B;
         let _g = self.locks.lock(ino, first * B, end.div_ceil(B) * B, false);
+        self.read_locked(ino, offset, buf)
+    }
+
+    /// [`ObjectStore::read`] by a caller that holds a range lock covering the blocks of `[offset, offset + len)`.
+    fn read_locked(&self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<(), DataError> {
+        let len = buf.len() as u64;
+        let end = check_range(ino, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let first = offset / B;
         let path = self.object_path(ino);
         let f = match File::open(&path) {
             Ok(f) => Some(f),
@@ -390,9 +417,19 @@ impl ObjectStore {
         if len == 0 {
             return Ok(());
         }
+        let _g = self.locks.lock(ino, offset / B * B, end.div_ceil(B) * B, true);
+        self.write_locked(ino, offset, data)
+    }
+
+    /// [`ObjectStore::write`] by a caller that holds an exclusive range lock covering its blocks.
+    fn write_locked(&self, ino: u64, offset: u64, data: &[u8]) -> Result<(), DataError> {
+        let len = data.len() as u64;
+        let end = check_range(ino, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
         let first = offset / B;
         let last = end.div_ceil(B);
-        let _g = self.locks.lock(ino, first * B, last * B, true);
         let (f, side) = self.open_for_write(ino)?;
         let path = self.object_path(ino);
         let obj_len = f.metadata().map_err(io_err("stat", &path))?.len();
@@ -481,7 +518,7 @@ impl ObjectStore {
         }
         f.set_len(size).map_err(io_err("truncating", &path))?;
         side.set_len(size.div_ceil(B) * CRC_BYTES).map_err(io_err("truncating", &self.sidecar_path(ino)))?;
-        Ok(())
+        self.truncate_versions(ino, size)
     }
 
     /// Makes the object's data, its checksums and its directory entry durable. A missing object succeeds.
@@ -494,6 +531,12 @@ impl ObjectStore {
                 Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
                 Err(e) => return Err(io_err("opening", p)(e)),
             }
+        }
+        let versions = self.versions_path(ino);
+        match File::open(&versions) {
+            Ok(f) => f.sync_data().map_err(io_err("syncing", &versions))?,
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("opening", &versions)(e)),
         }
         // A new object's name lives in its fan-out directory: sync that too, or a crash may lose the file.
         let dir = path.parent().expect("object paths have a parent");
@@ -511,12 +554,14 @@ impl ObjectStore {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(io_err("removing", &path)(e)),
         }
-        let side = self.sidecar_path(ino);
-        match std::fs::remove_file(&side) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_err("removing", &side)(e)),
+        for side in [self.sidecar_path(ino), self.versions_path(ino)] {
+            match std::fs::remove_file(&side) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("removing", &side)(e)),
+            }
         }
+        Ok(())
     }
 
     /// Space of the file system under the root, and the number of objects.

@@ -54,6 +54,9 @@ pub enum ErrorCode {
     NotSupported,
     /// The lock table is full (`locks_max`, docs/format.md §14): ENOLCK.
     NoLocks,
+    /// A compare-and-set chunk write (`WriteRows`, docs/format.md §17) found another version than it expected:
+    /// another writer changed the row first; nothing was written. The client rereads the row and retries.
+    VersionMoved,
 }
 
 impl ErrorCode {
@@ -81,6 +84,7 @@ impl ErrorCode {
             ErrorCode::TooBig => 7,                           // E2BIG
             ErrorCode::NotSupported => 95,                    // EOPNOTSUPP
             ErrorCode::NoLocks => 37,                         // ENOLCK
+            ErrorCode::VersionMoved => 11,                    // EAGAIN
             _ => 5,
         }
     }

@@ -10,6 +10,7 @@
 
 pub mod capability;
 pub mod chunk;
+pub mod chunk_version;
 pub mod error;
 pub mod frame;
 pub mod layout;

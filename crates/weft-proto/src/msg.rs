@@ -191,6 +191,66 @@ messages! {
     WriteChunks = 216: WriteChunksReq => u32, idempotent = false, data = false;
     /// `SpaceStat` with the identity of the file system under the server's root (`crate::space`).
     SpaceStatDev = 217: () => SpaceStatDev, idempotent = true, data = false;
+    /// The chunk versions (docs/format.md §17) of `rows` rows of an ec object, each checked against its chunk's
+    /// bytes; with `data`, the rows' bytes too (`rows × unit`, zeros past the end) as the reply's payload, read
+    /// under the same lock. Needs read rights.
+    ReadRows = 218: ReadRowsReq => Vec<ChunkVersion>, idempotent = true, data = false;
+    /// Writes whole chunks of consecutive rows (the payload, `≤ rows × unit` bytes from the first row's start) and
+    /// their version records, compare-and-set: every row's current version must equal its `expect`, else nothing
+    /// is written and the answer is `VersionMoved`. Needs write rights.
+    WriteRows = 219: WriteRowsReq => (), idempotent = false, data = true;
+}
+
+/// The most data chunks an ec row has (`k` of §16), so the most versions a parity record names.
+pub const EC_K_MAX: usize = 32;
+
+/// The most rows one `ReadRows` or `WriteRows` names.
+pub const ROWS_PER_REQUEST_MAX: u32 = 4096;
+
+/// `ReadRows`: rows `[first_row, first_row + rows)` of the object, each `unit` bytes at object offset `row × unit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadRowsReq {
+    pub ino: u64,
+    pub unit: u32,
+    pub first_row: u64,
+    pub rows: u32,
+    /// Also send the rows' bytes.
+    pub data: bool,
+    pub cap: Capability,
+}
+
+/// One chunk's version record as found (docs/format.md §17).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkVersion {
+    /// 0: never written with a version (the chunk is expected to be zeros).
+    pub version: u64,
+    /// The chunk's bytes match the record (its CRC, and every §5 block checksum): false means the write of this
+    /// version did not complete (or the bytes rotted), so the chunk is missing.
+    pub intact: bool,
+    /// For a parity chunk, the versions of the `k` data chunks it was computed from; empty for a data chunk.
+    pub parity_of: Vec<u64>,
+}
+
+/// One row's compare-and-set in a `WriteRows`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RowWrite {
+    /// The version the record must hold now (0 for none).
+    pub expect: u64,
+    /// The version written; greater than `expect`.
+    pub version: u64,
+    /// As [`ChunkVersion::parity_of`]; at most [`EC_K_MAX`] entries.
+    pub parity_of: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteRowsReq {
+    pub ino: u64,
+    pub unit: u32,
+    pub first_row: u64,
+    /// One per row, `rows.len()` rows from `first_row`; the payload holds their chunks back to back, the last
+    /// one possibly short (a file's short last row, §16), none of the others.
+    pub rows: Vec<RowWrite>,
+    pub cap: Capability,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -668,6 +728,8 @@ mod tests {
         assert_eq!(Op::FabricStat as u16, 210);
         assert_eq!((Op::RegisterServerDev as u16, Op::SpaceStatDev as u16), (126, 217));
         assert_eq!((Op::SetLock as u16, Op::GetLock as u16, Op::ReleaseLocks as u16), (127, 128, 129));
+        assert_eq!((Op::ReadRows as u16, Op::WriteRows as u16), (218, 219));
+        assert!(Op::WriteRows.request_has_data() && !Op::WriteRows.is_idempotent() && Op::ReadRows.is_idempotent());
         assert!(!Op::SetLock.is_idempotent() && Op::GetLock.is_idempotent() && !Op::ReleaseLocks.is_idempotent());
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());
         assert!(Op::Read.is_idempotent() && !Op::Create.is_idempotent());
