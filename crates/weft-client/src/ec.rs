@@ -20,7 +20,6 @@
 use bytes::{Bytes, BytesMut};
 use reed_solomon_erasure::galois_8::ReedSolomon;
 use std::sync::atomic::Ordering;
-use tokio::task::JoinSet;
 use weft_proto::{DataRedundancy, ErrorCode, Layout};
 
 use std::sync::Arc;
@@ -39,8 +38,8 @@ const DEGRADED_BATCH_BYTES_MAX: u64 = 64 << 20;
 /// ARCHITECTURE.md for why not ISA-L). Shards of one row all have the same length.
 pub(crate) struct Codec {
     rs: ReedSolomon,
-    k: usize,
-    m: usize,
+    pub(crate) k: usize,
+    pub(crate) m: usize,
 }
 
 impl Codec {
@@ -117,11 +116,6 @@ pub(crate) async fn read_on(io: &Io, layout: &Layout, offset: u64, len: u64) -> 
     Ok(out)
 }
 
-/// Server `i`'s object of `layout`, seen as a plain one-server file: its file offsets are object offsets.
-fn object_of(layout: &Layout, i: usize) -> Layout {
-    Layout::plain(layout.stripe_unit, vec![layout.servers[i]])
-}
-
 /// Reads `[offset, offset + len)` of an ec file (the caller has cut `len` at the file's size).
 pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
     read_via(file, &file.io(), offset, len).await
@@ -166,89 +160,21 @@ async fn read_degraded(file: &File, io: &Io, offset: u64, len: u64) -> Result<By
     Ok(out)
 }
 
-/// The file bytes of stripe rows `[first, first + rows)`, decoded from whichever `k` chunks of each row could be
-/// read; servers that answered `Corrupt` are repaired (their chunks rewritten) before returning.
+/// The file bytes of stripe rows `[first, first + rows)`, each decoded from `k` chunks whose versions agree
+/// (docs/format.md §17); rows with damaged chunks or stale parity are repaired before returning (best effort).
 async fn decode_rows(file: &File, io: &Io, codec: &Codec, first: u64, rows: u64) -> Result<Vec<u8>, ClientError> {
-    let layout = &file.layout;
-    let (k, m) = (codec.k, codec.m);
-    let unit = u64::from(layout.stripe_unit);
-    let mut tasks = JoinSet::new();
-    for i in 0..k + m {
-        let obj = object_of(layout, i);
-        let io = io.clone();
-        tasks.spawn(async move { (i, read_on(&io, &obj, first * unit, rows * unit).await) });
-    }
-    let mut chunks: Vec<Option<BytesMut>> = vec![None; k + m];
-    let mut corrupt = Vec::new();
-    let mut causes = Vec::new();
-    while let Some(r) = tasks.join_next().await {
-        let (i, r) = r.map_err(|e| ClientError::Protocol(format!("read task failed: {e}")))?;
-        match r {
-            Ok(b) => chunks[i] = Some(b),
-            Err(e) if is_chunk_loss(&e) => {
-                if e.code() == Some(ErrorCode::Corrupt) {
-                    corrupt.push(i);
-                }
-                causes.push(format!("chunk {i}: {e}"));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let available = chunks.iter().filter(|c| c.is_some()).count();
-    if available < k {
-        causes.sort();
-        return Err(ClientError::Unavailable {
-            ino: file.attr.ino,
-            file_offset: first * unit * k as u64,
-            available: available as u32,
-            needed: k as u32,
-            cause: causes.join("; "),
-        });
-    }
-    let mut data = vec![0u8; (rows * unit * k as u64) as usize];
-    let mut repaired: Vec<Vec<u8>> = vec![Vec::new(); corrupt.len()];
-    let u = unit as usize;
-    for row in 0..rows as usize {
-        let mut shards: Vec<Option<Vec<u8>>> =
-            chunks.iter().map(|c| c.as_ref().map(|b| b[row * u..(row + 1) * u].to_vec())).collect();
-        codec.reconstruct(&mut shards).map_err(|e| ClientError::Unavailable {
-            ino: file.attr.ino,
-            file_offset: (first + row as u64) * unit * k as u64,
-            available: available as u32,
-            needed: k as u32,
-            cause: format!("decoding failed: {e}"),
-        })?;
-        for (j, s) in shards.iter().take(k).enumerate() {
-            let at = (row * k + j) * u;
-            data[at..at + u].copy_from_slice(s.as_ref().expect("reconstructed"));
-        }
-        for (n, &i) in corrupt.iter().enumerate() {
-            repaired[n].extend_from_slice(shards[i].as_ref().expect("reconstructed"));
-        }
-    }
-    // Repair on read: the decoded chunks of every server that answered `Corrupt`, written whole (whole stripe
-    // units, so whole checksum blocks: a repair never keeps a bad byte of a partly rewritten block).
-    if !corrupt.is_empty() {
+    let (data, to_repair) = crate::ec_rows::decode_rows(file, io, codec, first, rows).await?;
+    if !to_repair.is_empty() {
         match repair_io(file).await {
             Ok(io) => {
-                for (n, &i) in corrupt.iter().enumerate() {
-                    let obj = object_of(layout, i);
-                    let bytes = Bytes::from(std::mem::take(&mut repaired[n]));
-                    match write_on(&io, &obj, first * unit, bytes).await {
-                        Ok(()) => tracing::info!(
-                            ino = file.attr.ino,
-                            chunk = i,
-                            first_row = first,
-                            rows,
-                            "repaired a corrupt chunk"
-                        ),
-                        Err(e) => {
-                            tracing::warn!(ino = file.attr.ino, chunk = i, "repairing a corrupt chunk failed: {e}")
-                        }
+                for row in to_repair {
+                    match crate::ec_rows::repair_row(file, &io, codec, row).await {
+                        Ok(()) => tracing::info!(ino = file.attr.ino, row, "repaired a stripe row"),
+                        Err(e) => tracing::warn!(ino = file.attr.ino, row, "repairing a stripe row failed: {e}"),
                     }
                 }
             }
-            Err(e) => tracing::warn!(ino = file.attr.ino, "no write capability to repair corrupt chunks: {e}"),
+            Err(e) => tracing::warn!(ino = file.attr.ino, "no write capability to repair stripe rows: {e}"),
         }
     }
     Ok(data)
@@ -277,89 +203,39 @@ async fn rmw_io(file: &File) -> Result<Io, ClientError> {
     Ok(Io { caps: Arc::new(caps), ..file.io() })
 }
 
-/// Writes `data` at `offset` of an ec file: read–modify–write of the rows it only partly covers, parity
-/// computed, every chunk of the rows written to every server of the layout at once.
+/// Writes `data` at `offset` of an ec file, row by row with chunk versions (docs/format.md §17,
+/// [`crate::ec_rows::write_batch`]): a row it covers only partly alone (read–modify–write), whole rows in batches.
 pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
     let layout = &file.layout;
     let (k, m) = km(layout).expect("an ec layout");
     let unit = u64::from(layout.stripe_unit);
     let row_bytes = unit * k as u64;
-    let len = data.len() as u64;
-    let end = offset + len;
+    let end = offset + data.len() as u64;
     let old_size = file.size();
     let new_end = old_size.max(end);
     // Rows in batches, so a large write holds a bounded amount of memory (at least one row).
     let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1);
     let codec = Codec::new(k, m)?;
-    let mut rmw: Option<Io> = None;
-    let mut r = offset / row_bytes;
-    let last_row = (end - 1) / row_bytes;
-    while r <= last_row {
-        let rows = batch_rows.min(last_row - r + 1);
+    let (mut rmw, write_io): (Option<Io>, Io) = (None, file.io());
+    let mut at = offset;
+    while at < end {
+        let r = at / row_bytes;
         let base = r * row_bytes;
-        let top = base + rows * row_bytes;
-        let mut buf = vec![0u8; (rows * row_bytes) as usize];
-        // The old bytes of the rows this write covers only partly (first and last), up to the old size.
-        let from = offset.max(base);
-        let to = end.min(top);
-        for (a, b) in [(base, from), (to, top)] {
-            let b = b.min(old_size);
-            if a < b {
-                // Whole rows keep `read` healthy-first; only bytes before the old size exist.
-                let row_a = a - (a - base) % row_bytes;
-                if rmw.is_none() {
-                    rmw = Some(rmw_io(file).await?);
-                }
-                let io = rmw.as_ref().expect("set above");
-                let old = read_via(file, io, row_a, b - row_a).await?;
-                buf[(row_a - base) as usize..(b - base) as usize].copy_from_slice(&old);
-            }
+        let (rows, to) = if at > base || end < base + row_bytes {
+            (1, end.min(base + row_bytes))
+        } else {
+            let rows = ((end - base) / row_bytes).min(batch_rows);
+            (rows, base + rows * row_bytes)
+        };
+        if rmw.is_none() {
+            rmw = Some(rmw_io(file).await?);
         }
-        buf[(from - base) as usize..(to - base) as usize]
-            .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
-        // Per server, the bytes of its chunks for these rows, contiguous in its object from `r * unit`.
-        let mut objects: Vec<Vec<u8>> = vec![Vec::with_capacity((rows * unit) as usize); k + m];
-        let u = unit as usize;
-        for row in 0..rows {
-            // Bytes of this row that lie before the new end: the row's stored length (zeros after are not stored).
-            let row_start = base + row * row_bytes;
-            let row_len = (new_end.saturating_sub(row_start)).min(row_bytes) as usize;
-            let rb = &buf[(row * row_bytes) as usize..((row + 1) * row_bytes) as usize];
-            let shards: Vec<&[u8]> = (0..k).map(|j| &rb[j * u..(j + 1) * u]).collect();
-            let parity = codec.encode(&shards);
-            for j in 0..k {
-                let keep = row_len.saturating_sub(j * u).min(u);
-                objects[j].extend_from_slice(&shards[j][..keep]);
-            }
-            for (p, par) in parity.iter().enumerate() {
-                objects[k + p].extend_from_slice(&par[..row_len.min(u)]);
-            }
-        }
-        let mut tasks = JoinSet::new();
-        for (i, bytes) in objects.into_iter().enumerate() {
-            let obj = object_of(layout, i);
-            let io = file.io();
-            let at = r * unit;
-            tasks.spawn(async move { (i, write_on(&io, &obj, at, Bytes::from(bytes)).await) });
-        }
-        let mut first_err = None;
-        while let Some(res) = tasks.join_next().await {
-            let (i, res) = res.map_err(|e| ClientError::Protocol(format!("write task failed: {e}")))?;
-            if let Err(e) = res {
-                first_err.get_or_insert(ClientError::DegradedWrite {
-                    ino: file.attr.ino,
-                    file_offset: base,
-                    server: layout.servers[i],
-                    cause: e.to_string(),
-                });
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
+        let read_io = rmw.as_ref().expect("set above");
+        let new = &data[(at - offset) as usize..(to - offset) as usize];
+        crate::ec_rows::write_batch(file, read_io, &write_io, &codec, r, rows, at, new, old_size, new_end).await?;
         // Rows written so far are visible to this handle's next RMW (it reads up to its size).
         file.size.fetch_max(to, Ordering::SeqCst);
-        r += rows;
+        at = to;
     }
     Ok(())
 }

@@ -22,6 +22,7 @@
 mod capability;
 mod cluster;
 mod ec;
+mod ec_rows;
 mod ec_version;
 mod error;
 mod file;
