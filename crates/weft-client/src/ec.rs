@@ -6,16 +6,16 @@
 //! - **Healthy reads** read the data chunks only: the data of an `ec k+m` file follows the plain rule over its
 //!   first `k` servers ([`Layout::data_view`]), so they go through the plain path ([`read_on`]) unchanged.
 //! - **Degraded reads**: when any of those fails (a server that does not answer, a chunk refused as `Corrupt`),
-//!   the stripe rows the range touches are read whole from every server of the layout and each row is decoded
-//!   from any `k` chunks that came back. A server that answered `Corrupt` gets its chunks rewritten from the
-//!   decoded row (repair on read). Fewer than `k` chunks: [`ClientError::Unavailable`], never zeros.
-//! - **Writes** are read–modify–write per stripe row: a row only partly covered is read first (healthy or
-//!   degraded), the new bytes laid over it, parity computed, and every chunk of the rows written, to all `k + m`
-//!   servers at once. A server that cannot be written fails the write ([`ClientError::DegradedWrite`]): what it
-//!   missed is not recorded anywhere yet, so letting the write go on would leave a stale chunk behind.
+//!   the stripe rows the range touches are read whole, with their chunk versions, from every server of the layout,
+//!   and each row is decoded from `k` chunks whose versions agree (docs/format.md §17, [`crate::ec_version`]);
+//!   rows with damaged chunks or stale parity are rewritten (repair on read). Fewer than `k` chunks answer:
+//!   [`ClientError::Unavailable`]; enough answer but too few agree: [`ClientError::TornRow`]; never zeros or a mix.
+//! - **Writes** go row by row with chunk versions ([`crate::ec_rows`]): a row only partly covered is read first
+//!   (read–modify–write), the changed data chunks written compare-and-set, then every parity chunk with the data
+//!   versions it encodes; another writer's moved version restarts the row. A server that cannot be written fails
+//!   the write ([`ClientError::DegradedWrite`]): what it missed is not recorded anywhere yet.
 //!
-//! The write hole is not closed (ARCHITECTURE.md): two clients writing one row at once, or a crash between the
-//! chunk writes of a row, can leave data and parity that disagree, undetected until that row is decoded.
+//! The write hole is closed by those versions (ARCHITECTURE.md's invariants; docs/format.md §17).
 
 use bytes::{Bytes, BytesMut};
 use reed_solomon_erasure::galois_8::ReedSolomon;

@@ -164,7 +164,12 @@ async fn read_all(
 }
 
 /// Writes to every server at once; the first failure (a moved version first, so the caller retries).
-async fn write_all(io: &Io, layout: &Layout, writes: Vec<(usize, Vec<RowWrite>, Vec<u8>)>, first: u64) -> Result<(), (usize, ClientError)> {
+async fn write_all(
+    io: &Io,
+    layout: &Layout,
+    writes: Vec<(usize, Vec<RowWrite>, Vec<u8>)>,
+    first: u64,
+) -> Result<(), (usize, ClientError)> {
     let mut tasks = JoinSet::new();
     for (i, rows, payload) in writes {
         let (io, layout) = (io.clone(), layout.clone());
@@ -228,8 +233,11 @@ pub(crate) async fn write_batch(
             }
             Attempt::Moved => {
                 // Jittered, growing backoff so two writers of one row stop colliding (not a timing assumption).
-                let jitter = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
-                    .subsec_nanos() % 1000) as u64;
+                let jitter = (std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .subsec_nanos()
+                    % 1000) as u64;
                 tokio::time::sleep(Duration::from_micros(u64::from(attempt) * 200 + jitter)).await;
             }
         }
@@ -299,7 +307,10 @@ async fn write_attempt(
             Ok(plan) => {
                 if plan.use_chunk[..k].iter().any(|u| !u) {
                     let mut shards: Vec<Option<Vec<u8>>> = (0..k + m)
-                        .map(|i| plan.use_chunk[i].then(|| if i < k { buf[i * u..(i + 1) * u].to_vec() } else { bytes[i].clone() }))
+                        .map(|i| {
+                            plan.use_chunk[i]
+                                .then(|| if i < k { buf[i * u..(i + 1) * u].to_vec() } else { bytes[i].clone() })
+                        })
                         .collect();
                     codec.reconstruct(&mut shards).map_err(|e| torn(file, base, e))?;
                     for (j, s) in shards.iter().take(k).enumerate() {
@@ -345,7 +356,13 @@ async fn write_attempt(
     let stored = |row: u64| -> usize { new_end.saturating_sub(base + row * row_bytes).min(row_bytes) as usize };
     let on_disk = |i: usize, fresh: &[u8]| -> usize {
         let ok = partial && found[i][0].intact;
-        let disk = if ok { last_nonzero(&bytes[i]) } else if partial { u } else { 0 };
+        let disk = if ok {
+            last_nonzero(&bytes[i])
+        } else if partial {
+            u
+        } else {
+            0
+        };
         disk.max(last_nonzero(fresh))
     };
     let mut writes = Vec::new();
@@ -426,10 +443,8 @@ pub(crate) async fn decode_rows(
     let mut to_repair = Vec::new();
     for row in 0..rows as usize {
         let file_offset = (first + row as u64) * row_bytes;
-        let fs: Vec<Found> = found
-            .iter()
-            .map(|f| f.as_ref().map_or(Found::Unreachable, |(v, _)| found_of(&v[row], true)))
-            .collect();
+        let fs: Vec<Found> =
+            found.iter().map(|f| f.as_ref().map_or(Found::Unreachable, |(v, _)| found_of(&v[row], true))).collect();
         let plan = plan_row(k, m, &fs).map_err(|e| {
             if reachable < k {
                 ClientError::Unavailable {
@@ -444,7 +459,10 @@ pub(crate) async fn decode_rows(
             }
         })?;
         let mut shards: Vec<Option<Vec<u8>>> = (0..k + m)
-            .map(|i| plan.use_chunk[i].then(|| found[i].as_ref().expect("used chunks were read").1[row * u..(row + 1) * u].to_vec()))
+            .map(|i| {
+                plan.use_chunk[i]
+                    .then(|| found[i].as_ref().expect("used chunks were read").1[row * u..(row + 1) * u].to_vec())
+            })
             .collect();
         codec.reconstruct(&mut shards).map_err(|e| torn(file, file_offset, e))?;
         for (j, s) in shards.iter().take(k).enumerate() {

@@ -248,11 +248,18 @@ mod tests {
             assert_eq!(plan.use_chunk.iter().filter(|u| **u).count(), k, "exactly k chunks used");
             codec.reconstruct(&mut shards).unwrap();
             for (j, s) in shards.iter().take(k).enumerate() {
-                assert_eq!(s.as_ref().unwrap(), &content(j, plan.data_versions[j]), "chunk {j} of {self:?}, lost {lost:?}");
+                assert_eq!(
+                    s.as_ref().unwrap(),
+                    &content(j, plan.data_versions[j]),
+                    "chunk {j} of {self:?}, lost {lost:?}"
+                );
             }
             // Repairs: every chunk that answered and is not the decoded row's.
             for (i, c) in self.chunks.iter().enumerate() {
-                let stale = c.torn || (i >= k && c.parity_of != plan.data_versions && !(c.version == 0 && plan.data_versions.iter().all(|&v| v == 0)));
+                let stale = c.torn
+                    || (i >= k
+                        && c.parity_of != plan.data_versions
+                        && !(c.version == 0 && plan.data_versions.iter().all(|&v| v == 0)));
                 assert_eq!(plan.repair.contains(&i), !lost[i] && stale, "repair of chunk {i}: {plan:?} {self:?}");
             }
             Some(plan.data_versions)

@@ -112,7 +112,8 @@ pub fn decode_record(b: &[u8]) -> Result<Option<Record>, RecordError> {
         return Err(RecordError::Field("version 0"));
     }
     let chunk_crc = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes"));
-    let parity_of = (0..n).map(|i| u64::from_le_bytes(b[16 + 8 * i..24 + 8 * i].try_into().expect("8 bytes"))).collect();
+    let parity_of =
+        (0..n).map(|i| u64::from_le_bytes(b[16 + 8 * i..24 + 8 * i].try_into().expect("8 bytes"))).collect();
     Ok(Some(Record { version, chunk_crc, parity_of }))
 }
 

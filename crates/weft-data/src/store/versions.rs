@@ -11,10 +11,10 @@ use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
+use weft_proto::OBJECT_BYTES_MAX;
 use weft_proto::chunk_version::{self, RECORD_BYTES, Record};
 use weft_proto::layout::{STRIPE_UNIT_BYTES_MAX, STRIPE_UNIT_BYTES_MIN};
 use weft_proto::msg::{ChunkVersion, EC_K_MAX, ROWS_PER_REQUEST_MAX, RowWrite};
-use weft_proto::OBJECT_BYTES_MAX;
 
 use super::{B, DataError, ObjectStore, io_err, read_up_to};
 
@@ -64,8 +64,11 @@ impl ObjectStore {
         }
         let mut h = [0u8; RECORD_BYTES];
         read_up_to(&f, &mut h, 0).map_err(io_err("reading", &path))?;
-        let found = chunk_version::decode_header(&h)
-            .map_err(|e| DataError::BadVersions { ino, path: path.clone(), reason: e.to_string() })?;
+        let found = chunk_version::decode_header(&h).map_err(|e| DataError::BadVersions {
+            ino,
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
         if found != unit {
             return Err(DataError::Invalid { ino, reason: format!("stripe unit {unit}, but the object's is {found}") });
         }
