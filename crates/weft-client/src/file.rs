@@ -677,6 +677,7 @@ mod tests {
             stripe_count: count,
             servers: (0..count).collect(),
             redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         }
     }
 

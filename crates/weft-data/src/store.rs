@@ -519,6 +519,32 @@ impl ObjectStore {
         }
     }
 
+    /// Up to `limit` inode numbers above `after` that have an object here, ascending, and whether none follow
+    /// (`ListObjects`, docs/format.md §19). Walks the object directories, keeping only the `limit + 1` lowest in
+    /// memory; names that are not an object's (sidecars, temporary files) are skipped.
+    pub fn list_objects(&self, after: u64, limit: usize) -> Result<(Vec<u64>, bool), DataError> {
+        let mut lowest = std::collections::BTreeSet::new();
+        for dir in std::fs::read_dir(&self.objects).map_err(io_err("listing", &self.objects))? {
+            let dir = dir.map_err(io_err("listing", &self.objects))?.path();
+            if !dir.is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(&dir).map_err(io_err("listing", &dir))? {
+                let name = f.map_err(io_err("listing", &dir))?.file_name();
+                let Some(name) = name.to_str().filter(|n| n.len() == 16) else { continue };
+                let Ok(ino) = u64::from_str_radix(name, 16) else { continue };
+                if ino > after {
+                    lowest.insert(ino);
+                    if lowest.len() > limit.saturating_add(1) {
+                        lowest.pop_last();
+                    }
+                }
+            }
+        }
+        let eof = lowest.len() <= limit;
+        Ok((lowest.into_iter().take(limit).collect(), eof))
+    }
+
     /// Space of the file system under the root, and the number of objects.
     pub fn space(&self) -> Result<SpaceStat, DataError> {
         let (bytes_total, bytes_free) = crate::sys::space(&self.root).map_err(io_err("statvfs", &self.root))?;

@@ -16,11 +16,13 @@
 pub mod acl;
 pub mod clock;
 pub mod config;
+mod drain;
 pub mod error;
 mod gc;
 pub mod journal;
 pub mod lock_sessions;
 pub mod locks;
+pub mod membership;
 pub mod mem_store;
 pub mod namespace;
 pub mod node;

@@ -54,6 +54,16 @@ pub enum ErrorCode {
     NotSupported,
     /// The lock table is full (`locks_max`, docs/format.md §14): ENOLCK.
     NoLocks,
+    /// Reserved for issue 13 item 3 (helper i13-hole): code 28. Replaced by its variant at merge.
+    Reserved28,
+    /// Reserved for issue 13 item 3 (helper i13-hole): code 29. Replaced by its variant at merge.
+    Reserved29,
+    /// Reserved for issue 13 item 4 (helper i13-heal): code 30. Replaced by its variant at merge.
+    Reserved30,
+    /// The request was made against an older layout generation than the file's (docs/format.md §19): a failed
+    /// server's slot moved to a spare since the client fetched the layout. The client refetches the layout
+    /// (`GetAttr`) and retries once (ESTALE).
+    StaleLayout,
 }
 
 impl ErrorCode {
@@ -81,6 +91,7 @@ impl ErrorCode {
             ErrorCode::TooBig => 7,                           // E2BIG
             ErrorCode::NotSupported => 95,                    // EOPNOTSUPP
             ErrorCode::NoLocks => 37,                         // ENOLCK
+            ErrorCode::StaleLayout => 116,                    // ESTALE
             _ => 5,
         }
     }

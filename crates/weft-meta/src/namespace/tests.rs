@@ -193,6 +193,7 @@ fn set_layout<S: MetaStore>(ns: &Ns<S>, ino: u64, unit: u32, count: u32) -> Resu
         stripe_count: count,
         servers: vec![],
         redundancy: weft_proto::DataRedundancy::Plain,
+        generation: 0,
     };
     attr(ns.execute(&Request::SetLayout(SetLayoutReq { ino, layout })))
 }
@@ -211,7 +212,8 @@ fn root_is_created_on_first_open() {
             stripe_unit: 1 << 20,
             stripe_count: 0,
             servers: vec![],
-            redundancy: weft_proto::DataRedundancy::Plain
+            redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         })
     );
     assert_eq!(root.mtime_ns, T0);
@@ -307,7 +309,8 @@ fn layouts_are_assigned_round_robin_from_the_directory_policy() {
             stripe_unit: 65536,
             stripe_count: 2,
             servers: vec![],
-            redundancy: weft_proto::DataRedundancy::Plain
+            redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         })
     );
     let sub = mkdir(&ns, d.ino, "sub").unwrap();
@@ -345,6 +348,7 @@ fn set_layout_rules() {
         stripe_count: 1,
         servers: vec![10],
         redundancy: weft_proto::DataRedundancy::Plain,
+        generation: 0,
     };
     assert_eq!(
         code(attr(ns.execute(&Request::SetLayout(SetLayoutReq { ino: ROOT_INO, layout: pinned })))),
@@ -601,7 +605,7 @@ fn readdir_limit_is_capped() {
     ns.store()
         .write(|t| {
             for i in 0..5000 {
-                super::create(t, &Cred::root(), &file_req(d.ino, &format!("{i:05}")), T0)?;
+                super::create(t, &Cred::root(), &file_req(d.ino, &format!("{i:05}")), T0, &Default::default())?;
             }
             Ok::<_, WireError>(())
         })
@@ -852,7 +856,7 @@ fn failed_transactions_apply_nothing() {
     let (ns, _) = mem_ns();
     let before = statfs(&ns).files;
     let r: Result<(), WireError> = ns.store().write(|t| {
-        super::create(t, &Cred::root(), &file_req(ROOT_INO, "a"), T0)?;
+        super::create(t, &Cred::root(), &file_req(ROOT_INO, "a"), T0, &Default::default())?;
         super::mkdir(t, &Cred::root(), &dir_req(ROOT_INO, "b"), T0)?;
         Err(WireError::new(ErrorCode::Internal, "abort"))
     });
@@ -960,7 +964,7 @@ fn redb_readdir_pages_through_100k_entries() {
         ns.store()
             .write(|t| {
                 for i in (batch * N / 10)..((batch + 1) * N / 10) {
-                    super::create(t, &Cred::root(), &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)), T0)?;
+                    super::create(t, &Cred::root(), &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)), T0, &Default::default())?;
                 }
                 Ok::<_, WireError>(())
             })
@@ -1415,6 +1419,7 @@ fn layout_policy_and_server_registration_are_privileged() {
         stripe_count: 1,
         servers: vec![],
         redundancy: weft_proto::DataRedundancy::Plain,
+        generation: 0,
     };
     let req = Request::SetLayout(SetLayoutReq { ino: d.ino, layout });
     refused(&ns, &clock, &alice(), req.clone(), ErrorCode::NotPermitted);
@@ -1457,6 +1462,7 @@ fn root_may_do_everything() {
         stripe_count: 1,
         servers: vec![],
         redundancy: weft_proto::DataRedundancy::Plain,
+        generation: 0,
     };
     as_attr(&ns, &root, Request::SetLayout(SetLayoutReq { ino: b.ino, layout }));
     // `execute` is `execute_as(root)`.
