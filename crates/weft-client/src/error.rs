@@ -35,6 +35,10 @@ pub enum ClientError {
         "file inode {ino}: the write at file offset {file_offset} needs every server of its layout, and data server {server} failed: {cause}"
     )]
     DegradedWrite { ino: u64, file_offset: u64, server: u32, cause: String },
+    /// The file's layout changed (a failed server's slot moved to a spare) since this handle fetched it, and the
+    /// I/O failed again with the newer one (docs/format.md §19).
+    #[error("file inode {ino}: stale layout (held generation {held}, current {current})")]
+    StaleLayout { ino: u64, held: u64, current: u64 },
     #[error("a layout names data server {0}, which the metadata service does not know")]
     UnknownServer(u32),
     #[error("{0}")]
@@ -72,6 +76,7 @@ impl ClientError {
             }
             ClientError::Path { error, .. } => error.code(),
             ClientError::Corrupt { .. } => Some(ErrorCode::Corrupt),
+            ClientError::StaleLayout { .. } => Some(ErrorCode::StaleLayout),
             ClientError::Access(_) => Some(ErrorCode::Permission),
             _ => None,
         }
