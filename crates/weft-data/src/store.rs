@@ -594,6 +594,25 @@ mod tests {
     }
 
     #[test]
+    fn list_objects_pages_in_inode_order_and_skips_sidecars() {
+        let (s, dir) = store("list");
+        for ino in [0x305u64, 7, 0x107, 9, 0x1ff] {
+            s.write(ino, 0, b"x").unwrap();
+        }
+        // Not objects: a stray file with a short name and one that is not hex.
+        std::fs::write(dir.join("objects/07/junk"), b"").unwrap();
+        std::fs::write(dir.join("objects/07/zzzzzzzzzzzzzzzz"), b"").unwrap();
+        assert_eq!(s.list_objects(0, 2).unwrap(), (vec![7, 9], false));
+        assert_eq!(s.list_objects(9, 2).unwrap(), (vec![0x107, 0x1ff], false));
+        assert_eq!(s.list_objects(0x1ff, 2).unwrap(), (vec![0x305], true));
+        assert_eq!(s.list_objects(0x305, 2).unwrap(), (vec![], true));
+        assert_eq!(s.list_objects(0, 5).unwrap().1, true, "exactly the limit left: eof");
+        s.remove(9).unwrap();
+        assert_eq!(s.list_objects(7, 1).unwrap(), (vec![0x107], false));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn unaligned_writes_merge_and_read_back() {
         let (s, dir) = store("merge");
         let mut model = vec![0u8; 20_000];

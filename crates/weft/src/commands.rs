@@ -916,7 +916,6 @@ pub async fn status(spec: &str, json: bool) -> Result<()> {
         ServerState::Replaced => "replaced",
         ServerState::Draining => "draining",
         ServerState::Spare => "spare",
-        _ => "unknown",
     };
     let dash = |v: Option<u64>, f: &dyn Fn(u64) -> String| v.map_or_else(|| "—".to_string(), f);
     if json {
