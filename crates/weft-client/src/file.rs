@@ -342,7 +342,8 @@ impl File {
         {
             // One unit of one piece (a read inside one stripe unit): read from the caller's task, straight into
             // `buf`, without the two wake-ups of a spawned task.
-            let mut dest = read_unit(&self.client, &self.caps, &self.layout(), self.attr.ino, u, vec![buf], None).await?;
+            let mut dest =
+                read_unit(&self.client, &self.caps, &self.layout(), self.attr.ino, u, vec![buf], None).await?;
             return Ok(dest.pop().expect("the destination comes back"));
         }
         // Split the buffer into one segment per piece, in file order.

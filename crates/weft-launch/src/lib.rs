@@ -519,7 +519,9 @@ impl LocalCluster {
         self.wait_for_servers(|list| {
             let since_ms = started.elapsed().as_millis() as u64;
             match list.iter().find(|s| s.id == i) {
-                Some(s) if (s.state.is_up() || s.state == ServerState::Draining) && s.heartbeat_age_ms < since_ms => Ok(()),
+                Some(s) if (s.state.is_up() || s.state == ServerState::Draining) && s.heartbeat_age_ms < since_ms => {
+                    Ok(())
+                }
                 Some(s) => Err(format!(
                     "data server {i} is {:?}, last heard {} ms ago, restarted {since_ms} ms ago",
                     s.state, s.heartbeat_age_ms

@@ -100,7 +100,8 @@ async fn drain_page(
         .map_err(|e| e.to_string())?;
     let Response::ListObjects(page) = resp else { return Err(format!("unexpected reply {:?}", resp.op())) };
     // Checked before use: ascending and above the cursor, at most what was asked for.
-    if page.inos.len() > DRAIN_BATCH as usize || page.inos.windows(2).any(|w| w[0] >= w[1])
+    if page.inos.len() > DRAIN_BATCH as usize
+        || page.inos.windows(2).any(|w| w[0] >= w[1])
         || page.inos.first().is_some_and(|f| *f <= after)
     {
         return Err(format!("malformed ListObjects reply ({} inodes)", page.inos.len()));

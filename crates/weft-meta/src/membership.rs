@@ -108,10 +108,7 @@ pub fn on_drained(phase: Phase) -> Phase {
 /// The spare for a slot of a layout naming `in_layout`: an up server not in the layout with the fewest slots
 /// assigned (`load`, servers missing from it count 0), ties to the lowest id. Deterministic.
 pub fn pick_spare(in_layout: &[u32], up: &BTreeSet<u32>, load: &BTreeMap<u32, u64>) -> Option<u32> {
-    up.iter()
-        .copied()
-        .filter(|id| !in_layout.contains(id))
-        .min_by_key(|id| (load.get(id).copied().unwrap_or(0), *id))
+    up.iter().copied().filter(|id| !in_layout.contains(id)).min_by_key(|id| (load.get(id).copied().unwrap_or(0), *id))
 }
 
 /// What moving a layout's failed slots to spares gives.
@@ -153,8 +150,7 @@ pub fn replace_failed(
         }
     }
     if !out.moved.is_empty() {
-        out.layout =
-            Some(Layout { servers, generation: layout.generation.saturating_add(1), ..layout.clone() });
+        out.layout = Some(Layout { servers, generation: layout.generation.saturating_add(1), ..layout.clone() });
     }
     out
 }

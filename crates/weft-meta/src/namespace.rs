@@ -35,8 +35,8 @@ use weft_proto::msg::{
 };
 use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::{
-    Attr, DataRedundancy, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX,
-    MemberStatus, READDIRPLUS_ENTRIES_MAX, ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState,
+    Attr, DataRedundancy, DirEntry, ErrorCode, FileKind, Layout, MemberStatus, NAME_BYTES_MAX, READDIR_ENTRIES_MAX,
+    READDIRPLUS_ENTRIES_MAX, ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState,
     SpaceStat, StatFs, TimeSet, WireError,
 };
 
@@ -154,9 +154,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         let persisted = store.read(|t| t.list_servers())?;
         let servers = persisted
             .into_iter()
-            .map(|(id, addr)| {
-                (id, ServerSlot { addr, space: None, device: None, last_ms: None, phase: Phase::Member })
-            })
+            .map(|(id, addr)| (id, ServerSlot { addr, space: None, device: None, last_ms: None, phase: Phase::Member }))
             .collect();
         let started_ms = clock.mono_ms();
         Ok(Namespace {
@@ -473,8 +471,14 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 if changed {
                     self.layouts_changed.fetch_add(1, Ordering::Relaxed);
                     for (slot, old, spare) in &r.moved {
-                        tracing::info!(ino, slot, failed = old, spare, generation = new.generation,
-                            "layout slot moved to a spare");
+                        tracing::info!(
+                            ino,
+                            slot,
+                            failed = old,
+                            spare,
+                            generation = new.generation,
+                            "layout slot moved to a spare"
+                        );
                         self.slot_needs_rebuild(ino, *slot);
                     }
                 } else {

@@ -286,7 +286,13 @@ mod tests {
         assert!(lay(4096, 2).validate(false).is_ok());
         assert!(lay(1000, 2).validate(false).is_err());
         assert!(lay(4096, 0).validate(false).is_err());
-        let p = |count, servers, redundancy| Layout { stripe_unit: 4096, stripe_count: count, servers, redundancy, generation: 0 };
+        let p = |count, servers, redundancy| Layout {
+            stripe_unit: 4096,
+            stripe_count: count,
+            servers,
+            redundancy,
+            generation: 0,
+        };
         assert!(p(0, vec![], DataRedundancy::Plain).validate(true).is_ok());
         assert!(p(2, vec![1], DataRedundancy::Plain).validate(false).is_err());
         assert!(p(6, vec![], DataRedundancy::Ec { k: 4, m: 2 }).validate(true).is_ok());

@@ -877,9 +877,7 @@ pub async fn status(spec: &str, json: bool) -> Result<()> {
     // servers); a server that is down or does not answer in time keeps the space of its last heartbeat and an
     // unknown file system.
     let mut asks = tokio::task::JoinSet::new();
-    for (i, sv) in
-        servers.iter().enumerate().filter(|(_, sv)| sv.state.is_up() || sv.state == ServerState::Draining)
-    {
+    for (i, sv) in servers.iter().enumerate().filter(|(_, sv)| sv.state.is_up() || sv.state == ServerState::Draining) {
         let (c, id) = (c.clone(), sv.id);
         asks.spawn(async move {
             let t = std::time::Duration::from_millis(SPACE_TIMEOUT_MS);

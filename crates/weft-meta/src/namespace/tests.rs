@@ -964,7 +964,13 @@ fn redb_readdir_pages_through_100k_entries() {
         ns.store()
             .write(|t| {
                 for i in (batch * N / 10)..((batch + 1) * N / 10) {
-                    super::create(t, &Cred::root(), &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)), T0, &Default::default())?;
+                    super::create(
+                        t,
+                        &Cred::root(),
+                        &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)),
+                        T0,
+                        &Default::default(),
+                    )?;
                 }
                 Ok::<_, WireError>(())
             })
