@@ -41,13 +41,14 @@ fn layout_of(input: &Input) -> Layout {
             stripe_count: input.stripe_count,
             servers: input.servers.clone(),
             redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         };
     }
     let units = STRIPE_UNIT_BYTES_MAX / STRIPE_UNIT_BYTES_MIN;
     let stripe_unit = (input.stripe_unit % units + 1) * STRIPE_UNIT_BYTES_MIN;
     let stripe_count = input.stripe_count % STRIPE_COUNT_MAX + 1;
     let servers = (0..stripe_count).map(|i| input.servers.get(i as usize).copied().unwrap_or(i)).collect();
-    Layout { stripe_unit, stripe_count, servers, redundancy: weft_proto::DataRedundancy::Plain }
+    Layout { stripe_unit, stripe_count, servers, redundancy: weft_proto::DataRedundancy::Plain, generation: 0 }
 }
 
 fuzz_target!(|input: Input| {

@@ -123,7 +123,7 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
 
 /// [`read`] with the capability of `io`.
 async fn read_via(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
-    let layout = &file.layout;
+    let layout = &file.layout();
     match read_on(io, &layout.data_view(0), offset, len).await {
         Ok(b) => Ok(b),
         Err(e) if is_chunk_loss(&e) => {
@@ -137,7 +137,7 @@ async fn read_via(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMu
 /// [`read`] from whole stripe rows, each decoded from any `k` of its chunks; chunks refused as corrupt are
 /// rewritten from the decoded rows.
 async fn read_degraded(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
-    let layout = &file.layout;
+    let layout = &file.layout();
     let (k, m) = km(layout).expect("an ec layout");
     let unit = u64::from(layout.stripe_unit);
     let row_bytes = unit * k as u64;
@@ -206,7 +206,7 @@ async fn rmw_io(file: &File) -> Result<Io, ClientError> {
 /// Writes `data` at `offset` of an ec file, row by row with chunk versions (docs/format.md §17,
 /// [`crate::ec_rows::write_batch`]): a row it covers only partly alone (read–modify–write), whole rows in batches.
 pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
-    let layout = &file.layout;
+    let layout = &file.layout();
     let (k, m) = km(layout).expect("an ec layout");
     let unit = u64::from(layout.stripe_unit);
     let row_bytes = unit * k as u64;
@@ -243,7 +243,7 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
 /// Sets an ec file's objects to size `size`: every object cut to its §16 length, then the last, partial row
 /// rewritten, so its parity covers the zeros that now follow `size`.
 pub(crate) async fn truncate(file: &File, size: u64) -> Result<(), ClientError> {
-    let layout = &file.layout;
+    let layout = &file.layout();
     let (k, _) = km(layout).expect("an ec layout");
     let row_bytes = u64::from(layout.stripe_unit) * k as u64;
     let old = file.size();

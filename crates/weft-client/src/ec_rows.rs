@@ -220,7 +220,7 @@ pub(crate) async fn write_batch(
     old_size: u64,
     new_end: u64,
 ) -> Result<(), ClientError> {
-    let unit = u64::from(file.layout.stripe_unit);
+    let unit = u64::from(file.layout().stripe_unit);
     let row_bytes = unit * codec.k as u64;
     let base = first * row_bytes;
     let mut attempt = 0;
@@ -257,7 +257,7 @@ async fn write_attempt(
     old_size: u64,
     new_end: u64,
 ) -> Result<Attempt, ClientError> {
-    let layout = &file.layout;
+    let layout = &file.layout();
     let (k, m) = (codec.k, codec.m);
     let unit = u64::from(layout.stripe_unit);
     let u = unit as usize;
@@ -423,7 +423,7 @@ pub(crate) async fn decode_rows(
     first: u64,
     rows: u64,
 ) -> Result<(Vec<u8>, Vec<u64>), ClientError> {
-    let layout = &file.layout;
+    let layout = &file.layout();
     let (k, m) = (codec.k, codec.m);
     let unit = u64::from(layout.stripe_unit);
     let u = unit as usize;
@@ -479,7 +479,7 @@ pub(crate) async fn decode_rows(
 /// Repairs row `row` of an ec file: rewrites its damaged data chunks from the decoded row and every parity chunk
 /// from the data, compare-and-set (a row another writer is changing is left to that writer).
 pub(crate) async fn repair_row(file: &File, io: &Io, codec: &Codec, row: u64) -> Result<(), ClientError> {
-    let row_bytes = u64::from(file.layout.stripe_unit) * codec.k as u64;
+    let row_bytes = u64::from(file.layout().stripe_unit) * codec.k as u64;
     let size = file.size();
     let base = row * row_bytes;
     // No new bytes: a zero-length write at the row's start rewrites the damaged chunks and the parity.

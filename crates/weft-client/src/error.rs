@@ -45,6 +45,10 @@ pub enum ClientError {
         "file inode {ino}: the write of the stripe row at file offset {file_offset} lost to other writers {attempts} times; not written"
     )]
     WriteConflict { ino: u64, file_offset: u64, attempts: u32 },
+    /// The file's layout changed (a failed server's slot moved to a spare) since this handle fetched it, and the
+    /// I/O failed again with the newer one (docs/format.md §19).
+    #[error("file inode {ino}: stale layout (held generation {held}, current {current})")]
+    StaleLayout { ino: u64, held: u64, current: u64 },
     #[error("a layout names data server {0}, which the metadata service does not know")]
     UnknownServer(u32),
     #[error("{0}")]
@@ -82,6 +86,7 @@ impl ClientError {
             }
             ClientError::Path { error, .. } => error.code(),
             ClientError::Corrupt { .. } => Some(ErrorCode::Corrupt),
+            ClientError::StaleLayout { .. } => Some(ErrorCode::StaleLayout),
             ClientError::Access(_) => Some(ErrorCode::Permission),
             _ => None,
         }

@@ -11,8 +11,8 @@
 //! Every request carries the file's capability (`capability.rs`), renewed before it runs out; a request refused
 //! as expired is renewed and sent once more.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -28,7 +28,10 @@ use crate::{Client, ClientError, transfer};
 pub struct File {
     pub(crate) client: Client,
     pub(crate) attr: Attr,
-    pub(crate) layout: Layout,
+    /// The layout as last fetched: the one at open, replaced by a newer generation when an I/O of a redundant file
+    /// fails and the MDS has moved a failed server's slot to a spare since ([`File::refresh_layout`]). Plain
+    /// layouts never change.
+    layout: RwLock<Arc<Layout>>,
     /// The size as this handle knows it: the size at open, grown by this handle's writes, set by its truncates.
     pub(crate) size: AtomicU64,
     /// Written since the last commit.
@@ -130,7 +133,7 @@ impl File {
             wrote: AtomicBool::new(false),
             size: AtomicU64::new(attr.size),
             attr,
-            layout,
+            layout: RwLock::new(Arc::new(layout)),
             dirty: AtomicBool::new(false),
             unsynced: AtomicBool::new(false),
             caps,
@@ -157,8 +160,40 @@ impl File {
         &self.attr
     }
 
-    pub fn layout(&self) -> &Layout {
-        &self.layout
+    /// The layout as last fetched (see [`File::refresh_layout`]).
+    pub fn layout(&self) -> Arc<Layout> {
+        // The lock only guards swapping one Arc for another: a panic cannot leave it torn.
+        self.layout.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Asks the MDS for the file's layout; a newer generation (a failed server's slot moved to a spare,
+    /// docs/format.md §19) replaces the one held. Returns whether it did.
+    pub async fn refresh_layout(&self) -> Result<bool, ClientError> {
+        let attr = self.client.getattr(self.attr.ino).await?;
+        let Some(fresh) = attr.layout else { return Ok(false) };
+        fresh.validate(false).map_err(|e| ClientError::Protocol(format!("file inode {}: {e}", self.attr.ino)))?;
+        let mut held = self.layout.write().unwrap_or_else(|p| p.into_inner());
+        if fresh.generation <= held.generation {
+            return Ok(false);
+        }
+        tracing::info!(ino = self.attr.ino, held = held.generation, fresh = fresh.generation, servers = ?fresh.servers,
+            "stale layout: using the newer generation");
+        *held = Arc::new(fresh);
+        Ok(true)
+    }
+
+    /// After a failed I/O of a redundant file: whether the failure may come from a stale layout (a data server's
+    /// error, or `StaleLayout`) and a newer generation was fetched, so the I/O is worth one more try.
+    async fn retry_with_fresh_layout(&self, e: &ClientError) -> bool {
+        let data_side = matches!(
+            e,
+            ClientError::Data { .. }
+                | ClientError::DataAt { .. }
+                | ClientError::Unavailable { .. }
+                | ClientError::DegradedWrite { .. }
+                | ClientError::StaleLayout { .. }
+        ) || e.code() == Some(ErrorCode::StaleLayout);
+        data_side && self.refresh_layout().await.unwrap_or(false)
     }
 
     pub fn size(&self) -> u64 {
@@ -190,7 +225,7 @@ impl File {
             return None;
         }
         let bank = self.client.data_bank()?;
-        let fits = self.layout.stripe_unit.is_multiple_of(bank.config().block_bytes);
+        let fits = self.layout().stripe_unit.is_multiple_of(bank.config().block_bytes);
         (fits && !self.wrote.load(Ordering::SeqCst)).then_some(bank)
     }
 
@@ -203,7 +238,21 @@ impl File {
     }
 
     fn is_plain(&self) -> bool {
-        self.layout.redundancy == DataRedundancy::Plain
+        self.layout().redundancy == DataRedundancy::Plain
+    }
+
+    async fn redundant_write(&self, offset: u64, data: Bytes) -> Result<(), ClientError> {
+        match self.layout().redundancy {
+            DataRedundancy::Mirror { .. } => crate::mirror::write(self, offset, data).await,
+            _ => crate::ec::write(self, offset, data).await,
+        }
+    }
+
+    async fn redundant_read(&self, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
+        match self.layout().redundancy {
+            DataRedundancy::Mirror { .. } => crate::mirror::read(self, offset, len).await,
+            _ => crate::ec::read(self, offset, len).await,
+        }
     }
 
     /// Writes all of `data` at `offset`, to every server involved in parallel.
@@ -218,15 +267,19 @@ impl File {
         if !self.is_plain() {
             self.unsynced.store(true, Ordering::SeqCst);
             self.wrote.store(true, Ordering::SeqCst);
-            match self.layout.redundancy {
-                DataRedundancy::Mirror { .. } => crate::mirror::write(self, offset, data).await?,
-                _ => crate::ec::write(self, offset, data).await?,
+            // Invariant: an I/O of a redundant file that fails at a data server is tried once more if the MDS
+            // holds a newer layout generation (a failed server's slot moved to a spare), never with the old one.
+            if let Err(e) = self.redundant_write(offset, data.clone()).await {
+                if !self.retry_with_fresh_layout(&e).await {
+                    return Err(e);
+                }
+                self.redundant_write(offset, data).await?;
             }
             self.size.fetch_max(end, Ordering::SeqCst);
             self.dirty.store(true, Ordering::SeqCst);
             return Ok(());
         }
-        let (pieces, units) = plan(&self.layout, offset, len, self.unit_max());
+        let (pieces, units) = plan(&self.layout(), offset, len, self.unit_max());
         if self.client.tuning().short_circuit_network {
             // Benchmark short circuit: everything above the wire happened; nothing is sent.
             std::hint::black_box((pieces, units));
@@ -241,12 +294,12 @@ impl File {
             // One unit (every write up to a transfer unit inside one stripe unit): sent from the caller's task. A
             // spawned task would cost a wake-up of another worker to start and another to report back.
             let segs: Vec<Bytes> = u.pieces.iter().map(|&i| seg_of(&data, &pieces[i], offset)).collect();
-            write_unit(&self.client, &self.caps, &self.layout, self.attr.ino, u, segs).await?;
+            write_unit(&self.client, &self.caps, &self.layout(), self.attr.ino, u, segs).await?;
             self.size.fetch_max(end, Ordering::SeqCst);
             self.dirty.store(true, Ordering::SeqCst);
             return Ok(());
         }
-        write_units_on(&self.io(), &self.layout, &pieces, units, &data, offset).await?;
+        write_units_on(&self.io(), &self.layout(), &pieces, units, &data, offset).await?;
         self.size.fetch_max(end, Ordering::SeqCst);
         self.dirty.store(true, Ordering::SeqCst);
         Ok(())
@@ -262,14 +315,15 @@ impl File {
             return Ok(buf);
         }
         if !self.is_plain() {
-            let got = match self.layout.redundancy {
-                DataRedundancy::Mirror { .. } => crate::mirror::read(self, offset, avail).await?,
-                _ => crate::ec::read(self, offset, avail).await?,
+            let got = match self.redundant_read(offset, avail).await {
+                Ok(got) => got,
+                Err(e) if self.retry_with_fresh_layout(&e).await => self.redundant_read(offset, avail).await?,
+                Err(e) => return Err(e),
             };
             buf.copy_from_slice(&got);
             return Ok(buf);
         }
-        let (pieces, units) = plan(&self.layout, offset, avail, self.unit_max());
+        let (pieces, units) = plan(&self.layout(), offset, avail, self.unit_max());
         if self.client.tuning().short_circuit_network {
             // Benchmark short circuit: nothing is asked of the servers; the data reads as zeros.
             std::hint::black_box((pieces, units));
@@ -288,7 +342,8 @@ impl File {
         {
             // One unit of one piece (a read inside one stripe unit): read from the caller's task, straight into
             // `buf`, without the two wake-ups of a spawned task.
-            let mut dest = read_unit(&self.client, &self.caps, &self.layout, self.attr.ino, u, vec![buf], None).await?;
+            let mut dest =
+                read_unit(&self.client, &self.caps, &self.layout(), self.attr.ino, u, vec![buf], None).await?;
             return Ok(dest.pop().expect("the destination comes back"));
         }
         // Split the buffer into one segment per piece, in file order.
@@ -376,7 +431,7 @@ impl File {
         if misses.is_empty() {
             return Ok(join(runs));
         }
-        let units = group(&misses, self.layout.stripe_count, self.unit_max());
+        let units = group(&misses, self.layout().stripe_count, self.unit_max());
         let mut segs: Vec<Option<BytesMut>> = miss_runs.iter().map(|&r| runs[r].take()).collect();
         self.read_units(units, &mut segs, Some(data_version)).await?;
         for (&r, seg) in miss_runs.iter().zip(segs) {
@@ -393,7 +448,7 @@ impl File {
         segs: &mut [Option<BytesMut>],
         fill: Option<u64>,
     ) -> Result<(), ClientError> {
-        read_units_on(&self.io(), &self.layout, units, segs, fill).await
+        read_units_on(&self.io(), &self.layout(), units, segs, fill).await
     }
 
     /// Truncates (or extends) the objects only; the caller records the size at the metadata service.
@@ -407,9 +462,9 @@ impl File {
 
     /// Sets the objects to the lengths a file of `size` bytes has (§5, §16); an ec file's last row is rewritten.
     async fn truncate_layout_objects(&self, size: u64) -> Result<(), ClientError> {
-        match self.layout.redundancy {
+        match self.layout().redundancy {
             DataRedundancy::Ec { .. } => crate::ec::truncate(self, size).await,
-            _ => self.client.truncate_objects(self.attr.ino, &self.layout, size, &self.caps).await,
+            _ => self.client.truncate_objects(self.attr.ino, &self.layout(), size, &self.caps).await,
         }
     }
 
@@ -433,7 +488,7 @@ impl File {
     /// [`File::sync`], returning what [`File::commit_wcc`] returns.
     pub async fn sync_wcc(&self) -> Result<Option<weft_proto::msg::CommitWccResp>, ClientError> {
         if self.unsynced.swap(false, Ordering::SeqCst)
-            && let Err(e) = self.client.fsync_objects(self.attr.ino, &self.layout, &self.caps).await
+            && let Err(e) = self.client.fsync_objects(self.attr.ino, &self.layout(), &self.caps).await
         {
             self.unsynced.store(true, Ordering::SeqCst);
             return Err(e);
@@ -677,6 +732,7 @@ mod tests {
             stripe_count: count,
             servers: (0..count).collect(),
             redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         }
     }
 

@@ -48,6 +48,7 @@ mod tests {
             stripe_count: 1,
             servers: vec![0],
             redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         };
         for i in 0..100 {
             c.insert(i, l.clone());

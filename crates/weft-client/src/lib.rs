@@ -455,7 +455,7 @@ impl Client {
         redundancy: weft_proto::DataRedundancy,
     ) -> Result<Attr, ClientError> {
         let stripe_count = redundancy.width().unwrap_or(stripe_count);
-        let layout = Layout { stripe_unit, stripe_count, servers: vec![], redundancy };
+        let layout = Layout { stripe_unit, stripe_count, servers: vec![], redundancy, generation: 0 };
         Ok(meta_call!(self, SetLayout(SetLayoutReq { ino, layout })))
     }
 
@@ -470,6 +470,12 @@ impl Client {
 
     pub async fn cluster_info(&self) -> Result<Vec<ServerInfo>, ClientError> {
         Ok(meta_call!(self, ClusterInfo(())))
+    }
+
+    /// Membership and rebuild progress (op 135, docs/format.md §19): files waiting for a spare, layout changes, and
+    /// the healer's bytes left, rate and ETA when known.
+    pub async fn member_status(&self) -> Result<weft_proto::MemberStatus, ClientError> {
+        Ok(meta_call!(self, MemberStatus(())))
     }
 
     /// Space of one data server, asked of the server itself.
@@ -775,6 +781,7 @@ mod tests {
             stripe_count: 3,
             servers: vec![1],
             redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         };
         match check_file_layout(7, &bad) {
             Err(ClientError::Protocol(m)) => assert!(m.contains("inode 7"), "{m}"),
@@ -785,6 +792,7 @@ mod tests {
             stripe_count: 1,
             servers: vec![1],
             redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         };
         assert!(check_file_layout(7, &good).is_ok());
     }

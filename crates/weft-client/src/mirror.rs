@@ -26,7 +26,7 @@ fn copies(layout: &Layout) -> usize {
 
 /// Reads `[offset, offset + len)` (cut at the file's size by the caller) from the first copy that answers.
 pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
-    let layout = &file.layout;
+    let layout = &file.layout();
     let n = copies(layout);
     // Copies are tried starting at one picked by inode, so that readers of many files spread over the servers.
     let start = (file.attr.ino % n as u64) as usize;
@@ -75,7 +75,7 @@ async fn repair(file: &File, bad: &[usize], a: u64, b: u64, good: &[u8]) {
     // Cut at the file's size: bytes past it are not the copy's to store.
     let keep = (b.min(file.size().max(a)) - a) as usize;
     for &c in bad {
-        let copy = file.layout.data_view(c);
+        let copy = file.layout().data_view(c);
         match write_on(&io, &copy, a, Bytes::copy_from_slice(&good[..keep])).await {
             Ok(()) => tracing::info!(ino = file.attr.ino, copy = c, "repaired a corrupt mirror copy"),
             Err(e) => tracing::warn!(ino = file.attr.ino, copy = c, "repairing a mirror copy failed: {e}"),
@@ -85,7 +85,7 @@ async fn repair(file: &File, bad: &[usize], a: u64, b: u64, good: &[u8]) {
 
 /// Writes `data` at `offset` to every copy at once.
 pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
-    let layout = &file.layout;
+    let layout = &file.layout();
     let mut tasks = JoinSet::new();
     for c in 0..copies(layout) {
         let (io, copy, data) = (file.io(), layout.data_view(c), data.clone());

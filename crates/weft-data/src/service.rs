@@ -115,6 +115,20 @@ impl DataService {
             Request::WriteRows(w) => (w.ino, Rights::WRITE, &w.cap),
             // Durability of what is there: either right will do.
             Request::Fsync(f) => (f.ino, Rights::NONE, &f.cap),
+            Request::ListObjects(_) => {
+                if !ctx.principal.is_trusted_server() {
+                    warn!(peer = %ctx.peer, key = ctx.principal.name(),
+                        "refusing ListObjects: only the metadata service (cluster key) lists objects");
+                    return Err(WireError::new(
+                        ErrorCode::NotPermitted,
+                        format!(
+                            "ListObjects needs the cluster key (this connection proved {:?})",
+                            ctx.principal.name()
+                        ),
+                    ));
+                }
+                return Ok(());
+            }
             Request::RemoveObject(r) => {
                 if !ctx.principal.is_trusted_server() {
                     warn!(peer = %ctx.peer, key = ctx.principal.name(), ino = r.ino,
@@ -443,6 +457,12 @@ impl DataService {
             Request::ReadRows(r) => self.read_rows(ctx, r).await,
             Request::WriteRows(w) => self.write_rows(w, data).await,
             Request::RemoveObject(r) => self.remove_object(r).await,
+            Request::ListObjects(r) => {
+                let store = self.store.clone();
+                let limit = r.limit.min(weft_proto::msg::LIST_OBJECTS_MAX) as usize;
+                let (inos, eof) = on_blocking_pool(move || store.list_objects(r.after, limit)).await?;
+                Ok(Response::ListObjects(weft_proto::msg::ListObjectsResp { inos, eof }).into())
+            }
             Request::Fsync(r) => self.fsync(r).await,
             Request::SpaceStat(()) => self.space_stat().await,
             Request::SpaceStatDev(()) => self.space_stat_dev().await,

@@ -98,6 +98,10 @@ pub struct LaunchOptions {
     /// Give every server a Prometheus endpoint on a free loopback port (`metrics_listen`), listed by
     /// [`LocalCluster::metrics_addrs`] and in `DIR/metrics.txt`. Off by default.
     pub metrics: bool,
+    /// The MDS's `rebuild_after_ms` (a silent data server's slots move to spares after it; docs/format.md §19), with
+    /// a `membership_interval_ms` of a tenth of it (at most 1 s) so tests see the change promptly. `None`: the
+    /// MDS's defaults (five minutes).
+    pub rebuild_after_ms: Option<u64>,
 }
 
 /// Whether `WEFT_TLS` asks for TLS (`1`, `true`, `on` or `yes`): the default of [`LaunchOptions::tls`], as
@@ -117,6 +121,7 @@ impl LaunchOptions {
             data_extra_toml: String::new(),
             meta_extra_toml: String::new(),
             ready_timeout_ms: 60_000,
+            rebuild_after_ms: None,
             auth: AuthMode::Key,
             tls: tls_from_env(),
             cache: 0,
@@ -196,8 +201,12 @@ impl LocalCluster {
             None => String::new(),
         };
         let meta_cfg = cluster.opts.dir.join("config/meta.toml");
+        let membership_toml = match cluster.opts.rebuild_after_ms {
+            Some(ms) => format!("rebuild_after_ms = {ms}\nmembership_interval_ms = {}\n", (ms / 10).clamp(10, 1000)),
+            None => String::new(),
+        };
         let text = format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}{}{}\n{cache_toml}",
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}{membership_toml}{}{}\n{cache_toml}",
             cluster.opts.dir.join("meta"),
             metrics_toml(cluster.opts.metrics).map_err(io_err(&meta_cfg))?,
             cluster.opts.meta_extra_toml
@@ -510,7 +519,9 @@ impl LocalCluster {
         self.wait_for_servers(|list| {
             let since_ms = started.elapsed().as_millis() as u64;
             match list.iter().find(|s| s.id == i) {
-                Some(s) if s.state == ServerState::Up && s.heartbeat_age_ms < since_ms => Ok(()),
+                Some(s) if (s.state.is_up() || s.state == ServerState::Draining) && s.heartbeat_age_ms < since_ms => {
+                    Ok(())
+                }
                 Some(s) => Err(format!(
                     "data server {i} is {:?}, last heard {} ms ago, restarted {since_ms} ms ago",
                     s.state, s.heartbeat_age_ms

@@ -54,6 +54,15 @@ pub struct MetaConfig {
     /// How often removed files' objects are collected from the data servers.
     #[serde(default = "default_gc_interval_ms")]
     pub gc_interval_ms: u64,
+    /// A data server silent this long (milliseconds) is declared failed: its slots in every redundant (ec, mirror)
+    /// layout move to spares and are rebuilt there; one that returns later is drained first (docs/format.md §19).
+    /// Default five minutes; test clusters use seconds. At least `liveness_ms`.
+    #[serde(default = "default_rebuild_after_ms")]
+    pub rebuild_after_ms: u64,
+    /// How often the membership task runs (milliseconds): phase changes, one batch of the spare scan, one batch of a
+    /// drain.
+    #[serde(default = "default_membership_interval_ms")]
+    pub membership_interval_ms: u64,
     /// Size each metadata journal segment is preallocated to.
     #[serde(default = "default_journal_segment_bytes")]
     pub journal_segment_bytes: u64,
@@ -130,6 +139,12 @@ fn default_slots_max() -> u32 {
 }
 fn default_sessions_max() -> u32 {
     4096
+}
+fn default_rebuild_after_ms() -> u64 {
+    crate::membership::DEFAULT_REBUILD_AFTER_MS
+}
+fn default_membership_interval_ms() -> u64 {
+    crate::membership::DEFAULT_MEMBERSHIP_INTERVAL_MS
 }
 fn default_gc_interval_ms() -> u64 {
     1000

@@ -16,12 +16,14 @@
 pub mod acl;
 pub mod clock;
 pub mod config;
+mod drain;
 pub mod error;
 mod gc;
 pub mod journal;
 pub mod lock_sessions;
 pub mod locks;
 pub mod mem_store;
+pub mod membership;
 pub mod namespace;
 pub mod node;
 pub mod perm;

@@ -206,6 +206,13 @@ impl MetaTxn for MemTxn<'_> {
         Ok(self.st.inodes.len() as u64)
     }
 
+    fn list_inodes(&mut self, after: u64, limit: usize) -> Result<Vec<Inode>, MetaError> {
+        if after == u64::MAX {
+            return Ok(Vec::new());
+        }
+        Ok(self.st.inodes.range(after + 1..).take(limit).map(|(_, v)| v.clone()).collect())
+    }
+
     fn get_xattr(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
         Ok(self.st.xattrs.get(&(ino, name.to_string())).cloned())
     }

@@ -24,7 +24,8 @@
 //! `limit` of 0 means "as many as the server allows"; the `Null` probe is answered, other session and data
 //! server ops are refused with `BadRequest`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES;
@@ -34,7 +35,7 @@ use weft_proto::msg::{
 };
 use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::{
-    Attr, DataRedundancy, DirEntry, ErrorCode, FileKind, Layout, NAME_BYTES_MAX, READDIR_ENTRIES_MAX,
+    Attr, DataRedundancy, DirEntry, ErrorCode, FileKind, Layout, MemberStatus, NAME_BYTES_MAX, READDIR_ENTRIES_MAX,
     READDIRPLUS_ENTRIES_MAX, ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState,
     SpaceStat, StatFs, TimeSet, WireError,
 };
@@ -42,12 +43,18 @@ use weft_proto::{
 use crate::acl::Acl;
 use crate::clock::Clock;
 use crate::error::MetaError;
+use crate::membership::{self, DEFAULT_REBUILD_AFTER_MS, Phase, Scan, Timing};
 use crate::perm::{self, Cred, Mask};
 use crate::store::{Inode, MetaStore, MetaTxn};
 
 mod xattr;
 
 pub use xattr::DEFAULT_XATTR_BYTES_MAX_PER_INODE;
+
+/// Locks a mutex whose value is replaced whole or is a plain counter set: a panic elsewhere cannot leave it torn.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A data server unheard of for longer than this is reported `Down` (milliseconds).
 pub const DEFAULT_LIVENESS_MS: u64 = 5000;
@@ -69,6 +76,9 @@ struct ServerSlot {
     device: Option<DeviceId>,
     /// `Clock::mono_ms` of the last heartbeat since this MDS started.
     last_ms: Option<u64>,
+    /// Membership phase (docs/format.md §19), in memory: an MDS restart starts every server as a member again, and a
+    /// server still silent then fails `rebuild_after_ms` after the start.
+    phase: Phase,
 }
 
 /// The metadata namespace over a store `S`, with time from `C`.
@@ -81,6 +91,19 @@ pub struct Namespace<S: MetaStore, C: Clock> {
     servers: Mutex<BTreeMap<u32, ServerSlot>>,
     /// Most bytes of extended attributes (names and values) one inode may hold.
     xattr_bytes_max: usize,
+    /// Silence after which a data server is declared failed (`rebuild_after_ms`).
+    rebuild_after_ms: u64,
+    /// `Clock::mono_ms` when this namespace opened: the silence of a server not heard since counts from here.
+    started_ms: u64,
+    /// The membership scan (moving failed servers' slots to spares), advanced by [`Namespace::membership_tick`].
+    scan: Mutex<Scan>,
+    /// Layout changes made since this MDS started.
+    layouts_changed: AtomicU64,
+    /// Files the last whole membership pass left naming a failed server (no spare).
+    layouts_pending: AtomicU64,
+    /// The healer's rebuild progress for `weft status`: (bytes left, bytes per second, ETA in ms), each `None`
+    /// when unknown. Set by [`Namespace::set_rebuild_progress`].
+    rebuild_progress: Mutex<(Option<u64>, Option<u64>, Option<u64>)>,
 }
 
 /// The layout policy of the root of a new namespace: 1 MiB stripes over every data server.
@@ -90,6 +113,7 @@ pub fn default_policy() -> Layout {
         stripe_count: 0,
         servers: Vec::new(),
         redundancy: DataRedundancy::Plain,
+        generation: 0,
     }
 }
 
@@ -130,14 +154,21 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         let persisted = store.read(|t| t.list_servers())?;
         let servers = persisted
             .into_iter()
-            .map(|(id, addr)| (id, ServerSlot { addr, space: None, device: None, last_ms: None }))
+            .map(|(id, addr)| (id, ServerSlot { addr, space: None, device: None, last_ms: None, phase: Phase::Member }))
             .collect();
+        let started_ms = clock.mono_ms();
         Ok(Namespace {
             store,
             clock,
             liveness_ms,
             servers: Mutex::new(servers),
             xattr_bytes_max: DEFAULT_XATTR_BYTES_MAX_PER_INODE,
+            rebuild_after_ms: DEFAULT_REBUILD_AFTER_MS,
+            started_ms,
+            scan: Mutex::new(Scan::default()),
+            layouts_changed: AtomicU64::new(0),
+            layouts_pending: AtomicU64::new(0),
+            rebuild_progress: Mutex::new((None, None, None)),
         })
     }
 
@@ -145,6 +176,13 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
     /// `xattr_bytes_max_per_inode`); at least one largest value with a longest name must fit.
     pub fn with_xattr_bytes_max(mut self, bytes: usize) -> Self {
         self.xattr_bytes_max = bytes.max(weft_proto::XATTR_VALUE_BYTES_MAX + weft_proto::XATTR_NAME_BYTES_MAX);
+        self
+    }
+
+    /// Sets the silence after which a data server is declared failed and its slots in redundant layouts move to
+    /// spares (the MDS config's `rebuild_after_ms`); at least the liveness window.
+    pub fn with_rebuild_after_ms(mut self, ms: u64) -> Self {
+        self.rebuild_after_ms = ms.max(self.liveness_ms);
         self
     }
 
@@ -171,7 +209,10 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             Request::Lookup(r) => self.store.read(|t| lookup(t, cred, r.parent, &r.name)).map(Response::Lookup),
             Request::GetAttr(r) => self.store.read(|t| Ok(load(t, r.ino)?.attr())).map(Response::GetAttr),
             Request::SetAttr(r) => self.store.write(|t| set_attr(t, cred, r, now)).map(Response::SetAttr),
-            Request::Create(r) => self.store.write(|t| create(t, cred, r, now)).map(Response::Create),
+            Request::Create(r) => {
+                let excluded = self.excluded_servers();
+                self.store.write(|t| create(t, cred, r, now, &excluded)).map(Response::Create)
+            }
             Request::Mkdir(r) => self.store.write(|t| mkdir(t, cred, r, now)).map(Response::Mkdir),
             Request::Rmdir(r) => self.store.write(|t| rmdir(t, cred, r.parent, &r.name, now)).map(Response::Rmdir),
             Request::Unlink(r) => self.store.write(|t| unlink(t, cred, r.parent, &r.name, now)).map(Response::Unlink),
@@ -191,6 +232,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 })
             }
             Request::ClusterInfo(()) => Ok(Response::ClusterInfo(self.servers())),
+            Request::MemberStatus(()) => Ok(Response::MemberStatus(self.member_status())),
             Request::GetXattr(r) => self.store.read(|t| xattr::get(t, cred, r)).map(Response::GetXattr),
             Request::ListXattr(r) => self.store.read(|t| xattr::list(t, cred, r.ino)).map(Response::ListXattr),
             Request::SetXattr(r) => {
@@ -305,25 +347,208 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         self.store.write(|t| t.del_orphan(ino))
     }
 
-    /// Every registered data server, with its liveness and last reported space.
+    /// Every registered data server, with its membership state and last reported space.
     pub fn servers(&self) -> Vec<ServerInfo> {
         let now = self.clock.mono_ms();
+        let timing = self.timing();
         self.lock_servers()
             .iter()
             .map(|(id, s)| {
                 let age = s.last_ms.map_or(u64::MAX, |l| now.saturating_sub(l));
-                let up = s.last_ms.is_some() && age <= self.liveness_ms;
                 let space = s.space.unwrap_or_default();
                 ServerInfo {
                     id: *id,
                     addr: s.addr.clone(),
-                    state: if up { ServerState::Up } else { ServerState::Down },
+                    state: membership::state(s.phase, self.silent_ms(s, now), timing),
                     bytes_total: space.bytes_total,
                     bytes_free: space.bytes_free,
                     heartbeat_age_ms: age,
                 }
             })
             .collect()
+    }
+
+    fn timing(&self) -> Timing {
+        Timing { liveness_ms: self.liveness_ms, rebuild_after_ms: self.rebuild_after_ms }
+    }
+
+    /// How long `s` has been silent: since its last heartbeat, or, never heard since this MDS started, since the
+    /// start (and at least past the liveness window: a server not heard yet is not reported up).
+    fn silent_ms(&self, s: &ServerSlot, now: u64) -> u64 {
+        match s.last_ms {
+            Some(l) => now.saturating_sub(l),
+            None => now.saturating_sub(self.started_ms).max(self.liveness_ms.saturating_add(1)),
+        }
+    }
+
+    /// Servers no new file may be placed on: failed, replaced or draining (a drain must never meet a new layout
+    /// naming its server).
+    fn excluded_servers(&self) -> BTreeSet<u32> {
+        self.lock_servers()
+            .iter()
+            .filter(|(_, s)| matches!(s.phase, Phase::Failed | Phase::Replaced | Phase::Draining))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Membership and rebuild progress (op 135).
+    pub fn member_status(&self) -> MemberStatus {
+        let (left, rate, eta) = *lock(&self.rebuild_progress);
+        MemberStatus {
+            layouts_pending: self.layouts_pending.load(Ordering::Relaxed),
+            layouts_changed: self.layouts_changed.load(Ordering::Relaxed),
+            rebuild_bytes_left: left,
+            rebuild_bytes_per_s: rate,
+            rebuild_eta_ms: eta,
+        }
+    }
+
+    /// Records the healer's rebuild progress for `weft status` (`None`: unknown).
+    // Joined to the healer at merge: it reports bytes left, rate and ETA here.
+    pub fn set_rebuild_progress(&self, bytes_left: Option<u64>, bytes_per_s: Option<u64>, eta_ms: Option<u64>) {
+        *lock(&self.rebuild_progress) = (bytes_left, bytes_per_s, eta_ms);
+    }
+
+    /// Marks the whole of slot `slot` of file `ino` (just moved to a spare) as needing rebuild.
+    // Joined to the stale table at merge: the healer's `MarkStale` over the slot's whole object goes here; for now
+    // it records nothing.
+    pub fn slot_needs_rebuild(&self, ino: u64, slot: u32) {
+        tracing::debug!(ino, slot, "slot needs rebuild");
+    }
+
+    /// One membership step (blocking: store transactions): moves phases on by the clock, then, while a server is
+    /// failed, examines one batch of inodes and moves each redundant layout's failed slots to spares, one
+    /// journaled transaction per file, bumping its layout generation. Call it every `membership_interval_ms`.
+    pub fn membership_tick(&self, batch: usize) -> Result<(), MetaError> {
+        let now = self.clock.mono_ms();
+        let timing = self.timing();
+        let (failed, up) = {
+            let mut servers = self.lock_servers();
+            let mut failed = BTreeSet::new();
+            let mut up = BTreeSet::new();
+            for (id, s) in servers.iter_mut() {
+                let silent = self.silent_ms(s, now);
+                let next = membership::on_tick(s.phase, silent, timing);
+                if next != s.phase {
+                    tracing::warn!(id, addr = %s.addr, silent_ms = silent, rebuild_after_ms = self.rebuild_after_ms,
+                        "data server declared failed: moving its slots in redundant layouts to spares");
+                    s.phase = next;
+                }
+                if s.phase == Phase::Failed {
+                    failed.insert(*id);
+                }
+                if membership::state(s.phase, silent, timing).is_up() {
+                    up.insert(*id);
+                }
+            }
+            (failed, up)
+        };
+        let mut scan = lock(&self.scan);
+        if !scan.running {
+            if failed.is_empty() {
+                return Ok(());
+            }
+            scan.begin(&failed);
+        }
+        let page = self.store.read(|t| t.list_inodes(scan.after, batch.max(1)))?;
+        let last = page.last().map(|i| i.ino);
+        let whole = page.len() >= batch.max(1);
+        for inode in page {
+            let Some(layout) = inode.layout.as_ref().filter(|_| inode.kind == FileKind::File) else { continue };
+            let r = membership::replace_failed(layout, &failed, &up, &mut scan.load);
+            if let Some(new) = &r.layout {
+                let ino = inode.ino;
+                let changed = self.store.write(|t| {
+                    // The file may have gone or changed since the read: only the layout we decided on is replaced.
+                    let Some(mut cur) = t.get_inode(ino)? else { return Ok::<_, MetaError>(false) };
+                    if cur.layout.as_ref() != Some(layout) {
+                        return Ok(false);
+                    }
+                    cur.layout = Some(new.clone());
+                    t.put_inode(&cur)?;
+                    Ok(true)
+                })?;
+                if changed {
+                    self.layouts_changed.fetch_add(1, Ordering::Relaxed);
+                    for (slot, old, spare) in &r.moved {
+                        tracing::info!(
+                            ino,
+                            slot,
+                            failed = old,
+                            spare,
+                            generation = new.generation,
+                            "layout slot moved to a spare"
+                        );
+                        self.slot_needs_rebuild(ino, *slot);
+                    }
+                } else {
+                    // Seen again next pass.
+                    for old in layout.servers.iter().filter(|s| failed.contains(s)) {
+                        *scan.left.entry(*old).or_insert(0) += 1;
+                    }
+                }
+                scan.count(new);
+            } else {
+                scan.count(layout);
+            }
+            for old in &r.unplaced {
+                tracing::warn!(ino = inode.ino, failed = old, redundancy = %layout.redundancy,
+                    "no spare data server for a failed server's slot: the file stays degraded; retrying");
+                *scan.left.entry(*old).or_insert(0) += 1;
+            }
+        }
+        if let Some(ino) = last {
+            scan.after = ino;
+        }
+        if !whole {
+            self.finish_pass(&mut scan);
+        }
+        Ok(())
+    }
+
+    fn finish_pass(&self, scan: &mut Scan) {
+        self.layouts_pending.store(scan.pending(), Ordering::Relaxed);
+        let mut servers = self.lock_servers();
+        let failed_now: BTreeSet<u32> =
+            servers.iter().filter(|(_, s)| s.phase == Phase::Failed).map(|(id, _)| *id).collect();
+        for id in scan.finish(&failed_now) {
+            if let Some(s) = servers.get_mut(&id) {
+                s.phase = membership::on_replaced(s.phase);
+                tracing::warn!(id, addr = %s.addr, "data server replaced: no redundant layout names it any more");
+            }
+        }
+    }
+
+    /// Servers being drained, with their addresses.
+    pub fn draining_servers(&self) -> Vec<(u32, String)> {
+        self.lock_servers()
+            .iter()
+            .filter(|(_, s)| s.phase == Phase::Draining)
+            .map(|(id, s)| (*id, s.addr.clone()))
+            .collect()
+    }
+
+    /// Whether server `server` may keep its object of inode `ino`: the inode is a file whose current layout names
+    /// it, or a removed file whose objects the orphan collector has yet to delete.
+    pub fn object_owned(&self, ino: u64, server: u32) -> Result<bool, MetaError> {
+        self.store.read(|t| {
+            Ok(match t.get_inode(ino)? {
+                Some(i) => i.layout.is_some_and(|l| l.servers.contains(&server)),
+                // The orphan collector deletes it (the object is gone either way).
+                None => false,
+            })
+        })
+    }
+
+    /// Server `id` was drained: a spare from now on.
+    pub fn drained(&self, id: u32) {
+        if let Some(s) = self.lock_servers().get_mut(&id) {
+            let next = membership::on_drained(s.phase);
+            if next != s.phase {
+                tracing::info!(id, addr = %s.addr, "data server drained: serving as a spare");
+                s.phase = next;
+            }
+        }
     }
 
     fn lock_servers(&self) -> MutexGuard<'_, BTreeMap<u32, ServerSlot>> {
@@ -344,9 +569,20 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             self.store.write(|t| t.put_server(r.id, &r.addr))?;
             tracing::info!(id = r.id, addr = %r.addr, "data server registered");
         }
+        let was = servers.get(&r.id).map_or(Phase::Member, |s| s.phase);
+        let phase = membership::on_heartbeat(was);
+        if phase != was {
+            tracing::warn!(id = r.id, addr = %r.addr, from = ?was, "data server returned after it was declared failed: draining the objects it no longer owns");
+        }
         servers.insert(
             r.id,
-            ServerSlot { addr: r.addr.clone(), space: Some(r.space), device, last_ms: Some(self.clock.mono_ms()) },
+            ServerSlot {
+                addr: r.addr.clone(),
+                space: Some(r.space),
+                device,
+                last_ms: Some(self.clock.mono_ms()),
+                phase,
+            },
         );
         Ok(())
     }
@@ -467,6 +703,7 @@ fn assign_layout(policy: &Layout, ino: u64, servers: &[(u32, String)]) -> Result
         stripe_count: count as u32,
         servers: chosen,
         redundancy: policy.redundancy,
+        generation: 0,
     })
 }
 
@@ -595,7 +832,15 @@ fn set_attr(t: &mut dyn MetaTxn, cred: &Cred, r: &SetAttrReq, now: i64) -> Resul
 
 /// A name that exists answers as Linux's `open(O_CREAT)` does: `Exists` if exclusive, else the file, with only
 /// search permission on the directory (the open's own access check is the caller's, see [`Namespace::access`]).
-fn create(t: &mut dyn MetaTxn, cred: &Cred, r: &CreateReq, now: i64) -> Result<Attr, WireError> {
+/// `excluded`: servers no new layout may name (failed, replaced, draining); they are left out unless that leaves
+/// none.
+fn create(
+    t: &mut dyn MetaTxn,
+    cred: &Cred,
+    r: &CreateReq,
+    now: i64,
+    excluded: &BTreeSet<u32>,
+) -> Result<Attr, WireError> {
     check_name(&r.name)?;
     let parent = load_searchable_dir(t, cred, r.parent)?;
     if let Some((ino, kind)) = t.get_dirent(r.parent, &r.name)? {
@@ -609,7 +854,10 @@ fn create(t: &mut dyn MetaTxn, cred: &Cred, r: &CreateReq, now: i64) -> Result<A
         };
     }
     perm::may_create(cred, &parent, acl_for(t, cred, &parent)?.as_ref())?;
-    let servers = t.list_servers()?;
+    let mut servers = t.list_servers()?;
+    if servers.iter().any(|(id, _)| !excluded.contains(id)) {
+        servers.retain(|(id, _)| !excluded.contains(id));
+    }
     if servers.is_empty() {
         return Err(werr(ErrorCode::NoServers, format!("cannot create {:?}: no data server is registered", r.name)));
     }

@@ -1,5 +1,6 @@
 //! A metadata service node: [`run`] opens the store (replaying its journal), listens (tcp, and rdma messages if
-//! configured), serves [`MetaService`] and starts the orphan collector (`gc.rs`).
+//! configured), serves [`MetaService`] and starts the orphan collector (`gc.rs`) and the membership task
+//! (`drain.rs`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use weft_proto::FrameLimits;
 use weft_rpc::{Credential, RpcServer, ServerConfig};
 
 use crate::config::MetaConfig;
+use crate::drain::run_membership;
 use crate::gc::collect_orphans;
 use crate::service::MetaService;
 use crate::{Namespace, RedbStore, SystemClock};
@@ -44,7 +46,8 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     let journal_stats = store.journal_stats();
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?
-        .with_xattr_bytes_max(cfg.xattr_bytes_max_per_inode);
+        .with_xattr_bytes_max(cfg.xattr_bytes_max_per_inode)
+        .with_rebuild_after_ms(cfg.rebuild_after_ms);
     let ns = Arc::new(ns);
     let ring =
         weft_rpc::auth::role_keyring(key.clone(), cfg.clients_keyring.as_deref()).map_err(MetaServerError::Keyring)?;
@@ -92,6 +95,12 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
             }
         });
     }
+    tokio::spawn(run_membership(
+        ns.clone(),
+        tcp.clone(),
+        cfg.membership_interval_ms,
+        key.clone().map(Credential::cluster),
+    ));
     tokio::spawn(collect_orphans(ns, tcp, cfg.gc_interval_ms, key.map(Credential::cluster)));
     ready(&addr);
     server.serve(listener).await.map_err(MetaServerError::Serve)

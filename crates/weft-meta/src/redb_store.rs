@@ -539,6 +539,22 @@ fn list_orphans(t: &impl ReadableTable<u64, &'static [u8]>, limit: usize) -> Res
     Ok(out)
 }
 
+fn list_inodes(t: &impl ReadableTable<u64, &'static [u8]>, after: u64, limit: usize) -> Result<Vec<Inode>, MetaError> {
+    let mut out = Vec::new();
+    if limit == 0 || after == u64::MAX {
+        return Ok(out);
+    }
+    for item in t.range::<u64>(after + 1..)? {
+        let (k, v) = item?;
+        let ino = k.value();
+        out.push(decode_inode(&format!("inode {ino}"), v.value())?);
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
 impl MetaTxn for WriteTxn<'_> {
     fn get_inode(&mut self, ino: u64) -> Result<Option<Inode>, MetaError> {
         get_inode(&*self.inodes()?, ino)
@@ -629,6 +645,10 @@ impl MetaTxn for WriteTxn<'_> {
         list_orphans(&*self.orphans()?, limit)
     }
 
+    fn list_inodes(&mut self, after: u64, limit: usize) -> Result<Vec<Inode>, MetaError> {
+        list_inodes(&*self.inodes()?, after, limit)
+    }
+
     fn count_inodes(&mut self) -> Result<u64, MetaError> {
         Ok(counter(&*self.counters()?, COUNTER_INODES)?.unwrap_or(0))
     }
@@ -715,6 +735,10 @@ impl MetaTxn for ReadTxn {
 
     fn list_orphans(&mut self, limit: usize) -> Result<Vec<(u64, Layout)>, MetaError> {
         list_orphans(lazy(&self.rtx, &mut self.orphans, ORPHANS)?, limit)
+    }
+
+    fn list_inodes(&mut self, after: u64, limit: usize) -> Result<Vec<Inode>, MetaError> {
+        list_inodes(lazy(&self.rtx, &mut self.inodes, INODES)?, after, limit)
     }
 
     fn count_inodes(&mut self) -> Result<u64, MetaError> {

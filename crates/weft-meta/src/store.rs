@@ -63,8 +63,51 @@ impl From<LayoutV1> for Layout {
             stripe_count: l.stripe_count,
             servers: l.servers,
             redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         }
     }
+}
+
+/// A layout as stored in inode records of version 4 and orphan records of version 2: with redundancy, without a
+/// generation (reads as generation 0).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LayoutV2 {
+    pub stripe_unit: u32,
+    pub stripe_count: u32,
+    pub servers: Vec<u32>,
+    pub redundancy: weft_proto::DataRedundancy,
+}
+
+impl From<LayoutV2> for Layout {
+    fn from(l: LayoutV2) -> Layout {
+        Layout {
+            stripe_unit: l.stripe_unit,
+            stripe_count: l.stripe_count,
+            servers: l.servers,
+            redundancy: l.redundancy,
+            generation: 0,
+        }
+    }
+}
+
+/// The fourth stored form (layouts with redundancy, no layout generation), still read.
+#[derive(Deserialize)]
+struct InodeV4 {
+    ino: u64,
+    kind: FileKind,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    size: u64,
+    atime_ns: i64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    parent: u64,
+    layout: Option<LayoutV2>,
+    target: String,
+    rdev: u32,
+    data_version: u64,
 }
 
 /// The third stored form (data version, layouts without redundancy), still read.
@@ -124,10 +167,10 @@ struct InodeV1 {
     target: String,
 }
 
-/// An inode as stored: version 4 (layouts with redundancy); version 1 to 3 records are still read (their layouts
-/// are plain; a file's data version reads as 1 before version 3).
+/// An inode as stored: version 5 (layouts with a generation); version 1 to 4 records are still read (their
+/// layouts are generation 0, and plain before version 4; a file's data version reads as 1 before version 3).
 pub(crate) fn encode_inode(i: &Inode) -> Result<Vec<u8>, MetaError> {
-    let mut out = vec![RECORD_V4];
+    let mut out = vec![RECORD_V5];
     let body = postcard::to_stdvec(i).map_err(|e| MetaError::Corrupt(format!("encoding an inode: {e}")))?;
     out.extend_from_slice(&body);
     Ok(out)
@@ -135,7 +178,27 @@ pub(crate) fn encode_inode(i: &Inode) -> Result<Vec<u8>, MetaError> {
 
 pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError> {
     match bytes.split_first() {
-        Some((&RECORD_V4, body)) => decode_exact(what, body),
+        Some((&RECORD_V5, body)) => decode_exact(what, body),
+        Some((&RECORD_V4, body)) => {
+            let v4: InodeV4 = decode_exact(what, body)?;
+            Ok(Inode {
+                ino: v4.ino,
+                kind: v4.kind,
+                mode: v4.mode,
+                uid: v4.uid,
+                gid: v4.gid,
+                nlink: v4.nlink,
+                size: v4.size,
+                atime_ns: v4.atime_ns,
+                mtime_ns: v4.mtime_ns,
+                ctime_ns: v4.ctime_ns,
+                parent: v4.parent,
+                data_version: v4.data_version,
+                layout: v4.layout.map(Layout::from),
+                target: v4.target,
+                rdev: v4.rdev,
+            })
+        }
         Some((&RECORD_V3, body)) => {
             let v3: InodeV3 = decode_exact(what, body)?;
             Ok(Inode {
@@ -250,20 +313,24 @@ const RECORD_V2: u8 = 2;
 const RECORD_V3: u8 = 3;
 /// Inodes whose layout has `redundancy` (issue 13); orphan records use version 2 for the same layout.
 const RECORD_V4: u8 = 4;
+/// Inodes whose layout has a `generation` (issue 13 item 5, docs/format.md §19); orphan records use version 3.
+const RECORD_V5: u8 = 5;
 const ORPHAN_V2: u8 = 2;
+const ORPHAN_V3: u8 = 3;
 
-/// An orphan record: version 2, a [`Layout`] with redundancy.
+/// An orphan record: version 3, a [`Layout`] with redundancy and generation.
 pub(crate) fn encode_orphan(l: &Layout) -> Result<Vec<u8>, MetaError> {
-    let mut out = vec![ORPHAN_V2];
+    let mut out = vec![ORPHAN_V3];
     let body = postcard::to_stdvec(l).map_err(|e| MetaError::Corrupt(format!("encoding a layout: {e}")))?;
     out.extend_from_slice(&body);
     Ok(out)
 }
 
-/// Reads an orphan record of version 2, or of version 1 (a plain layout).
+/// Reads an orphan record of version 3, 2 (generation 0) or 1 (a plain layout).
 pub(crate) fn decode_orphan(what: &str, bytes: &[u8]) -> Result<Layout, MetaError> {
     match bytes.split_first() {
-        Some((&ORPHAN_V2, body)) => decode_exact(what, body),
+        Some((&ORPHAN_V3, body)) => decode_exact(what, body),
+        Some((&ORPHAN_V2, body)) => decode_exact::<LayoutV2>(what, body).map(Layout::from),
         Some((&RECORD_V1, _)) => decode_record::<LayoutV1>(what, bytes).map(Layout::from),
         Some((v, _)) => Err(MetaError::Corrupt(format!("{what}: unknown record version {v}"))),
         None => Err(MetaError::Corrupt(format!("{what}: empty record"))),
@@ -352,6 +419,9 @@ pub trait MetaTxn {
     fn list_orphans(&mut self, limit: usize) -> Result<Vec<(u64, Layout)>, MetaError>;
     /// Number of inodes stored.
     fn count_inodes(&mut self) -> Result<u64, MetaError>;
+    /// Up to `limit` inodes numbered above `after`, lowest first: a bounded page of a whole-namespace scan (the
+    /// membership scan of docs/format.md §19).
+    fn list_inodes(&mut self, after: u64, limit: usize) -> Result<Vec<Inode>, MetaError>;
     /// The value of extended attribute `name` of inode `ino`.
     fn get_xattr(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError>;
     /// Inserts or replaces an extended attribute.
@@ -408,9 +478,81 @@ mod tests {
         // Today's records round-trip, rdev included; garbage is Corrupt, not a panic.
         let new = Inode { rdev: 0x0801, kind: FileKind::BlockDev, target: String::new(), ..i };
         assert_eq!(decode_inode("new", &encode_inode(&new).unwrap()).unwrap(), new);
-        for bad in [&[][..], &[2], &[3, 1, 2], &[4, 1, 2], &[1, 0xff]] {
+        for bad in [&[][..], &[2], &[3, 1, 2], &[4, 1, 2], &[5, 1, 2], &[1, 0xff]] {
             assert!(matches!(decode_inode("bad", bad), Err(MetaError::Corrupt(_))), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn version_4_inodes_and_version_2_orphans_read_as_layout_generation_0() {
+        let layout = Layout {
+            stripe_unit: 4096,
+            stripe_count: 3,
+            servers: vec![4, 5, 6],
+            redundancy: weft_proto::DataRedundancy::Ec { k: 2, m: 1 },
+            generation: 0,
+        };
+        let v2 = LayoutV2 {
+            stripe_unit: 4096,
+            stripe_count: 3,
+            servers: vec![4, 5, 6],
+            redundancy: weft_proto::DataRedundancy::Ec { k: 2, m: 1 },
+        };
+        // A version 4 record: today's inode with the layout as it was before the generation.
+        #[derive(Serialize)]
+        struct V4<'a> {
+            ino: u64,
+            kind: FileKind,
+            mode: u32,
+            uid: u32,
+            gid: u32,
+            nlink: u32,
+            size: u64,
+            atime_ns: i64,
+            mtime_ns: i64,
+            ctime_ns: i64,
+            parent: u64,
+            layout: Option<&'a LayoutV2>,
+            target: String,
+            rdev: u32,
+            data_version: u64,
+        }
+        let old = V4 {
+            ino: 7,
+            kind: FileKind::File,
+            mode: 0o644,
+            uid: 1,
+            gid: 2,
+            nlink: 1,
+            size: 10,
+            atime_ns: 4,
+            mtime_ns: 5,
+            ctime_ns: 6,
+            parent: 0,
+            layout: Some(&v2),
+            target: String::new(),
+            rdev: 0,
+            data_version: 3,
+        };
+        let mut bytes = vec![RECORD_V4];
+        bytes.extend(postcard::to_stdvec(&old).unwrap());
+        let mut i = decode_inode("v4", &bytes).unwrap();
+        assert_eq!((i.layout.clone(), i.data_version), (Some(layout.clone()), 3));
+        // Written back as version 5 with its generation.
+        i.layout.as_mut().unwrap().generation = 9;
+        let enc = encode_inode(&i).unwrap();
+        assert_eq!(enc[0], RECORD_V5);
+        assert_eq!(decode_inode("v5", &enc).unwrap(), i);
+        // A version 5 body under the version 4 byte is refused, not misread.
+        let mut v5_as_v4 = enc.clone();
+        v5_as_v4[0] = RECORD_V4;
+        assert!(matches!(decode_inode("mixed", &v5_as_v4), Err(MetaError::Corrupt(_))));
+        // Orphans: version 2 reads as generation 0; version 3 round-trips.
+        let mut o = vec![ORPHAN_V2];
+        o.extend(postcard::to_stdvec(&v2).unwrap());
+        assert_eq!(decode_orphan("o2", &o).unwrap(), layout);
+        let l9 = Layout { generation: 9, ..layout };
+        assert_eq!(decode_orphan("o3", &encode_orphan(&l9).unwrap()).unwrap(), l9);
     }
 
     #[test]
@@ -438,6 +580,7 @@ mod tests {
             stripe_count: 1,
             servers: vec![0],
             redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         });
         let old_layout = Some(LayoutV1 { stripe_unit: 65536, stripe_count: 1, servers: vec![0] });
         let old = V2 {
@@ -464,7 +607,7 @@ mod tests {
         assert_eq!(i.attr().data_version, 2);
         let back = decode_inode("v3", &encode_inode(&i).unwrap()).unwrap();
         assert_eq!(back, i);
-        assert_eq!(encode_inode(&i).unwrap()[0], 4, "written as version 4");
+        assert_eq!(encode_inode(&i).unwrap()[0], 5, "written as version 5");
         // The version byte says which layout follows: a v3 body under the v2 byte is refused, not misread.
         let mut v3_as_v2 = encode_inode(&i).unwrap();
         v3_as_v2[0] = RECORD_V2;

@@ -57,6 +57,14 @@ pub enum ErrorCode {
     /// A compare-and-set chunk write (`WriteRows`, docs/format.md §17) found another version than it expected:
     /// another writer changed the row first; nothing was written. The client rereads the row and retries.
     VersionMoved,
+    /// Reserved for issue 13 item 3 (helper i13-hole): code 29. Replaced by its variant at merge.
+    Reserved29,
+    /// Reserved for issue 13 item 4 (helper i13-heal): code 30. Replaced by its variant at merge.
+    Reserved30,
+    /// The request was made against an older layout generation than the file's (docs/format.md §19): a failed
+    /// server's slot moved to a spare since the client fetched the layout. The client refetches the layout
+    /// (`GetAttr`) and retries once (ESTALE).
+    StaleLayout,
 }
 
 impl ErrorCode {
@@ -85,6 +93,7 @@ impl ErrorCode {
             ErrorCode::NotSupported => 95,                    // EOPNOTSUPP
             ErrorCode::NoLocks => 37,                         // ENOLCK
             ErrorCode::VersionMoved => 11,                    // EAGAIN
+            ErrorCode::StaleLayout => 116,                    // ESTALE
             _ => 5,
         }
     }

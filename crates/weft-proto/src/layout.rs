@@ -91,6 +91,9 @@ pub struct Layout {
     /// Plain, erasure-coded or mirrored (§16). With redundancy, `stripe_count` is the layout's width (`k + m` or
     /// `n`) on a file and on a policy alike.
     pub redundancy: DataRedundancy,
+    /// The layout generation (docs/format.md §19): 0 at create; the MDS adds 1 in the transaction that moves a
+    /// failed server's slot to a spare, so a client holding an older layout can tell. Always 0 on a policy.
+    pub generation: u64,
 }
 
 /// One contiguous run of a file range that lives on one server's object.
@@ -136,7 +139,13 @@ impl Layout {
 
     /// A plain layout, as a file layout: `stripe_count` servers named by `servers`.
     pub fn plain(stripe_unit: u32, servers: Vec<u32>) -> Layout {
-        Layout { stripe_unit, stripe_count: servers.len() as u32, servers, redundancy: DataRedundancy::Plain }
+        Layout {
+            stripe_unit,
+            stripe_count: servers.len() as u32,
+            servers,
+            redundancy: DataRedundancy::Plain,
+            generation: 0,
+        }
     }
 
     /// The plain layout the *data* of this file follows: itself when plain, `servers[..k]` with count `k` for
@@ -253,6 +262,7 @@ mod tests {
             stripe_count: 6,
             servers: vec![10, 11, 12, 13, 14, 15],
             redundancy: DataRedundancy::Ec { k: 4, m: 2 },
+            generation: 0,
         };
         let d = ec.data_view(0);
         assert_eq!(d, Layout::plain(4096, vec![10, 11, 12, 13]));
@@ -266,6 +276,7 @@ mod tests {
             stripe_count: 2,
             servers: vec![7, 8],
             redundancy: DataRedundancy::Mirror { n: 2 },
+            generation: 0,
         };
         assert_eq!(m.data_view(1), Layout::plain(4096, vec![8]));
     }
@@ -275,7 +286,13 @@ mod tests {
         assert!(lay(4096, 2).validate(false).is_ok());
         assert!(lay(1000, 2).validate(false).is_err());
         assert!(lay(4096, 0).validate(false).is_err());
-        let p = |count, servers, redundancy| Layout { stripe_unit: 4096, stripe_count: count, servers, redundancy };
+        let p = |count, servers, redundancy| Layout {
+            stripe_unit: 4096,
+            stripe_count: count,
+            servers,
+            redundancy,
+            generation: 0,
+        };
         assert!(p(0, vec![], DataRedundancy::Plain).validate(true).is_ok());
         assert!(p(2, vec![1], DataRedundancy::Plain).validate(false).is_err());
         assert!(p(6, vec![], DataRedundancy::Ec { k: 4, m: 2 }).validate(true).is_ok());

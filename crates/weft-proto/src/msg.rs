@@ -164,6 +164,9 @@ messages! {
     GetLock = 128: GetLockReq => Option<LockHolder>, idempotent = true, data = false;
     /// Drops the caller's session's locks on one inode or all, of one owner or all (close, flush); returns how many.
     ReleaseLocks = 129: ReleaseLocksReq => u32, idempotent = false, data = false;
+    /// Membership and rebuild progress for `weft status` (docs/format.md §19): files waiting for a spare, layout
+    /// changes made, and the healer's bytes left, rate and ETA (`None` when unknown).
+    MemberStatus = 135: () => MemberStatus, idempotent = true, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -199,6 +202,28 @@ messages! {
     /// their version records, compare-and-set: every row's current version must equal its `expect`, else nothing
     /// is written and the answer is `VersionMoved`. Needs write rights.
     WriteRows = 219: WriteRowsReq => (), idempotent = false, data = true;
+    /// Up to `limit` inode numbers above `after` that this server holds an object of, lowest first (docs/format.md
+    /// §19): how the MDS drains a replaced server. Only the cluster key (the MDS) may list.
+    ListObjects = 224: ListObjectsReq => ListObjectsResp, idempotent = true, data = false;
+}
+
+/// Most inode numbers one `ListObjects` reply carries.
+pub const LIST_OBJECTS_MAX: u32 = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListObjectsReq {
+    /// Exclusive: the listing starts above it (0 for the first page; inode 0 never exists).
+    pub after: u64,
+    /// At most this many (the server caps it at [`LIST_OBJECTS_MAX`]).
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListObjectsResp {
+    /// Ascending inode numbers, each above the request's `after`.
+    pub inos: Vec<u64>,
+    /// No object above the last one listed.
+    pub eof: bool,
 }
 
 /// The most data chunks an ec row has (`k` of §16), so the most versions a parity record names.
@@ -730,6 +755,8 @@ mod tests {
         assert_eq!((Op::SetLock as u16, Op::GetLock as u16, Op::ReleaseLocks as u16), (127, 128, 129));
         assert_eq!((Op::ReadRows as u16, Op::WriteRows as u16), (218, 219));
         assert!(Op::WriteRows.request_has_data() && !Op::WriteRows.is_idempotent() && Op::ReadRows.is_idempotent());
+        assert_eq!((Op::MemberStatus as u16, Op::ListObjects as u16), (135, 224));
+        assert!(Op::MemberStatus.is_idempotent() && Op::ListObjects.is_idempotent());
         assert!(!Op::SetLock.is_idempotent() && Op::GetLock.is_idempotent() && !Op::ReleaseLocks.is_idempotent());
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());
         assert!(Op::Read.is_idempotent() && !Op::Create.is_idempotent());

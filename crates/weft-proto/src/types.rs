@@ -125,6 +125,22 @@ pub enum ServerState {
     Up,
     /// No heartbeat within the MDS's liveness window.
     Down,
+    /// Silent for longer than the MDS's `rebuild_after_ms`: its slots in redundant layouts are being moved to
+    /// spares (docs/format.md §19).
+    Failed,
+    /// Failed, and every redundant layout that named it now names a spare instead.
+    Replaced,
+    /// Came back after it was replaced: the MDS is deleting its objects of files whose layouts no longer name it.
+    Draining,
+    /// Up, drained after a replacement: serves new layouts and spares; holds no slot it held before.
+    Spare,
+}
+
+impl ServerState {
+    /// Whether the server answers and may be given new layouts and spare slots.
+    pub fn is_up(self) -> bool {
+        matches!(self, ServerState::Up | ServerState::Spare)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +151,22 @@ pub struct ServerInfo {
     pub bytes_total: u64,
     pub bytes_free: u64,
     pub heartbeat_age_ms: u64,
+}
+
+/// Membership and rebuild progress (op 135, docs/format.md §19).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberStatus {
+    /// Files whose redundant layout still names a failed server, found by the current scan and not yet moved
+    /// (no spare, or not reached yet).
+    pub layouts_pending: u64,
+    /// Layout changes (slots moved to spares) since the MDS started.
+    pub layouts_changed: u64,
+    /// Bytes the healer still has to rebuild; `None` when unknown.
+    pub rebuild_bytes_left: Option<u64>,
+    /// The healer's recent rebuild rate in bytes per second; `None` when unknown.
+    pub rebuild_bytes_per_s: Option<u64>,
+    /// Estimated milliseconds until the rebuild completes; `None` when unknown.
+    pub rebuild_eta_ms: Option<u64>,
 }
 
 /// Space a data server reports for its root directory.

@@ -486,6 +486,7 @@ pub async fn stat(spec: &str, path: &str, raw: bool, json: bool) -> Result<()> {
                 "stripe_count": l.stripe_count,
                 "servers": l.servers,
                 "redundancy": l.redundancy.to_string(),
+                "generation": l.generation,
             });
         }
         return print_json(&v);
@@ -504,8 +505,8 @@ pub async fn stat(spec: &str, path: &str, raw: bool, json: bool) -> Result<()> {
     match (&a.layout, a.kind) {
         (Some(l), FileKind::File) => {
             println!(
-                "layout: {}, stripe unit {} bytes, stripe count {}, data servers {:?}",
-                l.redundancy, l.stripe_unit, l.stripe_count, l.servers
+                "layout: {}, stripe unit {} bytes, stripe count {}, data servers {:?}, generation {}",
+                l.redundancy, l.stripe_unit, l.stripe_count, l.servers, l.generation
             )
         }
         (Some(l), FileKind::Dir) => {
@@ -870,11 +871,13 @@ pub async fn status(spec: &str, json: bool) -> Result<()> {
     let c = connect(spec).await?;
     let servers = c.cluster_info().await?;
     let fs = c.statfs().await?;
+    // An MDS from before op 135 does not answer it: everything it would say is unknown ("—").
+    let member = c.member_status().await.ok();
     // Each live server's space and file system, asked of the server itself (all at once, bounded by the number of
     // servers); a server that is down or does not answer in time keeps the space of its last heartbeat and an
     // unknown file system.
     let mut asks = tokio::task::JoinSet::new();
-    for (i, sv) in servers.iter().enumerate().filter(|(_, sv)| sv.state == ServerState::Up) {
+    for (i, sv) in servers.iter().enumerate().filter(|(_, sv)| sv.state.is_up() || sv.state == ServerState::Draining) {
         let (c, id) = (c.clone(), sv.id);
         asks.spawn(async move {
             let t = std::time::Duration::from_millis(SPACE_TIMEOUT_MS);
@@ -907,7 +910,12 @@ pub async fn status(spec: &str, json: bool) -> Result<()> {
     let state_name = |s: ServerState| match s {
         ServerState::Up => "up",
         ServerState::Down => "down",
+        ServerState::Failed => "failed",
+        ServerState::Replaced => "replaced",
+        ServerState::Draining => "draining",
+        ServerState::Spare => "spare",
     };
+    let dash = |v: Option<u64>, f: &dyn Fn(u64) -> String| v.map_or_else(|| "—".to_string(), f);
     if json {
         let server_rows: Vec<_> = servers
             .iter()
@@ -956,24 +964,35 @@ pub async fn status(spec: &str, json: bool) -> Result<()> {
                 "servers_total": fs.servers_total,
             },
             "usable_bytes": usable_map,
+            "membership": {
+                "layouts_pending": member.as_ref().map(|m| m.layouts_pending),
+                "layouts_changed": member.as_ref().map(|m| m.layouts_changed),
+                "rebuild_bytes_left": member.as_ref().and_then(|m| m.rebuild_bytes_left),
+                "rebuild_bytes_per_s": member.as_ref().and_then(|m| m.rebuild_bytes_per_s),
+                "rebuild_eta_ms": member.as_ref().and_then(|m| m.rebuild_eta_ms),
+            },
         }));
     }
     use crate::human::size;
     println!("metadata service: up ({} files)", fs.files);
     println!(
-        "{:>4}  {:<22} {:<5} {:>7} {:>7} {:>7} {:>6}  {:>12}",
+        "{:>4}  {:<22} {:<14} {:>7} {:>7} {:>7} {:>6}  {:>12}",
         "id", "address", "state", "size", "used", "free", "device", "heartbeat ms"
     );
     for (s, (_, space, dev)) in servers.iter().zip(&rows) {
         let state = match s.state {
-            ServerState::Up => "up",
-            ServerState::Down => "DOWN",
+            ServerState::Down if s.heartbeat_age_ms != u64::MAX => {
+                format!("DOWN for {}s", s.heartbeat_age_ms / 1000)
+            }
+            ServerState::Down => "DOWN".to_string(),
+            ServerState::Failed => "FAILED".to_string(),
+            other => state_name(other).to_string(),
         };
         let age = if s.heartbeat_age_ms == u64::MAX { "never".to_string() } else { s.heartbeat_age_ms.to_string() };
         let d = device_of(s.id);
         let dev = if dev.is_some() { format!("d{d}") } else { format!("d{d}?") };
         println!(
-            "{:>4}  {:<22} {:<5} {:>7} {:>7} {:>7} {:>6}  {:>12}",
+            "{:>4}  {:<22} {:<14} {:>7} {:>7} {:>7} {:>6}  {:>12}",
             s.id,
             s.addr,
             state,
@@ -1003,5 +1022,14 @@ pub async fn status(spec: &str, json: bool) -> Result<()> {
     for (p, b) in &usable {
         println!("usable for new data with {}: {}", p.name(), size(*b));
     }
+    let m = member.unwrap_or_default();
+    println!(
+        "rebuild: {} left, {}/s, ETA {}; files waiting for a spare: {}; layout changes: {}",
+        dash(m.rebuild_bytes_left, &|b| size(b)),
+        dash(m.rebuild_bytes_per_s, &|b| size(b)),
+        dash(m.rebuild_eta_ms, &|ms| format!("{}s", ms.div_ceil(1000))),
+        m.layouts_pending,
+        m.layouts_changed
+    );
     Ok(())
 }

@@ -271,6 +271,8 @@ enum Cmd {
         slots_max = 64                   most slots (requests in flight) granted per client session\n  \
         sessions_max = 4096              most client sessions held at once\n  \
         gc_interval_ms = 1000            how often removed files' objects are collected\n  \
+        rebuild_after_ms = 300000        a data server silent this long is failed: spares take its slots\n  \
+        membership_interval_ms = 1000    how often membership advances (spare scan, drain batches)\n  \
         journal_segment_bytes = 16777216 size each metadata journal segment is preallocated to\n  \
         journal_bytes_max = 268435456    journal not yet checkpointed above which writers wait\n  \
         checkpoint_bytes = 33554432      journal growth that triggers a checkpoint into meta.redb\n  \

@@ -281,6 +281,7 @@ fn workload(s: &RedbStore, n: u64) {
                         stripe_count: 1,
                         servers: vec![1],
                         redundancy: weft_proto::DataRedundancy::Plain,
+                        generation: 0,
                     },
                 )
             })

@@ -193,6 +193,7 @@ fn set_layout<S: MetaStore>(ns: &Ns<S>, ino: u64, unit: u32, count: u32) -> Resu
         stripe_count: count,
         servers: vec![],
         redundancy: weft_proto::DataRedundancy::Plain,
+        generation: 0,
     };
     attr(ns.execute(&Request::SetLayout(SetLayoutReq { ino, layout })))
 }
@@ -211,7 +212,8 @@ fn root_is_created_on_first_open() {
             stripe_unit: 1 << 20,
             stripe_count: 0,
             servers: vec![],
-            redundancy: weft_proto::DataRedundancy::Plain
+            redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         })
     );
     assert_eq!(root.mtime_ns, T0);
@@ -307,7 +309,8 @@ fn layouts_are_assigned_round_robin_from_the_directory_policy() {
             stripe_unit: 65536,
             stripe_count: 2,
             servers: vec![],
-            redundancy: weft_proto::DataRedundancy::Plain
+            redundancy: weft_proto::DataRedundancy::Plain,
+            generation: 0,
         })
     );
     let sub = mkdir(&ns, d.ino, "sub").unwrap();
@@ -345,6 +348,7 @@ fn set_layout_rules() {
         stripe_count: 1,
         servers: vec![10],
         redundancy: weft_proto::DataRedundancy::Plain,
+        generation: 0,
     };
     assert_eq!(
         code(attr(ns.execute(&Request::SetLayout(SetLayoutReq { ino: ROOT_INO, layout: pinned })))),
@@ -601,7 +605,7 @@ fn readdir_limit_is_capped() {
     ns.store()
         .write(|t| {
             for i in 0..5000 {
-                super::create(t, &Cred::root(), &file_req(d.ino, &format!("{i:05}")), T0)?;
+                super::create(t, &Cred::root(), &file_req(d.ino, &format!("{i:05}")), T0, &Default::default())?;
             }
             Ok::<_, WireError>(())
         })
@@ -852,7 +856,7 @@ fn failed_transactions_apply_nothing() {
     let (ns, _) = mem_ns();
     let before = statfs(&ns).files;
     let r: Result<(), WireError> = ns.store().write(|t| {
-        super::create(t, &Cred::root(), &file_req(ROOT_INO, "a"), T0)?;
+        super::create(t, &Cred::root(), &file_req(ROOT_INO, "a"), T0, &Default::default())?;
         super::mkdir(t, &Cred::root(), &dir_req(ROOT_INO, "b"), T0)?;
         Err(WireError::new(ErrorCode::Internal, "abort"))
     });
@@ -960,7 +964,13 @@ fn redb_readdir_pages_through_100k_entries() {
         ns.store()
             .write(|t| {
                 for i in (batch * N / 10)..((batch + 1) * N / 10) {
-                    super::create(t, &Cred::root(), &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)), T0)?;
+                    super::create(
+                        t,
+                        &Cred::root(),
+                        &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)),
+                        T0,
+                        &Default::default(),
+                    )?;
                 }
                 Ok::<_, WireError>(())
             })
@@ -1415,6 +1425,7 @@ fn layout_policy_and_server_registration_are_privileged() {
         stripe_count: 1,
         servers: vec![],
         redundancy: weft_proto::DataRedundancy::Plain,
+        generation: 0,
     };
     let req = Request::SetLayout(SetLayoutReq { ino: d.ino, layout });
     refused(&ns, &clock, &alice(), req.clone(), ErrorCode::NotPermitted);
@@ -1457,6 +1468,7 @@ fn root_may_do_everything() {
         stripe_count: 1,
         servers: vec![],
         redundancy: weft_proto::DataRedundancy::Plain,
+        generation: 0,
     };
     as_attr(&ns, &root, Request::SetLayout(SetLayoutReq { ino: b.ino, layout }));
     // `execute` is `execute_as(root)`.
@@ -1531,4 +1543,160 @@ fn the_data_version_advances_at_write_opens_commits_and_size_changes() {
     drop(ns);
     let ns = redb_ns(&dir, clock);
     assert_eq!(v(&ns), v0 + 5);
+}
+
+/// Membership (docs/format.md §19) over a real store, the clock driven by the test.
+mod membership {
+    use super::*;
+    use weft_proto::DataRedundancy;
+
+    const REBUILD_MS: u64 = 60_000;
+
+    fn ec_policy<S: MetaStore>(ns: &Ns<S>, ino: u64) {
+        let layout = Layout {
+            stripe_unit: 4096,
+            stripe_count: 3,
+            servers: vec![],
+            redundancy: DataRedundancy::Ec { k: 2, m: 1 },
+            generation: 0,
+        };
+        attr(ns.execute(&Request::SetLayout(SetLayoutReq { ino, layout }))).unwrap();
+    }
+
+    fn state_of<S: MetaStore>(ns: &Ns<S>, id: u32) -> ServerState {
+        ns.servers().into_iter().find(|s| s.id == id).unwrap().state
+    }
+
+    /// Keeps every server but `silent` heard while the clock moves `ms` forward in steps below the liveness window.
+    fn pass_time<S: MetaStore>(ns: &Ns<S>, clock: &ManualClock, ms: u64, ids: &[u32], silent: u32) {
+        let mut left = ms;
+        while left > 0 {
+            let step = left.min(1000);
+            clock.advance_ms(step);
+            left -= step;
+            for id in ids.iter().filter(|&&i| i != silent) {
+                register(ns, *id, &format!("ds{id}:7000"), 1000);
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_server_is_replaced_in_redundant_layouts_then_drained_when_it_returns() {
+        let dir = TempDir::new("membership");
+        let clock = Arc::new(ManualClock::new(T0));
+        let ns = redb_ns(&dir, clock.clone()).with_rebuild_after_ms(REBUILD_MS);
+        let ids = [10, 20, 30, 40];
+        for id in ids {
+            register(&ns, id, &format!("ds{id}:7000"), 1000);
+        }
+        let plain_dir = mkdir(&ns, ROOT_INO, "plain").unwrap();
+        ec_policy(&ns, ROOT_INO);
+        let files: Vec<Attr> = (0..8).map(|i| create(&ns, ROOT_INO, &format!("f{i}")).unwrap()).collect();
+        let plains: Vec<Attr> = (0..4).map(|i| create(&ns, plain_dir.ino, &format!("p{i}")).unwrap()).collect();
+        let names_20 = |a: &Attr| a.layout.as_ref().unwrap().servers.contains(&20);
+        assert!(files.iter().filter(|a| names_20(a)).count() >= 2, "ec files on 20 to move");
+        assert!(plains.iter().any(names_20), "a plain file on 20");
+
+        // Silent for less than rebuild_after_ms: down, not failed, nothing moves.
+        pass_time(&ns, &clock, REBUILD_MS, &ids, 20);
+        assert_eq!(state_of(&ns, 20), ServerState::Down);
+        ns.membership_tick(3).unwrap();
+        assert_eq!(state_of(&ns, 20), ServerState::Down);
+        assert!(files.iter().all(|a| getattr(&ns, a.ino).unwrap().layout == a.layout));
+
+        // Past it: failed; the scan (3 inodes per tick) moves every ec slot of 20 to a spare.
+        pass_time(&ns, &clock, 1, &ids, 20);
+        ns.membership_tick(3).unwrap();
+        assert_eq!(state_of(&ns, 20), ServerState::Failed);
+        let mut ticks = 1;
+        while state_of(&ns, 20) == ServerState::Failed {
+            ns.membership_tick(3).unwrap();
+            ticks += 1;
+            assert!(ticks < 20, "the scan ends");
+        }
+        assert_eq!(state_of(&ns, 20), ServerState::Replaced);
+        assert!(ticks > 2, "bounded batches: the scan took several ticks ({ticks})");
+        for a in &files {
+            let now = getattr(&ns, a.ino).unwrap().layout.unwrap();
+            let before = a.layout.clone().unwrap();
+            if before.servers.contains(&20) {
+                assert!(!now.servers.contains(&20), "inode {}: {now:?}", a.ino);
+                assert_eq!(now.generation, 1);
+                let slot = before.servers.iter().position(|&s| s == 20).unwrap();
+                let mut expect = before.servers.clone();
+                expect[slot] = now.servers[slot];
+                assert_eq!(now.servers, expect, "only the failed slot moved");
+                assert!(!before.servers.contains(&now.servers[slot]), "the spare was not in the layout");
+            } else {
+                assert_eq!(now, before, "a layout without the failed server is untouched");
+            }
+        }
+        // Plain files keep their layout: their bytes exist once.
+        for p in &plains {
+            assert_eq!(getattr(&ns, p.ino).unwrap().layout, p.layout);
+        }
+        let st = ns.member_status();
+        assert_eq!((st.layouts_pending, st.layouts_changed), (0, files.iter().filter(|a| names_20(a)).count() as u64));
+        assert_eq!(st.rebuild_bytes_left, None);
+        // No new file lands on a replaced server.
+        let g = create(&ns, ROOT_INO, "new").unwrap();
+        assert!(!names_20(&g));
+
+        // It returns: drained of what it no longer owns, then a spare.
+        register(&ns, 20, "ds20:7000", 1000);
+        assert_eq!(state_of(&ns, 20), ServerState::Draining);
+        assert_eq!(ns.draining_servers(), vec![(20, "ds20:7000".to_string())]);
+        for a in files.iter().filter(|a| names_20(a)) {
+            assert!(!ns.object_owned(a.ino, 20).unwrap());
+        }
+        for p in plains.iter().filter(|a| names_20(a)) {
+            assert!(ns.object_owned(p.ino, 20).unwrap(), "a plain file still on 20 keeps its object");
+        }
+        assert!(!ns.object_owned(999_999, 20).unwrap(), "no such inode: not owned");
+        ns.drained(20);
+        assert_eq!(state_of(&ns, 20), ServerState::Spare);
+        assert!(ns.draining_servers().is_empty());
+        // The generation survives a reopen of the store (inode record version 5).
+        drop(ns);
+        let ns = redb_ns(&dir, clock.clone());
+        let moved = files.iter().find(|a| names_20(a)).unwrap();
+        assert_eq!(getattr(&ns, moved.ino).unwrap().layout.unwrap().generation, 1);
+    }
+
+    #[test]
+    fn without_a_spare_the_file_stays_degraded_and_the_server_failed() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let ns = Namespace::new(MemStore::new(), clock.clone(), DEFAULT_LIVENESS_MS)
+            .unwrap()
+            .with_rebuild_after_ms(REBUILD_MS);
+        let ids = [10, 20, 30];
+        for id in ids {
+            register(&ns, id, &format!("ds{id}:7000"), 1000);
+        }
+        ec_policy(&ns, ROOT_INO);
+        let f = create(&ns, ROOT_INO, "f").unwrap();
+        pass_time(&ns, &clock, REBUILD_MS + 1, &ids, 20);
+        for _ in 0..3 {
+            ns.membership_tick(16).unwrap();
+        }
+        assert_eq!(state_of(&ns, 20), ServerState::Failed, "not replaced: a layout still names it");
+        assert_eq!(getattr(&ns, f.ino).unwrap().layout, f.layout, "unchanged, degraded");
+        assert_eq!(ns.member_status().layouts_pending, 1);
+        // A server returning while failed is drained (some layouts may have moved), never replaced after that.
+        register(&ns, 20, "ds20:7000", 1000);
+        assert_eq!(state_of(&ns, 20), ServerState::Draining);
+        assert!(ns.object_owned(f.ino, 20).unwrap());
+    }
+
+    #[test]
+    fn a_server_back_before_rebuild_after_ms_is_simply_up() {
+        let (ns, clock) = mem_ns();
+        let ns = ns.with_rebuild_after_ms(REBUILD_MS);
+        pass_time(&ns, &clock, REBUILD_MS - 1000, &[10, 20, 30], 20);
+        ns.membership_tick(16).unwrap();
+        assert_eq!(state_of(&ns, 20), ServerState::Down);
+        register(&ns, 20, "ds20:7000", 1000);
+        ns.membership_tick(16).unwrap();
+        assert_eq!(state_of(&ns, 20), ServerState::Up);
+    }
 }
