@@ -11,8 +11,9 @@
 //!   decoded row (repair on read). Fewer than `k` chunks: [`ClientError::Unavailable`], never zeros.
 //! - **Writes** are read–modify–write per stripe row: a row only partly covered is read first (healthy or
 //!   degraded), the new bytes laid over it, parity computed, and every chunk of the rows written, to all `k + m`
-//!   servers at once. A server that cannot be written fails the write ([`ClientError::DegradedWrite`]): what it
-//!   missed is not recorded anywhere yet, so letting the write go on would leave a stale chunk behind.
+//!   servers at once. Up to `m` servers that cannot be written: the rows they missed are recorded stale at the MDS
+//!   before the write is acknowledged, and reads treat those chunks as missing (`stale.rs`); more fail the write
+//!   ([`ClientError::DegradedWrite`]).
 //!
 //! The write hole is not closed (ARCHITECTURE.md): two clients writing one row at once, or a crash between the
 //! chunk writes of a row, can leave data and parity that disagree, undetected until that row is decoded.
@@ -118,7 +119,7 @@ pub(crate) async fn read_on(io: &Io, layout: &Layout, offset: u64, len: u64) -> 
 }
 
 /// Server `i`'s object of `layout`, seen as a plain one-server file: its file offsets are object offsets.
-fn object_of(layout: &Layout, i: usize) -> Layout {
+pub(crate) fn object_of(layout: &Layout, i: usize) -> Layout {
     Layout::plain(layout.stripe_unit, vec![layout.servers[i]])
 }
 
@@ -130,6 +131,12 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
 /// [`read`] with the capability of `io`.
 async fn read_via(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
     let layout = &file.layout;
+    // A data chunk in a stale range is never read: those rows are decoded from the other chunks.
+    let (first, end) = crate::stale::rows_of(layout, offset, len);
+    let k = km(layout).expect("an ec layout").0;
+    if crate::stale::stale_slots(file, first, end).await?.iter().any(|&s| s < k) {
+        return read_degraded(file, io, offset, len).await;
+    }
     match read_on(io, &layout.data_view(0), offset, len).await {
         Ok(b) => Ok(b),
         Err(e) if is_chunk_loss(&e) => {
@@ -173,14 +180,15 @@ async fn decode_rows(file: &File, io: &Io, codec: &Codec, first: u64, rows: u64)
     let (k, m) = (codec.k, codec.m);
     let unit = u64::from(layout.stripe_unit);
     let mut tasks = JoinSet::new();
-    for i in 0..k + m {
+    let stale = crate::stale::stale_slots(file, first, first + rows).await?;
+    for i in (0..k + m).filter(|i| !stale.contains(i)) {
         let obj = object_of(layout, i);
         let io = io.clone();
         tasks.spawn(async move { (i, read_on(&io, &obj, first * unit, rows * unit).await) });
     }
     let mut chunks: Vec<Option<BytesMut>> = vec![None; k + m];
     let mut corrupt = Vec::new();
-    let mut causes = Vec::new();
+    let mut causes: Vec<String> = stale.iter().map(|i| format!("chunk {i}: stale")).collect();
     while let Some(r) = tasks.join_next().await {
         let (i, r) = r.map_err(|e| ClientError::Protocol(format!("read task failed: {e}")))?;
         match r {
@@ -342,21 +350,15 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
             let at = r * unit;
             tasks.spawn(async move { (i, write_on(&io, &obj, at, Bytes::from(bytes)).await) });
         }
-        let mut first_err = None;
+        let mut failed = Vec::new();
         while let Some(res) = tasks.join_next().await {
             let (i, res) = res.map_err(|e| ClientError::Protocol(format!("write task failed: {e}")))?;
             if let Err(e) = res {
-                first_err.get_or_insert(ClientError::DegradedWrite {
-                    ino: file.attr.ino,
-                    file_offset: base,
-                    server: layout.servers[i],
-                    cause: e.to_string(),
-                });
+                failed.push((i, e));
             }
         }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
+        // Up to m failed servers: their rows are recorded stale before this write is acknowledged.
+        crate::stale::record_missed(file, failed, base, r, r + rows).await?;
         // Rows written so far are visible to this handle's next RMW (it reads up to its size).
         file.size.fetch_max(to, Ordering::SeqCst);
         r += rows;

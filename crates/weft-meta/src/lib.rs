@@ -28,6 +28,7 @@ pub mod perm;
 mod push;
 pub mod redb_store;
 pub mod service;
+pub mod stale;
 pub mod store;
 
 pub use acl::{Acl, AclError};

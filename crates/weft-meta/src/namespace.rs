@@ -45,7 +45,10 @@ use crate::error::MetaError;
 use crate::perm::{self, Cred, Mask};
 use crate::store::{Inode, MetaStore, MetaTxn};
 
+mod stale_ops;
 mod xattr;
+
+pub use stale_ops::StalePage;
 
 pub use xattr::DEFAULT_XATTR_BYTES_MAX_PER_INODE;
 
@@ -81,6 +84,10 @@ pub struct Namespace<S: MetaStore, C: Clock> {
     servers: Mutex<BTreeMap<u32, ServerSlot>>,
     /// Most bytes of extended attributes (names and values) one inode may hold.
     xattr_bytes_max: usize,
+    /// Most stale ranges one (file, slot) keeps before collapsing to the whole slot (§18).
+    stale_ranges_per_slot_max: usize,
+    /// Most (file, slot) entries in the stale-range table.
+    stale_entries_max: u64,
 }
 
 /// The layout policy of the root of a new namespace: 1 MiB stripes over every data server.
@@ -138,6 +145,8 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             liveness_ms,
             servers: Mutex::new(servers),
             xattr_bytes_max: DEFAULT_XATTR_BYTES_MAX_PER_INODE,
+            stale_ranges_per_slot_max: crate::stale::DEFAULT_STALE_RANGES_PER_SLOT_MAX,
+            stale_entries_max: crate::stale::DEFAULT_STALE_ENTRIES_MAX,
         })
     }
 
@@ -145,6 +154,13 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
     /// `xattr_bytes_max_per_inode`); at least one largest value with a longest name must fit.
     pub fn with_xattr_bytes_max(mut self, bytes: usize) -> Self {
         self.xattr_bytes_max = bytes.max(weft_proto::XATTR_VALUE_BYTES_MAX + weft_proto::XATTR_NAME_BYTES_MAX);
+        self
+    }
+
+    /// Sets the stale-range table's bounds (the MDS config's `stale_ranges_per_slot_max`, `stale_entries_max`).
+    pub fn with_stale_limits(mut self, ranges_per_slot_max: usize, entries_max: u64) -> Self {
+        self.stale_ranges_per_slot_max = ranges_per_slot_max.max(1);
+        self.stale_entries_max = entries_max;
         self
     }
 
