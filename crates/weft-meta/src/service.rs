@@ -43,7 +43,7 @@ pub struct MetaService {
 /// How the MDS talks to a healer in its process: a nudge (`HealNow`) and its progress (for `ListStale`).
 #[derive(Clone)]
 pub struct HealHooks {
-    pub nudge: Arc<tokio::sync::Notify>,
+    pub nudge: Arc<dyn Fn() + Send + Sync>,
     pub progress: Arc<dyn Fn() -> HealProgress + Send + Sync>,
 }
 
@@ -97,7 +97,7 @@ impl MetaService {
                 }
                 match &self.heal {
                     Some(h) => {
-                        h.nudge.notify_one();
+                        (h.nudge)();
                         Ok(Response::HealNow(()))
                     }
                     None => Err(WireError::new(ErrorCode::NotSupported, "no healer runs beside this MDS (heal = false)")),
