@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target in fuzz/ for a short while (FUZZ_SECONDS each, default 30): frame, layout,
-# journal (the metadata journal decoder), found by `cargo fuzz list`.
+# journal (the metadata journal decoder), stale (the stale-range records), …, found by `cargo fuzz list`.
 # Installs the nightly toolchain and cargo-fuzz first when they are missing. Exits non-zero on a crash; the
 # crashing input is left in fuzz/artifacts/TARGET/ (replay it with `cargo +nightly fuzz run TARGET FILE`). A stale
 # fuzz/Cargo.lock fails before anything is built.

@@ -13,7 +13,8 @@
 //! - **Writes** go row by row with chunk versions ([`crate::ec_rows`]): a row only partly covered is read first
 //!   (read–modify–write), the changed data chunks written compare-and-set, then every parity chunk with the data
 //!   versions it encodes; another writer's moved version restarts the row. A server that cannot be written fails
-//!   the write ([`ClientError::DegradedWrite`]): what it missed is not recorded anywhere yet.
+//!   the write ([`ClientError::DegradedWrite`]) only past `m` of them: up to `m` are recorded stale at the MDS
+//!   before the write is acknowledged ([`crate::stale`]), and reads treat those chunks as missing.
 //!
 //! The write hole is closed by those versions (ARCHITECTURE.md's invariants; docs/format.md §17).
 
@@ -116,6 +117,11 @@ pub(crate) async fn read_on(io: &Io, layout: &Layout, offset: u64, len: u64) -> 
     Ok(out)
 }
 
+/// Server `i`'s object of `layout`, seen as a plain one-server file: its file offsets are object offsets.
+pub(crate) fn object_of(layout: &Layout, i: usize) -> Layout {
+    Layout::plain(layout.stripe_unit, vec![layout.servers[i]])
+}
+
 /// Reads `[offset, offset + len)` of an ec file (the caller has cut `len` at the file's size).
 pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
     read_via(file, &file.io(), offset, len).await
@@ -124,6 +130,12 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
 /// [`read`] with the capability of `io`.
 async fn read_via(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
     let layout = &file.layout();
+    // A data chunk in a stale range is never read: those rows are decoded from the other chunks.
+    let (first, end) = crate::stale::rows_of(layout, offset, len);
+    let k = km(layout).expect("an ec layout").0;
+    if crate::stale::stale_slots(file, first, end).await?.iter().any(|&s| s < k) {
+        return read_degraded(file, io, offset, len).await;
+    }
     match read_on(io, &layout.data_view(0), offset, len).await {
         Ok(b) => Ok(b),
         Err(e) if is_chunk_loss(&e) => {

@@ -163,29 +163,31 @@ async fn read_all(
     out
 }
 
-/// Writes to every server at once; the first failure (a moved version first, so the caller retries).
-async fn write_all(
-    io: &Io,
-    layout: &Layout,
-    writes: Vec<(usize, Vec<RowWrite>, Vec<u8>)>,
-    first: u64,
-) -> Result<(), (usize, ClientError)> {
+/// What writing to every server at once ended with.
+enum Written {
+    /// Another writer moved a version: the caller retries the row.
+    Moved,
+    /// Every write landed, or these servers failed (not with a moved version).
+    Failed(Vec<(usize, ClientError)>),
+}
+
+/// Writes to every server at once.
+async fn write_all(io: &Io, layout: &Layout, writes: Vec<(usize, Vec<RowWrite>, Vec<u8>)>, first: u64) -> Written {
     let mut tasks = JoinSet::new();
     for (i, rows, payload) in writes {
         let (io, layout) = (io.clone(), layout.clone());
         tasks.spawn(async move { (i, write_rows(&io, &layout, i, first, rows, payload).await) });
     }
-    let mut first_err: Option<(usize, ClientError)> = None;
+    let mut failed = Vec::new();
+    let mut moved = false;
     while let Some(r) = tasks.join_next().await {
         let (i, r) = r.unwrap_or_else(|e| (usize::MAX, Err(ClientError::Protocol(format!("write task failed: {e}")))));
         if let Err(e) = r {
-            let moved = e.code() == Some(ErrorCode::VersionMoved);
-            if moved || first_err.is_none() {
-                first_err = Some((i, e));
-            }
+            moved |= e.code() == Some(ErrorCode::VersionMoved);
+            failed.push((i, e));
         }
     }
-    first_err.map_or(Ok(()), Err)
+    if moved { Written::Moved } else { Written::Failed(failed) }
 }
 
 fn found_of(c: &ChunkVersion, checked: bool) -> Found {
@@ -226,7 +228,7 @@ pub(crate) async fn write_batch(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match write_attempt(file, read_io, write_io, codec, first, rows, from, new, old_size, new_end).await? {
+        match write_attempt(file, read_io, write_io, codec, first, rows, from, new, old_size, new_end, None).await? {
             Attempt::Done => return Ok(()),
             Attempt::Moved if attempt >= WRITE_ATTEMPTS_MAX => {
                 return Err(ClientError::WriteConflict { ino: file.attr.ino, file_offset: base, attempts: attempt });
@@ -256,6 +258,7 @@ async fn write_attempt(
     new: &[u8],
     old_size: u64,
     new_end: u64,
+    heal: Option<usize>,
 ) -> Result<Attempt, ClientError> {
     let layout = &file.layout();
     let (k, m) = (codec.k, codec.m);
@@ -266,41 +269,64 @@ async fn write_attempt(
     let to = from + new.len() as u64;
     let partial = rows == 1 && (from > base || to < base + row_bytes);
     assert!(partial || (from == base && to == base + rows * row_bytes), "one partial row or whole rows");
-    let degraded = |i: usize, e: ClientError| ClientError::DegradedWrite {
+    let degraded = |i: usize, e: &dyn std::fmt::Display| ClientError::DegradedWrite {
         ino: file.attr.ino,
         file_offset: base,
         server: layout.servers.get(i).copied().unwrap_or(u32::MAX),
         cause: e.to_string(),
     };
+    // Chunks in a stale range (§18) are neither read nor written: the healer rewrites them. The one being healed
+    // is read for its records (compare-and-set) but its bytes are not trusted (`Damaged`), so it is rewritten.
+    let mut skip: Vec<usize> =
+        crate::stale::stale_slots(file, first, first + rows).await?.into_iter().filter(|&i| Some(i) != heal).collect();
+    // Chunks that could not be read or written in this attempt (a server down): recorded stale before Ok.
+    let mut lost: Vec<(usize, ClientError)> = Vec::new();
     // 1. Parity records first, 2. then the data chunks' (see the module doc for why this order).
     let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); k + m];
     let mut bytes: Vec<Vec<u8>> = vec![Vec::new(); k + m];
     for phase in [k..k + m, 0..k] {
-        for (i, r) in read_all(read_io, layout, phase, first, rows, partial).await {
+        let which: Vec<usize> = phase.filter(|i| !skip.contains(i)).collect();
+        for (i, r) in read_all(read_io, layout, which.into_iter(), first, rows, partial).await {
             match r {
                 Ok((v, b)) => {
                     found[i] = v;
                     bytes[i] = b;
                 }
-                Err(e) if is_chunk_loss(&e) => return Err(degraded(i, e)),
+                Err(e) if is_chunk_loss(&e) && Some(i) != heal => lost.push((i, e)),
                 Err(e) => return Err(e),
             }
         }
     }
+    if skip.len() + lost.len() > m {
+        let (i, e) = lost.pop().map_or((skip[0], "stale".to_string()), |(i, e)| (i, e.to_string()));
+        let cause = format!("{e} (more servers of the layout unavailable than its {m} tolerated)");
+        return Err(degraded(i, &cause));
+    }
+    skip.extend(lost.iter().map(|(i, _)| *i));
+    let skip = skip;
+    // What chunk `i` of row `row` was found as (`Unreachable` when skipped).
+    let fnd = |i: usize, row: usize, checked: bool| -> Found {
+        if skip.contains(&i) {
+            return Found::Unreachable;
+        }
+        let c = &found[i][row];
+        if Some(i) == heal { Found::Damaged { version: c.version } } else { found_of(c, checked) }
+    };
+    let ver = |i: usize, row: usize| -> u64 { if skip.contains(&i) { 0 } else { found[i][row].version } };
     // The rows' bytes and the data versions they hold after this write.
     let mut buf = vec![0u8; (rows * row_bytes) as usize];
     let mut rewrite = vec![false; k];
     let mut data_versions: Vec<Vec<u64>> = Vec::with_capacity(rows as usize);
-    let parity_found = |row: usize| -> Vec<Found> { (k..k + m).map(|i| found_of(&found[i][row], partial)).collect() };
+    let parity_found = |row: usize| -> Vec<Found> { (k..k + m).map(|i| fnd(i, row, partial)).collect() };
     if partial {
-        let fs: Vec<Found> = (0..k + m).map(|i| found_of(&found[i][0], true)).collect();
+        let fs: Vec<Found> = (0..k + m).map(|i| fnd(i, 0, true)).collect();
         for j in 0..k {
             if matches!(fs[j], Found::Intact { .. }) {
                 buf[j * u..(j + 1) * u].copy_from_slice(&bytes[j]);
             }
             // Chunks it changes, and damaged ones (rewritten whole from the decoded row: their repair).
             let (lo, hi) = (base + j as u64 * unit, base + (j as u64 + 1) * unit);
-            rewrite[j] = (lo < to && from < hi) || matches!(fs[j], Found::Damaged { .. });
+            rewrite[j] = !skip.contains(&j) && ((lo < to && from < hi) || matches!(fs[j], Found::Damaged { .. }));
         }
         let mut versions: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
         match plan_row(k, m, &fs) {
@@ -344,10 +370,10 @@ async fn write_attempt(
         data_versions.push(versions);
     } else {
         buf.copy_from_slice(new);
-        rewrite = vec![true; k];
+        rewrite = (0..k).map(|j| !skip.contains(&j)).collect();
         for row in 0..rows as usize {
             let pf = parity_found(row);
-            data_versions.push((0..k).map(|j| next_data_version(j, found[j][row].version, &pf)).collect());
+            data_versions.push((0..k).map(|j| next_data_version(j, ver(j, row), &pf)).collect());
         }
     }
     // 3. The data chunks, then 4. the parity chunks; each at its §16 stored length, or longer where the chunk on
@@ -380,15 +406,17 @@ async fn write_attempt(
         writes.push((j, recs, payload));
     }
     match write_all(write_io, layout, writes, first).await {
-        Ok(()) => {}
-        Err((_, e)) if e.code() == Some(ErrorCode::VersionMoved) => return Ok(Attempt::Moved),
-        Err((i, e)) => return Err(degraded(i, e)),
+        Written::Moved => return Ok(Attempt::Moved),
+        Written::Failed(f) => lost.extend(f),
     }
     let mut parity: Vec<(Vec<RowWrite>, Vec<u8>)> = vec![(Vec::new(), Vec::new()); m];
     for row in 0..rows {
         let rb = &buf[(row * row_bytes) as usize..][..row_bytes as usize];
         let shards: Vec<&[u8]> = (0..k).map(|j| &rb[j * u..(j + 1) * u]).collect();
         for (p, par) in codec.encode(&shards).iter().enumerate() {
+            if skip.contains(&(k + p)) {
+                continue;
+            }
             let keep = stored(row).min(u).max(on_disk(k + p, par));
             let expect = found[k + p][row as usize].version;
             let version = expect.saturating_add(1);
@@ -396,12 +424,31 @@ async fn write_attempt(
             parity[p].1.extend_from_slice(&par[..keep]);
         }
     }
-    let writes = parity.into_iter().enumerate().map(|(p, (recs, payload))| (k + p, recs, payload)).collect();
+    let writes = parity
+        .into_iter()
+        .enumerate()
+        .filter(|(p, _)| !skip.contains(&(k + p)))
+        .map(|(p, (recs, payload))| (k + p, recs, payload))
+        .collect();
     match write_all(write_io, layout, writes, first).await {
-        Ok(()) => Ok(Attempt::Done),
-        Err((_, e)) if e.code() == Some(ErrorCode::VersionMoved) => Ok(Attempt::Moved),
-        Err((i, e)) => Err(degraded(i, e)),
+        Written::Moved => return Ok(Attempt::Moved),
+        Written::Failed(f) => lost.extend(f),
     }
+    if let Some(pos) = lost.iter().position(|(i, _)| *i == usize::MAX || Some(*i) == heal) {
+        // A heal that could not write what it heals fails (the range stays stale), as does a failed task.
+        let (i, e) = lost.swap_remove(pos);
+        return Err(if i == usize::MAX { e } else { degraded(i, &format!("healing: {e}")) });
+    }
+    // Up to m unavailable servers: the rows each missed (stale ones too: they were skipped in every row here)
+    // are recorded stale before this write is acknowledged; more fail it.
+    let mut missed: Vec<(usize, ClientError)> = skip
+        .iter()
+        .filter(|i| !lost.iter().any(|(j, _)| j == *i))
+        .map(|&i| (i, ClientError::Protocol(format!("chunk {i} is stale"))))
+        .collect();
+    missed.extend(lost);
+    crate::stale::record_missed(file, missed, base, first, first + rows).await?;
+    Ok(Attempt::Done)
 }
 
 /// The length of `b` without its trailing zeros.
@@ -429,8 +476,10 @@ pub(crate) async fn decode_rows(
     let u = unit as usize;
     let row_bytes = unit * k as u64;
     let mut found: Vec<Option<(Vec<ChunkVersion>, Vec<u8>)>> = vec![None; k + m];
-    let mut causes = Vec::new();
-    for (i, r) in read_all(io, layout, 0..k + m, first, rows, true).await {
+    // A chunk in a stale range (§18) is never read: it is decoded like a missing one.
+    let stale = crate::stale::stale_slots(file, first, first + rows).await?;
+    let mut causes: Vec<String> = stale.iter().map(|i| format!("chunk {i}: stale")).collect();
+    for (i, r) in read_all(io, layout, (0..k + m).filter(|i| !stale.contains(i)), first, rows, true).await {
         match r {
             Ok(x) => found[i] = Some(x),
             Err(e) if is_chunk_loss(&e) => causes.push(format!("chunk {i}: {e}")),
@@ -484,8 +533,29 @@ pub(crate) async fn repair_row(file: &File, io: &Io, codec: &Codec, row: u64) ->
     let base = row * row_bytes;
     // No new bytes: a zero-length write at the row's start rewrites the damaged chunks and the parity.
     let new_end = size.max(base);
-    match write_attempt(file, io, io, codec, row, 1, base, &[], size, new_end).await? {
+    match write_attempt(file, io, io, codec, row, 1, base, &[], size, new_end, None).await? {
         Attempt::Done => Ok(()),
         Attempt::Moved => Ok(()),
+    }
+}
+
+/// Heals chunk `slot` of row `row` (it missed writes: a stale range of §18, or a spare that holds nothing yet):
+/// the row is decoded from the other chunks by the version rule and that chunk rewritten, with the parity,
+/// compare-and-set, retried like a write when another writer moves a version.
+pub(crate) async fn heal_row(file: &File, io: &Io, codec: &Codec, row: u64, slot: usize) -> Result<(), ClientError> {
+    let row_bytes = u64::from(file.layout().stripe_unit) * codec.k as u64;
+    let size = file.size();
+    let base = row * row_bytes;
+    let new_end = size.max(base);
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match write_attempt(file, io, io, codec, row, 1, base, &[], size, new_end, Some(slot)).await? {
+            Attempt::Done => return Ok(()),
+            Attempt::Moved if attempt >= WRITE_ATTEMPTS_MAX => {
+                return Err(ClientError::WriteConflict { ino: file.attr.ino, file_offset: base, attempts: attempt });
+            }
+            Attempt::Moved => tokio::time::sleep(Duration::from_micros(u64::from(attempt) * 200)).await,
+        }
     }
 }

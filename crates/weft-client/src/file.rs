@@ -46,6 +46,8 @@ pub struct File {
     /// Written or truncated through this handle: reads no longer use the bank nor ask for fills, so a client
     /// always reads its own writes.
     wrote: AtomicBool,
+    /// The file's stale ranges as this handle knows them (redundant layouts, `stale.rs`).
+    pub(crate) stale: crate::stale::StaleView,
 }
 
 /// What a spawned transfer of a file needs (redundant layouts, `ec.rs` and `mirror.rs`).
@@ -137,6 +139,7 @@ impl File {
             dirty: AtomicBool::new(false),
             unsynced: AtomicBool::new(false),
             caps,
+            stale: Default::default(),
         })
     }
 

@@ -1,8 +1,9 @@
 //! The data path of mirrored files (`mirror n`, docs/format.md §16): every byte at the same object offset on each
 //! of the layout's `n` servers, each copy a plain object.
 //!
-//! Writes go to every copy at once and fail if any copy cannot be written ([`ClientError::DegradedWrite`]: what a
-//! copy missed is not recorded yet, so going on would leave a stale copy that a later read could pick). Reads ask
+//! Writes go to every copy at once; copies that cannot be written (at most `n − 1`) have the rows they missed
+//! recorded stale at the MDS before the write is acknowledged, and reads skip a copy stale over their range
+//! (`stale.rs`); no copy written fails the write ([`ClientError::DegradedWrite`]). Reads ask
 //! one copy and fall over to the next when a server does not answer or a block fails its checksum; a copy that
 //! answered `Corrupt` is rewritten from the copy that answered (repair on read), over whole checksum blocks.
 
@@ -34,8 +35,10 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
     let a = offset - offset % BLOCK_BYTES;
     let b = (offset + len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
     let mut corrupt = Vec::new();
-    let mut causes = Vec::new();
-    for c in (0..n).map(|i| (start + i) % n) {
+    let (first, end) = crate::stale::rows_of(layout, offset, len);
+    let stale = crate::stale::stale_slots(file, first, end).await?;
+    let mut causes: Vec<String> = stale.iter().map(|c| format!("copy {c}: stale")).collect();
+    for c in (0..n).map(|i| (start + i) % n).filter(|c| !stale.contains(c)) {
         match read_on(&file.io(), &layout.data_view(c), a, b - a).await {
             Ok(mut got) => {
                 if !corrupt.is_empty() {
@@ -91,17 +94,13 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
         let (io, copy, data) = (file.io(), layout.data_view(c), data.clone());
         tasks.spawn(async move { (c, write_on(&io, &copy, offset, data).await) });
     }
-    let mut first_err = None;
+    let mut failed = Vec::new();
     while let Some(r) = tasks.join_next().await {
         let (c, r) = r.map_err(|e| ClientError::Protocol(format!("write task failed: {e}")))?;
         if let Err(e) = r {
-            first_err.get_or_insert(ClientError::DegradedWrite {
-                ino: file.attr.ino,
-                file_offset: offset,
-                server: layout.servers[c],
-                cause: e.to_string(),
-            });
+            failed.push((c, e));
         }
     }
-    first_err.map_or(Ok(()), Err)
+    let (first, end) = crate::stale::rows_of(layout, offset, data.len() as u64);
+    crate::stale::record_missed(file, failed, offset, first, end).await
 }

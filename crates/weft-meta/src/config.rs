@@ -95,6 +95,23 @@ pub struct MetaConfig {
     /// its locks are released.
     #[serde(default = "default_locks_grace_ms")]
     pub locks_grace_ms: u64,
+    /// Run the healer beside the MDS (`weft meta`): it catches data servers up on the rows of redundant files
+    /// they missed (docs/format.md §18).
+    #[serde(default = "default_heal")]
+    pub heal: bool,
+    /// Most MiB per second the healer writes (catch-up and rebuild); 0: unthrottled.
+    #[serde(default = "default_rebuild_mib_per_s")]
+    pub rebuild_mib_per_s: u64,
+    /// How often an idle healer looks for stale ranges (`weft heal --now` wakes it at once).
+    #[serde(default = "default_heal_interval_ms")]
+    pub heal_interval_ms: u64,
+    /// Most stale ranges one (file, slot) keeps; more collapse to the whole slot (healed whole).
+    #[serde(default = "default_stale_ranges_per_slot_max")]
+    pub stale_ranges_per_slot_max: usize,
+    /// Most (file, slot) entries in the stale-range table; a degraded write needing a new one past it fails
+    /// (ENOSPC) rather than being acknowledged unrecorded.
+    #[serde(default = "default_stale_entries_max")]
+    pub stale_entries_max: u64,
 }
 
 impl MetaConfig {
@@ -130,6 +147,21 @@ fn default_locks_max() -> usize {
 }
 fn default_locks_grace_ms() -> u64 {
     crate::lock_sessions::DEFAULT_LOCKS_GRACE_MS
+}
+fn default_heal() -> bool {
+    true
+}
+fn default_rebuild_mib_per_s() -> u64 {
+    200
+}
+fn default_heal_interval_ms() -> u64 {
+    10_000
+}
+fn default_stale_ranges_per_slot_max() -> usize {
+    crate::stale::DEFAULT_STALE_RANGES_PER_SLOT_MAX
+}
+fn default_stale_entries_max() -> u64 {
+    crate::stale::DEFAULT_STALE_ENTRIES_MAX
 }
 fn default_liveness_ms() -> u64 {
     5000
@@ -184,6 +216,8 @@ mod tests {
         assert_eq!(cfg.capability_ttl_ms, 60_000);
         assert_eq!(cfg.cache, None);
         assert_eq!((cfg.locks_max, cfg.locks_grace_ms), (65536, 10_000));
+        assert_eq!((cfg.heal, cfg.rebuild_mib_per_s, cfg.heal_interval_ms), (true, 200, 10_000));
+        assert_eq!((cfg.stale_ranges_per_slot_max, cfg.stale_entries_max), (64, 1 << 20));
     }
 
     #[test]
@@ -205,6 +239,11 @@ mod tests {
             capability_ttl_ms = 2500
             locks_max = 10
             locks_grace_ms = 20
+            heal = false
+            rebuild_mib_per_s = 0
+            heal_interval_ms = 70
+            stale_ranges_per_slot_max = 3
+            stale_entries_max = 9
 
             [cache]
             servers = ["127.0.0.1:11211"]
@@ -219,6 +258,8 @@ mod tests {
         assert_eq!((journal.checkpoint_bytes, journal.checkpoint_interval_ms), (2 << 20, 300));
         assert_eq!(cfg.capability_ttl_ms, 2500);
         assert_eq!((cfg.locks_max, cfg.locks_grace_ms), (10, 20));
+        assert_eq!((cfg.heal, cfg.rebuild_mib_per_s, cfg.heal_interval_ms), (false, 0, 70));
+        assert_eq!((cfg.stale_ranges_per_slot_max, cfg.stale_entries_max), (3, 9));
         let cache = cfg.cache.expect("the [cache] table");
         assert_eq!((cache.servers, cache.attrs, cache.attr_ttl_s), (vec!["127.0.0.1:11211".to_string()], false, 60));
         let unknown = text.replace("[cache]", "unknown = 1\n[cache]");

@@ -219,6 +219,8 @@ pub enum Redo<'a> {
     PutCounter { key: u32, value: u64 },
     PutXattr { ino: u64, name: &'a str, value: &'a [u8] },
     DelXattr { ino: u64, name: &'a str },
+    PutStale { ino: u64, slot: u32, record: &'a [u8] },
+    DelStale { ino: u64, slot: u32 },
 }
 
 const OP_PUT_INODE: u8 = 1;
@@ -231,6 +233,9 @@ const OP_DEL_ORPHAN: u8 = 7;
 const OP_PUT_COUNTER: u8 = 8;
 const OP_PUT_XATTR: u8 = 9;
 const OP_DEL_XATTR: u8 = 10;
+// Stale ranges (§18) take 30–31, apart from the codes other tables of this round may add.
+const OP_PUT_STALE: u8 = 30;
+const OP_DEL_STALE: u8 = 31;
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     // Values are inode records, names and addresses: far below 4 GiB (entries are capped at 64 MiB).
@@ -292,6 +297,17 @@ pub fn encode_redo(out: &mut Vec<u8>, r: &Redo<'_>) {
             out.extend_from_slice(&ino.to_le_bytes());
             put_bytes(out, name.as_bytes());
         }
+        Redo::PutStale { ino, slot, record } => {
+            out.push(OP_PUT_STALE);
+            out.extend_from_slice(&ino.to_le_bytes());
+            out.extend_from_slice(&slot.to_le_bytes());
+            put_bytes(out, record);
+        }
+        Redo::DelStale { ino, slot } => {
+            out.push(OP_DEL_STALE);
+            out.extend_from_slice(&ino.to_le_bytes());
+            out.extend_from_slice(&slot.to_le_bytes());
+        }
     }
 }
 
@@ -342,6 +358,8 @@ pub fn decode_redo(payload: &[u8]) -> Result<Vec<Redo<'_>>, MetaError> {
             OP_PUT_COUNTER => Redo::PutCounter { key: c.u32()?, value: c.u64()? },
             OP_PUT_XATTR => Redo::PutXattr { ino: c.u64()?, name: c.str()?, value: c.bytes()? },
             OP_DEL_XATTR => Redo::DelXattr { ino: c.u64()?, name: c.str()? },
+            OP_PUT_STALE => Redo::PutStale { ino: c.u64()?, slot: c.u32()?, record: c.bytes()? },
+            OP_DEL_STALE => Redo::DelStale { ino: c.u64()?, slot: c.u32()? },
             op => return Err(MetaError::Corrupt(format!("journal entry: unknown redo op {op}"))),
         };
         out.push(r);

@@ -30,6 +30,7 @@ pub mod perm;
 mod push;
 pub mod redb_store;
 pub mod service;
+pub mod stale;
 pub mod store;
 
 pub use acl::{Acl, AclError};
@@ -39,8 +40,8 @@ pub use error::MetaError;
 pub use journal::JournalConfig;
 pub use mem_store::MemStore;
 pub use namespace::{DEFAULT_LIVENESS_MS, Namespace};
-pub use node::{MetaServerError, run};
+pub use node::{MetaServerError, run, run_with_heal};
 pub use perm::{Cred, Mask, PermError};
 pub use redb_store::RedbStore;
-pub use service::MetaService;
+pub use service::{HealHooks, MetaService};
 pub use store::{Inode, MetaStore, MetaTxn};

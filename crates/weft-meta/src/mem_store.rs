@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use weft_proto::msg::StaleRange;
 use weft_proto::{FileKind, Layout, ROOT_INO};
 
 use crate::error::MetaError;
@@ -20,7 +21,9 @@ struct State {
     servers: BTreeMap<u32, String>,
     orphans: BTreeMap<u64, Layout>,
     xattrs: BTreeMap<(u64, String), Vec<u8>>,
+    stale: BTreeMap<(u64, u32), Vec<StaleRange>>,
     last_ino: u64,
+    last_stale_seq: u64,
 }
 
 enum Undo {
@@ -29,7 +32,9 @@ enum Undo {
     Server(u32, Option<String>),
     Orphan(u64, Option<Layout>),
     Xattr((u64, String), Option<Vec<u8>>),
+    Stale((u64, u32), Option<Vec<StaleRange>>),
     LastIno(u64),
+    LastStaleSeq(u64),
 }
 
 /// In-memory [`MetaStore`].
@@ -74,7 +79,9 @@ impl MemTxn<'_> {
                 Undo::Server(k, v) => restore(&mut st.servers, k, v),
                 Undo::Orphan(k, v) => restore(&mut st.orphans, k, v),
                 Undo::Xattr(k, v) => restore(&mut st.xattrs, k, v),
+                Undo::Stale(k, v) => restore(&mut st.stale, k, v),
                 Undo::LastIno(v) => st.last_ino = v,
+                Undo::LastStaleSeq(v) => st.last_stale_seq = v,
             }
         }
     }
@@ -240,5 +247,43 @@ impl MetaTxn for MemTxn<'_> {
             .take_while(|((i, _), _)| *i == ino)
             .map(|((_, name), v)| (name.clone(), v.len()))
             .collect())
+    }
+
+    fn get_stale(&mut self, ino: u64, slot: u32) -> Result<Option<Vec<StaleRange>>, MetaError> {
+        Ok(self.st.stale.get(&(ino, slot)).cloned())
+    }
+
+    fn put_stale(&mut self, ino: u64, slot: u32, ranges: &[StaleRange]) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let old = self.st.stale.insert((ino, slot), ranges.to_vec());
+        self.log(Undo::Stale((ino, slot), old))
+    }
+
+    fn del_stale(&mut self, ino: u64, slot: u32) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let old = self.st.stale.remove(&(ino, slot));
+        self.log(Undo::Stale((ino, slot), old))
+    }
+
+    fn list_stale(
+        &mut self,
+        after: Option<(u64, u32)>,
+        limit: usize,
+    ) -> Result<Vec<(u64, u32, Vec<StaleRange>)>, MetaError> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let lower = after.map_or(Unbounded, Excluded);
+        Ok(self.st.stale.range((lower, Unbounded)).take(limit).map(|(&(i, s), r)| (i, s, r.clone())).collect())
+    }
+
+    fn count_stale(&mut self) -> Result<u64, MetaError> {
+        Ok(self.st.stale.len() as u64)
+    }
+
+    fn next_stale_seq(&mut self) -> Result<u64, MetaError> {
+        self.check_writable()?;
+        let old = self.st.last_stale_seq;
+        self.st.last_stale_seq = old + 1;
+        self.log(Undo::LastStaleSeq(old))?;
+        Ok(old + 1)
     }
 }

@@ -47,7 +47,10 @@ use crate::membership::{self, DEFAULT_REBUILD_AFTER_MS, Phase, Scan, Timing};
 use crate::perm::{self, Cred, Mask};
 use crate::store::{Inode, MetaStore, MetaTxn};
 
+mod stale_ops;
 mod xattr;
+
+pub use stale_ops::StalePage;
 
 pub use xattr::DEFAULT_XATTR_BYTES_MAX_PER_INODE;
 
@@ -104,6 +107,10 @@ pub struct Namespace<S: MetaStore, C: Clock> {
     /// The healer's rebuild progress for `weft status`: (bytes left, bytes per second, ETA in ms), each `None`
     /// when unknown. Set by [`Namespace::set_rebuild_progress`].
     rebuild_progress: Mutex<(Option<u64>, Option<u64>, Option<u64>)>,
+    /// Most stale ranges one (file, slot) keeps before collapsing to the whole slot (§18).
+    stale_ranges_per_slot_max: usize,
+    /// Most (file, slot) entries in the stale-range table.
+    stale_entries_max: u64,
 }
 
 /// The layout policy of the root of a new namespace: 1 MiB stripes over every data server.
@@ -169,6 +176,8 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             layouts_changed: AtomicU64::new(0),
             layouts_pending: AtomicU64::new(0),
             rebuild_progress: Mutex::new((None, None, None)),
+            stale_ranges_per_slot_max: crate::stale::DEFAULT_STALE_RANGES_PER_SLOT_MAX,
+            stale_entries_max: crate::stale::DEFAULT_STALE_ENTRIES_MAX,
         })
     }
 
@@ -183,6 +192,13 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
     /// spares (the MDS config's `rebuild_after_ms`); at least the liveness window.
     pub fn with_rebuild_after_ms(mut self, ms: u64) -> Self {
         self.rebuild_after_ms = ms.max(self.liveness_ms);
+        self
+    }
+
+    /// Sets the stale-range table's bounds (the MDS config's `stale_ranges_per_slot_max`, `stale_entries_max`).
+    pub fn with_stale_limits(mut self, ranges_per_slot_max: usize, entries_max: u64) -> Self {
+        self.stale_ranges_per_slot_max = ranges_per_slot_max.max(1);
+        self.stale_entries_max = entries_max;
         self
     }
 

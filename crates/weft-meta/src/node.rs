@@ -13,7 +13,7 @@ use weft_rpc::{Credential, RpcServer, ServerConfig};
 use crate::config::MetaConfig;
 use crate::drain::run_membership;
 use crate::gc::collect_orphans;
-use crate::service::MetaService;
+use crate::service::{HealHooks, MetaService};
 use crate::{Namespace, RedbStore, SystemClock};
 
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +37,16 @@ pub enum MetaServerError {
 
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
 pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaServerError> {
+    run_with_heal(cfg, None, ready).await
+}
+
+/// [`run`] with a healer beside it (`weft meta` with `heal = true`): `HealNow` and `ListStale`'s progress go to
+/// `heal`.
+pub async fn run_with_heal(
+    cfg: MetaConfig,
+    heal: Option<HealHooks>,
+    ready: impl FnOnce(&str),
+) -> Result<(), MetaServerError> {
     let key = weft_rpc::auth::role_key(cfg.auth, cfg.key_file.as_deref(), "metadata service")
         .map_err(MetaServerError::Key)?;
     let dir = cfg.data_dir.clone();
@@ -47,7 +57,8 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?
         .with_xattr_bytes_max(cfg.xattr_bytes_max_per_inode)
-        .with_rebuild_after_ms(cfg.rebuild_after_ms);
+        .with_rebuild_after_ms(cfg.rebuild_after_ms)
+        .with_stale_limits(cfg.stale_ranges_per_slot_max, cfg.stale_entries_max);
     let ns = Arc::new(ns);
     let ring =
         weft_rpc::auth::role_keyring(key.clone(), cfg.clients_keyring.as_deref()).map_err(MetaServerError::Keyring)?;
@@ -82,7 +93,8 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
     let service = MetaService::new(ns.clone())
         .with_capabilities(cap_key, cfg.capability_ttl_ms)
         .with_cache_bank(bank)
-        .with_locks(cfg.locks_max, cfg.locks_grace_ms);
+        .with_locks(cfg.locks_max, cfg.locks_grace_ms)
+        .with_heal(heal);
     let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(service));
     info!(%addr, tls = cfg.tls, store = %dir.display(), "metadata service listening");
     if let Some(rdma) = &cfg.rdma_listen {

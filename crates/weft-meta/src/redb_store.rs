@@ -24,6 +24,7 @@
 //! - `journal`:  u32 → u64 (the LSN of the last journal entry the durable state includes)
 //! - `xattrs`:   (ino u64, name str) → value bytes: an inode's extended attributes (POSIX ACLs included), one
 //!   contiguous key range per inode, kept apart from the inode record so it stays small
+//! - `stale`:    (ino u64, slot u32) → versioned postcard list of the rows that slot's server missed (§18)
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,8 @@ use weft_proto::{FileKind, Layout, ROOT_INO};
 
 use crate::error::MetaError;
 use crate::journal::{self, Journal, JournalConfig, Redo};
+use crate::stale;
+use weft_proto::msg::StaleRange;
 use crate::store::{
     Inode, MetaStore, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan, kind_from_u8, kind_to_u8,
 };
@@ -49,9 +52,13 @@ const ORPHANS: TableDefinition<u64, &[u8]> = TableDefinition::new("orphans");
 const COUNTERS: TableDefinition<u32, u64> = TableDefinition::new("counters");
 const JOURNAL: TableDefinition<u32, u64> = TableDefinition::new("journal");
 const XATTRS: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("xattrs");
+const STALE: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("stale");
 
 const COUNTER_LAST_INO: u32 = 0;
 const COUNTER_INODES: u32 = 1;
+// Stale-range counters (§18) take 30–31, apart from the keys other tables of this round may add.
+const COUNTER_STALE_SEQ: u32 = 30;
+const COUNTER_STALE_ENTRIES: u32 = 31;
 const JOURNAL_APPLIED_LSN: u32 = 0;
 
 /// The store file's name inside the directory given to [`RedbStore::open`].
@@ -111,6 +118,7 @@ impl RedbStore {
             wtx.open_table(COUNTERS)?;
             wtx.open_table(JOURNAL)?;
             wtx.open_table(XATTRS)?;
+            wtx.open_table(STALE)?;
         }
         wtx.commit()?;
         let jdir = dir.join(JOURNAL_DIR);
@@ -283,13 +291,23 @@ impl MetaStore for RedbStore {
     fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let rtx = self.inner.db.begin_read().map_err(MetaError::from)?;
         let mut txn =
-            ReadTxn { rtx, inodes: None, dirents: None, servers: None, orphans: None, counters: None, xattrs: None };
+            ReadTxn {
+            rtx,
+            inodes: None,
+            dirents: None,
+            servers: None,
+            orphans: None,
+            counters: None,
+            xattrs: None,
+            stale: None,
+        };
         f(&mut txn)
     }
 }
 
 type DirentsTableMut<'t> = Table<'t, (u64, &'static str), (u64, u8)>;
 type XattrsTableMut<'t> = Table<'t, (u64, &'static str), &'static [u8]>;
+type StaleTableMut<'t> = Table<'t, (u64, u32), &'static [u8]>;
 
 /// A write transaction opens only the tables it touches (a create needs three of five).
 struct WriteTxn<'t> {
@@ -300,6 +318,7 @@ struct WriteTxn<'t> {
     orphans: Option<Table<'t, u64, &'static [u8]>>,
     counters: Option<Table<'t, u32, u64>>,
     xattrs: Option<XattrsTableMut<'t>>,
+    stale: Option<StaleTableMut<'t>>,
     /// Physical redo records of every change so far, the journal entry's payload.
     redo: Vec<u8>,
 }
@@ -325,6 +344,7 @@ impl<'t> WriteTxn<'t> {
             orphans: None,
             counters: None,
             xattrs: None,
+            stale: None,
             redo: Vec::new(),
         })
     }
@@ -351,6 +371,16 @@ impl<'t> WriteTxn<'t> {
 
     fn xattrs(&mut self) -> Result<&mut XattrsTableMut<'t>, MetaError> {
         lazy_mut(self.wtx, &mut self.xattrs, XATTRS)
+    }
+
+    fn stale(&mut self) -> Result<&mut StaleTableMut<'t>, MetaError> {
+        lazy_mut(self.wtx, &mut self.stale, STALE)
+    }
+
+    fn add_stale_count(&mut self, delta: i64) -> Result<(), MetaError> {
+        let n = counter(&*self.counters()?, COUNTER_STALE_ENTRIES)?.unwrap_or(0);
+        let n = n.checked_add_signed(delta).ok_or_else(|| MetaError::Corrupt("stale entry count out of range".into()))?;
+        self.set_counter(COUNTER_STALE_ENTRIES, n)
     }
 
     fn set_counter(&mut self, key: u32, value: u64) -> Result<(), MetaError> {
@@ -398,6 +428,12 @@ impl<'t> WriteTxn<'t> {
             Redo::DelXattr { ino, name } => {
                 self.xattrs()?.remove((ino, name))?;
             }
+            Redo::PutStale { ino, slot, record } => {
+                self.stale()?.insert((ino, slot), record)?;
+            }
+            Redo::DelStale { ino, slot } => {
+                self.stale()?.remove((ino, slot))?;
+            }
         }
         Ok(())
     }
@@ -405,6 +441,7 @@ impl<'t> WriteTxn<'t> {
 
 type DirentsTable = ReadOnlyTable<(u64, &'static str), (u64, u8)>;
 type XattrsTable = ReadOnlyTable<(u64, &'static str), &'static [u8]>;
+type StaleTable = ReadOnlyTable<(u64, u32), &'static [u8]>;
 
 /// A read transaction opens only the tables it touches (a getattr needs one, not five).
 struct ReadTxn {
@@ -415,6 +452,7 @@ struct ReadTxn {
     orphans: Option<ReadOnlyTable<u64, &'static [u8]>>,
     counters: Option<ReadOnlyTable<u32, u64>>,
     xattrs: Option<XattrsTable>,
+    stale: Option<StaleTable>,
 }
 
 fn lazy<'a, K: Key + 'static, V: Value + 'static>(
@@ -555,6 +593,43 @@ fn list_inodes(t: &impl ReadableTable<u64, &'static [u8]>, after: u64, limit: us
     Ok(out)
 }
 
+fn get_stale(
+    t: &impl ReadableTable<(u64, u32), &'static [u8]>,
+    ino: u64,
+    slot: u32,
+) -> Result<Option<Vec<StaleRange>>, MetaError> {
+    match t.get((ino, slot))? {
+        Some(g) => Ok(Some(stale::decode(&format!("stale entry {ino}/{slot}"), g.value())?)),
+        None => Ok(None),
+    }
+}
+
+type StaleRow = (u64, u32, Vec<StaleRange>);
+
+fn list_stale(
+    t: &impl ReadableTable<(u64, u32), &'static [u8]>,
+    after: Option<(u64, u32)>,
+    limit: usize,
+) -> Result<Vec<StaleRow>, MetaError> {
+    let mut out = Vec::new();
+    if limit == 0 {
+        return Ok(out);
+    }
+    let lower = match after {
+        Some(k) => Bound::Excluded(k),
+        None => Bound::Unbounded,
+    };
+    for item in t.range::<(u64, u32)>((lower, Bound::Unbounded))? {
+        let (k, v) = item?;
+        let (ino, slot) = k.value();
+        out.push((ino, slot, stale::decode(&format!("stale entry {ino}/{slot}"), v.value())?));
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
 impl MetaTxn for WriteTxn<'_> {
     fn get_inode(&mut self, ino: u64) -> Result<Option<Inode>, MetaError> {
         get_inode(&*self.inodes()?, ino)
@@ -673,6 +748,43 @@ impl MetaTxn for WriteTxn<'_> {
     fn list_xattrs(&mut self, ino: u64) -> Result<Vec<(String, usize)>, MetaError> {
         list_xattrs(&*self.xattrs()?, ino)
     }
+
+    fn get_stale(&mut self, ino: u64, slot: u32) -> Result<Option<Vec<StaleRange>>, MetaError> {
+        get_stale(&*self.stale()?, ino, slot)
+    }
+
+    fn put_stale(&mut self, ino: u64, slot: u32, ranges: &[StaleRange]) -> Result<(), MetaError> {
+        let bytes = stale::encode(ranges)?;
+        let existed = self.stale()?.insert((ino, slot), bytes.as_slice())?.is_some();
+        journal::encode_redo(&mut self.redo, &Redo::PutStale { ino, slot, record: &bytes });
+        if !existed {
+            self.add_stale_count(1)?;
+        }
+        Ok(())
+    }
+
+    fn del_stale(&mut self, ino: u64, slot: u32) -> Result<(), MetaError> {
+        if self.stale()?.remove((ino, slot))?.is_some() {
+            journal::encode_redo(&mut self.redo, &Redo::DelStale { ino, slot });
+            self.add_stale_count(-1)?;
+        }
+        Ok(())
+    }
+
+    fn list_stale(&mut self, after: Option<(u64, u32)>, limit: usize) -> Result<Vec<StaleRow>, MetaError> {
+        list_stale(&*self.stale()?, after, limit)
+    }
+
+    fn count_stale(&mut self) -> Result<u64, MetaError> {
+        Ok(counter(&*self.counters()?, COUNTER_STALE_ENTRIES)?.unwrap_or(0))
+    }
+
+    fn next_stale_seq(&mut self) -> Result<u64, MetaError> {
+        let last = counter(&*self.counters()?, COUNTER_STALE_SEQ)?.unwrap_or(0);
+        let next = last.checked_add(1).ok_or_else(|| MetaError::Corrupt("stale sequence numbers exhausted".into()))?;
+        self.set_counter(COUNTER_STALE_SEQ, next)?;
+        Ok(next)
+    }
 }
 
 impl MetaTxn for ReadTxn {
@@ -759,5 +871,29 @@ impl MetaTxn for ReadTxn {
 
     fn list_xattrs(&mut self, ino: u64) -> Result<Vec<(String, usize)>, MetaError> {
         list_xattrs(lazy(&self.rtx, &mut self.xattrs, XATTRS)?, ino)
+    }
+
+    fn get_stale(&mut self, ino: u64, slot: u32) -> Result<Option<Vec<StaleRange>>, MetaError> {
+        get_stale(lazy(&self.rtx, &mut self.stale, STALE)?, ino, slot)
+    }
+
+    fn put_stale(&mut self, _: u64, _: u32, _: &[StaleRange]) -> Result<(), MetaError> {
+        Err(MetaError::ReadOnly)
+    }
+
+    fn del_stale(&mut self, _: u64, _: u32) -> Result<(), MetaError> {
+        Err(MetaError::ReadOnly)
+    }
+
+    fn list_stale(&mut self, after: Option<(u64, u32)>, limit: usize) -> Result<Vec<StaleRow>, MetaError> {
+        list_stale(lazy(&self.rtx, &mut self.stale, STALE)?, after, limit)
+    }
+
+    fn count_stale(&mut self) -> Result<u64, MetaError> {
+        Ok(counter(lazy(&self.rtx, &mut self.counters, COUNTERS)?, COUNTER_STALE_ENTRIES)?.unwrap_or(0))
+    }
+
+    fn next_stale_seq(&mut self) -> Result<u64, MetaError> {
+        Err(MetaError::ReadOnly)
     }
 }

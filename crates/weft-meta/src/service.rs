@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use weft_proto::msg::{CreateReq, OpenReq, OpenResp};
+use weft_proto::msg::{CreateReq, HealProgress, ListStaleResp, OpenReq, OpenResp};
 use weft_proto::{Attr, Capability, ErrorCode, Request, Response, Rights, UserCred, WireError};
 use weft_rpc::keyring::NOBODY_ID;
 use weft_rpc::{CallCtx, CapabilityKey, KeyPolicy, PoolBuf, Principal, Reply, Service};
@@ -36,6 +36,15 @@ pub struct MetaService {
     pusher: Option<Arc<Pusher>>,
     /// Advisory locks (ops 127–129), in memory.
     locks: Arc<SessionLocks>,
+    /// The healer running beside this MDS (`HealNow`, progress in `ListStale`), if any.
+    heal: Option<HealHooks>,
+}
+
+/// How the MDS talks to a healer in its process: a nudge (`HealNow`) and its progress (for `ListStale`).
+#[derive(Clone)]
+pub struct HealHooks {
+    pub nudge: Arc<dyn Fn() + Send + Sync>,
+    pub progress: Arc<dyn Fn() -> HealProgress + Send + Sync>,
 }
 
 impl MetaService {
@@ -46,6 +55,55 @@ impl MetaService {
             capability_ttl_ms: DEFAULT_CAPABILITY_TTL_MS,
             pusher: None,
             locks: Arc::new(SessionLocks::new(DEFAULT_LOCKS_MAX, DEFAULT_LOCKS_GRACE_MS)),
+            heal: None,
+        }
+    }
+
+    /// Connects `HealNow` and `ListStale`'s progress to the healer running beside this MDS.
+    pub fn with_heal(mut self, hooks: Option<HealHooks>) -> MetaService {
+        self.heal = hooks;
+        self
+    }
+
+    /// The stale-range ops (130–133): the caller's trust comes from the key its connection proved.
+    async fn stale_op(&self, ctx: &CallCtx, cred: Cred, req: Request) -> Result<Response, WireError> {
+        let trusted = ctx.principal.is_trusted_server();
+        let ns = self.ns.clone();
+        let blocking = |f: Box<dyn FnOnce() -> Result<Response, WireError> + Send>| async move {
+            tokio::task::spawn_blocking(f)
+                .await
+                .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))?
+        };
+        match req {
+            Request::MarkStale(r) => {
+                blocking(Box::new(move || ns.mark_stale(&cred, trusted, &r).map(Response::MarkStale))).await
+            }
+            Request::ClearStale(r) => {
+                blocking(Box::new(move || ns.clear_stale(trusted, &r).map(Response::ClearStale))).await
+            }
+            Request::ListStale(r) => {
+                let page = ns.list_stale(&r)?;
+                let progress = self.heal.as_ref().map(|h| (h.progress)()).unwrap_or_default();
+                Ok(Response::ListStale(ListStaleResp {
+                    entries: page.entries,
+                    more: page.more,
+                    total_entries: page.total_entries,
+                    progress,
+                }))
+            }
+            Request::HealNow(()) => {
+                if !trusted && !cred.is_root() {
+                    return Err(WireError::new(ErrorCode::NotPermitted, "weft heal --now: root or the cluster key only"));
+                }
+                match &self.heal {
+                    Some(h) => {
+                        (h.nudge)();
+                        Ok(Response::HealNow(()))
+                    }
+                    None => Err(WireError::new(ErrorCode::NotSupported, "no healer runs beside this MDS (heal = false)")),
+                }
+            }
+            other => Err(WireError::new(ErrorCode::Internal, format!("{:?} is not a stale-range op", other.op()))),
         }
     }
 
@@ -214,6 +272,9 @@ impl Service for MetaService {
                     resp
                 }
                 Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
+                req @ (Request::MarkStale(_) | Request::ListStale(_) | Request::ClearStale(_) | Request::HealNow(_)) => {
+                    return self.stale_op(ctx, cred, req).await;
+                }
                 Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
                     let resp = self.execute_in_place(&cred, &req)?;
                     if let Some(p) = &self.pusher {

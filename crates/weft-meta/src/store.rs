@@ -14,6 +14,7 @@
 //!   readdir cursor (`after` name) stable.
 
 use serde::{Deserialize, Serialize};
+use weft_proto::msg::StaleRange;
 use weft_proto::{Attr, FileKind, Layout};
 
 use crate::error::MetaError;
@@ -430,6 +431,23 @@ pub trait MetaTxn {
     /// Every extended attribute of `ino` as (name, value length), in name order. The caller bounds how many an
     /// inode may have (see `crate::namespace`), so the list is bounded too.
     fn list_xattrs(&mut self, ino: u64) -> Result<Vec<(String, usize)>, MetaError>;
+    /// The stale ranges of (ino, slot) (docs/format.md §18), `None` when it has none.
+    fn get_stale(&mut self, ino: u64, slot: u32) -> Result<Option<Vec<StaleRange>>, MetaError>;
+    /// Inserts or replaces the (non-empty) ranges of (ino, slot), keeping the entry count.
+    fn put_stale(&mut self, ino: u64, slot: u32, ranges: &[StaleRange]) -> Result<(), MetaError>;
+    /// Removes (ino, slot)'s entry, keeping the entry count.
+    fn del_stale(&mut self, ino: u64, slot: u32) -> Result<(), MetaError>;
+    /// Entries whose key (ino, slot) is strictly greater than `after` (every entry for `None`), in key order, at
+    /// most `limit`.
+    fn list_stale(
+        &mut self,
+        after: Option<(u64, u32)>,
+        limit: usize,
+    ) -> Result<Vec<(u64, u32, Vec<StaleRange>)>, MetaError>;
+    /// Number of (ino, slot) entries stored.
+    fn count_stale(&mut self) -> Result<u64, MetaError>;
+    /// A new stale-range sequence number from a persisted counter (never reused).
+    fn next_stale_seq(&mut self) -> Result<u64, MetaError>;
 }
 
 #[cfg(test)]

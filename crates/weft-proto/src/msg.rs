@@ -164,6 +164,16 @@ messages! {
     GetLock = 128: GetLockReq => Option<LockHolder>, idempotent = true, data = false;
     /// Drops the caller's session's locks on one inode or all, of one owner or all (close, flush); returns how many.
     ReleaseLocks = 129: ReleaseLocksReq => u32, idempotent = false, data = false;
+    /// Records that the server at `slot` of a file's layout missed rows `[start, end)` (a degraded write), before
+    /// the writer acknowledges it (docs/format.md §18). Needs write access to the file, or the cluster key.
+    MarkStale = 130: MarkStaleReq => StaleRange, idempotent = false, data = false;
+    /// A page of stale entries (one file's, or all, from a cursor) and the healer's progress.
+    ListStale = 131: ListStaleReq => ListStaleResp, idempotent = true, data = false;
+    /// Clears rows `[start, end)` of the stale range numbered `seq` (cluster key only): `false` when that range
+    /// changed since it was listed (marked again), so nothing was cleared.
+    ClearStale = 132: ClearStaleReq => bool, idempotent = true, data = false;
+    /// Wakes the healer now (`weft heal --now`); root or the cluster key.
+    HealNow = 133: () => (), idempotent = true, data = false;
     /// Membership and rebuild progress for `weft status` (docs/format.md §19): files waiting for a spare, layout
     /// changes made, and the healer's bytes left, rate and ETA (`None` when unknown).
     MemberStatus = 135: () => MemberStatus, idempotent = true, data = false;
@@ -572,6 +582,81 @@ pub struct LockHolder {
     pub start: u64,
     pub end: u64,
     pub pid: u32,
+}
+
+/// Rows `[start, end)` of one server's chunks of a file that the server missed (docs/format.md §18). For `ec k+m`
+/// a row is a stripe row (object bytes `[row·u, (row+1)·u)` of every server); for `mirror n` a row is `u` file
+/// bytes. `end == u64::MAX` reaches the end of the file whatever its size (a whole slot). `seq` numbers the range
+/// (unique in the MDS): a range marked again gets a new one, which is how a heal knows it raced a new write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaleRange {
+    pub start: u64,
+    pub end: u64,
+    pub seq: u64,
+}
+
+/// `MarkStale`: the server at `slot` (index into the file's `Layout::servers`) missed rows `[start, end)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarkStaleReq {
+    pub ino: u64,
+    pub slot: u32,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// `ListStale`: entries after `after` ((ino, slot), exclusive) in key order, at most `limit` (0: the server's
+/// page size, at most [`STALE_PAGE_MAX`]); with `ino`, only that file's entries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListStaleReq {
+    pub ino: Option<u64>,
+    pub after: Option<(u64, u32)>,
+    pub limit: u32,
+}
+
+/// Most entries one `ListStale` page carries.
+pub const STALE_PAGE_MAX: u32 = 1024;
+
+/// The stale ranges of one (file, slot), sorted, not overlapping.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaleEntry {
+    pub ino: u64,
+    pub slot: u32,
+    pub ranges: Vec<StaleRange>,
+}
+
+/// What the healer reports of itself (zeros when no healer runs beside the MDS).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealProgress {
+    /// Whether a healer runs beside this MDS.
+    pub running: bool,
+    /// Bytes of chunks its last pass found to heal and has not healed yet.
+    pub bytes_left: u64,
+    /// Bytes of chunks healed since it started.
+    pub bytes_healed: u64,
+    /// Healing rate over its last pass, bytes per second (0 when idle).
+    pub rate_bytes_per_s: u64,
+    /// Stale ranges cleared since it started.
+    pub ranges_healed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListStaleResp {
+    pub entries: Vec<StaleEntry>,
+    /// More entries follow the last one.
+    pub more: bool,
+    /// Total stale entries in the table.
+    pub total_entries: u64,
+    pub progress: HealProgress,
+}
+
+/// `ClearStale`: rows `[start, end)` of the range numbered `seq` of (ino, slot) were healed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClearStaleReq {
+    pub ino: u64,
+    pub slot: u32,
+    pub start: u64,
+    pub end: u64,
+    pub seq: u64,
 }
 
 /// `ReleaseLocks`: `None` matches every inode / every owner of the caller's session.

@@ -1033,3 +1033,158 @@ pub async fn status(spec: &str, json: bool) -> Result<()> {
     );
     Ok(())
 }
+
+/// `weft heal`: pending stale work per file, slot and server, with the healer's progress; `--now` wakes it.
+pub async fn heal(spec: &str, now: bool, json: bool) -> Result<()> {
+    let c = connect(spec).await?;
+    if now {
+        c.heal_now().await.context("waking the healer")?;
+    }
+    // Every page (bounded by the MDS's table cap), with each file's layout and size for servers and bytes.
+    let mut entries = Vec::new();
+    let mut after = None;
+    let progress = loop {
+        let page = c.list_stale(None, after, 0).await?;
+        after = page.entries.last().map(|e| (e.ino, e.slot));
+        entries.extend(page.entries);
+        if !page.more || after.is_none() {
+            break page.progress;
+        }
+    };
+    let mut rows_out = Vec::new();
+    let mut per_server: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+    for e in &entries {
+        let attr = c.getattr(e.ino).await.ok();
+        let layout = attr.as_ref().and_then(|a| a.layout.clone());
+        let server = layout.as_ref().and_then(|l| l.servers.get(e.slot as usize).copied());
+        let (unit, row_bytes, rows_in_file) = match &layout {
+            Some(l) => {
+                let unit = u64::from(l.stripe_unit);
+                let rb = match l.redundancy {
+                    weft_proto::DataRedundancy::Ec { k, .. } => unit * u64::from(k),
+                    _ => unit,
+                };
+                (unit, rb, attr.as_ref().map_or(0, |a| a.size.div_ceil(rb)))
+            }
+            None => (0, 0, 0),
+        };
+        let _ = row_bytes;
+        let rows: u64 = e.ranges.iter().map(|r| r.end.min(rows_in_file).saturating_sub(r.start)).sum();
+        let bytes = rows * unit;
+        if let Some(s) = server {
+            let t = per_server.entry(s).or_default();
+            t.0 += 1;
+            t.1 += bytes;
+        }
+        rows_out.push((e, server, rows, bytes));
+    }
+    if json {
+        let files: Vec<serde_json::Value> = rows_out
+            .iter()
+            .map(|(e, server, rows, bytes)| {
+                serde_json::json!({
+                    "ino": e.ino,
+                    "slot": e.slot,
+                    "server": server,
+                    "ranges": e.ranges.iter().map(|r| serde_json::json!({"start": r.start, "end": r.end, "seq": r.seq})).collect::<Vec<_>>(),
+                    "rows": rows,
+                    "bytes": bytes,
+                })
+            })
+            .collect();
+        let servers: Vec<serde_json::Value> = per_server
+            .iter()
+            .map(|(id, (n, b))| serde_json::json!({"server": id, "entries": n, "bytes": b}))
+            .collect();
+        return print_json(&serde_json::json!({
+            "entries": files,
+            "servers": servers,
+            "healer": {
+                "running": progress.running,
+                "bytes_left": progress.bytes_left,
+                "bytes_healed": progress.bytes_healed,
+                "rate_bytes_per_s": progress.rate_bytes_per_s,
+                "ranges_healed": progress.ranges_healed,
+            },
+        }));
+    }
+    use crate::human::size;
+    if entries.is_empty() {
+        println!("nothing to heal");
+    } else {
+        println!("{:>12} {:>5} {:>7} {:>10} {:>8}", "INODE", "SLOT", "SERVER", "ROWS", "BYTES");
+        for (e, server, rows, bytes) in &rows_out {
+            let server = server.map_or("?".to_string(), |s| s.to_string());
+            println!("{:>12} {:>5} {:>7} {:>10} {:>8}", e.ino, e.slot, server, rows, size(*bytes));
+        }
+        for (id, (n, b)) in &per_server {
+            println!("server {id}: {n} stale entries, {} to heal", size(*b));
+        }
+    }
+    if progress.running {
+        let eta = if progress.rate_bytes_per_s > 0 && progress.bytes_left > 0 {
+            format!(", ETA {} s", progress.bytes_left.div_ceil(progress.rate_bytes_per_s))
+        } else {
+            String::new()
+        };
+        println!(
+            "healer: {} left, {}/s, {} healed ({} ranges){eta}",
+            size(progress.bytes_left),
+            size(progress.rate_bytes_per_s),
+            size(progress.bytes_healed),
+            progress.ranges_healed
+        );
+    } else {
+        println!("healer: not running beside this MDS (heal = false)");
+    }
+    Ok(())
+}
+
+/// The cluster config a healer beside the MDS connects with (the MDS's own key, TLS and CA), and its settings.
+pub fn healer_config(cfg: &weft_meta::MetaConfig) -> (ClusterConfig, weft_heal::HealConfig) {
+    let cluster = ClusterConfig {
+        mds: String::new(),
+        key_file: cfg.key_file.clone(),
+        auth: cfg.auth,
+        key_id: weft_rpc::auth::CLUSTER_KEY_ID.to_string(),
+        tls: cfg.tls,
+        tls_ca_file: cfg.tls_ca_file.clone(),
+        client: Default::default(),
+        cache: None,
+    };
+    let hc = weft_heal::HealConfig {
+        rebuild_mib_per_s: cfg.rebuild_mib_per_s,
+        interval_ms: cfg.heal_interval_ms.max(1),
+        ..Default::default()
+    };
+    (cluster, hc)
+}
+
+/// Starts the healer against the MDS listening at `addr` (this process's), as root with the cluster key.
+pub fn spawn_healer(
+    mut cluster: ClusterConfig,
+    addr: &str,
+    cfg: weft_heal::HealConfig,
+    state: std::sync::Arc<weft_heal::HealState>,
+) {
+    // A wildcard listening address is reached on loopback.
+    cluster.mds = addr.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]");
+    tokio::spawn(async move {
+        let client = match Client::connect(&cluster).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("the healer cannot connect to its MDS at {}: {e}", cluster.mds);
+                return;
+            }
+        };
+        let root = match weft_client::user_cred(0, 0, Vec::new()) {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::error!("the healer's credential: {e}");
+                return;
+            }
+        };
+        tracing::info!(mds = %cluster.mds, mib_per_s = cfg.rebuild_mib_per_s, "healer started");
+        weft_heal::Healer::new(client.with_user(root), cfg, state).run().await;
+    });
+}

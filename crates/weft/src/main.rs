@@ -15,6 +15,7 @@ mod size;
 mod top;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -277,6 +278,11 @@ enum Cmd {
         journal_bytes_max = 268435456    journal not yet checkpointed above which writers wait\n  \
         checkpoint_bytes = 33554432      journal growth that triggers a checkpoint into meta.redb\n  \
         checkpoint_interval_ms = 2000    longest a journaled change waits for a checkpoint\n  \
+        heal = true                      run the healer (catch-up of stale ranges) beside the MDS\n  \
+        rebuild_mib_per_s = 200          most MiB/s the healer writes (0: unthrottled)\n  \
+        heal_interval_ms = 10000         how often an idle healer looks for work (`weft heal --now`: at once)\n  \
+        stale_ranges_per_slot_max = 64   stale ranges kept per file and server before the whole slot is stale\n  \
+        stale_entries_max = 1048576      most (file, server) stale entries; a degraded write past it fails\n  \
         metrics_listen = \"127.0.0.1:9100\" serve Prometheus metrics at http://ADDR/metrics (default off)\n\n\
         On start it prints `WEFT-READY <addr>` on stdout; logs go to stderr (RUST_LOG filters them).")]
     Meta {
@@ -366,6 +372,17 @@ enum Cmd {
         /// Also every entry below a directory (symlinks themselves are changed, never followed).
         #[arg(short = 'R', long)]
         recursive: bool,
+    },
+    /// Pending heal work: the rows of redundant files that servers missed (stale ranges), per file, slot and
+    /// server, and the healer's progress; `--now` wakes the healer (root or the cluster key).
+    Heal {
+        #[command(flatten)]
+        c: ClusterArg,
+        /// Wake the healer now instead of at its next interval.
+        #[arg(long)]
+        now: bool,
+        #[command(flatten)]
+        out: JsonArg,
     },
     /// The cluster's size, used and available space, each file system counted once (as df -h).
     Df {
@@ -668,7 +685,23 @@ async fn run(cmd: Cmd) -> Result<()> {
             let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
             let cfg: weft_meta::MetaConfig =
                 toml::from_str(&text).with_context(|| format!("{} is not a valid meta config", config.display()))?;
-            weft_meta::run(cfg, ready).await.context("metadata service failed")
+            let heal = cfg.heal.then(weft_heal::HealState::new);
+            let hooks = heal.clone().map(|h| {
+                let p = h.clone();
+                weft_meta::HealHooks {
+                    nudge: Arc::new(move || h.nudge()),
+                    progress: Arc::new(move || p.progress()),
+                }
+            });
+            let heal_cfg = heal.map(|state| (state, commands::healer_config(&cfg)));
+            weft_meta::run_with_heal(cfg, hooks, move |addr| {
+                ready(addr);
+                if let Some((state, (cluster, hc))) = heal_cfg {
+                    commands::spawn_healer(cluster, addr, hc, state);
+                }
+            })
+            .await
+            .context("metadata service failed")
         }
         Cmd::Data { config } => {
             let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
@@ -684,6 +717,7 @@ async fn run(cmd: Cmd) -> Result<()> {
             c::chown(c.spec(), uid, gid, &path, recursive).await
         }
         Cmd::Df { c, out } => c::df(c.spec(), out.json).await,
+        Cmd::Heal { c, now, out } => c::heal(c.spec(), now, out.json).await,
         Cmd::Du { c, path, summarize, human, out, .. } => c::du(c.spec(), &path, summarize, human, out.json).await,
         Cmd::Put { c, local, remote } => c::put(c.spec(), &local, &remote).await,
         Cmd::Get { c, remote, local } => c::get(c.spec(), &remote, &local).await,

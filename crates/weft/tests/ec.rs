@@ -128,12 +128,13 @@ async fn ec_4_2_reads_stay_right_through_two_lost_servers_and_a_third_is_a_clear
     }
     same(&read_range(&client, "/ec/f", 0, FILE_BYTES).await.unwrap(), &model, "one server down");
 
-    // A write now needs a server that is down: a clear error, not a silent partial stripe.
+    // A write with a server down goes on degraded: the row that server missed is recorded stale first (§18).
     let f = client.open("/ec/f", OpenMode::ReadWrite).await.unwrap();
-    // (It writes the bytes the model already holds: a failed write may still have reached some chunks.)
-    let err = f.write_at(10, Bytes::copy_from_slice(&model[10..13])).await.unwrap_err();
-    assert!(matches!(err, ClientError::DegradedWrite { server, .. } if server == layout.servers[1]), "{err}");
-    drop(f);
+    f.write_at(10, Bytes::copy_from_slice(&model[10..13])).await.unwrap();
+    f.close().await.unwrap();
+    let stale = client.list_stale(Some(f_ino_of(&client, "/ec/f").await), None, 0).await.unwrap().entries;
+    assert_eq!(stale.len(), 1, "{stale:?}");
+    assert_eq!((stale[0].slot, stale[0].ranges[0].start, stale[0].ranges[0].end), (1, 0, 1), "{stale:?}");
 
     // A second one (a parity server this time): still right, from several clients.
     c.kill_data_server(layout.servers[4]).await;
@@ -239,12 +240,18 @@ async fn mirror_2_reads_the_other_copy_and_setstripe_checks_the_width() {
     let reader = c.impatient_client().await;
     same(&read_range(&reader, "/m/f", 0, model.len()).await.unwrap(), &model, "read from the other copy");
     same(&read_range(&reader, "/m/f", 4095, 3).await.unwrap(), &model[4095..4098], "a small read");
+    // A write with one copy down goes on: the copy's missed rows are recorded stale.
     let f = reader.open("/m/f", OpenMode::ReadWrite).await.unwrap();
-    let err = f.write_at(0, Bytes::copy_from_slice(&model[..1])).await.unwrap_err();
-    assert!(matches!(err, ClientError::DegradedWrite { .. }), "{err}");
+    f.write_at(0, Bytes::copy_from_slice(&model[..1])).await.unwrap();
+    let stale = reader.list_stale(Some(f.ino()), None, 0).await.unwrap().entries;
+    assert_eq!((stale.len(), stale[0].slot), (1, 0), "{stale:?}");
     c.kill_data_server(layout.servers[1]).await;
     let err = read_range(&reader, "/m/f", 0, 10).await.unwrap_err();
     assert!(err.to_string().contains("unavailable"), "{err}");
+}
+
+async fn f_ino_of(c: &Client, path: &str) -> u64 {
+    c.resolve(path).await.unwrap().ino
 }
 
 async fn f_ino(c: &Client) -> u64 {

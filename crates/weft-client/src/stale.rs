@@ -1,0 +1,231 @@
+//! Stale chunks of redundant files (docs/format.md §18): what a degraded write records, what a read must not use,
+//! and the catch-up of one slot's rows that the healer (`weft-heal`) runs.
+//!
+//! - **Degraded writes.** When at most `m` servers of an `ec k+m` layout (at most `n − 1` copies of a `mirror n`)
+//!   fail a write, the write goes on: the rows each failed server missed are recorded at the MDS (`MarkStale`)
+//!   *before* the write is acknowledged ([`record_missed`]); a failed `MarkStale` fails the write. More failures
+//!   than the layout tolerates fail the write, naming the file and offset.
+//! - **Reads never use a stale chunk.** A handle loads its file's stale ranges from the MDS on its first read of a
+//!   redundant file (one `ListStale` for that inode; healthy files have none) and adds the marks it makes itself.
+//!   A chunk inside a stale range is treated as missing (ec: decoded from the others; mirror: another copy).
+//!   Why at first read and not on every read: a write's marks are made before it is acknowledged and before its
+//!   size is committed, so any handle opened after the writer's commit (close-to-open) sees them.
+//! - **Catch-up** ([`heal_rows`]): rebuilds rows of one slot from the other chunks (ec decode, or another mirror
+//!   copy) and writes them to that slot's server, cut at the file's size as §16 stores them.
+//!
+//! Rows: `ec k+m` row `r` is object bytes `[r·u, (r+1)·u)` of every server (a stripe row); `mirror n` row `r` is
+//! file (and object) bytes `[r·u, (r+1)·u)`.
+
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use weft_proto::msg::{ListStaleReq, MarkStaleReq, StaleRange};
+use weft_proto::{DataRedundancy, Layout, Request, Response};
+
+use crate::ClientError;
+use crate::ec::{Codec, km, object_of, read_on, write_on};
+use crate::file::File;
+
+/// A handle's view of its file's stale ranges: `None` until first needed.
+#[derive(Default)]
+pub(crate) struct StaleView {
+    ranges: Mutex<Option<Vec<(u32, StaleRange)>>>,
+}
+
+impl StaleView {
+    fn add(&self, slot: u32, r: StaleRange) {
+        if let Some(v) = self.ranges.lock().expect("stale view").as_mut() {
+            v.push((slot, r));
+        }
+    }
+}
+
+/// Rows `[first, end)` of a layout covering file bytes `[offset, offset + len)`.
+pub(crate) fn rows_of(layout: &Layout, offset: u64, len: u64) -> (u64, u64) {
+    let unit = u64::from(layout.stripe_unit);
+    let row_bytes = match layout.redundancy {
+        DataRedundancy::Ec { k, .. } => unit * u64::from(k),
+        _ => unit,
+    };
+    (offset / row_bytes, (offset + len).div_ceil(row_bytes))
+}
+
+/// The slots of `file` with a stale row in `[first, end)`; loads the file's stale ranges on first use.
+pub(crate) async fn stale_slots(file: &File, first: u64, end: u64) -> Result<Vec<usize>, ClientError> {
+    let loaded = file.stale.ranges.lock().expect("stale view").is_some();
+    if !loaded {
+        let entries = file.client.list_stale(Some(file.attr.ino), None, 0).await?.entries;
+        let v = entries.into_iter().flat_map(|e| e.ranges.into_iter().map(move |r| (e.slot, r))).collect();
+        let mut g = file.stale.ranges.lock().expect("stale view");
+        if g.is_none() {
+            *g = Some(v);
+        }
+    }
+    let g = file.stale.ranges.lock().expect("stale view");
+    let mut slots: Vec<usize> = g
+        .as_ref()
+        .map(|v| v.iter().filter(|(_, r)| r.start < end && first < r.end).map(|(s, _)| *s as usize).collect())
+        .unwrap_or_default();
+    slots.sort_unstable();
+    slots.dedup();
+    Ok(slots)
+}
+
+/// The outcome of writing one batch to every server of a redundant layout: `(slot, error)` of each failure.
+/// At most `tolerated` failures: their missed rows `[first, end)` are recorded at the MDS and the write goes on
+/// (`Ok`); more, or a failed record: the write fails (nothing is acknowledged).
+pub(crate) async fn record_missed(
+    file: &File,
+    failed: Vec<(usize, ClientError)>,
+    file_offset: u64,
+    first: u64,
+    end: u64,
+) -> Result<(), ClientError> {
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let layout = &file.layout();
+    let tolerated = layout.redundancy.tolerates() as usize;
+    if failed.len() > tolerated || first >= end {
+        let (slot, e) = failed.into_iter().next().expect("one failure at least");
+        return Err(ClientError::DegradedWrite {
+            ino: file.attr.ino,
+            file_offset,
+            server: layout.servers[slot],
+            cause: format!("{e} (more servers of the layout failed than its {tolerated} tolerated)"),
+        });
+    }
+    for (slot, e) in failed {
+        let server = layout.servers[slot];
+        tracing::warn!(ino = file.attr.ino, slot, server, first_row = first, end_row = end, "degraded write: {e}");
+        let req = MarkStaleReq { ino: file.attr.ino, slot: slot as u32, start: first, end };
+        let r = file.client.mark_stale(req).await.map_err(|me| ClientError::DegradedWrite {
+            ino: file.attr.ino,
+            file_offset,
+            server,
+            cause: format!("{e}; and recording what it missed failed: {me}"),
+        })?;
+        file.stale.add(slot as u32, r);
+    }
+    Ok(())
+}
+
+/// Rebuilds rows `[first, first + rows)` of `slot` from the other chunks of `file` and writes them to the slot's
+/// server, cut at the file's size (with a write capability: the handle's, or a fresh one). Returns the bytes
+/// written.
+pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64) -> Result<u64, ClientError> {
+    let layout = &file.layout();
+    let io = &crate::ec::repair_io(file).await?;
+    let unit = u64::from(layout.stripe_unit);
+    let size = file.size();
+    let stale = stale_slots(file, first, first + rows).await?;
+    let bytes = match layout.redundancy {
+        DataRedundancy::Ec { .. } => {
+            // Row by row through the versioned write path (§17): the chunk is decoded from the others by the version
+            // rule and written compare-and-set with the parity, so a healed chunk carries a version its row agrees
+            // with, and a writer racing the heal is never undone.
+            let (k, m) = km(layout).expect("an ec layout");
+            let row_bytes = unit * k as u64;
+            let codec = Codec::new(k, m)?;
+            let mut n = 0;
+            for row in first..first + rows {
+                let row_start = row * row_bytes;
+                if row_start >= size {
+                    break;
+                }
+                crate::ec_rows::heal_row(file, io, &codec, row, slot).await?;
+                let row_len = (size - row_start).min(row_bytes) as usize;
+                let u = unit as usize;
+                n += if slot < k { row_len.saturating_sub(slot * u).min(u) } else { row_len.min(u) } as u64;
+            }
+            n
+        }
+        DataRedundancy::Mirror { n } => {
+            let a = first * unit;
+            let b = ((first + rows) * unit).min(size);
+            if a >= b {
+                return Ok(0);
+            }
+            let mut last = None;
+            let mut got = None;
+            for c in (0..usize::from(n)).filter(|c| *c != slot && !stale.contains(c)) {
+                match read_on(io, &layout.data_view(c), a, b - a).await {
+                    Ok(bytes) => {
+                        got = Some(bytes);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            let Some(got) = got else {
+                return Err(ClientError::Unavailable {
+                    ino: file.attr.ino,
+                    file_offset: a,
+                    available: 0,
+                    needed: 1,
+                    cause: format!("healing copy {slot}: {}", last.map_or("no fresh copy".into(), |e| e.to_string())),
+                });
+            };
+            write_on(io, &layout.data_view(slot), a, got.freeze()).await?;
+            b - a
+        }
+        // Plain files have no other chunk to heal from (and are never marked).
+        _ => 0,
+    };
+    Ok(bytes)
+}
+
+impl crate::Client {
+    /// `MarkStale` (docs/format.md §18): the range now covering the mark.
+    pub async fn mark_stale(&self, req: MarkStaleReq) -> Result<StaleRange, ClientError> {
+        match self.meta(Request::MarkStale(req)).await? {
+            Response::MarkStale(r) => Ok(r),
+            other => Err(ClientError::Protocol(format!("unexpected response {:?}", other.op()))),
+        }
+    }
+
+    /// `ListStale`: one page of stale entries (one file's with `ino`) and the healer's progress.
+    pub async fn list_stale(
+        &self,
+        ino: Option<u64>,
+        after: Option<(u64, u32)>,
+        limit: u32,
+    ) -> Result<weft_proto::msg::ListStaleResp, ClientError> {
+        match self.meta(Request::ListStale(ListStaleReq { ino, after, limit })).await? {
+            Response::ListStale(r) => Ok(r),
+            other => Err(ClientError::Protocol(format!("unexpected response {:?}", other.op()))),
+        }
+    }
+
+    /// `ClearStale` (cluster key only): `false` when the range was marked again since it was listed.
+    pub async fn clear_stale(&self, req: weft_proto::msg::ClearStaleReq) -> Result<bool, ClientError> {
+        match self.meta(Request::ClearStale(req)).await? {
+            Response::ClearStale(r) => Ok(r),
+            other => Err(ClientError::Protocol(format!("unexpected response {:?}", other.op()))),
+        }
+    }
+
+    /// `HealNow`: wakes the healer beside the MDS.
+    pub async fn heal_now(&self) -> Result<(), ClientError> {
+        match self.meta(Request::HealNow(())).await? {
+            Response::HealNow(()) => Ok(()),
+            other => Err(ClientError::Protocol(format!("unexpected response {:?}", other.op()))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_stripe_rows_for_ec_and_units_for_mirror() {
+        let ec = Layout { stripe_unit: 4096, stripe_count: 6, servers: (0..6).collect(), redundancy: DataRedundancy::Ec { k: 4, m: 2 } };
+        assert_eq!(rows_of(&ec, 0, 1), (0, 1));
+        assert_eq!(rows_of(&ec, 16383, 2), (0, 2));
+        assert_eq!(rows_of(&ec, 16384, 16384), (1, 2));
+        let mirror =
+            Layout { stripe_unit: 4096, stripe_count: 2, servers: vec![0, 1], redundancy: DataRedundancy::Mirror { n: 2 } };
+        assert_eq!(rows_of(&mirror, 4095, 2), (0, 2));
+    }
+}
