@@ -117,11 +117,6 @@ pub(crate) async fn read_on(io: &Io, layout: &Layout, offset: u64, len: u64) -> 
     Ok(out)
 }
 
-/// Server `i`'s object of `layout`, seen as a plain one-server file: its file offsets are object offsets.
-pub(crate) fn object_of(layout: &Layout, i: usize) -> Layout {
-    Layout::plain(layout.stripe_unit, vec![layout.servers[i]])
-}
-
 /// Reads `[offset, offset + len)` of an ec file (the caller has cut `len` at the file's size).
 pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
     read_via(file, &file.io(), offset, len).await

@@ -18,12 +18,11 @@
 
 use std::sync::Mutex;
 
-use bytes::Bytes;
 use weft_proto::msg::{ListStaleReq, MarkStaleReq, StaleRange};
 use weft_proto::{DataRedundancy, Layout, Request, Response};
 
 use crate::ClientError;
-use crate::ec::{Codec, km, object_of, read_on, write_on};
+use crate::ec::{Codec, km, read_on, write_on};
 use crate::file::File;
 
 /// A handle's view of its file's stale ranges: `None` until first needed.

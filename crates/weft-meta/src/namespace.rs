@@ -425,13 +425,6 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         *lock(&self.rebuild_progress) = (bytes_left, bytes_per_s, eta_ms);
     }
 
-    /// Marks the whole of slot `slot` of file `ino` (just moved to a spare) as needing rebuild.
-    // Joined to the stale table at merge: the healer's `MarkStale` over the slot's whole object goes here; for now
-    // it records nothing.
-    pub fn slot_needs_rebuild(&self, ino: u64, slot: u32) {
-        tracing::debug!(ino, slot, "slot needs rebuild");
-    }
-
     /// One membership step (blocking: store transactions): moves phases on by the clock, then, while a server is
     /// failed, examines one batch of inodes and moves each redundant layout's failed slots to spares, one
     /// journaled transaction per file, bumping its layout generation. Call it every `membership_interval_ms`.
@@ -482,6 +475,14 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                     }
                     cur.layout = Some(new.clone());
                     t.put_inode(&cur)?;
+                    // In the same transaction: the spare holds nothing of this file yet, so its whole slot is stale
+                    // (§18) and the healer rebuilds it; no read uses it before then.
+                    for (slot, _, _) in &r.moved {
+                        let mut ranges = t.get_stale(ino, *slot)?.unwrap_or_default();
+                        let seq = t.next_stale_seq()?;
+                        crate::stale::mark(&mut ranges, 0, crate::stale::WHOLE, seq, self.stale_ranges_per_slot_max);
+                        t.put_stale(ino, *slot, &ranges)?;
+                    }
                     Ok(true)
                 })?;
                 if changed {
@@ -495,7 +496,6 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                             generation = new.generation,
                             "layout slot moved to a spare"
                         );
-                        self.slot_needs_rebuild(ino, *slot);
                     }
                 } else {
                     // Seen again next pass.

@@ -272,6 +272,16 @@ impl Service for MetaService {
                     resp
                 }
                 Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
+                Request::MemberStatus(()) => {
+                    // The rebuild's progress is the healer's (in this process): bytes left, rate, and their ETA.
+                    if let Some(h) = &self.heal {
+                        let p = (h.progress)();
+                        let rate = (p.rate_bytes_per_s > 0).then_some(p.rate_bytes_per_s);
+                        let eta_ms = rate.map(|r| p.bytes_left.saturating_mul(1000) / r);
+                        self.ns.set_rebuild_progress(Some(p.bytes_left), rate, eta_ms);
+                    }
+                    return self.execute_in_place(&cred, &req);
+                }
                 req @ (Request::MarkStale(_) | Request::ListStale(_) | Request::ClearStale(_) | Request::HealNow(_)) => {
                     return self.stale_op(ctx, cred, req).await;
                 }
