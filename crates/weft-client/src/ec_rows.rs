@@ -322,8 +322,8 @@ async fn write_attempt(
             Err(e) => {
                 // Undecodable: fine only if no damaged chunk holds bytes this write keeps (outside the new bytes,
                 // below the old size); those chunks are rewritten with zeros there.
-                for j in 0..k {
-                    if matches!(fs[j], Found::Intact { .. }) {
+                for (j, f) in fs[..k].iter().enumerate() {
+                    if matches!(f, Found::Intact { .. }) {
                         continue;
                     }
                     let (lo, hi) = (base + j as u64 * unit, (base + (j as u64 + 1) * unit).min(old_size));
@@ -345,10 +345,12 @@ async fn write_attempt(
     } else {
         buf.copy_from_slice(new);
         rewrite = vec![true; k];
-        for row in 0..rows as usize {
-            let pf = parity_found(row);
-            data_versions.push((0..k).map(|j| next_data_version(j, found[j][row].version, &pf)).collect());
-        }
+        data_versions = (0..rows as usize)
+            .map(|row| {
+                let pf = parity_found(row);
+                (0..k).map(|j| next_data_version(j, found[j][row].version, &pf)).collect()
+            })
+            .collect();
     }
     // 3. The data chunks, then 4. the parity chunks; each at its §16 stored length, or longer where the chunk on
     // disk or the new one has non-zero bytes past it (a size this handle has not seen yet, a damaged chunk): the
