@@ -348,8 +348,8 @@ async fn write_attempt(
             Err(e) => {
                 // Undecodable: fine only if no damaged chunk holds bytes this write keeps (outside the new bytes,
                 // below the old size); those chunks are rewritten with zeros there.
-                for j in 0..k {
-                    if matches!(fs[j], Found::Intact { .. }) {
+                for (j, f) in fs[..k].iter().enumerate() {
+                    if matches!(f, Found::Intact { .. }) {
                         continue;
                     }
                     let (lo, hi) = (base + j as u64 * unit, (base + (j as u64 + 1) * unit).min(old_size));
