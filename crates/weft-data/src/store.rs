@@ -651,7 +651,7 @@ mod tests {
         assert_eq!(s.list_objects(9, 2).unwrap(), (vec![0x107, 0x1ff], false));
         assert_eq!(s.list_objects(0x1ff, 2).unwrap(), (vec![0x305], true));
         assert_eq!(s.list_objects(0x305, 2).unwrap(), (vec![], true));
-        assert_eq!(s.list_objects(0, 5).unwrap().1, true, "exactly the limit left: eof");
+        assert!(s.list_objects(0, 5).unwrap().1, "exactly the limit left: eof");
         s.remove(9).unwrap();
         assert_eq!(s.list_objects(7, 1).unwrap(), (vec![0x107], false));
         let _ = std::fs::remove_dir_all(&dir);

@@ -49,6 +49,7 @@ pub async fn up(
     cache: CacheArgs,
     metrics: bool,
     nfs_port: Option<u16>,
+    rebuild_after_ms: Option<u64>,
 ) -> Result<()> {
     if servers == 0 {
         bail!("a cluster needs at least one data server");
@@ -62,6 +63,7 @@ pub async fn up(
     opts.cache = cache.daemons;
     opts.cache_mib = cache.mib;
     opts.metrics = metrics;
+    opts.rebuild_after_ms = rebuild_after_ms;
     // The servers log as this process was asked to (RUST_LOG=debug weft up: every server at debug).
     if let Ok(filter) = std::env::var("RUST_LOG") {
         opts.log_filter = filter;

@@ -205,6 +205,10 @@ enum Cmd {
         /// Also start an NFS gateway (`weft nfs`) on 127.0.0.1:PORT (default 2049) and print the mount command.
         #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "2049")]
         nfs: Option<u16>,
+        /// The MDS's `rebuild_after_ms`: a data server silent this long is failed and spares take its slots in
+        /// ec/mirror layouts (default: the MDS's, five minutes).
+        #[arg(long, value_name = "MS")]
+        rebuild_after_ms: Option<u64>,
     },
     /// Live rates of a cluster from its metrics endpoints (DATA_DIR/metrics.txt of `weft up`, or ROLE=ADDR
     /// pairs): requests per second by role and op, errors, bytes moved, journal commits.
@@ -633,9 +637,22 @@ fn main() -> Result<()> {
 async fn run(cmd: Cmd) -> Result<()> {
     use commands as c;
     match cmd {
-        Cmd::Up { data_dir, servers, mount, auth, mount_opts: mount_args, tls, cache, cache_mib, no_metrics, nfs } => {
+        Cmd::Up {
+            data_dir,
+            servers,
+            mount,
+            auth,
+            mount_opts: mount_args,
+            tls,
+            cache,
+            cache_mib,
+            no_metrics,
+            nfs,
+            rebuild_after_ms,
+        } => {
             let cache = c::CacheArgs { daemons: cache, mib: cache_mib };
-            c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache, !no_metrics, nfs).await
+            c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache, !no_metrics, nfs, rebuild_after_ms)
+                .await
         }
         Cmd::Nfs { c, args } => nfs::run(c.spec(), &args, ready).await,
         Cmd::Top { from, interval_s, count } => top::top(&from, interval_s, count).await,
