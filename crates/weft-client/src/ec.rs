@@ -39,8 +39,8 @@ const DEGRADED_BATCH_BYTES_MAX: u64 = 64 << 20;
 /// ARCHITECTURE.md for why not ISA-L). Shards of one row all have the same length.
 pub(crate) struct Codec {
     rs: ReedSolomon,
-    k: usize,
-    m: usize,
+    pub(crate) k: usize,
+    pub(crate) m: usize,
 }
 
 impl Codec {

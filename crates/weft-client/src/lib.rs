@@ -27,6 +27,7 @@ mod file;
 mod io_queue;
 mod layouts;
 mod mirror;
+pub mod scrub;
 mod transfer;
 
 pub use capability::OpenMode;

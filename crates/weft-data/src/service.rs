@@ -13,7 +13,10 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use weft_fabric::PeerMemory;
-use weft_proto::msg::{FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, TruncateReq, WriteChunksReq, WriteReq};
+use weft_proto::msg::{
+    FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, TruncateReq, VERIFY_BAD_MAX, VERIFY_BYTES_MAX, VerifyReq, VerifyResp,
+    WriteChunksReq, WriteReq,
+};
 use weft_proto::{Chunk, ErrorCode, Request, Response, Rights, WireError};
 use weft_rpc::metrics::FabricBytes;
 use weft_rpc::metrics::prometheus_client::metrics::counter::Counter;
@@ -108,6 +111,7 @@ impl DataService {
             Request::Write(w) => (w.ino, Rights::WRITE, &w.cap),
             Request::WriteChunks(w) => (w.ino, Rights::WRITE, &w.cap),
             Request::Truncate(t) => (t.ino, Rights::WRITE, &t.cap),
+            Request::VerifyObject(v) => (v.ino, Rights::READ, &v.cap),
             // Durability of what is there: either right will do.
             Request::Fsync(f) => (f.ino, Rights::NONE, &f.cap),
             Request::RemoveObject(r) => {
@@ -235,6 +239,19 @@ impl DataService {
         let store = self.store.clone();
         on_blocking_pool(move || store.truncate(t.ino, t.size)).await?;
         Ok(Response::Truncate(()).into())
+    }
+
+    async fn verify(&self, v: VerifyReq) -> Result<Reply, WireError> {
+        if v.len > VERIFY_BYTES_MAX {
+            return Err(WireError::new(
+                ErrorCode::OutOfRange,
+                format!("VerifyObject of {} bytes: at most {VERIFY_BYTES_MAX} per request", v.len),
+            ));
+        }
+        let store = self.store.clone();
+        let (object_len, bad, bad_more) =
+            on_blocking_pool(move || store.verify(v.ino, v.offset, v.len, VERIFY_BAD_MAX)).await?;
+        Ok(Response::VerifyObject(VerifyResp { object_len, bad, bad_more }).into())
     }
 
     async fn remove_object(&self, r: InoReq) -> Result<Reply, WireError> {
@@ -408,6 +425,7 @@ impl DataService {
             Request::Fsync(r) => self.fsync(r).await,
             Request::SpaceStat(()) => self.space_stat().await,
             Request::SpaceStatDev(()) => self.space_stat_dev().await,
+            Request::VerifyObject(v) => self.verify(v).await,
             other => {
                 Err(WireError::new(ErrorCode::BadRequest, format!("{:?} is not served by a data server", other.op())))
             }

@@ -35,6 +35,16 @@ pub enum MetaServerError {
 
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
 pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaServerError> {
+    run_with(cfg, ready, |_, _| {}).await
+}
+
+/// [`run`], also telling `started` the metrics registry (when serving metrics) and the listening address once
+/// the service listens: `weft meta` starts its background scrubber there.
+pub async fn run_with(
+    cfg: MetaConfig,
+    ready: impl FnOnce(&str),
+    started: impl FnOnce(Option<&Arc<weft_rpc::Metrics>>, &str),
+) -> Result<(), MetaServerError> {
     let key = weft_rpc::auth::role_key(cfg.auth, cfg.key_file.as_deref(), "metadata service")
         .map_err(MetaServerError::Key)?;
     let dir = cfg.data_dir.clone();
@@ -63,7 +73,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         None => None,
     };
     let server_cfg = ServerConfig {
-        metrics,
+        metrics: metrics.clone(),
         limits: FrameLimits { body_bytes_max: 1 << 20, data_bytes_max: 0 },
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
@@ -93,6 +103,7 @@ pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaSe
         });
     }
     tokio::spawn(collect_orphans(ns, tcp, cfg.gc_interval_ms, key.map(Credential::cluster)));
+    started(metrics.as_ref(), &addr);
     ready(&addr);
     server.serve(listener).await.map_err(MetaServerError::Serve)
 }
