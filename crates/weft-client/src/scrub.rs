@@ -65,11 +65,17 @@ pub struct Finding {
     pub server: u32,
     pub what: String,
     pub repaired: bool,
+    /// Repairable, but left as found (`--dry-run`).
+    pub dry_run: bool,
 }
 
 impl std::fmt::Display for Finding {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = if self.repaired { "repaired" } else { "UNREPAIRED" };
+        let state = match (self.repaired, self.dry_run) {
+            (true, _) => "repaired",
+            (false, true) => "repairable (dry run)",
+            (false, false) => "UNREPAIRABLE",
+        };
         write!(f, "{state}: {} (inode {}) at file offset {}", self.path, self.ino, self.file_offset)?;
         if self.server != u32::MAX {
             write!(f, ", data server {}", self.server)?;
@@ -89,6 +95,8 @@ pub struct ScrubReport {
     pub inconsistencies: u64,
     pub repaired: u64,
     pub unrepairable: u64,
+    /// Repairable, left as found (`--dry-run`).
+    pub dry_run: u64,
     /// The first [`FINDINGS_MAX`] findings.
     pub findings: Vec<Finding>,
 }
@@ -96,7 +104,9 @@ pub struct ScrubReport {
 impl ScrubReport {
     fn found(&mut self, f: Finding) {
         self.inconsistencies += 1;
-        if f.repaired {
+        if f.dry_run {
+            self.dry_run += 1;
+        } else if f.repaired {
             self.repaired += 1;
             tracing::info!(path = %f.path, ino = f.ino, file_offset = f.file_offset, server = f.server, "scrub repaired: {}", f.what);
         } else {
@@ -116,6 +126,7 @@ impl ScrubReport {
         self.inconsistencies += o.inconsistencies;
         self.repaired += o.repaired;
         self.unrepairable += o.unrepairable;
+        self.dry_run += o.dry_run;
     }
 }
 
@@ -213,6 +224,7 @@ async fn scrub_ino(client: &Client, ino: u64, path: &str, opts: ScrubOptions, pa
                 server: u32::MAX,
                 what: format!("cannot open: {e}"),
                 repaired: false,
+                dry_run: false,
             });
             return;
         }
@@ -233,6 +245,7 @@ async fn scrub_ino(client: &Client, ino: u64, path: &str, opts: ScrubOptions, pa
             server: u32::MAX,
             what: format!("scrub failed: {e}"),
             repaired: false,
+            dry_run: false,
         });
     }
     let _ = file.close().await;
@@ -299,7 +312,13 @@ struct FileScrub<'a> {
 
 impl FileScrub<'_> {
     fn finding(&mut self, file_offset: u64, server: u32, what: String, repaired: bool) {
-        let f = Finding { path: self.path.into(), ino: self.file.attr.ino, file_offset, server, what, repaired };
+        let f = Finding { path: self.path.into(), ino: self.file.attr.ino, file_offset, server, what, repaired, dry_run: false };
+        self.report.found(f);
+    }
+
+    /// A repairable finding left as found (`--dry-run`).
+    fn dry(&mut self, file_offset: u64, server: u32, what: String) {
+        let f = Finding { path: self.path.into(), ino: self.file.attr.ino, file_offset, server, what, repaired: false, dry_run: true };
         self.report.found(f);
     }
 
@@ -370,7 +389,7 @@ impl FileScrub<'_> {
                         continue;
                     };
                     if !self.opts.repair {
-                        self.finding(b, server, format!("{what} (dry run: not rewritten)"), false);
+                        self.dry(b, server, format!("{what}: not rewritten"));
                         continue;
                     }
                     if repair.is_none() {
@@ -553,7 +572,7 @@ impl FileScrub<'_> {
         let server = layout.servers[i];
         let off = chunk_file_offset(file_at, i, k, u64::from(layout.stripe_unit));
         if !self.opts.repair {
-            self.finding(off, server, format!("chunk {i}: {what} (dry run: not rewritten)"), false);
+            self.dry(off, server, format!("chunk {i}: {what}: not rewritten"));
             return Ok(());
         }
         let io = repair_io(self.file).await?;
@@ -619,7 +638,7 @@ mod tests {
     fn reports_count_and_keep_a_bounded_list() {
         let mut r = ScrubReport::default();
         for i in 0..FINDINGS_MAX + 5 {
-            let f = Finding { path: "/f".into(), ino: 2, file_offset: i as u64, server: 1, what: "x".into(), repaired: i % 2 == 0 };
+            let f = Finding { path: "/f".into(), ino: 2, file_offset: i as u64, server: 1, what: "x".into(), repaired: i % 2 == 0, dry_run: false };
             r.found(f);
         }
         assert_eq!(r.findings.len(), FINDINGS_MAX);

@@ -856,8 +856,8 @@ pub async fn scrub(spec: &str, path: &str, opts: weft_client::scrub::ScrubOption
         println!("... {} more findings not listed", r.inconsistencies - r.findings.len() as u64);
     }
     println!(
-        "scrubbed {} files, {} bytes, {} chunks: {} inconsistencies, {} repaired, {} unrepairable",
-        r.files, r.bytes, r.chunks, r.inconsistencies, r.repaired, r.unrepairable
+        "scrubbed {} files, {} bytes, {} chunks: {} inconsistencies, {} repaired, {} left (dry run), {} unrepairable",
+        r.files, r.bytes, r.chunks, r.inconsistencies, r.repaired, r.dry_run, r.unrepairable
     );
     if r.unrepairable > 0 {
         anyhow::bail!("{} inconsistencies could not be repaired", r.unrepairable);
