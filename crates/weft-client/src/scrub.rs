@@ -176,7 +176,8 @@ pub async fn scrub_path(client: &Client, path: &str, opts: ScrubOptions) -> Resu
         return Ok(report);
     }
     // Depth-first, one page of entries per directory on the stack.
-    let mut stack = vec![Frame { ino: top.ino, path: root_path.trim_end_matches('/').to_string(), after: String::new() }];
+    let mut stack =
+        vec![Frame { ino: top.ino, path: root_path.trim_end_matches('/').to_string(), after: String::new() }];
     while let Some(frame) = stack.last_mut() {
         let page = match client.readdir_page(frame.ino, &frame.after, weft_proto::READDIR_ENTRIES_MAX).await {
             Ok(p) => p,
@@ -212,7 +213,14 @@ pub async fn scrub_path(client: &Client, path: &str, opts: ScrubOptions) -> Resu
 
 /// Scrubs one file; a failure to open it or to reach its servers is a finding (unrepairable), except a file
 /// removed meanwhile.
-async fn scrub_ino(client: &Client, ino: u64, path: &str, opts: ScrubOptions, pace: &mut Pace, report: &mut ScrubReport) {
+async fn scrub_ino(
+    client: &Client,
+    ino: u64,
+    path: &str,
+    opts: ScrubOptions,
+    pace: &mut Pace,
+    report: &mut ScrubReport,
+) {
     let file = match client.open_ino(ino, OpenMode::Read).await {
         Ok(f) => f,
         Err(e) if crate::is_not_found(&e) => return,
@@ -312,13 +320,29 @@ struct FileScrub<'a> {
 
 impl FileScrub<'_> {
     fn finding(&mut self, file_offset: u64, server: u32, what: String, repaired: bool) {
-        let f = Finding { path: self.path.into(), ino: self.file.attr.ino, file_offset, server, what, repaired, dry_run: false };
+        let f = Finding {
+            path: self.path.into(),
+            ino: self.file.attr.ino,
+            file_offset,
+            server,
+            what,
+            repaired,
+            dry_run: false,
+        };
         self.report.found(f);
     }
 
     /// A repairable finding left as found (`--dry-run`).
     fn dry(&mut self, file_offset: u64, server: u32, what: String) {
-        let f = Finding { path: self.path.into(), ino: self.file.attr.ino, file_offset, server, what, repaired: false, dry_run: true };
+        let f = Finding {
+            path: self.path.into(),
+            ino: self.file.attr.ino,
+            file_offset,
+            server,
+            what,
+            repaired: false,
+            dry_run: true,
+        };
         self.report.found(f);
     }
 
@@ -333,7 +357,12 @@ impl FileScrub<'_> {
             let (_, bad) = verify_all(self.file, server, 0, len).await?;
             for b in bad {
                 let at = plain_file_offset(&layout, i, b);
-                self.finding(at, server, format!("block at object offset {b} fails its checksum (no redundancy)"), false);
+                self.finding(
+                    at,
+                    server,
+                    format!("block at object offset {b} fails its checksum (no redundancy)"),
+                    false,
+                );
             }
             pace.done(len).await;
         }
@@ -377,13 +406,14 @@ impl FileScrub<'_> {
                     continue;
                 }
                 for c in 0..n {
-                    let wrong = bad[c].contains(&b)
-                        || (lens[c] <= b && truth.is_some_and(|t| copies[c][i.clone()] != *t));
+                    let wrong =
+                        bad[c].contains(&b) || (lens[c] <= b && truth.is_some_and(|t| copies[c][i.clone()] != *t));
                     if !wrong {
                         continue;
                     }
                     let server = layout.servers[c];
-                    let what = if bad[c].contains(&b) { "block fails its checksum" } else { "block lost past the copy's end" };
+                    let what =
+                        if bad[c].contains(&b) { "block fails its checksum" } else { "block lost past the copy's end" };
                     let Some(t) = truth else {
                         self.finding(b, server, format!("{what}, and no copy passes"), false);
                         continue;
@@ -472,12 +502,13 @@ impl FileScrub<'_> {
         let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
         let mut missing = Vec::new();
         for i in 0..k + m {
-            let Some(len) = lens[i] else { continue };
+            if lens[i].is_none() {
+                continue;
+            }
             if bad[i].iter().any(|&b| b >= at && b < at + unit) {
                 missing.push(i);
                 continue;
             }
-            let _ = len;
             match read_on(io, &object_of(&layout, i), at, unit).await {
                 Ok(b) => shards[i] = Some(b.to_vec()),
                 Err(e) if is_chunk_loss(&e) => missing.push(i),
@@ -491,15 +522,23 @@ impl FileScrub<'_> {
         let present = (0..k + m).filter(|&i| shards[i].is_some()).count();
         if present < k {
             for &i in &missing {
-                self.finding(chunk_file_offset(file_at, i, k, unit), layout.servers[i],
-                    format!("chunk {i} fails its checksum and only {present} of the row's chunks pass (need {k})"), false);
+                self.finding(
+                    chunk_file_offset(file_at, i, k, unit),
+                    layout.servers[i],
+                    format!(
+                        "{} fails its checksum and only {present} of the row's chunks pass (need {k})",
+                        chunk_name(i, k)
+                    ),
+                    false,
+                );
             }
             return Ok(());
         }
         if missing.is_empty() && unavailable == 0 {
             let data: Vec<&[u8]> = shards[..k].iter().map(|s| s.as_deref().expect("present")).collect();
             let parity = codec.encode(&data);
-            let wrong: Vec<usize> = (0..m).filter(|&p| shards[k + p].as_deref() != Some(&parity[p][..])).map(|p| k + p).collect();
+            let wrong: Vec<usize> =
+                (0..m).filter(|&p| shards[k + p].as_deref() != Some(&parity[p][..])).map(|p| k + p).collect();
             if wrong.is_empty() {
                 return Ok(());
             }
@@ -522,7 +561,8 @@ impl FileScrub<'_> {
                 if codec.reconstruct(&mut trial).is_ok() {
                     let data: Vec<&[u8]> = trial[..k].iter().map(|s| s.as_deref().expect("rebuilt")).collect();
                     let re = codec.encode(&data);
-                    let consistent = (0..m).all(|p| short_data.contains(&(k + p)) || trial[k + p].as_deref() == Some(&re[p][..]));
+                    let consistent =
+                        (0..m).all(|p| short_data.contains(&(k + p)) || trial[k + p].as_deref() == Some(&re[p][..]));
                     if consistent {
                         for &i in &short_data {
                             if trial[i] != shards[i] {
@@ -535,9 +575,15 @@ impl FileScrub<'_> {
                 }
             }
             for &i in &short_data {
-                self.finding(chunk_file_offset(file_at, i, k, unit), layout.servers[i],
-                    format!("parity disagrees with the row, and data chunk {i} ends early on its server (lost bytes?): \
-                             cannot tell which is right"), false);
+                self.finding(
+                    chunk_file_offset(file_at, i, k, unit),
+                    layout.servers[i],
+                    format!(
+                        "parity disagrees with the row, and data chunk {i} ends early on its server (lost bytes?): \
+                             cannot tell which is right"
+                    ),
+                    false,
+                );
             }
             return Ok(());
         }
@@ -551,8 +597,15 @@ impl FileScrub<'_> {
         let re = codec.encode(&data);
         if (0..m).any(|p| shards[k + p].as_ref().is_some_and(|s| s[..] != re[p][..])) {
             for &i in &missing {
-                self.finding(chunk_file_offset(file_at, i, k, unit), layout.servers[i],
-                    format!("chunk {i} fails its checksum and the surviving chunks disagree with each other"), false);
+                self.finding(
+                    chunk_file_offset(file_at, i, k, unit),
+                    layout.servers[i],
+                    format!(
+                        "{} fails its checksum and the surviving chunks disagree with each other",
+                        chunk_name(i, k)
+                    ),
+                    false,
+                );
             }
             return Ok(());
         }
@@ -566,22 +619,35 @@ impl FileScrub<'_> {
 
     /// Rewrites chunk `i` of the row at object offset `at` with `bytes` (a whole stripe unit: whole checksum
     /// blocks, so no bad byte of a partly rewritten block is kept), or reports it in a dry run.
-    async fn rewrite(&mut self, i: usize, at: u64, file_at: u64, bytes: Vec<u8>, what: &str) -> Result<(), ClientError> {
+    async fn rewrite(
+        &mut self,
+        i: usize,
+        at: u64,
+        file_at: u64,
+        bytes: Vec<u8>,
+        what: &str,
+    ) -> Result<(), ClientError> {
         let layout = &self.file.layout;
         let (k, _) = km(layout).expect("an ec layout");
         let server = layout.servers[i];
         let off = chunk_file_offset(file_at, i, k, u64::from(layout.stripe_unit));
+        let chunk = chunk_name(i, k);
         if !self.opts.repair {
-            self.dry(off, server, format!("chunk {i}: {what}: not rewritten"));
+            self.dry(off, server, format!("{chunk}: {what}: not rewritten"));
             return Ok(());
         }
         let io = repair_io(self.file).await?;
         match write_on(&io, &object_of(layout, i), at, Bytes::from(bytes)).await {
-            Ok(()) => self.finding(off, server, format!("chunk {i}: {what}: rewritten"), true),
-            Err(e) => self.finding(off, server, format!("chunk {i}: {what}: rewriting failed: {e}"), false),
+            Ok(()) => self.finding(off, server, format!("{chunk}: {what}: rewritten"), true),
+            Err(e) => self.finding(off, server, format!("{chunk}: {what}: rewriting failed: {e}"), false),
         }
         Ok(())
     }
+}
+
+/// How a finding names chunk `i` of a row: data chunk `j` or parity chunk `p`.
+fn chunk_name(i: usize, k: usize) -> String {
+    if i < k { format!("data chunk {i}") } else { format!("parity chunk {}", i - k) }
 }
 
 /// The file offset a chunk of the row at `file_at` stands for (a parity chunk: the row's start).
@@ -638,7 +704,15 @@ mod tests {
     fn reports_count_and_keep_a_bounded_list() {
         let mut r = ScrubReport::default();
         for i in 0..FINDINGS_MAX + 5 {
-            let f = Finding { path: "/f".into(), ino: 2, file_offset: i as u64, server: 1, what: "x".into(), repaired: i % 2 == 0, dry_run: false };
+            let f = Finding {
+                path: "/f".into(),
+                ino: 2,
+                file_offset: i as u64,
+                server: 1,
+                what: "x".into(),
+                repaired: i % 2 == 0,
+                dry_run: false,
+            };
             r.found(f);
         }
         assert_eq!(r.findings.len(), FINDINGS_MAX);

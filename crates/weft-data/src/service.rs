@@ -14,8 +14,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use weft_fabric::PeerMemory;
 use weft_proto::msg::{
-    FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, TruncateReq, VERIFY_BAD_MAX, VERIFY_BYTES_MAX, VerifyReq, VerifyResp,
-    WriteChunksReq, WriteReq,
+    FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, TruncateReq, VERIFY_BAD_MAX, VERIFY_BYTES_MAX, VerifyReq,
+    VerifyResp, WriteChunksReq, WriteReq,
 };
 use weft_proto::{Chunk, ErrorCode, Request, Response, Rights, WireError};
 use weft_rpc::metrics::FabricBytes;

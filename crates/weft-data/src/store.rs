@@ -748,6 +748,28 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    /// `verify` names corrupt blocks and blocks lost past the end without returning bytes, and passes holes.
+    #[test]
+    fn verify_names_corrupt_and_lost_blocks() {
+        let (s, dir) = store("verify");
+        s.write(6, 0, &bytes(4, 4 * BLOCK_BYTES)).unwrap();
+        s.write(6, 10 * B, b"far").unwrap();
+        assert_eq!(s.verify(6, 0, 11 * B, 16).unwrap(), (10 * B + 3, vec![], false), "a hole verifies");
+        let p = s.object_path(6);
+        let mut raw = std::fs::read(&p).unwrap();
+        raw[B as usize + 5] ^= 1;
+        raw[3 * BLOCK_BYTES] ^= 1;
+        std::fs::write(&p, raw).unwrap();
+        assert_eq!(s.verify(6, 0, 11 * B, 16).unwrap(), (10 * B + 3, vec![B, 3 * B], false));
+        assert_eq!(s.verify(6, 100, 10, 16).unwrap().1, Vec::<u64>::new(), "block 0 alone is intact");
+        assert_eq!(s.verify(6, 0, 11 * B, 1).unwrap(), (10 * B + 3, vec![B], true), "bounded list");
+        // The tail lost with a crash: the block at 10·4096 was written, its bytes are gone.
+        OpenOptions::new().write(true).open(&p).unwrap().set_len(4 * B).unwrap();
+        assert_eq!(s.verify(6, 0, 12 * B, 16).unwrap(), (4 * B, vec![B, 3 * B, 10 * B], false));
+        assert!(matches!(s.verify(6, OBJECT_BYTES_MAX, 1, 16), Err(DataError::OutOfRange { .. })));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     #[test]
     fn ranges_past_the_object_limit_are_refused_before_io() {
         let (s, dir) = store("range");

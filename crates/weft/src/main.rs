@@ -10,8 +10,8 @@ mod commands;
 mod human;
 mod mode;
 mod nfs;
-mod scrubber;
 mod owner;
+mod scrubber;
 mod size;
 mod top;
 

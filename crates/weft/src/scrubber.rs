@@ -57,9 +57,17 @@ impl Scrubber {
             m.register("weft_mds_scrub_files", "Files the background scrubber checked", c.files);
             m.register("weft_mds_scrub_bytes", "File bytes the background scrubber checked", c.bytes);
             m.register("weft_mds_scrub_chunks", "Chunks the background scrubber checked", c.chunks);
-            m.register("weft_mds_scrub_inconsistencies", "Inconsistencies the background scrubber found", c.inconsistencies);
+            m.register(
+                "weft_mds_scrub_inconsistencies",
+                "Inconsistencies the background scrubber found",
+                c.inconsistencies,
+            );
             m.register("weft_mds_scrub_repaired", "Inconsistencies the background scrubber repaired", c.repaired);
-            m.register("weft_mds_scrub_unrepairable", "Inconsistencies the background scrubber could not repair", c.unrepairable);
+            m.register(
+                "weft_mds_scrub_unrepairable",
+                "Inconsistencies the background scrubber could not repair",
+                c.unrepairable,
+            );
         }
         let mut cluster = self.cluster;
         cluster.mds = addr.to_string();
