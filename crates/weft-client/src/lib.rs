@@ -29,6 +29,7 @@ mod file;
 mod io_queue;
 mod layouts;
 mod mirror;
+pub mod scrub;
 mod stale;
 mod transfer;
 

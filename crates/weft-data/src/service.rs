@@ -14,8 +14,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use weft_fabric::PeerMemory;
 use weft_proto::msg::{
-    FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, ReadRowsReq, TruncateReq, WriteChunksReq, WriteReq,
-    WriteRowsReq,
+    FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, ReadRowsReq, TruncateReq, VERIFY_BAD_MAX, VERIFY_BYTES_MAX,
+    VerifyReq, VerifyResp, WriteChunksReq, WriteReq, WriteRowsReq,
 };
 use weft_proto::{Chunk, ErrorCode, Request, Response, Rights, WireError};
 use weft_rpc::metrics::FabricBytes;
@@ -113,6 +113,7 @@ impl DataService {
             Request::Truncate(t) => (t.ino, Rights::WRITE, &t.cap),
             Request::ReadRows(r) => (r.ino, Rights::READ, &r.cap),
             Request::WriteRows(w) => (w.ino, Rights::WRITE, &w.cap),
+            Request::VerifyObject(v) => (v.ino, Rights::READ, &v.cap),
             // Durability of what is there: either right will do.
             Request::Fsync(f) => (f.ino, Rights::NONE, &f.cap),
             Request::ListObjects(_) => {
@@ -280,6 +281,19 @@ impl DataService {
         let store = self.store.clone();
         on_blocking_pool(move || store.truncate(t.ino, t.size)).await?;
         Ok(Response::Truncate(()).into())
+    }
+
+    async fn verify(&self, v: VerifyReq) -> Result<Reply, WireError> {
+        if v.len > VERIFY_BYTES_MAX {
+            return Err(WireError::new(
+                ErrorCode::OutOfRange,
+                format!("VerifyObject of {} bytes: at most {VERIFY_BYTES_MAX} per request", v.len),
+            ));
+        }
+        let store = self.store.clone();
+        let (object_len, bad, bad_more) =
+            on_blocking_pool(move || store.verify(v.ino, v.offset, v.len, VERIFY_BAD_MAX)).await?;
+        Ok(Response::VerifyObject(VerifyResp { object_len, bad, bad_more }).into())
     }
 
     async fn remove_object(&self, r: InoReq) -> Result<Reply, WireError> {
@@ -466,6 +480,7 @@ impl DataService {
             Request::Fsync(r) => self.fsync(r).await,
             Request::SpaceStat(()) => self.space_stat().await,
             Request::SpaceStatDev(()) => self.space_stat_dev().await,
+            Request::VerifyObject(v) => self.verify(v).await,
             other => {
                 Err(WireError::new(ErrorCode::BadRequest, format!("{:?} is not served by a data server", other.op())))
             }

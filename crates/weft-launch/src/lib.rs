@@ -497,6 +497,12 @@ impl LocalCluster {
 
     /// Asks data server `i` to stop (SIGTERM) and waits for it to exit (SIGKILL if it takes over 10 s). The MDS
     /// reports it down once its liveness window passes without a heartbeat.
+    /// Replaces the extra environment of the processes started from now on (e.g. fault injection in one restarted
+    /// data server).
+    pub fn set_env(&mut self, env: Vec<(String, String)>) {
+        self.opts.env = env;
+    }
+
     pub async fn stop_data_server(&mut self, i: u32) {
         stop_all(std::slice::from_mut(self.data_proc(i))).await;
     }

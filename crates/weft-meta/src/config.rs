@@ -112,6 +112,20 @@ pub struct MetaConfig {
     /// (ENOSPC) rather than being acknowledged unrecorded.
     #[serde(default = "default_stale_entries_max")]
     pub stale_entries_max: u64,
+    /// The background scrubber `weft meta` runs beside the service (docs/format.md §20): MiB per second it
+    /// verifies and reads at most; 0 turns it off.
+    #[serde(default = "default_scrub_mib_per_s")]
+    pub scrub_mib_per_s: u64,
+    /// Time from the start of one background scrub pass over the whole namespace to the start of the next.
+    #[serde(default = "default_scrub_interval_ms")]
+    pub scrub_interval_ms: u64,
+}
+
+fn default_scrub_mib_per_s() -> u64 {
+    20
+}
+fn default_scrub_interval_ms() -> u64 {
+    24 * 3600 * 1000
 }
 
 impl MetaConfig {

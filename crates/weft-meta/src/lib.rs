@@ -40,7 +40,7 @@ pub use error::MetaError;
 pub use journal::JournalConfig;
 pub use mem_store::MemStore;
 pub use namespace::{DEFAULT_LIVENESS_MS, Namespace};
-pub use node::{MetaServerError, run, run_with_heal};
+pub use node::{MetaServerError, run, run_with};
 pub use perm::{Cred, Mask, PermError};
 pub use redb_store::RedbStore;
 pub use service::{HealHooks, MetaService};

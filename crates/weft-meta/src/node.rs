@@ -37,15 +37,17 @@ pub enum MetaServerError {
 
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
 pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaServerError> {
-    run_with_heal(cfg, None, ready).await
+    run_with(cfg, None, ready, |_, _| {}).await
 }
 
-/// [`run`] with a healer beside it (`weft meta` with `heal = true`): `HealNow` and `ListStale`'s progress go to
-/// `heal`.
-pub async fn run_with_heal(
+/// [`run`] with a healer beside it (`weft meta` with `heal = true`: `HealNow` and `ListStale`'s progress go to
+/// `heal`), also telling `started` the metrics registry (when serving metrics) and the listening address once the
+/// service listens: `weft meta` starts its background scrubber there.
+pub async fn run_with(
     cfg: MetaConfig,
     heal: Option<HealHooks>,
     ready: impl FnOnce(&str),
+    started: impl FnOnce(Option<&Arc<weft_rpc::Metrics>>, &str),
 ) -> Result<(), MetaServerError> {
     let key = weft_rpc::auth::role_key(cfg.auth, cfg.key_file.as_deref(), "metadata service")
         .map_err(MetaServerError::Key)?;
@@ -77,7 +79,7 @@ pub async fn run_with_heal(
         None => None,
     };
     let server_cfg = ServerConfig {
-        metrics,
+        metrics: metrics.clone(),
         limits: FrameLimits { body_bytes_max: 1 << 20, data_bytes_max: 0 },
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
@@ -114,6 +116,7 @@ pub async fn run_with_heal(
         key.clone().map(Credential::cluster),
     ));
     tokio::spawn(collect_orphans(ns, tcp, cfg.gc_interval_ms, key.map(Credential::cluster)));
+    started(metrics.as_ref(), &addr);
     ready(&addr);
     server.serve(listener).await.map_err(MetaServerError::Serve)
 }

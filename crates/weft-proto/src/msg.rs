@@ -215,6 +215,10 @@ messages! {
     /// Up to `limit` inode numbers above `after` that this server holds an object of, lowest first (docs/format.md
     /// §19): how the MDS drains a replaced server. Only the cluster key (the MDS) may list.
     ListObjects = 224: ListObjectsReq => ListObjectsResp, idempotent = true, data = false;
+    /// Verifies an object range against its checksum sidecar without sending its bytes (scrub, docs/format.md
+    /// §20): the object's length and the object offsets of the blocks that fail (corrupt, or written and lost past
+    /// the object's end). Needs read rights.
+    VerifyObject = 228: VerifyReq => VerifyResp, idempotent = true, data = false;
 }
 
 /// Most inode numbers one `ListObjects` reply carries.
@@ -497,6 +501,34 @@ pub struct WriteReq {
     pub ino: u64,
     pub offset: u64,
     pub cap: Capability,
+}
+
+/// Most bytes one `VerifyObject` covers: bounds the time a request holds its range lock and a server's thread.
+pub const VERIFY_BYTES_MAX: u64 = 64 << 20;
+
+/// Most bad block offsets one `VerifyResp` lists; `bad_more` says there were more.
+pub const VERIFY_BAD_MAX: usize = 1024;
+
+/// `VerifyObject` (docs/format.md §20).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyReq {
+    pub ino: u64,
+    pub offset: u64,
+    /// At most [`VERIFY_BYTES_MAX`].
+    pub len: u64,
+    pub cap: Capability,
+}
+
+/// `VerifyObject`'s answer (docs/format.md §20).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerifyResp {
+    /// The object's length in bytes (0 for a missing object).
+    pub object_len: u64,
+    /// Object offsets (multiples of 4096) of the blocks in the range that fail their checksum or were written and
+    /// are lost past the object's end, ascending, at most [`VERIFY_BAD_MAX`].
+    pub bad: Vec<u64>,
+    /// More bad blocks than `bad` lists.
+    pub bad_more: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -837,6 +869,8 @@ mod tests {
         assert_eq!(Op::FabricInfo as u16, 209);
         assert_eq!(Op::FabricStat as u16, 210);
         assert_eq!((Op::RegisterServerDev as u16, Op::SpaceStatDev as u16), (126, 217));
+        assert_eq!(Op::VerifyObject as u16, 228);
+        assert!(Op::VerifyObject.is_idempotent());
         assert_eq!((Op::SetLock as u16, Op::GetLock as u16, Op::ReleaseLocks as u16), (127, 128, 129));
         assert_eq!((Op::ReadRows as u16, Op::WriteRows as u16), (218, 219));
         assert!(Op::WriteRows.request_has_data() && !Op::WriteRows.is_idempotent() && Op::ReadRows.is_idempotent());

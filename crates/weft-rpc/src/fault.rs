@@ -3,12 +3,16 @@
 //! `WEFT_FAULT=drop-after-execute:<op code>:<count>` makes the server close the connection instead of sending the
 //! reply, after executing (and caching the reply of) the next `<count>` requests with that op. Tests use it to prove
 //! that a retransmission is answered from the reply cache and not executed twice.
+//!
+//! `WEFT_FAULT=skip-sidecar:<count>` makes a data server's next `<count>` object writes store their bytes but not
+//! their checksums, as a crash between the two would (scrub's tests, docs/format.md §20).
 
 #[cfg(feature = "fault-injection")]
 mod imp {
     use std::sync::Mutex;
 
     static PLAN: Mutex<Option<(u16, u32)>> = Mutex::new(None);
+    static SKIP_SIDECAR: Mutex<u32> = Mutex::new(0);
     static LOADED: std::sync::Once = std::sync::Once::new();
 
     fn load() {
@@ -17,6 +21,12 @@ mod imp {
                 return;
             };
             let parts: Vec<&str> = spec.split(':').collect();
+            if let ["skip-sidecar", count] = parts.as_slice()
+                && let Ok(count) = count.parse()
+            {
+                tracing::warn!(count, "fault injection armed: skip the checksum update after a data write");
+                *SKIP_SIDECAR.lock().expect("fault plan") = count;
+            }
             if let ["drop-after-execute", op, count] = parts.as_slice()
                 && let (Ok(op), Ok(count)) = (op.parse(), count.parse())
             {
@@ -24,6 +34,16 @@ mod imp {
                 *PLAN.lock().expect("fault plan") = Some((op, count));
             }
         });
+    }
+
+    pub fn skip_sidecar_update() -> bool {
+        load();
+        let mut n = SKIP_SIDECAR.lock().expect("fault plan");
+        if *n > 0 {
+            *n -= 1;
+            return true;
+        }
+        false
     }
 
     pub fn drop_after_execute(op: u16) -> bool {
@@ -48,5 +68,17 @@ pub fn drop_after_execute(op: u16) -> bool {
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
 pub fn drop_after_execute(_op: u16) -> bool {
+    false
+}
+
+/// True when the test plan says this data write must skip its checksum update (`skip-sidecar:<count>`).
+#[cfg(feature = "fault-injection")]
+pub fn skip_sidecar_update() -> bool {
+    imp::skip_sidecar_update()
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn skip_sidecar_update() -> bool {
     false
 }

@@ -847,6 +847,27 @@ pub async fn setstripe(
     Ok(())
 }
 
+/// `weft scrub`: verifies and repairs the files under `path`, prints what it found and a summary; fails when
+/// anything could not be repaired.
+pub async fn scrub(spec: &str, path: &str, opts: weft_client::scrub::ScrubOptions) -> Result<()> {
+    let c = connect(spec).await?;
+    let r = weft_client::scrub::scrub_path(&c, path, opts).await.map_err(|e| e.with_path(path))?;
+    for f in &r.findings {
+        println!("{f}");
+    }
+    if (r.findings.len() as u64) < r.inconsistencies {
+        println!("... {} more findings not listed", r.inconsistencies - r.findings.len() as u64);
+    }
+    println!(
+        "scrubbed {} files, {} bytes, {} chunks: {} inconsistencies, {} repaired, {} left (dry run), {} unrepairable",
+        r.files, r.bytes, r.chunks, r.inconsistencies, r.repaired, r.dry_run, r.unrepairable
+    );
+    if r.unrepairable > 0 {
+        anyhow::bail!("{} inconsistencies could not be repaired", r.unrepairable);
+    }
+    Ok(())
+}
+
 /// Parses `setstripe`'s `--ec K+M` / `--mirror N` (at most one of them) into a redundancy.
 pub fn parse_redundancy(ec: Option<&str>, mirror: Option<u8>) -> Result<weft_proto::DataRedundancy> {
     use weft_proto::DataRedundancy;

@@ -2,7 +2,7 @@
 //!
 //! - `weft meta --config F` / `weft data --config F`: run one server role from a TOML file (a real deployment).
 //! - `weft up`: a whole local cluster (one MDS and N data servers as separate processes on loopback).
-//! - `weft ls|stat|put|get|cat|rm|mkdir|rmdir|mv|ln|truncate|chmod|chown|setstripe|status|df|du`: use a cluster
+//! - `weft ls|stat|put|get|cat|rm|mkdir|rmdir|mv|ln|truncate|chmod|chown|setstripe|scrub|status|df|du`: use a cluster
 //!   through the native client library (`--json` on every listing and status command).
 //! - `weft bench ...`: benchmarks (see `weft-bench`).
 
@@ -11,6 +11,7 @@ mod human;
 mod mode;
 mod nfs;
 mod owner;
+mod scrubber;
 mod size;
 mod top;
 
@@ -507,6 +508,25 @@ enum Cmd {
         mirror: Option<u8>,
         dir: String,
     },
+    /// Verify every chunk's checksums on its data server, every ec stripe row's parity and that mirror copies
+    /// agree, for the files under PATH; repair what can be repaired from redundancy and report the rest (exit
+    /// status 1 when anything is unrepairable).
+    Scrub {
+        #[command(flatten)]
+        c: ClusterArg,
+        /// Where to start (a directory or a file).
+        #[arg(default_value = "/")]
+        path: String,
+        /// Rewrite what can be repaired (the default).
+        #[arg(long, conflicts_with = "dry_run")]
+        repair: bool,
+        /// Only report: rewrite nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Most MiB per second verified and read (0: no limit).
+        #[arg(long, default_value_t = 0)]
+        rate_mib_s: u64,
+    },
     /// Show every data server, its state, its space and which servers share a file system; the cluster's space
     /// counted once per file system and the space usable under each redundancy policy.
     Status {
@@ -711,12 +731,18 @@ async fn run(cmd: Cmd) -> Result<()> {
                 }
             });
             let heal_cfg = heal.map(|state| (state, commands::healer_config(&cfg)));
-            weft_meta::run_with_heal(cfg, hooks, move |addr| {
-                ready(addr);
-                if let Some((state, (cluster, hc))) = heal_cfg {
-                    commands::spawn_healer(cluster, addr, hc, state);
-                }
-            })
+            let scrub = scrubber::Scrubber::from_meta(&cfg);
+            weft_meta::run_with(
+                cfg,
+                hooks,
+                move |addr| {
+                    ready(addr);
+                    if let Some((state, (cluster, hc))) = heal_cfg {
+                        commands::spawn_healer(cluster, addr, hc, state);
+                    }
+                },
+                |m, addr| scrub.spawn(m, addr),
+            )
             .await
             .context("metadata service failed")
         }
@@ -767,6 +793,10 @@ async fn run(cmd: Cmd) -> Result<()> {
             XattrCmd::Rm { c, path, name } => c::xattr_rm(c.spec(), &path, &name).await,
         },
         Cmd::Status { c, out } => c::status(c.spec(), out.json).await,
+        Cmd::Scrub { c, path, repair: _, dry_run, rate_mib_s } => {
+            let opts = weft_client::scrub::ScrubOptions { repair: !dry_run, rate_mib_per_s: rate_mib_s };
+            c::scrub(c.spec(), &path, opts).await
+        }
         Cmd::Bench(args) => weft_bench::run(args).await,
     }
 }
