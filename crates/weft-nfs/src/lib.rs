@@ -304,8 +304,8 @@ impl Gateway {
     /// Runs one call; returns the whole reply message.
     async fn dispatch(&self, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, allowed: bool) -> Vec<u8> {
         // NULL of any served program answers everyone (clients probe with it before they mount).
-        let null_of_served =
-            call.proc_ == 0 && matches!((call.prog, call.vers), (NFS_PROGRAM, NFS_V3 | NFS_V4) | (MOUNT_PROGRAM, MOUNT_V3));
+        let null_of_served = call.proc_ == 0
+            && matches!((call.prog, call.vers), (NFS_PROGRAM, NFS_V3 | NFS_V4) | (MOUNT_PROGRAM, MOUNT_V3));
         if !(allowed || null_of_served) {
             tracing::info!(%peer, prog = call.prog, proc = call.proc_, "refused: address not in --allow");
             if call.prog == MOUNT_PROGRAM && call.vers == MOUNT_V3 && call.proc_ == mount::MNT {

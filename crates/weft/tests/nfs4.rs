@@ -404,6 +404,7 @@ async fn v41_round_trip_namespace_replay_and_malformed() {
     res.seq();
     res.ok(OP_PUTFH);
     res.ok(OP_COMMIT);
+    res.with(|r| r.fixed(8).map(|_| ()).unwrap());
     res.ok(OP_CLOSE);
     // A closed stateid is gone.
     let mut res = a
@@ -471,9 +472,17 @@ async fn v41_round_trip_namespace_replay_and_malformed() {
     res.seq();
     res.ok(OP_PUTFH);
     res.ok(OP_OPEN_DOWNGRADE);
+    let rsid2 = res.sid();
+    assert_eq!((rsid2.0, rsid2.1), (rsid.0 + 1, rsid.1), "a downgrade moves the seqid on");
     let mut res = a
         .seq(|o| {
-            o.putrootfh().lookup("io").open(b"owner-a2", "data", OPEN4_SHARE_ACCESS_READ, OPEN4_SHARE_DENY_WRITE, false);
+            o.putrootfh().lookup("io").open(
+                b"owner-a2",
+                "data",
+                OPEN4_SHARE_ACCESS_READ,
+                OPEN4_SHARE_DENY_WRITE,
+                false,
+            );
         })
         .await;
     res.seq();
@@ -491,12 +500,13 @@ async fn v41_round_trip_namespace_replay_and_malformed() {
     assert_eq!(res.op(OP_OPEN), NFS4ERR_SHARE_DENIED);
     let mut res = a
         .seq(|o| {
-            o.putfh(&fh).close(&deny_sid).close(&rsid);
+            o.putfh(&fh).close(&deny_sid).close(&rsid2);
         })
         .await;
     res.seq();
     res.ok(OP_PUTFH);
     res.ok(OP_CLOSE);
+    res.sid();
     res.ok(OP_CLOSE);
 
     // READDIR continued by cookie across small replies: every name once.
@@ -742,7 +752,8 @@ async fn v41_locks_contend_with_each_other_and_native_locks() {
     res.seq();
     res.ok(OP_PUTFH);
     res.ok(OP_CLOSE);
-    let probe = GetLockReq { ino, class: LockClass::Posix, kind: LockKind::Exclusive, start: 0, end: u64::MAX, owner: 77 };
+    let probe =
+        GetLockReq { ino, class: LockClass::Posix, kind: LockKind::Exclusive, start: 0, end: u64::MAX, owner: 77 };
     assert_eq!(native.get_lock(probe).await.unwrap(), None, "every NFS lock is gone");
     // Zero-length and overflowing ranges are INVAL.
     let mut res = a
@@ -795,10 +806,11 @@ async fn v41_restart_gives_a_grace_period_for_reclaims() {
     let mut a2 = V4::connect(&addr).await;
     a2.sid = a.sid;
     a2.seqid = a.seqid;
-    let mut res = a2.seq(|o| {
-        o.putfh(&fh);
-    })
-    .await;
+    let mut res = a2
+        .seq(|o| {
+            o.putfh(&fh);
+        })
+        .await;
     assert_eq!(res.op(OP_SEQUENCE), NFS4ERR_BADSESSION);
     let mut ops = Ops::default();
     let w = ops.op(OP_CREATE_SESSION);

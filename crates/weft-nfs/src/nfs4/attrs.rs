@@ -472,7 +472,15 @@ mod tests {
         let vals = decode_basic(&bits, list).unwrap();
         assert_eq!(
             vals,
-            vec![(TYPE, 1), (SIZE, 5000), (FILEID, 77), (MODE, 0o644), (OWNER, 1000), (OWNER_GROUP, 100), (TIME_MODIFY, 2)]
+            vec![
+                (TYPE, 1),
+                (SIZE, 5000),
+                (FILEID, 77),
+                (MODE, 0o644),
+                (OWNER, 1000),
+                (OWNER_GROUP, 100),
+                (TIME_MODIFY, 2)
+            ]
         );
         // Every supported attribute encodes and decodes back in step.
         let mut w = Writer::new();

@@ -77,8 +77,7 @@ fn needs_statfs(want: &Bitmap) -> bool {
 }
 
 async fn fs_info(cx: &Ctx<'_>, want: &Bitmap) -> FsInfo {
-    let mut fs =
-        FsInfo { fsid: cx.gw.fsid, lease_s: (cx.gw.cfg.nfs4.lease_ms / 1000) as u32, ..FsInfo::default() };
+    let mut fs = FsInfo { fsid: cx.gw.fsid, lease_s: (cx.gw.cfg.nfs4.lease_ms / 1000) as u32, ..FsInfo::default() };
     if needs_statfs(want)
         && let Ok(s) = cx.c.statfs().await
     {
@@ -376,14 +375,7 @@ async fn open_target(
     Ok((a.ino, s.bits, true, before))
 }
 
-async fn open(
-    cx: &mut Ctx<'_>,
-    access: u32,
-    deny: u32,
-    owner: &[u8],
-    how: CreateHow<'_>,
-    claim: Claim<'_>,
-) -> Out {
+async fn open(cx: &mut Ctx<'_>, access: u32, deny: u32, owner: &[u8], how: CreateHow<'_>, claim: Claim<'_>) -> Out {
     let cid = cx.clientid()?;
     let access = access & OPEN4_SHARE_ACCESS_BOTH;
     if access == 0 || deny > 3 {
@@ -555,11 +547,8 @@ async fn readdir(cx: &Ctx<'_>, cookie: u64, verf: [u8; 8], maxcount: u32, want: 
     let mut last: Option<(u64, String)> = None;
     let mut eof = false;
     'pages: loop {
-        let page = cx
-            .c
-            .readdir_plus_page(ino, &after, weft_proto::READDIRPLUS_ENTRIES_MAX)
-            .await
-            .map_err(|e| st(&e))?;
+        let page =
+            cx.c.readdir_plus_page(ino, &after, weft_proto::READDIRPLUS_ENTRIES_MAX).await.map_err(|e| st(&e))?;
         if page.entries.is_empty() {
             eof = true;
             break;

@@ -250,7 +250,10 @@ impl State {
             let c = self.clients.get_mut(&id).expect("found");
             if c.verifier == verifier {
                 c.renewed_ms = now_ms;
-                return Ok((Exchanged { clientid: id, seq: c.cs_seq.wrapping_add(1), confirmed: c.confirmed }, released));
+                return Ok((
+                    Exchanged { clientid: id, seq: c.cs_seq.wrapping_add(1), confirmed: c.confirmed },
+                    released,
+                ));
             }
             released = self.drop_client(id);
         }
