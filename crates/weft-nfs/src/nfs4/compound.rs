@@ -28,7 +28,8 @@ pub struct Ctx<'g> {
     pub fore: Option<ChannelAttrs>,
     /// The current stateid (§16.2.3.1.2), set by OPEN and LOCK.
     pub cur_stateid: Option<Stateid>,
-    /// Reply bytes encoded so far (bounds READ and READDIR to the session's reply size).
+    /// Reply bytes encoded so far, RPC header, compound header and tag included (bounds READ and READDIR to the
+    /// session's reply size, which counts all of them).
     pub reply_bytes: usize,
 }
 
@@ -41,10 +42,11 @@ impl Ctx<'_> {
         self.clientid.ok_or(NFS4ERR_OP_NOT_IN_SESSION)
     }
 
-    /// The bytes an op's result may still take.
+    /// The bytes an op's result body may still take (its op code and status, 8 bytes, and 8 of its own fixed
+    /// fields already counted).
     pub fn reply_room(&self) -> usize {
         let max = self.fore.map_or(crate::proto::IO_BYTES_MAX as usize + 4096, |f| f.reply_bytes_max as usize);
-        max.saturating_sub(self.reply_bytes + 128)
+        max.saturating_sub(self.reply_bytes + 16)
     }
 
     /// A stateid as given, or the current stateid if it is the special "current" one.
@@ -52,6 +54,10 @@ impl Ctx<'_> {
         if id == Stateid::CURRENT { self.cur_stateid.unwrap_or(Stateid::INVALID) } else { id }
     }
 }
+
+/// An accepted RPC reply header with an AUTH_NONE verifier (24 bytes) and the compound's status, tag length and
+/// result count (12).
+const HEAD_BYTES: usize = 24 + 12;
 
 /// Ops served without a session, each alone in its compound.
 fn sessionless(op: &Op<'_>) -> bool {
@@ -121,8 +127,9 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
         session: None,
         fore: None,
         cur_stateid: None,
-        reply_bytes: 0,
+        reply_bytes: HEAD_BYTES + tag.len().div_ceil(4) * 4,
     };
+    let head = cx.reply_bytes;
     let mut results = Writer::new();
     let mut done = 0u32;
     let mut status = NFS4_OK;
@@ -211,14 +218,14 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
         done += 1;
         status = st;
         let room = cx.fore.map_or(usize::MAX, |f| f.reply_bytes_max as usize);
-        if results.buf.len() + 8 + body.buf.len() + tag.len() + 16 > room {
+        if head + results.buf.len() + 8 + body.buf.len() > room {
             results.u32(rcode).u32(NFS4ERR_REP_TOO_BIG);
             status = NFS4ERR_REP_TOO_BIG;
             break;
         }
         results.u32(rcode).u32(st);
         results.buf.extend_from_slice(&body.buf);
-        cx.reply_bytes = results.buf.len();
+        cx.reply_bytes = head + results.buf.len();
         if st != NFS4_OK {
             if st != NFS4ERR_DENIED {
                 tracing::debug!(%peer, op = code, status = st, "NFSv4 op failed");

@@ -174,6 +174,7 @@ pub enum Op<'a> {
         seq: u32,
         flags: u32,
         fore: ChannelAttrs,
+        back: ChannelAttrs,
     },
     DestroySession([u8; 16]),
     FreeStateid(Stateid),
@@ -440,10 +441,10 @@ pub fn op<'a>(code: u32, r: &mut Reader<'a>) -> Result<Op<'a>, XdrError> {
             let seq = r.u32()?;
             let flags = r.u32()?;
             let fore = channel_attrs(r)?;
-            channel_attrs(r)?;
+            let back = channel_attrs(r)?;
             r.u32()?; // cb_program
             skip_cb_sec(r)?;
-            Op::CreateSession { clientid, seq, flags, fore }
+            Op::CreateSession { clientid, seq, flags, fore, back }
         }
         OP_DESTROY_SESSION => Op::DestroySession(sessionid(r)?),
         OP_FREE_STATEID => Op::FreeStateid(stateid(r)?),

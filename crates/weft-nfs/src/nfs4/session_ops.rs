@@ -50,22 +50,15 @@ pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
                 Err(s) => s,
             }
         }
-        Op::CreateSession { clientid, seq, flags: _, fore } => {
+        Op::CreateSession { clientid, seq, flags: _, fore, back } => {
             let r = nfs4.state().create_session(clientid, seq, fore, now);
             match r {
                 Ok(cs) => {
                     w.fixed(&cs.sessionid).u32(cs.seq).u32(0);
                     channel(&mut w, &cs.fore);
-                    // The back channel: accepted, unused (no callbacks: no delegations, no layouts).
-                    let back = ChannelAttrs {
-                        header_pad_bytes: 0,
-                        request_bytes_max: 4096,
-                        reply_bytes_max: 4096,
-                        cached_reply_bytes_max: 0,
-                        ops_max: 2,
-                        slots_max: 1,
-                    };
-                    channel(&mut w, &back);
+                    // The back channel: the client's own attributes echoed (Linux refuses any it did not offer);
+                    // unused, since nothing is called back (no delegations, no layouts).
+                    channel(&mut w, &ChannelAttrs { header_pad_bytes: 0, ..back });
                     NFS4_OK
                 }
                 Err(s) => s,

@@ -40,8 +40,9 @@ impl Default for StateConfig {
             slots_max: 64,
             ops_max: 32,
             cached_reply_bytes_max: 16 * 1024,
-            request_bytes_max: (1 << 20) + 4096,
-            reply_bytes_max: (1 << 20) + 4096,
+            // The record bound (1 MiB + 4096) less room for the RPC header and credential.
+            request_bytes_max: (1 << 20) + 3072,
+            reply_bytes_max: (1 << 20) + 3072,
             stateids_max: 65_536,
         }
     }
