@@ -1,7 +1,7 @@
 //! `weft nfs`: a gateway that exports a Weft cluster (or a subtree) to unmodified NFS clients.
 //!
 //! One TCP port serves ONC RPC (RFC 5531, [`rpc`]) with a dispatcher by (program, version): MOUNT v3 and NFSv3
-//! (RFC 1813, [`mount`], [`nfs3`]); NFSv4 answers PROG_MISMATCH (3–3) until NFSv4.1 slots in beside them.
+//! (RFC 1813, [`mount`], [`nfs3`]) and NFSv4.1 (RFC 8881, [`nfs4`]); other NFS versions answer PROG_MISMATCH (3–4).
 //! Requests run through [`weft_client`] acting as the caller's AUTH_SYS identity (root squashed per export), so
 //! the gateway gets striping and the fabrics for free and the MDS applies its permission checks to that
 //! identity; the gateway's own key must be the cluster key or a client key of policy `trusted` (docs/format.md
@@ -12,6 +12,7 @@ pub mod fh;
 pub mod files;
 pub mod mount;
 pub mod nfs3;
+pub mod nfs4;
 pub mod proto;
 pub mod rpc;
 pub mod status;
@@ -30,7 +31,7 @@ use weft_proto::UserCred;
 
 use crate::fh::FhSealer;
 use crate::files::OpenFiles;
-use crate::proto::{MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3};
+use crate::proto::{MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3, NFS_V4};
 use crate::rpc::{Auth, Call, RecordLimits};
 
 /// The uid and gid root and AUTH_NONE callers become.
@@ -106,6 +107,8 @@ pub struct GatewayConfig {
     /// Directory cursors (READDIR cookie → name) remembered.
     pub dir_cursors_max: usize,
     pub record: RecordLimits,
+    /// NFSv4.1: lease and grace times, table bounds ([`nfs4::state::StateConfig`]).
+    pub nfs4: nfs4::state::StateConfig,
 }
 
 impl Default for GatewayConfig {
@@ -120,6 +123,7 @@ impl Default for GatewayConfig {
             open_idle_ms: 5_000,
             dir_cursors_max: 4096,
             record: RecordLimits::default(),
+            nfs4: nfs4::state::StateConfig::default(),
         }
     }
 }
@@ -146,6 +150,7 @@ pub struct Gateway {
     verifier: [u8; 8],
     files: OpenFiles,
     cursors: Mutex<Cursors>,
+    nfs4: nfs4::Server,
 }
 
 /// READDIR cookie → the name it continues after, bounded (oldest dropped first); a miss rescans the directory.
@@ -183,7 +188,12 @@ impl Gateway {
             .to_be_bytes();
         let fsid = sealer.export_id() as u64;
         let files = OpenFiles::new(cfg.open_files_max, cfg.open_idle_ms);
+        // The NFSv4 epoch: new at every start (from the same randomness as the write verifier), so clientids and
+        // stateids of an earlier start are recognised as such.
+        let epoch = u32::from_be_bytes(verifier[4..].try_into().expect("4 bytes")) | 1;
+        let nfs4 = nfs4::Server::new(cfg.nfs4, epoch, sealer.export_id());
         Ok(Arc::new(Gateway {
+            nfs4,
             client,
             sealer,
             export_ino: root.ino,
@@ -294,8 +304,8 @@ impl Gateway {
     /// Runs one call; returns the whole reply message.
     async fn dispatch(&self, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, allowed: bool) -> Vec<u8> {
         // NULL of any served program answers everyone (clients probe with it before they mount).
-        let null_of_served =
-            call.proc_ == 0 && matches!((call.prog, call.vers), (NFS_PROGRAM, NFS_V3) | (MOUNT_PROGRAM, MOUNT_V3));
+        let null_of_served = call.proc_ == 0
+            && matches!((call.prog, call.vers), (NFS_PROGRAM, NFS_V3 | NFS_V4) | (MOUNT_PROGRAM, MOUNT_V3));
         if !(allowed || null_of_served) {
             tracing::info!(%peer, prog = call.prog, proc = call.proc_, "refused: address not in --allow");
             if call.prog == MOUNT_PROGRAM && call.vers == MOUNT_V3 && call.proc_ == mount::MNT {
@@ -307,9 +317,10 @@ impl Gateway {
         }
         match (call.prog, call.vers) {
             (NFS_PROGRAM, NFS_V3) => nfs3::call(self, call, rec, peer).await,
+            (NFS_PROGRAM, NFS_V4) => nfs4::compound::call(self, call, rec, peer).await,
             (NFS_PROGRAM, _) => {
                 let mut w = rpc::accepted(call.xid, rpc::PROG_MISMATCH);
-                w.u32(NFS_V3).u32(NFS_V3);
+                w.u32(NFS_V3).u32(NFS_V4);
                 w.buf
             }
             (MOUNT_PROGRAM, MOUNT_V3) => mount::call(self, call, peer).await,

@@ -751,7 +751,7 @@ async fn readdir(
 
 /// The name whose cookie is `cookie`, by listing the directory (a cursor the gateway forgot, or another
 /// gateway's); None if no entry has it any more.
-async fn find_cookie(c: &Client, ino: u64, cookie: u64) -> Result<Option<String>, u32> {
+pub(crate) async fn find_cookie(c: &Client, ino: u64, cookie: u64) -> Result<Option<String>, u32> {
     let mut after = String::new();
     loop {
         let page = c.readdir_page(ino, &after, weft_proto::READDIR_ENTRIES_MAX).await.map_err(|e| status_of(&e))?;

@@ -251,10 +251,11 @@ enum Cmd {
         #[arg(long)]
         log: Option<PathBuf>,
     },
-    /// Serve a cluster to NFS clients: NFSv3 and MOUNT v3 on one port, each request run as the caller's AUTH_SYS
-    /// identity through the native client. Needs the cluster key (or a `trusted` client key) in the cluster file.
+    /// Serve a cluster to NFS clients: NFSv3, MOUNT v3 and NFSv4.1 on one port, each request run as the caller's
+    /// AUTH_SYS identity through the native client. Needs the cluster key (or a `trusted` client key) in the cluster file.
     #[command(after_help = "Mount from Linux (no rpcbind: give both ports):\n  \
-        mount -t nfs -o vers=3,proto=tcp,port=2049,mountport=2049,nolock 127.0.0.1:/ /mnt\n\
+        mount -t nfs -o vers=3,proto=tcp,port=2049,mountport=2049,nolock 127.0.0.1:/ /mnt\n  \
+        mount -t nfs -o vers=4.1,proto=tcp,port=2049 127.0.0.1:/ /mnt\n\
         With libnfs: nfs-ls 'nfs://127.0.0.1/?version=3&nfsport=2049&mountport=2049'")]
     Nfs {
         #[command(flatten)]

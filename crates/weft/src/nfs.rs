@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 /// The options of `weft nfs`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct NfsArgs {
-    /// Address to serve NFSv3 and MOUNT on, both on this one port (port 0: any free port, reported at start).
+    /// Address to serve NFSv3, MOUNT and NFSv4.1 on, all on this one port (port 0: any free port, reported at start).
     /// Clients are told the port: `mount -o port=P,mountport=P`; rpcbind is not used.
     #[arg(long, default_value = "127.0.0.1:2049")]
     pub listen: String,
@@ -33,6 +33,13 @@ pub struct NfsArgs {
     /// Requests of one connection run at once; the connection is read no further until one finishes.
     #[arg(long, default_value_t = 32)]
     pub requests_in_flight_max: usize,
+    /// NFSv4.1 lease: a client silent this long loses its opens and locks.
+    #[arg(long, default_value_t = 90_000)]
+    pub nfs4_lease_ms: u64,
+    /// NFSv4.1 grace period after every start: only reclaims of opens and locks (clients of the previous run)
+    /// are served for this long; new opens and locks get NFS4ERR_GRACE and are retried by the client.
+    #[arg(long, default_value_t = 90_000)]
+    pub nfs4_grace_ms: u64,
 }
 
 /// Runs the gateway; `ready` is told the bound address (the launcher's readiness line).
@@ -46,6 +53,11 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         requests_in_flight_max: args.requests_in_flight_max,
         open_files_max: args.open_files_max,
         open_idle_ms: args.open_idle_ms,
+        nfs4: weft_nfs::nfs4::state::StateConfig {
+            lease_ms: args.nfs4_lease_ms.max(1000),
+            grace_ms: args.nfs4_grace_ms,
+            ..Default::default()
+        },
         ..weft_nfs::GatewayConfig::default()
     };
     let listener =
@@ -57,7 +69,7 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         export = gw.export_path(),
         allow = %args.allow,
         root_squash = !args.no_root_squash,
-        "NFS gateway serving NFSv3 and MOUNT v3; mount with: mount -t nfs -o vers=3,proto=tcp,port={p},mountport={p},nolock {h}:/ /mnt",
+        "NFS gateway serving NFSv3, MOUNT v3 and NFSv4.1; mount with: mount -t nfs -o vers=3,proto=tcp,port={p},mountport={p},nolock {h}:/ /mnt or mount -t nfs -o vers=4.1,port={p} {h}:/ /mnt",
         p = addr.port(),
         h = addr.ip(),
     );

@@ -328,8 +328,8 @@ async fn hostile_records_get_errors_and_the_gateway_keeps_serving() {
     // Unknown procedure, program and version.
     assert_eq!(raw.accepted(NFS_PROGRAM, 3, 22, &[]).await.0, rpc::PROC_UNAVAIL);
     assert_eq!(raw.accepted(400_000, 1, 0, &[]).await.0, rpc::PROG_UNAVAIL);
-    let (stat, body) = raw.accepted(NFS_PROGRAM, 4, 0, &[]).await;
-    assert_eq!((stat, &body[..]), (rpc::PROG_MISMATCH, &[0, 0, 0, 3, 0, 0, 0, 3][..]));
+    let (stat, body) = raw.accepted(NFS_PROGRAM, 2, 0, &[]).await;
+    assert_eq!((stat, &body[..]), (rpc::PROG_MISMATCH, &[0, 0, 0, 3, 0, 0, 0, 4][..]));
     // RPC version 3: MSG_DENIED RPC_MISMATCH.
     let mut w = rpc::encode_call(77, NFS_PROGRAM, 3, 0, None);
     w.buf[8..12].copy_from_slice(&3u32.to_be_bytes());

@@ -1,0 +1,244 @@
+//! COMPOUND (RFC 8881 §16.2, §2.10.6): minor version 1 only; SEQUENCE first (or one session-less op alone:
+//! EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION, DESTROY_CLIENTID, BIND_CONN_TO_SESSION); ops run in order and
+//! the first error ends the compound. A compound may hold at most the session's `ca_maxoperations` ops and its
+//! reply at most `ca_maxresponsesize` bytes (NFS4ERR_REP_TOO_BIG for the op that would pass it); the reply is
+//! kept in the SEQUENCE slot, so a retry gets it again without running anything twice.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use weft_client::Client;
+
+use super::consts::*;
+use super::decode::{self, COMPOUND_OPS_MAX, Op};
+use super::state::{ChannelAttrs, SeqOutcome, Stateid};
+use crate::Gateway;
+use crate::rpc::{self, Call};
+use crate::xdr::{Reader, Writer, XdrError};
+
+/// What ops of one compound share: the caller, the current and saved filehandles, the session.
+pub struct Ctx<'g> {
+    pub gw: &'g Gateway,
+    pub c: Client,
+    pub rec: &'g Bytes,
+    pub cur: Option<u64>,
+    pub saved: Option<u64>,
+    pub clientid: Option<u64>,
+    pub session: Option<([u8; 16], u32)>,
+    pub fore: Option<ChannelAttrs>,
+    /// The current stateid (§16.2.3.1.2), set by OPEN and LOCK.
+    pub cur_stateid: Option<Stateid>,
+    /// Reply bytes encoded so far, RPC header, compound header and tag included (bounds READ and READDIR to the
+    /// session's reply size, which counts all of them).
+    pub reply_bytes: usize,
+}
+
+impl Ctx<'_> {
+    pub fn cur(&self) -> Result<u64, u32> {
+        self.cur.ok_or(NFS4ERR_NOFILEHANDLE)
+    }
+
+    pub fn clientid(&self) -> Result<u64, u32> {
+        self.clientid.ok_or(NFS4ERR_OP_NOT_IN_SESSION)
+    }
+
+    /// The bytes an op's result body may still take (its op code and status, 8 bytes, and 8 of its own fixed
+    /// fields already counted).
+    pub fn reply_room(&self) -> usize {
+        let max = self.fore.map_or(crate::proto::IO_BYTES_MAX as usize + 4096, |f| f.reply_bytes_max as usize);
+        max.saturating_sub(self.reply_bytes + 16)
+    }
+
+    /// A stateid as given, or the current stateid if it is the special "current" one.
+    pub fn stateid(&self, id: Stateid) -> Stateid {
+        if id == Stateid::CURRENT { self.cur_stateid.unwrap_or(Stateid::INVALID) } else { id }
+    }
+}
+
+/// An accepted RPC reply header with an AUTH_NONE verifier (24 bytes) and the compound's status, tag length and
+/// result count (12).
+const HEAD_BYTES: usize = 24 + 12;
+
+/// Ops served without a session, each alone in its compound.
+fn sessionless(op: &Op<'_>) -> bool {
+    matches!(
+        op,
+        Op::ExchangeId { .. }
+            | Op::CreateSession { .. }
+            | Op::DestroySession(_)
+            | Op::DestroyClientid(_)
+            | Op::BindConn { .. }
+    )
+}
+
+/// The op code of a decoded op's result.
+fn code_of(code: u32, decoded: &Result<Op<'_>, XdrError>) -> u32 {
+    match decoded {
+        Err(XdrError::BadDiscriminant(d)) if *d == code => OP_ILLEGAL,
+        _ => code,
+    }
+}
+
+/// Runs one NFSv4 call; returns the reply message.
+pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) -> Vec<u8> {
+    match call.proc_ {
+        0 => return rpc::accepted(call.xid, rpc::SUCCESS).buf,
+        1 => {}
+        _ => return rpc::accepted(call.xid, rpc::PROC_UNAVAIL).buf,
+    }
+    let mut r = Reader::new(call.args);
+    let h = match decode::header(&mut r) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::info!(%peer, error = %e, "NFSv4 COMPOUND header malformed");
+            return rpc::accepted(call.xid, rpc::GARBAGE_ARGS).buf;
+        }
+    };
+    let mut out = rpc::accepted(call.xid, rpc::SUCCESS);
+    let tag = h.tag.to_vec();
+    let empty = |out: &mut Writer, status: u32| {
+        out.u32(status).opaque(&tag).u32(0);
+    };
+    if h.minor != 1 {
+        empty(&mut out, NFS4ERR_MINOR_VERS_MISMATCH);
+        return out.buf;
+    }
+    if h.ops > COMPOUND_OPS_MAX {
+        empty(&mut out, NFS4ERR_TOO_MANY_OPS);
+        return out.buf;
+    }
+    // Leases run out here: every compound sweeps (the tables are bounded, so this is bounded work).
+    let owners = {
+        let now = gw.nfs4.now_ms();
+        gw.nfs4.state().expire(now)
+    };
+    for o in owners {
+        if let Err(e) = gw.client.release_locks(None, Some(o)).await {
+            tracing::warn!(owner = o, error = %e, "releasing an expired NFSv4 client's locks");
+        }
+    }
+    let mut cx = Ctx {
+        gw,
+        c: gw.client_for(&call.auth),
+        rec,
+        cur: None,
+        saved: None,
+        clientid: None,
+        session: None,
+        fore: None,
+        cur_stateid: None,
+        reply_bytes: HEAD_BYTES + tag.len().div_ceil(4) * 4,
+    };
+    let head = cx.reply_bytes;
+    let mut results = Writer::new();
+    let mut done = 0u32;
+    let mut status = NFS4_OK;
+    for i in 0..h.ops {
+        let code = match r.u32() {
+            Ok(c) => c,
+            Err(_) => {
+                results.u32(OP_ILLEGAL).u32(NFS4ERR_BADXDR);
+                done += 1;
+                status = NFS4ERR_BADXDR;
+                break;
+            }
+        };
+        let decoded = decode::op(code, &mut r);
+        let rcode = code_of(code, &decoded);
+        let op = match decoded {
+            Ok(op) => op,
+            Err(e) => {
+                status = if rcode == OP_ILLEGAL { NFS4ERR_OP_ILLEGAL } else { NFS4ERR_BADXDR };
+                tracing::info!(%peer, op = code, error = %e, "NFSv4 op malformed");
+                results.u32(rcode).u32(status);
+                done += 1;
+                break;
+            }
+        };
+        // Where the op stands in the compound.
+        let placement = if i == 0 {
+            if matches!(op, Op::Sequence { .. }) {
+                None
+            } else if sessionless(&op) {
+                (h.ops != 1).then_some(NFS4ERR_NOT_ONLY_OP)
+            } else {
+                Some(NFS4ERR_OP_NOT_IN_SESSION)
+            }
+        } else if matches!(op, Op::Sequence { .. }) {
+            Some(NFS4ERR_SEQUENCE_POS)
+        } else if sessionless(&op) && !matches!(op, Op::DestroySession(_)) {
+            Some(NFS4ERR_NOT_ONLY_OP)
+        } else {
+            None
+        };
+        let (st, body) = match placement {
+            Some(s) => (s, Writer::new()),
+            None => match op {
+                Op::Sequence { sessionid, seqid, slot, highest_slot: _, cache_this: _ } => {
+                    let now = gw.nfs4.now_ms();
+                    let (outcome, attrs) = {
+                        let mut st = gw.nfs4.state();
+                        let o = st.sequence(&sessionid, slot, seqid, now);
+                        (o, st.session_attrs(&sessionid))
+                    };
+                    match outcome {
+                        Ok(SeqOutcome::Replay(cached)) => {
+                            tracing::debug!(%peer, slot, seqid, "NFSv4 replay answered from the slot");
+                            out.buf.extend_from_slice(&cached);
+                            return out.buf;
+                        }
+                        Ok(SeqOutcome::New { clientid, highest_slot }) => {
+                            let fore = attrs.expect("a session just found").1;
+                            cx.clientid = Some(clientid);
+                            cx.session = Some((sessionid, slot));
+                            cx.fore = Some(fore);
+                            if h.ops > fore.ops_max {
+                                (NFS4ERR_TOO_MANY_OPS, Writer::new())
+                            } else if call.args.len() > fore.request_bytes_max as usize {
+                                (NFS4ERR_REQ_TOO_BIG, Writer::new())
+                            } else {
+                                let mut w = Writer::new();
+                                w.fixed(&sessionid).u32(seqid).u32(slot).u32(highest_slot).u32(highest_slot).u32(0);
+                                (NFS4_OK, w)
+                            }
+                        }
+                        Err(s) => (s, Writer::new()),
+                    }
+                }
+                op => {
+                    let (s, w) = if sessionless(&op) {
+                        super::session_ops::run(&mut cx, op).await
+                    } else {
+                        super::ops::run(&mut cx, op).await
+                    };
+                    (s, w)
+                }
+            },
+        };
+        done += 1;
+        status = st;
+        let room = cx.fore.map_or(usize::MAX, |f| f.reply_bytes_max as usize);
+        if head + results.buf.len() + 8 + body.buf.len() > room {
+            results.u32(rcode).u32(NFS4ERR_REP_TOO_BIG);
+            status = NFS4ERR_REP_TOO_BIG;
+            break;
+        }
+        results.u32(rcode).u32(st);
+        results.buf.extend_from_slice(&body.buf);
+        cx.reply_bytes = head + results.buf.len();
+        if st != NFS4_OK {
+            if st != NFS4ERR_DENIED {
+                tracing::debug!(%peer, op = code, status = st, "NFSv4 op failed");
+            }
+            break;
+        }
+    }
+    let mut body = Writer::new();
+    body.u32(status).opaque(&tag).u32(done);
+    body.buf.extend_from_slice(&results.buf);
+    if let Some((sid, slot)) = cx.session {
+        gw.nfs4.state().finish(&sid, slot, &body.buf);
+    }
+    out.buf.extend_from_slice(&body.buf);
+    out.buf
+}

@@ -1,0 +1,98 @@
+//! The session-less ops (RFC 8881 §18.35, §18.36, §18.37, §18.50, §18.34): EXCHANGE_ID (SP4_NONE only),
+//! CREATE_SESSION (fore channel; the back channel's attributes are accepted and none is used),
+//! DESTROY_SESSION, DESTROY_CLIENTID, BIND_CONN_TO_SESSION.
+
+use super::compound::Ctx;
+use super::consts::*;
+use super::decode::Op;
+use super::state::ChannelAttrs;
+use crate::xdr::Writer;
+
+fn channel(w: &mut Writer, a: &ChannelAttrs) {
+    w.u32(a.header_pad_bytes)
+        .u32(a.request_bytes_max)
+        .u32(a.reply_bytes_max)
+        .u32(a.cached_reply_bytes_max)
+        .u32(a.ops_max)
+        .u32(a.slots_max)
+        .u32(0);
+}
+
+async fn release(cx: &Ctx<'_>, owners: Vec<u64>) {
+    for o in owners {
+        if let Err(e) = cx.gw.client.release_locks(None, Some(o)).await {
+            tracing::warn!(owner = o, error = %e, "releasing an NFSv4 client's locks");
+        }
+    }
+}
+
+pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
+    let mut w = Writer::new();
+    let now = cx.gw.nfs4.now_ms();
+    let nfs4 = &cx.gw.nfs4;
+    let st = match op {
+        Op::ExchangeId { verifier, owner, flags: _ } => {
+            let r = nfs4.state().exchange_id(owner, verifier, now);
+            match r {
+                Ok((ex, released)) => {
+                    release(cx, released).await;
+                    let mut flags = EXCHGID4_FLAG_USE_NON_PNFS;
+                    if ex.confirmed {
+                        flags |= EXCHGID4_FLAG_CONFIRMED_R;
+                    }
+                    w.u64(ex.clientid).u32(ex.seq).u32(flags);
+                    w.u32(0); // SP4_NONE
+                    w.u64(0).opaque(&nfs4.major_id);
+                    w.opaque(&nfs4.scope);
+                    w.u32(0); // no implementation id
+                    NFS4_OK
+                }
+                Err(s) => s,
+            }
+        }
+        Op::CreateSession { clientid, seq, flags: _, fore, back } => {
+            let r = nfs4.state().create_session(clientid, seq, fore, now);
+            match r {
+                Ok(cs) => {
+                    w.fixed(&cs.sessionid).u32(cs.seq).u32(0);
+                    channel(&mut w, &cs.fore);
+                    // The back channel: the client's own attributes echoed (Linux refuses any it did not offer);
+                    // unused, since nothing is called back (no delegations, no layouts).
+                    channel(&mut w, &ChannelAttrs { header_pad_bytes: 0, ..back });
+                    NFS4_OK
+                }
+                Err(s) => s,
+            }
+        }
+        Op::DestroySession(sid) => match nfs4.state().destroy_session(&sid) {
+            Ok(()) => {
+                // Destroying the compound's own session: its reply is not cached anywhere.
+                if cx.session.is_some_and(|(s, _)| s == sid) {
+                    cx.session = None;
+                }
+                NFS4_OK
+            }
+            Err(s) => s,
+        },
+        Op::DestroyClientid(id) => {
+            let r = nfs4.state().destroy_clientid(id);
+            match r {
+                Ok(owners) => {
+                    release(cx, owners).await;
+                    NFS4_OK
+                }
+                Err(s) => s,
+            }
+        }
+        Op::BindConn { sessionid } => {
+            if nfs4.state().session_attrs(&sessionid).is_some() {
+                w.fixed(&sessionid).u32(1).bool(false); // CDFS4_FORE, no RDMA
+                NFS4_OK
+            } else {
+                NFS4ERR_BADSESSION
+            }
+        }
+        _ => NFS4ERR_SERVERFAULT,
+    };
+    (st, w)
+}

@@ -1,0 +1,762 @@
+//! NFSv4.1 server state (RFC 8881 §2.10, §8, §9): clients, sessions with their slot tables and reply caches,
+//! open and lock stateids with share reservations, leases and the grace period after a start.
+//!
+//! Pure: no I/O and no clock of its own. Every call that depends on time takes `now_ms` (a monotonic
+//! millisecond clock the caller reads), so tests walk lease expiry and grace without sleeping. Whatever the MDS
+//! must be told (locks of an expired or destroyed client to release) is returned to the caller as lock-owner ids.
+//!
+//! Bounded: at most `clients_max` clients, `sessions_max` sessions, `slots_max` slots per session (each caching
+//! one reply of at most `cached_reply_bytes_max`), `stateids_max` stateids; a full table is NFS4ERR_RESOURCE
+//! (the client backs off), never growth.
+
+use std::collections::HashMap;
+
+use super::consts::*;
+
+/// The state's bounds and times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateConfig {
+    /// A client not heard from (SEQUENCE) for this long loses its state.
+    pub lease_ms: u64,
+    /// After the gateway starts, only reclaims (CLAIM_PREVIOUS opens, reclaim locks) for this long.
+    pub grace_ms: u64,
+    pub clients_max: usize,
+    pub sessions_max: usize,
+    pub slots_max: u32,
+    pub ops_max: u32,
+    pub cached_reply_bytes_max: u32,
+    pub request_bytes_max: u32,
+    pub reply_bytes_max: u32,
+    pub stateids_max: usize,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        StateConfig {
+            lease_ms: 90_000,
+            grace_ms: 90_000,
+            clients_max: 1024,
+            sessions_max: 1024,
+            slots_max: 64,
+            ops_max: 32,
+            cached_reply_bytes_max: 16 * 1024,
+            // The record bound (1 MiB + 4096) less room for the RPC header and credential.
+            request_bytes_max: (1 << 20) + 3072,
+            reply_bytes_max: (1 << 20) + 3072,
+            stateids_max: 65_536,
+        }
+    }
+}
+
+/// A stateid (RFC 8881 §8.2): `seqid` then 12 bytes `other` = boot epoch (4, BE), kind (1), zero (3), index
+/// (4, BE). docs/format.md §21.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Stateid {
+    pub seqid: u32,
+    pub other: [u8; 12],
+}
+
+pub const KIND_OPEN: u8 = 1;
+pub const KIND_LOCK: u8 = 2;
+
+impl Stateid {
+    pub const ANONYMOUS: Stateid = Stateid { seqid: 0, other: [0; 12] };
+    pub const BYPASS: Stateid = Stateid { seqid: u32::MAX, other: [0xff; 12] };
+    pub const CURRENT: Stateid = Stateid { seqid: 1, other: [0; 12] };
+    pub const INVALID: Stateid = Stateid { seqid: u32::MAX, other: [0; 12] };
+
+    /// The anonymous or the read-bypass stateid: I/O without an open (served, share reservations aside).
+    pub fn is_special(&self) -> bool {
+        *self == Stateid::ANONYMOUS || *self == Stateid::BYPASS
+    }
+
+    fn make(epoch: u32, kind: u8, index: u32, seqid: u32) -> Stateid {
+        let mut other = [0u8; 12];
+        other[..4].copy_from_slice(&epoch.to_be_bytes());
+        other[4] = kind;
+        other[8..].copy_from_slice(&index.to_be_bytes());
+        Stateid { seqid, other }
+    }
+}
+
+/// The fore channel's negotiated sizes (`channel_attrs4`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChannelAttrs {
+    pub header_pad_bytes: u32,
+    pub request_bytes_max: u32,
+    pub reply_bytes_max: u32,
+    pub cached_reply_bytes_max: u32,
+    pub ops_max: u32,
+    pub slots_max: u32,
+}
+
+#[derive(Debug)]
+struct Slot {
+    seqid: u32,
+    /// The reply of `seqid`; None while it runs, or when it was too large to cache.
+    reply: Option<Vec<u8>>,
+    in_use: bool,
+}
+
+#[derive(Debug)]
+struct Session {
+    clientid: u64,
+    slots: Vec<Slot>,
+    fore: ChannelAttrs,
+}
+
+#[derive(Debug)]
+struct ClientRec {
+    owner: Vec<u8>,
+    verifier: [u8; 8],
+    confirmed: bool,
+    /// The last CREATE_SESSION sequence id processed, and its reply.
+    cs_seq: u32,
+    cs_reply: Option<(u32, CreatedSession)>,
+    renewed_ms: u64,
+    reclaim_complete: bool,
+    sessions: Vec<[u8; 16]>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StateKind {
+    Open { owner: Vec<u8>, access: u32, deny: u32 },
+    Lock { owner: Vec<u8>, open: [u8; 12], mds_owner: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateRec {
+    pub clientid: u64,
+    pub ino: u64,
+    pub seqid: u32,
+    pub kind: StateKind,
+}
+
+/// What CREATE_SESSION answers (cached for its replay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreatedSession {
+    pub sessionid: [u8; 16],
+    pub seq: u32,
+    pub fore: ChannelAttrs,
+}
+
+/// What EXCHANGE_ID answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exchanged {
+    pub clientid: u64,
+    pub seq: u32,
+    pub confirmed: bool,
+}
+
+/// What SEQUENCE decided for a compound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeqOutcome {
+    /// Run the compound; its reply is then [`State::finish`]ed into the slot.
+    New { clientid: u64, highest_slot: u32 },
+    /// A retry of the slot's last request: send this reply again, run nothing.
+    Replay(Vec<u8>),
+}
+
+pub struct State {
+    cfg: StateConfig,
+    epoch: u32,
+    started_ms: u64,
+    next: u32,
+    clients: HashMap<u64, ClientRec>,
+    sessions: HashMap<[u8; 16], Session>,
+    stateids: HashMap<[u8; 12], StateRec>,
+    lock_owners: HashMap<(u64, Vec<u8>), u64>,
+}
+
+type R<T> = Result<T, u32>;
+
+impl State {
+    /// `epoch` distinguishes this start's clientids and stateids from the previous one's (a boot verifier);
+    /// `now_ms` starts the grace period.
+    pub fn new(cfg: StateConfig, epoch: u32, now_ms: u64) -> State {
+        State {
+            cfg,
+            epoch,
+            started_ms: now_ms,
+            next: 0,
+            clients: HashMap::new(),
+            sessions: HashMap::new(),
+            stateids: HashMap::new(),
+            lock_owners: HashMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &StateConfig {
+        &self.cfg
+    }
+
+    pub fn in_grace(&self, now_ms: u64) -> bool {
+        now_ms < self.started_ms.saturating_add(self.cfg.grace_ms)
+    }
+
+    fn next_index(&mut self) -> u32 {
+        self.next = self.next.wrapping_add(1);
+        self.next
+    }
+
+    fn clientid_known(&self, clientid: u64) -> R<()> {
+        if (clientid >> 32) as u32 != self.epoch {
+            return Err(NFS4ERR_STALE_CLIENTID);
+        }
+        if !self.clients.contains_key(&clientid) {
+            return Err(NFS4ERR_STALE_CLIENTID);
+        }
+        Ok(())
+    }
+
+    /// Drops clients whose lease ran out; returns the MDS lock owners whose locks must be released.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<u64> {
+        let lease = self.cfg.lease_ms;
+        let dead: Vec<u64> =
+            self.clients.iter().filter(|(_, c)| now_ms.saturating_sub(c.renewed_ms) > lease).map(|(k, _)| *k).collect();
+        let mut owners = Vec::new();
+        for id in dead {
+            tracing::info!(clientid = format_args!("{id:#x}"), "NFSv4 client lease expired");
+            owners.extend(self.drop_client(id));
+        }
+        owners
+    }
+
+    fn drop_client(&mut self, clientid: u64) -> Vec<u64> {
+        if let Some(c) = self.clients.remove(&clientid) {
+            for s in c.sessions {
+                self.sessions.remove(&s);
+            }
+        }
+        self.stateids.retain(|_, s| s.clientid != clientid);
+        let mut owners = Vec::new();
+        self.lock_owners.retain(|(c, _), o| {
+            if *c == clientid {
+                owners.push(*o);
+                false
+            } else {
+                true
+            }
+        });
+        owners
+    }
+
+    /// EXCHANGE_ID (RFC 8881 §18.35.5, the cases a client without state protection meets): a known owner with
+    /// the same verifier keeps its clientid; a new verifier (the client rebooted) drops the old state (its lock
+    /// owners are returned with the result, for the MDS).
+    pub fn exchange_id(&mut self, owner: &[u8], verifier: [u8; 8], now_ms: u64) -> R<(Exchanged, Vec<u64>)> {
+        let existing = self.clients.iter().find(|(_, c)| c.owner == owner).map(|(k, _)| *k);
+        let mut released = Vec::new();
+        if let Some(id) = existing {
+            let c = self.clients.get_mut(&id).expect("found");
+            if c.verifier == verifier {
+                c.renewed_ms = now_ms;
+                return Ok((
+                    Exchanged { clientid: id, seq: c.cs_seq.wrapping_add(1), confirmed: c.confirmed },
+                    released,
+                ));
+            }
+            released = self.drop_client(id);
+        }
+        if self.clients.len() >= self.cfg.clients_max {
+            return Err(NFS4ERR_RESOURCE);
+        }
+        let clientid = (self.epoch as u64) << 32 | self.next_index() as u64;
+        self.clients.insert(
+            clientid,
+            ClientRec {
+                owner: owner.to_vec(),
+                verifier,
+                confirmed: false,
+                cs_seq: 0,
+                cs_reply: None,
+                renewed_ms: now_ms,
+                reclaim_complete: false,
+                sessions: Vec::new(),
+            },
+        );
+        Ok((Exchanged { clientid, seq: 1, confirmed: false }, released))
+    }
+
+    /// CREATE_SESSION (§18.36.4): `seq` one past the last is new, equal to it a replay (the cached answer),
+    /// anything else SEQ_MISORDERED. The fore channel gets the smaller of what the client asks and our bounds.
+    pub fn create_session(&mut self, clientid: u64, seq: u32, asked: ChannelAttrs, now_ms: u64) -> R<CreatedSession> {
+        self.clientid_known(clientid)?;
+        let full = self.sessions.len() >= self.cfg.sessions_max;
+        let c = self.clients.get_mut(&clientid).expect("known");
+        if seq == c.cs_seq
+            && let Some((s, reply)) = c.cs_reply
+            && s == seq
+        {
+            return Ok(reply);
+        }
+        if seq != c.cs_seq.wrapping_add(1) {
+            return Err(NFS4ERR_SEQ_MISORDERED);
+        }
+        if full {
+            return Err(NFS4ERR_RESOURCE);
+        }
+        if asked.slots_max == 0 || asked.ops_max < 2 {
+            return Err(NFS4ERR_TOOSMALL);
+        }
+        let fore = ChannelAttrs {
+            header_pad_bytes: 0,
+            request_bytes_max: asked.request_bytes_max.min(self.cfg.request_bytes_max),
+            reply_bytes_max: asked.reply_bytes_max.min(self.cfg.reply_bytes_max),
+            cached_reply_bytes_max: asked.cached_reply_bytes_max.min(self.cfg.cached_reply_bytes_max),
+            ops_max: asked.ops_max.min(self.cfg.ops_max),
+            slots_max: asked.slots_max.min(self.cfg.slots_max),
+        };
+        let n = self.next;
+        self.next = self.next.wrapping_add(1);
+        let mut sessionid = [0u8; 16];
+        sessionid[..8].copy_from_slice(&clientid.to_be_bytes());
+        sessionid[8..12].copy_from_slice(&self.epoch.to_be_bytes());
+        sessionid[12..].copy_from_slice(&n.to_be_bytes());
+        let created = CreatedSession { sessionid, seq, fore };
+        c.cs_seq = seq;
+        c.cs_reply = Some((seq, created));
+        c.confirmed = true;
+        c.renewed_ms = now_ms;
+        c.sessions.push(sessionid);
+        let slots = (0..fore.slots_max).map(|_| Slot { seqid: 0, reply: None, in_use: false }).collect();
+        self.sessions.insert(sessionid, Session { clientid, slots, fore });
+        Ok(created)
+    }
+
+    pub fn session_attrs(&self, sessionid: &[u8; 16]) -> Option<(u64, ChannelAttrs)> {
+        self.sessions.get(sessionid).map(|s| (s.clientid, s.fore))
+    }
+
+    /// SEQUENCE (§18.46.4): renews the lease and decides new request / replay / misordered.
+    pub fn sequence(&mut self, sessionid: &[u8; 16], slot: u32, seqid: u32, now_ms: u64) -> R<SeqOutcome> {
+        let s = self.sessions.get_mut(sessionid).ok_or(NFS4ERR_BADSESSION)?;
+        let clientid = s.clientid;
+        let highest_slot = s.fore.slots_max - 1;
+        let sl = s.slots.get_mut(slot as usize).ok_or(NFS4ERR_BADSLOT)?;
+        let out = if seqid == sl.seqid && sl.seqid != 0 {
+            if sl.in_use {
+                return Err(NFS4ERR_DELAY);
+            }
+            match &sl.reply {
+                Some(r) => SeqOutcome::Replay(r.clone()),
+                None => return Err(NFS4ERR_RETRY_UNCACHED_REP),
+            }
+        } else if seqid == sl.seqid.wrapping_add(1) {
+            if sl.in_use {
+                return Err(NFS4ERR_DELAY);
+            }
+            sl.seqid = seqid;
+            sl.reply = None;
+            sl.in_use = true;
+            SeqOutcome::New { clientid, highest_slot }
+        } else {
+            return Err(NFS4ERR_SEQ_MISORDERED);
+        };
+        if let Some(c) = self.clients.get_mut(&clientid) {
+            c.renewed_ms = now_ms;
+        }
+        Ok(out)
+    }
+
+    /// Stores a compound's reply in its slot (dropped if over the session's cached size: a retry of it then gets
+    /// NFS4ERR_RETRY_UNCACHED_REP).
+    pub fn finish(&mut self, sessionid: &[u8; 16], slot: u32, reply: &[u8]) {
+        if let Some(s) = self.sessions.get_mut(sessionid) {
+            let max = s.fore.cached_reply_bytes_max as usize;
+            if let Some(sl) = s.slots.get_mut(slot as usize) {
+                sl.in_use = false;
+                sl.reply = (reply.len() <= max).then(|| reply.to_vec());
+            }
+        }
+    }
+
+    /// DESTROY_SESSION.
+    pub fn destroy_session(&mut self, sessionid: &[u8; 16]) -> R<()> {
+        let s = self.sessions.remove(sessionid).ok_or(NFS4ERR_BADSESSION)?;
+        if let Some(c) = self.clients.get_mut(&s.clientid) {
+            c.sessions.retain(|x| x != sessionid);
+        }
+        Ok(())
+    }
+
+    /// DESTROY_CLIENTID: only a client without sessions (CLIENTID_BUSY otherwise); returns its lock owners.
+    pub fn destroy_clientid(&mut self, clientid: u64) -> R<Vec<u64>> {
+        self.clientid_known(clientid)?;
+        if !self.clients[&clientid].sessions.is_empty() {
+            return Err(NFS4ERR_CLIENTID_BUSY);
+        }
+        Ok(self.drop_client(clientid))
+    }
+
+    /// RECLAIM_COMPLETE: the client reclaims nothing more (COMPLETE_ALREADY the second time).
+    pub fn reclaim_complete(&mut self, clientid: u64) -> R<()> {
+        let c = self.clients.get_mut(&clientid).ok_or(NFS4ERR_STALE_CLIENTID)?;
+        if c.reclaim_complete {
+            return Err(NFS4ERR_COMPLETE_ALREADY);
+        }
+        c.reclaim_complete = true;
+        Ok(())
+    }
+
+    /// Whether a reclaim (`reclaim`) or a new open/lock is allowed now: reclaims only in grace and before the
+    /// client's RECLAIM_COMPLETE (NO_GRACE), new state only after grace (GRACE).
+    pub fn check_grace(&self, clientid: u64, reclaim: bool, now_ms: u64) -> R<()> {
+        let grace = self.in_grace(now_ms);
+        if reclaim {
+            let done = self.clients.get(&clientid).is_none_or(|c| c.reclaim_complete);
+            if !grace || done {
+                return Err(NFS4ERR_NO_GRACE);
+            }
+        } else if grace {
+            return Err(NFS4ERR_GRACE);
+        }
+        Ok(())
+    }
+
+    /// Looks a stateid up for `clientid`: BAD_STATEID (not ours, another epoch, another client), OLD_STATEID (an
+    /// earlier seqid; seqid 0 means "the current one").
+    pub fn check(&self, clientid: u64, id: &Stateid) -> R<&StateRec> {
+        let rec = self.stateids.get(&id.other).ok_or(NFS4ERR_BAD_STATEID)?;
+        if rec.clientid != clientid {
+            return Err(NFS4ERR_BAD_STATEID);
+        }
+        if id.seqid != 0 && id.seqid < rec.seqid {
+            return Err(NFS4ERR_OLD_STATEID);
+        }
+        if id.seqid > rec.seqid {
+            return Err(NFS4ERR_BAD_STATEID);
+        }
+        Ok(rec)
+    }
+
+    fn stateid_of(&self, other: &[u8; 12]) -> Stateid {
+        Stateid { seqid: self.stateids[other].seqid, other: *other }
+    }
+
+    /// OPEN: the open-owner's stateid on `ino` (created, or upgraded to the union of access and deny), if the
+    /// share reservations of other owners on `ino` allow it (SHARE_DENIED otherwise).
+    pub fn open(&mut self, clientid: u64, owner: &[u8], ino: u64, access: u32, deny: u32) -> R<Stateid> {
+        let mut mine = None;
+        for (k, s) in &self.stateids {
+            if s.ino != ino {
+                continue;
+            }
+            if let StateKind::Open { owner: o, access: a, deny: d } = &s.kind {
+                if s.clientid == clientid && o == owner {
+                    mine = Some(*k);
+                } else if a & deny != 0 || d & access != 0 {
+                    return Err(NFS4ERR_SHARE_DENIED);
+                }
+            }
+        }
+        if let Some(k) = mine {
+            let s = self.stateids.get_mut(&k).expect("found");
+            if let StateKind::Open { access: a, deny: d, .. } = &mut s.kind {
+                *a |= access;
+                *d |= deny;
+            }
+            s.seqid = s.seqid.wrapping_add(1).max(1);
+            return Ok(self.stateid_of(&k));
+        }
+        if self.stateids.len() >= self.cfg.stateids_max {
+            return Err(NFS4ERR_RESOURCE);
+        }
+        let index = self.next_index();
+        let id = Stateid::make(self.epoch, KIND_OPEN, index, 1);
+        self.stateids.insert(
+            id.other,
+            StateRec { clientid, ino, seqid: 1, kind: StateKind::Open { owner: owner.to_vec(), access, deny } },
+        );
+        Ok(id)
+    }
+
+    /// OPEN_DOWNGRADE: access and deny must be subsets of the current ones (INVAL).
+    pub fn downgrade(&mut self, clientid: u64, id: &Stateid, access: u32, deny: u32) -> R<Stateid> {
+        self.check(clientid, id)?;
+        let s = self.stateids.get_mut(&id.other).expect("checked");
+        let StateKind::Open { access: a, deny: d, .. } = &mut s.kind else { return Err(NFS4ERR_BAD_STATEID) };
+        if access & !*a != 0 || deny & !*d != 0 || access == 0 {
+            return Err(NFS4ERR_INVAL);
+        }
+        *a = access;
+        *d = deny;
+        s.seqid = s.seqid.wrapping_add(1).max(1);
+        Ok(self.stateid_of(&id.other))
+    }
+
+    /// CLOSE: drops the open stateid and the lock stateids opened from it; returns (inode, MDS lock owners whose
+    /// locks on it are to be released).
+    pub fn close(&mut self, clientid: u64, id: &Stateid) -> R<(u64, Vec<u64>)> {
+        let rec = self.check(clientid, id)?;
+        if !matches!(rec.kind, StateKind::Open { .. }) {
+            return Err(NFS4ERR_BAD_STATEID);
+        }
+        let ino = rec.ino;
+        self.stateids.remove(&id.other);
+        let mut owners = Vec::new();
+        self.stateids.retain(|_, s| match &s.kind {
+            StateKind::Lock { open, mds_owner, .. } if *open == id.other => {
+                owners.push(*mds_owner);
+                false
+            }
+            _ => true,
+        });
+        Ok((ino, owners))
+    }
+
+    /// The MDS lock owner of (client, lock-owner bytes): one id per lock-owner, new ones numbered from the epoch.
+    fn mds_owner(&mut self, clientid: u64, owner: &[u8]) -> u64 {
+        let key = (clientid, owner.to_vec());
+        if let Some(o) = self.lock_owners.get(&key) {
+            return *o;
+        }
+        let o = (self.epoch as u64) << 32 | self.next_index() as u64;
+        self.lock_owners.insert(key, o);
+        o
+    }
+
+    /// The lock-owner id LOCKT tests as (not created if unknown: any other owner's lock conflicts with it).
+    pub fn lock_owner_known(&self, clientid: u64, owner: &[u8]) -> Option<u64> {
+        self.lock_owners.get(&(clientid, owner.to_vec())).copied()
+    }
+
+    /// LOCK with a new lock-owner: a lock stateid for (lock-owner, the open's file); returns it and the MDS
+    /// owner. Its seqid is bumped by [`State::lock_granted`] once the MDS granted the lock.
+    pub fn lock_stateid_new(&mut self, clientid: u64, open: &Stateid, owner: &[u8]) -> R<(Stateid, u64, u64)> {
+        let rec = self.check(clientid, open)?;
+        if !matches!(rec.kind, StateKind::Open { .. }) {
+            return Err(NFS4ERR_BAD_STATEID);
+        }
+        let ino = rec.ino;
+        let mds_owner = self.mds_owner(clientid, owner);
+        // The same lock-owner on the same file already has one: reuse it.
+        if let Some((k, _)) = self.stateids.iter().find(|(_, s)| {
+            s.ino == ino && matches!(&s.kind, StateKind::Lock { owner: o, .. } if o == owner) && s.clientid == clientid
+        }) {
+            let k = *k;
+            return Ok((self.stateid_of(&k), ino, mds_owner));
+        }
+        if self.stateids.len() >= self.cfg.stateids_max {
+            return Err(NFS4ERR_RESOURCE);
+        }
+        let index = self.next_index();
+        let id = Stateid::make(self.epoch, KIND_LOCK, index, 0);
+        self.stateids.insert(
+            id.other,
+            StateRec {
+                clientid,
+                ino,
+                seqid: 0,
+                kind: StateKind::Lock { owner: owner.to_vec(), open: open.other, mds_owner },
+            },
+        );
+        Ok((id, ino, mds_owner))
+    }
+
+    /// An existing lock stateid: (inode, MDS owner).
+    pub fn lock_stateid(&self, clientid: u64, id: &Stateid) -> R<(u64, u64)> {
+        let rec = self.check(clientid, id)?;
+        match &rec.kind {
+            StateKind::Lock { mds_owner, .. } => Ok((rec.ino, *mds_owner)),
+            _ => Err(NFS4ERR_BAD_STATEID),
+        }
+    }
+
+    /// The MDS granted (or released) a lock of this stateid: its seqid moves on.
+    pub fn lock_granted(&mut self, id: &Stateid) -> Stateid {
+        match self.stateids.get_mut(&id.other) {
+            Some(s) => {
+                s.seqid = s.seqid.wrapping_add(1).max(1);
+                Stateid { seqid: s.seqid, other: id.other }
+            }
+            None => *id,
+        }
+    }
+
+    /// A lock stateid whose first LOCK was refused (seqid still 0) is dropped again.
+    pub fn lock_refused(&mut self, id: &Stateid) {
+        if self.stateids.get(&id.other).is_some_and(|s| s.seqid == 0) {
+            self.stateids.remove(&id.other);
+        }
+    }
+
+    /// FREE_STATEID: a lock stateid (its MDS owner and inode returned, to release its locks there); an open
+    /// stateid cannot be freed (LOCKS_HELD: CLOSE it).
+    pub fn free(&mut self, clientid: u64, id: &Stateid) -> R<Option<(u64, u64)>> {
+        let rec = self.check(clientid, id)?;
+        match rec.kind {
+            StateKind::Lock { mds_owner, .. } => {
+                let ino = rec.ino;
+                self.stateids.remove(&id.other);
+                Ok(Some((ino, mds_owner)))
+            }
+            StateKind::Open { .. } => Err(NFS4ERR_LOCKS_HELD),
+        }
+    }
+
+    /// An I/O stateid for `ino`: special ones pass; an open or lock stateid must be this client's for this file,
+    /// and a write needs an open with write access (OPENMODE).
+    pub fn check_io(&self, clientid: u64, id: &Stateid, ino: u64, write: bool) -> R<()> {
+        if id.is_special() {
+            return Ok(());
+        }
+        let rec = self.check(clientid, id)?;
+        if rec.ino != ino {
+            return Err(NFS4ERR_BAD_STATEID);
+        }
+        let open = match &rec.kind {
+            StateKind::Open { access, .. } => Some(*access),
+            StateKind::Lock { open, .. } => self.stateids.get(open).and_then(|o| match &o.kind {
+                StateKind::Open { access, .. } => Some(*access),
+                _ => None,
+            }),
+        };
+        match open {
+            Some(a) if write && a & OPEN4_SHARE_ACCESS_WRITE == 0 => Err(NFS4ERR_OPENMODE),
+            Some(_) => Ok(()),
+            // A lock stateid whose open was closed.
+            None => Err(NFS4ERR_BAD_STATEID),
+        }
+    }
+
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.clients.len(), self.sessions.len(), self.stateids.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs() -> ChannelAttrs {
+        ChannelAttrs {
+            header_pad_bytes: 0,
+            request_bytes_max: 1 << 20,
+            reply_bytes_max: 1 << 20,
+            cached_reply_bytes_max: 4096,
+            ops_max: 8,
+            slots_max: 4,
+        }
+    }
+
+    fn cfg() -> StateConfig {
+        StateConfig { lease_ms: 1000, grace_ms: 500, ..StateConfig::default() }
+    }
+
+    fn session(st: &mut State, owner: &[u8], now: u64) -> (u64, [u8; 16]) {
+        let (ex, _) = st.exchange_id(owner, [1; 8], now).unwrap();
+        let cs = st.create_session(ex.clientid, ex.seq, attrs(), now).unwrap();
+        (ex.clientid, cs.sessionid)
+    }
+
+    #[test]
+    fn exchange_and_create_session_replay_and_misorder() {
+        let mut st = State::new(cfg(), 7, 0);
+        let (ex, _) = st.exchange_id(b"a", [1; 8], 0).unwrap();
+        assert!(!ex.confirmed);
+        assert_eq!(ex.clientid >> 32, 7);
+        let cs = st.create_session(ex.clientid, 1, attrs(), 0).unwrap();
+        assert_eq!(cs.fore.ops_max, 8);
+        assert_eq!(cs.fore.cached_reply_bytes_max, 4096);
+        // A retried CREATE_SESSION gets the same session; a skipped sequence id is misordered.
+        assert_eq!(st.create_session(ex.clientid, 1, attrs(), 0).unwrap(), cs);
+        assert_eq!(st.create_session(ex.clientid, 3, attrs(), 0), Err(NFS4ERR_SEQ_MISORDERED));
+        assert_eq!(st.create_session(ex.clientid ^ (1 << 40), 2, attrs(), 0), Err(NFS4ERR_STALE_CLIENTID));
+        // The same owner and verifier again: the same client, now confirmed.
+        let (again, _) = st.exchange_id(b"a", [1; 8], 0).unwrap();
+        assert_eq!((again.clientid, again.confirmed, again.seq), (ex.clientid, true, 2));
+        // A new verifier: the client rebooted; its state is gone.
+        let (rebooted, _) = st.exchange_id(b"a", [2; 8], 0).unwrap();
+        assert_ne!(rebooted.clientid, ex.clientid);
+        assert_eq!(st.sequence(&cs.sessionid, 0, 1, 0), Err(NFS4ERR_BADSESSION));
+    }
+
+    #[test]
+    fn slots_give_exactly_once() {
+        let mut st = State::new(cfg(), 1, 0);
+        let (cid, sid) = session(&mut st, b"c", 0);
+        assert_eq!(st.sequence(&sid, 0, 1, 0), Ok(SeqOutcome::New { clientid: cid, highest_slot: 3 }));
+        // A retry while the first still runs waits.
+        assert_eq!(st.sequence(&sid, 0, 1, 0), Err(NFS4ERR_DELAY));
+        st.finish(&sid, 0, b"reply-1");
+        assert_eq!(st.sequence(&sid, 0, 1, 0), Ok(SeqOutcome::Replay(b"reply-1".to_vec())));
+        assert_eq!(st.sequence(&sid, 0, 3, 0), Err(NFS4ERR_SEQ_MISORDERED));
+        assert_eq!(st.sequence(&sid, 0, 0, 0), Err(NFS4ERR_SEQ_MISORDERED));
+        assert_eq!(st.sequence(&sid, 4, 1, 0), Err(NFS4ERR_BADSLOT));
+        assert!(matches!(st.sequence(&sid, 0, 2, 0), Ok(SeqOutcome::New { .. })));
+        // Too large to cache: a retry is told so rather than run twice.
+        st.finish(&sid, 0, &[0; 5000]);
+        assert_eq!(st.sequence(&sid, 0, 2, 0), Err(NFS4ERR_RETRY_UNCACHED_REP));
+        // Slots are independent.
+        assert!(matches!(st.sequence(&sid, 3, 1, 0), Ok(SeqOutcome::New { .. })));
+    }
+
+    #[test]
+    fn leases_expire_without_renewal_and_release_locks() {
+        let mut st = State::new(cfg(), 1, 0);
+        let (cid, sid) = session(&mut st, b"c", 0);
+        let open = st.open(cid, b"o", 5, OPEN4_SHARE_ACCESS_BOTH, 0).unwrap();
+        let (lock, ino, owner) = st.lock_stateid_new(cid, &open, b"l").unwrap();
+        assert_eq!(ino, 5);
+        let lock = st.lock_granted(&lock);
+        assert_eq!(lock.seqid, 1);
+        assert_eq!(st.lock_stateid(cid, &lock), Ok((5, owner)));
+        // Renewed at 900 by SEQUENCE: alive at 1800.
+        assert!(matches!(st.sequence(&sid, 0, 1, 900), Ok(SeqOutcome::New { .. })));
+        st.finish(&sid, 0, b"r");
+        assert!(st.expire(1800).is_empty());
+        assert_eq!(st.counts(), (1, 1, 2));
+        // Not renewed past the lease: everything goes and the lock owner is handed back for the MDS.
+        assert_eq!(st.expire(1901), vec![owner]);
+        assert_eq!(st.counts(), (0, 0, 0));
+        assert_eq!(st.sequence(&sid, 0, 2, 1901), Err(NFS4ERR_BADSESSION));
+    }
+
+    #[test]
+    fn grace_allows_only_reclaims_then_only_new_state() {
+        let mut st = State::new(cfg(), 1, 1000);
+        let (cid, _) = session(&mut st, b"c", 1000);
+        assert!(st.in_grace(1499));
+        assert_eq!(st.check_grace(cid, false, 1200), Err(NFS4ERR_GRACE));
+        assert_eq!(st.check_grace(cid, true, 1200), Ok(()));
+        assert_eq!(st.check_grace(cid, true, 1500), Err(NFS4ERR_NO_GRACE));
+        assert_eq!(st.check_grace(cid, false, 1500), Ok(()));
+        st.reclaim_complete(cid).unwrap();
+        assert_eq!(st.reclaim_complete(cid), Err(NFS4ERR_COMPLETE_ALREADY));
+        assert_eq!(st.check_grace(cid, true, 1200), Err(NFS4ERR_NO_GRACE));
+    }
+
+    #[test]
+    fn share_reservations_and_stateid_checks() {
+        let mut st = State::new(cfg(), 1, 0);
+        let (a, _) = session(&mut st, b"a", 0);
+        let (b, _) = session(&mut st, b"b", 0);
+        let s1 = st.open(a, b"o", 9, OPEN4_SHARE_ACCESS_READ, OPEN4_SHARE_DENY_WRITE).unwrap();
+        assert_eq!(st.open(b, b"o", 9, OPEN4_SHARE_ACCESS_WRITE, 0), Err(NFS4ERR_SHARE_DENIED));
+        let s2 = st.open(b, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        assert_eq!(st.open(a, b"p", 9, OPEN4_SHARE_ACCESS_READ, OPEN4_SHARE_DENY_READ), Err(NFS4ERR_SHARE_DENIED));
+        // The same owner upgrades its stateid; the old seqid is then OLD_STATEID.
+        let s1b = st.open(a, b"o", 9, OPEN4_SHARE_ACCESS_BOTH, OPEN4_SHARE_DENY_WRITE).unwrap();
+        assert_eq!((s1b.other, s1b.seqid), (s1.other, 2));
+        assert_eq!(st.check(a, &s1).map(|_| ()), Err(NFS4ERR_OLD_STATEID));
+        assert_eq!(st.check(b, &s1b).map(|_| ()), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.check_io(a, &s1b, 9, true), Ok(()));
+        assert_eq!(st.check_io(b, &s2, 9, true), Err(NFS4ERR_OPENMODE));
+        assert_eq!(st.check_io(b, &s2, 8, false), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.check_io(b, &Stateid::ANONYMOUS, 8, true), Ok(()));
+        let d = st.downgrade(a, &s1b, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        assert_eq!(d.seqid, 3);
+        assert_eq!(st.downgrade(a, &d, OPEN4_SHARE_ACCESS_BOTH, 0), Err(NFS4ERR_INVAL));
+        let (lock, _, owner) = st.lock_stateid_new(a, &d, b"lk").unwrap();
+        let lock = st.lock_granted(&lock);
+        assert_eq!(st.free(a, &d), Err(NFS4ERR_LOCKS_HELD));
+        assert_eq!(st.close(a, &d), Ok((9, vec![owner])));
+        assert_eq!(st.check(a, &lock).map(|_| ()), Err(NFS4ERR_BAD_STATEID));
+        // Another epoch's stateid is unknown.
+        let mut foreign = s2;
+        foreign.other[0] ^= 1;
+        assert_eq!(st.check(b, &foreign).map(|_| ()), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.destroy_clientid(b), Err(NFS4ERR_CLIENTID_BUSY));
+    }
+}

@@ -1,0 +1,879 @@
+//! NFSv4.1 on the gateway (crate weft-nfs, module nfs4) against a real cluster, driven by a small NFSv4.1 client
+//! written here from the crate's own XDR code: session set-up, an open/write/commit/close and open/read/close
+//! round trip with equal bytes (and the native client reading the same bytes), READDIR continued by cookie,
+//! RENAME, REMOVE and the stale handle after it, share reservations, byte-range locks contending between two
+//! NFSv4 clients and a native (FUSE-side) client, a replayed SEQUENCE answered from the slot, malformed
+//! compounds answered with an error while the gateway keeps serving, and a `kill -9` restart with its grace
+//! period (reclaims allowed, new opens refused until it ends).
+
+mod common;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use weft_launch::{NfsGateway, NfsOptions};
+use weft_nfs::nfs4::attrs::{self, Bitmap};
+use weft_nfs::nfs4::consts::*;
+use weft_nfs::proto::NFS_PROGRAM;
+use weft_nfs::rpc::{self, RecordLimits, ReplyHead};
+use weft_nfs::xdr::{Reader, Writer};
+use weft_proto::msg::{GetLockReq, LockClass, LockKind, SetLockReq};
+
+const UID: u32 = 4242;
+
+/// Seeded bytes (xorshift), so a failure reproduces.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// The ops of one compound being built.
+#[derive(Default)]
+struct Ops {
+    w: Writer,
+    n: u32,
+}
+
+type Sid = (u32, [u8; 12]);
+
+impl Ops {
+    fn op(&mut self, code: u32) -> &mut Writer {
+        self.n += 1;
+        self.w.u32(code);
+        &mut self.w
+    }
+    fn putrootfh(&mut self) -> &mut Self {
+        self.op(OP_PUTROOTFH);
+        self
+    }
+    fn putfh(&mut self, fh: &[u8]) -> &mut Self {
+        self.op(OP_PUTFH).opaque(fh);
+        self
+    }
+    fn lookup(&mut self, name: &str) -> &mut Self {
+        self.op(OP_LOOKUP).opaque(name.as_bytes());
+        self
+    }
+    fn getfh(&mut self) -> &mut Self {
+        self.op(OP_GETFH);
+        self
+    }
+    fn savefh(&mut self) -> &mut Self {
+        self.op(OP_SAVEFH);
+        self
+    }
+    fn getattr(&mut self, bits: &[u32]) -> &mut Self {
+        let w = self.op(OP_GETATTR);
+        Bitmap::of(bits).encode(w);
+        self
+    }
+    /// OPEN by name in the current directory, creating (UNCHECKED, mode 0644) if `create`.
+    fn open(&mut self, owner: &[u8], name: &str, access: u32, deny: u32, create: bool) -> &mut Self {
+        let w = self.op(OP_OPEN);
+        w.u32(0).u32(access).u32(deny).u64(0).opaque(owner);
+        if create {
+            w.u32(1).u32(0);
+            Bitmap::of(&[attrs::MODE]).encode(w);
+            let mut l = Writer::new();
+            l.u32(0o644);
+            w.opaque(&l.buf);
+        } else {
+            w.u32(0);
+        }
+        w.u32(0).opaque(name.as_bytes());
+        self
+    }
+    fn open_previous(&mut self, owner: &[u8], access: u32) -> &mut Self {
+        self.op(OP_OPEN).u32(0).u32(access).u32(0).u64(0).opaque(owner).u32(0).u32(1).u32(0);
+        self
+    }
+    fn write(&mut self, sid: &Sid, offset: u64, stable: u32, data: &[u8]) -> &mut Self {
+        self.op(OP_WRITE).u32(sid.0).fixed(&sid.1).u64(offset).u32(stable).opaque(data);
+        self
+    }
+    fn read(&mut self, sid: &Sid, offset: u64, count: u32) -> &mut Self {
+        self.op(OP_READ).u32(sid.0).fixed(&sid.1).u64(offset).u32(count);
+        self
+    }
+    fn commit(&mut self) -> &mut Self {
+        self.op(OP_COMMIT).u64(0).u32(0);
+        self
+    }
+    fn close(&mut self, sid: &Sid) -> &mut Self {
+        self.op(OP_CLOSE).u32(0).u32(sid.0).fixed(&sid.1);
+        self
+    }
+    fn readdir(&mut self, cookie: u64, verf: &[u8; 8], maxcount: u32) -> &mut Self {
+        let w = self.op(OP_READDIR);
+        w.u64(cookie).fixed(verf).u32(maxcount).u32(maxcount);
+        Bitmap::of(&[attrs::TYPE, attrs::FILEID]).encode(w);
+        self
+    }
+    fn remove(&mut self, name: &str) -> &mut Self {
+        self.op(OP_REMOVE).opaque(name.as_bytes());
+        self
+    }
+    fn rename(&mut self, from: &str, to: &str) -> &mut Self {
+        self.op(OP_RENAME).opaque(from.as_bytes()).opaque(to.as_bytes());
+        self
+    }
+    fn mkdir(&mut self, name: &str) -> &mut Self {
+        let w = self.op(OP_CREATE);
+        w.u32(NF4DIR).opaque(name.as_bytes());
+        Bitmap::default().encode(w);
+        w.opaque(b"");
+        self
+    }
+    /// LOCK with a new lock-owner from an open stateid.
+    fn lock_new(&mut self, locktype: u32, off: u64, len: u64, open: &Sid, owner: &[u8]) -> &mut Self {
+        let w = self.op(OP_LOCK);
+        w.u32(locktype).bool(false).u64(off).u64(len).bool(true);
+        w.u32(0).u32(open.0).fixed(&open.1).u32(0).u64(0).opaque(owner);
+        self
+    }
+    fn lock_existing(&mut self, locktype: u32, off: u64, len: u64, lock: &Sid) -> &mut Self {
+        let w = self.op(OP_LOCK);
+        w.u32(locktype).bool(false).u64(off).u64(len).bool(false).u32(lock.0).fixed(&lock.1).u32(0);
+        self
+    }
+    fn lockt(&mut self, locktype: u32, off: u64, len: u64, owner: &[u8]) -> &mut Self {
+        self.op(OP_LOCKT).u32(locktype).u64(off).u64(len).u64(0).opaque(owner);
+        self
+    }
+    fn locku(&mut self, off: u64, len: u64, lock: &Sid) -> &mut Self {
+        self.op(OP_LOCKU).u32(WRITE_LT).u32(0).u32(lock.0).fixed(&lock.1).u64(off).u64(len);
+        self
+    }
+}
+
+/// A reply being read: the compound's status, then each op's code and status, then its body as the caller reads.
+struct Res {
+    buf: Vec<u8>,
+    pos: usize,
+    status: u32,
+}
+
+impl Res {
+    fn with<T>(&mut self, f: impl FnOnce(&mut Reader<'_>) -> T) -> T {
+        let mut r = Reader::new(&self.buf);
+        r.fixed(self.pos).unwrap();
+        let t = f(&mut r);
+        self.pos = r.position();
+        t
+    }
+    /// The next op's status (its code checked).
+    fn op(&mut self, code: u32) -> u32 {
+        self.with(|r| {
+            assert_eq!(r.u32().unwrap(), code, "result op code");
+            r.u32().unwrap()
+        })
+    }
+    fn ok(&mut self, code: u32) {
+        let s = self.op(code);
+        assert_eq!(s, NFS4_OK, "op {code} failed");
+    }
+    fn seq(&mut self) {
+        self.ok(OP_SEQUENCE);
+        self.with(|r| {
+            r.fixed(16 + 20).unwrap();
+        });
+    }
+    fn sid(&mut self) -> Sid {
+        self.with(|r| (r.u32().unwrap(), r.fixed(12).unwrap().try_into().unwrap()))
+    }
+    fn fh(&mut self) -> Vec<u8> {
+        self.ok(OP_GETFH);
+        self.with(|r| r.opaque(128).unwrap().to_vec())
+    }
+    /// OPEN's result: its stateid (the rest skipped).
+    fn open(&mut self) -> Sid {
+        self.ok(OP_OPEN);
+        let sid = self.sid();
+        self.with(|r| {
+            r.fixed(4 + 16 + 4).unwrap();
+            Bitmap::decode(r).unwrap();
+            assert_eq!(r.u32().unwrap(), 0, "no delegation");
+        });
+        sid
+    }
+    fn attrs(&mut self) -> Vec<(u32, u64)> {
+        self.ok(OP_GETATTR);
+        self.with(|r| {
+            let (b, l) = attrs::decode_raw(r).unwrap();
+            attrs::decode_basic(&b, l).unwrap()
+        })
+    }
+}
+
+/// One NFSv4.1 client: a connection and (after `session`) a session with one slot used.
+struct V4 {
+    s: TcpStream,
+    xid: u32,
+    sid: [u8; 16],
+    seqid: u32,
+    clientid: u64,
+}
+
+impl V4 {
+    async fn connect(addr: &str) -> V4 {
+        V4 { s: TcpStream::connect(addr).await.unwrap(), xid: 0, sid: [0; 16], seqid: 0, clientid: 0 }
+    }
+
+    /// One RPC with raw COMPOUND arguments; the accepted reply's body.
+    async fn rpc(&mut self, vers: u32, proc_: u32, args: &[u8]) -> (u32, Vec<u8>) {
+        self.xid += 1;
+        let mut w = rpc::encode_call(self.xid, NFS_PROGRAM, vers, proc_, Some((UID, UID, &[])));
+        w.buf.extend_from_slice(args);
+        self.s.write_all(&rpc::encode_record(&w.buf)).await.unwrap();
+        let r = rpc::read_record(&mut self.s, &RecordLimits::default()).await.unwrap().expect("a reply");
+        match rpc::parse_reply(&r).unwrap() {
+            ReplyHead::Accepted { xid, stat, rest } => {
+                assert_eq!(xid, self.xid);
+                (stat, rest.to_vec())
+            }
+            other => panic!("denied: {other:?}"),
+        }
+    }
+
+    /// A compound of `ops` (minor version 1) as raw bytes.
+    fn args(minor: u32, ops: &Ops) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.opaque(b"weft-test").u32(minor).u32(ops.n);
+        w.buf.extend_from_slice(&ops.w.buf);
+        w.buf
+    }
+
+    async fn send(&mut self, args: &[u8]) -> Res {
+        let (stat, body) = self.rpc(4, 1, args).await;
+        assert_eq!(stat, rpc::SUCCESS);
+        let mut r = Reader::new(&body);
+        let status = r.u32().unwrap();
+        assert_eq!(r.opaque(1024).unwrap(), b"weft-test");
+        r.u32().unwrap();
+        let pos = r.position();
+        Res { buf: body, pos, status }
+    }
+
+    /// A compound of SEQUENCE (next seqid, slot 0) then `f`'s ops.
+    async fn seq(&mut self, f: impl FnOnce(&mut Ops)) -> Res {
+        let args = self.seq_args(f);
+        self.send(&args).await
+    }
+
+    fn seq_args(&mut self, f: impl FnOnce(&mut Ops)) -> Vec<u8> {
+        self.seqid += 1;
+        let mut ops = Ops::default();
+        ops.op(OP_SEQUENCE).fixed(&self.sid).u32(self.seqid).u32(0).u32(0).bool(true);
+        f(&mut ops);
+        V4::args(1, &ops)
+    }
+
+    /// EXCHANGE_ID, CREATE_SESSION, and (if `reclaim_complete`) RECLAIM_COMPLETE.
+    async fn session(&mut self, owner: &[u8], reclaim_complete: bool) {
+        let mut ops = Ops::default();
+        let w = ops.op(OP_EXCHANGE_ID);
+        w.fixed(&[7; 8]).opaque(owner).u32(0).u32(0).u32(0);
+        let mut res = self.send(&V4::args(1, &ops)).await;
+        res.ok(OP_EXCHANGE_ID);
+        let (clientid, seq) = res.with(|r| (r.u64().unwrap(), r.u32().unwrap()));
+        self.clientid = clientid;
+        let mut ops = Ops::default();
+        let w = ops.op(OP_CREATE_SESSION);
+        w.u64(clientid).u32(seq).u32(0);
+        w.u32(0).u32(1 << 20).u32(1 << 20).u32(8192).u32(16).u32(8).u32(0);
+        w.u32(0).u32(4096).u32(4096).u32(0).u32(2).u32(1).u32(0);
+        w.u32(0x4000_0000).u32(1).u32(0);
+        let mut res = self.send(&V4::args(1, &ops)).await;
+        res.ok(OP_CREATE_SESSION);
+        self.sid = res.with(|r| r.fixed(16).unwrap().try_into().unwrap());
+        self.seqid = 0;
+        if reclaim_complete {
+            let mut res = self
+                .seq(|o| {
+                    o.op(OP_RECLAIM_COMPLETE).bool(false);
+                })
+                .await;
+            res.seq();
+            res.ok(OP_RECLAIM_COMPLETE);
+        }
+    }
+
+    /// The handle of a path below the root.
+    async fn path_fh(&mut self, path: &[&str]) -> Vec<u8> {
+        let mut res = self
+            .seq(|o| {
+                o.putrootfh();
+                for p in path {
+                    o.lookup(p);
+                }
+                o.getfh();
+            })
+            .await;
+        res.seq();
+        res.ok(OP_PUTROOTFH);
+        for _ in path {
+            res.ok(OP_LOOKUP);
+        }
+        res.fh()
+    }
+}
+
+/// A gateway whose grace period is over at once (tests that are not about grace do not wait for it).
+async fn gateway(c: &common::TestCluster) -> NfsGateway {
+    let o = NfsOptions { extra_args: vec!["--nfs4-grace-ms".into(), "0".into()], ..NfsOptions::default() };
+    c.start_nfs(&o).await.unwrap_or_else(|e| panic!("starting the gateway: {e}"))
+}
+
+async fn io_dir(c: &common::TestCluster) -> u64 {
+    let client = c.client().await;
+    let d = client.mkdir(1, "io", 0o777).await.unwrap();
+    client.setattr(d.ino, weft_proto::SetAttrs { mode: Some(0o777), ..Default::default() }).await.unwrap();
+    d.ino
+}
+
+/// Session set-up, a write/read round trip, readdir, rename, remove, share reservations, the reply cache and
+/// malformed compounds.
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_round_trip_namespace_replay_and_malformed() {
+    let c = common::start("nfs4-io", 2).await;
+    let io = io_dir(&c).await;
+    let g = gateway(&c).await;
+    let mut a = V4::connect(g.addr()).await;
+    // NULL answers; a minor version other than 1 is refused before any session exists.
+    assert_eq!(a.rpc(4, 0, &[]).await, (rpc::SUCCESS, vec![]));
+    for minor in [0, 2] {
+        let res = a.send(&V4::args(minor, &Ops::default())).await;
+        assert_eq!(res.status, NFS4ERR_MINOR_VERS_MISMATCH);
+    }
+    // An op outside a session.
+    let mut o = Ops::default();
+    o.putrootfh();
+    let mut res = a.send(&V4::args(1, &o)).await;
+    assert_eq!((res.status, res.op(OP_PUTROOTFH)), (NFS4ERR_OP_NOT_IN_SESSION, NFS4ERR_OP_NOT_IN_SESSION));
+    a.session(b"client-a", true).await;
+
+    // The root's attributes as the Linux client asks at mount.
+    let mut res = a
+        .seq(|o| {
+            o.putrootfh().getattr(&[attrs::SUPPORTED_ATTRS, attrs::TYPE, attrs::LEASE_TIME, attrs::MAXREAD]);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    let got = res.attrs();
+    assert_eq!(got[1], (attrs::TYPE, NF4DIR as u64));
+    assert_eq!(got[2], (attrs::LEASE_TIME, 90));
+    assert_eq!(got[3], (attrs::MAXREAD, 1 << 20));
+
+    // Create, write unaligned pieces UNSTABLE, commit, close.
+    let data = pattern(300_001, 11);
+    let mut res = a
+        .seq(|o| {
+            o.putrootfh().lookup("io").open(b"owner-a", "data", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let sid = res.open();
+    let fh = res.fh();
+    for (i, chunk) in data.chunks(131_072).enumerate() {
+        let mut res = a
+            .seq(|o| {
+                o.putfh(&fh).write(&sid, (i * 131_072) as u64, 0, chunk);
+            })
+            .await;
+        res.seq();
+        res.ok(OP_PUTFH);
+        res.ok(OP_WRITE);
+        let (n, how) = res.with(|r| (r.u32().unwrap(), r.u32().unwrap()));
+        assert_eq!((n as usize, how), (chunk.len(), 0));
+    }
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&fh).commit().close(&sid);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_COMMIT);
+    res.with(|r| r.fixed(8).map(|_| ()).unwrap());
+    res.ok(OP_CLOSE);
+    // A closed stateid is gone.
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&fh).read(&sid, 0, 10);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_READ), NFS4ERR_BAD_STATEID);
+
+    // The native client reads the bytes NFS wrote and closed.
+    let client = c.client().await;
+    let f = client.open("/io/data", weft_client::OpenMode::Read).await.unwrap();
+    assert_eq!(f.size(), data.len() as u64);
+    let got = f.read_at(0, bytes::BytesMut::zeroed(data.len())).await.unwrap();
+    assert!(got[..] == data[..], "the native client reads what NFSv4 wrote");
+
+    // Open again for reading and read it back in pieces.
+    let mut res = a
+        .seq(|o| {
+            o.putrootfh().lookup("io").open(b"owner-a", "data", OPEN4_SHARE_ACCESS_READ, 0, false);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let rsid = res.open();
+    let mut back = Vec::new();
+    loop {
+        let mut res = a
+            .seq(|o| {
+                o.putfh(&fh).read(&rsid, back.len() as u64, 65_536);
+            })
+            .await;
+        res.seq();
+        res.ok(OP_PUTFH);
+        res.ok(OP_READ);
+        let (eof, bytes) = res.with(|r| (r.bool().unwrap(), r.opaque(1 << 20).unwrap().to_vec()));
+        back.extend_from_slice(&bytes);
+        if eof {
+            break;
+        }
+        assert!(!bytes.is_empty(), "a short read without eof");
+    }
+    assert!(back == data, "read back other bytes");
+    // A write through a read-only open is refused.
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&fh).write(&rsid, 0, 2, b"x");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_WRITE), NFS4ERR_OPENMODE);
+
+    // Share reservations: client B may not open for writing what A opened denying writes.
+    let mut b = V4::connect(g.addr()).await;
+    b.session(b"client-b", true).await;
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&fh).op(OP_OPEN_DOWNGRADE).u32(rsid.0).fixed(&rsid.1).u32(0).u32(1).u32(0);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_OPEN_DOWNGRADE);
+    let rsid2 = res.sid();
+    assert_eq!((rsid2.0, rsid2.1), (rsid.0 + 1, rsid.1), "a downgrade moves the seqid on");
+    let mut res = a
+        .seq(|o| {
+            o.putrootfh().lookup("io").open(
+                b"owner-a2",
+                "data",
+                OPEN4_SHARE_ACCESS_READ,
+                OPEN4_SHARE_DENY_WRITE,
+                false,
+            );
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let deny_sid = res.open();
+    let mut res = b
+        .seq(|o| {
+            o.putrootfh().lookup("io").open(b"owner-b", "data", OPEN4_SHARE_ACCESS_WRITE, 0, false);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    assert_eq!(res.op(OP_OPEN), NFS4ERR_SHARE_DENIED);
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&fh).close(&deny_sid).close(&rsid2);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_CLOSE);
+    res.sid();
+    res.ok(OP_CLOSE);
+
+    // READDIR continued by cookie across small replies: every name once.
+    for i in 0..20 {
+        client.create(io, &format!("n{i:02}"), 0o644, true).await.unwrap();
+    }
+    let dir = a.path_fh(&["io"]).await;
+    let (mut cookie, mut verf, mut names) = (0u64, [0u8; 8], Vec::new());
+    for _ in 0..100 {
+        let mut res = a
+            .seq(|o| {
+                o.putfh(&dir).readdir(cookie, &verf, 300);
+            })
+            .await;
+        res.seq();
+        res.ok(OP_PUTFH);
+        res.ok(OP_READDIR);
+        let eof = res.with(|r| {
+            verf = r.fixed(8).unwrap().try_into().unwrap();
+            while r.bool().unwrap() {
+                cookie = r.u64().unwrap();
+                names.push(r.string(255).unwrap().to_string());
+                let (b, l) = attrs::decode_raw(r).unwrap();
+                assert_eq!(attrs::decode_basic(&b, l).unwrap().len(), 2);
+            }
+            r.bool().unwrap()
+        });
+        if eof {
+            break;
+        }
+    }
+    let mut want: Vec<String> = (0..20).map(|i| format!("n{i:02}")).collect();
+    want.push("data".into());
+    want.sort();
+    names.sort();
+    assert_eq!(names, want);
+    // A cookie with another verifier.
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&dir).readdir(cookie, b"otherver", 4096);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_READDIR), NFS4ERR_NOT_SAME);
+
+    // RENAME then REMOVE; the removed file's handle is stale.
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&dir).savefh().putfh(&dir).rename("data", "data2").lookup("data");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_SAVEFH);
+    res.ok(OP_PUTFH);
+    res.ok(OP_RENAME);
+    res.with(|r| r.fixed(2 * 20).map(|_| ()).unwrap());
+    assert_eq!(res.op(OP_LOOKUP), NFS4ERR_NOENT);
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&dir).remove("data2").putfh(&fh).getattr(&[attrs::SIZE]);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_REMOVE);
+    res.with(|r| r.fixed(20).map(|_| ()).unwrap());
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_GETATTR), NFS4ERR_STALE);
+    assert!(client.lookup(io, "data2").await.is_err());
+
+    // Exactly once: a CREATE retried on its slot with the same seqid gets the cached reply, byte for byte,
+    // and the directory is made once (a second run would answer EXIST).
+    let args = a.seq_args(|o| {
+        o.putfh(&dir).mkdir("once");
+    });
+    let first = a.rpc(4, 1, &args).await;
+    let again = a.rpc(4, 1, &args).await;
+    assert_eq!(first, again);
+    assert_eq!(u32::from_be_bytes(first.1[..4].try_into().unwrap()), NFS4_OK);
+    assert!(client.lookup(io, "once").await.is_ok());
+    // A seqid that skips one is misordered.
+    a.seqid += 1;
+    let mut res = a.seq(|_| {}).await;
+    assert_eq!(res.op(OP_SEQUENCE), NFS4ERR_SEQ_MISORDERED);
+    a.seqid -= 2;
+
+    // Malformed compounds: an unknown op, truncated arguments, a hostile count, a SEQUENCE out of place, a
+    // stateid of nothing; each is an error and the gateway keeps serving.
+    let mut res = a
+        .seq(|o| {
+            o.op(9999);
+        })
+        .await;
+    assert_eq!(res.status, NFS4ERR_OP_ILLEGAL);
+    res.seq();
+    assert_eq!(res.op(OP_ILLEGAL), NFS4ERR_OP_ILLEGAL);
+    let mut args = a.seq_args(|o| {
+        o.putfh(&dir).op(OP_LOOKUP).u32(1000);
+    });
+    args.truncate(args.len() - 2);
+    let (_, body) = a.rpc(4, 1, &args).await;
+    assert_eq!(u32::from_be_bytes(body[..4].try_into().unwrap()), NFS4ERR_BADXDR);
+    let mut hostile = Writer::new();
+    hostile.opaque(b"x").u32(1).u32(u32::MAX);
+    let (_, body) = a.rpc(4, 1, &hostile.buf).await;
+    assert_eq!(u32::from_be_bytes(body[..4].try_into().unwrap()), NFS4ERR_TOO_MANY_OPS);
+    let (stat, _) = a.rpc(4, 1, &[0, 0, 0, 200]).await;
+    assert_eq!(stat, rpc::GARBAGE_ARGS);
+    let mut res = a
+        .seq(|o| {
+            o.putrootfh().op(OP_SEQUENCE).fixed(&[0; 16]).u32(1).u32(0).u32(0).bool(false);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    assert_eq!(res.op(OP_SEQUENCE), NFS4ERR_SEQUENCE_POS);
+    let mut res = a
+        .seq(|o| {
+            o.op(OP_PUTFH).opaque(&[9; 36]);
+        })
+        .await;
+    res.seq();
+    assert_eq!(res.op(OP_PUTFH), NFS4ERR_BADHANDLE);
+    // Still serving, on the same connection and the same session.
+    let io_fh = a.path_fh(&["io"]).await;
+    assert_eq!(io_fh, dir, "handles are the sealed, stable ones");
+}
+
+/// Byte-range locks: two NFSv4 clients and a native client (the FUSE mount's path to the MDS) see each other's
+/// locks; LOCKT reports, LOCKU releases, CLOSE drops what is left.
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_locks_contend_with_each_other_and_native_locks() {
+    let c = common::start("nfs4-locks", 1).await;
+    io_dir(&c).await;
+    let g = gateway(&c).await;
+    let mut a = V4::connect(g.addr()).await;
+    a.session(b"lock-a", true).await;
+    let mut b = V4::connect(g.addr()).await;
+    b.session(b"lock-b", true).await;
+    let open = |v: &mut V4, owner: &'static [u8]| {
+        v.seq_args(|o| {
+            o.putrootfh().lookup("io").open(owner, "lk", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
+        })
+    };
+    let args = open(&mut a, b"oa");
+    let mut res = a.send(&args).await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let sa = res.open();
+    let fh = res.fh();
+    let args = open(&mut b, b"ob");
+    let mut res = b.send(&args).await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let sb = res.open();
+
+    // A holds [0, 100) exclusively.
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&fh).lock_new(WRITE_LT, 0, 100, &sa, b"la");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCK);
+    let la = res.sid();
+    // B conflicts inside it (DENIED names the range), LOCKT agrees, and B gets a range outside it.
+    let mut res = b
+        .seq(|o| {
+            o.putfh(&fh).lock_new(WRITE_LT, 50, 10, &sb, b"lb");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_LOCK), NFS4ERR_DENIED);
+    let (off, len, lt) = res.with(|r| (r.u64().unwrap(), r.u64().unwrap(), r.u32().unwrap()));
+    assert_eq!((off, len, lt), (0, 100, WRITE_LT));
+    let mut res = b
+        .seq(|o| {
+            o.putfh(&fh).lockt(READ_LT, 99, 1, b"lb");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_LOCKT), NFS4ERR_DENIED);
+    let mut res = b
+        .seq(|o| {
+            o.putfh(&fh).lock_new(WRITE_LT, 200, 10, &sb, b"lb");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCK);
+    let lb = res.sid();
+
+    // The native client (what the FUSE mount's locks go through) sees both NFS clients' locks.
+    let native = c.client().await;
+    let ino = native.resolve("/io/lk").await.unwrap().ino;
+    let set = |start, end, kind| SetLockReq { ino, class: LockClass::Posix, kind, start, end, owner: 77, pid: 1 };
+    let held = native.set_lock(set(10, 20, Some(LockKind::Shared))).await.unwrap();
+    assert!(held.is_some(), "a native lock inside A's range conflicts");
+    let held = native.set_lock(set(205, 205, Some(LockKind::Exclusive))).await.unwrap();
+    assert!(held.is_some(), "a native lock inside B's range conflicts");
+    // And an NFS client sees the native lock.
+    assert_eq!(native.set_lock(set(1000, 1999, Some(LockKind::Exclusive))).await.unwrap(), None);
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&fh).lock_existing(READ_LT, 1500, 1, &la);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_LOCK), NFS4ERR_DENIED);
+    native.set_lock(set(1000, 1999, None)).await.unwrap();
+
+    // A unlocks: B now gets [50, 60).
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&fh).locku(0, 100, &la);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCKU);
+    let mut res = b
+        .seq(|o| {
+            o.putfh(&fh).lock_existing(WRITE_LT, 50, 10, &lb);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCK);
+    // B's CLOSE drops its locks: the native client then locks the whole file.
+    let mut res = b
+        .seq(|o| {
+            o.putfh(&fh).close(&sb);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_CLOSE);
+    let probe =
+        GetLockReq { ino, class: LockClass::Posix, kind: LockKind::Exclusive, start: 0, end: u64::MAX, owner: 77 };
+    assert_eq!(native.get_lock(probe).await.unwrap(), None, "every NFS lock is gone");
+    // Zero-length and overflowing ranges are INVAL.
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&fh).lock_existing(WRITE_LT, 5, 0, &la);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_LOCK), NFS4ERR_INVAL);
+}
+
+/// `kill -9` and a restart on the same port: the old session and clientid are unknown, handles still work, and
+/// in the grace period a reclaim (CLAIM_PREVIOUS) is served while a new open waits (GRACE); after the client's
+/// RECLAIM_COMPLETE it may reclaim no more.
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_restart_gives_a_grace_period_for_reclaims() {
+    let c = common::start("nfs4-grace", 1).await;
+    io_dir(&c).await;
+    let mut g = gateway(&c).await;
+    let mut a = V4::connect(g.addr()).await;
+    a.session(b"grace-a", true).await;
+    let mut res = a
+        .seq(|o| {
+            o.putrootfh().lookup("io").open(b"o", "f", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let sid = res.open();
+    let fh = res.fh();
+    let mut res = a
+        .seq(|o| {
+            o.putfh(&fh).write(&sid, 0, 2, b"before the crash");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_WRITE);
+    let addr = g.addr().to_string();
+    let old_clientid = a.clientid;
+    g.kill().await;
+    let o = NfsOptions {
+        listen: addr.clone(),
+        extra_args: vec!["--nfs4-grace-ms".into(), "600000".into()],
+        ..NfsOptions::default()
+    };
+    let _g2 = c.start_nfs(&o).await.unwrap();
+    let mut a2 = V4::connect(&addr).await;
+    a2.sid = a.sid;
+    a2.seqid = a.seqid;
+    let mut res = a2
+        .seq(|o| {
+            o.putfh(&fh);
+        })
+        .await;
+    assert_eq!(res.op(OP_SEQUENCE), NFS4ERR_BADSESSION);
+    let mut ops = Ops::default();
+    let w = ops.op(OP_CREATE_SESSION);
+    w.u64(old_clientid).u32(2).u32(0);
+    for _ in 0..2 {
+        w.u32(0).u32(1 << 20).u32(1 << 20).u32(8192).u32(16).u32(8).u32(0);
+    }
+    w.u32(0).u32(0);
+    let mut res = a2.send(&V4::args(1, &ops)).await;
+    assert_eq!(res.op(OP_CREATE_SESSION), NFS4ERR_STALE_CLIENTID);
+    // A new client record, then reclaims.
+    a2.session(b"grace-a", false).await;
+    let mut res = a2
+        .seq(|o| {
+            o.putrootfh().lookup("io").open(b"o2", "f", OPEN4_SHARE_ACCESS_READ, 0, false);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    assert_eq!(res.op(OP_OPEN), NFS4ERR_GRACE, "a new open waits for the grace period");
+    let mut res = a2
+        .seq(|o| {
+            o.putfh(&fh).open_previous(b"o", OPEN4_SHARE_ACCESS_BOTH).read(&(0, [0; 12]), 0, 100);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    let reclaimed = res.open();
+    res.ok(OP_READ);
+    let got = res.with(|r| {
+        r.bool().unwrap();
+        r.opaque(100).unwrap().to_vec()
+    });
+    assert_eq!(got, b"before the crash");
+    let mut res = a2
+        .seq(|o| {
+            o.putfh(&fh).write(&reclaimed, 16, 2, b", after").op(OP_RECLAIM_COMPLETE).bool(false);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_WRITE);
+    res.with(|r| r.fixed(16).map(|_| ()).unwrap());
+    res.ok(OP_RECLAIM_COMPLETE);
+    let mut res = a2
+        .seq(|o| {
+            o.putfh(&fh).open_previous(b"o3", OPEN4_SHARE_ACCESS_READ);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_OPEN), NFS4ERR_NO_GRACE);
+    let client = c.client().await;
+    let mut res = a2
+        .seq(|o| {
+            o.putfh(&fh).close(&reclaimed);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_CLOSE);
+    let f = client.open("/io/f", weft_client::OpenMode::Read).await.unwrap();
+    let got = f.read_at(0, bytes::BytesMut::zeroed(64)).await.unwrap();
+    assert_eq!(&got[..], b"before the crash, after");
+}
