@@ -30,7 +30,7 @@ start_gateway() {
 	local port="$1" before
 	before="$(grep -c '^WEFT-READY ' "$d/nfs.out" 2>/dev/null || true)"
 	# Its own session, stdin/stdout away from the control connection: it outlives this request.
-	setsid "$NFSVM_WEFT" nfs --cluster "$NFSVM_CLUSTER" --listen "127.0.0.1:$port" --no-root-squash \
+	RUST_LOG="${NFS_VM_GATEWAY_LOG:-${RUST_LOG:-info}}" setsid "$NFSVM_WEFT" nfs --cluster "$NFSVM_CLUSTER" --listen "127.0.0.1:$port" --no-root-squash \
 		</dev/null >>"$d/nfs.out" 2>>"$d/nfs.log" &
 	echo $! >"$d/nfs.pid"
 	ready() { [ "$(grep -c '^WEFT-READY ' "$d/nfs.out" 2>/dev/null || true)" -gt "${before:-0}" ]; }
