@@ -129,6 +129,7 @@ build_base() {
 	rm -rf "$work" "$base"
 	mkdir -p "$work"/{bin,dev,proc,sys,tmp,mnt,etc/libibverbs.d,lib64,usr/lib/x86_64-linux-gnu/libibverbs}
 	cp "$root/bin/busybox" "$work/bin/busybox"
+	ln -s busybox "$work/bin/sh" # programs run commands with /bin/sh -c (git its helpers, sqlite3, fio)
 
 	# Kernel modules in load order: a depth-first walk of modules.dep, dependencies before dependents.
 	local moddir="$root/lib/modules/$kver"
