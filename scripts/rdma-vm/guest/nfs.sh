@@ -12,9 +12,11 @@ port="$1"
 tar=/bin/tar
 setpriv=/bin/setpriv
 src=/data/weft-src
-fail() { echo "nfs.sh: FAIL: $*"; exit 1; }
-ok() { echo "nfs.sh: ok $*"; }
-step() { echo "nfs.sh: == $*"; }
+fail() { echo; echo "nfs.sh: FAIL: $*"; exit 1; }
+now_s() { cut -d' ' -f1 /proc/uptime; }
+ok() { echo; echo "nfs.sh: ok $* ($(awk -v a="$step_s" -v b="$(now_s)" 'BEGIN { printf "%.1f s", b - a }'))"; }
+step() { step_s="$(now_s)"; echo "nfs.sh: == $*"; }
+step_s=0
 # ctl REQUEST…: one request to the host (nfs-control.sh); prints the answer after `ok`, fails the run otherwise.
 ctl() {
 	a="$(echo "$*" | nc 10.0.2.100 5555)" || fail "host request '$*': no answer"
