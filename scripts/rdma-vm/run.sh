@@ -90,7 +90,7 @@ for t in "${host_tools[@]}"; do
 done
 # The base's key: this script, the fetch stamp, and every host tool and library it copies (path, size, mtime).
 key="$({
-	sha256sum "$0"
+	sha256sum <"$0" # the content, not the path it was called by
 	stat -c '%n %s %Y' "$cache/.fetched"
 	for p in "${tool_paths[@]}"; do
 		stat -L -c '%n %s %Y' "$p"
