@@ -37,10 +37,10 @@ start_gateway() {
 	wait_for ready || answer "error the gateway did not become ready on port $port"
 }
 
-# fuse_path NAME: NAME must be a plain relative path inside the mount.
+# fuse_path NAME: sets $p to NAME under the FUSE mount; NAME must be a plain relative path inside it.
 fuse_path() {
 	case "$1" in "" | /* | *..*) answer "error bad name '$1'" ;; esac
-	echo "$NFSVM_MNT/$1"
+	p="$NFSVM_MNT/$1"
 }
 
 if [ $# -gt 0 ]; then req="$*"; else read -r req || answer "error no request"; fi
@@ -62,32 +62,32 @@ kill-restart)
 	answer "ok killed $pid, restarted as $(cat "$d/nfs.pid") on port $port"
 	;;
 fuse-write)
-	p="$(fuse_path "$2")"
+	fuse_path "$2"
 	# Seeded: the same request always writes the same bytes.
 	LC_ALL=C awk -v n="$3" -v seed="$4" 'BEGIN { srand(seed); while (n > 0) { printf "%c", int(rand() * 256); n-- } }' \
 		>"$p" || answer "error writing $p"
 	answer "ok $(md5sum <"$p" | cut -d' ' -f1)"
 	;;
 fuse-md5)
-	p="$(fuse_path "$2")"
+	fuse_path "$2"
 	[ -f "$p" ] || answer "error no file $p"
 	answer "ok $(md5sum <"$p" | cut -d' ' -f1)"
 	;;
 fuse-flock-hold | fuse-sqlite-hold)
-	p="$(fuse_path "$2")"
+	fuse_path "$2"
 	fifo="$d/release.$(basename "$2")"
 	rm -f "$fifo" "$fifo.held"
 	mkfifo "$fifo"
 	if [ "$1" = fuse-flock-hold ]; then
 		setsid flock -x "$p" sh -c "touch '$fifo.held'; read x <'$fifo'" </dev/null >/dev/null 2>&1 &
-	else
-		setsid sh -c "{ echo 'BEGIN EXCLUSIVE;'; echo 'SELECT 1;'; read x <'$fifo'; echo 'COMMIT;'; } |
-			sqlite3 -cmd \"SELECT 'held' ; \" '$p' >'$fifo.held'" </dev/null >/dev/null 2>&1 &
-	fi
-	if [ "$1" = fuse-flock-hold ]; then
 		wait_for test -e "$fifo.held" || answer "error the host never got the flock on $p"
 	else
-		wait_for grep -q '^1$' "$fifo.held" || answer "error the host never began the exclusive transaction on $p"
+		# sqlite3 reads its statements from the pipe: BEGIN EXCLUSIVE runs, then it waits for the next line.
+		setsid sh -c "{ echo 'BEGIN EXCLUSIVE;'; read x <'$fifo'; echo 'COMMIT;'; } | sqlite3 '$p'" \
+			</dev/null >/dev/null 2>&1 &
+		# Held once another writer is refused at once (no busy timeout) as busy.
+		busy() { ! sqlite3 "$p" "BEGIN IMMEDIATE; ROLLBACK;" >/dev/null 2>&1; }
+		wait_for busy || answer "error the host never began the exclusive transaction on $p"
 	fi
 	answer "ok held"
 	;;
