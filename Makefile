@@ -54,7 +54,7 @@ lint:
 
 # test: everything CI checks, in order: lint, the whole test suite in release (the 1 GiB round trip needs it),
 # then a short run of every fuzz target (FUZZ_SECONDS each, default 30), then the rdma backend over Soft-RoCE in a
-# VM (test-rdma, about a minute; RDMA_VM=0 skips it). Stops at the first failure.
+# VM and the kernel NFS client in it (test-rdma, a few minutes; RDMA_VM=0 skips it). Stops at the first failure.
 test: deps
 	@echo "==================== lint ===================="
 	@$(MAKE) --no-print-directory lint
@@ -119,9 +119,10 @@ bench-compare: bench-deps
 	$(CARGO) run --locked --release -p weft -- bench compare --json docs/bench/compare.json
 	$(CARGO) run --locked --release -p weft -- bench report docs/bench --out docs/bench/REPORT.md
 
-# rdma-deps: what the Soft-RoCE VM of `make test-rdma` needs on the host: qemu (TCG; KVM cannot boot a stock
-# kernel here), cpio and kmod's depmod. The guest's kernel, busybox and rdma-core are not installed: run.sh fetches
-# them with `apt-get download` into target/rdma-vm.
+# rdma-deps: what the VM of `make test-rdma` needs on the host: qemu (TCG; KVM cannot boot a stock kernel here),
+# cpio and kmod's depmod; the NFS step's guest tools, copied from the host (git, rsync, sqlite3, fio; tar, flock and
+# setpriv are always there) and fuse3 for its host mount. The guest's kernel, busybox and rdma-core are not
+# installed: run.sh fetches them with `apt-get download` into target/rdma-vm.
 rdma-deps:
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
@@ -130,6 +131,10 @@ rdma-deps:
 	command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
 	command -v cpio >/dev/null 2>&1 || missing="$$missing cpio"; \
 	command -v depmod >/dev/null 2>&1 || missing="$$missing kmod"; \
+	for tool in git rsync sqlite3 fio; do \
+		command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \
+	done; \
+	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
 	if [ -n "$$missing" ] || ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then $$sudo apt-get update; fi; \
 	if [ -n "$$missing" ]; then \
 		echo "rdma-deps: installing$$missing"; \
@@ -141,7 +146,9 @@ rdma-deps:
 # harness), then crates/weft-fabric/examples/rdma_roundtrip.rs: a file goes to a server by RDMA READ and comes back
 # by RDMA WRITE with equal CRC-32C, and a chunk outside the client's regions is refused; then a whole cluster
 # (scripts/rdma-vm/guest/cluster.sh): a metadata service, two data servers and a client forced onto `--fabric
-# rdma`, a striped file put and got back with equal checksums.
+# rdma`, a striped file put and got back with equal checksums; then the Linux kernel NFS client in the VM against
+# a gateway on the host (scripts/rdma-vm/nfs.sh): vers=3 mounts running tar, git, rsync, SQLite, fio --verify, POSIX
+# edge cases, close-to-open with the host's FUSE mount, and the gateway killed with kill -9 mid-write.
 RDMA_VM ?= 1
 test-rdma: rdma-deps
 	$(CARGO) build --locked --release -p weft-fabric --features rdma --example rdma_roundtrip
@@ -151,6 +158,7 @@ test-rdma: rdma-deps
 		scripts/rdma-vm/guest/roundtrip.sh 8
 	scripts/rdma-vm/run.sh --timeout-s 900 --file "$${CARGO_TARGET_DIR:-target}/release/weft" \
 		scripts/rdma-vm/guest/cluster.sh 4
+	scripts/rdma-vm/nfs.sh "$${CARGO_TARGET_DIR:-target}/release/weft"
 
 # clean-data: remove the data directory `make up` uses.
 clean-data:

@@ -50,6 +50,7 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
         }
     };
     let client = gw.client_for(&call.auth);
+    tracing::trace!(%peer, xid = call.xid, proc = call.proc_, "NFSv3 call");
     let (stat, body) = run(gw, &client, args, rec).await;
     if stat != NFS3_OK {
         tracing::debug!(%peer, proc = call.proc_, status = status_name(stat), "NFSv3 error");
@@ -318,13 +319,6 @@ async fn readlink(gw: &Gateway, c: &Client, fh: &[u8]) -> Out {
     }
 }
 
-/// A cached file's attributes as the client should see them now.
-fn file_attr(f: &weft_client::File) -> Attr {
-    let mut a = f.attr().clone();
-    a.size = f.size();
-    a
-}
-
 /// The status of a failed open: a directory is ISDIR, another non-file INVAL, a removed file STALE.
 async fn open_status(gw: &Gateway, c: &Client, ino: u64, e: &weft_client::ClientError) -> u32 {
     match attr_of(gw, c, ino).await {
@@ -355,11 +349,15 @@ async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32) -> O
     let len = size.saturating_sub(offset).min(count) as usize;
     let data = match f.read_at(offset, BytesMut::zeroed(len)).await {
         Ok(d) => d,
-        Err(e) => return fail(status_of(&e), |w| post_op_attr(w, Some(&file_attr(&f)), gw.fsid)),
+        Err(e) => return fail(status_of(&e), |w| post_op_attr(w, None, 0)),
     };
     let eof = offset + data.len() as u64 >= size;
     fail(NFS3_OK, |w| {
-        post_op_attr(w, Some(&file_attr(&f)), gw.fsid);
+        // No attributes: the cached handle's are those of its open (mode, times, owner may have changed since
+        // by SETATTR), and a client takes what a reply carries as fresh: the Linux client then saw a chmod and
+        // a utimes undone by its next READ (tar's "file changed as we read it"). Asking the MDS per READ costs
+        // a round trip; without attributes the client asks by GETATTR when it needs them.
+        post_op_attr(w, None, 0);
         w.u32(data.len() as u32).bool(eof).opaque(&data);
     })
 }
@@ -380,22 +378,27 @@ async fn write(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, sta
         Ok(f) => f,
         Err(e) => return fail(open_status(gw, c, ino, &e).await, no_wcc),
     };
-    let pre = PreOp::of(&file_attr(&f));
     let len = data.len() as u32;
+    // The cached handle's attributes are those of its open, not the file's now (see READ): WCC data comes only
+    // from the MDS's answer to a commit, else none (RFC 1813 lets both halves be absent).
     if let Err(e) = f.write_at(offset, data).await {
-        return fail(status_of(&e), |w| wcc_data(w, Some(pre), Some(&file_attr(&f)), gw.fsid));
+        return fail(status_of(&e), no_wcc);
     }
-    let committed = if stable == STABLE_UNSTABLE {
-        STABLE_UNSTABLE
+    let (committed, post) = if stable == STABLE_UNSTABLE {
+        (STABLE_UNSTABLE, None)
     } else {
         // DATA_SYNC and FILE_SYNC: durable and visible before the reply.
-        if let Err(e) = f.sync().await {
-            return fail(status_of(&e), |w| wcc_data(w, Some(pre), Some(&file_attr(&f)), gw.fsid));
+        match f.sync_wcc().await {
+            Ok(r) => (STABLE_FILE_SYNC, r.map(|r| r.attr)),
+            Err(e) => return fail(status_of(&e), no_wcc),
         }
-        STABLE_FILE_SYNC
     };
+    let post = post.map(|mut a| {
+        gw.files.overlay(&mut a);
+        a
+    });
     fail(NFS3_OK, |w| {
-        wcc_data(w, Some(pre), Some(&file_attr(&f)), gw.fsid);
+        wcc_data(w, None, post.as_ref(), gw.fsid);
         w.u32(len).u32(committed).fixed(&gw.verifier);
     })
 }
