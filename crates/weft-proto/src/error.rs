@@ -57,9 +57,9 @@ pub enum ErrorCode {
     /// A compare-and-set chunk write (`WriteRows`, docs/format.md §17) found another version than it expected:
     /// another writer changed the row first; nothing was written. The client rereads the row and retries.
     VersionMoved,
-    /// Reserved for issue 13 item 3 (helper i13-hole): code 29. Replaced by its variant at merge.
+    /// Never sent: code 29 is unassigned (the variants are numbered by position, docs/format.md §2).
     Reserved29,
-    /// Reserved for issue 13 item 4 (helper i13-heal): code 30. Replaced by its variant at merge.
+    /// Never sent: code 30 is unassigned.
     Reserved30,
     /// The request was made against an older layout generation than the file's (docs/format.md §19): a failed
     /// server's slot moved to a spare since the client fetched the layout. The client refetches the layout
