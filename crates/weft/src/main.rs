@@ -686,10 +686,7 @@ async fn run(cmd: Cmd) -> Result<()> {
             let heal = cfg.heal.then(weft_heal::HealState::new);
             let hooks = heal.clone().map(|h| {
                 let p = h.clone();
-                weft_meta::HealHooks {
-                    nudge: Arc::new(move || h.nudge()),
-                    progress: Arc::new(move || p.progress()),
-                }
+                weft_meta::HealHooks { nudge: Arc::new(move || h.nudge()), progress: Arc::new(move || p.progress()) }
             });
             let heal_cfg = heal.map(|state| (state, commands::healer_config(&cfg)));
             weft_meta::run_with_heal(cfg, hooks, move |addr| {
