@@ -542,9 +542,17 @@ pub(crate) async fn repair_row(file: &File, io: &Io, codec: &Codec, row: u64) ->
 /// Heals chunk `slot` of row `row` (it missed writes: a stale range of §18, or a spare that holds nothing yet):
 /// the row is decoded from the other chunks by the version rule and that chunk rewritten, with the parity,
 /// compare-and-set, retried like a write when another writer moves a version.
-pub(crate) async fn heal_row(file: &File, io: &Io, codec: &Codec, row: u64, slot: usize) -> Result<(), ClientError> {
+/// `size`: the file size to store the row for (§16); it may exceed the committed size while a degraded write's
+/// writer has not committed yet.
+pub(crate) async fn heal_row(
+    file: &File,
+    io: &Io,
+    codec: &Codec,
+    row: u64,
+    slot: usize,
+    size: u64,
+) -> Result<(), ClientError> {
     let row_bytes = u64::from(file.layout().stripe_unit) * codec.k as u64;
-    let size = file.size();
     let base = row * row_bytes;
     let new_end = size.max(base);
     let mut attempt = 0;

@@ -37,9 +37,9 @@ pub use capability::OpenMode;
 pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
 pub use error::ClientError;
 pub use file::File;
-pub use stale::heal_rows;
 pub use io_queue::{Completion, IoKind, IoOp, IoQueue};
 pub use locks::{LOCK_KEEPALIVE_MS, LOCK_RETRY_FIRST_MS, LOCK_RETRY_MAX_MS};
+pub use stale::heal_rows;
 /// The security mode of `ClusterConfig::auth`.
 pub use weft_rpc::AuthMode;
 

@@ -651,7 +651,7 @@ impl FileScrub<'_> {
         let io = repair_io(self.file).await?;
         let (k, m) = km(layout).expect("an ec layout");
         let row = file_at / (u64::from(layout.stripe_unit) * k as u64);
-        match crate::ec_rows::heal_row(self.file, &io, &Codec::new(k, m)?, row, i).await {
+        match crate::ec_rows::heal_row(self.file, &io, &Codec::new(k, m)?, row, i, self.file.size()).await {
             Ok(()) => self.finding(off, server, format!("{chunk}: {what}: rewritten"), true),
             Err(e) => self.finding(off, server, format!("{chunk}: {what}: rewriting failed: {e}"), false),
         }

@@ -110,13 +110,13 @@ pub(crate) async fn record_missed(
 }
 
 /// Rebuilds rows `[first, first + rows)` of `slot` from the other chunks of `file` and writes them to the slot's
-/// server, cut at the file's size (with a write capability: the handle's, or a fresh one). Returns the bytes
-/// written.
-pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64) -> Result<u64, ClientError> {
+/// server, stored as a file of `size` bytes would store them (§16), with a write capability (the handle's, or a
+/// fresh one). Returns the bytes written. `size` may exceed the committed size: a degraded write's rows can lie
+/// past it until its writer commits, and those bytes are on the other servers already.
+pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u64) -> Result<u64, ClientError> {
     let layout = &file.layout();
     let io = &crate::ec::repair_io(file).await?;
     let unit = u64::from(layout.stripe_unit);
-    let size = file.size();
     let stale = stale_slots(file, first, first + rows).await?;
     let bytes = match layout.redundancy {
         DataRedundancy::Ec { .. } => {
@@ -132,7 +132,7 @@ pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64) -> Resul
                 if row_start >= size {
                     break;
                 }
-                crate::ec_rows::heal_row(file, io, &codec, row, slot).await?;
+                crate::ec_rows::heal_row(file, io, &codec, row, slot, size).await?;
                 let row_len = (size - row_start).min(row_bytes) as usize;
                 let u = unit as usize;
                 n += if slot < k { row_len.saturating_sub(slot * u).min(u) } else { row_len.min(u) } as u64;
@@ -219,12 +219,23 @@ mod tests {
 
     #[test]
     fn rows_are_stripe_rows_for_ec_and_units_for_mirror() {
-        let ec = Layout { stripe_unit: 4096, stripe_count: 6, servers: (0..6).collect(), redundancy: DataRedundancy::Ec { k: 4, m: 2 } };
+        let ec = Layout {
+            stripe_unit: 4096,
+            stripe_count: 6,
+            servers: (0..6).collect(),
+            redundancy: DataRedundancy::Ec { k: 4, m: 2 },
+            generation: 0,
+        };
         assert_eq!(rows_of(&ec, 0, 1), (0, 1));
         assert_eq!(rows_of(&ec, 16383, 2), (0, 2));
         assert_eq!(rows_of(&ec, 16384, 16384), (1, 2));
-        let mirror =
-            Layout { stripe_unit: 4096, stripe_count: 2, servers: vec![0, 1], redundancy: DataRedundancy::Mirror { n: 2 } };
+        let mirror = Layout {
+            stripe_unit: 4096,
+            stripe_count: 2,
+            servers: vec![0, 1],
+            redundancy: DataRedundancy::Mirror { n: 2 },
+            generation: 0,
+        };
         assert_eq!(rows_of(&mirror, 4095, 2), (0, 2));
     }
 }

@@ -183,8 +183,14 @@ impl Healer {
         let throttle = Arc::new(Throttle::new(self.cfg.rebuild_mib_per_s.saturating_mul(1 << 20)));
         let me = Arc::new(HealerRef { client: self.client.clone(), cfg: self.cfg.clone() });
         let started = Instant::now();
-        let up: Vec<u32> =
-            self.client.cluster_info().await?.into_iter().filter(|s| s.state == ServerState::Up).map(|s| s.id).collect();
+        let up: Vec<u32> = self
+            .client
+            .cluster_info()
+            .await?
+            .into_iter()
+            .filter(|s| s.state == ServerState::Up)
+            .map(|s| s.id)
+            .collect();
         let mut report = PassReport::default();
         let mut after = None;
         loop {
@@ -233,11 +239,7 @@ impl Healer {
 /// The outcome of one entry's heal: bytes written, ranges cleared, whether it is still pending, whether it failed.
 type EntryOutcome = (u64, u64, bool, bool);
 
-fn collect(
-    report: &mut PassReport,
-    r: Option<Result<EntryOutcome, tokio::task::JoinError>>,
-    state: &HealState,
-) {
+fn collect(report: &mut PassReport, r: Option<Result<EntryOutcome, tokio::task::JoinError>>, state: &HealState) {
     match r {
         Some(Ok((bytes, cleared, pending, failed))) => {
             report.bytes += bytes;
@@ -246,7 +248,8 @@ fn collect(
             report.failed += u64::from(failed);
             state.bytes_healed.fetch_add(bytes, Ordering::Relaxed);
             state.ranges_healed.fetch_add(cleared, Ordering::Relaxed);
-            let _ = state.bytes_left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| Some(l.saturating_sub(bytes)));
+            let _ =
+                state.bytes_left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| Some(l.saturating_sub(bytes)));
         }
         Some(Err(e)) => {
             tracing::warn!("heal task failed: {e}");
@@ -273,7 +276,12 @@ impl HealerRef {
         }
     }
 
-    async fn try_heal_entry(&self, e: &StaleEntry, up: &[u32], throttle: &Throttle) -> Result<EntryOutcome, ClientError> {
+    async fn try_heal_entry(
+        &self,
+        e: &StaleEntry,
+        up: &[u32],
+        throttle: &Throttle,
+    ) -> Result<EntryOutcome, ClientError> {
         let file = match self.client.open_ino(e.ino, OpenMode::ReadWrite).await {
             Ok(f) => f,
             Err(err) if err.code() == Some(ErrorCode::NotFound) => {
@@ -299,14 +307,21 @@ impl HealerRef {
         let width = layout.servers.len() as u64;
         let unit = u64::from(layout.stripe_unit);
         let batch_rows = (self.cfg.batch_bytes_max / (unit * width).max(1)).max(1);
-        let rows = rows_in_file(&layout, file.size());
+        let size = file.size();
+        let rows = rows_in_file(&layout, size);
         let (mut bytes, mut cleared) = (0u64, 0u64);
         'ranges: for r in &e.ranges {
             let mut at = r.start;
-            let stop = r.end.min(rows.max(r.start));
+            // A whole slot ends with the file. A marked range is healed whole, even past the committed size: a
+            // degraded write's rows are there until its writer commits, and its bytes are on the other servers.
+            let (stop, cut) = if r.end == u64::MAX {
+                (rows.max(r.start), size)
+            } else {
+                (r.end, size.max(r.end.saturating_mul(row_bytes(&layout))))
+            };
             while at < stop {
                 let n = batch_rows.min(stop - at);
-                let written = weft_client::heal_rows(&file, slot, at, n).await?;
+                let written = weft_client::heal_rows(&file, slot, at, n, cut).await?;
                 throttle.take(written).await;
                 bytes += written;
                 let req = ClearStaleReq { ino: e.ino, slot: e.slot, start: at, end: at + n, seq: r.seq };
@@ -317,7 +332,7 @@ impl HealerRef {
                 }
                 at += n;
             }
-            // Rows past the file's end hold nothing: a whole-slot range's tail goes without copying.
+            // A whole slot's rows past the file's end hold nothing: its tail goes without copying.
             if at < r.end {
                 let req = ClearStaleReq { ino: e.ino, slot: e.slot, start: at, end: r.end, seq: r.seq };
                 if !self.client.clear_stale(req).await? {
@@ -347,8 +362,12 @@ mod tests {
         assert_eq!(rows_in_file(&ec, 1), 1);
         assert_eq!(rows_in_file(&ec, 16384), 1);
         assert_eq!(rows_in_file(&ec, 16385), 2);
-        let mirror =
-            Layout { stripe_unit: 4096, stripe_count: 2, servers: vec![0, 1], redundancy: DataRedundancy::Mirror { n: 2 } };
+        let mirror = Layout {
+            stripe_unit: 4096,
+            stripe_count: 2,
+            servers: vec![0, 1],
+            redundancy: DataRedundancy::Mirror { n: 2 },
+        };
         assert_eq!(rows_in_file(&mirror, 8193), 3);
     }
 }

@@ -40,10 +40,10 @@ use weft_proto::{FileKind, Layout, ROOT_INO};
 use crate::error::MetaError;
 use crate::journal::{self, Journal, JournalConfig, Redo};
 use crate::stale;
-use weft_proto::msg::StaleRange;
 use crate::store::{
     Inode, MetaStore, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan, kind_from_u8, kind_to_u8,
 };
+use weft_proto::msg::StaleRange;
 
 const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 const DIRENTS: TableDefinition<(u64, &str), (u64, u8)> = TableDefinition::new("dirents");
@@ -290,8 +290,7 @@ impl MetaStore for RedbStore {
 
     fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let rtx = self.inner.db.begin_read().map_err(MetaError::from)?;
-        let mut txn =
-            ReadTxn {
+        let mut txn = ReadTxn {
             rtx,
             inodes: None,
             dirents: None,
@@ -379,7 +378,8 @@ impl<'t> WriteTxn<'t> {
 
     fn add_stale_count(&mut self, delta: i64) -> Result<(), MetaError> {
         let n = counter(&*self.counters()?, COUNTER_STALE_ENTRIES)?.unwrap_or(0);
-        let n = n.checked_add_signed(delta).ok_or_else(|| MetaError::Corrupt("stale entry count out of range".into()))?;
+        let n =
+            n.checked_add_signed(delta).ok_or_else(|| MetaError::Corrupt("stale entry count out of range".into()))?;
         self.set_counter(COUNTER_STALE_ENTRIES, n)
     }
 

@@ -93,14 +93,19 @@ impl MetaService {
             }
             Request::HealNow(()) => {
                 if !trusted && !cred.is_root() {
-                    return Err(WireError::new(ErrorCode::NotPermitted, "weft heal --now: root or the cluster key only"));
+                    return Err(WireError::new(
+                        ErrorCode::NotPermitted,
+                        "weft heal --now: root or the cluster key only",
+                    ));
                 }
                 match &self.heal {
                     Some(h) => {
                         (h.nudge)();
                         Ok(Response::HealNow(()))
                     }
-                    None => Err(WireError::new(ErrorCode::NotSupported, "no healer runs beside this MDS (heal = false)")),
+                    None => {
+                        Err(WireError::new(ErrorCode::NotSupported, "no healer runs beside this MDS (heal = false)"))
+                    }
                 }
             }
             other => Err(WireError::new(ErrorCode::Internal, format!("{:?} is not a stale-range op", other.op()))),

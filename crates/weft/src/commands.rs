@@ -1115,10 +1115,8 @@ pub async fn heal(spec: &str, now: bool, json: bool) -> Result<()> {
                 })
             })
             .collect();
-        let servers: Vec<serde_json::Value> = per_server
-            .iter()
-            .map(|(id, (n, b))| serde_json::json!({"server": id, "entries": n, "bytes": b}))
-            .collect();
+        let servers: Vec<serde_json::Value> =
+            per_server.iter().map(|(id, (n, b))| serde_json::json!({"server": id, "entries": n, "bytes": b})).collect();
         return print_json(&serde_json::json!({
             "entries": files,
             "servers": servers,

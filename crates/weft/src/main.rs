@@ -726,10 +726,7 @@ async fn run(cmd: Cmd) -> Result<()> {
             let heal = cfg.heal.then(weft_heal::HealState::new);
             let hooks = heal.clone().map(|h| {
                 let p = h.clone();
-                weft_meta::HealHooks {
-                    nudge: Arc::new(move || h.nudge()),
-                    progress: Arc::new(move || p.progress()),
-                }
+                weft_meta::HealHooks { nudge: Arc::new(move || h.nudge()), progress: Arc::new(move || p.progress()) }
             });
             let heal_cfg = heal.map(|state| (state, commands::healer_config(&cfg)));
             let scrub = scrubber::Scrubber::from_meta(&cfg);

@@ -69,7 +69,12 @@ async fn until_healed(c: &Client) {
 /// `WRITERS` clients each write their own file of `dir` in seeded pieces (whole rows, partial rows, single
 /// bytes); once `kill_after` pieces are written in all, `victim` is killed, and the writes go on. Every write must
 /// succeed. Returns each file's layout.
-async fn write_through_a_kill(c: &mut TestCluster, dir: &str, model: &Arc<Vec<u8>>, victim_slot: usize) -> (Vec<Layout>, u32) {
+async fn write_through_a_kill(
+    c: &mut TestCluster,
+    dir: &str,
+    model: &Arc<Vec<u8>>,
+    victim_slot: usize,
+) -> (Vec<Layout>, u32) {
     let client = c.impatient_client().await;
     let mut layouts = Vec::new();
     for w in 0..WRITERS {
@@ -112,7 +117,13 @@ async fn write_through_a_kill(c: &mut TestCluster, dir: &str, model: &Arc<Vec<u8
 }
 
 /// The redundancy test of issue 13 item 4: kill during writes, stale recorded, restart, heal, then lose others.
-async fn degraded_writes_are_healed(name: &str, servers: u32, redundancy: DataRedundancy, victim_slot: usize, then_kill: &[usize]) {
+async fn degraded_writes_are_healed(
+    name: &str,
+    servers: u32,
+    redundancy: DataRedundancy,
+    victim_slot: usize,
+    then_kill: &[usize],
+) {
     let mut c = start_with(name, servers, |o| o.meta_extra_toml = "heal_interval_ms = 200\n".into()).await;
     let client = c.impatient_client().await;
     let d = client.mkdir(ROOT_INO, "r", 0o755).await.unwrap();
