@@ -393,8 +393,8 @@ impl FileScrub<'_> {
             let stale = crate::stale::stale_slots(self.file, w / unit, (w + wlen).div_ceil(unit)).await?;
             // Read every copy's window; blocks that failed are ignored in the comparison below.
             let mut copies = Vec::with_capacity(n);
-            for c in 0..n {
-                copies.push(read_window(&io, &layout.data_view(c), w, wlen, &bad[c]).await?);
+            for (c, bad_c) in bad.iter().enumerate() {
+                copies.push(read_window(&io, &layout.data_view(c), w, wlen, bad_c).await?);
             }
             let mut b = w;
             while b < w + wlen {
