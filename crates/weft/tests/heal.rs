@@ -79,7 +79,7 @@ async fn write_through_a_kill(
     let mut layouts = Vec::new();
     for w in 0..WRITERS {
         let f = client.create_path(&format!("{dir}/f{w}"), 0o644, true, false).await.unwrap();
-        layouts.push(f.layout().clone());
+        layouts.push((*f.layout()).clone());
         f.close().await.unwrap();
     }
     let victim = layouts[0].servers[victim_slot];
