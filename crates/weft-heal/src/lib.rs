@@ -357,6 +357,7 @@ mod tests {
             stripe_count: 6,
             servers: (0..6).collect(),
             redundancy: DataRedundancy::Ec { k: 4, m: 2 },
+            generation: 0,
         };
         assert_eq!(rows_in_file(&ec, 0), 0);
         assert_eq!(rows_in_file(&ec, 1), 1);
@@ -367,6 +368,7 @@ mod tests {
             stripe_count: 2,
             servers: vec![0, 1],
             redundancy: DataRedundancy::Mirror { n: 2 },
+            generation: 0,
         };
         assert_eq!(rows_in_file(&mirror, 8193), 3);
     }

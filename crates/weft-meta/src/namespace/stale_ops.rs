@@ -126,6 +126,7 @@ mod tests {
             stripe_count: 2,
             servers: Vec::new(),
             redundancy: DataRedundancy::Mirror { n: 2 },
+            generation: 0,
         };
         ns.execute(&Request::SetLayout(SetLayoutReq { ino: ROOT_INO, layout: policy })).unwrap();
         let create = CreateReq { parent: ROOT_INO, name: "f".into(), mode: 0o644, exclusive: true };
