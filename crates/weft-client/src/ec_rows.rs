@@ -298,7 +298,10 @@ async fn write_attempt(
         }
     }
     if skip.len() + lost.len() > m {
-        let (i, e) = lost.pop().map_or((skip[0], "stale".to_string()), |(i, e)| (i, e.to_string()));
+        let (i, e) = match lost.pop() {
+            Some((i, e)) => (i, e.to_string()),
+            None => (skip[0], "stale".to_string()),
+        };
         let cause = format!("{e} (more servers of the layout unavailable than its {m} tolerated)");
         return Err(degraded(i, &cause));
     }
@@ -494,8 +497,24 @@ pub(crate) async fn decode_rows(
         let file_offset = (first + row as u64) * row_bytes;
         let fs: Vec<Found> =
             found.iter().map(|f| f.as_ref().map_or(Found::Unreachable, |(v, _)| found_of(&v[row], true))).collect();
+        // Chunks that answered with their bytes intact: fewer than k is a loss (unreachable or failing their
+        // checksums), not a disagreement of versions.
+        let intact = fs.iter().filter(|f| matches!(f, Found::Intact { .. })).count();
         let plan = plan_row(k, m, &fs).map_err(|e| {
-            if reachable < k {
+            if intact < k {
+                let damaged = fs.iter().filter(|f| matches!(f, Found::Damaged { .. })).count();
+                let mut cause = causes.clone();
+                if damaged > 0 {
+                    cause.push(format!("{damaged} chunks fail their checksums"));
+                }
+                ClientError::Unavailable {
+                    ino: file.attr.ino,
+                    file_offset,
+                    available: intact as u32,
+                    needed: k as u32,
+                    cause: cause.join("; "),
+                }
+            } else if reachable < k {
                 ClientError::Unavailable {
                     ino: file.attr.ino,
                     file_offset,
