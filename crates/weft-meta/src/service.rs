@@ -287,7 +287,8 @@ impl Service for MetaService {
                     }
                     return self.execute_in_place(&cred, &req);
                 }
-                req @ (Request::MarkStale(_) | Request::ListStale(_) | Request::ClearStale(_) | Request::HealNow(_)) => {
+                req
+                @ (Request::MarkStale(_) | Request::ListStale(_) | Request::ClearStale(_) | Request::HealNow(_)) => {
                     return self.stale_op(ctx, cred, req).await;
                 }
                 Request::GetAttr(_) | Request::Lookup(_) | Request::Readlink(_) | Request::Null(_) => {
