@@ -1,6 +1,6 @@
 //! The stale-range record decoder and rules (`weft_meta::stale`, docs/format.md §18) on arbitrary bytes.
 //!
-//! `decode` must never panic; what it accepts is well formed and re-encodes to the very bytes it came from; the
+//! `decode` must never panic; what it accepts is well formed and survives an encode and decode unchanged; the
 //! mark and clear rules, driven by the input, never panic and keep every entry well formed and within its cap.
 
 #![no_main]
@@ -11,7 +11,10 @@ use weft_meta::stale;
 fuzz_target!(|data: &[u8]| {
     if let Ok(ranges) = stale::decode("fuzz", data) {
         assert!(stale::is_well_formed(&ranges));
-        assert_eq!(stale::encode(&ranges).unwrap(), data);
+        // Postcard accepts a varint with redundant continuation bytes, so the bytes need not come back the same;
+        // what was decoded must.
+        let again = stale::encode(&ranges).unwrap();
+        assert_eq!(stale::decode("again", &again).unwrap(), ranges);
     }
     // Marks and clears from the bytes: 9 bytes per step (op, start, length).
     let mut ranges = Vec::new();
