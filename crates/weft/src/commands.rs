@@ -1161,9 +1161,10 @@ pub async fn heal(spec: &str, now: bool, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// The cluster config a healer beside the MDS connects with (the MDS's own key, TLS and CA), and its settings.
-pub fn healer_config(cfg: &weft_meta::MetaConfig) -> (ClusterConfig, weft_heal::HealConfig) {
-    let cluster = ClusterConfig {
+/// The cluster config a service beside the MDS (the healer, the background scrubber) connects with: the MDS's
+/// own key, TLS and CA; `mds` is filled in once the MDS listens.
+pub fn beside_mds_cluster(cfg: &weft_meta::MetaConfig) -> ClusterConfig {
+    ClusterConfig {
         mds: String::new(),
         key_file: cfg.key_file.clone(),
         auth: cfg.auth,
@@ -1172,7 +1173,12 @@ pub fn healer_config(cfg: &weft_meta::MetaConfig) -> (ClusterConfig, weft_heal::
         tls_ca_file: cfg.tls_ca_file.clone(),
         client: Default::default(),
         cache: None,
-    };
+    }
+}
+
+/// The cluster config a healer beside the MDS connects with, and its settings.
+pub fn healer_config(cfg: &weft_meta::MetaConfig) -> (ClusterConfig, weft_heal::HealConfig) {
+    let cluster = beside_mds_cluster(cfg);
     let hc = weft_heal::HealConfig {
         rebuild_mib_per_s: cfg.rebuild_mib_per_s,
         interval_ms: cfg.heal_interval_ms.max(1),

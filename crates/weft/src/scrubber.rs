@@ -32,16 +32,7 @@ struct Counters {
 
 impl Scrubber {
     pub fn from_meta(cfg: &weft_meta::MetaConfig) -> Scrubber {
-        let cluster = ClusterConfig {
-            mds: String::new(),
-            key_file: cfg.key_file.clone(),
-            auth: cfg.auth,
-            key_id: weft_rpc::auth::CLUSTER_KEY_ID.to_string(),
-            tls: cfg.tls,
-            tls_ca_file: cfg.tls_ca_file.clone(),
-            client: Default::default(),
-            cache: None,
-        };
+        let cluster = crate::commands::beside_mds_cluster(cfg);
         Scrubber { rate_mib_per_s: cfg.scrub_mib_per_s, interval_ms: cfg.scrub_interval_ms, cluster }
     }
 
