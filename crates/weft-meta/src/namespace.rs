@@ -467,18 +467,32 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             let r = membership::replace_failed(layout, &failed, &up, &mut scan.load);
             if let Some(new) = &r.layout {
                 let ino = inode.ino;
+                let entries_max = self.stale_entries_max;
                 let changed = self.store.write(|t| {
                     // The file may have gone or changed since the read: only the layout we decided on is replaced.
                     let Some(mut cur) = t.get_inode(ino)? else { return Ok::<_, MetaError>(false) };
                     if cur.layout.as_ref() != Some(layout) {
                         return Ok(false);
                     }
+                    // The stale-range table is bounded as `MarkStale` bounds it: a move whose new (file, slot)
+                    // entries do not fit is refused whole (the layout stays degraded, retried next pass), since a
+                    // spare slot not recorded stale would be read before the healer rebuilt it.
+                    let mut ranges_of = Vec::with_capacity(r.moved.len());
+                    for (slot, _, _) in &r.moved {
+                        ranges_of.push(t.get_stale(ino, *slot)?.unwrap_or_default());
+                    }
+                    let new_entries = ranges_of.iter().filter(|r| r.is_empty()).count() as u64;
+                    if new_entries > 0 && t.count_stale()?.saturating_add(new_entries) > entries_max {
+                        tracing::warn!(ino, entries_max, new_entries,
+                            "the stale-range table is full (stale_entries_max): not moving the file's failed slots \
+                             to spares yet; retrying");
+                        return Ok(false);
+                    }
                     cur.layout = Some(new.clone());
                     t.put_inode(&cur)?;
                     // In the same transaction: the spare holds nothing of this file yet, so its whole slot is stale
                     // (§18) and the healer rebuilds it; no read uses it before then.
-                    for (slot, _, _) in &r.moved {
-                        let mut ranges = t.get_stale(ino, *slot)?.unwrap_or_default();
+                    for ((slot, _, _), mut ranges) in r.moved.iter().zip(ranges_of) {
                         let seq = t.next_stale_seq()?;
                         crate::stale::mark(&mut ranges, 0, crate::stale::WHOLE, seq, self.stale_ranges_per_slot_max);
                         t.put_stale(ino, *slot, &ranges)?;

@@ -1689,6 +1689,55 @@ mod membership {
     }
 
     #[test]
+    fn a_move_that_would_overflow_the_stale_table_waits_for_room() {
+        use weft_proto::msg::{ClearStaleReq, ListStaleReq, MarkStaleReq};
+        let clock = Arc::new(ManualClock::new(T0));
+        let ns = Namespace::new(MemStore::new(), clock.clone(), DEFAULT_LIVENESS_MS)
+            .unwrap()
+            .with_rebuild_after_ms(REBUILD_MS)
+            .with_stale_limits(64, 1);
+        let ids = [10, 20, 30, 40];
+        for id in ids {
+            register(&ns, id, &format!("ds{id}:7000"), 1000);
+        }
+        ec_policy(&ns, ROOT_INO);
+        // Files until one is on 20 (the earlier ones are not, so only this one has a slot to move).
+        let f = (0..32)
+            .map(|i| create(&ns, ROOT_INO, &format!("f{i}")).unwrap())
+            .find(|a| a.layout.as_ref().unwrap().servers.contains(&20))
+            .expect("a file placed on server 20");
+        let layout = f.layout.clone().unwrap();
+        let slot_20 = layout.servers.iter().position(|&s| s == 20).unwrap() as u32;
+        let other = (slot_20 + 1) % layout.stripe_count;
+        // The one entry the table may hold: another slot of the same file.
+        let filler = MarkStaleReq { ino: f.ino, slot: other, start: 0, end: 1 };
+        let r = ns.mark_stale(&crate::perm::Cred::root(), true, &filler).unwrap();
+
+        pass_time(&ns, &clock, REBUILD_MS + 1, &ids, 20);
+        for _ in 0..3 {
+            ns.membership_tick(16).unwrap();
+        }
+        assert_eq!(getattr(&ns, f.ino).unwrap().layout.unwrap(), layout, "no room for the spare's stale entry");
+        assert_eq!(state_of(&ns, 20), ServerState::Failed);
+        assert_eq!(ns.member_status().layouts_pending, 1);
+        let listed = ns.list_stale(&ListStaleReq { ino: None, after: None, limit: 0 }).unwrap();
+        assert_eq!((listed.total_entries, listed.entries[0].slot), (1, other), "the table stayed within its bound");
+
+        // Room again: the next pass moves the slot and records it stale whole.
+        let clear = ClearStaleReq { ino: f.ino, slot: other, start: 0, end: 1, seq: r.seq };
+        assert!(ns.clear_stale(true, &clear).unwrap());
+        for _ in 0..3 {
+            ns.membership_tick(16).unwrap();
+        }
+        let now = getattr(&ns, f.ino).unwrap().layout.unwrap();
+        assert!(!now.servers.contains(&20) && now.generation == 1, "{now:?}");
+        let listed = ns.list_stale(&ListStaleReq { ino: None, after: None, limit: 0 }).unwrap();
+        assert_eq!(listed.total_entries, 1);
+        let e = &listed.entries[0];
+        assert_eq!((e.ino, e.slot, e.ranges[0].start, e.ranges[0].end), (f.ino, slot_20, 0, crate::stale::WHOLE));
+    }
+
+    #[test]
     fn a_server_back_before_rebuild_after_ms_is_simply_up() {
         let (ns, clock) = mem_ns();
         let ns = ns.with_rebuild_after_ms(REBUILD_MS);
