@@ -18,6 +18,13 @@ pub enum ClientError {
     /// Nothing is returned in place of the bytes (no zeros); a write that failed was not acknowledged.
     #[error("file inode {ino} at file offset {file_offset}: data server {server} ({addr}): {source}")]
     DataAt { ino: u64, file_offset: u64, server: u32, addr: String, source: RpcError },
+    /// A close or fsync could not make this handle's writes durable on one data server (its `Fsync` failed, or it
+    /// did not answer): the size and mtime were not committed, and the close or fsync fails (ARCHITECTURE.md, what
+    /// is durable at close).
+    #[error(
+        "file inode {ino}: its writes could not be made durable on data server {server} ({addr}): {source}; the size was not committed"
+    )]
+    Unsynced { ino: u64, server: u32, addr: String, source: RpcError },
     /// A stored block failed its checksum; no bytes of it were returned.
     #[error(
         "checksum mismatch in file inode {ino} at file offset {file_offset} (data server {server}, object offset {object_offset})"
@@ -81,9 +88,10 @@ impl ClientError {
     /// The server's error code, when a server answered with one.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            ClientError::Meta(e) | ClientError::Data { source: e, .. } | ClientError::DataAt { source: e, .. } => {
-                e.remote().map(|w| w.code)
-            }
+            ClientError::Meta(e)
+            | ClientError::Data { source: e, .. }
+            | ClientError::DataAt { source: e, .. }
+            | ClientError::Unsynced { source: e, .. } => e.remote().map(|w| w.code),
             ClientError::Path { error, .. } => error.code(),
             ClientError::Corrupt { .. } => Some(ErrorCode::Corrupt),
             ClientError::StaleLayout { .. } => Some(ErrorCode::StaleLayout),

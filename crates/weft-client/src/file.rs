@@ -12,7 +12,7 @@
 //! as expired is renewed and sent once more.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -36,8 +36,12 @@ pub struct File {
     pub(crate) size: AtomicU64,
     /// Written since the last commit.
     dirty: AtomicBool,
-    /// Written (or truncated) since the last fsync of the objects.
-    unsynced: AtomicBool,
+    /// The layout positions whose objects this handle wrote (or truncated) since their last `Fsync`: what close and
+    /// fsync make durable before the size commit. Objects nobody wrote are never synced.
+    unsynced: Slots,
+    /// Rows `[first, end)` (`stale::rows_of`) those writes of a redundant file covered: what a position whose
+    /// `Fsync` fails is recorded stale over, as a degraded write's missed rows are.
+    unsynced_rows: Mutex<Option<(u64, u64)>>,
     /// The capability every data-server request carries, and its renewal.
     pub(crate) caps: Arc<CapHolder>,
     /// The file's data version at open (raised by a later open of the same file, [`File::observe_open`]): the
@@ -48,6 +52,32 @@ pub struct File {
     wrote: AtomicBool,
     /// The file's stale ranges as this handle knows them (redundant layouts, `stale.rs`).
     pub(crate) stale: crate::stale::StaleView,
+}
+
+/// A set of layout positions (`< STRIPE_COUNT_MAX`), one bit each, updated without a lock on the write path.
+#[derive(Default)]
+struct Slots([AtomicU64; 4]);
+
+const _: () = assert!(weft_proto::layout::STRIPE_COUNT_MAX <= 256, "Slots holds 256 positions");
+
+impl Slots {
+    fn add(&self, slot: u32) {
+        assert!(slot < weft_proto::layout::STRIPE_COUNT_MAX, "position {slot} past the widest layout");
+        self.0[(slot / 64) as usize].fetch_or(1 << (slot % 64), Ordering::SeqCst);
+    }
+
+    /// Empties the set; returns what it held, ascending.
+    fn take(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        for (w, word) in self.0.iter().enumerate() {
+            let mut bits = word.swap(0, Ordering::SeqCst);
+            while bits != 0 {
+                out.push(w as u32 * 64 + bits.trailing_zeros());
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
 }
 
 /// What a spawned transfer of a file needs (redundant layouts, `ec.rs` and `mirror.rs`).
@@ -137,7 +167,8 @@ impl File {
             attr,
             layout: RwLock::new(Arc::new(layout)),
             dirty: AtomicBool::new(false),
-            unsynced: AtomicBool::new(false),
+            unsynced: Slots::default(),
+            unsynced_rows: Mutex::new(None),
             caps,
             stale: Default::default(),
         })
@@ -268,7 +299,7 @@ impl File {
             .checked_add(len)
             .ok_or_else(|| ClientError::InvalidPath(format!("write at {offset} of {len} bytes overflows")))?;
         if !self.is_plain() {
-            self.unsynced.store(true, Ordering::SeqCst);
+            self.note_unsynced(offset, len);
             self.wrote.store(true, Ordering::SeqCst);
             // Invariant: an I/O of a redundant file that fails at a data server is tried once more if the MDS
             // holds a newer layout generation (a failed server's slot moved to a spare), never with the old one.
@@ -291,7 +322,9 @@ impl File {
             return Ok(());
         }
         // Before sending: a write that fails half-way may still have changed some objects.
-        self.unsynced.store(true, Ordering::SeqCst);
+        for u in &units {
+            self.unsynced.add(u.server_index);
+        }
         self.wrote.store(true, Ordering::SeqCst);
         if let [u] = &units[..] {
             // One unit (every write up to a transfer unit inside one stripe unit): sent from the caller's task. A
@@ -456,7 +489,7 @@ impl File {
 
     /// Truncates (or extends) the objects only; the caller records the size at the metadata service.
     pub(crate) async fn truncate_objects_only(&self, size: u64) -> Result<(), ClientError> {
-        self.unsynced.store(true, Ordering::SeqCst);
+        self.note_truncate(size);
         self.wrote.store(true, Ordering::SeqCst);
         self.truncate_layout_objects(size).await?;
         self.size.store(size, Ordering::SeqCst);
@@ -473,7 +506,7 @@ impl File {
 
     /// Sets the file's size: objects first, then the metadata service.
     pub async fn truncate(&self, size: u64) -> Result<(), ClientError> {
-        self.unsynced.store(true, Ordering::SeqCst);
+        self.note_truncate(size);
         self.wrote.store(true, Ordering::SeqCst);
         self.truncate_layout_objects(size).await?;
         let set = weft_proto::SetAttrs { size: Some(size), ..Default::default() };
@@ -482,26 +515,115 @@ impl File {
         Ok(())
     }
 
-    /// fsync: makes this handle's writes durable on the data servers (every object and its checksums reach the
-    /// disk), then commits size and mtime to the metadata service.
+    /// Records, before a write of `[offset, offset + len)` of a redundant file is sent, the positions it may change
+    /// (ec: the data chunks it covers and every parity chunk; mirror: every copy) and its rows.
+    fn note_unsynced(&self, offset: u64, len: u64) {
+        let layout = self.layout();
+        match layout.redundancy {
+            DataRedundancy::Ec { k, .. } => {
+                for p in layout.data_view(0).pieces(offset, len) {
+                    self.unsynced.add(p.server_index);
+                }
+                (u32::from(k)..layout.stripe_count).for_each(|i| self.unsynced.add(i));
+            }
+            _ => (0..layout.stripe_count).for_each(|i| self.unsynced.add(i)),
+        }
+        if layout.redundancy != DataRedundancy::Plain {
+            let (first, end) = crate::stale::rows_of(&layout, offset, len);
+            let mut rows = self.unsynced_rows.lock().unwrap_or_else(|p| p.into_inner());
+            *rows = Some(rows.map_or((first, end), |(a, b)| (a.min(first), b.max(end))));
+        }
+    }
+
+    /// Records a truncate to `size`: it changes every object (and, for ec, rewrites the last row).
+    fn note_truncate(&self, size: u64) {
+        let layout = self.layout();
+        (0..layout.stripe_count).for_each(|i| self.unsynced.add(i));
+        if layout.redundancy != DataRedundancy::Plain {
+            let (lo, hi) = (size.min(self.size()), size.max(self.size()));
+            let (first, end) = crate::stale::rows_of(&layout, lo, (hi - lo).max(1));
+            let mut rows = self.unsynced_rows.lock().unwrap_or_else(|p| p.into_inner());
+            *rows = Some(rows.map_or((first, end), |(a, b)| (a.min(first), b.max(end))));
+        }
+    }
+
+    /// `Fsync` of every object this handle changed since their last sync, every server at once. A plain file:
+    /// any failure fails ([`ClientError::Unsynced`]) and those objects stay to be synced. A redundant file: up to
+    /// as many failed servers as the layout tolerates have the rows written recorded stale (`MarkStale`), as a
+    /// degraded write's are, and the healer rebuilds them; more fail.
+    async fn sync_objects(&self) -> Result<(), ClientError> {
+        let slots = self.unsynced.take();
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let rows = self.unsynced_rows.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let layout = self.layout();
+        let failed = match self.client.fsync_slots(self.attr.ino, &layout, &self.caps, &slots).await {
+            Ok(f) if f.is_empty() => return Ok(()),
+            Ok(f) => f,
+            Err(e) => {
+                self.keep_unsynced(&slots, rows);
+                return Err(e);
+            }
+        };
+        let tolerated = layout.redundancy.tolerates() as usize;
+        let in_layout = failed.iter().all(|(slot, _)| *slot < layout.servers.len());
+        if let Some((first, end)) = rows
+            && failed.len() <= tolerated
+            && in_layout
+        {
+            let offset = first.saturating_mul(u64::from(layout.stripe_unit));
+            if let Err(e) = crate::stale::record_missed(self, failed, offset, first, end).await {
+                self.keep_unsynced(&slots, rows);
+                return Err(e);
+            }
+            return Ok(());
+        }
+        self.keep_unsynced(&slots, rows);
+        let (slot, e) = failed.into_iter().next().expect("one failure at least");
+        Err(match e {
+            ClientError::Data { server, source } => ClientError::Unsynced {
+                ino: self.attr.ino,
+                server,
+                addr: self.client.server_addr(server).unwrap_or_else(|| "address unknown".into()),
+                source,
+            },
+            other if slot < layout.servers.len() => {
+                let server = layout.servers[slot];
+                ClientError::Protocol(format!(
+                    "file inode {}: its writes could not be made durable on data server {server}: {other}; the size \
+                     was not committed",
+                    self.attr.ino
+                ))
+            }
+            other => other,
+        })
+    }
+
+    /// Puts back what a failed [`File::sync_objects`] took, for the next close or fsync to try again.
+    fn keep_unsynced(&self, slots: &[u32], rows: Option<(u64, u64)>) {
+        slots.iter().for_each(|&s| self.unsynced.add(s));
+        if let Some((first, end)) = rows {
+            let mut held = self.unsynced_rows.lock().unwrap_or_else(|p| p.into_inner());
+            *held = Some(held.map_or((first, end), |(a, b)| (a.min(first), b.max(end))));
+        }
+    }
+
+    /// fsync: the same as [`File::commit`], which makes this handle's writes durable before committing them.
     pub async fn sync(&self) -> Result<(), ClientError> {
-        self.sync_wcc().await.map(|_| ())
+        self.commit_wcc().await.map(|_| ())
     }
 
     /// [`File::sync`], returning what [`File::commit_wcc`] returns.
     pub async fn sync_wcc(&self) -> Result<Option<weft_proto::msg::CommitWccResp>, ClientError> {
-        if self.unsynced.swap(false, Ordering::SeqCst)
-            && let Err(e) = self.client.fsync_objects(self.attr.ino, &self.layout(), &self.caps).await
-        {
-            self.unsynced.store(true, Ordering::SeqCst);
-            return Err(e);
-        }
         self.commit_wcc().await
     }
 
-    /// Publishes size and mtime to the metadata service if this handle wrote since the last commit (pNFS
-    /// LAYOUTCOMMIT). This is what makes the writes visible to the next open (close-to-open); it does not force
-    /// them to disk (that is [`File::sync`]).
+    /// The commit at close (close-to-open, as the Linux NFS client's flush and COMMIT at close): first every object
+    /// this handle wrote since its last sync is made durable on its data server (`Fsync`, all servers at once),
+    /// then, if it wrote since the last commit, size and mtime are committed to the metadata service (pNFS
+    /// LAYOUTCOMMIT). A failed sync fails the commit and the size stays as it was; a handle that only read sends
+    /// nothing.
     pub async fn commit(&self) -> Result<(), ClientError> {
         self.commit_wcc().await.map(|_| ())
     }
@@ -509,14 +631,24 @@ impl File {
     /// [`File::commit`] that returns, when it committed, the file's mtime and size just before and its
     /// attributes after (a cache keyed by (mtime, size) stays valid across the commit iff the "before" matches).
     pub async fn commit_wcc(&self) -> Result<Option<weft_proto::msg::CommitWccResp>, ClientError> {
-        if !self.dirty.swap(false, Ordering::SeqCst) {
+        // Order matters against concurrent writes: a write marks its objects before it sends and raises the size
+        // after, so every byte below the size read here is in an object the sync below covers.
+        let dirty = self.dirty.swap(false, Ordering::SeqCst);
+        let size = self.size();
+        if let Err(e) = self.sync_objects().await {
+            if dirty {
+                self.dirty.store(true, Ordering::SeqCst);
+            }
+            return Err(e);
+        }
+        if !dirty {
             return Ok(None);
         }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as i64)
             .unwrap_or(0);
-        match self.client.commit_wcc(self.attr.ino, self.size(), now).await {
+        match self.client.commit_wcc(self.attr.ino, size, now).await {
             Ok(w) => Ok(Some(w)),
             Err(e) => {
                 self.dirty.store(true, Ordering::SeqCst);
@@ -525,7 +657,7 @@ impl File {
         }
     }
 
-    /// Commits (close-to-open visibility) and closes; call [`File::sync`] first for durability.
+    /// Makes this handle's writes durable, commits them (see [`File::commit`]) and closes.
     pub async fn close(self) -> Result<(), ClientError> {
         self.commit().await
     }

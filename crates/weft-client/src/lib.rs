@@ -585,13 +585,59 @@ impl Client {
         .await
     }
 
-    /// Makes every object of the file durable on its data server (fsync of data and checksums).
-    pub(crate) async fn fsync_objects(&self, ino: u64, layout: &Layout, caps: &CapHolder) -> Result<(), ClientError> {
-        if self.tuning().short_circuit_network {
-            return Ok(());
+    /// Makes the file's objects at layout positions `slots` durable on their data servers (`Fsync`: data,
+    /// checksums, chunk versions and name), every server at once. Returns the positions that failed, with their
+    /// errors; a capability refused as expired is renewed and those positions tried once more.
+    pub(crate) async fn fsync_slots(
+        &self,
+        ino: u64,
+        layout: &Layout,
+        caps: &CapHolder,
+        slots: &[u32],
+    ) -> Result<Vec<(usize, ClientError)>, ClientError> {
+        if self.tuning().short_circuit_network || slots.is_empty() {
+            return Ok(Vec::new());
         }
         check_file_layout(ino, layout)?;
-        self.on_every_object_with(layout, caps, |_, cap| Request::Fsync(FsyncReq { ino, cap })).await
+        let cap = caps.get().await?;
+        let failed = self.fsync_each(ino, layout, slots, &cap).await;
+        let expired = |e: &ClientError| matches!(e, ClientError::Data { source, .. } if is_expired(source));
+        if !failed.iter().any(|(_, e)| expired(e)) {
+            return Ok(failed);
+        }
+        let cap = caps.renew_from(&cap).await?;
+        let again: Vec<u32> = failed.iter().map(|(i, _)| *i as u32).collect();
+        Ok(self.fsync_each(ino, layout, &again, &cap).await)
+    }
+
+    /// One `Fsync` to the server of each position in `slots`, all in parallel; the failures.
+    async fn fsync_each(&self, ino: u64, layout: &Layout, slots: &[u32], cap: &Capability) -> Vec<(usize, ClientError)> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for &slot in slots {
+            // Positions come from this layout's width (a layout change keeps the width): never out of range.
+            let Some(&server) = layout.servers.get(slot as usize) else { continue };
+            let (me, cap) = (self.clone(), cap.clone());
+            tasks.spawn(async move {
+                let r = async {
+                    let ds = me.data_server(server).await?;
+                    ds.call_simple(Request::Fsync(FsyncReq { ino, cap }))
+                        .await
+                        .map_err(|source| ClientError::Data { server, source })
+                }
+                .await;
+                (slot as usize, r)
+            });
+        }
+        let mut failed = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            match r {
+                Ok((_, Ok(_))) => {}
+                Ok((slot, Err(e))) => failed.push((slot, e)),
+                Err(e) => failed.push((usize::MAX, ClientError::Protocol(format!("fsync task failed: {e}")))),
+            }
+        }
+        failed.sort_by_key(|(slot, _)| *slot);
+        failed
     }
 
     /// [`Client::on_every_object`] with requests carrying the file's capability; if a server refuses it as

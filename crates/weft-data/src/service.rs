@@ -306,6 +306,10 @@ impl DataService {
     }
 
     async fn fsync(&self, r: FsyncReq) -> Result<Reply, WireError> {
+        if weft_rpc::fault::fail_fsync() {
+            // Tests only (`WEFT_FAULT=fail-fsync:N`): a disk that cannot flush.
+            return Err(WireError::new(ErrorCode::Io, format!("fsync of inode {} failed (fault injection)", r.ino)));
+        }
         if !self.short_circuit {
             let store = self.store.clone();
             on_blocking_pool(move || store.fsync(r.ino)).await?;

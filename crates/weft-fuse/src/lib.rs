@@ -223,7 +223,7 @@ impl FuseOp {
 fn errno(e: &ClientError) -> Errno {
     // Outside a counted request (no metrics) there is no flag to set.
     let _ = REPLIED_ERROR.try_with(|f| f.set(true));
-    if matches!(e, ClientError::DataAt { .. } | ClientError::Corrupt { .. }) {
+    if matches!(e, ClientError::DataAt { .. } | ClientError::Corrupt { .. } | ClientError::Unsynced { .. }) {
         // EIO (ENOSPC for a full disk) is all the caller sees: the log says which file, offset and server.
         tracing::warn!("{e}");
     }
@@ -325,7 +325,7 @@ impl Inner {
         }
     }
 
-    /// Commits `f`'s writes (close-to-open) and keeps the page cache validator in step.
+    /// Makes `f`'s writes durable and commits them (close-to-open) and keeps the page cache validator in step.
     async fn commit(&self, f: &weft_client::File) -> Result<(), ClientError> {
         if let Some(w) = f.commit_wcc().await? {
             self.after_commit(&w);
@@ -756,8 +756,9 @@ impl Filesystem for WeftFs {
         let Some(f) = self.inner.handles.file(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        // Every close(2): publish size and mtime, so the next open anywhere sees the writes; and drop the closing
-        // process's POSIX locks on the file, as close(2) does.
+        // Every close(2): make the writes durable on the data servers, then publish size and mtime, so the next
+        // open anywhere sees them (a failed sync is close(2)'s EIO); and drop the closing process's POSIX locks on
+        // the file, as close(2) does.
         self.spawn(FuseOp::Flush, req, move |i, _c| async move {
             i.release_locks(ino.0, lock_owner.0).await;
             reply_empty(reply, i.commit(&f).await)

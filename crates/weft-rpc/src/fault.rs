@@ -6,6 +6,10 @@
 //!
 //! `WEFT_FAULT=skip-sidecar:<count>` makes a data server's next `<count>` object writes store their bytes but not
 //! their checksums, as a crash between the two would (scrub's tests, docs/format.md §20).
+//!
+//! `WEFT_FAULT=fail-fsync:<count>` makes a data server's next `<count>` `Fsync` requests fail with `Io` before
+//! syncing anything, as a disk that cannot flush would (the durable-at-close tests: the close fails and the size is
+//! not committed).
 
 #[cfg(feature = "fault-injection")]
 mod imp {
@@ -13,6 +17,7 @@ mod imp {
 
     static PLAN: Mutex<Option<(u16, u32)>> = Mutex::new(None);
     static SKIP_SIDECAR: Mutex<u32> = Mutex::new(0);
+    static FAIL_FSYNC: Mutex<u32> = Mutex::new(0);
     static LOADED: std::sync::Once = std::sync::Once::new();
 
     fn load() {
@@ -27,6 +32,12 @@ mod imp {
                 tracing::warn!(count, "fault injection armed: skip the checksum update after a data write");
                 *SKIP_SIDECAR.lock().expect("fault plan") = count;
             }
+            if let ["fail-fsync", count] = parts.as_slice()
+                && let Ok(count) = count.parse()
+            {
+                tracing::warn!(count, "fault injection armed: fail the next fsyncs");
+                *FAIL_FSYNC.lock().expect("fault plan") = count;
+            }
             if let ["drop-after-execute", op, count] = parts.as_slice()
                 && let (Ok(op), Ok(count)) = (op.parse(), count.parse())
             {
@@ -39,6 +50,16 @@ mod imp {
     pub fn skip_sidecar_update() -> bool {
         load();
         let mut n = SKIP_SIDECAR.lock().expect("fault plan");
+        if *n > 0 {
+            *n -= 1;
+            return true;
+        }
+        false
+    }
+
+    pub fn fail_fsync() -> bool {
+        load();
+        let mut n = FAIL_FSYNC.lock().expect("fault plan");
         if *n > 0 {
             *n -= 1;
             return true;
@@ -80,5 +101,17 @@ pub fn skip_sidecar_update() -> bool {
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
 pub fn skip_sidecar_update() -> bool {
+    false
+}
+
+/// True when the test plan says this `Fsync` must fail (`fail-fsync:<count>`).
+#[cfg(feature = "fault-injection")]
+pub fn fail_fsync() -> bool {
+    imp::fail_fsync()
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn fail_fsync() -> bool {
     false
 }

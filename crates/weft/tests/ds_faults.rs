@@ -1,7 +1,9 @@
 //! Data-server faults on files without redundancy (issue 13, item 7): a full disk on one data server fails the
 //! writer with ENOSPC and loses no acknowledged byte, through the library, `weft put` and the FUSE mount; a file on
 //! a killed server fails with an error naming the file, the offset and the server; what was fsynced survives
-//! `kill -9`; bytes a restarted server lost read as an error, never as zeros.
+//! `kill -9`; bytes a restarted server lost read as an error, never as zeros. Close makes a handle's writes durable
+//! before committing the size (close-to-open with COMMIT): exactly the objects it wrote are fsynced, a failed fsync
+//! fails the close (library and mount) and leaves the size as it was.
 
 mod common;
 
@@ -13,8 +15,9 @@ use bytes::{Bytes, BytesMut};
 use common::mount::Mount;
 use common::*;
 use weft_client::{Client, ClientError, File, OpenMode};
-use weft_proto::{ErrorCode, ROOT_INO};
+use weft_proto::{DataRedundancy, ErrorCode, ROOT_INO};
 use weft_rpc::RpcError;
+use weft_rpc::metrics::{parse, scrape, sum};
 
 const UNIT: u32 = 64 << 10;
 const CHUNK: usize = 256 << 10;
@@ -308,4 +311,130 @@ async fn bytes_a_restarted_server_lost_read_as_an_error_not_zeros() {
     }
     r.close().await;
     c.close().await;
+}
+
+/// `Fsync` requests each data server has served (its `data{id}` metrics endpoint), by server id.
+async fn fsyncs(cl: &TestCluster) -> Vec<(u32, f64)> {
+    let mut out = Vec::new();
+    for (role, addr) in cl.metrics_addrs() {
+        let Some(id) = role.strip_prefix("data").and_then(|i| i.parse().ok()) else { continue };
+        let text = scrape(&addr).await.unwrap_or_else(|e| panic!("scraping {role} at {addr}: {e}"));
+        out.push((id, sum(&parse(&text), "weft_rpc_server_requests_total", &["op=\"Fsync\""])));
+    }
+    out
+}
+
+/// The servers whose `Fsync` count grew between `before` and `after`, each by exactly one (sorted).
+fn synced_once(before: &[(u32, f64)], after: &[(u32, f64)]) -> Vec<u32> {
+    let mut grew = Vec::new();
+    for ((id, b), (id2, a)) in before.iter().zip(after) {
+        assert_eq!(id, id2);
+        assert!(*a == *b || *a == *b + 1.0, "server {id}: {b} -> {a} fsyncs, at most one per close");
+        if a > b {
+            grew.push(*id);
+        }
+    }
+    grew.sort_unstable();
+    grew
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn close_fsyncs_exactly_the_objects_its_handle_wrote_and_a_reader_none() {
+    let cl = start_with("durable-close", 4, |o| o.metrics = true).await;
+    let c = cl.client().await;
+    let plain = c.mkdir(ROOT_INO, "plain", 0o755).await.unwrap();
+    c.set_layout(plain.ino, UNIT, 4).await.unwrap();
+    let ec = c.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
+    c.set_layout_with(ec.ino, UNIT, 0, DataRedundancy::Ec { k: 2, m: 1 }).await.unwrap();
+    let mirror = c.mkdir(ROOT_INO, "mirror", 0o755).await.unwrap();
+    c.set_layout_with(mirror.ino, UNIT, 0, DataRedundancy::Mirror { n: 2 }).await.unwrap();
+
+    // (path, bytes written at 0, the layout positions those bytes change): a plain file over 4 servers written
+    // in its first two stripe units; an ec 2+1 file in its first data chunk (and so its parity); a mirror's copies.
+    let cases: [(&str, usize, &[usize]); 3] =
+        [("/plain/f", 2 * UNIT as usize, &[0, 1]), ("/ec/f", 1000, &[0, 2]), ("/mirror/f", 5000, &[0, 1])];
+    for (i, (path, len, positions)) in cases.into_iter().enumerate() {
+        let f = c.create_path(path, 0o644, true, false).await.unwrap();
+        let servers = f.layout().servers.clone();
+        f.write_at(0, Bytes::from(pattern(20 + i as u64, 0, len))).await.unwrap();
+        let other = cl.client().await;
+        assert_eq!(other.resolve(path).await.unwrap().size, 0, "{path}: nothing committed before close");
+        let before = fsyncs(&cl).await;
+        f.close().await.unwrap();
+        let after = fsyncs(&cl).await;
+        let mut expect: Vec<u32> = positions.iter().map(|&p| servers[p]).collect();
+        expect.sort_unstable();
+        assert_eq!(synced_once(&before, &after), expect, "{path} (layout {servers:?}): the objects it wrote");
+        assert_eq!(other.resolve(path).await.unwrap().size, len as u64, "{path}: the size committed after");
+
+        // A handle that only read, and one opened to write that wrote nothing: no fsync anywhere.
+        let before = fsyncs(&cl).await;
+        let r = other.open(path, OpenMode::Read).await.unwrap();
+        let got = r.read_at(0, BytesMut::zeroed(len)).await.unwrap();
+        assert!(got[..] == pattern(20 + i as u64, 0, len)[..], "{path}: read back");
+        r.close().await.unwrap();
+        other.open(path, OpenMode::ReadWrite).await.unwrap().close().await.unwrap();
+        assert_eq!(synced_once(&before, &fsyncs(&cl).await), Vec::<u32>::new(), "{path}: nothing written, no fsync");
+        other.close().await;
+    }
+    c.close().await;
+}
+
+/// A 2-server cluster whose data server 1 fails its next `count` fsyncs, and `/d` striped over both in `UNIT`s.
+async fn cluster_failing_fsync(name: &str, count: u32) -> TestCluster {
+    let mut cl = start(name, 2).await;
+    cl.set_env(vec![("WEFT_FAULT".into(), format!("fail-fsync:{count}"))]);
+    cl.restart_data_server(1).await.unwrap();
+    cl.set_env(Vec::new());
+    assert!(cl.log("data1").contains("fail the next fsyncs"), "the fault is armed");
+    let c = cl.client().await;
+    let d = c.mkdir(ROOT_INO, "d", 0o755).await.unwrap();
+    c.set_layout(d.ino, UNIT, 2).await.unwrap();
+    c.close().await;
+    cl
+}
+
+#[tokio::test]
+async fn a_failed_fsync_fails_the_close_and_the_size_stays_old() {
+    let cl = cluster_failing_fsync("durable-fail", 1).await;
+    let c = cl.client().await;
+    let f = c.create_path("/d/f", 0o644, true, false).await.unwrap();
+    let len = 2 * UNIT as usize;
+    f.write_at(0, Bytes::from(pattern(30, 0, len))).await.unwrap();
+    let other = cl.client().await;
+    match f.commit().await {
+        Err(ClientError::Unsynced { ino, server, addr, source }) => {
+            assert_eq!((ino, server, addr.as_str()), (f.ino(), 1, cl.data_addrs()[1].as_str()));
+            assert_eq!(source.remote().map(|w| w.code), Some(ErrorCode::Io), "{source}");
+            let text = ClientError::Unsynced { ino, server, addr, source }.to_string();
+            assert!(text.contains("durable") && text.contains("not committed"), "a clear error: {text}");
+        }
+        other => panic!("the commit at close must fail when a data server cannot fsync: {other:?}"),
+    }
+    assert_eq!(other.resolve("/d/f").await.unwrap().size, 0, "no size committed over bytes not durable");
+    // The handle keeps what it has not synced: the next close syncs it (the fault is spent) and commits.
+    f.close().await.unwrap();
+    assert_eq!(other.resolve("/d/f").await.unwrap().size, len as u64);
+    assert!(read_back(&other, "/d/f", len).await.unwrap() == pattern(30, 0, len));
+    other.close().await;
+    c.close().await;
+}
+
+#[tokio::test]
+async fn a_failed_fsync_fails_close_through_the_mount() {
+    let cl = cluster_failing_fsync("durable-fuse", 1000).await;
+    let m = Mount::start(&cl, &test_dir("durable-fuse-mnt"), &[]);
+    let local = cl.dir().join("src.bin");
+    std::fs::write(&local, pattern(31, 0, 2 * UNIT as usize)).unwrap();
+    // cp reports close(2)'s error, which is the mount's flush: its commit could not sync server 1.
+    let out = Command::new("cp").arg(&local).arg(m.path("d/f")).output().expect("running cp");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the close must fail: {stderr}");
+    assert!(stderr.contains("Input/output error"), "EIO: {stderr}");
+    let c = cl.client().await;
+    assert_eq!(c.resolve("/d/f").await.unwrap().size, 0, "the size stays old");
+    c.close().await;
+    let mnt = m.dir.clone();
+    drop(m);
+    let _ = std::fs::remove_dir(mnt);
 }
