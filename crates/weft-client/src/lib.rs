@@ -611,7 +611,13 @@ impl Client {
     }
 
     /// One `Fsync` to the server of each position in `slots`, all in parallel; the failures.
-    async fn fsync_each(&self, ino: u64, layout: &Layout, slots: &[u32], cap: &Capability) -> Vec<(usize, ClientError)> {
+    async fn fsync_each(
+        &self,
+        ino: u64,
+        layout: &Layout,
+        slots: &[u32],
+        cap: &Capability,
+    ) -> Vec<(usize, ClientError)> {
         let mut tasks = tokio::task::JoinSet::new();
         for &slot in slots {
             // Positions come from this layout's width (a layout change keeps the width): never out of range.

@@ -483,9 +483,13 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                     }
                     let new_entries = ranges_of.iter().filter(|r| r.is_empty()).count() as u64;
                     if new_entries > 0 && t.count_stale()?.saturating_add(new_entries) > entries_max {
-                        tracing::warn!(ino, entries_max, new_entries,
+                        tracing::warn!(
+                            ino,
+                            entries_max,
+                            new_entries,
                             "the stale-range table is full (stale_entries_max): not moving the file's failed slots \
-                             to spares yet; retrying");
+                             to spares yet; retrying"
+                        );
                         return Ok(false);
                     }
                     cur.layout = Some(new.clone());

@@ -386,7 +386,6 @@ async fn cluster_failing_fsync(name: &str, count: u32) -> TestCluster {
     cl.set_env(vec![("WEFT_FAULT".into(), format!("fail-fsync:{count}"))]);
     cl.restart_data_server(1).await.unwrap();
     cl.set_env(Vec::new());
-    assert!(cl.log("data1").contains("fail the next fsyncs"), "the fault is armed");
     let c = cl.client().await;
     let d = c.mkdir(ROOT_INO, "d", 0o755).await.unwrap();
     c.set_layout(d.ino, UNIT, 2).await.unwrap();
@@ -411,6 +410,7 @@ async fn a_failed_fsync_fails_the_close_and_the_size_stays_old() {
         }
         other => panic!("the commit at close must fail when a data server cannot fsync: {other:?}"),
     }
+    assert!(cl.log("data1").contains("fail the next fsyncs"), "the fault was armed");
     assert_eq!(other.resolve("/d/f").await.unwrap().size, 0, "no size committed over bytes not durable");
     // The handle keeps what it has not synced: the next close syncs it (the fault is spent) and commits.
     f.close().await.unwrap();
