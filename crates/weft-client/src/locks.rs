@@ -12,7 +12,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use weft_proto::msg::{GetLockReq, LockHolder, ReleaseLocksReq, SetLockReq};
+use weft_proto::msg::{AdoptLocksReq, AdoptLocksResp, GetLockReq, LockHolder, ReleaseLocksReq, SetLockReq};
 use weft_proto::{Request, Response};
 
 use crate::{Client, ClientError, Inner, unexpected};
@@ -67,6 +67,23 @@ impl Client {
     /// Drops this client's locks on `ino` (every inode: `None`) of `owner` (every owner: `None`); returns how many.
     pub async fn release_locks(&self, ino: Option<u64>, owner: Option<u64>) -> Result<u32, ClientError> {
         Ok(meta_call!(self, ReleaseLocks(ReleaseLocksReq { ino, owner })))
+    }
+
+    /// Takes over the locks of `previous_session` (this client's predecessor, authenticated with the same key;
+    /// docs/format.md §22): they are this client's session's from now on. Errors: `AdoptRefused` (another
+    /// principal's session), `Invalid` (this session already holds locks).
+    pub async fn adopt_locks(&self, previous_session: u64) -> Result<AdoptLocksResp, ClientError> {
+        let r = meta_call!(self, AdoptLocks(AdoptLocksReq { previous_session }));
+        if r.total > 0 {
+            self.keep_alive_for_locks();
+        }
+        Ok(r)
+    }
+
+    /// The session this client holds at the MDS now: the one its locks are held by (an MDS restart, which drops
+    /// every lock, gives it a new one).
+    pub fn mds_session(&self) -> u64 {
+        self.inner.mds.session_id()
     }
 
     /// Starts, once per client, the task that keeps the MDS connection busy enough not to be closed as idle; it

@@ -189,7 +189,8 @@ impl<F: Fabric> RpcClient<F> {
         self.inner.slots.len()
     }
 
-    fn session_id(&self) -> u64 {
+    /// The session this client holds at the server now (it changes only when the server lost the old one).
+    pub fn session_id(&self) -> u64 {
         *self.inner.session.lock().expect("session")
     }
 
