@@ -304,7 +304,7 @@ mod tests {
 
     const P: Principal = Principal::Anonymous;
 
-    fn ns_with_dir() -> (Namespace<MemStore, ManualClock>, u64) {
+    fn ns_with_dir() -> (Namespace<MemStore, Arc<ManualClock>>, u64) {
         let ns = Namespace::new(MemStore::new(), Arc::new(ManualClock::new(0)), DEFAULT_LIVENESS_MS).unwrap();
         let mkdir = weft_proto::Request::Mkdir(MkdirReq { parent: ROOT_INO, name: "d".into(), mode: 0o700 });
         let ino = match ns.execute_as(&Cred::root(), &mkdir).unwrap() {
