@@ -80,6 +80,11 @@ impl Client {
         Ok(r)
     }
 
+    /// Shows the MDS this client's connection is alive (`Null` outside the slots, so no sequence is spent).
+    pub async fn ping_mds(&self) -> Result<(), ClientError> {
+        self.inner.mds.ping().await.map_err(ClientError::Meta)
+    }
+
     /// The session this client holds at the MDS now: the one its locks are held by (an MDS restart, which drops
     /// every lock, gives it a new one).
     pub fn mds_session(&self) -> u64 {
@@ -96,7 +101,9 @@ impl Client {
                 loop {
                     tokio::time::sleep(period).await;
                     let Some(inner) = inner.upgrade() else { return };
-                    if let Err(e) = inner.mds.call_simple_as(None, Request::Null(())).await {
+                    // Outside the slots (`ping`): a slotted Null would skip a sequence number and make the MDS
+                    // refuse the slot's next call, costing the session (and with it every lock it holds).
+                    if let Err(e) = inner.mds.ping().await {
                         tracing::debug!("lock keepalive: {e}");
                     }
                 }
