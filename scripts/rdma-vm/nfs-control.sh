@@ -2,15 +2,19 @@
 # The host's half of guest/nfs.sh's control channel. qemu runs it once per connection the guest opens to
 # 10.0.2.100:5555, with the connection as stdin/stdout: it reads one request line, does it, and answers one line,
 # `ok [RESULT]` or `error WHY`. nfs.sh also runs it directly (`start PORT`) for the gateway's first start.
-# Environment (from nfs.sh, through qemu): NFSVM_DIR (work dir), NFSVM_WEFT, NFSVM_CLUSTER, NFSVM_MNT (the FUSE mount).
+# Environment (from nfs.sh, through qemu): NFSVM_DIR (work dir), NFSVM_WEFT, NFSVM_CLUSTER, NFSVM_MNT (the FUSE mount),
+# NFSVM_GRACE_MS (the gateway's NFSv4 grace period).
 #
 # Requests:
 #   start PORT            start `weft nfs` on 127.0.0.1:PORT (0: any), wait for its WEFT-READY line
-#   kill-restart          SIGKILL the gateway (no sync, no goodbye), then start it again on the same port
+#   kill-restart          SIGKILL the gateway (no sync, no goodbye), then start it again on the same port (on the
+#                         same --state-dir: the new process adopts the old one's locks, docs/format.md §22)
+#   wait-grace            wait until the gateway's NFSv4 grace period since its last start is over
 #   fuse-write NAME BYTES SEED   write NAME under the FUSE mount (seeded pseudo-random bytes), close it; answer its MD5
 #   fuse-md5 NAME         the MD5 of NAME read through the FUSE mount
 #   fuse-flock-hold NAME  a process takes flock(LOCK_EX) on NAME through FUSE and keeps it until fuse-flock-release
 #   fuse-flock-release NAME
+#   fuse-flock-try NAME   flock(LOCK_EX|LOCK_NB) on NAME through FUSE, released at once: `ok free` or `ok held`
 #   fuse-sqlite-hold NAME / fuse-sqlite-release NAME   the same with an SQLite `BEGIN EXCLUSIVE` (fcntl locks)
 set -uo pipefail
 d="$NFSVM_DIR"
@@ -31,6 +35,7 @@ start_gateway() {
 	before="$(grep -c '^WEFT-READY ' "$d/nfs.out" 2>/dev/null || true)"
 	# Its own session, stdin/stdout away from the control connection: it outlives this request.
 	RUST_LOG="${NFS_VM_GATEWAY_LOG:-${RUST_LOG:-info}}" setsid "$NFSVM_WEFT" nfs --cluster "$NFSVM_CLUSTER" --listen "127.0.0.1:$port" --no-root-squash \
+		--state-dir "$d/nfs-state" --nfs4-grace-ms "${NFSVM_GRACE_MS:-30000}" \
 		</dev/null >>"$d/nfs.out" 2>>"$d/nfs.log" &
 	echo $! >"$d/nfs.pid"
 	ready() { [ "$(grep -c '^WEFT-READY ' "$d/nfs.out" 2>/dev/null || true)" -gt "${before:-0}" ]; }
@@ -67,6 +72,21 @@ fuse-write)
 	LC_ALL=C awk -v n="$3" -v seed="$4" 'BEGIN { srand(seed); while (n > 0) { printf "%c", int(rand() * 256); n-- } }' \
 		>"$p" || answer "error writing $p"
 	answer "ok $(md5sum <"$p" | cut -d' ' -f1)"
+	;;
+wait-grace)
+	# One "grace period over" line per start, logged when it ends.
+	over() { [ "$(grep -c 'NFSv4 grace period over' "$d/nfs.log" 2>/dev/null || true)" -ge "$(grep -c '^WEFT-READY ' "$d/nfs.out")" ]; }
+	i=0
+	until over; do
+		i=$((i + 1))
+		[ "$i" -le 3000 ] || answer "error the grace period never ended"
+		sleep 0.1
+	done
+	answer "ok grace over"
+	;;
+fuse-flock-try)
+	fuse_path "$2"
+	if flock -n -x "$p" true; then answer "ok free"; else answer "ok held"; fi
 	;;
 fuse-md5)
 	fuse_path "$2"

@@ -12,7 +12,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use weft_proto::msg::{GetLockReq, LockHolder, ReleaseLocksReq, SetLockReq};
+use weft_proto::msg::{AdoptLocksReq, AdoptLocksResp, GetLockReq, LockHolder, ReleaseLocksReq, SetLockReq};
 use weft_proto::{Request, Response};
 
 use crate::{Client, ClientError, Inner, unexpected};
@@ -69,6 +69,28 @@ impl Client {
         Ok(meta_call!(self, ReleaseLocks(ReleaseLocksReq { ino, owner })))
     }
 
+    /// Takes over the locks of `previous_session` (this client's predecessor, authenticated with the same key;
+    /// docs/format.md §22): they are this client's session's from now on. Errors: `AdoptRefused` (another
+    /// principal's session), `Invalid` (this session already holds locks).
+    pub async fn adopt_locks(&self, previous_session: u64) -> Result<AdoptLocksResp, ClientError> {
+        let r = meta_call!(self, AdoptLocks(AdoptLocksReq { previous_session }));
+        if r.total > 0 {
+            self.keep_alive_for_locks();
+        }
+        Ok(r)
+    }
+
+    /// Shows the MDS this client's connection is alive (`Null` outside the slots, so no sequence is spent).
+    pub async fn ping_mds(&self) -> Result<(), ClientError> {
+        self.inner.mds.ping().await.map_err(ClientError::Meta)
+    }
+
+    /// The session this client holds at the MDS now: the one its locks are held by (an MDS restart, which drops
+    /// every lock, gives it a new one).
+    pub fn mds_session(&self) -> u64 {
+        self.inner.mds.session_id()
+    }
+
     /// Starts, once per client, the task that keeps the MDS connection busy enough not to be closed as idle; it
     /// ends with the client.
     fn keep_alive_for_locks(&self) {
@@ -79,7 +101,9 @@ impl Client {
                 loop {
                     tokio::time::sleep(period).await;
                     let Some(inner) = inner.upgrade() else { return };
-                    if let Err(e) = inner.mds.call_simple_as(None, Request::Null(())).await {
+                    // Outside the slots (`ping`): a slotted Null would skip a sequence number and make the MDS
+                    // refuse the slot's next call, costing the session (and with it every lock it holds).
+                    if let Err(e) = inner.mds.ping().await {
                         tracing::debug!("lock keepalive: {e}");
                     }
                 }

@@ -8,14 +8,22 @@
 //! and one holding locks calls `Null` often enough that the server's idle timeout never closes it); after that its
 //! locks are released. Locks live in memory only: an MDS restart drops them all, like an NFS server reboot without
 //! a reclaim period (clients are not told; their next unlock finds nothing to release).
+//!
+//! A restarted NFS gateway takes over its killed predecessor's locks with `AdoptLocks` (docs/format.md §22): only
+//! when the predecessor's session took them under the same principal (recorded here at each grant, from the
+//! connection's proof, never from a field); the predecessor's session is then ended for locks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use weft_proto::msg::{GetLockReq, LockClass, LockHolder, LockKind, ReleaseLocksReq, SetLockReq};
+use weft_proto::msg::{
+    ADOPTED_LIST_MAX, AdoptLocksReq, AdoptLocksResp, GetLockReq, LockClass, LockHolder, LockKind, ReleaseLocksReq,
+    SetLockReq,
+};
 use weft_proto::{ErrorCode, WireError};
+use weft_rpc::Principal;
 
 use crate::locks::{LockError, LockOp, LockTable, Owner};
 use crate::perm::Mask;
@@ -25,12 +33,23 @@ use crate::{Clock, Cred, Namespace};
 /// Default for `locks_grace_ms`: how long a lock-holding session whose connection closed may take to come back.
 pub const DEFAULT_LOCKS_GRACE_MS: u64 = 10_000;
 
+/// Sessions ended for locks by an `AdoptLocks` remembered (oldest forgotten first).
+pub const ENDED_SESSIONS_MAX: usize = 1024;
+
+/// A session holding locks: when it last made a call, and who its connection proved to be when it took them.
+struct Holder {
+    at: Instant,
+    principal: Principal,
+}
+
 pub struct SessionLocks {
     table: Mutex<LockTable>,
-    /// When each session holding locks last made a call (only those: a lookup per call, skipped while none do).
-    seen: Mutex<HashMap<u64, Instant>>,
+    /// Each session holding locks (only those: a lookup per call, skipped while none do).
+    seen: Mutex<HashMap<u64, Holder>>,
     holders: AtomicUsize,
     grace_ms: u64,
+    /// Sessions whose locks another session adopted: they may lock no more (bounded, FIFO).
+    ended: Mutex<(VecDeque<u64>, HashSet<u64>)>,
 }
 
 fn lock_error(e: LockError) -> WireError {
@@ -52,6 +71,7 @@ impl SessionLocks {
             seen: Mutex::new(HashMap::new()),
             holders: AtomicUsize::new(0),
             grace_ms,
+            ended: Mutex::new((VecDeque::new(), HashSet::new())),
         }
     }
 
@@ -69,20 +89,38 @@ impl SessionLocks {
         if self.holders.load(Ordering::Relaxed) == 0 {
             return;
         }
-        if let Some(at) = self.seen.lock().expect("lock sessions").get_mut(&session) {
-            *at = Instant::now();
+        if let Some(h) = self.seen.lock().expect("lock sessions").get_mut(&session) {
+            h.at = Instant::now();
         }
     }
 
-    /// Keeps `seen` to exactly the sessions holding locks.
-    fn note(&self, session: u64, table: &LockTable) {
+    /// Keeps `seen` to exactly the sessions holding locks; `principal` is the caller's when it was granted one.
+    fn note(&self, session: u64, table: &LockTable, principal: Option<&Principal>) {
         let mut seen = self.seen.lock().expect("lock sessions");
         if table.session_holds(session) {
-            seen.insert(session, Instant::now());
+            let at = Instant::now();
+            match (seen.get_mut(&session), principal) {
+                (Some(h), _) => h.at = at,
+                (None, Some(p)) => {
+                    seen.insert(session, Holder { at, principal: p.clone() });
+                }
+                // Only a grant (with its principal) or an adoption (see `adopt`) makes a holder.
+                (None, None) => unreachable!("a lock holder with no recorded principal"),
+            }
         } else {
             seen.remove(&session);
         }
         self.holders.store(seen.len(), Ordering::Relaxed);
+    }
+
+    fn check_not_ended(&self, session: u64) -> Result<(), WireError> {
+        if self.ended.lock().expect("ended sessions").1.contains(&session) {
+            return Err(WireError::new(
+                ErrorCode::LocksAdopted,
+                format!("session {session:#x}'s locks were adopted by another session: it may lock no more"),
+            ));
+        }
+        Ok(())
     }
 
     /// Who may take `kind` (`None`: any) locks on `ino`: read for shared, write for exclusive; `flock`: either.
@@ -108,10 +146,12 @@ impl SessionLocks {
         &self,
         ns: &Namespace<S, C>,
         cred: &Cred,
+        principal: &Principal,
         session: u64,
         r: &SetLockReq,
     ) -> Result<Option<LockHolder>, WireError> {
         if let Some(kind) = r.kind {
+            self.check_not_ended(session)?;
             Self::check(ns, cred, r.ino, r.class, kind)?;
         }
         let owner = Owner { session, owner: r.owner };
@@ -122,7 +162,7 @@ impl SessionLocks {
             Err(LockError::Conflict(h)) => Some(h),
             Err(e) => return Err(lock_error(e)),
         };
-        self.note(session, &table);
+        self.note(session, &table, Some(principal));
         Ok(out)
     }
 
@@ -134,6 +174,7 @@ impl SessionLocks {
         session: u64,
         r: &GetLockReq,
     ) -> Result<Option<LockHolder>, WireError> {
+        self.check_not_ended(session)?;
         Self::check(ns, cred, r.ino, r.class, r.kind)?;
         let owner = Owner { session, owner: r.owner };
         let (start, end) = if r.class == LockClass::Flock { (0, u64::MAX) } else { (r.start, r.end) };
@@ -144,8 +185,69 @@ impl SessionLocks {
     pub fn release(&self, session: u64, r: &ReleaseLocksReq) -> u32 {
         let mut table = self.table.lock().expect("lock table");
         let n = table.release(session, r.ino, r.owner);
-        self.note(session, &table);
+        self.note(session, &table, None);
         u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// `AdoptLocks` for `session` (authenticated as `principal`): moves `previous_session`'s locks here if it took
+    /// them as the same principal, and ends it for locks (docs/format.md §22).
+    pub fn adopt(&self, principal: &Principal, session: u64, r: &AdoptLocksReq) -> Result<AdoptLocksResp, WireError> {
+        let from = r.previous_session;
+        if from == session {
+            return Err(WireError::new(ErrorCode::Invalid, "a session cannot adopt its own locks"));
+        }
+        let mut table = self.table.lock().expect("lock table");
+        if table.session_holds(session) {
+            return Err(WireError::new(
+                ErrorCode::Invalid,
+                format!("session {session:#x} already holds locks: only a session holding none adopts"),
+            ));
+        }
+        {
+            let seen = self.seen.lock().expect("lock sessions");
+            if let Some(h) = seen.get(&from)
+                && h.principal != *principal
+            {
+                return Err(WireError::new(
+                    ErrorCode::AdoptRefused,
+                    format!(
+                        "session {from:#x} took its locks as {:?}, not as this connection's {:?}",
+                        h.principal.name(),
+                        principal.name()
+                    ),
+                ));
+            }
+        }
+        let moved = table.adopt(from, session);
+        {
+            let mut seen = self.seen.lock().expect("lock sessions");
+            if let Some(h) = seen.remove(&from) {
+                seen.insert(session, Holder { at: Instant::now(), principal: h.principal });
+            }
+            self.holders.store(seen.len(), Ordering::Relaxed);
+        }
+        drop(table);
+        let mut ended = self.ended.lock().expect("ended sessions");
+        if ended.1.insert(from) {
+            ended.0.push_back(from);
+            while ended.0.len() > ENDED_SESSIONS_MAX {
+                if let Some(old) = ended.0.pop_front() {
+                    ended.1.remove(&old);
+                }
+            }
+        }
+        drop(ended);
+        let total = moved.len() as u64;
+        tracing::info!(
+            from = format_args!("{from:#x}"),
+            to = format_args!("{session:#x}"),
+            principal = principal.name(),
+            locks = total,
+            "adopted the locks of a previous session (a restarted NFS gateway)"
+        );
+        let mut locks = moved;
+        locks.truncate(ADOPTED_LIST_MAX);
+        Ok(AdoptLocksResp { locks, total })
     }
 
     /// A connection closed that carried `sessions`: each one holding locks gets `grace_ms` to make a call again,
@@ -171,13 +273,13 @@ impl SessionLocks {
     fn expire(&self, sessions: &[u64], closed_at: Instant) -> usize {
         let mut expired = 0;
         for &session in sessions {
-            let back = self.seen.lock().expect("lock sessions").get(&session).is_none_or(|&at| at >= closed_at);
+            let back = self.seen.lock().expect("lock sessions").get(&session).is_none_or(|h| h.at >= closed_at);
             if back {
                 continue;
             }
             let mut table = self.table.lock().expect("lock table");
             let n = table.release(session, None, None);
-            self.note(session, &table);
+            self.note(session, &table, None);
             expired += 1;
             tracing::info!(
                 session = format_args!("{session:#x}"),
@@ -200,24 +302,81 @@ mod tests {
     use super::*;
     use crate::{DEFAULT_LIVENESS_MS, ManualClock, MemStore};
 
-    #[test]
-    fn permission_then_the_table_and_only_sessions_that_stay_away_lose_their_locks() {
+    const P: Principal = Principal::Anonymous;
+
+    fn ns_with_dir() -> (Namespace<MemStore, Arc<ManualClock>>, u64) {
         let ns = Namespace::new(MemStore::new(), Arc::new(ManualClock::new(0)), DEFAULT_LIVENESS_MS).unwrap();
-        let root = Cred::root();
         let mkdir = weft_proto::Request::Mkdir(MkdirReq { parent: ROOT_INO, name: "d".into(), mode: 0o700 });
-        let ino = match ns.execute_as(&root, &mkdir).unwrap() {
+        let ino = match ns.execute_as(&Cred::root(), &mkdir).unwrap() {
             weft_proto::Response::Mkdir(a) => a.ino,
             other => panic!("{other:?}"),
         };
+        (ns, ino)
+    }
+
+    #[test]
+    fn adopt_takes_the_same_principals_locks_refuses_another_and_is_bounded() {
+        let (ns, ino) = ns_with_dir();
+        let root = Cred::root();
+        let key = |id: &str| Principal::Key { key_id: id.into(), policy: weft_rpc::KeyPolicy::Cluster };
+        let (gw, other) = (key("gateway"), key("other"));
+        let n = ADOPTED_LIST_MAX + 1;
+        let locks = SessionLocks::new(n, 10_000);
+        // Session 1 (the killed gateway) holds n one-byte locks, apart so none merge.
+        for i in 0..n as u64 {
+            let r = SetLockReq {
+                ino,
+                class: LockClass::Posix,
+                kind: Some(LockKind::Exclusive),
+                start: 2 * i,
+                end: 2 * i,
+                owner: 40 + i % 3,
+                pid: 1,
+            };
+            assert_eq!(locks.set(&ns, &root, &gw, 1, &r).unwrap(), None);
+        }
+        // Another principal may not take them, nor adopt into itself, and nothing moved.
+        let e = locks.adopt(&other, 2, &AdoptLocksReq { previous_session: 1 }).unwrap_err();
+        assert_eq!(e.code, ErrorCode::AdoptRefused);
+        assert_eq!(locks.adopt(&gw, 1, &AdoptLocksReq { previous_session: 1 }).unwrap_err().code, ErrorCode::Invalid);
+        let probe = |owner, session| {
+            let q = GetLockReq { ino, class: LockClass::Posix, kind: LockKind::Shared, start: 0, end: 0, owner };
+            locks.get(&ns, &root, session, &q)
+        };
+        assert!(probe(40, 1).unwrap().is_none(), "still session 1's");
+        // The same principal does: every lock moves, the list stops at its bound, the total counts them all.
+        let r = locks.adopt(&gw, 3, &AdoptLocksReq { previous_session: 1 }).unwrap();
+        assert_eq!((r.locks.len(), r.total), (ADOPTED_LIST_MAX, n as u64));
+        assert!(r.locks.iter().all(|l| l.ino == ino && l.start == l.end && l.start % 2 == 0 && l.kind == LockKind::Exclusive));
+        assert_eq!(locks.len(), n);
+        assert!(probe(40, 3).unwrap().is_none(), "owner 40 of session 3 holds byte 0 now");
+        assert!(probe(40, 4).unwrap().is_some(), "and anyone else still conflicts");
+        // Session 1 is ended for locks; the table's bound still holds.
+        assert_eq!(probe(40, 1).unwrap_err().code, ErrorCode::LocksAdopted);
+        let one = |kind, start| SetLockReq { ino, class: LockClass::Posix, kind, start, end: start, owner: 9, pid: 1 };
+        assert_eq!(locks.set(&ns, &root, &gw, 1, &one(Some(LockKind::Shared), 1)).unwrap_err().code, ErrorCode::LocksAdopted);
+        assert_eq!(locks.set(&ns, &root, &gw, 5, &one(Some(LockKind::Shared), 1)).unwrap_err().code, ErrorCode::NoLocks);
+        // A session holding nothing gives nothing; the adopted session is watched as a holder.
+        let r = locks.adopt(&gw, 6, &AdoptLocksReq { previous_session: 77 }).unwrap();
+        assert_eq!((r.locks.len(), r.total), (0, 0));
+        assert_eq!(locks.holders.load(Ordering::Relaxed), 1);
+        assert_eq!(locks.release(3, &ReleaseLocksReq { ino: None, owner: None }), n as u32);
+        assert!(locks.is_empty());
+    }
+
+    #[test]
+    fn permission_then_the_table_and_only_sessions_that_stay_away_lose_their_locks() {
+        let (ns, ino) = ns_with_dir();
+        let root = Cred::root();
         let locks = SessionLocks::new(10, 0);
         let req = |kind, owner| SetLockReq { ino, class: LockClass::Posix, kind, start: 0, end: 9, owner, pid: 1 };
         let alice = Cred::new(1000, 1000, vec![]);
-        let e = locks.set(&ns, &alice, 7, &req(Some(LockKind::Shared), 1)).unwrap_err();
+        let e = locks.set(&ns, &alice, &P, 7, &req(Some(LockKind::Shared), 1)).unwrap_err();
         assert_eq!(e.code, ErrorCode::Permission, "a 0700 directory of root's: alice may not read it");
-        assert_eq!(locks.set(&ns, &alice, 7, &req(None, 1)).unwrap(), None, "an unlock needs no permission");
-        assert_eq!(locks.set(&ns, &root, 1, &req(Some(LockKind::Shared), 1)).unwrap(), None);
-        assert_eq!(locks.set(&ns, &root, 2, &req(Some(LockKind::Shared), 1)).unwrap(), None);
-        let h = locks.set(&ns, &root, 3, &req(Some(LockKind::Exclusive), 1)).unwrap().expect("a conflict");
+        assert_eq!(locks.set(&ns, &alice, &P, 7, &req(None, 1)).unwrap(), None, "an unlock needs no permission");
+        assert_eq!(locks.set(&ns, &root, &P, 1, &req(Some(LockKind::Shared), 1)).unwrap(), None);
+        assert_eq!(locks.set(&ns, &root, &P, 2, &req(Some(LockKind::Shared), 1)).unwrap(), None);
+        let h = locks.set(&ns, &root, &P, 3, &req(Some(LockKind::Exclusive), 1)).unwrap().expect("a conflict");
         assert_eq!((h.kind, h.start, h.end), (LockKind::Shared, 0, 9));
         assert_eq!(locks.holders.load(Ordering::Relaxed), 2, "only sessions 1 and 2 are watched");
 

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 
-use weft_proto::msg::{LockClass, LockHolder, LockKind};
+use weft_proto::msg::{AdoptedLock, LockClass, LockHolder, LockKind};
 
 /// Default for `locks_max` (meta config): locks held at once across all clients.
 pub const DEFAULT_LOCKS_MAX: usize = 65536;
@@ -224,6 +224,33 @@ impl LockTable {
         }
     }
 
+    /// Moves every lock of session `from` to session `to`, unchanged (owner id, range, kind, pid), and returns
+    /// them. `to` must hold no locks (asserted by the caller): then no range of `to` can meet a moved one, so
+    /// nothing merges, splits or conflicts, and the count stays.
+    pub fn adopt(&mut self, from: u64, to: u64) -> Vec<AdoptedLock> {
+        assert!(!self.session_holds(to) && from != to, "adopting into a session that holds locks");
+        let Some(n) = self.per_session.remove(&from) else { return Vec::new() };
+        let mut moved = Vec::with_capacity(n);
+        for (&ino, locks) in self.inodes.iter_mut() {
+            for (class, list) in [(LockClass::Posix, &mut locks.posix), (LockClass::Flock, &mut locks.flock)] {
+                for e in list.iter_mut().filter(|e| e.owner.session == from) {
+                    e.owner.session = to;
+                    moved.push(AdoptedLock {
+                        ino,
+                        owner: e.owner.owner,
+                        class,
+                        kind: e.kind,
+                        start: e.start,
+                        end: e.end,
+                    });
+                }
+            }
+        }
+        debug_assert_eq!(moved.len(), n);
+        self.per_session.insert(to, n);
+        moved
+    }
+
     /// Whether `session` holds any lock.
     pub fn session_holds(&self, session: u64) -> bool {
         self.per_session.contains_key(&session)
@@ -378,6 +405,36 @@ mod tests {
         assert!(!t.session_holds(2));
         assert_eq!(t.release(1, Some(1), None), 1);
         assert!(t.is_empty() && t.inodes.is_empty());
+    }
+
+    #[test]
+    fn adopt_moves_a_sessions_locks_unchanged_and_they_still_conflict() {
+        let mut t = LockTable::new(100);
+        t.set(1, A, op(Some(S), 0, 9)).unwrap();
+        t.set(1, A, op(Some(X), 20, 29)).unwrap();
+        t.set(2, A2, LockOp { class: LockClass::Flock, kind: Some(X), start: 0, end: u64::MAX, pid: 3 }).unwrap();
+        t.set(1, B, op(Some(S), 0, 9)).unwrap();
+        let mut moved = t.adopt(1, 9);
+        moved.sort_by_key(|l| (l.ino, l.start));
+        let want = |ino, owner, class, kind, start, end| AdoptedLock { ino, owner, class, kind, start, end };
+        assert_eq!(
+            moved,
+            vec![
+                want(1, 10, LockClass::Posix, S, 0, 9),
+                want(1, 10, LockClass::Posix, X, 20, 29),
+                want(2, 11, LockClass::Flock, X, 0, u64::MAX)
+            ]
+        );
+        let c = Owner { session: 9, owner: 10 };
+        assert_eq!(ranges(&t, 1, c), vec![(S, 0, 9), (X, 20, 29)]);
+        assert!(!t.session_holds(1) && t.session_holds(9) && t.len() == 4);
+        assert!(matches!(t.set(1, B, op(Some(X), 25, 25)), Err(LockError::Conflict(_))), "still held");
+        // The same owner in the new session holds it: setting it again is granted as already held.
+        t.set(1, c, op(Some(X), 20, 29)).unwrap();
+        assert_eq!(t.len(), 4);
+        assert!(t.adopt(1, 10).is_empty(), "nothing left to move");
+        assert_eq!(t.release(9, None, None), 3);
+        assert_eq!(t.len(), 1);
     }
 
     /// A per-byte model: bytes 0..N (N-1 standing for "to EOF"), each with its holders' kinds; random operations

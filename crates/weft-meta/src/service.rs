@@ -251,12 +251,15 @@ impl Service for MetaService {
         // Locks are in memory and answered in place (the permission check is a point read).
         match &req {
             Request::SetLock(r) => {
-                return Ok(Response::SetLock(self.locks.set(&self.ns, &cred, ctx.session, r)?).into());
+                return Ok(Response::SetLock(self.locks.set(&self.ns, &cred, &ctx.principal, ctx.session, r)?).into());
             }
             Request::GetLock(r) => {
                 return Ok(Response::GetLock(self.locks.get(&self.ns, &cred, ctx.session, r)?).into());
             }
             Request::ReleaseLocks(r) => return Ok(Response::ReleaseLocks(self.locks.release(ctx.session, r)).into()),
+            Request::AdoptLocks(r) => {
+                return Ok(Response::AdoptLocks(self.locks.adopt(&ctx.principal, ctx.session, r)?).into());
+            }
             _ => {}
         }
         // What the request is about, for the log line of a failure: taken only when debug logging is on (the

@@ -7,6 +7,10 @@
 //! identity; the gateway's own key must be the cluster key or a client key of policy `trusted` (docs/format.md
 //! §9). Filehandles are sealed ([`fh`], docs/format.md §15). Everything is bounded: connections, requests in
 //! flight per connection, record size, open files ([`files`]), directory cursors.
+//!
+//! Restarts: with a state directory the gateway records its MDS session ([`restart`]), and the next process
+//! adopts that session's locks at start, holding them through the NFSv4 grace period for their clients to
+//! reclaim; what nobody reclaimed is unlocked when grace ends (docs/format.md §22).
 
 pub mod fh;
 pub mod files;
@@ -14,12 +18,15 @@ pub mod mount;
 pub mod nfs3;
 pub mod nfs4;
 pub mod proto;
+pub mod restart;
 pub mod rpc;
 pub mod status;
 pub mod xdr;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -28,10 +35,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use weft_client::{Client, ClientError, ClusterConfig};
 use weft_proto::UserCred;
+use weft_proto::msg::SetLockReq;
 
 use crate::fh::FhSealer;
 use crate::files::OpenFiles;
 use crate::proto::{MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3, NFS_V4};
+use crate::restart::{OwnerKey, StateDir};
 use crate::rpc::{Auth, Call, RecordLimits};
 
 /// The uid and gid root and AUTH_NONE callers become.
@@ -109,6 +118,9 @@ pub struct GatewayConfig {
     pub record: RecordLimits,
     /// NFSv4.1: lease and grace times, table bounds ([`nfs4::state::StateConfig`]).
     pub nfs4: nfs4::state::StateConfig,
+    /// Where the gateway records its MDS session, so its next process adopts its locks ([`restart`]); `None`:
+    /// nothing kept, a restarted gateway's clients find their locks held until the MDS releases them.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for GatewayConfig {
@@ -124,6 +136,7 @@ impl Default for GatewayConfig {
             dir_cursors_max: 4096,
             record: RecordLimits::default(),
             nfs4: nfs4::state::StateConfig::default(),
+            state_dir: None,
         }
     }
 }
@@ -138,6 +151,8 @@ pub enum GatewayError {
     Export { path: String, error: String },
     #[error("{0}")]
     Key(String),
+    #[error("state directory: {0}")]
+    StateDir(String),
 }
 
 /// One running gateway.
@@ -151,6 +166,9 @@ pub struct Gateway {
     files: OpenFiles,
     cursors: Mutex<Cursors>,
     nfs4: nfs4::Server,
+    /// The state directory, held while this gateway runs, and the MDS session last recorded in it.
+    state_dir: Option<StateDir>,
+    recorded_session: AtomicU64,
 }
 
 /// READDIR cookie → the name it continues after, bounded (oldest dropped first); a miss rescans the directory.
@@ -172,6 +190,8 @@ impl Gateway {
                 weft_rpc::Key::from_bytes([0; 32])
             }
         };
+        // Held before anything else: a second gateway on the same directory would take this one's locks.
+        let state_dir = cfg.state_dir.as_deref().map(StateDir::open).transpose().map_err(GatewayError::StateDir)?;
         let client = Client::connect(cluster).await?;
         let export = normalize_export(&cfg.export)?;
         let root = client
@@ -191,9 +211,16 @@ impl Gateway {
         // The NFSv4 epoch: new at every start (from the same randomness as the write verifier), so clientids and
         // stateids of an earlier start are recognised as such.
         let epoch = u32::from_be_bytes(verifier[4..].try_into().expect("4 bytes")) | 1;
-        let nfs4 = nfs4::Server::new(cfg.nfs4, epoch, sealer.export_id());
+        let nfs4 = nfs4::Server::new(cfg.nfs4, epoch, sealer.export_id(), OwnerKey::new(&key));
+        let session = client.mds_session();
+        if let Some(dir) = &state_dir {
+            adopt_previous(&client, dir, &nfs4).await;
+            dir.record(session).map_err(|e| GatewayError::StateDir(format!("recording the MDS session: {e}")))?;
+        }
         Ok(Arc::new(Gateway {
             nfs4,
+            state_dir,
+            recorded_session: AtomicU64::new(session),
             client,
             sealer,
             export_ino: root.ino,
@@ -217,6 +244,13 @@ impl Gateway {
     /// Serves `listener` until the task is dropped.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         let conns = Arc::new(Semaphore::new(self.cfg.connections_max.max(1)));
+        let graced = self.clone();
+        // When grace ends, the previous process's locks nobody reclaimed are unlocked.
+        let _grace = AbortOnDrop(tokio::spawn(async move {
+            let left_ms = graced.cfg.nfs4.grace_ms.saturating_sub(graced.nfs4.now_ms());
+            tokio::time::sleep(std::time::Duration::from_millis(left_ms)).await;
+            graced.release_unreclaimed().await;
+        }));
         let idle = self.clone();
         // Aborted when `serve` is dropped (its caller stops the gateway by dropping the future).
         let _sweeper = AbortOnDrop(tokio::spawn(async move {
@@ -243,6 +277,31 @@ impl Gateway {
                 gw.connection(stream, peer).await;
                 drop(permit);
             });
+        }
+    }
+
+    /// Unlocks what was adopted from the previous process and not reclaimed in the grace period.
+    async fn release_unreclaimed(&self) {
+        let pieces = self.nfs4.unreclaimed();
+        let n = pieces.len();
+        for (ino, owner, class, start, end) in pieces {
+            let req = SetLockReq { ino, class, kind: None, start, end, owner, pid: 0 };
+            if let Err(e) = self.client.set_lock(req).await {
+                tracing::warn!(ino, owner, error = %e, "releasing an adopted lock nobody reclaimed");
+            }
+        }
+        tracing::info!(released_ranges = n, "NFSv4 grace period over: released the adopted locks nobody reclaimed");
+    }
+
+    /// After a lock was set: if the MDS session changed (the MDS restarted, dropping every lock), records the new
+    /// one, so a restart of this gateway adopts the locks it holds now.
+    pub(crate) fn session_check(&self) {
+        let Some(dir) = &self.state_dir else { return };
+        let now = self.client.mds_session();
+        if self.recorded_session.swap(now, Ordering::Relaxed) != now
+            && let Err(e) = dir.record(now)
+        {
+            tracing::warn!(error = %e, "recording the gateway's new MDS session");
         }
     }
 
@@ -352,6 +411,32 @@ impl Gateway {
 
     fn cursor(&self, dir: u64, cookie: u64) -> Option<String> {
         self.cursors.lock().expect("cursors").map.get(&(dir, cookie)).cloned()
+    }
+}
+
+/// Takes over the locks of the MDS session the state file names (the previous process of this gateway).
+/// Failures are logged: the gateway serves anyway, and those locks then go as the MDS releases a vanished
+/// session's (docs/format.md §14).
+async fn adopt_previous(client: &Client, dir: &StateDir, nfs4: &nfs4::Server) {
+    let previous = match dir.previous_session() {
+        Ok(Some(p)) if p != client.mds_session() => p,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring the gateway state file: no locks adopted");
+            return;
+        }
+    };
+    match client.adopt_locks(previous).await {
+        Ok(r) => {
+            tracing::info!(
+                previous = format_args!("{previous:#x}"),
+                locks = r.total,
+                listed = r.locks.len(),
+                "adopted the previous gateway process's locks: held for its clients' reclaims until grace ends"
+            );
+            nfs4.adopted(r.locks);
+        }
+        Err(e) => tracing::warn!(previous = format_args!("{previous:#x}"), error = %e, "adopting the previous gateway process's locks"),
     }
 }
 

@@ -57,10 +57,11 @@ pub enum ErrorCode {
     /// A compare-and-set chunk write (`WriteRows`, docs/format.md §17) found another version than it expected:
     /// another writer changed the row first; nothing was written. The client rereads the row and retries.
     VersionMoved,
-    /// Never sent: code 29 is unassigned (the variants are numbered by position, docs/format.md §2).
-    Reserved29,
-    /// Never sent: code 30 is unassigned.
-    Reserved30,
+    /// This session's locks were adopted by another session (`AdoptLocks`, docs/format.md §22): it may lock no
+    /// more (ENOLCK).
+    LocksAdopted,
+    /// `AdoptLocks` named a session whose locks were taken under another principal (EPERM).
+    AdoptRefused,
     /// The request was made against an older layout generation than the file's (docs/format.md §19): a failed
     /// server's slot moved to a spare since the client fetched the layout. The client refetches the layout
     /// (`GetAttr`) and retries once (ESTALE).
@@ -86,12 +87,12 @@ impl ErrorCode {
             ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal => 5, // EIO
             ErrorCode::OutOfRange => 27,                      // EFBIG
             ErrorCode::Busy => 11,                            // EAGAIN
-            ErrorCode::NotPermitted => 1,                     // EPERM
+            ErrorCode::NotPermitted | ErrorCode::AdoptRefused => 1, // EPERM
             ErrorCode::NoData => 61,                          // ENODATA
             ErrorCode::Range => 34,                           // ERANGE
             ErrorCode::TooBig => 7,                           // E2BIG
             ErrorCode::NotSupported => 95,                    // EOPNOTSUPP
-            ErrorCode::NoLocks => 37,                         // ENOLCK
+            ErrorCode::NoLocks | ErrorCode::LocksAdopted => 37, // ENOLCK
             ErrorCode::VersionMoved => 11,                    // EAGAIN
             ErrorCode::StaleLayout => 116,                    // ESTALE
             _ => 5,

@@ -177,6 +177,10 @@ messages! {
     /// Membership and rebuild progress for `weft status` (docs/format.md §19): files waiting for a spare, layout
     /// changes made, and the healer's bytes left, rate and ETA (`None` when unknown).
     MemberStatus = 135: () => MemberStatus, idempotent = true, data = false;
+    /// Moves every lock of `previous_session` to the caller's session, if both were authenticated as the same
+    /// principal, and ends the previous session for locks (a restarted NFS gateway takes over its predecessor's
+    /// locks; docs/format.md §22).
+    AdoptLocks = 136: AdoptLocksReq => AdoptLocksResp, idempotent = false, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -691,6 +695,34 @@ pub struct ClearStaleReq {
     pub seq: u64,
 }
 
+/// `AdoptLocks`: the session whose locks the caller takes over (docs/format.md §22).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdoptLocksReq {
+    pub previous_session: u64,
+}
+
+/// Most locks an `AdoptLocksResp` lists (its `total` counts them all).
+pub const ADOPTED_LIST_MAX: usize = 65_536;
+
+/// One lock `AdoptLocks` moved, as it was held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdoptedLock {
+    pub ino: u64,
+    pub owner: u64,
+    pub class: LockClass,
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdoptLocksResp {
+    /// At most [`ADOPTED_LIST_MAX`] of the moved locks.
+    pub locks: Vec<AdoptedLock>,
+    /// How many locks moved.
+    pub total: u64,
+}
+
 /// `ReleaseLocks`: `None` matches every inode / every owner of the caller's session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseLocksReq {
@@ -875,6 +907,8 @@ mod tests {
         assert_eq!((Op::ReadRows as u16, Op::WriteRows as u16), (218, 219));
         assert!(Op::WriteRows.request_has_data() && !Op::WriteRows.is_idempotent() && Op::ReadRows.is_idempotent());
         assert_eq!((Op::MemberStatus as u16, Op::ListObjects as u16), (135, 224));
+        assert_eq!(Op::AdoptLocks as u16, 136);
+        assert!(!Op::AdoptLocks.is_idempotent());
         assert!(Op::MemberStatus.is_idempotent() && Op::ListObjects.is_idempotent());
         assert!(!Op::SetLock.is_idempotent() && Op::GetLock.is_idempotent() && !Op::ReleaseLocks.is_idempotent());
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());

@@ -189,8 +189,16 @@ impl<F: Fabric> RpcClient<F> {
         self.inner.slots.len()
     }
 
-    fn session_id(&self) -> u64 {
+    /// The session this client holds at the server now (it changes only when the server lost the old one).
+    pub fn session_id(&self) -> u64 {
         *self.inner.session.lock().expect("session")
+    }
+
+    /// `Null` outside the slots: shows the server this connection is alive. Through a slot it would break the
+    /// slot's sequence: the server answers `Null` before admission (it needs no session), so the number it took
+    /// would never reach the slot's record and the slot's next call would be refused as misordered.
+    pub async fn ping(&self) -> Result<(), RpcError> {
+        self.control_call(Request::Null(())).await.map(|_| ())
     }
 
     /// Ends the session politely (best effort).

@@ -131,7 +131,13 @@ pub async fn up(
     }
     let mut gateway = match nfs_port {
         Some(port) => {
-            let o = weft_launch::NfsOptions { listen: format!("127.0.0.1:{port}"), ..Default::default() };
+            // A state directory under the cluster's, so a restarted gateway adopts its predecessor's locks.
+            let state_dir = cluster.dir().join("nfs-state").display().to_string();
+            let o = weft_launch::NfsOptions {
+                listen: format!("127.0.0.1:{port}"),
+                extra_args: vec!["--state-dir".into(), state_dir],
+                ..Default::default()
+            };
             match cluster.start_nfs(&o).await {
                 Ok(g) => {
                     println!("NFS gateway on {} (log: {}); mount with:", g.addr(), g.log().display());

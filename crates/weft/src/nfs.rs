@@ -40,6 +40,12 @@ pub struct NfsArgs {
     /// are served for this long; new opens and locks get NFS4ERR_GRACE and are retried by the client.
     #[arg(long, default_value_t = 90_000)]
     pub nfs4_grace_ms: u64,
+    /// A directory this gateway alone keeps its restart state in (its MDS session, docs/format.md §22): a gateway
+    /// restarted on it (after `kill -9` too) takes over the old process's locks and holds them through the grace
+    /// period for their clients to reclaim. Without it, a restarted gateway's clients find their old locks held
+    /// until the MDS releases them (`locks_grace_ms`). `weft up --nfs` uses DATA_DIR/nfs-state.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// Runs the gateway; `ready` is told the bound address (the launcher's readiness line).
@@ -58,6 +64,7 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
             grace_ms: args.nfs4_grace_ms,
             ..Default::default()
         },
+        state_dir: args.state_dir.clone(),
         ..weft_nfs::GatewayConfig::default()
     };
     let listener =

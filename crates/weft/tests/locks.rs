@@ -285,6 +285,17 @@ async fn the_client_api_checks_permission_and_bounds_the_table() {
     let q = GetLockReq { ino: f, class: LockClass::Flock, kind: X, start: 0, end: u64::MAX, owner: 1 };
     assert_eq!(c2.get_lock(q).await.unwrap(), None, "flock locks do not see POSIX locks");
 
+    // The keepalive of a lock holder (`ping_mds`) spends no slot sequence: the calls after it run on the same
+    // session, so its locks stay (a slotted Null made the MDS refuse the next call and the client open a new
+    // session, leaving every lock behind in the old one).
+    let session = c1.mds_session();
+    for _ in 0..3 {
+        c1.ping_mds().await.unwrap();
+        c1.getattr(f).await.unwrap();
+    }
+    assert_eq!(c1.mds_session(), session, "a keepalive cost the session");
+    assert!(c2.set_lock(set(f, Some(S), 5, 5, 1)).await.unwrap().is_some(), "c1 still holds its lock");
+
     // The bound: two locks held, a third is ENOLCK; unlocking makes room.
     assert_eq!(c2.set_lock(set(g, Some(S), 0, 0, 1)).await.unwrap(), None);
     let full = c2.set_lock(set(g, Some(S), 5, 5, 1)).await.unwrap_err();

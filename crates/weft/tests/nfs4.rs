@@ -3,8 +3,10 @@
 //! round trip with equal bytes (and the native client reading the same bytes), READDIR continued by cookie,
 //! RENAME, REMOVE and the stale handle after it, share reservations, byte-range locks contending between two
 //! NFSv4 clients and a native (FUSE-side) client, a replayed SEQUENCE answered from the slot, malformed
-//! compounds answered with an error while the gateway keeps serving, and a `kill -9` restart with its grace
-//! period (reclaims allowed, new opens refused until it ends).
+//! compounds answered with an error while the gateway keeps serving, a `kill -9` restart with its grace
+//! period (reclaims allowed, new opens refused until it ends), and a killed gateway's locks adopted by its
+//! successor: still held against a native client in grace, reclaimed by their NFS client, freed at grace's end
+//! when nobody reclaimed them.
 
 mod common;
 
@@ -135,6 +137,13 @@ impl Ops {
     fn lock_new(&mut self, locktype: u32, off: u64, len: u64, open: &Sid, owner: &[u8]) -> &mut Self {
         let w = self.op(OP_LOCK);
         w.u32(locktype).bool(false).u64(off).u64(len).bool(true);
+        w.u32(0).u32(open.0).fixed(&open.1).u32(0).u64(0).opaque(owner);
+        self
+    }
+    /// LOCK reclaim = true with a new lock-owner from a reclaimed (CLAIM_PREVIOUS) open stateid.
+    fn lock_reclaim(&mut self, locktype: u32, off: u64, len: u64, open: &Sid, owner: &[u8]) -> &mut Self {
+        let w = self.op(OP_LOCK);
+        w.u32(locktype).bool(true).u64(off).u64(len).bool(true);
         w.u32(0).u32(open.0).fixed(&open.1).u32(0).u64(0).opaque(owner);
         self
     }
@@ -876,4 +885,113 @@ async fn v41_restart_gives_a_grace_period_for_reclaims() {
     let f = client.open("/io/f", weft_client::OpenMode::Read).await.unwrap();
     let got = f.read_at(0, bytes::BytesMut::zeroed(64)).await.unwrap();
     assert_eq!(&got[..], b"before the crash, after");
+}
+
+/// `kill -9` of a gateway holding an NFS client's locks, restarted on its state directory: the new process adopts
+/// the old one's MDS locks, so a native (FUSE-side) client is still refused in the grace period; the NFS client
+/// reclaims one range (LOCK reclaim = true, same lock-owner: the same MDS owner) and keeps it; the range it did
+/// not reclaim becomes free when grace ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_killed_gateways_locks_are_adopted_reclaimed_and_the_rest_freed_after_grace() {
+    let c = common::start("nfs4-adopt", 1).await;
+    io_dir(&c).await;
+    let state_dir = c.dir().join("nfs-state").display().to_string();
+    let args = |grace_ms: &str| vec!["--nfs4-grace-ms".into(), grace_ms.into(), "--state-dir".into(), state_dir.clone()];
+    let mut g = c.start_nfs(&NfsOptions { extra_args: args("0"), ..NfsOptions::default() }).await.unwrap();
+    let addr = g.addr().to_string();
+    // A second gateway on the same state directory would take the first one's locks: refused.
+    let second = NfsOptions { extra_args: args("0"), ..NfsOptions::default() };
+    assert!(c.start_nfs(&second).await.is_err(), "two gateways on one state directory");
+    let mut a = V4::connect(&addr).await;
+    a.session(b"adopt-a", true).await;
+    let mut res = a
+        .seq(|o| {
+            o.putrootfh().lookup("io").open(b"o", "lk", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let open = res.open();
+    let fh = res.fh();
+    for (off, owner) in [(0, &b"la"[..]), (1000, &b"lb"[..])] {
+        let mut res = a
+            .seq(|o| {
+                o.putfh(&fh).lock_new(WRITE_LT, off, 100, &open, owner);
+            })
+            .await;
+        res.seq();
+        res.ok(OP_PUTFH);
+        res.ok(OP_LOCK);
+    }
+    let native = c.client().await;
+    let ino = native.resolve("/io/lk").await.unwrap().ino;
+    let set = |start, kind| SetLockReq { ino, class: LockClass::Posix, kind, start, end: start, owner: 77, pid: 1 };
+    assert!(native.set_lock(set(50, Some(LockKind::Shared))).await.unwrap().is_some());
+
+    g.kill().await;
+    let grace = NfsOptions { listen: addr.clone(), extra_args: args("15000"), ..NfsOptions::default() };
+    let _g2 = c.start_nfs(&grace).await.unwrap();
+    // Adopted: both ranges are still held against everyone else while the client has not come back yet.
+    assert!(native.set_lock(set(50, Some(LockKind::Shared))).await.unwrap().is_some(), "lost at the kill");
+    assert!(native.set_lock(set(1050, Some(LockKind::Shared))).await.unwrap().is_some(), "lost at the kill");
+    assert!(c.log("nfs").contains("adopted the previous gateway process's locks"));
+
+    // The client's recovery: a new client record and session, the open and one of its two locks reclaimed.
+    let mut a2 = V4::connect(&addr).await;
+    a2.session(b"adopt-a", false).await;
+    let mut res = a2
+        .seq(|o| {
+            o.putfh(&fh).open_previous(b"o", OPEN4_SHARE_ACCESS_BOTH);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    let reopened = res.open();
+    let mut res = a2
+        .seq(|o| {
+            o.putfh(&fh).lock_reclaim(WRITE_LT, 0, 100, &reopened, b"la");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCK);
+    let la = res.sid();
+    let mut res = a2
+        .seq(|o| {
+            o.op(OP_RECLAIM_COMPLETE).bool(false);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_RECLAIM_COMPLETE);
+    // LOCKT of the reclaiming owner: its own (adopted, reclaimed) range does not conflict with it.
+    let mut res = a2
+        .seq(|o| {
+            o.putfh(&fh).lockt(WRITE_LT, 0, 100, b"la");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCKT);
+
+    // Grace ends: the range nobody reclaimed is freed (polled: the gateway's timer runs on its own clock), the
+    // reclaimed one stays.
+    let mut tries = 0;
+    while native.set_lock(set(1050, Some(LockKind::Exclusive))).await.unwrap().is_some() {
+        tries += 1;
+        assert!(tries < 600, "the unreclaimed range was never freed");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(native.set_lock(set(50, Some(LockKind::Shared))).await.unwrap().is_some(), "the reclaimed range stays");
+    assert!(c.log("nfs").contains("NFSv4 grace period over"));
+    // And the client's unlock is of its own lock: the native client gets the range then.
+    let mut res = a2
+        .seq(|o| {
+            o.putfh(&fh).locku(0, 100, &la);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCKU);
+    assert_eq!(native.set_lock(set(50, Some(LockKind::Exclusive))).await.unwrap(), None);
 }

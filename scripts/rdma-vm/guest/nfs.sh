@@ -3,8 +3,8 @@
 # gateway at 10.0.2.2:PORT). Mounts with vers=3 and runs real workloads on the mount, each checked byte for byte:
 # tar in and out, git, rsync, SQLite, fio with verify, POSIX edge cases, close-to-open across access paths (the
 # host's FUSE mount writes, NFS reads, and back), and the gateway killed with SIGKILL in the middle of a write.
-# A vers=4.1 block (locks between this VM and the host) runs once v4.1 mounts work, and is skipped with a message
-# until then. Every step prints `nfs.sh: ok …`; the first failure prints `nfs.sh: FAIL …` and ends the run.
+# A vers=4.1 block: the suite again, locks contending between this VM and the host's FUSE mount, and the gateway
+# killed while this VM writes and holds a flock (the lock survives: adopted by the new process, reclaimed here). Every step prints `nfs.sh: ok …`; the first failure prints `nfs.sh: FAIL …` and ends the run.
 # usage: nfs.sh PORT   (the test data is /data/weft-src, copied in by run.sh --tree)
 set -eu
 port="$1"
@@ -12,7 +12,8 @@ port="$1"
 tar=/bin/tar
 setpriv=/bin/setpriv
 src=/data/weft-src
-fail() { echo; echo "nfs.sh: FAIL: $*"; exit 1; }
+# To stderr (the console too): a failure inside `ctl … >/dev/null` or `$(…)` must still be seen.
+fail() { echo >&2; echo "nfs.sh: FAIL: $*" >&2; exit 1; }
 now_s() { cut -d' ' -f1 /proc/uptime; }
 ok() { echo; echo "nfs.sh: ok $* ($(awk -v a="$step_s" -v b="$(now_s)" 'BEGIN { printf "%.1f s", b - a }'))"; }
 step() { step_s="$(now_s)"; echo "nfs.sh: == $*"; }
@@ -234,13 +235,6 @@ fi
 ok "mounted: $(grep ' /mnt/v41 ' /proc/mounts)"
 run_suite /mnt/v41/v41
 close_to_open /mnt/v41 v41
-if [ "${2:-}" != locks ]; then
-	# Known failing on its first run against the v4.1 gateway (not diagnosed yet): off until fixed; the host's
-	# tests/nfs4.rs covers LOCK/LOCKT/LOCKU against a native client's locks.
-	echo "nfs.sh: SKIPPED locks between NFSv4.1 and FUSE (known gap; NFS_VM_LOCKS=1 runs them)"
-	umount /mnt/v41 || fail "umount /mnt/v41"
-	exit 0
-fi
 step "locks between this VM (NFSv4.1 LOCK) and the host's FUSE mount"
 printf x >/mnt/v41/v41/lockfile
 ctl fuse-flock-hold v41/lockfile >/dev/null
@@ -255,4 +249,34 @@ ctl fuse-sqlite-hold v41/lock.db >/dev/null
 ctl fuse-sqlite-release v41/lock.db >/dev/null
 sqlite3 -cmd ".timeout 60000" /mnt/v41/v41/lock.db "INSERT INTO t VALUES(2);" || fail "locks: no write after release"
 ok "locks: flock and fcntl contend between NFSv4.1 and FUSE"
+
+step "the gateway killed with SIGKILL while this VM writes and holds a flock"
+# The Linux client sends flock as a whole-file POSIX lock (LOCK); the host's FUSE flock is one too, so they meet.
+d41=/mnt/v41/v41
+rm -f /tmp/written /tmp/release
+printf x >"$d41/held"
+set -- $(write_stats /mnt/v41)
+sent0="$4"
+flock -x "$d41/held" sh -c "dd if=/tmp/big.src of='$d41/held.dat' bs=256k 2>/tmp/dd41.err && touch /tmp/written;
+	until [ -e /tmp/release ]; do sleep 0.1; done" &
+holder=$!
+sent_4m41() { set -- $(write_stats /mnt/v41); [ $(($4 - sent0)) -ge $((4 << 20)) ]; }
+wait_until "no WRITE traffic reached the gateway (v4.1)" sent_4m41
+[ "$(ctl fuse-flock-try v41/held)" = held ] || fail "kill -9 (v4.1): the host got the flock this VM holds"
+echo "nfs.sh: $(ctl kill-restart)"
+[ ! -e /tmp/written ] || fail "dd had already finished when the gateway died: make the file bigger"
+# Right after the restart the lock is the new gateway's (adopted), not free.
+[ "$(ctl fuse-flock-try v41/held)" = held ] || fail "kill -9 (v4.1): the flock was free after the gateway's restart"
+wait_until "kill -9 (v4.1): dd never finished: $(cat /tmp/dd41.err)" test -e /tmp/written
+want="$(md5 /tmp/big.src)"
+[ "$(ctl fuse-md5 v41/held.dat)" = "$want" ] || fail "kill -9 (v4.1): the file is wrong on the host"
+# Past the grace period the lock is still held: this VM reclaimed it (what nobody reclaims is released then).
+ctl wait-grace >/dev/null
+[ "$(ctl fuse-flock-try v41/held)" = held ] || fail "kill -9 (v4.1): the flock was lost at the end of grace (not reclaimed)"
+touch /tmp/release
+wait "$holder" || fail "kill -9 (v4.1): the flock holder failed"
+[ "$(ctl fuse-flock-try v41/held)" = free ] || fail "kill -9 (v4.1): the host cannot flock after this VM released"
+echo 3 >/proc/sys/vm/drop_caches
+[ "$(md5 "$d41/held.dat")" = "$want" ] || fail "kill -9 (v4.1): the file reads back wrong through NFS"
+ok "kill -9 (v4.1): 32 MiB right, the flock held across the restart and grace, then free for the host"
 umount /mnt/v41 || fail "umount /mnt/v41"

@@ -21,6 +21,22 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use state::{State, StateConfig};
+use weft_proto::msg::{AdoptedLock, LockClass};
+
+use crate::restart::OwnerKey;
+
+/// Most reclaimed ranges remembered in a grace period (past it a reclaim is not remembered, and its adopted
+/// range is unlocked when grace ends, as if it had not been reclaimed: the client's next LOCK finds it free or
+/// taken; bounded rather than growing).
+pub const RECLAIMS_MAX: usize = 65_536;
+
+/// The previous gateway process's locks adopted at start, and the ranges clients reclaimed since (an inclusive
+/// range per (inode, owner)); when grace ends, what was adopted and not reclaimed is unlocked.
+#[derive(Default)]
+struct Adoption {
+    adopted: Vec<AdoptedLock>,
+    reclaimed: Vec<(u64, u64, u64, u64)>,
+}
 
 /// The NFSv4.1 part of a gateway: its state and the identity it tells clients.
 pub struct Server {
@@ -33,12 +49,14 @@ pub struct Server {
     pub major_id: Vec<u8>,
     /// `eir_server_scope`: the export of this cluster; the same across restarts, so clients reclaim after one.
     pub scope: Vec<u8>,
+    adoption: Mutex<Adoption>,
 }
 
 impl Server {
-    pub fn new(cfg: StateConfig, epoch: u32, export_id: u32) -> Server {
+    pub fn new(cfg: StateConfig, epoch: u32, export_id: u32, owner_key: OwnerKey) -> Server {
         Server {
-            state: Mutex::new(State::new(cfg, epoch, 0)),
+            adoption: Mutex::new(Adoption::default()),
+            state: Mutex::new(State::new(cfg, epoch, 0).with_owner_key(owner_key)),
             started: Instant::now(),
             epoch,
             major_id: format!("weft-gw-{epoch:08x}").into_bytes(),
@@ -53,5 +71,93 @@ impl Server {
 
     pub fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("nfs4 state")
+    }
+
+    /// The locks adopted from the previous gateway process (held until grace ends unless reclaimed).
+    pub fn adopted(&self, locks: Vec<AdoptedLock>) {
+        self.adoption.lock().expect("adoption").adopted = locks;
+    }
+
+    /// A reclaim LOCK of `[start, end]` by MDS owner `owner` on `ino` was granted.
+    pub fn reclaimed(&self, ino: u64, owner: u64, start: u64, end: u64) {
+        let mut a = self.adoption.lock().expect("adoption");
+        if a.adopted.is_empty() || a.reclaimed.len() >= RECLAIMS_MAX {
+            return;
+        }
+        a.reclaimed.push((ino, owner, start, end));
+    }
+
+    /// Grace is over: the adopted ranges nobody reclaimed, as (ino, owner, class, start, end) pieces to unlock;
+    /// the adoption is forgotten.
+    pub fn unreclaimed(&self) -> Vec<(u64, u64, LockClass, u64, u64)> {
+        let a = std::mem::take(&mut *self.adoption.lock().expect("adoption"));
+        let mut out = Vec::new();
+        for l in &a.adopted {
+            let covers: Vec<(u64, u64)> = a
+                .reclaimed
+                .iter()
+                .filter(|r| r.0 == l.ino && r.1 == l.owner)
+                .map(|r| (r.2, r.3))
+                .collect();
+            for (start, end) in uncovered(l.start, l.end, &covers) {
+                out.push((l.ino, l.owner, l.class, start, end));
+            }
+        }
+        out
+    }
+}
+
+/// The pieces of `[start, end]` (inclusive) outside every range of `covers`.
+fn uncovered(start: u64, end: u64, covers: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut pieces = vec![(start, end)];
+    for &(cs, ce) in covers {
+        let mut next = Vec::with_capacity(pieces.len() + 1);
+        for (s, e) in pieces {
+            if ce < s || cs > e {
+                next.push((s, e));
+                continue;
+            }
+            if cs > s {
+                next.push((s, cs - 1));
+            }
+            if ce < e {
+                next.push((ce + 1, e));
+            }
+        }
+        pieces = next;
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use weft_proto::msg::LockKind;
+
+    use super::*;
+
+    #[test]
+    fn what_was_adopted_and_not_reclaimed_is_unlocked_piece_by_piece() {
+        assert_eq!(uncovered(0, 99, &[]), vec![(0, 99)]);
+        assert_eq!(uncovered(0, 99, &[(10, 19), (50, 200)]), vec![(0, 9), (20, 49)]);
+        assert_eq!(uncovered(0, u64::MAX, &[(0, u64::MAX)]), vec![]);
+        assert_eq!(uncovered(5, u64::MAX, &[(0, 9)]), vec![(10, u64::MAX)]);
+        let s = Server::new(StateConfig::default(), 1, 1, OwnerKey::default());
+        s.reclaimed(1, 7, 0, 9); // nothing adopted yet: not remembered
+        let l = |ino, owner, start, end| AdoptedLock {
+            ino,
+            owner,
+            class: LockClass::Posix,
+            kind: LockKind::Exclusive,
+            start,
+            end,
+        };
+        s.adopted(vec![l(1, 7, 0, 9), l(1, 7, 20, 29), l(1, 8, 0, 9), l(2, 7, 0, 9)]);
+        s.reclaimed(1, 7, 0, 9);
+        s.reclaimed(1, 7, 25, 40);
+        assert_eq!(
+            s.unreclaimed(),
+            vec![(1, 7, LockClass::Posix, 20, 24), (1, 8, LockClass::Posix, 0, 9), (2, 7, LockClass::Posix, 0, 9)]
+        );
+        assert!(s.unreclaimed().is_empty(), "forgotten once handed out");
     }
 }

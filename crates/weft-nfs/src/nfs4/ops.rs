@@ -3,7 +3,8 @@
 //! checks its permissions), with the same semantics as the NFSv3 procedures ([`crate::nfs3`]) where the two
 //! overlap: the same open-file cache, write verifier, readdir cookies and exclusive-create verifier.
 //!
-//! Locks: a lock-owner (clientid, owner bytes) is one MDS lock owner of the gateway's session ([`super::state`]);
+//! Locks: a lock-owner (clientid, owner bytes) is one MDS lock owner of the gateway's session ([`super::state`]),
+//! its id a keyed hash of the client's `co_ownerid` and the owner bytes, so it survives a gateway restart;
 //! the MDS decides conflicts with every other holder (FUSE mounts, other gateways, other NFS clients). Blocking
 //! lock types (READW/WRITEW) are answered DENIED at once: the client polls, as RFC 8881 §9.6 allows.
 
@@ -744,6 +745,10 @@ async fn lock(
     };
     match cx.c.set_lock(req).await {
         Ok(None) => {
+            if reclaim {
+                cx.gw.nfs4.reclaimed(ino, mds_owner, start, end);
+            }
+            cx.gw.session_check();
             let s = cx.gw.nfs4.state().lock_granted(&id);
             cx.cur_stateid = Some(s);
             let mut w = Writer::new();
@@ -777,8 +782,8 @@ async fn lockt(
     let cid = cx.clientid()?;
     let ino = cx.cur()?;
     let (start, end) = lock_range(offset, length)?;
-    // An owner that never locked anything tests as one that holds nothing: any holder conflicts with it.
-    let mds_owner = cx.gw.nfs4.state().lock_owner_known(cid, owner).unwrap_or(u64::MAX);
+    // The owner's own locks (also ones adopted from the previous gateway process) never conflict with it.
+    let mds_owner = cx.gw.nfs4.state().lock_owner_id(cid, owner);
     let req = GetLockReq { ino, class: LockClass::Posix, kind: lock_kind(locktype), start, end, owner: mds_owner };
     match cx.c.get_lock(req).await.map_err(|e| st(&e))? {
         None => Ok(Writer::new()),

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 
 use super::consts::*;
+use crate::restart::OwnerKey;
 
 /// The state's bounds and times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,6 +167,7 @@ pub struct State {
     sessions: HashMap<[u8; 16], Session>,
     stateids: HashMap<[u8; 12], StateRec>,
     lock_owners: HashMap<(u64, Vec<u8>), u64>,
+    owner_key: OwnerKey,
 }
 
 type R<T> = Result<T, u32>;
@@ -183,7 +185,15 @@ impl State {
             sessions: HashMap::new(),
             stateids: HashMap::new(),
             lock_owners: HashMap::new(),
+            owner_key: OwnerKey::default(),
         }
+    }
+
+    /// The key MDS lock-owner ids are made with (docs/format.md §22): the gateway's, so they are the same in
+    /// every process of it.
+    pub fn with_owner_key(mut self, key: OwnerKey) -> State {
+        self.owner_key = key;
+        self
     }
 
     pub fn config(&self) -> &StateConfig {
@@ -505,20 +515,22 @@ impl State {
         Ok((ino, owners))
     }
 
-    /// The MDS lock owner of (client, lock-owner bytes): one id per lock-owner, new ones numbered from the epoch.
+    /// The MDS lock owner of (client, lock-owner bytes), remembered so the client's expiry releases it.
     fn mds_owner(&mut self, clientid: u64, owner: &[u8]) -> u64 {
         let key = (clientid, owner.to_vec());
         if let Some(o) = self.lock_owners.get(&key) {
             return *o;
         }
-        let o = (self.epoch as u64) << 32 | self.next_index() as u64;
+        let o = self.lock_owner_id(clientid, owner);
         self.lock_owners.insert(key, o);
         o
     }
 
-    /// The lock-owner id LOCKT tests as (not created if unknown: any other owner's lock conflicts with it).
-    pub fn lock_owner_known(&self, clientid: u64, owner: &[u8]) -> Option<u64> {
-        self.lock_owners.get(&(clientid, owner.to_vec())).copied()
+    /// The MDS owner id of a lock-owner: a keyed hash of the client's `co_ownerid` and the owner bytes, not of
+    /// the clientid, so it is the same after a gateway restart (docs/format.md §22). LOCKT tests as it.
+    pub fn lock_owner_id(&self, clientid: u64, owner: &[u8]) -> u64 {
+        let co_ownerid = self.clients.get(&clientid).map_or(&[][..], |c| &c.owner[..]);
+        self.owner_key.owner(co_ownerid, owner)
     }
 
     /// LOCK with a new lock-owner: a lock stateid for (lock-owner, the open's file); returns it and the MDS
