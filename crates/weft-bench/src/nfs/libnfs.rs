@@ -53,24 +53,42 @@ const _: () = assert!(std::mem::size_of::<Stat64>() == 17 * 8);
 type Ctx = c_void;
 type Fh = c_void;
 
+type InitContextFn = unsafe extern "C" fn() -> *mut Ctx;
+type DestroyContextFn = unsafe extern "C" fn(*mut Ctx);
+type GetErrorFn = unsafe extern "C" fn(*mut Ctx) -> *mut c_char;
+type ParseUrlDirFn = unsafe extern "C" fn(*mut Ctx, *const c_char) -> *mut NfsUrl;
+type DestroyUrlFn = unsafe extern "C" fn(*mut NfsUrl);
+type SetAutoreconnectFn = unsafe extern "C" fn(*mut Ctx, c_int);
+type MountFn = unsafe extern "C" fn(*mut Ctx, *const c_char, *const c_char) -> c_int;
+type CreateFn = unsafe extern "C" fn(*mut Ctx, *const c_char, c_int, c_int, *mut *mut Fh) -> c_int;
+type OpenFn = unsafe extern "C" fn(*mut Ctx, *const c_char, c_int, *mut *mut Fh) -> c_int;
+type CloseFn = unsafe extern "C" fn(*mut Ctx, *mut Fh) -> c_int;
+type PreadFn = unsafe extern "C" fn(*mut Ctx, *mut Fh, u64, u64, *mut c_void) -> c_int;
+type PwriteFn = unsafe extern "C" fn(*mut Ctx, *mut Fh, u64, u64, *const c_void) -> c_int;
+type FsyncFn = unsafe extern "C" fn(*mut Ctx, *mut Fh) -> c_int;
+type Stat64Fn = unsafe extern "C" fn(*mut Ctx, *const c_char, *mut Stat64) -> c_int;
+type UnlinkFn = unsafe extern "C" fn(*mut Ctx, *const c_char) -> c_int;
+type GetReadmaxFn = unsafe extern "C" fn(*mut Ctx) -> u64;
+type GetWritemaxFn = unsafe extern "C" fn(*mut Ctx) -> u64;
+
 struct Lib {
-    init_context: unsafe extern "C" fn() -> *mut Ctx,
-    destroy_context: unsafe extern "C" fn(*mut Ctx),
-    get_error: unsafe extern "C" fn(*mut Ctx) -> *mut c_char,
-    parse_url_dir: unsafe extern "C" fn(*mut Ctx, *const c_char) -> *mut NfsUrl,
-    destroy_url: unsafe extern "C" fn(*mut NfsUrl),
-    set_autoreconnect: unsafe extern "C" fn(*mut Ctx, c_int),
-    mount: unsafe extern "C" fn(*mut Ctx, *const c_char, *const c_char) -> c_int,
-    create: unsafe extern "C" fn(*mut Ctx, *const c_char, c_int, c_int, *mut *mut Fh) -> c_int,
-    open: unsafe extern "C" fn(*mut Ctx, *const c_char, c_int, *mut *mut Fh) -> c_int,
-    close: unsafe extern "C" fn(*mut Ctx, *mut Fh) -> c_int,
-    pread: unsafe extern "C" fn(*mut Ctx, *mut Fh, u64, u64, *mut c_void) -> c_int,
-    pwrite: unsafe extern "C" fn(*mut Ctx, *mut Fh, u64, u64, *const c_void) -> c_int,
-    fsync: unsafe extern "C" fn(*mut Ctx, *mut Fh) -> c_int,
-    stat64: unsafe extern "C" fn(*mut Ctx, *const c_char, *mut Stat64) -> c_int,
-    unlink: unsafe extern "C" fn(*mut Ctx, *const c_char) -> c_int,
-    get_readmax: unsafe extern "C" fn(*mut Ctx) -> u64,
-    get_writemax: unsafe extern "C" fn(*mut Ctx) -> u64,
+    init_context: InitContextFn,
+    destroy_context: DestroyContextFn,
+    get_error: GetErrorFn,
+    parse_url_dir: ParseUrlDirFn,
+    destroy_url: DestroyUrlFn,
+    set_autoreconnect: SetAutoreconnectFn,
+    mount: MountFn,
+    create: CreateFn,
+    open: OpenFn,
+    close: CloseFn,
+    pread: PreadFn,
+    pwrite: PwriteFn,
+    fsync: FsyncFn,
+    stat64: Stat64Fn,
+    unlink: UnlinkFn,
+    get_readmax: GetReadmaxFn,
+    get_writemax: GetWritemaxFn,
 }
 
 const LIBRARY: &CStr = c"libnfs.so.13";
@@ -98,7 +116,7 @@ fn load() -> Result<Lib, String> {
         ));
     }
     macro_rules! sym {
-        ($name:literal) => {{
+        ($name:literal, $ty:ty) => {{
             let name: &CStr = $name;
             // SAFETY: valid handle and NUL-terminated name.
             let ptr = unsafe { libc::dlsym(handle, name.as_ptr()) };
@@ -107,27 +125,27 @@ fn load() -> Result<Lib, String> {
             }
             // SAFETY: the symbol is the libnfs function of that name and the field's type its C prototype from
             // libnfs.h 4.0.0 (the soname pins that ABI); data and function pointers have the same size here.
-            unsafe { std::mem::transmute::<*mut c_void, _>(ptr) }
+            unsafe { std::mem::transmute::<*mut c_void, $ty>(ptr) }
         }};
     }
     Ok(Lib {
-        init_context: sym!(c"nfs_init_context"),
-        destroy_context: sym!(c"nfs_destroy_context"),
-        get_error: sym!(c"nfs_get_error"),
-        parse_url_dir: sym!(c"nfs_parse_url_dir"),
-        destroy_url: sym!(c"nfs_destroy_url"),
-        set_autoreconnect: sym!(c"nfs_set_autoreconnect"),
-        mount: sym!(c"nfs_mount"),
-        create: sym!(c"nfs_create"),
-        open: sym!(c"nfs_open"),
-        close: sym!(c"nfs_close"),
-        pread: sym!(c"nfs_pread"),
-        pwrite: sym!(c"nfs_pwrite"),
-        fsync: sym!(c"nfs_fsync"),
-        stat64: sym!(c"nfs_stat64"),
-        unlink: sym!(c"nfs_unlink"),
-        get_readmax: sym!(c"nfs_get_readmax"),
-        get_writemax: sym!(c"nfs_get_writemax"),
+        init_context: sym!(c"nfs_init_context", InitContextFn),
+        destroy_context: sym!(c"nfs_destroy_context", DestroyContextFn),
+        get_error: sym!(c"nfs_get_error", GetErrorFn),
+        parse_url_dir: sym!(c"nfs_parse_url_dir", ParseUrlDirFn),
+        destroy_url: sym!(c"nfs_destroy_url", DestroyUrlFn),
+        set_autoreconnect: sym!(c"nfs_set_autoreconnect", SetAutoreconnectFn),
+        mount: sym!(c"nfs_mount", MountFn),
+        create: sym!(c"nfs_create", CreateFn),
+        open: sym!(c"nfs_open", OpenFn),
+        close: sym!(c"nfs_close", CloseFn),
+        pread: sym!(c"nfs_pread", PreadFn),
+        pwrite: sym!(c"nfs_pwrite", PwriteFn),
+        fsync: sym!(c"nfs_fsync", FsyncFn),
+        stat64: sym!(c"nfs_stat64", Stat64Fn),
+        unlink: sym!(c"nfs_unlink", UnlinkFn),
+        get_readmax: sym!(c"nfs_get_readmax", GetReadmaxFn),
+        get_writemax: sym!(c"nfs_get_writemax", GetWritemaxFn),
     })
 }
 
