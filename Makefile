@@ -10,7 +10,7 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: up deps lint test bench bench-deps bench-mount bench-compare bench-cache clean-data rdma-deps test-rdma
+.PHONY: up deps lint test bench bench-deps bench-mount bench-compare bench-cache bench-nfs clean-data rdma-deps test-rdma
 
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
 # mount it on $(MOUNT) (FUSE). Ctrl-C unmounts and stops everything.
@@ -21,8 +21,9 @@ up: deps
 
 # deps: install what a fresh Debian lacks (iperf3, pkg-config, fuse3 for the mount, and fio, dbench, rsync,
 # sqlite3 and fincore (util-linux-extra) which the mount's tests run; memcached for the cache bank (`weft up
-# --cache N` and its tests); libnfs-utils (nfs-cp, nfs-ls, nfs-cat) for the NFS gateway's tests; rustfmt and
-# clippy), as root or with sudo.
+# --cache N` and its tests); libnfs-utils (nfs-cp, nfs-ls, nfs-cat) for the NFS gateway's tests and libnfs-dev
+# (libnfs.so.13 and the libnfs.h its FFI in crates/weft-bench/src/nfs/libnfs.rs follows) for `weft bench nfs`;
+# rustfmt and clippy), as root or with sudo.
 deps:
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
@@ -37,6 +38,7 @@ deps:
 	command -v setfacl >/dev/null 2>&1 || missing="$$missing acl"; \
 	command -v setfattr >/dev/null 2>&1 || missing="$$missing attr"; \
 	command -v nfs-cp >/dev/null 2>&1 || missing="$$missing libnfs-utils"; \
+	[ -e /usr/include/nfsc/libnfs.h ] || missing="$$missing libnfs-dev"; \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing$$missing"; \
 		$$sudo apt-get update; \
@@ -83,7 +85,8 @@ bench:
 
 # bench-deps: the peers `weft bench mount` and `weft bench compare` compare with, from Debian's packages (libfuse's
 # passthrough_ll is built from the example source in libfuse3-dev; GlusterFS from glusterfs-server; nfs-ganesha with
-# its VFS backend, read through libnfs's nfs-cat from libnfs-utils).
+# its VFS backend, read through libnfs's nfs-cat from libnfs-utils, and rpcbind, which `weft bench nfs` runs privately
+# for ganesha's NFSv3).
 bench-deps: deps
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
@@ -94,6 +97,7 @@ bench-deps: deps
 	command -v ganesha.nfsd >/dev/null 2>&1 || missing="$$missing nfs-ganesha"; \
 	ls /usr/lib/*/ganesha/libfsalvfs.so >/dev/null 2>&1 || missing="$$missing nfs-ganesha-vfs"; \
 	command -v nfs-cat >/dev/null 2>&1 || missing="$$missing libnfs-utils"; \
+	[ -x /usr/sbin/rpcbind ] || [ -x /sbin/rpcbind ] || missing="$$missing rpcbind"; \
 	if [ -n "$$missing" ]; then \
 		$$sudo apt-get update; \
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
@@ -112,6 +116,12 @@ bench-cache: bench-deps
 	mkdir -p docs/bench
 	$(CARGO) run --locked --release -p weft -- bench cache --cache 0,1,2,4 --block 256,2K,8K --procs 8 --files 1000 \
 		--miss --unused --fuse --json docs/bench/cache.json
+
+# bench-nfs: Weft's NFS gateway and nfs-ganesha (VFS backend, NFSv3 with a private rpcbind) through libnfs, in one
+# run: sequential 1 MiB write and read of a 1 GiB file, create/stat/remove; ratios, client and server CPU (issue 14).
+bench-nfs: bench-deps
+	mkdir -p docs/bench
+	$(CARGO) run --locked --release -p weft -- bench nfs --json docs/bench/nfs.json
 
 # bench-compare: the same workloads on Weft and every peer in one run, with ratios; then the report of docs/bench.
 bench-compare: bench-deps

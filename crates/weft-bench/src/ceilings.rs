@@ -106,13 +106,31 @@ pub fn children_cpu_seconds() -> f64 {
     rusage::cpu_seconds(libc::RUSAGE_CHILDREN)
 }
 
+/// User plus system CPU seconds of the calling thread (a client running on one thread, such as libnfs's
+/// synchronous calls).
+pub fn thread_cpu_seconds() -> f64 {
+    rusage::cpu_seconds(libc::RUSAGE_THREAD)
+}
+
+/// User plus system CPU seconds of process `pid` so far, all its threads (fields 14 and 15 of /proc/PID/stat, in
+/// clock ticks); `None` when it is gone or unreadable.
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: the fields after the last ')' start at 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / rusage::clock_ticks_per_s())
+}
+
 /// The 1-minute load average (`uptime`'s first figure), or 0 where /proc/loadavg cannot be read.
 pub fn load1() -> f64 {
     load_average().map_or(0.0, |l| l[0])
 }
 
 mod rusage {
-    //! getrusage(2), and fork/process_vm_readv for the shm ceiling: the only FFI in this crate.
+    //! getrusage(2), sysconf(3), and fork/process_vm_readv for the shm ceiling (with `nfs::libnfs`, the only FFI in
+    //! this crate).
     #![allow(unsafe_code)]
 
     use anyhow::{Result, bail};
@@ -182,7 +200,14 @@ mod rusage {
         Ok(done as f64 / secs / (1 << 20) as f64)
     }
 
-    /// `who` is RUSAGE_SELF or RUSAGE_CHILDREN.
+    /// sysconf(_SC_CLK_TCK): the unit of /proc/PID/stat's CPU times (100 where it cannot be read).
+    pub fn clock_ticks_per_s() -> f64 {
+        // SAFETY: sysconf only reads a configuration value.
+        let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        if t > 0 { t as f64 } else { 100.0 }
+    }
+
+    /// `who` is RUSAGE_SELF, RUSAGE_CHILDREN or RUSAGE_THREAD.
     pub fn cpu_seconds(who: libc::c_int) -> f64 {
         // SAFETY: an all-zero rusage is a valid value of this plain C struct.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

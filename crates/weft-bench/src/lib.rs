@@ -17,6 +17,7 @@ pub mod doc;
 pub mod latency;
 pub mod meta;
 pub mod mount;
+pub mod nfs;
 pub mod report;
 pub mod rng;
 pub mod stats;
@@ -55,6 +56,8 @@ pub enum BenchCmd {
     /// The cache bank (issue 16) with 0, 1, 2, 4 memcached daemons and several block sizes: stat storm, read
     /// latency by record size, shared-file reads, IOzone-style reads, and GlusterFS beside them.
     Cache(cache::CacheArgs),
+    /// Weft's NFS gateway and nfs-ganesha through libnfs (NFSv3): sequential 1 MiB write and read, create/stat/remove.
+    Nfs(nfs::NfsArgs),
     /// Turns a directory of result JSON into Markdown tables and SVG charts, with machine, date and command.
     Report(report::ReportArgs),
     /// One client process of a multi-process workload (started by the other subcommands).
@@ -74,6 +77,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         BenchCmd::Compare(a) => compare::run(a).await,
         BenchCmd::Cache(a) => cache::run(a).await,
         BenchCmd::Report(a) => report::run(a),
+        BenchCmd::Nfs(a) => nfs::run(a).await,
     }
 }
 

@@ -36,6 +36,7 @@ fn render(doc: &Value) -> Option<(String, String)> {
         "checkpoint" => (crate::checkpoint::table(doc), crate::chart::checkpoint_svg(doc)),
         "compare" => (crate::compare::table(doc), crate::compare::chart(doc)),
         "cache" => (crate::cache::table(doc), crate::cache::chart(doc)),
+        "nfs" => (crate::nfs::table(doc), crate::nfs::chart(doc)),
         _ => return None,
     })
 }

@@ -372,6 +372,12 @@ impl LocalCluster {
         self.opts.dir.join(METRICS_FILE)
     }
 
+    /// The process ids of the running MDS, data servers and cache daemons, in that order (for benches that read
+    /// the servers' CPU time from /proc).
+    pub fn pids(&self) -> Vec<u32> {
+        self.mds.iter().chain(&self.data).chain(&self.cache).filter_map(|p| p.child.id()).collect()
+    }
+
     /// The memcached daemons' addresses (`127.0.0.1:PORT`), in bank order.
     pub fn cache_addrs(&self) -> Vec<String> {
         self.cache.iter().map(|p| p.addr.clone()).collect()

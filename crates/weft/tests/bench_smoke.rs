@@ -529,3 +529,49 @@ fn cache() {
     assert!(t["all_miss"]["worst"]["slowdown"].as_f64().is_some(), "{t}");
     assert!(t["all_miss"]["worst_vs_unused"]["slowdown"].as_f64().is_some(), "{t}");
 }
+
+/// `weft bench nfs` at a tiny size (the last 1 MiB record partial): Weft's gateway, and nfs-ganesha where this machine
+/// can run it (root, its packages) — otherwise the JSON and the table say why it was skipped. The bench compares
+/// every byte it reads back with what it wrote and fails otherwise; the read results record the bytes so verified.
+#[test]
+fn nfs() {
+    let size = 3200u64 << 10;
+    let doc = bench("nfs", &["nfs", "--servers", "1", "--size", "3200K", "--files", "8", "--runs", "1"]);
+    assert!(doc["command"].as_str().unwrap().contains("bench nfs"), "{doc}");
+    assert_eq!(doc["config"]["bench"], "nfs");
+    let skipped = doc["config"]["skipped"].as_object().unwrap_or_else(|| panic!("config.skipped: {doc}"));
+    let mut systems = vec!["weft"];
+    match skipped.get("nfs-ganesha") {
+        Some(why) => assert!(!why.as_str().unwrap_or("").is_empty(), "{doc}"),
+        None => systems.push("nfs-ganesha"),
+    }
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(results.len(), 5 * systems.len(), "{doc}");
+    for sys in &systems {
+        for op in ["write", "read", "create", "stat", "remove"] {
+            let r = results
+                .iter()
+                .find(|r| r["system"] == *sys && r["op"] == op)
+                .unwrap_or_else(|| panic!("no {sys} {op} in {doc}"));
+            assert_eq!(r["runs"], 1, "{r}");
+            let data = matches!(op, "write" | "read");
+            let h = positive(r, if data { "mib_per_s" } else { "ops_per_s" });
+            let (lo, hi) = (positive(r, "min"), positive(r, "max"));
+            assert!(lo <= h && h <= hi, "{r}");
+            let unit = if data { "s_per_gib" } else { "us_per_op" };
+            for who in ["client", "server"] {
+                let cpu = r[format!("{who}_cpu_{unit}")].as_f64().unwrap_or_else(|| panic!("{who} CPU in {r}"));
+                assert!(cpu.is_finite() && cpu >= 0.0, "{r}");
+            }
+            if op == "read" {
+                assert_eq!(r["verified_bytes"].as_u64(), Some(size), "{r}");
+            }
+            if *sys == "weft" && systems.len() == 2 {
+                positive(r, "ratio_to_ganesha");
+                if op != "remove" {
+                    assert!(r["meets_target"].is_boolean(), "{r}");
+                }
+            }
+        }
+    }
+}
