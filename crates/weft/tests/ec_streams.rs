@@ -408,10 +408,11 @@ async fn ec_4_2_reads_and_writes_from_several_clients_stay_right_through_two_kil
     while let Some(r) = readers.join_next().await {
         r.unwrap();
     }
-    let model = model.lock().unwrap();
-    assert!(model.log.len() >= 3 * 36 && model.log.iter().all(|w| w.acked), "every write acknowledged");
-    let want = model.state.clone();
-    drop(model);
+    let want = {
+        let model = model.lock().unwrap();
+        assert!(model.log.len() >= 3 * 36 && model.log.iter().all(|w| w.acked), "every write acknowledged");
+        model.state.clone()
+    };
     let got = read_range(&client, "/ec/f", 0, STREAM_BYTES).await.unwrap();
     assert!(got == want, "the whole file after the stream with two servers down");
 
