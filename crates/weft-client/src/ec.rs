@@ -167,10 +167,30 @@ async fn read_degraded(file: &File, io: &Io, offset: u64, len: u64) -> Result<By
     Ok(out)
 }
 
+/// How often a degraded read reads a torn row again before reporting it, and its backoff between tries (about
+/// a second in all: far longer than one row write takes).
+const TORN_RETRIES_MAX: u32 = 8;
+const TORN_BACKOFF_MS_MIN: u64 = 5;
+const TORN_BACKOFF_MS_MAX: u64 = 250;
+
 /// The file bytes of stripe rows `[first, first + rows)`, each decoded from `k` chunks whose versions agree
 /// (docs/format.md §17); rows with damaged chunks or stale parity are repaired before returning (best effort).
 async fn decode_rows(file: &File, io: &Io, codec: &Codec, first: u64, rows: u64) -> Result<Vec<u8>, ClientError> {
-    let (data, to_repair) = crate::ec_rows::decode_rows(file, io, codec, first, rows).await?;
+    // A row being written by another client is torn for as long as that write takes (its data chunks are new,
+    // its parity not yet): it is read again, backing off, and is an error only if it stays torn (a crash).
+    let mut backoff_ms = TORN_BACKOFF_MS_MIN;
+    let mut tries = 0;
+    let (data, to_repair) = loop {
+        match crate::ec_rows::decode_rows(file, io, codec, first, rows).await {
+            Err(ClientError::TornRow { file_offset, .. }) if tries < TORN_RETRIES_MAX => {
+                tracing::debug!(ino = file.attr.ino, file_offset, tries, "torn stripe row: reading it again");
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(backoff_ms)).await;
+                backoff_ms = (backoff_ms * 2).min(TORN_BACKOFF_MS_MAX);
+            }
+            r => break r?,
+        }
+    };
     if !to_repair.is_empty() {
         match repair_io(file).await {
             Ok(io) => {
