@@ -141,9 +141,8 @@ impl Retry {
                 self.next_attempt()
             }
             Event::ErrorReply(err) => {
-                if matches!(err.code, ErrorCode::StaleSession | ErrorCode::SeqMisordered)
-                    && self.attempt < self.attempts_max
-                {
+                let refused = matches!(err.code, ErrorCode::StaleSession | ErrorCode::SeqMisordered);
+                if refused && self.attempt < self.attempts_max {
                     if self.state == State::MaybeRan {
                         self.state = State::SessionLost;
                     }
@@ -157,7 +156,9 @@ impl Retry {
                 } else {
                     RpcError::Remote(err)
                 };
-                Next::GiveUp { error, forget_session: false }
+                // A refused session with no attempt left to renew it in is still dead: forget it, so the next
+                // call opens a new one instead of being refused forever (with `attempts_max` 1, every call).
+                Next::GiveUp { error, forget_session: refused }
             }
         }
     }
@@ -402,8 +403,9 @@ mod tests {
                             }
                         }
                         "refused" | "misordered" | "error reply" => {
-                            // No attempt left to renew the session in: the refusal is the answer.
-                            assert!(!forget_session, "{ctx}");
+                            // No attempt left to renew the session in: the refusal is the answer, and a refused
+                            // session is forgotten so the next call opens a new one.
+                            assert_eq!(forget_session, name != "error reply", "{ctx}");
                             match error {
                                 RpcError::MaybeApplied { reason, .. } => {
                                     assert_eq!(state, State::SessionLost);
