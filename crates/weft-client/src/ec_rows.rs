@@ -125,9 +125,11 @@ pub(crate) async fn read_rows(
     Ok((versions, bytes))
 }
 
-fn joined<T>(
-    r: Option<Result<(usize, Result<T, ClientError>), tokio::task::JoinError>>,
-) -> Result<(usize, T), ClientError> {
+/// What `JoinSet::join_next` gives for a request task: `(its index, its outcome)`.
+type Joined<T> = Option<Result<(usize, Result<T, ClientError>), tokio::task::JoinError>>;
+
+/// A request task's outcome, its failure (or its task's) as an error.
+fn joined<T>(r: Joined<T>) -> Result<(usize, T), ClientError> {
     match r {
         Some(Ok((n, Ok(x)))) => Ok((n, x)),
         Some(Ok((_, Err(e)))) => Err(e),
@@ -679,9 +681,8 @@ const HEAL_BATCH_ATTEMPTS_MAX: u32 = 2;
 
 /// A test's hook run by every batch heal between its reads and its writes, with the batch's first row: how a test
 /// makes another writer move a row inside a batch at exactly that moment (`set_heal_hook`). `None` in production.
-pub type HealHook = std::sync::Arc<
-    dyn Fn(u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync,
->;
+pub type HealHook =
+    std::sync::Arc<dyn Fn(u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 static HEAL_HOOK: std::sync::Mutex<Option<HealHook>> = std::sync::Mutex::new(None);
 
 /// Tests only: installs (or with `None` removes) the hook of [`HEAL_HOOK`].

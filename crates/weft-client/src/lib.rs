@@ -35,11 +35,11 @@ mod transfer;
 
 pub use capability::OpenMode;
 pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
+pub use ec_rows::{HealHook, set_heal_hook};
 pub use error::ClientError;
 pub use file::File;
 pub use io_queue::{Completion, IoKind, IoOp, IoQueue};
 pub use locks::{LOCK_KEEPALIVE_MS, LOCK_RETRY_FIRST_MS, LOCK_RETRY_MAX_MS};
-pub use ec_rows::{HealHook, set_heal_hook};
 pub use stale::heal_rows;
 /// The security mode of `ClusterConfig::auth`.
 pub use weft_rpc::AuthMode;
