@@ -58,6 +58,21 @@ impl Codec {
         parity
     }
 
+    /// The `m` parity shards of `data` (`k` shards of one length) into `parity` (`m` buffers of that length): no
+    /// allocation, for callers that encode row after row.
+    pub(crate) fn encode_into<P: AsRef<[u8]> + AsMut<[u8]>>(&self, data: &[&[u8]], parity: &mut [P]) {
+        assert_eq!(data.len(), self.k, "k data shards");
+        assert_eq!(parity.len(), self.m, "m parity shards");
+        self.rs.encode_sep(data, parity).expect("shard counts and lengths are checked above");
+    }
+
+    /// Fills the `None`s among the `k` data shards of `shards` (`k + m`, at least `k` present) from the others; the
+    /// parity shards stay as they are: the library's cheaper call, for readers that need only the data.
+    pub(crate) fn reconstruct_data(&self, shards: &mut [Option<Vec<u8>>]) -> Result<(), String> {
+        assert_eq!(shards.len(), self.k + self.m, "k + m shards");
+        self.rs.reconstruct_data(shards).map_err(|e| format!("{e:?}"))
+    }
+
     /// Fills every `None` of `shards` (`k + m` of one length, at least `k` present) from the others.
     pub(crate) fn reconstruct(&self, shards: &mut [Option<Vec<u8>>]) -> Result<(), String> {
         assert_eq!(shards.len(), self.k + self.m, "k + m shards");
@@ -258,8 +273,8 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
             rmw = Some(rmw_io(file).await?);
         }
         let read_io = rmw.as_ref().expect("set above");
-        let new = &data[(at - offset) as usize..(to - offset) as usize];
-        crate::ec_rows::write_batch(file, read_io, &write_io, &codec, r, rows, at, new, old_size, new_end).await?;
+        let new = data.slice((at - offset) as usize..(to - offset) as usize);
+        crate::ec_rows::write_batch(file, read_io, &write_io, &codec, r, rows, at, &new, old_size, new_end).await?;
         // Rows written so far are visible to this handle's next RMW (it reads up to its size).
         file.size.fetch_max(to, Ordering::SeqCst);
         at = to;

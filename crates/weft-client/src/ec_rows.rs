@@ -18,7 +18,7 @@
 //! Why compare-and-set and not a row lease: no lease state to expire or recover on the data servers, and a dead
 //! writer blocks nobody; the cost is a retry when two writers hit one row at the same moment.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use std::time::Duration;
 use tokio::task::JoinSet;
 use weft_proto::msg::{ChunkVersion, EC_K_MAX, ROWS_PER_REQUEST_MAX, ReadRowsReq, RowWrite, WriteRowsReq};
@@ -39,22 +39,26 @@ fn rows_per_request(io: &Io, unit: u64) -> u64 {
 }
 
 /// One call to the data server of `layout.servers[i]`; an expired capability is renewed and the call sent once
-/// more. `dest_len`: the reply's payload length, if it has one.
+/// more. `dest`: the buffer the reply's payload lands in, if it has one (a fresh one of its length on a resend).
 async fn call(
     io: &Io,
     layout: &Layout,
     i: usize,
     make: impl Fn(Capability) -> Request,
     data: Vec<Bytes>,
-    dest_len: Option<usize>,
-) -> Result<(Response, Option<bytes::BytesMut>), ClientError> {
+    mut dest: Option<BytesMut>,
+) -> Result<(Response, Option<BytesMut>), ClientError> {
     let server = layout.servers[i];
     let ds = io.client.data_server(server).await?;
     let mut cap = io.caps.get().await?;
     let mut renewed = false;
+    let dest_len = dest.as_ref().map(|d| d.len());
     loop {
-        let dest = dest_len.map(|n| vec![bytes::BytesMut::zeroed(n)]).unwrap_or_default();
-        match ds.call(make(cap.clone()), data.clone(), dest).await {
+        let d = match dest.take() {
+            Some(d) => vec![d],
+            None => dest_len.map(|n| vec![BytesMut::zeroed(n)]).unwrap_or_default(),
+        };
+        match ds.call(make(cap.clone()), data.clone(), d).await {
             Ok((resp, mut d)) => return Ok((resp, d.pop())),
             Err(source) if !renewed && is_expired(&source) => {
                 cap = io.caps.renew_from(&cap).await?;
@@ -65,7 +69,26 @@ async fn call(
     }
 }
 
+/// Requests of one chunk's rows in flight at once (reads and writes): several, so one server's transfer units
+/// follow each other without a round trip between them; bounded, so a batch holds a bounded number of calls.
+const REQUESTS_IN_FLIGHT_MAX: usize = 4;
+
+/// Rows `[first, first + rows)` cut into requests of at most `per` rows: `(first_row, rows)` each, in order.
+pub(crate) fn request_spans(first: u64, rows: u64, per: u64) -> Vec<(u64, u64)> {
+    assert!(per > 0, "at least one row per request");
+    let mut out = Vec::with_capacity(rows.div_ceil(per) as usize);
+    let mut r = first;
+    while r < first + rows {
+        let n = per.min(first + rows - r);
+        out.push((r, n));
+        r += n;
+    }
+    out
+}
+
 /// The records (and with `with_data` the bytes, `rows × unit`) of rows `[first, first + rows)` of chunk `i`.
+/// The requests (a transfer unit each) go [`REQUESTS_IN_FLIGHT_MAX`] at a time, each reply landing in its part
+/// of one buffer (no copy).
 pub(crate) async fn read_rows(
     io: &Io,
     layout: &Layout,
@@ -73,68 +96,121 @@ pub(crate) async fn read_rows(
     first: u64,
     rows: u64,
     with_data: bool,
-) -> Result<(Vec<ChunkVersion>, Vec<u8>), ClientError> {
+) -> Result<(Vec<ChunkVersion>, BytesMut), ClientError> {
     let unit = u64::from(layout.stripe_unit);
-    let per = rows_per_request(io, unit);
+    let spans = request_spans(first, rows, rows_per_request(io, unit));
+    let mut buf = if with_data { BytesMut::zeroed((rows * unit) as usize) } else { BytesMut::new() };
+    let mut parts: Vec<Option<(Vec<ChunkVersion>, BytesMut)>> = vec![None; spans.len()];
+    let mut tasks = JoinSet::new();
+    for (n, &(r, len)) in spans.iter().enumerate() {
+        while tasks.len() >= REQUESTS_IN_FLIGHT_MAX {
+            let (n, got) = joined(tasks.join_next().await)?;
+            parts[n] = Some(got);
+        }
+        let dest = with_data.then(|| buf.split_to((len * unit) as usize));
+        let (io, layout) = (io.clone(), layout.clone());
+        tasks.spawn(async move { (n, read_request(&io, &layout, i, r, len, with_data, dest).await) });
+    }
+    while let Some(j) = tasks.join_next().await {
+        let (n, got) = joined(Some(j))?;
+        parts[n] = Some(got);
+    }
     let mut versions = Vec::with_capacity(rows as usize);
-    let mut bytes = Vec::with_capacity(if with_data { (rows * unit) as usize } else { 0 });
-    let mut r = first;
-    while r < first + rows {
-        let n = per.min(first + rows - r);
-        let req = |cap| {
-            Request::ReadRows(ReadRowsReq {
-                ino: io.ino,
-                unit: layout.stripe_unit,
-                first_row: r,
-                rows: n as u32,
-                data: with_data,
-                cap,
-            })
-        };
-        let dest = with_data.then_some((n * unit) as usize);
-        let (resp, d) = call(io, layout, i, req, Vec::new(), dest).await?;
-        let Response::ReadRows(v) = resp else {
-            return Err(ClientError::Protocol(format!("ReadRows answered {:?}", resp.op())));
-        };
-        if v.len() as u64 != n || v.iter().any(|c| c.parity_of.len() > EC_K_MAX) {
-            return Err(ClientError::Protocol(format!("ReadRows answered {} records for {n} rows", v.len())));
-        }
+    let mut bytes = BytesMut::new();
+    for (v, d) in parts.into_iter().map(|p| p.expect("every request answered")) {
         versions.extend(v);
-        if let Some(d) = d {
-            bytes.extend_from_slice(&d);
-        }
-        r += n;
+        // Adjacent parts of one allocation join without a copy.
+        bytes.unsplit(d);
     }
     Ok((versions, bytes))
 }
 
-/// Writes chunk `i` of rows `first..` (`payload` back to back, the last possibly short) with the given
-/// compare-and-set records.
+/// What `JoinSet::join_next` gives for a request task: `(its index, its outcome)`.
+type Joined<T> = Option<Result<(usize, Result<T, ClientError>), tokio::task::JoinError>>;
+
+/// A request task's outcome, its failure (or its task's) as an error.
+fn joined<T>(r: Joined<T>) -> Result<(usize, T), ClientError> {
+    match r {
+        Some(Ok((n, Ok(x)))) => Ok((n, x)),
+        Some(Ok((_, Err(e)))) => Err(e),
+        Some(Err(e)) => Err(ClientError::Protocol(format!("request task failed: {e}"))),
+        None => Err(ClientError::Protocol("no request in flight".into())),
+    }
+}
+
+/// One `ReadRows` of rows `[r, r + n)` of chunk `i`, its bytes into `dest` (`n × unit`) when given.
+async fn read_request(
+    io: &Io,
+    layout: &Layout,
+    i: usize,
+    r: u64,
+    n: u64,
+    with_data: bool,
+    dest: Option<BytesMut>,
+) -> Result<(Vec<ChunkVersion>, BytesMut), ClientError> {
+    let req = |cap| {
+        Request::ReadRows(ReadRowsReq {
+            ino: io.ino,
+            unit: layout.stripe_unit,
+            first_row: r,
+            rows: n as u32,
+            data: with_data,
+            cap,
+        })
+    };
+    let want = dest.as_ref().map_or(0, |d| d.len());
+    let (resp, d) = call(io, layout, i, req, Vec::new(), dest).await?;
+    let Response::ReadRows(v) = resp else {
+        return Err(ClientError::Protocol(format!("ReadRows answered {:?}", resp.op())));
+    };
+    if v.len() as u64 != n || v.iter().any(|c| c.parity_of.len() > EC_K_MAX) {
+        return Err(ClientError::Protocol(format!("ReadRows answered {} records for {n} rows", v.len())));
+    }
+    let d = d.unwrap_or_default();
+    if d.len() != want {
+        return Err(ClientError::Protocol(format!("ReadRows sent {} bytes for {want}", d.len())));
+    }
+    Ok((v, d))
+}
+
+/// Writes chunk `i` of rows `first..` (`payload`: one segment per row, each the row's whole chunk but the last,
+/// which may be short) with the given compare-and-set records. The requests (a transfer unit each) go
+/// [`REQUESTS_IN_FLIGHT_MAX`] at a time; segments are sent as they are (slices of the caller's buffers, no copy).
 async fn write_rows(
     io: &Io,
     layout: &Layout,
     i: usize,
     first: u64,
     rows: Vec<RowWrite>,
-    payload: Vec<u8>,
+    payload: Vec<Bytes>,
 ) -> Result<(), ClientError> {
+    assert_eq!(rows.len(), payload.len(), "one segment per row");
     let unit = u64::from(layout.stripe_unit);
-    let per = rows_per_request(io, unit) as usize;
-    let payload = Bytes::from(payload);
-    for (n, chunk) in rows.chunks(per).enumerate() {
-        let at = (n * per) as u64;
-        let from = ((at * unit) as usize).min(payload.len());
-        let to = (((at + chunk.len() as u64) * unit) as usize).min(payload.len());
-        let req = |cap| {
-            Request::WriteRows(WriteRowsReq {
-                ino: io.ino,
-                unit: layout.stripe_unit,
-                first_row: first + at,
-                rows: chunk.to_vec(),
-                cap,
-            })
-        };
-        call(io, layout, i, req, vec![payload.slice(from..to)], None).await?;
+    let spans = request_spans(0, rows.len() as u64, rows_per_request(io, unit));
+    let mut tasks = JoinSet::new();
+    for (n, (at, len)) in spans.into_iter().enumerate() {
+        while tasks.len() >= REQUESTS_IN_FLIGHT_MAX {
+            joined(tasks.join_next().await)?;
+        }
+        let (a, b) = (at as usize, (at + len) as usize);
+        let (recs, segs) = (rows[a..b].to_vec(), payload[a..b].to_vec());
+        let (io, layout) = (io.clone(), layout.clone());
+        tasks.spawn(async move {
+            let req = |cap| {
+                Request::WriteRows(WriteRowsReq {
+                    ino: io.ino,
+                    unit: layout.stripe_unit,
+                    first_row: first + at,
+                    rows: recs.clone(),
+                    cap,
+                })
+            };
+            let segs: Vec<Bytes> = segs.into_iter().filter(|s| !s.is_empty()).collect();
+            (n, call(&io, &layout, i, req, segs, None).await.map(|_| ()))
+        });
+    }
+    while let Some(j) = tasks.join_next().await {
+        joined(Some(j))?;
     }
     Ok(())
 }
@@ -147,7 +223,7 @@ async fn read_all(
     first: u64,
     rows: u64,
     with_data: bool,
-) -> Vec<(usize, Result<(Vec<ChunkVersion>, Vec<u8>), ClientError>)> {
+) -> Vec<(usize, Result<(Vec<ChunkVersion>, BytesMut), ClientError>)> {
     let mut tasks = JoinSet::new();
     for i in which {
         let (io, layout) = (io.clone(), layout.clone());
@@ -172,7 +248,7 @@ enum Written {
 }
 
 /// Writes to every server at once.
-async fn write_all(io: &Io, layout: &Layout, writes: Vec<(usize, Vec<RowWrite>, Vec<u8>)>, first: u64) -> Written {
+async fn write_all(io: &Io, layout: &Layout, writes: Vec<(usize, Vec<RowWrite>, Vec<Bytes>)>, first: u64) -> Written {
     let mut tasks = JoinSet::new();
     for (i, rows, payload) in writes {
         let (io, layout) = (io.clone(), layout.clone());
@@ -218,7 +294,7 @@ pub(crate) async fn write_batch(
     first: u64,
     rows: u64,
     from: u64,
-    new: &[u8],
+    new: &Bytes,
     old_size: u64,
     new_end: u64,
 ) -> Result<(), ClientError> {
@@ -255,7 +331,7 @@ async fn write_attempt(
     first: u64,
     rows: u64,
     from: u64,
-    new: &[u8],
+    new: &Bytes,
     old_size: u64,
     new_end: u64,
     heal: Option<usize>,
@@ -283,7 +359,7 @@ async fn write_attempt(
     let mut lost: Vec<(usize, ClientError)> = Vec::new();
     // 1. Parity records first, 2. then the data chunks' (see the module doc for why this order).
     let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); k + m];
-    let mut bytes: Vec<Vec<u8>> = vec![Vec::new(); k + m];
+    let mut bytes: Vec<BytesMut> = vec![BytesMut::new(); k + m];
     for phase in [k..k + m, 0..k] {
         let which: Vec<usize> = phase.filter(|i| !skip.contains(i)).collect();
         for (i, r) in read_all(read_io, layout, which.into_iter(), first, rows, partial).await {
@@ -317,7 +393,8 @@ async fn write_attempt(
     };
     let ver = |i: usize, row: usize| -> u64 { if skip.contains(&i) { 0 } else { found[i][row].version } };
     // The rows' bytes and the data versions they hold after this write.
-    let mut buf = vec![0u8; (rows * row_bytes) as usize];
+    // A partial row is assembled in `buf`; whole rows are encoded and sent from the caller's buffer (`new`).
+    let mut buf = if partial { vec![0u8; row_bytes as usize] } else { Vec::new() };
     let mut rewrite = vec![false; k];
     let mut data_versions: Vec<Vec<u64>> = Vec::with_capacity(rows as usize);
     let parity_found = |row: usize| -> Vec<Found> { (k..k + m).map(|i| fnd(i, row, partial)).collect() };
@@ -338,10 +415,10 @@ async fn write_attempt(
                     let mut shards: Vec<Option<Vec<u8>>> = (0..k + m)
                         .map(|i| {
                             plan.use_chunk[i]
-                                .then(|| if i < k { buf[i * u..(i + 1) * u].to_vec() } else { bytes[i].clone() })
+                                .then(|| if i < k { buf[i * u..(i + 1) * u].to_vec() } else { bytes[i].to_vec() })
                         })
                         .collect();
-                    codec.reconstruct(&mut shards).map_err(|e| torn(file, base, e))?;
+                    codec.reconstruct_data(&mut shards).map_err(|e| torn(file, base, e))?;
                     for (j, s) in shards.iter().take(k).enumerate() {
                         buf[j * u..(j + 1) * u].copy_from_slice(s.as_ref().expect("reconstructed"));
                     }
@@ -372,7 +449,6 @@ async fn write_attempt(
         }
         data_versions.push(versions);
     } else {
-        buf.copy_from_slice(new);
         rewrite = (0..k).map(|j| !skip.contains(&j)).collect();
         for row in 0..rows as usize {
             let pf = parity_found(row);
@@ -394,15 +470,17 @@ async fn write_attempt(
         };
         disk.max(last_nonzero(fresh))
     };
+    // The rows' bytes, row after row: the assembled partial row, or the caller's whole rows as they are.
+    let src: Bytes = if partial { Bytes::from(buf) } else { new.clone() };
+    let row_at = |row: u64| (row * row_bytes) as usize;
     let mut writes = Vec::new();
     for j in (0..k).filter(|&j| rewrite[j]) {
-        let mut payload = Vec::with_capacity(rows as usize * u);
+        let mut payload = Vec::with_capacity(rows as usize);
         let mut recs = Vec::with_capacity(rows as usize);
         for row in 0..rows {
-            let rb = &buf[(row * row_bytes) as usize..][..row_bytes as usize];
-            let chunk = &rb[j * u..(j + 1) * u];
-            let keep = stored(row).saturating_sub(j * u).min(u).max(on_disk(j, chunk));
-            payload.extend_from_slice(&chunk[..keep]);
+            let at = row_at(row) + j * u;
+            let keep = stored(row).saturating_sub(j * u).min(u).max(on_disk(j, &src[at..at + u]));
+            payload.push(src.slice(at..at + keep));
             let expect = found[j][row as usize].version;
             recs.push(RowWrite { expect, version: data_versions[row as usize][j], parity_of: Vec::new() });
         }
@@ -412,27 +490,32 @@ async fn write_attempt(
         Written::Moved => return Ok(Attempt::Moved),
         Written::Failed(f) => lost.extend(f),
     }
-    let mut parity: Vec<(Vec<RowWrite>, Vec<u8>)> = vec![(Vec::new(), Vec::new()); m];
+    // Every parity chunk encoded straight into one buffer per parity server (rows back to back), sent in slices.
+    let mut pbuf: Vec<Vec<u8>> = vec![vec![0u8; rows as usize * u]; m];
     for row in 0..rows {
-        let rb = &buf[(row * row_bytes) as usize..][..row_bytes as usize];
-        let shards: Vec<&[u8]> = (0..k).map(|j| &rb[j * u..(j + 1) * u]).collect();
-        for (p, par) in codec.encode(&shards).iter().enumerate() {
-            if skip.contains(&(k + p)) {
-                continue;
-            }
-            let keep = stored(row).min(u).max(on_disk(k + p, par));
+        let rb = &src[row_at(row)..row_at(row) + row_bytes as usize];
+        let shards: Vec<&[u8]> = rb.chunks_exact(u).collect();
+        let mut outs: Vec<&mut [u8]> = pbuf.iter_mut().map(|p| &mut p[row as usize * u..][..u]).collect();
+        codec.encode_into(&shards, &mut outs);
+    }
+    let mut writes = Vec::new();
+    for (p, pb) in pbuf.into_iter().enumerate() {
+        if skip.contains(&(k + p)) {
+            continue;
+        }
+        let pb = Bytes::from(pb);
+        let mut payload = Vec::with_capacity(rows as usize);
+        let mut recs = Vec::with_capacity(rows as usize);
+        for row in 0..rows {
+            let at = row as usize * u;
+            let keep = stored(row).min(u).max(on_disk(k + p, &pb[at..at + u]));
             let expect = found[k + p][row as usize].version;
             let version = expect.saturating_add(1);
-            parity[p].0.push(RowWrite { expect, version, parity_of: data_versions[row as usize].clone() });
-            parity[p].1.extend_from_slice(&par[..keep]);
+            recs.push(RowWrite { expect, version, parity_of: data_versions[row as usize].clone() });
+            payload.push(pb.slice(at..at + keep));
         }
+        writes.push((k + p, recs, payload));
     }
-    let writes = parity
-        .into_iter()
-        .enumerate()
-        .filter(|(p, _)| !skip.contains(&(k + p)))
-        .map(|(p, (recs, payload))| (k + p, recs, payload))
-        .collect();
     match write_all(write_io, layout, writes, first).await {
         Written::Moved => return Ok(Attempt::Moved),
         Written::Failed(f) => lost.extend(f),
@@ -478,7 +561,7 @@ pub(crate) async fn decode_rows(
     let unit = u64::from(layout.stripe_unit);
     let u = unit as usize;
     let row_bytes = unit * k as u64;
-    let mut found: Vec<Option<(Vec<ChunkVersion>, Vec<u8>)>> = vec![None; k + m];
+    let mut found: Vec<Option<(Vec<ChunkVersion>, BytesMut)>> = vec![None; k + m];
     // A chunk in a stale range (§18) is never read: it is decoded like a missing one.
     let stale = crate::stale::stale_slots(file, first, first + rows).await?;
     let mut causes: Vec<String> = stale.iter().map(|i| format!("chunk {i}: stale")).collect();
@@ -526,16 +609,21 @@ pub(crate) async fn decode_rows(
                 torn(file, file_offset, e)
             }
         })?;
-        let mut shards: Vec<Option<Vec<u8>>> = (0..k + m)
-            .map(|i| {
-                plan.use_chunk[i]
-                    .then(|| found[i].as_ref().expect("used chunks were read").1[row * u..(row + 1) * u].to_vec())
-            })
-            .collect();
-        codec.reconstruct(&mut shards).map_err(|e| torn(file, file_offset, e))?;
-        for (j, s) in shards.iter().take(k).enumerate() {
-            let at = (row * k + j) * u;
-            data[at..at + u].copy_from_slice(s.as_ref().expect("reconstructed"));
+        let chunk = |i: usize| &found[i].as_ref().expect("used chunks were read").1[row * u..(row + 1) * u];
+        if plan.use_chunk[..k].iter().all(|&x| x) {
+            // Every data chunk agrees: copied straight into the row, no decode.
+            for j in 0..k {
+                let at = (row * k + j) * u;
+                data[at..at + u].copy_from_slice(chunk(j));
+            }
+        } else {
+            let mut shards: Vec<Option<Vec<u8>>> =
+                (0..k + m).map(|i| plan.use_chunk[i].then(|| chunk(i).to_vec())).collect();
+            codec.reconstruct_data(&mut shards).map_err(|e| torn(file, file_offset, e))?;
+            for (j, s) in shards.iter().take(k).enumerate() {
+                let at = (row * k + j) * u;
+                data[at..at + u].copy_from_slice(s.as_ref().expect("reconstructed"));
+            }
         }
         if !plan.repair.is_empty() {
             to_repair.push(first + row as u64);
@@ -552,7 +640,7 @@ pub(crate) async fn repair_row(file: &File, io: &Io, codec: &Codec, row: u64) ->
     let base = row * row_bytes;
     // No new bytes: a zero-length write at the row's start rewrites the damaged chunks and the parity.
     let new_end = size.max(base);
-    match write_attempt(file, io, io, codec, row, 1, base, &[], size, new_end, None).await? {
+    match write_attempt(file, io, io, codec, row, 1, base, &Bytes::new(), size, new_end, None).await? {
         Attempt::Done => Ok(()),
         Attempt::Moved => Ok(()),
     }
@@ -577,12 +665,270 @@ pub(crate) async fn heal_row(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match write_attempt(file, io, io, codec, row, 1, base, &[], size, new_end, Some(slot)).await? {
+        match write_attempt(file, io, io, codec, row, 1, base, &Bytes::new(), size, new_end, Some(slot)).await? {
             Attempt::Done => return Ok(()),
             Attempt::Moved if attempt >= WRITE_ATTEMPTS_MAX => {
                 return Err(ClientError::WriteConflict { ino: file.attr.ino, file_offset: base, attempts: attempt });
             }
             Attempt::Moved => tokio::time::sleep(Duration::from_micros(u64::from(attempt) * 200)).await,
         }
+    }
+}
+
+/// How many times a batch heal is tried whole when another writer moves a version in it, before its rows are
+/// healed one by one ([`heal_row`], each retried on its own): a busy row then costs only itself.
+const HEAL_BATCH_ATTEMPTS_MAX: u32 = 2;
+
+/// A test's hook run by every batch heal between its reads and its writes, with the batch's first row: how a test
+/// makes another writer move a row inside a batch at exactly that moment (`set_heal_hook`). `None` in production.
+pub type HealHook =
+    std::sync::Arc<dyn Fn(u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+static HEAL_HOOK: std::sync::Mutex<Option<HealHook>> = std::sync::Mutex::new(None);
+
+/// Tests only: installs (or with `None` removes) the hook of [`HEAL_HOOK`].
+#[doc(hidden)]
+pub fn set_heal_hook(hook: Option<HealHook>) {
+    *HEAL_HOOK.lock().expect("heal hook") = hook;
+}
+
+/// What one attempt of a batch heal ended with.
+enum HealAttempt {
+    /// Every row's chunk was rewritten, with the parity: the bytes of the healed chunk written.
+    Done(u64),
+    /// Another writer moved a version in the batch (nothing of that request was written).
+    Moved,
+    /// A row the batch path does not handle (another chunk damaged, a row that does not decode, a server lost):
+    /// the rows go one by one through the general path ([`heal_row`]).
+    RowByRow,
+}
+
+/// Heals chunk `slot` of rows `[first, first + rows)` (all below `size`'s last row): one read of every chunk's
+/// rows and one compare-and-set write per chunk for the whole batch instead of one round trip per row. A batch
+/// that keeps moving under other writers, or holds a row the fast path does not handle, is healed row by row.
+/// Returns the bytes of chunk `slot` written.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn heal_batch(
+    file: &File,
+    io: &Io,
+    codec: &Codec,
+    first: u64,
+    rows: u64,
+    slot: usize,
+    size: u64,
+) -> Result<u64, ClientError> {
+    if rows == 0 {
+        return Ok(0);
+    }
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match heal_attempt(file, io, codec, first, rows, slot, size).await? {
+            HealAttempt::Done(n) => return Ok(n),
+            HealAttempt::Moved if attempt < HEAL_BATCH_ATTEMPTS_MAX => {
+                tokio::time::sleep(Duration::from_micros(u64::from(attempt) * 200)).await;
+            }
+            HealAttempt::Moved | HealAttempt::RowByRow => break,
+        }
+    }
+    tracing::debug!(ino = file.attr.ino, slot, first, rows, "batch heal falls back to row by row");
+    let (k, u) = (codec.k, u64::from(file.layout().stripe_unit));
+    let mut n = 0;
+    for row in first..first + rows {
+        heal_row(file, io, codec, row, slot, size).await?;
+        n += slot_bytes(size, row, k, slot, u);
+    }
+    Ok(n)
+}
+
+/// The stored bytes (§16) of chunk `slot` of row `row` in a file of `size` bytes.
+pub(crate) fn slot_bytes(size: u64, row: u64, k: usize, slot: usize, unit: u64) -> u64 {
+    let row_bytes = unit * k as u64;
+    let row_len = size.saturating_sub(row * row_bytes).min(row_bytes);
+    if slot < k { row_len.saturating_sub(slot as u64 * unit).min(unit) } else { row_len.min(unit) }
+}
+
+async fn heal_attempt(
+    file: &File,
+    io: &Io,
+    codec: &Codec,
+    first: u64,
+    rows: u64,
+    slot: usize,
+    size: u64,
+) -> Result<HealAttempt, ClientError> {
+    let layout = &file.layout();
+    let (k, m) = (codec.k, codec.m);
+    let unit = u64::from(layout.stripe_unit);
+    let u = unit as usize;
+    let row_bytes = unit * k as u64;
+    let base = first * row_bytes;
+    assert!(rows > 0 && base + (rows - 1) * row_bytes < size.max(1), "rows below the file's last row");
+    let skip: Vec<usize> =
+        crate::stale::stale_slots(file, first, first + rows).await?.into_iter().filter(|&i| i != slot).collect();
+    if skip.len() > m {
+        return Ok(HealAttempt::RowByRow);
+    }
+    // 1. Parity records and bytes first, 2. then the data chunks' (the order of the module doc).
+    let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); k + m];
+    let mut bytes: Vec<BytesMut> = vec![BytesMut::new(); k + m];
+    for phase in [k..k + m, 0..k] {
+        let which: Vec<usize> = phase.filter(|i| !skip.contains(i)).collect();
+        for (i, r) in read_all(io, layout, which.into_iter(), first, rows, true).await {
+            match r {
+                Ok((v, b)) => {
+                    found[i] = v;
+                    bytes[i] = b;
+                }
+                // Another server lost: the general path records what it misses.
+                Err(e) if is_chunk_loss(&e) && i != slot => return Ok(HealAttempt::RowByRow),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let fnd = |i: usize, row: usize| -> Found {
+        if skip.contains(&i) {
+            return Found::Unreachable;
+        }
+        let c = &found[i][row];
+        if i == slot { Found::Damaged { version: c.version } } else { found_of(c, true) }
+    };
+    let chunk = |i: usize, row: usize| -> &[u8] { &bytes[i][row * u..(row + 1) * u] };
+    // Each row decoded (the version rule) into `data` (rows × k units, row after row), with its data versions.
+    let mut data = vec![0u8; rows as usize * row_bytes as usize];
+    let mut data_versions: Vec<Vec<u64>> = Vec::with_capacity(rows as usize);
+    for row in 0..rows as usize {
+        let fs: Vec<Found> = (0..k + m).map(|i| fnd(i, row)).collect();
+        if fs.iter().enumerate().any(|(i, f)| i != slot && matches!(f, Found::Damaged { .. })) {
+            return Ok(HealAttempt::RowByRow);
+        }
+        let Ok(plan) = plan_row(k, m, &fs) else { return Ok(HealAttempt::RowByRow) };
+        let out = &mut data[row * row_bytes as usize..][..row_bytes as usize];
+        if plan.use_chunk[..k].iter().all(|&x| x) {
+            for j in 0..k {
+                out[j * u..(j + 1) * u].copy_from_slice(chunk(j, row));
+            }
+        } else {
+            let mut shards: Vec<Option<Vec<u8>>> =
+                (0..k + m).map(|i| plan.use_chunk[i].then(|| chunk(i, row).to_vec())).collect();
+            codec.reconstruct_data(&mut shards).map_err(|e| torn(file, base + row as u64 * row_bytes, e))?;
+            for (j, s) in shards.iter().take(k).enumerate() {
+                out[j * u..(j + 1) * u].copy_from_slice(s.as_ref().expect("reconstructed"));
+            }
+        }
+        let mut versions = plan.data_versions;
+        if slot < k {
+            versions[slot] = next_data_version(slot, fs[slot].version().unwrap_or(0), &fs[k..]);
+        }
+        data_versions.push(versions);
+    }
+    // The stored length (§16) of each chunk, or longer where the chunk on disk or the new one has non-zero bytes
+    // past it (as in `write_attempt`).
+    let stored = |row: u64| -> usize { size.saturating_sub(base + row * row_bytes).min(row_bytes) as usize };
+    let keep = |i: usize, row: usize, fresh: &[u8]| -> usize {
+        let disk = if found[i][row].intact { last_nonzero(chunk(i, row)) } else { u };
+        let want = if i < k { stored(row as u64).saturating_sub(i * u).min(u) } else { stored(row as u64).min(u) };
+        want.max(disk).max(last_nonzero(fresh))
+    };
+    let hook = HEAL_HOOK.lock().expect("heal hook").clone();
+    if let Some(hook) = hook {
+        hook(first).await;
+    }
+    let data = Bytes::from(data);
+    let row_at = |row: usize| row * row_bytes as usize;
+    let mut written = 0u64;
+    // 3. The healed data chunk, then 4. every parity chunk.
+    if slot < k {
+        let mut payload = Vec::with_capacity(rows as usize);
+        let mut recs = Vec::with_capacity(rows as usize);
+        for row in 0..rows as usize {
+            let at = row_at(row) + slot * u;
+            let n = keep(slot, row, &data[at..at + u]);
+            written += n as u64;
+            payload.push(data.slice(at..at + n));
+            recs.push(RowWrite {
+                expect: found[slot][row].version,
+                version: data_versions[row][slot],
+                parity_of: Vec::new(),
+            });
+        }
+        match write_all(io, layout, vec![(slot, recs, payload)], first).await {
+            Written::Moved => return Ok(HealAttempt::Moved),
+            Written::Failed(f) if !f.is_empty() => {
+                let (_, e) = f.into_iter().next().expect("one failure");
+                return Err(e);
+            }
+            Written::Failed(_) => {}
+        }
+    }
+    let mut pbuf: Vec<Vec<u8>> = vec![vec![0u8; rows as usize * u]; m];
+    for row in 0..rows as usize {
+        let shards: Vec<&[u8]> = data[row_at(row)..row_at(row) + row_bytes as usize].chunks_exact(u).collect();
+        let mut outs: Vec<&mut [u8]> = pbuf.iter_mut().map(|p| &mut p[row * u..][..u]).collect();
+        codec.encode_into(&shards, &mut outs);
+    }
+    let mut writes = Vec::new();
+    for (p, pb) in pbuf.into_iter().enumerate() {
+        if skip.contains(&(k + p)) {
+            continue;
+        }
+        let pb = Bytes::from(pb);
+        let mut payload = Vec::with_capacity(rows as usize);
+        let mut recs = Vec::with_capacity(rows as usize);
+        for row in 0..rows as usize {
+            let n = keep(k + p, row, &pb[row * u..(row + 1) * u]);
+            if k + p == slot {
+                written += n as u64;
+            }
+            let expect = found[k + p][row].version;
+            recs.push(RowWrite { expect, version: expect.saturating_add(1), parity_of: data_versions[row].clone() });
+            payload.push(pb.slice(row * u..row * u + n));
+        }
+        writes.push((k + p, recs, payload));
+    }
+    match write_all(io, layout, writes, first).await {
+        Written::Moved => Ok(HealAttempt::Moved),
+        Written::Failed(f) if f.iter().any(|(i, _)| *i == slot || *i == usize::MAX) => {
+            let (_, e) = f.into_iter().find(|(i, _)| *i == slot || *i == usize::MAX).expect("found above");
+            Err(e)
+        }
+        // Another parity server failed mid-batch: the general path records what it missed.
+        Written::Failed(f) if !f.is_empty() => Ok(HealAttempt::RowByRow),
+        Written::Failed(_) => {
+            // Chunks of stale slots were skipped in every row here: recorded stale again (their ranges stay).
+            let missed =
+                skip.iter().map(|&i| (i, ClientError::Protocol(format!("chunk {i} is stale")))).collect::<Vec<_>>();
+            crate::stale::record_missed(file, missed, base, first, first + rows).await?;
+            Ok(HealAttempt::Done(written))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_cut_into_requests_at_the_bound() {
+        assert_eq!(request_spans(0, 0, 4), vec![]);
+        assert_eq!(request_spans(7, 9, 4), vec![(7, 4), (11, 4), (15, 1)]);
+        assert_eq!(request_spans(0, 8, 4), vec![(0, 4), (4, 4)]);
+        let max = u64::from(ROWS_PER_REQUEST_MAX);
+        let spans = request_spans(1, 2 * max + 3, max);
+        assert_eq!(spans, vec![(1, max), (1 + max, max), (1 + 2 * max, 3)]);
+    }
+
+    #[test]
+    fn a_chunk_stores_its_bytes_of_the_row() {
+        // ec 4+2, 4 KiB units: a file of 2 rows and 5000 bytes.
+        let (k, u) = (4, 4096u64);
+        let size = 4 * u + 5000;
+        assert_eq!(slot_bytes(size, 0, k, 0, u), u);
+        assert_eq!(slot_bytes(size, 0, k, 5, u), u);
+        assert_eq!(slot_bytes(size, 1, k, 0, u), 4096);
+        assert_eq!(slot_bytes(size, 1, k, 1, u), 904);
+        assert_eq!(slot_bytes(size, 1, k, 2, u), 0);
+        // Parity is as long as the row's first chunk.
+        assert_eq!(slot_bytes(size, 1, k, 4, u), 4096);
+        assert_eq!(slot_bytes(size, 2, k, 4, u), 0);
     }
 }

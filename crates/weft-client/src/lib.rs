@@ -35,6 +35,7 @@ mod transfer;
 
 pub use capability::OpenMode;
 pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
+pub use ec_rows::{HealHook, set_heal_hook};
 pub use error::ClientError;
 pub use file::File;
 pub use io_queue::{Completion, IoKind, IoOp, IoQueue};

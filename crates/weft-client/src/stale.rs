@@ -120,24 +120,16 @@ pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u6
     let stale = stale_slots(file, first, first + rows).await?;
     let bytes = match layout.redundancy {
         DataRedundancy::Ec { .. } => {
-            // Row by row through the versioned write path (§17): the chunk is decoded from the others by the version
-            // rule and written compare-and-set with the parity, so a healed chunk carries a version its row agrees
-            // with, and a writer racing the heal is never undone.
+            // Batches of rows through the versioned write path (§17): each row decoded from the others by the
+            // version rule and the chunk written compare-and-set with the parity, one request per chunk for the
+            // whole batch, so a healed chunk carries a version its row agrees with, and a writer racing the heal
+            // is never undone (a batch it moves is retried, then healed row by row).
             let (k, m) = km(layout).expect("an ec layout");
             let row_bytes = unit * k as u64;
             let codec = Codec::new(k, m)?;
-            let mut n = 0;
-            for row in first..first + rows {
-                let row_start = row * row_bytes;
-                if row_start >= size {
-                    break;
-                }
-                crate::ec_rows::heal_row(file, io, &codec, row, slot, size).await?;
-                let row_len = (size - row_start).min(row_bytes) as usize;
-                let u = unit as usize;
-                n += if slot < k { row_len.saturating_sub(slot * u).min(u) } else { row_len.min(u) } as u64;
-            }
-            n
+            // Rows past the file's last row hold nothing.
+            let end = (first + rows).min(size.div_ceil(row_bytes)).max(first);
+            crate::ec_rows::heal_batch(file, io, &codec, first, end - first, slot, size).await?
         }
         DataRedundancy::Mirror { n } => {
             let a = first * unit;

@@ -8,8 +8,15 @@
 //! nothing and the next pass heals it again. A whole slot (`[0, u64::MAX)`, a server replaced by a spare) is the
 //! same code over every row of the file, so a rebuild onto a spare is a catch-up.
 //!
-//! Bounded: at most `concurrency` entries are healed at once, each one batch (at most `batch_bytes_max` of
-//! chunks read) at a time; throughput is held under `rebuild_mib_per_s` (0: unthrottled). A pass that failed
+//! Fast: a batch is a run of rows healed with one `ReadRows` per chunk and one compare-and-set `WriteRows` per
+//! written chunk (each cut into transfer units, a few in flight), and an entry keeps several batches in flight,
+//! cleared in order from the front as they complete. A row another writer moves under the heal makes its batch
+//! retry, then heal row by row: never overwritten, at worst left stale for the next pass.
+//!
+//! Bounded: at most `concurrency` entries are healed at once; batches in flight over all of them at most
+//! `batches_in_flight` (each at most `batch_bytes_max` of chunks read: the memory a pass holds). Throughput is
+//! held under `rebuild_mib_per_s` by a token bucket ([`TokenBucket`]: over any window of `t` seconds at most a
+//! quarter second's worth plus `t` seconds' worth is written; 0: unthrottled). A pass that failed
 //! (a server still unreachable, an MDS error) is retried after a backoff doubling from `retry_first_ms` up to
 //! `retry_max_ms`; an idle healer wakes every `interval_ms`, or at once on `HealNow` (`weft heal --now`).
 
@@ -17,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use weft_client::{Client, ClientError, OpenMode};
 use weft_proto::msg::{ClearStaleReq, HealProgress, StaleEntry};
 use weft_proto::{DataRedundancy, ErrorCode, Layout, ServerState};
@@ -31,8 +38,10 @@ pub struct HealConfig {
     pub interval_ms: u64,
     /// (file, slot) entries healed at once.
     pub concurrency: usize,
-    /// Most bytes of chunks one batch reads (`rows × unit × width`): the memory one entry's heal holds.
+    /// Most bytes of chunks one batch reads (`rows × unit × width`).
     pub batch_bytes_max: u64,
+    /// Batches in flight at once over the whole pass (at least 1): with `batch_bytes_max`, the memory it holds.
+    pub batches_in_flight: usize,
     pub retry_first_ms: u64,
     pub retry_max_ms: u64,
 }
@@ -44,6 +53,7 @@ impl Default for HealConfig {
             interval_ms: 10_000,
             concurrency: 4,
             batch_bytes_max: 16 << 20,
+            batches_in_flight: 8,
             retry_first_ms: 500,
             retry_max_ms: 30_000,
         }
@@ -101,30 +111,63 @@ pub struct Healer {
     state: Arc<HealState>,
 }
 
-/// A pass-wide throttle: bytes written since `started`, held under `bytes_per_s` (0: unthrottled).
-struct Throttle {
+/// A token bucket: `bytes_per_s` tokens a second, at most `burst_bytes` saved up. A take may overdraw it (a batch
+/// larger than what is saved) and its taker then waits until the debt is paid, as does every later taker: so over
+/// any window of `t` seconds, the bytes that start being written are at most `burst_bytes + t × bytes_per_s`
+/// plus the one take in progress. `bytes_per_s == 0`: unthrottled.
+pub struct TokenBucket {
     bytes_per_s: u64,
-    started: Instant,
-    bytes: AtomicU64,
+    burst_bytes: u64,
+    /// Tokens (negative: debt) as of the instant.
+    state: std::sync::Mutex<(f64, Instant)>,
 }
 
-impl Throttle {
-    fn new(bytes_per_s: u64) -> Throttle {
-        Throttle { bytes_per_s, started: Instant::now(), bytes: AtomicU64::new(0) }
+impl TokenBucket {
+    /// A full bucket at `now`.
+    pub fn new(bytes_per_s: u64, burst_bytes: u64, now: Instant) -> TokenBucket {
+        TokenBucket { bytes_per_s, burst_bytes, state: std::sync::Mutex::new((burst_bytes as f64, now)) }
     }
 
-    /// Accounts `n` bytes and waits until the pass is back under its rate.
-    async fn take(&self, n: u64) {
-        let total = self.bytes.fetch_add(n, Ordering::Relaxed) + n;
+    /// The bucket `rebuild_mib_per_s` makes: a quarter second's worth of burst.
+    fn for_rate(bytes_per_s: u64) -> TokenBucket {
+        TokenBucket::new(bytes_per_s, (bytes_per_s / 4).max(1), Instant::now())
+    }
+
+    /// Takes `n` tokens at `now`: how long the taker waits before writing them (zero when they were there).
+    pub fn take_at(&self, n: u64, now: Instant) -> Duration {
         if self.bytes_per_s == 0 {
-            return;
+            return Duration::ZERO;
         }
-        let due = Duration::from_secs_f64(total as f64 / self.bytes_per_s as f64);
-        let elapsed = self.started.elapsed();
-        if due > elapsed {
-            tokio::time::sleep(due - elapsed).await;
+        let rate = self.bytes_per_s as f64;
+        let mut g = self.state.lock().expect("token bucket");
+        let (tokens, last) = *g;
+        // Time never runs backwards for the bucket (takers may pass instants out of order).
+        let now = now.max(last);
+        let tokens = (tokens + now.duration_since(last).as_secs_f64() * rate).min(self.burst_bytes as f64) - n as f64;
+        *g = (tokens, now);
+        if tokens >= 0.0 { Duration::ZERO } else { Duration::from_secs_f64(-tokens / rate) }
+    }
+
+    /// Takes `n` tokens and waits until they may be written.
+    async fn take(&self, n: u64) {
+        let wait = self.take_at(n, Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
         }
     }
+}
+
+/// Rows `[start, stop)` cut into batches of at most `per` rows: `(first_row, rows)` each, in order.
+fn batches(start: u64, stop: u64, per: u64) -> Vec<(u64, u64)> {
+    let per = per.max(1);
+    let mut out = Vec::new();
+    let mut at = start;
+    while at < stop {
+        let n = per.min(stop - at);
+        out.push((at, n));
+        at += n;
+    }
+    out
 }
 
 /// Rows of `layout` that hold bytes of a file of `size` bytes.
@@ -180,7 +223,8 @@ impl Healer {
 
     /// One pass over the whole stale table.
     pub async fn pass(&self) -> Result<PassReport, ClientError> {
-        let throttle = Arc::new(Throttle::new(self.cfg.rebuild_mib_per_s.saturating_mul(1 << 20)));
+        let throttle = Arc::new(TokenBucket::for_rate(self.cfg.rebuild_mib_per_s.saturating_mul(1 << 20)));
+        let inflight = Arc::new(tokio::sync::Semaphore::new(self.cfg.batches_in_flight.max(1)));
         let me = Arc::new(HealerRef { client: self.client.clone(), cfg: self.cfg.clone() });
         let started = Instant::now();
         let up: Vec<u32> = self
@@ -202,8 +246,8 @@ impl Healer {
                 while tasks.len() >= self.cfg.concurrency.max(1) {
                     collect(&mut report, tasks.join_next().await, &self.state);
                 }
-                let (me, throttle, up) = (me.clone(), throttle.clone(), up.clone());
-                tasks.spawn(async move { me.heal_entry(&e, &up, &throttle).await });
+                let (me, throttle, up, inflight) = (me.clone(), throttle.clone(), up.clone(), inflight.clone());
+                tasks.spawn(async move { me.heal_entry(&e, &up, &throttle, &inflight).await });
             }
             while let Some(r) = tasks.join_next().await {
                 collect(&mut report, Some(r), &self.state);
@@ -266,8 +310,14 @@ struct HealerRef {
 }
 
 impl HealerRef {
-    async fn heal_entry(&self, e: &StaleEntry, up: &[u32], throttle: &Throttle) -> EntryOutcome {
-        match self.try_heal_entry(e, up, throttle).await {
+    async fn heal_entry(
+        &self,
+        e: &StaleEntry,
+        up: &[u32],
+        throttle: &Arc<TokenBucket>,
+        inflight: &Arc<Semaphore>,
+    ) -> EntryOutcome {
+        match self.try_heal_entry(e, up, throttle, inflight).await {
             Ok(o) => o,
             Err(err) => {
                 tracing::warn!(ino = e.ino, slot = e.slot, "healing failed (retried later): {err}");
@@ -280,7 +330,8 @@ impl HealerRef {
         &self,
         e: &StaleEntry,
         up: &[u32],
-        throttle: &Throttle,
+        throttle: &Arc<TokenBucket>,
+        inflight: &Arc<Semaphore>,
     ) -> Result<EntryOutcome, ClientError> {
         let file = match self.client.open_ino(e.ino, OpenMode::ReadWrite).await {
             Ok(f) => f,
@@ -309,9 +360,9 @@ impl HealerRef {
         let batch_rows = (self.cfg.batch_bytes_max / (unit * width).max(1)).max(1);
         let size = file.size();
         let rows = rows_in_file(&layout, size);
+        let file = Arc::new(file);
         let (mut bytes, mut cleared) = (0u64, 0u64);
-        'ranges: for r in &e.ranges {
-            let mut at = r.start;
+        for r in &e.ranges {
             // A whole slot ends with the file. A marked range is healed whole, even past the committed size: a
             // degraded write's rows are there until its writer commits, and its bytes are on the other servers.
             let (stop, cut) = if r.end == u64::MAX {
@@ -319,30 +370,108 @@ impl HealerRef {
             } else {
                 (r.end, size.max(r.end.saturating_mul(row_bytes(&layout))))
             };
-            while at < stop {
-                let n = batch_rows.min(stop - at);
-                let written = weft_client::heal_rows(&file, slot, at, n, cut).await?;
-                throttle.take(written).await;
-                bytes += written;
-                let req = ClearStaleReq { ino: e.ino, slot: e.slot, start: at, end: at + n, seq: r.seq };
-                if !self.client.clear_stale(req).await? {
-                    // Marked again while we copied: the next pass heals it under its new seq.
-                    tracing::info!(ino = e.ino, slot, server, row = at, "stale range marked again during its heal");
-                    continue 'ranges;
+            let batches = batches(r.start, stop, batch_rows);
+            let (written, done) =
+                self.heal_batches(e, &file, (r.start, &batches), r.seq, cut, unit, throttle, inflight).await;
+            bytes += written;
+            let at = match done? {
+                Some(at) => at,
+                // Marked again while we copied: the next pass heals it under its new seq.
+                None => {
+                    tracing::info!(ino = e.ino, slot, server, "stale range marked again during its heal");
+                    continue;
                 }
-                at += n;
-            }
+            };
             // A whole slot's rows past the file's end hold nothing: its tail goes without copying.
             if at < r.end {
                 let req = ClearStaleReq { ino: e.ino, slot: e.slot, start: at, end: r.end, seq: r.seq };
                 if !self.client.clear_stale(req).await? {
-                    continue 'ranges;
+                    continue;
                 }
             }
             cleared += 1;
             tracing::info!(ino = e.ino, slot, server, start = r.start, end = r.end, "healed a stale range");
         }
         Ok((bytes, cleared, false, false))
+    }
+
+    /// Heals `batches` (in order, `(first_row, rows)`) of one stale range of `seq`, several in flight, clearing
+    /// each from the range's front as soon as it and every one before it are healed. Returns the bytes written
+    /// and the row the range is cleared up to (`None`: it was marked again meanwhile, the rest is left to the
+    /// next pass), or the first error (batches after it stay stale).
+    #[allow(clippy::too_many_arguments)]
+    async fn heal_batches(
+        &self,
+        e: &StaleEntry,
+        file: &Arc<weft_client::File>,
+        (start, batches): (u64, &[(u64, u64)]),
+        seq: u64,
+        cut: u64,
+        unit: u64,
+        throttle: &Arc<TokenBucket>,
+        inflight: &Arc<Semaphore>,
+    ) -> (u64, Result<Option<u64>, ClientError>) {
+        let slot = e.slot as usize;
+        let mut tasks: tokio::task::JoinSet<(usize, Result<u64, ClientError>)> = tokio::task::JoinSet::new();
+        let mut done: Vec<bool> = vec![false; batches.len()];
+        let (mut next_clear, mut bytes) = (0usize, 0u64);
+        let mut outcome: Result<Option<u64>, ClientError> = Ok(None);
+        let mut stopped = false;
+        let mut issued = 0usize;
+        while next_clear < batches.len() && !stopped {
+            // Issue while a permit is free (and always keep one batch going).
+            while issued < batches.len() && (tasks.is_empty() || inflight.available_permits() > 0) {
+                let permit = inflight.clone().acquire_owned().await.expect("never closed");
+                let (first, n) = batches[issued];
+                throttle.take(n * unit).await;
+                let (file, i) = (file.clone(), issued);
+                tasks.spawn(async move {
+                    let r = weft_client::heal_rows(&file, slot, first, n, cut).await;
+                    drop(permit);
+                    (i, r)
+                });
+                issued += 1;
+            }
+            let Some(j) = tasks.join_next().await else { break };
+            match j {
+                Ok((i, Ok(n))) => {
+                    bytes += n;
+                    done[i] = true;
+                }
+                Ok((_, Err(err))) => {
+                    outcome = Err(err);
+                    stopped = true;
+                }
+                Err(err) => {
+                    outcome = Err(ClientError::Protocol(format!("heal task failed: {err}")));
+                    stopped = true;
+                }
+            }
+            // Clear from the front what is healed.
+            while !stopped && next_clear < batches.len() && done[next_clear] {
+                let (first, n) = batches[next_clear];
+                let req = ClearStaleReq { ino: e.ino, slot: e.slot, start: first, end: first + n, seq };
+                match self.client.clear_stale(req).await {
+                    Ok(true) => next_clear += 1,
+                    Ok(false) => stopped = true,
+                    Err(err) => {
+                        outcome = Err(err);
+                        stopped = true;
+                    }
+                }
+            }
+        }
+        // Batches still in flight finish (a heal is never cut half-way); their rows stay stale if not cleared.
+        while let Some(j) = tasks.join_next().await {
+            if let Ok((_, Ok(n))) = j {
+                bytes += n;
+            }
+        }
+        if outcome.is_ok() && !stopped {
+            let at = batches.last().map_or(start, |&(f, n)| f + n);
+            outcome = Ok(Some(at));
+        }
+        (bytes, outcome)
     }
 }
 
@@ -371,5 +500,73 @@ mod tests {
             generation: 0,
         };
         assert_eq!(rows_in_file(&mirror, 8193), 3);
+    }
+
+    #[test]
+    fn a_range_is_cut_into_batches_at_the_bound_in_order() {
+        assert_eq!(batches(5, 5, 3), vec![]);
+        assert_eq!(batches(0, 7, 3), vec![(0, 3), (3, 3), (6, 1)]);
+        assert_eq!(batches(10, 16, 3), vec![(10, 3), (13, 3)]);
+        // A bound of 0 rows still makes progress, one row a batch.
+        assert_eq!(batches(0, 2, 0), vec![(0, 1), (1, 1)]);
+        // The batches cover the range exactly once, whatever the bound.
+        for per in 1..20 {
+            let b = batches(3, 100, per);
+            assert!(b.iter().all(|&(_, n)| n >= 1 && n <= per));
+            let mut at = 3;
+            for &(f, n) in &b {
+                assert_eq!(f, at);
+                at += n;
+            }
+            assert_eq!(at, 100);
+        }
+    }
+
+    #[test]
+    fn the_token_bucket_holds_the_rate_over_any_window() {
+        let t0 = Instant::now();
+        let s = |ms: u64| t0 + Duration::from_millis(ms);
+        let b = TokenBucket::new(1000, 500, t0);
+        // The saved burst goes at once; then every taker waits for its share, debts queued in order.
+        assert_eq!(b.take_at(500, s(0)), Duration::ZERO);
+        assert_eq!(b.take_at(250, s(0)), Duration::from_millis(250));
+        assert_eq!(b.take_at(250, s(0)), Duration::from_millis(500));
+        // Half a second later the debt is paid: nothing is saved yet.
+        assert_eq!(b.take_at(100, s(500)), Duration::from_millis(100));
+        // A long idle spell saves at most the burst.
+        assert_eq!(b.take_at(500, s(10_000)), Duration::ZERO);
+        assert_eq!(b.take_at(1, s(10_000)), Duration::from_millis(1));
+        // An instant before the last one counts as the last one.
+        assert_eq!(b.take_at(9, s(5_000)), Duration::from_millis(10));
+
+        // Seeded takers of random sizes that each start writing when told: over every window, what started is at
+        // most the burst plus the window's worth plus one take.
+        let b = TokenBucket::new(1 << 20, 256 << 10, t0);
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut now = t0;
+        let mut starts: Vec<(Instant, u64)> = Vec::new();
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let n = x % (192 << 10) + 1;
+            // A taker arrives up to 50 ms after the previous one started.
+            now += Duration::from_micros(x % 50_000);
+            let wait = b.take_at(n, now);
+            now += wait;
+            starts.push((now, n));
+        }
+        for i in 0..starts.len() {
+            let mut sum = 0u64;
+            for &(t, n) in &starts[i..] {
+                sum += n;
+                let window = t.duration_since(starts[i].0).as_secs_f64();
+                let most = (256 << 10) as f64 + window * (1 << 20) as f64 + (192 << 10) as f64;
+                assert!((sum as f64) <= most + 1.0, "{sum} bytes started in {window} s");
+            }
+        }
+        // Unthrottled: never waits.
+        let b = TokenBucket::new(0, 0, t0);
+        assert_eq!(b.take_at(u64::MAX, t0), Duration::ZERO);
     }
 }

@@ -99,7 +99,8 @@ pub struct MetaConfig {
     /// they missed (docs/format.md §18).
     #[serde(default = "default_heal")]
     pub heal: bool,
-    /// Most MiB per second the healer writes (catch-up and rebuild); 0: unthrottled.
+    /// Most MiB per second the healer writes (catch-up and rebuild), held by a token bucket (a quarter second's
+    /// worth of burst); 0: unthrottled.
     #[serde(default = "default_rebuild_mib_per_s")]
     pub rebuild_mib_per_s: u64,
     /// How often an idle healer looks for stale ranges (`weft heal --now` wakes it at once).

@@ -226,3 +226,61 @@ async fn ec_4_2_with_three_servers_down_refuses_writes_and_loses_nothing_acknowl
     same(&got[..r2.start], &model[..r2.start], "before the refused write");
     same(&got[r2.end..], &model[r2.end..], "after the refused write");
 }
+
+/// A batch heal (many rows in one request per chunk) of a data slot, while another writer rewrites a row inside the
+/// batch between the heal's reads and its writes, at every batch attempt: the compare-and-set refuses the batch
+/// whose versions moved, the heal falls back to row by row, and the slot ends up with the writer's bytes in that
+/// row (never the older ones the batch had decoded) and the model's elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_row_moved_inside_a_heal_batch_is_never_overwritten() {
+    let c = start_with("heal-moved", 6, |o| o.meta_extra_toml = "heal = false\n".into()).await;
+    let client = c.client().await;
+    let d = client.mkdir(ROOT_INO, "m", 0o755).await.unwrap();
+    client.set_layout_with(d.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
+    let row = 4 * UNIT as usize;
+    const ROWS: usize = 8;
+    const MOVED: usize = 3;
+    let mut model = pattern(21, 0, ROWS * row);
+    let f = client.create_path("/m/f", 0o644, true, false).await.unwrap();
+    f.write_at(0, Bytes::from(model.clone())).await.unwrap();
+    let (ino, layout) = (f.ino(), f.layout().clone());
+    f.close().await.unwrap();
+
+    // Slot 1 (data) is stale whole: a batch heals it.
+    let slot = 1usize;
+    let req = weft_proto::msg::MarkStaleReq { ino, slot: slot as u32, start: 0, end: u64::MAX };
+    client.mark_stale(req).await.unwrap();
+    let writer = Arc::new(client.open("/m/f", OpenMode::ReadWrite).await.unwrap());
+    let calls = Arc::new(AtomicU64::new(0));
+    let (w, n) = (writer.clone(), calls.clone());
+    weft_client::set_heal_hook(Some(Arc::new(move |first| {
+        let (w, n) = (w.clone(), n.clone());
+        Box::pin(async move {
+            assert_eq!(first, 0, "one batch of every row");
+            let seed = 100 + n.fetch_add(1, Ordering::SeqCst);
+            let at = (MOVED * row) as u64;
+            w.write_at(at, Bytes::from(pattern(seed, at, row))).await.unwrap();
+        })
+    })));
+    let healer = client.open("/m/f", OpenMode::ReadWrite).await.unwrap();
+    let written = weft_client::heal_rows(&healer, slot, 0, ROWS as u64, (ROWS * row) as u64).await;
+    weft_client::set_heal_hook(None);
+    let written = written.unwrap();
+    assert_eq!(written, (ROWS * UNIT as usize) as u64, "the slot's chunk of every row");
+    // Every batch attempt was moved under the heal (two), then the rows went one by one (no hook there).
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let last_seed = 101;
+    model[MOVED * row..(MOVED + 1) * row].copy_from_slice(&pattern(last_seed, (MOVED * row) as u64, row));
+
+    // The healed chunk on disk: chunk 1 of every row of the model, the moved row with the writer's last bytes.
+    let u = UNIT as usize;
+    let disk = std::fs::read(object_path(&c.data_root(layout.servers[slot]), ino)).unwrap();
+    assert_eq!(disk.len(), ROWS * u);
+    for r in 0..ROWS {
+        same(&disk[r * u..(r + 1) * u], &model[r * row + slot * u..][..u], &format!("row {r} of slot {slot}"));
+    }
+    // And the file reads back as the model.
+    drop(writer);
+    let got = read_all(&client, "/m/f", ROWS * row).await.unwrap();
+    same(&got, &model, "after the heal");
+}
