@@ -347,15 +347,25 @@ mod tests {
         // The same principal does: every lock moves, the list stops at its bound, the total counts them all.
         let r = locks.adopt(&gw, 3, &AdoptLocksReq { previous_session: 1 }).unwrap();
         assert_eq!((r.locks.len(), r.total), (ADOPTED_LIST_MAX, n as u64));
-        assert!(r.locks.iter().all(|l| l.ino == ino && l.start == l.end && l.start % 2 == 0 && l.kind == LockKind::Exclusive));
+        assert!(
+            r.locks
+                .iter()
+                .all(|l| l.ino == ino && l.start == l.end && l.start % 2 == 0 && l.kind == LockKind::Exclusive)
+        );
         assert_eq!(locks.len(), n);
         assert!(probe(40, 3).unwrap().is_none(), "owner 40 of session 3 holds byte 0 now");
         assert!(probe(40, 4).unwrap().is_some(), "and anyone else still conflicts");
         // Session 1 is ended for locks; the table's bound still holds.
         assert_eq!(probe(40, 1).unwrap_err().code, ErrorCode::LocksAdopted);
         let one = |kind, start| SetLockReq { ino, class: LockClass::Posix, kind, start, end: start, owner: 9, pid: 1 };
-        assert_eq!(locks.set(&ns, &root, &gw, 1, &one(Some(LockKind::Shared), 1)).unwrap_err().code, ErrorCode::LocksAdopted);
-        assert_eq!(locks.set(&ns, &root, &gw, 5, &one(Some(LockKind::Shared), 1)).unwrap_err().code, ErrorCode::NoLocks);
+        assert_eq!(
+            locks.set(&ns, &root, &gw, 1, &one(Some(LockKind::Shared), 1)).unwrap_err().code,
+            ErrorCode::LocksAdopted
+        );
+        assert_eq!(
+            locks.set(&ns, &root, &gw, 5, &one(Some(LockKind::Shared), 1)).unwrap_err().code,
+            ErrorCode::NoLocks
+        );
         // A session holding nothing gives nothing; the adopted session is watched as a holder.
         let r = locks.adopt(&gw, 6, &AdoptLocksReq { previous_session: 77 }).unwrap();
         assert_eq!((r.locks.len(), r.total), (0, 0));

@@ -436,7 +436,9 @@ async fn adopt_previous(client: &Client, dir: &StateDir, nfs4: &nfs4::Server) {
             );
             nfs4.adopted(r.locks);
         }
-        Err(e) => tracing::warn!(previous = format_args!("{previous:#x}"), error = %e, "adopting the previous gateway process's locks"),
+        Err(e) => {
+            tracing::warn!(previous = format_args!("{previous:#x}"), error = %e, "adopting the previous gateway process's locks")
+        }
     }
 }
 

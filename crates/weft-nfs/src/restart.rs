@@ -83,7 +83,10 @@ impl StateDir {
             .open(&path)
             .map_err(|e| format!("opening {}: {e}", path.display()))?;
         lock.try_lock().map_err(|e| {
-            format!("{} is held by another running gateway ({e}): each gateway needs its own --state-dir", path.display())
+            format!(
+                "{} is held by another running gateway ({e}): each gateway needs its own --state-dir",
+                path.display()
+            )
         })?;
         Ok(StateDir { dir: dir.to_path_buf(), _lock: lock })
     }

@@ -896,7 +896,8 @@ async fn v41_killed_gateways_locks_are_adopted_reclaimed_and_the_rest_freed_afte
     let c = common::start("nfs4-adopt", 1).await;
     io_dir(&c).await;
     let state_dir = c.dir().join("nfs-state").display().to_string();
-    let args = |grace_ms: &str| vec!["--nfs4-grace-ms".into(), grace_ms.into(), "--state-dir".into(), state_dir.clone()];
+    let args =
+        |grace_ms: &str| vec!["--nfs4-grace-ms".into(), grace_ms.into(), "--state-dir".into(), state_dir.clone()];
     let mut g = c.start_nfs(&NfsOptions { extra_args: args("0"), ..NfsOptions::default() }).await.unwrap();
     let addr = g.addr().to_string();
     // A second gateway on the same state directory would take the first one's locks: refused.

@@ -93,12 +93,8 @@ impl Server {
         let a = std::mem::take(&mut *self.adoption.lock().expect("adoption"));
         let mut out = Vec::new();
         for l in &a.adopted {
-            let covers: Vec<(u64, u64)> = a
-                .reclaimed
-                .iter()
-                .filter(|r| r.0 == l.ino && r.1 == l.owner)
-                .map(|r| (r.2, r.3))
-                .collect();
+            let covers: Vec<(u64, u64)> =
+                a.reclaimed.iter().filter(|r| r.0 == l.ino && r.1 == l.owner).map(|r| (r.2, r.3)).collect();
             for (start, end) in uncovered(l.start, l.end, &covers) {
                 out.push((l.ino, l.owner, l.class, start, end));
             }
