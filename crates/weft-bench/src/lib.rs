@@ -14,9 +14,12 @@ pub mod checkpoint;
 pub mod common;
 pub mod compare;
 pub mod doc;
+pub mod gluster_ec;
 pub mod latency;
+pub mod layouts;
 pub mod meta;
 pub mod mount;
+pub mod rebuild;
 pub mod report;
 pub mod rng;
 pub mod stats;
@@ -55,6 +58,8 @@ pub enum BenchCmd {
     /// The cache bank (issue 16) with 0, 1, 2, 4 memcached daemons and several block sizes: stat storm, read
     /// latency by record size, shared-file reads, IOzone-style reads, and GlusterFS beside them.
     Cache(cache::CacheArgs),
+    /// Rebuild onto a spare after kill -9 of a data server (ec/mirror), and GlusterFS disperse's heal beside it.
+    Rebuild(rebuild::RebuildArgs),
     /// Turns a directory of result JSON into Markdown tables and SVG charts, with machine, date and command.
     Report(report::ReportArgs),
     /// One client process of a multi-process workload (started by the other subcommands).
@@ -73,6 +78,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         BenchCmd::Worker(a) => worker::run(a).await,
         BenchCmd::Compare(a) => compare::run(a).await,
         BenchCmd::Cache(a) => cache::run(a).await,
+        BenchCmd::Rebuild(a) => rebuild::run(a).await,
         BenchCmd::Report(a) => report::run(a),
     }
 }
