@@ -117,15 +117,35 @@ impl Disperse {
         Ok(pid)
     }
 
-    /// `kill -9` of brick `i`'s process.
-    pub fn kill_brick(&self, i: usize) -> Result<()> {
+    /// `kill -9` of brick `i`'s process; returns once the process is gone from the process table. (A killed brick
+    /// is reaped by init, which may take a moment; until then glusterd takes its pid for a running brick and
+    /// `volume start force` would not start it again.)
+    pub fn kill_brick(&self, i: usize) -> Result<u32> {
         let pid = self.brick_pid(i)?;
-        kill(Pid::from_raw(pid as i32), Signal::SIGKILL).with_context(|| format!("kill -9 {pid}"))
+        kill(Pid::from_raw(pid as i32), Signal::SIGKILL).with_context(|| format!("kill -9 {pid}"))?;
+        for _ in 0..600 {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                return Ok(pid);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("brick process {pid} was killed but is still in the process table after 30 s")
     }
 
-    /// Brings every stopped brick back (`gluster volume start VOL force`).
-    pub fn restart_bricks(&self) -> Result<()> {
-        gluster(&["volume", "start", VOLUME, "force"]).map(drop)
+    /// Brings brick `i`, killed as `old_pid`, back (`gluster volume start VOL force`) and waits until a new
+    /// process serves it.
+    pub fn restart_brick(&self, i: usize, old_pid: u32) -> Result<()> {
+        gluster(&["volume", "start", VOLUME, "force"])?;
+        for _ in 0..600 {
+            if self.brick_pid(i).is_ok_and(|p| p != old_pid) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!(
+            "brick {} did not come back within 30 s of `gluster volume start {VOLUME} force`",
+            self.bricks[i].display()
+        )
     }
 
     /// `gluster volume heal VOL`: the self-heal daemon heals the indexed entries now.
@@ -146,7 +166,8 @@ impl Disperse {
                 return Ok(since.elapsed().as_secs_f64());
             }
             if since.elapsed() > timeout {
-                bail!("GlusterFS did not heal within {timeout:?}: {}", gluster(&["volume", "heal", VOLUME, "info"])?);
+                let info = gluster(&["volume", "heal", VOLUME, "info", "summary"]).unwrap_or_else(|e| e.to_string());
+                bail!("GlusterFS did not heal within {timeout:?}: {info}");
             }
             std::thread::sleep(Duration::from_millis(HEAL_POLL_MS));
         }
@@ -242,7 +263,8 @@ mod tests {
 
     #[test]
     fn heal_info_counts_entries_only_when_every_brick_is_connected() {
-        let brick = |n: &str, status: &str| format!("Brick 127.0.0.2:/b\n/ \nStatus: {status}\nNumber of entries: {n}\n\n");
+        let brick =
+            |n: &str, status: &str| format!("Brick 127.0.0.2:/b\n/ \nStatus: {status}\nNumber of entries: {n}\n\n");
         let all = |n: &str| (0..6).map(|_| brick(n, "Connected")).collect::<String>();
         assert_eq!(parse_heal_info(&all("0"), 6).unwrap(), Some(0));
         assert_eq!(parse_heal_info(&all("3"), 6).unwrap(), Some(18));

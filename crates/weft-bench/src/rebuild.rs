@@ -60,8 +60,9 @@ pub struct RebuildArgs {
     /// Rebuilds per throttle (each fills a fresh cluster).
     #[arg(long, default_value_t = 1)]
     pub rebuild_runs: usize,
-    /// Record size of the writes and reads.
-    #[arg(long, default_value = "1M")]
+    /// Record size of Weft's fill and read-back: `row` (a whole stripe row, k × the stripe unit: encoded without a
+    /// read–modify–write, so the fill is quick) or a size. GlusterFS's writes and reads use 1 MiB records.
+    #[arg(long, default_value = "row")]
     pub record: String,
     /// Stripe unit of the layout's directory (`weft setstripe`'s default: 1M).
     #[arg(long, default_value = "1M")]
@@ -81,6 +82,9 @@ pub struct RebuildArgs {
     #[command(flatten)]
     pub common: common::SharedArgs,
 }
+
+/// GlusterFS's record size (the issue's 1 MiB records).
+const GLUSTER_RECORD_BYTES: u64 = 1 << 20;
 
 /// How often the MDS is polled while a server is being declared failed and rebuilt.
 const POLL_MS: u64 = 20;
@@ -119,15 +123,29 @@ struct Run {
 
 pub async fn run(a: RebuildArgs) -> Result<()> {
     let size = crate::parse_bytes(&a.size).context("--size wants a size like 2G")?;
-    let record = crate::parse_bytes(&a.record).filter(|r| (1..=64 << 20).contains(r)).context("--record: 1..64M")?;
     let unit = crate::parse_bytes(&a.stripe_unit)
         .and_then(|u| u32::try_from(u).ok())
         .filter(|u| *u > 0 && u % 4096 == 0)
         .context("--stripe-unit wants a multiple of 4K below 4G, like 1M")?;
     let layout = LayoutChoice::parse(&a.layout).context("--layout wants ecK+M or mirrorN")?;
+    let row = match layout.0 {
+        DataRedundancy::Ec { k, .. } => u64::from(k) * u64::from(unit),
+        _ => u64::from(unit),
+    };
+    let record = match a.record.as_str() {
+        "row" => Some(row),
+        r => crate::parse_bytes(r),
+    }
+    .filter(|r| (1..=64 << 20).contains(r))
+    .context("--record: `row` or a size up to 64M")?;
     let Some(width) = layout.width() else { bail!("--layout {}: a plain file has nothing to rebuild", a.layout) };
     if a.servers <= width {
-        bail!("--servers {}: a {} layout needs at least {} (its width and a spare)", a.servers, layout.name(), width + 1);
+        bail!(
+            "--servers {}: a {} layout needs at least {} (its width and a spare)",
+            a.servers,
+            layout.name(),
+            width + 1
+        );
     }
     let throttles: Vec<u64> =
         crate::parse_list(&a.rebuild_mib_s, |x| x.parse().ok()).context("--rebuild-mib-s wants a list like 0,200")?;
@@ -190,7 +208,7 @@ pub async fn run(a: RebuildArgs) -> Result<()> {
                 );
                 runs.push(run);
             }
-            results.extend(weft_results(&runs, &a, layout, unit, size, mib_s, &used_fabric, &sp));
+            results.extend(weft_results(&runs, &a, layout, unit, record, size, mib_s, &used_fabric, &sp));
         }
     }
     targets.finish();
@@ -198,7 +216,7 @@ pub async fn run(a: RebuildArgs) -> Result<()> {
     let glusterfs = if a.no_glusterfs {
         json!("not measured (--no-glusterfs)")
     } else {
-        match glusterfs(&a, size, record) {
+        match glusterfs(&a, size, GLUSTER_RECORD_BYTES) {
             Ok(r) => {
                 results.extend(r);
                 json!("measured")
@@ -218,6 +236,7 @@ pub async fn run(a: RebuildArgs) -> Result<()> {
         "servers": a.servers,
         "stripe_unit_bytes": unit,
         "record_bytes": record,
+        "glusterfs_record_bytes": GLUSTER_RECORD_BYTES,
         "window": a.window,
         "rebuild_mib_per_s": throttles,
         "rebuild_runs": a.rebuild_runs,
@@ -295,7 +314,8 @@ async fn one_run(
         }
         attrs.push((path.clone(), attr, l));
     }
-    let victim = held.iter().max_by_key(|&(id, n)| (*n, std::cmp::Reverse(*id))).map(|(id, _)| *id).context("no servers")?;
+    let victim =
+        held.iter().max_by_key(|&(id, n)| (*n, std::cmp::Reverse(*id))).map(|(id, _)| *id).context("no servers")?;
     let victim_root = cluster.data_root(victim);
     let mut lost = Vec::new();
     for (path, attr, l) in &attrs {
@@ -507,6 +527,7 @@ fn weft_results(
     a: &RebuildArgs,
     layout: LayoutChoice,
     unit: u32,
+    record: u64,
     size: u64,
     mib_s: u64,
     fabric: &str,
@@ -520,7 +541,7 @@ fn weft_results(
         "fabric": fabric,
         "auth": common::auth_name(sp.auth),
         "tls": sp.tls,
-        "record_bytes": crate::parse_bytes(&a.record),
+        "record_bytes": record,
         "size_bytes": size,
         "files": a.files,
         "rebuild_mib_per_s_throttle": mib_s,
@@ -621,7 +642,7 @@ fn glusterfs_in(work: &std::path::Path, a: &RebuildArgs, size: u64, record: u64)
     // The heal: kill a brick, write while it is down, bring it back, heal.
     let victim = 0;
     eprintln!("  GlusterFS: kill -9 of brick {victim}, then {} MiB written while it is down", size >> 20);
-    g.kill_brick(victim)?;
+    let old_pid = g.kill_brick(victim)?;
     let per_file = size / u64::from(a.files);
     let mut written = Vec::new();
     for i in 0..u64::from(a.files) {
@@ -630,7 +651,7 @@ fn glusterfs_in(work: &std::path::Path, a: &RebuildArgs, size: u64, record: u64)
         gluster_ec::write_file(&path, 200 + i, len, record)?;
         written.push((format!("heal{i}"), len));
     }
-    g.restart_bricks()?;
+    g.restart_brick(victim, old_pid)?;
     let t = Instant::now();
     g.trigger_heal()?;
     let heal_s = g.wait_healed(t, Duration::from_secs(a.timeout_s))?;
@@ -641,7 +662,9 @@ fn glusterfs_in(work: &std::path::Path, a: &RebuildArgs, size: u64, record: u64)
         let healed = std::fs::metadata(g.bricks[victim].join(name)).map(|m| m.len()).unwrap_or(0);
         let other = std::fs::metadata(g.bricks[victim + 1].join(name)).map(|m| m.len()).unwrap_or(0);
         if healed != other || other == 0 {
-            bail!("GlusterFS heal info shows 0 entries but brick {victim}'s fragment of {name} has {healed} bytes, another brick's {other}");
+            bail!(
+                "GlusterFS heal info shows 0 entries but brick {victim}'s fragment of {name} has {healed} bytes, another brick's {other}"
+            );
         }
         received += healed;
     }
@@ -681,30 +704,38 @@ fn glusterfs_in(work: &std::path::Path, a: &RebuildArgs, size: u64, record: u64)
                 "bytes_written_while_down": file_bytes,
                 "file_mib_per_s": round1(mib(file_bytes) / heal_s),
                 "bytes_healed": received,
-                "heal_clock": "from `gluster volume start VOL force` returning (the brick back), then `gluster volume heal \
-                    VOL`, until `heal info` shows 0 entries on every connected brick (polled every 200 ms)",
+                "heal_clock": "from the brick's new process running (after `gluster volume start VOL force`), then \
+                    `gluster volume heal VOL`, until `heal info` shows 0 entries on every brick, all connected (polled \
+                    every 200 ms)",
             })
             .as_object()
             .cloned()
             .unwrap_or_default(),
         );
     }
-    Ok(vec![figure("write", &w, &wc), figure("read", &r, &rc), heal])
+    let mut read = figure("read", &r, &rc);
+    read["bytes_verified"] = json!(size * a.common.runs as u64);
+    Ok(vec![figure("write", &w, &wc), read, heal])
 }
 
-/// Weft's write and read over GlusterFS's (`ratio_to_glusterfs`), its rebuild over GlusterFS's heal
-/// (`ratio_to_glusterfs_heal`), when GlusterFS was measured.
+/// Weft's write and read over GlusterFS's (`ratio_to_glusterfs`, only with the same record size), its rebuild
+/// over GlusterFS's heal (`ratio_to_glusterfs_heal`), when GlusterFS was measured.
 fn add_ratios(results: &mut [Value]) {
     let peer = |op: &str| {
-        results.iter().find(|r| r["system"] == "glusterfs" && r["op"] == op).and_then(|r| r["mib_per_s"].as_f64())
+        results
+            .iter()
+            .find(|r| r["system"] == "glusterfs" && r["op"] == op)
+            .map(|r| (r["mib_per_s"].as_f64(), r["record_bytes"].clone()))
     };
     let (w, rd, heal) = (peer("write"), peer("read"), peer("heal"));
     for r in results.iter_mut().filter(|r| r["system"] == "weft") {
         let Some(x) = r["mib_per_s"].as_f64() else { continue };
+        let same_record =
+            |p: Option<(Option<f64>, Value)>| p.filter(|(_, rec)| *rec == r["record_bytes"]).and_then(|(m, _)| m);
         let (key, base) = match r["op"].as_str() {
-            Some("write") => ("ratio_to_glusterfs", w),
-            Some("read") => ("ratio_to_glusterfs", rd),
-            Some("rebuild") => ("ratio_to_glusterfs_heal", heal),
+            Some("write") => ("ratio_to_glusterfs", same_record(w.clone())),
+            Some("read") => ("ratio_to_glusterfs", same_record(rd.clone())),
+            Some("rebuild") => ("ratio_to_glusterfs_heal", heal.clone().and_then(|(m, _)| m)),
             _ => continue,
         };
         r[key] = json!(base.filter(|b| *b > 0.0).map(|b| round3(x / b)));
@@ -830,12 +861,16 @@ mod tests {
     fn doc() -> Value {
         let weft = |op: &str, mib: f64, throttle: u64| {
             json!({"system": "weft", "layout": "ec4+2", "op": op, "mib_per_s": mib, "min": mib, "max": mib,
+                "record_bytes": if op == "write" { 1u64 << 20 } else { 4 << 20 },
                 "runs": 1, "rebuild_mib_per_s_throttle": throttle, "ratio_to_throttle": if throttle > 0 {
                 Some(mib / throttle as f64) } else { None }, "rebuild_s": 2.0, "detect_s": 5.5,
                 "bytes_rebuilt": [512u64 << 20], "bytes_verified": 2u64 << 30})
         };
-        let g = |op: &str, mib: f64| json!({"system": "glusterfs", "layout": "disperse 4+2", "op": op,
-            "mib_per_s": mib, "min": mib, "max": mib, "runs": 3, "heal_s": 10.0, "bytes_healed": 1u64 << 29});
+        let g = |op: &str, mib: f64| {
+            json!({"system": "glusterfs", "layout": "disperse 4+2", "op": op,
+            "record_bytes": 1u64 << 20,
+            "mib_per_s": mib, "min": mib, "max": mib, "runs": 3, "heal_s": 10.0, "bytes_healed": 1u64 << 29})
+        };
         let mut results = vec![
             weft("write", 300.0, 0),
             weft("read", 600.0, 0),
@@ -856,7 +891,7 @@ mod tests {
         let d = doc();
         let r = &d["results"];
         assert_eq!(r[0]["ratio_to_glusterfs"], 3.0);
-        assert_eq!(r[1]["ratio_to_glusterfs"], 3.0);
+        assert_eq!(r[1]["ratio_to_glusterfs"], Value::Null, "4 MiB records are not compared with 1 MiB ones");
         assert_eq!(r[2]["ratio_to_glusterfs_heal"], 20.0);
         assert_eq!(r[3]["ratio_to_glusterfs_heal"], 7.5);
         assert!(r[4].get("ratio_to_glusterfs").is_none(), "GlusterFS is not compared with itself");

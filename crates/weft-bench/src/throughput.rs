@@ -23,8 +23,8 @@ use weft_client::{Client, OpenMode};
 
 use crate::ceilings;
 use crate::common::{self, Targets, round1, round3};
-use crate::layouts::LayoutChoice;
 use crate::doc::Document;
+use crate::layouts::LayoutChoice;
 use crate::stats::summarize;
 
 #[derive(Args, Clone, Debug)]
@@ -66,6 +66,10 @@ pub struct ThroughputArgs {
     /// the file again `--runs` times (op `degraded-read`); the server is restarted afterwards.
     #[arg(long)]
     pub degraded: bool,
+    /// Bytes of the file each degraded read reads, from its start (0: all of it); it keeps the degraded runs of a
+    /// large --size within minutes while every request still meets the stopped server's chunks.
+    #[arg(long, default_value = "512M")]
+    pub degraded_size: String,
     #[command(flatten)]
     pub common: common::SharedArgs,
 }
@@ -123,6 +127,9 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
     }
     if a.degraded && a.procs > 0 {
         bail!("--degraded measures from this process (--procs 0)");
+    }
+    if crate::parse_bytes(&a.degraded_size).is_none() {
+        bail!("--degraded-size wants a size like 512M (0: the whole file)");
     }
     if a.degraded && layouts.iter().all(|l| l.is_plain()) {
         bail!("--degraded needs a redundant layout (e.g. --layout plain,ec4+2): a plain file has no second copy");
@@ -265,10 +272,15 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
         // The MDS never declared the stopped server failed within this (each degraded result says whether it
         // moved any layout, i.e. whether a rebuild ran beside the read).
         "rebuild_after_ms": a.degraded.then_some(DEGRADED_REBUILD_AFTER_MS),
+        "degraded_size_bytes": a.degraded.then(|| match crate::parse_bytes(&a.degraded_size) {
+            Some(0) | None => size,
+            Some(b) => b.min(size),
+        }),
         "degraded_method": a.degraded.then_some(
             "after a layout's healthy runs, the data server holding ec data chunk 0 (mirror: the copy read first) \
-             is stopped (SIGTERM) under the same client; --runs sequential reads of the file, each record compared \
-             with what was written inside the timing; then the server is restarted"
+             is stopped (SIGTERM) under the same client; --runs sequential reads of the file's first \
+             --degraded-size bytes, each record compared with what was written inside the timing; then the server \
+             is restarted"
         ),
     });
     let doc = doc.finish(config, Value::Object(ceil), results);
@@ -405,24 +417,25 @@ async fn sequential(
     }
     let (w, wc) = (t.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c);
 
-    let (r, rc) = read_pass(client, path, record, records, bufs, None).await?;
+    let (r, rc) = read_pass(client, path, record, records, records, bufs, None).await?;
     Ok((w, wc, r, rc))
 }
 
-/// One sequential read pass of `records` records with the buffers `bufs` (one per record in flight); with
-/// `expect`, every record is compared with it (a mismatch fails the pass, naming the offset). Returns (secs, cpu
-/// secs).
+/// One sequential read pass of the first `records` records of the file of `file_records` records, with the
+/// buffers `bufs` (one per record in flight); with `expect`, every record is compared with it (a mismatch fails
+/// the pass, naming the offset). Returns (secs, cpu secs).
 async fn read_pass(
     client: &Client,
     path: &str,
     record: u64,
+    file_records: u64,
     records: u64,
     bufs: &mut Vec<BytesMut>,
     expect: Option<&Bytes>,
 ) -> Result<(f64, f64)> {
     let f = Arc::new(client.open(path, OpenMode::Read).await?);
-    if f.size() != records * record {
-        bail!("{path}: size {} after writing {} bytes", f.size(), records * record);
+    if f.size() != file_records * record {
+        bail!("{path}: size {} after writing {} bytes", f.size(), file_records * record);
     }
     let check = |i: u64, b: &BytesMut| -> Result<()> {
         if let Some(want) = expect
@@ -491,15 +504,20 @@ async fn degraded(
         layouts_changed: 0,
         bytes_verified: 0,
     };
+    // The first --degraded-size bytes (all of them with 0).
+    let read = match crate::parse_bytes(&a.degraded_size) {
+        Some(0) | None => records,
+        Some(b) => b.div_ceil(record).clamp(1, records),
+    };
     let result = async {
         for _ in 0..a.common.runs {
             d.loads.start();
-            let (secs, cpu) = read_pass(client, path, record, records, bufs, Some(src)).await?;
+            let (secs, cpu) = read_pass(client, path, record, records, read, bufs, Some(src)).await?;
             d.loads.end();
-            let gib = (records * record) as f64 / (1u64 << 30) as f64;
+            let gib = (read * record) as f64 / (1u64 << 30) as f64;
             d.mib.push(gib * 1024.0 / secs);
             d.cpu.push(cpu / gib);
-            d.bytes_verified += records * record;
+            d.bytes_verified += read * record;
         }
         anyhow::Ok(())
     }
