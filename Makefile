@@ -10,7 +10,8 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: up deps lint test bench bench-deps bench-mount bench-compare bench-cache bench-nfs clean-data rdma-deps test-rdma
+.PHONY: up deps lint test bench bench-deps bench-mount bench-compare bench-cache bench-nfs bench-ec clean-data rdma-deps\
+	test-rdma
 
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
 # mount it on $(MOUNT) (FUSE). Ctrl-C unmounts and stops everything.
@@ -122,6 +123,14 @@ bench-cache: bench-deps
 bench-nfs: bench-deps
 	mkdir -p docs/bench
 	$(CARGO) run --locked --release -p weft -- bench nfs --json docs/bench/nfs.json
+# bench-ec: redundancy (issue 13): plain, ec 4+2 and mirror 2 on 7 data servers with a degraded read, then the
+# rebuild onto spares after kill -9 (unthrottled and at 200 MiB/s) beside GlusterFS disperse 4+2's heal.
+bench-ec: bench-deps
+	mkdir -p docs/bench
+	$(CARGO) run --locked --release -p weft -- bench throughput --layout plain,ec4+2,mirror2 --servers 7 --record 1M \
+		--size 2G --degraded --no-iperf --json docs/bench/redundancy-throughput.json
+	$(CARGO) run --locked --release -p weft -- bench rebuild --size 2G --layout ec4+2 --servers 7 --rebuild-mib-s 0,200 \
+		--json docs/bench/rebuild.json
 
 # bench-compare: the same workloads on Weft and every peer in one run, with ratios; then the report of docs/bench.
 bench-compare: bench-deps

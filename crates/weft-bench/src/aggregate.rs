@@ -16,9 +16,11 @@ pub(crate) async fn measure(
     record: u64,
     size: u64,
     a: &ThroughputArgs,
+    dir: &str,
 ) -> Result<Point> {
     let n = a.procs;
-    let file = |rank: usize| format!("/bench-agg-{}-s{servers}-r{record}-p{rank}", std::process::id());
+    // In `dir` (a layout's directory, "" for the root): the files inherit its layout.
+    let file = |rank: usize| format!("{dir}/bench-agg-{}-s{servers}-r{record}-p{rank}", std::process::id());
     let phase = |op: &str, rank: usize, bytes: u64| {
         json!({"op": op, "path": file(rank), "offset": 0, "bytes": bytes, "record": record, "window": a.window,
             "fsync": a.fsync, "create": true})

@@ -25,7 +25,11 @@ pub fn throughput_svg(doc: &Value) -> String {
     for (i, r) in results.iter().enumerate() {
         let x = left + 10.0 + 70.0 * i as f64;
         let m = r["mib_per_s"].as_f64().unwrap_or(0.0);
-        let color = if r["op"] == "read" { "#3b7dd8" } else { "#e08a2c" };
+        let color = match r["op"].as_str() {
+            Some("read") => "#3b7dd8",
+            Some("degraded-read") => "#9c27b0",
+            _ => "#e08a2c",
+        };
         s += &format!(
             "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"40\" height=\"{:.1}\" fill=\"{color}\"/>\n",
             y(m),
@@ -39,10 +43,15 @@ pub fn throughput_svg(doc: &Value) -> String {
                 y(hi)
             );
         }
+        // Redundant layouts name themselves under the bar; plain (and results from before `--layout`) do not.
+        let layout = r["layout"].as_str().filter(|l| *l != "plain").map_or(String::new(), |l| format!(" {l}"));
+        let op = match r["op"].as_str().unwrap_or("") {
+            "degraded-read" => "degr.",
+            op => op,
+        };
         s += &format!(
-            "<text x=\"{x:.1}\" y=\"{:.1}\">{} s={}</text><text x=\"{x:.1}\" y=\"{:.1}\">{}</text>\n",
+            "<text x=\"{x:.1}\" y=\"{:.1}\">{op} s={}</text><text x=\"{x:.1}\" y=\"{:.1}\">{}{layout}</text>\n",
             h - bottom + 15.0,
-            r["op"].as_str().unwrap_or(""),
             r["servers"],
             h - bottom + 30.0,
             crate::report::human_bytes(r["record_bytes"].as_u64().unwrap_or(0))

@@ -14,10 +14,13 @@ pub mod checkpoint;
 pub mod common;
 pub mod compare;
 pub mod doc;
+pub mod gluster_ec;
 pub mod latency;
+pub mod layouts;
 pub mod meta;
 pub mod mount;
 pub mod nfs;
+pub mod rebuild;
 pub mod report;
 pub mod rng;
 pub mod stats;
@@ -58,6 +61,8 @@ pub enum BenchCmd {
     Cache(cache::CacheArgs),
     /// Weft's NFS gateway and nfs-ganesha through libnfs (NFSv3): sequential 1 MiB write and read, create/stat/remove.
     Nfs(nfs::NfsArgs),
+    /// Rebuild onto a spare after kill -9 of a data server (ec/mirror), and GlusterFS disperse's heal beside it.
+    Rebuild(rebuild::RebuildArgs),
     /// Turns a directory of result JSON into Markdown tables and SVG charts, with machine, date and command.
     Report(report::ReportArgs),
     /// One client process of a multi-process workload (started by the other subcommands).
@@ -76,6 +81,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         BenchCmd::Worker(a) => worker::run(a).await,
         BenchCmd::Compare(a) => compare::run(a).await,
         BenchCmd::Cache(a) => cache::run(a).await,
+        BenchCmd::Rebuild(a) => rebuild::run(a).await,
         BenchCmd::Report(a) => report::run(a),
         BenchCmd::Nfs(a) => nfs::run(a).await,
     }

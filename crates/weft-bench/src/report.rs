@@ -35,6 +35,7 @@ fn render(doc: &Value) -> Option<(String, String)> {
         "mount" => (crate::mount::table(doc), crate::mount::chart(doc)),
         "checkpoint" => (crate::checkpoint::table(doc), crate::chart::checkpoint_svg(doc)),
         "compare" => (crate::compare::table(doc), crate::compare::chart(doc)),
+        "rebuild" => (crate::rebuild::table(doc), crate::rebuild::chart(doc)),
         "cache" => (crate::cache::table(doc), crate::cache::chart(doc)),
         "nfs" => (crate::nfs::table(doc), crate::nfs::chart(doc)),
         _ => return None,
@@ -143,22 +144,27 @@ pub fn markdown_table(doc: &Value) -> String {
         memcpy.map(|x| format!("{x:.0}")).unwrap_or("-".into())
     ));
     s.push_str(
-        "| fabric | auth | servers | record | op | MiB/s (median) | min–max | × iperf3 | client CPU s/GiB | runs |\n",
+        "| fabric | auth | servers | layout | record | op | MiB/s (median) | min–max | × plain | × healthy | × iperf3 | client CPU s/GiB | runs |\n",
     );
-    s.push_str("|---|---|---:|---:|---|---:|---|---:|---:|---:|\n");
+    s.push_str("|---|---|---:|---|---:|---|---:|---|---:|---:|---:|---:|---:|\n");
+    let ratio = |v: &Value| v.as_f64().map(|x| format!("{x:.2}")).unwrap_or("-".into());
     for r in doc["results"].as_array().into_iter().flatten() {
         let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0}–{:.0} | {} | {:.3} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {:.0}–{:.0} | {} | {} | {} | {:.3} | {} |\n",
             r["fabric"].as_str().unwrap_or("-"),
             r["auth"].as_str().unwrap_or("-"),
             r["servers"],
+            // Results from before `--layout` are of the plain layout.
+            r["layout"].as_str().unwrap_or("plain"),
             human_bytes(r["record_bytes"].as_u64().unwrap_or(0)),
             r["op"].as_str().unwrap_or("?"),
             f("mib_per_s"),
             f("min"),
             f("max"),
-            r["ratio_to_iperf3"].as_f64().map(|x| format!("{x:.2}")).unwrap_or("-".into()),
+            ratio(&r["ratio_to_plain"]),
+            ratio(&r["ratio_to_healthy"]),
+            ratio(&r["ratio_to_iperf3"]),
             f("client_cpu_s_per_gib"),
             r["runs"],
         ));

@@ -13,7 +13,20 @@ use serde_json::Value;
 const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 /// Far above what the tiny runs need; only a hang reaches it.
 const TIMEOUT: Duration = Duration::from_secs(300);
-const OPS: [&str; 9] = ["write", "rewrite", "read", "reread", "create", "stat", "readdir", "remove", "checkpoint"];
+const OPS: [&str; 12] = [
+    "write",
+    "rewrite",
+    "read",
+    "reread",
+    "create",
+    "stat",
+    "readdir",
+    "remove",
+    "checkpoint",
+    "degraded-read",
+    "rebuild",
+    "heal",
+];
 
 /// A fresh directory, removed when the test ends (pass or fail).
 struct TempDir(PathBuf);
@@ -574,4 +587,89 @@ fn nfs() {
             }
         }
     }
+/// Writes `doc` as DIR/NAME and renders the directory with `weft bench report`; returns the Markdown.
+fn report_of(dir: &Path, docs: &[(&str, &Value)]) -> String {
+    for (name, doc) in docs {
+        std::fs::write(dir.join(name), serde_json::to_string(doc).unwrap()).unwrap();
+    }
+    let out = dir.join("report.md");
+    let status = Command::new(WEFT).args(["bench", "report"]).arg(dir).arg("--out").arg(&out).status().unwrap();
+    assert!(status.success());
+    std::fs::read_to_string(&out).unwrap()
+}
+
+/// `throughput --layout plain,ec4+2 --degraded` on 7 data servers: each layout's write and read with its
+/// `ratio_to_plain`, then ec4+2 read again with one of its servers stopped (`degraded-read`, `ratio_to_healthy`),
+/// every byte of it compared, under a `rebuild_after_ms` no rebuild reaches; `weft bench report` renders it.
+#[test]
+fn throughput_layouts_and_degraded_read() {
+    let args = ["throughput", "--servers", "7", "--layout", "plain,ec4+2", "--degraded", "--record", "1M"];
+    let doc = bench("throughput-ec", &[&args[..], &["--size", "8M", "--runs", "1", "--no-iperf"]].concat());
+    check_contract(&doc, "throughput", "mib_per_s");
+    check_loads(&doc);
+    assert_eq!(ops_of(&doc), ["write", "read", "write", "read", "degraded-read"]);
+    let results = doc["results"].as_array().unwrap();
+    let layouts: Vec<&str> = results.iter().map(|r| r["layout"].as_str().unwrap()).collect();
+    assert_eq!(layouts, ["plain", "plain", "ec4+2", "ec4+2", "ec4+2"]);
+    for r in &results[..2] {
+        assert_eq!(r["ratio_to_plain"], 1.0, "plain is its own baseline: {r}");
+    }
+    for r in &results[2..4] {
+        positive(r, "ratio_to_plain");
+        assert_eq!(r["stripe_unit_bytes"], 1 << 20, "{r}");
+    }
+    let d = &results[4];
+    positive(d, "ratio_to_healthy");
+    assert!(d["ratio_to_plain"].is_null(), "a plain file has no degraded read: {d}");
+    assert_eq!(d["servers_down"], 1, "{d}");
+    assert!(d["stopped_server"].as_u64().is_some_and(|s| s < 7), "{d}");
+    assert_eq!(d["bytes_verified"], 8 << 20, "the whole file, compared: {d}");
+    assert_eq!(d["rebuild_during_read"], false, "{d}");
+    let c = &doc["config"];
+    assert_eq!(c["layouts"], serde_json::json!(["plain", "ec4+2"]), "{c}");
+    assert!(c["rebuild_after_ms"].as_u64().unwrap() >= 600_000, "{c}");
+    let dir = TempDir::new("report-ec");
+    let md = report_of(&dir.0, &[("throughput-ec.json", &doc)]);
+    assert!(md.contains("## throughput (throughput-ec.json)"), "{md}");
+    assert!(md.contains("| ec4+2 | 1M | degraded-read |"), "{md}");
+}
+
+/// `rebuild --layout ec4+2 --servers 7 --rebuild-mib-s 0,200` at a tiny size: per throttle a fill, a kill -9, the
+/// rebuild onto spares timed through the MDS, and the read-back and scrub that must find every byte right;
+/// `weft bench report` renders it.
+#[test]
+fn rebuild() {
+    let args = ["rebuild", "--layout", "ec4+2", "--servers", "7", "--rebuild-mib-s", "0,200", "--size", "8M"];
+    let extra = ["--files", "2", "--rebuild-after-ms", "3000", "--runs", "1", "--no-glusterfs"];
+    let doc = bench("rebuild", &[&args[..], &extra[..]].concat());
+    check_contract(&doc, "rebuild", "mib_per_s");
+    check_loads(&doc);
+    assert_eq!(ops_of(&doc), ["write", "read", "rebuild", "write", "read", "rebuild"]);
+    let results = doc["results"].as_array().unwrap();
+    for (r, throttle) in [(&results[2], 0), (&results[5], 200)] {
+        assert_eq!(r["rebuild_mib_per_s_throttle"], throttle, "{r}");
+        assert_eq!(r["verified"], true, "{r}");
+        assert_eq!(r["bytes_verified"], 8 << 20, "{r}");
+        assert_eq!(r["scrub_inconsistencies"], 0, "{r}");
+        positive(r, "detect_s");
+        positive(r, "rebuild_s");
+        let lost = r["bytes_lost"][0].as_u64().unwrap();
+        assert!(lost > 0 && r["bytes_rebuilt"][0].as_u64().unwrap() >= lost, "the spares got what was lost: {r}");
+        assert!(r["files_rebuilt"][0].as_u64().unwrap() >= 1, "{r}");
+        assert!(r["ratio_to_glusterfs_heal"].is_null(), "GlusterFS not measured: {r}");
+        match throttle {
+            0 => assert!(r["ratio_to_throttle"].is_null(), "{r}"),
+            _ => _ = positive(r, "ratio_to_throttle"),
+        }
+    }
+    for r in [&results[1], &results[4]] {
+        assert_eq!(r["bytes_verified"], 8 << 20, "the read-back compares every byte: {r}");
+    }
+    assert!(doc["config"]["glusterfs"].as_str().unwrap().starts_with("not measured"), "{}", doc["config"]);
+    assert!(doc["targets"]["rebuild_vs_throttle"]["points"].as_array().is_some_and(|p| p.len() == 1), "{doc}");
+    let dir = TempDir::new("report-rebuild");
+    let md = report_of(&dir.0, &[("rebuild.json", &doc)]);
+    assert!(md.contains("## rebuild (rebuild.json)"), "{md}");
+    assert!(md.contains("| weft | ec4+2 | rebuild | unthrottled |"), "{md}");
+    assert!(std::fs::read_to_string(dir.0.join("rebuild.svg")).unwrap().starts_with("<svg"));
 }
