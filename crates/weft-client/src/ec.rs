@@ -143,12 +143,15 @@ async fn read_via(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMu
     // A data chunk in a stale range is never read: those rows are decoded from the other chunks.
     let (first, end) = crate::stale::rows_of(layout, offset, len);
     let k = km(layout).expect("an ec layout").0;
-    if crate::stale::stale_slots(file, first, end).await?.iter().any(|&s| s < k) {
+    if crate::stale::stale_slots(file, first, end).await?.iter().any(|&s| s < k)
+        || layout.servers[..k].iter().any(|&s| file.client.recently_unreachable(s))
+    {
         return read_degraded(file, io, offset, len).await;
     }
     match read_on(io, &layout.data_view(0), offset, len).await {
         Ok(b) => Ok(b),
         Err(e) if is_chunk_loss(&e) => {
+            file.client.note_unreachable(&e);
             tracing::debug!(ino = file.attr.ino, offset, len, "degraded ec read: {e}");
             read_degraded(file, io, offset, len).await
         }

@@ -565,10 +565,23 @@ pub(crate) async fn decode_rows(
     // A chunk in a stale range (§18) is never read: it is decoded like a missing one.
     let stale = crate::stale::stale_slots(file, first, first + rows).await?;
     let mut causes: Vec<String> = stale.iter().map(|i| format!("chunk {i}: stale")).collect();
-    for (i, r) in read_all(io, layout, (0..k + m).filter(|i| !stale.contains(i)), first, rows, true).await {
+    // A server that did not answer moments ago is left out while k others remain: waiting for its retries on
+    // every row would make a degraded read as slow as the retries.
+    let client = &file.client;
+    let down: Vec<usize> =
+        (0..k + m).filter(|i| !stale.contains(i) && client.recently_unreachable(layout.servers[*i])).collect();
+    let skip_down = !down.is_empty() && k + m - stale.len() - down.len() >= k;
+    if skip_down {
+        causes.extend(down.iter().map(|i| format!("chunk {i}: data server {} did not answer", layout.servers[*i])));
+    }
+    let which = (0..k + m).filter(|i| !stale.contains(i) && !(skip_down && down.contains(i)));
+    for (i, r) in read_all(io, layout, which, first, rows, true).await {
         match r {
             Ok(x) => found[i] = Some(x),
-            Err(e) if is_chunk_loss(&e) => causes.push(format!("chunk {i}: {e}")),
+            Err(e) if is_chunk_loss(&e) => {
+                client.note_unreachable(&e);
+                causes.push(format!("chunk {i}: {e}"))
+            }
             Err(e) => return Err(e),
         }
     }

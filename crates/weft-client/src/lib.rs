@@ -68,6 +68,10 @@ pub struct Client {
     user: Arc<UserCred>,
 }
 
+/// How long a data server that did not answer is left out of redundant reads before they try it again. Plain
+/// reads and all writes always try it: only a read that can be served from the other chunks or copies skips it.
+pub(crate) const UNREACHABLE_HOLD_MS: u64 = 2000;
+
 struct Inner {
     tuning: ClientTuning,
     rpc_cfg: ClientConfig,
@@ -78,6 +82,10 @@ struct Inner {
     ds: Mutex<HashMap<u32, Rpc>>,
     /// Serialises opening sessions, so two calls to a new server open one.
     ds_connect: tokio::sync::Mutex<()>,
+    /// Data servers that did not answer (connect refused, timed out, connection lost), with when: redundant reads
+    /// leave them out for [`UNREACHABLE_HOLD_MS`] and decode from, or read, the other chunks. One entry per server
+    /// of the cluster at most.
+    unreachable_ds: Mutex<HashMap<u32, std::time::Instant>>,
     layouts: LayoutCache,
     /// One fabric for all sessions: its shm side owns the client's arena, shared with every shm server.
     fabric: AnyFabric,
@@ -139,6 +147,7 @@ impl Client {
                 servers: Mutex::new(HashMap::new()),
                 ds: Mutex::new(HashMap::new()),
                 ds_connect: tokio::sync::Mutex::new(()),
+                unreachable_ds: Mutex::new(HashMap::new()),
                 fabric,
                 bank,
                 asserted_user_is_effective,
@@ -187,6 +196,34 @@ impl Client {
     /// The address the metadata service gave for data server `id`, if this client has asked for it.
     pub fn server_addr(&self, id: u32) -> Option<String> {
         self.inner.servers.lock().expect("servers").get(&id).cloned()
+    }
+
+    /// Remembers the server of `e` as unreachable if `e` says it did not answer (not if it answered an error).
+    pub(crate) fn note_unreachable(&self, e: &ClientError) {
+        if let ClientError::Data { server, source } | ClientError::DataAt { server, source, .. } = e {
+            if matches!(
+                source,
+                weft_rpc::RpcError::Connect { .. }
+                    | weft_rpc::RpcError::Timeout { .. }
+                    | weft_rpc::RpcError::ConnectionLost { .. }
+            ) {
+                self.inner.unreachable_ds.lock().expect("unreachable").insert(*server, std::time::Instant::now());
+            }
+        }
+    }
+
+    /// Whether data server `id` did not answer within the last [`UNREACHABLE_HOLD_MS`]: a redundant read then
+    /// goes to the other chunks first instead of paying the failed call's retries again on every read.
+    pub(crate) fn recently_unreachable(&self, id: u32) -> bool {
+        let mut m = self.inner.unreachable_ds.lock().expect("unreachable");
+        match m.get(&id) {
+            Some(t) if t.elapsed() < std::time::Duration::from_millis(UNREACHABLE_HOLD_MS) => true,
+            Some(_) => {
+                m.remove(&id);
+                false
+            }
+            None => false,
+        }
     }
 
     pub(crate) async fn data_server(&self, id: u32) -> Result<Rpc, ClientError> {

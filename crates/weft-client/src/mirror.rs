@@ -38,7 +38,10 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
     let (first, end) = crate::stale::rows_of(layout, offset, len);
     let stale = crate::stale::stale_slots(file, first, end).await?;
     let mut causes: Vec<String> = stale.iter().map(|c| format!("copy {c}: stale")).collect();
-    for c in (0..n).map(|i| (start + i) % n).filter(|c| !stale.contains(c)) {
+    // Copies whose server did not answer moments ago go last: tried only if every other copy fails.
+    let mut order: Vec<usize> = (0..n).map(|i| (start + i) % n).filter(|c| !stale.contains(c)).collect();
+    order.sort_by_key(|&c| file.client.recently_unreachable(layout.servers[c]));
+    for c in order {
         match read_on(&file.io(), &layout.data_view(c), a, b - a).await {
             Ok(mut got) => {
                 if !corrupt.is_empty() {
@@ -49,6 +52,7 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
                 return Ok(got);
             }
             Err(e) if is_chunk_loss(&e) => {
+                file.client.note_unreachable(&e);
                 if e.code() == Some(ErrorCode::Corrupt) {
                     corrupt.push(c);
                 }

@@ -587,6 +587,8 @@ fn nfs() {
             }
         }
     }
+}
+
 /// Writes `doc` as DIR/NAME and renders the directory with `weft bench report`; returns the Markdown.
 fn report_of(dir: &Path, docs: &[(&str, &Value)]) -> String {
     for (name, doc) in docs {
