@@ -144,7 +144,7 @@ async fn read_via(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMu
     let (first, end) = crate::stale::rows_of(layout, offset, len);
     let k = km(layout).expect("an ec layout").0;
     if crate::stale::stale_slots(file, first, end).await?.iter().any(|&s| s < k)
-        || layout.servers[..k].iter().any(|&s| file.client.recently_unreachable(s))
+        || touches_unreachable(file, offset, len)
     {
         return read_degraded(file, io, offset, len).await;
     }
@@ -157,6 +157,19 @@ async fn read_via(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMu
         }
         Err(e) => Err(e),
     }
+}
+
+/// Whether `[offset, offset + len)` has bytes on a data chunk whose server did not answer moments ago: such a read
+/// goes straight to the other chunks. A range on live servers only is read directly (a torn row elsewhere in its
+/// rows does not concern it).
+fn touches_unreachable(file: &File, offset: u64, len: u64) -> bool {
+    let layout = file.layout();
+    let k = km(&layout).expect("an ec layout").0;
+    if !layout.servers[..k].iter().any(|&s| file.client.recently_unreachable(s)) {
+        return false;
+    }
+    let view = layout.data_view(0);
+    view.pieces(offset, len).iter().any(|p| file.client.recently_unreachable(view.servers[p.server_index as usize]))
 }
 
 /// [`read`] from whole stripe rows, each decoded from any `k` of its chunks; chunks refused as corrupt are
