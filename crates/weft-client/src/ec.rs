@@ -198,11 +198,7 @@ async fn read_degraded(file: &File, io: &Io, offset: u64, len: u64) -> Result<By
     Ok(out)
 }
 
-/// How often a degraded read reads a torn row again before reporting it, and its backoff between tries (about
-/// a second in all: far longer than one row write takes).
-const TORN_RETRIES_MAX: u32 = 8;
-const TORN_BACKOFF_MS_MIN: u64 = 5;
-const TORN_BACKOFF_MS_MAX: u64 = 250;
+use crate::ec_rows::{TORN_BACKOFF_MS_MAX, TORN_BACKOFF_MS_MIN, TORN_RETRIES_MAX};
 
 /// The file bytes of stripe rows `[first, first + rows)`, each decoded from `k` chunks whose versions agree
 /// (docs/format.md §17); rows with damaged chunks or stale parity are repaired before returning (best effort).

@@ -302,25 +302,48 @@ pub(crate) async fn write_batch(
     let row_bytes = unit * codec.k as u64;
     let base = first * row_bytes;
     let mut attempt = 0;
+    let (mut torn_tries, mut torn_backoff_ms) = (0, TORN_BACKOFF_MS_MIN);
     loop {
         attempt += 1;
-        match write_attempt(file, read_io, write_io, codec, first, rows, from, new, old_size, new_end, None).await? {
-            Attempt::Done => return Ok(()),
-            Attempt::Moved if attempt >= WRITE_ATTEMPTS_MAX => {
-                return Err(ClientError::WriteConflict { ino: file.attr.ino, file_offset: base, attempts: attempt });
+        let done = write_attempt(file, read_io, write_io, codec, first, rows, from, new, old_size, new_end, None);
+        match done.await {
+            // A row torn under this read-modify-write is most often another client's write in flight (its data
+            // chunks are new, its parity not yet): read it again, backing off, and fail only if it stays torn.
+            Err(ClientError::TornRow { .. }) if torn_tries < TORN_RETRIES_MAX => {
+                torn_tries += 1;
+                tokio::time::sleep(Duration::from_millis(torn_backoff_ms)).await;
+                torn_backoff_ms = (torn_backoff_ms * 2).min(TORN_BACKOFF_MS_MAX);
+                continue;
             }
-            Attempt::Moved => {
-                // Jittered, growing backoff so two writers of one row stop colliding (not a timing assumption).
-                let jitter = (std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .subsec_nanos()
-                    % 1000) as u64;
-                tokio::time::sleep(Duration::from_micros(u64::from(attempt) * 200 + jitter)).await;
-            }
+            Err(e) => return Err(e),
+            Ok(a) => match a {
+                Attempt::Done => return Ok(()),
+                Attempt::Moved if attempt >= WRITE_ATTEMPTS_MAX => {
+                    return Err(ClientError::WriteConflict {
+                        ino: file.attr.ino,
+                        file_offset: base,
+                        attempts: attempt,
+                    });
+                }
+                Attempt::Moved => {
+                    // Jittered, growing backoff so two writers of one row stop colliding (not a timing assumption).
+                    let jitter = (std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .subsec_nanos()
+                        % 1000) as u64;
+                    tokio::time::sleep(Duration::from_micros(u64::from(attempt) * 200 + jitter)).await;
+                }
+            },
         }
     }
 }
+
+/// How often a read-modify-write reads a torn row again before reporting it, and the backoff between tries
+/// (about a second in all, as a degraded read: far longer than one row write takes).
+pub(crate) const TORN_RETRIES_MAX: u32 = 8;
+pub(crate) const TORN_BACKOFF_MS_MIN: u64 = 5;
+pub(crate) const TORN_BACKOFF_MS_MAX: u64 = 250;
 
 #[allow(clippy::too_many_arguments)]
 async fn write_attempt(
