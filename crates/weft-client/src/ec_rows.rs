@@ -597,7 +597,8 @@ pub(crate) async fn decode_rows(
     if skip_down {
         causes.extend(down.iter().map(|i| format!("chunk {i}: data server {} did not answer", layout.servers[*i])));
     }
-    let which = (0..k + m).filter(|i| !stale.contains(i) && !(skip_down && down.contains(i)));
+    let skipped = |i: &usize| stale.contains(i) || (skip_down && down.contains(i));
+    let which = (0..k + m).filter(|i| !skipped(i));
     for (i, r) in read_all(io, layout, which, first, rows, true).await {
         match r {
             Ok(x) => found[i] = Some(x),

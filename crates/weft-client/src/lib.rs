@@ -200,15 +200,15 @@ impl Client {
 
     /// Remembers the server of `e` as unreachable if `e` says it did not answer (not if it answered an error).
     pub(crate) fn note_unreachable(&self, e: &ClientError) {
-        if let ClientError::Data { server, source } | ClientError::DataAt { server, source, .. } = e {
-            if matches!(
+        if let ClientError::Data { server, source } | ClientError::DataAt { server, source, .. } = e
+            && matches!(
                 source,
                 weft_rpc::RpcError::Connect { .. }
                     | weft_rpc::RpcError::Timeout { .. }
                     | weft_rpc::RpcError::ConnectionLost { .. }
-            ) {
-                self.inner.unreachable_ds.lock().expect("unreachable").insert(*server, std::time::Instant::now());
-            }
+            )
+        {
+            self.inner.unreachable_ds.lock().expect("unreachable").insert(*server, std::time::Instant::now());
         }
     }
 
