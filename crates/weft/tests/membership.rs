@@ -152,8 +152,6 @@ async fn put(c: &Client, path: &str, model: &[u8]) -> Vec<u32> {
 /// more servers are killed and every file (two ec 4+2, one mirror 2) still reads back equal — which for the rows
 /// whose surviving chunks include the spare's needs the rebuilt chunks to be right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "bug: the rebuild of an ec 4+2 file of 5 full rows onto the spare never completes: the healer's \
-            WriteRows for the moved slot carries no payload and the data server answers BadRequest, forever"]
 async fn a_killed_server_that_stays_down_is_rebuilt_onto_the_spare_and_every_file_survives_two_more_kills() {
     let mut c = start_with("membership-down", 7, |o| {
         o.rebuild_after_ms = Some(3000);
