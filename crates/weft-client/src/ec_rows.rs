@@ -339,6 +339,20 @@ pub(crate) async fn write_batch(
     }
 }
 
+/// The parity of whole rows `data` (k chunks of `u` bytes each, rows back to back), encoded straight into one
+/// buffer per parity chunk (rows back to back), ready to be sent in slices.
+fn encode_parity(codec: &Codec, data: &[u8], u: usize) -> Vec<Vec<u8>> {
+    let row_bytes = u * codec.k;
+    let rows = data.len() / row_bytes;
+    let mut pbuf: Vec<Vec<u8>> = vec![vec![0u8; rows * u]; codec.m];
+    for (row, rb) in data.chunks_exact(row_bytes).enumerate() {
+        let shards: Vec<&[u8]> = rb.chunks_exact(u).collect();
+        let mut outs: Vec<&mut [u8]> = pbuf.iter_mut().map(|p| &mut p[row * u..][..u]).collect();
+        codec.encode_into(&shards, &mut outs);
+    }
+    pbuf
+}
+
 /// How often a read-modify-write reads a torn row again before reporting it, and the backoff between tries
 /// (about a second in all, as a degraded read: far longer than one row write takes).
 pub(crate) const TORN_RETRIES_MAX: u32 = 8;
@@ -514,13 +528,7 @@ async fn write_attempt(
         Written::Failed(f) => lost.extend(f),
     }
     // Every parity chunk encoded straight into one buffer per parity server (rows back to back), sent in slices.
-    let mut pbuf: Vec<Vec<u8>> = vec![vec![0u8; rows as usize * u]; m];
-    for row in 0..rows {
-        let rb = &src[row_at(row)..row_at(row) + row_bytes as usize];
-        let shards: Vec<&[u8]> = rb.chunks_exact(u).collect();
-        let mut outs: Vec<&mut [u8]> = pbuf.iter_mut().map(|p| &mut p[row as usize * u..][..u]).collect();
-        codec.encode_into(&shards, &mut outs);
-    }
+    let pbuf = encode_parity(codec, &src[..rows as usize * row_bytes as usize], u);
     let mut writes = Vec::new();
     for (p, pb) in pbuf.into_iter().enumerate() {
         if skip.contains(&(k + p)) {
@@ -897,12 +905,7 @@ async fn heal_attempt(
             Written::Failed(_) => {}
         }
     }
-    let mut pbuf: Vec<Vec<u8>> = vec![vec![0u8; rows as usize * u]; m];
-    for row in 0..rows as usize {
-        let shards: Vec<&[u8]> = data[row_at(row)..row_at(row) + row_bytes as usize].chunks_exact(u).collect();
-        let mut outs: Vec<&mut [u8]> = pbuf.iter_mut().map(|p| &mut p[row * u..][..u]).collect();
-        codec.encode_into(&shards, &mut outs);
-    }
+    let pbuf = encode_parity(codec, &data[..rows as usize * row_bytes as usize], u);
     let mut writes = Vec::new();
     for (p, pb) in pbuf.into_iter().enumerate() {
         if skip.contains(&(k + p)) {
