@@ -351,7 +351,7 @@ async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32) -> O
     }
     let size = f.size();
     let len = size.saturating_sub(offset).min(count) as usize;
-    let data = match gw.files.ahead.read(ino, c.user(), &f, offset, len, count, size).await {
+    let data = match gw.files.ahead.read(&f, c.user(), offset, len, count, size).await {
         Served::Ahead(d) => d,
         Served::Miss => match f.read_at(offset, BytesMut::zeroed(len)).await {
             Ok(d) => d.freeze(),

@@ -78,14 +78,13 @@ impl ReadAhead {
         self.files_max > 0 && self.depth > 0
     }
 
-    /// A READ of `len` bytes at `offset` (already clipped to `size`, the size `file` knows now) asked as `count`
-    /// bytes by `user`: the bytes if a range fetched ahead is exactly that, and the next ranges started if the
-    /// caller reads sequentially.
+    /// A READ through `file` (the cached open file of `user`) of `len` bytes at `offset` (already clipped to
+    /// `size`, the size `file` knows now) asked as `count` bytes: the bytes if a range fetched ahead is exactly
+    /// that, and the next ranges started if the caller reads sequentially.
     pub async fn read(
         &self,
-        ino: u64,
-        user: &UserCred,
         file: &Arc<File>,
+        user: &UserCred,
         offset: u64,
         len: usize,
         count: u64,
@@ -94,7 +93,7 @@ impl ReadAhead {
         if !self.enabled() || len == 0 {
             return Served::Miss;
         }
-        let key = (ino, user.clone());
+        let key = (file.ino(), user.clone());
         let (hit, start) = {
             let mut map = self.windows.lock().expect("read-ahead windows");
             if map.get(&key).is_some_and(|w| !Arc::ptr_eq(&w.file, file)) {
@@ -176,11 +175,6 @@ impl ReadAhead {
 
     pub fn clear(&self) {
         self.windows.lock().expect("read-ahead windows").clear();
-    }
-
-    /// Ranges held or being fetched (for tests: the bound).
-    pub fn ranges(&self) -> usize {
-        self.windows.lock().expect("read-ahead windows").values().map(|w| w.ranges.len()).sum()
     }
 }
 
