@@ -10,6 +10,9 @@
 //! Close-to-open: a client opening a file sends GETATTR, answered from the MDS (raised by the size of this
 //! gateway's uncommitted writes) and passed to every cached entry of the inode (`File::observe_open`), so a
 //! cached handle then reads what another path (FUSE, another gateway) wrote and closed.
+//!
+//! The read-ahead windows ([`crate::readahead`]) live here too, so every event that must drop them (attributes
+//! answered, a WRITE, a COMMIT, a size change, a handle closed) passes through one place.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,6 +20,8 @@ use std::time::{Duration, Instant};
 
 use weft_client::{Client, ClientError, File, OpenMode};
 use weft_proto::{Attr, UserCred};
+
+use crate::readahead::ReadAhead;
 
 type Key = (u64, UserCred);
 
@@ -30,20 +35,38 @@ pub struct OpenFiles {
     map: Mutex<HashMap<Key, Entry>>,
     open_files_max: usize,
     open_idle: Duration,
+    /// Read-ahead windows of the cached files.
+    pub ahead: ReadAhead,
 }
 
 impl OpenFiles {
-    pub fn new(open_files_max: usize, open_idle_ms: u64) -> OpenFiles {
+    /// `read_ahead_files_max` windows of `read_ahead_depth` ranges (either 0: no read-ahead).
+    pub fn new(
+        open_files_max: usize,
+        open_idle_ms: u64,
+        read_ahead_files_max: usize,
+        read_ahead_depth: usize,
+    ) -> OpenFiles {
         OpenFiles {
             map: Mutex::new(HashMap::new()),
             open_files_max: open_files_max.max(1),
             open_idle: Duration::from_millis(open_idle_ms),
+            ahead: ReadAhead::new(read_ahead_files_max, read_ahead_depth),
         }
+    }
+
+    /// After a WRITE of `ino` through this gateway (or a size change): what was read ahead may predate it.
+    pub fn wrote(&self, ino: u64) {
+        self.ahead.drop_inode(ino);
     }
 
     /// An open file for `client`'s user, for writing (`write`) or reading; opened at the MDS if not cached.
     pub async fn get(&self, client: &Client, ino: u64, write: bool) -> Result<Arc<File>, ClientError> {
         let key = (ino, client.user().clone());
+        if write {
+            // Before the write too: a range read ahead while it runs is dropped by the `wrote` after it.
+            self.ahead.drop_inode(ino);
+        }
         {
             let mut map = self.map.lock().expect("open files");
             if let Some(e) = map.get_mut(&key)
@@ -75,6 +98,7 @@ impl OpenFiles {
             while map.len() >= self.open_files_max {
                 let lru = map.iter().min_by_key(|(_, e)| e.used).map(|(k, _)| k.clone()).expect("non-empty");
                 evicted.push(map.remove(&lru).expect("present").file);
+                self.ahead.drop_key(lru.0, &lru.1);
             }
             map.insert(key, Entry { file: file.clone(), writable: write, used: Instant::now() });
             evicted
@@ -92,6 +116,7 @@ impl OpenFiles {
 
     /// Syncs every cached file of `ino` (COMMIT); the first error is returned after all were tried.
     pub async fn sync_inode(&self, ino: u64) -> Result<(), ClientError> {
+        self.ahead.drop_inode(ino);
         let mut first = Ok(());
         for f in self.of_inode(ino) {
             if let Err(e) = f.sync().await
@@ -105,6 +130,7 @@ impl OpenFiles {
 
     /// Syncs and drops every cached file of `ino` (before its size is set, or after it is removed).
     pub async fn close_inode(&self, ino: u64) -> Result<(), ClientError> {
+        self.ahead.drop_inode(ino);
         let files: Vec<Arc<File>> = {
             let mut map = self.map.lock().expect("open files");
             let keys: Vec<Key> = map.keys().filter(|k| k.0 == ino).cloned().collect();
@@ -124,6 +150,9 @@ impl OpenFiles {
     /// `attr` as the gateway's clients must see it: the size raised to what cached handles wrote but have not
     /// committed yet, and those handles told about the fresh attributes (close-to-open).
     pub fn overlay(&self, attr: &mut Attr) {
+        // A client asking for attributes may be opening the file (close-to-open): nothing read ahead before
+        // this is served after it.
+        self.ahead.drop_inode(attr.ino);
         for f in self.of_inode(attr.ino) {
             f.observe_open(attr);
             attr.size = attr.size.max(f.size());
@@ -140,6 +169,9 @@ impl OpenFiles {
                 .filter(|(_, e)| now.duration_since(e.used) >= self.open_idle)
                 .map(|(k, _)| k.clone())
                 .collect();
+            for k in &keys {
+                self.ahead.drop_key(k.0, &k.1);
+            }
             keys.into_iter().filter_map(|k| map.remove(&k)).map(|e| e.file).collect()
         };
         let n = idle.len();
@@ -151,6 +183,7 @@ impl OpenFiles {
 
     /// Closes everything (shutdown).
     pub async fn close_all(&self) {
+        self.ahead.clear();
         let all: Vec<Arc<File>> = self.map.lock().expect("open files").drain().map(|(_, e)| e.file).collect();
         for f in all {
             close(f).await;

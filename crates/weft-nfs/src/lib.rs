@@ -6,7 +6,7 @@
 //! the gateway gets striping and the fabrics for free and the MDS applies its permission checks to that
 //! identity; the gateway's own key must be the cluster key or a client key of policy `trusted` (docs/format.md
 //! §9). Filehandles are sealed ([`fh`], docs/format.md §15). Everything is bounded: connections, requests in
-//! flight per connection, record size, open files ([`files`]), directory cursors.
+//! flight per connection, record size, open files ([`files`]), read-ahead ([`readahead`]), directory cursors.
 //!
 //! Restarts: with a state directory the gateway records its MDS session ([`restart`]), and the next process
 //! adopts that session's locks at start, holding them through the NFSv4 grace period for their clients to
@@ -18,6 +18,7 @@ pub mod mount;
 pub mod nfs3;
 pub mod nfs4;
 pub mod proto;
+pub mod readahead;
 pub mod restart;
 pub mod rpc;
 pub mod status;
@@ -30,7 +31,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use weft_client::{Client, ClientError, ClusterConfig};
@@ -113,6 +113,10 @@ pub struct GatewayConfig {
     pub open_files_max: usize,
     /// A cached open file unused this long is synced and closed.
     pub open_idle_ms: u64,
+    /// Files (per user) a sequential reader's next ranges are read ahead for ([`readahead`]); 0: no read-ahead.
+    pub read_ahead_files_max: usize,
+    /// Ranges (each one READ's size, at most 1 MiB) read ahead per file.
+    pub read_ahead_depth: usize,
     /// Directory cursors (READDIR cookie → name) remembered.
     pub dir_cursors_max: usize,
     pub record: RecordLimits,
@@ -133,6 +137,8 @@ impl Default for GatewayConfig {
             requests_in_flight_max: 32,
             open_files_max: 1024,
             open_idle_ms: 5_000,
+            read_ahead_files_max: 16,
+            read_ahead_depth: 2,
             dir_cursors_max: 4096,
             record: RecordLimits::default(),
             nfs4: nfs4::state::StateConfig::default(),
@@ -207,7 +213,8 @@ impl Gateway {
             ^ ((std::process::id() as u64) << 40))
             .to_be_bytes();
         let fsid = sealer.export_id() as u64;
-        let files = OpenFiles::new(cfg.open_files_max, cfg.open_idle_ms);
+        let files =
+            OpenFiles::new(cfg.open_files_max, cfg.open_idle_ms, cfg.read_ahead_files_max, cfg.read_ahead_depth);
         // The NFSv4 epoch: new at every start (from the same randomness as the write verifier), so clientids and
         // stateids of an earlier start are recognised as such.
         let epoch = u32::from_be_bytes(verifier[4..].try_into().expect("4 bytes")) | 1;
@@ -346,7 +353,7 @@ impl Gateway {
                 }
             };
             if let Some(r) = reply {
-                if wr.lock().await.write_all(&rpc::encode_record(&r)).await.is_err() {
+                if rpc::write_reply(&mut *wr.lock().await, &r.into()).await.is_err() {
                     break;
                 }
                 continue;
@@ -354,41 +361,41 @@ impl Gateway {
             tokio::spawn(async move {
                 let call = rpc::parse_call(&rec).expect("parsed above");
                 let reply = gw.dispatch(&call, &rec, peer, allowed).await;
-                let _ = wr.lock().await.write_all(&rpc::encode_record(&reply)).await;
+                let _ = rpc::write_reply(&mut *wr.lock().await, &reply).await;
                 drop(permit);
             });
         }
     }
 
     /// Runs one call; returns the whole reply message.
-    async fn dispatch(&self, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, allowed: bool) -> Vec<u8> {
+    async fn dispatch(&self, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, allowed: bool) -> rpc::Reply {
         // NULL of any served program answers everyone (clients probe with it before they mount).
         let null_of_served = call.proc_ == 0
             && matches!((call.prog, call.vers), (NFS_PROGRAM, NFS_V3 | NFS_V4) | (MOUNT_PROGRAM, MOUNT_V3));
         if !(allowed || null_of_served) {
             tracing::info!(%peer, prog = call.prog, proc = call.proc_, "refused: address not in --allow");
             if call.prog == MOUNT_PROGRAM && call.vers == MOUNT_V3 && call.proc_ == mount::MNT {
-                return mount::refused(call.xid);
+                return mount::refused(call.xid).into();
             }
             let mut w = rpc::denied(call.xid, 1);
             w.u32(rpc::AUTH_TOOWEAK);
-            return w.buf;
+            return w.buf.into();
         }
         match (call.prog, call.vers) {
             (NFS_PROGRAM, NFS_V3) => nfs3::call(self, call, rec, peer).await,
-            (NFS_PROGRAM, NFS_V4) => nfs4::compound::call(self, call, rec, peer).await,
+            (NFS_PROGRAM, NFS_V4) => nfs4::compound::call(self, call, rec, peer).await.into(),
             (NFS_PROGRAM, _) => {
                 let mut w = rpc::accepted(call.xid, rpc::PROG_MISMATCH);
                 w.u32(NFS_V3).u32(NFS_V4);
-                w.buf
+                w.buf.into()
             }
-            (MOUNT_PROGRAM, MOUNT_V3) => mount::call(self, call, peer).await,
+            (MOUNT_PROGRAM, MOUNT_V3) => mount::call(self, call, peer).await.into(),
             (MOUNT_PROGRAM, _) => {
                 let mut w = rpc::accepted(call.xid, rpc::PROG_MISMATCH);
                 w.u32(MOUNT_V3).u32(MOUNT_V3);
-                w.buf
+                w.buf.into()
             }
-            _ => rpc::accepted(call.xid, rpc::PROG_UNAVAIL).buf,
+            _ => rpc::accepted(call.xid, rpc::PROG_UNAVAIL).buf.into(),
         }
     }
 

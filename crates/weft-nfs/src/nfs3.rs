@@ -15,6 +15,7 @@ use weft_proto::{Attr, FileKind, NAME_BYTES_MAX, SetAttrs, TimeSet};
 use crate::Gateway;
 use crate::fh::FhError;
 use crate::proto::*;
+use crate::readahead::Served;
 use crate::rpc::{self, Call};
 use crate::status::*;
 use crate::xdr::Writer;
@@ -36,17 +37,17 @@ pub const ACCESS3_EXECUTE: u32 = 0x20;
 /// A procedure's outcome: the status, then the arm's body (the failure arm's body too).
 type Out = (u32, Writer);
 
-/// Runs one NFSv3 call; returns the reply message.
-pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) -> Vec<u8> {
+/// Runs one NFSv3 call; returns the reply message (a READ's data as its tail, not copied).
+pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) -> rpc::Reply {
     let args = match decode_args(call.proc_, call.args) {
         Ok(a) => a,
         Err(ArgsError::NoProc(p)) => {
             tracing::info!(%peer, proc = p, "NFSv3 procedure unavailable");
-            return rpc::accepted(call.xid, rpc::PROC_UNAVAIL).buf;
+            return rpc::accepted(call.xid, rpc::PROC_UNAVAIL).buf.into();
         }
         Err(ArgsError::Garbage(e)) => {
             tracing::info!(%peer, proc = call.proc_, error = %e, "NFSv3 arguments malformed");
-            return rpc::accepted(call.xid, rpc::GARBAGE_ARGS).buf;
+            return rpc::accepted(call.xid, rpc::GARBAGE_ARGS).buf.into();
         }
     };
     let client = gw.client_for(&call.auth);
@@ -60,7 +61,7 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
         w.u32(stat);
     }
     w.buf.extend_from_slice(&body.buf);
-    w.buf
+    rpc::Reply { head: w.buf, tail: body.tail }
 }
 
 async fn run(gw: &Gateway, c: &Client, args: Args<'_>, rec: &Bytes) -> Out {
@@ -209,7 +210,9 @@ async fn setattr(gw: &Gateway, c: &Client, fh: &[u8], sattr: Sattr, guard: Optio
     if is_empty(&set) {
         return fail(NFS3_OK, |w| wcc_data(w, Some(PreOp::of(&pre)), Some(&pre), fsid));
     }
-    match c.setattr(ino, set).await {
+    let res = c.setattr(ino, set).await;
+    gw.files.wrote(ino);
+    match res {
         Ok(post) => fail(NFS3_OK, |w| wcc_data(w, Some(PreOp::of(&pre)), Some(&post), fsid)),
         Err(e) => fail(status_of(&e), |w| wcc_data(w, Some(PreOp::of(&pre)), Some(&pre), fsid)),
     }
@@ -342,14 +345,18 @@ async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32) -> O
     if offset.saturating_add(count) > f.size() {
         // Near the end of what this handle knows: another path may have written more since it was opened.
         if let Ok(a) = c.getattr(ino).await {
+            gw.files.ahead.drop_inode(ino);
             f.observe_open(&a);
         }
     }
     let size = f.size();
     let len = size.saturating_sub(offset).min(count) as usize;
-    let data = match f.read_at(offset, BytesMut::zeroed(len)).await {
-        Ok(d) => d,
-        Err(e) => return fail(status_of(&e), |w| post_op_attr(w, None, 0)),
+    let data = match gw.files.ahead.read(&f, c.user(), offset, len, count, size).await {
+        Served::Ahead(d) => d,
+        Served::Miss => match f.read_at(offset, BytesMut::zeroed(len)).await {
+            Ok(d) => d.freeze(),
+            Err(e) => return fail(status_of(&e), |w| post_op_attr(w, None, 0)),
+        },
     };
     let eof = offset + data.len() as u64 >= size;
     fail(NFS3_OK, |w| {
@@ -358,7 +365,8 @@ async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32) -> O
         // a utimes undone by its next READ (tar's "file changed as we read it"). Asking the MDS per READ costs
         // a round trip; without attributes the client asks by GETATTR when it needs them.
         post_op_attr(w, None, 0);
-        w.u32(data.len() as u32).bool(eof).opaque(&data);
+        w.u32(data.len() as u32).bool(eof);
+        w.opaque_tail(data);
     })
 }
 
@@ -381,7 +389,10 @@ async fn write(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, sta
     let len = data.len() as u32;
     // The cached handle's attributes are those of its open, not the file's now (see READ): WCC data comes only
     // from the MDS's answer to a commit, else none (RFC 1813 lets both halves be absent).
-    if let Err(e) = f.write_at(offset, data).await {
+    let wrote = f.write_at(offset, data).await;
+    // Nothing read ahead while the write ran is served after it (readahead.rs).
+    gw.files.wrote(ino);
+    if let Err(e) = wrote {
         return fail(status_of(&e), no_wcc);
     }
     let (committed, post) = if stable == STABLE_UNSTABLE {

@@ -4,7 +4,10 @@
 //! Every record is bounded ([`RecordLimits`]) before a byte of it is buffered; a record over the bound is a
 //! [`RecordError`] and the connection is closed, since its remaining bytes cannot be skipped safely.
 
-use tokio::io::{AsyncRead, AsyncReadExt};
+use std::io::IoSlice;
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::xdr::{Reader, Writer, XdrError};
 
@@ -106,12 +109,16 @@ pub async fn read_record<R: AsyncRead + Unpin>(
             Err(e) => return Err(e.into()),
         }
         let (len, last) = asm.fragment(u32::from_be_bytes(h), limits)?;
-        let start = out.len();
-        out.resize(start + len, 0);
-        r.read_exact(&mut out[start..]).await.map_err(|e| match e.kind() {
-            std::io::ErrorKind::UnexpectedEof => RecordError::Truncated,
-            _ => RecordError::Io(e),
-        })?;
+        // Read into the vector's spare capacity (bounded by the limits checked above): a 1 MiB WRITE is not
+        // zero-filled first, and `take` keeps the next record's bytes in the socket.
+        let end = out.len() + len;
+        out.reserve_exact(len);
+        while out.len() < end {
+            let want = (end - out.len()) as u64;
+            if (&mut *r).take(want).read_buf(&mut out).await? == 0 {
+                return Err(RecordError::Truncated);
+            }
+        }
         if last {
             return Ok(Some(out));
         }
@@ -153,6 +160,50 @@ pub fn encode_record(body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&(0x8000_0000u32 | body.len() as u32).to_be_bytes());
     out.extend_from_slice(body);
     out
+}
+
+/// A reply message to send: `head`, then the bytes of an XDR opaque that ends the message (a READ's data,
+/// sent from the buffer it was read into) and their padding ([`crate::xdr::Writer::tail`]).
+#[derive(Debug, Default)]
+pub struct Reply {
+    pub head: Vec<u8>,
+    pub tail: Option<Bytes>,
+}
+
+impl From<Vec<u8>> for Reply {
+    fn from(head: Vec<u8>) -> Reply {
+        Reply { head, tail: None }
+    }
+}
+
+impl From<Writer> for Reply {
+    fn from(w: Writer) -> Reply {
+        Reply { head: w.buf, tail: w.tail }
+    }
+}
+
+/// Sends `reply` as one record of one fragment: record mark, head, tail and padding in vectored writes, so the
+/// tail is never copied into another buffer.
+pub async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: &Reply) -> std::io::Result<()> {
+    let tail: &[u8] = reply.tail.as_deref().unwrap_or(&[]);
+    let pad = crate::xdr::pad_of(tail.len());
+    let len = reply.head.len() + tail.len() + pad.len();
+    assert!(len < 0x8000_0000, "a fragment is under 2 GiB");
+    let mark = (0x8000_0000u32 | len as u32).to_be_bytes();
+    let mut slices = [IoSlice::new(&mark), IoSlice::new(&reply.head), IoSlice::new(tail), IoSlice::new(pad)];
+    let mut left = &mut slices[..];
+    // Counted in bytes, not slices: an empty tail or padding stays in `left` and must not end the loop early
+    // (or be written as a zero-length write, which reads as WriteZero).
+    let mut bytes_left = mark.len() + len;
+    while bytes_left > 0 {
+        let n = w.write_vectored(left).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        bytes_left -= n;
+        IoSlice::advance_slices(&mut left, n);
+    }
+    w.flush().await
 }
 
 /// The caller's credential.
@@ -359,6 +410,42 @@ mod tests {
         let zeros = [0u8; 16];
         assert!(matches!(split_records(&zeros, &limits), Err(RecordError::TooManyFragments(3))));
         assert!(matches!(split_records(&s[..6], &limits), Err(RecordError::Truncated)));
+    }
+
+    /// A reply with a tail arrives as one record equal to head ++ tail ++ padding, through a pipe so small that
+    /// every write is partial (a slice split anywhere, the empty tail and padding of a small reply included);
+    /// and records read back-to-back stay apart.
+    #[tokio::test]
+    async fn replies_with_tails_are_one_record_and_records_stay_apart() {
+        let limits = RecordLimits::default();
+        let replies: Vec<Reply> = (0..7usize)
+            .map(|n| Reply {
+                head: vec![n as u8; 4 + n],
+                tail: (n % 2 == 1).then(|| Bytes::from((0..n * 1000 + n).map(|i| i as u8).collect::<Vec<u8>>())),
+            })
+            .collect();
+        let want: Vec<Vec<u8>> = replies
+            .iter()
+            .map(|r| {
+                let mut v = r.head.clone();
+                if let Some(t) = &r.tail {
+                    v.extend_from_slice(t);
+                    v.extend_from_slice(crate::xdr::pad_of(t.len()));
+                }
+                v
+            })
+            .collect();
+        let (mut a, mut b) = tokio::io::duplex(7);
+        let writer = tokio::spawn(async move {
+            for r in &replies {
+                write_reply(&mut a, r).await.unwrap();
+            }
+        });
+        for w in &want {
+            assert_eq!(&read_record(&mut b, &limits).await.unwrap().unwrap(), w);
+        }
+        writer.await.unwrap();
+        assert!(read_record(&mut b, &limits).await.unwrap().is_none(), "the pipe ends between records");
     }
 
     #[test]

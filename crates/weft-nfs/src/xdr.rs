@@ -98,23 +98,53 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// An XDR encoder appending to a byte vector.
+/// An XDR encoder appending to a byte vector, and optionally ending in one large opaque's bytes kept apart
+/// ([`Writer::opaque_tail`]: a READ's data goes to the socket from the buffer it was read into, not copied).
 #[derive(Debug, Default)]
 pub struct Writer {
     pub buf: Vec<u8>,
+    /// The bytes of a variable-length opaque whose length word ends `buf`; the encoding is `buf`, then `tail`,
+    /// then `tail`'s padding ([`pad_of`]). Nothing may be written after it.
+    pub tail: Option<bytes::Bytes>,
+}
+
+/// The zero bytes that pad `len` bytes of opaque data to a multiple of 4.
+pub fn pad_of(len: usize) -> &'static [u8] {
+    &[0u8; 3][..padded(len) - len]
 }
 
 impl Writer {
     pub fn new() -> Writer {
-        Writer { buf: Vec::with_capacity(256) }
+        Writer { buf: Vec::with_capacity(256), tail: None }
+    }
+
+    /// Variable-length opaque data as the last item: its length word is encoded now, its bytes stay where they
+    /// are (see [`Writer::tail`]).
+    pub fn opaque_tail(&mut self, b: bytes::Bytes) {
+        assert!(b.len() <= u32::MAX as usize, "an XDR opaque is at most 4 GiB");
+        assert!(self.tail.is_none(), "one tail per message");
+        self.u32(b.len() as u32);
+        self.tail = Some(b);
+    }
+
+    /// The whole encoding in one vector (copies the tail; for tests and small messages).
+    pub fn into_vec(self) -> Vec<u8> {
+        let mut v = self.buf;
+        if let Some(t) = self.tail {
+            v.extend_from_slice(&t);
+            v.extend_from_slice(pad_of(t.len()));
+        }
+        v
     }
 
     pub fn u32(&mut self, v: u32) -> &mut Self {
+        debug_assert!(self.tail.is_none(), "nothing is written after the tail");
         self.buf.extend_from_slice(&v.to_be_bytes());
         self
     }
 
     pub fn u64(&mut self, v: u64) -> &mut Self {
+        debug_assert!(self.tail.is_none(), "nothing is written after the tail");
         self.buf.extend_from_slice(&v.to_be_bytes());
         self
     }
@@ -125,6 +155,7 @@ impl Writer {
 
     /// Fixed-length opaque data, padded.
     pub fn fixed(&mut self, b: &[u8]) -> &mut Self {
+        debug_assert!(self.tail.is_none(), "nothing is written after the tail");
         self.buf.extend_from_slice(b);
         self.buf.resize(self.buf.len() + padded(b.len()) - b.len(), 0);
         self
@@ -137,12 +168,13 @@ impl Writer {
         self.fixed(b)
     }
 
+    /// Bytes encoded, the tail and its padding included.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.buf.len() + self.tail.as_ref().map_or(0, |t| padded(t.len()))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len() == 0
     }
 }
 
@@ -162,6 +194,19 @@ mod tests {
         assert_eq!(r.opaque(16).unwrap(), b"abcde");
         assert_eq!(r.fixed(2).unwrap(), b"xy");
         assert_eq!(r.remaining(), 0);
+    }
+
+    #[test]
+    fn a_tail_encodes_as_an_opaque() {
+        for n in 0..9usize {
+            let data: Vec<u8> = (0..n as u8).collect();
+            let mut inline = Writer::new();
+            inline.u32(1).opaque(&data);
+            let mut tailed = Writer::new();
+            tailed.u32(1).opaque_tail(bytes::Bytes::from(data.clone()));
+            assert_eq!(tailed.len(), inline.len());
+            assert_eq!(tailed.into_vec(), inline.buf, "{n} bytes");
+        }
     }
 
     #[test]

@@ -27,6 +27,13 @@ pub struct NfsArgs {
     /// An open file unused this long is synced and closed.
     #[arg(long, default_value_t = 5000)]
     pub open_idle_ms: u64,
+    /// Files (per user) whose sequential reader gets its next ranges read ahead (0: no read-ahead); each holds at
+    /// most `--read-ahead-depth` ranges of one READ's size (≤ 1 MiB).
+    #[arg(long, default_value_t = 16)]
+    pub read_ahead_files_max: usize,
+    /// Ranges read ahead per file (0: no read-ahead).
+    #[arg(long, default_value_t = 2)]
+    pub read_ahead_depth: usize,
     /// Connections served at once; more wait.
     #[arg(long, default_value_t = 256)]
     pub connections_max: usize,
@@ -59,6 +66,8 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         requests_in_flight_max: args.requests_in_flight_max,
         open_files_max: args.open_files_max,
         open_idle_ms: args.open_idle_ms,
+        read_ahead_files_max: args.read_ahead_files_max,
+        read_ahead_depth: args.read_ahead_depth,
         nfs4: weft_nfs::nfs4::state::StateConfig {
             lease_ms: args.nfs4_lease_ms.max(1000),
             grace_ms: args.nfs4_grace_ms,

@@ -236,6 +236,26 @@ impl Raw {
         (s, r.fixed(8).unwrap().try_into().unwrap())
     }
 
+    /// READ; returns status, the bytes and the EOF flag.
+    async fn read(&mut self, fh: &[u8], offset: u64, count: u32) -> (u32, Vec<u8>, bool) {
+        let mut a = Writer::new();
+        a.opaque(fh).u64(offset).u32(count);
+        let (s, body) = self.nfs(6, &a.buf).await;
+        if s != NFS3_OK {
+            return (s, vec![], false);
+        }
+        let mut r = Reader::new(&body);
+        if r.bool().unwrap() {
+            r.fixed(84).unwrap();
+        }
+        let n = r.u32().unwrap() as usize;
+        let eof = r.bool().unwrap();
+        let data = r.opaque(1 << 20).unwrap().to_vec();
+        assert_eq!(data.len(), n, "READ's count and its data's length");
+        assert_eq!(r.remaining(), 0, "nothing after the data and its padding");
+        (s, data, eof)
+    }
+
     /// CREATE UNCHECKED mode 0644; the new handle.
     async fn create(&mut self, dir: &[u8], name: &str) -> Vec<u8> {
         let mut a = Writer::new();
@@ -522,4 +542,59 @@ async fn every_other_procedure_answers_as_rfc_1813_says() {
     let mut a = Writer::new();
     a.opaque(&dir).u64(12345).fixed(&verf).u32(600);
     assert_eq!(raw.nfs(16, &a.buf).await.0, NFS3ERR_BAD_COOKIE);
+}
+
+/// Read-ahead never serves a byte a READ must not see: a sequential reader's next ranges are fetched ahead, then
+/// (1) another access path overwrites them and closes and the NFS client revalidates with GETATTR (as at an
+/// open): the READ returns the new bytes; (2) a WRITE through NFS lands in a range read ahead: the next READ
+/// returns it. Ranges of odd lengths (the tail's XDR padding) and EOF come out right.
+#[tokio::test(flavor = "multi_thread")]
+async fn read_ahead_serves_no_stale_bytes() {
+    const CH: usize = 64 << 10;
+    let c = common::start("nfs-readahead", 2).await;
+    let client = c.client().await;
+    client.mkdir(1, "open", 0o777).await.unwrap();
+    let size = 8 * CH + 3;
+    let a = pattern(size, 1);
+    let w = client.create_path("/open/seq", 0o666, false, true).await.unwrap();
+    w.write_at(0, bytes::Bytes::from(a.clone())).await.unwrap();
+    w.close().await.unwrap();
+    let g = gateway(&c).await;
+    let mut raw = Raw::connect(&g).await;
+    let root = raw.mount_root().await;
+    let dir = raw.lookup(&root, "open").await.1.unwrap();
+    let fh = raw.lookup(&dir, "seq").await.1.unwrap();
+    for i in 0..3 {
+        // Sequential from the start: ranges 2, 3 and then 4 are read ahead while these are served.
+        let (s, got, eof) = raw.read(&fh, (i * CH) as u64, CH as u32).await;
+        assert_eq!(s, NFS3_OK);
+        assert!(got == a[i * CH..(i + 1) * CH], "range {i}");
+        assert!(!eof);
+    }
+    // (1) Ranges 3 and 4 overwritten by the native client (another access path) and closed.
+    let b = pattern(2 * CH, 2);
+    let w = client.open("/open/seq", weft_client::OpenMode::ReadWrite).await.unwrap();
+    w.write_at((3 * CH) as u64, bytes::Bytes::from(b.clone())).await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(raw.getattr(&fh).await, NFS3_OK, "the client's revalidation at open");
+    for i in 3..5 {
+        let (s, got, _) = raw.read(&fh, (i * CH) as u64, CH as u32).await;
+        assert_eq!(s, NFS3_OK);
+        assert!(got == b[(i - 3) * CH..(i - 2) * CH], "range {i} after another path's write and close");
+    }
+    // (2) Ranges 5 and 6 are read ahead now; an UNSTABLE WRITE into range 5, then the READ of it.
+    let c5 = pattern(CH, 3);
+    assert_eq!(raw.write(&fh, (5 * CH) as u64, &c5, 0).await.0, NFS3_OK);
+    let (s, got, _) = raw.read(&fh, (5 * CH) as u64, CH as u32).await;
+    assert_eq!(s, NFS3_OK);
+    assert!(got == c5, "range 5 after a WRITE through NFS");
+    // The rest as written, the last READ short (3 bytes: padded on the wire) and at EOF.
+    let (_, got, eof) = raw.read(&fh, (6 * CH) as u64, CH as u32).await;
+    assert!(got == a[6 * CH..7 * CH] && !eof);
+    let (_, got, eof) = raw.read(&fh, (7 * CH) as u64, CH as u32).await;
+    assert!(got == a[7 * CH..8 * CH]);
+    assert!(!eof);
+    let (_, got, eof) = raw.read(&fh, (8 * CH) as u64, CH as u32).await;
+    assert_eq!(got, a[8 * CH..]);
+    assert!(eof);
 }

@@ -104,7 +104,9 @@ async fn apply(cx: &Ctx<'_>, ino: u64, set: SetAttrs) -> Result<(), u32> {
     {
         tracing::warn!(ino, error = %e, "syncing before a size change");
     }
-    cx.c.setattr(ino, set).await.map(|_| ()).map_err(|e| st(&e))
+    let r = cx.c.setattr(ino, set).await.map(|_| ()).map_err(|e| st(&e));
+    cx.gw.files.wrote(ino);
+    r
 }
 
 pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
@@ -496,7 +498,10 @@ async fn write(cx: &Ctx<'_>, stateid: Stateid, offset: u64, stable: u32, data: B
     }
     let f = open_file(cx, ino, true).await?;
     let len = data.len() as u32;
-    f.write_at(offset, data).await.map_err(|e| st(&e))?;
+    let wrote = f.write_at(offset, data).await;
+    // Nothing read ahead while the write ran is served after it (readahead.rs).
+    cx.gw.files.wrote(ino);
+    wrote.map_err(|e| st(&e))?;
     let committed = if stable == 0 {
         0
     } else {
