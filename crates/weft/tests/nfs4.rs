@@ -156,6 +156,10 @@ impl Ops {
         self.op(OP_LOCKT).u32(locktype).u64(off).u64(len).u64(0).opaque(owner);
         self
     }
+    fn free_stateid(&mut self, sid: &Sid) -> &mut Self {
+        self.op(OP_FREE_STATEID).u32(sid.0).fixed(&sid.1);
+        self
+    }
     fn locku(&mut self, off: u64, len: u64, lock: &Sid) -> &mut Self {
         self.op(OP_LOCKU).u32(WRITE_LT).u32(0).u32(lock.0).fixed(&lock.1).u64(off).u64(len);
         self
@@ -1154,4 +1158,50 @@ async fn v41_locks_contend_with_sqlite_on_a_fuse_mount() {
     res.ok(OP_LOCKU);
     let db2 = db.clone();
     assert!(tokio::task::spawn_blocking(move || sqlite_writes(&db2)).await.unwrap(), "FUSE writes once NFS unlocked");
+    // The Linux client frees a lock stateid (FREE_STATEID) after its last unlock, asynchronously, while the same
+    // process may already lock again with the same lock-owner (the same stateid, reused): a free of a stateid
+    // that holds a lock is LOCKS_HELD and releases nothing (it used to drop the lock, and SQLite's database in the
+    // VM was then "malformed"); after a whole-file LOCKU it is freed.
+    let mut res = v
+        .seq(|o| {
+            o.putfh(&fh).lock_new(READ_LT, SHARED_FIRST, SHARED_SIZE, &open, b"lo");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCK);
+    let again = res.sid();
+    assert_eq!(again.1, lock.1, "the lock-owner's stateid on this file is reused");
+    let mut res = v
+        .seq(|o| {
+            o.free_stateid(&again);
+        })
+        .await;
+    res.seq();
+    assert_eq!(res.op(OP_FREE_STATEID), NFS4ERR_LOCKS_HELD);
+    let db2 = db.clone();
+    assert!(!tokio::task::spawn_blocking(move || sqlite_writes(&db2)).await.unwrap(), "the free dropped the lock");
+    let mut res = v
+        .seq(|o| {
+            o.locku(0, u64::MAX, &again);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_LOCKU);
+    let done = res.sid();
+    let mut res = v
+        .seq(|o| {
+            o.free_stateid(&done);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_FREE_STATEID);
+    let mut res = v
+        .seq(|o| {
+            o.putfh(&fh).lock_existing(READ_LT, 0, 1, &done);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_LOCK), NFS4ERR_BAD_STATEID, "freed");
 }
