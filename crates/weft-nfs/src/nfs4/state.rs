@@ -121,10 +121,19 @@ struct ClientRec {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateKind {
-    Open { owner: Vec<u8>, access: u32, deny: u32 },
+    Open {
+        owner: Vec<u8>,
+        access: u32,
+        deny: u32,
+    },
     /// `held`: the lock-owner may hold locks on the file through this stateid: set before a LOCK goes to the MDS
     /// (so a FREE_STATEID racing it is LOCKS_HELD), cleared by a LOCKU of the whole file.
-    Lock { owner: Vec<u8>, open: [u8; 12], mds_owner: u64, held: bool },
+    Lock {
+        owner: Vec<u8>,
+        open: [u8; 12],
+        mds_owner: u64,
+        held: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
