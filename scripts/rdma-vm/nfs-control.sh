@@ -96,18 +96,23 @@ fuse-md5)
 fuse-flock-hold | fuse-sqlite-hold)
 	fuse_path "$2"
 	fifo="$d/release.$(basename "$2")"
-	rm -f "$fifo" "$fifo.held"
+	rm -f "$fifo" "$fifo.held" "$fifo.out" "$fifo.out.try"
 	mkfifo "$fifo"
 	if [ "$1" = fuse-flock-hold ]; then
 		setsid flock -x "$p" sh -c "touch '$fifo.held'; read x <'$fifo'" </dev/null >/dev/null 2>&1 &
 		wait_for test -e "$fifo.held" || answer "error the host never got the flock on $p"
 	else
-		# sqlite3 reads its statements from the pipe: BEGIN EXCLUSIVE runs, then it waits for the next line.
-		setsid sh -c "{ echo 'BEGIN EXCLUSIVE;'; read x <'$fifo'; echo 'COMMIT;'; } | sqlite3 '$p'" \
-			</dev/null >/dev/null 2>&1 &
+		# sqlite3 reads its statements from the pipe: BEGIN EXCLUSIVE runs, then it waits for the next line. With
+		# a busy timeout: the Linux NFS client unlocks asynchronously at close (its LOCKU goes out after close(2)
+		# returned), so the guest's last sqlite3 may still hold its SHARED lock for a moment.
+		# Its output (an error of BEGIN EXCLUSIVE) goes to a file the failure answer quotes.
+		out="$fifo.out"
+		setsid sh -c "{ echo 'BEGIN EXCLUSIVE;'; read x <'$fifo'; echo 'COMMIT;'; } | sqlite3 -cmd '.timeout 60000' -bail '$p'; echo \"exit \$?\"" \
+			</dev/null >"$out" 2>&1 &
 		# Held once another writer is refused at once (no busy timeout) as busy.
-		busy() { ! sqlite3 "$p" "BEGIN IMMEDIATE; ROLLBACK;" >/dev/null 2>&1; }
-		wait_for busy || answer "error the host never began the exclusive transaction on $p"
+		busy() { ! sqlite3 "$p" "BEGIN IMMEDIATE; ROLLBACK;" >"$out.try" 2>&1; }
+		wait_for busy || answer "error the host never began the exclusive transaction on $p:" \
+			"holder: $(tr '\n' ' ' <"$out"), another writer: $(tr '\n' ' ' <"$out.try")"
 	fi
 	answer "ok held"
 	;;

@@ -7,7 +7,7 @@
 # which runs nfs-control.sh once per request.
 #
 # usage: scripts/rdma-vm/nfs.sh [WEFT_BIN]   (default: $CARGO_TARGET_DIR/release/weft or target/release/weft)
-# Environment: NFS_VM_GUEST (another guest script, for debugging), NFS_VM_LOCKS=1 (also the v4.1 lock steps: locks
+# Environment: NFS_VM_GUEST (another guest script, for debugging), NFS_VM_LOCKS=0 (skips the v4.1 lock steps: locks
 # contending with FUSE, and a gateway kill -9 while a flock is held), NFS_VM_GATEWAY_LOG (the gateway's RUST_LOG,
 # e.g. weft_nfs=trace), NFS_VM_GRACE_MS (the gateway's NFSv4 grace period, default 30000), RDMA_VM_SMP (default 1
 # here).
@@ -77,7 +77,7 @@ mkdir -p "$work/weft-src"
 for c in weft-proto weft-fabric weft-rpc weft-client weft-meta weft-nfs; do cp -a "$repo/crates/$c" "$work/weft-src/"; done
 start_s=$SECONDS
 RDMA_VM_LOG="$work/console.log" RDMA_VM_SMP="${RDMA_VM_SMP:-1}" "$here/run.sh" --timeout-s 900 \
-	--tree "$work/weft-src" --control "$here/nfs-control.sh" "${NFS_VM_GUEST:-$here/guest/nfs.sh}" "$port" ${NFS_VM_LOCKS:+locks} >/dev/null ||
+	--tree "$work/weft-src" --control "$here/nfs-control.sh" "${NFS_VM_GUEST:-$here/guest/nfs.sh}" "$port" "$([ "${NFS_VM_LOCKS:-1}" = 0 ] && echo nolocks || echo locks)" >/dev/null ||
 	exit 1
 grep -a '^nfs.sh: ' "$work/console.log" | tr -d '\r'
 echo "nfs.sh: PASS (the VM step took $((SECONDS - start_s)) s)"

@@ -1,7 +1,8 @@
 //! Advisory locks (docs/format.md §14) between two real FUSE mounts of one cluster, taken by real processes
 //! (python3's `fcntl` for POSIX record locks, util-linux `flock(1)`), and through the client library: conflicts,
 //! shared locks, independent ranges, F_GETLK, a blocked F_SETLKW granted at unlock, release when the holder or its
-//! whole mount is killed, the permission check and the table's bound.
+//! whole mount is killed, the permission check and the table's bound. SQLite's own locking (python3's `sqlite3`:
+//! fcntl byte-range locks at 2^30, PENDING/RESERVED/SHARED) between processes of one mount and of two.
 //!
 //! No sleeps: a waiter first reports that it was refused (`BLOCKED`), then blocks; the test releases the holder and
 //! waits for the waiter's `GOT` line and exit.
@@ -143,6 +144,84 @@ impl Py {
         let mut w = Proc::spawn(&mut self.cmd("wait", file, typ, start, len));
         assert_eq!(w.line(), "BLOCKED", "the lock is held elsewhere");
         w
+    }
+}
+
+/// `sql.py MODE DB`, SQLite through python3's `sqlite3` module (the unix VFS: fcntl locks at offset 2^30), no busy
+/// timeout:
+/// - `hold BEGIN`: run `BEGIN` (e.g. `BEGIN EXCLUSIVE`), print `LOCKED`; at the stdin line `commit` insert a row,
+///   commit and print `COMMITTED`; exit at EOF;
+/// - `write N`: `BEGIN IMMEDIATE`, insert N, commit: exit 0, or 11 if the database is locked;
+/// - `read`: print the row count, or exit 11 if the database is locked.
+const SQL_PY: &str = r#"
+import sqlite3, sys
+mode, path, arg = sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else ''
+db = sqlite3.connect(path, timeout=0, isolation_level=None)
+def out(s):
+    sys.stdout.write(s + '\n'); sys.stdout.flush()
+def busy(e):
+    return 'locked' in str(e) or 'busy' in str(e)
+if mode == 'hold':
+    db.execute(arg)
+    out('LOCKED')
+    for line in sys.stdin:
+        if line.strip() == 'commit':
+            db.execute('INSERT INTO t VALUES (-1)')
+            db.execute('COMMIT')
+            out('COMMITTED')
+elif mode == 'write':
+    try:
+        db.execute('BEGIN IMMEDIATE')
+        db.execute('INSERT INTO t VALUES (?)', (int(arg),))
+        db.execute('COMMIT')
+    except sqlite3.OperationalError as e:
+        sys.exit(11 if busy(e) else 1)
+elif mode == 'read':
+    try:
+        out(str(db.execute('SELECT count(*) FROM t').fetchone()[0]))
+    except sqlite3.OperationalError as e:
+        sys.exit(11 if busy(e) else 1)
+"#;
+
+struct Sql(PathBuf);
+
+impl Sql {
+    fn new(dir: &Path) -> Sql {
+        let p = dir.join("sql.py");
+        std::fs::write(&p, SQL_PY).unwrap();
+        Sql(p)
+    }
+
+    fn cmd(&self, mode: &str, db: &Path, arg: &str) -> Command {
+        let mut c = Command::new("python3");
+        c.arg(&self.0).arg(mode).arg(db).arg(arg);
+        c
+    }
+
+    /// A process inside a transaction begun with `begin`.
+    fn hold(&self, db: &Path, begin: &str) -> Proc {
+        let mut p = Proc::spawn(&mut self.cmd("hold", db, begin));
+        assert_eq!(p.line(), "LOCKED", "{begin} on {}", db.display());
+        p
+    }
+
+    /// Whether a write transaction commits (false: the database is locked).
+    fn write(&self, db: &Path, n: u32) -> bool {
+        match self.cmd("write", db, &n.to_string()).status().unwrap().code() {
+            Some(0) => true,
+            Some(11) => false,
+            other => panic!("sql.py write failed: {other:?}"),
+        }
+    }
+
+    /// The row count, or None while the database is locked against readers.
+    fn read(&self, db: &Path) -> Option<u64> {
+        let out = self.cmd("read", db, "").output().unwrap();
+        match out.status.code() {
+            Some(0) => Some(String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()),
+            Some(11) => None,
+            other => panic!("sql.py read failed: {other:?} {}", String::from_utf8_lossy(&out.stderr)),
+        }
     }
 }
 
@@ -313,4 +392,43 @@ async fn the_client_api_checks_permission_and_bounds_the_table() {
     assert_eq!(refused.code(), Some(ErrorCode::Permission), "{refused}");
     let bad = c1.set_lock(set(g, Some(S), 9, 8, 1)).await.unwrap_err();
     assert_eq!(bad.code(), Some(ErrorCode::Invalid), "{bad}");
+}
+
+/// SQLite's locking (fcntl byte ranges at 2^30: PENDING, RESERVED, the SHARED range; read locks upgraded to write
+/// locks and split again at commit) between two processes of one mount and of two mounts: an EXCLUSIVE transaction
+/// keeps out readers and writers, a RESERVED one (BEGIN IMMEDIATE) keeps out writers only, and what one commits
+/// the other reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_transactions_contend_on_one_mount_and_across_two() {
+    let cl = start("locks-sqlite", 1).await;
+    let (a, b) = two_mounts(&cl, "locks-sqlite");
+    let sql = Sql::new(&test_dir("locks-sqlite-py"));
+    tokio::task::spawn_blocking(move || {
+        let (da, db) = (a.path("s.db"), b.path("s.db"));
+        let s = Command::new("sqlite3").arg(&da).arg("CREATE TABLE t(x INTEGER);").status().unwrap();
+        assert!(s.success(), "sqlite3 create");
+        for (other, what) in [(&da, "the same mount"), (&db, "another mount")] {
+            let before = sql.read(other).expect("nothing holds the database");
+            let mut holder = sql.hold(&da, "BEGIN EXCLUSIVE");
+            assert!(!sql.write(other, 1), "a writer on {what} got past BEGIN EXCLUSIVE");
+            assert_eq!(sql.read(other), None, "a reader on {what} got past BEGIN EXCLUSIVE");
+            holder.say("commit");
+            assert_eq!(holder.line(), "COMMITTED");
+            assert!(holder.finish().success());
+            assert_eq!(sql.read(other), Some(before + 1), "{what} reads the committed row");
+            assert!(sql.write(other, 2), "a writer on {what} after the commit");
+
+            let mut holder = sql.hold(&da, "BEGIN IMMEDIATE");
+            assert!(!sql.write(other, 3), "a writer on {what} got past BEGIN IMMEDIATE");
+            assert_eq!(sql.read(other), Some(before + 2), "a reader on {what} is fine beside a RESERVED lock");
+            holder.say("commit");
+            assert_eq!(holder.line(), "COMMITTED");
+            assert!(holder.finish().success());
+            assert_eq!(sql.read(other), Some(before + 3));
+        }
+        let check = Command::new("sqlite3").arg(&db).arg("PRAGMA integrity_check;").output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&check.stdout).trim(), "ok");
+    })
+    .await
+    .unwrap();
 }

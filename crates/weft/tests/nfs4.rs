@@ -156,6 +156,10 @@ impl Ops {
         self.op(OP_LOCKT).u32(locktype).u64(off).u64(len).u64(0).opaque(owner);
         self
     }
+    fn free_stateid(&mut self, sid: &Sid) -> &mut Self {
+        self.op(OP_FREE_STATEID).u32(sid.0).fixed(&sid.1);
+        self
+    }
     fn locku(&mut self, off: u64, len: u64, lock: &Sid) -> &mut Self {
         self.op(OP_LOCKU).u32(WRITE_LT).u32(0).u32(lock.0).fixed(&lock.1).u64(off).u64(len);
         self
@@ -995,4 +999,209 @@ async fn v41_killed_gateways_locks_are_adopted_reclaimed_and_the_rest_freed_afte
     res.ok(OP_PUTFH);
     res.ok(OP_LOCKU);
     assert_eq!(native.set_lock(set(50, Some(LockKind::Exclusive))).await.unwrap(), None);
+}
+
+/// A process in an SQLite transaction on a FUSE mount (python3's `sqlite3`, the unix VFS: fcntl locks at 2^30,
+/// `begin` being e.g. `BEGIN EXCLUSIVE`); it answers `LOCKED` once inside, and ends the transaction at stdin's EOF.
+struct SqliteHolder(std::process::Child);
+
+impl SqliteHolder {
+    fn start(db: &std::path::Path, begin: &str) -> SqliteHolder {
+        use std::io::BufRead;
+        const PY: &str = "import sqlite3, sys\n\
+            db = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)\n\
+            db.execute(sys.argv[2])\n\
+            print('LOCKED', flush=True)\n\
+            sys.stdin.read()\n\
+            db.execute('ROLLBACK')\n";
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", PY])
+            .arg(db)
+            .arg(begin)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "LOCKED", "{begin} on {}", db.display());
+        SqliteHolder(child)
+    }
+
+    fn end(mut self) {
+        drop(self.0.stdin.take());
+        assert!(self.0.wait().unwrap().success());
+    }
+}
+
+impl Drop for SqliteHolder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether SQLite on a FUSE mount commits a write now (false: the database is locked; no busy timeout).
+fn sqlite_writes(db: &std::path::Path) -> bool {
+    const PY: &str = "import sqlite3, sys\n\
+        db = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)\n\
+        try:\n    db.execute('BEGIN IMMEDIATE'); db.execute('INSERT INTO t VALUES (1)'); db.execute('COMMIT')\n\
+        except sqlite3.OperationalError as e:\n    sys.exit(11 if 'locked' in str(e) else 1)\n";
+    let s = std::process::Command::new("python3").args(["-c", PY]).arg(db).status().unwrap();
+    match s.code() {
+        Some(0) => true,
+        Some(11) => false,
+        other => panic!("python3 sqlite3 failed: {other:?}"),
+    }
+}
+
+/// SQLite's locks through a FUSE mount meet NFSv4.1 LOCKs on the same file, at SQLite's lock bytes (2^30: PENDING,
+/// RESERVED, then the 510-byte SHARED range): what the VM's kernel client sends for an SQLite on the NFS mount.
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_locks_contend_with_sqlite_on_a_fuse_mount() {
+    const PENDING: u64 = 1 << 30;
+    const SHARED_FIRST: u64 = PENDING + 2;
+    const SHARED_SIZE: u64 = 510;
+    let c = common::start("nfs4-sqlite", 1).await;
+    io_dir(&c).await;
+    let g = gateway(&c).await;
+    let m = common::mount::Mount::start(&c, &common::test_dir("nfs4-sqlite-mnt"), &[]);
+    let db = m.path("io/s.db");
+    let db2 = db.clone();
+    tokio::task::spawn_blocking(move || {
+        let s = std::process::Command::new("sqlite3").arg(&db2).arg("CREATE TABLE t(x INTEGER);").status().unwrap();
+        assert!(s.success(), "sqlite3 create");
+        std::fs::set_permissions(&db2, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    })
+    .await
+    .unwrap();
+
+    let mut v = V4::connect(g.addr()).await;
+    v.session(b"sqlite-v", true).await;
+    let args = v.seq_args(|o| {
+        o.putrootfh().lookup("io").open(b"o", "s.db", OPEN4_SHARE_ACCESS_BOTH, 0, false).getfh();
+    });
+    let mut res = v.send(&args).await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let open = res.open();
+    let fh = res.fh();
+
+    // FUSE holds BEGIN EXCLUSIVE (a write lock on PENDING and on the SHARED range): NFS is denied a shared lock on
+    // the SHARED range (what its own reader would take) and the PENDING byte; LOCKT agrees.
+    let h = {
+        let db = db.clone();
+        tokio::task::spawn_blocking(move || SqliteHolder::start(&db, "BEGIN EXCLUSIVE")).await.unwrap()
+    };
+    let mut res = v
+        .seq(|o| {
+            o.putfh(&fh).lock_new(READ_LT, SHARED_FIRST, SHARED_SIZE, &open, b"lo");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_LOCK), NFS4ERR_DENIED, "a shared lock inside FUSE's EXCLUSIVE transaction");
+    let (_, _, lt) = res.with(|r| (r.u64().unwrap(), r.u64().unwrap(), r.u32().unwrap()));
+    assert_eq!(lt, WRITE_LT);
+    let mut res = v
+        .seq(|o| {
+            o.putfh(&fh).lockt(WRITE_LT, PENDING, 1, b"lo");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_LOCKT), NFS4ERR_DENIED, "the PENDING byte is FUSE's");
+    tokio::task::spawn_blocking(move || h.end()).await.unwrap();
+
+    // Released: NFS takes what an EXCLUSIVE transaction holds (PENDING, RESERVED, the SHARED range), and SQLite on
+    // FUSE cannot write; a shared lock on the SHARED range only (an NFS reader) still keeps FUSE's writer out at
+    // commit; unlocked, FUSE writes.
+    let mut res = v
+        .seq(|o| {
+            o.putfh(&fh).lock_new(WRITE_LT, PENDING, 2 + SHARED_SIZE, &open, b"lo");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCK);
+    let lock = res.sid();
+    let db2 = db.clone();
+    assert!(!tokio::task::spawn_blocking(move || sqlite_writes(&db2)).await.unwrap(), "FUSE wrote under NFS's lock");
+    let mut res = v
+        .seq(|o| {
+            o.putfh(&fh).lock_existing(READ_LT, SHARED_FIRST, SHARED_SIZE, &lock);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCK);
+    let lock = res.sid();
+    let mut res = v
+        .seq(|o| {
+            o.putfh(&fh).locku(PENDING, 2, &lock);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCKU);
+    let lock = res.sid();
+    let db2 = db.clone();
+    assert!(!tokio::task::spawn_blocking(move || sqlite_writes(&db2)).await.unwrap(), "FUSE committed past a reader");
+    let mut res = v
+        .seq(|o| {
+            o.putfh(&fh).locku(0, u64::MAX, &lock);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCKU);
+    let db2 = db.clone();
+    assert!(tokio::task::spawn_blocking(move || sqlite_writes(&db2)).await.unwrap(), "FUSE writes once NFS unlocked");
+    // The Linux client frees a lock stateid (FREE_STATEID) after its last unlock, asynchronously, while the same
+    // process may already lock again with the same lock-owner (the same stateid, reused): a free of a stateid
+    // that holds a lock is LOCKS_HELD and releases nothing (it used to drop the lock, and SQLite's database in the
+    // VM was then "malformed"); after a whole-file LOCKU it is freed.
+    let mut res = v
+        .seq(|o| {
+            o.putfh(&fh).lock_new(READ_LT, SHARED_FIRST, SHARED_SIZE, &open, b"lo");
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    res.ok(OP_LOCK);
+    let again = res.sid();
+    assert_eq!(again.1, lock.1, "the lock-owner's stateid on this file is reused");
+    let mut res = v
+        .seq(|o| {
+            o.free_stateid(&again);
+        })
+        .await;
+    res.seq();
+    assert_eq!(res.op(OP_FREE_STATEID), NFS4ERR_LOCKS_HELD);
+    let db2 = db.clone();
+    assert!(!tokio::task::spawn_blocking(move || sqlite_writes(&db2)).await.unwrap(), "the free dropped the lock");
+    let mut res = v
+        .seq(|o| {
+            o.locku(0, u64::MAX, &again);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_LOCKU);
+    let done = res.sid();
+    let mut res = v
+        .seq(|o| {
+            o.free_stateid(&done);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_FREE_STATEID);
+    let mut res = v
+        .seq(|o| {
+            o.putfh(&fh).lock_existing(READ_LT, 0, 1, &done);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTFH);
+    assert_eq!(res.op(OP_LOCK), NFS4ERR_BAD_STATEID, "freed");
 }

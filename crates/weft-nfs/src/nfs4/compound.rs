@@ -206,6 +206,10 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
                     }
                 }
                 op => {
+                    // Every op but the data-carrying ones, at trace level (the lock/state steps of a client).
+                    if tracing::enabled!(tracing::Level::TRACE) && !matches!(op, Op::Write { .. }) {
+                        tracing::trace!(%peer, ?op, "NFSv4 op");
+                    }
                     let (s, w) = if sessionless(&op) {
                         super::session_ops::run(&mut cx, op).await
                     } else {
@@ -227,7 +231,9 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
         results.buf.extend_from_slice(&body.buf);
         cx.reply_bytes = head + results.buf.len();
         if st != NFS4_OK {
-            if st != NFS4ERR_DENIED {
+            if st == NFS4ERR_DENIED {
+                tracing::trace!(%peer, op = code, "NFSv4 op denied");
+            } else {
                 tracing::debug!(%peer, op = code, status = st, "NFSv4 op failed");
             }
             break;

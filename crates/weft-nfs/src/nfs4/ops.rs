@@ -732,6 +732,7 @@ async fn lock(
             Locker::Existing { lock, .. } => {
                 let id = cx.stateid(lock);
                 let (lino, o) = st.lock_stateid(cid, &id)?;
+                st.lock_pending(&id.other);
                 (id, lino, o, false)
             }
         }
@@ -806,7 +807,12 @@ async fn locku(cx: &mut Ctx<'_>, stateid: Stateid, offset: u64, length: u64) -> 
     let (start, end) = lock_range(offset, length)?;
     let req = SetLockReq { ino, class: LockClass::Posix, kind: None, start, end, owner: mds_owner, pid: 0 };
     cx.c.set_lock(req).await.map_err(|e| st(&e))?;
-    let s = cx.gw.nfs4.state().lock_granted(&id);
+    let mut state = cx.gw.nfs4.state();
+    if (start, end) == (0, u64::MAX) {
+        state.lock_unlocked_all(&id.other);
+    }
+    let s = state.lock_granted(&id);
+    drop(state);
     let mut w = Writer::new();
     put_stateid(&mut w, &s);
     Ok(w)
@@ -814,9 +820,6 @@ async fn locku(cx: &mut Ctx<'_>, stateid: Stateid, offset: u64, length: u64) -> 
 
 async fn free_stateid(cx: &Ctx<'_>, id: Stateid) -> Out {
     let cid = cx.clientid()?;
-    let freed = cx.gw.nfs4.state().free(cid, &id)?;
-    if let Some((ino, owner)) = freed {
-        release_on(cx, ino, vec![owner]).await;
-    }
+    cx.gw.nfs4.state().free(cid, &id)?;
     Ok(Writer::new())
 }

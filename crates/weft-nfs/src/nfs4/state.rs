@@ -121,8 +121,19 @@ struct ClientRec {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StateKind {
-    Open { owner: Vec<u8>, access: u32, deny: u32 },
-    Lock { owner: Vec<u8>, open: [u8; 12], mds_owner: u64 },
+    Open {
+        owner: Vec<u8>,
+        access: u32,
+        deny: u32,
+    },
+    /// `held`: the lock-owner may hold locks on the file through this stateid: set before a LOCK goes to the MDS
+    /// (so a FREE_STATEID racing it is LOCKS_HELD), cleared by a LOCKU of the whole file.
+    Lock {
+        owner: Vec<u8>,
+        open: [u8; 12],
+        mds_owner: u64,
+        held: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -547,6 +558,7 @@ impl State {
             s.ino == ino && matches!(&s.kind, StateKind::Lock { owner: o, .. } if o == owner) && s.clientid == clientid
         }) {
             let k = *k;
+            self.lock_pending(&k);
             return Ok((self.stateid_of(&k), ino, mds_owner));
         }
         if self.stateids.len() >= self.cfg.stateids_max {
@@ -560,7 +572,7 @@ impl State {
                 clientid,
                 ino,
                 seqid: 0,
-                kind: StateKind::Lock { owner: owner.to_vec(), open: open.other, mds_owner },
+                kind: StateKind::Lock { owner: owner.to_vec(), open: open.other, mds_owner, held: true },
             },
         );
         Ok((id, ino, mds_owner))
@@ -586,6 +598,20 @@ impl State {
         }
     }
 
+    /// A LOCK of this stateid goes to the MDS: from now on it may hold locks (a FREE_STATEID is LOCKS_HELD).
+    pub fn lock_pending(&mut self, other: &[u8; 12]) {
+        if let Some(StateRec { kind: StateKind::Lock { held, .. }, .. }) = self.stateids.get_mut(other) {
+            *held = true;
+        }
+    }
+
+    /// A LOCKU of the whole file went through: this stateid holds no locks (until its next LOCK).
+    pub fn lock_unlocked_all(&mut self, other: &[u8; 12]) {
+        if let Some(StateRec { kind: StateKind::Lock { held, .. }, .. }) = self.stateids.get_mut(other) {
+            *held = false;
+        }
+    }
+
     /// A lock stateid whose first LOCK was refused (seqid still 0) is dropped again.
     pub fn lock_refused(&mut self, id: &Stateid) {
         if self.stateids.get(&id.other).is_some_and(|s| s.seqid == 0) {
@@ -593,17 +619,19 @@ impl State {
         }
     }
 
-    /// FREE_STATEID: a lock stateid (its MDS owner and inode returned, to release its locks there); an open
-    /// stateid cannot be freed (LOCKS_HELD: CLOSE it).
-    pub fn free(&mut self, clientid: u64, id: &Stateid) -> R<Option<(u64, u64)>> {
+    /// FREE_STATEID (RFC 8881 §18.38): a lock stateid that holds no locks is forgotten; one that may hold locks
+    /// (or has a LOCK in flight) is LOCKS_HELD, as an open stateid always is (CLOSE it). Nothing is released at
+    /// the MDS here: the Linux client frees a lock stateid asynchronously after its last unlock, and may meanwhile
+    /// have locked again with the same lock-owner (the same MDS owner): releasing that owner's locks then would
+    /// drop a lock the client holds (SQLite's, which then corrupts its database).
+    pub fn free(&mut self, clientid: u64, id: &Stateid) -> R<()> {
         let rec = self.check(clientid, id)?;
         match rec.kind {
-            StateKind::Lock { mds_owner, .. } => {
-                let ino = rec.ino;
+            StateKind::Lock { held: false, .. } => {
                 self.stateids.remove(&id.other);
-                Ok(Some((ino, mds_owner)))
+                Ok(())
             }
-            StateKind::Open { .. } => Err(NFS4ERR_LOCKS_HELD),
+            StateKind::Lock { held: true, .. } | StateKind::Open { .. } => Err(NFS4ERR_LOCKS_HELD),
         }
     }
 
@@ -763,6 +791,18 @@ mod tests {
         let (lock, _, owner) = st.lock_stateid_new(a, &d, b"lk").unwrap();
         let lock = st.lock_granted(&lock);
         assert_eq!(st.free(a, &d), Err(NFS4ERR_LOCKS_HELD));
+        // A lock stateid is freed only once a whole-file LOCKU went through, and is LOCKS_HELD again as soon as
+        // a LOCK reuses it (the Linux client's FREE_STATEID may race the same lock-owner's next LOCK).
+        assert_eq!(st.free(a, &lock), Err(NFS4ERR_LOCKS_HELD));
+        st.lock_unlocked_all(&lock.other);
+        let (again, _, owner2) = st.lock_stateid_new(a, &d, b"lk").unwrap();
+        assert_eq!((again.other, owner2), (lock.other, owner), "the same lock-owner reuses its stateid");
+        assert_eq!(st.free(a, &again), Err(NFS4ERR_LOCKS_HELD), "a LOCK is in flight on it");
+        st.lock_unlocked_all(&lock.other);
+        assert_eq!(st.free(a, &again), Ok(()));
+        assert_eq!(st.check(a, &again).map(|_| ()), Err(NFS4ERR_BAD_STATEID), "freed");
+        let (lock, _, _) = st.lock_stateid_new(a, &d, b"lk").unwrap();
+        let lock = st.lock_granted(&lock);
         assert_eq!(st.close(a, &d), Ok((9, vec![owner])));
         assert_eq!(st.check(a, &lock).map(|_| ()), Err(NFS4ERR_BAD_STATEID));
         // Another epoch's stateid is unknown.
