@@ -5,7 +5,8 @@
 //! moved a version under it (compare-and-set, `VersionMoved`), at most [`WRITE_ATTEMPTS_MAX`] times:
 //! 1. read the parity chunks' records (with their bytes for a partial row);
 //! 2. then the data chunks' records (with their bytes for a partial row, decoding missing ones by the version
-//!    rule; a torn row whose lost bytes are needed is [`ClientError::TornRow`]);
+//!    rule; a torn row whose lost bytes are needed is [`ClientError::TornRow`]); whole rows whose parity agrees
+//!    take them from the parity's vector instead ([`vector_expect`]), the compare-and-set of 3 checking them;
 //! 3. write the data chunks it changes (and damaged ones), each with a new version, compare-and-set;
 //! 4. then every parity chunk, with the versions of the `k` data chunks it encodes, compare-and-set.
 //!
@@ -368,9 +369,39 @@ pub(crate) const TORN_BACKOFF_MS_MAX: u64 = 250;
 /// its data chunks; with a server down, those and the winner's parity may leave too few agreeing chunks to decode
 /// the lost one, and only this writer still knows it: its retry then rewrites the parity from the whole row
 /// instead of failing with `TornRow` and leaving the row undecodable.
+///
+/// `read_data`: a compare-and-set of this write moved, so its next attempt reads the data chunks' records instead of
+/// taking them from the parity's vector (whole rows, [`vector_expect`]).
 #[derive(Default)]
 pub(crate) struct Known {
     chunks: Vec<Option<(u64, Vec<u8>)>>,
+    read_data: bool,
+}
+
+/// For whole rows: the data chunks' records as the parity chunks that answered name them, when every one of them
+/// is sound and all name the same vector in every row (`None` otherwise, or when none answered). A whole-row write
+/// uses them as its data chunks' `expect` instead of reading them (docs/format.md §17): its compare-and-set checks
+/// each, so a write that lands wrote exactly what it would have after reading the same versions (a data chunk's
+/// record is used only for its version when its bytes are not read), and one that finds another version moves and
+/// is retried with a read. One round trip less per row.
+fn vector_expect(k: usize, found: &[Vec<ChunkVersion>], parity: &[usize], rows: usize) -> Option<Vec<Vec<u64>>> {
+    let mut out = Vec::with_capacity(rows);
+    for row in 0..rows {
+        let mut agreed: Option<Vec<u64>> = None;
+        for &i in parity {
+            let c = found.get(i)?.get(row)?;
+            if !c.intact {
+                return None;
+            }
+            let v = if c.version == 0 && c.parity_of.is_empty() { vec![0; k] } else { c.parity_of.clone() };
+            if v.len() != k || agreed.as_ref().is_some_and(|a| *a != v) {
+                return None;
+            }
+            agreed = Some(v);
+        }
+        out.push(agreed?);
+    }
+    Some(out)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -426,7 +457,21 @@ async fn write_attempt(
     let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); k + m];
     let mut bytes: Vec<BytesMut> = vec![BytesMut::new(); k + m];
     for phase in [k..k + m, 0..k] {
+        let data_phase = phase.start == 0;
         let which: Vec<usize> = phase.filter(|i| !skip.contains(i) && !lost.iter().any(|(j, _)| j == i)).collect();
+        if data_phase && !partial && heal.is_none() && !known.read_data {
+            // Whole rows: the data chunks' expected versions from the parity's vector, checked by the write itself.
+            let parity: Vec<usize> = (k..k + m).filter(|i| !found[*i].is_empty()).collect();
+            if let Some(vectors) = vector_expect(k, &found, &parity, rows as usize) {
+                for &j in &which {
+                    found[j] = vectors
+                        .iter()
+                        .map(|v| ChunkVersion { version: v[j], intact: true, parity_of: Vec::new() })
+                        .collect();
+                }
+                continue;
+            }
+        }
         for (i, r) in read_all(read_io, layout, which.into_iter(), first, rows, partial).await {
             match r {
                 Ok((v, b)) => {
@@ -566,7 +611,10 @@ async fn write_attempt(
         writes.push((j, recs, payload));
     }
     match write_all(write_io, layout, writes, first).await {
-        Written::Moved => return Ok(Attempt::Moved),
+        Written::Moved => {
+            known.read_data = true;
+            return Ok(Attempt::Moved);
+        }
         Written::Failed(f) => {
             f.iter().for_each(|(_, e)| client.note_unreachable(e));
             lost.extend(f)
@@ -593,7 +641,10 @@ async fn write_attempt(
         writes.push((k + p, recs, payload));
     }
     match write_all(write_io, layout, writes, first).await {
-        Written::Moved => return Ok(Attempt::Moved),
+        Written::Moved => {
+            known.read_data = true;
+            return Ok(Attempt::Moved);
+        }
         Written::Failed(f) => {
             f.iter().for_each(|(_, e)| client.note_unreachable(e));
             lost.extend(f)
