@@ -5,7 +5,8 @@
 //! moved a version under it (compare-and-set, `VersionMoved`), at most [`WRITE_ATTEMPTS_MAX`] times:
 //! 1. read the parity chunks' records (with their bytes for a partial row);
 //! 2. then the data chunks' records (with their bytes for a partial row, decoding missing ones by the version
-//!    rule; a torn row whose lost bytes are needed is [`ClientError::TornRow`]);
+//!    rule; a torn row whose lost bytes are needed is [`ClientError::TornRow`]); whole rows whose parity agrees
+//!    take them from the parity's vector instead ([`vector_expect`]), the compare-and-set of 3 checking them;
 //! 3. write the data chunks it changes (and damaged ones), each with a new version, compare-and-set;
 //! 4. then every parity chunk, with the versions of the `k` data chunks it encodes, compare-and-set.
 //!
@@ -303,9 +304,11 @@ pub(crate) async fn write_batch(
     let base = first * row_bytes;
     let mut attempt = 0;
     let (mut torn_tries, mut torn_backoff_ms) = (0, TORN_BACKOFF_MS_MIN);
+    let mut known = Known::default();
     loop {
         attempt += 1;
-        let done = write_attempt(file, read_io, write_io, codec, first, rows, from, new, old_size, new_end, None);
+        let done =
+            write_attempt(file, read_io, write_io, codec, first, rows, from, new, old_size, new_end, None, &mut known);
         match done.await {
             // A row torn under this read-modify-write is most often another client's write in flight (its data
             // chunks are new, its parity not yet): read it again, backing off, and fail only if it stays torn.
@@ -359,6 +362,48 @@ pub(crate) const TORN_RETRIES_MAX: u32 = 8;
 pub(crate) const TORN_BACKOFF_MS_MIN: u64 = 5;
 pub(crate) const TORN_BACKOFF_MS_MAX: u64 = 250;
 
+/// Bytes of data chunks of a partial row that one row write has learnt (read intact, or decoded by the version rule)
+/// in an earlier attempt: `(version, bytes)` per data chunk. A version names one content forever (versions are
+/// never reused, [`next_data_version`]), so a later attempt may use them for a chunk it cannot read any more (its
+/// server just died). Why: an attempt that lost its parity compare-and-set to another writer has already written
+/// its data chunks; with a server down, those and the winner's parity may leave too few agreeing chunks to decode
+/// the lost one, and only this writer still knows it: its retry then rewrites the parity from the whole row
+/// instead of failing with `TornRow` and leaving the row undecodable.
+///
+/// `read_data`: a compare-and-set of this write moved, so its next attempt reads the data chunks' records instead of
+/// taking them from the parity's vector (whole rows, [`vector_expect`]).
+#[derive(Default)]
+pub(crate) struct Known {
+    chunks: Vec<Option<(u64, Vec<u8>)>>,
+    read_data: bool,
+}
+
+/// For whole rows: the data chunks' records as the parity chunks that answered name them, when every one of them
+/// is sound and all name the same vector in every row (`None` otherwise, or when none answered). A whole-row write
+/// uses them as its data chunks' `expect` instead of reading them (docs/format.md §17): its compare-and-set checks
+/// each, so a write that lands wrote exactly what it would have after reading the same versions (a data chunk's
+/// record is used only for its version when its bytes are not read), and one that finds another version moves and
+/// is retried with a read. One round trip less per row.
+fn vector_expect(k: usize, found: &[Vec<ChunkVersion>], parity: &[usize], rows: usize) -> Option<Vec<Vec<u64>>> {
+    let mut out = Vec::with_capacity(rows);
+    for row in 0..rows {
+        let mut agreed: Option<Vec<u64>> = None;
+        for &i in parity {
+            let c = found.get(i)?.get(row)?;
+            if !c.intact {
+                return None;
+            }
+            let v = if c.version == 0 && c.parity_of.is_empty() { vec![0; k] } else { c.parity_of.clone() };
+            if v.len() != k || agreed.as_ref().is_some_and(|a| *a != v) {
+                return None;
+            }
+            agreed = Some(v);
+        }
+        out.push(agreed?);
+    }
+    Some(out)
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn write_attempt(
     file: &File,
@@ -372,6 +417,7 @@ async fn write_attempt(
     old_size: u64,
     new_end: u64,
     heal: Option<usize>,
+    known: &mut Known,
 ) -> Result<Attempt, ClientError> {
     let layout = &file.layout();
     let (k, m) = (codec.k, codec.m);
@@ -394,18 +440,48 @@ async fn write_attempt(
         crate::stale::stale_slots(file, first, first + rows).await?.into_iter().filter(|&i| Some(i) != heal).collect();
     // Chunks that could not be read or written in this attempt (a server down): recorded stale before Ok.
     let mut lost: Vec<(usize, ClientError)> = Vec::new();
+    // A server that did not answer moments ago is not tried again (while at most m are left out): its chunks are
+    // lost for this write at once, as after a failed attempt, so a write stream pays the dead server's connect
+    // retries once per hold, not once per row.
+    let client = &file.client;
+    let down: Vec<usize> = (0..k + m)
+        .filter(|&i| !skip.contains(&i) && Some(i) != heal && client.recently_unreachable(layout.servers[i]))
+        .collect();
+    if !down.is_empty() && skip.len() + down.len() <= m {
+        for i in down {
+            let server = layout.servers[i];
+            lost.push((i, ClientError::Protocol(format!("data server {server} did not answer moments ago"))));
+        }
+    }
     // 1. Parity records first, 2. then the data chunks' (see the module doc for why this order).
     let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); k + m];
     let mut bytes: Vec<BytesMut> = vec![BytesMut::new(); k + m];
     for phase in [k..k + m, 0..k] {
-        let which: Vec<usize> = phase.filter(|i| !skip.contains(i)).collect();
+        let data_phase = phase.start == 0;
+        let which: Vec<usize> = phase.filter(|i| !skip.contains(i) && !lost.iter().any(|(j, _)| j == i)).collect();
+        if data_phase && !partial && heal.is_none() && !known.read_data {
+            // Whole rows: the data chunks' expected versions from the parity's vector, checked by the write itself.
+            let parity: Vec<usize> = (k..k + m).filter(|i| !found[*i].is_empty()).collect();
+            if let Some(vectors) = vector_expect(k, &found, &parity, rows as usize) {
+                for &j in &which {
+                    found[j] = vectors
+                        .iter()
+                        .map(|v| ChunkVersion { version: v[j], intact: true, parity_of: Vec::new() })
+                        .collect();
+                }
+                continue;
+            }
+        }
         for (i, r) in read_all(read_io, layout, which.into_iter(), first, rows, partial).await {
             match r {
                 Ok((v, b)) => {
                     found[i] = v;
                     bytes[i] = b;
                 }
-                Err(e) if is_chunk_loss(&e) && Some(i) != heal => lost.push((i, e)),
+                Err(e) if is_chunk_loss(&e) && Some(i) != heal => {
+                    client.note_unreachable(&e);
+                    lost.push((i, e))
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -436,10 +512,17 @@ async fn write_attempt(
     let mut data_versions: Vec<Vec<u64>> = Vec::with_capacity(rows as usize);
     let parity_found = |row: usize| -> Vec<Found> { (k..k + m).map(|i| fnd(i, row, partial)).collect() };
     if partial {
-        let fs: Vec<Found> = (0..k + m).map(|i| fnd(i, 0, true)).collect();
+        let mut fs: Vec<Found> = (0..k + m).map(|i| fnd(i, 0, true)).collect();
+        known.chunks.resize(k, None);
         for j in 0..k {
-            if matches!(fs[j], Found::Intact { .. }) {
-                buf[j * u..(j + 1) * u].copy_from_slice(&bytes[j]);
+            match (&fs[j], &known.chunks[j]) {
+                (Found::Intact { .. }, _) => buf[j * u..(j + 1) * u].copy_from_slice(&bytes[j]),
+                // A chunk this write cannot reach now, whose bytes it learnt in an earlier attempt.
+                (Found::Unreachable, Some((version, b))) if Some(j) != heal => {
+                    buf[j * u..(j + 1) * u].copy_from_slice(b);
+                    fs[j] = Found::Intact { version: *version, parity_of: Vec::new() };
+                }
+                _ => {}
             }
             // Chunks it changes, and damaged ones (rewritten whole from the decoded row: their repair).
             let (lo, hi) = (base + j as u64 * unit, base + (j as u64 + 1) * unit);
@@ -461,6 +544,10 @@ async fn write_attempt(
                     }
                 }
                 versions = plan.data_versions;
+                // Every data chunk of the row is now known at its version: kept for a retry of this write.
+                for j in 0..k {
+                    known.chunks[j] = Some((versions[j], buf[j * u..(j + 1) * u].to_vec()));
+                }
             }
             Err(e) => {
                 // Undecodable: fine only if no damaged chunk holds bytes this write keeps (outside the new bytes,
@@ -524,8 +611,14 @@ async fn write_attempt(
         writes.push((j, recs, payload));
     }
     match write_all(write_io, layout, writes, first).await {
-        Written::Moved => return Ok(Attempt::Moved),
-        Written::Failed(f) => lost.extend(f),
+        Written::Moved => {
+            known.read_data = true;
+            return Ok(Attempt::Moved);
+        }
+        Written::Failed(f) => {
+            f.iter().for_each(|(_, e)| client.note_unreachable(e));
+            lost.extend(f)
+        }
     }
     // Every parity chunk encoded straight into one buffer per parity server (rows back to back), sent in slices.
     let pbuf = encode_parity(codec, &src[..rows as usize * row_bytes as usize], u);
@@ -548,8 +641,14 @@ async fn write_attempt(
         writes.push((k + p, recs, payload));
     }
     match write_all(write_io, layout, writes, first).await {
-        Written::Moved => return Ok(Attempt::Moved),
-        Written::Failed(f) => lost.extend(f),
+        Written::Moved => {
+            known.read_data = true;
+            return Ok(Attempt::Moved);
+        }
+        Written::Failed(f) => {
+            f.iter().for_each(|(_, e)| client.note_unreachable(e));
+            lost.extend(f)
+        }
     }
     if let Some(pos) = lost.iter().position(|(i, _)| *i == usize::MAX || Some(*i) == heal) {
         // A heal that could not write what it heals fails (the range stays stale), as does a failed task.
@@ -685,7 +784,8 @@ pub(crate) async fn repair_row(file: &File, io: &Io, codec: &Codec, row: u64) ->
     let base = row * row_bytes;
     // No new bytes: a zero-length write at the row's start rewrites the damaged chunks and the parity.
     let new_end = size.max(base);
-    match write_attempt(file, io, io, codec, row, 1, base, &Bytes::new(), size, new_end, None).await? {
+    let known = &mut Known::default();
+    match write_attempt(file, io, io, codec, row, 1, base, &Bytes::new(), size, new_end, None, known).await? {
         Attempt::Done => Ok(()),
         Attempt::Moved => Ok(()),
     }
@@ -708,9 +808,10 @@ pub(crate) async fn heal_row(
     let base = row * row_bytes;
     let new_end = size.max(base);
     let mut attempt = 0;
+    let known = &mut Known::default();
     loop {
         attempt += 1;
-        match write_attempt(file, io, io, codec, row, 1, base, &Bytes::new(), size, new_end, Some(slot)).await? {
+        match write_attempt(file, io, io, codec, row, 1, base, &Bytes::new(), size, new_end, Some(slot), known).await? {
             Attempt::Done => return Ok(()),
             Attempt::Moved if attempt >= WRITE_ATTEMPTS_MAX => {
                 return Err(ClientError::WriteConflict { ino: file.attr.ino, file_offset: base, attempts: attempt });
