@@ -29,6 +29,7 @@ const BATCH_BYTES_MAX: usize = 4 << 20;
 /// Counters of everything the bank did (monotonic, all daemons).
 #[derive(Debug, Default)]
 struct Counters {
+    gets: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
     refused_items: AtomicU64,
@@ -42,6 +43,8 @@ struct Counters {
 /// A snapshot of the bank's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BankStats {
+    /// Multi-gets: each one round of requests (one per daemon asked, in parallel), the latency a caller pays.
+    pub gets: u64,
     /// Keys answered with a checked value.
     pub hits: u64,
     /// Keys not answered with data, for any reason below or simply absent.
@@ -141,6 +144,7 @@ impl Bank {
         let c = &self.inner.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         BankStats {
+            gets: l(&c.gets),
             hits: l(&c.hits),
             misses: l(&c.misses),
             refused_items: l(&c.refused_items),
@@ -220,6 +224,7 @@ impl Bank {
             }
         }
         let hits = results.iter().filter(|r| r.is_some()).count() as u64;
+        inner.counters.gets.fetch_add(1, Ordering::Relaxed);
         inner.counters.hits.fetch_add(hits, Ordering::Relaxed);
         inner.counters.misses.fetch_add(keys.len() as u64 - hits, Ordering::Relaxed);
         results
