@@ -6,6 +6,8 @@
 //! namespace = 12345                # in every key: clusters sharing daemons never collide (0 ..= 2^63 − 1)
 //! block_bytes = 8192               # data block size (the papers measured 256, 2048 and 8192)
 //! attrs = true                     # cache attributes and lookups
+//! attr_miss_streak_max = 8         # a client whose stats miss this many times in a row pauses its lookups…
+//! attr_miss_skip_max = 64          # …for 1, 2, 4… up to this many calls between probes (0 above: never pause)
 //! lookup_guesses_max = 4096       # names a client remembers the inode of (one-round-trip lookups)
 //! attr_ttl_s = 60                  # attribute and lookup items expire after this (NFS acregmax)
 //! data = true                      # cache data blocks
@@ -46,6 +48,12 @@ pub struct CacheConfig {
     pub data_miss_streak_max: u32,
     /// The longest such pause, in reads (each missed probe doubles it, from 1).
     pub data_miss_skip_reads_max: u32,
+    /// After this many `getattr`/`lookup` calls of one client in a row found nothing usable in the bank, its
+    /// next calls go straight to the MDS for a while (1, 2, 4… calls between probes): misses then cost nothing.
+    /// 0: never pause.
+    pub attr_miss_streak_max: u32,
+    /// The longest such pause, in calls.
+    pub attr_miss_skip_max: u32,
     /// Names (directory, name) whose inode a client remembers from its last lookup, so that its next lookup of
     /// the name fetches the entry and that inode's attributes in one multi-get (0: two round trips always).
     pub lookup_guesses_max: u32,
@@ -72,6 +80,8 @@ impl Default for CacheConfig {
             data_read_blocks_max: 16,
             data_miss_streak_max: 4,
             data_miss_skip_reads_max: 64,
+            attr_miss_streak_max: 8,
+            attr_miss_skip_max: 64,
             lookup_guesses_max: 4096,
             attr_ttl_s: 60,
             request_timeout_ms: 50,

@@ -94,6 +94,8 @@ struct Inner {
     /// Which inode each name named at its last lookup (bounded: the bank's `lookup_guesses_max` slots), so a
     /// lookup through the bank fetches the entry and the child's attributes in one multi-get.
     guesses: weft_cache::attrs::EntryGuesses,
+    /// Whether this client's attribute and lookup calls keep missing the bank, and so pause asking it.
+    attr_misses: weft_cache::MissHint,
     /// Whether the MDS runs requests as the user they assert (the cluster key, or no authentication), so this
     /// client can check a directory's search permission for its own user exactly; a per-client key may map the
     /// user to another (docs/format.md §9), and then only a directory anyone may search is checked locally.
@@ -155,6 +157,10 @@ impl Client {
                 guesses: weft_cache::attrs::EntryGuesses::new(
                     bank.as_ref().filter(|b| b.caches_attrs()).map_or(0, |b| b.config().lookup_guesses_max as usize),
                 ),
+                attr_misses: match bank.as_ref().map(|b| b.config()) {
+                    Some(c) => weft_cache::MissHint::new(c.attr_miss_streak_max, c.attr_miss_skip_max),
+                    None => weft_cache::MissHint::new(0, 0),
+                },
                 bank,
                 asserted_user_is_effective,
                 lock_keepalive: std::sync::OnceLock::new(),
@@ -330,9 +336,13 @@ impl Client {
     /// that found the inode), else from the MDS.
     pub async fn getattr(&self, ino: u64) -> Result<Attr, ClientError> {
         if let Some(bank) = self.attr_bank()
-            && let Some(attr) = bank.get_attr(ino).await
+            && self.inner.attr_misses.ask()
         {
-            return Ok(attr);
+            let found = bank.get_attr(ino).await;
+            self.inner.attr_misses.record(found.is_some());
+            if let Some(attr) = found {
+                return Ok(attr);
+            }
         }
         Ok(meta_call!(self, GetAttr(InoReq { ino })))
     }
@@ -352,8 +362,13 @@ impl Client {
     /// that guess was missing or wrong; each far cheaper than the MDS. `None` sends the lookup to the MDS.
     async fn lookup_in_bank(&self, parent: u64, name: &str) -> Option<Attr> {
         let bank = self.attr_bank()?;
+        if !self.inner.attr_misses.ask() {
+            return None;
+        }
         let guess = self.inner.guesses.guess(parent, name);
         let (dir, child, attr) = bank.get_lookup(parent, name, guess).await;
+        // The bank held what a lookup needs (whether or not this user may use it): not a miss.
+        self.inner.attr_misses.record(dir.is_some() && child.is_some());
         let (dir, child) = (dir?, child?);
         if !bank_may_search(&dir, &self.user, self.inner.asserted_user_is_effective) {
             return None;

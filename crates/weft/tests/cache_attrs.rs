@@ -395,3 +395,27 @@ async fn a_repeated_lookup_is_one_round_trip_and_a_wrong_guess_costs_only_a_seco
     a.setattr(y.ino, SetAttrs { mode: Some(0o640), ..SetAttrs::default() }).await.unwrap();
     assert_eq!(lookup_from_bank(&b, &truth, d.ino, "x").await.mode & 0o7777, 0o640);
 }
+
+/// Cheap misses for attributes: a client whose every bank lookup misses (another key namespace) pauses asking
+/// the bank after 8 misses in a row, probing again after 1, 2, 4, 8… calls; every answer is the MDS's.
+#[tokio::test]
+async fn a_client_whose_stats_keep_missing_pauses_asking_the_bank() {
+    let cl = start_bank_cluster("cattr-miss", 1, true).await;
+    let (a, truth) = (bank_client(&cl).await, truth_client(&cl).await);
+    let f = a.create(ROOT_INO, "f", 0o644, true).await.unwrap();
+    let mut cfg = ClusterConfig::from_spec(&cl.cluster_file().to_string_lossy()).unwrap();
+    let cache = cfg.cache.as_mut().unwrap();
+    cache.namespace ^= 1;
+    (cache.attr_miss_streak_max, cache.attr_miss_skip_max) = (8, 64);
+    let b = Client::connect(&cfg).await.unwrap();
+    let right = truth.getattr(f.ino).await.unwrap();
+    for i in 0..40 {
+        assert_eq!(b.getattr(f.ino).await.unwrap(), right, "stat {i}");
+    }
+    let s = b.bank_stats().unwrap();
+    // Calls 0-7 miss; then probes at 9, 12, 17 and 26 (pauses of 1, 2, 4, 8); 27-42 pause for 16.
+    assert_eq!((s.gets, s.hits, s.misses), (12, 0, 12), "{s:?}");
+    // A lookup is paused alike, and still right.
+    assert_eq!(b.lookup(ROOT_INO, "f").await.unwrap(), truth.lookup(ROOT_INO, "f").await.unwrap());
+    assert_eq!(b.bank_stats().unwrap().gets, 12);
+}
