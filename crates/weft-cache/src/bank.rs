@@ -29,6 +29,8 @@ const BATCH_BYTES_MAX: usize = 4 << 20;
 /// Counters of everything the bank did (monotonic, all daemons).
 #[derive(Debug, Default)]
 struct Counters {
+    /// Failures and recoveries of any daemon ([`Bank::health_changes`]).
+    health_changes: AtomicU64,
     gets: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -154,6 +156,13 @@ impl Bank {
             saturated: l(&c.saturated),
             stores: l(&c.stores),
         }
+    }
+
+    /// How many times a request failed on a daemon or a failing daemon answered again: when it moves, items
+    /// may have been lost (a daemon restarted empty) or stored on another daemon than their owner (routed around
+    /// an ejected one), so what a caller remembers about the bank's contents is no longer to be trusted.
+    pub fn health_changes(&self) -> u64 {
+        self.inner.counters.health_changes.load(Ordering::Relaxed)
     }
 
     /// Daemon `i`'s health (for tests and status output).
@@ -366,7 +375,12 @@ impl Inner {
         };
         match tokio::time::timeout_at(deadline.into(), attempt).await {
             Ok(Ok((client, result))) => {
-                lock(&daemon.health).success();
+                let mut health = lock(&daemon.health);
+                if health.state() != crate::HealthState::Up {
+                    self.counters.health_changes.fetch_add(1, Ordering::Relaxed);
+                }
+                health.success();
+                drop(health);
                 let mut idle = lock(&daemon.idle);
                 if !client.is_closed() && idle.len() < self.config.connections_per_daemon {
                     idle.push(client);
@@ -399,6 +413,7 @@ impl Inner {
     fn fail(&self, d: usize) {
         let daemon = &self.daemons[d];
         let now = self.now_ms();
+        self.counters.health_changes.fetch_add(1, Ordering::Relaxed);
         let mut health = lock(&daemon.health);
         let was_ejected = health.is_ejected();
         health.failure(now);

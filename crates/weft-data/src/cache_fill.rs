@@ -15,7 +15,9 @@
 //! - The worker remembers the blocks it stored lately ([`RecentFills`], bounded, oldest forgotten first) and skips
 //!   storing them again: a block read over and over (a hot file, or readers whose lookups all miss) costs the
 //!   server one store, not one per read. An invalidation forgets the blocks it deletes, so the next fill stores
-//!   the new bytes. A block evicted by memcached meanwhile is refilled once it is forgotten here (speed only).
+//!   the new bytes, and any daemon failure or recovery ([`Bank::health_changes`]) forgets them all (a daemon may
+//!   have restarted empty, or a block been stored on a fallback daemon). A block evicted by memcached meanwhile
+//!   is refilled once it is forgotten here (speed only).
 //!
 //! Jobs run one at a time in queue order; the `set`s or `delete`s of one job run concurrently (their keys are
 //! distinct, so their order does not matter). What keeps close-to-open is the data version in every key, which
@@ -290,6 +292,8 @@ fn block_id(ino: u64, hint: FillHint, block: u64) -> BlockId {
 #[derive(Debug)]
 pub struct RecentFills {
     max: usize,
+    /// The bank's [`Bank::health_changes`] the remembered blocks were stored under.
+    epoch: u64,
     set: HashSet<BlockId>,
     /// Blocks in the order they were stored; one forgotten early (an invalidation) may still appear here, and
     /// is skipped when it comes out.
@@ -298,7 +302,17 @@ pub struct RecentFills {
 
 impl RecentFills {
     pub fn new(max: usize) -> RecentFills {
-        RecentFills { max, set: HashSet::new(), order: VecDeque::new() }
+        RecentFills { max, epoch: 0, set: HashSet::new(), order: VecDeque::new() }
+    }
+
+    /// Forgets everything when the bank's health moved since the blocks were stored (`epoch` is its
+    /// [`Bank::health_changes`] now).
+    pub fn sync(&mut self, epoch: u64) {
+        if epoch != self.epoch {
+            self.set.clear();
+            self.order.clear();
+            self.epoch = epoch;
+        }
     }
 
     pub fn contains(&self, id: &BlockId) -> bool {
@@ -343,6 +357,7 @@ async fn worker(
     while let Some(job) = rx.recv().await {
         match job {
             Job::Fill { ino, hint, offset, len } => {
+                recent.sync(bank.health_changes());
                 let (first, last) = (offset / block_bytes, (offset.saturating_add(len) - 1) / block_bytes);
                 let fresh = (first..=last).filter(|&b| !recent.contains(&block_id(ino, hint, b))).count() as u64;
                 c.blocks_skipped.fetch_add(last - first + 1 - fresh, Ordering::Relaxed);
@@ -369,6 +384,8 @@ async fn worker(
                 while let Some(r) = sets.join_next().await {
                     count_stored(Some(r), ino, hint, &mut recent, &c);
                 }
+                // A failure during the job (the one that set failed, or another): remember none of it.
+                recent.sync(bank.health_changes());
             }
             Job::Invalidate { ino, under, first, mut last } => {
                 if last - first >= INVALIDATE_BLOCKS_MAX {
@@ -499,6 +516,8 @@ mod tests {
         r.stored(block_id(1, h(1), 4));
         r.stored(block_id(1, h(1), 4));
         assert!(r.len() <= 3 && r.order.len() <= 3);
+        r.sync(1);
+        assert!(r.is_empty(), "a daemon failed or came back: everything forgotten");
         let mut none = RecentFills::new(0);
         none.stored(block_id(1, h(1), 0));
         assert!(none.is_empty(), "0: nothing remembered");
