@@ -165,6 +165,12 @@ impl Bank {
         self.inner.counters.health_changes.load(Ordering::Relaxed)
     }
 
+    /// Whether every daemon is up (none failing or ejected): a key then lives on its owner, where every client
+    /// with the same view looks for it.
+    pub fn all_up(&self) -> bool {
+        self.inner.daemons.iter().all(|d| lock(&d.health).state() == HealthState::Up)
+    }
+
     /// Daemon `i`'s health (for tests and status output).
     pub fn daemon_state(&self, i: usize) -> Option<HealthState> {
         self.inner.daemons.get(i).map(|d| lock(&d.health).state())

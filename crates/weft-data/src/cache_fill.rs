@@ -16,7 +16,8 @@
 //!   storing them again: a block read over and over (a hot file, or readers whose lookups all miss) costs the
 //!   server one store, not one per read. An invalidation forgets the blocks it deletes, so the next fill stores
 //!   the new bytes, and any daemon failure or recovery ([`Bank::health_changes`]) forgets them all (a daemon may
-//!   have restarted empty, or a block been stored on a fallback daemon). A block evicted by memcached meanwhile
+//!   have restarted empty, or a block been stored on a fallback daemon). Nothing is remembered while a daemon is
+//!   failing or ejected: the fills keep storing, which is also what brings an ejected daemon's probe. A block evicted by memcached meanwhile
 //!   is refilled once it is forgotten here (speed only).
 //!
 //! Jobs run one at a time in queue order; the `set`s or `delete`s of one job run concurrently (their keys are
@@ -377,12 +378,12 @@ async fn worker(
                     let bank = bank.clone();
                     let key = CacheKey::Block { ino, data_version: hint.data_version, position: hint.position, block };
                     if sets.len() >= JOB_CONCURRENCY {
-                        count_stored(sets.join_next().await, ino, hint, &mut recent, &c);
+                        count_stored(sets.join_next().await, bank.all_up(), ino, hint, &mut recent, &c);
                     }
                     sets.spawn(async move { (block, bank.set(&key, &bytes).await) });
                 }
                 while let Some(r) = sets.join_next().await {
-                    count_stored(Some(r), ino, hint, &mut recent, &c);
+                    count_stored(Some(r), bank.all_up(), ino, hint, &mut recent, &c);
                 }
                 // A failure during the job (the one that set failed, or another): remember none of it.
                 recent.sync(bank.health_changes());
@@ -414,6 +415,7 @@ async fn worker(
 
 fn count_stored(
     r: Option<Result<(u64, bool), tokio::task::JoinError>>,
+    all_up: bool,
     ino: u64,
     hint: FillHint,
     recent: &mut RecentFills,
@@ -421,7 +423,9 @@ fn count_stored(
 ) {
     if let Some(Ok((block, true))) = r {
         c.blocks_stored.fetch_add(1, Ordering::Relaxed);
-        recent.stored(block_id(ino, hint, block));
+        if all_up {
+            recent.stored(block_id(ino, hint, block));
+        }
     }
 }
 
