@@ -9,6 +9,13 @@
 //! copy left on a fallback could be read stale by a client whose view of the ring differs). Clients never store
 //! them: a client's copy, read before a change and stored after that change's push, would overwrite newer
 //! attributes. The MDS fills a missing item after serving it (`add`: never over an existing item).
+//!
+//! A lookup through the bank needs the entry (which inode the name names) and that inode's attributes. The entry
+//! item does not carry the attributes: a file may have several names (hard links) and the MDS does not know them
+//! from the inode, so it could not refresh every copy on a chmod. Instead a client remembers which inode each
+//! name named last ([`EntryGuesses`], bounded) and asks for that inode's attributes in the same multi-get as the
+//! entry ([`Bank::get_lookup`]): one round trip when the guess is right, which the entry itself proves; a wrong
+//! or missing guess costs the second round trip it always cost.
 
 use weft_proto::Attr;
 
@@ -39,6 +46,32 @@ impl Bank {
         let dir = found.next().flatten().and_then(|p| decoded(AttrItem::decode(&p, parent), "attributes"));
         let child = found.next().flatten().and_then(|p| decoded(LookupItem::decode(&p, name), "lookup entry"));
         (dir, child)
+    }
+
+    /// One multi-get for a lookup: the attributes of directory `parent`, its entry `name`, and, when the caller
+    /// `guess`es which inode the entry names, that inode's attributes. Returns the directory's attributes, the
+    /// entry's inode, and the child's attributes when the entry named the guess (else the caller asks for them).
+    pub async fn get_lookup(
+        &self,
+        parent: u64,
+        name: &str,
+        guess: Option<u64>,
+    ) -> (Option<Attr>, Option<u64>, Option<Attr>) {
+        let Some(guess) = guess else {
+            let (dir, child) = self.get_parent_and_entry(parent, name).await;
+            return (dir, child, None);
+        };
+        let keys = [CacheKey::Attrs { ino: parent }, CacheKey::lookup(parent, name), CacheKey::Attrs { ino: guess }];
+        let mut found = self.get_many(&keys).await.into_iter();
+        let dir = found.next().flatten().and_then(|p| decoded(AttrItem::decode(&p, parent), "attributes"));
+        let child = found.next().flatten().and_then(|p| decoded(LookupItem::decode(&p, name), "lookup entry"));
+        // The guessed attributes are the child's only when the entry names the guess (AttrItem checks the ino).
+        let attr = found
+            .next()
+            .flatten()
+            .filter(|_| child == Some(guess))
+            .and_then(|p| decoded(AttrItem::decode(&p, guess), "attributes"));
+        (dir, child, attr)
     }
 
     /// Publishes the attributes of `ino` after a change: `Some` stores them, `None` (the inode is gone) deletes
@@ -86,4 +119,73 @@ impl Bank {
 /// a miss.
 fn decoded<T>(r: Result<T, crate::value::PayloadError>, what: &str) -> Option<T> {
     r.map_err(|e| tracing::debug!("cached {what} refused: {e}")).ok()
+}
+
+/// Which inode each (directory, name) named when this client last looked it up: a direct-mapped table of
+/// `slots` entries (a new name replaces whatever shared its slot), so bounded by construction. A guess is only
+/// a hint for which attributes to fetch alongside the entry; the entry fetched with them decides.
+#[derive(Debug)]
+pub struct EntryGuesses {
+    slots: Vec<std::sync::Mutex<(u64, u64, u64)>>,
+}
+
+impl EntryGuesses {
+    /// A table of `slots` entries (0: no guesses).
+    pub fn new(slots: usize) -> EntryGuesses {
+        EntryGuesses { slots: (0..slots).map(|_| std::sync::Mutex::new((0, 0, 0))).collect() }
+    }
+
+    /// (slot, tag) of a name: both from one SHA-256 of the directory and the name (as the entry key's hash).
+    fn place(&self, parent: u64, name: &str) -> Option<(usize, u64)> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(&parent.to_le_bytes());
+        ctx.update(name.as_bytes());
+        let d = ctx.finish();
+        let d = d.as_ref();
+        let slot = u64::from_le_bytes(d[..8].try_into().expect("8 bytes")) % self.slots.len() as u64;
+        Some((slot as usize, u64::from_le_bytes(d[8..16].try_into().expect("8 bytes"))))
+    }
+
+    /// The inode `parent`'s `name` named last, if remembered.
+    pub fn guess(&self, parent: u64, name: &str) -> Option<u64> {
+        let (slot, tag) = self.place(parent, name)?;
+        let (p, t, ino) = *self.slots[slot].lock().unwrap_or_else(|e| e.into_inner());
+        (p == parent && t == tag && ino != 0).then_some(ino)
+    }
+
+    /// Remembers that `parent`'s `name` names `ino`.
+    pub fn remember(&self, parent: u64, name: &str, ino: u64) {
+        if let Some((slot, tag)) = self.place(parent, name) {
+            *self.slots[slot].lock().unwrap_or_else(|e| e.into_inner()) = (parent, tag, ino);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guesses_are_bounded_and_only_for_the_same_name() {
+        let g = EntryGuesses::new(8);
+        assert_eq!(g.guess(1, "a"), None);
+        g.remember(1, "a", 10);
+        assert_eq!(g.guess(1, "a"), Some(10));
+        assert_eq!(g.guess(2, "a"), None, "another directory");
+        assert_eq!(g.guess(1, "b"), None, "another name");
+        g.remember(1, "a", 11);
+        assert_eq!(g.guess(1, "a"), Some(11), "the last answer wins");
+        // Many names through 8 slots: never more than 8 remembered, the newest of each slot kept.
+        for i in 0..1000u64 {
+            g.remember(5, &format!("n{i}"), 100 + i);
+        }
+        let kept = (0..1000u64).filter(|i| g.guess(5, &format!("n{i}")) == Some(100 + i)).count();
+        assert!((1..=8).contains(&kept), "{kept}");
+        let none = EntryGuesses::new(0);
+        none.remember(1, "a", 10);
+        assert_eq!(none.guess(1, "a"), None);
+    }
 }

@@ -29,6 +29,9 @@ const BATCH_BYTES_MAX: usize = 4 << 20;
 /// Counters of everything the bank did (monotonic, all daemons).
 #[derive(Debug, Default)]
 struct Counters {
+    /// Failures and recoveries of any daemon ([`Bank::health_changes`]).
+    health_changes: AtomicU64,
+    gets: AtomicU64,
     hits: AtomicU64,
     misses: AtomicU64,
     refused_items: AtomicU64,
@@ -42,6 +45,8 @@ struct Counters {
 /// A snapshot of the bank's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BankStats {
+    /// Multi-gets: each one round of requests (one per daemon asked, in parallel), the latency a caller pays.
+    pub gets: u64,
     /// Keys answered with a checked value.
     pub hits: u64,
     /// Keys not answered with data, for any reason below or simply absent.
@@ -141,6 +146,7 @@ impl Bank {
         let c = &self.inner.counters;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         BankStats {
+            gets: l(&c.gets),
             hits: l(&c.hits),
             misses: l(&c.misses),
             refused_items: l(&c.refused_items),
@@ -150,6 +156,19 @@ impl Bank {
             saturated: l(&c.saturated),
             stores: l(&c.stores),
         }
+    }
+
+    /// How many times a request failed on a daemon or a failing daemon answered again: when it moves, items
+    /// may have been lost (a daemon restarted empty) or stored on another daemon than their owner (routed around
+    /// an ejected one), so what a caller remembers about the bank's contents is no longer to be trusted.
+    pub fn health_changes(&self) -> u64 {
+        self.inner.counters.health_changes.load(Ordering::Relaxed)
+    }
+
+    /// Whether every daemon is up (none failing or ejected): a key then lives on its owner, where every client
+    /// with the same view looks for it.
+    pub fn all_up(&self) -> bool {
+        self.inner.daemons.iter().all(|d| lock(&d.health).state() == HealthState::Up)
     }
 
     /// Daemon `i`'s health (for tests and status output).
@@ -220,6 +239,7 @@ impl Bank {
             }
         }
         let hits = results.iter().filter(|r| r.is_some()).count() as u64;
+        inner.counters.gets.fetch_add(1, Ordering::Relaxed);
         inner.counters.hits.fetch_add(hits, Ordering::Relaxed);
         inner.counters.misses.fetch_add(keys.len() as u64 - hits, Ordering::Relaxed);
         results
@@ -361,7 +381,12 @@ impl Inner {
         };
         match tokio::time::timeout_at(deadline.into(), attempt).await {
             Ok(Ok((client, result))) => {
-                lock(&daemon.health).success();
+                let mut health = lock(&daemon.health);
+                if health.state() != crate::HealthState::Up {
+                    self.counters.health_changes.fetch_add(1, Ordering::Relaxed);
+                }
+                health.success();
+                drop(health);
                 let mut idle = lock(&daemon.idle);
                 if !client.is_closed() && idle.len() < self.config.connections_per_daemon {
                     idle.push(client);
@@ -394,6 +419,7 @@ impl Inner {
     fn fail(&self, d: usize) {
         let daemon = &self.daemons[d];
         let now = self.now_ms();
+        self.counters.health_changes.fetch_add(1, Ordering::Relaxed);
         let mut health = lock(&daemon.health);
         let was_ejected = health.is_ejected();
         health.failure(now);

@@ -12,10 +12,12 @@ pub mod attrs;
 pub mod bank;
 pub mod config;
 pub mod health;
+pub mod miss;
 pub mod ring;
 pub mod value;
 
 pub use bank::{Bank, BankStats};
 pub use config::{CacheConfig, ConfigError};
 pub use health::HealthState;
+pub use miss::MissHint;
 pub use value::{AttrItem, CacheKey, ItemKind, LookupItem};

@@ -50,6 +50,8 @@ pub struct File {
     /// Written or truncated through this handle: reads no longer use the bank nor ask for fills, so a client
     /// always reads its own writes.
     wrote: AtomicBool,
+    /// Whether this file's reads keep missing the bank, and so pause their lookups (`weft_cache::miss`).
+    bank_misses: weft_cache::MissHint,
     /// The file's stale ranges as this handle knows them (redundant layouts, `stale.rs`).
     pub(crate) stale: crate::stale::StaleView,
 }
@@ -88,10 +90,6 @@ pub(crate) struct Io {
     pub ino: u64,
     pub unit_max: u64,
 }
-
-/// A read covering more bank blocks than this goes straight to the data servers: one multi-get of thousands of
-/// keys costs more than it can save on a transfer that large.
-pub const BANK_BLOCKS_PER_READ_MAX: u64 = 4096;
 
 /// One request's worth of a transfer: a contiguous object range on one server, and the file ranges it maps to.
 #[derive(Debug, PartialEq, Eq)]
@@ -159,10 +157,15 @@ impl File {
             .clone()
             .ok_or_else(|| ClientError::Protocol(format!("file inode {} has no layout", attr.ino)))?;
         layout.validate(false).map_err(|e| ClientError::Protocol(format!("file inode {}: {e}", attr.ino)))?;
+        let bank_misses = match client.data_bank().map(|b| b.config()) {
+            Some(c) => weft_cache::MissHint::new(c.data_miss_streak_max, c.data_miss_skip_reads_max),
+            None => weft_cache::MissHint::new(0, 0),
+        };
         Ok(File {
             client,
             data_version: AtomicU64::new(attr.data_version),
             wrote: AtomicBool::new(false),
+            bank_misses,
             size: AtomicU64::new(attr.size),
             attr,
             layout: RwLock::new(Arc::new(layout)),
@@ -366,11 +369,19 @@ impl File {
             buf.fill(0);
             return Ok(buf);
         }
+        // With the bank: the data version fills are asked under, when this read asks for them.
+        let mut fill = None;
         if let Some(bank) = self.read_bank() {
-            let block_bytes = u64::from(bank.config().block_bytes);
+            // A large read neither looks up nor fills (cheap misses: a multi-get of many keys and as many fills
+            // cost more than they can save); a file whose reads keep missing pauses its lookups but still fills.
+            let cfg = bank.config();
+            let block_bytes = u64::from(cfg.block_bytes);
             let blocks: u64 = pieces.iter().map(|p| blocks_of(p, block_bytes).count() as u64).sum();
-            if blocks <= BANK_BLOCKS_PER_READ_MAX {
-                return self.read_through_bank(bank, buf, &pieces).await;
+            if blocks <= u64::from(cfg.data_read_blocks_max) {
+                if self.bank_misses.ask() {
+                    return self.read_through_bank(bank, buf, &pieces).await;
+                }
+                fill = Some(self.data_version());
             }
         }
         if let [u] = &units[..]
@@ -378,8 +389,9 @@ impl File {
         {
             // One unit of one piece (a read inside one stripe unit): read from the caller's task, straight into
             // `buf`, without the two wake-ups of a spawned task.
+            let hint = fill.map(|data_version| FillHint { data_version, position: u.server_index });
             let mut dest =
-                read_unit(&self.client, &self.caps, &self.layout(), self.attr.ino, u, vec![buf], None).await?;
+                read_unit(&self.client, &self.caps, &self.layout(), self.attr.ino, u, vec![buf], hint).await?;
             return Ok(dest.pop().expect("the destination comes back"));
         }
         // Split the buffer into one segment per piece, in file order.
@@ -387,7 +399,7 @@ impl File {
         for p in &pieces {
             segs.push(Some(buf.split_to(p.len as usize)));
         }
-        self.read_units(units, &mut segs, None).await?;
+        self.read_units(units, &mut segs, fill).await?;
         Ok(join(segs))
     }
 
@@ -414,7 +426,9 @@ impl File {
                 })
             })
             .collect();
-        let mut found = bank.get_many(&keys).await.into_iter();
+        let found = bank.get_many(&keys).await;
+        self.bank_misses.record(found.iter().any(Option::is_some));
+        let mut found = found.into_iter();
         // The buffer cut into runs in file order, each filled from the bank or read from a server.
         let mut runs: Vec<Option<BytesMut>> = Vec::new();
         let mut misses: Vec<weft_proto::Piece> = Vec::new();

@@ -91,6 +91,11 @@ struct Inner {
     fabric: AnyFabric,
     /// The cache bank (`[cache]` in cluster.toml), if it names any daemon.
     bank: Option<weft_cache::Bank>,
+    /// Which inode each name named at its last lookup (bounded: the bank's `lookup_guesses_max` slots), so a
+    /// lookup through the bank fetches the entry and the child's attributes in one multi-get.
+    guesses: weft_cache::attrs::EntryGuesses,
+    /// Whether this client's attribute and lookup calls keep missing the bank, and so pause asking it.
+    attr_misses: weft_cache::MissHint,
     /// Whether the MDS runs requests as the user they assert (the cluster key, or no authentication), so this
     /// client can check a directory's search permission for its own user exactly; a per-client key may map the
     /// user to another (docs/format.md §9), and then only a directory anyone may search is checked locally.
@@ -149,6 +154,13 @@ impl Client {
                 ds_connect: tokio::sync::Mutex::new(()),
                 unreachable_ds: Mutex::new(HashMap::new()),
                 fabric,
+                guesses: weft_cache::attrs::EntryGuesses::new(
+                    bank.as_ref().filter(|b| b.caches_attrs()).map_or(0, |b| b.config().lookup_guesses_max as usize),
+                ),
+                attr_misses: match bank.as_ref().map(|b| b.config()) {
+                    Some(c) => weft_cache::MissHint::new(c.attr_miss_streak_max, c.attr_miss_skip_max),
+                    None => weft_cache::MissHint::new(0, 0),
+                },
                 bank,
                 asserted_user_is_effective,
                 lock_keepalive: std::sync::OnceLock::new(),
@@ -315,16 +327,22 @@ impl Client {
         if let Some(attr) = self.lookup_in_bank(parent, name).await {
             return Ok(attr);
         }
-        Ok(meta_call!(self, Lookup(LookupReq { parent, name: name.into() })))
+        let attr = meta_call!(self, Lookup(LookupReq { parent, name: name.into() }));
+        self.inner.guesses.remember(parent, name, attr.ino);
+        Ok(attr)
     }
 
     /// The attributes of `ino`: from the cache bank if it has them (attributes are not secret beyond the lookup
     /// that found the inode), else from the MDS.
     pub async fn getattr(&self, ino: u64) -> Result<Attr, ClientError> {
         if let Some(bank) = self.attr_bank()
-            && let Some(attr) = bank.get_attr(ino).await
+            && self.inner.attr_misses.ask()
         {
-            return Ok(attr);
+            let found = bank.get_attr(ino).await;
+            self.inner.attr_misses.record(found.is_some());
+            if let Some(attr) = found {
+                return Ok(attr);
+            }
         }
         Ok(meta_call!(self, GetAttr(InoReq { ino })))
     }
@@ -339,16 +357,28 @@ impl Client {
         self.inner.bank.as_ref().map(|b| b.stats())
     }
 
-    /// A lookup served by the bank: two round trips (the parent's attributes with the entry, then the child's
-    /// attributes), each far cheaper than the MDS; `None` sends the lookup to the MDS.
+    /// A lookup served by the bank: one multi-get of the parent's attributes, the entry and the attributes of
+    /// the inode the name named last time (`EntryGuesses`), and a second for the child's attributes only when
+    /// that guess was missing or wrong; each far cheaper than the MDS. `None` sends the lookup to the MDS.
     async fn lookup_in_bank(&self, parent: u64, name: &str) -> Option<Attr> {
         let bank = self.attr_bank()?;
-        let (dir, child) = bank.get_parent_and_entry(parent, name).await;
+        if !self.inner.attr_misses.ask() {
+            return None;
+        }
+        let guess = self.inner.guesses.guess(parent, name);
+        let (dir, child, attr) = bank.get_lookup(parent, name, guess).await;
+        // The bank held what a lookup needs (whether or not this user may use it): not a miss.
+        self.inner.attr_misses.record(dir.is_some() && child.is_some());
         let (dir, child) = (dir?, child?);
         if !bank_may_search(&dir, &self.user, self.inner.asserted_user_is_effective) {
             return None;
         }
-        bank.get_attr(child).await
+        let attr = match attr {
+            Some(attr) => attr,
+            None => bank.get_attr(child).await?,
+        };
+        self.inner.guesses.remember(parent, name, child);
+        Some(attr)
     }
 
     /// Changes attributes. A size change truncates (or extends) the file's objects first, then records the size.

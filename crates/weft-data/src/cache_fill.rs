@@ -12,13 +12,21 @@
 //!   An invalidation is never dropped: when the queue is full the write's reply waits (`send().await`), so a
 //!   fill of old bytes queued before the write is always deleted after it.
 //!
+//! - The worker remembers the blocks it stored lately ([`RecentFills`], bounded, oldest forgotten first) and skips
+//!   storing them again: a block read over and over (a hot file, or readers whose lookups all miss) costs the
+//!   server one store, not one per read. An invalidation forgets the blocks it deletes, so the next fill stores
+//!   the new bytes, and any daemon failure or recovery ([`Bank::health_changes`]) forgets them all (a daemon may
+//!   have restarted empty, or a block been stored on a fallback daemon). Nothing is remembered while a daemon is
+//!   failing or ejected: the fills keep storing, which is also what brings an ejected daemon's probe. A block evicted by memcached meanwhile
+//!   is refilled once it is forgotten here (speed only).
+//!
 //! Jobs run one at a time in queue order; the `set`s or `delete`s of one job run concurrently (their keys are
 //! distinct, so their order does not matter). What keeps close-to-open is the data version in every key, which
 //! the MDS advances at every open for writing and commit: a lost delete (daemon down, timeout) leaves an item no
 //! reader that opened after the writer's close will ask for. The deletes narrow the window for readers that had
 //! the file open while it was written.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -46,6 +54,8 @@ pub struct FillStats {
     pub fills_dropped: u64,
     /// Blocks stored in the bank.
     pub blocks_stored: u64,
+    /// Blocks a fill did not store again because this server stored them lately ([`RecentFills`]).
+    pub blocks_skipped: u64,
     /// Invalidation jobs queued (never dropped).
     pub invalidations_queued: u64,
     /// Deletes sent (one per block and remembered version).
@@ -59,6 +69,7 @@ struct Counters {
     fills_queued: AtomicU64,
     fills_dropped: AtomicU64,
     blocks_stored: AtomicU64,
+    blocks_skipped: AtomicU64,
     invalidations_queued: AtomicU64,
     deletes_sent: AtomicU64,
     invalidations_cut: AtomicU64,
@@ -189,6 +200,8 @@ pub struct FillLimits {
     pub versions_per_inode: usize,
     /// Inodes remembered (`cache_recent_inodes_max`).
     pub inodes_max: usize,
+    /// Blocks remembered as stored lately (`cache_filled_recent_max`; 0: none, every fill stores).
+    pub filled_recent_max: usize,
 }
 
 impl CacheFiller {
@@ -206,7 +219,8 @@ impl CacheFiller {
         let (tx, rx) = mpsc::channel(limits.queue_max.max(1));
         let counters = Arc::new(Counters::default());
         let block_bytes = u64::from(config.block_bytes);
-        tokio::spawn(worker(rx, bank, store, block_bytes, counters.clone()));
+        let recent_fills = RecentFills::new(limits.filled_recent_max);
+        tokio::spawn(worker(rx, bank, store, block_bytes, recent_fills, counters.clone()));
         Ok(Some(Arc::new(CacheFiller {
             block_bytes,
             tx,
@@ -222,6 +236,7 @@ impl CacheFiller {
             fills_queued: l(&c.fills_queued),
             fills_dropped: l(&c.fills_dropped),
             blocks_stored: l(&c.blocks_stored),
+            blocks_skipped: l(&c.blocks_skipped),
             invalidations_queued: l(&c.invalidations_queued),
             deletes_sent: l(&c.deletes_sent),
             invalidations_cut: l(&c.invalidations_cut),
@@ -266,27 +281,112 @@ impl CacheFiller {
     }
 }
 
+/// One bank block: (inode, data version, position, object block).
+type BlockId = (u64, u64, u32, u64);
+
+fn block_id(ino: u64, hint: FillHint, block: u64) -> BlockId {
+    (ino, hint.data_version, hint.position, block)
+}
+
+/// The blocks the worker stored lately, so it does not store them again on every read (see the module doc).
+/// Bounded: at most `max` blocks, the oldest stored forgotten first.
+#[derive(Debug)]
+pub struct RecentFills {
+    max: usize,
+    /// The bank's [`Bank::health_changes`] the remembered blocks were stored under.
+    epoch: u64,
+    set: HashSet<BlockId>,
+    /// Blocks in the order they were stored; one forgotten early (an invalidation) may still appear here, and
+    /// is skipped when it comes out.
+    order: VecDeque<BlockId>,
+}
+
+impl RecentFills {
+    pub fn new(max: usize) -> RecentFills {
+        RecentFills { max, epoch: 0, set: HashSet::new(), order: VecDeque::new() }
+    }
+
+    /// Forgets everything when the bank's health moved since the blocks were stored (`epoch` is its
+    /// [`Bank::health_changes`] now).
+    pub fn sync(&mut self, epoch: u64) {
+        if epoch != self.epoch {
+            self.set.clear();
+            self.order.clear();
+            self.epoch = epoch;
+        }
+    }
+
+    pub fn contains(&self, id: &BlockId) -> bool {
+        self.set.contains(id)
+    }
+
+    /// Remembers that `id` was stored.
+    pub fn stored(&mut self, id: BlockId) {
+        if self.max == 0 || !self.set.insert(id) {
+            return;
+        }
+        self.order.push_back(id);
+        while self.order.len() > self.max {
+            let Some(old) = self.order.pop_front() else { break };
+            self.set.remove(&old);
+        }
+    }
+
+    /// Forgets `id` (its item was deleted: the next fill must store it).
+    pub fn forget(&mut self, id: &BlockId) {
+        self.set.remove(id);
+    }
+
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+}
+
 /// Runs the jobs in queue order, each to its end before the next.
-async fn worker(mut rx: mpsc::Receiver<Job>, bank: Bank, store: Arc<ObjectStore>, block_bytes: u64, c: Arc<Counters>) {
+async fn worker(
+    mut rx: mpsc::Receiver<Job>,
+    bank: Bank,
+    store: Arc<ObjectStore>,
+    block_bytes: u64,
+    mut recent: RecentFills,
+    c: Arc<Counters>,
+) {
     while let Some(job) = rx.recv().await {
         match job {
             Job::Fill { ino, hint, offset, len } => {
+                recent.sync(bank.health_changes());
+                let (first, last) = (offset / block_bytes, (offset.saturating_add(len) - 1) / block_bytes);
+                let fresh = (first..=last).filter(|&b| !recent.contains(&block_id(ino, hint, b))).count() as u64;
+                c.blocks_skipped.fetch_add(last - first + 1 - fresh, Ordering::Relaxed);
+                if fresh == 0 {
+                    // Every block was stored lately: nothing to read again.
+                    continue;
+                }
                 let store = store.clone();
                 let blocks =
                     tokio::task::spawn_blocking(move || read_blocks(&store, ino, offset, len, block_bytes)).await;
                 let Ok(blocks) = blocks else { continue };
                 let mut sets = JoinSet::new();
                 for (block, bytes) in blocks {
+                    if recent.contains(&block_id(ino, hint, block)) {
+                        continue;
+                    }
                     let bank = bank.clone();
                     let key = CacheKey::Block { ino, data_version: hint.data_version, position: hint.position, block };
                     if sets.len() >= JOB_CONCURRENCY {
-                        count_stored(sets.join_next().await, &c);
+                        count_stored(sets.join_next().await, bank.all_up(), ino, hint, &mut recent, &c);
                     }
-                    sets.spawn(async move { bank.set(&key, &bytes).await });
+                    sets.spawn(async move { (block, bank.set(&key, &bytes).await) });
                 }
                 while let Some(r) = sets.join_next().await {
-                    count_stored(Some(r), &c);
+                    count_stored(Some(r), bank.all_up(), ino, hint, &mut recent, &c);
                 }
+                // A failure during the job (the one that set failed, or another): remember none of it.
+                recent.sync(bank.health_changes());
             }
             Job::Invalidate { ino, under, first, mut last } => {
                 if last - first >= INVALIDATE_BLOCKS_MAX {
@@ -296,6 +396,7 @@ async fn worker(mut rx: mpsc::Receiver<Job>, bank: Bank, store: Arc<ObjectStore>
                 let mut deletes = JoinSet::new();
                 for hint in under {
                     for block in first..=last {
+                        recent.forget(&block_id(ino, hint, block));
                         let bank = bank.clone();
                         let key =
                             CacheKey::Block { ino, data_version: hint.data_version, position: hint.position, block };
@@ -312,9 +413,19 @@ async fn worker(mut rx: mpsc::Receiver<Job>, bank: Bank, store: Arc<ObjectStore>
     }
 }
 
-fn count_stored(r: Option<Result<bool, tokio::task::JoinError>>, c: &Counters) {
-    if let Some(Ok(true)) = r {
+fn count_stored(
+    r: Option<Result<(u64, bool), tokio::task::JoinError>>,
+    all_up: bool,
+    ino: u64,
+    hint: FillHint,
+    recent: &mut RecentFills,
+    c: &Counters,
+) {
+    if let Some(Ok((block, true))) = r {
         c.blocks_stored.fetch_add(1, Ordering::Relaxed);
+        if all_up {
+            recent.stored(block_id(ino, hint, block));
+        }
     }
 }
 
@@ -392,6 +503,28 @@ mod tests {
         }
         assert_eq!(r.of(3).len(), 4, "the hot inode is never the least recent");
         assert!(r.map.values().all(|v| v.len() <= 4));
+    }
+
+    #[test]
+    fn recent_fills_are_bounded_and_forget_what_was_deleted() {
+        let mut r = RecentFills::new(3);
+        for b in 0..5 {
+            r.stored(block_id(1, h(1), b));
+        }
+        assert_eq!(r.len(), 3, "bounded");
+        assert!(!r.contains(&block_id(1, h(1), 1)), "the oldest went first");
+        assert!(r.contains(&block_id(1, h(1), 4)));
+        assert!(!r.contains(&block_id(1, h(2), 4)), "another version is another block");
+        r.forget(&block_id(1, h(1), 4));
+        assert!(!r.contains(&block_id(1, h(1), 4)), "a deleted block is stored again");
+        r.stored(block_id(1, h(1), 4));
+        r.stored(block_id(1, h(1), 4));
+        assert!(r.len() <= 3 && r.order.len() <= 3);
+        r.sync(1);
+        assert!(r.is_empty(), "a daemon failed or came back: everything forgotten");
+        let mut none = RecentFills::new(0);
+        none.stored(block_id(1, h(1), 0));
+        assert!(none.is_empty(), "0: nothing remembered");
     }
 
     #[test]

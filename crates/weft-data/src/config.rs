@@ -121,6 +121,9 @@ pub struct DataConfig {
     /// Inodes whose recent data versions are remembered (the least recently read forgotten first).
     #[serde(default = "default_cache_recent_inodes_max")]
     pub cache_recent_inodes_max: u32,
+    /// Blocks remembered as stored in the bank lately: a fill skips storing them again (0: every fill stores).
+    #[serde(default = "default_cache_filled_recent_max")]
+    pub cache_filled_recent_max: u32,
     /// The cache bank (`weft_cache::CacheConfig`, the `[cache]` table `weft up --cache N` writes): with `data =
     /// true` this server stores the blocks it reads for a client that asks (a fill hint) and deletes those a write
     /// changes. Absent: no bank.
@@ -135,6 +138,10 @@ fn default_cache_versions_per_inode() -> u32 {
     4
 }
 fn default_cache_recent_inodes_max() -> u32 {
+    65_536
+}
+/// 64 Ki blocks (a few MiB of bookkeeping; 512 MiB of data at 8 KiB blocks).
+fn default_cache_filled_recent_max() -> u32 {
     65_536
 }
 
@@ -175,6 +182,7 @@ impl DataConfig {
             queue_max: self.cache_fill_queue_max.max(1) as usize,
             versions_per_inode: self.cache_versions_per_inode.max(1) as usize,
             inodes_max: self.cache_recent_inodes_max.max(1) as usize,
+            filled_recent_max: self.cache_filled_recent_max as usize,
         }
     }
 
@@ -279,6 +287,7 @@ mod tests {
             (cfg.cache_fill_queue_max, cfg.cache_versions_per_inode, cfg.cache_recent_inodes_max),
             (4096, 4, 65_536)
         );
+        assert_eq!(cfg.cache_filled_recent_max, 65_536);
         assert_eq!(cfg.cache, None);
     }
 
@@ -310,6 +319,7 @@ mod tests {
             cache_fill_queue_max = 40
             cache_versions_per_inode = 2
             cache_recent_inodes_max = 50
+            cache_filled_recent_max = 60
             [[pool_classes]]
             buf_bytes = 65536
             buffers = 4
@@ -330,6 +340,7 @@ mod tests {
         assert!(cfg.short_circuit && !cfg.shm && !cfg.rdma);
         let limits = cfg.fill_limits();
         assert_eq!((limits.queue_max, limits.versions_per_inode, limits.inodes_max), (40, 2, 50));
+        assert_eq!(limits.filled_recent_max, 60);
         let cache = cfg.cache.as_ref().expect("the [cache] table");
         assert_eq!((cache.servers.len(), cache.block_bytes, cache.data), (1, 2048, true));
         assert_eq!(cfg.shm_socket, Some(PathBuf::from("/run/d.sock")));

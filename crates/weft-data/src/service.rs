@@ -715,6 +715,7 @@ mod tests {
             cache_fill_queue_max: 1,
             cache_versions_per_inode: 1,
             cache_recent_inodes_max: 1,
+            cache_filled_recent_max: 0,
             cache: None,
             rdma_handshakes_max: 4,
             rdma_handshake_timeout_ms: 1000,

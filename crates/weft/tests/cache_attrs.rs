@@ -258,7 +258,8 @@ async fn a_lookup_through_the_bank_still_needs_search_permission() {
     // Bob finds the parent and the entry in the bank, but may not search the directory: the MDS refuses him.
     let before = hits(&bob);
     assert_eq!(code(bob.lookup(private, "secret").await), ErrorCode::Permission);
-    assert_eq!(hits(&bob), before + 2, "the entry was in the bank, and was not used");
+    // (The parent, the entry, and the file's attributes fetched with them on the guess Alice's lookup left.)
+    assert_eq!(hits(&bob), before + 3, "the entry was in the bank, and was not used");
     // Once Alice opens the directory to everyone (a push), Bob looks up through the bank.
     alice.setattr(private, SetAttrs { mode: Some(0o711), ..SetAttrs::default() }).await.unwrap();
     lookup_from_bank(&bob, &truth, private, "secret").await;
@@ -300,4 +301,121 @@ async fn memcached_stat(addr: &str, name: &str) -> u64 {
         }
         assert_ne!(line.trim_end(), "END", "no {name} in stats");
     }
+}
+
+/// Issue 16, item 7: the FUSE mount's client asks the bank too, so a stat storm through the kernel (its attribute
+/// and entry caching off) is served by memcached (its own `get_hits` count it); and what another client changes
+/// (chmod, an in-place rewrite of the same size, rename, unlink) is what the mount sees next.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stat_storm_through_fuse_is_served_by_the_bank_and_sees_every_change() {
+    use common::memcached::get_hits;
+    use common::mount::Mount;
+    use std::os::unix::fs::PermissionsExt;
+    let cl = start_bank_cluster("cattr-fuse", 2, true).await;
+    let a = bank_client(&cl).await;
+    let d = a.mkdir(ROOT_INO, "d", 0o755).await.unwrap();
+    const FILES: usize = 20;
+    for i in 0..FILES {
+        let f = a.create_path(&format!("/d/f{i}"), 0o644, true, false).await.unwrap();
+        f.write_at(0, Bytes::from(common::pattern(i as u64, 0, 1000 + i))).await.unwrap();
+        f.close().await.unwrap();
+    }
+    let m =
+        Mount::start(&cl, &common::test_dir("cattr-fuse-mnt"), &["--attr-timeout-ms", "0", "--entry-timeout-ms", "0"]);
+    let addrs = cl.cache_addrs();
+    let before = get_hits(&addrs).await;
+    const ROUNDS: usize = 5;
+    let m = tokio::task::spawn_blocking(move || {
+        for round in 0..ROUNDS {
+            for i in 0..FILES {
+                let meta = std::fs::metadata(m.path(&format!("d/f{i}"))).unwrap();
+                assert_eq!((meta.len(), meta.permissions().mode()), (1000 + i as u64, 0o100644), "round {round}");
+            }
+        }
+        m
+    })
+    .await
+    .unwrap();
+    let served = get_hits(&addrs).await - before;
+    // A lookup through the bank is three hits (parent, entry, child); the first round may find less.
+    assert!(served >= ((ROUNDS - 1) * FILES * 3) as u64, "memcached served {served} items for the storm");
+
+    // Changes by the other client, seen through the mount at once.
+    let f0 = a.lookup(d.ino, "f0").await.unwrap().ino;
+    a.setattr(f0, SetAttrs { mode: Some(0o600), ..SetAttrs::default() }).await.unwrap();
+    let new = common::pattern(99, 0, 1001);
+    let w = a.open("/d/f1", weft_client::OpenMode::Write).await.unwrap();
+    w.write_at(0, Bytes::from(new.clone())).await.unwrap();
+    w.close().await.unwrap();
+    a.rename(d.ino, "f2", d.ino, "g2", 0).await.unwrap();
+    a.unlink(d.ino, "f3").await.unwrap();
+    tokio::task::spawn_blocking(move || {
+        assert_eq!(std::fs::metadata(m.path("d/f0")).unwrap().permissions().mode(), 0o100600, "the chmod");
+        assert!(std::fs::read(m.path("d/f1")).unwrap() == new, "the rewrite's bytes, not the bank's old ones");
+        assert!(std::fs::metadata(m.path("d/f2")).is_err(), "the old name is gone");
+        assert_eq!(std::fs::metadata(m.path("d/g2")).unwrap().len(), 1002, "the new name");
+        assert!(std::fs::metadata(m.path("d/f3")).is_err(), "the unlinked name is gone");
+    })
+    .await
+    .unwrap();
+}
+
+/// A client remembers which inode a name named, and its next lookup of the name fetches the entry and that
+/// inode's attributes in one multi-get (one round trip, `gets` counts them); when the name now names another
+/// inode (renamed over, the old one still alive under another name), the entry proves the guess wrong and the
+/// second round trip fetches the right attributes.
+#[tokio::test]
+async fn a_repeated_lookup_is_one_round_trip_and_a_wrong_guess_costs_only_a_second() {
+    let cl = start_bank_cluster("cattr-guess", 2, true).await;
+    let (a, b, truth) = (bank_client(&cl).await, bank_client(&cl).await, truth_client(&cl).await);
+    let d = a.mkdir(ROOT_INO, "d", 0o755).await.unwrap();
+    let x = a.create(d.ino, "x", 0o644, true).await.unwrap();
+    let y = a.create(d.ino, "y", 0o600, true).await.unwrap();
+    let gets = |c: &Client| c.bank_stats().unwrap().gets;
+
+    let before = gets(&b);
+    assert_eq!(lookup_from_bank(&b, &truth, d.ino, "x").await.ino, x.ino);
+    assert_eq!(gets(&b) - before, 2, "a first lookup: the entry, then the child's attributes");
+    let before = gets(&b);
+    assert_eq!(lookup_from_bank(&b, &truth, d.ino, "x").await.ino, x.ino);
+    assert_eq!(gets(&b) - before, 1, "a repeated lookup: one round trip");
+
+    // x lives on as "keep"; y is renamed over "x". b's guess (x) is alive and in the bank, and wrong.
+    a.link(x.ino, d.ino, "keep").await.unwrap();
+    a.rename(d.ino, "y", d.ino, "x", 0).await.unwrap();
+    let before = gets(&b);
+    let got = b.lookup(d.ino, "x").await.unwrap();
+    assert_eq!((got.ino, got.mode & 0o7777), (y.ino, 0o600), "the inode the name names now, not the guess");
+    assert_eq!(got, truth.lookup(d.ino, "x").await.unwrap());
+    assert_eq!(gets(&b) - before, 2, "a wrong guess costs the second round trip");
+    let before = gets(&b);
+    assert_eq!(lookup_from_bank(&b, &truth, d.ino, "x").await.ino, y.ino);
+    assert_eq!(gets(&b) - before, 1, "and the guess is right again");
+    // A chmod of the guessed inode is seen in the one-trip lookup.
+    a.setattr(y.ino, SetAttrs { mode: Some(0o640), ..SetAttrs::default() }).await.unwrap();
+    assert_eq!(lookup_from_bank(&b, &truth, d.ino, "x").await.mode & 0o7777, 0o640);
+}
+
+/// Cheap misses for attributes: a client whose every bank lookup misses (another key namespace) pauses asking
+/// the bank after 8 misses in a row, probing again after 1, 2, 4, 8… calls; every answer is the MDS's.
+#[tokio::test]
+async fn a_client_whose_stats_keep_missing_pauses_asking_the_bank() {
+    let cl = start_bank_cluster("cattr-miss", 1, true).await;
+    let (a, truth) = (bank_client(&cl).await, truth_client(&cl).await);
+    let f = a.create(ROOT_INO, "f", 0o644, true).await.unwrap();
+    let mut cfg = ClusterConfig::from_spec(&cl.cluster_file().to_string_lossy()).unwrap();
+    let cache = cfg.cache.as_mut().unwrap();
+    cache.namespace ^= 1;
+    (cache.attr_miss_streak_max, cache.attr_miss_skip_max) = (8, 64);
+    let b = Client::connect(&cfg).await.unwrap();
+    let right = truth.getattr(f.ino).await.unwrap();
+    for i in 0..40 {
+        assert_eq!(b.getattr(f.ino).await.unwrap(), right, "stat {i}");
+    }
+    let s = b.bank_stats().unwrap();
+    // Calls 0-7 miss; then probes at 9, 12, 17 and 26 (pauses of 1, 2, 4, 8); 27-42 pause for 16.
+    assert_eq!((s.gets, s.hits, s.misses), (12, 0, 12), "{s:?}");
+    // A lookup is paused alike, and still right.
+    assert_eq!(b.lookup(ROOT_INO, "f").await.unwrap(), truth.lookup(ROOT_INO, "f").await.unwrap());
+    assert_eq!(b.bank_stats().unwrap().gets, 12);
 }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::net::TcpStream;
+use weft_cache::config::DATA_READ_BLOCKS_MAX;
 use weft_cache::value::encode_value;
 use weft_cache::{Bank, CacheConfig, CacheKey, ItemKind};
 use weft_client::{Client, ClusterConfig, File, OpenMode};
@@ -35,8 +36,16 @@ async fn start_bank_cluster(name: &str, servers: u32, daemons: u32) -> TestClust
 fn bank_config(cl: &TestCluster, fast: bool) -> CacheConfig {
     let cache = cl.cluster_config().cache.expect("cluster.toml has a [cache] table");
     let timeout_ms = if fast { 500 } else { 5_000 };
-    // Data blocks only: the counts below are of block items (attributes and lookups are cache_attrs.rs's).
-    CacheConfig { request_timeout_ms: timeout_ms, connect_timeout_ms: timeout_ms, attrs: false, ..cache }
+    // Data blocks only: the counts below are of block items (attributes and lookups are cache_attrs.rs's). The
+    // tests read whole files through the bank, and every read asks it (the cheap-miss limits have their own test).
+    CacheConfig {
+        request_timeout_ms: timeout_ms,
+        connect_timeout_ms: timeout_ms,
+        attrs: false,
+        data_read_blocks_max: DATA_READ_BLOCKS_MAX,
+        data_miss_streak_max: 0,
+        ..cache
+    }
 }
 
 /// A client with the bank `cache` (or none).
@@ -326,4 +335,80 @@ async fn a_client_reads_its_own_writes_with_the_bank_on() {
     let r = c.open("/f", OpenMode::Read).await.unwrap();
     let got = read_all(&r).await;
     assert_eq!((&got[BLOCK..4 * BLOCK], &got[..BLOCK]), (&new[..], &old[..BLOCK]));
+}
+
+/// Polls until the bank holds every one of `keys` (the data servers fill after answering, off the reply path).
+async fn until_cached(bank: &Bank, keys: &[CacheKey]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !bank.get_many(keys).await.iter().all(Option::is_some) {
+        assert!(Instant::now() < deadline, "the data server never filled {} keys: {:?}", keys.len(), bank.stats());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Cheap misses: a read larger than `data_read_blocks_max` blocks neither looks up nor asks for fills; a file
+/// whose reads keep missing (a client in another namespace: every lookup misses) pauses its lookups with
+/// doubling probes, while its reads still fill the bank; and a data server stores a block it stored lately only
+/// once, however often it is read. Every read is checked against the file's bytes.
+#[tokio::test]
+async fn misses_are_cheap() {
+    let cl = start_with("cdata-cheap", 1, |o| {
+        o.cache = 1;
+        o.cache_mib = 16;
+        o.cache_block_bytes = BLOCK as u32;
+        // Only data items: memcached's set count below is the data server's.
+        o.cache_attrs = false;
+    })
+    .await;
+    let writer = client_with(&cl, None).await;
+    let data = pattern(3, 0, 64 * BLOCK);
+    write_file(&writer, "/f", &data).await;
+    let look = Bank::new(bank_config(&cl, false)).unwrap();
+    let addrs = cl.cache_addrs();
+
+    // A read of 5 blocks with a limit of 4: not looked up, not filled. (One data server, one FIFO fill queue:
+    // once a later fill is in the bank, an earlier one would be too.)
+    let small = CacheConfig { data_read_blocks_max: 4, ..bank_config(&cl, false) };
+    let reader = client_with(&cl, Some(small)).await;
+    let bank = reader.bank().unwrap().clone();
+    let f = reader.open("/f", OpenMode::Read).await.unwrap();
+    let ks = keys(&f, f.data_version(), 64);
+    let got = f.read_at(0, BytesMut::zeroed(5 * BLOCK)).await.unwrap();
+    assert_eq!(&got[..], &data[..5 * BLOCK]);
+    assert_eq!((bank.stats().hits, bank.stats().misses), (0, 0), "a large read does not look up");
+    let got = f.read_at(8 * BLOCK as u64, BytesMut::zeroed(4 * BLOCK)).await.unwrap();
+    assert_eq!(&got[..], &data[8 * BLOCK..12 * BLOCK]);
+    assert_eq!(bank.stats().misses, 4, "a read of 4 blocks looks them up");
+    until_cached(&look, &ks[8..12]).await;
+    assert!(look.get_many(&ks[..5]).await.iter().all(Option::is_none), "the large read asked for no fill");
+
+    // A client whose every lookup misses: 40 one-block reads ask the bank 9 times (4 misses, then probes after
+    // pauses of 1, 2, 4, 8, 16 reads), and every read still asks the data server to fill.
+    let foreign = CacheConfig {
+        namespace: bank_config(&cl, false).namespace ^ 1,
+        data_miss_streak_max: 4,
+        data_miss_skip_reads_max: 64,
+        ..bank_config(&cl, false)
+    };
+    let missing = client_with(&cl, Some(foreign)).await;
+    let mbank = missing.bank().unwrap().clone();
+    let f = missing.open("/f", OpenMode::Read).await.unwrap();
+    for b in 20..60 {
+        let got = f.read_at((b * BLOCK) as u64, BytesMut::zeroed(BLOCK)).await.unwrap();
+        assert_eq!(&got[..], &data[b * BLOCK..(b + 1) * BLOCK], "block {b}");
+    }
+    assert_eq!((mbank.stats().hits, mbank.stats().misses), (0, 9), "lookups paused: {:?}", mbank.stats());
+    until_cached(&look, &ks[20..60]).await;
+
+    // Read again, the server stores none of those blocks a second time: memcached's own set count moves only
+    // for the one new block read last (the same FIFO orders it after the others).
+    let sets = total_stat(&addrs, "cmd_set").await;
+    for b in 20..60 {
+        let got = f.read_at((b * BLOCK) as u64, BytesMut::zeroed(BLOCK)).await.unwrap();
+        assert_eq!(&got[..], &data[b * BLOCK..(b + 1) * BLOCK], "block {b} again");
+    }
+    let f2 = missing.open("/f", OpenMode::Read).await.unwrap();
+    assert_eq!(f2.read_at((62 * BLOCK) as u64, BytesMut::zeroed(10)).await.unwrap()[..], data[62 * BLOCK..][..10]);
+    until_cached(&look, &ks[62..63]).await;
+    assert_eq!(total_stat(&addrs, "cmd_set").await - sets, 1, "blocks stored lately are not stored again");
 }

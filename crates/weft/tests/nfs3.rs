@@ -598,3 +598,104 @@ async fn read_ahead_serves_no_stale_bytes() {
     assert_eq!(got, a[8 * CH..]);
     assert!(eof);
 }
+
+/// The attributes in a GETATTR reply's fattr3: (mode, size).
+async fn mode_and_size(raw: &mut Raw, fh: &[u8]) -> (u32, u64) {
+    let mut a = Writer::new();
+    a.opaque(fh);
+    let (s, body) = raw.nfs(1, &a.buf).await;
+    assert_eq!(s, NFS3_OK, "{}", status_name(s));
+    let mut r = Reader::new(&body);
+    r.u32().unwrap(); // type
+    let mode = r.u32().unwrap();
+    r.fixed(12).unwrap(); // nlink, uid, gid
+    (mode, r.u64().unwrap())
+}
+
+/// READ of `count` bytes at 0: the data.
+async fn read_all(raw: &mut Raw, fh: &[u8], count: u32) -> Vec<u8> {
+    let mut a = Writer::new();
+    a.opaque(fh).u64(0).u32(count);
+    let (s, body) = raw.nfs(6, &a.buf).await;
+    assert_eq!(s, NFS3_OK, "{}", status_name(s));
+    let mut r = Reader::new(&body);
+    if r.bool().unwrap() {
+        r.fixed(84).unwrap();
+    }
+    r.u32().unwrap();
+    r.bool().unwrap();
+    r.opaque(count as usize).unwrap().to_vec()
+}
+
+/// Issue 16, item 7: the gateway's client asks the cache bank (the `[cache]` of the cluster.toml it runs on)
+/// before the MDS, so a GETATTR/LOOKUP storm through the gateway is served by memcached (its own `get_hits`
+/// count it); and what the native client changes afterwards (chmod, a rewrite to another size, rename, unlink) is
+/// what the gateway answers at once, through the bank.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_getattr_and_lookup_storm_through_the_gateway_is_served_by_the_bank() {
+    use common::memcached::get_hits;
+    let c = common::start_with("nfs-bank", 1, |o| {
+        o.cache = 2;
+        o.cache_mib = 16;
+        // Long enough that the loaded test machine never turns a hit or a push into a timeout.
+        o.cache_timeout_ms = 10_000;
+    })
+    .await;
+    let client = c.client().await;
+    assert!(client.bank().is_some(), "the test's own client has the bank too");
+    let d = client.mkdir(1, "open", 0o777).await.unwrap();
+    client.setattr(d.ino, weft_proto::SetAttrs { mode: Some(0o777), ..Default::default() }).await.unwrap();
+    const FILES: usize = 20;
+    for i in 0..FILES {
+        let f = client.create(d.ino, &format!("f{i}"), 0o644, true).await.unwrap();
+        let f = client.open_ino(f.ino, weft_client::OpenMode::Write).await.unwrap();
+        f.write_at(0, bytes::Bytes::from(pattern(100 + i, i as u64))).await.unwrap();
+        f.close().await.unwrap();
+    }
+    let g = gateway(&c).await;
+    let addrs = c.cache_addrs();
+    let mut raw = Raw::connect(&g).await;
+    let root = raw.mount_root().await;
+    let dir = raw.lookup(&root, "open").await.1.unwrap();
+
+    // The storm: every name looked up and stat'ed, five times over.
+    let before = get_hits(&addrs).await;
+    let mut handles = Vec::new();
+    const ROUNDS: usize = 5;
+    for round in 0..ROUNDS {
+        for i in 0..FILES {
+            let (s, fh) = raw.lookup(&dir, &format!("f{i}")).await;
+            assert_eq!(s, NFS3_OK, "round {round}, f{i}");
+            let fh = fh.unwrap();
+            assert_eq!(mode_and_size(&mut raw, &fh).await, (0o644, 100 + i as u64), "round {round}, f{i}");
+            if round == 0 {
+                handles.push(fh);
+            }
+        }
+    }
+    let served = get_hits(&addrs).await - before;
+    // Each LOOKUP through the bank is three hits (the directory, the entry, the file), each GETATTR one; the first
+    // round may miss what the MDS had not pushed yet.
+    assert!(served >= ((ROUNDS - 1) * FILES * 4) as u64, "memcached served {served} items for the storm");
+
+    // Changes made natively are what the gateway answers next, still through the bank.
+    let f0 = client.lookup(d.ino, "f0").await.unwrap().ino;
+    client.setattr(f0, weft_proto::SetAttrs { mode: Some(0o600), ..Default::default() }).await.unwrap();
+    let before = get_hits(&addrs).await;
+    assert_eq!(mode_and_size(&mut raw, &handles[0]).await, (0o600, 100), "chmod seen through the gateway");
+    assert!(get_hits(&addrs).await > before, "…and served by the bank");
+
+    let new = pattern(5000, 77);
+    let w = client.open("/open/f1", weft_client::OpenMode::Write).await.unwrap();
+    w.write_at(0, bytes::Bytes::from(new.clone())).await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(mode_and_size(&mut raw, &handles[1]).await, (0o644, 5000), "the rewrite's size");
+    assert!(read_all(&mut raw, &handles[1], 5000).await == new, "the rewrite's bytes through the gateway");
+
+    client.rename(d.ino, "f2", d.ino, "g2", 0).await.unwrap();
+    assert_eq!(raw.lookup(&dir, "f2").await.0, NFS3ERR_NOENT, "the old name is gone");
+    assert_eq!(raw.lookup(&dir, "g2").await.1.unwrap(), handles[2], "the new name is the same file");
+    client.unlink(d.ino, "f3").await.unwrap();
+    assert_eq!(raw.lookup(&dir, "f3").await.0, NFS3ERR_NOENT);
+    assert_eq!(raw.getattr(&handles[3]).await, NFS3ERR_STALE, "an unlinked file's handle is stale");
+}

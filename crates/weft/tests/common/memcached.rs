@@ -27,3 +27,20 @@ pub async fn raw_set(addr: &str, key: &str, value: &[u8]) {
     let reply = raw(addr, &req, &["STORED", "NOT_STORED", "SERVER_ERROR object too large for cache"]).await;
     assert_eq!(reply.trim_end(), "STORED");
 }
+
+/// One counter from the daemon's own `stats` (e.g. `get_hits`, `curr_items`).
+pub async fn stat(addr: &str, name: &str) -> u64 {
+    let reply = raw(addr, b"stats\r\n", &["END"]).await;
+    let prefix = format!("STAT {name} ");
+    let line = reply.lines().find_map(|l| l.strip_prefix(prefix.as_str()));
+    line.unwrap_or_else(|| panic!("no {name} in {addr}'s stats")).trim().parse().unwrap()
+}
+
+/// `get_hits` summed over every daemon at `addrs`: items the daemons themselves say they served.
+pub async fn get_hits(addrs: &[String]) -> u64 {
+    let mut sum = 0;
+    for a in addrs {
+        sum += stat(a, "get_hits").await;
+    }
+    sum
+}
