@@ -514,11 +514,23 @@ async fn write_attempt(
     if partial {
         let mut fs: Vec<Found> = (0..k + m).map(|i| fnd(i, 0, true)).collect();
         known.chunks.resize(k, None);
+        // The data-version vectors of the parity chunks read intact now: a learnt chunk is used only at the version
+        // each of them names for it, so bytes another writer replaced since (an acknowledged write) are never put
+        // back into the parity.
+        let vectors: Vec<Vec<u64>> = fs[k..]
+            .iter()
+            .filter_map(|f| match f {
+                Found::Intact { parity_of, .. } if parity_of.len() == k => Some(parity_of.clone()),
+                _ => None,
+            })
+            .collect();
         for j in 0..k {
             match (&fs[j], &known.chunks[j]) {
                 (Found::Intact { .. }, _) => buf[j * u..(j + 1) * u].copy_from_slice(&bytes[j]),
                 // A chunk this write cannot reach now, whose bytes it learnt in an earlier attempt.
-                (Found::Unreachable, Some((version, b))) if Some(j) != heal => {
+                (Found::Unreachable, Some((version, b)))
+                    if Some(j) != heal && vectors.iter().all(|v| v[j] == *version) =>
+                {
                     buf[j * u..(j + 1) * u].copy_from_slice(b);
                     fs[j] = Found::Intact { version: *version, parity_of: Vec::new() };
                 }
