@@ -378,6 +378,24 @@ pub(crate) struct Known {
     read_data: bool,
 }
 
+impl Known {
+    /// Takes one write phase's outcome: `true` if another writer moved a version (the attempt ends, and the next one
+    /// reads the data chunks' records); else the servers that failed are marked unreachable and their chunks lost.
+    fn moved(&mut self, written: Written, client: &crate::Client, lost: &mut Vec<(usize, ClientError)>) -> bool {
+        match written {
+            Written::Moved => {
+                self.read_data = true;
+                true
+            }
+            Written::Failed(f) => {
+                f.iter().for_each(|(_, e)| client.note_unreachable(e));
+                lost.extend(f);
+                false
+            }
+        }
+    }
+}
+
 /// For whole rows: the data chunks' records as the parity chunks that answered name them, when every one of them
 /// is sound and all name the same vector in every row (`None` otherwise, or when none answered). A whole-row write
 /// uses them as its data chunks' `expect` instead of reading them (docs/format.md §17): its compare-and-set checks
@@ -622,15 +640,8 @@ async fn write_attempt(
         }
         writes.push((j, recs, payload));
     }
-    match write_all(write_io, layout, writes, first).await {
-        Written::Moved => {
-            known.read_data = true;
-            return Ok(Attempt::Moved);
-        }
-        Written::Failed(f) => {
-            f.iter().for_each(|(_, e)| client.note_unreachable(e));
-            lost.extend(f)
-        }
+    if known.moved(write_all(write_io, layout, writes, first).await, client, &mut lost) {
+        return Ok(Attempt::Moved);
     }
     // Every parity chunk encoded straight into one buffer per parity server (rows back to back), sent in slices.
     let pbuf = encode_parity(codec, &src[..rows as usize * row_bytes as usize], u);
@@ -652,15 +663,8 @@ async fn write_attempt(
         }
         writes.push((k + p, recs, payload));
     }
-    match write_all(write_io, layout, writes, first).await {
-        Written::Moved => {
-            known.read_data = true;
-            return Ok(Attempt::Moved);
-        }
-        Written::Failed(f) => {
-            f.iter().for_each(|(_, e)| client.note_unreachable(e));
-            lost.extend(f)
-        }
+    if known.moved(write_all(write_io, layout, writes, first).await, client, &mut lost) {
+        return Ok(Attempt::Moved);
     }
     if let Some(pos) = lost.iter().position(|(i, _)| *i == usize::MAX || Some(*i) == heal) {
         // A heal that could not write what it heals fails (the range stays stale), as does a failed task.
