@@ -280,6 +280,18 @@ impl V4 {
         self.send(&args).await
     }
 
+    /// SEQUENCE, PUTFH `fh`, then `f`'s ops; checks that SEQUENCE and PUTFH succeeded and returns the rest.
+    async fn on_fh(&mut self, fh: &[u8], f: impl FnOnce(&mut Ops)) -> Res {
+        let mut res = self
+            .seq(|o| {
+                f(o.putfh(fh));
+            })
+            .await;
+        res.seq();
+        res.ok(OP_PUTFH);
+        res
+    }
+
     fn seq_args(&mut self, f: impl FnOnce(&mut Ops)) -> Vec<u8> {
         self.seqid += 1;
         let mut ops = Ops::default();
@@ -399,34 +411,28 @@ async fn v41_round_trip_namespace_replay_and_malformed() {
     let fh = res.fh();
     for (i, chunk) in data.chunks(131_072).enumerate() {
         let mut res = a
-            .seq(|o| {
-                o.putfh(&fh).write(&sid, (i * 131_072) as u64, 0, chunk);
+            .on_fh(&fh, |o| {
+                o.write(&sid, (i * 131_072) as u64, 0, chunk);
             })
             .await;
-        res.seq();
-        res.ok(OP_PUTFH);
         res.ok(OP_WRITE);
         let (n, how) = res.with(|r| (r.u32().unwrap(), r.u32().unwrap()));
         assert_eq!((n as usize, how), (chunk.len(), 0));
     }
     let mut res = a
-        .seq(|o| {
-            o.putfh(&fh).commit().close(&sid);
+        .on_fh(&fh, |o| {
+            o.commit().close(&sid);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_COMMIT);
     res.with(|r| r.fixed(8).map(|_| ()).unwrap());
     res.ok(OP_CLOSE);
     // A closed stateid is gone.
     let mut res = a
-        .seq(|o| {
-            o.putfh(&fh).read(&sid, 0, 10);
+        .on_fh(&fh, |o| {
+            o.read(&sid, 0, 10);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_READ), NFS4ERR_BAD_STATEID);
 
     // The native client reads the bytes NFS wrote and closed.
@@ -449,12 +455,10 @@ async fn v41_round_trip_namespace_replay_and_malformed() {
     let mut back = Vec::new();
     loop {
         let mut res = a
-            .seq(|o| {
-                o.putfh(&fh).read(&rsid, back.len() as u64, 65_536);
+            .on_fh(&fh, |o| {
+                o.read(&rsid, back.len() as u64, 65_536);
             })
             .await;
-        res.seq();
-        res.ok(OP_PUTFH);
         res.ok(OP_READ);
         let (eof, bytes) = res.with(|r| (r.bool().unwrap(), r.opaque(1 << 20).unwrap().to_vec()));
         back.extend_from_slice(&bytes);
@@ -466,24 +470,20 @@ async fn v41_round_trip_namespace_replay_and_malformed() {
     assert!(back == data, "read back other bytes");
     // A write through a read-only open is refused.
     let mut res = a
-        .seq(|o| {
-            o.putfh(&fh).write(&rsid, 0, 2, b"x");
+        .on_fh(&fh, |o| {
+            o.write(&rsid, 0, 2, b"x");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_WRITE), NFS4ERR_OPENMODE);
 
     // Share reservations: client B may not open for writing what A opened denying writes.
     let mut b = V4::connect(g.addr()).await;
     b.session(b"client-b", true).await;
     let mut res = a
-        .seq(|o| {
-            o.putfh(&fh).op(OP_OPEN_DOWNGRADE).u32(rsid.0).fixed(&rsid.1).u32(0).u32(1).u32(0);
+        .on_fh(&fh, |o| {
+            o.op(OP_OPEN_DOWNGRADE).u32(rsid.0).fixed(&rsid.1).u32(0).u32(1).u32(0);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_OPEN_DOWNGRADE);
     let rsid2 = res.sid();
     assert_eq!((rsid2.0, rsid2.1), (rsid.0 + 1, rsid.1), "a downgrade moves the seqid on");
@@ -512,12 +512,10 @@ async fn v41_round_trip_namespace_replay_and_malformed() {
     res.ok(OP_LOOKUP);
     assert_eq!(res.op(OP_OPEN), NFS4ERR_SHARE_DENIED);
     let mut res = a
-        .seq(|o| {
-            o.putfh(&fh).close(&deny_sid).close(&rsid2);
+        .on_fh(&fh, |o| {
+            o.close(&deny_sid).close(&rsid2);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_CLOSE);
     res.sid();
     res.ok(OP_CLOSE);
@@ -530,12 +528,10 @@ async fn v41_round_trip_namespace_replay_and_malformed() {
     let (mut cookie, mut verf, mut names) = (0u64, [0u8; 8], Vec::new());
     for _ in 0..100 {
         let mut res = a
-            .seq(|o| {
-                o.putfh(&dir).readdir(cookie, &verf, 300);
+            .on_fh(&dir, |o| {
+                o.readdir(cookie, &verf, 300);
             })
             .await;
-        res.seq();
-        res.ok(OP_PUTFH);
         res.ok(OP_READDIR);
         let eof = res.with(|r| {
             verf = r.fixed(8).unwrap().try_into().unwrap();
@@ -558,34 +554,28 @@ async fn v41_round_trip_namespace_replay_and_malformed() {
     assert_eq!(names, want);
     // A cookie with another verifier.
     let mut res = a
-        .seq(|o| {
-            o.putfh(&dir).readdir(cookie, b"otherver", 4096);
+        .on_fh(&dir, |o| {
+            o.readdir(cookie, b"otherver", 4096);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_READDIR), NFS4ERR_NOT_SAME);
 
     // RENAME then REMOVE; the removed file's handle is stale.
     let mut res = a
-        .seq(|o| {
-            o.putfh(&dir).savefh().putfh(&dir).rename("data", "data2").lookup("data");
+        .on_fh(&dir, |o| {
+            o.savefh().putfh(&dir).rename("data", "data2").lookup("data");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_SAVEFH);
     res.ok(OP_PUTFH);
     res.ok(OP_RENAME);
     res.with(|r| r.fixed(2 * 20).map(|_| ()).unwrap());
     assert_eq!(res.op(OP_LOOKUP), NFS4ERR_NOENT);
     let mut res = a
-        .seq(|o| {
-            o.putfh(&dir).remove("data2").putfh(&fh).getattr(&[attrs::SIZE]);
+        .on_fh(&dir, |o| {
+            o.remove("data2").putfh(&fh).getattr(&[attrs::SIZE]);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_REMOVE);
     res.with(|r| r.fixed(20).map(|_| ()).unwrap());
     res.ok(OP_PUTFH);
@@ -682,40 +672,32 @@ async fn v41_locks_contend_with_each_other_and_native_locks() {
 
     // A holds [0, 100) exclusively.
     let mut res = a
-        .seq(|o| {
-            o.putfh(&fh).lock_new(WRITE_LT, 0, 100, &sa, b"la");
+        .on_fh(&fh, |o| {
+            o.lock_new(WRITE_LT, 0, 100, &sa, b"la");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCK);
     let la = res.sid();
     // B conflicts inside it (DENIED names the range), LOCKT agrees, and B gets a range outside it.
     let mut res = b
-        .seq(|o| {
-            o.putfh(&fh).lock_new(WRITE_LT, 50, 10, &sb, b"lb");
+        .on_fh(&fh, |o| {
+            o.lock_new(WRITE_LT, 50, 10, &sb, b"lb");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_LOCK), NFS4ERR_DENIED);
     let (off, len, lt) = res.with(|r| (r.u64().unwrap(), r.u64().unwrap(), r.u32().unwrap()));
     assert_eq!((off, len, lt), (0, 100, WRITE_LT));
     let mut res = b
-        .seq(|o| {
-            o.putfh(&fh).lockt(READ_LT, 99, 1, b"lb");
+        .on_fh(&fh, |o| {
+            o.lockt(READ_LT, 99, 1, b"lb");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_LOCKT), NFS4ERR_DENIED);
     let mut res = b
-        .seq(|o| {
-            o.putfh(&fh).lock_new(WRITE_LT, 200, 10, &sb, b"lb");
+        .on_fh(&fh, |o| {
+            o.lock_new(WRITE_LT, 200, 10, &sb, b"lb");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCK);
     let lb = res.sid();
 
@@ -730,52 +712,42 @@ async fn v41_locks_contend_with_each_other_and_native_locks() {
     // And an NFS client sees the native lock.
     assert_eq!(native.set_lock(set(1000, 1999, Some(LockKind::Exclusive))).await.unwrap(), None);
     let mut res = a
-        .seq(|o| {
-            o.putfh(&fh).lock_existing(READ_LT, 1500, 1, &la);
+        .on_fh(&fh, |o| {
+            o.lock_existing(READ_LT, 1500, 1, &la);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_LOCK), NFS4ERR_DENIED);
     native.set_lock(set(1000, 1999, None)).await.unwrap();
 
     // A unlocks: B now gets [50, 60).
     let mut res = a
-        .seq(|o| {
-            o.putfh(&fh).locku(0, 100, &la);
+        .on_fh(&fh, |o| {
+            o.locku(0, 100, &la);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCKU);
     let mut res = b
-        .seq(|o| {
-            o.putfh(&fh).lock_existing(WRITE_LT, 50, 10, &lb);
+        .on_fh(&fh, |o| {
+            o.lock_existing(WRITE_LT, 50, 10, &lb);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCK);
     // B's CLOSE drops its locks: the native client then locks the whole file.
     let mut res = b
-        .seq(|o| {
-            o.putfh(&fh).close(&sb);
+        .on_fh(&fh, |o| {
+            o.close(&sb);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_CLOSE);
     let probe =
         GetLockReq { ino, class: LockClass::Posix, kind: LockKind::Exclusive, start: 0, end: u64::MAX, owner: 77 };
     assert_eq!(native.get_lock(probe).await.unwrap(), None, "every NFS lock is gone");
     // Zero-length and overflowing ranges are INVAL.
     let mut res = a
-        .seq(|o| {
-            o.putfh(&fh).lock_existing(WRITE_LT, 5, 0, &la);
+        .on_fh(&fh, |o| {
+            o.lock_existing(WRITE_LT, 5, 0, &la);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_LOCK), NFS4ERR_INVAL);
 }
 
@@ -800,12 +772,10 @@ async fn v41_restart_gives_a_grace_period_for_reclaims() {
     let sid = res.open();
     let fh = res.fh();
     let mut res = a
-        .seq(|o| {
-            o.putfh(&fh).write(&sid, 0, 2, b"before the crash");
+        .on_fh(&fh, |o| {
+            o.write(&sid, 0, 2, b"before the crash");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_WRITE);
     let addr = g.addr().to_string();
     let old_clientid = a.clientid;
@@ -846,12 +816,10 @@ async fn v41_restart_gives_a_grace_period_for_reclaims() {
     res.ok(OP_LOOKUP);
     assert_eq!(res.op(OP_OPEN), NFS4ERR_GRACE, "a new open waits for the grace period");
     let mut res = a2
-        .seq(|o| {
-            o.putfh(&fh).open_previous(b"o", OPEN4_SHARE_ACCESS_BOTH).read(&(0, [0; 12]), 0, 100);
+        .on_fh(&fh, |o| {
+            o.open_previous(b"o", OPEN4_SHARE_ACCESS_BOTH).read(&(0, [0; 12]), 0, 100);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     let reclaimed = res.open();
     res.ok(OP_READ);
     let got = res.with(|r| {
@@ -860,31 +828,25 @@ async fn v41_restart_gives_a_grace_period_for_reclaims() {
     });
     assert_eq!(got, b"before the crash");
     let mut res = a2
-        .seq(|o| {
-            o.putfh(&fh).write(&reclaimed, 16, 2, b", after").op(OP_RECLAIM_COMPLETE).bool(false);
+        .on_fh(&fh, |o| {
+            o.write(&reclaimed, 16, 2, b", after").op(OP_RECLAIM_COMPLETE).bool(false);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_WRITE);
     res.with(|r| r.fixed(16).map(|_| ()).unwrap());
     res.ok(OP_RECLAIM_COMPLETE);
     let mut res = a2
-        .seq(|o| {
-            o.putfh(&fh).open_previous(b"o3", OPEN4_SHARE_ACCESS_READ);
+        .on_fh(&fh, |o| {
+            o.open_previous(b"o3", OPEN4_SHARE_ACCESS_READ);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_OPEN), NFS4ERR_NO_GRACE);
     let client = c.client().await;
     let mut res = a2
-        .seq(|o| {
-            o.putfh(&fh).close(&reclaimed);
+        .on_fh(&fh, |o| {
+            o.close(&reclaimed);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_CLOSE);
     let f = client.open("/io/f", weft_client::OpenMode::Read).await.unwrap();
     let got = f.read_at(0, bytes::BytesMut::zeroed(64)).await.unwrap();
@@ -921,12 +883,10 @@ async fn v41_killed_gateways_locks_are_adopted_reclaimed_and_the_rest_freed_afte
     let fh = res.fh();
     for (off, owner) in [(0, &b"la"[..]), (1000, &b"lb"[..])] {
         let mut res = a
-            .seq(|o| {
-                o.putfh(&fh).lock_new(WRITE_LT, off, 100, &open, owner);
+            .on_fh(&fh, |o| {
+                o.lock_new(WRITE_LT, off, 100, &open, owner);
             })
             .await;
-        res.seq();
-        res.ok(OP_PUTFH);
         res.ok(OP_LOCK);
     }
     let native = c.client().await;
@@ -946,20 +906,16 @@ async fn v41_killed_gateways_locks_are_adopted_reclaimed_and_the_rest_freed_afte
     let mut a2 = V4::connect(&addr).await;
     a2.session(b"adopt-a", false).await;
     let mut res = a2
-        .seq(|o| {
-            o.putfh(&fh).open_previous(b"o", OPEN4_SHARE_ACCESS_BOTH);
+        .on_fh(&fh, |o| {
+            o.open_previous(b"o", OPEN4_SHARE_ACCESS_BOTH);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     let reopened = res.open();
     let mut res = a2
-        .seq(|o| {
-            o.putfh(&fh).lock_reclaim(WRITE_LT, 0, 100, &reopened, b"la");
+        .on_fh(&fh, |o| {
+            o.lock_reclaim(WRITE_LT, 0, 100, &reopened, b"la");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCK);
     let la = res.sid();
     let mut res = a2
@@ -971,12 +927,10 @@ async fn v41_killed_gateways_locks_are_adopted_reclaimed_and_the_rest_freed_afte
     res.ok(OP_RECLAIM_COMPLETE);
     // LOCKT of the reclaiming owner: its own (adopted, reclaimed) range does not conflict with it.
     let mut res = a2
-        .seq(|o| {
-            o.putfh(&fh).lockt(WRITE_LT, 0, 100, b"la");
+        .on_fh(&fh, |o| {
+            o.lockt(WRITE_LT, 0, 100, b"la");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCKT);
 
     // Grace ends: the range nobody reclaimed is freed (polled: the gateway's timer runs on its own clock), the
@@ -991,12 +945,10 @@ async fn v41_killed_gateways_locks_are_adopted_reclaimed_and_the_rest_freed_afte
     assert!(c.log("nfs").contains("NFSv4 grace period over"));
     // And the client's unlock is of its own lock: the native client gets the range then.
     let mut res = a2
-        .seq(|o| {
-            o.putfh(&fh).locku(0, 100, &la);
+        .on_fh(&fh, |o| {
+            o.locku(0, 100, &la);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCKU);
     assert_eq!(native.set_lock(set(50, Some(LockKind::Exclusive))).await.unwrap(), None);
 }
@@ -1095,22 +1047,18 @@ async fn v41_locks_contend_with_sqlite_on_a_fuse_mount() {
         tokio::task::spawn_blocking(move || SqliteHolder::start(&db, "BEGIN EXCLUSIVE")).await.unwrap()
     };
     let mut res = v
-        .seq(|o| {
-            o.putfh(&fh).lock_new(READ_LT, SHARED_FIRST, SHARED_SIZE, &open, b"lo");
+        .on_fh(&fh, |o| {
+            o.lock_new(READ_LT, SHARED_FIRST, SHARED_SIZE, &open, b"lo");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_LOCK), NFS4ERR_DENIED, "a shared lock inside FUSE's EXCLUSIVE transaction");
     let (_, _, lt) = res.with(|r| (r.u64().unwrap(), r.u64().unwrap(), r.u32().unwrap()));
     assert_eq!(lt, WRITE_LT);
     let mut res = v
-        .seq(|o| {
-            o.putfh(&fh).lockt(WRITE_LT, PENDING, 1, b"lo");
+        .on_fh(&fh, |o| {
+            o.lockt(WRITE_LT, PENDING, 1, b"lo");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_LOCKT), NFS4ERR_DENIED, "the PENDING byte is FUSE's");
     tokio::task::spawn_blocking(move || h.end()).await.unwrap();
 
@@ -1118,43 +1066,35 @@ async fn v41_locks_contend_with_sqlite_on_a_fuse_mount() {
     // FUSE cannot write; a shared lock on the SHARED range only (an NFS reader) still keeps FUSE's writer out at
     // commit; unlocked, FUSE writes.
     let mut res = v
-        .seq(|o| {
-            o.putfh(&fh).lock_new(WRITE_LT, PENDING, 2 + SHARED_SIZE, &open, b"lo");
+        .on_fh(&fh, |o| {
+            o.lock_new(WRITE_LT, PENDING, 2 + SHARED_SIZE, &open, b"lo");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCK);
     let lock = res.sid();
     let db2 = db.clone();
     assert!(!tokio::task::spawn_blocking(move || sqlite_writes(&db2)).await.unwrap(), "FUSE wrote under NFS's lock");
     let mut res = v
-        .seq(|o| {
-            o.putfh(&fh).lock_existing(READ_LT, SHARED_FIRST, SHARED_SIZE, &lock);
+        .on_fh(&fh, |o| {
+            o.lock_existing(READ_LT, SHARED_FIRST, SHARED_SIZE, &lock);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCK);
     let lock = res.sid();
     let mut res = v
-        .seq(|o| {
-            o.putfh(&fh).locku(PENDING, 2, &lock);
+        .on_fh(&fh, |o| {
+            o.locku(PENDING, 2, &lock);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCKU);
     let lock = res.sid();
     let db2 = db.clone();
     assert!(!tokio::task::spawn_blocking(move || sqlite_writes(&db2)).await.unwrap(), "FUSE committed past a reader");
     let mut res = v
-        .seq(|o| {
-            o.putfh(&fh).locku(0, u64::MAX, &lock);
+        .on_fh(&fh, |o| {
+            o.locku(0, u64::MAX, &lock);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCKU);
     let db2 = db.clone();
     assert!(tokio::task::spawn_blocking(move || sqlite_writes(&db2)).await.unwrap(), "FUSE writes once NFS unlocked");
@@ -1163,12 +1103,10 @@ async fn v41_locks_contend_with_sqlite_on_a_fuse_mount() {
     // that holds a lock is LOCKS_HELD and releases nothing (it used to drop the lock, and SQLite's database in the
     // VM was then "malformed"); after a whole-file LOCKU it is freed.
     let mut res = v
-        .seq(|o| {
-            o.putfh(&fh).lock_new(READ_LT, SHARED_FIRST, SHARED_SIZE, &open, b"lo");
+        .on_fh(&fh, |o| {
+            o.lock_new(READ_LT, SHARED_FIRST, SHARED_SIZE, &open, b"lo");
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     res.ok(OP_LOCK);
     let again = res.sid();
     assert_eq!(again.1, lock.1, "the lock-owner's stateid on this file is reused");
@@ -1197,11 +1135,9 @@ async fn v41_locks_contend_with_sqlite_on_a_fuse_mount() {
     res.seq();
     res.ok(OP_FREE_STATEID);
     let mut res = v
-        .seq(|o| {
-            o.putfh(&fh).lock_existing(READ_LT, 0, 1, &done);
+        .on_fh(&fh, |o| {
+            o.lock_existing(READ_LT, 0, 1, &done);
         })
         .await;
-    res.seq();
-    res.ok(OP_PUTFH);
     assert_eq!(res.op(OP_LOCK), NFS4ERR_BAD_STATEID, "freed");
 }
