@@ -678,6 +678,7 @@ async fn write_attempt(
         .filter(|i| !lost.iter().any(|(j, _)| j == *i))
         .map(|&i| (i, ClientError::Protocol(format!("chunk {i} is stale"))))
         .collect();
+    crate::stale::refetch_if_fenced(file, &lost).await?;
     missed.extend(lost);
     crate::stale::record_missed(file, missed, base, first, first + rows).await?;
     Ok(Attempt::Done)

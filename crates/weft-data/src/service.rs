@@ -5,8 +5,9 @@
 //! disk writes (or reads) this one: with the client keeping several units in flight, disk and network overlap.
 //! Small reads and writes (up to [`INLINE_IO_BYTES_MAX`]) run in place instead, see `DataService::read_inline`.
 //!
-//! Before any op on an inode runs, [`DataService::admit`] checks the capability it carries (with authentication
-//! on): a refused request reads and writes nothing.
+//! Before any op on an inode runs, [`DataService::admit`] checks the server's lease (`lease.rs`: a client request
+//! is served only while the MDS's last heartbeat reply said `Up`, else `StaleLayout`) and the capability it carries
+//! (with authentication on): a refused request reads and writes nothing.
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ use weft_rpc::{BufferPool, CallCtx, Metrics, PoolBuf, Reply, ReplyData, Service}
 
 use crate::cache_fill::CacheFiller;
 use crate::capabilities::CapabilityGate;
+use crate::lease::LeaseGate;
 use crate::config::{DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES};
 use crate::pipeline::{self, Piece, join_error, memory_error};
 use crate::store::{DataError, MappedRead, ObjectStore};
@@ -44,6 +46,8 @@ pub struct DataService {
     rdma_piece_bytes: u64,
     /// Checks capabilities; `None` with authentication off (nothing is checked).
     gate: Option<CapabilityGate>,
+    /// The lease to serve clients (stale-layout fencing); `None` serves everyone (a store without an MDS: tests).
+    lease: Option<Arc<LeaseGate>>,
     /// The cache bank's fills and invalidations; `None` without a bank caching data.
     filler: Option<Arc<CacheFiller>>,
     /// Counters, when the server exports metrics.
@@ -69,6 +73,7 @@ impl DataService {
             piece_bytes: u64::from(DEFAULT_PIPELINE_PIECE_BYTES),
             rdma_piece_bytes: u64::from(DEFAULT_RDMA_PIPELINE_PIECE_BYTES),
             gate: None,
+            lease: None,
             filler: None,
             metrics: None,
         }
@@ -90,7 +95,7 @@ impl DataService {
             ),
             refusals: m.counter(
                 "weft_data_capability_refusals",
-                "Requests refused for a missing, expired or wrong capability (or RemoveObject without the cluster key)",
+                "Requests refused for a missing, expired or wrong capability, without a lease (StaleLayout), or RemoveObject without the cluster key",
             ),
         });
         self
@@ -102,7 +107,13 @@ impl DataService {
         self
     }
 
-    /// The capability check of a request on an inode, and who may remove objects: only a server of the cluster
+    /// Serves client I/O only under `lease` (`lease.rs`); requests of the cluster key always pass.
+    pub fn with_lease_gate(mut self, lease: Option<Arc<LeaseGate>>) -> DataService {
+        self.lease = lease;
+        self
+    }
+
+    /// The lease and capability checks of a request on an inode, and who may remove objects: only a server of the cluster
     /// (the MDS's orphan collector proves the cluster key). Ops on no inode pass.
     fn admit(&self, ctx: &CallCtx, req: &Request) -> Result<(), WireError> {
         let (ino, rights, cap) = match req {
@@ -146,6 +157,10 @@ impl DataService {
             }
             _ => return Ok(()),
         };
+        // One question per request: a fenced server (not Up at the MDS, or its lease lapsed) serves no client.
+        if let Some(lease) = &self.lease {
+            lease.admit(&ctx.peer, &ctx.principal)?;
+        }
         match &self.gate {
             Some(gate) => gate.admit(&ctx.peer, &ctx.principal, ino, rights, cap),
             None => Ok(()),
@@ -695,6 +710,7 @@ mod tests {
             tls_key_file: None,
             tls_ca_file: None,
             heartbeat_ms: 1000,
+            lease_ms: 150_000,
             transfer_unit_bytes: 2 << 20,
             pool_buffers: 2,
             pool_classes: vec![PoolClassConfig { buf_bytes: 64 << 10, buffers: 4 }],
