@@ -75,8 +75,11 @@ pub(crate) async fn stale_slots(file: &File, first: u64, end: u64) -> Result<Vec
 /// the write must go to the new layout's servers instead of being acknowledged degraded: the refetched layout is
 /// kept and `StaleLayout` returned, which `File::write_at` answers by trying once more. With no newer layout (the
 /// fenced server is still the layout's, e.g. its lease lapsed), the failure is an ordinary missed write.
+/// `CapabilityRefused` asks the same question: once the returning server is drained (a spare, serving again), the
+/// inodes whose objects the drain removed are refused there (weft-data `capabilities.rs`).
 pub(crate) async fn refetch_if_fenced(file: &File, failed: &[(usize, ClientError)]) -> Result<(), ClientError> {
-    if !failed.iter().any(|(_, e)| e.code() == Some(ErrorCode::StaleLayout)) {
+    let fenced = |e: &ClientError| matches!(e.code(), Some(ErrorCode::StaleLayout | ErrorCode::CapabilityRefused));
+    if !failed.iter().any(|(_, e)| fenced(e)) {
         return Ok(());
     }
     let held = file.layout().generation;

@@ -9,8 +9,13 @@
 //! before the MDS heard it: so a server that goes silent has stopped serving long before its slots can move. A
 //! refused request gets `StaleLayout` (31); the client refetches the layout and retries (weft-client `file.rs`).
 //!
-//! Requests on a connection that proved the cluster key (the MDS's drain and orphan collector, the healer, the
-//! cluster's scrub) are never fenced: the healer must catch a returning server up.
+//! Every request that carries a capability is fenced, whichever key its connection proved: clients commonly hold
+//! the cluster key (the mount, the gateway, `weft up`'s clients), so the key cannot tell a stale client from the
+//! healer. The MDS's own requests (`ListObjects` and `RemoveObject` of the drain and the orphan collector) carry no
+//! capability and always pass. The healer is not held back where it matters: a server that returns before it was
+//! declared failed is `Up` from its first heartbeat reply (sent before it reports ready), so the healer catches it
+//! up at once; a `Draining` one holds no slot a current layout names unless no spare could take it, and those are
+//! healed once it is drained (`Spare`).
 //!
 //! [`Lease`] is the pure state machine (its unit tests walk every transition with numbers, no sleeps);
 //! [`LeaseGate`] is the thin shared wrapper: `node.rs` feeds it heartbeat replies, `service.rs` asks it one
@@ -33,7 +38,6 @@ use std::time::Instant;
 use tracing::warn;
 use weft_proto::msg::HeartbeatResp;
 use weft_proto::{ErrorCode, ServerState, WireError};
-use weft_rpc::Principal;
 
 /// Default lease (ms): half the MDS's default `rebuild_after_ms` (five minutes). The lease in force is never more
 /// than half the `rebuild_after_ms` the MDS answers, whatever this says.
@@ -175,12 +179,9 @@ impl LeaseGate {
         self.lease.lock().unwrap_or_else(|p| p.into_inner()).check(now)
     }
 
-    /// Admits a client request on a connection of `principal` from `peer`: always for the cluster key, else only
-    /// under the lease. A refusal is logged (rate-limited) and returned as `StaleLayout`.
-    pub fn admit(&self, peer: &str, principal: &Principal) -> Result<(), WireError> {
-        if principal.is_cluster() {
-            return Ok(());
-        }
+    /// Admits a request carrying a capability, from `peer`, only under the lease. A refusal is logged
+    /// (rate-limited) and returned as `StaleLayout`.
+    pub fn admit(&self, peer: &str) -> Result<(), WireError> {
         let now = self.now_ms();
         if now < self.until_ms.load(Ordering::Acquire) {
             return Ok(());
@@ -212,8 +213,6 @@ impl LeaseGate {
 
 #[cfg(test)]
 mod tests {
-    use weft_rpc::KeyPolicy;
-
     use super::*;
 
     const REBUILD_MS: u64 = 10_000;
@@ -305,21 +304,22 @@ mod tests {
     }
 
     #[test]
-    fn the_gate_fences_clients_but_never_the_cluster_key() {
+    fn the_gate_serves_only_under_the_lease() {
         let gate = LeaseGate::new(3, 60_000);
-        let client = Principal::Key { key_id: "alice".into(), policy: KeyPolicy::Trusted };
-        let cluster = Principal::Key { key_id: "cluster".into(), policy: KeyPolicy::Cluster };
-        let e = gate.admit("peer", &client).unwrap_err();
+        let e = gate.admit("peer").unwrap_err();
         assert_eq!(e.code, ErrorCode::StaleLayout);
-        assert_eq!(gate.admit("peer", &cluster), Ok(()), "the healer catches a fenced server up");
-        assert_eq!(gate.admit("peer", &Principal::Anonymous).unwrap_err().code, ErrorCode::StaleLayout);
+        assert!(e.message.contains("no heartbeat reply"), "{}", e.message);
+        assert_eq!(gate.check(), Err(Fence::Starting));
         let sent = gate.now_ms();
         assert_eq!(gate.on_reply(sent, reply(ServerState::Up)), REBUILD_MS / 2);
-        assert_eq!(gate.admit("peer", &client), Ok(()));
+        assert_eq!(gate.admit("peer"), Ok(()));
         assert_eq!(gate.check(), Ok(()));
         gate.on_reply(gate.now_ms(), reply(ServerState::Draining));
-        let e = gate.admit("peer", &client).unwrap_err();
+        let e = gate.admit("peer").unwrap_err();
         assert!(e.message.contains("(Draining)"), "{}", e.message);
-        assert_eq!(gate.admit("peer", &cluster), Ok(()));
+        // A lease already lapsed when its reply arrives (sent long ago) serves nobody.
+        let gate = LeaseGate::new(3, 60_000);
+        gate.on_reply(0, HeartbeatResp { state: ServerState::Up, rebuild_after_ms: 0 });
+        assert!(gate.admit("peer").unwrap_err().message.contains("lease lapsed"));
     }
 }

@@ -107,7 +107,7 @@ impl DataService {
         self
     }
 
-    /// Serves client I/O only under `lease` (`lease.rs`); requests of the cluster key always pass.
+    /// Serves requests carrying a capability only under `lease` (`lease.rs`), whichever key they proved.
     pub fn with_lease_gate(mut self, lease: Option<Arc<LeaseGate>>) -> DataService {
         self.lease = lease;
         self
@@ -159,7 +159,7 @@ impl DataService {
         };
         // One question per request: a fenced server (not Up at the MDS, or its lease lapsed) serves no client.
         if let Some(lease) = &self.lease {
-            lease.admit(&ctx.peer, &ctx.principal)?;
+            lease.admit(&ctx.peer)?;
         }
         match &self.gate {
             Some(gate) => gate.admit(&ctx.peer, &ctx.principal, ino, rights, cap),
@@ -937,6 +937,38 @@ mod tests {
         let e = svc.call(&cx, write(mine_again), None).await.map(|_| ()).unwrap_err();
         assert!(e.message.contains("removed"), "{e}");
         assert!(!common_object(&dir, 3).exists(), "a write after the removal recreated the object");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Without an Up lease a request carrying a capability is refused with `StaleLayout` before the store is
+    /// touched, whichever key it proved (clients commonly hold the cluster key); ops with no capability pass; an Up
+    /// reply lets requests in.
+    #[tokio::test]
+    async fn a_fenced_server_refuses_before_the_store() {
+        use weft_proto::ServerState;
+        use weft_proto::msg::HeartbeatResp;
+        use weft_rpc::Principal;
+        let (svc, pool, dir) = setup("lease");
+        let lease = Arc::new(LeaseGate::new(4, 60_000));
+        let svc = svc.with_lease_gate(Some(lease.clone()));
+        let memory = Arc::new(FakeMemory::new(false));
+        let mut cx = ctx(&pool, &memory);
+        cx.principal =
+            Principal::Key { key_id: weft_rpc::auth::CLUSTER_KEY_ID.into(), policy: weft_rpc::KeyPolicy::Cluster };
+        let truncate = |ino| Request::Truncate(TruncateReq { ino, size: 4096, cap: weft_proto::Capability::none() });
+        let e = svc.call(&cx, truncate(5), None).await.map(|_| ()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::StaleLayout, "{e}");
+        assert!(e.message.contains("data server 4"), "{e}");
+        assert!(!common_object(&dir, 5).exists(), "a fenced truncate created the object");
+        lease.on_reply(lease.now_ms(), HeartbeatResp { state: ServerState::Draining, rebuild_after_ms: 60_000 });
+        let e = svc.call(&cx, truncate(5), None).await.map(|_| ()).unwrap_err();
+        assert!(e.message.contains("not Up at the MDS (Draining)"), "{e}");
+        assert!(!common_object(&dir, 5).exists());
+        // The drain's own ops carry no capability and pass.
+        svc.call(&cx, Request::RemoveObject(InoReq { ino: 5 }), None).await.unwrap();
+        lease.on_reply(lease.now_ms(), HeartbeatResp { state: ServerState::Up, rebuild_after_ms: 60_000 });
+        svc.call(&cx, truncate(6), None).await.unwrap();
+        assert!(common_object(&dir, 6).exists(), "served under an Up lease");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
