@@ -506,6 +506,8 @@ async fn write_attempt(
             }
         }
     }
+    // A fenced server under a newer layout: nothing is written under this one (the caller retries on the new).
+    crate::stale::refetch_if_fenced(file, &lost).await?;
     if skip.len() + lost.len() > m {
         let (i, e) = match lost.pop() {
             Some((i, e)) => (i, e.to_string()),

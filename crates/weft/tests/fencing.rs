@@ -83,6 +83,13 @@ async fn a_replaced_server_that_returns_refuses_a_stale_write_which_goes_to_the_
     })
     .await;
 
+    // A plain file striped over every server, to see the victim's answer without touching the ec file.
+    let plain = client.mkdir(ROOT_INO, "plain", 0o755).await.unwrap();
+    client.set_layout_with(plain.ino, UNIT, 0, DataRedundancy::Plain).await.unwrap();
+    let p = client.create_path("/plain/p", 0o644, true, false).await.unwrap();
+    p.write_at(0, Bytes::copy_from_slice(&model[..4 * UNIT as usize])).await.unwrap();
+    p.close().await.unwrap();
+
     // The victim returns: the MDS answers its heartbeat `Draining`, so it serves no client. Every `ListObjects`
     // (224) reply it sends is dropped, so its drain never ends and it stays Draining for the rest of the test.
     c.set_env(vec![("WEFT_FAULT".into(), "drop-after-execute:224:1000000".into())]);
@@ -90,6 +97,19 @@ async fn a_replaced_server_that_returns_refuses_a_stale_write_which_goes_to_the_
     c.set_env(vec![]);
     assert_eq!(status_of(&c, victim), "draining");
     assert_eq!(stale.layout().generation, 0, "the handle still holds the old layout");
+    // The client's session with the old process is gone: reading the plain file (a stripe on every server) is
+    // refused by the victim, once the client is connected to the new process, with StaleLayout.
+    let p = client.open("/plain/p", OpenMode::Read).await.unwrap();
+    let pr = &p;
+    let start = tokio::time::Instant::now();
+    let refused = loop {
+        match pr.read_at(0, BytesMut::zeroed(4 * UNIT as usize)).await {
+            Err(e) if e.code() == Some(ErrorCode::StaleLayout) => break e,
+            other => assert!(start.elapsed() < Duration::from_millis(WAIT_MS), "the victim served: {:?}", other.err()),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(refused.to_string().contains(&format!("data server {victim} not Up at the MDS (Draining)")), "{refused}");
 
     // The stale handle writes across row 0's two data chunks (chunk 0 on the victim in its layout).
     let patch = pattern(32, 0, 3 * UNIT as usize / 2);
@@ -156,7 +176,15 @@ async fn a_server_cut_off_from_the_mds_stops_serving_after_its_lease_and_serves_
     };
     assert_eq!(refused.code(), Some(ErrorCode::StaleLayout), "{refused}");
     assert!(refused.to_string().contains("lease lapsed"), "{refused}");
-    let w = f.write_at(0, Bytes::from_static(b"not while fenced")).await.unwrap_err();
+    // Each server's lease lapses on its own clock: a write to the first stripe is refused once server 0's has.
+    let start = tokio::time::Instant::now();
+    let w = loop {
+        if let Err(e) = f.write_at(0, Bytes::copy_from_slice(&model[..16])).await {
+            break e;
+        }
+        assert!(start.elapsed() < Duration::from_millis(WAIT_MS), "server 0 kept taking writes without the MDS");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(w.code(), Some(ErrorCode::StaleLayout), "{w}");
     assert!(
         (0..2).any(|i| c.log(&format!("data{i}")).contains("refusing client I/O with StaleLayout")),
@@ -166,8 +194,9 @@ async fn a_server_cut_off_from_the_mds_stops_serving_after_its_lease_and_serves_
     c.restart_mds().await.unwrap();
     wait_for("the servers to serve again", || async move { fr.read_at(0, BytesMut::zeroed(16)).await.is_ok() }).await;
     // Both servers: a whole read touches every stripe.
+    let mr = &model;
     wait_for("both servers to serve again", || async move {
-        fr.read_at(0, BytesMut::zeroed(model.len())).await.is_ok_and(|got| got[..] == model[..])
+        fr.read_at(0, BytesMut::zeroed(mr.len())).await.is_ok_and(|got| got[..] == mr[..])
     })
     .await;
     let patch = pattern(42, 0, 2 * UNIT as usize);
