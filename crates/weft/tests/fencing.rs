@@ -71,6 +71,14 @@ async fn a_replaced_server_that_returns_refuses_a_stale_write_which_goes_to_the_
     let victim = before.servers[0];
     let spare = (0..4).find(|s| !before.servers.contains(s)).unwrap();
 
+    // A plain file striped over every server, to see the victim's answer without touching the ec file.
+    let plain = client.mkdir(ROOT_INO, "plain", 0o755).await.unwrap();
+    client.set_layout_with(plain.ino, UNIT, 0, DataRedundancy::Plain).await.unwrap();
+    let p = client.create_path("/plain/p", 0o644, true, false).await.unwrap();
+    p.write_at(0, Bytes::copy_from_slice(&model[..4 * UNIT as usize])).await.unwrap();
+    assert!(p.layout().servers.contains(&victim));
+    p.close().await.unwrap();
+
     c.stop_data_server(victim).await;
     let victim_object = object_path(&c.data_root(victim), ino);
     let victim_bytes = std::fs::read(&victim_object).expect("the victim's chunk 0 object");
@@ -82,13 +90,6 @@ async fn a_replaced_server_that_returns_refuses_a_stale_write_which_goes_to_the_
         cl.heal_now().await.is_ok() && cl.list_stale(None, None, 0).await.is_ok_and(|p| p.entries.is_empty())
     })
     .await;
-
-    // A plain file striped over every server, to see the victim's answer without touching the ec file.
-    let plain = client.mkdir(ROOT_INO, "plain", 0o755).await.unwrap();
-    client.set_layout_with(plain.ino, UNIT, 0, DataRedundancy::Plain).await.unwrap();
-    let p = client.create_path("/plain/p", 0o644, true, false).await.unwrap();
-    p.write_at(0, Bytes::copy_from_slice(&model[..4 * UNIT as usize])).await.unwrap();
-    p.close().await.unwrap();
 
     // The victim returns: the MDS answers its heartbeat `Draining`, so it serves no client. Every `ListObjects`
     // (224) reply it sends is dropped, so its drain never ends and it stays Draining for the rest of the test.
@@ -128,7 +129,7 @@ async fn a_replaced_server_that_returns_refuses_a_stale_write_which_goes_to_the_
     let r = fresh.open("/ec/f", OpenMode::Read).await.unwrap();
     assert!(r.read_at(0, BytesMut::zeroed(FILE_BYTES)).await.unwrap()[..] == want[..], "read back equal");
     // Scrub checks every row's chunks against its parity: had the spare missed the write, row 0 would not agree.
-    let (ok, out, err) = weft(&c, &["scrub", "/"]);
+    let (ok, out, err) = weft(&c, &["scrub", "/ec"]);
     assert!(ok, "{out}{err}");
     assert!(out.contains(" 0 inconsistencies"), "scrub finds the file consistent: {out}");
     // The revived server's stale object did not take the write (its drain is held back: it is still there).
