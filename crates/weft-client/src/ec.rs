@@ -95,7 +95,9 @@ pub(crate) fn is_chunk_loss(e: &ClientError) -> bool {
     match e {
         ClientError::Corrupt { .. } | ClientError::UnknownServer(_) => true,
         ClientError::Data { source, .. } | ClientError::DataAt { source, .. } => match source.remote() {
-            Some(w) => matches!(w.code, ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal | ErrorCode::StaleLayout),
+            Some(w) => {
+                matches!(w.code, ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal | ErrorCode::StaleLayout)
+            }
             None => true,
         },
         _ => false,

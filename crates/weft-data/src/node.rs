@@ -285,11 +285,20 @@ impl Heartbeat {
                     self.state = Some(reply.state);
                 }
                 if lease_ms != self.lease_ms {
-                    info!(id = cfg.id, lease_ms, configured_ms = cfg.lease_ms, rebuild_after_ms = reply.rebuild_after_ms,
-                        "lease to serve clients: at most half the MDS's rebuild_after_ms");
+                    info!(
+                        id = cfg.id,
+                        lease_ms,
+                        configured_ms = cfg.lease_ms,
+                        rebuild_after_ms = reply.rebuild_after_ms,
+                        "lease to serve clients: at most half the MDS's rebuild_after_ms"
+                    );
                     if lease_ms < cfg.heartbeat_ms.saturating_mul(2) {
-                        warn!(id = cfg.id, lease_ms, heartbeat_ms = cfg.heartbeat_ms,
-                            "the lease is shorter than two heartbeats: one late heartbeat fences this server");
+                        warn!(
+                            id = cfg.id,
+                            lease_ms,
+                            heartbeat_ms = cfg.heartbeat_ms,
+                            "the lease is shorter than two heartbeats: one late heartbeat fences this server"
+                        );
                     }
                     self.lease_ms = lease_ms;
                 }

@@ -25,8 +25,8 @@ use weft_rpc::{BufferPool, CallCtx, Metrics, PoolBuf, Reply, ReplyData, Service}
 
 use crate::cache_fill::CacheFiller;
 use crate::capabilities::CapabilityGate;
-use crate::lease::LeaseGate;
 use crate::config::{DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES};
+use crate::lease::LeaseGate;
 use crate::pipeline::{self, Piece, join_error, memory_error};
 use crate::store::{DataError, MappedRead, ObjectStore};
 

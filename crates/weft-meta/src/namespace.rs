@@ -620,10 +620,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 phase,
             },
         );
-        Ok(HeartbeatResp {
-            state: membership::state(phase, 0, self.timing()),
-            rebuild_after_ms: self.rebuild_after_ms,
-        })
+        Ok(HeartbeatResp { state: membership::state(phase, 0, self.timing()), rebuild_after_ms: self.rebuild_after_ms })
     }
 
     /// Every registered server's last space and file system, for counting each file system once.

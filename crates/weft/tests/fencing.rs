@@ -134,7 +134,10 @@ async fn a_replaced_server_that_returns_refuses_a_stale_write_which_goes_to_the_
     assert!(out.contains(" 0 inconsistencies"), "scrub finds the file consistent: {out}");
     // The revived server's stale object did not take the write (its drain is held back: it is still there).
     assert_eq!(status_of(&c, victim), "draining");
-    assert!(std::fs::read(&victim_object).unwrap() == victim_bytes, "the victim's object changed after its replacement");
+    assert!(
+        std::fs::read(&victim_object).unwrap() == victim_bytes,
+        "the victim's object changed after its replacement"
+    );
     // With the spare's data chunk lost too, the row decodes from chunk 1 and the parity: they agree with the write.
     c.stop_data_server(spare).await;
     let again = c.impatient_client().await;
