@@ -88,13 +88,16 @@ pub(crate) fn km(layout: &Layout) -> Option<(usize, usize)> {
     }
 }
 
-/// Whether a failed chunk read means "use the other chunks": a server that is down or unreachable, or a chunk that
-/// failed its checksum. Anything else (a refused capability, a protocol error) is the caller's problem.
+/// Whether a failed chunk read means "use the other chunks": a server that is down or unreachable, fenced
+/// (`StaleLayout`: not up at the MDS, or its lease lapsed; docs/format.md §19), or a chunk that failed its checksum.
+/// Anything else (a refused capability, a protocol error) is the caller's problem.
 pub(crate) fn is_chunk_loss(e: &ClientError) -> bool {
     match e {
         ClientError::Corrupt { .. } | ClientError::UnknownServer(_) => true,
         ClientError::Data { source, .. } | ClientError::DataAt { source, .. } => match source.remote() {
-            Some(w) => matches!(w.code, ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal),
+            Some(w) => {
+                matches!(w.code, ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal | ErrorCode::StaleLayout)
+            }
             None => true,
         },
         _ => false,
@@ -406,5 +409,11 @@ mod tests {
         assert!(is_chunk_loss(&corrupt));
         assert!(is_chunk_loss(&ClientError::UnknownServer(3)));
         assert!(!is_chunk_loss(&ClientError::Access("no".into())));
+        let remote = |code| ClientError::Data {
+            server: 4,
+            source: weft_rpc::RpcError::Remote(weft_proto::WireError::new(code, "x")),
+        };
+        assert!(is_chunk_loss(&remote(ErrorCode::StaleLayout)), "a fenced server's chunk is read around");
+        assert!(!is_chunk_loss(&remote(ErrorCode::CapabilityRefused)));
     }
 }

@@ -374,7 +374,8 @@ pub(crate) const TORN_BACKOFF_MS_MAX: u64 = 250;
 /// taking them from the parity's vector (whole rows, [`vector_expect`]).
 #[derive(Default)]
 pub(crate) struct Known {
-    chunks: Vec<Option<(u64, Vec<u8>)>>,
+    /// Per data chunk: its version and bytes (a reference to the reply it was read in, or a copy if decoded).
+    chunks: Vec<Option<(u64, Bytes)>>,
     read_data: bool,
 }
 
@@ -473,7 +474,8 @@ async fn write_attempt(
     }
     // 1. Parity records first, 2. then the data chunks' (see the module doc for why this order).
     let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); k + m];
-    let mut bytes: Vec<BytesMut> = vec![BytesMut::new(); k + m];
+    // Frozen as they arrive (no copy): a partial row's `Known` keeps the chunks read by reference.
+    let mut bytes: Vec<Bytes> = vec![Bytes::new(); k + m];
     for phase in [k..k + m, 0..k] {
         let data_phase = phase.start == 0;
         let which: Vec<usize> = phase.filter(|i| !skip.contains(i) && !lost.iter().any(|(j, _)| j == i)).collect();
@@ -494,7 +496,7 @@ async fn write_attempt(
             match r {
                 Ok((v, b)) => {
                     found[i] = v;
-                    bytes[i] = b;
+                    bytes[i] = b.freeze();
                 }
                 Err(e) if is_chunk_loss(&e) && Some(i) != heal => {
                     client.note_unreachable(&e);
@@ -504,6 +506,8 @@ async fn write_attempt(
             }
         }
     }
+    // A fenced server under a newer layout: nothing is written under this one (the caller retries on the new).
+    crate::stale::refetch_if_fenced(file, &lost).await?;
     if skip.len() + lost.len() > m {
         let (i, e) = match lost.pop() {
             Some((i, e)) => (i, e.to_string()),
@@ -542,14 +546,20 @@ async fn write_attempt(
                 _ => None,
             })
             .collect();
+        // Where each data chunk's bytes in `buf` came from, so `Known` can keep them without a copy.
+        let mut origin: Vec<Option<Bytes>> = vec![None; k];
         for j in 0..k {
             match (&fs[j], &known.chunks[j]) {
-                (Found::Intact { .. }, _) => buf[j * u..(j + 1) * u].copy_from_slice(&bytes[j]),
+                (Found::Intact { .. }, _) => {
+                    buf[j * u..(j + 1) * u].copy_from_slice(&bytes[j]);
+                    origin[j] = Some(bytes[j].clone());
+                }
                 // A chunk this write cannot reach now, whose bytes it learnt in an earlier attempt.
                 (Found::Unreachable, Some((version, b)))
                     if Some(j) != heal && vectors.iter().all(|v| v[j] == *version) =>
                 {
                     buf[j * u..(j + 1) * u].copy_from_slice(b);
+                    origin[j] = Some(b.clone());
                     fs[j] = Found::Intact { version: *version, parity_of: Vec::new() };
                 }
                 _ => {}
@@ -574,9 +584,15 @@ async fn write_attempt(
                     }
                 }
                 versions = plan.data_versions;
-                // Every data chunk of the row is now known at its version: kept for a retry of this write.
+                // Every data chunk of the row is now known at its version: kept for a retry of this write. Chunks
+                // the row used as read (or learnt before) are kept by reference: only a decoded chunk is copied,
+                // so a healthy partial-row write copies nothing here.
                 for j in 0..k {
-                    known.chunks[j] = Some((versions[j], buf[j * u..(j + 1) * u].to_vec()));
+                    let kept = match origin[j].take() {
+                        Some(b) if plan.use_chunk[j] => b,
+                        _ => Bytes::copy_from_slice(&buf[j * u..(j + 1) * u]),
+                    };
+                    known.chunks[j] = Some((versions[j], kept));
                 }
             }
             Err(e) => {
@@ -678,6 +694,7 @@ async fn write_attempt(
         .filter(|i| !lost.iter().any(|(j, _)| j == *i))
         .map(|&i| (i, ClientError::Protocol(format!("chunk {i} is stale"))))
         .collect();
+    crate::stale::refetch_if_fenced(file, &lost).await?;
     missed.extend(lost);
     crate::stale::record_missed(file, missed, base, first, first + rows).await?;
     Ok(Attempt::Done)

@@ -219,9 +219,10 @@ impl File {
         Ok(true)
     }
 
-    /// After a failed I/O of a redundant file: whether the failure may come from a stale layout (a data server's
-    /// error, or `StaleLayout`) and a newer generation was fetched, so the I/O is worth one more try.
-    async fn retry_with_fresh_layout(&self, e: &ClientError) -> bool {
+    /// After a failed I/O of a redundant file tried with layout generation `tried`: whether the failure may come
+    /// from a stale layout (a data server's error, or `StaleLayout`, also a fenced data server's) and a newer
+    /// generation is held now (fetched here, or already by the failed I/O), so the I/O is worth one more try.
+    async fn retry_with_fresh_layout(&self, e: &ClientError, tried: u64) -> bool {
         let data_side = matches!(
             e,
             ClientError::Data { .. }
@@ -230,7 +231,7 @@ impl File {
                 | ClientError::DegradedWrite { .. }
                 | ClientError::StaleLayout { .. }
         ) || e.code() == Some(ErrorCode::StaleLayout);
-        data_side && self.refresh_layout().await.unwrap_or(false)
+        data_side && (self.refresh_layout().await.unwrap_or(false) || self.layout().generation > tried)
     }
 
     pub fn size(&self) -> u64 {
@@ -306,8 +307,9 @@ impl File {
             self.wrote.store(true, Ordering::SeqCst);
             // Invariant: an I/O of a redundant file that fails at a data server is tried once more if the MDS
             // holds a newer layout generation (a failed server's slot moved to a spare), never with the old one.
+            let tried = self.layout().generation;
             if let Err(e) = self.redundant_write(offset, data.clone()).await {
-                if !self.retry_with_fresh_layout(&e).await {
+                if !self.retry_with_fresh_layout(&e, tried).await {
                     return Err(e);
                 }
                 self.redundant_write(offset, data).await?;
@@ -354,9 +356,10 @@ impl File {
             return Ok(buf);
         }
         if !self.is_plain() {
+            let tried = self.layout().generation;
             let got = match self.redundant_read(offset, avail).await {
                 Ok(got) => got,
-                Err(e) if self.retry_with_fresh_layout(&e).await => self.redundant_read(offset, avail).await?,
+                Err(e) if self.retry_with_fresh_layout(&e, tried).await => self.redundant_read(offset, avail).await?,
                 Err(e) => return Err(e),
             };
             buf.copy_from_slice(&got);

@@ -106,5 +106,6 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
         }
     }
     let (first, end) = crate::stale::rows_of(layout, offset, data.len() as u64);
+    crate::stale::refetch_if_fenced(file, &failed).await?;
     crate::stale::record_missed(file, failed, offset, first, end).await
 }

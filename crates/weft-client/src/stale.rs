@@ -19,7 +19,7 @@
 use std::sync::Mutex;
 
 use weft_proto::msg::{ListStaleReq, MarkStaleReq, StaleRange};
-use weft_proto::{DataRedundancy, Layout, Request, Response};
+use weft_proto::{DataRedundancy, ErrorCode, Layout, Request, Response};
 
 use crate::ClientError;
 use crate::ec::{Codec, km, read_on, write_on};
@@ -68,6 +68,25 @@ pub(crate) async fn stale_slots(file: &File, first: u64, end: u64) -> Result<Vec
     slots.sort_unstable();
     slots.dedup();
     Ok(slots)
+}
+
+/// Before a write's failures are recorded as missed: if a server refused it as fenced (`StaleLayout`: not up at the
+/// MDS, e.g. it came back after its slot moved to a spare, docs/format.md §19) and the MDS now holds a newer layout,
+/// the write must go to the new layout's servers instead of being acknowledged degraded: the refetched layout is
+/// kept and `StaleLayout` returned, which `File::write_at` answers by trying once more. With no newer layout (the
+/// fenced server is still the layout's, e.g. its lease lapsed), the failure is an ordinary missed write.
+/// `CapabilityRefused` asks the same question: once the returning server is drained (a spare, serving again), the
+/// inodes whose objects the drain removed are refused there (weft-data `capabilities.rs`).
+pub(crate) async fn refetch_if_fenced(file: &File, failed: &[(usize, ClientError)]) -> Result<(), ClientError> {
+    let fenced = |e: &ClientError| matches!(e.code(), Some(ErrorCode::StaleLayout | ErrorCode::CapabilityRefused));
+    if !failed.iter().any(|(_, e)| fenced(e)) {
+        return Ok(());
+    }
+    let held = file.layout().generation;
+    if file.refresh_layout().await.unwrap_or(false) {
+        return Err(ClientError::StaleLayout { ino: file.attr.ino, held, current: file.layout().generation });
+    }
+    Ok(())
 }
 
 /// The outcome of writing one batch to every server of a redundant layout: `(slot, error)` of each failure.

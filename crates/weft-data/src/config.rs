@@ -48,6 +48,12 @@ pub struct DataConfig {
     pub tls_ca_file: Option<PathBuf>,
     #[serde(default = "default_heartbeat_ms")]
     pub heartbeat_ms: u64,
+    /// The lease to serve clients (docs/format.md §19, fencing): client I/O is served only while the last heartbeat
+    /// reply said this server is up and that heartbeat was sent less than this long ago; else `StaleLayout`. The
+    /// lease in force is at most half the MDS's `rebuild_after_ms` (sent in the reply), so a silent server stops
+    /// serving before its slots move to spares. At least twice `heartbeat_ms`. Default 150000.
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
     /// Largest payload of one request (a transfer unit); also the size of the largest pool buffers.
     #[serde(default = "default_transfer_unit")]
     pub transfer_unit_bytes: u32,
@@ -203,6 +209,17 @@ pub const DEFAULT_POOL_CLASSES: [PoolClassConfig; 3] = [
 ];
 
 impl DataConfig {
+    /// Checks the keys that must agree: a lease shorter than two heartbeats would lapse between healthy ones.
+    pub fn check(&self) -> Result<(), String> {
+        if self.lease_ms < self.heartbeat_ms.saturating_mul(2) {
+            return Err(format!(
+                "lease_ms ({}) must be at least twice heartbeat_ms ({}): the lease would lapse between heartbeats",
+                self.lease_ms, self.heartbeat_ms
+            ));
+        }
+        Ok(())
+    }
+
     /// The limits of the cache bank's fill queue and recent-versions map.
     pub fn fill_limits(&self) -> crate::cache_fill::FillLimits {
         crate::cache_fill::FillLimits {
@@ -264,6 +281,9 @@ fn default_true() -> bool {
 fn default_heartbeat_ms() -> u64 {
     1000
 }
+fn default_lease_ms() -> u64 {
+    crate::lease::DEFAULT_LEASE_MS
+}
 fn default_transfer_unit() -> u32 {
     2 << 20
 }
@@ -296,7 +316,10 @@ mod tests {
         assert_eq!(cfg.root, PathBuf::from("/srv/d3"));
         assert_eq!(cfg.advertise, None);
         assert_eq!((cfg.key_file.clone(), cfg.auth), (None, AuthMode::Key));
-        assert_eq!(cfg.heartbeat_ms, 1000);
+        assert_eq!((cfg.heartbeat_ms, cfg.lease_ms), (1000, 150_000));
+        assert_eq!(cfg.check(), Ok(()));
+        let short = DataConfig { lease_ms: 1999, ..cfg.clone() };
+        assert!(short.check().unwrap_err().contains("at least twice heartbeat_ms"));
         assert_eq!(cfg.transfer_unit_bytes, 2 << 20);
         assert_eq!(cfg.pool_buffers, 32);
         assert!(cfg.pool_classes.is_empty());

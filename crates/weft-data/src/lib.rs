@@ -6,11 +6,13 @@
 //! - [`config`]: `weft data --config F` and its defaults.
 //! - [`service`]: the RPC service, one method per data-server op.
 //! - [`cache_fill`]: the cache bank's fills after reads and invalidations after writes (issue 16).
+//! - [`lease`]: the lease to serve clients that the MDS's heartbeat replies grant (stale-layout fencing).
 //! - [`node`]: the process: listeners, the service, and the heartbeat that registers it with the metadata service.
 
 pub mod cache_fill;
 pub mod capabilities;
 pub mod config;
+pub mod lease;
 pub mod node;
 pub mod pipeline;
 mod range_lock;

@@ -1,6 +1,8 @@
 //! A data server node: [`run`] opens the object store, listens (tcp, and shm and rdma where they can be had) and
 //! serves [`DataService`]; `heartbeat` registers the server with the metadata service and repeats it, carrying
-//! the server's free space, so the MDS reports it up (and up again after either side restarts).
+//! the server's free space, so the MDS reports it up (and up again after either side restarts). Each reply feeds
+//! the server's lease to serve clients (`lease.rs`); the first heartbeat is sent before the server reports ready,
+//! so a cluster that reports it up finds it serving.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -12,12 +14,13 @@ use std::time::Duration;
 use tracing::{info, warn};
 use weft_fabric::{AnyFabric, Fabric, Listener, ShmFabric, ShmServerConfig, TcpFabric};
 use weft_proto::msg::{RegisterPnfsReq, RegisterServerDevReq};
-use weft_proto::{FrameLimits, Request};
+use weft_proto::{FrameLimits, Request, Response, ServerState};
 use weft_rpc::{BufferPool, CapabilityKey, ClientConfig, Credential, RpcClient, RpcServer, ServerConfig};
 
 use crate::cache_fill::CacheFiller;
 use crate::capabilities::CapabilityGate;
 use crate::config::DataConfig;
+use crate::lease::LeaseGate;
 use crate::service::DataService;
 use crate::store::ObjectStore;
 
@@ -40,16 +43,19 @@ pub enum DataServerError {
     Tls(weft_fabric::TlsError),
     #[error("the [cache] table: {0}")]
     Cache(weft_cache::ConfigError),
+    #[error("configuration: {0}")]
+    Config(String),
 }
 
 /// What a data server hands its pNFS data-server listener (weft-nfs `ds`, docs/format.md §23), which lives in a
-/// crate above this one: the config, the object store and the capability gate Weft's own requests go through
-/// (so a removal is seen by both).
+/// crate above this one: the config, the object store, the capability gate Weft's own requests go through (so a
+/// removal is seen by both) and the lease (so a fenced server serves pNFS no more than Weft's own clients).
 pub struct NfsParts {
     pub cfg: DataConfig,
     pub store: Arc<ObjectStore>,
     /// `None` with authentication off: nothing is checked.
     pub gate: Option<Arc<CapabilityGate>>,
+    pub lease: Arc<LeaseGate>,
 }
 
 /// Starts the pNFS listener on `cfg.nfs_listen` and answers the addresses it bound (it serves in tasks of its own).
@@ -68,6 +74,7 @@ pub async fn run_with_nfs(
     ready: impl FnOnce(&str),
     nfs: Option<NfsStarter>,
 ) -> Result<(), DataServerError> {
+    cfg.check().map_err(DataServerError::Config)?;
     let key =
         weft_rpc::auth::role_key(cfg.auth, cfg.key_file.as_deref(), "data server").map_err(DataServerError::Key)?;
     let store =
@@ -121,6 +128,7 @@ pub async fn run_with_nfs(
             cfg.removed_inodes_max as usize,
         ))
     });
+    let lease = Arc::new(LeaseGate::new(cfg.id, cfg.lease_ms));
     let nfs_addrs = match (cfg.nfs_listen.is_empty(), nfs) {
         (true, _) => Vec::new(),
         (false, None) => {
@@ -130,7 +138,7 @@ pub async fn run_with_nfs(
             });
         }
         (false, Some(start)) => {
-            let parts = NfsParts { cfg: cfg.clone(), store: store.clone(), gate: gate.clone() };
+            let parts = NfsParts { cfg: cfg.clone(), store: store.clone(), gate: gate.clone(), lease: lease.clone() };
             let bound = start(parts)
                 .await
                 .map_err(|source| DataServerError::Listen { addr: cfg.nfs_listen.join(","), source })?;
@@ -149,6 +157,7 @@ pub async fn run_with_nfs(
     };
     let service = DataService::new(store.clone(), cfg.pool_buffers)
         .with_shared_capability_gate(gate)
+        .with_lease_gate(Some(lease.clone()))
         .with_cache_filler(filler)
         .with_short_circuit(cfg.short_circuit)
         .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
@@ -156,7 +165,11 @@ pub async fn run_with_nfs(
         .with_metrics(metrics.as_deref());
     let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
     info!(id = cfg.id, %addr, tls = cfg.tls, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
-    tokio::spawn(heartbeat(cfg.clone(), tcp, advertise, nfs_addrs, store, key.map(Credential::cluster)));
+    let mut heartbeat = Heartbeat::new(cfg.clone(), tcp, advertise, nfs_addrs, store, key.map(Credential::cluster), lease);
+    // One heartbeat before reporting ready (bounded by its call timeout): with the MDS up, the server serves from
+    // its first request; without, it refuses clients (StaleLayout) until the MDS answers.
+    heartbeat.beat().await;
+    tokio::spawn(heartbeat.run());
     for (name, l) in [("shm", shm_listener), ("rdma", rdma_listener)] {
         let Some(l) = l else { continue };
         let server = server.clone();
@@ -220,30 +233,74 @@ async fn listen_rdma(
     }
 }
 
-/// Registers with the MDS and repeats it as a heartbeat carrying this server's space. Survives MDS restarts.
-async fn heartbeat(
+/// Registers with the MDS and repeats it as a heartbeat carrying this server's space; each reply renews (or ends)
+/// the lease to serve clients. Survives MDS restarts.
+struct Heartbeat {
     cfg: DataConfig,
     tcp: TcpFabric,
     advertise: String,
+    /// The pNFS addresses, announced after every heartbeat so a restarted MDS learns them again within one.
     nfs_addrs: Vec<String>,
     store: Arc<ObjectStore>,
-    credential: Option<Credential>,
-) {
-    let rpc_cfg = ClientConfig {
-        credential,
-        client_name: format!("data-server-{}", cfg.id),
-        slots: 1,
-        call_timeout_ms: cfg.heartbeat_ms.max(1000) * 5,
-        attempts_max: 1,
-        ..ClientConfig::default()
-    };
-    let mut client: Option<RpcClient<TcpFabric>> = None;
-    let mut healthy = true;
-    let mut tick = tokio::time::interval(Duration::from_millis(cfg.heartbeat_ms.max(10)));
-    loop {
+    rpc_cfg: ClientConfig,
+    client: Option<RpcClient<TcpFabric>>,
+    lease: Arc<LeaseGate>,
+    healthy: bool,
+    /// The state the MDS last answered, to log changes once.
+    state: Option<ServerState>,
+    /// The lease in force last logged about (its clamp to the MDS's `rebuild_after_ms`).
+    lease_ms: u64,
+}
+
+impl Heartbeat {
+    fn new(
+        cfg: DataConfig,
+        tcp: TcpFabric,
+        advertise: String,
+        nfs_addrs: Vec<String>,
+        store: Arc<ObjectStore>,
+        credential: Option<Credential>,
+        lease: Arc<LeaseGate>,
+    ) -> Heartbeat {
+        let rpc_cfg = ClientConfig {
+            credential,
+            client_name: format!("data-server-{}", cfg.id),
+            slots: 1,
+            call_timeout_ms: cfg.heartbeat_ms.max(1000) * 5,
+            attempts_max: 1,
+            ..ClientConfig::default()
+        };
+        let lease_ms = cfg.lease_ms;
+        Heartbeat {
+            cfg,
+            tcp,
+            advertise,
+            nfs_addrs,
+            store,
+            rpc_cfg,
+            client: None,
+            lease,
+            healthy: true,
+            state: None,
+            lease_ms,
+        }
+    }
+
+    async fn run(mut self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.heartbeat_ms.max(10)));
+        // The first tick is immediate; `run` follows a beat.
         tick.tick().await;
+        loop {
+            tick.tick().await;
+            self.beat().await;
+        }
+    }
+
+    /// One heartbeat: its reply feeds the lease, measured from before it was sent.
+    async fn beat(&mut self) {
+        let cfg = &self.cfg;
         let space = {
-            let store = store.clone();
+            let store = self.store.clone();
             match tokio::task::spawn_blocking(move || store.space_dev()).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
@@ -253,46 +310,78 @@ async fn heartbeat(
                 Err(_) => Default::default(),
             }
         };
+        let sent_ms = self.lease.now_ms();
         let mut connect_error = None;
-        if client.is_none() {
-            client = RpcClient::connect(tcp.clone(), &cfg.mds, rpc_cfg.clone())
+        if self.client.is_none() {
+            self.client = RpcClient::connect(self.tcp.clone(), &cfg.mds, self.rpc_cfg.clone())
                 .await
                 .map_err(|e| connect_error = Some(e.to_string()))
                 .ok();
         }
-        let result = match &client {
-            Some(c) => c
+        let result = match &self.client {
+            Some(c) => match c
                 .call_simple(Request::RegisterServerDev(RegisterServerDevReq {
                     id: cfg.id,
-                    addr: advertise.clone(),
+                    addr: self.advertise.clone(),
                     space,
                 }))
                 .await
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
+            {
+                Ok(Response::RegisterServerDev(r)) => Ok(r),
+                Ok(other) => Err(format!("unexpected reply {:?}", other.op())),
+                Err(e) => Err(e.to_string()),
+            },
             None => Err(connect_error.unwrap_or_else(|| format!("cannot connect to {}", cfg.mds))),
         };
-        // The pNFS addresses ride on every heartbeat, so a restarted MDS learns them again within one.
-        let result = match (result, &client) {
-            (Ok(()), Some(c)) if !nfs_addrs.is_empty() => c
-                .call_simple(Request::RegisterPnfs(RegisterPnfsReq { id: cfg.id, addrs: nfs_addrs.clone() }))
+        let result = match (result, &self.client) {
+            (Ok(reply), Some(c)) if !self.nfs_addrs.is_empty() => c
+                .call_simple(Request::RegisterPnfs(RegisterPnfsReq { id: cfg.id, addrs: self.nfs_addrs.clone() }))
                 .await
-                .map(|_| ())
+                .map(|_| reply)
                 .map_err(|e| format!("announcing the pNFS addresses: {e}")),
             (r, _) => r,
         };
         match result {
-            Ok(()) if !healthy => {
-                info!(mds = %cfg.mds, "registered with the metadata service again");
-                healthy = true;
-            }
-            Ok(()) => {}
-            Err(e) => {
-                if healthy {
-                    warn!(mds = %cfg.mds, "heartbeat failed (will keep trying): {e}");
+            Ok(reply) => {
+                if !self.healthy {
+                    info!(mds = %cfg.mds, "registered with the metadata service again");
+                    self.healthy = true;
                 }
-                healthy = false;
-                client = None;
+                let lease_ms = self.lease.on_reply(sent_ms, reply);
+                if self.state != Some(reply.state) {
+                    if reply.state.is_up() {
+                        info!(id = cfg.id, state = ?reply.state, lease_ms, "the MDS reports this server up: serving clients");
+                    } else {
+                        warn!(id = cfg.id, state = ?reply.state,
+                            "the MDS reports this server not up: refusing client I/O (StaleLayout) until it is");
+                    }
+                    self.state = Some(reply.state);
+                }
+                if lease_ms != self.lease_ms {
+                    info!(
+                        id = cfg.id,
+                        lease_ms,
+                        configured_ms = cfg.lease_ms,
+                        rebuild_after_ms = reply.rebuild_after_ms,
+                        "lease to serve clients: at most half the MDS's rebuild_after_ms"
+                    );
+                    if lease_ms < cfg.heartbeat_ms.saturating_mul(2) {
+                        warn!(
+                            id = cfg.id,
+                            lease_ms,
+                            heartbeat_ms = cfg.heartbeat_ms,
+                            "the lease is shorter than two heartbeats: one late heartbeat fences this server"
+                        );
+                    }
+                    self.lease_ms = lease_ms;
+                }
+            }
+            Err(e) => {
+                if self.healthy {
+                    warn!(mds = %cfg.mds, "heartbeat failed (will keep trying; client I/O is refused once the lease lapses): {e}");
+                }
+                self.healthy = false;
+                self.client = None;
             }
         }
     }

@@ -5,8 +5,9 @@
 //! disk writes (or reads) this one: with the client keeping several units in flight, disk and network overlap.
 //! Small reads and writes (up to [`INLINE_IO_BYTES_MAX`]) run in place instead, see `DataService::read_inline`.
 //!
-//! Before any op on an inode runs, [`DataService::admit`] checks the capability it carries (with authentication
-//! on): a refused request reads and writes nothing.
+//! Before any op on an inode runs, [`DataService::admit`] checks the server's lease (`lease.rs`: a client request
+//! is served only while the MDS's last heartbeat reply said `Up`, else `StaleLayout`) and the capability it carries
+//! (with authentication on): a refused request reads and writes nothing.
 
 use std::sync::Arc;
 
@@ -25,6 +26,7 @@ use weft_rpc::{BufferPool, CallCtx, Metrics, PoolBuf, Reply, ReplyData, Service}
 use crate::cache_fill::CacheFiller;
 use crate::capabilities::CapabilityGate;
 use crate::config::{DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES};
+use crate::lease::LeaseGate;
 use crate::pipeline::{self, Piece, join_error, memory_error};
 use crate::store::{DataError, MappedRead, ObjectStore};
 
@@ -44,6 +46,8 @@ pub struct DataService {
     rdma_piece_bytes: u64,
     /// Checks capabilities; `None` with authentication off (nothing is checked).
     gate: Option<Arc<CapabilityGate>>,
+    /// The lease to serve clients (stale-layout fencing); `None` serves everyone (a store without an MDS: tests).
+    lease: Option<Arc<LeaseGate>>,
     /// The cache bank's fills and invalidations; `None` without a bank caching data.
     filler: Option<Arc<CacheFiller>>,
     /// Counters, when the server exports metrics.
@@ -69,6 +73,7 @@ impl DataService {
             piece_bytes: u64::from(DEFAULT_PIPELINE_PIECE_BYTES),
             rdma_piece_bytes: u64::from(DEFAULT_RDMA_PIPELINE_PIECE_BYTES),
             gate: None,
+            lease: None,
             filler: None,
             metrics: None,
         }
@@ -90,7 +95,7 @@ impl DataService {
             ),
             refusals: m.counter(
                 "weft_data_capability_refusals",
-                "Requests refused for a missing, expired or wrong capability (or RemoveObject without the cluster key)",
+                "Requests refused for a missing, expired or wrong capability, without a lease (StaleLayout), or RemoveObject without the cluster key",
             ),
         });
         self
@@ -107,7 +112,13 @@ impl DataService {
         self
     }
 
-    /// The capability check of a request on an inode, and who may remove objects: only a server of the cluster
+    /// Serves requests carrying a capability only under `lease` (`lease.rs`), whichever key they proved.
+    pub fn with_lease_gate(mut self, lease: Option<Arc<LeaseGate>>) -> DataService {
+        self.lease = lease;
+        self
+    }
+
+    /// The lease and capability checks of a request on an inode, and who may remove objects: only a server of the cluster
     /// (the MDS's orphan collector proves the cluster key). Ops on no inode pass.
     fn admit(&self, ctx: &CallCtx, req: &Request) -> Result<(), WireError> {
         let (ino, rights, cap) = match req {
@@ -151,6 +162,10 @@ impl DataService {
             }
             _ => return Ok(()),
         };
+        // One question per request: a fenced server (not Up at the MDS, or its lease lapsed) serves no client.
+        if let Some(lease) = &self.lease {
+            lease.admit(&ctx.peer)?;
+        }
         match &self.gate {
             Some(gate) => gate.admit(&ctx.peer, &ctx.principal, ino, rights, cap),
             None => Ok(()),
@@ -700,6 +715,7 @@ mod tests {
             tls_key_file: None,
             tls_ca_file: None,
             heartbeat_ms: 1000,
+            lease_ms: 150_000,
             transfer_unit_bytes: 2 << 20,
             pool_buffers: 2,
             pool_classes: vec![PoolClassConfig { buf_bytes: 64 << 10, buffers: 4 }],
@@ -931,6 +947,38 @@ mod tests {
         let e = svc.call(&cx, write(mine_again), None).await.map(|_| ()).unwrap_err();
         assert!(e.message.contains("removed"), "{e}");
         assert!(!common_object(&dir, 3).exists(), "a write after the removal recreated the object");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Without an Up lease a request carrying a capability is refused with `StaleLayout` before the store is
+    /// touched, whichever key it proved (clients commonly hold the cluster key); ops with no capability pass; an Up
+    /// reply lets requests in.
+    #[tokio::test]
+    async fn a_fenced_server_refuses_before_the_store() {
+        use weft_proto::ServerState;
+        use weft_proto::msg::HeartbeatResp;
+        use weft_rpc::Principal;
+        let (svc, pool, dir) = setup("lease");
+        let lease = Arc::new(LeaseGate::new(4, 60_000));
+        let svc = svc.with_lease_gate(Some(lease.clone()));
+        let memory = Arc::new(FakeMemory::new(false));
+        let mut cx = ctx(&pool, &memory);
+        cx.principal =
+            Principal::Key { key_id: weft_rpc::auth::CLUSTER_KEY_ID.into(), policy: weft_rpc::KeyPolicy::Cluster };
+        let truncate = |ino| Request::Truncate(TruncateReq { ino, size: 4096, cap: weft_proto::Capability::none() });
+        let e = svc.call(&cx, truncate(5), None).await.map(|_| ()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::StaleLayout, "{e}");
+        assert!(e.message.contains("data server 4"), "{e}");
+        assert!(!common_object(&dir, 5).exists(), "a fenced truncate created the object");
+        lease.on_reply(lease.now_ms(), HeartbeatResp { state: ServerState::Draining, rebuild_after_ms: 60_000 });
+        let e = svc.call(&cx, truncate(5), None).await.map(|_| ()).unwrap_err();
+        assert!(e.message.contains("not Up at the MDS (Draining)"), "{e}");
+        assert!(!common_object(&dir, 5).exists());
+        // The drain's own ops carry no capability and pass.
+        svc.call(&cx, Request::RemoveObject(InoReq { ino: 5 }), None).await.unwrap();
+        lease.on_reply(lease.now_ms(), HeartbeatResp { state: ServerState::Up, rebuild_after_ms: 60_000 });
+        svc.call(&cx, truncate(6), None).await.unwrap();
+        assert!(common_object(&dir, 6).exists(), "served under an Up lease");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -30,9 +30,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES;
 use weft_proto::msg::{
-    CommitReq, CommitWccResp, CreateReq, LinkReq, MkdirReq, MknodReq, PNFS_ADDRS_MAX, PnfsDeviceInfo, RENAME_EXCHANGE,
-    RENAME_NOREPLACE, ReaddirPlusResp, ReaddirReq, ReaddirResp, RegisterPnfsReq, RegisterServerReq, RenameReq,
-    SetAttrReq, SetLayoutReq, SymlinkReq,
+    CommitReq, CommitWccResp, CreateReq, HeartbeatResp, LinkReq, MkdirReq, MknodReq, PNFS_ADDRS_MAX, PnfsDeviceInfo,
+    RENAME_EXCHANGE, RENAME_NOREPLACE, ReaddirPlusResp, ReaddirReq, ReaddirResp, RegisterPnfsReq, RegisterServerReq,
+    RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
 };
 use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::{
@@ -277,7 +277,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                         format!("uid {} may not register data server {}: root only", cred.uid, r.id),
                     ));
                 }
-                self.register_server(r, None).map(Response::RegisterServer)
+                self.register_server(r, None).map(|_| Response::RegisterServer(()))
             }
             Request::RegisterServerDev(r) => {
                 if !cred.is_root() {
@@ -615,7 +615,9 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         self.servers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn register_server(&self, r: &RegisterServerReq, device: Option<DeviceId>) -> Result<(), WireError> {
+    /// Records a heartbeat and answers the server's standing (§19): the state its new phase reports after no
+    /// silence, which its lease to serve clients rests on.
+    fn register_server(&self, r: &RegisterServerReq, device: Option<DeviceId>) -> Result<HeartbeatResp, WireError> {
         if r.addr.is_empty() || r.addr.len() > SERVER_ADDR_BYTES_MAX || r.addr.contains('\0') {
             return Err(werr(
                 ErrorCode::Invalid,
@@ -646,7 +648,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 nfs_addrs,
             },
         );
-        Ok(())
+        Ok(HeartbeatResp { state: membership::state(phase, 0, self.timing()), rebuild_after_ms: self.rebuild_after_ms })
     }
 
     /// Records the NFS addresses data server `r.id` serves pNFS at (op 140, docs/format.md §23), in memory: the

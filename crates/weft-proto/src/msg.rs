@@ -155,8 +155,9 @@ messages! {
     /// Removes an extended attribute: `NoData` if absent.
     RemoveXattr = 125: XattrReq => (), idempotent = false, data = false;
     /// `RegisterServer` whose space names the file system it is on, so the MDS counts a shared disk once
-    /// (`crate::space`). Data servers send it as their heartbeat.
-    RegisterServerDev = 126: RegisterServerDevReq => (), idempotent = true, data = false;
+    /// (`crate::space`). Data servers send it as their heartbeat; the reply is the server's standing at the MDS, on
+    /// which its lease to serve clients rests (docs/format.md §19).
+    RegisterServerDev = 126: RegisterServerDevReq => HeartbeatResp, idempotent = true, data = false;
     /// Sets or clears an advisory lock (F_SETLK, flock, NFSv4 LOCK/LOCKU) for (the caller's session, `owner`):
     /// `None` granted, or the first conflicting lock (docs/format.md §14). Never waits: blocking is the client's.
     SetLock = 127: SetLockReq => Option<LockHolder>, idempotent = false, data = false;
@@ -489,6 +490,16 @@ pub struct RegisterServerDevReq {
     /// Address clients use to reach the server.
     pub addr: String,
     pub space: SpaceStatDev,
+}
+
+/// The reply to a data server's heartbeat (126, docs/format.md §19): what the MDS now reports it as, and the
+/// silence after which the MDS would declare it failed, so the server's lease to serve clients ends before that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatResp {
+    /// `Up` or `Spare`: the server may serve clients; `Draining`: it came back after it was declared failed.
+    pub state: ServerState,
+    /// The MDS's `rebuild_after_ms`.
+    pub rebuild_after_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -119,7 +119,22 @@ async fn a_failed_server_is_replaced_by_a_spare_and_drained_when_it_returns() {
     wait_for("the victim to serve as a spare", || async move { status_of(lc, victim) == "spare" }).await;
     assert!(object_path(&c.data_root(victim), g_ino).exists(), "an object a current layout names is kept");
     let g = fresh.open("/plain/g", OpenMode::Read).await.unwrap();
-    assert!(g.read_at(0, BytesMut::zeroed(plain_model.len())).await.unwrap()[..] == plain_model[..]);
+    // The victim serves clients again once its next heartbeat's reply says Spare (format §19, fencing): until then
+    // it answers StaleLayout, so the read is retried until it is served, and must then be right.
+    let (gr, pm) = (&g, &plain_model);
+    wait_for("the victim to serve clients as a spare", || async move {
+        match gr.read_at(0, BytesMut::zeroed(pm.len())).await {
+            Ok(got) => {
+                assert!(got[..] == pm[..], "the plain file reads back equal");
+                true
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Some(weft_proto::ErrorCode::StaleLayout), "{e}");
+                false
+            }
+        }
+    })
+    .await;
     assert!(c.log("meta").contains("data server declared failed"), "the MDS says why");
 
     // The rebuild onto the spare completes (the stale table empties), then a data slot's server is lost too: the

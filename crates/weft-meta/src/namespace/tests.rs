@@ -801,7 +801,8 @@ fn statfs_counts_a_shared_file_system_once() {
             device: weft_proto::DeviceId { host_id: "host-a".into(), dev, fsid: 0 },
         };
         let r = ns.execute(&Request::RegisterServerDev(RegisterServerDevReq { id, addr: format!("ds{id}:1"), space }));
-        assert_eq!(r, Ok(Response::RegisterServerDev(())));
+        let up = weft_proto::msg::HeartbeatResp { state: ServerState::Up, rebuild_after_ms: DEFAULT_REBUILD_AFTER_MS };
+        assert_eq!(r, Ok(Response::RegisterServerDev(up)), "the heartbeat reply says Up: the server may serve");
     };
     // mem_ns registered 10, 20, 30 with plain RegisterServer (1000 bytes each, no device: counted alone). Now 10
     // and 20 report the same device and 30 another: two file systems.
@@ -1642,8 +1643,21 @@ mod membership {
         let g = create(&ns, ROOT_INO, "new").unwrap();
         assert!(!names_20(&g));
 
-        // It returns: drained of what it no longer owns, then a spare.
-        register(&ns, 20, "ds20:7000", 1000);
+        // It returns: drained of what it no longer owns, then a spare. Its heartbeat's reply says Draining, so it
+        // serves no client until then (its lease, weft-data/src/lease.rs).
+        let heartbeat = |ns: &Ns<_>| {
+            let space = weft_proto::SpaceStatDev {
+                space: SpaceStat { bytes_total: 1000, bytes_free: 1000, objects: 0 },
+                device: weft_proto::DeviceId::default(),
+            };
+            let req = RegisterServerDevReq { id: 20, addr: "ds20:7000".into(), space };
+            match ns.execute(&Request::RegisterServerDev(req)) {
+                Ok(Response::RegisterServerDev(r)) => r,
+                other => panic!("{other:?}"),
+            }
+        };
+        let reply = heartbeat(&ns);
+        assert_eq!((reply.state, reply.rebuild_after_ms), (ServerState::Draining, REBUILD_MS));
         assert_eq!(state_of(&ns, 20), ServerState::Draining);
         assert_eq!(ns.draining_servers(), vec![(20, "ds20:7000".to_string())]);
         for a in files.iter().filter(|a| names_20(a)) {
@@ -1655,6 +1669,7 @@ mod membership {
         assert!(!ns.object_owned(999_999, 20).unwrap(), "no such inode: not owned");
         ns.drained(20);
         assert_eq!(state_of(&ns, 20), ServerState::Spare);
+        assert_eq!(heartbeat(&ns).state, ServerState::Spare, "a spare serves again");
         assert!(ns.draining_servers().is_empty());
         // The generation survives a reopen of the store (inode record version 5).
         drop(ns);

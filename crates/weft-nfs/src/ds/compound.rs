@@ -191,6 +191,9 @@ impl DsCtx {
 /// The current filehandle, admitted by the capability gate for `rights` (empty: either right).
 fn admitted<'c>(ds: &DsNfs, cx: &'c DsCtx, rights: Rights, peer: SocketAddr) -> Result<&'c DsFh, u32> {
     let fh = cx.cur.as_ref().ok_or(NFS4ERR_NOFILEHANDLE)?;
+    // A fenced server (not Up at the MDS, or its lease lapsed): STALE sends the client back to the MDS, whose
+    // fresh layout names the servers that own the file now.
+    ds.lease.admit(&peer.to_string()).map_err(|_| NFS4ERR_STALE)?;
     if let Some(gate) = &ds.gate {
         gate.admit(&peer.to_string(), &ds.principal, fh.cap.ino, rights, &fh.cap).map_err(|e| {
             // Expired: STALE sends the Linux client back to the MDS for a fresh layout (RFC 8881 §13.6).

@@ -76,6 +76,8 @@ pub struct DsNfs {
     pub(crate) store: Arc<ObjectStore>,
     /// `None` with authentication off: handles are not checked.
     pub(crate) gate: Option<Arc<CapabilityGate>>,
+    /// The data server's lease (stale-layout fencing): a fenced server serves pNFS no more than Weft's clients.
+    pub(crate) lease: Arc<weft_data::lease::LeaseGate>,
     pub(crate) nfs4: nfs4::Server,
     /// WRITE and COMMIT's verifier: new at every start, so clients resend what they did not commit.
     pub(crate) verifier: [u8; 8],
@@ -100,6 +102,7 @@ impl DsNfs {
         DsNfs {
             store: parts.store.clone(),
             gate: parts.gate.clone(),
+            lease: parts.lease.clone(),
             nfs4: nfs4::Server::data_server(cfg, epoch, parts.cfg.id),
             verifier,
             principal: Principal::Key {
