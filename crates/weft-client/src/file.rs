@@ -60,6 +60,37 @@ pub struct File {
 #[derive(Default)]
 struct Slots([AtomicU64; 4]);
 
+/// How often a plain file's I/O refused by a fenced data server is tried again, and the backoff between tries
+/// (doubling from the first to the cap): about 5 s in all, a few heartbeats, the time a server takes to hear it is
+/// Up again after an MDS restart or a lapse of its lease.
+const FENCED_RETRIES_MAX: u32 = 8;
+const FENCED_BACKOFF_FIRST_MS: u64 = 50;
+const FENCED_BACKOFF_CAP_MS: u64 = 1000;
+
+/// Runs one attempt of a plain file's I/O and tries again, a bounded number of times with backoff, while a data
+/// server refuses it with `StaleLayout`: the server is fenced (its lease from the MDS lapsed, or the MDS does not
+/// report it Up yet), which passes once its next heartbeat is answered. A plain layout never moves to a spare, so
+/// a fresh layout would name the same server; after the last try the refusal is the caller's error.
+async fn fenced_retry<T, F, Fut>(ino: u64, offset: u64, mut attempt: F) -> Result<T, ClientError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let mut backoff_ms = FENCED_BACKOFF_FIRST_MS;
+    let mut tries = 0;
+    loop {
+        match attempt().await {
+            Err(e) if e.code() == Some(ErrorCode::StaleLayout) && tries < FENCED_RETRIES_MAX => {
+                tracing::debug!(ino, offset, tries, backoff_ms, "a fenced data server refused the I/O; trying again: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(backoff_ms)).await;
+                backoff_ms = (backoff_ms * 2).min(FENCED_BACKOFF_CAP_MS);
+                tries += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
 const _: () = assert!(weft_proto::layout::STRIPE_COUNT_MAX <= 256, "Slots holds 256 positions");
 
 impl Slots {
@@ -318,6 +349,13 @@ impl File {
             self.dirty.store(true, Ordering::SeqCst);
             return Ok(());
         }
+        // A refused write stored nothing (the lease is checked before the store), so it is sent again whole.
+        fenced_retry(self.attr.ino, offset, || self.plain_write(offset, data.clone(), end)).await
+    }
+
+    /// [`File::write_at`] of a plain file: one attempt.
+    async fn plain_write(&self, offset: u64, data: Bytes, end: u64) -> Result<(), ClientError> {
+        let len = data.len() as u64;
         let (pieces, units) = plan(&self.layout(), offset, len, self.unit_max());
         if self.client.tuning().short_circuit_network {
             // Benchmark short circuit: everything above the wire happened; nothing is sent.
@@ -365,6 +403,17 @@ impl File {
             buf.copy_from_slice(&got);
             return Ok(buf);
         }
+        let mut first = Some(buf);
+        fenced_retry(self.attr.ino, offset, || {
+            // A refused read lost its buffer with the error: a later attempt reads into a new one (rare path).
+            let b = first.take().unwrap_or_else(|| BytesMut::zeroed(avail as usize));
+            self.plain_read(offset, b, avail)
+        })
+        .await
+    }
+
+    /// [`File::read_at`] of a plain file: one attempt into `buf` (`avail` bytes, within the file).
+    async fn plain_read(&self, offset: u64, mut buf: BytesMut, avail: u64) -> Result<BytesMut, ClientError> {
         let (pieces, units) = plan(&self.layout(), offset, avail, self.unit_max());
         if self.client.tuning().short_circuit_network {
             // Benchmark short circuit: nothing is asked of the servers; the data reads as zeros.
