@@ -18,6 +18,7 @@ pub mod mount;
 pub mod nfs3;
 pub mod nfs4;
 pub mod proto;
+pub mod rdma;
 pub mod readahead;
 pub mod restart;
 pub mod rpc;
