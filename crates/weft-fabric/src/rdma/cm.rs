@@ -87,6 +87,9 @@ type CreateQpFn = unsafe extern "C" fn(*mut CmId, *mut c_void, *mut IbvQpInitAtt
 type AcceptFn = unsafe extern "C" fn(*mut CmId, *mut ConnParam) -> c_int;
 type RejectFn = unsafe extern "C" fn(*mut CmId, *const c_void, u8) -> c_int;
 type MigrateIdFn = unsafe extern "C" fn(*mut CmId, *mut EventChannel) -> c_int;
+type ResolveAddrFn = unsafe extern "C" fn(*mut CmId, *const libc::sockaddr, *const libc::sockaddr, c_int) -> c_int;
+type ResolveRouteFn = unsafe extern "C" fn(*mut CmId, c_int) -> c_int;
+type ConnectFn = unsafe extern "C" fn(*mut CmId, *mut ConnParam) -> c_int;
 
 struct Cm {
     create_event_channel: CreateEventChannelFn,
@@ -103,6 +106,9 @@ struct Cm {
     reject: RejectFn,
     disconnect: IdFn,
     migrate_id: MigrateIdFn,
+    resolve_addr: ResolveAddrFn,
+    resolve_route: ResolveRouteFn,
+    connect: ConnectFn,
 }
 
 const LIBRARY: &CStr = c"librdmacm.so.1";
@@ -148,6 +154,9 @@ fn load() -> std::result::Result<Cm, String> {
         reject: sym!(c"rdma_reject", RejectFn),
         disconnect: sym!(c"rdma_disconnect", IdFn),
         migrate_id: sym!(c"rdma_migrate_id", MigrateIdFn),
+        resolve_addr: sym!(c"rdma_resolve_addr", ResolveAddrFn),
+        resolve_route: sym!(c"rdma_resolve_route", ResolveRouteFn),
+        connect: sym!(c"rdma_connect", ConnectFn),
     })
 }
 
@@ -461,6 +470,77 @@ pub struct CmConn {
 unsafe impl Send for CmConn {}
 
 impl CmConn {
+    /// The active side (tests and tools: a client of an RDMA CM server): resolves `addr`, creates the queue pair
+    /// as [`CmRequest::into_conn`] does and connects with `private_data`. The caller posts its receives before it
+    /// sends its first message.
+    pub fn connect(addr: SocketAddr, private_data: &[u8], send_wr: u32, recv_wr: u32) -> Result<CmConn> {
+        const RESOLVE_MS: c_int = 5_000;
+        let cm = cm()?;
+        let chan = Channel::new(cm)?;
+        let mut id: *mut CmId = std::ptr::null_mut();
+        // SAFETY: the channel is live; id is a valid out-pointer.
+        check(unsafe { (cm.create_id)(chan.ptr, &mut id, std::ptr::null_mut(), RDMA_PS_TCP) }, "rdma_create_id")?;
+        let (ss, _) = sockaddr_of(addr);
+        let expect = |chan: &Channel, want: u32, what: &str| -> Result<()> {
+            let (event, status, ..) = chan.next()?;
+            if event != want {
+                return Err(RdmaError::Protocol(format!("rdma cm: {what}: event {event} (status {status})")));
+            }
+            Ok(())
+        };
+        let resolved = (|| -> Result<Device> {
+            // SAFETY: id is live; ss holds a sockaddr of the family it names; NULL source: any.
+            let rc = unsafe {
+                (cm.resolve_addr)(id, std::ptr::null(), (&ss as *const libc::sockaddr_storage).cast(), RESOLVE_MS)
+            };
+            check(rc, "rdma_resolve_addr")?;
+            expect(&chan, 0, "resolving the address")?;
+            // SAFETY: id is live with its address resolved.
+            check(unsafe { (cm.resolve_route)(id, RESOLVE_MS) }, "rdma_resolve_route")?;
+            expect(&chan, 2, "resolving the route")?;
+            // SAFETY: id is live and bound to a device; librdmacm keeps its contexts open while loaded.
+            unsafe { Device::from_cm_context((*id).verbs, 1) }
+        })();
+        let dev = match resolved {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: the id is destroyed once, before its channel (dropped after).
+                unsafe { (cm.destroy_id)(id) };
+                return Err(e);
+            }
+        };
+        // From here the request owns the id (destroyed on every error path by its Drop).
+        let req = CmRequest {
+            id,
+            chan: Some(chan),
+            dev,
+            peer: addr,
+            private_data: Vec::new(),
+            initiator_depth: 1,
+            responder_resources: 1,
+        };
+        let mut conn = req.into_conn(send_wr, recv_wr, 1)?;
+        let mut p = ConnParam {
+            private_data: private_data.as_ptr().cast(),
+            private_data_len: u8::try_from(private_data.len()).unwrap_or(u8::MAX),
+            responder_resources: conn.max_dest_rd_atomic,
+            initiator_depth: conn.max_rd_atomic,
+            flow_control: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            srq: 0,
+            qp_num: 0,
+        };
+        // SAFETY: id is live with its QP; p points at private_data, valid for the call.
+        check(unsafe { (cm.connect)(conn.id, &mut p) }, "rdma_connect")?;
+        let (event, status, ..) = conn.chan.next()?;
+        if event != EVENT_ESTABLISHED {
+            return Err(RdmaError::Protocol(format!("rdma cm: connecting: event {event} (status {status})")));
+        }
+        conn.established = true;
+        Ok(conn)
+    }
+
     pub fn device(&self) -> &Device {
         &self.dev
     }
@@ -468,13 +548,15 @@ impl CmConn {
     /// Accepts with `private_data` (at most 56 bytes) and waits for the connection to be established.
     pub fn accept(&mut self, private_data: &[u8]) -> Result<()> {
         assert!(private_data.len() <= 56, "CM private data of an accept is at most 56 bytes");
+        // The request's values are already from this side's view (the CM swaps the peer's): our initiator depth
+        // (RDMA READs we may have outstanding, bounded by the client's responder resources) and our responder
+        // resources (READs the client may issue to us: Linux's client issues none).
         let (initiator_depth, responder_resources) = self.requested;
         let mut p = ConnParam {
             private_data: private_data.as_ptr().cast(),
             private_data_len: private_data.len() as u8,
-            // What the client will read from us (its initiator depth), bounded by the device; and what we read.
-            responder_resources: initiator_depth.min(self.max_dest_rd_atomic),
-            initiator_depth: responder_resources.min(self.max_rd_atomic),
+            responder_resources: responder_resources.min(self.max_dest_rd_atomic),
+            initiator_depth: initiator_depth.min(self.max_rd_atomic),
             flow_control: 1,
             retry_count: 7,
             rnr_retry_count: 7,
