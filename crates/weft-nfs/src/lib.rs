@@ -384,7 +384,7 @@ impl Gateway {
     /// for its transport and bounds how many calls run at once.
     pub async fn handle_record(&self, rec: &Bytes, peer: SocketAddr, transport: Transport) -> Option<rpc::Reply> {
         let call = match rpc::parse_call(rec) {
-            Ok(c) => c,
+            Ok(c) => Call { transport, ..c },
             Err(e) => {
                 tracing::info!(%peer, ?transport, error = %e, "refused a call");
                 return e.reply().map(rpc::Reply::from);

@@ -69,6 +69,21 @@ roundtrip() {
 	echo 3 >/proc/sys/vm/drop_caches
 	mount "$@" || fail "$name: mount again"
 	got="$(timeout 300 md5sum </mnt/$name/f.$name | cut -d' ' -f1)"
+	if [ "$got" != "$want" ]; then
+		timeout 300 cat /mnt/$name/f.$name >/tmp/back.$name
+		echo "nfs-rdma.sh: $name: read back $(wc -c </tmp/back.$name) bytes; first difference: $(cmp /tmp/in /tmp/back.$name 2>&1 | head -1)"
+		echo "nfs-rdma.sh: $name: wrote: $(od -A d -t x1 -N 24 /tmp/in | head -2 | tr '\n' ' ')"
+		echo "nfs-rdma.sh: $name: read:  $(od -A d -t x1 -N 24 /tmp/back.$name | head -2 | tr '\n' ' ')"
+		echo "nfs-rdma.sh: $name: 4 KiB in: $(od -A d -t x1 -j 4096 -N 16 /tmp/back.$name | head -1)"
+		for off in 4 8 12 16 100 112 116 120 124 128; do
+			cmp -s -n 4096 -i "$off:0" /tmp/in /tmp/back.$name && echo "nfs-rdma.sh: $name: read-back is the file shifted by $off"
+			cmp -s -n 4096 -i "0:$off" /tmp/in /tmp/back.$name && echo "nfs-rdma.sh: $name: read-back is the file shifted by -$off"
+		done
+		umount /mnt/$name; grep "connection closed" $w/nfs.log | tail -3
+		mkdir -p /mnt/tcp
+		mount -t nfs -o "vers=3,proto=tcp,port=2049,mountport=2049,mountproto=tcp,nolock,addr=$ip,mountaddr=$ip" $ip:/ /mnt/tcp &&
+			echo "nfs-rdma.sh: $name: over tcp the file reads $(md5sum </mnt/tcp/f.$name | cut -d' ' -f1); $(cmp /tmp/in /mnt/tcp/f.$name 2>&1 | head -1)"
+	fi
 	umount /mnt/$name || fail "$name: umount after reading"
 	echo "nfs-rdma.sh: $name: wrote $want, read back $got"
 	[ "$got" = "$want" ] || fail "$name: the file read back differs"

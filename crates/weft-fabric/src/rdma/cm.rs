@@ -565,20 +565,14 @@ impl CmConn {
         };
         // SAFETY: id is live with its QP; p points at private_data, valid for the call.
         check(unsafe { (self.cm.accept)(self.id, &mut p) }, "rdma_accept")?;
-        loop {
-            let (event, status, ..) = self.chan.next()?;
-            match event {
-                EVENT_ESTABLISHED => {
-                    self.established = true;
-                    return Ok(());
-                }
-                e => {
-                    return Err(RdmaError::Protocol(format!(
-                        "rdma cm: event {e} (status {status}) instead of ESTABLISHED"
-                    )));
-                }
-            }
+        let (event, status, ..) = self.chan.next()?;
+        if event != EVENT_ESTABLISHED {
+            return Err(RdmaError::Protocol(format!(
+                "rdma cm: event {event} (status {status}) instead of ESTABLISHED"
+            )));
         }
+        self.established = true;
+        Ok(())
     }
 
     /// The connection's CM event channel fd (readable when the client disconnects).
