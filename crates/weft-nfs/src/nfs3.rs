@@ -52,7 +52,7 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
     };
     let client = gw.client_for(&call.auth);
     tracing::trace!(%peer, xid = call.xid, proc = call.proc_, "NFSv3 call");
-    let (stat, body) = run(gw, &client, args, rec).await;
+    let (stat, body) = run(gw, &client, args, rec, call.transport).await;
     if stat != NFS3_OK {
         tracing::debug!(%peer, proc = call.proc_, status = status_name(stat), "NFSv3 error");
     }
@@ -64,7 +64,7 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
     rpc::Reply { head: w.buf, tail: body.tail }
 }
 
-async fn run(gw: &Gateway, c: &Client, args: Args<'_>, rec: &Bytes) -> Out {
+async fn run(gw: &Gateway, c: &Client, args: Args<'_>, rec: &Bytes, transport: Transport) -> Out {
     match args {
         Args::Null => (NFS3_OK, Writer::new()),
         Args::GetAttr(fh) => getattr(gw, c, fh).await,
@@ -72,7 +72,7 @@ async fn run(gw: &Gateway, c: &Client, args: Args<'_>, rec: &Bytes) -> Out {
         Args::Lookup(at) => lookup(gw, c, at).await,
         Args::Access { fh, mask } => access(gw, c, fh, mask).await,
         Args::Readlink(fh) => readlink(gw, c, fh).await,
-        Args::Read { fh, offset, count } => read(gw, c, fh, offset, count, call.transport).await,
+        Args::Read { fh, offset, count } => read(gw, c, fh, offset, count, transport).await,
         Args::Write { fh, offset, count, stable, data } => {
             write(gw, c, fh, offset, count, stable, rec.slice_ref(data)).await
         }
