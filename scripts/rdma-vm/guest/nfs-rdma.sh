@@ -70,7 +70,7 @@ roundtrip() {
 	mount "$@" || fail "$name: mount again"
 	got="$(timeout 300 md5sum </mnt/$name/f.$name | cut -d' ' -f1)"
 	if [ "$got" != "$want" ]; then
-		timeout 300 cat /mnt/$name/f.$name >/tmp/back.$name
+		timeout 300 cat /mnt/$name/f.$name >/tmp/back.$name || echo "nfs-rdma.sh: $name: reading the file failed"
 		echo "nfs-rdma.sh: $name: read back $(wc -c </tmp/back.$name) bytes; first difference: $(cmp /tmp/in /tmp/back.$name 2>&1 | head -1)"
 		echo "nfs-rdma.sh: $name: wrote: $(od -A d -t x1 -N 24 /tmp/in | head -2 | tr '\n' ' ')"
 		echo "nfs-rdma.sh: $name: read:  $(od -A d -t x1 -N 24 /tmp/back.$name | head -2 | tr '\n' ' ')"
