@@ -172,7 +172,8 @@ rdma-deps:
 # client's chunks refused.
 RDMA_VM ?= 1
 # RDMA_NFS=1 adds the NFS-over-RDMA guest run (scripts/rdma-vm/guest/nfs-rdma.sh) to test-rdma. Off by default
-# until it passes: vers=3 and the rogue client pass, the vers=4.1 READ over rdma still fails with EIO.
+# until it passes: vers=3 and the rogue client pass; the vers=4.1 READ fails with EIO (nfs4 puts READ data inline
+# in the compound, not as the reply tail, so a 1 MiB READ fits no chunk and gets ERR_CHUNK).
 RDMA_NFS ?= 0
 test-rdma: rdma-deps
 	$(CARGO) build --locked --release -p weft-fabric --features rdma --example rdma_roundtrip
