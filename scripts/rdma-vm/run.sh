@@ -52,13 +52,14 @@ done
 
 # ---- 1. fetch: Debian packages into the cache (once) ----
 root="$cache/root"
-if [ ! -e "$cache/.fetched" ]; then
+# librdmacm (NFS over RDMA's connection manager) came later: a cache fetched before it is fetched again.
+if [ ! -e "$cache/.fetched" ] || [ ! -e "$root/usr/lib/x86_64-linux-gnu/librdmacm.so.1" ]; then
 	rm -rf "$cache/debs" "$root"
 	mkdir -p "$cache/debs" "$root"
 	kernel_pkg="$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')"
 	[ -n "$kernel_pkg" ] || { echo "run.sh: cannot resolve linux-image-amd64 (apt-get update?)" >&2; exit 2; }
 	# The userspace: rdma-core (verbs + the rxe provider + the pingpong tools), its libnl, and iproute2's `rdma`.
-	pkgs=("$kernel_pkg" busybox-static libibverbs1 ibverbs-providers ibverbs-utils libnl-3-200 libnl-route-3-200
+	pkgs=("$kernel_pkg" busybox-static libibverbs1 librdmacm1 ibverbs-providers ibverbs-utils libnl-3-200 libnl-route-3-200
 		iproute2 libmnl0 libelf1 libbpf1 libcap2 libbsd0 libmd0 zlib1g)
 	echo "run.sh: fetching ${pkgs[*]}"
 	# apt's sandbox user cannot write into root-owned dirs; download in a world-writable scratch dir.
@@ -80,7 +81,9 @@ kernel="$root/boot/vmlinuz-$kver"
 # binaries, --tree data) go in a second archive appended to the base, and the base is rebuilt only when its
 # inputs change: this script, the unpacked packages, or a host tool or one of its libraries.
 modules=(virtio_pci virtio_net crc32_generic ib_uverbs rdma_rxe
-	sunrpc grace lockd nfs_acl nfs nfsv3 nfsv4) # the kernel NFS client: v3 (with NFSACL) and v4.x
+	ib_cm iw_cm rdma_cm rdma_ucm # RDMA CM, in the kernel and for librdmacm (NFS over RDMA connects with it)
+	sunrpc grace lockd nfs_acl nfs nfsv3 nfsv4 # the kernel NFS client: v3 (with NFSACL) and v4.x
+	rpcrdma) # the NFS client's RPC-over-RDMA transport (mount -o proto=rdma)
 host_tools=(tar git rsync sqlite3 fio setpriv flock) # the NFS tests' userspace (make deps installs them)
 libpath="$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu"
 tool_paths=()
@@ -162,6 +165,9 @@ build_base() {
 	# explicitly, and the rxe provider that libibverbs loads from its compiled-in directory.
 	copy_lib "$work" "$root/usr/lib/x86_64-linux-gnu/libibverbs.so.1"
 	copy_deps "$work" "$root/usr/lib/x86_64-linux-gnu/libibverbs.so.1"
+	# librdmacm likewise (the NFS gateway's RDMA CM listener).
+	copy_lib "$work" "$root/usr/lib/x86_64-linux-gnu/librdmacm.so.1"
+	copy_deps "$work" "$root/usr/lib/x86_64-linux-gnu/librdmacm.so.1"
 	local provider
 	provider="$(ls "$root"/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so | head -1)"
 	copy_lib "$work" "$provider"

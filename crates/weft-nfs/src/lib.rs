@@ -19,6 +19,7 @@ pub mod mount;
 pub mod nfs3;
 pub mod nfs4;
 pub mod proto;
+pub mod rdma;
 pub mod readahead;
 pub mod restart;
 pub mod rpc;
@@ -43,6 +44,16 @@ use crate::files::OpenFiles;
 use crate::proto::{MOUNT_PROGRAM, MOUNT_V3, NFS_PROGRAM, NFS_V3, NFS_V4};
 use crate::restart::{OwnerKey, StateDir};
 use crate::rpc::{Auth, Call, RecordLimits};
+
+/// The transport a call record arrived on ([`Gateway::handle_record`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Transport {
+    /// ONC RPC record marking over TCP (RFC 5531 §11).
+    Tcp,
+    /// RPC-over-RDMA version 1 (RFC 8166).
+    Rdma,
+}
 
 /// The uid and gid root and AUTH_NONE callers become.
 pub const NOBODY: u32 = 65534;
@@ -360,12 +371,27 @@ impl Gateway {
                 continue;
             }
             tokio::spawn(async move {
-                let call = rpc::parse_call(&rec).expect("parsed above");
-                let reply = gw.dispatch(&call, &rec, peer, allowed).await;
-                let _ = rpc::write_reply(&mut *wr.lock().await, &reply).await;
+                if let Some(reply) = gw.handle_record(&rec, peer, Transport::Tcp).await {
+                    let _ = rpc::write_reply(&mut *wr.lock().await, &reply).await;
+                }
                 drop(permit);
             });
         }
+    }
+
+    /// Handles one RPC call record, whichever transport it came on (the TCP loop above, the RPC-over-RDMA
+    /// transport): returns the reply (header bytes plus an uncopied tail, a READ's data) or `None` when the
+    /// record gets no answer (RFC 5531 has none for a message that is not a call). The caller frames the reply
+    /// for its transport and bounds how many calls run at once.
+    pub async fn handle_record(&self, rec: &Bytes, peer: SocketAddr, transport: Transport) -> Option<rpc::Reply> {
+        let call = match rpc::parse_call(rec) {
+            Ok(c) => Call { transport, ..c },
+            Err(e) => {
+                tracing::info!(%peer, ?transport, error = %e, "refused a call");
+                return e.reply().map(rpc::Reply::from);
+            }
+        };
+        Some(self.dispatch(&call, rec, peer, self.allowed(peer.ip())).await)
     }
 
     /// Runs one call; returns the whole reply message.

@@ -12,13 +12,13 @@ use bytes::{Bytes, BytesMut};
 use weft_client::Client;
 use weft_proto::{Attr, FileKind, NAME_BYTES_MAX, SetAttrs, TimeSet};
 
-use crate::Gateway;
 use crate::fh::FhError;
 use crate::proto::*;
 use crate::readahead::Served;
 use crate::rpc::{self, Call};
 use crate::status::*;
 use crate::xdr::Writer;
+use crate::{Gateway, Transport};
 
 /// The cookie verifier of every READDIR: cookies are name hashes, valid whatever changed in between, so the
 /// verifier never needs to change; a client echoing another one gets NFS3ERR_BAD_COOKIE.
@@ -52,7 +52,7 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
     };
     let client = gw.client_for(&call.auth);
     tracing::trace!(%peer, xid = call.xid, proc = call.proc_, "NFSv3 call");
-    let (stat, body) = run(gw, &client, args, rec).await;
+    let (stat, body) = run(gw, &client, args, rec, call.transport).await;
     if stat != NFS3_OK {
         tracing::debug!(%peer, proc = call.proc_, status = status_name(stat), "NFSv3 error");
     }
@@ -64,7 +64,7 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
     rpc::Reply { head: w.buf, tail: body.tail }
 }
 
-async fn run(gw: &Gateway, c: &Client, args: Args<'_>, rec: &Bytes) -> Out {
+async fn run(gw: &Gateway, c: &Client, args: Args<'_>, rec: &Bytes, transport: Transport) -> Out {
     match args {
         Args::Null => (NFS3_OK, Writer::new()),
         Args::GetAttr(fh) => getattr(gw, c, fh).await,
@@ -72,7 +72,7 @@ async fn run(gw: &Gateway, c: &Client, args: Args<'_>, rec: &Bytes) -> Out {
         Args::Lookup(at) => lookup(gw, c, at).await,
         Args::Access { fh, mask } => access(gw, c, fh, mask).await,
         Args::Readlink(fh) => readlink(gw, c, fh).await,
-        Args::Read { fh, offset, count } => read(gw, c, fh, offset, count).await,
+        Args::Read { fh, offset, count } => read(gw, c, fh, offset, count, transport).await,
         Args::Write { fh, offset, count, stable, data } => {
             write(gw, c, fh, offset, count, stable, rec.slice_ref(data)).await
         }
@@ -332,7 +332,7 @@ async fn open_status(gw: &Gateway, c: &Client, ino: u64, e: &weft_client::Client
     }
 }
 
-async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32) -> Out {
+async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, transport: Transport) -> Out {
     let ino = match ino_of(gw, fh) {
         Ok(i) => i,
         Err(s) => return fail(s, |w| post_op_attr(w, None, 0)),
@@ -359,7 +359,23 @@ async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32) -> O
         },
     };
     let eof = offset + data.len() as u64 >= size;
+    // Over RDMA the Linux client places a READ's data (sent by RDMA WRITE) after a reply head of the size it
+    // reserved, which assumes attributes: a reply without them shifts the data by their 84 bytes. So over RDMA
+    // the reply carries fresh attributes (an MDS round trip per READ; see below why not the cached ones).
+    let fresh = match transport {
+        Transport::Rdma => match c.getattr(ino).await {
+            Ok(a) => Some(a),
+            Err(e) => return fail(status_of(&e), |w| post_op_attr(w, None, 0)),
+        },
+        _ => None,
+    };
     fail(NFS3_OK, |w| {
+        if let Some(a) = &fresh {
+            post_op_attr(w, Some(a), gw.fsid);
+            w.u32(data.len() as u32).bool(eof);
+            w.opaque_tail(data);
+            return;
+        }
         // No attributes: the cached handle's are those of its open (mode, times, owner may have changed since
         // by SETATTR), and a client takes what a reply carries as fresh: the Linux client then saw a chmod and
         // a utimes undone by its next READ (tar's "file changed as we read it"). Asking the MDS per READ costs

@@ -222,6 +222,8 @@ pub struct Call<'a> {
     pub proc_: u32,
     pub auth: Auth,
     pub args: &'a [u8],
+    /// The transport the call came on ([`crate::Gateway::handle_record`] sets it; [`parse_call`] says TCP).
+    pub transport: crate::Transport,
 }
 
 /// A call header that cannot be served; the variant says what the reply (if any) is.
@@ -300,7 +302,7 @@ pub fn parse_call(rec: &[u8]) -> Result<Call<'_>, CallError> {
     // The verifier: AUTH_NONE or AUTH_SYS callers send AUTH_NONE; its body is skipped, bounded.
     r.u32().map_err(garbage)?;
     r.opaque(AUTH_BODY_MAX).map_err(garbage)?;
-    Ok(Call { xid, prog, vers, proc_, auth, args: r.rest() })
+    Ok(Call { xid, prog, vers, proc_, auth, args: r.rest(), transport: crate::Transport::Tcp })
 }
 
 /// The AUTH_SYS body (`authsys_parms`), all of it: trailing bytes are an error.

@@ -53,6 +53,14 @@ pub struct NfsArgs {
     /// until the MDS releases them (`locks_grace_ms`). `weft up --nfs` uses DATA_DIR/nfs-state.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<std::path::PathBuf>,
+    /// Also serve NFS over RDMA (RPC-over-RDMA v1, RFC 8166) on this address with RDMA CM, e.g. `0.0.0.0:20049`
+    /// (clients: `mount -o proto=rdma,port=20049`). Off by default; with no RDMA device the gateway says so and
+    /// serves TCP only.
+    #[arg(long, value_name = "ADDR")]
+    pub rdma_listen: Option<std::net::SocketAddr>,
+    /// Credits granted to each RDMA client (RFC 8166 §3.3.1): receive buffers posted per connection.
+    #[arg(long, default_value_t = 32)]
+    pub rdma_credits: u32,
 }
 
 /// Runs the gateway; `ready` is told the bound address (the launcher's readiness line).
@@ -89,6 +97,16 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         p = addr.port(),
         h = addr.ip(),
     );
+    if let Some(rdma_addr) = args.rdma_listen {
+        let rcfg = weft_nfs::rdma::transport::RdmaConfig {
+            listen: rdma_addr,
+            credits: args.rdma_credits.clamp(1, 1024),
+            ..Default::default()
+        };
+        if let Err(e) = weft_nfs::rdma::transport::serve(gw.clone(), rcfg, tokio::runtime::Handle::current()) {
+            tracing::warn!(%rdma_addr, error = %e, "NFS over RDMA not served");
+        }
+    }
     ready(&addr.to_string());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

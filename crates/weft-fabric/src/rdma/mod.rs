@@ -20,6 +20,7 @@
 //! from a dedicated thread per connection or `spawn_blocking`.
 #![allow(unsafe_code)]
 
+mod cm;
 mod endpoint;
 mod fabric;
 mod ffi;
@@ -29,6 +30,7 @@ pub mod wire;
 
 use std::fmt;
 
+pub use cm::{CmConn, CmListener, CmRequest, Completion};
 pub use endpoint::{Endpoint, EndpointConfig};
 pub use fabric::{RDMA_SCHEME, RdmaFabric, RdmaListener, RdmaReader, RdmaServerLimits, available};
 pub use stream::{StreamKiller, StreamReader, StreamWriter};

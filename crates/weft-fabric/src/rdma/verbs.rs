@@ -42,6 +42,8 @@ pub(super) struct DeviceInner {
     /// Outstanding RDMA READs this side may initiate and accept (device limits).
     pub max_rd_atomic: u8,
     pub max_dest_rd_atomic: u8,
+    /// Whether `ctx` is this value's to close: false for a context librdmacm opened ([`Device::from_cm_context`]).
+    pub owns_ctx: bool,
 }
 
 // SAFETY: libibverbs objects may be used from any thread (rdma-core documents the verbs as thread safe); the
@@ -56,7 +58,9 @@ impl Drop for DeviceInner {
         // none is alive any more; each is released exactly once.
         unsafe {
             (self.verbs.dealloc_pd)(self.pd);
-            (self.verbs.close_device)(self.ctx);
+            if self.owns_ctx {
+                (self.verbs.close_device)(self.ctx);
+            }
         }
     }
 }
@@ -170,7 +174,58 @@ impl Device {
             gid: [0; 16],
             max_rd_atomic: 1,
             max_dest_rd_atomic: 1,
+            owns_ctx: true,
         };
+        finish_open(&mut inner, cfg)?;
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// A device over a context librdmacm opened (`rdma_cm_id.verbs`): its own protection domain on that context,
+    /// which is not closed when the device goes (librdmacm owns it).
+    ///
+    /// # Safety
+    /// `ctx` must be an open verbs context that stays open for the life of the process (librdmacm keeps the
+    /// contexts of every device it found open until it is unloaded, which never happens here).
+    pub(super) unsafe fn from_cm_context(ctx: *mut IbvContext, port: u8) -> Result<Self> {
+        let verbs = ffi::verbs().map_err(RdmaError::Library)?;
+        // SAFETY: the caller guarantees ctx is open.
+        let pd = unsafe { (verbs.alloc_pd)(ctx) };
+        if pd.is_null() {
+            return Err(RdmaError::Verbs { op: "ibv_alloc_pd", errno: errno() });
+        }
+        // SAFETY: ctx is open; device is set by libibverbs on every context.
+        let name = device_name(verbs, unsafe { (*ctx).device });
+        let mut inner = DeviceInner {
+            verbs,
+            ctx,
+            pd,
+            name,
+            port,
+            port_attr: IbvPortAttr::default(),
+            gid_index: 0,
+            gid: [0; 16],
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            owns_ctx: false,
+        };
+        finish_open(&mut inner, &DeviceConfig { port, ..DeviceConfig::default() })?;
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The GID this device's endpoints are addressed by.
+    pub fn gid(&self) -> [u8; 16] {
+        self.inner.gid
+    }
+}
+
+/// Queries the device limits, the port and the GID of a device whose context and PD are open.
+fn finish_open(inner: &mut DeviceInner, cfg: &DeviceConfig) -> Result<()> {
+    let (verbs, ctx) = (inner.verbs, inner.ctx);
+    {
         let mut dev_attr = IbvDeviceAttr { raw: [0; 232] };
         // SAFETY: ctx is open; dev_attr is a writable buffer of sizeof(struct ibv_device_attr).
         let rc = unsafe { (verbs.query_device)(ctx, &mut dev_attr) };
@@ -195,20 +250,11 @@ impl Device {
                 cfg.port, inner.name, inner.port_attr.state
             )));
         }
-        let (gid_index, gid) = pick_gid(&inner, cfg.gid_index)?;
+        let (gid_index, gid) = pick_gid(inner, cfg.gid_index)?;
         inner.gid_index = gid_index;
         inner.gid = gid;
-        Ok(Self { inner: Arc::new(inner) })
     }
-
-    pub fn name(&self) -> &str {
-        &self.inner.name
-    }
-
-    /// The GID this device's endpoints are addressed by.
-    pub fn gid(&self) -> [u8; 16] {
-        self.inner.gid
-    }
+    Ok(())
 }
 
 fn query_gid(inner: &DeviceInner, index: u8) -> Option<[u8; 16]> {
