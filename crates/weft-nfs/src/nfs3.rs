@@ -359,6 +359,7 @@ async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32) -> O
         },
     };
     let eof = offset + data.len() as u64 >= size;
+    gw.moved(ino, data.len(), 0);
     fail(NFS3_OK, |w| {
         // No attributes: the cached handle's are those of its open (mode, times, owner may have changed since
         // by SETATTR), and a client takes what a reply carries as fresh: the Linux client then saw a chmod and
@@ -395,6 +396,7 @@ async fn write(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, sta
     if let Err(e) = wrote {
         return fail(status_of(&e), no_wcc);
     }
+    gw.moved(ino, 0, len as usize);
     let (committed, post) = if stable == STABLE_UNSTABLE {
         (STABLE_UNSTABLE, None)
     } else {

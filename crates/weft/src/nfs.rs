@@ -53,6 +53,12 @@ pub struct NfsArgs {
     /// until the MDS releases them (`locks_grace_ms`). `weft up --nfs` uses DATA_DIR/nfs-state.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<std::path::PathBuf>,
+    /// pNFS for NFSv4.1 clients (`mount -o vers=4.1`): the gateway hands out file layouts and clients read and
+    /// write plain files on the data servers directly, in parallel. `auto` (the default): on if the data servers
+    /// advertised NFS addresses (their `nfs_listen`) when the gateway started; `on`; `off`: every byte through the
+    /// gateway. Erasure-coded and mirrored files are always served through the gateway.
+    #[arg(long, value_name = "auto|on|off", default_value = "auto")]
+    pub pnfs: weft_nfs::PnfsMode,
 }
 
 /// Runs the gateway; `ready` is told the bound address (the launcher's readiness line).
@@ -74,6 +80,7 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
             ..Default::default()
         },
         state_dir: args.state_dir.clone(),
+        pnfs: args.pnfs,
         ..weft_nfs::GatewayConfig::default()
     };
     let listener =
@@ -85,6 +92,7 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         export = gw.export_path(),
         allow = %args.allow,
         root_squash = !args.no_root_squash,
+        pnfs = gw.pnfs(),
         "NFS gateway serving NFSv3, MOUNT v3 and NFSv4.1; mount with: mount -t nfs -o vers=3,proto=tcp,port={p},mountport={p},nolock {h}:/ /mnt or mount -t nfs -o vers=4.1,port={p} {h}:/ /mnt",
         p = addr.port(),
         h = addr.ip(),

@@ -36,7 +36,8 @@ pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
             match r {
                 Ok((ex, released)) => {
                     release(cx, released).await;
-                    let mut flags = EXCHGID4_FLAG_USE_NON_PNFS;
+                    // A metadata server only while layouts are served (`--pnfs`); never both (RFC 8881 §13.1).
+                    let mut flags = if cx.gw.pnfs { EXCHGID4_FLAG_USE_PNFS_MDS } else { EXCHGID4_FLAG_USE_NON_PNFS };
                     if ex.confirmed {
                         flags |= EXCHGID4_FLAG_CONFIRMED_R;
                     }
