@@ -167,8 +167,11 @@ rdma-deps:
 # (scripts/rdma-vm/guest/cluster.sh): a metadata service, two data servers and a client forced onto `--fabric
 # rdma`, a striped file put and got back with equal checksums; then the Linux kernel NFS client in the VM against
 # a gateway on the host (scripts/rdma-vm/nfs.sh): vers=3 mounts running tar, git, rsync, SQLite, fio --verify, POSIX
-# edge cases, close-to-open with the host's FUSE mount, and the gateway killed with kill -9 mid-write.
+# edge cases, close-to-open with the host's FUSE mount, and the gateway killed with kill -9 mid-write; then pNFS
+# (scripts/rdma-vm/pnfs.sh, NFS_VM_PNFS=0 skips it): a vers=4.1 mount moves a file striped over 4 data servers
+# with them directly (LAYOUTGET, GETDEVICEINFO), each serves READ and WRITE, the gateway moves none of its bytes.
 RDMA_VM ?= 1
+NFS_VM_PNFS ?= 1
 test-rdma: rdma-deps
 	$(CARGO) build --locked --release -p weft-fabric --features rdma --example rdma_roundtrip
 	$(CARGO) build --locked --release -p weft --features weft/fault-injection,weft-fabric/rdma
@@ -178,6 +181,7 @@ test-rdma: rdma-deps
 	scripts/rdma-vm/run.sh --timeout-s 900 --file "$${CARGO_TARGET_DIR:-target}/release/weft" \
 		scripts/rdma-vm/guest/cluster.sh 4
 	scripts/rdma-vm/nfs.sh "$${CARGO_TARGET_DIR:-target}/release/weft"
+	@if [ "$(NFS_VM_PNFS)" != 0 ]; then scripts/rdma-vm/pnfs.sh "$${CARGO_TARGET_DIR:-target}/release/weft"; fi
 
 # clean-data: remove the data directory `make up` uses.
 clean-data:

@@ -80,7 +80,9 @@ kernel="$root/boot/vmlinuz-$kver"
 # binaries, --tree data) go in a second archive appended to the base, and the base is rebuilt only when its
 # inputs change: this script, the unpacked packages, or a host tool or one of its libraries.
 modules=(virtio_pci virtio_net crc32_generic ib_uverbs rdma_rxe
-	sunrpc grace lockd nfs_acl nfs nfsv3 nfsv4) # the kernel NFS client: v3 (with NFSACL) and v4.x
+	sunrpc grace lockd nfs_acl nfs nfsv3 nfsv4 # the kernel NFS client: v3 (with NFSACL) and v4.x
+	nfs_layout_nfsv41_files # its pNFS file layout driver (pnfs.sh)
+)
 host_tools=(tar git rsync sqlite3 fio setpriv flock) # the NFS tests' userspace (make deps installs them)
 libpath="$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu"
 tool_paths=()
