@@ -104,6 +104,13 @@ struct Inner {
     lock_keepalive: std::sync::OnceLock<()>,
 }
 
+/// A pNFS data server ([`Client::pnfs_devices`]): a data server's id and the NFS addresses it serves at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PnfsDevice {
+    pub server: u32,
+    pub addrs: Vec<std::net::SocketAddr>,
+}
+
 fn unexpected(r: Response) -> ClientError {
     ClientError::Protocol(format!("unexpected response {:?}", r.op()))
 }
@@ -601,6 +608,36 @@ impl Client {
     /// a [`File`] renews with). Refused unless the caller may access the file so.
     pub async fn open_capability(&self, ino: u64, rights: Rights) -> Result<OpenResp, ClientError> {
         Ok(meta_call!(self, Open(OpenReq { ino, rights })))
+    }
+
+    /// `PnfsHandle` (op 137, docs/format.md §23): a capability sealed for key id `"pnfs"` for file `ino`, read or
+    /// (with `write`) read+write, to put into a pNFS data-server filehandle (`weft_nfs::ds::fh::encode`). The MDS
+    /// checks this client's user's access as for an open; a file whose layout is not plain striping (ec, mirror)
+    /// is refused (`NotSupported`). Version 0 (empty) from an MDS with authentication off.
+    pub async fn pnfs_handle(&self, ino: u64, write: bool) -> Result<weft_proto::capability::Capability, ClientError> {
+        let rights = if write { Rights::READ_WRITE } else { Rights::READ };
+        Ok(meta_call!(self, PnfsHandle(weft_proto::msg::PnfsHandleReq { ino, rights })).cap)
+    }
+
+    /// `PnfsDevices` (op 138, docs/format.md §23): every data server that serves pNFS, with the NFS addresses it
+    /// announced, in server id order. An address the MDS sent that does not parse is a protocol error.
+    pub async fn pnfs_devices(&self) -> Result<Vec<PnfsDevice>, ClientError> {
+        let devices = meta_call!(self, PnfsDevices(()));
+        devices
+            .into_iter()
+            .map(|d| {
+                let addrs = d
+                    .addrs
+                    .iter()
+                    .map(|a| {
+                        a.parse().map_err(|_| {
+                            ClientError::Protocol(format!("data server {} NFS address {a:?} is not ip:port", d.server))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(PnfsDevice { server: d.server, addrs })
+            })
+            .collect()
     }
 
     /// Opens an existing regular file by path with fresh attributes (close-to-open), for `mode`.

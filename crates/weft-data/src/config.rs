@@ -129,6 +129,33 @@ pub struct DataConfig {
     /// changes. Absent: no bank.
     #[serde(default)]
     pub cache: Option<weft_cache::CacheConfig>,
+    /// Also serve pNFS as an NFSv4.1 data server (docs/format.md §23) on these `ip:port` addresses (port 0: a free
+    /// one). Empty (the default): no NFS. Clients reach it with the filehandles of a layout the gateway handed out.
+    #[serde(default)]
+    pub nfs_listen: Vec<String>,
+    /// The NFS addresses told to the MDS (and so to pNFS clients in GETDEVICEINFO), if not the listening ones: e.g.
+    /// `10.0.2.2:P` for a qemu guest whose host listens on `127.0.0.1:P`. Empty: the addresses actually bound.
+    #[serde(default)]
+    pub nfs_advertise: Vec<String>,
+    /// NFS connections served at once; more are closed at accept.
+    #[serde(default = "default_nfs_connections_max")]
+    pub nfs_connections_max: u32,
+    /// NFSv4.1 client ids (EXCHANGE_ID) held at once; past it EXCHANGE_ID answers NFS4ERR_RESOURCE.
+    #[serde(default = "default_nfs_clients_max")]
+    pub nfs_clients_max: u32,
+    /// NFSv4.1 sessions held at once (all clients); past it CREATE_SESSION answers NFS4ERR_NOSPC.
+    #[serde(default = "default_nfs_sessions_max")]
+    pub nfs_sessions_max: u32,
+}
+
+fn default_nfs_connections_max() -> u32 {
+    256
+}
+fn default_nfs_clients_max() -> u32 {
+    256
+}
+fn default_nfs_sessions_max() -> u32 {
+    256
 }
 
 fn default_cache_fill_queue_max() -> u32 {

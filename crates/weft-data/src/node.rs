@@ -2,13 +2,16 @@
 //! serves [`DataService`]; `heartbeat` registers the server with the metadata service and repeats it, carrying
 //! the server's free space, so the MDS reports it up (and up again after either side restarts).
 
+use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{info, warn};
 use weft_fabric::{AnyFabric, Fabric, Listener, ShmFabric, ShmServerConfig, TcpFabric};
-use weft_proto::msg::RegisterServerDevReq;
+use weft_proto::msg::{RegisterPnfsReq, RegisterServerDevReq};
 use weft_proto::{FrameLimits, Request};
 use weft_rpc::{BufferPool, CapabilityKey, ClientConfig, Credential, RpcClient, RpcServer, ServerConfig};
 
@@ -39,8 +42,32 @@ pub enum DataServerError {
     Cache(weft_cache::ConfigError),
 }
 
+/// What a data server hands its pNFS data-server listener (weft-nfs `ds`, docs/format.md §23), which lives in a
+/// crate above this one: the config, the object store and the capability gate Weft's own requests go through
+/// (so a removal is seen by both).
+pub struct NfsParts {
+    pub cfg: DataConfig,
+    pub store: Arc<ObjectStore>,
+    /// `None` with authentication off: nothing is checked.
+    pub gate: Option<Arc<CapabilityGate>>,
+}
+
+/// Starts the pNFS listener on `cfg.nfs_listen` and answers the addresses it bound (it serves in tasks of its own).
+pub type NfsStarter =
+    Box<dyn FnOnce(NfsParts) -> Pin<Box<dyn Future<Output = Result<Vec<SocketAddr>, std::io::Error>> + Send>> + Send>;
+
 /// Runs a data server until the process is stopped. `ready` is told the listening address.
 pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataServerError> {
+    run_with_nfs(cfg, ready, None).await
+}
+
+/// [`run`], also serving pNFS through `nfs` when `nfs_listen` is set (the `weft data` binary passes weft-nfs's
+/// starter). A server whose config asks for NFS but that has no starter refuses to start.
+pub async fn run_with_nfs(
+    cfg: DataConfig,
+    ready: impl FnOnce(&str),
+    nfs: Option<NfsStarter>,
+) -> Result<(), DataServerError> {
     let key =
         weft_rpc::auth::role_key(cfg.auth, cfg.key_file.as_deref(), "data server").map_err(DataServerError::Key)?;
     let store =
@@ -87,19 +114,41 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
     };
     let pool = BufferPool::with_classes(&cfg.pool_classes()).map_err(DataServerError::Pool)?;
     let gate = key.as_ref().map(|k| {
-        CapabilityGate::new(
+        Arc::new(CapabilityGate::new(
             CapabilityKey::derive(k),
             cfg.capability_clock_skew_ms,
             cfg.removed_inode_memory_ms,
             cfg.removed_inodes_max as usize,
-        )
+        ))
     });
+    let nfs_addrs = match (cfg.nfs_listen.is_empty(), nfs) {
+        (true, _) => Vec::new(),
+        (false, None) => {
+            return Err(DataServerError::Listen {
+                addr: cfg.nfs_listen.join(","),
+                source: std::io::Error::new(std::io::ErrorKind::Unsupported, "this build serves no pNFS"),
+            });
+        }
+        (false, Some(start)) => {
+            let parts = NfsParts { cfg: cfg.clone(), store: store.clone(), gate: gate.clone() };
+            let bound = start(parts)
+                .await
+                .map_err(|source| DataServerError::Listen { addr: cfg.nfs_listen.join(","), source })?;
+            let advertised: Vec<String> = if cfg.nfs_advertise.is_empty() {
+                bound.iter().map(ToString::to_string).collect()
+            } else {
+                cfg.nfs_advertise.clone()
+            };
+            info!(id = cfg.id, bound = ?bound, advertised = ?advertised, "pnfs data server listening");
+            advertised
+        }
+    };
     let filler = match &cfg.cache {
         Some(cache) => CacheFiller::start(cache, cfg.fill_limits(), store.clone()).map_err(DataServerError::Cache)?,
         None => None,
     };
     let service = DataService::new(store.clone(), cfg.pool_buffers)
-        .with_capability_gate(gate)
+        .with_shared_capability_gate(gate)
         .with_cache_filler(filler)
         .with_short_circuit(cfg.short_circuit)
         .with_pipeline_piece_bytes(cfg.pipeline_piece_bytes)
@@ -107,7 +156,7 @@ pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataSe
         .with_metrics(metrics.as_deref());
     let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
     info!(id = cfg.id, %addr, tls = cfg.tls, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
-    tokio::spawn(heartbeat(cfg.clone(), tcp, advertise, store, key.map(Credential::cluster)));
+    tokio::spawn(heartbeat(cfg.clone(), tcp, advertise, nfs_addrs, store, key.map(Credential::cluster)));
     for (name, l) in [("shm", shm_listener), ("rdma", rdma_listener)] {
         let Some(l) = l else { continue };
         let server = server.clone();
@@ -176,6 +225,7 @@ async fn heartbeat(
     cfg: DataConfig,
     tcp: TcpFabric,
     advertise: String,
+    nfs_addrs: Vec<String>,
     store: Arc<ObjectStore>,
     credential: Option<Credential>,
 ) {
@@ -221,6 +271,15 @@ async fn heartbeat(
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
             None => Err(connect_error.unwrap_or_else(|| format!("cannot connect to {}", cfg.mds))),
+        };
+        // The pNFS addresses ride on every heartbeat, so a restarted MDS learns them again within one.
+        let result = match (result, &client) {
+            (Ok(()), Some(c)) if !nfs_addrs.is_empty() => c
+                .call_simple(Request::RegisterPnfs(RegisterPnfsReq { id: cfg.id, addrs: nfs_addrs.clone() }))
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("announcing the pNFS addresses: {e}")),
+            (r, _) => r,
         };
         match result {
             Ok(()) if !healthy => {

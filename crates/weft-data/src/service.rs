@@ -43,7 +43,7 @@ pub struct DataService {
     piece_bytes: u64,
     rdma_piece_bytes: u64,
     /// Checks capabilities; `None` with authentication off (nothing is checked).
-    gate: Option<CapabilityGate>,
+    gate: Option<Arc<CapabilityGate>>,
     /// The cache bank's fills and invalidations; `None` without a bank caching data.
     filler: Option<Arc<CacheFiller>>,
     /// Counters, when the server exports metrics.
@@ -97,7 +97,12 @@ impl DataService {
     }
 
     /// Checks every request's capability with `gate` (authentication on).
-    pub fn with_capability_gate(mut self, gate: Option<CapabilityGate>) -> DataService {
+    pub fn with_capability_gate(self, gate: Option<CapabilityGate>) -> DataService {
+        self.with_shared_capability_gate(gate.map(Arc::new))
+    }
+
+    /// [`DataService::with_capability_gate`] with a gate shared with the pNFS listener (one removed-inode memory).
+    pub fn with_shared_capability_gate(mut self, gate: Option<Arc<CapabilityGate>>) -> DataService {
         self.gate = gate;
         self
     }

@@ -79,6 +79,12 @@ pub struct MetaConfig {
     /// working on the data servers; clients renew before it runs out.
     #[serde(default = "default_capability_ttl_ms")]
     pub capability_ttl_ms: u64,
+    /// Lifetime of the capabilities inside pNFS data-server filehandles (`PnfsHandle`, docs/format.md §23): a
+    /// layout's handles stop working this long after the gateway asked for them (the client then gets a fresh
+    /// layout). Default one hour: a layout is held while a file is open, and a right taken away is recalled by the
+    /// gateway, not waited out.
+    #[serde(default = "default_pnfs_handle_ttl_ms")]
+    pub pnfs_handle_ttl_ms: u64,
     /// The cache bank (issue 16): with `attrs = true` the MDS publishes every change of attributes and names to
     /// these memcached daemons before replying. Absent: no bank.
     #[serde(default)]
@@ -153,6 +159,9 @@ impl MetaConfig {
 
 fn default_capability_ttl_ms() -> u64 {
     crate::service::DEFAULT_CAPABILITY_TTL_MS
+}
+fn default_pnfs_handle_ttl_ms() -> u64 {
+    crate::service::DEFAULT_PNFS_HANDLE_TTL_MS
 }
 fn default_xattr_bytes_max_per_inode() -> usize {
     crate::namespace::DEFAULT_XATTR_BYTES_MAX_PER_INODE
@@ -229,6 +238,7 @@ mod tests {
         assert_eq!(journal.checkpoint_bytes, default.checkpoint_bytes);
         assert_eq!(journal.checkpoint_interval_ms, default.checkpoint_interval_ms);
         assert_eq!(cfg.capability_ttl_ms, 60_000);
+        assert_eq!(cfg.pnfs_handle_ttl_ms, 3_600_000);
         assert_eq!(cfg.cache, None);
         assert_eq!((cfg.locks_max, cfg.locks_grace_ms), (65536, 10_000));
         assert_eq!((cfg.heal, cfg.rebuild_mib_per_s, cfg.heal_interval_ms), (true, 200, 10_000));

@@ -30,8 +30,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES;
 use weft_proto::msg::{
-    CommitReq, CommitWccResp, CreateReq, LinkReq, MkdirReq, MknodReq, RENAME_EXCHANGE, RENAME_NOREPLACE,
-    ReaddirPlusResp, ReaddirReq, ReaddirResp, RegisterServerReq, RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
+    CommitReq, CommitWccResp, CreateReq, LinkReq, MkdirReq, MknodReq, PNFS_ADDRS_MAX, PnfsDeviceInfo, RENAME_EXCHANGE,
+    RENAME_NOREPLACE, ReaddirPlusResp, ReaddirReq, ReaddirResp, RegisterPnfsReq, RegisterServerReq, RenameReq,
+    SetAttrReq, SetLayoutReq, SymlinkReq,
 };
 use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::{
@@ -82,6 +83,8 @@ struct ServerSlot {
     /// Membership phase (docs/format.md §19), in memory: an MDS restart starts every server as a member again, and a
     /// server still silent then fails `rebuild_after_ms` after the start.
     phase: Phase,
+    /// The addresses its pNFS data server listens at (op 140, docs/format.md §23); empty: it serves no NFS.
+    nfs_addrs: Vec<String>,
 }
 
 /// The metadata namespace over a store `S`, with time from `C`.
@@ -161,7 +164,19 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         let persisted = store.read(|t| t.list_servers())?;
         let servers = persisted
             .into_iter()
-            .map(|(id, addr)| (id, ServerSlot { addr, space: None, device: None, last_ms: None, phase: Phase::Member }))
+            .map(|(id, addr)| {
+                (
+                    id,
+                    ServerSlot {
+                        addr,
+                        space: None,
+                        device: None,
+                        last_ms: None,
+                        phase: Phase::Member,
+                        nfs_addrs: Vec::new(),
+                    },
+                )
+            })
             .collect();
         let started_ms = clock.mono_ms();
         Ok(Namespace {
@@ -277,6 +292,16 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 let plain = RegisterServerReq { id: r.id, addr: r.addr.clone(), space: r.space.space };
                 self.register_server(&plain, Some(r.space.device.clone())).map(Response::RegisterServerDev)
             }
+            Request::RegisterPnfs(r) => {
+                if !cred.is_root() {
+                    return Err(werr(
+                        ErrorCode::NotPermitted,
+                        format!("uid {} may not register data server {}'s NFS addresses: root only", cred.uid, r.id),
+                    ));
+                }
+                self.register_pnfs(r).map(Response::RegisterPnfs)
+            }
+            Request::PnfsDevices(()) => Ok(Response::PnfsDevices(self.pnfs_devices())),
             other => {
                 Err(werr(ErrorCode::BadRequest, format!("op {:?} is not served by the metadata service", other.op())))
             }
@@ -608,6 +633,8 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         if phase != was {
             tracing::warn!(id = r.id, addr = %r.addr, from = ?was, "data server returned after it was declared failed: draining the objects it no longer owns");
         }
+        // NFS addresses (op 140) survive heartbeats, but not a move to another address.
+        let nfs_addrs = servers.get(&r.id).filter(|_| known).map(|s| s.nfs_addrs.clone()).unwrap_or_default();
         servers.insert(
             r.id,
             ServerSlot {
@@ -616,9 +643,48 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 device,
                 last_ms: Some(self.clock.mono_ms()),
                 phase,
+                nfs_addrs,
             },
         );
         Ok(())
+    }
+
+    /// Records the NFS addresses data server `r.id` serves pNFS at (op 140, docs/format.md §23), in memory: the
+    /// server repeats them with every heartbeat, so an MDS restart learns them again within one. Each address must
+    /// be a socket address (`ip:port`); at most `PNFS_ADDRS_MAX`; the server must have registered first.
+    fn register_pnfs(&self, r: &RegisterPnfsReq) -> Result<(), WireError> {
+        if r.addrs.len() > PNFS_ADDRS_MAX {
+            return Err(werr(
+                ErrorCode::Invalid,
+                format!("data server {} announces {} NFS addresses, at most {PNFS_ADDRS_MAX}", r.id, r.addrs.len()),
+            ));
+        }
+        for a in &r.addrs {
+            if a.len() > SERVER_ADDR_BYTES_MAX || a.parse::<std::net::SocketAddr>().is_err() {
+                return Err(werr(ErrorCode::Invalid, format!("data server {} NFS address {a:?} is not ip:port", r.id)));
+            }
+        }
+        let mut servers = self.lock_servers();
+        let Some(slot) = servers.get_mut(&r.id) else {
+            return Err(werr(
+                ErrorCode::NotFound,
+                format!("data server {} announced NFS addresses before registering", r.id),
+            ));
+        };
+        if slot.nfs_addrs != r.addrs {
+            tracing::info!(id = r.id, addrs = ?r.addrs, "data server serves pNFS");
+            slot.nfs_addrs = r.addrs.clone();
+        }
+        Ok(())
+    }
+
+    /// Every data server that announced NFS addresses, with them, in id order (op 138).
+    pub fn pnfs_devices(&self) -> Vec<PnfsDeviceInfo> {
+        self.lock_servers()
+            .iter()
+            .filter(|(_, s)| !s.nfs_addrs.is_empty())
+            .map(|(id, s)| PnfsDeviceInfo { server: *id, addrs: s.nfs_addrs.clone() })
+            .collect()
     }
 
     /// Every registered server's last space and file system, for counting each file system once.

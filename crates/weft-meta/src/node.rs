@@ -94,6 +94,7 @@ pub async fn run_with(
     };
     let service = MetaService::new(ns.clone())
         .with_capabilities(cap_key, cfg.capability_ttl_ms)
+        .with_pnfs_handle_ttl(cfg.pnfs_handle_ttl_ms)
         .with_cache_bank(bank)
         .with_locks(cfg.locks_max, cfg.locks_grace_ms)
         .with_heal(heal);

@@ -12,8 +12,10 @@
 
 use std::sync::Arc;
 
-use weft_proto::msg::{CreateReq, HealProgress, ListStaleResp, OpenReq, OpenResp};
-use weft_proto::{Attr, Capability, ErrorCode, Request, Response, Rights, UserCred, WireError};
+use weft_proto::msg::{
+    CreateReq, HealProgress, ListStaleResp, OpenReq, OpenResp, PNFS_KEY_ID, PnfsHandleReq, PnfsHandleResp,
+};
+use weft_proto::{Attr, Capability, DataRedundancy, ErrorCode, Request, Response, Rights, UserCred, WireError};
 use weft_rpc::keyring::NOBODY_ID;
 use weft_rpc::{CallCtx, CapabilityKey, KeyPolicy, PoolBuf, Principal, Reply, Service};
 
@@ -27,11 +29,18 @@ use crate::{Cred, Namespace, RedbStore, SystemClock};
 /// use, one cheap MDS call (NFSv4 leases are 90 s by default, for the same trade).
 pub const DEFAULT_CAPABILITY_TTL_MS: u64 = 60_000;
 
+/// Default lifetime of a pNFS data-server filehandle's capability (`PnfsHandle`, docs/format.md §23): one hour. A
+/// layout lives as long as the client keeps the file open, so a short lifetime would make clients fall back to
+/// the MDS for fresh layouts often; a change of rights is recalled by the gateway rather than waited out.
+pub const DEFAULT_PNFS_HANDLE_TTL_MS: u64 = 3_600_000;
+
 pub struct MetaService {
     ns: Arc<Namespace<RedbStore, SystemClock>>,
     /// `None` with authentication off: capabilities are issued empty (version 0).
     cap_key: Option<CapabilityKey>,
     capability_ttl_ms: u64,
+    /// Lifetime of the capabilities `PnfsHandle` seals.
+    pnfs_handle_ttl_ms: u64,
     /// Publishes changes to the cache bank (`None`: no bank, or `attrs = false`).
     pusher: Option<Arc<Pusher>>,
     /// Advisory locks (ops 127–129), in memory.
@@ -53,6 +62,7 @@ impl MetaService {
             ns,
             cap_key: None,
             capability_ttl_ms: DEFAULT_CAPABILITY_TTL_MS,
+            pnfs_handle_ttl_ms: DEFAULT_PNFS_HANDLE_TTL_MS,
             pusher: None,
             locks: Arc::new(SessionLocks::new(DEFAULT_LOCKS_MAX, DEFAULT_LOCKS_GRACE_MS)),
             heal: None,
@@ -129,6 +139,42 @@ impl MetaService {
         self.cap_key = key;
         self.capability_ttl_ms = ttl_ms.max(1);
         self
+    }
+
+    /// pNFS data-server filehandles (`PnfsHandle`) are sealed valid for `ttl_ms`.
+    pub fn with_pnfs_handle_ttl(mut self, ttl_ms: u64) -> MetaService {
+        self.pnfs_handle_ttl_ms = ttl_ms.max(1);
+        self
+    }
+
+    /// `PnfsHandle` (docs/format.md §23): the caller's access checked as for `Open` (a write handle advances the
+    /// data version, as an open for writing), plain layouts only, then a capability sealed for key id `"pnfs"`,
+    /// which no connection can prove: it is good only inside a pNFS data-server filehandle.
+    async fn pnfs_handle(&self, ctx: &CallCtx, cred: Cred, r: PnfsHandleReq) -> Result<Response, WireError> {
+        let attr = match self.open(ctx, cred, OpenReq { ino: r.ino, rights: r.rights }).await? {
+            Response::Open(o) => o.attr,
+            other => return Err(WireError::new(ErrorCode::Internal, format!("open answered {:?}", other.op()))),
+        };
+        let redundancy = attr.layout.as_ref().map_or(DataRedundancy::Plain, |l| l.redundancy);
+        if redundancy != DataRedundancy::Plain {
+            return Err(WireError::new(
+                ErrorCode::NotSupported,
+                format!(
+                    "inode {} has a {:?} layout: a pNFS file layout can express only plain striping, so it is served \
+                     through the gateway",
+                    r.ino, redundancy
+                ),
+            ));
+        }
+        let cap = match &self.cap_key {
+            None => Capability::none(),
+            Some(key) => {
+                let expiry_ms = weft_rpc::capability::unix_now_ms().saturating_add(self.pnfs_handle_ttl_ms);
+                key.seal(r.ino, r.rights, expiry_ms, PNFS_KEY_ID, ctx.session)
+                    .map_err(|e| WireError::new(ErrorCode::Internal, format!("sealing a pNFS handle: {e}")))?
+            }
+        };
+        Ok(Response::PnfsHandle(PnfsHandleResp { cap }))
     }
 
     /// A capability for `ino` with `rights`, for the calling connection's key and session; empty with
@@ -220,7 +266,8 @@ impl MetaService {
 
     /// Only the cluster key registers data servers (with authentication on): anyone else could otherwise receive
     /// new files' data. An id moving to a new address is allowed (a server restarted elsewhere) but logged.
-    fn check_registration(&self, ctx: &CallCtx, id: u32, addr: &str) -> Result<(), WireError> {
+    /// `addr` is `None` for `RegisterPnfs`, which names NFS addresses, not the server's own.
+    fn check_registration(&self, ctx: &CallCtx, id: u32, addr: Option<&str>) -> Result<(), WireError> {
         if !ctx.principal.is_trusted_server() {
             tracing::warn!(peer = %ctx.peer, principal = ctx.principal.name(), id, addr,
                 "refusing a data-server registration: it needs the cluster key");
@@ -232,6 +279,7 @@ impl MetaService {
                 ),
             ));
         }
+        let Some(addr) = addr else { return Ok(()) };
         if let Some(old) = self.ns.servers().into_iter().find(|s| s.id == id && s.addr != addr) {
             tracing::warn!(id, old = %old.addr, new = %addr, peer = %ctx.peer, "data server id moves to a new address");
         }
@@ -242,8 +290,9 @@ impl MetaService {
 impl Service for MetaService {
     async fn call(&self, ctx: &CallCtx, req: Request, _data: Option<PoolBuf>) -> Result<Reply, WireError> {
         match &req {
-            Request::RegisterServer(r) => self.check_registration(ctx, r.id, &r.addr)?,
-            Request::RegisterServerDev(r) => self.check_registration(ctx, r.id, &r.addr)?,
+            Request::RegisterServer(r) => self.check_registration(ctx, r.id, Some(&r.addr))?,
+            Request::RegisterServerDev(r) => self.check_registration(ctx, r.id, Some(&r.addr))?,
+            Request::RegisterPnfs(r) => self.check_registration(ctx, r.id, None)?,
             _ => {}
         }
         let cred = self.caller_cred(ctx)?;
@@ -280,6 +329,9 @@ impl Service for MetaService {
                     resp
                 }
                 Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
+                Request::PnfsHandle(r) => self.pnfs_handle(ctx, cred, r).await?,
+                // In memory: the servers' NFS addresses are not persisted (each heartbeat repeats them).
+                Request::PnfsDevices(()) | Request::RegisterPnfs(_) => return self.execute_in_place(&cred, &req),
                 Request::MemberStatus(()) => {
                     // The rebuild's progress is the healer's (in this process): bytes left, rate, and their ETA.
                     if let Some(h) = &self.heal {
@@ -344,6 +396,7 @@ fn target_of(req: &Request) -> (u64, Option<String>) {
         Request::SetLayout(r) => (r.ino, None),
         Request::Commit(r) | Request::CommitWcc(r) => (r.ino, None),
         Request::Open(r) => (r.ino, None),
+        Request::PnfsHandle(r) => (r.ino, None),
         Request::GetXattr(r) | Request::RemoveXattr(r) => (r.ino, Some(r.name.clone())),
         Request::SetXattr(r) => (r.ino, Some(r.name.clone())),
         Request::ListXattr(r) => (r.ino, None),

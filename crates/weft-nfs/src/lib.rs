@@ -12,6 +12,7 @@
 //! adopts that session's locks at start, holding them through the NFSv4 grace period for their clients to
 //! reclaim; what nobody reclaimed is unlocked when grace ends (docs/format.md §22).
 
+pub mod ds;
 pub mod fh;
 pub mod files;
 pub mod mount;

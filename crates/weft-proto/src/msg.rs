@@ -181,6 +181,16 @@ messages! {
     /// principal, and ends the previous session for locks (a restarted NFS gateway takes over its predecessor's
     /// locks; docs/format.md §22).
     AdoptLocks = 136: AdoptLocksReq => AdoptLocksResp, idempotent = false, data = false;
+    /// A pNFS data-server filehandle's capability (docs/format.md §23): checks the caller's access for `rights` as
+    /// `Open` does, and seals a capability for key id `"pnfs"` (which no connection can prove, so it is good only at
+    /// a data server's NFS listener), valid `pnfs_handle_ttl_ms`. Plain layouts only (`NotSupported` for ec and
+    /// mirror files: their bytes are not a file layout's dense stripes).
+    PnfsHandle = 137: PnfsHandleReq => PnfsHandleResp, idempotent = true, data = false;
+    /// Every data server that told the MDS its NFS addresses (op 140), with them: the pNFS devices (§23).
+    PnfsDevices = 138: () => Vec<PnfsDeviceInfo>, idempotent = true, data = false;
+    /// A data server tells the MDS the NFS addresses clients reach its pNFS data server at (§23); sent with every
+    /// heartbeat while it serves NFS. Cluster key only, as `RegisterServerDev`.
+    RegisterPnfs = 140: RegisterPnfsReq => (), idempotent = true, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -548,6 +558,43 @@ pub struct FsyncReq {
     pub cap: Capability,
 }
 
+/// Most NFS addresses one data server may announce (op 140).
+pub const PNFS_ADDRS_MAX: usize = 16;
+/// The key id of every pNFS data-server filehandle's capability (docs/format.md §23): a name no key may have, so no
+/// connection proves it; a keyring or key file naming it is refused.
+pub const PNFS_KEY_ID: &str = "pnfs";
+
+/// `PnfsHandle` (op 137).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PnfsHandleReq {
+    pub ino: u64,
+    /// `Rights::READ`, or `Rights::READ_WRITE` for a layout that may write.
+    pub rights: Rights,
+}
+
+/// `PnfsHandle`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PnfsHandleResp {
+    /// Sealed for key id [`PNFS_KEY_ID`] (version 0 from an MDS with authentication off).
+    pub cap: Capability,
+}
+
+/// One pNFS device (op 138): a data server and the NFS addresses (`ip:port`) it announced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PnfsDeviceInfo {
+    pub server: u32,
+    pub addrs: Vec<String>,
+}
+
+/// `RegisterPnfs` (op 140).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterPnfsReq {
+    /// The data server's id (as in `RegisterServerDev`).
+    pub id: u32,
+    /// At most [`PNFS_ADDRS_MAX`] socket addresses, `ip:port` (IPv6 as `[ip]:port`).
+    pub addrs: Vec<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenReq {
     pub ino: u64,
@@ -909,6 +956,8 @@ mod tests {
         assert_eq!((Op::MemberStatus as u16, Op::ListObjects as u16), (135, 224));
         assert_eq!(Op::AdoptLocks as u16, 136);
         assert!(!Op::AdoptLocks.is_idempotent());
+        assert_eq!((Op::PnfsHandle as u16, Op::PnfsDevices as u16, Op::RegisterPnfs as u16), (137, 138, 140));
+        assert!(Op::PnfsHandle.is_idempotent() && Op::PnfsDevices.is_idempotent() && Op::RegisterPnfs.is_idempotent());
         assert!(Op::MemberStatus.is_idempotent() && Op::ListObjects.is_idempotent());
         assert!(!Op::SetLock.is_idempotent() && Op::GetLock.is_idempotent() && !Op::ReleaseLocks.is_idempotent());
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());

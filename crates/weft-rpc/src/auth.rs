@@ -295,6 +295,10 @@ impl KeyRing {
         if key_id == CLUSTER_KEY_ID {
             return Some((self.cluster.clone(), KeyPolicy::Cluster));
         }
+        // Never a key, whatever a keyring says (its reader refuses the name too): pNFS handles are sealed for it.
+        if key_id == weft_proto::msg::PNFS_KEY_ID {
+            return None;
+        }
         let clients = self.clients.as_ref()?;
         let mut loaded = clients.loaded.lock().expect("keyring");
         let stamp = FileStamp::of(&clients.path);

@@ -84,7 +84,8 @@ pub enum KeyringError {
 }
 
 /// Checks a client key's name: 1 to `KEY_ID_BYTES_MAX` bytes of `A-Z a-z 0-9 . _ -`, not starting with `-`, and
-/// not the cluster key's id.
+/// not the cluster key's id nor `"pnfs"` (the key id of pNFS data-server filehandles, docs/format.md §23: no
+/// connection may ever prove it, or a pNFS handle would work on Weft's own protocol).
 pub fn check_client_name(name: &str) -> Result<(), KeyringError> {
     let bad = |reason| Err(KeyringError::BadName { name: name.into(), reason });
     if name.is_empty() || name.len() > KEY_ID_BYTES_MAX {
@@ -95,6 +96,9 @@ pub fn check_client_name(name: &str) -> Result<(), KeyringError> {
     }
     if name == CLUSTER_KEY_ID {
         return bad("\"cluster\" names the cluster key");
+    }
+    if name == weft_proto::msg::PNFS_KEY_ID {
+        return bad("\"pnfs\" is reserved for pNFS data-server filehandles");
     }
     Ok(())
 }
@@ -304,7 +308,7 @@ mod tests {
         for ok in ["a", "alice", "node-01.lab", "A_B", &"x".repeat(64)] {
             assert!(check_client_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "cluster", "-x", "a b", "a/b", "é", &"x".repeat(65)] {
+        for bad in ["", "cluster", "pnfs", "-x", "a b", "a/b", "é", &"x".repeat(65)] {
             assert!(check_client_name(bad).is_err(), "{bad}");
         }
     }

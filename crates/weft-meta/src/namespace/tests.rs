@@ -1749,3 +1749,41 @@ mod membership {
         assert_eq!(state_of(&ns, 20), ServerState::Up);
     }
 }
+
+/// Op 140 records a data server's NFS addresses (in memory, across heartbeats, dropped when it moves) and op 138
+/// lists them; bad addresses, unknown servers and non-root callers are refused (docs/format.md §23).
+#[test]
+fn pnfs_addresses_are_registered_and_listed() {
+    use weft_proto::msg::{PnfsDeviceInfo, RegisterPnfsReq};
+    let (ns, _) = mem_ns();
+    let devices = |ns: &Ns<_>| match ns.execute(&Request::PnfsDevices(())).unwrap() {
+        Response::PnfsDevices(d) => d,
+        other => panic!("{other:?}"),
+    };
+    let announce = |id: u32, addrs: &[&str]| {
+        ns.execute(&Request::RegisterPnfs(RegisterPnfsReq { id, addrs: addrs.iter().map(|a| a.to_string()).collect() }))
+    };
+    assert!(devices(&ns).is_empty(), "nobody announced NFS yet");
+    assert_eq!(announce(20, &["127.0.0.1:2049", "[::1]:2049"]), Ok(Response::RegisterPnfs(())));
+    assert_eq!(announce(10, &["10.0.2.2:4000"]), Ok(Response::RegisterPnfs(())));
+    let want = vec![
+        PnfsDeviceInfo { server: 10, addrs: vec!["10.0.2.2:4000".into()] },
+        PnfsDeviceInfo { server: 20, addrs: vec!["127.0.0.1:2049".into(), "[::1]:2049".into()] },
+    ];
+    assert_eq!(devices(&ns), want);
+    assert_eq!(code(announce(20, &["host:2049"])), ErrorCode::Invalid, "not ip:port");
+    assert_eq!(code(announce(20, &vec!["127.0.0.1:1"; 17])), ErrorCode::Invalid, "too many");
+    assert_eq!(code(announce(99, &["127.0.0.1:1"])), ErrorCode::NotFound, "not registered");
+    let alice = Cred::new(1000, 1000, vec![]);
+    let req = Request::RegisterPnfs(RegisterPnfsReq { id: 10, addrs: vec![] });
+    assert_eq!(code(ns.execute_as(&alice, &req)), ErrorCode::NotPermitted);
+    assert_eq!(devices(&ns), want, "refusals changed nothing");
+    // A heartbeat keeps them; a move to another address forgets them until announced again.
+    register(&ns, 10, "ds10:7000", 1000);
+    assert_eq!(devices(&ns), want);
+    register(&ns, 10, "ds10-moved:7000", 1000);
+    assert_eq!(devices(&ns), want[1..].to_vec());
+    // An empty list withdraws them.
+    assert_eq!(announce(20, &[]), Ok(Response::RegisterPnfs(())));
+    assert!(devices(&ns).is_empty());
+}
