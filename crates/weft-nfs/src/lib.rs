@@ -23,11 +23,7 @@ pub mod readahead;
 pub mod restart;
 pub mod rpc;
 pub mod status;
-mod stub_pnfs;
 pub mod xdr;
-#[allow(unused_imports)]
-pub(crate) use stub_pnfs::PnfsStub;
-pub(crate) use stub_pnfs::ds;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};

@@ -20,8 +20,6 @@ use super::layout::{
 };
 use super::ops::{attr_of, st};
 use super::state::Stateid;
-#[allow(unused_imports)]
-use crate::PnfsStub as _;
 use crate::xdr::Writer;
 
 type Out = Result<Writer, u32>;
