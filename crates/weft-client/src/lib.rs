@@ -613,7 +613,7 @@ impl Client {
     /// `PnfsHandle` (op 137, docs/format.md §23): a capability sealed for key id `"pnfs"` for file `ino`, read or
     /// (with `write`) read+write, to put into a pNFS data-server filehandle (`weft_nfs::ds::fh::encode`). The MDS
     /// checks this client's user's access as for an open; a file whose layout is not plain striping (ec, mirror)
-    /// is refused (`NotSupported`). Version 0 (empty) from an MDS with authentication off.
+    /// is refused (`NotSupported`). From an MDS with authentication off: version 0, unsealed, naming the inode.
     pub async fn pnfs_handle(&self, ino: u64, write: bool) -> Result<weft_proto::capability::Capability, ClientError> {
         let rights = if write { Rights::READ_WRITE } else { Rights::READ };
         Ok(meta_call!(self, PnfsHandle(weft_proto::msg::PnfsHandleReq { ino, rights })).cap)

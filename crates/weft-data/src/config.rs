@@ -143,7 +143,7 @@ pub struct DataConfig {
     /// NFSv4.1 client ids (EXCHANGE_ID) held at once; past it EXCHANGE_ID answers NFS4ERR_RESOURCE.
     #[serde(default = "default_nfs_clients_max")]
     pub nfs_clients_max: u32,
-    /// NFSv4.1 sessions held at once (all clients); past it CREATE_SESSION answers NFS4ERR_NOSPC.
+    /// NFSv4.1 sessions held at once (all clients); past it CREATE_SESSION answers NFS4ERR_RESOURCE.
     #[serde(default = "default_nfs_sessions_max")]
     pub nfs_sessions_max: u32,
 }

@@ -102,6 +102,9 @@ pub struct LaunchOptions {
     /// a `membership_interval_ms` of a tenth of it (at most 1 s) so tests see the change promptly. `None`: the
     /// MDS's defaults (five minutes).
     pub rebuild_after_ms: Option<u64>,
+    /// Every data server also serves pNFS (docs/format.md §23) on an ephemeral loopback port (`nfs_listen =
+    /// ["127.0.0.1:0"]`); [`LocalCluster::pnfs_devices`] lists the addresses. Off by default.
+    pub ds_nfs: bool,
 }
 
 /// Whether `WEFT_TLS` asks for TLS (`1`, `true`, `on` or `yes`): the default of [`LaunchOptions::tls`], as
@@ -122,6 +125,7 @@ impl LaunchOptions {
             meta_extra_toml: String::new(),
             ready_timeout_ms: 60_000,
             rebuild_after_ms: None,
+            ds_nfs: false,
             auth: AuthMode::Key,
             tls: tls_from_env(),
             cache: 0,
@@ -219,8 +223,9 @@ impl LocalCluster {
             let root = cluster.opts.dir.join(format!("data{i}"));
             std::fs::create_dir_all(&root).map_err(io_err(&root))?;
             let cfg = cluster.opts.dir.join(format!("config/data{i}.toml"));
+            let nfs_toml = if cluster.opts.ds_nfs { "nfs_listen = [\"127.0.0.1:0\"]\n" } else { "" };
             let text = format!(
-                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{auth_toml}{}{}\n{cache_toml}",
+                "id = {i}\nlisten = \"127.0.0.1:0\"\nroot = {root:?}\nmds = \"{mds_addr}\"\n{auth_toml}{nfs_toml}{}{}\n{cache_toml}",
                 metrics_toml(cluster.opts.metrics).map_err(io_err(&cfg))?,
                 cluster.opts.data_extra_toml
             );
@@ -229,6 +234,9 @@ impl LocalCluster {
             cluster.data.push(p);
         }
         cluster.wait_ready().await?;
+        if cluster.opts.ds_nfs {
+            cluster.wait_for_pnfs().await?;
+        }
         let cfg_path = cluster.cluster_file();
         std::fs::write(&cfg_path, cluster.cluster_config().to_toml()).map_err(io_err(&cfg_path))?;
         if cluster.opts.metrics {
@@ -351,6 +359,32 @@ impl LocalCluster {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Err(LaunchError::NotReady { waited_ms: self.opts.ready_timeout_ms, detail })
+    }
+
+    /// Polls the MDS until every data server announced its pNFS addresses (op 140 follows each registration).
+    async fn wait_for_pnfs(&self) -> Result<(), LaunchError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.opts.ready_timeout_ms);
+        let mut detail = String::from("no answer from the MDS");
+        while tokio::time::Instant::now() < deadline {
+            match self.pnfs_devices().await {
+                Ok(list) if list.len() as u32 >= self.opts.servers => return Ok(()),
+                Ok(list) => {
+                    detail = format!("{} of {} data servers announced pNFS addresses", list.len(), self.opts.servers)
+                }
+                Err(e) => detail = e,
+            }
+            // Polling readiness of freshly started processes; not a timing assumption.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(LaunchError::NotReady { waited_ms: self.opts.ready_timeout_ms, detail })
+    }
+
+    /// The data servers' pNFS addresses as the MDS lists them (`PnfsDevices`, op 138), with [`LaunchOptions::ds_nfs`].
+    pub async fn pnfs_devices(&self) -> Result<Vec<weft_client::PnfsDevice>, String> {
+        let c = Client::connect(&self.cluster_config()).await.map_err(|e| e.to_string())?;
+        let r = c.pnfs_devices().await.map_err(|e| e.to_string());
+        c.close().await;
+        r
     }
 
     pub fn mds_addr(&self) -> &str {

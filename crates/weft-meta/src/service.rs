@@ -167,7 +167,9 @@ impl MetaService {
             ));
         }
         let cap = match &self.cap_key {
-            None => Capability::none(),
+            // Unsealed (version 0), but naming the inode and rights: a data server with authentication off checks
+            // nothing, yet still needs to know which object the handle is for.
+            None => Capability { ino: r.ino, rights: r.rights, key_id: PNFS_KEY_ID.to_string(), ..Capability::none() },
             Some(key) => {
                 let expiry_ms = weft_rpc::capability::unix_now_ms().saturating_add(self.pnfs_handle_ttl_ms);
                 key.seal(r.ino, r.rights, expiry_ms, PNFS_KEY_ID, ctx.session)

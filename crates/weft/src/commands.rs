@@ -37,6 +37,12 @@ pub struct CacheArgs {
     pub mib: u32,
 }
 
+/// `weft up --nfs PORT --ds-nfs`: the NFS gateway's port, and whether every data server also serves pNFS.
+pub struct NfsArgs {
+    pub port: Option<u16>,
+    pub ds_nfs: bool,
+}
+
 // One argument per group of `weft up` flags, straight from clap.
 #[allow(clippy::too_many_arguments)]
 pub async fn up(
@@ -48,9 +54,10 @@ pub async fn up(
     tls: bool,
     cache: CacheArgs,
     metrics: bool,
-    nfs_port: Option<u16>,
+    nfs: NfsArgs,
     rebuild_after_ms: Option<u64>,
 ) -> Result<()> {
+    let nfs_port = nfs.port;
     if servers == 0 {
         bail!("a cluster needs at least one data server");
     }
@@ -64,6 +71,7 @@ pub async fn up(
     opts.cache_mib = cache.mib;
     opts.metrics = metrics;
     opts.rebuild_after_ms = rebuild_after_ms;
+    opts.ds_nfs = nfs.ds_nfs;
     // The servers log as this process was asked to (RUST_LOG=debug weft up: every server at debug).
     if let Ok(filter) = std::env::var("RUST_LOG") {
         opts.log_filter = filter;
@@ -96,6 +104,15 @@ pub async fn up(
         );
     }
     println!("Data, logs and client config under {} (client config: {})", data_dir.display(), cfg.display());
+    if nfs.ds_nfs {
+        let devices =
+            cluster.pnfs_devices().await.map_err(|e| anyhow::anyhow!("listing the pNFS data servers: {e}"))?;
+        let shown: Vec<String> = devices
+            .iter()
+            .map(|d| format!("{}: {}", d.server, d.addrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(" ")))
+            .collect();
+        println!("pNFS data servers (NFSv4.1): {}", shown.join(", "));
+    }
     if metrics {
         let mut list = cluster.metrics_addrs();
         if let Some(at) = &mount_args.metrics_listen {

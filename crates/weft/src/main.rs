@@ -210,6 +210,10 @@ enum Cmd {
         /// ec/mirror layouts (default: the MDS's, five minutes).
         #[arg(long, value_name = "MS")]
         rebuild_after_ms: Option<u64>,
+        /// Every data server also serves pNFS (NFSv4.1 data server, docs/format.md §23) on a free loopback port;
+        /// the addresses are printed.
+        #[arg(long)]
+        ds_nfs: bool,
     },
     /// Live rates of a cluster from its metrics endpoints (DATA_DIR/metrics.txt of `weft up`, or ROLE=ADDR
     /// pairs): requests per second by role and op, errors, bytes moved, journal commits.
@@ -670,8 +674,10 @@ async fn run(cmd: Cmd) -> Result<()> {
             no_metrics,
             nfs,
             rebuild_after_ms,
+            ds_nfs,
         } => {
             let cache = c::CacheArgs { daemons: cache, mib: cache_mib };
+            let nfs = c::NfsArgs { port: nfs, ds_nfs };
             c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache, !no_metrics, nfs, rebuild_after_ms)
                 .await
         }
@@ -748,7 +754,8 @@ async fn run(cmd: Cmd) -> Result<()> {
             let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
             let cfg: weft_data::DataConfig =
                 toml::from_str(&text).with_context(|| format!("{} is not a valid data config", config.display()))?;
-            weft_data::run(cfg, ready).await.context("data server failed")
+            // The pNFS data server lives in weft-nfs, above weft-data: handed in here.
+            weft_data::run_with_nfs(cfg, ready, Some(weft_nfs::ds::starter())).await.context("data server failed")
         }
         Cmd::Ls { c, path, long, all, out } => c::ls(c.spec(), &path, long, all, out.json).await,
         Cmd::Stat { c, path, raw, out } => c::stat(c.spec(), &path, raw, out.json).await,

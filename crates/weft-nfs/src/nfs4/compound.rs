@@ -57,10 +57,76 @@ impl Ctx<'_> {
 
 /// An accepted RPC reply header with an AUTH_NONE verifier (24 bytes) and the compound's status, tag length and
 /// result count (12).
-const HEAD_BYTES: usize = 24 + 12;
+pub(crate) const HEAD_BYTES: usize = 24 + 12;
+
+/// Where op `i` of a compound of `ops` stands (RFC 8881 §2.10.6, §18.46): `None` when it may run there, else the
+/// status it gets (SEQUENCE first, or one session-less op alone). Shared by the gateway and the pNFS data server.
+pub(crate) fn placement(i: u32, ops: u32, op: &Op<'_>) -> Option<u32> {
+    if i == 0 {
+        if matches!(op, Op::Sequence { .. }) {
+            None
+        } else if sessionless(op) {
+            (ops != 1).then_some(NFS4ERR_NOT_ONLY_OP)
+        } else {
+            Some(NFS4ERR_OP_NOT_IN_SESSION)
+        }
+    } else if matches!(op, Op::Sequence { .. }) {
+        Some(NFS4ERR_SEQUENCE_POS)
+    } else if sessionless(op) && !matches!(op, Op::DestroySession(_)) {
+        Some(NFS4ERR_NOT_ONLY_OP)
+    } else {
+        None
+    }
+}
+
+/// What a SEQUENCE decided.
+pub(crate) enum Sequenced {
+    /// A retry: the whole reply body kept in the slot, to answer as it is.
+    Replay(Vec<u8>),
+    /// A new request on the slot (its reply is kept by `State::finish`): SEQUENCE's status and result, the
+    /// session's client and fore channel.
+    New { clientid: u64, fore: ChannelAttrs, status: u32, body: Writer },
+    /// Refused (bad session or slot, misordered, in use).
+    Refused(u32),
+}
+
+/// SEQUENCE (RFC 8881 §18.46) of a compound of `ops` ops whose arguments are `args_len` bytes, on `nfs4`'s slot
+/// tables: the gateway's and the pNFS data server's shared step.
+pub(crate) fn sequence(
+    nfs4: &super::Server,
+    sessionid: &[u8; 16],
+    seqid: u32,
+    slot: u32,
+    ops: u32,
+    args_len: usize,
+) -> Sequenced {
+    let now = nfs4.now_ms();
+    let (outcome, attrs) = {
+        let mut st = nfs4.state();
+        let o = st.sequence(sessionid, slot, seqid, now);
+        (o, st.session_attrs(sessionid))
+    };
+    match outcome {
+        Ok(SeqOutcome::Replay(cached)) => Sequenced::Replay(cached),
+        Ok(SeqOutcome::New { clientid, highest_slot }) => {
+            let fore = attrs.expect("a session just found").1;
+            let (status, body) = if ops > fore.ops_max {
+                (NFS4ERR_TOO_MANY_OPS, Writer::new())
+            } else if args_len > fore.request_bytes_max as usize {
+                (NFS4ERR_REQ_TOO_BIG, Writer::new())
+            } else {
+                let mut w = Writer::new();
+                w.fixed(sessionid).u32(seqid).u32(slot).u32(highest_slot).u32(highest_slot).u32(0);
+                (NFS4_OK, w)
+            };
+            Sequenced::New { clientid, fore, status, body }
+        }
+        Err(s) => Sequenced::Refused(s),
+    }
+}
 
 /// Ops served without a session, each alone in its compound.
-fn sessionless(op: &Op<'_>) -> bool {
+pub(crate) fn sessionless(op: &Op<'_>) -> bool {
     matches!(
         op,
         Op::ExchangeId { .. }
@@ -72,7 +138,7 @@ fn sessionless(op: &Op<'_>) -> bool {
 }
 
 /// The op code of a decoded op's result.
-fn code_of(code: u32, decoded: &Result<Op<'_>, XdrError>) -> u32 {
+pub(crate) fn code_of(code: u32, decoded: &Result<Op<'_>, XdrError>) -> u32 {
     match decoded {
         Err(XdrError::BadDiscriminant(d)) if *d == code => OP_ILLEGAL,
         _ => code,
@@ -155,54 +221,24 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
                 break;
             }
         };
-        // Where the op stands in the compound.
-        let placement = if i == 0 {
-            if matches!(op, Op::Sequence { .. }) {
-                None
-            } else if sessionless(&op) {
-                (h.ops != 1).then_some(NFS4ERR_NOT_ONLY_OP)
-            } else {
-                Some(NFS4ERR_OP_NOT_IN_SESSION)
-            }
-        } else if matches!(op, Op::Sequence { .. }) {
-            Some(NFS4ERR_SEQUENCE_POS)
-        } else if sessionless(&op) && !matches!(op, Op::DestroySession(_)) {
-            Some(NFS4ERR_NOT_ONLY_OP)
-        } else {
-            None
-        };
+        let placement = placement(i, h.ops, &op);
         let (st, body) = match placement {
             Some(s) => (s, Writer::new()),
             None => match op {
                 Op::Sequence { sessionid, seqid, slot, highest_slot: _, cache_this: _ } => {
-                    let now = gw.nfs4.now_ms();
-                    let (outcome, attrs) = {
-                        let mut st = gw.nfs4.state();
-                        let o = st.sequence(&sessionid, slot, seqid, now);
-                        (o, st.session_attrs(&sessionid))
-                    };
-                    match outcome {
-                        Ok(SeqOutcome::Replay(cached)) => {
+                    match sequence(&gw.nfs4, &sessionid, seqid, slot, h.ops, call.args.len()) {
+                        Sequenced::Replay(cached) => {
                             tracing::debug!(%peer, slot, seqid, "NFSv4 replay answered from the slot");
                             out.buf.extend_from_slice(&cached);
                             return out.buf;
                         }
-                        Ok(SeqOutcome::New { clientid, highest_slot }) => {
-                            let fore = attrs.expect("a session just found").1;
+                        Sequenced::New { clientid, fore, status, body } => {
                             cx.clientid = Some(clientid);
                             cx.session = Some((sessionid, slot));
                             cx.fore = Some(fore);
-                            if h.ops > fore.ops_max {
-                                (NFS4ERR_TOO_MANY_OPS, Writer::new())
-                            } else if call.args.len() > fore.request_bytes_max as usize {
-                                (NFS4ERR_REQ_TOO_BIG, Writer::new())
-                            } else {
-                                let mut w = Writer::new();
-                                w.fixed(&sessionid).u32(seqid).u32(slot).u32(highest_slot).u32(highest_slot).u32(0);
-                                (NFS4_OK, w)
-                            }
+                            (status, body)
                         }
-                        Err(s) => (s, Writer::new()),
+                        Sequenced::Refused(s) => (s, Writer::new()),
                     }
                 }
                 op => {

@@ -67,6 +67,21 @@ impl Server {
         }
     }
 
+    /// The state of a pNFS data server (docs/format.md §23): no grace period (it holds no opens or locks to
+    /// reclaim), and its own `so_major_id` and scope, so a client never mistakes it for the gateway or for another
+    /// data server (it would trunk their sessions together).
+    pub fn data_server(cfg: StateConfig, epoch: u32, server_id: u32) -> Server {
+        let cfg = StateConfig { grace_ms: 0, ..cfg };
+        Server {
+            adoption: Mutex::new(Adoption::default()),
+            state: Mutex::new(State::new(cfg, epoch, 0)),
+            started: Instant::now(),
+            epoch,
+            major_id: format!("weft-ds-{server_id}-{epoch:08x}").into_bytes(),
+            scope: format!("weft-ds-{server_id}").into_bytes(),
+        }
+    }
+
     /// Milliseconds since this server started: the clock the state machine is given.
     pub fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64

@@ -27,17 +27,33 @@ async fn release(cx: &Ctx<'_>, owners: Vec<u64>) {
 }
 
 pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
+    // A metadata server only while layouts are served (`--pnfs`); never both (RFC 8881 §13.1).
+    let role = if cx.gw.pnfs { EXCHGID4_FLAG_USE_PNFS_MDS } else { EXCHGID4_FLAG_USE_NON_PNFS };
+    let (st, w, released) = run_on(&cx.gw.nfs4, op, role, &mut cx.session);
+    release(cx, released).await;
+    (st, w)
+}
+
+/// The session-less ops on `nfs4`'s state, for the gateway and the pNFS data server alike: `role` is the
+/// EXCHANGE_ID flag naming what the server is (`EXCHGID4_FLAG_USE_NON_PNFS`, `_USE_PNFS_MDS`, `_USE_PNFS_DS`).
+/// `own_session` is the compound's session, forgotten when the compound destroys it. Returns the status, the
+/// result body and the MDS lock owners of the client state it dropped (for the gateway to release).
+pub(crate) fn run_on(
+    nfs4: &super::Server,
+    op: Op<'_>,
+    role: u32,
+    own_session: &mut Option<([u8; 16], u32)>,
+) -> (u32, Writer, Vec<u64>) {
     let mut w = Writer::new();
-    let now = cx.gw.nfs4.now_ms();
-    let nfs4 = &cx.gw.nfs4;
+    let now = nfs4.now_ms();
+    let mut released = Vec::new();
     let st = match op {
         Op::ExchangeId { verifier, owner, flags: _ } => {
             let r = nfs4.state().exchange_id(owner, verifier, now);
             match r {
-                Ok((ex, released)) => {
-                    release(cx, released).await;
-                    // A metadata server only while layouts are served (`--pnfs`); never both (RFC 8881 §13.1).
-                    let mut flags = if cx.gw.pnfs { EXCHGID4_FLAG_USE_PNFS_MDS } else { EXCHGID4_FLAG_USE_NON_PNFS };
+                Ok((ex, dropped)) => {
+                    released = dropped;
+                    let mut flags = role;
                     if ex.confirmed {
                         flags |= EXCHGID4_FLAG_CONFIRMED_R;
                     }
@@ -68,8 +84,8 @@ pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
         Op::DestroySession(sid) => match nfs4.state().destroy_session(&sid) {
             Ok(()) => {
                 // Destroying the compound's own session: its reply is not cached anywhere.
-                if cx.session.is_some_and(|(s, _)| s == sid) {
-                    cx.session = None;
+                if own_session.is_some_and(|(s, _)| s == sid) {
+                    *own_session = None;
                 }
                 NFS4_OK
             }
@@ -79,7 +95,7 @@ pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
             let r = nfs4.state().destroy_clientid(id);
             match r {
                 Ok(owners) => {
-                    release(cx, owners).await;
+                    released = owners;
                     NFS4_OK
                 }
                 Err(s) => s,
@@ -95,5 +111,5 @@ pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
         }
         _ => NFS4ERR_SERVERFAULT,
     };
-    (st, w)
+    (st, w, released)
 }

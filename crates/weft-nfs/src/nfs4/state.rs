@@ -432,6 +432,15 @@ impl State {
         }
     }
 
+    /// Ends a compound whose reply is not kept (too large to be worth copying: a pNFS data server's READ sent from
+    /// the page cache): a retry of it gets NFS4ERR_RETRY_UNCACHED_REP, as for any reply over the cached size.
+    pub fn finish_uncached(&mut self, sessionid: &[u8; 16], slot: u32) {
+        if let Some(sl) = self.sessions.get_mut(sessionid).and_then(|s| s.slots.get_mut(slot as usize)) {
+            sl.in_use = false;
+            sl.reply = None;
+        }
+    }
+
     /// DESTROY_SESSION.
     pub fn destroy_session(&mut self, sessionid: &[u8; 16]) -> R<()> {
         let s = self.sessions.remove(sessionid).ok_or(NFS4ERR_BADSESSION)?;

@@ -6,6 +6,7 @@
 
 pub mod memcached;
 pub mod mount;
+pub mod nfs41;
 pub mod wire;
 
 use std::path::{Path, PathBuf};
