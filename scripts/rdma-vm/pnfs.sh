@@ -30,11 +30,11 @@ finish() {
 	else
 		echo "==== pnfs.sh: FAILED; the guest console: $w/console.log ====" >&2
 		cat "$w/console.log" >&2 2>/dev/null
-		echo "==== the gateway's log ($w/nfs.log, last 40 lines) ====" >&2
-		tail -n 40 "$w/nfs.log" >&2 2>/dev/null
+		echo "==== the gateway's log ($w/nfs.log, last 60 lines) ====" >&2
+		tail -n 60 "$w/nfs.log" >&2 2>/dev/null
 		for i in $(seq 0 $((servers - 1))); do
 			echo "==== data server $i ($w/d$i.log, pNFS lines) ====" >&2
-			grep "pnfs" "$w/d$i.log" | tail -n 10 >&2
+			grep "pnfs\|WARN\|ERROR" "$w/d$i.log" | tail -n 20 >&2
 		done
 	fi
 }
@@ -87,6 +87,8 @@ all_up() { "$weft" status --cluster "$w/cluster.toml" 2>/dev/null | grep -q "$se
 wait_for "the data servers never registered" all_up
 "$weft" mkdir --cluster "$w/cluster.toml" /p
 "$weft" setstripe --cluster "$w/cluster.toml" --unit 64K --count "$servers" /p
+: >"$w/empty"
+"$weft" put --cluster "$w/cluster.toml" "$w/empty" /p/file
 
 addr="$(RUST_LOG="${NFS_VM_GATEWAY_LOG:-info}" start nfs nfs --cluster "$w/cluster.toml" --listen 127.0.0.1:0 --no-root-squash \
 	--pnfs on --nfs4-grace-ms 1000)"

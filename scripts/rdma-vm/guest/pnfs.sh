@@ -33,7 +33,12 @@ echo "pnfs.sh: ok mounted $opts (pnfs=LAYOUT_NFSV4_1_FILES)"
 
 dd if=/dev/urandom of=/tmp/src bs=1M count="$mib" 2>/dev/null
 want="$(md5 /tmp/src)"
-dd if=/tmp/src of="$mnt/p/file" bs=1M conv=fsync 2>/dev/null || fail "writing $mnt/p/file"
+# The host made p/file empty. Linux asks for a file's first layout inside its OPEN (counted as OPEN), so the file
+# is first held open for reading (a READ layout with that OPEN) and then written: the RW layout the write needs is
+# a LAYOUTGET of its own.
+exec 3<"$mnt/p/file" || fail "opening $mnt/p/file for reading"
+dd if=/tmp/src of="$mnt/p/file" bs=1M conv=notrunc,fsync 2>/dev/null || fail "writing $mnt/p/file"
+exec 3<&-
 sync
 ino="$(ls -i "$mnt/p/file" | awk '{print $1}')"
 size="$(stat -c %s "$mnt/p/file")"

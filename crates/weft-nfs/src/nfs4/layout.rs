@@ -1,8 +1,13 @@
 //! pNFS file layouts (RFC 8881 §12, §13; the XDR of RFC 5662): the arguments of LAYOUTGET, LAYOUTCOMMIT,
 //! LAYOUTRETURN, GETDEVICEINFO and GETDEVICELIST as decoded, and the bodies the gateway answers:
-//! `nfsv4_1_file_layout4` (a Weft plain layout as a dense file layout: the stripe unit, one data-server
-//! filehandle per stripe index, first stripe index 0, pattern offset 0) and `nfsv4_1_file_layout_ds_addr4` (a
-//! device: the ordered servers of a layout, each with its multipath list of NFS addresses).
+//! `nfsv4_1_file_layout4` (a Weft plain layout as a file layout: the stripe unit, one data-server filehandle per
+//! stripe index, first stripe index 0, pattern offset 0) and `nfsv4_1_file_layout_ds_addr4` (a device: the ordered
+//! servers of a layout, each with its multipath list of NFS addresses).
+//!
+//! Packing: the layout is *sparse* on the wire (no NFL4_UFLG_DENSE), so a client sends each data server the
+//! file offset (RFC 8881 §13.4.4; with DENSE it would send the object offset) and the data server maps it to its
+//! object, which Weft stores dense (object offset `(s / count)·unit + o % unit`, §23), refusing an offset of
+//! another server's stripe.
 //!
 //! Pure: no I/O. Every count and length from the wire is bounded before use; encoders assert what the caller
 //! guarantees (a stripe unit the file layout can carry, at most [`STRIPE_INDICES_MAX`] servers).
@@ -21,8 +26,7 @@ pub const LAYOUT4_NFSV4_1_FILES: u32 = 1;
 pub const IOMODE_READ: u32 = 1;
 pub const IOMODE_RW: u32 = 2;
 pub const IOMODE_ANY: u32 = 3;
-/// `nfl_util4` flags: dense packing (a data server's object holds only its own stripes, back to back: Weft's
-/// object offset rule).
+/// `nfl_util4` flags: dense packing (the client would send object offsets). Not set: see the module header.
 pub const NFL4_UFLG_DENSE: u32 = 0x1;
 /// The bits of `nfl_util4` that carry the stripe unit (a multiple of 64).
 pub const NFL4_UFLG_STRIPE_UNIT_SIZE_MASK: u32 = 0xffff_ffc0;
@@ -176,12 +180,13 @@ pub fn decode_getdevicelist(r: &mut Reader<'_>) -> Result<DeviceListArgs, XdrErr
     })
 }
 
-/// `nfl_util4` of a stripe unit, dense; `None` if the unit cannot be expressed (0, or not a multiple of 64).
+/// `nfl_util4` of a stripe unit, sparse (file offsets on the wire); `None` if the unit cannot be expressed (0, or
+/// not a multiple of 64).
 pub fn nfl_util(stripe_unit: u32) -> Option<u32> {
-    (stripe_unit != 0 && stripe_unit & !NFL4_UFLG_STRIPE_UNIT_SIZE_MASK == 0).then_some(stripe_unit | NFL4_UFLG_DENSE)
+    (stripe_unit != 0 && stripe_unit & !NFL4_UFLG_STRIPE_UNIT_SIZE_MASK == 0).then_some(stripe_unit)
 }
 
-/// The body of a `layout_content4` of type FILES (`nfsv4_1_file_layout4`): the device, the dense stripe unit,
+/// The body of a `layout_content4` of type FILES (`nfsv4_1_file_layout4`): the device, the stripe unit (sparse),
 /// first stripe index 0, pattern offset 0, and one filehandle per stripe index.
 pub fn file_layout_body(device: &DeviceId, stripe_unit: u32, fhs: &[Vec<u8>]) -> Vec<u8> {
     let util = nfl_util(stripe_unit).expect("a Weft stripe unit is a multiple of 4096");
@@ -250,7 +255,7 @@ mod tests {
         let body = file_layout_body(&dev, 65536, &[vec![1, 2, 3], vec![4; 4]]);
         let mut want = Vec::new();
         want.extend_from_slice(&[0xab; 16]);
-        want.extend_from_slice(&[0x00, 0x01, 0x00, 0x01]); // 65536 | DENSE
+        want.extend_from_slice(&[0x00, 0x01, 0x00, 0x00]); // 65536, sparse
         want.extend_from_slice(&[0, 0, 0, 0]); // first stripe index
         want.extend_from_slice(&[0; 8]); // pattern offset
         want.extend_from_slice(&[0, 0, 0, 2]); // two filehandles
@@ -270,7 +275,7 @@ mod tests {
         want.extend_from_slice(&[0, 0, 0, 1]); // LAYOUT4_NFSV4_1_FILES
         want.extend_from_slice(&[0, 0, 0, 4, 9, 9, 9, 9]);
         assert_eq!(w.into_vec(), want);
-        assert_eq!(nfl_util(4096), Some(0x1001));
+        assert_eq!(nfl_util(4096), Some(0x1000));
         assert_eq!(nfl_util(100), None);
         assert_eq!(nfl_util(0), None);
     }

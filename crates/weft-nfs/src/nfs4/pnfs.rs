@@ -1,7 +1,7 @@
 //! The gateway as a pNFS metadata server (RFC 8881 §12, §13, §18.40–§18.44): LAYOUTGET hands a client a whole-file
-//! layout of type FILES that is the file's Weft plain layout (the stripe unit, its data servers in stripe order,
-//! dense packing: Weft's object offset rule), each data server's filehandle a capability the MDS sealed for the
-//! caller's rights (`Client::pnfs_handle`, key id `pnfs`, docs/format.md §23); GETDEVICEINFO names a device's
+//! layout of type FILES that is the file's Weft plain layout (the stripe unit, its data servers in stripe order;
+//! sparse on the wire: the data servers map file offsets to their dense objects), each data server's filehandle a
+//! capability the MDS sealed for the caller's rights (`Client::pnfs_handle`, key id `pnfs`, docs/format.md §23); GETDEVICEINFO names a device's
 //! servers' NFS addresses; LAYOUTCOMMIT is Weft's own commit (size and mtime into the MDS); LAYOUTRETURN forgets.
 //! The client then reads and writes the data servers directly: the gateway moves none of those bytes.
 //!
