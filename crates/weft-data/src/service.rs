@@ -724,6 +724,11 @@ mod tests {
             cache: None,
             rdma_handshakes_max: 4,
             rdma_handshake_timeout_ms: 1000,
+            nfs_listen: vec![],
+            nfs_advertise: vec![],
+            nfs_connections_max: 1,
+            nfs_clients_max: 1,
+            nfs_sessions_max: 1,
         };
         let pool = BufferPool::with_classes(&cfg.pool_classes()).unwrap();
         let svc = DataService::new(store, 4)

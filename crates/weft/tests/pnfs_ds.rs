@@ -3,7 +3,7 @@
 //! offsets of its stripes, then read back by Weft's own path (`weft cat`) after the size is committed; and the
 //! refusals: a flipped handle byte, an expired handle, a read-only handle used to WRITE, a handle forged for
 //! another inode, a Weft capability in a DS handle, a range crossing into another server's stripe; the server
-//! keeps serving after each. The MDS side: no handle without read access, none for an ec file.
+//! keeps serving after each; a corrupt block is NFS4ERR_IO, logged with its file offset. The MDS side: no handle without read access, none for an ec file.
 
 mod common;
 
@@ -233,6 +233,28 @@ async fn data_servers_serve_a_striped_file_by_sealed_handles_and_refuse_the_rest
         .output()
         .unwrap();
     assert!(cat.stdout == data, "refused requests wrote nothing");
+
+    // A block that fails its checksum: NFS4ERR_IO, logged with its file offset, and nothing of it is sent.
+    let (index, object_offset) = (1u32, 8192u64);
+    let server = layout.servers[index as usize];
+    let object = c.dir().join(format!("data{server}/objects/{:02x}/{:016x}", f.ino & 0xff, f.ino));
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new().write(true).open(&object).unwrap();
+        file.write_all_at(&[!data[(u64::from(UNIT) + object_offset) as usize]], object_offset).unwrap();
+    }
+    let file_offset = u64::from(UNIT) + object_offset;
+    let mut res = ds[index as usize]
+        .on_fh(&handle(index), |o| {
+            o.read(file_offset, 4096);
+        })
+        .await;
+    refused(&mut res, OP_READ, NFS4ERR_IO, "a corrupt block");
+    assert!(
+        c.log(&format!("data{server}")).contains(&format!("file_offset={file_offset}")),
+        "logged with its file offset"
+    );
+    good_read(&mut ds[0], &h0, &first).await;
 
     // The MDS: no handle without read access, none for a file a file layout cannot express.
     let stranger = client.with_user(UserCred { uid: 4242, gid: 4242, groups: vec![] });
