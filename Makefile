@@ -167,13 +167,15 @@ rdma-deps:
 # (scripts/rdma-vm/guest/cluster.sh): a metadata service, two data servers and a client forced onto `--fabric
 # rdma`, a striped file put and got back with equal checksums; then the Linux kernel NFS client in the VM against
 # a gateway on the host (scripts/rdma-vm/nfs.sh): vers=3 mounts running tar, git, rsync, SQLite, fio --verify, POSIX
-# edge cases, close-to-open with the host's FUSE mount, and the gateway killed with kill -9 mid-write; then NFS over
-# RDMA in the VM (scripts/rdma-vm/guest/nfs-rdma.sh): the kernel client with proto=rdma, v3 and v4.1, and a rogue
-# client's chunks refused.
+# edge cases, close-to-open with the host's FUSE mount, and the gateway killed with kill -9 mid-write; then
+# pNFS (scripts/rdma-vm/pnfs.sh, NFS_VM_PNFS=0 skips it): a vers=4.1 mount moves a file striped over 4 data servers
+# with them directly (LAYOUTGET, GETDEVICEINFO), each serves READ and WRITE, the gateway moves none of its bytes.
 RDMA_VM ?= 1
-# RDMA_NFS=1 adds the NFS-over-RDMA guest run (scripts/rdma-vm/guest/nfs-rdma.sh) to test-rdma. Off by default
-# until it passes: vers=3 and the rogue client pass; the vers=4.1 READ fails with EIO (nfs4 puts READ data inline
-# in the compound, not as the reply tail, so a 1 MiB READ fits no chunk and gets ERR_CHUNK).
+NFS_VM_PNFS ?= 1
+# RDMA_NFS=1 adds the NFS-over-RDMA guest run (scripts/rdma-vm/guest/nfs-rdma.sh: the kernel client with
+# proto=rdma, v3 and v4.1, and a rogue client's chunks refused) to test-rdma. Off by default until it passes: vers=3
+# and the rogue client pass; the vers=4.1 READ fails with EIO (nfs4 puts READ data inline in the compound, not as
+# the reply tail, so a 1 MiB READ fits no chunk and gets ERR_CHUNK).
 RDMA_NFS ?= 0
 test-rdma: rdma-deps
 	$(CARGO) build --locked --release -p weft-fabric --features rdma --example rdma_roundtrip
@@ -189,6 +191,7 @@ test-rdma: rdma-deps
 		scripts/rdma-vm/run.sh --timeout-s 900 --file "$${CARGO_TARGET_DIR:-target}/release/weft" \
 			--file "$${CARGO_TARGET_DIR:-target}/release/examples/rdma_rogue" scripts/rdma-vm/guest/nfs-rdma.sh 4; \
 	fi
+	@if [ "$(NFS_VM_PNFS)" != 0 ]; then scripts/rdma-vm/pnfs.sh "$${CARGO_TARGET_DIR:-target}/release/weft"; fi
 
 # clean-data: remove the data directory `make up` uses.
 clean-data:

@@ -83,6 +83,7 @@ kernel="$root/boot/vmlinuz-$kver"
 modules=(virtio_pci virtio_net crc32_generic ib_uverbs rdma_rxe
 	ib_cm iw_cm rdma_cm rdma_ucm # RDMA CM, in the kernel and for librdmacm (NFS over RDMA connects with it)
 	sunrpc grace lockd nfs_acl nfs nfsv3 nfsv4 # the kernel NFS client: v3 (with NFSACL) and v4.x
+	nfs_layout_nfsv41_files # its pNFS file layout driver (pnfs.sh)
 	rpcrdma) # the NFS client's RPC-over-RDMA transport (mount -o proto=rdma)
 host_tools=(tar git rsync sqlite3 fio setpriv flock) # the NFS tests' userspace (make deps installs them)
 libpath="$root/lib/x86_64-linux-gnu:$root/usr/lib/x86_64-linux-gnu"

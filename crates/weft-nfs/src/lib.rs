@@ -108,6 +108,41 @@ pub fn parse_allow(s: &str) -> Result<Vec<Cidr>, String> {
     s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(str::parse).collect()
 }
 
+/// Whether the gateway is a pNFS metadata server (NFSv4.1 file layouts, docs/format.md §24).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PnfsMode {
+    /// Never: NFSv4.1 clients move every byte through the gateway.
+    Off,
+    /// Always (a file whose data servers have no NFS address is still served through the gateway).
+    On,
+    /// On if a data server advertised NFS addresses to the MDS when the gateway started, else off.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for PnfsMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<PnfsMode, String> {
+        match s {
+            "off" => Ok(PnfsMode::Off),
+            "on" => Ok(PnfsMode::On),
+            "auto" => Ok(PnfsMode::Auto),
+            _ => Err(format!("{s:?}: one of on, off, auto")),
+        }
+    }
+}
+
+/// Inodes whose data bytes the gateway counts ([`Gateway::data_bytes`]); past it the oldest is forgotten.
+pub const DATA_BYTES_INODES_MAX: usize = 4096;
+
+/// READ and WRITE data bytes the gateway itself moved, per inode (bounded, oldest forgotten first): with pNFS a
+/// file with a layout out should see none, and the VM test checks that.
+#[derive(Default)]
+struct DataBytes {
+    map: HashMap<u64, (u64, u64)>,
+    order: VecDeque<u64>,
+}
+
 /// How the gateway serves.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
@@ -137,6 +172,8 @@ pub struct GatewayConfig {
     /// Where the gateway records its MDS session, so its next process adopts its locks ([`restart`]); `None`:
     /// nothing kept, a restarted gateway's clients find their locks held until the MDS releases them.
     pub state_dir: Option<PathBuf>,
+    /// pNFS metadata server: off, on, or on when data servers advertise NFS addresses (`--pnfs`).
+    pub pnfs: PnfsMode,
 }
 
 impl Default for GatewayConfig {
@@ -155,6 +192,7 @@ impl Default for GatewayConfig {
             record: RecordLimits::default(),
             nfs4: nfs4::state::StateConfig::default(),
             state_dir: None,
+            pnfs: PnfsMode::Auto,
         }
     }
 }
@@ -187,6 +225,9 @@ pub struct Gateway {
     /// The state directory, held while this gateway runs, and the MDS session last recorded in it.
     state_dir: Option<StateDir>,
     recorded_session: AtomicU64,
+    /// pNFS layouts are served (`--pnfs`, resolved at start).
+    pnfs: bool,
+    data_bytes: Mutex<DataBytes>,
 }
 
 /// READDIR cookie → the name it continues after, bounded (oldest dropped first); a miss rescans the directory.
@@ -231,6 +272,17 @@ impl Gateway {
         // stateids of an earlier start are recognised as such.
         let epoch = u32::from_be_bytes(verifier[4..].try_into().expect("4 bytes")) | 1;
         let nfs4 = nfs4::Server::new(cfg.nfs4, epoch, sealer.export_id(), OwnerKey::new(&key));
+        let pnfs = match cfg.pnfs {
+            PnfsMode::Off => false,
+            PnfsMode::On => true,
+            PnfsMode::Auto => match client.pnfs_devices().await {
+                Ok(d) => d.iter().any(|d| !d.addrs.is_empty()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "asking the MDS for data servers' NFS addresses: pNFS off");
+                    false
+                }
+            },
+        };
         let session = client.mds_session();
         if let Some(dir) = &state_dir {
             adopt_previous(&client, dir, &nfs4).await;
@@ -247,6 +299,8 @@ impl Gateway {
             verifier,
             files,
             cursors: Mutex::new(Cursors::default()),
+            pnfs,
+            data_bytes: Mutex::new(DataBytes::default()),
             cfg: GatewayConfig { export, ..cfg },
         }))
     }
@@ -324,9 +378,40 @@ impl Gateway {
         }
     }
 
-    /// Syncs and closes every cached open file (on SIGTERM).
+    /// Syncs and closes every cached open file (on SIGTERM), and logs the data bytes it moved per inode.
     pub async fn shutdown(&self) {
         self.files.close_all().await;
+        let d = self.data_bytes.lock().expect("data bytes");
+        for ino in &d.order {
+            let (read, write) = d.map[ino];
+            tracing::info!(ino, read_bytes = read, write_bytes = write, "gateway data bytes served");
+        }
+    }
+
+    /// Whether NFSv4.1 clients are given pNFS layouts.
+    pub fn pnfs(&self) -> bool {
+        self.pnfs
+    }
+
+    /// Counts data bytes a READ or WRITE of `ino` moved through the gateway.
+    pub(crate) fn moved(&self, ino: u64, read: usize, write: usize) {
+        let mut d = self.data_bytes.lock().expect("data bytes");
+        if !d.map.contains_key(&ino) {
+            if d.order.len() >= DATA_BYTES_INODES_MAX
+                && let Some(old) = d.order.pop_front()
+            {
+                d.map.remove(&old);
+            }
+            d.order.push_back(ino);
+        }
+        let e = d.map.entry(ino).or_default();
+        e.0 += read as u64;
+        e.1 += write as u64;
+    }
+
+    /// The READ and WRITE data bytes of `ino` the gateway moved (among the last [`DATA_BYTES_INODES_MAX`] inodes).
+    pub fn data_bytes(&self, ino: u64) -> (u64, u64) {
+        self.data_bytes.lock().expect("data bytes").map.get(&ino).copied().unwrap_or_default()
     }
 
     fn allowed(&self, peer: IpAddr) -> bool {

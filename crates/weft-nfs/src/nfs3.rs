@@ -369,6 +369,7 @@ async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, tran
         },
         _ => None,
     };
+    gw.moved(ino, data.len(), 0);
     fail(NFS3_OK, |w| {
         if let Some(a) = &fresh {
             post_op_attr(w, Some(a), gw.fsid);
@@ -411,6 +412,7 @@ async fn write(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, sta
     if let Err(e) = wrote {
         return fail(status_of(&e), no_wcc);
     }
+    gw.moved(ino, 0, len as usize);
     let (committed, post) = if stable == STABLE_UNSTABLE {
         (STABLE_UNSTABLE, None)
     } else {

@@ -61,6 +61,12 @@ pub struct NfsArgs {
     /// Credits granted to each RDMA client (RFC 8166 §3.3.1): receive buffers posted per connection.
     #[arg(long, default_value_t = 32)]
     pub rdma_credits: u32,
+    /// pNFS for NFSv4.1 clients (`mount -o vers=4.1`): the gateway hands out file layouts and clients read and
+    /// write plain files on the data servers directly, in parallel. `auto` (the default): on if the data servers
+    /// advertised NFS addresses (their `nfs_listen`) when the gateway started; `on`; `off`: every byte through the
+    /// gateway. Erasure-coded and mirrored files are always served through the gateway.
+    #[arg(long, value_name = "auto|on|off", default_value = "auto")]
+    pub pnfs: weft_nfs::PnfsMode,
 }
 
 /// Runs the gateway; `ready` is told the bound address (the launcher's readiness line).
@@ -82,6 +88,7 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
             ..Default::default()
         },
         state_dir: args.state_dir.clone(),
+        pnfs: args.pnfs,
         ..weft_nfs::GatewayConfig::default()
     };
     let listener =
@@ -93,6 +100,7 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         export = gw.export_path(),
         allow = %args.allow,
         root_squash = !args.no_root_squash,
+        pnfs = gw.pnfs(),
         "NFS gateway serving NFSv3, MOUNT v3 and NFSv4.1; mount with: mount -t nfs -o vers=3,proto=tcp,port={p},mountport={p},nolock {h}:/ /mnt or mount -t nfs -o vers=4.1,port={p} {h}:/ /mnt",
         p = addr.port(),
         h = addr.ip(),

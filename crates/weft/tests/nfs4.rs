@@ -1141,3 +1141,205 @@ async fn v41_locks_contend_with_sqlite_on_a_fuse_mount() {
         .await;
     assert_eq!(res.op(OP_LOCK), NFS4ERR_BAD_STATEID, "freed");
 }
+
+/// pNFS (docs/format.md §24): with 4 data servers serving NFS and the gateway's `--pnfs on`, EXCHANGE_ID says
+/// USE_PNFS_MDS, GETATTR the files layout type and the stripe unit; LAYOUTGET of a plain file answers a dense
+/// file layout whose handles are the data servers' (index i for stripe index i, the file's unit and count) and
+/// whose device GETDEVICEINFO resolves to the servers' NFS addresses in stripe order; LAYOUTCOMMIT raises the
+/// size at the MDS (and only raises it); LAYOUTRETURN forgets the layout; an ec file gets LAYOUTUNAVAILABLE;
+/// bad iomodes, a too small maxcount and a forged device id are refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_pnfs_layouts_devices_commit_and_return() {
+    use weft_nfs::nfs4::layout::*;
+    const SERVERS: u32 = 4;
+    const UNIT: u32 = 65536;
+    let c = common::start_with("nfs4-pnfs", SERVERS, |o| o.ds_nfs = true).await;
+    let client = c.client().await;
+    let io = io_dir(&c).await;
+    client.set_layout(io, UNIT, SERVERS).await.unwrap();
+    let ec = client.mkdir(1, "ec", 0o777).await.unwrap();
+    client.setattr(ec.ino, weft_proto::SetAttrs { mode: Some(0o777), ..Default::default() }).await.unwrap();
+    client.set_layout_with(ec.ino, UNIT, 3, weft_proto::DataRedundancy::Ec { k: 2, m: 1 }).await.unwrap();
+    let o = NfsOptions {
+        extra_args: ["--nfs4-grace-ms", "0", "--pnfs", "on"].iter().map(|s| s.to_string()).collect(),
+        ..NfsOptions::default()
+    };
+    let g = c.start_nfs(&o).await.unwrap();
+    let mut v = V4::connect(g.addr()).await;
+    let mut ops = Ops::default();
+    ops.op(OP_EXCHANGE_ID).fixed(&[7; 8]).opaque(b"pnfs-client").u32(0).u32(0).u32(0);
+    let mut res = v.send(&V4::args(1, &ops)).await;
+    res.ok(OP_EXCHANGE_ID);
+    let flags = res.with(|r| {
+        r.fixed(12).unwrap();
+        r.u32().unwrap()
+    });
+    assert_eq!(flags & (EXCHGID4_FLAG_USE_PNFS_MDS | EXCHGID4_FLAG_USE_NON_PNFS), EXCHGID4_FLAG_USE_PNFS_MDS);
+    v.session(b"pnfs-client", true).await;
+
+    // Create a file in the striped directory; its layout attributes.
+    let mut res = v
+        .seq(|o| {
+            o.putrootfh().lookup("io").open(b"o", "f", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
+            o.getattr(&[attrs::FS_LAYOUT_TYPES, attrs::LAYOUT_BLKSIZE]);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let open = res.open();
+    let fh = res.fh();
+    res.ok(OP_GETATTR);
+    let (types, blksize) = res.with(|r| {
+        let (b, l) = attrs::decode_raw(r).unwrap();
+        assert!(b.has(attrs::FS_LAYOUT_TYPES) && b.has(attrs::LAYOUT_BLKSIZE));
+        let mut l = Reader::new(l);
+        assert_eq!(l.u32().unwrap(), 1);
+        (l.u32().unwrap(), l.u32().unwrap())
+    });
+    assert_eq!((types, blksize), (LAYOUT4_NFSV4_1_FILES, UNIT));
+    let ino = client.lookup(io, "f").await.unwrap().ino;
+    let servers = client.getattr(ino).await.unwrap().layout.unwrap().servers;
+    assert_eq!(servers.len(), SERVERS as usize);
+
+    let layoutget = |o: &mut Ops, iomode: u32, sid: &Sid, maxcount: u32| {
+        let w = o.op(OP_LAYOUTGET);
+        w.bool(false).u32(LAYOUT4_NFSV4_1_FILES).u32(iomode).u64(0).u64(u64::MAX).u64(0);
+        w.u32(sid.0).fixed(&sid.1).u32(maxcount);
+    };
+    // ANY is no iomode to ask for; a maxcount the layout does not fit is TOOSMALL.
+    let mut res = v.on_fh(&fh, |o| layoutget(o, IOMODE_ANY, &open, 65536)).await;
+    assert_eq!(res.op(OP_LAYOUTGET), NFS4ERR_BADIOMODE);
+    let mut res = v.on_fh(&fh, |o| layoutget(o, IOMODE_RW, &open, 64)).await;
+    assert_eq!(res.op(OP_LAYOUTGET), NFS4ERR_TOOSMALL);
+    let mut res = v.on_fh(&fh, |o| layoutget(o, IOMODE_RW, &open, 65536)).await;
+    res.ok(OP_LAYOUTGET);
+    let (roc, lsid, device, fhs) = res.with(|r| {
+        let roc = r.bool().unwrap();
+        let lsid: Sid = (r.u32().unwrap(), r.fixed(12).unwrap().try_into().unwrap());
+        assert_eq!(r.u32().unwrap(), 1, "one layout");
+        assert_eq!((r.u64().unwrap(), r.u64().unwrap(), r.u32().unwrap()), (0, u64::MAX, IOMODE_RW));
+        assert_eq!(r.u32().unwrap(), LAYOUT4_NFSV4_1_FILES);
+        let mut b = Reader::new(r.opaque(65536).unwrap());
+        let device: DeviceId = b.fixed(16).unwrap().try_into().unwrap();
+        let util = b.u32().unwrap();
+        assert_eq!((util & NFL4_UFLG_DENSE, util), (0, UNIT), "sparse: file offsets go to the data servers");
+        assert_eq!((b.u32().unwrap(), b.u64().unwrap()), (0, 0), "first stripe index, pattern offset");
+        let n = b.u32().unwrap();
+        let fhs: Vec<Vec<u8>> = (0..n).map(|_| b.opaque(128).unwrap().to_vec()).collect();
+        assert_eq!(b.remaining(), 0);
+        (roc, lsid, device, fhs)
+    });
+    assert!(!roc);
+    assert_eq!((lsid.0, lsid.1[4]), (1, 3), "a layout stateid, seqid 1");
+    assert_eq!(fhs.len(), SERVERS as usize);
+    for (i, h) in fhs.iter().enumerate() {
+        let d = weft_nfs::ds::fh::decode(h).unwrap();
+        assert_eq!((d.cap.ino, d.unit, d.count, d.index), (ino, UNIT, SERVERS, i as u32));
+        assert_eq!(d.cap.key_id, "pnfs");
+    }
+
+    // The device: stripe index i → server i's NFS addresses, as the MDS lists them.
+    let devices = client.pnfs_devices().await.unwrap();
+    let mut res = v
+        .seq(|o| {
+            o.op(OP_GETDEVICEINFO).fixed(&device).u32(LAYOUT4_NFSV4_1_FILES).u32(65536).u32(0);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_GETDEVICEINFO);
+    res.with(|r| {
+        assert_eq!(r.u32().unwrap(), LAYOUT4_NFSV4_1_FILES);
+        let mut b = Reader::new(r.opaque(65536).unwrap());
+        assert_eq!(r.u32().unwrap(), 0, "no notifications");
+        let n = b.u32().unwrap();
+        let idx: Vec<u32> = (0..n).map(|_| b.u32().unwrap()).collect();
+        assert_eq!(idx, (0..SERVERS).collect::<Vec<_>>());
+        assert_eq!(b.u32().unwrap(), SERVERS);
+        for id in &servers {
+            let want = &devices.iter().find(|d| d.server == *id).unwrap().addrs;
+            let k = b.u32().unwrap() as usize;
+            assert_eq!(k, want.len());
+            for a in want {
+                let (netid, uaddr) = netaddr(a);
+                assert_eq!(b.opaque(16).unwrap(), netid.as_bytes());
+                assert_eq!(b.opaque(64).unwrap(), uaddr.as_bytes());
+            }
+        }
+    });
+    // A forged device id; too small a maxcount (the size needed comes back).
+    let mut forged = device;
+    forged[15] ^= 0x40;
+    let mut res = v
+        .seq(|o| {
+            o.op(OP_GETDEVICEINFO).fixed(&forged).u32(LAYOUT4_NFSV4_1_FILES).u32(65536).u32(0);
+        })
+        .await;
+    res.seq();
+    assert_eq!(res.op(OP_GETDEVICEINFO), NFS4ERR_NOENT);
+    let mut res = v
+        .seq(|o| {
+            o.op(OP_GETDEVICEINFO).fixed(&device).u32(LAYOUT4_NFSV4_1_FILES).u32(16).u32(0);
+        })
+        .await;
+    res.seq();
+    assert_eq!(res.op(OP_GETDEVICEINFO), NFS4ERR_TOOSMALL);
+    assert!(res.with(|r| r.u32().unwrap()) > 16);
+    // GETDEVICELIST names it.
+    let mut res = v
+        .on_fh(&fh, |o| {
+            o.op(OP_GETDEVICELIST).u32(LAYOUT4_NFSV4_1_FILES).u32(16).u64(0).fixed(&[0; 8]);
+        })
+        .await;
+    res.ok(OP_GETDEVICELIST);
+    res.with(|r| {
+        r.fixed(16).unwrap();
+        assert_eq!(r.u32().unwrap(), 1);
+        assert_eq!(r.fixed(16).unwrap(), &device[..]);
+        assert!(r.bool().unwrap(), "eof");
+    });
+
+    // LAYOUTCOMMIT: the last write offset + 1 becomes the size at the MDS; a smaller one changes nothing.
+    let layoutcommit = |o: &mut Ops, sid: &Sid, last: u64| {
+        let w = o.op(OP_LAYOUTCOMMIT);
+        w.u64(0).u64(u64::MAX).bool(false).u32(sid.0).fixed(&sid.1);
+        w.bool(true).u64(last).bool(true).u64(1_700_000_000).u32(5).u32(LAYOUT4_NFSV4_1_FILES).opaque(b"");
+    };
+    let mut res = v.on_fh(&fh, |o| layoutcommit(o, &lsid, 300_000)).await;
+    res.ok(OP_LAYOUTCOMMIT);
+    assert_eq!(res.with(|r| (r.bool().unwrap(), r.u64().unwrap())), (true, 300_001));
+    let a = client.getattr(ino).await.unwrap();
+    assert_eq!(a.size, 300_001);
+    assert!(a.mtime_ns >= 1_700_000_000_000_000_005);
+    let mut res = v.on_fh(&fh, |o| layoutcommit(o, &lsid, 10)).await;
+    res.ok(OP_LAYOUTCOMMIT);
+    assert!(!res.with(|r| r.bool().unwrap()), "the size did not change");
+    assert_eq!(client.getattr(ino).await.unwrap().size, 300_001);
+
+    // An ec file has no file layout: served through the gateway.
+    let mut res = v
+        .seq(|o| {
+            o.putrootfh().lookup("ec").open(b"o", "e", OPEN4_SHARE_ACCESS_BOTH, 0, true);
+            layoutget(o, IOMODE_RW, &(1, [0; 12]), 65536);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    res.open();
+    assert_eq!(res.op(OP_LAYOUTGET), NFS4ERR_LAYOUTUNAVAILABLE);
+
+    // LAYOUTRETURN of the whole file: the layout is gone, its stateid with it.
+    let mut res = v
+        .on_fh(&fh, |o| {
+            let w = o.op(OP_LAYOUTRETURN);
+            w.bool(false).u32(LAYOUT4_NFSV4_1_FILES).u32(IOMODE_ANY).u32(LAYOUTRETURN4_FILE);
+            w.u64(0).u64(u64::MAX).u32(lsid.0).fixed(&lsid.1).opaque(b"");
+        })
+        .await;
+    res.ok(OP_LAYOUTRETURN);
+    assert!(!res.with(|r| r.bool().unwrap()), "nothing left");
+    let mut res = v.on_fh(&fh, |o| layoutcommit(o, &lsid, 400_000)).await;
+    assert_eq!(res.op(OP_LAYOUTCOMMIT), NFS4ERR_BAD_STATEID);
+    assert_eq!(client.getattr(ino).await.unwrap().size, 300_001);
+}

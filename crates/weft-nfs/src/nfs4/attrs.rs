@@ -56,6 +56,10 @@ pub const TIME_METADATA: u32 = 52;
 pub const TIME_MODIFY: u32 = 53;
 pub const TIME_MODIFY_SET: u32 = 54;
 pub const MOUNTED_ON_FILEID: u32 = 55;
+/// pNFS (answered only while the gateway serves layouts): the layout types of the file system, and the
+/// preferred block size for layout I/O (the file's stripe unit).
+pub const FS_LAYOUT_TYPES: u32 = 62;
+pub const LAYOUT_BLKSIZE: u32 = 65;
 pub const SUPPATTR_EXCLCREAT: u32 = 75;
 
 /// Bitmap words accepted on the wire (attributes go up to 82 today: 3 words; 8 leaves room).
@@ -169,6 +173,16 @@ pub fn supported() -> Bitmap {
     ])
 }
 
+/// Every attribute GETATTR answers when the gateway serves pNFS layouts (or not).
+pub fn supported_with(pnfs: bool) -> Bitmap {
+    let mut b = supported();
+    if pnfs {
+        b.set(FS_LAYOUT_TYPES);
+        b.set(LAYOUT_BLKSIZE);
+    }
+    b
+}
+
 /// What SETATTR and createattrs may carry.
 pub fn settable() -> Bitmap {
     Bitmap::of(&[SIZE, MODE, OWNER, OWNER_GROUP, TIME_ACCESS_SET, TIME_MODIFY_SET])
@@ -187,6 +201,8 @@ pub struct FsInfo {
     pub bytes_total: u64,
     pub bytes_free: u64,
     pub files: u64,
+    /// The gateway serves pNFS layouts: `fs_layout_type` and `layout_blksize` are answered.
+    pub pnfs: bool,
 }
 
 fn nfstime4(w: &mut Writer, ns: i64) {
@@ -214,7 +230,7 @@ pub fn change_of(a: &Attr) -> u64 {
 /// Encodes the `fattr4` of `a` for the requested bits (unsupported ones are left out of the answer's bitmap, as
 /// RFC 8881 §5.2 prescribes); `fh` is the handle for `filehandle`.
 pub fn encode(w: &mut Writer, want: &Bitmap, a: &Attr, fh: &[u8], fs: &FsInfo) {
-    let sup = supported();
+    let sup = supported_with(fs.pnfs);
     let mut got = Bitmap::default();
     let mut v = Writer::new();
     for n in want.iter().filter(|&n| sup.has(n)) {
@@ -307,6 +323,13 @@ pub fn encode(w: &mut Writer, want: &Bitmap, a: &Attr, fh: &[u8], fs: &FsInfo) {
             TIME_METADATA => nfstime4(&mut v, a.ctime_ns),
             TIME_MODIFY => nfstime4(&mut v, a.mtime_ns),
             SUPPATTR_EXCLCREAT => exclcreat().encode(&mut v),
+            FS_LAYOUT_TYPES => {
+                v.u32(1).u32(super::layout::LAYOUT4_NFSV4_1_FILES);
+            }
+            LAYOUT_BLKSIZE => {
+                // A file's (or a directory's policy's) stripe unit: the I/O size that touches one data server.
+                v.u32(a.layout.as_ref().map_or(weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES, |l| l.stripe_unit));
+            }
             // Write-only (the *_SET times): answered by nothing, so left out of the bitmap.
             _ => continue,
         }

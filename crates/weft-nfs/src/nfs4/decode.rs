@@ -4,6 +4,7 @@
 
 use super::attrs::{ATTRLIST_BYTES_MAX, Bitmap};
 use super::consts::*;
+use super::layout;
 use super::state::{ChannelAttrs, Stateid};
 use crate::xdr::{Reader, XdrError};
 
@@ -188,6 +189,11 @@ pub enum Op<'a> {
     },
     TestStateid(Vec<Stateid>),
     DestroyClientid(u64),
+    LayoutGet(super::layout::LayoutGetArgs),
+    LayoutCommit(super::layout::LayoutCommitArgs),
+    LayoutReturn(super::layout::LayoutReturnArgs),
+    GetDeviceInfo(super::layout::DeviceInfoArgs),
+    GetDeviceList(super::layout::DeviceListArgs),
     ReclaimComplete(bool),
     /// A known op the gateway does not serve (NFS4ERR_NOTSUPP); its arguments were skipped.
     NotSupp(u32),
@@ -475,10 +481,15 @@ pub fn op<'a>(code: u32, r: &mut Reader<'a>) -> Result<Op<'a>, XdrError> {
         }
         OP_DESTROY_CLIENTID => Op::DestroyClientid(r.u64()?),
         OP_RECLAIM_COMPLETE => Op::ReclaimComplete(r.bool()?),
-        // OPENATTR, DELEGPURGE, BACKCHANNEL_CTL, the pNFS ops, GET_DIR_DELEGATION, WANT_DELEGATION, SET_SSV: not
-        // served; their arguments cannot be skipped without decoding them, so they end the compound as NOTSUPP.
-        // The v4.0-only ops (OPEN_CONFIRM, RENEW, SETCLIENTID(_CONFIRM), RELEASE_LOCKOWNER) likewise.
-        7 | 19 | 20 | 30 | 35 | 36 | 39 | 40 | 46..=51 | 54 | 56 => Op::NotSupp(code),
+        OP_LAYOUTGET => Op::LayoutGet(layout::decode_layoutget(r)?),
+        OP_LAYOUTCOMMIT => Op::LayoutCommit(layout::decode_layoutcommit(r)?),
+        OP_LAYOUTRETURN => Op::LayoutReturn(layout::decode_layoutreturn(r)?),
+        OP_GETDEVICEINFO => Op::GetDeviceInfo(layout::decode_getdeviceinfo(r)?),
+        OP_GETDEVICELIST => Op::GetDeviceList(layout::decode_getdevicelist(r)?),
+        // OPENATTR, DELEGPURGE, BACKCHANNEL_CTL, GET_DIR_DELEGATION, WANT_DELEGATION, SET_SSV: not served; their
+        // arguments cannot be skipped without decoding them, so they end the compound as NOTSUPP. The v4.0-only
+        // ops (OPEN_CONFIRM, RENEW, SETCLIENTID(_CONFIRM), RELEASE_LOCKOWNER) likewise.
+        7 | 19 | 20 | 30 | 35 | 36 | 39 | 40 | 46 | 54 | 56 => Op::NotSupp(code),
         d => return Err(XdrError::BadDiscriminant(d)),
     })
 }

@@ -6,14 +6,17 @@
 //! [`session_ops`] are the operations, [`state`] the pure state machine (clients, sessions, slots, stateids,
 //! leases, grace), [`attrs`] `fattr4`. Filehandles are the sealed handles of NFSv3 ([`crate::fh`]), so they are
 //! stable across restarts and gateways; the export's root is the root filehandle (no pseudo-filesystem above it).
-//! Delegations are never offered (OPEN answers OPEN_DELEGATE_NONE), and pNFS is not served (the next issue).
+//! Delegations are never offered (OPEN answers OPEN_DELEGATE_NONE). With `--pnfs` the gateway is a pNFS metadata
+//! server ([`pnfs`], [`layout`]): clients get file layouts and move a plain file's bytes with the data servers.
 //! docs/format.md §21.
 
 pub mod attrs;
 pub mod compound;
 pub mod consts;
 pub mod decode;
+pub mod layout;
 pub mod ops;
+pub mod pnfs;
 pub mod session_ops;
 pub mod state;
 

@@ -26,7 +26,7 @@ use crate::xdr::Writer;
 
 type Out = Result<Writer, u32>;
 
-fn st(e: &ClientError) -> u32 {
+pub(super) fn st(e: &ClientError) -> u32 {
     from_v3(status_of(e))
 }
 
@@ -44,7 +44,7 @@ fn check_name(name: &str) -> Result<(), u32> {
 }
 
 /// Fresh attributes with the gateway's uncommitted writes; a removed inode is STALE.
-async fn attr_of(cx: &Ctx<'_>, ino: u64) -> Result<Attr, u32> {
+pub(super) async fn attr_of(cx: &Ctx<'_>, ino: u64) -> Result<Attr, u32> {
     match cx.c.getattr(ino).await {
         Ok(mut a) => {
             cx.gw.files.overlay(&mut a);
@@ -78,7 +78,12 @@ fn needs_statfs(want: &Bitmap) -> bool {
 }
 
 async fn fs_info(cx: &Ctx<'_>, want: &Bitmap) -> FsInfo {
-    let mut fs = FsInfo { fsid: cx.gw.fsid, lease_s: (cx.gw.cfg.nfs4.lease_ms / 1000) as u32, ..FsInfo::default() };
+    let mut fs = FsInfo {
+        fsid: cx.gw.fsid,
+        lease_s: (cx.gw.cfg.nfs4.lease_ms / 1000) as u32,
+        pnfs: cx.gw.pnfs,
+        ..FsInfo::default()
+    };
     if needs_statfs(want)
         && let Ok(s) = cx.c.statfs().await
     {
@@ -192,6 +197,11 @@ pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
             cx.gw.nfs4.state().reclaim_complete(cid)?;
             Ok(Writer::new())
         }),
+        Op::LayoutGet(a) => return super::pnfs::layoutget(cx, a).await,
+        Op::LayoutCommit(a) => super::pnfs::layoutcommit(cx, a).await,
+        Op::LayoutReturn(a) => super::pnfs::layoutreturn(cx, a).await,
+        Op::GetDeviceInfo(a) => return super::pnfs::getdeviceinfo(cx, a).await,
+        Op::GetDeviceList(a) => super::pnfs::getdevicelist(cx, a).await,
         Op::NotSupp(_) => Err(NFS4ERR_NOTSUPP),
         // Session ops and SEQUENCE are placed by the compound loop.
         _ => Err(NFS4ERR_SERVERFAULT),
@@ -485,6 +495,7 @@ async fn read(cx: &Ctx<'_>, stateid: Stateid, offset: u64, count: u32) -> Out {
     let len = size.saturating_sub(offset).min(count) as usize;
     let data = f.read_at(offset, BytesMut::zeroed(len)).await.map_err(|e| st(&e))?;
     let eof = offset + data.len() as u64 >= size;
+    cx.gw.moved(ino, data.len(), 0);
     let mut w = Writer::new();
     w.bool(eof).opaque(&data);
     Ok(w)
@@ -502,6 +513,7 @@ async fn write(cx: &Ctx<'_>, stateid: Stateid, offset: u64, stable: u32, data: B
     // Nothing read ahead while the write ran is served after it (readahead.rs).
     cx.gw.files.wrote(ino);
     wrote.map_err(|e| st(&e))?;
+    cx.gw.moved(ino, 0, len as usize);
     let committed = if stable == 0 {
         0
     } else {

@@ -27,7 +27,9 @@ async fn release(cx: &Ctx<'_>, owners: Vec<u64>) {
 }
 
 pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
-    let (st, w, released) = run_on(&cx.gw.nfs4, op, EXCHGID4_FLAG_USE_NON_PNFS, &mut cx.session);
+    // A metadata server only while layouts are served (`--pnfs`); never both (RFC 8881 §13.1).
+    let role = if cx.gw.pnfs { EXCHGID4_FLAG_USE_PNFS_MDS } else { EXCHGID4_FLAG_USE_NON_PNFS };
+    let (st, w, released) = run_on(&cx.gw.nfs4, op, role, &mut cx.session);
     release(cx, released).await;
     (st, w)
 }

@@ -7,11 +7,14 @@
 //!
 //! Bounded: at most `clients_max` clients, `sessions_max` sessions, `slots_max` slots per session (each caching
 //! one reply of at most `cached_reply_bytes_max`), `stateids_max` stateids; a full table is NFS4ERR_RESOURCE
-//! (the client backs off), never growth.
+//! (the client backs off), never growth. pNFS layouts (docs/format.md §24): at most `layouts_max` layout stateids
+//! (full: NFS4ERR_LAYOUTTRYLATER) and `devices_max` devices, a device being the ordered server list of a layout;
+//! a full device table forgets the devices no layout names, and a device id is never reused within an epoch.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::consts::*;
+use super::layout::{DeviceId, IOMODE_RW};
 use crate::restart::OwnerKey;
 
 /// The state's bounds and times.
@@ -29,6 +32,10 @@ pub struct StateConfig {
     pub request_bytes_max: u32,
     pub reply_bytes_max: u32,
     pub stateids_max: usize,
+    /// pNFS layout stateids held at once (one per client and file).
+    pub layouts_max: usize,
+    /// pNFS devices (distinct ordered server lists) remembered.
+    pub devices_max: usize,
 }
 
 impl Default for StateConfig {
@@ -45,6 +52,8 @@ impl Default for StateConfig {
             request_bytes_max: (1 << 20) + 3072,
             reply_bytes_max: (1 << 20) + 3072,
             stateids_max: 65_536,
+            layouts_max: 65_536,
+            devices_max: 4096,
         }
     }
 }
@@ -59,6 +68,32 @@ pub struct Stateid {
 
 pub const KIND_OPEN: u8 = 1;
 pub const KIND_LOCK: u8 = 2;
+pub const KIND_LAYOUT: u8 = 3;
+/// The kind byte of a device id (docs/format.md §24).
+pub const KIND_DEVICE: u8 = 4;
+
+/// A whole-file layout a client holds (docs/format.md §24).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayoutRec {
+    pub clientid: u64,
+    pub ino: u64,
+    pub seqid: u32,
+    /// The iomodes held, as bits: LAYOUTIOMODE4_READ (1) and LAYOUTIOMODE4_RW (2).
+    pub iomodes: u32,
+    pub device: DeviceId,
+    /// The file's servers in stripe order and its layout generation when the layout was handed out.
+    pub servers: Vec<u32>,
+    pub generation: u64,
+}
+
+/// Device ids ↔ ordered server lists: ids count up from 1 and are never reused in an epoch, so a client's cached
+/// device can never come to mean other servers.
+#[derive(Debug, Default)]
+struct Devices {
+    by_servers: HashMap<Vec<u32>, u64>,
+    by_index: BTreeMap<u64, Vec<u32>>,
+    next: u64,
+}
 
 impl Stateid {
     pub const ANONYMOUS: Stateid = Stateid { seqid: 0, other: [0; 12] };
@@ -179,6 +214,8 @@ pub struct State {
     stateids: HashMap<[u8; 12], StateRec>,
     lock_owners: HashMap<(u64, Vec<u8>), u64>,
     owner_key: OwnerKey,
+    layouts: HashMap<[u8; 12], LayoutRec>,
+    devices: Devices,
 }
 
 type R<T> = Result<T, u32>;
@@ -197,6 +234,8 @@ impl State {
             stateids: HashMap::new(),
             lock_owners: HashMap::new(),
             owner_key: OwnerKey::default(),
+            layouts: HashMap::new(),
+            devices: Devices::default(),
         }
     }
 
@@ -250,6 +289,7 @@ impl State {
             }
         }
         self.stateids.retain(|_, s| s.clientid != clientid);
+        self.layouts.retain(|_, l| l.clientid != clientid);
         let mut owners = Vec::new();
         self.lock_owners.retain(|(c, _), o| {
             if *c == clientid {
@@ -669,14 +709,163 @@ impl State {
         }
     }
 
+    /// The device id of an ordered server list (made if new; a full table first forgets the devices no layout
+    /// names, and is LAYOUTTRYLATER if every one is named).
+    fn device_for(&mut self, servers: &[u32]) -> R<DeviceId> {
+        let index = match self.devices.by_servers.get(servers) {
+            Some(&i) => i,
+            None => {
+                if self.devices.by_index.len() >= self.cfg.devices_max {
+                    let named: std::collections::HashSet<DeviceId> = self.layouts.values().map(|l| l.device).collect();
+                    let epoch = self.epoch;
+                    let d = &mut self.devices;
+                    d.by_index.retain(|&i, _| named.contains(&device_id(epoch, i)));
+                    d.by_servers.retain(|_, i| d.by_index.contains_key(i));
+                    if d.by_index.len() >= self.cfg.devices_max {
+                        return Err(NFS4ERR_LAYOUTTRYLATER);
+                    }
+                }
+                self.devices.next += 1;
+                let i = self.devices.next;
+                self.devices.by_servers.insert(servers.to_vec(), i);
+                self.devices.by_index.insert(i, servers.to_vec());
+                i
+            }
+        };
+        Ok(device_id(self.epoch, index))
+    }
+
+    /// The ordered servers a device id names; `None` for an id of another epoch, a forgotten or a made-up one.
+    pub fn device(&self, id: &DeviceId) -> Option<&[u32]> {
+        let index = device_index(self.epoch, id)?;
+        self.devices.by_index.get(&index).map(Vec::as_slice)
+    }
+
+    /// GETDEVICELIST: up to `max` device ids after `cookie` (0: from the start); returns them, the cookie to go on
+    /// from, and whether the list ended.
+    pub fn device_list(&self, cookie: u64, max: usize) -> (Vec<DeviceId>, u64, bool) {
+        let mut ids = Vec::new();
+        let mut last = cookie;
+        let mut it = self.devices.by_index.range(cookie.saturating_add(1)..).peekable();
+        while ids.len() < max {
+            let Some((&i, _)) = it.next() else { break };
+            ids.push(device_id(self.epoch, i));
+            last = i;
+        }
+        (ids, last, it.peek().is_none())
+    }
+
+    /// LAYOUTGET (RFC 8881 §18.43.3, §12.5.3): `id` is the client's layout stateid for `ino`, or (for its first
+    /// layout of the file) an open or lock stateid of this client for `ino`, with write access for an RW layout
+    /// (OPENMODE). Records `iomode` on the (client, file) layout, whose seqid moves on; returns the layout stateid
+    /// and the device of `servers`.
+    pub fn layout_get(
+        &mut self,
+        clientid: u64,
+        ino: u64,
+        id: &Stateid,
+        iomode: u32,
+        servers: &[u32],
+        generation: u64,
+    ) -> R<(Stateid, DeviceId)> {
+        let mine = self.layouts.iter().find(|(_, l)| l.clientid == clientid && l.ino == ino).map(|(k, _)| *k);
+        if id.other[4] == KIND_LAYOUT {
+            let l = self.layouts.get(&id.other).ok_or(NFS4ERR_BAD_STATEID)?;
+            if l.clientid != clientid || l.ino != ino || id.seqid > l.seqid {
+                return Err(NFS4ERR_BAD_STATEID);
+            }
+        } else {
+            if id.is_special() {
+                return Err(NFS4ERR_BAD_STATEID);
+            }
+            self.check_io(clientid, id, ino, iomode == IOMODE_RW)?;
+        }
+        if mine.is_none() && self.layouts.len() >= self.cfg.layouts_max {
+            return Err(NFS4ERR_LAYOUTTRYLATER);
+        }
+        let device = self.device_for(servers)?;
+        let key = match mine {
+            Some(k) => k,
+            None => {
+                let k = Stateid::make(self.epoch, KIND_LAYOUT, self.next_index(), 0).other;
+                self.layouts
+                    .insert(k, LayoutRec { clientid, ino, seqid: 0, iomodes: 0, device, servers: vec![], generation });
+                k
+            }
+        };
+        let l = self.layouts.get_mut(&key).expect("just found or made");
+        l.iomodes |= iomode;
+        l.seqid = l.seqid.wrapping_add(1).max(1);
+        l.device = device;
+        l.servers = servers.to_vec();
+        l.generation = generation;
+        Ok((Stateid { seqid: l.seqid, other: key }, device))
+    }
+
+    /// The layout a LAYOUTCOMMIT or LAYOUTRETURN names: this client's, for `ino`, not a seqid from the future.
+    pub fn layout_of(&self, clientid: u64, ino: u64, id: &Stateid) -> R<&LayoutRec> {
+        let l = self.layouts.get(&id.other).ok_or(NFS4ERR_BAD_STATEID)?;
+        if l.clientid != clientid || l.ino != ino || id.seqid > l.seqid {
+            return Err(NFS4ERR_BAD_STATEID);
+        }
+        Ok(l)
+    }
+
+    /// LAYOUTRETURN of type FILE (§18.44.3): drops `iomode` (ANY: both) from the layout. Every iomode gone: the
+    /// layout stateid is forgotten (`None`, `lrs_present` false); else its seqid moves on.
+    pub fn layout_return(&mut self, clientid: u64, ino: u64, id: &Stateid, iomode: u32) -> R<Option<Stateid>> {
+        self.layout_of(clientid, ino, id)?;
+        let l = self.layouts.get_mut(&id.other).expect("checked");
+        l.iomodes &= !iomode;
+        if l.iomodes == 0 {
+            self.layouts.remove(&id.other);
+            return Ok(None);
+        }
+        l.seqid = l.seqid.wrapping_add(1).max(1);
+        Ok(Some(Stateid { seqid: l.seqid, other: id.other }))
+    }
+
+    /// LAYOUTRETURN of type FSID or ALL (one export, one fsid): every layout of the client; returns how many.
+    pub fn layout_return_all(&mut self, clientid: u64) -> usize {
+        let before = self.layouts.len();
+        self.layouts.retain(|_, l| l.clientid != clientid);
+        before - self.layouts.len()
+    }
+
+    /// The layouts out for `ino` (every client's).
+    pub fn layouts_of(&self, ino: u64) -> Vec<LayoutRec> {
+        self.layouts.values().filter(|l| l.ino == ino).cloned().collect()
+    }
+
+    /// How many layouts are out, and on how many devices.
+    pub fn layout_counts(&self) -> (usize, usize) {
+        (self.layouts.len(), self.devices.by_index.len())
+    }
+
     pub fn counts(&self) -> (usize, usize, usize) {
         (self.clients.len(), self.sessions.len(), self.stateids.len())
     }
 }
 
+/// A device id (16 bytes): epoch (4, BE) | kind 4 (1) | zero (3) | counter (8, BE). docs/format.md §24.
+pub fn device_id(epoch: u32, index: u64) -> DeviceId {
+    let mut id = [0u8; 16];
+    id[..4].copy_from_slice(&epoch.to_be_bytes());
+    id[4] = KIND_DEVICE;
+    id[8..].copy_from_slice(&index.to_be_bytes());
+    id
+}
+
+/// The counter of a device id of `epoch`; `None` for another epoch or kind.
+fn device_index(epoch: u32, id: &DeviceId) -> Option<u64> {
+    (id[..4] == epoch.to_be_bytes() && id[4] == KIND_DEVICE && id[5..8] == [0; 3])
+        .then(|| u64::from_be_bytes(id[8..].try_into().expect("8 bytes")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nfs4::layout::{IOMODE_ANY, IOMODE_READ};
 
     fn attrs() -> ChannelAttrs {
         ChannelAttrs {
@@ -819,5 +1008,89 @@ mod tests {
         foreign.other[0] ^= 1;
         assert_eq!(st.check(b, &foreign).map(|_| ()), Err(NFS4ERR_BAD_STATEID));
         assert_eq!(st.destroy_clientid(b), Err(NFS4ERR_CLIENTID_BUSY));
+    }
+
+    #[test]
+    fn layouts_from_an_open_then_by_their_own_stateid_until_returned() {
+        let mut st = State::new(StateConfig { layouts_max: 2, ..cfg() }, 5, 0);
+        let (a, _) = session(&mut st, b"a", 0);
+        let (b, _) = session(&mut st, b"b", 0);
+        let ro = st.open(a, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        // Special stateids, another client's, another file's: refused; an RW layout needs a writable open.
+        assert_eq!(st.layout_get(a, 9, &Stateid::ANONYMOUS, IOMODE_READ, &[1, 2], 0), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.layout_get(b, 9, &ro, IOMODE_READ, &[1, 2], 0), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.layout_get(a, 8, &ro, IOMODE_READ, &[1, 2], 0), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.layout_get(a, 9, &ro, IOMODE_RW, &[1, 2], 0), Err(NFS4ERR_OPENMODE));
+        let (l1, dev) = st.layout_get(a, 9, &ro, IOMODE_READ, &[1, 2], 0).unwrap();
+        assert_eq!((l1.seqid, l1.other[4], &l1.other[..4]), (1, KIND_LAYOUT, &5u32.to_be_bytes()[..]));
+        assert_eq!(st.device(&dev), Some(&[1u32, 2][..]));
+        // Again with the layout stateid: the same layout, seqid 2; an old seqid is fine, a future one is not.
+        let rw = st.open(a, b"o", 9, OPEN4_SHARE_ACCESS_BOTH, 0).unwrap();
+        let (l2, dev2) = st.layout_get(a, 9, &l1, IOMODE_RW, &[1, 2], 0).unwrap();
+        assert_eq!((l2.other, l2.seqid, dev2), (l1.other, 2, dev));
+        let future = Stateid { seqid: 9, ..l2 };
+        assert_eq!(st.layout_get(a, 9, &future, IOMODE_READ, &[1, 2], 0), Err(NFS4ERR_BAD_STATEID));
+        // A first layout from an open when the client already holds one: the same stateid.
+        let (l3, _) = st.layout_get(a, 9, &rw, IOMODE_READ, &[1, 2], 0).unwrap();
+        assert_eq!((l3.other, l3.seqid), (l1.other, 3));
+        assert_eq!(st.layouts_of(9)[0].iomodes, IOMODE_READ | IOMODE_RW);
+        // LAYOUTCOMMIT and LAYOUTRETURN name the layout: another client's or file's is BAD_STATEID.
+        assert!(st.layout_of(a, 9, &l3).is_ok());
+        assert_eq!(st.layout_of(b, 9, &l3).map(|_| ()), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.layout_of(a, 8, &l3).map(|_| ()), Err(NFS4ERR_BAD_STATEID));
+        // Returning RW keeps READ (seqid on); returning ANY forgets the layout.
+        let r = st.layout_return(a, 9, &l3, IOMODE_RW).unwrap().unwrap();
+        assert_eq!(r.seqid, 4);
+        assert_eq!(st.layout_return(a, 9, &r, IOMODE_ANY), Ok(None));
+        assert_eq!(st.layout_of(a, 9, &r).map(|_| ()), Err(NFS4ERR_BAD_STATEID));
+        assert!(st.layouts_of(9).is_empty());
+        // Bounded: two layouts at most; RETURN ALL and a client's expiry free them.
+        let o7 = st.open(a, b"o", 7, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        let o6 = st.open(a, b"o", 6, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        let ob = st.open(b, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        st.layout_get(a, 9, &rw, IOMODE_READ, &[1, 2], 0).unwrap();
+        st.layout_get(a, 7, &o7, IOMODE_READ, &[2, 1], 0).unwrap();
+        assert_eq!(st.layout_get(a, 6, &o6, IOMODE_READ, &[1], 0), Err(NFS4ERR_LAYOUTTRYLATER));
+        assert_eq!(st.layout_counts(), (2, 2));
+        assert_eq!(st.layout_return_all(a), 2);
+        st.layout_get(b, 9, &ob, IOMODE_READ, &[1, 2], 0).unwrap();
+        assert_eq!(st.layout_counts().0, 1);
+        st.destroy_session(&st.clients[&b].sessions[0].clone()).unwrap();
+        st.destroy_clientid(b).unwrap();
+        assert_eq!(st.layout_counts().0, 0, "a destroyed client's layouts go with it");
+    }
+
+    #[test]
+    fn device_ids_name_one_server_list_and_are_never_reused() {
+        let mut st = State::new(StateConfig { devices_max: 2, ..cfg() }, 5, 0);
+        let (a, _) = session(&mut st, b"a", 0);
+        let o = st.open(a, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        let d12 = st.device_for(&[1, 2]).unwrap();
+        assert_eq!(d12, device_id(5, 1));
+        assert_eq!(st.device_for(&[1, 2]).unwrap(), d12, "the same ordered list, the same device");
+        let d21 = st.device_for(&[2, 1]).unwrap();
+        assert_ne!(d21, d12, "order matters: stripe index i is server i");
+        // Full: a new list forgets the devices no layout names (here both), and its id is new.
+        let (_, named) = st.layout_get(a, 9, &o, IOMODE_READ, &[2, 1], 0).unwrap();
+        assert_eq!(named, d21);
+        let d3 = st.device_for(&[3]).unwrap();
+        assert_eq!(d3, device_id(5, 3));
+        assert_eq!(st.device(&d12), None, "forgotten: GETDEVICEINFO answers NOENT");
+        assert_eq!(st.device(&d21), Some(&[2u32, 1][..]), "named by a layout: kept");
+        // Both named now: a further list waits.
+        st.layout_get(a, 9, &o, IOMODE_READ, &[3], 0).unwrap();
+        let o2 = st.open(a, b"o", 10, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        st.layout_get(a, 10, &o2, IOMODE_READ, &[2, 1], 0).unwrap();
+        assert_eq!(st.device_for(&[4]), Err(NFS4ERR_LAYOUTTRYLATER));
+        // Another epoch's id, another kind, a made-up counter: unknown.
+        assert_eq!(st.device(&device_id(6, 3)), None);
+        let mut k = d3;
+        k[4] = KIND_LOCK;
+        assert_eq!(st.device(&k), None);
+        assert_eq!(st.device(&device_id(5, 99)), None);
+        // GETDEVICELIST pages through the ids in order.
+        assert_eq!(st.device_list(0, 1), (vec![d21], 2, false));
+        assert_eq!(st.device_list(2, 8), (vec![d3], 3, true));
+        assert_eq!(st.device_list(3, 8), (vec![], 3, true));
     }
 }

@@ -1,0 +1,361 @@
+//! pNFS file layouts (RFC 8881 §12, §13; the XDR of RFC 5662): the arguments of LAYOUTGET, LAYOUTCOMMIT,
+//! LAYOUTRETURN, GETDEVICEINFO and GETDEVICELIST as decoded, and the bodies the gateway answers:
+//! `nfsv4_1_file_layout4` (a Weft plain layout as a file layout: the stripe unit, one data-server filehandle per
+//! stripe index, first stripe index 0, pattern offset 0) and `nfsv4_1_file_layout_ds_addr4` (a device: the ordered
+//! servers of a layout, each with its multipath list of NFS addresses).
+//!
+//! Packing: the layout is *sparse* on the wire (no NFL4_UFLG_DENSE), so a client sends each data server the
+//! file offset (RFC 8881 §13.4.4; with DENSE it would send the object offset) and the data server maps it to its
+//! object, which Weft stores dense (object offset `(s / count)·unit + o % unit`, §23), refusing an offset of
+//! another server's stripe.
+//!
+//! Pure: no I/O. Every count and length from the wire is bounded before use; encoders assert what the caller
+//! guarantees (a stripe unit the file layout can carry, at most [`STRIPE_INDICES_MAX`] servers).
+//! docs/format.md §24.
+
+use std::net::SocketAddr;
+
+use super::attrs::Bitmap;
+use super::decode::stateid;
+use super::state::Stateid;
+use crate::xdr::{Reader, Writer, XdrError};
+
+/// `layouttype4` LAYOUT4_NFSV4_1_FILES: the only layout type served.
+pub const LAYOUT4_NFSV4_1_FILES: u32 = 1;
+/// `layoutiomode4`.
+pub const IOMODE_READ: u32 = 1;
+pub const IOMODE_RW: u32 = 2;
+pub const IOMODE_ANY: u32 = 3;
+/// `nfl_util4` flags: dense packing (the client would send object offsets). Not set: see the module header.
+pub const NFL4_UFLG_DENSE: u32 = 0x1;
+/// The bits of `nfl_util4` that carry the stripe unit (a multiple of 64).
+pub const NFL4_UFLG_STRIPE_UNIT_SIZE_MASK: u32 = 0xffff_ffc0;
+/// `layoutreturn_type4`.
+pub const LAYOUTRETURN4_FILE: u32 = 1;
+pub const LAYOUTRETURN4_FSID: u32 = 2;
+pub const LAYOUTRETURN4_ALL: u32 = 3;
+/// `deviceid4` is 16 bytes.
+pub const DEVICEID_BYTES: usize = 16;
+/// A layout covers the whole file: length all ones (NFS4_UINT64_MAX) from offset 0.
+pub const WHOLE_FILE: u64 = u64::MAX;
+/// The most stripe indices (servers of one layout): Weft's own bound on a stripe count.
+pub const STRIPE_INDICES_MAX: usize = weft_proto::layout::STRIPE_COUNT_MAX as usize;
+/// Addresses of one data server in a multipath list (more are left out).
+pub const MULTIPATH_ADDRS_MAX: usize = 8;
+/// `lou_body` / `lrf_body` / `lrs_body` accepted (a files layout has none; other types' bodies are skipped).
+pub const LAYOUT_BODY_BYTES_MAX: usize = 4096;
+/// Device ids GETDEVICELIST answers at once at most.
+pub const DEVICELIST_MAX: u32 = 256;
+
+pub type DeviceId = [u8; DEVICEID_BYTES];
+
+/// LAYOUTGET4args.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayoutGetArgs {
+    pub signal_avail: bool,
+    pub layout_type: u32,
+    pub iomode: u32,
+    pub offset: u64,
+    pub length: u64,
+    pub minlength: u64,
+    pub stateid: Stateid,
+    pub maxcount: u32,
+}
+
+/// LAYOUTCOMMIT4args (`loca_layoutupdate`'s body is checked for length and ignored: a files layout has none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayoutCommitArgs {
+    pub offset: u64,
+    pub length: u64,
+    pub reclaim: bool,
+    pub stateid: Stateid,
+    /// `loca_last_write_offset`, if the client gave one.
+    pub last_write: Option<u64>,
+    /// `loca_time_modify` (seconds, nanoseconds), if the client gave one.
+    pub mtime: Option<(i64, u32)>,
+    pub layout_type: u32,
+}
+
+/// What LAYOUTRETURN returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReturnWhat {
+    File { offset: u64, length: u64, stateid: Stateid },
+    Fsid,
+    All,
+}
+
+/// LAYOUTRETURN4args.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayoutReturnArgs {
+    pub reclaim: bool,
+    pub layout_type: u32,
+    pub iomode: u32,
+    pub what: ReturnWhat,
+}
+
+/// GETDEVICEINFO4args.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfoArgs {
+    pub deviceid: DeviceId,
+    pub layout_type: u32,
+    pub maxcount: u32,
+    pub notify: Bitmap,
+}
+
+/// GETDEVICELIST4args.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceListArgs {
+    pub layout_type: u32,
+    pub maxdevices: u32,
+    pub cookie: u64,
+    pub verf: [u8; 8],
+}
+
+fn iomode(r: &mut Reader<'_>) -> Result<u32, XdrError> {
+    let m = r.u32()?;
+    if !(IOMODE_READ..=IOMODE_ANY).contains(&m) {
+        return Err(XdrError::BadDiscriminant(m));
+    }
+    Ok(m)
+}
+
+fn deviceid(r: &mut Reader<'_>) -> Result<DeviceId, XdrError> {
+    Ok(r.fixed(DEVICEID_BYTES)?.try_into().expect("16 bytes"))
+}
+
+pub fn decode_layoutget(r: &mut Reader<'_>) -> Result<LayoutGetArgs, XdrError> {
+    Ok(LayoutGetArgs {
+        signal_avail: r.bool()?,
+        layout_type: r.u32()?,
+        iomode: iomode(r)?,
+        offset: r.u64()?,
+        length: r.u64()?,
+        minlength: r.u64()?,
+        stateid: stateid(r)?,
+        maxcount: r.u32()?,
+    })
+}
+
+pub fn decode_layoutcommit(r: &mut Reader<'_>) -> Result<LayoutCommitArgs, XdrError> {
+    let offset = r.u64()?;
+    let length = r.u64()?;
+    let reclaim = r.bool()?;
+    let stateid = stateid(r)?;
+    let last_write = if r.bool()? { Some(r.u64()?) } else { None };
+    let mtime = if r.bool()? { Some((r.u64()? as i64, r.u32()?)) } else { None };
+    let layout_type = r.u32()?;
+    r.opaque(LAYOUT_BODY_BYTES_MAX)?;
+    Ok(LayoutCommitArgs { offset, length, reclaim, stateid, last_write, mtime, layout_type })
+}
+
+pub fn decode_layoutreturn(r: &mut Reader<'_>) -> Result<LayoutReturnArgs, XdrError> {
+    let reclaim = r.bool()?;
+    let layout_type = r.u32()?;
+    let iomode = iomode(r)?;
+    let what = match r.u32()? {
+        LAYOUTRETURN4_FILE => {
+            let offset = r.u64()?;
+            let length = r.u64()?;
+            let stateid = stateid(r)?;
+            r.opaque(LAYOUT_BODY_BYTES_MAX)?;
+            ReturnWhat::File { offset, length, stateid }
+        }
+        LAYOUTRETURN4_FSID => ReturnWhat::Fsid,
+        LAYOUTRETURN4_ALL => ReturnWhat::All,
+        d => return Err(XdrError::BadDiscriminant(d)),
+    };
+    Ok(LayoutReturnArgs { reclaim, layout_type, iomode, what })
+}
+
+pub fn decode_getdeviceinfo(r: &mut Reader<'_>) -> Result<DeviceInfoArgs, XdrError> {
+    Ok(DeviceInfoArgs { deviceid: deviceid(r)?, layout_type: r.u32()?, maxcount: r.u32()?, notify: Bitmap::decode(r)? })
+}
+
+pub fn decode_getdevicelist(r: &mut Reader<'_>) -> Result<DeviceListArgs, XdrError> {
+    Ok(DeviceListArgs {
+        layout_type: r.u32()?,
+        maxdevices: r.u32()?,
+        cookie: r.u64()?,
+        verf: r.fixed(8)?.try_into().expect("8 bytes"),
+    })
+}
+
+/// `nfl_util4` of a stripe unit, sparse (file offsets on the wire); `None` if the unit cannot be expressed (0, or
+/// not a multiple of 64).
+pub fn nfl_util(stripe_unit: u32) -> Option<u32> {
+    (stripe_unit != 0 && stripe_unit & !NFL4_UFLG_STRIPE_UNIT_SIZE_MASK == 0).then_some(stripe_unit)
+}
+
+/// The body of a `layout_content4` of type FILES (`nfsv4_1_file_layout4`): the device, the stripe unit (sparse),
+/// first stripe index 0, pattern offset 0, and one filehandle per stripe index.
+pub fn file_layout_body(device: &DeviceId, stripe_unit: u32, fhs: &[Vec<u8>]) -> Vec<u8> {
+    let util = nfl_util(stripe_unit).expect("a Weft stripe unit is a multiple of 4096");
+    assert!(!fhs.is_empty() && fhs.len() <= STRIPE_INDICES_MAX, "one filehandle per stripe index");
+    let mut w = Writer::new();
+    w.fixed(device).u32(util).u32(0).u64(0);
+    w.u32(fhs.len() as u32);
+    for fh in fhs {
+        w.opaque(fh);
+    }
+    w.into_vec()
+}
+
+/// LAYOUTGET4resok with one whole-file `layout4` of type FILES.
+pub fn encode_layoutget_ok(w: &mut Writer, return_on_close: bool, stateid: &Stateid, iomode: u32, body: &[u8]) {
+    w.bool(return_on_close).u32(stateid.seqid).fixed(&stateid.other);
+    w.u32(1); // one layout4
+    w.u64(0).u64(WHOLE_FILE).u32(iomode);
+    w.u32(LAYOUT4_NFSV4_1_FILES).opaque(body);
+}
+
+/// `netaddr4` of an address: netid `tcp` and `h1.h2.h3.h4.p1.p2` for IPv4, `tcp6` and `x:…:x.p1.p2` for IPv6
+/// (RFC 5665 universal addresses).
+pub fn netaddr(addr: &SocketAddr) -> (&'static str, String) {
+    let (hi, lo) = (addr.port() >> 8, addr.port() & 0xff);
+    match addr {
+        SocketAddr::V4(a) => ("tcp", format!("{}.{hi}.{lo}", a.ip())),
+        SocketAddr::V6(a) => ("tcp6", format!("{}.{hi}.{lo}", a.ip())),
+    }
+}
+
+/// The body of a `device_addr4` of type FILES (`nfsv4_1_file_layout_ds_addr4`): stripe index i uses multipath
+/// list i; list i holds server i's addresses (at most [`MULTIPATH_ADDRS_MAX`]).
+pub fn ds_addr_body(servers: &[Vec<SocketAddr>]) -> Vec<u8> {
+    assert!(!servers.is_empty() && servers.len() <= STRIPE_INDICES_MAX, "a device has 1..=256 servers");
+    let mut w = Writer::new();
+    w.u32(servers.len() as u32);
+    for i in 0..servers.len() as u32 {
+        w.u32(i);
+    }
+    w.u32(servers.len() as u32);
+    for addrs in servers {
+        let addrs = &addrs[..addrs.len().min(MULTIPATH_ADDRS_MAX)];
+        w.u32(addrs.len() as u32);
+        for a in addrs {
+            let (netid, uaddr) = netaddr(a);
+            w.opaque(netid.as_bytes()).opaque(uaddr.as_bytes());
+        }
+    }
+    w.into_vec()
+}
+
+/// GETDEVICEINFO4resok: the device's address body, no notifications.
+pub fn encode_deviceinfo_ok(w: &mut Writer, body: &[u8]) {
+    w.u32(LAYOUT4_NFSV4_1_FILES).opaque(body);
+    w.u32(0); // gdir_notification: none
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_layout_bytes_are_the_rfcs() {
+        let dev = [0xab; 16];
+        let body = file_layout_body(&dev, 65536, &[vec![1, 2, 3], vec![4; 4]]);
+        let mut want = Vec::new();
+        want.extend_from_slice(&[0xab; 16]);
+        want.extend_from_slice(&[0x00, 0x01, 0x00, 0x00]); // 65536, sparse
+        want.extend_from_slice(&[0, 0, 0, 0]); // first stripe index
+        want.extend_from_slice(&[0; 8]); // pattern offset
+        want.extend_from_slice(&[0, 0, 0, 2]); // two filehandles
+        want.extend_from_slice(&[0, 0, 0, 3, 1, 2, 3, 0]); // padded to 4
+        want.extend_from_slice(&[0, 0, 0, 4, 4, 4, 4, 4]);
+        assert_eq!(body, want);
+
+        let mut w = Writer::new();
+        let sid = Stateid { seqid: 2, other: [7; 12] };
+        encode_layoutget_ok(&mut w, false, &sid, IOMODE_RW, &[9, 9, 9, 9]);
+        let mut want = vec![0, 0, 0, 0, 0, 0, 0, 2];
+        want.extend_from_slice(&[7; 12]);
+        want.extend_from_slice(&[0, 0, 0, 1]); // one layout
+        want.extend_from_slice(&[0; 8]); // offset
+        want.extend_from_slice(&[0xff; 8]); // length: whole file
+        want.extend_from_slice(&[0, 0, 0, 2]); // RW
+        want.extend_from_slice(&[0, 0, 0, 1]); // LAYOUT4_NFSV4_1_FILES
+        want.extend_from_slice(&[0, 0, 0, 4, 9, 9, 9, 9]);
+        assert_eq!(w.into_vec(), want);
+        assert_eq!(nfl_util(4096), Some(0x1000));
+        assert_eq!(nfl_util(100), None);
+        assert_eq!(nfl_util(0), None);
+    }
+
+    #[test]
+    fn device_address_bytes_are_the_rfcs() {
+        let a: SocketAddr = "10.0.2.2:2050".parse().unwrap();
+        let b: SocketAddr = "[::1]:513".parse().unwrap();
+        assert_eq!(netaddr(&a), ("tcp", "10.0.2.2.8.2".to_string()));
+        assert_eq!(netaddr(&b), ("tcp6", "::1.2.1".to_string()));
+        let body = ds_addr_body(&[vec![a], vec![b, a]]);
+        let mut want = vec![0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 1]; // stripe indices [0, 1]
+        want.extend_from_slice(&[0, 0, 0, 2]); // two multipath lists
+        want.extend_from_slice(&[0, 0, 0, 1]); // server 0: one address
+        want.extend_from_slice(&[0, 0, 0, 3, b't', b'c', b'p', 0]);
+        want.extend_from_slice(&[0, 0, 0, 12]);
+        want.extend_from_slice(b"10.0.2.2.8.2");
+        want.extend_from_slice(&[0, 0, 0, 2]); // server 1: two addresses
+        want.extend_from_slice(&[0, 0, 0, 4, b't', b'c', b'p', b'6']);
+        want.extend_from_slice(&[0, 0, 0, 7, b':', b':', b'1', b'.', b'2', b'.', b'1', 0]);
+        want.extend_from_slice(&[0, 0, 0, 3, b't', b'c', b'p', 0]);
+        want.extend_from_slice(&[0, 0, 0, 12]);
+        want.extend_from_slice(b"10.0.2.2.8.2");
+        assert_eq!(body, want);
+        let mut w = Writer::new();
+        encode_deviceinfo_ok(&mut w, &[1, 2, 3, 4]);
+        assert_eq!(w.into_vec(), vec![0, 0, 0, 1, 0, 0, 0, 4, 1, 2, 3, 4, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn decoders_bound_every_field() {
+        let mut w = Writer::new();
+        w.bool(false).u32(1).u32(IOMODE_RW).u64(0).u64(u64::MAX).u64(0).u32(1).fixed(&[3; 12]).u32(4096);
+        let a = decode_layoutget(&mut Reader::new(&w.buf)).unwrap();
+        assert_eq!((a.iomode, a.length, a.stateid.seqid, a.maxcount), (IOMODE_RW, u64::MAX, 1, 4096));
+        // An iomode outside READ..ANY; every truncation.
+        let mut bad = w.buf.clone();
+        bad[11] = 4;
+        assert_eq!(decode_layoutget(&mut Reader::new(&bad)).unwrap_err(), XdrError::BadDiscriminant(4));
+        for n in 0..w.buf.len() {
+            assert!(decode_layoutget(&mut Reader::new(&w.buf[..n])).is_err());
+        }
+
+        let mut w = Writer::new();
+        w.u64(0).u64(8192).bool(false).u32(1).fixed(&[3; 12]);
+        w.bool(true).u64(8191).bool(true).u64(1700000000).u32(5).u32(1).opaque(b"");
+        let c = decode_layoutcommit(&mut Reader::new(&w.buf)).unwrap();
+        assert_eq!((c.last_write, c.mtime, c.layout_type), (Some(8191), Some((1700000000, 5)), 1));
+        for n in 0..w.buf.len() {
+            assert!(decode_layoutcommit(&mut Reader::new(&w.buf[..n])).is_err());
+        }
+        // A layout-update body over the bound.
+        let mut w = Writer::new();
+        w.u64(0).u64(0).bool(false).u32(0).fixed(&[0; 12]).bool(false).bool(false).u32(1).u32(1 << 20);
+        assert!(matches!(decode_layoutcommit(&mut Reader::new(&w.buf)), Err(XdrError::TooLong { .. })));
+
+        let mut w = Writer::new();
+        w.bool(false).u32(1).u32(IOMODE_ANY).u32(LAYOUTRETURN4_FILE).u64(0).u64(u64::MAX).u32(2).fixed(&[5; 12]);
+        w.opaque(b"");
+        let r = decode_layoutreturn(&mut Reader::new(&w.buf)).unwrap();
+        assert_eq!(
+            r.what,
+            ReturnWhat::File { offset: 0, length: u64::MAX, stateid: Stateid { seqid: 2, other: [5; 12] } }
+        );
+        let mut w = Writer::new();
+        w.bool(false).u32(1).u32(IOMODE_READ).u32(LAYOUTRETURN4_ALL);
+        assert_eq!(decode_layoutreturn(&mut Reader::new(&w.buf)).unwrap().what, ReturnWhat::All);
+        let mut w = Writer::new();
+        w.bool(false).u32(1).u32(IOMODE_READ).u32(9);
+        assert_eq!(decode_layoutreturn(&mut Reader::new(&w.buf)).unwrap_err(), XdrError::BadDiscriminant(9));
+
+        let mut w = Writer::new();
+        w.fixed(&[1; 16]).u32(1).u32(65536).u32(1).u32(0);
+        let d = decode_getdeviceinfo(&mut Reader::new(&w.buf)).unwrap();
+        assert_eq!((d.deviceid, d.maxcount), ([1; 16], 65536));
+        let mut w = Writer::new();
+        w.fixed(&[1; 16]).u32(1).u32(65536).u32(1000);
+        assert!(decode_getdeviceinfo(&mut Reader::new(&w.buf)).is_err(), "a bitmap of 1000 words");
+        let mut w = Writer::new();
+        w.u32(1).u32(16).u64(0).fixed(&[0; 8]);
+        assert_eq!(decode_getdevicelist(&mut Reader::new(&w.buf)).unwrap().maxdevices, 16);
+    }
+}

@@ -1,0 +1,68 @@
+#!/bin/sh
+# pNFS with the Linux kernel client (run by ../pnfs.sh, which starts a cluster of 4 data servers each serving NFS
+# as a pNFS data server, advertised to this guest as 10.0.2.2:P, and a gateway with --pnfs on at 10.0.2.2:PORT).
+# Mounts vers=4.1 over tcp, writes a file striped over the 4 data servers (directory /p: 64 KiB units, count 4),
+# remounts with caches dropped, reads it back equal, and shows the mount's LAYOUTGET and GETDEVICEINFO counts
+# (each must be > 0). Prints `pnfs.sh: ino=N` for the host's checks (every data server served READ and WRITE for
+# it; the gateway moved none of its bytes).
+# usage: pnfs.sh PORT [MIB]
+set -eu
+port="$1"
+mib="${2:-4}"
+fail() { echo >&2; echo "pnfs.sh: FAIL: $*" >&2; exit 1; }
+md5() { md5sum <"$1" | cut -d' ' -f1; }
+mnt=/mnt/pnfs
+opts="vers=4.1,proto=tcp,port=$port,addr=10.0.2.2"
+# op_count MOUNTPOINT OP: the number of OP calls in the mount's per-op statistics (0 if the line is missing).
+op_count() {
+	awk -v mp="$1" -v op="$2:" '$1 == "device" { on = ($5 == mp) } on && $1 == op { print $2; found = 1; exit }
+		END { if (!found) print 0 }' /proc/self/mountstats
+}
+# show MOUNTPOINT: the pNFS lines of the mount's statistics, on the console.
+show() {
+	awk -v mp="$1" '$1 == "device" { on = ($5 == mp) } on && ($1 ~ /^(LAYOUT|GETDEVICE)/ || $1 == "READ:" || $1 == "WRITE:" || $0 ~ /pnfs/) { print "pnfs.sh: mountstats: " $0 }' \
+		/proc/self/mountstats
+}
+
+modprobe nfs_layout_nfsv41_files 2>/dev/null || true
+mkdir -p "$mnt"
+timeout 120 mount -t nfs4 -o "$opts" 10.0.2.2:/ "$mnt" || fail "mount -t nfs4 -o $opts 10.0.2.2:/ $mnt"
+grep -q "pnfs=LAYOUT_NFSV4_1_FILES" /proc/self/mountstats ||
+	{ grep -a "nfsv4:\|pnfs" /proc/self/mountstats | sed 's/^/pnfs.sh: /'; fail "the mount did not take the files layout driver"; }
+echo "pnfs.sh: ok mounted $opts (pnfs=LAYOUT_NFSV4_1_FILES)"
+
+dd if=/dev/urandom of=/tmp/src bs=1M count="$mib" 2>/dev/null
+want="$(md5 /tmp/src)"
+# The host made p/file empty. Linux asks for a file's first layout inside its OPEN (counted as OPEN), so the file
+# is first held open for reading (a READ layout with that OPEN) and then written: the RW layout the write needs is
+# a LAYOUTGET of its own.
+exec 3<"$mnt/p/file" || fail "opening $mnt/p/file for reading"
+dd if=/tmp/src of="$mnt/p/file" bs=1M conv=notrunc,fsync 2>/dev/null || fail "writing $mnt/p/file"
+exec 3<&-
+sync
+ino="$(ls -i "$mnt/p/file" | awk '{print $1}')"
+size="$(stat -c %s "$mnt/p/file")"
+[ "$size" = $((mib * 1048576)) ] || fail "the size after the write is $size, not $((mib * 1048576))"
+lg="$(op_count "$mnt" LAYOUTGET)"
+lc="$(op_count "$mnt" LAYOUTCOMMIT)"
+gdi1="$(op_count "$mnt" GETDEVICEINFO)"
+show "$mnt"
+[ "$lg" -gt 0 ] || fail "no LAYOUTGET after writing $mib MiB"
+echo "pnfs.sh: ok wrote $mib MiB (md5 $want) ino=$ino: LAYOUTGET $lg, LAYOUTCOMMIT $lc, GETDEVICEINFO $gdi1"
+
+umount "$mnt" || fail "umount $mnt"
+echo 3 >/proc/sys/vm/drop_caches
+timeout 120 mount -t nfs4 -o "$opts" 10.0.2.2:/ "$mnt" || fail "the second mount"
+got="$(md5 "$mnt/p/file")" || fail "reading $mnt/p/file"
+size="$(stat -c %s "$mnt/p/file")"
+lg="$(op_count "$mnt" LAYOUTGET)"
+gdi="$(op_count "$mnt" GETDEVICEINFO)"
+show "$mnt"
+[ "$got" = "$want" ] || fail "read back md5 $got (size $size), wrote $want"
+# The read's layout comes with its OPEN (Linux's layoutget-on-open: no LAYOUTGET line moves); the host checks
+# that every data server served READ bytes and the gateway none.
+# The client caches a device while its NFS client lives: it may ask for it once, on the first mount.
+[ $((gdi1 + gdi)) -gt 0 ] || fail "no GETDEVICEINFO on either mount"
+echo "pnfs.sh: ok read back equal after a remount with caches dropped (md5 $got): LAYOUTGET $lg (the layout came with OPEN), GETDEVICEINFO $gdi"
+umount "$mnt" || fail "the last umount"
+echo "pnfs.sh: PASS ino=$ino bytes=$((mib * 1048576)) md5=$want"
