@@ -495,7 +495,7 @@ impl Gateway {
         }
         match (call.prog, call.vers) {
             (NFS_PROGRAM, NFS_V3) => nfs3::call(self, call, rec, peer).await,
-            (NFS_PROGRAM, NFS_V4) => nfs4::compound::call(self, call, rec, peer).await.into(),
+            (NFS_PROGRAM, NFS_V4) => nfs4::compound::call(self, call, rec, peer).await,
             (NFS_PROGRAM, _) => {
                 let mut w = rpc::accepted(call.xid, rpc::PROG_MISMATCH);
                 w.u32(NFS_V3).u32(NFS_V4);

@@ -30,9 +30,6 @@ const FATTR4_SIZE: u32 = 4;
 const FATTR4_FILEID: u32 = 20;
 /// What GETATTR answers at a data server (of what a client may ask one; others are omitted).
 const DS_ATTRS: [u32; 5] = [FATTR4_SUPPORTED_ATTRS, FATTR4_TYPE, FATTR4_CHANGE, FATTR4_SIZE, FATTR4_FILEID];
-/// A READ reply with its data is copied into the slot's cache only up to this size (the session's cached size
-/// bounds what is kept anyway).
-const CACHE_COPY_BYTES_MAX: usize = 16 << 10;
 /// `stable_how4` FILE_SYNC4.
 const FILE_SYNC4: u32 = 2;
 
@@ -125,13 +122,8 @@ pub async fn call(ds: &DsNfs, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, st
         };
         done += 1;
         status = st;
-        // A READ's data stays a tail only as the last result; otherwise it is copied in (never for Linux).
-        let last = i + 1 == h.ops || st != NFS4_OK;
-        if !last && let Some(t) = body.tail.take() {
-            body.buf.extend_from_slice(&t);
-            body.buf.extend_from_slice(pad_of(t.len()));
-        }
-        let body_len = body.buf.len() + body.tail.as_ref().map_or(0, |t| t.len() + pad_of(t.len()).len());
+        shared::inline_tail_unless_last(&mut body, i + 1 == h.ops || st != NFS4_OK);
+        let body_len = body.len();
         let room = cx.fore_reply_max.unwrap_or(usize::MAX);
         if head + results.buf.len() + 8 + body_len > room {
             results.u32(rcode).u32(NFS4ERR_REP_TOO_BIG);
@@ -154,19 +146,7 @@ pub async fn call(ds: &DsNfs, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, st
     reply_body.u32(status).opaque(&tag).u32(done);
     reply_body.buf.extend_from_slice(&results.buf);
     if let Some((sid, slot)) = cx.session {
-        let mut st = ds.nfs4.state();
-        match &results.tail {
-            None => st.finish(&sid, slot, &reply_body.buf),
-            // Kept only when small: a copy of a few KiB is worth a retry's exactness; a large READ is idempotent
-            // and its retry gets NFS4ERR_RETRY_UNCACHED_REP.
-            Some(t) if reply_body.buf.len() + t.len() + 3 <= CACHE_COPY_BYTES_MAX => {
-                let mut whole = reply_body.buf.clone();
-                whole.extend_from_slice(t);
-                whole.extend_from_slice(pad_of(t.len()));
-                st.finish(&sid, slot, &whole);
-            }
-            Some(_) => st.finish_uncached(&sid, slot),
-        }
+        shared::keep_reply(&mut ds.nfs4.state(), &sid, slot, &reply_body.buf, results.tail.as_ref());
     }
     out.buf.extend_from_slice(&reply_body.buf);
     rpc::Reply { head: out.buf, tail: results.tail }

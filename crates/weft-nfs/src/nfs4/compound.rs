@@ -11,10 +11,10 @@ use weft_client::Client;
 
 use super::consts::*;
 use super::decode::{self, COMPOUND_OPS_MAX, Op};
-use super::state::{ChannelAttrs, SeqOutcome, Stateid};
+use super::state::{ChannelAttrs, SeqOutcome, State, Stateid};
 use crate::Gateway;
 use crate::rpc::{self, Call};
-use crate::xdr::{Reader, Writer, XdrError};
+use crate::xdr::{Reader, Writer, XdrError, pad_of};
 
 /// What ops of one compound share: the caller, the current and saved filehandles, the session.
 pub struct Ctx<'g> {
@@ -145,19 +145,49 @@ pub(crate) fn code_of(code: u32, decoded: &Result<Op<'_>, XdrError>) -> u32 {
     }
 }
 
-/// Runs one NFSv4 call; returns the reply message.
-pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) -> Vec<u8> {
+/// Replies up to this size that carry a READ's data are copied whole into their slot for an exact retry; a larger
+/// READ is idempotent and its retry gets NFS4ERR_RETRY_UNCACHED_REP (copying every large READ would undo its
+/// zero-copy tail).
+pub(crate) const CACHE_COPY_BYTES_MAX: usize = 16 << 10;
+
+/// A READ's data stays its result's tail only when that result is the compound's last (`last`); otherwise it is
+/// copied in (never for Linux, which ends a compound with its READ).
+pub(crate) fn inline_tail_unless_last(body: &mut Writer, last: bool) {
+    if !last && let Some(t) = body.tail.take() {
+        body.buf.extend_from_slice(&t);
+        body.buf.extend_from_slice(pad_of(t.len()));
+    }
+}
+
+/// Keeps a finished compound's reply (`body`, then `tail` and its padding) in its slot: whole when it has no tail or
+/// a small one, else not at all (see [`CACHE_COPY_BYTES_MAX`]).
+pub(crate) fn keep_reply(st: &mut State, sessionid: &[u8; 16], slot: u32, body: &[u8], tail: Option<&Bytes>) {
+    match tail {
+        None => st.finish(sessionid, slot, body),
+        Some(t) if body.len() + t.len() + 3 <= CACHE_COPY_BYTES_MAX => {
+            let mut whole = Vec::with_capacity(body.len() + t.len() + 3);
+            whole.extend_from_slice(body);
+            whole.extend_from_slice(t);
+            whole.extend_from_slice(pad_of(t.len()));
+            st.finish(sessionid, slot, &whole);
+        }
+        Some(_) => st.finish_uncached(sessionid, slot),
+    }
+}
+
+/// Runs one NFSv4 call; returns the reply message (a READ's data, when the compound's last result, as its tail).
+pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) -> rpc::Reply {
     match call.proc_ {
-        0 => return rpc::accepted(call.xid, rpc::SUCCESS).buf,
+        0 => return rpc::accepted(call.xid, rpc::SUCCESS).buf.into(),
         1 => {}
-        _ => return rpc::accepted(call.xid, rpc::PROC_UNAVAIL).buf,
+        _ => return rpc::accepted(call.xid, rpc::PROC_UNAVAIL).buf.into(),
     }
     let mut r = Reader::new(call.args);
     let h = match decode::header(&mut r) {
         Ok(h) => h,
         Err(e) => {
             tracing::info!(%peer, error = %e, "NFSv4 COMPOUND header malformed");
-            return rpc::accepted(call.xid, rpc::GARBAGE_ARGS).buf;
+            return rpc::accepted(call.xid, rpc::GARBAGE_ARGS).buf.into();
         }
     };
     let mut out = rpc::accepted(call.xid, rpc::SUCCESS);
@@ -167,11 +197,11 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
     };
     if h.minor != 1 {
         empty(&mut out, NFS4ERR_MINOR_VERS_MISMATCH);
-        return out.buf;
+        return out.buf.into();
     }
     if h.ops > COMPOUND_OPS_MAX {
         empty(&mut out, NFS4ERR_TOO_MANY_OPS);
-        return out.buf;
+        return out.buf.into();
     }
     // Leases run out here: every compound sweeps (the tables are bounded, so this is bounded work).
     let owners = {
@@ -222,7 +252,7 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
             }
         };
         let placement = placement(i, h.ops, &op);
-        let (st, body) = match placement {
+        let (st, mut body) = match placement {
             Some(s) => (s, Writer::new()),
             None => match op {
                 Op::Sequence { sessionid, seqid, slot, highest_slot: _, cache_this: _ } => {
@@ -230,7 +260,7 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
                         Sequenced::Replay(cached) => {
                             tracing::debug!(%peer, slot, seqid, "NFSv4 replay answered from the slot");
                             out.buf.extend_from_slice(&cached);
-                            return out.buf;
+                            return out.buf.into();
                         }
                         Sequenced::New { clientid, fore, status, body } => {
                             cx.clientid = Some(clientid);
@@ -257,15 +287,17 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
         };
         done += 1;
         status = st;
+        inline_tail_unless_last(&mut body, i + 1 == h.ops || st != NFS4_OK);
         let room = cx.fore.map_or(usize::MAX, |f| f.reply_bytes_max as usize);
-        if head + results.buf.len() + 8 + body.buf.len() > room {
+        if head + results.buf.len() + 8 + body.len() > room {
             results.u32(rcode).u32(NFS4ERR_REP_TOO_BIG);
             status = NFS4ERR_REP_TOO_BIG;
             break;
         }
         results.u32(rcode).u32(st);
         results.buf.extend_from_slice(&body.buf);
-        cx.reply_bytes = head + results.buf.len();
+        results.tail = body.tail;
+        cx.reply_bytes = head + results.len();
         if st != NFS4_OK {
             if st == NFS4ERR_DENIED {
                 tracing::trace!(%peer, op = code, "NFSv4 op denied");
@@ -279,8 +311,8 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
     body.u32(status).opaque(&tag).u32(done);
     body.buf.extend_from_slice(&results.buf);
     if let Some((sid, slot)) = cx.session {
-        gw.nfs4.state().finish(&sid, slot, &body.buf);
+        keep_reply(&mut gw.nfs4.state(), &sid, slot, &body.buf, results.tail.as_ref());
     }
     out.buf.extend_from_slice(&body.buf);
-    out.buf
+    rpc::Reply { head: out.buf, tail: results.tail }
 }

@@ -497,7 +497,9 @@ async fn read(cx: &Ctx<'_>, stateid: Stateid, offset: u64, count: u32) -> Out {
     let eof = offset + data.len() as u64 >= size;
     cx.gw.moved(ino, data.len(), 0);
     let mut w = Writer::new();
-    w.bool(eof).opaque(&data);
+    // The data goes out as the reply's tail, from the buffer it was read into (compound.rs keeps it a tail when
+    // the READ is the compound's last op, as every Linux READ is).
+    w.bool(eof).opaque_tail(data.freeze());
     Ok(w)
 }
 
