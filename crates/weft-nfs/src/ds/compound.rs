@@ -21,7 +21,7 @@ use crate::nfs4::decode::{self, COMPOUND_OPS_MAX, Op};
 use crate::nfs4::session_ops;
 use crate::proto::{IO_BYTES_MAX, STABLE_UNSTABLE};
 use crate::rpc::{self, Call};
-use crate::xdr::{Reader, Writer, pad_of};
+use crate::xdr::{Reader, Writer};
 
 const FATTR4_SUPPORTED_ATTRS: u32 = 0;
 const FATTR4_TYPE: u32 = 1;
