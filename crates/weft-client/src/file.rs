@@ -81,7 +81,13 @@ where
     loop {
         match attempt().await {
             Err(e) if e.code() == Some(ErrorCode::StaleLayout) && tries < FENCED_RETRIES_MAX => {
-                tracing::debug!(ino, offset, tries, backoff_ms, "a fenced data server refused the I/O; trying again: {e}");
+                tracing::debug!(
+                    ino,
+                    offset,
+                    tries,
+                    backoff_ms,
+                    "a fenced data server refused the I/O; trying again: {e}"
+                );
                 tokio::time::sleep(std::time::Duration::from_millis(backoff_ms)).await;
                 backoff_ms = (backoff_ms * 2).min(FENCED_BACKOFF_CAP_MS);
                 tries += 1;

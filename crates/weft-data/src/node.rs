@@ -165,7 +165,8 @@ pub async fn run_with_nfs(
         .with_metrics(metrics.as_deref());
     let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
     info!(id = cfg.id, %addr, tls = cfg.tls, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
-    let mut heartbeat = Heartbeat::new(cfg.clone(), tcp, advertise, nfs_addrs, store, key.map(Credential::cluster), lease);
+    let mut heartbeat =
+        Heartbeat::new(cfg.clone(), tcp, advertise, nfs_addrs, store, key.map(Credential::cluster), lease);
     // One heartbeat before reporting ready (bounded by its call timeout): with the MDS up, the server serves from
     // its first request; without, it refuses clients (StaleLayout) until the MDS answers.
     heartbeat.beat().await;
