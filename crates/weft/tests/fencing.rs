@@ -8,41 +8,13 @@ mod common;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use common::members::*;
 use common::*;
-use weft_client::{Client, OpenMode};
+use weft_client::OpenMode;
 use weft_proto::{DataRedundancy, ErrorCode, ROOT_INO};
 
 const UNIT: u32 = 64 << 10;
 const FILE_BYTES: usize = 4 * (2 * UNIT as usize) + 1_234;
-/// How long the test waits for any one condition before failing (the conditions take seconds).
-const WAIT_MS: u64 = 60_000;
-
-/// Polls `cond` every 100 ms until it holds, failing after [`WAIT_MS`] with `what`.
-async fn wait_for<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = tokio::time::Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < Duration::from_millis(WAIT_MS), "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The state `weft status --json` shows for data server `id`.
-fn status_of(cl: &weft_launch::LocalCluster, id: u32) -> String {
-    let (ok, out, err) = weft(cl, &["status", "--json"]);
-    assert!(ok, "weft status: {err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let s = v["servers"].as_array().unwrap().iter().find(|s| s["id"] == id).unwrap();
-    s["state"].as_str().unwrap().to_string()
-}
-
-async fn generation(c: &Client, ino: u64) -> u64 {
-    c.getattr(ino).await.unwrap().layout.unwrap().generation
-}
-
 /// A data server declared failed and replaced by a spare is restarted while a client still holds the layout that
 /// names it: the client's write is refused there (`StaleLayout`), the client refetches and the write goes to the
 /// spare; every byte reads back right, scrub finds the file consistent, and the revived server's object did not

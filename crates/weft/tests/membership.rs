@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use common::members::*;
 use common::*;
 use weft_client::{Client, OpenMode};
 use weft_proto::{DataRedundancy, ROOT_INO};
@@ -15,35 +16,6 @@ use weft_proto::{DataRedundancy, ROOT_INO};
 const UNIT: u32 = 64 << 10;
 /// Not a multiple of a stripe row (2 × 64 KiB): the last row is short.
 const FILE_BYTES: usize = 5 * (2 * UNIT as usize) + 7_777;
-/// How long the test waits for any one condition before failing (the conditions take seconds).
-const WAIT_MS: u64 = 60_000;
-
-/// Polls `cond` every 100 ms until it holds, failing after [`WAIT_MS`] with `what`.
-async fn wait_for<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = tokio::time::Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < Duration::from_millis(WAIT_MS), "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The state `weft status --json` shows for data server `id`.
-fn status_of(cl: &weft_launch::LocalCluster, id: u32) -> String {
-    let (ok, out, err) = weft(cl, &["status", "--json"]);
-    assert!(ok, "weft status: {err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let s = v["servers"].as_array().unwrap().iter().find(|s| s["id"] == id).unwrap();
-    s["state"].as_str().unwrap().to_string()
-}
-
-async fn generation(c: &Client, ino: u64) -> u64 {
-    c.getattr(ino).await.unwrap().layout.unwrap().generation
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_server_is_replaced_by_a_spare_and_drained_when_it_returns() {
     let mut c = start_with("membership", 4, |o| {

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod members;
 pub mod memcached;
 pub mod mount;
 pub mod nfs41;
