@@ -15,17 +15,13 @@ use weft_proto::{Capability, Rights, WireError};
 use weft_rpc::capability::unix_now_ms;
 use weft_rpc::{CapabilityKey, Demand, Principal, Refusal};
 
-/// One refusal log line per this many ms at most; the others are counted into the next line.
-const REFUSAL_LOG_INTERVAL_MS: u64 = 1000;
-
 pub struct CapabilityGate {
     key: CapabilityKey,
     skew_ms: u64,
     removed: Mutex<RemovedInodes>,
     /// Cheap test before taking the lock: no removal remembered means nothing to look up.
     removed_any: AtomicU64,
-    next_log_ms: AtomicU64,
-    refusals_unlogged: AtomicU64,
+    refusal_log: RefusalLog,
 }
 
 impl CapabilityGate {
@@ -37,8 +33,7 @@ impl CapabilityGate {
             skew_ms,
             removed: Mutex::new(RemovedInodes::new(removed_memory_ms, removed_max)),
             removed_any: AtomicU64::new(0),
-            next_log_ms: AtomicU64::new(0),
-            refusals_unlogged: AtomicU64::new(0),
+            refusal_log: RefusalLog::new(),
         }
     }
 
@@ -89,17 +84,7 @@ impl CapabilityGate {
     }
 
     fn log_refusal(&self, peer: &str, principal: &Principal, ino: u64, refusal: &Refusal, now_ms: u64) {
-        let next = self.next_log_ms.load(Ordering::Relaxed);
-        if now_ms < next
-            || self
-                .next_log_ms
-                .compare_exchange(next, now_ms + REFUSAL_LOG_INTERVAL_MS, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        {
-            self.refusals_unlogged.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let unlogged = self.refusals_unlogged.swap(0, Ordering::Relaxed);
+        let Some(unlogged) = self.refusal_log.take(now_ms) else { return };
         warn!(
             peer,
             key = principal.name(),
@@ -159,6 +144,38 @@ impl RemovedInodes {
 
     fn len(&self) -> usize {
         self.by_ino.len()
+    }
+}
+
+/// At most one WARN line per interval for a kind of refusal, counting the ones not logged so the next line can
+/// say how many (shared by the capability gate and the lease).
+pub(crate) struct RefusalLog {
+    next_log_ms: AtomicU64,
+    unlogged: AtomicU64,
+}
+
+impl RefusalLog {
+    /// One line a second.
+    const INTERVAL_MS: u64 = 1000;
+
+    pub(crate) fn new() -> RefusalLog {
+        RefusalLog { next_log_ms: AtomicU64::new(0), unlogged: AtomicU64::new(0) }
+    }
+
+    /// Whether a refusal at `now_ms` gets a line: `Some(refusals not logged since the last line)`, or `None` (then
+    /// it is counted).
+    pub(crate) fn take(&self, now_ms: u64) -> Option<u64> {
+        let next = self.next_log_ms.load(Ordering::Relaxed);
+        if now_ms < next
+            || self
+                .next_log_ms
+                .compare_exchange(next, now_ms + Self::INTERVAL_MS, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.unlogged.swap(0, Ordering::Relaxed))
     }
 }
 

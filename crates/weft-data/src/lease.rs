@@ -39,12 +39,11 @@ use tracing::warn;
 use weft_proto::msg::HeartbeatResp;
 use weft_proto::{ErrorCode, ServerState, WireError};
 
+use crate::capabilities::RefusalLog;
+
 /// Default lease (ms): half the MDS's default `rebuild_after_ms` (five minutes). The lease in force is never more
 /// than half the `rebuild_after_ms` the MDS answers, whatever this says.
 pub const DEFAULT_LEASE_MS: u64 = 150_000;
-
-/// One refusal log line per this many ms at most; the others are counted into the next line.
-const REFUSAL_LOG_INTERVAL_MS: u64 = 1000;
 
 /// The last heartbeat reply: when its heartbeat was sent (this server's monotonic ms) and what it said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,8 +140,7 @@ pub struct LeaseGate {
     lease: Mutex<Lease>,
     /// [`Lease::serves_until_ms`] of the current lease (0: not serving), so the common path takes no lock.
     until_ms: AtomicU64,
-    next_log_ms: AtomicU64,
-    refusals_unlogged: AtomicU64,
+    refusal_log: RefusalLog,
 }
 
 impl LeaseGate {
@@ -153,8 +151,7 @@ impl LeaseGate {
             start: Instant::now(),
             lease: Mutex::new(Lease::new(lease_ms)),
             until_ms: AtomicU64::new(0),
-            next_log_ms: AtomicU64::new(0),
-            refusals_unlogged: AtomicU64::new(0),
+            refusal_log: RefusalLog::new(),
         }
     }
 
@@ -195,17 +192,7 @@ impl LeaseGate {
     }
 
     fn log_refusal(&self, peer: &str, fence: Fence, now_ms: u64) {
-        let next = self.next_log_ms.load(Ordering::Relaxed);
-        if now_ms < next
-            || self
-                .next_log_ms
-                .compare_exchange(next, now_ms + REFUSAL_LOG_INTERVAL_MS, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        {
-            self.refusals_unlogged.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let more = self.refusals_unlogged.swap(0, Ordering::Relaxed);
+        let Some(more) = self.refusal_log.take(now_ms) else { return };
         warn!(id = self.id, %peer, ?fence, more_since_last_line = more,
             "refusing client I/O with StaleLayout: no unexpired Up lease from the MDS");
     }
