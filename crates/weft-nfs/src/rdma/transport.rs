@@ -239,6 +239,23 @@ impl Conn<'_> {
         Ok(())
     }
 
+    /// Posts one RDMA WRITE per piece from the staging buffer (each inside a segment the client offered, as
+    /// `place_reply` planned); answers how many were posted.
+    fn post_writes(&mut self, pieces: &[super::chunks::Piece], stats: &mut Stats) -> Result<usize, RdmaError> {
+        for piece in pieces {
+            self.qp.post_write(
+                &self.stage,
+                piece.local_offset,
+                piece.len,
+                piece.handle,
+                piece.remote_offset,
+                TAG_WRITE,
+            )?;
+            stats.rdma_write_bytes += piece.len as u64;
+        }
+        Ok(pieces.len())
+    }
+
     fn send_inline(&mut self, parts: &[&[u8]], stats: &mut Stats) -> Result<(), RdmaError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         assert!(len <= self.send.len(), "inline messages are sized to the send buffer");
@@ -311,18 +328,7 @@ impl Conn<'_> {
             // The READ data is in the weft client's buffer, which is not registered: staged (counted).
             self.stage.as_mut_slice()[..tail.len()].copy_from_slice(&tail);
             stats.bounce_copy_bytes += tail.len() as u64;
-            for piece in &p.data {
-                self.qp.post_write(
-                    &self.stage,
-                    piece.local_offset,
-                    piece.len,
-                    piece.handle,
-                    piece.remote_offset,
-                    TAG_WRITE,
-                )?;
-                stats.rdma_write_bytes += piece.len as u64;
-                posted += 1;
-            }
+            posted += self.post_writes(&p.data, stats)?;
         }
         let hdr = encode_reply_header(h.xid, grant, p.nomsg, &p.writes, p.reply_chunk.as_deref());
         let pad = crate::xdr::pad_of(tail.len());
@@ -334,18 +340,7 @@ impl Conn<'_> {
             at += tail.len();
             s[at..at + pad.len()].copy_from_slice(pad);
             stats.bounce_copy_bytes += tail.len() as u64;
-            for piece in &p.reply {
-                self.qp.post_write(
-                    &self.stage,
-                    piece.local_offset,
-                    piece.len,
-                    piece.handle,
-                    piece.remote_offset,
-                    TAG_WRITE,
-                )?;
-                stats.rdma_write_bytes += piece.len as u64;
-                posted += 1;
-            }
+            posted += self.post_writes(&p.reply, stats)?;
             self.wait_sends(posted)?;
             return self.send_inline(&[&hdr], stats);
         }
