@@ -569,10 +569,28 @@ impl File {
     }
 
     /// Sets the objects to the lengths a file of `size` bytes has (§5, §16); an ec file's last row is rewritten.
+    /// Refused by a fenced server (`StaleLayout`, §19): a redundant file's truncate is tried once more on a newer
+    /// layout generation (the slot moved to a spare), a plain file's again with bounded backoff. A truncate is
+    /// idempotent, so servers that took the first try take the second alike.
     async fn truncate_layout_objects(&self, size: u64) -> Result<(), ClientError> {
-        match self.layout().redundancy {
+        let tried = self.layout().generation;
+        match self.truncate_on_held_layout(size).await {
+            Err(e) if !self.is_plain() && self.retry_with_fresh_layout(&e, tried).await => {
+                self.truncate_on_held_layout(size).await
+            }
+            r => r,
+        }
+    }
+
+    async fn truncate_on_held_layout(&self, size: u64) -> Result<(), ClientError> {
+        let layout = self.layout();
+        match layout.redundancy {
             DataRedundancy::Ec { .. } => crate::ec::truncate(self, size).await,
-            _ => self.client.truncate_objects(self.attr.ino, &self.layout(), size, &self.caps).await,
+            DataRedundancy::Plain => {
+                let ino = self.attr.ino;
+                fenced_retry(ino, size, || self.client.truncate_objects(ino, &layout, size, &self.caps)).await
+            }
+            _ => self.client.truncate_objects(self.attr.ino, &layout, size, &self.caps).await,
         }
     }
 

@@ -328,7 +328,11 @@ impl LocalCluster {
     }
 
     async fn wait_ready(&self) -> Result<(), LaunchError> {
-        let servers = self.opts.servers;
+        self.wait_up(self.opts.servers).await
+    }
+
+    /// Polls the MDS until `servers` data servers are reported up.
+    async fn wait_up(&self, servers: u32) -> Result<(), LaunchError> {
         self.wait_for_servers(|list| {
             let up = list.iter().filter(|s| s.state == ServerState::Up).count();
             (up as u32 >= servers).then_some(()).ok_or_else(|| format!("{up} of {servers} data servers registered"))
@@ -527,12 +531,14 @@ impl LocalCluster {
         }
     }
 
-    /// Starts the MDS again on the address it had, from the same store.
+    /// Starts the MDS again on the address it had, from the same store, and waits until every data server process
+    /// still running is reported up (a stopped one is not waited for).
     pub async fn restart_mds(&mut self) -> Result<(), LaunchError> {
         let old = self.mds.take().expect("the cluster has an MDS");
         let p = self.respawn(&old, "meta").await?;
         self.mds = Some(p);
-        self.wait_ready().await
+        let running = self.data.iter_mut().map(|d| d.child.try_wait()).filter(|w| matches!(w, Ok(None))).count();
+        self.wait_up(running as u32).await
     }
 
     /// Asks data server `i` to stop (SIGTERM) and waits for it to exit (SIGKILL if it takes over 10 s). The MDS

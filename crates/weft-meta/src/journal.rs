@@ -214,6 +214,7 @@ pub enum Redo<'a> {
     PutDirent { parent: u64, name: &'a str, ino: u64, kind: u8 },
     DelDirent { parent: u64, name: &'a str },
     PutServer { id: u32, addr: &'a str },
+    PutServerPhase { id: u32, phase: u8 },
     PutOrphan { ino: u64, record: &'a [u8] },
     DelOrphan { ino: u64 },
     PutCounter { key: u32, value: u64 },
@@ -233,6 +234,7 @@ const OP_DEL_ORPHAN: u8 = 7;
 const OP_PUT_COUNTER: u8 = 8;
 const OP_PUT_XATTR: u8 = 9;
 const OP_DEL_XATTR: u8 = 10;
+const OP_PUT_SERVER_PHASE: u8 = 11;
 // Stale ranges (§18) take 30–31, apart from the codes other tables of this round may add.
 const OP_PUT_STALE: u8 = 30;
 const OP_DEL_STALE: u8 = 31;
@@ -271,6 +273,11 @@ pub fn encode_redo(out: &mut Vec<u8>, r: &Redo<'_>) {
             out.push(OP_PUT_SERVER);
             out.extend_from_slice(&id.to_le_bytes());
             put_bytes(out, addr.as_bytes());
+        }
+        Redo::PutServerPhase { id, phase } => {
+            out.push(OP_PUT_SERVER_PHASE);
+            out.extend_from_slice(&id.to_le_bytes());
+            out.push(phase);
         }
         Redo::PutOrphan { ino, record } => {
             out.push(OP_PUT_ORPHAN);
@@ -353,6 +360,7 @@ pub fn decode_redo(payload: &[u8]) -> Result<Vec<Redo<'_>>, MetaError> {
             OP_PUT_DIRENT => Redo::PutDirent { parent: c.u64()?, name: c.str()?, ino: c.u64()?, kind: c.u8()? },
             OP_DEL_DIRENT => Redo::DelDirent { parent: c.u64()?, name: c.str()? },
             OP_PUT_SERVER => Redo::PutServer { id: c.u32()?, addr: c.str()? },
+            OP_PUT_SERVER_PHASE => Redo::PutServerPhase { id: c.u32()?, phase: c.u8()? },
             OP_PUT_ORPHAN => Redo::PutOrphan { ino: c.u64()?, record: c.bytes()? },
             OP_DEL_ORPHAN => Redo::DelOrphan { ino: c.u64()? },
             OP_PUT_COUNTER => Redo::PutCounter { key: c.u32()?, value: c.u64()? },

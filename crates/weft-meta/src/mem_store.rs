@@ -19,6 +19,7 @@ struct State {
     inodes: BTreeMap<u64, Inode>,
     dirents: BTreeMap<(u64, String), (u64, FileKind)>,
     servers: BTreeMap<u32, String>,
+    phases: BTreeMap<u32, u8>,
     orphans: BTreeMap<u64, Layout>,
     xattrs: BTreeMap<(u64, String), Vec<u8>>,
     stale: BTreeMap<(u64, u32), Vec<StaleRange>>,
@@ -30,6 +31,7 @@ enum Undo {
     Inode(u64, Option<Inode>),
     Dirent((u64, String), Option<(u64, FileKind)>),
     Server(u32, Option<String>),
+    Phase(u32, Option<u8>),
     Orphan(u64, Option<Layout>),
     Xattr((u64, String), Option<Vec<u8>>),
     Stale((u64, u32), Option<Vec<StaleRange>>),
@@ -77,6 +79,7 @@ impl MemTxn<'_> {
                 Undo::Inode(k, v) => restore(&mut st.inodes, k, v),
                 Undo::Dirent(k, v) => restore(&mut st.dirents, k, v),
                 Undo::Server(k, v) => restore(&mut st.servers, k, v),
+                Undo::Phase(k, v) => restore(&mut st.phases, k, v),
                 Undo::Orphan(k, v) => restore(&mut st.orphans, k, v),
                 Undo::Xattr(k, v) => restore(&mut st.xattrs, k, v),
                 Undo::Stale(k, v) => restore(&mut st.stale, k, v),
@@ -191,6 +194,16 @@ impl MetaTxn for MemTxn<'_> {
 
     fn list_servers(&mut self) -> Result<Vec<(u32, String)>, MetaError> {
         Ok(self.st.servers.iter().map(|(k, v)| (*k, v.clone())).collect())
+    }
+
+    fn put_server_phase(&mut self, id: u32, phase: u8) -> Result<(), MetaError> {
+        self.check_writable()?;
+        let old = self.st.phases.insert(id, phase);
+        self.log(Undo::Phase(id, old))
+    }
+
+    fn list_server_phases(&mut self) -> Result<Vec<(u32, u8)>, MetaError> {
+        Ok(self.st.phases.iter().map(|(k, v)| (*k, *v)).collect())
     }
 
     fn put_orphan(&mut self, ino: u64, layout: &Layout) -> Result<(), MetaError> {

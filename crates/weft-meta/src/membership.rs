@@ -51,6 +51,31 @@ pub enum Phase {
     Spare,
 }
 
+impl Phase {
+    /// The phase's code in the store (format §6 `server_phases`, §19).
+    pub fn code(self) -> u8 {
+        match self {
+            Phase::Member => 0,
+            Phase::Failed => 1,
+            Phase::Replaced => 2,
+            Phase::Draining => 3,
+            Phase::Spare => 4,
+        }
+    }
+
+    /// The phase a stored code names; `None` for a code this MDS does not know (the caller refuses to guess).
+    pub fn from_code(code: u8) -> Option<Phase> {
+        Some(match code {
+            0 => Phase::Member,
+            1 => Phase::Failed,
+            2 => Phase::Replaced,
+            3 => Phase::Draining,
+            4 => Phase::Spare,
+            _ => return None,
+        })
+    }
+}
+
 /// The two timeouts membership runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
@@ -217,6 +242,15 @@ mod tests {
     use super::*;
 
     const T: Timing = Timing { liveness_ms: 5_000, rebuild_after_ms: 60_000 };
+
+    #[test]
+    fn phase_codes_round_trip_and_unknown_codes_are_refused() {
+        for p in [Phase::Member, Phase::Failed, Phase::Replaced, Phase::Draining, Phase::Spare] {
+            assert_eq!(Phase::from_code(p.code()), Some(p));
+        }
+        assert_eq!(Phase::from_code(5), None);
+        assert_eq!(Phase::from_code(u8::MAX), None);
+    }
 
     #[test]
     fn a_member_is_up_then_down_then_failed_by_silence() {

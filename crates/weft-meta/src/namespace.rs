@@ -161,23 +161,23 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 Ok::<_, MetaError>(())
             })?;
         }
-        let persisted = store.read(|t| t.list_servers())?;
-        let servers = persisted
-            .into_iter()
-            .map(|(id, addr)| {
-                (
-                    id,
-                    ServerSlot {
-                        addr,
-                        space: None,
-                        device: None,
-                        last_ms: None,
-                        phase: Phase::Member,
-                        nfs_addrs: Vec::new(),
-                    },
-                )
-            })
-            .collect();
+        let (persisted, phases) = store.read(|t| Ok::<_, MetaError>((t.list_servers()?, t.list_server_phases()?)))?;
+        let phases: BTreeMap<u32, u8> = phases.into_iter().collect();
+        let mut servers = BTreeMap::new();
+        for (id, addr) in persisted {
+            // A replaced server must be drained before it serves again, also after this MDS restarts (§19).
+            let code = phases.get(&id).copied().unwrap_or(0);
+            let phase = Phase::from_code(code).ok_or_else(|| {
+                MetaError::Corrupt(format!("data server {id}: unknown membership phase code {code} in the store"))
+            })?;
+            if phase != Phase::Member {
+                tracing::info!(id, addr = %addr, ?phase, "data server membership phase restored");
+            }
+            servers.insert(
+                id,
+                ServerSlot { addr, space: None, device: None, last_ms: None, phase, nfs_addrs: Vec::new() },
+            );
+        }
         let started_ms = clock.mono_ms();
         Ok(Namespace {
             store,
@@ -464,6 +464,8 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 let silent = self.silent_ms(s, now);
                 let next = membership::on_tick(s.phase, silent, timing);
                 if next != s.phase {
+                    // Recorded before any slot moves: a restarted MDS must not take the server for a member.
+                    self.store.write(|t| t.put_server_phase(*id, next.code()))?;
                     tracing::warn!(id, addr = %s.addr, silent_ms = silent, rebuild_after_ms = self.rebuild_after_ms,
                         "data server declared failed: moving its slots in redundant layouts to spares");
                     s.phase = next;
@@ -572,7 +574,13 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             servers.iter().filter(|(_, s)| s.phase == Phase::Failed).map(|(id, _)| *id).collect();
         for id in scan.finish(&failed_now) {
             if let Some(s) = servers.get_mut(&id) {
-                s.phase = membership::on_replaced(s.phase);
+                let next = membership::on_replaced(s.phase);
+                // Failed and Replaced both drain a returning server; a failed write leaves it Failed, rescanned.
+                if let Err(e) = self.store.write(|t| t.put_server_phase(id, next.code())) {
+                    tracing::warn!(id, error = %e, "could not record the server's phase; staying failed");
+                    continue;
+                }
+                s.phase = next;
                 tracing::warn!(id, addr = %s.addr, "data server replaced: no redundant layout names it any more");
             }
         }
@@ -604,6 +612,11 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         if let Some(s) = self.lock_servers().get_mut(&id) {
             let next = membership::on_drained(s.phase);
             if next != s.phase {
+                // Unrecorded, the server stays Draining and is drained again (idempotent) next round.
+                if let Err(e) = self.store.write(|t| t.put_server_phase(id, next.code())) {
+                    tracing::warn!(id, error = %e, "could not record the drained server's phase; draining again");
+                    return;
+                }
                 tracing::info!(id, addr = %s.addr, "data server drained: serving as a spare");
                 s.phase = next;
             }
@@ -633,6 +646,8 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         let was = servers.get(&r.id).map_or(Phase::Member, |s| s.phase);
         let phase = membership::on_heartbeat(was);
         if phase != was {
+            // Recorded before the reply: the server learns it is Draining only once a restart would remember it.
+            self.store.write(|t| t.put_server_phase(r.id, phase.code()))?;
             tracing::warn!(id = r.id, addr = %r.addr, from = ?was, "data server returned after it was declared failed: draining the objects it no longer owns");
         }
         // NFS addresses (op 140) survive heartbeats, but not a move to another address.

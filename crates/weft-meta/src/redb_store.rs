@@ -48,6 +48,7 @@ use weft_proto::msg::StaleRange;
 const INODES: TableDefinition<u64, &[u8]> = TableDefinition::new("inodes");
 const DIRENTS: TableDefinition<(u64, &str), (u64, u8)> = TableDefinition::new("dirents");
 const SERVERS: TableDefinition<u32, &str> = TableDefinition::new("servers");
+const PHASES: TableDefinition<u32, u8> = TableDefinition::new("server_phases");
 const ORPHANS: TableDefinition<u64, &[u8]> = TableDefinition::new("orphans");
 const COUNTERS: TableDefinition<u32, u64> = TableDefinition::new("counters");
 const JOURNAL: TableDefinition<u32, u64> = TableDefinition::new("journal");
@@ -114,6 +115,7 @@ impl RedbStore {
             wtx.open_table(INODES)?;
             wtx.open_table(DIRENTS)?;
             wtx.open_table(SERVERS)?;
+            wtx.open_table(PHASES)?;
             wtx.open_table(ORPHANS)?;
             wtx.open_table(COUNTERS)?;
             wtx.open_table(JOURNAL)?;
@@ -295,6 +297,7 @@ impl MetaStore for RedbStore {
             inodes: None,
             dirents: None,
             servers: None,
+            phases: None,
             orphans: None,
             counters: None,
             xattrs: None,
@@ -314,6 +317,7 @@ struct WriteTxn<'t> {
     inodes: Option<Table<'t, u64, &'static [u8]>>,
     dirents: Option<DirentsTableMut<'t>>,
     servers: Option<Table<'t, u32, &'static str>>,
+    phases: Option<Table<'t, u32, u8>>,
     orphans: Option<Table<'t, u64, &'static [u8]>>,
     counters: Option<Table<'t, u32, u64>>,
     xattrs: Option<XattrsTableMut<'t>>,
@@ -340,6 +344,7 @@ impl<'t> WriteTxn<'t> {
             inodes: None,
             dirents: None,
             servers: None,
+            phases: None,
             orphans: None,
             counters: None,
             xattrs: None,
@@ -358,6 +363,10 @@ impl<'t> WriteTxn<'t> {
 
     fn servers(&mut self) -> Result<&mut Table<'t, u32, &'static str>, MetaError> {
         lazy_mut(self.wtx, &mut self.servers, SERVERS)
+    }
+
+    fn phases(&mut self) -> Result<&mut Table<'t, u32, u8>, MetaError> {
+        lazy_mut(self.wtx, &mut self.phases, PHASES)
     }
 
     fn orphans(&mut self) -> Result<&mut Table<'t, u64, &'static [u8]>, MetaError> {
@@ -413,6 +422,9 @@ impl<'t> WriteTxn<'t> {
             Redo::PutServer { id, addr } => {
                 self.servers()?.insert(id, addr)?;
             }
+            Redo::PutServerPhase { id, phase } => {
+                self.phases()?.insert(id, phase)?;
+            }
             Redo::PutOrphan { ino, record } => {
                 self.orphans()?.insert(ino, record)?;
             }
@@ -449,6 +461,7 @@ struct ReadTxn {
     inodes: Option<ReadOnlyTable<u64, &'static [u8]>>,
     dirents: Option<DirentsTable>,
     servers: Option<ReadOnlyTable<u32, &'static str>>,
+    phases: Option<ReadOnlyTable<u32, u8>>,
     orphans: Option<ReadOnlyTable<u64, &'static [u8]>>,
     counters: Option<ReadOnlyTable<u32, u64>>,
     xattrs: Option<XattrsTable>,
@@ -557,6 +570,15 @@ fn list_servers(t: &impl ReadableTable<u32, &'static str>) -> Result<Vec<(u32, S
     for item in t.range::<u32>(..)? {
         let (k, v) = item?;
         out.push((k.value(), v.value().to_string()));
+    }
+    Ok(out)
+}
+
+fn list_server_phases(t: &impl ReadableTable<u32, u8>) -> Result<Vec<(u32, u8)>, MetaError> {
+    let mut out = Vec::new();
+    for item in t.range::<u32>(..)? {
+        let (k, v) = item?;
+        out.push((k.value(), v.value()));
     }
     Ok(out)
 }
@@ -702,6 +724,16 @@ impl MetaTxn for WriteTxn<'_> {
         list_servers(&*self.servers()?)
     }
 
+    fn put_server_phase(&mut self, id: u32, phase: u8) -> Result<(), MetaError> {
+        self.phases()?.insert(id, phase)?;
+        journal::encode_redo(&mut self.redo, &Redo::PutServerPhase { id, phase });
+        Ok(())
+    }
+
+    fn list_server_phases(&mut self) -> Result<Vec<(u32, u8)>, MetaError> {
+        list_server_phases(&*self.phases()?)
+    }
+
     fn put_orphan(&mut self, ino: u64, layout: &Layout) -> Result<(), MetaError> {
         let bytes = encode_orphan(layout)?;
         self.orphans()?.insert(ino, bytes.as_slice())?;
@@ -835,6 +867,14 @@ impl MetaTxn for ReadTxn {
 
     fn list_servers(&mut self) -> Result<Vec<(u32, String)>, MetaError> {
         list_servers(lazy(&self.rtx, &mut self.servers, SERVERS)?)
+    }
+
+    fn put_server_phase(&mut self, _: u32, _: u8) -> Result<(), MetaError> {
+        Err(MetaError::ReadOnly)
+    }
+
+    fn list_server_phases(&mut self) -> Result<Vec<(u32, u8)>, MetaError> {
+        list_server_phases(lazy(&self.rtx, &mut self.phases, PHASES)?)
     }
 
     fn put_orphan(&mut self, _: u64, _: &Layout) -> Result<(), MetaError> {

@@ -413,6 +413,11 @@ pub trait MetaTxn {
     fn put_server(&mut self, id: u32, addr: &str) -> Result<(), MetaError>;
     /// Every recorded data server, sorted by id.
     fn list_servers(&mut self) -> Result<Vec<(u32, String)>, MetaError>;
+    /// Records data server `id`'s membership phase (format §19's code; 0 = member, the default for an id never
+    /// given one), so a restarted MDS still drains a replaced server before it serves.
+    fn put_server_phase(&mut self, id: u32, phase: u8) -> Result<(), MetaError>;
+    /// Every recorded membership phase, sorted by id.
+    fn list_server_phases(&mut self) -> Result<Vec<(u32, u8)>, MetaError>;
     /// Records that the objects of removed file `ino` must be deleted from the servers of `layout`.
     fn put_orphan(&mut self, ino: u64, layout: &Layout) -> Result<(), MetaError>;
     fn del_orphan(&mut self, ino: u64) -> Result<(), MetaError>;

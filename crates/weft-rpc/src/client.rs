@@ -310,6 +310,11 @@ impl<F: Fabric> RpcClient<F> {
             if std::mem::replace(&mut resend, true) {
                 crate::metrics::CLIENT.retries.inc();
             }
+            if sid == 0 && self.conn().await.is_ok() {
+                // The session was forgotten (an earlier call gave up on a refused one) and `conn` has just opened
+                // a new one: stamp the call with it, or the server refuses session 0. Nothing ran under 0.
+                (sid, seq) = self.next_seq(slot);
+            }
             let (reply, d) = self.attempt(&frame, (sid, slot, seq), dest, require_conn, retry.attempt()).await;
             dest = d;
             let (rh, rbody) = match reply {

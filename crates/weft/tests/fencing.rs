@@ -1,7 +1,8 @@
 //! Stale-layout fencing against a real cluster (docs/format.md §19, "Fencing"): a data server serves client I/O
 //! only under an unexpired `Up` lease from the MDS's heartbeat replies. A server replaced by a spare that comes back
 //! refuses a stale client's write with `StaleLayout`, so the client refetches the layout and the write lands on the
-//! spare; a server cut off from the MDS stops serving once its lease lapses and serves again when the MDS answers.
+//! spare (a truncate as well); a server cut off from the MDS stops serving once its lease lapses and serves again
+//! when the MDS answers.
 
 mod common;
 
@@ -38,6 +39,7 @@ async fn a_replaced_server_that_returns_refuses_a_stale_write_which_goes_to_the_
 
     // Opened before the failure: this handle holds generation 0, which names the victim (data slot 0).
     let stale = client.open("/ec/f", OpenMode::ReadWrite).await.unwrap();
+    let stale_truncate = client.open("/ec/f", OpenMode::ReadWrite).await.unwrap();
     let before = stale.layout();
     assert_eq!(before.generation, 0);
     let victim = before.servers[0];
@@ -110,11 +112,23 @@ async fn a_replaced_server_that_returns_refuses_a_stale_write_which_goes_to_the_
         std::fs::read(&victim_object).unwrap() == victim_bytes,
         "the victim's object changed after its replacement"
     );
+    // A truncate through another handle still on generation 0 (into the last row, so the row is rewritten): the
+    // victim refuses it, the handle refetches and truncates on the spare's layout.
+    assert_eq!(stale_truncate.layout().generation, 0);
+    let cut = FILE_BYTES - UNIT as usize / 2 - 100;
+    stale_truncate.truncate(cut as u64).await.unwrap();
+    assert_eq!(stale_truncate.layout().generation, 1, "the truncate refetched the layout");
+    stale_truncate.close().await.unwrap();
+    want.truncate(cut);
+    assert!(std::fs::read(&victim_object).unwrap() == victim_bytes, "the victim's object took the truncate");
+    let (ok, out, err) = weft(&c, &["scrub", "/ec"]);
+    assert!(ok && out.contains(" 0 inconsistencies"), "scrub after the truncate: {out}{err}");
     // With the spare's data chunk lost too, the row decodes from chunk 1 and the parity: they agree with the write.
     c.stop_data_server(spare).await;
     let again = c.impatient_client().await;
     let r = again.open("/ec/f", OpenMode::Read).await.unwrap();
-    assert!(r.read_at(0, BytesMut::zeroed(FILE_BYTES)).await.unwrap()[..] == want[..], "decoded without the spare");
+    assert_eq!(r.size(), cut as u64);
+    assert!(r.read_at(0, BytesMut::zeroed(cut)).await.unwrap()[..] == want[..], "decoded without the spare");
 }
 
 /// A data server whose MDS is stopped refuses client I/O with `StaleLayout` once its lease lapses (half the MDS's

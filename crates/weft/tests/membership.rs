@@ -1,7 +1,7 @@
 //! Membership against a real cluster (docs/format.md §19): a data server silent for `rebuild_after_ms` is declared
 //! failed, the ec file that used it names a spare under a new layout generation, a client that opened the file
 //! before goes on reading and writing (it refetches the layout), and the server, restarted, is drained of the
-//! object it no longer owns while keeping the one a current layout still names.
+//! object it no longer owns while keeping the one a current layout still names, also across an MDS restart.
 
 mod common;
 
@@ -65,6 +65,16 @@ async fn a_failed_server_is_replaced_by_a_spare_and_drained_when_it_returns() {
     wait_for("the victim to be shown replaced", || async move { status_of(lc, victim) == "replaced" }).await;
     let (ok, out, _) = weft(&c, &["status"]);
     assert!(ok && out.contains("rebuild: "), "weft status shows the rebuild line: {out}");
+    // An MDS killed and restarted remembers the phase (format §6 `server_phases`): the victim is still replaced, so
+    // when it returns below it is drained and fenced, not taken back as a member serving its old objects.
+    c.kill_mds().await;
+    c.restart_mds().await.unwrap();
+    assert_eq!(status_of(&c, victim), "replaced", "the phase survives an MDS restart");
+    // This impatient client (one attempt per call) learns of the restart from one refused call, which drops the
+    // lost session; its next call opens a new one and is served.
+    let lost = client.getattr(ROOT_INO).await.map(|_| ()).unwrap_err();
+    assert_eq!(lost.code(), Some(weft_proto::ErrorCode::StaleSession), "{lost}");
+    assert_eq!(client.getattr(ROOT_INO).await.unwrap().ino, ROOT_INO, "the next call runs on a new session");
     // The plain file keeps its layout (its bytes exist once).
     assert_eq!(client.getattr(g_ino).await.unwrap().layout.unwrap().generation, 0);
 

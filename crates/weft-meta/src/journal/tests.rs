@@ -68,6 +68,7 @@ fn redo_records_round_trip_and_reject_garbage() {
         Redo::PutDirent { parent: 1, name: "héllo", ino: 5, kind: 0 },
         Redo::DelDirent { parent: 1, name: "" },
         Redo::PutServer { id: 3, addr: "127.0.0.1:9" },
+        Redo::PutServerPhase { id: 3, phase: 4 },
         Redo::PutOrphan { ino: 6, record: b"" },
         Redo::DelOrphan { ino: 6 },
         Redo::PutCounter { key: 1, value: u64::MAX },
@@ -253,7 +254,7 @@ fn dump(s: &RedbStore) -> String {
         for (_, ino, _) in t.list_dirents(1, "", usize::MAX)? {
             out += &format!("{:?} ", t.get_inode(ino)?);
         }
-        out += &format!("{:?} {:?}", t.list_servers()?, t.list_orphans(usize::MAX)?);
+        out += &format!("{:?} {:?} {:?}", t.list_servers()?, t.list_server_phases()?, t.list_orphans(usize::MAX)?);
         Ok::<_, MetaError>(out)
     })
     .unwrap()
@@ -262,6 +263,7 @@ fn dump(s: &RedbStore) -> String {
 /// A deterministic mix of every mutation.
 fn workload(s: &RedbStore, n: u64) {
     s.write(|t| t.put_server(1, "a:1")).unwrap();
+    s.write(|t| t.put_server_phase(1, 3)).unwrap();
     for i in 0..n {
         s.write(|t| {
             let ino = t.next_ino()?;

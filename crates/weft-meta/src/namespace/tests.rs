@@ -1642,6 +1642,11 @@ mod membership {
         // No new file lands on a replaced server.
         let g = create(&ns, ROOT_INO, "new").unwrap();
         assert!(!names_20(&g));
+        // The phase survives an MDS restart (format §6 `server_phases`): reopened, 20 is still replaced, so its
+        // return below drains it instead of taking it back as a member that serves.
+        drop(ns);
+        let ns = redb_ns(&dir, clock.clone()).with_rebuild_after_ms(REBUILD_MS);
+        assert_eq!(state_of(&ns, 20), ServerState::Replaced);
 
         // It returns: drained of what it no longer owns, then a spare. Its heartbeat's reply says Draining, so it
         // serves no client until then (its lease, weft-data/src/lease.rs).
@@ -1673,9 +1678,10 @@ mod membership {
         assert!(ns.draining_servers().is_empty());
         // The generation survives a reopen of the store (inode record version 5).
         drop(ns);
-        let ns = redb_ns(&dir, clock.clone());
+        let ns = redb_ns(&dir, clock.clone()).with_rebuild_after_ms(REBUILD_MS);
         let moved = files.iter().find(|a| names_20(a)).unwrap();
         assert_eq!(getattr(&ns, moved.ino).unwrap().layout.unwrap().generation, 1);
+        assert_eq!(heartbeat(&ns).state, ServerState::Spare, "the spare phase survives a restart too");
     }
 
     #[test]
