@@ -943,4 +943,53 @@ mod tests {
         assert_eq!(a[8..], b[8..]);
         assert_eq!(pattern(100, 7), pattern(100, 7));
     }
+    #[test]
+    fn pnfs_ratios_cpu_apart_table_and_chart() {
+        let pf = |path: &'static str, n: u32, op: &'static str, x: f64| {
+            let mut f = pnfs::PFig::new(path, n, op);
+            f.samples = vec![x, x * 1.2, x * 0.8];
+            f.client_cpu = vec![0.5; 3];
+            f.gateway_cpu = if path == "pnfs" { vec![0.01; 3] } else { vec![2.0; 3] };
+            f.mds_cpu = vec![0.1; 3];
+            f.ds_cpu = vec![1.0, 3.0, 2.0];
+            f
+        };
+        let pfigs = vec![
+            pf("pnfs", 4, "read", 1600.0),
+            pf("gateway", 4, "read", 800.0),
+            pf("pnfs", 4, "write", 900.0),
+            pf("gateway", 4, "write", 1000.0),
+            pf("pnfs", 1, "read", 500.0),
+            pf("gateway", 1, "read", 500.0),
+        ];
+        let figs = vec![fig("nfs-ganesha", "read", 400.0), fig("nfs-ganesha", "write", 300.0)];
+        let mut doc = document(Document::start("nfs"), &figs, &args(), 1 << 30, json!({}));
+        add_pnfs(&mut doc, &pfigs, 1 << 30);
+        let r = |sys: &str, n: u32, op: &str| {
+            doc["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["system"] == sys && r["servers"] == n && r["op"] == op)
+                .unwrap()
+                .clone()
+        };
+        let read4 = r("weft-pnfs", 4, "read");
+        assert_eq!(read4["ratio_to_gateway"], 2.0);
+        assert_eq!(read4["ratio_to_ganesha"], 4.0);
+        assert_eq!(read4["meets_target"], true);
+        assert_eq!(read4["gateway_cpu_s_per_gib"], 0.01);
+        assert_eq!(read4["ds_cpu_s_per_gib"], 2.0);
+        assert_eq!(read4["mds_cpu_s_per_gib"], 0.1);
+        assert_eq!(read4["protocol"], "nfs4.1");
+        assert_eq!(r("weft-pnfs", 4, "write")["ratio_to_gateway"], 0.9);
+        assert!(r("weft-pnfs", 4, "write").get("meets_target").is_none(), "the target is on 4-server reads");
+        assert!(r("weft-pnfs", 1, "read").get("meets_target").is_none());
+        assert!(r("weft-gateway", 4, "read").get("ratio_to_gateway").is_none());
+        assert_eq!(r("weft-gateway", 4, "read")["ratio_to_ganesha"], 2.0);
+        let t = table(&doc);
+        assert!(t.contains("| read | 4 | 1600 | 800 | 400 | 2.00 | 4.00 | 0.500 / 0.500 | 0.010 / 2.000 |"), "{t}");
+        let svg = chart(&doc);
+        assert!(svg.contains("pNFS") && svg.contains("target 1.5"), "{svg}");
+    }
 }
