@@ -301,7 +301,8 @@ fn add_pnfs(doc: &mut Value, figs: &[pnfs::PFig], size: u64) {
         out.push(r);
     }
     let results = doc["results"].as_array().cloned().unwrap_or_default();
-    let ganesha = |op: &Value| results.iter().find(|r| r["system"] == "nfs-ganesha" && r["op"] == *op).and_then(headline);
+    let ganesha =
+        |op: &Value| results.iter().find(|r| r["system"] == "nfs-ganesha" && r["op"] == *op).and_then(headline);
     let snapshot = out.clone();
     for r in out.iter_mut() {
         let gw = snapshot

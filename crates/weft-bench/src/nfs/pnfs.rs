@@ -339,7 +339,11 @@ pub async fn measure_cluster(base: &Path, servers: u32, size: u64, runs: usize) 
         if all.len() < n + 1 {
             bail!("the cluster reports {} processes for {servers} data servers", all.len());
         }
-        let pids = Pids { gateway: g.pid().into_iter().collect(), mds: all[..all.len() - n].to_vec(), ds: all[all.len() - n..].to_vec() };
+        let pids = Pids {
+            gateway: g.pid().into_iter().collect(),
+            mds: all[..all.len() - n].to_vec(),
+            ds: all[all.len() - n..].to_vec(),
+        };
         let r = measure(&g, &pids, servers, size, runs).await;
         g.stop().await;
         r

@@ -334,10 +334,7 @@ pub fn decode_ds_addr(body: &[u8]) -> Result<Vec<Vec<SocketAddr>>, XdrError> {
         }
         lists.push(addrs);
     }
-    indices
-        .iter()
-        .map(|&i| lists.get(i as usize).cloned().ok_or(XdrError::BadDiscriminant(i)))
-        .collect()
+    indices.iter().map(|&i| lists.get(i as usize).cloned().ok_or(XdrError::BadDiscriminant(i))).collect()
 }
 
 #[cfg(test)]
