@@ -24,8 +24,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(!d.is_empty() && d.len() <= layout::STRIPE_INDICES_MAX);
         assert!(d.iter().all(|a| a.len() <= layout::MULTIPATH_ADDRS_MAX));
     }
-    let text = String::from_utf8_lossy(data);
-    let (netid, uaddr) = text.split_once(' ').unwrap_or(("tcp", &text));
+    let lossy = String::from_utf8_lossy(data);
+    let text: &str = &lossy;
+    let (netid, uaddr) = text.split_once(' ').unwrap_or(("tcp", text));
     if let Some(a) = layout::parse_netaddr(netid, uaddr) {
         let (n, u) = layout::netaddr(&a);
         assert_eq!(layout::parse_netaddr(n, &u), Some(a));
