@@ -113,7 +113,7 @@ pub struct Target {
 
 /// The expected bytes of `[off, off + len)` of the bench's file (inside one record): the record's index in its
 /// first 8 bytes, the seeded pattern after (what `super::stamp` writes).
-fn expected<'a>(pattern: &'a [u8], off: u64, len: u32) -> (Vec<u8>, &'a [u8]) {
+fn expected(pattern: &[u8], off: u64, len: u32) -> (Vec<u8>, &[u8]) {
     let record = off / RECORD_BYTES as u64;
     let ro = (off % RECORD_BYTES as u64) as usize;
     let end = ro + len as usize;
