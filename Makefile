@@ -10,7 +10,7 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: up deps lint test bench bench-deps bench-mount bench-compare bench-cache bench-nfs bench-ec clean-data rdma-deps\
+.PHONY: up deps lint test bench bench-deps bench-mount bench-compare bench-cache bench-nfs bench-pnfs bench-ec clean-data rdma-deps\
 	test-rdma
 
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
@@ -123,6 +123,11 @@ bench-cache: bench-deps
 bench-nfs: bench-deps
 	mkdir -p docs/bench
 	$(CARGO) run --locked --release -p weft -- bench nfs --json docs/bench/nfs.json
+# bench-pnfs: pNFS (issue 15): 1, 2 and 4 data servers, 1 MiB writes and reads of a 1 GiB file through pNFS and
+# through the gateway only (the bench's NFSv4.1 client), beside nfs-ganesha (libnfs, NFSv3), in one run.
+bench-pnfs: bench-deps
+	mkdir -p docs/bench
+	$(CARGO) run --locked --release -p weft -- bench nfs --pnfs --json docs/bench/pnfs.json
 # bench-ec: redundancy (issue 13): plain, ec 4+2 and mirror 2 on 7 data servers with a degraded read, then the
 # rebuild onto spares after kill -9 (unthrottled and at 200 MiB/s) beside GlusterFS disperse 4+2's heal.
 bench-ec: bench-deps

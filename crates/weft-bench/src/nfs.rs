@@ -37,7 +37,9 @@
 //! and Weft's gateway with `--no-root-squash` (the bench calls as root; both then check permissions as root).
 //! NFSv3 mounts ganesha's export by its `Path` (ganesha's `Pseudo` path is NFSv4's).
 
+mod client41;
 mod libnfs;
+mod pnfs;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -78,6 +80,14 @@ pub struct NfsArgs {
     /// Write results here (an SVG chart is written beside it).
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// pNFS instead (issue 15): for each of `--pnfs-servers`, a fresh cluster with every data server serving
+    /// pNFS; 1 MiB writes and reads through pNFS and through the gateway only (the same NFSv4.1 client), and
+    /// nfs-ganesha's (libnfs, NFSv3) in the same run. Metadata figures and the NFSv3 gateway are not measured.
+    #[arg(long)]
+    pub pnfs: bool,
+    /// Data-server counts measured with `--pnfs`.
+    #[arg(long, default_value = "1,2,4")]
+    pub pnfs_servers: String,
 }
 
 const ALL: [&str; 2] = ["weft", "nfs-ganesha"];
@@ -138,6 +148,9 @@ pub async fn run(a: NfsArgs) -> Result<()> {
         bail!("unknown system {bad:?} (of {})", ALL.join(", "));
     }
     let size = crate::parse_bytes(&a.size).filter(|&s| s > 0).context("--size wants a size like 1G")?;
+    if a.pnfs {
+        return run_pnfs(&a, &systems, size).await;
+    }
     libnfs::available().map_err(|e| anyhow::anyhow!("weft bench nfs needs libnfs: {e}"))?;
     let base = a.dir.clone().unwrap_or_else(std::env::temp_dir).join(format!("weft-bench-nfs-{}", std::process::id()));
     std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
@@ -168,7 +181,7 @@ pub async fn run(a: NfsArgs) -> Result<()> {
                             url: format!("nfs://127.0.0.1/bench?version=3&nfsport={p}&mountport={p}"),
                             pids,
                         };
-                        let r = measure_blocking(server, size, a.files, a.runs).await;
+                        let r = measure_blocking(server, size, a.files, a.runs, false).await;
                         g.stop().await;
                         r
                     }
@@ -184,7 +197,7 @@ pub async fn run(a: NfsArgs) -> Result<()> {
                     }
                     Ok(g) => {
                         let server = Server { system: "nfs-ganesha", url: g.url.clone(), pids: vec![g.pid] };
-                        let r = measure_blocking(server, size, a.files, a.runs).await;
+                        let r = measure_blocking(server, size, a.files, a.runs, false).await;
                         drop(g);
                         let _ = std::fs::remove_dir_all(base.join("ganesha"));
                         figs.extend(r?);
@@ -202,9 +215,135 @@ pub async fn run(a: NfsArgs) -> Result<()> {
     common::emit(&doc, &table(&doc), a.json.as_deref(), chart)
 }
 
-async fn measure_blocking(server: Server, size: u64, files: u32, runs: usize) -> Result<Vec<Fig>> {
-    tokio::task::spawn_blocking(move || measure(&server, size, files, runs)).await?
+async fn measure_blocking(server: Server, size: u64, files: u32, runs: usize, data_only: bool) -> Result<Vec<Fig>> {
+    tokio::task::spawn_blocking(move || measure(&server, size, files, runs, data_only)).await?
 }
+
+/// `--pnfs`: each data-server count's cluster, both ways, then nfs-ganesha's data figures; one document.
+async fn run_pnfs(a: &NfsArgs, systems: &[String], size: u64) -> Result<()> {
+    let counts: Vec<u32> = a
+        .pnfs_servers
+        .split(',')
+        .map(|s| s.trim().parse::<u32>().ok().filter(|&n| (1..=256).contains(&n)))
+        .collect::<Option<_>>()
+        .context("--pnfs-servers wants counts like 1,2,4")?;
+    let base = a.dir.clone().unwrap_or_else(std::env::temp_dir).join(format!("weft-bench-pnfs-{}", std::process::id()));
+    std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+    let doc = Document::start("nfs");
+    let (mut figs, mut pfigs) = (Vec::new(), Vec::new());
+    let mut skipped = serde_json::Map::new();
+    let result = async {
+        for &n in &counts {
+            eprintln!("measuring pNFS and the gateway with {n} data servers under {}", base.display());
+            pfigs.extend(pnfs::measure_cluster(&base, n, size, a.runs).await?);
+        }
+        if systems.iter().any(|s| s == "nfs-ganesha") {
+            if let Err(e) = libnfs::available() {
+                skipped.insert("nfs-ganesha".into(), json!(format!("libnfs is not available: {e}")));
+            } else {
+                match Ganesha::start(&base.join("ganesha"))? {
+                    Err(why) => {
+                        eprintln!("nfs-ganesha skipped: {why}");
+                        skipped.insert("nfs-ganesha".into(), json!(why));
+                    }
+                    Ok(g) => {
+                        let server = Server { system: "nfs-ganesha", url: g.url.clone(), pids: vec![g.pid] };
+                        let r = measure_blocking(server, size, a.files, a.runs, true).await;
+                        drop(g);
+                        figs.extend(r?);
+                    }
+                }
+            }
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&base);
+    result?;
+    let mut doc = document(doc, &figs, a, size, Value::Object(skipped));
+    add_pnfs(&mut doc, &pfigs, size);
+    common::emit(&doc, &table(&doc), a.json.as_deref(), chart)
+}
+
+/// The pNFS figures into the document: `system` `weft-pnfs` or `weft-gateway` (NFSv4.1, the same client), each
+/// with the gateway's, the MDS's and the data servers' CPU apart, `ratio_to_gateway` (pNFS ÷ gateway-only at the
+/// same server count) and `ratio_to_ganesha`; the issue's targets on pNFS reads.
+fn add_pnfs(doc: &mut Value, figs: &[pnfs::PFig], size: u64) {
+    let med = |v: &[f64]| summarize(v).map(|s| round3(s.median));
+    let mut out: Vec<Value> = Vec::new();
+    for f in figs {
+        let Some(s) = summarize(&f.samples) else { continue };
+        let mut r = json!({
+            "system": format!("weft-{}", f.path),
+            "fabric": "tcp",
+            "servers": f.servers,
+            "clients": 1,
+            "protocol": "nfs4.1",
+            "op": f.op,
+            "pattern": "sequential",
+            "record_bytes": RECORD_BYTES,
+            "stripe_unit": pnfs::STRIPE_UNIT,
+            "window_per_server": pnfs::WINDOW,
+            "size_bytes": size,
+            "mib_per_s": round1(s.median),
+            "runs": s.runs,
+            "min": round1(s.min),
+            "max": round1(s.max),
+            "client_cpu_s_per_gib": med(&f.client_cpu),
+            "gateway_cpu_s_per_gib": med(&f.gateway_cpu),
+            "mds_cpu_s_per_gib": med(&f.mds_cpu),
+            "ds_cpu_s_per_gib": med(&f.ds_cpu),
+        });
+        if let Some(v) = f.verified_bytes {
+            r["verified_bytes"] = json!(v);
+        }
+        f.loads.annotate(&mut r);
+        out.push(r);
+    }
+    let results = doc["results"].as_array().cloned().unwrap_or_default();
+    let ganesha =
+        |op: &Value| results.iter().find(|r| r["system"] == "nfs-ganesha" && r["op"] == *op).and_then(headline);
+    let snapshot = out.clone();
+    for r in out.iter_mut() {
+        let gw = snapshot
+            .iter()
+            .find(|g| g["system"] == "weft-gateway" && g["servers"] == r["servers"] && g["op"] == r["op"])
+            .and_then(headline);
+        if r["system"] == "weft-pnfs"
+            && let (Some(x), Some(y)) = (headline(r), gw)
+            && y > 0.0
+        {
+            let ratio = round3(x / y);
+            r["ratio_to_gateway"] = json!(ratio);
+            if r["op"] == "read" && r["servers"] == 4 {
+                r["target_ratio_to_gateway"] = json!(PNFS_READ_TARGET);
+                r["meets_target"] = json!(ratio >= PNFS_READ_TARGET);
+            }
+        }
+        if let (Some(x), Some(y)) = (headline(r), ganesha(&r["op"]))
+            && y > 0.0
+        {
+            r["ratio_to_ganesha"] = json!(round3(x / y));
+        }
+    }
+    if let Some(a) = doc["results"].as_array_mut() {
+        a.extend(out);
+    }
+    doc["config"]["pnfs"] = json!({
+        "servers": figs.iter().map(|f| f.servers).collect::<std::collections::BTreeSet<_>>(),
+        "stripe_unit": pnfs::STRIPE_UNIT,
+        "window_per_server": pnfs::WINDOW,
+        "client": "weft-bench's NFSv4.1 client (crate weft-nfs's XDR and layout code), one session per server, \
+                   requests pipelined on one TCP connection each",
+        "targets": { "read_4_servers_ratio_to_gateway": PNFS_READ_TARGET, "gateway_cpu_s_per_gib_with_pnfs": "near 0" },
+        "notes": "weft-pnfs = OPEN, LAYOUTGET, GETDEVICEINFO, READ/WRITE at the data servers in parallel (UNSTABLE, \
+                  COMMIT at each), LAYOUTCOMMIT, LAYOUTRETURN, CLOSE; weft-gateway = the same client's READ/WRITE \
+                  at the gateway (no LAYOUTGET), COMMIT, CLOSE; nfs-ganesha = libnfs NFSv3 as in the plain bench",
+    });
+}
+
+/// The issue's target: pNFS 1 MiB reads over 4 data servers ÷ the gateway-only path.
+const PNFS_READ_TARGET: f64 = 1.5;
 
 /// CPU seconds of the server's processes so far (a process that is gone counts nothing: the figures then
 /// undercount, never fail).
@@ -297,7 +436,7 @@ fn read_file(
 }
 
 /// Every workload against one server, on this thread.
-fn measure(s: &Server, size: u64, files: u32, runs: usize) -> Result<Vec<Fig>> {
+fn measure(s: &Server, size: u64, files: u32, runs: usize, data_only: bool) -> Result<Vec<Fig>> {
     let mut nfs = Nfs::mount(&s.url).map_err(|e| anyhow::anyhow!("{}: {e}", s.system))?;
     let (rmax, wmax) = nfs.rwmax();
     eprintln!("{}: mounted {} (rtmax {rmax}, wtmax {wmax})", s.system, s.url);
@@ -336,6 +475,9 @@ fn measure(s: &Server, size: u64, files: u32, runs: usize) -> Result<Vec<Fig>> {
     })?;
     r.verified_bytes = Some(size);
     nfs.unlink("/seq").map_err(nfs_err)?;
+    if data_only {
+        return Ok(vec![w, r]);
+    }
 
     // Metadata: a warm-up round of a few files, then the runs; names unique per round.
     let (mut c, mut st, mut rm) =
@@ -608,6 +750,9 @@ fn document(doc: Document, figs: &[Fig], a: &NfsArgs, size: u64, skipped: Value)
 /// A Markdown table: one row per figure, both systems side by side, Weft's ratio and the target.
 pub fn table(doc: &Value) -> String {
     let results = doc["results"].as_array().cloned().unwrap_or_default();
+    if results.iter().any(|r| r["system"] == "weft-pnfs") {
+        return pnfs_table(doc, &results);
+    }
     let get = |sys: &str, op: &str| results.iter().find(|r| r["system"] == sys && r["op"] == op).cloned();
     let num = |v: Option<&Value>, digits: usize| {
         v.and_then(Value::as_f64).map_or("-".to_string(), |x| format!("{x:.digits$}"))
@@ -647,9 +792,62 @@ pub fn table(doc: &Value) -> String {
     s
 }
 
-/// Weft's ratio to ganesha per figure (1.0 = parity); without ganesha, Weft's own figures.
+/// `--pnfs`'s table: per op and data-server count, pNFS beside the gateway-only path and nfs-ganesha, with the
+/// CPU of the client, the gateway, the data servers and the MDS apart (pNFS / gateway-only).
+fn pnfs_table(doc: &Value, results: &[Value]) -> String {
+    let mut s = String::new();
+    if let Some(sk) = doc.pointer("/config/skipped").and_then(Value::as_object) {
+        for (sys, why) in sk {
+            s.push_str(&format!("**{sys} skipped**: {}\n\n", why.as_str().unwrap_or("?")));
+        }
+    }
+    s.push_str(
+        "| op | data servers | pNFS MiB/s | gateway MiB/s | nfs-ganesha MiB/s | pNFS ÷ gateway | pNFS ÷ ganesha | \
+         client CPU s/GiB pNFS / gw | gateway CPU s/GiB pNFS / gw | DS CPU s/GiB pNFS / gw | \
+         MDS CPU s/GiB pNFS / gw |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let num = |v: Option<&Value>, d: usize| v.and_then(Value::as_f64).map_or("-".to_string(), |x| format!("{x:.d$}"));
+    let ganesha = |op: &str| results.iter().find(|r| r["system"] == "nfs-ganesha" && r["op"] == op);
+    for r in results.iter().filter(|r| r["system"] == "weft-pnfs") {
+        let op = r["op"].as_str().unwrap_or("?");
+        let g = results.iter().find(|g| g["system"] == "weft-gateway" && g["servers"] == r["servers"] && g["op"] == op);
+        let pair = |k: &str| format!("{} / {}", num(r.get(k), 3), num(g.and_then(|g| g.get(k)), 3));
+        s.push_str(&format!(
+            "| {op} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r["servers"],
+            num(r.get("mib_per_s"), 0),
+            num(g.and_then(|g| g.get("mib_per_s")), 0),
+            num(ganesha(op).and_then(|g| g.get("mib_per_s")), 0),
+            num(r.get("ratio_to_gateway"), 2),
+            num(r.get("ratio_to_ganesha"), 2),
+            pair("client_cpu_s_per_gib"),
+            pair("gateway_cpu_s_per_gib"),
+            pair("ds_cpu_s_per_gib"),
+            pair("mds_cpu_s_per_gib"),
+        ));
+    }
+    s
+}
+
+/// Weft's ratio to ganesha per figure (1.0 = parity); without ganesha, Weft's own figures. With `--pnfs`, pNFS ÷
+/// the gateway-only path per op and data-server count.
 pub fn chart(doc: &Value) -> String {
     let results = doc["results"].as_array().cloned().unwrap_or_default();
+    let pnfs: Vec<crate::chart::Bar> = results
+        .iter()
+        .filter(|r| r["system"] == "weft-pnfs" && r.get("ratio_to_gateway").is_some())
+        .map(|r| crate::chart::Bar {
+            value: r["ratio_to_gateway"].as_f64().unwrap_or(0.0),
+            min: None,
+            max: None,
+            label: format!("{} ×{}", r["op"].as_str().unwrap_or(""), r["servers"]),
+            sublabel: r["target_ratio_to_gateway"].as_f64().map_or("".to_string(), |t| format!("target {t}")),
+            color: if r["meets_target"] == false { "#d84b3b" } else { "#3b7dd8" },
+        })
+        .collect();
+    if !pnfs.is_empty() {
+        return crate::chart::bars_svg("weft bench nfs --pnfs: pNFS ÷ the gateway-only path (1.0 = parity)", &pnfs);
+    }
     let ratios: Vec<crate::chart::Bar> = results
         .iter()
         .filter(|r| r["system"] == "weft" && r.get("ratio_to_ganesha").is_some())
@@ -745,5 +943,54 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a[8..], b[8..]);
         assert_eq!(pattern(100, 7), pattern(100, 7));
+    }
+    #[test]
+    fn pnfs_ratios_cpu_apart_table_and_chart() {
+        let pf = |path: &'static str, n: u32, op: &'static str, x: f64| {
+            let mut f = pnfs::PFig::new(path, n, op);
+            f.samples = vec![x, x * 1.2, x * 0.8];
+            f.client_cpu = vec![0.5; 3];
+            f.gateway_cpu = if path == "pnfs" { vec![0.01; 3] } else { vec![2.0; 3] };
+            f.mds_cpu = vec![0.1; 3];
+            f.ds_cpu = vec![1.0, 3.0, 2.0];
+            f
+        };
+        let pfigs = vec![
+            pf("pnfs", 4, "read", 1600.0),
+            pf("gateway", 4, "read", 800.0),
+            pf("pnfs", 4, "write", 900.0),
+            pf("gateway", 4, "write", 1000.0),
+            pf("pnfs", 1, "read", 500.0),
+            pf("gateway", 1, "read", 500.0),
+        ];
+        let figs = vec![fig("nfs-ganesha", "read", 400.0), fig("nfs-ganesha", "write", 300.0)];
+        let mut doc = document(Document::start("nfs"), &figs, &args(), 1 << 30, json!({}));
+        add_pnfs(&mut doc, &pfigs, 1 << 30);
+        let r = |sys: &str, n: u32, op: &str| {
+            doc["results"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["system"] == sys && r["servers"] == n && r["op"] == op)
+                .unwrap()
+                .clone()
+        };
+        let read4 = r("weft-pnfs", 4, "read");
+        assert_eq!(read4["ratio_to_gateway"], 2.0);
+        assert_eq!(read4["ratio_to_ganesha"], 4.0);
+        assert_eq!(read4["meets_target"], true);
+        assert_eq!(read4["gateway_cpu_s_per_gib"], 0.01);
+        assert_eq!(read4["ds_cpu_s_per_gib"], 2.0);
+        assert_eq!(read4["mds_cpu_s_per_gib"], 0.1);
+        assert_eq!(read4["protocol"], "nfs4.1");
+        assert_eq!(r("weft-pnfs", 4, "write")["ratio_to_gateway"], 0.9);
+        assert!(r("weft-pnfs", 4, "write").get("meets_target").is_none(), "the target is on 4-server reads");
+        assert!(r("weft-pnfs", 1, "read").get("meets_target").is_none());
+        assert!(r("weft-gateway", 4, "read").get("ratio_to_gateway").is_none());
+        assert_eq!(r("weft-gateway", 4, "read")["ratio_to_ganesha"], 2.0);
+        let t = table(&doc);
+        assert!(t.contains("| read | 4 | 1600 | 800 | 400 | 2.00 | 4.00 | 0.500 / 0.500 | 0.010 / 2.000 |"), "{t}");
+        let svg = chart(&doc);
+        assert!(svg.contains("pNFS") && svg.contains("target 1.5"), "{svg}");
     }
 }

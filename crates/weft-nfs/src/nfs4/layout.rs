@@ -245,6 +245,98 @@ pub fn encode_deviceinfo_ok(w: &mut Writer, body: &[u8]) {
     w.u32(0); // gdir_notification: none
 }
 
+/// A file layout as a client reads it (`nfsv4_1_file_layout4`, from LAYOUTGET's `loc_body`): the client side of
+/// [`file_layout_body`], for `weft bench nfs --pnfs`'s pNFS client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileLayout {
+    pub device: DeviceId,
+    /// The stripe unit in bytes (`nfl_util4` without its flag bits; never 0).
+    pub stripe_unit: u32,
+    /// NFL4_UFLG_DENSE: the client sends data servers object offsets instead of file offsets.
+    pub dense: bool,
+    pub first_stripe_index: u32,
+    pub pattern_offset: u64,
+    /// One filehandle per stripe index (1..=[`STRIPE_INDICES_MAX`]).
+    pub fhs: Vec<Vec<u8>>,
+}
+
+/// The most bytes of an NFSv4 filehandle (NFS4_FHSIZE).
+pub const FH_BYTES_MAX: usize = 128;
+
+/// Decodes a `nfsv4_1_file_layout4` body; every count is bounded ([`STRIPE_INDICES_MAX`] handles of at most
+/// [`FH_BYTES_MAX`] bytes), a stripe unit of 0 and a first stripe index outside the handles are refused.
+pub fn decode_file_layout(body: &[u8]) -> Result<FileLayout, XdrError> {
+    let mut r = Reader::new(body);
+    let device = deviceid(&mut r)?;
+    let util = r.u32()?;
+    let stripe_unit = util & NFL4_UFLG_STRIPE_UNIT_SIZE_MASK;
+    let first_stripe_index = r.u32()?;
+    let pattern_offset = r.u64()?;
+    let n = r.u32()? as usize;
+    if n == 0 || n > STRIPE_INDICES_MAX {
+        return Err(XdrError::TooLong { len: n as u64, max: STRIPE_INDICES_MAX });
+    }
+    let mut fhs = Vec::with_capacity(n);
+    for _ in 0..n {
+        fhs.push(r.opaque(FH_BYTES_MAX)?.to_vec());
+    }
+    if stripe_unit == 0 {
+        return Err(XdrError::BadDiscriminant(util));
+    }
+    if first_stripe_index as usize >= n {
+        return Err(XdrError::BadDiscriminant(first_stripe_index));
+    }
+    Ok(FileLayout { device, stripe_unit, dense: util & NFL4_UFLG_DENSE != 0, first_stripe_index, pattern_offset, fhs })
+}
+
+/// The address of a `netaddr4` (RFC 5665 universal address: `h1.h2.h3.h4.p1.p2` for netid `tcp`,
+/// `x:…:x.p1.p2` for `tcp6`): the inverse of [`netaddr`]; `None` for another netid or a malformed address.
+pub fn parse_netaddr(netid: &str, uaddr: &str) -> Option<SocketAddr> {
+    let (rest, lo) = uaddr.rsplit_once('.')?;
+    let (host, hi) = rest.rsplit_once('.')?;
+    let port = (hi.parse::<u8>().ok()? as u16) << 8 | lo.parse::<u8>().ok()? as u16;
+    let ip: std::net::IpAddr = match netid {
+        "tcp" => std::net::IpAddr::V4(host.parse().ok()?),
+        "tcp6" => std::net::IpAddr::V6(host.parse().ok()?),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, port))
+}
+
+/// Decodes a `nfsv4_1_file_layout_ds_addr4` body into, per stripe index, the multipath list of data-server
+/// addresses it uses (netids other than `tcp`/`tcp6` left out). Counts bounded: [`STRIPE_INDICES_MAX`] indices
+/// and lists, [`MULTIPATH_ADDRS_MAX`] addresses per list; an index naming no list is refused.
+pub fn decode_ds_addr(body: &[u8]) -> Result<Vec<Vec<SocketAddr>>, XdrError> {
+    let mut r = Reader::new(body);
+    let n = r.u32()? as usize;
+    if n == 0 || n > STRIPE_INDICES_MAX {
+        return Err(XdrError::TooLong { len: n as u64, max: STRIPE_INDICES_MAX });
+    }
+    let mut indices = Vec::with_capacity(n);
+    for _ in 0..n {
+        indices.push(r.u32()?);
+    }
+    let m = r.u32()? as usize;
+    if m == 0 || m > STRIPE_INDICES_MAX {
+        return Err(XdrError::TooLong { len: m as u64, max: STRIPE_INDICES_MAX });
+    }
+    let mut lists = Vec::with_capacity(m);
+    for _ in 0..m {
+        let k = r.u32()? as usize;
+        if k > MULTIPATH_ADDRS_MAX {
+            return Err(XdrError::TooLong { len: k as u64, max: MULTIPATH_ADDRS_MAX });
+        }
+        let mut addrs = Vec::with_capacity(k);
+        for _ in 0..k {
+            let netid = r.string(16)?;
+            let uaddr = r.string(64)?;
+            addrs.extend(parse_netaddr(netid, uaddr));
+        }
+        lists.push(addrs);
+    }
+    indices.iter().map(|&i| lists.get(i as usize).cloned().ok_or(XdrError::BadDiscriminant(i))).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,5 +449,65 @@ mod tests {
         let mut w = Writer::new();
         w.u32(1).u32(16).u64(0).fixed(&[0; 8]);
         assert_eq!(decode_getdevicelist(&mut Reader::new(&w.buf)).unwrap().maxdevices, 16);
+    }
+    #[test]
+    fn the_client_reads_back_what_the_server_encodes() {
+        let fhs = vec![vec![1, 2, 3], vec![4; 128], vec![]];
+        let body = file_layout_body(&[5; 16], 1 << 20, &fhs);
+        let l = decode_file_layout(&body).unwrap();
+        assert_eq!(
+            l,
+            FileLayout {
+                device: [5; 16],
+                stripe_unit: 1 << 20,
+                dense: false,
+                first_stripe_index: 0,
+                pattern_offset: 0,
+                fhs: fhs.clone()
+            }
+        );
+        for n in 0..body.len() {
+            assert!(decode_file_layout(&body[..n]).is_err(), "truncated at {n}");
+        }
+        // Dense, a first index outside the handles, a zero unit, a handle over NFS4_FHSIZE.
+        let mut w = Writer::new();
+        w.fixed(&[0; 16]).u32(4096 | NFL4_UFLG_DENSE).u32(1).u64(0).u32(2).opaque(b"a").opaque(b"b");
+        let l = decode_file_layout(&w.buf).unwrap();
+        assert!(l.dense && l.stripe_unit == 4096 && l.first_stripe_index == 1);
+        let mut w = Writer::new();
+        w.fixed(&[0; 16]).u32(4096).u32(2).u64(0).u32(2).opaque(b"a").opaque(b"b");
+        assert!(decode_file_layout(&w.buf).is_err());
+        let mut w = Writer::new();
+        w.fixed(&[0; 16]).u32(NFL4_UFLG_DENSE).u32(0).u64(0).u32(1).opaque(b"a");
+        assert!(decode_file_layout(&w.buf).is_err());
+        let mut w = Writer::new();
+        w.fixed(&[0; 16]).u32(4096).u32(0).u64(0).u32(1).opaque(&[0; 129]);
+        assert!(decode_file_layout(&w.buf).is_err());
+        let mut w = Writer::new();
+        w.fixed(&[0; 16]).u32(4096).u32(0).u64(0).u32(100_000);
+        assert!(matches!(decode_file_layout(&w.buf), Err(XdrError::TooLong { .. })));
+
+        let a: SocketAddr = "10.0.2.2:2050".parse().unwrap();
+        let b: SocketAddr = "[fe80::1]:65535".parse().unwrap();
+        for x in [a, b] {
+            let (netid, uaddr) = netaddr(&x);
+            assert_eq!(parse_netaddr(netid, &uaddr), Some(x));
+        }
+        assert_eq!(parse_netaddr("rdma", "10.0.2.2.8.2"), None);
+        assert_eq!(parse_netaddr("tcp", "10.0.2.2.8.256"), None);
+        assert_eq!(parse_netaddr("tcp", "10.0.2.2"), None);
+        let body = ds_addr_body(&[vec![a], vec![b, a], vec![]]);
+        assert_eq!(decode_ds_addr(&body).unwrap(), vec![vec![a], vec![b, a], vec![]]);
+        for n in 0..body.len() {
+            assert!(decode_ds_addr(&body[..n]).is_err(), "truncated at {n}");
+        }
+        // Stripe indices name lists, in any order; one naming no list is refused.
+        let mut w = Writer::new();
+        w.u32(2).u32(1).u32(0).u32(2).u32(1);
+        w.opaque(b"tcp").opaque(b"10.0.2.2.8.2").u32(0);
+        assert_eq!(decode_ds_addr(&w.buf).unwrap(), vec![vec![], vec![a]]);
+        let mut w = Writer::new();
+        w.u32(1).u32(5).u32(1).u32(0);
+        assert_eq!(decode_ds_addr(&w.buf).unwrap_err(), XdrError::BadDiscriminant(5));
     }
 }
