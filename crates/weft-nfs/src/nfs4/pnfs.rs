@@ -106,7 +106,8 @@ async fn layoutget_ok(cx: &mut Ctx<'_>, a: &LayoutGetArgs) -> Out {
         return Err(NFS4ERR_TOOSMALL);
     }
     let id = cx.stateid(a.stateid);
-    let (sid, device) = cx.gw.nfs4.state().layout_get(cid, ino, &id, a.iomode, &l.servers, l.generation)?;
+    let now = cx.gw.nfs4.now_ms();
+    let (sid, device) = cx.gw.nfs4.state().layout_get(cid, ino, &id, a.iomode, &l.servers, l.generation, now)?;
     let mut w = Writer::new();
     layout::encode_layoutget_ok(&mut w, false, &sid, a.iomode, &layout::file_layout_body(&device, l.stripe_unit, &fhs));
     tracing::debug!(ino, iomode = a.iomode, servers = ?l.servers, unit = l.stripe_unit, "LAYOUTGET granted");
