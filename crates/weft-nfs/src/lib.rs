@@ -174,6 +174,9 @@ pub struct GatewayConfig {
     pub state_dir: Option<PathBuf>,
     /// pNFS metadata server: off, on, or on when data servers advertise NFS addresses (`--pnfs`).
     pub pnfs: PnfsMode,
+    /// pNFS: every this many ms, each file with layouts out is checked for changes made elsewhere (a shrink,
+    /// mode/owner/group, layout generation, removal) and its layouts recalled on one; 0: never.
+    pub layout_check_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -193,6 +196,7 @@ impl Default for GatewayConfig {
             nfs4: nfs4::state::StateConfig::default(),
             state_dir: None,
             pnfs: PnfsMode::Auto,
+            layout_check_ms: 3_000,
         }
     }
 }
@@ -343,6 +347,19 @@ impl Gateway {
                 if n > 0 {
                     tracing::debug!(closed = n, "closed idle open files");
                 }
+            }
+        }));
+        let checked = self.clone();
+        // The periodic layout check (pNFS only): changes made elsewhere recall layouts too.
+        let _check = AbortOnDrop(tokio::spawn(async move {
+            if !checked.pnfs || checked.cfg.layout_check_ms == 0 {
+                return;
+            }
+            let every = std::time::Duration::from_millis(checked.cfg.layout_check_ms);
+            let mut cursor = 0;
+            loop {
+                tokio::time::sleep(every).await;
+                cursor = checked.check_layouts(cursor).await;
             }
         }));
         loop {

@@ -72,6 +72,11 @@ pub struct NfsArgs {
     /// gateway. Erasure-coded and mirrored files are always served through the gateway.
     #[arg(long, value_name = "auto|on|off", default_value = "auto")]
     pub pnfs: weft_nfs::PnfsMode,
+    /// pNFS: how often (ms) the files with layouts out are checked for changes made elsewhere (a native client's
+    /// truncate or chmod, a removal, a rebuild moving a stripe), one getattr each; a change recalls the file's
+    /// layouts. 0: never (changes through the gateway still recall).
+    #[arg(long, default_value_t = 3_000)]
+    pub layout_check_ms: u64,
 }
 
 /// Runs the gateway; `ready` is told the bound address (the launcher's readiness line).
@@ -95,6 +100,7 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         },
         state_dir: args.state_dir.clone(),
         pnfs: args.pnfs,
+        layout_check_ms: args.layout_check_ms,
         ..weft_nfs::GatewayConfig::default()
     };
     let listener =

@@ -8,6 +8,10 @@
 //! - no back channel, a full queue, no answer within `recall_ms`, the connection closed, or any other answer:
 //!   the layout is revoked (forgotten, logged) and, for no answer, the back channel is down (SEQUENCE says so).
 //!
+//! Changes made elsewhere (a native client's truncate or chmod, a removal, a rebuild moving a slot, which changes
+//! the layout generation) are found by the periodic check ([`Gateway::check_layouts`], `--layout-check-ms`): one
+//! getattr per file with layouts out, compared with what was true at LAYOUTGET.
+//!
 //! docs/format.md §24.
 
 use std::sync::Arc;
@@ -147,6 +151,35 @@ impl Gateway {
             }
             (_, s) => self.revoke(clientid, ino, &stateid, &format!("CB_LAYOUTRECALL answered {s:?}")),
         }
+    }
+}
+
+/// Files the periodic check looks at per pass (a larger table is covered over several passes).
+pub const LAYOUT_CHECK_FILES_MAX: usize = 256;
+
+impl Gateway {
+    /// One pass of the periodic check: up to [`LAYOUT_CHECK_FILES_MAX`] files with layouts out from `cursor` on,
+    /// one getattr each; a file that shrank, changed mode/owner/group or layout generation, or is gone, has its
+    /// layouts recalled. Returns the cursor of the next pass.
+    pub(crate) async fn check_layouts(&self, cursor: u64) -> u64 {
+        let inos = self.nfs4.state().watched_inodes(cursor, LAYOUT_CHECK_FILES_MAX);
+        let next = if inos.len() < LAYOUT_CHECK_FILES_MAX { 0 } else { inos.last().copied().unwrap_or(0) };
+        for ino in inos {
+            let now = match self.client.getattr(ino).await {
+                Ok(a) => Some(super::state::Watched::of(&a)),
+                Err(e) if super::ops::st(&e) == NFS4ERR_NOENT => None,
+                Err(e) => {
+                    tracing::debug!(ino, error = %e, "layout check: getattr failed; next pass");
+                    continue;
+                }
+            };
+            let why = self.nfs4.state().watched_changed(ino, now);
+            if let Some(why) = why {
+                tracing::info!(ino, ?why, "layout check: the file changed elsewhere; recalling its layouts");
+                self.layouts_changed(ino, why);
+            }
+        }
+        next
     }
 }
 

@@ -226,6 +226,30 @@ pub struct State {
     owner_key: OwnerKey,
     layouts: HashMap<[u8; 12], LayoutRec>,
     devices: Devices,
+    /// What each file with layouts out looked like when last handed out or checked (the periodic check).
+    watched: HashMap<u64, Watched>,
+}
+
+/// What a layout of a file depends on (docs/format.md §24, the periodic check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watched {
+    pub size: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub generation: u64,
+}
+
+impl Watched {
+    pub fn of(a: &weft_proto::Attr) -> Watched {
+        Watched {
+            size: a.size,
+            mode: a.mode & 0o7777,
+            uid: a.uid,
+            gid: a.gid,
+            generation: a.layout.as_ref().map_or(0, |l| l.generation),
+        }
+    }
 }
 
 type R<T> = Result<T, u32>;
@@ -246,6 +270,7 @@ impl State {
             owner_key: OwnerKey::default(),
             layouts: HashMap::new(),
             devices: Devices::default(),
+            watched: HashMap::new(),
         }
     }
 
@@ -908,6 +933,47 @@ impl State {
         v
     }
 
+    /// A layout of `ino` was handed out while the file was `now`: what the periodic check compares with.
+    pub fn watch(&mut self, ino: u64, now: Watched) {
+        if self.watched.len() < self.cfg.layouts_max || self.watched.contains_key(&ino) {
+            self.watched.insert(ino, now);
+        }
+    }
+
+    /// The inodes the periodic check looks at (those with layouts out; the others are forgotten here), at most
+    /// `max`, from `after` on (a cursor, so a large table is covered over several passes).
+    pub fn watched_inodes(&mut self, after: u64, max: usize) -> Vec<u64> {
+        let out: std::collections::HashSet<u64> = self.layouts.values().map(|l| l.ino).collect();
+        self.watched.retain(|ino, _| out.contains(ino));
+        let mut v: Vec<u64> = self.watched.keys().copied().filter(|&i| i > after).collect();
+        v.sort_unstable();
+        v.truncate(max);
+        v
+    }
+
+    /// The periodic check found `ino` as `now` (`None`: removed): what changed since the layouts were handed out
+    /// that they depend on (a smaller size, mode, owner, group, the layout generation, removal). Remembers `now`
+    /// (the size only ever rises: a client's own writes grow the file, only a shrink is news).
+    pub fn watched_changed(&mut self, ino: u64, now: Option<Watched>) -> Option<super::recall::Why> {
+        use super::recall::Why;
+        let was = *self.watched.get(&ino)?;
+        let Some(now) = now else {
+            self.watched.remove(&ino);
+            return Some(Why::Remove);
+        };
+        let why = if now.size < was.size {
+            Some(Why::Truncate)
+        } else if (now.mode, now.uid, now.gid) != (was.mode, was.uid, was.gid) {
+            Some(Why::Access)
+        } else if now.generation != was.generation {
+            Some(Why::Layout)
+        } else {
+            None
+        };
+        self.watched.insert(ino, Watched { size: now.size.max(if why.is_some() { 0 } else { was.size }), ..now });
+        why
+    }
+
     /// The client's sessions (the back channel table keeps entries only for live ones).
     pub fn session_alive(&self, sessionid: &[u8; 16]) -> bool {
         self.sessions.contains_key(sessionid)
@@ -1184,6 +1250,29 @@ mod tests {
         assert!(st.layout_forget(&r3[0].1));
         assert!(!st.layout_forget(&r3[0].1));
         assert_eq!(st.layout_inodes(), vec![]);
+    }
+
+    #[test]
+    fn the_periodic_check_sees_shrinks_access_and_generation_changes_only() {
+        use crate::nfs4::recall::Why;
+        let mut st = State::new(cfg(), 5, 0);
+        let (a, _) = session(&mut st, b"a", 0);
+        let o = st.open(a, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        let w = Watched { size: 100, mode: 0o644, uid: 1, gid: 1, generation: 0 };
+        st.watch(9, w);
+        assert_eq!(st.watched_inodes(0, 8), vec![], "no layout out: forgotten");
+        st.layout_get(a, 9, &o, IOMODE_READ, &[1], 0, 0).unwrap();
+        st.watch(9, w);
+        assert_eq!(st.watched_inodes(0, 8), vec![9]);
+        assert_eq!(st.watched_inodes(9, 8), vec![], "past the cursor");
+        assert_eq!(st.watched_changed(9, Some(Watched { size: 200, ..w })), None, "growth is the client's writes");
+        assert_eq!(st.watched_changed(9, Some(Watched { size: 150, ..w })), Some(Why::Truncate), "below the largest seen");
+        assert_eq!(st.watched_changed(9, Some(Watched { size: 150, ..w })), None, "seen once");
+        assert_eq!(st.watched_changed(9, Some(Watched { size: 150, mode: 0o600, ..w })), Some(Why::Access));
+        assert_eq!(st.watched_changed(9, Some(Watched { size: 150, mode: 0o600, generation: 2, ..w })), Some(Why::Layout));
+        assert_eq!(st.watched_changed(9, None), Some(Why::Remove));
+        assert_eq!(st.watched_changed(9, None), None, "forgotten");
+        assert_eq!(st.watched_changed(8, Some(w)), None, "never watched");
     }
 
     #[test]
