@@ -300,7 +300,7 @@ impl Gateway {
         }
         Ok(Arc::new_cyclic(|me| Gateway {
             me: me.clone(),
-            cb_xid: AtomicU32::new(verifier[0] as u32) ,
+            cb_xid: AtomicU32::new(verifier[0] as u32),
             conn_ids: AtomicU64::new(1),
             nfs4,
             state_dir,

@@ -53,7 +53,11 @@ pub const CB_REPLY_OPS_MAX: usize = 8;
 pub enum CbSec {
     #[default]
     None,
-    Sys { machine: String, uid: u32, gid: u32 },
+    Sys {
+        machine: String,
+        uid: u32,
+        gid: u32,
+    },
 }
 
 /// One CB_LAYOUTRECALL of a whole file's layout.
@@ -376,11 +380,8 @@ impl Channels {
     /// [`Channels::done`].
     pub fn start(&mut self, clientid: u64) -> Result<([u8; 16], Arc<tokio::sync::Mutex<()>>), NoChannel> {
         let limit = self.callbacks_max;
-        let (sid, c) = self
-            .by_session
-            .iter_mut()
-            .find(|(_, c)| c.clientid == clientid && c.usable())
-            .ok_or(NoChannel::Down)?;
+        let (sid, c) =
+            self.by_session.iter_mut().find(|(_, c)| c.clientid == clientid && c.usable()).ok_or(NoChannel::Down)?;
         if c.queued >= limit {
             return Err(NoChannel::Full);
         }
@@ -475,10 +476,13 @@ mod tests {
         assert_eq!(r.u32().unwrap(), 3);
         assert_eq!(r.fixed(12).unwrap(), &[7; 12]);
         assert_eq!(r.remaining(), 0);
-        let none = encode_cb_layoutrecall(1, 2, &CbSec::None, &CbSequence { sessionid: [0; 16], seqid: 2 }, &Recall {
-            fh: vec![],
-            stateid: sid,
-        });
+        let none = encode_cb_layoutrecall(
+            1,
+            2,
+            &CbSec::None,
+            &CbSequence { sessionid: [0; 16], seqid: 2 },
+            &Recall { fh: vec![], stateid: sid },
+        );
         assert_eq!(rpc::parse_call(&none).unwrap().auth, rpc::Auth::None);
     }
 

@@ -220,7 +220,11 @@ pub async fn call(
         let owners = st.expire(now);
         // Recalled layouts not returned by their deadline are revoked here too.
         for (clientid, ino) in st.recall_expire(now) {
-            tracing::warn!(clientid = format_args!("{clientid:#x}"), ino, "pNFS layout recalled and not returned in time: revoked");
+            tracing::warn!(
+                clientid = format_args!("{clientid:#x}"),
+                ino,
+                "pNFS layout recalled and not returned in time: revoked"
+            );
         }
         let sessions = st.counts().1;
         let mut ch = gw.nfs4.channels();

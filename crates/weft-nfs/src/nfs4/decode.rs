@@ -252,7 +252,6 @@ fn channel_attrs(r: &mut Reader<'_>) -> Result<ChannelAttrs, XdrError> {
     Ok(a)
 }
 
-
 fn range(r: &mut Reader<'_>) -> Result<(u64, u64), XdrError> {
     Ok((r.u64()?, r.u64()?))
 }
@@ -463,9 +462,7 @@ pub fn op<'a>(code: u32, r: &mut Reader<'a>) -> Result<Op<'a>, XdrError> {
         OP_LAYOUTRETURN => Op::LayoutReturn(layout::decode_layoutreturn(r)?),
         OP_GETDEVICEINFO => Op::GetDeviceInfo(layout::decode_getdeviceinfo(r)?),
         OP_GETDEVICELIST => Op::GetDeviceList(layout::decode_getdevicelist(r)?),
-        OP_BACKCHANNEL_CTL => {
-            Op::BackchannelCtl { prog: r.u32()?, sec: super::callback::decode_cb_sec(r)? }
-        }
+        OP_BACKCHANNEL_CTL => Op::BackchannelCtl { prog: r.u32()?, sec: super::callback::decode_cb_sec(r)? },
         // OPENATTR, DELEGPURGE, GET_DIR_DELEGATION, WANT_DELEGATION, SET_SSV: not served; their
         // arguments cannot be skipped without decoding them, so they end the compound as NOTSUPP. The v4.0-only
         // ops (OPEN_CONFIRM, RENEW, SETCLIENTID(_CONFIRM), RELEASE_LOCKOWNER) likewise.

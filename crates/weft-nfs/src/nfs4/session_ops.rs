@@ -116,13 +116,15 @@ pub(crate) fn run_on(
         }
         Op::BindConn { sessionid, dir } => {
             if nfs4.state().session_attrs(&sessionid).is_some() {
-                let back = matches!(dir, callback::CDFC4_BACK | callback::CDFC4_FORE_OR_BOTH | callback::CDFC4_BACK_OR_BOTH);
-                let granted = match conn {
-                    Some(c) if back && nfs4.channels().bind(&sessionid, c.clone()) => {
-                        if dir == callback::CDFC4_BACK { callback::CDFS4_BACK } else { callback::CDFS4_BOTH }
-                    }
-                    _ => callback::CDFS4_FORE,
-                };
+                let back =
+                    matches!(dir, callback::CDFC4_BACK | callback::CDFC4_FORE_OR_BOTH | callback::CDFC4_BACK_OR_BOTH);
+                let granted =
+                    match conn {
+                        Some(c) if back && nfs4.channels().bind(&sessionid, c.clone()) => {
+                            if dir == callback::CDFC4_BACK { callback::CDFS4_BACK } else { callback::CDFS4_BOTH }
+                        }
+                        _ => callback::CDFS4_FORE,
+                    };
                 if dir == callback::CDFC4_BACK && granted != callback::CDFS4_BACK {
                     // Only a TCP connection of the gateway carries callbacks.
                     NFS4ERR_INVAL

@@ -841,8 +841,9 @@ impl State {
             Some(k) => k,
             None => {
                 let k = Stateid::make(self.epoch, KIND_LAYOUT, self.next_index(), 0).other;
-                self.layouts
-                    .insert(k, LayoutRec {
+                self.layouts.insert(
+                    k,
+                    LayoutRec {
                         clientid,
                         ino,
                         seqid: 0,
@@ -851,7 +852,8 @@ impl State {
                         servers: vec![],
                         generation,
                         recall_deadline_ms: None,
-                    });
+                    },
+                );
                 k
             }
         };
@@ -1266,10 +1268,17 @@ mod tests {
         assert_eq!(st.watched_inodes(0, 8), vec![9]);
         assert_eq!(st.watched_inodes(9, 8), vec![], "past the cursor");
         assert_eq!(st.watched_changed(9, Some(Watched { size: 200, ..w })), None, "growth is the client's writes");
-        assert_eq!(st.watched_changed(9, Some(Watched { size: 150, ..w })), Some(Why::Truncate), "below the largest seen");
+        assert_eq!(
+            st.watched_changed(9, Some(Watched { size: 150, ..w })),
+            Some(Why::Truncate),
+            "below the largest seen"
+        );
         assert_eq!(st.watched_changed(9, Some(Watched { size: 150, ..w })), None, "seen once");
         assert_eq!(st.watched_changed(9, Some(Watched { size: 150, mode: 0o600, ..w })), Some(Why::Access));
-        assert_eq!(st.watched_changed(9, Some(Watched { size: 150, mode: 0o600, generation: 2, ..w })), Some(Why::Layout));
+        assert_eq!(
+            st.watched_changed(9, Some(Watched { size: 150, mode: 0o600, generation: 2, ..w })),
+            Some(Why::Layout)
+        );
         assert_eq!(st.watched_changed(9, None), Some(Why::Remove));
         assert_eq!(st.watched_changed(9, None), None, "forgotten");
         assert_eq!(st.watched_changed(8, Some(w)), None, "never watched");
