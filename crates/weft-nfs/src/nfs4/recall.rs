@@ -125,15 +125,18 @@ impl Gateway {
         let reply = tokio::time::timeout(wait, sent).await;
         let reply = match reply {
             Ok(Ok(r)) => r,
+            // Revoked before the channel is marked down: a client told its path is down finds the layout gone.
             Ok(Err(e)) => {
                 slot.conn.forget(xid);
+                self.revoke(clientid, ino, &stateid, &format!("CB_LAYOUTRECALL not answered ({e})"));
                 self.nfs4.channels().done(&sid, Some(slot.seq.seqid), false);
-                return self.revoke(clientid, ino, &stateid, &format!("CB_LAYOUTRECALL not answered ({e})"));
+                return;
             }
             Err(_) => {
                 slot.conn.forget(xid);
+                self.revoke(clientid, ino, &stateid, "CB_LAYOUTRECALL not answered in time");
                 self.nfs4.channels().done(&sid, Some(slot.seq.seqid), false);
-                return self.revoke(clientid, ino, &stateid, "CB_LAYOUTRECALL not answered in time");
+                return;
             }
         };
         let seq_ok = reply.op_status(OP_CB_SEQUENCE) == Some(NFS4_OK);
