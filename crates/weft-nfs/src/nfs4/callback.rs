@@ -2,8 +2,8 @@
 //! client back (CB_COMPOUND of CB_SEQUENCE and CB_LAYOUTRECALL) on the client's own TCP connection, the one it
 //! bound for callbacks with CREATE_SESSION's `CREATE_SESSION4_FLAG_CONN_BACK_CHAN` or BIND_CONN_TO_SESSION.
 //!
-//! [`BackConn`] is one TCP connection's side of it: the connection's reader hands every REPLY it reads (msg_type
-//! 1) to the callback waiting for that xid. [`Channels`] is the per-session back channel table (pure: the caller
+//! [`BackConn`] is one TCP connection's side of it: the connection's reader hands every REPLY it reads (message
+//! type REPLY) to the callback waiting for that xid. [`Channels`] is the per-session back channel table (pure: the caller
 //! holds the lock and the clock): the callback program and credential, the connection, the back channel's one
 //! slot's sequence id, whether the channel is down (SEQUENCE then reports `SEQ4_STATUS_CB_PATH_DOWN_SESSION`),
 //! and how many callbacks wait for the slot (bounded: past `callbacks_max` a callback is not queued and its

@@ -18,8 +18,6 @@ pub const LINK_WIRE_MAX: usize = 4096;
 pub const COMPOUND_OPS_MAX: u32 = 128;
 /// Stateids TEST_STATEID takes at once.
 pub const TEST_STATEIDS_MAX: usize = 1024;
-/// Callback security parameters CREATE_SESSION takes (ignored, but decoded to find the end of the op).
-
 /// The header of a compound: tag, minor version, op count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header<'a> {

@@ -794,6 +794,8 @@ impl State {
     /// layout of the file) an open or lock stateid of this client for `ino`, with write access for an RW layout
     /// (OPENMODE). Records `iomode` on the (client, file) layout, whose seqid moves on; returns the layout stateid
     /// and the device of `servers`.
+    // The op's own arguments, the file's layout (servers, generation) and the clock: one call, as the op is one step.
+    #[allow(clippy::too_many_arguments)]
     pub fn layout_get(
         &mut self,
         clientid: u64,
