@@ -5,7 +5,9 @@
 # guest/pnfs.sh: a vers=4.1 mount writes a file striped over the 4 servers and reads it back equal after a
 # remount, with LAYOUTGET and GETDEVICEINFO in its mountstats. Then here: every data server's log must show it
 # served READ and WRITE bytes for that file's inode, and the gateway (stopped with SIGTERM, which logs the data
-# bytes it moved per inode) none.
+# bytes it moved per inode) none. Then a recall: the guest holds a second file open with a layout and truncates
+# and rewrites it through a vers=3 mount of the gateway; the gateway's log must show a CB_LAYOUTRECALL sent for it
+# and answered, and the guest reads the new bytes.
 #
 # usage: scripts/rdma-vm/pnfs.sh [WEFT_BIN]   (default: $CARGO_TARGET_DIR/release/weft or target/release/weft)
 # Environment: PNFS_VM_MIB (the file's size, default 4), NFS_VM_GATEWAY_LOG (the gateway's RUST_LOG).
@@ -91,7 +93,7 @@ wait_for "the data servers never registered" all_up
 "$weft" put --cluster "$w/cluster.toml" "$w/empty" /p/file
 
 addr="$(RUST_LOG="${NFS_VM_GATEWAY_LOG:-info}" start nfs nfs --cluster "$w/cluster.toml" --listen 127.0.0.1:0 --no-root-squash \
-	--pnfs on --nfs4-grace-ms 1000)"
+	--pnfs on --nfs4-grace-ms 1000 --nfs4-recall-ms 10000)"
 port="${addr##*:}"
 grep -q "pnfs=true" "$w/nfs.log" || fail "the gateway does not serve pNFS: $(grep 'NFS gateway serving' "$w/nfs.log")"
 echo "pnfs.sh: gateway on 127.0.0.1:$port with --pnfs on"
@@ -112,6 +114,16 @@ for i in $(seq 0 $((servers - 1))); do
 	served | grep -q "WRITE [1-9][0-9]* bytes" || fail "data server $i served no WRITE bytes for ino $ino: $(served)"
 	echo "pnfs.sh: data server $i: $(served | sed 's/.*pnfs ds: //' | tr '\n' ';')"
 done
+# The recall step's file: the gateway sent a CB_LAYOUTRECALL for it on the guest's back channel and got an answer
+# (NFS4_OK, then the client's LAYOUTRETURN, or NFS4ERR_NOMATCHING_LAYOUT), and revoked nothing.
+rino="$(sed -n 's/^pnfs.sh: PASS .* rino=\([0-9]*\) .*/\1/p' "$w/console.log" | tr -d '\r' | head -1)"
+[ -n "$rino" ] || fail "the guest named no recall inode"
+grep "CB_LAYOUTRECALL sent" "$w/nfs.log" | grep -q "ino=$rino " || fail "the gateway sent no CB_LAYOUTRECALL for ino $rino"
+answered="$(grep "CB_LAYOUTRECALL answered" "$w/nfs.log" | grep "ino=$rino " || true)"
+echo "$answered" | grep -qE "status=Some\((0|10060)\)" || fail "CB_LAYOUTRECALL for ino $rino not answered OK: $answered"
+! grep "layout revoked\|not returned in time" "$w/nfs.log" | grep -qE "ino=$rino( |$)" ||
+	fail "the gateway revoked the layout of ino $rino: $(grep 'revoked' "$w/nfs.log")"
+echo "pnfs.sh: recall of ino $rino: $(echo "$answered" | sed 's/.*CB_LAYOUTRECALL/CB_LAYOUTRECALL/' | head -1)"
 # The gateway logs at SIGTERM the data bytes it moved per inode: none for this one.
 kill -TERM "$(cat "$w/nfs.pid")"
 stopped() { ! kill -0 "$(cat "$w/nfs.pid")" 2>/dev/null; }

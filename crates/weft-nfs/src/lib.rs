@@ -29,8 +29,8 @@ pub mod xdr;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
@@ -174,6 +174,9 @@ pub struct GatewayConfig {
     pub state_dir: Option<PathBuf>,
     /// pNFS metadata server: off, on, or on when data servers advertise NFS addresses (`--pnfs`).
     pub pnfs: PnfsMode,
+    /// pNFS: every this many ms, each file with layouts out is checked for changes made elsewhere (a shrink,
+    /// mode/owner/group, layout generation, removal) and its layouts recalled on one; 0: never.
+    pub layout_check_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -193,6 +196,7 @@ impl Default for GatewayConfig {
             nfs4: nfs4::state::StateConfig::default(),
             state_dir: None,
             pnfs: PnfsMode::Auto,
+            layout_check_ms: 3_000,
         }
     }
 }
@@ -228,6 +232,12 @@ pub struct Gateway {
     /// pNFS layouts are served (`--pnfs`, resolved at start).
     pnfs: bool,
     data_bytes: Mutex<DataBytes>,
+    /// This gateway, for the tasks it spawns (recalls).
+    me: Weak<Gateway>,
+    /// The next callback's xid.
+    cb_xid: AtomicU32,
+    /// The next connection's number (back channels name their connection by it).
+    conn_ids: AtomicU64,
 }
 
 /// READDIR cookie → the name it continues after, bounded (oldest dropped first); a miss rescans the directory.
@@ -288,7 +298,10 @@ impl Gateway {
             adopt_previous(&client, dir, &nfs4).await;
             dir.record(session).map_err(|e| GatewayError::StateDir(format!("recording the MDS session: {e}")))?;
         }
-        Ok(Arc::new(Gateway {
+        Ok(Arc::new_cyclic(|me| Gateway {
+            me: me.clone(),
+            cb_xid: AtomicU32::new(verifier[0] as u32),
+            conn_ids: AtomicU64::new(1),
             nfs4,
             state_dir,
             recorded_session: AtomicU64::new(session),
@@ -334,6 +347,19 @@ impl Gateway {
                 if n > 0 {
                     tracing::debug!(closed = n, "closed idle open files");
                 }
+            }
+        }));
+        let checked = self.clone();
+        // The periodic layout check (pNFS only): changes made elsewhere recall layouts too.
+        let _check = AbortOnDrop(tokio::spawn(async move {
+            if !checked.pnfs || checked.cfg.layout_check_ms == 0 {
+                return;
+            }
+            let every = std::time::Duration::from_millis(checked.cfg.layout_check_ms);
+            let mut cursor = 0;
+            loop {
+                tokio::time::sleep(every).await;
+                cursor = checked.check_layouts(cursor).await;
             }
         }));
         loop {
@@ -424,9 +450,23 @@ impl Gateway {
         tracing::debug!(%peer, allowed, "connection");
         let (mut rd, wr) = stream.into_split();
         let wr = Arc::new(tokio::sync::Mutex::new(wr));
+        // The connection's back-channel side: callbacks go out on `wr`, their replies come in below.
+        let back = Arc::new(nfs4::callback::BackConn::new(wr.clone(), self.conn_ids.fetch_add(1, Ordering::Relaxed)));
         let inflight = Arc::new(Semaphore::new(self.cfg.requests_in_flight_max.max(1)));
+        self.connection_loop(&mut rd, &wr, &back, peer, &inflight).await;
+        back.close();
+    }
+
+    async fn connection_loop(
+        self: &Arc<Self>,
+        rd: &mut tokio::net::tcp::OwnedReadHalf,
+        wr: &Arc<tokio::sync::Mutex<tokio::net::tcp::OwnedWriteHalf>>,
+        back: &Arc<nfs4::callback::BackConn>,
+        peer: SocketAddr,
+        inflight: &Arc<Semaphore>,
+    ) {
         loop {
-            let rec = match rpc::read_record(&mut rd, &self.cfg.record).await {
+            let rec = match rpc::read_record(rd, &self.cfg.record).await {
                 Ok(Some(r)) => Bytes::from(r),
                 Ok(None) => break,
                 // A client closing its connection (libnfs resets it) is not news.
@@ -436,8 +476,15 @@ impl Gateway {
                     break;
                 }
             };
+            // A REPLY (msg_type 1) is the answer to a callback this gateway sent on the connection.
+            if rec.len() >= 8 && rec[4..8] == rpc::MSG_REPLY.to_be_bytes() {
+                if !back.deliver(&rec) {
+                    tracing::debug!(%peer, "a reply nobody waits for: dropped");
+                }
+                continue;
+            }
             let permit = inflight.clone().acquire_owned().await.expect("never closed");
-            let (gw, wr) = (self.clone(), wr.clone());
+            let (gw, wr, back) = (self.clone(), wr.clone(), back.clone());
             let reply = match rpc::parse_call(&rec) {
                 Ok(_) => None,
                 Err(e) => {
@@ -456,7 +503,7 @@ impl Gateway {
                 continue;
             }
             tokio::spawn(async move {
-                if let Some(reply) = gw.handle_record(&rec, peer, Transport::Tcp).await {
+                if let Some(reply) = gw.handle_record_on(&rec, peer, Transport::Tcp, Some(back)).await {
                     let _ = rpc::write_reply(&mut *wr.lock().await, &reply).await;
                 }
                 drop(permit);
@@ -469,6 +516,17 @@ impl Gateway {
     /// record gets no answer (RFC 5531 has none for a message that is not a call). The caller frames the reply
     /// for its transport and bounds how many calls run at once.
     pub async fn handle_record(&self, rec: &Bytes, peer: SocketAddr, transport: Transport) -> Option<rpc::Reply> {
+        self.handle_record_on(rec, peer, transport, None).await
+    }
+
+    /// [`Gateway::handle_record`] of a call that came on a TCP connection which can carry callbacks (`conn`).
+    async fn handle_record_on(
+        &self,
+        rec: &Bytes,
+        peer: SocketAddr,
+        transport: Transport,
+        conn: Option<Arc<nfs4::callback::BackConn>>,
+    ) -> Option<rpc::Reply> {
         let call = match rpc::parse_call(rec) {
             Ok(c) => Call { transport, ..c },
             Err(e) => {
@@ -476,11 +534,18 @@ impl Gateway {
                 return e.reply().map(rpc::Reply::from);
             }
         };
-        Some(self.dispatch(&call, rec, peer, self.allowed(peer.ip())).await)
+        Some(self.dispatch(&call, rec, peer, self.allowed(peer.ip()), conn).await)
     }
 
     /// Runs one call; returns the whole reply message.
-    async fn dispatch(&self, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, allowed: bool) -> rpc::Reply {
+    async fn dispatch(
+        &self,
+        call: &Call<'_>,
+        rec: &Bytes,
+        peer: SocketAddr,
+        allowed: bool,
+        conn: Option<Arc<nfs4::callback::BackConn>>,
+    ) -> rpc::Reply {
         // NULL of any served program answers everyone (clients probe with it before they mount).
         let null_of_served = call.proc_ == 0
             && matches!((call.prog, call.vers), (NFS_PROGRAM, NFS_V3 | NFS_V4) | (MOUNT_PROGRAM, MOUNT_V3));
@@ -495,7 +560,7 @@ impl Gateway {
         }
         match (call.prog, call.vers) {
             (NFS_PROGRAM, NFS_V3) => nfs3::call(self, call, rec, peer).await,
-            (NFS_PROGRAM, NFS_V4) => nfs4::compound::call(self, call, rec, peer).await,
+            (NFS_PROGRAM, NFS_V4) => nfs4::compound::call(self, call, rec, peer, conn).await,
             (NFS_PROGRAM, _) => {
                 let mut w = rpc::accepted(call.xid, rpc::PROG_MISMATCH);
                 w.u32(NFS_V3).u32(NFS_V4);

@@ -210,8 +210,13 @@ async fn setattr(gw: &Gateway, c: &Client, fh: &[u8], sattr: Sattr, guard: Optio
     if is_empty(&set) {
         return fail(NFS3_OK, |w| wcc_data(w, Some(PreOp::of(&pre)), Some(&pre), fsid));
     }
+    let why = crate::nfs4::recall::changes_of(&set, &pre);
     let res = c.setattr(ino, set).await;
     gw.files.wrote(ino);
+    // pNFS layouts of the file (NFSv4.1 clients) depend on its size and access: recalled.
+    if let (Ok(_), Some(why)) = (&res, why) {
+        gw.layouts_changed(ino, why);
+    }
     match res {
         Ok(post) => fail(NFS3_OK, |w| wcc_data(w, Some(PreOp::of(&pre)), Some(&post), fsid)),
         Err(e) => fail(status_of(&e), |w| wcc_data(w, Some(PreOp::of(&pre)), Some(&pre), fsid)),
@@ -573,7 +578,12 @@ async fn remove(gw: &Gateway, c: &Client, at: DirOp<'_>, dir_wanted: bool) -> Ou
             _ => c.rmdir(dir, at.name).await,
         }
     } else {
-        c.unlink(dir, at.name).await
+        let gone = gw.replaced_file(c, dir, at.name).await;
+        let r = c.unlink(dir, at.name).await;
+        if let (Ok(()), Some(ino)) = (&r, gone) {
+            gw.layouts_changed(ino, crate::nfs4::recall::Why::Remove);
+        }
+        r
     };
     match res {
         Ok(()) => dir_fail(NFS3_OK),
@@ -600,8 +610,14 @@ async fn rename(gw: &Gateway, c: &Client, from: DirOp<'_>, to: DirOp<'_>) -> Out
             return two(NFS3ERR_INVAL);
         }
     }
+    let over = gw.replaced_file(c, dst, to.name).await;
     match c.rename(src, from.name, dst, to.name, 0).await {
-        Ok(()) => two(NFS3_OK),
+        Ok(()) => {
+            if let Some(ino) = over {
+                gw.layouts_changed(ino, crate::nfs4::recall::Why::Remove);
+            }
+            two(NFS3_OK)
+        }
         Err(e) => {
             let s = name_status(gw, c, src, status_of(&e)).await;
             two(if s == NFS3ERR_NOENT { name_status(gw, c, dst, s).await } else { s })

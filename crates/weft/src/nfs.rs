@@ -47,6 +47,11 @@ pub struct NfsArgs {
     /// are served for this long; new opens and locks get NFS4ERR_GRACE and are retried by the client.
     #[arg(long, default_value_t = 90_000)]
     pub nfs4_grace_ms: u64,
+    /// pNFS: a layout recalled (CB_LAYOUTRECALL, when its file is truncated, removed or its access changes) and
+    /// not returned this long after is revoked; a client that leaves the callback unanswered this long loses its
+    /// back channel until it binds one again.
+    #[arg(long, default_value_t = 10_000)]
+    pub nfs4_recall_ms: u64,
     /// A directory this gateway alone keeps its restart state in (its MDS session, docs/format.md §22): a gateway
     /// restarted on it (after `kill -9` too) takes over the old process's locks and holds them through the grace
     /// period for their clients to reclaim. Without it, a restarted gateway's clients find their old locks held
@@ -67,6 +72,11 @@ pub struct NfsArgs {
     /// gateway. Erasure-coded and mirrored files are always served through the gateway.
     #[arg(long, value_name = "auto|on|off", default_value = "auto")]
     pub pnfs: weft_nfs::PnfsMode,
+    /// pNFS: how often (ms) the files with layouts out are checked for changes made elsewhere (a native client's
+    /// truncate or chmod, a removal, a rebuild moving a stripe), one getattr each; a change recalls the file's
+    /// layouts. 0: never (changes through the gateway still recall).
+    #[arg(long, default_value_t = 3_000)]
+    pub layout_check_ms: u64,
 }
 
 /// Runs the gateway; `ready` is told the bound address (the launcher's readiness line).
@@ -85,10 +95,12 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         nfs4: weft_nfs::nfs4::state::StateConfig {
             lease_ms: args.nfs4_lease_ms.max(1000),
             grace_ms: args.nfs4_grace_ms,
+            recall_ms: args.nfs4_recall_ms.max(1),
             ..Default::default()
         },
         state_dir: args.state_dir.clone(),
         pnfs: args.pnfs,
+        layout_check_ms: args.layout_check_ms,
         ..weft_nfs::GatewayConfig::default()
     };
     let listener =

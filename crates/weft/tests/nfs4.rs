@@ -232,11 +232,13 @@ struct V4 {
     sid: [u8; 16],
     seqid: u32,
     clientid: u64,
+    /// CREATE_SESSION's `csa_flags` (`session`), and the flags answered.
+    cs_flags: u32,
 }
 
 impl V4 {
     async fn connect(addr: &str) -> V4 {
-        V4 { s: TcpStream::connect(addr).await.unwrap(), xid: 0, sid: [0; 16], seqid: 0, clientid: 0 }
+        V4 { s: TcpStream::connect(addr).await.unwrap(), xid: 0, sid: [0; 16], seqid: 0, clientid: 0, cs_flags: 0 }
     }
 
     /// One RPC with raw COMPOUND arguments; the accepted reply's body.
@@ -311,13 +313,18 @@ impl V4 {
         self.clientid = clientid;
         let mut ops = Ops::default();
         let w = ops.op(OP_CREATE_SESSION);
-        w.u64(clientid).u32(seq).u32(0);
+        w.u64(clientid).u32(seq).u32(self.cs_flags);
         w.u32(0).u32(1 << 20).u32(1 << 20).u32(8192).u32(16).u32(8).u32(0);
         w.u32(0).u32(4096).u32(4096).u32(0).u32(2).u32(1).u32(0);
-        w.u32(0x4000_0000).u32(1).u32(0);
+        // cb_program; callback security: AUTH_NONE, then AUTH_SYS (machine "t", uid 0, gid 0, no groups).
+        w.u32(0x4000_0000).u32(2).u32(0).u32(1).u32(0).opaque(b"t").u32(0).u32(0).u32(0);
         let mut res = self.send(&V4::args(1, &ops)).await;
         res.ok(OP_CREATE_SESSION);
         self.sid = res.with(|r| r.fixed(16).unwrap().try_into().unwrap());
+        self.cs_flags = res.with(|r| {
+            r.u32().unwrap();
+            r.u32().unwrap()
+        });
         self.seqid = 0;
         if reclaim_complete {
             let mut res = self
@@ -1342,4 +1349,179 @@ async fn v41_pnfs_layouts_devices_commit_and_return() {
     let mut res = v.on_fh(&fh, |o| layoutcommit(o, &lsid, 400_000)).await;
     assert_eq!(res.op(OP_LAYOUTCOMMIT), NFS4ERR_BAD_STATEID);
     assert_eq!(client.getattr(ino).await.unwrap().size, 300_001);
+}
+
+/// SEQUENCE's `sr_status_flags` of a compound of SEQUENCE alone.
+async fn seq_flags(v: &mut V4) -> u32 {
+    let mut res = v.seq(|_| {}).await;
+    res.ok(OP_SEQUENCE);
+    res.with(|r| {
+        r.fixed(16 + 16).unwrap();
+        r.u32().unwrap()
+    })
+}
+
+/// Reads the next record on the client's connection: it must be a CB_COMPOUND of CB_SEQUENCE and
+/// CB_LAYOUTRECALL; returns its xid, CB_SEQUENCE's (session, sequence id) and the recall's (fh, stateid).
+async fn cb_layoutrecall(v: &mut V4) -> (u32, [u8; 16], u32, Vec<u8>, Sid) {
+    use weft_nfs::nfs4::callback::*;
+    let rec = rpc::read_record(&mut v.s, &RecordLimits::default()).await.unwrap().expect("a callback");
+    let call = rpc::parse_call(&rec).expect("a call, not a reply");
+    assert_eq!((call.prog, call.vers, call.proc_), (0x4000_0000, 1, 1), "CB_COMPOUND of cb_program");
+    assert!(matches!(call.auth, rpc::Auth::Sys { uid: 0, gid: 0, .. }), "the AUTH_SYS the client offered");
+    let mut r = Reader::new(call.args);
+    r.opaque(1024).unwrap();
+    assert_eq!((r.u32().unwrap(), r.u32().unwrap(), r.u32().unwrap()), (1, 0, 2));
+    assert_eq!(r.u32().unwrap(), OP_CB_SEQUENCE);
+    let sid: [u8; 16] = r.fixed(16).unwrap().try_into().unwrap();
+    let seqid = r.u32().unwrap();
+    assert_eq!((r.u32().unwrap(), r.u32().unwrap(), r.bool().unwrap(), r.u32().unwrap()), (0, 0, false, 0));
+    assert_eq!(r.u32().unwrap(), OP_CB_LAYOUTRECALL);
+    assert_eq!((r.u32().unwrap(), r.u32().unwrap(), r.bool().unwrap()), (1, 3, true), "FILES, ANY, changed");
+    assert_eq!(r.u32().unwrap(), LAYOUTRECALL4_FILE);
+    let fh = r.opaque(128).unwrap().to_vec();
+    assert_eq!((r.u64().unwrap(), r.u64().unwrap()), (0, u64::MAX));
+    let lsid: Sid = (r.u32().unwrap(), r.fixed(12).unwrap().try_into().unwrap());
+    (call.xid, sid, seqid, fh, lsid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn v41_pnfs_layouts_are_recalled_over_the_back_channel() {
+    use weft_nfs::nfs4::callback::*;
+    use weft_nfs::nfs4::layout::*;
+    let c = common::start_with("nfs4-recall", 2, |o| o.ds_nfs = true).await;
+    let client = c.client().await;
+    let io = io_dir(&c).await;
+    client.set_layout(io, 65536, 2).await.unwrap();
+    let o = NfsOptions {
+        extra_args: ["--nfs4-grace-ms", "0", "--pnfs", "on", "--nfs4-recall-ms", "1000", "--layout-check-ms", "50"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        ..NfsOptions::default()
+    };
+    let g = c.start_nfs(&o).await.unwrap();
+    let mut v = V4::connect(g.addr()).await;
+    v.cs_flags = CREATE_SESSION4_FLAG_CONN_BACK_CHAN;
+    v.session(b"recall-client", true).await;
+    assert_eq!(v.cs_flags, CREATE_SESSION4_FLAG_CONN_BACK_CHAN, "this connection is the back channel");
+    let mut res = v
+        .seq(|o| {
+            o.putrootfh().lookup("io").open(b"o", "f", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let open = res.open();
+    let fh = res.fh();
+    let ino = client.lookup(io, "f").await.unwrap().ino;
+    let size = |n| weft_proto::SetAttrs { size: Some(n), ..Default::default() };
+    client.setattr(ino, size(100_000)).await.unwrap();
+    let layoutget = |o: &mut Ops, sid: &Sid| {
+        let w = o.op(OP_LAYOUTGET);
+        w.bool(false).u32(LAYOUT4_NFSV4_1_FILES).u32(IOMODE_RW).u64(0).u64(u64::MAX).u64(0);
+        w.u32(sid.0).fixed(&sid.1).u32(65536);
+    };
+    let get = |res: &mut Res| {
+        res.ok(OP_LAYOUTGET);
+        res.with(|r| {
+            r.bool().unwrap();
+            (r.u32().unwrap(), <[u8; 12]>::try_from(r.fixed(12).unwrap()).unwrap())
+        })
+    };
+    let mut res = v.on_fh(&fh, |o| layoutget(o, &open)).await;
+    let lsid = get(&mut res);
+
+    // A truncate made elsewhere (the native client): the periodic check recalls the layout on this connection,
+    // with CB_SEQUENCE slot 0 sequence 1 and the layout stateid one seqid on.
+    client.setattr(ino, size(10)).await.unwrap();
+    let (xid, sid, seqid, rfh, rsid) = cb_layoutrecall(&mut v).await;
+    assert_eq!((sid, seqid, &rfh), (v.sid, 1, &fh));
+    assert_eq!(rsid, (lsid.0 + 1, lsid.1));
+    // Until the client returns it, a LAYOUTGET of the file conflicts with the recall.
+    let mut res = v.on_fh(&fh, |o| layoutget(o, &rsid)).await;
+    assert_eq!(res.op(OP_LAYOUTGET), NFS4ERR_RECALLCONFLICT);
+    // Answered OK, then returned with the recall's stateid: a new layout may be had.
+    let mut w = rpc::accepted(xid, rpc::SUCCESS);
+    w.u32(NFS4_OK).opaque(b"").u32(2);
+    w.u32(OP_CB_SEQUENCE).u32(NFS4_OK).fixed(&v.sid).u32(1).u32(0).u32(0).u32(0);
+    w.u32(OP_CB_LAYOUTRECALL).u32(NFS4_OK);
+    v.s.write_all(&rpc::encode_record(&w.buf)).await.unwrap();
+    let mut res = v
+        .on_fh(&fh, |o| {
+            let w = o.op(OP_LAYOUTRETURN);
+            w.bool(false).u32(LAYOUT4_NFSV4_1_FILES).u32(IOMODE_ANY).u32(1).u64(0).u64(u64::MAX);
+            w.u32(rsid.0).fixed(&rsid.1).opaque(b"");
+        })
+        .await;
+    res.ok(OP_LAYOUTRETURN);
+    assert!(!res.with(|r| r.bool().unwrap()), "returned whole: the stateid is forgotten");
+    assert_eq!(seq_flags(&mut v).await, 0, "the back channel is up");
+    let mut res = v.on_fh(&fh, |o| layoutget(o, &open)).await;
+    let lsid2 = get(&mut res);
+    assert_ne!(lsid2.1, lsid.1);
+
+    // A chmod through the gateway recalls at once (CB sequence 2); this time the client never answers: the
+    // layout is revoked and SEQUENCE reports the back channel down until a BIND_CONN_TO_SESSION.
+    let args = v.seq_args(|o| {
+        o.putfh(&fh);
+        let w = o.op(OP_SETATTR);
+        w.u32(0).fixed(&[0; 12]);
+        let mut l = Writer::new();
+        l.u32(0o600);
+        Bitmap::of(&[attrs::MODE]).encode(w);
+        w.opaque(&l.buf);
+    });
+    v.xid += 1;
+    let mut w = rpc::encode_call(v.xid, NFS_PROGRAM, 4, 1, Some((UID, UID, &[])));
+    w.buf.extend_from_slice(&args);
+    v.s.write_all(&rpc::encode_record(&w.buf)).await.unwrap();
+    // The callback and SETATTR's reply share the connection; either may come first.
+    let mut recalled = None;
+    let mut replied = false;
+    while recalled.is_none() || !replied {
+        let rec = rpc::read_record(&mut v.s, &RecordLimits::default()).await.unwrap().unwrap();
+        match rpc::parse_reply(&rec) {
+            Ok(ReplyHead::Accepted { xid, stat, rest }) => {
+                assert_eq!((xid, stat), (v.xid, rpc::SUCCESS));
+                assert_eq!(Reader::new(rest).u32().unwrap(), NFS4_OK, "SETATTR's compound");
+                replied = true;
+            }
+            Ok(other) => panic!("{other:?}"),
+            Err(_) => {
+                let call = rpc::parse_call(&rec).unwrap();
+                let mut r = Reader::new(call.args);
+                r.opaque(1024).unwrap();
+                r.fixed(16).unwrap();
+                assert_eq!(r.fixed(16).unwrap(), &v.sid[..]);
+                recalled = Some(r.u32().unwrap());
+            }
+        }
+    }
+    assert_eq!(recalled, Some(2), "the back channel's slot sequence moved on after the answered callback");
+    let mut flags = 0;
+    for _ in 0..400 {
+        flags = seq_flags(&mut v).await;
+        if flags != 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(flags, SEQ4_STATUS_CB_PATH_DOWN_SESSION | SEQ4_STATUS_CB_PATH_DOWN, "unanswered: path down");
+    let mut res = v
+        .on_fh(&fh, |o| {
+            let w = o.op(OP_LAYOUTCOMMIT);
+            w.u64(0).u64(u64::MAX).bool(false).u32(lsid2.0 + 1).fixed(&lsid2.1);
+            w.bool(false).bool(false).u32(LAYOUT4_NFSV4_1_FILES).opaque(b"");
+        })
+        .await;
+    assert_eq!(res.op(OP_LAYOUTCOMMIT), NFS4ERR_BAD_STATEID, "the unanswered recall's layout was revoked");
+    // Rebinding this connection for the back channel brings it back.
+    let mut ops = Ops::default();
+    ops.op(OP_BIND_CONN_TO_SESSION).fixed(&v.sid).u32(CDFC4_BACK_OR_BOTH).bool(false);
+    let mut res = v.send(&V4::args(1, &ops)).await;
+    res.ok(OP_BIND_CONN_TO_SESSION);
+    assert_eq!(res.with(|r| (r.fixed(16).unwrap().to_vec(), r.u32().unwrap())), (v.sid.to_vec(), CDFS4_BOTH));
+    assert_eq!(seq_flags(&mut v).await, 0, "the back channel is up again");
 }

@@ -4,7 +4,7 @@
 # Mounts vers=4.1 over tcp, writes a file striped over the 4 data servers (directory /p: 64 KiB units, count 4),
 # remounts with caches dropped, reads it back equal, and shows the mount's LAYOUTGET and GETDEVICEINFO counts
 # (each must be > 0). Prints `pnfs.sh: ino=N` for the host's checks (every data server served READ and WRITE for
-# it; the gateway moved none of its bytes).
+# it; the gateway moved none of its bytes). Then the recall step (below): `pnfs.sh: ... rino=N` names its file.
 # usage: pnfs.sh PORT [MIB]
 set -eu
 port="$1"
@@ -22,6 +22,17 @@ op_count() {
 show() {
 	awk -v mp="$1" '$1 == "device" { on = ($5 == mp) } on && ($1 ~ /^(LAYOUT|GETDEVICE)/ || $1 == "READ:" || $1 == "WRITE:" || $0 ~ /pnfs/) { print "pnfs.sh: mountstats: " $0 }' \
 		/proc/self/mountstats
+}
+
+# umount_settled MOUNTPOINT: umount, retried for up to 10 s: busybox's `timeout` leaves a watcher process holding
+# its command's open files for up to a second after the command ended.
+umount_settled() {
+	i=0
+	until umount "$1" 2>/dev/null; do
+		i=$((i + 1))
+		[ "$i" -le 20 ] || { umount "$1"; return 1; }
+		sleep 0.5
+	done
 }
 
 modprobe nfs_layout_nfsv41_files 2>/dev/null || true
@@ -64,5 +75,32 @@ show "$mnt"
 # The client caches a device while its NFS client lives: it may ask for it once, on the first mount.
 [ $((gdi1 + gdi)) -gt 0 ] || fail "no GETDEVICEINFO on either mount"
 echo "pnfs.sh: ok read back equal after a remount with caches dropped (md5 $got): LAYOUTGET $lg (the layout came with OPEN), GETDEVICEINFO $gdi"
-umount "$mnt" || fail "the last umount"
-echo "pnfs.sh: PASS ino=$ino bytes=$((mib * 1048576)) md5=$want"
+
+# Recall: a second file, written here through pNFS, stays open (fd 3) with its layout held (part of it read
+# through the data servers), and is truncated and rewritten through a second, non-pNFS path (a vers=3 mount of the
+# same gateway). The gateway must recall the layout (CB_LAYOUTRECALL on this mount's back channel, answered: the
+# host checks its log), and this mount must then read exactly the new bytes. Every step has a timeout: a callback
+# the client cannot answer must not hang it.
+rfile="$mnt/p/rfile"
+timeout 60 dd if=/tmp/src of="$rfile" bs=1M conv=fsync 2>/dev/null || fail "writing $rfile"
+rino="$(ls -i "$rfile" | awk '{print $1}')"
+exec 3<"$rfile" || fail "opening $rfile"
+timeout 60 dd bs=64k count=1 of=/dev/null <&3 2>/dev/null || fail "reading part of $rfile"
+lr0="$(op_count "$mnt" LAYOUTRETURN)"
+mkdir -p /mnt/v3
+v3opts="vers=3,proto=tcp,port=$port,mountport=$port,mountproto=tcp,nolock,addr=10.0.2.2,mountaddr=10.0.2.2"
+timeout 60 mount -t nfs -o "$v3opts" 10.0.2.2:/ /mnt/v3 || fail "mount -t nfs -o $v3opts 10.0.2.2:/ /mnt/v3"
+dd if=/dev/urandom of=/tmp/new bs=64k count=$((mib * 8)) 2>/dev/null
+new="$(md5 /tmp/new)"
+timeout 60 truncate -s 0 /mnt/v3/p/rfile || fail "truncating $rfile through the vers=3 mount"
+timeout 60 dd if=/tmp/new of=/mnt/v3/p/rfile bs=64k conv=notrunc,fsync 2>/dev/null || fail "rewriting through vers=3"
+umount_settled /mnt/v3 || fail "umount /mnt/v3"
+got="$(timeout 60 md5sum "$rfile" | cut -d' ' -f1)" || fail "reading $rfile after the recall"
+rsize="$(stat -c %s "$rfile")"
+exec 3<&-
+lr="$(op_count "$mnt" LAYOUTRETURN)"
+show "$mnt"
+[ "$got" = "$new" ] || fail "after the truncate and rewrite elsewhere, read md5 $got (size $rsize), want $new"
+echo "pnfs.sh: ok recall rino=$rino: read the new bytes after a truncate through vers=3 (md5 $got, size $rsize): LAYOUTRETURN $lr0 -> $lr"
+umount_settled "$mnt" || fail "the last umount"
+echo "pnfs.sh: PASS ino=$ino rino=$rino bytes=$((mib * 1048576)) md5=$want"

@@ -114,7 +114,7 @@ pub async fn call(ds: &DsNfs, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, st
                     }
                 }
                 op if shared::sessionless(&op) => {
-                    let (s, w, _) = session_ops::run_on(&ds.nfs4, op, EXCHGID4_FLAG_USE_PNFS_DS, &mut cx.session);
+                    let (s, w, _) = session_ops::run_on(&ds.nfs4, op, EXCHGID4_FLAG_USE_PNFS_DS, &mut cx.session, None);
                     (s, w)
                 }
                 op => run(ds, &mut cx, op, rec, peer, stats).await,

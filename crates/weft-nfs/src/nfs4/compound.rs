@@ -28,6 +28,8 @@ pub struct Ctx<'g> {
     pub fore: Option<ChannelAttrs>,
     /// The current stateid (§16.2.3.1.2), set by OPEN and LOCK.
     pub cur_stateid: Option<Stateid>,
+    /// The TCP connection the call came on (it can carry callbacks); `None` over RDMA.
+    pub conn: Option<std::sync::Arc<super::callback::BackConn>>,
     /// Reply bytes encoded so far, RPC header, compound header and tag included (bounds READ and READDIR to the
     /// session's reply size, which counts all of them).
     pub reply_bytes: usize,
@@ -115,8 +117,10 @@ pub(crate) fn sequence(
             } else if args_len > fore.request_bytes_max as usize {
                 (NFS4ERR_REQ_TOO_BIG, Writer::new())
             } else {
+                // sr_status_flags: the back channel's state (RFC 8881 §18.46.3), so a client rebinds one.
+                let flags = nfs4.channels().status_flags(sessionid);
                 let mut w = Writer::new();
-                w.fixed(sessionid).u32(seqid).u32(slot).u32(highest_slot).u32(highest_slot).u32(0);
+                w.fixed(sessionid).u32(seqid).u32(slot).u32(highest_slot).u32(highest_slot).u32(flags);
                 (NFS4_OK, w)
             };
             Sequenced::New { clientid, fore, status, body }
@@ -176,7 +180,13 @@ pub(crate) fn keep_reply(st: &mut State, sessionid: &[u8; 16], slot: u32, body: 
 }
 
 /// Runs one NFSv4 call; returns the reply message (a READ's data, when the compound's last result, as its tail).
-pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) -> rpc::Reply {
+pub async fn call(
+    gw: &Gateway,
+    call: &Call<'_>,
+    rec: &Bytes,
+    peer: SocketAddr,
+    conn: Option<std::sync::Arc<super::callback::BackConn>>,
+) -> rpc::Reply {
     match call.proc_ {
         0 => return rpc::accepted(call.xid, rpc::SUCCESS).buf.into(),
         1 => {}
@@ -206,7 +216,22 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
     // Leases run out here: every compound sweeps (the tables are bounded, so this is bounded work).
     let owners = {
         let now = gw.nfs4.now_ms();
-        gw.nfs4.state().expire(now)
+        let mut st = gw.nfs4.state();
+        let owners = st.expire(now);
+        // Recalled layouts not returned by their deadline are revoked here too.
+        for (clientid, ino) in st.recall_expire(now) {
+            tracing::warn!(
+                clientid = format_args!("{clientid:#x}"),
+                ino,
+                "pNFS layout recalled and not returned in time: revoked"
+            );
+        }
+        let sessions = st.counts().1;
+        let mut ch = gw.nfs4.channels();
+        if ch.len() > sessions {
+            ch.retain(|s| st.session_alive(s));
+        }
+        owners
     };
     for o in owners {
         if let Err(e) = gw.client.release_locks(None, Some(o)).await {
@@ -223,6 +248,7 @@ pub async fn call(gw: &Gateway, call: &Call<'_>, rec: &Bytes, peer: SocketAddr) 
         session: None,
         fore: None,
         cur_stateid: None,
+        conn,
         reply_bytes: HEAD_BYTES + tag.len().div_ceil(4) * 4,
     };
     let head = cx.reply_bytes;

@@ -18,9 +18,6 @@ pub const LINK_WIRE_MAX: usize = 4096;
 pub const COMPOUND_OPS_MAX: u32 = 128;
 /// Stateids TEST_STATEID takes at once.
 pub const TEST_STATEIDS_MAX: usize = 1024;
-/// Callback security parameters CREATE_SESSION takes (ignored, but decoded to find the end of the op).
-const CB_SEC_MAX: usize = 16;
-
 /// The header of a compound: tag, minor version, op count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header<'a> {
@@ -164,6 +161,13 @@ pub enum Op<'a> {
     },
     BindConn {
         sessionid: [u8; 16],
+        /// `channel_dir_from_client4`.
+        dir: u32,
+    },
+    /// BACKCHANNEL_CTL: the callback program and credential from now on.
+    BackchannelCtl {
+        prog: u32,
+        sec: super::callback::CbSec,
     },
     ExchangeId {
         verifier: [u8; 8],
@@ -176,6 +180,8 @@ pub enum Op<'a> {
         flags: u32,
         fore: ChannelAttrs,
         back: ChannelAttrs,
+        cb_program: u32,
+        cb_sec: super::callback::CbSec,
     },
     DestroySession([u8; 16]),
     FreeStateid(Stateid),
@@ -242,38 +248,6 @@ fn channel_attrs(r: &mut Reader<'_>) -> Result<ChannelAttrs, XdrError> {
         r.u32()?;
     }
     Ok(a)
-}
-
-fn skip_cb_sec(r: &mut Reader<'_>) -> Result<(), XdrError> {
-    let n = r.u32()? as usize;
-    if n > CB_SEC_MAX {
-        return Err(XdrError::TooLong { len: n as u64, max: CB_SEC_MAX });
-    }
-    for _ in 0..n {
-        match r.u32()? {
-            0 => {}
-            1 => {
-                r.u32()?;
-                r.opaque(255)?;
-                r.u32()?;
-                r.u32()?;
-                let g = r.u32()? as usize;
-                if g > 16 {
-                    return Err(XdrError::TooLong { len: g as u64, max: 16 });
-                }
-                for _ in 0..g {
-                    r.u32()?;
-                }
-            }
-            6 => {
-                r.u32()?;
-                r.opaque(1024)?;
-                r.opaque(1024)?;
-            }
-            d => return Err(XdrError::BadDiscriminant(d)),
-        }
-    }
-    Ok(())
 }
 
 fn range(r: &mut Reader<'_>) -> Result<(u64, u64), XdrError> {
@@ -417,9 +391,9 @@ pub fn op<'a>(code: u32, r: &mut Reader<'a>) -> Result<Op<'a>, XdrError> {
         }
         OP_BIND_CONN_TO_SESSION => {
             let sessionid = sessionid(r)?;
-            r.u32()?;
+            let dir = r.u32()?;
             r.bool()?;
-            Op::BindConn { sessionid }
+            Op::BindConn { sessionid, dir }
         }
         OP_EXCHANGE_ID => {
             let verifier = verifier(r)?;
@@ -448,9 +422,9 @@ pub fn op<'a>(code: u32, r: &mut Reader<'a>) -> Result<Op<'a>, XdrError> {
             let flags = r.u32()?;
             let fore = channel_attrs(r)?;
             let back = channel_attrs(r)?;
-            r.u32()?; // cb_program
-            skip_cb_sec(r)?;
-            Op::CreateSession { clientid, seq, flags, fore, back }
+            let cb_program = r.u32()?;
+            let cb_sec = super::callback::decode_cb_sec(r)?;
+            Op::CreateSession { clientid, seq, flags, fore, back, cb_program, cb_sec }
         }
         OP_DESTROY_SESSION => Op::DestroySession(sessionid(r)?),
         OP_FREE_STATEID => Op::FreeStateid(stateid(r)?),
@@ -486,10 +460,11 @@ pub fn op<'a>(code: u32, r: &mut Reader<'a>) -> Result<Op<'a>, XdrError> {
         OP_LAYOUTRETURN => Op::LayoutReturn(layout::decode_layoutreturn(r)?),
         OP_GETDEVICEINFO => Op::GetDeviceInfo(layout::decode_getdeviceinfo(r)?),
         OP_GETDEVICELIST => Op::GetDeviceList(layout::decode_getdevicelist(r)?),
-        // OPENATTR, DELEGPURGE, BACKCHANNEL_CTL, GET_DIR_DELEGATION, WANT_DELEGATION, SET_SSV: not served; their
+        OP_BACKCHANNEL_CTL => Op::BackchannelCtl { prog: r.u32()?, sec: super::callback::decode_cb_sec(r)? },
+        // OPENATTR, DELEGPURGE, GET_DIR_DELEGATION, WANT_DELEGATION, SET_SSV: not served; their
         // arguments cannot be skipped without decoding them, so they end the compound as NOTSUPP. The v4.0-only
         // ops (OPEN_CONFIRM, RENEW, SETCLIENTID(_CONFIRM), RELEASE_LOCKOWNER) likewise.
-        7 | 19 | 20 | 30 | 35 | 36 | 39 | 40 | 46 | 54 | 56 => Op::NotSupp(code),
+        7 | 19 | 20 | 30 | 35 | 36 | 39 | 46 | 54 | 56 => Op::NotSupp(code),
         d => return Err(XdrError::BadDiscriminant(d)),
     })
 }

@@ -11,12 +11,14 @@
 //! docs/format.md §21.
 
 pub mod attrs;
+pub mod callback;
 pub mod compound;
 pub mod consts;
 pub mod decode;
 pub mod layout;
 pub mod ops;
 pub mod pnfs;
+pub mod recall;
 pub mod session_ops;
 pub mod state;
 
@@ -53,12 +55,15 @@ pub struct Server {
     /// `eir_server_scope`: the export of this cluster; the same across restarts, so clients reclaim after one.
     pub scope: Vec<u8>,
     adoption: Mutex<Adoption>,
+    /// Each session's back channel ([`callback`]).
+    channels: Mutex<callback::Channels>,
 }
 
 impl Server {
     pub fn new(cfg: StateConfig, epoch: u32, export_id: u32, owner_key: OwnerKey) -> Server {
         Server {
             adoption: Mutex::new(Adoption::default()),
+            channels: Mutex::new(callback::Channels::new(cfg.callbacks_max)),
             state: Mutex::new(State::new(cfg, epoch, 0).with_owner_key(owner_key)),
             started: Instant::now(),
             epoch,
@@ -74,6 +79,7 @@ impl Server {
         let cfg = StateConfig { grace_ms: 0, ..cfg };
         Server {
             adoption: Mutex::new(Adoption::default()),
+            channels: Mutex::new(callback::Channels::new(cfg.callbacks_max)),
             state: Mutex::new(State::new(cfg, epoch, 0)),
             started: Instant::now(),
             epoch,
@@ -89,6 +95,11 @@ impl Server {
 
     pub fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("nfs4 state")
+    }
+
+    /// The back channels (lock it after [`Server::state`] when both are held, never before).
+    pub fn channels(&self) -> std::sync::MutexGuard<'_, callback::Channels> {
+        self.channels.lock().expect("nfs4 channels")
     }
 
     /// The locks adopted from the previous gateway process (held until grace ends unless reclaimed).

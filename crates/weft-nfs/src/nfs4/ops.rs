@@ -197,6 +197,13 @@ pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
             cx.gw.nfs4.state().reclaim_complete(cid)?;
             Ok(Writer::new())
         }),
+        Op::BackchannelCtl { prog, sec } => match cx.session {
+            Some((sid, _)) => {
+                cx.gw.nfs4.channels().control(&sid, prog, sec);
+                Ok(Writer::new())
+            }
+            None => Err(NFS4ERR_OP_NOT_IN_SESSION),
+        },
         Op::LayoutGet(a) => return super::pnfs::layoutget(cx, a).await,
         Op::LayoutCommit(a) => super::pnfs::layoutcommit(cx, a).await,
         Op::LayoutReturn(a) => super::pnfs::layoutreturn(cx, a).await,
@@ -270,7 +277,11 @@ async fn setattr(cx: &mut Ctx<'_>, stateid: Stateid, raw: RawAttrs<'_>) -> (u32,
             let cid = cx.clientid()?;
             cx.gw.nfs4.state().check_io(cid, &id, ino, true)?;
         }
+        let why = super::recall::changes_of(&s.set, &a);
         apply(cx, ino, s.set).await?;
+        if let Some(why) = why {
+            cx.gw.layouts_changed(ino, why);
+        }
         Ok(s.bits)
     }
     .await;
@@ -653,6 +664,9 @@ async fn remove(cx: &Ctx<'_>, name: &str) -> Out {
     let a = cx.c.lookup(dir, name).await.map_err(|e| st(&e))?;
     let r = if a.kind == FileKind::Dir { cx.c.rmdir(dir, name).await } else { cx.c.unlink(dir, name).await };
     r.map_err(|e| st(&e))?;
+    if a.kind == FileKind::File {
+        cx.gw.layouts_changed(a.ino, super::recall::Why::Remove);
+    }
     let mut w = Writer::new();
     cinfo(cx, &mut w, dir, attrs::change_of(&da)).await;
     Ok(w)
@@ -667,7 +681,11 @@ async fn rename(cx: &Ctx<'_>, from: &str, to: &str) -> Out {
     if sa.kind != FileKind::Dir {
         return Err(NFS4ERR_NOTDIR);
     }
+    let over = cx.gw.replaced_file(&cx.c, dst, to).await;
     cx.c.rename(src, from, dst, to, 0).await.map_err(|e| st(&e))?;
+    if let Some(ino) = over {
+        cx.gw.layouts_changed(ino, super::recall::Why::Remove);
+    }
     let mut w = Writer::new();
     cinfo(cx, &mut w, src, attrs::change_of(&sa)).await;
     cinfo(cx, &mut w, dst, attrs::change_of(&dda)).await;

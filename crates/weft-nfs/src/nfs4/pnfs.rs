@@ -76,6 +76,7 @@ async fn layoutget_ok(cx: &mut Ctx<'_>, a: &LayoutGetArgs) -> Out {
         FileKind::Dir => return Err(NFS4ERR_ISDIR),
         _ => return Err(NFS4ERR_WRONG_TYPE),
     }
+    let watched = super::state::Watched::of(&attr);
     let Some(l) = attr.layout.filter(|l| l.redundancy == DataRedundancy::Plain) else {
         // ec and mirror files: served through the gateway.
         return Err(NFS4ERR_LAYOUTUNAVAILABLE);
@@ -106,7 +107,13 @@ async fn layoutget_ok(cx: &mut Ctx<'_>, a: &LayoutGetArgs) -> Out {
         return Err(NFS4ERR_TOOSMALL);
     }
     let id = cx.stateid(a.stateid);
-    let (sid, device) = cx.gw.nfs4.state().layout_get(cid, ino, &id, a.iomode, &l.servers, l.generation)?;
+    let now = cx.gw.nfs4.now_ms();
+    let (sid, device) = {
+        let mut st = cx.gw.nfs4.state();
+        let r = st.layout_get(cid, ino, &id, a.iomode, &l.servers, l.generation, now)?;
+        st.watch(ino, watched);
+        r
+    };
     let mut w = Writer::new();
     layout::encode_layoutget_ok(&mut w, false, &sid, a.iomode, &layout::file_layout_body(&device, l.stripe_unit, &fhs));
     tracing::debug!(ino, iomode = a.iomode, servers = ?l.servers, unit = l.stripe_unit, "LAYOUTGET granted");

@@ -1,6 +1,11 @@
 //! The session-less ops (RFC 8881 §18.35, §18.36, §18.37, §18.50, §18.34): EXCHANGE_ID (SP4_NONE only),
-//! CREATE_SESSION (fore channel; the back channel's attributes are accepted and none is used),
-//! DESTROY_SESSION, DESTROY_CLIENTID, BIND_CONN_TO_SESSION.
+//! CREATE_SESSION (the fore channel's sizes; the back channel's attributes echoed, its program and credential
+//! recorded, and the call's TCP connection bound for callbacks when the client asks: [`super::callback`]),
+//! DESTROY_SESSION, DESTROY_CLIENTID, BIND_CONN_TO_SESSION (binds the connection for callbacks when asked).
+
+use std::sync::Arc;
+
+use super::callback::{self, BackConn};
 
 use super::compound::Ctx;
 use super::consts::*;
@@ -29,7 +34,7 @@ async fn release(cx: &Ctx<'_>, owners: Vec<u64>) {
 pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
     // A metadata server only while layouts are served (`--pnfs`); never both (RFC 8881 §13.1).
     let role = if cx.gw.pnfs { EXCHGID4_FLAG_USE_PNFS_MDS } else { EXCHGID4_FLAG_USE_NON_PNFS };
-    let (st, w, released) = run_on(&cx.gw.nfs4, op, role, &mut cx.session);
+    let (st, w, released) = run_on(&cx.gw.nfs4, op, role, &mut cx.session, cx.conn.clone());
     release(cx, released).await;
     (st, w)
 }
@@ -37,12 +42,15 @@ pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
 /// The session-less ops on `nfs4`'s state, for the gateway and the pNFS data server alike: `role` is the
 /// EXCHANGE_ID flag naming what the server is (`EXCHGID4_FLAG_USE_NON_PNFS`, `_USE_PNFS_MDS`, `_USE_PNFS_DS`).
 /// `own_session` is the compound's session, forgotten when the compound destroys it. Returns the status, the
-/// result body and the MDS lock owners of the client state it dropped (for the gateway to release).
+/// result body and the MDS lock owners of the client state it dropped (for the gateway to release). `conn`: the
+/// TCP connection the call came on, which can carry callbacks (`None`: RDMA, or a data server, which calls nobody
+/// back).
 pub(crate) fn run_on(
     nfs4: &super::Server,
     op: Op<'_>,
     role: u32,
     own_session: &mut Option<([u8; 16], u32)>,
+    conn: Option<Arc<BackConn>>,
 ) -> (u32, Writer, Vec<u64>) {
     let mut w = Writer::new();
     let now = nfs4.now_ms();
@@ -67,14 +75,18 @@ pub(crate) fn run_on(
                 Err(s) => s,
             }
         }
-        Op::CreateSession { clientid, seq, flags: _, fore, back } => {
+        Op::CreateSession { clientid, seq, flags, fore, back, cb_program, cb_sec } => {
             let r = nfs4.state().create_session(clientid, seq, fore, now);
             match r {
                 Ok(cs) => {
-                    w.fixed(&cs.sessionid).u32(cs.seq).u32(0);
+                    // The call's connection carries callbacks too when the client asks (and it is TCP).
+                    let bound = conn.filter(|_| flags & callback::CREATE_SESSION4_FLAG_CONN_BACK_CHAN != 0);
+                    let reply_flags = if bound.is_some() { callback::CREATE_SESSION4_FLAG_CONN_BACK_CHAN } else { 0 };
+                    nfs4.channels().created(cs.sessionid, clientid, cb_program, cb_sec, bound);
+                    w.fixed(&cs.sessionid).u32(cs.seq).u32(reply_flags);
                     channel(&mut w, &cs.fore);
                     // The back channel: the client's own attributes echoed (Linux refuses any it did not offer);
-                    // unused, since nothing is called back (no delegations, no layouts).
+                    // callbacks use slot 0 only, one at a time.
                     channel(&mut w, &ChannelAttrs { header_pad_bytes: 0, ..back });
                     NFS4_OK
                 }
@@ -83,6 +95,7 @@ pub(crate) fn run_on(
         }
         Op::DestroySession(sid) => match nfs4.state().destroy_session(&sid) {
             Ok(()) => {
+                nfs4.channels().retain(|s| *s != sid);
                 // Destroying the compound's own session: its reply is not cached anywhere.
                 if own_session.is_some_and(|(s, _)| s == sid) {
                     *own_session = None;
@@ -101,10 +114,27 @@ pub(crate) fn run_on(
                 Err(s) => s,
             }
         }
-        Op::BindConn { sessionid } => {
+        Op::BindConn { sessionid, dir } => {
             if nfs4.state().session_attrs(&sessionid).is_some() {
-                w.fixed(&sessionid).u32(1).bool(false); // CDFS4_FORE, no RDMA
-                NFS4_OK
+                let back =
+                    matches!(dir, callback::CDFC4_BACK | callback::CDFC4_FORE_OR_BOTH | callback::CDFC4_BACK_OR_BOTH);
+                let granted =
+                    match conn {
+                        Some(c) if back && nfs4.channels().bind(&sessionid, c.clone()) => {
+                            if dir == callback::CDFC4_BACK { callback::CDFS4_BACK } else { callback::CDFS4_BOTH }
+                        }
+                        _ => callback::CDFS4_FORE,
+                    };
+                if dir == callback::CDFC4_BACK && granted != callback::CDFS4_BACK {
+                    // Only a TCP connection of the gateway carries callbacks.
+                    NFS4ERR_INVAL
+                } else {
+                    if granted != callback::CDFS4_FORE {
+                        tracing::info!(session = %hex(&sessionid), "NFSv4 back channel bound (BIND_CONN_TO_SESSION)");
+                    }
+                    w.fixed(&sessionid).u32(granted).bool(false); // no RDMA mode
+                    NFS4_OK
+                }
             } else {
                 NFS4ERR_BADSESSION
             }
@@ -112,4 +142,9 @@ pub(crate) fn run_on(
         _ => NFS4ERR_SERVERFAULT,
     };
     (st, w, released)
+}
+
+/// A session id for the logs.
+pub(crate) fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

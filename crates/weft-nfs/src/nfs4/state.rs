@@ -36,6 +36,12 @@ pub struct StateConfig {
     pub layouts_max: usize,
     /// pNFS devices (distinct ordered server lists) remembered.
     pub devices_max: usize,
+    /// Callbacks queued or in flight per session's back channel; past it a recall is not sent and the layout is
+    /// revoked (dropped, not queued).
+    pub callbacks_max: usize,
+    /// A recalled layout not returned (or answered NFS4ERR_NOMATCHING_LAYOUT) this long after its CB_LAYOUTRECALL
+    /// was sent is revoked; until then LAYOUTGET of the file by that client is NFS4ERR_RECALLCONFLICT.
+    pub recall_ms: u64,
 }
 
 impl Default for StateConfig {
@@ -54,6 +60,8 @@ impl Default for StateConfig {
             stateids_max: 65_536,
             layouts_max: 65_536,
             devices_max: 4096,
+            callbacks_max: 64,
+            recall_ms: 10_000,
         }
     }
 }
@@ -84,6 +92,8 @@ pub struct LayoutRec {
     /// The file's servers in stripe order and its layout generation when the layout was handed out.
     pub servers: Vec<u32>,
     pub generation: u64,
+    /// Recalled (CB_LAYOUTRECALL): revoked if still held at this time (ms of the state's clock).
+    pub recall_deadline_ms: Option<u64>,
 }
 
 /// Device ids ↔ ordered server lists: ids count up from 1 and are never reused in an epoch, so a client's cached
@@ -216,6 +226,30 @@ pub struct State {
     owner_key: OwnerKey,
     layouts: HashMap<[u8; 12], LayoutRec>,
     devices: Devices,
+    /// What each file with layouts out looked like when last handed out or checked (the periodic check).
+    watched: HashMap<u64, Watched>,
+}
+
+/// What a layout of a file depends on (docs/format.md §24, the periodic check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watched {
+    pub size: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub generation: u64,
+}
+
+impl Watched {
+    pub fn of(a: &weft_proto::Attr) -> Watched {
+        Watched {
+            size: a.size,
+            mode: a.mode & 0o7777,
+            uid: a.uid,
+            gid: a.gid,
+            generation: a.layout.as_ref().map_or(0, |l| l.generation),
+        }
+    }
 }
 
 type R<T> = Result<T, u32>;
@@ -236,6 +270,7 @@ impl State {
             owner_key: OwnerKey::default(),
             layouts: HashMap::new(),
             devices: Devices::default(),
+            watched: HashMap::new(),
         }
     }
 
@@ -759,6 +794,8 @@ impl State {
     /// layout of the file) an open or lock stateid of this client for `ino`, with write access for an RW layout
     /// (OPENMODE). Records `iomode` on the (client, file) layout, whose seqid moves on; returns the layout stateid
     /// and the device of `servers`.
+    // The op's own arguments, the file's layout (servers, generation) and the clock: one call, as the op is one step.
+    #[allow(clippy::too_many_arguments)]
     pub fn layout_get(
         &mut self,
         clientid: u64,
@@ -767,6 +804,7 @@ impl State {
         iomode: u32,
         servers: &[u32],
         generation: u64,
+        now_ms: u64,
     ) -> R<(Stateid, DeviceId)> {
         let mine = self.layouts.iter().find(|(_, l)| l.clientid == clientid && l.ino == ino).map(|(k, _)| *k);
         if id.other[4] == KIND_LAYOUT {
@@ -780,6 +818,23 @@ impl State {
             }
             self.check_io(clientid, id, ino, iomode == IOMODE_RW)?;
         }
+        // A layout being recalled: not handed out again until returned, or revoked at the deadline.
+        let mine = match mine {
+            Some(k) => match self.layouts[&k].recall_deadline_ms {
+                Some(d) if now_ms < d => return Err(NFS4ERR_RECALLCONFLICT),
+                Some(_) => {
+                    let l = self.layouts.remove(&k).expect("found");
+                    tracing::warn!(
+                        clientid = format_args!("{clientid:#x}"),
+                        ino = l.ino,
+                        "pNFS layout recalled and not returned in time: revoked"
+                    );
+                    None
+                }
+                None => Some(k),
+            },
+            None => None,
+        };
         if mine.is_none() && self.layouts.len() >= self.cfg.layouts_max {
             return Err(NFS4ERR_LAYOUTTRYLATER);
         }
@@ -788,8 +843,19 @@ impl State {
             Some(k) => k,
             None => {
                 let k = Stateid::make(self.epoch, KIND_LAYOUT, self.next_index(), 0).other;
-                self.layouts
-                    .insert(k, LayoutRec { clientid, ino, seqid: 0, iomodes: 0, device, servers: vec![], generation });
+                self.layouts.insert(
+                    k,
+                    LayoutRec {
+                        clientid,
+                        ino,
+                        seqid: 0,
+                        iomodes: 0,
+                        device,
+                        servers: vec![],
+                        generation,
+                        recall_deadline_ms: None,
+                    },
+                );
                 k
             }
         };
@@ -823,6 +889,98 @@ impl State {
         }
         l.seqid = l.seqid.wrapping_add(1).max(1);
         Ok(Some(Stateid { seqid: l.seqid, other: id.other }))
+    }
+
+    /// The layout of `ino` changed (truncate, removal, owner or mode, layout generation): every layout of it not
+    /// already being recalled is marked recalled (revoked at `now_ms` + `recall_ms` unless returned first), its
+    /// seqid moved on. Returns (clientid, the stateid to put in CB_LAYOUTRECALL) for each.
+    pub fn recall_layouts(&mut self, ino: u64, now_ms: u64) -> Vec<(u64, Stateid)> {
+        let deadline = now_ms.saturating_add(self.cfg.recall_ms);
+        let mut out = Vec::new();
+        for (k, l) in self.layouts.iter_mut().filter(|(_, l)| l.ino == ino && l.recall_deadline_ms.is_none()) {
+            l.recall_deadline_ms = Some(deadline);
+            l.seqid = l.seqid.wrapping_add(1).max(1);
+            out.push((l.clientid, Stateid { seqid: l.seqid, other: *k }));
+        }
+        out
+    }
+
+    /// A recalled layout the client has not (NFS4ERR_NOMATCHING_LAYOUT) or cannot be asked to return (no back
+    /// channel, no answer): forgotten. Returns whether it was still held.
+    pub fn layout_forget(&mut self, id: &Stateid) -> bool {
+        self.layouts.remove(&id.other).is_some()
+    }
+
+    /// Whether the layout `id` names is still held (and being recalled).
+    pub fn layout_recalled(&self, id: &Stateid) -> bool {
+        self.layouts.get(&id.other).is_some_and(|l| l.recall_deadline_ms.is_some())
+    }
+
+    /// Recalled layouts still held past their deadline: revoked (forgotten); returns (clientid, ino) of each.
+    pub fn recall_expire(&mut self, now_ms: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        self.layouts.retain(|_, l| match l.recall_deadline_ms {
+            Some(d) if now_ms >= d => {
+                out.push((l.clientid, l.ino));
+                false
+            }
+            _ => true,
+        });
+        out
+    }
+
+    /// The inodes with layouts out, each with its layout generation when last handed out (the periodic check).
+    pub fn layout_inodes(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = self.layouts.values().map(|l| (l.ino, l.generation)).collect();
+        v.sort_unstable();
+        v.dedup_by_key(|x| x.0);
+        v
+    }
+
+    /// A layout of `ino` was handed out while the file was `now`: what the periodic check compares with.
+    pub fn watch(&mut self, ino: u64, now: Watched) {
+        if self.watched.len() < self.cfg.layouts_max || self.watched.contains_key(&ino) {
+            self.watched.insert(ino, now);
+        }
+    }
+
+    /// The inodes the periodic check looks at (those with layouts out; the others are forgotten here), at most
+    /// `max`, from `after` on (a cursor, so a large table is covered over several passes).
+    pub fn watched_inodes(&mut self, after: u64, max: usize) -> Vec<u64> {
+        let out: std::collections::HashSet<u64> = self.layouts.values().map(|l| l.ino).collect();
+        self.watched.retain(|ino, _| out.contains(ino));
+        let mut v: Vec<u64> = self.watched.keys().copied().filter(|&i| i > after).collect();
+        v.sort_unstable();
+        v.truncate(max);
+        v
+    }
+
+    /// The periodic check found `ino` as `now` (`None`: removed): what changed since the layouts were handed out
+    /// that they depend on (a smaller size, mode, owner, group, the layout generation, removal). Remembers `now`
+    /// (the size only ever rises: a client's own writes grow the file, only a shrink is news).
+    pub fn watched_changed(&mut self, ino: u64, now: Option<Watched>) -> Option<super::recall::Why> {
+        use super::recall::Why;
+        let was = *self.watched.get(&ino)?;
+        let Some(now) = now else {
+            self.watched.remove(&ino);
+            return Some(Why::Remove);
+        };
+        let why = if now.size < was.size {
+            Some(Why::Truncate)
+        } else if (now.mode, now.uid, now.gid) != (was.mode, was.uid, was.gid) {
+            Some(Why::Access)
+        } else if now.generation != was.generation {
+            Some(Why::Layout)
+        } else {
+            None
+        };
+        self.watched.insert(ino, Watched { size: now.size.max(if why.is_some() { 0 } else { was.size }), ..now });
+        why
+    }
+
+    /// The client's sessions (the back channel table keeps entries only for live ones).
+    pub fn session_alive(&self, sessionid: &[u8; 16]) -> bool {
+        self.sessions.contains_key(sessionid)
     }
 
     /// LAYOUTRETURN of type FSID or ALL (one export, one fsid): every layout of the client; returns how many.
@@ -1017,21 +1175,21 @@ mod tests {
         let (b, _) = session(&mut st, b"b", 0);
         let ro = st.open(a, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
         // Special stateids, another client's, another file's: refused; an RW layout needs a writable open.
-        assert_eq!(st.layout_get(a, 9, &Stateid::ANONYMOUS, IOMODE_READ, &[1, 2], 0), Err(NFS4ERR_BAD_STATEID));
-        assert_eq!(st.layout_get(b, 9, &ro, IOMODE_READ, &[1, 2], 0), Err(NFS4ERR_BAD_STATEID));
-        assert_eq!(st.layout_get(a, 8, &ro, IOMODE_READ, &[1, 2], 0), Err(NFS4ERR_BAD_STATEID));
-        assert_eq!(st.layout_get(a, 9, &ro, IOMODE_RW, &[1, 2], 0), Err(NFS4ERR_OPENMODE));
-        let (l1, dev) = st.layout_get(a, 9, &ro, IOMODE_READ, &[1, 2], 0).unwrap();
+        assert_eq!(st.layout_get(a, 9, &Stateid::ANONYMOUS, IOMODE_READ, &[1, 2], 0, 0), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.layout_get(b, 9, &ro, IOMODE_READ, &[1, 2], 0, 0), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.layout_get(a, 8, &ro, IOMODE_READ, &[1, 2], 0, 0), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.layout_get(a, 9, &ro, IOMODE_RW, &[1, 2], 0, 0), Err(NFS4ERR_OPENMODE));
+        let (l1, dev) = st.layout_get(a, 9, &ro, IOMODE_READ, &[1, 2], 0, 0).unwrap();
         assert_eq!((l1.seqid, l1.other[4], &l1.other[..4]), (1, KIND_LAYOUT, &5u32.to_be_bytes()[..]));
         assert_eq!(st.device(&dev), Some(&[1u32, 2][..]));
         // Again with the layout stateid: the same layout, seqid 2; an old seqid is fine, a future one is not.
         let rw = st.open(a, b"o", 9, OPEN4_SHARE_ACCESS_BOTH, 0).unwrap();
-        let (l2, dev2) = st.layout_get(a, 9, &l1, IOMODE_RW, &[1, 2], 0).unwrap();
+        let (l2, dev2) = st.layout_get(a, 9, &l1, IOMODE_RW, &[1, 2], 0, 0).unwrap();
         assert_eq!((l2.other, l2.seqid, dev2), (l1.other, 2, dev));
         let future = Stateid { seqid: 9, ..l2 };
-        assert_eq!(st.layout_get(a, 9, &future, IOMODE_READ, &[1, 2], 0), Err(NFS4ERR_BAD_STATEID));
+        assert_eq!(st.layout_get(a, 9, &future, IOMODE_READ, &[1, 2], 0, 0), Err(NFS4ERR_BAD_STATEID));
         // A first layout from an open when the client already holds one: the same stateid.
-        let (l3, _) = st.layout_get(a, 9, &rw, IOMODE_READ, &[1, 2], 0).unwrap();
+        let (l3, _) = st.layout_get(a, 9, &rw, IOMODE_READ, &[1, 2], 0, 0).unwrap();
         assert_eq!((l3.other, l3.seqid), (l1.other, 3));
         assert_eq!(st.layouts_of(9)[0].iomodes, IOMODE_READ | IOMODE_RW);
         // LAYOUTCOMMIT and LAYOUTRETURN name the layout: another client's or file's is BAD_STATEID.
@@ -1048,16 +1206,84 @@ mod tests {
         let o7 = st.open(a, b"o", 7, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
         let o6 = st.open(a, b"o", 6, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
         let ob = st.open(b, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
-        st.layout_get(a, 9, &rw, IOMODE_READ, &[1, 2], 0).unwrap();
-        st.layout_get(a, 7, &o7, IOMODE_READ, &[2, 1], 0).unwrap();
-        assert_eq!(st.layout_get(a, 6, &o6, IOMODE_READ, &[1], 0), Err(NFS4ERR_LAYOUTTRYLATER));
+        st.layout_get(a, 9, &rw, IOMODE_READ, &[1, 2], 0, 0).unwrap();
+        st.layout_get(a, 7, &o7, IOMODE_READ, &[2, 1], 0, 0).unwrap();
+        assert_eq!(st.layout_get(a, 6, &o6, IOMODE_READ, &[1], 0, 0), Err(NFS4ERR_LAYOUTTRYLATER));
         assert_eq!(st.layout_counts(), (2, 2));
         assert_eq!(st.layout_return_all(a), 2);
-        st.layout_get(b, 9, &ob, IOMODE_READ, &[1, 2], 0).unwrap();
+        st.layout_get(b, 9, &ob, IOMODE_READ, &[1, 2], 0, 0).unwrap();
         assert_eq!(st.layout_counts().0, 1);
         st.destroy_session(&st.clients[&b].sessions[0].clone()).unwrap();
         st.destroy_clientid(b).unwrap();
         assert_eq!(st.layout_counts().0, 0, "a destroyed client's layouts go with it");
+    }
+
+    #[test]
+    fn recalled_layouts_conflict_until_returned_or_revoked_at_the_deadline() {
+        let mut st = State::new(StateConfig { recall_ms: 100, ..cfg() }, 5, 0);
+        let (a, _) = session(&mut st, b"a", 0);
+        let (b, _) = session(&mut st, b"b", 0);
+        let oa = st.open(a, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        let ob = st.open(b, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        let (la, _) = st.layout_get(a, 9, &oa, IOMODE_READ, &[1], 0, 0).unwrap();
+        let (lb, _) = st.layout_get(b, 9, &ob, IOMODE_READ, &[1], 0, 0).unwrap();
+        // Pending → sent: every layout of the file is recalled once, its seqid one past the client's.
+        let mut r = st.recall_layouts(9, 10);
+        r.sort_by_key(|x| x.0);
+        assert_eq!(r, vec![(a, Stateid { seqid: 2, ..la }), (b, Stateid { seqid: 2, ..lb })]);
+        assert!(st.recall_layouts(9, 20).is_empty(), "already being recalled: not again");
+        assert!(st.recall_layouts(8, 20).is_empty(), "another file: nothing out");
+        assert!(st.layout_recalled(&r[0].1));
+        // Until returned, LAYOUTGET of the file by that client conflicts.
+        assert_eq!(st.layout_get(a, 9, &la, IOMODE_READ, &[1], 0, 50), Err(NFS4ERR_RECALLCONFLICT));
+        // Answered and returned (with the recall's seqid): gone, and a new layout may be had.
+        assert_eq!(st.layout_return(a, 9, &r[0].1, IOMODE_ANY), Ok(None));
+        assert!(!st.layout_recalled(&r[0].1));
+        let (la2, _) = st.layout_get(a, 9, &oa, IOMODE_READ, &[1], 0, 60).unwrap();
+        assert_ne!(la2.other, la.other);
+        // Timed out: b never returned; at the deadline its layout is revoked, and only then.
+        assert!(st.recall_expire(109).is_empty());
+        assert_eq!(st.recall_expire(110), vec![(b, 9)]);
+        assert_eq!(st.layout_of(b, 9, &r[1].1).map(|_| ()), Err(NFS4ERR_BAD_STATEID), "revoked");
+        // A layout lazily revoked by LAYOUTGET past the deadline; NOMATCHING_LAYOUT forgets one at once.
+        let r2 = st.recall_layouts(9, 200);
+        assert_eq!(r2.len(), 1);
+        let (la3, _) = st.layout_get(a, 9, &oa, IOMODE_READ, &[1], 0, 300).unwrap();
+        assert_ne!(la3.other, la2.other, "the recalled one was revoked, a new one handed out");
+        let r3 = st.recall_layouts(9, 400);
+        assert!(st.layout_forget(&r3[0].1));
+        assert!(!st.layout_forget(&r3[0].1));
+        assert_eq!(st.layout_inodes(), vec![]);
+    }
+
+    #[test]
+    fn the_periodic_check_sees_shrinks_access_and_generation_changes_only() {
+        use crate::nfs4::recall::Why;
+        let mut st = State::new(cfg(), 5, 0);
+        let (a, _) = session(&mut st, b"a", 0);
+        let o = st.open(a, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        let w = Watched { size: 100, mode: 0o644, uid: 1, gid: 1, generation: 0 };
+        st.watch(9, w);
+        assert_eq!(st.watched_inodes(0, 8), vec![], "no layout out: forgotten");
+        st.layout_get(a, 9, &o, IOMODE_READ, &[1], 0, 0).unwrap();
+        st.watch(9, w);
+        assert_eq!(st.watched_inodes(0, 8), vec![9]);
+        assert_eq!(st.watched_inodes(9, 8), vec![], "past the cursor");
+        assert_eq!(st.watched_changed(9, Some(Watched { size: 200, ..w })), None, "growth is the client's writes");
+        assert_eq!(
+            st.watched_changed(9, Some(Watched { size: 150, ..w })),
+            Some(Why::Truncate),
+            "below the largest seen"
+        );
+        assert_eq!(st.watched_changed(9, Some(Watched { size: 150, ..w })), None, "seen once");
+        assert_eq!(st.watched_changed(9, Some(Watched { size: 150, mode: 0o600, ..w })), Some(Why::Access));
+        assert_eq!(
+            st.watched_changed(9, Some(Watched { size: 150, mode: 0o600, generation: 2, ..w })),
+            Some(Why::Layout)
+        );
+        assert_eq!(st.watched_changed(9, None), Some(Why::Remove));
+        assert_eq!(st.watched_changed(9, None), None, "forgotten");
+        assert_eq!(st.watched_changed(8, Some(w)), None, "never watched");
     }
 
     #[test]
@@ -1071,16 +1297,16 @@ mod tests {
         let d21 = st.device_for(&[2, 1]).unwrap();
         assert_ne!(d21, d12, "order matters: stripe index i is server i");
         // Full: a new list forgets the devices no layout names (here both), and its id is new.
-        let (_, named) = st.layout_get(a, 9, &o, IOMODE_READ, &[2, 1], 0).unwrap();
+        let (_, named) = st.layout_get(a, 9, &o, IOMODE_READ, &[2, 1], 0, 0).unwrap();
         assert_eq!(named, d21);
         let d3 = st.device_for(&[3]).unwrap();
         assert_eq!(d3, device_id(5, 3));
         assert_eq!(st.device(&d12), None, "forgotten: GETDEVICEINFO answers NOENT");
         assert_eq!(st.device(&d21), Some(&[2u32, 1][..]), "named by a layout: kept");
         // Both named now: a further list waits.
-        st.layout_get(a, 9, &o, IOMODE_READ, &[3], 0).unwrap();
+        st.layout_get(a, 9, &o, IOMODE_READ, &[3], 0, 0).unwrap();
         let o2 = st.open(a, b"o", 10, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
-        st.layout_get(a, 10, &o2, IOMODE_READ, &[2, 1], 0).unwrap();
+        st.layout_get(a, 10, &o2, IOMODE_READ, &[2, 1], 0, 0).unwrap();
         assert_eq!(st.device_for(&[4]), Err(NFS4ERR_LAYOUTTRYLATER));
         // Another epoch's id, another kind, a made-up counter: unknown.
         assert_eq!(st.device(&device_id(6, 3)), None);
