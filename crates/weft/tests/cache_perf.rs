@@ -164,10 +164,8 @@ async fn where_a_one_byte_read_through_the_bank_spends_its_time() {
     f.write_at(0, bytes::Bytes::from(data)).await.unwrap();
     f.close().await.unwrap();
     let bank_client = Client::connect(&config(&cl, true)).await.unwrap();
-    let (fb, ft) = (
-        bank_client.open("/data", OpenMode::Read).await.unwrap(),
-        truth.open("/data", OpenMode::Read).await.unwrap(),
-    );
+    let (fb, ft) =
+        (bank_client.open("/data", OpenMode::Read).await.unwrap(), truth.open("/data", OpenMode::Read).await.unwrap());
     // Warm: one pass in 64 KiB reads fills the bank (the data servers store what they read).
     for _ in 0..2 {
         for off in (0..size).step_by(64 << 10) {
