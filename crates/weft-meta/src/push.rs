@@ -316,6 +316,7 @@ mod tests {
         assert!(f.should_fill(a, 0), "a push forgets");
         assert!(!f.should_fill(a, 0));
         assert!(f.should_fill(a, 1), "the bank's health moved: everything forgotten");
+        assert!(f.should_fill(b, 1), "the other key too");
         assert!(!f.should_fill(b, 1));
         // Bounded: many keys through the table never grow it, and each is filled at least once.
         for i in 0..(3 * FILLED_SLOTS as u64) {
