@@ -582,6 +582,7 @@ async fn latency(arms: &[Arm<'_>], plan: &Plan, a: &CacheArgs) -> Result<Vec<Val
                 let cfg = arm.on.config().context("the latency workload runs through the native client")?;
                 let bank = arm.base["bank"].as_str().unwrap_or("?");
                 let client = Client::connect(&cfg).await?;
+                client.warm_up().await?;
                 let f = client.open(&path, OpenMode::Read).await?;
                 if f.size() != plan.size {
                     bail!("{path}: size {} instead of {}", f.size(), plan.size);

@@ -2,7 +2,8 @@
 //! client, so aggregate figures (`--procs N` of throughput and meta, every checkpoint) come from N processes with
 //! their own runtimes, sessions and CPU accounting, as mdtest's and IOR's MPI ranks do.
 //!
-//! Protocol, one line each on the worker's stdin/stdout: the worker connects, then for every phase of its spec
+//! Protocol, one line each on the worker's stdin/stdout: the worker connects (and opens its sessions to every data
+//! server and cache-bank daemon, `Client::warm_up`, so no phase times them), then for every phase of its spec
 //! prints `ready`, waits for `go`, runs the phase and prints one JSON line `{"ops", "bytes", "secs", "cpu_s",
 //! "lat_us", "fabric"}` (`fabric`: what its client actually used so far, see `common::fabric_used`). The parent sends `go` to every worker only once all are ready (a barrier across processes) and times
 //! the phase from the first `go` to the last result. `cpu_s` is the worker's own getrusage(RUSAGE_SELF) over the
@@ -10,7 +11,7 @@
 //! connecting and setting up.
 //!
 //! A phase with `"cache_namespace": N` runs on a fresh client whose cache-bank keys are in namespace N (connected
-//! before `ready`). A worker whose spec has no cluster (`"cluster": null`) connects nothing and runs only `fs-*` phases (`stat`s
+//! and warmed up before `ready`). A `stat` phase resolves its directory before `ready`. A worker whose spec has no cluster (`"cluster": null`) connects nothing and runs only `fs-*` phases (`stat`s
 //! and `pread`s through the kernel on a mounted file system, e.g. GlusterFS's FUSE mount in `weft bench cache`);
 //! its `fabric` is `fuse`.
 
@@ -202,7 +203,7 @@ pub async fn run(a: WorkerArgs) -> Result<()> {
         c => Some(serde_json::from_value(c.clone()).context("spec.cluster")?),
     };
     let mut client = match &cfg {
-        Some(cfg) => Some(Client::connect(cfg).await?),
+        Some(cfg) => Some(connect_warm(cfg).await?),
         None => None,
     };
     let mut stdin = BufReader::new(tokio::io::stdin());
@@ -215,10 +216,15 @@ pub async fn run(a: WorkerArgs) -> Result<()> {
             if let Some(cache) = cfg.cache.as_mut() {
                 cache.namespace = ns;
             }
-            if let Some(old) = client.replace(Client::connect(&cfg).await?) {
+            if let Some(old) = client.replace(connect_warm(&cfg).await?) {
                 old.close().await;
             }
         }
+        // A stat phase's directory is resolved before `ready`: the phase times its stats only.
+        let stat_dir = match (&client, ph["op"].as_str()) {
+            (Some(client), Some("stat")) => Some(client.resolve(field_str(ph, "dir")?).await?.ino),
+            _ => None,
+        };
         out.write_all(b"ready\n").await?;
         out.flush().await?;
         let mut line = String::new();
@@ -228,7 +234,7 @@ pub async fn run(a: WorkerArgs) -> Result<()> {
         let (t, c) = (Instant::now(), ceilings::cpu_seconds());
         let (ops, bytes, lat) = match (&client, field_str(ph, "op")?) {
             (_, op) if op.starts_with("fs-") => fs_phase(ph).await?,
-            (Some(client), _) => one_phase(client, ph).await?,
+            (Some(client), _) => one_phase(client, ph, stat_dir).await?,
             (None, op) => bail!("phase {op:?} needs a cluster in the spec"),
         };
         let (secs, cpu_s) = (t.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c);
@@ -244,6 +250,14 @@ pub async fn run(a: WorkerArgs) -> Result<()> {
         client.close().await;
     }
     Ok(())
+}
+
+/// A connected client with its one-time costs paid: a session to every data server and a connection to every
+/// cache-bank daemon (else the first phase, or every phase of a fresh `cache_namespace` client, would time them).
+async fn connect_warm(cfg: &ClusterConfig) -> Result<Client> {
+    let client = Client::connect(cfg).await?;
+    client.warm_up().await?;
+    Ok(client)
 }
 
 /// A phase on a mounted file system, through the kernel (std::fs, on a blocking thread):
@@ -300,13 +314,17 @@ fn field_str<'a>(ph: &'a Value, k: &str) -> Result<&'a str> {
     ph[k].as_str().with_context(|| format!("phase {ph}: no {k}"))
 }
 
-/// Runs one phase; returns (operations, bytes moved, per-call latencies in µs).
-async fn one_phase(client: &Client, ph: &Value) -> Result<(u64, u64, Vec<f64>)> {
+/// Runs one phase (a `stat` phase in `stat_dir`, resolved beforehand); returns (operations, bytes moved, per-call
+/// latencies in µs).
+async fn one_phase(client: &Client, ph: &Value, stat_dir: Option<u64>) -> Result<(u64, u64, Vec<f64>)> {
     match field_str(ph, "op")? {
         "write" | "read" => data_phase(client, ph).await,
         "create" | "stat" | "remove" => {
             let op = field_str(ph, "op")?;
-            let dir = client.resolve(field_str(ph, "dir")?).await?.ino;
+            let dir = match stat_dir {
+                Some(dir) => dir,
+                None => client.resolve(field_str(ph, "dir")?).await?.ino,
+            };
             let (prefix, count) = (field_str(ph, "prefix")?, field_u64(ph, "count")?);
             let mut lat = Vec::with_capacity(count as usize);
             for i in 0..count {

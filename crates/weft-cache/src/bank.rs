@@ -181,6 +181,15 @@ impl Bank {
         self.inner.ring.owner(key_hash(key.encode(self.inner.config.namespace).as_bytes()))
     }
 
+    /// Opens a connection to every daemon that has none idle (in parallel, each under the usual permit and
+    /// deadline), so a client's first requests do not pay a connect. A daemon that does not answer counts a
+    /// failure, as any request would.
+    pub async fn warm_up(&self) {
+        let inner = &self.inner;
+        let each = (0..inner.daemons.len()).map(|d| async move { inner.on_daemon(d, async |_| Ok(())).await });
+        join_all(each.collect()).await;
+    }
+
     /// The payload cached under `key`, or `None` (absent, refused, or no daemon answered in time).
     pub async fn get(&self, key: &CacheKey) -> Option<Bytes> {
         self.get_many(std::slice::from_ref(key)).await.pop().flatten()
@@ -213,28 +222,15 @@ impl Bank {
             batches[b].1.push(encoded);
             batches[b].2.push(i);
         }
-        if let [(d, encoded, indices)] = batches.as_slice() {
-            // One daemon: ask it in this task (no spawn on the single-block path).
+        // Every daemon asked from this task, concurrently (no spawned task per daemon: a spawn costs two
+        // cross-thread wake-ups, more than the round trip it overlaps on a loaded host).
+        let asked = batches.iter().map(|(d, encoded, indices)| {
             let kinds: Vec<ItemKind> = indices.iter().map(|&i| keys[i].kind()).collect();
-            let found = inner.multi_get(*d, encoded, &kinds).await;
+            async move { inner.multi_get(*d, encoded, &kinds).await }
+        });
+        let found = join_all(asked.collect()).await;
+        for ((_, _, indices), found) in batches.iter().zip(found) {
             for (&i, value) in indices.iter().zip(found) {
-                results[i] = value;
-            }
-            batches.clear();
-        }
-        let mut tasks = tokio::task::JoinSet::new();
-        for (d, encoded, indices) in batches {
-            let inner = Arc::clone(inner);
-            let kinds: Vec<ItemKind> = indices.iter().map(|&i| keys[i].kind()).collect();
-            tasks.spawn(async move {
-                let found = inner.multi_get(d, &encoded, &kinds).await;
-                (indices, found)
-            });
-        }
-        while let Some(joined) = tasks.join_next().await {
-            // A panicking task would be a bug in this module; its keys stay misses.
-            let Ok((indices, found)) = joined else { continue };
-            for (i, value) in indices.into_iter().zip(found) {
                 results[i] = value;
             }
         }
@@ -336,15 +332,20 @@ impl Inner {
             .await;
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
         let Outcome::Done(values) = found else { return out };
-        let position: HashMap<&[u8], usize> = keys.iter().enumerate().map(|(i, k)| (k.as_bytes(), i)).collect();
+        // The reply holds each found key once, in any order; a key asked twice gets the same item at each place.
+        let mut items: HashMap<Vec<u8>, Bytes> = HashMap::with_capacity(values.len());
         for v in values {
-            let (Some(&i), Some(data)) = (position.get(v.key.as_slice()), v.data) else { continue };
-            let item = Bytes::from(data);
-            match value::decode_value(&item, kinds[i], key_hash(keys[i].as_bytes())) {
+            if let Some(data) = v.data {
+                items.insert(v.key, Bytes::from(data));
+            }
+        }
+        for (i, key) in keys.iter().enumerate() {
+            let Some(item) = items.get(key.as_bytes()) else { continue };
+            match value::decode_value(item, kinds[i], key_hash(key.as_bytes())) {
                 Ok(payload) => out[i] = Some(payload),
                 Err(e) => {
                     self.counters.refused_items.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(daemon = %self.daemons[d].address, key = %keys[i], "cache item refused: {e}");
+                    tracing::debug!(daemon = %self.daemons[d].address, key = %key, "cache item refused: {e}");
                 }
             }
         }
@@ -429,6 +430,26 @@ impl Inner {
         drop(health);
         lock(&daemon.idle).clear();
     }
+}
+
+/// Runs every future of `futs` concurrently on the calling task and returns their outputs in order.
+async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut futs: Vec<std::pin::Pin<Box<F>>> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *o = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("every future finished")).collect()
 }
 
 /// A poisoned lock only means another task panicked while holding plain data; the data is still usable.
