@@ -211,16 +211,29 @@ pub fn encode_layoutget_ok(w: &mut Writer, return_on_close: bool, stateid: &Stat
 /// `netaddr4` of an address: netid `tcp` and `h1.h2.h3.h4.p1.p2` for IPv4, `tcp6` and `x:…:x.p1.p2` for IPv6
 /// (RFC 5665 universal addresses).
 pub fn netaddr(addr: &SocketAddr) -> (&'static str, String) {
+    netaddr_on(addr, false)
+}
+
+/// [`netaddr`], with netid `rdma` / `rdma6` (RFC 5665 §4.2) for an address served over RPC-over-RDMA.
+pub fn netaddr_on(addr: &SocketAddr, rdma: bool) -> (&'static str, String) {
     let (hi, lo) = (addr.port() >> 8, addr.port() & 0xff);
-    match addr {
-        SocketAddr::V4(a) => ("tcp", format!("{}.{hi}.{lo}", a.ip())),
-        SocketAddr::V6(a) => ("tcp6", format!("{}.{hi}.{lo}", a.ip())),
+    match (addr, rdma) {
+        (SocketAddr::V4(a), false) => ("tcp", format!("{}.{hi}.{lo}", a.ip())),
+        (SocketAddr::V6(a), false) => ("tcp6", format!("{}.{hi}.{lo}", a.ip())),
+        (SocketAddr::V4(a), true) => ("rdma", format!("{}.{hi}.{lo}", a.ip())),
+        (SocketAddr::V6(a), true) => ("rdma6", format!("{}.{hi}.{lo}", a.ip())),
     }
 }
 
 /// The body of a `device_addr4` of type FILES (`nfsv4_1_file_layout_ds_addr4`): stripe index i uses multipath
-/// list i; list i holds server i's addresses (at most [`MULTIPATH_ADDRS_MAX`]).
+/// list i; list i holds server i's addresses (at most [`MULTIPATH_ADDRS_MAX`]), all TCP.
 pub fn ds_addr_body(servers: &[Vec<SocketAddr>]) -> Vec<u8> {
+    let tcp: Vec<Vec<(SocketAddr, bool)>> = servers.iter().map(|a| a.iter().map(|a| (*a, false)).collect()).collect();
+    ds_addr_body_on(&tcp)
+}
+
+/// [`ds_addr_body`] with each address's transport: `true` is RPC-over-RDMA (netid `rdma`/`rdma6`).
+pub fn ds_addr_body_on(servers: &[Vec<(SocketAddr, bool)>]) -> Vec<u8> {
     assert!(!servers.is_empty() && servers.len() <= STRIPE_INDICES_MAX, "a device has 1..=256 servers");
     let mut w = Writer::new();
     w.u32(servers.len() as u32);
@@ -231,8 +244,8 @@ pub fn ds_addr_body(servers: &[Vec<SocketAddr>]) -> Vec<u8> {
     for addrs in servers {
         let addrs = &addrs[..addrs.len().min(MULTIPATH_ADDRS_MAX)];
         w.u32(addrs.len() as u32);
-        for a in addrs {
-            let (netid, uaddr) = netaddr(a);
+        for (a, rdma) in addrs {
+            let (netid, uaddr) = netaddr_on(a, *rdma);
             w.opaque(netid.as_bytes()).opaque(uaddr.as_bytes());
         }
     }

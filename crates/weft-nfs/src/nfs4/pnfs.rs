@@ -29,12 +29,23 @@ fn put_stateid(w: &mut Writer, s: &Stateid) {
 }
 
 /// Each data server's NFS addresses, from the MDS (op 138), for `servers` in order; `None` if one has none
-/// (it was started without `nfs_listen`), so no client is sent there.
-async fn addresses(cx: &Ctx<'_>, servers: &[u32]) -> Result<Option<Vec<Vec<SocketAddr>>>, u32> {
+/// (it was started without `nfs_listen`), so no client is sent there. A client that called over RPC-over-RDMA
+/// gets a server's RDMA addresses where it has some, any other its TCP ones, each only when the server has none
+/// of the other kind: Linux adds every further address of a DS's list to the first one's client as a trunked
+/// transport (a TCP client skips RDMA ones, an RDMA client would add TCP ones), so one kind per server keeps
+/// every byte on the transport the client mounted with.
+async fn addresses(cx: &Ctx<'_>, servers: &[u32]) -> Result<Option<Vec<Vec<(SocketAddr, bool)>>>, u32> {
     let devices = cx.gw.client.pnfs_devices().await.map_err(|e| st(&e))?;
+    let rdma = cx.transport == crate::Transport::Rdma;
     Ok(servers
         .iter()
-        .map(|id| devices.iter().find(|d| d.server == *id).map(|d| d.addrs.clone()).filter(|a| !a.is_empty()))
+        .map(|id| {
+            let d = devices.iter().find(|d| d.server == *id)?;
+            let (first, other) = if rdma { (&d.rdma_addrs, &d.addrs) } else { (&d.addrs, &d.rdma_addrs) };
+            let (list, on_rdma) = if first.is_empty() { (other, !rdma) } else { (first, rdma) };
+            let list: Vec<_> = list.iter().map(|a| (*a, on_rdma)).collect();
+            (!list.is_empty()).then_some(list)
+        })
         .collect())
 }
 
@@ -220,7 +231,7 @@ pub async fn getdeviceinfo(cx: &mut Ctx<'_>, a: DeviceInfoArgs) -> (u32, Writer)
         let servers = cx.gw.nfs4.state().device(&a.deviceid).map(<[u32]>::to_vec).ok_or(NFS4ERR_NOENT)?;
         let addrs = addresses(cx, &servers).await?.ok_or(NFS4ERR_NOENT)?;
         let mut w = Writer::new();
-        layout::encode_deviceinfo_ok(&mut w, &layout::ds_addr_body(&addrs));
+        layout::encode_deviceinfo_ok(&mut w, &layout::ds_addr_body_on(&addrs));
         Ok(w)
     }
     .await;
