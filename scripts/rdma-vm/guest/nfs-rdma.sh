@@ -72,6 +72,8 @@ roundtrip() {
 	grep " /mnt/$name " /proc/mounts | grep -q "proto=rdma" || fail "$name: not mounted over rdma: $(grep " /mnt/$name " /proc/mounts)"
 	echo "nfs-rdma.sh: $name mounted: $(grep " /mnt/$name " /proc/mounts)"
 	timeout 300 cp /tmp/in /mnt/$name/f.$name || fail "$name: writing the file"
+	sync
+	awk -v mp="/mnt/$name" '$1 == "device" { on = ($5 == mp) } on' /proc/self/mountstats >$w/mountstats.$name.write
 	umount /mnt/$name || fail "$name: umount"
 	echo 3 >/proc/sys/vm/drop_caches
 	mount "$@" || fail "$name: mount again"
@@ -106,9 +108,13 @@ rdma_rogue $ip:20049 f.v3 /tmp/in || fail "the rogue client's checks"
 modprobe nfs_layout_nfsv41_files 2>/dev/null || true
 roundtrip v41 -t nfs4 -o "vers=4.1,proto=rdma,port=20049,addr=$ip" $ip:/ /mnt/v41
 grep -q "pnfs=LAYOUT_NFSV4_1_FILES" $w/mountstats.v41 || fail "v41: the mount did not take the files layout driver"
-layoutgets="$(awk '$1 == "LAYOUTGET:" { print $2; exit }' $w/mountstats.v41)"
-echo "nfs-rdma.sh: v41: mountstats: $(grep -E "^ *(LAYOUTGET|GETDEVICEINFO|READ|WRITE):" $w/mountstats.v41 | tr -s ' ' | tr '\n' ';')"
-[ "${layoutgets:-0}" -gt 0 ] || fail "v41: no LAYOUTGET in the mount's stats"
+# The write's mount asks LAYOUTGET; the read's may get its layout inside OPEN (Linux's layoutget-at-open).
+for f in write read; do
+	m=$w/mountstats.v41; [ $f = read ] || m=$w/mountstats.v41.write
+	echo "nfs-rdma.sh: v41 $f: mountstats: $(awk '$1 ~ /^(LAYOUTGET|GETDEVICEINFO|LAYOUTCOMMIT|OPEN|READ|WRITE):$/ { printf "%s %s; ", $1, $2 }' $m)"
+done
+layoutgets="$(awk '$1 == "LAYOUTGET:" { n += $2 } END { print n + 0 }' $w/mountstats.v41.write $w/mountstats.v41)"
+[ "$layoutgets" -gt 0 ] || fail "v41: no LAYOUTGET in the mount's stats"
 for n in 1 2; do
 	# The RDMA connections close when the client lets go of the data server (after the umounts): waited for.
 	ds_moved() {

@@ -316,6 +316,19 @@ mod tests {
         let mut w = Writer::new();
         encode_deviceinfo_ok(&mut w, &[1, 2, 3, 4]);
         assert_eq!(w.into_vec(), vec![0, 0, 0, 1, 0, 0, 0, 4, 1, 2, 3, 4, 0, 0, 0, 0]);
+
+        // RPC-over-RDMA addresses: netid rdma / rdma6 (RFC 5665 §4.2), the same universal address.
+        let r: SocketAddr = "10.0.2.15:20050".parse().unwrap();
+        assert_eq!(netaddr_on(&r, true), ("rdma", "10.0.2.15.78.82".to_string()));
+        assert_eq!(netaddr_on(&b, true), ("rdma6", "::1.2.1".to_string()));
+        let body = ds_addr_body_on(&[vec![(r, true)], vec![(a, false)]]);
+        let mut want = vec![0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2];
+        want.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 4, b'r', b'd', b'm', b'a', 0, 0, 0, 15]);
+        want.extend_from_slice(b"10.0.2.15.78.82\0");
+        want.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 3, b't', b'c', b'p', 0, 0, 0, 0, 12]);
+        want.extend_from_slice(b"10.0.2.2.8.2");
+        assert_eq!(body, want);
+        assert_eq!(ds_addr_body(&[vec![a]]), ds_addr_body_on(&[vec![(a, false)]]));
     }
 
     #[test]

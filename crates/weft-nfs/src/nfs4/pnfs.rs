@@ -36,8 +36,17 @@ fn put_stateid(w: &mut Writer, s: &Stateid) {
 /// every byte on the transport the client mounted with.
 async fn addresses(cx: &Ctx<'_>, servers: &[u32]) -> Result<Option<Vec<Vec<(SocketAddr, bool)>>>, u32> {
     let devices = cx.gw.client.pnfs_devices().await.map_err(|e| st(&e))?;
-    let rdma = cx.transport == crate::Transport::Rdma;
-    Ok(servers
+    Ok(pick_addresses(&devices, servers, cx.transport == crate::Transport::Rdma))
+}
+
+/// [`addresses`] from the devices the MDS listed; `rdma`: the client called over RPC-over-RDMA. Each address
+/// comes with whether it is an RDMA one.
+pub fn pick_addresses(
+    devices: &[weft_client::PnfsDevice],
+    servers: &[u32],
+    rdma: bool,
+) -> Option<Vec<Vec<(SocketAddr, bool)>>> {
+    servers
         .iter()
         .map(|id| {
             let d = devices.iter().find(|d| d.server == *id)?;
@@ -46,7 +55,33 @@ async fn addresses(cx: &Ctx<'_>, servers: &[u32]) -> Result<Option<Vec<Vec<(Sock
             let list: Vec<_> = list.iter().map(|a| (*a, on_rdma)).collect();
             (!list.is_empty()).then_some(list)
         })
-        .collect())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_client::PnfsDevice;
+
+    #[test]
+    fn a_client_gets_each_servers_addresses_of_its_own_transport_or_else_the_other() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let devices = vec![
+            PnfsDevice { server: 1, addrs: vec![a("10.0.0.1:2049")], rdma_addrs: vec![a("10.0.0.1:20049")] },
+            PnfsDevice { server: 2, addrs: vec![a("10.0.0.2:2049")], rdma_addrs: vec![] },
+            PnfsDevice { server: 3, addrs: vec![], rdma_addrs: vec![a("10.0.0.3:20049")] },
+        ];
+        let over_rdma = pick_addresses(&devices, &[3, 1, 2], true).unwrap();
+        assert_eq!(
+            over_rdma,
+            vec![vec![(a("10.0.0.3:20049"), true)], vec![(a("10.0.0.1:20049"), true)], vec![(a("10.0.0.2:2049"), false)]]
+        );
+        let over_tcp = pick_addresses(&devices, &[1, 3], false).unwrap();
+        assert_eq!(over_tcp, vec![vec![(a("10.0.0.1:2049"), false)], vec![(a("10.0.0.3:20049"), true)]]);
+        assert_eq!(pick_addresses(&devices, &[1, 4], false), None, "server 4 announced nothing");
+        let none = vec![PnfsDevice { server: 4, addrs: vec![], rdma_addrs: vec![] }];
+        assert_eq!(pick_addresses(&none, &[4], true), None, "a server with no address at all");
+    }
 }
 
 /// LAYOUTGET: NFS4ERR_LAYOUTTRYLATER carries `logr_will_signal_layout_avail` (false: nothing is signalled).
