@@ -160,8 +160,7 @@ pub async fn run_with_nfs(
                 lease: lease.clone(),
                 pool: pool.clone(),
             };
-            let bound =
-                start(parts).await.map_err(|source| DataServerError::Listen { addr: nfs_named(), source })?;
+            let bound = start(parts).await.map_err(|source| DataServerError::Listen { addr: nfs_named(), source })?;
             let advertised: Vec<String> = if cfg.nfs_advertise.is_empty() {
                 let rdma = bound.rdma.iter().map(|a| format!("{}{a}", weft_proto::msg::PNFS_RDMA_PREFIX));
                 bound.tcp.iter().map(ToString::to_string).chain(rdma).collect()

@@ -875,7 +875,8 @@ mod tests {
         assert_eq!(parse_pnfs_addr("10.0.2.15:2049"), Some((false, a("10.0.2.15:2049"))));
         assert_eq!(parse_pnfs_addr("rdma:10.0.2.15:20049"), Some((true, a("10.0.2.15:20049"))));
         assert_eq!(parse_pnfs_addr("rdma:[::1]:20049"), Some((true, a("[::1]:20049"))));
-        for bad in ["", "rdma:", "rdma:host:1", "tcp:10.0.0.1:1", "RDMA:10.0.0.1:1", "10.0.0.1", "rdma:rdma:10.0.0.1:1"] {
+        for bad in ["", "rdma:", "rdma:host:1", "tcp:10.0.0.1:1", "RDMA:10.0.0.1:1", "10.0.0.1", "rdma:rdma:10.0.0.1:1"]
+        {
             assert_eq!(parse_pnfs_addr(bad), None, "{bad:?}");
         }
     }

@@ -111,7 +111,11 @@ pub async fn up(
             .iter()
             .map(|d| {
                 let rdma = d.rdma_addrs.iter().map(|a| format!("rdma:{a}"));
-                format!("{}: {}", d.server, d.addrs.iter().map(ToString::to_string).chain(rdma).collect::<Vec<_>>().join(" "))
+                format!(
+                    "{}: {}",
+                    d.server,
+                    d.addrs.iter().map(ToString::to_string).chain(rdma).collect::<Vec<_>>().join(" ")
+                )
             })
             .collect();
         println!("pNFS data servers (NFSv4.1): {}", shown.join(", "));

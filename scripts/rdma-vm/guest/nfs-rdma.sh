@@ -108,13 +108,23 @@ rdma_rogue $ip:20049 f.v3 /tmp/in || fail "the rogue client's checks"
 modprobe nfs_layout_nfsv41_files 2>/dev/null || true
 roundtrip v41 -t nfs4 -o "vers=4.1,proto=rdma,port=20049,addr=$ip" $ip:/ /mnt/v41
 grep -q "pnfs=LAYOUT_NFSV4_1_FILES" $w/mountstats.v41 || fail "v41: the mount did not take the files layout driver"
-# The write's mount asks LAYOUTGET; the read's may get its layout inside OPEN (Linux's layoutget-at-open).
-for f in write read; do
-	m=$w/mountstats.v41; [ $f = read ] || m=$w/mountstats.v41.write
+# Linux gets a layout inside OPEN when it can (counted as OPEN); a write through a file already open for reading
+# asks LAYOUTGET for a read-write layout on its own, as the tcp pNFS test (pnfs.sh) does: rewritten that way.
+mount -t nfs4 -o "vers=4.1,proto=rdma,port=20049,addr=$ip" $ip:/ /mnt/v41 || fail "v41: the third mount"
+exec 3</mnt/v41/f.v41 || fail "v41: opening the file for reading"
+dd if=/tmp/in of=/mnt/v41/f.v41 bs=1M conv=notrunc,fsync 2>/dev/null || fail "v41: rewriting the file"
+exec 3<&-
+got="$(timeout 300 md5sum </mnt/v41/f.v41 | cut -d' ' -f1)"
+awk -v mp="/mnt/v41" '$1 == "device" { on = ($5 == mp) } on' /proc/self/mountstats >$w/mountstats.v41.rewrite
+umount /mnt/v41 || fail "v41: the third umount"
+[ "$got" = "$want" ] || fail "v41: after the rewrite the file reads $got, not $want"
+for f in write read rewrite; do
+	m=$w/mountstats.v41.$f; [ $f != read ] || m=$w/mountstats.v41
 	echo "nfs-rdma.sh: v41 $f: mountstats: $(awk '$1 ~ /^(LAYOUTGET|GETDEVICEINFO|LAYOUTCOMMIT|OPEN|READ|WRITE):$/ { printf "%s %s; ", $1, $2 }' $m)"
 done
-layoutgets="$(awk '$1 == "LAYOUTGET:" { n += $2 } END { print n + 0 }' $w/mountstats.v41.write $w/mountstats.v41)"
-[ "$layoutgets" -gt 0 ] || fail "v41: no LAYOUTGET in the mount's stats"
+count() { awk -v op="$1:" '$1 == op { n += $2 } END { print n + 0 }' $w/mountstats.v41.write $w/mountstats.v41 $w/mountstats.v41.rewrite; }
+[ "$(count LAYOUTGET)" -gt 0 ] || fail "v41: no LAYOUTGET in the mount's stats"
+[ "$(count GETDEVICEINFO)" -gt 0 ] || fail "v41: no GETDEVICEINFO in the mount's stats"
 for n in 1 2; do
 	# The RDMA connections close when the client lets go of the data server (after the umounts): waited for.
 	ds_moved() {

@@ -241,8 +241,9 @@ pub async fn start(parts: NfsParts) -> std::io::Result<weft_data::NfsBound> {
 #[cfg(feature = "rdma")]
 fn start_rdma(ds: &Arc<DsNfs>, parts: &NfsParts, at: &str) -> std::io::Result<SocketAddr> {
     use std::io::{Error, ErrorKind};
-    let listen: SocketAddr =
-        at.parse().map_err(|_| Error::new(ErrorKind::InvalidInput, format!("nfs_rdma_listen {at:?} is not ip:port")))?;
+    let listen: SocketAddr = at
+        .parse()
+        .map_err(|_| Error::new(ErrorKind::InvalidInput, format!("nfs_rdma_listen {at:?} is not ip:port")))?;
     if listen.port() == 0 || listen.ip().is_unspecified() {
         // RDMA CM binds no ephemeral port it could tell, and clients need the one device address to connect to.
         return Err(Error::new(ErrorKind::InvalidInput, format!("nfs_rdma_listen {at}: name an address and a port")));

@@ -74,7 +74,11 @@ mod tests {
         let over_rdma = pick_addresses(&devices, &[3, 1, 2], true).unwrap();
         assert_eq!(
             over_rdma,
-            vec![vec![(a("10.0.0.3:20049"), true)], vec![(a("10.0.0.1:20049"), true)], vec![(a("10.0.0.2:2049"), false)]]
+            vec![
+                vec![(a("10.0.0.3:20049"), true)],
+                vec![(a("10.0.0.1:20049"), true)],
+                vec![(a("10.0.0.2:2049"), false)]
+            ]
         );
         let over_tcp = pick_addresses(&devices, &[1, 3], false).unwrap();
         assert_eq!(over_tcp, vec![vec![(a("10.0.0.1:2049"), false)], vec![(a("10.0.0.3:20049"), true)]]);

@@ -206,6 +206,9 @@ struct Conn<'a> {
     send_inline: usize,
     /// Receive completions that came while waiting for sends, in order.
     pending: VecDeque<Completion>,
+    /// A zone buffer RDMA WRITEs were posted from, held until they completed; declared after `qp`, so a connection
+    /// that fails with writes in flight destroys its queue pair before the buffer goes back to its pool.
+    in_flight: Option<Bytes>,
 }
 
 fn connection<H: RecordHandler>(
@@ -233,7 +236,7 @@ fn connection<H: RecordHandler>(
     let pool = Arc::new(Pool { free: Mutex::new(free), returned: Condvar::new() });
     let send_wr = (cfg.limits.read_segments_max + 2 * cfg.limits.chunk_segments_max + 2) as u32;
     let qp = req.into_conn(send_wr, credits, 1)?;
-    let mut c = Conn { qp, cfg, recv, send, stage, pool, send_inline, pending: VecDeque::new() };
+    let mut c = Conn { qp, cfg, recv, send, stage, pool, send_inline, pending: VecDeque::new(), in_flight: None };
     for i in 0..credits as usize {
         c.qp.post_recv(&c.recv, i * cfg.inline_bytes, cfg.inline_bytes, i as u64)?;
     }
@@ -380,7 +383,10 @@ impl Conn<'_> {
             // The READ data straight from the buffer zone it was read into (a data server's pool), registered once;
             // from anywhere else (the weft client's buffer at the gateway) it is staged first (counted).
             match zone_region(self.qp.device(), tail.as_ptr(), tail.len()) {
-                Some((mr, at)) => posted += self.post_writes_from(&mr, at, &p.data, stats)?,
+                Some((mr, at)) => {
+                    self.in_flight = Some(tail.clone());
+                    posted += self.post_writes_from(&mr, at, &p.data, stats)?;
+                }
                 None => {
                     self.stage.as_mut_slice()[..tail.len()].copy_from_slice(&tail);
                     stats.bounce_copy_bytes += tail.len() as u64;
@@ -403,8 +409,9 @@ impl Conn<'_> {
             return self.send_inline(&[&hdr], stats);
         }
         // Writes complete before the send that follows them on the same queue pair (RC ordering), but the staging
-        // buffer must not be reused before they did: waited for together.
+        // buffer (or the zone buffer) must not be reused before they did: waited for together.
         self.wait_sends(posted)?;
+        self.in_flight = None;
         if p.tail_in_message {
             self.send_inline(&[&hdr, &reply.head, &tail, pad], stats)
         } else {
