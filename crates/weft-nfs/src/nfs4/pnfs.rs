@@ -58,36 +58,6 @@ pub fn pick_addresses(
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use weft_client::PnfsDevice;
-
-    #[test]
-    fn a_client_gets_each_servers_addresses_of_its_own_transport_or_else_the_other() {
-        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
-        let devices = vec![
-            PnfsDevice { server: 1, addrs: vec![a("10.0.0.1:2049")], rdma_addrs: vec![a("10.0.0.1:20049")] },
-            PnfsDevice { server: 2, addrs: vec![a("10.0.0.2:2049")], rdma_addrs: vec![] },
-            PnfsDevice { server: 3, addrs: vec![], rdma_addrs: vec![a("10.0.0.3:20049")] },
-        ];
-        let over_rdma = pick_addresses(&devices, &[3, 1, 2], true).unwrap();
-        assert_eq!(
-            over_rdma,
-            vec![
-                vec![(a("10.0.0.3:20049"), true)],
-                vec![(a("10.0.0.1:20049"), true)],
-                vec![(a("10.0.0.2:2049"), false)]
-            ]
-        );
-        let over_tcp = pick_addresses(&devices, &[1, 3], false).unwrap();
-        assert_eq!(over_tcp, vec![vec![(a("10.0.0.1:2049"), false)], vec![(a("10.0.0.3:20049"), true)]]);
-        assert_eq!(pick_addresses(&devices, &[1, 4], false), None, "server 4 announced nothing");
-        let none = vec![PnfsDevice { server: 4, addrs: vec![], rdma_addrs: vec![] }];
-        assert_eq!(pick_addresses(&none, &[4], true), None, "a server with no address at all");
-    }
-}
-
 /// LAYOUTGET: NFS4ERR_LAYOUTTRYLATER carries `logr_will_signal_layout_avail` (false: nothing is signalled).
 pub async fn layoutget(cx: &mut Ctx<'_>, a: LayoutGetArgs) -> (u32, Writer) {
     match layoutget_ok(cx, &a).await {
@@ -310,4 +280,34 @@ pub async fn getdevicelist(cx: &mut Ctx<'_>, a: DeviceListArgs) -> Out {
     }
     w.bool(eof);
     Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_client::PnfsDevice;
+
+    #[test]
+    fn a_client_gets_each_servers_addresses_of_its_own_transport_or_else_the_other() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let devices = vec![
+            PnfsDevice { server: 1, addrs: vec![a("10.0.0.1:2049")], rdma_addrs: vec![a("10.0.0.1:20049")] },
+            PnfsDevice { server: 2, addrs: vec![a("10.0.0.2:2049")], rdma_addrs: vec![] },
+            PnfsDevice { server: 3, addrs: vec![], rdma_addrs: vec![a("10.0.0.3:20049")] },
+        ];
+        let over_rdma = pick_addresses(&devices, &[3, 1, 2], true).unwrap();
+        assert_eq!(
+            over_rdma,
+            vec![
+                vec![(a("10.0.0.3:20049"), true)],
+                vec![(a("10.0.0.1:20049"), true)],
+                vec![(a("10.0.0.2:2049"), false)]
+            ]
+        );
+        let over_tcp = pick_addresses(&devices, &[1, 3], false).unwrap();
+        assert_eq!(over_tcp, vec![vec![(a("10.0.0.1:2049"), false)], vec![(a("10.0.0.3:20049"), true)]]);
+        assert_eq!(pick_addresses(&devices, &[1, 4], false), None, "server 4 announced nothing");
+        let none = vec![PnfsDevice { server: 4, addrs: vec![], rdma_addrs: vec![] }];
+        assert_eq!(pick_addresses(&none, &[4], true), None, "a server with no address at all");
+    }
 }
