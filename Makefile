@@ -178,8 +178,9 @@ rdma-deps:
 RDMA_VM ?= 1
 NFS_VM_PNFS ?= 1
 # Then NFS over RDMA inside the VM (scripts/rdma-vm/guest/nfs-rdma.sh, RDMA_NFS=0 skips it): a cluster and the
-# gateway in the guest, the kernel client with proto=rdma, vers=3 and vers=4.1 round trips with equal md5, the
-# gateway's RDMA READ/WRITE byte counts, and a rogue client's chunks refused while the gateway keeps serving.
+# gateway in the guest, the kernel client with proto=rdma, vers=3 and vers=4.1 (pNFS, data servers over RDMA) round
+# trips with equal md5, the gateway's and data servers' RDMA READ/WRITE byte counts (data servers: no bounce copy),
+# and a rogue client's chunks refused while the gateway keeps serving.
 RDMA_NFS ?= 1
 test-rdma: rdma-deps
 	$(CARGO) build --locked --release -p weft-fabric --features rdma --example rdma_roundtrip

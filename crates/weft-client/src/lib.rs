@@ -108,7 +108,10 @@ struct Inner {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PnfsDevice {
     pub server: u32,
+    /// Over TCP.
     pub addrs: Vec<std::net::SocketAddr>,
+    /// Over RPC-over-RDMA (announced as `rdma:ip:port`, docs/format.md §23).
+    pub rdma_addrs: Vec<std::net::SocketAddr>,
 }
 
 fn unexpected(r: Response) -> ClientError {
@@ -647,22 +650,27 @@ impl Client {
     }
 
     /// `PnfsDevices` (op 138, docs/format.md §23): every data server that serves pNFS, with the NFS addresses it
-    /// announced, in server id order. An address the MDS sent that does not parse is a protocol error.
+    /// announced (TCP and RPC-over-RDMA apart), in server id order. An address the MDS sent that does not parse is a
+    /// protocol error.
     pub async fn pnfs_devices(&self) -> Result<Vec<PnfsDevice>, ClientError> {
         let devices = meta_call!(self, PnfsDevices(()));
         devices
             .into_iter()
             .map(|d| {
-                let addrs = d
-                    .addrs
-                    .iter()
-                    .map(|a| {
-                        a.parse().map_err(|_| {
-                            ClientError::Protocol(format!("data server {} NFS address {a:?} is not ip:port", d.server))
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(PnfsDevice { server: d.server, addrs })
+                let mut dev = PnfsDevice { server: d.server, addrs: Vec::new(), rdma_addrs: Vec::new() };
+                for a in &d.addrs {
+                    match weft_proto::msg::parse_pnfs_addr(a) {
+                        Some((false, s)) => dev.addrs.push(s),
+                        Some((true, s)) => dev.rdma_addrs.push(s),
+                        None => {
+                            return Err(ClientError::Protocol(format!(
+                                "data server {} NFS address {a:?} is not ip:port or rdma:ip:port",
+                                d.server
+                            )));
+                        }
+                    }
+                }
+                Ok(dev)
             })
             .collect()
     }

@@ -140,9 +140,15 @@ pub struct DataConfig {
     #[serde(default)]
     pub nfs_listen: Vec<String>,
     /// The NFS addresses told to the MDS (and so to pNFS clients in GETDEVICEINFO), if not the listening ones: e.g.
-    /// `10.0.2.2:P` for a qemu guest whose host listens on `127.0.0.1:P`. Empty: the addresses actually bound.
+    /// `10.0.2.2:P` for a qemu guest whose host listens on `127.0.0.1:P`; `rdma:ip:port` for RPC-over-RDMA. Empty:
+    /// the addresses actually bound.
     #[serde(default)]
     pub nfs_advertise: Vec<String>,
+    /// Also serve pNFS over RPC-over-RDMA (RFC 8166; docs/format.md §23, §25) at this `ip:port` (an address of an
+    /// RDMA device, e.g. rxe0's; a fixed port: 20049 is NFS over RDMA's). Off (the default) when absent. Announced
+    /// to the MDS as `rdma:ip:port` (unless `nfs_advertise` is set, which then lists every address).
+    #[serde(default)]
+    pub nfs_rdma_listen: Option<String>,
     /// NFS connections served at once; more are closed at accept.
     #[serde(default = "default_nfs_connections_max")]
     pub nfs_connections_max: u32,

@@ -23,6 +23,6 @@ mod sys;
 pub use config::{
     DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_POOL_CLASSES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES, DataConfig, PoolClassConfig,
 };
-pub use node::{DataServerError, NfsParts, NfsStarter, run, run_with_nfs};
+pub use node::{DataServerError, NfsBound, NfsParts, NfsStarter, run, run_with_nfs};
 pub use service::{DataService, INLINE_IO_BYTES_MAX};
 pub use store::{BLOCK_BYTES, DataError, MappedRead, ObjectStore};

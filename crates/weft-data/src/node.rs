@@ -56,11 +56,24 @@ pub struct NfsParts {
     /// `None` with authentication off: nothing is checked.
     pub gate: Option<Arc<CapabilityGate>>,
     pub lease: Arc<LeaseGate>,
+    /// The server's buffer zones (Weft's own data path's): RPC-over-RDMA READs are read into them and RDMA
+    /// WRITTEN from there, with no staging copy.
+    pub pool: BufferPool,
 }
 
-/// Starts the pNFS listener on `cfg.nfs_listen` and answers the addresses it bound (it serves in tasks of its own).
+/// The addresses the pNFS listeners bound.
+#[derive(Debug, Clone, Default)]
+pub struct NfsBound {
+    /// `nfs_listen` (TCP).
+    pub tcp: Vec<SocketAddr>,
+    /// `nfs_rdma_listen` (RPC-over-RDMA), when set.
+    pub rdma: Option<SocketAddr>,
+}
+
+/// Starts the pNFS listeners on `cfg.nfs_listen` and `cfg.nfs_rdma_listen` and answers the addresses they bound
+/// (they serve in tasks and threads of their own).
 pub type NfsStarter =
-    Box<dyn FnOnce(NfsParts) -> Pin<Box<dyn Future<Output = Result<Vec<SocketAddr>, std::io::Error>> + Send>> + Send>;
+    Box<dyn FnOnce(NfsParts) -> Pin<Box<dyn Future<Output = Result<NfsBound, std::io::Error>> + Send>> + Send>;
 
 /// Runs a data server until the process is stopped. `ready` is told the listening address.
 pub async fn run(cfg: DataConfig, ready: impl FnOnce(&str)) -> Result<(), DataServerError> {
@@ -129,21 +142,28 @@ pub async fn run_with_nfs(
         ))
     });
     let lease = Arc::new(LeaseGate::new(cfg.id, cfg.lease_ms));
-    let nfs_addrs = match (cfg.nfs_listen.is_empty(), nfs) {
-        (true, _) => Vec::new(),
-        (false, None) => {
+    let nfs_wanted = !cfg.nfs_listen.is_empty() || cfg.nfs_rdma_listen.is_some();
+    let nfs_named = || cfg.nfs_listen.iter().chain(cfg.nfs_rdma_listen.iter()).cloned().collect::<Vec<_>>().join(",");
+    let nfs_addrs = match (nfs_wanted, nfs) {
+        (false, _) => Vec::new(),
+        (true, None) => {
             return Err(DataServerError::Listen {
-                addr: cfg.nfs_listen.join(","),
+                addr: nfs_named(),
                 source: std::io::Error::new(std::io::ErrorKind::Unsupported, "this build serves no pNFS"),
             });
         }
-        (false, Some(start)) => {
-            let parts = NfsParts { cfg: cfg.clone(), store: store.clone(), gate: gate.clone(), lease: lease.clone() };
-            let bound = start(parts)
-                .await
-                .map_err(|source| DataServerError::Listen { addr: cfg.nfs_listen.join(","), source })?;
+        (true, Some(start)) => {
+            let parts = NfsParts {
+                cfg: cfg.clone(),
+                store: store.clone(),
+                gate: gate.clone(),
+                lease: lease.clone(),
+                pool: pool.clone(),
+            };
+            let bound = start(parts).await.map_err(|source| DataServerError::Listen { addr: nfs_named(), source })?;
             let advertised: Vec<String> = if cfg.nfs_advertise.is_empty() {
-                bound.iter().map(ToString::to_string).collect()
+                let rdma = bound.rdma.iter().map(|a| format!("{}{a}", weft_proto::msg::PNFS_RDMA_PREFIX));
+                bound.tcp.iter().map(ToString::to_string).chain(rdma).collect()
             } else {
                 cfg.nfs_advertise.clone()
             };

@@ -742,6 +742,7 @@ mod tests {
             rdma_handshake_timeout_ms: 1000,
             nfs_listen: vec![],
             nfs_advertise: vec![],
+            nfs_rdma_listen: None,
             nfs_connections_max: 1,
             nfs_clients_max: 1,
             nfs_sessions_max: 1,

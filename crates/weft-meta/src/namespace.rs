@@ -668,7 +668,8 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
 
     /// Records the NFS addresses data server `r.id` serves pNFS at (op 140, docs/format.md §23), in memory: the
     /// server repeats them with every heartbeat, so an MDS restart learns them again within one. Each address must
-    /// be a socket address (`ip:port`); at most `PNFS_ADDRS_MAX`; the server must have registered first.
+    /// be a socket address (`ip:port`, or `rdma:ip:port` over RPC-over-RDMA); at most `PNFS_ADDRS_MAX`; the server
+    /// must have registered first.
     fn register_pnfs(&self, r: &RegisterPnfsReq) -> Result<(), WireError> {
         if r.addrs.len() > PNFS_ADDRS_MAX {
             return Err(werr(
@@ -677,8 +678,11 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             ));
         }
         for a in &r.addrs {
-            if a.len() > SERVER_ADDR_BYTES_MAX || a.parse::<std::net::SocketAddr>().is_err() {
-                return Err(werr(ErrorCode::Invalid, format!("data server {} NFS address {a:?} is not ip:port", r.id)));
+            if a.len() > SERVER_ADDR_BYTES_MAX || weft_proto::msg::parse_pnfs_addr(a).is_none() {
+                return Err(werr(
+                    ErrorCode::Invalid,
+                    format!("data server {} NFS address {a:?} is not ip:port or rdma:ip:port", r.id),
+                ));
             }
         }
         let mut servers = self.lock_servers();

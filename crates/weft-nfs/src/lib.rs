@@ -286,7 +286,7 @@ impl Gateway {
             PnfsMode::Off => false,
             PnfsMode::On => true,
             PnfsMode::Auto => match client.pnfs_devices().await {
-                Ok(d) => d.iter().any(|d| !d.addrs.is_empty()),
+                Ok(d) => d.iter().any(|d| !d.addrs.is_empty() || !d.rdma_addrs.is_empty()),
                 Err(e) => {
                     tracing::warn!(error = %e, "asking the MDS for data servers' NFS addresses: pNFS off");
                     false

@@ -571,6 +571,18 @@ pub struct FsyncReq {
 
 /// Most NFS addresses one data server may announce (op 140).
 pub const PNFS_ADDRS_MAX: usize = 16;
+/// The prefix of a pNFS address served over RPC-over-RDMA (netid `rdma`/`rdma6`, docs/format.md §23): an address
+/// without it is TCP (netid `tcp`/`tcp6`).
+pub const PNFS_RDMA_PREFIX: &str = "rdma:";
+
+/// A pNFS address as op 140 carries it, `ip:port` (TCP) or `rdma:ip:port` (RPC-over-RDMA): whether it is RDMA,
+/// and the socket address. `None` when it is neither.
+pub fn parse_pnfs_addr(a: &str) -> Option<(bool, std::net::SocketAddr)> {
+    match a.strip_prefix(PNFS_RDMA_PREFIX) {
+        Some(rest) => rest.parse().ok().map(|s| (true, s)),
+        None => a.parse().ok().map(|s| (false, s)),
+    }
+}
 /// The key id of every pNFS data-server filehandle's capability (docs/format.md §23): a name no key may have, so no
 /// connection proves it; a keyring or key file naming it is refused.
 pub const PNFS_KEY_ID: &str = "pnfs";
@@ -590,7 +602,8 @@ pub struct PnfsHandleResp {
     pub cap: Capability,
 }
 
-/// One pNFS device (op 138): a data server and the NFS addresses (`ip:port`) it announced.
+/// One pNFS device (op 138): a data server and the NFS addresses (`ip:port`, or `rdma:ip:port` for RPC-over-RDMA)
+/// it announced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PnfsDeviceInfo {
     pub server: u32,
@@ -602,7 +615,8 @@ pub struct PnfsDeviceInfo {
 pub struct RegisterPnfsReq {
     /// The data server's id (as in `RegisterServerDev`).
     pub id: u32,
-    /// At most [`PNFS_ADDRS_MAX`] socket addresses, `ip:port` (IPv6 as `[ip]:port`).
+    /// At most [`PNFS_ADDRS_MAX`] socket addresses, `ip:port` (IPv6 as `[ip]:port`), each prefixed by
+    /// [`PNFS_RDMA_PREFIX`] when served over RPC-over-RDMA ([`parse_pnfs_addr`]).
     pub addrs: Vec<String>,
 }
 
@@ -854,6 +868,18 @@ pub struct FabricStat {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pnfs_addresses_carry_their_netid_in_a_prefix() {
+        let a = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+        assert_eq!(parse_pnfs_addr("10.0.2.15:2049"), Some((false, a("10.0.2.15:2049"))));
+        assert_eq!(parse_pnfs_addr("rdma:10.0.2.15:20049"), Some((true, a("10.0.2.15:20049"))));
+        assert_eq!(parse_pnfs_addr("rdma:[::1]:20049"), Some((true, a("[::1]:20049"))));
+        for bad in ["", "rdma:", "rdma:host:1", "tcp:10.0.0.1:1", "RDMA:10.0.0.1:1", "10.0.0.1", "rdma:rdma:10.0.0.1:1"]
+        {
+            assert_eq!(parse_pnfs_addr(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn requests_round_trip_by_op() {

@@ -109,7 +109,14 @@ pub async fn up(
             cluster.pnfs_devices().await.map_err(|e| anyhow::anyhow!("listing the pNFS data servers: {e}"))?;
         let shown: Vec<String> = devices
             .iter()
-            .map(|d| format!("{}: {}", d.server, d.addrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(" ")))
+            .map(|d| {
+                let rdma = d.rdma_addrs.iter().map(|a| format!("rdma:{a}"));
+                format!(
+                    "{}: {}",
+                    d.server,
+                    d.addrs.iter().map(ToString::to_string).chain(rdma).collect::<Vec<_>>().join(" ")
+                )
+            })
             .collect();
         println!("pNFS data servers (NFSv4.1): {}", shown.join(", "));
     }

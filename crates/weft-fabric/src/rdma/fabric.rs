@@ -452,13 +452,19 @@ impl Listener<RdmaFabric> for RdmaListener {
     }
 }
 
-/// Server zones registered with the device, once each (zones are never withdrawn, see [`crate::zones`]).
-fn zone_region(dev: &Device, ptr: *const u8, len: usize) -> Option<(Arc<MemoryRegion>, usize)> {
-    static ZONE_MRS: Mutex<Vec<(usize, Arc<MemoryRegion>)>> = Mutex::new(Vec::new());
+/// The server zone holding `[ptr, ptr + len)` registered with `dev`, and the span's offset in it: registered once
+/// per zone and device (protection domain), kept for the life of the process (zones are never withdrawn, see
+/// [`crate::zones`]). `None` when the span is in no zone or the registration fails (the caller bounces).
+/// Used by Weft's own rdma fabric and by the NFS-over-RDMA transport (whose RDMA CM devices are their own PDs).
+pub fn zone_region(dev: &Device, ptr: *const u8, len: usize) -> Option<(Arc<MemoryRegion>, usize)> {
+    static ZONE_MRS: Mutex<Vec<(usize, usize, Arc<MemoryRegion>)>> = Mutex::new(Vec::new());
     let zone = crate::zones::find(ptr, len)?;
     let offset = ptr as usize - zone.addr;
+    // A device is named by its shared state; a registration keeps that alive, so the address is never reused
+    // while the entry exists.
+    let dev_key = Arc::as_ptr(&dev.inner) as usize;
     let mut mrs = ZONE_MRS.lock().expect("zone registrations");
-    if let Some((_, mr)) = mrs.iter().find(|(a, _)| *a == zone.addr) {
+    if let Some((_, _, mr)) = mrs.iter().find(|(a, d, _)| *a == zone.addr && *d == dev_key) {
         return Some((mr.clone(), offset));
     }
     // SAFETY: an announced zone stays mapped for the life of the process (the `zones` contract); the region is
@@ -468,7 +474,7 @@ fn zone_region(dev: &Device, ptr: *const u8, len: usize) -> Option<(Arc<MemoryRe
         Ok(mr) => {
             tracing::info!(bytes = zone.len, "rdma: server zone registered");
             let mr = Arc::new(mr);
-            mrs.push((zone.addr, mr.clone()));
+            mrs.push((zone.addr, dev_key, mr.clone()));
             Some((mr, offset))
         }
         Err(e) => {

@@ -32,7 +32,7 @@ use std::fmt;
 
 pub use cm::{CmConn, CmListener, CmRequest, Completion};
 pub use endpoint::{Endpoint, EndpointConfig};
-pub use fabric::{RDMA_SCHEME, RdmaFabric, RdmaListener, RdmaReader, RdmaServerLimits, available};
+pub use fabric::{RDMA_SCHEME, RdmaFabric, RdmaListener, RdmaReader, RdmaServerLimits, available, zone_region};
 pub use stream::{StreamKiller, StreamReader, StreamWriter};
 pub use verbs::{Device, DeviceConfig, MemoryRegion, RemoteRegion, list_devices};
 pub use wire::{CONN_INFO_BYTES, ConnInfo, MSG_HEADER_BYTES, MsgHeader};

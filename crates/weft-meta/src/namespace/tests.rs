@@ -1793,6 +1793,8 @@ fn pnfs_addresses_are_registered_and_listed() {
     ];
     assert_eq!(devices(&ns), want);
     assert_eq!(code(announce(20, &["host:2049"])), ErrorCode::Invalid, "not ip:port");
+    assert_eq!(code(announce(20, &["rdma:host:20049"])), ErrorCode::Invalid, "rdma: then not ip:port");
+    assert_eq!(code(announce(20, &["tcp:127.0.0.1:2049"])), ErrorCode::Invalid, "no netid prefix but rdma:");
     assert_eq!(code(announce(20, &vec!["127.0.0.1:1"; 17])), ErrorCode::Invalid, "too many");
     assert_eq!(code(announce(99, &["127.0.0.1:1"])), ErrorCode::NotFound, "not registered");
     let alice = Cred::new(1000, 1000, vec![]);
@@ -1804,6 +1806,9 @@ fn pnfs_addresses_are_registered_and_listed() {
     assert_eq!(devices(&ns), want);
     register(&ns, 10, "ds10-moved:7000", 1000);
     assert_eq!(devices(&ns), want[1..].to_vec());
+    // RPC-over-RDMA addresses ride in the same list, prefixed (the netid GETDEVICEINFO gives them).
+    assert_eq!(announce(20, &["127.0.0.1:2049", "rdma:10.0.2.15:20049"]), Ok(Response::RegisterPnfs(())));
+    assert_eq!(devices(&ns)[0].addrs, vec!["127.0.0.1:2049".to_string(), "rdma:10.0.2.15:20049".to_string()]);
     // An empty list withdraws them.
     assert_eq!(announce(20, &[]), Ok(Response::RegisterPnfs(())));
     assert!(devices(&ns).is_empty());

@@ -3,7 +3,8 @@
 //! by the data server's capability gate on every op; RECLAIM_COMPLETE; anything else NFS4ERR_NOTSUPP.
 //!
 //! A READ's bytes are the reply's tail, sent from the verified page-cache mapping (not copied) when the READ is the
-//! compound's last op, as the Linux client always sends it.
+//! compound's last op, as the Linux client always sends it; over RPC-over-RDMA from a pool buffer they were read
+//! into (a registered zone, which the transport RDMA WRITEs from).
 
 use std::net::SocketAddr;
 
@@ -39,6 +40,15 @@ struct Mapped(MappedRead);
 impl AsRef<[u8]> for Mapped {
     fn as_ref(&self) -> &[u8] {
         self.0.as_bytes()
+    }
+}
+
+/// A buffer of the server's pool as the bytes of a reply's tail (back to the pool when the reply is sent).
+struct Pooled(weft_rpc::PoolBuf);
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
     }
 }
 
@@ -296,15 +306,26 @@ async fn read(
         NFS4ERR_INVAL
     })?;
     let (store, ino) = (ds.store.clone(), fh.cap.ino);
-    let data = blocking(move || {
-        if let Some(m) = store.read_mapped(ino, object, len)? {
-            return Ok(Bytes::from_owner(Mapped(m)));
-        }
-        let mut buf = vec![0u8; len as usize];
-        store.read(ino, object, &mut buf)?;
-        Ok(Bytes::from(buf))
-    })
-    .await
+    let data = if stats.into_zone && len > 0 && len as usize <= ds.pool.buf_bytes() {
+        // Over RDMA: read (and verified) straight into a registered zone buffer, which the transport RDMA WRITEs
+        // from; waiting for a free buffer is the back-pressure, shared with Weft's own data path.
+        let mut buf = ds.pool.acquire(len as usize).await;
+        blocking(move || {
+            store.read(ino, object, buf.as_mut_slice())?;
+            Ok(Bytes::from_owner(Pooled(buf)))
+        })
+        .await
+    } else {
+        blocking(move || {
+            if let Some(m) = store.read_mapped(ino, object, len)? {
+                return Ok(Bytes::from_owner(Mapped(m)));
+            }
+            let mut buf = vec![0u8; len as usize];
+            store.read(ino, object, &mut buf)?;
+            Ok(Bytes::from(buf))
+        })
+        .await
+    }
     .map_err(|e| store_status(fh, e, peer))?;
     stats.read_bytes.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
     stats.touched(ino);

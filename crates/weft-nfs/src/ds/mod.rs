@@ -7,8 +7,11 @@
 //! - [`compound`]: one COMPOUND of the few ops a data server answers, on the same objects, checksums and
 //!   capability gate as Weft's own data path; sessions and the slot reply cache are the gateway's code
 //!   ([`crate::nfs4::state`], shared steps in [`crate::nfs4::compound`] and [`crate::nfs4::session_ops`]).
-//! - [`DsNfs::handle`] takes one RPC record and answers the reply: what any transport calls (TCP here, RPC-over-RDMA
-//!   later); [`DsNfs::serve`] is the TCP loop around it.
+//! - [`DsNfs::handle`] takes one RPC record and answers the reply: what any transport calls; [`DsNfs::serve`] is the
+//!   TCP loop around it, and with `nfs_rdma_listen` set the RPC-over-RDMA transport ([`crate::rdma::transport`])
+//!   calls it too. Over RDMA a READ is read into a buffer of the server's pool (a registered zone, checksums
+//!   verified there) and RDMA WRITTEN from it, and a WRITE is stored from the registered buffer its read chunk
+//!   was RDMA READ into: no staging copy either way.
 //!
 //! Bounded: `nfs_connections_max` connections, 64 requests in flight per connection (the session's slots),
 //! records as the gateway's [`RecordLimits`], `nfs_clients_max` clients and `nfs_sessions_max` sessions.
@@ -48,9 +51,17 @@ pub struct ConnStats {
     pub write_bytes: AtomicU64,
     inos: Mutex<BTreeSet<u64>>,
     inos_more: AtomicU64,
+    /// READ data goes into a buffer of the server's pool (a registered zone) rather than a page-cache mapping:
+    /// set for RPC-over-RDMA connections, whose transport RDMA WRITEs straight from the zone.
+    pub(crate) into_zone: bool,
 }
 
 impl ConnStats {
+    /// A connection's counters; `into_zone` as the field.
+    pub fn new(into_zone: bool) -> ConnStats {
+        ConnStats { into_zone, ..ConnStats::default() }
+    }
+
     pub fn touched(&self, ino: u64) {
         let mut s = self.inos.lock().expect("inodes");
         if s.len() < INOS_LOGGED_MAX || s.contains(&ino) {
@@ -83,8 +94,29 @@ pub struct DsNfs {
     pub(crate) verifier: [u8; 8],
     /// Who a handle's capability must have been sealed for (rule 7 of §10 becomes "key id pnfs").
     pub(crate) principal: Principal,
+    /// The server's buffer zones, which READs over RPC-over-RDMA read into.
+    pub(crate) pool: weft_rpc::BufferPool,
     record: RecordLimits,
     connections: Arc<Semaphore>,
+}
+
+#[cfg(feature = "rdma")]
+impl crate::rdma::transport::RecordHandler for DsNfs {
+    type Conn = ConnStats;
+    fn open(&self, _peer: SocketAddr) -> ConnStats {
+        ConnStats::new(true)
+    }
+    fn handle<'a>(
+        &'a self,
+        rec: &'a Bytes,
+        peer: SocketAddr,
+        conn: &'a ConnStats,
+    ) -> impl std::future::Future<Output = Option<rpc::Reply>> + 'a {
+        DsNfs::handle(self, rec, peer, conn)
+    }
+    fn close(&self, peer: SocketAddr, conn: ConnStats) {
+        conn.log_close(peer);
+    }
 }
 
 impl DsNfs {
@@ -109,6 +141,7 @@ impl DsNfs {
                 key_id: weft_proto::msg::PNFS_KEY_ID.into(),
                 policy: KeyPolicy::Fixed { uid: crate::NOBODY, gid: crate::NOBODY },
             },
+            pool: parts.pool.clone(),
             record: RecordLimits::default(),
             connections: Arc::new(Semaphore::new(parts.cfg.nfs_connections_max.max(1) as usize)),
         }
@@ -189,16 +222,45 @@ impl DsNfs {
     }
 }
 
-/// Binds every `nfs_listen` address and serves each in a task; answers the addresses bound.
-pub async fn start(parts: NfsParts) -> std::io::Result<Vec<SocketAddr>> {
+/// Binds every `nfs_listen` address and serves each in a task, and `nfs_rdma_listen` on a thread of its own;
+/// answers the addresses bound.
+pub async fn start(parts: NfsParts) -> std::io::Result<weft_data::NfsBound> {
     let ds = Arc::new(DsNfs::new(&parts));
-    let mut bound = Vec::with_capacity(parts.cfg.nfs_listen.len());
+    let mut bound = weft_data::NfsBound::default();
     for at in &parts.cfg.nfs_listen {
         let l = TcpListener::bind(at).await.map_err(|e| std::io::Error::new(e.kind(), format!("{at}: {e}")))?;
-        bound.push(l.local_addr()?);
+        bound.tcp.push(l.local_addr()?);
         tokio::spawn(ds.clone().serve(l));
     }
+    if let Some(at) = &parts.cfg.nfs_rdma_listen {
+        bound.rdma = Some(start_rdma(&ds, &parts, at)?);
+    }
     Ok(bound)
+}
+
+#[cfg(feature = "rdma")]
+fn start_rdma(ds: &Arc<DsNfs>, parts: &NfsParts, at: &str) -> std::io::Result<SocketAddr> {
+    use std::io::{Error, ErrorKind};
+    let listen: SocketAddr = at
+        .parse()
+        .map_err(|_| Error::new(ErrorKind::InvalidInput, format!("nfs_rdma_listen {at:?} is not ip:port")))?;
+    if listen.port() == 0 || listen.ip().is_unspecified() {
+        // RDMA CM binds no ephemeral port it could tell, and clients need the one device address to connect to.
+        return Err(Error::new(ErrorKind::InvalidInput, format!("nfs_rdma_listen {at}: name an address and a port")));
+    }
+    let cfg = crate::rdma::transport::RdmaConfig {
+        listen,
+        connections_max: parts.cfg.nfs_connections_max.max(1) as usize,
+        ..Default::default()
+    };
+    crate::rdma::transport::serve(ds.clone(), cfg, tokio::runtime::Handle::current())
+        .map_err(|e| Error::other(format!("nfs_rdma_listen {at}: {e}")))?;
+    Ok(listen)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn start_rdma(_ds: &Arc<DsNfs>, _parts: &NfsParts, at: &str) -> std::io::Result<SocketAddr> {
+    Err(std::io::Error::new(std::io::ErrorKind::Unsupported, format!("nfs_rdma_listen {at}: built without rdma")))
 }
 
 /// What `weft data` hands [`weft_data::run_with_nfs`].

@@ -33,6 +33,8 @@ pub struct Ctx<'g> {
     /// Reply bytes encoded so far, RPC header, compound header and tag included (bounds READ and READDIR to the
     /// session's reply size, which counts all of them).
     pub reply_bytes: usize,
+    /// The transport the call came on (GETDEVICEINFO answers data-server addresses of the same kind).
+    pub transport: crate::Transport,
 }
 
 impl Ctx<'_> {
@@ -250,6 +252,7 @@ pub async fn call(
         cur_stateid: None,
         conn,
         reply_bytes: HEAD_BYTES + tag.len().div_ceil(4) * 4,
+        transport: call.transport,
     };
     let head = cx.reply_bytes;
     let mut results = Writer::new();

@@ -211,16 +211,29 @@ pub fn encode_layoutget_ok(w: &mut Writer, return_on_close: bool, stateid: &Stat
 /// `netaddr4` of an address: netid `tcp` and `h1.h2.h3.h4.p1.p2` for IPv4, `tcp6` and `x:…:x.p1.p2` for IPv6
 /// (RFC 5665 universal addresses).
 pub fn netaddr(addr: &SocketAddr) -> (&'static str, String) {
+    netaddr_on(addr, false)
+}
+
+/// [`netaddr`], with netid `rdma` / `rdma6` (RFC 5665 §4.2) for an address served over RPC-over-RDMA.
+pub fn netaddr_on(addr: &SocketAddr, rdma: bool) -> (&'static str, String) {
     let (hi, lo) = (addr.port() >> 8, addr.port() & 0xff);
-    match addr {
-        SocketAddr::V4(a) => ("tcp", format!("{}.{hi}.{lo}", a.ip())),
-        SocketAddr::V6(a) => ("tcp6", format!("{}.{hi}.{lo}", a.ip())),
+    match (addr, rdma) {
+        (SocketAddr::V4(a), false) => ("tcp", format!("{}.{hi}.{lo}", a.ip())),
+        (SocketAddr::V6(a), false) => ("tcp6", format!("{}.{hi}.{lo}", a.ip())),
+        (SocketAddr::V4(a), true) => ("rdma", format!("{}.{hi}.{lo}", a.ip())),
+        (SocketAddr::V6(a), true) => ("rdma6", format!("{}.{hi}.{lo}", a.ip())),
     }
 }
 
 /// The body of a `device_addr4` of type FILES (`nfsv4_1_file_layout_ds_addr4`): stripe index i uses multipath
-/// list i; list i holds server i's addresses (at most [`MULTIPATH_ADDRS_MAX`]).
+/// list i; list i holds server i's addresses (at most [`MULTIPATH_ADDRS_MAX`]), all TCP.
 pub fn ds_addr_body(servers: &[Vec<SocketAddr>]) -> Vec<u8> {
+    let tcp: Vec<Vec<(SocketAddr, bool)>> = servers.iter().map(|a| a.iter().map(|a| (*a, false)).collect()).collect();
+    ds_addr_body_on(&tcp)
+}
+
+/// [`ds_addr_body`] with each address's transport: `true` is RPC-over-RDMA (netid `rdma`/`rdma6`).
+pub fn ds_addr_body_on(servers: &[Vec<(SocketAddr, bool)>]) -> Vec<u8> {
     assert!(!servers.is_empty() && servers.len() <= STRIPE_INDICES_MAX, "a device has 1..=256 servers");
     let mut w = Writer::new();
     w.u32(servers.len() as u32);
@@ -231,8 +244,8 @@ pub fn ds_addr_body(servers: &[Vec<SocketAddr>]) -> Vec<u8> {
     for addrs in servers {
         let addrs = &addrs[..addrs.len().min(MULTIPATH_ADDRS_MAX)];
         w.u32(addrs.len() as u32);
-        for a in addrs {
-            let (netid, uaddr) = netaddr(a);
+        for (a, rdma) in addrs {
+            let (netid, uaddr) = netaddr_on(a, *rdma);
             w.opaque(netid.as_bytes()).opaque(uaddr.as_bytes());
         }
     }
@@ -395,6 +408,19 @@ mod tests {
         let mut w = Writer::new();
         encode_deviceinfo_ok(&mut w, &[1, 2, 3, 4]);
         assert_eq!(w.into_vec(), vec![0, 0, 0, 1, 0, 0, 0, 4, 1, 2, 3, 4, 0, 0, 0, 0]);
+
+        // RPC-over-RDMA addresses: netid rdma / rdma6 (RFC 5665 §4.2), the same universal address.
+        let r: SocketAddr = "10.0.2.15:20050".parse().unwrap();
+        assert_eq!(netaddr_on(&r, true), ("rdma", "10.0.2.15.78.82".to_string()));
+        assert_eq!(netaddr_on(&b, true), ("rdma6", "::1.2.1".to_string()));
+        let body = ds_addr_body_on(&[vec![(r, true)], vec![(a, false)]]);
+        let mut want = vec![0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2];
+        want.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 4, b'r', b'd', b'm', b'a', 0, 0, 0, 15]);
+        want.extend_from_slice(b"10.0.2.15.78.82\0");
+        want.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 3, b't', b'c', b'p', 0, 0, 0, 0, 12]);
+        want.extend_from_slice(b"10.0.2.2.8.2");
+        assert_eq!(body, want);
+        assert_eq!(ds_addr_body(&[vec![a]]), ds_addr_body_on(&[vec![(a, false)]]));
     }
 
     #[test]

@@ -29,13 +29,33 @@ fn put_stateid(w: &mut Writer, s: &Stateid) {
 }
 
 /// Each data server's NFS addresses, from the MDS (op 138), for `servers` in order; `None` if one has none
-/// (it was started without `nfs_listen`), so no client is sent there.
-async fn addresses(cx: &Ctx<'_>, servers: &[u32]) -> Result<Option<Vec<Vec<SocketAddr>>>, u32> {
+/// (it was started without `nfs_listen`), so no client is sent there. A client that called over RPC-over-RDMA
+/// gets a server's RDMA addresses where it has some, any other its TCP ones, each only when the server has none
+/// of the other kind: Linux adds every further address of a DS's list to the first one's client as a trunked
+/// transport (a TCP client skips RDMA ones, an RDMA client would add TCP ones), so one kind per server keeps
+/// every byte on the transport the client mounted with.
+async fn addresses(cx: &Ctx<'_>, servers: &[u32]) -> Result<Option<Vec<Vec<(SocketAddr, bool)>>>, u32> {
     let devices = cx.gw.client.pnfs_devices().await.map_err(|e| st(&e))?;
-    Ok(servers
+    Ok(pick_addresses(&devices, servers, cx.transport == crate::Transport::Rdma))
+}
+
+/// [`addresses`] from the devices the MDS listed; `rdma`: the client called over RPC-over-RDMA. Each address
+/// comes with whether it is an RDMA one.
+pub fn pick_addresses(
+    devices: &[weft_client::PnfsDevice],
+    servers: &[u32],
+    rdma: bool,
+) -> Option<Vec<Vec<(SocketAddr, bool)>>> {
+    servers
         .iter()
-        .map(|id| devices.iter().find(|d| d.server == *id).map(|d| d.addrs.clone()).filter(|a| !a.is_empty()))
-        .collect())
+        .map(|id| {
+            let d = devices.iter().find(|d| d.server == *id)?;
+            let (first, other) = if rdma { (&d.rdma_addrs, &d.addrs) } else { (&d.addrs, &d.rdma_addrs) };
+            let (list, on_rdma) = if first.is_empty() { (other, !rdma) } else { (first, rdma) };
+            let list: Vec<_> = list.iter().map(|a| (*a, on_rdma)).collect();
+            (!list.is_empty()).then_some(list)
+        })
+        .collect()
 }
 
 /// LAYOUTGET: NFS4ERR_LAYOUTTRYLATER carries `logr_will_signal_layout_avail` (false: nothing is signalled).
@@ -227,7 +247,7 @@ pub async fn getdeviceinfo(cx: &mut Ctx<'_>, a: DeviceInfoArgs) -> (u32, Writer)
         let servers = cx.gw.nfs4.state().device(&a.deviceid).map(<[u32]>::to_vec).ok_or(NFS4ERR_NOENT)?;
         let addrs = addresses(cx, &servers).await?.ok_or(NFS4ERR_NOENT)?;
         let mut w = Writer::new();
-        layout::encode_deviceinfo_ok(&mut w, &layout::ds_addr_body(&addrs));
+        layout::encode_deviceinfo_ok(&mut w, &layout::ds_addr_body_on(&addrs));
         Ok(w)
     }
     .await;
@@ -267,4 +287,34 @@ pub async fn getdevicelist(cx: &mut Ctx<'_>, a: DeviceListArgs) -> Out {
     }
     w.bool(eof);
     Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_client::PnfsDevice;
+
+    #[test]
+    fn a_client_gets_each_servers_addresses_of_its_own_transport_or_else_the_other() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let devices = vec![
+            PnfsDevice { server: 1, addrs: vec![a("10.0.0.1:2049")], rdma_addrs: vec![a("10.0.0.1:20049")] },
+            PnfsDevice { server: 2, addrs: vec![a("10.0.0.2:2049")], rdma_addrs: vec![] },
+            PnfsDevice { server: 3, addrs: vec![], rdma_addrs: vec![a("10.0.0.3:20049")] },
+        ];
+        let over_rdma = pick_addresses(&devices, &[3, 1, 2], true).unwrap();
+        assert_eq!(
+            over_rdma,
+            vec![
+                vec![(a("10.0.0.3:20049"), true)],
+                vec![(a("10.0.0.1:20049"), true)],
+                vec![(a("10.0.0.2:2049"), false)]
+            ]
+        );
+        let over_tcp = pick_addresses(&devices, &[1, 3], false).unwrap();
+        assert_eq!(over_tcp, vec![vec![(a("10.0.0.1:2049"), false)], vec![(a("10.0.0.3:20049"), true)]]);
+        assert_eq!(pick_addresses(&devices, &[1, 4], false), None, "server 4 announced nothing");
+        let none = vec![PnfsDevice { server: 4, addrs: vec![], rdma_addrs: vec![] }];
+        assert_eq!(pick_addresses(&none, &[4], true), None, "a server with no address at all");
+    }
 }

@@ -1,16 +1,21 @@
-//! The RPC-over-RDMA version 1 listener of the gateway (docs/format.md §25): RDMA CM on `--rdma-listen`, one
-//! thread per connection driving its queue pair, each call handled by [`Gateway::handle_record`] on the tokio
-//! runtime exactly as a TCP one.
+//! The RPC-over-RDMA version 1 listener (docs/format.md §25), for the gateway (`--rdma-listen`) and for a pNFS
+//! data server (`nfs_rdma_listen`): RDMA CM on the listen address, one thread per connection driving its queue
+//! pair, each call handed to a [`RecordHandler`] (the gateway's [`Gateway::handle_record`], the data server's
+//! [`crate::ds::DsNfs::handle`]) on the tokio runtime exactly as a TCP one.
 //!
 //! Per connection everything is registered once at accept (no registration on the data path): `credits` receive
 //! buffers of the inline size, one send buffer, a bounded pool of call-record buffers (a read chunk is RDMA READ
-//! straight to its place in one; the record handed to the gateway borrows it until dropped, and a connection
+//! straight to its place in one; the record handed to the handler borrows it until dropped, and a connection
 //! whose pool is empty waits: back-pressure), and one staging buffer for RDMA WRITEs. Calls of one connection
 //! run one at a time, so at most `credits` received messages wait (in the posted receives).
 //!
+//! A reply's tail (a READ's data) that lies in a server buffer zone ([`weft_fabric::zones`], the data server's
+//! buffer pool) is RDMA WRITTEN from the zone, registered once per zone and device ([`zone_region`]); any other
+//! tail is copied into the staging buffer first: a bounce, counted.
+//!
 //! Counted per connection and logged at close: bytes moved by RDMA READ and RDMA WRITE, sent and received inline,
 //! and bounce-copied (payload copied into the staging buffer because it came from an unregistered buffer: a
-//! READ's data as the weft client returns it).
+//! gateway READ's data as the weft client returns it).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -19,11 +24,39 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use weft_fabric::rdma::{CmConn, CmListener, CmRequest, Completion, MemoryRegion, RdmaError};
+use weft_fabric::rdma::{CmConn, CmListener, CmRequest, Completion, MemoryRegion, RdmaError, zone_region};
 
 use super::header::{ChunkError, Decoded, HeaderLimits, PrivateData, decode, encode_error_chunk, encode_reply_header};
 use super::{INLINE_DEFAULT_BYTES, call_layout, place_reply};
+use crate::rpc::Reply;
 use crate::{Gateway, Transport};
+
+/// What answers the calls of an RPC-over-RDMA connection: one whole call record in, its reply out (`None`: nothing
+/// to send). `Conn` is per-connection state (created at accept, told at close).
+pub trait RecordHandler: Send + Sync + 'static {
+    type Conn: Send + Sync;
+    fn open(&self, peer: SocketAddr) -> Self::Conn;
+    fn handle<'a>(
+        &'a self,
+        rec: &'a Bytes,
+        peer: SocketAddr,
+        conn: &'a Self::Conn,
+    ) -> impl std::future::Future<Output = Option<Reply>> + 'a;
+    fn close(&self, _peer: SocketAddr, _conn: Self::Conn) {}
+}
+
+impl RecordHandler for Gateway {
+    type Conn = ();
+    fn open(&self, _peer: SocketAddr) {}
+    fn handle<'a>(
+        &'a self,
+        rec: &'a Bytes,
+        peer: SocketAddr,
+        _conn: &'a (),
+    ) -> impl std::future::Future<Output = Option<Reply>> + 'a {
+        self.handle_record(rec, peer, Transport::Rdma)
+    }
+}
 
 /// How the RDMA listener serves.
 #[derive(Debug, Clone, Copy)]
@@ -60,7 +93,7 @@ const TAG_WRITE: u64 = 2 << 40;
 const TAG_SEND: u64 = 3 << 40;
 
 /// Binds the listener (an error when there is no RDMA device or library) and serves it on a thread.
-pub fn serve(gw: Arc<Gateway>, cfg: RdmaConfig, rt: tokio::runtime::Handle) -> Result<(), RdmaError> {
+pub fn serve<H: RecordHandler>(gw: Arc<H>, cfg: RdmaConfig, rt: tokio::runtime::Handle) -> Result<(), RdmaError> {
     let listener = CmListener::bind(cfg.listen, 64)?;
     tracing::info!(listen = %cfg.listen, credits = cfg.credits, "NFS over RDMA (RPC-over-RDMA v1) listening");
     let active = Arc::new(AtomicUsize::new(0));
@@ -84,9 +117,11 @@ pub fn serve(gw: Arc<Gateway>, cfg: RdmaConfig, rt: tokio::runtime::Handle) -> R
                 let spawned = std::thread::Builder::new().name("nfs-rdma-conn".into()).spawn(move || {
                     let peer = req.peer;
                     let mut stats = Stats::default();
-                    if let Err(e) = connection(&gw, &cfg, &rt, req, &mut stats) {
+                    let state = gw.open(peer);
+                    if let Err(e) = connection(&*gw, &state, &cfg, &rt, req, &mut stats) {
                         tracing::info!(%peer, error = %e, "rdma: connection ends");
                     }
+                    gw.close(peer, state);
                     tracing::info!(
                         %peer,
                         calls = stats.calls,
@@ -171,10 +206,14 @@ struct Conn<'a> {
     send_inline: usize,
     /// Receive completions that came while waiting for sends, in order.
     pending: VecDeque<Completion>,
+    /// A zone buffer RDMA WRITEs were posted from, held until they completed; declared after `qp`, so a connection
+    /// that fails with writes in flight destroys its queue pair before the buffer goes back to its pool.
+    in_flight: Option<Bytes>,
 }
 
-fn connection(
-    gw: &Gateway,
+fn connection<H: RecordHandler>(
+    gw: &H,
+    state: &H::Conn,
     cfg: &RdmaConfig,
     rt: &tokio::runtime::Handle,
     req: CmRequest,
@@ -197,7 +236,7 @@ fn connection(
     let pool = Arc::new(Pool { free: Mutex::new(free), returned: Condvar::new() });
     let send_wr = (cfg.limits.read_segments_max + 2 * cfg.limits.chunk_segments_max + 2) as u32;
     let qp = req.into_conn(send_wr, credits, 1)?;
-    let mut c = Conn { qp, cfg, recv, send, stage, pool, send_inline, pending: VecDeque::new() };
+    let mut c = Conn { qp, cfg, recv, send, stage, pool, send_inline, pending: VecDeque::new(), in_flight: None };
     for i in 0..credits as usize {
         c.qp.post_recv(&c.recv, i * cfg.inline_bytes, cfg.inline_bytes, i as u64)?;
     }
@@ -222,7 +261,7 @@ fn connection(
         let msg = c.recv.as_slice()[at..at + len].to_vec();
         c.qp.post_recv(&c.recv, at, cfg.inline_bytes, i as u64)?;
         stats.inline_recv_bytes += len as u64;
-        c.call(gw, rt, peer, &msg, stats)?;
+        c.call(gw, state, rt, peer, &msg, stats)?;
     }
 }
 
@@ -256,6 +295,21 @@ impl Conn<'_> {
         Ok(pieces.len())
     }
 
+    /// [`Conn::post_writes`] from `mr` (a registered buffer zone) with the pieces' local offsets counted from `at`.
+    fn post_writes_from(
+        &mut self,
+        mr: &MemoryRegion,
+        at: usize,
+        pieces: &[super::chunks::Piece],
+        stats: &mut Stats,
+    ) -> Result<usize, RdmaError> {
+        for piece in pieces {
+            self.qp.post_write(mr, at + piece.local_offset, piece.len, piece.handle, piece.remote_offset, TAG_WRITE)?;
+            stats.rdma_write_bytes += piece.len as u64;
+        }
+        Ok(pieces.len())
+    }
+
     fn send_inline(&mut self, parts: &[&[u8]], stats: &mut Stats) -> Result<(), RdmaError> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         assert!(len <= self.send.len(), "inline messages are sized to the send buffer");
@@ -270,9 +324,10 @@ impl Conn<'_> {
         Ok(())
     }
 
-    fn call(
+    fn call<H: RecordHandler>(
         &mut self,
-        gw: &Gateway,
+        gw: &H,
+        state: &H::Conn,
         rt: &tokio::runtime::Handle,
         peer: SocketAddr,
         msg: &[u8],
@@ -312,7 +367,7 @@ impl Conn<'_> {
                 Bytes::from_owner(Slot { mr: Some(mr), len: l.record_bytes, pool: self.pool.clone() })
             }
         };
-        let Some(reply) = rt.block_on(gw.handle_record(&record, peer, Transport::Rdma)) else { return Ok(()) };
+        let Some(reply) = rt.block_on(gw.handle(&record, peer, state)) else { return Ok(()) };
         drop(record);
         let tail = reply.tail.clone().unwrap_or_default();
         let p = match place_reply(&h, reply.head.len(), tail.len(), self.send_inline) {
@@ -325,10 +380,19 @@ impl Conn<'_> {
         };
         let mut posted = 0;
         if !p.data.is_empty() {
-            // The READ data is in the weft client's buffer, which is not registered: staged (counted).
-            self.stage.as_mut_slice()[..tail.len()].copy_from_slice(&tail);
-            stats.bounce_copy_bytes += tail.len() as u64;
-            posted += self.post_writes(&p.data, stats)?;
+            // The READ data straight from the buffer zone it was read into (a data server's pool), registered once;
+            // from anywhere else (the weft client's buffer at the gateway) it is staged first (counted).
+            match zone_region(self.qp.device(), tail.as_ptr(), tail.len()) {
+                Some((mr, at)) => {
+                    self.in_flight = Some(tail.clone());
+                    posted += self.post_writes_from(&mr, at, &p.data, stats)?;
+                }
+                None => {
+                    self.stage.as_mut_slice()[..tail.len()].copy_from_slice(&tail);
+                    stats.bounce_copy_bytes += tail.len() as u64;
+                    posted += self.post_writes(&p.data, stats)?;
+                }
+            }
         }
         let hdr = encode_reply_header(h.xid, grant, p.nomsg, &p.writes, p.reply_chunk.as_deref());
         let pad = crate::xdr::pad_of(tail.len());
@@ -345,8 +409,9 @@ impl Conn<'_> {
             return self.send_inline(&[&hdr], stats);
         }
         // Writes complete before the send that follows them on the same queue pair (RC ordering), but the staging
-        // buffer must not be reused before they did: waited for together.
+        // buffer (or the zone buffer) must not be reused before they did: waited for together.
         self.wait_sends(posted)?;
+        self.in_flight = None;
         if p.tail_in_message {
             self.send_inline(&[&hdr, &reply.head, &tail, pad], stats)
         } else {
