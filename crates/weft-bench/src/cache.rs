@@ -7,8 +7,8 @@
 //!   files; the headline is the time of the slowest process (`slowest_s`). With `--fuse` also through a Weft FUSE
 //!   mount of the same cluster (kernel attribute and entry caching off, so every stat reaches the client).
 //! - `latency`: single reads of each `--record` size at seeded random offsets of one `--size` file, one call at a
-//!   time, after one sequential pass over the file that warms the bank; p50/p99 per size. Every read is checked
-//!   against the bytes written.
+//!   time on a current-thread runtime, after sequential passes over the file that warm the bank (until one finds
+//!   every block); p50/p99 per size. Every read is checked against the bytes written.
 //! - `shared`: `--procs` processes each read the same `--size` file sequentially (`--shared-record`), released
 //!   together; aggregate MiB/s and client CPU s/GiB.
 //! - `iozone`: one process reads the file sequentially by each `--iozone-record` size; MiB/s, CPU s/GiB.
@@ -581,50 +581,66 @@ async fn latency(arms: &[Arm<'_>], plan: &Plan, a: &CacheArgs) -> Result<Vec<Val
             for (arm, (o, fabric)) in arms.iter().zip(per_arm.iter_mut()) {
                 let cfg = arm.on.config().context("the latency workload runs through the native client")?;
                 let bank = arm.base["bank"].as_str().unwrap_or("?");
-                let client = Client::connect(&cfg).await?;
-                client.warm_up().await?;
-                let f = client.open(&path, OpenMode::Read).await?;
-                if f.size() != plan.size {
-                    bail!("{path}: size {} instead of {}", f.size(), plan.size);
-                }
-                // The warming pass: every block of the file read once (the data servers fill the bank), in reads
-                // no larger than the bank looks up and fills (`data_read_blocks_max`).
-                let warm_max = cfg.cache.as_ref().map_or(64 << 10, |c| {
-                    (u64::from(c.block_bytes) * u64::from(c.data_read_blocks_max)).min(64 << 10) as usize
-                });
-                let mut off = 0;
-                while off < plan.size {
-                    warm.resize(warm_max.min((plan.size - off) as usize), 0);
-                    warm = f.read_at(off, warm).await?;
-                    if warm.is_empty() {
-                        bail!("{path}: nothing read at {off}");
+                let (buf, warm) = (&mut buf, &mut warm);
+                let (count, seed) = (a.count, a.seed);
+                let path = path.as_str();
+                let (timed, fabric_name) = common::on_one_thread(|| async move {
+                    let client = Client::connect(&cfg).await?;
+                    client.warm_up().await?;
+                    // The warming pass: every block of the file read once (the data servers fill the bank), in reads
+                    // no larger than the bank looks up and fills (`data_read_blocks_max`). The servers fill
+                    // asynchronously and drop fills their queue has no room for: a pass that still missed is
+                    // followed by another (at most 4), each through a fresh open, as a handle whose lookups missed
+                    // pauses them.
+                    let warm_max = cfg.cache.as_ref().map_or(64 << 10, |c| {
+                        (u64::from(c.block_bytes) * u64::from(c.data_read_blocks_max)).min(64 << 10) as usize
+                    });
+                    for _ in 0..4 {
+                        let misses = client.bank_stats().map(|s| s.misses);
+                        let f = client.open(path, OpenMode::Read).await?;
+                        if f.size() != plan.size {
+                            bail!("{path}: size {} instead of {}", f.size(), plan.size);
+                        }
+                        let mut off = 0;
+                        while off < plan.size {
+                            warm.resize(warm_max.min((plan.size - off) as usize), 0);
+                            *warm = f.read_at(off, std::mem::take(warm)).await?;
+                            if warm.is_empty() {
+                                bail!("{path}: nothing read at {off}");
+                            }
+                            off += warm.len() as u64;
+                        }
+                        if misses.is_none() || client.bank_stats().map(|s| s.misses) == misses {
+                            break;
+                        }
                     }
-                    off += warm.len() as u64;
-                }
-                // Timed reads through a fresh open: the warming pass's misses paused that handle's lookups.
-                drop(f);
-                let f = client.open(&path, OpenMode::Read).await?;
-                // The same offsets at every point, arm and run: the comparison is of the bank, not of the draw.
-                let mut rng = SplitMix64::new(a.seed ^ record.rotate_left(32));
-                let mut lat = Vec::with_capacity(a.count as usize);
-                let load = ceilings::load1();
-                let (t0, c0) = (Instant::now(), ceilings::cpu_seconds());
-                for _ in 0..a.count {
-                    let offset = rng.next_u64() % (plan.size - record + 1);
-                    buf.resize(record as usize, 0);
-                    let t = Instant::now();
-                    buf = f.read_at(offset, buf).await?;
-                    lat.push(micros_since(t));
-                    // Checked outside the call's own time; it costs the CPU figure a comparison per read, the
-                    // same at every point.
-                    if buf.len() as u64 != record || buf[..] != expected(offset, record as usize)[..] {
-                        bail!("{path}: the {record}-byte read at {offset} returned wrong bytes (bank {bank})");
+                    // Timed reads through a fresh open.
+                    let f = client.open(path, OpenMode::Read).await?;
+                    // The same offsets at every point, arm and run: the comparison is of the bank, not of the draw.
+                    let mut rng = SplitMix64::new(seed ^ record.rotate_left(32));
+                    let mut lat = Vec::with_capacity(count as usize);
+                    let load = ceilings::load1();
+                    let (t0, c0) = (Instant::now(), ceilings::cpu_seconds());
+                    for _ in 0..count {
+                        let offset = rng.next_u64() % (plan.size - record + 1);
+                        buf.resize(record as usize, 0);
+                        let t = Instant::now();
+                        *buf = f.read_at(offset, std::mem::take(buf)).await?;
+                        lat.push(micros_since(t));
+                        // Checked outside the call's own time; it costs the CPU figure a comparison per read, the
+                        // same at every point.
+                        if buf.len() as u64 != record || buf[..] != expected(offset, record as usize)[..] {
+                            bail!("{path}: the {record}-byte read at {offset} returned wrong bytes (bank {bank})");
+                        }
                     }
-                }
-                let (secs, cpu_s) = (t0.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c0);
-                *fabric = common::fabric_used(&client).await;
-                drop(f);
-                client.close().await;
+                    let (secs, cpu_s) = (t0.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c0);
+                    let fabric_name = common::fabric_used(&client).await;
+                    drop(f);
+                    client.close().await;
+                    Ok(((secs, cpu_s, lat, load), fabric_name))
+                })?;
+                *fabric = fabric_name;
+                let (secs, cpu_s, mut lat, load) = timed;
                 if run > 0 {
                     o.push(a.count, a.count * record, secs, cpu_s, &mut lat)?;
                     o.push_load(load);

@@ -70,6 +70,13 @@ pub enum BenchCmd {
     Worker(worker::WorkerArgs),
 }
 
+impl BenchArgs {
+    /// Whether this is one client process of a multi-process workload (`weft bench worker`).
+    pub fn is_worker(&self) -> bool {
+        matches!(self.cmd, BenchCmd::Worker(_))
+    }
+}
+
 pub async fn run(args: BenchArgs) -> Result<()> {
     match args.cmd {
         BenchCmd::Throughput(a) => throughput::run(a).await,

@@ -178,7 +178,7 @@ impl Bank {
 
     /// The daemon that owns `key` when every daemon is up.
     pub fn owner(&self, key: &CacheKey) -> Option<usize> {
-        self.inner.ring.owner(key_hash(key.encode(self.inner.config.namespace).as_bytes()))
+        self.inner.ring.owner(self.inner.placement(key, &key.encode(self.inner.config.namespace)))
     }
 
     /// Opens a connection to every daemon that has none idle (in parallel, each under the usual permit and
@@ -207,7 +207,7 @@ impl Bank {
         let per_batch = (BATCH_BYTES_MAX / (inner.config.block_bytes as usize + value::HEADER_BYTES)).max(1);
         for (i, key) in keys.iter().enumerate() {
             let encoded = key.encode(inner.config.namespace);
-            let Some(d) = inner.route(key.kind(), key_hash(encoded.as_bytes()), now) else {
+            let Some(d) = inner.route(key.kind(), inner.placement(key, &encoded), now) else {
                 inner.counters.routed_around.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
@@ -266,7 +266,7 @@ impl Bank {
         let ttl = expiry_s.filter(|&s| s > 0).map(|s| i64::from(s.min(30 * 24 * 3600)));
         let encoded = key.encode(inner.config.namespace);
         let Ok(item) = value::encode_value(encoded.as_bytes(), key.kind(), payload) else { return false };
-        let Some(d) = inner.route(key.kind(), key_hash(encoded.as_bytes()), inner.now_ms()) else { return false };
+        let Some(d) = inner.route(key.kind(), inner.placement(key, &encoded), inner.now_ms()) else { return false };
         let stored = inner
             .on_daemon(d, async |c: &mut McClient| {
                 let done = match how {
@@ -293,7 +293,7 @@ impl Bank {
     pub async fn delete(&self, key: &CacheKey) -> bool {
         let inner = &self.inner;
         let encoded = key.encode(inner.config.namespace);
-        let Some(d) = inner.route(key.kind(), key_hash(encoded.as_bytes()), inner.now_ms()) else { return false };
+        let Some(d) = inner.route(key.kind(), inner.placement(key, &encoded), inner.now_ms()) else { return false };
         let done = inner
             .on_daemon(d, async |c: &mut McClient| match c.delete(encoded.as_bytes()).await {
                 Ok(()) | Err(McError::Protocol(Status::NotFound)) => Ok(()),
@@ -307,6 +307,19 @@ impl Bank {
 impl Inner {
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Where `key` (whose memcached key is `encoded`) goes on the ring: its own key's hash, except that a
+    /// directory entry goes with its directory's attributes, so the two items every lookup needs are asked for
+    /// in one request to one daemon whatever the number of daemons (a directory's entries then share a daemon,
+    /// as a Lustre directory's live on one MDT).
+    fn placement(&self, key: &CacheKey, encoded: &str) -> u64 {
+        match *key {
+            CacheKey::Lookup { parent, .. } => {
+                key_hash(CacheKey::Attrs { ino: parent }.encode(self.config.namespace).as_bytes())
+            }
+            _ => key_hash(encoded.as_bytes()),
+        }
     }
 
     /// The daemon to ask for a key of `kind` at `now_ms`: its owner, or for a data block the next admissible
@@ -455,4 +468,29 @@ async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
 /// A poisoned lock only means another task panicked while holding plain data; the data is still usable.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_lives_with_its_directorys_attributes() {
+        let servers: Vec<String> = (0..4).map(|i| format!("127.0.0.1:{}", 11211 + i)).collect();
+        let bank = Bank::new(CacheConfig { servers, ..CacheConfig::default() }).unwrap();
+        let mut dir_owners = std::collections::HashSet::new();
+        let mut child_owners = std::collections::HashSet::new();
+        for dir in 1..64u64 {
+            let home = bank.owner(&CacheKey::Attrs { ino: dir }).unwrap();
+            dir_owners.insert(home);
+            for i in 0..16 {
+                let name = format!("f{i}");
+                assert_eq!(bank.owner(&CacheKey::lookup(dir, &name)), Some(home), "dir {dir} name {name}");
+                child_owners.insert(bank.owner(&CacheKey::Attrs { ino: dir * 100 + i }).unwrap());
+            }
+        }
+        // Directories (and every other key) still spread over the daemons.
+        assert_eq!(dir_owners.len(), 4, "{dir_owners:?}");
+        assert_eq!(child_owners.len(), 4, "{child_owners:?}");
+    }
 }

@@ -761,7 +761,13 @@ impl Filesystem for WeftFs {
         // the file, as close(2) does.
         self.spawn(FuseOp::Flush, req, move |i, _c| async move {
             i.release_locks(ino.0, lock_owner.0).await;
-            reply_empty(reply, i.commit(&f).await)
+            let r = i.commit(&f).await;
+            if let Err(e) = &r {
+                // close(2) returns the error, but many programs ignore it: say here that the file's writes were
+                // not committed (the last close's RELEASE tries again).
+                tracing::warn!(ino = ino.0, "close: committing the file's writes failed: {e}");
+            }
+            reply_empty(reply, r)
         });
     }
 
@@ -785,6 +791,10 @@ impl Filesystem for WeftFs {
                 i.release_locks(f.ino(), owner.0).await;
             }
             let r = i.commit(&f).await;
+            if let Err(e) = &r {
+                // Nobody waits for a RELEASE's answer: the log is the only place this failure shows.
+                tracing::warn!(ino = f.ino(), "last close: committing the file's writes failed: {e}");
+            }
             if let Some((parent, name)) = hidden
                 && let Err(e) = i.client.unlink(parent, &name).await
             {

@@ -164,6 +164,9 @@ async fn a_full_data_server_is_enospc_through_the_mount() {
         }
     };
     assert_eq!(err.raw_os_error(), Some(ENOSPC), "{err}");
+    // fsync(2) waits for the commit and returns its error; close(2)'s RELEASE is not waited for by the kernel, so
+    // a failed FLUSH would otherwise leave the size to a commit racing with the checks below.
+    file.sync_all().expect("syncing what was acknowledged works on a full disk (fsync through the mount)");
     drop(file);
     let c = cl.client().await;
     assert_eq!(c.resolve("/d/f").await.unwrap().size, acked);
