@@ -24,8 +24,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(attr) = AttrItem::decode(item, u64::from(selector)) {
         assert_eq!(AttrItem::decode(&AttrItem(attr.clone()).encode(), attr.ino), Ok(attr));
     }
-    if let Ok(ino) = LookupItem::decode(item, "name") {
-        assert_eq!(LookupItem::decode(&LookupItem { name: "name".into(), ino }.encode(), "name"), Ok(ino));
+    if let Ok((ino, attr)) = LookupItem::decode(item, "name") {
+        let again = LookupItem { name: "name".into(), ino, attr: attr.clone() }.encode();
+        assert_eq!(LookupItem::decode(&again, "name"), Ok((ino, attr)));
     }
     let item = Bytes::copy_from_slice(item);
     // Feed both the real key's hash and the hash the item claims, so the checks past the key hash are reached.

@@ -448,6 +448,26 @@ pub struct SharedArgs {
     pub tls: String,
 }
 
+/// Runs the future `make` returns on a current-thread runtime of a thread of its own, and waits for it: a client
+/// that makes one call at a time then waits for each reply on the thread that polls its sockets (one wake-up per
+/// reply), not on a caller blocked while a runtime worker polls for it (two). Every client the future makes
+/// lives and dies inside it. Blocks the calling thread meanwhile.
+pub fn on_one_thread<T, F>(make: impl FnOnce() -> F + Send) -> Result<T>
+where
+    T: Send,
+    F: std::future::Future<Output = Result<T>>,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                rt.block_on(make())
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,24 +509,4 @@ mod tests {
         assert_eq!(tls_choices("1").unwrap(), [true]);
         assert!(tls_choices("maybe").is_err());
     }
-}
-
-/// Runs the future `make` returns on a current-thread runtime of a thread of its own, and waits for it: a client
-/// that makes one call at a time then waits for each reply on the thread that polls its sockets (one wake-up per
-/// reply), not on a caller blocked while a runtime worker polls for it (two). Every client the future makes
-/// lives and dies inside it. Blocks the calling thread meanwhile.
-pub fn on_one_thread<T, F>(make: impl FnOnce() -> F + Send) -> Result<T>
-where
-    T: Send,
-    F: std::future::Future<Output = Result<T>>,
-{
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-                rt.block_on(make())
-            })
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    })
 }

@@ -10,12 +10,13 @@
 //! them: a client's copy, read before a change and stored after that change's push, would overwrite newer
 //! attributes. The MDS fills a missing item after serving it (`add`: never over an existing item).
 //!
-//! A lookup through the bank needs the entry (which inode the name names) and that inode's attributes. The entry
-//! item does not carry the attributes: a file may have several names (hard links) and the MDS does not know them
-//! from the inode, so it could not refresh every copy on a chmod. Instead a client remembers which inode each
-//! name named last ([`EntryGuesses`], bounded) and asks for that inode's attributes in the same multi-get as the
-//! entry ([`Bank::get_lookup`]): one round trip when the guess is right, which the entry itself proves; a wrong
-//! or missing guess costs the second round trip it always cost.
+//! A lookup through the bank needs the entry (which inode the name names) and that inode's attributes. While a
+//! name is its inode's sole name (the MDS records it, docs/format.md §6), the entry item carries the attributes
+//! too, and the MDS refreshes it with every change of them: one multi-get of the directory's attributes and the
+//! entry, to the one daemon that holds both (see `Bank::placement`). A file with several names (hard links) has
+//! entries without attributes, since the MDS does not know every name to refresh: a client remembers which
+//! inode each such name named last ([`EntryGuesses`], bounded) and asks for that inode's attributes in the same
+//! multi-get; a wrong or missing guess costs a second round trip.
 
 use weft_proto::Attr;
 
@@ -38,40 +39,24 @@ impl Bank {
         decoded(AttrItem::decode(&payload, ino), "attributes")
     }
 
-    /// One multi-get for a lookup: the attributes of directory `parent` (for the caller's own search-permission
-    /// check) and the inode its entry `name` names.
-    pub async fn get_parent_and_entry(&self, parent: u64, name: &str) -> (Option<Attr>, Option<u64>) {
-        let keys = [CacheKey::Attrs { ino: parent }, CacheKey::lookup(parent, name)];
+    /// One multi-get for a lookup, to the one daemon that holds directory `parent`'s attributes and entries
+    /// (see `Bank::placement`), plus the attributes of the inode the caller `guess`es the entry names when it
+    /// gives one (worth it only for names whose entries carry no attributes: see [`EntryGuesses`]).
+    pub async fn get_lookup(&self, parent: u64, name: &str, guess: Option<u64>) -> LookupFound {
+        let mut keys = vec![CacheKey::Attrs { ino: parent }, CacheKey::lookup(parent, name)];
+        keys.extend(guess.map(|ino| CacheKey::Attrs { ino }));
         let mut found = self.get_many(&keys).await.into_iter();
         let dir = found.next().flatten().and_then(|p| decoded(AttrItem::decode(&p, parent), "attributes"));
-        let child = found.next().flatten().and_then(|p| decoded(LookupItem::decode(&p, name), "lookup entry"));
-        (dir, child)
-    }
-
-    /// One multi-get for a lookup: the attributes of directory `parent`, its entry `name`, and, when the caller
-    /// `guess`es which inode the entry names, that inode's attributes. Returns the directory's attributes, the
-    /// entry's inode, and the child's attributes when the entry named the guess (else the caller asks for them).
-    pub async fn get_lookup(
-        &self,
-        parent: u64,
-        name: &str,
-        guess: Option<u64>,
-    ) -> (Option<Attr>, Option<u64>, Option<Attr>) {
-        let Some(guess) = guess else {
-            let (dir, child) = self.get_parent_and_entry(parent, name).await;
-            return (dir, child, None);
-        };
-        let keys = [CacheKey::Attrs { ino: parent }, CacheKey::lookup(parent, name), CacheKey::Attrs { ino: guess }];
-        let mut found = self.get_many(&keys).await.into_iter();
-        let dir = found.next().flatten().and_then(|p| decoded(AttrItem::decode(&p, parent), "attributes"));
-        let child = found.next().flatten().and_then(|p| decoded(LookupItem::decode(&p, name), "lookup entry"));
+        let entry = found.next().flatten().and_then(|p| decoded(LookupItem::decode(&p, name), "lookup entry"));
+        let guessed = found.next().flatten();
+        let Some((child, carried)) = entry else { return LookupFound { dir, child: None, attr: None, carried: false } };
+        if let Some(attr) = carried {
+            return LookupFound { dir, child: Some(child), attr: Some(attr), carried: true };
+        }
         // The guessed attributes are the child's only when the entry names the guess (AttrItem checks the ino).
-        let attr = found
-            .next()
-            .flatten()
-            .filter(|_| child == Some(guess))
-            .and_then(|p| decoded(AttrItem::decode(&p, guess), "attributes"));
-        (dir, child, attr)
+        let attr =
+            guessed.filter(|_| guess == Some(child)).and_then(|p| decoded(AttrItem::decode(&p, child), "attributes"));
+        LookupFound { dir, child: Some(child), attr, carried: false }
     }
 
     /// Publishes the attributes of `ino` after a change: `Some` stores them, `None` (the inode is gone) deletes
@@ -84,12 +69,16 @@ impl Bank {
         }
     }
 
-    /// Publishes directory `parent`'s entry `name` after a change: `Some(ino)` stores it, `None` (removed)
-    /// deletes it. Returns as [`Bank::push_attr`].
-    pub async fn push_entry(&self, parent: u64, name: &str, ino: Option<u64>) -> bool {
+    /// Publishes directory `parent`'s entry `name` after a change: `Some((ino, attr))` stores it (with the
+    /// child's attributes when `name` is its sole name), `None` (removed) deletes it. Returns as
+    /// [`Bank::push_attr`].
+    pub async fn push_entry(&self, parent: u64, name: &str, entry: Option<(u64, Option<&Attr>)>) -> bool {
         let key = CacheKey::lookup(parent, name);
-        match ino {
-            Some(ino) => self.store_or_delete(&key, &LookupItem { name: name.to_string(), ino }.encode()).await,
+        match entry {
+            Some((ino, attr)) => {
+                let item = LookupItem { name: name.to_string(), ino, attr: attr.cloned() };
+                self.store_or_delete(&key, &item.encode()).await
+            }
             None => self.delete(&key).await,
         }
     }
@@ -100,9 +89,10 @@ impl Bank {
         self.add_expiring(&CacheKey::Attrs { ino }, &AttrItem(attr.clone()).encode(), self.attr_expiry_s()).await
     }
 
-    /// Fill on miss of directory `parent`'s entry `name` (as [`Bank::fill_attr`]).
-    pub async fn fill_entry(&self, parent: u64, name: &str, ino: u64) -> bool {
-        let payload = LookupItem { name: name.to_string(), ino }.encode();
+    /// Fill on miss of directory `parent`'s entry `name` (as [`Bank::fill_attr`]; `attr` as in
+    /// [`Bank::push_entry`]).
+    pub async fn fill_entry(&self, parent: u64, name: &str, ino: u64, attr: Option<&Attr>) -> bool {
+        let payload = LookupItem { name: name.to_string(), ino, attr: attr.cloned() }.encode();
         self.add_expiring(&CacheKey::lookup(parent, name), &payload, self.attr_expiry_s()).await
     }
 
@@ -113,6 +103,19 @@ impl Bank {
         // Not stored (the daemon refused, failed or timed out): at least the old copy must not stay.
         self.delete(key).await
     }
+}
+
+/// What one lookup multi-get found ([`Bank::get_lookup`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupFound {
+    /// The directory's attributes.
+    pub dir: Option<Attr>,
+    /// The inode the entry names.
+    pub child: Option<u64>,
+    /// The child's attributes: carried by the entry, or the guessed inode's when the entry named it.
+    pub attr: Option<Attr>,
+    /// Whether the entry carried them (the name is the child's sole name).
+    pub carried: bool,
 }
 
 /// A payload that passed the value checks but not its own (another item's payload, or a name-hash collision):

@@ -217,14 +217,20 @@ pub enum PayloadError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttrItem(pub weft_proto::Attr);
 
-/// The payload of an [`ItemKind::Lookup`] item: version 1, then the postcard `(name: String, ino: u64)`. It
-/// carries no attributes: those live once, under the child's own [`CacheKey::Attrs`], so a chmod through one
-/// hard link never leaves another name's copy stale.
+/// The payload of an [`ItemKind::Lookup`] item: version 2, then the postcard `(name: String, ino: u64, attr:
+/// Option<Attr>)` (version 1, still read, has no `attr`). `attr` is the child's attributes when the name is the
+/// child's sole name (the MDS refreshes this entry with every change of them); `None` when the child may have
+/// other names (hard links), whose entries the MDS could not all refresh: its attributes then live only under
+/// its own [`CacheKey::Attrs`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LookupItem {
     pub name: String,
     pub ino: u64,
+    pub attr: Option<weft_proto::Attr>,
 }
+
+/// The lookup payload's version with the child's attributes.
+const LOOKUP_PAYLOAD_VERSION: u8 = 2;
 
 fn versioned<T: serde::Serialize>(v: &T) -> Vec<u8> {
     let mut out = vec![ITEM_PAYLOAD_VERSION];
@@ -262,16 +268,39 @@ impl AttrItem {
 
 impl LookupItem {
     pub fn encode(&self) -> Vec<u8> {
-        versioned(&(&self.name, self.ino))
+        let mut out = vec![LOOKUP_PAYLOAD_VERSION];
+        // Serializing plain data into a Vec cannot fail.
+        let body = postcard::to_stdvec(&(&self.name, self.ino, &self.attr)).expect("postcard encoding of plain data");
+        out.extend_from_slice(&body);
+        out
     }
 
-    /// The child inode in `payload`, which was found under the lookup key of `name` (in some directory).
-    pub fn decode(payload: &[u8], name: &str) -> Result<u64, PayloadError> {
-        let (found, ino): (String, u64) = unversioned(payload)?;
+    /// The entry in `payload`, which was found under the lookup key of `name` (in some directory): the child's
+    /// inode, and its attributes when the entry carries them (checked to be that inode's).
+    pub fn decode(payload: &[u8], name: &str) -> Result<(u64, Option<weft_proto::Attr>), PayloadError> {
+        let (found, ino, attr): (String, u64, Option<weft_proto::Attr>) = match payload.first() {
+            Some(&LOOKUP_PAYLOAD_VERSION) => {
+                let (v, rest) =
+                    postcard::take_from_bytes(&payload[1..]).map_err(|e| PayloadError::Decode(e.to_string()))?;
+                if !rest.is_empty() {
+                    return Err(PayloadError::Trailing(rest.len()));
+                }
+                v
+            }
+            _ => {
+                let (found, ino): (String, u64) = unversioned(payload)?;
+                (found, ino, None)
+            }
+        };
         if found != name {
             return Err(PayloadError::WrongName { expected: name.to_string(), found });
         }
-        Ok(ino)
+        if let Some(a) = &attr
+            && a.ino != ino
+        {
+            return Err(PayloadError::WrongInode { expected: ino, found: a.ino });
+        }
+        Ok((ino, attr))
     }
 }
 
@@ -394,10 +423,29 @@ mod tests {
 
     #[test]
     fn lookup_items_round_trip_and_check_the_name() {
-        let p = LookupItem { name: "report.txt".into(), ino: 5 }.encode();
-        assert_eq!(LookupItem::decode(&p, "report.txt"), Ok(5));
+        let p = LookupItem { name: "report.txt".into(), ino: 5, attr: None }.encode();
+        assert_eq!(p[0], 2, "payload version first");
+        assert_eq!(LookupItem::decode(&p, "report.txt"), Ok((5, None)));
         assert!(matches!(LookupItem::decode(&p, "other"), Err(PayloadError::WrongName { .. })));
         assert!(LookupItem::decode(&p[..p.len() - 1], "report.txt").is_err());
+        // With the child's attributes, which must be the named inode's.
+        let with = LookupItem { name: "report.txt".into(), ino: 5, attr: Some(attr(5)) }.encode();
+        assert_eq!(LookupItem::decode(&with, "report.txt"), Ok((5, Some(attr(5)))));
+        for cut in 1..with.len() {
+            assert!(LookupItem::decode(&with[..cut], "report.txt").is_err(), "a truncated payload of {cut} bytes");
+        }
+        let mut long = with.clone();
+        long.push(0);
+        assert_eq!(LookupItem::decode(&long, "report.txt"), Err(PayloadError::Trailing(1)));
+        let foreign = LookupItem { name: "report.txt".into(), ino: 5, attr: Some(attr(6)) }.encode();
+        assert_eq!(LookupItem::decode(&foreign, "report.txt"), Err(PayloadError::WrongInode { expected: 5, found: 6 }));
+        // Version 1 (no attributes) still reads.
+        let mut v1 = vec![1];
+        v1.extend(postcard::to_stdvec(&("report.txt", 5u64)).unwrap());
+        assert_eq!(LookupItem::decode(&v1, "report.txt"), Ok((5, None)));
+        let mut v9 = p.clone();
+        v9[0] = 9;
+        assert_eq!(LookupItem::decode(&v9, "report.txt"), Err(PayloadError::Version(9)));
         let attrs = AttrItem(attr(5)).encode();
         assert!(LookupItem::decode(&attrs, "report.txt").is_err(), "an attributes payload is no entry");
         // Under the value header, the kind keeps the two apart anyway.

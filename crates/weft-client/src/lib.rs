@@ -367,27 +367,32 @@ impl Client {
         self.inner.bank.as_ref().map(|b| b.stats())
     }
 
-    /// A lookup served by the bank: one multi-get of the parent's attributes, the entry and the attributes of
-    /// the inode the name named last time (`EntryGuesses`), and a second for the child's attributes only when
-    /// that guess was missing or wrong; each far cheaper than the MDS. `None` sends the lookup to the MDS.
+    /// A lookup served by the bank: one multi-get of the parent's attributes and the entry, which carries the
+    /// child's attributes while the name is the child's sole name; for a name of a file with several links the
+    /// entry carries none, and the attributes of the inode the name named at this client's last lookup
+    /// (`EntryGuesses`) come in the same multi-get, or in a second when that guess was missing or wrong. Each is
+    /// far cheaper than the MDS. `None` sends the lookup to the MDS.
     async fn lookup_in_bank(&self, parent: u64, name: &str) -> Option<Attr> {
         let bank = self.attr_bank()?;
         if !self.inner.attr_misses.ask() {
             return None;
         }
         let guess = self.inner.guesses.guess(parent, name);
-        let (dir, child, attr) = bank.get_lookup(parent, name, guess).await;
+        let found = bank.get_lookup(parent, name, guess).await;
         // The bank held what a lookup needs (whether or not this user may use it): not a miss.
-        self.inner.attr_misses.record(dir.is_some() && child.is_some());
-        let (dir, child) = (dir?, child?);
+        self.inner.attr_misses.record(found.dir.is_some() && found.child.is_some());
+        let (dir, child) = (found.dir?, found.child?);
         if !bank_may_search(&dir, &self.user, self.inner.asserted_user_is_effective) {
             return None;
         }
-        let attr = match attr {
+        let attr = match found.attr {
             Some(attr) => attr,
             None => bank.get_attr(child).await?,
         };
-        self.inner.guesses.remember(parent, name, child);
+        if !found.carried {
+            // Only names whose entries carry no attributes need a guess.
+            self.inner.guesses.remember(parent, name, child);
+        }
         Some(attr)
     }
 

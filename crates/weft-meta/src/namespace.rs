@@ -156,6 +156,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                         target: String::new(),
                         rdev: 0,
                         data_version: 0,
+                        sole_name: None,
                     })?;
                 }
                 Ok::<_, MetaError>(())
@@ -845,6 +846,7 @@ fn new_inode(ino: u64, kind: FileKind, mode: u32, uid: u32, gid: u32, now: i64) 
         target: String::new(),
         rdev: 0,
         data_version: crate::store::initial_data_version(kind),
+        sole_name: None,
     }
 }
 
@@ -990,6 +992,7 @@ fn create(
     let ino = t.next_ino()?;
     let mut inode = new_inode(ino, FileKind::File, mode, uid, gid, now);
     inode.layout = Some(assign_layout(&policy, ino, &servers)?);
+    inode.sole_name = Some((r.parent, r.name.clone()));
     t.put_inode(&inode)?;
     inherited.store(t, ino)?;
     t.put_dirent(r.parent, &r.name, ino, FileKind::File)?;
@@ -1012,6 +1015,7 @@ fn mkdir(t: &mut dyn MetaTxn, cred: &Cred, r: &MkdirReq, now: i64) -> Result<Att
     inode.nlink = 2;
     inode.parent = r.parent;
     inode.layout = Some(parent.layout.unwrap_or_else(default_policy));
+    inode.sole_name = Some((r.parent, r.name.clone()));
     t.put_inode(&inode)?;
     inherited.store(t, ino)?;
     t.put_dirent(r.parent, &r.name, ino, FileKind::Dir)?;
@@ -1040,10 +1044,13 @@ fn unlink(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) -
     check_name(name)?;
     let dir = load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
-    let inode = load_entry(t, parent, name, ino)?;
+    let mut inode = load_entry(t, parent, name, ino)?;
     perm::may_delete(cred, &dir, acl_for(t, cred, &dir)?.as_ref(), &inode)?;
     if inode.kind == FileKind::Dir {
         return Err(werr(ErrorCode::IsDir, format!("{name:?} in directory {parent} is a directory")));
+    }
+    if inode.is_sole_name(parent, name) {
+        inode.sole_name = None;
     }
     t.del_dirent(parent, name)?;
     drop_link(t, inode, now)?;
@@ -1067,6 +1074,8 @@ fn link(t: &mut dyn MetaTxn, cred: &Cred, r: &LinkReq, now: i64) -> Result<Attr,
         .checked_add(1)
         .ok_or_else(|| werr(ErrorCode::Invalid, format!("inode {} has too many links", r.ino)))?;
     inode.ctime_ns = now;
+    // Two names now: the MDS no longer knows every name to refresh, so no entry carries the attributes.
+    inode.sole_name = None;
     t.put_inode(&inode)?;
     t.put_dirent(r.new_parent, &r.new_name, inode.ino, inode.kind)?;
     touch_dir(t, r.new_parent, 0, now)?;
@@ -1093,6 +1102,7 @@ fn mknod(t: &mut dyn MetaTxn, cred: &Cred, r: &MknodReq, now: i64) -> Result<Att
     if matches!(r.kind, FileKind::CharDev | FileKind::BlockDev) {
         inode.rdev = r.rdev;
     }
+    inode.sole_name = Some((r.parent, r.name.clone()));
     t.put_inode(&inode)?;
     inherited.store(t, ino)?;
     t.put_dirent(r.parent, &r.name, ino, r.kind)?;
@@ -1121,6 +1131,7 @@ fn symlink(t: &mut dyn MetaTxn, cred: &Cred, r: &SymlinkReq, now: i64) -> Result
     let mut inode = new_inode(ino, FileKind::Symlink, 0o777, uid, gid, now);
     inode.size = r.target.len() as u64;
     inode.target = r.target.clone();
+    inode.sole_name = Some((r.parent, r.name.clone()));
     t.put_inode(&inode)?;
     t.put_dirent(r.parent, &r.name, ino, FileKind::Symlink)?;
     touch_dir(t, r.parent, 0, now)?;
@@ -1300,9 +1311,18 @@ fn rename_exchange(
     }
     a.ctime_ns = now;
     b.ctime_ns = now;
+    move_sole_name(&mut a, (r.src_parent, &r.src_name), (r.dst_parent, &r.dst_name));
+    move_sole_name(&mut b, (r.dst_parent, &r.dst_name), (r.src_parent, &r.src_name));
     t.put_inode(&a)?;
     t.put_inode(&b)?;
     Ok(())
+}
+
+/// An inode renamed from `from` to `to`: its sole name follows (a directory's always: it has no other).
+fn move_sole_name(inode: &mut Inode, from: (u64, &str), to: (u64, &str)) {
+    if inode.kind == FileKind::Dir || inode.is_sole_name(from.0, from.1) {
+        inode.sole_name = Some((to.0, to.1.to_string()));
+    }
 }
 
 /// Permissions, as Linux's `vfs_rename`: search on both directories; the source's entry may be deleted from its
@@ -1366,7 +1386,13 @@ fn rename(t: &mut dyn MetaTxn, cred: &Cred, r: &RenameReq, now: i64) -> Result<(
             (false, true) => {
                 return Err(werr(ErrorCode::IsDir, format!("{:?} is a directory", r.dst_name)));
             }
-            (false, false) => drop_link(t, victim, now)?,
+            (false, false) => {
+                let mut victim = victim;
+                if victim.is_sole_name(r.dst_parent, &r.dst_name) {
+                    victim.sole_name = None;
+                }
+                drop_link(t, victim, now)?
+            }
         }
     }
     t.del_dirent(r.src_parent, &r.src_name)?;
@@ -1382,6 +1408,7 @@ fn rename(t: &mut dyn MetaTxn, cred: &Cred, r: &RenameReq, now: i64) -> Result<(
         }
     }
     src.ctime_ns = now;
+    move_sole_name(&mut src, (r.src_parent, &r.src_name), (r.dst_parent, &r.dst_name));
     t.put_inode(&src)?;
     Ok(())
 }

@@ -425,6 +425,7 @@ mod tests {
             target: String::new(),
             rdev: 0,
             data_version: 1,
+            sole_name: None,
         }
     }
 

@@ -164,6 +164,12 @@ impl Pusher {
             Request::Mknod(r) => t.name(r.parent, &r.name),
             Request::Link(r) => {
                 t.ino(r.ino);
+                // The old sole name's entry carried the attributes: it is published again without them.
+                if let Ok(Some(i)) = self.ns.store().read(|x| x.get_inode(r.ino))
+                    && let Some((parent, name)) = &i.sole_name
+                {
+                    t.name(*parent, name);
+                }
                 t.name(r.new_parent, &r.new_name);
             }
             Request::Unlink(r) | Request::Rmdir(r) => {
@@ -194,8 +200,13 @@ impl Pusher {
         if let Some(a) = made(resp) {
             touched.ino(a.ino);
         }
-        for ino in &touched.inos {
-            self.refresh_attr(*ino, Mode::Push).await;
+        for ino in touched.inos.clone() {
+            // The entry of the inode's sole name carries its attributes: published again too (once).
+            if let Some((parent, name)) = self.refresh_attr(ino, Mode::Push).await
+                && !touched.names.iter().any(|(p, n)| *p == parent && *n == name)
+            {
+                touched.names.push((parent, name));
+            }
         }
         for (parent, name) in &touched.names {
             self.refresh_entry(*parent, name, Mode::Push).await;
@@ -238,16 +249,19 @@ impl Pusher {
         &self.stripes[(hash % STRIPES as u64) as usize]
     }
 
-    /// Publishes what the store holds now for `ino`, under its stripe.
-    async fn refresh_attr(&self, ino: u64, mode: Mode) {
+    /// Publishes what the store holds now for `ino`, under its stripe; returns the inode's sole name, whose
+    /// entry carries these attributes (the caller publishes it, after this stripe is released).
+    async fn refresh_attr(&self, ino: u64, mode: Mode) -> Option<(u64, String)> {
         let _g = self.stripe(ino.wrapping_mul(0x9e37_79b9_7f4a_7c15)).lock().await;
-        let attr = match self.ns.store().read(|t| t.get_inode(ino)) {
-            Ok(i) => i.map(|i| i.attr()),
+        let inode = match self.ns.store().read(|t| t.get_inode(ino)) {
+            Ok(i) => i,
             Err(e) => {
                 tracing::warn!(ino, "reading inode for the cache bank: {e}");
                 None
             }
         };
+        let sole_name = inode.as_ref().and_then(|i| i.sole_name.clone());
+        let attr = inode.map(|i| i.attr());
         match (mode, attr) {
             (Mode::Fill, Some(a)) => {
                 self.bank.fill_attr(ino, &a).await;
@@ -260,28 +274,33 @@ impl Pusher {
                 }
             }
         }
+        sole_name
     }
 
-    /// Publishes what the store holds now for `parent`/`name`, under its stripe.
+    /// Publishes what the store holds now for `parent`/`name`, under its stripe: the inode it names, with that
+    /// inode's attributes when `name` is its sole name (read in the same transaction).
     async fn refresh_entry(&self, parent: u64, name: &str, mode: Mode) {
         let mut h = std::hash::DefaultHasher::new();
         std::hash::Hash::hash(&(parent, name), &mut h);
         let _g = self.stripe(std::hash::Hasher::finish(&h)).lock().await;
-        let ino = match self.ns.store().read(|t| t.get_dirent(parent, name)) {
-            Ok(e) => e.map(|(ino, _)| ino),
-            Err(e) => {
-                tracing::warn!(parent, name, "reading an entry for the cache bank: {e}");
-                None
-            }
-        };
-        match (mode, ino) {
-            (Mode::Fill, Some(ino)) => {
-                self.bank.fill_entry(parent, name, ino).await;
+        let entry = self.ns.store().read(|t| {
+            let Some((ino, _)) = t.get_dirent(parent, name)? else { return Ok(None) };
+            let attr = t.get_inode(ino)?.filter(|i| i.is_sole_name(parent, name)).map(|i| i.attr());
+            Ok::<_, crate::MetaError>(Some((ino, attr)))
+        });
+        let entry = entry.unwrap_or_else(|e| {
+            tracing::warn!(parent, name, "reading an entry for the cache bank: {e}");
+            None
+        });
+        match (mode, entry) {
+            (Mode::Fill, Some((ino, attr))) => {
+                self.bank.fill_entry(parent, name, ino, attr.as_ref()).await;
             }
             (Mode::Fill, None) => {}
-            (Mode::Push, ino) => {
+            (Mode::Push, entry) => {
                 self.filled.forget(fill_tag(parent, Some(name)));
-                if !self.bank.push_entry(parent, name, ino).await {
+                let entry = entry.as_ref().map(|(ino, attr)| (*ino, attr.as_ref()));
+                if !self.bank.push_entry(parent, name, entry).await {
                     tracing::debug!(parent, name, "cache bank push of an entry failed; the item's expiry bounds it");
                 }
             }

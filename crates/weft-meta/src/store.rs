@@ -46,6 +46,18 @@ pub struct Inode {
     /// Regular files: the version of the bytes (see [`Attr::data_version`]); starts at 1, advanced by
     /// [`Inode::bump_data_version`]. 0 for other kinds.
     pub data_version: u64,
+    /// The inode's name (directory, name) while it has exactly one: set at creation and moved by rename,
+    /// cleared when a second link is made (and not found again: `None` also for inodes stored before version 6).
+    /// The cache bank's entry of this name carries the inode's attributes, refreshed with them (docs/format.md
+    /// §12); `None` means its entries carry none.
+    pub sole_name: Option<(u64, String)>,
+}
+
+impl Inode {
+    /// Whether `parent`/`name` is this inode's sole name.
+    pub fn is_sole_name(&self, parent: u64, name: &str) -> bool {
+        self.sole_name.as_ref().is_some_and(|(p, n)| *p == parent && n == name)
+    }
 }
 
 /// A layout as stored before issue 13 (no redundancy: plain), in inode records of versions 1 to 3 and orphan
@@ -89,6 +101,26 @@ impl From<LayoutV2> for Layout {
             generation: 0,
         }
     }
+}
+
+/// The fifth stored form (no sole name), still read.
+#[derive(Deserialize)]
+struct InodeV5 {
+    ino: u64,
+    kind: FileKind,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    size: u64,
+    atime_ns: i64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    parent: u64,
+    layout: Option<Layout>,
+    target: String,
+    rdev: u32,
+    data_version: u64,
 }
 
 /// The fourth stored form (layouts with redundancy, no layout generation), still read.
@@ -168,10 +200,11 @@ struct InodeV1 {
     target: String,
 }
 
-/// An inode as stored: version 5 (layouts with a generation); version 1 to 4 records are still read (their
-/// layouts are generation 0, and plain before version 4; a file's data version reads as 1 before version 3).
+/// An inode as stored: version 6 (with the sole name); version 1 to 5 records are still read (no sole name;
+/// their layouts are generation 0 before version 5, and plain before version 4; a file's data version reads as 1
+/// before version 3).
 pub(crate) fn encode_inode(i: &Inode) -> Result<Vec<u8>, MetaError> {
-    let mut out = vec![RECORD_V5];
+    let mut out = vec![RECORD_V6];
     let body = postcard::to_stdvec(i).map_err(|e| MetaError::Corrupt(format!("encoding an inode: {e}")))?;
     out.extend_from_slice(&body);
     Ok(out)
@@ -179,7 +212,28 @@ pub(crate) fn encode_inode(i: &Inode) -> Result<Vec<u8>, MetaError> {
 
 pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError> {
     match bytes.split_first() {
-        Some((&RECORD_V5, body)) => decode_exact(what, body),
+        Some((&RECORD_V6, body)) => decode_exact(what, body),
+        Some((&RECORD_V5, body)) => {
+            let v5: InodeV5 = decode_exact(what, body)?;
+            Ok(Inode {
+                ino: v5.ino,
+                kind: v5.kind,
+                mode: v5.mode,
+                uid: v5.uid,
+                gid: v5.gid,
+                nlink: v5.nlink,
+                size: v5.size,
+                atime_ns: v5.atime_ns,
+                mtime_ns: v5.mtime_ns,
+                ctime_ns: v5.ctime_ns,
+                parent: v5.parent,
+                data_version: v5.data_version,
+                layout: v5.layout,
+                target: v5.target,
+                rdev: v5.rdev,
+                sole_name: None,
+            })
+        }
         Some((&RECORD_V4, body)) => {
             let v4: InodeV4 = decode_exact(what, body)?;
             Ok(Inode {
@@ -198,6 +252,7 @@ pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError>
                 layout: v4.layout.map(Layout::from),
                 target: v4.target,
                 rdev: v4.rdev,
+                sole_name: None,
             })
         }
         Some((&RECORD_V3, body)) => {
@@ -218,6 +273,7 @@ pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError>
                 layout: v3.layout.map(Layout::from),
                 target: v3.target,
                 rdev: v3.rdev,
+                sole_name: None,
             })
         }
         Some((&RECORD_V2, body)) => {
@@ -238,6 +294,7 @@ pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError>
                 layout: v2.layout.map(Layout::from),
                 target: v2.target,
                 rdev: v2.rdev,
+                sole_name: None,
             })
         }
         Some((&RECORD_V1, _)) => {
@@ -258,6 +315,7 @@ pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError>
                 data_version: initial_data_version(v1.kind),
                 target: v1.target,
                 rdev: 0,
+                sole_name: None,
             })
         }
         Some((v, _)) => Err(MetaError::Corrupt(format!("{what}: unknown record version {v}"))),
@@ -316,6 +374,8 @@ const RECORD_V3: u8 = 3;
 const RECORD_V4: u8 = 4;
 /// Inodes whose layout has a `generation` (issue 13 item 5, docs/format.md §19); orphan records use version 3.
 const RECORD_V5: u8 = 5;
+/// Inodes with their sole name (issue 16: the cache bank's entries carry attributes, docs/format.md §12).
+const RECORD_V6: u8 = 6;
 const ORPHAN_V2: u8 = 2;
 const ORPHAN_V3: u8 = 3;
 
@@ -561,15 +621,26 @@ mod tests {
         bytes.extend(postcard::to_stdvec(&old).unwrap());
         let mut i = decode_inode("v4", &bytes).unwrap();
         assert_eq!((i.layout.clone(), i.data_version), (Some(layout.clone()), 3));
-        // Written back as version 5 with its generation.
+        // Written back as version 6 with its generation.
         i.layout.as_mut().unwrap().generation = 9;
         let enc = encode_inode(&i).unwrap();
-        assert_eq!(enc[0], RECORD_V5);
-        assert_eq!(decode_inode("v5", &enc).unwrap(), i);
-        // A version 5 body under the version 4 byte is refused, not misread.
-        let mut v5_as_v4 = enc.clone();
-        v5_as_v4[0] = RECORD_V4;
-        assert!(matches!(decode_inode("mixed", &v5_as_v4), Err(MetaError::Corrupt(_))));
+        assert_eq!(enc[0], RECORD_V6);
+        assert_eq!(decode_inode("v6", &enc).unwrap(), i);
+        // A later body under the version 4 byte is refused, not misread.
+        let mut v6_as_v4 = enc.clone();
+        v6_as_v4[0] = RECORD_V4;
+        assert!(matches!(decode_inode("mixed", &v6_as_v4), Err(MetaError::Corrupt(_))));
+        // Version 5 is version 6 without the sole name (postcard's `None` is the one byte 0 at the end): it
+        // reads as no sole name, and a version 6 body under the version 5 byte is refused.
+        assert_eq!(enc.last(), Some(&0));
+        let mut v5 = enc[..enc.len() - 1].to_vec();
+        v5[0] = RECORD_V5;
+        assert_eq!(decode_inode("v5", &v5).unwrap(), i);
+        let mut v6_as_v5 = enc.clone();
+        v6_as_v5[0] = RECORD_V5;
+        assert!(matches!(decode_inode("mixed", &v6_as_v5), Err(MetaError::Corrupt(_))));
+        let named = Inode { sole_name: Some((1, "f".into())), ..i.clone() };
+        assert_eq!(decode_inode("v6", &encode_inode(&named).unwrap()).unwrap(), named);
         // Orphans: version 2 reads as generation 0; version 3 round-trips.
         let mut o = vec![ORPHAN_V2];
         o.extend(postcard::to_stdvec(&v2).unwrap());
@@ -630,7 +701,7 @@ mod tests {
         assert_eq!(i.attr().data_version, 2);
         let back = decode_inode("v3", &encode_inode(&i).unwrap()).unwrap();
         assert_eq!(back, i);
-        assert_eq!(encode_inode(&i).unwrap()[0], 5, "written as version 5");
+        assert_eq!(encode_inode(&i).unwrap()[0], 6, "written as version 6");
         // The version byte says which layout follows: a v3 body under the v2 byte is refused, not misread.
         let mut v3_as_v2 = encode_inode(&i).unwrap();
         v3_as_v2[0] = RECORD_V2;

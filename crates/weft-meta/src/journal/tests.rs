@@ -243,6 +243,7 @@ fn inode(ino: u64, size: u64) -> Inode {
         target: String::new(),
         rdev: 0,
         data_version: 1,
+        sole_name: Some((1, format!("f{ino}"))),
     }
 }
 

@@ -1813,3 +1813,38 @@ fn pnfs_addresses_are_registered_and_listed() {
     assert_eq!(announce(20, &[]), Ok(Response::RegisterPnfs(())));
     assert!(devices(&ns).is_empty());
 }
+
+/// The sole name (docs/format.md §6) the cache bank's entries rely on: set at creation, moved by rename (a
+/// directory's always), cleared by a second link and never guessed back.
+#[test]
+fn an_inode_knows_its_sole_name_until_it_has_two() {
+    let (ns, _) = mem_ns();
+    let sole = |ino: u64| ns.store().read(|t| t.get_inode(ino)).unwrap().unwrap().sole_name;
+    let d = mkdir(&ns, ROOT_INO, "d").unwrap();
+    let e = mkdir(&ns, ROOT_INO, "e").unwrap();
+    let f = create(&ns, d.ino, "f").unwrap();
+    let s = symlink(&ns, d.ino, "s", "f").unwrap();
+    assert_eq!(sole(d.ino), Some((ROOT_INO, "d".into())));
+    assert_eq!(sole(f.ino), Some((d.ino, "f".into())));
+    assert_eq!(sole(s.ino), Some((d.ino, "s".into())));
+    assert_eq!(sole(ROOT_INO), None);
+    rename(&ns, d.ino, "f", e.ino, "g").unwrap();
+    assert_eq!(sole(f.ino), Some((e.ino, "g".into())));
+    rename(&ns, ROOT_INO, "d", e.ino, "d2").unwrap();
+    assert_eq!(sole(d.ino), Some((e.ino, "d2".into())));
+    // An exchange swaps the names.
+    rename_f(&ns, e.ino, "g", e.ino, "d2", RENAME_EXCHANGE).unwrap();
+    assert_eq!((sole(f.ino), sole(d.ino)), (Some((e.ino, "d2".into())), Some((e.ino, "g".into()))));
+    // A second link: no sole name, also once one of the names is gone again.
+    link(&ns, f.ino, e.ino, "h").unwrap();
+    assert_eq!(sole(f.ino), None);
+    unlink(&ns, e.ino, "h").unwrap();
+    assert_eq!(sole(f.ino), None);
+    rename(&ns, e.ino, "d2", e.ino, "k").unwrap();
+    assert_eq!(sole(f.ino), None, "a renamed name of a once-linked file is not known to be its only one");
+    // Written to disk and read back (record version 6).
+    let g = create(&ns, e.ino, "g2").unwrap();
+    let stored = ns.store().read(|t| t.get_inode(g.ino)).unwrap().unwrap();
+    let back = crate::store::decode_inode("g2", &crate::store::encode_inode(&stored).unwrap()).unwrap();
+    assert_eq!(back.sole_name, Some((e.ino, "g2".into())));
+}
