@@ -116,7 +116,7 @@ bench-mount: bench-deps
 bench-cache: bench-deps
 	mkdir -p docs/bench
 	$(CARGO) run --locked --release -p weft -- bench cache --cache 0,1,2,4 --block 256,2K,8K --procs 8 --files 1000 \
-		--miss --unused --fuse --json docs/bench/cache.json
+		--miss --unused --fuse --runs 5 --json docs/bench/cache.json
 
 # bench-nfs: Weft's NFS gateway and nfs-ganesha (VFS backend, NFSv3 with a private rpcbind) through libnfs, in one
 # run: sequential 1 MiB write and read of a 1 GiB file, create/stat/remove; ratios, client and server CPU (issue 14).
