@@ -103,9 +103,10 @@ impl From<LayoutV2> for Layout {
     }
 }
 
-/// The fifth stored form (no sole name), still read.
+/// The fourth and fifth stored forms (no sole name), still read; they differ only in the layout's form: `LayoutV2`
+/// (with redundancy, no generation) in version 4, today's `Layout` in version 5.
 #[derive(Deserialize)]
-struct InodeV5 {
+struct InodeV4V5<L> {
     ino: u64,
     kind: FileKind,
     mode: u32,
@@ -117,30 +118,34 @@ struct InodeV5 {
     mtime_ns: i64,
     ctime_ns: i64,
     parent: u64,
-    layout: Option<Layout>,
+    layout: Option<L>,
     target: String,
     rdev: u32,
     data_version: u64,
 }
 
-/// The fourth stored form (layouts with redundancy, no layout generation), still read.
-#[derive(Deserialize)]
-struct InodeV4 {
-    ino: u64,
-    kind: FileKind,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    nlink: u32,
-    size: u64,
-    atime_ns: i64,
-    mtime_ns: i64,
-    ctime_ns: i64,
-    parent: u64,
-    layout: Option<LayoutV2>,
-    target: String,
-    rdev: u32,
-    data_version: u64,
+impl<L> InodeV4V5<L> {
+    /// Today's inode, its layout converted by `layout`.
+    fn upgrade(self, layout: impl FnOnce(L) -> Layout) -> Inode {
+        Inode {
+            ino: self.ino,
+            kind: self.kind,
+            mode: self.mode,
+            uid: self.uid,
+            gid: self.gid,
+            nlink: self.nlink,
+            size: self.size,
+            atime_ns: self.atime_ns,
+            mtime_ns: self.mtime_ns,
+            ctime_ns: self.ctime_ns,
+            parent: self.parent,
+            data_version: self.data_version,
+            layout: self.layout.map(layout),
+            target: self.target,
+            rdev: self.rdev,
+            sole_name: None,
+        }
+    }
 }
 
 /// The third stored form (data version, layouts without redundancy), still read.
@@ -213,48 +218,8 @@ pub(crate) fn encode_inode(i: &Inode) -> Result<Vec<u8>, MetaError> {
 pub(crate) fn decode_inode(what: &str, bytes: &[u8]) -> Result<Inode, MetaError> {
     match bytes.split_first() {
         Some((&RECORD_V6, body)) => decode_exact(what, body),
-        Some((&RECORD_V5, body)) => {
-            let v5: InodeV5 = decode_exact(what, body)?;
-            Ok(Inode {
-                ino: v5.ino,
-                kind: v5.kind,
-                mode: v5.mode,
-                uid: v5.uid,
-                gid: v5.gid,
-                nlink: v5.nlink,
-                size: v5.size,
-                atime_ns: v5.atime_ns,
-                mtime_ns: v5.mtime_ns,
-                ctime_ns: v5.ctime_ns,
-                parent: v5.parent,
-                data_version: v5.data_version,
-                layout: v5.layout,
-                target: v5.target,
-                rdev: v5.rdev,
-                sole_name: None,
-            })
-        }
-        Some((&RECORD_V4, body)) => {
-            let v4: InodeV4 = decode_exact(what, body)?;
-            Ok(Inode {
-                ino: v4.ino,
-                kind: v4.kind,
-                mode: v4.mode,
-                uid: v4.uid,
-                gid: v4.gid,
-                nlink: v4.nlink,
-                size: v4.size,
-                atime_ns: v4.atime_ns,
-                mtime_ns: v4.mtime_ns,
-                ctime_ns: v4.ctime_ns,
-                parent: v4.parent,
-                data_version: v4.data_version,
-                layout: v4.layout.map(Layout::from),
-                target: v4.target,
-                rdev: v4.rdev,
-                sole_name: None,
-            })
-        }
+        Some((&RECORD_V5, body)) => Ok(decode_exact::<InodeV4V5<Layout>>(what, body)?.upgrade(|l| l)),
+        Some((&RECORD_V4, body)) => Ok(decode_exact::<InodeV4V5<LayoutV2>>(what, body)?.upgrade(Layout::from)),
         Some((&RECORD_V3, body)) => {
             let v3: InodeV3 = decode_exact(what, body)?;
             Ok(Inode {
