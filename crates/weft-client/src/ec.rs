@@ -297,16 +297,28 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
     Ok(())
 }
 
-/// Sets an ec file's objects to size `size`: every object cut to its §16 length, then the last, partial row
-/// rewritten, so its parity covers the zeros that now follow `size`.
+/// Sets an ec file's objects to size `size`: the data chunk the cut falls in zeroed from the cut on, every
+/// object cut to its §16 length, then the last, partial row rewritten, so its parity covers the zeros that now
+/// follow `size`.
+///
+/// Why zeros before the cut: a chunk's version record vouches for its `unit` bytes with zeros past the object's end
+/// (§17). Cutting a chunk that still held bytes past `size` would leave its record not matching it (damaged), and
+/// the rewrite of the last row would then decode that chunk from the old parity and store its old bytes again past
+/// `size`, to be read back when the file grows (issue 30: fsx seed 7 on `ec 4+2 --unit 64K`). Cutting zeros
+/// keeps every record intact.
 pub(crate) async fn truncate(file: &File, size: u64) -> Result<(), ClientError> {
     let layout = &file.layout();
     let (k, _) = km(layout).expect("an ec layout");
-    let row_bytes = u64::from(layout.stripe_unit) * k as u64;
+    let unit = u64::from(layout.stripe_unit);
+    let row_bytes = unit * k as u64;
     let old = file.size();
     // Growing: the new bytes are zeros, and so are the chunks and parity past the old end: nothing to store.
     if size >= old {
         return Ok(());
+    }
+    if !size.is_multiple_of(unit) {
+        let chunk_end = size - size % unit + unit;
+        write(file, size, Bytes::from(vec![0u8; (chunk_end - size) as usize])).await?;
     }
     let row_start = size - size % row_bytes;
     let tail = if size > row_start {
