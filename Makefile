@@ -10,7 +10,7 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: up deps lint test bench bench-deps bench-mount bench-compare bench-cache bench-nfs bench-pnfs bench-ec clean-data rdma-deps\
+.PHONY: up deps lint test soak bench bench-deps bench-mount bench-compare bench-cache bench-nfs bench-pnfs bench-ec clean-data rdma-deps\
 	test-rdma
 
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
@@ -57,8 +57,10 @@ lint:
 
 # test: everything CI checks, in order: lint, the whole test suite in release (the 1 GiB round trip needs it),
 # then a short run of every fuzz target (FUZZ_SECONDS each, default 30), then the rdma backend over Soft-RoCE in a
-# VM and the kernel NFS client in it (test-rdma, a few minutes; RDMA_VM=0 skips it). Stops at the first failure.
+# VM and the kernel NFS client in it (test-rdma, a few minutes; RDMA_VM=0 skips it); last, no process any step
+# started may still run (scripts/leftovers.sh). Stops at the first failure.
 test: deps
+	@mkdir -p target && scripts/leftovers.sh snapshot target/processes-before-test
 	@echo "==================== lint ===================="
 	@$(MAKE) --no-print-directory lint
 	@echo "==================== cargo test (release, fault-injection) ===================="
@@ -76,8 +78,19 @@ test: deps
 		echo "==================== rdma over Soft-RoCE (qemu VM) ===================="; \
 		$(MAKE) --no-print-directory test-rdma; \
 	fi
+	@echo "==================== no process left behind ===================="
+	scripts/leftovers.sh check target/processes-before-test
 	@echo "==================== make test: all steps passed ===================="
 	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "tests: %d passed, %d failed\n", p, f}' target/cargo-test.log
+
+# soak: the random-operation exercisers of `make test` (crates/weft/tests/exercisers.rs) run long: every layout
+# through every access path, SOAK_SEEDS seeds of SOAK_OPS ops each (minutes). A failure prints the seed and the
+# command that replays it (WEFT_FSX_SEED=N WEFT_FSX_OPS=M).
+SOAK_SEEDS ?= 20
+SOAK_OPS ?= 3000
+soak: deps
+	WEFT_FSX_SEEDS=$(SOAK_SEEDS) WEFT_FSX_OPS=$(SOAK_OPS) $(CARGO) test --locked -p weft --release \
+		--features weft/fault-injection --test exercisers -- --nocapture
 
 # bench: throughput over 1, 2 and 4 data servers; results in docs/bench/throughput.json (+ an SVG beside it).
 bench:
