@@ -23,9 +23,23 @@ mib="${PNFS_VM_MIB:-4}"
 w="$(mktemp -d /tmp/weft-pnfs-vm.XXXXXX)"
 pids=()
 ok=0
+# Every process `start` ran: `start` runs in a command substitution (a subshell), so its `$!` reaches this shell
+# only through the pid files; each is stopped with SIGTERM, then SIGKILL if still alive after 10 s.
+stop_all() {
+	local f p i
+	for f in "$w"/*.pid; do [ -s "$f" ] && kill "$(cat "$f")" 2>/dev/null; done
+	for f in "$w"/*.pid; do
+		[ -s "$f" ] || continue
+		p="$(cat "$f")"
+		i=0
+		while kill -0 "$p" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+		kill -9 "$p" 2>/dev/null
+	done
+}
 finish() {
 	set +e
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+	stop_all
 	wait 2>/dev/null
 	if [ "$ok" = 1 ]; then
 		rm -rf "$w"
