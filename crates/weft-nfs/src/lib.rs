@@ -281,6 +281,17 @@ impl Gateway {
         // The NFSv4 epoch: new at every start (from the same randomness as the write verifier), so clientids and
         // stateids of an earlier start are recognised as such.
         let epoch = u32::from_be_bytes(verifier[4..].try_into().expect("4 bytes")) | 1;
+        let mut cfg = cfg;
+        // A first start (a state directory with no state file) has no clients whose state it could reclaim: no
+        // grace period, as knfsd holds none when no client has state to reclaim. Without a state directory a
+        // restart cannot be told from a first start, so the grace period stays.
+        if let Some(dir) = &state_dir
+            && matches!(dir.previous_session(), Ok(None))
+            && cfg.nfs4.grace_ms > 0
+        {
+            tracing::info!("NFSv4: first start of this gateway (no state file): no grace period");
+            cfg.nfs4.grace_ms = 0;
+        }
         let nfs4 = nfs4::Server::new(cfg.nfs4, epoch, sealer.export_id(), OwnerKey::new(&key));
         let pnfs = match cfg.pnfs {
             PnfsMode::Off => false,

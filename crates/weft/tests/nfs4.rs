@@ -758,6 +758,43 @@ async fn v41_locks_contend_with_each_other_and_native_locks() {
     assert_eq!(res.op(OP_LOCK), NFS4ERR_INVAL);
 }
 
+/// A gateway started for the first time (its state directory holds no state file) has no client's state to
+/// reclaim: it holds no grace period, so a new open is served at once, as knfsd does (issue 30: every open used to
+/// wait 90 s after `weft up --nfs`); restarted on the same state directory, it holds its grace period again.
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_a_first_start_holds_no_grace_period_and_a_restart_does() {
+    let c = common::start("nfs4-first", 1).await;
+    io_dir(&c).await;
+    let state_dir = c.dir().join("nfs-state").display().to_string();
+    // The default grace period (90 s): the test would wait that long if the first start held it.
+    let args: Vec<String> = vec!["--state-dir".into(), state_dir];
+    let mut g = c.start_nfs(&NfsOptions { extra_args: args.clone(), ..NfsOptions::default() }).await.unwrap();
+    let addr = g.addr().to_string();
+    let open_new = |name: &'static str| {
+        move |o: &mut Ops| {
+            o.putrootfh().lookup("io").open(b"o", name, OPEN4_SHARE_ACCESS_BOTH, 0, true);
+        }
+    };
+    let mut a = V4::connect(&addr).await;
+    a.session(b"first-a", true).await;
+    let mut res = a.seq(open_new("f")).await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    res.open();
+    assert!(c.log("nfs").contains("no grace period"), "the first start says why it holds no grace period");
+    g.kill().await;
+    let _g2 =
+        c.start_nfs(&NfsOptions { listen: addr.clone(), extra_args: args, ..NfsOptions::default() }).await.unwrap();
+    let mut b = V4::connect(&addr).await;
+    b.session(b"first-b", true).await;
+    let mut res = b.seq(open_new("g")).await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    assert_eq!(res.op(OP_OPEN), NFS4ERR_GRACE, "a restarted gateway holds its grace period for reclaims");
+}
+
 /// `kill -9` and a restart on the same port: the old session and clientid are unknown, handles still work, and
 /// in the grace period a reclaim (CLAIM_PREVIOUS) is served while a new open waits (GRACE); after the client's
 /// RECLAIM_COMPLETE it may reclaim no more.
