@@ -4,7 +4,8 @@
 //! Why this split: [`Namespace`] holds every POSIX-like rule once, written against the [`MetaTxn`] trait, and
 //! checks each op's permissions for a [`Cred`] with the pure rules of [`perm`];
 //! [`MetaStore`] implementations only provide atomic, durable transactions over a few keyed tables. The embedded
-//! default is [`RedbStore`] (one crash-safe file); [`MemStore`] makes the rules testable without a disk. This
+//! default is [`RedbStore`] (one crash-safe file); [`PgStore`] keeps it in a PostgreSQL database several services
+//! can share; [`MemStore`] makes the rules testable without a disk. This
 //! core is synchronous and does no networking: the service wraps [`Namespace::execute`] in its RPC handler and runs
 //! it on a blocking thread, because each write transaction waits for an fsync.
 //!
@@ -27,6 +28,9 @@ pub mod membership;
 pub mod namespace;
 pub mod node;
 pub mod perm;
+pub mod pg_store;
+#[cfg(test)]
+pub(crate) mod pg_testing;
 mod push;
 pub mod redb_store;
 pub mod service;
@@ -42,6 +46,7 @@ pub use mem_store::MemStore;
 pub use namespace::{DEFAULT_LIVENESS_MS, Namespace};
 pub use node::{MetaServerError, run, run_with};
 pub use perm::{Cred, Mask, PermError};
+pub use pg_store::{PgConfig, PgStore};
 pub use redb_store::RedbStore;
 pub use service::{HealHooks, MetaService};
 pub use store::{Inode, MetaStore, MetaTxn};
