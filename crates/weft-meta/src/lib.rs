@@ -36,6 +36,8 @@ pub mod redb_store;
 pub mod service;
 pub mod stale;
 pub mod store;
+#[cfg(test)]
+mod test_stores;
 
 pub use acl::{Acl, AclError};
 pub use clock::{Clock, ManualClock, SystemClock};

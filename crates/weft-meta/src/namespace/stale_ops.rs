@@ -111,6 +111,7 @@ mod tests {
     use weft_proto::{Layout, ROOT_INO, Request, Response, SpaceStat};
 
     use super::*;
+    use crate::test_stores::{TestStore, on_every_store};
     use crate::{ManualClock, RedbStore};
 
     /// A namespace with three servers and a `mirror 2` root, over `store`; returns it and a file created by root
@@ -142,8 +143,8 @@ mod tests {
         ns.list_stale(&ListStaleReq { ino: None, after: None, limit: 0 }).unwrap().entries
     }
 
-    fn marks_need_write_access_or_the_cluster_key_and_a_slot_of_a_redundant_layout<S: MetaStore>(store: S) {
-        let (ns, ino) = with_file(store);
+    fn marks_need_write_access_or_the_cluster_key_and_a_slot_of_a_redundant_layout<S: TestStore>() {
+        let (ns, ino) = with_file(S::fresh());
         let other = Cred::new(1000, 1000, Vec::new());
         let err = ns.mark_stale(&other, false, &mark(ino, 0, 0, 1)).unwrap_err();
         assert_eq!(err.code, ErrorCode::Permission);
@@ -158,8 +159,8 @@ mod tests {
         assert_eq!(e.iter().map(|e| (e.ino, e.slot)).collect::<Vec<_>>(), [(ino, 0), (ino, 1)]);
     }
 
-    fn clears_are_for_the_cluster_key_and_match_the_listed_seq<S: MetaStore>(store: S) {
-        let (ns, ino) = with_file(store);
+    fn clears_are_for_the_cluster_key_and_match_the_listed_seq<S: TestStore>() {
+        let (ns, ino) = with_file(S::fresh());
         let r = ns.mark_stale(&Cred::root(), false, &mark(ino, 0, 0, 10)).unwrap();
         let clear = |start, end, seq| ClearStaleReq { ino, slot: 0, start, end, seq };
         assert_eq!(ns.clear_stale(false, &clear(0, 10, r.seq)).unwrap_err().code, ErrorCode::Permission);
@@ -174,8 +175,8 @@ mod tests {
         assert_eq!(ns.list_stale(&ListStaleReq { ino: None, after: None, limit: 0 }).unwrap().total_entries, 0);
     }
 
-    fn the_table_is_bounded_per_slot_and_in_entries<S: MetaStore>(store: S) {
-        let (ns, ino) = with_file(store);
+    fn the_table_is_bounded_per_slot_and_in_entries<S: TestStore>() {
+        let (ns, ino) = with_file(S::fresh());
         let ns = ns.with_stale_limits(2, 1);
         for i in 0..3 {
             ns.mark_stale(&Cred::root(), false, &mark(ino, 0, i * 10, i * 10 + 1)).unwrap();
@@ -189,8 +190,8 @@ mod tests {
         ns.mark_stale(&Cred::root(), false, &mark(ino, 0, 0, 1)).unwrap();
     }
 
-    fn listing_pages_and_filters_by_file<S: MetaStore>(store: S) {
-        let (ns, ino) = with_file(store);
+    fn listing_pages_and_filters_by_file<S: TestStore>() {
+        let (ns, ino) = with_file(S::fresh());
         let create = CreateReq { parent: ROOT_INO, name: "g".into(), mode: 0o644, exclusive: true };
         let Ok(Response::Create(g)) = ns.execute(&Request::Create(create)) else { panic!("create") };
         for (i, s) in [(ino, 0), (ino, 1), (g.ino, 1)] {
@@ -202,24 +203,6 @@ mod tests {
         assert_eq!((rest.entries.len(), rest.more, rest.entries[0].ino), (1, false, g.ino));
         let one = ns.list_stale(&ListStaleReq { ino: Some(g.ino), after: None, limit: 0 }).unwrap();
         assert_eq!(one.entries.iter().map(|e| (e.ino, e.slot)).collect::<Vec<_>>(), [(g.ino, 1)]);
-    }
-
-    /// Each test above on `MemStore` (`mem::NAME`) and on `PgStore` (`pg::NAME`).
-    macro_rules! on_every_store {
-        ($($name:ident),*) => {
-            mod mem {
-                $(#[test]
-                fn $name() {
-                    super::$name(crate::MemStore::new())
-                })*
-            }
-            mod pg {
-                $(#[test]
-                fn $name() {
-                    super::$name(crate::pg_testing::fresh_store())
-                })*
-            }
-        };
     }
 
     on_every_store!(

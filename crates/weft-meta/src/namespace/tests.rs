@@ -16,51 +16,12 @@ use weft_proto::{
 };
 
 use super::*;
+use crate::test_stores::{TestStore, on_every_store};
 use crate::{ManualClock, MemStore, RedbStore};
 
 const T0: i64 = 1_700_000_000_000_000_000;
 
 type Ns<S> = Namespace<S, Arc<ManualClock>>;
-
-/// A store the store-agnostic tests run on, each test on a fresh, empty one: `MemStore`, and `PgStore` on a
-/// database of its own on the test process's PostgreSQL server (`crate::pg_testing`).
-trait TestStore: MetaStore + Sized {
-    fn fresh() -> Self;
-    /// Whether an aborted transaction's inode numbers are handed out again (a counter inside the transaction) or
-    /// skipped (a PostgreSQL sequence: never reused either way).
-    const REUSES_ABORTED_INOS: bool = true;
-}
-
-impl TestStore for MemStore {
-    fn fresh() -> Self {
-        MemStore::new()
-    }
-}
-
-impl TestStore for crate::PgStore {
-    fn fresh() -> Self {
-        crate::pg_testing::fresh_store()
-    }
-    const REUSES_ABORTED_INOS: bool = false;
-}
-
-/// Instantiates store-generic tests once per store: `mem::NAME` on `MemStore`, `pg::NAME` on `PgStore`.
-macro_rules! on_every_store {
-    ($($name:ident),* $(,)?) => {
-        mod mem {
-            $(#[test]
-            fn $name() {
-                super::$name::<crate::MemStore>()
-            })*
-        }
-        mod pg {
-            $(#[test]
-            fn $name() {
-                super::$name::<crate::PgStore>()
-            })*
-        }
-    };
-}
 
 fn ns_of<S: TestStore>() -> (Ns<S>, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(T0));
