@@ -24,6 +24,11 @@ pub struct MetaConfig {
     pub metrics_listen: Option<String>,
     /// Directory of the embedded store (`meta.redb`).
     pub data_dir: PathBuf,
+    /// Keep the namespace in this PostgreSQL database instead (`postgres://user@host/db` or a `key=value`
+    /// connection string; no TLS), which several metadata services may share (docs/format.md §26). Absent: the
+    /// embedded store in `data_dir`.
+    #[serde(default)]
+    pub db: Option<String>,
     /// The cluster key file (docs/format.md §9): every connection must prove it; required with `auth = "key"`.
     #[serde(default)]
     pub key_file: Option<PathBuf>,

@@ -1,6 +1,6 @@
-//! A metadata service node: [`run`] opens the store (replaying its journal), listens (tcp, and rdma messages if
-//! configured), serves [`MetaService`] and starts the orphan collector (`gc.rs`) and the membership task
-//! (`drain.rs`).
+//! A metadata service node: [`run`] opens the store (redb, replaying its journal; or PostgreSQL with `db`),
+//! listens (tcp, and rdma messages if configured), serves [`MetaService`] and starts the orphan collector
+//! (`gc.rs`) and the membership task (`drain.rs`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,13 +14,17 @@ use crate::config::MetaConfig;
 use crate::drain::run_membership;
 use crate::gc::collect_orphans;
 use crate::service::{HealHooks, MetaService};
-use crate::{Namespace, RedbStore, SystemClock};
+use crate::{MdsStore, Namespace, PgStore, RedbStore, SystemClock};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MetaServerError {
     #[error("opening the metadata store in {dir}: {source}")]
     Store { dir: PathBuf, source: crate::MetaError },
+    /// The PostgreSQL store (`db`) could not be opened (the connection string is not repeated: it may hold a
+    /// password).
+    #[error("opening the metadata database: {0}")]
+    Database(crate::MetaError),
     #[error("listening on {addr}: {source}")]
     Listen { addr: String, source: std::io::Error },
     #[error("serving: {0}")]
@@ -52,10 +56,11 @@ pub async fn run_with(
     let key = weft_rpc::auth::role_key(cfg.auth, cfg.key_file.as_deref(), "metadata service")
         .map_err(MetaServerError::Key)?;
     let dir = cfg.data_dir.clone();
-    std::fs::create_dir_all(&dir).map_err(|e| MetaServerError::Store { dir: dir.clone(), source: e.into() })?;
-    let store = RedbStore::open_with(&dir, cfg.journal())
-        .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
-    let journal_stats = store.journal_stats();
+    let (store, journal_stats) = open_store(&cfg)?;
+    let store_name = match &store {
+        MdsStore::Redb(_) => dir.display().to_string(),
+        MdsStore::Pg(_) => "postgresql".to_string(),
+    };
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?
         .with_xattr_bytes_max(cfg.xattr_bytes_max_per_inode)
@@ -99,7 +104,7 @@ pub async fn run_with(
         .with_locks(cfg.locks_max, cfg.locks_grace_ms)
         .with_heal(heal);
     let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(service));
-    info!(%addr, tls = cfg.tls, store = %dir.display(), "metadata service listening");
+    info!(%addr, tls = cfg.tls, store = %store_name, "metadata service listening");
     if let Some(rdma) = &cfg.rdma_listen {
         let l = fabric.listen(rdma).await.map_err(|source| MetaServerError::Listen { addr: rdma.clone(), source })?;
         info!(addr = %l.local_addr().map_err(MetaServerError::Serve)?, "metadata service listening on rdma");
@@ -122,19 +127,36 @@ pub async fn run_with(
     server.serve(listener).await.map_err(MetaServerError::Serve)
 }
 
-/// The MDS's metrics (the RPC server's, added by `RpcServer`; the journal's; the RPC clients' of the orphan
-/// collector), served on `at`.
+/// The store `cfg` names: the PostgreSQL database `db`, else the embedded store in `data_dir` (with its journal's
+/// metrics handles).
+fn open_store(cfg: &MetaConfig) -> Result<(MdsStore, Option<crate::journal::JournalStats>), MetaServerError> {
+    if let Some(url) = &cfg.db {
+        let store = PgStore::connect(url).map_err(MetaServerError::Database)?;
+        return Ok((MdsStore::Pg(Box::new(store)), None));
+    }
+    let dir = &cfg.data_dir;
+    std::fs::create_dir_all(dir).map_err(|e| MetaServerError::Store { dir: dir.clone(), source: e.into() })?;
+    let store = RedbStore::open_with(dir, cfg.journal())
+        .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
+    let stats = store.journal_stats();
+    Ok((MdsStore::Redb(store), Some(stats)))
+}
+
+/// The MDS's metrics (the RPC server's, added by `RpcServer`; the journal's, with redb; the RPC clients' of the
+/// orphan collector), served on `at`.
 async fn serve_metrics(
     at: &str,
-    journal: crate::journal::JournalStats,
+    journal: Option<crate::journal::JournalStats>,
 ) -> Result<Arc<weft_rpc::Metrics>, MetaServerError> {
     let m = weft_rpc::Metrics::new("mds");
-    m.register("weft_mds_journal_commits", "Journal group commits (one fdatasync each)", journal.commits);
-    m.register(
-        "weft_mds_journal_group_entries",
-        "Journal entries (metadata transactions) made durable by one group commit",
-        journal.group_entries,
-    );
+    if let Some(journal) = journal {
+        m.register("weft_mds_journal_commits", "Journal group commits (one fdatasync each)", journal.commits);
+        m.register(
+            "weft_mds_journal_group_entries",
+            "Journal entries (metadata transactions) made durable by one group commit",
+            journal.group_entries,
+        );
+    }
     weft_rpc::metrics::register_client(&m);
     m.listen(at).await.map_err(|source| MetaServerError::Listen { addr: at.to_string(), source })?;
     Ok(m)
