@@ -5,9 +5,10 @@
 //! checks each op's permissions for a [`Cred`] with the pure rules of [`perm`];
 //! [`MetaStore`] implementations only provide atomic, durable transactions over a few keyed tables. The embedded
 //! default is [`RedbStore`] (one crash-safe file); [`PgStore`] keeps it in a PostgreSQL database several services
-//! can share; [`MemStore`] makes the rules testable without a disk. This
-//! core is synchronous and does no networking: the service wraps [`Namespace::execute`] in its RPC handler and runs
-//! it on a blocking thread, because each write transaction waits for an fsync.
+//! can share ([`MdsStore`] is the one a service runs); [`MemStore`] makes the rules testable without a disk. This
+//! core is synchronous and does no networking of its own (`PgStore` talks to its database): the service wraps
+//! [`Namespace::execute`] in its RPC handler and runs it on a blocking thread, because each write transaction waits
+//! for an fsync (or a database commit).
 //!
 //! The process around it: [`config`] (`weft meta --config F` and its defaults), [`service`] (the RPC service),
 //! [`node`] (store, listeners, service), `gc` (deletes removed files' objects from the data servers) and `push`

@@ -14,7 +14,7 @@ use crate::config::MetaConfig;
 use crate::drain::run_membership;
 use crate::gc::collect_orphans;
 use crate::service::{HealHooks, MetaService};
-use crate::{MdsStore, Namespace, PgStore, RedbStore, SystemClock};
+use crate::{MdsStore, Namespace, PgConfig, PgStore, RedbStore, SystemClock};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -131,7 +131,8 @@ pub async fn run_with(
 /// metrics handles).
 fn open_store(cfg: &MetaConfig) -> Result<(MdsStore, Option<crate::journal::JournalStats>), MetaServerError> {
     if let Some(url) = &cfg.db {
-        let store = PgStore::connect(url).map_err(MetaServerError::Database)?;
+        let pg_cfg = PgConfig::default().with_connections_max(cfg.db_connections_max);
+        let store = PgStore::connect_with(url, pg_cfg).map_err(MetaServerError::Database)?;
         return Ok((MdsStore::Pg(Box::new(store)), None));
     }
     let dir = &cfg.data_dir;
@@ -160,4 +161,57 @@ async fn serve_metrics(
     weft_rpc::metrics::register_client(&m);
     m.listen(at).await.map_err(|source| MetaServerError::Listen { addr: at.to_string(), source })?;
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use weft_proto::msg::{LookupReq, MkdirReq};
+    use weft_proto::{FileKind, ROOT_INO, Request, Response};
+    use weft_rpc::{ClientConfig, RpcClient};
+
+    use super::*;
+
+    /// Starts a metadata service on `db = url` (no authentication) on `rt`; returns its address.
+    fn start(rt: &tokio::runtime::Runtime, url: &str, data_dir: &std::path::Path) -> String {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nauth = \"none\"\ndb = \"{url}\"\n",
+            data_dir.display()
+        );
+        let cfg: MetaConfig = toml::from_str(&text).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        rt.spawn(async move {
+            let served = run(cfg, move |addr| {
+                let _ = tx.send(addr.to_string());
+            })
+            .await;
+            panic!("the metadata service ended: {served:?}");
+        });
+        rx.recv_timeout(Duration::from_secs(30)).expect("the metadata service started")
+    }
+
+    /// Two services on one database (`weft meta` with `db`): what one creates, the other serves; the embedded
+    /// store's directory is never made.
+    #[test]
+    fn two_services_serve_one_postgresql_database() {
+        let url = crate::pg_testing::fresh_url();
+        let unused = std::env::temp_dir().join(format!("weft-meta-no-redb-{}", std::process::id()));
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let (one, two) = (start(&rt, &url, &unused), start(&rt, &url, &unused));
+        rt.block_on(async {
+            let client = |addr: String| async move {
+                RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap()
+            };
+            let mkdir = Request::Mkdir(MkdirReq { parent: ROOT_INO, name: "shared".into(), mode: 0o40755 });
+            let (made, _) = client(one).await.call(mkdir, Vec::new(), Vec::new()).await.unwrap();
+            let Response::Mkdir(made) = made else { panic!("{made:?}") };
+            let lookup = Request::Lookup(LookupReq { parent: ROOT_INO, name: "shared".into() });
+            let (found, _) = client(two).await.call(lookup, Vec::new(), Vec::new()).await.unwrap();
+            let Response::Lookup(found) = found else { panic!("{found:?}") };
+            assert_eq!((found.ino, found.kind), (made.ino, FileKind::Dir));
+        });
+        rt.shutdown_background();
+        assert!(!unused.exists(), "no embedded store was opened");
+    }
 }

@@ -58,6 +58,14 @@ impl Default for PgConfig {
     }
 }
 
+impl PgConfig {
+    /// At most `n` connections (at least 1).
+    pub fn with_connections_max(mut self, n: usize) -> Self {
+        self.connections_max = n.max(1);
+        self
+    }
+}
+
 /// The PostgreSQL [`MetaStore`].
 pub struct PgStore {
     pool: Pool,

@@ -238,7 +238,9 @@ impl MetaService {
     }
 
     /// Point reads never wait for a disk flush (redb reads from its cache; a miss is one pread), so they run in
-    /// place: a hop to the blocking pool costs two thread wake-ups, more than the lookup itself.
+    /// place: a hop to the blocking pool costs two thread wake-ups, more than the lookup itself. With `PgStore` a
+    /// point read is a round trip to the database: the store waits inside `block_in_place` (`pg_store.rs`), so
+    /// this worker's other tasks move to another thread meanwhile and nothing panics or stalls.
     fn execute_in_place(&self, cred: &Cred, req: &Request) -> Result<Response, WireError> {
         self.ns.execute_as(cred, req)
     }
