@@ -1944,3 +1944,28 @@ fn pg_two_services_racing_renames_never_make_a_cycle() {
     assert_tree(&one);
     assert_tree(&two);
 }
+
+/// The rename race above made deterministic: service one's rename of b into c reads the tree, then service two
+/// moves c into b and commits, then one writes. PostgreSQL refuses one's commit (it read what two changed), the
+/// store runs the rename again, and the second run sees the cycle it would make.
+#[test]
+fn pg_a_rename_overtaken_by_a_conflicting_one_is_run_again_and_refused() {
+    let (one, two) = two_services();
+    let a = mkdir(&one, ROOT_INO, "a").unwrap().ino;
+    let b = mkdir(&one, a, "b").unwrap().ino;
+    let c = mkdir(&one, ROOT_INO, "c").unwrap().ino;
+    let runs = AtomicU32::new(0);
+    let b_into_c = RenameReq { src_parent: a, src_name: "b".into(), dst_parent: c, dst_name: "b".into(), flags: 0 };
+    let r = one.store().write(|t| {
+        if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+            // Takes this transaction's snapshot before the other service's rename commits.
+            assert_eq!(t.get_inode(c)?.map(|i| i.parent), Some(ROOT_INO));
+            rename(&two, ROOT_INO, "c", b, "c").unwrap();
+        }
+        super::rename(t, &Cred::root(), &b_into_c, T0)
+    });
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "run again after the conflict");
+    assert_eq!(code(r), ErrorCode::Invalid, "the second run sees the cycle");
+    assert_eq!(lookup(&one, b, "c").unwrap().ino, c);
+    assert_tree(&one);
+}
