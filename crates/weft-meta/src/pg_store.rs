@@ -5,7 +5,9 @@
 //! (redb's) hold across services with no locking of ours; PostgreSQL aborts one of two transactions whose
 //! interleaving no serial order explains (SQLSTATE 40001, or 40P01 for a deadlock), and the store runs the closure
 //! again from the start, a bounded number of times ([`WRITE_TRIES`]). That is why [`MetaStore::write`] takes an
-//! `FnMut`. The `COMMIT` is the durability point: no journal of ours is involved.
+//! `FnMut`. So it does, on another connection, when the connection was lost before `COMMIT`; not when it was lost
+//! during `COMMIT` (the outcome is unknown, as for any lost reply). The `COMMIT` is the durability point: no
+//! journal of ours is involved.
 //!
 //! Why tokio-postgres driven from the calling thread: the namespace is synchronous and is called both from
 //! tokio's blocking pool and in place on async worker threads (`MetaService::execute_in_place`). The sync
@@ -168,6 +170,10 @@ impl MetaStore for PgStore {
                 if try_no > 0 {
                     std::thread::sleep(backoff(try_no));
                 }
+                if conn.is_closed() {
+                    drop(conn);
+                    conn = self.pool.take()?;
+                }
                 if let Some(r) = PgStore::try_write(&mut conn, &mut f, &mut last)? {
                     return Ok(r);
                 }
@@ -179,9 +185,16 @@ impl MetaStore for PgStore {
 
     fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         off_runtime(|| {
+            const BEGIN_READ: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
             let mut conn = self.pool.take()?;
-            if let Err(failure) = conn.begin("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") {
-                return Err(failure.into_error().into());
+            if let Err(failure) = conn.begin(BEGIN_READ) {
+                // `f` has not run: a connection found closed only now is replaced once.
+                if !conn.is_closed() {
+                    return Err(failure.into_error().into());
+                }
+                drop(conn);
+                conn = self.pool.take()?;
+                conn.begin(BEGIN_READ).map_err(|f| E::from(f.into_error()))?;
             }
             let mut txn = PgTxn::new(&mut conn, false);
             let result = f(&mut txn);

@@ -37,7 +37,19 @@ impl Conn {
         if self.in_txn {
             self.rollback();
         }
-        r.map_err(Failure::of)
+        r.map_err(|e| {
+            if e.is_closed() {
+                // Not retried: the COMMIT may have been applied before the connection went.
+                Failure::Fatal(MetaError::Store(format!("PostgreSQL connection lost at COMMIT, outcome unknown: {e}")))
+            } else {
+                Failure::of(e)
+            }
+        })
+    }
+
+    /// The connection ended (the server closed it, or it broke): take another.
+    pub(super) fn is_closed(&self) -> bool {
+        self.client.is_closed()
     }
 
     /// Rolls back; a connection where that fails is dropped rather than reused.

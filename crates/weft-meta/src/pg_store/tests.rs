@@ -128,3 +128,25 @@ fn the_store_works_from_async_tasks_and_the_blocking_pool() {
     let current = tokio::runtime::Builder::new_current_thread().build().unwrap();
     current.block_on(async move { drop(std::sync::Arc::try_unwrap(store).unwrap()) });
 }
+
+#[test]
+fn connections_the_server_ended_are_replaced() {
+    let url = fresh_url();
+    let store = PgStore::connect_with(&url, PgConfig::default().with_connections_max(1)).unwrap();
+    store.write(|t| t.put_inode(&dir_inode(3))).unwrap();
+    for _ in 0..3 {
+        // The server ends every connection of the store (as a restart or an idle timeout would).
+        execute(
+            &url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        );
+        store.write(|t| t.put_inode(&dir_inode(4))).unwrap();
+        execute(
+            &url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        );
+        assert_eq!(store.read(|t| t.count_inodes()).unwrap(), 2);
+    }
+}

@@ -26,9 +26,15 @@ pub(super) enum Failure {
 }
 
 impl Failure {
+    /// A failed `BEGIN` or statement: retried when it conflicted, or when the connection was lost (nothing of the
+    /// transaction can have been applied before its `COMMIT`; the next try takes another connection).
     pub(super) fn of(e: tokio_postgres::Error) -> Failure {
         let msg = format!("PostgreSQL: {}", super::describe(&e));
-        if super::is_retryable(&e) { Failure::Retry(msg) } else { Failure::Fatal(MetaError::Store(msg)) }
+        if super::is_retryable(&e) || e.is_closed() {
+            Failure::Retry(msg)
+        } else {
+            Failure::Fatal(MetaError::Store(msg))
+        }
     }
 }
 
