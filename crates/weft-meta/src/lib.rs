@@ -51,7 +51,7 @@ pub use mem_store::MemStore;
 pub use namespace::{DEFAULT_LIVENESS_MS, Namespace};
 pub use node::{MetaServerError, run, run_with};
 pub use perm::{Cred, Mask, PermError};
-pub use pg_store::{PgConfig, PgStore};
+pub use pg_store::{PgConfig, PgStats, PgStore};
 pub use redb_store::RedbStore;
 pub use service::{HealHooks, MetaService};
 pub use store::{Inode, MetaStore, MetaTxn};

@@ -56,10 +56,10 @@ pub async fn run_with(
     let key = weft_rpc::auth::role_key(cfg.auth, cfg.key_file.as_deref(), "metadata service")
         .map_err(MetaServerError::Key)?;
     let dir = cfg.data_dir.clone();
-    let (store, journal_stats) = open_store(&cfg)?;
-    let store_name = match &store {
-        MdsStore::Redb(_) => dir.display().to_string(),
-        MdsStore::Pg(_) => "postgresql".to_string(),
+    let store = open_store(&cfg)?;
+    let (store_name, store_stats) = match &store {
+        MdsStore::Redb(s) => (dir.display().to_string(), StoreStats::Journal(s.journal_stats())),
+        MdsStore::Pg(s) => ("postgresql".to_string(), StoreStats::Pg(s.stats())),
     };
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?
@@ -80,7 +80,7 @@ pub async fn run_with(
         .map_err(|source| MetaServerError::Listen { addr: cfg.listen.clone(), source })?;
     let addr = listener.local_addr().map_err(MetaServerError::Serve)?;
     let metrics = match &cfg.metrics_listen {
-        Some(at) => Some(serve_metrics(at, journal_stats).await?),
+        Some(at) => Some(serve_metrics(at, store_stats).await?),
         None => None,
     };
     let server_cfg = ServerConfig {
@@ -127,36 +127,44 @@ pub async fn run_with(
     server.serve(listener).await.map_err(MetaServerError::Serve)
 }
 
-/// The store `cfg` names: the PostgreSQL database `db`, else the embedded store in `data_dir` (with its journal's
-/// metrics handles).
-fn open_store(cfg: &MetaConfig) -> Result<(MdsStore, Option<crate::journal::JournalStats>), MetaServerError> {
+/// The store `cfg` names: the PostgreSQL database `db`, else the embedded store in `data_dir`.
+fn open_store(cfg: &MetaConfig) -> Result<MdsStore, MetaServerError> {
     if let Some(url) = &cfg.db {
         let pg_cfg = PgConfig::default().with_connections_max(cfg.db_connections_max);
         let store = PgStore::connect_with(url, pg_cfg).map_err(MetaServerError::Database)?;
-        return Ok((MdsStore::Pg(Box::new(store)), None));
+        return Ok(MdsStore::Pg(Box::new(store)));
     }
     let dir = &cfg.data_dir;
     std::fs::create_dir_all(dir).map_err(|e| MetaServerError::Store { dir: dir.clone(), source: e.into() })?;
     let store = RedbStore::open_with(dir, cfg.journal())
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
-    let stats = store.journal_stats();
-    Ok((MdsStore::Redb(store), Some(stats)))
+    Ok(MdsStore::Redb(store))
 }
 
-/// The MDS's metrics (the RPC server's, added by `RpcServer`; the journal's, with redb; the RPC clients' of the
-/// orphan collector), served on `at`.
-async fn serve_metrics(
-    at: &str,
-    journal: Option<crate::journal::JournalStats>,
-) -> Result<Arc<weft_rpc::Metrics>, MetaServerError> {
+/// The metrics handles of the store a service runs on.
+enum StoreStats {
+    Journal(crate::journal::JournalStats),
+    Pg(crate::PgStats),
+}
+
+/// The MDS's metrics (the RPC server's, added by `RpcServer`; the store's: the journal's or PostgreSQL's; the RPC
+/// clients' of the orphan collector), served on `at`.
+async fn serve_metrics(at: &str, store: StoreStats) -> Result<Arc<weft_rpc::Metrics>, MetaServerError> {
     let m = weft_rpc::Metrics::new("mds");
-    if let Some(journal) = journal {
-        m.register("weft_mds_journal_commits", "Journal group commits (one fdatasync each)", journal.commits);
-        m.register(
-            "weft_mds_journal_group_entries",
-            "Journal entries (metadata transactions) made durable by one group commit",
-            journal.group_entries,
-        );
+    match store {
+        StoreStats::Journal(journal) => {
+            m.register("weft_mds_journal_commits", "Journal group commits (one fdatasync each)", journal.commits);
+            m.register(
+                "weft_mds_journal_group_entries",
+                "Journal entries (metadata transactions) made durable by one group commit",
+                journal.group_entries,
+            );
+        }
+        StoreStats::Pg(pg) => {
+            let retries = "PostgreSQL write transactions run again (conflict, deadlock, connection lost)";
+            m.register("weft_mds_pg_retries", retries, pg.retries);
+            m.register("weft_mds_pg_gave_up", "PostgreSQL writes failed after their last try", pg.gave_up);
+        }
     }
     weft_rpc::metrics::register_client(&m);
     m.listen(at).await.map_err(|source| MetaServerError::Listen { addr: at.to_string(), source })?;

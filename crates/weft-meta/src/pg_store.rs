@@ -13,7 +13,7 @@
 //! tokio's blocking pool and in place on async worker threads (`MetaService::execute_in_place`). The sync
 //! `postgres` crate drives its connection with its own runtime's `block_on`, which panics on a thread inside a
 //! runtime. Here each connection's socket is driven by a task on the store's own one-thread runtime, and a query's
-//! future (which only talks to that task through channels) is polled by [`block_on`] on the calling thread, which
+//! future (which only talks to that task through channels) is polled by `block_on` on the calling thread, which
 //! works on any thread; on a multi-thread runtime's worker the whole transaction also runs inside
 //! `block_in_place`, so the worker's other tasks move elsewhere while it waits for the database.
 //!
@@ -32,6 +32,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
+use weft_rpc::metrics::prometheus_client::metrics::counter::Counter;
 
 use crate::error::MetaError;
 use crate::store::{MetaStore, MetaTxn};
@@ -68,9 +69,20 @@ impl PgConfig {
     }
 }
 
+/// Metrics handles of a [`PgStore`] (clones count together).
+#[derive(Debug, Clone, Default)]
+pub struct PgStats {
+    /// Write transactions run again: after a serialization failure, a deadlock, or a connection lost before
+    /// `COMMIT`.
+    pub retries: Counter,
+    /// Writes that failed with [`MetaError::Conflict`] after [`WRITE_TRIES`] tries.
+    pub gave_up: Counter,
+}
+
 /// The PostgreSQL [`MetaStore`].
 pub struct PgStore {
     pool: Pool,
+    stats: PgStats,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -100,7 +112,12 @@ impl PgStore {
             }
             Ok::<_, MetaError>(())
         })?;
-        Ok(PgStore { pool })
+        Ok(PgStore { pool, stats: PgStats::default() })
+    }
+
+    /// The store's metrics handles (shared with the store: clones count together).
+    pub fn stats(&self) -> PgStats {
+        self.stats.clone()
     }
 
     /// The schema version stored in the database (this build's [`SCHEMA_VERSION`] once connected).
@@ -177,8 +194,10 @@ impl MetaStore for PgStore {
                 if let Some(r) = PgStore::try_write(&mut conn, &mut f, &mut last)? {
                     return Ok(r);
                 }
+                self.stats.retries.inc();
                 tracing::debug!(try_no, "metadata transaction conflicted; retrying: {last}");
             }
+            self.stats.gave_up.inc();
             Err(MetaError::Conflict(format!("gave up after {WRITE_TRIES} tries; last: {last}")).into())
         })
     }
@@ -212,6 +231,16 @@ impl MetaStore for PgStore {
 /// Whether a database error is worth running the transaction again: a serialization failure or a deadlock.
 fn is_retryable(e: &tokio_postgres::Error) -> bool {
     matches!(e.code(), Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED)
+}
+
+/// Whether an error ended the connection: the client saw it close, or the server sent a fatal error (an
+/// administrator's termination, a shutdown: SQLSTATE class 57) or a connection exception (class 08).
+fn is_connection_lost(e: &tokio_postgres::Error) -> bool {
+    e.is_closed()
+        || e.as_db_error().is_some_and(|db| {
+            let code = db.code().code();
+            matches!(db.severity(), "FATAL" | "PANIC") || code.starts_with("57P") || code.starts_with("08")
+        })
 }
 
 /// A database error with PostgreSQL's own message and SQLSTATE when it has them.

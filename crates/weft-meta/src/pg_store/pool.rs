@@ -19,12 +19,15 @@ pub(super) struct Conn {
     /// A transaction was begun and not yet ended: such a connection never goes back to the pool (a panic in the
     /// closure, a failed `ROLLBACK`), since its next `BEGIN` would run inside it.
     in_txn: bool,
+    /// An error said the connection is gone (the client may notice a moment later): never reused.
+    lost: bool,
 }
 
 impl Conn {
     /// Runs `sql` (a `BEGIN …`).
     pub(super) fn begin(&mut self, sql: &str) -> Result<(), Failure> {
-        block_on(self.client.batch_execute(sql)).map_err(Failure::of)?;
+        let r = block_on(self.client.batch_execute(sql));
+        self.note(r).map_err(Failure::of)?;
         self.in_txn = true;
         Ok(())
     }
@@ -33,12 +36,13 @@ impl Conn {
     /// when the connection died meanwhile, that the outcome is unknown, as for any lost reply.
     pub(super) fn commit(&mut self) -> Result<(), Failure> {
         let r = block_on(self.client.batch_execute("COMMIT"));
-        self.in_txn = r.is_err() && !self.client.is_closed();
+        let r = self.note(r);
+        self.in_txn = r.is_err() && !self.is_closed();
         if self.in_txn {
             self.rollback();
         }
         r.map_err(|e| {
-            if e.is_closed() {
+            if super::is_connection_lost(&e) {
                 // Not retried: the COMMIT may have been applied before the connection went.
                 Failure::Fatal(MetaError::Store(format!("PostgreSQL connection lost at COMMIT, outcome unknown: {e}")))
             } else {
@@ -49,12 +53,21 @@ impl Conn {
 
     /// The connection ended (the server closed it, or it broke): take another.
     pub(super) fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.lost || self.client.is_closed()
+    }
+
+    /// Remembers an error that ended the connection.
+    fn note<T>(&mut self, r: Result<T, tokio_postgres::Error>) -> Result<T, tokio_postgres::Error> {
+        if let Err(e) = &r {
+            self.lost |= super::is_connection_lost(e);
+        }
+        r
     }
 
     /// Rolls back; a connection where that fails is dropped rather than reused.
     pub(super) fn rollback(&mut self) {
-        match block_on(self.client.batch_execute("ROLLBACK")) {
+        let r = block_on(self.client.batch_execute("ROLLBACK"));
+        match self.note(r) {
             Ok(()) => self.in_txn = false,
             Err(e) => tracing::warn!("PostgreSQL ROLLBACK failed; dropping the connection: {}", super::describe(&e)),
         }
@@ -69,17 +82,20 @@ impl Conn {
         let statement = match self.statements.get(sql) {
             Some(s) => s.clone(),
             None => {
-                let s = block_on(self.client.prepare(sql))?;
+                let s = block_on(self.client.prepare(sql));
+                let s = self.note(s)?;
                 self.statements.insert(sql, s.clone());
                 s
             }
         };
-        block_on(self.client.query(&statement, params))
+        let r = block_on(self.client.query(&statement, params));
+        self.note(r)
     }
 
     /// Runs statements without parameters (the schema's).
     pub(super) fn batch(&mut self, sql: &str) -> Result<(), tokio_postgres::Error> {
-        block_on(self.client.batch_execute(sql))
+        let r = block_on(self.client.batch_execute(sql));
+        self.note(r)
     }
 }
 
@@ -123,7 +139,7 @@ impl Pool {
         let mut st = self.state.lock().map_err(|_| MetaError::Poisoned)?;
         loop {
             if let Some(conn) = st.idle.pop() {
-                if conn.client.is_closed() {
+                if conn.is_closed() {
                     st.open -= 1;
                     continue;
                 }
@@ -171,7 +187,7 @@ impl Pool {
         if setting.try_get::<_, &str>(0).is_ok_and(|v| v == "off") {
             block_on(client.batch_execute("SET synchronous_commit TO on"))?;
         }
-        Ok(Conn { client, statements: HashMap::new(), in_txn: false })
+        Ok(Conn { client, statements: HashMap::new(), in_txn: false, lost: false })
     }
 }
 
@@ -209,7 +225,7 @@ impl DerefMut for Lease<'_> {
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         let Some(conn) = self.conn.take() else { return };
-        if conn.in_txn || conn.client.is_closed() {
+        if conn.in_txn || conn.is_closed() {
             self.pool.forget();
             return;
         }

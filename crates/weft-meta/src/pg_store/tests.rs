@@ -87,6 +87,7 @@ fn a_write_that_conflicts_with_another_services_runs_again() {
         Ok(run)
     });
     assert_eq!(r.unwrap(), 1, "the second run committed");
+    assert_eq!((one.stats().retries.get(), one.stats().gave_up.get()), (1, 0));
     let stored = two.read(|t| t.get_inode(7)).unwrap().unwrap();
     assert_eq!((stored.size, stored.nlink), (100, 3), "the retry saw the other service's write");
 }

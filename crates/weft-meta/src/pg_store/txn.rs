@@ -30,7 +30,7 @@ impl Failure {
     /// transaction can have been applied before its `COMMIT`; the next try takes another connection).
     pub(super) fn of(e: tokio_postgres::Error) -> Failure {
         let msg = format!("PostgreSQL: {}", super::describe(&e));
-        if super::is_retryable(&e) || e.is_closed() {
+        if super::is_retryable(&e) || super::is_connection_lost(&e) {
             Failure::Retry(msg)
         } else {
             Failure::Fatal(MetaError::Store(msg))
