@@ -134,7 +134,9 @@ fn path(p: &Path) -> &str {
 /// Where `initdb` and `pg_ctl` are.
 fn bindir() -> PathBuf {
     if let Some(dir) = std::env::var_os("WEFT_PG_BINDIR") {
-        return PathBuf::from(dir);
+        let dir = PathBuf::from(dir);
+        assert!(dir.join("initdb").exists(), "WEFT_PG_BINDIR={} holds no initdb", dir.display());
+        return dir;
     }
     let from_pg_config = Command::new("pg_config").arg("--bindir").output().ok().filter(|o| o.status.success());
     if let Some(out) = from_pg_config {
