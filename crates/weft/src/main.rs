@@ -278,7 +278,7 @@ enum Cmd {
         tls_ca_file = \"ca.pem\"           the cluster CA that servers' certificates chain to\n  \
         clients_keyring = \"/etc/weft/clients.keyring\" per-client keys (`weft key add`), re-read on change\n  \
         data_dir = \"/var/lib/weft/meta\"   where the embedded store (meta.redb) lives\n  \
-        db = \"postgres://weft@db/weft\"  keep the namespace in PostgreSQL instead (shareable; --db also)\n  \
+        db = \"postgres://weft@db/weft\"    keep the namespace in PostgreSQL instead (shareable; --db also)\n  \
         db_connections_max = 8           most connections to db this service holds\n  \
         liveness_ms = 5000               a data server silent this long is shown down\n  \
         slots_max = 64                   most slots (requests in flight) granted per client session\n  \
