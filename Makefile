@@ -24,7 +24,8 @@ up: deps
 # sqlite3 and fincore (util-linux-extra) which the mount's tests run; memcached for the cache bank (`weft up
 # --cache N` and its tests); libnfs-utils (nfs-cp, nfs-ls, nfs-cat) for the NFS gateway's tests and libnfs-dev
 # (libnfs.so.13 and the libnfs.h its FFI in crates/weft-bench/src/nfs/libnfs.rs follows) for `weft bench nfs`;
-# rustfmt and clippy), as root or with sudo.
+# postgresql, whose initdb and pg_ctl the PgStore tests start a server of their own with; rustfmt and clippy),
+# as root or with sudo.
 deps:
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
@@ -40,6 +41,7 @@ deps:
 	command -v setfattr >/dev/null 2>&1 || missing="$$missing attr"; \
 	command -v nfs-cp >/dev/null 2>&1 || missing="$$missing libnfs-utils"; \
 	[ -e /usr/include/nfsc/libnfs.h ] || missing="$$missing libnfs-dev"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	if [ -n "$$missing" ]; then \
 		echo "deps: installing$$missing"; \
 		$$sudo apt-get update; \

@@ -24,6 +24,14 @@ pub struct MetaConfig {
     pub metrics_listen: Option<String>,
     /// Directory of the embedded store (`meta.redb`).
     pub data_dir: PathBuf,
+    /// Keep the namespace in this PostgreSQL database instead (`postgres://user@host/db` or a `key=value`
+    /// connection string; no TLS), which several metadata services may share (docs/format.md §26). Absent: the
+    /// embedded store in `data_dir`.
+    #[serde(default)]
+    pub db: Option<String>,
+    /// Most connections to `db` this service holds (each runs one transaction at a time; more ops wait).
+    #[serde(default = "default_db_connections_max")]
+    pub db_connections_max: usize,
     /// The cluster key file (docs/format.md §9): every connection must prove it; required with `auth = "key"`.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
@@ -128,6 +136,9 @@ pub struct MetaConfig {
     pub scrub_interval_ms: u64,
 }
 
+fn default_db_connections_max() -> usize {
+    crate::pg_store::DEFAULT_CONNECTIONS_MAX
+}
 fn default_scrub_mib_per_s() -> u64 {
     20
 }
@@ -228,7 +239,7 @@ mod tests {
         let cfg: MetaConfig = toml::from_str("listen = \"127.0.0.1:0\"\ndata_dir = \"/srv/meta\"\n").unwrap();
         assert_eq!(cfg.listen, "127.0.0.1:0");
         assert_eq!(cfg.data_dir, PathBuf::from("/srv/meta"));
-        assert_eq!(cfg.rdma_listen, None);
+        assert_eq!((cfg.rdma_listen.clone(), cfg.db.clone()), (None, None), "the embedded store by default");
         assert_eq!((cfg.key_file.clone(), cfg.auth), (None, AuthMode::Key));
         assert_eq!((cfg.liveness_ms, cfg.slots_max, cfg.sessions_max, cfg.gc_interval_ms), (5000, 64, 4096, 1000));
         let journal = cfg.journal();

@@ -8,6 +8,9 @@
 //! Invariant: a drain never deletes an object a current layout names: the layout is read after the listing and
 //! before the removal, and no layout can come to name a draining server meanwhile (no spare and no new file is
 //! ever placed on one, see `membership.rs`).
+//!
+//! [`Namespace::membership_tick`]: crate::Namespace::membership_tick
+//! [`Namespace::drained`]: crate::Namespace::drained
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,8 +22,8 @@ use weft_proto::msg::{InoReq, ListObjectsReq};
 use weft_proto::{Request, Response};
 use weft_rpc::{ClientConfig, Credential, RpcClient};
 
+use crate::MdsNamespace;
 use crate::membership::MEMBERSHIP_SCAN_BATCH;
-use crate::{Namespace, RedbStore, SystemClock};
 
 /// Objects examined per draining server per tick.
 pub const DRAIN_BATCH: u32 = 256;
@@ -28,7 +31,7 @@ pub const DRAIN_BATCH: u32 = 256;
 /// Runs membership and drains until the process ends. `credential`: the cluster key the MDS proves to the data
 /// servers (none with authentication off).
 pub(crate) async fn run_membership(
-    ns: Arc<Namespace<RedbStore, SystemClock>>,
+    ns: Arc<MdsNamespace>,
     tcp: TcpFabric,
     interval_ms: u64,
     credential: Option<Credential>,
@@ -89,7 +92,7 @@ pub(crate) async fn run_membership(
 /// Drains one page of server `id`'s objects above `after`: `Some(last)` to go on after `last`, `None` when the
 /// listing ended.
 async fn drain_page(
-    ns: &Arc<Namespace<RedbStore, SystemClock>>,
+    ns: &Arc<MdsNamespace>,
     client: &RpcClient<TcpFabric>,
     id: u32,
     after: u64,

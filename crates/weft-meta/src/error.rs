@@ -24,12 +24,22 @@ pub enum MetaError {
     /// A previous transaction panicked while holding the store's lock; the in-memory state is not trusted.
     #[error("metadata store poisoned by an earlier panic")]
     Poisoned,
+    /// A shared store (PostgreSQL) kept failing the transaction with serialization failures or deadlocks against
+    /// other services' transactions, past its bounded retries; nothing was applied.
+    #[error("metadata transaction conflicted with concurrent ones too often: {0}")]
+    Conflict(String),
+    /// The database's schema is newer than this build knows (docs/format.md §26): upgrade the service.
+    #[error("metadata database schema version {found} is newer than this build's {supported}; upgrade weft")]
+    SchemaTooNew { found: i32, supported: i32 },
 }
 
 impl From<MetaError> for WireError {
     fn from(e: MetaError) -> Self {
         let code = match e {
-            MetaError::Io(_) | MetaError::Store(_) | MetaError::Corrupt(_) => ErrorCode::Io,
+            MetaError::Io(_) | MetaError::Store(_) | MetaError::Corrupt(_) | MetaError::SchemaTooNew { .. } => {
+                ErrorCode::Io
+            }
+            MetaError::Conflict(_) => ErrorCode::Busy,
             MetaError::ReadOnly | MetaError::Poisoned => ErrorCode::Internal,
         };
         tracing::error!("metadata store failure: {e}");
@@ -54,5 +64,6 @@ store_error!(
     redb::TableError,
     redb::StorageError,
     redb::CommitError,
-    redb::SetDurabilityError
+    redb::SetDurabilityError,
+    tokio_postgres::Error
 );

@@ -14,14 +14,14 @@ use weft_proto::Request;
 use weft_proto::msg::InoReq;
 use weft_rpc::{ClientConfig, Credential, RpcClient};
 
-use crate::{Namespace, RedbStore, SystemClock};
+use crate::MdsNamespace;
 
 /// Most orphans handled per round; the rest wait for the next one.
 const GC_BATCH: usize = 256;
 
 /// `tcp`: the fabric to reach the data servers with (under TLS when the MDS has it). `credential`: the cluster key the MDS proves to the data servers (none with authentication off).
 pub(crate) async fn collect_orphans(
-    ns: Arc<Namespace<RedbStore, SystemClock>>,
+    ns: Arc<MdsNamespace>,
     tcp: TcpFabric,
     interval_ms: u64,
     credential: Option<Credential>,

@@ -102,7 +102,7 @@ fn restore<K: Ord, V>(m: &mut BTreeMap<K, V>, k: K, v: Option<V>) {
 }
 
 impl MetaStore for MemStore {
-    fn write<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
+    fn write<R, E: From<MetaError>>(&self, mut f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let mut guard = self.state.lock().map_err(|_| MetaError::Poisoned)?;
         let mut txn = MemTxn { st: &mut guard, undo: Some(Vec::new()) };
         match f(&mut txn) {

@@ -1,6 +1,6 @@
-//! A metadata service node: [`run`] opens the store (replaying its journal), listens (tcp, and rdma messages if
-//! configured), serves [`MetaService`] and starts the orphan collector (`gc.rs`) and the membership task
-//! (`drain.rs`).
+//! A metadata service node: [`run`] opens the store (redb, replaying its journal; or PostgreSQL with `db`),
+//! listens (tcp, and rdma messages if configured), serves [`MetaService`] and starts the orphan collector
+//! (`gc.rs`) and the membership task (`drain.rs`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,13 +14,17 @@ use crate::config::MetaConfig;
 use crate::drain::run_membership;
 use crate::gc::collect_orphans;
 use crate::service::{HealHooks, MetaService};
-use crate::{Namespace, RedbStore, SystemClock};
+use crate::{MdsStore, Namespace, PgConfig, PgStore, RedbStore, SystemClock};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MetaServerError {
     #[error("opening the metadata store in {dir}: {source}")]
     Store { dir: PathBuf, source: crate::MetaError },
+    /// The PostgreSQL store (`db`) could not be opened (the connection string is not repeated: it may hold a
+    /// password).
+    #[error("opening the metadata database: {0}")]
+    Database(crate::MetaError),
     #[error("listening on {addr}: {source}")]
     Listen { addr: String, source: std::io::Error },
     #[error("serving: {0}")]
@@ -52,10 +56,11 @@ pub async fn run_with(
     let key = weft_rpc::auth::role_key(cfg.auth, cfg.key_file.as_deref(), "metadata service")
         .map_err(MetaServerError::Key)?;
     let dir = cfg.data_dir.clone();
-    std::fs::create_dir_all(&dir).map_err(|e| MetaServerError::Store { dir: dir.clone(), source: e.into() })?;
-    let store = RedbStore::open_with(&dir, cfg.journal())
-        .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
-    let journal_stats = store.journal_stats();
+    let store = open_store(&cfg)?;
+    let (store_name, store_stats) = match &store {
+        MdsStore::Redb(s) => (dir.display().to_string(), StoreStats::Journal(s.journal_stats())),
+        MdsStore::Pg(s) => ("postgresql".to_string(), StoreStats::Pg(s.stats())),
+    };
     let ns = Namespace::new(store, SystemClock, cfg.liveness_ms)
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?
         .with_xattr_bytes_max(cfg.xattr_bytes_max_per_inode)
@@ -75,7 +80,7 @@ pub async fn run_with(
         .map_err(|source| MetaServerError::Listen { addr: cfg.listen.clone(), source })?;
     let addr = listener.local_addr().map_err(MetaServerError::Serve)?;
     let metrics = match &cfg.metrics_listen {
-        Some(at) => Some(serve_metrics(at, journal_stats).await?),
+        Some(at) => Some(serve_metrics(at, store_stats).await?),
         None => None,
     };
     let server_cfg = ServerConfig {
@@ -99,7 +104,7 @@ pub async fn run_with(
         .with_locks(cfg.locks_max, cfg.locks_grace_ms)
         .with_heal(heal);
     let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(service));
-    info!(%addr, tls = cfg.tls, store = %dir.display(), "metadata service listening");
+    info!(%addr, tls = cfg.tls, store = %store_name, "metadata service listening");
     if let Some(rdma) = &cfg.rdma_listen {
         let l = fabric.listen(rdma).await.map_err(|source| MetaServerError::Listen { addr: rdma.clone(), source })?;
         info!(addr = %l.local_addr().map_err(MetaServerError::Serve)?, "metadata service listening on rdma");
@@ -122,20 +127,99 @@ pub async fn run_with(
     server.serve(listener).await.map_err(MetaServerError::Serve)
 }
 
-/// The MDS's metrics (the RPC server's, added by `RpcServer`; the journal's; the RPC clients' of the orphan
-/// collector), served on `at`.
-async fn serve_metrics(
-    at: &str,
-    journal: crate::journal::JournalStats,
-) -> Result<Arc<weft_rpc::Metrics>, MetaServerError> {
+/// The store `cfg` names: the PostgreSQL database `db`, else the embedded store in `data_dir`.
+fn open_store(cfg: &MetaConfig) -> Result<MdsStore, MetaServerError> {
+    if let Some(url) = &cfg.db {
+        let pg_cfg = PgConfig::default().with_connections_max(cfg.db_connections_max);
+        let store = PgStore::connect_with(url, pg_cfg).map_err(MetaServerError::Database)?;
+        return Ok(MdsStore::Pg(Box::new(store)));
+    }
+    let dir = &cfg.data_dir;
+    std::fs::create_dir_all(dir).map_err(|e| MetaServerError::Store { dir: dir.clone(), source: e.into() })?;
+    let store = RedbStore::open_with(dir, cfg.journal())
+        .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?;
+    Ok(MdsStore::Redb(store))
+}
+
+/// The metrics handles of the store a service runs on.
+enum StoreStats {
+    Journal(crate::journal::JournalStats),
+    Pg(crate::PgStats),
+}
+
+/// The MDS's metrics (the RPC server's, added by `RpcServer`; the store's: the journal's or PostgreSQL's; the RPC
+/// clients' of the orphan collector), served on `at`.
+async fn serve_metrics(at: &str, store: StoreStats) -> Result<Arc<weft_rpc::Metrics>, MetaServerError> {
     let m = weft_rpc::Metrics::new("mds");
-    m.register("weft_mds_journal_commits", "Journal group commits (one fdatasync each)", journal.commits);
-    m.register(
-        "weft_mds_journal_group_entries",
-        "Journal entries (metadata transactions) made durable by one group commit",
-        journal.group_entries,
-    );
+    match store {
+        StoreStats::Journal(journal) => {
+            m.register("weft_mds_journal_commits", "Journal group commits (one fdatasync each)", journal.commits);
+            m.register(
+                "weft_mds_journal_group_entries",
+                "Journal entries (metadata transactions) made durable by one group commit",
+                journal.group_entries,
+            );
+        }
+        StoreStats::Pg(pg) => {
+            let retries = "PostgreSQL write transactions run again (conflict, deadlock, connection lost)";
+            m.register("weft_mds_pg_retries", retries, pg.retries);
+            m.register("weft_mds_pg_gave_up", "PostgreSQL writes failed after their last try", pg.gave_up);
+        }
+    }
     weft_rpc::metrics::register_client(&m);
     m.listen(at).await.map_err(|source| MetaServerError::Listen { addr: at.to_string(), source })?;
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use weft_proto::msg::{LookupReq, MkdirReq};
+    use weft_proto::{FileKind, ROOT_INO, Request, Response};
+    use weft_rpc::{ClientConfig, RpcClient};
+
+    use super::*;
+
+    /// Starts a metadata service on `db = url` (no authentication) on `rt`; returns its address.
+    fn start(rt: &tokio::runtime::Runtime, url: &str, data_dir: &std::path::Path) -> String {
+        let text = format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nauth = \"none\"\ndb = \"{url}\"\n",
+            data_dir.display()
+        );
+        let cfg: MetaConfig = toml::from_str(&text).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        rt.spawn(async move {
+            let served = run(cfg, move |addr| {
+                let _ = tx.send(addr.to_string());
+            })
+            .await;
+            panic!("the metadata service ended: {served:?}");
+        });
+        rx.recv_timeout(Duration::from_secs(30)).expect("the metadata service started")
+    }
+
+    /// Two services on one database (`weft meta` with `db`): what one creates, the other serves; the embedded
+    /// store's directory is never made.
+    #[test]
+    fn two_services_serve_one_postgresql_database() {
+        let url = crate::pg_testing::fresh_url();
+        let unused = std::env::temp_dir().join(format!("weft-meta-no-redb-{}", std::process::id()));
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let (one, two) = (start(&rt, &url, &unused), start(&rt, &url, &unused));
+        rt.block_on(async {
+            let client = |addr: String| async move {
+                RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap()
+            };
+            let mkdir = Request::Mkdir(MkdirReq { parent: ROOT_INO, name: "shared".into(), mode: 0o40755 });
+            let (made, _) = client(one).await.call(mkdir, Vec::new(), Vec::new()).await.unwrap();
+            let Response::Mkdir(made) = made else { panic!("{made:?}") };
+            let lookup = Request::Lookup(LookupReq { parent: ROOT_INO, name: "shared".into() });
+            let (found, _) = client(two).await.call(lookup, Vec::new(), Vec::new()).await.unwrap();
+            let Response::Lookup(found) = found else { panic!("{found:?}") };
+            assert_eq!((found.ino, found.kind), (made.ino, FileKind::Dir));
+        });
+        rt.shutdown_background();
+        assert!(!unused.exists(), "no embedded store was opened");
+    }
 }

@@ -17,8 +17,8 @@ use weft_cache::Bank;
 use weft_proto::msg::OpenResp;
 use weft_proto::{Attr, Request, Response};
 
+use crate::MdsNamespace;
 use crate::store::MetaStore;
-use crate::{Namespace, RedbStore, SystemClock};
 
 /// Lock stripes: pushes of different keys rarely wait for each other.
 const STRIPES: usize = 256;
@@ -128,14 +128,14 @@ impl Touched {
 
 pub(crate) struct Pusher {
     bank: Bank,
-    ns: Arc<Namespace<RedbStore, SystemClock>>,
+    ns: Arc<MdsNamespace>,
     stripes: Vec<Mutex<()>>,
     fills: Arc<Semaphore>,
     filled: FilledLately,
 }
 
 impl Pusher {
-    pub fn new(bank: Bank, ns: Arc<Namespace<RedbStore, SystemClock>>) -> Arc<Pusher> {
+    pub fn new(bank: Bank, ns: Arc<MdsNamespace>) -> Arc<Pusher> {
         Arc::new(Pusher {
             filled: FilledLately::new(bank.config().attr_ttl_s),
             bank,

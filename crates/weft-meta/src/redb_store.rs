@@ -257,7 +257,7 @@ fn replay<'a>(db: &Database, payloads: impl Iterator<Item = &'a [u8]>) -> Result
 }
 
 impl MetaStore for RedbStore {
-    fn write<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
+    fn write<R, E: From<MetaError>>(&self, mut f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let journal = &self.inner.journal;
         journal.wait_for_room()?;
         let mut wtx = self.inner.db.begin_write().map_err(MetaError::from)?;

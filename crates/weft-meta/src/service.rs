@@ -9,6 +9,8 @@
 //!
 //! With a cache bank (`[cache]` with `attrs = true`), every change is published to it after it commits and before
 //! its reply ([`crate::push`]), so a client that reads attributes or lookups from the bank sees it.
+//!
+//! [`Namespace::execute_as`]: crate::Namespace::execute_as
 
 use std::sync::Arc;
 
@@ -22,7 +24,7 @@ use weft_rpc::{CallCtx, CapabilityKey, KeyPolicy, PoolBuf, Principal, Reply, Ser
 use crate::lock_sessions::{DEFAULT_LOCKS_GRACE_MS, SessionLocks};
 use crate::locks::DEFAULT_LOCKS_MAX;
 use crate::push::Pusher;
-use crate::{Cred, Namespace, RedbStore, SystemClock};
+use crate::{Cred, MdsNamespace};
 
 /// Default lifetime of a capability: one minute. It bounds how long a removed permission keeps working on the
 /// data servers (ARCHITECTURE.md, Invariants), and a client renews each open file's capability once per 40 s of
@@ -35,7 +37,7 @@ pub const DEFAULT_CAPABILITY_TTL_MS: u64 = 60_000;
 pub const DEFAULT_PNFS_HANDLE_TTL_MS: u64 = 3_600_000;
 
 pub struct MetaService {
-    ns: Arc<Namespace<RedbStore, SystemClock>>,
+    ns: Arc<MdsNamespace>,
     /// `None` with authentication off: capabilities are issued empty (version 0).
     cap_key: Option<CapabilityKey>,
     capability_ttl_ms: u64,
@@ -57,7 +59,7 @@ pub struct HealHooks {
 }
 
 impl MetaService {
-    pub fn new(ns: Arc<Namespace<RedbStore, SystemClock>>) -> MetaService {
+    pub fn new(ns: Arc<MdsNamespace>) -> MetaService {
         MetaService {
             ns,
             cap_key: None,
@@ -236,7 +238,9 @@ impl MetaService {
     }
 
     /// Point reads never wait for a disk flush (redb reads from its cache; a miss is one pread), so they run in
-    /// place: a hop to the blocking pool costs two thread wake-ups, more than the lookup itself.
+    /// place: a hop to the blocking pool costs two thread wake-ups, more than the lookup itself. With `PgStore` a
+    /// point read is a round trip to the database: the store waits inside `block_in_place` (`pg_store.rs`), so
+    /// this worker's other tasks move to another thread meanwhile and nothing panics or stalls.
     fn execute_in_place(&self, cred: &Cred, req: &Request) -> Result<Response, WireError> {
         self.ns.execute_as(cred, req)
     }

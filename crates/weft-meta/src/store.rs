@@ -407,8 +407,10 @@ pub(crate) fn kind_from_u8(v: u8) -> Result<FileKind, MetaError> {
 /// A transactional store of inodes, directory entries, data servers and orphaned objects.
 pub trait MetaStore: Send + Sync + 'static {
     /// Runs `f` in one atomic write transaction, durable (fsynced) before this returns `Ok`. If `f` returns `Err`,
-    /// nothing it did is applied. Store failures reach the caller through `E: From<MetaError>`.
-    fn write<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E>;
+    /// nothing it did is applied. Store failures reach the caller through `E: From<MetaError>`. A shared store
+    /// ([`crate::PgStore`]) may run `f` again, from the state before it, when the transaction conflicted with
+    /// another service's: `f` must not have effects outside the transaction that a second run would repeat.
+    fn write<R, E: From<MetaError>>(&self, f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E>;
 
     /// Runs `f` against a consistent snapshot. Writes inside it fail with [`MetaError::ReadOnly`].
     fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E>;

@@ -278,6 +278,8 @@ enum Cmd {
         tls_ca_file = \"ca.pem\"           the cluster CA that servers' certificates chain to\n  \
         clients_keyring = \"/etc/weft/clients.keyring\" per-client keys (`weft key add`), re-read on change\n  \
         data_dir = \"/var/lib/weft/meta\"   where the embedded store (meta.redb) lives\n  \
+        db = \"postgres://weft@db/weft\"    keep the namespace in PostgreSQL instead (shareable; --db also)\n  \
+        db_connections_max = 8           most connections to db this service holds\n  \
         liveness_ms = 5000               a data server silent this long is shown down\n  \
         slots_max = 64                   most slots (requests in flight) granted per client session\n  \
         sessions_max = 4096              most client sessions held at once\n  \
@@ -299,6 +301,10 @@ enum Cmd {
         /// The TOML file describing this metadata service.
         #[arg(long)]
         config: PathBuf,
+        /// Serve the namespace from this PostgreSQL database (`postgres://user@host/db`, no TLS) instead of the
+        /// embedded store in `data_dir`; overrides the config's `db` (docs/format.md §26).
+        #[arg(long)]
+        db: Option<String>,
     },
     /// Run a data server from a TOML config file.
     #[command(after_help = "Config keys (TOML):\n  \
@@ -734,10 +740,11 @@ async fn run(cmd: Cmd) -> Result<()> {
                 c::mount(c.spec(), &dir, &opts).await
             }
         }
-        Cmd::Meta { config } => {
+        Cmd::Meta { config, db } => {
             let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
-            let cfg: weft_meta::MetaConfig =
+            let mut cfg: weft_meta::MetaConfig =
                 toml::from_str(&text).with_context(|| format!("{} is not a valid meta config", config.display()))?;
+            cfg.db = db.or(cfg.db);
             let heal = cfg.heal.then(weft_heal::HealState::new);
             let hooks = heal.clone().map(|h| {
                 let p = h.clone();

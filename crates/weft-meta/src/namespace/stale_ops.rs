@@ -111,7 +111,8 @@ mod tests {
     use weft_proto::{Layout, ROOT_INO, Request, Response, SpaceStat};
 
     use super::*;
-    use crate::{ManualClock, MemStore, RedbStore};
+    use crate::test_stores::{TestStore, on_every_store};
+    use crate::{ManualClock, RedbStore};
 
     /// A namespace with three servers and a `mirror 2` root, over `store`; returns it and a file created by root
     /// with mode 0644 (others may not write it).
@@ -142,9 +143,8 @@ mod tests {
         ns.list_stale(&ListStaleReq { ino: None, after: None, limit: 0 }).unwrap().entries
     }
 
-    #[test]
-    fn marks_need_write_access_or_the_cluster_key_and_a_slot_of_a_redundant_layout() {
-        let (ns, ino) = with_file(MemStore::new());
+    fn marks_need_write_access_or_the_cluster_key_and_a_slot_of_a_redundant_layout<S: TestStore>() {
+        let (ns, ino) = with_file(S::fresh());
         let other = Cred::new(1000, 1000, Vec::new());
         let err = ns.mark_stale(&other, false, &mark(ino, 0, 0, 1)).unwrap_err();
         assert_eq!(err.code, ErrorCode::Permission);
@@ -159,9 +159,8 @@ mod tests {
         assert_eq!(e.iter().map(|e| (e.ino, e.slot)).collect::<Vec<_>>(), [(ino, 0), (ino, 1)]);
     }
 
-    #[test]
-    fn clears_are_for_the_cluster_key_and_match_the_listed_seq() {
-        let (ns, ino) = with_file(MemStore::new());
+    fn clears_are_for_the_cluster_key_and_match_the_listed_seq<S: TestStore>() {
+        let (ns, ino) = with_file(S::fresh());
         let r = ns.mark_stale(&Cred::root(), false, &mark(ino, 0, 0, 10)).unwrap();
         let clear = |start, end, seq| ClearStaleReq { ino, slot: 0, start, end, seq };
         assert_eq!(ns.clear_stale(false, &clear(0, 10, r.seq)).unwrap_err().code, ErrorCode::Permission);
@@ -176,9 +175,8 @@ mod tests {
         assert_eq!(ns.list_stale(&ListStaleReq { ino: None, after: None, limit: 0 }).unwrap().total_entries, 0);
     }
 
-    #[test]
-    fn the_table_is_bounded_per_slot_and_in_entries() {
-        let (ns, ino) = with_file(MemStore::new());
+    fn the_table_is_bounded_per_slot_and_in_entries<S: TestStore>() {
+        let (ns, ino) = with_file(S::fresh());
         let ns = ns.with_stale_limits(2, 1);
         for i in 0..3 {
             ns.mark_stale(&Cred::root(), false, &mark(ino, 0, i * 10, i * 10 + 1)).unwrap();
@@ -192,9 +190,8 @@ mod tests {
         ns.mark_stale(&Cred::root(), false, &mark(ino, 0, 0, 1)).unwrap();
     }
 
-    #[test]
-    fn listing_pages_and_filters_by_file() {
-        let (ns, ino) = with_file(MemStore::new());
+    fn listing_pages_and_filters_by_file<S: TestStore>() {
+        let (ns, ino) = with_file(S::fresh());
         let create = CreateReq { parent: ROOT_INO, name: "g".into(), mode: 0o644, exclusive: true };
         let Ok(Response::Create(g)) = ns.execute(&Request::Create(create)) else { panic!("create") };
         for (i, s) in [(ino, 0), (ino, 1), (g.ino, 1)] {
@@ -207,6 +204,13 @@ mod tests {
         let one = ns.list_stale(&ListStaleReq { ino: Some(g.ino), after: None, limit: 0 }).unwrap();
         assert_eq!(one.entries.iter().map(|e| (e.ino, e.slot)).collect::<Vec<_>>(), [(g.ino, 1)]);
     }
+
+    on_every_store!(
+        marks_need_write_access_or_the_cluster_key_and_a_slot_of_a_redundant_layout,
+        clears_are_for_the_cluster_key_and_match_the_listed_seq,
+        the_table_is_bounded_per_slot_and_in_entries,
+        listing_pages_and_filters_by_file
+    );
 
     #[test]
     fn stale_ranges_survive_a_restart_through_the_journal() {

@@ -1,5 +1,6 @@
 //! Extended attributes and ACLs through `Namespace::execute_as`: limits, flags, namespaces, errors, ACL and mode
-//! coherence, inheritance, ACL-aware permission checks, removal with the inode, persistence over `RedbStore`.
+//! coherence, inheritance, ACL-aware permission checks, removal with the inode, persistence over `RedbStore`;
+//! each on `MemStore` and `PgStore` (`on_every_store!`).
 
 use std::sync::Arc;
 
@@ -13,7 +14,8 @@ use crate::acl::{ACCESS_XATTR, ACL_UNDEFINED_ID, Acl, DEFAULT_XATTR, Entry, Tag}
 use crate::namespace::{DEFAULT_LIVENESS_MS, Namespace};
 use crate::perm::Cred;
 use crate::store::MetaStore;
-use crate::{ManualClock, MemStore, RedbStore};
+use crate::test_stores::{TestStore, on_every_store};
+use crate::{ManualClock, RedbStore};
 
 const ALICE: u32 = 1000;
 const BOB: u32 = 1001;
@@ -41,10 +43,6 @@ fn ns_on<S: MetaStore>(store: S) -> Ns<S> {
     let space = SpaceStat { bytes_total: 1, bytes_free: 1, objects: 0 };
     ns.execute(&Request::RegisterServer(RegisterServerReq { id: 1, addr: "ds:1".into(), space })).unwrap();
     ns
-}
-
-fn mem() -> Ns<MemStore> {
-    ns_on(MemStore::new())
 }
 
 fn code<T: std::fmt::Debug>(r: Result<T, WireError>) -> ErrorCode {
@@ -129,9 +127,8 @@ fn shared<S: MetaStore>(ns: &Ns<S>) -> u64 {
     d.ino
 }
 
-#[test]
-fn values_round_trip_and_flags_and_limits_are_linuxs() {
-    let ns = mem();
+fn values_round_trip_and_flags_and_limits_are_linuxs<S: TestStore>() {
+    let ns = ns_on(S::fresh());
     let f = create(&ns, &alice(), shared(&ns), "f", 0o644).ino;
     set(&ns, &alice(), f, "user.a", b"1", 0).unwrap();
     set(&ns, &alice(), f, "user.empty", b"", XATTR_CREATE).unwrap();
@@ -163,9 +160,8 @@ fn values_round_trip_and_flags_and_limits_are_linuxs() {
     assert_eq!(code(get(&ns, &alice(), 999, "user.a")), ErrorCode::NotFound);
 }
 
-#[test]
-fn the_total_per_inode_and_the_name_list_are_bounded() {
-    let ns = ns_on(MemStore::new()).with_xattr_bytes_max(0);
+fn the_total_per_inode_and_the_name_list_are_bounded<S: TestStore>() {
+    let ns = ns_on(S::fresh()).with_xattr_bytes_max(0);
     // Raised to the smallest useful bound: one largest value with a longest name.
     let max = (64 << 10) + 255;
     let f = create(&ns, &alice(), shared(&ns), "f", 0o644).ino;
@@ -197,9 +193,8 @@ fn shared_ino<S: MetaStore>(ns: &Ns<S>) -> u64 {
     }
 }
 
-#[test]
-fn namespaces_follow_linux_rules() {
-    let ns = mem();
+fn namespaces_follow_linux_rules<S: TestStore>() {
+    let ns = ns_on(S::fresh());
     let dir = shared(&ns);
     let f = create(&ns, &alice(), dir, "f", 0o640).ino;
     // user.*: read needs read permission, write needs write permission.
@@ -235,9 +230,8 @@ fn namespaces_follow_linux_rules() {
     set(&ns, &root(), f, "security.s", b"x", 0).unwrap();
 }
 
-#[test]
-fn an_access_acl_sets_the_mode_and_is_honoured_by_every_check() {
-    let ns = mem();
+fn an_access_acl_sets_the_mode_and_is_honoured_by_every_check<S: TestStore>() {
+    let ns = ns_on(S::fresh());
     let f = create(&ns, &alice(), shared(&ns), "f", 0o600).ino;
     assert_eq!(code(get(&ns, &bob(), f, "user.x")), ErrorCode::Permission, "permission is checked first");
     set(&ns, &alice(), f, "user.x", b"v", 0).unwrap();
@@ -274,9 +268,8 @@ fn an_access_acl_sets_the_mode_and_is_honoured_by_every_check() {
     assert_eq!(code(set(&ns, &alice(), f, DEFAULT_XATTR, &bob_may_read(), 0)), ErrorCode::Permission);
 }
 
-#[test]
-fn setting_an_acl_outside_the_files_group_clears_set_group_id() {
-    let ns = mem();
+fn setting_an_acl_outside_the_files_group_clears_set_group_id<S: TestStore>() {
+    let ns = ns_on(S::fresh());
     let f = create(&ns, &alice(), shared(&ns), "f", 0o2670).ino;
     ns.execute(&Request::SetAttr(SetAttrReq { ino: f, set: SetAttrs { gid: Some(STAFF), ..SetAttrs::default() } }))
         .unwrap();
@@ -288,9 +281,8 @@ fn setting_an_acl_outside_the_files_group_clears_set_group_id() {
     assert_eq!(getattr(&ns, f).mode & 0o7777, 0o2640, "root keeps it");
 }
 
-#[test]
-fn chmod_rewrites_the_acl_and_the_acl_follows() {
-    let ns = mem();
+fn chmod_rewrites_the_acl_and_the_acl_follows<S: TestStore>() {
+    let ns = ns_on(S::fresh());
     let f = create(&ns, &alice(), shared(&ns), "f", 0o600).ino;
     set(&ns, &alice(), f, ACCESS_XATTR, &bob_may_read(), 0).unwrap();
     chmod(&ns, &alice(), f, 0o705).unwrap();
@@ -308,9 +300,8 @@ fn chmod_rewrites_the_acl_and_the_acl_follows() {
     assert!(ns.open(&bob(), f, weft_proto::Rights::READ).is_ok(), "mask r again");
 }
 
-#[test]
-fn new_entries_inherit_a_default_acl_instead_of_the_umask() {
-    let ns = mem();
+fn new_entries_inherit_a_default_acl_instead_of_the_umask<S: TestStore>() {
+    let ns = ns_on(S::fresh());
     let dir = mkdir(&ns, &alice(), shared(&ns), "d", 0o755).ino;
     let u = ACL_UNDEFINED_ID;
     let default = Acl::new(vec![
@@ -347,9 +338,8 @@ fn new_entries_inherit_a_default_acl_instead_of_the_umask() {
     assert_eq!((g.mode & 0o777, list(&ns, &alice(), g.ino).len()), (0o644, 0));
 }
 
-#[test]
-fn a_directory_acl_governs_who_may_create_and_search() {
-    let ns = mem();
+fn a_directory_acl_governs_who_may_create_and_search<S: TestStore>() {
+    let ns = ns_on(S::fresh());
     let dir = mkdir(&ns, &alice(), shared(&ns), "d", 0o700).ino;
     let u = ACL_UNDEFINED_ID;
     let acl = Acl::new(vec![
@@ -381,9 +371,8 @@ fn a_directory_acl_governs_who_may_create_and_search() {
     ns.execute_as(&carol(), &Request::Unlink(NameReq { parent: dir, name: "c".into() })).unwrap();
 }
 
-#[test]
-fn attributes_go_with_their_inode() {
-    let ns = mem();
+fn attributes_go_with_their_inode<S: TestStore>() {
+    let ns = ns_on(S::fresh());
     let dir = shared(&ns);
     let f = create(&ns, &alice(), dir, "f", 0o644).ino;
     set(&ns, &alice(), f, "user.a", b"1", 0).unwrap();
@@ -418,3 +407,15 @@ fn redb_keeps_attributes_across_a_reopen() {
     drop(ns);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+on_every_store!(
+    values_round_trip_and_flags_and_limits_are_linuxs,
+    the_total_per_inode_and_the_name_list_are_bounded,
+    namespaces_follow_linux_rules,
+    an_access_acl_sets_the_mode_and_is_honoured_by_every_check,
+    setting_an_acl_outside_the_files_group_clears_set_group_id,
+    chmod_rewrites_the_acl_and_the_acl_follows,
+    new_entries_inherit_a_default_acl_instead_of_the_umask,
+    a_directory_acl_governs_who_may_create_and_search,
+    attributes_go_with_their_inode,
+);

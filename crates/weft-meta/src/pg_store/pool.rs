@@ -1,0 +1,237 @@
+//! The connection pool of a [`super::PgStore`]: at most `max` connections, opened on demand, each driven by a task
+//! on the pool's own one-thread runtime, kept with their prepared statements.
+
+use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Condvar, Mutex};
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Row, Statement};
+
+use super::block_on;
+use super::txn::Failure;
+use crate::error::MetaError;
+
+/// One connection and its prepared statements.
+pub(super) struct Conn {
+    client: Client,
+    statements: HashMap<&'static str, Statement>,
+    /// A transaction was begun and not yet ended: such a connection never goes back to the pool (a panic in the
+    /// closure, a failed `ROLLBACK`), since its next `BEGIN` would run inside it.
+    in_txn: bool,
+    /// An error said the connection is gone (the client may notice a moment later): never reused.
+    lost: bool,
+}
+
+impl Conn {
+    /// Runs `sql` (a `BEGIN …`).
+    pub(super) fn begin(&mut self, sql: &str) -> Result<(), Failure> {
+        let r = block_on(self.client.batch_execute(sql));
+        self.note(r).map_err(Failure::of)?;
+        self.in_txn = true;
+        Ok(())
+    }
+
+    /// Commits. An error means nothing was applied (PostgreSQL rolls back a transaction it cannot commit), or,
+    /// when the connection died meanwhile, that the outcome is unknown, as for any lost reply.
+    pub(super) fn commit(&mut self) -> Result<(), Failure> {
+        let r = block_on(self.client.batch_execute("COMMIT"));
+        let r = self.note(r);
+        self.in_txn = r.is_err() && !self.is_closed();
+        if self.in_txn {
+            self.rollback();
+        }
+        r.map_err(|e| {
+            if super::is_connection_lost(&e) {
+                // Not retried: the COMMIT may have been applied before the connection went.
+                Failure::Fatal(MetaError::Store(format!("PostgreSQL connection lost at COMMIT, outcome unknown: {e}")))
+            } else {
+                Failure::of(e)
+            }
+        })
+    }
+
+    /// The connection ended (the server closed it, or it broke): take another.
+    pub(super) fn is_closed(&self) -> bool {
+        self.lost || self.client.is_closed()
+    }
+
+    /// Remembers an error that ended the connection.
+    fn note<T>(&mut self, r: Result<T, tokio_postgres::Error>) -> Result<T, tokio_postgres::Error> {
+        if let Err(e) = &r {
+            self.lost |= super::is_connection_lost(e);
+        }
+        r
+    }
+
+    /// Rolls back; a connection where that fails is dropped rather than reused.
+    pub(super) fn rollback(&mut self) {
+        let r = block_on(self.client.batch_execute("ROLLBACK"));
+        match self.note(r) {
+            Ok(()) => self.in_txn = false,
+            Err(e) => tracing::warn!("PostgreSQL ROLLBACK failed; dropping the connection: {}", super::describe(&e)),
+        }
+    }
+
+    /// Runs a statement, prepared once per connection.
+    pub(super) fn query(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let statement = match self.statements.get(sql) {
+            Some(s) => s.clone(),
+            None => {
+                let s = block_on(self.client.prepare(sql));
+                let s = self.note(s)?;
+                self.statements.insert(sql, s.clone());
+                s
+            }
+        };
+        let r = block_on(self.client.query(&statement, params));
+        self.note(r)
+    }
+
+    /// Runs statements without parameters (the schema's).
+    pub(super) fn batch(&mut self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        let r = block_on(self.client.batch_execute(sql));
+        self.note(r)
+    }
+}
+
+struct State {
+    idle: Vec<Conn>,
+    /// Connections open, idle or lent.
+    open: usize,
+}
+
+pub(super) struct Pool {
+    cfg: tokio_postgres::Config,
+    max: usize,
+    state: Mutex<State>,
+    freed: Condvar,
+    /// Drives every connection's socket; `None` only while dropping.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Pool {
+    pub(super) fn new(cfg: tokio_postgres::Config, max: usize) -> Result<Pool, MetaError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("weft-pg")
+            .enable_all()
+            .build()?;
+        Ok(Pool {
+            cfg,
+            max,
+            state: Mutex::new(State { idle: Vec::new(), open: 0 }),
+            freed: Condvar::new(),
+            rt: Some(rt),
+        })
+    }
+
+    pub(super) fn max(&self) -> usize {
+        self.max
+    }
+
+    /// An idle connection, a new one while fewer than `max` are open, else the next one returned.
+    pub(super) fn take(&self) -> Result<Lease<'_>, MetaError> {
+        let mut st = self.state.lock().map_err(|_| MetaError::Poisoned)?;
+        loop {
+            if let Some(conn) = st.idle.pop() {
+                if conn.is_closed() {
+                    st.open -= 1;
+                    continue;
+                }
+                return Ok(Lease { pool: self, conn: Some(conn) });
+            }
+            if st.open < self.max {
+                st.open += 1;
+                drop(st);
+                return match self.connect() {
+                    Ok(conn) => Ok(Lease { pool: self, conn: Some(conn) }),
+                    Err(e) => {
+                        self.forget();
+                        Err(e)
+                    }
+                };
+            }
+            st = self.freed.wait(st).map_err(|_| MetaError::Poisoned)?;
+        }
+    }
+
+    fn forget(&self) {
+        if let Ok(mut st) = self.state.lock() {
+            st.open -= 1;
+        }
+        self.freed.notify_one();
+    }
+
+    fn connect(&self) -> Result<Conn, MetaError> {
+        let rt = self.rt.as_ref().ok_or_else(|| MetaError::Store("PostgreSQL pool closed".into()))?;
+        let cfg = self.cfg.clone();
+        let task = rt.spawn(async move {
+            let (client, connection) = cfg.connect(NoTls).await?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!("PostgreSQL connection ended: {}", super::describe(&e));
+                }
+            });
+            Ok::<_, tokio_postgres::Error>(client)
+        });
+        let client = block_on(task)
+            .map_err(|e| MetaError::Store(format!("PostgreSQL connect task: {e}")))?
+            .map_err(|e| MetaError::Store(format!("connecting to PostgreSQL: {}", super::describe(&e))))?;
+        // The commit is the durability point (docs/format.md §26): never let a session default make it lossy.
+        let setting = block_on(client.query_one("SHOW synchronous_commit", &[]))?;
+        if setting.try_get::<_, &str>(0).is_ok_and(|v| v == "off") {
+            block_on(client.batch_execute("SET synchronous_commit TO on"))?;
+        }
+        Ok(Conn { client, statements: HashMap::new(), in_txn: false, lost: false })
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Ok(st) = self.state.get_mut() {
+            st.idle.clear();
+        }
+        // Not `drop`: dropping a runtime blocks, which panics when the store is dropped on an async task.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A connection lent by the pool, given back on drop.
+pub(super) struct Lease<'p> {
+    pool: &'p Pool,
+    conn: Option<Conn>,
+}
+
+impl Deref for Lease<'_> {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        self.conn.as_ref().expect("a lease holds its connection until dropped")
+    }
+}
+
+impl DerefMut for Lease<'_> {
+    fn deref_mut(&mut self) -> &mut Conn {
+        self.conn.as_mut().expect("a lease holds its connection until dropped")
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        if conn.in_txn || conn.is_closed() {
+            self.pool.forget();
+            return;
+        }
+        if let Ok(mut st) = self.pool.state.lock() {
+            st.idle.push(conn);
+        }
+        self.pool.freed.notify_one();
+    }
+}

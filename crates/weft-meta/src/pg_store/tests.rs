@@ -1,0 +1,153 @@
+//! The schema's migrations and the retry of conflicting transactions, on a real PostgreSQL server.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::*;
+use crate::Inode;
+use crate::pg_testing::{execute, fresh_url};
+use weft_proto::FileKind;
+
+fn dir_inode(ino: u64) -> Inode {
+    Inode {
+        ino,
+        kind: FileKind::Dir,
+        mode: 0o755,
+        uid: 0,
+        gid: 0,
+        nlink: 2,
+        size: 0,
+        atime_ns: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+        parent: 1,
+        layout: None,
+        target: String::new(),
+        rdev: 0,
+        data_version: 0,
+        sole_name: None,
+    }
+}
+
+#[test]
+fn an_empty_database_is_created_at_the_current_version_and_reopened_as_is() {
+    let url = fresh_url();
+    let store = PgStore::connect(&url).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    store.write(|t| t.put_inode(&dir_inode(5))).unwrap();
+    drop(store);
+    let again = PgStore::connect(&url).unwrap();
+    assert_eq!(again.read(|t| t.get_inode(5)).unwrap(), Some(dir_inode(5)), "reopening migrates nothing away");
+    assert_eq!(again.write(|t| t.next_ino()).unwrap(), 2, "the first inode number after the root's");
+}
+
+#[test]
+fn a_version_0_database_is_migrated_in_order() {
+    // Version 0 with its version table already there (a service that stopped before step 1 committed could not
+    // leave this: the steps run in the same transaction; but a hand-made one can).
+    let url = fresh_url();
+    execute(
+        &url,
+        "CREATE TABLE weft_schema (id smallint PRIMARY KEY CHECK (id = 0), version integer NOT NULL); \
+         INSERT INTO weft_schema VALUES (0, 0);",
+    );
+    let store = PgStore::connect(&url).unwrap();
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    assert_eq!(store.read(|t| t.count_inodes()).unwrap(), 0);
+    assert_eq!(store.write(|t| t.next_stale_seq()).unwrap(), 1);
+}
+
+#[test]
+fn a_newer_schema_is_refused_and_left_alone() {
+    let url = fresh_url();
+    drop(PgStore::connect(&url).unwrap());
+    execute(&url, "UPDATE weft_schema SET version = 99");
+    match PgStore::connect(&url) {
+        Err(MetaError::SchemaTooNew { found: 99, supported: SCHEMA_VERSION }) => {}
+        other => panic!("{other:?}"),
+    }
+    execute(&url, "UPDATE weft_schema SET version = 1");
+    PgStore::connect(&url).unwrap();
+}
+
+#[test]
+fn a_write_that_conflicts_with_another_services_runs_again() {
+    let url = fresh_url();
+    let (one, two) = (PgStore::connect(&url).unwrap(), PgStore::connect(&url).unwrap());
+    one.write(|t| t.put_inode(&dir_inode(7))).unwrap();
+    let runs = AtomicU32::new(0);
+    let r: Result<u32, MetaError> = one.write(|t| {
+        let run = runs.fetch_add(1, Ordering::SeqCst);
+        let mut i = t.get_inode(7)?.unwrap();
+        if run == 0 {
+            // Another service changes the row this transaction read and commits first.
+            two.write(|t2| t2.put_inode(&Inode { size: 100, ..dir_inode(7) })).unwrap();
+        }
+        i.nlink += 1;
+        t.put_inode(&i)?;
+        Ok(run)
+    });
+    assert_eq!(r.unwrap(), 1, "the second run committed");
+    assert_eq!((one.stats().retries.get(), one.stats().gave_up.get()), (1, 0));
+    let stored = two.read(|t| t.get_inode(7)).unwrap().unwrap();
+    assert_eq!((stored.size, stored.nlink), (100, 3), "the retry saw the other service's write");
+}
+
+#[test]
+fn a_failed_statement_is_never_committed_even_when_the_closure_swallows_it() {
+    let store = PgStore::connect(&fresh_url()).unwrap();
+    let r: Result<(), MetaError> = store.write(|t| {
+        t.put_inode(&dir_inode(9))?;
+        // Refused before the database sees it (docs/format.md §26): the transaction goes on.
+        assert!(matches!(t.put_inode(&dir_inode(u64::MAX)), Err(MetaError::Store(_))));
+        // PostgreSQL refuses a NUL in `text`, which aborts its transaction; the closure carries on regardless.
+        assert!(t.put_server(1, "nul\0byte").is_err());
+        Ok(())
+    });
+    assert!(matches!(r, Err(MetaError::Store(_))), "{r:?}");
+    assert!(store.read(|t| t.get_inode(9)).unwrap().is_none(), "nothing of it is committed");
+    assert!(store.read(|t| t.get_inode(u64::MAX)).unwrap().is_none());
+    // A read refuses writes like every store's.
+    assert!(matches!(store.read(|t| t.del_inode(9)), Err(MetaError::ReadOnly)));
+}
+
+#[test]
+fn the_store_works_from_async_tasks_and_the_blocking_pool() {
+    let store = std::sync::Arc::new(PgStore::connect(&fresh_url()).unwrap());
+    let multi = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().unwrap();
+    let s = store.clone();
+    multi.block_on(async move {
+        // In place on a worker, as `MetaService::execute_in_place` runs point reads.
+        s.write(|t| t.put_inode(&dir_inode(11))).unwrap();
+        let s2 = s.clone();
+        tokio::task::spawn_blocking(move || s2.read(|t| t.get_inode(11)).unwrap()).await.unwrap().unwrap();
+        tokio::spawn(async move { s.read(|t| t.count_inodes()).unwrap() }).await.unwrap();
+    });
+    let current = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    current.block_on(async { assert_eq!(store.read(|t| t.count_inodes()).unwrap(), 1) });
+    drop(multi);
+    // Dropped on an async task: no runtime is dropped in a blocking-forbidden context.
+    let current = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    current.block_on(async move { drop(std::sync::Arc::try_unwrap(store).unwrap()) });
+}
+
+#[test]
+fn connections_the_server_ended_are_replaced() {
+    let url = fresh_url();
+    let store = PgStore::connect_with(&url, PgConfig::default().with_connections_max(1)).unwrap();
+    store.write(|t| t.put_inode(&dir_inode(3))).unwrap();
+    for _ in 0..3 {
+        // The server ends every connection of the store (as a restart or an idle timeout would).
+        execute(
+            &url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        );
+        store.write(|t| t.put_inode(&dir_inode(4))).unwrap();
+        execute(
+            &url,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        );
+        assert_eq!(store.read(|t| t.count_inodes()).unwrap(), 2);
+    }
+}

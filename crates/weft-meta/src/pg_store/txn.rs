@@ -1,0 +1,344 @@
+//! [`MetaTxn`] over one PostgreSQL transaction: one prepared statement per operation, values in the §6 and §18
+//! record formats (docs/format.md §26 maps each table).
+//!
+//! The first database error of a transaction is remembered ([`PgTxn::into_failure`]): PostgreSQL has aborted the
+//! transaction at that point, so the store never commits it, whatever the closure made of the error, and retries
+//! it when the error was a serialization failure or a deadlock.
+
+use tokio_postgres::Row;
+use tokio_postgres::types::{FromSql, ToSql};
+use weft_proto::msg::StaleRange;
+use weft_proto::{FileKind, Layout};
+
+use super::pool::Conn;
+use crate::error::MetaError;
+use crate::stale;
+use crate::store::{
+    Inode, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan, kind_from_u8, kind_to_u8,
+};
+
+/// Why a transaction's statement failed.
+pub(super) enum Failure {
+    /// A serialization failure or deadlock: run the transaction again.
+    Retry(String),
+    /// Anything else.
+    Fatal(MetaError),
+}
+
+impl Failure {
+    /// A failed `BEGIN` or statement: retried when it conflicted, or when the connection was lost (nothing of the
+    /// transaction can have been applied before its `COMMIT`; the next try takes another connection).
+    pub(super) fn of(e: tokio_postgres::Error) -> Failure {
+        let msg = format!("PostgreSQL: {}", super::describe(&e));
+        if super::is_retryable(&e) || super::is_connection_lost(&e) {
+            Failure::Retry(msg)
+        } else {
+            Failure::Fatal(MetaError::Store(msg))
+        }
+    }
+}
+
+pub(super) struct PgTxn<'c> {
+    conn: &'c mut Conn,
+    writable: bool,
+    failure: Option<Failure>,
+}
+
+impl<'c> PgTxn<'c> {
+    pub(super) fn new(conn: &'c mut Conn, writable: bool) -> Self {
+        PgTxn { conn, writable, failure: None }
+    }
+
+    /// The first statement failure, if any: the transaction is then aborted on the server.
+    pub(super) fn into_failure(self) -> Option<Failure> {
+        self.failure
+    }
+
+    fn query(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, MetaError> {
+        if self.failure.is_some() {
+            return Err(MetaError::Store("statement after a failed one in the same transaction".into()));
+        }
+        self.conn.query(sql, params).map_err(|e| {
+            let failure = Failure::of(e);
+            let err = match &failure {
+                Failure::Retry(msg) => MetaError::Conflict(msg.clone()),
+                Failure::Fatal(e) => MetaError::Store(e.to_string()),
+            };
+            self.failure = Some(failure);
+            err
+        })
+    }
+
+    /// A statement that changes the database: refused in a read transaction, as other stores do.
+    fn change(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<(), MetaError> {
+        if !self.writable {
+            return Err(MetaError::ReadOnly);
+        }
+        self.query(sql, params).map(drop)
+    }
+
+    fn next_val(&mut self, sql: &'static str) -> Result<u64, MetaError> {
+        if !self.writable {
+            return Err(MetaError::ReadOnly);
+        }
+        let rows = self.query(sql, &[])?;
+        let row = rows.first().ok_or_else(|| MetaError::Store("nextval returned no row".into()))?;
+        unsigned(col(row, 0)?, "sequence value")
+    }
+
+    fn count(&mut self, sql: &'static str) -> Result<u64, MetaError> {
+        let rows = self.query(sql, &[])?;
+        let row = rows.first().ok_or_else(|| MetaError::Store("count returned no row".into()))?;
+        unsigned(col(row, 0)?, "count")
+    }
+}
+
+fn col<'r, T: FromSql<'r>>(row: &'r Row, i: usize) -> Result<T, MetaError> {
+    row.try_get(i).map_err(|e| MetaError::Corrupt(format!("column {i}: {e}")))
+}
+
+/// A stored `bigint` that holds a `u64` or `u32` (ids, numbers): never negative.
+fn unsigned<T: TryFrom<i64>>(v: i64, what: &str) -> Result<T, MetaError> {
+    T::try_from(v).map_err(|_| MetaError::Corrupt(format!("{what} {v} out of range")))
+}
+
+fn small(v: i16, what: &str) -> Result<u8, MetaError> {
+    u8::try_from(v).map_err(|_| MetaError::Corrupt(format!("{what} {v} out of range")))
+}
+
+/// A `u64` as a key: `None` above 2^63 − 1, which no row can have.
+fn key(v: u64) -> Option<i64> {
+    i64::try_from(v).ok()
+}
+
+/// A `u64` to store: refused above 2^63 − 1 (docs/format.md §26).
+fn stored(v: u64, what: &str) -> Result<i64, MetaError> {
+    key(v).ok_or_else(|| MetaError::Store(format!("{what} {v} is above 2^63 - 1, which PostgreSQL cannot store")))
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn inode_of(row: &Row) -> Result<Inode, MetaError> {
+    let ino: u64 = unsigned(col(row, 0)?, "inode number")?;
+    let inode = decode_inode(&format!("inode {ino}"), col(row, 1)?)?;
+    if inode.ino != ino {
+        return Err(MetaError::Corrupt(format!("inode record {ino} says it is inode {}", inode.ino)));
+    }
+    Ok(inode)
+}
+
+fn dirent_of(row: &Row) -> Result<(String, u64, FileKind), MetaError> {
+    let name = String::from_utf8(col(row, 0)?).map_err(|_| MetaError::Corrupt("a name is not UTF-8".into()))?;
+    Ok((name, unsigned(col(row, 1)?, "entry's inode")?, kind_from_u8(small(col(row, 2)?, "kind")?)?))
+}
+
+fn stale_of(row: &Row) -> Result<(u64, u32, Vec<StaleRange>), MetaError> {
+    let ino: u64 = unsigned(col(row, 0)?, "stale entry's inode")?;
+    let slot: u32 = unsigned(col(row, 1)?, "stale entry's slot")?;
+    Ok((ino, slot, stale::decode(&format!("stale entry {ino}/{slot}"), col(row, 2)?)?))
+}
+
+const GET_INODE: &str = "SELECT ino, record FROM weft_inodes WHERE ino = $1";
+const PUT_INODE: &str = "INSERT INTO weft_inodes (ino, record) VALUES ($1, $2) \
+                         ON CONFLICT (ino) DO UPDATE SET record = EXCLUDED.record";
+const DEL_INODE: &str = "DELETE FROM weft_inodes WHERE ino = $1";
+const LIST_INODES: &str = "SELECT ino, record FROM weft_inodes WHERE ino > $1 ORDER BY ino LIMIT $2";
+const COUNT_INODES: &str = "SELECT count(*) FROM weft_inodes";
+const NEXT_INO: &str = "SELECT nextval('weft_ino_seq')";
+const GET_DIRENT: &str = "SELECT name, ino, kind FROM weft_dirents WHERE parent = $1 AND name = $2";
+const PUT_DIRENT: &str = "INSERT INTO weft_dirents (parent, name, ino, kind) VALUES ($1, $2, $3, $4) \
+                          ON CONFLICT (parent, name) DO UPDATE SET ino = EXCLUDED.ino, kind = EXCLUDED.kind";
+const DEL_DIRENT: &str = "DELETE FROM weft_dirents WHERE parent = $1 AND name = $2";
+const LIST_DIRENTS: &str =
+    "SELECT name, ino, kind FROM weft_dirents WHERE parent = $1 AND name > $2 ORDER BY name LIMIT $3";
+const PUT_SERVER: &str = "INSERT INTO weft_servers (id, addr) VALUES ($1, $2) \
+                          ON CONFLICT (id) DO UPDATE SET addr = EXCLUDED.addr";
+const LIST_SERVERS: &str = "SELECT id, addr FROM weft_servers ORDER BY id";
+const PUT_PHASE: &str = "INSERT INTO weft_server_phases (id, phase) VALUES ($1, $2) \
+                         ON CONFLICT (id) DO UPDATE SET phase = EXCLUDED.phase";
+const LIST_PHASES: &str = "SELECT id, phase FROM weft_server_phases ORDER BY id";
+const PUT_ORPHAN: &str = "INSERT INTO weft_orphans (ino, record) VALUES ($1, $2) \
+                          ON CONFLICT (ino) DO UPDATE SET record = EXCLUDED.record";
+const DEL_ORPHAN: &str = "DELETE FROM weft_orphans WHERE ino = $1";
+const LIST_ORPHANS: &str = "SELECT ino, record FROM weft_orphans ORDER BY ino LIMIT $1";
+const GET_XATTR: &str = "SELECT value FROM weft_xattrs WHERE ino = $1 AND name = $2";
+const PUT_XATTR: &str = "INSERT INTO weft_xattrs (ino, name, value) VALUES ($1, $2, $3) \
+                         ON CONFLICT (ino, name) DO UPDATE SET value = EXCLUDED.value";
+const DEL_XATTR: &str = "DELETE FROM weft_xattrs WHERE ino = $1 AND name = $2";
+const LIST_XATTRS: &str = "SELECT name, octet_length(value) FROM weft_xattrs WHERE ino = $1 ORDER BY name";
+const GET_STALE: &str = "SELECT ino, slot, record FROM weft_stale WHERE ino = $1 AND slot = $2";
+const PUT_STALE: &str = "INSERT INTO weft_stale (ino, slot, record) VALUES ($1, $2, $3) \
+                         ON CONFLICT (ino, slot) DO UPDATE SET record = EXCLUDED.record";
+const DEL_STALE: &str = "DELETE FROM weft_stale WHERE ino = $1 AND slot = $2";
+const LIST_STALE_ALL: &str = "SELECT ino, slot, record FROM weft_stale ORDER BY ino, slot LIMIT $1";
+const LIST_STALE_AFTER: &str =
+    "SELECT ino, slot, record FROM weft_stale WHERE (ino, slot) > ($1, $2) ORDER BY ino, slot LIMIT $3";
+const COUNT_STALE: &str = "SELECT count(*) FROM weft_stale";
+const NEXT_STALE_SEQ: &str = "SELECT nextval('weft_stale_seq')";
+
+impl MetaTxn for PgTxn<'_> {
+    fn get_inode(&mut self, ino: u64) -> Result<Option<Inode>, MetaError> {
+        let Some(k) = key(ino) else { return Ok(None) };
+        self.query(GET_INODE, &[&k])?.first().map(inode_of).transpose()
+    }
+
+    fn put_inode(&mut self, inode: &Inode) -> Result<(), MetaError> {
+        let k = stored(inode.ino, "inode number")?;
+        self.change(PUT_INODE, &[&k, &encode_inode(inode)?])
+    }
+
+    fn del_inode(&mut self, ino: u64) -> Result<(), MetaError> {
+        let k = key(ino).unwrap_or(-1);
+        self.change(DEL_INODE, &[&k])
+    }
+
+    fn get_dirent(&mut self, parent: u64, name: &str) -> Result<Option<(u64, FileKind)>, MetaError> {
+        let Some(p) = key(parent) else { return Ok(None) };
+        let rows = self.query(GET_DIRENT, &[&p, &name.as_bytes()])?;
+        rows.first().map(dirent_of).transpose().map(|d| d.map(|(_, ino, kind)| (ino, kind)))
+    }
+
+    fn put_dirent(&mut self, parent: u64, name: &str, ino: u64, kind: FileKind) -> Result<(), MetaError> {
+        let (p, i) = (stored(parent, "directory")?, stored(ino, "inode number")?);
+        self.change(PUT_DIRENT, &[&p, &name.as_bytes(), &i, &i16::from(kind_to_u8(kind))])
+    }
+
+    fn del_dirent(&mut self, parent: u64, name: &str) -> Result<(), MetaError> {
+        let p = key(parent).unwrap_or(-1);
+        self.change(DEL_DIRENT, &[&p, &name.as_bytes()])
+    }
+
+    fn list_dirents(
+        &mut self,
+        parent: u64,
+        after: &str,
+        limit_entries: usize,
+    ) -> Result<Vec<(String, u64, FileKind)>, MetaError> {
+        let Some(p) = key(parent) else { return Ok(Vec::new()) };
+        self.query(LIST_DIRENTS, &[&p, &after.as_bytes(), &limit(limit_entries)])?.iter().map(dirent_of).collect()
+    }
+
+    fn dir_is_empty(&mut self, parent: u64) -> Result<bool, MetaError> {
+        Ok(self.list_dirents(parent, "", 1)?.is_empty())
+    }
+
+    fn next_ino(&mut self) -> Result<u64, MetaError> {
+        self.next_val(NEXT_INO)
+    }
+
+    fn put_server(&mut self, id: u32, addr: &str) -> Result<(), MetaError> {
+        self.change(PUT_SERVER, &[&i64::from(id), &addr])
+    }
+
+    fn list_servers(&mut self) -> Result<Vec<(u32, String)>, MetaError> {
+        let rows = self.query(LIST_SERVERS, &[])?;
+        rows.iter().map(|r| Ok((unsigned(col(r, 0)?, "server id")?, col(r, 1)?))).collect()
+    }
+
+    fn put_server_phase(&mut self, id: u32, phase: u8) -> Result<(), MetaError> {
+        self.change(PUT_PHASE, &[&i64::from(id), &i16::from(phase)])
+    }
+
+    fn list_server_phases(&mut self) -> Result<Vec<(u32, u8)>, MetaError> {
+        let rows = self.query(LIST_PHASES, &[])?;
+        rows.iter().map(|r| Ok((unsigned(col(r, 0)?, "server id")?, small(col(r, 1)?, "phase")?))).collect()
+    }
+
+    fn put_orphan(&mut self, ino: u64, layout: &Layout) -> Result<(), MetaError> {
+        let k = stored(ino, "orphan's inode")?;
+        self.change(PUT_ORPHAN, &[&k, &encode_orphan(layout)?])
+    }
+
+    fn del_orphan(&mut self, ino: u64) -> Result<(), MetaError> {
+        let k = key(ino).unwrap_or(-1);
+        self.change(DEL_ORPHAN, &[&k])
+    }
+
+    fn list_orphans(&mut self, limit_orphans: usize) -> Result<Vec<(u64, Layout)>, MetaError> {
+        let rows = self.query(LIST_ORPHANS, &[&limit(limit_orphans)])?;
+        rows.iter()
+            .map(|r| {
+                let ino: u64 = unsigned(col(r, 0)?, "orphan's inode")?;
+                Ok((ino, decode_orphan(&format!("orphan {ino}"), col(r, 1)?)?))
+            })
+            .collect()
+    }
+
+    fn count_inodes(&mut self) -> Result<u64, MetaError> {
+        self.count(COUNT_INODES)
+    }
+
+    fn list_inodes(&mut self, after: u64, limit_inodes: usize) -> Result<Vec<Inode>, MetaError> {
+        let Some(a) = key(after) else { return Ok(Vec::new()) };
+        self.query(LIST_INODES, &[&a, &limit(limit_inodes)])?.iter().map(inode_of).collect()
+    }
+
+    fn get_xattr(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
+        let Some(k) = key(ino) else { return Ok(None) };
+        self.query(GET_XATTR, &[&k, &name.as_bytes()])?.first().map(|r| col(r, 0)).transpose()
+    }
+
+    fn put_xattr(&mut self, ino: u64, name: &str, value: &[u8]) -> Result<(), MetaError> {
+        let k = stored(ino, "inode number")?;
+        self.change(PUT_XATTR, &[&k, &name.as_bytes(), &value])
+    }
+
+    fn del_xattr(&mut self, ino: u64, name: &str) -> Result<(), MetaError> {
+        let k = key(ino).unwrap_or(-1);
+        self.change(DEL_XATTR, &[&k, &name.as_bytes()])
+    }
+
+    fn list_xattrs(&mut self, ino: u64) -> Result<Vec<(String, usize)>, MetaError> {
+        let Some(k) = key(ino) else { return Ok(Vec::new()) };
+        let rows = self.query(LIST_XATTRS, &[&k])?;
+        rows.iter()
+            .map(|r| {
+                let name = String::from_utf8(col(r, 0)?)
+                    .map_err(|_| MetaError::Corrupt("an xattr name is not UTF-8".into()))?;
+                let len: i32 = col(r, 1)?;
+                Ok((name, unsigned(i64::from(len), "xattr length")?))
+            })
+            .collect()
+    }
+
+    fn get_stale(&mut self, ino: u64, slot: u32) -> Result<Option<Vec<StaleRange>>, MetaError> {
+        let Some(k) = key(ino) else { return Ok(None) };
+        self.query(GET_STALE, &[&k, &i64::from(slot)])?.first().map(|r| Ok(stale_of(r)?.2)).transpose()
+    }
+
+    fn put_stale(&mut self, ino: u64, slot: u32, ranges: &[StaleRange]) -> Result<(), MetaError> {
+        let k = stored(ino, "inode number")?;
+        self.change(PUT_STALE, &[&k, &i64::from(slot), &stale::encode(ranges)?])
+    }
+
+    fn del_stale(&mut self, ino: u64, slot: u32) -> Result<(), MetaError> {
+        let k = key(ino).unwrap_or(-1);
+        self.change(DEL_STALE, &[&k, &i64::from(slot)])
+    }
+
+    fn list_stale(
+        &mut self,
+        after: Option<(u64, u32)>,
+        limit_entries: usize,
+    ) -> Result<Vec<(u64, u32, Vec<StaleRange>)>, MetaError> {
+        let n = limit(limit_entries);
+        let rows = match after {
+            None => self.query(LIST_STALE_ALL, &[&n])?,
+            Some((ino, slot)) => {
+                let Some(k) = key(ino) else { return Ok(Vec::new()) };
+                self.query(LIST_STALE_AFTER, &[&k, &i64::from(slot), &n])?
+            }
+        };
+        rows.iter().map(stale_of).collect()
+    }
+
+    fn count_stale(&mut self) -> Result<u64, MetaError> {
+        self.count(COUNT_STALE)
+    }
+
+    fn next_stale_seq(&mut self) -> Result<u64, MetaError> {
+        self.next_val(NEXT_STALE_SEQ)
+    }
+}
