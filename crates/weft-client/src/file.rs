@@ -54,6 +54,11 @@ pub struct File {
     bank_misses: weft_cache::MissHint,
     /// The file's stale ranges as this handle knows them (redundant layouts, `stale.rs`).
     pub(crate) stale: crate::stale::StaleView,
+    /// Orders size commits against truncates: the MDS keeps the largest committed size, so a commit that read the
+    /// size before a truncate and reached the MDS after it would bring the cut length back (and, through the
+    /// mount, the kernel's pages of the cut bytes: issue 30's exerciser on `mirror 2`). A commit holds it from
+    /// reading the size to the MDS's answer, a truncate until its size is stored.
+    size_gate: tokio::sync::Mutex<()>,
 }
 
 /// A set of layout positions (`< STRIPE_COUNT_MAX`), one bit each, updated without a lock on the write path.
@@ -211,6 +216,7 @@ impl File {
             unsynced_rows: Mutex::new(None),
             caps,
             stale: Default::default(),
+            size_gate: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -561,6 +567,7 @@ impl File {
 
     /// Truncates (or extends) the objects only; the caller records the size at the metadata service.
     pub(crate) async fn truncate_objects_only(&self, size: u64) -> Result<(), ClientError> {
+        let _gate = self.size_gate.lock().await;
         self.note_truncate(size);
         self.wrote.store(true, Ordering::SeqCst);
         self.truncate_layout_objects(size).await?;
@@ -596,6 +603,7 @@ impl File {
 
     /// Sets the file's size: objects first, then the metadata service.
     pub async fn truncate(&self, size: u64) -> Result<(), ClientError> {
+        let _gate = self.size_gate.lock().await;
         self.note_truncate(size);
         self.wrote.store(true, Ordering::SeqCst);
         self.truncate_layout_objects(size).await?;
@@ -721,6 +729,9 @@ impl File {
     /// [`File::commit`] that returns, when it committed, the file's mtime and size just before and its
     /// attributes after (a cache keyed by (mtime, size) stays valid across the commit iff the "before" matches).
     pub async fn commit_wcc(&self) -> Result<Option<weft_proto::msg::CommitWccResp>, ClientError> {
+        // Held until the MDS answered: no truncate slips between the size read below and its commit, and a
+        // concurrent fsync waits for this commit's `Fsync` instead of finding the objects already taken.
+        let _gate = self.size_gate.lock().await;
         // Order matters against concurrent writes: a write marks its objects before it sends and raises the size
         // after, so every byte below the size read here is in an object the sync below covers.
         let dirty = self.dirty.swap(false, Ordering::SeqCst);

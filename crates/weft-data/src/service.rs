@@ -330,6 +330,11 @@ impl DataService {
             // Tests only (`WEFT_FAULT=fail-fsync:N`): a disk that cannot flush.
             return Err(WireError::new(ErrorCode::Io, format!("fsync of inode {} failed (fault injection)", r.ino)));
         }
+        let delay_ms = weft_rpc::fault::fsync_delay_ms();
+        if delay_ms > 0 {
+            // Tests only (`WEFT_FAULT=delay-fsync:MS:N`): a slow disk.
+            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+        }
         if !self.short_circuit {
             let store = self.store.clone();
             on_blocking_pool(move || store.fsync(r.ino)).await?;

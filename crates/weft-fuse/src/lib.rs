@@ -528,7 +528,15 @@ impl Filesystem for WeftFs {
             }
             .await;
             match result {
-                Ok(a) => reply.attr(&i.attr_ttl(), &file_attr(&i.local_view(a))),
+                Ok(a) => {
+                    let mut a = i.local_view(a);
+                    if let Some(size) = size {
+                        // The kernel takes this size as the truncate's result and cuts its page cache only where it
+                        // differs from the old one (fuse_do_setattr): never a larger size from elsewhere.
+                        a.size = size;
+                    }
+                    reply.attr(&i.attr_ttl(), &file_attr(&a))
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });

@@ -10,6 +10,9 @@
 //! `WEFT_FAULT=fail-fsync:<count>` makes a data server's next `<count>` `Fsync` requests fail with `Io` before
 //! syncing anything, as a disk that cannot flush would (the durable-at-close tests: the close fails and the size is
 //! not committed).
+//!
+//! `WEFT_FAULT=delay-fsync:<ms>:<count>` makes a data server's next `<count>` `Fsync` requests wait `<ms>` before
+//! syncing, as a slow disk would (a commit then waits there: the test that a truncate meanwhile is not undone).
 
 #[cfg(feature = "fault-injection")]
 mod imp {
@@ -18,6 +21,7 @@ mod imp {
     static PLAN: Mutex<Option<(u16, u32)>> = Mutex::new(None);
     static SKIP_SIDECAR: Mutex<u32> = Mutex::new(0);
     static FAIL_FSYNC: Mutex<u32> = Mutex::new(0);
+    static DELAY_FSYNC: Mutex<(u64, u32)> = Mutex::new((0, 0));
     static LOADED: std::sync::Once = std::sync::Once::new();
 
     fn load() {
@@ -37,6 +41,12 @@ mod imp {
             {
                 tracing::warn!(count, "fault injection armed: fail the next fsyncs");
                 *FAIL_FSYNC.lock().expect("fault plan") = count;
+            }
+            if let ["delay-fsync", ms, count] = parts.as_slice()
+                && let (Ok(ms), Ok(count)) = (ms.parse(), count.parse())
+            {
+                tracing::warn!(ms, count, "fault injection armed: delay the next fsyncs");
+                *DELAY_FSYNC.lock().expect("fault plan") = (ms, count);
             }
             if let ["drop-after-execute", op, count] = parts.as_slice()
                 && let (Ok(op), Ok(count)) = (op.parse(), count.parse())
@@ -65,6 +75,16 @@ mod imp {
             return true;
         }
         false
+    }
+
+    pub fn fsync_delay_ms() -> u64 {
+        load();
+        let mut plan = DELAY_FSYNC.lock().expect("fault plan");
+        if plan.1 > 0 {
+            plan.1 -= 1;
+            return plan.0;
+        }
+        0
     }
 
     pub fn drop_after_execute(op: u16) -> bool {
@@ -114,4 +134,16 @@ pub fn fail_fsync() -> bool {
 #[inline(always)]
 pub fn fail_fsync() -> bool {
     false
+}
+
+/// How long this `Fsync` must wait before syncing, by the test plan (`delay-fsync:<ms>:<count>`); 0: not at all.
+#[cfg(feature = "fault-injection")]
+pub fn fsync_delay_ms() -> u64 {
+    imp::fsync_delay_ms()
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn fsync_delay_ms() -> u64 {
+    0
 }

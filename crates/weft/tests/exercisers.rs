@@ -92,3 +92,33 @@ async fn fsx_through_the_native_client() {
         }
     }
 }
+
+/// What the mount's exerciser found once on `mirror 2` (seed 1, op 289, under load): the asynchronous RELEASE of
+/// a closed descriptor commits the size it read before a truncate through the other descriptor, and the MDS keeps
+/// the largest committed size, so the cut length came back (and the kernel kept the cut bytes' pages). Here the
+/// commit reads the size, then waits for its `Fsync` (held 1.5 s by the data servers: `delay-fsync`) while the
+/// truncate runs: the truncate waits for the commit, and the size is the truncate's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_read_the_size_before_a_truncate_does_not_undo_it() {
+    let mut cl = start("commit-truncate", 2).await;
+    cl.set_env(vec![("WEFT_FAULT".into(), "delay-fsync:1500:1".into())]);
+    for i in 0..2 {
+        cl.restart_data_server(i).await.unwrap();
+    }
+    cl.set_env(Vec::new());
+    let c = cl.client().await;
+    let d = c.mkdir(ROOT_INO, "m", 0o755).await.unwrap();
+    c.set_layout_with(d.ino, 64 << 10, 0, DataRedundancy::Mirror { n: 2 }).await.unwrap();
+    let f = c.create_path("/m/f", 0o644, true, false).await.unwrap();
+    let (long, short) = (400u64 << 10, 100u64 << 10);
+    f.write_at(0, bytes::Bytes::from(vec![0x11; long as usize])).await.unwrap();
+    // `join!` polls the commit first: it reads the size (400 KiB) and sends its `Fsync`s before the truncate starts.
+    let (committed, truncated) = tokio::join!(f.commit(), f.truncate(short));
+    committed.unwrap();
+    truncated.unwrap();
+    assert!(cl.log("data0").contains("delay the next fsyncs"), "the fault was armed");
+    let other = cl.client().await;
+    assert_eq!(other.resolve("/m/f").await.unwrap().size, short, "the truncate's size, not the commit's");
+    f.close().await.unwrap();
+    assert_eq!(other.resolve("/m/f").await.unwrap().size, short, "and after the close");
+}
