@@ -92,7 +92,7 @@ SOAK_SEEDS ?= 20
 SOAK_OPS ?= 3000
 soak: deps
 	WEFT_FSX_SEEDS=$(SOAK_SEEDS) WEFT_FSX_OPS=$(SOAK_OPS) $(CARGO) test --locked -p weft --release \
-		--features weft/fault-injection --test exercisers -- --nocapture
+		--features weft/fault-injection,weft-fabric/rdma --test exercisers
 
 # bench: throughput over 1, 2 and 4 data servers; results in docs/bench/throughput.json (+ an SVG beside it).
 bench:
