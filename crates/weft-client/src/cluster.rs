@@ -1,7 +1,7 @@
 //! How a client finds a cluster: `cluster.toml` (written by `weft up`) or a bare MDS address.
 //!
 //! ```toml
-//! mds = "10.0.0.1:7000"
+//! mds = "10.0.0.1:7000"             # or several services of one store: ["10.0.0.1:7000", "10.0.0.2:7000"]
 //! key_file = "cluster.key"       # the cluster key (relative: to this file's directory)
 //! auth = "key"                   # key (default) | none
 //! key_id = "cluster"             # the key's name: "cluster", or a per-client key's (`weft key add NAME`)
@@ -11,6 +11,7 @@
 //! slots = 16                     # requests in flight per server
 //! transfer_unit_bytes = 1048576  # largest payload of one request
 //! call_timeout_ms = 30000
+//! mds_failover_timeout_ms = 60000 # an unreachable MDS blocks calls this long (trying every address) before EIO
 //! fabric = "auto"                # auto | tcp | shm | rdma: how to reach data servers
 //! [cache]                        # optional: the memcached bank (weft_cache::CacheConfig), written by
 //! servers = ["127.0.0.1:40001"]  # `weft up --cache N`; absent = no bank
@@ -72,7 +73,10 @@ impl std::str::FromStr for FabricChoice {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// Address of the metadata service.
+    /// Address of the metadata service; several (services of one store, e.g. on PostgreSQL, or one service's
+    /// successive homes) separated by commas, or as a TOML array: the client moves to the next when one stops
+    /// answering.
+    #[serde(deserialize_with = "one_or_many_addrs")]
     pub mds: String,
     /// The cluster key this client proves to every server (docs/format.md §9); required with `auth = "key"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,9 +101,31 @@ pub struct ClusterConfig {
     pub cache: Option<weft_cache::CacheConfig>,
 }
 
+/// `mds` as a string ("h:p" or "h:p,h2:p2") or an array of strings, kept as one comma-separated string.
+fn one_or_many_addrs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let joined = match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => s,
+        OneOrMany::Many(v) => v.join(","),
+    };
+    if joined.split(',').all(|a| a.trim().is_empty()) {
+        return Err(serde::de::Error::custom("mds names no address"));
+    }
+    Ok(joined)
+}
+
 fn default_key_id() -> String {
     weft_rpc::auth::CLUSTER_KEY_ID.to_string()
 }
+
+/// Default of `mds_failover_timeout_ms`: a minute, time for a restart or for a standby's takeover (NFS's hard
+/// mounts wait forever; a minute bounds how long an application hangs on a cluster that is gone).
+pub const DEFAULT_MDS_FAILOVER_TIMEOUT_MS: u64 = 60_000;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -110,6 +136,10 @@ pub struct ClientTuning {
     pub call_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub attempts_max: u32,
+    /// How long a call to the metadata service waits for one of its addresses to answer again (a restart, a
+    /// failover to another service) before the application sees EIO, as a hard NFS mount waits; 0: give up after
+    /// `attempts_max` attempts.
+    pub mds_failover_timeout_ms: u64,
     /// Layouts remembered by inode.
     pub layout_cache_entries: usize,
     /// Benchmarks only: delay before every request is sent (see `weft_rpc::ClientConfig::send_delay_us`).
@@ -136,6 +166,7 @@ impl Default for ClientTuning {
             call_timeout_ms: 30_000,
             connect_timeout_ms: 5_000,
             attempts_max: 5,
+            mds_failover_timeout_ms: DEFAULT_MDS_FAILOVER_TIMEOUT_MS,
             layout_cache_entries: 65_536,
             send_delay_us: 0,
             short_circuit_network: false,
@@ -170,7 +201,7 @@ impl ClientTuning {
 }
 
 impl ClusterConfig {
-    /// Reads `spec` as a path to a cluster.toml, or else as an MDS address (`host:port`).
+    /// Reads `spec` as a path to a cluster.toml, or else as MDS addresses (`host:port[,host:port…]`).
     pub fn from_spec(spec: &str) -> Result<ClusterConfig, String> {
         let path = std::path::Path::new(spec);
         if path.is_file() {
@@ -191,7 +222,9 @@ impl ClusterConfig {
         if path.is_dir() && path.join("cluster.toml").is_file() {
             return ClusterConfig::from_spec(&path.join("cluster.toml").to_string_lossy());
         }
-        if spec.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) {
+        let is_addr =
+            |a: &str| a.trim().rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        if spec.split(',').all(is_addr) {
             return Ok(ClusterConfig::new(spec));
         }
         if spec.contains('/') || spec.ends_with(".toml") {
@@ -260,6 +293,22 @@ mod tests {
         let c: ClusterConfig = toml::from_str("mds = \"h:1\"\nkey_file = \"/k\"\nauth = \"none\"\n").unwrap();
         assert_eq!((c.auth, c.key_file.as_deref()), (AuthMode::None, Some(std::path::Path::new("/k"))));
         assert!(c.to_toml().contains("key_file = \"/k\"\nauth = \"none\""), "{}", c.to_toml());
+    }
+
+    #[test]
+    fn mds_names_one_address_or_several() {
+        let c: ClusterConfig = toml::from_str("mds = [\"a:1\", \"b:2\"]\n").unwrap();
+        assert_eq!(c.mds, "a:1,b:2");
+        let back: ClusterConfig = toml::from_str(&c.to_toml()).unwrap();
+        assert_eq!(back.mds, "a:1,b:2");
+        assert_eq!(
+            ClusterConfig::from_spec("127.0.0.1:7000,127.0.0.1:7001").unwrap().mds,
+            "127.0.0.1:7000,127.0.0.1:7001"
+        );
+        assert!(toml::from_str::<ClusterConfig>("mds = []\n").is_err());
+        assert!(toml::from_str::<ClusterConfig>("mds = \" , \"\n").is_err());
+        let t = ClientTuning::default();
+        assert_eq!((t.mds_failover_timeout_ms, t.rpc_config().failover_timeout_ms), (60_000, 0));
     }
 
     #[test]

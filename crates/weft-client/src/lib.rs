@@ -150,7 +150,8 @@ impl Client {
             Some(c) if c.enabled() => Some(weft_cache::Bank::new(c.clone()).map_err(ClientError::Cache)?),
             _ => None,
         };
-        let mds = RpcClient::connect(fabric.clone(), &cluster.mds, rpc_cfg.clone()).await.map_err(ClientError::Meta)?;
+        let mds_cfg = ClientConfig { failover_timeout_ms: tuning.mds_failover_timeout_ms, ..rpc_cfg.clone() };
+        let mds = RpcClient::connect(fabric.clone(), &cluster.mds, mds_cfg).await.map_err(ClientError::Meta)?;
         let asserted_user_is_effective =
             cluster.auth == AuthMode::None || cluster.key_id == weft_rpc::auth::CLUSTER_KEY_ID;
         let client = Client {

@@ -23,7 +23,8 @@ pub struct DataConfig {
     /// port). Off when absent. Plain HTTP without authentication: keep it on loopback or a management network.
     #[serde(default)]
     pub metrics_listen: Option<String>,
-    /// The metadata service to register with.
+    /// The metadata service to register with: one address, or several separated by commas (services of one
+    /// store, or one service's successive homes); heartbeats move to the next when one stops answering.
     pub mds: String,
     /// The cluster key file (docs/format.md §9): proved to the MDS, and asked of every client; required with
     /// `auth = "key"`.

@@ -23,6 +23,9 @@
 //! free, without UDP, with `cache_mib` MiB of memory; `cluster.toml` and the MDS's config name them in their
 //! `[cache]` tables (the daemons start first, so the MDS publishes to them from its first change). They can
 //! be stopped, killed and restarted (empty, on the same port) one by one like the data servers.
+//!
+//! With `LaunchOptions::postgres` the metadata service keeps the namespace in PostgreSQL (`db`), in a server of
+//! the cluster's own in `DIR/postgres` ([`postgres`]), started first and stopped last.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -36,6 +39,7 @@ use weft_proto::{ServerInfo, ServerState};
 use weft_rpc::AuthMode;
 
 pub mod nfs;
+pub mod postgres;
 pub mod tls;
 
 pub use nfs::{NfsGateway, NfsOptions};
@@ -60,6 +64,8 @@ pub enum LaunchError {
     Keyring(weft_rpc::KeyringError),
     #[error("TLS certificates: {0}")]
     Cert(#[from] tls::CertError),
+    #[error("PostgreSQL: {0}")]
+    Postgres(String),
 }
 
 /// The clients keyring's file name in the cluster directory.
@@ -105,6 +111,15 @@ pub struct LaunchOptions {
     /// Every data server also serves pNFS (docs/format.md §23) on an ephemeral loopback port (`nfs_listen =
     /// ["127.0.0.1:0"]`); [`LocalCluster::pnfs_devices`] lists the addresses. Off by default.
     pub ds_nfs: bool,
+    /// Keep the namespace in PostgreSQL: a server of the cluster's own in `DIR/postgres` ([`postgres`]), named by
+    /// the MDS's `db`, instead of the embedded store in `DIR/meta`. Default: `WEFT_META=postgres` in the
+    /// environment (so a test run can put every cluster's namespace there), else off.
+    pub postgres: bool,
+}
+
+/// Whether `WEFT_META` asks for PostgreSQL (`postgres`): the default of [`LaunchOptions::postgres`].
+pub fn postgres_from_env() -> bool {
+    std::env::var("WEFT_META").is_ok_and(|v| v.trim() == "postgres")
 }
 
 /// Whether `WEFT_TLS` asks for TLS (`1`, `true`, `on` or `yes`): the default of [`LaunchOptions::tls`], as
@@ -126,6 +141,7 @@ impl LaunchOptions {
             ready_timeout_ms: 60_000,
             rebuild_after_ms: None,
             ds_nfs: false,
+            postgres: postgres_from_env(),
             auth: AuthMode::Key,
             tls: tls_from_env(),
             cache: 0,
@@ -149,6 +165,8 @@ struct Proc {
 
 pub struct LocalCluster {
     opts: LaunchOptions,
+    /// The namespace's PostgreSQL server (`LaunchOptions::postgres`; `config` is its directory, `addr` its URL).
+    postgres: Option<Proc>,
     mds: Option<Proc>,
     data: Vec<Proc>,
     /// memcached daemons (`config` unused).
@@ -193,8 +211,25 @@ impl LocalCluster {
         } else {
             auth_toml
         };
-        let mut cluster =
-            LocalCluster { mds: None, data: Vec::new(), cache: Vec::new(), cache_namespace: random_u64() >> 1, opts };
+        let mut cluster = LocalCluster {
+            postgres: None,
+            mds: None,
+            data: Vec::new(),
+            cache: Vec::new(),
+            cache_namespace: random_u64() >> 1,
+            opts,
+        };
+        let db_toml = if cluster.opts.postgres {
+            let dir = cluster.opts.dir.join("postgres");
+            let log = cluster.opts.dir.join("logs/postgres.log");
+            let child = postgres::start(&dir, &log, cluster.opts.ready_timeout_ms).await?;
+            let url = postgres::url(&dir);
+            let db_toml = format!("db = {url:?}\n");
+            cluster.postgres = Some(Proc { role: "postgres".into(), config: dir, child, addr: url, metrics: None });
+            db_toml
+        } else {
+            String::new()
+        };
         // The bank first: the MDS and the data servers publish to it from their first change on.
         for i in 0..cluster.opts.cache {
             let p = cluster.spawn_cache(i, None).await?;
@@ -210,7 +245,7 @@ impl LocalCluster {
             None => String::new(),
         };
         let text = format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{auth_toml}{membership_toml}{}{}\n{cache_toml}",
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{db_toml}{auth_toml}{membership_toml}{}{}\n{cache_toml}",
             cluster.opts.dir.join("meta"),
             metrics_toml(cluster.opts.metrics).map_err(io_err(&meta_cfg))?,
             cluster.opts.meta_extra_toml
@@ -413,7 +448,13 @@ impl LocalCluster {
     /// The process ids of the running MDS, data servers and cache daemons, in that order (for benches that read
     /// the servers' CPU time from /proc).
     pub fn pids(&self) -> Vec<u32> {
-        self.mds.iter().chain(&self.data).chain(&self.cache).filter_map(|p| p.child.id()).collect()
+        self.mds
+            .iter()
+            .chain(&self.data)
+            .chain(&self.cache)
+            .chain(&self.postgres)
+            .filter_map(|p| p.child.id())
+            .collect()
     }
 
     /// The memcached daemons' addresses (`127.0.0.1:PORT`), in bank order.
@@ -628,6 +669,13 @@ impl LocalCluster {
         all.extend(self.mds.take());
         all.append(&mut self.cache);
         stop_all(&mut all).await;
+        // The database last: it shuts down once the MDS's connections are gone.
+        stop_all(&mut Vec::from_iter(self.postgres.take())).await;
+    }
+
+    /// The namespace's database (`LaunchOptions::postgres`), as the MDS's `db` names it.
+    pub fn postgres_url(&self) -> Option<&str> {
+        self.postgres.as_ref().map(|p| p.addr.as_str())
     }
 }
 

@@ -96,7 +96,11 @@ struct SlotSeq {
 
 struct Inner<F: Fabric> {
     fabric: F,
+    /// As given: one address, or several separated by commas (services of one store, tried in turn).
     addr: String,
+    addrs: Vec<String>,
+    /// Index in `addrs` of the address the live connection (or the next attempt) goes to.
+    current: std::sync::atomic::AtomicUsize,
     cfg: ClientConfig,
     conn: tokio::sync::Mutex<Option<Arc<Conn<F>>>>,
     /// Serialises session control calls.
@@ -156,9 +160,16 @@ struct Outgoing<'a> {
 }
 
 impl<F: Fabric> RpcClient<F> {
-    /// Connects and opens a session.
+    /// Connects and opens a session. `addr` may name several servers of one service, separated by commas: the
+    /// first that answers is used, and a lost connection moves on to the next (with
+    /// `ClientConfig::failover_timeout_ms`, calls wait for one to answer).
     pub async fn connect(fabric: F, addr: &str, cfg: ClientConfig) -> Result<Self, RpcError> {
-        let conn = open_conn(&fabric, addr, &cfg).await?;
+        let addrs = split_addrs(addr);
+        if addrs.is_empty() {
+            let source = std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address given");
+            return Err(RpcError::Connect { addr: addr.to_string(), source });
+        }
+        let (current, conn) = open_any(&fabric, &addrs, 0, &cfg).await?;
         let (session, granted, secret) = create_session(&conn, addr, &cfg).await?;
         let cfg_regs = cfg.registrations_max;
         debug!(addr, session = format_args!("{session:#x}"), slots = granted, "session open");
@@ -166,6 +177,8 @@ impl<F: Fabric> RpcClient<F> {
             inner: Arc::new(Inner {
                 fabric,
                 addr: addr.to_string(),
+                addrs,
+                current: std::sync::atomic::AtomicUsize::new(current),
                 slots: (0..granted).map(|_| Mutex::new(SlotSeq { session, seq: 0 })).collect(),
                 free: Mutex::new((0..granted).rev().collect()),
                 credits: Semaphore::new(granted as usize),
@@ -180,8 +193,14 @@ impl<F: Fabric> RpcClient<F> {
         })
     }
 
+    /// The address(es) as given to [`RpcClient::connect`].
     pub fn addr(&self) -> &str {
         &self.inner.addr
+    }
+
+    /// The address the live connection goes to (one of those given).
+    pub fn current_addr(&self) -> &str {
+        &self.inner.addrs[self.inner.current.load(Ordering::SeqCst)]
     }
 
     /// Slots granted by the server: the most calls this client has in flight to it.
@@ -234,7 +253,7 @@ impl<F: Fabric> RpcClient<F> {
 
     /// What the fabric to this server can do.
     pub fn capabilities(&self) -> weft_fabric::Capabilities {
-        self.inner.fabric.capabilities_of(&self.inner.addr)
+        self.inner.fabric.capabilities_of(self.current_addr())
     }
 
     /// The client's pre-registered arena, on a one-sided fabric.
@@ -285,8 +304,11 @@ impl<F: Fabric> RpcClient<F> {
         let (mut sid, mut seq) = self.next_seq(slot);
 
         let mut dest = dest;
-        let mut retry = Retry::new(&inner.addr, op, inner.cfg.attempts_max);
+        let mut retry =
+            Retry::new(&inner.addr, op, inner.cfg.attempts_max).with_failover(inner.cfg.failover_timeout_ms);
+        let began = std::time::Instant::now();
         let mut next = retry.start();
+        let mut failover_logged = false;
         let mut resend = false;
         loop {
             let backoff = match next {
@@ -320,7 +342,11 @@ impl<F: Fabric> RpcClient<F> {
             let (rh, rbody) = match reply {
                 Ok(x) => x,
                 Err(event) => {
-                    next = retry.on(event);
+                    next = retry.on_at(event, began.elapsed().as_millis() as u64);
+                    if retry.failing_over() && !std::mem::replace(&mut failover_logged, true) {
+                        warn!(addr = %inner.addr, ?op, failover_timeout_ms = inner.cfg.failover_timeout_ms,
+                            "the server does not answer; waiting for it (or another of its addresses) to, as a hard mount does");
+                    }
                     continue;
                 }
             };
@@ -328,7 +354,7 @@ impl<F: Fabric> RpcClient<F> {
                 let err: WireError =
                     decode(rh.op, &rbody).map_err(|e| RpcError::Protocol { addr: inner.addr.clone(), source: e })?;
                 let message = err.message.clone();
-                next = retry.on(Event::ErrorReply(err));
+                next = retry.on_at(Event::ErrorReply(err), began.elapsed().as_millis() as u64);
                 if matches!(next, Next::RenewSession { .. }) {
                     warn!(addr = %inner.addr, ?op, "server refused our session ({message}); opening a new one");
                 }
@@ -456,7 +482,7 @@ impl<F: Fabric> RpcClient<F> {
         let transient = self.capabilities().pins_pages;
         let window = if transient { 4096 } else { inner.cfg.registration_window_bytes.max(4096) };
         let (pinned, batch) = RegCache::hold_or_add(&inner.regs, conn.id, spans, window, transient, |addr, len| {
-            inner.fabric.register_local(&inner.addr, addr, len)
+            inner.fabric.register_local(self.current_addr(), addr, len)
         })
         .map_err(|source| RpcError::Connect { addr: inner.addr.clone(), source })?;
         if !batch.is_empty() {
@@ -538,13 +564,19 @@ impl<F: Fabric> RpcClient<F> {
             match g.as_ref() {
                 Some(c) if !c.dead.load(Ordering::SeqCst) => c.clone(),
                 _ => {
-                    let c = open_conn(&self.inner.fabric, &self.inner.addr, &self.inner.cfg).await.map_err(
-                        |e| match e {
+                    let inner = &*self.inner;
+                    let start = inner.current.load(Ordering::SeqCst);
+                    let (i, c) =
+                        open_any(&inner.fabric, &inner.addrs, start, &inner.cfg).await.map_err(|e| match e {
                             RpcError::Connect { source, .. } => source,
                             other => std::io::Error::other(other.to_string()),
-                        },
-                    )?;
-                    debug!(addr = %self.inner.addr, "reconnected");
+                        })?;
+                    inner.current.store(i, Ordering::SeqCst);
+                    if i == start {
+                        debug!(addr = %inner.addrs[i], "reconnected");
+                    } else {
+                        warn!(from = %inner.addrs[start], to = %inner.addrs[i], "failed over to another address");
+                    }
                     self.rebind(&c).await;
                     *g = Some(c.clone());
                     c
@@ -583,6 +615,36 @@ async fn recover(rx: oneshot::Receiver<Outcome>) -> Vec<BytesMut> {
         Ok(Ok((_, _, d))) | Ok(Err((_, d))) => d,
         Err(_) => unreachable!("the reader always answers a registered call"),
     }
+}
+
+/// The addresses of a comma-separated list, trimmed, empty ones dropped.
+fn split_addrs(addr: &str) -> Vec<String> {
+    addr.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect()
+}
+
+/// Connects to the first of `addrs` that answers, trying each once, from index `start` on (wrapping); returns the
+/// index it connected to. Fails with the last address's error.
+async fn open_any<F: Fabric>(
+    fabric: &F,
+    addrs: &[String],
+    start: usize,
+    cfg: &ClientConfig,
+) -> Result<(usize, Arc<Conn<F>>), RpcError> {
+    assert!(!addrs.is_empty(), "a client has at least one address");
+    let mut last = None;
+    for k in 0..addrs.len() {
+        let i = (start + k) % addrs.len();
+        match open_conn(fabric, &addrs[i], cfg).await {
+            Ok(c) => return Ok((i, c)),
+            Err(e) => {
+                if addrs.len() > 1 {
+                    debug!(addr = %addrs[i], "cannot connect: {e}");
+                }
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.expect("one attempt per address"))
 }
 
 async fn open_conn<F: Fabric>(fabric: &F, addr: &str, cfg: &ClientConfig) -> Result<Arc<Conn<F>>, RpcError> {

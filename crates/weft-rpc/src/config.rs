@@ -18,6 +18,11 @@ pub struct ClientConfig {
     pub call_timeout_ms: u64,
     /// Attempts per call before giving up (the first try counts).
     pub attempts_max: u32,
+    /// With more than 0: a call whose server cannot be reached (refused, closed, unanswered) keeps retrying,
+    /// over every address the client was given, until this long after it began, even past `attempts_max`: the
+    /// application blocks and resumes as on a hard NFS mount. For the metadata service (`mds_failover_timeout_ms`);
+    /// data servers keep 0, since a read or write there has other servers to turn to.
+    pub failover_timeout_ms: u64,
     /// Limits on replies this client accepts.
     pub limits: FrameLimits,
     /// Benchmarks only (`weft bench --delay-us`): each request waits this long before it is sent, emulating a
@@ -42,6 +47,7 @@ impl Default for ClientConfig {
             connect_timeout_ms: 5_000,
             call_timeout_ms: 30_000,
             attempts_max: 5,
+            failover_timeout_ms: 0,
             limits: FrameLimits { body_bytes_max: 8 << 20, data_bytes_max: 4 << 20 },
             send_delay_us: 0,
             registrations_max: 256,

@@ -10,6 +10,10 @@
 //! - after such an attempt, the server refused our session (it restarted or evicted us): the call continues on a
 //!   new session with a new sequence, whose reply cache knows nothing of the first attempt
 //!   ([`State::SessionLost`]); if that retry is answered with an error, the first attempt may still have run.
+//!
+//! A call has `attempts_max` attempts, and with a failover window (`ClientConfig::failover_timeout_ms`) also every
+//! attempt that starts within that window of the call's beginning: the caller reports the time passed with each
+//! event ([`Retry::on_at`]), so the machine stays free of clocks.
 
 use std::time::Duration;
 
@@ -76,6 +80,10 @@ pub(crate) struct Retry {
     last_failure: String,
     /// The last attempt found no connection.
     connect_failed: Option<std::io::Error>,
+    /// Attempts go on past `attempts_max` while `elapsed_ms` is below this (0: no failover window).
+    failover_ms: u64,
+    /// Time since the call began, as of the last event.
+    elapsed_ms: u64,
 }
 
 impl Retry {
@@ -88,7 +96,31 @@ impl Retry {
             state: State::Clean,
             last_failure: String::from("no attempt made"),
             connect_failed: None,
+            failover_ms: 0,
+            elapsed_ms: 0,
         }
+    }
+
+    /// Keeps attempting, past `attempts_max`, until `failover_ms` after the call began.
+    pub(crate) fn with_failover(mut self, failover_ms: u64) -> Retry {
+        self.failover_ms = failover_ms;
+        self
+    }
+
+    /// Whether another attempt may start: attempts are left, or the failover window is still open.
+    fn attempts_left(&self) -> bool {
+        self.attempt < self.attempts_max || self.elapsed_ms < self.failover_ms
+    }
+
+    /// Whether the call has used up its attempts and goes on only because of the failover window (for logs).
+    pub(crate) fn failing_over(&self) -> bool {
+        self.attempt > self.attempts_max && self.failover_ms > 0
+    }
+
+    /// As [`Retry::on`], `elapsed_ms` after the call began.
+    pub(crate) fn on_at(&mut self, event: Event, elapsed_ms: u64) -> Next {
+        self.elapsed_ms = elapsed_ms;
+        self.on(event)
     }
 
     /// The first step: send at once (or, with no attempts allowed, give up).
@@ -142,7 +174,7 @@ impl Retry {
             }
             Event::ErrorReply(err) => {
                 let refused = matches!(err.code, ErrorCode::StaleSession | ErrorCode::SeqMisordered);
-                if refused && self.attempt < self.attempts_max {
+                if refused && self.attempts_left() {
                     if self.state == State::MaybeRan {
                         self.state = State::SessionLost;
                     }
@@ -165,7 +197,7 @@ impl Retry {
 
     /// Another attempt on the same (slot, sequence) if any is left; otherwise gives up.
     fn next_attempt(&mut self) -> Next {
-        if self.attempt < self.attempts_max {
+        if self.attempts_left() {
             self.attempt += 1;
             return Next::Send { backoff: self.backoff() };
         }
@@ -175,7 +207,7 @@ impl Retry {
         } else if let Some(source) = self.connect_failed.take() {
             RpcError::Connect { addr: self.addr.clone(), source }
         } else {
-            RpcError::Timeout { addr: self.addr.clone(), op: self.op, attempts: self.attempts_max }
+            RpcError::Timeout { addr: self.addr.clone(), op: self.op, attempts: self.attempt }
         };
         Next::GiveUp { error, forget_session: true }
     }
@@ -444,6 +476,46 @@ mod tests {
         assert_eq!(r.state(), State::SessionLost);
         match r.on(Event::ErrorReply(other_error())) {
             Next::GiveUp { error: RpcError::MaybeApplied { .. }, forget_session: false } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failover_window_keeps_attempting_past_attempts_max_until_it_closes() {
+        for op in [WRITE, READ] {
+            let mut r = Retry::new(ADDR, op, 2).with_failover(1_000);
+            r.start();
+            assert!(matches!(r.on_at(Event::ConnectFailed(io_error()), 10), Next::Send { .. }));
+            assert!(!r.failing_over());
+            // attempts_max is spent: the window alone allows more, with the back-off capped at ten steps.
+            for (k, elapsed_ms) in [100, 400, 999].into_iter().enumerate() {
+                let event = if k == 1 { Event::NoReply("lost".into()) } else { Event::ConnectFailed(io_error()) };
+                match r.on_at(event, elapsed_ms) {
+                    Next::Send { backoff } => assert!(backoff <= BACKOFF_STEP * 10, "{backoff:?}"),
+                    other => panic!("{op:?} at {elapsed_ms} ms: {other:?}"),
+                }
+                assert!(r.failing_over());
+            }
+            // A refused session inside the window is renewed, not given up on.
+            assert!(matches!(r.on_at(Event::ErrorReply(refused()), 999), Next::RenewSession { .. }));
+            let next = r.on_at(Event::ConnectFailed(io_error()), 1_000);
+            match (op.is_idempotent(), next) {
+                (false, Next::GiveUp { error: RpcError::MaybeApplied { reason, .. }, forget_session: true }) => {
+                    assert!(reason.starts_with("connect: "), "{reason}");
+                }
+                (true, Next::GiveUp { error: RpcError::Connect { .. }, forget_session: true }) => {}
+                (_, other) => panic!("{op:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn without_a_failover_window_time_changes_nothing() {
+        let mut r = Retry::new(ADDR, READ, 2);
+        r.start();
+        assert!(matches!(r.on_at(Event::Closed, 0), Next::Send { .. }));
+        match r.on_at(Event::Closed, 0) {
+            Next::GiveUp { error: RpcError::Timeout { attempts: 2, .. }, forget_session: true } => {}
             other => panic!("{other:?}"),
         }
     }

@@ -43,6 +43,13 @@ pub struct NfsArgs {
     pub ds_nfs: bool,
 }
 
+/// `weft up --meta redb|postgres --rebuild-after-ms MS`: where the namespace lives, and the MDS's
+/// `rebuild_after_ms`.
+pub struct MetaArgs {
+    pub postgres: bool,
+    pub rebuild_after_ms: Option<u64>,
+}
+
 // One argument per group of `weft up` flags, straight from clap.
 #[allow(clippy::too_many_arguments)]
 pub async fn up(
@@ -55,7 +62,7 @@ pub async fn up(
     cache: CacheArgs,
     metrics: bool,
     nfs: NfsArgs,
-    rebuild_after_ms: Option<u64>,
+    meta: MetaArgs,
 ) -> Result<()> {
     let nfs_port = nfs.port;
     if servers == 0 {
@@ -70,7 +77,8 @@ pub async fn up(
     opts.cache = cache.daemons;
     opts.cache_mib = cache.mib;
     opts.metrics = metrics;
-    opts.rebuild_after_ms = rebuild_after_ms;
+    opts.rebuild_after_ms = meta.rebuild_after_ms;
+    opts.postgres |= meta.postgres;
     opts.ds_nfs = nfs.ds_nfs;
     // The servers log as this process was asked to (RUST_LOG=debug weft up: every server at debug).
     if let Ok(filter) = std::env::var("RUST_LOG") {
@@ -101,6 +109,12 @@ pub async fn up(
             cache.daemons,
             cache.mib,
             cluster.cache_addrs().join(", ")
+        );
+    }
+    if let Some(url) = cluster.postgres_url() {
+        println!(
+            "Namespace in PostgreSQL: a server of this cluster's own in {} (Unix socket only), db = \"{url}\"",
+            data_dir.join("postgres").display()
         );
     }
     println!("Data, logs and client config under {} (client config: {})", data_dir.display(), cfg.display());

@@ -210,6 +210,12 @@ enum Cmd {
         /// ec/mirror layouts (default: the MDS's, five minutes).
         #[arg(long, value_name = "MS")]
         rebuild_after_ms: Option<u64>,
+        /// Where the metadata service keeps the namespace: `redb` (default), the embedded store in
+        /// DATA_DIR/meta; `postgres`, a PostgreSQL server of the cluster's own (Debian's `postgresql`, which
+        /// `make deps` installs): `initdb` in DATA_DIR/postgres on first start, listening only on a Unix socket
+        /// there, stopped with the cluster. To serve an existing database, run `weft meta --db URL` instead.
+        #[arg(long, value_name = "redb|postgres", default_value = "redb")]
+        meta: MetaArg,
         /// Every data server also serves pNFS (NFSv4.1 data server, docs/format.md §23) on a free loopback port;
         /// the addresses are printed.
         #[arg(long)]
@@ -616,6 +622,13 @@ enum TlsCmd {
     },
 }
 
+/// `weft up --meta redb|postgres`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum MetaArg {
+    Redb,
+    Postgres,
+}
+
 /// `--auth key|none`.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum AuthArg {
@@ -689,12 +702,13 @@ async fn run(cmd: Cmd) -> Result<()> {
             no_metrics,
             nfs,
             rebuild_after_ms,
+            meta,
             ds_nfs,
         } => {
             let cache = c::CacheArgs { daemons: cache, mib: cache_mib };
             let nfs = c::NfsArgs { port: nfs, ds_nfs };
-            c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache, !no_metrics, nfs, rebuild_after_ms)
-                .await
+            let meta = c::MetaArgs { postgres: meta == MetaArg::Postgres, rebuild_after_ms };
+            c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache, !no_metrics, nfs, meta).await
         }
         Cmd::Nfs { c, args } => nfs::run(c.spec(), &args, ready).await,
         Cmd::Top { from, interval_s, count } => top::top(&from, interval_s, count).await,

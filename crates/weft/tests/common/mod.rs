@@ -69,7 +69,12 @@ impl TestCluster {
     /// A client that gives up quickly (for tests that stop servers on purpose).
     pub async fn impatient_client(&self) -> Client {
         let cfg = ClusterConfig {
-            client: ClientTuning { attempts_max: 1, call_timeout_ms: 5_000, ..ClientTuning::default() },
+            client: ClientTuning {
+                attempts_max: 1,
+                call_timeout_ms: 5_000,
+                mds_failover_timeout_ms: 0,
+                ..ClientTuning::default()
+            },
             ..self.cluster_config()
         };
         Client::connect(&cfg).await.unwrap()

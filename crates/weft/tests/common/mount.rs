@@ -14,16 +14,26 @@ pub struct Mount {
 
 impl Mount {
     pub fn start(cl: &TestCluster, dir: &Path, extra: &[&str]) -> Mount {
+        Mount::start_from(&cl.cluster_file(), dir, extra, None)
+    }
+
+    /// As [`Mount::start`], from the cluster file `cluster`, with the daemon's log (warnings) in `log` if given
+    /// (else on the test's stderr).
+    pub fn start_from(cluster: &Path, dir: &Path, extra: &[&str], log: Option<&Path>) -> Mount {
         std::fs::create_dir_all(dir).unwrap();
+        let stderr = match log {
+            Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
+            None => Stdio::inherit(),
+        };
         let mut child = Command::new(WEFT)
             .arg("mount")
             .arg("--cluster")
-            .arg(cl.cluster_file())
+            .arg(cluster)
             .arg(dir)
             .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("running weft mount");
         let mut line = String::new();

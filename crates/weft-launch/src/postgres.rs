@@ -1,0 +1,167 @@
+//! The cluster's own PostgreSQL (`LaunchOptions::postgres`, `weft up --meta postgres`): Debian's server, its
+//! database in `DIR/postgres/data` (made by `initdb` on first start, kept across restarts), listening only on a
+//! Unix socket in `DIR/postgres`, durable as installed (`fsync` and `synchronous_commit` on). The metadata
+//! service's `db` names it ([`url`]).
+//!
+//! `postgres` runs in the foreground as a child of the launcher (not daemonised by `pg_ctl`), so it is stopped
+//! with the rest of the cluster and killed with the launcher: a failing test leaves no server behind. PostgreSQL
+//! refuses to run as root, so as root it runs as `nobody`.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use crate::{LaunchError, io_err};
+
+/// The superuser `initdb` creates; the socket trusts it (only this host's processes that can reach the socket
+/// directory, 0700 to the server's user, connect).
+const DB_USER: &str = "weft";
+/// The database the metadata service uses.
+const DB_NAME: &str = "weft";
+/// The user the server runs as when the launcher runs as root.
+const SERVER_USER: &str = "nobody";
+
+/// The connection string of the cluster's database, whose server keeps its socket in `dir`.
+pub fn url(dir: &Path) -> String {
+    format!("host={} user={DB_USER} dbname={DB_NAME}", dir.display())
+}
+
+/// Starts PostgreSQL for the cluster in `dir` (`initdb` first if `dir/data` holds no database), waits until it
+/// accepts connections and makes the database if missing. `log` receives the server's output.
+pub async fn start(dir: &Path, log: &Path, ready_timeout_ms: u64) -> Result<Child, LaunchError> {
+    let bin = bindir().map_err(|e| LaunchError::Postgres(e.to_string()))?;
+    let owner = server_owner()?;
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(io_err(dir))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io_err(dir))?;
+    }
+    let data = dir.join("data");
+    if !data.join("PG_VERSION").exists() {
+        let out = command(&bin.join("initdb"), owner)
+            .args(["-D", &path(&data), "-U", DB_USER, "-A", "trust", "-E", "UTF8", "--locale=C"])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| LaunchError::Postgres(format!("running initdb: {e}")))?;
+        if !out.status.success() {
+            return Err(LaunchError::Postgres(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr))));
+        }
+    }
+    let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(io_err(log))?;
+    let mut child = command(&bin.join("postgres"), owner)
+        .args(["-D", &path(&data), "-k", &path(dir), "-c", "listen_addresses=", "-c", "max_connections=200"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log_file))
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| LaunchError::Spawn { role: "postgres".into(), source })?;
+    wait_accepting(&mut child, dir, log, ready_timeout_ms).await?;
+    create_database(&bin, dir).await?;
+    Ok(child)
+}
+
+/// Polls the server's socket until it accepts a connection (the server may replay its log first).
+async fn wait_accepting(child: &mut Child, dir: &Path, log: &Path, ready_timeout_ms: u64) -> Result<(), LaunchError> {
+    let socket = dir.join(".s.PGSQL.5432");
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(ready_timeout_ms);
+    loop {
+        if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+            return Ok(());
+        }
+        if !matches!(child.try_wait(), Ok(None)) {
+            return Err(LaunchError::Died { role: "postgres".into(), log: log.to_path_buf() });
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(LaunchError::NotReady {
+                waited_ms: ready_timeout_ms,
+                detail: format!("PostgreSQL did not accept connections on {}; see {}", socket.display(), log.display()),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `createdb`, unless the database exists (a restarted cluster).
+async fn create_database(bin: &Path, dir: &Path) -> Result<(), LaunchError> {
+    let out = Command::new(bin.join("createdb"))
+        .args(["-h", &path(dir), "-U", DB_USER, DB_NAME])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| LaunchError::Postgres(format!("running createdb: {e}")))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.success() || stderr.contains("already exists") {
+        Ok(())
+    } else {
+        Err(LaunchError::Postgres(format!("createdb failed: {stderr}")))
+    }
+}
+
+/// As root: the uid and gid of [`SERVER_USER`]; otherwise `None` (the server runs as the launcher's user).
+fn server_owner() -> Result<Option<(u32, u32)>, LaunchError> {
+    let root = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
+    if !root {
+        return Ok(None);
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").map_err(io_err(Path::new("/etc/passwd")))?;
+    let ids = passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() > 3 && f[0] == SERVER_USER).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
+    });
+    match ids {
+        Some(ids) => Ok(Some(ids)),
+        None => Err(LaunchError::Postgres(format!(
+            "PostgreSQL refuses to run as root, and there is no user {SERVER_USER:?} to run it as"
+        ))),
+    }
+}
+
+fn command(program: &Path, owner: Option<(u32, u32)>) -> Command {
+    let mut c = Command::new(program);
+    if let Some((uid, gid)) = owner {
+        c.uid(uid).gid(gid);
+    }
+    c
+}
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Where PostgreSQL's programs are: `WEFT_PG_BINDIR`, `pg_config --bindir`, or the newest
+/// `/usr/lib/postgresql/*/bin` (Debian's layout).
+pub fn bindir() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os("WEFT_PG_BINDIR") {
+        let dir = PathBuf::from(dir);
+        return if dir.join("initdb").exists() {
+            Ok(dir)
+        } else {
+            Err(format!("WEFT_PG_BINDIR={} holds no initdb", dir.display()))
+        };
+    }
+    let from_pg_config = std::process::Command::new("pg_config").arg("--bindir").output().ok();
+    if let Some(out) = from_pg_config.filter(|o| o.status.success()) {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("initdb").exists() {
+            return Ok(dir);
+        }
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+        .filter(|(_, bin): &(u32, PathBuf)| bin.join("initdb").exists())
+        .collect();
+    found.sort();
+    found.pop().map(|(_, bin)| bin).ok_or_else(|| {
+        "PostgreSQL is not installed (no initdb): run `make deps` (Debian's postgresql package) or set \
+         WEFT_PG_BINDIR to the directory holding initdb and postgres"
+            .to_string()
+    })
+}

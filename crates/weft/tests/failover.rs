@@ -1,0 +1,217 @@
+//! Clients and the mount ride out a metadata service that goes away and comes back (issue 29, must-have 3): with
+//! the MDS killed (`kill -9`), calls block, trying every address the cluster file names, and resume when a
+//! service answers again, as on a hard NFS mount; nothing errors to the application before
+//! `mds_failover_timeout_ms`, and nothing acknowledged is lost.
+//!
+//! Each test first proves the outage outlasted what a call used to survive (five attempts, about 0.3 s): the
+//! native test counts retries, the mount's test waits for the mount's "waiting for it" warning, which only a call
+//! past its attempts logs. Only then is the MDS started again.
+
+mod common;
+
+use std::future::ready;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use common::members::wait_for;
+use common::mount::Mount;
+use common::*;
+use weft_client::{Client, ClusterConfig, OpenMode};
+use weft_proto::ROOT_INO;
+
+const WRITERS: usize = 4;
+const FILE_BYTES: usize = 4096;
+
+/// A loopback address nobody listens on (bound a moment ago, then closed): the cluster file names it before
+/// the live MDS, so every connect walks past a dead address first.
+fn dead_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// The cluster's config with `mds` naming a dead address first, then the MDS.
+fn two_address_config(cl: &TestCluster) -> ClusterConfig {
+    let mut cfg = cl.cluster_config();
+    cfg.mds = format!("{},{}", dead_addr(), cl.mds_addr());
+    cfg
+}
+
+/// What the writers share: when to stop, and the first error any of them saw (which ends that writer).
+#[derive(Default)]
+struct Shared {
+    stop: AtomicBool,
+    error: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn failed(&self) -> bool {
+        self.error.lock().unwrap().is_some()
+    }
+
+    /// Panics with the error an application saw, if one did.
+    fn assert_no_error(&self) {
+        let error = self.error.lock().unwrap().clone();
+        if let Some(e) = error {
+            panic!("an application saw an error during the failover: {e}");
+        }
+    }
+
+    fn record(&self, r: Result<(), String>) {
+        if let Err(e) = r {
+            self.error.lock().unwrap().get_or_insert(e);
+        }
+    }
+}
+
+/// Creates (not exclusively: a retry of a create that ran finds its file), writes and closes `w{w}-{i}` until
+/// `stop`, counting acknowledged files in `acked`; the first error ends the writer and is returned.
+async fn writer(c: Client, dir: u64, w: usize, shared: Arc<Shared>, acked: Arc<AtomicUsize>) -> Result<(), String> {
+    for i in 0.. {
+        if shared.stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let name = format!("w{w}-{i:05}");
+        let step = async {
+            let f = c.create_open(dir, &name, 0o644, false).await?;
+            f.write_at(0, Bytes::from(pattern((w * 100_000 + i) as u64, 0, FILE_BYTES))).await?;
+            f.close().await
+        };
+        step.await.map_err(|e| format!("writer {w}, file {name}: {e}"))?;
+        acked.fetch_add(1, Ordering::SeqCst);
+    }
+    unreachable!()
+}
+
+/// Every file a writer acknowledged holds its bytes.
+async fn check_files(c: &Client, counts: &[usize]) {
+    for (w, &n) in counts.iter().enumerate() {
+        for i in 0..n {
+            let path = format!("/d/w{w}-{i:05}");
+            let f = c.open(&path, OpenMode::Read).await.unwrap_or_else(|e| panic!("{path} was acknowledged: {e}"));
+            let back = f.read_at(0, BytesMut::zeroed(FILE_BYTES)).await.unwrap();
+            assert_eq!(&back[..], &pattern((w * 100_000 + i) as u64, 0, FILE_BYTES)[..], "{path}");
+            f.close().await.unwrap();
+        }
+    }
+}
+
+/// On the embedded store and on PostgreSQL, one after the other (the retry count below is this process's).
+#[tokio::test(flavor = "multi_thread")]
+async fn native_writers_block_through_an_mds_kill_and_restart_and_lose_nothing() {
+    ride_out_a_restart(start_with("failover-native", 2, |o| o.postgres = false).await).await;
+    let cl = start_with("failover-native-pg", 2, |o| o.postgres = true).await;
+    assert!(cl.postgres_url().is_some());
+    ride_out_a_restart(cl).await;
+}
+
+async fn ride_out_a_restart(mut cl: TestCluster) {
+    let dir = cl.client().await.mkdir(ROOT_INO, "d", 0o755).await.unwrap().ino;
+    let mut cfg = two_address_config(&cl);
+    let shared = Arc::new(Shared::default());
+    let acked: Vec<Arc<AtomicUsize>> = (0..WRITERS).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let mut tasks = Vec::new();
+    for (w, a) in acked.iter().enumerate() {
+        let c = Client::connect(&cfg).await.unwrap();
+        let (shared, a) = (shared.clone(), a.clone());
+        tasks.push(tokio::spawn(async move { shared.record(writer(c, dir, w, shared.clone(), a).await) }));
+    }
+    let total = || acked.iter().map(|a| a.load(Ordering::SeqCst)).sum::<usize>();
+    wait_for("writes before the kill", || ready(total() >= 100 || shared.failed())).await;
+    shared.assert_no_error();
+
+    cl.kill_mds().await;
+    // Four writers blocked in one call each: 6 retries per writer means at least one call went past five
+    // attempts, where it used to fail. (The only other test of this binary that makes this process's clients
+    // retry runs after this one, in it.)
+    let retries = weft_rpc::metrics::CLIENT.retries.get();
+    let blocked = || ready(weft_rpc::metrics::CLIENT.retries.get() >= retries + 6 * WRITERS as u64 || shared.failed());
+    wait_for("the writers to retry past their attempts", blocked).await;
+    shared.assert_no_error();
+    let during = total();
+    cl.restart_mds().await.unwrap();
+    wait_for("writes after the restart", || ready(total() >= during + 100 || shared.failed())).await;
+    shared.stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    shared.assert_no_error();
+    let counts: Vec<usize> = acked.iter().map(|a| a.load(Ordering::SeqCst)).collect();
+    check_files(&cl.client().await, &counts).await;
+
+    // An MDS gone for good: a call errors once the failover window closes, naming the addresses it tried.
+    cfg.client.mds_failover_timeout_ms = 1_500;
+    let c = Client::connect(&cfg).await.unwrap();
+    assert_eq!(c.getattr(ROOT_INO).await.unwrap().ino, ROOT_INO);
+    cl.kill_mds().await;
+    let began = std::time::Instant::now();
+    let err = c.getattr(ROOT_INO).await.unwrap_err();
+    // Not a timing assertion: a floor the retry machine guarantees (it attempts until the window closes).
+    assert!(began.elapsed().as_millis() >= 1_500, "gave up after {:?}: {err}", began.elapsed());
+    assert!(err.to_string().contains(&cfg.mds), "the error names the addresses tried: {err}");
+}
+
+/// Writes `w{w}-{i}` through the mount until `stop`; the first error ends the thread and is returned.
+fn mount_writer(root: &Path, w: usize, shared: &Shared, acked: &AtomicUsize) -> Result<(), String> {
+    for i in 0.. {
+        if shared.stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let path = root.join(format!("w{w}-{i:05}"));
+        std::fs::write(&path, pattern((w * 100_000 + i) as u64, 0, FILE_BYTES))
+            .map_err(|e| format!("writer {w}: {}: {e}", path.display()))?;
+        acked.fetch_add(1, Ordering::SeqCst);
+    }
+    unreachable!()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn creators_on_the_mount_block_through_an_mds_kill_and_restart_and_see_no_error() {
+    let mut cl = start("failover-fuse", 2).await;
+    cl.client().await.mkdir(ROOT_INO, "d", 0o755).await.unwrap();
+    let work = test_dir("failover-fuse-mnt");
+    let cluster_file = work.join("cluster.toml");
+    std::fs::write(&cluster_file, two_address_config(&cl).to_toml()).unwrap();
+    let log = work.join("mount.log");
+    let m = Mount::start_from(&cluster_file, &work.join("mnt"), &[], Some(&log));
+    let root = m.path("d");
+    let shared = Arc::new(Shared::default());
+    let acked: Arc<Vec<AtomicUsize>> = Arc::new((0..WRITERS).map(|_| AtomicUsize::new(0)).collect());
+    let threads: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (root, shared, acked) = (root.clone(), shared.clone(), acked.clone());
+            std::thread::spawn(move || shared.record(mount_writer(&root, w, &shared, &acked[w])))
+        })
+        .collect();
+    let total = || acked.iter().map(|a| a.load(Ordering::SeqCst)).sum::<usize>();
+    wait_for("writes before the kill", || ready(total() >= 100 || shared.failed())).await;
+    shared.assert_no_error();
+
+    cl.kill_mds().await;
+    let waiting = || {
+        let logged = std::fs::read_to_string(&log).unwrap_or_default().contains("does not answer; waiting");
+        ready(logged || shared.failed())
+    };
+    wait_for("the mount to wait for the MDS past a call's attempts", waiting).await;
+    shared.assert_no_error();
+    let during = total();
+    cl.restart_mds().await.unwrap();
+    wait_for("writes after the restart", || ready(total() >= during + 100 || shared.failed())).await;
+    shared.stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    shared.assert_no_error();
+    let counts: Vec<usize> = acked.iter().map(|a| a.load(Ordering::SeqCst)).collect();
+    // Read back through the mount (its close-to-open view) and through a fresh native client.
+    for (w, &n) in counts.iter().enumerate() {
+        for i in 0..n {
+            let path = root.join(format!("w{w}-{i:05}"));
+            assert_eq!(std::fs::read(&path).unwrap(), pattern((w * 100_000 + i) as u64, 0, FILE_BYTES));
+        }
+    }
+    check_files(&cl.client().await, &counts).await;
+    drop(m);
+    let _ = std::fs::remove_dir_all(&work);
+}
