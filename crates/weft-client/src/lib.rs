@@ -150,7 +150,10 @@ impl Client {
             Some(c) if c.enabled() => Some(weft_cache::Bank::new(c.clone()).map_err(ClientError::Cache)?),
             _ => None,
         };
-        let mds_cfg = ClientConfig { failover_timeout_ms: tuning.mds_failover_timeout_ms, ..rpc_cfg.clone() };
+        // The MDS keeps every tagged call's outcome in its store (format §27): a retry after a restart or a failover is
+        // answered with it.
+        let mds_cfg =
+            ClientConfig { failover_timeout_ms: tuning.mds_failover_timeout_ms, once_tags: true, ..rpc_cfg.clone() };
         let mds = RpcClient::connect(fabric.clone(), &cluster.mds, mds_cfg).await.map_err(ClientError::Meta)?;
         let asserted_user_is_effective =
             cluster.auth == AuthMode::None || cluster.key_id == weft_rpc::auth::CLUSTER_KEY_ID;

@@ -765,6 +765,8 @@ mod tests {
             peer: "test".into(),
             principal: weft_rpc::Principal::Anonymous,
             user: None,
+            slot: 0,
+            once: None,
             pool: pool.clone(),
             memory: Some(memory.clone()),
             peer_cred: None,

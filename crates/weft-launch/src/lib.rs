@@ -565,6 +565,12 @@ impl LocalCluster {
         }
     }
 
+    /// Waits for the MDS to exit on its own (a fault plan that ends it); returns its exit code.
+    pub async fn wait_mds_exit(&mut self) -> Option<i32> {
+        let p = self.mds.as_mut()?;
+        p.child.wait().await.ok().and_then(|s| s.code())
+    }
+
     /// Asks the MDS to stop (SIGTERM) and waits for it to exit (SIGKILL if it takes over 10 s).
     pub async fn stop_mds(&mut self) {
         if let Some(p) = self.mds.as_mut() {

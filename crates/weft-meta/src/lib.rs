@@ -29,6 +29,7 @@ pub mod mem_store;
 pub mod membership;
 pub mod namespace;
 pub mod node;
+pub mod once;
 pub mod perm;
 pub mod pg_store;
 #[cfg(test)]

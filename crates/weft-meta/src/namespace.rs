@@ -36,7 +36,7 @@ use weft_proto::msg::{
 };
 use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::{
-    Attr, DataRedundancy, DirEntry, ErrorCode, FileKind, Layout, MemberStatus, NAME_BYTES_MAX, READDIR_ENTRIES_MAX,
+    Attr, DataRedundancy, DirEntry, ErrorCode, FileKind, Layout, MemberStatus, NAME_BYTES_MAX, Op, READDIR_ENTRIES_MAX,
     READDIRPLUS_ENTRIES_MAX, ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState,
     SpaceStat, StatFs, TimeSet, WireError,
 };
@@ -45,6 +45,7 @@ use crate::acl::Acl;
 use crate::clock::Clock;
 use crate::error::MetaError;
 use crate::membership::{self, DEFAULT_REBUILD_AFTER_MS, Phase, Scan, Timing};
+use crate::once::{self, OnceCall};
 use crate::perm::{self, Cred, Mask};
 use crate::store::{Inode, MetaStore, MetaTxn};
 
@@ -231,46 +232,91 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         self.execute_as(&Cred::root(), req)
     }
 
+    /// Removes the once records older than `once::ONCE_KEEP_MS` (docs/format.md §27); returns how many.
+    pub fn sweep_once_records(&self) -> Result<usize, WireError> {
+        let now_ms = u64::try_from(self.clock.now_ns() / 1_000_000).unwrap_or(0);
+        self.store.write(|t| once::sweep(t, now_ms).map_err(WireError::from))
+    }
+
+    /// One change as one transaction; with a tagged call, exactly once (see [`Namespace::execute_once`]).
+    fn change(
+        &self,
+        once: Option<(&OnceCall, Op)>,
+        mut f: impl FnMut(&mut dyn MetaTxn) -> Result<Response, WireError>,
+    ) -> Result<Response, WireError> {
+        let Some((call, op)) = once else { return self.store.write(f) };
+        let at_ms = u64::try_from(self.clock.now_ns() / 1_000_000).unwrap_or(0);
+        let mut replayed = false;
+        let r = self.store.write(|t| {
+            replayed = false;
+            if let Some(resp) = once::lookup(t, call)? {
+                replayed = true;
+                return Ok(resp);
+            }
+            let resp = f(t)?;
+            once::record(t, call, op, &resp, at_ms)?;
+            Ok(resp)
+        });
+        if replayed && r.is_ok() {
+            tracing::info!(
+                client = format_args!("{:#x}", call.tag.client),
+                slot = call.slot,
+                call = call.tag.call,
+                op = op.name(),
+                "a retried call that had run is answered with its recorded reply (once block)"
+            );
+        }
+        r
+    }
+
     /// Runs one metadata request on behalf of `cred`, checking its permissions (see [`crate::perm`]). Rule
     /// violations come back with their precise [`ErrorCode`] (a refused permission as `Permission` (EACCES) or
     /// `NotPermitted` (EPERM)), and change nothing; store failures as `Io`/`Internal`.
     pub fn execute_as(&self, cred: &Cred, req: &Request) -> Result<Response, WireError> {
+        self.execute_once(cred, req, None)
+    }
+
+    /// As [`Namespace::execute_as`], for a call with a once block (`once`, docs/format.md §27): each change runs in
+    /// a transaction that first looks for the call's recorded outcome (a retry of a call that ran is answered with
+    /// its reply and runs nothing) and records the new outcome with the change.
+    pub fn execute_once(&self, cred: &Cred, req: &Request, once: Option<&OnceCall>) -> Result<Response, WireError> {
         let now = self.clock.now_ns();
+        let once = once.map(|c| (c, req.op()));
         match req {
             Request::Null(()) => Ok(Response::Null(())),
             Request::Lookup(r) => self.store.read(|t| lookup(t, cred, r.parent, &r.name)).map(Response::Lookup),
             Request::GetAttr(r) => self.store.read(|t| Ok(load(t, r.ino)?.attr())).map(Response::GetAttr),
-            Request::SetAttr(r) => self.store.write(|t| set_attr(t, cred, r, now)).map(Response::SetAttr),
+            Request::SetAttr(r) => self.change(once, |t| set_attr(t, cred, r, now).map(Response::SetAttr)),
             Request::Create(r) => {
                 let excluded = self.excluded_servers();
-                self.store.write(|t| create(t, cred, r, now, &excluded)).map(Response::Create)
+                self.change(once, |t| create(t, cred, r, now, &excluded).map(Response::Create))
             }
-            Request::Mkdir(r) => self.store.write(|t| mkdir(t, cred, r, now)).map(Response::Mkdir),
-            Request::Rmdir(r) => self.store.write(|t| rmdir(t, cred, r.parent, &r.name, now)).map(Response::Rmdir),
-            Request::Unlink(r) => self.store.write(|t| unlink(t, cred, r.parent, &r.name, now)).map(Response::Unlink),
-            Request::Rename(r) => self.store.write(|t| rename(t, cred, r, now)).map(Response::Rename),
-            Request::Symlink(r) => self.store.write(|t| symlink(t, cred, r, now)).map(Response::Symlink),
-            Request::Mknod(r) => self.store.write(|t| mknod(t, cred, r, now)).map(Response::Mknod),
+            Request::Mkdir(r) => self.change(once, |t| mkdir(t, cred, r, now).map(Response::Mkdir)),
+            Request::Rmdir(r) => self.change(once, |t| rmdir(t, cred, r.parent, &r.name, now).map(Response::Rmdir)),
+            Request::Unlink(r) => self.change(once, |t| unlink(t, cred, r.parent, &r.name, now).map(Response::Unlink)),
+            Request::Rename(r) => self.change(once, |t| rename(t, cred, r, now).map(Response::Rename)),
+            Request::Symlink(r) => self.change(once, |t| symlink(t, cred, r, now).map(Response::Symlink)),
+            Request::Mknod(r) => self.change(once, |t| mknod(t, cred, r, now).map(Response::Mknod)),
             Request::Readlink(r) => self.store.read(|t| readlink(t, r.ino)).map(Response::Readlink),
-            Request::Link(r) => self.store.write(|t| link(t, cred, r, now)).map(Response::Link),
+            Request::Link(r) => self.change(once, |t| link(t, cred, r, now).map(Response::Link)),
             Request::Readdir(r) => self.store.read(|t| readdir(t, cred, r)).map(Response::Readdir),
             Request::ReaddirPlus(r) => self.store.read(|t| readdir_plus(t, cred, r)).map(Response::ReaddirPlus),
             Request::Statfs(()) => self.statfs().map(Response::Statfs),
-            Request::SetLayout(r) => self.store.write(|t| set_layout(t, cred, r, now)).map(Response::SetLayout),
-            Request::Commit(r) => self.store.write(|t| commit(t, cred, r, now)).map(|(_, a)| Response::Commit(a)),
-            Request::CommitWcc(r) => {
-                self.store.write(|t| commit(t, cred, r, now)).map(|((pre_mtime_ns, pre_size), attr)| {
+            Request::SetLayout(r) => self.change(once, |t| set_layout(t, cred, r, now).map(Response::SetLayout)),
+            Request::Commit(r) => self.change(once, |t| commit(t, cred, r, now).map(|(_, a)| Response::Commit(a))),
+            Request::CommitWcc(r) => self.change(once, |t| {
+                commit(t, cred, r, now).map(|((pre_mtime_ns, pre_size), attr)| {
                     Response::CommitWcc(CommitWccResp { pre_mtime_ns, pre_size, attr })
                 })
-            }
+            }),
             Request::ClusterInfo(()) => Ok(Response::ClusterInfo(self.servers())),
             Request::MemberStatus(()) => Ok(Response::MemberStatus(self.member_status())),
             Request::GetXattr(r) => self.store.read(|t| xattr::get(t, cred, r)).map(Response::GetXattr),
             Request::ListXattr(r) => self.store.read(|t| xattr::list(t, cred, r.ino)).map(Response::ListXattr),
             Request::SetXattr(r) => {
-                self.store.write(|t| xattr::set(t, cred, r, self.xattr_bytes_max, now)).map(Response::SetXattr)
+                self.change(once, |t| xattr::set(t, cred, r, self.xattr_bytes_max, now).map(Response::SetXattr))
             }
-            Request::RemoveXattr(r) => self.store.write(|t| xattr::remove(t, cred, r, now)).map(Response::RemoveXattr),
+            Request::RemoveXattr(r) => self.change(once, |t| xattr::remove(t, cred, r, now).map(Response::RemoveXattr)),
             Request::RegisterServer(r) => {
                 if !cred.is_root() {
                     return Err(werr(

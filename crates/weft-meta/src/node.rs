@@ -121,10 +121,26 @@ pub async fn run_with(
         cfg.membership_interval_ms,
         key.clone().map(Credential::cluster),
     ));
+    tokio::spawn(sweep_once_records(ns.clone()));
     tokio::spawn(collect_orphans(ns, tcp, cfg.gc_interval_ms, key.map(Credential::cluster)));
     started(metrics.as_ref(), &addr);
     ready(&addr);
     server.serve(listener).await.map_err(MetaServerError::Serve)
+}
+
+/// Every ten minutes, removes the once records (docs/format.md §27) no retry can still need.
+async fn sweep_once_records(ns: Arc<crate::MdsNamespace>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(600));
+    loop {
+        tick.tick().await;
+        let ns = ns.clone();
+        match tokio::task::spawn_blocking(move || ns.sweep_once_records()).await {
+            Ok(Ok(n)) if n > 0 => info!(removed = n, "swept once records older than an hour"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!("sweeping once records: {}", e.message),
+            Err(e) => tracing::warn!("sweeping once records: {e}"),
+        }
+    }
 }
 
 /// The store `cfg` names: the PostgreSQL database `db`, else the embedded store in `data_dir`.

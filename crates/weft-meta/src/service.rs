@@ -23,6 +23,7 @@ use weft_rpc::{CallCtx, CapabilityKey, KeyPolicy, PoolBuf, Principal, Reply, Ser
 
 use crate::lock_sessions::{DEFAULT_LOCKS_GRACE_MS, SessionLocks};
 use crate::locks::DEFAULT_LOCKS_MAX;
+use crate::once::OnceCall;
 use crate::push::Pusher;
 use crate::{Cred, MdsNamespace};
 
@@ -224,9 +225,10 @@ impl MetaService {
     /// owner is refused its capability: the one case where this differs from open(2)).
     async fn create_open(&self, ctx: &CallCtx, cred: Cred, r: CreateReq) -> Result<Response, WireError> {
         let ns = self.ns.clone();
+        let once = once_call(ctx, &cred);
         let attr = tokio::task::spawn_blocking(move || {
             let exclusive = r.exclusive;
-            let attr = match ns.execute_as(&cred, &Request::Create(r))? {
+            let attr = match ns.execute_once(&cred, &Request::Create(r), once.as_ref())? {
                 Response::Create(a) => a,
                 other => return Err(WireError::new(ErrorCode::Internal, format!("create answered {:?}", other.op()))),
             };
@@ -246,9 +248,10 @@ impl MetaService {
     }
 
     /// Writes wait for the journal's fdatasync and readdir pages may be long, so those go to the blocking pool.
-    async fn execute_on_blocking_pool(&self, cred: Cred, req: Request) -> Result<Response, WireError> {
+    async fn execute_on_blocking_pool(&self, ctx: &CallCtx, cred: Cred, req: Request) -> Result<Response, WireError> {
         let ns = self.ns.clone();
-        tokio::task::spawn_blocking(move || ns.execute_as(&cred, &req))
+        let once = once_call(ctx, &cred);
+        tokio::task::spawn_blocking(move || ns.execute_once(&cred, &req, once.as_ref()))
             .await
             .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))?
     }
@@ -361,7 +364,7 @@ impl Service for MetaService {
                 }
                 // Point reads too (a mount with POSIX ACLs asks for each inode's access ACL).
                 Request::GetXattr(_) | Request::ListXattr(_) => return self.execute_in_place(&cred, &req),
-                req => self.execute_on_blocking_pool(cred, req).await?,
+                req => self.execute_on_blocking_pool(ctx, cred, req).await?,
             };
             // Committed: publish before replying, so whoever hears of the change finds it in the bank.
             if let (Some(p), Some(t)) = (&self.pusher, touched) {
@@ -382,6 +385,12 @@ impl Service for MetaService {
     fn connection_closed(&self, sessions: &[u64]) {
         self.locks.connection_closed(sessions);
     }
+}
+
+/// The call a request with a once block is (docs/format.md §27), bound to the key its connection proved and the user
+/// it runs as.
+fn once_call(ctx: &CallCtx, cred: &Cred) -> Option<OnceCall> {
+    ctx.once.map(|tag| OnceCall { tag, slot: ctx.slot, key_id: ctx.principal.name().to_string(), uid: cred.uid })
 }
 
 /// The inode a request is about (the directory, for an op on a name) and the name, for logs.

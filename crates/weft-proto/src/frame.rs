@@ -22,6 +22,9 @@ pub const FLAG_ERROR: u8 = 0x01;
 pub const FLAG_CACHED: u8 = 0x02;
 /// A request whose body starts with a user block ([`crate::UserCred`]): the user it acts for.
 pub const FLAG_USER: u8 = 0x04;
+/// A request whose body carries a once block ([`crate::OnceTag`]) after the user block (if any): which call of which
+/// client it is, across sessions and services.
+pub const FLAG_ONCE: u8 = 0x08;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -80,6 +83,8 @@ pub enum FrameError {
     BadBody { op: u16, reason: String },
     #[error("bad user block: {0}")]
     BadUser(String),
+    #[error("bad once block: {0}")]
+    BadOnce(String),
     #[error("op {op} does not carry a data payload, but the frame has {len} bytes of it")]
     UnexpectedData { op: u16, len: u32 },
 }

@@ -20,10 +20,10 @@ use tokio::sync::{Semaphore, oneshot};
 use tracing::{debug, warn};
 use weft_fabric::{Connection, Fabric, Killer};
 use weft_proto::UserCred;
-use weft_proto::frame::{FLAG_ERROR, FLAG_USER};
+use weft_proto::frame::{FLAG_ERROR, FLAG_ONCE, FLAG_USER};
 use weft_proto::msg::RegionsReq;
 use weft_proto::msg::{AuthBeginReq, AuthFinishReq, SessionBindReq, SessionCreateReq, decode};
-use weft_proto::{Chunk, FrameKind, FrameLimits, Header, Op, Request, Response, WireError};
+use weft_proto::{Chunk, FrameKind, FrameLimits, Header, OnceTag, Op, Request, Response, WireError};
 
 use crate::auth::{self, Nonces, Secret};
 use crate::config::ClientConfig;
@@ -92,6 +92,8 @@ static CONN_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 struct SlotSeq {
     session: u64,
     seq: u32,
+    /// Calls made on this slot, over every session (the once block's `call`).
+    calls: u64,
 }
 
 struct Inner<F: Fabric> {
@@ -109,6 +111,8 @@ struct Inner<F: Fabric> {
     /// The secret of the session it was derived for (with a credential), proving ownership on a reconnect.
     session_secret: Mutex<Option<(u64, Secret)>>,
     slots: Vec<Mutex<SlotSeq>>,
+    /// This client instance in once blocks (random, not 0).
+    instance: u64,
     free: Mutex<Vec<u32>>,
     credits: Semaphore,
     /// Client memory registered on the current connection (pin-down cache), and the lock its misses take.
@@ -179,7 +183,8 @@ impl<F: Fabric> RpcClient<F> {
                 addr: addr.to_string(),
                 addrs,
                 current: std::sync::atomic::AtomicUsize::new(current),
-                slots: (0..granted).map(|_| Mutex::new(SlotSeq { session, seq: 0 })).collect(),
+                slots: (0..granted).map(|_| Mutex::new(SlotSeq { session, seq: 0, calls: 0 })).collect(),
+                instance: crate::auth::random_id().max(1),
                 free: Mutex::new((0..granted).rev().collect()),
                 credits: Semaphore::new(granted as usize),
                 cfg,
@@ -277,35 +282,38 @@ impl<F: Fabric> RpcClient<F> {
     ) -> Result<(Response, Vec<BytesMut>), RpcError> {
         let inner = &*self.inner;
         let op = req.op();
-        let body = match user {
-            None => req.encode_body(),
-            Some(u) => {
-                let mut b = Vec::new();
-                u.encode_into(&mut b).map_err(|e| RpcError::Protocol { addr: inner.addr.clone(), source: e.into() })?;
-                b.extend_from_slice(&req.encode_body());
-                b
-            }
-        };
+        let mut body = Vec::new();
+        if let Some(u) = user {
+            u.encode_into(&mut body).map_err(|e| RpcError::Protocol { addr: inner.addr.clone(), source: e.into() })?;
+        }
         let data_len: usize = data.iter().map(|d| d.len()).sum();
         assert!(data_len <= u32::MAX as usize, "payload of {data_len} bytes does not fit a frame");
         let data_slices: Vec<&[u8]> = data.iter().map(|d| &d[..]).collect();
+
+        let _credit = inner.credits.acquire().await.expect("credits are never closed");
+        let slot = inner.free.lock().expect("free slots").pop().expect("a credit guarantees a free slot");
+        let _guard = SlotGuard { free: &inner.free, slot };
+        let (mut sid, mut seq) = self.next_seq(slot);
+        // Every attempt of this call, in whatever session, carries the same once block.
+        let once = inner.cfg.once_tags && !op.is_idempotent();
+        if once {
+            OnceTag { client: inner.instance, call: self.next_call(slot) }.encode_into(&mut body);
+        }
+        body.extend_from_slice(&req.encode_body());
+        let flags = if user.is_some() { FLAG_USER } else { 0 } | if once { FLAG_ONCE } else { 0 };
         let frame = Outgoing {
             op,
-            flags: if user.is_some() { FLAG_USER } else { 0 },
+            flags,
             body: &body,
             body_crc: crc32c::crc32c(&body),
             data: &data_slices,
             data_len: data_len as u32,
         };
 
-        let _credit = inner.credits.acquire().await.expect("credits are never closed");
-        let slot = inner.free.lock().expect("free slots").pop().expect("a credit guarantees a free slot");
-        let _guard = SlotGuard { free: &inner.free, slot };
-        let (mut sid, mut seq) = self.next_seq(slot);
-
         let mut dest = dest;
-        let mut retry =
-            Retry::new(&inner.addr, op, inner.cfg.attempts_max).with_failover(inner.cfg.failover_timeout_ms);
+        let mut retry = Retry::new(&inner.addr, op, inner.cfg.attempts_max)
+            .with_failover(inner.cfg.failover_timeout_ms)
+            .with_durable_once(once);
         let began = std::time::Instant::now();
         let mut next = retry.start();
         let mut failover_logged = false;
@@ -512,6 +520,13 @@ impl<F: Fabric> RpcClient<F> {
         }
         s.seq = s.seq.wrapping_add(1).max(1);
         (session, s.seq)
+    }
+
+    /// The next call number of `slot` (from 1; never reused by this client).
+    fn next_call(&self, slot: u32) -> u64 {
+        let mut s = self.inner.slots[slot as usize].lock().expect("slot");
+        s.calls += 1;
+        s.calls
     }
 
     fn forget_session(&self, sid: u64) {

@@ -23,6 +23,10 @@ pub struct ClientConfig {
     /// application blocks and resumes as on a hard NFS mount. For the metadata service (`mds_failover_timeout_ms`);
     /// data servers keep 0, since a read or write there has other servers to turn to.
     pub failover_timeout_ms: u64,
+    /// Send a once block (`FLAG_ONCE`, docs/format.md §1) with every call of an op that is not idempotent, and
+    /// trust the server to keep each such call's outcome beyond its sessions (a metadata service does, §27): a retry
+    /// on a new session is then answered with the first attempt's outcome, never reported "maybe applied".
+    pub once_tags: bool,
     /// Limits on replies this client accepts.
     pub limits: FrameLimits,
     /// Benchmarks only (`weft bench --delay-us`): each request waits this long before it is sent, emulating a
@@ -48,6 +52,7 @@ impl Default for ClientConfig {
             call_timeout_ms: 30_000,
             attempts_max: 5,
             failover_timeout_ms: 0,
+            once_tags: false,
             limits: FrameLimits { body_bytes_max: 8 << 20, data_bytes_max: 4 << 20 },
             send_delay_us: 0,
             registrations_max: 256,

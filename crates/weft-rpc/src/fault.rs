@@ -4,6 +4,10 @@
 //! reply, after executing (and caching the reply of) the next `<count>` requests with that op. Tests use it to prove
 //! that a retransmission is answered from the reply cache and not executed twice.
 //!
+//! `WEFT_FAULT=exit-after-execute:<op code>:<count>` makes the server process exit (status 137, as `kill -9` would
+//! leave it) after executing the next `<count>` requests with that op, before replying: the worst moment for a
+//! client, whose change is committed while its reply and session die with the process (the once-block tests).
+//!
 //! `WEFT_FAULT=skip-sidecar:<count>` makes a data server's next `<count>` object writes store their bytes but not
 //! their checksums, as a crash between the two would (scrub's tests, docs/format.md §20).
 //!
@@ -19,6 +23,7 @@ mod imp {
     use std::sync::Mutex;
 
     static PLAN: Mutex<Option<(u16, u32)>> = Mutex::new(None);
+    static EXIT_PLAN: Mutex<Option<(u16, u32)>> = Mutex::new(None);
     static SKIP_SIDECAR: Mutex<u32> = Mutex::new(0);
     static FAIL_FSYNC: Mutex<u32> = Mutex::new(0);
     static DELAY_FSYNC: Mutex<(u64, u32)> = Mutex::new((0, 0));
@@ -53,6 +58,12 @@ mod imp {
             {
                 tracing::warn!(op, count, "fault injection armed: drop connection after execute");
                 *PLAN.lock().expect("fault plan") = Some((op, count));
+            }
+            if let ["exit-after-execute", op, count] = parts.as_slice()
+                && let (Ok(op), Ok(count)) = (op.parse(), count.parse())
+            {
+                tracing::warn!(op, count, "fault injection armed: exit after execute, before the reply");
+                *EXIT_PLAN.lock().expect("fault plan") = Some((op, count));
             }
         });
     }
@@ -89,7 +100,17 @@ mod imp {
 
     pub fn drop_after_execute(op: u16) -> bool {
         load();
-        let mut plan = PLAN.lock().expect("fault plan");
+        take(&PLAN, op)
+    }
+
+    pub fn exit_after_execute(op: u16) -> bool {
+        load();
+        take(&EXIT_PLAN, op)
+    }
+
+    /// Whether `plan` says to act on this `op`, spending one of its count if so.
+    fn take(plan: &Mutex<Option<(u16, u32)>>, op: u16) -> bool {
+        let mut plan = plan.lock().expect("fault plan");
         match plan.as_mut() {
             Some((o, n)) if *o == op && *n > 0 => {
                 *n -= 1;
@@ -109,6 +130,18 @@ pub fn drop_after_execute(op: u16) -> bool {
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
 pub fn drop_after_execute(_op: u16) -> bool {
+    false
+}
+
+/// True when the test plan says the process must exit instead of replying to this op (`exit-after-execute`).
+#[cfg(feature = "fault-injection")]
+pub fn exit_after_execute(op: u16) -> bool {
+    imp::exit_after_execute(op)
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn exit_after_execute(_op: u16) -> bool {
     false
 }
 

@@ -84,6 +84,9 @@ pub(crate) struct Retry {
     failover_ms: u64,
     /// Time since the call began, as of the last event.
     elapsed_ms: u64,
+    /// The server keeps this call's outcome beyond sessions (its once block): an error answering a retry in a new
+    /// session is the server's answer, not a sign the first attempt may have run.
+    durable_once: bool,
 }
 
 impl Retry {
@@ -98,7 +101,14 @@ impl Retry {
             connect_failed: None,
             failover_ms: 0,
             elapsed_ms: 0,
+            durable_once: false,
         }
+    }
+
+    /// The call carries a once block that the server honours (`ClientConfig::once_tags`).
+    pub(crate) fn with_durable_once(mut self, durable_once: bool) -> Retry {
+        self.durable_once = durable_once;
+        self
     }
 
     /// Keeps attempting, past `attempts_max`, until `failover_ms` after the call began.
@@ -181,7 +191,7 @@ impl Retry {
                     self.attempt += 1;
                     return Next::RenewSession { backoff: self.backoff() };
                 }
-                let error = if self.state == State::SessionLost {
+                let error = if self.state == State::SessionLost && !self.durable_once {
                     self.maybe_applied(format!(
                         "the server lost the session after the request was sent, and the retry answered: {err}"
                     ))
@@ -507,6 +517,30 @@ mod tests {
                 (_, other) => panic!("{op:?}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn with_a_durable_once_block_a_retry_in_a_new_session_answers_for_itself() {
+        // The server keeps the first attempt's outcome by its once block: had it run, the retry would have been
+        // answered with its reply; an error is therefore the server's real answer.
+        let mut r = Retry::new(ADDR, WRITE, 5).with_durable_once(true);
+        r.start();
+        assert!(matches!(r.on(Event::NoReply("lost".into())), Next::Send { .. }));
+        assert!(matches!(r.on(Event::ErrorReply(refused())), Next::RenewSession { .. }));
+        assert_eq!(r.state(), State::SessionLost);
+        match r.on(Event::ErrorReply(other_error())) {
+            Next::GiveUp { error: RpcError::Remote(e), forget_session: false } => {
+                assert_eq!(e.code, ErrorCode::NotFound)
+            }
+            other => panic!("{other:?}"),
+        }
+        // Giving up on silence still cannot say whether it ran.
+        let mut r = Retry::new(ADDR, WRITE, 1).with_durable_once(true);
+        r.start();
+        assert!(matches!(
+            r.on(Event::NoReply("lost".into())),
+            Next::GiveUp { error: RpcError::MaybeApplied { .. }, .. }
+        ));
     }
 
     #[test]

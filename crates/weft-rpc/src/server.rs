@@ -26,9 +26,9 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use weft_fabric::{Connection, Fabric, Killer, Listener, PeerCred, PeerMemory};
-use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR, FLAG_USER};
+use weft_proto::frame::{FLAG_CACHED, FLAG_ERROR, FLAG_ONCE, FLAG_USER};
 use weft_proto::msg::{AuthBeginReq, FabricInfoResp, SessionBindReq, SessionCreateResp, encode_value};
-use weft_proto::{ErrorCode, FrameError, FrameKind, Header, Op, Request, Response, UserCred, WireError};
+use weft_proto::{ErrorCode, FrameError, FrameKind, Header, OnceTag, Op, Request, Response, UserCred, WireError};
 
 use crate::auth::{self, Principal, ServerAuth};
 use crate::config::ServerConfig;
@@ -47,6 +47,10 @@ pub struct CallCtx {
     /// The user the request asserts (its user block, flag `FLAG_USER`), checked for form only: what it may mean
     /// under `principal` is the service's decision.
     pub user: Option<UserCred>,
+    /// The slot the request came on, and its once block (flag `FLAG_ONCE`): which call of which client it is,
+    /// across sessions (a metadata service keeps the outcome of each such call, docs/format.md §27).
+    pub slot: u32,
+    pub once: Option<OnceTag>,
     /// The server's payload buffers, for replies that carry data.
     pub pool: BufferPool,
     /// The client's registered memory, on a one-sided fabric: where chunk lists point.
@@ -377,17 +381,17 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             let refuse = |e: FrameError| WireError::new(ErrorCode::BadRequest, e.to_string());
             let decoded = h
                 .check_body(&body)
-                .and_then(|()| split_user_block(&h, &body))
-                .and_then(|(user, rest)| Ok((user, Request::decode(h.op, rest)?)))
+                .and_then(|()| split_blocks(&h, &body))
+                .and_then(|(user, once, rest)| Ok((user, once, Request::decode(h.op, rest)?)))
                 .map_err(refuse)
-                .and_then(|(user, req)| {
+                .and_then(|(user, once, req)| {
                     if h.data_len > 0 && !req.op().request_has_data() {
                         Err(refuse(FrameError::UnexpectedData { op: h.op, len: h.data_len }))
                     } else {
-                        Ok((user, req))
+                        Ok((user, once, req))
                     }
                 });
-            let (user, req) = match decoded {
+            let (user, once, req) = match decoded {
                 Ok(x) => x,
                 Err(err) => {
                     warn!(%peer, op = h.op, "refusing request: {}", err.message);
@@ -429,7 +433,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             if first_frame_deadline.take().is_some() {
                 ticket.mark_proven();
             }
-            self.dispatch(&out, h, Call { req, user, data }).await;
+            self.dispatch(&out, h, Call { req, user, once, data }).await;
         }
         if let Some(key_id) = out.auth.lock().expect("handshake").pending_key_id() {
             warn!(%peer, key_id, "peer left during authentication without proving the key: it holds another key (see its log)");
@@ -620,7 +624,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     }
 
     async fn execute(&self, out: &Arc<ConnOut<F>>, h: Header, call: Call, track: bool) {
-        let Call { req, user, data } = call;
+        let Call { req, user, once, data } = call;
         let op = req.op();
         let began = std::time::Instant::now();
         if out.last_session.swap(h.session, Ordering::Relaxed) != h.session {
@@ -634,6 +638,8 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             peer: out.peer.clone(),
             principal: out.principal.get().cloned().unwrap_or(Principal::Anonymous),
             user,
+            slot: h.slot,
+            once,
             pool: self.pool.clone(),
             memory: out.memory.clone(),
             peer_cred: out.peer_cred,
@@ -655,6 +661,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         if track {
             let cached = (!op.is_idempotent()).then(|| CachedReply { flags, body: body.clone() });
             self.sessions.complete(h.session, h.slot, h.seq, cached);
+        }
+        if crate::fault::exit_after_execute(h.op) {
+            warn!(peer = %out.peer, ?op, "fault injection: exiting after execute, before the reply");
+            std::process::exit(137);
         }
         if crate::fault::drop_after_execute(h.op) {
             warn!(peer = %out.peer, ?op, "fault injection: dropping the connection instead of replying");
@@ -749,16 +759,25 @@ fn session_binding(auth_on: bool, state: &ServerAuth, conn: u64, session: u64) -
 struct Call {
     req: Request,
     user: Option<UserCred>,
+    once: Option<OnceTag>,
     data: Option<PoolBuf>,
 }
 
-/// Splits a request body into its user block (with `FLAG_USER`) and the op's body.
-fn split_user_block<'b>(h: &Header, body: &'b [u8]) -> Result<(Option<UserCred>, &'b [u8]), FrameError> {
-    if h.flags & FLAG_USER == 0 {
-        return Ok((None, body));
-    }
-    let (user, rest) = UserCred::decode_prefix(body)?;
-    Ok((Some(user), rest))
+/// A request body's blocks as `Call` holds them: its user block, its once block, and the op's body.
+type Blocks<'b> = (Option<UserCred>, Option<OnceTag>, &'b [u8]);
+
+/// Splits a request body into its user block (with `FLAG_USER`), its once block (with `FLAG_ONCE`), in that order,
+/// and the op's body.
+fn split_blocks<'b>(h: &Header, body: &'b [u8]) -> Result<Blocks<'b>, FrameError> {
+    let (user, rest) = match h.flags & FLAG_USER {
+        0 => (None, body),
+        _ => UserCred::decode_prefix(body).map(|(u, rest)| (Some(u), rest))?,
+    };
+    let (once, rest) = match h.flags & FLAG_ONCE {
+        0 => (None, rest),
+        _ => OnceTag::decode_prefix(rest).map(|(o, rest)| (Some(o), rest))?,
+    };
+    Ok((user, once, rest))
 }
 
 /// How the wait between frames ended.

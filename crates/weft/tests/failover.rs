@@ -215,3 +215,45 @@ async fn creators_on_the_mount_block_through_an_mds_kill_and_restart_and_see_no_
     drop(m);
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// Arms the restarted MDS to exit right after executing its next `op` (committed, never answered), or disarms it.
+fn arm_exit_after(cl: &mut TestCluster, op: Option<weft_proto::Op>) {
+    let env = op.map(|op| ("WEFT_FAULT".to_string(), format!("exit-after-execute:{}:1", op as u16)));
+    cl.set_env(env.into_iter().collect());
+}
+
+/// Issue 29's exactly-once across a failover: an exclusive create and a rename commit, and the MDS dies before it
+/// replies (a fault plan makes it exit there, as `kill -9` at the worst moment would). The client's retry goes to
+/// the restarted service on a new session; its once block finds the recorded outcome, so the create returns the
+/// file it made (not EEXIST, not "maybe applied") and the rename succeeds (not ENOENT), each applied once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_create_and_a_rename_whose_replies_died_with_the_mds_are_answered_once() {
+    for postgres in [false, true] {
+        let mut cl = start_with(&format!("failover-once-{postgres}"), 1, |o| o.postgres = postgres).await;
+        let c = Arc::new(cl.client().await);
+        let d = c.mkdir(ROOT_INO, "d", 0o755).await.unwrap().ino;
+
+        cl.stop_mds().await;
+        arm_exit_after(&mut cl, Some(weft_proto::Op::Create));
+        cl.restart_mds().await.unwrap();
+        let creator = c.clone();
+        let create = tokio::spawn(async move { creator.create(d, "x", 0o644, true).await });
+        assert_eq!(cl.wait_mds_exit().await, Some(137), "the MDS ran the create and exited before replying");
+        arm_exit_after(&mut cl, Some(weft_proto::Op::Rename));
+        cl.restart_mds().await.unwrap();
+        let made = create.await.unwrap().unwrap_or_else(|e| panic!("postgres={postgres}: the retried create: {e}"));
+        assert_eq!(c.lookup(d, "x").await.unwrap().ino, made.ino, "the reply names the file the first attempt made");
+
+        let renamer = c.clone();
+        let rename = tokio::spawn(async move { renamer.rename(d, "x", d, "y", 0).await });
+        assert_eq!(cl.wait_mds_exit().await, Some(137), "the MDS ran the rename and exited before replying");
+        arm_exit_after(&mut cl, None);
+        cl.restart_mds().await.unwrap();
+        rename.await.unwrap().unwrap_or_else(|e| panic!("postgres={postgres}: the retried rename: {e}"));
+        assert_eq!(c.lookup(d, "y").await.unwrap().ino, made.ino);
+        assert!(c.lookup(d, "x").await.is_err(), "the old name is gone");
+        let mut names: Vec<String> = c.readdir(d).await.unwrap().into_iter().map(|e| e.name).collect();
+        names.retain(|n| n != "." && n != "..");
+        assert_eq!(names, ["y"], "one file, made once");
+    }
+}

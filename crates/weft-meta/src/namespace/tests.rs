@@ -16,6 +16,7 @@ use weft_proto::{
 };
 
 use super::*;
+use crate::once::OnceCall;
 use crate::test_stores::{TestStore, on_every_store};
 use crate::{ManualClock, MemStore, RedbStore};
 
@@ -1809,7 +1810,37 @@ fn an_inode_knows_its_sole_name_until_it_has_two<S: TestStore>() {
     assert_eq!(back.sole_name, Some((e.ino, "g2".into())));
 }
 
+fn once_call(call: u64) -> OnceCall {
+    OnceCall { tag: weft_proto::OnceTag { client: 0x5eed, call }, slot: 2, key_id: "cluster".into(), uid: 0 }
+}
+
+/// A change whose reply was lost with its session, retried with the same once block (format §27): answered with
+/// the first reply, run once; a failed call records nothing; a stale duplicate of an older call is refused.
+fn a_retried_change_is_answered_with_its_first_reply<S: TestStore>() {
+    let (ns, _) = ns_of::<S>();
+    let root = Cred::root();
+    let create = Request::Create(CreateReq { parent: ROOT_INO, name: "f".into(), mode: 0o100644, exclusive: true });
+    let first = ns.execute_once(&root, &create, Some(&once_call(1))).unwrap();
+    assert_eq!(ns.execute_once(&root, &create, Some(&once_call(1))).unwrap(), first, "the retry's reply");
+    assert_eq!(code(ns.execute(&create)), ErrorCode::Exists, "untagged, the same create is a second one");
+    let ino = attr(Ok(first)).unwrap().ino;
+    let mv = rename_req(ROOT_INO, "f", ROOT_INO, "g", 0);
+    ns.execute_once(&root, &mv, Some(&once_call(2))).unwrap();
+    assert_eq!(ns.execute_once(&root, &mv, Some(&once_call(2))).unwrap(), Response::Rename(()), "not ENOENT");
+    assert_eq!(lookup(&ns, ROOT_INO, "g").unwrap().ino, ino);
+    // Call 3 fails (no "f" now) and records nothing: once "f" exists, its retry runs and succeeds.
+    assert_eq!(code(ns.execute_once(&root, &mv, Some(&once_call(3)))), ErrorCode::NotFound);
+    create_x(&ns, ROOT_INO, "f", true).unwrap();
+    ns.execute_once(&root, &mv, Some(&once_call(3))).unwrap();
+    // Call 2 arriving after call 3 ran (an old attempt a service kept running) is refused, not run.
+    assert_eq!(code(ns.execute_once(&root, &mv, Some(&once_call(2)))), ErrorCode::BadRequest);
+    // Another user cannot take a call's recorded reply.
+    let other = OnceCall { uid: 1000, ..once_call(3) };
+    assert_eq!(code(ns.execute_once(&Cred::new(1000, 1000, vec![]), &mv, Some(&other))), ErrorCode::Permission);
+}
+
 on_every_store!(
+    a_retried_change_is_answered_with_its_first_reply,
     root_is_created_on_first_open,
     names_are_validated,
     parents_must_exist_and_be_directories,
@@ -1943,6 +1974,17 @@ fn pg_two_services_racing_renames_never_make_a_cycle() {
     }
     assert_tree(&one);
     assert_tree(&two);
+}
+
+/// A create whose reply was lost with service one (it committed, then died) is retried on service two of the same
+/// database with its once block: service two answers with service one's reply.
+#[test]
+fn pg_a_create_retried_on_another_service_gets_the_first_reply() {
+    let (one, two) = two_services();
+    let create = Request::Create(CreateReq { parent: ROOT_INO, name: "x".into(), mode: 0o100644, exclusive: true });
+    let first = one.execute_once(&Cred::root(), &create, Some(&once_call(7))).unwrap();
+    assert_eq!(two.execute_once(&Cred::root(), &create, Some(&once_call(7))).unwrap(), first);
+    assert_eq!(code(two.execute(&create)), ErrorCode::Exists);
 }
 
 /// The rename race above made deterministic: service one's rename of b into c reads the tree, then service two
