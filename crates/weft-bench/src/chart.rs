@@ -168,7 +168,9 @@ fn bars_of(doc: &Value, key: &str, sublabel: impl Fn(&Value) -> String) -> Vec<B
 /// `weft bench meta`: ops/s per op, servers and clients.
 pub fn meta_svg(doc: &Value) -> String {
     let mode = doc.pointer("/config/mode").and_then(Value::as_str).unwrap_or("");
-    let bars = bars_of(doc, "ops_per_s", |r| format!("s={} c={}", r["servers"], r["clients"]));
+    let bars = bars_of(doc, "ops_per_s", |r| {
+        format!("{} s={} c={}", r["meta"].as_str().unwrap_or("redb"), r["servers"], r["clients"])
+    });
     bars_svg(&format!("weft bench meta ({mode}): ops/s (median, bars show min–max)"), &bars)
 }
 

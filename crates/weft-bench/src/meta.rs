@@ -32,6 +32,11 @@ pub struct MetaArgs {
     /// Data-server counts to measure, e.g. `1,4` (ignored with --cluster); the MDS is one process either way.
     #[arg(long, default_value = "4")]
     pub servers: String,
+    /// Where the MDS keeps the namespace, each measured in turn on clusters the bench starts: `redb` (the
+    /// embedded store), `postgres` (a PostgreSQL server of the cluster's own, as `weft up --meta postgres`), or
+    /// both: `redb,postgres`. Ignored with --cluster.
+    #[arg(long, default_value = "redb")]
+    pub meta: String,
     /// Client counts to measure, e.g. `1,4,8`. Each client is a task with its own Client (separate sessions),
     /// issuing one operation at a time (see --procs for one process per client).
     #[arg(long, default_value = "8")]
@@ -128,30 +133,46 @@ pub async fn run(a: MetaArgs) -> Result<()> {
         bail!("--files must be at least the number of clients (every client gets a share)");
     }
     let fabrics = common::fabric_choices(&a.common.fabric)?;
+    let metas: Vec<&str> = a.meta.split(',').map(str::trim).collect();
+    if let Some(bad) = metas.iter().find(|m| !matches!(**m, "redb" | "postgres")) {
+        bail!("--meta {bad:?}: redb, postgres, or both (redb,postgres)");
+    }
+    if a.common.cluster.is_some() && metas.len() > 1 {
+        bail!("--meta names one store with --cluster: the running cluster's MDS has chosen its own");
+    }
     let doc = Document::start("meta");
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
-    let pb = common::progress((targets.points().len() * fabrics.len() * threads.len()) as u64, "meta");
+    let points = targets.points().len() * metas.len();
+    let pb = common::progress((points * fabrics.len() * threads.len()) as u64, "meta");
     for sp in targets.points() {
-        let mut target = targets.start(sp).await?;
-        for &fabric in &fabrics {
-            target.cfg.client.fabric = fabric;
-            if a.procs > 0 {
-                results.extend(crate::aggregate::meta(&target, &a).await?);
-                pb.inc(threads.len() as u64);
-                continue;
+        for &meta in &metas {
+            let tag = format!("-meta-{meta}");
+            let mut target = targets.start_with(sp, &tag, |o| o.postgres = meta == "postgres").await?;
+            let mut point = Vec::new();
+            for &fabric in &fabrics {
+                target.cfg.client.fabric = fabric;
+                if a.procs > 0 {
+                    point.extend(crate::aggregate::meta(&target, &a).await?);
+                    pb.inc(threads.len() as u64);
+                    continue;
+                }
+                for &n in &threads {
+                    // On an error the cluster's processes die with `target` (kill on drop).
+                    point.extend(if a.stat_storm {
+                        storm(&target, n, &a).await?
+                    } else {
+                        mdtest(&target, n, &a).await?
+                    });
+                    pb.inc(1);
+                }
             }
-            for &n in &threads {
-                // On an error the cluster's processes die with `target` (kill on drop).
-                results.extend(if a.stat_storm {
-                    storm(&target, n, &a).await?
-                } else {
-                    mdtest(&target, n, &a).await?
-                });
-                pb.inc(1);
+            target.stop().await;
+            for r in &mut point {
+                r["meta"] = json!(if a.common.cluster.is_some() { "as the cluster runs" } else { meta });
             }
+            results.extend(point);
         }
-        target.stop().await;
     }
     pb.finish_and_clear();
     targets.finish();

@@ -208,11 +208,12 @@ pub fn meta_table(doc: &Value) -> String {
         return s;
     }
     s.push_str("readdir: entries per second; each client lists its directory (with --shared: the shared one)\n\n");
-    s.push_str("| servers | clients | files | dirs | op | ops/s (median) | min–max | client CPU µs/op | p50 µs | p99 µs | runs |\n");
-    s.push_str("|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|\n");
+    s.push_str("| meta | servers | clients | files | dirs | op | ops/s (median) | min–max | client CPU µs/op | p50 µs | p99 µs | runs |\n");
+    s.push_str("|---|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|\n");
     for r in &results {
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {}–{} | {} | {} | {} | {} |\n",
+            r["meta"].as_str().unwrap_or("redb"),
             r["servers"],
             r["clients"],
             r["files"],

@@ -8,7 +8,7 @@
 //! refuses to run as root, so as root it runs as `nobody`.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ pub fn url(dir: &Path) -> String {
 /// Starts PostgreSQL for the cluster in `dir` (`initdb` first if `dir/data` holds no database), waits until it
 /// accepts connections and makes the database if missing. `log` receives the server's output.
 pub async fn start(dir: &Path, log: &Path, ready_timeout_ms: u64) -> Result<Child, LaunchError> {
-    let bin = bindir().map_err(|e| LaunchError::Postgres(e.to_string()))?;
+    let bin = weft_meta::pg_bin::bindir().map_err(LaunchError::Postgres)?;
     let owner = server_owner()?;
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(io_err(dir))?;
@@ -131,37 +131,4 @@ fn command(program: &Path, owner: Option<(u32, u32)>) -> Command {
 
 fn path(p: &Path) -> String {
     p.display().to_string()
-}
-
-/// Where PostgreSQL's programs are: `WEFT_PG_BINDIR`, `pg_config --bindir`, or the newest
-/// `/usr/lib/postgresql/*/bin` (Debian's layout).
-pub fn bindir() -> Result<PathBuf, String> {
-    if let Some(dir) = std::env::var_os("WEFT_PG_BINDIR") {
-        let dir = PathBuf::from(dir);
-        return if dir.join("initdb").exists() {
-            Ok(dir)
-        } else {
-            Err(format!("WEFT_PG_BINDIR={} holds no initdb", dir.display()))
-        };
-    }
-    let from_pg_config = std::process::Command::new("pg_config").arg("--bindir").output().ok();
-    if let Some(out) = from_pg_config.filter(|o| o.status.success()) {
-        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        if dir.join("initdb").exists() {
-            return Ok(dir);
-        }
-    }
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
-        .filter(|(_, bin): &(u32, PathBuf)| bin.join("initdb").exists())
-        .collect();
-    found.sort();
-    found.pop().map(|(_, bin)| bin).ok_or_else(|| {
-        "PostgreSQL is not installed (no initdb): run `make deps` (Debian's postgresql package) or set \
-         WEFT_PG_BINDIR to the directory holding initdb and postgres"
-            .to_string()
-    })
 }

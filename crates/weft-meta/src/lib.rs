@@ -31,6 +31,7 @@ pub mod namespace;
 pub mod node;
 pub mod once;
 pub mod perm;
+pub mod pg_bin;
 pub mod pg_store;
 #[cfg(test)]
 pub(crate) mod pg_testing;

@@ -100,14 +100,14 @@ pub fn lookup(t: &mut dyn MetaTxn, c: &OnceCall) -> Result<Option<Response>, Wir
     let name = name(c);
     let Some(v) = t.get_xattr(ONCE_INO, &name)? else { return Ok(None) };
     let r = decode(&name, &v)?;
-    if r.key_id != c.key_id || r.uid != c.uid {
-        return Err(WireError::new(
+    match r.call.cmp(&c.tag.call) {
+        // A client's slot serves several users in turn (`Client::with_user` shares the session): a newer call runs
+        // whoever made the older one.
+        std::cmp::Ordering::Less => Ok(None),
+        std::cmp::Ordering::Equal if r.key_id != c.key_id || r.uid != c.uid => Err(WireError::new(
             ErrorCode::Permission,
             format!("once block {:#x}/{}: the call belongs to another key or user", c.tag.client, c.slot),
-        ));
-    }
-    match r.call.cmp(&c.tag.call) {
-        std::cmp::Ordering::Less => Ok(None),
+        )),
         std::cmp::Ordering::Equal => Response::decode(r.op, &r.reply)
             .map(Some)
             .map_err(|e| WireError::from(MetaError::Corrupt(format!("once record {name}: the recorded reply: {e}")))),
@@ -198,6 +198,8 @@ mod tests {
         assert_eq!(stale.code, ErrorCode::BadRequest, "{stale:?}");
         let other_user = OnceCall { uid: 1001, ..call(2) };
         assert_eq!(store.write(|t| lookup(t, &other_user)).unwrap_err().code, ErrorCode::Permission);
+        // The slot's next call may be another user's (clients share sessions among users): it runs.
+        assert_eq!(store.write(|t| lookup(t, &OnceCall { uid: 1001, ..call(3) })).unwrap(), None);
         // Swept only once old.
         assert_eq!(store.write(|t| sweep(t, 1_000 + ONCE_KEEP_MS)).unwrap(), 0);
         assert_eq!(store.write(|t| sweep(t, 1_001 + ONCE_KEEP_MS)).unwrap(), 1);

@@ -131,33 +131,7 @@ fn path(p: &Path) -> &str {
     p.to_str().expect("test paths are UTF-8")
 }
 
-/// Where `initdb` and `pg_ctl` are.
+/// Where `initdb` and `pg_ctl` are ([`crate::pg_bin::bindir`]); none fails the test, by name.
 fn bindir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("WEFT_PG_BINDIR") {
-        let dir = PathBuf::from(dir);
-        assert!(dir.join("initdb").exists(), "WEFT_PG_BINDIR={} holds no initdb", dir.display());
-        return dir;
-    }
-    let from_pg_config = Command::new("pg_config").arg("--bindir").output().ok().filter(|o| o.status.success());
-    if let Some(out) = from_pg_config {
-        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        if dir.join("initdb").exists() {
-            return dir;
-        }
-    }
-    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
-        .filter(|(_, bin): &(u32, PathBuf)| bin.join("initdb").exists())
-        .collect();
-    found.sort();
-    match found.pop() {
-        Some((_, bin)) => bin,
-        None => panic!(
-            "PostgreSQL is not installed: the PgStore tests need initdb and pg_ctl. Run `make deps` (installs \
-             Debian's postgresql package) or set WEFT_PG_BINDIR to the directory holding them."
-        ),
-    }
+    crate::pg_bin::bindir().unwrap_or_else(|e| panic!("the PgStore tests need initdb and pg_ctl: {e}"))
 }
