@@ -245,19 +245,11 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         mut f: impl FnMut(&mut dyn MetaTxn) -> Result<Response, WireError>,
     ) -> Result<Response, WireError> {
         let Some((call, op)) = once else { return self.store.write(f) };
-        let at_ms = u64::try_from(self.clock.now_ns() / 1_000_000).unwrap_or(0);
-        let mut replayed = false;
-        let r = self.store.write(|t| {
-            replayed = false;
-            if let Some(resp) = once::lookup(t, call)? {
-                replayed = true;
-                return Ok(resp);
-            }
-            let resp = f(t)?;
-            once::record(t, call, op, &resp, at_ms)?;
-            Ok(resp)
-        });
-        if replayed && r.is_ok() {
+        // The lookup runs in a read-only snapshot of its own, not in the change's transaction: on PostgreSQL a read
+        // of the record inside every change made concurrent changes conflict (SERIALIZABLE's page-level predicate
+        // locks on the index) until they gave up; a snapshot read takes no such locks (format §27 says what this
+        // leaves to the namespace's own rules).
+        if let Some(resp) = self.store.read(|t| once::lookup(t, call))? {
             tracing::info!(
                 client = format_args!("{:#x}", call.tag.client),
                 slot = call.slot,
@@ -265,8 +257,14 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 op = op.name(),
                 "a retried call that had run is answered with its recorded reply (once block)"
             );
+            return Ok(resp);
         }
-        r
+        let at_ms = u64::try_from(self.clock.now_ns() / 1_000_000).unwrap_or(0);
+        self.store.write(|t| {
+            let resp = f(t)?;
+            once::record(t, call, op, &resp, at_ms)?;
+            Ok(resp)
+        })
     }
 
     /// Runs one metadata request on behalf of `cred`, checking its permissions (see [`crate::perm`]). Rule

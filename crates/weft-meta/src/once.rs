@@ -3,10 +3,11 @@
 //! client moved to another service of the same database).
 //!
 //! A request with a once block ([`OnceTag`]: client instance, call number) names its call independently of
-//! sessions. The transaction that applies it first reads the record of the caller's (client, slot): the same call
-//! recorded means it ran already, and its recorded reply is the answer (nothing runs again); a later call recorded
-//! means this one is a stale duplicate (a service that kept running an old attempt), refused. Otherwise the change
-//! runs and its reply is recorded in the same transaction, so "applied" and "recorded" are one commit.
+//! sessions. Before it runs, the record of the caller's (client, slot) is read (in a snapshot of its own: format
+//! §27 says why not in the change's transaction): the same call recorded means it ran already, and its recorded
+//! reply is the answer (nothing runs again); a later call recorded means this one is a stale duplicate (a service
+//! that kept running an old attempt), refused. Otherwise the change runs and its reply is recorded in the change's
+//! own transaction, so "applied" and "recorded" are one commit.
 //!
 //! Where: the extended attributes of inode [`ONCE_INO`] (0, which no file ever has), one per (client, slot), named
 //! `once.<client as 16 hex digits>.<slot>`. Every store already keeps xattrs transactionally (redb's journal,

@@ -42,8 +42,10 @@ use txn::{Failure, PgTxn};
 
 /// Connections a [`PgStore`] opens at most, unless [`PgConfig`] says otherwise.
 pub const DEFAULT_CONNECTIONS_MAX: usize = 8;
-/// Tries of one write transaction (the first and its retries) before [`MetaError::Conflict`].
-pub const WRITE_TRIES: u32 = 16;
+/// Tries of one write transaction (the first and its retries) before [`MetaError::Conflict`]. 16 were used up by
+/// eight clients creating in their own directories (SERIALIZABLE's page-level predicate locks make small tables
+/// conflict more than their rows do); 64, with sleeps of at most 64 ms, bound a write's wait to about two seconds.
+pub const WRITE_TRIES: u32 = 64;
 /// Longest sleep before a retry: a random 0..=2^min(n, 6) ms before try n + 1, so at most 64 ms.
 const BACKOFF_SHIFT_MAX: u32 = 6;
 
