@@ -445,8 +445,8 @@ impl LocalCluster {
         self.opts.dir.join(METRICS_FILE)
     }
 
-    /// The process ids of the running MDS, data servers and cache daemons, in that order (for benches that read
-    /// the servers' CPU time from /proc).
+    /// The process ids of the running MDS, data servers, cache daemons and PostgreSQL server (its postmaster), in
+    /// that order (for benches that read the servers' CPU time from /proc).
     pub fn pids(&self) -> Vec<u32> {
         self.mds
             .iter()

@@ -234,8 +234,13 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
 
     /// Removes the once records older than `once::ONCE_KEEP_MS` (docs/format.md §27); returns how many.
     pub fn sweep_once_records(&self) -> Result<usize, WireError> {
-        let now_ms = u64::try_from(self.clock.now_ns() / 1_000_000).unwrap_or(0);
+        let now_ms = self.now_ms();
         self.store.write(|t| once::sweep(t, now_ms).map_err(WireError::from))
+    }
+
+    /// The clock's wall time in Unix milliseconds (0 before the epoch), as once records keep it.
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock.now_ns() / 1_000_000).unwrap_or(0)
     }
 
     /// One change as one transaction; with a tagged call, exactly once (see [`Namespace::execute_once`]).
@@ -249,7 +254,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         // of the record inside every change made concurrent changes conflict (SERIALIZABLE's page-level predicate
         // locks on the index) until they gave up; a snapshot read takes no such locks (format §27 says what this
         // leaves to the namespace's own rules).
-        if let Some(resp) = self.store.read(|t| once::lookup(t, call))? {
+        if let Some(resp) = self.store.read(|t| once::lookup(t, call, op))? {
             tracing::info!(
                 client = format_args!("{:#x}", call.tag.client),
                 slot = call.slot,
@@ -259,7 +264,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             );
             return Ok(resp);
         }
-        let at_ms = u64::try_from(self.clock.now_ns() / 1_000_000).unwrap_or(0);
+        let at_ms = self.now_ms();
         self.store.write(|t| {
             let resp = f(t)?;
             once::record(t, call, op, &resp, at_ms)?;

@@ -97,7 +97,7 @@ fn decode(what: &str, v: &[u8]) -> Result<Record, MetaError> {
 
 /// Looks up `c`'s record in transaction `t`: `Some(reply)` if the call ran (answer that, run nothing), `None` if it
 /// is new (run it); an error if it must not run.
-pub fn lookup(t: &mut dyn MetaTxn, c: &OnceCall) -> Result<Option<Response>, WireError> {
+pub fn lookup(t: &mut dyn MetaTxn, c: &OnceCall, op: Op) -> Result<Option<Response>, WireError> {
     let name = name(c);
     let Some(v) = t.get_xattr(ONCE_INO, &name)? else { return Ok(None) };
     let r = decode(&name, &v)?;
@@ -108,6 +108,18 @@ pub fn lookup(t: &mut dyn MetaTxn, c: &OnceCall) -> Result<Option<Response>, Wir
         std::cmp::Ordering::Equal if r.key_id != c.key_id || r.uid != c.uid => Err(WireError::new(
             ErrorCode::Permission,
             format!("once block {:#x}/{}: the call belongs to another key or user", c.tag.client, c.slot),
+        )),
+        // A retry is the same request: a block naming a call that ran as another op is not one.
+        std::cmp::Ordering::Equal if r.op != op as u16 => Err(WireError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "once block {:#x}/{}: call {} ran as op {}, not {}",
+                c.tag.client,
+                c.slot,
+                c.tag.call,
+                r.op,
+                op.name()
+            ),
         )),
         std::cmp::Ordering::Equal => Response::decode(r.op, &r.reply)
             .map(Some)
@@ -190,20 +202,22 @@ mod tests {
     fn a_call_is_new_then_ran_then_a_later_call_supersedes_it() {
         let store = MemStore::new();
         let reply = Response::Rename(());
-        assert_eq!(store.write(|t| lookup(t, &call(1))).unwrap(), None);
+        assert_eq!(store.write(|t| lookup(t, &call(1), Op::Rename)).unwrap(), None);
         store.write(|t| record(t, &call(1), Op::Rename, &reply, 1_000)).unwrap();
-        assert_eq!(store.write(|t| lookup(t, &call(1))).unwrap(), Some(reply.clone()));
-        assert_eq!(store.write(|t| lookup(t, &call(2))).unwrap(), None, "the slot's next call");
+        assert_eq!(store.write(|t| lookup(t, &call(1), Op::Rename)).unwrap(), Some(reply.clone()));
+        assert_eq!(store.write(|t| lookup(t, &call(2), Op::Rename)).unwrap(), None, "the slot's next call");
         store.write(|t| record(t, &call(2), Op::Rename, &reply, 1_000)).unwrap();
-        let stale = store.write(|t| lookup(t, &call(1))).unwrap_err();
+        let stale = store.write(|t| lookup(t, &call(1), Op::Rename)).unwrap_err();
         assert_eq!(stale.code, ErrorCode::BadRequest, "{stale:?}");
+        let other_op = store.write(|t| lookup(t, &call(2), Op::Create)).unwrap_err();
+        assert_eq!(other_op.code, ErrorCode::BadRequest, "a block naming a call that ran as another op");
         let other_user = OnceCall { uid: 1001, ..call(2) };
-        assert_eq!(store.write(|t| lookup(t, &other_user)).unwrap_err().code, ErrorCode::Permission);
+        assert_eq!(store.write(|t| lookup(t, &other_user, Op::Rename)).unwrap_err().code, ErrorCode::Permission);
         // The slot's next call may be another user's (clients share sessions among users): it runs.
-        assert_eq!(store.write(|t| lookup(t, &OnceCall { uid: 1001, ..call(3) })).unwrap(), None);
+        assert_eq!(store.write(|t| lookup(t, &OnceCall { uid: 1001, ..call(3) }, Op::Rename)).unwrap(), None);
         // Swept only once old.
         assert_eq!(store.write(|t| sweep(t, 1_000 + ONCE_KEEP_MS)).unwrap(), 0);
         assert_eq!(store.write(|t| sweep(t, 1_001 + ONCE_KEEP_MS)).unwrap(), 1);
-        assert_eq!(store.write(|t| lookup(t, &call(1))).unwrap(), None);
+        assert_eq!(store.write(|t| lookup(t, &call(1), Op::Rename)).unwrap(), None);
     }
 }

@@ -184,7 +184,7 @@ impl<F: Fabric> RpcClient<F> {
                 addrs,
                 current: std::sync::atomic::AtomicUsize::new(current),
                 slots: (0..granted).map(|_| Mutex::new(SlotSeq { session, seq: 0, calls: 0 })).collect(),
-                instance: crate::auth::random_id().max(1),
+                instance: crate::auth::random_id(),
                 free: Mutex::new((0..granted).rev().collect()),
                 credits: Semaphore::new(granted as usize),
                 cfg,
@@ -299,7 +299,13 @@ impl<F: Fabric> RpcClient<F> {
         if once {
             OnceTag { client: inner.instance, call: self.next_call(slot) }.encode_into(&mut body);
         }
-        body.extend_from_slice(&req.encode_body());
+        // No block before it (most calls): the encoded body is the frame's body, not copied after an empty prefix.
+        let body = if body.is_empty() {
+            req.encode_body()
+        } else {
+            body.extend_from_slice(&req.encode_body());
+            body
+        };
         let flags = if user.is_some() { FLAG_USER } else { 0 } | if once { FLAG_ONCE } else { 0 };
         let frame = Outgoing {
             op,

@@ -65,6 +65,14 @@ impl Shared {
     }
 }
 
+/// Starts the MDS again, waits until the writers have acknowledged 100 more files (or one failed), and stops them.
+async fn restart_and_stop(cl: &mut TestCluster, shared: &Shared, total: impl Fn() -> usize) {
+    let during = total();
+    cl.restart_mds().await.unwrap();
+    wait_for("writes after the restart", || ready(total() >= during + 100 || shared.failed())).await;
+    shared.stop.store(true, Ordering::SeqCst);
+}
+
 /// Creates (not exclusively: a retry of a create that ran finds its file), writes and closes `w{w}-{i}` until
 /// `stop`, counting acknowledged files in `acked`; the first error ends the writer and is returned.
 async fn writer(c: Client, dir: u64, w: usize, shared: Arc<Shared>, acked: Arc<AtomicUsize>) -> Result<(), String> {
@@ -129,10 +137,7 @@ async fn ride_out_a_restart(mut cl: TestCluster) {
     let blocked = || ready(weft_rpc::metrics::CLIENT.retries.get() >= retries + 6 * WRITERS as u64 || shared.failed());
     wait_for("the writers to retry past their attempts", blocked).await;
     shared.assert_no_error();
-    let during = total();
-    cl.restart_mds().await.unwrap();
-    wait_for("writes after the restart", || ready(total() >= during + 100 || shared.failed())).await;
-    shared.stop.store(true, Ordering::SeqCst);
+    restart_and_stop(&mut cl, &shared, total).await;
     for t in tasks {
         t.await.unwrap();
     }
@@ -195,10 +200,7 @@ async fn creators_on_the_mount_block_through_an_mds_kill_and_restart_and_see_no_
     };
     wait_for("the mount to wait for the MDS past a call's attempts", waiting).await;
     shared.assert_no_error();
-    let during = total();
-    cl.restart_mds().await.unwrap();
-    wait_for("writes after the restart", || ready(total() >= during + 100 || shared.failed())).await;
-    shared.stop.store(true, Ordering::SeqCst);
+    restart_and_stop(&mut cl, &shared, total).await;
     for t in threads {
         t.join().unwrap();
     }
