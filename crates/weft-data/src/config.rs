@@ -23,8 +23,9 @@ pub struct DataConfig {
     /// port). Off when absent. Plain HTTP without authentication: keep it on loopback or a management network.
     #[serde(default)]
     pub metrics_listen: Option<String>,
-    /// The metadata service to register with: one address, or several separated by commas (services of one
-    /// store, or one service's successive homes); heartbeats move to the next when one stops answering.
+    /// The metadata services to register with: one address, or several separated by commas (the services of one
+    /// database, or one service's possible homes). A heartbeat goes to every one (each service must hear every
+    /// data server, docs/format.md §28); one that does not answer is tried again at the next heartbeat.
     pub mds: String,
     /// The cluster key file (docs/format.md §9): proved to the MDS, and asked of every client; required with
     /// `auth = "key"`.

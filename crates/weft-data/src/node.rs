@@ -185,12 +185,25 @@ pub async fn run_with_nfs(
         .with_metrics(metrics.as_deref());
     let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
     info!(id = cfg.id, %addr, tls = cfg.tls, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
-    let mut heartbeat =
-        Heartbeat::new(cfg.clone(), tcp, advertise, nfs_addrs, store, key.map(Credential::cluster), lease);
-    // One heartbeat before reporting ready (bounded by its call timeout): with the MDS up, the server serves from
-    // its first request; without, it refuses clients (StaleLayout) until the MDS answers.
-    heartbeat.beat().await;
-    tokio::spawn(heartbeat.run());
+    // One heartbeat per metadata service (each must hear every data server, docs/format.md §28), and one beat of
+    // each before reporting ready (bounded by its call timeout): with a service up, the server serves from its
+    // first request; without, it refuses clients (StaleLayout) until one answers.
+    let mut first_beats = tokio::task::JoinSet::new();
+    for mds in cfg.mds.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        let parts = (tcp.clone(), advertise.clone(), nfs_addrs.clone(), store.clone(), lease.clone());
+        let credential = key.clone().map(Credential::cluster);
+        let mut heartbeat = Heartbeat::new(cfg.clone(), mds.to_string(), parts, credential);
+        first_beats.spawn(async move {
+            heartbeat.beat().await;
+            heartbeat
+        });
+    }
+    while let Some(beaten) = first_beats.join_next().await {
+        match beaten {
+            Ok(heartbeat) => drop(tokio::spawn(heartbeat.run())),
+            Err(e) => warn!("a first heartbeat panicked: {e}"),
+        }
+    }
     for (name, l) in [("shm", shm_listener), ("rdma", rdma_listener)] {
         let Some(l) = l else { continue };
         let server = server.clone();
@@ -258,6 +271,8 @@ async fn listen_rdma(
 /// the lease to serve clients. Survives MDS restarts.
 struct Heartbeat {
     cfg: DataConfig,
+    /// The one metadata service this heartbeat goes to.
+    mds: String,
     tcp: TcpFabric,
     advertise: String,
     /// The pNFS addresses, announced after every heartbeat so a restarted MDS learns them again within one.
@@ -274,15 +289,15 @@ struct Heartbeat {
 }
 
 impl Heartbeat {
+    /// The heartbeat of `cfg`'s server to the service at `mds`; `parts`: the fabric, the address it advertises,
+    /// its pNFS addresses, its store (for its space) and the lease its replies renew.
     fn new(
         cfg: DataConfig,
-        tcp: TcpFabric,
-        advertise: String,
-        nfs_addrs: Vec<String>,
-        store: Arc<ObjectStore>,
+        mds: String,
+        parts: (TcpFabric, String, Vec<String>, Arc<ObjectStore>, Arc<LeaseGate>),
         credential: Option<Credential>,
-        lease: Arc<LeaseGate>,
     ) -> Heartbeat {
+        let (tcp, advertise, nfs_addrs, store, lease) = parts;
         let rpc_cfg = ClientConfig {
             credential,
             client_name: format!("data-server-{}", cfg.id),
@@ -294,6 +309,7 @@ impl Heartbeat {
         let lease_ms = cfg.lease_ms;
         Heartbeat {
             cfg,
+            mds,
             tcp,
             advertise,
             nfs_addrs,
@@ -334,7 +350,7 @@ impl Heartbeat {
         let sent_ms = self.lease.now_ms();
         let mut connect_error = None;
         if self.client.is_none() {
-            self.client = RpcClient::connect(self.tcp.clone(), &cfg.mds, self.rpc_cfg.clone())
+            self.client = RpcClient::connect(self.tcp.clone(), &self.mds, self.rpc_cfg.clone())
                 .await
                 .map_err(|e| connect_error = Some(e.to_string()))
                 .ok();
@@ -352,7 +368,7 @@ impl Heartbeat {
                 Ok(other) => Err(format!("unexpected reply {:?}", other.op())),
                 Err(e) => Err(e.to_string()),
             },
-            None => Err(connect_error.unwrap_or_else(|| format!("cannot connect to {}", cfg.mds))),
+            None => Err(connect_error.unwrap_or_else(|| format!("cannot connect to {}", self.mds))),
         };
         let result = match (result, &self.client) {
             (Ok(reply), Some(c)) if !self.nfs_addrs.is_empty() => c
@@ -365,7 +381,7 @@ impl Heartbeat {
         match result {
             Ok(reply) => {
                 if !self.healthy {
-                    info!(mds = %cfg.mds, "registered with the metadata service again");
+                    info!(mds = %self.mds, "registered with the metadata service again");
                     self.healthy = true;
                 }
                 let lease_ms = self.lease.on_reply(sent_ms, reply);
@@ -399,7 +415,7 @@ impl Heartbeat {
             }
             Err(e) => {
                 if self.healthy {
-                    warn!(mds = %cfg.mds, "heartbeat failed (will keep trying; client I/O is refused once the lease lapses): {e}");
+                    warn!(mds = %self.mds, "heartbeat failed (will keep trying; client I/O is refused once the lease lapses): {e}");
                 }
                 self.healthy = false;
                 self.client = None;

@@ -191,8 +191,21 @@ impl Healer {
 
     /// Heals forever: a pass, then waits for the interval, a nudge, or (after a failed pass) a backoff.
     pub async fn run(self) {
+        self.run_while(|| true).await
+    }
+
+    /// [`Healer::run`], making a pass only while `may_act()` (the service beside it holds the duty lease, so one
+    /// healer works on a cluster with several metadata services); otherwise it waits for the interval or a nudge.
+    pub async fn run_while(self, may_act: impl Fn() -> bool) {
         let mut backoff_ms = self.cfg.retry_first_ms.max(1);
         loop {
+            if !may_act() {
+                tokio::select! {
+                    _ = self.state.nudge.notified() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(self.cfg.interval_ms)) => {}
+                }
+                continue;
+            }
             let wait_ms = match self.pass().await {
                 Ok(r) => {
                     if r.bytes > 0 || r.cleared > 0 {

@@ -115,6 +115,10 @@ pub struct LaunchOptions {
     /// the MDS's `db`, instead of the embedded store in `DIR/meta`. Default: `WEFT_META=postgres` in the
     /// environment (so a test run can put every cluster's namespace there), else off.
     pub postgres: bool,
+    /// Metadata services on the one database (with `postgres`; the embedded store serves one): each listens on a
+    /// port of its own, data servers heartbeat to all, clients fail over between them (docs/format.md §28).
+    /// Default 1.
+    pub meta_services: u32,
 }
 
 /// Whether `WEFT_META` asks for PostgreSQL (`postgres`): the default of [`LaunchOptions::postgres`].
@@ -142,6 +146,7 @@ impl LaunchOptions {
             rebuild_after_ms: None,
             ds_nfs: false,
             postgres: postgres_from_env(),
+            meta_services: 1,
             auth: AuthMode::Key,
             tls: tls_from_env(),
             cache: 0,
@@ -167,7 +172,8 @@ pub struct LocalCluster {
     opts: LaunchOptions,
     /// The namespace's PostgreSQL server (`LaunchOptions::postgres`; `config` is its directory, `addr` its URL).
     postgres: Option<Proc>,
-    mds: Option<Proc>,
+    /// The metadata services, the first one first (`LaunchOptions::meta_services`).
+    mds: Vec<Proc>,
     data: Vec<Proc>,
     /// memcached daemons (`config` unused).
     cache: Vec<Proc>,
@@ -213,7 +219,7 @@ impl LocalCluster {
         };
         let mut cluster = LocalCluster {
             postgres: None,
-            mds: None,
+            mds: Vec::new(),
             data: Vec::new(),
             cache: Vec::new(),
             cache_namespace: random_u64() >> 1,
@@ -239,21 +245,37 @@ impl LocalCluster {
             Some(c) => format!("\n[cache]\n{}", toml::to_string(&c).expect("a cache config always serialises")),
             None => String::new(),
         };
-        let meta_cfg = cluster.opts.dir.join("config/meta.toml");
+        let services = cluster.opts.meta_services.max(1);
+        if services > 1 && !cluster.opts.postgres {
+            return Err(LaunchError::NotReady {
+                waited_ms: 0,
+                detail: "several metadata services need the namespace in PostgreSQL (--meta postgres): the \
+                         embedded store serves one"
+                    .into(),
+            });
+        }
         let membership_toml = match cluster.opts.rebuild_after_ms {
             Some(ms) => format!("rebuild_after_ms = {ms}\nmembership_interval_ms = {}\n", (ms / 10).clamp(10, 1000)),
             None => String::new(),
         };
-        let text = format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{db_toml}{auth_toml}{membership_toml}{}{}\n{cache_toml}",
-            cluster.opts.dir.join("meta"),
-            metrics_toml(cluster.opts.metrics).map_err(io_err(&meta_cfg))?,
-            cluster.opts.meta_extra_toml
-        );
-        std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
-        let mds = cluster.spawn("meta", "meta", &meta_cfg).await?;
-        let mds_addr = mds.addr.clone();
-        cluster.mds = Some(mds);
+        for i in 0..services {
+            let (role, file) = if i == 0 {
+                ("meta".to_string(), "meta.toml".to_string())
+            } else {
+                (format!("meta{i}"), format!("meta{i}.toml"))
+            };
+            let meta_cfg = cluster.opts.dir.join("config").join(file);
+            let text = format!(
+                "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n{db_toml}{auth_toml}{membership_toml}{}{}\n{cache_toml}",
+                cluster.opts.dir.join("meta"),
+                metrics_toml(cluster.opts.metrics).map_err(io_err(&meta_cfg))?,
+                cluster.opts.meta_extra_toml
+            );
+            std::fs::write(&meta_cfg, text).map_err(io_err(&meta_cfg))?;
+            let mds = cluster.spawn(&role, "meta", &meta_cfg).await?;
+            cluster.mds.push(mds);
+        }
+        let mds_addr = cluster.mds_addrs().join(",");
         for i in 0..cluster.opts.servers {
             let root = cluster.opts.dir.join(format!("data{i}"));
             std::fs::create_dir_all(&root).map_err(io_err(&root))?;
@@ -427,7 +449,12 @@ impl LocalCluster {
     }
 
     pub fn mds_addr(&self) -> &str {
-        self.mds.as_ref().map(|p| p.addr.as_str()).unwrap_or("")
+        self.mds.first().map(|p| p.addr.as_str()).unwrap_or("")
+    }
+
+    /// Every metadata service's address, the first one first (`LaunchOptions::meta_services`).
+    pub fn mds_addrs(&self) -> Vec<String> {
+        self.mds.iter().map(|p| p.addr.clone()).collect()
     }
 
     pub fn data_addrs(&self) -> Vec<String> {
@@ -500,7 +527,7 @@ impl LocalCluster {
 
     /// The client's view of the cluster: the MDS address and the key (or `auth = "none"`).
     pub fn cluster_config(&self) -> ClusterConfig {
-        let mut cfg = ClusterConfig::new(self.mds_addr());
+        let mut cfg = ClusterConfig::new(&self.mds_addrs().join(","));
         cfg.auth = self.opts.auth;
         if self.opts.auth == AuthMode::Key {
             cfg.key_file = Some(self.key_file());
@@ -558,32 +585,42 @@ impl LocalCluster {
         Client::connect(&self.cluster_config()).await
     }
 
-    /// Kills the MDS with SIGKILL (no chance to clean up) and waits for it to die.
+    /// Kills the (first) MDS with SIGKILL (no chance to clean up) and waits for it to die.
     pub async fn kill_mds(&mut self) {
-        if let Some(p) = self.mds.as_mut() {
+        self.kill_meta_service(0).await
+    }
+
+    /// Kills metadata service `i` (0: the first) with SIGKILL and waits for it to die.
+    pub async fn kill_meta_service(&mut self, i: usize) {
+        if let Some(p) = self.mds.get_mut(i) {
             let _ = p.child.kill().await;
         }
     }
 
-    /// Waits for the MDS to exit on its own (a fault plan that ends it); returns its exit code.
+    /// Waits for the (first) MDS to exit on its own (a fault plan that ends it); returns its exit code.
     pub async fn wait_mds_exit(&mut self) -> Option<i32> {
-        let p = self.mds.as_mut()?;
+        let p = self.mds.first_mut()?;
         p.child.wait().await.ok().and_then(|s| s.code())
     }
 
-    /// Asks the MDS to stop (SIGTERM) and waits for it to exit (SIGKILL if it takes over 10 s).
+    /// Asks the (first) MDS to stop (SIGTERM) and waits for it to exit (SIGKILL if it takes over 10 s).
     pub async fn stop_mds(&mut self) {
-        if let Some(p) = self.mds.as_mut() {
+        if let Some(p) = self.mds.first_mut() {
             stop_all(std::slice::from_mut(p)).await;
         }
     }
 
-    /// Starts the MDS again on the address it had, from the same store, and waits until every data server process
-    /// still running is reported up (a stopped one is not waited for).
+    /// Starts the (first) MDS again on the address it had, from the same store, and waits until every data server
+    /// process still running is reported up (a stopped one is not waited for).
     pub async fn restart_mds(&mut self) -> Result<(), LaunchError> {
-        let old = self.mds.take().expect("the cluster has an MDS");
-        let p = self.respawn(&old, "meta").await?;
-        self.mds = Some(p);
+        self.restart_meta_service(0).await
+    }
+
+    /// [`LocalCluster::restart_mds`] of metadata service `i`.
+    pub async fn restart_meta_service(&mut self, i: usize) -> Result<(), LaunchError> {
+        assert!(i < self.mds.len(), "the cluster has no metadata service {i}");
+        let p = self.respawn(&self.mds[i], "meta").await?;
+        self.mds[i] = p;
         let running = self.data.iter_mut().map(|d| d.child.try_wait()).filter(|w| matches!(w, Ok(None))).count();
         self.wait_up(running as u32).await
     }
@@ -672,7 +709,7 @@ impl LocalCluster {
     /// Asks every process to stop (SIGTERM) and waits for them.
     pub async fn stop(&mut self) {
         let mut all: Vec<Proc> = self.data.drain(..).collect();
-        all.extend(self.mds.take());
+        all.append(&mut self.mds);
         all.append(&mut self.cache);
         stop_all(&mut all).await;
         // The database last: it shuts down once the MDS's connections are gone.

@@ -71,6 +71,11 @@ pub struct MetaConfig {
     /// drain.
     #[serde(default = "default_membership_interval_ms")]
     pub membership_interval_ms: u64,
+    /// With several services on one database: the duty lease's time (milliseconds, docs/format.md §28). The
+    /// holder renews it every third of it; when the holder dies, another service takes the duties (membership,
+    /// drains, orphan collection, healing) this long after its last renewal. At least 300.
+    #[serde(default = "default_duty_lease_ms")]
+    pub duty_lease_ms: u64,
     /// Size each metadata journal segment is preallocated to.
     #[serde(default = "default_journal_segment_bytes")]
     pub journal_segment_bytes: u64,
@@ -212,6 +217,9 @@ fn default_rebuild_after_ms() -> u64 {
 }
 fn default_membership_interval_ms() -> u64 {
     crate::membership::DEFAULT_MEMBERSHIP_INTERVAL_MS
+}
+fn default_duty_lease_ms() -> u64 {
+    crate::duty::DEFAULT_DUTY_LEASE_MS
 }
 fn default_gc_interval_ms() -> u64 {
     1000

@@ -50,10 +50,19 @@ pub(crate) async fn run_membership(
     loop {
         tick.tick().await;
         let n = ns.clone();
-        match tokio::task::spawn_blocking(move || n.membership_tick(MEMBERSHIP_SCAN_BATCH)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => warn!("membership: scan step failed, retrying next tick: {e}"),
-            Err(e) => warn!("membership: scan step panicked: {e}"),
+        // Every service refreshes its view of the servers; only the duty holder decides (format §28).
+        let step = move || {
+            if n.duty_held() {
+                n.membership_tick(MEMBERSHIP_SCAN_BATCH).map(|()| true)
+            } else {
+                n.refresh_servers().map(|()| false)
+            }
+        };
+        match tokio::task::spawn_blocking(step).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => continue,
+            Ok(Err(e)) => warn!("membership: step failed, retrying next tick: {e}"),
+            Err(e) => warn!("membership: step panicked: {e}"),
         }
         let draining = ns.draining_servers();
         cursors.retain(|id, _| draining.iter().any(|(d, _)| d == id));

@@ -31,6 +31,10 @@ pub enum MetaError {
     /// The database's schema is newer than this build knows (docs/format.md §26): upgrade the service.
     #[error("metadata database schema version {found} is newer than this build's {supported}; upgrade weft")]
     SchemaTooNew { found: i32, supported: i32 },
+    /// A duty's write (membership, drain, orphan collection, sweep) by a service that does not hold the duty lease
+    /// (docs/format.md §28): nothing was applied; the holder does it.
+    #[error("fenced: {0}")]
+    Fenced(String),
 }
 
 impl From<MetaError> for WireError {
@@ -39,7 +43,7 @@ impl From<MetaError> for WireError {
             MetaError::Io(_) | MetaError::Store(_) | MetaError::Corrupt(_) | MetaError::SchemaTooNew { .. } => {
                 ErrorCode::Io
             }
-            MetaError::Conflict(_) => ErrorCode::Busy,
+            MetaError::Conflict(_) | MetaError::Fenced(_) => ErrorCode::Busy,
             MetaError::ReadOnly | MetaError::Poisoned => ErrorCode::Internal,
         };
         tracing::error!("metadata store failure: {e}");

@@ -32,6 +32,10 @@ pub(crate) async fn collect_orphans(
     let mut tick = tokio::time::interval(Duration::from_millis(interval_ms.max(10)));
     loop {
         tick.tick().await;
+        // One collector per database: the duty holder's (format §28).
+        if !ns.duty_held() {
+            continue;
+        }
         let orphans = {
             let ns = ns.clone();
             match tokio::task::spawn_blocking(move || ns.orphans(GC_BATCH)).await {

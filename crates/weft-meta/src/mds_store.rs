@@ -34,4 +34,8 @@ impl MetaStore for MdsStore {
             MdsStore::Pg(s) => s.read(f),
         }
     }
+
+    fn shared(&self) -> bool {
+        matches!(self, MdsStore::Pg(_))
+    }
 }

@@ -49,6 +49,7 @@ use crate::once::{self, OnceCall};
 use crate::perm::{self, Cred, Mask};
 use crate::store::{Inode, MetaStore, MetaTxn};
 
+mod duties;
 mod stale_ops;
 mod xattr;
 
@@ -86,6 +87,8 @@ struct ServerSlot {
     phase: Phase,
     /// The addresses its pNFS data server listens at (op 140, docs/format.md §23); empty: it serves no NFS.
     nfs_addrs: Vec<String>,
+    /// On a shared store: its liveness counter (format §28) as this service last read it.
+    beat_seen: Option<u64>,
 }
 
 /// The metadata namespace over a store `S`, with time from `C`.
@@ -115,6 +118,10 @@ pub struct Namespace<S: MetaStore, C: Clock> {
     stale_ranges_per_slot_max: usize,
     /// Most (file, slot) entries in the stale-range table.
     stale_entries_max: u64,
+    /// Whether other services share the store (PostgreSQL): liveness and phases then live in it (format §28).
+    shared: bool,
+    /// This service's view of the duty lease (format §28); unused on a store no other service can open.
+    duty: Mutex<crate::duty::DutyLease>,
 }
 
 /// The layout policy of the root of a new namespace: 1 MiB stripes over every data server.
@@ -177,10 +184,20 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             }
             servers.insert(
                 id,
-                ServerSlot { addr, space: None, device: None, last_ms: None, phase, nfs_addrs: Vec::new() },
+                ServerSlot {
+                    addr,
+                    space: None,
+                    device: None,
+                    last_ms: None,
+                    phase,
+                    nfs_addrs: Vec::new(),
+                    beat_seen: None,
+                },
             );
         }
         let started_ms = clock.mono_ms();
+        let shared = store.shared();
+        let duty = crate::duty::DutyLease::new(crate::duty::instance_id(), crate::duty::DEFAULT_DUTY_LEASE_MS);
         Ok(Namespace {
             store,
             clock,
@@ -195,6 +212,8 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             rebuild_progress: Mutex::new((None, None, None)),
             stale_ranges_per_slot_max: crate::stale::DEFAULT_STALE_RANGES_PER_SLOT_MAX,
             stale_entries_max: crate::stale::DEFAULT_STALE_ENTRIES_MAX,
+            shared,
+            duty: Mutex::new(duty),
         })
     }
 
@@ -235,7 +254,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
     /// Removes the once records older than `once::ONCE_KEEP_MS` (docs/format.md §27); returns how many.
     pub fn sweep_once_records(&self) -> Result<usize, WireError> {
         let now_ms = self.now_ms();
-        self.store.write(|t| once::sweep(t, now_ms).map_err(WireError::from))
+        Ok(self.duty_write(|t| once::sweep(t, now_ms))?)
     }
 
     /// The clock's wall time in Unix milliseconds (0 before the epoch), as once records keep it.
@@ -435,7 +454,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
 
     /// Forgets orphan `ino` once every one of its objects was deleted.
     pub fn orphan_done(&self, ino: u64) -> Result<(), MetaError> {
-        self.store.write(|t| t.del_orphan(ino))
+        self.duty_write(|t| t.del_orphan(ino))
     }
 
     /// Every registered data server, with its membership state and last reported space.
@@ -502,8 +521,10 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
 
     /// One membership step (blocking: store transactions): moves phases on by the clock, then, while a server is
     /// failed, examines one batch of inodes and moves each redundant layout's failed slots to spares, one
-    /// journaled transaction per file, bumping its layout generation. Call it every `membership_interval_ms`.
+    /// journaled transaction per file, bumping its layout generation. Call it every `membership_interval_ms`, at
+    /// the duty lease's holder (format §28; the others call [`Namespace::refresh_servers`]).
     pub fn membership_tick(&self, batch: usize) -> Result<(), MetaError> {
+        self.refresh_servers()?;
         let now = self.clock.mono_ms();
         let timing = self.timing();
         let (failed, up) = {
@@ -514,8 +535,11 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 let silent = self.silent_ms(s, now);
                 let next = membership::on_tick(s.phase, silent, timing);
                 if next != s.phase {
-                    // Recorded before any slot moves: a restarted MDS must not take the server for a member.
-                    self.store.write(|t| t.put_server_phase(*id, next.code()))?;
+                    // Recorded before any slot moves: a restarted MDS must not take the server for a member. On a
+                    // shared store, only if no service heard it meanwhile (its counter unchanged, format §28).
+                    if !self.move_phase(*id, (s.phase, next), s.beat_seen, true)? {
+                        continue;
+                    }
                     tracing::warn!(id, addr = %s.addr, silent_ms = silent, rebuild_after_ms = self.rebuild_after_ms,
                         "data server declared failed: moving its slots in redundant layouts to spares");
                     s.phase = next;
@@ -545,7 +569,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             if let Some(new) = &r.layout {
                 let ino = inode.ino;
                 let entries_max = self.stale_entries_max;
-                let changed = self.store.write(|t| {
+                let changed = self.duty_write(|t| {
                     // The file may have gone or changed since the read: only the layout we decided on is replaced.
                     let Some(mut cur) = t.get_inode(ino)? else { return Ok::<_, MetaError>(false) };
                     if cur.layout.as_ref() != Some(layout) {
@@ -626,9 +650,13 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             if let Some(s) = servers.get_mut(&id) {
                 let next = membership::on_replaced(s.phase);
                 // Failed and Replaced both drain a returning server; a failed write leaves it Failed, rescanned.
-                if let Err(e) = self.store.write(|t| t.put_server_phase(id, next.code())) {
-                    tracing::warn!(id, error = %e, "could not record the server's phase; staying failed");
-                    continue;
+                match self.move_phase(id, (s.phase, next), s.beat_seen, false) {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(e) => {
+                        tracing::warn!(id, error = %e, "could not record the server's phase; staying failed");
+                        continue;
+                    }
                 }
                 s.phase = next;
                 tracing::warn!(id, addr = %s.addr, "data server replaced: no redundant layout names it any more");
@@ -663,7 +691,12 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             let next = membership::on_drained(s.phase);
             if next != s.phase {
                 // Unrecorded, the server stays Draining and is drained again (idempotent) next round.
-                if let Err(e) = self.store.write(|t| t.put_server_phase(id, next.code())) {
+                // Heard meanwhile is fine for a drained server: only its phase must still be Draining.
+                let written = self.move_phase(id, (s.phase, next), s.beat_seen, false);
+                if let Ok(false) = written {
+                    return;
+                }
+                if let Err(e) = written {
                     tracing::warn!(id, error = %e, "could not record the drained server's phase; draining again");
                     return;
                 }
@@ -689,19 +722,30 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         }
         let mut servers = self.lock_servers();
         let known = servers.get(&r.id).is_some_and(|s| s.addr == r.addr);
+        let (was, phase) = if self.shared {
+            // The store's phase, not this service's memory of it: another service may have moved it (format §28).
+            self.heartbeat_shared(r)?
+        } else {
+            if !known {
+                self.store.write(|t| t.put_server(r.id, &r.addr))?;
+            }
+            let was = servers.get(&r.id).map_or(Phase::Member, |s| s.phase);
+            let phase = membership::on_heartbeat(was);
+            if phase != was {
+                // Recorded before the reply: the server learns it is Draining only once a restart would remember it.
+                self.store.write(|t| t.put_server_phase(r.id, phase.code()))?;
+            }
+            (was, phase)
+        };
         if !known {
-            self.store.write(|t| t.put_server(r.id, &r.addr))?;
             tracing::info!(id = r.id, addr = %r.addr, "data server registered");
         }
-        let was = servers.get(&r.id).map_or(Phase::Member, |s| s.phase);
-        let phase = membership::on_heartbeat(was);
         if phase != was {
-            // Recorded before the reply: the server learns it is Draining only once a restart would remember it.
-            self.store.write(|t| t.put_server_phase(r.id, phase.code()))?;
             tracing::warn!(id = r.id, addr = %r.addr, from = ?was, "data server returned after it was declared failed: draining the objects it no longer owns");
         }
         // NFS addresses (op 140) survive heartbeats, but not a move to another address.
         let nfs_addrs = servers.get(&r.id).filter(|_| known).map(|s| s.nfs_addrs.clone()).unwrap_or_default();
+        let beat_seen = servers.get(&r.id).and_then(|s| s.beat_seen);
         servers.insert(
             r.id,
             ServerSlot {
@@ -711,6 +755,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 last_ms: Some(self.clock.mono_ms()),
                 phase,
                 nfs_addrs,
+                beat_seen,
             },
         );
         Ok(HeartbeatResp { state: membership::state(phase, 0, self.timing()), rebuild_after_ms: self.rebuild_after_ms })

@@ -41,15 +41,17 @@ pub enum MetaServerError {
 
 /// Runs the metadata service until the process is stopped. `ready` is told the listening address.
 pub async fn run(cfg: MetaConfig, ready: impl FnOnce(&str)) -> Result<(), MetaServerError> {
-    run_with(cfg, None, ready, |_, _| {}).await
+    run_with(cfg, None, DutyFlag::default(), ready, |_, _| {}).await
 }
 
 /// [`run`] with a healer beside it (`weft meta` with `heal = true`: `HealNow` and `ListStale`'s progress go to
 /// `heal`), also telling `started` the metrics registry (when serving metrics) and the listening address once the
-/// service listens: `weft meta` starts its background scrubber there.
+/// service listens: `weft meta` starts its background scrubber there. `duty` learns whether this service holds
+/// the duty lease (docs/format.md §28): the healer and the scrubber run only while it does.
 pub async fn run_with(
     cfg: MetaConfig,
     heal: Option<HealHooks>,
+    duty: DutyFlag,
     ready: impl FnOnce(&str),
     started: impl FnOnce(Option<&Arc<weft_rpc::Metrics>>, &str),
 ) -> Result<(), MetaServerError> {
@@ -65,8 +67,12 @@ pub async fn run_with(
         .map_err(|source| MetaServerError::Store { dir: dir.clone(), source })?
         .with_xattr_bytes_max(cfg.xattr_bytes_max_per_inode)
         .with_rebuild_after_ms(cfg.rebuild_after_ms)
-        .with_stale_limits(cfg.stale_ranges_per_slot_max, cfg.stale_entries_max);
+        .with_stale_limits(cfg.stale_ranges_per_slot_max, cfg.stale_entries_max)
+        .with_duty_lease_ms(cfg.duty_lease_ms);
     let ns = Arc::new(ns);
+    // Before serving: a lone service holds its duties from the start (format §28).
+    step_duty(&ns).await;
+    let _ = duty.0.set(ns.clone());
     let ring =
         weft_rpc::auth::role_keyring(key.clone(), cfg.clients_keyring.as_deref()).map_err(MetaServerError::Keyring)?;
     let tls = cfg.tls_config().map_err(MetaServerError::Tls)?;
@@ -121,6 +127,7 @@ pub async fn run_with(
         cfg.membership_interval_ms,
         key.clone().map(Credential::cluster),
     ));
+    tokio::spawn(hold_duty_lease(ns.clone()));
     tokio::spawn(sweep_once_records(ns.clone()));
     tokio::spawn(collect_orphans(ns, tcp, cfg.gc_interval_ms, key.map(Credential::cluster)));
     started(metrics.as_ref(), &addr);
@@ -128,11 +135,44 @@ pub async fn run_with(
     server.serve(listener).await.map_err(MetaServerError::Serve)
 }
 
-/// Every ten minutes, removes the once records (docs/format.md §27) no retry can still need.
+/// Whether this service holds the duty lease (docs/format.md §28) now, for the duties that run beside it in the
+/// `weft` binary (the healer, the scrubber): they look before each pass. Always true on the embedded store.
+#[derive(Clone, Default)]
+pub struct DutyFlag(Arc<std::sync::OnceLock<Arc<crate::MdsNamespace>>>);
+
+impl DutyFlag {
+    /// False until the service has started, then whether it holds the lease.
+    pub fn held(&self) -> bool {
+        self.0.get().is_some_and(|ns| ns.duty_held())
+    }
+}
+
+/// Steps the duty lease every third of its time (format §28), so the duties run at exactly one service.
+async fn hold_duty_lease(ns: Arc<crate::MdsNamespace>) {
+    let every = std::time::Duration::from_millis(ns.duty_step_every_ms().max(1));
+    loop {
+        tokio::time::sleep(every).await;
+        step_duty(&ns).await;
+    }
+}
+
+async fn step_duty(ns: &Arc<crate::MdsNamespace>) {
+    let n = ns.clone();
+    match tokio::task::spawn_blocking(move || n.duty_step()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!("the duty lease: reading or renewing it failed (retrying): {e}"),
+        Err(e) => tracing::warn!("the duty lease: its step panicked: {e}"),
+    }
+}
+
+/// Every ten minutes, removes the once records (docs/format.md §27) no retry can still need (the duty holder).
 async fn sweep_once_records(ns: Arc<crate::MdsNamespace>) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(600));
     loop {
         tick.tick().await;
+        if !ns.duty_held() {
+            continue;
+        }
         let ns = ns.clone();
         match tokio::task::spawn_blocking(move || ns.sweep_once_records()).await {
             Ok(Ok(n)) if n > 0 => info!(removed = n, "swept once records older than an hour"),

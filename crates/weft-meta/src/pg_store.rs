@@ -181,6 +181,10 @@ impl Failure {
 }
 
 impl MetaStore for PgStore {
+    fn shared(&self) -> bool {
+        true
+    }
+
     fn write<R, E: From<MetaError>>(&self, mut f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         off_runtime(|| {
             let mut conn = self.pool.take()?;

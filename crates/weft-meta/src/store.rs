@@ -414,6 +414,12 @@ pub trait MetaStore: Send + Sync + 'static {
 
     /// Runs `f` against a consistent snapshot. Writes inside it fail with [`MetaError::ReadOnly`].
     fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E>;
+
+    /// Whether other metadata services may open the same store at the same time (PostgreSQL): the namespace then
+    /// keeps liveness and phases in it and runs its duties under the duty lease (docs/format.md §28).
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// The operations of one transaction. Object safe, so the namespace logic is compiled once per store.

@@ -43,11 +43,12 @@ pub struct NfsArgs {
     pub ds_nfs: bool,
 }
 
-/// `weft up --meta redb|postgres --rebuild-after-ms MS`: where the namespace lives, and the MDS's
-/// `rebuild_after_ms`.
+/// `weft up --meta redb|postgres --meta-services N --rebuild-after-ms MS`: where the namespace lives, how many
+/// services serve it, and the MDS's `rebuild_after_ms`.
 pub struct MetaArgs {
     pub postgres: bool,
     pub rebuild_after_ms: Option<u64>,
+    pub services: u32,
 }
 
 // One argument per group of `weft up` flags, straight from clap.
@@ -79,6 +80,10 @@ pub async fn up(
     opts.metrics = metrics;
     opts.rebuild_after_ms = meta.rebuild_after_ms;
     opts.postgres |= meta.postgres;
+    if meta.services == 0 || (meta.services > 1 && !opts.postgres) {
+        bail!("--meta-services {}: at least 1, and more than 1 only with --meta postgres", meta.services);
+    }
+    opts.meta_services = meta.services;
     opts.ds_nfs = nfs.ds_nfs;
     // The servers log as this process was asked to (RUST_LOG=debug weft up: every server at debug).
     if let Ok(filter) = std::env::var("RUST_LOG") {
@@ -94,9 +99,11 @@ pub async fn up(
     }
     let mut cluster = LocalCluster::start(opts).await?;
     let cfg = cluster.cluster_file();
+    let services = cluster.mds_addrs();
     println!(
-        "Weft cluster up: metadata service {}, {} data servers ({})",
-        cluster.mds_addr(),
+        "Weft cluster up: metadata service{} {}, {} data servers ({})",
+        if services.len() > 1 { "s" } else { "" },
+        services.join(", "),
         servers,
         cluster.data_addrs().join(", ")
     );
@@ -1237,6 +1244,7 @@ pub fn spawn_healer(
     addr: &str,
     cfg: weft_heal::HealConfig,
     state: std::sync::Arc<weft_heal::HealState>,
+    duty: weft_meta::DutyFlag,
 ) {
     // A wildcard listening address is reached on loopback.
     cluster.mds = addr.replace("0.0.0.0", "127.0.0.1").replace("[::]", "[::1]");
@@ -1256,6 +1264,6 @@ pub fn spawn_healer(
             }
         };
         tracing::info!(mds = %cluster.mds, mib_per_s = cfg.rebuild_mib_per_s, "healer started");
-        weft_heal::Healer::new(client.with_user(root), cfg, state).run().await;
+        weft_heal::Healer::new(client.with_user(root), cfg, state).run_while(move || duty.held()).await;
     });
 }

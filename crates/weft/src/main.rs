@@ -216,6 +216,11 @@ enum Cmd {
         /// there, stopped with the cluster. To serve an existing database, run `weft meta --db URL` instead.
         #[arg(long, value_name = "redb|postgres", default_value = "redb")]
         meta: MetaArg,
+        /// Metadata services to start on the one database (with `--meta postgres`): all answer clients, data
+        /// servers heartbeat to each, clients fail over between them, one at a time holds the duties (membership,
+        /// drains, orphan collection, healing) under a lease in the database.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        meta_services: u32,
         /// Every data server also serves pNFS (NFSv4.1 data server, docs/format.md §23) on a free loopback port;
         /// the addresses are printed.
         #[arg(long)]
@@ -292,6 +297,7 @@ enum Cmd {
         gc_interval_ms = 1000            how often removed files' objects are collected\n  \
         rebuild_after_ms = 300000        a data server silent this long is failed: spares take its slots\n  \
         membership_interval_ms = 1000    how often membership advances (spare scan, drain batches)\n  \
+        duty_lease_ms = 15000            services sharing a db: duties (membership, gc, heal) move when unrenewed this long\n  \
         journal_segment_bytes = 16777216 size each metadata journal segment is preallocated to\n  \
         journal_bytes_max = 268435456    journal not yet checkpointed above which writers wait\n  \
         checkpoint_bytes = 33554432      journal growth that triggers a checkpoint into meta.redb\n  \
@@ -703,11 +709,12 @@ async fn run(cmd: Cmd) -> Result<()> {
             nfs,
             rebuild_after_ms,
             meta,
+            meta_services,
             ds_nfs,
         } => {
             let cache = c::CacheArgs { daemons: cache, mib: cache_mib };
             let nfs = c::NfsArgs { port: nfs, ds_nfs };
-            let meta = c::MetaArgs { postgres: meta == MetaArg::Postgres, rebuild_after_ms };
+            let meta = c::MetaArgs { postgres: meta == MetaArg::Postgres, rebuild_after_ms, services: meta_services };
             c::up(data_dir, servers, mount, auth.into(), mount_args, tls, cache, !no_metrics, nfs, meta).await
         }
         Cmd::Nfs { c, args } => nfs::run(c.spec(), &args, ready).await,
@@ -766,16 +773,20 @@ async fn run(cmd: Cmd) -> Result<()> {
             });
             let heal_cfg = heal.map(|state| (state, commands::healer_config(&cfg)));
             let scrub = scrubber::Scrubber::from_meta(&cfg);
+            // The healer and the scrubber run only while this service holds the duty lease (format §28).
+            let duty = weft_meta::DutyFlag::default();
+            let (heal_duty, scrub_duty) = (duty.clone(), duty.clone());
             weft_meta::run_with(
                 cfg,
                 hooks,
+                duty,
                 move |addr| {
                     ready(addr);
                     if let Some((state, (cluster, hc))) = heal_cfg {
-                        commands::spawn_healer(cluster, addr, hc, state);
+                        commands::spawn_healer(cluster, addr, hc, state, heal_duty);
                     }
                 },
-                |m, addr| scrub.spawn(m, addr),
+                |m, addr| scrub.spawn(m, addr, scrub_duty),
             )
             .await
             .context("metadata service failed")

@@ -37,7 +37,8 @@ impl Scrubber {
     }
 
     /// Starts the scrubber's loop (unless it is off) against the MDS listening at `addr`.
-    pub fn spawn(self, metrics: Option<&Arc<weft_rpc::Metrics>>, addr: &str) {
+    /// It runs a pass only while `duty.held()` (this service holds the duty lease, docs/format.md §28).
+    pub fn spawn(self, metrics: Option<&Arc<weft_rpc::Metrics>>, addr: &str, duty: weft_meta::DutyFlag) {
         if self.rate_mib_per_s == 0 {
             return;
         }
@@ -69,6 +70,9 @@ impl Scrubber {
             loop {
                 tokio::time::sleep_until(next).await;
                 next += interval;
+                if !duty.held() {
+                    continue;
+                }
                 match pass(&cluster, opts).await {
                     Ok(r) => {
                         for (c, v) in [
