@@ -37,6 +37,10 @@ pub struct MetaArgs {
     /// both: `redb,postgres`. Ignored with --cluster.
     #[arg(long, default_value = "redb")]
     pub meta: String,
+    /// Metadata-service counts to measure on `postgres`, e.g. `1,2`: that many services on the one database
+    /// (as `weft up --meta-services N`), client i starting at service i mod N. Ignored with --cluster.
+    #[arg(long, default_value = "1")]
+    pub meta_services: String,
     /// Client counts to measure, e.g. `1,4,8`. Each client is a task with its own Client (separate sessions),
     /// issuing one operation at a time (see --procs for one process per client).
     #[arg(long, default_value = "8")]
@@ -137,18 +141,33 @@ pub async fn run(a: MetaArgs) -> Result<()> {
     if let Some(bad) = metas.iter().find(|m| !matches!(**m, "redb" | "postgres")) {
         bail!("--meta {bad:?}: redb, postgres, or both (redb,postgres)");
     }
+    let service_counts: Vec<u32> = crate::parse_list(&a.meta_services, |x| x.parse().ok().filter(|&n: &u32| n > 0))
+        .context("--meta-services wants a list like 1,2")?;
+    if service_counts.iter().any(|&n| n > 1) && !metas.contains(&"postgres") {
+        bail!("--meta-services above 1 needs --meta postgres: the embedded store serves one service");
+    }
     if a.common.cluster.is_some() && metas.len() > 1 {
         bail!("--meta names one store with --cluster: the running cluster's MDS has chosen its own");
     }
     let doc = Document::start("meta");
     let targets = Targets::new(&a.servers, a.common.cluster.as_deref(), a.common.dir.as_deref())?.tuned(&a.common)?;
     let mut results = Vec::new();
-    let points = targets.points().len() * metas.len();
+    // Several services only on PostgreSQL; the embedded store is measured with one.
+    let runs: Vec<(&str, u32)> = metas
+        .iter()
+        .flat_map(|&m| service_counts.iter().filter(move |&&n| m == "postgres" || n == 1).map(move |&n| (m, n)))
+        .collect();
+    let points = targets.points().len() * runs.len();
     let pb = common::progress((points * fabrics.len() * threads.len()) as u64, "meta");
     for sp in targets.points() {
-        for &meta in &metas {
-            let tag = format!("-meta-{meta}");
-            let mut target = targets.start_with(sp, &tag, |o| o.postgres = meta == "postgres").await?;
+        for &(meta, services) in &runs {
+            let tag = format!("-meta-{meta}-{services}");
+            let mut target = targets
+                .start_with(sp, &tag, |o| {
+                    o.postgres = meta == "postgres";
+                    o.meta_services = services;
+                })
+                .await?;
             let mut point = Vec::new();
             for &fabric in &fabrics {
                 target.cfg.client.fabric = fabric;
@@ -168,8 +187,13 @@ pub async fn run(a: MetaArgs) -> Result<()> {
                 }
             }
             target.stop().await;
+            let label = match services {
+                1 => meta.to_string(),
+                n => format!("{meta}, {n} services"),
+            };
             for r in &mut point {
-                r["meta"] = json!(if a.common.cluster.is_some() { "as the cluster runs" } else { meta });
+                r["meta"] = json!(if a.common.cluster.is_some() { "as the cluster runs" } else { label.as_str() });
+                r["meta_services"] = json!(services);
             }
             results.extend(point);
         }
@@ -200,11 +224,18 @@ async fn fabric_used(clients: &[Client]) -> String {
     common::merge_fabrics(names.iter().map(String::as_str))
 }
 
-/// Connects `n` clients, each with its own sessions.
+/// Connects `n` clients, each with its own sessions; with several metadata services, client i starts at service
+/// i mod their number (each fails over to the others).
 async fn clients(target: &Target, n: usize) -> Result<Vec<Client>> {
     let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        v.push(Client::connect(&target.cfg).await?);
+    let addrs: Vec<&str> = target.cfg.mds.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
+    for i in 0..n {
+        let mut cfg = target.cfg.clone();
+        if addrs.len() > 1 {
+            let k = i % addrs.len();
+            cfg.mds = addrs[k..].iter().chain(&addrs[..k]).copied().collect::<Vec<_>>().join(",");
+        }
+        v.push(Client::connect(&cfg).await?);
     }
     Ok(v)
 }

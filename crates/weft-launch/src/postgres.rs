@@ -34,11 +34,7 @@ pub fn url(dir: &Path) -> String {
 pub async fn start(dir: &Path, log: &Path, ready_timeout_ms: u64) -> Result<Child, LaunchError> {
     let bin = weft_meta::pg_bin::bindir().map_err(LaunchError::Postgres)?;
     let owner = server_owner()?;
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(io_err(dir))?;
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io_err(dir))?;
-    }
+    private_dir(dir, owner)?;
     let data = dir.join("data");
     if !data.join("PG_VERSION").exists() {
         let out = command(&bin.join("initdb"), owner)
@@ -51,18 +47,108 @@ pub async fn start(dir: &Path, log: &Path, ready_timeout_ms: u64) -> Result<Chil
             return Err(LaunchError::Postgres(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr))));
         }
     }
-    let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(io_err(log))?;
-    let mut child = command(&bin.join("postgres"), owner)
-        .args(["-D", &path(&data), "-k", &path(dir), "-c", "listen_addresses=", "-c", "max_connections=200"])
+    let mut child = serve(&bin, owner, dir, log)?;
+    wait_accepting(&mut child, dir, log, ready_timeout_ms).await?;
+    create_database(&bin, dir).await?;
+    Ok(child)
+}
+
+/// A streaming-replication standby of the server whose socket is in `primary`, in `dir`: `pg_basebackup -R` into
+/// `dir/data` on first start (it then follows the primary read-only), served on a socket in `dir`. With the
+/// primary's `synchronous_standby_names` set ([`require_synchronous_standby`]), a commit returns only once this standby has it on disk.
+pub async fn start_standby(
+    primary: &Path,
+    dir: &Path,
+    log: &Path,
+    ready_timeout_ms: u64,
+) -> Result<Child, LaunchError> {
+    let bin = weft_meta::pg_bin::bindir().map_err(LaunchError::Postgres)?;
+    let owner = server_owner()?;
+    private_dir(dir, owner)?;
+    let data = dir.join("data");
+    if !data.join("PG_VERSION").exists() {
+        let out = command(&bin.join("pg_basebackup"), owner)
+            .args(["-h", &path(primary), "-U", DB_USER, "-D", &path(&data), "-R", "-X", "stream", "-c", "fast"])
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| LaunchError::Postgres(format!("running pg_basebackup: {e}")))?;
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr);
+            return Err(LaunchError::Postgres(format!("pg_basebackup failed: {why}")));
+        }
+    }
+    let mut child = serve(&bin, owner, dir, log)?;
+    wait_accepting(&mut child, dir, log, ready_timeout_ms).await?;
+    Ok(child)
+}
+
+/// Makes the server in `dir` wait, at every commit, for a standby to have it on disk (`ALTER SYSTEM SET
+/// synchronous_standby_names = '*'`, then a reload). Set once the standby exists: before, every commit (even
+/// `createdb`'s) would wait for one forever.
+pub async fn require_synchronous_standby(dir: &Path) -> Result<(), LaunchError> {
+    let bin = weft_meta::pg_bin::bindir().map_err(LaunchError::Postgres)?;
+    let out = Command::new(bin.join("psql"))
+        .args(["-h", &path(dir), "-U", DB_USER, "-d", "postgres", "-v", "ON_ERROR_STOP=1"])
+        .args(["-c", "ALTER SYSTEM SET synchronous_standby_names = '*'", "-c", "SELECT pg_reload_conf()"])
         .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| LaunchError::Postgres(format!("running psql: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let why = String::from_utf8_lossy(&out.stderr);
+        Err(LaunchError::Postgres(format!("setting synchronous_standby_names: {why}")))
+    }
+}
+
+/// Promotes the standby in `dir` to a primary (`pg_ctl promote`, waiting until it accepts writes).
+pub async fn promote(dir: &Path) -> Result<(), LaunchError> {
+    let bin = weft_meta::pg_bin::bindir().map_err(LaunchError::Postgres)?;
+    let out = command(&bin.join("pg_ctl"), server_owner()?)
+        .args(["promote", "-w", "-D", &path(&dir.join("data"))])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| LaunchError::Postgres(format!("running pg_ctl promote: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(LaunchError::Postgres(format!("pg_ctl promote failed: {}", String::from_utf8_lossy(&out.stderr))))
+    }
+}
+
+/// `dir`, made if missing, 0700 and owned by the server's user (PostgreSQL insists on both).
+fn private_dir(dir: &Path, owner: Option<(u32, u32)>) -> Result<(), LaunchError> {
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(io_err(dir))?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io_err(dir))?;
+    }
+    Ok(())
+}
+
+/// `postgres` on `dir/data` in the foreground, on a socket in `dir` only.
+fn serve(bin: &Path, owner: Option<(u32, u32)>, dir: &Path, log: &Path) -> Result<Child, LaunchError> {
+    let log_file = std::fs::OpenOptions::new().create(true).append(true).open(log).map_err(io_err(log))?;
+    let mut cmd = command(&bin.join("postgres"), owner);
+    cmd.args([
+        "-D",
+        &path(&dir.join("data")),
+        "-k",
+        &path(dir),
+        "-c",
+        "listen_addresses=",
+        "-c",
+        "max_connections=200",
+    ]);
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(log_file))
         .kill_on_drop(true)
         .spawn()
-        .map_err(|source| LaunchError::Spawn { role: "postgres".into(), source })?;
-    wait_accepting(&mut child, dir, log, ready_timeout_ms).await?;
-    create_database(&bin, dir).await?;
-    Ok(child)
+        .map_err(|source| LaunchError::Spawn { role: "postgres".into(), source })
 }
 
 /// Polls the server's socket until it accepts a connection (the server may replay its log first).

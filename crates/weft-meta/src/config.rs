@@ -32,6 +32,11 @@ pub struct MetaConfig {
     /// Most connections to `db` this service holds (each runs one transaction at a time; more ops wait).
     #[serde(default = "default_db_connections_max")]
     pub db_connections_max: usize,
+    /// With `db`: how long a metadata transaction waits for a writable PostgreSQL server once the service has
+    /// connected (a primary lost, a standby being promoted), in milliseconds. List every server in `db`
+    /// (`host=a,b … target_session_attrs=read-write`) so the promoted one is found.
+    #[serde(default = "default_db_failover_timeout_ms")]
+    pub db_failover_timeout_ms: u64,
     /// The cluster key file (docs/format.md §9): every connection must prove it; required with `auth = "key"`.
     #[serde(default)]
     pub key_file: Option<PathBuf>,
@@ -141,6 +146,9 @@ pub struct MetaConfig {
     pub scrub_interval_ms: u64,
 }
 
+fn default_db_failover_timeout_ms() -> u64 {
+    crate::pg_store::DEFAULT_DB_FAILOVER_TIMEOUT_MS
+}
 fn default_db_connections_max() -> usize {
     crate::pg_store::DEFAULT_CONNECTIONS_MAX
 }

@@ -35,14 +35,20 @@ pub enum MetaError {
     /// (docs/format.md §28): nothing was applied; the holder does it.
     #[error("fenced: {0}")]
     Fenced(String),
+    /// The connection to a shared store was lost while its `COMMIT` was in flight: the change may or may not have
+    /// been applied. A change with a once record finds out from it (`Namespace::execute_once`).
+    #[error("metadata commit outcome unknown: {0}")]
+    CommitUnknown(String),
 }
 
 impl From<MetaError> for WireError {
     fn from(e: MetaError) -> Self {
         let code = match e {
-            MetaError::Io(_) | MetaError::Store(_) | MetaError::Corrupt(_) | MetaError::SchemaTooNew { .. } => {
-                ErrorCode::Io
-            }
+            MetaError::Io(_)
+            | MetaError::Store(_)
+            | MetaError::Corrupt(_)
+            | MetaError::SchemaTooNew { .. }
+            | MetaError::CommitUnknown(_) => ErrorCode::Io,
             MetaError::Conflict(_) | MetaError::Fenced(_) => ErrorCode::Busy,
             MetaError::ReadOnly | MetaError::Poisoned => ErrorCode::Internal,
         };

@@ -68,6 +68,9 @@ pub const DEFAULT_LIVENESS_MS: u64 = 5000;
 pub const SERVER_ADDR_BYTES_MAX: usize = 1024;
 /// Permission bits kept from a mode.
 const MODE_MASK: u32 = 0o7777;
+/// Tries of a tagged change whose commit outcome was lost (`MetaError::CommitUnknown`), each settled by its once
+/// record first.
+const COMMIT_UNKNOWN_TRIES: usize = 3;
 /// Bound on the parent-chain walk of a directory rename; deeper means a corrupt parent chain (a cycle).
 const DIR_DEPTH_MAX: usize = 1 << 20;
 
@@ -122,6 +125,22 @@ pub struct Namespace<S: MetaStore, C: Clock> {
     shared: bool,
     /// This service's view of the duty lease (format §28); unused on a store no other service can open.
     duty: Mutex<crate::duty::DutyLease>,
+}
+
+/// How a tagged change's transaction failed: by the namespace's rules or the store (answered as is), or with its
+/// commit's outcome unknown (settled by the once record).
+enum ChangeError {
+    Rule(WireError),
+    Unknown(String),
+}
+
+impl From<MetaError> for ChangeError {
+    fn from(e: MetaError) -> Self {
+        match e {
+            MetaError::CommitUnknown(why) => ChangeError::Unknown(why),
+            e => ChangeError::Rule(e.into()),
+        }
+    }
 }
 
 /// The layout policy of the root of a new namespace: 1 MiB stripes over every data server.
@@ -269,26 +288,57 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         mut f: impl FnMut(&mut dyn MetaTxn) -> Result<Response, WireError>,
     ) -> Result<Response, WireError> {
         let Some((call, op)) = once else { return self.store.write(f) };
-        // The lookup runs in a read-only snapshot of its own, not in the change's transaction: on PostgreSQL a read
-        // of the record inside every change made concurrent changes conflict (SERIALIZABLE's page-level predicate
-        // locks on the index) until they gave up; a snapshot read takes no such locks (format §27 says what this
-        // leaves to the namespace's own rules).
-        if let Some(resp) = self.store.read(|t| once::lookup(t, call, op))? {
-            tracing::info!(
-                client = format_args!("{:#x}", call.tag.client),
-                slot = call.slot,
-                call = call.tag.call,
-                op = op.name(),
-                "a retried call that had run is answered with its recorded reply (once block)"
-            );
-            return Ok(resp);
+        // A commit whose outcome was lost with the database connection (a primary failing over) is settled by the
+        // once record it would have written: found, it ran; absent, it did not, and runs again (bounded).
+        for _ in 0..COMMIT_UNKNOWN_TRIES {
+            // The lookup runs in a read-only snapshot of its own, not in the change's transaction: on PostgreSQL a
+            // read of the record inside every change made concurrent changes conflict (SERIALIZABLE's page-level
+            // predicate locks on the index) until they gave up; a snapshot read takes no such locks (format §27
+            // says what this leaves to the namespace's own rules).
+            if let Some(resp) = self.store.read(|t| once::lookup(t, call, op))? {
+                tracing::info!(
+                    client = format_args!("{:#x}", call.tag.client),
+                    slot = call.slot,
+                    call = call.tag.call,
+                    op = op.name(),
+                    "a call that had run is answered with its recorded reply (once block)"
+                );
+                return Ok(resp);
+            }
+            let at_ms = self.now_ms();
+            let done = self.store.write(|t| {
+                let resp = f(t).map_err(ChangeError::Rule)?;
+                once::record(t, call, op, &resp, at_ms)?;
+                Ok::<_, ChangeError>(resp)
+            });
+            match done {
+                Ok(resp) => return Ok(resp),
+                Err(ChangeError::Rule(e)) => return Err(e),
+                Err(ChangeError::Unknown(why)) => {
+                    tracing::warn!(op = op.name(), "{why}; asking the once record whether the change ran")
+                }
+            }
         }
-        let at_ms = self.now_ms();
-        self.store.write(|t| {
-            let resp = f(t)?;
-            once::record(t, call, op, &resp, at_ms)?;
-            Ok(resp)
-        })
+        Err(werr(
+            ErrorCode::Io,
+            format!("{}: the database lost the commit's outcome {COMMIT_UNKNOWN_TRIES} times", op.name()),
+        ))
+    }
+
+    /// A store write that may run twice with no harm (an open's new data version, rows marked stale): when its
+    /// commit's outcome was lost (`MetaError::CommitUnknown`: the database failing over), it runs again (bounded).
+    pub(crate) fn write_rerunnable<R>(
+        &self,
+        mut f: impl FnMut(&mut dyn MetaTxn) -> Result<R, WireError>,
+    ) -> Result<R, WireError> {
+        for _ in 1..COMMIT_UNKNOWN_TRIES {
+            match self.store.write(|t| f(t).map_err(ChangeError::Rule)) {
+                Ok(r) => return Ok(r),
+                Err(ChangeError::Rule(e)) => return Err(e),
+                Err(ChangeError::Unknown(why)) => tracing::warn!("{why}; running the change again (harmless twice)"),
+            }
+        }
+        self.store.write(f)
     }
 
     /// Runs one metadata request on behalf of `cred`, checking its permissions (see [`crate::perm`]). Rule
@@ -422,8 +472,9 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             return self.store.read(|t| Ok(check(t)?.attr()));
         }
         // An open for writing takes a new data version in the same transaction: whatever this writer writes lives
-        // under a version no earlier reader holds, even if it dies without committing (docs/format.md §12).
-        self.store.write(|t| {
+        // under a version no earlier reader holds, even if it dies without committing (docs/format.md §12). Two
+        // new versions are as good as one: a lost commit outcome runs it again.
+        self.write_rerunnable(|t| {
             let mut inode = check(t)?;
             inode.bump_data_version();
             t.put_inode(&inode)?;

@@ -186,7 +186,9 @@ async fn sweep_once_records(ns: Arc<crate::MdsNamespace>) {
 /// The store `cfg` names: the PostgreSQL database `db`, else the embedded store in `data_dir`.
 fn open_store(cfg: &MetaConfig) -> Result<MdsStore, MetaServerError> {
     if let Some(url) = &cfg.db {
-        let pg_cfg = PgConfig::default().with_connections_max(cfg.db_connections_max);
+        let pg_cfg = PgConfig::default()
+            .with_connections_max(cfg.db_connections_max)
+            .with_failover_timeout_ms(cfg.db_failover_timeout_ms);
         let store = PgStore::connect_with(url, pg_cfg).map_err(MetaServerError::Database)?;
         return Ok(MdsStore::Pg(Box::new(store)));
     }

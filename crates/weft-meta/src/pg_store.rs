@@ -55,15 +55,27 @@ const BACKOFF_SHIFT_MAX: u32 = 6;
 pub struct PgConfig {
     /// Most connections open at once (at least 1): the number of transactions this store runs concurrently.
     pub connections_max: usize,
+    /// How long a transaction waits for a writable server once the store has connected (the database failing
+    /// over to a standby), in milliseconds.
+    pub failover_timeout_ms: u64,
 }
+
+/// Default [`PgConfig::failover_timeout_ms`]: time for an operator or pg_auto_failover/Patroni to promote a standby.
+pub const DEFAULT_DB_FAILOVER_TIMEOUT_MS: u64 = 30_000;
 
 impl Default for PgConfig {
     fn default() -> Self {
-        PgConfig { connections_max: DEFAULT_CONNECTIONS_MAX }
+        PgConfig { connections_max: DEFAULT_CONNECTIONS_MAX, failover_timeout_ms: DEFAULT_DB_FAILOVER_TIMEOUT_MS }
     }
 }
 
 impl PgConfig {
+    /// Waits at most `ms` for a writable server (see [`PgConfig::failover_timeout_ms`]).
+    pub fn with_failover_timeout_ms(mut self, ms: u64) -> Self {
+        self.failover_timeout_ms = ms;
+        self
+    }
+
     /// At most `n` connections (at least 1).
     pub fn with_connections_max(mut self, n: usize) -> Self {
         self.connections_max = n.max(1);
@@ -105,7 +117,7 @@ impl PgStore {
     pub fn connect_with(url: &str, cfg: PgConfig) -> Result<PgStore, MetaError> {
         let pg_cfg: tokio_postgres::Config =
             url.parse().map_err(|e| MetaError::Store(format!("PostgreSQL connection string: {e}")))?;
-        let pool = Pool::new(pg_cfg, cfg.connections_max.max(1))?;
+        let pool = Pool::new(pg_cfg, cfg.connections_max.max(1), cfg.failover_timeout_ms)?;
         off_runtime(|| {
             let mut conn = pool.take()?;
             let from = schema::migrate(&mut conn)?;

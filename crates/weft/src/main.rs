@@ -291,6 +291,7 @@ enum Cmd {
         data_dir = \"/var/lib/weft/meta\"   where the embedded store (meta.redb) lives\n  \
         db = \"postgres://weft@db/weft\"    keep the namespace in PostgreSQL instead (shareable; --db also)\n  \
         db_connections_max = 8           most connections to db this service holds\n  \
+        db_failover_timeout_ms = 30000   how long a change waits for a writable db (a standby being promoted)\n  \
         liveness_ms = 5000               a data server silent this long is shown down\n  \
         slots_max = 64                   most slots (requests in flight) granted per client session\n  \
         sessions_max = 4096              most client sessions held at once\n  \

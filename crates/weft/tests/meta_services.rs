@@ -6,17 +6,15 @@
 mod common;
 
 use std::future::ready;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use common::members::{status_of, wait_for};
+use common::storm::{Storm, check};
 use common::*;
-use weft_client::{Client, OpenMode};
+use weft_client::OpenMode;
 use weft_proto::ROOT_INO;
 
 const WRITERS: usize = 4;
-const FILE_BYTES: usize = 4096;
 
 /// Two services, a short duty lease so the duties move within seconds, and membership in seconds.
 async fn two_services(name: &str, servers: u32) -> TestCluster {
@@ -29,60 +27,27 @@ async fn two_services(name: &str, servers: u32) -> TestCluster {
     .await
 }
 
-/// Creates, writes and closes `w{w}-{i}` until `stop`, counting acknowledged files; the first error is returned.
-async fn writer(c: Client, dir: u64, w: usize, stop: Arc<AtomicBool>, acked: Arc<AtomicUsize>) -> Result<(), String> {
-    for i in 0.. {
-        if stop.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        let name = format!("w{w}-{i:05}");
-        let a = c.create(dir, &name, 0o644, false).await.map_err(|e| format!("create {name}: {e}"))?;
-        let f = c.open_ino(a.ino, OpenMode::Write).await.map_err(|e| format!("open {name}: {e}"))?;
-        let data = Bytes::from(pattern((w * 100_000 + i) as u64, 0, FILE_BYTES));
-        f.write_at(0, data).await.map_err(|e| format!("write {name}: {e}"))?;
-        f.close().await.map_err(|e| format!("close {name}: {e}"))?;
-        acked.fetch_add(1, Ordering::SeqCst);
-    }
-    unreachable!()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn writers_ride_out_the_kill_of_either_service_and_the_duties_move_to_the_survivor() {
     let mut cl = two_services("meta-services-storm", 3).await;
     assert_eq!(cl.mds_addrs().len(), 2);
     let c = cl.client().await;
     let dir = c.mkdir(ROOT_INO, "d", 0o755).await.unwrap().ino;
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked: Vec<Arc<AtomicUsize>> = (0..WRITERS).map(|_| Arc::new(AtomicUsize::new(0))).collect();
-    let mut tasks = Vec::new();
-    for (w, a) in acked.iter().enumerate() {
-        let c = cl.client().await;
-        let (stop, a) = (stop.clone(), a.clone());
-        tasks.push(tokio::spawn(async move { writer(c, dir, w, stop, a).await }));
+    let mut clients = Vec::new();
+    for _ in 0..WRITERS {
+        clients.push(cl.client().await);
     }
-    let total = || acked.iter().map(|a| a.load(Ordering::SeqCst)).sum::<usize>();
-    let failed = || tasks.iter().any(|t| t.is_finished());
-    wait_for("writes before any kill", || ready(total() >= 100 || failed())).await;
+    let storm = Storm::start(clients, dir);
+    wait_for("writes before any kill", || ready(storm.total() >= 100 || storm.failed())).await;
     // Each service in turn: killed mid-storm, the writers go on at the other; then it comes back.
     for victim in [0, 1] {
         cl.kill_meta_service(victim).await;
-        let during = total();
-        wait_for("writes with one service dead", || ready(total() >= during + 100 || failed())).await;
+        let during = storm.total();
+        wait_for("writes with one service dead", || ready(storm.total() >= during + 100 || storm.failed())).await;
         cl.restart_meta_service(victim).await.unwrap();
     }
-    stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        t.await.unwrap().unwrap_or_else(|e| panic!("an application saw an error: {e}"));
-    }
-    for (w, a) in acked.iter().enumerate() {
-        for i in 0..a.load(Ordering::SeqCst) {
-            let path = format!("/d/w{w}-{i:05}");
-            let f = c.open(&path, OpenMode::Read).await.unwrap_or_else(|e| panic!("{path} was acknowledged: {e}"));
-            let back = f.read_at(0, BytesMut::zeroed(FILE_BYTES)).await.unwrap();
-            assert_eq!(&back[..], &pattern((w * 100_000 + i) as u64, 0, FILE_BYTES)[..], "{path}");
-            f.close().await.unwrap();
-        }
-    }
+    let counts = storm.stop().await;
+    check(&c, "d", &counts).await;
 
     // The duties follow the survivor, whichever service held them: a removed file's objects are collected,
     // which only the duty holder does, with either service dead.

@@ -29,7 +29,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             ));
         }
         let (per_slot_max, entries_max) = (self.stale_ranges_per_slot_max, self.stale_entries_max);
-        self.store.write(|t| {
+        self.write_rerunnable(|t| {
             let inode = load(t, r.ino)?;
             let Some(layout) = inode.layout.as_ref().filter(|l| l.redundancy != DataRedundancy::Plain) else {
                 return Err(werr(
@@ -90,7 +90,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         if !trusted {
             return Err(werr(ErrorCode::Permission, "clearing stale ranges needs the cluster key (the healer's)"));
         }
-        self.store.write(|t| {
+        self.write_rerunnable(|t| {
             let Some(mut ranges) = t.get_stale(r.ino, r.slot)? else { return Ok(false) };
             if !stale::clear(&mut ranges, r.start, r.end, r.seq) {
                 return Ok(false);

@@ -2011,3 +2011,50 @@ fn pg_a_rename_overtaken_by_a_conflicting_one_is_run_again_and_refused() {
     assert_eq!(lookup(&one, b, "c").unwrap().ino, c);
     assert_tree(&one);
 }
+
+/// A store whose next `lost` writes lose their commit's outcome (`MetaError::CommitUnknown`, as PostgreSQL's
+/// connection dying during `COMMIT`): with `applied`, after applying the write (the commit made it), else without.
+struct CommitLost {
+    inner: MemStore,
+    applied: bool,
+    lost: AtomicU32,
+}
+
+impl MetaStore for CommitLost {
+    fn write<R, E: From<MetaError>>(&self, f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
+        let lose = self.lost.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        if !lose {
+            return self.inner.write(f);
+        }
+        if self.applied {
+            self.inner.write(f)?;
+        }
+        Err(MetaError::CommitUnknown("the connection died during COMMIT (test)".into()).into())
+    }
+
+    fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
+        self.inner.read(f)
+    }
+}
+
+/// A tagged create whose commit outcome was lost is settled by its once record: applied, its recorded reply is the
+/// answer (not EEXIST); not applied, it runs again. Either way it is applied once. An untagged change cannot tell,
+/// and fails.
+#[test]
+fn a_lost_commit_outcome_is_settled_by_the_once_record() {
+    for applied in [true, false] {
+        let store = CommitLost { inner: MemStore::new(), applied, lost: AtomicU32::new(0) };
+        let ns = Namespace::new(store, Arc::new(ManualClock::new(T0)), DEFAULT_LIVENESS_MS).unwrap();
+        register(&ns, 10, "ds10:7000", 1000);
+        let create = Request::Create(CreateReq { parent: ROOT_INO, name: "f".into(), mode: 0o100644, exclusive: true });
+        ns.store().lost.store(1, Ordering::SeqCst);
+        let made = ns.execute_once(&Cred::root(), &create, Some(&once_call(1)));
+        let made = attr(made).unwrap_or_else(|e| panic!("applied={applied}: {e:?}"));
+        assert_eq!(lookup(&ns, ROOT_INO, "f").unwrap().ino, made.ino, "applied={applied}");
+        let names = readdir_all(&ns, ROOT_INO);
+        assert_eq!(names.iter().filter(|n| n.as_str() == "f").count(), 1, "applied={applied}: made once");
+        ns.store().lost.store(1, Ordering::SeqCst);
+        let untagged = Request::Mkdir(MkdirReq { parent: ROOT_INO, name: "d".into(), mode: 0o40755 });
+        assert_eq!(code(ns.execute(&untagged)), ErrorCode::Io, "applied={applied}");
+    }
+}

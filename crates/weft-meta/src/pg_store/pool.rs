@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use tokio_postgres::types::ToSql;
@@ -44,7 +45,7 @@ impl Conn {
         r.map_err(|e| {
             if super::is_connection_lost(&e) {
                 // Not retried: the COMMIT may have been applied before the connection went.
-                Failure::Fatal(MetaError::Store(format!("PostgreSQL connection lost at COMMIT, outcome unknown: {e}")))
+                Failure::Fatal(MetaError::CommitUnknown(format!("PostgreSQL connection lost at COMMIT: {e}")))
             } else {
                 Failure::of(e)
             }
@@ -108,6 +109,10 @@ struct State {
 pub(super) struct Pool {
     cfg: tokio_postgres::Config,
     max: usize,
+    /// How long a connect keeps trying once the pool has connected before (a database failing over).
+    failover_ms: u64,
+    /// Whether any connect succeeded: before that, a failure is a configuration error, reported at once.
+    connected_once: AtomicBool,
     state: Mutex<State>,
     freed: Condvar,
     /// Drives every connection's socket; `None` only while dropping.
@@ -115,7 +120,7 @@ pub(super) struct Pool {
 }
 
 impl Pool {
-    pub(super) fn new(cfg: tokio_postgres::Config, max: usize) -> Result<Pool, MetaError> {
+    pub(super) fn new(cfg: tokio_postgres::Config, max: usize, failover_ms: u64) -> Result<Pool, MetaError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("weft-pg")
@@ -124,6 +129,8 @@ impl Pool {
         Ok(Pool {
             cfg,
             max,
+            failover_ms,
+            connected_once: AtomicBool::new(false),
             state: Mutex::new(State { idle: Vec::new(), open: 0 }),
             freed: Condvar::new(),
             rt: Some(rt),
@@ -148,7 +155,7 @@ impl Pool {
             if st.open < self.max {
                 st.open += 1;
                 drop(st);
-                return match self.connect() {
+                return match self.connect_waiting() {
                     Ok(conn) => Ok(Lease { pool: self, conn: Some(conn) }),
                     Err(e) => {
                         self.forget();
@@ -165,6 +172,39 @@ impl Pool {
             st.open -= 1;
         }
         self.freed.notify_one();
+    }
+
+    /// [`Pool::connect`], and once the pool has connected before, again (backing off up to a second) until a
+    /// writable server answers or `failover_ms` passed: with a standby promoted, a multi-host connection string
+    /// with `target_session_attrs=read-write` reaches it (docs/format.md §26).
+    fn connect_waiting(&self) -> Result<Conn, MetaError> {
+        let began = std::time::Instant::now();
+        let mut pause_ms = 20u64;
+        let mut warned = false;
+        loop {
+            match self.connect() {
+                Ok(conn) => {
+                    if warned {
+                        tracing::info!(waited_ms = began.elapsed().as_millis() as u64, "PostgreSQL answers again");
+                    }
+                    self.connected_once.store(true, Ordering::Relaxed);
+                    return Ok(conn);
+                }
+                Err(e) if !self.connected_once.load(Ordering::Relaxed) => return Err(e),
+                Err(e) if began.elapsed().as_millis() as u64 >= self.failover_ms => return Err(e),
+                Err(e) => {
+                    if !warned {
+                        tracing::warn!(
+                            db_failover_timeout_ms = self.failover_ms,
+                            "no writable PostgreSQL server answers; waiting for one (failover): {e}"
+                        );
+                        warned = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(pause_ms));
+                    pause_ms = (pause_ms * 2).min(1000);
+                }
+            }
+        }
     }
 
     fn connect(&self) -> Result<Conn, MetaError> {

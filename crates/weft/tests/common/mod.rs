@@ -8,6 +8,7 @@ pub mod members;
 pub mod memcached;
 pub mod mount;
 pub mod nfs41;
+pub mod storm;
 pub mod wire;
 
 use std::path::{Path, PathBuf};
