@@ -304,7 +304,27 @@ impl LocalCluster {
         Ok(cluster)
     }
 
+    /// Starts `weft SUBCOMMAND --config CONFIG` and waits for its address. A metrics port found free a moment
+    /// before may have been taken meanwhile by another process (there is no way to have it report an ephemeral
+    /// one yet): a process that died of that is started again on another port, a few times.
     async fn spawn(&self, role: &str, subcommand: &str, config: &Path) -> Result<Proc, LaunchError> {
+        let log = self.opts.dir.join(format!("logs/{role}.log"));
+        for _ in 0..METRICS_PORT_TRIES {
+            let logged = std::fs::metadata(&log).map_or(0, |m| m.len());
+            match self.spawn_once(role, subcommand, config).await {
+                Err(LaunchError::Died { .. }) if metrics_port_taken(&log, logged, config) => {
+                    let text = std::fs::read_to_string(config).map_err(io_err(config))?;
+                    let taken = config_metrics_listen(config).unwrap_or_default();
+                    let fresh = format!("127.0.0.1:{}", free_port().map_err(io_err(config))?);
+                    std::fs::write(config, text.replace(&taken, &fresh)).map_err(io_err(config))?;
+                }
+                r => return r,
+            }
+        }
+        self.spawn_once(role, subcommand, config).await
+    }
+
+    async fn spawn_once(&self, role: &str, subcommand: &str, config: &Path) -> Result<Proc, LaunchError> {
         let log = self.opts.dir.join(format!("logs/{role}.log"));
         let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(io_err(&log))?;
         let mut cmd = Command::new(&self.opts.weft_bin);
@@ -739,6 +759,18 @@ fn config_metrics_listen(config: &Path) -> Option<String> {
     Some(line.trim().trim_matches('"').to_string())
 }
 
+/// Starts of a process whose metrics port was taken under it (see `LocalCluster::spawn`).
+const METRICS_PORT_TRIES: usize = 3;
+
+/// Whether the process that logged to `log` from byte `from` on died because its `metrics_listen` address (in
+/// `config`) was in use.
+fn metrics_port_taken(log: &Path, from: u64, config: &Path) -> bool {
+    let Some(metrics) = config_metrics_listen(config) else { return false };
+    let text = std::fs::read(log).unwrap_or_default();
+    let tail = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
+    tail.contains(&format!("listening on {metrics}")) && tail.contains("Address already in use")
+}
+
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -809,3 +841,28 @@ mod signal {
     }
 }
 use signal::terminate;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a death of this start, of its metrics address being in use, counts (not an older start's in the log).
+    #[test]
+    fn a_taken_metrics_port_is_recognised_in_this_starts_log_only() {
+        let dir = std::env::temp_dir().join(format!("weft-launch-metrics-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (config, log) = (dir.join("data0.toml"), dir.join("data0.log"));
+        std::fs::write(&config, "listen = \"127.0.0.1:0\"\nmetrics_listen = \"127.0.0.1:42071\"\n").unwrap();
+        let died =
+            "Error: data server failed\n    0: listening on 127.0.0.1:42071: Address already in use (os error 98)\n";
+        std::fs::write(&log, died).unwrap();
+        assert!(metrics_port_taken(&log, 0, &config));
+        assert!(!metrics_port_taken(&log, died.len() as u64, &config), "an earlier start's death");
+        std::fs::write(&log, "    0: listening on 127.0.0.1:7100: Address already in use (os error 98)\n").unwrap();
+        assert!(!metrics_port_taken(&log, 0, &config), "another address taken is not the metrics port");
+        std::fs::write(&config, "listen = \"127.0.0.1:0\"\n").unwrap();
+        std::fs::write(&log, died).unwrap();
+        assert!(!metrics_port_taken(&log, 0, &config), "no metrics port configured");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
