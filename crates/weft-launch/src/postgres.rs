@@ -37,15 +37,9 @@ pub async fn start(dir: &Path, log: &Path, ready_timeout_ms: u64) -> Result<Chil
     private_dir(dir, owner)?;
     let data = dir.join("data");
     if !data.join("PG_VERSION").exists() {
-        let out = command(&bin.join("initdb"), owner)
-            .args(["-D", &path(&data), "-U", DB_USER, "-A", "trust", "-E", "UTF8", "--locale=C"])
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .map_err(|e| LaunchError::Postgres(format!("running initdb: {e}")))?;
-        if !out.status.success() {
-            return Err(LaunchError::Postgres(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr))));
-        }
+        let mut initdb = command(&bin.join("initdb"), owner);
+        initdb.args(["-D", &path(&data), "-U", DB_USER, "-A", "trust", "-E", "UTF8", "--locale=C"]);
+        run_tool(initdb, "initdb").await?;
     }
     let mut child = serve(&bin, owner, dir, log)?;
     wait_accepting(&mut child, dir, log, ready_timeout_ms).await?;
@@ -67,16 +61,9 @@ pub async fn start_standby(
     private_dir(dir, owner)?;
     let data = dir.join("data");
     if !data.join("PG_VERSION").exists() {
-        let out = command(&bin.join("pg_basebackup"), owner)
-            .args(["-h", &path(primary), "-U", DB_USER, "-D", &path(&data), "-R", "-X", "stream", "-c", "fast"])
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .map_err(|e| LaunchError::Postgres(format!("running pg_basebackup: {e}")))?;
-        if !out.status.success() {
-            let why = String::from_utf8_lossy(&out.stderr);
-            return Err(LaunchError::Postgres(format!("pg_basebackup failed: {why}")));
-        }
+        let mut backup = command(&bin.join("pg_basebackup"), owner);
+        backup.args(["-h", &path(primary), "-U", DB_USER, "-D", &path(&data), "-R", "-X", "stream", "-c", "fast"]);
+        run_tool(backup, "pg_basebackup").await?;
     }
     let mut child = serve(&bin, owner, dir, log)?;
     wait_accepting(&mut child, dir, log, ready_timeout_ms).await?;
@@ -88,34 +75,32 @@ pub async fn start_standby(
 /// `createdb`'s) would wait for one forever.
 pub async fn require_synchronous_standby(dir: &Path) -> Result<(), LaunchError> {
     let bin = weft_meta::pg_bin::bindir().map_err(LaunchError::Postgres)?;
-    let out = Command::new(bin.join("psql"))
-        .args(["-h", &path(dir), "-U", DB_USER, "-d", "postgres", "-v", "ON_ERROR_STOP=1"])
-        .args(["-c", "ALTER SYSTEM SET synchronous_standby_names = '*'", "-c", "SELECT pg_reload_conf()"])
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .map_err(|e| LaunchError::Postgres(format!("running psql: {e}")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        let why = String::from_utf8_lossy(&out.stderr);
-        Err(LaunchError::Postgres(format!("setting synchronous_standby_names: {why}")))
-    }
+    let mut psql = Command::new(bin.join("psql"));
+    psql.args(["-h", &path(dir), "-U", DB_USER, "-d", "postgres", "-v", "ON_ERROR_STOP=1"]).args([
+        "-c",
+        "ALTER SYSTEM SET synchronous_standby_names = '*'",
+        "-c",
+        "SELECT pg_reload_conf()",
+    ]);
+    run_tool(psql, "psql (synchronous_standby_names)").await
 }
 
 /// Promotes the standby in `dir` to a primary (`pg_ctl promote`, waiting until it accepts writes).
 pub async fn promote(dir: &Path) -> Result<(), LaunchError> {
     let bin = weft_meta::pg_bin::bindir().map_err(LaunchError::Postgres)?;
-    let out = command(&bin.join("pg_ctl"), server_owner()?)
-        .args(["promote", "-w", "-D", &path(&dir.join("data"))])
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .map_err(|e| LaunchError::Postgres(format!("running pg_ctl promote: {e}")))?;
+    let mut pg_ctl = command(&bin.join("pg_ctl"), server_owner()?);
+    pg_ctl.args(["promote", "-w", "-D", &path(&dir.join("data"))]);
+    run_tool(pg_ctl, "pg_ctl promote").await
+}
+
+/// Runs a PostgreSQL tool to its end; a failure names it and carries its stderr.
+async fn run_tool(mut cmd: Command, what: &str) -> Result<(), LaunchError> {
+    let out =
+        cmd.stdin(Stdio::null()).output().await.map_err(|e| LaunchError::Postgres(format!("running {what}: {e}")))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(LaunchError::Postgres(format!("pg_ctl promote failed: {}", String::from_utf8_lossy(&out.stderr))))
+        Err(LaunchError::Postgres(format!("{what} failed: {}", String::from_utf8_lossy(&out.stderr))))
     }
 }
 

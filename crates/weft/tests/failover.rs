@@ -14,15 +14,15 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use common::members::wait_for;
 use common::mount::Mount;
+use common::storm::{FILE_BYTES, check};
 use common::*;
-use weft_client::{Client, ClusterConfig, OpenMode};
+use weft_client::{Client, ClusterConfig};
 use weft_proto::ROOT_INO;
 
 const WRITERS: usize = 4;
-const FILE_BYTES: usize = 4096;
 
 /// A loopback address nobody listens on (bound a moment ago, then closed): the cluster file names it before
 /// the live MDS, so every connect walks past a dead address first.
@@ -92,19 +92,6 @@ async fn writer(c: Client, dir: u64, w: usize, shared: Arc<Shared>, acked: Arc<A
     unreachable!()
 }
 
-/// Every file a writer acknowledged holds its bytes.
-async fn check_files(c: &Client, counts: &[usize]) {
-    for (w, &n) in counts.iter().enumerate() {
-        for i in 0..n {
-            let path = format!("/d/w{w}-{i:05}");
-            let f = c.open(&path, OpenMode::Read).await.unwrap_or_else(|e| panic!("{path} was acknowledged: {e}"));
-            let back = f.read_at(0, BytesMut::zeroed(FILE_BYTES)).await.unwrap();
-            assert_eq!(&back[..], &pattern((w * 100_000 + i) as u64, 0, FILE_BYTES)[..], "{path}");
-            f.close().await.unwrap();
-        }
-    }
-}
-
 /// On the embedded store and on PostgreSQL, one after the other (the retry count below is this process's).
 #[tokio::test(flavor = "multi_thread")]
 async fn native_writers_block_through_an_mds_kill_and_restart_and_lose_nothing() {
@@ -143,7 +130,7 @@ async fn ride_out_a_restart(mut cl: TestCluster) {
     }
     shared.assert_no_error();
     let counts: Vec<usize> = acked.iter().map(|a| a.load(Ordering::SeqCst)).collect();
-    check_files(&cl.client().await, &counts).await;
+    check(&cl.client().await, "d", &counts).await;
 
     // An MDS gone for good: a call errors once the failover window closes, naming the addresses it tried.
     cfg.client.mds_failover_timeout_ms = 1_500;
@@ -213,7 +200,7 @@ async fn creators_on_the_mount_block_through_an_mds_kill_and_restart_and_see_no_
             assert_eq!(std::fs::read(&path).unwrap(), pattern((w * 100_000 + i) as u64, 0, FILE_BYTES));
         }
     }
-    check_files(&cl.client().await, &counts).await;
+    check(&cl.client().await, "d", &counts).await;
     drop(m);
     let _ = std::fs::remove_dir_all(&work);
 }

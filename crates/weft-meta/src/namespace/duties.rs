@@ -146,7 +146,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             }
             let beat = read_beat(t, r.id)?.wrapping_add(1);
             t.put_xattr(duty::DUTY_INO, &duty::beat_name(r.id), &beat.to_le_bytes())?;
-            let code = t.list_server_phases()?.into_iter().find(|(id, _)| *id == r.id).map_or(0, |(_, c)| c);
+            let code = phase_code(t, r.id)?;
             let was = Phase::from_code(code)
                 .ok_or_else(|| MetaError::Corrupt(format!("data server {}: unknown phase code {code}", r.id)))?;
             let next = membership::on_heartbeat(was);
@@ -169,7 +169,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
     ) -> Result<bool, MetaError> {
         self.duty_write(|t| {
             if self.shared {
-                let code = t.list_server_phases()?.into_iter().find(|(p, _)| *p == id).map_or(0, |(_, c)| c);
+                let code = phase_code(t, id)?;
                 if code != was.code() {
                     return Ok(false);
                 }
@@ -182,6 +182,11 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             Ok(true)
         })
     }
+}
+
+/// Server `id`'s phase code in `t` (no row: 0, member).
+fn phase_code(t: &mut dyn MetaTxn, id: u32) -> Result<u8, MetaError> {
+    Ok(t.list_server_phases()?.into_iter().find(|(p, _)| *p == id).map_or(0, |(_, c)| c))
 }
 
 /// Server `id`'s liveness counter in `t` (0 when it never beat at a shared store).
