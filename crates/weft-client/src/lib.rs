@@ -595,6 +595,12 @@ impl Client {
         Ok(meta_call!(self, MemberStatus(())))
     }
 
+    /// `weft meta backup` (op 141, cluster key only): the metadata service writes a consistent copy of its
+    /// namespace into a new embedded store at `dir` on its host; the answer is what it copied.
+    pub async fn meta_backup(&self, dir: &str) -> Result<weft_proto::msg::MetaBackupResp, ClientError> {
+        Ok(meta_call!(self, MetaBackup(weft_proto::msg::MetaBackupReq { dir: dir.to_string() })))
+    }
+
     /// Space of one data server, asked of the server itself.
     pub async fn server_space(&self, id: u32) -> Result<weft_proto::SpaceStat, ClientError> {
         let ds = self.data_server(id).await?;

@@ -18,6 +18,7 @@
 pub mod acl;
 pub mod clock;
 pub mod config;
+pub mod copy;
 mod drain;
 pub mod duty;
 pub mod error;

@@ -12,7 +12,7 @@ use weft_proto::msg::StaleRange;
 use weft_proto::{FileKind, Layout, ROOT_INO};
 
 use crate::error::MetaError;
-use crate::store::{Inode, MetaStore, MetaTxn};
+use crate::store::{Counters, Inode, MetaStore, MetaTxn};
 
 #[derive(Debug, Default)]
 struct State {
@@ -298,5 +298,22 @@ impl MetaTxn for MemTxn<'_> {
         self.st.last_stale_seq = old + 1;
         self.log(Undo::LastStaleSeq(old))?;
         Ok(old + 1)
+    }
+
+    fn counters(&mut self) -> Result<Counters, MetaError> {
+        Ok(Counters { last_ino: self.st.last_ino, last_stale_seq: self.st.last_stale_seq })
+    }
+
+    fn raise_counters(&mut self, c: Counters) -> Result<(), MetaError> {
+        self.check_writable()?;
+        if c.last_ino > self.st.last_ino {
+            self.log(Undo::LastIno(self.st.last_ino))?;
+            self.st.last_ino = c.last_ino;
+        }
+        if c.last_stale_seq > self.st.last_stale_seq {
+            self.log(Undo::LastStaleSeq(self.st.last_stale_seq))?;
+            self.st.last_stale_seq = c.last_stale_seq;
+        }
+        Ok(())
     }
 }

@@ -261,6 +261,11 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         &self.store
     }
 
+    /// The store, the namespace dropped (its background state with it).
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
     pub fn clock(&self) -> &C {
         &self.clock
     }

@@ -41,7 +41,8 @@ use crate::error::MetaError;
 use crate::journal::{self, Journal, JournalConfig, Redo};
 use crate::stale;
 use crate::store::{
-    Inode, MetaStore, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan, kind_from_u8, kind_to_u8,
+    Counters, Inode, MetaStore, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan, kind_from_u8,
+    kind_to_u8,
 };
 use weft_proto::msg::StaleRange;
 
@@ -485,6 +486,13 @@ fn counter(t: &impl ReadableTable<u32, u64>, key: u32) -> Result<Option<u64>, Me
     Ok(t.get(key)?.map(|g| g.value()))
 }
 
+fn read_counters(t: &impl ReadableTable<u32, u64>) -> Result<Counters, MetaError> {
+    Ok(Counters {
+        last_ino: counter(t, COUNTER_LAST_INO)?.unwrap_or(ROOT_INO),
+        last_stale_seq: counter(t, COUNTER_STALE_SEQ)?.unwrap_or(0),
+    })
+}
+
 fn get_inode(t: &impl ReadableTable<u64, &'static [u8]>, ino: u64) -> Result<Option<Inode>, MetaError> {
     let Some(g) = t.get(ino)? else {
         return Ok(None);
@@ -817,6 +825,21 @@ impl MetaTxn for WriteTxn<'_> {
         self.set_counter(COUNTER_STALE_SEQ, next)?;
         Ok(next)
     }
+
+    fn counters(&mut self) -> Result<Counters, MetaError> {
+        read_counters(&*self.counters()?)
+    }
+
+    fn raise_counters(&mut self, c: Counters) -> Result<(), MetaError> {
+        let now = read_counters(&*self.counters()?)?;
+        if c.last_ino > now.last_ino {
+            self.set_counter(COUNTER_LAST_INO, c.last_ino)?;
+        }
+        if c.last_stale_seq > now.last_stale_seq {
+            self.set_counter(COUNTER_STALE_SEQ, c.last_stale_seq)?;
+        }
+        Ok(())
+    }
 }
 
 impl MetaTxn for ReadTxn {
@@ -934,6 +957,14 @@ impl MetaTxn for ReadTxn {
     }
 
     fn next_stale_seq(&mut self) -> Result<u64, MetaError> {
+        Err(MetaError::ReadOnly)
+    }
+
+    fn counters(&mut self) -> Result<Counters, MetaError> {
+        read_counters(lazy(&self.rtx, &mut self.counters, COUNTERS)?)
+    }
+
+    fn raise_counters(&mut self, _: Counters) -> Result<(), MetaError> {
         Err(MetaError::ReadOnly)
     }
 }

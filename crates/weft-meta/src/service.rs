@@ -15,7 +15,8 @@
 use std::sync::Arc;
 
 use weft_proto::msg::{
-    CreateReq, HealProgress, ListStaleResp, OpenReq, OpenResp, PNFS_KEY_ID, PnfsHandleReq, PnfsHandleResp,
+    CreateReq, HealProgress, ListStaleResp, MetaBackupReq, MetaBackupResp, OpenReq, OpenResp, PNFS_KEY_ID,
+    PnfsHandleReq, PnfsHandleResp,
 };
 use weft_proto::{Attr, Capability, DataRedundancy, ErrorCode, Request, Response, Rights, UserCred, WireError};
 use weft_rpc::keyring::NOBODY_ID;
@@ -123,6 +124,46 @@ impl MetaService {
             }
             other => Err(WireError::new(ErrorCode::Internal, format!("{:?} is not a stale-range op", other.op()))),
         }
+    }
+
+    /// `weft meta backup` (op 141): a consistent copy of the store into a new embedded store on this host.
+    async fn backup(&self, ctx: &CallCtx, r: MetaBackupReq) -> Result<Response, WireError> {
+        if !ctx.principal.is_trusted_server() {
+            return Err(WireError::new(ErrorCode::NotPermitted, "weft meta backup: the cluster key only"));
+        }
+        let dir = std::path::PathBuf::from(&r.dir);
+        if !dir.is_absolute() {
+            return Err(WireError::new(ErrorCode::Invalid, format!("backup directory {:?} is not absolute", r.dir)));
+        }
+        let ns = self.ns.clone();
+        tracing::info!(dir = %dir.display(), peer = %ctx.peer, "backup of the namespace begins");
+        let copied = tokio::task::spawn_blocking(move || crate::copy::backup_to(ns.store(), &dir))
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Internal, format!("backup task failed: {e}")))?;
+        let d = copied.map_err(|e| {
+            let code = match e {
+                crate::copy::CopyError::TargetNotEmpty(_) => ErrorCode::Exists,
+                _ => ErrorCode::Io,
+            };
+            tracing::warn!("backup into {} failed: {e}", r.dir);
+            WireError::new(code, format!("backup into {}: {e}", r.dir))
+        })?;
+        tracing::info!(
+            dir = r.dir,
+            inodes = d.inodes,
+            entries = d.dirents,
+            crc = d.crc,
+            "backup of the namespace done"
+        );
+        Ok(Response::MetaBackup(MetaBackupResp {
+            inodes: d.inodes,
+            dirents: d.dirents,
+            xattrs: d.xattrs,
+            stale: d.stale,
+            orphans: d.orphans,
+            servers: d.servers,
+            crc: d.crc,
+        }))
     }
 
     /// Holds at most `locks_max` advisory locks; a vanished client's go `grace_ms` after its connection closed.
@@ -338,6 +379,7 @@ impl Service for MetaService {
                     resp
                 }
                 Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
+                Request::MetaBackup(r) => return self.backup(ctx, r).await,
                 Request::PnfsHandle(r) => self.pnfs_handle(ctx, cred, r).await?,
                 // In memory: the servers' NFS addresses are not persisted (each heartbeat repeats them).
                 Request::PnfsDevices(()) | Request::RegisterPnfs(_) => return self.execute_in_place(&cred, &req),

@@ -486,6 +486,20 @@ pub trait MetaTxn {
     fn count_stale(&mut self) -> Result<u64, MetaError>;
     /// A new stale-range sequence number from a persisted counter (never reused).
     fn next_stale_seq(&mut self) -> Result<u64, MetaError>;
+    /// The last inode number and stale sequence number handed out (a copy of the store carries them on, so the
+    /// copy never hands one out twice). A shared store may answer values above its snapshot's: never below.
+    fn counters(&mut self) -> Result<Counters, MetaError>;
+    /// Raises each counter to at least `c`'s value (never lowers one).
+    fn raise_counters(&mut self, c: Counters) -> Result<(), MetaError>;
+}
+
+/// The store's allocation counters (see [`MetaTxn::counters`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// The last inode number handed out (`ROOT_INO` in a new store).
+    pub last_ino: u64,
+    /// The last stale-range sequence number handed out (0 in a new store).
+    pub last_stale_seq: u64,
 }
 
 #[cfg(test)]

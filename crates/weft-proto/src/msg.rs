@@ -192,6 +192,10 @@ messages! {
     /// A data server tells the MDS the NFS addresses clients reach its pNFS data server at (§23); sent with every
     /// heartbeat while it serves NFS. Cluster key only, as `RegisterServerDev`.
     RegisterPnfs = 140: RegisterPnfsReq => (), idempotent = true, data = false;
+    /// `weft meta backup`: the service writes a consistent copy of its namespace into a new embedded store at
+    /// `dir` on its own host (absent or empty, an absolute path) and answers what it copied (docs/format.md §29).
+    /// Cluster key only: it writes files as the service's user.
+    MetaBackup = 141: MetaBackupReq => MetaBackupResp, idempotent = false, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -610,6 +614,25 @@ pub struct PnfsDeviceInfo {
     pub addrs: Vec<String>,
 }
 
+/// `MetaBackup` (op 141).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaBackupReq {
+    /// Where the copy goes, on the metadata service's host: an absolute path, absent or an empty directory.
+    pub dir: String,
+}
+
+/// What a backup copied: record counts per table and a CRC-32C over every record (docs/format.md §29).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaBackupResp {
+    pub inodes: u64,
+    pub dirents: u64,
+    pub xattrs: u64,
+    pub stale: u64,
+    pub orphans: u64,
+    pub servers: u64,
+    pub crc: u32,
+}
+
 /// `RegisterPnfs` (op 140).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterPnfsReq {
@@ -995,6 +1018,8 @@ mod tests {
         assert!(!Op::AdoptLocks.is_idempotent());
         assert_eq!((Op::PnfsHandle as u16, Op::PnfsDevices as u16, Op::RegisterPnfs as u16), (137, 138, 140));
         assert!(Op::PnfsHandle.is_idempotent() && Op::PnfsDevices.is_idempotent() && Op::RegisterPnfs.is_idempotent());
+        assert_eq!(Op::MetaBackup as u16, 141);
+        assert!(!Op::MetaBackup.is_idempotent());
         assert!(Op::MemberStatus.is_idempotent() && Op::ListObjects.is_idempotent());
         assert!(!Op::SetLock.is_idempotent() && Op::GetLock.is_idempotent() && !Op::ReleaseLocks.is_idempotent());
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());

@@ -16,7 +16,7 @@ const COPY_CHUNK_BYTES: usize = 16 << 20;
 /// `--fabric`, when given: overrides the cluster file's and WEFT_FABRIC's choice for every client of this process.
 pub static FABRIC: std::sync::OnceLock<weft_client::FabricChoice> = std::sync::OnceLock::new();
 
-async fn connect(spec: &str) -> Result<Client> {
+pub(crate) async fn connect(spec: &str) -> Result<Client> {
     let mut cfg = ClusterConfig::from_spec(spec).map_err(anyhow::Error::msg)?;
     if let Some(f) = FABRIC.get() {
         cfg.client.fabric = *f;
@@ -424,7 +424,7 @@ fn kind_char(k: FileKind) -> char {
 }
 
 /// Prints one JSON document on stdout.
-fn print_json(v: &serde_json::Value) -> Result<()> {
+pub(crate) fn print_json(v: &serde_json::Value) -> Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, v)?;
     writeln!(out)?;

@@ -8,6 +8,7 @@
 
 mod commands;
 mod human;
+mod meta_cmds;
 mod mode;
 mod nfs;
 mod owner;
@@ -310,10 +311,13 @@ enum Cmd {
         stale_entries_max = 1048576      most (file, server) stale entries; a degraded write past it fails\n  \
         metrics_listen = \"127.0.0.1:9100\" serve Prometheus metrics at http://ADDR/metrics (default off)\n\n\
         On start it prints `WEFT-READY <addr>` on stdout; logs go to stderr (RUST_LOG filters them).")]
+    #[command(args_conflicts_with_subcommands = true)]
     Meta {
-        /// The TOML file describing this metadata service.
+        #[command(subcommand)]
+        cmd: Option<MetaCmd>,
+        /// The TOML file describing this metadata service (required to serve).
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
         /// Serve the namespace from this PostgreSQL database (`postgres://user@host/db`, no TLS) instead of the
         /// embedded store in `data_dir`; overrides the config's `db` (docs/format.md §26).
         #[arg(long)]
@@ -563,6 +567,49 @@ enum Cmd {
     Bench(weft_bench::BenchArgs),
 }
 
+/// `weft meta backup | restore | migrate`: moving and keeping a namespace (docs/format.md §29).
+#[derive(Subcommand)]
+enum MetaCmd {
+    /// Online, consistent backup into a new embedded store at DIR on the metadata service's host.
+    ///
+    /// The running metadata service copies its namespace (one snapshot, taken while clients go on) into a new
+    /// embedded store at DIR on its own host. DIR must be absent or empty; the backup
+    /// is a `data_dir` that `weft meta restore` (or a `weft meta --config` naming it) serves again. Needs the
+    /// cluster key. For PostgreSQL, this gives a portable embedded copy; pg_dump or a base backup also work.
+    Backup {
+        #[command(flatten)]
+        c: ClusterArg,
+        /// Where the backup goes, on the metadata service's host (made absolute here).
+        dir: PathBuf,
+        #[command(flatten)]
+        out: JsonArg,
+    },
+    /// Restores a backup into an empty store (offline).
+    ///
+    /// No service may have the target open while it runs: the copy is read
+    /// back and compared with the backup before this reports success.
+    Restore {
+        /// The backup's directory (what `weft meta backup` wrote).
+        backup: PathBuf,
+        /// The store to fill: redb:DIR (a new metadata service's data_dir) or postgres://user@host/db.
+        #[arg(long, value_name = "redb:DIR|postgres://…")]
+        to: String,
+        #[command(flatten)]
+        out: JsonArg,
+    },
+    /// Copies a namespace between stores, redb to PostgreSQL and back (offline).
+    ///
+    /// Stop the services of both stores first. The target must be empty; the copy is read back and compared before this succeeds.
+    Migrate {
+        #[arg(long, value_name = "redb:DIR|postgres://…")]
+        from: String,
+        #[arg(long, value_name = "redb:DIR|postgres://…")]
+        to: String,
+        #[command(flatten)]
+        out: JsonArg,
+    },
+}
+
 #[derive(Subcommand)]
 enum KeyCmd {
     /// Create a key file holding a new random 256-bit key, mode 0600 (never overwrites). Copy it to every machine
@@ -762,7 +809,13 @@ async fn run(cmd: Cmd) -> Result<()> {
                 c::mount(c.spec(), &dir, &opts).await
             }
         }
-        Cmd::Meta { config, db } => {
+        Cmd::Meta { cmd: Some(cmd), .. } => match cmd {
+            MetaCmd::Backup { c, dir, out } => meta_cmds::backup(c.spec(), &dir, out.json).await,
+            MetaCmd::Restore { backup, to, out } => meta_cmds::restore(&backup, &to, out.json).await,
+            MetaCmd::Migrate { from, to, out } => meta_cmds::migrate(&from, &to, out.json).await,
+        },
+        Cmd::Meta { cmd: None, config, db } => {
+            let config = config.context("weft meta needs --config FILE to serve (or: backup, restore, migrate)")?;
             let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
             let mut cfg: weft_meta::MetaConfig =
                 toml::from_str(&text).with_context(|| format!("{} is not a valid meta config", config.display()))?;

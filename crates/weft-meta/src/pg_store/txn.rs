@@ -14,7 +14,7 @@ use super::pool::Conn;
 use crate::error::MetaError;
 use crate::stale;
 use crate::store::{
-    Inode, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan, kind_from_u8, kind_to_u8,
+    Counters, Inode, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan, kind_from_u8, kind_to_u8,
 };
 
 /// Why a transaction's statement failed.
@@ -177,6 +177,13 @@ const LIST_STALE_AFTER: &str =
     "SELECT ino, slot, record FROM weft_stale WHERE (ino, slot) > ($1, $2) ORDER BY ino, slot LIMIT $3";
 const COUNT_STALE: &str = "SELECT count(*) FROM weft_stale";
 const NEXT_STALE_SEQ: &str = "SELECT nextval('weft_stale_seq')";
+/// A sequence's last value handed out: one below its start while nothing was (`is_called` false).
+const COUNTERS: &str = "SELECT (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM weft_ino_seq), \
+                        (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM weft_stale_seq)";
+const RAISE_INO: &str = "SELECT setval('weft_ino_seq', $1) FROM weft_ino_seq \
+                         WHERE $1 > CASE WHEN is_called THEN last_value ELSE last_value - 1 END";
+const RAISE_STALE_SEQ: &str = "SELECT setval('weft_stale_seq', $1) FROM weft_stale_seq \
+                               WHERE $1 > CASE WHEN is_called THEN last_value ELSE last_value - 1 END";
 
 impl MetaTxn for PgTxn<'_> {
     fn get_inode(&mut self, ino: u64) -> Result<Option<Inode>, MetaError> {
@@ -340,5 +347,20 @@ impl MetaTxn for PgTxn<'_> {
 
     fn next_stale_seq(&mut self) -> Result<u64, MetaError> {
         self.next_val(NEXT_STALE_SEQ)
+    }
+
+    fn counters(&mut self) -> Result<Counters, MetaError> {
+        let rows = self.query(COUNTERS, &[])?;
+        let row = rows.first().ok_or_else(|| MetaError::Store("the counters query returned no row".into()))?;
+        Ok(Counters {
+            last_ino: unsigned(col(row, 0)?, "last inode number")?,
+            last_stale_seq: unsigned(col(row, 1)?, "last stale sequence number")?,
+        })
+    }
+
+    fn raise_counters(&mut self, c: Counters) -> Result<(), MetaError> {
+        // Sequences are not transactional: a retried transaction raises again, to the same value.
+        self.change(RAISE_INO, &[&stored(c.last_ino, "inode number")?])?;
+        self.change(RAISE_STALE_SEQ, &[&stored(c.last_stale_seq, "stale sequence number")?])
     }
 }

@@ -20,7 +20,7 @@ pub const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
 pub struct TestCluster {
     pub cluster: LocalCluster,
-    dir: PathBuf,
+    pub dir: PathBuf,
 }
 
 impl Drop for TestCluster {
