@@ -6,10 +6,13 @@
 mod common;
 
 use std::future::ready;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use common::members::{status_of, wait_for};
-use common::storm::{Storm, check};
+use common::mount::Mount;
+use common::storm::{FILE_BYTES, Storm, check};
 use common::*;
 use weft_client::OpenMode;
 use weft_proto::ROOT_INO;
@@ -84,4 +87,112 @@ async fn a_data_server_the_holder_declared_failed_stays_fenced_when_the_holder_d
     let lc = &cl;
     wait_for("service 1 to drain the victim into a spare", || async move { status_of(lc, victim) == "spare" }).await;
     assert!(cl.log("meta1").contains("holding the duty lease"));
+}
+
+/// A client of service `i` only.
+async fn pinned(cl: &TestCluster, i: usize) -> weft_client::Client {
+    let mut cfg = cl.cluster_config();
+    cfg.mds = cl.mds_addrs()[i].clone();
+    weft_client::Client::connect(&cfg).await.unwrap()
+}
+
+fn outcome<T>(r: &Result<T, weft_client::ClientError>) -> Option<weft_proto::ErrorCode> {
+    r.as_ref().err().map(|e| e.code().unwrap_or_else(|| panic!("an error without a code: {e}")))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_services_racing_on_the_same_names_keep_a_tree_and_one_winner() {
+    use weft_proto::ErrorCode;
+    const ROUNDS: usize = 40;
+    let cl = two_services("meta-services-race", 1).await;
+    let (a, b) = (pinned(&cl, 0).await, pinned(&cl, 1).await);
+    for n in 0..ROUNDS {
+        let r = a.mkdir(ROOT_INO, &format!("r{n}"), 0o755).await.unwrap().ino;
+        let x = a.mkdir(r, "x", 0o755).await.unwrap().ino;
+        let y = b.mkdir(r, "y", 0o755).await.unwrap().ino;
+        // x into y at one service, y into x at the other: both applied would detach a cycle from the tree.
+        let (ra, rb) = tokio::join!(a.rename(r, "x", y, "x", 0), b.rename(r, "y", x, "y", 0));
+        let won = [outcome(&ra), outcome(&rb)];
+        assert_eq!(won.iter().filter(|o| o.is_none()).count(), 1, "round {n}: exactly one move wins: {won:?}");
+        let loser = won.into_iter().flatten().next().unwrap();
+        assert!(matches!(loser, ErrorCode::Invalid | ErrorCode::NotFound), "round {n}: the other fails: {loser:?}");
+        let top: Vec<String> = a.readdir(r).await.unwrap().into_iter().map(|e| e.name).collect();
+        let (outer, inner, inner_name) = if ra.is_ok() { (y, x, "x") } else { (x, y, "y") };
+        assert_eq!(top, [if ra.is_ok() { "y" } else { "x" }], "round {n}");
+        let below: Vec<u64> = b.readdir(outer).await.unwrap().into_iter().map(|e| e.ino).collect();
+        assert_eq!(below, [inner], "round {n}: {inner_name} sits in the other, reachable");
+
+        // One name created exclusively at both services at once: one create wins, the other sees it.
+        let (ca, cb) = tokio::join!(a.create(r, "same", 0o644, true), b.create(r, "same", 0o644, true));
+        let codes = [outcome(&ca), outcome(&cb)];
+        assert!(codes.contains(&None) && codes.contains(&Some(ErrorCode::Exists)), "round {n}: {codes:?}");
+        let winner = ca.as_ref().or(cb.as_ref()).unwrap().ino;
+        assert_eq!(b.lookup(r, "same").await.unwrap().ino, winner, "round {n}: the name is the winner's");
+
+        // One file renamed to two names at once: it ends under exactly one of them.
+        let f = a.create(r, "f", 0o644, true).await.unwrap().ino;
+        let (ma, mb) = tokio::join!(a.rename(r, "f", r, "g", 0), b.rename(r, "f", r, "h", 0));
+        assert_eq!([ma.is_ok(), mb.is_ok()].iter().filter(|ok| **ok).count(), 1, "round {n}: one rename of f wins");
+        let names: Vec<(String, u64)> = a.readdir(r).await.unwrap().into_iter().map(|e| (e.name, e.ino)).collect();
+        assert_eq!(names.iter().filter(|(_, ino)| *ino == f).count(), 1, "round {n}: f under one name: {names:?}");
+        assert_eq!(a.getattr(f).await.unwrap().nlink, 1, "round {n}");
+    }
+}
+
+/// A writer on the kernel mount: writes `t{w}-{i}` whole, renames it to `w{w}-{i}`, until told to stop; every
+/// step a plain system call an application makes (no retry here: an error is the test's failure).
+fn mount_writer(dir: std::path::PathBuf, w: usize, stop: &AtomicBool, acked: &AtomicUsize) -> Result<(), String> {
+    for i in 0.. {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let (tmp, name) = (dir.join(format!("t{w}-{i:05}")), dir.join(format!("w{w}-{i:05}")));
+        let data = pattern((w * 100_000 + i) as u64, 0, FILE_BYTES);
+        std::fs::write(&tmp, &data).map_err(|e| format!("write {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &name).map_err(|e| format!("rename {}: {e}", tmp.display()))?;
+        acked.fetch_add(1, Ordering::SeqCst);
+    }
+    unreachable!()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writers_on_the_mount_ride_out_the_kill_of_either_service() {
+    let mut cl = two_services("meta-services-mount", 3).await;
+    let c = cl.client().await;
+    c.mkdir(ROOT_INO, "m", 0o777).await.unwrap();
+    let mnt = Mount::start(&cl, &cl.dir.join("mnt"), &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Vec<Arc<AtomicUsize>> = (0..WRITERS).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let threads: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (dir, stop, acked) = (mnt.path("m"), stop.clone(), acked[w].clone());
+            std::thread::spawn(move || mount_writer(dir, w, &stop, &acked))
+        })
+        .collect();
+    let total = || acked.iter().map(|a| a.load(Ordering::SeqCst)).sum::<usize>();
+    let failed = || threads.iter().any(|t| t.is_finished());
+    wait_for("writes on the mount before any kill", || ready(total() >= 50 || failed())).await;
+    for victim in [0, 1] {
+        cl.kill_meta_service(victim).await;
+        let during = total();
+        wait_for("writes on the mount with one service dead", || ready(total() >= during + 50 || failed())).await;
+        cl.restart_meta_service(victim).await.unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap().unwrap_or_else(|e| panic!("an application on the mount saw an error: {e}"));
+    }
+    let counts: Vec<usize> = acked.iter().map(|a| a.load(Ordering::SeqCst)).collect();
+    // Every acknowledged file, read through the native client and through the mount; no temporary name is left.
+    check(&c, "m", &counts).await;
+    for (w, &n) in counts.iter().enumerate() {
+        for i in 0..n {
+            let back = std::fs::read(mnt.path(&format!("m/w{w}-{i:05}"))).unwrap();
+            assert_eq!(back, pattern((w * 100_000 + i) as u64, 0, FILE_BYTES), "w{w}-{i:05} through the mount");
+        }
+    }
+    let left: usize = counts.iter().sum();
+    let names = std::fs::read_dir(mnt.path("m")).unwrap().count();
+    assert_eq!(names, left, "exactly the acknowledged files, no temporary left: {counts:?}");
+    drop(mnt);
 }
