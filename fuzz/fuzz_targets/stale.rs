@@ -1,5 +1,6 @@
 //! The stale-range record decoder and rules (`weft_meta::stale`, docs/format.md §18) on arbitrary bytes, and the
-//! once record decoder (`weft_meta::once`, §27): it never panics, and what it accepts encodes back to the same bytes.
+//! once record decoder (`weft_meta::once`, §27) and the shared-store lock records (`weft_meta::db_locks`, §30): they
+//! never panic, and what they accept encodes back to the same bytes.
 //!
 //! `decode` must never panic; what it accepts is well formed and survives an encode and decode unchanged; the
 //! mark and clear rules, driven by the input, never panic and keep every entry well formed and within its cap.
@@ -11,6 +12,7 @@ use weft_meta::stale;
 
 fuzz_target!(|data: &[u8]| {
     weft_meta::once::fuzz_decode(data);
+    weft_meta::db_locks::fuzz_decode(data);
     if let Ok(ranges) = stale::decode("fuzz", data) {
         assert!(stale::is_well_formed(&ranges));
         // Postcard accepts a varint with redundant continuation bytes, so the bytes need not come back the same;

@@ -102,6 +102,9 @@ struct Inner {
     asserted_user_is_effective: bool,
     /// Set once the first lock is granted: the keepalive task runs from then on (`locks.rs`).
     lock_keepalive: std::sync::OnceLock<()>,
+    /// The MDS session this client's locks were taken on (0: none yet); when the client's session changes (its
+    /// service died, another answers), the locks are adopted from it before the next lock call (format §30).
+    locks_session: std::sync::atomic::AtomicU64,
 }
 
 /// A pNFS data server ([`Client::pnfs_devices`]): a data server's id and the NFS addresses it serves at.
@@ -178,6 +181,7 @@ impl Client {
                 bank,
                 asserted_user_is_effective,
                 lock_keepalive: std::sync::OnceLock::new(),
+                locks_session: std::sync::atomic::AtomicU64::new(0),
             }),
             user: Arc::new(user),
         };

@@ -9,6 +9,7 @@
 //! While it may hold locks, a client sends `Null` to the MDS every [`LOCK_KEEPALIVE_MS`], so the server's idle
 //! timeout never closes its connection (a closed connection that does not come back loses its locks).
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -30,11 +31,54 @@ impl Client {
     /// (the MDS's table is full), `Invalid` (`start > end`).
     pub async fn set_lock(&self, req: SetLockReq) -> Result<Option<LockHolder>, ClientError> {
         let taking = req.kind.is_some();
-        let r = meta_call!(self, SetLock(req));
+        let r = match self.lock_call(Request::SetLock(req)).await? {
+            Response::SetLock(r) => r,
+            other => return Err(unexpected(other)),
+        };
         if taking && r.is_none() {
+            let now = self.mds_session();
+            let _ = self.inner.locks_session.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
             self.keep_alive_for_locks();
         }
         Ok(r)
+    }
+
+    /// A lock call, on the session that holds this client's locks: if the session changed (a failover to another
+    /// metadata service, format §30), the old session's locks are adopted first; if it changed during the call,
+    /// the call ran on a session without them, so it is made again after the adoption (an unlock would have
+    /// released nothing; a lock would have met this client's own old locks).
+    async fn lock_call(&self, req: Request) -> Result<Response, ClientError> {
+        self.reclaim_locks().await;
+        let before = self.mds_session();
+        let r = self.meta(req.clone()).await;
+        if self.mds_session() != before && self.reclaim_locks().await {
+            return self.meta(req).await;
+        }
+        r
+    }
+
+    /// Adopts the locks of the session they were taken on if this client's session is another now; answers
+    /// whether it tried.
+    async fn reclaim_locks(&self) -> bool {
+        let held = self.inner.locks_session.load(Ordering::SeqCst);
+        let now = self.mds_session();
+        if held == 0 || now == 0 || held == now {
+            return false;
+        }
+        match self.meta(Request::AdoptLocks(AdoptLocksReq { previous_session: held })).await {
+            Ok(Response::AdoptLocks(r)) => tracing::info!(
+                from = format_args!("{held:#x}"),
+                to = format_args!("{now:#x}"),
+                locks = r.total,
+                "took this client's locks over to its new metadata session"
+            ),
+            Ok(other) => tracing::warn!("adopting this client's locks: unexpected reply {:?}", other.op()),
+            // An embedded store's restart dropped them (nothing to adopt), or they are gone: the next lock call
+            // meets whatever the MDS holds.
+            Err(e) => tracing::warn!(from = format_args!("{held:#x}"), "could not take over this client's locks: {e}"),
+        }
+        self.inner.locks_session.store(self.mds_session(), Ordering::SeqCst);
+        true
     }
 
     /// [`Client::set_lock`] until granted, retrying after conflicts with capped exponential backoff while
@@ -61,12 +105,18 @@ impl Client {
 
     /// The first lock of another owner that conflicts with the one described (F_GETLK), or `None`.
     pub async fn get_lock(&self, req: GetLockReq) -> Result<Option<LockHolder>, ClientError> {
-        Ok(meta_call!(self, GetLock(req)))
+        match self.lock_call(Request::GetLock(req)).await? {
+            Response::GetLock(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Drops this client's locks on `ino` (every inode: `None`) of `owner` (every owner: `None`); returns how many.
     pub async fn release_locks(&self, ino: Option<u64>, owner: Option<u64>) -> Result<u32, ClientError> {
-        Ok(meta_call!(self, ReleaseLocks(ReleaseLocksReq { ino, owner })))
+        match self.lock_call(Request::ReleaseLocks(ReleaseLocksReq { ino, owner })).await? {
+            Response::ReleaseLocks(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Takes over the locks of `previous_session` (this client's predecessor, authenticated with the same key;
@@ -75,6 +125,7 @@ impl Client {
     pub async fn adopt_locks(&self, previous_session: u64) -> Result<AdoptLocksResp, ClientError> {
         let r = meta_call!(self, AdoptLocks(AdoptLocksReq { previous_session }));
         if r.total > 0 {
+            self.inner.locks_session.store(self.mds_session(), Ordering::SeqCst);
             self.keep_alive_for_locks();
         }
         Ok(r)
@@ -95,6 +146,7 @@ impl Client {
     /// ends with the client.
     fn keep_alive_for_locks(&self) {
         let inner: Weak<Inner> = Arc::downgrade(&self.inner);
+        let user = self.user.clone();
         self.inner.lock_keepalive.get_or_init(|| {
             tokio::spawn(async move {
                 let period = Duration::from_millis(LOCK_KEEPALIVE_MS);
@@ -105,6 +157,14 @@ impl Client {
                     // refuse the slot's next call, costing the session (and with it every lock it holds).
                     if let Err(e) = inner.mds.ping().await {
                         tracing::debug!("lock keepalive: {e}");
+                    }
+                    // With several services (format §30): a slotted point read meets a service that lost this
+                    // session, which opens a new one; the locks are then adopted well before a dead service's
+                    // sessions lose theirs (`locks_orphan_ms`).
+                    let client = Client { inner, user: user.clone() };
+                    let root = weft_proto::msg::InoReq { ino: weft_proto::ROOT_INO };
+                    if client.meta(Request::GetAttr(root)).await.is_ok() {
+                        client.reclaim_locks().await;
                     }
                 }
             });

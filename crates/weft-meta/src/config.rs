@@ -119,6 +119,10 @@ pub struct MetaConfig {
     /// its locks are released.
     #[serde(default = "default_locks_grace_ms")]
     pub locks_grace_ms: u64,
+    /// With several services on one database: the locks of sessions at a service silent this long are released
+    /// by the duty holder (format §30); their clients had that long to fail over and take them over.
+    #[serde(default = "default_locks_orphan_ms")]
+    pub locks_orphan_ms: u64,
     /// Run the healer beside the MDS (`weft meta`): it catches data servers up on the rows of redundant files
     /// they missed (docs/format.md §18).
     #[serde(default = "default_heal")]
@@ -193,6 +197,14 @@ fn default_xattr_bytes_max_per_inode() -> usize {
 fn default_locks_max() -> usize {
     crate::locks::DEFAULT_LOCKS_MAX
 }
+/// Default for `locks_orphan_ms`: two client keepalives (60 s each) and two duty leases, so a client that failed
+/// over adopts its locks well before.
+pub const DEFAULT_LOCKS_ORPHAN_MS: u64 = 150_000;
+
+fn default_locks_orphan_ms() -> u64 {
+    DEFAULT_LOCKS_ORPHAN_MS
+}
+
 fn default_locks_grace_ms() -> u64 {
     crate::lock_sessions::DEFAULT_LOCKS_GRACE_MS
 }

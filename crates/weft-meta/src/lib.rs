@@ -19,6 +19,7 @@ pub mod acl;
 pub mod clock;
 pub mod config;
 pub mod copy;
+pub mod db_locks;
 mod drain;
 pub mod duty;
 pub mod error;

@@ -19,12 +19,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use weft_proto::msg::{
-    ADOPTED_LIST_MAX, AdoptLocksReq, AdoptLocksResp, GetLockReq, LockClass, LockHolder, LockKind, ReleaseLocksReq,
-    SetLockReq,
+    ADOPTED_LIST_MAX, AdoptLocksReq, AdoptLocksResp, AdoptedLock, GetLockReq, LockClass, LockHolder, LockKind,
+    ReleaseLocksReq, SetLockReq,
 };
 use weft_proto::{ErrorCode, WireError};
 use weft_rpc::Principal;
 
+use crate::db_locks;
 use crate::locks::{LockError, LockOp, LockTable, Owner};
 use crate::perm::Mask;
 use crate::store::MetaStore;
@@ -44,12 +45,33 @@ struct Holder {
 
 pub struct SessionLocks {
     table: Mutex<LockTable>,
+    /// With several services on one database: the locks live there (`crate::db_locks`), not in `table`.
+    shared: Option<Arc<crate::MdsNamespace>>,
     /// Each session holding locks (only those: a lookup per call, skipped while none do).
     seen: Mutex<HashMap<u64, Holder>>,
     holders: AtomicUsize,
     grace_ms: u64,
     /// Sessions whose locks another session adopted: they may lock no more (bounded, FIFO).
     ended: Mutex<(VecDeque<u64>, HashSet<u64>)>,
+}
+
+fn adopter_holds(session: u64) -> WireError {
+    WireError::new(
+        ErrorCode::Invalid,
+        format!("session {session:#x} already holds locks: only a session holding none adopts"),
+    )
+}
+
+/// A shared-store lock call's refusal, for the wire.
+fn refused(e: db_locks::Refused) -> WireError {
+    match e {
+        db_locks::Refused::Lock(e) => lock_error(e),
+        db_locks::Refused::Store(e) => WireError::new(ErrorCode::Io, format!("the lock records: {e}")),
+        db_locks::Refused::OtherPrincipal(p) => WireError::new(
+            ErrorCode::AdoptRefused,
+            format!("the session took its locks as {p:?}, not as this connection"),
+        ),
+    }
 }
 
 fn lock_error(e: LockError) -> WireError {
@@ -68,6 +90,7 @@ impl SessionLocks {
     pub fn new(locks_max: usize, grace_ms: u64) -> SessionLocks {
         SessionLocks {
             table: Mutex::new(LockTable::new(locks_max)),
+            shared: None,
             seen: Mutex::new(HashMap::new()),
             holders: AtomicUsize::new(0),
             grace_ms,
@@ -75,7 +98,13 @@ impl SessionLocks {
         }
     }
 
-    /// Locks held now, all clients.
+    /// Keeps the locks in `ns`'s store (docs/format.md §30), which other services share.
+    pub fn shared(mut self, ns: Arc<crate::MdsNamespace>) -> SessionLocks {
+        self.shared = Some(ns);
+        self
+    }
+
+    /// Locks held now, all clients (in this service's memory: 0 when they live in a shared store).
     pub fn len(&self) -> usize {
         self.table.lock().expect("lock table").len()
     }
@@ -95,9 +124,9 @@ impl SessionLocks {
     }
 
     /// Keeps `seen` to exactly the sessions holding locks; `principal` is the caller's when it was granted one.
-    fn note(&self, session: u64, table: &LockTable, principal: Option<&Principal>) {
+    fn note(&self, session: u64, holds: bool, principal: Option<&Principal>) {
         let mut seen = self.seen.lock().expect("lock sessions");
-        if table.session_holds(session) {
+        if holds {
             let at = Instant::now();
             match (seen.get_mut(&session), principal) {
                 (Some(h), _) => h.at = at,
@@ -156,13 +185,24 @@ impl SessionLocks {
         }
         let owner = Owner { session, owner: r.owner };
         let op = LockOp { class: r.class, kind: r.kind, start: r.start, end: r.end, pid: r.pid };
+        if let Some(ns) = &self.shared {
+            let who = db_locks::Caller { session, principal: principal.name(), service: ns.instance() };
+            return match db_locks::set(ns.store(), who, r.ino, r.owner, op) {
+                Ok(holds) => {
+                    self.note(session, holds, Some(principal));
+                    Ok(None)
+                }
+                Err(db_locks::Refused::Lock(LockError::Conflict(h))) => Ok(Some(h)),
+                Err(e) => Err(refused(e)),
+            };
+        }
         let mut table = self.table.lock().expect("lock table");
         let out = match table.set(r.ino, owner, op) {
             Ok(()) => None,
             Err(LockError::Conflict(h)) => Some(h),
             Err(e) => return Err(lock_error(e)),
         };
-        self.note(session, &table, Some(principal));
+        self.note(session, table.session_holds(session), Some(principal));
         Ok(out)
     }
 
@@ -178,15 +218,24 @@ impl SessionLocks {
         Self::check(ns, cred, r.ino, r.class, r.kind)?;
         let owner = Owner { session, owner: r.owner };
         let (start, end) = if r.class == LockClass::Flock { (0, u64::MAX) } else { (r.start, r.end) };
+        if let Some(ns) = &self.shared {
+            return db_locks::get(ns.store(), session, r.ino, r.owner, r.class, r.kind, (start, end)).map_err(refused);
+        }
         self.table.lock().expect("lock table").get(r.ino, r.class, owner, r.kind, start, end).map_err(lock_error)
     }
 
     /// `ReleaseLocks`: only ever the caller's own session's.
-    pub fn release(&self, session: u64, r: &ReleaseLocksReq) -> u32 {
-        let mut table = self.table.lock().expect("lock table");
-        let n = table.release(session, r.ino, r.owner);
-        self.note(session, &table, None);
-        u32::try_from(n).unwrap_or(u32::MAX)
+    pub fn release(&self, session: u64, r: &ReleaseLocksReq) -> Result<u32, WireError> {
+        let (n, holds) = match &self.shared {
+            Some(ns) => db_locks::release(ns.store(), session, r.ino, r.owner).map_err(refused)?,
+            None => {
+                let mut table = self.table.lock().expect("lock table");
+                let n = table.release(session, r.ino, r.owner);
+                (n, table.session_holds(session))
+            }
+        };
+        self.note(session, holds, None);
+        Ok(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
     /// `AdoptLocks` for `session` (authenticated as `principal`): moves `previous_session`'s locks here if it took
@@ -196,12 +245,14 @@ impl SessionLocks {
         if from == session {
             return Err(WireError::new(ErrorCode::Invalid, "a session cannot adopt its own locks"));
         }
+        if let Some(ns) = &self.shared {
+            let who = db_locks::Caller { session, principal: principal.name(), service: ns.instance() };
+            let moved = db_locks::adopt(ns.store(), who, from).map_err(refused)?;
+            return Ok(self.adopted(principal, from, session, moved));
+        }
         let mut table = self.table.lock().expect("lock table");
         if table.session_holds(session) {
-            return Err(WireError::new(
-                ErrorCode::Invalid,
-                format!("session {session:#x} already holds locks: only a session holding none adopts"),
-            ));
+            return Err(adopter_holds(session));
         }
         {
             let seen = self.seen.lock().expect("lock sessions");
@@ -219,14 +270,20 @@ impl SessionLocks {
             }
         }
         let moved = table.adopt(from, session);
+        drop(table);
+        Ok(self.adopted(principal, from, session, moved))
+    }
+
+    /// After an adoption: `session` is the holder now (if anything moved), `from` may lock no more; the reply.
+    fn adopted(&self, principal: &Principal, from: u64, session: u64, moved: Vec<AdoptedLock>) -> AdoptLocksResp {
         {
             let mut seen = self.seen.lock().expect("lock sessions");
-            if let Some(h) = seen.remove(&from) {
-                seen.insert(session, Holder { at: Instant::now(), principal: h.principal });
+            let had = seen.remove(&from).map(|h| h.principal);
+            if let Some(p) = had.or_else(|| (!moved.is_empty()).then(|| principal.clone())) {
+                seen.insert(session, Holder { at: Instant::now(), principal: p });
             }
             self.holders.store(seen.len(), Ordering::Relaxed);
         }
-        drop(table);
         let mut ended = self.ended.lock().expect("ended sessions");
         if ended.1.insert(from) {
             ended.0.push_back(from);
@@ -247,7 +304,7 @@ impl SessionLocks {
         );
         let mut locks = moved;
         locks.truncate(ADOPTED_LIST_MAX);
-        Ok(AdoptLocksResp { locks, total })
+        AdoptLocksResp { locks, total }
     }
 
     /// A connection closed that carried `sessions`: each one holding locks gets `grace_ms` to make a call again,
@@ -277,9 +334,28 @@ impl SessionLocks {
             if back {
                 continue;
             }
-            let mut table = self.table.lock().expect("lock table");
-            let n = table.release(session, None, None);
-            self.note(session, &table, None);
+            let n = match &self.shared {
+                Some(ns) => match db_locks::release(ns.store(), session, None, None) {
+                    Ok((n, holds)) => {
+                        self.note(session, holds, None);
+                        n
+                    }
+                    Err(e) => {
+                        // Tried again at the next close of a connection it used, or adopted by its client.
+                        tracing::warn!(
+                            session = format_args!("{session:#x}"),
+                            "releasing a gone session's locks: {e:?}"
+                        );
+                        continue;
+                    }
+                },
+                None => {
+                    let mut table = self.table.lock().expect("lock table");
+                    let n = table.release(session, None, None);
+                    self.note(session, table.session_holds(session), None);
+                    n
+                }
+            };
             expired += 1;
             tracing::info!(
                 session = format_args!("{session:#x}"),
@@ -370,7 +446,7 @@ mod tests {
         let r = locks.adopt(&gw, 6, &AdoptLocksReq { previous_session: 77 }).unwrap();
         assert_eq!((r.locks.len(), r.total), (0, 0));
         assert_eq!(locks.holders.load(Ordering::Relaxed), 1);
-        assert_eq!(locks.release(3, &ReleaseLocksReq { ino: None, owner: None }), n as u32);
+        assert_eq!(locks.release(3, &ReleaseLocksReq { ino: None, owner: None }).unwrap(), n as u32);
         assert!(locks.is_empty());
     }
 
@@ -397,7 +473,7 @@ mod tests {
         assert_eq!(locks.len(), 1, "session 2's lock went, session 1's stayed");
         let q = GetLockReq { ino, class: LockClass::Posix, kind: LockKind::Exclusive, start: 0, end: 0, owner: 1 };
         assert!(locks.get(&ns, &root, 3, &q).unwrap().is_some());
-        assert_eq!(locks.release(1, &ReleaseLocksReq { ino: None, owner: None }), 1);
+        assert_eq!(locks.release(1, &ReleaseLocksReq { ino: None, owner: None }).unwrap(), 1);
         assert!(locks.is_empty());
         assert_eq!(locks.holders.load(Ordering::Relaxed), 0, "nobody watched: touch is one atomic load");
     }

@@ -257,6 +257,98 @@ impl LockTable {
     }
 }
 
+/// One lock as a shared store keeps it (docs/format.md §30): the table's entry with its class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredLock {
+    pub owner: Owner,
+    pub class: LockClass,
+    pub kind: LockKind,
+    pub start: u64,
+    pub end: u64,
+    pub pid: u32,
+}
+
+impl LockTable {
+    /// A table holding only `ino`'s locks, from what [`LockTable::stored`] gave (so in table order: each owner's
+    /// ranges contiguous and sorted). Fails on a list that breaks the table's invariant (a damaged record).
+    pub fn of_inode(ino: u64, stored: &[StoredLock], locks_max: usize) -> Result<LockTable, String> {
+        let mut t = LockTable::new(locks_max);
+        let mut locks = InodeLocks::default();
+        for l in stored {
+            if l.start > l.end {
+                return Err(format!("lock range {}..={} of inode {ino} is reversed", l.start, l.end));
+            }
+            let e = Entry { owner: l.owner, kind: l.kind, start: l.start, end: l.end, pid: l.pid };
+            let (start, end) = if l.class == LockClass::Flock { (0, u64::MAX) } else { (e.start, e.end) };
+            let list = locks.list(l.class);
+            if list.iter().any(|o| o.owner != e.owner && o.overlaps(start, end) && conflicts(o.kind, e.kind)) {
+                return Err(format!("two owners hold conflicting locks on inode {ino}"));
+            }
+            // An owner's entries: contiguous; POSIX ones ascending, disjoint, never touching with one kind; one
+            // flock lock.
+            let follows = list.last().is_some_and(|p| p.owner == e.owner);
+            let in_order = |p: &Entry| p.end < e.start && !(p.kind == e.kind && p.end + 1 == e.start);
+            let fits = match l.class {
+                LockClass::Posix => list.last().filter(|_| follows).is_none_or(in_order),
+                LockClass::Flock => !follows,
+            };
+            if !fits || (!follows && list.iter().any(|o| o.owner == e.owner)) {
+                return Err(format!("an owner's locks on inode {ino} are out of order"));
+            }
+            list.push(e);
+            t.account(l.owner.session, 0, 1);
+        }
+        t.count = locks.len();
+        if t.count > 0 {
+            t.inodes.insert(ino, locks);
+        }
+        Ok(t)
+    }
+
+    /// Moves every lock of session `from` on `ino` to session `to`, which may hold locks there already (a client
+    /// that took a lock on its new session before it adopted its old one's): where an owner id holds ranges under
+    /// both, `to`'s win (they are newer). No moved lock can conflict with one of `to`'s: `to`'s were granted
+    /// while `from`'s were held. Returns the moved locks as they were.
+    pub fn adopt_merge(&mut self, ino: u64, from: u64, to: u64) -> Result<Vec<AdoptedLock>, LockError> {
+        let all = self.stored(ino);
+        let (moved, rest): (Vec<StoredLock>, Vec<StoredLock>) = all.into_iter().partition(|l| l.owner.session == from);
+        if moved.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (mine, others): (Vec<StoredLock>, Vec<StoredLock>) = rest.into_iter().partition(|l| l.owner.session == to);
+        let mut table = LockTable::of_inode(ino, &others, self.locks_max).expect("a subset of a valid table is valid");
+        for l in moved.iter().chain(&mine) {
+            let op = LockOp { class: l.class, kind: Some(l.kind), start: l.start, end: l.end, pid: l.pid };
+            table.set(ino, Owner { session: to, owner: l.owner.owner }, op)?;
+        }
+        *self = table;
+        let adopted = |l: &StoredLock| AdoptedLock {
+            ino,
+            owner: l.owner.owner,
+            class: l.class,
+            kind: l.kind,
+            start: l.start,
+            end: l.end,
+        };
+        Ok(moved.iter().map(adopted).collect())
+    }
+
+    /// `ino`'s locks, POSIX first, each class in table order.
+    pub fn stored(&self, ino: u64) -> Vec<StoredLock> {
+        let Some(locks) = self.inodes.get(&ino) else { return Vec::new() };
+        let with = |class: LockClass, e: &Entry| StoredLock {
+            owner: e.owner,
+            class,
+            kind: e.kind,
+            start: e.start,
+            end: e.end,
+            pid: e.pid,
+        };
+        let posix = locks.posix.iter().map(|e| with(LockClass::Posix, e));
+        posix.chain(locks.flock.iter().map(|e| with(LockClass::Flock, e))).collect()
+    }
+}
+
 /// An owner's POSIX ranges after setting `kind` (or unlocking, `None`) on `[start, end]`: the old ranges cut
 /// around the new one, the new one added, then same-kind neighbours that touch merged. `mine` is sorted and
 /// canonical; so is the result.
@@ -310,6 +402,49 @@ mod tests {
         t.inodes
             .get(&ino)
             .map_or(vec![], |l| l.posix.iter().filter(|e| e.owner == o).map(|e| (e.kind, e.start, e.end)).collect())
+    }
+
+    /// Seeded random ops by three owners: after each, the inode's stored list rebuilds the same table (what a
+    /// shared store relies on, format §30), and lists that break the invariant are refused.
+    #[test]
+    fn a_stored_inode_rebuilds_the_same_table_and_bad_lists_are_refused() {
+        let mut x: u64 = 0x10c5;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut t = LockTable::new(1000);
+        for step in 0..3000 {
+            let owner = Owner { session: 1 + next(2), owner: 10 + next(2) };
+            let kind = match next(3) {
+                0 => None,
+                1 => Some(S),
+                _ => Some(X),
+            };
+            let start = next(64);
+            let class = if next(5) == 0 { LockClass::Flock } else { LockClass::Posix };
+            let op = LockOp { class, kind, start, end: start + next(16), pid: step as u32 };
+            let _ = t.set(1, owner, op);
+            let stored = t.stored(1);
+            let back = LockTable::of_inode(1, &stored, 1000).unwrap_or_else(|e| panic!("step {step}: {e}"));
+            assert_eq!(back.stored(1), stored, "step {step}");
+            assert_eq!(back.len(), t.len(), "step {step}");
+        }
+        let l =
+            |owner: Owner, kind, start, end| StoredLock { owner, class: LockClass::Posix, kind, start, end, pid: 1 };
+        for bad in [
+            vec![l(A, X, 5, 4)],
+            vec![l(A, X, 0, 9), l(B, S, 5, 5)],
+            vec![l(A, S, 0, 9), l(A, S, 10, 19)],
+            vec![l(A, S, 5, 9), l(A, X, 0, 1)],
+            vec![l(A, S, 0, 1), l(B, S, 0, 1), l(A, S, 5, 6)],
+        ] {
+            assert!(LockTable::of_inode(1, &bad, 1000).is_err(), "{bad:?}");
+        }
+        let f = StoredLock { class: LockClass::Flock, ..l(A, S, 0, u64::MAX) };
+        assert!(LockTable::of_inode(1, &[f, f], 1000).is_err(), "two flock locks of one owner");
     }
 
     #[test]

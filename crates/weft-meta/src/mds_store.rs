@@ -28,7 +28,7 @@ impl MetaStore for MdsStore {
         }
     }
 
-    fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
+    fn read<R, E: From<MetaError>>(&self, f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         match self {
             MdsStore::Redb(s) => s.read(f),
             MdsStore::Pg(s) => s.read(f),

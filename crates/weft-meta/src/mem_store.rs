@@ -114,7 +114,7 @@ impl MetaStore for MemStore {
         }
     }
 
-    fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
+    fn read<R, E: From<MetaError>>(&self, mut f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let mut guard = self.state.lock().map_err(|_| MetaError::Poisoned)?;
         let mut txn = MemTxn { st: &mut guard, undo: None };
         f(&mut txn)

@@ -125,6 +125,11 @@ pub struct Namespace<S: MetaStore, C: Clock> {
     shared: bool,
     /// This service's view of the duty lease (format §28); unused on a store no other service can open.
     duty: Mutex<crate::duty::DutyLease>,
+    /// Each lock-holding service's liveness counter as the duty holder last saw it change (format §30): service →
+    /// (counter, when first seen so, monotonic ms).
+    service_beats: Mutex<std::collections::HashMap<u64, (Option<u64>, u64)>>,
+    /// Locks of sessions at a service silent this long are released by the duty holder (format §30).
+    locks_orphan_ms: u64,
 }
 
 /// How a tagged change's transaction failed: by the namespace's rules or the store (answered as is), or with its
@@ -233,6 +238,8 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             stale_entries_max: crate::stale::DEFAULT_STALE_ENTRIES_MAX,
             shared,
             duty: Mutex::new(duty),
+            service_beats: Mutex::new(std::collections::HashMap::new()),
+            locks_orphan_ms: crate::config::DEFAULT_LOCKS_ORPHAN_MS,
         })
     }
 

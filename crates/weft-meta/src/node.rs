@@ -68,7 +68,8 @@ pub async fn run_with(
         .with_xattr_bytes_max(cfg.xattr_bytes_max_per_inode)
         .with_rebuild_after_ms(cfg.rebuild_after_ms)
         .with_stale_limits(cfg.stale_ranges_per_slot_max, cfg.stale_entries_max)
-        .with_duty_lease_ms(cfg.duty_lease_ms);
+        .with_duty_lease_ms(cfg.duty_lease_ms)
+        .with_locks_orphan_ms(cfg.locks_orphan_ms);
     let ns = Arc::new(ns);
     // Before serving: a lone service holds its duties from the start (format §28).
     step_duty(&ns).await;
@@ -162,6 +163,14 @@ async fn step_duty(ns: &Arc<crate::MdsNamespace>) {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::warn!("the duty lease: reading or renewing it failed (retrying): {e}"),
         Err(e) => tracing::warn!("the duty lease: its step panicked: {e}"),
+    }
+    // This service's liveness for the lock sessions it holds, and (at the holder) the release of a dead
+    // service's (format §30).
+    let n = ns.clone();
+    match tokio::task::spawn_blocking(move || n.service_beat().and_then(|()| n.reap_orphan_locks())).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!("lock sessions: the liveness beat or the release of a dead service's failed: {e}"),
+        Err(e) => tracing::warn!("lock sessions: the step panicked: {e}"),
     }
 }
 

@@ -201,11 +201,16 @@ impl MetaStore for PgStore {
         off_runtime(|| {
             let mut conn = self.pool.take()?;
             let mut last = String::new();
-            for try_no in 0..WRITE_TRIES {
-                if try_no > 0 {
-                    std::thread::sleep(backoff(try_no));
+            // A connection lost before COMMIT (a database failing over: connections to a server on its way down)
+            // is not a conflict: those tries count against the failover time, not against WRITE_TRIES.
+            let lost_until = std::time::Instant::now() + Duration::from_millis(self.pool.failover_ms());
+            let mut try_no = 0;
+            while try_no < WRITE_TRIES {
+                let lost = conn.is_closed();
+                if try_no > 0 || lost {
+                    std::thread::sleep(backoff(if lost { BACKOFF_SHIFT_MAX } else { try_no }));
                 }
-                if conn.is_closed() {
+                if lost {
                     drop(conn);
                     conn = self.pool.take()?;
                 }
@@ -213,34 +218,46 @@ impl MetaStore for PgStore {
                     return Ok(r);
                 }
                 self.stats.retries.inc();
-                tracing::debug!(try_no, "metadata transaction conflicted; retrying: {last}");
+                if !(conn.is_closed() && std::time::Instant::now() < lost_until) {
+                    try_no += 1;
+                }
+                tracing::debug!(try_no, "metadata transaction conflicted or lost its connection; retrying: {last}");
             }
             self.stats.gave_up.inc();
             Err(MetaError::Conflict(format!("gave up after {WRITE_TRIES} tries; last: {last}")).into())
         })
     }
 
-    fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
+    fn read<R, E: From<MetaError>>(&self, mut f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         off_runtime(|| {
             const BEGIN_READ: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+            // A connection lost before or during the read (a database failing over) is replaced and the read run
+            // again, for as long as a write would wait for the database.
+            let lost_until = std::time::Instant::now() + Duration::from_millis(self.pool.failover_ms());
+            let may_retry = |conn: &pool::Lease<'_>| conn.is_closed() && std::time::Instant::now() < lost_until;
             let mut conn = self.pool.take()?;
-            if let Err(failure) = conn.begin(BEGIN_READ) {
-                // `f` has not run: a connection found closed only now is replaced once.
-                if !conn.is_closed() {
+            loop {
+                if conn.is_closed() {
+                    drop(conn);
+                    std::thread::sleep(backoff(BACKOFF_SHIFT_MAX));
+                    conn = self.pool.take()?;
+                }
+                if let Err(failure) = conn.begin(BEGIN_READ) {
+                    if may_retry(&conn) {
+                        continue;
+                    }
                     return Err(failure.into_error().into());
                 }
-                drop(conn);
-                conn = self.pool.take()?;
-                conn.begin(BEGIN_READ).map_err(|f| E::from(f.into_error()))?;
-            }
-            let mut txn = PgTxn::new(&mut conn, false);
-            let result = f(&mut txn);
-            let failed = txn.into_failure();
-            // A read changed nothing: ending it either way is the same.
-            conn.rollback();
-            match (failed, result) {
-                (Some(failure), Ok(_)) => Err(failure.into_error().into()),
-                (_, result) => result,
+                let mut txn = PgTxn::new(&mut conn, false);
+                let result = f(&mut txn);
+                let failed = txn.into_failure();
+                // A read changed nothing: ending it either way is the same.
+                conn.rollback();
+                match (failed, result) {
+                    (Some(_), _) if may_retry(&conn) => continue,
+                    (Some(failure), Ok(_)) => return Err(failure.into_error().into()),
+                    (_, result) => return result,
+                }
             }
         })
     }

@@ -291,7 +291,7 @@ impl MetaStore for RedbStore {
         }
     }
 
-    fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
+    fn read<R, E: From<MetaError>>(&self, mut f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         let rtx = self.inner.db.begin_read().map_err(MetaError::from)?;
         let mut txn = ReadTxn {
             rtx,

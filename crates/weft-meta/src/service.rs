@@ -168,7 +168,10 @@ impl MetaService {
 
     /// Holds at most `locks_max` advisory locks; a vanished client's go `grace_ms` after its connection closed.
     pub fn with_locks(mut self, locks_max: usize, grace_ms: u64) -> MetaService {
-        self.locks = Arc::new(SessionLocks::new(locks_max, grace_ms));
+        let locks = SessionLocks::new(locks_max, grace_ms);
+        // Services sharing the database share the locks too (docs/format.md §30).
+        let locks = if crate::MetaStore::shared(self.ns.store()) { locks.shared(self.ns.clone()) } else { locks };
+        self.locks = Arc::new(locks);
         self
     }
 
@@ -355,7 +358,7 @@ impl Service for MetaService {
             Request::GetLock(r) => {
                 return Ok(Response::GetLock(self.locks.get(&self.ns, &cred, ctx.session, r)?).into());
             }
-            Request::ReleaseLocks(r) => return Ok(Response::ReleaseLocks(self.locks.release(ctx.session, r)).into()),
+            Request::ReleaseLocks(r) => return Ok(Response::ReleaseLocks(self.locks.release(ctx.session, r)?).into()),
             Request::AdoptLocks(r) => {
                 return Ok(Response::AdoptLocks(self.locks.adopt(&ctx.principal, ctx.session, r)?).into());
             }

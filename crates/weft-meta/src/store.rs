@@ -412,8 +412,9 @@ pub trait MetaStore: Send + Sync + 'static {
     /// another service's: `f` must not have effects outside the transaction that a second run would repeat.
     fn write<R, E: From<MetaError>>(&self, f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E>;
 
-    /// Runs `f` against a consistent snapshot. Writes inside it fail with [`MetaError::ReadOnly`].
-    fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E>;
+    /// Runs `f` against a consistent snapshot. Writes inside it fail with [`MetaError::ReadOnly`]. A shared store
+    /// may run `f` again on a fresh snapshot when its connection was lost mid-read.
+    fn read<R, E: From<MetaError>>(&self, f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E>;
 
     /// Whether other metadata services may open the same store at the same time (PostgreSQL): the namespace then
     /// keeps liveness and phases in it and runs its duties under the duty lease (docs/format.md §28).

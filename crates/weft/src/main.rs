@@ -300,6 +300,7 @@ enum Cmd {
         rebuild_after_ms = 300000        a data server silent this long is failed: spares take its slots\n  \
         membership_interval_ms = 1000    how often membership advances (spare scan, drain batches)\n  \
         duty_lease_ms = 15000            services sharing a db: duties (membership, gc, heal) move when unrenewed this long\n  \
+        locks_orphan_ms = 150000         services sharing a db: locks of sessions at a service silent this long are released\n  \
         journal_segment_bytes = 16777216 size each metadata journal segment is preallocated to\n  \
         journal_bytes_max = 268435456    journal not yet checkpointed above which writers wait\n  \
         checkpoint_bytes = 33554432      journal growth that triggers a checkpoint into meta.redb\n  \

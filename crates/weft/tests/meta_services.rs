@@ -25,7 +25,8 @@ async fn two_services(name: &str, servers: u32) -> TestCluster {
         o.postgres = true;
         o.meta_services = 2;
         o.rebuild_after_ms = Some(3000);
-        o.meta_extra_toml = "liveness_ms = 1500\nduty_lease_ms = 1500\ngc_interval_ms = 200\n".into();
+        o.meta_extra_toml =
+            "liveness_ms = 1500\nduty_lease_ms = 1500\ngc_interval_ms = 200\nlocks_orphan_ms = 3000\n".into();
     })
     .await
 }
@@ -195,4 +196,58 @@ async fn writers_on_the_mount_ride_out_the_kill_of_either_service() {
     let names = std::fs::read_dir(mnt.path("m")).unwrap().count();
     assert_eq!(names, left, "exactly the acknowledged files, no temporary left: {counts:?}");
     drop(mnt);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn locks_exclude_across_services_and_outlive_the_service_that_granted_them() {
+    use weft_proto::msg::{LockClass, LockKind, SetLockReq};
+    let mut cl = two_services("meta-services-locks", 1).await;
+    let x = cl.client().await; // starts at service 0, fails over to 1
+    let y = pinned(&cl, 1).await;
+    let f = x.create(ROOT_INO, "f", 0o666, true).await.unwrap().ino;
+    let lock =
+        |owner, kind, start, end| SetLockReq { ino: f, owner, class: LockClass::Posix, kind, start, end, pid: 1 };
+    let flock = |owner, kind| SetLockReq { class: LockClass::Flock, ..lock(owner, kind, 0, u64::MAX) };
+    assert_eq!(x.set_lock(lock(1, Some(LockKind::Exclusive), 0, 99)).await.unwrap(), None);
+    assert_eq!(x.set_lock(flock(2, Some(LockKind::Exclusive))).await.unwrap(), None);
+    let before = x.mds_session();
+    // Granted at service 0, they exclude at service 1 ...
+    let held = y.set_lock(lock(9, Some(LockKind::Shared), 50, 50)).await.unwrap();
+    assert_eq!(held.map(|h| (h.start, h.end)), Some((0, 99)), "a lock granted at one service excludes at the other");
+    assert!(y.set_lock(flock(9, Some(LockKind::Shared))).await.unwrap().is_some());
+    // ... and still do once it is dead.
+    cl.kill_meta_service(0).await;
+    assert!(y.set_lock(lock(9, Some(LockKind::Exclusive), 0, 0)).await.unwrap().is_some(), "held after the kill");
+    // Its holder comes back on a new session at service 1, takes its locks over and extends them: its own old
+    // locks never stand in its way.
+    assert_eq!(x.set_lock(lock(1, Some(LockKind::Exclusive), 100, 199)).await.unwrap(), None);
+    assert_ne!(x.mds_session(), before, "the holder failed over to a new session");
+    for (start, end) in [(50, 50), (150, 150)] {
+        let h = y.set_lock(lock(9, Some(LockKind::Shared), start, end)).await.unwrap();
+        assert_eq!(h.map(|h| (h.start, h.end)), Some((0, 199)), "[{start}, {end}] after the failover");
+    }
+    assert!(y.set_lock(flock(9, Some(LockKind::Shared))).await.unwrap().is_some(), "the flock lock moved too");
+    // Its unlock reaches the locks it took before the failover.
+    assert_eq!(x.release_locks(Some(f), None).await.unwrap(), 2);
+    assert_eq!(y.set_lock(lock(9, Some(LockKind::Exclusive), 0, u64::MAX)).await.unwrap(), None);
+    assert_eq!(y.set_lock(flock(9, Some(LockKind::Exclusive))).await.unwrap(), None);
+
+    // A client that dies with its service never adopts its locks: they still exclude, until the duty holder
+    // sees that service silent for locks_orphan_ms and releases them.
+    cl.restart_meta_service(0).await.unwrap();
+    let z = pinned(&cl, 0).await;
+    let g = z.create(ROOT_INO, "g", 0o666, true).await.unwrap().ino;
+    let on_g = SetLockReq { ino: g, ..lock(1, Some(LockKind::Exclusive), 0, u64::MAX) };
+    assert_eq!(z.set_lock(on_g.clone()).await.unwrap(), None);
+    cl.kill_meta_service(0).await;
+    drop(z);
+    let mine = SetLockReq { owner: 9, ..on_g };
+    assert!(y.set_lock(mine.clone()).await.unwrap().is_some(), "held right after its service died");
+    let (yr, req) = (&y, &mine);
+    wait_for("the dead service's orphaned lock to be released", || async move {
+        yr.set_lock(req.clone()).await.unwrap().is_none()
+    })
+    .await;
+    assert!(cl.log("meta1").contains("whose metadata service is gone"), "the release is logged");
+    cl.restart_meta_service(0).await.unwrap();
 }

@@ -14,6 +14,79 @@ use crate::membership::{self, Phase};
 use crate::store::{MetaStore, MetaTxn};
 
 impl<S: MetaStore, C: Clock> Namespace<S, C> {
+    /// Sets how long a service may be silent before the duty holder releases its sessions' locks
+    /// (`locks_orphan_ms`, format §30).
+    pub fn with_locks_orphan_ms(mut self, ms: u64) -> Self {
+        self.locks_orphan_ms = ms;
+        self
+    }
+
+    /// Every service of a shared store, each duty step: raises its liveness counter (`svc.<instance>`, format
+    /// §30), by which the duty holder tells the lock sessions of a dead service.
+    pub fn service_beat(&self) -> Result<(), MetaError> {
+        if !self.shared {
+            return Ok(());
+        }
+        let name = service_beat_name(self.instance());
+        self.store.write(|t| {
+            let n = read_counter(t, &name)?.unwrap_or(0);
+            t.put_xattr(0, &name, &n.wrapping_add(1).to_le_bytes())
+        })
+    }
+
+    /// The duty holder, each duty step: releases every lock of the sessions of services whose counter it has
+    /// seen unchanged for `locks_orphan_ms` (their clients had that long to come back elsewhere and adopt them),
+    /// and forgets those services' counters. Fenced writes (format §28). Answers how many sessions lost locks.
+    pub fn reap_orphan_locks(&self) -> Result<usize, MetaError> {
+        if !self.shared || !self.duty_held() {
+            return Ok(0);
+        }
+        let now = self.clock.mono_ms();
+        let sessions = self.store.read(crate::db_locks::list_sessions)?;
+        let mut services: Vec<u64> = sessions.iter().map(|(_, service)| *service).collect();
+        services.sort_unstable();
+        services.dedup();
+        let beats = self.store.read(|t| {
+            services
+                .iter()
+                .map(|&s| Ok((s, read_counter(t, &service_beat_name(s))?)))
+                .collect::<Result<Vec<_>, MetaError>>()
+        })?;
+        let me = self.instance();
+        let dead: Vec<u64> = {
+            let mut seen = lock(&self.service_beats);
+            seen.retain(|s, _| services.contains(s));
+            beats
+                .into_iter()
+                .filter(|&(service, beat)| {
+                    let e = seen.entry(service).or_insert((beat, now));
+                    if e.0 != beat {
+                        *e = (beat, now);
+                    }
+                    service != me && now.saturating_sub(e.1) >= self.locks_orphan_ms
+                })
+                .map(|(service, _)| service)
+                .collect()
+        };
+        let mut reaped = 0;
+        for (session, service) in sessions.into_iter().filter(|(_, s)| dead.contains(s)) {
+            let (n, _) = self.duty_write(|t| crate::db_locks::release_in(t, session, None, None))?;
+            reaped += 1;
+            tracing::warn!(
+                session = format_args!("{session:#x}"),
+                service = format_args!("{service:016x}"),
+                locks = n,
+                orphan_ms = self.locks_orphan_ms,
+                "released the locks of a session whose metadata service is gone and whose client did not come back"
+            );
+        }
+        for service in dead {
+            self.duty_write(|t| t.del_xattr(0, &service_beat_name(service)))?;
+            lock(&self.service_beats).remove(&service);
+        }
+        Ok(reaped)
+    }
+
     /// Sets the duty lease's time (`duty_lease_ms`, format §28).
     pub fn with_duty_lease_ms(self, ms: u64) -> Self {
         let me = lock(&self.duty).me();
@@ -67,6 +140,11 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         if was_held {
             tracing::warn!(why, "lost the duty lease: this service's duties stop until it holds it again");
         }
+    }
+
+    /// This service's instance id (the duty lease's holder id when it holds it; format §28, §30).
+    pub fn instance(&self) -> u64 {
+        lock(&self.duty).me()
     }
 
     /// Whether this service may run the duties now (see [`Namespace::duty_step`]).
@@ -204,6 +282,22 @@ fn new_slot(addr: String, phase: Phase) -> ServerSlot {
     ServerSlot { addr, space: None, device: None, last_ms: None, phase, nfs_addrs: Vec::new(), beat_seen: None }
 }
 
+/// The name of a service's liveness counter (format §30).
+fn service_beat_name(instance: u64) -> String {
+    format!("svc.{instance:016x}")
+}
+
+/// A `u64` counter record at inode 0, if present.
+fn read_counter(t: &mut dyn MetaTxn, name: &str) -> Result<Option<u64>, MetaError> {
+    match t.get_xattr(0, name)? {
+        None => Ok(None),
+        Some(v) => v
+            .try_into()
+            .map(|b: [u8; 8]| Some(u64::from_le_bytes(b)))
+            .map_err(|_| MetaError::Corrupt(format!("{name} is not 8 bytes"))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! Two services (namespaces) on one PostgreSQL database, each with a clock of its own that only moves when told.
@@ -283,6 +377,51 @@ mod tests {
         // At its next step A reads the new holder and stops.
         clock_a.advance_ms(TTL / 3);
         assert!(!a.duty_step().unwrap() && !a.duty_held());
+    }
+
+    #[test]
+    fn the_holder_releases_the_locks_of_a_silent_services_sessions_only_after_locks_orphan_ms() {
+        use crate::db_locks::{self, Caller};
+        use crate::locks::LockOp;
+        use weft_proto::msg::{LockClass, LockKind};
+        const ORPHAN_MS: u64 = 10_000;
+        let ((a, clock_a), (b, clock_b)) = two_services();
+        let (a, b) = (a.with_locks_orphan_ms(ORPHAN_MS), b.with_locks_orphan_ms(ORPHAN_MS));
+        assert!(a.duty_step().unwrap(), "A holds the duties");
+        // A session at B holds a lock; B beats while it lives.
+        let at_b = Caller { session: 0xb1, principal: "client", service: b.instance() };
+        let op = LockOp { class: LockClass::Posix, kind: Some(LockKind::Exclusive), start: 0, end: 9, pid: 1 };
+        db_locks::set(&b.store, at_b, 42, 1, op).unwrap();
+        let held = || a.store.read(db_locks::list_sessions).unwrap();
+        for _ in 0..12 {
+            b.service_beat().unwrap();
+            clock_a.advance_ms(TTL / 3);
+            clock_b.advance_ms(TTL / 3);
+            assert!(a.duty_step().unwrap());
+            assert_eq!(a.reap_orphan_locks().unwrap(), 0, "a live service's sessions keep their locks");
+        }
+        assert_eq!(held(), vec![(0xb1, b.instance())]);
+        // B dies: its counter stops. Its session's locks stay for locks_orphan_ms after A last saw it change ...
+        let mut waited = 0;
+        while waited + TTL / 3 < ORPHAN_MS {
+            clock_a.advance_ms(TTL / 3);
+            waited += TTL / 3;
+            assert!(a.duty_step().unwrap());
+            assert_eq!(a.reap_orphan_locks().unwrap(), 0, "released {waited} ms after the last beat");
+        }
+        // ... then they go, with B's counter.
+        clock_a.advance_ms(TTL / 3);
+        assert!(a.duty_step().unwrap());
+        assert_eq!(a.reap_orphan_locks().unwrap(), 1);
+        assert!(held().is_empty());
+        let other = Caller { session: 0xa1, principal: "other", service: a.instance() };
+        assert!(db_locks::set(&a.store, other, 42, 1, op).unwrap(), "the lock is free again");
+        // A service that is not the holder reaps nothing, and the holder never reaps its own sessions.
+        assert_eq!(b.reap_orphan_locks().unwrap(), 0);
+        clock_a.advance_ms(ORPHAN_MS * 2);
+        assert!(a.duty_step().unwrap());
+        assert_eq!(a.reap_orphan_locks().unwrap(), 0);
+        assert_eq!(held(), vec![(0xa1, a.instance())]);
     }
 
     #[test]

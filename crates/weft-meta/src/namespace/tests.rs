@@ -2032,7 +2032,7 @@ impl MetaStore for CommitLost {
         Err(MetaError::CommitUnknown("the connection died during COMMIT (test)".into()).into())
     }
 
-    fn read<R, E: From<MetaError>>(&self, f: impl FnOnce(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
+    fn read<R, E: From<MetaError>>(&self, f: impl FnMut(&mut dyn MetaTxn) -> Result<R, E>) -> Result<R, E> {
         self.inner.read(f)
     }
 }

@@ -120,6 +120,11 @@ pub(super) struct Pool {
 }
 
 impl Pool {
+    /// How long work waits for the database to come back (`db_failover_timeout_ms`).
+    pub(super) fn failover_ms(&self) -> u64 {
+        self.failover_ms
+    }
+
     pub(super) fn new(cfg: tokio_postgres::Config, max: usize, failover_ms: u64) -> Result<Pool, MetaError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
