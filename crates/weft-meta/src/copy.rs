@@ -4,8 +4,9 @@
 //! taken while clients write is a state the namespace was in) and writes the target in bounded batches. What it
 //! copied is summed into a [`Digest`] as it goes; the target is then read back and must give the same digest.
 //!
-//! What is not copied: the duty lease record (docs/format.md §28): it names a service of the source's cluster,
-//! and a target service would otherwise wait a whole lease before it could act. Everything else — inodes with
+//! What is not copied: the duty lease record (docs/format.md §28), the services' liveness counters and the locks
+//! (§30): they name services and sessions of the source's cluster, which a target's services would otherwise
+//! first have to wait out. Everything else — inodes with
 //! their layouts, entries, extended attributes (ACLs among them), stale ranges, orphans, data servers and their
 //! phases, once records (§27) and the allocation counters — is. Data-server objects are named by inode, so a
 //! copy serves the same files' bytes.
@@ -211,7 +212,7 @@ fn walk_xattrs(
     emit: &mut dyn FnMut(Record) -> Result<(), MetaError>,
 ) -> Result<(), MetaError> {
     for (name, _) in t.list_xattrs(ino)? {
-        if ino == 0 && name == duty::LEASE_NAME {
+        if ino == 0 && !copied_at_inode_0(&name) {
             continue;
         }
         // Listed and read in one snapshot: a listed name has a value.
@@ -219,6 +220,13 @@ fn walk_xattrs(
         emit(Record::Xattr(ino, name, value))?;
     }
     Ok(())
+}
+
+/// Whether a record at inode 0 belongs in a copy: once records and data-server liveness do; the duty lease, the
+/// services' liveness and the locks (§28, §30) name services and sessions of the source's cluster, which a
+/// target's services would first have to wait out.
+fn copied_at_inode_0(name: &str) -> bool {
+    name != duty::LEASE_NAME && !["lock.", "lsess.", "svc."].iter().any(|p| name.starts_with(p))
 }
 
 /// The digest of everything a copy of `store` would carry.

@@ -63,6 +63,9 @@ fn populate<S: MetaStore>(store: S) -> S {
             t.put_xattr(sub, "system.posix_acl_access", &[2, 0, 0, 0, 1, 0, 7, 0])?;
             t.put_xattr(0, "once.x", b"reply")?;
             t.put_xattr(0, duty::LEASE_NAME, b"holder")?;
+            t.put_xattr(0, "lock.5", b"locks")?;
+            t.put_xattr(0, "lsess.00000000000000aa", b"session")?;
+            t.put_xattr(0, "svc.00000000000000bb", b"beat")?;
             t.put_stale(files[2], 1, &[stale])?;
             t.put_orphan(999_999, &Layout::plain(1 << 20, vec![3]))?;
             t.put_server_phase(3, 2)?;
@@ -84,6 +87,9 @@ fn a_copy_reads_back_the_same<S: TestStore>() {
     assert_eq!((copied.stale, copied.orphans, copied.servers), (1, 1, 1));
     to.read(|t| {
         assert_eq!(t.get_xattr(0, duty::LEASE_NAME)?, None, "the duty lease is the source cluster's");
+        for name in ["lock.5", "lsess.00000000000000aa", "svc.00000000000000bb"] {
+            assert_eq!(t.get_xattr(0, name)?, None, "{name}: locks and services are the source cluster's");
+        }
         assert_eq!(t.get_xattr(0, "once.x")?.as_deref(), Some(&b"reply"[..]));
         assert_eq!(t.list_server_phases()?, vec![(3, 2)]);
         Ok::<_, MetaError>(())
