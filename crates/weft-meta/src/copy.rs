@@ -58,6 +58,21 @@ pub struct Digest {
     pub crc: u32,
 }
 
+/// The wire form of a backup's digest (op 141's reply) carries the same fields.
+impl From<Digest> for weft_proto::msg::MetaBackupResp {
+    fn from(d: Digest) -> Self {
+        let Digest { inodes, dirents, xattrs, stale, orphans, servers, crc } = d;
+        weft_proto::msg::MetaBackupResp { inodes, dirents, xattrs, stale, orphans, servers, crc }
+    }
+}
+
+impl From<weft_proto::msg::MetaBackupResp> for Digest {
+    fn from(r: weft_proto::msg::MetaBackupResp) -> Self {
+        let weft_proto::msg::MetaBackupResp { inodes, dirents, xattrs, stale, orphans, servers, crc } = r;
+        Digest { inodes, dirents, xattrs, stale, orphans, servers, crc }
+    }
+}
+
 impl Digest {
     fn add(&mut self, bytes: &[u8]) {
         self.crc = crc32c::crc32c_append(self.crc, &(bytes.len() as u64).to_le_bytes());

@@ -15,8 +15,8 @@
 use std::sync::Arc;
 
 use weft_proto::msg::{
-    CreateReq, HealProgress, ListStaleResp, MetaBackupReq, MetaBackupResp, OpenReq, OpenResp, PNFS_KEY_ID,
-    PnfsHandleReq, PnfsHandleResp,
+    CreateReq, HealProgress, ListStaleResp, MetaBackupReq, OpenReq, OpenResp, PNFS_KEY_ID, PnfsHandleReq,
+    PnfsHandleResp,
 };
 use weft_proto::{Attr, Capability, DataRedundancy, ErrorCode, Request, Response, Rights, UserCred, WireError};
 use weft_rpc::keyring::NOBODY_ID;
@@ -155,15 +155,7 @@ impl MetaService {
             crc = d.crc,
             "backup of the namespace done"
         );
-        Ok(Response::MetaBackup(MetaBackupResp {
-            inodes: d.inodes,
-            dirents: d.dirents,
-            xattrs: d.xattrs,
-            stale: d.stale,
-            orphans: d.orphans,
-            servers: d.servers,
-            crc: d.crc,
-        }))
+        Ok(Response::MetaBackup(d.into()))
     }
 
     /// Holds at most `locks_max` advisory locks; a vanished client's go `grace_ms` after its connection closed.

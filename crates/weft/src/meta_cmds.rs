@@ -29,15 +29,7 @@ pub async fn backup(spec: &str, dir: &Path, json: bool) -> Result<()> {
     let shown = dir.display().to_string();
     let c = connect(spec).await?;
     let r = c.meta_backup(&shown).await.with_context(|| format!("backing the namespace up into {shown}"))?;
-    let d = Digest {
-        inodes: r.inodes,
-        dirents: r.dirents,
-        xattrs: r.xattrs,
-        stale: r.stale,
-        orphans: r.orphans,
-        servers: r.servers,
-        crc: r.crc,
-    };
+    let d = Digest::from(r);
     report("backed up into", &shown, &d, json)
 }
 

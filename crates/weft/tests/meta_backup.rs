@@ -15,17 +15,6 @@ use common::*;
 use weft_client::{Client, OpenMode};
 use weft_proto::{DataRedundancy, FileKind, ROOT_INO};
 
-/// The Linux value of an ACL: version 2, then (tag, perm, id) entries.
-fn acl_value(entries: &[(u16, u16, u32)]) -> Vec<u8> {
-    let mut v = 2u32.to_le_bytes().to_vec();
-    for &(tag, perm, id) in entries {
-        v.extend_from_slice(&tag.to_le_bytes());
-        v.extend_from_slice(&perm.to_le_bytes());
-        v.extend_from_slice(&id.to_le_bytes());
-    }
-    v
-}
-
 async fn write_file(c: &Client, path: &str, seed: u64, len: usize) {
     let f = c.create_path(path, 0o640, true, false).await.unwrap_or_else(|e| panic!("create {path}: {e}"));
     f.write_at(0, Bytes::from(pattern(seed, 0, len))).await.unwrap();

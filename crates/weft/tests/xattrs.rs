@@ -26,17 +26,6 @@ fn code<T>(r: Result<T, ClientError>) -> ErrorCode {
     }
 }
 
-/// The Linux value of an ACL: version 2, then (tag, perm, id) entries.
-fn acl_value(entries: &[(u16, u16, u32)]) -> Vec<u8> {
-    let mut v = 2u32.to_le_bytes().to_vec();
-    for &(tag, perm, id) in entries {
-        v.extend_from_slice(&tag.to_le_bytes());
-        v.extend_from_slice(&perm.to_le_bytes());
-        v.extend_from_slice(&id.to_le_bytes());
-    }
-    v
-}
-
 const UNDEF: u32 = u32::MAX;
 
 #[tokio::test(flavor = "multi_thread")]
