@@ -42,7 +42,7 @@ pub async fn start(dir: &Path, log: &Path, ready_timeout_ms: u64) -> Result<Chil
         run_tool(initdb, "initdb").await?;
     }
     let mut child = serve(&bin, owner, dir, log)?;
-    wait_accepting(&mut child, dir, log, ready_timeout_ms).await?;
+    wait_accepting(&bin, &mut child, dir, log, ready_timeout_ms).await?;
     create_database(&bin, dir).await?;
     Ok(child)
 }
@@ -66,7 +66,7 @@ pub async fn start_standby(
         run_tool(backup, "pg_basebackup").await?;
     }
     let mut child = serve(&bin, owner, dir, log)?;
-    wait_accepting(&mut child, dir, log, ready_timeout_ms).await?;
+    wait_accepting(&bin, &mut child, dir, log, ready_timeout_ms).await?;
     Ok(child)
 }
 
@@ -136,12 +136,19 @@ fn serve(bin: &Path, owner: Option<(u32, u32)>, dir: &Path, log: &Path) -> Resul
         .map_err(|source| LaunchError::Spawn { role: "postgres".into(), source })
 }
 
-/// Polls the server's socket until it accepts a connection (the server may replay its log first).
-async fn wait_accepting(child: &mut Child, dir: &Path, log: &Path, ready_timeout_ms: u64) -> Result<(), LaunchError> {
+/// Polls the server with `pg_isready` until it accepts sessions. A socket that accepts a connection is not
+/// enough: while the server replays its log it answers "the database system is starting up" (a CI flake).
+async fn wait_accepting(
+    bin: &Path,
+    child: &mut Child,
+    dir: &Path,
+    log: &Path,
+    ready_timeout_ms: u64,
+) -> Result<(), LaunchError> {
     let socket = dir.join(".s.PGSQL.5432");
     let deadline = tokio::time::Instant::now() + Duration::from_millis(ready_timeout_ms);
     loop {
-        if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+        if accepts_sessions(bin, dir).await? {
             return Ok(());
         }
         if !matches!(child.try_wait(), Ok(None)) {
@@ -155,6 +162,20 @@ async fn wait_accepting(child: &mut Child, dir: &Path, log: &Path, ready_timeout
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Whether the server on `dir`'s socket accepts sessions (`pg_isready` exits 0; 1 is "rejecting", starting up
+/// or shutting down; 2 is no answer yet).
+async fn accepts_sessions(bin: &Path, dir: &Path) -> Result<bool, LaunchError> {
+    let status = Command::new(bin.join("pg_isready"))
+        .args(["-q", "-h", &path(dir), "-U", DB_USER])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .map_err(|e| LaunchError::Postgres(format!("running pg_isready: {e}")))?;
+    Ok(status.success())
 }
 
 /// `createdb`, unless the database exists (a restarted cluster).
