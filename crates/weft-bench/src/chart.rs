@@ -168,6 +168,10 @@ fn bars_of(doc: &Value, key: &str, sublabel: impl Fn(&Value) -> String) -> Vec<B
 /// `weft bench meta`: ops/s per op, servers and clients.
 pub fn meta_svg(doc: &Value) -> String {
     let mode = doc.pointer("/config/mode").and_then(Value::as_str).unwrap_or("");
+    if mode == "failover" {
+        let bars = bars_of(doc, "median", |r| format!("{} c={}", r["meta"].as_str().unwrap_or("?"), r["clients"]));
+        return bars_svg("weft bench meta --failover: p99 ms from the kill (median of runs, bars show min–max)", &bars);
+    }
     let bars = bars_of(doc, "ops_per_s", |r| {
         format!("{} s={} c={}", r["meta"].as_str().unwrap_or("redb"), r["servers"], r["clients"])
     });

@@ -176,6 +176,11 @@ impl Target {
         self.cluster.as_ref().map(LocalCluster::cluster_file)
     }
 
+    /// The cluster we started (`None` for a `--cluster`).
+    pub fn cluster(&self) -> Option<&LocalCluster> {
+        self.cluster.as_ref()
+    }
+
     /// The cluster we started, to stop, kill or restart one of its servers (`None` for a `--cluster`).
     pub fn cluster_mut(&mut self) -> Option<&mut LocalCluster> {
         self.cluster.as_mut()

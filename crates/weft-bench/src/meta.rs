@@ -59,6 +59,18 @@ pub struct MetaArgs {
     /// of this process; 0 keeps tasks. Not with --stat-storm.
     #[arg(long, default_value_t = 0, conflicts_with = "stat_storm")]
     pub procs: usize,
+    /// Failover time instead of the mdtest phases: the clients create files without pause, every one starting
+    /// at one service, which is killed with SIGKILL; reported is each client's time from the kill to the end of
+    /// its first create issued after it (p50, p99, max over clients and runs), with every acknowledged create
+    /// checked present. Each run kills the next service (then restarts it). Needs --meta postgres and
+    /// --meta-services 2 or more.
+    #[arg(long, conflicts_with_all = ["stat_storm", "procs", "shared"])]
+    pub failover: bool,
+    /// After the mdtest phases on `postgres` with one service: a create/stat loop on Weft's FUSE mount of that
+    /// cluster, on JuiceFS with its metadata in the same PostgreSQL, and on JuiceFS with Redis (`appendfsync
+    /// always`); the peers come from `make bench-deps`.
+    #[arg(long, conflicts_with_all = ["stat_storm", "procs", "failover", "cluster"])]
+    pub juicefs: bool,
     #[command(flatten)]
     pub common: common::SharedArgs,
 }
@@ -146,6 +158,9 @@ pub async fn run(a: MetaArgs) -> Result<()> {
     if service_counts.iter().any(|&n| n > 1) && !metas.contains(&"postgres") {
         bail!("--meta-services above 1 needs --meta postgres: the embedded store serves one service");
     }
+    if a.failover && (a.common.cluster.is_some() || !metas.contains(&"postgres")) {
+        bail!("--failover needs --meta postgres and --meta-services 2 or more on a cluster the bench starts");
+    }
     if a.common.cluster.is_some() && metas.len() > 1 {
         bail!("--meta names one store with --cluster: the running cluster's MDS has chosen its own");
     }
@@ -156,7 +171,11 @@ pub async fn run(a: MetaArgs) -> Result<()> {
     let runs: Vec<(&str, u32)> = metas
         .iter()
         .flat_map(|&m| service_counts.iter().filter(move |&&n| m == "postgres" || n == 1).map(move |&n| (m, n)))
+        .filter(|&(_, n)| !a.failover || n > 1)
         .collect();
+    if runs.is_empty() {
+        bail!("--failover: no point with --meta postgres and 2 or more --meta-services");
+    }
     let points = targets.points().len() * runs.len();
     let pb = common::progress((points * fabrics.len() * threads.len()) as u64, "meta");
     for sp in targets.points() {
@@ -177,6 +196,11 @@ pub async fn run(a: MetaArgs) -> Result<()> {
                     continue;
                 }
                 for &n in &threads {
+                    if a.failover {
+                        point.push(crate::failover::measure(&mut target, n, services, a.common.runs).await?);
+                        pb.inc(1);
+                        continue;
+                    }
                     // On an error the cluster's processes die with `target` (kill on drop).
                     point.extend(if a.stat_storm {
                         storm(&target, n, &a).await?
@@ -186,12 +210,17 @@ pub async fn run(a: MetaArgs) -> Result<()> {
                     pb.inc(1);
                 }
             }
+            if a.juicefs && meta == "postgres" && services == 1 {
+                for &n in &threads {
+                    point.extend(crate::juicefs::measure(&target, n, a.files, a.common.runs).await?);
+                }
+            }
             target.stop().await;
             let label = match services {
                 1 => meta.to_string(),
                 n => format!("{meta}, {n} services"),
             };
-            for r in &mut point {
+            for r in point.iter_mut().filter(|r| r.get("meta").is_none()) {
                 r["meta"] = json!(if a.common.cluster.is_some() { "as the cluster runs" } else { label.as_str() });
                 r["meta_services"] = json!(services);
             }
@@ -202,7 +231,7 @@ pub async fn run(a: MetaArgs) -> Result<()> {
     targets.finish();
 
     let config = json!({
-        "mode": if a.stat_storm { "stat-storm" } else if a.shared { "shared" } else { "private" },
+        "mode": if a.failover { "failover" } else if a.stat_storm { "stat-storm" } else if a.shared { "shared" } else { "private" },
         "files": a.files,
         "runs": a.common.runs,
         "clients_are": if a.procs > 0 { "processes (weft bench worker), one Client each, one operation at a time" }

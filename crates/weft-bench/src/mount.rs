@@ -103,7 +103,7 @@ fn is_mounted(dir: &Path) -> bool {
 }
 
 /// Polls until `dir` is a mount point (a freshly started daemon mounts asynchronously).
-fn wait_mounted(dir: &Path, what: &str) -> Result<()> {
+pub(crate) fn wait_mounted(dir: &Path, what: &str) -> Result<()> {
     for _ in 0..600 {
         if is_mounted(dir) {
             return Ok(());

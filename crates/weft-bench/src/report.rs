@@ -177,7 +177,33 @@ fn cell(v: &Value, digits: usize) -> String {
     v.as_f64().map(|x| format!("{x:.digits$}")).unwrap_or_else(|| "-".into())
 }
 
-/// A Markdown table of a `weft bench meta` document (both modes).
+/// `weft bench meta --failover`: each client's time from a service's kill to its first reply after it.
+fn failover_table(results: &[Value]) -> String {
+    let mut s = String::from(
+        "failover: from SIGKILL of the service every client started at to the end of each client's first create \
+         issued after it\n\n| meta | servers | clients | runs | p50 ms | p99 ms | max ms | p99 per run, ms | \
+         acknowledged | errors to the application |\n|---|---:|---:|---:|---:|---:|---:|---|---:|---:|\n",
+    );
+    for r in results {
+        let per: Vec<String> = r["p99_ms_per_run"].as_array().into_iter().flatten().map(|x| cell(x, 0)).collect();
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r["meta"].as_str().unwrap_or("?"),
+            r["servers"],
+            r["clients"],
+            r["runs"],
+            cell(&r["failover_ms_p50"], 0),
+            cell(&r["failover_ms_p99"], 0),
+            cell(&r["failover_ms_max"], 0),
+            per.join(", "),
+            r["acknowledged"],
+            r["errors_to_the_application"],
+        ));
+    }
+    s
+}
+
+/// A Markdown table of a `weft bench meta` document (every mode).
 pub fn meta_table(doc: &Value) -> String {
     let mut s = String::new();
     let results = doc["results"].as_array().cloned().unwrap_or_default();
@@ -206,6 +232,9 @@ pub fn meta_table(doc: &Value) -> String {
             ));
         }
         return s;
+    }
+    if doc.pointer("/config/mode").and_then(Value::as_str) == Some("failover") {
+        return failover_table(&results);
     }
     s.push_str("readdir: entries per second; each client lists its directory (with --shared: the shared one)\n\n");
     s.push_str("| meta | servers | clients | files | dirs | op | ops/s (median) | min–max | client CPU µs/op | p50 µs | p99 µs | runs |\n");

@@ -736,6 +736,11 @@ impl LocalCluster {
         stop_all(&mut Vec::from_iter(self.postgres.take())).await;
     }
 
+    /// The directory of the cluster's own PostgreSQL (its data and its socket), if it runs one.
+    pub fn postgres_dir(&self) -> Option<&Path> {
+        self.postgres.as_ref().map(|p| p.config.as_path())
+    }
+
     /// The namespace's database (`LaunchOptions::postgres`), as the MDS's `db` names it.
     pub fn postgres_url(&self) -> Option<&str> {
         self.postgres.as_ref().map(|p| p.addr.as_str())

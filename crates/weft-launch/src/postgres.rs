@@ -178,10 +178,23 @@ async fn accepts_sessions(bin: &Path, dir: &Path) -> Result<bool, LaunchError> {
     Ok(status.success())
 }
 
+/// Makes database `name` on the server whose socket is in `dir` (unless it exists), for a peer sharing the
+/// cluster's server (`weft bench meta --juicefs`). Returns the server's socket directory and user, for the peer's
+/// connection string.
+pub async fn create_database_named(dir: &Path, name: &str) -> Result<&'static str, LaunchError> {
+    let bin = weft_meta::pg_bin::bindir().map_err(LaunchError::Postgres)?;
+    create_database_as(&bin, dir, name).await?;
+    Ok(DB_USER)
+}
+
 /// `createdb`, unless the database exists (a restarted cluster).
 async fn create_database(bin: &Path, dir: &Path) -> Result<(), LaunchError> {
+    create_database_as(bin, dir, DB_NAME).await
+}
+
+async fn create_database_as(bin: &Path, dir: &Path, name: &str) -> Result<(), LaunchError> {
     let out = Command::new(bin.join("createdb"))
-        .args(["-h", &path(dir), "-U", DB_USER, DB_NAME])
+        .args(["-h", &path(dir), "-U", DB_USER, name])
         .stdin(Stdio::null())
         .output()
         .await
