@@ -145,29 +145,26 @@ impl PgStore {
         f: &mut impl FnMut(&mut dyn MetaTxn) -> Result<R, E>,
         last: &mut String,
     ) -> Result<Option<R>, E> {
-        if let Err(failure) = conn.begin("BEGIN ISOLATION LEVEL SERIALIZABLE") {
-            return failure.retry(last).map(|()| None).map_err(E::from);
-        }
-        let mut txn = PgTxn::new(conn, true);
+        let mut txn = PgTxn::new(conn, true, "BEGIN ISOLATION LEVEL SERIALIZABLE");
         let result = f(&mut txn);
-        match (txn.into_failure(), result) {
-            (Some(failure), result) => {
-                // The server aborted the transaction at that statement: nothing is applied, whatever `f` did next.
+        let r = match (txn.failed_yet(), result) {
+            (false, Ok(r)) => r,
+            (_, result) => {
+                let failure = txn.into_failure();
                 conn.rollback();
-                match (failure.retry(last), result) {
-                    (Ok(()), _) => Ok(None),
-                    (Err(_), Err(e)) => Err(e),
-                    (Err(store), Ok(_)) => Err(store.into()),
-                }
+                return match (failure.map(|f| f.retry(last)), result) {
+                    // The server aborted the transaction at that statement (a BEGIN or a change sent with a later
+                    // statement included): nothing is applied, whatever `f` did next.
+                    (Some(Ok(())), _) => Ok(None),
+                    (Some(Err(_)) | None, Err(e)) => Err(e),
+                    (Some(Err(store)), Ok(_)) => Err(store.into()),
+                    (None, Ok(_)) => unreachable!("only a failed statement or an error gets here"),
+                };
             }
-            (None, Err(e)) => {
-                conn.rollback();
-                Err(e)
-            }
-            (None, Ok(r)) => match conn.commit() {
-                Ok(()) => Ok(Some(r)),
-                Err(failure) => failure.retry(last).map(|()| None).map_err(E::from),
-            },
+        };
+        match txn.commit() {
+            Ok(()) => Ok(Some(r)),
+            Err(failure) => failure.retry(last).map(|()| None).map_err(E::from),
         }
     }
 }
@@ -242,13 +239,7 @@ impl MetaStore for PgStore {
                     std::thread::sleep(backoff(BACKOFF_SHIFT_MAX));
                     conn = self.pool.take()?;
                 }
-                if let Err(failure) = conn.begin(BEGIN_READ) {
-                    if may_retry(&conn) {
-                        continue;
-                    }
-                    return Err(failure.into_error().into());
-                }
-                let mut txn = PgTxn::new(&mut conn, false);
+                let mut txn = PgTxn::new(&mut conn, false, BEGIN_READ);
                 let result = f(&mut txn);
                 let failed = txn.into_failure();
                 // A read changed nothing: ending it either way is the same.

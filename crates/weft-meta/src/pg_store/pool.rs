@@ -2,11 +2,14 @@
 //! on the pool's own one-thread runtime, kept with their prepared statements.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::task::Poll;
 
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use super::block_on;
@@ -24,6 +27,69 @@ pub(super) struct Conn {
     lost: bool,
 }
 
+/// A parameter already in PostgreSQL's binary format for its statement's type (`None`: NULL), so that a deferred
+/// statement owns its parameters.
+#[derive(Debug)]
+struct Encoded(Option<Vec<u8>>);
+
+impl ToSql for Encoded {
+    fn to_sql(
+        &self,
+        _ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match &self.0 {
+            Some(b) => {
+                out.extend_from_slice(b);
+                Ok(IsNull::No)
+            }
+            None => Ok(IsNull::Yes),
+        }
+    }
+
+    /// The type was checked when the parameter was encoded ([`Conn::defer`]).
+    fn accepts(_ty: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+/// A change whose reply the transaction does not wait for: sent in one pipeline with the transaction's next
+/// statement that returns rows, or with its `COMMIT` (a transaction's writes cost no round trip of their own).
+pub(super) struct Deferred {
+    statement: Statement,
+    params: Vec<Encoded>,
+}
+
+/// What a pipeline ends with.
+pub(super) enum Last<'p> {
+    /// A statement whose rows are wanted.
+    Rows(&'static str, &'p [&'p (dyn ToSql + Sync)]),
+    /// Nothing more: the changes are sent ahead of a `COMMIT` (which goes alone, see [`Conn::commit_with`]).
+    Nothing,
+}
+
+type Reply<'a> = Pin<Box<dyn Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + 'a>>;
+
+/// Polls every future once in order before waiting for any, then until all are done: tokio-postgres sends a
+/// request at its future's first poll, so the requests leave in this order, in one pipeline on the connection.
+async fn in_order(mut replies: Vec<Reply<'_>>) -> Vec<Result<Vec<Row>, tokio_postgres::Error>> {
+    let mut out: Vec<Option<Result<Vec<Row>, tokio_postgres::Error>>> = replies.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        for (fut, slot) in replies.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none()
+                && let Poll::Ready(r) = fut.as_mut().poll(cx)
+            {
+                *slot = Some(r);
+            }
+        }
+        if out.iter().all(Option::is_some) { Poll::Ready(()) } else { Poll::Pending }
+    })
+    .await;
+    out.into_iter().map(|r| r.expect("every reply is in")).collect()
+}
+
 impl Conn {
     /// Runs `sql` (a `BEGIN …`).
     pub(super) fn begin(&mut self, sql: &str) -> Result<(), Failure> {
@@ -31,6 +97,93 @@ impl Conn {
         self.note(r).map_err(Failure::of)?;
         self.in_txn = true;
         Ok(())
+    }
+
+    /// The prepared statement of `sql`, prepared on first use on this connection.
+    fn statement(&mut self, sql: &'static str) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = block_on(self.client.prepare(sql));
+        let s = self.note(s)?;
+        self.statements.insert(sql, s.clone());
+        Ok(s)
+    }
+
+    /// `sql` with `params`, encoded now and sent later by [`Conn::pipeline`].
+    pub(super) fn defer(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Deferred, tokio_postgres::Error> {
+        let statement = self.statement(sql)?;
+        assert_eq!(statement.params().len(), params.len(), "{sql}: one value per parameter");
+        let mut encoded = Vec::with_capacity(params.len());
+        for (p, ty) in params.iter().zip(statement.params()) {
+            let mut buf = bytes::BytesMut::new();
+            let value = match p.to_sql_checked(ty, &mut buf) {
+                Ok(IsNull::No) => Some(buf.to_vec()),
+                Ok(IsNull::Yes) => None,
+                Err(e) => panic!("{sql}: a parameter of type {ty} did not encode: {e}"),
+            };
+            encoded.push(Encoded(value));
+        }
+        Ok(Deferred { statement, params: encoded })
+    }
+
+    /// Sends, in one pipeline, `begin` (if the transaction has not begun on the server yet), the `deferred`
+    /// changes in order, then `last`, and waits for every reply: one round trip. The first error in order is the
+    /// answer (PostgreSQL fails every later statement of the transaction with it).
+    pub(super) fn pipeline(
+        &mut self,
+        begin: Option<&'static str>,
+        deferred: Vec<Deferred>,
+        last: Last<'_>,
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let rows_of = match &last {
+            Last::Rows(sql, _) => Some(self.statement(sql)?),
+            Last::Nothing => None,
+        };
+        if begin.is_some() {
+            self.in_txn = true;
+        }
+        let client = &self.client;
+        let mut replies: Vec<Reply<'_>> = Vec::with_capacity(deferred.len() + 2);
+        if let Some(sql) = begin {
+            replies.push(Box::pin(async move { client.batch_execute(sql).await.map(|()| Vec::new()) }));
+        }
+        for d in &deferred {
+            replies.push(Box::pin(async move {
+                let params: Vec<&(dyn ToSql + Sync)> = d.params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+                client.execute(&d.statement, &params).await.map(|_| Vec::new())
+            }));
+        }
+        if let (Last::Rows(_, params), Some(statement)) = (&last, &rows_of) {
+            replies.push(Box::pin(async move { client.query(statement, params).await }));
+        }
+        let mut results = block_on(in_order(replies));
+        let last_reply = match last {
+            Last::Rows(..) => results.pop().expect("the last reply"),
+            Last::Nothing => Ok(Vec::new()),
+        };
+        let r = results.into_iter().find(Result::is_err).map_or(last_reply, |e| e);
+        self.note(r)
+    }
+
+    /// Sends the `deferred` changes (and `begin`, when nothing of the transaction reached the server yet) in one
+    /// pipeline, then commits. The `COMMIT` goes alone, after their replies: a connection lost before it is a
+    /// failure to retry (nothing was applied), and only a `COMMIT` without a reply leaves the outcome unknown.
+    pub(super) fn commit_with(&mut self, begin: Option<&'static str>, deferred: Vec<Deferred>) -> Result<(), Failure> {
+        if begin.is_some() && deferred.is_empty() {
+            return Ok(()); // Nothing of the transaction reached the server: nothing to commit.
+        }
+        if !deferred.is_empty()
+            && let Err(e) = self.pipeline(begin, deferred, Last::Nothing)
+        {
+            self.rollback();
+            return Err(Failure::of(e));
+        }
+        self.commit()
     }
 
     /// Commits. An error means nothing was applied (PostgreSQL rolls back a transaction it cannot commit), or,
@@ -67,6 +220,9 @@ impl Conn {
 
     /// Rolls back; a connection where that fails is dropped rather than reused.
     pub(super) fn rollback(&mut self) {
+        if !self.in_txn {
+            return; // Nothing of the transaction reached the server (its BEGIN waits for a first statement).
+        }
         let r = block_on(self.client.batch_execute("ROLLBACK"));
         match self.note(r) {
             Ok(()) => self.in_txn = false,
@@ -80,15 +236,7 @@ impl Conn {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        let statement = match self.statements.get(sql) {
-            Some(s) => s.clone(),
-            None => {
-                let s = block_on(self.client.prepare(sql));
-                let s = self.note(s)?;
-                self.statements.insert(sql, s.clone());
-                s
-            }
-        };
+        let statement = self.statement(sql)?;
         let r = block_on(self.client.query(&statement, params));
         self.note(r)
     }

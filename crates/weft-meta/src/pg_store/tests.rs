@@ -99,8 +99,9 @@ fn a_failed_statement_is_never_committed_even_when_the_closure_swallows_it() {
         t.put_inode(&dir_inode(9))?;
         // Refused before the database sees it (docs/format.md §26): the transaction goes on.
         assert!(matches!(t.put_inode(&dir_inode(u64::MAX)), Err(MetaError::Store(_))));
-        // PostgreSQL refuses a NUL in `text`, which aborts its transaction; the closure carries on regardless.
-        assert!(t.put_server(1, "nul\0byte").is_err());
+        // PostgreSQL refuses a NUL in `text`, which aborts its transaction; the change goes with the commit, so
+        // the failure shows there, and the closure would carry on regardless.
+        t.put_server(1, "nul\0byte")?;
         Ok(())
     });
     assert!(matches!(r, Err(MetaError::Store(_))), "{r:?}");
@@ -108,6 +109,33 @@ fn a_failed_statement_is_never_committed_even_when_the_closure_swallows_it() {
     assert!(store.read(|t| t.get_inode(u64::MAX)).unwrap().is_none());
     // A read refuses writes like every store's.
     assert!(matches!(store.read(|t| t.del_inode(9)), Err(MetaError::ReadOnly)));
+}
+
+#[test]
+fn a_transaction_reads_its_own_deferred_changes_and_a_failed_one_fails_the_next_read() {
+    let store = PgStore::connect(&fresh_url()).unwrap();
+    store
+        .write(|t| {
+            t.put_inode(&dir_inode(21))?;
+            t.put_dirent(21, "a", 22, FileKind::File)?;
+            // The changes wait for this read and go ahead of it in its pipeline.
+            assert_eq!(t.get_inode(21)?.map(|i| i.ino), Some(21));
+            assert_eq!(t.get_dirent(21, "a")?, Some((22, FileKind::File)));
+            t.del_dirent(21, "a")?;
+            assert_eq!(t.get_dirent(21, "a")?, None);
+            Ok::<(), MetaError>(())
+        })
+        .unwrap();
+    assert!(store.read(|t| t.get_inode(21)).unwrap().is_some(), "committed");
+    let r: Result<(), MetaError> = store.write(|t| {
+        t.put_inode(&dir_inode(23))?;
+        t.put_server(1, "nul\0byte")?;
+        let read = t.get_inode(23);
+        assert!(matches!(read, Err(MetaError::Store(_))), "the failed change fails the read it went with: {read:?}");
+        Ok(())
+    });
+    assert!(matches!(r, Err(MetaError::Store(_))), "{r:?}");
+    assert!(store.read(|t| t.get_inode(23)).unwrap().is_none(), "nothing of it is committed");
 }
 
 #[test]

@@ -10,7 +10,7 @@ use tokio_postgres::types::{FromSql, ToSql};
 use weft_proto::msg::StaleRange;
 use weft_proto::{FileKind, Layout};
 
-use super::pool::Conn;
+use super::pool::{Conn, Deferred, Last};
 use crate::error::MetaError;
 use crate::stale;
 use crate::store::{
@@ -38,15 +38,22 @@ impl Failure {
     }
 }
 
+/// One transaction. Its `BEGIN` waits for its first statement and its changes for its next read or its `COMMIT`,
+/// each group sent as one pipeline ([`Conn::pipeline`]): a create costs 7 round trips to the database instead of
+/// 12. A read sees the transaction's earlier changes, since they precede it in the pipeline.
 pub(super) struct PgTxn<'c> {
     conn: &'c mut Conn,
     writable: bool,
+    /// The `BEGIN` not yet sent; `None` once it was.
+    begin: Option<&'static str>,
+    deferred: Vec<Deferred>,
     failure: Option<Failure>,
 }
 
 impl<'c> PgTxn<'c> {
-    pub(super) fn new(conn: &'c mut Conn, writable: bool) -> Self {
-        PgTxn { conn, writable, failure: None }
+    /// A transaction that `begin` starts on the server with its first statement.
+    pub(super) fn new(conn: &'c mut Conn, writable: bool, begin: &'static str) -> Self {
+        PgTxn { conn, writable, begin: Some(begin), deferred: Vec::new(), failure: None }
     }
 
     /// The first statement failure, if any: the transaction is then aborted on the server.
@@ -54,27 +61,51 @@ impl<'c> PgTxn<'c> {
         self.failure
     }
 
-    fn query(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, MetaError> {
-        if self.failure.is_some() {
-            return Err(MetaError::Store("statement after a failed one in the same transaction".into()));
-        }
-        self.conn.query(sql, params).map_err(|e| {
-            let failure = Failure::of(e);
-            let err = match &failure {
-                Failure::Retry(msg) => MetaError::Conflict(msg.clone()),
-                Failure::Fatal(e) => MetaError::Store(e.to_string()),
-            };
-            self.failure = Some(failure);
-            err
-        })
+    /// Whether a statement failed (the transaction is then aborted on the server).
+    pub(super) fn failed_yet(&self) -> bool {
+        self.failure.is_some()
     }
 
-    /// A statement that changes the database: refused in a read transaction, as other stores do.
+    /// Sends the deferred changes and commits (nothing at all when no statement was issued).
+    pub(super) fn commit(self) -> Result<(), Failure> {
+        assert!(self.failure.is_none(), "a transaction with a failed statement is never committed");
+        self.conn.commit_with(self.begin, self.deferred)
+    }
+
+    /// Remembers the transaction's first failure and turns it into the error the store's caller sees.
+    fn failed(&mut self, e: tokio_postgres::Error) -> MetaError {
+        let failure = Failure::of(e);
+        let err = match &failure {
+            Failure::Retry(msg) => MetaError::Conflict(msg.clone()),
+            Failure::Fatal(e) => MetaError::Store(e.to_string()),
+        };
+        self.failure = Some(failure);
+        err
+    }
+
+    fn refuse_after_failure(&self) -> Result<(), MetaError> {
+        match self.failure {
+            Some(_) => Err(MetaError::Store("statement after a failed one in the same transaction".into())),
+            None => Ok(()),
+        }
+    }
+
+    fn query(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, MetaError> {
+        self.refuse_after_failure()?;
+        let deferred = std::mem::take(&mut self.deferred);
+        self.conn.pipeline(self.begin.take(), deferred, Last::Rows(sql, params)).map_err(|e| self.failed(e))
+    }
+
+    /// A statement that changes the database, sent with the next read or the commit: refused in a read
+    /// transaction, as other stores do.
     fn change(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<(), MetaError> {
         if !self.writable {
             return Err(MetaError::ReadOnly);
         }
-        self.query(sql, params).map(drop)
+        self.refuse_after_failure()?;
+        let d = self.conn.defer(sql, params).map_err(|e| self.failed(e))?;
+        self.deferred.push(d);
+        Ok(())
     }
 
     fn next_val(&mut self, sql: &'static str) -> Result<u64, MetaError> {
