@@ -1121,6 +1121,7 @@ fn create(
     now: i64,
     excluded: &BTreeSet<u32>,
 ) -> Result<Attr, WireError> {
+    t.serialize_dirs(&[r.parent]);
     check_name(&r.name)?;
     let parent = load_searchable_dir(t, cred, r.parent)?;
     if let Some((ino, kind)) = t.get_dirent(r.parent, &r.name)? {
@@ -1158,6 +1159,7 @@ fn create(
 }
 
 fn mkdir(t: &mut dyn MetaTxn, cred: &Cred, r: &MkdirReq, now: i64) -> Result<Attr, WireError> {
+    t.serialize_dirs(&[r.parent]);
     check_name(&r.name)?;
     let parent = load_searchable_dir(t, cred, r.parent)?;
     if t.get_dirent(r.parent, &r.name)?.is_some() {
@@ -1181,6 +1183,7 @@ fn mkdir(t: &mut dyn MetaTxn, cred: &Cred, r: &MkdirReq, now: i64) -> Result<Att
 }
 
 fn rmdir(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) -> Result<(), WireError> {
+    t.serialize_dirs(&[parent]);
     check_name(name)?;
     let parent_dir = load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
@@ -1198,6 +1201,7 @@ fn rmdir(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) ->
 }
 
 fn unlink(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) -> Result<(), WireError> {
+    t.serialize_dirs(&[parent]);
     check_name(name)?;
     let dir = load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
@@ -1215,6 +1219,7 @@ fn unlink(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) -
 }
 
 fn link(t: &mut dyn MetaTxn, cred: &Cred, r: &LinkReq, now: i64) -> Result<Attr, WireError> {
+    t.serialize_dirs(&[r.new_parent]);
     let mut inode = load(t, r.ino)?;
     if inode.kind == FileKind::Dir {
         return Err(werr(ErrorCode::Permission, format!("inode {} is a directory: no hard links to it", r.ino)));
@@ -1241,6 +1246,7 @@ fn link(t: &mut dyn MetaTxn, cred: &Cred, r: &LinkReq, now: i64) -> Result<Attr,
 
 /// A FIFO, socket or device node: an inode and an entry, nothing on the data servers.
 fn mknod(t: &mut dyn MetaTxn, cred: &Cred, r: &MknodReq, now: i64) -> Result<Attr, WireError> {
+    t.serialize_dirs(&[r.parent]);
     check_name(&r.name)?;
     if !r.kind.is_special() {
         return Err(werr(ErrorCode::Invalid, format!("mknod makes special files only, not a {:?}", r.kind)));
@@ -1268,6 +1274,7 @@ fn mknod(t: &mut dyn MetaTxn, cred: &Cred, r: &MknodReq, now: i64) -> Result<Att
 }
 
 fn symlink(t: &mut dyn MetaTxn, cred: &Cred, r: &SymlinkReq, now: i64) -> Result<Attr, WireError> {
+    t.serialize_dirs(&[r.parent]);
     check_name(&r.name)?;
     if r.target.is_empty() || r.target.contains('\0') {
         return Err(werr(ErrorCode::Invalid, format!("symlink target {:?} is empty or has a NUL", r.target)));
@@ -1486,6 +1493,7 @@ fn move_sole_name(inode: &mut Inode, from: (u64, &str), to: (u64, &str)) {
 /// directory (write, search, sticky); the destination's entry may be created, or, if it exists, deleted; a
 /// directory moving to another parent needs write permission on itself (its `..` changes).
 fn rename(t: &mut dyn MetaTxn, cred: &Cred, r: &RenameReq, now: i64) -> Result<(), WireError> {
+    t.serialize_dirs(&[r.src_parent, r.dst_parent]);
     if r.flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0 || r.flags == RENAME_NOREPLACE | RENAME_EXCHANGE {
         return Err(werr(ErrorCode::Invalid, format!("unknown or conflicting rename flags {:#x}", r.flags)));
     }

@@ -492,6 +492,12 @@ pub trait MetaTxn {
     fn counters(&mut self) -> Result<Counters, MetaError>;
     /// Raises each counter to at least `c`'s value (never lowers one).
     fn raise_counters(&mut self, c: Counters) -> Result<(), MetaError>;
+    /// Asks that this change and every other one naming any of `dirs` run one at a time, across every service:
+    /// called first in a change that adds or removes entries of `dirs`, before any read. Concurrent changes of
+    /// one directory conflict on a shared store (its row and its entries' index), and one that waits costs less
+    /// than one that fails at its commit and runs again. A hint: a store whose writes run one at a time anyway
+    /// (redb, memory) ignores it.
+    fn serialize_dirs(&mut self, _dirs: &[u64]) {}
 }
 
 /// The store's allocation counters (see [`MetaTxn::counters`]).

@@ -25,7 +25,15 @@ pub(super) struct Conn {
     in_txn: bool,
     /// An error said the connection is gone (the client may notice a moment later): never reused.
     lost: bool,
+    /// The session holds advisory locks of directories ([`Conn::pipeline`]'s `dirs`), released when its
+    /// transaction ends.
+    dirs_locked: bool,
 }
+
+/// Waits for a directory's session advisory lock (docs/format.md §26).
+const LOCK_DIR: &str = "SELECT pg_advisory_lock($1)";
+/// Releases every session advisory lock this session holds (the schema's migration lock is a transaction's).
+const UNLOCK_DIRS: &str = "SELECT pg_advisory_unlock_all()";
 
 /// A parameter already in PostgreSQL's binary format for its statement's type (`None`: NULL), so that a deferred
 /// statement owns its parameters.
@@ -131,12 +139,13 @@ impl Conn {
         Ok(Deferred { statement, params: encoded })
     }
 
-    /// Sends, in one pipeline, `begin` (if the transaction has not begun on the server yet), the `deferred`
-    /// changes in order, then `last`, and waits for every reply: one round trip. The first error in order is the
-    /// answer (PostgreSQL fails every later statement of the transaction with it).
+    /// Sends, in one pipeline, `begin` (if the transaction has not begun on the server yet) preceded by the
+    /// advisory locks of `dirs` (outside the transaction, so that its snapshot follows the last holder's commit),
+    /// the `deferred` changes in order, then `last`, and waits for every reply: one round trip. The first error in
+    /// order is the answer (PostgreSQL fails every later statement of the transaction with it).
     pub(super) fn pipeline(
         &mut self,
-        begin: Option<&'static str>,
+        begin: Option<(&'static str, &[i64])>,
         deferred: Vec<Deferred>,
         last: Last<'_>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
@@ -144,12 +153,19 @@ impl Conn {
             Last::Rows(sql, _) => Some(self.statement(sql)?),
             Last::Nothing => None,
         };
+        let dirs = begin.map_or(&[][..], |(_, dirs)| dirs);
+        let lock = if dirs.is_empty() { None } else { Some(self.statement(LOCK_DIR)?) };
         if begin.is_some() {
             self.in_txn = true;
+            self.dirs_locked |= !dirs.is_empty();
         }
         let client = &self.client;
-        let mut replies: Vec<Reply<'_>> = Vec::with_capacity(deferred.len() + 2);
-        if let Some(sql) = begin {
+        let mut replies: Vec<Reply<'_>> = Vec::with_capacity(dirs.len() + deferred.len() + 2);
+        for dir in dirs {
+            let lock = lock.as_ref().expect("prepared above");
+            replies.push(Box::pin(async move { client.execute(lock, &[dir]).await.map(|_| Vec::new()) }));
+        }
+        if let Some((sql, _)) = begin {
             replies.push(Box::pin(async move { client.batch_execute(sql).await.map(|()| Vec::new()) }));
         }
         for d in &deferred {
@@ -173,7 +189,11 @@ impl Conn {
     /// Sends the `deferred` changes (and `begin`, when nothing of the transaction reached the server yet) in one
     /// pipeline, then commits. The `COMMIT` goes alone, after their replies: a connection lost before it is a
     /// failure to retry (nothing was applied), and only a `COMMIT` without a reply leaves the outcome unknown.
-    pub(super) fn commit_with(&mut self, begin: Option<&'static str>, deferred: Vec<Deferred>) -> Result<(), Failure> {
+    pub(super) fn commit_with(
+        &mut self,
+        begin: Option<(&'static str, &[i64])>,
+        deferred: Vec<Deferred>,
+    ) -> Result<(), Failure> {
         if begin.is_some() && deferred.is_empty() {
             return Ok(()); // Nothing of the transaction reached the server: nothing to commit.
         }
@@ -189,8 +209,7 @@ impl Conn {
     /// Commits. An error means nothing was applied (PostgreSQL rolls back a transaction it cannot commit), or,
     /// when the connection died meanwhile, that the outcome is unknown, as for any lost reply.
     pub(super) fn commit(&mut self) -> Result<(), Failure> {
-        let r = block_on(self.client.batch_execute("COMMIT"));
-        let r = self.note(r);
+        let r = self.end("COMMIT");
         self.in_txn = r.is_err() && !self.is_closed();
         if self.in_txn {
             self.rollback();
@@ -223,11 +242,32 @@ impl Conn {
         if !self.in_txn {
             return; // Nothing of the transaction reached the server (its BEGIN waits for a first statement).
         }
-        let r = block_on(self.client.batch_execute("ROLLBACK"));
-        match self.note(r) {
+        match self.end("ROLLBACK") {
             Ok(()) => self.in_txn = false,
             Err(e) => tracing::warn!("PostgreSQL ROLLBACK failed; dropping the connection: {}", super::describe(&e)),
         }
+    }
+
+    /// Ends the transaction with `sql` (`COMMIT` or `ROLLBACK`) and, in the same pipeline after it, releases
+    /// the directories' advisory locks whatever its outcome (each a query of its own: one failing does not stop
+    /// the other). The answer is the end's.
+    fn end(&mut self, sql: &'static str) -> Result<(), tokio_postgres::Error> {
+        let client = &self.client;
+        let mut replies: Vec<Reply<'_>> =
+            vec![Box::pin(async move { client.batch_execute(sql).await.map(|()| Vec::new()) })];
+        if self.dirs_locked {
+            replies.push(Box::pin(async move { client.batch_execute(UNLOCK_DIRS).await.map(|()| Vec::new()) }));
+        }
+        let mut results = block_on(in_order(replies)).into_iter();
+        let ended = results.next().expect("the end's reply").map(drop);
+        if let Some(unlocked) = results.next() {
+            match self.note(unlocked) {
+                Ok(_) => self.dirs_locked = false,
+                // Kept set: a connection holding locks never goes back to the pool.
+                Err(e) => tracing::warn!("releasing directory locks failed: {}", super::describe(&e)),
+            }
+        }
+        self.note(ended)
     }
 
     /// Runs a statement, prepared once per connection.
@@ -380,7 +420,7 @@ impl Pool {
         if setting.try_get::<_, &str>(0).is_ok_and(|v| v == "off") {
             block_on(client.batch_execute("SET synchronous_commit TO on"))?;
         }
-        Ok(Conn { client, statements: HashMap::new(), in_txn: false, lost: false })
+        Ok(Conn { client, statements: HashMap::new(), in_txn: false, lost: false, dirs_locked: false })
     }
 }
 
@@ -418,7 +458,7 @@ impl DerefMut for Lease<'_> {
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
         let Some(conn) = self.conn.take() else { return };
-        if conn.in_txn || conn.is_closed() {
+        if conn.in_txn || conn.dirs_locked || conn.is_closed() {
             self.pool.forget();
             return;
         }

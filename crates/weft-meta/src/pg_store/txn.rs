@@ -46,6 +46,9 @@ pub(super) struct PgTxn<'c> {
     writable: bool,
     /// The `BEGIN` not yet sent; `None` once it was.
     begin: Option<&'static str>,
+    /// The directories whose advisory locks go ahead of the `BEGIN` ([`MetaTxn::serialize_dirs`]), sorted, so
+    /// that two changes of the same two directories take them in one order.
+    dirs: Vec<i64>,
     deferred: Vec<Deferred>,
     failure: Option<Failure>,
 }
@@ -53,7 +56,7 @@ pub(super) struct PgTxn<'c> {
 impl<'c> PgTxn<'c> {
     /// A transaction that `begin` starts on the server with its first statement.
     pub(super) fn new(conn: &'c mut Conn, writable: bool, begin: &'static str) -> Self {
-        PgTxn { conn, writable, begin: Some(begin), deferred: Vec::new(), failure: None }
+        PgTxn { conn, writable, begin: Some(begin), dirs: Vec::new(), deferred: Vec::new(), failure: None }
     }
 
     /// The first statement failure, if any: the transaction is then aborted on the server.
@@ -69,7 +72,7 @@ impl<'c> PgTxn<'c> {
     /// Sends the deferred changes and commits (nothing at all when no statement was issued).
     pub(super) fn commit(self) -> Result<(), Failure> {
         assert!(self.failure.is_none(), "a transaction with a failed statement is never committed");
-        self.conn.commit_with(self.begin, self.deferred)
+        self.conn.commit_with(self.begin.map(|b| (b, &self.dirs[..])), self.deferred)
     }
 
     /// Remembers the transaction's first failure and turns it into the error the store's caller sees.
@@ -93,7 +96,9 @@ impl<'c> PgTxn<'c> {
     fn query(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, MetaError> {
         self.refuse_after_failure()?;
         let deferred = std::mem::take(&mut self.deferred);
-        self.conn.pipeline(self.begin.take(), deferred, Last::Rows(sql, params)).map_err(|e| self.failed(e))
+        let begin = self.begin.take();
+        let r = self.conn.pipeline(begin.map(|b| (b, &self.dirs[..])), deferred, Last::Rows(sql, params));
+        r.map_err(|e| self.failed(e))
     }
 
     /// A statement that changes the database, sent with the next read or the commit: refused in a read
@@ -217,6 +222,16 @@ const RAISE_STALE_SEQ: &str = "SELECT setval('weft_stale_seq', $1) FROM weft_sta
                                WHERE $1 > CASE WHEN is_called THEN last_value ELSE last_value - 1 END";
 
 impl MetaTxn for PgTxn<'_> {
+    /// Effective only before the transaction's first statement (the locks must precede its snapshot), and only
+    /// in a write.
+    fn serialize_dirs(&mut self, dirs: &[u64]) {
+        if self.writable && self.begin.is_some() {
+            self.dirs.extend(dirs.iter().filter_map(|&d| key(d)));
+            self.dirs.sort_unstable();
+            self.dirs.dedup();
+        }
+    }
+
     fn get_inode(&mut self, ino: u64) -> Result<Option<Inode>, MetaError> {
         let Some(k) = key(ino) else { return Ok(None) };
         self.query(GET_INODE, &[&k])?.first().map(inode_of).transpose()
