@@ -119,12 +119,8 @@ impl Conn {
     }
 
     /// `sql` with `params`, encoded now and sent later by [`Conn::pipeline`].
-    pub(super) fn defer(
-        &mut self,
-        sql: &'static str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Deferred, tokio_postgres::Error> {
-        let statement = self.statement(sql)?;
+    pub(super) fn defer(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<Deferred, Failure> {
+        let statement = self.statement(sql).map_err(Failure::of)?;
         assert_eq!(statement.params().len(), params.len(), "{sql}: one value per parameter");
         let mut encoded = Vec::with_capacity(params.len());
         for (p, ty) in params.iter().zip(statement.params()) {
@@ -132,7 +128,10 @@ impl Conn {
             let value = match p.to_sql_checked(ty, &mut buf) {
                 Ok(IsNull::No) => Some(buf.to_vec()),
                 Ok(IsNull::Yes) => None,
-                Err(e) => panic!("{sql}: a parameter of type {ty} did not encode: {e}"),
+                Err(e) => {
+                    let why = format!("{sql}: a value for a parameter of type {ty} did not encode: {e}");
+                    return Err(Failure::Fatal(MetaError::Store(why)));
+                }
             };
             encoded.push(Encoded(value));
         }

@@ -77,7 +77,11 @@ impl<'c> PgTxn<'c> {
 
     /// Remembers the transaction's first failure and turns it into the error the store's caller sees.
     fn failed(&mut self, e: tokio_postgres::Error) -> MetaError {
-        let failure = Failure::of(e);
+        self.record(Failure::of(e))
+    }
+
+    /// Remembers `failure` as the transaction's (it is never committed) and turns it into the caller's error.
+    fn record(&mut self, failure: Failure) -> MetaError {
         let err = match &failure {
             Failure::Retry(msg) => MetaError::Conflict(msg.clone()),
             Failure::Fatal(e) => MetaError::Store(e.to_string()),
@@ -108,7 +112,7 @@ impl<'c> PgTxn<'c> {
             return Err(MetaError::ReadOnly);
         }
         self.refuse_after_failure()?;
-        let d = self.conn.defer(sql, params).map_err(|e| self.failed(e))?;
+        let d = self.conn.defer(sql, params).map_err(|f| self.record(f))?;
         self.deferred.push(d);
         Ok(())
     }
