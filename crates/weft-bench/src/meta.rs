@@ -257,16 +257,20 @@ async fn fabric_used(clients: &[Client]) -> String {
 /// i mod their number (each fails over to the others).
 async fn clients(target: &Target, n: usize) -> Result<Vec<Client>> {
     let mut v = Vec::with_capacity(n);
-    let addrs: Vec<&str> = target.cfg.mds.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
     for i in 0..n {
         let mut cfg = target.cfg.clone();
-        if addrs.len() > 1 {
-            let k = i % addrs.len();
-            cfg.mds = addrs[k..].iter().chain(&addrs[..k]).copied().collect::<Vec<_>>().join(",");
-        }
+        cfg.mds = starting_at(&target.cfg.mds, i);
         v.push(Client::connect(&cfg).await?);
     }
     Ok(v)
+}
+
+/// The metadata addresses `mds` (comma-separated) in the order a client tries them, starting at service
+/// `k` mod their number and going on with the others in order.
+pub(crate) fn starting_at(mds: &str, k: usize) -> String {
+    let addrs: Vec<&str> = mds.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
+    let k = k % addrs.len().max(1);
+    addrs[k..].iter().chain(&addrs[..k]).copied().collect::<Vec<_>>().join(",")
 }
 
 async fn close_all(clients: &[Client]) {
@@ -510,6 +514,14 @@ async fn storm(target: &Target, n: usize, a: &MetaArgs) -> Result<Vec<Value>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_starts_at_its_service_and_goes_on_with_the_others_in_order() {
+        assert_eq!(starting_at("a:1, b:2,c:3", 0), "a:1,b:2,c:3");
+        assert_eq!(starting_at("a:1,b:2,c:3", 1), "b:2,c:3,a:1");
+        assert_eq!(starting_at("a:1,b:2,c:3", 5), "c:3,a:1,b:2");
+        assert_eq!(starting_at("a:1", 7), "a:1");
+    }
 
     #[test]
     fn shares_cover_every_file_once() {

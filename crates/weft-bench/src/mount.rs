@@ -125,12 +125,17 @@ fn gluster(args: &[&str]) -> Result<String> {
     run(Command::new("gluster").arg("--mode=script").args(args), &format!("gluster {}", args.join(" ")))
 }
 
+/// Whether the shell finds `tool`.
+pub(crate) fn on_path(tool: &str) -> Result<bool> {
+    Ok(Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status()?.success())
+}
+
 pub(crate) fn need(tool: &str) -> Result<()> {
-    if Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status()?.success() {
+    if on_path(tool)? {
         Ok(())
     } else {
         bail!(
-            "{tool} is not installed: run `make bench-deps` (Debian packages fio, libfuse3-dev, gcc, glusterfs-server)"
+            "{tool} is not installed: run `make bench-deps` (Debian packages fio, libfuse3-dev, gcc, glusterfs-server, redis-server, …)"
         )
     }
 }

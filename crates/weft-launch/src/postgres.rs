@@ -18,7 +18,7 @@ use crate::{LaunchError, io_err};
 
 /// The superuser `initdb` creates; the socket trusts it (only this host's processes that can reach the socket
 /// directory, 0700 to the server's user, connect).
-const DB_USER: &str = "weft";
+pub const DB_USER: &str = "weft";
 /// The database the metadata service uses.
 const DB_NAME: &str = "weft";
 /// The user the server runs as when the launcher runs as root.
@@ -179,12 +179,10 @@ async fn accepts_sessions(bin: &Path, dir: &Path) -> Result<bool, LaunchError> {
 }
 
 /// Makes database `name` on the server whose socket is in `dir` (unless it exists), for a peer sharing the
-/// cluster's server (`weft bench meta --juicefs`). Returns the server's socket directory and user, for the peer's
-/// connection string.
-pub async fn create_database_named(dir: &Path, name: &str) -> Result<&'static str, LaunchError> {
+/// cluster's server (`weft bench meta --juicefs`), owned by [`DB_USER`].
+pub async fn create_database_named(dir: &Path, name: &str) -> Result<(), LaunchError> {
     let bin = weft_meta::pg_bin::bindir().map_err(LaunchError::Postgres)?;
-    create_database_as(&bin, dir, name).await?;
-    Ok(DB_USER)
+    create_database_as(&bin, dir, name).await
 }
 
 /// `createdb`, unless the database exists (a restarted cluster).

@@ -18,7 +18,7 @@ use weft_proto::{FileKind, Layout, ROOT_INO};
 
 use crate::error::MetaError;
 use crate::store::{Inode, MetaStore, MetaTxn, encode_inode, encode_orphan, kind_to_u8};
-use crate::{PgStore, RedbStore, duty, stale};
+use crate::{PgStore, RedbStore, db_locks, duty, stale};
 
 /// Records written per target transaction: bounds the memory a copy holds and the size of one transaction.
 const BATCH_RECORDS: usize = 1024;
@@ -241,7 +241,8 @@ fn walk_xattrs(
 /// services' liveness and the locks (§28, §30) name services and sessions of the source's cluster, which a
 /// target's services would first have to wait out.
 fn copied_at_inode_0(name: &str) -> bool {
-    name != duty::LEASE_NAME && !["lock.", "lsess.", "svc."].iter().any(|p| name.starts_with(p))
+    let foreign = [db_locks::LOCK_PREFIX, db_locks::SESSION_PREFIX, duty::SERVICE_BEAT_PREFIX];
+    name != duty::LEASE_NAME && !foreign.iter().any(|p| name.starts_with(p))
 }
 
 /// The digest of everything a copy of `store` would carry.

@@ -26,12 +26,17 @@ const PRINCIPAL_BYTES_MAX: usize = 255;
 const VERSION: u8 = 1;
 const LOCK_BYTES: usize = 38;
 
+/// The start of every lock record's name at inode 0 (`lock.<ino>`).
+pub(crate) const LOCK_PREFIX: &str = "lock.";
+/// The start of every lock session record's name at inode 0 (`lsess.<session>`).
+pub(crate) const SESSION_PREFIX: &str = "lsess.";
+
 fn lock_name(ino: u64) -> String {
-    format!("lock.{ino}")
+    format!("{LOCK_PREFIX}{ino}")
 }
 
 fn session_name(session: u64) -> String {
-    format!("lsess.{session:016x}")
+    format!("{SESSION_PREFIX}{session:016x}")
 }
 
 /// A session holding locks, as stored.
@@ -284,7 +289,7 @@ pub fn release_in(
 pub fn list_sessions(t: &mut dyn MetaTxn) -> Result<Vec<(u64, u64)>, MetaError> {
     let mut out = Vec::new();
     for (name, _) in t.list_xattrs(0)? {
-        let Some(hex) = name.strip_prefix("lsess.") else { continue };
+        let Some(hex) = name.strip_prefix(SESSION_PREFIX) else { continue };
         let session = u64::from_str_radix(hex, 16).map_err(|_| corrupt(&format!("session record name {name}")))?;
         if let Some(rec) = load_session(t, session)? {
             out.push((session, rec.service));

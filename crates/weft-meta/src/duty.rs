@@ -26,6 +26,8 @@ use crate::store::MetaTxn;
 pub const DUTY_INO: u64 = crate::once::ONCE_INO;
 /// The lease record's name.
 pub const LEASE_NAME: &str = "duty.lease";
+/// The start of every service's liveness counter's name at inode 0 (`svc.<instance>`, format §30).
+pub(crate) const SERVICE_BEAT_PREFIX: &str = "svc.";
 /// Default lease time (ms): a dead holder's duties resume elsewhere within about this long.
 pub const DEFAULT_DUTY_LEASE_MS: u64 = 15_000;
 /// Shortest lease accepted: below it a renewal every third of it would load the database for nothing.

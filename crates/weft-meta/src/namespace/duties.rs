@@ -284,7 +284,7 @@ fn new_slot(addr: String, phase: Phase) -> ServerSlot {
 
 /// The name of a service's liveness counter (format §30).
 fn service_beat_name(instance: u64) -> String {
-    format!("svc.{instance:016x}")
+    format!("{}{instance:016x}", duty::SERVICE_BEAT_PREFIX)
 }
 
 /// A `u64` counter record at inode 0, if present.

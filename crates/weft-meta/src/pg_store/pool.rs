@@ -38,7 +38,7 @@ const UNLOCK_DIRS: &str = "SELECT pg_advisory_unlock_all()";
 /// A parameter already in PostgreSQL's binary format for its statement's type (`None`: NULL), so that a deferred
 /// statement owns its parameters.
 #[derive(Debug)]
-struct Encoded(Option<Vec<u8>>);
+struct Encoded(Option<bytes::Bytes>);
 
 impl ToSql for Encoded {
     fn to_sql(
@@ -64,7 +64,7 @@ impl ToSql for Encoded {
 }
 
 /// A change whose reply the transaction does not wait for: sent in one pipeline with the transaction's next
-/// statement that returns rows, or with its `COMMIT` (a transaction's writes cost no round trip of their own).
+/// statement that returns rows, or ahead of its `COMMIT` (a transaction's writes cost no round trip of their own).
 pub(super) struct Deferred {
     statement: Statement,
     params: Vec<Encoded>,
@@ -126,7 +126,7 @@ impl Conn {
         for (p, ty) in params.iter().zip(statement.params()) {
             let mut buf = bytes::BytesMut::new();
             let value = match p.to_sql_checked(ty, &mut buf) {
-                Ok(IsNull::No) => Some(buf.to_vec()),
+                Ok(IsNull::No) => Some(buf.freeze()),
                 Ok(IsNull::Yes) => None,
                 Err(e) => {
                     let why = format!("{sql}: a value for a parameter of type {ty} did not encode: {e}");
