@@ -35,7 +35,7 @@ start_gateway() {
 	before="$(grep -c '^WEFT-READY ' "$d/nfs.out" 2>/dev/null || true)"
 	# Its own session, stdin/stdout away from the control connection: it outlives this request.
 	RUST_LOG="${NFS_VM_GATEWAY_LOG:-${RUST_LOG:-info}}" setsid "$NFSVM_WEFT" nfs --cluster "$NFSVM_CLUSTER" --listen "127.0.0.1:$port" --no-root-squash \
-		--state-dir "$d/nfs-state" --nfs4-grace-ms "${NFSVM_GRACE_MS:-30000}" \
+		--state-dir "$d/nfs-state" --nfs4-grace-ms "${NFSVM_GRACE_MS:-15000}" \
 		</dev/null >>"$d/nfs.out" 2>>"$d/nfs.log" &
 	echo $! >"$d/nfs.pid"
 	ready() { [ "$(grep -c '^WEFT-READY ' "$d/nfs.out" 2>/dev/null || true)" -gt "${before:-0}" ]; }

@@ -9,7 +9,7 @@
 # usage: scripts/rdma-vm/nfs.sh [WEFT_BIN]   (default: $CARGO_TARGET_DIR/release/weft or target/release/weft)
 # Environment: NFS_VM_GUEST (another guest script, for debugging), NFS_VM_LOCKS=0 (skips the v4.1 lock steps: locks
 # contending with FUSE, and a gateway kill -9 while a flock is held), NFS_VM_GATEWAY_LOG (the gateway's RUST_LOG,
-# e.g. weft_nfs=trace), NFS_VM_GRACE_MS (the gateway's NFSv4 grace period, default 30000), RDMA_VM_SMP (default 1
+# e.g. weft_nfs=trace), NFS_VM_GRACE_MS (the gateway's NFSv4 grace period, default 15000), RDMA_VM_SMP (default 1
 # here).
 # Exits 0 only if the guest passed; on failure prints the guest console, the gateway's and the cluster's logs.
 set -euo pipefail
@@ -20,7 +20,7 @@ weft="$(readlink -f "${1:-${CARGO_TARGET_DIR:-$repo/target}/release/weft}")"
 
 work="$(mktemp -d /tmp/weft-nfs-vm.XXXXXX)"
 mkdir -p "$work/mnt"
-export NFSVM_DIR="$work" NFSVM_WEFT="$weft" NFSVM_MNT="$work/mnt" NFSVM_GRACE_MS="${NFS_VM_GRACE_MS:-30000}"
+export NFSVM_DIR="$work" NFSVM_WEFT="$weft" NFSVM_MNT="$work/mnt" NFSVM_GRACE_MS="${NFS_VM_GRACE_MS:-15000}"
 up_pid=""
 ok=0
 finish() {

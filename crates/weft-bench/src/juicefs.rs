@@ -8,6 +8,7 @@
 //! (`--storage file`): the loop writes no data. Both systems run with their default cache timeouts (1 s for
 //! attributes and entries in the kernel).
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -47,9 +48,12 @@ fn format_and_mount(base: &Path, meta_url: &str, name: &str) -> Result<mount::Ta
         "juicefs format",
     )?;
     let log = std::fs::File::create(base.join(format!("juicefs-{name}.log")))?;
+    // Its own process group: `juicefs mount` is a supervisor that forks the process serving the mount, which
+    // outlived the supervisor's kill (retrying a stopped Redis forever) until the target stopped the group.
     let child = Command::new(&bin)
         .args(["mount", "--no-usage-report", meta_url])
         .arg(&mnt)
+        .process_group(0)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()

@@ -80,6 +80,11 @@ impl Drop for Target {
             let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
         }
         for p in &mut self.procs {
+            // A child started as its process group's leader (juicefs: its supervisor forks the mount process) is
+            // stopped with its whole group; for any other child there is no such group and this does nothing.
+            if let Ok(pid) = i32::try_from(p.id()) {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
             let _ = p.kill();
             let _ = p.wait();
         }

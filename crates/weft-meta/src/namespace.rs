@@ -494,6 +494,18 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         })
     }
 
+    /// `CreateOpen` (as `cred`, exactly once with `once`): a create whose reply is also an open for reading and
+    /// writing, in the create's one transaction (see [`create_open`]). Its once record is a `Create`'s.
+    pub fn create_open(&self, cred: &Cred, r: &CreateReq, once: Option<&OnceCall>) -> Result<Attr, WireError> {
+        let now = self.clock.now_ns();
+        let excluded = self.excluded_servers();
+        let once = once.map(|c| (c, Op::Create));
+        match self.change(once, |t| create_open(t, cred, r, now, &excluded).map(Response::Create))? {
+            Response::Create(attr) => Ok(attr),
+            other => Err(werr(ErrorCode::Internal, format!("a create was recorded as {:?}", other.op()))),
+        }
+    }
+
     /// Whether `cred` may access inode `ino` as `mask` says (a read transaction): the check behind a lock, which
     /// needs the file to be open-able by its caller (docs/format.md §14).
     pub fn may_access(&self, cred: &Cred, ino: u64, mask: Mask) -> Result<(), WireError> {
@@ -930,7 +942,13 @@ fn entry(t: &mut dyn MetaTxn, parent: u64, name: &str) -> Result<(u64, FileKind)
 
 /// Changes a directory's link count by `delta` and stamps its mtime and ctime (its entries changed).
 fn touch_dir(t: &mut dyn MetaTxn, ino: u64, delta: i32, now: i64) -> Result<(), WireError> {
-    let mut d = load(t, ino)?;
+    let d = load(t, ino)?;
+    touch_loaded_dir(t, d, delta, now)
+}
+
+/// [`touch_dir`] of the directory `d` as this transaction loaded it and has not changed it since (one read fewer).
+fn touch_loaded_dir(t: &mut dyn MetaTxn, mut d: Inode, delta: i32, now: i64) -> Result<(), WireError> {
+    let ino = d.ino;
     d.nlink = d
         .nlink
         .checked_add_signed(delta)
@@ -1050,6 +1068,7 @@ fn lookup(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str) -> Result<A
         return Ok(load_dir(t, up)?.attr());
     }
     check_name(name)?;
+    t.prefetch_entry(parent, name)?;
     load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
     Ok(load_entry(t, parent, name, ino)?.attr())
@@ -1114,6 +1133,32 @@ fn set_attr(t: &mut dyn MetaTxn, cred: &Cred, r: &SetAttrReq, now: i64) -> Resul
 /// search permission on the directory (the open's own access check is the caller's, see [`Namespace::access`]).
 /// `excluded`: servers no new layout may name (failed, replaced, draining); they are left out unless that leaves
 /// none.
+/// What a create found under its name.
+enum CreateTarget {
+    /// A regular file of that name (a create that is not exclusive opens it).
+    Existing(Inode),
+    /// No entry: the file is made in this directory.
+    Absent(Inode),
+}
+
+/// The directory locked and searched, and the entry a create of `r` finds: an error for an exclusive create of
+/// an existing name, or a name that is not a regular file.
+fn create_target(t: &mut dyn MetaTxn, cred: &Cred, r: &CreateReq) -> Result<CreateTarget, WireError> {
+    t.serialize_dirs(&[r.parent]);
+    check_name(&r.name)?;
+    t.prefetch_entry(r.parent, &r.name)?;
+    let parent = load_searchable_dir(t, cred, r.parent)?;
+    let Some((ino, kind)) = t.get_dirent(r.parent, &r.name)? else { return Ok(CreateTarget::Absent(parent)) };
+    if r.exclusive {
+        return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
+    }
+    match kind {
+        FileKind::File => Ok(CreateTarget::Existing(load_entry(t, r.parent, &r.name, ino)?)),
+        FileKind::Dir => Err(werr(ErrorCode::IsDir, format!("{:?} is a directory", r.name))),
+        other => Err(werr(ErrorCode::Exists, format!("{:?} exists and is a {other:?}", r.name))),
+    }
+}
+
 fn create(
     t: &mut dyn MetaTxn,
     cred: &Cred,
@@ -1121,20 +1166,43 @@ fn create(
     now: i64,
     excluded: &BTreeSet<u32>,
 ) -> Result<Attr, WireError> {
-    t.serialize_dirs(&[r.parent]);
-    check_name(&r.name)?;
-    let parent = load_searchable_dir(t, cred, r.parent)?;
-    if let Some((ino, kind)) = t.get_dirent(r.parent, &r.name)? {
-        if r.exclusive {
-            return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
-        }
-        return match kind {
-            FileKind::File => Ok(load_entry(t, r.parent, &r.name, ino)?.attr()),
-            FileKind::Dir => Err(werr(ErrorCode::IsDir, format!("{:?} is a directory", r.name))),
-            other => Err(werr(ErrorCode::Exists, format!("{:?} exists and is a {other:?}", r.name))),
-        };
+    match create_target(t, cred, r)? {
+        CreateTarget::Existing(inode) => Ok(inode.attr()),
+        CreateTarget::Absent(parent) => make_file(t, cred, r, &parent, now, excluded),
     }
-    perm::may_create(cred, &parent, acl_for(t, cred, &parent)?.as_ref())?;
+}
+
+/// A create opened for reading and writing, in one transaction. A new file needs nothing more: its creator may
+/// write it whatever its mode (open(2) with `O_CREAT`), and its data version is new. An existing file is opened
+/// as [`Namespace::open`] opens it: its mode is checked and it takes a new data version.
+fn create_open(
+    t: &mut dyn MetaTxn,
+    cred: &Cred,
+    r: &CreateReq,
+    now: i64,
+    excluded: &BTreeSet<u32>,
+) -> Result<Attr, WireError> {
+    match create_target(t, cred, r)? {
+        CreateTarget::Existing(mut inode) => {
+            may(t, cred, &inode, Mask::READ | Mask::WRITE)?;
+            inode.bump_data_version();
+            t.put_inode(&inode)?;
+            Ok(inode.attr())
+        }
+        CreateTarget::Absent(parent) => make_file(t, cred, r, &parent, now, excluded),
+    }
+}
+
+/// A new regular file named `r.name` in `parent`, which has no such entry.
+fn make_file(
+    t: &mut dyn MetaTxn,
+    cred: &Cred,
+    r: &CreateReq,
+    parent: &Inode,
+    now: i64,
+    excluded: &BTreeSet<u32>,
+) -> Result<Attr, WireError> {
+    perm::may_create(cred, parent, acl_for(t, cred, parent)?.as_ref())?;
     let mut servers = t.list_servers()?;
     if servers.iter().any(|(id, _)| !excluded.contains(id)) {
         servers.retain(|(id, _)| !excluded.contains(id));
@@ -1143,8 +1211,8 @@ fn create(
         return Err(werr(ErrorCode::NoServers, format!("cannot create {:?}: no data server is registered", r.name)));
     }
     let (mode, umask) = weft_proto::split_mode_umask(r.mode);
-    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::File, mode);
-    let inherited = xattr::inherit(t, &parent, FileKind::File, mode, umask)?;
+    let (mode, uid, gid) = perm::new_owner(cred, parent, FileKind::File, mode);
+    let inherited = xattr::inherit(t, parent, FileKind::File, mode, umask)?;
     let mode = inherited.mode;
     let policy = parent.layout.clone().unwrap_or_else(default_policy);
     let ino = t.next_ino()?;
@@ -1154,13 +1222,14 @@ fn create(
     t.put_inode(&inode)?;
     inherited.store(t, ino)?;
     t.put_dirent(r.parent, &r.name, ino, FileKind::File)?;
-    touch_dir(t, r.parent, 0, now)?;
+    touch_loaded_dir(t, parent.clone(), 0, now)?;
     Ok(inode.attr())
 }
 
 fn mkdir(t: &mut dyn MetaTxn, cred: &Cred, r: &MkdirReq, now: i64) -> Result<Attr, WireError> {
     t.serialize_dirs(&[r.parent]);
     check_name(&r.name)?;
+    t.prefetch_entry(r.parent, &r.name)?;
     let parent = load_searchable_dir(t, cred, r.parent)?;
     if t.get_dirent(r.parent, &r.name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));
@@ -1173,18 +1242,19 @@ fn mkdir(t: &mut dyn MetaTxn, cred: &Cred, r: &MkdirReq, now: i64) -> Result<Att
     let mut inode = new_inode(ino, FileKind::Dir, inherited.mode, uid, gid, now);
     inode.nlink = 2;
     inode.parent = r.parent;
-    inode.layout = Some(parent.layout.unwrap_or_else(default_policy));
+    inode.layout = Some(parent.layout.clone().unwrap_or_else(default_policy));
     inode.sole_name = Some((r.parent, r.name.clone()));
     t.put_inode(&inode)?;
     inherited.store(t, ino)?;
     t.put_dirent(r.parent, &r.name, ino, FileKind::Dir)?;
-    touch_dir(t, r.parent, 1, now)?;
+    touch_loaded_dir(t, parent, 1, now)?;
     Ok(inode.attr())
 }
 
 fn rmdir(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) -> Result<(), WireError> {
     t.serialize_dirs(&[parent]);
     check_name(name)?;
+    t.prefetch_entry(parent, name)?;
     let parent_dir = load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
     let dir = load_entry(t, parent, name, ino)?;
@@ -1197,12 +1267,13 @@ fn rmdir(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) ->
     }
     t.del_dirent(parent, name)?;
     free_inode(t, ino)?;
-    touch_dir(t, parent, -1, now)
+    touch_loaded_dir(t, parent_dir, -1, now)
 }
 
 fn unlink(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) -> Result<(), WireError> {
     t.serialize_dirs(&[parent]);
     check_name(name)?;
+    t.prefetch_entry(parent, name)?;
     let dir = load_searchable_dir(t, cred, parent)?;
     let (ino, _) = entry(t, parent, name)?;
     let mut inode = load_entry(t, parent, name, ino)?;
@@ -1215,7 +1286,7 @@ fn unlink(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) -
     }
     t.del_dirent(parent, name)?;
     drop_link(t, inode, now)?;
-    touch_dir(t, parent, 0, now)
+    touch_loaded_dir(t, dir, 0, now)
 }
 
 fn link(t: &mut dyn MetaTxn, cred: &Cred, r: &LinkReq, now: i64) -> Result<Attr, WireError> {

@@ -242,8 +242,8 @@ impl MetaStore for PgStore {
                 let mut txn = PgTxn::new(&mut conn, false, BEGIN_READ);
                 let result = f(&mut txn);
                 let failed = txn.into_failure();
-                // A read changed nothing: ending it either way is the same.
-                conn.rollback();
+                // A read changed nothing: its end is not waited for.
+                conn.end_read();
                 match (failed, result) {
                     (Some(_), _) if may_retry(&conn) => continue,
                     (Some(failure), Ok(_)) => return Err(failure.into_error().into()),

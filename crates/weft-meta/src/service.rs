@@ -255,23 +255,15 @@ impl MetaService {
         Ok(Response::Open(self.opened(ctx, attr, r.rights)?))
     }
 
-    /// `CreateOpen`: `Create`, then read+write rights. An exclusive create made the file, and its creator may write
-    /// it whatever its mode (as open(2) with O_CREAT); a non-exclusive one may have found an existing file, whose
-    /// mode is then checked (so a non-exclusive create of a new file with a mode without write permission for its
-    /// owner is refused its capability: the one case where this differs from open(2)).
+    /// `CreateOpen`: a create and an open for reading and writing in one transaction
+    /// ([`crate::Namespace::create_open`]): a new file's creator may write it whatever its mode, as open(2) with
+    /// `O_CREAT`; an existing file's mode is checked.
     async fn create_open(&self, ctx: &CallCtx, cred: Cred, r: CreateReq) -> Result<Response, WireError> {
         let ns = self.ns.clone();
         let once = once_call(ctx, &cred);
-        let attr = tokio::task::spawn_blocking(move || {
-            let exclusive = r.exclusive;
-            let attr = match ns.execute_once(&cred, &Request::Create(r), once.as_ref())? {
-                Response::Create(a) => a,
-                other => return Err(WireError::new(ErrorCode::Internal, format!("create answered {:?}", other.op()))),
-            };
-            if exclusive { Ok(attr) } else { ns.open(&cred, attr.ino, Rights::READ_WRITE) }
-        })
-        .await
-        .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??;
+        let attr = tokio::task::spawn_blocking(move || ns.create_open(&cred, &r, once.as_ref()))
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??;
         Ok(Response::CreateOpen(self.opened(ctx, attr, Rights::READ_WRITE)?))
     }
 

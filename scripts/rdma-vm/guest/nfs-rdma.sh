@@ -56,8 +56,11 @@ both_up() { weft status --cluster $w/tcp.toml 2>/dev/null | grep -q "2 of 2 data
 wait_for "the data servers never registered" both_up
 weft setstripe --cluster $w/tcp.toml --unit 256K --count 2 /
 
+# A state directory, as a deployment has one: a first start has no clients to wait for, so no grace period (without
+# one, every OPEN waited out the 90 s default).
+mkdir -p $w/nfs-state
 weft nfs --cluster $w/tcp.toml --listen $ip:2049 --allow 10.0.0.0/8,127.0.0.0/8 --no-root-squash \
-	--rdma-listen $ip:20049 --pnfs on >$w/nfs.out 2>$w/nfs.log &
+	--rdma-listen $ip:20049 --pnfs on --state-dir $w/nfs-state >$w/nfs.out 2>$w/nfs.log &
 wait_for "the gateway never became ready" grep -q "^WEFT-READY " $w/nfs.out
 grep -q "NFS over RDMA (RPC-over-RDMA v1) listening" $w/nfs.log || fail "the gateway does not listen on rdma"
 echo "nfs-rdma.sh: gateway on $ip:2049 (tcp) and $ip:20049 (rdma)"

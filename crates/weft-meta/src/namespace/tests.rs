@@ -1462,6 +1462,31 @@ fn open_checks_the_callers_access_for_the_rights_asked<S: TestStore>() {
     assert_eq!(code(ns.open(&bob(), 999_999, Rights::READ)), ErrorCode::NotFound);
 }
 
+/// `CreateOpen` in one change: a file it makes is its creator's to write whatever its mode (open(2) with `O_CREAT`,
+/// no second version); a file it finds is checked for read and write and takes a new data version, once per call.
+fn create_open_makes_or_opens_a_file_in_one_change<S: TestStore>() {
+    let (ns, _clock) = ns_of::<S>();
+    let d = dir_of(&ns, ROOT_INO, "d", 0o777, BOB, USERS);
+    let req = |name: &str, mode: u32, exclusive: bool| CreateReq { parent: d.ino, name: name.into(), mode, exclusive };
+    let ro = ns.create_open(&bob(), &req("ro", 0o100444, false), None).unwrap();
+    assert_eq!((ro.uid, ro.mode & 0o7777, ro.data_version), (BOB, 0o444, 1), "made, writable by its creator");
+    assert_eq!(getattr(&ns, ro.ino).unwrap(), ro);
+    assert_eq!(code(ns.create_open(&bob(), &req("ro", 0o100644, false), None)), ErrorCode::Permission);
+    assert_eq!(code(ns.create_open(&bob(), &req("ro", 0o100644, true), None)), ErrorCode::Exists);
+    let f = ns.create_open(&bob(), &req("f", 0o100644, true), None).unwrap();
+    let again = ns.create_open(&bob(), &req("f", 0o100644, false), None).unwrap();
+    assert_eq!(again, Attr { data_version: f.data_version + 1, ..f }, "found and opened for writing");
+    assert_eq!(code(ns.create_open(&alice(), &req("f", 0o100644, false), None)), ErrorCode::Permission);
+    assert_eq!(getattr(&ns, f.ino).unwrap().data_version, f.data_version + 1, "a refused open takes no version");
+    dir_of(&ns, d.ino, "sub", 0o755, BOB, USERS);
+    assert_eq!(code(ns.create_open(&bob(), &req("sub", 0o100644, false), None)), ErrorCode::IsDir);
+    // Retried with its once block: the first reply, one new version.
+    let once = OnceCall { uid: BOB, ..once_call(7) };
+    let first = ns.create_open(&bob(), &req("f", 0o100644, false), Some(&once)).unwrap();
+    assert_eq!(ns.create_open(&bob(), &req("f", 0o100644, false), Some(&once)).unwrap(), first);
+    assert_eq!(getattr(&ns, f.ino).unwrap().data_version, f.data_version + 2);
+}
+
 /// The data version (docs/format.md §8, §12): a file's bytes get a new version at every open for writing, commit
 /// and size change, in the same transaction; reads, opens for reading and attribute-only changes keep it. A
 /// refused open takes none. It survives a restart of the store.
@@ -1884,6 +1909,7 @@ on_every_store!(
     layout_policy_and_server_registration_are_privileged,
     root_may_do_everything,
     open_checks_the_callers_access_for_the_rights_asked,
+    create_open_makes_or_opens_a_file_in_one_change,
     pnfs_addresses_are_registered_and_listed,
     an_inode_knows_its_sole_name_until_it_has_two,
 );

@@ -247,6 +247,24 @@ impl Conn {
         }
     }
 
+    /// Ends a read-only transaction without waiting for the reply: its `ROLLBACK` leaves now and the connection's
+    /// next statement queues behind it on the socket, so a point read costs one round trip, not two. Nothing
+    /// depends on the reply: a read changed nothing, and a connection that fails meanwhile fails that next
+    /// statement, which is retried as any statement on a lost connection is. A session holding directory locks
+    /// ends as [`Conn::rollback`] does, since it may be pooled only once they are released.
+    pub(super) fn end_read(&mut self) {
+        if !self.in_txn || self.dirs_locked {
+            return self.rollback();
+        }
+        let mut rollback = std::pin::pin!(self.client.batch_execute("ROLLBACK"));
+        // tokio-postgres queues a request for its connection at the future's first poll; the connection reads and
+        // drops the reply of a future dropped before it (a batch_execute is one request whatever happens).
+        let polled = rollback.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        // Ready at once only when the request could not be queued: the connection is gone.
+        self.lost |= matches!(polled, Poll::Ready(Err(_)));
+        self.in_txn = false;
+    }
+
     /// Ends the transaction with `sql` (`COMMIT` or `ROLLBACK`) and, in the same pipeline after it, releases
     /// the directories' advisory locks whatever its outcome (each a query of its own: one failing does not stop
     /// the other). The answer is the end's.

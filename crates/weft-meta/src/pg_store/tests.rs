@@ -210,3 +210,45 @@ fn changes_of_one_directory_from_two_services_wait_for_each_other_instead_of_con
     let retries = a.stats().retries.get() + b.stats().retries.get();
     assert_eq!(retries, 0, "changes of one directory ran one at a time: none conflicted");
 }
+
+/// `prefetch_entry` answers the directory, its entry and the entry's inode as the reads themselves would, for
+/// every combination of what exists, and nothing read ahead outlives the transaction's next change.
+#[test]
+fn a_prefetched_entry_reads_as_the_rows_do_until_a_change() {
+    let store = PgStore::connect(&fresh_url()).unwrap();
+    let file = Inode { ino: 8, kind: FileKind::File, nlink: 1, ..dir_inode(8) };
+    store
+        .write(|t| {
+            t.put_inode(&dir_inode(7))?;
+            t.put_inode(&file)?;
+            t.put_dirent(7, "f", 8, FileKind::File)?;
+            t.put_dirent(7, "dangling", 99, FileKind::File)
+        })
+        .unwrap();
+    let direct = |t: &mut dyn MetaTxn, dir: u64, name: &str| -> Result<_, MetaError> {
+        let entry = t.get_dirent(dir, name)?;
+        let child = entry.map(|(ino, _)| t.get_inode(ino)).transpose()?;
+        Ok((t.get_inode(dir)?, entry, child))
+    };
+    for (dir, name) in [(7, "f"), (7, "absent"), (7, "dangling"), (5, "f"), (u64::MAX, "f")] {
+        let plain = store.read(|t| direct(t, dir, name)).unwrap();
+        let ahead = store
+            .read(|t| {
+                t.prefetch_entry(dir, name)?;
+                direct(t, dir, name)
+            })
+            .unwrap();
+        assert_eq!(ahead, plain, "{dir}/{name}");
+    }
+    let (before, after) = store
+        .write(|t| {
+            t.prefetch_entry(7, "f")?;
+            let before = t.get_inode(8)?;
+            t.put_inode(&Inode { size: 4096, ..file.clone() })?;
+            t.del_dirent(7, "f")?;
+            Ok::<_, MetaError>((before, (t.get_inode(8)?, t.get_dirent(7, "f")?)))
+        })
+        .unwrap();
+    assert_eq!(before, Some(file.clone()));
+    assert_eq!(after, (Some(Inode { size: 4096, ..file }), None), "the transaction's own changes are read");
+}
