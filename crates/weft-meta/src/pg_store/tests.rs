@@ -211,6 +211,53 @@ fn changes_of_one_directory_from_two_services_wait_for_each_other_instead_of_con
     assert_eq!(retries, 0, "changes of one directory ran one at a time: none conflicted");
 }
 
+/// A service that dies holding a directory's lock (its database session ends: here terminated by the server, as
+/// the kernel closing a killed process's socket ends it) holds up nobody: the other service's change of that
+/// directory goes on, and the dead one's transaction, never committed, leaves nothing.
+#[test]
+fn a_directory_lock_goes_with_the_session_that_held_it() {
+    let url = fresh_url();
+    let (a, b) = (PgStore::connect(&url).unwrap(), PgStore::connect(&url).unwrap());
+    a.write(|t| t.put_inode(&dir_inode(31))).unwrap();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let runs = AtomicU32::new(0);
+    let bump = |t: &mut dyn MetaTxn| -> Result<(), MetaError> {
+        let mut dir = t.get_inode(31)?.expect("the directory");
+        dir.nlink += 1;
+        t.put_inode(&dir)
+    };
+    std::thread::scope(|s| {
+        let (a, runs) = (&a, &runs);
+        let holder = s.spawn(move || {
+            a.write(|t| {
+                t.serialize_dirs(&[31]);
+                t.get_inode(31)?; // the lock is taken with the transaction's first statement
+                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    locked_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                }
+                bump(t)
+            })
+        });
+        locked_rx.recv().unwrap();
+        execute(
+            &url,
+            "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid = 31 AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        );
+        b.write(|t| {
+            t.serialize_dirs(&[31]);
+            bump(t)
+        })
+        .unwrap();
+        go_tx.send(()).unwrap();
+        holder.join().unwrap().unwrap();
+    });
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the holder's change ran again on a new connection");
+    assert_eq!(a.read(|t| t.get_inode(31)).unwrap().unwrap().nlink, 4, "each change applied once");
+}
+
 /// `prefetch_entry` answers the directory, its entry and the entry's inode as the reads themselves would, for
 /// every combination of what exists, and nothing read ahead outlives the transaction's next change.
 #[test]
