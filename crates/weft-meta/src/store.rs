@@ -498,8 +498,8 @@ pub trait MetaTxn {
     /// than one that fails at its commit and runs again. A hint: a store whose writes run one at a time anyway
     /// (redb, memory) ignores it.
     fn serialize_dirs(&mut self, _dirs: &[u64]) {}
-    /// Says that the transaction is about to read directory `parent`'s inode and ACLs, its entry `name` and that
-    /// entry's inode, so that a store where each read is a round trip fetches them in one. A hint: the reads that
+    /// Says that the transaction is about to read directory `parent`'s inode, its entry `name` and that entry's
+    /// inode, so that a store where each read is a round trip fetches the three in one. A hint: the reads that
     /// follow return what they would have without it, and a store whose reads are local ignores it.
     fn prefetch_entry(&mut self, _parent: u64, _name: &str) -> Result<(), MetaError> {
         Ok(())

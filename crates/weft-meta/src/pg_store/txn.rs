@@ -40,8 +40,8 @@ impl Failure {
 
 /// One transaction. Its `BEGIN` waits for its first statement and its changes for its next read or its `COMMIT`,
 /// each group sent as one pipeline ([`Conn::pipeline`]), and a name's directory, entry and inode are read in one
-/// ([`MetaTxn::prefetch_entry`]): a create's transaction costs 4 round trips to the database (the directory's lock,
-/// `BEGIN`, the directory with its ACLs and the entry; the servers; the inode number; `COMMIT`) where its 12
+/// ([`MetaTxn::prefetch_entry`]): a create's transaction costs 5 round trips to the database (the directory's lock,
+/// `BEGIN` and the entry; the servers; the directory's default ACL; the inode number; `COMMIT`) where its 12
 /// statements one by one cost 12. A read sees the transaction's earlier changes, since they precede it on the
 /// connection.
 pub(super) struct PgTxn<'c> {
@@ -60,15 +60,12 @@ pub(super) struct PgTxn<'c> {
 
 /// A directory entry's key: (directory, name).
 type EntryKey = (u64, String);
-/// An extended attribute's key: (inode, name).
-type XattrKey = (u64, &'static str);
 
 /// Rows read ahead in this transaction's snapshot, keyed as their tables are; `None`: no such row.
 #[derive(Default)]
 struct Prefetched {
     inodes: Vec<(u64, Option<Inode>)>,
     dirents: Vec<(EntryKey, Option<(u64, FileKind)>)>,
-    xattrs: Vec<(XattrKey, Option<Vec<u8>>)>,
 }
 
 impl Prefetched {
@@ -80,14 +77,9 @@ impl Prefetched {
         self.dirents.iter().find(|((p, n), _)| *p == parent && n == name).map(|(_, v)| *v)
     }
 
-    fn xattr(&self, ino: u64, name: &str) -> Option<Option<Vec<u8>>> {
-        self.xattrs.iter().find(|((i, n), _)| *i == ino && *n == name).map(|(_, v)| v.clone())
-    }
-
     fn clear(&mut self) {
         self.inodes.clear();
         self.dirents.clear();
-        self.xattrs.clear();
     }
 }
 
@@ -229,12 +221,8 @@ const GET_INODE: &str = "SELECT ino, record FROM weft_inodes WHERE ino = $1";
 /// A directory's inode, its entry of a name and that entry's inode, in one row whatever exists (NULLs for what
 /// does not).
 const GET_ENTRY: &str = "SELECT (SELECT record FROM weft_inodes WHERE ino = $1), d.ino, d.kind, \
-                         (SELECT record FROM weft_inodes WHERE ino = d.ino), \
-                         (SELECT value FROM weft_xattrs WHERE ino = $1 AND name = $3), \
-                         (SELECT value FROM weft_xattrs WHERE ino = $1 AND name = $4) \
+                         (SELECT record FROM weft_inodes WHERE ino = d.ino) \
                          FROM (SELECT 1) AS one LEFT JOIN weft_dirents d ON d.parent = $1 AND d.name = $2";
-/// The directory's attributes that [`GET_ENTRY`] reads with it: the ACLs a create or a search checks.
-const ENTRY_DIR_XATTRS: [&str; 2] = [crate::acl::DEFAULT_XATTR, crate::acl::ACCESS_XATTR];
 const PUT_INODE: &str = "INSERT INTO weft_inodes (ino, record) VALUES ($1, $2) \
                          ON CONFLICT (ino) DO UPDATE SET record = EXCLUDED.record";
 const DEL_INODE: &str = "DELETE FROM weft_inodes WHERE ino = $1";
@@ -292,8 +280,7 @@ impl MetaTxn for PgTxn<'_> {
 
     fn prefetch_entry(&mut self, parent: u64, name: &str) -> Result<(), MetaError> {
         let Some(p) = key(parent) else { return Ok(()) };
-        let [x0, x1] = ENTRY_DIR_XATTRS.map(str::as_bytes);
-        let rows = self.query(GET_ENTRY, &[&p, &name.as_bytes(), &x0, &x1])?;
+        let rows = self.query(GET_ENTRY, &[&p, &name.as_bytes()])?;
         let row = rows.first().ok_or_else(|| MetaError::Store("the entry query returned no row".into()))?;
         let dir = col::<Option<&[u8]>>(row, 0)?.map(|r| checked_inode(parent, r)).transpose()?;
         let entry = match col::<Option<i64>>(row, 1)? {
@@ -305,9 +292,6 @@ impl MetaTxn for PgTxn<'_> {
             self.prefetched.inodes.push((ino, inode));
         }
         self.prefetched.inodes.push((parent, dir));
-        for (i, xattr) in ENTRY_DIR_XATTRS.into_iter().enumerate() {
-            self.prefetched.xattrs.push(((parent, xattr), col::<Option<Vec<u8>>>(row, 4 + i)?));
-        }
         self.prefetched.dirents.push(((parent, name.to_owned()), entry));
         Ok(())
     }
@@ -415,9 +399,6 @@ impl MetaTxn for PgTxn<'_> {
     }
 
     fn get_xattr(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
-        if let Some(value) = self.prefetched.xattr(ino, name) {
-            return Ok(value);
-        }
         let Some(k) = key(ino) else { return Ok(None) };
         self.query(GET_XATTR, &[&k, &name.as_bytes()])?.first().map(|r| col(r, 0)).transpose()
     }
