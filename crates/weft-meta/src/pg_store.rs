@@ -58,14 +58,27 @@ pub struct PgConfig {
     /// How long a transaction waits for a writable server once the store has connected (the database failing
     /// over to a standby), in milliseconds.
     pub failover_timeout_ms: u64,
+    /// How long one of this store's sessions may sit idle inside a transaction before PostgreSQL ends it
+    /// (`idle_in_transaction_session_timeout`), in milliseconds: the bound on how long a stopped or hung service
+    /// holds the directory locks it took (docs/format.md §26). Between a transaction's statements a service only
+    /// computes in memory, so a healthy one never comes near it.
+    pub idle_in_txn_timeout_ms: u64,
 }
+
+/// Default [`PgConfig::idle_in_txn_timeout_ms`]: far above any pause between one transaction's statements, far
+/// below the clients' `mds_failover_timeout_ms` (60 s).
+pub const DEFAULT_IDLE_IN_TXN_TIMEOUT_MS: u64 = 15_000;
 
 /// Default [`PgConfig::failover_timeout_ms`]: time for an operator or pg_auto_failover/Patroni to promote a standby.
 pub const DEFAULT_DB_FAILOVER_TIMEOUT_MS: u64 = 30_000;
 
 impl Default for PgConfig {
     fn default() -> Self {
-        PgConfig { connections_max: DEFAULT_CONNECTIONS_MAX, failover_timeout_ms: DEFAULT_DB_FAILOVER_TIMEOUT_MS }
+        PgConfig {
+            connections_max: DEFAULT_CONNECTIONS_MAX,
+            failover_timeout_ms: DEFAULT_DB_FAILOVER_TIMEOUT_MS,
+            idle_in_txn_timeout_ms: DEFAULT_IDLE_IN_TXN_TIMEOUT_MS,
+        }
     }
 }
 
@@ -73,6 +86,12 @@ impl PgConfig {
     /// Waits at most `ms` for a writable server (see [`PgConfig::failover_timeout_ms`]).
     pub fn with_failover_timeout_ms(mut self, ms: u64) -> Self {
         self.failover_timeout_ms = ms;
+        self
+    }
+
+    /// Ends a session idle inside a transaction for `ms` (at least 1; see [`PgConfig::idle_in_txn_timeout_ms`]).
+    pub fn with_idle_in_txn_timeout_ms(mut self, ms: u64) -> Self {
+        self.idle_in_txn_timeout_ms = ms.max(1);
         self
     }
 
@@ -117,7 +136,7 @@ impl PgStore {
     pub fn connect_with(url: &str, cfg: PgConfig) -> Result<PgStore, MetaError> {
         let pg_cfg: tokio_postgres::Config =
             url.parse().map_err(|e| MetaError::Store(format!("PostgreSQL connection string: {e}")))?;
-        let pool = Pool::new(pg_cfg, cfg.connections_max.max(1), cfg.failover_timeout_ms)?;
+        let pool = Pool::new(pg_cfg, cfg.connections_max.max(1), cfg.failover_timeout_ms, cfg.idle_in_txn_timeout_ms)?;
         off_runtime(|| {
             let mut conn = pool.take()?;
             let from = schema::migrate(&mut conn)?;

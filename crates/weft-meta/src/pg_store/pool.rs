@@ -316,6 +316,8 @@ pub(super) struct Pool {
     max: usize,
     /// How long a connect keeps trying once the pool has connected before (a database failing over).
     failover_ms: u64,
+    /// Each session's `idle_in_transaction_session_timeout`.
+    idle_in_txn_ms: u64,
     /// Whether any connect succeeded: before that, a failure is a configuration error, reported at once.
     connected_once: AtomicBool,
     state: Mutex<State>,
@@ -330,7 +332,12 @@ impl Pool {
         self.failover_ms
     }
 
-    pub(super) fn new(cfg: tokio_postgres::Config, max: usize, failover_ms: u64) -> Result<Pool, MetaError> {
+    pub(super) fn new(
+        cfg: tokio_postgres::Config,
+        max: usize,
+        failover_ms: u64,
+        idle_in_txn_ms: u64,
+    ) -> Result<Pool, MetaError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("weft-pg")
@@ -340,6 +347,7 @@ impl Pool {
             cfg,
             max,
             failover_ms,
+            idle_in_txn_ms,
             connected_once: AtomicBool::new(false),
             state: Mutex::new(State { idle: Vec::new(), open: 0 }),
             freed: Condvar::new(),
@@ -437,6 +445,10 @@ impl Pool {
         if setting.try_get::<_, &str>(0).is_ok_and(|v| v == "off") {
             block_on(client.batch_execute("SET synchronous_commit TO on"))?;
         }
+        // A session stopped inside a transaction (its service paused or hung, its socket still open) would hold
+        // its directory locks for ever: PostgreSQL ends it after this long, which releases them.
+        let bound = format!("SET idle_in_transaction_session_timeout TO {}", self.idle_in_txn_ms);
+        block_on(client.batch_execute(&bound))?;
         Ok(Conn { client, statements: HashMap::new(), in_txn: false, lost: false, dirs_locked: false })
     }
 }

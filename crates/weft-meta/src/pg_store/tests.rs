@@ -258,6 +258,49 @@ fn a_directory_lock_goes_with_the_session_that_held_it() {
     assert_eq!(a.read(|t| t.get_inode(31)).unwrap().unwrap().nlink, 4, "each change applied once");
 }
 
+/// A service stopped while it holds a directory's lock (SIGSTOP, a hung thread: its socket stays open) holds up
+/// the other services only until PostgreSQL ends its session for sitting idle in the transaction; the stopped
+/// one's change, never committed, runs again when it resumes.
+#[test]
+fn a_stopped_holder_loses_its_directory_lock_after_the_idle_bound() {
+    let url = fresh_url();
+    let a = PgStore::connect_with(&url, PgConfig::default().with_idle_in_txn_timeout_ms(300)).unwrap();
+    let b = PgStore::connect(&url).unwrap();
+    a.write(|t| t.put_inode(&dir_inode(32))).unwrap();
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let runs = AtomicU32::new(0);
+    let bump = |t: &mut dyn MetaTxn| -> Result<(), MetaError> {
+        let mut dir = t.get_inode(32)?.expect("the directory");
+        dir.nlink += 1;
+        t.put_inode(&dir)
+    };
+    std::thread::scope(|s| {
+        let (a, runs) = (&a, &runs);
+        let holder = s.spawn(move || {
+            a.write(|t| {
+                t.serialize_dirs(&[32]);
+                t.get_inode(32)?;
+                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    locked_tx.send(()).unwrap();
+                    go_rx.recv().unwrap(); // stopped, holding the lock, until the other service got through
+                }
+                bump(t)
+            })
+        });
+        locked_rx.recv().unwrap();
+        b.write(|t| {
+            t.serialize_dirs(&[32]);
+            bump(t)
+        })
+        .unwrap();
+        go_tx.send(()).unwrap();
+        holder.join().unwrap().unwrap();
+    });
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the stopped holder's change ran again on a new connection");
+    assert_eq!(a.read(|t| t.get_inode(32)).unwrap().unwrap().nlink, 4, "each change applied once");
+}
+
 /// `prefetch_entry` answers the directory, its entry and the entry's inode as the reads themselves would, for
 /// every combination of what exists, and nothing read ahead outlives the transaction's next change.
 #[test]
