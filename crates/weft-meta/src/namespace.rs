@@ -373,7 +373,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             Request::SetAttr(r) => self.change(once, |t| set_attr(t, cred, r, now).map(Response::SetAttr)),
             Request::Create(r) => {
                 let excluded = self.excluded_servers();
-                self.change(once, |t| create(t, cred, r, now, &excluded).map(Response::Create))
+                self.change(once, |t| create(t, cred, r, now, &excluded, false).map(Response::Create))
             }
             Request::Mkdir(r) => self.change(once, |t| mkdir(t, cred, r, now).map(Response::Mkdir)),
             Request::Rmdir(r) => self.change(once, |t| rmdir(t, cred, r.parent, &r.name, now).map(Response::Rmdir)),
@@ -495,12 +495,12 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
     }
 
     /// `CreateOpen` (as `cred`, exactly once with `once`): a create whose reply is also an open for reading and
-    /// writing, in the create's one transaction (see [`create_open`]). Its once record is a `Create`'s.
+    /// writing, in the create's one transaction (see [`create`]). Its once record is a `Create`'s.
     pub fn create_open(&self, cred: &Cred, r: &CreateReq, once: Option<&OnceCall>) -> Result<Attr, WireError> {
         let now = self.clock.now_ns();
         let excluded = self.excluded_servers();
         let once = once.map(|c| (c, Op::Create));
-        match self.change(once, |t| create_open(t, cred, r, now, &excluded).map(Response::Create))? {
+        match self.change(once, |t| create(t, cred, r, now, &excluded, true).map(Response::Create))? {
             Response::Create(attr) => Ok(attr),
             other => Err(werr(ErrorCode::Internal, format!("a create was recorded as {:?}", other.op()))),
         }
@@ -1129,10 +1129,6 @@ fn set_attr(t: &mut dyn MetaTxn, cred: &Cred, r: &SetAttrReq, now: i64) -> Resul
     Ok(i.attr())
 }
 
-/// A name that exists answers as Linux's `open(O_CREAT)` does: `Exists` if exclusive, else the file, with only
-/// search permission on the directory (the open's own access check is the caller's, see [`Namespace::access`]).
-/// `excluded`: servers no new layout may name (failed, replaced, draining); they are left out unless that leaves
-/// none.
 /// What a create found under its name.
 enum CreateTarget {
     /// A regular file of that name (a create that is not exclusive opens it).
@@ -1159,37 +1155,30 @@ fn create_target(t: &mut dyn MetaTxn, cred: &Cred, r: &CreateReq) -> Result<Crea
     }
 }
 
+/// A name that exists answers as Linux's `open(O_CREAT)` does: `Exists` if exclusive, else the file, with only
+/// search permission on the directory (the open's own access check is the caller's, see [`Namespace::access`]).
+/// With `open` (`CreateOpen`) the create is also an open for reading and writing, in this one transaction: a file
+/// it makes needs nothing more (its creator may write it whatever its mode, as open(2) with `O_CREAT`, and its
+/// data version is new); a file it finds is opened as [`Namespace::open`] opens it (its mode is checked and it
+/// takes a new data version). `excluded`: servers no new layout may name (failed, replaced, draining); they are
+/// left out unless that leaves none.
 fn create(
     t: &mut dyn MetaTxn,
     cred: &Cred,
     r: &CreateReq,
     now: i64,
     excluded: &BTreeSet<u32>,
+    open: bool,
 ) -> Result<Attr, WireError> {
     match create_target(t, cred, r)? {
-        CreateTarget::Existing(inode) => Ok(inode.attr()),
-        CreateTarget::Absent(parent) => make_file(t, cred, r, &parent, now, excluded),
-    }
-}
-
-/// A create opened for reading and writing, in one transaction. A new file needs nothing more: its creator may
-/// write it whatever its mode (open(2) with `O_CREAT`), and its data version is new. An existing file is opened
-/// as [`Namespace::open`] opens it: its mode is checked and it takes a new data version.
-fn create_open(
-    t: &mut dyn MetaTxn,
-    cred: &Cred,
-    r: &CreateReq,
-    now: i64,
-    excluded: &BTreeSet<u32>,
-) -> Result<Attr, WireError> {
-    match create_target(t, cred, r)? {
-        CreateTarget::Existing(mut inode) => {
+        CreateTarget::Existing(mut inode) if open => {
             may(t, cred, &inode, Mask::READ | Mask::WRITE)?;
             inode.bump_data_version();
             t.put_inode(&inode)?;
             Ok(inode.attr())
         }
-        CreateTarget::Absent(parent) => make_file(t, cred, r, &parent, now, excluded),
+        CreateTarget::Existing(inode) => Ok(inode.attr()),
+        CreateTarget::Absent(parent) => make_file(t, cred, r, parent, now, excluded),
     }
 }
 
@@ -1198,11 +1187,11 @@ fn make_file(
     t: &mut dyn MetaTxn,
     cred: &Cred,
     r: &CreateReq,
-    parent: &Inode,
+    parent: Inode,
     now: i64,
     excluded: &BTreeSet<u32>,
 ) -> Result<Attr, WireError> {
-    perm::may_create(cred, parent, acl_for(t, cred, parent)?.as_ref())?;
+    perm::may_create(cred, &parent, acl_for(t, cred, &parent)?.as_ref())?;
     let mut servers = t.list_servers()?;
     if servers.iter().any(|(id, _)| !excluded.contains(id)) {
         servers.retain(|(id, _)| !excluded.contains(id));
@@ -1211,8 +1200,8 @@ fn make_file(
         return Err(werr(ErrorCode::NoServers, format!("cannot create {:?}: no data server is registered", r.name)));
     }
     let (mode, umask) = weft_proto::split_mode_umask(r.mode);
-    let (mode, uid, gid) = perm::new_owner(cred, parent, FileKind::File, mode);
-    let inherited = xattr::inherit(t, parent, FileKind::File, mode, umask)?;
+    let (mode, uid, gid) = perm::new_owner(cred, &parent, FileKind::File, mode);
+    let inherited = xattr::inherit(t, &parent, FileKind::File, mode, umask)?;
     let mode = inherited.mode;
     let policy = parent.layout.clone().unwrap_or_else(default_policy);
     let ino = t.next_ino()?;
@@ -1222,7 +1211,7 @@ fn make_file(
     t.put_inode(&inode)?;
     inherited.store(t, ino)?;
     t.put_dirent(r.parent, &r.name, ino, FileKind::File)?;
-    touch_loaded_dir(t, parent.clone(), 0, now)?;
+    touch_loaded_dir(t, parent, 0, now)?;
     Ok(inode.attr())
 }
 

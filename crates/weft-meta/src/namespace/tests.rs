@@ -590,7 +590,7 @@ fn readdir_limit_is_capped<S: TestStore>() {
     ns.store()
         .write(|t| {
             for i in 0..5000 {
-                super::create(t, &Cred::root(), &file_req(d.ino, &format!("{i:05}")), T0, &Default::default())?;
+                super::create(t, &Cred::root(), &file_req(d.ino, &format!("{i:05}")), T0, &Default::default(), false)?;
             }
             Ok::<_, WireError>(())
         })
@@ -831,7 +831,7 @@ fn failed_transactions_apply_nothing<S: TestStore>() {
     let (ns, _) = ns_of::<S>();
     let before = statfs(&ns).files;
     let r: Result<(), WireError> = ns.store().write(|t| {
-        super::create(t, &Cred::root(), &file_req(ROOT_INO, "a"), T0, &Default::default())?;
+        super::create(t, &Cred::root(), &file_req(ROOT_INO, "a"), T0, &Default::default(), false)?;
         super::mkdir(t, &Cred::root(), &dir_req(ROOT_INO, "b"), T0)?;
         Err(WireError::new(ErrorCode::Internal, "abort"))
     });
@@ -945,6 +945,7 @@ fn redb_readdir_pages_through_100k_entries() {
                         &file_req(d.ino, &format!("file-{:08}", (i * 7919) % N)),
                         T0,
                         &Default::default(),
+                        false,
                     )?;
                 }
                 Ok::<_, WireError>(())

@@ -211,6 +211,44 @@ fn changes_of_one_directory_from_two_services_wait_for_each_other_instead_of_con
     assert_eq!(retries, 0, "changes of one directory ran one at a time: none conflicted");
 }
 
+/// Service `a` takes directory `dir`'s lock and stops inside its transaction; `while_stopped` runs, then service
+/// `b` changes the directory, then `a` goes on. Returns how many times `a`'s change ran, once `b`'s change and
+/// `a`'s are both in. Each change adds one to the directory's link count.
+fn holder_stopped_while_another_changes(a: &PgStore, b: &PgStore, dir: u64, while_stopped: impl FnOnce()) -> u32 {
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let runs = AtomicU32::new(0);
+    let bump = |t: &mut dyn MetaTxn| -> Result<(), MetaError> {
+        let mut d = t.get_inode(dir)?.expect("the directory");
+        d.nlink += 1;
+        t.put_inode(&d)
+    };
+    std::thread::scope(|s| {
+        let runs = &runs;
+        let holder = s.spawn(move || {
+            a.write(|t| {
+                t.serialize_dirs(&[dir]);
+                t.get_inode(dir)?; // the lock is taken with the transaction's first statement
+                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                    locked_tx.send(()).unwrap();
+                    go_rx.recv().unwrap(); // stopped, holding the lock, until the other service got through
+                }
+                bump(t)
+            })
+        });
+        locked_rx.recv().unwrap();
+        while_stopped();
+        b.write(|t| {
+            t.serialize_dirs(&[dir]);
+            bump(t)
+        })
+        .unwrap();
+        go_tx.send(()).unwrap();
+        holder.join().unwrap().unwrap();
+    });
+    runs.load(Ordering::SeqCst)
+}
+
 /// A service that dies holding a directory's lock (its database session ends: here terminated by the server, as
 /// the kernel closing a killed process's socket ends it) holds up nobody: the other service's change of that
 /// directory goes on, and the dead one's transaction, never committed, leaves nothing.
@@ -219,42 +257,14 @@ fn a_directory_lock_goes_with_the_session_that_held_it() {
     let url = fresh_url();
     let (a, b) = (PgStore::connect(&url).unwrap(), PgStore::connect(&url).unwrap());
     a.write(|t| t.put_inode(&dir_inode(31))).unwrap();
-    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let runs = AtomicU32::new(0);
-    let bump = |t: &mut dyn MetaTxn| -> Result<(), MetaError> {
-        let mut dir = t.get_inode(31)?.expect("the directory");
-        dir.nlink += 1;
-        t.put_inode(&dir)
-    };
-    std::thread::scope(|s| {
-        let (a, runs) = (&a, &runs);
-        let holder = s.spawn(move || {
-            a.write(|t| {
-                t.serialize_dirs(&[31]);
-                t.get_inode(31)?; // the lock is taken with the transaction's first statement
-                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
-                    locked_tx.send(()).unwrap();
-                    go_rx.recv().unwrap();
-                }
-                bump(t)
-            })
-        });
-        locked_rx.recv().unwrap();
+    let runs = holder_stopped_while_another_changes(&a, &b, 31, || {
         execute(
             &url,
             "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND objid = 31 AND granted \
              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        );
-        b.write(|t| {
-            t.serialize_dirs(&[31]);
-            bump(t)
-        })
-        .unwrap();
-        go_tx.send(()).unwrap();
-        holder.join().unwrap().unwrap();
+        )
     });
-    assert_eq!(runs.load(Ordering::SeqCst), 2, "the holder's change ran again on a new connection");
+    assert_eq!(runs, 2, "the holder's change ran again on a new connection");
     assert_eq!(a.read(|t| t.get_inode(31)).unwrap().unwrap().nlink, 4, "each change applied once");
 }
 
@@ -267,37 +277,8 @@ fn a_stopped_holder_loses_its_directory_lock_after_the_idle_bound() {
     let a = PgStore::connect_with(&url, PgConfig::default().with_idle_in_txn_timeout_ms(300)).unwrap();
     let b = PgStore::connect(&url).unwrap();
     a.write(|t| t.put_inode(&dir_inode(32))).unwrap();
-    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let runs = AtomicU32::new(0);
-    let bump = |t: &mut dyn MetaTxn| -> Result<(), MetaError> {
-        let mut dir = t.get_inode(32)?.expect("the directory");
-        dir.nlink += 1;
-        t.put_inode(&dir)
-    };
-    std::thread::scope(|s| {
-        let (a, runs) = (&a, &runs);
-        let holder = s.spawn(move || {
-            a.write(|t| {
-                t.serialize_dirs(&[32]);
-                t.get_inode(32)?;
-                if runs.fetch_add(1, Ordering::SeqCst) == 0 {
-                    locked_tx.send(()).unwrap();
-                    go_rx.recv().unwrap(); // stopped, holding the lock, until the other service got through
-                }
-                bump(t)
-            })
-        });
-        locked_rx.recv().unwrap();
-        b.write(|t| {
-            t.serialize_dirs(&[32]);
-            bump(t)
-        })
-        .unwrap();
-        go_tx.send(()).unwrap();
-        holder.join().unwrap().unwrap();
-    });
-    assert_eq!(runs.load(Ordering::SeqCst), 2, "the stopped holder's change ran again on a new connection");
+    let runs = holder_stopped_while_another_changes(&a, &b, 32, || {});
+    assert_eq!(runs, 2, "the stopped holder's change ran again on a new connection");
     assert_eq!(a.read(|t| t.get_inode(32)).unwrap().unwrap().nlink, 4, "each change applied once");
 }
 
