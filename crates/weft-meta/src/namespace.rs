@@ -41,7 +41,7 @@ use weft_proto::{
     SpaceStat, StatFs, TimeSet, WireError,
 };
 
-use crate::acl::Acl;
+use crate::acl::{Acl, DEFAULT_XATTR};
 use crate::clock::Clock;
 use crate::error::MetaError;
 use crate::membership::{self, DEFAULT_REBUILD_AFTER_MS, Phase, Scan, Timing};
@@ -132,11 +132,13 @@ pub struct Namespace<S: MetaStore, C: Clock> {
     locks_orphan_ms: u64,
 }
 
-/// How a tagged change's transaction failed: by the namespace's rules or the store (answered as is), or with its
-/// commit's outcome unknown (settled by the once record).
+/// How a tagged change's transaction failed: by the namespace's rules or the store (answered as is), with its
+/// commit's outcome unknown (settled by the once record), or because the call had run before.
 enum ChangeError {
     Rule(WireError),
     Unknown(String),
+    /// The call had run: its recorded reply (the transaction rolls back).
+    Recorded(Box<Response>),
 }
 
 impl From<MetaError> for ChangeError {
@@ -303,28 +305,34 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         // A commit whose outcome was lost with the database connection (a primary failing over) is settled by the
         // once record it would have written: found, it ran; absent, it did not, and runs again (bounded).
         for _ in 0..COMMIT_UNKNOWN_TRIES {
-            // The lookup runs in a read-only snapshot of its own, not in the change's transaction: on PostgreSQL a
-            // read of the record inside every change made concurrent changes conflict (SERIALIZABLE's page-level
-            // predicate locks on the index) until they gave up; a snapshot read takes no such locks (format §27
-            // says what this leaves to the namespace's own rules).
-            if let Some(resp) = self.store.read(|t| once::lookup(t, call, op))? {
-                tracing::info!(
-                    client = format_args!("{:#x}", call.tag.client),
-                    slot = call.slot,
-                    call = call.tag.call,
-                    op = op.name(),
-                    "a call that had run is answered with its recorded reply (once block)"
-                );
-                return Ok(resp);
-            }
             let at_ms = self.now_ms();
             let done = self.store.write(|t| {
-                let resp = f(t).map_err(ChangeError::Rule)?;
+                // The record is read apart from the change's own reads (format §27): on PostgreSQL, reading it
+                // inside every change made concurrent changes conflict (SERIALIZABLE's page-level predicate locks
+                // on the index) until they gave up. It is read after the directory locks, with the change's first
+                // statement, and looked at once the change ran: a call that ran is answered with its reply, and
+                // this transaction, which must not commit, rolls back.
+                once::ask(t, call);
+                let resp = f(t);
+                if let Some(recorded) = once::lookup(t, call, op).map_err(ChangeError::Rule)? {
+                    return Err(ChangeError::Recorded(Box::new(recorded)));
+                }
+                let resp = resp.map_err(ChangeError::Rule)?;
                 once::record(t, call, op, &resp, at_ms)?;
                 Ok::<_, ChangeError>(resp)
             });
             match done {
                 Ok(resp) => return Ok(resp),
+                Err(ChangeError::Recorded(resp)) => {
+                    tracing::info!(
+                        client = format_args!("{:#x}", call.tag.client),
+                        slot = call.slot,
+                        call = call.tag.call,
+                        op = op.name(),
+                        "a call that had run is answered with its recorded reply (once block)"
+                    );
+                    return Ok(*resp);
+                }
                 Err(ChangeError::Rule(e)) => return Err(e),
                 Err(ChangeError::Unknown(why)) => {
                     tracing::warn!(op = op.name(), "{why}; asking the once record whether the change ran")
@@ -348,6 +356,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                 Ok(r) => return Ok(r),
                 Err(ChangeError::Rule(e)) => return Err(e),
                 Err(ChangeError::Unknown(why)) => tracing::warn!("{why}; running the change again (harmless twice)"),
+                Err(ChangeError::Recorded(_)) => unreachable!("only a tagged change looks its record up"),
             }
         }
         self.store.write(f)
@@ -1142,7 +1151,7 @@ enum CreateTarget {
 fn create_target(t: &mut dyn MetaTxn, cred: &Cred, r: &CreateReq) -> Result<CreateTarget, WireError> {
     t.serialize_dirs(&[r.parent]);
     check_name(&r.name)?;
-    t.prefetch_entry(r.parent, &r.name)?;
+    t.prefetch_create(r.parent, &r.name, DEFAULT_XATTR)?;
     let parent = load_searchable_dir(t, cred, r.parent)?;
     let Some((ino, kind)) = t.get_dirent(r.parent, &r.name)? else { return Ok(CreateTarget::Absent(parent)) };
     if r.exclusive {
@@ -1218,7 +1227,7 @@ fn make_file(
 fn mkdir(t: &mut dyn MetaTxn, cred: &Cred, r: &MkdirReq, now: i64) -> Result<Attr, WireError> {
     t.serialize_dirs(&[r.parent]);
     check_name(&r.name)?;
-    t.prefetch_entry(r.parent, &r.name)?;
+    t.prefetch_create(r.parent, &r.name, DEFAULT_XATTR)?;
     let parent = load_searchable_dir(t, cred, r.parent)?;
     if t.get_dirent(r.parent, &r.name)?.is_some() {
         return Err(werr(ErrorCode::Exists, format!("{:?} exists in directory {}", r.name, r.parent)));

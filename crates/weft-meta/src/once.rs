@@ -95,11 +95,16 @@ fn decode(what: &str, v: &[u8]) -> Result<Record, MetaError> {
     })
 }
 
-/// Looks up `c`'s record in transaction `t`: `Some(reply)` if the call ran (answer that, run nothing), `None` if it
-/// is new (run it); an error if it must not run.
+/// Asks `t` to read `c`'s record apart from its own reads ([`MetaTxn::read_xattr_apart`]), for [`lookup`].
+pub fn ask(t: &mut dyn MetaTxn, c: &OnceCall) {
+    t.read_xattr_apart(ONCE_INO, &name(c));
+}
+
+/// Looks up `c`'s record as [`ask`] read it: `Some(reply)` if the call ran (answer that; what the transaction did
+/// must not commit), `None` if it is new (run it); an error if it must not run.
 pub fn lookup(t: &mut dyn MetaTxn, c: &OnceCall, op: Op) -> Result<Option<Response>, WireError> {
     let name = name(c);
-    let Some(v) = t.get_xattr(ONCE_INO, &name)? else { return Ok(None) };
+    let Some(v) = t.xattr_apart(ONCE_INO, &name)? else { return Ok(None) };
     let r = decode(&name, &v)?;
     match r.call.cmp(&c.tag.call) {
         // A client's slot serves several users in turn (`Client::with_user` shares the session): a newer call runs

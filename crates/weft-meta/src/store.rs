@@ -504,6 +504,23 @@ pub trait MetaTxn {
     fn prefetch_entry(&mut self, _parent: u64, _name: &str) -> Result<(), MetaError> {
         Ok(())
     }
+    /// [`MetaTxn::prefetch_entry`] for a change that may make an inode named `name` in `parent`: also reads the
+    /// directory's extended attribute `xattr` (its default ACL) and the servers, and takes the inode number that
+    /// [`MetaTxn::next_ino`] returns next, all in one round trip. A hint, as `prefetch_entry` is; the number it
+    /// takes is lost if the change makes nothing (numbers are never reused either way).
+    fn prefetch_create(&mut self, parent: u64, name: &str, _xattr: &str) -> Result<(), MetaError> {
+        self.prefetch_entry(parent, name)
+    }
+    /// Asks that the committed value of `ino`'s extended attribute `name` be read apart from the transaction's
+    /// own reads: on a shared store, by a statement of its own just before the transaction begins (after its
+    /// directory locks), sent with the transaction's first statement, so that it costs no round trip and takes
+    /// none of the transaction's read locks. Effective only before the first read. [`MetaTxn::xattr_apart`]
+    /// answers; a store whose writes run one at a time reads it in the transaction.
+    fn read_xattr_apart(&mut self, _ino: u64, _name: &str) {}
+    /// What [`MetaTxn::read_xattr_apart`] read, or, when it could not read it apart, the value in the transaction.
+    fn xattr_apart(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
+        self.get_xattr(ino, name)
+    }
 }
 
 /// The store's allocation counters (see [`MetaTxn::counters`]).

@@ -1,5 +1,5 @@
-//! The connection pool of a [`super::PgStore`]: at most `max` connections, opened on demand, each driven by a task
-//! on the pool's own one-thread runtime, kept with their prepared statements.
+//! The connection pool of a [`super::PgStore`]: at most `max` connections, opened on demand, kept with their
+//! prepared statements; each connection's socket is driven by the thread using it ([`super::socket`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -10,15 +10,16 @@ use std::sync::{Condvar, Mutex};
 use std::task::Poll;
 
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_postgres::{Client, Row, Statement};
 
-use super::block_on;
+use super::socket::{self, Driven};
 use super::txn::Failure;
 use crate::error::MetaError;
 
 /// One connection and its prepared statements.
 pub(super) struct Conn {
     client: Client,
+    io: Driven,
     statements: HashMap<&'static str, Statement>,
     /// A transaction was begun and not yet ended: such a connection never goes back to the pool (a panic in the
     /// closure, a failed `ROLLBACK`), since its next `BEGIN` would run inside it.
@@ -70,6 +71,22 @@ pub(super) struct Deferred {
     params: Vec<Encoded>,
 }
 
+impl Deferred {
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        self.params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()
+    }
+}
+
+/// What a transaction's first pipeline sends ahead of its first statement ([`Conn::pipeline`]).
+pub(super) struct Begin<'a> {
+    /// The `BEGIN …`.
+    pub(super) sql: &'static str,
+    /// Directories whose advisory locks go first.
+    pub(super) dirs: &'a [i64],
+    /// A read outside the transaction, after the locks ([`crate::store::MetaTxn::read_xattr_apart`]).
+    pub(super) apart: Option<Deferred>,
+}
+
 /// What a pipeline ends with.
 pub(super) enum Last<'p> {
     /// A statement whose rows are wanted.
@@ -101,7 +118,7 @@ async fn in_order(mut replies: Vec<Reply<'_>>) -> Vec<Result<Vec<Row>, tokio_pos
 impl Conn {
     /// Runs `sql` (a `BEGIN …`).
     pub(super) fn begin(&mut self, sql: &str) -> Result<(), Failure> {
-        let r = block_on(self.client.batch_execute(sql));
+        let r = self.io.drive(self.client.batch_execute(sql));
         self.note(r).map_err(Failure::of)?;
         self.in_txn = true;
         Ok(())
@@ -112,7 +129,7 @@ impl Conn {
         if let Some(s) = self.statements.get(sql) {
             return Ok(s.clone());
         }
-        let s = block_on(self.client.prepare(sql));
+        let s = self.io.drive(self.client.prepare(sql));
         let s = self.note(s)?;
         self.statements.insert(sql, s.clone());
         Ok(s)
@@ -139,60 +156,71 @@ impl Conn {
     }
 
     /// Sends, in one pipeline, `begin` (if the transaction has not begun on the server yet) preceded by the
-    /// advisory locks of `dirs` (outside the transaction, so that its snapshot follows the last holder's commit),
-    /// the `deferred` changes in order, then `last`, and waits for every reply: one round trip. The first error in
-    /// order is the answer (PostgreSQL fails every later statement of the transaction with it).
+    /// advisory locks of its `dirs` (outside the transaction, so that its snapshot follows the last holder's
+    /// commit) and its `apart` read (a statement of its own, after the locks), the `deferred` changes in order,
+    /// then `last`, and waits for every reply: one round trip. The answer is `last`'s rows and `apart`'s; the
+    /// first error in order is the answer instead (PostgreSQL fails every later statement of the transaction with
+    /// it).
     pub(super) fn pipeline(
         &mut self,
-        begin: Option<(&'static str, &[i64])>,
+        begin: Option<Begin<'_>>,
         deferred: Vec<Deferred>,
         last: Last<'_>,
-    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+    ) -> Result<(Vec<Row>, Option<Vec<Row>>), tokio_postgres::Error> {
         let rows_of = match &last {
             Last::Rows(sql, _) => Some(self.statement(sql)?),
             Last::Nothing => None,
         };
-        let dirs = begin.map_or(&[][..], |(_, dirs)| dirs);
+        let dirs = begin.as_ref().map_or(&[][..], |b| b.dirs);
         let lock = if dirs.is_empty() { None } else { Some(self.statement(LOCK_DIR)?) };
         if begin.is_some() {
             self.in_txn = true;
             self.dirs_locked |= !dirs.is_empty();
         }
         let client = &self.client;
-        let mut replies: Vec<Reply<'_>> = Vec::with_capacity(dirs.len() + deferred.len() + 2);
+        let mut replies: Vec<Reply<'_>> = Vec::with_capacity(dirs.len() + deferred.len() + 3);
         for dir in dirs {
             let lock = lock.as_ref().expect("prepared above");
             replies.push(Box::pin(async move { client.execute(lock, &[dir]).await.map(|_| Vec::new()) }));
         }
-        if let Some((sql, _)) = begin {
+        let apart = begin.as_ref().and_then(|b| b.apart.as_ref());
+        if let Some(d) = apart {
+            replies.push(Box::pin(async move { client.query(&d.statement, &d.params()).await }));
+        }
+        if let Some(b) = &begin {
+            let sql = b.sql;
             replies.push(Box::pin(async move { client.batch_execute(sql).await.map(|()| Vec::new()) }));
         }
         for d in &deferred {
-            replies.push(Box::pin(async move {
-                let params: Vec<&(dyn ToSql + Sync)> = d.params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-                client.execute(&d.statement, &params).await.map(|_| Vec::new())
-            }));
+            replies.push(Box::pin(async move { client.execute(&d.statement, &d.params()).await.map(|_| Vec::new()) }));
         }
         if let (Last::Rows(_, params), Some(statement)) = (&last, &rows_of) {
             replies.push(Box::pin(async move { client.query(statement, params).await }));
         }
-        let mut results = block_on(in_order(replies));
+        let mut results = self.io.drive(in_order(replies));
         let last_reply = match last {
             Last::Rows(..) => results.pop().expect("the last reply"),
             Last::Nothing => Ok(Vec::new()),
         };
-        let r = results.into_iter().find(Result::is_err).map_or(last_reply, |e| e);
+        let (mut apart_rows, mut first_error) = (None, None);
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
+                Err(e) => first_error = first_error.or(Some(e)),
+                Ok(rows) if apart.is_some() && i == dirs.len() => apart_rows = Some(rows),
+                Ok(_) => {}
+            }
+        }
+        let r = match first_error {
+            Some(e) => Err(e),
+            None => last_reply.map(|rows| (rows, apart_rows)),
+        };
         self.note(r)
     }
 
     /// Sends the `deferred` changes (and `begin`, when nothing of the transaction reached the server yet) in one
     /// pipeline, then commits. The `COMMIT` goes alone, after their replies: a connection lost before it is a
     /// failure to retry (nothing was applied), and only a `COMMIT` without a reply leaves the outcome unknown.
-    pub(super) fn commit_with(
-        &mut self,
-        begin: Option<(&'static str, &[i64])>,
-        deferred: Vec<Deferred>,
-    ) -> Result<(), Failure> {
+    pub(super) fn commit_with(&mut self, begin: Option<Begin<'_>>, deferred: Vec<Deferred>) -> Result<(), Failure> {
         if begin.is_some() && deferred.is_empty() {
             return Ok(()); // Nothing of the transaction reached the server: nothing to commit.
         }
@@ -225,7 +253,7 @@ impl Conn {
 
     /// The connection ended (the server closed it, or it broke): take another.
     pub(super) fn is_closed(&self) -> bool {
-        self.lost || self.client.is_closed()
+        self.lost || self.client.is_closed() || self.io.ended()
     }
 
     /// Remembers an error that ended the connection.
@@ -256,12 +284,16 @@ impl Conn {
         if !self.in_txn || self.dirs_locked {
             return self.rollback();
         }
-        let mut rollback = std::pin::pin!(self.client.batch_execute("ROLLBACK"));
-        // tokio-postgres queues a request for its connection at the future's first poll; the connection reads and
-        // drops the reply of a future dropped before it (a batch_execute is one request whatever happens).
-        let polled = rollback.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
-        // Ready at once only when the request could not be queued: the connection is gone.
-        self.lost |= matches!(polled, Poll::Ready(Err(_)));
+        {
+            let mut rollback = std::pin::pin!(self.client.batch_execute("ROLLBACK"));
+            // tokio-postgres queues a request for its connection at the future's first poll; the connection reads
+            // and drops the reply of a future dropped before it (a batch_execute is one request whatever happens).
+            let polled = rollback.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+            // Ready at once only when the request could not be queued: the connection is gone.
+            self.lost |= matches!(polled, Poll::Ready(Err(_)));
+        }
+        // Sent now, so that the session does not sit idle inside the transaction while the connection is pooled.
+        self.io.send_queued();
         self.in_txn = false;
     }
 
@@ -275,7 +307,7 @@ impl Conn {
         if self.dirs_locked {
             replies.push(Box::pin(async move { client.batch_execute(UNLOCK_DIRS).await.map(|()| Vec::new()) }));
         }
-        let mut results = block_on(in_order(replies)).into_iter();
+        let mut results = self.io.drive(in_order(replies)).into_iter();
         let ended = results.next().expect("the end's reply").map(drop);
         if let Some(unlocked) = results.next() {
             match self.note(unlocked) {
@@ -294,14 +326,24 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         let statement = self.statement(sql)?;
-        let r = block_on(self.client.query(&statement, params));
+        let r = self.io.drive(self.client.query(&statement, params));
         self.note(r)
     }
 
     /// Runs statements without parameters (the schema's).
     pub(super) fn batch(&mut self, sql: &str) -> Result<(), tokio_postgres::Error> {
-        let r = block_on(self.client.batch_execute(sql));
+        let r = self.io.drive(self.client.batch_execute(sql));
         self.note(r)
+    }
+
+    /// The first column of the first row of a statement without parameters, as text.
+    fn query_simple(&mut self, sql: &str) -> Result<Option<String>, tokio_postgres::Error> {
+        let messages = self.io.drive(self.client.simple_query(sql));
+        let messages = self.note(messages)?;
+        Ok(messages.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+            _ => None,
+        }))
     }
 }
 
@@ -322,8 +364,6 @@ pub(super) struct Pool {
     connected_once: AtomicBool,
     state: Mutex<State>,
     freed: Condvar,
-    /// Drives every connection's socket; `None` only while dropping.
-    rt: Option<tokio::runtime::Runtime>,
 }
 
 impl Pool {
@@ -332,18 +372,8 @@ impl Pool {
         self.failover_ms
     }
 
-    pub(super) fn new(
-        cfg: tokio_postgres::Config,
-        max: usize,
-        failover_ms: u64,
-        idle_in_txn_ms: u64,
-    ) -> Result<Pool, MetaError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("weft-pg")
-            .enable_all()
-            .build()?;
-        Ok(Pool {
+    pub(super) fn new(cfg: tokio_postgres::Config, max: usize, failover_ms: u64, idle_in_txn_ms: u64) -> Pool {
+        Pool {
             cfg,
             max,
             failover_ms,
@@ -351,8 +381,7 @@ impl Pool {
             connected_once: AtomicBool::new(false),
             state: Mutex::new(State { idle: Vec::new(), open: 0 }),
             freed: Condvar::new(),
-            rt: Some(rt),
-        })
+        }
     }
 
     pub(super) fn max(&self) -> usize {
@@ -426,42 +455,17 @@ impl Pool {
     }
 
     fn connect(&self) -> Result<Conn, MetaError> {
-        let rt = self.rt.as_ref().ok_or_else(|| MetaError::Store("PostgreSQL pool closed".into()))?;
-        let cfg = self.cfg.clone();
-        let task = rt.spawn(async move {
-            let (client, connection) = cfg.connect(NoTls).await?;
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::warn!("PostgreSQL connection ended: {}", super::describe(&e));
-                }
-            });
-            Ok::<_, tokio_postgres::Error>(client)
-        });
-        let client = block_on(task)
-            .map_err(|e| MetaError::Store(format!("PostgreSQL connect task: {e}")))?
-            .map_err(|e| MetaError::Store(format!("connecting to PostgreSQL: {}", super::describe(&e))))?;
+        let (client, io) = socket::connect(&self.cfg)?;
+        let mut conn = Conn { client, io, statements: HashMap::new(), in_txn: false, lost: false, dirs_locked: false };
+        let setting = conn.query_simple("SHOW synchronous_commit")?;
         // The commit is the durability point (docs/format.md §26): never let a session default make it lossy.
-        let setting = block_on(client.query_one("SHOW synchronous_commit", &[]))?;
-        if setting.try_get::<_, &str>(0).is_ok_and(|v| v == "off") {
-            block_on(client.batch_execute("SET synchronous_commit TO on"))?;
+        if setting.as_deref() == Some("off") {
+            conn.batch("SET synchronous_commit TO on")?;
         }
         // A session stopped inside a transaction (its service paused or hung, its socket still open) would hold
         // its directory locks for ever: PostgreSQL ends it after this long, which releases them.
-        let bound = format!("SET idle_in_transaction_session_timeout TO {}", self.idle_in_txn_ms);
-        block_on(client.batch_execute(&bound))?;
-        Ok(Conn { client, statements: HashMap::new(), in_txn: false, lost: false, dirs_locked: false })
-    }
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        if let Ok(st) = self.state.get_mut() {
-            st.idle.clear();
-        }
-        // Not `drop`: dropping a runtime blocks, which panics when the store is dropped on an async task.
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
+        conn.batch(&format!("SET idle_in_transaction_session_timeout TO {}", self.idle_in_txn_ms))?;
+        Ok(conn)
     }
 }
 

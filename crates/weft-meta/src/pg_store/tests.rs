@@ -323,3 +323,82 @@ fn a_prefetched_entry_reads_as_the_rows_do_until_a_change() {
     assert_eq!(before, Some(file.clone()));
     assert_eq!(after, (Some(Inode { size: 4096, ..file }), None), "the transaction's own changes are read");
 }
+
+#[test]
+fn a_prefetched_create_reads_as_the_rows_do_and_takes_the_next_number() {
+    let store = PgStore::connect(&fresh_url()).unwrap();
+    store
+        .write(|t| {
+            t.put_inode(&dir_inode(7))?;
+            t.put_xattr(7, "system.posix_acl_default", b"acl")?;
+            t.put_server(2, "b:1")?;
+            t.put_server(1, "a:1")
+        })
+        .unwrap();
+    let direct = |t: &mut dyn MetaTxn, dir: u64, name: &str| -> Result<_, MetaError> {
+        let entry = (t.get_inode(dir)?, t.get_dirent(dir, name)?);
+        let rest = (t.get_xattr(dir, "system.posix_acl_default")?, t.get_xattr(dir, "user.other")?);
+        Ok((entry, rest, t.list_servers()?))
+    };
+    for (dir, name) in [(7, "new"), (5, "new"), (u64::MAX, "new")] {
+        let plain = store.read(|t| direct(t, dir, name)).unwrap();
+        let (ahead, ino) = store
+            .write(|t| {
+                t.prefetch_create(dir, name, "system.posix_acl_default")?;
+                Ok::<_, MetaError>((direct(t, dir, name)?, t.next_ino()?))
+            })
+            .unwrap();
+        assert_eq!(ahead, plain, "{dir}/{name}");
+        // The number taken ahead is the sequence's next; the one after it comes from the sequence again.
+        let (after, again) = store.write(|t| Ok::<_, MetaError>((t.next_ino()?, t.next_ino()?))).unwrap();
+        assert!(ino > 0 && after > ino && again == after + 1, "{ino} then {after}, {again}");
+    }
+    let servers = store
+        .write(|t| {
+            t.prefetch_create(7, "new", "system.posix_acl_default")?;
+            t.put_server(3, "c:1")?;
+            t.list_servers()
+        })
+        .unwrap();
+    assert_eq!(servers.len(), 3, "the transaction's own changes are read");
+    let read_only = store.read(|t| {
+        t.prefetch_create(7, "new", "system.posix_acl_default")?;
+        t.get_xattr(7, "system.posix_acl_default")
+    });
+    assert_eq!(read_only.unwrap(), Some(b"acl".to_vec()), "a read-only transaction prefetches what it may");
+}
+
+#[test]
+fn an_xattr_read_apart_is_the_value_committed_before_the_transaction() {
+    let store = PgStore::connect(&fresh_url()).unwrap();
+    store.write(|t| t.put_xattr(0, "once", b"before")).unwrap();
+    let (apart, own) = store
+        .write(|t| {
+            t.read_xattr_apart(0, "once");
+            t.get_inode(1)?; // The first statement: the apart read goes with it.
+            t.put_xattr(0, "once", b"mine")?;
+            Ok::<_, MetaError>((t.xattr_apart(0, "once")?, t.get_xattr(0, "once")?))
+        })
+        .unwrap();
+    assert_eq!(apart.as_deref(), Some(&b"before"[..]), "read before the transaction's own change");
+    assert_eq!(own.as_deref(), Some(&b"mine"[..]));
+    // Asked for with nothing sent yet: read with the question.
+    let first = store
+        .write(|t| {
+            t.read_xattr_apart(0, "once");
+            t.xattr_apart(0, "once")
+        })
+        .unwrap();
+    assert_eq!(first.as_deref(), Some(&b"mine"[..]));
+    // Asked for too late (after the first statement): read in the transaction, its own changes included.
+    let late = store
+        .write(|t| {
+            t.get_inode(1)?;
+            t.put_xattr(0, "once", b"late")?;
+            t.read_xattr_apart(0, "once");
+            t.xattr_apart(0, "once")
+        })
+        .unwrap();
+    assert_eq!(late.as_deref(), Some(&b"late"[..]));
+    assert_eq!(store.read(|t| t.xattr_apart(0, "absent")).unwrap(), None);
+}

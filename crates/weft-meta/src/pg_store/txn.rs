@@ -10,7 +10,7 @@ use tokio_postgres::types::{FromSql, ToSql};
 use weft_proto::msg::StaleRange;
 use weft_proto::{FileKind, Layout};
 
-use super::pool::{Conn, Deferred, Last};
+use super::pool::{Begin, Conn, Deferred, Last};
 use crate::error::MetaError;
 use crate::stale;
 use crate::store::{
@@ -56,6 +56,10 @@ pub(super) struct PgTxn<'c> {
     failure: Option<Failure>,
     /// What [`MetaTxn::prefetch_entry`] fetched, answered from here until the transaction's next change.
     prefetched: Prefetched,
+    /// The inode number [`MetaTxn::prefetch_create`] took, for the next [`MetaTxn::next_ino`].
+    taken_ino: Option<u64>,
+    /// The xattr [`MetaTxn::read_xattr_apart`] asked for, and once the first pipeline went, its value.
+    apart: Option<(EntryKey, Option<Option<Vec<u8>>>)>,
 }
 
 /// A directory entry's key: (directory, name).
@@ -66,6 +70,9 @@ type EntryKey = (u64, String);
 struct Prefetched {
     inodes: Vec<(u64, Option<Inode>)>,
     dirents: Vec<(EntryKey, Option<(u64, FileKind)>)>,
+    /// Keyed (inode, name).
+    xattrs: Vec<(EntryKey, Option<Vec<u8>>)>,
+    servers: Option<Vec<(u32, String)>>,
 }
 
 impl Prefetched {
@@ -77,9 +84,15 @@ impl Prefetched {
         self.dirents.iter().find(|((p, n), _)| *p == parent && n == name).map(|(_, v)| *v)
     }
 
+    fn xattr(&self, ino: u64, name: &str) -> Option<Option<Vec<u8>>> {
+        self.xattrs.iter().find(|((i, n), _)| *i == ino && n == name).map(|(_, v)| v.clone())
+    }
+
     fn clear(&mut self) {
         self.inodes.clear();
         self.dirents.clear();
+        self.xattrs.clear();
+        self.servers = None;
     }
 }
 
@@ -87,7 +100,25 @@ impl<'c> PgTxn<'c> {
     /// A transaction that `begin` starts on the server with its first statement.
     pub(super) fn new(conn: &'c mut Conn, writable: bool, begin: &'static str) -> Self {
         let prefetched = Prefetched::default();
-        PgTxn { conn, writable, begin: Some(begin), dirs: Vec::new(), deferred: Vec::new(), failure: None, prefetched }
+        let (dirs, deferred) = (Vec::new(), Vec::new());
+        let (failure, taken_ino, apart) = (None, None, None);
+        PgTxn { conn, writable, begin: Some(begin), dirs, deferred, failure, prefetched, taken_ino, apart }
+    }
+
+    /// Keeps a [`GET_ENTRY`] row's first four columns: the directory, its entry `name` and the entry's inode.
+    fn keep_entry(&mut self, row: &Row, parent: u64, name: &str) -> Result<(), MetaError> {
+        let dir = col::<Option<&[u8]>>(row, 0)?.map(|r| checked_inode(parent, r)).transpose()?;
+        let entry = match col::<Option<i64>>(row, 1)? {
+            None => None,
+            Some(ino) => Some((unsigned(ino, "entry's inode")?, kind_from_u8(small(col(row, 2)?, "kind")?)?)),
+        };
+        if let Some((ino, _)) = entry {
+            let inode = col::<Option<&[u8]>>(row, 3)?.map(|r| checked_inode(ino, r)).transpose()?;
+            self.prefetched.inodes.push((ino, inode));
+        }
+        self.prefetched.inodes.push((parent, dir));
+        self.prefetched.dirents.push(((parent, name.to_owned()), entry));
+        Ok(())
     }
 
     /// The first statement failure, if any: the transaction is then aborted on the server.
@@ -103,7 +134,8 @@ impl<'c> PgTxn<'c> {
     /// Sends the deferred changes and commits (nothing at all when no statement was issued).
     pub(super) fn commit(self) -> Result<(), Failure> {
         assert!(self.failure.is_none(), "a transaction with a failed statement is never committed");
-        self.conn.commit_with(self.begin.map(|b| (b, &self.dirs[..])), self.deferred)
+        let begin = self.begin.map(|sql| Begin { sql, dirs: &self.dirs, apart: None });
+        self.conn.commit_with(begin, self.deferred)
     }
 
     /// Remembers the transaction's first failure and turns it into the error the store's caller sees.
@@ -131,9 +163,25 @@ impl<'c> PgTxn<'c> {
     fn query(&mut self, sql: &'static str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, MetaError> {
         self.refuse_after_failure()?;
         let deferred = std::mem::take(&mut self.deferred);
-        let begin = self.begin.take();
-        let r = self.conn.pipeline(begin.map(|b| (b, &self.dirs[..])), deferred, Last::Rows(sql, params));
-        r.map_err(|e| self.failed(e))
+        let begin = match self.begin.take() {
+            None => None,
+            Some(sql) => {
+                let apart = match &self.apart {
+                    Some(((ino, name), None)) => {
+                        let k = key(*ino).unwrap_or(-1);
+                        Some(self.conn.defer(GET_XATTR, &[&k, &name.as_bytes()]).map_err(|f| self.record(f))?)
+                    }
+                    _ => None,
+                };
+                Some(Begin { sql, dirs: &self.dirs, apart })
+            }
+        };
+        let r = self.conn.pipeline(begin, deferred, Last::Rows(sql, params));
+        let (rows, apart_rows) = r.map_err(|e| self.failed(e))?;
+        if let (Some(rows), Some((_, value))) = (apart_rows, &mut self.apart) {
+            *value = Some(rows.first().map(|r| col::<Vec<u8>>(r, 0)).transpose()?);
+        }
+        Ok(rows)
     }
 
     /// A statement that changes the database, sent with the next read or the commit: refused in a read
@@ -223,6 +271,14 @@ const GET_INODE: &str = "SELECT ino, record FROM weft_inodes WHERE ino = $1";
 const GET_ENTRY: &str = "SELECT (SELECT record FROM weft_inodes WHERE ino = $1), d.ino, d.kind, \
                          (SELECT record FROM weft_inodes WHERE ino = d.ino) \
                          FROM (SELECT 1) AS one LEFT JOIN weft_dirents d ON d.parent = $1 AND d.name = $2";
+/// [`GET_ENTRY`], then the directory's xattr `$3`, the servers (ids and addresses in id order) and a new inode
+/// number.
+const GET_CREATE: &str = "SELECT (SELECT record FROM weft_inodes WHERE ino = $1), d.ino, d.kind, \
+                          (SELECT record FROM weft_inodes WHERE ino = d.ino), \
+                          (SELECT value FROM weft_xattrs WHERE ino = $1 AND name = $3), \
+                          ARRAY(SELECT id FROM weft_servers ORDER BY id), \
+                          ARRAY(SELECT addr FROM weft_servers ORDER BY id), nextval('weft_ino_seq') \
+                          FROM (SELECT 1) AS one LEFT JOIN weft_dirents d ON d.parent = $1 AND d.name = $2";
 const PUT_INODE: &str = "INSERT INTO weft_inodes (ino, record) VALUES ($1, $2) \
                          ON CONFLICT (ino) DO UPDATE SET record = EXCLUDED.record";
 const DEL_INODE: &str = "DELETE FROM weft_inodes WHERE ino = $1";
@@ -282,18 +338,49 @@ impl MetaTxn for PgTxn<'_> {
         let Some(p) = key(parent) else { return Ok(()) };
         let rows = self.query(GET_ENTRY, &[&p, &name.as_bytes()])?;
         let row = rows.first().ok_or_else(|| MetaError::Store("the entry query returned no row".into()))?;
-        let dir = col::<Option<&[u8]>>(row, 0)?.map(|r| checked_inode(parent, r)).transpose()?;
-        let entry = match col::<Option<i64>>(row, 1)? {
-            None => None,
-            Some(ino) => Some((unsigned(ino, "entry's inode")?, kind_from_u8(small(col(row, 2)?, "kind")?)?)),
-        };
-        if let Some((ino, _)) = entry {
-            let inode = col::<Option<&[u8]>>(row, 3)?.map(|r| checked_inode(ino, r)).transpose()?;
-            self.prefetched.inodes.push((ino, inode));
+        self.keep_entry(row, parent, name)
+    }
+
+    /// Only in a write (a read-only transaction takes no sequence number).
+    fn prefetch_create(&mut self, parent: u64, name: &str, xattr: &str) -> Result<(), MetaError> {
+        let Some(p) = key(parent) else { return Ok(()) };
+        if !self.writable {
+            return self.prefetch_entry(parent, name);
         }
-        self.prefetched.inodes.push((parent, dir));
-        self.prefetched.dirents.push(((parent, name.to_owned()), entry));
+        let rows = self.query(GET_CREATE, &[&p, &name.as_bytes(), &xattr.as_bytes()])?;
+        let row = rows.first().ok_or_else(|| MetaError::Store("the create query returned no row".into()))?;
+        self.keep_entry(row, parent, name)?;
+        let value: Option<Vec<u8>> = col(row, 4)?;
+        let (ids, addrs): (Vec<i64>, Vec<String>) = (col(row, 5)?, col(row, 6)?);
+        if ids.len() != addrs.len() {
+            return Err(MetaError::Corrupt("the servers' ids and addresses differ in number".into()));
+        }
+        let servers = ids.into_iter().zip(addrs).map(|(id, addr)| Ok((unsigned(id, "server id")?, addr)));
+        self.prefetched.servers = Some(servers.collect::<Result<_, MetaError>>()?);
+        self.prefetched.xattrs.push(((parent, xattr.to_owned()), value));
+        self.taken_ino = Some(unsigned(col(row, 7)?, "sequence value")?);
         Ok(())
+    }
+
+    fn read_xattr_apart(&mut self, ino: u64, name: &str) {
+        if self.begin.is_some() {
+            self.apart = Some(((ino, name.to_owned()), None));
+        }
+    }
+
+    fn xattr_apart(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
+        if let Some(((i, n), Some(value))) = &self.apart
+            && *i == ino
+            && n == name
+        {
+            return Ok(value.clone());
+        }
+        let in_txn = self.get_xattr(ino, name)?;
+        match &self.apart {
+            // Sent with that read when nothing had been yet.
+            Some(((i, n), Some(value))) if *i == ino && n == name => Ok(value.clone()),
+            _ => Ok(in_txn),
+        }
     }
 
     fn get_inode(&mut self, ino: u64) -> Result<Option<Inode>, MetaError> {
@@ -348,7 +435,10 @@ impl MetaTxn for PgTxn<'_> {
     }
 
     fn next_ino(&mut self) -> Result<u64, MetaError> {
-        self.next_val(NEXT_INO)
+        match self.taken_ino.take() {
+            Some(ino) => Ok(ino),
+            None => self.next_val(NEXT_INO),
+        }
     }
 
     fn put_server(&mut self, id: u32, addr: &str) -> Result<(), MetaError> {
@@ -356,6 +446,9 @@ impl MetaTxn for PgTxn<'_> {
     }
 
     fn list_servers(&mut self) -> Result<Vec<(u32, String)>, MetaError> {
+        if let Some(servers) = &self.prefetched.servers {
+            return Ok(servers.clone());
+        }
         let rows = self.query(LIST_SERVERS, &[])?;
         rows.iter().map(|r| Ok((unsigned(col(r, 0)?, "server id")?, col(r, 1)?))).collect()
     }
@@ -399,6 +492,9 @@ impl MetaTxn for PgTxn<'_> {
     }
 
     fn get_xattr(&mut self, ino: u64, name: &str) -> Result<Option<Vec<u8>>, MetaError> {
+        if let Some(value) = self.prefetched.xattr(ino, name) {
+            return Ok(value);
+        }
         let Some(k) = key(ino) else { return Ok(None) };
         self.query(GET_XATTR, &[&k, &name.as_bytes()])?.first().map(|r| col(r, 0)).transpose()
     }
