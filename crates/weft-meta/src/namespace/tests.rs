@@ -2085,3 +2085,5 @@ fn a_lost_commit_outcome_is_settled_by_the_once_record() {
         assert_eq!(code(ns.execute(&untagged)), ErrorCode::Io, "applied={applied}");
     }
 }
+
+mod exerciser;

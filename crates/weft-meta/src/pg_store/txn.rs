@@ -39,10 +39,10 @@ impl Failure {
 }
 
 /// One transaction. Its `BEGIN` waits for its first statement and its changes for its next read or its `COMMIT`,
-/// each group sent as one pipeline ([`Conn::pipeline`]), and a name's directory, entry and inode are read in one
-/// ([`MetaTxn::prefetch_entry`]): a create's transaction costs 5 round trips to the database (the directory's lock,
-/// `BEGIN` and the entry; the servers; the directory's default ACL; the inode number; `COMMIT`) where its 12
-/// statements one by one cost 12. A read sees the transaction's earlier changes, since they precede it on the
+/// each group sent as one pipeline ([`Conn::pipeline`]), and the reads a create announces go in one statement
+/// ([`MetaTxn::prefetch_create`]): a create's transaction costs 2 round trips to the database (its directory's
+/// lock, its once record, `BEGIN` and its reads; its changes, `COMMIT` and the lock's release) where its 16
+/// statements one by one cost 16. A read sees the transaction's earlier changes, since they precede it on the
 /// connection.
 pub(super) struct PgTxn<'c> {
     conn: &'c mut Conn,
@@ -177,7 +177,7 @@ impl<'c> PgTxn<'c> {
             }
         };
         let r = self.conn.pipeline(begin, deferred, Last::Rows(sql, params));
-        let (rows, apart_rows) = r.map_err(|e| self.failed(e))?;
+        let (rows, apart_rows) = r.map_err(|f| self.failed(f.error))?;
         if let (Some(rows), Some((_, value))) = (apart_rows, &mut self.apart) {
             *value = Some(rows.first().map(|r| col::<Vec<u8>>(r, 0)).transpose()?);
         }
