@@ -12,20 +12,23 @@
 //! Why tokio-postgres driven from the calling thread: the namespace is synchronous and is called both from
 //! tokio's blocking pool and in place on async worker threads (`MetaService::execute_in_place`). The sync
 //! `postgres` crate drives its connection with its own runtime's `block_on`, which panics on a thread inside a
-//! runtime. Here the thread that waits for a reply also does its connection's socket I/O ([`socket`]: no runtime,
-//! no thread of the store's own, no hand-off per round trip), which works on any thread; on a multi-thread
-//! runtime's worker the whole transaction also runs inside `block_in_place`, so the worker's other tasks move
-//! elsewhere while it waits for the database.
+//! runtime. Here each connection's socket is driven by a task on the store's own one-thread runtime, and a query's
+//! future (which only talks to that task through channels) is polled by `block_on` on the calling thread, which
+//! works on any thread; on a multi-thread runtime's worker the whole transaction also runs inside
+//! `block_in_place`, so the worker's other tasks move elsewhere while it waits for the database.
 //!
 //! Connections: a bounded pool ([`PgConfig::connections_max`], default [`DEFAULT_CONNECTIONS_MAX`]) opened on
 //! demand; a caller finding every connection busy waits for one. A transaction holds one connection throughout.
 
 mod pool;
 mod schema;
-mod socket;
 mod txn;
 
+use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
@@ -133,7 +136,7 @@ impl PgStore {
     pub fn connect_with(url: &str, cfg: PgConfig) -> Result<PgStore, MetaError> {
         let pg_cfg: tokio_postgres::Config =
             url.parse().map_err(|e| MetaError::Store(format!("PostgreSQL connection string: {e}")))?;
-        let pool = Pool::new(pg_cfg, cfg.connections_max.max(1), cfg.failover_timeout_ms, cfg.idle_in_txn_timeout_ms);
+        let pool = Pool::new(pg_cfg, cfg.connections_max.max(1), cfg.failover_timeout_ms, cfg.idle_in_txn_timeout_ms)?;
         off_runtime(|| {
             let mut conn = pool.take()?;
             let from = schema::migrate(&mut conn)?;
@@ -306,12 +309,35 @@ fn backoff(try_no: u32) -> Duration {
 
 /// Runs `f`, which waits for the database, so that it is safe on any thread: on a multi-thread tokio runtime's
 /// worker inside `block_in_place` (the worker's queued tasks move to another thread meanwhile); elsewhere (the
-/// blocking pool, plain threads, a current-thread runtime, which `block_in_place` refuses) as is: a connection
-/// needs no runtime ([`socket`]), so it cannot panic there, it only blocks the thread.
+/// blocking pool, plain threads, a current-thread runtime, which `block_in_place` refuses) as is: [`block_on`]
+/// never enters a runtime, so it cannot panic there, it only blocks the thread.
 fn off_runtime<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),
+    }
+}
+
+/// Wakes the thread that polls in [`block_on`].
+struct ThreadWaker(std::thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Polls `fut` to completion on this thread, parking between wake-ups. For tokio-postgres's client futures, which
+/// need no runtime: they exchange messages with the connection task on the store's own runtime.
+fn block_on<F: Future>(fut: F) -> F::Output {
+    let mut fut = pin!(fut);
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
     }
 }
 

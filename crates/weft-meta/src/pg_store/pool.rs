@@ -1,5 +1,5 @@
-//! The connection pool of a [`super::PgStore`]: at most `max` connections, opened on demand, kept with their
-//! prepared statements; each connection's socket is driven by the thread using it ([`super::socket`]).
+//! The connection pool of a [`super::PgStore`]: at most `max` connections, opened on demand, each driven by a task
+//! on the pool's own one-thread runtime, kept with their prepared statements.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -10,16 +10,15 @@ use std::sync::{Condvar, Mutex};
 use std::task::Poll;
 
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
-use tokio_postgres::{Client, Row, Statement};
+use tokio_postgres::{Client, NoTls, Row, Statement};
 
-use super::socket::{self, Driven};
+use super::block_on;
 use super::txn::Failure;
 use crate::error::MetaError;
 
 /// One connection and its prepared statements.
 pub(super) struct Conn {
     client: Client,
-    io: Driven,
     statements: HashMap<&'static str, Statement>,
     /// A transaction was begun and not yet ended: such a connection never goes back to the pool (a panic in the
     /// closure, a failed `ROLLBACK`), since its next `BEGIN` would run inside it.
@@ -134,7 +133,7 @@ async fn in_order(mut replies: Vec<Reply<'_>>) -> Vec<Result<Vec<Row>, tokio_pos
 impl Conn {
     /// Runs `sql` (a `BEGIN …`).
     pub(super) fn begin(&mut self, sql: &str) -> Result<(), Failure> {
-        let r = self.io.drive(self.client.batch_execute(sql));
+        let r = block_on(self.client.batch_execute(sql));
         self.note(r).map_err(Failure::of)?;
         self.in_txn = true;
         Ok(())
@@ -145,7 +144,7 @@ impl Conn {
         if let Some(s) = self.statements.get(sql) {
             return Ok(s.clone());
         }
-        let s = self.io.drive(self.client.prepare(sql));
+        let s = block_on(self.client.prepare(sql));
         let s = self.note(s)?;
         self.statements.insert(sql, s.clone());
         Ok(s)
@@ -221,7 +220,7 @@ impl Conn {
         if unlock {
             replies.push(Box::pin(async move { client.batch_execute(UNLOCK_DIRS).await.map(|()| Vec::new()) }));
         }
-        let mut results = self.io.drive(in_order(replies));
+        let mut results = block_on(in_order(replies));
         if unlock {
             self.unlocked(results.pop().expect("the unlock's reply"));
         }
@@ -264,8 +263,7 @@ impl Conn {
         if begin.is_some() && deferred.is_empty() {
             return Ok(()); // Nothing of the transaction reached the server: nothing to commit.
         }
-        // What the server sent meanwhile (a session it ended: its error, then the end of the stream) is read now.
-        self.io.send_queued();
+        // The connection's task has read what the server sent meanwhile (a session it ended).
         if self.is_closed() {
             return Err(Failure::Retry("PostgreSQL connection lost before COMMIT".into()));
         }
@@ -297,7 +295,7 @@ impl Conn {
 
     /// The connection ended (the server closed it, or it broke): take another.
     pub(super) fn is_closed(&self) -> bool {
-        self.lost || self.client.is_closed() || self.io.ended()
+        self.lost || self.client.is_closed()
     }
 
     /// Remembers an error that ended the connection.
@@ -336,8 +334,6 @@ impl Conn {
             // Ready at once only when the request could not be queued: the connection is gone.
             self.lost |= matches!(polled, Poll::Ready(Err(_)));
         }
-        // Sent now, so that the session does not sit idle inside the transaction while the connection is pooled.
-        self.io.send_queued();
         self.in_txn = false;
     }
 
@@ -351,7 +347,7 @@ impl Conn {
         if self.dirs_locked {
             replies.push(Box::pin(async move { client.batch_execute(UNLOCK_DIRS).await.map(|()| Vec::new()) }));
         }
-        let mut results = self.io.drive(in_order(replies)).into_iter();
+        let mut results = block_on(in_order(replies)).into_iter();
         let ended = results.next().expect("the end's reply").map(drop);
         if let Some(unlocked) = results.next() {
             self.unlocked(unlocked);
@@ -375,24 +371,14 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         let statement = self.statement(sql)?;
-        let r = self.io.drive(self.client.query(&statement, params));
+        let r = block_on(self.client.query(&statement, params));
         self.note(r)
     }
 
     /// Runs statements without parameters (the schema's).
     pub(super) fn batch(&mut self, sql: &str) -> Result<(), tokio_postgres::Error> {
-        let r = self.io.drive(self.client.batch_execute(sql));
+        let r = block_on(self.client.batch_execute(sql));
         self.note(r)
-    }
-
-    /// The first column of the first row of a statement without parameters, as text.
-    fn query_simple(&mut self, sql: &str) -> Result<Option<String>, tokio_postgres::Error> {
-        let messages = self.io.drive(self.client.simple_query(sql));
-        let messages = self.note(messages)?;
-        Ok(messages.iter().find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
-            _ => None,
-        }))
     }
 }
 
@@ -413,6 +399,8 @@ pub(super) struct Pool {
     connected_once: AtomicBool,
     state: Mutex<State>,
     freed: Condvar,
+    /// Drives every connection's socket; `None` only while dropping.
+    rt: Option<tokio::runtime::Runtime>,
 }
 
 impl Pool {
@@ -421,8 +409,18 @@ impl Pool {
         self.failover_ms
     }
 
-    pub(super) fn new(cfg: tokio_postgres::Config, max: usize, failover_ms: u64, idle_in_txn_ms: u64) -> Pool {
-        Pool {
+    pub(super) fn new(
+        cfg: tokio_postgres::Config,
+        max: usize,
+        failover_ms: u64,
+        idle_in_txn_ms: u64,
+    ) -> Result<Pool, MetaError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("weft-pg")
+            .enable_all()
+            .build()?;
+        Ok(Pool {
             cfg,
             max,
             failover_ms,
@@ -430,7 +428,8 @@ impl Pool {
             connected_once: AtomicBool::new(false),
             state: Mutex::new(State { idle: Vec::new(), open: 0 }),
             freed: Condvar::new(),
-        }
+            rt: Some(rt),
+        })
     }
 
     pub(super) fn max(&self) -> usize {
@@ -504,17 +503,42 @@ impl Pool {
     }
 
     fn connect(&self) -> Result<Conn, MetaError> {
-        let (client, io) = socket::connect(&self.cfg)?;
-        let mut conn = Conn { client, io, statements: HashMap::new(), in_txn: false, lost: false, dirs_locked: false };
-        let setting = conn.query_simple("SHOW synchronous_commit")?;
+        let rt = self.rt.as_ref().ok_or_else(|| MetaError::Store("PostgreSQL pool closed".into()))?;
+        let cfg = self.cfg.clone();
+        let task = rt.spawn(async move {
+            let (client, connection) = cfg.connect(NoTls).await?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!("PostgreSQL connection ended: {}", super::describe(&e));
+                }
+            });
+            Ok::<_, tokio_postgres::Error>(client)
+        });
+        let client = block_on(task)
+            .map_err(|e| MetaError::Store(format!("PostgreSQL connect task: {e}")))?
+            .map_err(|e| MetaError::Store(format!("connecting to PostgreSQL: {}", super::describe(&e))))?;
         // The commit is the durability point (docs/format.md §26): never let a session default make it lossy.
-        if setting.as_deref() == Some("off") {
-            conn.batch("SET synchronous_commit TO on")?;
+        let setting = block_on(client.query_one("SHOW synchronous_commit", &[]))?;
+        if setting.try_get::<_, &str>(0).is_ok_and(|v| v == "off") {
+            block_on(client.batch_execute("SET synchronous_commit TO on"))?;
         }
         // A session stopped inside a transaction (its service paused or hung, its socket still open) would hold
         // its directory locks for ever: PostgreSQL ends it after this long, which releases them.
-        conn.batch(&format!("SET idle_in_transaction_session_timeout TO {}", self.idle_in_txn_ms))?;
-        Ok(conn)
+        let bound = format!("SET idle_in_transaction_session_timeout TO {}", self.idle_in_txn_ms);
+        block_on(client.batch_execute(&bound))?;
+        Ok(Conn { client, statements: HashMap::new(), in_txn: false, lost: false, dirs_locked: false })
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Ok(st) = self.state.get_mut() {
+            st.idle.clear();
+        }
+        // Not `drop`: dropping a runtime blocks, which panics when the store is dropped on an async task.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
     }
 }
 
