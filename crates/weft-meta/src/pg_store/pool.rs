@@ -86,28 +86,12 @@ pub(super) struct Begin<'a> {
     pub(super) apart: Option<Deferred>,
 }
 
-/// A pipeline's first error, and whether the server may have run its last request all the same: the reply to
-/// that request was lost with the connection, or the connection was lost on our side with no answer from the
-/// server saying it stopped before (the server answers in order: its own error for an earlier request, or for a
-/// request that could not be prepared, means it never ran the last one).
-pub(super) struct Failed {
-    pub(super) error: tokio_postgres::Error,
-    pub(super) last_may_have_run: bool,
-}
-
-impl Failed {
-    /// Before anything of the pipeline was sent.
-    fn before(error: tokio_postgres::Error) -> Failed {
-        Failed { error, last_may_have_run: false }
-    }
-}
-
 /// What a pipeline ends with.
 pub(super) enum Last<'p> {
     /// A statement whose rows are wanted.
     Rows(&'static str, &'p [&'p (dyn ToSql + Sync)]),
-    /// The transaction's `COMMIT`, then the release of its directory locks ([`Conn::commit_with`]).
-    Commit,
+    /// Nothing more: the changes are sent ahead of a `COMMIT` (which goes alone, see [`Conn::commit_with`]).
+    Nothing,
 }
 
 type Reply<'a> = Pin<Box<dyn Future<Output = Result<Vec<Row>, tokio_postgres::Error>> + 'a>>;
@@ -181,19 +165,17 @@ impl Conn {
         begin: Option<Begin<'_>>,
         deferred: Vec<Deferred>,
         last: Last<'_>,
-    ) -> Result<(Vec<Row>, Option<Vec<Row>>), Failed> {
+    ) -> Result<(Vec<Row>, Option<Vec<Row>>), tokio_postgres::Error> {
         let rows_of = match &last {
-            Last::Rows(sql, _) => Some(self.statement(sql).map_err(Failed::before)?),
-            Last::Commit => None,
+            Last::Rows(sql, _) => Some(self.statement(sql)?),
+            Last::Nothing => None,
         };
         let dirs = begin.as_ref().map_or(&[][..], |b| b.dirs);
-        let lock = if dirs.is_empty() { None } else { Some(self.statement(LOCK_DIR).map_err(Failed::before)?) };
+        let lock = if dirs.is_empty() { None } else { Some(self.statement(LOCK_DIR)?) };
         if begin.is_some() {
             self.in_txn = true;
             self.dirs_locked |= !dirs.is_empty();
         }
-        let commit = matches!(last, Last::Commit);
-        let unlock = commit && self.dirs_locked;
         let client = &self.client;
         let mut replies: Vec<Reply<'_>> = Vec::with_capacity(dirs.len() + deferred.len() + 4);
         for dir in dirs {
@@ -214,22 +196,11 @@ impl Conn {
         if let (Last::Rows(_, params), Some(statement)) = (&last, &rows_of) {
             replies.push(Box::pin(async move { client.query(statement, params).await }));
         }
-        if commit {
-            replies.push(Box::pin(async move { client.batch_execute("COMMIT").await.map(|()| Vec::new()) }));
-        }
-        if unlock {
-            replies.push(Box::pin(async move { client.batch_execute(UNLOCK_DIRS).await.map(|()| Vec::new()) }));
-        }
         let mut results = block_on(in_order(replies));
-        if unlock {
-            self.unlocked(results.pop().expect("the unlock's reply"));
-        }
-        if commit {
-            // Ended whatever the outcome: committed, rolled back by the server after a failed statement or a
-            // failed COMMIT, or gone with the connection.
-            self.in_txn = false;
-        }
-        let last_reply = results.pop().expect("the last reply");
+        let last_reply = match last {
+            Last::Rows(..) => results.pop().expect("the last reply"),
+            Last::Nothing => Ok(Vec::new()),
+        };
         let (mut apart_rows, mut first_error) = (None, None);
         for (i, r) in results.into_iter().enumerate() {
             match r {
@@ -239,45 +210,32 @@ impl Conn {
             }
         }
         let r = match first_error {
-            Some(error) => {
-                let last_may_have_run = error.as_db_error().is_none() && super::is_connection_lost(&error);
-                Err(Failed { error, last_may_have_run })
-            }
-            None => last_reply.map(|rows| (rows, apart_rows)).map_err(|error| {
-                let last_may_have_run = super::is_connection_lost(&error);
-                Failed { error, last_may_have_run }
-            }),
+            Some(e) => Err(e),
+            None => last_reply.map(|rows| (rows, apart_rows)),
         };
-        if let Err(f) = &r {
-            self.lost |= super::is_connection_lost(&f.error);
-        }
-        r
+        self.note(r)
     }
 
-    /// Sends the `deferred` changes (and `begin`, when nothing of the transaction reached the server yet), the
-    /// `COMMIT` and the release of the directory locks in one pipeline: one round trip. A connection found lost
-    /// before it is sent (the server ended the session: see `idle_in_txn_ms`) is a failure to retry, since
-    /// nothing was applied; one lost after leaves the outcome unknown, as for any lost reply. An error of a
-    /// change means nothing was applied (PostgreSQL then ends the transaction at the `COMMIT` as a rollback).
+    /// Sends the `deferred` changes (and `begin`, when nothing of the transaction reached the server yet) in one
+    /// pipeline, then commits. The `COMMIT` goes alone, after their replies: a connection lost before it is a
+    /// failure to retry (nothing was applied), and only a `COMMIT` without a reply leaves the outcome unknown.
+    /// (Sending it with the changes saves a round trip, but a connection the server had ended while it sat in the
+    /// pool is then noticed only with the pipeline's replies, too late to tell the two apart.)
     pub(super) fn commit_with(&mut self, begin: Option<Begin<'_>>, deferred: Vec<Deferred>) -> Result<(), Failure> {
         if begin.is_some() && deferred.is_empty() {
             return Ok(()); // Nothing of the transaction reached the server: nothing to commit.
         }
-        // The connection's task has read what the server sent meanwhile (a session it ended).
-        if self.is_closed() {
-            return Err(Failure::Retry("PostgreSQL connection lost before COMMIT".into()));
+        if !deferred.is_empty()
+            && let Err(e) = self.pipeline(begin, deferred, Last::Nothing)
+        {
+            self.rollback();
+            return Err(Failure::of(e));
         }
-        self.pipeline(begin, deferred, Last::Commit).map(drop).map_err(|Failed { error, last_may_have_run }| {
-            if last_may_have_run {
-                Failure::Fatal(MetaError::CommitUnknown(format!("PostgreSQL connection lost at COMMIT: {error}")))
-            } else {
-                Failure::of(error)
-            }
-        })
+        self.commit()
     }
 
-    /// Commits a transaction whose statements were all answered (the schema's migration). An error means nothing
-    /// was applied, or, when the connection died meanwhile, that the outcome is unknown.
+    /// Commits a transaction whose statements were all answered. An error means nothing was applied, or, when the
+    /// connection died meanwhile, that the outcome is unknown.
     pub(super) fn commit(&mut self) -> Result<(), Failure> {
         let r = self.end("COMMIT");
         self.in_txn = r.is_err() && !self.is_closed();

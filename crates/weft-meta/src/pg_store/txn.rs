@@ -40,8 +40,8 @@ impl Failure {
 
 /// One transaction. Its `BEGIN` waits for its first statement and its changes for its next read or its `COMMIT`,
 /// each group sent as one pipeline ([`Conn::pipeline`]), and the reads a create announces go in one statement
-/// ([`MetaTxn::prefetch_create`]): a create's transaction costs 2 round trips to the database (its directory's
-/// lock, its once record, `BEGIN` and its reads; its changes, `COMMIT` and the lock's release) where its 16
+/// ([`MetaTxn::prefetch_create`]): a create's transaction costs 3 round trips to the database (its directory's
+/// lock, its once record, `BEGIN` and its reads; its changes; `COMMIT` and the lock's release) where its 16
 /// statements one by one cost 16. A read sees the transaction's earlier changes, since they precede it on the
 /// connection.
 pub(super) struct PgTxn<'c> {
@@ -177,7 +177,7 @@ impl<'c> PgTxn<'c> {
             }
         };
         let r = self.conn.pipeline(begin, deferred, Last::Rows(sql, params));
-        let (rows, apart_rows) = r.map_err(|f| self.failed(f.error))?;
+        let (rows, apart_rows) = r.map_err(|e| self.failed(e))?;
         if let (Some(rows), Some((_, value))) = (apart_rows, &mut self.apart) {
             *value = Some(rows.first().map(|r| col::<Vec<u8>>(r, 0)).transpose()?);
         }
