@@ -177,7 +177,7 @@ impl Conn {
             self.dirs_locked |= !dirs.is_empty();
         }
         let client = &self.client;
-        let mut replies: Vec<Reply<'_>> = Vec::with_capacity(dirs.len() + deferred.len() + 4);
+        let mut replies: Vec<Reply<'_>> = Vec::with_capacity(dirs.len() + deferred.len() + 3);
         for dir in dirs {
             let lock = lock.as_ref().expect("prepared above");
             replies.push(Box::pin(async move { client.execute(lock, &[dir]).await.map(|_| Vec::new()) }));
@@ -244,6 +244,7 @@ impl Conn {
         }
         r.map_err(|e| {
             if super::is_connection_lost(&e) {
+                // Not retried: the COMMIT may have been applied before the connection went.
                 Failure::Fatal(MetaError::CommitUnknown(format!("PostgreSQL connection lost at COMMIT: {e}")))
             } else {
                 Failure::of(e)
@@ -284,14 +285,12 @@ impl Conn {
         if !self.in_txn || self.dirs_locked {
             return self.rollback();
         }
-        {
-            let mut rollback = std::pin::pin!(self.client.batch_execute("ROLLBACK"));
-            // tokio-postgres queues a request for its connection at the future's first poll; the connection reads
-            // and drops the reply of a future dropped before it (a batch_execute is one request whatever happens).
-            let polled = rollback.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
-            // Ready at once only when the request could not be queued: the connection is gone.
-            self.lost |= matches!(polled, Poll::Ready(Err(_)));
-        }
+        let mut rollback = std::pin::pin!(self.client.batch_execute("ROLLBACK"));
+        // tokio-postgres queues a request for its connection at the future's first poll; the connection reads and
+        // drops the reply of a future dropped before it (a batch_execute is one request whatever happens).
+        let polled = rollback.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+        // Ready at once only when the request could not be queued: the connection is gone.
+        self.lost |= matches!(polled, Poll::Ready(Err(_)));
         self.in_txn = false;
     }
 
@@ -308,18 +307,13 @@ impl Conn {
         let mut results = block_on(in_order(replies)).into_iter();
         let ended = results.next().expect("the end's reply").map(drop);
         if let Some(unlocked) = results.next() {
-            self.unlocked(unlocked);
+            match self.note(unlocked) {
+                Ok(_) => self.dirs_locked = false,
+                // Kept set: a connection holding locks never goes back to the pool.
+                Err(e) => tracing::warn!("releasing directory locks failed: {}", super::describe(&e)),
+            }
         }
         self.note(ended)
-    }
-
-    /// Notes the reply of `UNLOCK_DIRS`.
-    fn unlocked(&mut self, reply: Result<Vec<Row>, tokio_postgres::Error>) {
-        match self.note(reply) {
-            Ok(_) => self.dirs_locked = false,
-            // Kept set: a connection holding locks never goes back to the pool.
-            Err(e) => tracing::warn!("releasing directory locks failed: {}", super::describe(&e)),
-        }
     }
 
     /// Runs a statement, prepared once per connection.

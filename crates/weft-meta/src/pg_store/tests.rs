@@ -326,25 +326,26 @@ fn a_prefetched_entry_reads_as_the_rows_do_until_a_change() {
 
 #[test]
 fn a_prefetched_create_reads_as_the_rows_do_and_takes_the_next_number() {
+    use crate::acl::DEFAULT_XATTR;
     let store = PgStore::connect(&fresh_url()).unwrap();
     store
         .write(|t| {
             t.put_inode(&dir_inode(7))?;
-            t.put_xattr(7, "system.posix_acl_default", b"acl")?;
+            t.put_xattr(7, DEFAULT_XATTR, b"acl")?;
             t.put_server(2, "b:1")?;
             t.put_server(1, "a:1")
         })
         .unwrap();
     let direct = |t: &mut dyn MetaTxn, dir: u64, name: &str| -> Result<_, MetaError> {
         let entry = (t.get_inode(dir)?, t.get_dirent(dir, name)?);
-        let rest = (t.get_xattr(dir, "system.posix_acl_default")?, t.get_xattr(dir, "user.other")?);
+        let rest = (t.get_xattr(dir, DEFAULT_XATTR)?, t.get_xattr(dir, "user.other")?);
         Ok((entry, rest, t.list_servers()?))
     };
     for (dir, name) in [(7, "new"), (5, "new"), (u64::MAX, "new")] {
         let plain = store.read(|t| direct(t, dir, name)).unwrap();
         let (ahead, ino) = store
             .write(|t| {
-                t.prefetch_create(dir, name, "system.posix_acl_default")?;
+                t.prefetch_create(dir, name, DEFAULT_XATTR)?;
                 Ok::<_, MetaError>((direct(t, dir, name)?, t.next_ino()?))
             })
             .unwrap();
@@ -355,15 +356,15 @@ fn a_prefetched_create_reads_as_the_rows_do_and_takes_the_next_number() {
     }
     let servers = store
         .write(|t| {
-            t.prefetch_create(7, "new", "system.posix_acl_default")?;
+            t.prefetch_create(7, "new", DEFAULT_XATTR)?;
             t.put_server(3, "c:1")?;
             t.list_servers()
         })
         .unwrap();
     assert_eq!(servers.len(), 3, "the transaction's own changes are read");
     let read_only = store.read(|t| {
-        t.prefetch_create(7, "new", "system.posix_acl_default")?;
-        t.get_xattr(7, "system.posix_acl_default")
+        t.prefetch_create(7, "new", DEFAULT_XATTR)?;
+        t.get_xattr(7, DEFAULT_XATTR)
     });
     assert_eq!(read_only.unwrap(), Some(b"acl".to_vec()), "a read-only transaction prefetches what it may");
 }

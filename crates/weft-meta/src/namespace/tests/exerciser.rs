@@ -208,7 +208,9 @@ fn tree<S: MetaStore>(ns: &Ns<S>) -> Vec<(String, Seen)> {
     let mut todo = vec![(ROOT_INO, String::new())];
     while let Some((dir, prefix)) = todo.pop() {
         let req = Request::Readdir(ReaddirReq { ino: dir, after: String::new(), limit: 100 });
-        let Response::Readdir(list) = ns.execute_as(&Cred::root(), &req).expect("a listing") else { panic!() };
+        let Response::Readdir(list) = ns.execute_as(&Cred::root(), &req).expect("a listing") else {
+            panic!("a readdir answered with another op")
+        };
         for e in list.entries {
             let path = format!("{prefix}/{}", e.name);
             let looked = ns.execute_as(&Cred::root(), &Request::Lookup(LookupReq { parent: dir, name: e.name }));
