@@ -43,7 +43,7 @@ impl Bank {
     /// (see `Bank::placement`), plus the attributes of the inode the caller `guess`es the entry names when it
     /// gives one (worth it only for names whose entries carry no attributes: see [`EntryGuesses`]).
     pub async fn get_lookup(&self, parent: u64, name: &str, guess: Option<u64>) -> LookupFound {
-        let mut keys = vec![CacheKey::Attrs { ino: parent }, CacheKey::lookup(parent, name)];
+        let mut keys = vec![CacheKey::Attrs { ino: parent }, self.lookup_key(parent, name)];
         keys.extend(guess.map(|ino| CacheKey::Attrs { ino }));
         let mut found = self.get_many(&keys).await.into_iter();
         let dir = found.next().flatten().and_then(|p| decoded(AttrItem::decode(&p, parent), "attributes"));
@@ -73,7 +73,7 @@ impl Bank {
     /// child's attributes when `name` is its sole name), `None` (removed) deletes it. Returns as
     /// [`Bank::push_attr`].
     pub async fn push_entry(&self, parent: u64, name: &str, entry: Option<(u64, Option<&Attr>)>) -> bool {
-        let key = CacheKey::lookup(parent, name);
+        let key = self.lookup_key(parent, name);
         match entry {
             Some((ino, attr)) => {
                 let item = LookupItem { name: name.to_string(), ino, attr: attr.cloned() };
@@ -93,7 +93,7 @@ impl Bank {
     /// [`Bank::push_entry`]).
     pub async fn fill_entry(&self, parent: u64, name: &str, ino: u64, attr: Option<&Attr>) -> bool {
         let payload = LookupItem { name: name.to_string(), ino, attr: attr.cloned() }.encode();
-        self.add_expiring(&CacheKey::lookup(parent, name), &payload, self.attr_expiry_s()).await
+        self.add_expiring(&self.lookup_key(parent, name), &payload, self.attr_expiry_s()).await
     }
 
     async fn store_or_delete(&self, key: &CacheKey, payload: &[u8]) -> bool {

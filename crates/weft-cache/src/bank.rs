@@ -20,6 +20,7 @@ use tokio::sync::Semaphore;
 use crate::config::{CacheConfig, ConfigError};
 use crate::health::{Admit, Health, HealthState};
 use crate::ring::Ring;
+use crate::seal::BankKey;
 use crate::value::{self, CacheKey, ItemKind, key_hash};
 
 /// The largest reply one multi-get asks for: a read spanning more blocks is cut into batches of at most this
@@ -76,6 +77,7 @@ struct Daemon {
 
 struct Inner {
     config: CacheConfig,
+    seal: BankKey,
     ring: Ring,
     daemons: Vec<Daemon>,
     inflight: Semaphore,
@@ -112,8 +114,8 @@ enum Outcome<T> {
 }
 
 impl Bank {
-    /// A bank over `config.servers` (connections are made on first use).
-    pub fn new(config: CacheConfig) -> Result<Bank, ConfigError> {
+    /// A bank over `config.servers` (connections are made on first use), its values sealed under `seal`.
+    pub fn new(config: CacheConfig, seal: BankKey) -> Result<Bank, ConfigError> {
         config.validate()?;
         let ring = Ring::new(&config.servers, config.points_per_daemon);
         let daemons = config
@@ -130,6 +132,7 @@ impl Bank {
             inner: Arc::new(Inner {
                 inflight: Semaphore::new(config.inflight_max),
                 config,
+                seal,
                 ring,
                 daemons,
                 epoch: Instant::now(),
@@ -140,6 +143,11 @@ impl Bank {
 
     pub fn config(&self) -> &CacheConfig {
         &self.inner.config
+    }
+
+    /// The key of directory `parent`'s entry `name` (its name hashed under the bank key).
+    pub fn lookup_key(&self, parent: u64, name: &str) -> CacheKey {
+        CacheKey::lookup(parent, name, &self.inner.seal)
     }
 
     pub fn stats(&self) -> BankStats {
@@ -204,7 +212,9 @@ impl Bank {
         // (daemon, encoded keys, their indices in `keys`)
         let mut batches: Vec<(usize, Vec<String>, Vec<usize>)> = Vec::new();
         let mut open_batch: HashMap<usize, usize> = HashMap::new();
-        let per_batch = (BATCH_BYTES_MAX / (inner.config.block_bytes as usize + value::HEADER_BYTES)).max(1);
+        let per_batch = (BATCH_BYTES_MAX
+            / (inner.config.block_bytes as usize + value::HEADER_BYTES + crate::seal::TAG_BYTES))
+            .max(1);
         for (i, key) in keys.iter().enumerate() {
             let encoded = key.encode(inner.config.namespace);
             let Some(d) = inner.route(key.kind(), inner.placement(key, &encoded), now) else {
@@ -265,7 +275,13 @@ impl Bank {
         // memcached reads an expiry above 30 days as an absolute Unix time: cap it there.
         let ttl = expiry_s.filter(|&s| s > 0).map(|s| i64::from(s.min(30 * 24 * 3600)));
         let encoded = key.encode(inner.config.namespace);
-        let Ok(item) = value::encode_value(encoded.as_bytes(), key.kind(), payload) else { return false };
+        let item = match value::encode_value(encoded.as_bytes(), key.kind(), payload, &inner.seal) {
+            Ok(item) => item,
+            Err(e) => {
+                tracing::debug!(key = %encoded, "cache value not stored: {e}");
+                return false;
+            }
+        };
         let Some(d) = inner.route(key.kind(), inner.placement(key, &encoded), inner.now_ms()) else { return false };
         let stored = inner
             .on_daemon(d, async |c: &mut McClient| {
@@ -346,20 +362,27 @@ impl Inner {
         let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
         let Outcome::Done(values) = found else { return out };
         // The reply holds each found key once, in any order; a key asked twice gets the same item at each place.
-        let mut items: HashMap<Vec<u8>, Bytes> = HashMap::with_capacity(values.len());
+        // Each item is opened once, in its own buffer (no copy).
+        let asked: HashMap<&[u8], usize> = keys.iter().enumerate().map(|(i, k)| (k.as_bytes(), i)).collect();
+        let mut items: HashMap<Vec<u8>, Option<Bytes>> = HashMap::with_capacity(values.len());
         for v in values {
-            if let Some(data) = v.data {
-                items.insert(v.key, Bytes::from(data));
+            let Some(data) = v.data else { continue };
+            // A key the daemon answered but nobody asked for is not opened (the kind comes from the asking).
+            let Some(&i) = asked.get(v.key.as_slice()) else { continue };
+            match value::open_value(data, kinds[i], &v.key, &self.seal) {
+                Ok(payload) => {
+                    items.insert(v.key, Some(payload));
+                }
+                Err(e) => {
+                    self.counters.refused_items.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(daemon = %self.daemons[d].address, key = %keys[i], "cache item refused: {e}");
+                    items.insert(v.key, None);
+                }
             }
         }
         for (i, key) in keys.iter().enumerate() {
-            let Some(item) = items.get(key.as_bytes()) else { continue };
-            match value::decode_value(item, kinds[i], key_hash(key.as_bytes())) {
-                Ok(payload) => out[i] = Some(payload),
-                Err(e) => {
-                    self.counters.refused_items.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(daemon = %self.daemons[d].address, key = %key, "cache item refused: {e}");
-                }
+            if let Some(Some(payload)) = items.get(key.as_bytes()) {
+                out[i] = Some(payload.clone());
             }
         }
         out
@@ -477,7 +500,7 @@ mod tests {
     #[test]
     fn an_entry_lives_with_its_directorys_attributes() {
         let servers: Vec<String> = (0..4).map(|i| format!("127.0.0.1:{}", 11211 + i)).collect();
-        let bank = Bank::new(CacheConfig { servers, ..CacheConfig::default() }).unwrap();
+        let bank = Bank::new(CacheConfig { servers, ..CacheConfig::default() }, BankKey::public()).unwrap();
         let mut dir_owners = std::collections::HashSet::new();
         let mut child_owners = std::collections::HashSet::new();
         for dir in 1..64u64 {
@@ -485,7 +508,7 @@ mod tests {
             dir_owners.insert(home);
             for i in 0..16 {
                 let name = format!("f{i}");
-                assert_eq!(bank.owner(&CacheKey::lookup(dir, &name)), Some(home), "dir {dir} name {name}");
+                assert_eq!(bank.owner(&bank.lookup_key(dir, &name)), Some(home), "dir {dir} name {name}");
                 child_owners.insert(bank.owner(&CacheKey::Attrs { ino: dir * 100 + i }).unwrap());
             }
         }

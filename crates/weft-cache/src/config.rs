@@ -4,6 +4,7 @@
 //! [cache]
 //! servers = ["127.0.0.1:40001", "127.0.0.1:40002"]   # memcached daemons (host:port)
 //! namespace = 12345                # in every key: clusters sharing daemons never collide (0 ..= 2^63 − 1)
+//! key_generation = 0               # which bank key seals the items (raise it everywhere to rotate the key)
 //! block_bytes = 8192               # data block size (the papers measured 256, 2048 and 8192)
 //! attrs = true                     # cache attributes and lookups
 //! attr_miss_streak_max = 8         # a client whose stats miss this many times in a row pauses its lookups…
@@ -35,6 +36,10 @@ pub const DATA_READ_BLOCKS_MAX: u32 = 4096;
 pub struct CacheConfig {
     pub servers: Vec<String>,
     pub namespace: u64,
+    /// Which bank key seals the items: the key is derived from the cluster key and this number
+    /// ([`crate::BankKey::for_cluster`]), so raising it in every role's config (`weft key rotate --bank`) rotates
+    /// the key; items sealed under another generation are misses.
+    pub key_generation: u32,
     pub block_bytes: u32,
     /// Cache attributes and lookups: the MDS pushes them on every change, clients look there before the MDS.
     pub attrs: bool,
@@ -74,6 +79,7 @@ impl Default for CacheConfig {
         CacheConfig {
             servers: Vec::new(),
             namespace: 0,
+            key_generation: 0,
             block_bytes: 8192,
             attrs: true,
             data: true,

@@ -1,24 +1,29 @@
-//! Cache keys and the checked value around every cached payload (docs/format.md §12).
+//! Cache keys and the sealed value around every cached payload (docs/format.md §12).
 //!
-//! memcached holds whatever anyone `set`s: a value is used only when its magic, version, kind, key hash, length
-//! and CRC-32C all check, so a corrupt, truncated, foreign or misrouted item is a miss, never data.
+//! memcached holds whatever anyone `set`s: a value is used only when its header checks and its AES-256-GCM seal
+//! opens under the bank key with the header and the memcached key it was found under as associated data
+//! ([`crate::seal`]), so a corrupt, truncated, foreign, moved or forged item is a miss, never data, and a
+//! bystander reads nothing from one.
 
 use std::fmt::Write as _;
 
 use bytes::Bytes;
 
-/// Bytes of the value header before the payload.
+use crate::seal::{BankKey, NONCE_BYTES, TAG_BYTES};
+
+/// Bytes of the value header before the sealed payload.
 pub const HEADER_BYTES: usize = 24;
 /// The largest whole item we store: memcached's default item limit (1 MiB) counts its own item header and the
 /// key too, so keep 1 KiB of slack.
 pub const VALUE_BYTES_MAX: usize = (1 << 20) - 1024;
-/// The largest payload one item carries.
-pub const PAYLOAD_BYTES_MAX: usize = VALUE_BYTES_MAX - HEADER_BYTES;
+/// The largest payload one item carries (the header before it, the seal's tag after it).
+pub const PAYLOAD_BYTES_MAX: usize = VALUE_BYTES_MAX - HEADER_BYTES - TAG_BYTES;
 /// memcached's key length limit.
 pub const KEY_BYTES_MAX: usize = 250;
 
 const MAGIC: [u8; 4] = *b"WFCV";
-const VERSION: u8 = 1;
+/// Version 2: sealed (AES-256-GCM). Version 1 (a CRC-32C, readable and writable by anyone) is refused.
+const VERSION: u8 = 2;
 
 /// What an item caches; its code is byte 5 of the value and its letter is in the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,8 +58,9 @@ pub enum CacheKey {
     /// Attributes of inode `ino`: overwritten in place by the MDS on each change (no version in the key: a client
     /// cannot know the current one), so their staleness is bounded by the push and by the item's expiry.
     Attrs { ino: u64 },
-    /// The entry `name` of directory `parent`, keyed by the first 16 bytes of SHA-256(name) (a name may be 255
-    /// bytes, a memcached key only 250); the payload carries the whole name, checked on read.
+    /// The entry whose name's keyed hash is `name_hash` ([`BankKey::name_hash`]: a name may be 255 bytes, a
+    /// memcached key only 250, and a plain hash would give names away to a dictionary) in directory `parent`;
+    /// the payload carries the whole name, checked on read.
     Lookup { parent: u64, name_hash: [u8; 16] },
 }
 
@@ -67,18 +73,15 @@ impl CacheKey {
         }
     }
 
-    /// The key of the entry `name` in directory `parent`.
-    pub fn lookup(parent: u64, name: &str) -> CacheKey {
-        let d = ring::digest::digest(&ring::digest::SHA256, name.as_bytes());
-        let mut name_hash = [0u8; 16];
-        name_hash.copy_from_slice(&d.as_ref()[..16]);
-        CacheKey::Lookup { parent, name_hash }
+    /// The key of the entry `name` in directory `parent`, under the bank key `seal`.
+    pub fn lookup(parent: u64, name: &str, seal: &BankKey) -> CacheKey {
+        CacheKey::Lookup { parent, name_hash: seal.name_hash(name) }
     }
 
     /// The memcached key under cache namespace `namespace` (at most 82 ASCII bytes, no space or control byte).
     pub fn encode(&self, namespace: u64) -> String {
         let mut s = String::with_capacity(80);
-        let _ = write!(s, "wf1/{namespace:x}/{}", self.kind().letter());
+        let _ = write!(s, "wf2/{namespace:x}/{}", self.kind().letter());
         match *self {
             CacheKey::Block { ino, data_version, position, block } => {
                 let _ = write!(s, "/{ino:x}/{data_version:x}/{position:x}/{block:x}");
@@ -98,7 +101,7 @@ impl CacheKey {
     }
 }
 
-/// The first 8 bytes of SHA-256 of the key, as stored in the value header.
+/// The first 8 bytes of SHA-256 of the key: where it goes on the ring ([`crate::ring`]).
 pub fn key_hash(key: &[u8]) -> u64 {
     let d = ring::digest::digest(&ring::digest::SHA256, key);
     let mut b = [0u8; 8];
@@ -110,7 +113,7 @@ pub fn key_hash(key: &[u8]) -> u64 {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ValueError {
-    #[error("item of {0} bytes is shorter than the header")]
+    #[error("item of {0} bytes is shorter than the header and tag")]
     Short(usize),
     #[error("bad magic")]
     Magic,
@@ -120,45 +123,64 @@ pub enum ValueError {
     Kind { found: u8, expected: ItemKind },
     #[error("reserved bytes are not zero")]
     Reserved,
-    #[error("value stored under another key")]
-    ForeignKey,
     #[error("payload length {stated} but {actual} bytes follow the header")]
     Length { stated: u32, actual: usize },
-    #[error("checksum mismatch")]
-    Checksum,
+    #[error("the seal does not open under the bank key for this key (forged, corrupt, or moved from another key)")]
+    Forged,
     #[error("payload of {0} bytes exceeds the item limit")]
     TooLarge(usize),
+    #[error("no random nonce to seal with")]
+    NoNonce,
 }
 
-/// Builds the value for `payload` stored under `key` (the encoded key's bytes).
-pub fn encode_value(key: &[u8], kind: ItemKind, payload: &[u8]) -> Result<Vec<u8>, ValueError> {
+/// Builds the sealed value for `payload` stored under `key` (the encoded key's bytes).
+pub fn encode_value(key: &[u8], kind: ItemKind, payload: &[u8], seal: &BankKey) -> Result<Vec<u8>, ValueError> {
+    let nonce = seal.nonce().map_err(|_| ValueError::NoNonce)?;
+    encode_value_with_nonce(key, kind, payload, seal, nonce)
+}
+
+/// [`encode_value`] with a given nonce: for tests and the fuzzer, which re-encode what they decoded. A nonce
+/// must never seal two values under one key: everything else draws it fresh.
+#[doc(hidden)]
+pub fn encode_value_with_nonce(
+    key: &[u8],
+    kind: ItemKind,
+    payload: &[u8],
+    seal: &BankKey,
+    nonce: [u8; NONCE_BYTES],
+) -> Result<Vec<u8>, ValueError> {
     if payload.len() > PAYLOAD_BYTES_MAX {
         return Err(ValueError::TooLarge(payload.len()));
     }
-    let mut v = Vec::with_capacity(HEADER_BYTES + payload.len());
+    let mut v = Vec::with_capacity(HEADER_BYTES + payload.len() + TAG_BYTES);
     v.extend_from_slice(&MAGIC);
     v.push(VERSION);
     v.push(kind as u8);
     v.extend_from_slice(&[0, 0]);
-    v.extend_from_slice(&key_hash(key).to_le_bytes());
+    v.extend_from_slice(&nonce);
     // Checked above: the payload fits in 1 MiB, so in a u32.
     v.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&v[..20]), payload);
-    v.extend_from_slice(&crc.to_le_bytes());
     v.extend_from_slice(payload);
+    let (header, body) = v.split_at_mut(HEADER_BYTES);
+    let tag = seal.seal(nonce, header, key, body);
+    v.extend_from_slice(&tag);
     Ok(v)
 }
 
-/// Checks `item` as a value of `kind` stored under the key whose [`key_hash`] is `expected_key_hash`, and
-/// returns its payload (a slice of `item`, no copy).
-pub fn decode_value(item: &Bytes, kind: ItemKind, expected_key_hash: u64) -> Result<Bytes, ValueError> {
-    let header = decode_header(item, kind, expected_key_hash)?;
-    Ok(item.slice(HEADER_BYTES..HEADER_BYTES + header))
+/// Opens `item`, found under the memcached key `key`, as a value of `kind`, in place: its payload (a slice of
+/// the item's own buffer, no copy).
+pub fn open_value(mut item: Vec<u8>, kind: ItemKind, key: &[u8], seal: &BankKey) -> Result<Bytes, ValueError> {
+    let (len, nonce) = decode_header(&item, kind)?;
+    let (header, body) = item.split_at_mut(HEADER_BYTES);
+    if !seal.open(nonce, header, key, body) {
+        return Err(ValueError::Forged);
+    }
+    Ok(Bytes::from(item).slice(HEADER_BYTES..HEADER_BYTES + len))
 }
 
-/// The checks of [`decode_value`] on a plain slice; returns the payload length.
-pub fn decode_header(item: &[u8], kind: ItemKind, expected_key_hash: u64) -> Result<usize, ValueError> {
-    if item.len() < HEADER_BYTES {
+/// The header checks of [`open_value`] (everything but the seal); returns the payload length and the nonce.
+pub fn decode_header(item: &[u8], kind: ItemKind) -> Result<(usize, [u8; NONCE_BYTES]), ValueError> {
+    if item.len() < HEADER_BYTES + TAG_BYTES {
         return Err(ValueError::Short(item.len()));
     }
     if item[0..4] != MAGIC {
@@ -173,23 +195,16 @@ pub fn decode_header(item: &[u8], kind: ItemKind, expected_key_hash: u64) -> Res
     if item[6..8] != [0, 0] {
         return Err(ValueError::Reserved);
     }
-    let hash = u64::from_le_bytes(item[8..16].try_into().expect("8 bytes"));
-    if hash != expected_key_hash {
-        return Err(ValueError::ForeignKey);
-    }
-    let stated = u32::from_le_bytes(item[16..20].try_into().expect("4 bytes"));
-    let actual = item.len() - HEADER_BYTES;
+    let nonce: [u8; NONCE_BYTES] = item[8..20].try_into().expect("12 bytes");
+    let stated = u32::from_le_bytes(item[20..24].try_into().expect("4 bytes"));
+    let actual = item.len() - HEADER_BYTES - TAG_BYTES;
     if usize::try_from(stated).ok() != Some(actual) {
         return Err(ValueError::Length { stated, actual });
     }
     if actual > PAYLOAD_BYTES_MAX {
         return Err(ValueError::TooLarge(actual));
     }
-    let crc = u32::from_le_bytes(item[20..24].try_into().expect("4 bytes"));
-    if crc32c::crc32c_append(crc32c::crc32c(&item[..20]), &item[HEADER_BYTES..]) != crc {
-        return Err(ValueError::Checksum);
-    }
-    Ok(actual)
+    Ok((actual, nonce))
 }
 
 /// Version byte that starts the payload of an attributes or lookup item.
@@ -312,10 +327,15 @@ mod tests {
         CacheKey::Block { ino, data_version: 7, position: 2, block: 3 }
     }
 
+    fn bank_key() -> BankKey {
+        BankKey::from_secret(&[7; 32])
+    }
+
     #[test]
     fn keys_are_short_ascii_and_distinct() {
+        let seal = bank_key();
         let k = block(0x42).encode(0xabc);
-        assert_eq!(k, "wf1/abc/b/42/7/2/3");
+        assert_eq!(k, "wf2/abc/b/42/7/2/3");
         let longest = CacheKey::Block { ino: u64::MAX, data_version: u64::MAX, position: u32::MAX, block: u64::MAX }
             .encode(u64::MAX);
         assert_eq!(longest.len(), 82);
@@ -325,62 +345,80 @@ mod tests {
         assert_ne!(a, b);
         assert!(longest.bytes().all(|b| b.is_ascii_graphic()));
         assert_ne!(block(1).encode(0), CacheKey::Attrs { ino: 1 }.encode(0));
-        assert_eq!(CacheKey::Attrs { ino: 0x1f }.encode(0xabc), "wf1/abc/a/1f");
-        // SHA-256("x") = 2d711642b726b044 01627ca9fbac32f5 …
-        assert_eq!(CacheKey::lookup(2, "x").encode(0xabc), "wf1/abc/l/2/2d711642b726b04401627ca9fbac32f5");
+        assert_eq!(CacheKey::Attrs { ino: 0x1f }.encode(0xabc), "wf2/abc/a/1f");
+        // The name's part is keyed: no SHA-256("x") = 2d711642… a dictionary could match.
+        let x = CacheKey::lookup(2, "x", &seal).encode(0xabc);
+        assert!(x.starts_with("wf2/abc/l/2/") && x.len() == 12 + 32, "{x}");
+        assert!(!x.contains("2d711642"), "{x}");
+        assert_ne!(x, CacheKey::lookup(2, "x", &BankKey::from_secret(&[8; 32])).encode(0xabc));
         let long = "n".repeat(255);
-        let k = CacheKey::lookup(u64::MAX, &long).encode(i64::MAX as u64);
+        let k = CacheKey::lookup(u64::MAX, &long, &seal).encode(i64::MAX as u64);
         assert!(k.len() <= KEY_BYTES_MAX && k.bytes().all(|b| b.is_ascii_graphic()), "{k}");
-        assert_ne!(CacheKey::lookup(1, "a").encode(0), CacheKey::lookup(1, "b").encode(0));
-        assert_ne!(CacheKey::lookup(1, "a").encode(0), CacheKey::lookup(2, "a").encode(0));
+        assert_ne!(CacheKey::lookup(1, "a", &seal).encode(0), CacheKey::lookup(1, "b", &seal).encode(0));
+        assert_ne!(CacheKey::lookup(1, "a", &seal).encode(0), CacheKey::lookup(2, "a", &seal).encode(0));
         assert_ne!(block(1).encode(0), block(1).encode(1), "namespaces separate clusters");
     }
 
     #[test]
-    fn round_trip() {
+    fn round_trip_and_the_payload_is_not_in_the_clear() {
+        let seal = bank_key();
         let key = block(9).encode(1);
-        let v = Bytes::from(encode_value(key.as_bytes(), ItemKind::Block, b"hello").unwrap());
-        assert_eq!(v.len(), HEADER_BYTES + 5);
-        let p = decode_value(&v, ItemKind::Block, key_hash(key.as_bytes())).unwrap();
-        assert_eq!(&p[..], b"hello");
-        let empty = Bytes::from(encode_value(key.as_bytes(), ItemKind::Block, b"").unwrap());
-        assert!(decode_value(&empty, ItemKind::Block, key_hash(key.as_bytes())).unwrap().is_empty());
+        let v = encode_value(key.as_bytes(), ItemKind::Block, b"hello, secret", &seal).unwrap();
+        assert_eq!(v.len(), HEADER_BYTES + 13 + TAG_BYTES);
+        assert!(!v.windows(6).any(|w| w == b"secret"), "sealed, not readable");
+        let p = open_value(v.clone(), ItemKind::Block, key.as_bytes(), &seal).unwrap();
+        assert_eq!(&p[..], b"hello, secret");
+        let again = encode_value(key.as_bytes(), ItemKind::Block, b"hello, secret", &seal).unwrap();
+        assert_ne!(v, again, "a fresh nonce each time");
+        let empty = encode_value(key.as_bytes(), ItemKind::Block, b"", &seal).unwrap();
+        assert!(open_value(empty, ItemKind::Block, key.as_bytes(), &seal).unwrap().is_empty());
     }
 
     #[test]
     fn every_refusal() {
+        let seal = bank_key();
         let key = block(9).encode(1);
-        let h = key_hash(key.as_bytes());
-        let good = encode_value(key.as_bytes(), ItemKind::Block, b"payload").unwrap();
-        let check = |v: &[u8]| decode_header(v, ItemKind::Block, h);
+        let good = encode_value(key.as_bytes(), ItemKind::Block, b"payload", &seal).unwrap();
+        let check = |v: &[u8]| open_value(v.to_vec(), ItemKind::Block, key.as_bytes(), &seal).map(|p| p.len());
         assert_eq!(check(&good), Ok(7));
         assert_eq!(check(&good[..10]), Err(ValueError::Short(10)));
         let mut v = good.clone();
         v[0] = b'X';
         assert_eq!(check(&v), Err(ValueError::Magic));
         let mut v = good.clone();
-        v[4] = 2;
-        assert_eq!(check(&v), Err(ValueError::Version(2)));
-        assert!(matches!(decode_header(&good, ItemKind::Attrs, h), Err(ValueError::Kind { found: 1, .. })));
+        v[4] = 1;
+        assert_eq!(check(&v), Err(ValueError::Version(1)), "version 1, the unsealed format, is refused");
+        assert!(matches!(
+            open_value(good.clone(), ItemKind::Attrs, key.as_bytes(), &seal),
+            Err(ValueError::Kind { found: 1, .. })
+        ));
         let mut v = good.clone();
         v[7] = 1;
         assert_eq!(check(&v), Err(ValueError::Reserved));
-        assert_eq!(decode_header(&good, ItemKind::Block, h ^ 1), Err(ValueError::ForeignKey));
+        let other = block(10).encode(1);
+        assert_eq!(
+            open_value(good.clone(), ItemKind::Block, other.as_bytes(), &seal),
+            Err(ValueError::Forged),
+            "a sealed item copied under another key"
+        );
+        let stranger = BankKey::from_secret(&[9; 32]);
+        assert_eq!(open_value(good.clone(), ItemKind::Block, key.as_bytes(), &stranger), Err(ValueError::Forged));
         assert!(matches!(check(&good[..good.len() - 1]), Err(ValueError::Length { stated: 7, actual: 6 })));
         let mut v = good.clone();
         v.push(0);
         assert!(matches!(check(&v), Err(ValueError::Length { .. })));
-        let mut v = good.clone();
-        *v.last_mut().unwrap() ^= 0x10;
-        assert_eq!(check(&v), Err(ValueError::Checksum));
-        let mut v = good.clone();
-        v[20] ^= 1;
-        assert_eq!(check(&v), Err(ValueError::Checksum));
+        // Every single bit of the header, payload and tag is covered.
+        for byte in 0..good.len() {
+            let mut v = good.clone();
+            v[byte] ^= 0x10;
+            assert!(check(&v).is_err(), "byte {byte} flipped");
+        }
         assert!(matches!(
-            encode_value(key.as_bytes(), ItemKind::Block, &vec![0; PAYLOAD_BYTES_MAX + 1]),
+            encode_value(key.as_bytes(), ItemKind::Block, &vec![0; PAYLOAD_BYTES_MAX + 1], &seal),
             Err(ValueError::TooLarge(_))
         ));
-        assert!(encode_value(key.as_bytes(), ItemKind::Block, &vec![0; PAYLOAD_BYTES_MAX]).is_ok());
+        let biggest = encode_value(key.as_bytes(), ItemKind::Block, &vec![0; PAYLOAD_BYTES_MAX], &seal).unwrap();
+        assert_eq!(biggest.len(), VALUE_BYTES_MAX);
     }
 
     fn attr(ino: u64) -> weft_proto::Attr {
@@ -449,9 +487,10 @@ mod tests {
         let attrs = AttrItem(attr(5)).encode();
         assert!(LookupItem::decode(&attrs, "report.txt").is_err(), "an attributes payload is no entry");
         // Under the value header, the kind keeps the two apart anyway.
-        let key = CacheKey::lookup(1, "report.txt").encode(0);
-        let v = encode_value(key.as_bytes(), ItemKind::Lookup, &p).unwrap();
-        assert!(matches!(decode_header(&v, ItemKind::Attrs, key_hash(key.as_bytes())), Err(ValueError::Kind { .. })));
-        assert_eq!(decode_header(&v, ItemKind::Lookup, key_hash(key.as_bytes())), Ok(p.len()));
+        let seal = bank_key();
+        let key = CacheKey::lookup(1, "report.txt", &seal).encode(0);
+        let v = encode_value(key.as_bytes(), ItemKind::Lookup, &p, &seal).unwrap();
+        assert!(matches!(decode_header(&v, ItemKind::Attrs), Err(ValueError::Kind { .. })));
+        assert_eq!(decode_header(&v, ItemKind::Lookup).map(|(len, _)| len), Ok(p.len()));
     }
 }

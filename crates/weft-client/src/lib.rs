@@ -130,6 +130,29 @@ macro_rules! meta_call {
     };
 }
 
+/// The bank key of a client: derived from the cluster key it proves; none for a client that proves a per-client
+/// key (the bank is sealed under a key only the cluster key's holders have, so such a client reads and fills
+/// through the servers instead); the public key with authentication off (docs/format.md §12).
+fn bank_key(
+    credential: Option<&weft_rpc::auth::Credential>,
+    cache: &weft_cache::CacheConfig,
+) -> Option<weft_cache::BankKey> {
+    match credential {
+        None => Some(weft_cache::BankKey::public()),
+        Some(c) if &*c.key_id == weft_rpc::auth::CLUSTER_KEY_ID => {
+            Some(weft_cache::BankKey::for_cluster(|parts| c.key.sign(parts), cache.key_generation))
+        }
+        Some(c) => {
+            tracing::info!(
+                key_id = %c.key_id,
+                "the cache bank is not used: its items are sealed under the cluster key, and this client proves a \
+                 per-client key"
+            );
+            None
+        }
+    }
+}
+
 // After `meta_call!`, which it uses.
 mod locks;
 
@@ -150,7 +173,10 @@ impl Client {
         // The rdma side channel proves our key before any queue pair is made.
         .with_side_channel_auth(rpc_cfg.credential.clone().map(weft_rpc::SideClient::boxed));
         let bank = match &cluster.cache {
-            Some(c) if c.enabled() => Some(weft_cache::Bank::new(c.clone()).map_err(ClientError::Cache)?),
+            Some(c) if c.enabled() => match bank_key(rpc_cfg.credential.as_ref(), c) {
+                Some(seal) => Some(weft_cache::Bank::new(c.clone(), seal).map_err(ClientError::Cache)?),
+                None => None,
+            },
             _ => None,
         };
         // The MDS keeps every tagged call's outcome in its store (format §27): a retry after a restart or a failover is

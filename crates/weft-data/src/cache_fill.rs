@@ -209,13 +209,14 @@ impl CacheFiller {
     /// caches no data blocks.
     pub fn start(
         config: &CacheConfig,
+        seal: weft_cache::BankKey,
         limits: FillLimits,
         store: Arc<ObjectStore>,
     ) -> Result<Option<Arc<CacheFiller>>, ConfigError> {
         if !config.enabled() || !config.data {
             return Ok(None);
         }
-        let bank = Bank::new(config.clone())?;
+        let bank = Bank::new(config.clone(), seal)?;
         let (tx, rx) = mpsc::channel(limits.queue_max.max(1));
         let counters = Arc::new(Counters::default());
         let block_bytes = u64::from(config.block_bytes);

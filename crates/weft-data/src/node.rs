@@ -172,7 +172,13 @@ pub async fn run_with_nfs(
         }
     };
     let filler = match &cfg.cache {
-        Some(cache) => CacheFiller::start(cache, cfg.fill_limits(), store.clone()).map_err(DataServerError::Cache)?,
+        Some(cache) => {
+            let seal = match &key {
+                Some(k) => weft_cache::BankKey::for_cluster(|parts| k.sign(parts), cache.key_generation),
+                None => weft_cache::BankKey::public(),
+            };
+            CacheFiller::start(cache, seal, cfg.fill_limits(), store.clone()).map_err(DataServerError::Cache)?
+        }
         None => None,
     };
     let service = DataService::new(store.clone(), cfg.pool_buffers)

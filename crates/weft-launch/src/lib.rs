@@ -522,6 +522,19 @@ impl LocalCluster {
         })
     }
 
+    /// The key the bank's items are sealed under, as every role of this cluster derives it (the public key with
+    /// authentication off): for tests and tools that read or plant items themselves.
+    pub fn bank_key(&self) -> weft_cache::BankKey {
+        let generation = self.cache_config().map_or(0, |c| c.key_generation);
+        match self.opts.auth {
+            AuthMode::Key => {
+                let key = weft_rpc::Key::load(&self.key_file()).expect("the cluster's key file loads");
+                weft_cache::BankKey::for_cluster(|parts| key.sign(parts), generation)
+            }
+            AuthMode::None => weft_cache::BankKey::public(),
+        }
+    }
+
     /// Root directory of data server `i`'s objects.
     pub fn data_root(&self, i: u32) -> PathBuf {
         self.opts.dir.join(format!("data{i}"))

@@ -101,7 +101,13 @@ pub async fn run_with(
     };
     let cap_key = key.as_ref().map(weft_rpc::CapabilityKey::derive);
     let bank = match cfg.cache.clone().filter(|c| c.enabled() && c.attrs) {
-        Some(c) => Some(weft_cache::Bank::new(c).map_err(MetaServerError::Cache)?),
+        Some(c) => {
+            let seal = match &key {
+                Some(k) => weft_cache::BankKey::for_cluster(|parts| k.sign(parts), c.key_generation),
+                None => weft_cache::BankKey::public(),
+            };
+            Some(weft_cache::Bank::new(c, seal).map_err(MetaServerError::Cache)?)
+        }
         None => None,
     };
     let service = MetaService::new(ns.clone())

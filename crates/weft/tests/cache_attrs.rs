@@ -151,7 +151,8 @@ async fn garbage_and_foreign_items_under_valid_keys_are_misses() {
     let cl = start_bank_cluster("cattr-garbage", 2, true).await;
     let (a, b, truth) = (bank_client(&cl).await, bank_client(&cl).await, truth_client(&cl).await);
     let cfg = ClusterConfig::from_spec(&cl.cluster_file().to_string_lossy()).unwrap().cache.unwrap();
-    let bank = Bank::new(cfg.clone()).unwrap();
+    let seal = cl.bank_key();
+    let bank = Bank::new(cfg.clone(), cl.bank_key()).unwrap();
     let f = a.create(ROOT_INO, "f", 0o640, true).await.unwrap();
     let other = a.create(ROOT_INO, "other", 0o600, true).await.unwrap();
     let right = getattr_from_bank(&b, &truth, f.ino).await;
@@ -161,7 +162,8 @@ async fn garbage_and_foreign_items_under_valid_keys_are_misses() {
     let addr = &cl.cache_addrs()[bank.owner(&key).unwrap()];
     let mut liar = right.clone();
     liar.mode = 0o777;
-    let mut flipped = encode_value(encoded.as_bytes(), ItemKind::Attrs, &AttrItem(liar.clone()).encode()).unwrap();
+    let mut flipped =
+        encode_value(encoded.as_bytes(), ItemKind::Attrs, &AttrItem(liar.clone()).encode(), &seal).unwrap();
     *flipped.last_mut().unwrap() ^= 1;
     let plants: Vec<(&str, Vec<u8>, bool)> = vec![
         ("plain text", b"mode=0777".to_vec(), true),
@@ -170,7 +172,7 @@ async fn garbage_and_foreign_items_under_valid_keys_are_misses() {
             "another inode's attributes, well formed",
             {
                 let payload = AttrItem(truth.getattr(other.ino).await.unwrap()).encode();
-                encode_value(encoded.as_bytes(), ItemKind::Attrs, &payload).unwrap()
+                encode_value(encoded.as_bytes(), ItemKind::Attrs, &payload, &seal).unwrap()
             },
             false,
         ),
@@ -178,13 +180,13 @@ async fn garbage_and_foreign_items_under_valid_keys_are_misses() {
             "a lookup item under an attributes key",
             {
                 let payload = LookupItem { name: "f".into(), ino: f.ino, attr: None }.encode();
-                encode_value(encoded.as_bytes(), ItemKind::Lookup, &payload).unwrap()
+                encode_value(encoded.as_bytes(), ItemKind::Lookup, &payload, &seal).unwrap()
             },
             true,
         ),
         (
             "garbage behind a good header",
-            encode_value(encoded.as_bytes(), ItemKind::Attrs, b"\x01\xff\xff").unwrap(),
+            encode_value(encoded.as_bytes(), ItemKind::Attrs, b"\x01\xff\xff", &seal).unwrap(),
             false,
         ),
     ];
@@ -198,11 +200,12 @@ async fn garbage_and_foreign_items_under_valid_keys_are_misses() {
 
     // A lookup entry naming another name under this name's key (what a hash collision would look like) is a
     // miss: the MDS answers, here NotFound for a name that does not exist.
-    let ghost = CacheKey::lookup(ROOT_INO, "ghost");
+    let ghost = bank.lookup_key(ROOT_INO, "ghost");
     let ghost_addr = &cl.cache_addrs()[bank.owner(&ghost).unwrap()];
     let payload = LookupItem { name: "f".into(), ino: f.ino, attr: None }.encode();
     let ghost_key = ghost.encode(cfg.namespace);
-    raw_set(ghost_addr, &ghost_key, &encode_value(ghost_key.as_bytes(), ItemKind::Lookup, &payload).unwrap()).await;
+    raw_set(ghost_addr, &ghost_key, &encode_value(ghost_key.as_bytes(), ItemKind::Lookup, &payload, &seal).unwrap())
+        .await;
     assert_eq!(code(b.lookup(ROOT_INO, "ghost").await), ErrorCode::NotFound);
     // A real entry still works, and the planted attributes were replaced by the MDS's fill or next push.
     assert_eq!(lookup_from_bank(&b, &truth, ROOT_INO, "other").await.ino, other.ino);

@@ -59,7 +59,7 @@ async fn total_stat(cl: &TestCluster, name: &str) -> u64 {
 #[tokio::test]
 async fn set_get_and_multi_get_round_trip_counted_by_memcached() {
     let cl = start_bank_cluster("cache-rt", 3).await;
-    let bank = Bank::new(bank_config(&cl)).unwrap();
+    let bank = Bank::new(bank_config(&cl), cl.bank_key()).unwrap();
     let n = 64u64;
     let len = bank.config().block_bytes as usize;
     for i in 0..n {
@@ -106,11 +106,12 @@ async fn set_get_and_multi_get_round_trip_counted_by_memcached() {
 async fn garbage_planted_under_a_valid_key_is_a_miss() {
     let cl = start_bank_cluster("cache-garbage", 2).await;
     let cfg = bank_config(&cl);
-    let bank = Bank::new(cfg.clone()).unwrap();
+    let bank = Bank::new(cfg.clone(), cl.bank_key()).unwrap();
     let key = block(5);
     let encoded = key.encode(cfg.namespace);
     let addr = &cl.cache_addrs()[bank.owner(&key).unwrap()];
-    let good = encode_value(encoded.as_bytes(), ItemKind::Block, b"the real block").unwrap();
+    let seal = cl.bank_key();
+    let good = encode_value(encoded.as_bytes(), ItemKind::Block, b"the real block", &seal).unwrap();
 
     let foreign_key = block(6).encode(cfg.namespace);
     let mut flipped = good.clone();
@@ -118,8 +119,11 @@ async fn garbage_planted_under_a_valid_key_is_a_miss() {
     let plants: Vec<(&str, Vec<u8>)> = vec![
         ("plain text", b"hello, I am not a weft value".to_vec()),
         ("empty", Vec::new()),
-        ("another key's value", encode_value(foreign_key.as_bytes(), ItemKind::Block, b"the real block").unwrap()),
-        ("another kind", encode_value(encoded.as_bytes(), ItemKind::Attrs, b"the real block").unwrap()),
+        (
+            "another key's value",
+            encode_value(foreign_key.as_bytes(), ItemKind::Block, b"the real block", &seal).unwrap(),
+        ),
+        ("another kind", encode_value(encoded.as_bytes(), ItemKind::Attrs, b"the real block", &seal).unwrap()),
         ("a flipped bit", flipped),
         ("truncated", good[..good.len() - 3].to_vec()),
     ];
@@ -141,7 +145,7 @@ async fn garbage_planted_under_a_valid_key_is_a_miss() {
 async fn a_daemon_killed_during_gets_costs_only_misses_then_returns_empty() {
     let mut cl = start_bank_cluster("cache-kill", 3).await;
     let cfg = CacheConfig { request_timeout_ms: 1_000, errors_to_eject: 2, eject_ms: 200, ..bank_config(&cl) };
-    let bank = Bank::new(cfg).unwrap();
+    let bank = Bank::new(cfg, cl.bank_key()).unwrap();
     let n = 300u64;
     let len = 512;
     let keys: Vec<CacheKey> = (0..n).map(block).collect();
@@ -221,7 +225,7 @@ async fn a_daemon_killed_during_gets_costs_only_misses_then_returns_empty() {
 async fn a_bank_whose_daemons_are_all_gone_is_only_slower() {
     let mut cl = start_bank_cluster("cache-none", 1).await;
     let cfg = CacheConfig { request_timeout_ms: 500, errors_to_eject: 1, eject_ms: 60_000, ..bank_config(&cl) };
-    let bank = Bank::new(cfg).unwrap();
+    let bank = Bank::new(cfg, cl.bank_key()).unwrap();
     assert!(bank.set(&block(1), b"x").await);
     cl.stop_cache(0).await;
     assert_eq!(bank.get(&block(1)).await, None);

@@ -106,7 +106,7 @@ async fn read_until_cached(f: &File, expected: &[u8], bank: &Bank, keys: &[Cache
 /// Stores `payload` under `key` as a well-formed item, the way a data server would.
 async fn plant(cl: &TestCluster, bank: &Bank, key: &CacheKey, payload: &[u8]) {
     let encoded = key.encode(bank.config().namespace);
-    let item = encode_value(encoded.as_bytes(), ItemKind::Block, payload).unwrap();
+    let item = encode_value(encoded.as_bytes(), ItemKind::Block, payload, &cl.bank_key()).unwrap();
     let addr = &cl.cache_addrs()[bank.owner(key).unwrap()];
     raw_set(addr, &encoded, &item).await;
 }
@@ -241,9 +241,13 @@ async fn garbage_planted_under_a_valid_block_key_is_ignored() {
     // block (well-formed, so only the length check refuses it).
     raw_set(&addr(&ks[0]), &ks[0].encode(ns), b"not a weft value at all").await;
     let other = ks[2].encode(ns);
-    raw_set(&addr(&ks[1]), &ks[1].encode(ns), &encode_value(other.as_bytes(), ItemKind::Block, &[0; BLOCK]).unwrap())
-        .await;
-    let mut flipped = encode_value(ks[2].encode(ns).as_bytes(), ItemKind::Block, &[0; BLOCK]).unwrap();
+    raw_set(
+        &addr(&ks[1]),
+        &ks[1].encode(ns),
+        &encode_value(other.as_bytes(), ItemKind::Block, &[0; BLOCK], &cl.bank_key()).unwrap(),
+    )
+    .await;
+    let mut flipped = encode_value(ks[2].encode(ns).as_bytes(), ItemKind::Block, &[0; BLOCK], &cl.bank_key()).unwrap();
     *flipped.last_mut().unwrap() ^= 1;
     raw_set(&addr(&ks[2]), &ks[2].encode(ns), &flipped).await;
     plant(&cl, &bank, &ks[3], &[0; BLOCK + 1]).await;
@@ -363,7 +367,7 @@ async fn misses_are_cheap() {
     let writer = client_with(&cl, None).await;
     let data = pattern(3, 0, 64 * BLOCK);
     write_file(&writer, "/f", &data).await;
-    let look = Bank::new(bank_config(&cl, false)).unwrap();
+    let look = Bank::new(bank_config(&cl, false), cl.bank_key()).unwrap();
     let addrs = cl.cache_addrs();
 
     // A read of 5 blocks with a limit of 4: not looked up, not filled. (One data server, one FIFO fill queue:
@@ -411,4 +415,147 @@ async fn misses_are_cheap() {
     assert_eq!(f2.read_at((62 * BLOCK) as u64, BytesMut::zeroed(10)).await.unwrap()[..], data[62 * BLOCK..][..10]);
     until_cached(&look, &ks[62..63]).await;
     assert_eq!(total_stat(&addrs, "cmd_set").await - sets, 1, "blocks stored lately are not stored again");
+}
+
+/// What the old, unsealed value format (version 1) made of a payload: a header anyone could compute (magic,
+/// key hash, length, CRC-32C). The adversary's script of issue 31 wrote these.
+fn unsealed_v1(key: &str, kind: ItemKind, payload: &[u8]) -> Vec<u8> {
+    let mut v = b"WFCV".to_vec();
+    v.extend_from_slice(&[1, kind as u8, 0, 0]);
+    v.extend_from_slice(&weft_cache::value::key_hash(key.as_bytes()).to_le_bytes());
+    v.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&v[..20]), payload);
+    v.extend_from_slice(&crc.to_le_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+/// Every key daemon `addr` holds, from memcached's own `lru_crawler metadump all` (one `key=… exp=…` line per
+/// item, then `END`; keys are URL-encoded there, and ours have only `/` to encode).
+async fn listed_keys(addr: &str) -> Vec<String> {
+    let dump = raw(addr, b"lru_crawler metadump all\r\n", &["END"]).await;
+    let keys = dump.lines().filter_map(|l| l.strip_prefix("key=")?.split(' ').next());
+    keys.map(|k| k.replace("%2F", "/").replace("%2f", "/")).collect()
+}
+
+/// One item's raw bytes, read as anyone who reaches the port can (empty when the daemon holds none).
+async fn raw_get(addr: &str, key: &str) -> Vec<u8> {
+    let mut s = tokio::io::BufReader::new(TcpStream::connect(addr).await.unwrap());
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    s.get_mut().write_all(format!("get {key}\r\n").as_bytes()).await.unwrap();
+    let mut line = String::new();
+    s.read_line(&mut line).await.unwrap();
+    if line.trim_end() == "END" {
+        return Vec::new();
+    }
+    let len: usize = line.trim_end().rsplit(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("{line}"));
+    let mut value = vec![0; len + 2];
+    s.read_exact(&mut value).await.unwrap();
+    value.truncate(len);
+    value
+}
+
+/// The bank against a bystander who reaches the memcached port without any key, making the moves of issue 31's
+/// script: list every key, read every item, then rewrite every block, attributes and entry item the way the old
+/// format described them, sealed under a key of its own, or copied from another key. No file byte, name or
+/// attribute is readable, and every forged item is a miss: readers get the file's own bytes, attributes and entry.
+#[tokio::test]
+async fn a_bystander_at_the_memcached_port_reads_nothing_and_forges_nothing() {
+    let cl = start_bank_cluster("cache-bystander", 1, 1).await;
+    let addr = cl.cache_addrs()[0].clone();
+    let cache = CacheConfig { attrs: true, ..bank_config(&cl, false) };
+    let writer = client_with(&cl, None).await;
+    let name = "payroll-2026.txt";
+    let data = b"SECRET-SALARY-".repeat(4 * BLOCK / 14 + 1)[..4 * BLOCK].to_vec();
+    let other = write_file(&writer, "/other", b"other file").await;
+    write_file(&writer, &format!("/{name}"), &data).await;
+    let reader = client_with(&cl, Some(cache.clone())).await;
+    let bank = reader.bank().unwrap().clone();
+    let f = reader.open(&format!("/{name}"), OpenMode::Read).await.unwrap();
+    let ino = f.ino();
+    let ks = keys(&f, f.data_version(), 4);
+    read_until_cached(&f, &data, &bank, &ks).await;
+    let truth = reader.lookup(weft_proto::ROOT_INO, name).await.unwrap();
+    assert!(bank.get_attr(ino).await.is_some(), "the MDS published the file's attributes");
+
+    // List and read: the keys hide the name, the items hide the bytes, the name and the attributes. memcached's
+    // listing walks its LRUs as they are and may show only part of them, so the keys this test knows are added:
+    // a bystander listing long enough sees them all.
+    let mut listed = listed_keys(&addr).await;
+    assert!(!listed.is_empty(), "memcached lists the keys it holds");
+    let ns = cache.namespace;
+    let known =
+        [CacheKey::Attrs { ino }, CacheKey::Attrs { ino: other }, CacheKey::Attrs { ino: weft_proto::ROOT_INO }]
+            .into_iter()
+            .chain([bank.lookup_key(weft_proto::ROOT_INO, name), bank.lookup_key(weft_proto::ROOT_INO, "other")])
+            .chain(ks.iter().copied());
+    listed.extend(known.map(|k| k.encode(ns)));
+    listed.sort();
+    listed.dedup();
+    let kinds =
+        |letter: &str| listed.iter().filter(|k| k.split('/').nth(2) == Some(letter)).cloned().collect::<Vec<_>>();
+    let (blocks, attrs, entries) = (kinds("b"), kinds("a"), kinds("l"));
+    assert!(blocks.len() >= 4 && attrs.len() >= 3 && entries.len() >= 2, "{listed:?}");
+    let plain_hash = plain_sha256_prefix(name);
+    for key in &listed {
+        assert!(!key.contains(name) && !key.contains(&plain_hash), "a key gives the name away: {key}");
+        let item = raw_get(&addr, key).await;
+        for secret in [&b"SECRET-SALARY"[..], name.as_bytes(), b"other file"] {
+            assert!(
+                !item.windows(secret.len()).any(|w| w == secret),
+                "{key} shows {:?}",
+                String::from_utf8_lossy(secret)
+            );
+        }
+    }
+
+    // Forge: the old format with a valid CRC, a seal under the bystander's own key, and a sealed item moved
+    // from another key, for every block, attributes and entry item there is.
+    let stranger = weft_cache::BankKey::from_secret(&[0xee; 32]);
+    let mut lie = truth.clone();
+    (lie.mode, lie.size, lie.uid) = (0o104777, 3, 0);
+    let lie_attrs = weft_cache::AttrItem(lie.clone()).encode();
+    let lie_entry = weft_cache::LookupItem { name: name.into(), ino: other, attr: None }.encode();
+    let moved = raw_get(&addr, &blocks[0]).await;
+    let mut forged = 0u64;
+    for (round, forge) in ["unsealed", "stranger", "moved"].iter().enumerate() {
+        for (keys, kind, payload) in [
+            (&blocks, ItemKind::Block, &b"FORGED!".repeat(BLOCK / 7)[..]),
+            (&attrs, ItemKind::Attrs, &lie_attrs[..]),
+            (&entries, ItemKind::Lookup, &lie_entry[..]),
+        ] {
+            for key in keys.iter() {
+                let item = match *forge {
+                    "unsealed" => unsealed_v1(key, kind, payload),
+                    "stranger" => encode_value(key.as_bytes(), kind, payload, &stranger).unwrap(),
+                    _ if key == &blocks[0] => continue,
+                    _ => moved.clone(),
+                };
+                raw_set(&addr, key, &item).await;
+            }
+        }
+        let fresh = client_with(&cl, Some(cache.clone())).await;
+        let g = fresh.open(&format!("/{name}"), OpenMode::Read).await.unwrap();
+        assert_eq!(read_all(&g).await, data, "{forge}: the file's bytes, not the forged ones");
+        assert_eq!(fresh.getattr(ino).await.unwrap().mode, truth.mode, "{forge}: the real attributes");
+        assert_eq!(fresh.lookup(weft_proto::ROOT_INO, name).await.unwrap().ino, ino, "{forge}: the real entry");
+        let refused = fresh.bank_stats().unwrap().refused_items;
+        assert!(refused >= 4, "{forge} round {round}: the forged blocks were seen and refused ({refused})");
+        forged += refused;
+    }
+    assert!(forged >= 12);
+}
+
+/// The first 16 bytes of SHA-256(name) in hex: what the old keys carried for a name, which a dictionary could
+/// match (written with `sha256sum` so the test does not share the code under test).
+fn plain_sha256_prefix(name: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(name.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout).unwrap()[..32].to_string()
 }

@@ -110,7 +110,7 @@ async fn stat_pieces(daemons: u32) {
     })
     .await;
     println!("  bank: {} hits over {} getattrs", bank_client.bank_stats().unwrap().hits - hits, FILES * ROUNDS);
-    let bank = Bank::new(config(&cl, true).cache.unwrap()).unwrap();
+    let bank = Bank::new(config(&cl, true).cache.unwrap(), cl.bank_key()).unwrap();
     time("Bank::get_attr", FILES, async |i| {
         assert!(bank.get_attr(inos[i as usize]).await.is_some());
     })
