@@ -51,10 +51,11 @@ impl ItemKind {
 /// newer version is a new key and an old item is simply never asked for again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CacheKey {
-    /// Block `block` (object offset / block_bytes) of the object at `position` in the layout of inode `ino`, at
-    /// `data_version`. Per object, so a data server names what it read without knowing the layout; used only when
-    /// block_bytes divides the file's stripe unit (a block never straddles two objects).
-    Block { ino: u64, data_version: u64, position: u32, block: u64 },
+    /// Block `block` (object offset / block_bytes) of inode `ino`'s object on data server `server` (its id), at
+    /// `data_version`. Per object, so a data server names what it read from facts it holds (its id, and the data
+    /// version sealed in the read's capability) without knowing the layout; a reader finds the id in its layout.
+    /// Used only when block_bytes divides the file's stripe unit (a block never straddles two objects).
+    Block { ino: u64, data_version: u64, server: u32, block: u64 },
     /// Attributes of inode `ino`: overwritten in place by the MDS on each change (no version in the key: a client
     /// cannot know the current one), so their staleness is bounded by the push and by the item's expiry.
     Attrs { ino: u64 },
@@ -83,8 +84,8 @@ impl CacheKey {
         let mut s = String::with_capacity(80);
         let _ = write!(s, "wf2/{namespace:x}/{}", self.kind().letter());
         match *self {
-            CacheKey::Block { ino, data_version, position, block } => {
-                let _ = write!(s, "/{ino:x}/{data_version:x}/{position:x}/{block:x}");
+            CacheKey::Block { ino, data_version, server, block } => {
+                let _ = write!(s, "/{ino:x}/{data_version:x}/{server:x}/{block:x}");
             }
             CacheKey::Attrs { ino } => {
                 let _ = write!(s, "/{ino:x}");
@@ -324,7 +325,7 @@ mod tests {
     use super::*;
 
     fn block(ino: u64) -> CacheKey {
-        CacheKey::Block { ino, data_version: 7, position: 2, block: 3 }
+        CacheKey::Block { ino, data_version: 7, server: 2, block: 3 }
     }
 
     fn bank_key() -> BankKey {
@@ -336,12 +337,12 @@ mod tests {
         let seal = bank_key();
         let k = block(0x42).encode(0xabc);
         assert_eq!(k, "wf2/abc/b/42/7/2/3");
-        let longest = CacheKey::Block { ino: u64::MAX, data_version: u64::MAX, position: u32::MAX, block: u64::MAX }
+        let longest = CacheKey::Block { ino: u64::MAX, data_version: u64::MAX, server: u32::MAX, block: u64::MAX }
             .encode(u64::MAX);
         assert_eq!(longest.len(), 82);
-        // Each field is its own path segment: (position 1, block 0x23) and (position 0x12, block 3) differ.
-        let a = CacheKey::Block { ino: 1, data_version: 1, position: 1, block: 0x23 }.encode(0);
-        let b = CacheKey::Block { ino: 1, data_version: 1, position: 0x12, block: 3 }.encode(0);
+        // Each field is its own path segment: (server 1, block 0x23) and (server 0x12, block 3) differ.
+        let a = CacheKey::Block { ino: 1, data_version: 1, server: 1, block: 0x23 }.encode(0);
+        let b = CacheKey::Block { ino: 1, data_version: 1, server: 0x12, block: 3 }.encode(0);
         assert_ne!(a, b);
         assert!(longest.bytes().all(|b| b.is_ascii_graphic()));
         assert_ne!(block(1).encode(0), CacheKey::Attrs { ino: 1 }.encode(0));

@@ -453,7 +453,7 @@ impl File {
         {
             // One unit of one piece (a read inside one stripe unit): read from the caller's task, straight into
             // `buf`, without the two wake-ups of a spawned task.
-            let hint = fill.map(|data_version| FillHint { data_version, position: u.server_index });
+            let hint = fill.map(|data_version| FillHint { data_version });
             let mut dest =
                 read_unit(&self.client, &self.caps, &self.layout(), self.attr.ino, u, vec![buf], hint).await?;
             return Ok(dest.pop().expect("the destination comes back"));
@@ -479,15 +479,13 @@ impl File {
         let ino = self.attr.ino;
         let data_version = self.data_version();
         let block_bytes = u64::from(bank.config().block_bytes);
+        let layout = self.layout();
+        // Blocks are named by the data server that holds them (its id), as that server names its fills.
         let keys: Vec<CacheKey> = pieces
             .iter()
             .flat_map(|p| {
-                blocks_of(p, block_bytes).map(move |block| CacheKey::Block {
-                    ino,
-                    data_version,
-                    position: p.server_index,
-                    block,
-                })
+                let server = layout.servers[p.server_index as usize];
+                blocks_of(p, block_bytes).map(move |block| CacheKey::Block { ino, data_version, server, block })
             })
             .collect();
         let found = bank.get_many(&keys).await;
@@ -816,10 +814,10 @@ pub(crate) async fn read_units_on(
     segs: &mut [Option<BytesMut>],
     fill: Option<u64>,
 ) -> Result<(), ClientError> {
-    let hint = |u: &Unit| fill.map(|data_version| FillHint { data_version, position: u.server_index });
+    let hint = fill.map(|data_version| FillHint { data_version });
     if let [u] = &units[..] {
         let dest: Vec<BytesMut> = u.pieces.iter().map(|&i| segs[i].take().expect("each piece in one unit")).collect();
-        let dest = read_unit(&io.client, &io.caps, layout, io.ino, u, dest, hint(u)).await?;
+        let dest = read_unit(&io.client, &io.caps, layout, io.ino, u, dest, hint).await?;
         for (&i, d) in u.pieces.iter().zip(dest) {
             segs[i] = Some(d);
         }
@@ -832,7 +830,7 @@ pub(crate) async fn read_units_on(
         let ino = io.ino;
         let layout = layout.clone();
         let caps = io.caps.clone();
-        let fill = hint(&u);
+        let fill = hint;
         tasks.spawn(async move {
             let dest = read_unit(&client, &caps, &layout, ino, &u, dest, fill).await?;
             Ok((u.pieces, dest))

@@ -1,12 +1,15 @@
 //! The data server's side of the cache bank (issue 16): fills after reads, invalidations after writes, both
 //! through ONE bounded FIFO queue and one worker, off the reply path.
 //!
-//! - A read whose request carries a fill hint (data version, object position) is answered first; then a `Fill`
+//! - A read whose request asks for a fill is answered first; then a `Fill`
 //!   job is offered to the queue (`try_send`: when the queue is full the fill is dropped and counted). The worker
 //!   reads the whole bank blocks the range touched from the store again (the page cache is warm; the reply's
 //!   buffer is gone by then) and `set`s each one. A block that reaches the object's end is stored short: a short
 //!   item means "the object ends here, zeros follow", true for every reader at that data version.
-//! - The server remembers, per inode, the last few (data version, position) pairs seen in fill hints
+//! - Fills are named by the server ([`FillName`]): the data version the MDS sealed into the read's capability and
+//!   this server's id, never what the reader claims, so a reader cannot plant bytes under another object or
+//!   version (docs/format.md §12).
+//! - The server remembers, per inode, the last few names its fills went under
 //!   ([`RecentVersions`], bounded in versions per inode and in inodes, least recently used first out). After a
 //!   write or truncate reached the store, an `Invalidate` job deletes the blocks it changed under each of them.
 //!   An invalidation is never dropped: when the queue is full the write's reply waits (`send().await`), so a
@@ -33,7 +36,6 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use weft_cache::{Bank, CacheConfig, CacheKey, ConfigError};
-use weft_proto::msg::FillHint;
 
 use crate::store::ObjectStore;
 
@@ -75,13 +77,22 @@ struct Counters {
     invalidations_cut: AtomicU64,
 }
 
+/// What a fill's blocks are named under (with the inode and the block): the file's data version as the MDS
+/// sealed it into the read's capability (the reader's hint only with authentication off, when nothing is sealed)
+/// and this data server's id, which the reader's key names through the layout (docs/format.md §12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FillName {
+    pub data_version: u64,
+    pub server: u32,
+}
+
 /// One unit of work of the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Job {
     /// Store the blocks of object range `[offset, offset + len)` of `ino` under `hint`.
-    Fill { ino: u64, hint: FillHint, offset: u64, len: u64 },
-    /// Delete blocks `first ..= last` of `ino` under each (data version, position) in `under`.
-    Invalidate { ino: u64, under: Vec<FillHint>, first: u64, last: u64 },
+    Fill { ino: u64, hint: FillName, offset: u64, len: u64 },
+    /// Delete blocks `first ..= last` of `ino` under each name in `under`.
+    Invalidate { ino: u64, under: Vec<FillName>, first: u64, last: u64 },
 }
 
 /// The data versions recently seen per inode in fill hints: those whose items a write must delete.
@@ -92,7 +103,7 @@ enum Job {
 pub struct RecentVersions {
     per_inode: usize,
     inodes_max: usize,
-    map: HashMap<u64, Vec<FillHint>>,
+    map: HashMap<u64, Vec<FillName>>,
     /// Inodes from least to most recently touched; an inode may appear more than once (stale entries are skipped
     /// when evicting, and the queue is compacted when it grows past twice the map).
     order: VecDeque<u64>,
@@ -112,7 +123,7 @@ impl RecentVersions {
     }
 
     /// Records that `hint` was seen for `ino`.
-    pub fn saw(&mut self, ino: u64, hint: FillHint) {
+    pub fn saw(&mut self, ino: u64, hint: FillName) {
         let hints = self.map.entry(ino).or_default();
         if let Some(i) = hints.iter().position(|h| *h == hint) {
             hints.remove(i);
@@ -134,7 +145,7 @@ impl RecentVersions {
     }
 
     /// The hints remembered for `ino`, oldest first.
-    pub fn of(&self, ino: u64) -> Vec<FillHint> {
+    pub fn of(&self, ino: u64) -> Vec<FillName> {
         self.map.get(&ino).cloned().unwrap_or_default()
     }
 
@@ -180,6 +191,8 @@ impl RecentVersions {
 /// The data server's handle on the bank: the queue's sending side, the recent versions and the counters.
 pub struct CacheFiller {
     block_bytes: u64,
+    /// This data server's id: the server part of every name its fills go under.
+    server: u32,
     tx: mpsc::Sender<Job>,
     recent: Mutex<RecentVersions>,
     counters: Arc<Counters>,
@@ -212,6 +225,7 @@ impl CacheFiller {
         seal: weft_cache::BankKey,
         limits: FillLimits,
         store: Arc<ObjectStore>,
+        server: u32,
     ) -> Result<Option<Arc<CacheFiller>>, ConfigError> {
         if !config.enabled() || !config.data {
             return Ok(None);
@@ -224,10 +238,16 @@ impl CacheFiller {
         tokio::spawn(worker(rx, bank, store, block_bytes, recent_fills, counters.clone()));
         Ok(Some(Arc::new(CacheFiller {
             block_bytes,
+            server,
             tx,
             recent: Mutex::new(RecentVersions::new(limits.versions_per_inode, limits.inodes_max)),
             counters,
         })))
+    }
+
+    /// The name of a fill of a read at `data_version` (the capability's, or with authentication off the hint's).
+    pub fn name(&self, data_version: u64) -> FillName {
+        FillName { data_version, server: self.server }
     }
 
     pub fn stats(&self) -> FillStats {
@@ -247,13 +267,13 @@ impl CacheFiller {
     /// Notes `hint` for `ino` (a read is about to run under it), so that a write from now on deletes its items.
     /// Called before the read touches the disk: a write that lands after this read and before its fill is queued
     /// then deletes the fill's blocks after storing them (same queue).
-    pub fn saw(&self, ino: u64, hint: FillHint) {
+    pub fn saw(&self, ino: u64, hint: FillName) {
         lock(&self.recent).saw(ino, hint);
     }
 
     /// Offers the fill of object range `[offset, offset + len)` after a read answered; dropped if the queue is
     /// full.
-    pub fn fill(&self, ino: u64, hint: FillHint, offset: u64, len: u64) {
+    pub fn fill(&self, ino: u64, hint: FillName, offset: u64, len: u64) {
         if len == 0 {
             return;
         }
@@ -282,11 +302,11 @@ impl CacheFiller {
     }
 }
 
-/// One bank block: (inode, data version, position, object block).
+/// One bank block: (inode, data version, server, object block).
 type BlockId = (u64, u64, u32, u64);
 
-fn block_id(ino: u64, hint: FillHint, block: u64) -> BlockId {
-    (ino, hint.data_version, hint.position, block)
+fn block_id(ino: u64, hint: FillName, block: u64) -> BlockId {
+    (ino, hint.data_version, hint.server, block)
 }
 
 /// The blocks the worker stored lately, so it does not store them again on every read (see the module doc).
@@ -377,7 +397,7 @@ async fn worker(
                         continue;
                     }
                     let bank = bank.clone();
-                    let key = CacheKey::Block { ino, data_version: hint.data_version, position: hint.position, block };
+                    let key = CacheKey::Block { ino, data_version: hint.data_version, server: hint.server, block };
                     if sets.len() >= JOB_CONCURRENCY {
                         count_stored(sets.join_next().await, bank.all_up(), ino, hint, &mut recent, &c);
                     }
@@ -399,8 +419,7 @@ async fn worker(
                     for block in first..=last {
                         recent.forget(&block_id(ino, hint, block));
                         let bank = bank.clone();
-                        let key =
-                            CacheKey::Block { ino, data_version: hint.data_version, position: hint.position, block };
+                        let key = CacheKey::Block { ino, data_version: hint.data_version, server: hint.server, block };
                         if deletes.len() >= JOB_CONCURRENCY {
                             let _ = deletes.join_next().await;
                         }
@@ -418,7 +437,7 @@ fn count_stored(
     r: Option<Result<(u64, bool), tokio::task::JoinError>>,
     all_up: bool,
     ino: u64,
-    hint: FillHint,
+    hint: FillName,
     recent: &mut RecentFills,
     c: &Counters,
 ) {
@@ -459,8 +478,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
-    fn h(data_version: u64) -> FillHint {
-        FillHint { data_version, position: 0 }
+    fn h(data_version: u64) -> FillName {
+        FillName { data_version, server: 0 }
     }
 
     #[test]
@@ -473,8 +492,8 @@ mod tests {
         // Seeing one again makes it the newest, without a duplicate.
         r.saw(7, h(3));
         assert_eq!(r.of(7), vec![h(4), h(5), h(3)]);
-        // Another position of the same version is another hint.
-        r.saw(7, FillHint { data_version: 5, position: 1 });
+        // Another server of the same version is another name.
+        r.saw(7, FillName { data_version: 5, server: 1 });
         assert_eq!(r.of(7).len(), 3);
         assert!(r.of(8).is_empty());
     }

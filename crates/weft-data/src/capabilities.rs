@@ -205,7 +205,7 @@ mod tests {
     fn the_gate_refuses_a_removed_inode_even_with_a_good_capability() {
         let key = CapabilityKey::derive(&Key::from_bytes([3; 32]));
         let gate = CapabilityGate::new(key.clone(), 1000, 60_000, 16);
-        let cap = key.seal(5, Rights::READ_WRITE, unix_now_ms() + 60_000, "cluster", 1).unwrap();
+        let cap = key.seal(5, Rights::READ_WRITE, unix_now_ms() + 60_000, "cluster", 1, 0).unwrap();
         let p = Principal::Key { key_id: "cluster".into(), policy: weft_rpc::KeyPolicy::Cluster };
         assert!(gate.admit("peer", &p, 5, Rights::WRITE, &cap).is_ok());
         gate.removed(5);

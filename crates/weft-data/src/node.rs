@@ -177,7 +177,7 @@ pub async fn run_with_nfs(
                 Some(k) => weft_cache::BankKey::for_cluster(|parts| k.sign(parts), cache.key_generation),
                 None => weft_cache::BankKey::public(),
             };
-            CacheFiller::start(cache, seal, cfg.fill_limits(), store.clone()).map_err(DataServerError::Cache)?
+            CacheFiller::start(cache, seal, cfg.fill_limits(), store.clone(), cfg.id).map_err(DataServerError::Cache)?
         }
         None => None,
     };

@@ -23,7 +23,7 @@ use weft_rpc::metrics::FabricBytes;
 use weft_rpc::metrics::prometheus_client::metrics::counter::Counter;
 use weft_rpc::{BufferPool, CallCtx, Metrics, PoolBuf, Reply, ReplyData, Service};
 
-use crate::cache_fill::CacheFiller;
+use crate::cache_fill::{CacheFiller, FillName};
 use crate::capabilities::CapabilityGate;
 use crate::config::{DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES};
 use crate::lease::LeaseGate;
@@ -453,18 +453,21 @@ impl Service for DataService {
 /// What the cache bank needs done after an op (see [`DataService::before_bank`]).
 enum BankWork {
     None,
-    Fill { ino: u64, hint: FillHint, offset: u64, len: u64 },
+    Fill { ino: u64, hint: FillName, offset: u64, len: u64 },
     Invalidate { ino: u64, offset: u64, len: u64 },
 }
 
 impl DataService {
-    /// Before an admitted op runs: a read with a fill hint records its data version (so a write from now on
-    /// deletes what it fills) and names its fill; a write or a shrinking truncate names the object range whose
-    /// cached blocks it changes.
+    /// Before an admitted op runs: a read that asks for a fill names it ([`fill_version`]) and records the name
+    /// (so a write from now on deletes what it fills); a write or a shrinking truncate names the object range
+    /// whose cached blocks it changes.
     fn before_bank(&self, filler: &CacheFiller, req: &Request, data: Option<&PoolBuf>) -> BankWork {
         let (ino, hint, offset, len) = match req {
-            Request::Read(r) => (r.ino, r.fill, r.offset, u64::from(r.len)),
-            Request::ReadChunks(r) => (r.ino, r.fill, r.offset, r.chunks.iter().map(|c| u64::from(c.len)).sum()),
+            Request::Read(r) => (r.ino, fill_version(r.fill, &r.cap), r.offset, u64::from(r.len)),
+            Request::ReadChunks(r) => {
+                let len = r.chunks.iter().map(|c| u64::from(c.len)).sum();
+                (r.ino, fill_version(r.fill, &r.cap), r.offset, len)
+            }
             Request::Write(w) => {
                 return BankWork::Invalidate { ino: w.ino, offset: w.offset, len: data.map_or(0, |d| d.len() as u64) };
             }
@@ -484,7 +487,8 @@ impl DataService {
             }
             _ => return BankWork::None,
         };
-        let Some(hint) = hint else { return BankWork::None };
+        let Some(data_version) = hint else { return BankWork::None };
+        let hint = filler.name(data_version);
         filler.saw(ino, hint);
         BankWork::Fill { ino, hint, offset, len }
     }
@@ -515,6 +519,15 @@ impl DataService {
             }
         }
     }
+}
+
+/// The data version a read's fill goes under: the one the MDS sealed into the read's capability, never the
+/// reader's claim, so a reader cannot plant what it read under a version other readers will ask for
+/// (docs/format.md §12). Only with authentication off (an empty capability, which the gate then lets through)
+/// is the hint's own version used. `None`: the read asked for no fill.
+fn fill_version(hint: Option<FillHint>, cap: &weft_proto::Capability) -> Option<u64> {
+    let hint = hint?;
+    Some(if cap.is_none() { hint.data_version } else { cap.data_version })
 }
 
 /// A mapped read on its way out: the mapping and its range lock live until the reply is sent.
@@ -931,8 +944,8 @@ mod tests {
         let mut cx = ctx(&pool, &memory);
         cx.principal = Principal::Key { key_id: "alice".into(), policy: weft_rpc::KeyPolicy::Trusted };
         let expiry = weft_rpc::capability::unix_now_ms() + 60_000;
-        let theirs = key.seal(3, Rights::READ_WRITE, expiry, "cluster", 1).unwrap();
-        let mine = key.seal(3, Rights::READ_WRITE, expiry, "alice", 1).unwrap();
+        let theirs = key.seal(3, Rights::READ_WRITE, expiry, "cluster", 1, 0).unwrap();
+        let mine = key.seal(3, Rights::READ_WRITE, expiry, "alice", 1, 0).unwrap();
         let write = |cap| Request::Truncate(TruncateReq { ino: 3, size: 4096, cap });
         let e = svc.call(&cx, write(theirs), None).await.map(|_| ()).unwrap_err();
         assert_eq!(e.code, ErrorCode::CapabilityRefused, "another key's capability: {e}");

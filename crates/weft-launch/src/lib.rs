@@ -610,7 +610,7 @@ impl LocalCluster {
         let Some(key) = key else { return weft_proto::Capability::none() };
         let expiry_ms = weft_rpc::capability::unix_now_ms().saturating_add(ttl_ms);
         weft_rpc::CapabilityKey::derive(&key)
-            .seal(ino, rights, expiry_ms, weft_rpc::auth::CLUSTER_KEY_ID, 0)
+            .seal(ino, rights, expiry_ms, weft_rpc::auth::CLUSTER_KEY_ID, 0, 0)
             .unwrap_or_else(|_| weft_proto::Capability::none())
     }
 

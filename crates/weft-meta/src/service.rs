@@ -211,16 +211,16 @@ impl MetaService {
             None => Capability { ino: r.ino, rights: r.rights, key_id: PNFS_KEY_ID.to_string(), ..Capability::none() },
             Some(key) => {
                 let expiry_ms = weft_rpc::capability::unix_now_ms().saturating_add(self.pnfs_handle_ttl_ms);
-                key.seal(r.ino, r.rights, expiry_ms, PNFS_KEY_ID, ctx.session)
+                key.seal(r.ino, r.rights, expiry_ms, PNFS_KEY_ID, ctx.session, attr.data_version)
                     .map_err(|e| WireError::new(ErrorCode::Internal, format!("sealing a pNFS handle: {e}")))?
             }
         };
         Ok(Response::PnfsHandle(PnfsHandleResp { cap }))
     }
 
-    /// A capability for `ino` with `rights`, for the calling connection's key and session; empty with
-    /// authentication off.
-    fn issue(&self, ctx: &CallCtx, ino: u64, rights: Rights) -> Result<Capability, WireError> {
+    /// A capability for `attr`'s inode at its data version with `rights`, for the calling connection's key and
+    /// session; empty with authentication off.
+    fn issue(&self, ctx: &CallCtx, attr: &Attr, rights: Rights) -> Result<Capability, WireError> {
         let Some(key) = &self.cap_key else { return Ok(Capability::none()) };
         let key_id = match &ctx.principal {
             Principal::Key { key_id, .. } => key_id.clone(),
@@ -232,12 +232,12 @@ impl MetaService {
             }
         };
         let expiry_ms = weft_rpc::capability::unix_now_ms().saturating_add(self.capability_ttl_ms);
-        key.seal(ino, rights, expiry_ms, &key_id, ctx.session)
+        key.seal(attr.ino, rights, expiry_ms, &key_id, ctx.session, attr.data_version)
             .map_err(|e| WireError::new(ErrorCode::Internal, format!("sealing a capability: {e}")))
     }
 
     fn opened(&self, ctx: &CallCtx, attr: Attr, rights: Rights) -> Result<OpenResp, WireError> {
-        let cap = self.issue(ctx, attr.ino, rights)?;
+        let cap = self.issue(ctx, &attr, rights)?;
         Ok(OpenResp { attr, cap, ttl_ms: self.capability_ttl_ms })
     }
 

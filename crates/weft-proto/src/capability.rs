@@ -7,8 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// [`Capability::version`] of a sealed capability.
-pub const CAPABILITY_VERSION: u8 = 1;
+/// [`Capability::version`] of a sealed capability. Version 2 added `data_version`; version 1 is refused.
+pub const CAPABILITY_VERSION: u8 = 2;
 /// [`Capability::version`] of the empty capability: issued by an MDS with authentication off, and what a request
 /// carries when it has none. A data server with authentication on refuses it.
 pub const CAPABILITY_NONE: u8 = 0;
@@ -75,6 +75,9 @@ pub struct Capability {
     pub key_id: String,
     /// The MDS session it was issued to (for logs and revocation by session).
     pub session: u64,
+    /// The file's data version when the MDS issued it (docs/format.md §6): what a data server names the cache-bank
+    /// blocks it fills under (§12), so a reader cannot choose the version of what it plants.
+    pub data_version: u64,
     /// HMAC-SHA256 over [`Capability::mac_input`] under the capability key, first 16 bytes.
     pub mac: [u8; CAPABILITY_MAC_BYTES],
 }
@@ -89,6 +92,7 @@ impl Capability {
             expiry_ms: 0,
             key_id: String::new(),
             session: 0,
+            data_version: 0,
             mac: [0; CAPABILITY_MAC_BYTES],
         }
     }
@@ -98,20 +102,21 @@ impl Capability {
     }
 
     /// The exact bytes the MAC covers: `"weft-cap-v1" ‖ version u8 ‖ ino u64 LE ‖ rights u8 ‖ expiry_ms u64 LE ‖
-    /// session u64 LE ‖ key_id length u8 ‖ key_id`. Every field but the key id has a fixed size and the key id
+    /// session u64 LE ‖ data_version u64 LE ‖ key_id length u8 ‖ key_id`. Every field but the key id has a fixed size and the key id
     /// comes last with its length, so one input has exactly one reading. `None` if the key id is too long.
     pub fn mac_input(&self) -> Option<Vec<u8>> {
         let id = self.key_id.as_bytes();
         if id.len() > CAPABILITY_KEY_ID_BYTES_MAX {
             return None;
         }
-        let mut v = Vec::with_capacity(CAPABILITY_MAC_LABEL.len() + 1 + 8 + 1 + 8 + 8 + 1 + id.len());
+        let mut v = Vec::with_capacity(CAPABILITY_MAC_LABEL.len() + 1 + 8 + 1 + 8 + 8 + 8 + 1 + id.len());
         v.extend_from_slice(CAPABILITY_MAC_LABEL);
         v.push(self.version);
         v.extend_from_slice(&self.ino.to_le_bytes());
         v.push(self.rights.bits());
         v.extend_from_slice(&self.expiry_ms.to_le_bytes());
         v.extend_from_slice(&self.session.to_le_bytes());
+        v.extend_from_slice(&self.data_version.to_le_bytes());
         v.push(id.len() as u8);
         v.extend_from_slice(id);
         Some(v)
@@ -130,6 +135,7 @@ mod tests {
             expiry_ms: 1_700_000_000_000,
             key_id: "cluster".into(),
             session: 0xaabb,
+            data_version: 0x0d0c,
             mac: [0x5a; CAPABILITY_MAC_BYTES],
         }
     }
@@ -140,11 +146,12 @@ mod tests {
         let c = cap();
         let v = c.mac_input().unwrap();
         let mut want = b"weft-cap-v1".to_vec();
-        want.push(1);
+        want.push(2);
         want.extend_from_slice(&[8, 7, 6, 5, 4, 3, 2, 1]);
         want.push(3);
         want.extend_from_slice(&1_700_000_000_000u64.to_le_bytes());
         want.extend_from_slice(&0xaabbu64.to_le_bytes());
+        want.extend_from_slice(&0x0d0cu64.to_le_bytes());
         want.push(7);
         want.extend_from_slice(b"cluster");
         assert_eq!(v, want);
@@ -155,11 +162,11 @@ mod tests {
     /// The wire encoding (postcard): version byte, varints, rights byte, length-prefixed key id, 16 raw MAC bytes.
     #[test]
     fn wire_encoding_is_postcard_in_field_order() {
-        let c = Capability { ino: 5, expiry_ms: 300, session: 2, ..cap() };
+        let c = Capability { ino: 5, expiry_ms: 300, session: 2, data_version: 9, ..cap() };
         let body = crate::msg::encode_value(&c);
-        let mut want = vec![1, 5, 3, 0xac, 0x02, 7];
+        let mut want = vec![2, 5, 3, 0xac, 0x02, 7];
         want.extend_from_slice(b"cluster");
-        want.push(2);
+        want.extend_from_slice(&[2, 9]);
         want.extend_from_slice(&[0x5a; 16]);
         assert_eq!(body, want);
         let back: Capability = crate::msg::decode(0, &body).unwrap();

@@ -516,13 +516,13 @@ pub struct ReadReq {
     pub fill: Option<FillHint>,
 }
 
-/// What a data server needs to name the cache-bank blocks of a read (docs/format.md §12): the file's data version
-/// at the reader's open and the object's position in the layout. A server with no bank ignores it.
+/// A read's request that the data server fill the cache bank with what it read (docs/format.md §12). The server
+/// names the blocks itself: the data version sealed in the read's capability and its own id. `data_version` (the
+/// file's at the reader's open) is used only by a server with authentication off, where capabilities are empty.
+/// A server with no bank ignores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FillHint {
     pub data_version: u64,
-    /// The object's index in the file's layout (`Piece::server_index`).
-    pub position: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -916,7 +916,7 @@ mod tests {
                 offset: 0,
                 len: 1,
                 cap: Capability::none(),
-                fill: Some(FillHint { data_version: u64::MAX, position: 3 }),
+                fill: Some(FillHint { data_version: u64::MAX }),
             }),
             Request::Rename(RenameReq {
                 src_parent: 1,
@@ -952,16 +952,16 @@ mod tests {
         assert!(Request::decode(Op::AuthFinish as u16, &[9; 31]).is_err(), "a short proof is refused");
     }
 
-    /// docs/format.md §2: the fill hint is the last field, an option (0 = none, 1 then the hint's two varints).
+    /// docs/format.md §2: the fill hint is the last field, an option (0 = none, 1 then the hint's varint).
     #[test]
     fn the_fill_hint_is_the_last_field() {
         let none = ReadReq { ino: 1, offset: 2, len: 3, cap: Capability::none(), fill: None };
         let body = Request::Read(none.clone()).encode_body();
         assert_eq!(body.last(), Some(&0));
-        let some = ReadReq { fill: Some(FillHint { data_version: 300, position: 2 }), ..none };
+        let some = ReadReq { fill: Some(FillHint { data_version: 300 }), ..none };
         let with = Request::Read(some).encode_body();
         assert_eq!(&with[..body.len() - 1], &body[..body.len() - 1]);
-        assert_eq!(&with[body.len() - 1..], &[1, 0xac, 0x02, 2]);
+        assert_eq!(&with[body.len() - 1..], &[1, 0xac, 0x02]);
         assert!(Request::decode(Op::Read as u16, &body[..body.len() - 1]).is_err(), "the hint is not optional");
     }
 

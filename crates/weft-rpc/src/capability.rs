@@ -117,8 +117,8 @@ impl CapabilityKey {
         out
     }
 
-    /// A sealed capability (version 1) for `ino` with `rights` until `expiry_ms`, for a connection that proved
-    /// `key_id`, in MDS session `session`.
+    /// A sealed capability (version 2) for `ino` at `data_version` with `rights` until `expiry_ms`, for a
+    /// connection that proved `key_id`, in MDS session `session`.
     pub fn seal(
         &self,
         ino: u64,
@@ -126,6 +126,7 @@ impl CapabilityKey {
         expiry_ms: u64,
         key_id: &str,
         session: u64,
+        data_version: u64,
     ) -> Result<Capability, SealError> {
         if !rights.is_valid() {
             return Err(SealError::Rights(rights));
@@ -137,6 +138,7 @@ impl CapabilityKey {
             expiry_ms,
             key_id: key_id.to_string(),
             session,
+            data_version,
             mac: [0; CAPABILITY_MAC_BYTES],
         };
         let input = cap.mac_input().ok_or(SealError::KeyIdTooLong(key_id.len()))?;
@@ -152,7 +154,7 @@ impl CapabilityKey {
         }
     }
 
-    /// Checks `cap` against `demand`: present, version 1, well formed, MAC right (before any other field is
+    /// Checks `cap` against `demand`: present, version 2, well formed, MAC right (before any other field is
     /// believed), not expired (beyond the skew), for this inode, granting the rights, issued to this key.
     pub fn check(&self, cap: &Capability, demand: &Demand<'_>) -> Result<(), Refusal> {
         check_unsealed_fields(cap)?;
@@ -213,7 +215,7 @@ mod tests {
     }
 
     fn sealed() -> Capability {
-        key().seal(42, Rights::READ_WRITE, NOW + 60_000, "cluster", 9).unwrap()
+        key().seal(42, Rights::READ_WRITE, NOW + 60_000, "cluster", 9, 5).unwrap()
     }
 
     fn demand(rights: Rights) -> Demand<'static> {
@@ -239,6 +241,7 @@ mod tests {
             ("expiry", Capability { expiry_ms: base.expiry_ms + 1, ..base.clone() }),
             ("key id", Capability { key_id: "clustex".into(), ..base.clone() }),
             ("session", Capability { session: 10, ..base.clone() }),
+            ("data version", Capability { data_version: 6, ..base.clone() }),
         ];
         for (what, m) in mutants {
             assert!(!k.mac_matches(&m), "changing the {what} must break the MAC");
@@ -249,8 +252,10 @@ mod tests {
             assert_eq!(k.check(&m, &demand(Rights::READ)), Err(Refusal::Forged), "MAC byte {i}");
         }
         // A version change is refused before the MAC is even looked at.
-        let v2 = Capability { version: 2, ..base.clone() };
-        assert_eq!(k.check(&v2, &demand(Rights::READ)), Err(Refusal::Version(2)));
+        for v in [1, 3] {
+            let old = Capability { version: v, ..base.clone() };
+            assert_eq!(k.check(&old, &demand(Rights::READ)), Err(Refusal::Version(v)));
+        }
         // Another cluster key: forged.
         let other = CapabilityKey::derive(&Key::from_bytes([8; 32]));
         assert_eq!(other.check(&base, &demand(Rights::READ)), Err(Refusal::Forged));
@@ -276,13 +281,13 @@ mod tests {
         assert_eq!(k.check(&cap, &other_ino), Err(Refusal::WrongInode { cap: 42, request: 41 }));
         let other_key = Demand { key_id: "alice", ..demand(Rights::READ) };
         assert!(matches!(k.check(&cap, &other_key), Err(Refusal::WrongKey { .. })));
-        let ro = k.seal(42, Rights::READ, NOW + 60_000, "cluster", 9).unwrap();
+        let ro = k.seal(42, Rights::READ, NOW + 60_000, "cluster", 9, 5).unwrap();
         assert!(matches!(k.check(&ro, &demand(Rights::WRITE)), Err(Refusal::Rights { .. })));
         assert_eq!(k.check(&ro, &demand(Rights::WRITE)).unwrap_err().code(), ErrorCode::CapabilityRefused);
         assert_eq!(k.check(&Capability::none(), &demand(Rights::READ)), Err(Refusal::Missing));
         let bad_rights = Capability { rights: Rights::from_bits(0).unwrap(), ..cap.clone() };
         assert!(matches!(k.check(&bad_rights, &demand(Rights::READ)), Err(Refusal::Malformed { .. })));
-        assert_eq!(k.seal(1, Rights::NONE, 0, "x", 0), Err(SealError::Rights(Rights::NONE)));
-        assert_eq!(k.seal(1, Rights::READ, 0, &"x".repeat(65), 0), Err(SealError::KeyIdTooLong(65)));
+        assert_eq!(k.seal(1, Rights::NONE, 0, "x", 0, 0), Err(SealError::Rights(Rights::NONE)));
+        assert_eq!(k.seal(1, Rights::READ, 0, &"x".repeat(65), 0, 0), Err(SealError::KeyIdTooLong(65)));
     }
 }

@@ -33,7 +33,7 @@ fn bank_config(cl: &TestCluster) -> CacheConfig {
 }
 
 fn block(index: u64) -> CacheKey {
-    CacheKey::Block { ino: 42, data_version: 1, position: 0, block: index }
+    CacheKey::Block { ino: 42, data_version: 1, server: 0, block: index }
 }
 
 fn payload(index: u64, len: usize) -> Vec<u8> {
@@ -81,7 +81,7 @@ async fn set_get_and_multi_get_round_trip_counted_by_memcached() {
     // One multi-get: present and absent keys, answers in the order asked.
     let mut keys: Vec<CacheKey> = (0..n).map(block).collect();
     keys.push(block(1000));
-    keys.push(CacheKey::Block { ino: 42, data_version: 2, position: 0, block: 0 }); // another data version: another key
+    keys.push(CacheKey::Block { ino: 42, data_version: 2, server: 0, block: 0 }); // another data version: another key
     let got = bank.get_many(&keys).await;
     assert_eq!(got.len(), keys.len());
     for (i, v) in got.iter().take(n as usize).enumerate() {

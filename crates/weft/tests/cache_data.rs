@@ -83,9 +83,11 @@ async fn total_stat(addrs: &[String], name: &str) -> u64 {
     sum
 }
 
-/// The bank keys of file `f` (one object: position 0) for its first `blocks` blocks at `data_version`.
+/// The bank keys of file `f` (one object: on the layout's first server) for its first `blocks` blocks at
+/// `data_version`.
 fn keys(f: &File, data_version: u64, blocks: u64) -> Vec<CacheKey> {
-    (0..blocks).map(|block| CacheKey::Block { ino: f.ino(), data_version, position: 0, block }).collect()
+    let server = f.layout().servers[0];
+    (0..blocks).map(|block| CacheKey::Block { ino: f.ino(), data_version, server, block }).collect()
 }
 
 /// Reads all of `f` (asserting `expected` every time) until the bank holds every one of `keys`: the data servers
@@ -558,4 +560,53 @@ fn plain_sha256_prefix(name: &str) -> String {
     child.stdin.take().unwrap().write_all(name.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     String::from_utf8(out.stdout).unwrap()[..32].to_string()
+}
+
+/// A reader names nothing a data server fills (issue 31 item 2). A read asks a server to fill the bank while
+/// claiming a data version ahead of the file's: the server stores what it read only under the version the MDS
+/// sealed into the read's capability and under its own id, so a reader can plant neither one object's bytes as
+/// another's nor bytes under the version a later writer's readers will ask for. The requests go out as the
+/// client library's would (an `RpcClient` proving the cluster key), with the hint chosen by hand.
+#[tokio::test]
+async fn a_reader_cannot_name_what_a_data_server_fills() {
+    let cl = start_bank_cluster("cache-planted", 2, 1).await;
+    let unit = 1 << 20;
+    let data = pattern(11, 0, 2 * unit);
+    let writer = client_with(&cl, None).await;
+    let ino = write_file(&writer, "/f", &data).await;
+    let reader = client_with(&cl, Some(bank_config(&cl, false))).await;
+    let bank = reader.bank().unwrap().clone();
+    let opened = reader.open_capability(ino, weft_proto::Rights::READ).await.unwrap();
+    let layout = opened.attr.layout.clone().unwrap();
+    assert_eq!((layout.servers.len(), layout.stripe_unit as usize), (2, unit), "{layout:?}");
+    let sealed = opened.cap.data_version;
+    assert_eq!(sealed, opened.attr.data_version, "the capability carries the file's data version");
+    let claimed = sealed + 7;
+    for &server in &layout.servers {
+        let ds = weft_rpc::RpcClient::connect(cl.tcp_fabric(), &cl.data_addrs()[server as usize], cl.rpc_config())
+            .await
+            .unwrap();
+        let read = weft_proto::msg::ReadReq {
+            ino,
+            offset: 0,
+            len: BLOCK as u32,
+            cap: opened.cap.clone(),
+            fill: Some(weft_proto::msg::FillHint { data_version: claimed }),
+        };
+        ds.call(weft_proto::Request::Read(read), vec![], vec![BytesMut::zeroed(BLOCK)]).await.unwrap();
+    }
+    let key = |data_version, server| CacheKey::Block { ino, data_version, server, block: 0 };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (position, &server) in layout.servers.iter().enumerate() {
+        let stored = loop {
+            if let Some(b) = bank.get(&key(sealed, server)).await {
+                break b;
+            }
+            assert!(Instant::now() < deadline, "server {server} never filled the bank: {:?}", bank.stats());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let own = &data[position * unit..position * unit + BLOCK];
+        assert_eq!(&stored[..], own, "server {server}'s block 0 holds its own object's bytes");
+        assert_eq!(bank.get(&key(claimed, server)).await, None, "nothing under the version the reader claimed");
+    }
 }

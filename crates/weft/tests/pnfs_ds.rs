@@ -164,7 +164,7 @@ async fn data_servers_serve_a_striped_file_by_sealed_handles_and_refuse_the_rest
     // Expired: sealed as the MDS seals them, an hour in the past (far beyond the allowed clock skew).
     let key = weft_rpc::Key::load(&c.key_file()).unwrap();
     let past = weft_rpc::capability::unix_now_ms() - 3_600_000;
-    let expired = weft_rpc::CapabilityKey::derive(&key).seal(f.ino, Rights::READ, past, "pnfs", 0).unwrap();
+    let expired = weft_rpc::CapabilityKey::derive(&key).seal(f.ino, Rights::READ, past, "pnfs", 0, 0).unwrap();
     let mut res = ds[0]
         .on_fh(&fh::encode(&expired, UNIT, SERVERS, 0, 0), |o| {
             o.read(0, 4096);

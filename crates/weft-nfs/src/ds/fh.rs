@@ -143,6 +143,7 @@ mod tests {
             expiry_ms: u64::MAX,
             key_id: "pnfs".into(),
             session: u64::MAX,
+            data_version: u64::MAX,
             mac: [0xa5; CAPABILITY_MAC_BYTES],
         }
     }
