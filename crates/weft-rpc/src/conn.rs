@@ -3,10 +3,11 @@
 //!
 //! Why evict rather than wait: a server that stops accepting at its cap (as it once did) is locked out by anyone
 //! who can open that many sockets, its registered data servers' heartbeats and every honest client included.
-//! Instead, at the global cap the oldest connection that has not yet completed a frame ("unproven") is closed to
-//! make room; a connection that has completed one (a client with a session, a heartbeat) is never evicted by a
-//! newcomer. Only when every open connection is proven is the newcomer refused. An unproven connection lives at
-//! most one frame deadline anyway, so eviction only hastens what the deadline would do.
+//! Instead, at the global cap the oldest connection that is not yet "proven" is closed to make room. A connection
+//! is proven once it has proved a key (or authentication is off) and completed a request other than `Null` (a
+//! client with a session, a heartbeat); a proven connection is never evicted by a newcomer. Only when every open
+//! connection is proven is the newcomer refused. An unauthenticated peer that only pings stays evictable, so
+//! connections that do nothing but `Null` cannot lock clients and restarted servers out.
 //!
 //! Per peer: a tcp (or rdma side-channel) peer is keyed by its IP address and may hold at most
 //! `connections_per_peer_max` connections; further ones are closed at once. `shm` peers are not keyed: the fabric
@@ -26,7 +27,7 @@ use weft_fabric::Killer;
 pub enum Refusal {
     #[error("the peer already holds {0} connections (connections_per_peer_max)")]
     PeerFull(u32),
-    #[error("{0} connections open, all past their first frame (connections_max)")]
+    #[error("{0} connections open, all proven (connections_max)")]
     ServerFull(usize),
 }
 
@@ -42,7 +43,7 @@ struct Open {
     next_id: u64,
     /// By id, which is also the order of admission (oldest first).
     conns: BTreeMap<u64, Entry>,
-    /// Ids of connections that have not completed a frame yet: the candidates for eviction, oldest first.
+    /// Ids of connections not proven yet (see the module doc): the candidates for eviction, oldest first.
     unproven: BTreeSet<u64>,
     per_peer: HashMap<IpAddr, u32>,
 }

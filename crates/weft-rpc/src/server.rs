@@ -246,7 +246,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     }
 
     /// Accepts and serves connections until the listener fails. Never waits on a limit: a connection over one is
-    /// closed at once (or makes room by evicting one that has not completed a frame), see `conn.rs`.
+    /// closed at once (or makes room by evicting one not yet proven), see `conn.rs`.
     pub async fn serve(self: Arc<Self>, mut listener: F::Listener) -> std::io::Result<()> {
         let fabric = crate::metrics::fabric_index(&listener.local_addr().unwrap_or_default());
         loop {
@@ -254,7 +254,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 Ok(c) => c,
                 Err(e) => {
                     // Transient accept errors (EMFILE, ECONNABORTED) must not end the server. Out of descriptors,
-                    // closing a connection that has not completed a frame lets the next accept succeed.
+                    // closing a connection not yet proven lets the next accept succeed.
                     let evicted = is_out_of_descriptors(&e) && self.connections.evict_oldest_unproven();
                     if let Some(held_back) = self.refusals_log.allow() {
                         warn!(evicted, held_back, "accept failed: {e}");
@@ -280,7 +280,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 warn!(
                     peer = %conn.peer,
                     held_back,
-                    "connection table full: closed the oldest connection that had not completed a frame"
+                    "connection table full: closed the oldest connection not yet proven (no key proved, or nothing asked but Null)"
                 );
             }
             let Connection { reader, writer, killer: _, peer, memory, peer_cred, channel_binding } = conn;
@@ -320,6 +320,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
         let idle_timeout = Duration::from_millis(self.cfg.idle_timeout_ms);
         // The first frame's deadline runs from the accept: a connection that never sends is not merely idle.
         let mut first_frame_deadline = Some(Instant::now() + frame_timeout);
+        let mut proven = false;
         loop {
             let deadline = match first_frame_deadline {
                 Some(d) => d,
@@ -403,9 +404,7 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                             break;
                         }
                     }
-                    if first_frame_deadline.take().is_some() {
-                        ticket.mark_proven();
-                    }
+                    first_frame_deadline = None;
                     send_reply(&out, &h, FLAG_ERROR, Bytes::from(encode_value(&err)), None).await;
                     continue;
                 }
@@ -430,10 +429,16 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
             } else {
                 None
             };
-            if first_frame_deadline.take().is_some() {
-                ticket.mark_proven();
-            }
+            first_frame_deadline = None;
+            let op = h.op;
             self.dispatch(&out, h, Call { req, user, once, data }).await;
+            // Proven (never evicted for a newcomer: conn.rs) only once the peer proved a key (with authentication
+            // off, at once) and asked for real work: a `Null`, a refused frame or a handshake half done prove
+            // nothing, or anyone could pin the table with connections that only ever ping.
+            if !proven && op != Op::Null as u16 && out.principal.get().is_some() {
+                ticket.mark_proven();
+                proven = true;
+            }
         }
         if let Some(key_id) = out.auth.lock().expect("handshake").pending_key_id() {
             warn!(%peer, key_id, "peer left during authentication without proving the key: it holds another key (see its log)");

@@ -161,9 +161,9 @@ async fn two_thousand_half_open_connections_do_not_stop_a_client_from_another_ad
 async fn at_the_global_cap_unproven_connections_make_room_and_proven_ones_stay() {
     let cfg = ServerConfig { connections_max: 32, ..ServerConfig::default() };
     let addr = start("127.0.0.1:0", cfg).await;
-    // A connection that has completed a frame (as a registered server's heartbeat has) ...
+    // A connection that has done real work (as a registered server's heartbeat has) ...
     let mut proven = TcpStream::connect(&addr).await.unwrap();
-    raw_null(&mut proven).await;
+    raw_session(&mut proven, 1).await;
     // ... then a flood that fills the table many times over ...
     let flood = half_open_flood(&addr, 200).await;
     // ... a new client still gets in (the oldest half-open connections make room) ...
@@ -185,6 +185,33 @@ async fn at_the_global_cap_unproven_connections_make_room_and_proven_ones_stay()
     // ... and the proven connection was never evicted.
     tokio::time::timeout(BOUND, raw_null(&mut proven)).await.unwrap();
     drop(flood);
+}
+
+/// Connections that answer `Null` and nothing else prove nothing (issue 31): a table filled with them still makes
+/// room for a new client, closing the oldest of them; a connection that opened a session stays.
+#[tokio::test]
+async fn connections_that_only_ping_stay_evictable() {
+    let cfg = ServerConfig { connections_max: 16, ..ServerConfig::default() };
+    let addr = start("127.0.0.1:0", cfg).await;
+    let mut worker = TcpStream::connect(&addr).await.unwrap();
+    raw_session(&mut worker, 1).await;
+    let mut pingers = Vec::new();
+    for _ in 0..15 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        raw_null(&mut s).await;
+        pingers.push(s);
+    }
+    // The table is full of pingers and one worker; a new client still gets in.
+    let served = async {
+        let c = RpcClient::connect(TcpFabric::default(), &addr, ClientConfig::default()).await.unwrap();
+        let read = Request::Read(ReadReq { ino: 1, offset: 3, len: 64, cap: Capability::none(), fill: None });
+        let (_, dest) = c.call(read, vec![], vec![BytesMut::zeroed(64)]).await.unwrap();
+        assert_eq!(dest[0][0], pattern_byte(3));
+    };
+    tokio::time::timeout(BOUND, served).await.expect("connections that only ping locked a new client out");
+    // The oldest pinger made room; the worker did not.
+    assert_closed_by_server(&mut pingers[0]).await;
+    tokio::time::timeout(BOUND, raw_null(&mut worker)).await.unwrap();
 }
 
 #[tokio::test]
