@@ -19,7 +19,8 @@
 //! fast path: the kernel refuses what the mode bits forbid before a request leaves the host. With `FUSE_POSIX_ACL`
 //! (asked at init) the kernel enforces POSIX ACLs too, reading `system.posix_acl_access` through getxattr; the
 //! MDS, which keeps ACLs and mode bits coherent and applies default ACLs at create, checks them again. An open file's writes
-//! are committed as the user who first opened it in this mount (all handles of an inode share one `File`). The
+//! are committed as the user who first opened it in this mount (all handles of an inode share one `File`); set-ID
+//! bits go as the user who writes (`write`) or truncates (`Inner::truncate`), judged by the MDS. The
 //! mount is `nosuid,nodev` unless `suid`/`dev` are set.
 
 mod attr;
@@ -333,6 +334,23 @@ impl Inner {
         Ok(())
     }
 
+    /// A size change from the kernel, as the user `c` acts for. With a handle opened for writing (`ftruncate`,
+    /// `open(O_TRUNC)`: the kernel names it in the setattr) the right is that open's, as on Linux, where a file
+    /// created `O_CREAT|O_RDWR` with mode 0 can be cut through its descriptor ([`weft_client::File::truncate_by`]).
+    /// Without one (`truncate(2)` of a path) the caller needs write permission by the mode now: checked by an open
+    /// for writing as the caller before any object changes, and again by the MDS's `SetAttr`.
+    async fn truncate(&self, c: &Client, ino: u64, size: u64, fh: Option<FileHandle>) -> Result<(), ClientError> {
+        if let Some(f) = fh.and_then(|fh| self.handles.writable_file(fh.0)) {
+            return f.truncate_by(c, size).await;
+        }
+        let opened = c.open_ino(ino, OpenMode::Write).await?;
+        match self.handles.open_file(ino) {
+            // Through the open file when there is one, so this mount's handles see the new size.
+            Some(f) => f.truncate_path_as(c, size).await,
+            None => opened.truncate_path_as(c, size).await,
+        }
+    }
+
     /// `fut` (one request, replying at its end), counted by op: its latency, and as failed when it replied with an
     /// errno (see [`errno`]).
     fn timed<F: std::future::Future<Output = ()>>(
@@ -436,8 +454,9 @@ impl Filesystem for WeftFs {
         let _ = config.set_max_background(64);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         // The MDS drops set-ID bits and file capabilities itself when a write is committed, a file truncated or
-        // its owner changed (as `file_remove_privs` would). Saying so lets the kernel mark inodes S_NOSEC, which
-        // saves a `getxattr("security.capability")` round trip before every write request (measured: one per
+        // its owner changed (as `file_remove_privs` would), and `write` asks for it before the bytes of a write the
+        // kernel flags FUSE_WRITE_KILL_SUIDGID (docs/format.md §2). Saying so lets the kernel mark inodes S_NOSEC,
+        // which saves a `getxattr("security.capability")` round trip before every write request (measured: one per
         // write, ~90 µs each, half the cost of a 64 KiB write).
         let killpriv = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
         // Advisory locks go to the MDS (getlk/setlk, and flock as whole-file setlk), so every mount sees them;
@@ -497,7 +516,7 @@ impl Filesystem for WeftFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<std::time::SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<std::time::SystemTime>,
         _chgtime: Option<std::time::SystemTime>,
         _bkuptime: Option<std::time::SystemTime>,
@@ -507,14 +526,7 @@ impl Filesystem for WeftFs {
         self.spawn(FuseOp::Setattr, req, move |i, c| async move {
             let result = async {
                 if let Some(size) = size {
-                    // Through the open file when there is one, so this mount's handles see the new size.
-                    match i.handles.open_file(ino.0) {
-                        Some(f) => f.truncate(size).await?,
-                        None => {
-                            let f = c.open_ino(ino.0, OpenMode::Write).await?;
-                            f.truncate(size).await?;
-                        }
-                    }
+                    i.truncate(&c, ino.0, size, fh).await?;
                 }
                 let set = SetAttrs {
                     mode: mode.map(|m| m & 0o7777),
@@ -726,12 +738,12 @@ impl Filesystem for WeftFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -746,7 +758,17 @@ impl Filesystem for WeftFs {
         // into a reused buffer whose registration a one-sided fabric keeps.
         tracing::trace!(offset, len, "write");
         let data = self.inner.write_bufs.copy_of(data);
+        // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves set-ID bits to the server and flags every write by a
+        // caller without CAP_FSETID: the MDS drops them, as that caller, before the bytes land (the commit at close
+        // would too, but the file would stay set-ID while it changes, and the kernel reads its mode back now).
+        let writer = (write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) && f.may_be_set_id())
+            .then(|| self.inner.users.client_for(&self.inner.client, req.uid(), req.gid(), req.pid()));
         let write = async move {
+            if let Some(w) = writer
+                && let Err(e) = f.drop_set_id_before_write(&w).await
+            {
+                return reply.error(errno(&e));
+            }
             match f.write_at(offset, data).await {
                 Ok(()) => reply.written(len),
                 Err(e) => reply.error(errno(&e)),
