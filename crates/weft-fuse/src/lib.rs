@@ -46,7 +46,7 @@ use fuser::{
 use tracing::debug;
 use weft_client::{Client, ClientError, OpenMode};
 use weft_proto::msg::{GetLockReq, SetLockReq};
-use weft_proto::{FileKind, SetAttrs, TimeSet};
+use weft_proto::{Attr, ErrorCode, FileKind, SetAttrs, TimeSet};
 use weft_rpc::{Metrics, OpMetrics};
 
 use crate::attr::file_attr;
@@ -82,6 +82,10 @@ pub struct MountOptions {
     pub dev: bool,
     /// Mount read-only (`--ro`): the kernel refuses every change with EROFS before it reaches Weft.
     pub read_only: bool,
+    /// Negotiate FUSE_HANDLE_KILLPRIV_V2 (default): the mount drops set-ID bits at the writes the kernel flags.
+    /// Off (`--no-killpriv`, for tests), the kernel drops them itself by a chmod as the writer, as kernels before
+    /// 5.11 always do (`Inner::drop_set_id_by_mode`).
+    pub kill_priv_v2: bool,
     /// Count FUSE requests (and this process's RPC retries) into this registry; `None`: not counted.
     pub metrics: Option<Arc<Metrics>>,
 }
@@ -100,6 +104,7 @@ impl Default for MountOptions {
             suid: false,
             dev: false,
             read_only: false,
+            kill_priv_v2: true,
             metrics: None,
         }
     }
@@ -351,6 +356,40 @@ impl Inner {
         }
     }
 
+    /// A setattr other than a size change, as the user `c` acts for.
+    async fn setattr(&self, c: &Client, ino: u64, set: SetAttrs) -> Result<Attr, ClientError> {
+        match c.setattr(ino, set.clone()).await {
+            Err(e) if e.code() == Some(ErrorCode::NotPermitted) && set.mode.is_some() => {
+                self.drop_set_id_by_mode(c, ino, set, e).await
+            }
+            r => r,
+        }
+    }
+
+    /// Without FUSE_HANDLE_KILLPRIV_V2 (kernels before 5.11, or `--no-killpriv`) the kernel drops set-ID bits at a
+    /// write or truncate itself, by a chmod as the writer, which a non-owner may not make (`refused`). A chmod
+    /// that only clears set-ID bits of the mode the file has becomes the MDS's own drop as that caller (a `Commit`
+    /// that raises nothing, docs/format.md §2), which the MDS makes for any writer it does not know as root and
+    /// judges by its rule, with write permission or ownership; anything else stays refused.
+    async fn drop_set_id_by_mode(
+        &self,
+        c: &Client,
+        ino: u64,
+        set: SetAttrs,
+        refused: ClientError,
+    ) -> Result<Attr, ClientError> {
+        let Some(asked) = set.mode else { return Err(refused) };
+        let file = c.getattr(ino).await?;
+        let now = file.mode & 0o7777;
+        let only_set_id = (asked ^ now) & !0o6000 == 0 && asked & !now == 0;
+        if file.kind != FileKind::File || !only_set_id {
+            return Err(refused);
+        }
+        let dropped = c.commit(ino, 0, 0).await?;
+        let rest = SetAttrs { mode: None, ..set };
+        if rest == SetAttrs::default() { Ok(dropped) } else { c.setattr(ino, rest).await }
+    }
+
     /// `fut` (one request, replying at its end), counted by op: its latency, and as failed when it replied with an
     /// errno (see [`errno`]).
     fn timed<F: std::future::Future<Output = ()>>(
@@ -458,7 +497,8 @@ impl Filesystem for WeftFs {
         // kernel flags FUSE_WRITE_KILL_SUIDGID (docs/format.md §2). Saying so lets the kernel mark inodes S_NOSEC,
         // which saves a `getxattr("security.capability")` round trip before every write request (measured: one per
         // write, ~90 µs each, half the cost of a 64 KiB write).
-        let killpriv = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        let killpriv =
+            self.inner.opts.kill_priv_v2 && config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
         // Advisory locks go to the MDS (getlk/setlk, and flock as whole-file setlk), so every mount sees them;
         // without these the kernel would keep them local to this host.
         let locks = config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS).is_ok();
@@ -536,7 +576,7 @@ impl Filesystem for WeftFs {
                     atime: atime.map(time_set),
                     mtime: mtime.map(time_set),
                 };
-                if set == SetAttrs::default() { c.getattr(ino.0).await } else { c.setattr(ino.0, set).await }
+                if set == SetAttrs::default() { c.getattr(ino.0).await } else { i.setattr(&c, ino.0, set).await }
             }
             .await;
             match result {
