@@ -380,9 +380,7 @@ impl Inner {
     ) -> Result<Attr, ClientError> {
         let Some(asked) = set.mode else { return Err(refused) };
         let file = c.getattr(ino).await?;
-        let now = file.mode & 0o7777;
-        let only_set_id = (asked ^ now) & !0o6000 == 0 && asked & !now == 0;
-        if file.kind != FileKind::File || !only_set_id {
+        if file.kind != FileKind::File || !clears_only_set_id(file.mode, asked) {
             return Err(refused);
         }
         let dropped = c.commit(ino, 0, 0).await?;
@@ -1203,6 +1201,14 @@ impl Filesystem for WeftFs {
     }
 }
 
+/// Whether a chmod to `asked` keeps `mode`'s permission bits and sticky bit and only clears set-ID bits (any,
+/// or none: the kernel may have read the mode before the MDS dropped them at a commit).
+fn clears_only_set_id(mode: u32, asked: u32) -> bool {
+    const SET_ID: u32 = 0o6000;
+    let mode = mode & 0o7777;
+    (asked ^ mode) & !SET_ID == 0 && asked & SET_ID & !mode == 0
+}
+
 /// O_DIRECT (or `--direct-io`) bypasses the page cache; otherwise cached pages are kept only when the file is
 /// unchanged since this mount last opened it (`keep_cache`, see `Inner::validators`).
 /// The rights an open asks for, from its access mode (the kernel checked the mode bits already with
@@ -1270,5 +1276,25 @@ fn set_readahead(dir: &Path, bytes: u32) {
     match std::fs::write(&path, (bytes / 1024).max(4).to_string()) {
         Ok(()) => tracing::info!(kib = bytes / 1024, "readahead window set"),
         Err(e) => tracing::warn!("cannot set readahead in {path}: {e}; sequential reads will be slower"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_chmod_that_clears_set_id_bits_is_the_kernels_drop() {
+        // What the kernel sends without KILLPRIV_V2: the mode less set-user-ID, less set-group-ID with group exec.
+        assert!(clears_only_set_id(0o100_4777, 0o777));
+        assert!(clears_only_set_id(0o6777, 0o777));
+        assert!(clears_only_set_id(0o6755, 0o2755));
+        // Nothing left to clear (the MDS dropped them since the kernel read the mode): still the same request.
+        assert!(clears_only_set_id(0o777, 0o777));
+        // Anything else is a chmod: adding a set-ID bit, changing a permission bit or the sticky bit.
+        assert!(!clears_only_set_id(0o777, 0o4777));
+        assert!(!clears_only_set_id(0o4777, 0o775));
+        assert!(!clears_only_set_id(0o4777, 0o1777));
+        assert!(!clears_only_set_id(0o2767, 0o4767));
     }
 }
