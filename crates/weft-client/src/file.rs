@@ -11,7 +11,7 @@
 //! Every request carries the file's capability (`capability.rs`), renewed before it runs out; a request refused
 //! as expired is renewed and sent once more.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -34,6 +34,10 @@ pub struct File {
     layout: RwLock<Arc<Layout>>,
     /// The size as this handle knows it: the size at open, grown by this handle's writes, set by its truncates.
     pub(crate) size: AtomicU64,
+    /// The file's mode as this handle last learned it (at open, from another open's attributes, from the MDS's
+    /// answer to a size change or a drop of set-ID bits): only a hint of whether a write should ask the MDS to drop
+    /// set-ID bits ([`File::drop_set_id_before_write`]); the MDS decides.
+    mode: AtomicU32,
     /// Written since the last commit.
     dirty: AtomicBool,
     /// The layout positions whose objects this handle wrote (or truncated) since their last `Fsync`: what close and
@@ -209,6 +213,7 @@ impl File {
             wrote: AtomicBool::new(false),
             bank_misses,
             size: AtomicU64::new(attr.size),
+            mode: AtomicU32::new(attr.mode),
             attr,
             layout: RwLock::new(Arc::new(layout)),
             dirty: AtomicBool::new(false),
@@ -290,6 +295,7 @@ impl File {
     /// data version become this file's, so reads through the bank see what that open must see (close-to-open).
     pub fn observe_open(&self, attr: &Attr) {
         self.observe_size(attr.size);
+        self.mode.store(attr.mode, Ordering::SeqCst);
         self.data_version.fetch_max(attr.data_version, Ordering::SeqCst);
     }
 
@@ -599,15 +605,88 @@ impl File {
         }
     }
 
-    /// Sets the file's size: objects first, then the metadata service.
+    /// ftruncate through this handle, as its own user: see [`File::truncate_by`].
     pub async fn truncate(&self, size: u64) -> Result<(), ClientError> {
+        self.truncate_by(&self.client, size).await
+    }
+
+    /// ftruncate through this handle on behalf of `who` (a client acting as the user who asked: a FUSE mount
+    /// shares one `File` among its users). The right is this handle's open for writing, as Linux's
+    /// `do_ftruncate` checks only the descriptor: a file created `O_CREAT|O_RDWR` with mode 0 can be cut. The MDS
+    /// is shown the open's write capability (`SetSizeOpen`), never a claim; `who`'s identity decides, at the MDS,
+    /// whether set-ID bits go.
+    pub async fn truncate_by(&self, who: &Client, size: u64) -> Result<(), ClientError> {
+        if !self.rights().covers(Rights::WRITE) {
+            return Err(ClientError::Access(format!("file inode {} is not open for writing", self.attr.ino)));
+        }
+        self.set_size(who, size, true).await
+    }
+
+    /// truncate(2) of a file this handle holds open, as `who`, who must have write permission by the mode now
+    /// (`SetAttr`; the caller checks it first, before the objects change). Through the handle so that its size
+    /// and its commits stay ordered with the cut (`size_gate`).
+    pub async fn truncate_path_as(&self, who: &Client, size: u64) -> Result<(), ClientError> {
+        self.set_size(who, size, false).await
+    }
+
+    /// Sets the file's size: objects first, then the metadata service, with the right of the open (`by_open`) or
+    /// of the mode.
+    async fn set_size(&self, who: &Client, size: u64, by_open: bool) -> Result<(), ClientError> {
         let _gate = self.size_gate.lock().await;
         self.note_truncate(size);
         self.wrote.store(true, Ordering::SeqCst);
         self.truncate_layout_objects(size).await?;
-        let set = weft_proto::SetAttrs { size: Some(size), ..Default::default() };
-        self.client.meta_setattr_only(self.attr.ino, set).await?;
+        let attr = if by_open {
+            self.record_size_by_open(who, size).await?
+        } else {
+            let set = weft_proto::SetAttrs { size: Some(size), ..Default::default() };
+            who.meta_setattr_only(self.attr.ino, set).await?
+        };
+        self.mode.store(attr.mode, Ordering::SeqCst);
         self.size.store(size, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// `SetSizeOpen` with this handle's write capability, renewed and sent once more if the MDS found it expired.
+    async fn record_size_by_open(&self, who: &Client, size: u64) -> Result<Attr, ClientError> {
+        let cap = self.caps.get().await?;
+        match who.set_size_open(self.attr.ino, size, cap.clone()).await {
+            Err(ClientError::Meta(e)) if is_expired(&e) => {
+                let fresh = self.caps.renew_from(&cap).await?;
+                who.set_size_open(self.attr.ino, size, fresh).await
+            }
+            r => r,
+        }
+    }
+
+    /// Whether the file may have a set-ID bit, as this handle last learned its mode: a write need not look further
+    /// when it has none.
+    pub fn may_be_set_id(&self) -> bool {
+        self.mode.load(Ordering::SeqCst) & 0o6000 != 0
+    }
+
+    /// Before a write by `writer` (a client acting as the user who writes) that may not keep set-ID bits: asks the
+    /// MDS, as `writer`, to drop them now, if the mode this handle knows would lose any for that user
+    /// ([`weft_proto::mode_after_unprivileged_write`]). The ask is a `Commit` that raises neither size nor mtime:
+    /// the MDS drops the bits at every commit by a caller who is not root (format §2), judged by the identity it
+    /// authenticated, so a writer can only lose bits, never keep them. Root is privileged (`CAP_FSETID`) and
+    /// keeps them, so it never asks. Linux drops them before the write's bytes land (`file_remove_privs`): a
+    /// set-ID program is never run half rewritten; the commit at close alone would leave that window open.
+    ///
+    /// Callers: the FUSE mount for a write the kernel flags `FUSE_WRITE_KILL_SUIDGID`, and the NFS gateway before
+    /// every WRITE (knfsd's VFS does the same). Cheap when there is nothing to drop: no round trip.
+    pub async fn drop_set_id_before_write(&self, writer: &Client) -> Result<(), ClientError> {
+        let user = writer.user();
+        let mode = self.mode.load(Ordering::SeqCst);
+        let in_group = user.gid == self.attr.gid || user.groups.contains(&self.attr.gid);
+        if user.uid == 0 || weft_proto::mode_after_unprivileged_write(mode, in_group) == mode {
+            return Ok(());
+        }
+        let after = writer.commit(self.attr.ino, 0, 0).await?.mode;
+        // The MDS kept the bits (it maps this writer to root, or knows other groups): this handle does not ask
+        // again for them; a commit at close, or a fresh open, applies the MDS's rule anyway.
+        let hint = if after == mode { mode & !0o6000 } else { after };
+        self.mode.store(hint, Ordering::SeqCst);
         Ok(())
     }
 

@@ -583,6 +583,13 @@ impl Client {
         Ok(meta_call!(self, Commit(CommitReq { ino, size, mtime_ns })))
     }
 
+    /// `SetSizeOpen` (ftruncate): records the size of a file this client holds open for writing, with that open's
+    /// write capability `cap` as the right (the MDS verifies it). Metadata only: [`File::truncate`] sets the
+    /// objects' lengths first and is what callers want.
+    pub async fn set_size_open(&self, ino: u64, size: u64, cap: Capability) -> Result<Attr, ClientError> {
+        Ok(meta_call!(self, SetSizeOpen(SetSizeOpenReq { ino, size, cap })))
+    }
+
     /// [`Client::commit`] that also says what mtime and size the file had just before.
     pub async fn commit_wcc(&self, ino: u64, size: u64, mtime_ns: i64) -> Result<CommitWccResp, ClientError> {
         Ok(meta_call!(self, CommitWcc(CommitReq { ino, size, mtime_ns })))
@@ -916,6 +923,7 @@ fn attr_layout(r: &Response) -> Option<(u64, &Layout)> {
         Response::Lookup(a)
         | Response::GetAttr(a)
         | Response::SetAttr(a)
+        | Response::SetSizeOpen(a)
         | Response::Create(a)
         | Response::Link(a)
         | Response::Commit(a) => a,

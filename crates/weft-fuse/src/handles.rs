@@ -4,12 +4,12 @@
 //! the others, as POSIX wants within one machine. A directory handle keeps the listing it has shown so far, so
 //! the offsets it gave the kernel stay valid while the directory changes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
 use fuser::{Errno, FileType};
 use weft_client::{Client, ClientError, File};
-use weft_proto::Attr;
+use weft_proto::{Attr, Rights};
 
 /// Most handles (files and directories) open at once in one mount; more get ENFILE.
 pub const HANDLES_MAX: usize = 65_536;
@@ -28,6 +28,9 @@ pub(crate) type Hidden = (u64, String);
 struct State {
     next_fh: u64,
     files: HashMap<u64, Arc<File>>,
+    /// The file handles opened for writing: an ftruncate through one has the open's right (`File::truncate_by`),
+    /// whatever rights the shared file gained from other opens.
+    writable: HashSet<u64>,
     /// The shared file of each open inode, and how many handles hold it.
     by_ino: HashMap<u64, (Weak<File>, usize)>,
     dirs: HashMap<u64, Arc<DirHandle>>,
@@ -52,6 +55,9 @@ impl Handles {
         let mut s = self.state.lock().expect("handles");
         let fh = s.new_fh()?;
         let ino = opened.ino();
+        if opened.rights().covers(Rights::WRITE) {
+            s.writable.insert(fh);
+        }
         let shared = s.by_ino.get(&ino).and_then(|(w, _)| w.upgrade());
         let file = match shared {
             Some(f) => {
@@ -73,6 +79,12 @@ impl Handles {
         self.state.lock().expect("handles").files.get(&fh).cloned()
     }
 
+    /// The file of handle `fh` if that handle was opened for writing.
+    pub(crate) fn writable_file(&self, fh: u64) -> Option<Arc<File>> {
+        let s = self.state.lock().expect("handles");
+        s.writable.contains(&fh).then(|| s.files.get(&fh).cloned()).flatten()
+    }
+
     /// The file shared by this mount's open handles of `ino`, if any.
     pub(crate) fn open_file(&self, ino: u64) -> Option<Arc<File>> {
         self.state.lock().expect("handles").by_ino.get(&ino).and_then(|(w, _)| w.upgrade())
@@ -83,6 +95,7 @@ impl Handles {
     pub(crate) fn close(&self, fh: u64) -> Option<(Arc<File>, Option<Hidden>)> {
         let mut s = self.state.lock().expect("handles");
         let f = s.files.remove(&fh)?;
+        s.writable.remove(&fh);
         let ino = f.ino();
         let mut hidden = None;
         if let Some(e) = s.by_ino.get_mut(&ino) {

@@ -19,7 +19,8 @@
 //! fast path: the kernel refuses what the mode bits forbid before a request leaves the host. With `FUSE_POSIX_ACL`
 //! (asked at init) the kernel enforces POSIX ACLs too, reading `system.posix_acl_access` through getxattr; the
 //! MDS, which keeps ACLs and mode bits coherent and applies default ACLs at create, checks them again. An open file's writes
-//! are committed as the user who first opened it in this mount (all handles of an inode share one `File`). The
+//! are committed as the user who first opened it in this mount (all handles of an inode share one `File`); set-ID
+//! bits go as the user who writes (`write`) or truncates (`Inner::truncate`), judged by the MDS. The
 //! mount is `nosuid,nodev` unless `suid`/`dev` are set.
 
 mod attr;
@@ -45,7 +46,7 @@ use fuser::{
 use tracing::debug;
 use weft_client::{Client, ClientError, OpenMode};
 use weft_proto::msg::{GetLockReq, SetLockReq};
-use weft_proto::{FileKind, SetAttrs, TimeSet};
+use weft_proto::{Attr, ErrorCode, FileKind, SetAttrs, TimeSet};
 use weft_rpc::{Metrics, OpMetrics};
 
 use crate::attr::file_attr;
@@ -81,6 +82,10 @@ pub struct MountOptions {
     pub dev: bool,
     /// Mount read-only (`--ro`): the kernel refuses every change with EROFS before it reaches Weft.
     pub read_only: bool,
+    /// Negotiate FUSE_HANDLE_KILLPRIV_V2 (default): the mount drops set-ID bits at the writes the kernel flags.
+    /// Off (`--no-killpriv`, for tests), the kernel drops them itself by a chmod as the writer, as kernels before
+    /// 5.11 always do (`Inner::drop_set_id_by_mode`).
+    pub kill_priv_v2: bool,
     /// Count FUSE requests (and this process's RPC retries) into this registry; `None`: not counted.
     pub metrics: Option<Arc<Metrics>>,
 }
@@ -99,6 +104,7 @@ impl Default for MountOptions {
             suid: false,
             dev: false,
             read_only: false,
+            kill_priv_v2: true,
             metrics: None,
         }
     }
@@ -333,6 +339,55 @@ impl Inner {
         Ok(())
     }
 
+    /// A size change from the kernel, as the user `c` acts for. With a handle opened for writing (`ftruncate`,
+    /// `open(O_TRUNC)`: the kernel names it in the setattr) the right is that open's, as on Linux, where a file
+    /// created `O_CREAT|O_RDWR` with mode 0 can be cut through its descriptor ([`weft_client::File::truncate_by`]).
+    /// Without one (`truncate(2)` of a path) the caller needs write permission by the mode now: checked by an open
+    /// for writing as the caller before any object changes, and again by the MDS's `SetAttr`.
+    async fn truncate(&self, c: &Client, ino: u64, size: u64, fh: Option<FileHandle>) -> Result<(), ClientError> {
+        if let Some(f) = fh.and_then(|fh| self.handles.writable_file(fh.0)) {
+            return f.truncate_by(c, size).await;
+        }
+        let opened = c.open_ino(ino, OpenMode::Write).await?;
+        match self.handles.open_file(ino) {
+            // Through the open file when there is one, so this mount's handles see the new size.
+            Some(f) => f.truncate_path_as(c, size).await,
+            None => opened.truncate_path_as(c, size).await,
+        }
+    }
+
+    /// A setattr other than a size change, as the user `c` acts for.
+    async fn setattr(&self, c: &Client, ino: u64, set: SetAttrs) -> Result<Attr, ClientError> {
+        match c.setattr(ino, set.clone()).await {
+            Err(e) if e.code() == Some(ErrorCode::NotPermitted) && set.mode.is_some() => {
+                self.drop_set_id_by_mode(c, ino, set, e).await
+            }
+            r => r,
+        }
+    }
+
+    /// Without FUSE_HANDLE_KILLPRIV_V2 (kernels before 5.11, or `--no-killpriv`) the kernel drops set-ID bits at a
+    /// write or truncate itself, by a chmod as the writer, which a non-owner may not make (`refused`). A chmod
+    /// that only clears set-ID bits of the mode the file has becomes the MDS's own drop as that caller (a `Commit`
+    /// that raises nothing, docs/format.md §2), which the MDS makes for any writer it does not know as root and
+    /// judges by its rule, with write permission or ownership; anything else stays refused.
+    async fn drop_set_id_by_mode(
+        &self,
+        c: &Client,
+        ino: u64,
+        set: SetAttrs,
+        refused: ClientError,
+    ) -> Result<Attr, ClientError> {
+        let Some(asked) = set.mode else { return Err(refused) };
+        let file = c.getattr(ino).await?;
+        if file.kind != FileKind::File || !clears_only_set_id(file.mode, asked) {
+            return Err(refused);
+        }
+        let dropped = c.commit(ino, 0, 0).await?;
+        let rest = SetAttrs { mode: None, ..set };
+        if rest == SetAttrs::default() { Ok(dropped) } else { c.setattr(ino, rest).await }
+    }
+
     /// `fut` (one request, replying at its end), counted by op: its latency, and as failed when it replied with an
     /// errno (see [`errno`]).
     fn timed<F: std::future::Future<Output = ()>>(
@@ -436,10 +491,12 @@ impl Filesystem for WeftFs {
         let _ = config.set_max_background(64);
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         // The MDS drops set-ID bits and file capabilities itself when a write is committed, a file truncated or
-        // its owner changed (as `file_remove_privs` would). Saying so lets the kernel mark inodes S_NOSEC, which
-        // saves a `getxattr("security.capability")` round trip before every write request (measured: one per
+        // its owner changed (as `file_remove_privs` would), and `write` asks for it before the bytes of a write the
+        // kernel flags FUSE_WRITE_KILL_SUIDGID (docs/format.md §2). Saying so lets the kernel mark inodes S_NOSEC,
+        // which saves a `getxattr("security.capability")` round trip before every write request (measured: one per
         // write, ~90 µs each, half the cost of a 64 KiB write).
-        let killpriv = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
+        let killpriv =
+            self.inner.opts.kill_priv_v2 && config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2).is_ok();
         // Advisory locks go to the MDS (getlk/setlk, and flock as whole-file setlk), so every mount sees them;
         // without these the kernel would keep them local to this host.
         let locks = config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS).is_ok();
@@ -497,7 +554,7 @@ impl Filesystem for WeftFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<std::time::SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<std::time::SystemTime>,
         _chgtime: Option<std::time::SystemTime>,
         _bkuptime: Option<std::time::SystemTime>,
@@ -507,14 +564,7 @@ impl Filesystem for WeftFs {
         self.spawn(FuseOp::Setattr, req, move |i, c| async move {
             let result = async {
                 if let Some(size) = size {
-                    // Through the open file when there is one, so this mount's handles see the new size.
-                    match i.handles.open_file(ino.0) {
-                        Some(f) => f.truncate(size).await?,
-                        None => {
-                            let f = c.open_ino(ino.0, OpenMode::Write).await?;
-                            f.truncate(size).await?;
-                        }
-                    }
+                    i.truncate(&c, ino.0, size, fh).await?;
                 }
                 let set = SetAttrs {
                     mode: mode.map(|m| m & 0o7777),
@@ -524,7 +574,7 @@ impl Filesystem for WeftFs {
                     atime: atime.map(time_set),
                     mtime: mtime.map(time_set),
                 };
-                if set == SetAttrs::default() { c.getattr(ino.0).await } else { c.setattr(ino.0, set).await }
+                if set == SetAttrs::default() { c.getattr(ino.0).await } else { i.setattr(&c, ino.0, set).await }
             }
             .await;
             match result {
@@ -726,12 +776,12 @@ impl Filesystem for WeftFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -746,7 +796,17 @@ impl Filesystem for WeftFs {
         // into a reused buffer whose registration a one-sided fabric keeps.
         tracing::trace!(offset, len, "write");
         let data = self.inner.write_bufs.copy_of(data);
+        // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves set-ID bits to the server and flags every write by a
+        // caller without CAP_FSETID: the MDS drops them, as that caller, before the bytes land (the commit at close
+        // would too, but the file would stay set-ID while it changes, and the kernel reads its mode back now).
+        let writer = (write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) && f.may_be_set_id())
+            .then(|| self.inner.users.client_for(&self.inner.client, req.uid(), req.gid(), req.pid()));
         let write = async move {
+            if let Some(w) = writer
+                && let Err(e) = f.drop_set_id_before_write(&w).await
+            {
+                return reply.error(errno(&e));
+            }
             match f.write_at(offset, data).await {
                 Ok(()) => reply.written(len),
                 Err(e) => reply.error(errno(&e)),
@@ -1141,6 +1201,14 @@ impl Filesystem for WeftFs {
     }
 }
 
+/// Whether a chmod to `asked` keeps `mode`'s permission bits and sticky bit and only clears set-ID bits (any,
+/// or none: the kernel may have read the mode before the MDS dropped them at a commit).
+fn clears_only_set_id(mode: u32, asked: u32) -> bool {
+    const SET_ID: u32 = 0o6000;
+    let mode = mode & 0o7777;
+    (asked ^ mode) & !SET_ID == 0 && asked & SET_ID & !mode == 0
+}
+
 /// O_DIRECT (or `--direct-io`) bypasses the page cache; otherwise cached pages are kept only when the file is
 /// unchanged since this mount last opened it (`keep_cache`, see `Inner::validators`).
 /// The rights an open asks for, from its access mode (the kernel checked the mode bits already with
@@ -1208,5 +1276,25 @@ fn set_readahead(dir: &Path, bytes: u32) {
     match std::fs::write(&path, (bytes / 1024).max(4).to_string()) {
         Ok(()) => tracing::info!(kib = bytes / 1024, "readahead window set"),
         Err(e) => tracing::warn!("cannot set readahead in {path}: {e}; sequential reads will be slower"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_chmod_that_clears_set_id_bits_is_the_kernels_drop() {
+        // What the kernel sends without KILLPRIV_V2: the mode less set-user-ID, less set-group-ID with group exec.
+        assert!(clears_only_set_id(0o100_4777, 0o777));
+        assert!(clears_only_set_id(0o6777, 0o777));
+        assert!(clears_only_set_id(0o6755, 0o2755));
+        // Nothing left to clear (the MDS dropped them since the kernel read the mode): still the same request.
+        assert!(clears_only_set_id(0o777, 0o777));
+        // Anything else is a chmod: adding a set-ID bit, changing a permission bit or the sticky bit.
+        assert!(!clears_only_set_id(0o777, 0o4777));
+        assert!(!clears_only_set_id(0o4777, 0o775));
+        assert!(!clears_only_set_id(0o4777, 0o1777));
+        assert!(!clears_only_set_id(0o2767, 0o4767));
     }
 }

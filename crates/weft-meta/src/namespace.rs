@@ -32,12 +32,12 @@ use weft_proto::layout::DEFAULT_STRIPE_UNIT_BYTES;
 use weft_proto::msg::{
     CommitReq, CommitWccResp, CreateReq, HeartbeatResp, LinkReq, MkdirReq, MknodReq, PNFS_ADDRS_MAX, PnfsDeviceInfo,
     RENAME_EXCHANGE, RENAME_NOREPLACE, ReaddirPlusResp, ReaddirReq, ReaddirResp, RegisterPnfsReq, RegisterServerReq,
-    RenameReq, SetAttrReq, SetLayoutReq, SymlinkReq,
+    RenameReq, SetAttrReq, SetLayoutReq, SetSizeOpenReq, SymlinkReq,
 };
 use weft_proto::space::{DeviceId, HOST_ID_BYTES_MAX};
 use weft_proto::{
     Attr, DataRedundancy, DirEntry, ErrorCode, FileKind, Layout, MemberStatus, NAME_BYTES_MAX, Op, READDIR_ENTRIES_MAX,
-    READDIRPLUS_ENTRIES_MAX, ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState,
+    READDIRPLUS_ENTRIES_MAX, ROOT_INO, Request, Response, Rights, SYMLINK_BYTES_MAX, ServerInfo, ServerState, SetAttrs,
     SpaceStat, StatFs, TimeSet, WireError,
 };
 
@@ -46,7 +46,7 @@ use crate::clock::Clock;
 use crate::error::MetaError;
 use crate::membership::{self, DEFAULT_REBUILD_AFTER_MS, Phase, Scan, Timing};
 use crate::once::{self, OnceCall};
-use crate::perm::{self, Cred, Mask};
+use crate::perm::{self, Cred, Mask, SizeRight};
 use crate::store::{Inode, MetaStore, MetaTxn};
 
 mod duties;
@@ -512,6 +512,20 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         match self.change(once, |t| create(t, cred, r, now, &excluded, true).map(Response::Create))? {
             Response::Create(attr) => Ok(attr),
             other => Err(werr(ErrorCode::Internal, format!("a create was recorded as {:?}", other.op()))),
+        }
+    }
+
+    /// `SetSizeOpen` (ftruncate): sets regular file `r.ino`'s size as `SetAttr` does, with the right to write taken
+    /// from the caller's open instead of the mode. The caller (`MetaService`) has verified `r.cap` (sealed by this
+    /// cluster, for this inode, WRITE, the connection's key, unexpired): this function does not look at it, which
+    /// is why no `Request` reaches it through [`Namespace::execute_as`].
+    pub fn set_size_open(&self, cred: &Cred, r: &SetSizeOpenReq, once: Option<&OnceCall>) -> Result<Attr, WireError> {
+        let now = self.clock.now_ns();
+        let once = once.map(|c| (c, Op::SetSizeOpen));
+        let req = SetAttrReq { ino: r.ino, set: SetAttrs { size: Some(r.size), ..SetAttrs::default() } };
+        match self.change(once, |t| set_attr_by(t, cred, &req, now, SizeRight::Open).map(Response::SetSizeOpen))? {
+            Response::SetSizeOpen(attr) => Ok(attr),
+            other => Err(werr(ErrorCode::Internal, format!("a size change was recorded as {:?}", other.op()))),
         }
     }
 
@@ -1084,6 +1098,18 @@ fn lookup(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str) -> Result<A
 }
 
 fn set_attr(t: &mut dyn MetaTxn, cred: &Cred, r: &SetAttrReq, now: i64) -> Result<Attr, WireError> {
+    set_attr_by(t, cred, r, now, SizeRight::Mode)
+}
+
+/// `SetAttr`, with the right to change the size from `right` (`SetSizeOpen`: the caller's open, see
+/// [`perm::SizeRight`]). Everything else is checked alike; a non-root caller's size change drops the set-ID bits.
+fn set_attr_by(
+    t: &mut dyn MetaTxn,
+    cred: &Cred,
+    r: &SetAttrReq,
+    now: i64,
+    right: SizeRight,
+) -> Result<Attr, WireError> {
     let mut i = load(t, r.ino)?;
     let s = &r.set;
     let at = |ts: TimeSet| match ts {
@@ -1101,7 +1127,7 @@ fn set_attr(t: &mut dyn MetaTxn, cred: &Cred, r: &SetAttrReq, now: i64) -> Resul
             FileKind::File => {}
         }
     }
-    let mode = perm::check_setattr(cred, &i, acl_for(t, cred, &i)?.as_ref(), s)?;
+    let mode = perm::check_setattr_by(cred, &i, acl_for(t, cred, &i)?.as_ref(), s, right)?;
     if let Some(size) = s.size
         && size != i.size
     {

@@ -253,18 +253,30 @@ pub fn may_commit(cred: &Cred, inode: &Inode, acl: Option<&Acl>) -> Result<(), P
 }
 
 /// The mode a regular file keeps after a non-root caller writes to it, truncates it or changes its owner
-/// (`setattr_should_drop_suidgid`): set-user-ID goes; set-group-ID goes if group execute is set (without it,
-/// the bit marks mandatory locking, not a privilege) or if the caller is not in the file's group. Root
-/// (`CAP_FSETID`) keeps both. Directories and special files keep their bits.
+/// (`setattr_should_drop_suidgid`, [`weft_proto::mode_after_unprivileged_write`]): set-user-ID goes; set-group-ID
+/// goes if group execute is set (without it, the bit marks mandatory locking, not a privilege) or if the caller is
+/// not in the file's group. Root (`CAP_FSETID`) keeps both. Directories and special files keep their bits.
+///
+/// `cred` is always the MDS's authenticated caller (`MetaService::caller_cred`), never a field of the request:
+/// the MDS clears the bits itself when it commits a write (Commit, CommitWcc), a size change (SetAttr,
+/// SetSizeOpen) or a change of owner, so every path (mount, native client, NFS gateway) is covered here; a FUSE
+/// mount only asks earlier, at the write the kernel flags `FUSE_WRITE_KILL_SUIDGID` (docs/format.md §2).
 pub fn mode_after_write(cred: &Cred, inode: &Inode) -> u32 {
     if cred.is_root() || inode.kind != FileKind::File {
         return inode.mode;
     }
-    let mut mode = inode.mode & !SET_UID;
-    if mode & SET_GID != 0 && (mode & GROUP_EXEC != 0 || !cred.in_group(inode.gid)) {
-        mode &= !SET_GID;
-    }
-    mode
+    weft_proto::mode_after_unprivileged_write(inode.mode, cred.in_group(inode.gid))
+}
+
+/// Where the right to change a file's size comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeRight {
+    /// A path truncate (`truncate(2)`, NFS SETATTR): write permission by the mode and ACL now.
+    Mode,
+    /// A truncate through a descriptor open for writing (`ftruncate(2)`, `open(O_TRUNC)`): the right was checked
+    /// at the open, as Linux's `do_ftruncate` checks only the descriptor; the caller proved the open with its
+    /// write capability, which the service verified.
+    Open,
 }
 
 /// The owner, group and mode of a new `kind` entry in `parent` (`inode_init_owner`): the caller's uid and primary
@@ -306,10 +318,22 @@ fn is_touch(set: &SetAttrs) -> bool {
 /// Root's requests pass unchanged (in particular root's chown keeps set-user-ID, unlike Linux, which clears it
 /// for everyone: the kernel's FUSE client sends that mode change itself).
 pub fn check_setattr(cred: &Cred, inode: &Inode, acl: Option<&Acl>, set: &SetAttrs) -> Result<Option<u32>, PermError> {
+    check_setattr_by(cred, inode, acl, set, SizeRight::Mode)
+}
+
+/// [`check_setattr`], with the right to change the size taken from `right`: with [`SizeRight::Open`] no write
+/// permission is asked (the open had it), but the set-ID bits go all the same.
+pub fn check_setattr_by(
+    cred: &Cred,
+    inode: &Inode,
+    acl: Option<&Acl>,
+    set: &SetAttrs,
+    right: SizeRight,
+) -> Result<Option<u32>, PermError> {
     if cred.is_root() {
         return Ok(set.mode);
     }
-    if set.size.is_some() {
+    if set.size.is_some() && right == SizeRight::Mode {
         may(cred, inode, acl, Mask::WRITE)?;
     }
     if let Some(uid) = set.uid
@@ -589,6 +613,8 @@ mod tests {
         assert_eq!(mode_after_write(&bob(), &file(0o4755, BOB, USERS)), 0o755, "the owner too");
         assert_eq!(mode_after_write(&Cred::root(), &file(0o6755, BOB, USERS)), 0o6755, "root keeps them");
         assert_eq!(mode_after_write(&alice(), &dir(0o2775, BOB, WHEEL)), 0o2775, "not a regular file");
+        assert_eq!(mode_after_write(&alice(), &file(0o2777, BOB, USERS)), 0o777, "group exec: goes, in group too");
+        assert_eq!(mode_after_write(&alice(), &file(0o2767, BOB, USERS)), 0o2767, "02767, in group: stays");
     }
 
     #[test]
@@ -683,6 +709,22 @@ mod tests {
         assert_eq!(check_setattr(&alice(), &file(0o666, BOB, USERS), None, &trunc), Ok(None));
         assert_eq!(check_setattr(&alice(), &file(0o4766, BOB, USERS), None, &trunc), Ok(Some(0o766)));
         assert_eq!(check_setattr(&Cred::root(), &file(0o4444, BOB, USERS), None, &trunc), Ok(None));
+    }
+
+    #[test]
+    fn a_truncate_through_an_open_needs_no_mode_bit_but_still_clears_set_id_bits() {
+        let trunc = SetAttrs { size: Some(10), ..set() };
+        let by_open = |c: &Cred, f: &Inode| check_setattr_by(c, f, None, &trunc, SizeRight::Open);
+        // ftruncate on a descriptor opened O_CREAT|O_RDWR with mode 0: the open granted it.
+        assert_eq!(by_open(&alice(), &file(0o000, ALICE, USERS)), Ok(None));
+        assert!(is_access(check_setattr(&alice(), &file(0o000, ALICE, USERS), None, &trunc)), "a path truncate");
+        assert_eq!(by_open(&alice(), &file(0o4777, BOB, USERS)), Ok(Some(0o777)));
+        assert_eq!(by_open(&alice(), &file(0o6777, BOB, USERS)), Ok(Some(0o777)));
+        assert_eq!(by_open(&alice(), &file(0o2767, BOB, USERS)), Ok(None), "no group exec, in group: stays");
+        assert_eq!(by_open(&Cred::root(), &file(0o6777, BOB, USERS)), Ok(None), "CAP_FSETID keeps them");
+        // Only the size comes from the open: a chmod still needs ownership.
+        let both = SetAttrs { size: Some(0), mode: Some(0o777), ..set() };
+        assert!(is_eperm(check_setattr_by(&alice(), &file(0o666, BOB, USERS), None, &both, SizeRight::Open)));
     }
 
     #[test]

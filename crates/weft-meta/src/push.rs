@@ -151,6 +151,7 @@ impl Pusher {
         let mut t = Touched::default();
         match req {
             Request::SetAttr(r) => t.ino(r.ino),
+            Request::SetSizeOpen(r) => t.ino(r.ino),
             // An open for writing advances the data version.
             Request::Open(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
             Request::Commit(r) | Request::CommitWcc(r) => t.ino(r.ino),

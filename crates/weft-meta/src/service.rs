@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use weft_proto::msg::{
     CreateReq, HealProgress, ListStaleResp, MetaBackupReq, OpenReq, OpenResp, PNFS_KEY_ID, PnfsHandleReq,
-    PnfsHandleResp,
+    PnfsHandleResp, SetSizeOpenReq,
 };
 use weft_proto::{Attr, Capability, DataRedundancy, ErrorCode, Request, Response, Rights, UserCred, WireError};
 use weft_rpc::keyring::NOBODY_ID;
-use weft_rpc::{CallCtx, CapabilityKey, KeyPolicy, PoolBuf, Principal, Reply, Service};
+use weft_rpc::{CallCtx, CapabilityKey, Demand, KeyPolicy, PoolBuf, Principal, Reply, Service};
 
 use crate::lock_sessions::{DEFAULT_LOCKS_GRACE_MS, SessionLocks};
 use crate::locks::DEFAULT_LOCKS_MAX;
@@ -267,6 +267,38 @@ impl MetaService {
         Ok(Response::CreateOpen(self.opened(ctx, attr, Rights::READ_WRITE)?))
     }
 
+    /// `SetSizeOpen` (ftruncate): the right to write comes from the caller's open, as on Linux, proved by the
+    /// write capability that open got ([`MetaService::check_open_right`]); the rest is `SetAttr`'s (set-ID bits
+    /// dropped for a caller who is not root, as `caller_cred` names it).
+    async fn set_size_open(&self, ctx: &CallCtx, cred: Cred, r: SetSizeOpenReq) -> Result<Response, WireError> {
+        self.check_open_right(ctx, &r)?;
+        let ns = self.ns.clone();
+        let once = once_call(ctx, &cred);
+        let attr = tokio::task::spawn_blocking(move || ns.set_size_open(&cred, &r, once.as_ref()))
+            .await
+            .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??;
+        Ok(Response::SetSizeOpen(attr))
+    }
+
+    /// Whether `r.cap` proves an open for writing of `r.ino` by this connection's key: sealed by this cluster,
+    /// WRITE, for that inode and key, unexpired by this MDS's own clock (no skew: it sealed it).
+    ///
+    /// Why the capability rather than a table of the opens each session made: it already states exactly this fact
+    /// ("this key's holder was allowed to write inode N, until T"), sealed at every `Open` and `CreateOpen` after
+    /// the access check (a creator's new file whatever its mode, as open(2) with O_CREAT); the data servers already
+    /// trust it for the same truncate's objects; and it needs no per-session state to bound, expire or carry across
+    /// a failover to another MDS. A right taken away stops working here when it does on the data servers (§10).
+    /// With authentication off, capabilities are empty and every asserted user is believed: so is the claim.
+    fn check_open_right(&self, ctx: &CallCtx, r: &SetSizeOpenReq) -> Result<(), WireError> {
+        let Some(key) = &self.cap_key else { return Ok(()) };
+        let Principal::Key { key_id, .. } = &ctx.principal else {
+            return Err(WireError::new(ErrorCode::Unauthenticated, "a capability needs an authenticated connection"));
+        };
+        let now_ms = weft_rpc::capability::unix_now_ms();
+        let demand = Demand { ino: r.ino, rights: Rights::WRITE, key_id, now_ms, skew_ms: 0 };
+        key.check(&r.cap, &demand).map_err(|e| e.to_wire())
+    }
+
     /// Point reads never wait for a disk flush (redb reads from its cache; a miss is one pread), so they run in
     /// place: a hop to the blocking pool costs two thread wake-ups, more than the lookup itself. With `PgStore` a
     /// point read is a round trip to the database: the store waits inside `block_in_place` (`pg_store.rs`), so
@@ -366,6 +398,7 @@ impl Service for MetaService {
                     resp
                 }
                 Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
+                Request::SetSizeOpen(r) => self.set_size_open(ctx, cred, r).await?,
                 Request::MetaBackup(r) => return self.backup(ctx, r).await,
                 Request::PnfsHandle(r) => self.pnfs_handle(ctx, cred, r).await?,
                 // In memory: the servers' NFS addresses are not persisted (each heartbeat repeats them).
@@ -436,6 +469,7 @@ fn target_of(req: &Request) -> (u64, Option<String>) {
         Request::Link(r) => (r.ino, Some(format!("-> {}:{}", r.new_parent, r.new_name))),
         Request::GetAttr(r) | Request::Readlink(r) => (r.ino, None),
         Request::SetAttr(r) => (r.ino, None),
+        Request::SetSizeOpen(r) => (r.ino, None),
         Request::Readdir(r) | Request::ReaddirPlus(r) => (r.ino, None),
         Request::SetLayout(r) => (r.ino, None),
         Request::Commit(r) | Request::CommitWcc(r) => (r.ino, None),

@@ -409,6 +409,10 @@ async fn write(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, sta
         Err(e) => return fail(open_status(gw, c, ino, &e).await, no_wcc),
     };
     let len = data.len() as u32;
+    // Set-ID bits go before the bytes land, as knfsd's VFS drops them at a WRITE (`File::drop_set_id_before_write`).
+    if let Err(e) = f.drop_set_id_before_write(c).await {
+        return fail(status_of(&e), no_wcc);
+    }
     // The cached handle's attributes are those of its open, not the file's now (see READ): WCC data comes only
     // from the MDS's answer to a commit, else none (RFC 1813 lets both halves be absent).
     let wrote = f.write_at(offset, data).await;

@@ -196,6 +196,11 @@ messages! {
     /// `dir` on its own host (absent or empty, an absolute path) and answers what it copied (docs/format.md §29).
     /// Cluster key only: it writes files as the service's user.
     MetaBackup = 141: MetaBackupReq => MetaBackupResp, idempotent = false, data = false;
+    /// ftruncate: sets the size of a file the caller holds open for writing, with the write capability of that
+    /// open as the right (`cap`, verified by the MDS: its MAC, inode, WRITE, key, expiry), not the mode at
+    /// truncate time, as Linux's `do_ftruncate` (docs/format.md §10). Otherwise as `SetAttr` with a size: a
+    /// non-privileged caller drops set-ID bits and file capabilities. A path truncate is `SetAttr`.
+    SetSizeOpen = 142: SetSizeOpenReq => Attr, idempotent = false, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -471,6 +476,15 @@ pub struct SetLayoutReq {
     pub ino: u64,
     /// A policy: `servers` empty, `stripe_count` 0 meaning every server.
     pub layout: Layout,
+}
+
+/// `SetSizeOpen` (op 142).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetSizeOpenReq {
+    pub ino: u64,
+    pub size: u64,
+    /// The write capability the caller's open got (`Open`, `CreateOpen`): its proof of the right to write.
+    pub cap: Capability,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1020,6 +1034,8 @@ mod tests {
         assert!(Op::PnfsHandle.is_idempotent() && Op::PnfsDevices.is_idempotent() && Op::RegisterPnfs.is_idempotent());
         assert_eq!(Op::MetaBackup as u16, 141);
         assert!(!Op::MetaBackup.is_idempotent());
+        assert_eq!(Op::SetSizeOpen as u16, 142);
+        assert!(!Op::SetSizeOpen.is_idempotent());
         assert!(Op::MemberStatus.is_idempotent() && Op::ListObjects.is_idempotent());
         assert!(!Op::SetLock.is_idempotent() && Op::GetLock.is_idempotent() && !Op::ReleaseLocks.is_idempotent());
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());

@@ -36,6 +36,23 @@ pub fn split_mode_umask(mode: u32) -> (u32, Option<u32>) {
     (mode & 0o7777, umask)
 }
 
+/// The mode a regular file keeps after a write or truncate by a caller without `CAP_FSETID` (Linux's
+/// `setattr_should_drop_suidgid`, which `file_remove_privs` applies at every write): set-user-ID always goes;
+/// set-group-ID goes when group execute is set (without it the bit marks mandatory locking, not a privilege) or
+/// when the writer is not in the file's group (`in_file_group`; Linux since 6.2). One rule for the MDS, which
+/// applies it (`weft-meta`'s `perm::mode_after_write`), and for clients, which use it only to decide whether to
+/// ask the MDS at all.
+pub fn mode_after_unprivileged_write(mode: u32, in_file_group: bool) -> u32 {
+    const SET_UID: u32 = 0o4000;
+    const SET_GID: u32 = 0o2000;
+    const GROUP_EXEC: u32 = 0o010;
+    let mut mode = mode & !SET_UID;
+    if mode & SET_GID != 0 && (mode & GROUP_EXEC != 0 || !in_file_group) {
+        mode &= !SET_GID;
+    }
+    mode
+}
+
 /// Largest object a data server holds (16 TiB): offsets and lengths past it are refused before any I/O, so no
 /// arithmetic on them can overflow. A file can be `stripe_count` times larger.
 pub const OBJECT_BYTES_MAX: u64 = 1 << 44;

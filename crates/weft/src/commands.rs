@@ -377,7 +377,9 @@ pub async fn mount_daemon(spec: &str, dir: &Path, args: &crate::MountArgs, log: 
     if args.writeback_cache {
         cmd.arg("--writeback-cache");
     }
-    for (on, flag) in [(args.suid, "--suid"), (args.dev, "--dev"), (args.ro, "--ro")] {
+    for (on, flag) in
+        [(args.suid, "--suid"), (args.dev, "--dev"), (args.ro, "--ro"), (args.no_killpriv, "--no-killpriv")]
+    {
         if on {
             cmd.arg(flag);
         }

@@ -108,6 +108,10 @@ pub struct MountArgs {
     /// Serve Prometheus metrics (FUSE requests by op with latency, RPC retries) at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+    /// Do not negotiate FUSE_HANDLE_KILLPRIV_V2: the kernel then drops set-ID bits itself, as kernels before
+    /// 5.11 do (for tests of that path).
+    #[arg(long, hide = true)]
+    pub no_killpriv: bool,
 }
 
 impl MountArgs {
@@ -123,6 +127,7 @@ impl MountArgs {
             suid: self.suid,
             dev: self.dev,
             read_only: self.ro,
+            kill_priv_v2: !self.no_killpriv,
             ..weft_fuse::MountOptions::default()
         }
     }

@@ -699,3 +699,38 @@ async fn a_getattr_and_lookup_storm_through_the_gateway_is_served_by_the_bank() 
     assert_eq!(raw.lookup(&dir, "f3").await.0, NFS3ERR_NOENT);
     assert_eq!(raw.getattr(&handles[3]).await, NFS3ERR_STALE, "an unlinked file's handle is stale");
 }
+
+/// A WRITE by a user without privilege (uid 4242) drops set-ID bits before its bytes land, as knfsd's VFS does:
+/// the next GETATTR, before any COMMIT, and the MDS see them gone; set-group-ID without group execute stays for a
+/// member of the file's group.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_write_through_the_gateway_drops_set_id_bits() {
+    let c = common::start("nfs-setid", 2).await;
+    let client = c.client().await;
+    let dir = io_dir(&c).await;
+    // (name, mode, group, mode after); the writer is uid 4242 in group 4242.
+    let cases = [
+        ("suid", 0o4777, 0, 0o777),
+        ("sgid", 0o2777, 4242, 0o777),
+        ("both", 0o6777, 0, 0o777),
+        ("lock", 0o2767, 4242, 0o2767),
+        ("other", 0o2767, 0, 0o767),
+    ];
+    let mut inos = Vec::new();
+    for (name, mode, gid, _) in cases {
+        let ino = client.create(dir, name, 0o644, true).await.unwrap().ino;
+        let set = weft_proto::SetAttrs { mode: Some(mode), gid: Some(gid), ..Default::default() };
+        client.setattr(ino, set).await.unwrap();
+        inos.push(ino);
+    }
+    let g = gateway(&c).await;
+    let mut raw = Raw::connect(&g).await;
+    let root = raw.mount_root().await;
+    let io = raw.lookup(&root, "io").await.1.unwrap();
+    for ((name, mode, _, after), ino) in cases.into_iter().zip(inos) {
+        let fh = raw.lookup(&io, name).await.1.unwrap();
+        assert_eq!(raw.write(&fh, 0, b"x", 0).await.0, NFS3_OK, "{name}");
+        assert_eq!(mode_and_size(&mut raw, &fh).await.0 & 0o7777, after, "{name}: {mode:o} after an UNSTABLE WRITE");
+        assert_eq!(client.getattr(ino).await.unwrap().mode & 0o7777, after, "{name}: the MDS agrees");
+    }
+}

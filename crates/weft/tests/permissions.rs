@@ -10,7 +10,7 @@ use bytes::{Bytes, BytesMut};
 use common::mount::Mount;
 use common::*;
 use weft_client::{Client, ClientError, ClusterConfig, OpenMode};
-use weft_proto::{ErrorCode, FileKind, SetAttrs, UserCred};
+use weft_proto::{Capability, ErrorCode, FileKind, Rights, SetAttrs, UserCred};
 
 const ALICE: u32 = 1000;
 const BOB: u32 = 1001;
@@ -284,5 +284,202 @@ async fn the_mount_acts_as_each_caller_and_is_nosuid_nodev() {
     let (ok, out) = as_1000(&[suid_id.to_str().unwrap(), "-u"]);
     assert!(ok);
     assert_eq!(out.trim(), "1000", "set-user-ID is not honoured on a nosuid mount");
+    drop(m);
+}
+
+/// What a write or truncate by a caller without CAP_FSETID leaves of a regular file's set-ID bits (Linux's
+/// `setattr_should_drop_suidgid`): (mode, whether the writer is in the file's group, mode after).
+const SET_ID_CASES: [(u32, bool, u32); 5] = [
+    (0o4777, false, 0o777),
+    // Set-group-ID with group execute goes, even for a member of the group.
+    (0o2777, true, 0o777),
+    (0o6777, false, 0o777),
+    // Without group execute it marks mandatory locking, not a privilege: it stays for a member of the group...
+    (0o2767, true, 0o2767),
+    // ... and goes for anyone else (Linux since 6.2).
+    (0o2767, false, 0o767),
+];
+
+/// A file of root's with `mode` and group `gid` in `dir`; its inode.
+async fn set_id_file(root: &Client, dir: u64, name: &str, mode: u32, gid: u32) -> u64 {
+    let ino = root.create(dir, name, 0o644, true).await.unwrap().ino;
+    let set = SetAttrs { mode: Some(mode), gid: Some(gid), ..SetAttrs::default() };
+    assert_eq!(root.setattr(ino, set).await.unwrap().mode & 0o7777, mode);
+    ino
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_id_bits_go_when_a_non_owner_writes_or_truncates_through_the_library() {
+    let cl = start("perm-setid-lib", 2).await;
+    let root = cl.client().await;
+    let shared = shared_dir(&root).await;
+    let a = root.with_user(alice());
+    for (n, &(mode, in_group, after)) in SET_ID_CASES.iter().enumerate() {
+        let gid = if in_group { USERS } else { 0 };
+        for how in ["write", "ftruncate", "truncate"] {
+            let name = format!("f{n}-{how}");
+            let ino = set_id_file(&root, shared, &name, mode, gid).await;
+            let path = format!("/shared/{name}");
+            match how {
+                // Dropped when the write is committed (close).
+                "write" => {
+                    let f = a.open(&path, OpenMode::ReadWrite).await.unwrap();
+                    f.write_at(0, Bytes::from_static(b"x")).await.unwrap();
+                    f.close().await.unwrap();
+                }
+                // Through the open file: its write capability is the right (SetSizeOpen).
+                "ftruncate" => {
+                    let f = a.open(&path, OpenMode::Write).await.unwrap();
+                    f.truncate(1).await.unwrap();
+                    f.close().await.unwrap();
+                }
+                // By path: write permission by the mode (SetAttr).
+                _ => {
+                    a.setattr(ino, SetAttrs { size: Some(1), ..SetAttrs::default() }).await.unwrap();
+                }
+            }
+            let got = root.getattr(ino).await.unwrap().mode & 0o7777;
+            assert_eq!(got, after, "{how} of a {mode:o} file (in its group: {in_group}) by uid {ALICE}");
+        }
+    }
+    // Root (CAP_FSETID) keeps them, writing or truncating.
+    let ino = set_id_file(&root, shared, "roots", 0o6777, 0).await;
+    let f = root.open("/shared/roots", OpenMode::ReadWrite).await.unwrap();
+    f.write_at(0, Bytes::from_static(b"#!")).await.unwrap();
+    f.truncate(1).await.unwrap();
+    f.close().await.unwrap();
+    assert_eq!(root.getattr(ino).await.unwrap().mode & 0o7777, 0o6777);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_truncate_through_an_open_file_has_the_opens_right_and_needs_its_write_capability() {
+    let cl = start("perm-setsize", 2).await;
+    let root = cl.client().await;
+    shared_dir(&root).await;
+    let a = root.with_user(alice());
+    // open(O_CREAT|O_RDWR, 0) then ftruncate: the creator's open may write, whatever the mode.
+    let f = a.create_path("/shared/zero", 0, true, false).await.unwrap();
+    f.truncate(10).await.unwrap();
+    f.write_at(0, Bytes::from_static(b"abc")).await.unwrap();
+    f.close().await.unwrap();
+    let zero = root.resolve("/shared/zero").await.unwrap();
+    assert_eq!((zero.mode & 0o7777, zero.size, zero.uid), (0, 10, ALICE));
+    // A path truncate checks the mode now: EACCES, even for the owner.
+    let trunc = SetAttrs { size: Some(5), ..SetAttrs::default() };
+    assert_eq!(code(a.setattr(zero.ino, trunc).await), ErrorCode::Permission);
+
+    // The MDS believes no claim: no capability, a read one, another file's, or one whose inode was changed.
+    let ino = write_file(&root, "/shared/roots", 0o644, b"root's bytes").await;
+    let hers = write_file(&a, "/shared/hers", 0o600, b"hers").await;
+    assert_eq!(code(a.set_size_open(ino, 0, Capability::none()).await), ErrorCode::CapabilityRefused);
+    let read = a.open_capability(ino, Rights::READ).await.unwrap().cap;
+    assert_eq!(code(a.set_size_open(ino, 0, read).await), ErrorCode::CapabilityRefused);
+    let write = a.open_capability(hers, Rights::WRITE).await.unwrap().cap;
+    assert_eq!(code(a.set_size_open(ino, 0, write.clone()).await), ErrorCode::CapabilityRefused);
+    let forged = Capability { ino, ..write.clone() };
+    assert_eq!(code(a.set_size_open(ino, 0, forged).await), ErrorCode::CapabilityRefused);
+    assert_eq!(root.getattr(ino).await.unwrap().size, 12, "nothing was cut");
+    // Her write capability works for her file, though its mode no longer grants writing.
+    root.setattr(hers, SetAttrs { mode: Some(0o400), ..SetAttrs::default() }).await.unwrap();
+    assert_eq!(a.set_size_open(hers, 2, write).await.unwrap().size, 2);
+}
+
+/// Runs python3 `code` (argv[1:] = `args`) as uid/gid 1000 with no supplementary groups; its stdout, trimmed,
+/// or its stderr as the error.
+fn py_as_1000(code: &str, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--clear-groups", "/usr/bin/python3", "-c", code])
+        .args(args)
+        .output()
+        .expect("running setpriv python3");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Each prints the mode (octal) seen through the descriptor right after the change, then by path after close.
+const PY_WRITE: &str = "import os,sys\np=sys.argv[1]\nfd=os.open(p,os.O_WRONLY)\nos.write(fd,b'x')\n\
+    m=os.fstat(fd).st_mode\nos.close(fd)\nprint('%o %o'%(m&0o7777,os.stat(p).st_mode&0o7777))";
+const PY_FTRUNCATE: &str = "import os,sys\np=sys.argv[1]\nfd=os.open(p,os.O_WRONLY)\nos.ftruncate(fd,1)\n\
+    m=os.fstat(fd).st_mode\nos.close(fd)\nprint('%o %o'%(m&0o7777,os.stat(p).st_mode&0o7777))";
+const PY_O_TRUNC: &str = "import os,sys\np=sys.argv[1]\nfd=os.open(p,os.O_WRONLY|os.O_TRUNC)\n\
+    m=os.fstat(fd).st_mode\nos.close(fd)\nprint('%o %o'%(m&0o7777,os.stat(p).st_mode&0o7777))";
+const PY_TRUNCATE: &str = "import os,sys\np=sys.argv[1]\nos.truncate(p,1)\nm=os.stat(p).st_mode\n\
+    print('%o %o'%(m&0o7777,m&0o7777))";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_id_bits_go_when_a_non_owner_writes_or_truncates_through_the_mount() {
+    let cl = start("perm-setid-fuse", 2).await;
+    let root = cl.client().await;
+    let shared = shared_dir(&root).await;
+    let m = Mount::start(&cl, &test_dir("perm-setid-fuse-mnt"), &["--allow-other"]);
+    let ways = [("write", PY_WRITE), ("ftruncate", PY_FTRUNCATE), ("o_trunc", PY_O_TRUNC), ("truncate", PY_TRUNCATE)];
+    for (n, &(mode, in_group, after)) in SET_ID_CASES.iter().enumerate() {
+        // The writer is uid 1000 in group 1000 only.
+        let gid = if in_group { 1000 } else { 0 };
+        for (how, code) in ways {
+            let name = format!("f{n}-{how}");
+            let ino = set_id_file(&root, shared, &name, mode, gid).await;
+            let seen = py_as_1000(code, &[m.path(&format!("shared/{name}")).to_str().unwrap()]);
+            // The kernel sees the bits gone at once (FUSE_HANDLE_KILLPRIV_V2 leaves them to the server).
+            let want = format!("{after:o} {after:o}");
+            assert_eq!(seen, Ok(want), "{how} of a {mode:o} file (in its group: {in_group}) by uid 1000");
+            assert_eq!(root.getattr(ino).await.unwrap().mode & 0o7777, after, "{how}: the MDS agrees");
+        }
+    }
+    // Root (CAP_FSETID: the kernel does not flag its writes) keeps them.
+    let ino = set_id_file(&root, shared, "roots", 0o6777, 0).await;
+    let mut f = std::fs::OpenOptions::new().write(true).open(m.path("shared/roots")).unwrap();
+    std::io::Write::write_all(&mut f, b"#!").unwrap();
+    f.set_len(1).unwrap();
+    drop(f);
+    assert_eq!(root.getattr(ino).await.unwrap().mode & 0o7777, 0o6777);
+    drop(m);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ftruncate_on_the_mount_has_the_right_of_the_open() {
+    let cl = start("perm-ftrunc-fuse", 2).await;
+    let root = cl.client().await;
+    shared_dir(&root).await;
+    let m = Mount::start(&cl, &test_dir("perm-ftrunc-fuse-mnt"), &["--allow-other"]);
+    // Created O_CREAT|O_RDWR with mode 0: ftruncate and write through the descriptor work, truncate(2) of the
+    // path does not (the right comes from the open, as on Linux).
+    let code = "import os,sys\np=sys.argv[1]\nfd=os.open(p,os.O_CREAT|os.O_RDWR,0)\nos.ftruncate(fd,10)\n\
+        os.write(fd,b'abc')\ns=os.fstat(fd)\nos.close(fd)\n\
+        try:\n    os.truncate(p,5)\n    t='truncated'\nexcept PermissionError:\n    t='EACCES'\n\
+        print(s.st_size,'%o'%(s.st_mode&0o7777),t)";
+    let seen = py_as_1000(code, &[m.path("shared/zero").to_str().unwrap()]);
+    assert_eq!(seen, Ok("10 0 EACCES".to_string()));
+    let zero = root.resolve("/shared/zero").await.unwrap();
+    assert_eq!((zero.size, zero.mode & 0o7777, zero.uid), (10, 0, 1000));
+    let f = root.open("/shared/zero", OpenMode::Read).await.unwrap();
+    assert_eq!(&f.read_at(0, BytesMut::zeroed(10)).await.unwrap()[..], b"abc\0\0\0\0\0\0\0");
+    drop(m);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn set_id_bits_go_through_a_mount_without_killpriv() {
+    let cl = start("perm-setid-nokp", 2).await;
+    let root = cl.client().await;
+    let shared = shared_dir(&root).await;
+    // The kernel drops the bits itself, by a chmod as the writer, which the mount turns into the MDS's drop.
+    let extra = ["--allow-other", "--no-killpriv", "--attr-timeout-ms", "0"];
+    let m = Mount::start(&cl, &test_dir("perm-setid-nokp-mnt"), &extra);
+    let ways = [("write", PY_WRITE), ("ftruncate", PY_FTRUNCATE), ("o_trunc", PY_O_TRUNC), ("truncate", PY_TRUNCATE)];
+    for (n, &(mode, in_group, after)) in SET_ID_CASES.iter().enumerate() {
+        let gid = if in_group { 1000 } else { 0 };
+        for (how, code) in ways {
+            let name = format!("f{n}-{how}");
+            let ino = set_id_file(&root, shared, &name, mode, gid).await;
+            let seen = py_as_1000(code, &[m.path(&format!("shared/{name}")).to_str().unwrap()]);
+            // Once closed (the kernel's own rule may leave a bit the MDS drops at the commit).
+            let closed = seen.map(|s| s.split(' ').next_back().unwrap_or_default().to_string());
+            assert_eq!(closed, Ok(format!("{after:o}")), "{how} of a {mode:o} file (in its group: {in_group})");
+            assert_eq!(root.getattr(ino).await.unwrap().mode & 0o7777, after, "{how}: the MDS agrees");
+        }
+    }
     drop(m);
 }

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use weft_proto::msg::{
     CommitReq, CreateReq, InoReq, LinkReq, LookupReq, MkdirReq, MknodReq, NameReq, RENAME_EXCHANGE, RENAME_NOREPLACE,
     ReadReq, ReaddirReq, ReaddirResp, RegisterServerDevReq, RegisterServerReq, RenameReq, SessionCreateReq, SetAttrReq,
-    SetLayoutReq, SymlinkReq,
+    SetLayoutReq, SetSizeOpenReq, SymlinkReq,
 };
 use weft_proto::{
-    Attr, ErrorCode, FileKind, Layout, ROOT_INO, Request, Response, ServerState, SetAttrs, SpaceStat, StatFs, TimeSet,
-    WireError,
+    Attr, Capability, ErrorCode, FileKind, Layout, ROOT_INO, Request, Response, ServerState, SetAttrs, SpaceStat,
+    StatFs, TimeSet, WireError,
 };
 
 use super::*;
@@ -1368,6 +1368,23 @@ fn a_non_root_commit_clears_set_id_bits<S: TestStore>() {
     );
 }
 
+fn a_size_change_through_an_open_needs_no_mode_bit_but_drops_set_id_bits<S: TestStore>() {
+    let (ns, clock) = ns_of::<S>();
+    // ftruncate of a file created O_CREAT|O_RDWR with mode 0: the service verified the open's capability.
+    let zero = file_of(&ns, ROOT_INO, "zero", 0o000, ALICE, USERS);
+    let by_open = |ino: u64, size: u64| SetSizeOpenReq { ino, size, cap: Capability::none() };
+    let a = ns.set_size_open(&alice(), &by_open(zero.ino, 10), None).unwrap();
+    assert_eq!((a.size, a.mode), (10, 0o000));
+    // Otherwise as SetAttr's size change: set-ID bits go for a caller who is not root, stay for root.
+    let s = file_of(&ns, ROOT_INO, "s", 0o6777, BOB, USERS);
+    assert_eq!(ns.set_size_open(&Cred::root(), &by_open(s.ino, 1), None).unwrap().mode, 0o6777);
+    assert_eq!(ns.set_size_open(&alice(), &by_open(s.ino, 2), None).unwrap().mode, 0o777);
+    let d = dir_of(&ns, ROOT_INO, "d", 0o777, ALICE, USERS);
+    assert_eq!(code(ns.set_size_open(&alice(), &by_open(d.ino, 0), None)), ErrorCode::IsDir);
+    // Never served as a plain request: only the service, which checks the capability, calls it.
+    refused(&ns, &clock, &alice(), Request::SetSizeOpen(by_open(zero.ino, 0)), ErrorCode::BadRequest);
+}
+
 fn hard_links_to_files_one_may_not_write_are_refused<S: TestStore>() {
     let (ns, clock) = ns_of::<S>();
     let tmp = dir_of(&ns, ROOT_INO, "tmp", 0o1777, 0, 0);
@@ -1906,6 +1923,7 @@ on_every_store!(
     the_owner_may_chgrp_to_their_own_groups_only,
     device_nodes_are_made_by_root_only,
     a_non_root_commit_clears_set_id_bits,
+    a_size_change_through_an_open_needs_no_mode_bit_but_drops_set_id_bits,
     hard_links_to_files_one_may_not_write_are_refused,
     layout_policy_and_server_registration_are_privileged,
     root_may_do_everything,

@@ -522,6 +522,8 @@ async fn write(cx: &Ctx<'_>, stateid: Stateid, offset: u64, stable: u32, data: B
     }
     let f = open_file(cx, ino, true).await?;
     let len = data.len() as u32;
+    // Set-ID bits go before the bytes land, as knfsd's VFS drops them at a WRITE (`File::drop_set_id_before_write`).
+    f.drop_set_id_before_write(&cx.c).await.map_err(|e| st(&e))?;
     let wrote = f.write_at(offset, data).await;
     // Nothing read ahead while the write ran is served after it (readahead.rs).
     cx.gw.files.wrote(ino);
