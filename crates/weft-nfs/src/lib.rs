@@ -12,6 +12,7 @@
 //! adopts that session's locks at start, holding them through the NFSv4 grace period for their clients to
 //! reclaim; what nobody reclaimed is unlocked when grace ends (docs/format.md §22).
 
+pub mod conn;
 pub mod ds;
 pub mod fh;
 pub mod files;
@@ -83,6 +84,14 @@ impl std::str::FromStr for Cidr {
 }
 
 impl Cidr {
+    /// Whether every address of the network is a loopback address (127.0.0.0/8 or ::1).
+    pub fn is_loopback(&self) -> bool {
+        match self.net.to_canonical() {
+            IpAddr::V4(v4) => self.prefix_len >= 8 && v4.is_loopback(),
+            IpAddr::V6(v6) => self.prefix_len == 128 && v6.is_loopback(),
+        }
+    }
+
     pub fn contains(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
         let bits = |a: IpAddr| -> u128 {
@@ -135,6 +144,14 @@ impl std::str::FromStr for PnfsMode {
 /// Inodes whose data bytes the gateway counts ([`Gateway::data_bytes`]); past it the oldest is forgotten.
 pub const DATA_BYTES_INODES_MAX: usize = 4096;
 
+/// Connections from addresses outside `--allow` open at once (each answered a few records, then closed); more are
+/// closed at accept. They never take one of `connections_max`'s permits.
+pub const REFUSED_CONNECTIONS_MAX: usize = 16;
+/// Records a connection from outside `--allow` is answered (NULL probes, refusals) before it is closed.
+pub const REFUSED_RECORDS_MAX: usize = 8;
+/// Source ports below this are privileged: only root binds them (`--secure`).
+pub const PRIVILEGED_PORT_END: u16 = 1024;
+
 /// READ and WRITE data bytes the gateway itself moved, per inode (bounded, oldest forgotten first): with pNFS a
 /// file with a layout out should see none, and the VM test checks that.
 #[derive(Default)]
@@ -177,6 +194,12 @@ pub struct GatewayConfig {
     /// pNFS: every this many ms, each file with layouts out is checked for changes made elsewhere (a shrink,
     /// mode/owner/group, layout generation, removal) and its layouts recalled on one; 0: never.
     pub layout_check_ms: u64,
+    /// Idle, frame and send deadlines of every TCP connection ([`conn`]).
+    pub deadlines: conn::ConnDeadlines,
+    /// knfsd's `secure`: AUTH_SYS calls over TCP only from privileged source ports (below 1024), which only root
+    /// may bind, so an unprivileged process on an allowed host cannot assert another uid. `weft nfs` turns it on
+    /// when `--allow` names any address outside loopback.
+    pub secure: bool,
 }
 
 impl Default for GatewayConfig {
@@ -197,6 +220,8 @@ impl Default for GatewayConfig {
             state_dir: None,
             pnfs: PnfsMode::Auto,
             layout_check_ms: 3_000,
+            deadlines: conn::ConnDeadlines::default(),
+            secure: false,
         }
     }
 }
@@ -373,6 +398,9 @@ impl Gateway {
                 cursor = checked.check_layouts(cursor).await;
             }
         }));
+        // Peers outside `--allow` are answered only NULL and refusals, a few records each, and never hold one of
+        // the `connections_max` permits: a flood of them cannot lock allowed clients out.
+        let refused = Arc::new(Semaphore::new(REFUSED_CONNECTIONS_MAX));
         loop {
             let permit = conns.clone().acquire_owned().await.expect("never closed");
             let (stream, peer) = match listener.accept().await {
@@ -383,6 +411,16 @@ impl Gateway {
                 }
             };
             let gw = self.clone();
+            let permit = if self.allowed(peer.ip()) {
+                permit
+            } else {
+                drop(permit);
+                let Ok(p) = refused.clone().try_acquire_owned() else {
+                    tracing::debug!(%peer, "refused address: {REFUSED_CONNECTIONS_MAX} such connections open, closed");
+                    continue;
+                };
+                p
+            };
             tokio::spawn(async move {
                 gw.connection(stream, peer).await;
                 drop(permit);
@@ -464,7 +502,7 @@ impl Gateway {
         // The connection's back-channel side: callbacks go out on `wr`, their replies come in below.
         let back = Arc::new(nfs4::callback::BackConn::new(wr.clone(), self.conn_ids.fetch_add(1, Ordering::Relaxed)));
         let inflight = Arc::new(Semaphore::new(self.cfg.requests_in_flight_max.max(1)));
-        self.connection_loop(&mut rd, &wr, &back, peer, &inflight).await;
+        self.connection_loop(&mut rd, &wr, &back, peer, &inflight, allowed).await;
         back.close();
     }
 
@@ -475,18 +513,47 @@ impl Gateway {
         back: &Arc<nfs4::callback::BackConn>,
         peer: SocketAddr,
         inflight: &Arc<Semaphore>,
+        allowed: bool,
     ) {
+        let d = self.cfg.deadlines;
+        // A reply the peer did not take in time: the connection is closed (its record stream is cut).
+        let dead = Arc::new(tokio::sync::Notify::new());
+        let mut records = 0usize;
         loop {
-            let rec = match rpc::read_record(rd, &self.cfg.record).await {
-                Ok(Some(r)) => Bytes::from(r),
-                Ok(None) => break,
+            let next = tokio::select! {
+                n = conn::next_record(rd, &self.cfg.record, &d) => n,
+                () = dead.notified() => {
+                    tracing::info!(%peer, send_ms = d.send_ms, "closing the connection: a reply was not read in time");
+                    break;
+                }
+            };
+            let rec = match next {
+                conn::NextRecord::Record(r) => Bytes::from(r),
+                conn::NextRecord::Closed => break,
+                conn::NextRecord::Idle => {
+                    tracing::debug!(%peer, idle_ms = d.idle_ms, "closing an idle connection");
+                    break;
+                }
+                conn::NextRecord::Stalled => {
+                    tracing::info!(%peer, frame_ms = d.frame_ms, "closing the connection: a record was not finished in time");
+                    break;
+                }
                 // A client closing its connection (libnfs resets it) is not news.
-                Err(rpc::RecordError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
-                Err(e) => {
+                conn::NextRecord::Broken(rpc::RecordError::Io(e))
+                    if e.kind() == std::io::ErrorKind::ConnectionReset =>
+                {
+                    break;
+                }
+                conn::NextRecord::Broken(e) => {
                     tracing::warn!(%peer, error = %e, "closing the connection");
                     break;
                 }
             };
+            records += 1;
+            if !allowed && records > REFUSED_RECORDS_MAX {
+                tracing::info!(%peer, "closing a connection from an address not in --allow");
+                break;
+            }
             // A REPLY (msg_type 1) is the answer to a callback this gateway sent on the connection.
             if rec.len() >= 8 && rec[4..8] == rpc::MSG_REPLY.to_be_bytes() {
                 if !back.deliver(&rec) {
@@ -508,14 +575,17 @@ impl Gateway {
                 }
             };
             if let Some(r) = reply {
-                if rpc::write_reply(&mut *wr.lock().await, &r.into()).await.is_err() {
+                if !conn::send_reply(&wr, &r.into(), &d).await {
                     break;
                 }
                 continue;
             }
+            let dead = dead.clone();
             tokio::spawn(async move {
-                if let Some(reply) = gw.handle_record_on(&rec, peer, Transport::Tcp, Some(back)).await {
-                    let _ = rpc::write_reply(&mut *wr.lock().await, &reply).await;
+                if let Some(reply) = gw.handle_record_on(&rec, peer, Transport::Tcp, Some(back)).await
+                    && !conn::send_reply(&wr, &reply, &d).await
+                {
+                    dead.notify_one();
                 }
                 drop(permit);
             });
@@ -569,6 +639,12 @@ impl Gateway {
             w.u32(rpc::AUTH_TOOWEAK);
             return w.buf.into();
         }
+        if self.insecure_port(call, peer) && !null_of_served {
+            tracing::info!(%peer, "refused: AUTH_SYS from an unprivileged port (the gateway runs with --secure)");
+            let mut w = rpc::denied(call.xid, 1);
+            w.u32(rpc::AUTH_TOOWEAK);
+            return w.buf.into();
+        }
         match (call.prog, call.vers) {
             (NFS_PROGRAM, NFS_V3) => nfs3::call(self, call, rec, peer).await,
             (NFS_PROGRAM, NFS_V4) => nfs4::compound::call(self, call, rec, peer, conn).await,
@@ -585,6 +661,15 @@ impl Gateway {
             }
             _ => rpc::accepted(call.xid, rpc::PROG_UNAVAIL).buf.into(),
         }
+    }
+
+    /// Whether `--secure` refuses `call`: an AUTH_SYS credential over TCP from a source port any user may bind
+    /// (AUTH_NONE is served: it acts as nobody; RPC-over-RDMA peers are named by RDMA CM, not by a port).
+    fn insecure_port(&self, call: &Call<'_>, peer: SocketAddr) -> bool {
+        self.cfg.secure
+            && call.transport == Transport::Tcp
+            && matches!(call.auth, rpc::Auth::Sys { .. })
+            && peer.port() >= PRIVILEGED_PORT_END
     }
 
     /// The client acting as the caller: AUTH_SYS ids (root squashed if the export says so), AUTH_NONE nobody.
@@ -673,6 +758,10 @@ mod tests {
         assert!(lo.contains("127.0.0.1".parse().unwrap()));
         assert!(!lo.contains("127.0.0.2".parse().unwrap()));
         assert!(lo.contains("::ffff:127.0.0.1".parse().unwrap()), "v4-mapped v6 is the v4 address");
+        let loopback = parse_allow("127.0.0.0/8,::1/128,127.0.0.2/32").unwrap();
+        assert!(loopback.iter().all(Cidr::is_loopback), "the default allow list is loopback only");
+        let wide = parse_allow("127.0.0.0/7,10.0.0.0/8,::/0").unwrap();
+        assert!(!wide.iter().any(Cidr::is_loopback), "{wide:?} reach beyond loopback");
         let net = parse_allow("10.0.0.0/8, ::1").unwrap();
         assert!(net[0].contains("10.200.1.1".parse().unwrap()));
         assert!(!net[0].contains("11.0.0.1".parse().unwrap()));

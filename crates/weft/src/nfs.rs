@@ -21,6 +21,23 @@ pub struct NfsArgs {
     /// Serve root as root: only for trusted client machines.
     #[arg(long, overrides_with = "root_squash")]
     pub no_root_squash: bool,
+    /// As knfsd's `secure`: AUTH_SYS calls only from privileged source ports (below 1024, which only root binds),
+    /// so an unprivileged process on an allowed host cannot assert another user's uid. The default is on when
+    /// `--allow` names any address outside loopback, off for loopback only.
+    #[arg(long, overrides_with = "insecure")]
+    pub secure: bool,
+    /// AUTH_SYS from any source port (knfsd's `insecure`): for clients that cannot bind a privileged port.
+    #[arg(long, overrides_with = "secure")]
+    pub insecure: bool,
+    /// A connection with nothing to read for this long is closed (the client reconnects on its next call).
+    #[arg(long, default_value_t = 360_000)]
+    pub idle_timeout_ms: u64,
+    /// A record begun must arrive whole within this, or the connection is closed.
+    #[arg(long, default_value_t = 30_000)]
+    pub frame_timeout_ms: u64,
+    /// A reply the client does not read within this closes the connection.
+    #[arg(long, default_value_t = 30_000)]
+    pub send_timeout_ms: u64,
     /// Open files kept between READs and WRITEs (each costs one MDS open when first used).
     #[arg(long, default_value_t = 1024)]
     pub open_files_max: usize,
@@ -82,9 +99,21 @@ pub struct NfsArgs {
 /// Runs the gateway; `ready` is told the bound address (the launcher's readiness line).
 pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<()> {
     let cluster = weft_client::ClusterConfig::from_spec(cluster_spec).map_err(anyhow::Error::msg)?;
+    let allow = weft_nfs::parse_allow(&args.allow).map_err(anyhow::Error::msg).context("--allow")?;
+    let secure = match (args.secure, args.insecure) {
+        (true, _) => true,
+        (_, true) => false,
+        _ => !allow.iter().all(|c| c.is_loopback()),
+    };
     let cfg = weft_nfs::GatewayConfig {
         export: args.export.clone(),
-        allow: weft_nfs::parse_allow(&args.allow).map_err(anyhow::Error::msg).context("--allow")?,
+        allow,
+        secure,
+        deadlines: weft_nfs::conn::ConnDeadlines {
+            idle_ms: args.idle_timeout_ms.max(1),
+            frame_ms: args.frame_timeout_ms.max(1),
+            send_ms: args.send_timeout_ms.max(1),
+        },
         root_squash: !args.no_root_squash,
         connections_max: args.connections_max,
         requests_in_flight_max: args.requests_in_flight_max,
@@ -112,6 +141,7 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         export = gw.export_path(),
         allow = %args.allow,
         root_squash = !args.no_root_squash,
+        secure,
         pnfs = gw.pnfs(),
         "NFS gateway serving NFSv3, MOUNT v3 and NFSv4.1; mount with: mount -t nfs -o vers=3,proto=tcp,port={p},mountport={p},nolock {h}:/ /mnt or mount -t nfs -o vers=4.1,port={p} {h}:/ /mnt",
         p = addr.port(),

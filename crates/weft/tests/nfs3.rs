@@ -154,6 +154,23 @@ impl Raw {
         Raw { s: TcpStream::connect(g.addr()).await.unwrap(), xid: 1 }
     }
 
+    /// A connection from `local` (an address on loopback other than 127.0.0.1, or a privileged port).
+    async fn connect_from(g: &NfsGateway, local: std::net::SocketAddr) -> std::io::Result<Raw> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(local)?;
+        let s = socket.connect(g.addr().parse().unwrap()).await?;
+        Ok(Raw { s, xid: 1 })
+    }
+
+    /// Whether the server closed the connection (end of file) within the bound, without a byte more.
+    async fn closed_by_server(&mut self) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(
+            tokio::time::timeout(std::time::Duration::from_secs(60), self.s.read(&mut buf)).await,
+            Ok(Ok(0) | Err(_))
+        )
+    }
+
     async fn send(&mut self, body: &[u8]) {
         self.s.write_all(&rpc::encode_record(body)).await.unwrap();
     }
@@ -733,4 +750,98 @@ async fn a_write_through_the_gateway_drops_set_id_bits() {
         assert_eq!(mode_and_size(&mut raw, &fh).await.0 & 0o7777, after, "{name}: {mode:o} after an UNSTABLE WRITE");
         assert_eq!(client.getattr(ino).await.unwrap().mode & 0o7777, after, "{name}: the MDS agrees");
     }
+}
+
+/// `--secure` (knfsd's `secure`): AUTH_SYS calls only from privileged source ports, which only root may bind, so
+/// an unprivileged process on an allowed host cannot assert someone else's uid. NULL probes are answered anyway.
+/// (Every other test here runs the default for a loopback `--allow`: off.)
+#[tokio::test(flavor = "multi_thread")]
+async fn secure_refuses_auth_sys_from_unprivileged_ports() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test binds a privileged port: run it as root (make test does)");
+    let c = common::start("nfs-secure", 1).await;
+    let opts = NfsOptions { extra_args: vec!["--secure".into()], ..Default::default() };
+    let g = c.start_nfs(&opts).await.unwrap();
+    let mut unprivileged = Raw::connect(&g).await;
+    assert_eq!(unprivileged.accepted(NFS_PROGRAM, 3, 0, &[]).await.0, rpc::SUCCESS, "NULL is answered");
+    let mut a = Writer::new();
+    a.opaque(b"/");
+    let r = unprivileged.call(MOUNT_PROGRAM, 3, 1, &a.buf).await;
+    match rpc::parse_reply(&r).unwrap() {
+        ReplyHead::Denied { reject: 1, rest, .. } => assert_eq!(rest, &rpc::AUTH_TOOWEAK.to_be_bytes()),
+        other => panic!("AUTH_SYS from an unprivileged port was served: {other:?}"),
+    }
+    // From a privileged port (the first free one below 1024), the same calls are served.
+    let mut privileged = None;
+    for port in (600..1024).rev() {
+        if let Ok(raw) = Raw::connect_from(&g, format!("127.0.0.1:{port}").parse().unwrap()).await {
+            privileged = Some(raw);
+            break;
+        }
+    }
+    let mut privileged = privileged.expect("a free privileged port");
+    let root = privileged.mount_root().await;
+    assert_eq!(privileged.getattr(&root).await, NFS3_OK);
+}
+
+/// Connections cannot pin the gateway (issue 31): peers outside `--allow` never hold one of `--connections-max`'s
+/// permits and are answered a few records at most; a connection that sends nothing, or half a record, is closed
+/// at its deadline. Here the allowed client is 127.0.0.2 and the refused flood comes from 127.0.0.1.
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_and_silent_connections_cannot_lock_the_gateway_out() {
+    let c = common::start("nfs-pinned", 1).await;
+    let extra = ["--connections-max", "4", "--idle-timeout-ms", "400", "--frame-timeout-ms", "400"];
+    let opts = NfsOptions {
+        allow: Some("127.0.0.2/32".into()),
+        extra_args: extra.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let g = c.start_nfs(&opts).await.unwrap();
+    let allowed: std::net::SocketAddr = "127.0.0.2:0".parse().unwrap();
+    // Forty silent connections from a refused address, held open.
+    let mut flood = Vec::new();
+    for _ in 0..40 {
+        flood.push(TcpStream::connect(g.addr()).await.unwrap());
+    }
+    // An allowed client is served all the same.
+    let mut ok = Raw::connect_from(&g, allowed).await.unwrap();
+    let served = async {
+        let root = ok.mount_root().await;
+        assert_eq!(ok.getattr(&root).await, NFS3_OK);
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), served).await.expect("refused peers locked it out");
+    // A refused peer gets its NULL probes answered, a few, then is closed. (Once the flood is gone: while
+    // REFUSED_CONNECTIONS_MAX refused connections are open, more are closed at accept.)
+    drop(flood);
+    let null = || rpc::encode_call(9, NFS_PROGRAM, 3, 0, None).buf;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut refused = loop {
+        let mut r = Raw::connect(&g).await;
+        r.send(&null()).await;
+        if r.recv().await.is_some() {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "a refused peer was never answered a NULL");
+    };
+    let mut answered = 1;
+    for _ in 0..weft_nfs::REFUSED_RECORDS_MAX {
+        refused.send(&null()).await;
+        if refused.recv().await.is_none() {
+            break;
+        }
+        answered += 1;
+    }
+    assert_eq!(answered, weft_nfs::REFUSED_RECORDS_MAX, "answered, then closed");
+    // An allowed connection that sends nothing, and one that sends half a record marker, are closed.
+    let mut silent = Raw::connect_from(&g, allowed).await.unwrap();
+    assert!(silent.closed_by_server().await, "an idle connection is closed");
+    let mut half = Raw::connect_from(&g, allowed).await.unwrap();
+    half.s.write_all(&[0x80, 0]).await.unwrap();
+    assert!(half.closed_by_server().await, "a half-sent record is closed");
+    // Allowed clients are still served.
+    let mut again = Raw::connect_from(&g, allowed).await.unwrap();
+    let root = again.mount_root().await;
+    assert_eq!(again.getattr(&root).await, NFS3_OK);
 }

@@ -97,6 +97,8 @@ pub struct DsNfs {
     /// The server's buffer zones, which READs over RPC-over-RDMA read into.
     pub(crate) pool: weft_rpc::BufferPool,
     record: RecordLimits,
+    /// Idle, frame and send deadlines of every connection (the gateway's defaults).
+    deadlines: crate::conn::ConnDeadlines,
     connections: Arc<Semaphore>,
 }
 
@@ -143,6 +145,7 @@ impl DsNfs {
             },
             pool: parts.pool.clone(),
             record: RecordLimits::default(),
+            deadlines: crate::conn::ConnDeadlines::default(),
             connections: Arc::new(Semaphore::new(parts.cfg.nfs_connections_max.max(1) as usize)),
         }
     }
@@ -197,21 +200,34 @@ impl DsNfs {
         let wr = Arc::new(tokio::sync::Mutex::new(wr));
         let inflight = Arc::new(Semaphore::new(REQUESTS_IN_FLIGHT_MAX));
         let stats = Arc::new(ConnStats::default());
+        let d = self.deadlines;
+        let dead = Arc::new(tokio::sync::Notify::new());
         loop {
-            let rec = match rpc::read_record(&mut rd, &self.record).await {
-                Ok(Some(r)) => Bytes::from(r),
-                Ok(None) => break,
-                Err(rpc::RecordError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
-                Err(e) => {
+            use crate::conn::NextRecord;
+            let next = tokio::select! {
+                n = crate::conn::next_record(&mut rd, &self.record, &d) => n,
+                () = dead.notified() => NextRecord::Stalled,
+            };
+            let rec = match next {
+                NextRecord::Record(r) => Bytes::from(r),
+                NextRecord::Closed | NextRecord::Idle => break,
+                NextRecord::Broken(rpc::RecordError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+                NextRecord::Stalled => {
+                    tracing::info!(%peer, "pnfs ds: closing the connection: a record or a reply stalled past its deadline");
+                    break;
+                }
+                NextRecord::Broken(e) => {
                     tracing::warn!(%peer, error = %e, "pnfs ds: closing the connection");
                     break;
                 }
             };
             let permit = inflight.clone().acquire_owned().await.expect("never closed");
-            let (ds, wr, stats) = (self.clone(), wr.clone(), stats.clone());
+            let (ds, wr, stats, dead) = (self.clone(), wr.clone(), stats.clone(), dead.clone());
             tokio::spawn(async move {
-                if let Some(reply) = ds.handle(&rec, peer, &stats).await {
-                    let _ = rpc::write_reply(&mut *wr.lock().await, &reply).await;
+                if let Some(reply) = ds.handle(&rec, peer, &stats).await
+                    && !crate::conn::send_reply(&wr, &reply, &d).await
+                {
+                    dead.notify_one();
                 }
                 drop(permit);
             });
