@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let key = CapabilityKey::derive(&Key::from_bytes([0x42; 32]));
     // Half the inputs are sealed first, so the checks past the MAC are reached too.
     if seal_first & 1 == 1
-        && let Ok(sealed) = key.seal(cap.ino, cap.rights, cap.expiry_ms, &cap.key_id, cap.session)
+        && let Ok(sealed) = key.seal(cap.ino, cap.rights, cap.expiry_ms, &cap.key_id, cap.session, cap.data_version)
     {
         cap = sealed;
     }
@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
         skew_ms: 0,
     };
     if key.check(&cap, &demand).is_ok() {
-        let resealed = key.seal(cap.ino, cap.rights, cap.expiry_ms, &cap.key_id, cap.session).expect("it sealed");
+        let resealed = key.seal(cap.ino, cap.rights, cap.expiry_ms, &cap.key_id, cap.session, cap.data_version).expect("it sealed");
         assert_eq!(resealed, cap, "an accepted capability is the sealed one");
         let mut flipped = cap.clone();
         flipped.mac[usize::from(seal_first) % flipped.mac.len()] ^= 0x80;
