@@ -64,6 +64,10 @@ pub struct MetaConfig {
     pub slots_max: u32,
     #[serde(default = "default_sessions_max")]
     pub sessions_max: u32,
+    /// Most sessions one per-client key holds at once (the cluster key is not counted), so one client cannot fill
+    /// the table for everyone; past it a new session is refused (`Busy`) with a log line naming the key.
+    #[serde(default = "default_sessions_per_key_max")]
+    pub sessions_per_key_max: u32,
     /// How often removed files' objects are collected from the data servers.
     #[serde(default = "default_gc_interval_ms")]
     pub gc_interval_ms: u64,
@@ -231,6 +235,9 @@ fn default_slots_max() -> u32 {
 }
 fn default_sessions_max() -> u32 {
     4096
+}
+fn default_sessions_per_key_max() -> u32 {
+    256
 }
 fn default_rebuild_after_ms() -> u64 {
     crate::membership::DEFAULT_REBUILD_AFTER_MS

@@ -95,6 +95,7 @@ pub async fn run_with(
         limits: FrameLimits { body_bytes_max: 1 << 20, data_bytes_max: 0 },
         slots_max: cfg.slots_max,
         sessions_max: cfg.sessions_max,
+        sessions_per_key_max: cfg.sessions_per_key_max,
         pool_buffers: 1,
         auth: ring,
         ..ServerConfig::default()

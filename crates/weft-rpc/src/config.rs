@@ -70,6 +70,9 @@ pub struct ServerConfig {
     pub slots_max: u32,
     /// Most sessions held at once; idle ones are evicted to make room, otherwise new sessions are refused.
     pub sessions_max: u32,
+    /// Most sessions one per-client key holds at once (the cluster key, held by the cluster's servers and trusted
+    /// hosts, is not counted): one client cannot fill the table for everyone.
+    pub sessions_per_key_max: u32,
     /// A session unused this long may be evicted.
     pub session_idle_ms: u64,
     /// Buffers in the server's pool made by [`crate::RpcServer::new`] (each `limits.data_bytes_max` bytes, one zone
@@ -108,6 +111,7 @@ impl Default for ServerConfig {
             limits: FrameLimits { body_bytes_max: 1 << 20, data_bytes_max: 2 << 20 },
             slots_max: 64,
             sessions_max: 1024,
+            sessions_per_key_max: 256,
             session_idle_ms: 300_000,
             pool_buffers: 32,
             shm_addr: None,

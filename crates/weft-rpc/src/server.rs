@@ -225,7 +225,10 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
     pub fn with_pool(mut cfg: ServerConfig, service: Arc<S>, pool: BufferPool) -> Arc<Self> {
         // A payload is read into one buffer: never accept one larger than the largest class.
         cfg.limits.data_bytes_max = cfg.limits.data_bytes_max.min(u32::try_from(pool.buf_bytes()).unwrap_or(u32::MAX));
-        let sessions = Arc::new(SessionTable::new(cfg.slots_max, cfg.sessions_max, cfg.session_idle_ms));
+        let sessions = Arc::new(
+            SessionTable::new(cfg.slots_max, cfg.sessions_max, cfg.session_idle_ms)
+                .with_per_key_max(cfg.sessions_per_key_max),
+        );
         let connections = ConnTable::new(cfg.connections_max, cfg.connections_per_peer_max);
         let metrics = cfg.metrics.as_ref().map(|m| ServerMetrics::new(m, &sessions, &connections, &pool));
         Arc::new(RpcServer {

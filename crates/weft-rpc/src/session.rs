@@ -67,6 +67,8 @@ pub struct SessionTable {
     inner: Mutex<Tables>,
     slots_max: u32,
     sessions_max: u32,
+    /// Sessions one per-client key may hold (the cluster key is not counted).
+    per_key_max: u32,
     idle_ms: u64,
 }
 
@@ -80,7 +82,36 @@ fn not_bound(id: u64) -> WireError {
 
 impl SessionTable {
     pub fn new(slots_max: u32, sessions_max: u32, idle_ms: u64) -> SessionTable {
-        SessionTable { inner: Mutex::new(Tables { sessions: HashMap::new() }), slots_max, sessions_max, idle_ms }
+        let per_key_max = sessions_max;
+        SessionTable {
+            inner: Mutex::new(Tables { sessions: HashMap::new() }),
+            slots_max,
+            sessions_max,
+            per_key_max,
+            idle_ms,
+        }
+    }
+
+    /// At most `n` sessions per per-client key (default: the whole table).
+    pub fn with_per_key_max(mut self, n: u32) -> SessionTable {
+        self.per_key_max = n.max(1);
+        self
+    }
+
+    /// Refuses a session of `owner`'s key when that key already holds its quota (the cluster key has none).
+    fn check_key_quota(&self, t: &Tables, owner: &Option<Binding>) -> Result<(), WireError> {
+        let Some(key) = owner.as_ref().map(|o| &o.key_id).filter(|k| &***k != crate::auth::CLUSTER_KEY_ID) else {
+            return Ok(());
+        };
+        let held = t.sessions.values().filter(|s| s.owner.as_ref().is_some_and(|o| o.key_id == *key)).count();
+        if held >= self.per_key_max as usize {
+            tracing::warn!(key = %key, held, "session refused: the key holds its quota (sessions_per_key_max)");
+            return Err(WireError::new(
+                ErrorCode::Busy,
+                format!("key {key:?} holds {held} sessions, its quota (sessions_per_key_max): end some first"),
+            ));
+        }
+        Ok(())
     }
 
     /// Creates a session; returns its id and the slots granted. `owner` makes the binding from the new id (`None`:
@@ -93,6 +124,13 @@ impl SessionTable {
     ) -> Result<(u64, u32), WireError> {
         let slots = slots.clamp(1, self.slots_max);
         let mut t = self.inner.lock().expect("session table");
+        let mut id = crate::auth::random_id();
+        while t.sessions.contains_key(&id) {
+            id = crate::auth::random_id();
+        }
+        let owner = owner(id)?;
+        // Before any eviction: a key over its quota must not push others' idle sessions out.
+        self.check_key_quota(&t, &owner)?;
         if t.sessions.len() >= self.sessions_max as usize {
             let now = Instant::now();
             let idle_ms = self.idle_ms;
@@ -112,11 +150,6 @@ impl SessionTable {
                 ));
             }
         }
-        let mut id = crate::auth::random_id();
-        while t.sessions.contains_key(&id) {
-            id = crate::auth::random_id();
-        }
-        let owner = owner(id)?;
         let slots_v = (0..slots).map(|_| Slot { seq: 0, state: SlotState::Fresh }).collect();
         let session =
             Session { client_name: client_name.to_string(), owner, slots: slots_v, last_used: Instant::now() };
@@ -279,6 +312,26 @@ mod tests {
         // With a zero idle limit the idle session is evicted to make room.
         assert!(t.create("b", 1, |_| Ok(None)).is_ok());
         assert_eq!(t.len(), 1);
+    }
+
+    /// One per-client key cannot fill the table for everyone (issue 31): past its quota it is refused, naming
+    /// the key, before any idle session of others is evicted for it; other keys and the cluster key go on.
+    #[test]
+    fn a_per_client_key_holds_at_most_its_quota() {
+        let t = SessionTable::new(1, 8, 0).with_per_key_max(3);
+        let as_key = |key: &'static str| move |_| Ok(Some(Binding { conn: 1, key_id: key.into(), secret: [0; 32] }));
+        for _ in 0..3 {
+            t.create("m", 1, as_key("mallory")).unwrap();
+        }
+        let e = t.create("m", 1, as_key("mallory")).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Busy);
+        assert!(e.message.contains("mallory") && e.message.contains("sessions_per_key_max"), "{}", e.message);
+        assert_eq!(t.len(), 3, "nothing evicted for the refused one");
+        t.create("a", 1, as_key("alice")).unwrap();
+        for _ in 0..4 {
+            t.create("s", 1, as_key("cluster")).unwrap();
+        }
+        assert_eq!(t.len(), 8);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //!   through the native client library (`--json` on every listing and status command).
 //! - `weft bench ...`: benchmarks (see `weft-bench`).
 
+mod bank_key;
 mod commands;
 mod human;
 mod meta_cmds;
@@ -652,6 +653,18 @@ enum KeyCmd {
         #[command(flatten)]
         out: JsonArg,
     },
+    /// Rotate the cache bank's key: raises `key_generation` in the [cache] table of every config named (one new
+    /// number for all), so each role seals and opens bank items under a new key once restarted. Items sealed
+    /// under the old key become misses (a cold bank for a while, never a wrong byte). Name every config with a
+    /// [cache] table: cluster.toml (clients, gateways), meta.toml, each dataN.toml; then restart those roles.
+    Rotate {
+        /// Rotate the bank key (the only key rotated here: a new cluster key is `weft key new` on every machine).
+        #[arg(long, required = true)]
+        bank: bool,
+        /// The configs to edit (each must have a [cache] table; none is written unless all are valid).
+        #[arg(required = true)]
+        configs: Vec<PathBuf>,
+    },
     /// Remove a client's key: new connections with it are refused (open ones keep working until they close).
     Remove {
         name: String,
@@ -808,6 +821,16 @@ async fn run(cmd: Cmd) -> Result<()> {
         }
         Cmd::Key { cmd: KeyCmd::List { keyring, out } } => c::key_list(&keyring, out.json),
         Cmd::Key { cmd: KeyCmd::Remove { name, keyring } } => c::key_remove(&name, &keyring),
+        Cmd::Key { cmd: KeyCmd::Rotate { bank: _, configs } } => {
+            let generation = bank_key::rotate(&configs)?;
+            let names: Vec<String> = configs.iter().map(|p| p.display().to_string()).collect();
+            println!(
+                "bank key generation {generation} written to {}; restart those roles: until then each seals under its \
+                 old generation, and items of another generation are misses",
+                names.join(", ")
+            );
+            Ok(())
+        }
         Cmd::Mount { c, dir, opts, daemon, log } => {
             if daemon {
                 c::mount_daemon(c.spec(), &dir, &opts, log).await

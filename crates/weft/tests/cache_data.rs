@@ -610,3 +610,40 @@ async fn a_reader_cannot_name_what_a_data_server_fills() {
         assert_eq!(bank.get(&key(claimed, server)).await, None, "nothing under the version the reader claimed");
     }
 }
+
+/// `weft key rotate --bank` (issue 31): one new `key_generation` in every config named. A data server restarted on
+/// its rotated config fills under the new bank key; a client of the rotated `cluster.toml` refuses what the old
+/// key sealed and reads the new fills; a client still on the old generation refuses those. Every read returns the
+/// file's own bytes.
+#[tokio::test]
+async fn rotating_the_bank_key_turns_old_items_into_misses() {
+    let mut cl = start_bank_cluster("cache-rotate", 1, 1).await;
+    let data = pattern(5, 0, 4 * BLOCK);
+    let writer = client_with(&cl, None).await;
+    write_file(&writer, "/f", &data).await;
+    let old = client_with(&cl, Some(bank_config(&cl, false))).await;
+    let old_bank = old.bank().unwrap().clone();
+    let f = old.open("/f", OpenMode::Read).await.unwrap();
+    let ks = keys(&f, f.data_version(), 4);
+    read_until_cached(&f, &data, &old_bank, &ks).await;
+
+    let configs = [cl.cluster_file(), cl.dir().join("config/meta.toml"), cl.dir().join("config/data0.toml")];
+    let out =
+        std::process::Command::new(common::WEFT).args(["key", "rotate", "--bank"]).args(&configs).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("generation 1"));
+    let rotated = ClusterConfig::from_spec(&cl.cluster_file().to_string_lossy()).unwrap().cache.unwrap();
+    assert_eq!(rotated.key_generation, 1, "cluster.toml carries the new generation");
+    cl.restart_data_server(0).await.unwrap();
+
+    let new = client_with(&cl, Some(CacheConfig { key_generation: 1, ..bank_config(&cl, false) })).await;
+    let new_bank = new.bank().unwrap().clone();
+    assert!(new_bank.get_many(&ks).await.iter().all(Option::is_none), "the old key's items are misses");
+    assert_eq!(new_bank.stats().refused_items, 4, "seen and refused: {:?}", new_bank.stats());
+    let g = new.open("/f", OpenMode::Read).await.unwrap();
+    read_until_cached(&g, &data, &new_bank, &ks).await;
+    let refused = old_bank.stats().refused_items;
+    assert!(old_bank.get_many(&ks).await.iter().all(Option::is_none), "the new key's items are misses to the old");
+    assert_eq!(old_bank.stats().refused_items, refused + 4);
+    assert_eq!(read_all(&f).await, data, "the old client still reads the file's bytes");
+}

@@ -234,17 +234,20 @@ struct V4 {
     clientid: u64,
     /// CREATE_SESSION's `csa_flags` (`session`), and the flags answered.
     cs_flags: u32,
+    /// The AUTH_SYS uid (and gid) of every call.
+    uid: u32,
 }
 
 impl V4 {
     async fn connect(addr: &str) -> V4 {
-        V4 { s: TcpStream::connect(addr).await.unwrap(), xid: 0, sid: [0; 16], seqid: 0, clientid: 0, cs_flags: 0 }
+        let s = TcpStream::connect(addr).await.unwrap();
+        V4 { s, xid: 0, sid: [0; 16], seqid: 0, clientid: 0, cs_flags: 0, uid: UID }
     }
 
     /// One RPC with raw COMPOUND arguments; the accepted reply's body.
     async fn rpc(&mut self, vers: u32, proc_: u32, args: &[u8]) -> (u32, Vec<u8>) {
         self.xid += 1;
-        let mut w = rpc::encode_call(self.xid, NFS_PROGRAM, vers, proc_, Some((UID, UID, &[])));
+        let mut w = rpc::encode_call(self.xid, NFS_PROGRAM, vers, proc_, Some((self.uid, self.uid, &[])));
         w.buf.extend_from_slice(args);
         self.s.write_all(&rpc::encode_record(&w.buf)).await.unwrap();
         let r = rpc::read_record(&mut self.s, &RecordLimits::default()).await.unwrap().expect("a reply");
@@ -1561,4 +1564,68 @@ async fn v41_pnfs_layouts_are_recalled_over_the_back_channel() {
     res.ok(OP_BIND_CONN_TO_SESSION);
     assert_eq!(res.with(|r| (r.fixed(16).unwrap().to_vec(), r.u32().unwrap())), (v.sid.to_vec(), CDFS4_BOTH));
     assert_eq!(seq_flags(&mut v).await, 0, "the back channel is up again");
+}
+
+/// NFSv4.1 state belongs to its principal (issue 31; RFC 8881 §2.4, §18.35.5). Another uid presenting a live
+/// client's owner string with a new verifier (what a rebooted client sends) gets NFS4ERR_CLID_INUSE instead of
+/// dropping that client's state and locks; it cannot destroy the client's session, bind a connection to it (and
+/// so take its callbacks), or destroy the client; the client's session and lock live on. Client ids do not step
+/// by one: the next client's id says nothing about another's.
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_state_is_bound_to_its_principal() {
+    let c = common::start("nfs4-principal", 1).await;
+    io_dir(&c).await;
+    let g = gateway(&c).await;
+    let mut victim = V4::connect(g.addr()).await;
+    victim.session(b"victim", true).await;
+    let args = victim.seq_args(|o| {
+        o.putrootfh().lookup("io").open(b"vo", "locked", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
+    });
+    let mut res = victim.send(&args).await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let open = res.open();
+    let fh = res.fh();
+    let mut res = victim
+        .on_fh(&fh, |o| {
+            o.lock_new(WRITE_LT, 0, 100, &open, b"vl");
+        })
+        .await;
+    res.ok(OP_LOCK);
+
+    let mut mallory = V4::connect(g.addr()).await;
+    mallory.uid = UID + 1;
+    let mut ops = Ops::default();
+    ops.op(OP_EXCHANGE_ID).fixed(&[8; 8]).opaque(b"victim").u32(0).u32(0).u32(0);
+    assert_eq!(mallory.send(&V4::args(1, &ops)).await.status, NFS4ERR_CLID_INUSE, "the owner string is taken");
+    let mut ops = Ops::default();
+    ops.op(OP_DESTROY_SESSION).fixed(&victim.sid);
+    assert_eq!(mallory.send(&V4::args(1, &ops)).await.status, NFS4ERR_WRONG_CRED, "DESTROY_SESSION");
+    let mut ops = Ops::default();
+    ops.op(OP_BIND_CONN_TO_SESSION).fixed(&victim.sid).u32(2).bool(false);
+    assert_eq!(mallory.send(&V4::args(1, &ops)).await.status, NFS4ERR_WRONG_CRED, "BIND_CONN_TO_SESSION");
+    let mut ops = Ops::default();
+    ops.op(OP_DESTROY_CLIENTID).u64(victim.clientid);
+    assert_eq!(mallory.send(&V4::args(1, &ops)).await.status, NFS4ERR_WRONG_CRED, "DESTROY_CLIENTID");
+
+    // The victim's session and lock live on: its SEQUENCE works, and another client's LOCK inside it is DENIED.
+    let mut res = victim.seq(|_| {}).await;
+    res.seq();
+    mallory.session(b"mallory", true).await;
+    assert_ne!(mallory.clientid as u32, (victim.clientid as u32).wrapping_add(1), "ids step by one");
+    let args = mallory.seq_args(|o| {
+        o.putrootfh().lookup("io").open(b"mo", "locked", OPEN4_SHARE_ACCESS_READ, 0, false).getfh();
+    });
+    let mut res = mallory.send(&args).await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    let theirs = res.open();
+    let mut res = mallory
+        .on_fh(&fh, |o| {
+            o.lock_new(READ_LT, 50, 10, &theirs, b"ml");
+        })
+        .await;
+    assert_eq!(res.op(OP_LOCK), NFS4ERR_DENIED, "the victim's lock is still held");
 }

@@ -124,7 +124,9 @@ pub async fn call(ds: &DsNfs, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, st
                     }
                 }
                 op if shared::sessionless(&op) => {
-                    let (s, w, _) = session_ops::run_on(&ds.nfs4, op, EXCHGID4_FLAG_USE_PNFS_DS, &mut cx.session, None);
+                    let principal = crate::nfs4::state::Principal::of(&call.auth);
+                    let role = EXCHGID4_FLAG_USE_PNFS_DS;
+                    let (s, w, _) = session_ops::run_on(&ds.nfs4, op, role, principal, &mut cx.session, None);
                     (s, w)
                 }
                 op => run(ds, &mut cx, op, rec, peer, stats).await,

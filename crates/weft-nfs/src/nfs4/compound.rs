@@ -35,6 +35,8 @@ pub struct Ctx<'g> {
     pub reply_bytes: usize,
     /// The transport the call came on (GETDEVICEINFO answers data-server addresses of the same kind).
     pub transport: crate::Transport,
+    /// Who the call's credential names (the client-level ops check it: [`super::state::Principal`]).
+    pub principal: super::state::Principal,
 }
 
 impl Ctx<'_> {
@@ -253,6 +255,7 @@ pub async fn call(
         conn,
         reply_bytes: HEAD_BYTES + tag.len().div_ceil(4) * 4,
         transport: call.transport,
+        principal: super::state::Principal::of(&call.auth),
     };
     let head = cx.reply_bytes;
     let mut results = Writer::new();

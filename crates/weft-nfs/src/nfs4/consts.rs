@@ -51,6 +51,10 @@ pub const OP_ILLEGAL: u32 = 10044;
 
 pub const NFS4_OK: u32 = 0;
 pub const NFS4ERR_PERM: u32 = 1;
+/// A client owner in use by a live client of another principal (RFC 8881 §18.35.5).
+pub const NFS4ERR_CLID_INUSE: u32 = 10017;
+/// A client-level op from a principal other than the client's (RFC 8881 §15.1.1.6).
+pub const NFS4ERR_WRONG_CRED: u32 = 10082;
 pub const NFS4ERR_NOENT: u32 = 2;
 pub const NFS4ERR_IO: u32 = 5;
 pub const NFS4ERR_ACCESS: u32 = 13;

@@ -59,12 +59,24 @@ pub struct Server {
     channels: Mutex<callback::Channels>,
 }
 
+/// `state` drawing its client and session ids under a secret of this start ([`State::with_id_secret`]). Without
+/// a random source (never seen) the ids are counted, which only makes them guessable, and the log says so.
+fn unguessable(state: State) -> State {
+    match weft_rpc::auth::random_bytes() {
+        Ok(secret) => state.with_id_secret(&secret),
+        Err(e) => {
+            tracing::error!(error = %e, "no random source: NFSv4.1 client and session ids are counted, not drawn");
+            state
+        }
+    }
+}
+
 impl Server {
     pub fn new(cfg: StateConfig, epoch: u32, export_id: u32, owner_key: OwnerKey) -> Server {
         Server {
             adoption: Mutex::new(Adoption::default()),
             channels: Mutex::new(callback::Channels::new(cfg.callbacks_max)),
-            state: Mutex::new(State::new(cfg, epoch, 0).with_owner_key(owner_key)),
+            state: Mutex::new(unguessable(State::new(cfg, epoch, 0).with_owner_key(owner_key))),
             started: Instant::now(),
             epoch,
             major_id: format!("weft-gw-{epoch:08x}").into_bytes(),
@@ -80,7 +92,7 @@ impl Server {
         Server {
             adoption: Mutex::new(Adoption::default()),
             channels: Mutex::new(callback::Channels::new(cfg.callbacks_max)),
-            state: Mutex::new(State::new(cfg, epoch, 0)),
+            state: Mutex::new(unguessable(State::new(cfg, epoch, 0))),
             started: Instant::now(),
             epoch,
             major_id: format!("weft-ds-{server_id}-{epoch:08x}").into_bytes(),

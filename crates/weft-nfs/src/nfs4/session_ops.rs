@@ -34,13 +34,14 @@ async fn release(cx: &Ctx<'_>, owners: Vec<u64>) {
 pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
     // A metadata server only while layouts are served (`--pnfs`); never both (RFC 8881 §13.1).
     let role = if cx.gw.pnfs { EXCHGID4_FLAG_USE_PNFS_MDS } else { EXCHGID4_FLAG_USE_NON_PNFS };
-    let (st, w, released) = run_on(&cx.gw.nfs4, op, role, &mut cx.session, cx.conn.clone());
+    let (st, w, released) = run_on(&cx.gw.nfs4, op, role, cx.principal, &mut cx.session, cx.conn.clone());
     release(cx, released).await;
     (st, w)
 }
 
 /// The session-less ops on `nfs4`'s state, for the gateway and the pNFS data server alike: `role` is the
 /// EXCHANGE_ID flag naming what the server is (`EXCHGID4_FLAG_USE_NON_PNFS`, `_USE_PNFS_MDS`, `_USE_PNFS_DS`).
+/// `principal`: who the call's credential names; a client's record, sessions and back channels are its maker's.
 /// `own_session` is the compound's session, forgotten when the compound destroys it. Returns the status, the
 /// result body and the MDS lock owners of the client state it dropped (for the gateway to release). `conn`: the
 /// TCP connection the call came on, which can carry callbacks (`None`: RDMA, or a data server, which calls nobody
@@ -49,6 +50,7 @@ pub(crate) fn run_on(
     nfs4: &super::Server,
     op: Op<'_>,
     role: u32,
+    principal: super::state::Principal,
     own_session: &mut Option<([u8; 16], u32)>,
     conn: Option<Arc<BackConn>>,
 ) -> (u32, Writer, Vec<u64>) {
@@ -57,7 +59,7 @@ pub(crate) fn run_on(
     let mut released = Vec::new();
     let st = match op {
         Op::ExchangeId { verifier, owner, flags: _ } => {
-            let r = nfs4.state().exchange_id(owner, verifier, now);
+            let r = nfs4.state().exchange_id(owner, verifier, principal, now);
             match r {
                 Ok((ex, dropped)) => {
                     released = dropped;
@@ -76,7 +78,7 @@ pub(crate) fn run_on(
             }
         }
         Op::CreateSession { clientid, seq, flags, fore, back, cb_program, cb_sec } => {
-            let r = nfs4.state().create_session(clientid, seq, fore, now);
+            let r = nfs4.state().create_session(clientid, seq, fore, principal, now);
             match r {
                 Ok(cs) => {
                     // The call's connection carries callbacks too when the client asks (and it is TCP).
@@ -93,7 +95,7 @@ pub(crate) fn run_on(
                 Err(s) => s,
             }
         }
-        Op::DestroySession(sid) => match nfs4.state().destroy_session(&sid) {
+        Op::DestroySession(sid) => match nfs4.state().destroy_session(&sid, principal) {
             Ok(()) => {
                 nfs4.channels().retain(|s| *s != sid);
                 // Destroying the compound's own session: its reply is not cached anywhere.
@@ -105,7 +107,7 @@ pub(crate) fn run_on(
             Err(s) => s,
         },
         Op::DestroyClientid(id) => {
-            let r = nfs4.state().destroy_clientid(id);
+            let r = nfs4.state().destroy_clientid(id, principal);
             match r {
                 Ok(owners) => {
                     released = owners;
@@ -115,7 +117,10 @@ pub(crate) fn run_on(
             }
         }
         Op::BindConn { sessionid, dir } => {
-            if nfs4.state().session_attrs(&sessionid).is_some() {
+            let mine = nfs4.state().session_principal_is(&sessionid, principal);
+            if let Err(refused) = mine {
+                refused
+            } else {
                 let back =
                     matches!(dir, callback::CDFC4_BACK | callback::CDFC4_FORE_OR_BOTH | callback::CDFC4_BACK_OR_BOTH);
                 let granted =
@@ -135,8 +140,6 @@ pub(crate) fn run_on(
                     w.fixed(&sessionid).u32(granted).bool(false); // no RDMA mode
                     NFS4_OK
                 }
-            } else {
-                NFS4ERR_BADSESSION
             }
         }
         _ => NFS4ERR_SERVERFAULT,

@@ -13,6 +13,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use ring::hmac;
+
 use super::consts::*;
 use super::layout::{DeviceId, IOMODE_RW};
 use crate::restart::OwnerKey;
@@ -151,9 +153,58 @@ struct Session {
     fore: ChannelAttrs,
 }
 
+/// Who a client is at the RPC layer (RFC 8881 §2.4): the credential's flavor and, for AUTH_SYS, its uid and gid as
+/// sent (before any root squash). A client record belongs to the principal whose EXCHANGE_ID made it: another
+/// principal can neither take its owner string while its lease lives nor create, destroy or bind its sessions, nor
+/// destroy it. (Every user's ops ride on the client's sessions: SEQUENCE itself is not bound.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Principal {
+    pub flavor: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Principal {
+    /// The principal of an RPC credential.
+    pub fn of(auth: &crate::rpc::Auth) -> Principal {
+        match auth {
+            crate::rpc::Auth::None => Principal { flavor: crate::rpc::AUTH_NONE, uid: 0, gid: 0 },
+            crate::rpc::Auth::Sys { uid, gid, .. } => Principal { flavor: crate::rpc::AUTH_SYS, uid: *uid, gid: *gid },
+        }
+    }
+}
+
+/// Client and session ids no one can guess from those they saw: the first bytes of HMAC-SHA256(secret, label ‖
+/// counter), the secret drawn at each start ([`State::with_id_secret`]); without one (unit tests) the counter.
+#[derive(Default)]
+struct Ids {
+    key: Option<hmac::Key>,
+    counter: u64,
+}
+
+impl std::fmt::Debug for Ids {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ids").field("keyed", &self.key.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl Ids {
+    fn next(&mut self, label: &[u8]) -> [u8; 8] {
+        self.counter += 1;
+        // Unkeyed: the counter's low half first, so a clientid (the first 4 bytes) counts 1, 2, 3 …
+        let Some(key) = &self.key else { return self.counter.rotate_left(32).to_be_bytes() };
+        let mut ctx = hmac::Context::with_key(key);
+        ctx.update(label);
+        ctx.update(&self.counter.to_be_bytes());
+        let tag = ctx.sign();
+        tag.as_ref()[..8].try_into().expect("8 of 32 bytes")
+    }
+}
+
 #[derive(Debug)]
 struct ClientRec {
     owner: Vec<u8>,
+    principal: Principal,
     verifier: [u8; 8],
     confirmed: bool,
     /// The last CREATE_SESSION sequence id processed, and its reply.
@@ -228,6 +279,7 @@ pub struct State {
     devices: Devices,
     /// What each file with layouts out looked like when last handed out or checked (the periodic check).
     watched: HashMap<u64, Watched>,
+    ids: Ids,
 }
 
 /// What a layout of a file depends on (docs/format.md §24, the periodic check).
@@ -271,7 +323,42 @@ impl State {
             layouts: HashMap::new(),
             devices: Devices::default(),
             watched: HashMap::new(),
+            ids: Ids::default(),
         }
+    }
+
+    /// Client and session ids drawn under `secret` (fresh random bytes at each start), so a client cannot guess
+    /// another's from its own.
+    pub fn with_id_secret(mut self, secret: &[u8; 32]) -> State {
+        self.ids.key = Some(hmac::Key::new(hmac::HMAC_SHA256, secret));
+        self
+    }
+
+    /// A new clientid: this start's epoch, then 32 unguessable bits not in use.
+    fn new_clientid(&mut self) -> u64 {
+        loop {
+            let low = u32::from_be_bytes(self.ids.next(b"client")[..4].try_into().expect("4 bytes"));
+            let id = (self.epoch as u64) << 32 | low as u64;
+            if low != 0 && !self.clients.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// The client a principal may act on: known, and `principal`'s (else NFS4ERR_WRONG_CRED).
+    fn client_of(&self, clientid: u64, principal: Principal) -> R<&ClientRec> {
+        self.clientid_known(clientid)?;
+        let c = &self.clients[&clientid];
+        if c.principal != principal {
+            return Err(NFS4ERR_WRONG_CRED);
+        }
+        Ok(c)
+    }
+
+    /// Whether `principal` made the client of session `sessionid` (BIND_CONN_TO_SESSION's check).
+    pub fn session_principal_is(&self, sessionid: &[u8; 16], principal: Principal) -> R<()> {
+        let s = self.sessions.get(sessionid).ok_or(NFS4ERR_BADSESSION)?;
+        self.client_of(s.clientid, principal).map(|_| ())
     }
 
     /// The key MDS lock-owner ids are made with (docs/format.md §22): the gateway's, so they are the same in
@@ -338,14 +425,26 @@ impl State {
     }
 
     /// EXCHANGE_ID (RFC 8881 §18.35.5, the cases a client without state protection meets): a known owner with
-    /// the same verifier keeps its clientid; a new verifier (the client rebooted) drops the old state (its lock
-    /// owners are returned with the result, for the MDS).
-    pub fn exchange_id(&mut self, owner: &[u8], verifier: [u8; 8], now_ms: u64) -> R<(Exchanged, Vec<u64>)> {
+    /// the same verifier and principal keeps its clientid; a new verifier (the client rebooted) drops the old
+    /// state (its lock owners are returned with the result, for the MDS). Another principal's EXCHANGE_ID of a
+    /// live client's owner is NFS4ERR_CLID_INUSE: it can neither take that client's state nor drop it; once the
+    /// lease has run out the owner string is free again.
+    pub fn exchange_id(
+        &mut self,
+        owner: &[u8],
+        verifier: [u8; 8],
+        principal: Principal,
+        now_ms: u64,
+    ) -> R<(Exchanged, Vec<u64>)> {
         let existing = self.clients.iter().find(|(_, c)| c.owner == owner).map(|(k, _)| *k);
         let mut released = Vec::new();
         if let Some(id) = existing {
+            let lease_ms = self.cfg.lease_ms;
             let c = self.clients.get_mut(&id).expect("found");
-            if c.verifier == verifier {
+            if c.principal != principal && now_ms.saturating_sub(c.renewed_ms) < lease_ms {
+                return Err(NFS4ERR_CLID_INUSE);
+            }
+            if c.verifier == verifier && c.principal == principal {
                 c.renewed_ms = now_ms;
                 return Ok((
                     Exchanged { clientid: id, seq: c.cs_seq.wrapping_add(1), confirmed: c.confirmed },
@@ -357,11 +456,12 @@ impl State {
         if self.clients.len() >= self.cfg.clients_max {
             return Err(NFS4ERR_RESOURCE);
         }
-        let clientid = (self.epoch as u64) << 32 | self.next_index() as u64;
+        let clientid = self.new_clientid();
         self.clients.insert(
             clientid,
             ClientRec {
                 owner: owner.to_vec(),
+                principal,
                 verifier,
                 confirmed: false,
                 cs_seq: 0,
@@ -376,8 +476,17 @@ impl State {
 
     /// CREATE_SESSION (§18.36.4): `seq` one past the last is new, equal to it a replay (the cached answer),
     /// anything else SEQ_MISORDERED. The fore channel gets the smaller of what the client asks and our bounds.
-    pub fn create_session(&mut self, clientid: u64, seq: u32, asked: ChannelAttrs, now_ms: u64) -> R<CreatedSession> {
-        self.clientid_known(clientid)?;
+    /// Only the client's own principal creates its sessions (NFS4ERR_CLID_INUSE otherwise, as §18.36.4 says).
+    pub fn create_session(
+        &mut self,
+        clientid: u64,
+        seq: u32,
+        asked: ChannelAttrs,
+        principal: Principal,
+        now_ms: u64,
+    ) -> R<CreatedSession> {
+        self.client_of(clientid, principal)
+            .map_err(|e| if e == NFS4ERR_WRONG_CRED { NFS4ERR_CLID_INUSE } else { e })?;
         let full = self.sessions.len() >= self.cfg.sessions_max;
         let c = self.clients.get_mut(&clientid).expect("known");
         if seq == c.cs_seq
@@ -403,12 +512,9 @@ impl State {
             ops_max: asked.ops_max.min(self.cfg.ops_max),
             slots_max: asked.slots_max.min(self.cfg.slots_max),
         };
-        let n = self.next;
-        self.next = self.next.wrapping_add(1);
         let mut sessionid = [0u8; 16];
         sessionid[..8].copy_from_slice(&clientid.to_be_bytes());
-        sessionid[8..12].copy_from_slice(&self.epoch.to_be_bytes());
-        sessionid[12..].copy_from_slice(&n.to_be_bytes());
+        sessionid[8..].copy_from_slice(&self.ids.next(b"session"));
         let created = CreatedSession { sessionid, seq, fore };
         c.cs_seq = seq;
         c.cs_reply = Some((seq, created));
@@ -476,8 +582,9 @@ impl State {
         }
     }
 
-    /// DESTROY_SESSION.
-    pub fn destroy_session(&mut self, sessionid: &[u8; 16]) -> R<()> {
+    /// DESTROY_SESSION, by the session's client's principal only (NFS4ERR_WRONG_CRED otherwise).
+    pub fn destroy_session(&mut self, sessionid: &[u8; 16], principal: Principal) -> R<()> {
+        self.session_principal_is(sessionid, principal)?;
         let s = self.sessions.remove(sessionid).ok_or(NFS4ERR_BADSESSION)?;
         if let Some(c) = self.clients.get_mut(&s.clientid) {
             c.sessions.retain(|x| x != sessionid);
@@ -485,10 +592,10 @@ impl State {
         Ok(())
     }
 
-    /// DESTROY_CLIENTID: only a client without sessions (CLIENTID_BUSY otherwise); returns its lock owners.
-    pub fn destroy_clientid(&mut self, clientid: u64) -> R<Vec<u64>> {
-        self.clientid_known(clientid)?;
-        if !self.clients[&clientid].sessions.is_empty() {
+    /// DESTROY_CLIENTID: by its principal only (WRONG_CRED), and only a client without sessions (CLIENTID_BUSY
+    /// otherwise); returns its lock owners.
+    pub fn destroy_clientid(&mut self, clientid: u64, principal: Principal) -> R<Vec<u64>> {
+        if !self.client_of(clientid, principal)?.sessions.is_empty() {
             return Err(NFS4ERR_CLIENTID_BUSY);
         }
         Ok(self.drop_client(clientid))
@@ -1036,36 +1143,80 @@ mod tests {
         }
     }
 
+    /// The principal every test client uses (a Linux client's machine credential: AUTH_SYS root).
+    const P: Principal = Principal { flavor: 1, uid: 0, gid: 0 };
+
     fn cfg() -> StateConfig {
         StateConfig { lease_ms: 1000, grace_ms: 500, ..StateConfig::default() }
     }
 
     fn session(st: &mut State, owner: &[u8], now: u64) -> (u64, [u8; 16]) {
-        let (ex, _) = st.exchange_id(owner, [1; 8], now).unwrap();
-        let cs = st.create_session(ex.clientid, ex.seq, attrs(), now).unwrap();
+        let (ex, _) = st.exchange_id(owner, [1; 8], P, now).unwrap();
+        let cs = st.create_session(ex.clientid, ex.seq, attrs(), P, now).unwrap();
         (ex.clientid, cs.sessionid)
     }
 
     #[test]
     fn exchange_and_create_session_replay_and_misorder() {
         let mut st = State::new(cfg(), 7, 0);
-        let (ex, _) = st.exchange_id(b"a", [1; 8], 0).unwrap();
+        let (ex, _) = st.exchange_id(b"a", [1; 8], P, 0).unwrap();
         assert!(!ex.confirmed);
         assert_eq!(ex.clientid >> 32, 7);
-        let cs = st.create_session(ex.clientid, 1, attrs(), 0).unwrap();
+        let cs = st.create_session(ex.clientid, 1, attrs(), P, 0).unwrap();
         assert_eq!(cs.fore.ops_max, 8);
         assert_eq!(cs.fore.cached_reply_bytes_max, 4096);
         // A retried CREATE_SESSION gets the same session; a skipped sequence id is misordered.
-        assert_eq!(st.create_session(ex.clientid, 1, attrs(), 0).unwrap(), cs);
-        assert_eq!(st.create_session(ex.clientid, 3, attrs(), 0), Err(NFS4ERR_SEQ_MISORDERED));
-        assert_eq!(st.create_session(ex.clientid ^ (1 << 40), 2, attrs(), 0), Err(NFS4ERR_STALE_CLIENTID));
+        assert_eq!(st.create_session(ex.clientid, 1, attrs(), P, 0).unwrap(), cs);
+        assert_eq!(st.create_session(ex.clientid, 3, attrs(), P, 0), Err(NFS4ERR_SEQ_MISORDERED));
+        assert_eq!(st.create_session(ex.clientid ^ (1 << 40), 2, attrs(), P, 0), Err(NFS4ERR_STALE_CLIENTID));
         // The same owner and verifier again: the same client, now confirmed.
-        let (again, _) = st.exchange_id(b"a", [1; 8], 0).unwrap();
+        let (again, _) = st.exchange_id(b"a", [1; 8], P, 0).unwrap();
         assert_eq!((again.clientid, again.confirmed, again.seq), (ex.clientid, true, 2));
         // A new verifier: the client rebooted; its state is gone.
-        let (rebooted, _) = st.exchange_id(b"a", [2; 8], 0).unwrap();
+        let (rebooted, _) = st.exchange_id(b"a", [2; 8], P, 0).unwrap();
         assert_ne!(rebooted.clientid, ex.clientid);
         assert_eq!(st.sequence(&cs.sessionid, 0, 1, 0), Err(NFS4ERR_BADSESSION));
+    }
+
+    /// RFC 8881 §2.4, §18.35.5: a client record belongs to the principal that made it.
+    #[test]
+    fn a_client_belongs_to_its_principal() {
+        let mut st = State::new(cfg(), 7, 0).with_id_secret(&[3; 32]);
+        let (cid, sid) = session(&mut st, b"victim", 0);
+        let mallory = Principal { flavor: 1, uid: 1000, gid: 1000 };
+        // Another principal cannot take the owner string (not even with a new verifier) while the lease lives…
+        assert_eq!(st.exchange_id(b"victim", [9; 8], mallory, 10).map(|_| ()), Err(NFS4ERR_CLID_INUSE));
+        assert_eq!(st.exchange_id(b"victim", [1; 8], mallory, 10).map(|_| ()), Err(NFS4ERR_CLID_INUSE));
+        // …nor act on the client's sessions or the client itself.
+        assert_eq!(st.create_session(cid, 2, attrs(), mallory, 10), Err(NFS4ERR_CLID_INUSE));
+        assert_eq!(st.destroy_session(&sid, mallory), Err(NFS4ERR_WRONG_CRED));
+        assert_eq!(st.session_principal_is(&sid, mallory), Err(NFS4ERR_WRONG_CRED));
+        assert_eq!(st.destroy_clientid(cid, mallory), Err(NFS4ERR_WRONG_CRED));
+        assert!(matches!(st.sequence(&sid, 0, 1, 20), Ok(SeqOutcome::New { .. })), "the victim's session lives");
+        assert_eq!(st.session_principal_is(&sid, P), Ok(()));
+        // Once its lease has run out, the owner string is free for anyone.
+        let (taken, _) = st.exchange_id(b"victim", [9; 8], mallory, 2000).unwrap();
+        assert_ne!(taken.clientid, cid);
+        assert_eq!(st.sequence(&sid, 0, 2, 2000), Err(NFS4ERR_BADSESSION));
+    }
+
+    /// Client and session ids are drawn under the start's secret: neither follows from the last one seen.
+    #[test]
+    fn ids_are_unguessable_and_unique() {
+        let mut st =
+            State::new(StateConfig { clients_max: 4096, sessions_max: 4096, ..cfg() }, 7, 0).with_id_secret(&[5; 32]);
+        let mut clients = std::collections::HashSet::new();
+        let mut steps = std::collections::HashSet::new();
+        let mut last = 0u64;
+        for i in 0..512u32 {
+            let (cid, sid) = session(&mut st, format!("c{i}").as_bytes(), 0);
+            assert_eq!(cid >> 32, 7, "the epoch stays in the high bits");
+            assert_eq!(&sid[..8], &cid.to_be_bytes(), "a session names its client");
+            assert!(clients.insert(cid), "clientid {cid:#x} given twice");
+            steps.insert((cid as u32).wrapping_sub(last as u32));
+            last = cid;
+        }
+        assert!(steps.len() > 500, "ids do not step by a constant: {} distinct steps", steps.len());
     }
 
     #[test]
@@ -1165,7 +1316,7 @@ mod tests {
         let mut foreign = s2;
         foreign.other[0] ^= 1;
         assert_eq!(st.check(b, &foreign).map(|_| ()), Err(NFS4ERR_BAD_STATEID));
-        assert_eq!(st.destroy_clientid(b), Err(NFS4ERR_CLIENTID_BUSY));
+        assert_eq!(st.destroy_clientid(b, P), Err(NFS4ERR_CLIENTID_BUSY));
     }
 
     #[test]
@@ -1213,8 +1364,8 @@ mod tests {
         assert_eq!(st.layout_return_all(a), 2);
         st.layout_get(b, 9, &ob, IOMODE_READ, &[1, 2], 0, 0).unwrap();
         assert_eq!(st.layout_counts().0, 1);
-        st.destroy_session(&st.clients[&b].sessions[0].clone()).unwrap();
-        st.destroy_clientid(b).unwrap();
+        st.destroy_session(&st.clients[&b].sessions[0].clone(), P).unwrap();
+        st.destroy_clientid(b, P).unwrap();
         assert_eq!(st.layout_counts().0, 0, "a destroyed client's layouts go with it");
     }
 
