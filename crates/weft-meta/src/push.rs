@@ -251,18 +251,23 @@ impl Pusher {
     }
 
     /// Publishes what the store holds now for `ino`, under its stripe; returns the inode's sole name, whose
-    /// entry carries these attributes (the caller publishes it, after this stripe is released).
+    /// entry carries these attributes (the caller publishes it, after this stripe is released). A directory with
+    /// an access ACL is published as absent: a client decides from a directory's bank attributes whether a user
+    /// may search it (mode bits only), and a named ACL entry can refuse what the mode grants, so lookups in such a
+    /// directory go to the MDS, which applies the ACL (issue 31).
     async fn refresh_attr(&self, ino: u64, mode: Mode) -> Option<(u64, String)> {
         let _g = self.stripe(ino.wrapping_mul(0x9e37_79b9_7f4a_7c15)).lock().await;
-        let inode = match self.ns.store().read(|t| t.get_inode(ino)) {
-            Ok(i) => i,
-            Err(e) => {
-                tracing::warn!(ino, "reading inode for the cache bank: {e}");
-                None
-            }
-        };
-        let sole_name = inode.as_ref().and_then(|i| i.sole_name.clone());
-        let attr = inode.map(|i| i.attr());
+        let read = self.ns.store().read(|t| {
+            let Some(inode) = t.get_inode(ino)? else { return Ok(None) };
+            let acl = inode.kind == weft_proto::FileKind::Dir && t.get_xattr(ino, crate::acl::ACCESS_XATTR)?.is_some();
+            Ok::<_, crate::MetaError>(Some((inode, acl)))
+        });
+        let read = read.unwrap_or_else(|e| {
+            tracing::warn!(ino, "reading inode for the cache bank: {e}");
+            None
+        });
+        let sole_name = read.as_ref().and_then(|(i, _)| i.sole_name.clone());
+        let attr = read.filter(|(_, acl)| !acl).map(|(i, _)| i.attr());
         match (mode, attr) {
             (Mode::Fill, Some(a)) => {
                 self.bank.fill_attr(ino, &a).await;

@@ -274,6 +274,40 @@ async fn a_lookup_through_the_bank_still_needs_search_permission() {
     assert_eq!(code(bob.lookup(private, "secret").await), ErrorCode::Permission);
 }
 
+/// A directory whose mode lets everyone search it but whose ACL refuses Bob by name (issue 31): the client cannot
+/// see the ACL in the directory's attributes, so the MDS publishes no attributes for it and Bob's lookup goes to
+/// the MDS, which refuses him; Alice's still works. Without the ACL, the directory is in the bank again.
+#[tokio::test]
+async fn a_lookup_through_the_bank_honours_the_parents_acl() {
+    let cl = start_bank_cluster("cattr-acl", 1, true).await;
+    let (a, b, truth) = (bank_client(&cl).await, bank_client(&cl).await, truth_client(&cl).await);
+    let alice = a.with_user(UserCred::new(ALICE, 100, vec![]).unwrap());
+    let bob = b.with_user(UserCred::new(BOB, 200, vec![]).unwrap());
+    let dir = alice_dir(&a, &alice).await;
+    alice.setattr(dir, SetAttrs { mode: Some(0o755), ..SetAttrs::default() }).await.unwrap();
+    alice.create(dir, "doc", 0o644, true).await.unwrap();
+    lookup_from_bank(&bob, &truth, dir, "doc").await;
+    // user::rwx, user:BOB:---, group::r-x, mask::r-x, other::r-x (Linux's xattr form: version 2, then entries of
+    // tag u16, perm u16, id u32, little-endian, in tag and id order).
+    let mut acl = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in
+        [(1u16, 7u16, u32::MAX), (2, 0, BOB), (4, 5, u32::MAX), (0x10, 5, u32::MAX), (0x20, 5, u32::MAX)]
+    {
+        acl.extend_from_slice(&tag.to_le_bytes());
+        acl.extend_from_slice(&perm.to_le_bytes());
+        acl.extend_from_slice(&id.to_le_bytes());
+    }
+    alice.setxattr(dir, "system.posix_acl_access", &acl, 0).await.unwrap();
+    assert_eq!(
+        code(truth.with_user(UserCred::new(BOB, 200, vec![]).unwrap()).lookup(dir, "doc").await),
+        ErrorCode::Permission
+    );
+    assert_eq!(code(bob.lookup(dir, "doc").await), ErrorCode::Permission, "the bank let the ACL be bypassed");
+    assert_eq!(alice.lookup(dir, "doc").await.unwrap().ino, truth.lookup(dir, "doc").await.unwrap().ino);
+    alice.removexattr(dir, "system.posix_acl_access").await.unwrap();
+    lookup_from_bank(&bob, &truth, dir, "doc").await;
+}
+
 /// A directory only Alice may search, made by root and given to her.
 async fn alice_dir(root: &Client, alice: &Client) -> u64 {
     let d = root.mkdir(ROOT_INO, "home", 0o700).await.unwrap();

@@ -34,6 +34,12 @@ pub struct StateConfig {
     pub request_bytes_max: u32,
     pub reply_bytes_max: u32,
     pub stateids_max: usize,
+    /// Sessions one client holds at once (past it CREATE_SESSION is NFS4ERR_RESOURCE): one client cannot fill the
+    /// session table for everyone.
+    pub sessions_per_client_max: usize,
+    /// Open and lock stateids one client holds at once (past it OPEN and a new lock-owner's LOCK are
+    /// NFS4ERR_RESOURCE, logged with the client's owner): one client cannot fill the stateid table.
+    pub stateids_per_client_max: usize,
     /// pNFS layout stateids held at once (one per client and file).
     pub layouts_max: usize,
     /// pNFS devices (distinct ordered server lists) remembered.
@@ -60,6 +66,8 @@ impl Default for StateConfig {
             request_bytes_max: (1 << 20) + 3072,
             reply_bytes_max: (1 << 20) + 3072,
             stateids_max: 65_536,
+            sessions_per_client_max: 16,
+            stateids_per_client_max: 16_384,
             layouts_max: 65_536,
             devices_max: 4096,
             callbacks_max: 64,
@@ -345,6 +353,26 @@ impl State {
         }
     }
 
+    /// Whether client `clientid` may take one more open or lock stateid: the table has room, and the client holds
+    /// fewer than its quota (counted only once the table holds that many at all, so a small table costs nothing).
+    fn room_for_stateid(&self, clientid: u64) -> R<()> {
+        if self.stateids.len() >= self.cfg.stateids_max {
+            return Err(NFS4ERR_RESOURCE);
+        }
+        let quota = self.cfg.stateids_per_client_max;
+        if self.stateids.len() >= quota && self.stateids.values().filter(|s| s.clientid == clientid).count() >= quota {
+            let owner = self.clients.get(&clientid).map(|c| String::from_utf8_lossy(&c.owner).into_owned());
+            tracing::warn!(
+                clientid = format_args!("{clientid:#x}"),
+                owner = owner.as_deref().unwrap_or("?"),
+                quota,
+                "OPEN or LOCK refused: the client holds its quota of stateids (NFS4ERR_RESOURCE)"
+            );
+            return Err(NFS4ERR_RESOURCE);
+        }
+        Ok(())
+    }
+
     /// The client a principal may act on: known, and `principal`'s (else NFS4ERR_WRONG_CRED).
     fn client_of(&self, clientid: u64, principal: Principal) -> R<&ClientRec> {
         self.clientid_known(clientid)?;
@@ -499,6 +527,15 @@ impl State {
             return Err(NFS4ERR_SEQ_MISORDERED);
         }
         if full {
+            return Err(NFS4ERR_RESOURCE);
+        }
+        if c.sessions.len() >= self.cfg.sessions_per_client_max {
+            tracing::warn!(
+                clientid = format_args!("{clientid:#x}"),
+                owner = %String::from_utf8_lossy(&c.owner),
+                sessions = c.sessions.len(),
+                "CREATE_SESSION refused: the client holds its quota of sessions (NFS4ERR_RESOURCE)"
+            );
             return Err(NFS4ERR_RESOURCE);
         }
         if asked.slots_max == 0 || asked.ops_max < 2 {
@@ -671,9 +708,7 @@ impl State {
             s.seqid = s.seqid.wrapping_add(1).max(1);
             return Ok(self.stateid_of(&k));
         }
-        if self.stateids.len() >= self.cfg.stateids_max {
-            return Err(NFS4ERR_RESOURCE);
-        }
+        self.room_for_stateid(clientid)?;
         let index = self.next_index();
         let id = Stateid::make(self.epoch, KIND_OPEN, index, 1);
         self.stateids.insert(
@@ -752,9 +787,7 @@ impl State {
             self.lock_pending(&k);
             return Ok((self.stateid_of(&k), ino, mds_owner));
         }
-        if self.stateids.len() >= self.cfg.stateids_max {
-            return Err(NFS4ERR_RESOURCE);
-        }
+        self.room_for_stateid(clientid)?;
         let index = self.next_index();
         let id = Stateid::make(self.epoch, KIND_LOCK, index, 0);
         self.stateids.insert(
@@ -1217,6 +1250,30 @@ mod tests {
             last = cid;
         }
         assert!(steps.len() > 500, "ids do not step by a constant: {} distinct steps", steps.len());
+    }
+
+    /// One client cannot fill the shared tables (issue 31): past its quotas its CREATE_SESSION, OPEN and new
+    /// lock-owner's LOCK are NFS4ERR_RESOURCE, while another client still gets all three.
+    #[test]
+    fn a_client_holds_at_most_its_quotas() {
+        let cfg = StateConfig { sessions_per_client_max: 2, stateids_per_client_max: 3, grace_ms: 0, ..cfg() };
+        let mut st = State::new(cfg, 1, 0);
+        let (hog, _) = session(&mut st, b"hog", 0);
+        let more = |st: &mut State, cid: u64, seq: u32| st.create_session(cid, seq, attrs(), P, 0).map(|_| ());
+        assert_eq!(more(&mut st, hog, 2), Ok(()));
+        assert_eq!(more(&mut st, hog, 3), Err(NFS4ERR_RESOURCE), "a third session");
+        let mut opens = Vec::new();
+        for ino in 10..13 {
+            opens.push(st.open(hog, b"o", ino, OPEN4_SHARE_ACCESS_READ, 0).unwrap());
+        }
+        assert_eq!(st.open(hog, b"o", 13, OPEN4_SHARE_ACCESS_READ, 0), Err(NFS4ERR_RESOURCE), "a fourth stateid");
+        assert_eq!(st.lock_stateid_new(hog, &opens[0], b"l").map(|_| ()), Err(NFS4ERR_RESOURCE));
+        // An upgrade of an open it holds is no new stateid.
+        assert!(st.open(hog, b"o", 10, OPEN4_SHARE_ACCESS_BOTH, 0).is_ok());
+        let (other, _) = session(&mut st, b"other", 0);
+        assert_eq!(more(&mut st, other, 2), Ok(()));
+        let theirs = st.open(other, b"o", 13, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        assert!(st.lock_stateid_new(other, &theirs, b"l").is_ok());
     }
 
     #[test]
