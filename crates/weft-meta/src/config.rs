@@ -119,6 +119,11 @@ pub struct MetaConfig {
     /// with ENOLCK (docs/format.md §14).
     #[serde(default = "default_locks_max")]
     pub locks_max: usize,
+    /// Most locks one session of a per-client key holds (the cluster key's sessions are bounded by `locks_max`
+    /// only), so one client cannot fill the table for everyone; a lock past it is refused with ENOLCK, logged
+    /// with the key. Not applied with several services on one database (their locks live in it, per inode).
+    #[serde(default = "default_locks_per_client_session_max")]
+    pub locks_per_client_session_max: usize,
     /// How long a client session that holds locks may stay away after its connection closed (a reconnect) before
     /// its locks are released.
     #[serde(default = "default_locks_grace_ms")]
@@ -197,6 +202,9 @@ fn default_pnfs_handle_ttl_ms() -> u64 {
 }
 fn default_xattr_bytes_max_per_inode() -> usize {
     crate::namespace::DEFAULT_XATTR_BYTES_MAX_PER_INODE
+}
+fn default_locks_per_client_session_max() -> usize {
+    4096
 }
 fn default_locks_max() -> usize {
     crate::locks::DEFAULT_LOCKS_MAX

@@ -53,6 +53,9 @@ pub struct SessionLocks {
     grace_ms: u64,
     /// Sessions whose locks another session adopted: they may lock no more (bounded, FIFO).
     ended: Mutex<(VecDeque<u64>, HashSet<u64>)>,
+    /// Lock entries one session of a per-client key may hold (issue 31: one client cannot fill the table for
+    /// everyone); sessions of the cluster key (mounts, gateways, servers) are bounded by `locks_max` only.
+    per_client_session_max: usize,
 }
 
 fn adopter_holds(session: u64) -> WireError {
@@ -95,7 +98,38 @@ impl SessionLocks {
             holders: AtomicUsize::new(0),
             grace_ms,
             ended: Mutex::new((VecDeque::new(), HashSet::new())),
+            per_client_session_max: locks_max,
         }
+    }
+
+    /// At most `n` lock entries per session of a per-client key (`locks_per_client_session_max`).
+    pub fn with_per_client_session_max(mut self, n: usize) -> SessionLocks {
+        self.per_client_session_max = n.max(1);
+        self
+    }
+
+    /// Refuses a new lock of a per-client key's session that holds its quota already (ENOLCK, naming the key).
+    fn check_client_quota(&self, table: &LockTable, principal: &Principal, session: u64) -> Result<(), WireError> {
+        if !matches!(principal, Principal::Key { .. }) || principal.is_cluster() {
+            return Ok(());
+        }
+        let held = table.held_by(session);
+        if held < self.per_client_session_max {
+            return Ok(());
+        }
+        tracing::warn!(
+            key = principal.name(),
+            session = format_args!("{session:#x}"),
+            held,
+            "lock refused: the session holds its quota (locks_per_client_session_max)"
+        );
+        Err(WireError::new(
+            ErrorCode::NoLocks,
+            format!(
+                "key {:?}'s session holds {held} locks, its quota (locks_per_client_session_max)",
+                principal.name()
+            ),
+        ))
     }
 
     /// Keeps the locks in `ns`'s store (docs/format.md §30), which other services share.
@@ -197,6 +231,9 @@ impl SessionLocks {
             };
         }
         let mut table = self.table.lock().expect("lock table");
+        if r.kind.is_some() {
+            self.check_client_quota(&table, principal, session)?;
+        }
         let out = match table.set(r.ino, owner, op) {
             Ok(()) => None,
             Err(LockError::Conflict(h)) => Some(h),
@@ -448,6 +485,29 @@ mod tests {
         assert_eq!(locks.holders.load(Ordering::Relaxed), 1);
         assert_eq!(locks.release(3, &ReleaseLocksReq { ino: None, owner: None }).unwrap(), n as u32);
         assert!(locks.is_empty());
+    }
+
+    /// One per-client key's session cannot fill the lock table for everyone (issue 31): past its quota its new
+    /// locks are ENOLCK naming the key, while an unlock and the cluster key's sessions go on.
+    #[test]
+    fn a_per_client_keys_session_holds_at_most_its_quota_of_locks() {
+        let (ns, ino) = ns_with_dir();
+        let root = Cred::root();
+        let locks = SessionLocks::new(100, 0).with_per_client_session_max(2);
+        let mallory = Principal::Key { key_id: "mallory".into(), policy: weft_rpc::KeyPolicy::Trusted };
+        let cluster = Principal::Key { key_id: "cluster".into(), policy: weft_rpc::KeyPolicy::Cluster };
+        let byte = |kind, at| SetLockReq { ino, class: LockClass::Posix, kind, start: at, end: at, owner: 1, pid: 1 };
+        for at in [0, 2] {
+            assert_eq!(locks.set(&ns, &root, &mallory, 7, &byte(Some(LockKind::Shared), at)).unwrap(), None);
+        }
+        let e = locks.set(&ns, &root, &mallory, 7, &byte(Some(LockKind::Shared), 4)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NoLocks);
+        assert!(e.message.contains("mallory") && e.message.contains("locks_per_client_session_max"), "{}", e.message);
+        assert_eq!(locks.set(&ns, &root, &mallory, 7, &byte(None, 0)).unwrap(), None, "an unlock is never refused");
+        assert_eq!(locks.set(&ns, &root, &mallory, 7, &byte(Some(LockKind::Shared), 4)).unwrap(), None);
+        for at in [10, 12, 14] {
+            assert_eq!(locks.set(&ns, &root, &cluster, 8, &byte(Some(LockKind::Shared), at)).unwrap(), None);
+        }
     }
 
     #[test]

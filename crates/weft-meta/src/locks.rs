@@ -255,6 +255,11 @@ impl LockTable {
     pub fn session_holds(&self, session: u64) -> bool {
         self.per_session.contains_key(&session)
     }
+
+    /// How many lock entries `session` holds.
+    pub fn held_by(&self, session: u64) -> usize {
+        self.per_session.get(&session).copied().unwrap_or(0)
+    }
 }
 
 /// One lock as a shared store keeps it (docs/format.md §30): the table's entry with its class.

@@ -115,7 +115,7 @@ pub async fn run_with(
         .with_capabilities(cap_key, cfg.capability_ttl_ms)
         .with_pnfs_handle_ttl(cfg.pnfs_handle_ttl_ms)
         .with_cache_bank(bank)
-        .with_locks(cfg.locks_max, cfg.locks_grace_ms)
+        .with_lock_quota(cfg.locks_max, cfg.locks_grace_ms, cfg.locks_per_client_session_max)
         .with_heal(heal);
     let server = RpcServer::<AnyFabric, _>::new(server_cfg, Arc::new(service));
     info!(%addr, tls = cfg.tls, store = %store_name, "metadata service listening");

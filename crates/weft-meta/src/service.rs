@@ -159,8 +159,13 @@ impl MetaService {
     }
 
     /// Holds at most `locks_max` advisory locks; a vanished client's go `grace_ms` after its connection closed.
-    pub fn with_locks(mut self, locks_max: usize, grace_ms: u64) -> MetaService {
-        let locks = SessionLocks::new(locks_max, grace_ms);
+    pub fn with_locks(self, locks_max: usize, grace_ms: u64) -> MetaService {
+        self.with_lock_quota(locks_max, grace_ms, locks_max)
+    }
+
+    /// [`MetaService::with_locks`], with at most `per_client_session_max` locks per session of a per-client key.
+    pub fn with_lock_quota(mut self, locks_max: usize, grace_ms: u64, per_client_session_max: usize) -> MetaService {
+        let locks = SessionLocks::new(locks_max, grace_ms).with_per_client_session_max(per_client_session_max);
         // Services sharing the database share the locks too (docs/format.md §30).
         let locks = if crate::MetaStore::shared(self.ns.store()) { locks.shared(self.ns.clone()) } else { locks };
         self.locks = Arc::new(locks);
