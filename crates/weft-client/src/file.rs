@@ -909,9 +909,8 @@ pub(crate) async fn read_units_on(
         let ino = io.ino;
         let layout = layout.clone();
         let caps = io.caps.clone();
-        let fill = hint;
         tasks.spawn(async move {
-            let dest = read_unit(&client, &caps, &layout, ino, &u, dest, fill).await?;
+            let dest = read_unit(&client, &caps, &layout, ino, &u, dest, hint).await?;
             Ok((u.pieces, dest))
         });
     }

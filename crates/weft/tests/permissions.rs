@@ -409,17 +409,20 @@ const PY_O_TRUNC: &str = "import os,sys\np=sys.argv[1]\nfd=os.open(p,os.O_WRONLY
 const PY_TRUNCATE: &str = "import os,sys\np=sys.argv[1]\nos.truncate(p,1)\nm=os.stat(p).st_mode\n\
     print('%o %o'%(m&0o7777,m&0o7777))";
 
+/// Every way a file's size or bytes change through the mount, as a script run by uid 1000 (one per path).
+const SET_ID_WAYS: [(&str, &str); 4] =
+    [("write", PY_WRITE), ("ftruncate", PY_FTRUNCATE), ("o_trunc", PY_O_TRUNC), ("truncate", PY_TRUNCATE)];
+
 #[tokio::test(flavor = "multi_thread")]
 async fn set_id_bits_go_when_a_non_owner_writes_or_truncates_through_the_mount() {
     let cl = start("perm-setid-fuse", 2).await;
     let root = cl.client().await;
     let shared = shared_dir(&root).await;
     let m = Mount::start(&cl, &test_dir("perm-setid-fuse-mnt"), &["--allow-other"]);
-    let ways = [("write", PY_WRITE), ("ftruncate", PY_FTRUNCATE), ("o_trunc", PY_O_TRUNC), ("truncate", PY_TRUNCATE)];
     for (n, &(mode, in_group, after)) in SET_ID_CASES.iter().enumerate() {
         // The writer is uid 1000 in group 1000 only.
         let gid = if in_group { 1000 } else { 0 };
-        for (how, code) in ways {
+        for (how, code) in SET_ID_WAYS {
             let name = format!("f{n}-{how}");
             let ino = set_id_file(&root, shared, &name, mode, gid).await;
             let seen = py_as_1000(code, &[m.path(&format!("shared/{name}")).to_str().unwrap()]);
@@ -468,10 +471,9 @@ async fn set_id_bits_go_through_a_mount_without_killpriv() {
     // The kernel drops the bits itself, by a chmod as the writer, which the mount turns into the MDS's drop.
     let extra = ["--allow-other", "--no-killpriv", "--attr-timeout-ms", "0"];
     let m = Mount::start(&cl, &test_dir("perm-setid-nokp-mnt"), &extra);
-    let ways = [("write", PY_WRITE), ("ftruncate", PY_FTRUNCATE), ("o_trunc", PY_O_TRUNC), ("truncate", PY_TRUNCATE)];
     for (n, &(mode, in_group, after)) in SET_ID_CASES.iter().enumerate() {
         let gid = if in_group { 1000 } else { 0 };
-        for (how, code) in ways {
+        for (how, code) in SET_ID_WAYS {
             let name = format!("f{n}-{how}");
             let ino = set_id_file(&root, shared, &name, mode, gid).await;
             let seen = py_as_1000(code, &[m.path(&format!("shared/{name}")).to_str().unwrap()]);
