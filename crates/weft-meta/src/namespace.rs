@@ -529,6 +529,14 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         }
     }
 
+    /// Whether `cred` may reach each of `inos` by number (a read transaction): search permission on every directory
+    /// above each, as a path walk to it needs. The MDS asks it of confined callers (unprivileged per-client keys)
+    /// before any request naming an inode; the walk and the request are two transactions, as the kernel's path
+    /// walk and the call after it are.
+    pub fn may_reach(&self, cred: &Cred, inos: &[u64]) -> Result<(), WireError> {
+        self.store.read(|t| inos.iter().try_for_each(|&ino| reach(t, cred, ino)))
+    }
+
     /// Whether `cred` may access inode `ino` as `mask` says (a read transaction): the check behind a lock, which
     /// needs the file to be open-able by its caller (docs/format.md §14).
     pub fn may_access(&self, cred: &Cred, ino: u64, mask: Mask) -> Result<(), WireError> {
@@ -1073,6 +1081,56 @@ fn may(t: &mut dyn MetaTxn, cred: &Cred, inode: &Inode, mask: Mask) -> Result<()
     Ok(perm::may(cred, inode, acl.as_ref(), mask)?)
 }
 
+/// The directory a reach check walks up from: a directory's parent; another inode's sole name's directory, or
+/// for a hard-linked one the directory of its newest name (set by `link`, followed by `rename`; a directory
+/// that held a name removed since stays recorded, as an open handle keeps its file). `None` when unknown:
+/// records written before that was kept (version 5 and older, or links made before it).
+fn primary_dir(inode: &Inode) -> Option<u64> {
+    match (&inode.kind, &inode.sole_name) {
+        (FileKind::Dir, _) => Some(if inode.parent == 0 { ROOT_INO } else { inode.parent }),
+        (_, Some((dir, _))) => Some(*dir),
+        _ => (inode.parent != 0).then_some(inode.parent),
+    }
+}
+
+/// Whether `cred` may reach inode `ino` by its number: search permission on every directory from the inode's
+/// primary directory up to the root, as a path walk to it would need (issue 31: inode numbers are sequential, so
+/// an unprivileged client must not address what no path it may walk leads to). An inode whose directory is
+/// unknown is reachable by its owner only.
+fn reach(t: &mut dyn MetaTxn, cred: &Cred, ino: u64) -> Result<(), WireError> {
+    if ino == ROOT_INO {
+        return Ok(());
+    }
+    let inode = load(t, ino)?;
+    let Some(mut dir) = primary_dir(&inode) else {
+        if cred.owns(&inode) {
+            return Ok(());
+        }
+        return Err(werr(
+            ErrorCode::Permission,
+            format!(
+                "uid {} may not reach inode {ino} by number: the directory it is in is not recorded (a hard \
+                 link older than the record that keeps it), so only its owner may",
+                cred.uid
+            ),
+        ));
+    };
+    for _ in 0..DIR_DEPTH_MAX {
+        let d = load(t, dir)?;
+        if d.kind != FileKind::Dir {
+            return Err(MetaError::Corrupt(format!("inode {ino}'s parent chain reaches {dir}, not a directory")).into());
+        }
+        may(t, cred, &d, Mask::EXEC).map_err(|e| {
+            werr(e.code, format!("uid {} may not reach inode {ino} by number: {}", cred.uid, e.message))
+        })?;
+        if dir == ROOT_INO || d.parent == 0 {
+            return Ok(());
+        }
+        dir = d.parent;
+    }
+    Err(MetaError::Corrupt(format!("inode {ino}'s parent chain is longer than {DIR_DEPTH_MAX}")).into())
+}
+
 /// The directory `ino`, which `cred` may search (look names up in).
 fn load_searchable_dir(t: &mut dyn MetaTxn, cred: &Cred, ino: u64) -> Result<Inode, WireError> {
     let d = load_dir(t, ino)?;
@@ -1331,8 +1389,10 @@ fn link(t: &mut dyn MetaTxn, cred: &Cred, r: &LinkReq, now: i64) -> Result<Attr,
         .checked_add(1)
         .ok_or_else(|| werr(ErrorCode::Invalid, format!("inode {} has too many links", r.ino)))?;
     inode.ctime_ns = now;
-    // Two names now: the MDS no longer knows every name to refresh, so no entry carries the attributes.
+    // Two names now: the MDS no longer knows every name to refresh, so no entry carries the attributes. The
+    // newest name's directory is the one a reach check walks up from (see `primary_dir`).
     inode.sole_name = None;
+    inode.parent = r.new_parent;
     t.put_inode(&inode)?;
     t.put_dirent(r.new_parent, &r.new_name, inode.ino, inode.kind)?;
     touch_dir(t, r.new_parent, 0, now)?;
@@ -1577,10 +1637,13 @@ fn rename_exchange(
     Ok(())
 }
 
-/// An inode renamed from `from` to `to`: its sole name follows (a directory's always: it has no other).
+/// An inode renamed from `from` to `to`: its sole name follows (a directory's always: it has no other). A
+/// hard-linked inode whose recorded directory was `from`'s takes `to`'s, which certainly holds a name of it.
 fn move_sole_name(inode: &mut Inode, from: (u64, &str), to: (u64, &str)) {
     if inode.kind == FileKind::Dir || inode.is_sole_name(from.0, from.1) {
         inode.sole_name = Some((to.0, to.1.to_string()));
+    } else if inode.sole_name.is_none() && inode.parent == from.0 {
+        inode.parent = to.0;
     }
 }
 

@@ -61,7 +61,7 @@ impl Cred {
         self.gid == gid || self.groups.contains(&gid)
     }
 
-    fn owns(&self, inode: &Inode) -> bool {
+    pub(crate) fn owns(&self, inode: &Inode) -> bool {
         self.uid == inode.uid
     }
 

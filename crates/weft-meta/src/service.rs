@@ -370,6 +370,12 @@ impl Service for MetaService {
             _ => {}
         }
         let cred = self.caller_cred(ctx)?;
+        if is_confined(&ctx.principal, &cred) {
+            let inos = inodes_named(&req);
+            if !inos.is_empty() {
+                self.ns.may_reach(&cred, &inos)?;
+            }
+        }
         self.locks.touch(ctx.session);
         // Locks are in memory and answered in place (the permission check is a point read).
         match &req {
@@ -487,6 +493,44 @@ fn target_of(req: &Request) -> (u64, Option<String>) {
     }
 }
 
+/// Whether requests of `principal` running as `cred` reach inodes only through directories `cred` may search
+/// ([`crate::Namespace::may_reach`]): an unprivileged native client, whose identity its key pins or squashes. The
+/// cluster key and trusted client keys are hosts that walk paths themselves (the kernel under a mount, the NFS
+/// gateway with knfsd's `no_subtree_check` semantics, docs/format.md §15); root reaches everything anyway.
+fn is_confined(principal: &Principal, cred: &Cred) -> bool {
+    let pinned = matches!(principal, Principal::Key { policy: KeyPolicy::Fixed { .. } | KeyPolicy::SquashRoot, .. });
+    pinned && !cred.is_root()
+}
+
+/// The inodes a request addresses by number (a named op's directory, an inode op's inode), which a confined
+/// caller must be able to reach. Requests that name none (sessions, servers, the caller's own locks) give none.
+fn inodes_named(req: &Request) -> Vec<u64> {
+    match req {
+        Request::Lookup(r) => vec![r.parent],
+        Request::Create(r) | Request::CreateOpen(r) => vec![r.parent],
+        Request::Mknod(r) => vec![r.parent],
+        Request::Mkdir(r) => vec![r.parent],
+        Request::Rmdir(r) | Request::Unlink(r) => vec![r.parent],
+        Request::Rename(r) => vec![r.src_parent, r.dst_parent],
+        Request::Symlink(r) => vec![r.parent],
+        Request::Link(r) => vec![r.ino, r.new_parent],
+        Request::GetAttr(r) | Request::Readlink(r) | Request::ListXattr(r) => vec![r.ino],
+        Request::SetAttr(r) => vec![r.ino],
+        Request::SetSizeOpen(r) => vec![r.ino],
+        Request::Readdir(r) | Request::ReaddirPlus(r) => vec![r.ino],
+        Request::SetLayout(r) => vec![r.ino],
+        Request::Commit(r) | Request::CommitWcc(r) => vec![r.ino],
+        Request::Open(r) => vec![r.ino],
+        Request::PnfsHandle(r) => vec![r.ino],
+        Request::GetXattr(r) | Request::RemoveXattr(r) => vec![r.ino],
+        Request::SetXattr(r) => vec![r.ino],
+        Request::SetLock(r) => vec![r.ino],
+        Request::GetLock(r) => vec![r.ino],
+        Request::MarkStale(r) => vec![r.ino],
+        _ => Vec::new(),
+    }
+}
+
 /// [`MetaService::caller_cred`]'s table, as a pure function.
 fn effective_cred(principal: &Principal, user: Option<&UserCred>) -> Cred {
     let asserted = |u: &UserCred| Cred::new(u.uid, u.gid, u.groups.clone());
@@ -513,6 +557,28 @@ mod tests {
 
     fn key(policy: KeyPolicy) -> Principal {
         Principal::Key { key_id: "k".into(), policy }
+    }
+
+    #[test]
+    fn only_pinned_and_squashed_keys_are_confined_and_never_as_root() {
+        let alice = Cred::new(1000, 100, vec![]);
+        let confined = |p: KeyPolicy, c: &Cred| is_confined(&key(p), c);
+        assert!(confined(KeyPolicy::Fixed { uid: 1000, gid: 100 }, &alice));
+        assert!(confined(KeyPolicy::SquashRoot, &alice));
+        assert!(!confined(KeyPolicy::Fixed { uid: 0, gid: 0 }, &Cred::root()), "a key pinned to root");
+        for p in [KeyPolicy::Cluster, KeyPolicy::Trusted] {
+            assert!(!confined(p, &alice), "{p:?}: a host that walks paths itself");
+        }
+        assert!(!is_confined(&Principal::Anonymous, &alice), "authentication off");
+        let rename = Request::Rename(weft_proto::msg::RenameReq {
+            src_parent: 7,
+            src_name: "a".into(),
+            dst_parent: 9,
+            dst_name: "b".into(),
+            flags: 0,
+        });
+        assert_eq!(inodes_named(&rename), vec![7, 9]);
+        assert_eq!(inodes_named(&Request::Statfs(())), Vec::<u64>::new());
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub struct Inode {
     pub mtime_ns: i64,
     pub ctime_ns: i64,
     /// Directories: the inode of the directory holding it (the root is its own parent). Used to refuse moving a
-    /// directory under itself. Files and symlinks may have several parents (hard links): 0 there.
+    /// directory under itself. Other inodes: 0 while `sole_name` names their directory; once hard-linked, the
+    /// directory of their newest name (docs/format.md §6, §9: where a reach check walks up from); 0 if unknown.
     pub parent: u64,
     /// Files: the layout fixed at create. Directories: the effective policy new children inherit.
     pub layout: Option<Layout>,

@@ -193,6 +193,70 @@ async fn per_client_keys_pin_or_squash_the_user_and_unknown_keys_are_refused() {
     assert!(!ok, "\"cluster\" is the cluster key's name");
 }
 
+/// Inode numbers are sequential, so an unprivileged client walks them (issue 31): every request that names an
+/// inode by number (getattr, readlink, open, readdir, lookup in it, xattrs, a lock) needs search permission on
+/// the directories above it, as a path walk would. Bob, on a key pinned to his uid (and a root-squashed host
+/// asserting him), reaches nothing under Alice's 0700 home; what lies in a public directory he reaches; a
+/// trusted host (the cluster key: a mount's kernel walks paths itself) is not confined.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_walk_of_inode_numbers_by_another_user_reaches_nothing_behind_a_private_directory() {
+    let cl = start("perm-walk", 2).await;
+    let root = cl.client().await;
+    let home = root.mkdir(weft_proto::ROOT_INO, "alice", 0o700).await.unwrap().ino;
+    let own = SetAttrs { uid: Some(ALICE), gid: Some(USERS), ..SetAttrs::default() };
+    root.setattr(home, own.clone()).await.unwrap();
+    let a = root.with_user(alice());
+    let docs = a.mkdir(home, "docs", 0o755).await.unwrap().ino;
+    let hidden = write_file(&a, "/alice/docs/diary", 0o644, b"dear diary").await;
+    let link = a.symlink(docs, "latest", "diary").await.unwrap().ino;
+    let public = shared_dir(&root).await;
+    let open = write_file(&a, "/shared/notes", 0o644, b"for all").await;
+    let behind = [docs, hidden, link];
+
+    let bob_key = key_add(&cl, "bob-laptop", &["--uid", &BOB.to_string(), "--gid", &USERS.to_string()]);
+    let lab_key = key_add(&cl, "lab", &["--squash-root"]);
+    let pinned = Client::connect(&config_with_key(&cl, "bob-laptop", &bob_key)).await.unwrap();
+    let squashed = Client::connect(&config_with_key(&cl, "lab", &lab_key)).await.unwrap().with_user(bob());
+    let last = root.create(public, "last", 0o644, true).await.unwrap().ino;
+    for (who, c) in [("pinned", &pinned), ("squashed", &squashed)] {
+        let mut reached = Vec::new();
+        for ino in 1..=last {
+            match c.getattr(ino).await {
+                Ok(_) => reached.push(ino),
+                Err(e) => assert!(
+                    matches!(e.code(), Some(ErrorCode::Permission | ErrorCode::NotFound)),
+                    "{who}: getattr {ino}: {e}"
+                ),
+            }
+        }
+        assert!(behind.iter().all(|i| !reached.contains(i)), "{who} reached {reached:?}, behind {behind:?}");
+        // The home itself is in the root, which Bob may search: he sees it (stat /alice works; ls does not).
+        for ino in [weft_proto::ROOT_INO, home, public, open, last] {
+            assert!(reached.contains(&ino), "{who} reaches {ino}: {reached:?}");
+        }
+        // Every other way of naming an inode is refused the same way.
+        assert_eq!(code(c.readlink(link).await), ErrorCode::Permission, "{who}");
+        assert_eq!(code(c.open_ino(hidden, OpenMode::Read).await.map(|f| f.ino())), ErrorCode::Permission, "{who}");
+        assert_eq!(code(c.readdir(docs).await), ErrorCode::Permission, "{who}");
+        assert_eq!(code(c.lookup(docs, "diary").await), ErrorCode::Permission, "{who}");
+        assert_eq!(code(c.listxattr(hidden).await), ErrorCode::Permission, "{who}");
+        assert_eq!(code(c.create(docs, "planted", 0o644, true).await), ErrorCode::Permission, "{who}");
+        // What Bob may reach he reads.
+        let f = c.open_ino(open, OpenMode::Read).await.unwrap();
+        let read = f.read_at(0, BytesMut::zeroed(7)).await.unwrap();
+        assert_eq!(&read[..], b"for all", "{who}");
+    }
+    // Opened up, the same inodes are reached by number; Alice reaches her own; a trusted host is not confined.
+    a.setattr(home, SetAttrs { mode: Some(0o755), ..SetAttrs::default() }).await.unwrap();
+    assert_eq!(pinned.readlink(link).await.unwrap(), "diary");
+    let pinned_alice = key_add(&cl, "alice-laptop", &["--uid", &ALICE.to_string(), "--gid", &USERS.to_string()]);
+    let pinned_alice = Client::connect(&config_with_key(&cl, "alice-laptop", &pinned_alice)).await.unwrap();
+    a.setattr(home, SetAttrs { mode: Some(0o700), ..SetAttrs::default() }).await.unwrap();
+    assert_eq!(pinned.getattr(hidden).await.map(|a| a.ino).map_err(|e| e.code()), Err(Some(ErrorCode::Permission)));
+    assert_eq!(pinned_alice.getattr(hidden).await.unwrap().ino, hidden);
+    assert_eq!(root.with_user(bob()).getattr(hidden).await.unwrap().ino, hidden, "the cluster key is a trusted host");
+}
+
 /// Runs `weft ARGS` as uid/gid 1000 with no supplementary groups, over tcp (the shm socket belongs to root).
 fn weft_as_1000(cluster_file: &Path, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new("setpriv")

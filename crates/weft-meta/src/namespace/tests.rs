@@ -1853,6 +1853,52 @@ fn an_inode_knows_its_sole_name_until_it_has_two<S: TestStore>() {
     assert_eq!(back.sole_name, Some((e.ino, "g2".into())));
 }
 
+/// Reaching an inode by number (what the MDS asks of confined callers, issue 31): search permission on every
+/// directory from the inode's primary directory up to the root. A hard-linked file's primary directory is its
+/// newest name's, followed by renames; one whose directory is not recorded is its owner's to reach.
+fn reaching_an_inode_by_number_needs_search_on_its_primary_path<S: TestStore>() {
+    let (ns, _) = ns_of::<S>();
+    let reach = |cred: &Cred, ino: u64| ns.may_reach(cred, &[ino]);
+    let public = dir_of(&ns, ROOT_INO, "pub", 0o755, 0, 0);
+    let private = dir_of(&ns, ROOT_INO, "priv", 0o700, ALICE, USERS);
+    let sub = dir_of(&ns, private.ino, "sub", 0o755, ALICE, USERS);
+    let f = file_of(&ns, sub.ino, "f", 0o644, ALICE, USERS);
+    let s = symlink(&ns, private.ino, "s", "sub/f").unwrap();
+    let open = file_of(&ns, public.ino, "open", 0o644, ALICE, USERS);
+    for ino in [ROOT_INO, public.ino, private.ino, open.ino] {
+        reach(&bob(), ino).unwrap();
+    }
+    for ino in [sub.ino, f.ino, s.ino] {
+        let e = reach(&bob(), ino).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Permission, "{ino}");
+        assert!(e.message.contains(&format!("inode {ino}")), "the refusal names the inode: {}", e.message);
+        reach(&alice(), ino).unwrap();
+        reach(&Cred::root(), ino).unwrap();
+    }
+    // Every directory on the way counts, not only the nearest: the root too.
+    chown_to(&ns, ROOT_INO, 0o700, 0, 0);
+    assert_eq!(code(reach(&bob(), open.ino)), ErrorCode::Permission);
+    reach(&bob(), ROOT_INO).unwrap();
+    chown_to(&ns, ROOT_INO, 0o755, 0, 0);
+    // A second name in a public directory makes the file reachable; renamed into the private one, it is not.
+    link(&ns, f.ino, public.ino, "f2").unwrap();
+    reach(&bob(), f.ino).unwrap();
+    rename(&ns, public.ino, "f2", private.ino, "f3").unwrap();
+    assert_eq!(code(reach(&bob(), f.ino)), ErrorCode::Permission);
+    // A missing inode is NotFound, as the request itself would be.
+    assert_eq!(code(reach(&bob(), 999_999)), ErrorCode::NotFound);
+    // A record without a recorded directory (links made before it was kept): the owner only.
+    ns.store()
+        .write(|t| {
+            let mut i = t.get_inode(open.ino)?.unwrap();
+            (i.sole_name, i.parent) = (None, 0);
+            t.put_inode(&i)
+        })
+        .unwrap();
+    assert_eq!(code(reach(&bob(), open.ino)), ErrorCode::Permission);
+    reach(&alice(), open.ino).unwrap();
+}
+
 fn once_call(call: u64) -> OnceCall {
     OnceCall { tag: weft_proto::OnceTag { client: 0x5eed, call }, slot: 2, key_id: "cluster".into(), uid: 0 }
 }
@@ -1931,6 +1977,7 @@ on_every_store!(
     create_open_makes_or_opens_a_file_in_one_change,
     pnfs_addresses_are_registered_and_listed,
     an_inode_knows_its_sole_name_until_it_has_two,
+    reaching_an_inode_by_number_needs_search_on_its_primary_path,
 );
 
 // ---- PgStore: several services on one database ------------------------------------------------------------------
