@@ -7,7 +7,9 @@
 # served READ and WRITE bytes for that file's inode, and the gateway (stopped with SIGTERM, which logs the data
 # bytes it moved per inode) none. Then a recall: the guest holds a second file open with a layout and truncates
 # and rewrites it through a vers=3 mount of the gateway; the gateway's log must show a CB_LAYOUTRECALL sent for it
-# and answered, and the guest reads the new bytes.
+# and answered, and the guest reads the new bytes. Then an expiry: the MDS seals pNFS handles for PNFS_VM_TTL_S
+# (default 20 s, pnfs_handle_ttl_ms) and the guest writes a third file across that lifetime: a data server must
+# have refused its expired handle, and the guest reads every byte back.
 #
 # usage: scripts/rdma-vm/pnfs.sh [WEFT_BIN]   (default: $CARGO_TARGET_DIR/release/weft or target/release/weft)
 # Environment: PNFS_VM_MIB (the file's size, default 4), NFS_VM_GATEWAY_LOG (the gateway's RUST_LOG).
@@ -19,6 +21,7 @@ weft="$(readlink -f "${1:-${CARGO_TARGET_DIR:-$repo/target}/release/weft}")"
 [ -x "$weft" ] || { echo "pnfs.sh: no weft binary at $weft (cargo build --release -p weft)" >&2; exit 2; }
 servers=4
 mib="${PNFS_VM_MIB:-4}"
+ttl_s="${PNFS_VM_TTL_S:-20}"
 
 w="$(mktemp -d /tmp/weft-pnfs-vm.XXXXXX)"
 pids=()
@@ -82,7 +85,8 @@ free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 
 "$weft" key new "$w/cluster.key" >/dev/null
 mkdir -p "$w/meta"
-printf 'listen = "127.0.0.1:0"\ndata_dir = "%s"\nkey_file = "%s"\n' "$w/meta" "$w/cluster.key" >"$w/meta.toml"
+printf 'listen = "127.0.0.1:0"\ndata_dir = "%s"\nkey_file = "%s"\npnfs_handle_ttl_ms = %d\n' "$w/meta" "$w/cluster.key" \
+	$((ttl_s * 1000)) >"$w/meta.toml"
 mds="$(start meta meta --config "$w/meta.toml")"
 printf 'mds = "%s"\nkey_file = "%s"\n' "$mds" "$w/cluster.key" >"$w/cluster.toml"
 for i in $(seq 0 $((servers - 1))); do
@@ -96,6 +100,7 @@ mds = "$mds"
 key_file = "$w/cluster.key"
 nfs_listen = ["127.0.0.1:$port"]
 nfs_advertise = ["10.0.2.2:$port"]
+capability_clock_skew_ms = 0
 CFG
 	echo "pnfs.sh: data server $i at $(start "d$i" data --config "$w/d$i.toml"), NFS on 127.0.0.1:$port (advertised as 10.0.2.2:$port)"
 done
@@ -114,7 +119,7 @@ echo "pnfs.sh: gateway on 127.0.0.1:$port with --pnfs on"
 
 start_s=$SECONDS
 RDMA_VM_LOG="$w/console.log" RDMA_VM_SMP="${RDMA_VM_SMP:-1}" "$here/run.sh" --timeout-s 600 \
-	"$here/guest/pnfs.sh" "$port" "$mib" >/dev/null || fail "the guest failed"
+	"$here/guest/pnfs.sh" "$port" "$mib" "$ttl_s" >/dev/null || fail "the guest failed"
 grep -a '^pnfs.sh: ' "$w/console.log" | tr -d '\r'
 ino="$(sed -n 's/^pnfs.sh: PASS ino=\([0-9]*\) .*/\1/p' "$w/console.log" | tr -d '\r' | head -1)"
 [ -n "$ino" ] || fail "the guest named no inode"
@@ -138,6 +143,12 @@ echo "$answered" | grep -qE "status=Some\((0|10060)\)" || fail "CB_LAYOUTRECALL 
 ! grep "layout revoked\|not returned in time" "$w/nfs.log" | grep -qE "ino=$rino( |$)" ||
 	fail "the gateway revoked the layout of ino $rino: $(grep 'revoked' "$w/nfs.log")"
 echo "pnfs.sh: recall of ino $rino: $(echo "$answered" | sed 's/.*CB_LAYOUTRECALL/CB_LAYOUTRECALL/' | head -1)"
+# The expiry step's file: some data server refused its handle as expired (the guest then read every byte right).
+eino="$(sed -n 's/^pnfs.sh: PASS .* eino=\([0-9]*\) .*/\1/p' "$w/console.log" | tr -d '\r' | head -1)"
+[ -n "$eino" ] || fail "the guest named no expiry inode"
+grep -h "refusing a request's capability" "$w"/d*.log | grep "ino=$eino " | grep -q "expired" ||
+	fail "no data server refused an expired handle of ino $eino"
+echo "pnfs.sh: expiry of ino $eino: $(grep -h "refusing a request's capability" "$w"/d*.log | grep "ino=$eino " | grep -c expired) data-server refusals as expired"
 # The gateway logs at SIGTERM the data bytes it moved per inode: none for this one.
 kill -TERM "$(cat "$w/nfs.pid")"
 stopped() { ! kill -0 "$(cat "$w/nfs.pid")" 2>/dev/null; }

@@ -102,9 +102,9 @@ pub struct MetaConfig {
     #[serde(default = "default_capability_ttl_ms")]
     pub capability_ttl_ms: u64,
     /// Lifetime of the capabilities inside pNFS data-server filehandles (`PnfsHandle`, docs/format.md §23): a
-    /// layout's handles stop working this long after the gateway asked for them (the client then gets a fresh
-    /// layout). Default one hour: a layout is held while a file is open, and a right taken away is recalled by the
-    /// gateway, not waited out.
+    /// layout's handles stop working this long after the gateway asked for them (the data server answers
+    /// `NFS4ERR_STALE` and the client gets a fresh layout). Default 60 s, a capability's lifetime: a client that
+    /// ignores the gateway's recall after a chmod keeps its access no longer than any other capability holder.
     #[serde(default = "default_pnfs_handle_ttl_ms")]
     pub pnfs_handle_ttl_ms: u64,
     /// The cache bank (issue 16): with `attrs = true` the MDS publishes every change of attributes and names to
@@ -292,7 +292,7 @@ mod tests {
         assert_eq!(journal.checkpoint_bytes, default.checkpoint_bytes);
         assert_eq!(journal.checkpoint_interval_ms, default.checkpoint_interval_ms);
         assert_eq!(cfg.capability_ttl_ms, 60_000);
-        assert_eq!(cfg.pnfs_handle_ttl_ms, 3_600_000);
+        assert_eq!(cfg.pnfs_handle_ttl_ms, 60_000);
         assert_eq!(cfg.cache, None);
         assert_eq!((cfg.locks_max, cfg.locks_grace_ms), (65536, 10_000));
         assert_eq!((cfg.heal, cfg.rebuild_mib_per_s, cfg.heal_interval_ms), (true, 200, 10_000));

@@ -33,10 +33,12 @@ use crate::{Cred, MdsNamespace};
 /// use, one cheap MDS call (NFSv4 leases are 90 s by default, for the same trade).
 pub const DEFAULT_CAPABILITY_TTL_MS: u64 = 60_000;
 
-/// Default lifetime of a pNFS data-server filehandle's capability (`PnfsHandle`, docs/format.md §23): one hour. A
-/// layout lives as long as the client keeps the file open, so a short lifetime would make clients fall back to
-/// the MDS for fresh layouts often; a change of rights is recalled by the gateway rather than waited out.
-pub const DEFAULT_PNFS_HANDLE_TTL_MS: u64 = 3_600_000;
+/// Default lifetime of a pNFS data-server filehandle's capability (`PnfsHandle`, docs/format.md §23): a
+/// capability's, so a pNFS handle is no stronger than any other (issue 31): a client that ignores a recall after a
+/// chmod keeps writing at most this long (plus the data servers' clock skew). An expired handle is
+/// `NFS4ERR_STALE` at the data server, which sends the Linux client back to the gateway for its I/O and a fresh
+/// layout (one LAYOUTGET a minute per file in use): the renewal rides on the layout.
+pub const DEFAULT_PNFS_HANDLE_TTL_MS: u64 = DEFAULT_CAPABILITY_TTL_MS;
 
 pub struct MetaService {
     ns: Arc<MdsNamespace>,

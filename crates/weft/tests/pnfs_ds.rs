@@ -60,6 +60,8 @@ async fn data_servers_serve_a_striped_file_by_sealed_handles_and_refuse_the_rest
     assert_eq!(devices.len(), SERVERS as usize, "every data server announced its NFS address");
     let cap = client.pnfs_handle(f.ino, true).await.unwrap();
     assert_eq!((cap.ino, cap.rights, cap.key_id.as_str()), (f.ino, Rights::READ_WRITE, "pnfs"));
+    let bound = weft_rpc::capability::unix_now_ms() + weft_meta::service::DEFAULT_CAPABILITY_TTL_MS;
+    assert!(cap.expiry_ms <= bound, "a pNFS handle lives no longer than a capability by default");
     let handle = |index: u32| fh::encode(&cap, UNIT, SERVERS, index, layout.generation);
 
     let mut ds = Vec::new();
@@ -282,4 +284,63 @@ async fn data_servers_serve_a_striped_file_by_sealed_handles_and_refuse_the_rest
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A pNFS handle is no stronger than a capability (issue 31 item 5): after a chmod takes the owner's rights away,
+/// the MDS seals no new handle (the gateway's LAYOUTGET fails), and a client that ignores the recall and keeps
+/// the handle it had is refused once its lifetime (`pnfs_handle_ttl_ms`, here 2 s) has passed: STALE, which
+/// sends a Linux client back to the gateway. The wait is for the handle's own sealed expiry, not a guess.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recalled_handle_is_refused_once_its_lifetime_has_passed() {
+    const TTL_MS: u64 = 2_000;
+    let c = common::start_with("pnfs-ttl", 1, |o| {
+        o.ds_nfs = true;
+        o.meta_extra_toml = format!("pnfs_handle_ttl_ms = {TTL_MS}\n");
+        o.data_extra_toml = "capability_clock_skew_ms = 0\n".into();
+    })
+    .await;
+    let root = c.client().await;
+    let alice = root.with_user(UserCred::new(1000, 100, vec![]).unwrap());
+    let dir = root.mkdir(ROOT_INO, "p", 0o777).await.unwrap();
+    let f = alice.create(dir.ino, "f", 0o600, true).await.unwrap();
+    let layout = f.layout.clone().unwrap();
+    let addr = root.pnfs_devices().await.unwrap()[0].addrs[0];
+    let issued = weft_rpc::capability::unix_now_ms();
+    let cap = alice.pnfs_handle(f.ino, true).await.unwrap();
+    assert!(cap.expiry_ms <= weft_rpc::capability::unix_now_ms() + TTL_MS && cap.expiry_ms >= issued + TTL_MS);
+    let handle = fh::encode(&cap, layout.stripe_unit, 1, 0, layout.generation);
+    let mut v = V41::connect(addr).await;
+    v.session(b"pnfs-ttl").await;
+    let mut res = v
+        .on_fh(&handle, |o| {
+            o.write(0, FILE_SYNC4, b"before the chmod");
+        })
+        .await;
+    assert_eq!(res.write().0, 16);
+
+    // Rights taken away: no new handle (what the gateway's LAYOUTGET after a recall would meet).
+    let none = weft_proto::SetAttrs { mode: Some(0), ..weft_proto::SetAttrs::default() };
+    alice.setattr(f.ino, none).await.unwrap();
+    let e = alice.pnfs_handle(f.ino, true).await.expect_err("no handle without the rights");
+    assert_eq!(e.code(), Some(weft_proto::ErrorCode::Permission), "{e}");
+
+    // The old handle, kept past its sealed expiry: refused for writing and reading alike.
+    let left_ms = cap.expiry_ms.saturating_sub(weft_rpc::capability::unix_now_ms());
+    tokio::time::sleep(std::time::Duration::from_millis(left_ms + 1)).await;
+    let mut res = v
+        .on_fh(&handle, |o| {
+            o.write(0, FILE_SYNC4, b"after the bound!");
+        })
+        .await;
+    assert_eq!(res.op(OP_WRITE), NFS4ERR_STALE, "a write on an expired handle");
+    let mut res = v
+        .on_fh(&handle, |o| {
+            o.read(0, 16);
+        })
+        .await;
+    assert_eq!(res.op(OP_READ), NFS4ERR_STALE, "a read on an expired handle");
+    // What the handle wrote while it was good is there; nothing after.
+    root.commit(f.ino, 16, 1_700_000_000_000_000_000).await.unwrap();
+    let check = root.open_ino(f.ino, weft_client::OpenMode::Read).await.unwrap();
+    assert_eq!(&check.read_at(0, bytes::BytesMut::zeroed(16)).await.unwrap()[..], b"before the chmod");
 }

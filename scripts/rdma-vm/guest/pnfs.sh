@@ -5,10 +5,13 @@
 # remounts with caches dropped, reads it back equal, and shows the mount's LAYOUTGET and GETDEVICEINFO counts
 # (each must be > 0). Prints `pnfs.sh: ino=N` for the host's checks (every data server served READ and WRITE for
 # it; the gateway moved none of its bytes). Then the recall step (below): `pnfs.sh: ... rino=N` names its file.
-# usage: pnfs.sh PORT [MIB]
+# Then the expiry step: a layout held past its handles' lifetime (TTL_S, the MDS's pnfs_handle_ttl_ms) is refused
+# by the data servers (STALE) and the client must carry on through a fresh layout: `eino=N` names its file.
+# usage: pnfs.sh PORT [MIB] [TTL_S]
 set -eu
 port="$1"
 mib="${2:-4}"
+ttl_s="${3:-20}"
 fail() { echo >&2; echo "pnfs.sh: FAIL: $*" >&2; exit 1; }
 md5() { md5sum <"$1" | cut -d' ' -f1; }
 mnt=/mnt/pnfs
@@ -102,5 +105,30 @@ lr="$(op_count "$mnt" LAYOUTRETURN)"
 show "$mnt"
 [ "$got" = "$new" ] || fail "after the truncate and rewrite elsewhere, read md5 $got (size $rsize), want $new"
 echo "pnfs.sh: ok recall rino=$rino: read the new bytes after a truncate through vers=3 (md5 $got, size $rsize): LAYOUTRETURN $lr0 -> $lr"
+
+# Expiry: a third file is held open (fd 4, so the client keeps its layout), half written through the data servers,
+# and the rest written after the handles' lifetime has passed: the data servers answer STALE (the host checks
+# their logs), the client sends that I/O through the gateway and takes a fresh layout, and every byte is right,
+# read through the same mount and after a remount.
+efile="$mnt/p/efile"
+: >"$efile" || fail "creating $efile"
+eino="$(ls -i "$efile" | awk '{print $1}')"
+exec 4<"$efile" || fail "opening $efile"
+half=$((mib * 8))
+timeout 60 dd if=/tmp/src of="$efile" bs=64k count="$half" conv=notrunc,fsync 2>/dev/null || fail "writing $efile"
+lg0="$(op_count "$mnt" LAYOUTGET)"
+sleep $((ttl_s + 2))
+timeout 120 dd if=/tmp/src of="$efile" bs=64k skip="$half" seek="$half" count="$half" conv=notrunc,fsync 2>/dev/null ||
+	fail "writing the second half of $efile after its handles expired"
+got="$(timeout 60 md5sum "$efile" | cut -d' ' -f1)" || fail "reading $efile after its handles expired"
+exec 4<&-
+lg1="$(op_count "$mnt" LAYOUTGET)"
+[ "$got" = "$want" ] || fail "after the handles expired, $efile reads md5 $got, want $want"
+umount_settled "$mnt" || fail "umount before the expiry step's reread"
+echo 3 >/proc/sys/vm/drop_caches
+timeout 120 mount -t nfs4 -o "$opts" 10.0.2.2:/ "$mnt" || fail "the expiry step's remount"
+got="$(timeout 60 md5sum "$mnt/p/efile" | cut -d' ' -f1)" || fail "rereading $efile"
+[ "$got" = "$want" ] || fail "after a remount, $efile reads md5 $got, want $want"
+echo "pnfs.sh: ok expiry eino=$eino: written across the handles' lifetime ($ttl_s s), read back equal (md5 $got): LAYOUTGET $lg0 -> $lg1"
 umount_settled "$mnt" || fail "the last umount"
-echo "pnfs.sh: PASS ino=$ino rino=$rino bytes=$((mib * 1048576)) md5=$want"
+echo "pnfs.sh: PASS ino=$ino rino=$rino eino=$eino bytes=$((mib * 1048576)) md5=$want"
