@@ -1629,3 +1629,40 @@ async fn v41_state_is_bound_to_its_principal() {
         .await;
     assert_eq!(res.op(OP_LOCK), NFS4ERR_DENIED, "the victim's lock is still held");
 }
+
+/// One host cannot fill the gateway's client table with made-up owner strings (issue 31): 64 clients from one
+/// address (`clients_per_address_max`) and the 65th owner is NFS4ERR_RESOURCE, while a client from another address
+/// (127.0.0.2) still makes a session and opens a file, and a client of the flooding address that exists already
+/// renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v41_one_address_cannot_fill_the_client_table() {
+    let c = common::start("nfs4-flood", 1).await;
+    io_dir(&c).await;
+    let g = gateway(&c).await;
+    let mut flood = V4::connect(g.addr()).await;
+    let exchange = |owner: String| {
+        let mut ops = Ops::default();
+        ops.op(OP_EXCHANGE_ID).fixed(&[3; 8]).opaque(owner.as_bytes()).u32(0).u32(0).u32(0);
+        V4::args(1, &ops)
+    };
+    for i in 0..64 {
+        assert_eq!(flood.send(&exchange(format!("flood-{i}"))).await.status, NFS4_OK, "owner {i}");
+    }
+    assert_eq!(flood.send(&exchange("flood-64".into())).await.status, NFS4ERR_RESOURCE, "the 65th owner");
+    assert_eq!(flood.send(&exchange("flood-0".into())).await.status, NFS4_OK, "a known client renews");
+
+    let port = g.addr().rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let s = sock.connect(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await.unwrap();
+    let mut other = V4 { s, xid: 0, sid: [0; 16], seqid: 0, clientid: 0, cs_flags: 0, uid: UID };
+    other.session(b"another host", true).await;
+    let args = other.seq_args(|o| {
+        o.putrootfh().lookup("io").open(b"oo", "from-another-host", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
+    });
+    let mut res = other.send(&args).await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    res.open();
+}

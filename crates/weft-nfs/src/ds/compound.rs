@@ -126,7 +126,8 @@ pub async fn call(ds: &DsNfs, call: &Call<'_>, rec: &Bytes, peer: SocketAddr, st
                 op if shared::sessionless(&op) => {
                     let principal = crate::nfs4::state::Principal::of(&call.auth);
                     let role = EXCHGID4_FLAG_USE_PNFS_DS;
-                    let (s, w, _) = session_ops::run_on(&ds.nfs4, op, role, principal, &mut cx.session, None);
+                    let (s, w, _) =
+                        session_ops::run_on(&ds.nfs4, op, role, (principal, peer.ip()), &mut cx.session, None);
                     (s, w)
                 }
                 op => run(ds, &mut cx, op, rec, peer, stats).await,

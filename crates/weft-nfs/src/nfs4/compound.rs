@@ -37,6 +37,8 @@ pub struct Ctx<'g> {
     pub transport: crate::Transport,
     /// Who the call's credential names (the client-level ops check it: [`super::state::Principal`]).
     pub principal: super::state::Principal,
+    /// The IP address the call came from (clients per address are bounded).
+    pub peer: std::net::IpAddr,
 }
 
 impl Ctx<'_> {
@@ -256,6 +258,7 @@ pub async fn call(
         reply_bytes: HEAD_BYTES + tag.len().div_ceil(4) * 4,
         transport: call.transport,
         principal: super::state::Principal::of(&call.auth),
+        peer: peer.ip(),
     };
     let head = cx.reply_bytes;
     let mut results = Writer::new();

@@ -34,14 +34,15 @@ async fn release(cx: &Ctx<'_>, owners: Vec<u64>) {
 pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
     // A metadata server only while layouts are served (`--pnfs`); never both (RFC 8881 §13.1).
     let role = if cx.gw.pnfs { EXCHGID4_FLAG_USE_PNFS_MDS } else { EXCHGID4_FLAG_USE_NON_PNFS };
-    let (st, w, released) = run_on(&cx.gw.nfs4, op, role, cx.principal, &mut cx.session, cx.conn.clone());
+    let (st, w, released) = run_on(&cx.gw.nfs4, op, role, (cx.principal, cx.peer), &mut cx.session, cx.conn.clone());
     release(cx, released).await;
     (st, w)
 }
 
 /// The session-less ops on `nfs4`'s state, for the gateway and the pNFS data server alike: `role` is the
 /// EXCHANGE_ID flag naming what the server is (`EXCHGID4_FLAG_USE_NON_PNFS`, `_USE_PNFS_MDS`, `_USE_PNFS_DS`).
-/// `principal`: who the call's credential names; a client's record, sessions and back channels are its maker's.
+/// `principal`: who the call's credential names, and the IP address it came from; a client's record, sessions and
+/// back channels are its maker's.
 /// `own_session` is the compound's session, forgotten when the compound destroys it. Returns the status, the
 /// result body and the MDS lock owners of the client state it dropped (for the gateway to release). `conn`: the
 /// TCP connection the call came on, which can carry callbacks (`None`: RDMA, or a data server, which calls nobody
@@ -50,7 +51,7 @@ pub(crate) fn run_on(
     nfs4: &super::Server,
     op: Op<'_>,
     role: u32,
-    principal: super::state::Principal,
+    (principal, addr): (super::state::Principal, std::net::IpAddr),
     own_session: &mut Option<([u8; 16], u32)>,
     conn: Option<Arc<BackConn>>,
 ) -> (u32, Writer, Vec<u64>) {
@@ -59,7 +60,7 @@ pub(crate) fn run_on(
     let mut released = Vec::new();
     let st = match op {
         Op::ExchangeId { verifier, owner, flags: _ } => {
-            let r = nfs4.state().exchange_id(owner, verifier, principal, now);
+            let r = nfs4.state().exchange_id(owner, verifier, principal, addr, now);
             match r {
                 Ok((ex, dropped)) => {
                     released = dropped;

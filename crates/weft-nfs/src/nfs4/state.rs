@@ -12,6 +12,7 @@
 //! a full device table forgets the devices no layout names, and a device id is never reused within an epoch.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 
 use ring::hmac;
 
@@ -40,6 +41,10 @@ pub struct StateConfig {
     /// Open and lock stateids one client holds at once (past it OPEN and a new lock-owner's LOCK are
     /// NFS4ERR_RESOURCE, logged with the client's owner): one client cannot fill the stateid table.
     pub stateids_per_client_max: usize,
+    /// Clients made by EXCHANGE_IDs from one IP address and alive at once (past it a new client owner from that
+    /// address is NFS4ERR_RESOURCE, logged with the address): one host cannot fill the client table with made-up
+    /// owner strings. A Linux host uses one client per server and network namespace.
+    pub clients_per_address_max: usize,
     /// pNFS layout stateids held at once (one per client and file).
     pub layouts_max: usize,
     /// pNFS devices (distinct ordered server lists) remembered.
@@ -68,6 +73,7 @@ impl Default for StateConfig {
             stateids_max: 65_536,
             sessions_per_client_max: 16,
             stateids_per_client_max: 16_384,
+            clients_per_address_max: 64,
             layouts_max: 65_536,
             devices_max: 4096,
             callbacks_max: 64,
@@ -213,6 +219,8 @@ impl Ids {
 struct ClientRec {
     owner: Vec<u8>,
     principal: Principal,
+    /// The IP address its EXCHANGE_ID came from (counted against `clients_per_address_max`).
+    addr: IpAddr,
     verifier: [u8; 8],
     confirmed: bool,
     /// The last CREATE_SESSION sequence id processed, and its reply.
@@ -462,6 +470,7 @@ impl State {
         owner: &[u8],
         verifier: [u8; 8],
         principal: Principal,
+        addr: IpAddr,
         now_ms: u64,
     ) -> R<(Exchanged, Vec<u64>)> {
         let existing = self.clients.iter().find(|(_, c)| c.owner == owner).map(|(k, _)| *k);
@@ -484,12 +493,23 @@ impl State {
         if self.clients.len() >= self.cfg.clients_max {
             return Err(NFS4ERR_RESOURCE);
         }
+        let quota = self.cfg.clients_per_address_max;
+        if self.clients.values().filter(|c| c.addr == addr).count() >= quota {
+            tracing::warn!(
+                %addr,
+                owner = %String::from_utf8_lossy(owner),
+                quota,
+                "EXCHANGE_ID refused: the address holds its quota of NFSv4 clients (NFS4ERR_RESOURCE)"
+            );
+            return Err(NFS4ERR_RESOURCE);
+        }
         let clientid = self.new_clientid();
         self.clients.insert(
             clientid,
             ClientRec {
                 owner: owner.to_vec(),
                 principal,
+                addr,
                 verifier,
                 confirmed: false,
                 cs_seq: 0,
@@ -1178,13 +1198,14 @@ mod tests {
 
     /// The principal every test client uses (a Linux client's machine credential: AUTH_SYS root).
     const P: Principal = Principal { flavor: 1, uid: 0, gid: 0 };
+    const HOST: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 1));
 
     fn cfg() -> StateConfig {
         StateConfig { lease_ms: 1000, grace_ms: 500, ..StateConfig::default() }
     }
 
     fn session(st: &mut State, owner: &[u8], now: u64) -> (u64, [u8; 16]) {
-        let (ex, _) = st.exchange_id(owner, [1; 8], P, now).unwrap();
+        let (ex, _) = st.exchange_id(owner, [1; 8], P, HOST, now).unwrap();
         let cs = st.create_session(ex.clientid, ex.seq, attrs(), P, now).unwrap();
         (ex.clientid, cs.sessionid)
     }
@@ -1192,7 +1213,7 @@ mod tests {
     #[test]
     fn exchange_and_create_session_replay_and_misorder() {
         let mut st = State::new(cfg(), 7, 0);
-        let (ex, _) = st.exchange_id(b"a", [1; 8], P, 0).unwrap();
+        let (ex, _) = st.exchange_id(b"a", [1; 8], P, HOST, 0).unwrap();
         assert!(!ex.confirmed);
         assert_eq!(ex.clientid >> 32, 7);
         let cs = st.create_session(ex.clientid, 1, attrs(), P, 0).unwrap();
@@ -1203,10 +1224,10 @@ mod tests {
         assert_eq!(st.create_session(ex.clientid, 3, attrs(), P, 0), Err(NFS4ERR_SEQ_MISORDERED));
         assert_eq!(st.create_session(ex.clientid ^ (1 << 40), 2, attrs(), P, 0), Err(NFS4ERR_STALE_CLIENTID));
         // The same owner and verifier again: the same client, now confirmed.
-        let (again, _) = st.exchange_id(b"a", [1; 8], P, 0).unwrap();
+        let (again, _) = st.exchange_id(b"a", [1; 8], P, HOST, 0).unwrap();
         assert_eq!((again.clientid, again.confirmed, again.seq), (ex.clientid, true, 2));
         // A new verifier: the client rebooted; its state is gone.
-        let (rebooted, _) = st.exchange_id(b"a", [2; 8], P, 0).unwrap();
+        let (rebooted, _) = st.exchange_id(b"a", [2; 8], P, HOST, 0).unwrap();
         assert_ne!(rebooted.clientid, ex.clientid);
         assert_eq!(st.sequence(&cs.sessionid, 0, 1, 0), Err(NFS4ERR_BADSESSION));
     }
@@ -1218,8 +1239,8 @@ mod tests {
         let (cid, sid) = session(&mut st, b"victim", 0);
         let mallory = Principal { flavor: 1, uid: 1000, gid: 1000 };
         // Another principal cannot take the owner string (not even with a new verifier) while the lease lives…
-        assert_eq!(st.exchange_id(b"victim", [9; 8], mallory, 10).map(|_| ()), Err(NFS4ERR_CLID_INUSE));
-        assert_eq!(st.exchange_id(b"victim", [1; 8], mallory, 10).map(|_| ()), Err(NFS4ERR_CLID_INUSE));
+        assert_eq!(st.exchange_id(b"victim", [9; 8], mallory, HOST, 10).map(|_| ()), Err(NFS4ERR_CLID_INUSE));
+        assert_eq!(st.exchange_id(b"victim", [1; 8], mallory, HOST, 10).map(|_| ()), Err(NFS4ERR_CLID_INUSE));
         // …nor act on the client's sessions or the client itself.
         assert_eq!(st.create_session(cid, 2, attrs(), mallory, 10), Err(NFS4ERR_CLID_INUSE));
         assert_eq!(st.destroy_session(&sid, mallory), Err(NFS4ERR_WRONG_CRED));
@@ -1228,7 +1249,7 @@ mod tests {
         assert!(matches!(st.sequence(&sid, 0, 1, 20), Ok(SeqOutcome::New { .. })), "the victim's session lives");
         assert_eq!(st.session_principal_is(&sid, P), Ok(()));
         // Once its lease has run out, the owner string is free for anyone.
-        let (taken, _) = st.exchange_id(b"victim", [9; 8], mallory, 2000).unwrap();
+        let (taken, _) = st.exchange_id(b"victim", [9; 8], mallory, HOST, 2000).unwrap();
         assert_ne!(taken.clientid, cid);
         assert_eq!(st.sequence(&sid, 0, 2, 2000), Err(NFS4ERR_BADSESSION));
     }
@@ -1236,8 +1257,12 @@ mod tests {
     /// Client and session ids are drawn under the start's secret: neither follows from the last one seen.
     #[test]
     fn ids_are_unguessable_and_unique() {
-        let mut st =
-            State::new(StateConfig { clients_max: 4096, sessions_max: 4096, ..cfg() }, 7, 0).with_id_secret(&[5; 32]);
+        let mut st = State::new(
+            StateConfig { clients_max: 4096, sessions_max: 4096, clients_per_address_max: 4096, ..cfg() },
+            7,
+            0,
+        )
+        .with_id_secret(&[5; 32]);
         let mut clients = std::collections::HashSet::new();
         let mut steps = std::collections::HashSet::new();
         let mut last = 0u64;
@@ -1250,6 +1275,27 @@ mod tests {
             last = cid;
         }
         assert!(steps.len() > 500, "ids do not step by a constant: {} distinct steps", steps.len());
+    }
+
+    /// One address cannot fill the client table with made-up owners (issue 31): past its quota a new owner from it
+    /// is NFS4ERR_RESOURCE, while its existing clients renew and rebooted ones (a new verifier) are replaced, and
+    /// another address still gets a client; a client whose lease ran out frees its place.
+    #[test]
+    fn an_address_holds_at_most_its_quota_of_clients() {
+        let mut st = State::new(StateConfig { clients_per_address_max: 3, ..cfg() }, 1, 0);
+        let other = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
+        let ex = |st: &mut State, owner: &[u8], verf: u8, addr: IpAddr, now: u64| {
+            st.exchange_id(owner, [verf; 8], P, addr, now).map(|(e, _)| e.clientid)
+        };
+        for i in 0..3u8 {
+            ex(&mut st, &[b'c', i], 1, HOST, 0).unwrap();
+        }
+        assert_eq!(ex(&mut st, b"c9", 1, HOST, 0), Err(NFS4ERR_RESOURCE), "a fourth owner from one address");
+        assert!(ex(&mut st, &[b'c', 0], 1, HOST, 0).is_ok(), "a known client renews");
+        assert!(ex(&mut st, &[b'c', 1], 2, HOST, 0).is_ok(), "a rebooted client is replaced");
+        assert!(ex(&mut st, b"c9", 1, other, 0).is_ok(), "another address");
+        st.expire(5_000);
+        assert!(ex(&mut st, b"c9", 1, HOST, 5_000).is_ok(), "expired clients free the address's places");
     }
 
     /// One client cannot fill the shared tables (issue 31): past its quotas its CREATE_SESSION, OPEN and new
