@@ -1,6 +1,7 @@
 //! An open file's capability (docs/format.md §10) and its renewal: every data-server request of a [`crate::File`]
 //! carries the current one; once less than a third of its lifetime remains (timed by this client's clock from the
-//! moment the MDS's answer arrived, so clocks need not agree), the next request renews it first with `Open`, and a
+//! moment the MDS's answer arrived, so clocks need not agree), the next request renews it first with `RenewOpen`
+//! (the owner keeps the open's rights whatever the mode, as with knfsd; others are checked again), and a
 //! request refused as expired renews and retries once. Renewal is single-flight: many I/Os in flight renew once.
 //! A long-held file (the FUSE mount keeps them for as long as the kernel does) renews lazily on its next I/O.
 
@@ -104,7 +105,7 @@ impl CapHolder {
             }
             s.rights
         };
-        let opened = self.client.open_capability(self.ino, rights).await?;
+        let opened = self.client.renew_capability(self.ino, rights, stale).await?;
         let now = Instant::now();
         let mut s = self.state.lock().expect("capability");
         s.renew_at = renew_at(now, &opened.cap, opened.ttl_ms);

@@ -692,6 +692,21 @@ impl Client {
         Ok(meta_call!(self, Open(OpenReq { ino, rights })))
     }
 
+    /// `RenewOpen` (op 143): a fresh capability for `rights` on `ino`, which this client holds open with `cap`
+    /// (expired or not). The owner keeps the open's rights whatever the mode now; anyone else is checked again. An
+    /// MDS older than op 143 answers `BadRequest`: then `Open`, which checks everyone by the mode.
+    pub async fn renew_capability(&self, ino: u64, rights: Rights, cap: &Capability) -> Result<OpenResp, ClientError> {
+        let req = weft_proto::msg::RenewOpenReq { ino, rights, cap: cap.clone() };
+        match self.meta(Request::RenewOpen(req)).await {
+            Ok(Response::RenewOpen(r)) => Ok(r),
+            Err(ClientError::Meta(weft_rpc::RpcError::Remote(e))) if e.code == ErrorCode::BadRequest => {
+                self.open_capability(ino, rights).await
+            }
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => Err(e),
+        }
+    }
+
     /// `PnfsHandle` (op 137, docs/format.md §23): a capability sealed for key id `"pnfs"` for file `ino`, read or
     /// (with `write`) read+write, to put into a pNFS data-server filehandle (`weft_nfs::ds::fh::encode`). The MDS
     /// checks this client's user's access as for an open; a file whose layout is not plain striping (ec, mirror)

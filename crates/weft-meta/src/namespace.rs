@@ -462,6 +462,16 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
     /// have objects on the data servers. Reads only, unless `rights` cover writing: then the file's data version
     /// advances (a write transaction).
     pub fn open(&self, cred: &Cred, ino: u64, rights: Rights) -> Result<Attr, WireError> {
+        self.open_as(cred, ino, rights, false)
+    }
+
+    /// [`Namespace::open`] renewing an open the caller proved (`RenewOpen`): with `owner_keeps`, the file's owner
+    /// passes whatever the mode, as knfsd's owner override (the owner could chmod the file back anyway).
+    pub fn renew_open(&self, cred: &Cred, ino: u64, rights: Rights, owner_keeps: bool) -> Result<Attr, WireError> {
+        self.open_as(cred, ino, rights, owner_keeps)
+    }
+
+    fn open_as(&self, cred: &Cred, ino: u64, rights: Rights, owner_keeps: bool) -> Result<Attr, WireError> {
         if !rights.is_valid() {
             return Err(werr(ErrorCode::Invalid, format!("open of inode {ino} asks for no valid rights ({rights:?})")));
         }
@@ -486,7 +496,9 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
                     ));
                 }
             }
-            may(t, cred, &inode, Mask::from_bits(bits))?;
+            if !(owner_keeps && cred.owns(&inode)) {
+                may(t, cred, &inode, Mask::from_bits(bits))?;
+            }
             Ok(inode)
         };
         if !rights.covers(Rights::WRITE) {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use weft_proto::msg::{
     CreateReq, HealProgress, ListStaleResp, MetaBackupReq, OpenReq, OpenResp, PNFS_KEY_ID, PnfsHandleReq,
-    PnfsHandleResp, SetSizeOpenReq,
+    PnfsHandleResp, RenewOpenReq, SetSizeOpenReq,
 };
 use weft_proto::{Attr, Capability, DataRedundancy, ErrorCode, Request, Response, Rights, UserCred, WireError};
 use weft_rpc::keyring::NOBODY_ID;
@@ -262,6 +262,33 @@ impl MetaService {
         Ok(Response::Open(self.opened(ctx, attr, r.rights)?))
     }
 
+    /// `RenewOpen`: [`MetaService::open`] for a file the caller holds open; its owner keeps the open's rights
+    /// whatever the mode when `r.cap` proves the open ([`MetaService::proves_open`]).
+    async fn renew_open(&self, ctx: &CallCtx, cred: Cred, r: RenewOpenReq) -> Result<Response, WireError> {
+        let owner_keeps = self.proves_open(ctx, &r);
+        let (ino, rights) = (r.ino, r.rights);
+        let attr = if rights.covers(Rights::WRITE) {
+            let ns = self.ns.clone();
+            tokio::task::spawn_blocking(move || ns.renew_open(&cred, ino, rights, owner_keeps))
+                .await
+                .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??
+        } else {
+            self.ns.renew_open(&cred, ino, rights, owner_keeps)?
+        };
+        Ok(Response::RenewOpen(self.opened(ctx, attr, rights)?))
+    }
+
+    /// Whether `r.cap` proves that this connection's key opened `r.ino` for `r.rights`: sealed by this cluster, for
+    /// that inode, rights and key, of any age (an open held idle past its capability's lifetime is still an open).
+    /// With authentication off every claim is believed, as every asserted user is.
+    fn proves_open(&self, ctx: &CallCtx, r: &RenewOpenReq) -> bool {
+        let Some(key) = &self.cap_key else { return true };
+        let Principal::Key { key_id, .. } = &ctx.principal else { return false };
+        let now_ms = weft_rpc::capability::unix_now_ms();
+        let demand = Demand { ino: r.ino, rights: r.rights, key_id, now_ms, skew_ms: u64::MAX };
+        key.check(&r.cap, &demand).is_ok()
+    }
+
     /// `CreateOpen`: a create and an open for reading and writing in one transaction
     /// ([`crate::Namespace::create_open`]): a new file's creator may write it whatever its mode, as open(2) with
     /// `O_CREAT`; an existing file's mode is checked.
@@ -411,6 +438,7 @@ impl Service for MetaService {
                     resp
                 }
                 Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
+                Request::RenewOpen(r) => self.renew_open(ctx, cred, r).await?,
                 Request::SetSizeOpen(r) => self.set_size_open(ctx, cred, r).await?,
                 Request::MetaBackup(r) => return self.backup(ctx, r).await,
                 Request::PnfsHandle(r) => self.pnfs_handle(ctx, cred, r).await?,
@@ -487,6 +515,7 @@ fn target_of(req: &Request) -> (u64, Option<String>) {
         Request::SetLayout(r) => (r.ino, None),
         Request::Commit(r) | Request::CommitWcc(r) => (r.ino, None),
         Request::Open(r) => (r.ino, None),
+        Request::RenewOpen(r) => (r.ino, None),
         Request::PnfsHandle(r) => (r.ino, None),
         Request::GetXattr(r) | Request::RemoveXattr(r) => (r.ino, Some(r.name.clone())),
         Request::SetXattr(r) => (r.ino, Some(r.name.clone())),
@@ -523,6 +552,7 @@ fn inodes_named(req: &Request) -> Vec<u64> {
         Request::SetLayout(r) => vec![r.ino],
         Request::Commit(r) | Request::CommitWcc(r) => vec![r.ino],
         Request::Open(r) => vec![r.ino],
+        Request::RenewOpen(r) => vec![r.ino],
         Request::PnfsHandle(r) => vec![r.ino],
         Request::GetXattr(r) | Request::RemoveXattr(r) => vec![r.ino],
         Request::SetXattr(r) => vec![r.ino],

@@ -201,6 +201,11 @@ messages! {
     /// truncate time, as Linux's `do_ftruncate` (docs/format.md §10). Otherwise as `SetAttr` with a size: a
     /// non-privileged caller drops set-ID bits and file capabilities. A path truncate is `SetAttr`.
     SetSizeOpen = 142: SetSizeOpenReq => Attr, idempotent = false, data = false;
+    /// A capability renewed for a file the caller holds open (`cap`, a capability of an earlier `Open` or
+    /// `CreateOpen` of `ino` for `rights` by this key, expired or not): as `Open`, except that the file's owner
+    /// keeps the rights its open had whatever the mode now, as knfsd's owner override (a file created `0444` and
+    /// written for minutes). Anyone else is checked by the mode now: a right taken away ends at renewal.
+    RenewOpen = 143: RenewOpenReq => OpenResp, idempotent = true, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -655,6 +660,15 @@ pub struct RegisterPnfsReq {
     /// At most [`PNFS_ADDRS_MAX`] socket addresses, `ip:port` (IPv6 as `[ip]:port`), each prefixed by
     /// [`PNFS_RDMA_PREFIX`] when served over RPC-over-RDMA ([`parse_pnfs_addr`]).
     pub addrs: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewOpenReq {
+    pub ino: u64,
+    /// The rights to renew: those of the open (`cap` must grant them).
+    pub rights: Rights,
+    /// The capability being renewed: its MAC, inode, rights and key prove the open; its expiry does not matter.
+    pub cap: Capability,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -257,6 +257,45 @@ async fn a_walk_of_inode_numbers_by_another_user_reaches_nothing_behind_a_privat
     assert_eq!(root.with_user(bob()).getattr(hidden).await.unwrap().ino, hidden, "the cluster key is a trusted host");
 }
 
+/// A capability renewed for a file held open (`RenewOpen`): its owner keeps the open's rights whatever the mode, as
+/// knfsd's owner override (`cp` of a 0444 file creates it 0444 and may write for minutes), while a non-owner's
+/// right taken away by a chmod ends at the next renewal. Capabilities live 1.5 s here (renewed after 1 s); each
+/// wait is past the renewal point of the capability the write before it used.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_owner_keeps_writing_a_read_only_file_it_holds_open_past_renewals_and_others_do_not() {
+    const TTL_MS: u64 = 1_500;
+    let cl =
+        common::start_with("perm-renew", 2, |o| o.meta_extra_toml = format!("capability_ttl_ms = {TTL_MS}\n")).await;
+    let root = cl.client().await;
+    let shared = shared_dir(&root).await;
+    let a = root.with_user(alice());
+    let past_renewal = || tokio::time::sleep(std::time::Duration::from_millis(TTL_MS));
+
+    // Created 0444 and written across three renewals by its owner.
+    let f = a.create_path("/shared/ro", 0o444, true, false).await.unwrap();
+    for (i, part) in [b"one ", b"two ", b"six "].iter().enumerate() {
+        f.write_at(i as u64 * 4, Bytes::from_static(*part)).await.unwrap_or_else(|e| panic!("write {i}: {e}"));
+        past_renewal().await;
+    }
+    f.close().await.unwrap();
+    let back = a.open("/shared/ro", OpenMode::Read).await.unwrap();
+    assert_eq!(&back.read_at(0, BytesMut::zeroed(12)).await.unwrap()[..], b"one two six ");
+    assert_eq!(code(a.open("/shared/ro", OpenMode::Write).await.map(|f| f.ino())), ErrorCode::Permission, "a new open");
+    // A renewal without a genuine capability of that open proves nothing: the mode decides.
+    let forged = Capability { ino: back.ino(), rights: Rights::READ_WRITE, ..Capability::none() };
+    assert_eq!(code(a.renew_capability(back.ino(), Rights::READ_WRITE, &forged).await), ErrorCode::Permission);
+
+    // Bob writes through the group's right until Alice takes it away: then his renewal is refused.
+    let g = a.create(shared, "group", 0o664, true).await.unwrap();
+    let b = root.with_user(bob());
+    let bf = b.open_ino(g.ino, OpenMode::Write).await.unwrap();
+    bf.write_at(0, Bytes::from_static(b"bob")).await.unwrap();
+    a.setattr(g.ino, SetAttrs { mode: Some(0o644), ..SetAttrs::default() }).await.unwrap();
+    past_renewal().await;
+    let e = bf.write_at(3, Bytes::from_static(b"!")).await.expect_err("a right taken away ends at renewal");
+    assert_eq!(e.code(), Some(ErrorCode::Permission), "{e}");
+}
+
 /// Runs `weft ARGS` as uid/gid 1000 with no supplementary groups, over tcp (the shm socket belongs to root).
 fn weft_as_1000(cluster_file: &Path, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new("setpriv")

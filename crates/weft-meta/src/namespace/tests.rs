@@ -1472,6 +1472,10 @@ fn open_checks_the_callers_access_for_the_rights_asked<S: TestStore>() {
     assert_eq!(code(ns.open(&bob(), f.ino, Rights::WRITE)), ErrorCode::Permission);
     assert!(ns.open(&bob(), f.ino, Rights::READ).is_ok());
     assert!(ns.open(&Cred::root(), f.ino, Rights::READ_WRITE).is_ok());
+    // A renewal of a proven open: the owner keeps writing (knfsd's owner override); others are checked.
+    assert!(ns.renew_open(&bob(), f.ino, Rights::READ_WRITE, true).is_ok());
+    assert_eq!(code(ns.renew_open(&bob(), f.ino, Rights::WRITE, false)), ErrorCode::Permission, "unproven");
+    assert_eq!(code(ns.renew_open(&alice(), f.ino, Rights::WRITE, true)), ErrorCode::Permission, "not the owner");
     assert_eq!(code(ns.open(&bob(), f.ino, Rights::NONE)), ErrorCode::Invalid);
     let d = dir_of(&ns, ROOT_INO, "d", 0o755, BOB, USERS);
     assert_eq!(code(ns.open(&bob(), d.ino, Rights::READ)), ErrorCode::IsDir);
