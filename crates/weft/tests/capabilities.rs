@@ -229,7 +229,9 @@ async fn open_refuses_directories_and_special_files() {
 
 /// Taking write permission away from a user: a new write open is refused at once, and the user's file already
 /// open for writing keeps its old capability only until that expires (the bound ARCHITECTURE.md states); its
-/// renewal is refused, so its next write fails and nothing reaches the disk.
+/// renewal is refused, so its next write fails and nothing reaches the disk. The user here is not the file's
+/// owner: an owner keeps the rights of an open it holds (`RenewOpen`, knfsd's owner override; it could chmod the
+/// file back anyway), and writes on.
 #[tokio::test]
 async fn a_chmod_revokes_a_users_open_write_capability_within_its_lifetime() {
     const TTL_MS: u64 = 2000;
@@ -242,23 +244,28 @@ async fn a_chmod_revokes_a_users_open_write_capability_within_its_lifetime() {
     let shared = root.mkdir(ROOT_INO, "shared", 0o777).await.unwrap().ino;
     root.setattr(shared, SetAttrs { mode: Some(0o777), ..Default::default() }).await.unwrap();
     let alice = root.with_user(weft_proto::UserCred { uid: 1000, gid: 100, groups: vec![] });
-    let f = alice.create_path("/shared/a", 0o644, true, false).await.unwrap();
-    let ino = f.ino();
+    let bob = root.with_user(weft_proto::UserCred { uid: 1001, gid: 100, groups: vec![] });
+    let own = alice.create_path("/shared/a", 0o666, true, false).await.unwrap();
+    let ino = own.ino();
+    let f = bob.open("/shared/a", OpenMode::Write).await.unwrap();
     f.write_at(0, Bytes::from_static(b"first")).await.unwrap();
     f.sync().await.unwrap();
     let issued_ms = unix_now_ms();
 
-    root.setattr(ino, SetAttrs { mode: Some(0o444), ..Default::default() }).await.unwrap();
-    let refused = alice.open("/shared/a", OpenMode::Write).await.map(|_| ()).unwrap_err();
+    root.setattr(ino, SetAttrs { mode: Some(0o644), ..Default::default() }).await.unwrap();
+    let refused = bob.open("/shared/a", OpenMode::Write).await.map(|_| ()).unwrap_err();
     assert_eq!(refused.code(), Some(ErrorCode::Permission), "a new write open after the chmod: {refused}");
 
-    // Past the old capability's lifetime, the open file must renew, and the MDS refuses alice a write capability.
+    // Past the old capability's lifetime, the open file must renew, and the MDS refuses bob a write capability.
     wait_until_past(issued_ms + TTL_MS).await;
     let late = f.write_at(0, Bytes::from_static(b"later")).await.expect_err("a write past the lifetime, revoked");
     assert_eq!(late.code(), Some(ErrorCode::Permission), "the renewal is refused: {late}");
     let object = object_path(&c.data_root(0), ino);
     assert_eq!(&std::fs::read(&object).unwrap()[..5], b"first", "the revoked write reached the disk");
+    // The owner's open, as old, renews: it writes on.
+    own.write_at(5, Bytes::from_static(b"+owner")).await.unwrap();
+    own.close().await.unwrap();
     // Reading is still allowed (mode 0444): the renewal for reading succeeds.
-    let r = alice.open("/shared/a", OpenMode::Read).await.unwrap();
-    assert_eq!(&r.read_at(0, BytesMut::zeroed(5)).await.unwrap()[..], b"first");
+    let r = bob.open("/shared/a", OpenMode::Read).await.unwrap();
+    assert_eq!(&r.read_at(0, BytesMut::zeroed(11)).await.unwrap()[..], b"first+owner");
 }
