@@ -24,6 +24,8 @@ pub const LOCKED_INODES_PER_SESSION_MAX: usize = 4096;
 const PRINCIPAL_BYTES_MAX: usize = 255;
 
 const VERSION: u8 = 1;
+/// Session records: version 2 adds `entries` (issue 31); version 1 still reads.
+const SESSION_VERSION: u8 = 2;
 const LOCK_BYTES: usize = 38;
 
 /// The start of every lock record's name at inode 0 (`lock.<ino>`).
@@ -48,6 +50,9 @@ pub struct SessionRecord {
     pub principal: String,
     /// The inodes it holds locks on, ascending, without repeats.
     pub inodes: Vec<u64>,
+    /// The lock entries it holds on them all (ranges and flock locks, as `LockTable` counts them), at least one
+    /// per inode: what a per-client key's quota counts (`locks_per_client_session_max`).
+    pub entries: u32,
 }
 
 /// Why a shared-store lock call changed nothing.
@@ -57,6 +62,10 @@ pub enum Refused {
     Lock(LockError),
     /// `AdoptLocks` of a session that took its locks under another key.
     OtherPrincipal(String),
+    /// A new lock of a session that holds its quota (`Caller::quota`) already.
+    Quota {
+        held: u32,
+    },
 }
 
 impl From<MetaError> for Refused {
@@ -125,34 +134,44 @@ pub fn decode_locks(b: &[u8]) -> Result<Vec<StoredLock>, MetaError> {
 
 pub fn encode_session(r: &SessionRecord) -> Vec<u8> {
     let p = &r.principal.as_bytes()[..r.principal.len().min(PRINCIPAL_BYTES_MAX)];
-    let mut v = Vec::with_capacity(15 + p.len() + 8 * r.inodes.len());
-    v.push(VERSION);
+    let mut v = Vec::with_capacity(19 + p.len() + 8 * r.inodes.len());
+    v.push(SESSION_VERSION);
     v.extend_from_slice(&r.service.to_le_bytes());
     v.extend_from_slice(&(p.len() as u16).to_le_bytes());
     v.extend_from_slice(p);
     v.extend_from_slice(&(r.inodes.len() as u32).to_le_bytes());
     r.inodes.iter().for_each(|i| v.extend_from_slice(&i.to_le_bytes()));
+    v.extend_from_slice(&r.entries.to_le_bytes());
     v
 }
 
 pub fn decode_session(b: &[u8]) -> Result<SessionRecord, MetaError> {
-    if b.len() < 11 || b[0] != VERSION {
-        return Err(corrupt("session: no version 1 header"));
+    if b.len() < 11 || !(b[0] == 1 || b[0] == SESSION_VERSION) {
+        return Err(corrupt("session: no version 1 or 2 header"));
     }
+    let tail = if b[0] == 1 { 0 } else { 4 };
     let p = u16::from_le_bytes([b[9], b[10]]) as usize;
     if p > PRINCIPAL_BYTES_MAX || b.len() < 15 + p {
         return Err(corrupt("session: short"));
     }
     let principal = String::from_utf8(b[11..11 + p].to_vec()).map_err(|_| corrupt("session: principal"))?;
     let n = u32::from_le_bytes(b[11 + p..15 + p].try_into().expect("4 bytes")) as usize;
-    if n > LOCKED_INODES_PER_SESSION_MAX || b.len() != 15 + p + 8 * n {
+    if n > LOCKED_INODES_PER_SESSION_MAX || b.len() != 15 + p + 8 * n + tail {
         return Err(corrupt(&format!("session: {} bytes for {n} inodes", b.len())));
     }
-    let inodes: Vec<u64> = b[15 + p..].chunks_exact(8).map(|c| u64_at(c, 0)).collect();
+    let inodes: Vec<u64> = b[15 + p..15 + p + 8 * n].chunks_exact(8).map(|c| u64_at(c, 0)).collect();
     if inodes.windows(2).any(|w| w[0] >= w[1]) {
         return Err(corrupt("session: inodes not ascending"));
     }
-    Ok(SessionRecord { service: u64_at(b, 1), principal, inodes })
+    // Version 1 did not count: each inode holds at least one entry.
+    let entries = match tail {
+        0 => n as u32,
+        _ => u32::from_le_bytes(b[b.len() - 4..].try_into().expect("4 bytes")),
+    };
+    if (entries as usize) < n {
+        return Err(corrupt(&format!("session: {entries} entries on {n} inodes")));
+    }
+    Ok(SessionRecord { service: u64_at(b, 1), principal, inodes, entries })
 }
 
 /// For the fuzz target: decodes arbitrary bytes as both records; what decodes encodes back to the same bytes, and
@@ -165,7 +184,11 @@ pub fn fuzz_decode(v: &[u8]) {
         }
     }
     if let Ok(r) = decode_session(v) {
-        assert_eq!(encode_session(&r), v, "session record round trip");
+        let again = encode_session(&r);
+        if v[0] == SESSION_VERSION {
+            assert_eq!(again, v, "session record round trip");
+        }
+        assert_eq!(decode_session(&again).expect("what it wrote reads back"), r, "an old record upgraded");
     }
 }
 
@@ -198,26 +221,34 @@ fn save_session(t: &mut dyn MetaTxn, session: u64, r: &SessionRecord) -> Result<
     }
 }
 
-/// Who is asking: its session, the key its connection proved, the service it reached.
+/// Who is asking: its session, the key its connection proved, the service it reached, and the most lock entries
+/// its session may hold (`None`: the cluster key's sessions, bounded by the records' own limits only).
 #[derive(Debug, Clone, Copy)]
 pub struct Caller<'a> {
     pub session: u64,
     pub principal: &'a str,
     pub service: u64,
+    pub quota: Option<u32>,
 }
 
 /// `SetLock` on `ino` for (`who.session`, `owner`): applied, or refused with nothing written. Answers whether
 /// the session holds any lock afterwards.
 pub fn set<S: MetaStore>(store: &S, who: Caller<'_>, ino: u64, owner: u64, op: LockOp) -> Result<bool, Refused> {
     store.write(|t| {
-        let mut table = load_table(t, ino)?;
-        table.set(ino, Owner { session: who.session, owner }, op).map_err(Refused::Lock)?;
-        save_table(t, ino, &table)?;
         let mut rec = load_session(t, who.session)?.unwrap_or_else(|| SessionRecord {
             service: who.service,
             principal: who.principal.to_string(),
             inodes: Vec::new(),
+            entries: 0,
         });
+        if op.kind.is_some() && who.quota.is_some_and(|q| rec.entries >= q) {
+            return Err(Refused::Quota { held: rec.entries });
+        }
+        let mut table = load_table(t, ino)?;
+        let before = table.held_by(who.session);
+        table.set(ino, Owner { session: who.session, owner }, op).map_err(Refused::Lock)?;
+        save_table(t, ino, &table)?;
+        rec.entries = count_after(rec.entries, before, table.held_by(who.session));
         let at = rec.inodes.binary_search(&ino);
         match (table.session_holds(who.session), at) {
             (true, Err(i)) => {
@@ -234,6 +265,12 @@ pub fn set<S: MetaStore>(store: &S, who: Caller<'_>, ino: u64, owner: u64, op: L
         save_session(t, who.session, &rec)?;
         Ok(!rec.inodes.is_empty())
     })
+}
+
+/// A session's entry count after one inode's went from `before` to `after`.
+fn count_after(entries: u32, before: usize, after: usize) -> u32 {
+    let n = (entries as usize).saturating_sub(before).saturating_add(after);
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// `GetLock`: the first conflicting lock of another owner.
@@ -275,8 +312,10 @@ pub fn release_in(
     let inodes: Vec<u64> = rec.inodes.iter().copied().filter(|i| ino.is_none_or(|x| x == *i)).collect();
     for i in inodes {
         let mut table = load_table(t, i)?;
+        let before = table.held_by(session);
         removed += table.release(session, Some(i), owner);
         save_table(t, i, &table)?;
+        rec.entries = count_after(rec.entries, before, table.held_by(session));
         if !table.session_holds(session) {
             rec.inodes.retain(|x| *x != i);
         }
@@ -311,12 +350,15 @@ pub fn adopt<S: MetaStore>(store: &S, who: Caller<'_>, from: u64) -> Result<Vec<
             service: who.service,
             principal: rec.principal.clone(),
             inodes: Vec::new(),
+            entries: 0,
         });
         let mut moved = Vec::new();
         for &i in &rec.inodes {
             let mut table = load_table(t, i)?;
+            let before = table.held_by(who.session);
             moved.extend(table.adopt_merge(i, from, who.session).map_err(Refused::Lock)?);
             save_table(t, i, &table)?;
+            to.entries = count_after(to.entries, before, table.held_by(who.session));
             if let Err(at) = to.inodes.binary_search(&i) {
                 to.inodes.insert(at, i);
             }

@@ -70,6 +70,9 @@ fn refused(e: db_locks::Refused) -> WireError {
     match e {
         db_locks::Refused::Lock(e) => lock_error(e),
         db_locks::Refused::Store(e) => WireError::new(ErrorCode::Io, format!("the lock records: {e}")),
+        db_locks::Refused::Quota { held } => {
+            WireError::new(ErrorCode::NoLocks, format!("the session holds {held} locks, its quota"))
+        }
         db_locks::Refused::OtherPrincipal(p) => WireError::new(
             ErrorCode::AdoptRefused,
             format!("the session took its locks as {p:?}, not as this connection"),
@@ -108,28 +111,37 @@ impl SessionLocks {
         self
     }
 
+    /// The most lock entries a session of `principal` may hold: a per-client key's quota; `None` for the cluster key
+    /// (and with authentication off), whose sessions are bounded by `locks_max` only.
+    fn quota_of(&self, principal: &Principal) -> Option<usize> {
+        (matches!(principal, Principal::Key { .. }) && !principal.is_cluster()).then_some(self.per_client_session_max)
+    }
+
     /// Refuses a new lock of a per-client key's session that holds its quota already (ENOLCK, naming the key).
     fn check_client_quota(&self, table: &LockTable, principal: &Principal, session: u64) -> Result<(), WireError> {
-        if !matches!(principal, Principal::Key { .. }) || principal.is_cluster() {
-            return Ok(());
+        match self.quota_of(principal) {
+            Some(quota) if table.held_by(session) >= quota => {
+                Err(Self::over_quota(principal, session, table.held_by(session)))
+            }
+            _ => Ok(()),
         }
-        let held = table.held_by(session);
-        if held < self.per_client_session_max {
-            return Ok(());
-        }
+    }
+
+    /// The refusal of a lock past a session's quota, logged.
+    fn over_quota(principal: &Principal, session: u64, held: usize) -> WireError {
         tracing::warn!(
             key = principal.name(),
             session = format_args!("{session:#x}"),
             held,
             "lock refused: the session holds its quota (locks_per_client_session_max)"
         );
-        Err(WireError::new(
+        WireError::new(
             ErrorCode::NoLocks,
             format!(
                 "key {:?}'s session holds {held} locks, its quota (locks_per_client_session_max)",
                 principal.name()
             ),
-        ))
+        )
     }
 
     /// Keeps the locks in `ns`'s store (docs/format.md §30), which other services share.
@@ -220,13 +232,15 @@ impl SessionLocks {
         let owner = Owner { session, owner: r.owner };
         let op = LockOp { class: r.class, kind: r.kind, start: r.start, end: r.end, pid: r.pid };
         if let Some(ns) = &self.shared {
-            let who = db_locks::Caller { session, principal: principal.name(), service: ns.instance() };
+            let quota = self.quota_of(principal).map(|q| u32::try_from(q).unwrap_or(u32::MAX));
+            let who = db_locks::Caller { session, principal: principal.name(), service: ns.instance(), quota };
             return match db_locks::set(ns.store(), who, r.ino, r.owner, op) {
                 Ok(holds) => {
                     self.note(session, holds, Some(principal));
                     Ok(None)
                 }
                 Err(db_locks::Refused::Lock(LockError::Conflict(h))) => Ok(Some(h)),
+                Err(db_locks::Refused::Quota { held }) => Err(Self::over_quota(principal, session, held as usize)),
                 Err(e) => Err(refused(e)),
             };
         }
@@ -283,7 +297,8 @@ impl SessionLocks {
             return Err(WireError::new(ErrorCode::Invalid, "a session cannot adopt its own locks"));
         }
         if let Some(ns) = &self.shared {
-            let who = db_locks::Caller { session, principal: principal.name(), service: ns.instance() };
+            // An adoption moves what was granted already: no quota (a lock past it is refused afterwards).
+            let who = db_locks::Caller { session, principal: principal.name(), service: ns.instance(), quota: None };
             let moved = db_locks::adopt(ns.store(), who, from).map_err(refused)?;
             return Ok(self.adopted(principal, from, session, moved));
         }

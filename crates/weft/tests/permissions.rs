@@ -296,6 +296,69 @@ async fn an_owner_keeps_writing_a_read_only_file_it_holds_open_past_renewals_and
     assert_eq!(e.code(), Some(ErrorCode::Permission), "{e}");
 }
 
+/// One per-client key cannot fill the MDS's shared tables (issue 31): past `sessions_per_key_max` (4 here) its next
+/// session is refused naming the key, and a session of it past `locks_per_client_session_max` (8 here) gets ENOLCK
+/// naming the key, while the cluster key's clients connect and lock as before. On one service (locks in its
+/// memory) and on two services sharing PostgreSQL (locks in the database, counted in the session's record).
+async fn one_client_key_cannot_fill_the_session_and_lock_tables(name: &str, shared_db: bool) {
+    let cl = common::start_with(name, 1, |o| {
+        o.meta_extra_toml = "sessions_per_key_max = 4\nlocks_per_client_session_max = 8\n".into();
+        if shared_db {
+            (o.postgres, o.meta_services) = (true, 2);
+        }
+    })
+    .await;
+    let root = cl.client().await;
+    let shared = shared_dir(&root).await;
+    let lab_key = key_add(&cl, "lab", &["--squash-root"]);
+    let mut lab = Vec::new();
+    for _ in 0..4 {
+        lab.push(Client::connect(&config_with_key(&cl, "lab", &lab_key)).await.unwrap().with_user(alice()));
+    }
+    // The session quota is each service's (sessions live in its memory): checked where one service serves them all.
+    if !shared_db {
+        let e = Client::connect(&config_with_key(&cl, "lab", &lab_key)).await.err().expect("a fifth session");
+        assert!(e.to_string().contains("lab"), "the refusal names the key: {e}");
+    }
+    let others = cl.client().await;
+
+    let f = lab[0].create(shared, "locked", 0o666, true).await.unwrap();
+    let lock = |start: u64| weft_proto::msg::SetLockReq {
+        ino: f.ino,
+        class: weft_proto::msg::LockClass::Posix,
+        kind: Some(weft_proto::msg::LockKind::Exclusive),
+        start,
+        end: start,
+        owner: 7,
+        pid: 1,
+    };
+    for i in 0..8 {
+        assert_eq!(lab[0].set_lock(lock(2 * i)).await.unwrap(), None, "lock {i}");
+    }
+    let e = lab[0].set_lock(lock(100)).await.expect_err("a ninth lock");
+    assert_eq!(e.code(), Some(ErrorCode::NoLocks), "{e}");
+    assert!(e.to_string().contains("lab"), "the refusal names the key: {e}");
+    // An unlock is never refused, and frees room.
+    lab[0].set_lock(weft_proto::msg::SetLockReq { kind: None, ..lock(0) }).await.unwrap();
+    assert_eq!(lab[0].set_lock(lock(100)).await.unwrap(), None);
+    // Another session of the key has a quota of its own; the cluster key's clients are bounded by the table only.
+    assert_eq!(lab[1].set_lock(weft_proto::msg::SetLockReq { owner: 8, ..lock(1) }).await.unwrap(), None);
+    for i in 0..20 {
+        let req = weft_proto::msg::SetLockReq { owner: 9, ..lock(1000 + 2 * i) };
+        assert_eq!(others.set_lock(req).await.unwrap(), None, "the cluster key's lock {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_client_key_cannot_fill_the_session_and_lock_tables_of_one_service() {
+    one_client_key_cannot_fill_the_session_and_lock_tables("perm-quota", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_client_key_cannot_fill_the_lock_records_of_services_sharing_a_database() {
+    one_client_key_cannot_fill_the_session_and_lock_tables("perm-quota-pg", true).await;
+}
+
 /// Runs `weft ARGS` as uid/gid 1000 with no supplementary groups, over tcp (the shm socket belongs to root).
 fn weft_as_1000(cluster_file: &Path, args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new("setpriv")

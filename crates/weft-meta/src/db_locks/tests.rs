@@ -6,8 +6,8 @@ use weft_proto::msg::{LockClass, LockKind};
 use super::*;
 use crate::test_stores::{TestStore, on_every_store};
 
-const A: Caller<'static> = Caller { session: 0xa, principal: "client-a", service: 1 };
-const B: Caller<'static> = Caller { session: 0xb, principal: "client-b", service: 2 };
+const A: Caller<'static> = Caller { session: 0xa, principal: "client-a", service: 1, quota: None };
+const B: Caller<'static> = Caller { session: 0xb, principal: "client-b", service: 2, quota: None };
 
 fn lock(kind: Option<LockKind>, start: u64, end: u64) -> LockOp {
     LockOp { class: LockClass::Posix, kind, start, end, pid: 42 }
@@ -69,9 +69,43 @@ fn adoption_moves_locks_to_the_new_session_of_the_same_key_only<S: TestStore>() 
     assert_eq!(release(&s, a2.session, Some(9), None).unwrap(), (1, true));
 }
 
+/// A per-client key's quota counts the session's lock entries on every inode (issue 31): past it a new lock is
+/// refused and writes nothing, an unlock (which may split a range) is not refused, and what is released frees room;
+/// a session without a quota (the cluster key) is not counted against one; adoption carries the count.
+fn a_sessions_lock_entries_are_counted_against_its_quota<S: TestStore>() {
+    let s = S::fresh();
+    let hog = Caller { quota: Some(3), ..A };
+    let entries = |session| s.read(|t| load_session(t, session)).unwrap().map_or(0, |r| r.entries);
+    set(&s, hog, 7, 1, lock(Some(LockKind::Exclusive), 0, 9)).unwrap();
+    set(&s, hog, 7, 1, lock(Some(LockKind::Exclusive), 20, 29)).unwrap();
+    set(&s, hog, 8, 1, lock(Some(LockKind::Shared), 0, 0)).unwrap();
+    assert_eq!(entries(hog.session), 3);
+    let before = records(&s);
+    assert!(matches!(set(&s, hog, 9, 1, lock(Some(LockKind::Shared), 0, 0)), Err(Refused::Quota { held: 3 })));
+    assert_eq!(records(&s), before, "a refusal writes nothing");
+    // An unlock inside a range splits it: the session may hold one past its quota that way, as in memory.
+    set(&s, hog, 7, 1, lock(None, 3, 4)).unwrap();
+    assert_eq!(entries(hog.session), 4);
+    assert_eq!(release(&s, hog.session, Some(7), None).unwrap(), (3, true));
+    assert_eq!(entries(hog.session), 1);
+    set(&s, hog, 9, 1, lock(Some(LockKind::Shared), 0, 0)).unwrap();
+    assert_eq!(entries(hog.session), 2);
+    // Another key's sessions, without a quota, are not held back by it.
+    for i in 0..5 {
+        set(&s, B, 100 + i, 1, lock(Some(LockKind::Shared), 0, 0)).unwrap();
+    }
+    // An adopting session takes over the count.
+    let next = Caller { session: 0xa3, quota: Some(3), ..A };
+    adopt(&s, Caller { quota: None, ..next }, hog.session).unwrap();
+    assert_eq!((entries(hog.session), entries(next.session)), (0, 2));
+    set(&s, next, 10, 1, lock(Some(LockKind::Shared), 0, 0)).unwrap();
+    assert!(matches!(set(&s, next, 11, 1, lock(Some(LockKind::Shared), 0, 0)), Err(Refused::Quota { held: 3 })));
+}
+
 on_every_store!(
     locks_exclude_across_services_and_a_refusal_writes_nothing,
-    adoption_moves_locks_to_the_new_session_of_the_same_key_only
+    adoption_moves_locks_to_the_new_session_of_the_same_key_only,
+    a_sessions_lock_entries_are_counted_against_its_quota
 );
 
 #[test]
@@ -97,8 +131,15 @@ fn records_round_trip_and_garbage_is_an_error() {
     let b = encode_locks(&locks);
     assert_eq!(b.len(), 5 + 2 * LOCK_BYTES);
     assert_eq!(decode_locks(&b).unwrap(), locks);
-    let rec = SessionRecord { service: 9, principal: "cluster".into(), inodes: vec![1, 5, 99] };
+    let rec = SessionRecord { service: 9, principal: "cluster".into(), inodes: vec![1, 5, 99], entries: 4 };
     assert_eq!(decode_session(&encode_session(&rec)).unwrap(), rec);
+    // Version 1 (before issue 31's count) reads with one entry per inode; fewer entries than inodes is corrupt.
+    let mut v1 = encode_session(&rec);
+    v1.truncate(v1.len() - 4);
+    v1[0] = 1;
+    assert_eq!(decode_session(&v1).unwrap(), SessionRecord { entries: 3, ..rec.clone() });
+    let short = SessionRecord { entries: 2, ..rec.clone() };
+    assert!(decode_session(&encode_session(&short)).is_err());
     // Seeded garbage and every truncation: errors, never panics.
     let mut x: u64 = 0x5eed;
     for len in 0..200 {

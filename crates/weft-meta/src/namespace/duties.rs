@@ -389,7 +389,7 @@ mod tests {
         let (a, b) = (a.with_locks_orphan_ms(ORPHAN_MS), b.with_locks_orphan_ms(ORPHAN_MS));
         assert!(a.duty_step().unwrap(), "A holds the duties");
         // A session at B holds a lock; B beats while it lives.
-        let at_b = Caller { session: 0xb1, principal: "client", service: b.instance() };
+        let at_b = Caller { session: 0xb1, principal: "client", service: b.instance(), quota: None };
         let op = LockOp { class: LockClass::Posix, kind: Some(LockKind::Exclusive), start: 0, end: 9, pid: 1 };
         db_locks::set(&b.store, at_b, 42, 1, op).unwrap();
         let held = || a.store.read(db_locks::list_sessions).unwrap();
@@ -414,7 +414,7 @@ mod tests {
         assert!(a.duty_step().unwrap());
         assert_eq!(a.reap_orphan_locks().unwrap(), 1);
         assert!(held().is_empty());
-        let other = Caller { session: 0xa1, principal: "other", service: a.instance() };
+        let other = Caller { session: 0xa1, principal: "other", service: a.instance(), quota: None };
         assert!(db_locks::set(&a.store, other, 42, 1, op).unwrap(), "the lock is free again");
         // A service that is not the holder reaps nothing, and the holder never reaps its own sessions.
         assert_eq!(b.reap_orphan_locks().unwrap(), 0);
