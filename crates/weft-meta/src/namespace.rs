@@ -380,6 +380,9 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             Request::Lookup(r) => self.store.read(|t| lookup(t, cred, r.parent, &r.name)).map(Response::Lookup),
             Request::GetAttr(r) => self.store.read(|t| Ok(load(t, r.ino)?.attr())).map(Response::GetAttr),
             Request::SetAttr(r) => self.change(once, |t| set_attr(t, cred, r, now).map(Response::SetAttr)),
+            Request::NfsSetAttr(r) => {
+                self.change(once, |t| set_attr_by(t, cred, r, now, SizeRight::OwnerOverride).map(Response::NfsSetAttr))
+            }
             Request::Create(r) => {
                 let excluded = self.excluded_servers();
                 self.change(once, |t| create(t, cred, r, now, &excluded, false).map(Response::Create))

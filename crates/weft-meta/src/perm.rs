@@ -277,6 +277,9 @@ pub enum SizeRight {
     /// at the open, as Linux's `do_ftruncate` checks only the descriptor; the caller proved the open with its
     /// write capability, which the service verified.
     Open,
+    /// A size change an NFS server sends for its client (`NfsSetAttr`): write permission by the mode now, except
+    /// for the file's owner, as knfsd's owner override (NFS clients send ftruncate as SETATTR).
+    OwnerOverride,
 }
 
 /// The owner, group and mode of a new `kind` entry in `parent` (`inode_init_owner`): the caller's uid and primary
@@ -333,7 +336,12 @@ pub fn check_setattr_by(
     if cred.is_root() {
         return Ok(set.mode);
     }
-    if set.size.is_some() && right == SizeRight::Mode {
+    let asks_write = match right {
+        SizeRight::Mode => true,
+        SizeRight::Open => false,
+        SizeRight::OwnerOverride => !cred.owns(inode),
+    };
+    if set.size.is_some() && asks_write {
         may(cred, inode, acl, Mask::WRITE)?;
     }
     if let Some(uid) = set.uid
@@ -725,6 +733,16 @@ mod tests {
         // Only the size comes from the open: a chmod still needs ownership.
         let both = SetAttrs { size: Some(0), mode: Some(0o777), ..set() };
         assert!(is_eperm(check_setattr_by(&alice(), &file(0o666, BOB, USERS), None, &both, SizeRight::Open)));
+    }
+
+    #[test]
+    fn an_nfs_size_change_lets_the_owner_through_and_no_one_else() {
+        let trunc = SetAttrs { size: Some(3), ..set() };
+        let nfs = |c: &Cred, f: &Inode| check_setattr_by(c, f, None, &trunc, SizeRight::OwnerOverride);
+        assert_eq!(nfs(&bob(), &file(0o444, BOB, USERS)), Ok(None), "the owner, mode 0444");
+        assert_eq!(nfs(&bob(), &file(0o4555, BOB, USERS)), Ok(Some(0o555)), "set-ID bits still go");
+        assert!(is_access(nfs(&alice(), &file(0o644, BOB, USERS))), "not the owner");
+        assert_eq!(nfs(&alice(), &file(0o664, BOB, USERS)), Ok(None), "not the owner, but the group may write");
     }
 
     #[test]

@@ -150,11 +150,12 @@ impl Pusher {
     pub fn before(&self, req: &Request) -> Touched {
         let mut t = Touched::default();
         match req {
-            Request::SetAttr(r) => t.ino(r.ino),
+            Request::SetAttr(r) | Request::NfsSetAttr(r) => t.ino(r.ino),
             Request::SetSizeOpen(r) => t.ino(r.ino),
             // An open for writing advances the data version.
             Request::Open(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
             Request::RenewOpen(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
+            Request::NfsOpen(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
             Request::Commit(r) | Request::CommitWcc(r) => t.ino(r.ino),
             Request::SetLayout(r) => t.ino(r.ino),
             // An ACL changes the mode; any attribute change stamps the ctime.

@@ -266,6 +266,18 @@ impl MetaService {
     /// whatever the mode when `r.cap` proves the open ([`MetaService::proves_open`]).
     async fn renew_open(&self, ctx: &CallCtx, cred: Cred, r: RenewOpenReq) -> Result<Response, WireError> {
         let owner_keeps = self.proves_open(ctx, &r);
+        self.reopen(ctx, cred, r, owner_keeps).await
+    }
+
+    /// An `Open` of `r.ino` for `r.rights` in which the owner passes whatever the mode when `owner_keeps`
+    /// (`RenewOpen` of a proven open; `NfsOpen`, knfsd's owner override); answered as `RenewOpen`.
+    async fn reopen(
+        &self,
+        ctx: &CallCtx,
+        cred: Cred,
+        r: RenewOpenReq,
+        owner_keeps: bool,
+    ) -> Result<Response, WireError> {
         let (ino, rights) = (r.ino, r.rights);
         let attr = if rights.covers(Rights::WRITE) {
             let ns = self.ns.clone();
@@ -439,6 +451,13 @@ impl Service for MetaService {
                 }
                 Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
                 Request::RenewOpen(r) => self.renew_open(ctx, cred, r).await?,
+                Request::NfsOpen(r) => {
+                    let r = RenewOpenReq { ino: r.ino, rights: r.rights, cap: Capability::none() };
+                    match self.reopen(ctx, cred, r, true).await? {
+                        Response::RenewOpen(o) => Response::NfsOpen(o),
+                        other => other,
+                    }
+                }
                 Request::SetSizeOpen(r) => self.set_size_open(ctx, cred, r).await?,
                 Request::MetaBackup(r) => return self.backup(ctx, r).await,
                 Request::PnfsHandle(r) => self.pnfs_handle(ctx, cred, r).await?,
@@ -509,13 +528,14 @@ fn target_of(req: &Request) -> (u64, Option<String>) {
         Request::Symlink(r) => named(r.parent, &r.name),
         Request::Link(r) => (r.ino, Some(format!("-> {}:{}", r.new_parent, r.new_name))),
         Request::GetAttr(r) | Request::Readlink(r) => (r.ino, None),
-        Request::SetAttr(r) => (r.ino, None),
+        Request::SetAttr(r) | Request::NfsSetAttr(r) => (r.ino, None),
         Request::SetSizeOpen(r) => (r.ino, None),
         Request::Readdir(r) | Request::ReaddirPlus(r) => (r.ino, None),
         Request::SetLayout(r) => (r.ino, None),
         Request::Commit(r) | Request::CommitWcc(r) => (r.ino, None),
         Request::Open(r) => (r.ino, None),
         Request::RenewOpen(r) => (r.ino, None),
+        Request::NfsOpen(r) => (r.ino, None),
         Request::PnfsHandle(r) => (r.ino, None),
         Request::GetXattr(r) | Request::RemoveXattr(r) => (r.ino, Some(r.name.clone())),
         Request::SetXattr(r) => (r.ino, Some(r.name.clone())),
@@ -546,13 +566,14 @@ fn inodes_named(req: &Request) -> Vec<u64> {
         Request::Symlink(r) => vec![r.parent],
         Request::Link(r) => vec![r.ino, r.new_parent],
         Request::GetAttr(r) | Request::Readlink(r) | Request::ListXattr(r) => vec![r.ino],
-        Request::SetAttr(r) => vec![r.ino],
+        Request::SetAttr(r) | Request::NfsSetAttr(r) => vec![r.ino],
         Request::SetSizeOpen(r) => vec![r.ino],
         Request::Readdir(r) | Request::ReaddirPlus(r) => vec![r.ino],
         Request::SetLayout(r) => vec![r.ino],
         Request::Commit(r) | Request::CommitWcc(r) => vec![r.ino],
         Request::Open(r) => vec![r.ino],
         Request::RenewOpen(r) => vec![r.ino],
+        Request::NfsOpen(r) => vec![r.ino],
         Request::PnfsHandle(r) => vec![r.ino],
         Request::GetXattr(r) | Request::RemoveXattr(r) => vec![r.ino],
         Request::SetXattr(r) => vec![r.ino],

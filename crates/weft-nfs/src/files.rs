@@ -60,8 +60,25 @@ impl OpenFiles {
         self.ahead.drop_inode(ino);
     }
 
-    /// An open file for `client`'s user, for writing (`write`) or reading; opened at the MDS if not cached.
+    /// An open file for `client`'s user, for writing (`write`) or reading; opened at the MDS if not cached, as an
+    /// NFS server's stateless READ or WRITE (`NfsOpen`: the file's owner passes whatever the mode, as knfsd).
     pub async fn get(&self, client: &Client, ino: u64, write: bool) -> Result<Arc<File>, ClientError> {
+        self.get_as(client, ino, write, true).await
+    }
+
+    /// [`OpenFiles::get`] for an NFSv4 OPEN of an existing file: opened with `Open`, whose mode check binds the
+    /// owner too (knfsd applies its owner override to a file the OPEN created, which the caller handles).
+    pub async fn get_for_open(&self, client: &Client, ino: u64, write: bool) -> Result<Arc<File>, ClientError> {
+        self.get_as(client, ino, write, false).await
+    }
+
+    async fn get_as(
+        &self,
+        client: &Client,
+        ino: u64,
+        write: bool,
+        owner_override: bool,
+    ) -> Result<Arc<File>, ClientError> {
         let key = (ino, client.user().clone());
         if write {
             // Before the write too: a range read ahead while it runs is dropped by the `wrote` after it.
@@ -77,16 +94,17 @@ impl OpenFiles {
             }
         }
         // Writers open for writing only if they may not read (a 0200 file): NFS clients read-modify-write pages.
+        let open = |mode| async move {
+            if owner_override { client.nfs_open_ino(ino, mode).await } else { client.open_ino(ino, mode).await }
+        };
         let file = if write {
-            match client.open_ino(ino, OpenMode::ReadWrite).await {
+            match open(OpenMode::ReadWrite).await {
                 Ok(f) => f,
-                Err(e) if crate::status::status_of(&e) == crate::status::NFS3ERR_ACCES => {
-                    client.open_ino(ino, OpenMode::Write).await?
-                }
+                Err(e) if crate::status::status_of(&e) == crate::status::NFS3ERR_ACCES => open(OpenMode::Write).await?,
                 Err(e) => return Err(e),
             }
         } else {
-            client.open_ino(ino, OpenMode::Read).await?
+            open(OpenMode::Read).await?
         };
         let file = Arc::new(file);
         let evicted = {

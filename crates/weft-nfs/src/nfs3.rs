@@ -211,7 +211,7 @@ async fn setattr(gw: &Gateway, c: &Client, fh: &[u8], sattr: Sattr, guard: Optio
         return fail(NFS3_OK, |w| wcc_data(w, Some(PreOp::of(&pre)), Some(&pre), fsid));
     }
     let why = crate::nfs4::recall::changes_of(&set, &pre);
-    let res = c.setattr(ino, set).await;
+    let res = c.nfs_setattr(ino, set).await;
     gw.files.wrote(ino);
     // pNFS layouts of the file (NFSv4.1 clients) depend on its size and access: recalled.
     if let (Ok(_), Some(why)) = (&res, why) {
@@ -506,7 +506,7 @@ async fn create(gw: &Gateway, c: &Client, at: DirOp<'_>, how: CreateHow) -> Out 
     if is_empty(&set) {
         return created(gw, &a);
     }
-    match c.setattr(a.ino, set).await {
+    match c.nfs_setattr(a.ino, set).await {
         Ok(a) => created(gw, &a),
         Err(e) => dir_fail(status_of(&e)),
     }
@@ -561,7 +561,7 @@ async fn make(gw: &Gateway, c: &Client, at: DirOp<'_>, what: Make<'_>) -> Out {
     if is_empty(&set) {
         return created(gw, &a);
     }
-    match c.setattr(a.ino, set).await {
+    match c.nfs_setattr(a.ino, set).await {
         Ok(a) => created(gw, &a),
         Err(e) => dir_fail(status_of(&e)),
     }

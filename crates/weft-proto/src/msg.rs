@@ -206,6 +206,14 @@ messages! {
     /// keeps the rights its open had whatever the mode now, as knfsd's owner override (a file created `0444` and
     /// written for minutes). Anyone else is checked by the mode now: a right taken away ends at renewal.
     RenewOpen = 143: RenewOpenReq => OpenResp, idempotent = true, data = false;
+    /// `SetAttr` sent by an NFS server on its client's behalf: NFS clients send `ftruncate` as a SETATTR of the
+    /// size, so a size change is allowed to the file's owner whatever the mode, as knfsd's owner override
+    /// (`NFSD_MAY_OWNER_OVERRIDE`); anyone else needs write permission, and everything else is `SetAttr`'s.
+    NfsSetAttr = 144: SetAttrReq => Attr, idempotent = false, data = false;
+    /// `Open` sent by an NFS server on its client's behalf (its stateless READ, WRITE and size changes): the file's
+    /// owner passes whatever the mode, as knfsd's owner override (a client may hold open a file its owner made
+    /// read-only); anyone else is checked as by `Open`.
+    NfsOpen = 145: OpenReq => OpenResp, idempotent = true, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.

@@ -752,6 +752,47 @@ async fn a_write_through_the_gateway_drops_set_id_bits() {
     }
 }
 
+/// ftruncate and writes through NFS as knfsd does them (issue 31): an NFS client sends ftruncate as SETATTR of the
+/// size and writes statelessly, so the file's owner may do both whatever the mode (knfsd's owner override: `cp`
+/// of a read-only file creates it 0444 and writes it), while a user who is not the owner still needs write
+/// permission.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_owner_truncates_and_writes_a_read_only_file_through_nfs_and_others_may_not() {
+    let c = common::start("nfs-owner", 1).await;
+    let client = c.client().await;
+    let dir = io_dir(&c).await;
+    let theirs = client.create(dir, "theirs", 0o644, true).await.unwrap().ino;
+    let g = gateway(&c).await;
+    let mut raw = Raw::connect(&g).await;
+    let root = raw.mount_root().await;
+    let io = raw.lookup(&root, "io").await.1.unwrap();
+    let fh = raw.create(&io, "mine").await;
+    assert_eq!(raw.write(&fh, 0, b"0123456789", 2).await.0, NFS3_OK);
+    let size = |n: u64| {
+        let mut a = Writer::new();
+        a.bool(false).bool(false).bool(false).bool(true).u64(n).u32(0).u32(0).bool(false);
+        a.buf
+    };
+    let setattr = |fh: &[u8], body: &[u8]| {
+        let mut a = Writer::new();
+        a.opaque(fh);
+        a.buf.extend_from_slice(body);
+        a.buf
+    };
+    let mut chmod = Writer::new();
+    chmod.opaque(&fh).bool(true).u32(0o444).bool(false).bool(false).bool(false).u32(0).u32(0).bool(false);
+    assert_eq!(raw.nfs(2, &chmod.buf).await.0, NFS3_OK);
+    assert_eq!(raw.nfs(2, &setattr(&fh, &size(4))).await.0, NFS3_OK, "the owner's SETATTR of the size, mode 0444");
+    assert_eq!(raw.write(&fh, 4, b"+w", 2).await.0, NFS3_OK, "the owner's WRITE, mode 0444");
+    assert_eq!(mode_and_size(&mut raw, &fh).await, (0o444, 6));
+    assert_eq!(read_all(&mut raw, &fh, 6).await, b"0123+w");
+    // Root's 0644 file: the raw caller (uid 4242) is not its owner.
+    let other = raw.lookup(&io, "theirs").await.1.unwrap();
+    assert_eq!(raw.nfs(2, &setattr(&other, &size(0))).await.0, NFS3ERR_ACCES, "another user's SETATTR of the size");
+    assert_eq!(raw.write(&other, 0, b"x", 2).await.0, NFS3ERR_ACCES, "another user's WRITE");
+    assert_eq!(client.getattr(theirs).await.unwrap().size, 0);
+}
+
 /// `--secure` (knfsd's `secure`): AUTH_SYS calls only from privileged source ports, which only root may bind, so
 /// an unprivileged process on an allowed host cannot assert someone else's uid. NULL probes are answered anyway.
 /// (Every other test here runs the default for a loopback `--allow`: off.)

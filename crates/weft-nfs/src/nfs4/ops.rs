@@ -109,7 +109,7 @@ async fn apply(cx: &Ctx<'_>, ino: u64, set: SetAttrs) -> Result<(), u32> {
     {
         tracing::warn!(ino, error = %e, "syncing before a size change");
     }
-    let r = cx.c.setattr(ino, set).await.map(|_| ()).map_err(|e| st(&e));
+    let r = cx.c.nfs_setattr(ino, set).await.map(|_| ()).map_err(|e| st(&e));
     cx.gw.files.wrote(ino);
     r
 }
@@ -424,7 +424,7 @@ async fn open(cx: &mut Ctx<'_>, access: u32, deny: u32, owner: &[u8], how: Creat
     // The caller's permission, checked by the MDS's open (the file then stays in the open-file cache); the
     // creator of a file may write it whatever mode it was given.
     let write = access & OPEN4_SHARE_ACCESS_WRITE != 0;
-    if let Err(e) = cx.gw.files.get(&cx.c, ino, write).await {
+    if let Err(e) = cx.gw.files.get_for_open(&cx.c, ino, write).await {
         let s = st(&e);
         if !(created && s == NFS4ERR_ACCESS) {
             return Err(s);
