@@ -69,6 +69,17 @@ pub struct NfsArgs {
     /// back channel until it binds one again.
     #[arg(long, default_value_t = 10_000)]
     pub nfs4_recall_ms: u64,
+    /// NFSv4.1 clients alive at once from one IP address; past it a new client owner from that address is
+    /// NFS4ERR_RESOURCE, logged with the address (a Linux host makes one client per server and network namespace).
+    #[arg(long, default_value_t = 64)]
+    pub nfs4_clients_per_address: usize,
+    /// NFSv4.1 sessions one client holds at once; past it its CREATE_SESSION is NFS4ERR_RESOURCE, logged.
+    #[arg(long, default_value_t = 16)]
+    pub nfs4_sessions_per_client: usize,
+    /// NFSv4.1 open and lock stateids one client holds at once; past it its OPEN and a new lock-owner's LOCK are
+    /// NFS4ERR_RESOURCE, logged with the client's owner string.
+    #[arg(long, default_value_t = 16_384)]
+    pub nfs4_stateids_per_client: usize,
     /// A directory this gateway alone keeps its restart state in (its MDS session, docs/format.md §22): a gateway
     /// restarted on it (after `kill -9` too) takes over the old process's locks and holds them through the grace
     /// period for their clients to reclaim. Without it, a restarted gateway's clients find their old locks held
@@ -125,6 +136,9 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
             lease_ms: args.nfs4_lease_ms.max(1000),
             grace_ms: args.nfs4_grace_ms,
             recall_ms: args.nfs4_recall_ms.max(1),
+            clients_per_address_max: args.nfs4_clients_per_address.max(1),
+            sessions_per_client_max: args.nfs4_sessions_per_client.max(1),
+            stateids_per_client_max: args.nfs4_stateids_per_client.max(1),
             ..Default::default()
         },
         state_dir: args.state_dir.clone(),

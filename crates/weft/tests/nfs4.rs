@@ -1630,25 +1630,27 @@ async fn v41_state_is_bound_to_its_principal() {
     assert_eq!(res.op(OP_LOCK), NFS4ERR_DENIED, "the victim's lock is still held");
 }
 
-/// One host cannot fill the gateway's client table with made-up owner strings (issue 31): 64 clients from one
-/// address (`clients_per_address_max`) and the 65th owner is NFS4ERR_RESOURCE, while a client from another address
-/// (127.0.0.2) still makes a session and opens a file, and a client of the flooding address that exists already
-/// renews.
+/// One host cannot fill the gateway's client table with made-up owner strings (issue 31): 8 clients from one
+/// address (`--nfs4-clients-per-address 8`; 64 by default) and the 9th owner is NFS4ERR_RESOURCE, while a client
+/// from another address (127.0.0.2) still makes a session and opens a file, and a client of the flooding address
+/// that exists already renews.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v41_one_address_cannot_fill_the_client_table() {
     let c = common::start("nfs4-flood", 1).await;
     io_dir(&c).await;
-    let g = gateway(&c).await;
+    let args = ["--nfs4-grace-ms", "0", "--nfs4-clients-per-address", "8"].map(String::from).to_vec();
+    let o = NfsOptions { extra_args: args, ..NfsOptions::default() };
+    let g = c.start_nfs(&o).await.unwrap_or_else(|e| panic!("starting the gateway: {e}"));
     let mut flood = V4::connect(g.addr()).await;
     let exchange = |owner: String| {
         let mut ops = Ops::default();
         ops.op(OP_EXCHANGE_ID).fixed(&[3; 8]).opaque(owner.as_bytes()).u32(0).u32(0).u32(0);
         V4::args(1, &ops)
     };
-    for i in 0..64 {
+    for i in 0..8 {
         assert_eq!(flood.send(&exchange(format!("flood-{i}"))).await.status, NFS4_OK, "owner {i}");
     }
-    assert_eq!(flood.send(&exchange("flood-64".into())).await.status, NFS4ERR_RESOURCE, "the 65th owner");
+    assert_eq!(flood.send(&exchange("flood-8".into())).await.status, NFS4ERR_RESOURCE, "the 9th owner");
     assert_eq!(flood.send(&exchange("flood-0".into())).await.status, NFS4_OK, "a known client renews");
 
     let port = g.addr().rsplit(':').next().unwrap().parse::<u16>().unwrap();
