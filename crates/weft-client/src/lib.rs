@@ -437,15 +437,30 @@ impl Client {
 
     /// Changes attributes. A size change truncates (or extends) the file's objects first, then records the size.
     pub async fn setattr(&self, ino: u64, set: SetAttrs) -> Result<Attr, ClientError> {
-        if let Some(size) = set.size {
-            let attr = self.getattr(ino).await?;
-            if attr.kind == weft_proto::FileKind::File {
-                // The objects change: that needs a write capability, i.e. write permission.
-                let f = self.open_ino(ino, OpenMode::Write).await?;
-                f.truncate_objects_only(size).await?;
-            }
+        self.setattr_as(ino, set, false).await
+    }
+
+    /// [`Client::setattr`], or with `nfs` [`Client::nfs_setattr`]: the objects are cut first (a size change needs
+    /// a write capability: `Open`, or `NfsOpen`), then the attributes recorded (`SetAttr`, or `NfsSetAttr`).
+    async fn setattr_as(&self, ino: u64, set: SetAttrs, nfs: bool) -> Result<Attr, ClientError> {
+        if let Some(size) = set.size
+            && self.getattr(ino).await?.kind == weft_proto::FileKind::File
+        {
+            let f = if nfs {
+                self.nfs_open_ino(ino, OpenMode::Write).await?
+            } else {
+                self.open_ino(ino, OpenMode::Write).await?
+            };
+            f.truncate_objects_only(size).await?;
         }
-        Ok(meta_call!(self, SetAttr(SetAttrReq { ino, set })))
+        if !nfs {
+            return Ok(meta_call!(self, SetAttr(SetAttrReq { ino, set })));
+        }
+        let req = SetAttrReq { ino, set };
+        match self.meta_or_older(Request::NfsSetAttr(req.clone()), || Request::SetAttr(req)).await? {
+            Response::NfsSetAttr(a) | Response::SetAttr(a) => Ok(a),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Records attributes at the MDS only (the caller already dealt with the objects).
@@ -701,12 +716,18 @@ impl Client {
     /// (expired or not). The owner keeps the open's rights whatever the mode now; anyone else is checked again. An
     /// MDS older than op 143 answers `BadRequest`: then `Open`, which checks everyone by the mode.
     pub async fn renew_capability(&self, ino: u64, rights: Rights, cap: &Capability) -> Result<OpenResp, ClientError> {
-        let req = weft_proto::msg::RenewOpenReq { ino, rights, cap: cap.clone() };
-        match self.meta(Request::RenewOpen(req)).await {
-            Ok(Response::RenewOpen(r)) => Ok(r),
-            Err(e) if is_bad_request(&e) => self.open_capability(ino, rights).await,
-            Ok(other) => Err(unexpected(other)),
-            Err(e) => Err(e),
+        let req = Request::RenewOpen(weft_proto::msg::RenewOpenReq { ino, rights, cap: cap.clone() });
+        match self.meta_or_older(req, || Request::Open(OpenReq { ino, rights })).await? {
+            Response::RenewOpen(r) | Response::Open(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// `req`, or `older()` when the MDS predates `req`'s op (it answers a request it cannot decode `BadRequest`).
+    async fn meta_or_older(&self, req: Request, older: impl FnOnce() -> Request) -> Result<Response, ClientError> {
+        match self.meta(req).await {
+            Err(e) if is_bad_request(&e) => self.meta(older()).await,
+            r => r,
         }
     }
 
@@ -760,11 +781,10 @@ impl Client {
     /// [`Client::open_ino`] for an NFS server's client (`NfsOpen`, op 145): the file's owner passes whatever the
     /// mode, as knfsd's owner override. An MDS older than op 145 answers `BadRequest`: then `Open`.
     pub async fn nfs_open_ino(&self, ino: u64, mode: OpenMode) -> Result<File, ClientError> {
-        let opened = match self.meta(Request::NfsOpen(OpenReq { ino, rights: mode.rights() })).await {
-            Ok(Response::NfsOpen(r)) => r,
-            Err(e) if is_bad_request(&e) => self.open_capability(ino, mode.rights()).await?,
-            Ok(other) => return Err(unexpected(other)),
-            Err(e) => return Err(e),
+        let req = OpenReq { ino, rights: mode.rights() };
+        let opened = match self.meta_or_older(Request::NfsOpen(req.clone()), || Request::Open(req)).await? {
+            Response::NfsOpen(r) | Response::Open(r) => r,
+            other => return Err(unexpected(other)),
         };
         File::new(self.clone(), opened, mode.rights(), std::time::Instant::now())
     }
@@ -773,19 +793,7 @@ impl Client {
     /// [`Client::nfs_open_ino`]): a size change is allowed to the file's owner whatever the mode, as knfsd's owner
     /// override (NFS clients send ftruncate as SETATTR). Falls back to `SetAttr` on an MDS older than op 144.
     pub async fn nfs_setattr(&self, ino: u64, set: SetAttrs) -> Result<Attr, ClientError> {
-        if let Some(size) = set.size {
-            let attr = self.getattr(ino).await?;
-            if attr.kind == weft_proto::FileKind::File {
-                let f = self.nfs_open_ino(ino, OpenMode::Write).await?;
-                f.truncate_objects_only(size).await?;
-            }
-        }
-        match self.meta(Request::NfsSetAttr(SetAttrReq { ino, set: set.clone() })).await {
-            Ok(Response::NfsSetAttr(a)) => Ok(a),
-            Err(e) if is_bad_request(&e) => Ok(meta_call!(self, SetAttr(SetAttrReq { ino, set }))),
-            Ok(other) => Err(unexpected(other)),
-            Err(e) => Err(e),
-        }
+        self.setattr_as(ino, set, true).await
     }
 
     /// Creates (or, unless `exclusive`, opens) a regular file in `parent`, owned by this client's user, opened

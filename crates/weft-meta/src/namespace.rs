@@ -1132,8 +1132,8 @@ fn reach(t: &mut dyn MetaTxn, cred: &Cred, ino: u64) -> Result<(), WireError> {
     };
     for _ in 0..DIR_DEPTH_MAX {
         let d = load(t, dir)?;
-        if d.kind != FileKind::Dir {
-            return Err(MetaError::Corrupt(format!("inode {ino}'s parent chain reaches {dir}, not a directory")).into());
+        if d.kind != FileKind::Dir || (d.parent == dir && dir != ROOT_INO) {
+            return Err(MetaError::Corrupt(format!("inode {ino}'s parent chain is broken at {dir}")).into());
         }
         may(t, cred, &d, Mask::EXEC).map_err(|e| {
             werr(e.code, format!("uid {} may not reach inode {ino} by number: {}", cred.uid, e.message))

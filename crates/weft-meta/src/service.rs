@@ -266,19 +266,18 @@ impl MetaService {
     /// whatever the mode when `r.cap` proves the open ([`MetaService::proves_open`]).
     async fn renew_open(&self, ctx: &CallCtx, cred: Cred, r: RenewOpenReq) -> Result<Response, WireError> {
         let owner_keeps = self.proves_open(ctx, &r);
-        self.reopen(ctx, cred, r, owner_keeps).await
+        Ok(Response::RenewOpen(self.reopen(ctx, cred, (r.ino, r.rights), owner_keeps).await?))
     }
 
-    /// An `Open` of `r.ino` for `r.rights` in which the owner passes whatever the mode when `owner_keeps`
-    /// (`RenewOpen` of a proven open; `NfsOpen`, knfsd's owner override); answered as `RenewOpen`.
+    /// An `Open` of `ino` for `rights` in which the owner passes whatever the mode when `owner_keeps` (`RenewOpen`
+    /// of a proven open; `NfsOpen`, knfsd's owner override).
     async fn reopen(
         &self,
         ctx: &CallCtx,
         cred: Cred,
-        r: RenewOpenReq,
+        (ino, rights): (u64, Rights),
         owner_keeps: bool,
-    ) -> Result<Response, WireError> {
-        let (ino, rights) = (r.ino, r.rights);
+    ) -> Result<OpenResp, WireError> {
         let attr = if rights.covers(Rights::WRITE) {
             let ns = self.ns.clone();
             tokio::task::spawn_blocking(move || ns.renew_open(&cred, ino, rights, owner_keeps))
@@ -287,7 +286,7 @@ impl MetaService {
         } else {
             self.ns.renew_open(&cred, ino, rights, owner_keeps)?
         };
-        Ok(Response::RenewOpen(self.opened(ctx, attr, rights)?))
+        self.opened(ctx, attr, rights)
     }
 
     /// Whether `r.cap` proves that this connection's key opened `r.ino` for `r.rights`: sealed by this cluster, for
@@ -451,13 +450,7 @@ impl Service for MetaService {
                 }
                 Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
                 Request::RenewOpen(r) => self.renew_open(ctx, cred, r).await?,
-                Request::NfsOpen(r) => {
-                    let r = RenewOpenReq { ino: r.ino, rights: r.rights, cap: Capability::none() };
-                    match self.reopen(ctx, cred, r, true).await? {
-                        Response::RenewOpen(o) => Response::NfsOpen(o),
-                        other => other,
-                    }
-                }
+                Request::NfsOpen(r) => Response::NfsOpen(self.reopen(ctx, cred, (r.ino, r.rights), true).await?),
                 Request::SetSizeOpen(r) => self.set_size_open(ctx, cred, r).await?,
                 Request::MetaBackup(r) => return self.backup(ctx, r).await,
                 Request::PnfsHandle(r) => self.pnfs_handle(ctx, cred, r).await?,

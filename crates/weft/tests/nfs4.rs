@@ -240,8 +240,31 @@ struct V4 {
 
 impl V4 {
     async fn connect(addr: &str) -> V4 {
-        let s = TcpStream::connect(addr).await.unwrap();
+        V4::on(TcpStream::connect(addr).await.unwrap())
+    }
+
+    /// A client connected from local address `from` (another loopback address: another host to the gateway).
+    async fn connect_from(addr: &str, from: std::net::Ipv4Addr) -> V4 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind((from, 0).into()).unwrap();
+        V4::on(sock.connect(addr.parse().unwrap()).await.unwrap())
+    }
+
+    fn on(s: TcpStream) -> V4 {
         V4 { s, xid: 0, sid: [0; 16], seqid: 0, clientid: 0, cs_flags: 0, uid: UID }
+    }
+
+    /// SEQUENCE, PUTROOTFH, LOOKUP "io", OPEN `name` for `owner` (made if `create`), GETFH, each checked: the
+    /// open's stateid and the file's handle.
+    async fn open_in_io(&mut self, owner: &[u8], name: &str, access: u32, create: bool) -> (Sid, Vec<u8>) {
+        let args = self.seq_args(|o| {
+            o.putrootfh().lookup("io").open(owner, name, access, 0, create).getfh();
+        });
+        let mut res = self.send(&args).await;
+        res.seq();
+        res.ok(OP_PUTROOTFH);
+        res.ok(OP_LOOKUP);
+        (res.open(), res.fh())
     }
 
     /// One RPC with raw COMPOUND arguments; the accepted reply's body.
@@ -409,16 +432,7 @@ async fn v41_round_trip_namespace_replay_and_malformed() {
 
     // Create, write unaligned pieces UNSTABLE, commit, close.
     let data = pattern(300_001, 11);
-    let mut res = a
-        .seq(|o| {
-            o.putrootfh().lookup("io").open(b"owner-a", "data", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
-        })
-        .await;
-    res.seq();
-    res.ok(OP_PUTROOTFH);
-    res.ok(OP_LOOKUP);
-    let sid = res.open();
-    let fh = res.fh();
+    let (sid, fh) = a.open_in_io(b"owner-a", "data", OPEN4_SHARE_ACCESS_BOTH, true).await;
     for (i, chunk) in data.chunks(131_072).enumerate() {
         let mut res = a
             .on_fh(&fh, |o| {
@@ -808,16 +822,7 @@ async fn v41_restart_gives_a_grace_period_for_reclaims() {
     let mut g = gateway(&c).await;
     let mut a = V4::connect(g.addr()).await;
     a.session(b"grace-a", true).await;
-    let mut res = a
-        .seq(|o| {
-            o.putrootfh().lookup("io").open(b"o", "f", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
-        })
-        .await;
-    res.seq();
-    res.ok(OP_PUTROOTFH);
-    res.ok(OP_LOOKUP);
-    let sid = res.open();
-    let fh = res.fh();
+    let (sid, fh) = a.open_in_io(b"o", "f", OPEN4_SHARE_ACCESS_BOTH, true).await;
     let mut res = a
         .on_fh(&fh, |o| {
             o.write(&sid, 0, 2, b"before the crash");
@@ -918,16 +923,7 @@ async fn v41_killed_gateways_locks_are_adopted_reclaimed_and_the_rest_freed_afte
     assert!(c.start_nfs(&second).await.is_err(), "two gateways on one state directory");
     let mut a = V4::connect(&addr).await;
     a.session(b"adopt-a", true).await;
-    let mut res = a
-        .seq(|o| {
-            o.putrootfh().lookup("io").open(b"o", "lk", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
-        })
-        .await;
-    res.seq();
-    res.ok(OP_PUTROOTFH);
-    res.ok(OP_LOOKUP);
-    let open = res.open();
-    let fh = res.fh();
+    let (open, fh) = a.open_in_io(b"o", "lk", OPEN4_SHARE_ACCESS_BOTH, true).await;
     for (off, owner) in [(0, &b"la"[..]), (1000, &b"lb"[..])] {
         let mut res = a
             .on_fh(&fh, |o| {
@@ -1077,15 +1073,7 @@ async fn v41_locks_contend_with_sqlite_on_a_fuse_mount() {
 
     let mut v = V4::connect(g.addr()).await;
     v.session(b"sqlite-v", true).await;
-    let args = v.seq_args(|o| {
-        o.putrootfh().lookup("io").open(b"o", "s.db", OPEN4_SHARE_ACCESS_BOTH, 0, false).getfh();
-    });
-    let mut res = v.send(&args).await;
-    res.seq();
-    res.ok(OP_PUTROOTFH);
-    res.ok(OP_LOOKUP);
-    let open = res.open();
-    let fh = res.fh();
+    let (open, fh) = v.open_in_io(b"o", "s.db", OPEN4_SHARE_ACCESS_BOTH, false).await;
 
     // FUSE holds BEGIN EXCLUSIVE (a write lock on PENDING and on the SHARED range): NFS is denied a shared lock on
     // the SHARED range (what its own reader would take) and the PENDING byte; LOCKT agrees.
@@ -1445,16 +1433,7 @@ async fn v41_pnfs_layouts_are_recalled_over_the_back_channel() {
     v.cs_flags = CREATE_SESSION4_FLAG_CONN_BACK_CHAN;
     v.session(b"recall-client", true).await;
     assert_eq!(v.cs_flags, CREATE_SESSION4_FLAG_CONN_BACK_CHAN, "this connection is the back channel");
-    let mut res = v
-        .seq(|o| {
-            o.putrootfh().lookup("io").open(b"o", "f", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
-        })
-        .await;
-    res.seq();
-    res.ok(OP_PUTROOTFH);
-    res.ok(OP_LOOKUP);
-    let open = res.open();
-    let fh = res.fh();
+    let (open, fh) = v.open_in_io(b"o", "f", OPEN4_SHARE_ACCESS_BOTH, true).await;
     let ino = client.lookup(io, "f").await.unwrap().ino;
     let size = |n| weft_proto::SetAttrs { size: Some(n), ..Default::default() };
     client.setattr(ino, size(100_000)).await.unwrap();
@@ -1578,15 +1557,7 @@ async fn v41_state_is_bound_to_its_principal() {
     let g = gateway(&c).await;
     let mut victim = V4::connect(g.addr()).await;
     victim.session(b"victim", true).await;
-    let args = victim.seq_args(|o| {
-        o.putrootfh().lookup("io").open(b"vo", "locked", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
-    });
-    let mut res = victim.send(&args).await;
-    res.seq();
-    res.ok(OP_PUTROOTFH);
-    res.ok(OP_LOOKUP);
-    let open = res.open();
-    let fh = res.fh();
+    let (open, fh) = victim.open_in_io(b"vo", "locked", OPEN4_SHARE_ACCESS_BOTH, true).await;
     let mut res = victim
         .on_fh(&fh, |o| {
             o.lock_new(WRITE_LT, 0, 100, &open, b"vl");
@@ -1614,14 +1585,7 @@ async fn v41_state_is_bound_to_its_principal() {
     res.seq();
     mallory.session(b"mallory", true).await;
     assert_ne!(mallory.clientid as u32, (victim.clientid as u32).wrapping_add(1), "ids step by one");
-    let args = mallory.seq_args(|o| {
-        o.putrootfh().lookup("io").open(b"mo", "locked", OPEN4_SHARE_ACCESS_READ, 0, false).getfh();
-    });
-    let mut res = mallory.send(&args).await;
-    res.seq();
-    res.ok(OP_PUTROOTFH);
-    res.ok(OP_LOOKUP);
-    let theirs = res.open();
+    let (theirs, _) = mallory.open_in_io(b"mo", "locked", OPEN4_SHARE_ACCESS_READ, false).await;
     let mut res = mallory
         .on_fh(&fh, |o| {
             o.lock_new(READ_LT, 50, 10, &theirs, b"ml");
@@ -1653,18 +1617,7 @@ async fn v41_one_address_cannot_fill_the_client_table() {
     assert_eq!(flood.send(&exchange("flood-8".into())).await.status, NFS4ERR_RESOURCE, "the 9th owner");
     assert_eq!(flood.send(&exchange("flood-0".into())).await.status, NFS4_OK, "a known client renews");
 
-    let port = g.addr().rsplit(':').next().unwrap().parse::<u16>().unwrap();
-    let sock = tokio::net::TcpSocket::new_v4().unwrap();
-    sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
-    let s = sock.connect(std::net::SocketAddr::from(([127, 0, 0, 1], port))).await.unwrap();
-    let mut other = V4 { s, xid: 0, sid: [0; 16], seqid: 0, clientid: 0, cs_flags: 0, uid: UID };
+    let mut other = V4::connect_from(g.addr(), std::net::Ipv4Addr::new(127, 0, 0, 2)).await;
     other.session(b"another host", true).await;
-    let args = other.seq_args(|o| {
-        o.putrootfh().lookup("io").open(b"oo", "from-another-host", OPEN4_SHARE_ACCESS_BOTH, 0, true).getfh();
-    });
-    let mut res = other.send(&args).await;
-    res.seq();
-    res.ok(OP_PUTROOTFH);
-    res.ok(OP_LOOKUP);
-    res.open();
+    other.open_in_io(b"oo", "from-another-host", OPEN4_SHARE_ACCESS_BOTH, true).await;
 }
