@@ -24,7 +24,8 @@ up: deps
 # sqlite3 and fincore (util-linux-extra) which the mount's tests run; memcached for the cache bank (`weft up
 # --cache N` and its tests); libnfs-utils (nfs-cp, nfs-ls, nfs-cat) for the NFS gateway's tests and libnfs-dev
 # (libnfs.so.13 and the libnfs.h its FFI in crates/weft-bench/src/nfs/libnfs.rs follows) for `weft bench nfs`;
-# postgresql, whose initdb and pg_ctl the PgStore tests start a server of their own with; rustfmt and clippy),
+# postgresql, whose initdb and pg_ctl the PgStore tests start a server of their own with; gcc, which builds
+# reed-solomon-erasure's SIMD kernels (and links Rust); rustfmt and clippy),
 # as root or with sudo.
 deps:
 	@set -eu; \
@@ -32,6 +33,7 @@ deps:
 	missing=""; \
 	command -v iperf3 >/dev/null 2>&1 || missing="$$missing iperf3"; \
 	command -v pkg-config >/dev/null 2>&1 || missing="$$missing pkg-config"; \
+	command -v cc >/dev/null 2>&1 || missing="$$missing gcc"; \
 	command -v fusermount3 >/dev/null 2>&1 || missing="$$missing fuse3"; \
 	for tool in fio dbench rsync sqlite3 memcached; do \
 		command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; \

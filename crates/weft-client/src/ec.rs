@@ -29,6 +29,8 @@ use weft_proto::Rights;
 
 use crate::ClientError;
 use crate::capability::CapHolder;
+use crate::ec_gather::{Added, Job};
+use crate::ec_rows::RowBytes;
 use crate::file::{File, Io, plan, read_units_on, write_units_on};
 
 /// Rows decoded per batch in a degraded read are bounded so that `rows × (k + m) × unit` stays under this (but at
@@ -288,13 +290,134 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
             rmw = Some(rmw_io(file).await?);
         }
         let read_io = rmw.as_ref().expect("set above");
-        let new = data.slice((at - offset) as usize..(to - offset) as usize);
+        let new = RowBytes::Run(data.slice((at - offset) as usize..(to - offset) as usize));
         crate::ec_rows::write_batch(file, read_io, &write_io, &codec, r, rows, at, &new, old_size, new_end).await?;
         // Rows written so far are visible to this handle's next RMW (it reads up to its size).
         file.size.fetch_max(to, Ordering::SeqCst);
         at = to;
     }
     Ok(())
+}
+
+/// Writes whole rows from `first` on (`chunks`: `k` chunks of a stripe unit per row, row after row), in batches
+/// as [`write`]: no row is read, only the parity's records (docs/format.md §17).
+async fn write_whole_rows(file: &File, first: u64, chunks: &[Bytes]) -> Result<(), ClientError> {
+    let layout = &file.layout();
+    let (k, m) = km(layout).expect("an ec layout");
+    let unit = u64::from(layout.stripe_unit);
+    assert!(chunks.len().is_multiple_of(k) && chunks.iter().all(|c| c.len() as u64 == unit), "whole rows");
+    let row_bytes = unit * k as u64;
+    let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1) as usize;
+    let codec = Codec::new(k, m)?;
+    let io = file.io();
+    for (n, batch) in chunks.chunks(batch_rows * k).enumerate() {
+        let r = first + (n * batch_rows) as u64;
+        let rows = (batch.len() / k) as u64;
+        let (at, to) = (r * row_bytes, (r + rows) * row_bytes);
+        let new_end = file.size().max(to);
+        let new = RowBytes::Chunks(batch.to_vec());
+        crate::ec_rows::write_batch(file, &io, &io, &codec, r, rows, at, &new, file.size(), new_end).await?;
+        file.size.fetch_max(to, Ordering::SeqCst);
+    }
+    Ok(())
+}
+
+/// Sends one gathered job once, on the layout held now.
+async fn send_job_once(file: &File, job: &Job) -> Result<(), ClientError> {
+    match job {
+        Job::Whole { first, chunks } => write_whole_rows(file, *first, chunks).await,
+        Job::Partial { runs, .. } => {
+            for (offset, bytes) in runs {
+                write(file, *offset, bytes.clone()).await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Sends one gathered job; tried once more on a newer layout generation if the MDS moved a failed server's slot
+/// to a spare since (as every redundant I/O, [`File::write_at`]).
+async fn send_job(file: &File, job: &Job) -> Result<(), ClientError> {
+    let tried = file.layout().generation;
+    match send_job_once(file, job).await {
+        Err(e) if file.retry_with_fresh_layout(&e, tried).await => send_job_once(file, job).await,
+        r => r,
+    }
+}
+
+/// Reports a job's rows sent when dropped, so a write cancelled half-way (its future dropped) never leaves rows
+/// that every later write would wait for.
+struct Sending<'a> {
+    file: &'a File,
+    rows: std::ops::Range<u64>,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        file_gather(self.file).as_mut().expect("a job came from the gather").sent(self.rows.clone());
+        self.file.gather_changed.notify_waiters();
+    }
+}
+
+fn file_gather(file: &File) -> std::sync::MutexGuard<'_, Option<crate::ec_gather::Gather>> {
+    file.gather.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sends jobs one after another; a failure is returned and also kept for the next commit (the jobs may hold
+/// bytes of writes already acknowledged: a close or fsync must not then succeed).
+async fn send_jobs(file: &File, jobs: Vec<Job>, k: u64) -> Result<(), ClientError> {
+    let mut failed = None;
+    for job in jobs {
+        let _sending = Sending { file, rows: job.rows(k) };
+        if let Err(e) = send_job(file, &job).await {
+            let at = job.rows(k).start * k * u64::from(file.layout().stripe_unit);
+            file.note_write_behind_failure(at, &e);
+            failed.get_or_insert(e);
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// A write to an ec file (issue 32): held until its rows are whole, then encoded once per row with no read
+/// (`ec_gather.rs`); rows the write covers whole go at once. What is held is sent at the latest by the next
+/// [`drain`] (fsync, close, a read or a truncate through this file).
+pub(crate) async fn gathered_write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
+    let layout = file.layout();
+    let (k, _) = km(&layout).expect("an ec layout");
+    let unit = u64::from(layout.stripe_unit);
+    let jobs = loop {
+        let changed = file.gather_changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let added =
+            file_gather(file).get_or_insert_with(|| crate::ec_gather::Gather::new(unit, k as u64)).add(offset, &data);
+        match added {
+            Added::Send(jobs) => break jobs,
+            Added::Wait => changed.await,
+        }
+    };
+    send_jobs(file, jobs, k as u64).await
+}
+
+/// Sends everything this file holds and waits until no row of it is being sent (by any task): afterwards every
+/// write acknowledged before the call is on the data servers, or its failure is returned.
+pub(crate) async fn drain(file: &File) -> Result<(), ClientError> {
+    let Some((k, _)) = km(&file.layout()) else { return Ok(()) };
+    loop {
+        let changed = file.gather_changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        let jobs = match file_gather(file).as_mut() {
+            None => return Ok(()),
+            Some(g) if g.is_idle() => return Ok(()),
+            Some(g) if g.holds_nothing() => None,
+            Some(g) => Some(g.drain()),
+        };
+        match jobs {
+            Some(jobs) => send_jobs(file, jobs, k as u64).await?,
+            None => changed.await,
+        }
+    }
 }
 
 /// Sets an ec file's objects to size `size`: the data chunk the cut falls in zeroed from the cut on, every
@@ -307,6 +430,7 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
 /// `size`, to be read back when the file grows (issue 30: fsx seed 7 on `ec 4+2 --unit 64K`). Cutting zeros
 /// keeps every record intact.
 pub(crate) async fn truncate(file: &File, size: u64) -> Result<(), ClientError> {
+    drain(file).await?;
     let layout = &file.layout();
     let (k, _) = km(layout).expect("an ec layout");
     let unit = u64::from(layout.stripe_unit);

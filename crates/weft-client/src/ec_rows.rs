@@ -282,6 +282,24 @@ enum Attempt {
     Moved,
 }
 
+/// The new bytes of a row write.
+pub(crate) enum RowBytes {
+    /// File bytes from the write's offset on, in one run: a partial row, or whole rows back to back.
+    Run(Bytes),
+    /// Whole rows as `k` chunks of a stripe unit each, row after row (gathered from several writes, possibly
+    /// from several buffers: `ec_gather.rs`).
+    Chunks(Vec<Bytes>),
+}
+
+impl RowBytes {
+    fn len(&self) -> u64 {
+        match self {
+            RowBytes::Run(b) => b.len() as u64,
+            RowBytes::Chunks(c) => c.iter().map(|c| c.len() as u64).sum(),
+        }
+    }
+}
+
 /// Writes file bytes `new` at file offset `from` of rows `[first, first + rows)` of an ec file: either one row
 /// that `[from, from + new.len())` covers only partly, or whole rows. `old_size` is the file size the caller
 /// knows (bytes of a damaged chunk at or past it need no decoding); `new_end` the size after this write. `read_io`
@@ -295,7 +313,7 @@ pub(crate) async fn write_batch(
     first: u64,
     rows: u64,
     from: u64,
-    new: &Bytes,
+    new: &RowBytes,
     old_size: u64,
     new_end: u64,
 ) -> Result<(), ClientError> {
@@ -342,16 +360,15 @@ pub(crate) async fn write_batch(
     }
 }
 
-/// The parity of whole rows `data` (k chunks of `u` bytes each, rows back to back), encoded straight into one
-/// buffer per parity chunk (rows back to back), ready to be sent in slices.
-fn encode_parity(codec: &Codec, data: &[u8], u: usize) -> Vec<Vec<u8>> {
-    let row_bytes = u * codec.k;
-    let rows = data.len() / row_bytes;
+/// The parity of whole rows given as their data chunks (`k` chunks of `u` bytes per row, row after row), encoded
+/// straight into one buffer per parity chunk (rows back to back), ready to be sent in slices.
+fn encode_parity(codec: &Codec, chunks: &[&[u8]], u: usize) -> Vec<Vec<u8>> {
+    assert!(chunks.len().is_multiple_of(codec.k) && chunks.iter().all(|c| c.len() == u), "whole rows");
+    let rows = chunks.len() / codec.k;
     let mut pbuf: Vec<Vec<u8>> = vec![vec![0u8; rows * u]; codec.m];
-    for (row, rb) in data.chunks_exact(row_bytes).enumerate() {
-        let shards: Vec<&[u8]> = rb.chunks_exact(u).collect();
+    for (row, shards) in chunks.chunks_exact(codec.k).enumerate() {
         let mut outs: Vec<&mut [u8]> = pbuf.iter_mut().map(|p| &mut p[row * u..][..u]).collect();
-        codec.encode_into(&shards, &mut outs);
+        codec.encode_into(shards, &mut outs);
     }
     pbuf
 }
@@ -432,7 +449,7 @@ async fn write_attempt(
     first: u64,
     rows: u64,
     from: u64,
-    new: &Bytes,
+    new: &RowBytes,
     old_size: u64,
     new_end: u64,
     heal: Option<usize>,
@@ -444,7 +461,7 @@ async fn write_attempt(
     let u = unit as usize;
     let row_bytes = unit * k as u64;
     let base = first * row_bytes;
-    let to = from + new.len() as u64;
+    let to = from + new.len();
     let partial = rows == 1 && (from > base || to < base + row_bytes);
     assert!(partial || (from == base && to == base + rows * row_bytes), "one partial row or whole rows");
     let degraded = |i: usize, e: &dyn std::fmt::Display| ClientError::DegradedWrite {
@@ -610,7 +627,8 @@ async fn write_attempt(
                 }
             }
         }
-        buf[(from - base) as usize..(to - base) as usize].copy_from_slice(new);
+        let RowBytes::Run(run) = new else { unreachable!("a partial row is one run") };
+        buf[(from - base) as usize..(to - base) as usize].copy_from_slice(run);
         let pf = parity_found(0);
         for j in 0..k {
             if rewrite[j] {
@@ -640,17 +658,25 @@ async fn write_attempt(
         };
         disk.max(last_nonzero(fresh))
     };
-    // The rows' bytes, row after row: the assembled partial row, or the caller's whole rows as they are.
-    let src: Bytes = if partial { Bytes::from(buf) } else { new.clone() };
-    let row_at = |row: u64| (row * row_bytes) as usize;
+    // The rows' data chunks, `k` per row, row after row: slices of the assembled partial row, or of the caller's
+    // whole rows as they are (no copy).
+    let chunks: Vec<Bytes> = match new {
+        _ if partial => {
+            let b = Bytes::from(buf);
+            (0..k).map(|j| b.slice(j * u..(j + 1) * u)).collect()
+        }
+        RowBytes::Run(b) => (0..rows as usize * k).map(|c| b.slice(c * u..(c + 1) * u)).collect(),
+        RowBytes::Chunks(c) => c.clone(),
+    };
+    assert_eq!(chunks.len(), rows as usize * k, "k chunks per row");
     let mut writes = Vec::new();
     for j in (0..k).filter(|&j| rewrite[j]) {
         let mut payload = Vec::with_capacity(rows as usize);
         let mut recs = Vec::with_capacity(rows as usize);
         for row in 0..rows {
-            let at = row_at(row) + j * u;
-            let keep = stored(row).saturating_sub(j * u).min(u).max(on_disk(j, &src[at..at + u]));
-            payload.push(src.slice(at..at + keep));
+            let c = &chunks[row as usize * k + j];
+            let keep = stored(row).saturating_sub(j * u).min(u).max(on_disk(j, c));
+            payload.push(c.slice(..keep));
             let expect = found[j][row as usize].version;
             recs.push(RowWrite { expect, version: data_versions[row as usize][j], parity_of: Vec::new() });
         }
@@ -660,7 +686,8 @@ async fn write_attempt(
         return Ok(Attempt::Moved);
     }
     // Every parity chunk encoded straight into one buffer per parity server (rows back to back), sent in slices.
-    let pbuf = encode_parity(codec, &src[..rows as usize * row_bytes as usize], u);
+    let shards: Vec<&[u8]> = chunks.iter().map(|c| &c[..]).collect();
+    let pbuf = encode_parity(codec, &shards, u);
     let mut writes = Vec::new();
     for (p, pb) in pbuf.into_iter().enumerate() {
         if skip.contains(&(k + p)) {
@@ -818,7 +845,9 @@ pub(crate) async fn repair_row(file: &File, io: &Io, codec: &Codec, row: u64) ->
     // No new bytes: a zero-length write at the row's start rewrites the damaged chunks and the parity.
     let new_end = size.max(base);
     let known = &mut Known::default();
-    match write_attempt(file, io, io, codec, row, 1, base, &Bytes::new(), size, new_end, None, known).await? {
+    match write_attempt(file, io, io, codec, row, 1, base, &RowBytes::Run(Bytes::new()), size, new_end, None, known)
+        .await?
+    {
         Attempt::Done => Ok(()),
         Attempt::Moved => Ok(()),
     }
@@ -844,7 +873,22 @@ pub(crate) async fn heal_row(
     let known = &mut Known::default();
     loop {
         attempt += 1;
-        match write_attempt(file, io, io, codec, row, 1, base, &Bytes::new(), size, new_end, Some(slot), known).await? {
+        match write_attempt(
+            file,
+            io,
+            io,
+            codec,
+            row,
+            1,
+            base,
+            &RowBytes::Run(Bytes::new()),
+            size,
+            new_end,
+            Some(slot),
+            known,
+        )
+        .await?
+        {
             Attempt::Done => return Ok(()),
             Attempt::Moved if attempt >= WRITE_ATTEMPTS_MAX => {
                 return Err(ClientError::WriteConflict { ino: file.attr.ino, file_offset: base, attempts: attempt });
@@ -1039,7 +1083,8 @@ async fn heal_attempt(
             Written::Failed(_) => {}
         }
     }
-    let pbuf = encode_parity(codec, &data[..rows as usize * row_bytes as usize], u);
+    let shards: Vec<&[u8]> = data[..rows as usize * row_bytes as usize].chunks_exact(u).collect();
+    let pbuf = encode_parity(codec, &shards, u);
     let mut writes = Vec::new();
     for (p, pb) in pbuf.into_iter().enumerate() {
         if skip.contains(&(k + p)) {

@@ -52,6 +52,12 @@ pub enum ClientError {
         "file inode {ino}: the write of the stripe row at file offset {file_offset} lost to other writers {attempts} times; not written"
     )]
     WriteConflict { ino: u64, file_offset: u64, attempts: u32 },
+    /// Bytes an ec file held after acknowledging their write, until their stripe rows were whole (`ec_gather.rs`),
+    /// could not be sent: the fsync or close that reports it fails, as a page cache's writeback error does.
+    #[error(
+        "file inode {ino}: writes held since their acknowledgement could not be stored (first at file offset {file_offset}): {cause}"
+    )]
+    WriteBehind { ino: u64, file_offset: u64, cause: String },
     /// The file's layout changed (a failed server's slot moved to a spare) since this handle fetched it, and the
     /// I/O failed again with the newer one (docs/format.md §19).
     #[error("file inode {ino}: stale layout (held generation {held}, current {current})")]

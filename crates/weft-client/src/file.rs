@@ -63,6 +63,13 @@ pub struct File {
     /// mount, the kernel's pages of the cut bytes: issue 30's exerciser on `mirror 2`). A commit holds it from
     /// reading the size to the MDS's answer, a truncate until its size is stored.
     size_gate: tokio::sync::Mutex<()>,
+    /// An ec file's writes held until their rows are whole (`ec_gather.rs`, sent by `ec.rs`); `None` before the
+    /// first write.
+    pub(crate) gather: Mutex<Option<crate::ec_gather::Gather>>,
+    /// Woken whenever rows of `gather` finish being sent.
+    pub(crate) gather_changed: tokio::sync::Notify,
+    /// The first failure to send held bytes since the last commit: `(file offset, error)`, that commit's error.
+    gather_failed: Mutex<Option<(u64, String)>>,
 }
 
 /// A set of layout positions (`< STRIPE_COUNT_MAX`), one bit each, updated without a lock on the write path.
@@ -222,6 +229,9 @@ impl File {
             caps,
             stale: Default::default(),
             size_gate: tokio::sync::Mutex::new(()),
+            gather: Mutex::new(None),
+            gather_changed: tokio::sync::Notify::new(),
+            gather_failed: Mutex::new(None),
         })
     }
 
@@ -270,7 +280,7 @@ impl File {
     /// After a failed I/O of a redundant file tried with layout generation `tried`: whether the failure may come
     /// from a stale layout (a data server's error, or `StaleLayout`, also a fenced data server's) and a newer
     /// generation is held now (fetched here, or already by the failed I/O), so the I/O is worth one more try.
-    async fn retry_with_fresh_layout(&self, e: &ClientError, tried: u64) -> bool {
+    pub(crate) async fn retry_with_fresh_layout(&self, e: &ClientError, tried: u64) -> bool {
         let data_side = matches!(
             e,
             ClientError::Data { .. }
@@ -328,11 +338,17 @@ impl File {
         self.layout().redundancy == DataRedundancy::Plain
     }
 
-    async fn redundant_write(&self, offset: u64, data: Bytes) -> Result<(), ClientError> {
-        match self.layout().redundancy {
-            DataRedundancy::Mirror { .. } => crate::mirror::write(self, offset, data).await,
-            _ => crate::ec::write(self, offset, data).await,
-        }
+    /// Keeps the first failure to send bytes held past their write's acknowledgement: the next commit fails.
+    pub(crate) fn note_write_behind_failure(&self, file_offset: u64, e: &ClientError) {
+        tracing::warn!(ino = self.attr.ino, file_offset, "sending held writes failed: {e}");
+        let mut f = self.gather_failed.lock().unwrap_or_else(|p| p.into_inner());
+        f.get_or_insert_with(|| (file_offset, e.to_string()));
+    }
+
+    /// The failure [`File::note_write_behind_failure`] kept, once.
+    fn take_write_behind_failure(&self) -> Option<ClientError> {
+        let f = self.gather_failed.lock().unwrap_or_else(|p| p.into_inner()).take();
+        f.map(|(file_offset, cause)| ClientError::WriteBehind { ino: self.attr.ino, file_offset, cause })
     }
 
     async fn redundant_read(&self, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
@@ -356,12 +372,17 @@ impl File {
             self.wrote.store(true, Ordering::SeqCst);
             // Invariant: an I/O of a redundant file that fails at a data server is tried once more if the MDS
             // holds a newer layout generation (a failed server's slot moved to a spare), never with the old one.
-            let tried = self.layout().generation;
-            if let Err(e) = self.redundant_write(offset, data.clone()).await {
-                if !self.retry_with_fresh_layout(&e, tried).await {
-                    return Err(e);
+            if let DataRedundancy::Mirror { .. } = self.layout().redundancy {
+                let tried = self.layout().generation;
+                if let Err(e) = crate::mirror::write(self, offset, data.clone()).await {
+                    if !self.retry_with_fresh_layout(&e, tried).await {
+                        return Err(e);
+                    }
+                    crate::mirror::write(self, offset, data).await?;
                 }
-                self.redundant_write(offset, data).await?;
+            } else {
+                // Held until its rows are whole (each job sent is retried on a fresher layout the same way).
+                crate::ec::gathered_write(self, offset, data).await?;
             }
             self.size.fetch_max(end, Ordering::SeqCst);
             self.dirty.store(true, Ordering::SeqCst);
@@ -412,6 +433,8 @@ impl File {
             return Ok(buf);
         }
         if !self.is_plain() {
+            // Held writes of this file go first, so it reads its own writes.
+            crate::ec::drain(self).await?;
             let tried = self.layout().generation;
             let got = match self.redundant_read(offset, avail).await {
                 Ok(got) => got,
@@ -784,6 +807,23 @@ impl File {
         }
     }
 
+    /// [`File::flush`] without taking a failure kept from earlier sends (this one's is kept too): for a path
+    /// that makes another user's writes visible and must leave their errors to that user's fsync or close.
+    pub async fn send_held(&self) -> Result<(), ClientError> {
+        crate::ec::drain(self).await
+    }
+
+    /// Sends the writes this handle holds (an ec file's partial stripe rows, `ec_gather.rs`) to the data servers,
+    /// where other clients' reads see them, without making them durable (no `Fsync`) or committing the size: what
+    /// a plain file's `write_at` does by itself. A failure to send held writes since the last commit is returned
+    /// (once). fsync and close do this first.
+    pub async fn flush(&self) -> Result<(), ClientError> {
+        let drained = self.send_held().await;
+        let behind = self.take_write_behind_failure();
+        drained?;
+        behind.map_or(Ok(()), Err)
+    }
+
     /// fsync: the same as [`File::commit`], which makes this handle's writes durable before committing them.
     pub async fn sync(&self) -> Result<(), ClientError> {
         self.commit_wcc().await.map(|_| ())
@@ -809,6 +849,13 @@ impl File {
         // Held until the MDS answered: no truncate slips between the size read below and its commit, and a
         // concurrent fsync waits for this commit's `Fsync` instead of finding the objects already taken.
         let _gate = self.size_gate.lock().await;
+        // Held writes (ec) are sent first; a failure to send them, now or since the last commit, fails this one.
+        let drained = crate::ec::drain(self).await;
+        let behind = self.take_write_behind_failure();
+        drained?;
+        if let Some(e) = behind {
+            return Err(e);
+        }
         // Order matters against concurrent writes: a write marks its objects before it sends and raises the size
         // after, so every byte below the size read here is in an object the sync below covers.
         let dirty = self.dirty.swap(false, Ordering::SeqCst);
@@ -838,6 +885,16 @@ impl File {
     /// Makes this handle's writes durable, commits them (see [`File::commit`]) and closes.
     pub async fn close(self) -> Result<(), ClientError> {
         self.commit().await
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        let g = self.gather.get_mut().unwrap_or_else(|p| p.into_inner());
+        if g.as_ref().is_some_and(|g| !g.holds_nothing()) {
+            // Only a handle dropped without its close (or fsync): its size was never committed either.
+            tracing::error!(ino = self.attr.ino, "an ec file dropped without a close: writes it held were never sent");
+        }
     }
 }
 

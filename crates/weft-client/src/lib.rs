@@ -22,6 +22,7 @@
 mod capability;
 mod cluster;
 mod ec;
+mod ec_gather;
 mod ec_rows;
 mod ec_version;
 mod error;

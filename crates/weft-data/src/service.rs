@@ -60,6 +60,10 @@ struct DataMetrics {
     bytes: FabricBytes,
     /// Requests refused by the capability check (or a `RemoveObject` without the cluster key).
     refusals: Counter,
+    /// Rows of ec chunks read with their bytes (`ReadRows` with data: read-modify-write, degraded reads, heals).
+    ec_rows_read: Counter,
+    /// Rows of ec chunks written (`WriteRows`).
+    ec_rows_written: Counter,
 }
 
 impl DataService {
@@ -97,6 +101,11 @@ impl DataService {
                 "weft_data_capability_refusals",
                 "Requests refused for a missing, expired or wrong capability, without a lease (StaleLayout), or RemoveObject without the cluster key",
             ),
+            ec_rows_read: m.counter(
+                "weft_data_ec_rows_read_with_bytes",
+                "Rows of erasure-coded chunks read with their bytes (read-modify-write of partial rows, degraded reads, heals)",
+            ),
+            ec_rows_written: m.counter("weft_data_ec_rows_written", "Rows of erasure-coded chunks written"),
         });
         self
     }
@@ -280,6 +289,9 @@ impl DataService {
         }
         let len = u64::from(r.rows) * u64::from(r.unit);
         fits_transfer_unit(ctx, "read", len)?;
+        if let Some(m) = &self.metrics {
+            m.ec_rows_read.inc_by(u64::from(r.rows));
+        }
         let mut buf = ctx.pool.acquire(len as usize).await;
         let (v, buf) = on_blocking_pool(move || {
             let v = store.read_rows(r.ino, r.unit, r.first_row, r.rows, Some(buf.as_mut_slice()))?;
@@ -293,7 +305,11 @@ impl DataService {
     async fn write_rows(&self, w: WriteRowsReq, data: Option<PoolBuf>) -> Result<Reply, WireError> {
         let buf = data.ok_or_else(|| WireError::new(ErrorCode::BadRequest, "WriteRows without a payload"))?;
         let store = self.store.clone();
+        let rows = w.rows.len() as u64;
         on_blocking_pool(move || store.write_rows(w.ino, w.unit, w.first_row, &w.rows, buf.as_slice())).await?;
+        if let Some(m) = &self.metrics {
+            m.ec_rows_written.inc_by(rows);
+        }
         Ok(Response::WriteRows(()).into())
     }
 

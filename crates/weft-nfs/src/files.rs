@@ -132,6 +132,20 @@ impl OpenFiles {
         self.map.lock().expect("open files").iter().filter(|(k, _)| k.0 == ino).map(|(_, e)| e.file.clone()).collect()
     }
 
+    /// Before a READ of `ino` through `this`: writes other users' cached handles of an ec file hold (partial stripe
+    /// rows gathered until whole) are sent, so the READ sees every WRITE this gateway answered, as knfsd's shared
+    /// page cache does. A failure stays with the handle that holds it (its COMMIT or close reports it).
+    pub async fn send_held_by_others(&self, ino: u64, this: &Arc<File>) {
+        if !matches!(this.layout().redundancy, weft_proto::DataRedundancy::Ec { .. }) {
+            return;
+        }
+        for f in self.of_inode(ino).into_iter().filter(|f| !Arc::ptr_eq(f, this)) {
+            if let Err(e) = f.send_held().await {
+                tracing::warn!(ino, error = %e, "sending another handle's held writes before a READ failed");
+            }
+        }
+    }
+
     /// Syncs every cached file of `ino` (COMMIT); the first error is returned after all were tried.
     pub async fn sync_inode(&self, ino: u64) -> Result<(), ClientError> {
         self.ahead.drop_inode(ino);

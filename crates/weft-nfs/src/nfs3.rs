@@ -346,6 +346,7 @@ async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, tran
         Ok(f) => f,
         Err(e) => return fail(open_status(gw, c, ino, &e).await, |w| post_op_attr(w, None, 0)),
     };
+    gw.files.send_held_by_others(ino, &f).await;
     let count = count.min(IO_BYTES_MAX) as u64;
     if offset.saturating_add(count) > f.size() {
         // Near the end of what this handle knows: another path may have written more since it was opened.

@@ -1,7 +1,8 @@
 //! Erasure-coded files under streams of reads and writes while data servers are killed (issue 13 item 8), with
 //! real processes: several clients — in this process and in other OS processes (this test binary re-run as a
 //! writer worker, and `weft cat`) — read and write one `ec 4+2` file while servers are killed with `kill -9`.
-//! Writers keep a model of what they were acknowledged; every read is checked against it: a byte is the last
+//! Writers keep a model of what they were acknowledged (a write and the `File::flush` that puts it on the data
+//! servers, where other clients read it: an ec file holds partial rows until then); every read is checked against it: a byte is the last
 //! acknowledged write to it or one of the writes in flight during the read, and within one write's chunk (the
 //! part on one data server) the bytes are all old or all new, never a mix. (Not within a row: a healthy read
 //! reads a row's data chunks from their servers directly, and a write in flight may have reached some of them
@@ -198,7 +199,14 @@ async fn worker_process() {
             Some("GO") => {}
             _ => break,
         }
-        match f.write_at(off as u64, Bytes::from(pattern((seed << 20) | i, off as u64, len))).await {
+        let data = Bytes::from(pattern((seed << 20) | i, off as u64, len));
+        // Acknowledged once on the data servers (flushed), where the other clients read it.
+        match async {
+            f.write_at(off as u64, data).await?;
+            f.flush().await
+        }
+        .await
+        {
             Ok(()) => eprintln!("WKR ACK {i}"),
             // Which write, where, and why: a failure here is what the scrub test below asserts never happens.
             Err(e) => {
@@ -341,9 +349,12 @@ async fn ec_4_2_reads_and_writes_from_several_clients_stay_right_through_two_kil
                 let (off, len) = plan(&mut rng, a, b);
                 let id = model.lock().unwrap().start(w, off, len, (seed << 20) | i);
                 let bytes = pattern((seed << 20) | i, off as u64, len);
-                f.write_at(off as u64, Bytes::from(bytes))
-                    .await
-                    .unwrap_or_else(|e| panic!("writer {w}: write {off}+{len} with at most m servers down: {e}"));
+                async {
+                    f.write_at(off as u64, Bytes::from(bytes)).await?;
+                    f.flush().await
+                }
+                .await
+                .unwrap_or_else(|e| panic!("writer {w}: write {off}+{len} with at most m servers down: {e}"));
                 model.lock().unwrap().ack(id);
                 acks.send_modify(|n| *n += 1);
             }

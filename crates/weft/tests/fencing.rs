@@ -90,6 +90,8 @@ async fn a_replaced_server_that_returns_refuses_a_stale_write_which_goes_to_the_
     let patch = pattern(32, 0, 3 * UNIT as usize / 2);
     let at = UNIT as usize / 3;
     stale.write_at(at as u64, Bytes::copy_from_slice(&patch)).await.unwrap();
+    // Sent now (an ec file holds a partial row until then).
+    stale.flush().await.unwrap();
     let mut want = model.clone();
     want[at..at + patch.len()].copy_from_slice(&patch);
     let now = stale.layout();

@@ -495,6 +495,7 @@ async fn read(cx: &Ctx<'_>, stateid: Stateid, offset: u64, count: u32) -> Out {
     let ino = cx.cur()?;
     io_check(cx, stateid, ino, false)?;
     let f = open_file(cx, ino, false).await?;
+    cx.gw.files.send_held_by_others(ino, &f).await;
     let count = (count.min(IO_BYTES_MAX) as usize).min(cx.reply_room()) as u64;
     if offset.saturating_add(count) > f.size()
         && let Ok(a) = cx.c.getattr(ino).await
