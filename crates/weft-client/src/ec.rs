@@ -177,9 +177,51 @@ fn touches_unreachable(file: &File, offset: u64, len: u64) -> bool {
     view.pieces(offset, len).iter().any(|p| file.client.recently_unreachable(view.servers[p.server_index as usize]))
 }
 
-/// [`read`] from whole stripe rows, each decoded from any `k` of its chunks; chunks refused as corrupt are
-/// rewritten from the decoded rows.
+/// [`read`] from whole stripe rows, each decoded from any `k` of its chunks, kept for the next reads
+/// (`ec_cache.rs`); chunks refused as corrupt are rewritten from the decoded rows. A read of more rows than the
+/// cache keeps decodes them as it goes ([`read_decoding`]).
 async fn read_degraded(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
+    let layout = &file.layout();
+    let (k, m) = km(layout).expect("an ec layout");
+    let unit = u64::from(layout.stripe_unit);
+    let row_bytes = unit * k as u64;
+    let (first_row, end_row) = (offset / row_bytes, (offset + len - 1) / row_bytes + 1);
+    if end_row - first_row > crate::ec_cache::ROWS_MAX as u64 / 2 {
+        return read_decoding(file, io, offset, len).await;
+    }
+    let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1);
+    let codec = Codec::new(k, m)?;
+    let cache = &file.decoded;
+    let want: Vec<u64> = (first_row..end_row).collect();
+    // Twice at most: rows another reader was loading may be dropped by a write meanwhile.
+    for _ in 0..2 {
+        let claim = cache.claim(first_row, end_row);
+        for (a, n) in claim.load {
+            for (r, cnt) in crate::ec_rows::request_spans(a, n, batch_rows) {
+                match decode_rows(file, io, &codec, r, cnt).await {
+                    Ok(d) => cache.put(r, &Bytes::from(d), row_bytes as usize, claim.epoch),
+                    Err(e) => {
+                        cache.failed(r, a + n - r);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        if let Some(rows) = cache.wait(&want).await {
+            let mut out = BytesMut::with_capacity(len as usize);
+            for (r, b) in (first_row..).zip(&rows) {
+                let base = r * row_bytes;
+                let (from, to) = (offset.max(base) - base, (offset + len).min(base + row_bytes) - base);
+                out.extend_from_slice(&b[from as usize..to as usize]);
+            }
+            return Ok(out);
+        }
+    }
+    read_decoding(file, io, offset, len).await
+}
+
+/// [`read_degraded`] without the cache: rows decoded batch after batch, and dropped.
+async fn read_decoding(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
     let layout = &file.layout();
     let (k, m) = km(layout).expect("an ec layout");
     let unit = u64::from(layout.stripe_unit);
@@ -265,6 +307,13 @@ async fn rmw_io(file: &File) -> Result<Io, ClientError> {
 /// Writes `data` at `offset` of an ec file, row by row with chunk versions (docs/format.md §17,
 /// [`crate::ec_rows::write_batch`]): a row it covers only partly alone (read–modify–write), whole rows in batches.
 pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
+    file.decoded.invalidate();
+    let r = write_rows_of(file, offset, data).await;
+    file.decoded.invalidate();
+    r
+}
+
+async fn write_rows_of(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
     let layout = &file.layout();
     let (k, m) = km(layout).expect("an ec layout");
     let unit = u64::from(layout.stripe_unit);
@@ -302,6 +351,13 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
 /// Writes whole rows from `first` on (`chunks`: `k` chunks of a stripe unit per row, row after row), in batches
 /// as [`write`]: no row is read, only the parity's records (docs/format.md §17).
 async fn write_whole_rows(file: &File, first: u64, chunks: &[Bytes]) -> Result<(), ClientError> {
+    file.decoded.invalidate();
+    let r = write_whole_rows_once(file, first, chunks).await;
+    file.decoded.invalidate();
+    r
+}
+
+async fn write_whole_rows_once(file: &File, first: u64, chunks: &[Bytes]) -> Result<(), ClientError> {
     let layout = &file.layout();
     let (k, m) = km(layout).expect("an ec layout");
     let unit = u64::from(layout.stripe_unit);
@@ -450,8 +506,10 @@ pub(crate) async fn truncate(file: &File, size: u64) -> Result<(), ClientError> 
     } else {
         None
     };
+    file.decoded.invalidate();
     file.client.truncate_objects(file.attr.ino, layout, size, &file.caps).await?;
     file.size.store(size, Ordering::SeqCst);
+    file.decoded.invalidate();
     if let Some(tail) = tail {
         write(file, row_start, tail.freeze()).await?;
     }

@@ -30,6 +30,7 @@ use crate::capability::is_expired;
 use crate::ec::{Codec, is_chunk_loss};
 use crate::ec_version::{Found, next_data_version, plan_row};
 use crate::file::{File, Io};
+use crate::recycle::Recycled;
 
 /// How many times a row write is tried when other writers keep moving its versions.
 pub(crate) const WRITE_ATTEMPTS_MAX: u32 = 16;
@@ -362,15 +363,22 @@ pub(crate) async fn write_batch(
 
 /// The parity of whole rows given as their data chunks (`k` chunks of `u` bytes per row, row after row), encoded
 /// straight into one buffer per parity chunk (rows back to back), ready to be sent in slices.
-fn encode_parity(codec: &Codec, chunks: &[&[u8]], u: usize) -> Vec<Vec<u8>> {
+/// The buffers come from `bufs` (reused: no page faults) and go back to it once sent ([`give_back`]).
+fn encode_parity(codec: &Codec, chunks: &[&[u8]], u: usize, bufs: &Recycled) -> Vec<BytesMut> {
     assert!(chunks.len().is_multiple_of(codec.k) && chunks.iter().all(|c| c.len() == u), "whole rows");
     let rows = chunks.len() / codec.k;
-    let mut pbuf: Vec<Vec<u8>> = vec![vec![0u8; rows * u]; codec.m];
+    // Every byte is overwritten below (the encoder writes whole parity shards), so recycled contents never leak.
+    let mut pbuf: Vec<BytesMut> = (0..codec.m).map(|_| bufs.take(rows * u)).collect();
     for (row, shards) in chunks.chunks_exact(codec.k).enumerate() {
         let mut outs: Vec<&mut [u8]> = pbuf.iter_mut().map(|p| &mut p[row * u..][..u]).collect();
         codec.encode_into(shards, &mut outs);
     }
     pbuf
+}
+
+/// Returns sent parity buffers to `bufs` (those no request still holds).
+fn give_back(bufs: &Recycled, sent: Vec<Bytes>) {
+    sent.into_iter().for_each(|b| bufs.give(b));
 }
 
 /// How often a read-modify-write reads a torn row again before reporting it, and the backoff between tries
@@ -687,13 +695,16 @@ async fn write_attempt(
     }
     // Every parity chunk encoded straight into one buffer per parity server (rows back to back), sent in slices.
     let shards: Vec<&[u8]> = chunks.iter().map(|c| &c[..]).collect();
-    let pbuf = encode_parity(codec, &shards, u);
+    let bufs = client.recycled();
+    let pbuf = encode_parity(codec, &shards, u, bufs);
     let mut writes = Vec::new();
+    let mut sent = Vec::with_capacity(m);
     for (p, pb) in pbuf.into_iter().enumerate() {
+        let pb = pb.freeze();
+        sent.push(pb.clone());
         if skip.contains(&(k + p)) {
             continue;
         }
-        let pb = Bytes::from(pb);
         let mut payload = Vec::with_capacity(rows as usize);
         let mut recs = Vec::with_capacity(rows as usize);
         for row in 0..rows {
@@ -706,7 +717,9 @@ async fn write_attempt(
         }
         writes.push((k + p, recs, payload));
     }
-    if known.moved(write_all(write_io, layout, writes, first).await, client, &mut lost) {
+    let written = write_all(write_io, layout, writes, first).await;
+    give_back(bufs, sent);
+    if known.moved(written, client, &mut lost) {
         return Ok(Attempt::Moved);
     }
     if let Some(pos) = lost.iter().position(|(i, _)| *i == usize::MAX || Some(*i) == heal) {
@@ -1084,13 +1097,13 @@ async fn heal_attempt(
         }
     }
     let shards: Vec<&[u8]> = data[..rows as usize * row_bytes as usize].chunks_exact(u).collect();
-    let pbuf = encode_parity(codec, &shards, u);
+    let pbuf = encode_parity(codec, &shards, u, file.client.recycled());
     let mut writes = Vec::new();
     for (p, pb) in pbuf.into_iter().enumerate() {
         if skip.contains(&(k + p)) {
             continue;
         }
-        let pb = Bytes::from(pb);
+        let pb = pb.freeze();
         let mut payload = Vec::with_capacity(rows as usize);
         let mut recs = Vec::with_capacity(rows as usize);
         for row in 0..rows as usize {

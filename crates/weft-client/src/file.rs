@@ -66,6 +66,8 @@ pub struct File {
     /// An ec file's writes held until their rows are whole (`ec_gather.rs`, sent by `ec.rs`); `None` before the
     /// first write.
     pub(crate) gather: Mutex<Option<crate::ec_gather::Gather>>,
+    /// Rows decoded by degraded reads, kept for the next ones (`ec_cache.rs`).
+    pub(crate) decoded: crate::ec_cache::RowCache,
     /// Woken whenever rows of `gather` finish being sent.
     pub(crate) gather_changed: tokio::sync::Notify,
     /// The first failure to send held bytes since the last commit: `(file offset, error)`, that commit's error.
@@ -230,6 +232,7 @@ impl File {
             stale: Default::default(),
             size_gate: tokio::sync::Mutex::new(()),
             gather: Mutex::new(None),
+            decoded: Default::default(),
             gather_changed: tokio::sync::Notify::new(),
             gather_failed: Mutex::new(None),
         })

@@ -22,6 +22,7 @@
 mod capability;
 mod cluster;
 mod ec;
+mod ec_cache;
 mod ec_gather;
 mod ec_rows;
 mod ec_version;
@@ -30,6 +31,7 @@ mod file;
 mod io_queue;
 mod layouts;
 mod mirror;
+mod recycle;
 pub mod scrub;
 mod stale;
 mod transfer;
@@ -92,6 +94,8 @@ struct Inner {
     fabric: AnyFabric,
     /// The cache bank (`[cache]` in cluster.toml), if it names any daemon.
     bank: Option<weft_cache::Bank>,
+    /// Parity buffers of ec writes, reused (`recycle.rs`).
+    recycled: recycle::Recycled,
     /// Which inode each name named at its last lookup (bounded: the bank's `lookup_guesses_max` slots), so a
     /// lookup through the bank fetches the entry and the child's attributes in one multi-get.
     guesses: weft_cache::attrs::EntryGuesses,
@@ -211,6 +215,7 @@ impl Client {
                     None => weft_cache::MissHint::new(0, 0),
                 },
                 bank,
+                recycled: Default::default(),
                 asserted_user_is_effective,
                 lock_keepalive: std::sync::OnceLock::new(),
                 locks_session: std::sync::atomic::AtomicU64::new(0),
@@ -239,6 +244,11 @@ impl Client {
     /// The cache bank, if the cluster config names one (its counters say what it served).
     pub fn bank(&self) -> Option<&weft_cache::Bank> {
         self.inner.bank.as_ref()
+    }
+
+    /// The ec write path's reused buffers.
+    pub(crate) fn recycled(&self) -> &recycle::Recycled {
+        &self.inner.recycled
     }
 
     /// The bank, if it caches data blocks.
