@@ -157,14 +157,19 @@ bench-nfs: bench-deps
 bench-pnfs: bench-deps
 	mkdir -p docs/bench
 	$(CARGO) run --locked --release -p weft -- bench nfs --pnfs --json docs/bench/pnfs.json
-# bench-ec: redundancy (issue 13): plain, ec 4+2 and mirror 2 on 7 data servers with a degraded read, then the
-# rebuild onto spares after kill -9 (unthrottled and at 200 MiB/s) beside GlusterFS disperse 4+2's heal.
+# bench-ec: redundancy (issues 13, 32): plain, ec 4+2 and mirror 2 on 7 data servers at the default stripe unit with
+# 128K, 1M and 4M records and a degraded read, then ec 4+2 at --stripe-unit 256K, then the rebuild onto spares
+# after kill -9 (unthrottled and at 200 MiB/s) beside GlusterFS disperse 4+2's heal.
 bench-ec: bench-deps
 	mkdir -p docs/bench
-	$(CARGO) run --locked --release -p weft -- bench throughput --layout plain,ec4+2,mirror2 --servers 7 --record 1M \
-		--size 2G --degraded --no-iperf --json docs/bench/redundancy-throughput.json
-	$(CARGO) run --locked --release -p weft -- bench rebuild --size 2G --layout ec4+2 --servers 7 --rebuild-mib-s 0,200 \
-		--json docs/bench/rebuild.json
+	$(CARGO) run --locked --release -p weft -- bench throughput --layout plain,ec4+2,mirror2 --servers 7 \
+		--record 128K,1M,4M --size 1G --degraded --degraded-size 256M --runs 3 --no-iperf \
+		--json docs/bench/redundancy-throughput.json
+	$(CARGO) run --locked --release -p weft -- bench throughput --layout plain,ec4+2 --servers 7 --record 1M \
+		--stripe-unit 256K --size 1G --degraded --degraded-size 256M --runs 3 --no-iperf \
+		--json docs/bench/redundancy-throughput-256k.json
+	$(CARGO) run --locked --release -p weft -- bench rebuild --size 1G --layout ec4+2 --servers 7 --rebuild-mib-s 0,200 \
+		--runs 3 --json docs/bench/rebuild.json
 
 # bench-meta: issue 29's metadata figures: mdtest phases on redb and PostgreSQL with 1 and 2 services, the
 # create/stat loop on Weft's FUSE mount beside JuiceFS (same PostgreSQL, and Redis), then failover time.

@@ -75,6 +75,14 @@ impl Codec {
         self.rs.reconstruct_data(shards).map_err(|e| format!("{e:?}"))
     }
 
+    /// Fills the data shards not `present` in place from the present ones (`k + m` slices of one length, at
+    /// least `k` present): nothing is copied.
+    pub(crate) fn reconstruct_data_in_place(&self, shards: Vec<&mut [u8]>, present: &[bool]) -> Result<(), String> {
+        assert!(shards.len() == self.k + self.m && present.len() == shards.len(), "k + m shards");
+        let mut s: Vec<(&mut [u8], bool)> = shards.into_iter().zip(present.iter().copied()).collect();
+        self.rs.reconstruct_data(&mut s).map_err(|e| format!("{e:?}"))
+    }
+
     /// Fills every `None` of `shards` (`k + m` of one length, at least `k` present) from the others.
     pub(crate) fn reconstruct(&self, shards: &mut [Option<Vec<u8>>]) -> Result<(), String> {
         assert_eq!(shards.len(), self.k + self.m, "k + m shards");
@@ -119,7 +127,13 @@ pub(crate) async fn write_on(io: &Io, layout: &Layout, offset: u64, data: Bytes)
 /// Reads `len` bytes at `offset` of `layout` (plain) through the plain machinery; holes and bytes past an
 /// object's end read as zeros.
 pub(crate) async fn read_on(io: &Io, layout: &Layout, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
-    let mut buf = BytesMut::zeroed(len as usize);
+    read_on_into(io, layout, offset, BytesMut::zeroed(len as usize)).await
+}
+
+/// [`read_on`] into `buf` (its length is the amount read): the replies land in it, no copy. On an error the
+/// buffer is gone with it.
+async fn read_on_into(io: &Io, layout: &Layout, offset: u64, mut buf: BytesMut) -> Result<BytesMut, ClientError> {
+    let len = buf.len() as u64;
     if len == 0 {
         return Ok(buf);
     }
@@ -138,12 +152,14 @@ pub(crate) async fn read_on(io: &Io, layout: &Layout, offset: u64, len: u64) -> 
 }
 
 /// Reads `[offset, offset + len)` of an ec file (the caller has cut `len` at the file's size).
-pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
-    read_via(file, &file.io(), offset, len).await
+/// Into `buf`, whose length is the amount read (within the file): a healthy read's replies land in it directly.
+pub(crate) async fn read(file: &File, offset: u64, buf: BytesMut) -> Result<BytesMut, ClientError> {
+    read_via(file, &file.io(), offset, buf).await
 }
 
 /// [`read`] with the capability of `io`.
-async fn read_via(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
+async fn read_via(file: &File, io: &Io, offset: u64, buf: BytesMut) -> Result<BytesMut, ClientError> {
+    let len = buf.len() as u64;
     let layout = &file.layout();
     // A data chunk in a stale range is never read: those rows are decoded from the other chunks.
     let (first, end) = crate::stale::rows_of(layout, offset, len);
@@ -151,14 +167,15 @@ async fn read_via(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMu
     if crate::stale::stale_slots(file, first, end).await?.iter().any(|&s| s < k)
         || touches_unreachable(file, offset, len)
     {
-        return read_degraded(file, io, offset, len).await;
+        return read_degraded(file, io, offset, buf).await;
     }
-    match read_on(io, &layout.data_view(0), offset, len).await {
+    match read_on_into(io, &layout.data_view(0), offset, buf).await {
         Ok(b) => Ok(b),
         Err(e) if is_chunk_loss(&e) => {
             file.client.note_unreachable(&e);
             tracing::debug!(ino = file.attr.ino, offset, len, "degraded ec read: {e}");
-            read_degraded(file, io, offset, len).await
+            // The buffer went with the error: a fresh one (once per lost server: later reads go straight here).
+            read_degraded(file, io, offset, BytesMut::zeroed(len as usize)).await
         }
         Err(e) => Err(e),
     }
@@ -180,14 +197,15 @@ fn touches_unreachable(file: &File, offset: u64, len: u64) -> bool {
 /// [`read`] from whole stripe rows, each decoded from any `k` of its chunks, kept for the next reads
 /// (`ec_cache.rs`); chunks refused as corrupt are rewritten from the decoded rows. A read of more rows than the
 /// cache keeps decodes them as it goes ([`read_decoding`]).
-async fn read_degraded(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
+async fn read_degraded(file: &File, io: &Io, offset: u64, mut buf: BytesMut) -> Result<BytesMut, ClientError> {
+    let len = buf.len() as u64;
     let layout = &file.layout();
     let (k, m) = km(layout).expect("an ec layout");
     let unit = u64::from(layout.stripe_unit);
     let row_bytes = unit * k as u64;
     let (first_row, end_row) = (offset / row_bytes, (offset + len - 1) / row_bytes + 1);
     if end_row - first_row > crate::ec_cache::ROWS_MAX as u64 / 2 {
-        return read_decoding(file, io, offset, len).await;
+        return read_decoding(file, io, offset, buf).await;
     }
     let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1);
     let codec = Codec::new(k, m)?;
@@ -208,20 +226,24 @@ async fn read_degraded(file: &File, io: &Io, offset: u64, len: u64) -> Result<By
             }
         }
         if let Some(rows) = cache.wait(&want).await {
-            let mut out = BytesMut::with_capacity(len as usize);
+            let mut at = 0;
             for (r, b) in (first_row..).zip(&rows) {
                 let base = r * row_bytes;
-                let (from, to) = (offset.max(base) - base, (offset + len).min(base + row_bytes) - base);
-                out.extend_from_slice(&b[from as usize..to as usize]);
+                let (from, to) =
+                    ((offset.max(base) - base) as usize, ((offset + len).min(base + row_bytes) - base) as usize);
+                buf[at..at + to - from].copy_from_slice(&b[from..to]);
+                at += to - from;
             }
-            return Ok(out);
+            assert_eq!(at as u64, len, "the rows cover the read");
+            return Ok(buf);
         }
     }
-    read_decoding(file, io, offset, len).await
+    read_decoding(file, io, offset, buf).await
 }
 
 /// [`read_degraded`] without the cache: rows decoded batch after batch, and dropped.
-async fn read_decoding(file: &File, io: &Io, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
+async fn read_decoding(file: &File, io: &Io, offset: u64, mut buf: BytesMut) -> Result<BytesMut, ClientError> {
+    let len = buf.len() as u64;
     let layout = &file.layout();
     let (k, m) = km(layout).expect("an ec layout");
     let unit = u64::from(layout.stripe_unit);
@@ -230,7 +252,7 @@ async fn read_decoding(file: &File, io: &Io, offset: u64, len: u64) -> Result<By
     let last_row = (offset + len - 1) / row_bytes;
     let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1);
     let codec = Codec::new(k, m)?;
-    let mut out = BytesMut::with_capacity(len as usize);
+    let mut at = 0;
     let mut r = first_row;
     while r <= last_row {
         let rows = batch_rows.min(last_row - r + 1);
@@ -239,10 +261,13 @@ async fn read_decoding(file: &File, io: &Io, offset: u64, len: u64) -> Result<By
         let base = r * row_bytes;
         let from = offset.max(base) - base;
         let to = (offset + len).min(base + rows * row_bytes) - base;
-        out.extend_from_slice(&decoded[from as usize..to as usize]);
+        let n = (to - from) as usize;
+        buf[at..at + n].copy_from_slice(&decoded[from as usize..to as usize]);
+        at += n;
         r += rows;
     }
-    Ok(out)
+    assert_eq!(at as u64, len, "the rows cover the read");
+    Ok(buf)
 }
 
 use crate::ec_rows::{TORN_BACKOFF_MS_MAX, TORN_BACKOFF_MS_MIN, TORN_RETRIES_MAX};
@@ -502,7 +527,8 @@ pub(crate) async fn truncate(file: &File, size: u64) -> Result<(), ClientError> 
     }
     let row_start = size - size % row_bytes;
     let tail = if size > row_start {
-        Some(read_via(file, &rmw_io(file).await?, row_start, size - row_start).await?)
+        let buf = BytesMut::zeroed((size - row_start) as usize);
+        Some(read_via(file, &rmw_io(file).await?, row_start, buf).await?)
     } else {
         None
     };
@@ -559,6 +585,12 @@ mod tests {
                 r.unwrap();
                 let got: Vec<Vec<u8>> = shards.into_iter().map(|s| s.unwrap()).collect();
                 assert_eq!(got, all, "{k}+{m}, survivors {alive:?}");
+                // In place: lost data chunks hold garbage first and are overwritten.
+                let mut place: Vec<Vec<u8>> =
+                    all.iter().zip(&alive).map(|(s, a)| if *a { s.clone() } else { vec![0xA5; len] }).collect();
+                let slices: Vec<&mut [u8]> = place.iter_mut().map(|v| v.as_mut_slice()).collect();
+                codec.reconstruct_data_in_place(slices, &alive).unwrap();
+                assert_eq!(place[..k], all[..k], "{k}+{m} in place, survivors {alive:?}");
             }
             // Every subset of at least k of k+m chunks.
             let expect: usize = (k..=k + m).map(|s| binom(k + m, s)).sum();

@@ -792,6 +792,8 @@ pub(crate) async fn decode_rows(
     causes.sort();
     let reachable = found.iter().filter(|f| f.is_some()).count();
     let mut data = vec![0u8; (rows * row_bytes) as usize];
+    // Stands in for a parity chunk a decode does not use (the decoder wants k + m slices of one length).
+    let mut scratch = vec![0u8; m * u];
     let mut to_repair = Vec::new();
     for row in 0..rows as usize {
         let file_offset = (first + row as u64) * row_bytes;
@@ -826,21 +828,23 @@ pub(crate) async fn decode_rows(
                 torn(file, file_offset, e)
             }
         })?;
-        let chunk = |i: usize| &found[i].as_ref().expect("used chunks were read").1[row * u..(row + 1) * u];
-        if plan.use_chunk[..k].iter().all(|&x| x) {
-            // Every data chunk agrees: copied straight into the row, no decode.
-            for j in 0..k {
-                let at = (row * k + j) * u;
-                data[at..at + u].copy_from_slice(chunk(j));
+        // The data chunks used are copied into the row; the missing ones are decoded there in place, from them
+        // and the parity chunks' reply buffers (no other copy).
+        let (data_found, parity) = found.split_at_mut(k);
+        let row_data = &mut data[row * k * u..(row + 1) * k * u];
+        for j in (0..k).filter(|&j| plan.use_chunk[j]) {
+            let c = &data_found[j].as_ref().expect("used chunks were read").1[row * u..(row + 1) * u];
+            row_data[j * u..(j + 1) * u].copy_from_slice(c);
+        }
+        if !plan.use_chunk[..k].iter().all(|&x| x) {
+            let mut shards: Vec<&mut [u8]> = row_data.chunks_exact_mut(u).collect();
+            for ((p, f), spare) in parity.iter_mut().enumerate().zip(scratch.chunks_exact_mut(u)) {
+                match f {
+                    Some((_, b)) if plan.use_chunk[k + p] => shards.push(&mut b[row * u..(row + 1) * u]),
+                    _ => shards.push(spare),
+                }
             }
-        } else {
-            let mut shards: Vec<Option<Vec<u8>>> =
-                (0..k + m).map(|i| plan.use_chunk[i].then(|| chunk(i).to_vec())).collect();
-            codec.reconstruct_data(&mut shards).map_err(|e| torn(file, file_offset, e))?;
-            for (j, s) in shards.iter().take(k).enumerate() {
-                let at = (row * k + j) * u;
-                data[at..at + u].copy_from_slice(s.as_ref().expect("reconstructed"));
-            }
+            codec.reconstruct_data_in_place(shards, &plan.use_chunk).map_err(|e| torn(file, file_offset, e))?;
         }
         if !plan.repair.is_empty() {
             to_repair.push(first + row as u64);

@@ -354,10 +354,15 @@ impl File {
         f.map(|(file_offset, cause)| ClientError::WriteBehind { ino: self.attr.ino, file_offset, cause })
     }
 
-    async fn redundant_read(&self, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
+    /// Into `buf` (its length is the amount read); on an error the buffer is gone with it.
+    async fn redundant_read(&self, offset: u64, mut buf: BytesMut) -> Result<BytesMut, ClientError> {
         match self.layout().redundancy {
-            DataRedundancy::Mirror { .. } => crate::mirror::read(self, offset, len).await,
-            _ => crate::ec::read(self, offset, len).await,
+            DataRedundancy::Mirror { .. } => {
+                let got = crate::mirror::read(self, offset, buf.len() as u64).await?;
+                buf.copy_from_slice(&got);
+                Ok(buf)
+            }
+            _ => crate::ec::read(self, offset, buf).await,
         }
     }
 
@@ -439,13 +444,13 @@ impl File {
             // Held writes of this file go first, so it reads its own writes.
             crate::ec::drain(self).await?;
             let tried = self.layout().generation;
-            let got = match self.redundant_read(offset, avail).await {
-                Ok(got) => got,
-                Err(e) if self.retry_with_fresh_layout(&e, tried).await => self.redundant_read(offset, avail).await?,
-                Err(e) => return Err(e),
+            return match self.redundant_read(offset, buf).await {
+                Ok(got) => Ok(got),
+                Err(e) if self.retry_with_fresh_layout(&e, tried).await => {
+                    self.redundant_read(offset, BytesMut::zeroed(avail as usize)).await
+                }
+                Err(e) => Err(e),
             };
-            buf.copy_from_slice(&got);
-            return Ok(buf);
         }
         let mut first = Some(buf);
         fenced_retry(self.attr.ino, offset, || {
