@@ -159,7 +159,8 @@ bench-pnfs: bench-deps
 	$(CARGO) run --locked --release -p weft -- bench nfs --pnfs --json docs/bench/pnfs.json
 # bench-ec: redundancy (issues 13, 32): plain, ec 4+2 and mirror 2 on 7 data servers at the default stripe unit with
 # 128K, 1M and 4M records and a degraded read, then ec 4+2 at --stripe-unit 256K, then the rebuild onto spares
-# after kill -9 (unthrottled and at 200 MiB/s) beside GlusterFS disperse 4+2's heal.
+# after kill -9 (unthrottled and at 200 MiB/s) beside GlusterFS disperse 4+2's heal, then fio on a FUSE mount of an
+# ec 4+2 root beside a plain one.
 bench-ec: bench-deps
 	mkdir -p docs/bench
 	$(CARGO) run --locked --release -p weft -- bench throughput --layout plain,ec4+2,mirror2 --servers 7 \
@@ -170,6 +171,8 @@ bench-ec: bench-deps
 		--json docs/bench/redundancy-throughput-256k.json
 	$(CARGO) run --locked --release -p weft -- bench rebuild --size 1G --layout ec4+2 --servers 7 --rebuild-mib-s 0,200 \
 		--runs 3 --json docs/bench/rebuild.json
+	$(CARGO) run --locked --release -p weft -- bench mount --servers 7 --systems weft,weft-ec4+2 --size 1G --runs 3 \
+		--json docs/bench/mount-ec.json
 
 # bench-meta: issue 29's metadata figures: mdtest phases on redb and PostgreSQL with 1 and 2 services, the
 # create/stat loop on Weft's FUSE mount beside JuiceFS (same PostgreSQL, and Redis), then failover time.

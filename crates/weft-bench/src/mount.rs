@@ -47,7 +47,8 @@ pub struct MountArgs {
     /// Repetitions per figure (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// Systems to measure, of `weft,passthrough_ll,glusterfs`.
+    /// Systems to measure, of `weft,weft-ec4+2,passthrough_ll,glusterfs` (`weft-ec4+2`: every file `ec 4+2`, at
+    /// least 6 servers).
     #[arg(long, default_value = "weft,passthrough_ll,glusterfs")]
     pub systems: String,
     /// The fabric the Weft mount reaches its data servers by: tcp, shm or rdma (auto: shm to same-host servers,
@@ -152,6 +153,26 @@ pub(crate) async fn start_weft(base: &Path, servers: u32, fabric: FabricChoice) 
     opts.log_filter = "warn".into();
     let cluster = LocalCluster::start(opts).await?;
     let mut t = mount_weft(&cluster.cluster_file(), &base.join("weft-mnt"), fabric, &[])?;
+    t.cluster = Some(cluster);
+    Ok(t)
+}
+
+/// [`start_weft`] with the root directory set to `ec 4+2` at the default 1 MiB stripe unit (as `weft setstripe
+/// --ec 4+2 /`), so every file the jobs create is erasure-coded: system `weft-ec4+2` (issue 32: a FUSE writer onto
+/// an ec directory beside a plain one). Needs at least 6 data servers.
+pub(crate) async fn start_weft_ec(base: &Path, servers: u32, fabric: FabricChoice) -> Result<Target> {
+    if servers < 6 {
+        bail!("weft-ec4+2 needs --servers 6 or more (k + m distinct servers)");
+    }
+    let dir = base.join("weft-ec");
+    let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, servers);
+    opts.log_filter = "warn".into();
+    let cluster = LocalCluster::start(opts).await?;
+    let client = weft_client::Client::connect(&cluster.cluster_config()).await?;
+    let ec = weft_proto::DataRedundancy::Ec { k: 4, m: 2 };
+    client.set_layout_with(weft_proto::ROOT_INO, 1 << 20, 0, ec).await.context("setting the root to ec 4+2")?;
+    let mut t = mount_weft(&cluster.cluster_file(), &base.join("weft-ec-mnt"), fabric, &[])?;
+    t.system = "weft-ec4+2";
     t.cluster = Some(cluster);
     Ok(t)
 }
@@ -385,7 +406,7 @@ pub(crate) fn measure(t: &Target, a: &MountArgs, loads: &mut Loads) -> Result<Ve
         .iter()
         .map(|&(op, pattern, record_bytes, unit)| Figure {
             system: t.system,
-            fabric: if t.system == "weft" { a.fabric.name() } else { "tcp" }.to_string(),
+            fabric: if t.system.starts_with("weft") { a.fabric.name() } else { "tcp" }.to_string(),
             op,
             pattern,
             record_bytes,
@@ -447,9 +468,10 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
         eprintln!("setting up {sys} under {}", base.display());
         let target = match sys.as_str() {
             "weft" => start_weft(&base, a.servers, a.fabric).await?,
+            "weft-ec4+2" => start_weft_ec(&base, a.servers, a.fabric).await?,
             "passthrough_ll" => start_passthrough(&base)?,
             "glusterfs" => start_gluster(&base)?,
-            other => bail!("unknown system {other:?} (weft, passthrough_ll, glusterfs)"),
+            other => bail!("unknown system {other:?} (weft, weft-ec4+2, passthrough_ll, glusterfs)"),
         };
         let a2 = a.clone();
         let (target, result) = tokio::task::spawn_blocking(move || {
@@ -479,7 +501,7 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
         let mut r = json!({
             "system": f.system,
             "fabric": f.fabric,
-            "servers": if f.system == "weft" { json!(a.servers) } else if f.system == "glusterfs" { json!(2) } else { json!(1) },
+            "servers": if f.system.starts_with("weft") { json!(a.servers) } else if f.system == "glusterfs" { json!(2) } else { json!(1) },
             "clients": 1,
             "op": f.op,
             "pattern": f.pattern,
@@ -527,9 +549,13 @@ fn headline(r: &Value) -> f64 {
 /// A Markdown table: one row per op, one column per system, and Weft's ratios.
 pub fn table(doc: &Value) -> String {
     let results = doc["results"].as_array().cloned().unwrap_or_default();
-    let mut s = String::from(
-        "| op | unit | weft | passthrough_ll | glusterfs | weft ÷ passthrough_ll | weft ÷ glusterfs |\n|---|---|---:|---:|---:|---:|---:|\n",
-    );
+    // The ec column only when the run measured it (`--systems …,weft-ec4+2`).
+    let ec = results.iter().any(|r| r["system"] == "weft-ec4+2");
+    let mut s = String::from("| op | unit | weft |");
+    s.push_str(if ec { " weft ec 4+2 | ec ÷ weft |" } else { "" });
+    s.push_str(" passthrough_ll | glusterfs | weft ÷ passthrough_ll | weft ÷ glusterfs |\n|---|---|---:|");
+    s.push_str(if ec { "---:|---:|" } else { "" });
+    s.push_str("---:|---:|---:|---:|\n");
     for (op, pattern, _, _) in FIGURES {
         let get = |sys: &str| {
             results.iter().find(|r| r["system"] == sys && r["op"] == op && r["pattern"].as_str() == pattern)
@@ -545,9 +571,17 @@ pub fn table(doc: &Value) -> String {
                 .map(|x| format!("{x:.2}"))
                 .unwrap_or("-".into())
         };
+        let ec_cells = match (get("weft-ec4+2"), get("weft")) {
+            (Some(e), Some(w)) if headline(w) > 0.0 => {
+                format!(" {:.0} | {:.2} |", headline(e), headline(e) / headline(w))
+            }
+            (Some(e), _) => format!(" {:.0} | - |", headline(e)),
+            _ => " - | - |".to_string(),
+        };
         s.push_str(&format!(
-            "| {op} | {unit} | {} | {} | {} | {} | {} |\n",
+            "| {op} | {unit} | {} |{} {} | {} | {} | {} |\n",
             cell("weft"),
+            if ec { ec_cells.as_str() } else { "" },
             cell("passthrough_ll"),
             cell("glusterfs"),
             ratio("passthrough_ll"),
