@@ -9,14 +9,16 @@
 //! The rules:
 //! - Bytes of a row are held (by reference: the writer's own buffers, sliced, never copied here) until the row is
 //!   whole; then it is handed out as a [`Job::Whole`] and encoded once, with no read.
-//! - A write that covers rows whole that hold nothing sends them at once, as they are.
+//! - Whole rows (completed, or covered whole by one write) wait *ready* until a run of consecutive ones reaches
+//!   [`WHOLE_RUN_BYTES`] (at the default unit one row is that much: it goes at once), so small units send several
+//!   rows per request. A write to a ready row makes it held again.
 //! - Bounded: past [`GATHER_ROWS_MAX`] rows or [`GATHER_BYTES_MAX`] bytes held, the row touched least recently is
 //!   handed out as it is ([`Job::Partial`]: its runs of held bytes, each a read–modify–write), as are all rows at
 //!   [`Gather::drain`] (fsync, close, a read, a truncate).
 //! - A row handed out is *sending* until the caller reports it [`Gather::sent`]: a write touching it waits
 //!   ([`Added::Wait`]), so bytes written later never land before bytes written earlier to the same row.
 //!
-//! Invariant: a row is held or sending, never both; held rows are never whole.
+//! Invariant: a row is held, ready or sending, never two of them; held rows are never whole, ready ones always.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -27,6 +29,9 @@ use bytes::{Bytes, BytesMut};
 pub(crate) const GATHER_ROWS_MAX: usize = 8;
 /// Most bytes one open file holds (at least one row's bytes are held, whatever a row's size).
 pub(crate) const GATHER_BYTES_MAX: u64 = 64 << 20;
+/// Whole rows are handed out in runs of consecutive rows of at least this many bytes (one row at least): at small
+/// stripe units a row write is three round trips for little data, and a run goes in requests of several rows.
+pub(crate) const WHOLE_RUN_BYTES: u64 = 4 << 20;
 
 /// Writes the caller sends now.
 #[derive(Debug, PartialEq, Eq)]
@@ -66,6 +71,15 @@ struct Held {
 }
 
 impl Held {
+    /// A whole row's chunks (`unit` bytes each) as segments, to be written over.
+    fn of_chunks(chunks: Vec<Bytes>, unit: u64) -> Held {
+        let mut h = Held::default();
+        for (j, c) in chunks.into_iter().enumerate() {
+            h.keep(j as u64 * unit, c);
+        }
+        h
+    }
+
     /// Puts `data` at row offset `at`, over whatever it overlaps (kept parts are slices: no copy).
     fn put(&mut self, at: u64, data: Bytes) {
         let end = at + data.len() as u64;
@@ -127,22 +141,27 @@ pub(crate) struct Gather {
     k: u64,
     held: BTreeMap<u64, Held>,
     held_bytes: u64,
+    /// Whole rows not handed out yet: `k` chunks each.
+    ready: BTreeMap<u64, Vec<Bytes>>,
     sending: BTreeSet<u64>,
     clock: u64,
     rows_max: usize,
     bytes_max: u64,
+    /// Rows per run of whole rows handed out together.
+    run_rows: usize,
 }
 
 impl Gather {
     /// For rows of `k` chunks of `unit` bytes, with the default bounds.
     pub(crate) fn new(unit: u64, k: u64) -> Gather {
-        Gather::with_bounds(unit, k, GATHER_ROWS_MAX, GATHER_BYTES_MAX)
+        let run_rows = (WHOLE_RUN_BYTES / (unit * k)).max(1) as usize;
+        Gather::with_bounds(unit, k, GATHER_ROWS_MAX, GATHER_BYTES_MAX, run_rows)
     }
 
-    pub(crate) fn with_bounds(unit: u64, k: u64, rows_max: usize, bytes_max: u64) -> Gather {
-        assert!(unit > 0 && k > 0 && rows_max > 0, "a row has bytes, and one may be held");
-        let (held, sending) = (BTreeMap::new(), BTreeSet::new());
-        Gather { unit, k, held, held_bytes: 0, sending, clock: 0, rows_max, bytes_max }
+    pub(crate) fn with_bounds(unit: u64, k: u64, rows_max: usize, bytes_max: u64, run_rows: usize) -> Gather {
+        assert!(unit > 0 && k > 0 && rows_max > 0 && run_rows > 0, "a row has bytes, and one may be held");
+        let (held, ready, sending) = (BTreeMap::new(), BTreeMap::new(), BTreeSet::new());
+        Gather { unit, k, held, held_bytes: 0, ready, sending, clock: 0, rows_max, bytes_max, run_rows }
     }
 
     fn row_bytes(&self) -> u64 {
@@ -151,12 +170,12 @@ impl Gather {
 
     /// Nothing held and nothing being sent.
     pub(crate) fn is_idle(&self) -> bool {
-        self.held.is_empty() && self.sending.is_empty()
+        self.holds_nothing() && self.sending.is_empty()
     }
 
-    /// Nothing held (rows may still be being sent).
+    /// Nothing held nor ready (rows may still be being sent).
     pub(crate) fn holds_nothing(&self) -> bool {
-        self.held.is_empty()
+        self.held.is_empty() && self.ready.is_empty()
     }
 
     /// Takes a write of `data` at file offset `offset`.
@@ -176,8 +195,13 @@ impl Gather {
             let (lo, hi) = ((r * rb).max(offset), ((r + 1) * rb).min(end));
             let piece = data.slice((lo - offset) as usize..(hi - offset) as usize);
             if hi - lo == rb && !self.held.contains_key(&r) {
+                self.ready.remove(&r);
                 whole.push((r, self.chunks_of(&piece)));
                 continue;
+            }
+            if let Some(chunks) = self.ready.remove(&r) {
+                self.held.insert(r, Held::of_chunks(chunks, self.unit));
+                self.held_bytes += rb;
             }
             let h = self.held.entry(r).or_default();
             let before = h.bytes;
@@ -190,7 +214,8 @@ impl Gather {
                 whole.push((r, (0..self.k).map(|j| h.span(j * self.unit, (j + 1) * self.unit)).collect()));
             }
         }
-        let mut jobs = whole_jobs(whole);
+        self.ready.extend(whole);
+        let mut jobs = self.hand_out_runs(false);
         while self.held.len() > self.rows_max || (self.held_bytes > self.bytes_max && self.held.len() > 1) {
             let oldest = *self.held.iter().min_by_key(|(_, h)| h.touched).expect("rows are held").0;
             jobs.push(self.hand_out(oldest));
@@ -202,10 +227,11 @@ impl Gather {
         Added::Send(jobs)
     }
 
-    /// Every held row, handed out as it is (they are all partial: whole rows are never held).
+    /// Every held row, handed out as it is (they are all partial: whole rows are never held), and every ready one.
     pub(crate) fn drain(&mut self) -> Vec<Job> {
         let rows: Vec<u64> = self.held.keys().copied().collect();
-        let jobs: Vec<Job> = rows.into_iter().map(|r| self.hand_out(r)).collect();
+        let mut jobs: Vec<Job> = rows.into_iter().map(|r| self.hand_out(r)).collect();
+        jobs.extend(self.hand_out_runs(true));
         for j in &jobs {
             self.sending.extend(j.rows(self.k));
         }
@@ -219,6 +245,25 @@ impl Gather {
             let was = self.sending.remove(&r);
             assert!(was, "row {r} reported sent was not being sent");
         }
+    }
+
+    /// Ready rows as jobs of consecutive rows: every run of at least `run_rows` rows, or with `all` (or past twice
+    /// that many ready) every run.
+    fn hand_out_runs(&mut self, all: bool) -> Vec<Job> {
+        let per = self.run_rows;
+        let all = all || self.ready.len() > 2 * per;
+        let mut runs: Vec<Vec<u64>> = Vec::new();
+        for &r in self.ready.keys() {
+            match runs.last_mut() {
+                Some(run) if *run.last().expect("non-empty") + 1 == r => run.push(r),
+                _ => runs.push(vec![r]),
+            }
+        }
+        let mut out = Vec::new();
+        for run in runs.into_iter().filter(|run| all || run.len() >= per) {
+            out.push((run[0], run.iter().flat_map(|r| self.ready.remove(r).expect("ready")).collect::<Vec<Bytes>>()));
+        }
+        out.into_iter().map(|(first, chunks)| Job::Whole { first, chunks }).collect()
     }
 
     fn hand_out(&mut self, row: u64) -> Job {
@@ -238,21 +283,12 @@ impl Gather {
     fn check(&self) {
         debug_assert_eq!(self.held_bytes, self.held.values().map(|h| h.bytes).sum::<u64>(), "held bytes add up");
         debug_assert!(self.held.keys().all(|r| !self.sending.contains(r)), "a row is held or sending, not both");
+        debug_assert!(
+            self.ready.keys().all(|r| !self.sending.contains(r) && !self.held.contains_key(r)),
+            "a ready row is neither held nor sending"
+        );
         debug_assert!(self.held.values().all(|h| h.bytes < self.row_bytes() && h.bytes > 0), "held rows are partial");
     }
-}
-
-/// Whole rows grouped into jobs of consecutive rows.
-fn whole_jobs(mut rows: Vec<(u64, Vec<Bytes>)>) -> Vec<Job> {
-    rows.sort_by_key(|(r, _)| *r);
-    let mut jobs: Vec<Job> = Vec::new();
-    for (r, chunks) in rows {
-        match jobs.last_mut() {
-            Some(Job::Whole { first, chunks: c }) if *first + (c.len() / chunks.len()) as u64 == r => c.extend(chunks),
-            _ => jobs.push(Job::Whole { first: r, chunks }),
-        }
-    }
-    jobs
 }
 
 #[cfg(test)]
@@ -284,7 +320,7 @@ mod tests {
 
     #[test]
     fn sequential_records_make_whole_rows_with_no_copy_when_aligned_to_chunks() {
-        let mut g = Gather::new(4, 2); // rows of 8 bytes
+        let mut g = Gather::with_bounds(4, 2, 8, 64, 1); // rows of 8 bytes, sent one by one
         let src = bytes(1, 16);
         assert_eq!(jobs(g.add(0, &src.slice(0..4))), vec![]);
         let j = jobs(g.add(4, &src.slice(4..8)));
@@ -300,7 +336,7 @@ mod tests {
 
     #[test]
     fn small_and_unaligned_records_are_copied_into_whole_chunks() {
-        let mut g = Gather::new(4, 2);
+        let mut g = Gather::with_bounds(4, 2, 8, 64, 1);
         let src = bytes(7, 24);
         let mut out = Vec::new();
         // Records of 3 bytes: rows 0, 1 and 2 complete at offsets 8, 16, 24.
@@ -317,7 +353,7 @@ mod tests {
 
     #[test]
     fn a_write_of_whole_rows_goes_at_once_and_its_ragged_ends_are_held() {
-        let mut g = Gather::new(4, 2);
+        let mut g = Gather::with_bounds(4, 2, 8, 64, 1);
         let src = bytes(3, 28);
         // [2, 30): row 0 partly (held), rows 1 and 2 whole (sent), row 3 partly (held).
         let j = jobs(g.add(2, &src));
@@ -333,7 +369,7 @@ mod tests {
 
     #[test]
     fn overwrites_inside_a_held_row_keep_the_last_bytes() {
-        let mut g = Gather::new(4, 2);
+        let mut g = Gather::with_bounds(4, 2, 8, 64, 1);
         assert_eq!(jobs(g.add(0, &Bytes::from_static(b"aaaaaa"))), vec![]);
         assert_eq!(jobs(g.add(2, &Bytes::from_static(b"bb"))), vec![]);
         assert_eq!(jobs(g.add(1, &Bytes::from_static(b"c"))), vec![]);
@@ -342,8 +378,27 @@ mod tests {
     }
 
     #[test]
+    fn whole_rows_go_in_runs_and_a_write_to_a_ready_row_holds_it_again() {
+        let mut g = Gather::with_bounds(4, 2, 8, 1 << 20, 3); // runs of 3 rows of 8 bytes
+        let src = bytes(5, 40);
+        assert_eq!(jobs(g.add(8, &src.slice(8..24))), vec![], "rows 1 and 2 wait for a third");
+        assert_eq!(jobs(g.add(33, &Bytes::from_static(b"z"))), vec![], "row 4 partly");
+        let j = jobs(g.add(24, &src.slice(24..32)));
+        assert_eq!(j.iter().map(|j| j.rows(2)).collect::<Vec<_>>(), vec![1..4], "rows 1–3 in one job");
+        g.sent(1..4);
+        assert_eq!(jobs(g.add(0, &src.slice(0..8))), vec![], "row 0 alone waits");
+        assert_eq!(jobs(g.add(3, &Bytes::from_static(b"q"))), vec![], "a write to ready row 0");
+        let mut d = g.drain();
+        d.sort_by_key(|j| j.rows(2).start);
+        let mut want = src[0..8].to_vec();
+        want[3] = b'q';
+        assert_eq!(written(&d[0], 4, 2), vec![(0, want)], "row 0 whole again, with the new byte");
+        assert_eq!(d[1].rows(2), 4..5);
+    }
+
+    #[test]
     fn gaps_are_handed_out_as_separate_runs() {
-        let mut g = Gather::new(4, 2);
+        let mut g = Gather::with_bounds(4, 2, 8, 64, 1);
         assert_eq!(jobs(g.add(9, &Bytes::from_static(b"xy"))), vec![]);
         assert_eq!(jobs(g.add(13, &Bytes::from_static(b"z"))), vec![]);
         assert_eq!(jobs(g.add(11, &Bytes::from_static(b"w"))), vec![]);
@@ -356,14 +411,14 @@ mod tests {
 
     #[test]
     fn past_its_bounds_the_least_recently_written_row_is_handed_out() {
-        let mut g = Gather::with_bounds(4, 2, 2, 1 << 20);
+        let mut g = Gather::with_bounds(4, 2, 2, 1 << 20, 1);
         assert_eq!(jobs(g.add(0, &bytes(0, 1))), vec![]);
         assert_eq!(jobs(g.add(8, &bytes(0, 1))), vec![]);
         assert_eq!(jobs(g.add(1, &bytes(0, 1))), vec![], "row 0 is now the most recent");
         let j = jobs(g.add(16, &bytes(0, 1)));
         assert_eq!(j.iter().map(|j| j.rows(2).start).collect::<Vec<_>>(), vec![1]);
         // By bytes: at most 3 held bytes, and at least one row always held.
-        let mut g = Gather::with_bounds(4, 2, 8, 3);
+        let mut g = Gather::with_bounds(4, 2, 8, 3, 1);
         assert_eq!(jobs(g.add(0, &bytes(0, 5))), vec![], "one row over the byte bound stays");
         let j = jobs(g.add(8, &bytes(0, 1)));
         assert_eq!(j.iter().map(|j| j.rows(2).start).collect::<Vec<_>>(), vec![0]);
@@ -382,7 +437,7 @@ mod tests {
                 rng % n
             };
             let (unit, k) = (1 + next(5), 1 + next(4));
-            let mut g = Gather::with_bounds(unit, k, 1 + next(3) as usize, 1 + next(40));
+            let mut g = Gather::with_bounds(unit, k, 1 + next(3) as usize, 1 + next(40), 1 + next(3) as usize);
             let size = 64u64;
             let (mut model, mut disk) = (vec![0u8; size as usize], vec![0u8; size as usize]);
             for step in 0..60u8 {
