@@ -7,8 +7,8 @@
 //! output stream, Ceph's EC stripe cache and DAOS buffer whole stripes the same way.
 //!
 //! The rules:
-//! - Bytes of a row are held (by reference: the writer's own buffers, sliced, never copied here) until the row is
-//!   whole; then it is handed out as a [`Job::Whole`] and encoded once, with no read.
+//! - Bytes of a row are held (by reference: the writer's own buffers, sliced; pieces under
+//!   [`HELD_COPY_BYTES_MAX`] are copied, so small writes pin no large buffers) until the row is whole; then it is handed out as a [`Job::Whole`] and encoded once, with no read.
 //! - Whole rows (completed, or covered whole by one write) wait *ready* until a run of consecutive ones reaches
 //!   [`WHOLE_RUN_BYTES`] (at the default unit one row is that much: it goes at once), so small units send several
 //!   rows per request. A write to a ready row makes it held again.
@@ -29,6 +29,10 @@ use bytes::{Bytes, BytesMut};
 pub(crate) const GATHER_ROWS_MAX: usize = 8;
 /// Most bytes one open file holds (at least one row's bytes are held, whatever a row's size).
 pub(crate) const GATHER_BYTES_MAX: u64 = 64 << 20;
+/// Held pieces shorter than this are copied rather than referenced: a small write's buffer may be much larger than
+/// the write (the FUSE mount's pooled write buffers have the capacity of its largest write), and a row of 4 KiB
+/// writes would otherwise pin a thousand of them.
+pub(crate) const HELD_COPY_BYTES_MAX: usize = 64 << 10;
 /// Whole rows are handed out in runs of consecutive rows of at least this many bytes (one row at least): at small
 /// stripe units a row write is three round trips for little data, and a run goes in requests of several rows.
 pub(crate) const WHOLE_RUN_BYTES: u64 = 4 << 20;
@@ -149,19 +153,24 @@ pub(crate) struct Gather {
     bytes_max: u64,
     /// Rows per run of whole rows handed out together.
     run_rows: usize,
+    /// Held pieces shorter than this are copied ([`HELD_COPY_BYTES_MAX`]).
+    copy_below: usize,
 }
 
 impl Gather {
     /// For rows of `k` chunks of `unit` bytes, with the default bounds.
     pub(crate) fn new(unit: u64, k: u64) -> Gather {
         let run_rows = (WHOLE_RUN_BYTES / (unit * k)).max(1) as usize;
-        Gather::with_bounds(unit, k, GATHER_ROWS_MAX, GATHER_BYTES_MAX, run_rows)
+        Gather {
+            copy_below: HELD_COPY_BYTES_MAX,
+            ..Gather::with_bounds(unit, k, GATHER_ROWS_MAX, GATHER_BYTES_MAX, run_rows)
+        }
     }
 
     pub(crate) fn with_bounds(unit: u64, k: u64, rows_max: usize, bytes_max: u64, run_rows: usize) -> Gather {
         assert!(unit > 0 && k > 0 && rows_max > 0 && run_rows > 0, "a row has bytes, and one may be held");
         let (held, ready, sending) = (BTreeMap::new(), BTreeMap::new(), BTreeSet::new());
-        Gather { unit, k, held, held_bytes: 0, ready, sending, clock: 0, rows_max, bytes_max, run_rows }
+        Gather { unit, k, held, held_bytes: 0, ready, sending, clock: 0, rows_max, bytes_max, run_rows, copy_below: 0 }
     }
 
     fn row_bytes(&self) -> u64 {
@@ -203,6 +212,7 @@ impl Gather {
                 self.held.insert(r, Held::of_chunks(chunks, self.unit));
                 self.held_bytes += rb;
             }
+            let piece = if piece.len() < self.copy_below { Bytes::copy_from_slice(&piece) } else { piece };
             let h = self.held.entry(r).or_default();
             let before = h.bytes;
             h.put(lo - r * rb, piece);
@@ -394,6 +404,26 @@ mod tests {
         want[3] = b'q';
         assert_eq!(written(&d[0], 4, 2), vec![(0, want)], "row 0 whole again, with the new byte");
         assert_eq!(d[1].rows(2), 4..5);
+    }
+
+    #[test]
+    fn small_held_pieces_are_copied_and_large_ones_referenced() {
+        let mut g = Gather::new(1 << 20, 4);
+        let (small, large) = (bytes(1, 4096), bytes(2, HELD_COPY_BYTES_MAX));
+        assert_eq!(jobs(g.add(0, &small)), vec![]);
+        assert_eq!(jobs(g.add(4096, &large)), vec![]);
+        let Job::Partial { runs, .. } = &g.drain()[0] else { panic!("a partial row") };
+        assert_eq!(runs.len(), 1);
+        assert_eq!(&runs[0].1[..4096], &small[..]);
+        assert_eq!(&runs[0].1[4096..], &large[..]);
+        // Apart (a gap between them), each piece is a run of its own: the large one the writer's buffer itself.
+        let mut g = Gather::new(1 << 20, 4);
+        assert_eq!(jobs(g.add(8192, &large)), vec![]);
+        assert_eq!(jobs(g.add(0, &small)), vec![]);
+        let d = g.drain();
+        let Job::Partial { runs, .. } = &d[0] else { panic!("a partial row") };
+        assert_eq!(runs[1].1.as_ptr(), large.as_ptr(), "a large piece is the writer's buffer");
+        assert_ne!(runs[0].1.as_ptr(), small.as_ptr(), "a small one is a copy");
     }
 
     #[test]
