@@ -148,13 +148,17 @@ pub(crate) fn need(tool: &str) -> Result<()> {
 
 /// A Weft cluster of `servers` data servers under `base`, FUSE-mounted with `--fabric fabric`.
 pub(crate) async fn start_weft(base: &Path, servers: u32, fabric: FabricChoice) -> Result<Target> {
-    let dir = base.join("weft");
-    let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, servers);
-    opts.log_filter = "warn".into();
-    let cluster = LocalCluster::start(opts).await?;
+    let cluster = launch_weft(&base.join("weft"), servers).await?;
     let mut t = mount_weft(&cluster.cluster_file(), &base.join("weft-mnt"), fabric, &[])?;
     t.cluster = Some(cluster);
     Ok(t)
+}
+
+/// A Weft cluster of `servers` data servers in `dir`, logging warnings only.
+async fn launch_weft(dir: &Path, servers: u32) -> Result<LocalCluster> {
+    let mut opts = LaunchOptions::new(std::env::current_exe()?, dir, servers);
+    opts.log_filter = "warn".into();
+    Ok(LocalCluster::start(opts).await?)
 }
 
 /// [`start_weft`] with the root directory set to `ec 4+2` at the default 1 MiB stripe unit (as `weft setstripe
@@ -164,10 +168,7 @@ pub(crate) async fn start_weft_ec(base: &Path, servers: u32, fabric: FabricChoic
     if servers < 6 {
         bail!("weft-ec4+2 needs --servers 6 or more (k + m distinct servers)");
     }
-    let dir = base.join("weft-ec");
-    let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, servers);
-    opts.log_filter = "warn".into();
-    let cluster = LocalCluster::start(opts).await?;
+    let cluster = launch_weft(&base.join("weft-ec"), servers).await?;
     let client = weft_client::Client::connect(&cluster.cluster_config()).await?;
     let ec = weft_proto::DataRedundancy::Ec { k: 4, m: 2 };
     client.set_layout_with(weft_proto::ROOT_INO, 1 << 20, 0, ec).await.context("setting the root to ec 4+2")?;

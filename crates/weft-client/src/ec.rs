@@ -37,6 +37,23 @@ use crate::file::{File, Io, plan, read_units_on, write_units_on};
 /// least one row): the memory a degraded read holds at once.
 const DEGRADED_BATCH_BYTES_MAX: u64 = 64 << 20;
 
+/// An ec layout's rows: `k + m` chunks of `unit` bytes, `row_bytes` of file bytes, and the rows one batch of a
+/// write or a degraded read takes ([`DEGRADED_BATCH_BYTES_MAX`], at least one).
+struct Shape {
+    k: usize,
+    m: usize,
+    unit: u64,
+    row_bytes: u64,
+    batch_rows: u64,
+}
+
+fn shape(layout: &Layout) -> Shape {
+    let (k, m) = km(layout).expect("an ec layout");
+    let unit = u64::from(layout.stripe_unit);
+    let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1);
+    Shape { k, m, unit, row_bytes: unit * k as u64, batch_rows }
+}
+
 /// A Reed–Solomon code of `k` data and `m` parity shards over GF(2^8) (the `reed-solomon-erasure` crate; see
 /// ARCHITECTURE.md for why not ISA-L). Shards of one row all have the same length.
 pub(crate) struct Codec {
@@ -199,15 +216,11 @@ fn touches_unreachable(file: &File, offset: u64, len: u64) -> bool {
 /// cache keeps decodes them as it goes ([`read_decoding`]).
 async fn read_degraded(file: &File, io: &Io, offset: u64, mut buf: BytesMut) -> Result<BytesMut, ClientError> {
     let len = buf.len() as u64;
-    let layout = &file.layout();
-    let (k, m) = km(layout).expect("an ec layout");
-    let unit = u64::from(layout.stripe_unit);
-    let row_bytes = unit * k as u64;
+    let Shape { k, m, row_bytes, batch_rows, .. } = shape(&file.layout());
     let (first_row, end_row) = (offset / row_bytes, (offset + len - 1) / row_bytes + 1);
     if end_row - first_row > crate::ec_cache::ROWS_MAX as u64 / 2 {
         return read_decoding(file, io, offset, buf).await;
     }
-    let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1);
     let codec = Codec::new(k, m)?;
     let cache = &file.decoded;
     let want: Vec<u64> = (first_row..end_row).collect();
@@ -244,13 +257,9 @@ async fn read_degraded(file: &File, io: &Io, offset: u64, mut buf: BytesMut) -> 
 /// [`read_degraded`] without the cache: rows decoded batch after batch, and dropped.
 async fn read_decoding(file: &File, io: &Io, offset: u64, mut buf: BytesMut) -> Result<BytesMut, ClientError> {
     let len = buf.len() as u64;
-    let layout = &file.layout();
-    let (k, m) = km(layout).expect("an ec layout");
-    let unit = u64::from(layout.stripe_unit);
-    let row_bytes = unit * k as u64;
+    let Shape { k, m, row_bytes, batch_rows, .. } = shape(&file.layout());
     let first_row = offset / row_bytes;
     let last_row = (offset + len - 1) / row_bytes;
-    let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1);
     let codec = Codec::new(k, m)?;
     let mut at = 0;
     let mut r = first_row;
@@ -332,22 +341,24 @@ async fn rmw_io(file: &File) -> Result<Io, ClientError> {
 /// Writes `data` at `offset` of an ec file, row by row with chunk versions (docs/format.md §17,
 /// [`crate::ec_rows::write_batch`]): a row it covers only partly alone (read–modify–write), whole rows in batches.
 pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
+    changing(file, write_rows_of(file, offset, data)).await
+}
+
+/// Runs `op`, which changes the file's bytes, with the decoded rows of degraded reads dropped before and after it
+/// (`ec_cache.rs`): a decode that overlaps it is not kept.
+async fn changing<T>(file: &File, op: impl std::future::Future<Output = T>) -> T {
     file.decoded.invalidate();
-    let r = write_rows_of(file, offset, data).await;
+    let r = op.await;
     file.decoded.invalidate();
     r
 }
 
 async fn write_rows_of(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
-    let layout = &file.layout();
-    let (k, m) = km(layout).expect("an ec layout");
-    let unit = u64::from(layout.stripe_unit);
-    let row_bytes = unit * k as u64;
+    // Rows in batches, so a large write holds a bounded amount of memory (at least one row).
+    let Shape { k, m, row_bytes, batch_rows, .. } = shape(&file.layout());
     let end = offset + data.len() as u64;
     let old_size = file.size();
     let new_end = old_size.max(end);
-    // Rows in batches, so a large write holds a bounded amount of memory (at least one row).
-    let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1);
     let codec = Codec::new(k, m)?;
     let (mut rmw, write_io): (Option<Io>, Io) = (None, file.io());
     let mut at = offset;
@@ -376,19 +387,13 @@ async fn write_rows_of(file: &File, offset: u64, data: Bytes) -> Result<(), Clie
 /// Writes whole rows from `first` on (`chunks`: `k` chunks of a stripe unit per row, row after row), in batches
 /// as [`write`]: no row is read, only the parity's records (docs/format.md §17).
 async fn write_whole_rows(file: &File, first: u64, chunks: &[Bytes]) -> Result<(), ClientError> {
-    file.decoded.invalidate();
-    let r = write_whole_rows_once(file, first, chunks).await;
-    file.decoded.invalidate();
-    r
+    changing(file, write_whole_rows_once(file, first, chunks)).await
 }
 
 async fn write_whole_rows_once(file: &File, first: u64, chunks: &[Bytes]) -> Result<(), ClientError> {
-    let layout = &file.layout();
-    let (k, m) = km(layout).expect("an ec layout");
-    let unit = u64::from(layout.stripe_unit);
+    let Shape { k, m, unit, row_bytes, batch_rows } = shape(&file.layout());
     assert!(chunks.len().is_multiple_of(k) && chunks.iter().all(|c| c.len() as u64 == unit), "whole rows");
-    let row_bytes = unit * k as u64;
-    let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1) as usize;
+    let batch_rows = batch_rows as usize;
     let codec = Codec::new(k, m)?;
     let io = file.io();
     for (n, batch) in chunks.chunks(batch_rows * k).enumerate() {

@@ -8,7 +8,8 @@
 //!
 //! The rules:
 //! - Bytes of a row are held (by reference: the writer's own buffers, sliced; pieces under
-//!   [`HELD_COPY_BYTES_MAX`] are copied, so small writes pin no large buffers) until the row is whole; then it is handed out as a [`Job::Whole`] and encoded once, with no read.
+//!   [`HELD_COPY_BYTES_MAX`] are copied, so small writes pin no large buffers) until the row is whole; then it is
+//!   handed out as a [`Job::Whole`] and encoded once, with no read.
 //! - Whole rows (completed, or covered whole by one write) wait *ready* until a run of consecutive ones reaches
 //!   [`WHOLE_RUN_BYTES`] (at the default unit one row is that much: it goes at once), so small units send several
 //!   rows per request. A write to a ready row makes it held again.
@@ -269,11 +270,13 @@ impl Gather {
                 _ => runs.push(vec![r]),
             }
         }
-        let mut out = Vec::new();
-        for run in runs.into_iter().filter(|run| all || run.len() >= per) {
-            out.push((run[0], run.iter().flat_map(|r| self.ready.remove(r).expect("ready")).collect::<Vec<Bytes>>()));
-        }
-        out.into_iter().map(|(first, chunks)| Job::Whole { first, chunks }).collect()
+        let ready = &mut self.ready;
+        let runs = runs.into_iter().filter(|run| all || run.len() >= per);
+        runs.map(|run| Job::Whole {
+            first: run[0],
+            chunks: run.iter().flat_map(|r| ready.remove(r).expect("ready")).collect(),
+        })
+        .collect()
     }
 
     fn hand_out(&mut self, row: u64) -> Job {

@@ -858,12 +858,7 @@ impl File {
         // concurrent fsync waits for this commit's `Fsync` instead of finding the objects already taken.
         let _gate = self.size_gate.lock().await;
         // Held writes (ec) are sent first; a failure to send them, now or since the last commit, fails this one.
-        let drained = crate::ec::drain(self).await;
-        let behind = self.take_write_behind_failure();
-        drained?;
-        if let Some(e) = behind {
-            return Err(e);
-        }
+        self.flush().await?;
         // Order matters against concurrent writes: a write marks its objects before it sends and raises the size
         // after, so every byte below the size read here is in an object the sync below covers.
         let dirty = self.dirty.swap(false, Ordering::SeqCst);

@@ -39,6 +39,12 @@ fn same(got: &[u8], want: &[u8], what: &str) {
     }
 }
 
+/// `/ec`, whose new files are `ec 4+2` with a stripe unit of [`UNIT`].
+async fn ec_dir(c: &Client) {
+    let dir = c.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
+    c.set_layout_with(dir.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
+}
+
 /// Reads `[off, off + len)` of `path` with a fresh open of `c`.
 async fn read_range(c: &Client, path: &str, off: u64, len: usize) -> Result<Vec<u8>, ClientError> {
     let f = c.open(path, OpenMode::Read).await?;
@@ -69,8 +75,7 @@ async fn until(done: &AtomicU64, n: u64) {
 async fn ec_4_2_reads_stay_right_through_two_lost_servers_and_a_third_is_a_clear_error() {
     let mut c = start("ec-kill", 7).await;
     let client = c.impatient_client().await;
-    let dir = client.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
-    client.set_layout_with(dir.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
+    ec_dir(&client).await;
 
     // Written by two clients at once, each its own half (whole rows apart), in seeded pieces of every size: full
     // rows, partial rows (read-modify-write) and single bytes.
@@ -164,8 +169,7 @@ async fn ec_4_2_reads_stay_right_through_two_lost_servers_and_a_third_is_a_clear
 async fn a_flipped_byte_in_a_chunk_is_read_right_and_repaired() {
     let c = start("ec-flip", 7).await;
     let client = c.client().await;
-    let dir = client.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
-    client.set_layout_with(dir.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
+    ec_dir(&client).await;
     let f = client.create_path("/ec/f", 0o644, true, false).await.unwrap();
     let model = pattern(21, 0, FILE_BYTES);
     f.write_at(0, Bytes::from(model.clone())).await.unwrap();
@@ -280,8 +284,7 @@ async fn sequential_writers_write_whole_rows_at_any_record_size() {
     let cl = start_with("ec-whole-rows", 6, |o| o.metrics = true).await;
     let addrs = cl.metrics_addrs();
     let client = cl.client().await;
-    let dir = client.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
-    client.set_layout_with(dir.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
+    ec_dir(&client).await;
     let row = 4 * UNIT as usize;
     let rows = 24;
     for record in [4usize << 10, 128 << 10, 1 << 20, 3 << 20] {
@@ -366,8 +369,7 @@ async fn held_writer_process() {
 async fn a_killed_writer_loses_only_what_it_never_fsynced() {
     let c = start("ec-held-kill", 6).await;
     let client = c.client().await;
-    let dir = client.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
-    client.set_layout_with(dir.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
+    ec_dir(&client).await;
     let spec = format!("{}\t/ec/held", c.cluster_file().display());
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
         .args(["held_writer_process", "--exact", "--nocapture", "--test-threads=1"])
@@ -410,8 +412,7 @@ async fn degraded_reads_decode_each_row_once_and_a_write_drops_what_was_decoded(
     let mut c = start_with("ec-decoded-rows", 6, |o| o.metrics = true).await;
     let addrs = c.metrics_addrs();
     let client = c.impatient_client().await;
-    let dir = client.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
-    client.set_layout_with(dir.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
+    ec_dir(&client).await;
     let row = 4 * UNIT as usize;
     let rows = 12;
     let mut model = pattern(71, 0, rows * row);
