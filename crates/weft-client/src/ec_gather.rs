@@ -14,7 +14,7 @@
 //!   [`WHOLE_RUN_BYTES`] (at the default unit one row is that much: it goes at once), so small units send several
 //!   rows per request. A write to a ready row makes it held again.
 //! - Bounded: past [`GATHER_ROWS_MAX`] rows or [`GATHER_BYTES_MAX`] bytes held, the row touched least recently is
-//!   handed out as it is ([`Job::Partial`]: its runs of held bytes, each a read–modify–write), as are all rows at
+//!   handed out as it is (and a row past [`HELD_SEGMENTS_MAX`] pieces at once) ([`Job::Partial`]: its runs of held bytes, each a read–modify–write), as are all rows at
 //!   [`Gather::drain`] (fsync, close, a read, a truncate).
 //! - A row handed out is *sending* until the caller reports it [`Gather::sent`]: a write touching it waits
 //!   ([`Added::Wait`]), so bytes written later never land before bytes written earlier to the same row.
@@ -34,6 +34,9 @@ pub(crate) const GATHER_BYTES_MAX: u64 = 64 << 20;
 /// the write (the FUSE mount's pooled write buffers have the capacity of its largest write), and a row of 4 KiB
 /// writes would otherwise pin a thousand of them.
 pub(crate) const HELD_COPY_BYTES_MAX: usize = 64 << 10;
+/// Most separate pieces one held row keeps: a row written a byte here and there is handed out (read-modify-write)
+/// at this many, so what a held row costs beyond its bytes stays bounded.
+pub(crate) const HELD_SEGMENTS_MAX: usize = 4096;
 /// Whole rows are handed out in runs of consecutive rows of at least this many bytes (one row at least): at small
 /// stripe units a row write is three round trips for little data, and a run goes in requests of several rows.
 pub(crate) const WHOLE_RUN_BYTES: u64 = 4 << 20;
@@ -201,6 +204,7 @@ impl Gather {
         }
         self.clock += 1;
         let mut whole: Vec<(u64, Vec<Bytes>)> = Vec::new();
+        let mut crowded = Vec::new();
         for r in rows {
             let (lo, hi) = ((r * rb).max(offset), ((r + 1) * rb).min(end));
             let piece = data.slice((lo - offset) as usize..(hi - offset) as usize);
@@ -223,10 +227,13 @@ impl Gather {
                 let h = self.held.remove(&r).expect("just put");
                 self.held_bytes -= h.bytes;
                 whole.push((r, (0..self.k).map(|j| h.span(j * self.unit, (j + 1) * self.unit)).collect()));
+            } else if h.segs.len() > HELD_SEGMENTS_MAX {
+                crowded.push(r);
             }
         }
         self.ready.extend(whole);
         let mut jobs = self.hand_out_runs(false);
+        jobs.extend(crowded.into_iter().map(|r| self.hand_out(r)));
         while self.held.len() > self.rows_max || (self.held_bytes > self.bytes_max && self.held.len() > 1) {
             let oldest = *self.held.iter().min_by_key(|(_, h)| h.touched).expect("rows are held").0;
             jobs.push(self.hand_out(oldest));
@@ -301,6 +308,7 @@ impl Gather {
             "a ready row is neither held nor sending"
         );
         debug_assert!(self.held.values().all(|h| h.bytes < self.row_bytes() && h.bytes > 0), "held rows are partial");
+        debug_assert!(self.held.values().all(|h| h.segs.len() <= HELD_SEGMENTS_MAX), "held rows have bounded pieces");
     }
 }
 
@@ -427,6 +435,21 @@ mod tests {
         let Job::Partial { runs, .. } = &d[0] else { panic!("a partial row") };
         assert_eq!(runs[1].1.as_ptr(), large.as_ptr(), "a large piece is the writer's buffer");
         assert_ne!(runs[0].1.as_ptr(), small.as_ptr(), "a small one is a copy");
+    }
+
+    #[test]
+    fn a_row_written_a_byte_here_and_there_is_handed_out_at_its_piece_bound() {
+        let mut g = Gather::new(16 << 10, 1);
+        let one = Bytes::from_static(b"x");
+        for i in 0..HELD_SEGMENTS_MAX as u64 {
+            assert_eq!(jobs(g.add(2 * i, &one)), vec![], "piece {i} held");
+        }
+        let j = jobs(g.add(2 * HELD_SEGMENTS_MAX as u64, &one));
+        assert_eq!(j.len(), 1, "the row past its bound is handed out");
+        let Job::Partial { row: 0, runs } = &j[0] else { panic!("row 0, partial") };
+        assert_eq!(runs.len(), HELD_SEGMENTS_MAX + 1);
+        g.sent(0..1);
+        assert!(g.is_idle());
     }
 
     #[test]
