@@ -18,17 +18,17 @@
 //!
 //! The write hole is closed by those versions (ARCHITECTURE.md's invariants; docs/format.md §17).
 
-use bytes::{Bytes, BytesMut};
-use reed_solomon_erasure::galois_8::ReedSolomon;
-use std::sync::atomic::Ordering;
-use weft_proto::{DataRedundancy, ErrorCode, Layout};
-
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
-use weft_proto::Rights;
+
+use bytes::{Bytes, BytesMut};
+use weft_proto::{Layout, Rights};
 
 use crate::ClientError;
 use crate::capability::CapHolder;
+use crate::ec_codec::{Codec, is_chunk_loss, km};
+use crate::ec_delta::{self, Delta};
 use crate::ec_gather::{Added, Job};
 use crate::ec_rows::RowBytes;
 use crate::file::{File, Io, plan, read_units_on, write_units_on};
@@ -52,83 +52,6 @@ fn shape(layout: &Layout) -> Shape {
     let unit = u64::from(layout.stripe_unit);
     let batch_rows = (DEGRADED_BATCH_BYTES_MAX / (unit * (k + m) as u64)).max(1);
     Shape { k, m, unit, row_bytes: unit * k as u64, batch_rows }
-}
-
-/// A Reed–Solomon code of `k` data and `m` parity shards over GF(2^8) (the `reed-solomon-erasure` crate; see
-/// ARCHITECTURE.md for why not ISA-L). Shards of one row all have the same length.
-pub(crate) struct Codec {
-    rs: ReedSolomon,
-    pub(crate) k: usize,
-    pub(crate) m: usize,
-}
-
-impl Codec {
-    pub(crate) fn new(k: usize, m: usize) -> Result<Codec, ClientError> {
-        let rs = ReedSolomon::new(k, m).map_err(|e| ClientError::Protocol(format!("ec {k}+{m}: {e:?}")))?;
-        Ok(Codec { rs, k, m })
-    }
-
-    /// The `m` parity shards of `data` (`k` shards of one length).
-    pub(crate) fn encode(&self, data: &[&[u8]]) -> Vec<Vec<u8>> {
-        assert_eq!(data.len(), self.k, "k data shards");
-        let len = data.first().map_or(0, |d| d.len());
-        let mut parity = vec![vec![0u8; len]; self.m];
-        self.rs.encode_sep(data, &mut parity).expect("shard counts and lengths are checked above");
-        parity
-    }
-
-    /// The `m` parity shards of `data` (`k` shards of one length) into `parity` (`m` buffers of that length): no
-    /// allocation, for callers that encode row after row.
-    pub(crate) fn encode_into<P: AsRef<[u8]> + AsMut<[u8]>>(&self, data: &[&[u8]], parity: &mut [P]) {
-        assert_eq!(data.len(), self.k, "k data shards");
-        assert_eq!(parity.len(), self.m, "m parity shards");
-        self.rs.encode_sep(data, parity).expect("shard counts and lengths are checked above");
-    }
-
-    /// Fills the `None`s among the `k` data shards of `shards` (`k + m`, at least `k` present) from the others; the
-    /// parity shards stay as they are: the library's cheaper call, for readers that need only the data.
-    pub(crate) fn reconstruct_data(&self, shards: &mut [Option<Vec<u8>>]) -> Result<(), String> {
-        assert_eq!(shards.len(), self.k + self.m, "k + m shards");
-        self.rs.reconstruct_data(shards).map_err(|e| format!("{e:?}"))
-    }
-
-    /// Fills the data shards not `present` in place from the present ones (`k + m` slices of one length, at
-    /// least `k` present): nothing is copied.
-    pub(crate) fn reconstruct_data_in_place(&self, shards: Vec<&mut [u8]>, present: &[bool]) -> Result<(), String> {
-        assert!(shards.len() == self.k + self.m && present.len() == shards.len(), "k + m shards");
-        let mut s: Vec<(&mut [u8], bool)> = shards.into_iter().zip(present.iter().copied()).collect();
-        self.rs.reconstruct_data(&mut s).map_err(|e| format!("{e:?}"))
-    }
-
-    /// Fills every `None` of `shards` (`k + m` of one length, at least `k` present) from the others.
-    pub(crate) fn reconstruct(&self, shards: &mut [Option<Vec<u8>>]) -> Result<(), String> {
-        assert_eq!(shards.len(), self.k + self.m, "k + m shards");
-        self.rs.reconstruct(shards).map_err(|e| format!("{e:?}"))
-    }
-}
-
-/// `(k, m)` of an ec layout.
-pub(crate) fn km(layout: &Layout) -> Option<(usize, usize)> {
-    match layout.redundancy {
-        DataRedundancy::Ec { k, m } => Some((usize::from(k), usize::from(m))),
-        _ => None,
-    }
-}
-
-/// Whether a failed chunk read means "use the other chunks": a server that is down or unreachable, fenced
-/// (`StaleLayout`: not up at the MDS, or its lease lapsed; docs/format.md §19), or a chunk that failed its checksum.
-/// Anything else (a refused capability, a protocol error) is the caller's problem.
-pub(crate) fn is_chunk_loss(e: &ClientError) -> bool {
-    match e {
-        ClientError::Corrupt { .. } | ClientError::UnknownServer(_) => true,
-        ClientError::Data { source, .. } | ClientError::DataAt { source, .. } => match source.remote() {
-            Some(w) => {
-                matches!(w.code, ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal | ErrorCode::StaleLayout)
-            }
-            None => true,
-        },
-        _ => false,
-    }
 }
 
 /// Writes `data` at `offset` of `layout` (a plain layout, often one server's object seen as a file) through the
@@ -355,7 +278,7 @@ async fn changing<T>(file: &File, op: impl std::future::Future<Output = T>) -> T
 
 async fn write_rows_of(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
     // Rows in batches, so a large write holds a bounded amount of memory (at least one row).
-    let Shape { k, m, row_bytes, batch_rows, .. } = shape(&file.layout());
+    let Shape { k, m, unit, row_bytes, batch_rows } = shape(&file.layout());
     let end = offset + data.len() as u64;
     let old_size = file.size();
     let new_end = old_size.max(end);
@@ -375,13 +298,29 @@ async fn write_rows_of(file: &File, offset: u64, data: Bytes) -> Result<(), Clie
             rmw = Some(rmw_io(file).await?);
         }
         let read_io = rmw.as_ref().expect("set above");
-        let new = RowBytes::Run(data.slice((at - offset) as usize..(to - offset) as usize));
-        crate::ec_rows::write_batch(file, read_io, &write_io, &codec, r, rows, at, &new, old_size, new_end).await?;
+        let run = data.slice((at - offset) as usize..(to - offset) as usize);
+        let by_delta = rows == 1
+            && ec_delta::fits(unit, k, at, run.len() as u64, old_size)
+            && delta_allowed(file, r).await?
+            && ec_delta::write(file, read_io, &write_io, &codec, r, at, &run).await? == Delta::Done;
+        if !by_delta {
+            let new = RowBytes::Run(run);
+            crate::ec_rows::write_batch(file, read_io, &write_io, &codec, r, rows, at, &new, old_size, new_end).await?;
+        }
         // Rows written so far are visible to this handle's next RMW (it reads up to its size).
         file.size.fetch_max(to, Ordering::SeqCst);
         at = to;
     }
     Ok(())
+}
+
+/// Whether row `row` may be written by delta parity (`ec_delta.rs`): none of its chunks is stale, and no server
+/// of the layout was unreachable moments ago (the whole-row protocol leaves such a server out at once).
+async fn delta_allowed(file: &File, row: u64) -> Result<bool, ClientError> {
+    if file.layout().servers.iter().any(|&s| file.client.recently_unreachable(s)) {
+        return Ok(false);
+    }
+    Ok(crate::stale::stale_slots(file, row, row + 1).await?.is_empty())
 }
 
 /// Writes whole rows from `first` on (`chunks`: `k` chunks of a stripe unit per row, row after row), in batches
@@ -545,106 +484,4 @@ pub(crate) async fn truncate(file: &File, size: u64) -> Result<(), ClientError> 
         write(file, row_start, tail.freeze()).await?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A seeded xorshift, so every run checks the same bytes.
-    fn bytes(seed: u64, n: usize) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
-    /// Every choice of which chunks survive, for every count of survivors from `k` to `k + m`.
-    fn survivor_sets(n: usize) -> impl Iterator<Item = Vec<bool>> {
-        (0u32..1 << n).map(move |mask| (0..n).map(|i| mask & (1 << i) != 0).collect())
-    }
-
-    fn decodes_from_every_k_survivors(k: usize, m: usize) {
-        let codec = Codec::new(k, m).unwrap();
-        for (seed, len) in [(1u64, 4096usize), (2, 1), (3, 777)] {
-            let data: Vec<Vec<u8>> = (0..k).map(|j| bytes(seed * 100 + j as u64, len)).collect();
-            let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
-            let parity = codec.encode(&refs);
-            let all: Vec<Vec<u8>> = data.iter().chain(parity.iter()).cloned().collect();
-            let mut tried = 0;
-            for alive in survivor_sets(k + m) {
-                let n_alive = alive.iter().filter(|a| **a).count();
-                let mut shards: Vec<Option<Vec<u8>>> =
-                    all.iter().zip(&alive).map(|(s, a)| a.then(|| s.clone())).collect();
-                let r = codec.reconstruct(&mut shards);
-                if n_alive < k {
-                    assert!(r.is_err(), "{k}+{m}: {n_alive} survivors cannot decode");
-                    continue;
-                }
-                tried += 1;
-                r.unwrap();
-                let got: Vec<Vec<u8>> = shards.into_iter().map(|s| s.unwrap()).collect();
-                assert_eq!(got, all, "{k}+{m}, survivors {alive:?}");
-                // In place: lost data chunks hold garbage first and are overwritten.
-                let mut place: Vec<Vec<u8>> =
-                    all.iter().zip(&alive).map(|(s, a)| if *a { s.clone() } else { vec![0xA5; len] }).collect();
-                let slices: Vec<&mut [u8]> = place.iter_mut().map(|v| v.as_mut_slice()).collect();
-                codec.reconstruct_data_in_place(slices, &alive).unwrap();
-                assert_eq!(place[..k], all[..k], "{k}+{m} in place, survivors {alive:?}");
-            }
-            // Every subset of at least k of k+m chunks.
-            let expect: usize = (k..=k + m).map(|s| binom(k + m, s)).sum();
-            assert_eq!(tried, expect);
-        }
-    }
-
-    fn binom(n: usize, r: usize) -> usize {
-        (0..r).fold(1, |acc, i| acc * (n - i) / (i + 1))
-    }
-
-    #[test]
-    fn ec_4_2_decodes_from_every_set_of_k_survivors() {
-        decodes_from_every_k_survivors(4, 2);
-    }
-
-    #[test]
-    fn ec_2_1_decodes_from_every_set_of_k_survivors() {
-        decodes_from_every_k_survivors(2, 1);
-    }
-
-    /// Parity is column-wise: zeros in every data chunk past some length give zeros in parity there, which is why
-    /// a short last row stores neither its padding nor its parity's (§16).
-    #[test]
-    fn parity_of_zero_padding_is_zero() {
-        let codec = Codec::new(4, 2).unwrap();
-        let mut data: Vec<Vec<u8>> = (0..4).map(|j| bytes(9 + j, 4096)).collect();
-        for d in &mut data[1..] {
-            d.fill(0);
-        }
-        data[0][1000..].fill(0);
-        let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
-        for p in codec.encode(&refs) {
-            assert!(p[1000..].iter().all(|&b| b == 0));
-            assert!(p[..1000].iter().any(|&b| b != 0));
-        }
-    }
-
-    #[test]
-    fn chunk_loss_is_told_apart_from_other_failures() {
-        let corrupt = ClientError::Corrupt { ino: 1, file_offset: 0, server: 2, object_offset: 0 };
-        assert!(is_chunk_loss(&corrupt));
-        assert!(is_chunk_loss(&ClientError::UnknownServer(3)));
-        assert!(!is_chunk_loss(&ClientError::Access("no".into())));
-        let remote = |code| ClientError::Data {
-            server: 4,
-            source: weft_rpc::RpcError::Remote(weft_proto::WireError::new(code, "x")),
-        };
-        assert!(is_chunk_loss(&remote(ErrorCode::StaleLayout)), "a fenced server's chunk is read around");
-        assert!(!is_chunk_loss(&remote(ErrorCode::CapabilityRefused)));
-    }
 }

@@ -27,7 +27,7 @@ use weft_proto::{Capability, ErrorCode, Layout, Request, Response};
 
 use crate::ClientError;
 use crate::capability::is_expired;
-use crate::ec::{Codec, is_chunk_loss};
+use crate::ec_codec::{Codec, is_chunk_loss};
 use crate::ec_version::{Found, next_data_version, plan_row};
 use crate::file::{File, Io};
 use crate::recycle::Recycled;
@@ -42,7 +42,7 @@ fn rows_per_request(io: &Io, unit: u64) -> u64 {
 
 /// One call to the data server of `layout.servers[i]`; an expired capability is renewed and the call sent once
 /// more. `dest`: the buffer the reply's payload lands in, if it has one (a fresh one of its length on a resend).
-async fn call(
+pub(crate) async fn call(
     io: &Io,
     layout: &Layout,
     i: usize,

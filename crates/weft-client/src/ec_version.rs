@@ -158,7 +158,7 @@ pub(crate) fn next_data_version(j: usize, current: u64, found_parity: &[Found]) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ec::Codec;
+    use crate::ec_codec::Codec;
 
     /// A seeded xorshift.
     fn bytes(seed: u64, n: usize) -> Vec<u8> {

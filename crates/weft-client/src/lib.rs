@@ -23,6 +23,8 @@ mod capability;
 mod cluster;
 mod ec;
 mod ec_cache;
+mod ec_codec;
+mod ec_delta;
 mod ec_gather;
 mod ec_rows;
 mod ec_version;

@@ -12,7 +12,8 @@ use tokio::task::JoinSet;
 use weft_proto::{DataRedundancy, ErrorCode, Layout};
 
 use crate::ClientError;
-use crate::ec::{is_chunk_loss, read_on, repair_io, write_on};
+use crate::ec::{read_on, repair_io, write_on};
+use crate::ec_codec::is_chunk_loss;
 use crate::file::File;
 
 /// Checksum block size of the data servers' sidecars (§5): repairs rewrite whole blocks.

@@ -27,7 +27,8 @@ use weft_proto::msg::{VERIFY_BYTES_MAX, VerifyReq, VerifyResp};
 use weft_proto::{DataRedundancy, FileKind, Layout, Request, Response};
 
 use crate::capability::is_expired;
-use crate::ec::{Codec, is_chunk_loss, km, read_on, repair_io, write_on};
+use crate::ec::{read_on, repair_io, write_on};
+use crate::ec_codec::{Codec, is_chunk_loss, km};
 use crate::file::{File, Io};
 use crate::{Client, ClientError, OpenMode};
 

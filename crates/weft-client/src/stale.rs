@@ -22,7 +22,8 @@ use weft_proto::msg::{ListStaleReq, MarkStaleReq, StaleRange};
 use weft_proto::{DataRedundancy, ErrorCode, Layout, Request, Response};
 
 use crate::ClientError;
-use crate::ec::{Codec, km, read_on, write_on};
+use crate::ec::{read_on, write_on};
+use crate::ec_codec::{Codec, km};
 use crate::file::File;
 
 /// A handle's view of its file's stale ranges: `None` until first needed.

@@ -15,8 +15,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 use weft_fabric::PeerMemory;
 use weft_proto::msg::{
-    FillHint, FsyncReq, InoReq, ReadChunksReq, ReadReq, ReadRowsReq, TruncateReq, VERIFY_BAD_MAX, VERIFY_BYTES_MAX,
-    VerifyReq, VerifyResp, WriteChunksReq, WriteReq, WriteRowsReq,
+    FillHint, FsyncReq, InoReq, ReadChunkRangeReq, ReadChunksReq, ReadReq, ReadRowsReq, TruncateReq, VERIFY_BAD_MAX,
+    VERIFY_BYTES_MAX, VerifyReq, VerifyResp, WriteChunkRangeReq, WriteChunksReq, WriteReq, WriteRowsReq,
 };
 use weft_proto::{Chunk, ErrorCode, Request, Response, Rights, WireError};
 use weft_rpc::metrics::FabricBytes;
@@ -64,6 +64,8 @@ struct DataMetrics {
     ec_rows_read: Counter,
     /// Rows of ec chunks written (`WriteRows`).
     ec_rows_written: Counter,
+    /// Ranges of ec chunks written (`WriteChunkRange`: delta parity of small writes).
+    ec_ranges_written: Counter,
 }
 
 impl DataService {
@@ -106,6 +108,10 @@ impl DataService {
                 "Rows of erasure-coded chunks read with their bytes (read-modify-write of partial rows, degraded reads, heals)",
             ),
             ec_rows_written: m.counter("weft_data_ec_rows_written", "Rows of erasure-coded chunks written"),
+            ec_ranges_written: m.counter(
+                "weft_data_ec_chunk_ranges_written",
+                "Ranges of erasure-coded chunks written without the rest of their row (delta parity of small writes)",
+            ),
         });
         self
     }
@@ -138,6 +144,8 @@ impl DataService {
             Request::Truncate(t) => (t.ino, Rights::WRITE, &t.cap),
             Request::ReadRows(r) => (r.ino, Rights::READ, &r.cap),
             Request::WriteRows(w) => (w.ino, Rights::WRITE, &w.cap),
+            Request::ReadChunkRange(r) => (r.ino, Rights::READ, &r.cap),
+            Request::WriteChunkRange(w) => (w.ino, Rights::WRITE, &w.cap),
             Request::VerifyObject(v) => (v.ino, Rights::READ, &v.cap),
             // Durability of what is there: either right will do.
             Request::Fsync(f) => (f.ino, Rights::NONE, &f.cap),
@@ -313,6 +321,37 @@ impl DataService {
         Ok(Response::WriteRows(()).into())
     }
 
+    /// `ReadChunkRange` (docs/format.md §17, ranges of a chunk): one row's record and part of its chunk.
+    async fn read_chunk_range(&self, ctx: &CallCtx, r: ReadChunkRangeReq) -> Result<Reply, WireError> {
+        fits_transfer_unit(ctx, "read", u64::from(r.len))?;
+        let mut buf = ctx.pool.acquire(r.len as usize).await;
+        let store = self.store.clone();
+        let read = move || {
+            let v = store.read_chunk_range(r.ino, r.unit, r.row, r.offset, buf.as_mut_slice())?;
+            Ok((v, buf))
+        };
+        // As small reads (`read_inline`): a page-cache read takes less than the hand-off to the blocking pool.
+        let (v, buf) = if r.len <= INLINE_IO_BYTES_MAX { read()? } else { on_blocking_pool(read).await? };
+        Ok(Reply { resp: Response::ReadChunkRange(v), data: Some(Box::new(buf)) })
+    }
+
+    /// `WriteChunkRange` (docs/format.md §17, ranges of a chunk): compare-and-set of part of one row's chunk.
+    async fn write_chunk_range(&self, w: WriteChunkRangeReq, data: Option<PoolBuf>) -> Result<Reply, WireError> {
+        let buf = data.ok_or_else(|| WireError::new(ErrorCode::BadRequest, "WriteChunkRange without a payload"))?;
+        let store = self.store.clone();
+        let small = buf.len() <= INLINE_IO_BYTES_MAX as usize;
+        let write = move || store.write_chunk_range(w.ino, w.unit, w.row, w.offset, &w.write, buf.as_slice());
+        if small {
+            write().map_err(WireError::from)?;
+        } else {
+            on_blocking_pool(write).await?;
+        }
+        if let Some(m) = &self.metrics {
+            m.ec_ranges_written.inc();
+        }
+        Ok(Response::WriteChunkRange(()).into())
+    }
+
     async fn truncate(&self, t: TruncateReq) -> Result<Reply, WireError> {
         let store = self.store.clone();
         on_blocking_pool(move || store.truncate(t.ino, t.size)).await?;
@@ -434,6 +473,7 @@ impl Service for DataService {
             Request::WriteChunks(w) => Some(w.ino),
             Request::Truncate(t) => Some(t.ino),
             Request::WriteRows(w) => Some(w.ino),
+            Request::WriteChunkRange(w) => Some(w.ino),
             _ => None,
         };
         let bank = match &self.filler {
@@ -495,6 +535,10 @@ impl DataService {
                 let offset = w.first_row.saturating_mul(u64::from(w.unit));
                 return BankWork::Invalidate { ino: w.ino, offset, len: data.map_or(0, |d| d.len() as u64) };
             }
+            Request::WriteChunkRange(w) => {
+                let offset = w.row.saturating_mul(u64::from(w.unit)).saturating_add(u64::from(w.offset));
+                return BankWork::Invalidate { ino: w.ino, offset, len: data.map_or(0, |d| d.len() as u64) };
+            }
             Request::Truncate(t) => {
                 // Growing only adds zeros past the old end, which a short cached block already stands for.
                 let old = self.store.object_len(t.ino).unwrap_or(u64::MAX);
@@ -519,6 +563,8 @@ impl DataService {
             Request::Truncate(t) => self.truncate(t).await,
             Request::ReadRows(r) => self.read_rows(ctx, r).await,
             Request::WriteRows(w) => self.write_rows(w, data).await,
+            Request::ReadChunkRange(r) => self.read_chunk_range(ctx, r).await,
+            Request::WriteChunkRange(w) => self.write_chunk_range(w, data).await,
             Request::RemoveObject(r) => self.remove_object(r).await,
             Request::ListObjects(r) => {
                 let store = self.store.clone();

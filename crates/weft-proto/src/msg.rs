@@ -249,6 +249,13 @@ messages! {
     /// their version records, compare-and-set: every row's current version must equal its `expect`, else nothing
     /// is written and the answer is `VersionMoved`. Needs write rights.
     WriteRows = 219: WriteRowsReq => (), idempotent = false, data = true;
+    /// The version record of one row's chunk and bytes `[offset, offset + len)` of it (the reply's payload), read
+    /// under the row's lock without reading the rest of the chunk (docs/format.md §17, ranges of a chunk). Needs
+    /// read rights.
+    ReadChunkRange = 220: ReadChunkRangeReq => ChunkVersion, idempotent = true, data = false;
+    /// Writes the payload at `offset` in one row's chunk and its version record, compare-and-set as `WriteRows`
+    /// (docs/format.md §17, ranges of a chunk). Needs write rights.
+    WriteChunkRange = 221: WriteChunkRangeReq => (), idempotent = false, data = true;
     /// Up to `limit` inode numbers above `after` that this server holds an object of, lowest first (docs/format.md
     /// §19): how the MDS drains a replaced server. Only the cluster key (the MDS) may list.
     ListObjects = 224: ListObjectsReq => ListObjectsResp, idempotent = true, data = false;
@@ -326,6 +333,29 @@ pub struct WriteRowsReq {
     /// One per row, `rows.len()` rows from `first_row`; the payload holds their chunks back to back, the last
     /// one possibly short (a file's short last row, §16), none of the others.
     pub rows: Vec<RowWrite>,
+    pub cap: Capability,
+}
+
+/// `ReadChunkRange`: bytes `[offset, offset + len)` of the chunk of row `row` (object offset `row × unit +
+/// offset`), `offset + len ≤ unit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadChunkRangeReq {
+    pub ino: u64,
+    pub unit: u32,
+    pub row: u64,
+    pub offset: u32,
+    pub len: u32,
+    pub cap: Capability,
+}
+
+/// `WriteChunkRange`: the payload at `offset` of the chunk of row `row`, `offset + payload ≤ unit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteChunkRangeReq {
+    pub ino: u64,
+    pub unit: u32,
+    pub row: u64,
+    pub offset: u32,
+    pub write: RowWrite,
     pub cap: Capability,
 }
 
@@ -1048,6 +1078,9 @@ mod tests {
         assert!(Op::VerifyObject.is_idempotent());
         assert_eq!((Op::SetLock as u16, Op::GetLock as u16, Op::ReleaseLocks as u16), (127, 128, 129));
         assert_eq!((Op::ReadRows as u16, Op::WriteRows as u16), (218, 219));
+        assert_eq!((Op::ReadChunkRange as u16, Op::WriteChunkRange as u16), (220, 221));
+        assert!(Op::WriteChunkRange.request_has_data() && !Op::WriteChunkRange.is_idempotent());
+        assert!(Op::ReadChunkRange.is_idempotent() && !Op::ReadChunkRange.request_has_data());
         assert!(Op::WriteRows.request_has_data() && !Op::WriteRows.is_idempotent() && Op::ReadRows.is_idempotent());
         assert_eq!((Op::MemberStatus as u16, Op::ListObjects as u16), (135, 224));
         assert_eq!(Op::AdoptLocks as u16, 136);

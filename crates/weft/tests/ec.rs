@@ -326,6 +326,119 @@ async fn sequential_writers_write_whole_rows_at_any_record_size() {
     same(&read_range(&client, "/ec/tail", 0, model.len()).await.unwrap(), &model, "a file with a partial last row");
 }
 
+/// The data servers' ranges of ec chunks written by delta parity (`WriteChunkRange`), summed over every server.
+async fn range_writes(addrs: &[(String, String)]) -> f64 {
+    let mut n = 0.0;
+    for (role, addr) in addrs.iter().filter(|(r, _)| r.starts_with("data")) {
+        let text = weft_rpc::metrics::scrape(addr).await.unwrap_or_else(|e| panic!("scraping {role} at {addr}: {e}"));
+        n += weft_rpc::metrics::sum(&weft_rpc::metrics::parse(&text), "weft_data_ec_chunk_ranges_written_total", &[]);
+    }
+    n
+}
+
+/// Issue 32 (delta parity, docs/format.md §17): seeded random small writes inside the rows of an `ec 4+2` file,
+/// some across a chunk boundary, move only their ranges: no row is read with its bytes and each write stores its
+/// data ranges and the two parity ranges (counted at the data servers). The parity they leave is right: with the
+/// two servers of data chunks 0 and 1 stopped, every byte decodes to the model. Writes that are not inside one
+/// row below the size (across rows, past the end) take the whole-row protocol, interleaved with the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_writes_move_only_their_ranges_and_leave_parity_right() {
+    let seed: u64 = std::env::var("WEFT_EC_DELTA_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(3207);
+    eprintln!("seed {seed} (replay with WEFT_EC_DELTA_SEED={seed})");
+    let mut c = start_with("ec-delta", 6, |o| o.metrics = true).await;
+    let addrs = c.metrics_addrs();
+    let client = c.impatient_client().await;
+    ec_dir(&client).await;
+    let (unit, row) = (UNIT as u64, 4 * UNIT as usize);
+    let mut model = pattern(seed, 0, 6 * row);
+    let f = client.create_path("/ec/f", 0o644, true, false).await.unwrap();
+    f.write_at(0, Bytes::copy_from_slice(&model)).await.unwrap();
+    f.close().await.unwrap();
+
+    let mut rng = Rng(seed);
+    let f = client.open("/ec/f", OpenMode::ReadWrite).await.unwrap();
+    let (before, ranges_before) = (row_counters(&addrs, &[]).await, range_writes(&addrs).await);
+    let mut expected_ranges = 0;
+    for n in 0..60u64 {
+        let r = rng.below(6);
+        let len = 1 + rng.below(if n % 4 == 0 { 2 * unit } else { 5000 }) as usize;
+        let at = r as usize * row + rng.below((row - len.min(row - 1)) as u64) as usize;
+        let len = len.min(row - (at - r as usize * row)).min(row - 1);
+        let patch = pattern(seed + 1000 + n, 0, len);
+        f.write_at(at as u64, Bytes::copy_from_slice(&patch)).await.unwrap();
+        f.flush().await.unwrap();
+        model[at..at + len].copy_from_slice(&patch);
+        let (first, last) = ((at % row) as u64 / unit, ((at + len - 1) % row) as u64 / unit);
+        expected_ranges += last - first + 1 + 2;
+    }
+    let (after, ranges_after) = (row_counters(&addrs, &[]).await, range_writes(&addrs).await);
+    assert_eq!(after.1 - before.1, 0.0, "seed {seed}: small writes inside rows read no row with its bytes");
+    assert_eq!(after.0 - before.0, 0.0, "seed {seed}: nor write a whole row");
+    assert_eq!(ranges_after - ranges_before, expected_ranges as f64, "seed {seed}: the ranges changed, and parity");
+
+    // Writes the delta path leaves to the whole-row protocol: across two rows, and growing the file.
+    for (at, len) in [(row - 100, 200), (6 * row - 10, 5000)] {
+        let patch = pattern(seed + 5000 + at as u64, 0, len);
+        f.write_at(at as u64, Bytes::copy_from_slice(&patch)).await.unwrap();
+        model.resize(model.len().max(at + len), 0);
+        model[at..at + len].copy_from_slice(&patch);
+    }
+    f.close().await.unwrap();
+    same(&read_range(&client, "/ec/f", 0, model.len()).await.unwrap(), &model, &format!("seed {seed}: healthy"));
+    let layout = client.open("/ec/f", OpenMode::Read).await.unwrap().layout();
+    c.stop_data_server(layout.servers[0]).await;
+    c.stop_data_server(layout.servers[1]).await;
+    let got = read_range(&client, "/ec/f", 0, model.len()).await.unwrap();
+    same(&got, &model, &format!("seed {seed}: decoded from parity with data chunks 0 and 1 gone"));
+}
+
+/// Issue 32: two clients' small writes racing on the same two rows (each its own 4 KiB blocks, interleaved in
+/// every chunk) go by delta parity where they can and fall back to the whole-row protocol when a compare-and-set
+/// moves under them; what is left is every acknowledged byte, and parity that decodes to it with two data
+/// servers stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_small_writes_in_one_row_leave_every_byte_and_parity_right() {
+    let seed: u64 = std::env::var("WEFT_EC_DELTA_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(3208);
+    eprintln!("seed {seed} (replay with WEFT_EC_DELTA_SEED={seed})");
+    let mut c = start_with("ec-delta-race", 6, |_| {}).await;
+    let client = c.impatient_client().await;
+    ec_dir(&client).await;
+    let row = 4 * UNIT as usize;
+    let model = pattern(seed, 0, 2 * row);
+    let f = client.create_path("/ec/f", 0o644, true, false).await.unwrap();
+    f.write_at(0, Bytes::copy_from_slice(&model)).await.unwrap();
+    f.close().await.unwrap();
+    let model = Arc::new(std::sync::Mutex::new(model));
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..2u64 {
+        let (cl, model) = (c.client().await, model.clone());
+        writers.spawn(async move {
+            let mut rng = Rng(seed * 10 + w + 1);
+            let f = cl.open("/ec/f", OpenMode::ReadWrite).await.unwrap();
+            for n in 0..40 {
+                let block = (rng.below((2 * row / 4096 / 2) as u64) * 2 + w) as usize;
+                let len = 1 + rng.below(4096) as usize;
+                let at = block * 4096 + rng.below((4096 - len + 1) as u64) as usize;
+                let patch = pattern(seed + 100 * w + n, 0, len);
+                f.write_at(at as u64, Bytes::copy_from_slice(&patch)).await.unwrap();
+                f.flush().await.unwrap();
+                model.lock().unwrap()[at..at + len].copy_from_slice(&patch);
+            }
+            f.close().await.unwrap();
+        });
+    }
+    while let Some(r) = writers.join_next().await {
+        r.unwrap();
+    }
+    let model = model.lock().unwrap().clone();
+    same(&read_range(&client, "/ec/f", 0, model.len()).await.unwrap(), &model, &format!("seed {seed}: healthy"));
+    let layout = client.open("/ec/f", OpenMode::Read).await.unwrap().layout();
+    c.stop_data_server(layout.servers[2]).await;
+    c.stop_data_server(layout.servers[3]).await;
+    let got = read_range(&client, "/ec/f", 0, model.len()).await.unwrap();
+    same(&got, &model, &format!("seed {seed}: decoded with data chunks 2 and 3 gone"));
+}
+
 /// With this variable set (by [`a_killed_writer_loses_only_what_it_never_fsynced`]) [`held_writer_process`] is a
 /// writer process; its value: `cluster file \t path`.
 const HELD_WRITER_ENV: &str = "WEFT_EC_HELD_WRITER";

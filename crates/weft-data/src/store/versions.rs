@@ -10,13 +10,14 @@ use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
 use weft_proto::OBJECT_BYTES_MAX;
 use weft_proto::chunk_version::{self, RECORD_BYTES, Record};
 use weft_proto::layout::{STRIPE_UNIT_BYTES_MAX, STRIPE_UNIT_BYTES_MIN};
 use weft_proto::msg::{ChunkVersion, EC_K_MAX, ROWS_PER_REQUEST_MAX, RowWrite};
 
-use super::{B, DataError, ObjectStore, io_err, read_up_to};
+use super::{B, BLOCK_BYTES, DataError, ObjectStore, ZERO_BLOCK_CRC, io_err, read_up_to};
 
 /// A row's record as found: `None` for none, `Err(())` for a damaged one.
 type Found = Result<Option<Record>, ()>;
@@ -209,6 +210,96 @@ impl ObjectStore {
         Ok(())
     }
 
+    /// Checks a chunk-range request from the wire; returns the row's byte range `[start, end)` in the object.
+    fn check_range_of_chunk(ino: u64, unit: u32, row: u64, offset: u32, len: u64) -> Result<(u64, u64), DataError> {
+        let rows = Self::check_rows(ino, unit, row, 1)?;
+        if len == 0 || u64::from(offset) + len > u64::from(unit) {
+            let reason = format!("bytes [{offset}, {offset} + {len}) of a chunk of {unit}");
+            return Err(DataError::Invalid { ino, reason });
+        }
+        Ok(rows)
+    }
+
+    /// The §5 stored checksums of the chunk `[start, start + unit)`'s blocks.
+    fn chunk_block_crcs(&self, ino: u64, start: u64, unit: u32) -> Result<Vec<u32>, DataError> {
+        let sidecar = self.open_sidecar(ino)?;
+        self.read_crcs(ino, sidecar.as_ref(), start / B, unit as usize / BLOCK_BYTES)
+    }
+
+    /// The record of row `row` and bytes `[offset, offset + buf.len())` of its chunk into `buf`; `intact` as
+    /// [`ObjectStore::read_rows`] with data, the chunk's CRC combined from its blocks' checksums.
+    pub fn read_chunk_range(
+        &self,
+        ino: u64,
+        unit: u32,
+        row: u64,
+        offset: u32,
+        buf: &mut [u8],
+    ) -> Result<ChunkVersion, DataError> {
+        let (start, end) = Self::check_range_of_chunk(ino, unit, row, offset, buf.len() as u64)?;
+        let _g = self.locks.lock(ino, start, end, false);
+        let f = self.open_versions(ino, unit, false)?;
+        let rec = self.read_records(ino, f.as_ref(), row, 1)?.pop().expect("one row");
+        let sound = match self.read_locked(ino, start + u64::from(offset), buf) {
+            Ok(()) => true,
+            Err(DataError::Corrupt { .. } | DataError::Lost { .. }) => {
+                buf.fill(0);
+                false
+            }
+            Err(e) => return Err(e),
+        };
+        let crcs = self.chunk_block_crcs(ino, start, unit)?;
+        Ok(match rec {
+            Ok(Some(r)) => {
+                let intact = sound && combine_blocks(&crcs) == r.chunk_crc;
+                ChunkVersion { version: r.version, intact, parity_of: r.parity_of }
+            }
+            // No record: zeros expected, so every block checksum is 0 (a zero block's stored value).
+            Ok(None) => ChunkVersion { version: 0, intact: sound && crcs.iter().all(|&c| c == 0), parity_of: vec![] },
+            Err(()) => ChunkVersion { version: 0, intact: false, parity_of: Vec::new() },
+        })
+    }
+
+    /// Compare-and-set write of `data` at `offset` in the chunk of row `row`: as [`ObjectStore::write_rows`] of one
+    /// row, the record's CRC combined from the chunk's block checksums after the write.
+    pub fn write_chunk_range(
+        &self,
+        ino: u64,
+        unit: u32,
+        row: u64,
+        offset: u32,
+        w: &RowWrite,
+        data: &[u8],
+    ) -> Result<(), DataError> {
+        let (start, end) = Self::check_range_of_chunk(ino, unit, row, offset, data.len() as u64)?;
+        if w.version <= w.expect || w.parity_of.len() > EC_K_MAX {
+            let reason = format!(
+                "row {row}: version {} after {} with {} parity entries",
+                w.version,
+                w.expect,
+                w.parity_of.len()
+            );
+            return Err(DataError::Invalid { ino, reason });
+        }
+        let _g = self.locks.lock(ino, start, end, true);
+        let f = self.open_versions(ino, unit, true)?.expect("created");
+        let current = match self.read_records(ino, Some(&f), row, 1)?.pop().expect("one row") {
+            Ok(Some(rec)) => rec.version,
+            _ => 0,
+        };
+        if current != w.expect {
+            return Err(DataError::VersionMoved { ino, row, unit, expected: w.expect, found: current });
+        }
+        let path = self.versions_path(ino);
+        let at = chunk_version::record_offset(row).expect("rows checked against OBJECT_BYTES_MAX");
+        crate::sys::reserve(&f, at, RECORD_BYTES as u64).map_err(io_err("reserving", &path))?;
+        self.write_locked(ino, start + u64::from(offset), data)?;
+        let chunk_crc = combine_blocks(&self.chunk_block_crcs(ino, start, unit)?);
+        let rec = Record { version: w.version, chunk_crc, parity_of: w.parity_of.clone() };
+        f.write_all_at(&chunk_version::encode_record(&rec), at).map_err(io_err("writing", &path))?;
+        Ok(())
+    }
+
     /// After the object was cut to `size`: drops the records of rows that start at or past it (a row cut in the
     /// middle keeps its record, which no longer matches: its chunk is missing until the client rewrites the row).
     pub(super) fn truncate_versions(&self, ino: u64, size: u64) -> Result<(), DataError> {
@@ -232,6 +323,26 @@ impl ObjectStore {
         }
         Ok(())
     }
+}
+
+/// The operator "append 4096 zero bytes" on a CRC32C value, as 32 columns (one per input bit): the CRC
+/// combination for blocks of one length, computed once.
+static SHIFT_BLOCK: LazyLock<[u32; 32]> =
+    LazyLock::new(|| std::array::from_fn(|i| crc32c::crc32c_combine(1 << i, 0, BLOCK_BYTES)));
+
+/// The CRC32C of consecutive whole blocks from their §5 stored checksums (`stored = crc32c(block) XOR
+/// crc32c(4096 zeros)`): `crc(AB) = shift_|B|(crc(A)) XOR crc(B)`, linear in `crc(A)`.
+fn combine_blocks(stored: &[u32]) -> u32 {
+    let shift = &*SHIFT_BLOCK;
+    stored.iter().fold(0u32, |acc, &s| {
+        let mut shifted = 0;
+        let mut bits = acc;
+        while bits != 0 {
+            shifted ^= shift[bits.trailing_zeros() as usize];
+            bits &= bits - 1;
+        }
+        shifted ^ s ^ *ZERO_BLOCK_CRC
+    })
 }
 
 #[cfg(test)]
@@ -309,6 +420,69 @@ mod tests {
         f.write_all_at(&[0xff], RECORD_BYTES as u64 + 9).unwrap();
         assert_eq!(rows(&s, 2, 0, 1).0[0], ChunkVersion { version: 0, intact: false, parity_of: vec![] });
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A range write's record vouches for the whole chunk exactly as a whole-chunk write's does: a full read
+    /// (which computes the CRC over the bytes) finds it intact, and a range read (which combines the block
+    /// checksums) agrees with it on every case.
+    #[test]
+    fn chunk_ranges_write_and_read_records_a_full_read_agrees_with() {
+        let (s, dir) = store("range");
+        let range = |s: &ObjectStore, row: u64, offset: u32, len: usize| {
+            let mut buf = vec![0u8; len];
+            let v = s.read_chunk_range(4, U, row, offset, &mut buf).unwrap();
+            (v, buf)
+        };
+        // Never written: version 0, intact zeros, for a range read as for a full one.
+        assert_eq!(range(&s, 0, 100, 50).0, ChunkVersion { version: 0, intact: true, parity_of: vec![] });
+        // A range into a never-written chunk: the rest stays zeros, the record covers the whole chunk.
+        s.write_chunk_range(4, U, 1, 5000, &w(0, 3, vec![1, 2]), &[9u8; 300]).unwrap();
+        let (v, buf) = rows(&s, 4, 1, 1);
+        assert_eq!(v[0], ChunkVersion { version: 3, intact: true, parity_of: vec![1, 2] });
+        assert!(buf[..5000].iter().all(|&b| b == 0) && buf[5000..5300].iter().all(|&b| b == 9));
+        assert!(buf[5300..].iter().all(|&b| b == 0));
+        // Over a whole-chunk write, unaligned and across a block boundary.
+        let data: Vec<u8> = (0..U as usize).map(|i| (i * 7) as u8).collect();
+        s.write_rows(4, U, 0, &[w(0, 1, vec![])], &data).unwrap();
+        s.write_chunk_range(4, U, 0, 4000, &w(1, 2, vec![]), &[1u8; 200]).unwrap();
+        let (v, buf) = rows(&s, 4, 0, 1);
+        assert_eq!((v[0].version, v[0].intact), (2, true));
+        assert_eq!(&buf[3990..4000], &data[3990..4000]);
+        assert!(buf[4000..4200].iter().all(|&b| b == 1));
+        assert_eq!(&buf[4200..], &data[4200..]);
+        let (v, got) = range(&s, 0, 3999, 202);
+        assert_eq!((v.version, v.intact), (2, true));
+        assert_eq!(got[0], data[3999]);
+        assert_eq!(got[201], data[4200]);
+        // A stale expectation writes nothing.
+        let e = s.write_chunk_range(4, U, 0, 0, &w(1, 5, vec![]), &[2u8; 10]).unwrap_err();
+        assert!(matches!(e, DataError::VersionMoved { row: 0, expected: 1, found: 2, .. }), "{e}");
+        assert_eq!(range(&s, 0, 0, 10).1, data[..10]);
+        // Bytes changed under the record (a write without its record) are found by a range read too, even one
+        // that does not cover them; so is a never-recorded chunk holding bytes.
+        s.write(4, 8000, &[6u8; 4]).unwrap();
+        assert_eq!((range(&s, 0, 0, 10).0.version, range(&s, 0, 0, 10).0.intact), (2, false));
+        s.write(4, 2 * u64::from(U) + 10, &[1]).unwrap();
+        assert!(!range(&s, 2, 0, 1).0.intact);
+        // Refusals before any I/O: an empty range, one past the chunk, a bad unit.
+        let mut one = [0u8; 1];
+        assert!(matches!(s.read_chunk_range(4, U, 0, U, &mut one), Err(DataError::Invalid { .. })));
+        assert!(matches!(s.read_chunk_range(4, U, 0, 0, &mut []), Err(DataError::Invalid { .. })));
+        assert!(matches!(
+            s.write_chunk_range(4, U, 0, U - 1, &w(2, 3, vec![]), &[0; 2]),
+            Err(DataError::Invalid { .. })
+        ));
+        assert!(matches!(s.read_chunk_range(4, 1000, 0, 0, &mut one), Err(DataError::Invalid { .. })));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn combined_block_checksums_are_the_chunk_crc() {
+        let chunk: Vec<u8> = (0..4 * BLOCK_BYTES).map(|i| (i * 31 % 251) as u8).collect();
+        let stored: Vec<u32> = chunk.chunks(BLOCK_BYTES).map(super::super::stored_crc).collect();
+        assert_eq!(combine_blocks(&stored), crc32c::crc32c(&chunk));
+        // Holes (stored 0) stand for zero blocks.
+        assert_eq!(combine_blocks(&[0, 0]), crc32c::crc32c(&[0u8; 2 * BLOCK_BYTES]));
     }
 
     #[test]
