@@ -18,20 +18,18 @@
 //!
 //! The write hole is closed by those versions (ARCHITECTURE.md's invariants; docs/format.md §17).
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use weft_proto::{Layout, Rights};
+use weft_proto::Layout;
 
 use crate::ClientError;
-use crate::capability::CapHolder;
 use crate::ec_codec::{Codec, is_chunk_loss, km};
 use crate::ec_delta::{self, Delta};
 use crate::ec_gather::{Added, Job};
-use crate::ec_rows::RowBytes;
-use crate::file::{File, Io, plan, read_units_on, write_units_on};
+use crate::ec_write::{RowBytes, RowJob, write_batch};
+use crate::handle::{File, repair_io, rmw_io};
+use crate::striped::{Io, read_on_into};
 
 /// Rows decoded per batch in a degraded read are bounded so that `rows × (k + m) × unit` stays under this (but at
 /// least one row): the memory a degraded read holds at once.
@@ -54,43 +52,6 @@ fn shape(layout: &Layout) -> Shape {
     Shape { k, m, unit, row_bytes: unit * k as u64, batch_rows }
 }
 
-/// Writes `data` at `offset` of `layout` (a plain layout, often one server's object seen as a file) through the
-/// plain machinery: cut into transfer units, all sent at once; the first failure is returned.
-pub(crate) async fn write_on(io: &Io, layout: &Layout, offset: u64, data: Bytes) -> Result<(), ClientError> {
-    if data.is_empty() {
-        return Ok(());
-    }
-    let (pieces, units) = plan(layout, offset, data.len() as u64, io.unit_max);
-    write_units_on(io, layout, &pieces, units, &data, offset).await
-}
-
-/// Reads `len` bytes at `offset` of `layout` (plain) through the plain machinery; holes and bytes past an
-/// object's end read as zeros.
-pub(crate) async fn read_on(io: &Io, layout: &Layout, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
-    read_on_into(io, layout, offset, BytesMut::zeroed(len as usize)).await
-}
-
-/// [`read_on`] into `buf` (its length is the amount read): the replies land in it, no copy. On an error the
-/// buffer is gone with it.
-async fn read_on_into(io: &Io, layout: &Layout, offset: u64, mut buf: BytesMut) -> Result<BytesMut, ClientError> {
-    let len = buf.len() as u64;
-    if len == 0 {
-        return Ok(buf);
-    }
-    let (pieces, units) = plan(layout, offset, len, io.unit_max);
-    let mut segs: Vec<Option<BytesMut>> = Vec::with_capacity(pieces.len());
-    for p in &pieces {
-        segs.push(Some(buf.split_to(p.len as usize)));
-    }
-    read_units_on(io, layout, units, &mut segs, None).await?;
-    let mut segs = segs.into_iter().map(|s| s.expect("every segment came back"));
-    let mut out = segs.next().expect("at least one segment");
-    for s in segs {
-        out.unsplit(s);
-    }
-    Ok(out)
-}
-
 /// Reads `[offset, offset + len)` of an ec file (the caller has cut `len` at the file's size).
 /// Into `buf`, whose length is the amount read (within the file): a healthy read's replies land in it directly.
 pub(crate) async fn read(file: &File, offset: u64, buf: BytesMut) -> Result<BytesMut, ClientError> {
@@ -102,7 +63,7 @@ async fn read_via(file: &File, io: &Io, offset: u64, buf: BytesMut) -> Result<By
     let len = buf.len() as u64;
     let layout = &file.layout();
     // A data chunk in a stale range is never read: those rows are decoded from the other chunks.
-    let (first, end) = crate::stale::rows_of(layout, offset, len);
+    let (first, end) = crate::handle::rows_of(layout, offset, len);
     let k = km(layout).expect("an ec layout").0;
     if crate::stale::stale_slots(file, first, end).await?.iter().any(|&s| s < k)
         || touches_unreachable(file, offset, len)
@@ -151,7 +112,7 @@ async fn read_degraded(file: &File, io: &Io, offset: u64, mut buf: BytesMut) -> 
     for _ in 0..2 {
         let claim = cache.claim(first_row, end_row);
         for (a, n) in claim.load {
-            for (r, cnt) in crate::ec_rows::request_spans(a, n, batch_rows) {
+            for (r, cnt) in crate::ec_calls::request_spans(a, n, batch_rows) {
                 match decode_rows(file, io, &codec, r, cnt).await {
                     Ok(d) => cache.put(r, &Bytes::from(d), row_bytes as usize, claim.epoch),
                     Err(e) => {
@@ -202,7 +163,7 @@ async fn read_decoding(file: &File, io: &Io, offset: u64, mut buf: BytesMut) -> 
     Ok(buf)
 }
 
-use crate::ec_rows::{TORN_BACKOFF_MS_MAX, TORN_BACKOFF_MS_MIN, TORN_RETRIES_MAX};
+use crate::ec_write::{TORN_BACKOFF_MS_MAX, TORN_BACKOFF_MS_MIN, TORN_RETRIES_MAX};
 
 /// The file bytes of stripe rows `[first, first + rows)`, each decoded from `k` chunks whose versions agree
 /// (docs/format.md §17); rows with damaged chunks or stale parity are repaired before returning (best effort).
@@ -238,31 +199,8 @@ async fn decode_rows(file: &File, io: &Io, codec: &Codec, first: u64, rows: u64)
     Ok(data)
 }
 
-/// What a repair writes with: this handle's capability when it may write, else a fresh read-write one (a reader
-/// repairs too, if the file's permissions let it write; otherwise the bad chunk stays for a later pass).
-pub(crate) async fn repair_io(file: &File) -> Result<Io, ClientError> {
-    if file.rights().covers(Rights::WRITE) {
-        return Ok(file.io());
-    }
-    let opened = file.client.open_capability(file.attr.ino, Rights::READ_WRITE).await?;
-    let caps = CapHolder::new(file.client.clone(), file.attr.ino, Rights::READ_WRITE, &opened, Instant::now());
-    Ok(Io { caps: Arc::new(caps), ..file.io() })
-}
-
-/// What read–modify–write reads old rows with: this handle's capability when it may read, else a fresh
-/// read-write one (a file opened write-only still needs its old rows; a writer without read permission on the
-/// file cannot write partial rows of an ec file).
-async fn rmw_io(file: &File) -> Result<Io, ClientError> {
-    if file.rights().covers(Rights::READ) {
-        return Ok(file.io());
-    }
-    let opened = file.client.open_capability(file.attr.ino, Rights::READ_WRITE).await?;
-    let caps = CapHolder::new(file.client.clone(), file.attr.ino, Rights::READ_WRITE, &opened, Instant::now());
-    Ok(Io { caps: Arc::new(caps), ..file.io() })
-}
-
 /// Writes `data` at `offset` of an ec file, row by row with chunk versions (docs/format.md §17,
-/// [`crate::ec_rows::write_batch`]): a row it covers only partly alone (read–modify–write), whole rows in batches.
+/// [`crate::ec_write::write_batch`]): a row it covers only partly alone (read–modify–write), whole rows in batches.
 pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
     changing(file, write_rows_of(file, offset, data)).await
 }
@@ -305,7 +243,21 @@ async fn write_rows_of(file: &File, offset: u64, data: Bytes) -> Result<(), Clie
             && ec_delta::write(file, read_io, &write_io, &codec, r, at, &run).await? == Delta::Done;
         if !by_delta {
             let new = RowBytes::Run(run);
-            crate::ec_rows::write_batch(file, read_io, &write_io, &codec, r, rows, at, &new, old_size, new_end).await?;
+            let (first, from, new) = (r, at, &new);
+            let job = RowJob {
+                file,
+                read_io,
+                write_io: &write_io,
+                codec: &codec,
+                first,
+                rows,
+                from,
+                new,
+                old_size,
+                new_end,
+                heal: None,
+            };
+            write_batch(&job).await?;
         }
         // Rows written so far are visible to this handle's next RMW (it reads up to its size).
         file.size.fetch_max(to, Ordering::SeqCst);
@@ -341,7 +293,21 @@ async fn write_whole_rows_once(file: &File, first: u64, chunks: &[Bytes]) -> Res
         let (at, to) = (r * row_bytes, (r + rows) * row_bytes);
         let new_end = file.size().max(to);
         let new = RowBytes::Chunks(batch.to_vec());
-        crate::ec_rows::write_batch(file, &io, &io, &codec, r, rows, at, &new, file.size(), new_end).await?;
+        let (io, old_size) = (&io, file.size());
+        let job = RowJob {
+            file,
+            read_io: io,
+            write_io: io,
+            codec: &codec,
+            first: r,
+            rows,
+            from: at,
+            new: &new,
+            old_size,
+            new_end,
+            heal: None,
+        };
+        write_batch(&job).await?;
         file.size.fetch_max(to, Ordering::SeqCst);
     }
     Ok(())

@@ -20,7 +20,8 @@ use weft_proto::{Layout, Request, Response};
 use crate::ClientError;
 use crate::ec_codec::{Codec, is_chunk_loss};
 use crate::ec_version::{Found, next_data_version};
-use crate::file::{File, Io};
+use crate::handle::File;
+use crate::striped::Io;
 
 /// How a delta write ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -187,7 +188,7 @@ async fn read_range(io: &Io, layout: &Layout, row: u64, s: Span) -> Result<(Chun
         })
     };
     let dest = io.client.recycled().take(len as usize);
-    let (resp, d) = crate::ec_rows::call(io, layout, s.i, req, Vec::new(), Some(dest)).await?;
+    let (resp, d) = crate::ec_calls::call(io, layout, s.i, req, Vec::new(), Some(dest)).await?;
     match (resp, d) {
         (Response::ReadChunkRange(c), Some(d)) if d.len() as u64 == len && c.parity_of.len() <= EC_K_MAX => Ok((c, d)),
         (resp, _) => Err(ClientError::Protocol(format!("ReadChunkRange answered {:?}", resp.op()))),
@@ -205,7 +206,7 @@ async fn read_records(
     let mut tasks = JoinSet::new();
     for (n, &i) in which.iter().enumerate() {
         let (io, layout) = (io.clone(), layout.clone());
-        tasks.spawn(async move { (n, i, crate::ec_rows::read_rows(&io, &layout, i, row, 1, false).await) });
+        tasks.spawn(async move { (n, i, crate::ec_calls::read_rows(&io, &layout, i, row, 1, false).await) });
     }
     let mut out: Vec<Option<ChunkVersion>> = vec![None; which.len()];
     let mut ok = true;
@@ -244,7 +245,7 @@ async fn write_ranges(
                     cap,
                 })
             };
-            (s.i, crate::ec_rows::call(&io, &layout, s.i, req, vec![bytes], None).await)
+            (s.i, crate::ec_calls::call(&io, &layout, s.i, req, vec![bytes], None).await)
         });
     }
     let mut ok = true;

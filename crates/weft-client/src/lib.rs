@@ -20,32 +20,39 @@
 //!   this client's session and an owner id the caller picks (`locks.rs`).
 
 mod capability;
+mod catch_up;
 mod cluster;
 mod ec;
 mod ec_cache;
+mod ec_calls;
 mod ec_codec;
 mod ec_delta;
 mod ec_gather;
 mod ec_rows;
 mod ec_version;
+mod ec_write;
 mod error;
 mod file;
+mod handle;
 mod io_queue;
 mod layouts;
 mod mirror;
+mod plain;
 mod recycle;
+mod redundancy;
 pub mod scrub;
 mod stale;
+mod striped;
 mod transfer;
 
 pub use capability::OpenMode;
+pub use catch_up::heal_rows;
 pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
 pub use ec_rows::{HealHook, set_heal_hook};
 pub use error::ClientError;
-pub use file::File;
+pub use handle::File;
 pub use io_queue::{Completion, IoKind, IoOp, IoQueue};
 pub use locks::{LOCK_KEEPALIVE_MS, LOCK_RETRY_FIRST_MS, LOCK_RETRY_MAX_MS};
-pub use stale::heal_rows;
 /// The security mode of `ClusterConfig::auth`.
 pub use weft_rpc::AuthMode;
 

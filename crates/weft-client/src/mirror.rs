@@ -12,9 +12,10 @@ use tokio::task::JoinSet;
 use weft_proto::{DataRedundancy, ErrorCode, Layout};
 
 use crate::ClientError;
-use crate::ec::{read_on, repair_io, write_on};
 use crate::ec_codec::is_chunk_loss;
-use crate::file::File;
+use crate::handle::File;
+use crate::handle::repair_io;
+use crate::striped::{read_on, write_on};
 
 /// Checksum block size of the data servers' sidecars (§5): repairs rewrite whole blocks.
 const BLOCK_BYTES: u64 = 4096;
@@ -36,7 +37,7 @@ pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut,
     let a = offset - offset % BLOCK_BYTES;
     let b = (offset + len).div_ceil(BLOCK_BYTES) * BLOCK_BYTES;
     let mut corrupt = Vec::new();
-    let (first, end) = crate::stale::rows_of(layout, offset, len);
+    let (first, end) = crate::handle::rows_of(layout, offset, len);
     let stale = crate::stale::stale_slots(file, first, end).await?;
     let mut causes: Vec<String> = stale.iter().map(|c| format!("copy {c}: stale")).collect();
     // Copies whose server did not answer moments ago go last: tried only if every other copy fails.
@@ -106,7 +107,7 @@ pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), C
             failed.push((c, e));
         }
     }
-    let (first, end) = crate::stale::rows_of(layout, offset, data.len() as u64);
+    let (first, end) = crate::handle::rows_of(layout, offset, data.len() as u64);
     crate::stale::refetch_if_fenced(file, &failed).await?;
     crate::stale::record_missed(file, failed, offset, first, end).await
 }

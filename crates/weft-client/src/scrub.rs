@@ -27,9 +27,11 @@ use weft_proto::msg::{VERIFY_BYTES_MAX, VerifyReq, VerifyResp};
 use weft_proto::{DataRedundancy, FileKind, Layout, Request, Response};
 
 use crate::capability::is_expired;
-use crate::ec::{read_on, repair_io, write_on};
 use crate::ec_codec::{Codec, is_chunk_loss, km};
-use crate::file::{File, Io};
+use crate::handle::File;
+use crate::handle::repair_io;
+use crate::striped::Io;
+use crate::striped::{read_on, write_on};
 use crate::{Client, ClientError, OpenMode};
 
 /// Checksum block of the data servers' sidecars (§5): the unit verify answers in.

@@ -10,45 +10,16 @@
 //!   A chunk inside a stale range is treated as missing (ec: decoded from the others; mirror: another copy).
 //!   Why at first read and not on every read: a write's marks are made before it is acknowledged and before its
 //!   size is committed, so any handle opened after the writer's commit (close-to-open) sees them.
-//! - **Catch-up** ([`heal_rows`]): rebuilds rows of one slot from the other chunks (ec decode, or another mirror
-//!   copy) and writes them to that slot's server, cut at the file's size as §16 stores them.
+//! - **Catch-up** (`catch_up.rs`): the healer rebuilds a slot's rows from the other chunks.
 //!
 //! Rows: `ec k+m` row `r` is object bytes `[r·u, (r+1)·u)` of every server (a stripe row); `mirror n` row `r` is
 //! file (and object) bytes `[r·u, (r+1)·u)`.
 
-use std::sync::Mutex;
-
 use weft_proto::msg::{ListStaleReq, MarkStaleReq, StaleRange};
-use weft_proto::{DataRedundancy, ErrorCode, Layout, Request, Response};
+use weft_proto::{ErrorCode, Request, Response};
 
 use crate::ClientError;
-use crate::ec::{read_on, write_on};
-use crate::ec_codec::{Codec, km};
-use crate::file::File;
-
-/// A handle's view of its file's stale ranges: `None` until first needed.
-#[derive(Default)]
-pub(crate) struct StaleView {
-    ranges: Mutex<Option<Vec<(u32, StaleRange)>>>,
-}
-
-impl StaleView {
-    fn add(&self, slot: u32, r: StaleRange) {
-        if let Some(v) = self.ranges.lock().expect("stale view").as_mut() {
-            v.push((slot, r));
-        }
-    }
-}
-
-/// Rows `[first, end)` of a layout covering file bytes `[offset, offset + len)`.
-pub(crate) fn rows_of(layout: &Layout, offset: u64, len: u64) -> (u64, u64) {
-    let unit = u64::from(layout.stripe_unit);
-    let row_bytes = match layout.redundancy {
-        DataRedundancy::Ec { k, .. } => unit * u64::from(k),
-        _ => unit,
-    };
-    (offset / row_bytes, (offset + len).div_ceil(row_bytes))
-}
+use crate::handle::File;
 
 /// The slots of `file` with a stale row in `[first, end)`; loads the file's stale ranges on first use.
 pub(crate) async fn stale_slots(file: &File, first: u64, end: u64) -> Result<Vec<usize>, ClientError> {
@@ -129,63 +100,6 @@ pub(crate) async fn record_missed(
     Ok(())
 }
 
-/// Rebuilds rows `[first, first + rows)` of `slot` from the other chunks of `file` and writes them to the slot's
-/// server, stored as a file of `size` bytes would store them (§16), with a write capability (the handle's, or a
-/// fresh one). Returns the bytes written. `size` may exceed the committed size: a degraded write's rows can lie
-/// past it until its writer commits, and those bytes are on the other servers already.
-pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u64) -> Result<u64, ClientError> {
-    let layout = &file.layout();
-    let io = &crate::ec::repair_io(file).await?;
-    let unit = u64::from(layout.stripe_unit);
-    let stale = stale_slots(file, first, first + rows).await?;
-    let bytes = match layout.redundancy {
-        DataRedundancy::Ec { .. } => {
-            // Batches of rows through the versioned write path (§17): each row decoded from the others by the
-            // version rule and the chunk written compare-and-set with the parity, one request per chunk for the
-            // whole batch, so a healed chunk carries a version its row agrees with, and a writer racing the heal
-            // is never undone (a batch it moves is retried, then healed row by row).
-            let (k, m) = km(layout).expect("an ec layout");
-            let row_bytes = unit * k as u64;
-            let codec = Codec::new(k, m)?;
-            // Rows past the file's last row hold nothing.
-            let end = (first + rows).min(size.div_ceil(row_bytes)).max(first);
-            crate::ec_rows::heal_batch(file, io, &codec, first, end - first, slot, size).await?
-        }
-        DataRedundancy::Mirror { n } => {
-            let a = first * unit;
-            let b = ((first + rows) * unit).min(size);
-            if a >= b {
-                return Ok(0);
-            }
-            let mut last = None;
-            let mut got = None;
-            for c in (0..usize::from(n)).filter(|c| *c != slot && !stale.contains(c)) {
-                match read_on(io, &layout.data_view(c), a, b - a).await {
-                    Ok(bytes) => {
-                        got = Some(bytes);
-                        break;
-                    }
-                    Err(e) => last = Some(e),
-                }
-            }
-            let Some(got) = got else {
-                return Err(ClientError::Unavailable {
-                    ino: file.attr.ino,
-                    file_offset: a,
-                    available: 0,
-                    needed: 1,
-                    cause: format!("healing copy {slot}: {}", last.map_or("no fresh copy".into(), |e| e.to_string())),
-                });
-            };
-            write_on(io, &layout.data_view(slot), a, got.freeze()).await?;
-            b - a
-        }
-        // Plain files have no other chunk to heal from (and are never marked).
-        _ => 0,
-    };
-    Ok(bytes)
-}
-
 impl crate::Client {
     /// `MarkStale` (docs/format.md §18): the range now covering the mark.
     pub async fn mark_stale(&self, req: MarkStaleReq) -> Result<StaleRange, ClientError> {
@@ -222,32 +136,5 @@ impl crate::Client {
             Response::HealNow(()) => Ok(()),
             other => Err(ClientError::Protocol(format!("unexpected response {:?}", other.op()))),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rows_are_stripe_rows_for_ec_and_units_for_mirror() {
-        let ec = Layout {
-            stripe_unit: 4096,
-            stripe_count: 6,
-            servers: (0..6).collect(),
-            redundancy: DataRedundancy::Ec { k: 4, m: 2 },
-            generation: 0,
-        };
-        assert_eq!(rows_of(&ec, 0, 1), (0, 1));
-        assert_eq!(rows_of(&ec, 16383, 2), (0, 2));
-        assert_eq!(rows_of(&ec, 16384, 16384), (1, 2));
-        let mirror = Layout {
-            stripe_unit: 4096,
-            stripe_count: 2,
-            servers: vec![0, 1],
-            redundancy: DataRedundancy::Mirror { n: 2 },
-            generation: 0,
-        };
-        assert_eq!(rows_of(&mirror, 4095, 2), (0, 2));
     }
 }

@@ -1,0 +1,69 @@
+//! Catch-up of one slot's rows (docs/format.md §18), what the healer (`weft-heal`) runs over each stale range:
+//! the rows are rebuilt from the other chunks (ec: decoded by the version rule and written compare-and-set with
+//! the parity, `ec_rows::heal_batch`; mirror: another copy) and written to that slot's server, cut at the file's
+//! size as §16 stores them.
+
+use weft_proto::DataRedundancy;
+
+use crate::ClientError;
+use crate::ec_codec::{Codec, km};
+use crate::handle::File;
+use crate::stale::stale_slots;
+use crate::striped::{read_on, write_on};
+
+/// Rebuilds rows `[first, first + rows)` of `slot` from the other chunks of `file` and writes them to the slot's
+/// server, stored as a file of `size` bytes would store them (§16), with a write capability (the handle's, or a
+/// fresh one). Returns the bytes written. `size` may exceed the committed size: a degraded write's rows can lie
+/// past it until its writer commits, and those bytes are on the other servers already.
+pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u64) -> Result<u64, ClientError> {
+    let layout = &file.layout();
+    let io = &crate::handle::repair_io(file).await?;
+    let unit = u64::from(layout.stripe_unit);
+    let stale = stale_slots(file, first, first + rows).await?;
+    let bytes = match layout.redundancy {
+        DataRedundancy::Ec { .. } => {
+            // Batches of rows through the versioned write path (§17): each row decoded from the others by the
+            // version rule and the chunk written compare-and-set with the parity, one request per chunk for the
+            // whole batch, so a healed chunk carries a version its row agrees with, and a writer racing the heal
+            // is never undone (a batch it moves is retried, then healed row by row).
+            let (k, m) = km(layout).expect("an ec layout");
+            let row_bytes = unit * k as u64;
+            let codec = Codec::new(k, m)?;
+            // Rows past the file's last row hold nothing.
+            let end = (first + rows).min(size.div_ceil(row_bytes)).max(first);
+            crate::ec_rows::heal_batch(file, io, &codec, first, end - first, slot, size).await?
+        }
+        DataRedundancy::Mirror { n } => {
+            let a = first * unit;
+            let b = ((first + rows) * unit).min(size);
+            if a >= b {
+                return Ok(0);
+            }
+            let mut last = None;
+            let mut got = None;
+            for c in (0..usize::from(n)).filter(|c| *c != slot && !stale.contains(c)) {
+                match read_on(io, &layout.data_view(c), a, b - a).await {
+                    Ok(bytes) => {
+                        got = Some(bytes);
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            let Some(got) = got else {
+                return Err(ClientError::Unavailable {
+                    ino: file.attr.ino,
+                    file_offset: a,
+                    available: 0,
+                    needed: 1,
+                    cause: format!("healing copy {slot}: {}", last.map_or("no fresh copy".into(), |e| e.to_string())),
+                });
+            };
+            write_on(io, &layout.data_view(slot), a, got.freeze()).await?;
+            b - a
+        }
+        // Plain files have no other chunk to heal from (and are never marked).
+        _ => 0,
+    };
+    Ok(bytes)
+}

@@ -1,0 +1,759 @@
+//! The write protocol of ec rows (docs/format.md §17): one attempt reads what it must, plans the row (pure:
+//! [`plan_partial`], [`plan_whole`]), writes the data chunks, then the parity, all compare-and-set, and records the
+//! rows servers missed before it is acknowledged; [`write_batch`] retries attempts another writer moved.
+//!
+//! **A write of rows** (one row only partly covered, or a run of whole rows), retried whole when another writer
+//! moved a version under it (compare-and-set, `VersionMoved`), at most [`WRITE_ATTEMPTS_MAX`] times:
+//! 1. read the parity chunks' records (with their bytes for a partial row);
+//! 2. then the data chunks' records (with their bytes for a partial row, decoding missing ones by the version
+//!    rule; a torn row whose lost bytes are needed is [`ClientError::TornRow`]); whole rows whose parity agrees
+//!    take them from the parity's vector instead ([`vector_expect`]), the compare-and-set of 3 checking them;
+//! 3. write the data chunks it changes (and damaged ones), each with a new version, compare-and-set;
+//! 4. then every parity chunk, with the versions of the `k` data chunks it encodes, compare-and-set.
+//!
+//! Why this order: a parity chunk's final writer read that parity chunk's version before the data chunks, and every
+//! writer writes its data before its parity; so a writer whose parity write lands last saw every earlier writer's
+//! data, and when all writers returned success the row's data and parity agree. A writer that gives up (or dies)
+//! between 3 and 4 leaves parity whose vector disagrees with the data: detected, never decoded, and rewritten by
+//! the next write or the repair of the next degraded read of the row.
+//!
+//! Why compare-and-set and not a row lease: no lease state to expire or recover on the data servers, and a dead
+//! writer blocks nobody; the cost is a retry when two writers hit one row at the same moment.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use weft_proto::msg::{ChunkVersion, RowWrite};
+
+use crate::ClientError;
+use crate::ec_calls::{ChunkWrite, Written, read_all, write_all};
+use crate::ec_codec::{Codec, is_chunk_loss};
+use crate::ec_version::{Found, next_data_version, plan_row};
+use crate::handle::File;
+use crate::recycle::Recycled;
+use crate::striped::Io;
+
+/// How many times a row write is tried when other writers keep moving its versions.
+pub(crate) const WRITE_ATTEMPTS_MAX: u32 = 16;
+
+pub(crate) fn found_of(c: &ChunkVersion, checked: bool) -> Found {
+    if c.intact || !checked {
+        Found::Intact { version: c.version, parity_of: c.parity_of.clone() }
+    } else {
+        Found::Damaged { version: c.version }
+    }
+}
+
+/// What one attempt of a row write ended with.
+pub(crate) enum Attempt {
+    Done,
+    /// Another writer moved a version: read again and retry.
+    Moved,
+}
+
+/// The new bytes of a row write.
+pub(crate) enum RowBytes {
+    /// File bytes from the write's offset on, in one run: a partial row, or whole rows back to back.
+    Run(Bytes),
+    /// Whole rows as `k` chunks of a stripe unit each, row after row (gathered from several writes, possibly
+    /// from several buffers: `ec_gather.rs`).
+    Chunks(Vec<Bytes>),
+}
+
+impl RowBytes {
+    fn len(&self) -> u64 {
+        match self {
+            RowBytes::Run(b) => b.len() as u64,
+            RowBytes::Chunks(c) => c.iter().map(|c| c.len() as u64).sum(),
+        }
+    }
+}
+
+/// Writes a row job ([`RowJob`], no heal), attempt after attempt while other writers move its versions (at most
+/// [`WRITE_ATTEMPTS_MAX`]) or its row reads torn (another writer's in flight, [`TORN_RETRIES_MAX`]).
+pub(crate) async fn write_batch(job: &RowJob<'_>) -> Result<(), ClientError> {
+    assert!(job.heal.is_none(), "heals go through their own retries");
+    let base = job.geom().base;
+    let mut attempt = 0;
+    let (mut torn_tries, mut torn_backoff_ms) = (0, TORN_BACKOFF_MS_MIN);
+    let mut known = Known::default();
+    loop {
+        attempt += 1;
+        match write_attempt(job, &mut known).await {
+            // A row torn under this read-modify-write is most often another client's write in flight (its data
+            // chunks are new, its parity not yet): read it again, backing off, and fail only if it stays torn.
+            Err(ClientError::TornRow { .. }) if torn_tries < TORN_RETRIES_MAX => {
+                torn_tries += 1;
+                tokio::time::sleep(Duration::from_millis(torn_backoff_ms)).await;
+                torn_backoff_ms = (torn_backoff_ms * 2).min(TORN_BACKOFF_MS_MAX);
+                continue;
+            }
+            Err(e) => return Err(e),
+            Ok(a) => match a {
+                Attempt::Done => return Ok(()),
+                Attempt::Moved if attempt >= WRITE_ATTEMPTS_MAX => {
+                    return Err(ClientError::WriteConflict {
+                        ino: job.file.attr.ino,
+                        file_offset: base,
+                        attempts: attempt,
+                    });
+                }
+                Attempt::Moved => {
+                    // Jittered, growing backoff so two writers of one row stop colliding (not a timing assumption).
+                    let jitter = (std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .subsec_nanos()
+                        % 1000) as u64;
+                    tokio::time::sleep(Duration::from_micros(u64::from(attempt) * 200 + jitter)).await;
+                }
+            },
+        }
+    }
+}
+
+/// The parity of whole rows given as their data chunks (`k` chunks of `u` bytes per row, row after row), encoded
+/// straight into one buffer per parity chunk (rows back to back), ready to be sent in slices.
+/// The buffers come from `bufs` (reused: no page faults) and go back to it once sent ([`give_back`]).
+pub(crate) fn encode_parity(codec: &Codec, chunks: &[&[u8]], u: usize, bufs: &Recycled) -> Vec<BytesMut> {
+    assert!(chunks.len().is_multiple_of(codec.k) && chunks.iter().all(|c| c.len() == u), "whole rows");
+    let rows = chunks.len() / codec.k;
+    // Every byte is overwritten below (the encoder writes whole parity shards), so recycled contents never leak.
+    let mut pbuf: Vec<BytesMut> = (0..codec.m).map(|_| bufs.take(rows * u)).collect();
+    for (row, shards) in chunks.chunks_exact(codec.k).enumerate() {
+        let mut outs: Vec<&mut [u8]> = pbuf.iter_mut().map(|p| &mut p[row * u..][..u]).collect();
+        codec.encode_into(shards, &mut outs);
+    }
+    pbuf
+}
+
+/// Returns sent parity buffers to `bufs` (those no request still holds).
+fn give_back(bufs: &Recycled, sent: Vec<Bytes>) {
+    sent.into_iter().for_each(|b| bufs.give(b));
+}
+
+/// How often a read-modify-write reads a torn row again before reporting it, and the backoff between tries
+/// (about a second in all, as a degraded read: far longer than one row write takes).
+pub(crate) const TORN_RETRIES_MAX: u32 = 8;
+
+pub(crate) const TORN_BACKOFF_MS_MIN: u64 = 5;
+
+pub(crate) const TORN_BACKOFF_MS_MAX: u64 = 250;
+
+/// Bytes of data chunks of a partial row that one row write has learnt (read intact, or decoded by the version rule)
+/// in an earlier attempt: `(version, bytes)` per data chunk. A version names one content forever (versions are
+/// never reused, [`next_data_version`]), so a later attempt may use them for a chunk it cannot read any more (its
+/// server just died). Why: an attempt that lost its parity compare-and-set to another writer has already written
+/// its data chunks; with a server down, those and the winner's parity may leave too few agreeing chunks to decode
+/// the lost one, and only this writer still knows it: its retry then rewrites the parity from the whole row
+/// instead of failing with `TornRow` and leaving the row undecodable.
+///
+/// `read_data`: a compare-and-set of this write moved, so its next attempt reads the data chunks' records instead of
+/// taking them from the parity's vector (whole rows, [`vector_expect`]).
+#[derive(Default)]
+pub(crate) struct Known {
+    /// Per data chunk: its version and bytes (a reference to the reply it was read in, or a copy if decoded).
+    chunks: Vec<Option<(u64, Bytes)>>,
+    read_data: bool,
+}
+
+impl Known {
+    /// Takes one write phase's outcome: `true` if another writer moved a version (the attempt ends, and the next one
+    /// reads the data chunks' records); else the servers that failed are marked unreachable and their chunks lost.
+    fn moved(&mut self, written: Written, client: &crate::Client, lost: &mut Vec<(usize, ClientError)>) -> bool {
+        match written {
+            Written::Moved => {
+                self.read_data = true;
+                true
+            }
+            Written::Failed(f) => {
+                f.iter().for_each(|(_, e)| client.note_unreachable(e));
+                lost.extend(f);
+                false
+            }
+        }
+    }
+}
+
+/// For whole rows: the data chunks' records as the parity chunks that answered name them, when every one of them
+/// is sound and all name the same vector in every row (`None` otherwise, or when none answered). A whole-row write
+/// uses them as its data chunks' `expect` instead of reading them (docs/format.md §17): its compare-and-set checks
+/// each, so a write that lands wrote exactly what it would have after reading the same versions (a data chunk's
+/// record is used only for its version when its bytes are not read), and one that finds another version moves and
+/// is retried with a read. One round trip less per row.
+fn vector_expect(k: usize, found: &[Vec<ChunkVersion>], parity: &[usize], rows: usize) -> Option<Vec<Vec<u64>>> {
+    let mut out = Vec::with_capacity(rows);
+    for row in 0..rows {
+        let mut agreed: Option<Vec<u64>> = None;
+        for &i in parity {
+            let c = found.get(i)?.get(row)?;
+            if !c.intact {
+                return None;
+            }
+            let v = if c.version == 0 && c.parity_of.is_empty() { vec![0; k] } else { c.parity_of.clone() };
+            if v.len() != k || agreed.as_ref().is_some_and(|a| *a != v) {
+                return None;
+            }
+            agreed = Some(v);
+        }
+        out.push(agreed?);
+    }
+    Some(out)
+}
+
+/// A write of rows: `new` at file offset `from` over rows `[first, first + rows)` of an ec file — either one row
+/// that `[from, from + new.len())` covers only partly, or whole rows. `old_size` is the file size the caller knows
+/// (bytes of a damaged chunk at or past it need no decoding); `new_end` the size after this write. `read_io` reads
+/// the rows (a handle's read capability), `write_io` writes. `heal`: the chunk a heal rewrites (read for its
+/// records, its bytes not trusted).
+pub(crate) struct RowJob<'a> {
+    pub file: &'a File,
+    pub read_io: &'a Io,
+    pub write_io: &'a Io,
+    pub codec: &'a Codec,
+    pub first: u64,
+    pub rows: u64,
+    pub from: u64,
+    pub new: &'a RowBytes,
+    pub old_size: u64,
+    pub new_end: u64,
+    pub heal: Option<usize>,
+}
+
+/// A row job's geometry.
+struct Geom {
+    k: usize,
+    m: usize,
+    u: usize,
+    row_bytes: u64,
+    /// The file offset of the first row.
+    base: u64,
+    /// One row covered only partly (else whole rows).
+    partial: bool,
+}
+
+impl RowJob<'_> {
+    fn geom(&self) -> Geom {
+        let (k, m) = (self.codec.k, self.codec.m);
+        let unit = u64::from(self.file.layout().stripe_unit);
+        let row_bytes = unit * k as u64;
+        let base = self.first * row_bytes;
+        let to = self.from + self.new.len();
+        let partial = self.rows == 1 && (self.from > base || to < base + row_bytes);
+        assert!(partial || (self.from == base && to == base + self.rows * row_bytes), "one partial row or whole rows");
+        Geom { k, m, u: unit as usize, row_bytes, base, partial }
+    }
+
+    fn degraded(&self, g: &Geom, i: usize, cause: &dyn std::fmt::Display) -> ClientError {
+        ClientError::DegradedWrite {
+            ino: self.file.attr.ino,
+            file_offset: g.base,
+            server: self.file.layout().servers.get(i).copied().unwrap_or(u32::MAX),
+            cause: cause.to_string(),
+        }
+    }
+}
+
+/// What the reads of an attempt found: per chunk (`k + m`), its records per row and (partial rows) its bytes;
+/// the chunks left out (stale, or lost in this attempt) and why the lost ones were.
+struct Read {
+    found: Vec<Vec<ChunkVersion>>,
+    bytes: Vec<Bytes>,
+    skip: Vec<usize>,
+    lost: Vec<(usize, ClientError)>,
+}
+
+impl Read {
+    /// What chunk `i` of row `row` was found as (`Unreachable` when left out; the healed chunk `Damaged`).
+    fn found(&self, i: usize, row: usize, checked: bool, heal: Option<usize>) -> Found {
+        if self.skip.contains(&i) {
+            return Found::Unreachable;
+        }
+        let c = &self.found[i][row];
+        if Some(i) == heal { Found::Damaged { version: c.version } } else { found_of(c, checked) }
+    }
+}
+
+/// What an attempt writes: the rows' data chunks (`k` per row, row after row), which data chunks it writes, and
+/// the data versions of each row after it.
+struct Planned {
+    chunks: Vec<Bytes>,
+    rewrite: Vec<bool>,
+    data_versions: Vec<Vec<u64>>,
+}
+
+/// One attempt of a row write (the module doc's steps 1–4).
+pub(crate) async fn write_attempt(job: &RowJob<'_>, known: &mut Known) -> Result<Attempt, ClientError> {
+    let g = job.geom();
+    let read = read_chunks(job, &g, known).await?;
+    let planned = if g.partial {
+        let RowBytes::Run(run) = job.new else { unreachable!("a partial row is one run") };
+        let fs: Vec<Found> = (0..g.k + g.m).map(|i| read.found(i, 0, true, job.heal)).collect();
+        let shape = PartialShape { k: g.k, u: g.u, base: g.base, from: job.from, old_size: job.old_size };
+        let PartialPlan { row: buf, rewrite, versions } =
+            plan_partial(&shape, job.codec, fs, &read.bytes, known, job.heal, run)
+                .map_err(|e| torn(job.file, g.base, e))?;
+        let b = Bytes::from(buf);
+        let chunks = (0..g.k).map(|j| b.slice(j * g.u..(j + 1) * g.u)).collect();
+        Planned { chunks, rewrite, data_versions: vec![versions] }
+    } else {
+        plan_whole(&g, job.rows, &read, job.heal, job.new)
+    };
+    let client = &job.file.client;
+    let layout = job.file.layout();
+    let mut lost = read.lost;
+    let writes = data_writes(job, &g, &read.found, &read.bytes, &planned);
+    if known.moved(write_all(job.write_io, &layout, writes, job.first).await, client, &mut lost) {
+        return Ok(Attempt::Moved);
+    }
+    let (writes, sent) = parity_writes(job, &g, &read.found, &read.bytes, &planned, &read.skip);
+    let written = write_all(job.write_io, &layout, writes, job.first).await;
+    give_back(client.recycled(), sent);
+    if known.moved(written, client, &mut lost) {
+        return Ok(Attempt::Moved);
+    }
+    finish(job, &g, &read.skip, lost).await
+}
+
+/// Steps 1 and 2: the chunks left out (stale ones, and servers that did not answer moments ago while at most `m`
+/// are), then the parity chunks' records, then the data chunks' (bytes too for a partial row). Too many chunks
+/// unavailable fail the write ([`ClientError::DegradedWrite`]).
+async fn read_chunks(job: &RowJob<'_>, g: &Geom, known: &Known) -> Result<Read, ClientError> {
+    let (file, heal) = (job.file, job.heal);
+    let layout = file.layout();
+    let client = &file.client;
+    // Chunks in a stale range (§18) are neither read nor written: the healer rewrites them. The one being healed
+    // is read for its records (compare-and-set) but its bytes are not trusted (`Damaged`), so it is rewritten.
+    let mut skip: Vec<usize> = crate::stale::stale_slots(file, job.first, job.first + job.rows)
+        .await?
+        .into_iter()
+        .filter(|&i| Some(i) != heal)
+        .collect();
+    // A server that did not answer moments ago is not tried again (while at most m are left out): its chunks are
+    // lost for this write at once, as after a failed attempt, so a write stream pays the dead server's connect
+    // retries once per hold, not once per row.
+    let mut lost: Vec<(usize, ClientError)> = Vec::new();
+    let down: Vec<usize> = (0..g.k + g.m)
+        .filter(|&i| !skip.contains(&i) && Some(i) != heal && client.recently_unreachable(layout.servers[i]))
+        .collect();
+    if !down.is_empty() && skip.len() + down.len() <= g.m {
+        for i in down {
+            let server = layout.servers[i];
+            lost.push((i, ClientError::Protocol(format!("data server {server} did not answer moments ago"))));
+        }
+    }
+    let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); g.k + g.m];
+    // Frozen as they arrive (no copy): a partial row's `Known` keeps the chunks read by reference.
+    let mut bytes: Vec<Bytes> = vec![Bytes::new(); g.k + g.m];
+    for phase in [g.k..g.k + g.m, 0..g.k] {
+        let data_phase = phase.start == 0;
+        let which: Vec<usize> = phase.filter(|i| !skip.contains(i) && !lost.iter().any(|(j, _)| j == i)).collect();
+        if data_phase && !g.partial && heal.is_none() && !known.read_data {
+            // Whole rows: the data chunks' expected versions from the parity's vector, checked by the write itself.
+            let parity: Vec<usize> = (g.k..g.k + g.m).filter(|i| !found[*i].is_empty()).collect();
+            if let Some(vectors) = vector_expect(g.k, &found, &parity, job.rows as usize) {
+                for &j in &which {
+                    found[j] = vectors
+                        .iter()
+                        .map(|v| ChunkVersion { version: v[j], intact: true, parity_of: Vec::new() })
+                        .collect();
+                }
+                continue;
+            }
+        }
+        for (i, r) in read_all(job.read_io, &layout, which.into_iter(), job.first, job.rows, g.partial).await {
+            match r {
+                Ok((v, b)) => {
+                    found[i] = v;
+                    bytes[i] = b.freeze();
+                }
+                Err(e) if is_chunk_loss(&e) && Some(i) != heal => {
+                    client.note_unreachable(&e);
+                    lost.push((i, e))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    // A fenced server under a newer layout: nothing is written under this one (the caller retries on the new).
+    crate::stale::refetch_if_fenced(file, &lost).await?;
+    if skip.len() + lost.len() > g.m {
+        let (i, e) = match lost.pop() {
+            Some((i, e)) => (i, e.to_string()),
+            None => (skip[0], "stale".to_string()),
+        };
+        let cause = format!("{e} (more servers of the layout unavailable than its {} tolerated)", g.m);
+        return Err(job.degraded(g, i, &cause));
+    }
+    skip.extend(lost.iter().map(|(i, _)| *i));
+    Ok(Read { found, bytes, skip, lost })
+}
+
+/// A partial row's geometry, for [`plan_partial`].
+pub(crate) struct PartialShape {
+    pub k: usize,
+    pub u: usize,
+    /// The row's first file offset.
+    pub base: u64,
+    /// Where the new bytes start.
+    pub from: u64,
+    /// The file size the writer knows: bytes of a damaged chunk at or past it need no decoding.
+    pub old_size: u64,
+}
+
+/// A partial row's plan: the row's bytes after the write (`k` chunks), the data chunks written, the data
+/// versions after it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct PartialPlan {
+    pub row: Vec<u8>,
+    pub rewrite: Vec<bool>,
+    pub versions: Vec<u64>,
+}
+
+/// Plans a partial-row write from what was found of each chunk (`fs`, `k + m`; `bytes` their contents): the row
+/// assembled with the new bytes `run` laid in at `from`, which data chunks are written (those the run changes, and
+/// damaged ones, rewritten from the decoded row) and the row's data versions after the write. Pure: no I/O.
+///
+/// A chunk this write cannot reach now is used as `known` learnt it in an earlier attempt, but only at the version
+/// every intact parity chunk names for it (bytes another writer replaced since are never put back). Every data
+/// chunk known after this plan is kept in `known` for a retry. An undecodable row is fine only if no damaged
+/// chunk holds bytes this write keeps; else the error says why (the caller's `TornRow`).
+pub(crate) fn plan_partial(
+    s: &PartialShape,
+    codec: &Codec,
+    mut fs: Vec<Found>,
+    bytes: &[Bytes],
+    known: &mut Known,
+    heal: Option<usize>,
+    run: &Bytes,
+) -> Result<PartialPlan, String> {
+    let (k, u) = (s.k, s.u);
+    let unit = u as u64;
+    let to = s.from + run.len() as u64;
+    assert!(fs.len() > k && bytes.len() == fs.len() && s.from >= s.base && to <= s.base + k as u64 * unit);
+    let mut buf = vec![0u8; k * u];
+    let mut rewrite = vec![false; k];
+    known.chunks.resize(k, None);
+    let vectors: Vec<Vec<u64>> = fs[k..]
+        .iter()
+        .filter_map(|f| match f {
+            Found::Intact { parity_of, .. } if parity_of.len() == k => Some(parity_of.clone()),
+            _ => None,
+        })
+        .collect();
+    // Where each data chunk's bytes in `buf` came from, so `Known` can keep them without a copy.
+    let mut origin: Vec<Option<Bytes>> = vec![None; k];
+    for j in 0..k {
+        // A chunk left out of this attempt (stale, or its server lost) is not written, even if learnt before.
+        let reachable = !matches!(fs[j], Found::Unreachable);
+        match (&fs[j], &known.chunks[j]) {
+            (Found::Intact { .. }, _) => {
+                buf[j * u..(j + 1) * u].copy_from_slice(&bytes[j]);
+                origin[j] = Some(bytes[j].clone());
+            }
+            (Found::Unreachable, Some((version, b))) if Some(j) != heal && vectors.iter().all(|v| v[j] == *version) => {
+                buf[j * u..(j + 1) * u].copy_from_slice(b);
+                origin[j] = Some(b.clone());
+                fs[j] = Found::Intact { version: *version, parity_of: Vec::new() };
+            }
+            _ => {}
+        }
+        // Chunks it changes, and damaged ones (rewritten whole from the decoded row: their repair).
+        let (lo, hi) = (s.base + j as u64 * unit, s.base + (j as u64 + 1) * unit);
+        rewrite[j] = reachable && ((lo < to && s.from < hi) || matches!(fs[j], Found::Damaged { .. }));
+    }
+    let mut versions: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
+    match plan_row(k, fs.len() - k, &fs) {
+        Ok(plan) => {
+            if plan.use_chunk[..k].iter().any(|used| !used) {
+                let mut shards: Vec<Option<Vec<u8>>> = (0..fs.len())
+                    .map(|i| {
+                        plan.use_chunk[i]
+                            .then(|| if i < k { buf[i * u..(i + 1) * u].to_vec() } else { bytes[i].to_vec() })
+                    })
+                    .collect();
+                codec.reconstruct_data(&mut shards)?;
+                for (j, sh) in shards.iter().take(k).enumerate() {
+                    buf[j * u..(j + 1) * u].copy_from_slice(sh.as_ref().expect("reconstructed"));
+                }
+            }
+            versions = plan.data_versions;
+            // Every data chunk of the row is now known at its version: kept for a retry of this write. Chunks the
+            // row used as read (or learnt before) are kept by reference: only a decoded chunk is copied.
+            for j in 0..k {
+                let kept = match origin[j].take() {
+                    Some(b) if plan.use_chunk[j] => b,
+                    _ => Bytes::copy_from_slice(&buf[j * u..(j + 1) * u]),
+                };
+                known.chunks[j] = Some((versions[j], kept));
+            }
+        }
+        Err(e) => {
+            // Undecodable: fine only if no damaged chunk holds bytes this write keeps (outside the new bytes,
+            // below the old size); those chunks are rewritten with zeros there.
+            for (j, f) in fs[..k].iter().enumerate() {
+                let (lo, hi) = (s.base + j as u64 * unit, (s.base + (j as u64 + 1) * unit).min(s.old_size));
+                if !matches!(f, Found::Intact { .. }) && ((lo < hi.min(s.from)) || (to.max(lo) < hi)) {
+                    return Err(e.to_string());
+                }
+            }
+        }
+    }
+    buf[(s.from - s.base) as usize..(to - s.base) as usize].copy_from_slice(run);
+    for j in (0..k).filter(|&j| rewrite[j]) {
+        versions[j] = next_data_version(j, fs[j].version().unwrap_or(0), &fs[k..]);
+    }
+    Ok(PartialPlan { row: buf, rewrite, versions })
+}
+
+/// Plans whole rows: every data chunk not left out is written, each at a version above every one named for it.
+fn plan_whole(g: &Geom, rows: u64, read: &Read, heal: Option<usize>, new: &RowBytes) -> Planned {
+    let rewrite: Vec<bool> = (0..g.k).map(|j| !read.skip.contains(&j)).collect();
+    let ver = |j: usize, row: usize| if read.skip.contains(&j) { 0 } else { read.found[j][row].version };
+    let data_versions = (0..rows as usize)
+        .map(|row| {
+            let pf: Vec<Found> = (g.k..g.k + g.m).map(|i| read.found(i, row, false, heal)).collect();
+            (0..g.k).map(|j| next_data_version(j, ver(j, row), &pf)).collect()
+        })
+        .collect();
+    // Slices of the caller's whole rows as they are (no copy).
+    let chunks = match new {
+        RowBytes::Run(b) => (0..rows as usize * g.k).map(|c| b.slice(c * g.u..(c + 1) * g.u)).collect(),
+        RowBytes::Chunks(c) => c.clone(),
+    };
+    Planned { chunks, rewrite, data_versions }
+}
+
+/// How many bytes of chunk `i` of row `row` a write stores: its §16 stored length, or longer where the chunk on
+/// disk or the new one (`fresh`) has non-zero bytes past it (a size this handle has not seen yet, a damaged
+/// chunk), so the bytes a record vouches for are exactly the ones computed here.
+fn keep_len(
+    job: &RowJob<'_>,
+    g: &Geom,
+    read_found: &[Vec<ChunkVersion>],
+    bytes: &[Bytes],
+    i: usize,
+    row: u64,
+    fresh: &[u8],
+) -> usize {
+    let stored = job.new_end.saturating_sub(g.base + row * g.row_bytes).min(g.row_bytes) as usize;
+    let stored = if i < g.k { stored.saturating_sub(i * g.u).min(g.u) } else { stored.min(g.u) };
+    let disk = match (g.partial, g.partial && read_found[i][0].intact) {
+        (true, true) => last_nonzero(&bytes[i]),
+        (true, false) => g.u,
+        (false, _) => 0,
+    };
+    stored.max(disk.max(last_nonzero(fresh)))
+}
+
+/// Step 3: the data chunks the plan writes, each row's chunk cut at [`keep_len`], compare-and-set from the version read.
+fn data_writes(
+    job: &RowJob<'_>,
+    g: &Geom,
+    found: &[Vec<ChunkVersion>],
+    bytes: &[Bytes],
+    planned: &Planned,
+) -> Vec<ChunkWrite> {
+    assert_eq!(planned.chunks.len(), job.rows as usize * g.k, "k chunks per row");
+    let mut writes = Vec::new();
+    for j in (0..g.k).filter(|&j| planned.rewrite[j]) {
+        let mut payload = Vec::with_capacity(job.rows as usize);
+        let mut recs = Vec::with_capacity(job.rows as usize);
+        for row in 0..job.rows {
+            let c = &planned.chunks[row as usize * g.k + j];
+            payload.push(c.slice(..keep_len(job, g, found, bytes, j, row, c)));
+            let expect = found[j][row as usize].version;
+            recs.push(RowWrite { expect, version: planned.data_versions[row as usize][j], parity_of: Vec::new() });
+        }
+        writes.push((j, recs, payload));
+    }
+    writes
+}
+
+/// Step 4: every parity chunk encoded straight into one buffer per parity server (rows back to back), sent in
+/// slices, compare-and-set from the version read with the rows' data versions; and the buffers, to give back.
+fn parity_writes(
+    job: &RowJob<'_>,
+    g: &Geom,
+    found: &[Vec<ChunkVersion>],
+    bytes: &[Bytes],
+    planned: &Planned,
+    skip: &[usize],
+) -> (Vec<ChunkWrite>, Vec<Bytes>) {
+    let shards: Vec<&[u8]> = planned.chunks.iter().map(|c| &c[..]).collect();
+    let pbuf = encode_parity(job.codec, &shards, g.u, job.file.client.recycled());
+    let mut writes = Vec::new();
+    let mut sent = Vec::with_capacity(g.m);
+    for (p, pb) in pbuf.into_iter().enumerate() {
+        let pb = pb.freeze();
+        sent.push(pb.clone());
+        if skip.contains(&(g.k + p)) {
+            continue;
+        }
+        let mut payload = Vec::with_capacity(job.rows as usize);
+        let mut recs = Vec::with_capacity(job.rows as usize);
+        for row in 0..job.rows {
+            let at = row as usize * g.u;
+            let keep = keep_len(job, g, found, bytes, g.k + p, row, &pb[at..at + g.u]);
+            let expect = found[g.k + p][row as usize].version;
+            let parity_of = planned.data_versions[row as usize].clone();
+            recs.push(RowWrite { expect, version: expect.saturating_add(1), parity_of });
+            payload.push(pb.slice(at..at + keep));
+        }
+        writes.push((g.k + p, recs, payload));
+    }
+    (writes, sent)
+}
+
+/// After the writes: a heal that could not write what it heals fails (the range stays stale), as does a failed
+/// task; up to `m` unavailable servers have the rows each missed (stale ones too: they were skipped in every row)
+/// recorded stale before this write is acknowledged.
+async fn finish(
+    job: &RowJob<'_>,
+    g: &Geom,
+    skip: &[usize],
+    mut lost: Vec<(usize, ClientError)>,
+) -> Result<Attempt, ClientError> {
+    if let Some(pos) = lost.iter().position(|(i, _)| *i == usize::MAX || Some(*i) == job.heal) {
+        let (i, e) = lost.swap_remove(pos);
+        return Err(if i == usize::MAX { e } else { job.degraded(g, i, &format!("healing: {e}")) });
+    }
+    let mut missed: Vec<(usize, ClientError)> = skip
+        .iter()
+        .filter(|i| !lost.iter().any(|(j, _)| j == *i))
+        .map(|&i| (i, ClientError::Protocol(format!("chunk {i} is stale"))))
+        .collect();
+    crate::stale::refetch_if_fenced(job.file, &lost).await?;
+    missed.extend(lost);
+    crate::stale::record_missed(job.file, missed, g.base, job.first, job.first + job.rows).await?;
+    Ok(Attempt::Done)
+}
+
+/// The length of `b` without its trailing zeros.
+pub(crate) fn last_nonzero(b: &[u8]) -> usize {
+    b.iter().rposition(|&x| x != 0).map_or(0, |p| p + 1)
+}
+
+pub(crate) fn torn(file: &File, file_offset: u64, cause: impl std::fmt::Display) -> ClientError {
+    ClientError::TornRow { ino: file.attr.ino, file_offset, cause: cause.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: usize = 4;
+    const U: usize = 16;
+
+    /// A row of `K` data chunks (chunk `j` all `10 + j`) and its 2 parity chunks, as stored.
+    fn row() -> (Codec, Vec<Bytes>) {
+        let codec = Codec::new(K, 2).unwrap();
+        let data: Vec<Vec<u8>> = (0..K).map(|j| vec![10 + j as u8; U]).collect();
+        let refs: Vec<&[u8]> = data.iter().map(|d| d.as_slice()).collect();
+        let parity = codec.encode(&refs);
+        (codec, data.into_iter().chain(parity).map(Bytes::from).collect())
+    }
+
+    /// Data chunks at versions `v`, both parity chunks naming `v`.
+    fn intact(v: [u64; K]) -> Vec<Found> {
+        let data = v.iter().map(|&version| Found::Intact { version, parity_of: vec![] });
+        data.chain((0..2).map(|_| Found::Intact { version: 7, parity_of: v.to_vec() })).collect()
+    }
+
+    fn shape(from: u64, old_size: u64) -> PartialShape {
+        PartialShape { k: K, u: U, base: 0, from, old_size }
+    }
+
+    fn expected(patch: &[(usize, u8, usize)]) -> Vec<u8> {
+        let mut r: Vec<u8> = (0..K).flat_map(|j| vec![10 + j as u8; U]).collect();
+        for &(at, b, n) in patch {
+            r[at..at + n].fill(b);
+        }
+        r
+    }
+
+    #[test]
+    fn an_intact_row_takes_the_new_bytes_and_writes_only_the_chunks_they_change() {
+        let (codec, bytes) = row();
+        let mut known = Known::default();
+        let run = Bytes::from(vec![1u8; 20]);
+        let p = plan_partial(&shape(20, 64), &codec, intact([3, 4, 5, 6]), &bytes, &mut known, None, &run).unwrap();
+        assert_eq!(p.row, expected(&[(20, 1, 20)]));
+        assert_eq!(p.rewrite, vec![false, true, true, false]);
+        // Above the chunk's version and every version the parity names for it.
+        assert_eq!(p.versions, vec![3, 5, 6, 6]);
+        assert!(known.chunks.iter().all(|c| c.is_some()), "every chunk kept for a retry");
+    }
+
+    #[test]
+    fn an_unreachable_chunk_is_decoded_and_not_written() {
+        let (codec, bytes) = row();
+        let mut fs = intact([3, 4, 5, 6]);
+        fs[2] = Found::Unreachable;
+        let run = Bytes::from(vec![1u8; 4]);
+        let p = plan_partial(&shape(0, 64), &codec, fs, &bytes, &mut Known::default(), None, &run).unwrap();
+        assert_eq!(p.row, expected(&[(0, 1, 4)]), "chunk 2 decoded from the parity");
+        assert_eq!(p.rewrite, vec![true, false, false, false]);
+        assert_eq!(p.versions, vec![4, 4, 5, 6]);
+    }
+
+    #[test]
+    fn a_learnt_chunk_is_used_only_at_the_version_the_parity_names() {
+        let (codec, bytes) = row();
+        let run = Bytes::from(vec![1u8; 4]);
+        // Learnt at version 5, the one the parity names: used as it is (here its bytes differ from the stored
+        // row's, so the plan shows which one it took).
+        let mut known =
+            Known { chunks: vec![None, None, Some((5, Bytes::from(vec![99u8; U]))), None], read_data: false };
+        let mut fs = intact([3, 4, 5, 6]);
+        fs[2] = Found::Unreachable;
+        let p = plan_partial(&shape(0, 64), &codec, fs.clone(), &bytes, &mut known, None, &run).unwrap();
+        assert_eq!(p.row, expected(&[(0, 1, 4), (32, 99, 16)]));
+        // Learnt at another version: decoded from the parity instead.
+        let mut known =
+            Known { chunks: vec![None, None, Some((4, Bytes::from(vec![99u8; U]))), None], read_data: false };
+        let p = plan_partial(&shape(0, 64), &codec, fs, &bytes, &mut known, None, &run).unwrap();
+        assert_eq!(p.row, expected(&[(0, 1, 4)]));
+    }
+
+    #[test]
+    fn a_damaged_chunk_is_decoded_and_rewritten() {
+        let (codec, mut bytes) = row();
+        bytes[0] = Bytes::from(vec![0xeeu8; U]);
+        let mut fs = intact([3, 4, 5, 6]);
+        fs[0] = Found::Damaged { version: 3 };
+        let run = Bytes::from(vec![1u8; 4]);
+        let p = plan_partial(&shape(60, 64), &codec, fs, &bytes, &mut Known::default(), None, &run).unwrap();
+        assert_eq!(p.row, expected(&[(60, 1, 4)]), "chunk 0's damaged bytes never used");
+        assert_eq!(p.rewrite, vec![true, false, false, true]);
+        assert_eq!(p.versions, vec![4, 4, 5, 7]);
+    }
+
+    #[test]
+    fn an_undecodable_row_fails_only_where_it_would_lose_kept_bytes() {
+        let (codec, bytes) = row();
+        // Three data chunks out of reach and one parity: too few to decode.
+        let mut fs = intact([3, 4, 5, 6]);
+        for i in [1, 2, 3, 4] {
+            fs[i] = Found::Unreachable;
+        }
+        let run = Bytes::from(vec![1u8; 4]);
+        let e = plan_partial(&shape(0, 64), &codec, fs.clone(), &bytes, &mut Known::default(), None, &run);
+        assert!(e.is_err(), "chunks 1 to 3 hold bytes below the size");
+        // A file whose bytes end inside chunk 0: the unreachable chunks hold nothing it keeps.
+        let p = plan_partial(&shape(0, 10), &codec, fs, &bytes, &mut Known::default(), None, &run).unwrap();
+        assert_eq!(&p.row[..4], &[1u8; 4]);
+        assert_eq!(p.rewrite, vec![true, false, false, false]);
+    }
+
+    #[test]
+    fn a_healed_chunk_is_rewritten_from_the_others() {
+        let (codec, bytes) = row();
+        let mut fs = intact([3, 4, 5, 6]);
+        fs[3] = Found::Damaged { version: 6 };
+        let p = plan_partial(&shape(0, 64), &codec, fs, &bytes, &mut Known::default(), Some(3), &Bytes::new()).unwrap();
+        assert_eq!(p.row, expected(&[]));
+        assert_eq!(p.rewrite, vec![false, false, false, true]);
+        assert_eq!(p.versions, vec![3, 4, 5, 7]);
+    }
+}
