@@ -1,16 +1,15 @@
 //! Delta parity: a small write into an ec row moves only the bytes it changes (docs/format.md §17, "Delta
-//! parity"; issue 32). A write inside one row whose chunks all lie below the file's size reads the ranges it
-//! changes of the data chunks it changes and the same span of every parity chunk (`ReadChunkRange`), and the other
-//! data chunks' records (`ReadRows` without bytes); then writes the data ranges and the parity ranges updated by
-//! `M[k+p][j] · (new ⊕ old)` (`WriteChunkRange`), all compare-and-set. Anything unexpected (a chunk that does not
-//! answer or is damaged, parity chunks that name different vectors, a data chunk at another version than they
-//! name, a moved version, a failed write) declines, and the caller writes the row by the whole-row protocol
-//! (`ec_rows.rs`), which reads everything and repairs what it finds.
+//! parity"; issue 32). A write inside one row whose chunks all lie below the file's size reads, all at once, the
+//! ranges it changes of the data chunks it changes and the same span of every parity chunk (`ReadChunkRange`),
+//! and the other data chunks' records (`ReadRows` without bytes); then writes the data ranges, then the parity
+//! ranges updated by `M[k+p][j] · (new ⊕ old)` (`WriteChunkRange`), all compare-and-set. Anything unexpected (a
+//! chunk that does not answer or is damaged, parity chunks that name different vectors, a data chunk at another
+//! version than they name, a moved version, a failed write) declines, and the caller writes the row by the
+//! whole-row protocol (`ec_write.rs`), which reads everything and repairs what it finds.
 //!
 //! Invariant: the parity a delta write stores is the encoding of the data at the versions its `parity_of` names:
 //! the old parity was intact and every parity chunk named one vector, every data chunk's record held that vector's
-//! version when read (after the parity, as §17 orders), and every range is written compare-and-set from the
-//! version read.
+//! version when read, and every range is written compare-and-set from the version read (data before parity).
 
 use bytes::{Bytes, BytesMut};
 use tokio::task::JoinSet;
@@ -75,16 +74,20 @@ pub(crate) async fn write(
     let data = changed(unit, at, new.len() as u64);
     let lo = data.iter().map(|s| s.lo).min().expect("a range");
     let hi = data.iter().map(|s| s.hi).max().expect("a range");
-    // 1. The parity chunks' span, then 2. the data chunks (ranges of the changed ones, records of the others).
-    let spans: Vec<Span> = (k..k + m).map(|i| Span { i, lo, hi }).collect();
-    let Some(mut parity) = read_ranges(file, read_io, &layout, row, &spans).await else { return Ok(Delta::Declined) };
-    let Some(vector) = agreed_vector(k, &parity) else { return Ok(Delta::Declined) };
+    // 1–2. Every chunk at once: the parity span, the changed data ranges, the other data chunks' records. Unlike
+    // the whole-row protocol, the order of these reads does not matter: every version read must equal the
+    // parity's vector, and every write is compare-and-set, so a writer that moved a chunk between two reads is
+    // either seen (a version off the vector: declined) or loses a compare-and-set to this write (or wins one).
+    let parity_spans: Vec<Span> = (k..k + m).map(|i| Span { i, lo, hi }).collect();
     let others: Vec<usize> = (0..k).filter(|j| !data.iter().any(|s| s.i == *j)).collect();
-    let (olds, records) = tokio::join!(
-        read_ranges(file, read_io, &layout, row, &data),
+    let spans: Vec<Span> = data.iter().chain(&parity_spans).copied().collect();
+    let (ranges, records) = tokio::join!(
+        read_ranges(file, read_io, &layout, row, &spans),
         read_records(file, read_io, &layout, row, &others)
     );
-    let (Some(mut olds), Some(records)) = (olds, records) else { return Ok(Delta::Declined) };
+    let (Some(mut olds), Some(records)) = (ranges, records) else { return Ok(Delta::Declined) };
+    let mut parity = olds.split_off(data.len());
+    let Some(vector) = agreed_vector(k, &parity) else { return Ok(Delta::Declined) };
     let at_vector = |(j, c): (usize, &ChunkVersion)| c.intact && c.version == vector[j];
     if !data.iter().map(|s| s.i).zip(olds.iter().map(|(c, _)| c)).all(at_vector)
         || !others.iter().copied().zip(records.iter()).all(at_vector)
@@ -115,7 +118,7 @@ pub(crate) async fn write(
     }
     let writes: Vec<(Span, RowWrite, Bytes)> = parity
         .into_iter()
-        .zip(spans)
+        .zip(parity_spans)
         .map(|((c, span), s)| {
             let w = RowWrite { expect: c.version, version: c.version.saturating_add(1), parity_of: parity_of.clone() };
             (s, w, span.freeze())
