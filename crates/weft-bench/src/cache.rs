@@ -847,7 +847,7 @@ pub fn table(doc: &Value) -> String {
         "| system | access | cache | block | bank | workload | record | headline | median | min–max | p99 µs | client CPU | × faster than cache 0 | × faster than unused | runs |\n\
          |---|---|---:|---:|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|\n",
     );
-    let size = |v: &Value| v.as_u64().map_or("-".to_string(), crate::report::human_bytes);
+    let size = |v: &Value| v.as_u64().map_or("-".to_string(), crate::tables::human_bytes);
     let num = |v: &Value| v.as_f64().map_or("-".to_string(), |x| format!("{x}"));
     for r in doc["results"].as_array().into_iter().flatten() {
         let key = r["headline"].as_str().unwrap_or("ops_per_s");
@@ -903,7 +903,7 @@ pub fn chart(doc: &Value) -> String {
         .map(|r| {
             let w = r["workload"].as_str().unwrap_or("?");
             let block =
-                r["block_bytes"].as_u64().map_or(String::new(), |b| format!(" {}", crate::report::human_bytes(b)));
+                r["block_bytes"].as_u64().map_or(String::new(), |b| format!(" {}", crate::tables::human_bytes(b)));
             let who =
                 if r["system"] == "glusterfs" { "gluster".to_string() } else { format!("c{}{block}", r["cache"]) };
             crate::chart::Bar {

@@ -54,7 +54,7 @@ pub fn throughput_svg(doc: &Value) -> String {
             h - bottom + 15.0,
             r["servers"],
             h - bottom + 30.0,
-            crate::report::human_bytes(r["record_bytes"].as_u64().unwrap_or(0))
+            crate::tables::human_bytes(r["record_bytes"].as_u64().unwrap_or(0))
         );
     }
     if let Some(i) = iperf {
@@ -181,7 +181,7 @@ pub fn meta_svg(doc: &Value) -> String {
 /// `weft bench latency`: p50 µs per op, record size and servers.
 pub fn latency_svg(doc: &Value) -> String {
     let bars = bars_of(doc, "p50_us", |r| {
-        format!("{} s={}", crate::report::human_bytes(r["record_bytes"].as_u64().unwrap_or(0)), r["servers"])
+        format!("{} s={}", crate::tables::human_bytes(r["record_bytes"].as_u64().unwrap_or(0)), r["servers"])
     });
     bars_svg("weft bench latency: p50 µs per call (median of runs, bars show min–max)", &bars)
 }
@@ -189,7 +189,7 @@ pub fn latency_svg(doc: &Value) -> String {
 /// `weft bench zipf`: ops/s per op, record size and servers.
 pub fn zipf_svg(doc: &Value) -> String {
     let bars = bars_of(doc, "ops_per_s", |r| {
-        format!("{} s={}", crate::report::human_bytes(r["record_bytes"].as_u64().unwrap_or(0)), r["servers"])
+        format!("{} s={}", crate::tables::human_bytes(r["record_bytes"].as_u64().unwrap_or(0)), r["servers"])
     });
     bars_svg("weft bench zipf: ops/s (median, bars show min–max)", &bars)
 }

@@ -248,7 +248,7 @@ async fn point(
 pub fn table(doc: &Value) -> String {
     let mut s = format!(
         "checkpoint: every process writes {} and fsyncs; time from a barrier across processes to the last fsync\n\n",
-        crate::report::human_bytes(doc.pointer("/config/size_bytes_per_proc").and_then(Value::as_u64).unwrap_or(0))
+        crate::tables::human_bytes(doc.pointer("/config/size_bytes_per_proc").and_then(Value::as_u64).unwrap_or(0))
     );
     s.push_str("| servers | stripes | mode | procs | s per checkpoint (median) | min–max s | MiB/s | client CPU s/GiB | runs |\n");
     s.push_str("|---:|---:|---|---:|---:|---|---:|---:|---:|\n");

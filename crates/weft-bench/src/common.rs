@@ -473,6 +473,14 @@ where
     })
 }
 
+/// The metadata addresses `mds` (comma-separated) in the order a client tries them, starting at service
+/// `k` mod their number and going on with the others in order.
+pub(crate) fn starting_at(mds: &str, k: usize) -> String {
+    let addrs: Vec<&str> = mds.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
+    let k = k % addrs.len().max(1);
+    addrs[k..].iter().chain(&addrs[..k]).copied().collect::<Vec<_>>().join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

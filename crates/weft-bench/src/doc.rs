@@ -41,7 +41,7 @@ impl Document {
             "machine": self.machine,
             "command": common::command_line(),
             "argv": common::argv(),
-            "date": crate::report::utc_now(),
+            "date": crate::tables::utc_now(),
             "config": config,
             "ceilings": ceilings,
             "results": results,

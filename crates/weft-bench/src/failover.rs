@@ -88,7 +88,7 @@ async fn client_loop(c: Client, dir: u64, shared: Arc<Shared>) -> ClientRun {
 /// Clients whose address lists start at service `victim` (then the others, in order).
 async fn clients_at(target: &Target, n: usize, victim: usize) -> Result<Vec<Client>> {
     let mut cfg = target.cfg.clone();
-    cfg.mds = crate::meta::starting_at(&target.cfg.mds, victim);
+    cfg.mds = crate::common::starting_at(&target.cfg.mds, victim);
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
         v.push(Client::connect(&cfg).await?);

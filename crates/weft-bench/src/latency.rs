@@ -86,7 +86,7 @@ pub async fn run(a: LatencyArgs) -> Result<()> {
         "percentiles": "nearest rank, per run; medians over the runs",
     });
     let doc = doc.finish(config, json!({}), results);
-    common::emit(&doc, &crate::report::latency_table(&doc), a.common.json.as_deref(), crate::chart::latency_svg)
+    common::emit(&doc, &crate::tables::latency_table(&doc), a.common.json.as_deref(), crate::chart::latency_svg)
 }
 
 /// The record every call writes, and every read must return.

@@ -6,7 +6,6 @@
 //! warm-up, figures are medians of `--runs` repetitions with min and max, and the load average is recorded before
 //! and after so runs under different loads are not compared silently.
 
-pub mod aggregate;
 pub mod cache;
 pub mod ceilings;
 pub mod chart;
@@ -26,6 +25,7 @@ pub mod rebuild;
 pub mod report;
 pub mod rng;
 pub mod stats;
+pub mod tables;
 pub mod throughput;
 pub mod worker;
 pub mod zipf;

@@ -24,6 +24,7 @@ use crate::ceilings;
 use crate::common::{self, Headline, OpRuns, Target, Targets, micros_since, round1};
 use crate::doc::Document;
 use crate::stats::summarize;
+use crate::worker::Workers;
 
 #[derive(Args, Clone, Debug)]
 #[command(after_help = "Clients are tasks of the one bench process, each with its own Client (its own sessions \
@@ -191,7 +192,7 @@ pub async fn run(a: MetaArgs) -> Result<()> {
             for &fabric in &fabrics {
                 target.cfg.client.fabric = fabric;
                 if a.procs > 0 {
-                    point.extend(crate::aggregate::meta(&target, &a).await?);
+                    point.extend(measure_aggregate(&target, &a).await?);
                     pb.inc(threads.len() as u64);
                     continue;
                 }
@@ -241,7 +242,7 @@ pub async fn run(a: MetaArgs) -> Result<()> {
         "per_client_rate": "a client's operations over its own time from the release to its last reply",
     });
     let doc = doc.finish(config, json!({}), results);
-    common::emit(&doc, &crate::report::meta_table(&doc), a.common.json.as_deref(), crate::chart::meta_svg)
+    common::emit(&doc, &crate::tables::meta_table(&doc), a.common.json.as_deref(), crate::chart::meta_svg)
 }
 
 /// The fabric `clients` actually used, all of them together.
@@ -259,18 +260,10 @@ async fn clients(target: &Target, n: usize) -> Result<Vec<Client>> {
     let mut v = Vec::with_capacity(n);
     for i in 0..n {
         let mut cfg = target.cfg.clone();
-        cfg.mds = starting_at(&target.cfg.mds, i);
+        cfg.mds = common::starting_at(&target.cfg.mds, i);
         v.push(Client::connect(&cfg).await?);
     }
     Ok(v)
-}
-
-/// The metadata addresses `mds` (comma-separated) in the order a client tries them, starting at service
-/// `k` mod their number and going on with the others in order.
-pub(crate) fn starting_at(mds: &str, k: usize) -> String {
-    let addrs: Vec<&str> = mds.split(',').map(str::trim).filter(|a| !a.is_empty()).collect();
-    let k = k % addrs.len().max(1);
-    addrs[k..].iter().chain(&addrs[..k]).copied().collect::<Vec<_>>().join(",")
 }
 
 async fn close_all(clients: &[Client]) {
@@ -511,16 +504,87 @@ async fn storm(target: &Target, n: usize, a: &MetaArgs) -> Result<Vec<Value>> {
     Ok(vec![r])
 }
 
+/// `weft bench meta --procs N`: mdtest's create, stat, readdir and remove with N client processes, each with its
+/// share of `--files` in its own directory (or all in one with `--shared`); ops/s is a phase's operations over
+/// the time from the release of the processes to the last one's end (readdir counts entries).
+async fn measure_aggregate(target: &crate::common::Target, a: &MetaArgs) -> Result<Vec<serde_json::Value>> {
+    use crate::common::{Headline, OpRuns};
+    let n = a.procs;
+    let client = Client::connect(&target.cfg).await?;
+    let root = client.resolve("/").await?.ino;
+    let top = format!("bench-metap-{}-s{}-p{n}", std::process::id(), target.servers);
+    let top_ino = client.mkdir(root, &top, 0o755).await?.ino;
+    let share = |i: usize, files: u64| files / n as u64 + u64::from((i as u64) < files % n as u64);
+    // Run 0 is the warm-up, with at most 64 files per process.
+    let files_of = |run: usize| if run == 0 { (64 * n as u64).min(a.files) } else { a.files };
+    let mut phases: Vec<Vec<serde_json::Value>> = vec![Vec::new(); n];
+    for run in 0..=a.common.runs {
+        let run_ino = client.mkdir(top_ino, &format!("run{run}"), 0o755).await?.ino;
+        let files = files_of(run);
+        for (i, ph) in phases.iter_mut().enumerate() {
+            let dir = if a.shared { "shared".to_string() } else { format!("c{i}") };
+            if !a.shared || i == 0 {
+                client.mkdir(run_ino, &dir, 0o755).await?;
+            }
+            let path = format!("/{top}/run{run}/{dir}");
+            let m = |op: &str| json!({"op": op, "dir": path, "prefix": format!("f{i}."), "count": share(i, files)});
+            let expect = if a.shared { files } else { share(i, files) };
+            ph.extend([m("create"), m("stat"), json!({"op": "readdir", "dir": path, "expect": expect}), m("remove")]);
+        }
+    }
+    let mut w = Workers::spawn(&target.cfg, phases).await?;
+    let mut ops: [OpRuns; 4] = Default::default();
+    let mut fabrics = Vec::new();
+    for run in 0..=a.common.runs {
+        let load = crate::ceilings::load1();
+        for o in ops.iter_mut() {
+            let p = w.phase().await?;
+            fabrics.push(p.fabric());
+            if run > 0 {
+                let bytes = p.bytes();
+                o.push(p.ops(), bytes, p.secs, p.cpu_s(), &mut p.lat_us())?;
+                o.push_load(load);
+            }
+        }
+    }
+    w.finish().await?;
+    for run in 0..=a.common.runs {
+        let run_ino = client.resolve(&format!("/{top}/run{run}")).await?.ino;
+        for i in 0..if a.shared { 1 } else { n } {
+            client.rmdir(run_ino, &if a.shared { "shared".to_string() } else { format!("c{i}") }).await?;
+        }
+        client.rmdir(top_ino, &format!("run{run}")).await?;
+    }
+    client.rmdir(root, &top).await?;
+    client.close().await;
+    let base = json!({
+        "system": "weft",
+        "fabric": crate::common::merge_fabrics(fabrics.iter().map(String::as_str)),
+        "mode": if a.shared { "shared" } else { "private" },
+        "servers": target.servers,
+        "clients": n,
+        "procs": n,
+        "threads": 1,
+        "files": a.files,
+        "directories": if a.shared { 1 } else { n },
+    });
+    Ok(ops
+        .iter()
+        .zip(["create", "stat", "readdir", "remove"])
+        .map(|(o, op)| o.result(&base, op, Headline::OpsPerS))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_client_starts_at_its_service_and_goes_on_with_the_others_in_order() {
-        assert_eq!(starting_at("a:1, b:2,c:3", 0), "a:1,b:2,c:3");
-        assert_eq!(starting_at("a:1,b:2,c:3", 1), "b:2,c:3,a:1");
-        assert_eq!(starting_at("a:1,b:2,c:3", 5), "c:3,a:1,b:2");
-        assert_eq!(starting_at("a:1", 7), "a:1");
+        assert_eq!(common::starting_at("a:1, b:2,c:3", 0), "a:1,b:2,c:3");
+        assert_eq!(common::starting_at("a:1,b:2,c:3", 1), "b:2,c:3,a:1");
+        assert_eq!(common::starting_at("a:1,b:2,c:3", 5), "c:3,a:1,b:2");
+        assert_eq!(common::starting_at("a:1", 7), "a:1");
     }
 
     #[test]

@@ -779,7 +779,7 @@ pub fn table(doc: &Value) -> String {
     let c = &doc["config"];
     let mut s = format!(
         "{} over {} files, {} data servers, kill -9 of one; rebuild_after_ms {}; GlusterFS: {}\n\n",
-        crate::report::human_bytes(c["size_bytes"].as_u64().unwrap_or(0)),
+        crate::tables::human_bytes(c["size_bytes"].as_u64().unwrap_or(0)),
         c["files"],
         c["servers"],
         c["rebuild_after_ms"],

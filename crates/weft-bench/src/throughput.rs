@@ -19,13 +19,14 @@ use bytes::{Bytes, BytesMut};
 use clap::Args;
 use serde_json::{Value, json};
 use tokio::task::JoinSet;
-use weft_client::{Client, OpenMode};
+use weft_client::{Client, ClusterConfig, OpenMode};
 
 use crate::ceilings;
 use crate::common::{self, Targets, round1, round3};
 use crate::doc::Document;
 use crate::layouts::LayoutChoice;
 use crate::stats::summarize;
+use crate::worker::Workers;
 
 #[derive(Args, Clone, Debug)]
 pub struct ThroughputArgs {
@@ -175,7 +176,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
                     }
                     let dir = layout.prepare_dir(&client, stripe_unit).await?;
                     let p = if a.procs > 0 {
-                        crate::aggregate::measure(&cfg, n, record, size, &a, &dir).await?
+                        measure_aggregate(&cfg, n, record, size, &a, &dir).await?
                     } else {
                         let cluster = target.cluster_mut();
                         measure(&client, cluster, n, record, size, &a, &dir).await?
@@ -284,7 +285,7 @@ pub async fn run(a: ThroughputArgs) -> Result<()> {
         ),
     });
     let doc = doc.finish(config, Value::Object(ceil), results);
-    common::emit(&doc, &crate::report::markdown_table(&doc), a.common.json.as_deref(), crate::chart::throughput_svg)
+    common::emit(&doc, &crate::tables::markdown_table(&doc), a.common.json.as_deref(), crate::chart::throughput_svg)
 }
 
 /// Adds `ratio_to_plain` to every result of a redundant layout whose plain twin (same servers, fabric, auth,
@@ -526,4 +527,68 @@ async fn degraded(
     cluster.restart_data_server(victim).await.with_context(|| format!("restarting data server {victim}"))?;
     result?;
     Ok(d)
+}
+
+/// Aggregate mode (`--procs N`): N client processes (`weft bench worker`), each writing then reading its own file
+/// of `--size`, released together; the aggregate rate is all bytes over the time from the release to the last
+/// process's end, the CPU that of the workers (their own getrusage over each phase).
+async fn measure_aggregate(
+    cfg: &ClusterConfig,
+    servers: u32,
+    record: u64,
+    size: u64,
+    a: &ThroughputArgs,
+    dir: &str,
+) -> Result<Point> {
+    let n = a.procs;
+    // In `dir` (a layout's directory, "" for the root): the files inherit its layout.
+    let file = |rank: usize| format!("{dir}/bench-agg-{}-s{servers}-r{record}-p{rank}", std::process::id());
+    let phase = |op: &str, rank: usize, bytes: u64| {
+        json!({"op": op, "path": file(rank), "offset": 0, "bytes": bytes, "record": record, "window": a.window,
+            "fsync": a.fsync, "create": true})
+    };
+    // Warm-up (a small write and read), then write and read per run.
+    let phases: Vec<_> = (0..n)
+        .map(|rank| {
+            let warm = size.min(16 * record);
+            let mut v = vec![phase("write", rank, warm), phase("read", rank, warm)];
+            for _ in 0..a.common.runs {
+                v.push(phase("write", rank, size));
+                v.push(phase("read", rank, size));
+            }
+            v
+        })
+        .collect();
+    let mut w = Workers::spawn(cfg, phases).await?;
+    w.phase().await?;
+    w.phase().await?;
+    let mut p = Point::new(servers, record);
+    let mut fabrics = Vec::new();
+    for _ in 0..a.common.runs {
+        p.loads.start();
+        let wr = w.phase().await?;
+        let rd = w.phase().await?;
+        p.loads.end();
+        fabrics.extend([wr.fabric(), rd.fabric()]);
+        if wr.bytes() != rd.bytes() || wr.bytes() != size * n as u64 {
+            anyhow::bail!(
+                "the processes wrote {} and read {} bytes, {} expected",
+                wr.bytes(),
+                rd.bytes(),
+                size * n as u64
+            );
+        }
+        let gib = wr.bytes() as f64 / (1u64 << 30) as f64;
+        p.push(gib, (wr.secs, wr.cpu_s(), rd.secs, rd.cpu_s()));
+    }
+    w.finish().await?;
+    p.fabric = crate::common::merge_fabrics(fabrics.iter().map(String::as_str));
+    let client = Client::connect(cfg).await?;
+    for rank in 0..n {
+        let path = file(rank);
+        let (parent, name) = client.resolve_parent(&path).await?;
+        client.unlink(parent.ino, name).await?;
+    }
+    client.close().await;
+    Ok(p)
 }

@@ -149,7 +149,7 @@ pub async fn run(a: ZipfArgs) -> Result<()> {
         "client_cpu_us_per_op": "of the whole mix (reads and writes share the process's CPU time)",
     });
     let doc = doc.finish(config, json!({}), results);
-    common::emit(&doc, &crate::report::zipf_table(&doc), a.common.json.as_deref(), crate::chart::zipf_svg)
+    common::emit(&doc, &crate::tables::zipf_table(&doc), a.common.json.as_deref(), crate::chart::zipf_svg)
 }
 
 async fn measure(

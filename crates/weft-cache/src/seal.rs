@@ -144,8 +144,9 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The longest associated data: a value header and the longest memcached key.
-const AAD_BYTES_MAX: usize = crate::value::HEADER_BYTES + crate::value::KEY_BYTES_MAX;
+/// The longest associated data: a value header (24 bytes) and the longest memcached key (250); `value.rs`, which
+/// defines both, asserts they fit.
+pub(crate) const AAD_BYTES_MAX: usize = 24 + 250;
 
 /// `header ‖ key` in `buf` (on the caller's stack: no allocation per value).
 fn joined<'a>(buf: &'a mut [u8; AAD_BYTES_MAX], header: &[u8], key: &[u8]) -> &'a [u8] {

@@ -21,6 +21,8 @@ pub const PAYLOAD_BYTES_MAX: usize = VALUE_BYTES_MAX - HEADER_BYTES - TAG_BYTES;
 /// memcached's key length limit.
 pub const KEY_BYTES_MAX: usize = 250;
 
+const _: () = assert!(HEADER_BYTES + KEY_BYTES_MAX <= crate::seal::AAD_BYTES_MAX, "seal.rs joins a header and a key");
+
 const MAGIC: [u8; 4] = *b"WFCV";
 /// Version 2: sealed (AES-256-GCM). Version 1 (a CRC-32C, readable and writable by anyone) is refused.
 const VERSION: u8 = 2;

@@ -209,9 +209,7 @@ fn default_locks_per_client_session_max() -> usize {
 fn default_locks_max() -> usize {
     crate::locks::DEFAULT_LOCKS_MAX
 }
-/// Default for `locks_orphan_ms`: two client keepalives (60 s each) and two duty leases, so a client that failed
-/// over adopts its locks well before.
-pub const DEFAULT_LOCKS_ORPHAN_MS: u64 = 150_000;
+pub use crate::locks::DEFAULT_LOCKS_ORPHAN_MS;
 
 fn default_locks_orphan_ms() -> u64 {
     DEFAULT_LOCKS_ORPHAN_MS

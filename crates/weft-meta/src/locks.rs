@@ -20,6 +20,10 @@ use std::collections::HashMap;
 
 use weft_proto::msg::{AdoptedLock, LockClass, LockHolder, LockKind};
 
+/// Default for `locks_orphan_ms`: two client keepalives (60 s each) and two duty leases, so a client that failed
+/// over adopts its locks well before.
+pub const DEFAULT_LOCKS_ORPHAN_MS: u64 = 150_000;
+
 /// Default for `locks_max` (meta config): locks held at once across all clients.
 pub const DEFAULT_LOCKS_MAX: usize = 65536;
 

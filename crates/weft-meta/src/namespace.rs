@@ -241,7 +241,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
             shared,
             duty: Mutex::new(duty),
             service_beats: Mutex::new(std::collections::HashMap::new()),
-            locks_orphan_ms: crate::config::DEFAULT_LOCKS_ORPHAN_MS,
+            locks_orphan_ms: crate::locks::DEFAULT_LOCKS_ORPHAN_MS,
         })
     }
 

@@ -36,9 +36,10 @@ use weft_rpc::metrics::prometheus_client::metrics::counter::Counter;
 
 use crate::error::MetaError;
 use crate::store::{MetaStore, MetaTxn};
+use pool::Failure;
 use pool::{Conn, Pool};
 pub use schema::SCHEMA_VERSION;
-use txn::{Failure, PgTxn};
+use txn::PgTxn;
 
 /// Connections a [`PgStore`] opens at most, unless [`PgConfig`] says otherwise.
 pub const DEFAULT_CONNECTIONS_MAX: usize = 8;

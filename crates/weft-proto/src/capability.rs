@@ -14,8 +14,10 @@ pub const CAPABILITY_VERSION: u8 = 2;
 pub const CAPABILITY_NONE: u8 = 0;
 /// Bytes of the (truncated) HMAC-SHA256 tag.
 pub const CAPABILITY_MAC_BYTES: usize = 16;
+/// Longest key id a connection proves (`AuthBeginReq::key_id`) and so a capability names.
+pub const KEY_ID_BYTES_MAX: usize = 64;
 /// Longest key id a capability names (as `AuthBeginReq::key_id`).
-pub const CAPABILITY_KEY_ID_BYTES_MAX: usize = crate::msg::KEY_ID_BYTES_MAX;
+pub const CAPABILITY_KEY_ID_BYTES_MAX: usize = KEY_ID_BYTES_MAX;
 /// The label that starts the MAC input, so a capability's MAC never equals any other HMAC under that key.
 pub const CAPABILITY_MAC_LABEL: &[u8] = b"weft-cap-v1";
 

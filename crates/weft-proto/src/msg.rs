@@ -376,8 +376,8 @@ pub struct SessionCreateResp {
 /// Length of the nonces, proofs and keys of the authentication ops (HMAC-SHA256 outputs, 256-bit keys).
 pub const AUTH_BYTES: usize = 32;
 
-/// Longest `AuthBeginReq::key_id` a server accepts.
-pub const KEY_ID_BYTES_MAX: usize = 64;
+/// Longest `AuthBeginReq::key_id` a server accepts (defined beside the capability, which names key ids too).
+pub use crate::capability::KEY_ID_BYTES_MAX;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthBeginReq {

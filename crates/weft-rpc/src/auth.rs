@@ -15,12 +15,9 @@ use serde::{Deserialize, Serialize};
 use weft_proto::msg::{AUTH_BYTES, AuthBeginReq, AuthBeginResp, AuthFinishReq, KEY_ID_BYTES_MAX};
 use weft_proto::{ErrorCode, WireError};
 
+use crate::key::mac;
+pub use crate::key::{CLUSTER_KEY_ID, Key, KeyError, KeyFormatError, Secret, random_bytes};
 use crate::keyring::{ClientKeys, FileStamp, KeyPolicy, KeyringError};
-
-/// The key id of the cluster key: the credential of servers and trusted hosts.
-pub const CLUSTER_KEY_ID: &str = "cluster";
-/// First word of a key file (docs/format.md §9).
-const KEY_FILE_HEADER: &str = "weft-key-v1 ";
 
 const SERVER_PROOF_LABEL: &[u8] = b"weft-auth-v1 server";
 const CLIENT_PROOF_LABEL: &[u8] = b"weft-auth-v1 client";
@@ -29,146 +26,6 @@ const BIND_PROOF_LABEL: &[u8] = b"weft-bind-v1";
 const SIDE_SERVER_LABEL: &[u8] = b"weft-rdma-side-v1 server";
 const SIDE_CLIENT_LABEL: &[u8] = b"weft-rdma-side-v1 client";
 const TLS_BINDING_LABEL: &[u8] = b"weft-tls-binding-v1";
-
-/// 32 bytes: a nonce, a proof or a session secret.
-pub type Secret = [u8; AUTH_BYTES];
-
-/// A 256-bit key. Never printed: its `Debug` hides the bytes.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Key([u8; AUTH_BYTES]);
-
-impl std::fmt::Debug for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Key(..)")
-    }
-}
-
-/// What is wrong with a key file's text.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum KeyFormatError {
-    #[error("it does not start with \"weft-key-v1 \"")]
-    Header,
-    #[error("the key has {0} hex digits, not 64")]
-    Length(usize),
-    #[error("the key has a character that is not a lower-case hex digit")]
-    NotHex,
-    #[error("text follows the key line")]
-    Trailing,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum KeyError {
-    #[error("key file {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("key file {path} already exists; not overwriting it")]
-    Exists { path: PathBuf },
-    #[error(
-        "key file {path} has mode {mode:04o}: it must not be readable or writable by group or other (chmod 600 {path})"
-    )]
-    Permissions { path: PathBuf, mode: u32 },
-    #[error("key file {path} is not a Weft key: {reason}")]
-    Format { path: PathBuf, reason: KeyFormatError },
-    #[error("{role}: auth = \"key\" but no key_file is configured (name one, or set auth = \"none\")")]
-    NoKeyFile { role: String },
-    #[error("the system's random source failed")]
-    Random,
-}
-
-impl Key {
-    pub fn from_bytes(bytes: [u8; AUTH_BYTES]) -> Key {
-        Key(bytes)
-    }
-
-    /// A fresh random key.
-    pub fn generate() -> Result<Key, KeyError> {
-        random_bytes().map(Key)
-    }
-
-    /// Parses a key file's text: `weft-key-v1 <64 lower-case hex>` and an optional final newline.
-    pub fn parse(text: &str) -> Result<Key, KeyFormatError> {
-        let rest = text.strip_prefix(KEY_FILE_HEADER).ok_or(KeyFormatError::Header)?;
-        let hex = rest.strip_suffix('\n').unwrap_or(rest);
-        if let Some(end) = hex.find(|c: char| c.is_whitespace()) {
-            return Err(if hex[..end].len() == 2 * AUTH_BYTES {
-                KeyFormatError::Trailing
-            } else {
-                KeyFormatError::NotHex
-            });
-        }
-        if !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            return Err(KeyFormatError::NotHex);
-        }
-        if hex.len() != 2 * AUTH_BYTES {
-            return Err(KeyFormatError::Length(hex.len()));
-        }
-        let mut out = [0u8; AUTH_BYTES];
-        for (i, b) in out.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| KeyFormatError::NotHex)?;
-        }
-        Ok(Key(out))
-    }
-
-    /// The key file's text.
-    pub fn to_file_text(&self) -> String {
-        let hex: String = self.0.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{KEY_FILE_HEADER}{hex}\n")
-    }
-
-    /// Reads a key file, refusing one that group or other may read or write.
-    pub fn load(path: &Path) -> Result<Key, KeyError> {
-        use std::os::unix::fs::PermissionsExt;
-        let io = |source| KeyError::Io { path: path.to_path_buf(), source };
-        let mode = std::fs::metadata(path).map_err(io)?.permissions().mode() & 0o7777;
-        if mode & 0o077 != 0 {
-            return Err(KeyError::Permissions { path: path.to_path_buf(), mode });
-        }
-        let text = std::fs::read_to_string(path).map_err(io)?;
-        Key::parse(&text).map_err(|reason| KeyError::Format { path: path.to_path_buf(), reason })
-    }
-
-    /// Creates a key file holding a new random key, mode 0600; refuses to overwrite an existing file.
-    pub fn create_file(path: &Path) -> Result<Key, KeyError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let key = Key::generate()?;
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                KeyError::Exists { path: path.to_path_buf() }
-            } else {
-                KeyError::Io { path: path.to_path_buf(), source: e }
-            }
-        })?;
-        f.write_all(key.to_file_text().as_bytes())
-            .and_then(|()| f.sync_all())
-            .map_err(|source| KeyError::Io { path: path.to_path_buf(), source })?;
-        Ok(key)
-    }
-
-    /// Loads `path`, creating it (a new random key, mode 0600) if there is no file there.
-    pub fn load_or_create(path: &Path) -> Result<Key, KeyError> {
-        match Key::create_file(path) {
-            Err(KeyError::Exists { .. }) => Key::load(path),
-            other => other,
-        }
-    }
-
-    /// A sub-key for one purpose, `HMAC(self, label)`, so one key is never used directly for two (the NFS
-    /// gateway seals filehandles with `derive(b"weft-nfs-fh-v1")`, docs/format.md §15).
-    pub fn derive(&self, label: &[u8]) -> Key {
-        Key(mac(&self.hmac_key(), &[label]))
-    }
-
-    /// `HMAC(self, part₀ ‖ part₁ ‖ …)`.
-    pub fn sign(&self, parts: &[&[u8]]) -> Secret {
-        mac(&self.hmac_key(), parts)
-    }
-
-    pub(crate) fn hmac_key(&self) -> hmac::Key {
-        hmac::Key::new(hmac::HMAC_SHA256, &self.0)
-    }
-}
 
 /// `auth = "key" | "none"` in every role's config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -319,13 +176,6 @@ impl KeyRing {
     }
 }
 
-/// 32 bytes from the system's random source.
-pub fn random_bytes() -> Result<Secret, KeyError> {
-    let mut b = [0u8; AUTH_BYTES];
-    SystemRandom::new().fill(&mut b).map_err(|_| KeyError::Random)?;
-    Ok(b)
-}
-
 /// A random non-zero 64-bit id (session ids). Falls back to the clock and a counter only if the system's random
 /// source fails, which on Linux means getrandom(2) failed.
 pub fn random_id() -> u64 {
@@ -341,17 +191,6 @@ pub fn random_id() -> u64 {
             return id;
         }
     }
-}
-
-fn mac(key: &hmac::Key, parts: &[&[u8]]) -> Secret {
-    let mut ctx = hmac::Context::with_key(key);
-    for p in parts {
-        ctx.update(p);
-    }
-    let tag = ctx.sign();
-    let mut out = [0u8; AUTH_BYTES];
-    out.copy_from_slice(tag.as_ref());
-    out
 }
 
 /// Checks `tag` against the HMAC of `parts` in constant time.
@@ -542,7 +381,7 @@ mod tests {
     /// The proofs are the HMACs of the documented inputs (docs/format.md §9), so another implementation agrees.
     #[test]
     fn proofs_are_hmacs_of_the_documented_inputs() {
-        let key = Key([0x11; 32]);
+        let key = Key::from_bytes([0x11; 32]);
         let n = Nonces { client: [0x22; 32], server: [0x33; 32] };
         let k = hmac::Key::new(hmac::HMAC_SHA256, &[0x11; 32]);
         let expect = |label: &[u8], rest: &[&[u8]]| {
@@ -571,7 +410,7 @@ mod tests {
         assert!(!bind_proof_matches(&secret, 0x0102, &other, &p), "the proof is bound to the connection's nonces");
         assert!(server_proof_matches(&key, "cluster", &n, &server_proof(&key, "cluster", &n.client, &n.server)));
         assert!(!server_proof_matches(
-            &Key([0x12; 32]),
+            &Key::from_bytes([0x12; 32]),
             "cluster",
             &n,
             &server_proof(&key, "cluster", &n.client, &n.server)
@@ -626,7 +465,7 @@ mod tests {
 
     #[test]
     fn the_server_handshake_accepts_only_the_right_proof_in_order() {
-        let key = Key([5; 32]);
+        let key = Key::from_bytes([5; 32]);
         let ring = KeyRing::cluster(key.clone());
         let begin = AuthBeginReq { key_id: "cluster".into(), client_nonce: [9; 32] };
         // Finish before begin.
@@ -640,7 +479,7 @@ mod tests {
         let n = Nonces { client: begin.client_nonce, server: r.server_nonce };
         assert!(server_proof_matches(&key, "cluster", &n, &r.server_proof));
         assert_eq!(s.pending_key_id(), Some("cluster"));
-        let wrong = client_proof(&Key([6; 32]), "cluster", &n.client, &n.server);
+        let wrong = client_proof(&Key::from_bytes([6; 32]), "cluster", &n.client, &n.server);
         assert_eq!(s.finish(&AuthFinishReq { client_proof: wrong }).unwrap_err().code, ErrorCode::Unauthenticated);
         let right = client_proof(&key, "cluster", &n.client, &n.server);
         assert!(s.finish(&AuthFinishReq { client_proof: right }).is_err(), "a failed proof needs a new AuthBegin");

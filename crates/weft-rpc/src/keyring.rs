@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use weft_proto::msg::KEY_ID_BYTES_MAX;
 
-use crate::auth::{CLUSTER_KEY_ID, Key, KeyFormatError};
+use crate::key::{CLUSTER_KEY_ID, Key, KeyFormatError};
 
 /// First line of a keyring file.
 const KEYRING_HEADER: &str = "weft-keyring-v1";

@@ -22,6 +22,7 @@ mod conn;
 pub mod error;
 pub mod fault;
 pub mod io;
+pub mod key;
 pub mod keyring;
 pub mod metrics;
 mod pin;

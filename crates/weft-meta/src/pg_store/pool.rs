@@ -13,8 +13,28 @@ use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use super::block_on;
-use super::txn::Failure;
 use crate::error::MetaError;
+
+/// Why a transaction's statement failed.
+pub(super) enum Failure {
+    /// A serialization failure or deadlock: run the transaction again.
+    Retry(String),
+    /// Anything else.
+    Fatal(MetaError),
+}
+
+impl Failure {
+    /// A failed `BEGIN` or statement: retried when it conflicted, or when the connection was lost (nothing of the
+    /// transaction can have been applied before its `COMMIT`; the next try takes another connection).
+    pub(super) fn of(e: tokio_postgres::Error) -> Failure {
+        let msg = format!("PostgreSQL: {}", super::describe(&e));
+        if super::is_retryable(&e) || super::is_connection_lost(&e) {
+            Failure::Retry(msg)
+        } else {
+            Failure::Fatal(MetaError::Store(msg))
+        }
+    }
+}
 
 /// One connection and its prepared statements.
 pub(super) struct Conn {

@@ -10,33 +10,12 @@ use tokio_postgres::types::{FromSql, ToSql};
 use weft_proto::msg::StaleRange;
 use weft_proto::{FileKind, Layout};
 
-use super::pool::{Begin, Conn, Deferred, Last};
+use super::pool::{Begin, Conn, Deferred, Failure, Last};
 use crate::error::MetaError;
 use crate::stale;
 use crate::store::{
     Counters, Inode, MetaTxn, decode_inode, decode_orphan, encode_inode, encode_orphan, kind_from_u8, kind_to_u8,
 };
-
-/// Why a transaction's statement failed.
-pub(super) enum Failure {
-    /// A serialization failure or deadlock: run the transaction again.
-    Retry(String),
-    /// Anything else.
-    Fatal(MetaError),
-}
-
-impl Failure {
-    /// A failed `BEGIN` or statement: retried when it conflicted, or when the connection was lost (nothing of the
-    /// transaction can have been applied before its `COMMIT`; the next try takes another connection).
-    pub(super) fn of(e: tokio_postgres::Error) -> Failure {
-        let msg = format!("PostgreSQL: {}", super::describe(&e));
-        if super::is_retryable(&e) || super::is_connection_lost(&e) {
-            Failure::Retry(msg)
-        } else {
-            Failure::Fatal(MetaError::Store(msg))
-        }
-    }
-}
 
 /// One transaction. Its `BEGIN` waits for its first statement and its changes for its next read or its `COMMIT`,
 /// each group sent as one pipeline ([`Conn::pipeline`]), and the reads a create announces go in one statement
