@@ -4,11 +4,12 @@
 //! data server stays a plain object store (a parity chunk is just another object write, zero-copy like the rest).
 //!
 //! - **Healthy reads** read the data chunks only: the data of an `ec k+m` file follows the plain rule over its
-//!   first `k` servers ([`Layout::data_view`]), so they go through the plain path ([`read_on`]) unchanged.
+//!   first `k` servers ([`Layout::data_view`]), so they go through the plain path ([`crate::striped::read_on`]) unchanged.
 //! - **Degraded reads**: when any of those fails (a server that does not answer, a chunk refused as `Corrupt`),
-//!   the stripe rows the range touches are read whole, with their chunk versions, from every server of the layout,
-//!   and each row is decoded from `k` chunks whose versions agree (docs/format.md §17, [`crate::ec_version`]);
-//!   rows with damaged chunks or stale parity are rewritten (repair on read). Fewer than `k` chunks answer:
+//!   the stripe rows the range touches are read whole, with their chunk versions, from `k` servers first (every
+//!   server only if a row does not decode from those), and each row is decoded from `k` chunks whose versions
+//!   agree (docs/format.md §17, [`crate::ec_version`]); rows with damaged chunks or stale parity are rewritten
+//!   (repair on read). Fewer than `k` chunks answer:
 //!   [`ClientError::Unavailable`]; enough answer but too few agree: [`ClientError::TornRow`]; never zeros or a mix.
 //! - **Writes** go row by row with chunk versions ([`crate::ec_rows`]): a row only partly covered is read first
 //!   (read–modify–write), the changed data chunks written compare-and-set, then every parity chunk with the data

@@ -9,7 +9,7 @@ use weft_proto::msg::{ChunkVersion, RowWrite};
 use crate::ClientError;
 use crate::ec_calls::{Written, read_all, write_all};
 use crate::ec_codec::{Codec, is_chunk_loss};
-use crate::ec_version::{Found, next_data_version, plan_row};
+use crate::ec_version::{Found, RowPlan, Undecodable, next_data_version, plan_row};
 use crate::ec_write::{
     Attempt, Known, RowBytes, RowJob, WRITE_ATTEMPTS_MAX, encode_parity, found_of, last_nonzero, torn, write_attempt,
 };
@@ -17,8 +17,10 @@ use crate::handle::File;
 use crate::striped::Io;
 
 /// The file bytes of rows `[first, first + rows)`, each decoded by the version rule from whichever chunks are
-/// intact and agree; rows with damaged or stale chunks are repaired afterwards (best effort, by [`write_batch`]
-/// with no new bytes, through `repair_io`).
+/// intact and agree, and the rows with damaged chunks or disagreeing parity, to repair afterwards (best effort, by
+/// [`write_batch`] with no new bytes, through `repair_io`). The fewest chunks that can decode are read first: the
+/// data chunks not left out and one parity chunk for each data chunk left out (`k` in all); the others only if a
+/// row does not decode from those (a chunk that failed, parity that disagrees).
 pub(crate) async fn decode_rows(
     file: &File,
     io: &Io,
@@ -28,75 +30,150 @@ pub(crate) async fn decode_rows(
 ) -> Result<(Vec<u8>, Vec<u64>), ClientError> {
     let layout = &file.layout();
     let (k, m) = (codec.k, codec.m);
-    let unit = u64::from(layout.stripe_unit);
-    let u = unit as usize;
-    let row_bytes = unit * k as u64;
+    let (skipped, mut causes) = left_out(file, layout, k, m, first, rows).await?;
+    let missing = (0..k).filter(|&j| skipped[j]).count();
+    let parity = (k..k + m).filter(|&i| !skipped[i]).take(missing);
+    let mut read: Vec<usize> = (0..k).filter(|&j| !skipped[j]).chain(parity).collect();
     let mut found: Vec<Option<(Vec<ChunkVersion>, BytesMut)>> = vec![None; k + m];
-    // A chunk in a stale range (§18) is never read: it is decoded like a missing one.
+    read_into(file, io, layout, &read, first, rows, &mut found, &mut causes).await?;
+    let plans = match plan_rows(k, m, rows, &found) {
+        Ok(plans) => plans,
+        Err(_) => {
+            let rest: Vec<usize> = (0..k + m).filter(|i| !skipped[*i] && !read.contains(i)).collect();
+            read_into(file, io, layout, &rest, first, rows, &mut found, &mut causes).await?;
+            read.extend(rest);
+            causes.sort();
+            plan_rows(k, m, rows, &found).map_err(|(row, e)| {
+                let file_offset = (first + row as u64) * u64::from(layout.stripe_unit) * k as u64;
+                decode_error(file, file_offset, &found, row, k, e, &causes)
+            })?
+        }
+    };
+    let data = decode_planned(file, codec, u64::from(layout.stripe_unit), first, &plans, &mut found)?;
+    let to_repair = (0..rows).filter(|&r| !plans[r as usize].repair.is_empty()).map(|r| first + r).collect();
+    // The chunks' buffers go back for the next reads.
+    for (_, b) in found.into_iter().flatten() {
+        file.client.recycled().give(b.freeze());
+    }
+    Ok((data, to_repair))
+}
+
+/// The chunks a decode leaves out (`true`), and why: those in a stale range (§18), never read, and those whose
+/// server did not answer moments ago while `k` others remain (waiting for its retries on every row would make a
+/// degraded read as slow as the retries).
+async fn left_out(
+    file: &File,
+    layout: &weft_proto::Layout,
+    k: usize,
+    m: usize,
+    first: u64,
+    rows: u64,
+) -> Result<(Vec<bool>, Vec<String>), ClientError> {
+    let width = k + m;
     let stale = crate::stale::stale_slots(file, first, first + rows).await?;
     let mut causes: Vec<String> = stale.iter().map(|i| format!("chunk {i}: stale")).collect();
-    // A server that did not answer moments ago is left out while k others remain: waiting for its retries on
-    // every row would make a degraded read as slow as the retries.
     let client = &file.client;
     let down: Vec<usize> =
-        (0..k + m).filter(|i| !stale.contains(i) && client.recently_unreachable(layout.servers[*i])).collect();
-    let skip_down = !down.is_empty() && k + m - stale.len() - down.len() >= k;
+        (0..width).filter(|i| !stale.contains(i) && client.recently_unreachable(layout.servers[*i])).collect();
+    let skip_down = !down.is_empty() && width - stale.len() - down.len() >= k;
     if skip_down {
         causes.extend(down.iter().map(|i| format!("chunk {i}: data server {} did not answer", layout.servers[*i])));
     }
-    let skipped = |i: &usize| stale.contains(i) || (skip_down && down.contains(i));
-    let which = (0..k + m).filter(|i| !skipped(i));
-    for (i, r) in read_all(io, layout, which, first, rows, true).await {
+    let skipped = (0..width).map(|i| stale.contains(&i) || (skip_down && down.contains(&i))).collect();
+    Ok((skipped, causes))
+}
+
+/// Reads rows `[first, first + rows)` of the chunks `which` (all at once) into `found`; a chunk lost adds its cause.
+#[allow(clippy::too_many_arguments)]
+async fn read_into(
+    file: &File,
+    io: &Io,
+    layout: &weft_proto::Layout,
+    which: &[usize],
+    first: u64,
+    rows: u64,
+    found: &mut [Option<(Vec<ChunkVersion>, BytesMut)>],
+    causes: &mut Vec<String>,
+) -> Result<(), ClientError> {
+    for (i, r) in read_all(io, layout, which.iter().copied(), first, rows, true).await {
         match r {
             Ok(x) => found[i] = Some(x),
             Err(e) if is_chunk_loss(&e) => {
-                client.note_unreachable(&e);
+                file.client.note_unreachable(&e);
                 causes.push(format!("chunk {i}: {e}"))
             }
             Err(e) => return Err(e),
         }
     }
-    causes.sort();
+    Ok(())
+}
+
+/// What each chunk read was found as in row `row` (`Unreachable` for a chunk not read or lost).
+fn row_found(found: &[Option<(Vec<ChunkVersion>, BytesMut)>], row: usize) -> Vec<Found> {
+    found.iter().map(|f| f.as_ref().map_or(Found::Unreachable, |(v, _)| found_of(&v[row], true))).collect()
+}
+
+/// Every row's plan from the chunks read (pure), or the first row that does not decode and why.
+fn plan_rows(
+    k: usize,
+    m: usize,
+    rows: u64,
+    found: &[Option<(Vec<ChunkVersion>, BytesMut)>],
+) -> Result<Vec<RowPlan>, (usize, Undecodable)> {
+    (0..rows as usize).map(|row| plan_row(k, m, &row_found(found, row)).map_err(|e| (row, e))).collect()
+}
+
+/// Why row `row` does not decode: fewer than `k` chunks intact is a loss ([`ClientError::Unavailable`]: unreachable
+/// or failing their checksums), not a disagreement of versions ([`ClientError::TornRow`]).
+fn decode_error(
+    file: &File,
+    file_offset: u64,
+    found: &[Option<(Vec<ChunkVersion>, BytesMut)>],
+    row: usize,
+    k: usize,
+    e: Undecodable,
+    causes: &[String],
+) -> ClientError {
+    let fs = row_found(found, row);
+    let intact = fs.iter().filter(|f| matches!(f, Found::Intact { .. })).count();
     let reachable = found.iter().filter(|f| f.is_some()).count();
-    let mut data = vec![0u8; (rows * row_bytes) as usize];
+    let damaged = fs.iter().filter(|f| matches!(f, Found::Damaged { .. })).count();
+    let unavailable = |available: usize, cause: Vec<String>| ClientError::Unavailable {
+        ino: file.attr.ino,
+        file_offset,
+        available: available as u32,
+        needed: k as u32,
+        cause: cause.join("; "),
+    };
+    if intact < k {
+        let mut cause = causes.to_vec();
+        if damaged > 0 {
+            cause.push(format!("{damaged} chunks fail their checksums"));
+        }
+        unavailable(intact, cause)
+    } else if reachable < k {
+        unavailable(reachable, causes.to_vec())
+    } else {
+        torn(file, file_offset, e)
+    }
+}
+
+/// The rows' file bytes by their plans: the data chunks used are copied into the row; the missing ones are
+/// decoded there in place, from them and the parity chunks' reply buffers (no other copy).
+fn decode_planned(
+    file: &File,
+    codec: &Codec,
+    unit: u64,
+    first: u64,
+    plans: &[RowPlan],
+    found: &mut [Option<(Vec<ChunkVersion>, BytesMut)>],
+) -> Result<Vec<u8>, ClientError> {
+    let (k, m, u) = (codec.k, codec.m, unit as usize);
+    let mut data = vec![0u8; plans.len() * k * u];
     // Stands in for a parity chunk a decode does not use (the decoder wants k + m slices of one length).
     let mut scratch = vec![0u8; m * u];
-    let mut to_repair = Vec::new();
-    for row in 0..rows as usize {
-        let file_offset = (first + row as u64) * row_bytes;
-        let fs: Vec<Found> =
-            found.iter().map(|f| f.as_ref().map_or(Found::Unreachable, |(v, _)| found_of(&v[row], true))).collect();
-        // Chunks that answered with their bytes intact: fewer than k is a loss (unreachable or failing their
-        // checksums), not a disagreement of versions.
-        let intact = fs.iter().filter(|f| matches!(f, Found::Intact { .. })).count();
-        let plan = plan_row(k, m, &fs).map_err(|e| {
-            if intact < k {
-                let damaged = fs.iter().filter(|f| matches!(f, Found::Damaged { .. })).count();
-                let mut cause = causes.clone();
-                if damaged > 0 {
-                    cause.push(format!("{damaged} chunks fail their checksums"));
-                }
-                ClientError::Unavailable {
-                    ino: file.attr.ino,
-                    file_offset,
-                    available: intact as u32,
-                    needed: k as u32,
-                    cause: cause.join("; "),
-                }
-            } else if reachable < k {
-                ClientError::Unavailable {
-                    ino: file.attr.ino,
-                    file_offset,
-                    available: reachable as u32,
-                    needed: k as u32,
-                    cause: causes.join("; "),
-                }
-            } else {
-                torn(file, file_offset, e)
-            }
-        })?;
-        // The data chunks used are copied into the row; the missing ones are decoded there in place, from them
-        // and the parity chunks' reply buffers (no other copy).
+    for (row, plan) in plans.iter().enumerate() {
+        let file_offset = (first + row as u64) * unit * k as u64;
         let (data_found, parity) = found.split_at_mut(k);
         let row_data = &mut data[row * k * u..(row + 1) * k * u];
         for j in (0..k).filter(|&j| plan.use_chunk[j]) {
@@ -113,15 +190,8 @@ pub(crate) async fn decode_rows(
             }
             codec.reconstruct_data_in_place(shards, &plan.use_chunk).map_err(|e| torn(file, file_offset, e))?;
         }
-        if !plan.repair.is_empty() {
-            to_repair.push(first + row as u64);
-        }
     }
-    // The chunks' buffers go back for the next reads.
-    for (_, b) in found.into_iter().flatten() {
-        client.recycled().give(b.freeze());
-    }
-    Ok((data, to_repair))
+    Ok(data)
 }
 
 /// Repairs row `row` of an ec file: rewrites its damaged data chunks from the decoded row and every parity chunk
