@@ -28,7 +28,7 @@ use crate::ClientError;
 use crate::ec_codec::{Codec, is_chunk_loss, km};
 use crate::ec_delta::{self, Delta};
 use crate::ec_gather::{Added, Job};
-use crate::ec_write::{RowBytes, RowJob, write_batch};
+use crate::ec_write::{Known, RowBytes, RowJob, write_batch};
 use crate::handle::{File, repair_io, rmw_io};
 use crate::striped::{Io, read_on_into};
 
@@ -238,11 +238,17 @@ async fn write_rows_of(file: &File, offset: u64, data: Bytes) -> Result<(), Clie
         }
         let read_io = rmw.as_ref().expect("set above");
         let run = data.slice((at - offset) as usize..(to - offset) as usize);
-        let by_delta = rows == 1
-            && ec_delta::fits(unit, k, at, run.len() as u64, old_size)
-            && delta_allowed(file, r).await?
-            && ec_delta::write(file, read_io, &write_io, &codec, r, at, &run).await? == Delta::Done;
-        if !by_delta {
+        let fits = rows == 1 && ec_delta::fits(unit, k, at, run.len() as u64, old_size);
+        let delta = if fits && delta_allowed(file, r).await? {
+            Some(ec_delta::write(file, read_io, &write_io, &codec, r, at, &run).await?)
+        } else {
+            None
+        };
+        if delta != Some(Delta::Done) {
+            let known = match delta {
+                Some(Delta::Declined(replaced)) => Known::after_delta(replaced),
+                _ => Known::default(),
+            };
             let new = RowBytes::Run(run);
             let (first, from, new) = (r, at, &new);
             let job = RowJob {
@@ -258,7 +264,7 @@ async fn write_rows_of(file: &File, offset: u64, data: Bytes) -> Result<(), Clie
                 new_end,
                 heal: None,
             };
-            write_batch(&job).await?;
+            write_batch(&job, known).await?;
         }
         // Rows written so far are visible to this handle's next RMW (it reads up to its size).
         file.size.fetch_max(to, Ordering::SeqCst);
@@ -308,7 +314,7 @@ async fn write_whole_rows_once(file: &File, first: u64, chunks: &[Bytes]) -> Res
             new_end,
             heal: None,
         };
-        write_batch(&job).await?;
+        write_batch(&job, Known::default()).await?;
         file.size.fetch_max(to, Ordering::SeqCst);
     }
     Ok(())

@@ -19,16 +19,31 @@ use weft_proto::{Layout, Request, Response};
 use crate::ClientError;
 use crate::ec_codec::{Codec, is_chunk_loss};
 use crate::ec_version::{Found, next_data_version};
+use crate::ec_write::Replaced;
 use crate::handle::File;
 use crate::striped::Io;
+
+/// A test's hook run by every delta write between its reads and its writes, with the row: how a test loses a
+/// server at exactly that moment (`set_delta_hook`). `None` in production.
+pub type DeltaHook =
+    std::sync::Arc<dyn Fn(u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+static DELTA_HOOK: std::sync::Mutex<Option<DeltaHook>> = std::sync::Mutex::new(None);
+
+/// Tests only: installs (or with `None` removes) the hook of [`DELTA_HOOK`].
+#[doc(hidden)]
+pub fn set_delta_hook(hook: Option<DeltaHook>) {
+    *DELTA_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = hook;
+}
 
 /// How a delta write ended.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Delta {
     /// Every data and parity range landed.
     Done,
-    /// Nothing written, or not all of it: the whole-row protocol takes the row (and repairs what this left).
-    Declined,
+    /// Nothing written, or not all of it: the whole-row protocol takes the row (and repairs what this left). Per
+    /// data chunk, the range this write replaced in it, if it did: the whole-row protocol needs the chunk as it was
+    /// when parity that lost to this write's still names its old version (`Known::replaced`).
+    Declined(Vec<Option<Replaced>>),
 }
 
 /// One range of one chunk of a row: chunk `i` (data `< k`, parity `≥ k`), chunk offsets `[lo, hi)`.
@@ -85,14 +100,18 @@ pub(crate) async fn write(
         read_ranges(file, read_io, &layout, row, &spans),
         read_records(file, read_io, &layout, row, &others)
     );
-    let (Some(mut olds), Some(records)) = (ranges, records) else { return Ok(Delta::Declined) };
+    let (Some(mut olds), Some(records)) = (ranges, records) else { return Ok(Delta::Declined(Vec::new())) };
     let mut parity = olds.split_off(data.len());
-    let Some(vector) = agreed_vector(k, &parity) else { return Ok(Delta::Declined) };
+    let Some(vector) = agreed_vector(k, &parity) else { return Ok(Delta::Declined(Vec::new())) };
     let at_vector = |(j, c): (usize, &ChunkVersion)| c.intact && c.version == vector[j];
     if !data.iter().map(|s| s.i).zip(olds.iter().map(|(c, _)| c)).all(at_vector)
         || !others.iter().copied().zip(records.iter()).all(at_vector)
     {
-        return Ok(Delta::Declined);
+        return Ok(Delta::Declined(Vec::new()));
+    }
+    let hook = DELTA_HOOK.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if let Some(hook) = hook {
+        hook(row).await;
     }
     // 3. The data ranges, each version above every one named for its chunk.
     let found_parity: Vec<Found> =
@@ -106,8 +125,10 @@ pub(crate) async fn write(
         let bytes = new.slice(from..from + (s.hi - s.lo) as usize);
         writes.push((*s, RowWrite { expect: vector[s.i], version, parity_of: Vec::new() }, bytes));
     }
-    if !write_ranges(file, write_io, &layout, row, writes.clone()).await {
-        return Ok(Delta::Declined);
+    let landed = write_ranges(file, write_io, &layout, row, writes.clone()).await;
+    if !landed.iter().all(|&l| l) {
+        let old = |n: usize| olds[n].1.clone().freeze();
+        return Ok(Delta::Declined(replaced(k, &writes, &landed, &vector, old)));
     }
     // 4. Every parity span, plus what each changed range adds to it.
     for ((s, _, bytes), (_, old)) in writes.iter().zip(olds.iter_mut()) {
@@ -116,7 +137,7 @@ pub(crate) async fn write(
             codec.add_delta(p, s.i, old, &mut span[(s.lo - lo) as usize..(s.hi - lo) as usize]);
         }
     }
-    let writes: Vec<(Span, RowWrite, Bytes)> = parity
+    let parity_writes: Vec<(Span, RowWrite, Bytes)> = parity
         .into_iter()
         .zip(parity_spans)
         .map(|((c, span), s)| {
@@ -124,7 +145,32 @@ pub(crate) async fn write(
             (s, w, span.freeze())
         })
         .collect();
-    Ok(if write_ranges(file, write_io, &layout, row, writes).await { Delta::Done } else { Delta::Declined })
+    if write_ranges(file, write_io, &layout, row, parity_writes).await.iter().all(|&l| l) {
+        return Ok(Delta::Done);
+    }
+    // The old bytes back from the deltas: (old ⊕ new) ⊕ new.
+    let old = |n: usize| {
+        let (_, _, new) = &writes[n];
+        Bytes::from(olds[n].1.iter().zip(new.iter()).map(|(d, b)| d ^ b).collect::<Vec<u8>>())
+    };
+    Ok(Delta::Declined(replaced(k, &writes, &vec![true; writes.len()], &vector, old)))
+}
+
+/// Per data chunk, the range of it that landed writes replaced: the version written, the one before (`vector`'s),
+/// and the old bytes (`old(n)` for write `n`).
+fn replaced(
+    k: usize,
+    writes: &[(Span, RowWrite, Bytes)],
+    landed: &[bool],
+    vector: &[u64],
+    old: impl Fn(usize) -> Bytes,
+) -> Vec<Option<Replaced>> {
+    let mut out = vec![None; k];
+    for (n, (s, w, _)) in writes.iter().enumerate().filter(|(n, _)| landed[*n]) {
+        let (written, old_version, lo) = (w.version, vector[s.i], s.lo as usize);
+        out[s.i] = Some(Replaced { written, old_version, lo, old: old(n) });
+    }
+    out
 }
 
 /// The data versions every parity chunk names, when all of them read intact and name the same (a never-written
@@ -226,16 +272,17 @@ async fn read_records(
     ok.then(|| out.into_iter().map(|o| o.expect("every record answered")).collect())
 }
 
-/// `WriteChunkRange` of every range at once; whether all landed.
+/// `WriteChunkRange` of every range at once; which landed (in the order of `writes`).
 async fn write_ranges(
     file: &File,
     io: &Io,
     layout: &std::sync::Arc<Layout>,
     row: u64,
     writes: Vec<(Span, RowWrite, Bytes)>,
-) -> bool {
+) -> Vec<bool> {
+    let mut landed = vec![false; writes.len()];
     let mut tasks = JoinSet::new();
-    for (s, w, bytes) in writes {
+    for (n, (s, w, bytes)) in writes.into_iter().enumerate() {
         let (io, layout) = (io.clone(), layout.clone());
         tasks.spawn(async move {
             let req = |cap| {
@@ -248,21 +295,17 @@ async fn write_ranges(
                     cap,
                 })
             };
-            (s.i, crate::ec_calls::call(&io, &layout, s.i, req, vec![bytes], None).await)
+            (n, s.i, crate::ec_calls::call(&io, &layout, s.i, req, vec![bytes], None).await)
         });
     }
-    let mut ok = true;
     while let Some(r) = tasks.join_next().await {
         match r {
-            Ok((_, Ok((Response::WriteChunkRange(()), _)))) => {}
-            Ok((i, Err(e))) => {
-                declined(file, i, &e);
-                ok = false;
-            }
-            _ => ok = false,
+            Ok((n, _, Ok((Response::WriteChunkRange(()), _)))) => landed[n] = true,
+            Ok((_, i, Err(e))) => declined(file, i, &e),
+            _ => {}
         }
     }
-    ok
+    landed
 }
 
 #[cfg(test)]

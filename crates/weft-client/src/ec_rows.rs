@@ -7,13 +7,14 @@ use std::time::Duration;
 use weft_proto::msg::{ChunkVersion, RowWrite};
 
 use crate::ClientError;
-use crate::ec_calls::{Written, read_all, write_all};
+use crate::ec_calls::{ChunkWrite, Written, read_all, write_all};
 use crate::ec_codec::{Codec, is_chunk_loss};
 use crate::ec_version::{Found, RowPlan, Undecodable, next_data_version, plan_row};
 use crate::ec_write::{
     Attempt, Known, RowBytes, RowJob, WRITE_ATTEMPTS_MAX, encode_parity, found_of, last_nonzero, torn, write_attempt,
 };
 use crate::handle::File;
+use crate::recycle::Recycled;
 use crate::striped::Io;
 
 /// The file bytes of rows `[first, first + rows)`, each decoded by the version rule from whichever chunks are
@@ -338,18 +339,74 @@ async fn heal_attempt(
     size: u64,
 ) -> Result<HealAttempt, ClientError> {
     let layout = &file.layout();
-    let (k, m) = (codec.k, codec.m);
-    let unit = u64::from(layout.stripe_unit);
-    let u = unit as usize;
-    let row_bytes = unit * k as u64;
+    let (k, u) = (codec.k, layout.stripe_unit as usize);
+    let row_bytes = (u * k) as u64;
     let base = first * row_bytes;
     assert!(rows > 0 && base + (rows - 1) * row_bytes < size.max(1), "rows below the file's last row");
+    let Some(read) = heal_read(file, io, codec, first, rows, slot).await? else { return Ok(HealAttempt::RowByRow) };
+    let plan = match plan_heal(codec, u, slot, &read) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return Ok(HealAttempt::RowByRow),
+        Err((row, e)) => return Err(torn(file, base + row as u64 * row_bytes, e)),
+    };
+    let hook = HEAL_HOOK.lock().expect("heal hook").clone();
+    if let Some(hook) = hook {
+        hook(first).await;
+    }
+    let shape = HealShape { k, u, base, row_bytes, size, slot };
+    // 3. The healed data chunk, then 4. every parity chunk.
+    let (slot_write, mut written) = heal_slot_write(&shape, &read, &plan);
+    if let Some(w) = slot_write {
+        match write_all(io, layout, vec![w], first).await {
+            Written::Moved => return Ok(HealAttempt::Moved),
+            Written::Failed(f) if !f.is_empty() => return Err(f.into_iter().next().expect("one failure").1),
+            Written::Failed(_) => {}
+        }
+    }
+    let (writes, parity_written) = heal_parity_writes(&shape, codec, file.client.recycled(), &read, &plan);
+    written += parity_written;
+    match write_all(io, layout, writes, first).await {
+        Written::Moved => Ok(HealAttempt::Moved),
+        Written::Failed(f) if f.iter().any(|(i, _)| *i == slot || *i == usize::MAX) => {
+            let (_, e) = f.into_iter().find(|(i, _)| *i == slot || *i == usize::MAX).expect("found above");
+            Err(e)
+        }
+        // Another parity server failed mid-batch: the general path records what it missed.
+        Written::Failed(f) if !f.is_empty() => Ok(HealAttempt::RowByRow),
+        Written::Failed(_) => {
+            // Chunks of stale slots were skipped in every row here: recorded stale again (their ranges stay).
+            let missed = read.skip.iter().map(|&i| (i, ClientError::Protocol(format!("chunk {i} is stale"))));
+            crate::stale::record_missed(file, missed.collect(), base, first, first + rows).await?;
+            Ok(HealAttempt::Done(written))
+        }
+    }
+}
+
+/// What a batch heal read: the chunks left out (stale ones, never read), and per chunk its records and bytes.
+struct HealRead {
+    skip: Vec<usize>,
+    found: Vec<Vec<ChunkVersion>>,
+    bytes: Vec<BytesMut>,
+    rows: usize,
+}
+
+/// Steps 1 and 2 of a batch heal: the parity chunks' records and bytes, then the data chunks'. `None` when the
+/// batch path does not handle it (more chunks stale than the code tolerates, another server lost).
+async fn heal_read(
+    file: &File,
+    io: &Io,
+    codec: &Codec,
+    first: u64,
+    rows: u64,
+    slot: usize,
+) -> Result<Option<HealRead>, ClientError> {
+    let (k, m) = (codec.k, codec.m);
+    let layout = &file.layout();
     let skip: Vec<usize> =
         crate::stale::stale_slots(file, first, first + rows).await?.into_iter().filter(|&i| i != slot).collect();
     if skip.len() > m {
-        return Ok(HealAttempt::RowByRow);
+        return Ok(None);
     }
-    // 1. Parity records and bytes first, 2. then the data chunks' (the order of the module doc).
     let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); k + m];
     let mut bytes: Vec<BytesMut> = vec![BytesMut::new(); k + m];
     for phase in [k..k + m, 0..k] {
@@ -361,37 +418,57 @@ async fn heal_attempt(
                     bytes[i] = b;
                 }
                 // Another server lost: the general path records what it misses.
-                Err(e) if is_chunk_loss(&e) && i != slot => return Ok(HealAttempt::RowByRow),
+                Err(e) if is_chunk_loss(&e) && i != slot => return Ok(None),
                 Err(e) => return Err(e),
             }
         }
     }
-    let fnd = |i: usize, row: usize| -> Found {
-        if skip.contains(&i) {
+    Ok(Some(HealRead { skip, found, bytes, rows: rows as usize }))
+}
+
+impl HealRead {
+    /// What chunk `i` of row `row` was found as: the healed chunk's bytes are never trusted (`Damaged`).
+    fn found(&self, i: usize, row: usize, slot: usize) -> Found {
+        if self.skip.contains(&i) {
             return Found::Unreachable;
         }
-        let c = &found[i][row];
+        let c = &self.found[i][row];
         if i == slot { Found::Damaged { version: c.version } } else { found_of(c, true) }
-    };
-    let chunk = |i: usize, row: usize| -> &[u8] { &bytes[i][row * u..(row + 1) * u] };
-    // Each row decoded (the version rule) into `data` (rows × k units, row after row), with its data versions.
-    let mut data = vec![0u8; rows as usize * row_bytes as usize];
-    let mut data_versions: Vec<Vec<u64>> = Vec::with_capacity(rows as usize);
-    for row in 0..rows as usize {
-        let fs: Vec<Found> = (0..k + m).map(|i| fnd(i, row)).collect();
+    }
+
+    fn chunk(&self, i: usize, row: usize, u: usize) -> &[u8] {
+        &self.bytes[i][row * u..(row + 1) * u]
+    }
+}
+
+/// A batch heal's plan: the rows' data (`rows × k` units, row after row) and each row's data versions after it.
+struct HealPlan {
+    data: Bytes,
+    data_versions: Vec<Vec<u64>>,
+}
+
+/// Decodes every row of a batch heal by the version rule and gives the healed data chunk a new version above
+/// every one named for it (pure: no I/O). `Ok(None)`: a row the batch path does not handle (another chunk
+/// damaged, a row that does not decode); `Err((row, cause))`: a row the decoder refused.
+fn plan_heal(codec: &Codec, u: usize, slot: usize, read: &HealRead) -> Result<Option<HealPlan>, (usize, String)> {
+    let (k, m) = (codec.k, codec.m);
+    let mut data = vec![0u8; read.rows * k * u];
+    let mut data_versions: Vec<Vec<u64>> = Vec::with_capacity(read.rows);
+    for row in 0..read.rows {
+        let fs: Vec<Found> = (0..k + m).map(|i| read.found(i, row, slot)).collect();
         if fs.iter().enumerate().any(|(i, f)| i != slot && matches!(f, Found::Damaged { .. })) {
-            return Ok(HealAttempt::RowByRow);
+            return Ok(None);
         }
-        let Ok(plan) = plan_row(k, m, &fs) else { return Ok(HealAttempt::RowByRow) };
-        let out = &mut data[row * row_bytes as usize..][..row_bytes as usize];
+        let Ok(plan) = plan_row(k, m, &fs) else { return Ok(None) };
+        let out = &mut data[row * k * u..(row + 1) * k * u];
         if plan.use_chunk[..k].iter().all(|&x| x) {
             for j in 0..k {
-                out[j * u..(j + 1) * u].copy_from_slice(chunk(j, row));
+                out[j * u..(j + 1) * u].copy_from_slice(read.chunk(j, row, u));
             }
         } else {
             let mut shards: Vec<Option<Vec<u8>>> =
-                (0..k + m).map(|i| plan.use_chunk[i].then(|| chunk(i, row).to_vec())).collect();
-            codec.reconstruct_data(&mut shards).map_err(|e| torn(file, base + row as u64 * row_bytes, e))?;
+                (0..k + m).map(|i| plan.use_chunk[i].then(|| read.chunk(i, row, u).to_vec())).collect();
+            codec.reconstruct_data(&mut shards).map_err(|e| (row, e))?;
             for (j, s) in shards.iter().take(k).enumerate() {
                 out[j * u..(j + 1) * u].copy_from_slice(s.as_ref().expect("reconstructed"));
             }
@@ -402,82 +479,81 @@ async fn heal_attempt(
         }
         data_versions.push(versions);
     }
-    // The stored length (§16) of each chunk, or longer where the chunk on disk or the new one has non-zero bytes
-    // past it (as in `write_attempt`).
-    let stored = |row: u64| -> usize { size.saturating_sub(base + row * row_bytes).min(row_bytes) as usize };
-    let keep = |i: usize, row: usize, fresh: &[u8]| -> usize {
-        let disk = if found[i][row].intact { last_nonzero(chunk(i, row)) } else { u };
-        let want = if i < k { stored(row as u64).saturating_sub(i * u).min(u) } else { stored(row as u64).min(u) };
+    Ok(Some(HealPlan { data: Bytes::from(data), data_versions }))
+}
+
+/// A batch heal's geometry.
+struct HealShape {
+    k: usize,
+    u: usize,
+    /// The first row's file offset.
+    base: u64,
+    row_bytes: u64,
+    /// The file size the rows are stored for (§16).
+    size: u64,
+    slot: usize,
+}
+
+impl HealShape {
+    /// The stored length (§16) of chunk `i` of row `row`, or longer where the chunk on disk or the new one (`fresh`)
+    /// has non-zero bytes past it (as in `ec_write.rs`).
+    fn keep(&self, read: &HealRead, i: usize, row: usize, fresh: &[u8]) -> usize {
+        let stored = self.size.saturating_sub(self.base + row as u64 * self.row_bytes).min(self.row_bytes) as usize;
+        let want = if i < self.k { stored.saturating_sub(i * self.u).min(self.u) } else { stored.min(self.u) };
+        let disk = if read.found[i][row].intact { last_nonzero(read.chunk(i, row, self.u)) } else { self.u };
         want.max(disk).max(last_nonzero(fresh))
-    };
-    let hook = HEAL_HOOK.lock().expect("heal hook").clone();
-    if let Some(hook) = hook {
-        hook(first).await;
     }
-    let data = Bytes::from(data);
-    let row_at = |row: usize| row * row_bytes as usize;
-    let mut written = 0u64;
-    // 3. The healed data chunk, then 4. every parity chunk.
-    if slot < k {
-        let mut payload = Vec::with_capacity(rows as usize);
-        let mut recs = Vec::with_capacity(rows as usize);
-        for row in 0..rows as usize {
-            let at = row_at(row) + slot * u;
-            let n = keep(slot, row, &data[at..at + u]);
-            written += n as u64;
-            payload.push(data.slice(at..at + n));
-            recs.push(RowWrite {
-                expect: found[slot][row].version,
-                version: data_versions[row][slot],
-                parity_of: Vec::new(),
-            });
-        }
-        match write_all(io, layout, vec![(slot, recs, payload)], first).await {
-            Written::Moved => return Ok(HealAttempt::Moved),
-            Written::Failed(f) if !f.is_empty() => {
-                let (_, e) = f.into_iter().next().expect("one failure");
-                return Err(e);
-            }
-            Written::Failed(_) => {}
-        }
+}
+
+/// Step 3: the healed data chunk's write (none for a parity slot), and the bytes it writes.
+fn heal_slot_write(s: &HealShape, read: &HealRead, plan: &HealPlan) -> (Option<ChunkWrite>, u64) {
+    if s.slot >= s.k {
+        return (None, 0);
     }
-    let shards: Vec<&[u8]> = data[..rows as usize * row_bytes as usize].chunks_exact(u).collect();
-    let pbuf = encode_parity(codec, &shards, u, file.client.recycled());
-    let mut writes = Vec::new();
+    let (mut payload, mut recs, mut written) = (Vec::with_capacity(read.rows), Vec::with_capacity(read.rows), 0);
+    for row in 0..read.rows {
+        let at = row * s.row_bytes as usize + s.slot * s.u;
+        let n = s.keep(read, s.slot, row, &plan.data[at..at + s.u]);
+        written += n as u64;
+        payload.push(plan.data.slice(at..at + n));
+        let (expect, version) = (read.found[s.slot][row].version, plan.data_versions[row][s.slot]);
+        recs.push(RowWrite { expect, version, parity_of: Vec::new() });
+    }
+    (Some((s.slot, recs, payload)), written)
+}
+
+/// Step 4: every parity chunk not left out, encoded from the rows' data, compare-and-set from the versions read
+/// with the rows' data versions; and the bytes written to the healed slot if it is a parity chunk.
+fn heal_parity_writes(
+    s: &HealShape,
+    codec: &Codec,
+    bufs: &Recycled,
+    read: &HealRead,
+    plan: &HealPlan,
+) -> (Vec<ChunkWrite>, u64) {
+    let shards: Vec<&[u8]> = plan.data.chunks_exact(s.u).collect();
+    let pbuf = encode_parity(codec, &shards, s.u, bufs);
+    let (mut writes, mut written) = (Vec::new(), 0);
     for (p, pb) in pbuf.into_iter().enumerate() {
-        if skip.contains(&(k + p)) {
+        let i = s.k + p;
+        if read.skip.contains(&i) {
             continue;
         }
         let pb = pb.freeze();
-        let mut payload = Vec::with_capacity(rows as usize);
-        let mut recs = Vec::with_capacity(rows as usize);
-        for row in 0..rows as usize {
-            let n = keep(k + p, row, &pb[row * u..(row + 1) * u]);
-            if k + p == slot {
+        let (mut payload, mut recs) = (Vec::with_capacity(read.rows), Vec::with_capacity(read.rows));
+        for row in 0..read.rows {
+            let n = s.keep(read, i, row, &pb[row * s.u..(row + 1) * s.u]);
+            if i == s.slot {
                 written += n as u64;
             }
-            let expect = found[k + p][row].version;
-            recs.push(RowWrite { expect, version: expect.saturating_add(1), parity_of: data_versions[row].clone() });
-            payload.push(pb.slice(row * u..row * u + n));
+            let expect = read.found[i][row].version;
+            let parity_of = plan.data_versions[row].clone();
+            recs.push(RowWrite { expect, version: expect.saturating_add(1), parity_of });
+            payload.push(pb.slice(row * s.u..row * s.u + n));
         }
-        writes.push((k + p, recs, payload));
+        writes.push((i, recs, payload));
     }
-    match write_all(io, layout, writes, first).await {
-        Written::Moved => Ok(HealAttempt::Moved),
-        Written::Failed(f) if f.iter().any(|(i, _)| *i == slot || *i == usize::MAX) => {
-            let (_, e) = f.into_iter().find(|(i, _)| *i == slot || *i == usize::MAX).expect("found above");
-            Err(e)
-        }
-        // Another parity server failed mid-batch: the general path records what it missed.
-        Written::Failed(f) if !f.is_empty() => Ok(HealAttempt::RowByRow),
-        Written::Failed(_) => {
-            // Chunks of stale slots were skipped in every row here: recorded stale again (their ranges stay).
-            let missed =
-                skip.iter().map(|&i| (i, ClientError::Protocol(format!("chunk {i} is stale")))).collect::<Vec<_>>();
-            crate::stale::record_missed(file, missed, base, first, first + rows).await?;
-            Ok(HealAttempt::Done(written))
-        }
-    }
+    (writes, written)
 }
 
 #[cfg(test)]
@@ -497,5 +573,45 @@ mod tests {
         // Parity is as long as the row's first chunk.
         assert_eq!(slot_bytes(size, 1, k, 4, u), 4096);
         assert_eq!(slot_bytes(size, 2, k, 4, u), 0);
+    }
+
+    /// A batch of one row of `ec 2+1` (units of 8 bytes): data chunks `[1; 8]` and `[2; 8]` at versions 3 and 4,
+    /// the parity naming them; chunk `slot` is the one healed (its bytes zeros, not trusted).
+    fn healing(slot: usize) -> (Codec, HealRead) {
+        let codec = Codec::new(2, 1).unwrap();
+        let data = [vec![1u8; 8], vec![2u8; 8]];
+        let parity = codec.encode(&[&data[0], &data[1]]).remove(0);
+        let mut bytes: Vec<BytesMut> =
+            vec![BytesMut::from(&data[0][..]), BytesMut::from(&data[1][..]), BytesMut::from(&parity[..])];
+        bytes[slot] = BytesMut::zeroed(8);
+        let found = vec![
+            vec![ChunkVersion { version: 3, intact: true, parity_of: vec![] }],
+            vec![ChunkVersion { version: 4, intact: true, parity_of: vec![] }],
+            vec![ChunkVersion { version: 9, intact: true, parity_of: vec![3, 4] }],
+        ];
+        (codec, HealRead { skip: vec![], found, bytes, rows: 1 })
+    }
+
+    #[test]
+    fn a_healed_data_chunk_is_decoded_and_takes_a_new_version() {
+        let (codec, read) = healing(1);
+        let plan = plan_heal(&codec, 8, 1, &read).unwrap().unwrap();
+        assert_eq!(&plan.data[..], &[[1u8; 8], [2u8; 8]].concat()[..], "chunk 1 decoded, never its bytes read");
+        assert_eq!(plan.data_versions, vec![vec![3, 5]], "above its record and what the parity names");
+        // A healed parity chunk: the data as read, their versions unchanged.
+        let (codec, read) = healing(2);
+        let plan = plan_heal(&codec, 8, 2, &read).unwrap().unwrap();
+        assert_eq!(plan.data_versions, vec![vec![3, 4]]);
+    }
+
+    #[test]
+    fn a_batch_with_another_damaged_chunk_goes_row_by_row() {
+        let (codec, mut read) = healing(1);
+        read.found[0][0].intact = false;
+        assert!(plan_heal(&codec, 8, 1, &read).unwrap().is_none());
+        // Parity naming other versions than the data's: the row does not decode here either.
+        let (codec, mut read) = healing(1);
+        read.found[2][0].parity_of = vec![7, 4];
+        assert!(plan_heal(&codec, 8, 1, &read).unwrap().is_none());
     }
 }

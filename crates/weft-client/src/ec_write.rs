@@ -71,12 +71,11 @@ impl RowBytes {
 
 /// Writes a row job ([`RowJob`], no heal), attempt after attempt while other writers move its versions (at most
 /// [`WRITE_ATTEMPTS_MAX`]) or its row reads torn (another writer's in flight, [`TORN_RETRIES_MAX`]).
-pub(crate) async fn write_batch(job: &RowJob<'_>) -> Result<(), ClientError> {
+pub(crate) async fn write_batch(job: &RowJob<'_>, mut known: Known) -> Result<(), ClientError> {
     assert!(job.heal.is_none(), "heals go through their own retries");
     let base = job.geom().base;
     let mut attempt = 0;
     let (mut torn_tries, mut torn_backoff_ms) = (0, TORN_BACKOFF_MS_MIN);
-    let mut known = Known::default();
     loop {
         attempt += 1;
         match write_attempt(job, &mut known).await {
@@ -150,14 +149,35 @@ pub(crate) const TORN_BACKOFF_MS_MAX: u64 = 250;
 ///
 /// `read_data`: a compare-and-set of this write moved, so its next attempt reads the data chunks' records instead of
 /// taking them from the parity's vector (whole rows, [`vector_expect`]).
+///
+/// `replaced`: data chunks a delta write (`ec_delta.rs`) of this write replaced a range of before it fell back to
+/// this protocol. Its parity compare-and-set may have lost, leaving parity that still names the chunk's old
+/// version; a row that does not decode as found is planned once more with the chunk as it was (its bytes now with
+/// the old range back), which that parity encodes: the same rescue `chunks` gives a whole-row attempt.
 #[derive(Default)]
 pub(crate) struct Known {
     /// Per data chunk: its version and bytes (a reference to the reply it was read in, or a copy if decoded).
     chunks: Vec<Option<(u64, Bytes)>>,
     read_data: bool,
+    pub(crate) replaced: Vec<Option<Replaced>>,
+}
+
+/// A range of a data chunk a delta write replaced: the version it wrote, the version before, and the old bytes
+/// of `[lo, lo + old.len())` in the chunk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Replaced {
+    pub written: u64,
+    pub old_version: u64,
+    pub lo: usize,
+    pub old: Bytes,
 }
 
 impl Known {
+    /// What a delta write that fell back left to know (`ec_delta.rs`).
+    pub(crate) fn after_delta(replaced: Vec<Option<Replaced>>) -> Known {
+        Known { replaced, ..Known::default() }
+    }
+
     /// Takes one write phase's outcome: `true` if another writer moved a version (the attempt ends, and the next one
     /// reads the data chunks' records); else the servers that failed are marked unreachable and their chunks lost.
     fn moved(&mut self, written: Written, client: &crate::Client, lost: &mut Vec<(usize, ClientError)>) -> bool {
@@ -462,8 +482,17 @@ pub(crate) fn plan_partial(
         let (lo, hi) = (s.base + j as u64 * unit, s.base + (j as u64 + 1) * unit);
         rewrite[j] = reachable && ((lo < to && s.from < hi) || matches!(fs[j], Found::Damaged { .. }));
     }
-    let mut versions: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
-    match plan_row(k, fs.len() - k, &fs) {
+    // The chunks' records as found: a new version goes above them (the compare-and-set expects them).
+    let records: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
+    let mut versions = records.clone();
+    let mut planned = plan_row(k, fs.len() - k, &fs);
+    if planned.is_err()
+        && let Some(as_was) = as_before_delta(k, u, &fs, &known.replaced, &mut buf, &mut origin)
+    {
+        fs = as_was;
+        planned = plan_row(k, fs.len() - k, &fs);
+    }
+    match planned {
         Ok(plan) => {
             if plan.use_chunk[..k].iter().any(|used| !used) {
                 let mut shards: Vec<Option<Vec<u8>>> = (0..fs.len())
@@ -501,9 +530,35 @@ pub(crate) fn plan_partial(
     }
     buf[(s.from - s.base) as usize..(to - s.base) as usize].copy_from_slice(run);
     for j in (0..k).filter(|&j| rewrite[j]) {
-        versions[j] = next_data_version(j, fs[j].version().unwrap_or(0), &fs[k..]);
+        versions[j] = next_data_version(j, records[j].max(fs[j].version().unwrap_or(0)), &fs[k..]);
     }
     Ok(PartialPlan { row: buf, rewrite, versions })
+}
+
+/// The findings with every chunk a delta write of this write replaced (found intact at the version it wrote)
+/// shown as it was before (its old version), and those chunks' bytes in `buf` put back as they were; `None` when
+/// no chunk was replaced or none is still as the delta write left it.
+fn as_before_delta(
+    k: usize,
+    u: usize,
+    fs: &[Found],
+    replaced: &[Option<Replaced>],
+    buf: &mut [u8],
+    origin: &mut [Option<Bytes>],
+) -> Option<Vec<Found>> {
+    let mut out = fs.to_vec();
+    let mut any = false;
+    for (j, r) in replaced.iter().enumerate().take(k) {
+        let Some(r) = r else { continue };
+        if !matches!(&fs[j], Found::Intact { version, .. } if *version == r.written) || r.lo + r.old.len() > u {
+            continue;
+        }
+        buf[j * u + r.lo..j * u + r.lo + r.old.len()].copy_from_slice(&r.old);
+        origin[j] = None;
+        out[j] = Found::Intact { version: r.old_version, parity_of: Vec::new() };
+        any = true;
+    }
+    any.then_some(out)
 }
 
 /// Plans whole rows: every data chunk not left out is written, each at a version above every one named for it.
@@ -704,14 +759,14 @@ mod tests {
         // Learnt at version 5, the one the parity names: used as it is (here its bytes differ from the stored
         // row's, so the plan shows which one it took).
         let mut known =
-            Known { chunks: vec![None, None, Some((5, Bytes::from(vec![99u8; U]))), None], read_data: false };
+            Known { chunks: vec![None, None, Some((5, Bytes::from(vec![99u8; U]))), None], ..Known::default() };
         let mut fs = intact([3, 4, 5, 6]);
         fs[2] = Found::Unreachable;
         let p = plan_partial(&shape(0, 64), &codec, fs.clone(), &bytes, &mut known, None, &run).unwrap();
         assert_eq!(p.row, expected(&[(0, 1, 4), (32, 99, 16)]));
         // Learnt at another version: decoded from the parity instead.
         let mut known =
-            Known { chunks: vec![None, None, Some((4, Bytes::from(vec![99u8; U]))), None], read_data: false };
+            Known { chunks: vec![None, None, Some((4, Bytes::from(vec![99u8; U]))), None], ..Known::default() };
         let p = plan_partial(&shape(0, 64), &codec, fs, &bytes, &mut known, None, &run).unwrap();
         assert_eq!(p.row, expected(&[(0, 1, 4)]));
     }
@@ -755,5 +810,28 @@ mod tests {
         assert_eq!(p.row, expected(&[]));
         assert_eq!(p.rewrite, vec![false, false, false, true]);
         assert_eq!(p.versions, vec![3, 4, 5, 7]);
+    }
+
+    /// A delta write of this write replaced bytes [4, 8) of chunk 2 (version 5 → 9, the old bytes `12`) and lost
+    /// its parity compare-and-set: both parity chunks still name version 5. With chunk 1's server down the row
+    /// decodes only with chunk 2 as it was, which the parity encodes; the plan then writes chunk 2 above 9.
+    #[test]
+    fn a_chunk_a_delta_write_replaced_is_planned_as_it_was_when_the_parity_names_that() {
+        let (codec, mut bytes) = row();
+        let mut now = vec![12u8; U];
+        now[4..8].fill(77);
+        bytes[2] = Bytes::from(now);
+        let mut fs = intact([3, 4, 5, 6]);
+        fs[1] = Found::Unreachable;
+        fs[2] = Found::Intact { version: 9, parity_of: vec![] };
+        let run = Bytes::from(vec![1u8; 4]);
+        let e = plan_partial(&shape(36, 64), &codec, fs.clone(), &bytes, &mut Known::default(), None, &run);
+        assert!(e.is_err(), "without what the delta write replaced, chunk 1 cannot be decoded");
+        let replaced = Replaced { written: 9, old_version: 5, lo: 4, old: Bytes::from(vec![12u8; 4]) };
+        let mut known = Known::after_delta(vec![None, None, Some(replaced), None]);
+        let p = plan_partial(&shape(36, 64), &codec, fs, &bytes, &mut known, None, &run).unwrap();
+        assert_eq!(p.row, expected(&[(36, 1, 4)]), "chunk 1 decoded right; the run laid in again");
+        assert_eq!(p.rewrite, vec![false, false, true, false]);
+        assert_eq!(p.versions, vec![3, 4, 10, 6], "above the version the delta write left on disk");
     }
 }

@@ -48,6 +48,7 @@ mod transfer;
 pub use capability::OpenMode;
 pub use catch_up::heal_rows;
 pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
+pub use ec_delta::{DeltaHook, set_delta_hook};
 pub use ec_rows::{HealHook, set_heal_hook};
 pub use error::ClientError;
 pub use handle::File;

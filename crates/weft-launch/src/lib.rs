@@ -666,6 +666,11 @@ impl LocalCluster {
         self.opts.env = env;
     }
 
+    /// The process id of data server `i` while it runs (tests that kill it at a chosen moment from a hook).
+    pub fn data_pid(&self, i: u32) -> Option<u32> {
+        self.data.get(i as usize).and_then(|p| p.child.id())
+    }
+
     pub async fn stop_data_server(&mut self, i: u32) {
         stop_all(std::slice::from_mut(self.data_proc(i))).await;
     }
