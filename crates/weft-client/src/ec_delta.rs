@@ -101,7 +101,7 @@ pub(crate) async fn write(
         read_records(file, read_io, &layout, row, &others)
     );
     let (Some(mut olds), Some(records)) = (ranges, records) else { return Ok(Delta::Declined(Vec::new())) };
-    let mut parity = olds.split_off(data.len());
+    let parity = olds.split_off(data.len());
     let Some(vector) = agreed_vector(k, &parity) else { return Ok(Delta::Declined(Vec::new())) };
     let at_vector = |(j, c): (usize, &ChunkVersion)| c.intact && c.version == vector[j];
     if !data.iter().map(|s| s.i).zip(olds.iter().map(|(c, _)| c)).all(at_vector)
@@ -113,38 +113,14 @@ pub(crate) async fn write(
     if let Some(hook) = hook {
         hook(row).await;
     }
-    // 3. The data ranges, each version above every one named for its chunk.
-    let found_parity: Vec<Found> =
-        parity.iter().map(|(c, _)| Found::Intact { version: c.version, parity_of: c.parity_of.clone() }).collect();
-    let mut parity_of = vector.clone();
-    let mut writes = Vec::with_capacity(data.len());
-    for s in &data {
-        let version = next_data_version(s.i, vector[s.i], &found_parity);
-        parity_of[s.i] = version;
-        let from = (s.i as u64 * unit + s.lo - at) as usize;
-        let bytes = new.slice(from..from + (s.hi - s.lo) as usize);
-        writes.push((*s, RowWrite { expect: vector[s.i], version, parity_of: Vec::new() }, bytes));
-    }
+    // 3. The data ranges, then 4. every parity span.
+    let (writes, parity_of) = data_writes(unit, at, new, &data, &vector, &parity);
     let landed = write_ranges(file, write_io, &layout, row, writes.clone()).await;
     if !landed.iter().all(|&l| l) {
         let old = |n: usize| olds[n].1.clone().freeze();
         return Ok(Delta::Declined(replaced(k, &writes, &landed, &vector, old)));
     }
-    // 4. Every parity span, plus what each changed range adds to it.
-    for ((s, _, bytes), (_, old)) in writes.iter().zip(olds.iter_mut()) {
-        old.iter_mut().zip(bytes.iter()).for_each(|(o, n)| *o ^= n);
-        for (p, (_, span)) in parity.iter_mut().enumerate() {
-            codec.add_delta(p, s.i, old, &mut span[(s.lo - lo) as usize..(s.hi - lo) as usize]);
-        }
-    }
-    let parity_writes: Vec<(Span, RowWrite, Bytes)> = parity
-        .into_iter()
-        .zip(parity_spans)
-        .map(|((c, span), s)| {
-            let w = RowWrite { expect: c.version, version: c.version.saturating_add(1), parity_of: parity_of.clone() };
-            (s, w, span.freeze())
-        })
-        .collect();
+    let parity_writes = parity_writes(codec, &writes, &mut olds, parity, parity_spans, &parity_of);
     if write_ranges(file, write_io, &layout, row, parity_writes).await.iter().all(|&l| l) {
         return Ok(Delta::Done);
     }
@@ -154,6 +130,57 @@ pub(crate) async fn write(
         Bytes::from(olds[n].1.iter().zip(new.iter()).map(|(d, b)| d ^ b).collect::<Vec<u8>>())
     };
     Ok(Delta::Declined(replaced(k, &writes, &vec![true; writes.len()], &vector, old)))
+}
+
+/// The data ranges' writes (each at a version above every one named for its chunk, compare-and-set from the
+/// vector's), and the vector the parity names after them.
+fn data_writes(
+    unit: u64,
+    at: u64,
+    new: &Bytes,
+    data: &[Span],
+    vector: &[u64],
+    parity: &[(ChunkVersion, BytesMut)],
+) -> (Vec<(Span, RowWrite, Bytes)>, Vec<u64>) {
+    let found_parity: Vec<Found> =
+        parity.iter().map(|(c, _)| Found::Intact { version: c.version, parity_of: c.parity_of.clone() }).collect();
+    let mut parity_of = vector.to_vec();
+    let mut writes = Vec::with_capacity(data.len());
+    for s in data {
+        let version = next_data_version(s.i, vector[s.i], &found_parity);
+        parity_of[s.i] = version;
+        let from = (s.i as u64 * unit + s.lo - at) as usize;
+        let bytes = new.slice(from..from + (s.hi - s.lo) as usize);
+        writes.push((*s, RowWrite { expect: vector[s.i], version, parity_of: Vec::new() }, bytes));
+    }
+    (writes, parity_of)
+}
+
+/// Every parity span plus what each changed range adds to it (`olds` become the deltas, old ⊕ new, in place), as
+/// compare-and-set writes naming `parity_of`.
+fn parity_writes(
+    codec: &Codec,
+    writes: &[(Span, RowWrite, Bytes)],
+    olds: &mut [(ChunkVersion, BytesMut)],
+    mut parity: Vec<(ChunkVersion, BytesMut)>,
+    spans: Vec<Span>,
+    parity_of: &[u64],
+) -> Vec<(Span, RowWrite, Bytes)> {
+    let lo = spans.first().map_or(0, |s| s.lo);
+    for ((s, _, bytes), (_, old)) in writes.iter().zip(olds.iter_mut()) {
+        old.iter_mut().zip(bytes.iter()).for_each(|(o, n)| *o ^= n);
+        for (p, (_, span)) in parity.iter_mut().enumerate() {
+            codec.add_delta(p, s.i, old, &mut span[(s.lo - lo) as usize..(s.hi - lo) as usize]);
+        }
+    }
+    parity
+        .into_iter()
+        .zip(spans)
+        .map(|((c, span), s)| {
+            let w = RowWrite { expect: c.version, version: c.version.saturating_add(1), parity_of: parity_of.to_vec() };
+            (s, w, span.freeze())
+        })
+        .collect()
 }
 
 /// Per data chunk, the range of it that landed writes replaced: the version written, the one before (`vector`'s),

@@ -28,7 +28,7 @@ use weft_proto::msg::{ChunkVersion, RowWrite};
 use crate::ClientError;
 use crate::ec_calls::{ChunkWrite, Written, read_all, write_all};
 use crate::ec_codec::{Codec, is_chunk_loss};
-use crate::ec_version::{Found, next_data_version, plan_row};
+use crate::ec_version::{Found, RowPlan, next_data_version, plan_row};
 use crate::handle::File;
 use crate::recycle::Recycled;
 use crate::striped::Io;
@@ -448,12 +448,48 @@ pub(crate) fn plan_partial(
     run: &Bytes,
 ) -> Result<PartialPlan, String> {
     let (k, u) = (s.k, s.u);
-    let unit = u as u64;
     let to = s.from + run.len() as u64;
-    assert!(fs.len() > k && bytes.len() == fs.len() && s.from >= s.base && to <= s.base + k as u64 * unit);
+    assert!(fs.len() > k && bytes.len() == fs.len() && s.from >= s.base && to <= s.base + (k * u) as u64);
+    known.chunks.resize(k, None);
+    let (mut buf, rewrite, mut origin) = gather(s, to, &mut fs, bytes, known, heal);
+    // The chunks' records as found: a new version goes above them (the compare-and-set expects them).
+    let records: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
+    let mut versions = records.clone();
+    let mut planned = plan_row(k, fs.len() - k, &fs);
+    if planned.is_err()
+        && let Some(as_was) = as_before_delta(k, u, &fs, &known.replaced, &mut buf, &mut origin)
+    {
+        fs = as_was;
+        planned = plan_row(k, fs.len() - k, &fs);
+    }
+    match planned {
+        Ok(plan) => versions = decode_and_keep(k, u, codec, &plan, &mut buf, bytes, origin, known)?,
+        // Undecodable: fine only if no damaged chunk holds bytes this write keeps (outside the new bytes, below the
+        // old size); those chunks are rewritten with zeros there.
+        Err(e) if loses_kept_bytes(s, to, &fs) => return Err(e.to_string()),
+        Err(_) => {}
+    }
+    buf[(s.from - s.base) as usize..(to - s.base) as usize].copy_from_slice(run);
+    for j in (0..k).filter(|&j| rewrite[j]) {
+        versions[j] = next_data_version(j, records[j].max(fs[j].version().unwrap_or(0)), &fs[k..]);
+    }
+    Ok(PartialPlan { row: buf, rewrite, versions })
+}
+
+/// The row's data chunks as found into a row buffer (a chunk out of reach from `known`, at the version every
+/// intact parity chunk names for it, shown intact in `fs`), which are written (those the run `[s.from, to)`
+/// changes and damaged ones, never one left out), and where each chunk's bytes came from (kept without a copy).
+fn gather(
+    s: &PartialShape,
+    to: u64,
+    fs: &mut [Found],
+    bytes: &[Bytes],
+    known: &Known,
+    heal: Option<usize>,
+) -> (Vec<u8>, Vec<bool>, Vec<Option<Bytes>>) {
+    let (k, u) = (s.k, s.u);
     let mut buf = vec![0u8; k * u];
     let mut rewrite = vec![false; k];
-    known.chunks.resize(k, None);
     let vectors: Vec<Vec<u64>> = fs[k..]
         .iter()
         .filter_map(|f| match f {
@@ -461,7 +497,6 @@ pub(crate) fn plan_partial(
             _ => None,
         })
         .collect();
-    // Where each data chunk's bytes in `buf` came from, so `Known` can keep them without a copy.
     let mut origin: Vec<Option<Bytes>> = vec![None; k];
     for j in 0..k {
         // A chunk left out of this attempt (stale, or its server lost) is not written, even if learnt before.
@@ -478,61 +513,55 @@ pub(crate) fn plan_partial(
             }
             _ => {}
         }
-        // Chunks it changes, and damaged ones (rewritten whole from the decoded row: their repair).
-        let (lo, hi) = (s.base + j as u64 * unit, s.base + (j as u64 + 1) * unit);
+        let (lo, hi) = (s.base + (j * u) as u64, s.base + ((j + 1) * u) as u64);
         rewrite[j] = reachable && ((lo < to && s.from < hi) || matches!(fs[j], Found::Damaged { .. }));
     }
-    // The chunks' records as found: a new version goes above them (the compare-and-set expects them).
-    let records: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
-    let mut versions = records.clone();
-    let mut planned = plan_row(k, fs.len() - k, &fs);
-    if planned.is_err()
-        && let Some(as_was) = as_before_delta(k, u, &fs, &known.replaced, &mut buf, &mut origin)
-    {
-        fs = as_was;
-        planned = plan_row(k, fs.len() - k, &fs);
-    }
-    match planned {
-        Ok(plan) => {
-            if plan.use_chunk[..k].iter().any(|used| !used) {
-                let mut shards: Vec<Option<Vec<u8>>> = (0..fs.len())
-                    .map(|i| {
-                        plan.use_chunk[i]
-                            .then(|| if i < k { buf[i * u..(i + 1) * u].to_vec() } else { bytes[i].to_vec() })
-                    })
-                    .collect();
-                codec.reconstruct_data(&mut shards)?;
-                for (j, sh) in shards.iter().take(k).enumerate() {
-                    buf[j * u..(j + 1) * u].copy_from_slice(sh.as_ref().expect("reconstructed"));
-                }
-            }
-            versions = plan.data_versions;
-            // Every data chunk of the row is now known at its version: kept for a retry of this write. Chunks the
-            // row used as read (or learnt before) are kept by reference: only a decoded chunk is copied.
-            for j in 0..k {
-                let kept = match origin[j].take() {
-                    Some(b) if plan.use_chunk[j] => b,
-                    _ => Bytes::copy_from_slice(&buf[j * u..(j + 1) * u]),
-                };
-                known.chunks[j] = Some((versions[j], kept));
-            }
-        }
-        Err(e) => {
-            // Undecodable: fine only if no damaged chunk holds bytes this write keeps (outside the new bytes,
-            // below the old size); those chunks are rewritten with zeros there.
-            for (j, f) in fs[..k].iter().enumerate() {
-                let (lo, hi) = (s.base + j as u64 * unit, (s.base + (j as u64 + 1) * unit).min(s.old_size));
-                if !matches!(f, Found::Intact { .. }) && ((lo < hi.min(s.from)) || (to.max(lo) < hi)) {
-                    return Err(e.to_string());
-                }
-            }
+    (buf, rewrite, origin)
+}
+
+/// Decodes the chunks `plan` does not use into `buf` and keeps every data chunk of the row in `known` at its
+/// version, for a retry: by reference when used as read (or learnt before), a copy only when decoded. Returns the
+/// row's data versions.
+#[allow(clippy::too_many_arguments)]
+fn decode_and_keep(
+    k: usize,
+    u: usize,
+    codec: &Codec,
+    plan: &RowPlan,
+    buf: &mut [u8],
+    bytes: &[Bytes],
+    mut origin: Vec<Option<Bytes>>,
+    known: &mut Known,
+) -> Result<Vec<u64>, String> {
+    if plan.use_chunk[..k].iter().any(|used| !used) {
+        let mut shards: Vec<Option<Vec<u8>>> = (0..plan.use_chunk.len())
+            .map(|i| {
+                plan.use_chunk[i].then(|| if i < k { buf[i * u..(i + 1) * u].to_vec() } else { bytes[i].to_vec() })
+            })
+            .collect();
+        codec.reconstruct_data(&mut shards)?;
+        for (j, sh) in shards.iter().take(k).enumerate() {
+            buf[j * u..(j + 1) * u].copy_from_slice(sh.as_ref().expect("reconstructed"));
         }
     }
-    buf[(s.from - s.base) as usize..(to - s.base) as usize].copy_from_slice(run);
-    for j in (0..k).filter(|&j| rewrite[j]) {
-        versions[j] = next_data_version(j, records[j].max(fs[j].version().unwrap_or(0)), &fs[k..]);
+    for j in 0..k {
+        let kept = match origin[j].take() {
+            Some(b) if plan.use_chunk[j] => b,
+            _ => Bytes::copy_from_slice(&buf[j * u..(j + 1) * u]),
+        };
+        known.chunks[j] = Some((plan.data_versions[j], kept));
     }
-    Ok(PartialPlan { row: buf, rewrite, versions })
+    Ok(plan.data_versions.clone())
+}
+
+/// Whether a chunk that is not intact holds bytes a write of `[s.from, to)` keeps (outside the new bytes, below
+/// the old size).
+fn loses_kept_bytes(s: &PartialShape, to: u64, fs: &[Found]) -> bool {
+    let unit = s.u as u64;
+    fs[..s.k].iter().enumerate().any(|(j, f)| {
+        let (lo, hi) = (s.base + j as u64 * unit, (s.base + (j as u64 + 1) * unit).min(s.old_size));
+        !matches!(f, Found::Intact { .. }) && ((lo < hi.min(s.from)) || (to.max(lo) < hi))
+    })
 }
 
 /// The findings with every chunk a delta write of this write replaced (found intact at the version it wrote)
