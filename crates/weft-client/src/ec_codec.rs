@@ -14,32 +14,39 @@ pub(crate) struct Codec {
     pub(crate) k: usize,
     pub(crate) m: usize,
     /// `M[k+p][j]` of the encoding matrix (docs/format.md §16) at `p * k + j`: what data chunk `j` adds to parity
-    /// chunk `p` per byte, for delta parity (`ec_delta.rs`).
-    coefficients: Vec<u8>,
+    /// chunk `p` per byte, for delta parity (`ec_delta.rs`); worked out on its first use.
+    coefficients: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl Codec {
     pub(crate) fn new(k: usize, m: usize) -> Result<Codec, ClientError> {
         let rs = ReedSolomon::new(k, m).map_err(|e| ClientError::Protocol(format!("ec {k}+{m}: {e:?}")))?;
-        // The code is linear column by column: encoding the one-byte unit vector e_j gives column j of the parity
-        // rows of the matrix.
-        let mut coefficients = vec![0u8; m * k];
-        for j in 0..k {
-            let data: Vec<[u8; 1]> = (0..k).map(|i| [u8::from(i == j)]).collect();
-            let mut parity = vec![[0u8; 1]; m];
-            rs.encode_sep(&data, &mut parity).expect("k one-byte shards and m outputs");
-            for (p, b) in parity.iter().enumerate() {
-                coefficients[p * k + j] = b[0];
+        Ok(Codec { rs, k, m, coefficients: std::sync::OnceLock::new() })
+    }
+
+    /// The parity rows of the encoding matrix: the code is linear column by column, so encoding the one-byte unit
+    /// vector e_j gives column j.
+    fn coefficients(&self) -> &[u8] {
+        self.coefficients.get_or_init(|| {
+            let (k, m) = (self.k, self.m);
+            let mut coefficients = vec![0u8; m * k];
+            for j in 0..k {
+                let data: Vec<[u8; 1]> = (0..k).map(|i| [u8::from(i == j)]).collect();
+                let mut parity = vec![[0u8; 1]; m];
+                self.rs.encode_sep(&data, &mut parity).expect("k one-byte shards and m outputs");
+                for (p, b) in parity.iter().enumerate() {
+                    coefficients[p * k + j] = b[0];
+                }
             }
-        }
-        Ok(Codec { rs, k, m, coefficients })
+            coefficients
+        })
     }
 
     /// Adds to `parity` (a range of parity chunk `p`) what `delta` (the XOR of new and old bytes of data chunk `j`
     /// over the same range) changes in it: `parity ^= M[k+p][j] · delta`, byte by byte over GF(2^8).
     pub(crate) fn add_delta(&self, p: usize, j: usize, delta: &[u8], parity: &mut [u8]) {
         assert!(p < self.m && j < self.k && delta.len() == parity.len(), "one range of one data and parity chunk");
-        reed_solomon_erasure::galois_8::mul_slice_xor(self.coefficients[p * self.k + j], delta, parity);
+        reed_solomon_erasure::galois_8::mul_slice_xor(self.coefficients()[p * self.k + j], delta, parity);
     }
 
     /// The `m` parity shards of `data` (`k` shards of one length).

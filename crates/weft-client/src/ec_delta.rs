@@ -17,8 +17,9 @@ use weft_proto::msg::{ChunkVersion, EC_K_MAX, ReadChunkRangeReq, RowWrite, Write
 use weft_proto::{Layout, Request, Response};
 
 use crate::ClientError;
+use crate::ec_calls::read_all;
 use crate::ec_codec::{Codec, is_chunk_loss};
-use crate::ec_version::{Found, next_data_version};
+use crate::ec_version::{Found, next_data_version, vector_of};
 use crate::ec_write::Replaced;
 use crate::handle::File;
 use crate::striped::Io;
@@ -205,8 +206,8 @@ fn replaced(
 fn agreed_vector(k: usize, parity: &[(ChunkVersion, BytesMut)]) -> Option<Vec<u64>> {
     let mut agreed: Option<Vec<u64>> = None;
     for (c, _) in parity {
-        let v = if c.version == 0 && c.parity_of.is_empty() { vec![0; k] } else { c.parity_of.clone() };
-        if !c.intact || v.len() != k || agreed.as_ref().is_some_and(|a| *a != v) {
+        let v = vector_of(k, c.version, &c.parity_of).filter(|_| c.intact)?;
+        if agreed.as_ref().is_some_and(|a| *a != v) {
             return None;
         }
         agreed = Some(v);
@@ -272,31 +273,20 @@ async fn read_range(io: &Io, layout: &Layout, row: u64, s: Span) -> Result<(Chun
 }
 
 /// The records of the data chunks `which` of row `row` (no bytes), in the order of `which`, or `None`.
-async fn read_records(
-    file: &File,
-    io: &Io,
-    layout: &std::sync::Arc<Layout>,
-    row: u64,
-    which: &[usize],
-) -> Option<Vec<ChunkVersion>> {
-    let mut tasks = JoinSet::new();
-    for (n, &i) in which.iter().enumerate() {
-        let (io, layout) = (io.clone(), layout.clone());
-        tasks.spawn(async move { (n, i, crate::ec_calls::read_rows(&io, &layout, i, row, 1, false).await) });
-    }
+async fn read_records(file: &File, io: &Io, layout: &Layout, row: u64, which: &[usize]) -> Option<Vec<ChunkVersion>> {
     let mut out: Vec<Option<ChunkVersion>> = vec![None; which.len()];
     let mut ok = true;
-    while let Some(r) = tasks.join_next().await {
-        match r {
-            Ok((n, _, Ok((mut v, _)))) if v.len() == 1 => out[n] = v.pop(),
-            Ok((_, i, Err(e))) => {
+    for (i, r) in read_all(io, layout, which.iter().copied(), row, 1, false).await {
+        match (r, which.iter().position(|&w| w == i)) {
+            (Ok((mut v, _)), Some(n)) if v.len() == 1 => out[n] = v.pop(),
+            (Err(e), _) => {
                 declined(file, i, &e);
                 ok = false;
             }
             _ => ok = false,
         }
     }
-    ok.then(|| out.into_iter().map(|o| o.expect("every record answered")).collect())
+    if ok { out.into_iter().collect() } else { None }
 }
 
 /// `WriteChunkRange` of every range at once; which landed (in the order of `writes`).

@@ -11,7 +11,8 @@ use crate::ec_calls::{ChunkWrite, Written, read_all, write_all};
 use crate::ec_codec::{Codec, is_chunk_loss};
 use crate::ec_version::{Found, RowPlan, Undecodable, next_data_version, plan_row};
 use crate::ec_write::{
-    Attempt, Known, RowBytes, RowJob, WRITE_ATTEMPTS_MAX, encode_parity, found_of, last_nonzero, torn, write_attempt,
+    Attempt, Known, RowBytes, RowJob, WRITE_ATTEMPTS_MAX, encode_parity, found_of, last_nonzero, slot_bytes, torn,
+    write_attempt,
 };
 use crate::handle::File;
 use crate::recycle::Recycled;
@@ -322,13 +323,6 @@ pub(crate) async fn heal_batch(
     Ok(n)
 }
 
-/// The stored bytes (§16) of chunk `slot` of row `row` in a file of `size` bytes.
-pub(crate) fn slot_bytes(size: u64, row: u64, k: usize, slot: usize, unit: u64) -> u64 {
-    let row_bytes = unit * k as u64;
-    let row_len = size.saturating_sub(row * row_bytes).min(row_bytes);
-    if slot < k { row_len.saturating_sub(slot as u64 * unit).min(unit) } else { row_len.min(unit) }
-}
-
 async fn heal_attempt(
     file: &File,
     io: &Io,
@@ -498,8 +492,7 @@ impl HealShape {
     /// The stored length (§16) of chunk `i` of row `row`, or longer where the chunk on disk or the new one (`fresh`)
     /// has non-zero bytes past it (as in `ec_write.rs`).
     fn keep(&self, read: &HealRead, i: usize, row: usize, fresh: &[u8]) -> usize {
-        let stored = self.size.saturating_sub(self.base + row as u64 * self.row_bytes).min(self.row_bytes) as usize;
-        let want = if i < self.k { stored.saturating_sub(i * self.u).min(self.u) } else { stored.min(self.u) };
+        let want = slot_bytes(self.size, self.base / self.row_bytes + row as u64, self.k, i, self.u as u64) as usize;
         let disk = if read.found[i][row].intact { last_nonzero(read.chunk(i, row, self.u)) } else { self.u };
         want.max(disk).max(last_nonzero(fresh))
     }

@@ -66,7 +66,7 @@ impl std::fmt::Display for Undecodable {
 
 /// The vector a parity chunk stands for: a never-written parity chunk (version 0) encodes the all-zero data
 /// chunks of version 0.
-fn vector_of(k: usize, version: u64, parity_of: &[u64]) -> Option<Vec<u64>> {
+pub(crate) fn vector_of(k: usize, version: u64, parity_of: &[u64]) -> Option<Vec<u64>> {
     if version == 0 && parity_of.is_empty() {
         return Some(vec![0; k]);
     }

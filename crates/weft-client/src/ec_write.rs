@@ -28,7 +28,7 @@ use weft_proto::msg::{ChunkVersion, RowWrite};
 use crate::ClientError;
 use crate::ec_calls::{ChunkWrite, Written, read_all, write_all};
 use crate::ec_codec::{Codec, is_chunk_loss};
-use crate::ec_version::{Found, RowPlan, next_data_version, plan_row};
+use crate::ec_version::{Found, RowPlan, next_data_version, plan_row, vector_of};
 use crate::handle::File;
 use crate::recycle::Recycled;
 use crate::striped::Io;
@@ -207,11 +207,8 @@ fn vector_expect(k: usize, found: &[Vec<ChunkVersion>], parity: &[usize], rows: 
         let mut agreed: Option<Vec<u64>> = None;
         for &i in parity {
             let c = found.get(i)?.get(row)?;
-            if !c.intact {
-                return None;
-            }
-            let v = if c.version == 0 && c.parity_of.is_empty() { vec![0; k] } else { c.parity_of.clone() };
-            if v.len() != k || agreed.as_ref().is_some_and(|a| *a != v) {
+            let v = vector_of(k, c.version, &c.parity_of).filter(|_| c.intact)?;
+            if agreed.as_ref().is_some_and(|a| *a != v) {
                 return None;
             }
             agreed = Some(v);
@@ -245,7 +242,6 @@ struct Geom {
     k: usize,
     m: usize,
     u: usize,
-    row_bytes: u64,
     /// The file offset of the first row.
     base: u64,
     /// One row covered only partly (else whole rows).
@@ -261,7 +257,7 @@ impl RowJob<'_> {
         let to = self.from + self.new.len();
         let partial = self.rows == 1 && (self.from > base || to < base + row_bytes);
         assert!(partial || (self.from == base && to == base + self.rows * row_bytes), "one partial row or whole rows");
-        Geom { k, m, u: unit as usize, row_bytes, base, partial }
+        Geom { k, m, u: unit as usize, base, partial }
     }
 
     fn degraded(&self, g: &Geom, i: usize, cause: &dyn std::fmt::Display) -> ClientError {
@@ -620,8 +616,7 @@ fn keep_len(
     row: u64,
     fresh: &[u8],
 ) -> usize {
-    let stored = job.new_end.saturating_sub(g.base + row * g.row_bytes).min(g.row_bytes) as usize;
-    let stored = if i < g.k { stored.saturating_sub(i * g.u).min(g.u) } else { stored.min(g.u) };
+    let stored = slot_bytes(job.new_end, job.first + row, g.k, i, g.u as u64) as usize;
     let disk = match (g.partial, g.partial && read_found[i][0].intact) {
         (true, true) => last_nonzero(&bytes[i]),
         (true, false) => g.u,
@@ -711,6 +706,13 @@ async fn finish(
     missed.extend(lost);
     crate::stale::record_missed(job.file, missed, g.base, job.first, job.first + job.rows).await?;
     Ok(Attempt::Done)
+}
+
+/// The stored bytes (§16) of chunk `slot` of row `row` in a file of `size` bytes.
+pub(crate) fn slot_bytes(size: u64, row: u64, k: usize, slot: usize, unit: u64) -> u64 {
+    let row_bytes = unit * k as u64;
+    let row_len = size.saturating_sub(row * row_bytes).min(row_bytes);
+    if slot < k { row_len.saturating_sub(slot as u64 * unit).min(unit) } else { row_len.min(unit) }
 }
 
 /// The length of `b` without its trailing zeros.
