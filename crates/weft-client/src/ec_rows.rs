@@ -337,8 +337,13 @@ async fn heal_attempt(
     let row_bytes = (u * k) as u64;
     let base = first * row_bytes;
     assert!(rows > 0 && base + (rows - 1) * row_bytes < size.max(1), "rows below the file's last row");
-    let Some(read) = heal_read(file, io, codec, first, rows, slot).await? else { return Ok(HealAttempt::RowByRow) };
-    let plan = match plan_heal(codec, u, slot, &read) {
+    // The healed chunk's bytes are never used, but where its stored length is short of a unit (the file's last
+    // row) they say how much must be written over (`HealShape::keep`).
+    let slot_bytes_read = (first + rows) * row_bytes > size;
+    let Some(read) = heal_read(file, io, codec, (first, rows), slot, slot_bytes_read).await? else {
+        return Ok(HealAttempt::RowByRow);
+    };
+    let mut plan = match plan_heal(codec, u, slot, &read) {
         Ok(Some(plan)) => plan,
         Ok(None) => return Ok(HealAttempt::RowByRow),
         Err((row, e)) => return Err(torn(file, base + row as u64 * row_bytes, e)),
@@ -348,6 +353,15 @@ async fn heal_attempt(
         hook(first).await;
     }
     let shape = HealShape { k, u, base, row_bytes, size, slot };
+    if heals_alone(k, slot) {
+        let (write, written) = heal_parity_write(&shape, codec, file.client.recycled(), &read, &plan);
+        return match write_all(io, layout, write.into_iter().collect(), first).await {
+            Written::Moved => Ok(HealAttempt::Moved),
+            Written::Failed(f) if !f.is_empty() => Err(f.into_iter().next().expect("one failure").1),
+            Written::Failed(_) => Ok(HealAttempt::Done(written)),
+        };
+    }
+    bump_healed(k, slot, &read, &mut plan);
     // 3. The healed data chunk, then 4. every parity chunk.
     let (slot_write, mut written) = heal_slot_write(&shape, &read, &plan);
     if let Some(w) = slot_write {
@@ -384,15 +398,16 @@ struct HealRead {
     rows: usize,
 }
 
-/// Steps 1 and 2 of a batch heal: the parity chunks' records and bytes, then the data chunks'. `None` when the
-/// batch path does not handle it (more chunks stale than the code tolerates, another server lost).
+/// Steps 1 and 2 of a batch heal: the parity chunks' records and bytes, then the data chunks' (the healed chunk's
+/// record only, unless `slot_bytes`). `None` when the batch path does not handle it (more chunks stale than the
+/// code tolerates, another server lost).
 async fn heal_read(
     file: &File,
     io: &Io,
     codec: &Codec,
-    first: u64,
-    rows: u64,
+    (first, rows): (u64, u64),
     slot: usize,
+    slot_bytes: bool,
 ) -> Result<Option<HealRead>, ClientError> {
     let (k, m) = (codec.k, codec.m);
     let layout = &file.layout();
@@ -404,8 +419,13 @@ async fn heal_read(
     let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); k + m];
     let mut bytes: Vec<BytesMut> = vec![BytesMut::new(); k + m];
     for phase in [k..k + m, 0..k] {
-        let which: Vec<usize> = phase.filter(|i| !skip.contains(i)).collect();
-        for (i, r) in read_all(io, layout, which.into_iter(), first, rows, true).await {
+        let records_only = (phase.contains(&slot) && !slot_bytes).then_some(slot);
+        let which: Vec<usize> = phase.filter(|i| !skip.contains(i) && (*i != slot || slot_bytes)).collect();
+        let with_data = read_all(io, layout, which.into_iter(), first, rows, true);
+        let without = read_all(io, layout, records_only.into_iter(), first, rows, false);
+        let (mut got, without) = tokio::join!(with_data, without);
+        got.extend(without);
+        for (i, r) in got {
             match r {
                 Ok((v, b)) => {
                     found[i] = v;
@@ -448,6 +468,8 @@ fn plan_heal(codec: &Codec, u: usize, slot: usize, read: &HealRead) -> Result<Op
     let (k, m) = (codec.k, codec.m);
     let mut data = vec![0u8; read.rows * k * u];
     let mut data_versions: Vec<Vec<u64>> = Vec::with_capacity(read.rows);
+    // The parity chunks a row's decode uses, copied (the reconstruction wants every shard mutable).
+    let mut scratch = vec![0u8; m * u];
     for row in 0..read.rows {
         let fs: Vec<Found> = (0..k + m).map(|i| read.found(i, row, slot)).collect();
         if fs.iter().enumerate().any(|(i, f)| i != slot && matches!(f, Found::Damaged { .. })) {
@@ -455,25 +477,38 @@ fn plan_heal(codec: &Codec, u: usize, slot: usize, read: &HealRead) -> Result<Op
         }
         let Ok(plan) = plan_row(k, m, &fs) else { return Ok(None) };
         let out = &mut data[row * k * u..(row + 1) * k * u];
-        if plan.use_chunk[..k].iter().all(|&x| x) {
-            for j in 0..k {
-                out[j * u..(j + 1) * u].copy_from_slice(read.chunk(j, row, u));
-            }
-        } else {
-            let mut shards: Vec<Option<Vec<u8>>> =
-                (0..k + m).map(|i| plan.use_chunk[i].then(|| read.chunk(i, row, u).to_vec())).collect();
-            codec.reconstruct_data(&mut shards).map_err(|e| (row, e))?;
-            for (j, s) in shards.iter().take(k).enumerate() {
-                out[j * u..(j + 1) * u].copy_from_slice(s.as_ref().expect("reconstructed"));
-            }
+        for j in (0..k).filter(|&j| plan.use_chunk[j]) {
+            out[j * u..(j + 1) * u].copy_from_slice(read.chunk(j, row, u));
         }
-        let mut versions = plan.data_versions;
-        if slot < k {
-            versions[slot] = next_data_version(slot, fs[slot].version().unwrap_or(0), &fs[k..]);
+        if !plan.use_chunk[..k].iter().all(|&x| x) {
+            for (p, spare) in scratch.chunks_exact_mut(u).enumerate().filter(|(p, _)| plan.use_chunk[k + p]) {
+                spare.copy_from_slice(read.chunk(k + p, row, u));
+            }
+            let shards: Vec<&mut [u8]> = out.chunks_exact_mut(u).chain(scratch.chunks_exact_mut(u)).collect();
+            codec.reconstruct_data_in_place(shards, &plan.use_chunk).map_err(|e| (row, e))?;
         }
-        data_versions.push(versions);
+        data_versions.push(plan.data_versions);
     }
     Ok(Some(HealPlan { data: Bytes::from(data), data_versions }))
+}
+
+/// Whether a batch heal writes the healed chunk alone (docs/format.md §18): a parity chunk, which names the vector
+/// it encodes, so a writer moving the row meanwhile leaves it outdated, never wrong. A data chunk takes a version
+/// above every one named for it and every parity chunk is rewritten naming it: written at the version the parity
+/// names, its bytes could disagree with another copy of that version (issue 30's finding, §17).
+fn heals_alone(k: usize, slot: usize) -> bool {
+    slot >= k
+}
+
+/// A healed data chunk's new versions: above its record and every version a parity chunk names for it.
+fn bump_healed(k: usize, slot: usize, read: &HealRead, plan: &mut HealPlan) {
+    if slot >= k {
+        return;
+    }
+    for (row, versions) in plan.data_versions.iter_mut().enumerate() {
+        let parity: Vec<Found> = (k..read.found.len()).map(|i| read.found(i, row, slot)).collect();
+        versions[slot] = next_data_version(slot, read.found[slot][row].version, &parity);
+    }
 }
 
 /// A batch heal's geometry.
@@ -493,7 +528,11 @@ impl HealShape {
     /// has non-zero bytes past it (as in `ec_write.rs`).
     fn keep(&self, read: &HealRead, i: usize, row: usize, fresh: &[u8]) -> usize {
         let want = slot_bytes(self.size, self.base / self.row_bytes + row as u64, self.k, i, self.u as u64) as usize;
-        let disk = if read.found[i][row].intact { last_nonzero(read.chunk(i, row, self.u)) } else { self.u };
+        if want == self.u {
+            return want;
+        }
+        let unread = read.bytes[i].len() < (row + 1) * self.u;
+        let disk = if read.found[i][row].intact && !unread { last_nonzero(read.chunk(i, row, self.u)) } else { self.u };
         want.max(disk).max(last_nonzero(fresh))
     }
 }
@@ -513,6 +552,18 @@ fn heal_slot_write(s: &HealShape, read: &HealRead, plan: &HealPlan) -> (Option<C
         recs.push(RowWrite { expect, version, parity_of: Vec::new() });
     }
     (Some((s.slot, recs, payload)), written)
+}
+
+/// A healed parity chunk alone: [`heal_parity_writes`]'s write of it, and its bytes.
+fn heal_parity_write(
+    s: &HealShape,
+    codec: &Codec,
+    bufs: &Recycled,
+    read: &HealRead,
+    plan: &HealPlan,
+) -> (Option<ChunkWrite>, u64) {
+    let (writes, written) = heal_parity_writes(s, codec, bufs, read, plan);
+    (writes.into_iter().find(|(i, _, _)| *i == s.slot), written)
 }
 
 /// Step 4: every parity chunk not left out, encoded from the rows' data, compare-and-set from the versions read
@@ -586,14 +637,19 @@ mod tests {
     }
 
     #[test]
-    fn a_healed_data_chunk_is_decoded_and_takes_a_new_version() {
+    fn a_healed_data_chunk_is_decoded_and_takes_a_new_version_and_a_parity_chunk_is_written_alone() {
         let (codec, read) = healing(1);
-        let plan = plan_heal(&codec, 8, 1, &read).unwrap().unwrap();
+        let mut plan = plan_heal(&codec, 8, 1, &read).unwrap().unwrap();
         assert_eq!(&plan.data[..], &[[1u8; 8], [2u8; 8]].concat()[..], "chunk 1 decoded, never its bytes read");
+        assert_eq!(plan.data_versions, vec![vec![3, 4]], "the versions the parity names");
+        assert!(!heals_alone(2, 1));
+        bump_healed(2, 1, &read, &mut plan);
         assert_eq!(plan.data_versions, vec![vec![3, 5]], "above its record and what the parity names");
-        // A healed parity chunk: the data as read, their versions unchanged.
+        // A healed parity chunk: alone, the data as read, their versions unchanged.
         let (codec, read) = healing(2);
-        let plan = plan_heal(&codec, 8, 2, &read).unwrap().unwrap();
+        let mut plan = plan_heal(&codec, 8, 2, &read).unwrap().unwrap();
+        assert!(heals_alone(2, 2));
+        bump_healed(2, 2, &read, &mut plan);
         assert_eq!(plan.data_versions, vec![vec![3, 4]]);
     }
 

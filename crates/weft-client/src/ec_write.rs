@@ -417,6 +417,14 @@ pub(crate) struct PartialShape {
     pub old_size: u64,
 }
 
+impl PartialShape {
+    /// Whether new bytes `[from, to)` fall in data chunk `j`.
+    fn changes(&self, j: usize, to: u64) -> bool {
+        let (lo, hi) = (self.base + (j * self.u) as u64, self.base + ((j + 1) * self.u) as u64);
+        lo < to && self.from < hi
+    }
+}
+
 /// A partial row's plan: the row's bytes after the write (`k` chunks), the data chunks written, the data
 /// versions after it.
 #[derive(Debug, PartialEq, Eq)]
@@ -509,8 +517,7 @@ fn gather(
             }
             _ => {}
         }
-        let (lo, hi) = (s.base + (j * u) as u64, s.base + ((j + 1) * u) as u64);
-        rewrite[j] = reachable && ((lo < to && s.from < hi) || matches!(fs[j], Found::Damaged { .. }));
+        rewrite[j] = reachable && (s.changes(j, to) || matches!(fs[j], Found::Damaged { .. }));
     }
     (buf, rewrite, origin)
 }
@@ -684,6 +691,19 @@ fn parity_writes(
     (writes, sent)
 }
 
+/// A test's hook run by a degraded row write between its writes and its marking what it missed stale, with the
+/// file's inode and the job's first row: how a test reads the row in exactly that window (`set_degraded_hook`).
+/// `None` in production.
+pub type DegradedHook =
+    std::sync::Arc<dyn Fn(u64, u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+static DEGRADED_HOOK: std::sync::Mutex<Option<DegradedHook>> = std::sync::Mutex::new(None);
+
+/// Tests only: installs (or with `None` removes) the hook of [`DEGRADED_HOOK`].
+#[doc(hidden)]
+pub fn set_degraded_hook(hook: Option<DegradedHook>) {
+    *DEGRADED_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = hook;
+}
+
 /// After the writes: a heal that could not write what it heals fails (the range stays stale), as does a failed
 /// task; up to `m` unavailable servers have the rows each missed (stale ones too: they were skipped in every row)
 /// recorded stale before this write is acknowledged.
@@ -704,6 +724,12 @@ async fn finish(
         .collect();
     crate::stale::refetch_if_fenced(job.file, &lost).await?;
     missed.extend(lost);
+    if !missed.is_empty() {
+        let hook = DEGRADED_HOOK.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(hook) = hook {
+            hook(job.file.attr.ino, job.first).await;
+        }
+    }
     crate::stale::record_missed(job.file, missed, g.base, job.first, job.first + job.rows).await?;
     Ok(Attempt::Done)
 }

@@ -50,6 +50,7 @@ pub use catch_up::heal_rows;
 pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
 pub use ec_delta::{DeltaHook, set_delta_hook};
 pub use ec_rows::{HealHook, set_heal_hook};
+pub use ec_write::{DegradedHook, set_degraded_hook};
 pub use error::ClientError;
 pub use handle::File;
 pub use io_queue::{Completion, IoKind, IoOp, IoQueue};
