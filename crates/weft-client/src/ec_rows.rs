@@ -353,8 +353,11 @@ async fn heal_attempt(
         hook(first).await;
     }
     let shape = HealShape { k, u, base, row_bytes, size, slot };
-    if heals_alone(k, slot) {
-        let (write, written) = heal_parity_write(&shape, codec, file.client.recycled(), &read, &plan);
+    if let Some(rows) = heals_alone(k, slot, &read, &plan) {
+        let (write, written) = match slot < k {
+            true => heal_slot_write(&shape, &read, &plan, rows),
+            false => heal_parity_write(&shape, codec, file.client.recycled(), &read, &plan),
+        };
         return match write_all(io, layout, write.into_iter().collect(), first).await {
             Written::Moved => Ok(HealAttempt::Moved),
             Written::Failed(f) if !f.is_empty() => Err(f.into_iter().next().expect("one failure").1),
@@ -363,7 +366,7 @@ async fn heal_attempt(
     }
     bump_healed(k, slot, &read, &mut plan);
     // 3. The healed data chunk, then 4. every parity chunk.
-    let (slot_write, mut written) = heal_slot_write(&shape, &read, &plan);
+    let (slot_write, mut written) = heal_slot_write(&shape, &read, &plan, read.rows);
     if let Some(w) = slot_write {
         match write_all(io, layout, vec![w], first).await {
             Written::Moved => return Ok(HealAttempt::Moved),
@@ -492,12 +495,18 @@ fn plan_heal(codec: &Codec, u: usize, slot: usize, read: &HealRead) -> Result<Op
     Ok(Some(HealPlan { data: Bytes::from(data), data_versions }))
 }
 
-/// Whether a batch heal writes the healed chunk alone (docs/format.md §18): a parity chunk, which names the vector
-/// it encodes, so a writer moving the row meanwhile leaves it outdated, never wrong. A data chunk takes a version
-/// above every one named for it and every parity chunk is rewritten naming it: written at the version the parity
-/// names, its bytes could disagree with another copy of that version (issue 30's finding, §17).
-fn heals_alone(k: usize, slot: usize) -> bool {
-    slot >= k
+/// Whether a batch heal writes the healed chunk alone (docs/format.md §18), and of how many rows from the first:
+/// always a parity chunk (it names the vector it encodes); a data chunk at the version the rows' parity names for
+/// it (a version names one content, §17), when that version is above the chunk's record in each row written (a
+/// compare-and-set write only moves up), the rows after them never written (version 0 named and found: zeros, as
+/// past a file's end).
+fn heals_alone(k: usize, slot: usize, read: &HealRead, plan: &HealPlan) -> Option<usize> {
+    if slot >= k {
+        return Some(read.rows);
+    }
+    let (named, found) = (|row: usize| plan.data_versions[row][slot], |row: usize| read.found[slot][row].version);
+    let n = (0..read.rows).take_while(|&row| named(row) > found(row)).count();
+    (n..read.rows).all(|row| named(row) == 0 && found(row) == 0).then_some(n)
 }
 
 /// A healed data chunk's new versions: above its record and every version a parity chunk names for it.
@@ -537,13 +546,14 @@ impl HealShape {
     }
 }
 
-/// Step 3: the healed data chunk's write (none for a parity slot), and the bytes it writes.
-fn heal_slot_write(s: &HealShape, read: &HealRead, plan: &HealPlan) -> (Option<ChunkWrite>, u64) {
-    if s.slot >= s.k {
+/// Step 3: the healed data chunk's write of the batch's first `rows` rows (none for a parity slot or no rows), and
+/// the bytes it writes.
+fn heal_slot_write(s: &HealShape, read: &HealRead, plan: &HealPlan, rows: usize) -> (Option<ChunkWrite>, u64) {
+    if s.slot >= s.k || rows == 0 {
         return (None, 0);
     }
-    let (mut payload, mut recs, mut written) = (Vec::with_capacity(read.rows), Vec::with_capacity(read.rows), 0);
-    for row in 0..read.rows {
+    let (mut payload, mut recs, mut written) = (Vec::with_capacity(rows), Vec::with_capacity(rows), 0);
+    for row in 0..rows {
         let at = row * s.row_bytes as usize + s.slot * s.u;
         let n = s.keep(read, s.slot, row, &plan.data[at..at + s.u]);
         written += n as u64;
@@ -637,18 +647,39 @@ mod tests {
     }
 
     #[test]
-    fn a_healed_data_chunk_is_decoded_and_takes_a_new_version_and_a_parity_chunk_is_written_alone() {
+    fn a_healed_data_chunk_is_decoded_and_written_alone_only_below_the_version_the_parity_names() {
+        // Its record at the version the parity names (bytes not trusted): written above it, with every parity.
         let (codec, read) = healing(1);
         let mut plan = plan_heal(&codec, 8, 1, &read).unwrap().unwrap();
         assert_eq!(&plan.data[..], &[[1u8; 8], [2u8; 8]].concat()[..], "chunk 1 decoded, never its bytes read");
         assert_eq!(plan.data_versions, vec![vec![3, 4]], "the versions the parity names");
-        assert!(!heals_alone(2, 1));
+        assert_eq!(heals_alone(2, 1, &read, &plan), None, "a write at version 4 would not move its record of 4");
         bump_healed(2, 1, &read, &mut plan);
         assert_eq!(plan.data_versions, vec![vec![3, 5]], "above its record and what the parity names");
-        // A healed parity chunk: alone, the data as read, their versions unchanged.
+        // A spare's chunk (no record): written alone at the version the parity names for the decoded bytes.
+        let (codec, mut read) = healing(1);
+        read.found[1][0] = ChunkVersion { version: 0, intact: true, parity_of: vec![] };
+        let plan = plan_heal(&codec, 8, 1, &read).unwrap().unwrap();
+        assert_eq!(heals_alone(2, 1, &read, &plan), Some(1));
+        assert_eq!(plan.data_versions, vec![vec![3, 4]]);
+        // A row whose parity names version 0 for it and no record (never written): nothing to write.
+        let (codec, mut read) = healing(1);
+        read.found[1][0].version = 0;
+        read.found[2][0].parity_of = vec![3, 0];
+        read.bytes[2] = BytesMut::from(&codec.encode(&[&[1u8; 8], &[0u8; 8]]).remove(0)[..]);
+        let plan = plan_heal(&codec, 8, 1, &read).unwrap().unwrap();
+        assert_eq!(heals_alone(2, 1, &read, &plan), Some(0), "zeros never written: nothing to write");
+        // Nor can a record above it be moved down to 0: that row goes the general way.
+        let (codec, mut read) = healing(1);
+        read.found[1][0].version = 2;
+        read.found[2][0].parity_of = vec![3, 0];
+        read.bytes[2] = BytesMut::from(&codec.encode(&[&[1u8; 8], &[0u8; 8]]).remove(0)[..]);
+        let plan = plan_heal(&codec, 8, 1, &read).unwrap().unwrap();
+        assert_eq!(heals_alone(2, 1, &read, &plan), None);
+        // A healed parity chunk: always alone, the data as read, their versions unchanged.
         let (codec, read) = healing(2);
         let mut plan = plan_heal(&codec, 8, 2, &read).unwrap().unwrap();
-        assert!(heals_alone(2, 2));
+        assert_eq!(heals_alone(2, 2, &read, &plan), Some(1));
         bump_healed(2, 2, &read, &mut plan);
         assert_eq!(plan.data_versions, vec![vec![3, 4]]);
     }

@@ -155,6 +155,21 @@ pub(crate) fn next_data_version(j: usize, current: u64, found_parity: &[Found]) 
     current.max(named).saturating_add(1)
 }
 
+/// How far above every version named for it a write puts a data chunk it changes but cannot write
+/// ([`unreachable_version`]): the versions its server may hold that no parity names are each one compare-and-set
+/// write above the last named one, never this many.
+pub(crate) const UNREACHABLE_GAP: u64 = 1 << 24;
+
+/// The version a write names for data chunk `j` whose bytes it changes but cannot write (its server unreachable,
+/// or the chunk stale and left out): its new bytes live only in the parity, and its server may hold versions no
+/// surviving parity names (writes whose parity never landed). No compare-and-set on the chunk vouches for the
+/// choice, so it is far above every named version ([`UNREACHABLE_GAP`]) and random below the next gap (`random`,
+/// any value): it names no bytes on that server, nor, but with a chance of one in 2^24, those of another writer
+/// racing on the same row from the same parity (docs/format.md §17, "A version names one content").
+pub(crate) fn unreachable_version(j: usize, found_parity: &[Found], random: u64) -> u64 {
+    next_data_version(j, 0, found_parity).saturating_add(UNREACHABLE_GAP).saturating_add(random % UNREACHABLE_GAP)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

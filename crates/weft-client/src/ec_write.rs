@@ -28,7 +28,7 @@ use weft_proto::msg::{ChunkVersion, RowWrite};
 use crate::ClientError;
 use crate::ec_calls::{ChunkWrite, Written, read_all, write_all};
 use crate::ec_codec::{Codec, is_chunk_loss};
-use crate::ec_version::{Found, RowPlan, next_data_version, plan_row, vector_of};
+use crate::ec_version::{Found, RowPlan, next_data_version, plan_row, unreachable_version, vector_of};
 use crate::handle::File;
 use crate::recycle::Recycled;
 use crate::striped::Io;
@@ -156,8 +156,10 @@ pub(crate) const TORN_BACKOFF_MS_MAX: u64 = 250;
 /// the old range back), which that parity encodes: the same rescue `chunks` gives a whole-row attempt.
 #[derive(Default)]
 pub(crate) struct Known {
-    /// Per data chunk: its version and bytes (a reference to the reply it was read in, or a copy if decoded).
-    chunks: Vec<Option<(u64, Bytes)>>,
+    /// Per data chunk: the versions this write learnt it at (read intact, or decoded) or named it at (wrote it, or
+    /// encoded it into its parity unable to write it), with their bytes (references to the replies or to the row
+    /// written, a copy only when decoded); newest last, at most [`KNOWN_PER_CHUNK_MAX`].
+    chunks: Vec<Vec<(u64, Bytes)>>,
     read_data: bool,
     pub(crate) replaced: Vec<Option<Replaced>>,
 }
@@ -172,7 +174,33 @@ pub(crate) struct Replaced {
     pub old: Bytes,
 }
 
+/// Versions of one data chunk a row write keeps ([`Known`]): enough for the attempts that race another writer.
+const KNOWN_PER_CHUNK_MAX: usize = 4;
+
 impl Known {
+    /// The bytes of data chunk `j` at `version`, if this write learnt or named them.
+    fn learnt(&self, j: usize, version: u64) -> Option<&Bytes> {
+        self.chunks.get(j)?.iter().rev().find(|(v, _)| *v == version).map(|(_, b)| b)
+    }
+
+    /// The newest version of data chunk `j` this write knows, with its bytes.
+    fn newest(&self, j: usize) -> Option<&(u64, Bytes)> {
+        self.chunks.get(j)?.last()
+    }
+
+    /// Keeps data chunk `j`'s bytes at `version` (a version names one content, docs/format.md §17).
+    pub(crate) fn learn(&mut self, j: usize, version: u64, bytes: Bytes) {
+        if self.chunks.len() <= j {
+            self.chunks.resize(j + 1, Vec::new());
+        }
+        let c = &mut self.chunks[j];
+        c.retain(|(v, _)| *v != version);
+        if c.len() >= KNOWN_PER_CHUNK_MAX {
+            c.remove(0);
+        }
+        c.push((version, bytes));
+    }
+
     /// What a delta write that fell back left to know (`ec_delta.rs`).
     pub(crate) fn after_delta(replaced: Vec<Option<Replaced>>) -> Known {
         Known { replaced, ..Known::default() }
@@ -310,6 +338,10 @@ pub(crate) async fn write_attempt(job: &RowJob<'_>, known: &mut Known) -> Result
             plan_partial(&shape, job.codec, fs, &read.bytes, known, job.heal, run)
                 .map_err(|e| torn(job.file, g.base, e))?;
         let b = Bytes::from(buf);
+        // Each chunk of the row as planned is what its version names from now on (written, or in the parity).
+        for (j, &v) in versions.iter().enumerate() {
+            known.learn(j, v, b.slice(j * g.u..(j + 1) * g.u));
+        }
         let chunks = (0..g.k).map(|j| b.slice(j * g.u..(j + 1) * g.u)).collect();
         Planned { chunks, rewrite, data_versions: vec![versions] }
     } else {
@@ -454,8 +486,9 @@ pub(crate) fn plan_partial(
     let (k, u) = (s.k, s.u);
     let to = s.from + run.len() as u64;
     assert!(fs.len() > k && bytes.len() == fs.len() && s.from >= s.base && to <= s.base + (k * u) as u64);
-    known.chunks.resize(k, None);
     let (mut buf, rewrite, mut origin) = gather(s, to, &mut fs, bytes, known, heal);
+    // Data chunks whose bytes change but which this write cannot reach: their new bytes are in the parity only.
+    let unwritten: Vec<usize> = (0..k).filter(|&j| !rewrite[j] && s.changes(j, to)).collect();
     // The chunks' records as found: a new version goes above them (the compare-and-set expects them).
     let records: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
     let mut versions = records.clone();
@@ -466,16 +499,25 @@ pub(crate) fn plan_partial(
         fs = as_was;
         planned = plan_row(k, fs.len() - k, &fs);
     }
-    match planned {
-        Ok(plan) => versions = decode_and_keep(k, u, codec, &plan, &mut buf, bytes, origin, known)?,
-        // Undecodable: fine only if no damaged chunk holds bytes this write keeps (outside the new bytes, below the
-        // old size); those chunks are rewritten with zeros there.
-        Err(e) if loses_kept_bytes(s, to, &fs) => return Err(e.to_string()),
-        Err(_) => {}
+    if planned.is_err()
+        && let Some(v) = decode_with_known(k, u, codec, &fs, bytes, known, &mut buf)
+    {
+        versions = v;
+    } else {
+        match planned {
+            Ok(plan) => versions = decode_and_keep(k, u, codec, &plan, &mut buf, bytes, origin, known)?,
+            // Undecodable: fine only if no damaged chunk holds bytes this write keeps (outside the new bytes, below the
+            // old size); those chunks are rewritten with zeros there.
+            Err(e) if loses_kept_bytes(s, to, &fs) => return Err(e.to_string()),
+            Err(_) => {}
+        }
     }
     buf[(s.from - s.base) as usize..(to - s.base) as usize].copy_from_slice(run);
     for j in (0..k).filter(|&j| rewrite[j]) {
         versions[j] = next_data_version(j, records[j].max(fs[j].version().unwrap_or(0)), &fs[k..]);
+    }
+    for j in unwritten {
+        versions[j] = unreachable_version(j, &fs[k..], weft_rpc::auth::random_id());
     }
     Ok(PartialPlan { row: buf, rewrite, versions })
 }
@@ -505,15 +547,21 @@ fn gather(
     for j in 0..k {
         // A chunk left out of this attempt (stale, or its server lost) is not written, even if learnt before.
         let reachable = !matches!(fs[j], Found::Unreachable);
-        match (&fs[j], &known.chunks[j]) {
+        // Out of reach: the bytes this write knows at the version every intact parity chunk names for it.
+        let learnt = match vectors.first() {
+            Some(first) if vectors.iter().all(|v| v[j] == first[j]) => known.learnt(j, first[j]).map(|b| (first[j], b)),
+            Some(_) => None,
+            None => known.newest(j).map(|(v, b)| (*v, b)),
+        };
+        match (&fs[j], learnt) {
             (Found::Intact { .. }, _) => {
                 buf[j * u..(j + 1) * u].copy_from_slice(&bytes[j]);
                 origin[j] = Some(bytes[j].clone());
             }
-            (Found::Unreachable, Some((version, b))) if Some(j) != heal && vectors.iter().all(|v| v[j] == *version) => {
+            (Found::Unreachable, Some((version, b))) if Some(j) != heal => {
                 buf[j * u..(j + 1) * u].copy_from_slice(b);
                 origin[j] = Some(b.clone());
-                fs[j] = Found::Intact { version: *version, parity_of: Vec::new() };
+                fs[j] = Found::Intact { version, parity_of: Vec::new() };
             }
             _ => {}
         }
@@ -552,9 +600,67 @@ fn decode_and_keep(
             Some(b) if plan.use_chunk[j] => b,
             _ => Bytes::copy_from_slice(&buf[j * u..(j + 1) * u]),
         };
-        known.chunks[j] = Some((plan.data_versions[j], kept));
+        known.learn(j, plan.data_versions[j], kept);
     }
     Ok(plan.data_versions.clone())
+}
+
+/// A row the version rule cannot decode as found, decoded with what this write knows (docs/format.md §17, "A
+/// version names one content"): each data chunk not found intact is decoded from a group of agreeing parity chunks
+/// and, for every other data chunk, its bytes at the version that group names, found intact at it or known to this
+/// write at it (learnt or named in an earlier attempt). The group is chosen as the rule chooses (the largest, then
+/// the greatest vector). This rescues two writers whose parity writes split while a chunk is out of reach: each
+/// knows the versions the other overwrote. The data chunks found intact keep their bytes and versions. Returns the
+/// row's data versions, `None` when no group has enough.
+fn decode_with_known(
+    k: usize,
+    u: usize,
+    codec: &Codec,
+    fs: &[Found],
+    bytes: &[Bytes],
+    known: &mut Known,
+    buf: &mut [u8],
+) -> Option<Vec<u64>> {
+    let groups = parity_groups(k, &fs[k..]);
+    let missing: Vec<usize> = (0..k).filter(|&j| !matches!(fs[j], Found::Intact { .. })).collect();
+    for (vector, members) in groups {
+        let at = |i: usize| match &fs[i] {
+            Found::Intact { version, .. } if *version == vector[i] => Some(bytes[i].clone()),
+            _ => known.learnt(i, vector[i]).cloned(),
+        };
+        let inputs: Vec<Option<Bytes>> = (0..k).map(|i| if missing.contains(&i) { None } else { at(i) }).collect();
+        if inputs.iter().flatten().count() + members.len() < k {
+            continue;
+        }
+        let mut shards: Vec<Option<Vec<u8>>> = inputs.iter().map(|b| b.as_ref().map(|b| b.to_vec())).collect();
+        shards.extend((0..fs.len() - k).map(|p| members.contains(&(k + p)).then(|| bytes[k + p].to_vec())));
+        codec.reconstruct_data(&mut shards).ok()?;
+        let mut versions: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
+        for &j in &missing {
+            let decoded = shards[j].take().expect("reconstructed");
+            buf[j * u..(j + 1) * u].copy_from_slice(&decoded);
+            known.learn(j, vector[j], Bytes::from(decoded));
+            versions[j] = vector[j];
+        }
+        return Some(versions);
+    }
+    None
+}
+
+/// The intact parity chunks' vectors, each with the chunks naming it: the largest group first, then the greatest
+/// vector (the version rule's order).
+fn parity_groups(k: usize, parity: &[Found]) -> Vec<(Vec<u64>, Vec<usize>)> {
+    let mut groups: Vec<(Vec<u64>, Vec<usize>)> = Vec::new();
+    for (p, f) in parity.iter().enumerate() {
+        let Found::Intact { version, parity_of } = f else { continue };
+        let Some(v) = vector_of(k, *version, parity_of) else { continue };
+        match groups.iter_mut().find(|(w, _)| *w == v) {
+            Some((_, members)) => members.push(k + p),
+            None => groups.push((v, vec![k + p])),
+        }
+    }
+    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then_with(|| b.0.cmp(&a.0)));
+    groups
 }
 
 /// Whether a chunk that is not intact holds bytes a write of `[s.from, to)` keeps (outside the new bytes, below
@@ -600,7 +706,12 @@ fn plan_whole(g: &Geom, rows: u64, read: &Read, heal: Option<usize>, new: &RowBy
     let data_versions = (0..rows as usize)
         .map(|row| {
             let pf: Vec<Found> = (g.k..g.k + g.m).map(|i| read.found(i, row, false, heal)).collect();
-            (0..g.k).map(|j| next_data_version(j, ver(j, row), &pf)).collect()
+            // A chunk left out keeps its old bytes on its server: its new ones are in the parity only.
+            let version = |j| match read.skip.contains(&j) {
+                true => unreachable_version(j, &pf, weft_rpc::auth::random_id()),
+                false => next_data_version(j, ver(j, row), &pf),
+            };
+            (0..g.k).map(version).collect()
         })
         .collect();
     // Slices of the caller's whole rows as they are (no copy).
@@ -794,7 +905,7 @@ mod tests {
         assert_eq!(p.rewrite, vec![false, true, true, false]);
         // Above the chunk's version and every version the parity names for it.
         assert_eq!(p.versions, vec![3, 5, 6, 6]);
-        assert!(known.chunks.iter().all(|c| c.is_some()), "every chunk kept for a retry");
+        assert!(known.chunks.len() == K && known.chunks.iter().all(|c| !c.is_empty()), "every chunk kept for a retry");
     }
 
     #[test]
@@ -816,14 +927,14 @@ mod tests {
         // Learnt at version 5, the one the parity names: used as it is (here its bytes differ from the stored
         // row's, so the plan shows which one it took).
         let mut known =
-            Known { chunks: vec![None, None, Some((5, Bytes::from(vec![99u8; U]))), None], ..Known::default() };
+            Known { chunks: vec![vec![], vec![], vec![(5, Bytes::from(vec![99u8; U]))], vec![]], ..Known::default() };
         let mut fs = intact([3, 4, 5, 6]);
         fs[2] = Found::Unreachable;
         let p = plan_partial(&shape(0, 64), &codec, fs.clone(), &bytes, &mut known, None, &run).unwrap();
         assert_eq!(p.row, expected(&[(0, 1, 4), (32, 99, 16)]));
         // Learnt at another version: decoded from the parity instead.
         let mut known =
-            Known { chunks: vec![None, None, Some((4, Bytes::from(vec![99u8; U]))), None], ..Known::default() };
+            Known { chunks: vec![vec![], vec![], vec![(4, Bytes::from(vec![99u8; U]))], vec![]], ..Known::default() };
         let p = plan_partial(&shape(0, 64), &codec, fs, &bytes, &mut known, None, &run).unwrap();
         assert_eq!(p.row, expected(&[(0, 1, 4)]));
     }
@@ -871,7 +982,8 @@ mod tests {
 
     /// A delta write of this write replaced bytes [4, 8) of chunk 2 (version 5 → 9, the old bytes `12`) and lost
     /// its parity compare-and-set: both parity chunks still name version 5. With chunk 1's server down the row
-    /// decodes only with chunk 2 as it was, which the parity encodes; the plan then writes chunk 2 above 9.
+    /// decodes with chunk 2 as it was, which the parity encodes, or without chunk 2; the plan then writes chunk 2
+    /// above 9.
     #[test]
     fn a_chunk_a_delta_write_replaced_is_planned_as_it_was_when_the_parity_names_that() {
         let (codec, mut bytes) = row();
@@ -882,8 +994,13 @@ mod tests {
         fs[1] = Found::Unreachable;
         fs[2] = Found::Intact { version: 9, parity_of: vec![] };
         let run = Bytes::from(vec![1u8; 4]);
-        let e = plan_partial(&shape(36, 64), &codec, fs.clone(), &bytes, &mut Known::default(), None, &run);
-        assert!(e.is_err(), "without what the delta write replaced, chunk 1 cannot be decoded");
+        // Without what the delta write replaced, the version rule finds no parity agreeing with every data chunk
+        // found; chunk 1 is still decoded from chunks 0 and 3 and the parity at the versions it names, which leaves
+        // chunk 2 out of the decode (decode_with_known), and the same plan results.
+        assert!(plan_row(K, 2, &fs).is_err());
+        let p = plan_partial(&shape(36, 64), &codec, fs.clone(), &bytes, &mut Known::default(), None, &run).unwrap();
+        assert_eq!(p.row, expected(&[(36, 1, 4)]), "chunk 1 decoded right; the run laid in");
+        assert_eq!(p.versions, vec![3, 4, 10, 6]);
         let replaced = Replaced { written: 9, old_version: 5, lo: 4, old: Bytes::from(vec![12u8; 4]) };
         let mut known = Known::after_delta(vec![None, None, Some(replaced), None]);
         let p = plan_partial(&shape(36, 64), &codec, fs, &bytes, &mut known, None, &run).unwrap();

@@ -86,15 +86,13 @@ async fn a_server_killed_inside_a_delta_write_leaves_the_write_acknowledged_and_
     same(&read_range(&client, "/ec/f", 0, model.len()).await.unwrap(), &model, "decoded with data server 1 dead");
 }
 
-/// Issue 30's finding, an open bug (docs/format.md §17, "Known gap"): a write that changes bytes of a data chunk
-/// whose server it cannot reach stores them only in the parity, and names the chunk there at its old version. The
-/// chunk's old bytes on its server (back before the write marks it stale) carry that version too, and a read that
-/// decodes another chunk from the two returns wrong bytes where nothing was written; it must get the bytes last
-/// written there, or a clear error. Fails today (every byte of the chunk read differs): run it with `--ignored`.
-/// Naming a new, unique version for the chunk fixes this test but, tried, made two writers that both change the
-/// unreachable chunk of one row leave it torn for both (`ec_streams.rs`'s partial-row writers, 3 runs in 12).
+/// Issue 30's finding (docs/format.md §17, "A version names one content"): a write that changes bytes of a data
+/// chunk whose server it cannot reach stores them only in the parity, and must name a new version for that chunk
+/// there. Named at its old version, the chunk's old bytes on its server (back before the write marks it stale)
+/// carry the version the parity names for the new ones, and a read that decodes another chunk from the two returns
+/// wrong bytes where nothing was written (every byte of the chunk read, before the fix). It must get the bytes
+/// last written there, or a clear error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 30: a version can name two contents of a chunk changed while unreachable (docs/format.md §17)"]
 async fn a_chunk_changed_while_unreachable_never_decodes_with_its_old_bytes() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let mut c = start_with("ec-unreachable-version", 3, |o| o.meta_extra_toml = "heal = false\n".into()).await;

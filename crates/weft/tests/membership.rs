@@ -145,12 +145,25 @@ async fn put(c: &Client, path: &str, model: &[u8]) -> Vec<u32> {
     servers
 }
 
-/// The server is killed with `kill -9` and stays down: the rebuild onto the spare completes without it, then two
-/// more servers are killed and every file (two ec 4+2, one mirror 2) still reads back equal — which for the rows
-/// whose surviving chunks include the spare's needs the rebuilt chunks to be right.
+/// Each data server's ec rows written (`weft_data_ec_rows_written_total`), by role (`data{id}`), but `victim`'s.
+async fn ec_rows_written(addrs: &[(String, String)], victim: u32) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    for (role, addr) in addrs.iter().filter(|(r, _)| r.starts_with("data") && *r != format!("data{victim}")) {
+        let text = weft_rpc::metrics::scrape(addr).await.unwrap_or_else(|e| panic!("scraping {role} at {addr}: {e}"));
+        let s = weft_rpc::metrics::parse(&text);
+        out.push((role.clone(), weft_rpc::metrics::sum(&s, "weft_data_ec_rows_written_total", &[])));
+    }
+    out
+}
+
+/// The server is killed with `kill -9` and stays down: the rebuild onto the spare completes without it, writing
+/// ec rows to the spares only (a rebuilt chunk is written alone, docs/format.md §18), then two more servers are
+/// killed and every file (two ec 4+2, one mirror 2) still reads back equal — which for the rows whose surviving
+/// chunks include the spare's needs the rebuilt chunks to be right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_server_that_stays_down_is_rebuilt_onto_the_spare_and_every_file_survives_two_more_kills() {
     let mut c = start_with("membership-down", 7, |o| {
+        o.metrics = true;
         o.rebuild_after_ms = Some(3000);
         o.meta_extra_toml = "liveness_ms = 1500\n".into();
         o.data_extra_toml = "heartbeat_ms = 250\n".into();
@@ -172,6 +185,8 @@ async fn a_killed_server_that_stays_down_is_rebuilt_onto_the_spare_and_every_fil
     }
     // The victim: a data slot of /ec/a that the mirror uses too when it can.
     let victim = *layouts[0][..4].iter().find(|s| layouts[2].contains(s)).unwrap_or(&layouts[0][1]);
+    let addrs = c.metrics_addrs();
+    let written_before = ec_rows_written(&addrs, victim).await;
     c.kill_data_server(victim).await;
 
     // Every file that used the victim moves to a new generation without it, and the rebuild (the stale table
@@ -205,6 +220,16 @@ async fn a_killed_server_that_stays_down_is_rebuilt_onto_the_spare_and_every_fil
         let l = client.getattr(ino).await.unwrap().layout.unwrap();
         assert!(!l.servers.contains(&victim), "{path}: {l:?}");
         now.push(l.servers);
+    }
+    // The ec files' spares (the mirror's copies are not ec rows).
+    let moved = now.iter().zip(&layouts).take(2).flat_map(|(n, b)| n.iter().filter(|s| !b.contains(s)));
+    let spares: Vec<String> = moved.map(|s| format!("data{s}")).collect();
+    let written_after = ec_rows_written(&addrs, victim).await;
+    for ((role, before), (_, after)) in written_before.iter().zip(&written_after) {
+        match spares.contains(role) {
+            false => assert_eq!(after, before, "{role} is no ec file's spare: the rebuild wrote no ec row to it"),
+            true => assert!(after > before, "{role}, a spare, was written its rebuilt chunks"),
+        }
     }
 
     // Two more servers die: a data slot of /ec/a other than its spare, and /ec/a's first parity slot (so /ec/a
