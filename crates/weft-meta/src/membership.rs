@@ -344,6 +344,32 @@ mod tests {
         assert_eq!(r2.layout, Some(ec(vec![4, 2, 0], 1)));
     }
 
+    /// Issue 32 item 5: a failed server's slots, over many files, spread over every spare candidate (each file's
+    /// slot goes to the least-loaded up server outside its layout), not onto one: every candidate takes some, and
+    /// whatever load they had before, they end within one slot of each other once the moves outweigh it.
+    #[test]
+    fn a_failed_servers_slots_spread_over_every_spare_candidate() {
+        let failed: BTreeSet<u32> = [1].into();
+        let up: BTreeSet<u32> = [0, 2, 3, 4, 5, 6, 7].into();
+        for before in [BTreeMap::new(), BTreeMap::from([(3, 4), (6, 1)])] {
+            let mut load = before.clone();
+            let mut moved_to: BTreeMap<u32, u64> = BTreeMap::new();
+            let others: Vec<u32> = up.iter().copied().collect();
+            for f in 0..42usize {
+                // Layouts of width 3 holding the failed server, the other two rotating through the up servers.
+                let layout = ec(vec![1, others[f % 7], others[(f + 3) % 7]], 0);
+                let r = replace_failed(&layout, &failed, &up, &mut load);
+                let (_, old, spare) = r.moved[0];
+                assert!(old == 1 && !layout.servers.contains(&spare) && up.contains(&spare));
+                *moved_to.entry(spare).or_insert(0) += 1;
+            }
+            assert!(others.iter().all(|s| moved_to.contains_key(s)), "every candidate used: {moved_to:?}");
+            let total = |s: &u32| load.get(s).copied().unwrap_or(0);
+            let (lo, hi) = (others.iter().map(total).min().unwrap(), others.iter().map(total).max().unwrap());
+            assert!(hi - lo <= 1, "loads {load:?} after moves {moved_to:?} from {before:?}");
+        }
+    }
+
     #[test]
     fn replacing_without_a_spare_changes_nothing_and_plain_layouts_never_change() {
         let failed: BTreeSet<u32> = [1].into();

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use common::*;
 use weft_client::{Client, OpenMode};
 use weft_fabric::TcpFabric;
-use weft_proto::msg::{ReadReq, TruncateReq, WriteReq};
+use weft_proto::msg::{ReadChunkRangeReq, ReadReq, RowWrite, TruncateReq, WriteChunkRangeReq, WriteReq, WriteRowsReq};
 use weft_proto::{Capability, ErrorCode, ROOT_INO, Request, Rights, SetAttrs};
 use weft_rpc::RpcClient;
 use weft_rpc::capability::unix_now_ms;
@@ -83,6 +83,18 @@ async fn forged_read_only_wrong_inode_and_missing_capabilities_are_refused_and_n
     assert_refused(write(&ds, ino, ro.clone()).await, ErrorCode::CapabilityRefused, "needs write", "read-only");
     let truncate = Request::Truncate(TruncateReq { ino, size: 0, cap: ro.clone() });
     assert_refused(ds.call_simple(truncate).await, ErrorCode::CapabilityRefused, "needs write", "truncate, read-only");
+    // The ec ops: whole rows and ranges of a chunk (docs/format.md §17) need write rights to write, any to read.
+    let row = RowWrite { expect: 0, version: 1, parity_of: Vec::new() };
+    let rows =
+        Request::WriteRows(WriteRowsReq { ino, unit: 4096, first_row: 0, rows: vec![row.clone()], cap: ro.clone() });
+    let refused = ds.call(rows, vec![Bytes::from(vec![7u8; 4096])], vec![]).await;
+    assert_refused(refused, ErrorCode::CapabilityRefused, "needs write", "WriteRows, read-only");
+    let range = WriteChunkRangeReq { ino, unit: 4096, row: 0, offset: 0, write: row, cap: ro.clone() };
+    let refused = ds.call(Request::WriteChunkRange(range), vec![Bytes::from(vec![7u8; 16])], vec![]).await;
+    assert_refused(refused, ErrorCode::CapabilityRefused, "needs write", "WriteChunkRange, read-only");
+    let read_range = ReadChunkRangeReq { ino, unit: 4096, row: 0, offset: 0, len: 16, cap: Capability::none() };
+    let refused = ds.call(Request::ReadChunkRange(read_range), vec![], vec![BytesMut::zeroed(16)]).await;
+    assert_refused(refused, ErrorCode::CapabilityRefused, "no capability", "ReadChunkRange, none");
     let for_other = client.open_capability(other, Rights::READ_WRITE).await.unwrap().cap;
     assert_refused(write(&ds, ino, for_other).await, ErrorCode::CapabilityRefused, "inode", "another inode's");
     assert_refused(write(&ds, ino, Capability::none()).await, ErrorCode::CapabilityRefused, "no capability", "none");
