@@ -494,13 +494,9 @@ impl FileScrub<'_> {
         lens: &[Option<u64>],
         bad: &[Vec<u64>],
     ) -> Result<(), ClientError> {
-        let layout = self.file.layout();
         let (k, m) = (codec.k, codec.m);
-        let unit = u64::from(layout.stripe_unit);
-        let u = unit as usize;
-        let row_bytes = unit * k as u64;
-        let at = row * unit;
-        let file_at = row * row_bytes;
+        let unit = u64::from(self.file.layout().stripe_unit);
+        let r = RowAt { k, unit, at: row * unit, file_at: row * unit * k as u64 };
         self.report.chunks += (k + m) as u64;
         // A chunk in a stale range (§18) missed writes and is the healer's: its row is not judged here (stale data
         // would pass its checksums and look like the truth).
@@ -508,122 +504,152 @@ impl FileScrub<'_> {
             return Ok(());
         }
         // The row's stored length (§16): data chunk j keeps `row_len - j·unit` of it, parity `min(row_len, unit)`.
-        let row_len = self.file.size().saturating_sub(file_at).min(row_bytes);
+        let row_len = self.file.size().saturating_sub(r.file_at).min(unit * k as u64);
         let keep = |i: usize| if i < k { row_len.saturating_sub(i as u64 * unit).min(unit) } else { row_len.min(unit) };
-        let mut shards: Vec<Option<Vec<u8>>> = vec![None; k + m];
+        let (shards, missing) = self.read_row(io, &r, lens, bad).await?;
+        // A chunk whose object ends before its stored bytes in this row: its zeros there are not verified.
+        let short: Vec<usize> =
+            (0..k + m).filter(|&i| shards[i].is_some() && lens[i].is_some_and(|l| l < r.at + keep(i))).collect();
+        let unavailable = (0..k + m).filter(|&i| lens[i].is_none()).count();
+        let present = (0..k + m).filter(|&i| shards[i].is_some()).count();
+        if present < k {
+            let why = |i: usize| {
+                format!(
+                    "{} fails its checksum and only {present} of the row's chunks pass (need {k})",
+                    chunk_name(i, k)
+                )
+            };
+            self.chunk_findings(&r, &missing, why);
+            return Ok(());
+        }
+        if missing.is_empty() && unavailable == 0 {
+            return self.ec_row_whole(codec, &r, shards, &short).await;
+        }
+        self.ec_row_rebuild(codec, &r, shards, &missing).await
+    }
+
+    /// The chunks of one ec row that read and pass their checksums (`None`: unavailable or missing), and those
+    /// missing (bad checksums, or a server lost while reading).
+    async fn read_row(
+        &mut self,
+        io: &Io,
+        r: &RowAt,
+        lens: &[Option<u64>],
+        bad: &[Vec<u64>],
+    ) -> Result<(Vec<Option<Vec<u8>>>, Vec<usize>), ClientError> {
+        let layout = self.file.layout();
+        let mut shards: Vec<Option<Vec<u8>>> = vec![None; lens.len()];
         let mut missing = Vec::new();
-        for i in 0..k + m {
-            if lens[i].is_none() {
-                continue;
-            }
-            if bad[i].iter().any(|&b| b >= at && b < at + unit) {
+        for i in (0..lens.len()).filter(|&i| lens[i].is_some()) {
+            if bad[i].iter().any(|&b| b >= r.at && b < r.at + r.unit) {
                 missing.push(i);
                 continue;
             }
-            match read_on(io, &object_of(&layout, i), at, unit).await {
+            match read_on(io, &object_of(&layout, i), r.at, r.unit).await {
                 Ok(b) => shards[i] = Some(b.to_vec()),
                 Err(e) if is_chunk_loss(&e) => missing.push(i),
                 Err(e) => return Err(e),
             }
         }
-        // A chunk whose object ends before its stored bytes in this row: its zeros there are not verified.
-        let short: Vec<usize> =
-            (0..k + m).filter(|&i| shards[i].is_some() && lens[i].is_some_and(|l| l < at + keep(i))).collect();
-        let unavailable = (0..k + m).filter(|&i| lens[i].is_none()).count();
-        let present = (0..k + m).filter(|&i| shards[i].is_some()).count();
-        if present < k {
-            for &i in &missing {
-                self.finding(
-                    chunk_file_offset(file_at, i, k, unit),
-                    layout.servers[i],
-                    format!(
-                        "{} fails its checksum and only {present} of the row's chunks pass (need {k})",
-                        chunk_name(i, k)
-                    ),
-                    false,
-                );
+        Ok((shards, missing))
+    }
+
+    /// A finding (not repaired) for each chunk of `which` in row `r`, saying `why`.
+    fn chunk_findings(&mut self, r: &RowAt, which: &[usize], why: impl Fn(usize) -> String) {
+        let servers = self.file.layout().servers.clone();
+        for &i in which {
+            self.finding(chunk_file_offset(r.file_at, i, r.k, r.unit), servers[i], why(i), false);
+        }
+    }
+
+    /// An ec row whose every chunk read and passes its checksums: parity that disagrees with the data is rewritten
+    /// from it, unless a data chunk ends early on its server (`short`), which is rebuilt when a chunk to spare
+    /// confirms it, else reported.
+    async fn ec_row_whole(
+        &mut self,
+        codec: &Codec,
+        r: &RowAt,
+        shards: Vec<Option<Vec<u8>>>,
+        short: &[usize],
+    ) -> Result<(), ClientError> {
+        let (k, m) = (codec.k, codec.m);
+        let data: Vec<&[u8]> = shards[..k].iter().map(|s| s.as_deref().expect("present")).collect();
+        let parity = codec.encode(&data);
+        let wrong: Vec<usize> =
+            (0..m).filter(|&p| shards[k + p].as_deref() != Some(&parity[p][..])).map(|p| k + p).collect();
+        if wrong.is_empty() {
+            return Ok(());
+        }
+        let short_data: Vec<usize> = short.iter().copied().filter(|&i| i < k).collect();
+        if short_data.is_empty() {
+            // Data that passes its checksums is the truth: the disagreeing parity is rewritten from it.
+            for i in wrong {
+                let bytes = parity[i - k].clone();
+                self.rewrite(i, r.at, r.file_at, bytes, "parity disagrees with the row's data").await?;
             }
             return Ok(());
         }
-        if missing.is_empty() && unavailable == 0 {
-            let data: Vec<&[u8]> = shards[..k].iter().map(|s| s.as_deref().expect("present")).collect();
-            let parity = codec.encode(&data);
-            let wrong: Vec<usize> =
-                (0..m).filter(|&p| shards[k + p].as_deref() != Some(&parity[p][..])).map(|p| k + p).collect();
-            if wrong.is_empty() {
-                return Ok(());
-            }
-            let short_data: Vec<usize> = short.iter().copied().filter(|&i| i < k).collect();
-            if short_data.is_empty() {
-                // Data that passes its checksums is the truth: the disagreeing parity is rewritten from it.
-                for i in wrong {
-                    let bytes = parity[i - k].clone();
-                    self.rewrite(i, at, file_at, bytes, "parity disagrees with the row's data").await?;
-                }
-                return Ok(());
-            }
-            // A data chunk ends early: its tail may be lost. Rebuild it from the others when a chunk to spare
-            // confirms the result; otherwise the row is ambiguous.
-            if short_data.len() < m {
-                let mut trial = shards.clone();
-                for &i in &short_data {
-                    trial[i] = None;
-                }
-                if codec.reconstruct(&mut trial).is_ok() {
-                    let data: Vec<&[u8]> = trial[..k].iter().map(|s| s.as_deref().expect("rebuilt")).collect();
-                    let re = codec.encode(&data);
-                    let consistent =
-                        (0..m).all(|p| short_data.contains(&(k + p)) || trial[k + p].as_deref() == Some(&re[p][..]));
-                    if consistent {
-                        for &i in &short_data {
-                            if trial[i] != shards[i] {
-                                let bytes = trial[i].take().expect("rebuilt");
-                                self.rewrite(i, at, file_at, bytes, "bytes lost past the chunk's object end").await?;
-                            }
-                        }
-                        return Ok(());
-                    }
-                }
-            }
+        // A data chunk ends early: its tail may be lost. Rebuild it from the others when a chunk to spare confirms
+        // the result; otherwise the row is ambiguous.
+        if short_data.len() < m {
+            let mut trial = shards.clone();
             for &i in &short_data {
-                self.finding(
-                    chunk_file_offset(file_at, i, k, unit),
-                    layout.servers[i],
-                    format!(
-                        "parity disagrees with the row, and data chunk {i} ends early on its server (lost bytes?): \
-                             cannot tell which is right"
-                    ),
-                    false,
-                );
+                trial[i] = None;
             }
-            return Ok(());
+            if codec.reconstruct(&mut trial).is_ok() {
+                let data: Vec<&[u8]> = trial[..k].iter().map(|s| s.as_deref().expect("rebuilt")).collect();
+                let re = codec.encode(&data);
+                let consistent =
+                    (0..m).all(|p| short_data.contains(&(k + p)) || trial[k + p].as_deref() == Some(&re[p][..]));
+                if consistent {
+                    for &i in &short_data {
+                        if trial[i] != shards[i] {
+                            let bytes = trial[i].take().expect("rebuilt");
+                            self.rewrite(i, r.at, r.file_at, bytes, "bytes lost past the chunk's object end").await?;
+                        }
+                    }
+                    return Ok(());
+                }
+            }
         }
-        // Chunks missing (bad checksums): rebuilt from the rest, checked against any chunk to spare first.
+        let why = |i: usize| {
+            format!(
+                "parity disagrees with the row, and data chunk {i} ends early on its server (lost bytes?): cannot \
+                 tell which is right"
+            )
+        };
+        self.chunk_findings(r, &short_data, why);
+        Ok(())
+    }
+
+    /// An ec row with chunks `missing` (bad checksums): rebuilt from the rest, checked against any chunk to spare
+    /// first.
+    async fn ec_row_rebuild(
+        &mut self,
+        codec: &Codec,
+        r: &RowAt,
+        shards: Vec<Option<Vec<u8>>>,
+        missing: &[usize],
+    ) -> Result<(), ClientError> {
+        let (k, m) = (codec.k, codec.m);
         let mut rebuilt = shards.clone();
         if let Err(e) = codec.reconstruct(&mut rebuilt) {
-            self.finding(file_at, u32::MAX, format!("decoding the row failed: {e}"), false);
+            self.finding(r.file_at, u32::MAX, format!("decoding the row failed: {e}"), false);
             return Ok(());
         }
         let data: Vec<&[u8]> = rebuilt[..k].iter().map(|s| s.as_deref().expect("rebuilt")).collect();
         let re = codec.encode(&data);
         if (0..m).any(|p| shards[k + p].as_ref().is_some_and(|s| s[..] != re[p][..])) {
-            for &i in &missing {
-                self.finding(
-                    chunk_file_offset(file_at, i, k, unit),
-                    layout.servers[i],
-                    format!(
-                        "{} fails its checksum and the surviving chunks disagree with each other",
-                        chunk_name(i, k)
-                    ),
-                    false,
-                );
-            }
+            let why = |i: usize| {
+                format!("{} fails its checksum and the surviving chunks disagree with each other", chunk_name(i, k))
+            };
+            self.chunk_findings(r, missing, why);
             return Ok(());
         }
-        for &i in &missing {
+        for &i in missing {
             let bytes = rebuilt[i].take().expect("rebuilt");
-            debug_assert_eq!(bytes.len(), u);
-            self.rewrite(i, at, file_at, bytes, "chunk fails its checksum").await?;
+            debug_assert_eq!(bytes.len() as u64, r.unit);
+            self.rewrite(i, r.at, r.file_at, bytes, "chunk fails its checksum").await?;
         }
         Ok(())
     }
@@ -698,6 +724,15 @@ async fn read_window(io: &Io, layout: &Layout, w: u64, len: u64, bad: &[u64]) ->
         a = b;
     }
     Ok(out)
+}
+
+/// Where one ec row of a scrubbed file is: `k` data chunks of `unit` bytes, at object offset `at` on each server
+/// and file offset `file_at`.
+struct RowAt {
+    k: usize,
+    unit: u64,
+    at: u64,
+    file_at: u64,
 }
 
 #[cfg(test)]

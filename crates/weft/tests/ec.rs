@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use common::*;
-use weft_client::{Client, ClientError, OpenMode};
+use weft_client::{Client, OpenMode};
 use weft_proto::{DataRedundancy, ROOT_INO};
 
 const UNIT: u32 = 64 << 10;
@@ -30,26 +30,10 @@ impl Rng {
     }
 }
 
-/// Asserts `got == want` naming the first differing byte (not printing megabytes).
-#[track_caller]
-fn same(got: &[u8], want: &[u8], what: &str) {
-    if got != want {
-        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-        panic!("{what}: {} bytes read, {} expected, first difference at {at}", got.len(), want.len());
-    }
-}
-
 /// `/ec`, whose new files are `ec 4+2` with a stripe unit of [`UNIT`].
 async fn ec_dir(c: &Client) {
     let dir = c.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
     c.set_layout_with(dir.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
-}
-
-/// Reads `[off, off + len)` of `path` with a fresh open of `c`.
-async fn read_range(c: &Client, path: &str, off: u64, len: usize) -> Result<Vec<u8>, ClientError> {
-    let f = c.open(path, OpenMode::Read).await?;
-    let got = f.read_at(off, BytesMut::zeroed(len)).await?;
-    Ok(got.to_vec())
 }
 
 /// Reads random ranges of `path` and checks each against `model`, `n` times; counts reads done in `done`.

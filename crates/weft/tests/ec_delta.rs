@@ -7,9 +7,9 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use common::*;
-use weft_client::{Client, ClientError, OpenMode};
+use weft_client::{Client, OpenMode};
 use weft_proto::{DataRedundancy, ROOT_INO};
 
 const UNIT: u32 = 64 << 10;
@@ -21,22 +21,6 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 async fn ec_dir(c: &Client) {
     let dir = c.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
     c.set_layout_with(dir.ino, UNIT, 0, DataRedundancy::Ec { k: 4, m: 2 }).await.unwrap();
-}
-
-/// Reads `[off, off + len)` of `path` with a fresh open of `c`.
-async fn read_range(c: &Client, path: &str, off: u64, len: usize) -> Result<Vec<u8>, ClientError> {
-    let f = c.open(path, OpenMode::Read).await?;
-    let got = f.read_at(off, BytesMut::zeroed(len)).await?;
-    Ok(got.to_vec())
-}
-
-/// Asserts `got == want` naming the first differing byte.
-#[track_caller]
-fn same(got: &[u8], want: &[u8], what: &str) {
-    if got != want {
-        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-        panic!("{what}: {} bytes read, {} expected, first difference at {at}", got.len(), want.len());
-    }
 }
 
 /// Found by `partial_row_writers_in_two_processes_through_a_kill_…` (ec_streams.rs) in CI: a delta write across

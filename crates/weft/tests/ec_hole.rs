@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use common::*;
 use weft_client::{Client, ClientError, OpenMode};
 use weft_proto::{DataRedundancy, ROOT_INO};
@@ -17,21 +17,6 @@ use weft_proto::{DataRedundancy, ROOT_INO};
 const UNIT: u32 = 64 << 10;
 const U: usize = UNIT as usize;
 const ROW: usize = 4 * U;
-
-/// Asserts `got == want` naming the first differing byte.
-#[track_caller]
-fn same(got: &[u8], want: &[u8], what: &str) {
-    if got != want {
-        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-        panic!("{what}: {} bytes read, {} expected, first difference at {at}", got.len(), want.len());
-    }
-}
-
-async fn read_range(c: &Client, path: &str, off: u64, len: usize) -> Result<Vec<u8>, ClientError> {
-    let f = c.open(path, OpenMode::Read).await?;
-    let got = f.read_at(off, BytesMut::zeroed(len)).await?;
-    Ok(got.to_vec())
-}
 
 /// The three files of an object on a data server: the object, its checksums (§5) and its versions (§17).
 fn object_files(root: &Path, ino: u64) -> Vec<PathBuf> {

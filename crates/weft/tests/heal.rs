@@ -30,14 +30,6 @@ impl Rng {
     }
 }
 
-#[track_caller]
-fn same(got: &[u8], want: &[u8], what: &str) {
-    if got != want {
-        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-        panic!("{what}: {} bytes read, {} expected, first difference at {at}", got.len(), want.len());
-    }
-}
-
 async fn read_all(c: &Client, path: &str, len: usize) -> Result<Vec<u8>, ClientError> {
     let f = c.open(path, OpenMode::Read).await?;
     Ok(f.read_at(0, BytesMut::zeroed(len)).await?.to_vec())

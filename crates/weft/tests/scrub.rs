@@ -20,15 +20,6 @@ const U: usize = UNIT as usize;
 /// ec 2+1: five full rows and a short sixth.
 const FILE_BYTES: usize = 5 * 2 * U + 1000;
 
-/// Asserts `got == want` naming the first differing byte.
-#[track_caller]
-fn same(got: &[u8], want: &[u8], what: &str) {
-    if got != want {
-        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(got.len().min(want.len()));
-        panic!("{what}: {} bytes read, {} expected, first difference at {at}", got.len(), want.len());
-    }
-}
-
 async fn read_all(c: &Client, path: &str, len: usize) -> Result<Vec<u8>, ClientError> {
     let f = c.open(path, OpenMode::Read).await?;
     Ok(f.read_at(0, BytesMut::zeroed(len)).await?.to_vec())

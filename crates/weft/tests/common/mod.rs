@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod bytes_read;
 pub mod members;
 pub mod memcached;
 pub mod mount;
@@ -15,6 +16,9 @@ use std::path::{Path, PathBuf};
 
 use weft_client::{Client, ClientTuning, ClusterConfig};
 use weft_launch::{LaunchOptions, LocalCluster};
+
+#[allow(unused_imports)]
+pub use bytes_read::{read_range, same};
 
 pub const WEFT: &str = env!("CARGO_BIN_EXE_weft");
 
