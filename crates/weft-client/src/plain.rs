@@ -147,25 +147,27 @@ impl File {
     /// [`File::read_at`] through the bank: one multi-get for every block the pieces cover; hits are copied into
     /// the caller's buffer (the one copy a bank hit costs: out of memcached's reply), the misses, merged where
     /// adjacent in an object, are read from the data servers with a fill hint.
+    /// The bank keys of the blocks `pieces` cover, in order. Blocks are named by the data server that holds them
+    /// (its id), as that server names its fills.
+    fn bank_keys(&self, pieces: &[weft_proto::Piece], block_bytes: u64, data_version: u64) -> Vec<CacheKey> {
+        let (ino, layout) = (self.attr.ino, self.layout());
+        pieces
+            .iter()
+            .flat_map(|p| {
+                let server = layout.servers[p.server_index as usize];
+                blocks_of(p, block_bytes).map(move |block| CacheKey::Block { ino, data_version, server, block })
+            })
+            .collect()
+    }
+
     async fn read_through_bank(
         &self,
         bank: &weft_cache::Bank,
         mut buf: BytesMut,
         pieces: &[weft_proto::Piece],
     ) -> Result<BytesMut, ClientError> {
-        let ino = self.attr.ino;
-        let data_version = self.data_version();
-        let block_bytes = u64::from(bank.config().block_bytes);
-        let layout = self.layout();
-        // Blocks are named by the data server that holds them (its id), as that server names its fills.
-        let keys: Vec<CacheKey> = pieces
-            .iter()
-            .flat_map(|p| {
-                let server = layout.servers[p.server_index as usize];
-                blocks_of(p, block_bytes).map(move |block| CacheKey::Block { ino, data_version, server, block })
-            })
-            .collect();
-        let found = bank.get_many(&keys).await;
+        let (data_version, block_bytes) = (self.data_version(), u64::from(bank.config().block_bytes));
+        let found = bank.get_many(&self.bank_keys(pieces, block_bytes, data_version)).await;
         self.bank_misses.record(found.iter().any(Option::is_some));
         let mut found = found.into_iter();
         // The buffer cut into runs in file order, each filled from the bank or read from a server.

@@ -414,34 +414,50 @@ impl FileScrub<'_> {
                 for c in (0..n).filter(|c| !stale.contains(c)) {
                     let wrong =
                         bad[c].contains(&b) || (lens[c] <= b && truth.is_some_and(|t| copies[c][i.clone()] != *t));
-                    if !wrong {
-                        continue;
-                    }
-                    let server = layout.servers[c];
-                    let what =
-                        if bad[c].contains(&b) { "block fails its checksum" } else { "block lost past the copy's end" };
-                    let Some(t) = truth else {
-                        self.finding(b, server, format!("{what}, and no copy passes"), false);
-                        continue;
-                    };
-                    if !self.opts.repair {
-                        self.dry(b, server, format!("{what}: not rewritten"));
-                        continue;
-                    }
-                    if repair.is_none() {
-                        repair = Some(repair_io(self.file).await?);
-                    }
-                    let r = repair.as_ref().expect("set above");
-                    let fixed = write_on(r, &layout.data_view(c), b, Bytes::copy_from_slice(t)).await;
-                    match fixed {
-                        Ok(()) => self.finding(b, server, format!("{what}: rewritten from another copy"), true),
-                        Err(e) => self.finding(b, server, format!("{what}: rewriting failed: {e}"), false),
+                    if wrong {
+                        let what = if bad[c].contains(&b) {
+                            "block fails its checksum"
+                        } else {
+                            "block lost past the copy's end"
+                        };
+                        self.mirror_fix(&mut repair, c, b, what, truth).await?;
                     }
                 }
                 b += BLOCK_BYTES;
             }
             pace.done(len * n as u64).await;
             w += len;
+        }
+        Ok(())
+    }
+
+    /// Copy `c`'s block at `b` is wrong (`what`): rewritten from `truth` (a copy that passes) through `repair` (made
+    /// on first use), or reported.
+    async fn mirror_fix(
+        &mut self,
+        repair: &mut Option<Io>,
+        c: usize,
+        b: u64,
+        what: &str,
+        truth: Option<&[u8]>,
+    ) -> Result<(), ClientError> {
+        let layout = self.file.layout();
+        let server = layout.servers[c];
+        let Some(t) = truth else {
+            self.finding(b, server, format!("{what}, and no copy passes"), false);
+            return Ok(());
+        };
+        if !self.opts.repair {
+            self.dry(b, server, format!("{what}: not rewritten"));
+            return Ok(());
+        }
+        if repair.is_none() {
+            *repair = Some(repair_io(self.file).await?);
+        }
+        let r = repair.as_ref().expect("set above");
+        match write_on(r, &layout.data_view(c), b, Bytes::copy_from_slice(t)).await {
+            Ok(()) => self.finding(b, server, format!("{what}: rewritten from another copy"), true),
+            Err(e) => self.finding(b, server, format!("{what}: rewriting failed: {e}"), false),
         }
         Ok(())
     }
