@@ -338,9 +338,10 @@ pub(crate) async fn write_attempt(job: &RowJob<'_>, known: &mut Known) -> Result
             plan_partial(&shape, job.codec, fs, &read.bytes, known, job.heal, run)
                 .map_err(|e| torn(job.file, g.base, e))?;
         let b = Bytes::from(buf);
-        // Each chunk of the row as planned is what its version names from now on (written, or in the parity).
-        for (j, &v) in versions.iter().enumerate() {
-            known.learn(j, v, b.slice(j * g.u..(j + 1) * g.u));
+        // A chunk this write does not write is what its version names from now on: as found or decoded, or (out
+        // of reach) in the parity at a fresh version. A written one, only once its compare-and-set lands.
+        for j in (0..g.k).filter(|&j| !rewrite[j]) {
+            known.learn(j, versions[j], b.slice(j * g.u..(j + 1) * g.u));
         }
         let chunks = (0..g.k).map(|j| b.slice(j * g.u..(j + 1) * g.u)).collect();
         Planned { chunks, rewrite, data_versions: vec![versions] }
@@ -354,6 +355,7 @@ pub(crate) async fn write_attempt(job: &RowJob<'_>, known: &mut Known) -> Result
     if known.moved(write_all(job.write_io, &layout, writes, job.first).await, client, &mut lost) {
         return Ok(Attempt::Moved);
     }
+    learn_written(known, &g, &planned, &lost);
     let (writes, sent) = parity_writes(job, &g, &read.found, &read.bytes, &planned, &read.skip);
     let written = write_all(job.write_io, &layout, writes, job.first).await;
     give_back(client.recycled(), sent);
@@ -361,6 +363,17 @@ pub(crate) async fn write_attempt(job: &RowJob<'_>, known: &mut Known) -> Result
         return Ok(Attempt::Moved);
     }
     finish(job, &g, &read.skip, lost).await
+}
+
+/// A partial row's data chunks whose compare-and-set landed (none of `lost`), kept at their new versions. One
+/// that did not land is not: another writer's compare-and-set may take that version number for other bytes.
+fn learn_written(known: &mut Known, g: &Geom, planned: &Planned, lost: &[(usize, ClientError)]) {
+    if !g.partial || lost.iter().any(|(i, _)| *i == usize::MAX) {
+        return;
+    }
+    for j in (0..g.k).filter(|&j| planned.rewrite[j] && !lost.iter().any(|(i, _)| *i == j)) {
+        known.learn(j, planned.data_versions[0][j], planned.chunks[j].clone());
+    }
 }
 
 /// Steps 1 and 2: the chunks left out (stale ones, and servers that did not answer moments ago while at most `m`
