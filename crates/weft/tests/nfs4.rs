@@ -41,6 +41,9 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 struct Ops {
     w: Writer,
     n: u32,
+    /// A READ or READDIR is among the ops: SEQUENCE does not ask for the reply to be cached (as Linux, which
+    /// caches only non-idempotent compounds' replies; a large one would be REP_TOO_BIG_TO_CACHE).
+    uncached: bool,
 }
 
 type Sid = (u32, [u8; 12]);
@@ -101,6 +104,7 @@ impl Ops {
         self
     }
     fn read(&mut self, sid: &Sid, offset: u64, count: u32) -> &mut Self {
+        self.uncached = true;
         self.op(OP_READ).u32(sid.0).fixed(&sid.1).u64(offset).u32(count);
         self
     }
@@ -113,6 +117,7 @@ impl Ops {
         self
     }
     fn readdir(&mut self, cookie: u64, verf: &[u8; 8], maxcount: u32) -> &mut Self {
+        self.uncached = true;
         let w = self.op(OP_READDIR);
         w.u64(cookie).fixed(verf).u32(maxcount).u32(maxcount);
         Bitmap::of(&[attrs::TYPE, attrs::FILEID]).encode(w);
@@ -322,9 +327,12 @@ impl V4 {
 
     fn seq_args(&mut self, f: impl FnOnce(&mut Ops)) -> Vec<u8> {
         self.seqid += 1;
+        let mut rest = Ops::default();
+        f(&mut rest);
         let mut ops = Ops::default();
-        ops.op(OP_SEQUENCE).fixed(&self.sid).u32(self.seqid).u32(0).u32(0).bool(true);
-        f(&mut ops);
+        ops.op(OP_SEQUENCE).fixed(&self.sid).u32(self.seqid).u32(0).u32(0).bool(!rest.uncached);
+        ops.w.buf.extend_from_slice(&rest.w.buf);
+        ops.n += rest.n;
         V4::args(1, &ops)
     }
 
@@ -1620,4 +1628,429 @@ async fn v41_one_address_cannot_fill_the_client_table() {
     let mut other = V4::connect_from(g.addr(), std::net::Ipv4Addr::new(127, 0, 0, 2)).await;
     other.session(b"another host", true).await;
     other.open_in_io(b"oo", "from-another-host", OPEN4_SHARE_ACCESS_BOTH, true).await;
+}
+
+/// EXCHANGE_ID alone (verifier `[verf; 8]`, `flags`): its status and (clientid, sequence id, flags answered).
+async fn exchange(v: &mut V4, owner: &[u8], verf: u8, flags: u32) -> (u32, Option<(u64, u32, u32)>) {
+    let mut ops = Ops::default();
+    ops.op(OP_EXCHANGE_ID).fixed(&[verf; 8]).opaque(owner).u32(flags).u32(0).u32(0);
+    let mut res = v.send(&V4::args(1, &ops)).await;
+    let st = res.op(OP_EXCHANGE_ID);
+    (st, (st == NFS4_OK).then(|| res.with(|r| (r.u64().unwrap(), r.u32().unwrap(), r.u32().unwrap()))))
+}
+
+/// A channel's attributes as CREATE_SESSION sends them: request, reply, cached reply sizes, ops, slots.
+type Chan = [u32; 5];
+const FORE: Chan = [1 << 20, 1 << 20, 8192, 16, 8];
+const BACK: Chan = [4096, 4096, 0, 2, 1];
+
+/// CREATE_SESSION alone: its status and the session id.
+async fn create_session(v: &mut V4, clientid: u64, seq: u32, flags: u32, fore: Chan, back: Chan) -> (u32, [u8; 16]) {
+    let mut ops = Ops::default();
+    let w = ops.op(OP_CREATE_SESSION);
+    w.u64(clientid).u32(seq).u32(flags);
+    for c in [fore, back] {
+        w.u32(0).u32(c[0]).u32(c[1]).u32(c[2]).u32(c[3]).u32(c[4]).u32(0);
+    }
+    w.u32(0x4000_0000).u32(1).u32(0); // the callback program, AUTH_NONE
+    let mut res = v.send(&V4::args(1, &ops)).await;
+    let st = res.op(OP_CREATE_SESSION);
+    (st, if st == NFS4_OK { res.with(|r| r.fixed(16).unwrap().try_into().unwrap()) } else { [0; 16] })
+}
+
+/// The status of one op after SEQUENCE (`cache_this` as given), the rest of the compound built by `f`; the
+/// compound's status when SEQUENCE itself failed.
+async fn after_seq(v: &mut V4, cache_this: bool, f: impl FnOnce(&mut Ops)) -> Vec<u32> {
+    v.seqid += 1;
+    let mut ops = Ops::default();
+    ops.op(OP_SEQUENCE).fixed(&v.sid).u32(v.seqid).u32(0).u32(0).bool(cache_this);
+    f(&mut ops);
+    let args = V4::args(1, &ops);
+    let res = v.send(&args).await;
+    // Every result's status, in order, read from the reply as far as the first failure (bodies skipped by the
+    // caller's knowledge is not needed: only the last status can be an error).
+    let mut r = Reader::new(&res.buf);
+    r.fixed(res.pos).unwrap();
+    let mut out = vec![res.status];
+    if r.u32().unwrap() == OP_SEQUENCE {
+        out.push(r.u32().unwrap());
+    }
+    out
+}
+
+/// RFC 8881's client and session ops case by case (issue 30 item 5), on a real gateway: EXCHANGE_ID's §18.35.5
+/// cases and flags, CREATE_SESSION's replay, bad flags and channels too small (§18.36), a reply too big to cache
+/// (§18.46.3), RECLAIM_COMPLETE before and after opens (§18.51), DESTROY_CLIENTID with sessions or state alive and
+/// of an unknown client (§18.50), a restarted client's earlier state dropped only once it is confirmed.
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_client_and_session_ops_as_rfc_8881_says() {
+    let c = common::start("nfs4-rfc", 2).await;
+    io_dir(&c).await;
+    let g = gateway(&c).await;
+    let mut v = V4::connect(g.addr()).await;
+    const UPD: u32 = EXCHGID4_FLAG_UPD_CONFIRMED_REC_A;
+    // A client may not send CONFIRMED_R, nor bits RFC 8881 does not define.
+    assert_eq!(exchange(&mut v, b"rfc", 1, EXCHGID4_FLAG_CONFIRMED_R).await.0, NFS4ERR_INVAL);
+    assert_eq!(exchange(&mut v, b"rfc", 1, 0x0800_0000).await.0, NFS4ERR_INVAL);
+    // Case 7: an update of no record. Case 1, then case 4: an unconfirmed record replaced by a new client.
+    assert_eq!(exchange(&mut v, b"rfc", 1, UPD).await.0, NFS4ERR_NOENT);
+    let (_, Some((first, seq, flags))) = exchange(&mut v, b"rfc", 1, 0).await else { panic!("case 1") };
+    assert_eq!((seq, flags & EXCHGID4_FLAG_CONFIRMED_R), (1, 0));
+    assert_eq!(exchange(&mut v, b"rfc", 1, UPD).await.0, NFS4ERR_NOENT, "an unconfirmed record is not updated");
+    let (_, Some((clientid, seq, _))) = exchange(&mut v, b"rfc", 1, 0).await else { panic!("case 4") };
+    assert_ne!(clientid, first);
+    assert_eq!(create_session(&mut v, first, 1, 0, FORE, BACK).await.0, NFS4ERR_STALE_CLIENTID);
+    // CREATE_SESSION: bad flags, channels too small, then a session and its replay.
+    assert_eq!(create_session(&mut v, clientid, seq, 0x10, FORE, BACK).await.0, NFS4ERR_INVAL);
+    for (fore, back) in
+        [([100, 1 << 20, 0, 8, 8], BACK), ([1 << 20, 100, 0, 8, 8], BACK), (FORE, [4096, 4096, 0, 1, 1])]
+    {
+        assert_eq!(create_session(&mut v, clientid, seq, 0, fore, back).await.0, NFS4ERR_TOOSMALL, "{fore:?} {back:?}");
+    }
+    let (st, sid) = create_session(&mut v, clientid, seq, 0, FORE, BACK).await;
+    assert_eq!(st, NFS4_OK);
+    assert_eq!(create_session(&mut v, clientid, seq, 0, FORE, BACK).await, (NFS4_OK, sid), "a replay");
+    assert_eq!(create_session(&mut v, clientid, seq + 2, 0, FORE, BACK).await.0, NFS4ERR_SEQ_MISORDERED);
+    (v.sid, v.seqid, v.clientid) = (sid, 0, clientid);
+    // Cases 2 and 6: the confirmed client; 8: an update with another verifier; 9 and 3: another principal.
+    let (_, Some((same, _, flags))) = exchange(&mut v, b"rfc", 1, 0).await else { panic!("case 2") };
+    assert_eq!((same, flags & EXCHGID4_FLAG_CONFIRMED_R), (clientid, EXCHGID4_FLAG_CONFIRMED_R));
+    assert_eq!(exchange(&mut v, b"rfc", 1, UPD).await.1.map(|x| x.0), Some(clientid), "case 6");
+    assert_eq!(exchange(&mut v, b"rfc", 2, UPD).await.0, NFS4ERR_NOT_SAME);
+    v.uid = UID + 1;
+    assert_eq!(exchange(&mut v, b"rfc", 1, UPD).await.0, NFS4ERR_PERM);
+    assert_eq!(exchange(&mut v, b"rfc", 1, 0).await.0, NFS4ERR_CLID_INUSE);
+    v.uid = UID;
+
+    // RECLAIM_COMPLETE: for one file system it needs a current filehandle; before it, no new open (GRACE, even
+    // with the grace period over); after it, opens; a second one is COMPLETE_ALREADY.
+    assert_eq!(
+        after_seq(&mut v, false, |o| {
+            o.op(OP_RECLAIM_COMPLETE).bool(true);
+        })
+        .await[0],
+        NFS4ERR_NOFILEHANDLE
+    );
+    let mut res = v
+        .seq(|o| {
+            o.putrootfh().lookup("io").open(b"o", "f", OPEN4_SHARE_ACCESS_BOTH, 0, true);
+        })
+        .await;
+    res.seq();
+    res.ok(OP_PUTROOTFH);
+    res.ok(OP_LOOKUP);
+    assert_eq!(res.op(OP_OPEN), NFS4ERR_GRACE);
+    assert_eq!(
+        after_seq(&mut v, false, |o| {
+            o.putrootfh().op(OP_RECLAIM_COMPLETE).bool(true);
+        })
+        .await[0],
+        NFS4_OK
+    );
+    assert_eq!(
+        after_seq(&mut v, false, |o| {
+            o.op(OP_RECLAIM_COMPLETE).bool(false);
+        })
+        .await[0],
+        NFS4_OK
+    );
+    assert_eq!(
+        after_seq(&mut v, false, |o| {
+            o.op(OP_RECLAIM_COMPLETE).bool(false);
+        })
+        .await[0],
+        NFS4ERR_COMPLETE_ALREADY
+    );
+    let (open, _) = v.open_in_io(b"o", "f", OPEN4_SHARE_ACCESS_BOTH, true).await;
+
+    // DESTROY_CLIENTID: of an unknown client, STALE_CLIENTID; of one with a session (it may follow a SEQUENCE),
+    // CLIENTID_BUSY. EXCHANGE_ID may follow a SEQUENCE too.
+    let mut ops = Ops::default();
+    ops.op(OP_DESTROY_CLIENTID).u64(clientid ^ 0xffff);
+    assert_eq!(v.send(&V4::args(1, &ops)).await.op(OP_DESTROY_CLIENTID), NFS4ERR_STALE_CLIENTID);
+    assert_eq!(
+        after_seq(&mut v, false, |o| {
+            o.op(OP_DESTROY_CLIENTID).u64(clientid);
+        })
+        .await[0],
+        NFS4ERR_CLIENTID_BUSY
+    );
+    let st = after_seq(&mut v, false, |o| {
+        o.op(OP_EXCHANGE_ID).fixed(&[1; 8]).opaque(b"rfc").u32(0).u32(0).u32(0);
+    });
+    assert_eq!(st.await[0], NFS4_OK);
+
+    // Case 5: the client restarts (a new verifier). Its earlier session and open live on until the new client
+    // is confirmed by its first session, then they are gone.
+    let (_, Some((restarted, seq, _))) = exchange(&mut v, b"rfc", 2, 0).await else { panic!("case 5") };
+    assert_ne!(restarted, clientid);
+    let mut res = v
+        .seq(|o| {
+            o.putrootfh().lookup("io").lookup("f").read(&open, 0, 1);
+        })
+        .await;
+    res.seq();
+    let (st, new_sid) = create_session(&mut v, restarted, seq, 0, FORE, BACK).await;
+    assert_eq!(st, NFS4_OK);
+    assert_eq!(after_seq(&mut v, false, |_| ()).await, vec![NFS4ERR_BADSESSION, NFS4ERR_BADSESSION]);
+    (v.sid, v.seqid, v.clientid) = (new_sid, 0, restarted);
+    // Without sessions or state, the client can be destroyed (once).
+    let mut ops = Ops::default();
+    ops.op(OP_DESTROY_SESSION).fixed(&new_sid);
+    assert_eq!(v.send(&V4::args(1, &ops)).await.op(OP_DESTROY_SESSION), NFS4_OK);
+    for want in [NFS4_OK, NFS4ERR_STALE_CLIENTID] {
+        let mut ops = Ops::default();
+        ops.op(OP_DESTROY_CLIENTID).u64(restarted);
+        assert_eq!(v.send(&V4::args(1, &ops)).await.op(OP_DESTROY_CLIENTID), want);
+    }
+
+    // A session caching replies of at most 160 bytes: a compound asking for its reply to be cached whose reply
+    // is larger is REP_TOO_BIG_TO_CACHE at the op that passes it; the same compound not cached is served.
+    let mut small = V4::connect(g.addr()).await;
+    let (_, Some((cid, seq, _))) = exchange(&mut small, b"small-cache", 1, 0).await else { panic!("exchange") };
+    let (st, sid) = create_session(&mut small, cid, seq, 0, [1 << 20, 1 << 20, 160, 16, 8], BACK).await;
+    assert_eq!(st, NFS4_OK);
+    small.sid = sid;
+    let big = [attrs::SUPPORTED_ATTRS, attrs::FILEHANDLE, attrs::OWNER, attrs::OWNER_GROUP, attrs::TIME_MODIFY];
+    let ask = |o: &mut Ops| {
+        o.putrootfh().getattr(&big);
+    };
+    assert_eq!(after_seq(&mut small, true, ask).await[0], NFS4ERR_REP_TOO_BIG_TO_CACHE);
+    assert_eq!(
+        after_seq(&mut small, true, |o| {
+            o.putrootfh().getattr(&[attrs::TYPE]);
+        })
+        .await[0],
+        NFS4_OK
+    );
+    assert_eq!(after_seq(&mut small, false, ask).await[0], NFS4_OK);
+}
+
+/// GETATTR of `bits` on `fh`: the answer's bitmap and raw attribute list.
+async fn raw_attrs(v: &mut V4, fh: &[u8], bits: &[u32]) -> (Bitmap, Vec<u8>) {
+    let mut res = v
+        .on_fh(fh, |o| {
+            o.getattr(bits);
+        })
+        .await;
+    res.ok(OP_GETATTR);
+    res.with(|r| {
+        let (b, l) = attrs::decode_raw(r).unwrap();
+        (b, l.to_vec())
+    })
+}
+
+/// VERIFY (or NVERIFY) of `bits` with values `list` on `fh`: its status.
+async fn verify(v: &mut V4, fh: &[u8], negated: bool, bits: &Bitmap, list: &[u8]) -> u32 {
+    let mut res = v
+        .on_fh(fh, |o| {
+            let w = o.op(if negated { OP_NVERIFY } else { OP_VERIFY });
+            bits.encode(w);
+            w.opaque(list);
+        })
+        .await;
+    res.op(if negated { OP_NVERIFY } else { OP_VERIFY })
+}
+
+/// The statuses of a compound SEQUENCE, then `f`'s ops, as far as the first failure (op bodies skipped by
+/// `skip`, the body size of each successful op but the last, in order).
+async fn statuses(v: &mut V4, f: impl FnOnce(&mut Ops), codes: &[(u32, usize)]) -> Vec<u32> {
+    let mut res = v.seq(f).await;
+    res.seq();
+    let mut out = Vec::new();
+    for &(code, skip) in codes {
+        let st = res.op(code);
+        out.push(st);
+        if st != NFS4_OK {
+            break;
+        }
+        res.with(|r| {
+            r.fixed(skip).unwrap();
+        });
+    }
+    out
+}
+
+/// RFC 8881 on objects (issue 30 item 5): PUTFH, LOOKUP, LOOKUPP and RENAME on character and block device nodes
+/// and a symbolic link (NOTDIR; SYMLINK for LOOKUP through a link); VERIFY and NVERIFY of every mandatory
+/// attribute of a file, a directory and a device, with changed values, write-only attributes, `rdattr_error` and
+/// one the gateway does not answer; SECINFO and SECINFO_NO_NAME (both styles, the root's parent, a consumed
+/// filehandle).
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_devices_verify_and_secinfo_as_rfc_8881_says() {
+    let c = common::start("nfs4-objects", 2).await;
+    io_dir(&c).await;
+    let o = NfsOptions {
+        root_squash: false,
+        extra_args: vec!["--nfs4-grace-ms".into(), "0".into()],
+        ..NfsOptions::default()
+    };
+    let g = c.start_nfs(&o).await.unwrap_or_else(|e| panic!("starting the gateway: {e}"));
+    let mut v = V4::connect(g.addr()).await;
+    v.uid = 0; // device nodes are root's to make
+    v.session(b"objects", true).await;
+    let io = v.path_fh(&["io"]).await;
+    let mut made = Vec::new();
+    for (name, ty) in [("cdev", NF4CHR), ("bdev", NF4BLK)] {
+        let mut res = v
+            .on_fh(&io, |o| {
+                let w = o.op(OP_CREATE);
+                w.u32(ty).u32(1).u32(3).opaque(name.as_bytes());
+                Bitmap::default().encode(w);
+                w.opaque(b"");
+                o.getfh();
+            })
+            .await;
+        res.ok(OP_CREATE);
+        res.with(|r| {
+            r.fixed(4 + 16).unwrap();
+            Bitmap::decode(r).unwrap();
+        });
+        made.push((name, ty, res.fh()));
+    }
+    let mut res = v
+        .on_fh(&io, |o| {
+            o.op(OP_CREATE).u32(NF4LNK).opaque(b"cdev").opaque(b"link");
+            Bitmap::default().encode(&mut o.w);
+            o.w.opaque(b"");
+        })
+        .await;
+    res.ok(OP_CREATE);
+    let link = v.path_fh(&["io", "link"]).await;
+
+    for (name, ty, fh) in &made {
+        // PUTFH of a device is served and GETATTR names its type; it is no directory to look in, up from, or
+        // rename from or into.
+        let mut res = v
+            .on_fh(fh, |o| {
+                o.getattr(&[attrs::TYPE]);
+            })
+            .await;
+        assert_eq!(res.attrs(), vec![(attrs::TYPE, *ty as u64)], "{name}");
+        let mut res = v
+            .on_fh(fh, |o| {
+                o.op(OP_LOOKUPP);
+            })
+            .await;
+        assert_eq!(res.op(OP_LOOKUPP), NFS4ERR_NOTDIR, "LOOKUPP of {name}");
+        let mut res = v
+            .on_fh(fh, |o| {
+                o.lookup("x");
+            })
+            .await;
+        assert_eq!(res.op(OP_LOOKUP), NFS4ERR_NOTDIR, "LOOKUP in {name}");
+        let mut res = v
+            .on_fh(fh, |o| {
+                o.savefh().putfh(&io).rename("link", "moved");
+            })
+            .await;
+        res.ok(OP_SAVEFH);
+        res.ok(OP_PUTFH);
+        assert_eq!(res.op(OP_RENAME), NFS4ERR_NOTDIR, "RENAME from {name}");
+        let mut res = v
+            .on_fh(&io, |o| {
+                o.savefh().putfh(fh).rename("link", "moved");
+            })
+            .await;
+        res.ok(OP_SAVEFH);
+        res.ok(OP_PUTFH);
+        assert_eq!(res.op(OP_RENAME), NFS4ERR_NOTDIR, "RENAME into {name}");
+    }
+    let mut res = v
+        .on_fh(&link, |o| {
+            o.lookup("x");
+        })
+        .await;
+    assert_eq!(res.op(OP_LOOKUP), NFS4ERR_SYMLINK, "LOOKUP through a symbolic link");
+    let mut res = v
+        .on_fh(&link, |o| {
+            o.op(OP_LOOKUPP);
+        })
+        .await;
+    assert_eq!(res.op(OP_LOOKUPP), NFS4ERR_NOTDIR, "LOOKUPP of a symbolic link");
+
+    // VERIFY of each mandatory attribute (rdattr_error aside) with the values GETATTR gave is OK, NVERIFY of
+    // them SAME; with one value changed the other way round.
+    let (w, _) = v.open_in_io(b"o", "file", OPEN4_SHARE_ACCESS_BOTH, true).await;
+    let mut res = v
+        .seq(|o| {
+            o.putrootfh().lookup("io").lookup("file").write(&w, 0, 2, b"abc");
+        })
+        .await;
+    res.seq();
+    let file = v.path_fh(&["io", "file"]).await;
+    let mandatory = [
+        attrs::SUPPORTED_ATTRS,
+        attrs::TYPE,
+        attrs::FH_EXPIRE_TYPE,
+        attrs::CHANGE,
+        attrs::SIZE,
+        attrs::LINK_SUPPORT,
+        attrs::SYMLINK_SUPPORT,
+        attrs::NAMED_ATTR,
+        attrs::FSID,
+        attrs::UNIQUE_HANDLES,
+        attrs::LEASE_TIME,
+        attrs::FILEHANDLE,
+    ];
+    for (what, fh) in [("file", &file), ("directory", &io), ("device", &made[0].2)] {
+        for bit in mandatory {
+            let (bits, list) = raw_attrs(&mut v, fh, &[bit]).await;
+            assert_eq!(bits, Bitmap::of(&[bit]), "{what}: attribute {bit} answered");
+            assert_eq!(verify(&mut v, fh, false, &bits, &list).await, NFS4_OK, "{what}: VERIFY of {bit}");
+            assert_eq!(verify(&mut v, fh, true, &bits, &list).await, NFS4ERR_SAME, "{what}: NVERIFY of {bit}");
+            let mut other = list.clone();
+            *other.last_mut().unwrap() ^= 1;
+            assert_eq!(verify(&mut v, fh, false, &bits, &other).await, NFS4ERR_NOT_SAME, "{what}: {bit} changed");
+            assert_eq!(verify(&mut v, fh, true, &bits, &other).await, NFS4_OK, "{what}: NVERIFY of {bit} changed");
+        }
+        let (bits, list) = raw_attrs(&mut v, fh, &mandatory).await;
+        assert_eq!(verify(&mut v, fh, false, &bits, &list).await, NFS4_OK, "{what}: all at once");
+    }
+    let size = |n: u64| {
+        let mut l = Writer::new();
+        l.u64(n);
+        l.buf
+    };
+    let bits = Bitmap::of(&[attrs::SIZE]);
+    assert_eq!(verify(&mut v, &file, false, &bits, &size(3)).await, NFS4_OK);
+    assert_eq!(verify(&mut v, &file, false, &bits, &size(4)).await, NFS4ERR_NOT_SAME);
+    for bit in [attrs::TIME_ACCESS_SET, attrs::TIME_MODIFY_SET, attrs::RDATTR_ERROR] {
+        assert_eq!(verify(&mut v, &file, false, &Bitmap::of(&[bit]), &size(0)).await, NFS4ERR_INVAL, "{bit}");
+    }
+    assert_eq!(verify(&mut v, &file, false, &Bitmap::of(&[12]), &[]).await, NFS4ERR_ATTRNOTSUPP, "acl");
+
+    // SECINFO_NO_NAME: AUTH_SYS for the object, and the filehandle consumed; the root's parent is out of reach,
+    // a device has no children and SECINFO of a name needs a directory holding it.
+    let secinfo_no_name = |style: u32| {
+        move |o: &mut Ops| {
+            o.op(OP_SECINFO_NO_NAME).u32(style);
+            o.getfh();
+        }
+    };
+    let flavors = 4 + 4;
+    let codes = [(OP_PUTROOTFH, 0), (OP_SECINFO_NO_NAME, flavors), (OP_GETFH, 0)];
+    let got = statuses(&mut v, |o| secinfo_no_name(0)(o.putrootfh()), &codes).await;
+    assert_eq!(got, vec![NFS4_OK, NFS4_OK, NFS4ERR_NOFILEHANDLE]);
+    let got = statuses(&mut v, |o| secinfo_no_name(1)(o.putrootfh()), &codes).await;
+    assert_eq!(got, vec![NFS4_OK, NFS4ERR_NOENT]);
+    let codes = [(OP_PUTFH, 0), (OP_SECINFO_NO_NAME, flavors), (OP_GETFH, 0)];
+    let got = statuses(&mut v, |o| secinfo_no_name(1)(o.putfh(&io)), &codes).await;
+    assert_eq!(got, vec![NFS4_OK, NFS4_OK, NFS4ERR_NOFILEHANDLE]);
+    let got = statuses(&mut v, |o| secinfo_no_name(1)(o.putfh(&made[0].2)), &codes).await;
+    assert_eq!(got, vec![NFS4_OK, NFS4ERR_NOTDIR]);
+    let got = statuses(&mut v, |o| secinfo_no_name(0)(o.putfh(&made[0].2)), &codes).await;
+    assert_eq!(got, vec![NFS4_OK, NFS4_OK, NFS4ERR_NOFILEHANDLE]);
+    let codes = [(OP_PUTFH, 0), (OP_SECINFO, 0)];
+    for (fh, name, want) in [(&io, "cdev", NFS4_OK), (&io, "missing", NFS4ERR_NOENT), (&file, "x", NFS4ERR_NOTDIR)] {
+        let got = statuses(
+            &mut v,
+            |o| {
+                o.putfh(fh).op(OP_SECINFO).opaque(name.as_bytes());
+            },
+            &codes,
+        )
+        .await;
+        assert_eq!(got, vec![NFS4_OK, want], "SECINFO {name}");
+    }
 }

@@ -230,6 +230,14 @@ pub fn change_of(a: &Attr) -> u64 {
 /// Encodes the `fattr4` of `a` for the requested bits (unsupported ones are left out of the answer's bitmap, as
 /// RFC 8881 §5.2 prescribes); `fh` is the handle for `filehandle`.
 pub fn encode(w: &mut Writer, want: &Bitmap, a: &Attr, fh: &[u8], fs: &FsInfo) {
+    let (got, v) = values(want, a, fh, fs);
+    got.encode(w);
+    w.opaque(&v.buf);
+}
+
+/// The `fattr4` of `a` for the requested bits, apart: the bits answered and their values (`attrlist4`), which
+/// VERIFY compares with a client's.
+pub fn values(want: &Bitmap, a: &Attr, fh: &[u8], fs: &FsInfo) -> (Bitmap, Writer) {
     let sup = supported_with(fs.pnfs);
     let mut got = Bitmap::default();
     let mut v = Writer::new();
@@ -335,8 +343,7 @@ pub fn encode(w: &mut Writer, want: &Bitmap, a: &Attr, fh: &[u8], fs: &FsInfo) {
         }
         got.set(n);
     }
-    got.encode(w);
-    w.opaque(&v.buf);
+    (got, v)
 }
 
 /// Settable attributes as decoded, and the bits they came with (for `attrset`).

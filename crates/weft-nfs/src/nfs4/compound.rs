@@ -30,6 +30,9 @@ pub struct Ctx<'g> {
     pub cur_stateid: Option<Stateid>,
     /// The TCP connection the call came on (it can carry callbacks); `None` over RDMA.
     pub conn: Option<std::sync::Arc<super::callback::BackConn>>,
+    /// SEQUENCE's sa_cachethis: the reply must fit the session's cached reply size (NFS4ERR_REP_TOO_BIG_TO_CACHE
+    /// for the op that would pass it, §18.46.3).
+    pub cache_this: bool,
     /// Reply bytes encoded so far, RPC header, compound header and tag included (bounds READ and READDIR to the
     /// session's reply size, which counts all of them).
     pub reply_bytes: usize,
@@ -80,7 +83,9 @@ pub(crate) fn placement(i: u32, ops: u32, op: &Op<'_>) -> Option<u32> {
         }
     } else if matches!(op, Op::Sequence { .. }) {
         Some(NFS4ERR_SEQUENCE_POS)
-    } else if sessionless(op) && !matches!(op, Op::DestroySession(_)) {
+    } else if matches!(op, Op::BindConn { .. }) {
+        // EXCHANGE_ID, CREATE_SESSION, DESTROY_SESSION and DESTROY_CLIENTID may follow a SEQUENCE (§18.35.3,
+        // §18.36.3, §18.37.3, §18.50.3); BIND_CONN_TO_SESSION is always alone (§18.34.3).
         Some(NFS4ERR_NOT_ONLY_OP)
     } else {
         None
@@ -185,6 +190,20 @@ pub(crate) fn keep_reply(st: &mut State, sessionid: &[u8; 16], slot: u32, body: 
     }
 }
 
+/// Whether a reply of `bytes` (RPC and compound headers included) passes what the session allows: its reply
+/// size (NFS4ERR_REP_TOO_BIG), or its cached reply size when SEQUENCE asked for the reply to be cached
+/// (NFS4ERR_REP_TOO_BIG_TO_CACHE).
+fn reply_too_big(cx: &Ctx<'_>, bytes: usize) -> Option<u32> {
+    let fore = cx.fore?;
+    if bytes > fore.reply_bytes_max as usize {
+        Some(NFS4ERR_REP_TOO_BIG)
+    } else if cx.cache_this && bytes > fore.cached_reply_bytes_max as usize {
+        Some(NFS4ERR_REP_TOO_BIG_TO_CACHE)
+    } else {
+        None
+    }
+}
+
 /// Runs one NFSv4 call; returns the reply message (a READ's data, when the compound's last result, as its tail).
 pub async fn call(
     gw: &Gateway,
@@ -255,6 +274,7 @@ pub async fn call(
         fore: None,
         cur_stateid: None,
         conn,
+        cache_this: false,
         reply_bytes: HEAD_BYTES + tag.len().div_ceil(4) * 4,
         transport: call.transport,
         principal: super::state::Principal::of(&call.auth),
@@ -290,7 +310,7 @@ pub async fn call(
         let (st, mut body) = match placement {
             Some(s) => (s, Writer::new()),
             None => match op {
-                Op::Sequence { sessionid, seqid, slot, highest_slot: _, cache_this: _ } => {
+                Op::Sequence { sessionid, seqid, slot, highest_slot: _, cache_this } => {
                     match sequence(&gw.nfs4, &sessionid, seqid, slot, h.ops, call.args.len()) {
                         Sequenced::Replay(cached) => {
                             tracing::debug!(%peer, slot, seqid, "NFSv4 replay answered from the slot");
@@ -301,6 +321,7 @@ pub async fn call(
                             cx.clientid = Some(clientid);
                             cx.session = Some((sessionid, slot));
                             cx.fore = Some(fore);
+                            cx.cache_this = cache_this;
                             (status, body)
                         }
                         Sequenced::Refused(s) => (s, Writer::new()),
@@ -323,10 +344,9 @@ pub async fn call(
         done += 1;
         status = st;
         inline_tail_unless_last(&mut body, i + 1 == h.ops || st != NFS4_OK);
-        let room = cx.fore.map_or(usize::MAX, |f| f.reply_bytes_max as usize);
-        if head + results.buf.len() + 8 + body.len() > room {
-            results.u32(rcode).u32(NFS4ERR_REP_TOO_BIG);
-            status = NFS4ERR_REP_TOO_BIG;
+        if let Some(too_big) = reply_too_big(&cx, head + results.buf.len() + 8 + body.len()) {
+            results.u32(rcode).u32(too_big);
+            status = too_big;
             break;
         }
         results.u32(rcode).u32(st);

@@ -73,6 +73,8 @@ pub const NFS4ERR_TOOSMALL: u32 = 10005;
 pub const NFS4ERR_SERVERFAULT: u32 = 10006;
 pub const NFS4ERR_BADTYPE: u32 = 10007;
 pub const NFS4ERR_DELAY: u32 = 10008;
+/// NVERIFY: the attributes are the same.
+pub const NFS4ERR_SAME: u32 = 10009;
 pub const NFS4ERR_DENIED: u32 = 10010;
 pub const NFS4ERR_GRACE: u32 = 10013;
 pub const NFS4ERR_SHARE_DENIED: u32 = 10015;
@@ -108,6 +110,7 @@ pub const NFS4ERR_SEQ_MISORDERED: u32 = 10063;
 pub const NFS4ERR_SEQUENCE_POS: u32 = 10064;
 pub const NFS4ERR_REQ_TOO_BIG: u32 = 10065;
 pub const NFS4ERR_REP_TOO_BIG: u32 = 10066;
+pub const NFS4ERR_REP_TOO_BIG_TO_CACHE: u32 = 10067;
 pub const NFS4ERR_RETRY_UNCACHED_REP: u32 = 10068;
 pub const NFS4ERR_TOO_MANY_OPS: u32 = 10070;
 pub const NFS4ERR_OP_NOT_IN_SESSION: u32 = 10071;
@@ -130,6 +133,13 @@ pub const WRITEW_LT: u32 = 4;
 pub const EXCHGID4_FLAG_USE_NON_PNFS: u32 = 0x0001_0000;
 pub const EXCHGID4_FLAG_USE_PNFS_MDS: u32 = 0x0002_0000;
 pub const EXCHGID4_FLAG_CONFIRMED_R: u32 = 0x8000_0000;
+/// EXCHANGE_ID: the client means to update the confirmed record it holds (RFC 8881 §18.35.5 cases 6–9).
+pub const EXCHGID4_FLAG_UPD_CONFIRMED_REC_A: u32 = 0x4000_0000;
+/// The EXCHANGE_ID flags a client may send (`EXCHGID4_FLAG_MASK_A` of Linux's nfsd): SUPP_MOVED_REFER, _MIGR,
+/// SUPP_FENCE_OPS, BIND_PRINC_STATEID, the pNFS roles, UPD_CONFIRMED_REC_A. Any other bit is NFS4ERR_INVAL.
+pub const EXCHGID4_FLAG_MASK_A: u32 = 0x0000_0007 | 0x0000_0100 | 0x0007_0000 | EXCHGID4_FLAG_UPD_CONFIRMED_REC_A;
+/// CREATE_SESSION flags (§18.36): PERSIST, CONN_BACK_CHAN, CONN_RDMA. Any other bit is NFS4ERR_INVAL.
+pub const CREATE_SESSION4_FLAG_MASK: u32 = 0x7;
 
 /// nfs_ftype4.
 pub const NF4REG: u32 = 1;

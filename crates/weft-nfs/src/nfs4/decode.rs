@@ -149,6 +149,11 @@ pub enum Op<'a> {
     RestoreFh,
     SaveFh,
     SecInfo(&'a str),
+    /// VERIFY, or NVERIFY (`negated`): the attributes to compare with the current object's.
+    Verify {
+        attrs: RawAttrs<'a>,
+        negated: bool,
+    },
     SetAttr {
         stateid: Stateid,
         attrs: RawAttrs<'a>,
@@ -385,10 +390,7 @@ pub fn op<'a>(code: u32, r: &mut Reader<'a>) -> Result<Op<'a>, XdrError> {
             }
             Op::Write { stateid, offset, stable, data: r.opaque(crate::proto::IO_BYTES_MAX as usize)? }
         }
-        OP_NVERIFY | OP_VERIFY => {
-            raw_attrs(r)?;
-            Op::NotSupp(code)
-        }
+        OP_NVERIFY | OP_VERIFY => Op::Verify { attrs: raw_attrs(r)?, negated: code == OP_NVERIFY },
         OP_BIND_CONN_TO_SESSION => {
             let sessionid = sessionid(r)?;
             let dir = r.u32()?;

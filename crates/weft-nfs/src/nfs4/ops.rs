@@ -143,13 +143,9 @@ pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
         Op::SetAttr { stateid, attrs } => return setattr(cx, stateid, attrs).await,
         Op::Access(mask) => access(cx, mask).await,
         Op::Readlink => readlink(cx).await,
-        Op::SecInfo(_) | Op::SecInfoNoName(_) => cx.cur().map(|_| {
-            // One flavour, AUTH_SYS; the op consumes the current filehandle (§2.6.3.1.1.8).
-            cx.cur = None;
-            let mut w = Writer::new();
-            w.u32(1).u32(crate::rpc::AUTH_SYS);
-            w
-        }),
+        Op::SecInfo(name) => secinfo(cx, Some(name)).await,
+        Op::SecInfoNoName(style) => secinfo(cx, (style == SECINFO_STYLE4_PARENT).then_some("..")).await,
+        Op::Verify { attrs, negated } => verify(cx, attrs, negated).await,
         Op::Open { access, deny, clientid: _, owner, how, claim } => open(cx, access, deny, owner, how, claim).await,
         Op::OpenDowngrade { stateid, access, deny } => {
             let id = cx.stateid(stateid);
@@ -193,7 +189,10 @@ pub async fn run(cx: &mut Ctx<'_>, op: Op<'_>) -> (u32, Writer) {
             w
         }),
         Op::FreeStateid(id) => free_stateid(cx, id).await,
-        Op::ReclaimComplete(_) => cx.clientid().and_then(|cid| {
+        // rca_one_fs: one file system's reclaims done; optional, so accepted and not acted on (as knfsd), but it
+        // names the current filehandle's file system, so one must be set.
+        Op::ReclaimComplete(true) => cx.cur().map(|_| Writer::new()),
+        Op::ReclaimComplete(false) => cx.clientid().and_then(|cid| {
             cx.gw.nfs4.state().reclaim_complete(cid)?;
             Ok(Writer::new())
         }),
@@ -235,7 +234,13 @@ fn putfh(cx: &mut Ctx<'_>, fh: &[u8]) -> Out {
 
 async fn lookup(cx: &mut Ctx<'_>, name: &str) -> Out {
     check_name(name)?;
-    let (dir, _) = dir_of(cx).await?;
+    let dir = cx.cur()?;
+    // A symbolic link is SYMLINK, any other non-directory NOTDIR (RFC 8881 §18.13.3).
+    match attr_of(cx, dir).await?.kind {
+        FileKind::Dir => {}
+        FileKind::Symlink => return Err(NFS4ERR_SYMLINK),
+        _ => return Err(NFS4ERR_NOTDIR),
+    }
     let a = cx.c.lookup(dir, name).await.map_err(|e| st(&e))?;
     cx.cur = Some(a.ino);
     Ok(Writer::new())
@@ -250,6 +255,56 @@ async fn lookupp(cx: &mut Ctx<'_>) -> Out {
     let a = cx.c.lookup(dir, "..").await.map_err(|e| st(&e))?;
     cx.cur = Some(a.ino);
     Ok(Writer::new())
+}
+
+/// SECINFO_NO_NAME's style naming the current filehandle's parent.
+const SECINFO_STYLE4_PARENT: u32 = 1;
+
+/// SECINFO (`name` in the current directory), SECINFO_NO_NAME (the current object, or its parent as `".."`):
+/// one flavour, AUTH_SYS, for every object, once the object is found as LOOKUP or LOOKUPP would find it (NOTDIR,
+/// NOENT; the export's root has no parent: NOENT). The op consumes the current filehandle (§2.6.3.1.1.8).
+async fn secinfo(cx: &mut Ctx<'_>, name: Option<&str>) -> Out {
+    match name {
+        Some("..") => {
+            lookupp(cx).await?;
+        }
+        Some(name) => {
+            check_name(name)?;
+            let (dir, _) = dir_of(cx).await?;
+            cx.c.lookup(dir, name).await.map_err(|e| st(&e))?;
+        }
+        None => {
+            attr_of(cx, cx.cur()?).await?;
+        }
+    }
+    cx.cur = None;
+    let mut w = Writer::new();
+    w.u32(1).u32(crate::rpc::AUTH_SYS);
+    Ok(w)
+}
+
+/// VERIFY and NVERIFY (§18.31, §18.15): the client's attributes against the current object's, encoded as GETATTR
+/// encodes them and compared byte for byte (as knfsd compares). VERIFY of different values is NOT_SAME, NVERIFY of
+/// equal ones SAME. A write-only attribute or `rdattr_error` is INVAL; one the gateway does not answer ATTRNOTSUPP.
+async fn verify(cx: &Ctx<'_>, raw: RawAttrs<'_>, negated: bool) -> Out {
+    let ino = cx.cur()?;
+    let invalid = [attrs::RDATTR_ERROR, attrs::TIME_ACCESS_SET, attrs::TIME_MODIFY_SET];
+    if invalid.iter().any(|&b| raw.bits.has(b)) {
+        return Err(NFS4ERR_INVAL);
+    }
+    let supported = attrs::supported_with(cx.gw.pnfs);
+    if raw.bits.iter().any(|b| !supported.has(b)) {
+        return Err(NFS4ERR_ATTRNOTSUPP);
+    }
+    let a = attr_of(cx, ino).await?;
+    let fs = fs_info(cx, &raw.bits).await;
+    let (got, ours) = attrs::values(&raw.bits, &a, &cx.gw.sealer.seal(ino), &fs);
+    debug_assert_eq!(got.iter().collect::<Vec<_>>(), raw.bits.iter().collect::<Vec<_>>(), "every asked bit answered");
+    match (ours.buf == raw.list, negated) {
+        (true, false) | (false, true) => Ok(Writer::new()),
+        (false, false) => Err(NFS4ERR_NOT_SAME),
+        (true, true) => Err(NFS4ERR_SAME),
+    }
 }
 
 async fn getattr(cx: &Ctx<'_>, want: &Bitmap) -> Out {

@@ -59,8 +59,11 @@ pub(crate) fn run_on(
     let now = nfs4.now_ms();
     let mut released = Vec::new();
     let st = match op {
-        Op::ExchangeId { verifier, owner, flags: _ } => {
-            let r = nfs4.state().exchange_id(owner, verifier, principal, addr, now);
+        // Flags a client may not send (CONFIRMED_R among them) are NFS4ERR_INVAL (§18.35.3).
+        Op::ExchangeId { flags, .. } if flags & !EXCHGID4_FLAG_MASK_A != 0 => NFS4ERR_INVAL,
+        Op::ExchangeId { verifier, owner, flags } => {
+            let update = flags & EXCHGID4_FLAG_UPD_CONFIRMED_REC_A != 0;
+            let r = nfs4.state().exchange_id((owner, verifier, update), principal, addr, now);
             match r {
                 Ok((ex, dropped)) => {
                     released = dropped;
@@ -78,10 +81,12 @@ pub(crate) fn run_on(
                 Err(s) => s,
             }
         }
+        Op::CreateSession { flags, .. } if flags & !CREATE_SESSION4_FLAG_MASK != 0 => NFS4ERR_INVAL,
         Op::CreateSession { clientid, seq, flags, fore, back, cb_program, cb_sec } => {
-            let r = nfs4.state().create_session(clientid, seq, fore, principal, now);
+            let r = nfs4.state().create_session(clientid, seq, (fore, back), principal, now);
             match r {
-                Ok(cs) => {
+                Ok((cs, dropped)) => {
+                    released = dropped;
                     // The call's connection carries callbacks too when the client asks (and it is TCP).
                     let bound = conn.filter(|_| flags & callback::CREATE_SESSION4_FLAG_CONN_BACK_CHAN != 0);
                     let reply_flags = if bound.is_some() { callback::CREATE_SESSION4_FLAG_CONN_BACK_CHAN } else { 0 };

@@ -460,36 +460,75 @@ impl State {
         owners
     }
 
-    /// EXCHANGE_ID (RFC 8881 §18.35.5, the cases a client without state protection meets): a known owner with
-    /// the same verifier and principal keeps its clientid; a new verifier (the client rebooted) drops the old
-    /// state (its lock owners are returned with the result, for the MDS). Another principal's EXCHANGE_ID of a
-    /// live client's owner is NFS4ERR_CLID_INUSE: it can neither take that client's state nor drop it; once the
-    /// lease has run out the owner string is free again.
+    /// The client record of `owner` that is (`confirmed`) or is not yet confirmed by a CREATE_SESSION: an owner
+    /// has at most one of each.
+    fn record_of(&self, owner: &[u8], confirmed: bool) -> Option<u64> {
+        self.clients.iter().find(|(_, c)| c.owner == owner && c.confirmed == confirmed).map(|(k, _)| *k)
+    }
+
+    /// EXCHANGE_ID (RFC 8881 §18.35.5; the cases a client without state protection meets). Without `update`:
+    /// - case 1, no record of the owner: a new unconfirmed client;
+    /// - case 2, a confirmed record with the same verifier and principal: that client, renewed;
+    /// - case 3, a confirmed record of another principal: NFS4ERR_CLID_INUSE while its lease lives (it can neither
+    ///   take that client's state nor drop it); once the lease has run out, as case 1;
+    /// - case 4, an unconfirmed record only: replaced by a new client (a new clientid);
+    /// - case 5, a confirmed record, same principal, another verifier (the client restarted): a new unconfirmed
+    ///   client; the old one and its state stay until the new one is confirmed ([`State::create_session`]).
+    ///
+    /// With `update` (EXCHGID4_FLAG_UPD_CONFIRMED_REC_A: the client means its confirmed record): case 6, same
+    /// verifier and principal: that client; 7, no confirmed record: NOENT; 8, another verifier: NOT_SAME; 9,
+    /// another principal: PERM. Returns the MDS lock owners of the state dropped (case 3 after expiry).
     pub fn exchange_id(
+        &mut self,
+        (owner, verifier, update): (&[u8], [u8; 8], bool),
+        principal: Principal,
+        addr: IpAddr,
+        now_ms: u64,
+    ) -> R<(Exchanged, Vec<u64>)> {
+        let confirmed = self.record_of(owner, true);
+        let mut released = Vec::new();
+        if update {
+            let id = confirmed.ok_or(NFS4ERR_NOENT)?;
+            let c = self.clients.get_mut(&id).expect("found");
+            if c.verifier != verifier {
+                return Err(NFS4ERR_NOT_SAME);
+            }
+            if c.principal != principal {
+                return Err(NFS4ERR_PERM);
+            }
+            c.renewed_ms = now_ms;
+            return Ok((Exchanged { clientid: id, seq: c.cs_seq.wrapping_add(1), confirmed: true }, released));
+        }
+        if let Some(id) = confirmed {
+            let lease_ms = self.cfg.lease_ms;
+            let c = self.clients.get_mut(&id).expect("found");
+            if c.principal != principal {
+                if now_ms.saturating_sub(c.renewed_ms) < lease_ms {
+                    return Err(NFS4ERR_CLID_INUSE);
+                }
+                released = self.drop_client(id);
+            } else if c.verifier == verifier {
+                c.renewed_ms = now_ms;
+                return Ok((Exchanged { clientid: id, seq: c.cs_seq.wrapping_add(1), confirmed: true }, released));
+            }
+        }
+        if let Some(id) = self.record_of(owner, false) {
+            // An unconfirmed record holds no state (a session would have confirmed it).
+            released.extend(self.drop_client(id));
+        }
+        let clientid = self.new_client(owner, verifier, principal, addr, now_ms)?;
+        Ok((Exchanged { clientid, seq: 1, confirmed: false }, released))
+    }
+
+    /// A new unconfirmed client record, within the table's and the address's bounds.
+    fn new_client(
         &mut self,
         owner: &[u8],
         verifier: [u8; 8],
         principal: Principal,
         addr: IpAddr,
         now_ms: u64,
-    ) -> R<(Exchanged, Vec<u64>)> {
-        let existing = self.clients.iter().find(|(_, c)| c.owner == owner).map(|(k, _)| *k);
-        let mut released = Vec::new();
-        if let Some(id) = existing {
-            let lease_ms = self.cfg.lease_ms;
-            let c = self.clients.get_mut(&id).expect("found");
-            if c.principal != principal && now_ms.saturating_sub(c.renewed_ms) < lease_ms {
-                return Err(NFS4ERR_CLID_INUSE);
-            }
-            if c.verifier == verifier && c.principal == principal {
-                c.renewed_ms = now_ms;
-                return Ok((
-                    Exchanged { clientid: id, seq: c.cs_seq.wrapping_add(1), confirmed: c.confirmed },
-                    released,
-                ));
-            }
-            released = self.drop_client(id);
-        }
+    ) -> R<u64> {
         if self.clients.len() >= self.cfg.clients_max {
             return Err(NFS4ERR_RESOURCE);
         }
@@ -519,20 +558,23 @@ impl State {
                 sessions: Vec::new(),
             },
         );
-        Ok((Exchanged { clientid, seq: 1, confirmed: false }, released))
+        Ok(clientid)
     }
 
     /// CREATE_SESSION (§18.36.4): `seq` one past the last is new, equal to it a replay (the cached answer),
-    /// anything else SEQ_MISORDERED. The fore channel gets the smaller of what the client asks and our bounds.
-    /// Only the client's own principal creates its sessions (NFS4ERR_CLID_INUSE otherwise, as §18.36.4 says).
+    /// anything else SEQ_MISORDERED. Channels smaller than one compound needs are NFS4ERR_TOOSMALL
+    /// ([`too_small`]); the fore channel gets the smaller of what the client asks and our bounds. Only the
+    /// client's own principal creates its sessions (NFS4ERR_CLID_INUSE otherwise, as §18.36.4 says). The first
+    /// session confirms the client; a confirmed record of the same owner (the client before its restart,
+    /// §18.35.5 case 5) is then dropped, and its MDS lock owners are returned for release.
     pub fn create_session(
         &mut self,
         clientid: u64,
         seq: u32,
-        asked: ChannelAttrs,
+        (asked, back): (ChannelAttrs, ChannelAttrs),
         principal: Principal,
         now_ms: u64,
-    ) -> R<CreatedSession> {
+    ) -> R<(CreatedSession, Vec<u64>)> {
         self.client_of(clientid, principal)
             .map_err(|e| if e == NFS4ERR_WRONG_CRED { NFS4ERR_CLID_INUSE } else { e })?;
         let full = self.sessions.len() >= self.cfg.sessions_max;
@@ -541,10 +583,13 @@ impl State {
             && let Some((s, reply)) = c.cs_reply
             && s == seq
         {
-            return Ok(reply);
+            return Ok((reply, Vec::new()));
         }
         if seq != c.cs_seq.wrapping_add(1) {
             return Err(NFS4ERR_SEQ_MISORDERED);
+        }
+        if too_small(&asked, &back) {
+            return Err(NFS4ERR_TOOSMALL);
         }
         if full {
             return Err(NFS4ERR_RESOURCE);
@@ -558,9 +603,6 @@ impl State {
             );
             return Err(NFS4ERR_RESOURCE);
         }
-        if asked.slots_max == 0 || asked.ops_max < 2 {
-            return Err(NFS4ERR_TOOSMALL);
-        }
         let fore = ChannelAttrs {
             header_pad_bytes: 0,
             request_bytes_max: asked.request_bytes_max.min(self.cfg.request_bytes_max),
@@ -573,14 +615,41 @@ impl State {
         sessionid[..8].copy_from_slice(&clientid.to_be_bytes());
         sessionid[8..].copy_from_slice(&self.ids.next(b"session"));
         let created = CreatedSession { sessionid, seq, fore };
+        let confirming = !c.confirmed;
         c.cs_seq = seq;
         c.cs_reply = Some((seq, created));
         c.confirmed = true;
         c.renewed_ms = now_ms;
         c.sessions.push(sessionid);
+        let owner = c.owner.clone();
         let slots = (0..fore.slots_max).map(|_| Slot { seqid: 0, reply: None, in_use: false }).collect();
         self.sessions.insert(sessionid, Session { clientid, slots, fore });
-        Ok(created)
+        let released = if confirming { self.drop_restarted(clientid, &owner) } else { Vec::new() };
+        Ok((created, released))
+    }
+
+    /// Once client `clientid` of `owner` is confirmed: the confirmed record it replaces (the same client before
+    /// its restart, §18.35.5 case 5) is dropped; returns that record's MDS lock owners.
+    fn drop_restarted(&mut self, clientid: u64, owner: &[u8]) -> Vec<u64> {
+        let old =
+            self.clients.iter().find(|(k, c)| **k != clientid && c.owner == owner && c.confirmed).map(|(k, _)| *k);
+        let released = match old {
+            Some(old) => {
+                tracing::info!(
+                    clientid = format_args!("{old:#x}"),
+                    owner = %String::from_utf8_lossy(owner),
+                    "NFSv4 client restarted (a new verifier confirmed): its earlier state is dropped"
+                );
+                self.drop_client(old)
+            }
+            None => Vec::new(),
+        };
+        assert_eq!(
+            self.clients.values().filter(|c| c.owner == owner && c.confirmed).count(),
+            1,
+            "one confirmed record"
+        );
+        released
     }
 
     pub fn session_attrs(&self, sessionid: &[u8; 16]) -> Option<(u64, ChannelAttrs)> {
@@ -649,16 +718,20 @@ impl State {
         Ok(())
     }
 
-    /// DESTROY_CLIENTID: by its principal only (WRONG_CRED), and only a client without sessions (CLIENTID_BUSY
-    /// otherwise); returns its lock owners.
+    /// DESTROY_CLIENTID (§18.50.3): by its principal only (WRONG_CRED), and only a client without sessions, opens,
+    /// locks or layouts (CLIENTID_BUSY otherwise); an unknown one is STALE_CLIENTID. Returns its lock owners.
     pub fn destroy_clientid(&mut self, clientid: u64, principal: Principal) -> R<Vec<u64>> {
-        if !self.client_of(clientid, principal)?.sessions.is_empty() {
+        let busy = !self.client_of(clientid, principal)?.sessions.is_empty()
+            || self.stateids.values().any(|s| s.clientid == clientid)
+            || self.layouts.values().any(|l| l.clientid == clientid);
+        if busy {
             return Err(NFS4ERR_CLIENTID_BUSY);
         }
         Ok(self.drop_client(clientid))
     }
 
-    /// RECLAIM_COMPLETE: the client reclaims nothing more (COMPLETE_ALREADY the second time).
+    /// RECLAIM_COMPLETE (§18.51): the client reclaims nothing more (COMPLETE_ALREADY the second time); only
+    /// after it may the client take new opens and locks ([`State::check_grace`]).
     pub fn reclaim_complete(&mut self, clientid: u64) -> R<()> {
         let c = self.clients.get_mut(&clientid).ok_or(NFS4ERR_STALE_CLIENTID)?;
         if c.reclaim_complete {
@@ -669,15 +742,17 @@ impl State {
     }
 
     /// Whether a reclaim (`reclaim`) or a new open/lock is allowed now: reclaims only in grace and before the
-    /// client's RECLAIM_COMPLETE (NO_GRACE), new state only after grace (GRACE).
+    /// client's RECLAIM_COMPLETE (NO_GRACE); new state only after grace and after the client's RECLAIM_COMPLETE
+    /// (GRACE: "if non-reclaim locking operations are done before the RECLAIM_COMPLETE, an NFS4ERR_GRACE error
+    /// will be returned", §18.51.3; knfsd does the same).
     pub fn check_grace(&self, clientid: u64, reclaim: bool, now_ms: u64) -> R<()> {
         let grace = self.in_grace(now_ms);
+        let done = self.clients.get(&clientid).is_none_or(|c| c.reclaim_complete);
         if reclaim {
-            let done = self.clients.get(&clientid).is_none_or(|c| c.reclaim_complete);
             if !grace || done {
                 return Err(NFS4ERR_NO_GRACE);
             }
-        } else if grace {
+        } else if grace || !done {
             return Err(NFS4ERR_GRACE);
         }
         Ok(())
@@ -1166,6 +1241,29 @@ impl State {
 }
 
 /// A device id (16 bytes): epoch (4, BE) | kind 4 (1) | zero (3) | counter (8, BE). docs/format.md §24.
+/// The smallest request and reply a fore channel may offer: a SEQUENCE, a PUTFH of the largest handle and a
+/// GETATTR, with an AUTH_SYS credential of 16 groups (RFC 5531) and the RPC headers.
+pub const FORE_BYTES_MIN: u32 = 512;
+/// The smallest callback request a back channel may offer: a CB_SEQUENCE and a CB_LAYOUTRECALL of the largest
+/// handle with their RPC header and credential; and its smallest reply (CB_SEQUENCE's and one status).
+pub const BACK_REQUEST_BYTES_MIN: u32 = 512;
+pub const BACK_REPLY_BYTES_MIN: u32 = 128;
+
+/// Whether channels a CREATE_SESSION offers are too small for any compound (NFS4ERR_TOOSMALL, §18.36.3): no
+/// slot, room for fewer than two ops (SEQUENCE and one), or requests and replies smaller than the minimums above.
+/// A cached reply size of 0 is allowed: such a session cannot ask for replies to be cached (sa_cachethis
+/// answers NFS4ERR_REP_TOO_BIG_TO_CACHE).
+pub fn too_small(fore: &ChannelAttrs, back: &ChannelAttrs) -> bool {
+    fore.slots_max == 0
+        || fore.ops_max < 2
+        || fore.request_bytes_max < FORE_BYTES_MIN
+        || fore.reply_bytes_max < FORE_BYTES_MIN
+        || back.slots_max == 0
+        || back.ops_max < 2
+        || back.request_bytes_max < BACK_REQUEST_BYTES_MIN
+        || back.reply_bytes_max < BACK_REPLY_BYTES_MIN
+}
+
 pub fn device_id(epoch: u32, index: u64) -> DeviceId {
     let mut id = [0u8; 16];
     id[..4].copy_from_slice(&epoch.to_be_bytes());
@@ -1205,31 +1303,130 @@ mod tests {
     }
 
     fn session(st: &mut State, owner: &[u8], now: u64) -> (u64, [u8; 16]) {
-        let (ex, _) = st.exchange_id(owner, [1; 8], P, HOST, now).unwrap();
-        let cs = st.create_session(ex.clientid, ex.seq, attrs(), P, now).unwrap();
+        let (ex, _) = st.exchange_id((owner, [1; 8], false), P, HOST, now).unwrap();
+        let (cs, _) = st.create_session(ex.clientid, ex.seq, (attrs(), attrs()), P, now).unwrap();
         (ex.clientid, cs.sessionid)
     }
 
     #[test]
     fn exchange_and_create_session_replay_and_misorder() {
         let mut st = State::new(cfg(), 7, 0);
-        let (ex, _) = st.exchange_id(b"a", [1; 8], P, HOST, 0).unwrap();
+        let (ex, _) = st.exchange_id((b"a", [1; 8], false), P, HOST, 0).unwrap();
         assert!(!ex.confirmed);
         assert_eq!(ex.clientid >> 32, 7);
-        let cs = st.create_session(ex.clientid, 1, attrs(), P, 0).unwrap();
+        let (cs, _) = st.create_session(ex.clientid, 1, (attrs(), attrs()), P, 0).unwrap();
         assert_eq!(cs.fore.ops_max, 8);
         assert_eq!(cs.fore.cached_reply_bytes_max, 4096);
         // A retried CREATE_SESSION gets the same session; a skipped sequence id is misordered.
-        assert_eq!(st.create_session(ex.clientid, 1, attrs(), P, 0).unwrap(), cs);
-        assert_eq!(st.create_session(ex.clientid, 3, attrs(), P, 0), Err(NFS4ERR_SEQ_MISORDERED));
-        assert_eq!(st.create_session(ex.clientid ^ (1 << 40), 2, attrs(), P, 0), Err(NFS4ERR_STALE_CLIENTID));
+        assert_eq!(st.create_session(ex.clientid, 1, (attrs(), attrs()), P, 0).unwrap().0, cs);
+        assert_eq!(st.create_session(ex.clientid, 3, (attrs(), attrs()), P, 0), Err(NFS4ERR_SEQ_MISORDERED));
+        let stale = st.create_session(ex.clientid ^ (1 << 40), 2, (attrs(), attrs()), P, 0);
+        assert_eq!(stale, Err(NFS4ERR_STALE_CLIENTID));
         // The same owner and verifier again: the same client, now confirmed.
-        let (again, _) = st.exchange_id(b"a", [1; 8], P, HOST, 0).unwrap();
+        let (again, _) = st.exchange_id((b"a", [1; 8], false), P, HOST, 0).unwrap();
         assert_eq!((again.clientid, again.confirmed, again.seq), (ex.clientid, true, 2));
-        // A new verifier: the client rebooted; its state is gone.
-        let (rebooted, _) = st.exchange_id(b"a", [2; 8], P, HOST, 0).unwrap();
-        assert_ne!(rebooted.clientid, ex.clientid);
-        assert_eq!(st.sequence(&cs.sessionid, 0, 1, 0), Err(NFS4ERR_BADSESSION));
+    }
+
+    /// RFC 8881 §18.35.5, every case a client without state protection meets, and CREATE_SESSION confirming a
+    /// restarted client (case 5) only then dropping its earlier state.
+    #[test]
+    fn exchange_id_walks_every_case() {
+        let mut st = State::new(cfg(), 7, 0);
+        let other = Principal { flavor: 1, uid: 1000, gid: 1000 };
+        let ex = |st: &mut State, owner: &[u8], v: u8, update: bool, p: Principal, now: u64| {
+            st.exchange_id((owner, [v; 8], update), p, HOST, now).map(|(e, _)| e)
+        };
+        // Case 7: an update of a record that does not exist, or is not confirmed, is NOENT.
+        assert_eq!(ex(&mut st, b"a", 1, true, P, 0), Err(NFS4ERR_NOENT));
+        // Case 1: a new owner gets a new unconfirmed client.
+        let first = ex(&mut st, b"a", 1, false, P, 0).unwrap();
+        assert_eq!((first.confirmed, first.seq), (false, 1));
+        assert_eq!(ex(&mut st, b"a", 1, true, P, 0), Err(NFS4ERR_NOENT));
+        // Case 4: an unconfirmed record is replaced (a new clientid; the old one is stale).
+        let replaced = ex(&mut st, b"a", 1, false, P, 0).unwrap();
+        assert_ne!(replaced.clientid, first.clientid);
+        assert_eq!(st.create_session(first.clientid, 1, (attrs(), attrs()), P, 0), Err(NFS4ERR_STALE_CLIENTID));
+        let (cs, _) = st.create_session(replaced.clientid, 1, (attrs(), attrs()), P, 0).unwrap();
+        let owner = st.mds_owner(replaced.clientid, b"lock-owner");
+        // Case 2: same verifier and principal: the confirmed client.
+        let same = ex(&mut st, b"a", 1, false, P, 0).unwrap();
+        assert_eq!((same.clientid, same.confirmed), (replaced.clientid, true));
+        // Case 6: an update with the same verifier and principal: the confirmed client.
+        assert_eq!(ex(&mut st, b"a", 1, true, P, 0).unwrap().clientid, replaced.clientid);
+        // Case 8: an update with another verifier; case 9: by another principal.
+        assert_eq!(ex(&mut st, b"a", 2, true, P, 0), Err(NFS4ERR_NOT_SAME));
+        assert_eq!(ex(&mut st, b"a", 1, true, other, 0), Err(NFS4ERR_PERM));
+        // Case 3: another principal while the lease lives.
+        assert_eq!(ex(&mut st, b"a", 1, false, other, 0), Err(NFS4ERR_CLID_INUSE));
+        // Case 5: a new verifier (the client restarted): a new unconfirmed client; the old one's session lives on
+        // until the new one is confirmed, and then its state goes and its lock owner is released.
+        let restarted = ex(&mut st, b"a", 2, false, P, 0).unwrap();
+        assert_ne!(restarted.clientid, replaced.clientid);
+        assert!(!restarted.confirmed);
+        assert!(matches!(st.sequence(&cs.sessionid, 0, 1, 0), Ok(SeqOutcome::New { .. })));
+        st.finish(&cs.sessionid, 0, b"r");
+        let (_, dropped) = st.create_session(restarted.clientid, 1, (attrs(), attrs()), P, 0).unwrap();
+        assert_eq!(dropped, vec![owner]);
+        assert_eq!(st.sequence(&cs.sessionid, 0, 2, 0), Err(NFS4ERR_BADSESSION));
+        assert_eq!(ex(&mut st, b"a", 2, true, P, 0).unwrap().clientid, restarted.clientid);
+        // Case 3 once the lease has run out: the owner is anyone's (a new client for the other principal).
+        let taken = ex(&mut st, b"a", 3, false, other, 5000).unwrap();
+        assert!(!taken.confirmed);
+        assert_eq!(st.counts().0, 1, "one client record left");
+    }
+
+    /// §18.36.3: channels too small for a compound are NFS4ERR_TOOSMALL, whatever else they offer.
+    #[test]
+    fn create_session_refuses_channels_too_small() {
+        let mut st = State::new(cfg(), 7, 0);
+        let ex = st.exchange_id((b"a", [1; 8], false), P, HOST, 0).unwrap().0;
+        let small = [
+            ChannelAttrs { slots_max: 0, ..attrs() },
+            ChannelAttrs { ops_max: 1, ..attrs() },
+            ChannelAttrs { request_bytes_max: FORE_BYTES_MIN - 1, ..attrs() },
+            ChannelAttrs { reply_bytes_max: FORE_BYTES_MIN - 1, ..attrs() },
+        ];
+        for fore in small {
+            assert_eq!(st.create_session(ex.clientid, 1, (fore, attrs()), P, 0), Err(NFS4ERR_TOOSMALL), "{fore:?}");
+        }
+        let small_back = [
+            ChannelAttrs { slots_max: 0, ..attrs() },
+            ChannelAttrs { ops_max: 1, ..attrs() },
+            ChannelAttrs { request_bytes_max: BACK_REQUEST_BYTES_MIN - 1, ..attrs() },
+            ChannelAttrs { reply_bytes_max: BACK_REPLY_BYTES_MIN - 1, ..attrs() },
+        ];
+        for back in small_back {
+            assert_eq!(st.create_session(ex.clientid, 1, (attrs(), back), P, 0), Err(NFS4ERR_TOOSMALL), "{back:?}");
+        }
+        // No cached reply at all is allowed; the smallest channels that pass are taken.
+        let least = ChannelAttrs {
+            request_bytes_max: FORE_BYTES_MIN,
+            reply_bytes_max: FORE_BYTES_MIN,
+            cached_reply_bytes_max: 0,
+            ops_max: 2,
+            slots_max: 1,
+            header_pad_bytes: 0,
+        };
+        let back =
+            ChannelAttrs { request_bytes_max: BACK_REQUEST_BYTES_MIN, reply_bytes_max: BACK_REPLY_BYTES_MIN, ..least };
+        let (cs, _) = st.create_session(ex.clientid, 1, (least, back), P, 0).unwrap();
+        assert_eq!(cs.fore, least);
+    }
+
+    /// §18.50.3: a client holding sessions, opens, locks or layouts is CLIENTID_BUSY; an unknown one is stale.
+    #[test]
+    fn destroy_clientid_only_of_a_client_without_state() {
+        let mut st = State::new(cfg(), 7, 0);
+        let (cid, sid) = session(&mut st, b"a", 0);
+        assert_eq!(st.destroy_clientid(cid, P), Err(NFS4ERR_CLIENTID_BUSY));
+        let open = st.open(cid, b"o", 9, OPEN4_SHARE_ACCESS_READ, 0).unwrap();
+        st.destroy_session(&sid, P).unwrap();
+        assert_eq!(st.destroy_clientid(cid, P), Err(NFS4ERR_CLIENTID_BUSY), "an open is state");
+        st.close(cid, &open).unwrap();
+        assert_eq!(st.destroy_clientid(cid ^ 1, P), Err(NFS4ERR_STALE_CLIENTID));
+        assert_eq!(st.destroy_clientid(cid, P), Ok(Vec::new()));
+        assert_eq!(st.destroy_clientid(cid, P), Err(NFS4ERR_STALE_CLIENTID));
+        assert_eq!(st.counts().0, 0);
     }
 
     /// RFC 8881 §2.4, §18.35.5: a client record belongs to the principal that made it.
@@ -1239,17 +1436,17 @@ mod tests {
         let (cid, sid) = session(&mut st, b"victim", 0);
         let mallory = Principal { flavor: 1, uid: 1000, gid: 1000 };
         // Another principal cannot take the owner string (not even with a new verifier) while the lease lives…
-        assert_eq!(st.exchange_id(b"victim", [9; 8], mallory, HOST, 10).map(|_| ()), Err(NFS4ERR_CLID_INUSE));
-        assert_eq!(st.exchange_id(b"victim", [1; 8], mallory, HOST, 10).map(|_| ()), Err(NFS4ERR_CLID_INUSE));
+        assert_eq!(st.exchange_id((b"victim", [9; 8], false), mallory, HOST, 10).map(|_| ()), Err(NFS4ERR_CLID_INUSE));
+        assert_eq!(st.exchange_id((b"victim", [1; 8], false), mallory, HOST, 10).map(|_| ()), Err(NFS4ERR_CLID_INUSE));
         // …nor act on the client's sessions or the client itself.
-        assert_eq!(st.create_session(cid, 2, attrs(), mallory, 10), Err(NFS4ERR_CLID_INUSE));
+        assert_eq!(st.create_session(cid, 2, (attrs(), attrs()), mallory, 10), Err(NFS4ERR_CLID_INUSE));
         assert_eq!(st.destroy_session(&sid, mallory), Err(NFS4ERR_WRONG_CRED));
         assert_eq!(st.session_principal_is(&sid, mallory), Err(NFS4ERR_WRONG_CRED));
         assert_eq!(st.destroy_clientid(cid, mallory), Err(NFS4ERR_WRONG_CRED));
         assert!(matches!(st.sequence(&sid, 0, 1, 20), Ok(SeqOutcome::New { .. })), "the victim's session lives");
         assert_eq!(st.session_principal_is(&sid, P), Ok(()));
         // Once its lease has run out, the owner string is free for anyone.
-        let (taken, _) = st.exchange_id(b"victim", [9; 8], mallory, HOST, 2000).unwrap();
+        let (taken, _) = st.exchange_id((b"victim", [9; 8], false), mallory, HOST, 2000).unwrap();
         assert_ne!(taken.clientid, cid);
         assert_eq!(st.sequence(&sid, 0, 2, 2000), Err(NFS4ERR_BADSESSION));
     }
@@ -1285,7 +1482,7 @@ mod tests {
         let mut st = State::new(StateConfig { clients_per_address_max: 3, ..cfg() }, 1, 0);
         let other = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 2));
         let ex = |st: &mut State, owner: &[u8], verf: u8, addr: IpAddr, now: u64| {
-            st.exchange_id(owner, [verf; 8], P, addr, now).map(|(e, _)| e.clientid)
+            st.exchange_id((owner, [verf; 8], false), P, addr, now).map(|(e, _)| e.clientid)
         };
         for i in 0..3u8 {
             ex(&mut st, &[b'c', i], 1, HOST, 0).unwrap();
@@ -1305,7 +1502,8 @@ mod tests {
         let cfg = StateConfig { sessions_per_client_max: 2, stateids_per_client_max: 3, grace_ms: 0, ..cfg() };
         let mut st = State::new(cfg, 1, 0);
         let (hog, _) = session(&mut st, b"hog", 0);
-        let more = |st: &mut State, cid: u64, seq: u32| st.create_session(cid, seq, attrs(), P, 0).map(|_| ());
+        let more =
+            |st: &mut State, cid: u64, seq: u32| st.create_session(cid, seq, (attrs(), attrs()), P, 0).map(|_| ());
         assert_eq!(more(&mut st, hog, 2), Ok(()));
         assert_eq!(more(&mut st, hog, 3), Err(NFS4ERR_RESOURCE), "a third session");
         let mut opens = Vec::new();
@@ -1371,8 +1569,10 @@ mod tests {
         assert_eq!(st.check_grace(cid, false, 1200), Err(NFS4ERR_GRACE));
         assert_eq!(st.check_grace(cid, true, 1200), Ok(()));
         assert_eq!(st.check_grace(cid, true, 1500), Err(NFS4ERR_NO_GRACE));
-        assert_eq!(st.check_grace(cid, false, 1500), Ok(()));
+        // §18.51.3: no new state before the client's RECLAIM_COMPLETE, even after the grace period.
+        assert_eq!(st.check_grace(cid, false, 1500), Err(NFS4ERR_GRACE));
         st.reclaim_complete(cid).unwrap();
+        assert_eq!(st.check_grace(cid, false, 1500), Ok(()));
         assert_eq!(st.reclaim_complete(cid), Err(NFS4ERR_COMPLETE_ALREADY));
         assert_eq!(st.check_grace(cid, true, 1200), Err(NFS4ERR_NO_GRACE));
     }
@@ -1468,8 +1668,9 @@ mod tests {
         st.layout_get(b, 9, &ob, IOMODE_READ, &[1, 2], 0, 0).unwrap();
         assert_eq!(st.layout_counts().0, 1);
         st.destroy_session(&st.clients[&b].sessions[0].clone(), P).unwrap();
-        st.destroy_clientid(b, P).unwrap();
-        assert_eq!(st.layout_counts().0, 0, "a destroyed client's layouts go with it");
+        assert_eq!(st.destroy_clientid(b, P), Err(NFS4ERR_CLIENTID_BUSY), "it holds an open and a layout");
+        st.expire(u64::MAX);
+        assert_eq!(st.layout_counts().0, 0, "an expired client's layouts go with it");
     }
 
     #[test]
