@@ -91,13 +91,16 @@ test: deps
 # through every access path, SOAK_SEEDS seeds of SOAK_OPS ops each (minutes). A failure prints the seed and the
 # command that replays it (WEFT_FSX_SEED=N WEFT_FSX_OPS=M). Then the namespace's differential exerciser
 # (MemStore against PgStore, weft-meta's namespace/tests/exerciser.rs) on SOAK_SEEDS x 50 seeds
-# (replay: WEFT_EXERCISER_SEED=N).
+# (replay: WEFT_EXERCISER_SEED=N). Then the three-client model test with faults (crates/weft/tests/model.rs) on
+# SOAK_SEEDS seeds of SOAK_OPS / 10 ops (replay: WEFT_MODEL_SEED=N WEFT_MODEL_OPS=M).
 SOAK_SEEDS ?= 20
 SOAK_OPS ?= 3000
 soak: deps
 	WEFT_FSX_SEEDS=$(SOAK_SEEDS) WEFT_FSX_OPS=$(SOAK_OPS) $(CARGO) test --locked -p weft --release \
 		--features weft/fault-injection,weft-fabric/rdma --test exercisers
 	WEFT_EXERCISER_SEEDS=$$(($(SOAK_SEEDS) * 50)) $(CARGO) test --locked -p weft-meta --release --lib exerciser
+	WEFT_MODEL_SEEDS=$(SOAK_SEEDS) WEFT_MODEL_OPS=$$(($(SOAK_OPS) / 10)) $(CARGO) test --locked -p weft --release \
+		--features weft/fault-injection,weft-fabric/rdma --test model
 
 # bench: throughput over 1, 2 and 4 data servers; results in docs/bench/throughput.json (+ an SVG beside it).
 bench:

@@ -34,36 +34,50 @@ pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u6
             crate::ec_rows::heal_batch(file, io, &codec, first, end - first, slot, size).await?
         }
         DataRedundancy::Mirror { n } => {
-            let a = first * unit;
-            let b = ((first + rows) * unit).min(size);
-            if a >= b {
-                return Ok(0);
-            }
-            let mut last = None;
-            let mut got = None;
-            for c in (0..usize::from(n)).filter(|c| *c != slot && !stale.contains(c)) {
-                match read_on(io, &layout.data_view(c), a, b - a).await {
-                    Ok(bytes) => {
-                        got = Some(bytes);
-                        break;
-                    }
-                    Err(e) => last = Some(e),
-                }
-            }
-            let Some(got) = got else {
-                return Err(ClientError::Unavailable {
-                    ino: file.attr.ino,
-                    file_offset: a,
-                    available: 0,
-                    needed: 1,
-                    cause: format!("healing copy {slot}: {}", last.map_or("no fresh copy".into(), |e| e.to_string())),
-                });
-            };
-            write_on(io, &layout.data_view(slot), a, got.freeze()).await?;
-            b - a
+            heal_copy(file, io, (slot, usize::from(n)), (first, rows), size, &stale).await?
         }
         // Plain files have no other chunk to heal from (and are never marked).
         _ => 0,
     };
     Ok(bytes)
+}
+
+/// A mirror copy's rows `[first, first + rows)` read from another, fresh copy (zeros past its end) and written to
+/// copy `slot`, up to `size`. Returns the bytes written.
+async fn heal_copy(
+    file: &File,
+    io: &crate::striped::Io,
+    (slot, n): (usize, usize),
+    (first, rows): (u64, u64),
+    size: u64,
+    stale: &[usize],
+) -> Result<u64, ClientError> {
+    let layout = &file.layout();
+    let unit = u64::from(layout.stripe_unit);
+    let a = first * unit;
+    let b = ((first + rows) * unit).min(size);
+    if a < b {
+        let mut last = None;
+        let mut got = None;
+        for c in (0..n).filter(|c| *c != slot && !stale.contains(c)) {
+            match read_on(io, &layout.data_view(c), a, b - a).await {
+                Ok(bytes) => {
+                    got = Some(bytes);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let Some(got) = got else {
+            return Err(ClientError::Unavailable {
+                ino: file.attr.ino,
+                file_offset: a,
+                available: 0,
+                needed: 1,
+                cause: format!("healing copy {slot}: {}", last.map_or("no fresh copy".into(), |e| e.to_string())),
+            });
+        };
+        write_on(io, &layout.data_view(slot), a, got.freeze()).await?;
+    }
+    Ok(b.saturating_sub(a))
 }

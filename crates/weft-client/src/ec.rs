@@ -450,7 +450,7 @@ pub(crate) async fn truncate(file: &File, size: u64) -> Result<(), ClientError> 
         None
     };
     file.decoded.invalidate();
-    file.client.truncate_objects(file.attr.ino, layout, size, &file.caps).await?;
+    crate::stale::truncate_tolerant(file, size, old).await?;
     file.size.store(size, Ordering::SeqCst);
     file.decoded.invalidate();
     if let Some(tail) = tail {

@@ -32,7 +32,7 @@ pub(crate) async fn decode_rows(
 ) -> Result<(Vec<u8>, Vec<u64>), ClientError> {
     let layout = &file.layout();
     let (k, m) = (codec.k, codec.m);
-    let (skipped, mut causes) = left_out(file, layout, k, m, first, rows).await?;
+    let (skipped, stale, mut causes) = left_out(file, layout, k, m, first, rows).await?;
     let missing = (0..k).filter(|&j| skipped[j]).count();
     let parity = (k..k + m).filter(|&i| !skipped[i]).take(missing);
     let mut read: Vec<usize> = (0..k).filter(|&j| !skipped[j]).chain(parity).collect();
@@ -41,7 +41,11 @@ pub(crate) async fn decode_rows(
     let plans = match plan_rows(k, m, rows, &found) {
         Ok(plans) => plans,
         Err(_) => {
-            let rest: Vec<usize> = (0..k + m).filter(|i| !skipped[*i] && !read.contains(i)).collect();
+            // The rest, servers left out as "did not answer moments ago" among them (one may be back), and chunks
+            // healed since this handle learnt them stale.
+            let mut stale = stale;
+            crate::stale::healed_since(file, &mut stale, first, first + rows).await?;
+            let rest: Vec<usize> = (0..k + m).filter(|i| !stale.contains(i) && !read.contains(i)).collect();
             read_into(file, io, layout, &rest, first, rows, &mut found, &mut causes).await?;
             read.extend(rest);
             causes.sort();
@@ -60,9 +64,9 @@ pub(crate) async fn decode_rows(
     Ok((data, to_repair))
 }
 
-/// The chunks a decode leaves out (`true`), and why: those in a stale range (§18), never read, and those whose
-/// server did not answer moments ago while `k` others remain (waiting for its retries on every row would make a
-/// degraded read as slow as the retries).
+/// The chunks a decode leaves out at first (`true`), the stale ones among them, and why: those in a stale range
+/// (§18), never read, and those whose server did not answer moments ago while `k` others remain (waiting for its
+/// retries on every row would make a degraded read as slow as the retries; they are read if the others fail).
 async fn left_out(
     file: &File,
     layout: &weft_proto::Layout,
@@ -70,7 +74,7 @@ async fn left_out(
     m: usize,
     first: u64,
     rows: u64,
-) -> Result<(Vec<bool>, Vec<String>), ClientError> {
+) -> Result<(Vec<bool>, Vec<usize>, Vec<String>), ClientError> {
     let width = k + m;
     let stale = crate::stale::stale_slots(file, first, first + rows).await?;
     let mut causes: Vec<String> = stale.iter().map(|i| format!("chunk {i}: stale")).collect();
@@ -82,7 +86,7 @@ async fn left_out(
         causes.extend(down.iter().map(|i| format!("chunk {i}: data server {} did not answer", layout.servers[*i])));
     }
     let skipped = (0..width).map(|i| stale.contains(&i) || (skip_down && down.contains(&i))).collect();
-    Ok((skipped, causes))
+    Ok((skipped, stale, causes))
 }
 
 /// Reads rows `[first, first + rows)` of the chunks `which` (all at once) into `found`; a chunk lost adds its cause.

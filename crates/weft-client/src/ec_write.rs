@@ -390,19 +390,11 @@ async fn read_chunks(job: &RowJob<'_>, g: &Geom, known: &Known) -> Result<Read, 
         .into_iter()
         .filter(|&i| Some(i) != heal)
         .collect();
-    // A server that did not answer moments ago is not tried again (while at most m are left out): its chunks are
-    // lost for this write at once, as after a failed attempt, so a write stream pays the dead server's connect
-    // retries once per hold, not once per row.
-    let mut lost: Vec<(usize, ClientError)> = Vec::new();
-    let down: Vec<usize> = (0..g.k + g.m)
-        .filter(|&i| !skip.contains(&i) && Some(i) != heal && client.recently_unreachable(layout.servers[i]))
+    let presumed = presumed_down(job, g, &skip);
+    let mut lost: Vec<(usize, ClientError)> = presumed
+        .iter()
+        .map(|&i| (i, ClientError::Protocol(format!("data server {} did not answer moments ago", layout.servers[i]))))
         .collect();
-    if !down.is_empty() && skip.len() + down.len() <= g.m {
-        for i in down {
-            let server = layout.servers[i];
-            lost.push((i, ClientError::Protocol(format!("data server {server} did not answer moments ago"))));
-        }
-    }
     let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); g.k + g.m];
     // Frozen as they arrive (no copy): a partial row's `Known` keeps the chunks read by reference.
     let mut bytes: Vec<Bytes> = vec![Bytes::new(); g.k + g.m];
@@ -436,6 +428,14 @@ async fn read_chunks(job: &RowJob<'_>, g: &Geom, known: &Known) -> Result<Read, 
             }
         }
     }
+    if skip.len() + lost.len() > g.m {
+        let mut again = presumed;
+        let (first, end) = (job.first, job.first + job.rows);
+        again.extend(
+            crate::stale::healed_since(file, &mut skip, first, end).await?.into_iter().filter(|&i| Some(i) != heal),
+        );
+        try_again(job, g, &again, (&mut found, &mut bytes), &mut lost).await?;
+    }
     // A fenced server under a newer layout: nothing is written under this one (the caller retries on the new).
     crate::stale::refetch_if_fenced(file, &lost).await?;
     if skip.len() + lost.len() > g.m {
@@ -448,6 +448,51 @@ async fn read_chunks(job: &RowJob<'_>, g: &Geom, known: &Known) -> Result<Read, 
     }
     skip.extend(lost.iter().map(|(i, _)| *i));
     Ok(Read { found, bytes, skip, lost })
+}
+
+/// The chunks whose server did not answer moments ago, not tried again while at most m are left out: they are
+/// lost for this write at once, as after a failed attempt, so a write stream pays the dead server's connect retries
+/// once per hold, not once per row (unless too many others fail: [`try_again`]).
+fn presumed_down(job: &RowJob<'_>, g: &Geom, skip: &[usize]) -> Vec<usize> {
+    let layout = job.file.layout();
+    let down: Vec<usize> = (0..g.k + g.m)
+        .filter(|&i| {
+            !skip.contains(&i) && Some(i) != job.heal && job.file.client.recently_unreachable(layout.servers[i])
+        })
+        .collect();
+    if skip.len() + down.len() <= g.m { down } else { Vec::new() }
+}
+
+/// Before a write gives up on too many chunks lost: the chunks `again` are read after all — those of servers left
+/// out as "did not answer moments ago" (never tried) and those healed since the handle learnt them stale — as one
+/// may be usable now (a restarted server, healed: the model test, tests/model.rs, found writes failing when
+/// another server then died).
+async fn try_again(
+    job: &RowJob<'_>,
+    g: &Geom,
+    again: &[usize],
+    (found, bytes): (&mut [Vec<ChunkVersion>], &mut [Bytes]),
+    lost: &mut Vec<(usize, ClientError)>,
+) -> Result<(), ClientError> {
+    if again.is_empty() {
+        return Ok(());
+    }
+    lost.retain(|(i, _)| !again.contains(i));
+    let layout = job.file.layout();
+    for (i, r) in read_all(job.read_io, &layout, again.iter().copied(), job.first, job.rows, g.partial).await {
+        match r {
+            Ok((v, b)) => {
+                found[i] = v;
+                bytes[i] = b.freeze();
+            }
+            Err(e) if is_chunk_loss(&e) => {
+                job.file.client.note_unreachable(&e);
+                lost.push((i, e))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// A partial row's geometry, for [`plan_partial`].
@@ -501,7 +546,15 @@ pub(crate) fn plan_partial(
     assert!(fs.len() > k && bytes.len() == fs.len() && s.from >= s.base && to <= s.base + (k * u) as u64);
     let (mut buf, rewrite, mut origin) = gather(s, to, &mut fs, bytes, known, heal);
     // Data chunks whose bytes change but which this write cannot reach: their new bytes are in the parity only.
-    let unwritten: Vec<usize> = (0..k).filter(|&j| !rewrite[j] && s.changes(j, to)).collect();
+    let mut unwritten: Vec<usize> = (0..k).filter(|&j| !rewrite[j] && s.changes(j, to)).collect();
+    // Data chunks wholly at or past the size the writer knows are zeros (§16: a truncate cut them), but one out of
+    // reach may still hold what a cut it missed left there: it goes into the parity as zeros at a fresh version,
+    // as a chunk changed out of reach, never at the version naming its old bytes (the model test, tests/model.rs,
+    // read them back after the file grew). Nothing is learnt of it at its old version.
+    let past_end: Vec<usize> = (0..k)
+        .filter(|&j| !rewrite[j] && !unwritten.contains(&j) && matches!(fs[j], Found::Unreachable))
+        .filter(|&j| s.base + (j * u) as u64 >= s.old_size)
+        .collect();
     // The chunks' records as found: a new version goes above them (the compare-and-set expects them).
     let records: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
     let mut versions = records.clone();
@@ -518,13 +571,17 @@ pub(crate) fn plan_partial(
         versions = v;
     } else {
         match planned {
-            Ok(plan) => versions = decode_and_keep(k, u, codec, &plan, &mut buf, bytes, origin, known)?,
+            Ok(plan) => versions = decode_and_keep(k, u, codec, &plan, &mut buf, bytes, origin, known, &past_end)?,
             // Undecodable: fine only if no damaged chunk holds bytes this write keeps (outside the new bytes, below the
             // old size); those chunks are rewritten with zeros there.
             Err(e) if loses_kept_bytes(s, to, &fs) => return Err(e.to_string()),
             Err(_) => {}
         }
     }
+    for &j in &past_end {
+        buf[j * u..(j + 1) * u].fill(0);
+    }
+    unwritten.extend(past_end);
     buf[(s.from - s.base) as usize..(to - s.base) as usize].copy_from_slice(run);
     for j in (0..k).filter(|&j| rewrite[j]) {
         versions[j] = next_data_version(j, records[j].max(fs[j].version().unwrap_or(0)), &fs[k..]);
@@ -583,9 +640,9 @@ fn gather(
     (buf, rewrite, origin)
 }
 
-/// Decodes the chunks `plan` does not use into `buf` and keeps every data chunk of the row in `known` at its
-/// version, for a retry: by reference when used as read (or learnt before), a copy only when decoded. Returns the
-/// row's data versions.
+/// Decodes the chunks `plan` does not use into `buf` and keeps every data chunk of the row but those in `unknown`
+/// in `known` at its version, for a retry: by reference when used as read (or learnt before), a copy only when
+/// decoded. Returns the row's data versions.
 #[allow(clippy::too_many_arguments)]
 fn decode_and_keep(
     k: usize,
@@ -596,6 +653,7 @@ fn decode_and_keep(
     bytes: &[Bytes],
     mut origin: Vec<Option<Bytes>>,
     known: &mut Known,
+    unknown: &[usize],
 ) -> Result<Vec<u64>, String> {
     if plan.use_chunk[..k].iter().any(|used| !used) {
         let mut shards: Vec<Option<Vec<u8>>> = (0..plan.use_chunk.len())
@@ -608,7 +666,7 @@ fn decode_and_keep(
             buf[j * u..(j + 1) * u].copy_from_slice(sh.as_ref().expect("reconstructed"));
         }
     }
-    for j in 0..k {
+    for j in (0..k).filter(|j| !unknown.contains(j)) {
         let kept = match origin[j].take() {
             Some(b) if plan.use_chunk[j] => b,
             _ => Bytes::copy_from_slice(&buf[j * u..(j + 1) * u]),

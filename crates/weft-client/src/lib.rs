@@ -856,6 +856,64 @@ impl Client {
         .await
     }
 
+    /// Sets the objects of a file of `size` bytes to their lengths (§5, §16) on every server at once, as
+    /// [`Client::truncate_objects`], but returns the positions that failed with their errors instead of the first
+    /// error (a capability refused as expired is renewed and those positions tried once more): a redundant layout
+    /// records the missed ones stale ([`crate::stale::record_missed`]) and goes on.
+    pub(crate) async fn truncate_each(
+        &self,
+        ino: u64,
+        layout: &Layout,
+        size: u64,
+        caps: &CapHolder,
+    ) -> Result<Vec<(usize, ClientError)>, ClientError> {
+        check_file_layout(ino, layout)?;
+        let cap = caps.get().await?;
+        let all: Vec<u32> = (0..layout.stripe_count).collect();
+        let failed = self.truncate_slots(ino, layout, size, &all, &cap).await;
+        let expired = |e: &ClientError| matches!(e, ClientError::Data { source, .. } if is_expired(source));
+        if !failed.iter().any(|(_, e)| expired(e)) {
+            return Ok(failed);
+        }
+        let cap = caps.renew_from(&cap).await?;
+        let again: Vec<u32> = failed.iter().map(|(i, _)| *i as u32).collect();
+        Ok(self.truncate_slots(ino, layout, size, &again, &cap).await)
+    }
+
+    /// One `Truncate` to the server of each position in `slots`, all in parallel; the failures, by position.
+    async fn truncate_slots(
+        &self,
+        ino: u64,
+        layout: &Layout,
+        size: u64,
+        slots: &[u32],
+        cap: &Capability,
+    ) -> Vec<(usize, ClientError)> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for &slot in slots {
+            let Some(&server) = layout.servers.get(slot as usize) else { continue };
+            let (me, req) = (self.clone(), TruncateReq { ino, size: layout.object_size(size, slot), cap: cap.clone() });
+            tasks.spawn(async move {
+                let r = async {
+                    let ds = me.data_server(server).await?;
+                    ds.call_simple(Request::Truncate(req)).await.map_err(|source| ClientError::Data { server, source })
+                }
+                .await;
+                (slot as usize, r)
+            });
+        }
+        let mut failed = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            match r {
+                Ok((_, Ok(_))) => {}
+                Ok((slot, Err(e))) => failed.push((slot, e)),
+                Err(e) => failed.push((usize::MAX, ClientError::Protocol(format!("truncate task failed: {e}")))),
+            }
+        }
+        failed.sort_by_key(|(slot, _)| *slot);
+        failed
+    }
+
     /// Makes the file's objects at layout positions `slots` durable on their data servers (`Fsync`: data,
     /// checksums, chunk versions and name), every server at once. Returns the positions that failed, with their
     /// errors; a capability refused as expired is renewed and those positions tried once more.

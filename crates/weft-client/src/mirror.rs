@@ -27,8 +27,23 @@ fn copies(layout: &Layout) -> usize {
     }
 }
 
-/// Reads `[offset, offset + len)` (cut at the file's size by the caller) from the first copy that answers.
+/// Reads `[offset, offset + len)` (cut at the file's size by the caller) from the first copy that answers; if none
+/// does and some were left out as stale, once more with the stale ranges loaded again (copies healed since).
 pub(crate) async fn read(file: &File, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
+    match read_copies(file, offset, len).await {
+        Err(e @ ClientError::Unavailable { .. }) => {
+            let (first, end) = crate::handle::rows_of(&file.layout(), offset, len);
+            let mut stale = crate::stale::stale_slots(file, first, end).await?;
+            if crate::stale::healed_since(file, &mut stale, first, end).await?.is_empty() {
+                return Err(e);
+            }
+            read_copies(file, offset, len).await
+        }
+        r => r,
+    }
+}
+
+async fn read_copies(file: &File, offset: u64, len: u64) -> Result<BytesMut, ClientError> {
     let layout = &file.layout();
     let n = copies(layout);
     // Copies are tried starting at one picked by inode, so that readers of many files spread over the servers.

@@ -109,10 +109,7 @@ pub(crate) async fn truncate(file: &File, size: u64) -> Result<(), ClientError> 
             let layout = file.layout();
             fenced_retry(ino, size, || file.client.truncate_objects(ino, &layout, size, caps)).await
         }
-        Scheme::Mirror => {
-            on_fresh_layout(file, || async { file.client.truncate_objects(ino, &file.layout(), size, caps).await })
-                .await
-        }
+        Scheme::Mirror => on_fresh_layout(file, || crate::stale::truncate_tolerant(file, size, file.size())).await,
         Scheme::Ec => on_fresh_layout(file, || crate::ec::truncate(file, size)).await,
     }
 }
