@@ -152,7 +152,10 @@ pub(crate) fn next_data_version(j: usize, current: u64, found_parity: &[Found]) 
         })
         .max()
         .unwrap_or(0);
-    current.max(named).saturating_add(1)
+    let next = current.max(named).saturating_add(1);
+    // Compare-and-set moves a chunk only up, past every version a parity names for it (§17).
+    weft_rpc::invariant!(next > current && next > named || next == u64::MAX, "chunk {j}: version {next} not above");
+    next
 }
 
 /// How far above every version named for it a write puts a data chunk it changes but cannot write
@@ -167,7 +170,11 @@ pub(crate) const UNREACHABLE_GAP: u64 = 1 << 24;
 /// any value): it names no bytes on that server, nor, but with a chance of one in 2^24, those of another writer
 /// racing on the same row from the same parity (docs/format.md §17, "A version names one content").
 pub(crate) fn unreachable_version(j: usize, found_parity: &[Found], random: u64) -> u64 {
-    next_data_version(j, 0, found_parity).saturating_add(UNREACHABLE_GAP).saturating_add(random % UNREACHABLE_GAP)
+    let named_above = next_data_version(j, 0, found_parity);
+    let v = named_above.saturating_add(UNREACHABLE_GAP).saturating_add(random % UNREACHABLE_GAP);
+    // A version names one content: never one a parity names, nor one a compare-and-set write reaches from them.
+    weft_rpc::invariant!(v >= named_above.saturating_add(UNREACHABLE_GAP), "chunk {j}: unreachable version {v}");
+    v
 }
 
 #[cfg(test)]

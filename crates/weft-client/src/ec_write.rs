@@ -588,7 +588,10 @@ pub(crate) fn plan_partial(
     }
     for j in unwritten {
         versions[j] = unreachable_version(j, &fs[k..], weft_rpc::auth::random_id());
+        weft_rpc::invariant!(!rewrite[j], "chunk {j} both written and out of reach");
     }
+    // Every chunk written moves up from the record its compare-and-set expects (§17).
+    weft_rpc::invariant!((0..k).filter(|&j| rewrite[j]).all(|j| versions[j] > records[j]), "{versions:?} {records:?}");
     Ok(PartialPlan { row: buf, rewrite, versions })
 }
 

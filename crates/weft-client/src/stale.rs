@@ -122,6 +122,8 @@ pub(crate) async fn record_missed(
             cause: format!("{e} (more servers of the layout failed than its {tolerated} tolerated)"),
         });
     }
+    // Only a layout's own slots are marked, over rows a write or cut touched (§18).
+    weft_rpc::invariant!(failed.iter().all(|(slot, _)| *slot < layout.servers.len()) && first < end);
     for (slot, e) in failed {
         let server = layout.servers[slot];
         tracing::warn!(ino = file.attr.ino, slot, server, first_row = first, end_row = end, "degraded write: {e}");

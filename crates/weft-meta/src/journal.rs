@@ -710,6 +710,9 @@ impl Journal {
         }
         let (seq, off) = (s.segments.back().map_or(0, |m| m.seq), s.tail_off);
         let synced = s.durable_lsn;
+        // LSNs are consecutive in commit order and never reach durability before they are appended.
+        weft_rpc::invariant!(synced < lsn && s.next_lsn == lsn + 1, "journal LSN {lsn} after durable {synced}");
+        weft_rpc::invariant!(s.pending.last().is_none_or(|c| c.first_lsn <= lsn), "pending chunks in LSN order");
         let chunk = match s.pending.last_mut() {
             Some(c) if c.seq == seq => c,
             _ => {

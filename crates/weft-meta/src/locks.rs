@@ -183,6 +183,14 @@ impl LockTable {
         list.retain(|e| e.owner != owner);
         let at = at.min(list.len());
         let (removed, added) = (mine.len(), next.len());
+        // An owner's POSIX ranges are disjoint and in order; no other owner holds one that conflicts (ARCHITECTURE).
+        weft_rpc::invariant!(
+            op.class == LockClass::Flock || next.windows(2).all(|w| w[0].end < w[1].start),
+            "owner {owner:?}: ranges overlap"
+        );
+        weft_rpc::invariant!(
+            op.kind.is_none_or(|k| !list.iter().any(|e| e.overlaps(start, end) && conflicts(e.kind, k)))
+        );
         list.splice(at..at, next);
         self.count = count_after;
         self.account(owner.session, removed, added);

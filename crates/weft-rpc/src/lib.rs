@@ -32,6 +32,22 @@ pub mod server;
 mod session;
 pub mod side_auth;
 
+/// Whether [`invariant!`] checks run: in debug builds, and in every build of the tests (`make test` builds with
+/// `fault-injection`, release), so hot-path invariants are checked where adversaries run without costing the
+/// shipped binary anything.
+pub const CHECK_INVARIANTS: bool = cfg!(any(debug_assertions, feature = "fault-injection"));
+
+/// `assert!` on a hot path (ARCHITECTURE.md "Invariant:" lines): checked in debug builds and in the tests' builds
+/// ([`CHECK_INVARIANTS`]), compiled out of the shipped release binary. Cheap checks on cold paths use `assert!`.
+#[macro_export]
+macro_rules! invariant {
+    ($($arg:tt)*) => {
+        if $crate::CHECK_INVARIANTS {
+            assert!($($arg)*);
+        }
+    };
+}
+
 pub use auth::{AuthMode, Credential, Key, KeyError, KeyRing, Principal};
 pub use capability::{CapabilityKey, Demand, Refusal};
 pub use client::RpcClient;

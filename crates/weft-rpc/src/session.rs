@@ -224,6 +224,8 @@ impl SessionTable {
                 ));
             }
             let (tx, _) = watch::channel(false);
+            // A slot runs each sequence once, in order: the one it ran last is now behind it for good.
+            crate::invariant!(sl.seq.wrapping_add(1) == seq && !matches!(sl.state, SlotState::Running(_)));
             sl.seq = seq;
             sl.state = SlotState::Running(tx);
             return Admit::Execute;

@@ -543,6 +543,7 @@ impl State {
             return Err(NFS4ERR_RESOURCE);
         }
         let clientid = self.new_clientid();
+        weft_rpc::invariant!(self.clients.len() < self.cfg.clients_max, "the client table is bounded");
         self.clients.insert(
             clientid,
             ClientRec {
@@ -674,6 +675,7 @@ impl State {
             if sl.in_use {
                 return Err(NFS4ERR_DELAY);
             }
+            weft_rpc::invariant!(!sl.in_use && seqid == sl.seqid.wrapping_add(1), "slot {slot} runs {seqid} once");
             sl.seqid = seqid;
             sl.reply = None;
             sl.in_use = true;
