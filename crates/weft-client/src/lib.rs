@@ -858,8 +858,7 @@ impl Client {
 
     /// Sets the objects of a file of `size` bytes to their lengths (§5, §16) on every server at once, as
     /// [`Client::truncate_objects`], but returns the positions that failed with their errors instead of the first
-    /// error (a capability refused as expired is renewed and those positions tried once more): a redundant layout
-    /// records the missed ones stale ([`crate::stale::record_missed`]) and goes on.
+    /// error: a redundant layout records the missed ones stale ([`crate::stale::record_missed`]) and goes on.
     pub(crate) async fn truncate_each(
         &self,
         ino: u64,
@@ -867,56 +866,16 @@ impl Client {
         size: u64,
         caps: &CapHolder,
     ) -> Result<Vec<(usize, ClientError)>, ClientError> {
-        check_file_layout(ino, layout)?;
-        let cap = caps.get().await?;
         let all: Vec<u32> = (0..layout.stripe_count).collect();
-        let failed = self.truncate_slots(ino, layout, size, &all, &cap).await;
-        let expired = |e: &ClientError| matches!(e, ClientError::Data { source, .. } if is_expired(source));
-        if !failed.iter().any(|(_, e)| expired(e)) {
-            return Ok(failed);
-        }
-        let cap = caps.renew_from(&cap).await?;
-        let again: Vec<u32> = failed.iter().map(|(i, _)| *i as u32).collect();
-        Ok(self.truncate_slots(ino, layout, size, &again, &cap).await)
-    }
-
-    /// One `Truncate` to the server of each position in `slots`, all in parallel; the failures, by position.
-    async fn truncate_slots(
-        &self,
-        ino: u64,
-        layout: &Layout,
-        size: u64,
-        slots: &[u32],
-        cap: &Capability,
-    ) -> Vec<(usize, ClientError)> {
-        let mut tasks = tokio::task::JoinSet::new();
-        for &slot in slots {
-            let Some(&server) = layout.servers.get(slot as usize) else { continue };
-            let (me, req) = (self.clone(), TruncateReq { ino, size: layout.object_size(size, slot), cap: cap.clone() });
-            tasks.spawn(async move {
-                let r = async {
-                    let ds = me.data_server(server).await?;
-                    ds.call_simple(Request::Truncate(req)).await.map_err(|source| ClientError::Data { server, source })
-                }
-                .await;
-                (slot as usize, r)
-            });
-        }
-        let mut failed = Vec::new();
-        while let Some(r) = tasks.join_next().await {
-            match r {
-                Ok((_, Ok(_))) => {}
-                Ok((slot, Err(e))) => failed.push((slot, e)),
-                Err(e) => failed.push((usize::MAX, ClientError::Protocol(format!("truncate task failed: {e}")))),
-            }
-        }
-        failed.sort_by_key(|(slot, _)| *slot);
-        failed
+        self.on_slots_with(ino, layout, caps, &all, |slot, cap| {
+            Request::Truncate(TruncateReq { ino, size: layout.object_size(size, slot), cap })
+        })
+        .await
     }
 
     /// Makes the file's objects at layout positions `slots` durable on their data servers (`Fsync`: data,
     /// checksums, chunk versions and name), every server at once. Returns the positions that failed, with their
-    /// errors; a capability refused as expired is renewed and those positions tried once more.
+    /// errors.
     pub(crate) async fn fsync_slots(
         &self,
         ino: u64,
@@ -927,37 +886,43 @@ impl Client {
         if self.tuning().short_circuit_network || slots.is_empty() {
             return Ok(Vec::new());
         }
+        self.on_slots_with(ino, layout, caps, slots, |_, cap| Request::Fsync(FsyncReq { ino, cap })).await
+    }
+
+    /// `make(position, capability)` sent to the server of each position in `slots`, all at once; the positions
+    /// that failed, with their errors. A capability refused as expired is renewed and those positions tried once
+    /// more (truncate and fsync may run twice).
+    async fn on_slots_with(
+        &self,
+        ino: u64,
+        layout: &Layout,
+        caps: &CapHolder,
+        slots: &[u32],
+        make: impl Fn(u32, Capability) -> Request,
+    ) -> Result<Vec<(usize, ClientError)>, ClientError> {
         check_file_layout(ino, layout)?;
         let cap = caps.get().await?;
-        let failed = self.fsync_each(ino, layout, slots, &cap).await;
+        let failed = self.on_slots(layout, slots.iter().map(|&s| (s, make(s, cap.clone())))).await;
         let expired = |e: &ClientError| matches!(e, ClientError::Data { source, .. } if is_expired(source));
         if !failed.iter().any(|(_, e)| expired(e)) {
             return Ok(failed);
         }
         let cap = caps.renew_from(&cap).await?;
         let again: Vec<u32> = failed.iter().map(|(i, _)| *i as u32).collect();
-        Ok(self.fsync_each(ino, layout, &again, &cap).await)
+        Ok(self.on_slots(layout, again.iter().map(|&s| (s, make(s, cap.clone())))).await)
     }
 
-    /// One `Fsync` to the server of each position in `slots`, all in parallel; the failures.
-    async fn fsync_each(
-        &self,
-        ino: u64,
-        layout: &Layout,
-        slots: &[u32],
-        cap: &Capability,
-    ) -> Vec<(usize, ClientError)> {
+    /// Each `(position, request)` to the server of that position, all in parallel; the failures, by position.
+    async fn on_slots(&self, layout: &Layout, reqs: impl Iterator<Item = (u32, Request)>) -> Vec<(usize, ClientError)> {
         let mut tasks = tokio::task::JoinSet::new();
-        for &slot in slots {
+        for (slot, req) in reqs {
             // Positions come from this layout's width (a layout change keeps the width): never out of range.
             let Some(&server) = layout.servers.get(slot as usize) else { continue };
-            let (me, cap) = (self.clone(), cap.clone());
+            let me = self.clone();
             tasks.spawn(async move {
                 let r = async {
                     let ds = me.data_server(server).await?;
-                    ds.call_simple(Request::Fsync(FsyncReq { ino, cap }))
-                        .await
-                        .map_err(|source| ClientError::Data { server, source })
+                    ds.call_simple(req).await.map_err(|source| ClientError::Data { server, source })
                 }
                 .await;
                 (slot as usize, r)
@@ -968,7 +933,7 @@ impl Client {
             match r {
                 Ok((_, Ok(_))) => {}
                 Ok((slot, Err(e))) => failed.push((slot, e)),
-                Err(e) => failed.push((usize::MAX, ClientError::Protocol(format!("fsync task failed: {e}")))),
+                Err(e) => failed.push((usize::MAX, ClientError::Protocol(format!("data server task failed: {e}")))),
             }
         }
         failed.sort_by_key(|(slot, _)| *slot);
