@@ -92,7 +92,8 @@ test: deps
 # command that replays it (WEFT_FSX_SEED=N WEFT_FSX_OPS=M). Then the namespace's differential exerciser
 # (MemStore against PgStore, weft-meta's namespace/tests/exerciser.rs) on SOAK_SEEDS x 50 seeds
 # (replay: WEFT_EXERCISER_SEED=N). Then the three-client model test with faults (crates/weft/tests/model.rs) on
-# SOAK_SEEDS seeds of SOAK_OPS / 10 ops (replay: WEFT_MODEL_SEED=N WEFT_MODEL_OPS=M).
+# SOAK_SEEDS seeds of SOAK_OPS / 10 ops (replay: WEFT_MODEL_SEED=N WEFT_MODEL_OPS=M). Last, the seeded simulations
+# (crates/weft-sim/tests, weft-client's ec_sim.rs) on SOAK_SEEDS x 500 and x 100 seeds (replay: WEFT_SIM_SEED=N).
 SOAK_SEEDS ?= 20
 SOAK_OPS ?= 3000
 soak: deps
@@ -101,6 +102,8 @@ soak: deps
 	WEFT_EXERCISER_SEEDS=$$(($(SOAK_SEEDS) * 50)) $(CARGO) test --locked -p weft-meta --release --lib exerciser
 	WEFT_MODEL_SEEDS=$(SOAK_SEEDS) WEFT_MODEL_OPS=$$(($(SOAK_OPS) / 10)) $(CARGO) test --locked -p weft --release \
 		--features weft/fault-injection,weft-fabric/rdma --test model
+	WEFT_SIM_SEEDS=$$(($(SOAK_SEEDS) * 500)) $(CARGO) test --locked --release -p weft-sim
+	WEFT_SIM_SEEDS=$$(($(SOAK_SEEDS) * 100)) $(CARGO) test --locked --release -p weft-client --lib ec_sim
 
 # bench: throughput over 1, 2 and 4 data servers; results in docs/bench/throughput.json (+ an SVG beside it).
 bench:

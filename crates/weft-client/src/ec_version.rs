@@ -76,22 +76,34 @@ pub(crate) fn vector_of(k: usize, version: u64, parity_of: &[u64]) -> Option<Vec
 /// Plans the decode of one row of `k` data and `m` parity chunks from what was found of each (`found.len() ==
 /// k + m`, data first).
 pub(crate) fn plan_row(k: usize, m: usize, found: &[Found]) -> Result<RowPlan, Undecodable> {
+    plan_row_cut(k, m, found, k)
+}
+
+/// [`plan_row`] for a row whose data chunks from `cut` on lie wholly at or past the file's end: zeros whatever a
+/// parity names for them (§16: a truncate drops their records, version 0, before it rewrites the row's parity),
+/// so never [`outdated`].
+pub(crate) fn plan_row_cut(k: usize, m: usize, found: &[Found], cut: usize) -> Result<RowPlan, Undecodable> {
     assert_eq!(found.len(), k + m, "one finding per chunk");
+    let mut newest = newest_named(k, &found[k..]);
+    newest.iter_mut().skip(cut).for_each(|n| *n = 0);
     let data: Vec<Option<u64>> = found[..k]
         .iter()
-        .map(|f| match f {
-            Found::Intact { version, .. } => Some(*version),
-            _ => None,
+        .zip(&newest)
+        .map(|(f, newest)| match f {
+            Found::Intact { version, .. } if version >= newest => Some(*version),
+            _ => None, // not found, damaged, or outdated (see `outdated`)
         })
         .collect();
     let survivors = data.iter().filter(|d| d.is_some()).count();
     let missing = k - survivors;
-    // Intact parity chunks whose vector agrees with every surviving data chunk.
+    // Intact parity chunks whose vector agrees with every surviving data chunk and names the newest version of
+    // every missing one: a parity naming an older version of a missing chunk than another parity does would decode
+    // bytes a later write replaced (ec_sim.rs: a reader got an acknowledged write's chunk back as it was before).
     let mut usable: Vec<(usize, Vec<u64>)> = Vec::new();
     for (p, f) in found[k..].iter().enumerate() {
         if let Found::Intact { version, parity_of } = f
             && let Some(v) = vector_of(k, *version, parity_of)
-            && data.iter().zip(&v).all(|(d, pv)| d.is_none_or(|d| d == *pv))
+            && data.iter().zip(&v).zip(&newest).all(|((d, pv), n)| d.map_or(pv >= n, |d| d == *pv))
         {
             usable.push((k + p, v));
         }
@@ -129,15 +141,64 @@ pub(crate) fn plan_row(k: usize, m: usize, found: &[Found]) -> Result<RowPlan, U
         let fine = match f {
             Found::Unreachable => true, // nothing to write it to
             Found::Damaged { .. } => false,
+            Found::Intact { .. } if i < k => data[i].is_some(),
             Found::Intact { version, parity_of } => {
-                i < k || vector_of(k, *version, parity_of).is_some_and(|v| v == data_versions)
+                vector_of(k, *version, parity_of).is_some_and(|v| v == data_versions)
             }
         };
         if !fine {
             repair.push(i);
         }
     }
+    // A chunk decoded comes back at the newest version named for it, never an older content (§17).
+    weft_rpc::invariant!(
+        (0..k).all(|j| use_chunk[j] || data_versions[j] >= newest[j]),
+        "decoded {data_versions:?} below the newest named {newest:?}"
+    );
     Ok(RowPlan { use_chunk, data_versions, repair })
+}
+
+/// Per data chunk: found intact, but below a version an intact parity chunk names for it. It missed a write whose
+/// new bytes are only in that parity (its server was out of reach, or the chunk stale and left out), so it is
+/// outdated: missing, not a survivor, even to a reader or writer whose stale view missed the mark (ec_sim.rs: a
+/// writer with such a view overwrote an outdated chunk in place and a heal then took it for current, losing an
+/// acknowledged write). Versions only move up (§17), so a lower version is never the newer content.
+pub(crate) fn outdated(k: usize, found: &[Found]) -> Vec<bool> {
+    let named = newest_named(k, &found[k..]);
+    found[..k].iter().zip(&named).map(|(f, n)| matches!(f, Found::Intact { version, .. } if version < n)).collect()
+}
+
+/// Per data chunk, the highest version an intact parity chunk of `parity` names for it (0 for none): its newest
+/// content, since versions only move up.
+pub(crate) fn newest_named(k: usize, parity: &[Found]) -> Vec<u64> {
+    let mut named = vec![0u64; k];
+    for f in parity {
+        if let Found::Intact { version, parity_of } = f
+            && let Some(v) = vector_of(k, *version, parity_of)
+        {
+            named.iter_mut().zip(&v).for_each(|(n, v)| *n = (*n).max(*v));
+        }
+    }
+    named
+}
+
+/// Names each data chunk of `unreached` (changed by a write that could not write it: out of reach, or its
+/// compare-and-set lost with its server) at a fresh [`unreachable_version`] in `versions`, the row's data versions
+/// its parity will name.
+pub(crate) fn rename_unreached(versions: &mut [u64], unreached: &[usize], parity: &[Found], random: u64) {
+    for &j in unreached {
+        versions[j] = unreachable_version(j, parity, random.wrapping_add(j as u64));
+    }
+}
+
+/// [`outdated`] data chunks shown as what they are to a writer: damaged (missing, and rewritten from the decoded
+/// row at a version above every one named, compare-and-set from their record).
+pub(crate) fn outdated_as_damaged(k: usize, found: &mut [Found], cut: usize) {
+    for (j, outdated) in outdated(k, found).into_iter().enumerate().take(cut) {
+        if outdated && let Some(version) = found[j].version() {
+            found[j] = Found::Damaged { version };
+        }
+    }
 }
 
 /// The version a compare-and-set write of data chunk `j` sets: above its record's `current` and above every
@@ -509,5 +570,43 @@ mod tests {
         ];
         assert_eq!(plan_row(2, 1, &f).unwrap().repair, vec![2]);
         assert_eq!(next_data_version(0, 0, &f[2..]), 2);
+    }
+
+    fn intact(version: u64, parity_of: &[u64]) -> Found {
+        Found::Intact { version, parity_of: parity_of.to_vec() }
+    }
+
+    #[test]
+    fn an_outdated_data_chunk_counts_as_missing_unless_past_the_end() {
+        // Chunk 1 missed the write that parity 2 names (version 5); parity 3 is older still.
+        let f = vec![intact(1, &[]), intact(1, &[]), intact(9, &[1, 5]), intact(8, &[1, 1])];
+        assert_eq!(outdated(2, &f), vec![false, true]);
+        let plan = plan_row(2, 2, &f).unwrap();
+        assert_eq!(plan.data_versions, vec![1, 5], "decoded at the version the newer parity names");
+        assert_eq!(plan.use_chunk, vec![true, false, true, false]);
+        assert_eq!(plan.repair, vec![1, 3]);
+        let mut w = f.clone();
+        outdated_as_damaged(2, &mut w, 2);
+        assert_eq!(w[1], Found::Damaged { version: 1 });
+        // Wholly past the file's end, chunk 1 is zeros at version 0 whatever the parity names (§16).
+        let cut = vec![intact(1, &[]), intact(0, &[]), intact(9, &[1, 5]), intact(8, &[1, 5])];
+        assert_eq!(plan_row_cut(2, 2, &cut, 1).unwrap().data_versions, vec![1, 0]);
+        assert_eq!(plan_row(2, 2, &cut).unwrap().data_versions, vec![1, 5]);
+    }
+
+    #[test]
+    fn a_missing_chunk_decodes_only_at_the_newest_version_a_parity_names() {
+        // Two parity chunks agree on an older version of chunk 1 than the third names: the larger group is older.
+        let f = vec![intact(2, &[]), Found::Unreachable, intact(4, &[2, 3]), intact(4, &[2, 3]), intact(5, &[2, 7])];
+        let plan = plan_row(2, 3, &f).unwrap();
+        assert_eq!(plan.data_versions, vec![2, 7]);
+        assert_eq!(plan.use_chunk, vec![true, false, false, false, true]);
+        // Without the newer one, the older group is the newest named: used.
+        let plan = plan_row(2, 2, &f[..4]).unwrap();
+        assert_eq!(plan.data_versions, vec![2, 3]);
+        // A chunk whose compare-and-set was lost is renamed far above every named version.
+        let mut versions = vec![2, 8];
+        rename_unreached(&mut versions, &[1], &f[2..], 0);
+        assert!(versions[1] > 7 + UNREACHABLE_GAP && versions[0] == 2, "{versions:?}");
     }
 }

@@ -28,7 +28,10 @@ use weft_proto::msg::{ChunkVersion, RowWrite};
 use crate::ClientError;
 use crate::ec_calls::{ChunkWrite, Written, read_all, write_all};
 use crate::ec_codec::{Codec, is_chunk_loss};
-use crate::ec_version::{Found, RowPlan, next_data_version, plan_row, unreachable_version, vector_of};
+use crate::ec_version::{
+    Found, RowPlan, newest_named, next_data_version, outdated_as_damaged, plan_row_cut, rename_unreached,
+    unreachable_version, vector_of,
+};
 use crate::handle::File;
 use crate::recycle::Recycled;
 use crate::striped::Io;
@@ -160,6 +163,8 @@ pub(crate) struct Known {
     /// encoded it into its parity unable to write it), with their bytes (references to the replies or to the row
     /// written, a copy only when decoded); newest last, at most [`KNOWN_PER_CHUNK_MAX`].
     chunks: Vec<Vec<(u64, Bytes)>>,
+    /// (data chunk, version) this write's compare-and-set set (landed), newest last, bounded as `chunks`.
+    landed: Vec<(usize, u64)>,
     read_data: bool,
     pub(crate) replaced: Vec<Option<Replaced>>,
 }
@@ -199,6 +204,21 @@ impl Known {
             c.remove(0);
         }
         c.push((version, bytes));
+    }
+
+    /// Data chunk `j` written at `version` by this write (its compare-and-set landed): kept, and remembered as
+    /// on its server.
+    pub(crate) fn landed(&mut self, j: usize, version: u64, bytes: Bytes) {
+        self.learn(j, version, bytes);
+        if self.landed.len() >= KNOWN_PER_CHUNK_MAX * 4 {
+            self.landed.remove(0);
+        }
+        self.landed.push((j, version));
+    }
+
+    /// Whether this write set data chunk `j` to `version` on its server.
+    fn set(&self, j: usize, version: u64) -> bool {
+        self.landed.contains(&(j, version))
     }
 
     /// What a delta write that fell back left to know (`ec_delta.rs`).
@@ -329,11 +349,12 @@ struct Planned {
 /// One attempt of a row write (the module doc's steps 1–4).
 pub(crate) async fn write_attempt(job: &RowJob<'_>, known: &mut Known) -> Result<Attempt, ClientError> {
     let g = job.geom();
-    let read = read_chunks(job, &g, known).await?;
-    let planned = if g.partial {
+    let mut read = read_chunks(job, &g, known).await?;
+    let mut planned = if g.partial {
         let RowBytes::Run(run) = job.new else { unreachable!("a partial row is one run") };
         let fs: Vec<Found> = (0..g.k + g.m).map(|i| read.found(i, 0, true, job.heal)).collect();
-        let shape = PartialShape { k: g.k, u: g.u, base: g.base, from: job.from, old_size: job.old_size };
+        let random = weft_rpc::auth::random_id();
+        let shape = PartialShape { k: g.k, u: g.u, base: g.base, from: job.from, old_size: job.old_size, random };
         let PartialPlan { row: buf, rewrite, versions } =
             plan_partial(&shape, job.codec, fs, &read.bytes, known, job.heal, run)
                 .map_err(|e| torn(job.file, g.base, e))?;
@@ -350,12 +371,13 @@ pub(crate) async fn write_attempt(job: &RowJob<'_>, known: &mut Known) -> Result
     };
     let client = &job.file.client;
     let layout = job.file.layout();
-    let mut lost = read.lost;
+    let mut lost = std::mem::take(&mut read.lost);
     let writes = data_writes(job, &g, &read.found, &read.bytes, &planned);
     if known.moved(write_all(job.write_io, &layout, writes, job.first).await, client, &mut lost) {
         return Ok(Attempt::Moved);
     }
     learn_written(known, &g, &planned, &lost);
+    rename_unlanded(job, &g, &read, &mut planned, &lost, known);
     let (writes, sent) = parity_writes(job, &g, &read.found, &read.bytes, &planned, &read.skip);
     let written = write_all(job.write_io, &layout, writes, job.first).await;
     give_back(client.recycled(), sent);
@@ -372,7 +394,35 @@ fn learn_written(known: &mut Known, g: &Geom, planned: &Planned, lost: &[(usize,
         return;
     }
     for j in (0..g.k).filter(|&j| planned.rewrite[j] && !lost.iter().any(|(i, _)| *i == j)) {
-        known.learn(j, planned.data_versions[0][j], planned.chunks[j].clone());
+        known.landed(j, planned.data_versions[0][j], planned.chunks[j].clone());
+    }
+}
+
+/// Data chunks whose compare-and-set write did not land (their server failed) are named in the parity at a fresh
+/// unreachable version, as chunks out of reach are: no compare-and-set took the version the write set, so another
+/// writer may set it for other bytes (ec_sim.rs found two writers, each losing its write of one chunk to the same
+/// dead server, name one version of it for two contents in their parity). A partial row's is kept at it.
+fn rename_unlanded(
+    job: &RowJob<'_>,
+    g: &Geom,
+    read: &Read,
+    planned: &mut Planned,
+    lost: &[(usize, ClientError)],
+    known: &mut Known,
+) {
+    let unlanded: Vec<usize> = (0..g.k).filter(|&j| planned.rewrite[j] && lost.iter().any(|(i, _)| *i == j)).collect();
+    if unlanded.is_empty() {
+        return;
+    }
+    let random = weft_rpc::auth::random_id();
+    for (row, versions) in planned.data_versions.iter_mut().enumerate() {
+        let parity: Vec<Found> = (g.k..g.k + g.m).map(|i| read.found(i, row, true, job.heal)).collect();
+        rename_unreached(versions, &unlanded, &parity, random);
+    }
+    if g.partial {
+        for &j in &unlanded {
+            known.learn(j, planned.data_versions[0][j], planned.chunks[j].clone());
+        }
     }
 }
 
@@ -505,6 +555,9 @@ pub(crate) struct PartialShape {
     pub from: u64,
     /// The file size the writer knows: bytes of a damaged chunk at or past it need no decoding.
     pub old_size: u64,
+    /// Randomness for the versions of chunks changed out of reach ([`unreachable_version`]): a random id in
+    /// service, the seed's generator in the simulation (`ec_sim.rs`), so a seed replays exactly.
+    pub random: u64,
 }
 
 impl PartialShape {
@@ -544,7 +597,11 @@ pub(crate) fn plan_partial(
     let (k, u) = (s.k, s.u);
     let to = s.from + run.len() as u64;
     assert!(fs.len() > k && bytes.len() == fs.len() && s.from >= s.base && to <= s.base + (k * u) as u64);
-    let (mut buf, rewrite, mut origin) = gather(s, to, &mut fs, bytes, known, heal);
+    // Data chunks from `cut` on lie wholly at or past the size this write knows: zeros (§16).
+    let cut = (0..k).find(|&j| s.base + (j * u) as u64 >= s.old_size).unwrap_or(k);
+    outdated_as_damaged(k, &mut fs, cut);
+    keep_read(k, &fs, bytes, known, heal);
+    let (mut buf, mut rewrite, mut origin) = gather(s, to, &mut fs, bytes, known, heal);
     // Data chunks whose bytes change but which this write cannot reach: their new bytes are in the parity only.
     let mut unwritten: Vec<usize> = (0..k).filter(|&j| !rewrite[j] && s.changes(j, to)).collect();
     // Data chunks wholly at or past the size the writer knows are zeros (§16: a truncate cut them), but one out of
@@ -558,15 +615,16 @@ pub(crate) fn plan_partial(
     // The chunks' records as found: a new version goes above them (the compare-and-set expects them).
     let records: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
     let mut versions = records.clone();
-    let mut planned = plan_row(k, fs.len() - k, &fs);
+    let mut planned = plan_row_cut(k, fs.len() - k, &fs, cut);
     if planned.is_err()
         && let Some(as_was) = as_before_delta(k, u, &fs, &known.replaced, &mut buf, &mut origin)
     {
         fs = as_was;
-        planned = plan_row(k, fs.len() - k, &fs);
+        planned = plan_row_cut(k, fs.len() - k, &fs, cut);
     }
+    let mut decoded = true;
     if planned.is_err()
-        && let Some(v) = decode_with_known(k, u, codec, &fs, bytes, known, &mut buf)
+        && let Some(v) = decode_with_known(k, u, cut, codec, &fs, bytes, known, &mut buf)
     {
         versions = v;
     } else {
@@ -575,7 +633,7 @@ pub(crate) fn plan_partial(
             // Undecodable: fine only if no damaged chunk holds bytes this write keeps (outside the new bytes, below the
             // old size); those chunks are rewritten with zeros there.
             Err(e) if loses_kept_bytes(s, to, &fs) => return Err(e.to_string()),
-            Err(_) => {}
+            Err(_) => decoded = false,
         }
     }
     for &j in &past_end {
@@ -583,16 +641,55 @@ pub(crate) fn plan_partial(
     }
     unwritten.extend(past_end);
     buf[(s.from - s.base) as usize..(to - s.base) as usize].copy_from_slice(run);
-    for j in (0..k).filter(|&j| rewrite[j]) {
-        versions[j] = next_data_version(j, records[j].max(fs[j].version().unwrap_or(0)), &fs[k..]);
-    }
+    let same_bytes: Vec<bool> = (0..k).map(|j| decoded && !s.changes(j, to)).collect();
+    write_versions(&fs, &records, (&same_bytes, heal), known, &mut rewrite, &mut versions);
     for j in unwritten {
-        versions[j] = unreachable_version(j, &fs[k..], weft_rpc::auth::random_id());
+        versions[j] = unreachable_version(j, &fs[k..], s.random.wrapping_add(j as u64));
         weft_rpc::invariant!(!rewrite[j], "chunk {j} both written and out of reach");
     }
     // Every chunk written moves up from the record its compare-and-set expects (§17).
     weft_rpc::invariant!((0..k).filter(|&j| rewrite[j]).all(|j| versions[j] > records[j]), "{versions:?} {records:?}");
     Ok(PartialPlan { row: buf, rewrite, versions })
+}
+
+/// Keeps every data chunk read intact at its version before anything is written over it: if this write's parity
+/// then loses to another writer's, whose parity names what was overwritten, only this write still has those bytes
+/// (ec_sim.rs found a row no one could decode after such a loss). The healed chunk's bytes are not trusted.
+fn keep_read(k: usize, fs: &[Found], bytes: &[Bytes], known: &mut Known, heal: Option<usize>) {
+    for j in (0..k).filter(|&j| !bytes[j].is_empty() && Some(j) != heal) {
+        if let Found::Intact { version, .. } = fs[j] {
+            known.learn(j, version, bytes[j].clone());
+        }
+    }
+}
+
+/// The versions the chunks `rewrite` names are written at (`versions` holds the row's decoded ones): above every
+/// version named for the chunk (`next_data_version`), except that a chunk rewritten with the bytes it had
+/// (`same_bytes`: damaged or outdated, decoded, not changed by this write) keeps the version naming them when the
+/// compare-and-set can reach it (above its record): a new number for the same bytes would make a concurrent write's
+/// parity naming the old one look outdated for it (ec_sim.rs: a healed chunk's bumped version left a writer's
+/// parity undecodable). The chunk healed (`heal`), if this write wrote it there in an earlier attempt, is not
+/// written again.
+fn write_versions(
+    fs: &[Found],
+    records: &[u64],
+    (same_bytes, heal): (&[bool], Option<usize>),
+    known: &Known,
+    rewrite: &mut [bool],
+    versions: &mut [u64],
+) {
+    let k = records.len();
+    for j in 0..k {
+        if !rewrite[j] {
+            continue;
+        }
+        let record = records[j].max(fs[j].version().unwrap_or(0));
+        if same_bytes[j] && versions[j] == record && Some(j) == heal && known.set(j, record) {
+            rewrite[j] = false;
+        } else if !(same_bytes[j] && versions[j] > record) {
+            versions[j] = next_data_version(j, record, &fs[k..]);
+        }
+    }
 }
 
 /// The row's data chunks as found into a row buffer (a chunk out of reach from `known`, at the version every
@@ -680,45 +777,72 @@ fn decode_and_keep(
 }
 
 /// A row the version rule cannot decode as found, decoded with what this write knows (docs/format.md §17, "A
-/// version names one content"): each data chunk not found intact is decoded from a group of agreeing parity chunks
-/// and, for every other data chunk, its bytes at the version that group names, found intact at it or known to this
-/// write at it (learnt or named in an earlier attempt). The group is chosen as the rule chooses (the largest, then
-/// the greatest vector). This rescues two writers whose parity writes split while a chunk is out of reach: each
-/// knows the versions the other overwrote. The data chunks found intact keep their bytes and versions. Returns the
-/// row's data versions, `None` when no group has enough.
+/// version names one content"). Each data chunk not found intact is taken at its newest version (the highest an
+/// intact parity chunk names for it: anything older was replaced by a later write), known to this write at it
+/// (learnt or named in an earlier attempt) or decoded from a group of parity chunks naming it, with every other
+/// data chunk at the version that group names, found intact at it or known at it. Groups are tried as the rule
+/// orders them (the largest, then the greatest vector). This rescues writers whose parity writes split while
+/// chunks are out of reach: each knows the versions the other overwrote. The data chunks found intact keep their
+/// bytes and versions. Returns the row's data versions, `None` when a chunk cannot be had at its newest version
+/// (ec_sim.rs: decoding one at an older version wrote an acknowledged write's bytes over).
+#[allow(clippy::too_many_arguments)]
 fn decode_with_known(
     k: usize,
     u: usize,
+    cut: usize,
     codec: &Codec,
     fs: &[Found],
     bytes: &[Bytes],
     known: &mut Known,
     buf: &mut [u8],
 ) -> Option<Vec<u64>> {
+    let newest = newest_named(k, &fs[k..]);
     let groups = parity_groups(k, &fs[k..]);
-    let missing: Vec<usize> = (0..k).filter(|&j| !matches!(fs[j], Found::Intact { .. })).collect();
-    for (vector, members) in groups {
-        let at = |i: usize| match &fs[i] {
-            Found::Intact { version, .. } if *version == vector[i] => Some(bytes[i].clone()),
-            _ => known.learnt(i, vector[i]).cloned(),
+    let mut versions: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
+    // Chunks from `cut` on are zeros (past the end, §16): nothing to decode.
+    let not_found: Vec<usize> = (0..cut).filter(|&j| !matches!(fs[j], Found::Intact { .. })).collect();
+    let mut got: Vec<(usize, Bytes)> = Vec::with_capacity(not_found.len());
+    for &j in &not_found {
+        let chunk = match known.learnt(j, newest[j]) {
+            Some(b) => b.clone(),
+            None => groups.iter().filter(|(v, _)| v[j] == newest[j]).find_map(|(vector, members)| {
+                decode_group(k, codec, fs, bytes, known, vector, members).map(|mut shards| shards.swap_remove(j))
+            })?,
         };
-        let inputs: Vec<Option<Bytes>> = (0..k).map(|i| if missing.contains(&i) { None } else { at(i) }).collect();
-        if inputs.iter().flatten().count() + members.len() < k {
-            continue;
-        }
-        let mut shards: Vec<Option<Vec<u8>>> = inputs.iter().map(|b| b.as_ref().map(|b| b.to_vec())).collect();
-        shards.extend((0..fs.len() - k).map(|p| members.contains(&(k + p)).then(|| bytes[k + p].to_vec())));
-        codec.reconstruct_data(&mut shards).ok()?;
-        let mut versions: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
-        for &j in &missing {
-            let decoded = shards[j].take().expect("reconstructed");
-            buf[j * u..(j + 1) * u].copy_from_slice(&decoded);
-            known.learn(j, vector[j], Bytes::from(decoded));
-            versions[j] = vector[j];
-        }
-        return Some(versions);
+        got.push((j, chunk));
     }
-    None
+    for (j, chunk) in got {
+        buf[j * u..(j + 1) * u].copy_from_slice(&chunk);
+        known.learn(j, newest[j], chunk);
+        versions[j] = newest[j];
+    }
+    Some(versions)
+}
+
+/// The `k` data chunks at the versions `vector` names, decoded from the parity chunks `members` and every data
+/// chunk found intact at its version or known at it; `None` when too few.
+fn decode_group(
+    k: usize,
+    codec: &Codec,
+    fs: &[Found],
+    bytes: &[Bytes],
+    known: &Known,
+    vector: &[u64],
+    members: &[usize],
+) -> Option<Vec<Bytes>> {
+    // A chunk `gather` took from `known` (out of reach, shown intact) has no bytes read: its bytes are known.
+    let at = |i: usize| match &fs[i] {
+        Found::Intact { version, .. } if *version == vector[i] && !bytes[i].is_empty() => Some(bytes[i].clone()),
+        _ => known.learnt(i, vector[i]).cloned(),
+    };
+    let inputs: Vec<Option<Bytes>> = (0..k).map(at).collect();
+    if inputs.iter().flatten().count() + members.len() < k {
+        return None;
+    }
+    let mut shards: Vec<Option<Vec<u8>>> = inputs.iter().map(|b| b.as_ref().map(|b| b.to_vec())).collect();
+    shards.extend((0..fs.len() - k).map(|p| members.contains(&(k + p)).then(|| bytes[k + p].to_vec())));
+    codec.reconstruct_data(&mut shards).ok()?;
+    Some(shards.into_iter().take(k).map(|s| Bytes::from(s.expect("reconstructed"))).collect())
 }
 
 /// The intact parity chunks' vectors, each with the chunks naming it: the largest group first, then the greatest
@@ -902,6 +1026,14 @@ async fn finish(
         let (i, e) = lost.swap_remove(pos);
         return Err(if i == usize::MAX { e } else { job.degraded(g, i, &format!("healing: {e}")) });
     }
+    let missed_n = skip.len() + lost.iter().filter(|(i, _)| !skip.contains(i)).count();
+    if missed_n > g.m && healed_meanwhile(job, skip).await? {
+        // Too many missed, but a chunk left out as stale has been healed since: the data chunks written in place
+        // need parity naming them there, so the write is tried again with it rather than failed (ec_sim.rs
+        // found a write at zero margin, its stale view out of date, overwrite data chunks and fail when one more
+        // server went down, leaving the healed parity naming bytes it had destroyed).
+        return Ok(Attempt::Moved);
+    }
     let mut missed: Vec<(usize, ClientError)> = skip
         .iter()
         .filter(|i| !lost.iter().any(|(j, _)| j == *i))
@@ -917,6 +1049,14 @@ async fn finish(
     }
     crate::stale::record_missed(job.file, missed, g.base, job.first, job.first + job.rows).await?;
     Ok(Attempt::Done)
+}
+
+/// Whether a chunk of `skip` left out as stale by this handle's view is no longer stale at the MDS.
+async fn healed_meanwhile(job: &RowJob<'_>, skip: &[usize]) -> Result<bool, ClientError> {
+    let (first, end) = (job.first, job.first + job.rows);
+    let view = crate::stale::stale_slots(job.file, first, end).await?;
+    let mut stale: Vec<usize> = view.into_iter().filter(|i| skip.contains(i)).collect();
+    Ok(!crate::stale::healed_since(job.file, &mut stale, first, end).await?.is_empty())
 }
 
 /// The stored bytes (§16) of chunk `slot` of row `row` in a file of `size` bytes.
@@ -958,7 +1098,7 @@ mod tests {
     }
 
     fn shape(from: u64, old_size: u64) -> PartialShape {
-        PartialShape { k: K, u: U, base: 0, from, old_size }
+        PartialShape { k: K, u: U, base: 0, from, old_size, random: 12345 }
     }
 
     fn expected(patch: &[(usize, u8, usize)]) -> Vec<u8> {
@@ -1027,6 +1167,28 @@ mod tests {
     }
 
     #[test]
+    fn a_damaged_chunk_rewritten_with_its_bytes_keeps_the_version_naming_them() {
+        let (codec, mut bytes) = row();
+        bytes[0] = Bytes::from(vec![0xeeu8; U]);
+        let mut fs = intact([3, 4, 5, 6]);
+        // Its record is below the version the parity names for it: written at that version, not above it.
+        fs[0] = Found::Damaged { version: 2 };
+        let run = Bytes::from(vec![1u8; 4]);
+        let p = plan_partial(&shape(60, 64), &codec, fs.clone(), &bytes, &mut Known::default(), None, &run).unwrap();
+        assert_eq!(p.row, expected(&[(60, 1, 4)]));
+        assert_eq!(p.versions, vec![3, 4, 5, 7]);
+        // A heal of chunk 0 that wrote it there in an earlier attempt does not write it again.
+        fs[0] = Found::Damaged { version: 3 };
+        let mut known = Known::default();
+        known.landed(0, 3, Bytes::from(vec![10u8; U]));
+        let p = plan_partial(&shape(0, 64), &codec, fs.clone(), &bytes, &mut known, Some(0), &Bytes::new()).unwrap();
+        assert_eq!((p.rewrite, p.versions), (vec![false; K], vec![3, 4, 5, 6]));
+        // Damaged on its own (not the chunk healed): rewritten above its record.
+        let p = plan_partial(&shape(0, 64), &codec, fs, &bytes, &mut known, None, &Bytes::new()).unwrap();
+        assert_eq!((p.rewrite, p.versions), (vec![true, false, false, false], vec![4, 4, 5, 6]));
+    }
+
+    #[test]
     fn an_undecodable_row_fails_only_where_it_would_lose_kept_bytes() {
         let (codec, bytes) = row();
         // Three data chunks out of reach and one parity: too few to decode.
@@ -1071,7 +1233,7 @@ mod tests {
         // Without what the delta write replaced, the version rule finds no parity agreeing with every data chunk
         // found; chunk 1 is still decoded from chunks 0 and 3 and the parity at the versions it names, which leaves
         // chunk 2 out of the decode (decode_with_known), and the same plan results.
-        assert!(plan_row(K, 2, &fs).is_err());
+        assert!(crate::ec_version::plan_row(K, 2, &fs).is_err());
         let p = plan_partial(&shape(36, 64), &codec, fs.clone(), &bytes, &mut Known::default(), None, &run).unwrap();
         assert_eq!(p.row, expected(&[(36, 1, 4)]), "chunk 1 decoded right; the run laid in");
         assert_eq!(p.versions, vec![3, 4, 10, 6]);

@@ -29,6 +29,8 @@ mod ec_codec;
 mod ec_delta;
 mod ec_gather;
 mod ec_rows;
+#[cfg(test)]
+mod ec_sim;
 mod ec_version;
 mod ec_write;
 mod error;
