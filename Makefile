@@ -10,7 +10,7 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: up deps lint test soak bench bench-deps bench-mount bench-meta bench-compare bench-cache bench-nfs bench-pnfs bench-ec clean-data rdma-deps\
+.PHONY: up deps lint test soak bench bench-deps bench-mount bench-meta bench-compare bench-cache bench-nfs bench-pnfs bench-ec sim-scale clean-data rdma-deps\
 	test-rdma
 
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
@@ -104,6 +104,11 @@ soak: deps
 		--features weft/fault-injection,weft-fabric/rdma --test model
 	WEFT_SIM_SEEDS=$$(($(SOAK_SEEDS) * 500)) $(CARGO) test --locked --release -p weft-sim
 	WEFT_SIM_SEEDS=$$(($(SOAK_SEEDS) * 100)) $(CARGO) test --locked --release -p weft-client --lib ec_sim
+
+# sim-scale: the metadata service's membership and placement work against the number of data servers, on the
+# seeded simulator's simulated time (crates/weft-sim/tests/scale.rs; a table for docs/bench.md).
+sim-scale:
+	$(CARGO) test --locked --release -p weft-sim --test scale -- --ignored --nocapture
 
 # bench: throughput over 1, 2 and 4 data servers; results in docs/bench/throughput.json (+ an SVG beside it).
 bench:
