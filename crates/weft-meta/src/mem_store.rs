@@ -196,6 +196,10 @@ impl MetaTxn for MemTxn<'_> {
         Ok(self.st.servers.iter().map(|(k, v)| (*k, v.clone())).collect())
     }
 
+    fn get_server(&mut self, id: u32) -> Result<Option<String>, MetaError> {
+        Ok(self.st.servers.get(&id).cloned())
+    }
+
     fn put_server_phase(&mut self, id: u32, phase: u8) -> Result<(), MetaError> {
         self.check_writable()?;
         let old = self.st.phases.insert(id, phase);

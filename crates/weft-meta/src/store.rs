@@ -448,6 +448,11 @@ pub trait MetaTxn {
     fn put_server(&mut self, id: u32, addr: &str) -> Result<(), MetaError>;
     /// Every recorded data server, sorted by id.
     fn list_servers(&mut self) -> Result<Vec<(u32, String)>, MetaError>;
+    /// Data server `id`'s recorded address. A store that can look one up should: a heartbeat asks it, and a list
+    /// of every server per heartbeat costs N² a second (docs/bench.md, the metadata service at scale).
+    fn get_server(&mut self, id: u32) -> Result<Option<String>, MetaError> {
+        Ok(self.list_servers()?.into_iter().find(|(i, _)| *i == id).map(|(_, addr)| addr))
+    }
     /// Records data server `id`'s membership phase (format §19's code; 0 = member, the default for an id never
     /// given one), so a restarted MDS still drains a replaced server before it serves.
     fn put_server_phase(&mut self, id: u32, phase: u8) -> Result<(), MetaError>;

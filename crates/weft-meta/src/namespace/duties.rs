@@ -218,7 +218,7 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
     /// drains). Answers the phase before and after.
     pub(super) fn heartbeat_shared(&self, r: &RegisterServerReq) -> Result<(Phase, Phase), MetaError> {
         self.store.write(|t| {
-            let known = t.list_servers()?.iter().any(|(id, a)| *id == r.id && *a == r.addr);
+            let known = t.get_server(r.id)?.is_some_and(|a| a == r.addr);
             if !known {
                 t.put_server(r.id, &r.addr)?;
             }

@@ -281,6 +281,7 @@ const LIST_DIRENTS: &str =
 const PUT_SERVER: &str = "INSERT INTO weft_servers (id, addr) VALUES ($1, $2) \
                           ON CONFLICT (id) DO UPDATE SET addr = EXCLUDED.addr";
 const LIST_SERVERS: &str = "SELECT id, addr FROM weft_servers ORDER BY id";
+const GET_SERVER: &str = "SELECT addr FROM weft_servers WHERE id = $1";
 const PUT_PHASE: &str = "INSERT INTO weft_server_phases (id, phase) VALUES ($1, $2) \
                          ON CONFLICT (id) DO UPDATE SET phase = EXCLUDED.phase";
 const LIST_PHASES: &str = "SELECT id, phase FROM weft_server_phases ORDER BY id";
@@ -432,6 +433,14 @@ impl MetaTxn for PgTxn<'_> {
         }
         let rows = self.query(LIST_SERVERS, &[])?;
         rows.iter().map(|r| Ok((unsigned(col(r, 0)?, "server id")?, col(r, 1)?))).collect()
+    }
+
+    fn get_server(&mut self, id: u32) -> Result<Option<String>, MetaError> {
+        if let Some(servers) = &self.prefetched.servers {
+            return Ok(servers.iter().find(|(i, _)| *i == id).map(|(_, addr)| addr.clone()));
+        }
+        let rows = self.query(GET_SERVER, &[&i64::from(id)])?;
+        rows.first().map(|r| col(r, 0)).transpose()
     }
 
     fn put_server_phase(&mut self, id: u32, phase: u8) -> Result<(), MetaError> {
