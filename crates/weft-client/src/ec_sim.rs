@@ -114,9 +114,16 @@ struct Actor {
     known: Known,
     attempts: u32,
     torn: u32,
-    plan: Option<PartialPlan>,
+    plan: Option<Planned>,
     /// Readers: the versions acknowledged when the read began.
     acked_at_start: Vec<u64>,
+}
+
+/// An attempt's plan ([`PartialPlan`] with its row frozen once, so every write sends slices of it).
+struct Planned {
+    row: Bytes,
+    rewrite: Vec<bool>,
+    versions: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -409,6 +416,7 @@ impl World {
         *a = Actor::idle(self.k + self.m);
         a.skip = skip;
         a.acked_at_start = self.acked.clone();
+        a.attempts = 1;
         a.job = Some(job.clone());
         if !matches!(job, Job::Read) {
             let what = match &job {
@@ -466,7 +474,6 @@ impl World {
     fn attempt(&mut self, actor: usize) {
         let (k, m) = (self.k, self.m);
         let a = &mut self.actors[actor];
-        a.attempts += 1;
         a.found = vec![None; k + m];
         a.lost.clear();
         a.moved = false;
@@ -495,7 +502,7 @@ impl World {
     }
 
     fn phase_done(&mut self, actor: usize) {
-        let (k, m) = (self.k, self.m);
+        let k = self.k;
         let a = &self.actors[actor];
         match (a.phase, a.job.clone()) {
             (Phase::ReadParity, _) => {
@@ -510,7 +517,6 @@ impl World {
             (Phase::WriteParity, Some(job)) => self.finish(actor, &job),
             (phase, job) => unreachable!("{phase:?} of {job:?}"),
         }
-        let _ = m;
     }
 
     /// What each chunk was found as this attempt (`heal`: the chunk healed, its bytes not trusted).
@@ -557,16 +563,17 @@ impl World {
                 self.trace(|| format!("actor {actor} {job:?}: {e}: {}", shown.unwrap_or_default()));
                 return self.fail(actor, "torn row");
             }
-            Err(_) if a.torn < TORN_RETRIES_MAX => {
+            Err(_) => {
+                // `write_batch` retries a torn row apart from its compare-and-set attempts.
                 a.torn += 1;
-                a.attempts -= 1;
                 self.summary.count("torn row retried");
                 let delay = self.rng.between(5 * MS, 50 * MS);
                 return self.later(actor, delay);
             }
-            Err(_) => return self.fail(actor, "torn row"),
         };
-        let b = Bytes::from(plan.row.clone());
+        let PartialPlan { row, rewrite, versions } = plan;
+        let plan = Planned { row: Bytes::from(row), rewrite, versions };
+        let b = &plan.row;
         for j in (0..k).filter(|&j| !plan.rewrite[j]) {
             a.known.learn(j, plan.versions[j], b.slice(j * u..(j + 1) * u));
         }
@@ -584,12 +591,12 @@ impl World {
 
     /// Step 4: the data chunks that landed are kept (`learn_written`), then every parity chunk is written.
     fn write_parity(&mut self, actor: usize) {
-        let (k, m, u) = (self.k, self.m, UNIT);
+        let (k, u) = (self.k, UNIT);
         let random = self.rng.next_u64();
         let parity_found = self.findings(actor, None).0.split_off(k);
         let a = &mut self.actors[actor];
         let plan = a.plan.as_mut().expect("planned");
-        let row = Bytes::from(plan.row.clone());
+        let row = plan.row.clone();
         for j in (0..k).filter(|&j| plan.rewrite[j] && !a.lost.contains(&j)) {
             a.known.landed(j, plan.versions[j], row.slice(j * u..(j + 1) * u));
         }
@@ -611,7 +618,6 @@ impl World {
             let rec = RowWrite { expect, version: expect + 1, parity_of: plan.versions.clone() };
             reqs.push((i, Req::Write { rec, bytes: pb.freeze(), row: Some(row.clone()) }));
         }
-        let _ = m;
         self.send(actor, Phase::WriteParity, reqs);
     }
 
@@ -729,6 +735,7 @@ impl World {
         if self.actors[actor].attempts >= WRITE_ATTEMPTS_MAX {
             return self.fail(actor, "conflict");
         }
+        self.actors[actor].attempts += 1;
         let delay = self.rng.between(100, 2 * MS);
         self.later(actor, delay);
     }

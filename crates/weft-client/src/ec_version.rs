@@ -84,13 +84,12 @@ pub(crate) fn plan_row(k: usize, m: usize, found: &[Found]) -> Result<RowPlan, U
 /// so never [`outdated`].
 pub(crate) fn plan_row_cut(k: usize, m: usize, found: &[Found], cut: usize) -> Result<RowPlan, Undecodable> {
     assert_eq!(found.len(), k + m, "one finding per chunk");
-    let mut newest = newest_named(k, &found[k..]);
-    newest.iter_mut().skip(cut).for_each(|n| *n = 0);
+    let newest = newest_named(k, &found[k..], cut);
     let data: Vec<Option<u64>> = found[..k]
         .iter()
         .zip(&newest)
-        .map(|(f, newest)| match f {
-            Found::Intact { version, .. } if version >= newest => Some(*version),
+        .map(|(f, &newest)| match f {
+            Found::Intact { version, .. } if !is_outdated(f, newest) => Some(*version),
             _ => None, // not found, damaged, or outdated (see `outdated`)
         })
         .collect();
@@ -136,20 +135,7 @@ pub(crate) fn plan_row_cut(k: usize, m: usize, found: &[Found], cut: usize) -> R
             take -= 1;
         }
     }
-    let mut repair = Vec::new();
-    for (i, f) in found.iter().enumerate() {
-        let fine = match f {
-            Found::Unreachable => true, // nothing to write it to
-            Found::Damaged { .. } => false,
-            Found::Intact { .. } if i < k => data[i].is_some(),
-            Found::Intact { version, parity_of } => {
-                vector_of(k, *version, parity_of).is_some_and(|v| v == data_versions)
-            }
-        };
-        if !fine {
-            repair.push(i);
-        }
-    }
+    let repair = to_repair(k, found, &data, &data_versions);
     // A chunk decoded comes back at the newest version named for it, never an older content (§17).
     weft_rpc::invariant!(
         (0..k).all(|j| use_chunk[j] || data_versions[j] >= newest[j]),
@@ -158,25 +144,41 @@ pub(crate) fn plan_row_cut(k: usize, m: usize, found: &[Found], cut: usize) -> R
     Ok(RowPlan { use_chunk, data_versions, repair })
 }
 
+/// The chunks a decode planned with `data` (the surviving data chunks' versions) and `data_versions` leaves to
+/// rewrite: damaged ones, outdated data chunks, and parity whose vector is not the row's.
+fn to_repair(k: usize, found: &[Found], data: &[Option<u64>], data_versions: &[u64]) -> Vec<usize> {
+    let fine = |i: usize, f: &Found| match f {
+        Found::Unreachable => true, // nothing to write it to
+        Found::Damaged { .. } => false,
+        Found::Intact { .. } if i < k => data[i].is_some(),
+        Found::Intact { version, parity_of } => vector_of(k, *version, parity_of).is_some_and(|v| v == data_versions),
+    };
+    found.iter().enumerate().filter(|(i, f)| !fine(*i, f)).map(|(i, _)| i).collect()
+}
+
 /// Per data chunk: found intact, but below a version an intact parity chunk names for it. It missed a write whose
 /// new bytes are only in that parity (its server was out of reach, or the chunk stale and left out), so it is
 /// outdated: missing, not a survivor, even to a reader or writer whose stale view missed the mark (ec_sim.rs: a
 /// writer with such a view overwrote an outdated chunk in place and a heal then took it for current, losing an
 /// acknowledged write). Versions only move up (§17), so a lower version is never the newer content.
-pub(crate) fn outdated(k: usize, found: &[Found]) -> Vec<bool> {
-    let named = newest_named(k, &found[k..]);
-    found[..k].iter().zip(&named).map(|(f, n)| matches!(f, Found::Intact { version, .. } if version < n)).collect()
+pub(crate) fn outdated(k: usize, found: &[Found], cut: usize) -> Vec<bool> {
+    let newest = newest_named(k, &found[k..], cut);
+    found[..k].iter().zip(newest).map(|(f, n)| is_outdated(f, n)).collect()
+}
+
+fn is_outdated(f: &Found, newest: u64) -> bool {
+    matches!(f, Found::Intact { version, .. } if *version < newest)
 }
 
 /// Per data chunk, the highest version an intact parity chunk of `parity` names for it (0 for none): its newest
-/// content, since versions only move up.
-pub(crate) fn newest_named(k: usize, parity: &[Found]) -> Vec<u64> {
+/// content, since versions only move up. Chunks from `cut` on (wholly past the file's end: zeros, §16) get 0.
+pub(crate) fn newest_named(k: usize, parity: &[Found], cut: usize) -> Vec<u64> {
     let mut named = vec![0u64; k];
     for f in parity {
         if let Found::Intact { version, parity_of } = f
             && let Some(v) = vector_of(k, *version, parity_of)
         {
-            named.iter_mut().zip(&v).for_each(|(n, v)| *n = (*n).max(*v));
+            named.iter_mut().zip(&v).take(cut).for_each(|(n, v)| *n = (*n).max(*v));
         }
     }
     named
@@ -194,7 +196,7 @@ pub(crate) fn rename_unreached(versions: &mut [u64], unreached: &[usize], parity
 /// [`outdated`] data chunks shown as what they are to a writer: damaged (missing, and rewritten from the decoded
 /// row at a version above every one named, compare-and-set from their record).
 pub(crate) fn outdated_as_damaged(k: usize, found: &mut [Found], cut: usize) {
-    for (j, outdated) in outdated(k, found).into_iter().enumerate().take(cut) {
+    for (j, outdated) in outdated(k, found, cut).into_iter().enumerate() {
         if outdated && let Some(version) = found[j].version() {
             found[j] = Found::Damaged { version };
         }
@@ -580,7 +582,7 @@ mod tests {
     fn an_outdated_data_chunk_counts_as_missing_unless_past_the_end() {
         // Chunk 1 missed the write that parity 2 names (version 5); parity 3 is older still.
         let f = vec![intact(1, &[]), intact(1, &[]), intact(9, &[1, 5]), intact(8, &[1, 1])];
-        assert_eq!(outdated(2, &f), vec![false, true]);
+        assert_eq!(outdated(2, &f, 2), vec![false, true]);
         let plan = plan_row(2, 2, &f).unwrap();
         assert_eq!(plan.data_versions, vec![1, 5], "decoded at the version the newer parity names");
         assert_eq!(plan.use_chunk, vec![true, false, true, false]);

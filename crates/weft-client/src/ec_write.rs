@@ -217,7 +217,7 @@ impl Known {
     }
 
     /// Whether this write set data chunk `j` to `version` on its server.
-    fn set(&self, j: usize, version: u64) -> bool {
+    fn landed_at(&self, j: usize, version: u64) -> bool {
         self.landed.contains(&(j, version))
     }
 
@@ -684,7 +684,7 @@ fn write_versions(
             continue;
         }
         let record = records[j].max(fs[j].version().unwrap_or(0));
-        if same_bytes[j] && versions[j] == record && Some(j) == heal && known.set(j, record) {
+        if same_bytes[j] && versions[j] == record && Some(j) == heal && known.landed_at(j, record) {
             rewrite[j] = false;
         } else if !(same_bytes[j] && versions[j] > record) {
             versions[j] = next_data_version(j, record, &fs[k..]);
@@ -796,7 +796,7 @@ fn decode_with_known(
     known: &mut Known,
     buf: &mut [u8],
 ) -> Option<Vec<u64>> {
-    let newest = newest_named(k, &fs[k..]);
+    let newest = newest_named(k, &fs[k..], cut);
     let groups = parity_groups(k, &fs[k..]);
     let mut versions: Vec<u64> = fs[..k].iter().map(|f| f.version().unwrap_or(0)).collect();
     // Chunks from `cut` on are zeros (past the end, §16): nothing to decode.
