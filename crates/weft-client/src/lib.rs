@@ -405,6 +405,30 @@ impl Client {
         Ok(attr)
     }
 
+    /// [`Client::lookup`] from the MDS only (never the cache bank): a lease holder's reply grants leases on the
+    /// directory and the child (docs/format.md §31).
+    pub async fn lookup_at_mds(&self, parent: u64, name: &str) -> Result<Attr, ClientError> {
+        let attr = meta_call!(self, Lookup(LookupReq { parent, name: name.into() }));
+        self.inner.guesses.remember(parent, name, attr.ino);
+        Ok(attr)
+    }
+
+    /// [`Client::getattr`] from the MDS only: a lease holder's reply grants a lease on `ino`.
+    pub async fn getattr_at_mds(&self, ino: u64) -> Result<Attr, ClientError> {
+        Ok(meta_call!(self, GetAttr(InoReq { ino })))
+    }
+
+    /// Op 146, the lease channel (docs/format.md §31): acknowledges recalls up to `acked` of `epoch` and returns
+    /// when recalls wait, or after about `hold_ms`.
+    pub async fn lease_wait(
+        &self,
+        epoch: u64,
+        acked: u64,
+        hold_ms: u32,
+    ) -> Result<weft_proto::msg::LeaseWaitResp, ClientError> {
+        Ok(meta_call!(self, LeaseWait(weft_proto::msg::LeaseWaitReq { epoch, acked, hold_ms })))
+    }
+
     /// The attributes of `ino`: from the cache bank if it has them (attributes are not secret beyond the lookup
     /// that found the inode), else from the MDS.
     pub async fn getattr(&self, ino: u64) -> Result<Attr, ClientError> {

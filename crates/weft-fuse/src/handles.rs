@@ -147,6 +147,8 @@ pub(crate) struct DirItem {
     pub(crate) kind: FileType,
     pub(crate) name: String,
     pub(crate) attr: Option<Attr>,
+    /// The lease ticket the page it came in was asked under (readdirplus pages only).
+    pub(crate) asked: Option<crate::leases::Ticket>,
 }
 
 /// An open directory: the entries listed so far ("." and ".." first), fetched page by page on demand.
@@ -170,21 +172,40 @@ impl DirHandle {
         // ".." carries inode 0 until it is first listed, when `entries_from` asks the metadata service for the
         // parent (a lookup of ".."): an entry with inode 0 is skipped by readdir(3), so `ls -a` would not show it.
         let entries = vec![
-            DirItem { ino, kind: FileType::Directory, name: ".".into(), attr: Some(dir.clone()) },
-            DirItem { ino: 0, kind: FileType::Directory, name: "..".into(), attr: Some(Attr { ino: 0, ..dir }) },
+            DirItem { ino, kind: FileType::Directory, name: ".".into(), attr: Some(dir.clone()), asked: None },
+            DirItem {
+                ino: 0,
+                kind: FileType::Directory,
+                name: "..".into(),
+                attr: Some(Attr { ino: 0, ..dir }),
+                asked: None,
+            },
         ];
         DirHandle { ino, plus, state: tokio::sync::Mutex::new(DirState { entries, after: String::new(), eof: false }) }
     }
 
     /// Entries from position `pos` on (at most one page); empty at the end of the directory.
-    pub(crate) async fn entries_from(&self, client: &Client, pos: u64) -> Result<Vec<DirItem>, ClientError> {
+    /// The directory's inode.
+    pub(crate) fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// `asked`: the lease ticket taken before this call, kept with the entries it fetches.
+    pub(crate) async fn entries_from(
+        &self,
+        client: &Client,
+        pos: u64,
+        asked: Option<crate::leases::Ticket>,
+    ) -> Result<Vec<DirItem>, ClientError> {
         let mut s = self.state.lock().await;
         let pos = usize::try_from(pos).unwrap_or(usize::MAX);
         if pos <= 1 && s.entries[1].ino == 0 {
             // The root is its own parent. A metadata service from before ".." lookups (or a caller without search
             // permission) gets the directory itself: listed, if not quite right, rather than hidden.
             s.entries[1] = match client.lookup(self.ino, "..").await {
-                Ok(a) => DirItem { ino: a.ino, kind: FileType::Directory, name: "..".into(), attr: Some(a) },
+                Ok(a) => {
+                    DirItem { ino: a.ino, kind: FileType::Directory, name: "..".into(), attr: Some(a), asked: None }
+                }
                 Err(e) => {
                     tracing::debug!(ino = self.ino, "looking up ..: {e}");
                     let dot = s.entries[0].clone();
@@ -198,7 +219,13 @@ impl DirHandle {
                 let items = page
                     .entries
                     .into_iter()
-                    .map(|(name, a)| DirItem { ino: a.ino, kind: crate::attr::file_type(a.kind), name, attr: Some(a) })
+                    .map(|(name, a)| DirItem {
+                        ino: a.ino,
+                        kind: crate::attr::file_type(a.kind),
+                        name,
+                        attr: Some(a),
+                        asked,
+                    })
                     .collect();
                 (items, page.eof)
             } else {
@@ -206,7 +233,13 @@ impl DirHandle {
                 let items = page
                     .entries
                     .into_iter()
-                    .map(|e| DirItem { ino: e.ino, kind: crate::attr::file_type(e.kind), name: e.name, attr: None })
+                    .map(|e| DirItem {
+                        ino: e.ino,
+                        kind: crate::attr::file_type(e.kind),
+                        name: e.name,
+                        attr: None,
+                        asked: None,
+                    })
                     .collect();
                 (items, page.eof)
             };

@@ -25,6 +25,7 @@
 
 mod attr;
 mod handles;
+mod leases;
 mod locks;
 mod users;
 mod write_bufs;
@@ -51,6 +52,7 @@ use weft_rpc::{Metrics, OpMetrics};
 
 use crate::attr::file_attr;
 use crate::handles::{DirHandle, Handles};
+use crate::leases::Ticket;
 use crate::users::Users;
 
 pub use handles::HANDLES_MAX;
@@ -63,6 +65,10 @@ pub struct MountOptions {
     pub attr_timeout_ms: u64,
     /// How long the kernel may cache name lookups.
     pub entry_timeout_ms: u64,
+    /// How long the kernel may cache attributes and lookups the MDS leased to this mount (docs/format.md §31): a
+    /// change elsewhere recalls them first, so this bounds staleness only if recalls cannot be applied. 0: no
+    /// leases (the attribute and entry timeouts apply to everything).
+    pub lease_timeout_ms: u64,
     /// FUSE worker threads, each with its own cloned `/dev/fuse` descriptor.
     pub threads: usize,
     /// Let other users use the mount (`allow_other`).
@@ -95,6 +101,7 @@ impl Default for MountOptions {
         MountOptions {
             attr_timeout_ms: 1000,
             entry_timeout_ms: 1000,
+            lease_timeout_ms: DEFAULT_LEASE_TIMEOUT_MS,
             threads: 4,
             allow_other: false,
             direct_io: false,
@@ -109,6 +116,10 @@ impl Default for MountOptions {
         }
     }
 }
+
+/// Default of [`MountOptions::lease_timeout_ms`]: long enough that a stat loop or `ls -l` over a big tree is
+/// served by the kernel, short enough to bound a mount that cannot apply recalls.
+pub const DEFAULT_LEASE_TIMEOUT_MS: u64 = 30_000;
 
 /// The file system handed to fuser.
 pub struct WeftFs {
@@ -136,6 +147,10 @@ struct Inner {
     metrics: Option<OpMetrics>,
     /// The (inode, lock owner) pairs that took advisory locks here, released at flush/release (`locks.rs`).
     lock_owners: locks::LockOwners,
+    /// Metadata leases: what the kernel may cache past its timeouts (`leases.rs`).
+    leases: Arc<Mutex<leases::LeaseView>>,
+    /// Invalidates the kernel's caches (set once mounted).
+    notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
 }
 
 /// Reads and writes up to this size are served on the FUSE thread that received them (see `read`).
@@ -322,12 +337,21 @@ impl Inner {
     /// After this mount committed its writes: if the file was at the version the kernel's pages are of, they
     /// now hold the committed version (the writes went through them); otherwise someone else committed in
     /// between and the next open must drop them.
+    /// The commit changed the file's attributes behind the kernel's back: leased ones are invalidated (the MDS
+    /// recalls only other holders; the kernel's attr_version drops a reply that raced this).
     fn after_commit(&self, w: &weft_proto::msg::CommitWccResp) {
         let mut v = self.validators.lock().expect("validators");
         if v.get(&w.attr.ino) == Some(&(w.pre_mtime_ns, w.pre_size)) {
             v.insert(w.attr.ino, (w.attr.mtime_ns, w.attr.size));
         } else {
             v.remove(&w.attr.ino);
+        }
+        drop(v);
+        if self.lease_view().forget_attr(w.attr.ino)
+            && let Some(n) = self.notifier.get()
+            && let Err(e) = n.inval_inode(INodeNo(w.attr.ino), -1, 0)
+        {
+            tracing::debug!(ino = w.attr.ino, "invalidating committed attributes: {e}");
         }
     }
 
@@ -409,11 +433,87 @@ impl Inner {
         }
     }
 
-    fn reply_entry(&self, reply: ReplyEntry, r: Result<weft_proto::Attr, ClientError>) {
+    /// One page of a directory from `offset`, every entry with its attributes (so `ls -l` or `find` needs no lookup
+    /// per entry), at the same stable offsets as readdir. Timeouts are decided and the page handed to the kernel
+    /// under the lease view's lock, so one page per reply (the kernel asks again from the next offset).
+    async fn readdirplus(&self, c: &Client, dir: &DirHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let entries = match dir.entries_from(c, offset, Some(self.ticket())).await {
+            Ok(e) => e,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let mut page = Vec::with_capacity(entries.len());
+        for e in entries {
+            let attr = match e.attr {
+                Some(a) => a,
+                // Listed by a plain readdir on this handle before: fetch the attributes now.
+                None => match c.getattr(e.ino).await {
+                    Ok(a) => a,
+                    Err(err) => return reply.error(errno(&err)),
+                },
+            };
+            page.push((e.ino, e.name, e.asked, file_attr(&self.local_view(attr))));
+        }
+        let mut v = self.lease_view();
+        let mut pos = offset;
+        for (ino, name, asked, attr) in page {
+            pos += 1;
+            let ttl = match asked {
+                Some(t) if name != "." && name != ".." => self.entry_ttl_under(&mut v, &t, dir.ino(), &name, ino),
+                _ => self.entry_ttl(),
+            };
+            if reply.add(INodeNo(ino), pos, &name, &ttl, &attr, Generation(0)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    /// Replies to a request about entry `parent`/`name` asked under `t`: with the lease timeout if the MDS leased
+    /// both to this mount, else the entry timeout.
+    fn reply_entry(&self, reply: ReplyEntry, t: Ticket, (parent, name): (u64, &str), r: Result<Attr, ClientError>) {
         match r {
-            Ok(a) => reply.entry(&self.entry_ttl(), &file_attr(&self.local_view(a)), Generation(0)),
+            Ok(a) => {
+                let attr = file_attr(&self.local_view(a));
+                let mut v = self.lease_view();
+                let ttl = self.entry_ttl_under(&mut v, &t, parent, name, attr.ino.0);
+                reply.entry(&ttl, &attr, Generation(0));
+            }
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn lease_view(&self) -> std::sync::MutexGuard<'_, leases::LeaseView> {
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The ticket a request to the MDS is asked under (taken before it is sent).
+    fn ticket(&self) -> Ticket {
+        self.lease_view().ticket()
+    }
+
+    /// Whether the mount holds leases now: then lookups and attributes are asked of the MDS (which grants), not
+    /// of the cache bank.
+    fn leasing(&self) -> bool {
+        self.opts.lease_timeout_ms > 0 && self.lease_view().epoch() != 0
+    }
+
+    /// The timeout of an entry reply, decided under the view's lock `v` (held until the reply is sent).
+    fn entry_ttl_under(&self, v: &mut leases::LeaseView, t: &Ticket, parent: u64, name: &str, ino: u64) -> Duration {
+        let now = std::time::Instant::now();
+        if self.opts.lease_timeout_ms > 0 && v.entry(t, parent, name, ino, now) {
+            Duration::from_millis(self.opts.lease_timeout_ms)
+        } else {
+            self.entry_ttl()
+        }
+    }
+
+    /// Replies with attributes `a` of a request asked under `t`: the lease timeout if leased, else the attribute one.
+    fn reply_attr(&self, reply: ReplyAttr, t: Ticket, a: &Attr) {
+        let attr = file_attr(a);
+        let mut v = self.lease_view();
+        let leased = self.opts.lease_timeout_ms > 0 && v.attr(&t, a.ino, std::time::Instant::now());
+        let ttl = if leased { Duration::from_millis(self.opts.lease_timeout_ms) } else { self.attr_ttl() };
+        reply.attr(&ttl, &attr);
     }
 }
 
@@ -437,6 +537,8 @@ impl WeftFs {
                 }),
                 opts,
                 users: Users::default(),
+                leases: Arc::default(),
+                notifier: Arc::default(),
             }),
         }
     }
@@ -529,15 +631,18 @@ impl Filesystem for WeftFs {
             Err(e) => return reply.error(e),
         };
         self.spawn(FuseOp::Lookup, req, move |i, c| async move {
-            let r = c.lookup(parent.0, &name).await;
-            i.reply_entry(reply, r);
+            let t = i.ticket();
+            let r = if i.leasing() { c.lookup_at_mds(parent.0, &name).await } else { c.lookup(parent.0, &name).await };
+            i.reply_entry(reply, t, (parent.0, &name), r);
         });
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.spawn(FuseOp::Getattr, req, move |i, c| async move {
-            match c.getattr(ino.0).await {
-                Ok(a) => reply.attr(&i.attr_ttl(), &file_attr(&i.local_view(a))),
+            let t = i.ticket();
+            let r = if i.leasing() { c.getattr_at_mds(ino.0).await } else { c.getattr(ino.0).await };
+            match r {
+                Ok(a) => i.reply_attr(reply, t, &i.local_view(a)),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -562,6 +667,7 @@ impl Filesystem for WeftFs {
         reply: ReplyAttr,
     ) {
         self.spawn(FuseOp::Setattr, req, move |i, c| async move {
+            let t = i.ticket();
             let result = async {
                 if let Some(size) = size {
                     i.truncate(&c, ino.0, size, fh).await?;
@@ -585,7 +691,7 @@ impl Filesystem for WeftFs {
                         // differs from the old one (fuse_do_setattr): never a larger size from elsewhere.
                         a.size = size;
                     }
-                    reply.attr(&i.attr_ttl(), &file_attr(&a))
+                    i.reply_attr(reply, t, &a)
                 }
                 Err(e) => reply.error(errno(&e)),
             }
@@ -618,11 +724,12 @@ impl Filesystem for WeftFs {
         // The MDS applies the umask, unless the directory has a default ACL (docs/format.md §13).
         let perm = weft_proto::mode_with_umask(mode, umask);
         self.spawn(FuseOp::Mknod, req, move |i, c| async move {
+            let t = i.ticket();
             let r = match kind {
                 None => c.create(parent.0, &name, perm, true).await,
                 Some(k) => c.mknod(parent.0, &name, k, perm, rdev).await,
             };
-            i.reply_entry(reply, r);
+            i.reply_entry(reply, t, (parent.0, &name), r);
         });
     }
 
@@ -632,8 +739,9 @@ impl Filesystem for WeftFs {
             Err(e) => return reply.error(e),
         };
         self.spawn(FuseOp::Mkdir, req, move |i, c| async move {
+            let t = i.ticket();
             let r = c.mkdir(parent.0, &name, weft_proto::mode_with_umask(mode, umask)).await;
-            i.reply_entry(reply, r);
+            i.reply_entry(reply, t, (parent.0, &name), r);
         });
     }
 
@@ -682,8 +790,9 @@ impl Filesystem for WeftFs {
             return reply.error(Errno::EINVAL);
         };
         self.spawn(FuseOp::Symlink, req, move |i, c| async move {
+            let t = i.ticket();
             let r = c.symlink(parent.0, &name, &target).await;
-            i.reply_entry(reply, r);
+            i.reply_entry(reply, t, (parent.0, &name), r);
         });
     }
 
@@ -724,8 +833,9 @@ impl Filesystem for WeftFs {
             Err(e) => return reply.error(e),
         };
         self.spawn(FuseOp::Link, req, move |i, c| async move {
+            let t = i.ticket();
             let r = c.link(ino.0, newparent.0, &name).await;
-            i.reply_entry(reply, r);
+            i.reply_entry(reply, t, (newparent.0, &name), r);
         });
     }
 
@@ -975,7 +1085,7 @@ impl Filesystem for WeftFs {
             // changes (an entry listed once keeps its offset; one added behind the cursor is not shown).
             let mut pos = offset;
             loop {
-                let entries = match dir.entries_from(&c, pos).await {
+                let entries = match dir.entries_from(&c, pos, None).await {
                     Ok(e) => e,
                     Err(e) => return reply.error(errno(&e)),
                 };
@@ -993,40 +1103,11 @@ impl Filesystem for WeftFs {
         });
     }
 
-    fn readdirplus(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
         let Some(dir) = self.inner.handles.dir(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(FuseOp::Readdirplus, req, move |i, c| async move {
-            // The same stable offsets as readdir; every entry brings its attributes, so `ls -l` or `find` needs no
-            // lookup per entry.
-            let mut pos = offset;
-            let ttl = i.entry_ttl();
-            loop {
-                let entries = match dir.entries_from(&c, pos).await {
-                    Ok(e) => e,
-                    Err(e) => return reply.error(errno(&e)),
-                };
-                if entries.is_empty() {
-                    break;
-                }
-                for e in entries {
-                    pos += 1;
-                    let attr = match e.attr {
-                        Some(a) => a,
-                        // Listed by a plain readdir on this handle before: fetch the attributes now.
-                        None => match c.getattr(e.ino).await {
-                            Ok(a) => a,
-                            Err(err) => return reply.error(errno(&err)),
-                        },
-                    };
-                    if reply.add(INodeNo(e.ino), pos, &e.name, &ttl, &file_attr(&i.local_view(attr)), Generation(0)) {
-                        return reply.ok();
-                    }
-                }
-            }
-            reply.ok();
-        });
+        self.spawn(FuseOp::Readdirplus, req, move |i, c| async move { i.readdirplus(&c, &dir, offset, reply).await });
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
@@ -1178,6 +1259,7 @@ impl Filesystem for WeftFs {
         };
         let exclusive = flags & libc::O_EXCL != 0;
         self.spawn(FuseOp::Create, req, move |i, c| async move {
+            let t = i.ticket();
             let perm = weft_proto::mode_with_umask(mode, umask);
             let file = match c.create_open(parent.0, &name, perm, exclusive).await {
                 Ok(f) => f,
@@ -1189,7 +1271,7 @@ impl Filesystem for WeftFs {
             i.revalidate(&attr);
             match i.handles.open(file) {
                 Ok(fh) => reply.created(
-                    &i.entry_ttl(),
+                    &i.entry_ttl_under(&mut i.lease_view(), &t, parent.0, &name, attr.ino),
                     &fattr,
                     Generation(0),
                     FileHandle(fh),
@@ -1234,6 +1316,17 @@ fn open_flags(opts: &MountOptions, flags: OpenFlags, keep_cache: bool) -> FopenF
 /// A mounted Weft file system, served by fuser's worker threads until [`Mounted::unmount`] (or drop).
 pub struct Mounted {
     session: fuser::BackgroundSession,
+    /// The lease channel (`None` with leases off): ended with the mount.
+    _leases: Option<AbortOnDrop>,
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Mounted {
@@ -1252,9 +1345,17 @@ impl Mounted {
 /// context. Requests are served on `rt`.
 pub fn mount(client: Client, rt: tokio::runtime::Handle, dir: &Path, opts: &MountOptions) -> std::io::Result<Mounted> {
     let fs = WeftFs::new(client, rt, opts.clone());
+    let (view, client, rt) = (fs.inner.leases.clone(), fs.inner.client.clone(), fs.inner.rt.clone());
+    let own = fs.inner.notifier.clone();
+    if let Some(m) = &opts.metrics {
+        leases::register_metrics(m, &view);
+    }
     let session = fuser::spawn_mount(fs, dir, &WeftFs::config(opts))?;
     set_readahead(dir, opts.max_readahead_bytes);
-    Ok(Mounted { session })
+    let notifier = Arc::new(session.notifier());
+    let _ = own.set(session.notifier());
+    let leases = (opts.lease_timeout_ms > 0).then(|| AbortOnDrop(rt.spawn(leases::run(client, view, notifier))));
+    Ok(Mounted { session, _leases: leases })
 }
 
 /// Raises the kernel's readahead window of the mount. The FUSE handshake caps it at the kernel's default (128 KiB

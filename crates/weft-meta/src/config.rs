@@ -128,6 +128,11 @@ pub struct MetaConfig {
     /// its locks are released.
     #[serde(default = "default_locks_grace_ms")]
     pub locks_grace_ms: u64,
+    /// Metadata leases (docs/format.md §31): how long a client may trust attributes and entries it caches after
+    /// its last answered lease poll, and the longest a change waits for a client that does not acknowledge a
+    /// recall. 0: no leases (clients fall back to their attribute timeouts). Granted on an embedded store only.
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
     /// With several services on one database: the locks of sessions at a service silent this long are released
     /// by the duty holder (format §30); their clients had that long to fail over and take them over.
     #[serde(default = "default_locks_orphan_ms")]
@@ -213,6 +218,10 @@ pub use crate::locks::DEFAULT_LOCKS_ORPHAN_MS;
 
 fn default_locks_orphan_ms() -> u64 {
     DEFAULT_LOCKS_ORPHAN_MS
+}
+
+fn default_lease_ms() -> u64 {
+    crate::leases::DEFAULT_LEASE_MS
 }
 
 fn default_locks_grace_ms() -> u64 {

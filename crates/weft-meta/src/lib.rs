@@ -25,6 +25,8 @@ pub mod duty;
 pub mod error;
 mod gc;
 pub mod journal;
+mod lease_service;
+pub mod leases;
 pub mod lock_sessions;
 pub mod locks;
 pub mod mds_store;
@@ -45,6 +47,7 @@ pub mod stale;
 pub mod store;
 #[cfg(test)]
 mod test_stores;
+pub mod touched;
 
 pub use acl::{Acl, AclError};
 pub use clock::{Clock, ManualClock, SystemClock};

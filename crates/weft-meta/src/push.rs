@@ -14,11 +14,11 @@ use std::sync::Arc;
 
 use tokio::sync::{Mutex, Semaphore};
 use weft_cache::Bank;
-use weft_proto::msg::OpenResp;
-use weft_proto::{Attr, Request, Response};
+use weft_proto::{Request, Response};
 
 use crate::MdsNamespace;
 use crate::store::MetaStore;
+use crate::touched::{Touched, made};
 
 /// Lock stripes: pushes of different keys rarely wait for each other.
 const STRIPES: usize = 256;
@@ -106,26 +106,6 @@ enum Mode {
     Fill,
 }
 
-/// What an op changed: inodes whose attributes to re-publish, and names whose entries to re-publish.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Touched {
-    pub inos: Vec<u64>,
-    pub names: Vec<(u64, String)>,
-}
-
-impl Touched {
-    fn ino(&mut self, ino: u64) {
-        if !self.inos.contains(&ino) {
-            self.inos.push(ino);
-        }
-    }
-
-    fn name(&mut self, parent: u64, name: &str) {
-        self.ino(parent);
-        self.names.push((parent, name.to_string()));
-    }
-}
-
 pub(crate) struct Pusher {
     bank: Bank,
     ns: Arc<MdsNamespace>,
@@ -145,63 +125,11 @@ impl Pusher {
         })
     }
 
-    /// The names and inodes `req` may change, known before it runs: for a removal or rename the inode a name
-    /// names now (read without a permission check: it only says what to refresh, and is never sent anywhere).
-    pub fn before(&self, req: &Request) -> Touched {
-        let mut t = Touched::default();
-        match req {
-            Request::SetAttr(r) | Request::NfsSetAttr(r) => t.ino(r.ino),
-            Request::SetSizeOpen(r) => t.ino(r.ino),
-            // An open for writing advances the data version.
-            Request::Open(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
-            Request::RenewOpen(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
-            Request::NfsOpen(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
-            Request::Commit(r) | Request::CommitWcc(r) => t.ino(r.ino),
-            Request::SetLayout(r) => t.ino(r.ino),
-            // An ACL changes the mode; any attribute change stamps the ctime.
-            Request::SetXattr(r) => t.ino(r.ino),
-            Request::RemoveXattr(r) => t.ino(r.ino),
-            Request::Create(r) | Request::CreateOpen(r) => t.name(r.parent, &r.name),
-            Request::Mkdir(r) => t.name(r.parent, &r.name),
-            Request::Symlink(r) => t.name(r.parent, &r.name),
-            Request::Mknod(r) => t.name(r.parent, &r.name),
-            Request::Link(r) => {
-                t.ino(r.ino);
-                // The old sole name's entry carried the attributes: it is published again without them.
-                if let Ok(Some(i)) = self.ns.store().read(|x| x.get_inode(r.ino))
-                    && let Some((parent, name)) = &i.sole_name
-                {
-                    t.name(*parent, name);
-                }
-                t.name(r.new_parent, &r.new_name);
-            }
-            Request::Unlink(r) | Request::Rmdir(r) => {
-                self.named(&mut t, r.parent, &r.name);
-                t.name(r.parent, &r.name);
-            }
-            Request::Rename(r) => {
-                self.named(&mut t, r.src_parent, &r.src_name);
-                self.named(&mut t, r.dst_parent, &r.dst_name);
-                t.name(r.src_parent, &r.src_name);
-                t.name(r.dst_parent, &r.dst_name);
-            }
-            _ => {}
-        }
-        t
-    }
-
-    /// Adds the inode `parent`/`name` names now, if any.
-    fn named(&self, t: &mut Touched, parent: u64, name: &str) {
-        if let Ok(Some((ino, _))) = self.ns.store().read(|x| x.get_dirent(parent, name)) {
-            t.ino(ino);
-        }
-    }
-
     /// Completes `touched` with what the reply names (a new inode) and publishes it all; returns when every
     /// push is done (each bounded by the bank's deadline).
     pub async fn after(&self, mut touched: Touched, resp: &Response) {
-        if let Some(a) = made(resp) {
-            touched.ino(a.ino);
+        if let Some(ino) = made(resp) {
+            touched.ino(ino);
         }
         for ino in touched.inos.clone() {
             // The entry of the inode's sole name carries its attributes: published again too (once).
@@ -313,17 +241,6 @@ impl Pusher {
                 }
             }
         }
-    }
-}
-
-/// The inode a reply says the op made or returned.
-fn made(resp: &Response) -> Option<&Attr> {
-    match resp {
-        Response::Create(a) | Response::Mkdir(a) | Response::Symlink(a) | Response::Mknod(a) | Response::Link(a) => {
-            Some(a)
-        }
-        Response::CreateOpen(OpenResp { attr, .. }) => Some(attr),
-        _ => None,
     }
 }
 

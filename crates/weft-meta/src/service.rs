@@ -22,10 +22,13 @@ use weft_proto::{Attr, Capability, DataRedundancy, ErrorCode, Request, Response,
 use weft_rpc::keyring::NOBODY_ID;
 use weft_rpc::{CallCtx, CapabilityKey, Demand, KeyPolicy, PoolBuf, Principal, Reply, Service};
 
+use crate::lease_service::Leases;
+use crate::leases::Limits;
 use crate::lock_sessions::{DEFAULT_LOCKS_GRACE_MS, SessionLocks};
 use crate::locks::DEFAULT_LOCKS_MAX;
 use crate::once::OnceCall;
 use crate::push::Pusher;
+use crate::touched::Touched;
 use crate::{Cred, MdsNamespace};
 
 /// Default lifetime of a capability: one minute. It bounds how long a removed permission keeps working on the
@@ -53,6 +56,8 @@ pub struct MetaService {
     locks: Arc<SessionLocks>,
     /// The healer running beside this MDS (`HealNow`, progress in `ListStale`), if any.
     heal: Option<HealHooks>,
+    /// Metadata leases (docs/format.md §31): granted on an embedded store only.
+    leases: Leases,
 }
 
 /// How the MDS talks to a healer in its process: a nudge (`HealNow`) and its progress (for `ListStale`).
@@ -72,7 +77,17 @@ impl MetaService {
             pusher: None,
             locks: Arc::new(SessionLocks::new(DEFAULT_LOCKS_MAX, DEFAULT_LOCKS_GRACE_MS)),
             heal: None,
+            leases: Leases::new(None),
         }
+        .with_leases(crate::leases::DEFAULT_LEASE_MS)
+    }
+
+    /// Grants metadata leases of `lease_ms` (0: none). Services sharing a store grant none: they do not yet recall
+    /// each other's clients (docs/format.md §31).
+    pub fn with_leases(mut self, lease_ms: u64) -> MetaService {
+        let granting = lease_ms > 0 && !crate::MetaStore::shared(self.ns.store());
+        self.leases = Leases::new(granting.then(|| Limits { lease_ms, ..Limits::default() }));
+        self
     }
 
     /// Connects `HealNow` and `ListStale`'s progress to the healer running beside this MDS.
@@ -417,6 +432,9 @@ impl Service for MetaService {
             }
         }
         self.locks.touch(ctx.session);
+        if let Request::LeaseWait(r) = req {
+            return Ok(Response::LeaseWait(self.leases.wait(ctx.session, r).await).into());
+        }
         // Locks are in memory and answered in place (the permission check is a point read).
         match &req {
             Request::SetLock(r) => {
@@ -436,7 +454,9 @@ impl Service for MetaService {
         let target = tracing::enabled!(tracing::Level::DEBUG).then(|| target_of(&req));
         let (op, uid) = (req.op(), cred.uid);
         // What the op may change, read before it runs (a removed name's inode is gone from the store after).
-        let touched = self.pusher.as_ref().map(|p| p.before(&req));
+        let touched = (self.pusher.is_some() || self.leases.granting()).then(|| Touched::before(&self.ns, &req));
+        // A lease holder's grants: the change its op's read saw, and the inodes the request names.
+        let seen = self.leases.seen(ctx.session).map(|seen| (seen, inodes_named(&req)));
         let r: Result<Response, WireError> = async {
             let resp = match req {
                 Request::Open(r) => {
@@ -475,16 +495,16 @@ impl Service for MetaService {
                     if let Some(p) = &self.pusher {
                         p.fill(&req, &resp);
                     }
+                    if let Some((seen, named)) = seen {
+                        self.leases.grant(ctx.session, &leased_inos(named, &resp), seen);
+                    }
                     return Ok(resp);
                 }
                 // Point reads too (a mount with POSIX ACLs asks for each inode's access ACL).
                 Request::GetXattr(_) | Request::ListXattr(_) => return self.execute_in_place(&cred, &req),
                 req => self.execute_on_blocking_pool(ctx, cred, req).await?,
             };
-            // Committed: publish before replying, so whoever hears of the change finds it in the bank.
-            if let (Some(p), Some(t)) = (&self.pusher, touched) {
-                p.after(t, &resp).await;
-            }
+            self.committed(ctx.session, touched, seen, &resp).await;
             Ok(resp)
         }
         .await;
@@ -499,6 +519,50 @@ impl Service for MetaService {
 
     fn connection_closed(&self, sessions: &[u64]) {
         self.locks.connection_closed(sessions);
+        self.leases.closed(sessions);
+    }
+}
+
+/// The inodes a lease holder's reply grants leases on: those the request named (`named`) and those whose attributes
+/// the reply carries.
+fn leased_inos(mut named: Vec<u64>, resp: &Response) -> Vec<u64> {
+    match resp {
+        Response::Lookup(a)
+        | Response::GetAttr(a)
+        | Response::SetAttr(a)
+        | Response::NfsSetAttr(a)
+        | Response::Create(a)
+        | Response::Mkdir(a)
+        | Response::Symlink(a)
+        | Response::Mknod(a)
+        | Response::Link(a)
+        | Response::SetLayout(a)
+        | Response::Commit(a)
+        | Response::SetSizeOpen(a) => named.push(a.ino),
+        Response::CreateOpen(o) => named.push(o.attr.ino),
+        Response::ReaddirPlus(p) => named.extend(p.entries.iter().map(|(_, a)| a.ino)),
+        _ => {}
+    }
+    named.sort_unstable();
+    named.dedup();
+    named
+}
+
+impl MetaService {
+    /// A change committed: recall it from lease holders and publish it to the bank before replying, so whoever
+    /// hears of it finds no older state; then the caller's own grants, if it holds leases.
+    async fn committed(&self, session: u64, touched: Option<Touched>, seen: Option<(u64, Vec<u64>)>, resp: &Response) {
+        if let Some(t) = &touched
+            && !t.inos.is_empty()
+        {
+            self.leases.changed(session, &t.recalls()).await;
+        }
+        if let (Some(p), Some(t)) = (&self.pusher, touched) {
+            p.after(t, resp).await;
+        }
+        if let Some((seen, named)) = seen {
+            self.leases.grant(session, &leased_inos(named, resp), seen);
+        }
     }
 }
 

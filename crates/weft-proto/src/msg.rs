@@ -214,6 +214,9 @@ messages! {
     /// owner passes whatever the mode, as knfsd's owner override (a client may hold open a file its owner made
     /// read-only); anyone else is checked as by `Open`.
     NfsOpen = 145: OpenReq => OpenResp, idempotent = true, data = false;
+    /// A client's metadata lease channel (docs/format.md §31): acknowledges recalls up to `acked`, and is answered
+    /// when recalls wait or after `hold_ms`.
+    LeaseWait = 146: LeaseWaitReq => LeaseWaitResp, idempotent = true, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -709,6 +712,40 @@ pub struct RenewOpenReq {
     pub cap: Capability,
 }
 
+/// Op 146's request (docs/format.md §31).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseWaitReq {
+    /// The epoch the client holds its leases under (0 before its first reply): `acked` counts in it, and a call
+    /// naming the holder's current epoch confirms that the client dropped what it held under earlier ones.
+    pub epoch: u64,
+    /// Every recall numbered up to this one was applied.
+    pub acked: u64,
+    /// How long the service may hold the call when no recall waits.
+    pub hold_ms: u32,
+}
+
+/// Op 146's reply (docs/format.md §31).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseWaitResp {
+    /// The holder's lease epoch; a new one means every lease held before is gone. 0: no leases are granted.
+    pub epoch: u64,
+    /// How long leases may be trusted after the answered call was sent.
+    pub lease_ms: u32,
+    /// The number of the last recall in `recalls` (the next call's `acked`).
+    pub upto: u64,
+    pub recalls: Vec<Recall>,
+}
+
+/// One recalled lease: an inode's attributes (`name: None`) or a directory's entry `name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Recall {
+    pub ino: u64,
+    pub name: Option<String>,
+}
+
+/// At most this many recalls in one `LeaseWait` reply.
+pub const RECALLS_PER_REPLY_MAX: usize = 1024;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenReq {
     pub ino: u64,
@@ -1091,6 +1128,8 @@ mod tests {
         assert!(!Op::MetaBackup.is_idempotent());
         assert_eq!(Op::SetSizeOpen as u16, 142);
         assert!(!Op::SetSizeOpen.is_idempotent());
+        assert_eq!(Op::LeaseWait as u16, 146);
+        assert!(Op::LeaseWait.is_idempotent());
         assert!(Op::MemberStatus.is_idempotent() && Op::ListObjects.is_idempotent());
         assert!(!Op::SetLock.is_idempotent() && Op::GetLock.is_idempotent() && !Op::ReleaseLocks.is_idempotent());
         assert!(Op::Write.request_has_data() && !Op::Read.request_has_data());

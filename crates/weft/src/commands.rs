@@ -364,6 +364,8 @@ pub async fn mount_daemon(spec: &str, dir: &Path, args: &crate::MountArgs, log: 
         .arg(args.attr_timeout_ms.to_string())
         .arg("--entry-timeout-ms")
         .arg(args.entry_timeout_ms.to_string())
+        .arg("--lease-timeout-ms")
+        .arg(args.lease_timeout_ms.to_string())
         .arg("--threads")
         .arg(args.threads.to_string())
         .arg("--readahead-kib")

@@ -74,12 +74,19 @@ struct JsonArg {
 /// Tunables of a FUSE mount.
 #[derive(clap::Args, Clone, Debug)]
 pub struct MountArgs {
-    /// How long the kernel may cache attributes (0: ask every time).
+    /// How long the kernel may cache attributes the metadata service has not leased to this mount (0: ask every
+    /// time).
     #[arg(long, default_value_t = 1000)]
     pub attr_timeout_ms: u64,
-    /// How long the kernel may cache name lookups; a rename elsewhere is seen after at most this.
+    /// How long the kernel may cache name lookups not leased to this mount; a rename elsewhere is seen after at
+    /// most this.
     #[arg(long, default_value_t = 1000)]
     pub entry_timeout_ms: u64,
+    /// How long the kernel may cache attributes and lookups the metadata service leased to this mount: a change
+    /// by anyone else is recalled from the kernel before it is answered, so this matters only if the mount cannot
+    /// apply a recall. 0: no leases. (The MDS grants leases on its embedded store, not on a shared PostgreSQL.)
+    #[arg(long, default_value_t = weft_fuse::DEFAULT_LEASE_TIMEOUT_MS)]
+    pub lease_timeout_ms: u64,
     /// FUSE worker threads (each with its own /dev/fuse descriptor).
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
@@ -120,6 +127,7 @@ impl MountArgs {
         weft_fuse::MountOptions {
             attr_timeout_ms: self.attr_timeout_ms,
             entry_timeout_ms: self.entry_timeout_ms,
+            lease_timeout_ms: self.lease_timeout_ms,
             threads: self.threads,
             allow_other: self.allow_other,
             direct_io: self.direct_io,

@@ -792,3 +792,86 @@ async fn readdir_lists_dot_and_dotdot_and_statfs_counts_one_disk_once() {
     .await
     .unwrap();
 }
+
+/// Metadata leases (issue 33, docs/format.md §31): while the MDS leases B's lookups and attributes to it, B's
+/// kernel answers stats itself (no FUSE request); a change through A is recalled from B's kernel before A's call
+/// returns, so B's next stat sees it at once, with no timeout to run out.
+#[tokio::test(flavor = "multi_thread")]
+async fn leased_metadata_is_served_by_the_kernel_until_a_change_elsewhere_recalls_it() {
+    use weft_rpc::metrics::{parse, scrape, sum};
+    let cl = start("fuse-leases", 1).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let a = Mount::start(&cl, &test_dir("fuse-leases-a"), &[]);
+    // Timeouts of 0: only what is leased is cached.
+    let b = Mount::start(
+        &cl,
+        &test_dir("fuse-leases-b"),
+        &["--metrics-listen", &addr, "--attr-timeout-ms", "0", "--entry-timeout-ms", "0"],
+    );
+    let gauge = |name: &'static str| {
+        let addr = addr.clone();
+        async move { sum(&parse(&scrape(&addr).await.unwrap()), name, &[]) }
+    };
+    common::members::wait_for("B's lease channel", || async { gauge("weft_fuse_lease_epoch_live").await == 1.0 }).await;
+    let asked = || async {
+        let s = parse(&scrape(&addr).await.unwrap());
+        ["lookup", "getattr"]
+            .iter()
+            .map(|op| sum(&s, "weft_fuse_requests_total", &[&format!("op=\"{op}\"")]))
+            .sum::<f64>()
+    };
+    let (pa, pb) = (a.dir.clone(), b.dir.clone());
+    let stat_all = move |root: &Path| {
+        (0..8).map(|i| std::fs::metadata(root.join(format!("d/f{i}"))).unwrap().len()).collect::<Vec<_>>()
+    };
+    let (pa2, pb2) = (pa.clone(), pb.clone());
+    tokio::task::spawn_blocking(move || {
+        std::fs::create_dir(pa2.join("d")).unwrap();
+        for i in 0..8 {
+            std::fs::write(pa2.join(format!("d/f{i}")), vec![i as u8; 100 + i]).unwrap();
+        }
+        assert_eq!(stat_all(&pb2), (0..8).map(|i| 100 + i as u64).collect::<Vec<_>>(), "B sees A's files");
+    })
+    .await
+    .unwrap();
+    let before = asked().await;
+    let pb2 = pb.clone();
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..3 {
+            stat_all(&pb2);
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(asked().await, before, "leased: B's kernel answered 24 stats without a FUSE lookup or getattr");
+    tokio::task::spawn_blocking(move || {
+        let (a, b) = (|r: &str| pa.join(r), |r: &str| pb.join(r));
+        std::fs::set_permissions(a("d/f0"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(std::fs::metadata(b("d/f0")).unwrap().mode() & 0o7777, 0o600, "a chmod in A, seen in B");
+        std::fs::OpenOptions::new().append(true).open(a("d/f1")).unwrap().write_all(&[9; 50]).unwrap();
+        assert_eq!(std::fs::metadata(b("d/f1")).unwrap().len(), 151, "an append closed in A");
+        std::fs::rename(a("d/f2"), a("d/g2")).unwrap();
+        assert_eq!(errno(std::fs::metadata(b("d/f2"))), libc::ENOENT, "renamed away in A");
+        assert_eq!(std::fs::metadata(b("d/g2")).unwrap().len(), 102);
+        std::fs::remove_file(a("d/f3")).unwrap();
+        assert_eq!(errno(std::fs::metadata(b("d/f3"))), libc::ENOENT, "unlinked in A");
+        let nlink = std::fs::metadata(b("d")).unwrap().nlink();
+        std::fs::create_dir(a("d/sub")).unwrap();
+        assert_eq!(std::fs::metadata(b("d")).unwrap().nlink(), nlink + 1, "the directory's link count after a mkdir");
+        std::fs::remove_dir(a("d/sub")).unwrap();
+        assert_eq!(std::fs::metadata(b("d")).unwrap().nlink(), nlink, "and after the rmdir");
+        std::fs::hard_link(a("d/f4"), a("d/h4")).unwrap();
+        assert_eq!(std::fs::metadata(b("d/f4")).unwrap().nlink(), 2, "a link in A");
+        assert_eq!(utimensat(&a("d/f5"), ts(1_000_000, 0), ts(2_000_000, 5)), 0);
+        assert_eq!(std::fs::metadata(b("d/f5")).unwrap().mtime(), 2_000_000, "a utimes in A");
+        // A rename over an existing name: B's entry names the new inode.
+        std::fs::rename(a("d/f6"), a("d/f7")).unwrap();
+        assert_eq!(std::fs::metadata(b("d/f7")).unwrap().len(), 106, "f7 is f6 now");
+        assert_eq!(errno(std::fs::metadata(b("d/f6"))), libc::ENOENT);
+    })
+    .await
+    .unwrap();
+    assert!(gauge("weft_fuse_lease_recalls").await >= 10.0, "every change was recalled from B");
+    assert!(gauge("weft_fuse_leased_items").await > 0.0);
+}

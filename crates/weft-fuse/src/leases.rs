@@ -1,0 +1,294 @@
+//! The mount's metadata leases (docs/format.md §31): while the MDS holds a lease for this mount on an inode, the
+//! kernel may cache its attributes and (for a directory) entries for `lease_timeout_ms` instead of the attribute
+//! and entry timeouts; a recall from the MDS is applied with `notify_inval_inode` / `notify_inval_entry` before it
+//! is acknowledged.
+//!
+//! [`LeaseView`] is the pure part: the epoch, the trust horizon, the recalls heard lately and what was handed to
+//! the kernel under a lease. [`run`] is the channel: one `LeaseWait` call after another on the mount's MDS session.
+//!
+//! A reply is trusted only if it was asked for under the current epoch, within the trust horizon, and no recall
+//! of an inode it names arrived since ([`Ticket`]): the MDS records a grant after the op read the store, so a
+//! recall can overtake the reply it belongs to. Replies are sent to the kernel under the view's lock, and recalls
+//! are recorded under it before they are applied, so a reply judged trusted is in the kernel before the recall
+//! that voids it is applied.
+
+use std::collections::{HashSet, VecDeque};
+use std::ffi::OsStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fuser::{INodeNo, Notifier};
+use weft_client::Client;
+use weft_proto::msg::LeaseWaitResp;
+
+/// Inodes and entries handed to the kernel under leases, each; past it, replies get the plain timeouts.
+pub const TRACKED_MAX: usize = 65_536;
+/// Recalls remembered for replies in flight; a reply asked for before the oldest is not trusted.
+const RECENT_MAX: usize = 4_096;
+/// How long the MDS may hold one `LeaseWait` (it caps this at a third of the lease).
+const HOLD_MS: u32 = 1_000;
+/// Wait before asking again after a failed call, or at a service that grants no leases.
+const RETRY_MS: u64 = 500;
+const NO_LEASES_RETRY_MS: u64 = 30_000;
+
+/// One kernel invalidation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Inval {
+    Attr(u64),
+    Entry(u64, String),
+}
+
+/// What a request was asked under: trusted at reply time only if nothing since voids it.
+#[derive(Debug, Clone, Copy)]
+pub struct Ticket {
+    epoch: u64,
+    heard: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct LeaseView {
+    /// 0: no leases (none granted yet, or lost).
+    epoch: u64,
+    trust_until: Option<Instant>,
+    /// Recalls heard, counted.
+    heard: u64,
+    /// The last [`RECENT_MAX`] recalls' inodes, with their count.
+    recent: VecDeque<(u64, u64)>,
+    attrs: HashSet<u64>,
+    entries: HashSet<(u64, String)>,
+}
+
+impl LeaseView {
+    pub fn ticket(&self) -> Ticket {
+        Ticket { epoch: self.epoch, heard: self.heard }
+    }
+
+    /// Whether a reply asked for under `t` about `inos` may be cached under a lease.
+    fn trusted(&self, t: &Ticket, inos: &[u64], now: Instant) -> bool {
+        let floor = self.recent.front().map_or(self.heard, |(n, _)| n - 1);
+        self.epoch != 0
+            && t.epoch == self.epoch
+            && self.trust_until.is_some_and(|u| now < u)
+            && t.heard >= floor
+            && !self.recent.iter().any(|(n, ino)| *n > t.heard && inos.contains(ino))
+    }
+
+    /// A reply's attributes of `ino`: true if the kernel may cache them under the lease (then remembered).
+    pub fn attr(&mut self, t: &Ticket, ino: u64, now: Instant) -> bool {
+        if !self.trusted(t, &[ino], now) || (self.attrs.len() >= TRACKED_MAX && !self.attrs.contains(&ino)) {
+            return false;
+        }
+        self.attrs.insert(ino);
+        true
+    }
+
+    /// A reply's entry `parent`/`name` naming `ino` (with its attributes): true if the kernel may cache both under
+    /// the lease (then remembered).
+    pub fn entry(&mut self, t: &Ticket, parent: u64, name: &str, ino: u64, now: Instant) -> bool {
+        let key = (parent, name.to_string());
+        let full = self.entries.len() >= TRACKED_MAX && !self.entries.contains(&key);
+        if full || !self.trusted(t, &[parent, ino], now) || !self.attr(t, ino, now) {
+            return false;
+        }
+        self.entries.insert(key);
+        true
+    }
+
+    /// This mount changed `ino` behind its kernel's back (a commit at close or fsync): true if the kernel holds its
+    /// attributes under a lease, which the caller then invalidates.
+    pub fn forget_attr(&mut self, ino: u64) -> bool {
+        self.attrs.remove(&ino)
+    }
+
+    /// A `LeaseWait` reply to a call sent at `sent`: what to invalidate before acknowledging `resp.upto`.
+    pub fn received(&mut self, resp: &LeaseWaitResp, sent: Instant) -> Vec<Inval> {
+        let mut out = Vec::new();
+        if resp.epoch != self.epoch {
+            out = self.lose();
+        }
+        self.epoch = resp.epoch;
+        for r in &resp.recalls {
+            self.heard += 1;
+            self.recent.push_back((self.heard, r.ino));
+            if self.recent.len() > RECENT_MAX {
+                self.recent.pop_front();
+            }
+            match &r.name {
+                None => {
+                    self.attrs.remove(&r.ino);
+                    out.push(Inval::Attr(r.ino));
+                }
+                Some(n) => {
+                    self.entries.remove(&(r.ino, n.clone()));
+                    out.push(Inval::Entry(r.ino, n.clone()));
+                }
+            }
+        }
+        self.trust_until = (resp.epoch != 0).then(|| sent + Duration::from_millis(u64::from(resp.lease_ms)));
+        out
+    }
+
+    /// Every lease is gone (the channel failed, or the trust ran out): what the kernel must forget.
+    pub fn lose(&mut self) -> Vec<Inval> {
+        self.epoch = 0;
+        self.trust_until = None;
+        let attrs = self.attrs.drain().map(Inval::Attr);
+        let entries = self.entries.drain().map(|(p, n)| Inval::Entry(p, n));
+        attrs.chain(entries).collect()
+    }
+
+    pub fn trust_until(&self) -> Option<Instant> {
+        self.trust_until
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Inodes and entries handed to the kernel under leases now, and recalls heard in all (for metrics).
+    pub fn counts(&self) -> (usize, u64) {
+        (self.attrs.len() + self.entries.len(), self.heard)
+    }
+}
+
+/// Serves the view's state as gauges: `weft_fuse_lease_epoch_live` (1 while the mount holds leases),
+/// `weft_fuse_leased_items` and `weft_fuse_lease_recalls` (heard since the mount started).
+pub fn register_metrics(m: &weft_rpc::Metrics, view: &Arc<Mutex<LeaseView>>) {
+    let live = m.gauge("weft_fuse_lease_epoch_live", "1 while the mount holds metadata leases");
+    let items = m.gauge("weft_fuse_leased_items", "inodes and entries the kernel caches under leases");
+    let recalls = m.gauge("weft_fuse_lease_recalls", "lease recalls heard since the mount started");
+    let view = view.clone();
+    m.on_scrape(move || {
+        let v = view.lock().unwrap_or_else(|e| e.into_inner());
+        let (n, heard) = v.counts();
+        live.set(i64::from(v.epoch != 0 && v.trust_until.is_some_and(|u| Instant::now() < u)));
+        items.set(n as i64);
+        recalls.set(heard as i64);
+    });
+}
+
+/// Applies `invals` to the kernel's caches (a blocking write each, off the runtime's threads). An entry or inode
+/// the kernel does not hold is not an error.
+async fn apply(notifier: &Arc<Notifier>, invals: Vec<Inval>) {
+    if invals.is_empty() {
+        return;
+    }
+    let n = notifier.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        for i in invals {
+            let r = match &i {
+                Inval::Attr(ino) => n.inval_inode(INodeNo(*ino), -1, 0),
+                Inval::Entry(parent, name) => n.inval_entry(INodeNo(*parent), OsStr::new(name)),
+            };
+            if let Err(e) = r
+                && e.raw_os_error() != Some(libc::ENOENT)
+            {
+                tracing::debug!(?i, "lease recall: kernel invalidation failed: {e}");
+            }
+        }
+    });
+    if let Err(e) = done.await {
+        tracing::warn!("lease recall: invalidation task failed: {e}");
+    }
+}
+
+/// The lease channel of a mount: runs until the task is aborted (at unmount).
+pub async fn run(client: Client, view: Arc<Mutex<LeaseView>>, notifier: Arc<Notifier>) {
+    let lock = || view.lock().unwrap_or_else(|e| e.into_inner());
+    let mut acked = 0;
+    loop {
+        let (epoch, until) = {
+            let v = lock();
+            (v.epoch(), v.trust_until())
+        };
+        let sent = Instant::now();
+        let call = client.lease_wait(epoch, acked, HOLD_MS);
+        let answered = match until {
+            Some(u) => tokio::time::timeout_at(u.into(), call).await.ok(),
+            None => Some(call.await),
+        };
+        let pause_ms = match answered {
+            Some(Ok(resp)) => {
+                let invals = lock().received(&resp, sent);
+                apply(&notifier, invals).await;
+                acked = resp.upto;
+                if resp.epoch != 0 {
+                    continue;
+                }
+                tracing::debug!("the metadata service grants no leases: attribute and entry timeouts apply");
+                NO_LEASES_RETRY_MS
+            }
+            Some(Err(e)) => {
+                tracing::debug!("lease channel: {e}; cached metadata is dropped");
+                RETRY_MS
+            }
+            None => {
+                tracing::debug!("lease channel: no answer within the lease; cached metadata is dropped");
+                RETRY_MS
+            }
+        };
+        let invals = lock().lose();
+        apply(&notifier, invals).await;
+        acked = 0;
+        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weft_proto::msg::Recall;
+
+    fn resp(epoch: u64, upto: u64, recalls: Vec<Recall>) -> LeaseWaitResp {
+        LeaseWaitResp { epoch, lease_ms: 1000, upto, recalls }
+    }
+
+    #[test]
+    fn replies_are_trusted_only_under_the_epoch_within_the_lease_and_before_a_recall() {
+        let t0 = Instant::now();
+        let mut v = LeaseView::default();
+        let before = v.ticket();
+        assert!(!v.attr(&before, 5, t0), "no epoch yet");
+        assert!(v.received(&resp(7, 0, vec![]), t0).is_empty());
+        assert!(!v.attr(&before, 5, t0), "asked before the epoch");
+        let t = v.ticket();
+        assert!(v.attr(&t, 5, t0));
+        assert!(!v.attr(&t, 5, t0 + Duration::from_millis(1000)), "past the trust horizon");
+        assert!(v.entry(&t, 1, "a", 6, t0));
+        // A recall of inode 6 overtakes a reply about it: that reply is not trusted, others still are.
+        let inv = v.received(&resp(7, 1, vec![Recall { ino: 6, name: None }]), t0);
+        assert_eq!(inv, vec![Inval::Attr(6)]);
+        assert!(!v.attr(&t, 6, t0) && !v.entry(&t, 1, "b", 6, t0));
+        assert!(v.attr(&t, 9, t0), "another inode");
+        assert!(v.attr(&v.ticket(), 6, t0), "asked after the recall");
+        // A new epoch drops everything handed out.
+        let mut inv = v.received(&resp(8, 0, vec![]), t0);
+        inv.sort_by_key(|i| format!("{i:?}"));
+        assert_eq!(inv, vec![Inval::Attr(5), Inval::Attr(6), Inval::Attr(9), Inval::Entry(1, "a".into())]);
+        assert!(!v.attr(&t, 5, t0), "a ticket of the old epoch");
+        // Losing the channel drops everything, and nothing is trusted until a new epoch.
+        let t = v.ticket();
+        assert!(v.entry(&t, 1, "c", 3, t0));
+        let mut inv = v.lose();
+        inv.sort_by_key(|i| format!("{i:?}"));
+        assert_eq!(inv, vec![Inval::Attr(3), Inval::Entry(1, "c".into())]);
+        assert!(!v.attr(&v.ticket(), 3, t0));
+        assert!(v.received(&resp(0, 0, vec![]), t0).is_empty() && v.trust_until().is_none(), "no leases here");
+    }
+
+    #[test]
+    fn an_entry_recall_names_the_directory_and_a_reply_older_than_every_remembered_recall_is_not_trusted() {
+        let t0 = Instant::now();
+        let mut v = LeaseView::default();
+        v.received(&resp(1, 0, vec![]), t0);
+        let t = v.ticket();
+        let inv = v.received(&resp(1, 1, vec![Recall { ino: 1, name: Some("x".into()) }]), t0);
+        assert_eq!(inv, vec![Inval::Entry(1, "x".into())]);
+        assert!(!v.entry(&t, 1, "y", 4, t0), "the directory was recalled since");
+        let t = v.ticket();
+        let many: Vec<Recall> = (0..=RECENT_MAX as u64).map(|i| Recall { ino: 1000 + i, name: None }).collect();
+        v.received(&resp(1, 2, many), t0);
+        assert!(!v.attr(&t, 5, t0), "recalls it asked before may have been forgotten");
+        assert!(v.attr(&v.ticket(), 5, t0));
+    }
+}

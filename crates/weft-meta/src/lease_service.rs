@@ -1,0 +1,131 @@
+//! The metadata service's side of leases (docs/format.md §31): the [`LeaseTable`] behind a mutex, held polls woken
+//! when their holder has news, and changes that wait for their recalls' acknowledgements (or deadlines).
+//!
+//! Why one `Notify` for all pollers and one for all waiting changes: wakes are rare (a recall, an
+//! acknowledgement) and each woken task re-checks the table, so a missed target costs a check, never a wrong
+//! answer; per-session wakers would be a second table to keep bounded.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use weft_proto::msg::{LeaseWaitReq, LeaseWaitResp, Recall};
+
+use crate::leases::{LeaseTable, Limits, Wait};
+
+pub(crate) struct Leases {
+    /// `None`: this service grants no leases (a shared store), and every poll says so.
+    table: Option<Mutex<LeaseTable>>,
+    start: Instant,
+    /// Held polls wait on this; woken when any holder gets news.
+    news: Notify,
+    /// Changes waiting for acknowledgements wait on this; woken at every acknowledgement.
+    acks: Notify,
+}
+
+impl Leases {
+    pub fn new(limits: Option<Limits>) -> Leases {
+        let salt = u64::from(std::process::id())
+            ^ (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+                & 0xffff_ffff);
+        Leases {
+            table: limits.map(|l| Mutex::new(LeaseTable::new(l, salt & 0x7fff_ffff | 1))),
+            start: Instant::now(),
+            news: Notify::new(),
+            acks: Notify::new(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.start + Duration::from_millis(ms)
+    }
+
+    fn lock(&self) -> Option<std::sync::MutexGuard<'_, LeaseTable>> {
+        self.table.as_ref().map(|t| t.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Op 146: applies the acknowledgement, then answers at once if there is news, else after the hold.
+    pub async fn wait(&self, session: u64, r: LeaseWaitReq) -> LeaseWaitResp {
+        let Some(lease_ms) = self.lock().map(|t| t.limits().lease_ms) else {
+            return LeaseWaitResp { epoch: 0, lease_ms: 0, upto: 0, recalls: Vec::new() };
+        };
+        let hold_ms = u64::from(r.hold_ms).min(lease_ms / 3);
+        let deadline = self.at(self.now_ms() + hold_ms);
+        let first = self.lock().expect("granting").poll(session, r.epoch, r.acked, self.now_ms());
+        self.acks.notify_waiters();
+        let mut polled = first;
+        while polled.recalls.is_empty() && polled.epoch == r.epoch {
+            let woken = self.news.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if !self.lock().expect("granting").has_news(session, r.epoch)
+                && tokio::time::timeout_at(deadline.into(), woken).await.is_err()
+            {
+                break;
+            }
+            polled = self.lock().expect("granting").poll(session, r.epoch, r.acked, self.now_ms());
+        }
+        LeaseWaitResp { epoch: polled.epoch, lease_ms: lease_ms as u32, upto: polled.upto, recalls: polled.recalls }
+    }
+
+    /// The last change number, if `session` holds leases (taken before the op reads the store).
+    pub fn seen(&self, session: u64) -> Option<u64> {
+        let t = self.lock()?;
+        t.is_holder(session).then(|| t.change_seq())
+    }
+
+    /// Records `session`'s leases on `inos`, read after change `seen`.
+    pub fn grant(&self, session: u64, inos: &[u64], seen: u64) {
+        let Some(mut t) = self.lock() else { return };
+        let (before, now_ms) = (t.queued(session), self.now_ms());
+        t.grant(session, inos, seen, now_ms);
+        let news = t.queued(session) > before;
+        drop(t);
+        if news {
+            self.news.notify_waiters();
+        }
+    }
+
+    /// Whether this service grants leases (so changes must say what they touched).
+    pub fn granting(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// A change by `session` committed: recalls what it touched from every other holder and returns once each
+    /// acknowledged or was revoked at its deadline.
+    pub async fn changed(&self, session: u64, recalls: &[Recall]) {
+        let mut waits: Vec<Wait> = match self.lock() {
+            Some(mut t) => t.changed(session, recalls, self.now_ms()),
+            None => return,
+        };
+        if waits.is_empty() {
+            return;
+        }
+        self.news.notify_waiters();
+        loop {
+            let woken = self.acks.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            {
+                let mut t = self.lock().expect("granting");
+                let now_ms = self.now_ms();
+                waits.retain(|w| !t.settle(w, now_ms));
+            }
+            let Some(next) = waits.iter().map(|w| w.deadline_ms).min() else { return };
+            let _ = tokio::time::timeout_at(self.at(next).into(), woken).await;
+        }
+    }
+
+    /// The connections of `sessions` closed.
+    pub fn closed(&self, sessions: &[u64]) {
+        let Some(mut t) = self.lock() else { return };
+        let now_ms = self.now_ms();
+        for &s in sessions {
+            t.closed(s, now_ms);
+        }
+    }
+}
