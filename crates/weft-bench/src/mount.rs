@@ -47,8 +47,8 @@ pub struct MountArgs {
     /// Repetitions per figure (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// Systems to measure, of `weft,weft-ec4+2,passthrough_ll,glusterfs` (`weft-ec4+2`: every file `ec 4+2`, at
-    /// least 6 servers).
+    /// Systems to measure, of `weft,weft-ec4+2,weft-no-leases,passthrough_ll,glusterfs` (`weft-ec4+2`: every file
+    /// `ec 4+2`, at least 6 servers; `weft-no-leases`: the mount without metadata leases).
     #[arg(long, default_value = "weft,passthrough_ll,glusterfs")]
     pub systems: String,
     /// The fabric the Weft mount reaches its data servers by: tcp, shm or rdma (auto: shm to same-host servers,
@@ -174,6 +174,16 @@ pub(crate) async fn start_weft_ec(base: &Path, servers: u32, fabric: FabricChoic
     client.set_layout_with(weft_proto::ROOT_INO, 1 << 20, 0, ec).await.context("setting the root to ec 4+2")?;
     let mut t = mount_weft(&cluster.cluster_file(), &base.join("weft-ec-mnt"), fabric, &[])?;
     t.system = "weft-ec4+2";
+    t.cluster = Some(cluster);
+    Ok(t)
+}
+
+/// [`start_weft`] with the mount's metadata leases off (`--lease-timeout-ms 0`): the attribute and entry timeouts
+/// alone, as before leases (issue 33).
+pub(crate) async fn start_weft_no_leases(base: &Path, servers: u32, fabric: FabricChoice) -> Result<Target> {
+    let cluster = launch_weft(&base.join("weft-nl"), servers).await?;
+    let mut t = mount_weft(&cluster.cluster_file(), &base.join("weft-nl-mnt"), fabric, &["--lease-timeout-ms", "0"])?;
+    t.system = "weft-no-leases";
     t.cluster = Some(cluster);
     Ok(t)
 }
@@ -470,9 +480,10 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
         let target = match sys.as_str() {
             "weft" => start_weft(&base, a.servers, a.fabric).await?,
             "weft-ec4+2" => start_weft_ec(&base, a.servers, a.fabric).await?,
+            "weft-no-leases" => start_weft_no_leases(&base, a.servers, a.fabric).await?,
             "passthrough_ll" => start_passthrough(&base)?,
             "glusterfs" => start_gluster(&base)?,
-            other => bail!("unknown system {other:?} (weft, weft-ec4+2, passthrough_ll, glusterfs)"),
+            other => bail!("unknown system {other:?} (weft, weft-ec4+2, weft-no-leases, passthrough_ll, glusterfs)"),
         };
         let a2 = a.clone();
         let (target, result) = tokio::task::spawn_blocking(move || {
@@ -552,10 +563,13 @@ pub fn table(doc: &Value) -> String {
     let results = doc["results"].as_array().cloned().unwrap_or_default();
     // The ec column only when the run measured it (`--systems …,weft-ec4+2`).
     let ec = results.iter().any(|r| r["system"] == "weft-ec4+2");
+    let nl = results.iter().any(|r| r["system"] == "weft-no-leases");
     let mut s = String::from("| op | unit | weft |");
     s.push_str(if ec { " weft ec 4+2 | ec ÷ weft |" } else { "" });
+    s.push_str(if nl { " weft, no leases | weft ÷ no leases |" } else { "" });
     s.push_str(" passthrough_ll | glusterfs | weft ÷ passthrough_ll | weft ÷ glusterfs |\n|---|---|---:|");
     s.push_str(if ec { "---:|---:|" } else { "" });
+    s.push_str(if nl { "---:|---:|" } else { "" });
     s.push_str("---:|---:|---:|---:|\n");
     for (op, pattern, _, _) in FIGURES {
         let get = |sys: &str| {
@@ -579,10 +593,18 @@ pub fn table(doc: &Value) -> String {
             (Some(e), _) => format!(" {:.0} | - |", headline(e)),
             _ => " - | - |".to_string(),
         };
+        let nl_cells = match (get("weft-no-leases"), get("weft")) {
+            (Some(n), Some(w)) if headline(n) > 0.0 => {
+                format!(" {:.0} | {:.2} |", headline(n), headline(w) / headline(n))
+            }
+            (Some(n), _) => format!(" {:.0} | - |", headline(n)),
+            _ => " - | - |".to_string(),
+        };
         s.push_str(&format!(
-            "| {op} | {unit} | {} |{} {} | {} | {} | {} |\n",
+            "| {op} | {unit} | {} |{}{} {} | {} | {} | {} |\n",
             cell("weft"),
             if ec { ec_cells.as_str() } else { "" },
+            if nl { nl_cells.as_str() } else { "" },
             cell("passthrough_ll"),
             cell("glusterfs"),
             ratio("passthrough_ll"),

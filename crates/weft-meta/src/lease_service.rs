@@ -120,6 +120,24 @@ impl Leases {
         }
     }
 
+    /// Serves the table's state: `weft_mds_lease_holders`, `weft_mds_leased_inodes`, and since start
+    /// `weft_mds_lease_recalls` and `weft_mds_lease_revocations` (holders that missed a recall's deadline or a bound).
+    pub fn register_metrics(self: &std::sync::Arc<Self>, m: &weft_rpc::Metrics) {
+        let holders = m.gauge("weft_mds_lease_holders", "Sessions holding metadata leases");
+        let leased = m.gauge("weft_mds_leased_inodes", "Metadata leases held, over all holders");
+        let recalls = m.gauge("weft_mds_lease_recalls", "Lease recalls queued since the service started");
+        let revoked = m.gauge("weft_mds_lease_revocations", "Lease holders revoked since the service started");
+        let me = self.clone();
+        m.on_scrape(move || {
+            let Some(t) = me.lock() else { return };
+            let (revocations, queued) = t.counts();
+            holders.set(t.holders() as i64);
+            leased.set(t.leased() as i64);
+            recalls.set(queued as i64);
+            revoked.set(revocations as i64);
+        });
+    }
+
     /// The connections of `sessions` closed.
     pub fn closed(&self, sessions: &[u64]) {
         let Some(mut t) = self.lock() else { return };

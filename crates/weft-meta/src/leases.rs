@@ -96,6 +96,9 @@ pub struct LeaseTable {
     /// Epochs are unique in this table (mixed with `salt`, so a restarted service's are unlike its predecessor's).
     epochs: u64,
     salt: u64,
+    /// Holders revoked (a missed deadline or a bound), and recalls queued, since the table was made.
+    revocations: u64,
+    recalls: u64,
 }
 
 impl LeaseTable {
@@ -109,6 +112,8 @@ impl LeaseTable {
             changes: VecDeque::new(),
             epochs: 0,
             salt,
+            revocations: 0,
+            recalls: 0,
         }
     }
 
@@ -247,6 +252,7 @@ impl LeaseTable {
         }
         let seq = h.next;
         h.next += 1;
+        self.recalls += 1;
         h.queue.push_back((seq, r, now_ms));
         // A closed holder's client trusts nothing past its last poll's lease.
         let deadline_ms = if h.closed { h.polled_ms + lease_ms } else { now_ms + lease_ms };
@@ -304,6 +310,7 @@ impl LeaseTable {
         let Some(old) = self.holders.get(&session) else { return };
         let (closed, polled_ms) = (old.closed, old.polled_ms);
         self.drop_holder(session);
+        self.revocations += 1;
         if closed {
             return;
         }
@@ -333,6 +340,11 @@ impl LeaseTable {
     /// Leases held in all (for metrics and tests).
     pub fn leased(&self) -> usize {
         self.leased
+    }
+
+    /// Holders revoked and recalls queued since the table was made (for metrics).
+    pub fn counts(&self) -> (u64, u64) {
+        (self.revocations, self.recalls)
     }
 
     /// Live holders (for metrics and tests).

@@ -114,6 +114,7 @@ pub async fn run_with(
     let service = MetaService::new(ns.clone())
         .with_capabilities(cap_key, cfg.capability_ttl_ms)
         .with_leases(cfg.lease_ms)
+        .with_metrics(metrics.as_ref())
         .with_pnfs_handle_ttl(cfg.pnfs_handle_ttl_ms)
         .with_cache_bank(bank)
         .with_lock_quota(cfg.locks_max, cfg.locks_grace_ms, cfg.locks_per_client_session_max)

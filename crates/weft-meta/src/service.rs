@@ -57,7 +57,7 @@ pub struct MetaService {
     /// The healer running beside this MDS (`HealNow`, progress in `ListStale`), if any.
     heal: Option<HealHooks>,
     /// Metadata leases (docs/format.md §31): granted on an embedded store only.
-    leases: Leases,
+    leases: Arc<Leases>,
 }
 
 /// How the MDS talks to a healer in its process: a nudge (`HealNow`) and its progress (for `ListStale`).
@@ -77,7 +77,7 @@ impl MetaService {
             pusher: None,
             locks: Arc::new(SessionLocks::new(DEFAULT_LOCKS_MAX, DEFAULT_LOCKS_GRACE_MS)),
             heal: None,
-            leases: Leases::new(None),
+            leases: Arc::new(Leases::new(None)),
         }
         .with_leases(crate::leases::DEFAULT_LEASE_MS)
     }
@@ -86,7 +86,15 @@ impl MetaService {
     /// each other's clients (docs/format.md §31).
     pub fn with_leases(mut self, lease_ms: u64) -> MetaService {
         let granting = lease_ms > 0 && !crate::MetaStore::shared(self.ns.store());
-        self.leases = Leases::new(granting.then(|| Limits { lease_ms, ..Limits::default() }));
+        self.leases = Arc::new(Leases::new(granting.then(|| Limits { lease_ms, ..Limits::default() })));
+        self
+    }
+
+    /// Serves the lease table's gauges on `metrics` (call after [`MetaService::with_leases`]).
+    pub fn with_metrics(self, metrics: Option<&Arc<weft_rpc::Metrics>>) -> MetaService {
+        if let Some(m) = metrics {
+            self.leases.register_metrics(m);
+        }
         self
     }
 

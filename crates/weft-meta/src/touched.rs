@@ -13,6 +13,9 @@ use crate::store::MetaStore;
 pub struct Touched {
     pub inos: Vec<u64>,
     pub names: Vec<(u64, String)>,
+    /// The op only adds names (a create, mkdir, symlink, mknod or link): no one can have cached them, as a missing
+    /// name is never cached, so their entries need no recall.
+    pub adds_only: bool,
 }
 
 impl Touched {
@@ -58,6 +61,15 @@ impl Touched {
             }
             _ => {}
         }
+        t.adds_only = matches!(
+            req,
+            Request::Create(_)
+                | Request::CreateOpen(_)
+                | Request::Mkdir(_)
+                | Request::Symlink(_)
+                | Request::Mknod(_)
+                | Request::Link(_)
+        );
         t
     }
 
@@ -79,10 +91,14 @@ impl Touched {
         self.names.push((parent, name.to_string()));
     }
 
-    /// The recalls of everything touched: each inode's attributes and each name's entry.
+    /// The recalls of everything touched: each inode's attributes and each name's entry, except names an op only
+    /// added. (A name's recall takes the directory's lock in a FUSE client's kernel, which that client's own change
+    /// in the directory may hold while it waits for this one's recall in turn: recalling only removed or replaced
+    /// names leaves concurrent creates in one directory free of that wait.)
     pub fn recalls(&self) -> Vec<Recall> {
         let attrs = self.inos.iter().map(|&ino| Recall { ino, name: None });
-        attrs.chain(self.names.iter().map(|(p, n)| Recall { ino: *p, name: Some(n.clone()) })).collect()
+        let names = self.names.iter().filter(|_| !self.adds_only);
+        attrs.chain(names.map(|(p, n)| Recall { ino: *p, name: Some(n.clone()) })).collect()
     }
 }
 

@@ -875,3 +875,40 @@ async fn leased_metadata_is_served_by_the_kernel_until_a_change_elsewhere_recall
     assert!(gauge("weft_fuse_lease_recalls").await >= 10.0, "every change was recalled from B");
     assert!(gauge("weft_fuse_leased_items").await > 0.0);
 }
+
+/// Two mounts creating files in one directory at once, each holding a lease on it. A create recalls only the
+/// directory's attributes from the other mount, never the new name (no one caches a missing name), and an
+/// attribute recall takes no directory lock in the other's kernel, where that mount's own create may hold it while
+/// it waits for this one: so no create waits out a lease and no holder is revoked.
+#[tokio::test(flavor = "multi_thread")]
+async fn creates_in_one_directory_from_two_mounts_revoke_no_lease() {
+    use weft_rpc::metrics::{parse, scrape, sum};
+    let cl = start_with("fuse-leases-two", 1, |o| o.metrics = true).await;
+    let meta = cl.metrics_addrs().into_iter().find(|(role, _)| role == "meta").unwrap().1;
+    let gauge = |name: &'static str| {
+        let meta = meta.clone();
+        async move { sum(&parse(&scrape(&meta).await.unwrap()), name, &[]) }
+    };
+    let a = Mount::start(&cl, &test_dir("fuse-leases-two-a"), &[]);
+    let b = Mount::start(&cl, &test_dir("fuse-leases-two-b"), &[]);
+    common::members::wait_for("both lease channels", || async { gauge("weft_mds_lease_holders").await == 2.0 }).await;
+    std::fs::create_dir(a.path("d")).unwrap();
+    const FILES: usize = 300;
+    let create = |root: std::path::PathBuf, tag: &'static str| {
+        std::thread::spawn(move || {
+            for i in 0..FILES {
+                std::fs::write(root.join(format!("d/{tag}{i}")), tag).unwrap();
+                // A stat of the directory takes its lease again after each recall.
+                std::fs::metadata(root.join("d")).unwrap();
+            }
+        })
+    };
+    let (ta, tb) = (create(a.dir.clone(), "a"), create(b.dir.clone(), "b"));
+    ta.join().unwrap();
+    tb.join().unwrap();
+    for m in [&a, &b] {
+        assert_eq!(std::fs::read_dir(m.path("d")).unwrap().count(), 2 * FILES, "every create, seen in each mount");
+    }
+    assert!(gauge("weft_mds_lease_recalls").await > 0.0, "the mounts recalled the directory from each other");
+    assert_eq!(gauge("weft_mds_lease_revocations").await, 0.0, "no create waited out a lease");
+}
