@@ -49,6 +49,9 @@ pub struct Ticket {
 pub struct LeaseView {
     /// 0: no leases (none granted yet, or lost).
     epoch: u64,
+    /// The MDS session the epoch was granted on: a reply that arrives on another one (the service restarted or
+    /// failed over, and knows nothing of this mount's leases) is not trusted.
+    session: u64,
     trust_until: Option<Instant>,
     /// Recalls heard, counted.
     heard: u64,
@@ -63,10 +66,12 @@ impl LeaseView {
         Ticket { epoch: self.epoch, heard: self.heard }
     }
 
-    /// Whether a reply asked for under `t` about `inos` may be cached under a lease.
-    fn trusted(&self, t: &Ticket, inos: &[u64], now: Instant) -> bool {
+    /// Whether a reply asked for under `t` about `inos`, arriving now on MDS session `session`, may be cached
+    /// under a lease.
+    fn trusted(&self, t: &Ticket, inos: &[u64], (now, session): (Instant, u64)) -> bool {
         let floor = self.recent.front().map_or(self.heard, |(n, _)| n - 1);
         self.epoch != 0
+            && session == self.session
             && t.epoch == self.epoch
             && self.trust_until.is_some_and(|u| now < u)
             && t.heard >= floor
@@ -74,7 +79,7 @@ impl LeaseView {
     }
 
     /// A reply's attributes of `ino`: true if the kernel may cache them under the lease (then remembered).
-    pub fn attr(&mut self, t: &Ticket, ino: u64, now: Instant) -> bool {
+    pub fn attr(&mut self, t: &Ticket, ino: u64, now: (Instant, u64)) -> bool {
         if !self.trusted(t, &[ino], now) || (self.attrs.len() >= TRACKED_MAX && !self.attrs.contains(&ino)) {
             return false;
         }
@@ -84,7 +89,7 @@ impl LeaseView {
 
     /// A reply's entry `parent`/`name` naming `ino` (with its attributes): true if the kernel may cache both under
     /// the lease (then remembered).
-    pub fn entry(&mut self, t: &Ticket, parent: u64, name: &str, ino: u64, now: Instant) -> bool {
+    pub fn entry(&mut self, t: &Ticket, parent: u64, name: &str, ino: u64, now: (Instant, u64)) -> bool {
         let key = (parent, name.to_string());
         let full = self.entries.len() >= TRACKED_MAX && !self.entries.contains(&key);
         if full || !self.trusted(t, &[parent, ino], now) || !self.attr(t, ino, now) {
@@ -100,13 +105,15 @@ impl LeaseView {
         self.attrs.remove(&ino)
     }
 
-    /// A `LeaseWait` reply to a call sent at `sent`: what to invalidate before acknowledging `resp.upto`.
-    pub fn received(&mut self, resp: &LeaseWaitResp, sent: Instant) -> Vec<Inval> {
+    /// A `LeaseWait` reply to a call sent at `sent`, arrived on MDS session `session`: what to invalidate before
+    /// acknowledging `resp.upto`.
+    pub fn received(&mut self, resp: &LeaseWaitResp, sent: Instant, session: u64) -> Vec<Inval> {
         let mut out = Vec::new();
-        if resp.epoch != self.epoch {
+        if resp.epoch != self.epoch || session != self.session {
             out = self.lose();
         }
         self.epoch = resp.epoch;
+        self.session = session;
         for r in &resp.recalls {
             self.heard += 1;
             self.recent.push_back((self.heard, r.ino));
@@ -162,6 +169,7 @@ pub fn register_metrics(m: &weft_rpc::Metrics, view: &Arc<Mutex<LeaseView>>) {
         let v = view.lock().unwrap_or_else(|e| e.into_inner());
         let (n, heard) = v.counts();
         live.set(i64::from(v.epoch != 0 && v.trust_until.is_some_and(|u| Instant::now() < u)));
+        // (Whether the MDS session is still the epoch's is checked per reply.)
         items.set(n as i64);
         recalls.set(heard as i64);
     });
@@ -209,7 +217,7 @@ pub async fn run(client: Client, view: Arc<Mutex<LeaseView>>, notifier: Arc<Noti
         };
         let pause_ms = match answered {
             Some(Ok(resp)) => {
-                let invals = lock().received(&resp, sent);
+                let invals = lock().received(&resp, sent, client.mds_session());
                 apply(&notifier, invals).await;
                 acked = resp.upto;
                 if resp.epoch != 0 {
@@ -248,47 +256,48 @@ mod tests {
         let t0 = Instant::now();
         let mut v = LeaseView::default();
         let before = v.ticket();
-        assert!(!v.attr(&before, 5, t0), "no epoch yet");
-        assert!(v.received(&resp(7, 0, vec![]), t0).is_empty());
-        assert!(!v.attr(&before, 5, t0), "asked before the epoch");
+        assert!(!v.attr(&before, 5, (t0, 1)), "no epoch yet");
+        assert!(v.received(&resp(7, 0, vec![]), t0, 1).is_empty());
+        assert!(!v.attr(&before, 5, (t0, 1)), "asked before the epoch");
         let t = v.ticket();
-        assert!(v.attr(&t, 5, t0));
-        assert!(!v.attr(&t, 5, t0 + Duration::from_millis(1000)), "past the trust horizon");
-        assert!(v.entry(&t, 1, "a", 6, t0));
+        assert!(v.attr(&t, 5, (t0, 1)));
+        assert!(!v.attr(&t, 5, (t0 + Duration::from_millis(1000), 1)), "past the trust horizon");
+        assert!(!v.attr(&t, 5, (t0, 2)), "a reply on another MDS session: the service lost the leases");
+        assert!(v.entry(&t, 1, "a", 6, (t0, 1)));
         // A recall of inode 6 overtakes a reply about it: that reply is not trusted, others still are.
-        let inv = v.received(&resp(7, 1, vec![Recall { ino: 6, name: None }]), t0);
+        let inv = v.received(&resp(7, 1, vec![Recall { ino: 6, name: None }]), t0, 1);
         assert_eq!(inv, vec![Inval::Attr(6)]);
-        assert!(!v.attr(&t, 6, t0) && !v.entry(&t, 1, "b", 6, t0));
-        assert!(v.attr(&t, 9, t0), "another inode");
-        assert!(v.attr(&v.ticket(), 6, t0), "asked after the recall");
+        assert!(!v.attr(&t, 6, (t0, 1)) && !v.entry(&t, 1, "b", 6, (t0, 1)));
+        assert!(v.attr(&t, 9, (t0, 1)), "another inode");
+        assert!(v.attr(&v.ticket(), 6, (t0, 1)), "asked after the recall");
         // A new epoch drops everything handed out.
-        let mut inv = v.received(&resp(8, 0, vec![]), t0);
+        let mut inv = v.received(&resp(8, 0, vec![]), t0, 1);
         inv.sort_by_key(|i| format!("{i:?}"));
         assert_eq!(inv, vec![Inval::Attr(5), Inval::Attr(6), Inval::Attr(9), Inval::Entry(1, "a".into())]);
-        assert!(!v.attr(&t, 5, t0), "a ticket of the old epoch");
+        assert!(!v.attr(&t, 5, (t0, 1)), "a ticket of the old epoch");
         // Losing the channel drops everything, and nothing is trusted until a new epoch.
         let t = v.ticket();
-        assert!(v.entry(&t, 1, "c", 3, t0));
+        assert!(v.entry(&t, 1, "c", 3, (t0, 1)));
         let mut inv = v.lose();
         inv.sort_by_key(|i| format!("{i:?}"));
         assert_eq!(inv, vec![Inval::Attr(3), Inval::Entry(1, "c".into())]);
-        assert!(!v.attr(&v.ticket(), 3, t0));
-        assert!(v.received(&resp(0, 0, vec![]), t0).is_empty() && v.trust_until().is_none(), "no leases here");
+        assert!(!v.attr(&v.ticket(), 3, (t0, 1)));
+        assert!(v.received(&resp(0, 0, vec![]), t0, 1).is_empty() && v.trust_until().is_none(), "no leases here");
     }
 
     #[test]
     fn an_entry_recall_names_the_directory_and_a_reply_older_than_every_remembered_recall_is_not_trusted() {
         let t0 = Instant::now();
         let mut v = LeaseView::default();
-        v.received(&resp(1, 0, vec![]), t0);
+        v.received(&resp(1, 0, vec![]), t0, 1);
         let t = v.ticket();
-        let inv = v.received(&resp(1, 1, vec![Recall { ino: 1, name: Some("x".into()) }]), t0);
+        let inv = v.received(&resp(1, 1, vec![Recall { ino: 1, name: Some("x".into()) }]), t0, 1);
         assert_eq!(inv, vec![Inval::Entry(1, "x".into())]);
-        assert!(!v.entry(&t, 1, "y", 4, t0), "the directory was recalled since");
+        assert!(!v.entry(&t, 1, "y", 4, (t0, 1)), "the directory was recalled since");
         let t = v.ticket();
         let many: Vec<Recall> = (0..=RECENT_MAX as u64).map(|i| Recall { ino: 1000 + i, name: None }).collect();
-        v.received(&resp(1, 2, many), t0);
-        assert!(!v.attr(&t, 5, t0), "recalls it asked before may have been forgotten");
-        assert!(v.attr(&v.ticket(), 5, t0));
+        v.received(&resp(1, 2, many), t0, 1);
+        assert!(!v.attr(&t, 5, (t0, 1)), "recalls it asked before may have been forgotten");
+        assert!(v.attr(&v.ticket(), 5, (t0, 1)));
     }
 }

@@ -25,7 +25,7 @@
 
 mod attr;
 mod handles;
-mod leases;
+pub mod leases;
 mod locks;
 mod users;
 mod write_bufs;
@@ -499,7 +499,7 @@ impl Inner {
 
     /// The timeout of an entry reply, decided under the view's lock `v` (held until the reply is sent).
     fn entry_ttl_under(&self, v: &mut leases::LeaseView, t: &Ticket, parent: u64, name: &str, ino: u64) -> Duration {
-        let now = std::time::Instant::now();
+        let now = (std::time::Instant::now(), self.client.mds_session());
         if self.opts.lease_timeout_ms > 0 && v.entry(t, parent, name, ino, now) {
             Duration::from_millis(self.opts.lease_timeout_ms)
         } else {
@@ -511,7 +511,8 @@ impl Inner {
     fn reply_attr(&self, reply: ReplyAttr, t: Ticket, a: &Attr) {
         let attr = file_attr(a);
         let mut v = self.lease_view();
-        let leased = self.opts.lease_timeout_ms > 0 && v.attr(&t, a.ino, std::time::Instant::now());
+        let now = (std::time::Instant::now(), self.client.mds_session());
+        let leased = self.opts.lease_timeout_ms > 0 && v.attr(&t, a.ino, now);
         let ttl = if leased { Duration::from_millis(self.opts.lease_timeout_ms) } else { self.attr_ttl() };
         reply.attr(&ttl, &attr);
     }

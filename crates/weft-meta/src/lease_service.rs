@@ -78,16 +78,19 @@ impl Leases {
         t.is_holder(session).then(|| t.change_seq())
     }
 
-    /// Records `session`'s leases on `inos`, read after change `seen`.
-    pub fn grant(&self, session: u64, inos: &[u64], seen: u64) {
-        let Some(mut t) = self.lock() else { return };
-        let (before, now_ms) = (t.queued(session), self.now_ms());
-        t.grant(session, inos, seen, now_ms);
-        let news = t.queued(session) > before;
-        drop(t);
-        if news {
-            self.news.notify_waiters();
-        }
+    /// Records `session`'s leases on `inos`, read after change `seen`; returns once the client acknowledged the
+    /// recalls of attributes changed since (so it does not trust the reply this precedes).
+    pub async fn grant(&self, session: u64, inos: &[u64], seen: u64) {
+        let waits = {
+            let Some(mut t) = self.lock() else { return };
+            let (before, now_ms) = (t.queued(session), self.now_ms());
+            let waits = t.grant_racing(session, inos, seen, now_ms);
+            if t.queued(session) > before || waits.is_none() {
+                self.news.notify_waiters();
+            }
+            waits.unwrap_or_default()
+        };
+        self.wait_all(waits).await;
     }
 
     /// Whether this service grants leases (so changes must say what they touched).
@@ -98,7 +101,7 @@ impl Leases {
     /// A change by `session` committed: recalls what it touched from every other holder and returns once each
     /// acknowledged or was revoked at its deadline.
     pub async fn changed(&self, session: u64, recalls: &[Recall]) {
-        let mut waits: Vec<Wait> = match self.lock() {
+        let waits: Vec<Wait> = match self.lock() {
             Some(mut t) => t.changed(session, recalls, self.now_ms()),
             None => return,
         };
@@ -106,7 +109,12 @@ impl Leases {
             return;
         }
         self.news.notify_waiters();
-        loop {
+        self.wait_all(waits).await;
+    }
+
+    /// Returns once every wait settled (acknowledged, or revoked at its deadline).
+    async fn wait_all(&self, mut waits: Vec<Wait>) {
+        while !waits.is_empty() {
             let woken = self.acks.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();

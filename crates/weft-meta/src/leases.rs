@@ -167,21 +167,33 @@ impl LeaseTable {
         self.change_seq
     }
 
+    /// Whether `session` holds leases: a closed holder too, whose client may not know yet that its connection
+    /// closed (a reconnect on the same session) and still trusts replies; its grants stand, and are waited for, as
+    /// long as its last poll's lease.
     pub fn is_holder(&self, session: u64) -> bool {
-        self.holders.get(&session).is_some_and(|h| !h.closed)
+        self.holders.contains_key(&session)
     }
 
     /// Records leases of `session` on `inos`, which an op read after change `seen`. Changes by other sessions
     /// since then are recalled from it at once (its reply may predate them). Returns false if `session` holds
     /// no leases after this (not a holder, or revoked for a bound).
     pub fn grant(&mut self, session: u64, inos: &[u64], seen: u64, now_ms: u64) -> bool {
+        self.grant_racing(session, inos, seen, now_ms).is_some()
+    }
+
+    /// [`LeaseTable::grant`], returning what the reply must wait for: the raced recalls of attributes, so the
+    /// client hears of them before the reply, which it then does not trust. (Raced recalls of names are not
+    /// waited for: applying one takes the directory's lock in the client's kernel, which the request being
+    /// answered may hold; such a reply's entry is cached until that recall arrives, one round trip.) `None`:
+    /// `session` holds no leases after this.
+    pub fn grant_racing(&mut self, session: u64, inos: &[u64], seen: u64, now_ms: u64) -> Option<Vec<Wait>> {
         if !self.is_holder(session) {
-            return false;
+            return None;
         }
         let floor = self.changes.front().map_or(self.change_seq, |(seq, _, _)| seq - 1);
         if seen < floor {
             self.revoke(session);
-            return false;
+            return None;
         }
         for &ino in inos {
             let h = self.holders.get_mut(&session).expect("a holder");
@@ -190,7 +202,7 @@ impl LeaseTable {
             }
             if h.inos.len() >= self.limits.per_holder || self.leased >= self.limits.total {
                 self.revoke(session);
-                return false;
+                return None;
             }
             h.inos.insert(ino);
             self.by_ino.entry(ino).or_default().push(session);
@@ -202,12 +214,16 @@ impl LeaseTable {
             .filter(|(seq, r, by)| *seq > seen && *by != session && inos.contains(&r.ino))
             .map(|(_, r, _)| r.clone())
             .collect();
+        let mut waits = Vec::new();
         for r in raced {
-            if self.enqueue(session, r, now_ms).is_none() {
-                return false;
+            let attrs = r.name.is_none();
+            let w = self.enqueue(session, r, now_ms)?;
+            if attrs {
+                waits.retain(|x: &Wait| x.session != session);
+                waits.push(w);
             }
         }
-        true
+        Some(waits)
     }
 
     /// A change by `session` committed, touching `recalls`: queues each for every other holder of a lease on its
@@ -263,11 +279,12 @@ impl LeaseTable {
     /// Past its deadline, an unacknowledged holder is revoked and `w` is done.
     pub fn settle(&mut self, w: &Wait, now_ms: u64) -> bool {
         let Some(h) = self.holders.get(&w.session) else { return true };
-        if w.seq == 0 && h.epoch == w.epoch {
-            // An unconfirmed revocation: done once the client named the new epoch, or its trust ran out.
+        if w.seq == 0 || h.epoch != w.epoch {
+            // A revocation, a bound or a reconnect gave the holder a new epoch: its client dropped what it held
+            // once it names the current one (confirmed), and trusts nothing past the deadline anyway.
             return h.confirmed || now_ms >= w.deadline_ms;
         }
-        if h.epoch != w.epoch || h.queue.front().is_none_or(|(seq, _, _)| *seq > w.seq) {
+        if h.queue.front().is_none_or(|(seq, _, _)| *seq > w.seq) {
             return true;
         }
         if now_ms >= w.deadline_ms {
@@ -433,8 +450,12 @@ mod tests {
         t.grant(2, &[10], 0, 0);
         let w = t.changed(1, &[attrs(10)], 0);
         t.revoke(2);
-        assert!(t.settle(&w[0], 1), "revoked holders hold nothing of the old epoch");
-        assert_ne!(t.poll(2, b.epoch, 0, 2).epoch, b.epoch);
+        assert!(!t.settle(&w[0], 1), "its client may still trust the old epoch");
+        let e = t.poll(2, b.epoch, 0, 2).epoch;
+        assert_ne!(e, b.epoch);
+        assert!(!t.settle(&w[0], 3), "told of the new epoch, not yet confirmed");
+        t.poll(2, e, 0, 4);
+        assert!(t.settle(&w[0], 5), "it named the new epoch: it dropped everything of the old");
     }
 
     #[test]
@@ -448,11 +469,22 @@ mod tests {
         assert!(t.grant(2, &[10], seen, 2));
         let p = t.poll(2, b.epoch, 0, 3);
         assert_eq!(p.recalls, vec![attrs(10), entry(10, "n")]);
+        // A raced recall of attributes holds the reply back until acknowledged; one of a name does not.
+        t.poll(2, b.epoch, p.upto, 3);
+        let seen = t.change_seq();
+        t.changed(1, &[attrs(12), entry(13, "m")], 4);
+        let w = t.grant_racing(2, &[12, 13], seen, 4).unwrap();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(!t.settle(&w[0], 4));
+        let p = t.poll(2, b.epoch, 0, 5);
+        assert_eq!(p.recalls, [attrs(12), entry(13, "m")]);
+        t.poll(2, b.epoch, p.upto, 6);
+        assert!(t.settle(&w[0], 6));
         // Its own changes are not recalled from it.
         let seen = t.change_seq();
         t.changed(2, &[attrs(11)], 4);
         assert!(t.grant(2, &[11], seen, 5));
-        assert_eq!(t.poll(2, b.epoch, p.upto, 6).recalls, vec![]);
+        assert_eq!(t.poll(2, b.epoch, p.upto, 7).recalls, vec![]);
     }
 
     #[test]
@@ -515,12 +547,13 @@ mod tests {
         t.poll(2, 0, 0, 100);
         t.grant(2, &[10], 0, 100);
         t.closed(2, 200);
-        assert!(!t.is_holder(2) && !t.grant(2, &[11], 0, 200), "no grants once closed");
+        assert!(t.is_holder(2) && t.grant(2, &[11], 0, 200), "its client may still trust replies: still granted");
         let w = t.changed(1, &[attrs(10)], 300);
         assert_eq!(w[0].deadline_ms, 1100, "its client trusts nothing past 100 + the lease");
         assert!(!t.settle(&w[0], 1099) && t.settle(&w[0], 1100));
         assert!(t.changed(1, &[attrs(10)], 1200).is_empty(), "gone");
         assert_eq!(t.holders(), 1);
+        assert!(!t.is_holder(2));
         // A closed session that polls again (a reconnect) starts a new epoch.
         t.poll(3, 0, 0, 0);
         t.closed(3, 1);

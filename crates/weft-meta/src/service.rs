@@ -504,7 +504,7 @@ impl Service for MetaService {
                         p.fill(&req, &resp);
                     }
                     if let Some((seen, named)) = seen {
-                        self.leases.grant(ctx.session, &leased_inos(named, &resp), seen);
+                        self.leases.grant(ctx.session, &leased_inos(named, &resp), seen).await;
                     }
                     return Ok(resp);
                 }
@@ -569,7 +569,7 @@ impl MetaService {
             p.after(t, resp).await;
         }
         if let Some((seen, named)) = seen {
-            self.leases.grant(session, &leased_inos(named, resp), seen);
+            self.leases.grant(session, &leased_inos(named, resp), seen).await;
         }
     }
 }
