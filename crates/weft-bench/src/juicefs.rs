@@ -63,15 +63,16 @@ fn format_and_mount(base: &Path, meta_url: &str, name: &str) -> Result<mount::Ta
     Ok(t)
 }
 
-/// A private `redis-server` on a Unix socket in `dir`, every write on disk before its reply.
-fn start_redis(dir: &Path) -> Result<(Child, PathBuf)> {
+/// A private `redis-server` on a Unix socket in `dir`, its append-only file synced as `appendfsync` says
+/// (`always`: every write on disk before its reply; `everysec`: once a second).
+fn start_redis(dir: &Path, appendfsync: &str) -> Result<(Child, PathBuf)> {
     mount::need("redis-server")?;
     std::fs::create_dir_all(dir)?;
     let socket = dir.join("redis.sock");
     let child = Command::new("redis-server")
         .args(["--port", "0", "--unixsocket"])
         .arg(&socket)
-        .args(["--appendonly", "yes", "--appendfsync", "always", "--save", "", "--dir"])
+        .args(["--appendonly", "yes", "--appendfsync", appendfsync, "--save", "", "--dir"])
         .arg(dir)
         .stdout(Stdio::null())
         .spawn()
@@ -83,6 +84,26 @@ fn start_redis(dir: &Path) -> Result<(Child, PathBuf)> {
         std::thread::sleep(Duration::from_millis(50));
     }
     bail!("redis-server did not open {} within 10 s", socket.display())
+}
+
+/// JuiceFS on a private Redis, FUSE-mounted under `base`, as a system of `weft bench mount`: `juicefs` with
+/// `appendfsync always` (every change durable before its reply, as Weft's), `juicefs-everysec` with JuiceFS's
+/// common setting (a crash loses up to a second of changes). Redis stops with the target, after the mount.
+pub(crate) fn start_on_redis(base: &Path, appendfsync: &'static str) -> Result<mount::Target> {
+    let dir = base.join(format!("juicefs-{appendfsync}"));
+    let (mut redis, socket) = start_redis(&dir.join("redis"), appendfsync)?;
+    let mounted = format_and_mount(&dir, &format!("unix://{}?db=1", socket.display()), "weftbench");
+    let mut t = match mounted {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = redis.kill();
+            let _ = redis.wait();
+            return Err(e);
+        }
+    };
+    t.procs.push(redis);
+    t.system = if appendfsync == "always" { "juicefs" } else { "juicefs-everysec" };
+    Ok(t)
 }
 
 /// `runs` create/stat loops on `mnt`; (creates/s, stats/s) per run.
@@ -135,7 +156,7 @@ pub(crate) async fn measure(target: &Target, threads: usize, files: u64, runs: u
     out.extend(rows("postgres, JuiceFS FUSE", "juicefs", &row, &loops(&jfs.mnt, files, threads, runs)?)?);
     drop(jfs);
 
-    let (mut redis, socket) = start_redis(&base.join("redis"))?;
+    let (mut redis, socket) = start_redis(&base.join("redis"), "always")?;
     let measured = format_and_mount(&base, &format!("unix://{}?db=1", socket.display()), "weftbench-redis")
         .and_then(|jfs| loops(&jfs.mnt, files, threads, runs));
     let _ = redis.kill();

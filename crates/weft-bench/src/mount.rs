@@ -47,8 +47,10 @@ pub struct MountArgs {
     /// Repetitions per figure (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// Systems to measure, of `weft,weft-ec4+2,weft-no-leases,passthrough_ll,glusterfs` (`weft-ec4+2`: every file
-    /// `ec 4+2`, at least 6 servers; `weft-no-leases`: the mount without metadata leases).
+    /// Systems to measure, of `weft,weft-ec4+2,weft-no-leases,passthrough_ll,glusterfs,juicefs,juicefs-everysec`
+    /// (`weft-ec4+2`: every file `ec 4+2`, at least 6 servers; `weft-no-leases`: the mount without metadata
+    /// leases; `juicefs`: JuiceFS 1.4 on a private Redis with `appendfsync always`, `juicefs-everysec` with
+    /// `everysec`, data in a local directory).
     #[arg(long, default_value = "weft,passthrough_ll,glusterfs")]
     pub systems: String,
     /// The fabric the Weft mount reaches its data servers by: tcp, shm or rdma (auto: shm to same-host servers,
@@ -483,7 +485,12 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
             "weft-no-leases" => start_weft_no_leases(&base, a.servers, a.fabric).await?,
             "passthrough_ll" => start_passthrough(&base)?,
             "glusterfs" => start_gluster(&base)?,
-            other => bail!("unknown system {other:?} (weft, weft-ec4+2, weft-no-leases, passthrough_ll, glusterfs)"),
+            "juicefs" => crate::juicefs::start_on_redis(&base, "always")?,
+            "juicefs-everysec" => crate::juicefs::start_on_redis(&base, "everysec")?,
+            other => bail!(
+                "unknown system {other:?} (weft, weft-ec4+2, weft-no-leases, passthrough_ll, glusterfs, juicefs, \
+                 juicefs-everysec)"
+            ),
         };
         let a2 = a.clone();
         let (target, result) = tokio::task::spawn_blocking(move || {
@@ -523,7 +530,7 @@ pub async fn run_bench(a: MountArgs) -> Result<()> {
             "min": round1(s.min),
             "max": round1(s.max),
         });
-        for peer in ["passthrough_ll", "glusterfs"] {
+        for peer in ["passthrough_ll", "glusterfs", "juicefs", "juicefs-everysec"] {
             if let Some(p) = median(peer, f.op, f.pattern).filter(|p| *p > 0.0) {
                 r[format!("ratio_to_{peer}")] = json!(round3(s.median / p));
             }
@@ -558,18 +565,29 @@ fn headline(r: &Value) -> f64 {
     r.get("mib_per_s").or_else(|| r.get("ops_per_s")).and_then(Value::as_f64).unwrap_or(0.0)
 }
 
+/// Systems shown beside Weft when a run measured them, with their column labels.
+const EXTRA_COLUMNS: [(&str, &str); 3] = [
+    ("weft-no-leases", "weft, no leases"),
+    ("juicefs", "JuiceFS (Redis always)"),
+    ("juicefs-everysec", "JuiceFS (Redis everysec)"),
+];
+
 /// A Markdown table: one row per op, one column per system, and Weft's ratios.
 pub fn table(doc: &Value) -> String {
     let results = doc["results"].as_array().cloned().unwrap_or_default();
     // The ec column only when the run measured it (`--systems …,weft-ec4+2`).
     let ec = results.iter().any(|r| r["system"] == "weft-ec4+2");
-    let nl = results.iter().any(|r| r["system"] == "weft-no-leases");
+    // Optional columns, each with Weft's ratio to it, when the run measured that system.
+    let extra: Vec<(&str, &str)> =
+        EXTRA_COLUMNS.iter().copied().filter(|(sys, _)| results.iter().any(|r| r["system"] == *sys)).collect();
     let mut s = String::from("| op | unit | weft |");
     s.push_str(if ec { " weft ec 4+2 | ec ÷ weft |" } else { "" });
-    s.push_str(if nl { " weft, no leases | weft ÷ no leases |" } else { "" });
+    for (_, label) in &extra {
+        s.push_str(&format!(" {label} | weft ÷ {label} |"));
+    }
     s.push_str(" passthrough_ll | glusterfs | weft ÷ passthrough_ll | weft ÷ glusterfs |\n|---|---|---:|");
     s.push_str(if ec { "---:|---:|" } else { "" });
-    s.push_str(if nl { "---:|---:|" } else { "" });
+    s.push_str(&"---:|---:|".repeat(extra.len()));
     s.push_str("---:|---:|---:|---:|\n");
     for (op, pattern, _, _) in FIGURES {
         let get = |sys: &str| {
@@ -593,18 +611,21 @@ pub fn table(doc: &Value) -> String {
             (Some(e), _) => format!(" {:.0} | - |", headline(e)),
             _ => " - | - |".to_string(),
         };
-        let nl_cells = match (get("weft-no-leases"), get("weft")) {
-            (Some(n), Some(w)) if headline(n) > 0.0 => {
-                format!(" {:.0} | {:.2} |", headline(n), headline(w) / headline(n))
-            }
-            (Some(n), _) => format!(" {:.0} | - |", headline(n)),
-            _ => " - | - |".to_string(),
-        };
+        let extra_cells: String = extra
+            .iter()
+            .map(|(sys, _)| match (get(sys), get("weft")) {
+                (Some(n), Some(w)) if headline(n) > 0.0 => {
+                    format!(" {:.0} | {:.2} |", headline(n), headline(w) / headline(n))
+                }
+                (Some(n), _) => format!(" {:.0} | - |", headline(n)),
+                _ => " - | - |".to_string(),
+            })
+            .collect();
         s.push_str(&format!(
             "| {op} | {unit} | {} |{}{} {} | {} | {} | {} |\n",
             cell("weft"),
             if ec { ec_cells.as_str() } else { "" },
-            if nl { nl_cells.as_str() } else { "" },
+            extra_cells,
             cell("passthrough_ll"),
             cell("glusterfs"),
             ratio("passthrough_ll"),
