@@ -4,7 +4,9 @@
 //! Systems: `weft` (its FUSE mount, through fio and a create/stat loop, as `weft bench mount` does),
 //! `weft-native` (the native client library in worker processes: sequential write and read, create and stat),
 //! `local` (the local disk the others sit on, through the same fio jobs), `passthrough_ll` (libfuse's FUSE
-//! ceiling over that disk), `glusterfs` (a 2-brick distributed volume, FUSE-mounted), `nfs-ganesha` (its VFS
+//! ceiling over that disk), `glusterfs` (a 2-brick distributed volume, FUSE-mounted), `juicefs` and
+//! `juicefs-everysec` (JuiceFS 1.4 FUSE-mounted, its metadata in a private Redis with `appendfsync always`, as
+//! durable as Weft's, or `everysec`, JuiceFS's common setting; data in a local directory), `nfs-ganesha` (its VFS
 //! backend, read with libnfs's `nfs-cat`: fio here has no NFS engine, and libnfs 4.0's NFSv4 writes fail against
 //! ganesha, so only the sequential read), and
 //! the ceilings `iperf3` (loopback TCP) and `memcpy`.
@@ -56,8 +58,13 @@ pub struct CompareArgs {
     /// Repetitions per figure (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// Systems to measure, of `weft,weft-native,local,passthrough_ll,glusterfs,nfs-ganesha,iperf3,memcpy`.
-    #[arg(long, default_value = "weft,weft-native,local,passthrough_ll,glusterfs,nfs-ganesha,iperf3,memcpy")]
+    /// Systems to measure, of `weft,weft-native,local,passthrough_ll,glusterfs,juicefs,juicefs-everysec,
+    /// nfs-ganesha,iperf3,memcpy` (`juicefs`: JuiceFS 1.4 on a private Redis with `appendfsync always`;
+    /// `juicefs-everysec`: with `everysec`).
+    #[arg(
+        long,
+        default_value = "weft,weft-native,local,passthrough_ll,glusterfs,juicefs,juicefs-everysec,nfs-ganesha,iperf3,memcpy"
+    )]
     pub systems: String,
     /// Seconds per iperf3 measurement.
     #[arg(long, default_value_t = 3)]
@@ -81,11 +88,22 @@ pub struct CompareArgs {
     pub json: Option<PathBuf>,
 }
 
-const ALL: [&str; 8] =
-    ["weft", "weft-native", "local", "passthrough_ll", "glusterfs", "nfs-ganesha", "iperf3", "memcpy"];
+const ALL: [&str; 10] = [
+    "weft",
+    "weft-native",
+    "local",
+    "passthrough_ll",
+    "glusterfs",
+    "juicefs",
+    "juicefs-everysec",
+    "nfs-ganesha",
+    "iperf3",
+    "memcpy",
+];
 
 /// The peers Weft's figures are divided by, in table order.
-const PEERS: [&str; 6] = ["local", "passthrough_ll", "glusterfs", "nfs-ganesha", "iperf3", "memcpy"];
+const PEERS: [&str; 8] =
+    ["local", "passthrough_ll", "glusterfs", "juicefs", "juicefs-everysec", "nfs-ganesha", "iperf3", "memcpy"];
 
 pub async fn run(a: CompareArgs) -> Result<()> {
     if a.runs == 0 {
@@ -121,12 +139,14 @@ pub async fn run(a: CompareArgs) -> Result<()> {
             pb.set_message(sys.clone());
             pb.suspend(|| eprintln!("measuring {sys} under {}", base.display()));
             match sys.as_str() {
-                "weft" | "local" | "passthrough_ll" | "glusterfs" => {
+                "weft" | "local" | "passthrough_ll" | "glusterfs" | "juicefs" | "juicefs-everysec" => {
                     mount::need("fio")?;
                     let target = match sys.as_str() {
                         "weft" => mount::start_weft(&base, a.servers, a.fabric).await?,
                         "local" => start_local(&base)?,
                         "passthrough_ll" => mount::start_passthrough(&base)?,
+                        "juicefs" => crate::juicefs::start_on_redis(&base, "always")?,
+                        "juicefs-everysec" => crate::juicefs::start_on_redis(&base, "everysec")?,
                         _ => mount::start_gluster(&base)?,
                     };
                     let m = margs.clone();

@@ -51,7 +51,7 @@ pub struct MountArgs {
     /// (`weft-ec4+2`: every file `ec 4+2`, at least 6 servers; `weft-no-leases`: the mount without metadata
     /// leases; `juicefs`: JuiceFS 1.4 on a private Redis with `appendfsync always`, `juicefs-everysec` with
     /// `everysec`, data in a local directory).
-    #[arg(long, default_value = "weft,passthrough_ll,glusterfs")]
+    #[arg(long, default_value = "weft,passthrough_ll,glusterfs,juicefs,juicefs-everysec")]
     pub systems: String,
     /// The fabric the Weft mount reaches its data servers by: tcp, shm or rdma (auto: shm to same-host servers,
     /// rdma to others that offer it; recorded as `auto`, which one the mount process chose is not seen from here).
