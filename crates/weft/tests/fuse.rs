@@ -912,3 +912,45 @@ async fn creates_in_one_directory_from_two_mounts_revoke_no_lease() {
     assert!(gauge("weft_mds_lease_recalls").await > 0.0, "the mounts recalled the directory from each other");
     assert_eq!(gauge("weft_mds_lease_revocations").await, 0.0, "no create waited out a lease");
 }
+
+/// A lease outlives the service that granted it by at most its lease (docs/format.md §31): the MDS is killed and
+/// restarted, a chmod through the native client reaches the new service (which knows nothing of the mount's
+/// leases and recalls nothing), and the mount sees it once its lease channel has failed or its trust ran out and it
+/// dropped what it held. Its kernel timeout for leased items is ten minutes here, so only that drop can show the
+/// chmod within the wait. Then the mount holds leases from the new service.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_mds_restart_ends_the_leases_it_granted() {
+    use std::os::unix::fs::PermissionsExt;
+    use weft_rpc::metrics::{parse, scrape, sum};
+    let mut cl = start_with("fuse-leases-restart", 1, |o| o.postgres = false).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let extra = ["--metrics-listen", &addr, "--attr-timeout-ms", "0", "--entry-timeout-ms", "0"];
+    let m = Mount::start(
+        &cl,
+        &test_dir("fuse-leases-restart-mnt"),
+        &[&extra[..], &["--lease-timeout-ms", "600000"]].concat(),
+    );
+    let live = || {
+        let addr = addr.clone();
+        async move { sum(&parse(&scrape(&addr).await.unwrap()), "weft_fuse_lease_epoch_live", &[]) == 1.0 }
+    };
+    common::members::wait_for("the mount's lease channel", live).await;
+    let c = cl.client().await;
+    let f = c.create(1, "f", 0o644, true).await.unwrap();
+    let path = m.path("f");
+    let mode = move || std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(tokio::task::spawn_blocking(mode.clone()).await.unwrap(), 0o644, "leased in the mount");
+    drop(c);
+    cl.kill_mds().await;
+    cl.restart_mds().await.unwrap();
+    let c = cl.client().await;
+    c.setattr(f.ino, weft_proto::SetAttrs { mode: Some(0o600), ..Default::default() }).await.unwrap();
+    common::members::wait_for("the chmod through the mount", || {
+        let mode = mode.clone();
+        async move { tokio::task::spawn_blocking(mode).await.unwrap() == 0o600 }
+    })
+    .await;
+    common::members::wait_for("leases from the new service", live).await;
+    drop(m);
+}
