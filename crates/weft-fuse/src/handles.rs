@@ -184,13 +184,13 @@ impl DirHandle {
         DirHandle { ino, plus, state: tokio::sync::Mutex::new(DirState { entries, after: String::new(), eof: false }) }
     }
 
-    /// Entries from position `pos` on (at most one page); empty at the end of the directory.
     /// The directory's inode.
     pub(crate) fn ino(&self) -> u64 {
         self.ino
     }
 
-    /// `asked`: the lease ticket taken before this call, kept with the entries it fetches.
+    /// Entries from position `pos` on (at most one page); empty at the end of the directory. `asked`: the lease
+    /// ticket taken before this call, kept with the entries it fetches.
     pub(crate) async fn entries_from(
         &self,
         client: &Client,

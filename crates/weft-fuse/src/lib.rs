@@ -337,6 +337,7 @@ impl Inner {
     /// After this mount committed its writes: if the file was at the version the kernel's pages are of, they
     /// now hold the committed version (the writes went through them); otherwise someone else committed in
     /// between and the next open must drop them.
+    ///
     /// The commit changed the file's attributes behind the kernel's back: leased ones are invalidated (the MDS
     /// recalls only other holders; the kernel's attr_version drops a reply that raced this).
     fn after_commit(&self, w: &weft_proto::msg::CommitWccResp) {
@@ -497,24 +498,27 @@ impl Inner {
         self.opts.lease_timeout_ms > 0 && self.lease_view().epoch() != 0
     }
 
+    /// What a reply is judged by, now: the time and the MDS session it arrived on. `None` with leases off.
+    fn lease_now(&self) -> Option<(std::time::Instant, u64)> {
+        (self.opts.lease_timeout_ms > 0).then(|| (std::time::Instant::now(), self.client.mds_session()))
+    }
+
     /// The timeout of an entry reply, decided under the view's lock `v` (held until the reply is sent).
     fn entry_ttl_under(&self, v: &mut leases::LeaseView, t: &Ticket, parent: u64, name: &str, ino: u64) -> Duration {
-        let now = (std::time::Instant::now(), self.client.mds_session());
-        if self.opts.lease_timeout_ms > 0 && v.entry(t, parent, name, ino, now) {
-            Duration::from_millis(self.opts.lease_timeout_ms)
-        } else {
-            self.entry_ttl()
+        match self.lease_now() {
+            Some(now) if v.entry(t, parent, name, ino, now) => Duration::from_millis(self.opts.lease_timeout_ms),
+            _ => self.entry_ttl(),
         }
     }
 
     /// Replies with attributes `a` of a request asked under `t`: the lease timeout if leased, else the attribute one.
     fn reply_attr(&self, reply: ReplyAttr, t: Ticket, a: &Attr) {
-        let attr = file_attr(a);
         let mut v = self.lease_view();
-        let now = (std::time::Instant::now(), self.client.mds_session());
-        let leased = self.opts.lease_timeout_ms > 0 && v.attr(&t, a.ino, now);
-        let ttl = if leased { Duration::from_millis(self.opts.lease_timeout_ms) } else { self.attr_ttl() };
-        reply.attr(&ttl, &attr);
+        let ttl = match self.lease_now() {
+            Some(now) if v.attr(&t, a.ino, now) => Duration::from_millis(self.opts.lease_timeout_ms),
+            _ => self.attr_ttl(),
+        };
+        reply.attr(&ttl, &file_attr(a));
     }
 }
 

@@ -55,9 +55,8 @@ impl Leases {
         };
         let hold_ms = u64::from(r.hold_ms).min(lease_ms / 3);
         let deadline = self.at(self.now_ms() + hold_ms);
-        let first = self.lock().expect("granting").poll(session, r.epoch, r.acked, self.now_ms());
+        let mut polled = self.lock().expect("granting").poll(session, r.epoch, r.acked, self.now_ms());
         self.acks.notify_waiters();
-        let mut polled = first;
         while polled.recalls.is_empty() && polled.epoch == r.epoch {
             let woken = self.news.notified();
             tokio::pin!(woken);

@@ -4,7 +4,8 @@
 //!
 //! A holder's lifecycle: created by its first poll (new epoch) → grants and recalls → acknowledged by later polls →
 //! revoked (new epoch, everything dropped) when it misses a deadline or outgrows a bound → closed when its
-//! connection closes (no more grants; changes wait for it until its last poll's lease ran out) → gone.
+//! connection closes (still granted, as its client may reconnect on the same session; changes wait for it until its
+//! last poll's lease ran out) → gone, or fresh again at its next poll.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -52,7 +53,7 @@ struct Holder {
     next: u64,
     /// When its last poll arrived: the client trusts its leases no longer than this plus the lease.
     polled_ms: u64,
-    /// Its connection closed: no more grants; it goes once its last poll's lease ran out.
+    /// Its connection closed: it goes once its last poll's lease ran out, or starts a new epoch at its next poll.
     closed: bool,
     /// A poll named the current epoch, so the client dropped what it held under earlier ones. Until then (after a
     /// revocation), every change by another session waits for it, to the end of its last poll's lease.
@@ -208,12 +209,16 @@ impl LeaseTable {
             self.by_ino.entry(ino).or_default().push(session);
             self.leased += 1;
         }
-        let raced: Vec<Recall> = self
+        // Only the changes after `seen`, from the newest back: a grant is on every holder's point read.
+        let mut raced: Vec<Recall> = self
             .changes
             .iter()
-            .filter(|(seq, r, by)| *seq > seen && *by != session && inos.contains(&r.ino))
+            .rev()
+            .take_while(|(seq, _, _)| *seq > seen)
+            .filter(|(_, r, by)| *by != session && inos.contains(&r.ino))
             .map(|(_, r, _)| r.clone())
             .collect();
+        raced.reverse();
         let mut waits = Vec::new();
         for r in raced {
             let attrs = r.name.is_none();
@@ -299,7 +304,7 @@ impl LeaseTable {
         false
     }
 
-    /// `session`'s connection closed: no more grants; its leases stand until its last poll's lease ran out.
+    /// `session`'s connection closed: its leases stand until its last poll's lease ran out.
     pub fn closed(&mut self, session: u64, now_ms: u64) {
         if let Some(h) = self.holders.get_mut(&session) {
             h.closed = true;

@@ -535,21 +535,8 @@ impl Service for MetaService {
 /// the reply carries.
 fn leased_inos(mut named: Vec<u64>, resp: &Response) -> Vec<u64> {
     match resp {
-        Response::Lookup(a)
-        | Response::GetAttr(a)
-        | Response::SetAttr(a)
-        | Response::NfsSetAttr(a)
-        | Response::Create(a)
-        | Response::Mkdir(a)
-        | Response::Symlink(a)
-        | Response::Mknod(a)
-        | Response::Link(a)
-        | Response::SetLayout(a)
-        | Response::Commit(a)
-        | Response::SetSizeOpen(a) => named.push(a.ino),
-        Response::CreateOpen(o) => named.push(o.attr.ino),
         Response::ReaddirPlus(p) => named.extend(p.entries.iter().map(|(_, a)| a.ino)),
-        _ => {}
+        other => named.extend(other.attr().map(|a| a.ino)),
     }
     named.sort_unstable();
     named.dedup();

@@ -35,11 +35,12 @@ impl Touched {
             // An ACL changes the mode; any attribute change stamps the ctime.
             Request::SetXattr(r) => t.ino(r.ino),
             Request::RemoveXattr(r) => t.ino(r.ino),
-            Request::Create(r) | Request::CreateOpen(r) => t.name(r.parent, &r.name),
-            Request::Mkdir(r) => t.name(r.parent, &r.name),
-            Request::Symlink(r) => t.name(r.parent, &r.name),
-            Request::Mknod(r) => t.name(r.parent, &r.name),
+            Request::Create(r) | Request::CreateOpen(r) => t.added(r.parent, &r.name),
+            Request::Mkdir(r) => t.added(r.parent, &r.name),
+            Request::Symlink(r) => t.added(r.parent, &r.name),
+            Request::Mknod(r) => t.added(r.parent, &r.name),
             Request::Link(r) => {
+                t.adds_only = true;
                 t.ino(r.ino);
                 // The old sole name's entry carried the attributes: it is published again without them.
                 if let Ok(Some(i)) = ns.store().read(|x| x.get_inode(r.ino))
@@ -61,15 +62,6 @@ impl Touched {
             }
             _ => {}
         }
-        t.adds_only = matches!(
-            req,
-            Request::Create(_)
-                | Request::CreateOpen(_)
-                | Request::Mkdir(_)
-                | Request::Symlink(_)
-                | Request::Mknod(_)
-                | Request::Link(_)
-        );
         t
     }
 
@@ -89,6 +81,12 @@ impl Touched {
     fn name(&mut self, parent: u64, name: &str) {
         self.ino(parent);
         self.names.push((parent, name.to_string()));
+    }
+
+    /// A name the op only adds.
+    fn added(&mut self, parent: u64, name: &str) {
+        self.adds_only = true;
+        self.name(parent, name);
     }
 
     /// The recalls of everything touched: each inode's attributes and each name's entry, except names an op only

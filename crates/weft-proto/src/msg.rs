@@ -712,6 +712,32 @@ pub struct RenewOpenReq {
     pub cap: Capability,
 }
 
+impl Response {
+    /// The attributes a reply carries of the inode it is about (a lookup's child, a create's new inode, an open's
+    /// file), if it carries them.
+    pub fn attr(&self) -> Option<&Attr> {
+        match self {
+            Response::Lookup(a)
+            | Response::GetAttr(a)
+            | Response::SetAttr(a)
+            | Response::NfsSetAttr(a)
+            | Response::SetSizeOpen(a)
+            | Response::Create(a)
+            | Response::Mkdir(a)
+            | Response::Symlink(a)
+            | Response::Mknod(a)
+            | Response::Link(a)
+            | Response::SetLayout(a)
+            | Response::Commit(a) => Some(a),
+            Response::Open(o) | Response::CreateOpen(o) | Response::RenewOpen(o) | Response::NfsOpen(o) => {
+                Some(&o.attr)
+            }
+            Response::CommitWcc(w) => Some(&w.attr),
+            _ => None,
+        }
+    }
+}
+
 /// Op 146's request (docs/format.md §31).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseWaitReq {

@@ -76,19 +76,7 @@ fn code<T: std::fmt::Debug>(r: Result<T, WireError>) -> ErrorCode {
 }
 
 fn attr(r: Result<Response, WireError>) -> Result<Attr, WireError> {
-    r.map(|resp| match resp {
-        Response::Lookup(a)
-        | Response::GetAttr(a)
-        | Response::SetAttr(a)
-        | Response::Create(a)
-        | Response::Mkdir(a)
-        | Response::Symlink(a)
-        | Response::Mknod(a)
-        | Response::Link(a)
-        | Response::SetLayout(a)
-        | Response::Commit(a) => a,
-        other => panic!("not an attr response: {other:?}"),
-    })
+    r.map(|resp| resp.attr().cloned().unwrap_or_else(|| panic!("not an attr response: {resp:?}")))
 }
 
 fn unit(r: Result<Response, WireError>) -> Result<(), WireError> {
