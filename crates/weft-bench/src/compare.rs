@@ -235,7 +235,7 @@ fn start_local(base: &Path) -> Result<mount::Target> {
 /// Weft's native client library, in worker processes: sequential write (fsync'ed) and read of `size` by one
 /// process, then `--threads` processes creating and stat'ing `--files` files.
 async fn native(base: &Path, size: u64, a: &CompareArgs) -> Result<Vec<(Figure, Loads)>> {
-    let mut opts = weft_launch::LaunchOptions::new(std::env::current_exe()?, base.join("weft-native"), a.servers);
+    let mut opts = weft_launch::LaunchOptions::new(crate::weft_exe()?, base.join("weft-native"), a.servers);
     opts.log_filter = "warn".into();
     let mut cluster = weft_launch::LocalCluster::start(opts).await?;
     let mut cfg = cluster.cluster_config();

@@ -30,7 +30,7 @@ pub mod throughput;
 pub mod worker;
 pub mod zipf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
 pub use stats::Summary;
@@ -79,6 +79,24 @@ impl BenchArgs {
     }
 }
 
+/// The `weft` binary the benchmarks launch clusters and mounts with: `$WEFT_BIN` if set, else `weft` beside this
+/// binary (both are built into one target directory, and installed into one `bin`).
+pub fn weft_exe() -> Result<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("WEFT_BIN") {
+        return Ok(p.into());
+    }
+    let me = std::env::current_exe().context("finding the weft-bench binary")?;
+    let weft = me.with_file_name("weft");
+    if !weft.is_file() {
+        anyhow::bail!(
+            "{} is missing: weft-bench runs clusters with the weft binary beside it (build both: `cargo build \
+             --release -p weft -p weft-bench`), or name it with WEFT_BIN=PATH",
+            weft.display()
+        );
+    }
+    Ok(weft)
+}
+
 pub async fn run(args: BenchArgs) -> Result<()> {
     match args.cmd {
         BenchCmd::Throughput(a) => throughput::run(a).await,
@@ -96,18 +114,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     }
 }
 
-/// Parses `4096`, `4K`, `1M`, `2G`, `1T` (binary multiples).
-pub fn parse_bytes(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last()?.to_ascii_uppercase() {
-        'K' => (&s[..s.len() - 1], 1u64 << 10),
-        'M' => (&s[..s.len() - 1], 1 << 20),
-        'G' => (&s[..s.len() - 1], 1 << 30),
-        'T' => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mult)
-}
+pub use weft_launch::parse_bytes;
 
 /// Parses a comma-separated list, e.g. `1,2,4` or `4K,1M`.
 pub fn parse_list<T>(s: &str, f: impl Fn(&str) -> Option<T>) -> Option<Vec<T>> {

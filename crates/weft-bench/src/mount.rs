@@ -158,7 +158,7 @@ pub(crate) async fn start_weft(base: &Path, servers: u32, fabric: FabricChoice) 
 
 /// A Weft cluster of `servers` data servers in `dir`, logging warnings only.
 async fn launch_weft(dir: &Path, servers: u32) -> Result<LocalCluster> {
-    let mut opts = LaunchOptions::new(std::env::current_exe()?, dir, servers);
+    let mut opts = LaunchOptions::new(crate::weft_exe()?, dir, servers);
     opts.log_filter = "warn".into();
     Ok(LocalCluster::start(opts).await?)
 }
@@ -194,7 +194,7 @@ pub(crate) async fn start_weft_no_leases(base: &Path, servers: u32, fabric: Fabr
 /// (e.g. `--attr-timeout-ms 0`); the cluster itself is the caller's.
 pub(crate) fn mount_weft(cluster_file: &Path, mnt: &Path, fabric: FabricChoice, extra: &[&str]) -> Result<Target> {
     std::fs::create_dir_all(mnt)?;
-    let child = Command::new(std::env::current_exe()?)
+    let child = Command::new(crate::weft_exe()?)
         .arg("mount")
         .arg("--cluster")
         .arg(cluster_file)

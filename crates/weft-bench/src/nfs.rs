@@ -163,7 +163,7 @@ pub async fn run(a: NfsArgs) -> Result<()> {
             match sys.as_str() {
                 "weft" => {
                     let dir = base.join("weft");
-                    let mut opts = weft_launch::LaunchOptions::new(std::env::current_exe()?, &dir, a.servers);
+                    let mut opts = weft_launch::LaunchOptions::new(crate::weft_exe()?, &dir, a.servers);
                     opts.log_filter = "warn".into();
                     let mut cluster = weft_launch::LocalCluster::start(opts).await?;
                     let r = async {

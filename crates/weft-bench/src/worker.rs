@@ -112,7 +112,7 @@ impl Workers {
         for (cfg, p) in workers {
             let spec = json!({"cluster": cfg, "phases": p});
             let mut child = tokio::process::Command::new(&exe)
-                .args(["bench", "worker", "--spec"])
+                .args(["worker", "--spec"])
                 .arg(spec.to_string())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())

@@ -130,6 +130,7 @@ pub async fn run_with_nfs(
         shm_addr: shm_addr.clone(),
         rdma_addr: rdma_addr.clone(),
         auth: ring,
+        served_ops: served_ops(),
         ..ServerConfig::default()
     };
     let pool = BufferPool::with_classes(&cfg.pool_classes()).map_err(DataServerError::Pool)?;
@@ -427,5 +428,24 @@ impl Heartbeat {
                 self.client = None;
             }
         }
+    }
+}
+
+/// The ops a data server answers, by the code ranges of weft-proto's msg.rs (1–99 every server, 200–299 data
+/// servers): the label sets of its `weft_rpc_server_requests` series.
+fn served_ops() -> Vec<(usize, &'static str)> {
+    weft_proto::Op::ALL
+        .iter()
+        .filter(|&&op| !(100..200).contains(&(op as u16)))
+        .map(|&op| (op as usize, op.name()))
+        .collect()
+}
+
+#[cfg(test)]
+mod served_ops_tests {
+    #[test]
+    fn a_data_server_counts_the_ops_it_serves() {
+        let names: Vec<&str> = super::served_ops().into_iter().map(|(_, n)| n).collect();
+        assert!(names.contains(&"WriteChunks") && names.contains(&"SessionCreate") && !names.contains(&"Create"));
     }
 }

@@ -1,6 +1,6 @@
 //! A local cluster of real processes: one `weft meta` and N `weft data`, on loopback with ephemeral ports.
 //!
-//! Used by `weft up`, by `weft bench` (one cluster per measured point) and by the integration tests. Each child
+//! Used by `weft up`, by `weft-bench` (one cluster per measured point) and by the integration tests. Each child
 //! is given a TOML config under the cluster's directory and prints one line `WEFT-READY <addr>` on stdout once it
 //! listens; its logs go to `DIR/logs/<role>.log`. The cluster is ready when the MDS reports every data server up.
 //! Children are killed when the [`LocalCluster`] is dropped, so a failing test never leaves servers behind.
@@ -850,6 +850,19 @@ async fn stop_all(procs: &mut [Proc]) {
             }
         }
     }
+}
+
+/// Parses a size on a command line: `4096`, `4K`, `1M`, `2G`, `1T` (binary multiples).
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()?.to_ascii_uppercase() {
+        'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'M' => (&s[..s.len() - 1], 1 << 20),
+        'G' => (&s[..s.len() - 1], 1 << 30),
+        'T' => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mult)
 }
 
 mod signal {

@@ -98,6 +98,7 @@ pub async fn run_with(
         sessions_per_key_max: cfg.sessions_per_key_max,
         pool_buffers: 1,
         auth: ring,
+        served_ops: served_ops(),
         ..ServerConfig::default()
     };
     let cap_key = key.as_ref().map(weft_rpc::CapabilityKey::derive);
@@ -247,8 +248,20 @@ async fn serve_metrics(at: &str, store: StoreStats) -> Result<Arc<weft_rpc::Metr
     Ok(m)
 }
 
+/// The ops the MDS answers, by the code ranges of weft-proto's msg.rs (1–99 every server, 100–199 the MDS): the
+/// label sets of its `weft_rpc_server_requests` series.
+fn served_ops() -> Vec<(usize, &'static str)> {
+    weft_proto::Op::ALL.iter().filter(|&&op| (op as u16) < 200).map(|&op| (op as usize, op.name())).collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_mds_counts_the_ops_it_serves() {
+        let names: Vec<&str> = super::served_ops().into_iter().map(|(_, n)| n).collect();
+        assert!(names.contains(&"Create") && names.contains(&"SessionCreate") && !names.contains(&"WriteChunks"));
+    }
+
     use std::time::Duration;
 
     use weft_proto::msg::{LookupReq, MkdirReq};

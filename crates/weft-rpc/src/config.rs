@@ -103,6 +103,9 @@ pub struct ServerConfig {
     /// Where the server's counters go (requests, errors and latency by op, bytes by fabric, sessions, slots,
     /// connections, pool buffers); `None`: not counted.
     pub metrics: Option<Arc<Metrics>>,
+    /// The ops this server answers, as (code, name): the label sets of its per-op series, which each role names
+    /// for itself. Others are answered but not counted.
+    pub served_ops: Vec<(usize, &'static str)>,
 }
 
 impl Default for ServerConfig {
@@ -129,6 +132,7 @@ impl Default for ServerConfig {
             connections_per_peer_max: 1024,
             auth: None,
             metrics: None,
+            served_ops: Vec::new(),
         }
     }
 }

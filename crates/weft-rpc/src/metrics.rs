@@ -43,7 +43,6 @@ type Refresh = Box<dyn Fn() + Send + Sync>;
 
 /// One process's metrics: the registry and the hooks that refresh its gauges.
 pub struct Metrics {
-    role: &'static str,
     registry: Mutex<Registry>,
     refresh: Mutex<Vec<Refresh>>,
 }
@@ -57,16 +56,11 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// An empty registry, with `weft_info{role}` set to 1 so a scrape names the role it came from.
     pub fn new(role: &'static str) -> Arc<Metrics> {
-        let m = Arc::new(Metrics { role, registry: Mutex::new(Registry::default()), refresh: Mutex::new(Vec::new()) });
+        let m = Arc::new(Metrics { registry: Mutex::new(Registry::default()), refresh: Mutex::new(Vec::new()) });
         let info = Family::<OpLabel, Gauge>::default();
         info.get_or_create(&[("role", role)]).set(1);
         m.register("weft_info", "The role this process plays (always 1)", info);
         m
-    }
-
-    /// The role named at creation (`mds`, `data`, `mount`).
-    pub fn role(&self) -> &'static str {
-        self.role
     }
 
     /// Registers `metric` (a handle: counters, gauges and histograms share their state with their clones).
@@ -250,18 +244,6 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(LATENCY_START_S, LATENCY_FACTOR, LATENCY_BUCKETS))
 }
 
-/// The wire ops a server of `role` serves, as (code, name): the label sets of its RPC series. By the op code
-/// ranges (weft-proto msg.rs): 1–99 every server, 100–199 the MDS (`mds`), 200–299 data servers (`data`); any
-/// other role gets every op.
-pub fn wire_ops(role: &str) -> Vec<(usize, &'static str)> {
-    let served = |code: u16| match role {
-        "mds" => code < 200,
-        "data" => !(100..200).contains(&code),
-        _ => true,
-    };
-    weft_proto::Op::ALL.iter().filter(|&&op| served(op as u16)).map(|&op| (op as usize, op.name())).collect()
-}
-
 /// Fabric names as they appear in the `fabric` label.
 pub const FABRICS: [&str; 3] = ["tcp", "shm", "rdma"];
 
@@ -347,56 +329,6 @@ pub fn register_client(metrics: &Metrics) {
     });
 }
 
-/// Fetches `http://addr/metrics` (for `weft top` and tests): the body, or an error for anything but 200.
-pub async fn scrape(addr: &str) -> std::io::Result<String> {
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
-        let mut out = Vec::new();
-        // The answer is bounded by what the server has to say; cap it anyway, as a peer could be anything.
-        (&mut s).take(SCRAPE_BYTES_MAX).read_to_end(&mut out).await?;
-        Ok::<_, std::io::Error>(out)
-    };
-    let out = tokio::time::timeout(Duration::from_millis(HTTP_TIMEOUT_MS), fetch)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("scraping {addr} timed out")))??;
-    let text = String::from_utf8_lossy(&out);
-    let Some((head, body)) = text.split_once("\r\n\r\n") else {
-        return Err(std::io::Error::other(format!("{addr} sent no HTTP answer")));
-    };
-    if head.lines().next().is_none_or(|l| l.split(' ').nth(1) != Some("200")) {
-        return Err(std::io::Error::other(format!("{addr} answered {:?}", head.lines().next().unwrap_or(""))));
-    }
-    Ok(body.to_string())
-}
-
-/// Largest scrape answer [`scrape`] reads.
-const SCRAPE_BYTES_MAX: u64 = 16 << 20;
-
-/// The samples of a text exposition as (series, value): `("weft_rpc_server_requests_total{op=\"Create\"}", 3.0)`.
-/// Comment lines and lines that do not parse are skipped.
-pub fn parse(text: &str) -> Vec<(String, f64)> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-/// The sum of every sample of metric `name` (all label sets) whose labels contain each of `labels` (`op="Create"`).
-pub fn sum(samples: &[(String, f64)], name: &str, labels: &[&str]) -> f64 {
-    samples
-        .iter()
-        .filter(|(series, _)| {
-            let (n, l) = series.split_once('{').unwrap_or((series, ""));
-            n == name && labels.iter().all(|want| l.split([',', '}']).any(|have| have == *want))
-        })
-        .map(|(_, v)| v)
-        .sum()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,27 +362,6 @@ mod tests {
         assert!(text.contains("t_bytes_total{fabric=\"tcp\",direction=\"out\"} 7\n"), "{text}");
     }
 
-    #[test]
-    fn each_role_counts_the_ops_it_serves() {
-        let names = |role| wire_ops(role).into_iter().map(|(_, n)| n).collect::<Vec<_>>();
-        assert!(names("mds").contains(&"Create") && !names("mds").contains(&"WriteChunks"));
-        assert!(names("data").contains(&"WriteChunks") && !names("data").contains(&"Create"));
-        assert!(names("data").contains(&"SessionCreate") && names("mds").contains(&"SessionCreate"));
-        assert_eq!(names("other").len(), weft_proto::Op::ALL.len());
-    }
-
-    #[test]
-    fn parse_and_sum_by_labels() {
-        let text =
-            "# TYPE x counter\nx_total{op=\"A\",fabric=\"tcp\"} 2\nx_total{op=\"B\",fabric=\"tcp\"} 3\ny 1.5\n# EOF\n";
-        let s = parse(text);
-        assert_eq!(sum(&s, "x_total", &[]), 5.0);
-        assert_eq!(sum(&s, "x_total", &["op=\"A\""]), 2.0);
-        assert_eq!(sum(&s, "x_total", &["fabric=\"tcp\"", "op=\"B\""]), 3.0);
-        assert_eq!(sum(&s, "y", &[]), 1.5);
-        assert_eq!(sum(&s, "x", &[]), 0.0);
-    }
-
     #[tokio::test]
     async fn the_endpoint_answers_get_metrics_and_refuses_the_rest() {
         let m = Metrics::new("test");
@@ -464,8 +375,6 @@ mod tests {
             s.read_to_string(&mut out).await.unwrap();
             out
         };
-        let body = scrape(&addr.to_string()).await.unwrap();
-        assert!(body.contains("t_hits_total 42\n"), "{body}");
         let ok = get("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(ok.starts_with("HTTP/1.0 200 OK\r\n"), "{ok}");
         assert!(ok.contains("t_hits_total 42\n"), "{ok}");

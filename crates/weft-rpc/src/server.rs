@@ -135,9 +135,14 @@ struct ServerMetrics {
 }
 
 impl ServerMetrics {
-    fn new(m: &Metrics, sessions: &Arc<SessionTable>, conns: &Arc<ConnTable>, pool: &BufferPool) -> ServerMetrics {
-        let ops =
-            OpMetrics::new(m, "weft_rpc_server_requests", "RPC requests served", &crate::metrics::wire_ops(m.role()));
+    fn new(
+        m: &Metrics,
+        served: &[(usize, &'static str)],
+        sessions: &Arc<SessionTable>,
+        conns: &Arc<ConnTable>,
+        pool: &BufferPool,
+    ) -> ServerMetrics {
+        let ops = OpMetrics::new(m, "weft_rpc_server_requests", "RPC requests served", served);
         let payload = FabricBytes::new(
             m,
             "weft_rpc_server_payload_bytes",
@@ -230,7 +235,8 @@ impl<F: Fabric, S: Service> RpcServer<F, S> {
                 .with_per_key_max(cfg.sessions_per_key_max),
         );
         let connections = ConnTable::new(cfg.connections_max, cfg.connections_per_peer_max);
-        let metrics = cfg.metrics.as_ref().map(|m| ServerMetrics::new(m, &sessions, &connections, &pool));
+        let metrics =
+            cfg.metrics.as_ref().map(|m| ServerMetrics::new(m, &cfg.served_ops, &sessions, &connections, &pool));
         Arc::new(RpcServer {
             sessions,
             connections,

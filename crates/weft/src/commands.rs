@@ -1271,3 +1271,19 @@ pub fn spawn_healer(
         weft_heal::Healer::new(client.with_user(root), cfg, state).run_while(move || duty.held()).await;
     });
 }
+
+/// `weft bench ARGS`: replaces this process with `weft-bench ARGS`, from beside this binary (where cargo builds
+/// and installs it) or else from `PATH`. The benchmarks are a binary of their own so that `weft` links none of
+/// the peers' code they compare with.
+pub fn bench(args: &[std::ffi::OsString]) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let me = std::env::current_exe().context("finding the weft binary")?;
+    let beside = me.with_file_name("weft-bench");
+    let program = if beside.is_file() { beside.into_os_string() } else { "weft-bench".into() };
+    let err = std::process::Command::new(&program).args(args).exec();
+    Err(anyhow::anyhow!(
+        "running {}: {err} (the benchmarks are the weft-bench binary: `cargo build --release -p weft-bench`, or \
+         `make bench-deps`)",
+        program.to_string_lossy()
+    ))
+}

@@ -4,7 +4,7 @@
 //! - `weft up`: a whole local cluster (one MDS and N data servers as separate processes on loopback).
 //! - `weft ls|stat|put|get|cat|rm|mkdir|rmdir|mv|ln|truncate|chmod|chown|setstripe|scrub|status|df|du`: use a cluster
 //!   through the native client library (`--json` on every listing and status command).
-//! - `weft bench ...`: benchmarks (see `weft-bench`).
+//! - `weft bench ...`: benchmarks, by running the `weft-bench` binary beside this one.
 
 mod bank_key;
 mod commands;
@@ -13,6 +13,7 @@ mod meta_cmds;
 mod mode;
 mod nfs;
 mod owner;
+mod scrape;
 mod scrubber;
 mod size;
 mod top;
@@ -181,7 +182,7 @@ enum XattrCmd {
     },
 }
 
-// Parsed once per process and matched at once: the size of its largest variant (the benchmark flags) costs nothing.
+// Parsed once per process and matched at once: the size of its largest variant costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
@@ -578,8 +579,14 @@ enum Cmd {
         #[command(flatten)]
         out: JsonArg,
     },
-    /// Benchmarks.
-    Bench(weft_bench::BenchArgs),
+    /// Benchmarks: runs `weft-bench ARGS`, the benchmark binary installed beside this one (`weft bench --help`
+    /// lists its workloads).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// The arguments `weft-bench` gets.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 /// `weft meta backup | restore | migrate`: moving and keeping a namespace (docs/format.md §29).
@@ -755,16 +762,10 @@ fn main() -> Result<()> {
         Ok(_) => {}
         Err(e) => tracing::warn!("could not raise the open files limit (RLIMIT_NOFILE): {e}"),
     }
-    // A benchmark's worker process is one client doing one call at a time: on a current-thread runtime the thread
-    // that waits for a reply is the one that polls the socket, one wake-up per reply instead of a worker thread's
-    // wake-up handing over to the blocked main thread (two context switches per call).
-    let one_thread = matches!(&cli.cmd, Cmd::Bench(b) if b.is_worker());
-    let rt = if one_thread {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    if let Cmd::Bench { args } = cli.cmd {
+        return commands::bench(&args);
     }
-    .context("starting the runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
     rt.block_on(run(cli.cmd))
 }
 
@@ -934,7 +935,7 @@ async fn run(cmd: Cmd) -> Result<()> {
             let opts = weft_client::scrub::ScrubOptions { repair: !dry_run, rate_mib_per_s: rate_mib_s };
             c::scrub(c.spec(), &path, opts).await
         }
-        Cmd::Bench(args) => weft_bench::run(args).await,
+        Cmd::Bench { .. } => unreachable!("`weft bench` runs weft-bench before the runtime starts"),
     }
 }
 

@@ -3,5 +3,5 @@
 use anyhow::{Result, bail};
 
 pub fn parse(s: &str) -> Result<u64> {
-    weft_bench::parse_bytes(s).map_or_else(|| bail!("{s:?} is not a size (examples: 4096, 64K, 1M, 2G)"), Ok)
+    weft_launch::parse_bytes(s).map_or_else(|| bail!("{s:?} is not a size (examples: 4096, 64K, 1M, 2G)"), Ok)
 }

@@ -6,8 +6,8 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::scrape::{parse, scrape, sum};
 use anyhow::{Context, Result, bail};
-use weft_rpc::metrics::{parse, scrape, sum};
 
 /// Ops shown per role, busiest first.
 const OPS_SHOWN: usize = 8;
@@ -132,4 +132,34 @@ fn human(bytes: f64) -> String {
         i += 1;
     }
     format!("{v:.1} {}", units[i])
+}
+
+#[cfg(test)]
+mod scrape_tests {
+    use crate::scrape::{parse, scrape, sum};
+
+    #[test]
+    fn parse_and_sum_by_labels() {
+        let text =
+            "# TYPE x counter\nx_total{op=\"A\",fabric=\"tcp\"} 2\nx_total{op=\"B\",fabric=\"tcp\"} 3\ny 1.5\n# EOF\n";
+        let s = parse(text);
+        assert_eq!(sum(&s, "x_total", &[]), 5.0);
+        assert_eq!(sum(&s, "x_total", &["op=\"A\""]), 2.0);
+        assert_eq!(sum(&s, "x_total", &["fabric=\"tcp\"", "op=\"B\""]), 3.0);
+        assert_eq!(sum(&s, "y", &[]), 1.5);
+        assert_eq!(sum(&s, "x", &[]), 0.0);
+    }
+
+    #[tokio::test]
+    async fn a_scrape_reads_the_endpoint_and_refuses_what_is_not_200() {
+        let m = weft_rpc::Metrics::new("test");
+        m.counter("t_hits", "hits").inc_by(42);
+        let addr = m.listen("127.0.0.1:0").await.unwrap().to_string();
+        let body = scrape(&addr).await.unwrap();
+        assert!(body.contains("t_hits_total 42\n"), "{body}");
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let at = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        assert!(scrape(&at).await.is_err());
+    }
 }

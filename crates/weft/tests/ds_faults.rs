@@ -13,11 +13,11 @@ use std::process::Command;
 
 use bytes::{Bytes, BytesMut};
 use common::mount::Mount;
+use common::scrape::{parse, scrape, sum};
 use common::*;
 use weft_client::{Client, ClientError, File, OpenMode};
 use weft_proto::{DataRedundancy, ErrorCode, ROOT_INO};
 use weft_rpc::RpcError;
-use weft_rpc::metrics::{parse, scrape, sum};
 
 const UNIT: u32 = 64 << 10;
 const CHUNK: usize = 256 << 10;

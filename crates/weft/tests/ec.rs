@@ -251,10 +251,10 @@ async fn f_ino(c: &Client) -> u64 {
 async fn row_counters(addrs: &[(String, String)], stopped: &[String]) -> (f64, f64) {
     let (mut written, mut read) = (0.0, 0.0);
     for (role, addr) in addrs.iter().filter(|(r, _)| r.starts_with("data") && !stopped.contains(r)) {
-        let text = weft_rpc::metrics::scrape(addr).await.unwrap_or_else(|e| panic!("scraping {role} at {addr}: {e}"));
-        let s = weft_rpc::metrics::parse(&text);
-        written += weft_rpc::metrics::sum(&s, "weft_data_ec_rows_written_total", &[]);
-        read += weft_rpc::metrics::sum(&s, "weft_data_ec_rows_read_with_bytes_total", &[]);
+        let text = common::scrape::scrape(addr).await.unwrap_or_else(|e| panic!("scraping {role} at {addr}: {e}"));
+        let s = common::scrape::parse(&text);
+        written += common::scrape::sum(&s, "weft_data_ec_rows_written_total", &[]);
+        read += common::scrape::sum(&s, "weft_data_ec_rows_read_with_bytes_total", &[]);
     }
     (written, read)
 }
@@ -314,8 +314,8 @@ async fn sequential_writers_write_whole_rows_at_any_record_size() {
 async fn range_writes(addrs: &[(String, String)]) -> f64 {
     let mut n = 0.0;
     for (role, addr) in addrs.iter().filter(|(r, _)| r.starts_with("data")) {
-        let text = weft_rpc::metrics::scrape(addr).await.unwrap_or_else(|e| panic!("scraping {role} at {addr}: {e}"));
-        n += weft_rpc::metrics::sum(&weft_rpc::metrics::parse(&text), "weft_data_ec_chunk_ranges_written_total", &[]);
+        let text = common::scrape::scrape(addr).await.unwrap_or_else(|e| panic!("scraping {role} at {addr}: {e}"));
+        n += common::scrape::sum(&common::scrape::parse(&text), "weft_data_ec_chunk_ranges_written_total", &[]);
     }
     n
 }

@@ -798,7 +798,7 @@ async fn readdir_lists_dot_and_dotdot_and_statfs_counts_one_disk_once() {
 /// returns, so B's next stat sees it at once, with no timeout to run out.
 #[tokio::test(flavor = "multi_thread")]
 async fn leased_metadata_is_served_by_the_kernel_until_a_change_elsewhere_recalls_it() {
-    use weft_rpc::metrics::{parse, scrape, sum};
+    use common::scrape::{parse, scrape, sum};
     let cl = start("fuse-leases", 1).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");
@@ -882,7 +882,7 @@ async fn leased_metadata_is_served_by_the_kernel_until_a_change_elsewhere_recall
 /// it waits for this one: so no create waits out a lease and no holder is revoked.
 #[tokio::test(flavor = "multi_thread")]
 async fn creates_in_one_directory_from_two_mounts_revoke_no_lease() {
-    use weft_rpc::metrics::{parse, scrape, sum};
+    use common::scrape::{parse, scrape, sum};
     let cl = start_with("fuse-leases-two", 1, |o| o.metrics = true).await;
     let meta = cl.metrics_addrs().into_iter().find(|(role, _)| role == "meta").unwrap().1;
     let gauge = |name: &'static str| {
@@ -920,8 +920,8 @@ async fn creates_in_one_directory_from_two_mounts_revoke_no_lease() {
 /// chmod within the wait. Then the mount holds leases from the new service.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_mds_restart_ends_the_leases_it_granted() {
+    use common::scrape::{parse, scrape, sum};
     use std::os::unix::fs::PermissionsExt;
-    use weft_rpc::metrics::{parse, scrape, sum};
     let mut cl = start_with("fuse-leases-restart", 1, |o| o.postgres = false).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let addr = format!("127.0.0.1:{port}");

@@ -149,9 +149,9 @@ async fn put(c: &Client, path: &str, model: &[u8]) -> Vec<u32> {
 async fn ec_rows_written(addrs: &[(String, String)], victim: u32) -> Vec<(String, f64)> {
     let mut out = Vec::new();
     for (role, addr) in addrs.iter().filter(|(r, _)| r.starts_with("data") && *r != format!("data{victim}")) {
-        let text = weft_rpc::metrics::scrape(addr).await.unwrap_or_else(|e| panic!("scraping {role} at {addr}: {e}"));
-        let s = weft_rpc::metrics::parse(&text);
-        out.push((role.clone(), weft_rpc::metrics::sum(&s, "weft_data_ec_rows_written_total", &[])));
+        let text = common::scrape::scrape(addr).await.unwrap_or_else(|e| panic!("scraping {role} at {addr}: {e}"));
+        let s = common::scrape::parse(&text);
+        out.push((role.clone(), common::scrape::sum(&s, "weft_data_ec_rows_written_total", &[])));
     }
     out
 }

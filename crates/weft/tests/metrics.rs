@@ -6,9 +6,9 @@ mod common;
 
 use bytes::Bytes;
 use common::mount::Mount;
+use common::scrape::{parse, scrape, sum};
 use common::{WEFT, start_with, test_dir};
 use weft_client::OpenMode;
-use weft_rpc::metrics::{parse, scrape, sum};
 
 /// Files created, and bytes written, between the two scrapes.
 const CREATES: usize = 20;

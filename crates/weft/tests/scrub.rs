@@ -10,10 +10,10 @@ mod common;
 use std::path::Path;
 
 use bytes::{Bytes, BytesMut};
+use common::scrape::{parse, scrape, sum};
 use common::*;
 use weft_client::{Client, ClientError, OpenMode};
 use weft_proto::{DataRedundancy, ROOT_INO};
-use weft_rpc::metrics::{parse, scrape, sum};
 
 const UNIT: u32 = 64 << 10;
 const U: usize = UNIT as usize;

@@ -221,7 +221,7 @@ async fn changes_drop_file_capabilities_without_a_getxattr_per_write() {
         .await
         .unwrap();
     }
-    let before = weft_rpc::metrics::parse(&weft_rpc::metrics::scrape(&addr).await.unwrap());
+    let before = common::scrape::parse(&common::scrape::scrape(&addr).await.unwrap());
     let big = m.path("big");
     tokio::task::spawn_blocking(move || {
         use std::io::Write;
@@ -232,11 +232,11 @@ async fn changes_drop_file_capabilities_without_a_getxattr_per_write() {
     })
     .await
     .unwrap();
-    let after = weft_rpc::metrics::parse(&weft_rpc::metrics::scrape(&addr).await.unwrap());
+    let after = common::scrape::parse(&common::scrape::scrape(&addr).await.unwrap());
     let grew = |op: &str| {
         let l = format!("op=\"{op}\"");
-        weft_rpc::metrics::sum(&after, "weft_fuse_requests_total", &[&l])
-            - weft_rpc::metrics::sum(&before, "weft_fuse_requests_total", &[&l])
+        common::scrape::sum(&after, "weft_fuse_requests_total", &[&l])
+            - common::scrape::sum(&before, "weft_fuse_requests_total", &[&l])
     };
     assert!(grew("write") >= 64.0, "64 write requests at least");
     assert!(grew("getxattr") <= 2.0, "no getxattr per write: {} for {} writes", grew("getxattr"), grew("write"));

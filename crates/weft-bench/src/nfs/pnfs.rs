@@ -319,7 +319,7 @@ impl Bench {
 /// A fresh cluster of `servers` data servers with pNFS on; both ways measured `runs` times.
 pub async fn measure_cluster(base: &Path, servers: u32, size: u64, runs: usize) -> Result<Vec<PFig>> {
     let dir = base.join(format!("weft-pnfs-{servers}"));
-    let mut opts = weft_launch::LaunchOptions::new(std::env::current_exe()?, &dir, servers);
+    let mut opts = weft_launch::LaunchOptions::new(crate::weft_exe()?, &dir, servers);
     opts.log_filter = "warn".into();
     opts.ds_nfs = true;
     let mut cluster = weft_launch::LocalCluster::start(opts).await?;

@@ -9,6 +9,9 @@ pub mod members;
 pub mod memcached;
 pub mod mount;
 pub mod nfs41;
+/// `weft top`'s scraper (the binary's own file, as the tests' copy).
+#[path = "../../src/scrape.rs"]
+pub mod scrape;
 pub mod storm;
 pub mod wire;
 

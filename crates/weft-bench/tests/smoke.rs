@@ -1,4 +1,4 @@
-//! Every `weft bench` workload runs end to end at tiny sizes and writes JSON in the shared contract (see
+//! Every `weft-bench` workload (`weft bench` runs it) runs end to end at tiny sizes and writes JSON in the shared contract (see
 //! docs/bench.md): "machine", "command", "config", "ceilings", and a non-empty "results" whose every entry names
 //! its "op", its "runs" and a finite, positive headline figure. No timing is asserted: the figures of a shared,
 //! noisy machine are not the test's business, only that they are there and well formed.
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const WEFT: &str = env!("CARGO_BIN_EXE_weft");
+const BENCH: &str = env!("CARGO_BIN_EXE_weft-bench");
 /// Far above what the tiny runs need; only a hang reaches it.
 const TIMEOUT: Duration = Duration::from_secs(300);
 const OPS: [&str; 12] = [
@@ -55,9 +55,8 @@ fn bench(name: &str, args: &[&str]) -> Value {
 fn bench_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Value {
     let dir = TempDir::new(name);
     let json = dir.0.join(format!("{name}.json"));
-    let mut child = Command::new(WEFT)
+    let mut child = Command::new(BENCH)
         .envs(env.iter().copied())
-        .arg("bench")
         .args(args)
         .arg("--dir")
         .arg(&dir.0)
@@ -288,7 +287,7 @@ fn check_loads(doc: &Value) {
         }
     }
     let argv = doc["argv"].as_array().expect("argv");
-    assert!(argv.iter().any(|w| w == "bench"), "argv: {argv:?}");
+    assert!(argv[0].as_str().is_some_and(|w| w.ends_with("weft-bench")), "argv: {argv:?}");
 }
 
 #[test]
@@ -393,8 +392,8 @@ fn compare_native_and_memcpy() {
 fn report_of_a_directory() {
     let dir = TempDir::new("report");
     let json = dir.0.join("ckpt.json");
-    let status = Command::new(WEFT)
-        .args(["bench", "checkpoint", "--servers", "1", "--procs", "1", "--size", "64K", "--record", "64K"])
+    let status = Command::new(BENCH)
+        .args(["checkpoint", "--servers", "1", "--procs", "1", "--size", "64K", "--record", "64K"])
         .args(["--stripes", "1", "--mode", "n-n", "--runs", "1", "--dir"])
         .arg(&dir.0)
         .arg("--json")
@@ -406,7 +405,9 @@ fn report_of_a_directory() {
     assert!(status.success());
     std::fs::remove_file(json.with_extension("svg")).unwrap();
     let out = dir.0.join("report.md");
-    let status = Command::new(WEFT).args(["bench", "report"]).arg(&dir.0).arg("--out").arg(&out).status().unwrap();
+    // Through `weft bench`, which runs the weft-bench beside it.
+    let weft = std::path::Path::new(BENCH).with_file_name("weft");
+    let status = Command::new(weft).args(["bench", "report"]).arg(&dir.0).arg("--out").arg(&out).status().unwrap();
     assert!(status.success());
     let md = std::fs::read_to_string(&out).unwrap();
     assert!(md.contains("## checkpoint (ckpt.json)"), "{md}");
@@ -595,7 +596,7 @@ fn report_of(dir: &Path, docs: &[(&str, &Value)]) -> String {
         std::fs::write(dir.join(name), serde_json::to_string(doc).unwrap()).unwrap();
     }
     let out = dir.join("report.md");
-    let status = Command::new(WEFT).args(["bench", "report"]).arg(dir).arg("--out").arg(&out).status().unwrap();
+    let status = Command::new(BENCH).arg("report").arg(dir).arg("--out").arg(&out).status().unwrap();
     assert!(status.success());
     std::fs::read_to_string(&out).unwrap()
 }
