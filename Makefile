@@ -102,6 +102,8 @@ soak: deps
 	WEFT_EXERCISER_SEEDS=$$(($(SOAK_SEEDS) * 50)) $(CARGO) test --locked -p weft-meta --release --lib exerciser
 	WEFT_MODEL_SEEDS=$(SOAK_SEEDS) WEFT_MODEL_OPS=$$(($(SOAK_OPS) / 10)) $(CARGO) test --locked -p weft --release \
 		--features weft/fault-injection,weft-fabric/rdma --test model
+	WEFT_LEASE_SEEDS=$(SOAK_SEEDS) WEFT_LEASE_OPS=$(SOAK_OPS) $(CARGO) test --locked -p weft --release \
+		--features weft/fault-injection,weft-fabric/rdma --test leases two_leased_mounts
 	WEFT_SIM_SEEDS=$$(($(SOAK_SEEDS) * 500)) $(CARGO) test --locked --release -p weft-sim
 	WEFT_SIM_SEEDS=$$(($(SOAK_SEEDS) * 100)) $(CARGO) test --locked --release -p weft-client --lib ec_sim
 

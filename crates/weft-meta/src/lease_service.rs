@@ -66,7 +66,11 @@ impl Leases {
             {
                 break;
             }
-            polled = self.lock().expect("granting").poll(session, r.epoch, r.acked, self.now_ms());
+            let mut t = self.lock().expect("granting");
+            if t.is_closed(session) {
+                break;
+            }
+            polled = t.poll(session, r.epoch, r.acked, self.now_ms());
         }
         LeaseWaitResp { epoch: polled.epoch, lease_ms: lease_ms as u32, upto: polled.upto, recalls: polled.recalls }
     }
@@ -152,5 +156,31 @@ impl Leases {
         for &s in sessions {
             t.closed(s, now_ms);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by tests/leases.rs: a poll held when its mount was killed, woken by news for another holder, polled
+    /// again and made the dead session a live holder (a reconnect, to the table), kept for good.
+    #[tokio::test]
+    async fn a_poll_held_past_its_connections_close_leaves_no_live_holder() {
+        let leases = std::sync::Arc::new(Leases::new(Some(Limits { lease_ms: 300, ..Limits::default() })));
+        let first = leases.wait(7, LeaseWaitReq { epoch: 0, acked: 0, hold_ms: 100 }).await;
+        assert_eq!(leases.lock().unwrap().holders(), 1);
+        let req = LeaseWaitReq { epoch: first.epoch, acked: first.upto, hold_ms: 100 };
+        let held = tokio::spawn({
+            let leases = leases.clone();
+            async move { leases.wait(7, req).await }
+        });
+        tokio::task::yield_now().await;
+        leases.closed(&[7]);
+        // Another holder's news wakes every held poll (a change elsewhere): this one must not poll again.
+        leases.news.notify_waiters();
+        held.await.unwrap();
+        assert_eq!(leases.lock().unwrap().holders(), 0, "the closed holder stays closed");
+        assert!(leases.lock().unwrap().is_closed(7));
     }
 }

@@ -155,6 +155,12 @@ impl LeaseTable {
         Polled { epoch: h.epoch, upto, recalls }
     }
 
+    /// Whether `session`'s connection closed since it became a holder (or it holds nothing any more): a poll held
+    /// past that answers no one, and must not poll again, which would make the holder live (a reconnect).
+    pub fn is_closed(&self, session: u64) -> bool {
+        self.holders.get(&session).is_none_or(|h| h.closed)
+    }
+
     /// Whether a poll from `session` under `epoch` should be answered now rather than held.
     pub fn has_news(&self, session: u64, epoch: u64) -> bool {
         match self.holders.get(&session) {

@@ -1,0 +1,457 @@
+//! Metadata leases against adversaries (issue 33, docs/format.md §31): two FUSE mounts of one cluster, each holding
+//! leases, take turns at random changes (create, append, truncate, chmod, utimes, rename, link, unlink), and after
+//! every change both are checked against a model: what a stat, a listing and a read return. A lease promises more
+//! than the kernel's timeouts do: a change is recalled from the other mount before its call returns, so that mount's
+//! next look sees it, with no timeout to run out. Seeded: a failure prints its seed, the steps before it and the
+//! command that replays it (`WEFT_LEASE_SEED=N`; `WEFT_LEASE_SEEDS=N` runs seeds 1..=N, `WEFT_LEASE_OPS` the steps).
+//!
+//! It can fail: `WEFT_LEASE_OFF=1` mounts without leases (`--lease-timeout-ms 0`, the kernel's 1 s timeouts
+//! alone), and the first seed fails within a few steps on a stale stat of the other mount.
+//!
+//! The second test stops, then kills, a mount while a change waits for its acknowledgement: the change completes
+//! once that mount's lease ran out, and the service revokes it.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use common::mount::*;
+use common::scrape::{parse, scrape, sum};
+use common::*;
+
+/// The directories the exerciser works in (under `x/`), and the names it uses in each.
+const DIRS: [&str; 3] = ["x", "x/d1", "x/d2"];
+const NAMES: [&str; 4] = ["p", "q", "r", "s"];
+const MODES: [u32; 5] = [0o600, 0o640, 0o644, 0o755, 0o700];
+/// The service's lease: long, so that no acknowledgement on a loaded machine misses it (a revoked mount may serve
+/// what it held until it learns, which is the protocol's bound, not what this test checks).
+const LEASE_TOML: &str = "lease_ms = 60000\n";
+
+/// SplitMix64: every choice of a run comes from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len())]
+    }
+}
+
+/// A file of the model: its bytes, mode, the inode number the mounts gave it, and its mtime when a utimes set it
+/// last (a write stamps the present, which the model does not know).
+#[derive(Clone)]
+struct File {
+    data: Vec<u8>,
+    mode: u32,
+    ino: u64,
+    mtime: Option<i64>,
+}
+
+/// What the two mounts must show: names to file ids, and the files.
+#[derive(Default)]
+struct Model {
+    names: BTreeMap<String, usize>,
+    files: BTreeMap<usize, File>,
+    next_id: usize,
+}
+
+impl Model {
+    fn nlink(&self, id: usize) -> u64 {
+        self.names.values().filter(|&&i| i == id).count() as u64
+    }
+
+    fn listing(&self, dir: &str) -> BTreeSet<String> {
+        let children = DIRS.iter().filter_map(|d| d.strip_prefix(&format!("{dir}/"))).filter(|c| !c.contains('/'));
+        let files = self.names.keys().filter_map(|p| p.strip_prefix(&format!("{dir}/"))).filter(|c| !c.contains('/'));
+        children.chain(files).map(str::to_string).collect()
+    }
+
+    fn forget(&mut self, path: &str) {
+        if let Some(id) = self.names.remove(path)
+            && self.nlink(id) == 0
+        {
+            self.files.remove(&id);
+        }
+    }
+}
+
+/// One step's change, as drawn.
+#[derive(Debug, Clone)]
+enum Change {
+    Create { path: String, len: usize },
+    Append { path: String, len: usize },
+    Truncate { path: String, len: usize },
+    Chmod { path: String, mode: u32 },
+    Utimes { path: String, mtime: i64 },
+    Rename { from: String, to: String },
+    Link { from: String, to: String },
+    Unlink { path: String },
+}
+
+impl Change {
+    /// A change drawn from the model's state: mostly on a name that exists (a create, on one that does not), one
+    /// time in eight on any name, so the errors are drawn too.
+    fn draw(rng: &mut Rng, step: u64, m: &Model) -> Change {
+        let all: Vec<String> = DIRS.iter().flat_map(|d| NAMES.iter().map(move |n| format!("{d}/{n}"))).collect();
+        let (present, absent): (Vec<String>, Vec<String>) = all.iter().cloned().partition(|p| m.names.contains_key(p));
+        let from = |rng: &mut Rng, want: &[String]| {
+            if want.is_empty() || rng.below(8) == 0 { rng.pick(&all).clone() } else { rng.pick(want).clone() }
+        };
+        let len = rng.below(3000);
+        match rng.below(16) {
+            0..=3 => Change::Create { path: from(rng, &absent), len },
+            4 | 5 => Change::Append { path: from(rng, &present), len: len / 4 + 1 },
+            6 | 7 => Change::Truncate { path: from(rng, &present), len: rng.below(4000) },
+            8 => Change::Chmod { path: from(rng, &present), mode: *rng.pick(&MODES) },
+            9 => Change::Utimes { path: from(rng, &present), mtime: 1_000_000 + step as i64 },
+            10 | 11 => Change::Rename { from: from(rng, &present), to: rng.pick(&all).clone() },
+            12 => Change::Link { from: from(rng, &present), to: from(rng, &absent) },
+            _ => Change::Unlink { path: from(rng, &present) },
+        }
+    }
+
+    /// The paths whose look may change.
+    fn paths(&self) -> Vec<&str> {
+        match self {
+            Change::Rename { from, to } | Change::Link { from, to } => vec![from, to],
+            Change::Create { path, .. }
+            | Change::Append { path, .. }
+            | Change::Truncate { path, .. }
+            | Change::Chmod { path, .. }
+            | Change::Utimes { path, .. }
+            | Change::Unlink { path } => vec![path],
+        }
+    }
+}
+
+fn errno(r: std::io::Result<impl Sized>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().expect("an OS error"),
+    }
+}
+
+/// Bytes of step `step`'s write.
+fn bytes(step: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (step as usize * 31 + i * 7) as u8).collect()
+}
+
+/// Applies `c` through the mount at `root`, and to the model; returns the errno the model expects and the mount's.
+fn apply(root: &Path, m: &mut Model, c: &Change, step: u64) -> (i32, i32) {
+    let at = |p: &str| root.join(p);
+    let found = |m: &Model, p: &str| m.names.get(p).copied();
+    match c {
+        Change::Create { path, len } => {
+            let data = bytes(step, *len);
+            let got = errno((|| {
+                let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(at(path))?;
+                f.write_all(&data)
+            })());
+            if found(m, path).is_some() {
+                return (libc::EEXIST, got);
+            }
+            let ino = std::fs::metadata(at(path)).map_or(0, |s| s.ino());
+            let id = m.next_id;
+            m.next_id += 1;
+            m.files.insert(id, File { data, mode: 0o644, ino, mtime: None });
+            m.names.insert(path.clone(), id);
+            (0, got)
+        }
+        Change::Append { path, len } => {
+            let data = bytes(step, *len);
+            let got =
+                errno(std::fs::OpenOptions::new().append(true).open(at(path)).and_then(|mut f| f.write_all(&data)));
+            let Some(id) = found(m, path) else { return (libc::ENOENT, got) };
+            let f = m.files.get_mut(&id).unwrap();
+            f.data.extend_from_slice(&data);
+            f.mtime = None;
+            (0, got)
+        }
+        Change::Truncate { path, len } => {
+            let got =
+                errno(std::fs::OpenOptions::new().write(true).open(at(path)).and_then(|f| f.set_len(*len as u64)));
+            let Some(id) = found(m, path) else { return (libc::ENOENT, got) };
+            let f = m.files.get_mut(&id).unwrap();
+            f.data.resize(*len, 0);
+            f.mtime = None;
+            (0, got)
+        }
+        Change::Chmod { path, mode } => {
+            let got = errno(std::fs::set_permissions(at(path), std::fs::Permissions::from_mode(*mode)));
+            let Some(id) = found(m, path) else { return (libc::ENOENT, got) };
+            m.files.get_mut(&id).unwrap().mode = *mode;
+            (0, got)
+        }
+        Change::Utimes { path, mtime } => {
+            let t = SystemTime::UNIX_EPOCH + Duration::from_secs(*mtime as u64);
+            let times = std::fs::FileTimes::new().set_modified(t).set_accessed(t);
+            let got = errno(std::fs::OpenOptions::new().write(true).open(at(path)).and_then(|f| f.set_times(times)));
+            let Some(id) = found(m, path) else { return (libc::ENOENT, got) };
+            m.files.get_mut(&id).unwrap().mtime = Some(*mtime);
+            (0, got)
+        }
+        Change::Rename { .. } | Change::Link { .. } | Change::Unlink { .. } => apply_to_names(root, m, c),
+    }
+}
+
+/// [`apply`] of the changes of names.
+fn apply_to_names(root: &Path, m: &mut Model, c: &Change) -> (i32, i32) {
+    let at = |p: &str| root.join(p);
+    let found = |m: &Model, p: &str| m.names.get(p).copied();
+    match c {
+        Change::Rename { from, to } => {
+            let got = errno(std::fs::rename(at(from), at(to)));
+            let Some(id) = found(m, from) else { return (libc::ENOENT, got) };
+            // Two names of one file: rename does nothing (POSIX).
+            if found(m, to) != Some(id) {
+                m.forget(to);
+                m.names.remove(from);
+                m.names.insert(to.clone(), id);
+            }
+            (0, got)
+        }
+        Change::Link { from, to } => {
+            let got = errno(std::fs::hard_link(at(from), at(to)));
+            let Some(id) = found(m, from) else { return (libc::ENOENT, got) };
+            if found(m, to).is_some() {
+                return (libc::EEXIST, got);
+            }
+            m.names.insert(to.clone(), id);
+            (0, got)
+        }
+        Change::Unlink { path } => {
+            let got = errno(std::fs::remove_file(at(path)));
+            if found(m, path).is_none() {
+                return (libc::ENOENT, got);
+            }
+            m.forget(path);
+            (0, got)
+        }
+        _ => unreachable!("not a change of names: {c:?}"),
+    }
+}
+
+/// What a look at `path` through the mount at `root` disagrees with in the model, if anything.
+fn look(root: &Path, m: &Model, path: &str, read: bool) -> Option<String> {
+    let st = std::fs::metadata(root.join(path));
+    let Some(&id) = m.names.get(path) else {
+        return st
+            .ok()
+            .map(|s| format!("{path} exists (ino {}, {} bytes); the model has no such name", s.ino(), s.len()));
+    };
+    let f = &m.files[&id];
+    let s = match st {
+        Ok(s) => s,
+        Err(e) => return Some(format!("stat {path}: {e}; the model has ino {} of {} bytes", f.ino, f.data.len())),
+    };
+    let want = (f.ino, f.data.len() as u64, f.mode, m.nlink(id));
+    let got = (s.ino(), s.len(), s.mode() & 0o7777, s.nlink());
+    if got != want {
+        let show = |(ino, size, mode, nlink): (u64, u64, u32, u64)| {
+            format!("ino {ino}, {size} bytes, mode {mode:o}, nlink {nlink}")
+        };
+        return Some(format!("stat {path}: {}; the model: {}", show(got), show(want)));
+    }
+    if let Some(t) = f.mtime
+        && s.mtime() != t
+    {
+        return Some(format!("stat {path}: mtime {}, the model {t}", s.mtime()));
+    }
+    if read {
+        match std::fs::read(root.join(path)) {
+            Ok(b) if b == f.data => {}
+            Ok(b) => {
+                let at = b.iter().zip(&f.data).position(|(x, y)| x != y).unwrap_or(b.len().min(f.data.len()));
+                return Some(format!(
+                    "read {path}: {} bytes, the model {}; first difference at {at}",
+                    b.len(),
+                    f.data.len()
+                ));
+            }
+            Err(e) => return Some(format!("read {path}: {e}")),
+        }
+    }
+    None
+}
+
+fn list(root: &Path, dir: &str) -> BTreeSet<String> {
+    std::fs::read_dir(root.join(dir)).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+/// One seed: `ops` changes, each through a mount drawn at random, each followed by looks through both.
+fn run_seed(roots: &[PathBuf; 2], seed: u64, ops: u64) {
+    let mut rng = Rng(seed);
+    let mut m = Model::default();
+    let mut trail: Vec<String> = Vec::new();
+    let mut applied = 0;
+    let fail = |trail: &[String], why: String| -> ! {
+        let start = trail.len().saturating_sub(12);
+        panic!(
+            "leases exerciser, seed {seed}: {why}\nlast steps:\n  {}\nreplay: WEFT_LEASE_SEED={seed} cargo test --release \
+             --features weft/fault-injection -p weft --test leases",
+            trail[start..].join("\n  ")
+        )
+    };
+    for step in 0..ops {
+        let c = Change::draw(&mut rng, step, &m);
+        let by = rng.below(2);
+        trail.push(format!("step {step}: mount {} {c:?}", ["A", "B"][by]));
+        let (want, got) = apply(&roots[by], &mut m, &c, step);
+        if want != got {
+            fail(&trail, format!("errno {got}, the model {want}"));
+        }
+        applied += u64::from(got == 0);
+        // Both mounts, the other first: the change must already be there, with no timeout run out.
+        for r in [&roots[1 - by], &roots[by]] {
+            for p in c.paths() {
+                let read = rng.below(3) == 0;
+                if let Some(why) = look(r, &m, p, read) {
+                    fail(
+                        &trail,
+                        format!("through mount {}: {why}", if r == &roots[by] { "A/B (its own)" } else { "the other" }),
+                    );
+                }
+            }
+            let dir = *rng.pick(&DIRS);
+            if list(r, dir) != m.listing(dir) {
+                fail(&trail, format!("listing {dir}: {:?}, the model {:?}", list(r, dir), m.listing(dir)));
+            }
+        }
+    }
+    // Not vacuous: most steps drawn change something (a fifth fail on a missing or existing name, by design).
+    assert!(applied >= ops / 2, "seed {seed}: only {applied} of {ops} changes applied");
+    // Every name, through both, at the end.
+    for r in roots {
+        for p in m.names.keys() {
+            if let Some(why) = look(r, &m, p, true) {
+                fail(&trail, format!("at the end: {why}"));
+            }
+        }
+    }
+}
+
+fn seeds() -> Vec<u64> {
+    if let Some(s) = std::env::var("WEFT_LEASE_SEED").ok().and_then(|s| s.parse().ok()) {
+        return vec![s];
+    }
+    match std::env::var("WEFT_LEASE_SEEDS").ok().and_then(|s| s.parse::<u64>().ok()) {
+        Some(n) => (1..=n).collect(),
+        None => vec![1, 2, 3],
+    }
+}
+
+/// The MDS's gauge `name`.
+async fn mds_gauge(cl: &TestCluster, name: &str) -> f64 {
+    let meta = cl.metrics_addrs().into_iter().find(|(role, _)| role == "meta").unwrap().1;
+    sum(&parse(&scrape(&meta).await.unwrap()), name, &[])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_leased_mounts_agree_with_a_model_after_every_change() {
+    let cl = start_with("leases-exerciser", 1, |o| {
+        o.postgres = false;
+        o.metrics = true;
+        o.meta_extra_toml.push_str(LEASE_TOML);
+    })
+    .await;
+    let off = std::env::var("WEFT_LEASE_OFF").is_ok_and(|v| v == "1");
+    let extra: &[&str] = if off { &["--lease-timeout-ms", "0"] } else { &[] };
+    let a = Mount::start(&cl, &test_dir("leases-exerciser-a"), extra);
+    let b = Mount::start(&cl, &test_dir("leases-exerciser-b"), extra);
+    if !off {
+        members::wait_for("both lease channels", || async { mds_gauge(&cl, "weft_mds_lease_holders").await == 2.0 })
+            .await;
+    }
+    let ops = std::env::var("WEFT_LEASE_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    for seed in seeds() {
+        let roots = [a.path(&format!("s{seed}")), b.path(&format!("s{seed}"))];
+        for d in DIRS {
+            std::fs::create_dir_all(roots[0].join(d)).unwrap();
+        }
+        let r = roots.clone();
+        tokio::task::spawn_blocking(move || run_seed(&r, seed, ops)).await.unwrap();
+    }
+    if !off {
+        assert!(mds_gauge(&cl, "weft_mds_lease_recalls").await > 0.0, "the mounts held leases and had them recalled");
+        assert_eq!(mds_gauge(&cl, "weft_mds_lease_revocations").await, 0.0, "every recall was acknowledged");
+    }
+}
+
+/// A mount that stops answering (SIGSTOP), then dies (SIGKILL), while a change made elsewhere waits for it to
+/// acknowledge a recall: the change completes once the mount's lease ran out (the service's `lease_ms`, 2 s
+/// here), the stopped mount is revoked and comes back with a new epoch, and the dead one is dropped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_waits_for_a_stopped_or_killed_mount_only_until_its_lease_ends() {
+    let cl = start_with("leases-stopped", 1, |o| {
+        o.postgres = false;
+        o.metrics = true;
+        o.meta_extra_toml.push_str("lease_ms = 2000\n");
+    })
+    .await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let b_metrics = format!("127.0.0.1:{port}");
+    let a = Mount::start(&cl, &test_dir("leases-stopped-a"), &[]);
+    let b = Mount::start(&cl, &test_dir("leases-stopped-b"), &["--metrics-listen", &b_metrics]);
+    let b_live = || {
+        let at = b_metrics.clone();
+        async move { sum(&parse(&scrape(&at).await.unwrap()), "weft_fuse_lease_epoch_live", &[]) == 1.0 }
+    };
+    members::wait_for("both lease channels", || async { mds_gauge(&cl, "weft_mds_lease_holders").await == 2.0 }).await;
+    members::wait_for("B's lease channel", b_live).await;
+    std::fs::write(a.path("f"), b"x").unwrap();
+    std::fs::write(a.path("g"), b"y").unwrap();
+    // B takes a lease on f.
+    assert_eq!(std::fs::metadata(b.path("f")).unwrap().len(), 1);
+    let pid = b.child.id().to_string();
+    let signal = |sig: &str| assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    let chmod = |p: PathBuf, mode: u32| {
+        tokio::task::spawn_blocking(move || std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)))
+    };
+    signal("-STOP");
+    chmod(a.path("f"), 0o600).await.unwrap().expect("a chmod while the other mount is stopped");
+    assert!(mds_gauge(&cl, "weft_mds_lease_revocations").await >= 1.0, "the stopped mount was revoked");
+    signal("-CONT");
+    // B comes back, learns it was revoked (dropping what it held), and takes leases anew: on g, now.
+    let f = b.path("f");
+    members::wait_for("the chmod through B", || {
+        let f = f.clone();
+        async move {
+            tokio::task::spawn_blocking(move || std::fs::metadata(f).unwrap().mode() & 0o7777).await.unwrap() == 0o600
+        }
+    })
+    .await;
+    members::wait_for("B's new epoch", b_live).await;
+    assert_eq!(std::fs::metadata(b.path("g")).unwrap().len(), 1);
+    signal("-KILL");
+    chmod(a.path("g"), 0o600).await.unwrap().expect("a chmod while the other mount is dead");
+    assert_eq!(std::fs::metadata(a.path("g")).unwrap().mode() & 0o7777, 0o600);
+    let holders = || async { mds_gauge(&cl, "weft_mds_lease_holders").await };
+    for _ in 0..300 {
+        if holders().await == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        holders().await,
+        1.0,
+        "the dead mount dropped; revocations {}",
+        mds_gauge(&cl, "weft_mds_lease_revocations").await
+    );
+    let _ = std::process::Command::new("fusermount3").arg("-uz").arg(&b.dir).status();
+}
