@@ -107,17 +107,17 @@ pub(crate) fn start_on_redis(base: &Path, appendfsync: &'static str) -> Result<m
 }
 
 /// `runs` create/stat loops on `mnt`; (creates/s, stats/s) per run.
-fn loops(mnt: &Path, files: u32, threads: u32, runs: usize) -> Result<Vec<(MetaFigure, MetaFigure)>> {
+fn loops(mnt: &Path, files: u32, threads: u32, runs: usize) -> Result<Vec<(MetaFigure, MetaFigure, MetaFigure)>> {
     // Warm-up: sessions, the daemons' caches, the database's connections.
     mount::meta_loop(mnt, (64 * threads).min(files), threads)?;
     (0..runs).map(|_| mount::meta_loop(mnt, files, threads)).collect()
 }
 
-/// Result rows (create and stat) of one system's loops, labelled `meta` in the table.
-fn rows(label: &str, system: &str, base: &Value, figs: &[(MetaFigure, MetaFigure)]) -> Result<Vec<Value>> {
+/// Result rows (create, stat, and `ls -l` as `readdir`) of one system's loops, labelled `meta` in the table.
+fn rows(label: &str, system: &str, base: &Value, figs: &[(MetaFigure, MetaFigure, MetaFigure)]) -> Result<Vec<Value>> {
     let mut out = Vec::new();
-    for (op, pick) in [("create", 0), ("stat", 1)] {
-        let rates: Vec<f64> = figs.iter().map(|f| if pick == 0 { f.0.0 } else { f.1.0 }).collect();
+    for (op, pick) in [("create", 0), ("stat", 1), ("readdir", 2)] {
+        let rates: Vec<f64> = figs.iter().map(|f| [f.0.0, f.1.0, f.2.0][pick]).collect();
         let s = summarize(&rates).context("no run")?;
         let mut r = base.clone();
         r["meta"] = json!(label);

@@ -346,9 +346,13 @@ pub(crate) fn fio(dir: &Path, args: &str, write: bool) -> Result<FioOut> {
 /// One metadata phase: (ops/s, CPU seconds, operations).
 pub(crate) type MetaFigure = (f64, f64, f64);
 
-/// Creates `files` empty files with `threads` threads, then stats them all; returns (creates/s, CPU seconds,
-/// operations) and the same of the stats.
-pub(crate) fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<(MetaFigure, MetaFigure)> {
+/// Passes of `ls -l` in a listing figure: the first may fill the client's caches, the others use them.
+const LISTINGS: u32 = 3;
+
+/// Creates `files` empty files with `threads` threads, then stats them all, then lists the directory with a stat
+/// of every entry (`ls -l`) [`LISTINGS`] times on one thread; returns (ops/s, CPU seconds, operations) of each
+/// (a listing's operations are its entries).
+pub(crate) fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<(MetaFigure, MetaFigure, MetaFigure)> {
     let d = dir.join(format!("meta-{}", std::process::id()));
     std::fs::create_dir_all(&d)?;
     let per = files.div_ceil(threads.max(1));
@@ -373,8 +377,17 @@ pub(crate) fn meta_loop(dir: &Path, files: u32, threads: u32) -> Result<(MetaFig
     };
     let creates = phase(&|p| std::fs::File::create(p).map(drop))?;
     let stats = phase(&|p| std::fs::metadata(p).map(drop))?;
+    let (t, c) = (Instant::now(), ceilings::cpu_seconds());
+    let mut entries = 0u64;
+    for _ in 0..LISTINGS {
+        for e in std::fs::read_dir(&d)? {
+            std::fs::symlink_metadata(e?.path())?;
+            entries += 1;
+        }
+    }
+    let listed = (entries as f64 / t.elapsed().as_secs_f64(), ceilings::cpu_seconds() - c, entries as f64);
     std::fs::remove_dir_all(&d)?;
-    Ok((creates, stats))
+    Ok((creates, stats, listed))
 }
 
 pub(crate) struct Figure {
@@ -396,19 +409,22 @@ pub(crate) struct Figure {
 
 /// The figures measured per system: (op, pattern, record bytes, unit).
 pub(crate) type FigureSpec = (&'static str, Option<&'static str>, Option<u64>, &'static str);
-pub(crate) const FIGURES: [FigureSpec; 6] = [
+pub(crate) const FIGURES: [FigureSpec; 7] = [
     ("write", Some("sequential"), Some(1 << 20), "mib_per_s"),
     ("read", Some("sequential"), Some(1 << 20), "mib_per_s"),
     ("read", Some("random"), Some(4096), "ops_per_s"),
     ("write", Some("random"), Some(4096), "ops_per_s"),
     ("create", None, None, "ops_per_s"),
     ("stat", None, None, "ops_per_s"),
+    // `ls -l` of the create phase's directory: entries listed and stat'ed per second.
+    ("readdir", Some("ls-l"), None, "ops_per_s"),
 ];
 
 /// Short name of a figure for tables: `write`, `read`, `randread`, `randwrite`, `create`, `stat`.
 pub(crate) fn label(op: &str, pattern: Option<&str>) -> String {
     match pattern {
         Some("random") => format!("rand{op}"),
+        Some("ls-l") => "ls -l".to_string(),
         _ => op.to_string(),
     }
 }
@@ -452,8 +468,8 @@ pub(crate) fn measure(t: &Target, a: &MountArgs, loads: &mut Loads) -> Result<Ve
         step(fio(&t.mnt, &format!("--name=seq --rw=read --bs=1M --size={size}"), false)?, true);
         step(fio(&t.mnt, &format!("--name=rand --rw=randread {rand}"), false)?, false);
         step(fio(&t.mnt, &format!("--name=rand --rw=randwrite {rand}"), true)?, false);
-        let (c, s) = meta_loop(&t.mnt, a.files, a.threads)?;
-        v.extend([c, s]);
+        let (c, s, l) = meta_loop(&t.mnt, a.files, a.threads)?;
+        v.extend([c, s, l]);
         loads.end();
         for (f, (x, c, work)) in figs.iter_mut().zip(v) {
             f.samples.push(x);

@@ -152,10 +152,18 @@ pub(crate) struct DirItem {
 }
 
 /// An open directory: the entries listed so far ("." and ".." first), fetched page by page on demand.
+///
+/// Offsets (`d_off`) come in two kinds. By position (the default): an entry's place in this handle's listing,
+/// which only ever grows, so stable for this handle under concurrent changes. By name (`hashed`, for a directory
+/// the kernel caches, `FOPEN_CACHE_DIR`): the kernel keeps one listing per directory across opens and resumes any
+/// open at an offset another open produced, so an entry's offset must be its own, as ext4's hash cookies are:
+/// the handle lists the whole directory, orders it by [`name_cookie`], and resumes after any cookie, whether or not
+/// its entry still exists. Entries present all along are then listed once each, in every open.
 pub(crate) struct DirHandle {
     ino: u64,
     /// Fetch pages with their attributes (the kernel negotiated readdirplus).
     plus: bool,
+    hashed: bool,
     state: tokio::sync::Mutex<DirState>,
 }
 
@@ -163,6 +171,15 @@ struct DirState {
     entries: Vec<DirItem>,
     after: String,
     eof: bool,
+    /// Hashed: the offset of each entry (ascending); empty until the listing is taken.
+    cookies: Vec<u64>,
+}
+
+/// The offset of the entry `name` in a hashed listing: FNV-1a 64 of the name, in 3..2⁶³ (1 and 2 are "." and "..",
+/// and the kernel's offsets are signed). Two names of one directory share one with odds of about n²/2⁶⁴.
+pub(crate) fn name_cookie(name: &str) -> u64 {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    (h >> 1).max(3)
 }
 
 impl DirHandle {
@@ -181,7 +198,13 @@ impl DirHandle {
                 asked: None,
             },
         ];
-        DirHandle { ino, plus, state: tokio::sync::Mutex::new(DirState { entries, after: String::new(), eof: false }) }
+        let state = DirState { entries, after: String::new(), eof: false, cookies: Vec::new() };
+        DirHandle { ino, plus, hashed: false, state: tokio::sync::Mutex::new(state) }
+    }
+
+    /// [`DirHandle::new`] with offsets by name, for a directory the kernel caches.
+    pub(crate) fn hashed(dir: Attr, plus: bool) -> DirHandle {
+        DirHandle { hashed: true, ..DirHandle::new(dir, plus) }
     }
 
     /// The directory's inode.
@@ -189,16 +212,58 @@ impl DirHandle {
         self.ino
     }
 
-    /// Entries from position `pos` on (at most one page); empty at the end of the directory. `asked`: the lease
-    /// ticket taken before this call, kept with the entries it fetches.
+    /// Entries after offset `offset` (at most one page), each with its own offset; empty at the end of the
+    /// directory. `asked`: the lease ticket taken before this call, kept with the entries it fetches.
     pub(crate) async fn entries_from(
         &self,
         client: &Client,
-        pos: u64,
+        offset: u64,
         asked: Option<crate::leases::Ticket>,
-    ) -> Result<Vec<DirItem>, ClientError> {
+    ) -> Result<Vec<(u64, DirItem)>, ClientError> {
         let mut s = self.state.lock().await;
-        let pos = usize::try_from(pos).unwrap_or(usize::MAX);
+        if self.hashed {
+            // The start (an open, or a rewind) takes the directory as it is now.
+            if offset == 0 || s.cookies.is_empty() {
+                self.list_whole(client, &mut s, asked).await?;
+            }
+            let at = s.cookies.partition_point(|&c| c <= offset);
+            let end = s.cookies.len().min(at + DIR_PAGE_ENTRIES as usize);
+            return Ok((at..end).map(|i| (s.cookies[i], s.entries[i].clone())).collect());
+        }
+        let pos = usize::try_from(offset).unwrap_or(usize::MAX);
+        self.fetch_to(client, &mut s, pos, asked).await?;
+        let end = s.entries.len().min(pos.saturating_add(DIR_PAGE_ENTRIES as usize));
+        Ok((pos..end).map(|i| (i as u64 + 1, s.entries[i].clone())).collect())
+    }
+
+    /// Hashed: the whole listing again, ordered by offset.
+    async fn list_whole(
+        &self,
+        client: &Client,
+        s: &mut DirState,
+        asked: Option<crate::leases::Ticket>,
+    ) -> Result<(), ClientError> {
+        s.entries.truncate(2);
+        s.after.clear();
+        s.eof = false;
+        // Position 0 first: that also finds "..".
+        self.fetch_to(client, s, 0, asked).await?;
+        self.fetch_to(client, s, usize::MAX, asked).await?;
+        let mut named: Vec<(u64, DirItem)> = s.entries.drain(2..).map(|e| (name_cookie(&e.name), e)).collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
+        s.cookies = [1, 2].into_iter().chain(named.iter().map(|(c, _)| *c)).collect();
+        s.entries.extend(named.into_iter().map(|(_, e)| e));
+        Ok(())
+    }
+
+    /// Fetches pages until the listing holds position `pos` or the directory ended.
+    async fn fetch_to(
+        &self,
+        client: &Client,
+        s: &mut DirState,
+        pos: usize,
+        asked: Option<crate::leases::Ticket>,
+    ) -> Result<(), ClientError> {
         if pos <= 1 && s.entries[1].ino == 0 {
             // The root is its own parent. A metadata service from before ".." lookups (or a caller without search
             // permission) gets the directory itself: listed, if not quite right, rather than hidden.
@@ -249,7 +314,21 @@ impl DirHandle {
             s.eof = eof || items.is_empty();
             s.entries.extend(items);
         }
-        let end = s.entries.len().min(pos.saturating_add(DIR_PAGE_ENTRIES as usize));
-        Ok(s.entries.get(pos..end).map(<[_]>::to_vec).unwrap_or_default())
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::name_cookie;
+
+    #[test]
+    fn name_cookies_leave_the_dots_theirs_and_fit_a_signed_offset() {
+        for name in ["", "a", "b", "f00001", "f00002", "\u{e9}t\u{e9}", &"x".repeat(255)] {
+            let c = name_cookie(name);
+            assert!((3..1 << 63).contains(&c), "{name:?}: {c}");
+        }
+        assert_eq!(name_cookie("f00001"), name_cookie("f00001"));
+        assert_ne!(name_cookie("f00001"), name_cookie("f00002"));
     }
 }

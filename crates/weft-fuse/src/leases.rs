@@ -36,6 +36,8 @@ const NO_LEASES_RETRY_MS: u64 = 30_000;
 pub enum Inval {
     Attr(u64),
     Entry(u64, String),
+    /// A directory's attributes and the listing the kernel caches of it (`FOPEN_CACHE_DIR`): its pages.
+    Dir(u64),
 }
 
 /// What a request was asked under: trusted at reply time only if nothing since voids it.
@@ -59,6 +61,10 @@ pub struct LeaseView {
     recent: VecDeque<(u64, u64)>,
     attrs: HashSet<u64>,
     entries: HashSet<(u64, String)>,
+    /// Directories whose listings the kernel may cache (opened with `FOPEN_CACHE_DIR`): a recall of their
+    /// attributes drops the listing too. (Every change of a directory's names recalls its attributes, docs/format.md
+    /// §31; the kernel also checks the mtime, but a utimes could set it back.)
+    dirs: HashSet<u64>,
 }
 
 impl LeaseView {
@@ -99,6 +105,17 @@ impl LeaseView {
         true
     }
 
+    /// A directory opened under `t` whose attributes the reply `attr` carried: true if the kernel may cache its
+    /// listing under the lease (then remembered, so a recall drops the listing too).
+    pub fn dir(&mut self, t: &Ticket, ino: u64, now: (Instant, u64)) -> bool {
+        let full = self.dirs.len() >= TRACKED_MAX && !self.dirs.contains(&ino);
+        if full || !self.attr(t, ino, now) {
+            return false;
+        }
+        self.dirs.insert(ino);
+        true
+    }
+
     /// This mount changed `ino` behind its kernel's back (a commit at close or fsync): true if the kernel holds its
     /// attributes under a lease, which the caller then invalidates.
     pub fn forget_attr(&mut self, ino: u64) -> bool {
@@ -123,7 +140,7 @@ impl LeaseView {
             match &r.name {
                 None => {
                     self.attrs.remove(&r.ino);
-                    out.push(Inval::Attr(r.ino));
+                    out.push(if self.dirs.remove(&r.ino) { Inval::Dir(r.ino) } else { Inval::Attr(r.ino) });
                 }
                 Some(n) => {
                     self.entries.remove(&(r.ino, n.clone()));
@@ -139,9 +156,10 @@ impl LeaseView {
     pub fn lose(&mut self) -> Vec<Inval> {
         self.epoch = 0;
         self.trust_until = None;
+        let dirs: Vec<Inval> = self.dirs.drain().map(Inval::Dir).collect();
         let attrs = self.attrs.drain().map(Inval::Attr);
         let entries = self.entries.drain().map(|(p, n)| Inval::Entry(p, n));
-        attrs.chain(entries).collect()
+        attrs.chain(entries).chain(dirs).collect()
     }
 
     pub fn trust_until(&self) -> Option<Instant> {
@@ -154,7 +172,7 @@ impl LeaseView {
 
     /// Inodes and entries handed to the kernel under leases now, and recalls heard in all (for metrics).
     pub fn counts(&self) -> (usize, u64) {
-        (self.attrs.len() + self.entries.len(), self.heard)
+        (self.attrs.len() + self.entries.len() + self.dirs.len(), self.heard)
     }
 }
 
@@ -186,6 +204,8 @@ async fn apply(notifier: &Arc<Notifier>, invals: Vec<Inval>) {
         for i in invals {
             let r = match &i {
                 Inval::Attr(ino) => n.inval_inode(INodeNo(*ino), -1, 0),
+                // Offset 0, length 0: the attributes and every cached page, the listing's included.
+                Inval::Dir(ino) => n.inval_inode(INodeNo(*ino), 0, 0),
                 Inval::Entry(parent, name) => n.inval_entry(INodeNo(*parent), OsStr::new(name)),
             };
             if let Err(e) = r
@@ -299,5 +319,24 @@ mod tests {
         v.received(&resp(1, 2, many), t0, 1);
         assert!(!v.attr(&t, 5, (t0, 1)), "recalls it asked before may have been forgotten");
         assert!(v.attr(&v.ticket(), 5, (t0, 1)));
+    }
+
+    #[test]
+    fn a_cached_listing_is_dropped_with_its_directorys_attributes_and_with_the_leases() {
+        let t0 = Instant::now();
+        let mut v = LeaseView::default();
+        let before = v.ticket();
+        v.received(&resp(1, 0, vec![]), t0, 1);
+        assert!(!v.dir(&before, 2, (t0, 1)), "opened before the epoch: not cached");
+        let t = v.ticket();
+        assert!(v.dir(&t, 2, (t0, 1)) && v.dir(&t, 3, (t0, 1)));
+        let inv = v.received(&resp(1, 1, vec![Recall { ino: 2, name: None }]), t0, 1);
+        assert_eq!(inv, vec![Inval::Dir(2)], "the listing goes with the attributes");
+        assert!(!v.dir(&t, 2, (t0, 1)), "opened before the recall");
+        let inv = v.received(&resp(1, 2, vec![Recall { ino: 2, name: None }]), t0, 1);
+        assert_eq!(inv, vec![Inval::Attr(2)], "no listing held any more");
+        let mut inv = v.lose();
+        inv.sort_by_key(|i| format!("{i:?}"));
+        assert_eq!(inv, vec![Inval::Attr(3), Inval::Dir(3)]);
     }
 }

@@ -443,7 +443,7 @@ impl Inner {
             Err(e) => return reply.error(errno(&e)),
         };
         let mut page = Vec::with_capacity(entries.len());
-        for e in entries {
+        for (off, e) in entries {
             let attr = match e.attr {
                 Some(a) => a,
                 // Listed by a plain readdir on this handle before: fetch the attributes now.
@@ -452,12 +452,10 @@ impl Inner {
                     Err(err) => return reply.error(errno(&err)),
                 },
             };
-            page.push((e.ino, e.name, e.asked, file_attr(&self.local_view(attr))));
+            page.push((off, e.ino, e.name, e.asked, file_attr(&self.local_view(attr))));
         }
         let mut v = self.lease_view();
-        let mut pos = offset;
-        for (ino, name, asked, attr) in page {
-            pos += 1;
+        for (pos, ino, name, asked, attr) in page {
             let ttl = match asked {
                 Some(t) if name != "." && name != ".." => self.entry_ttl_under(&mut v, &t, dir.ino(), &name, ino),
                 _ => self.entry_ttl(),
@@ -1066,7 +1064,9 @@ impl Filesystem for WeftFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.spawn(FuseOp::Opendir, req, move |i, c| async move {
-            let attr = match c.getattr(ino.0).await {
+            let t = i.ticket();
+            let r = if i.leasing() { c.getattr_at_mds(ino.0).await } else { c.getattr(ino.0).await };
+            let attr = match r {
                 Ok(a) => a,
                 Err(e) => return reply.error(errno(&e)),
             };
@@ -1074,10 +1074,19 @@ impl Filesystem for WeftFs {
                 return reply.error(Errno::ENOTDIR);
             }
             let plus = i.readdirplus.load(Ordering::Relaxed);
-            match i.handles.open_dir(DirHandle::new(attr, plus)) {
-                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-                Err(e) => reply.error(e),
-            }
+            // Leased: the kernel keeps the listing it reads (and keeps it across opens) until a recall of the
+            // directory's attributes drops it; every change of its names recalls them. Its offsets are then the
+            // entries' own (`DirHandle::hashed`).
+            let mut v = i.lease_view();
+            let cached = i.lease_now().is_some_and(|now| v.dir(&t, ino.0, now));
+            let handle = if cached { DirHandle::hashed(attr, plus) } else { DirHandle::new(attr, plus) };
+            let fh = match i.handles.open_dir(handle) {
+                Ok(fh) => fh,
+                Err(e) => return reply.error(e),
+            };
+            let flags =
+                if cached { FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+            reply.opened(FileHandle(fh), flags);
         });
     }
 
@@ -1086,8 +1095,7 @@ impl Filesystem for WeftFs {
             return reply.error(Errno::EBADF);
         };
         self.spawn(FuseOp::Readdir, req, move |_i, c| async move {
-            // Offsets are positions in this handle's listing, which only ever grows: stable under concurrent
-            // changes (an entry listed once keeps its offset; one added behind the cursor is not shown).
+            // Offsets are stable under concurrent changes (see `DirHandle`): an entry listed once keeps its offset.
             let mut pos = offset;
             loop {
                 let entries = match dir.entries_from(&c, pos, None).await {
@@ -1097,9 +1105,9 @@ impl Filesystem for WeftFs {
                 if entries.is_empty() {
                     break;
                 }
-                for e in entries {
-                    pos += 1;
-                    if reply.add(INodeNo(if e.ino == 0 { ino.0 } else { e.ino }), pos, e.kind, e.name) {
+                for (off, e) in entries {
+                    pos = off;
+                    if reply.add(INodeNo(if e.ino == 0 { ino.0 } else { e.ino }), off, e.kind, e.name) {
                         return reply.ok();
                     }
                 }

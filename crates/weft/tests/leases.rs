@@ -455,3 +455,67 @@ async fn a_change_waits_for_a_stopped_or_killed_mount_only_until_its_lease_ends(
     );
     let _ = std::process::Command::new("fusermount3").arg("-uz").arg(&b.dir).status();
 }
+
+/// A leased directory's listing (`FOPEN_CACHE_DIR`): B's kernel lists it again without asking the mount for
+/// entries, until a change through A recalls the directory's attributes, which drops the listing: a create, an
+/// unlink, and a create followed by a utimes that sets the mtime back (so the kernel's own mtime check cannot
+/// tell).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leased_listing_is_kept_by_the_kernel_until_a_change_elsewhere_drops_it() {
+    let cl = start_with("leases-listing", 1, |o| {
+        o.postgres = false;
+        o.meta_extra_toml.push_str(LEASE_TOML);
+    })
+    .await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let at = format!("127.0.0.1:{port}");
+    let a = Mount::start(&cl, &test_dir("leases-listing-a"), &[]);
+    let b = Mount::start(&cl, &test_dir("leases-listing-b"), &["--metrics-listen", &at]);
+    let live = || {
+        let at = at.clone();
+        async move { sum(&parse(&scrape(&at).await.unwrap()), "weft_fuse_lease_epoch_live", &[]) == 1.0 }
+    };
+    members::wait_for("B's lease channel", live).await;
+    let listed = || {
+        let at = at.clone();
+        async move {
+            let s = parse(&scrape(&at).await.unwrap());
+            ["readdir", "readdirplus"]
+                .iter()
+                .map(|op| sum(&s, "weft_fuse_requests_total", &[&format!("op=\"{op}\"")]))
+                .sum::<f64>()
+        }
+    };
+    std::fs::create_dir(a.path("d")).unwrap();
+    for i in 0..50 {
+        std::fs::write(a.path(&format!("d/f{i}")), b"x").unwrap();
+    }
+    let names = |p: PathBuf| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(p).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    let mut want: Vec<String> = (0..50).map(|i| format!("f{i}")).collect();
+    want.sort();
+    assert_eq!(names(b.path("d")), want);
+    let before = listed().await;
+    for _ in 0..3 {
+        assert_eq!(names(b.path("d")), want);
+    }
+    assert_eq!(listed().await, before, "B's kernel listed the leased directory three times from its cache");
+    std::fs::write(a.path("d/new"), b"y").unwrap();
+    want.push("new".into());
+    want.sort();
+    assert_eq!(names(b.path("d")), want, "a create through A");
+    std::fs::remove_file(a.path("d/f7")).unwrap();
+    want.retain(|n| n != "f7");
+    assert_eq!(names(b.path("d")), want, "an unlink through A");
+    let mtime = std::fs::metadata(a.path("d")).unwrap().modified().unwrap();
+    std::fs::write(a.path("d/late"), b"z").unwrap();
+    std::fs::File::open(a.path("d")).unwrap().set_modified(mtime).unwrap();
+    want.push("late".into());
+    want.sort();
+    assert_eq!(names(b.path("d")), want, "a create through A, its mtime set back");
+    assert!(listed().await > before, "the changes made B's kernel list again");
+}
