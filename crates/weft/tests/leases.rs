@@ -1,6 +1,7 @@
 //! Metadata leases against adversaries (issue 33, docs/format.md §31): two FUSE mounts of one cluster, each holding
-//! leases, take turns at random changes (create, append, truncate, chmod, utimes, rename, link, unlink), and after
-//! every change both are checked against a model: what a stat, a listing and a read return. A lease promises more
+//! leases, and a native client take turns at random changes (create, append, truncate, chmod, utimes, rename,
+//! link, unlink; the native client makes those of names and attributes), and after every change both mounts are
+//! checked against a model: what a stat, a listing and a read return. A lease promises more
 //! than the kernel's timeouts do: a change is recalled from the other mount before its call returns, so that mount's
 //! next look sees it, with no timeout to run out. Seeded: a failure prints its seed, the steps before it and the
 //! command that replays it (`WEFT_LEASE_SEED=N`; `WEFT_LEASE_SEEDS=N` runs seeds 1..=N, `WEFT_LEASE_OPS` the steps).
@@ -151,96 +152,160 @@ fn bytes(step: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| (step as usize * 31 + i * 7) as u8).collect()
 }
 
-/// Applies `c` through the mount at `root`, and to the model; returns the errno the model expects and the mount's.
-fn apply(root: &Path, m: &mut Model, c: &Change, step: u64) -> (i32, i32) {
+/// Makes change `c` (step `step`) through the mount at `root`; the errno it got.
+fn fs_change(root: &Path, c: &Change, step: u64) -> i32 {
     let at = |p: &str| root.join(p);
-    let found = |m: &Model, p: &str| m.names.get(p).copied();
     match c {
-        Change::Create { path, len } => {
-            let data = bytes(step, *len);
-            let got = errno((|| {
-                let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(at(path))?;
-                f.write_all(&data)
-            })());
-            if found(m, path).is_some() {
-                return (libc::EEXIST, got);
-            }
-            let ino = std::fs::metadata(at(path)).map_or(0, |s| s.ino());
-            let id = m.next_id;
-            m.next_id += 1;
-            m.files.insert(id, File { data, mode: 0o644, ino, mtime: None });
-            m.names.insert(path.clone(), id);
-            (0, got)
-        }
-        Change::Append { path, len } => {
-            let data = bytes(step, *len);
-            let got =
-                errno(std::fs::OpenOptions::new().append(true).open(at(path)).and_then(|mut f| f.write_all(&data)));
-            let Some(id) = found(m, path) else { return (libc::ENOENT, got) };
-            let f = m.files.get_mut(&id).unwrap();
-            f.data.extend_from_slice(&data);
-            f.mtime = None;
-            (0, got)
-        }
+        Change::Create { path, len } => errno((|| {
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(at(path))?;
+            f.write_all(&bytes(step, *len))
+        })()),
+        Change::Append { path, len } => errno(
+            std::fs::OpenOptions::new().append(true).open(at(path)).and_then(|mut f| f.write_all(&bytes(step, *len))),
+        ),
         Change::Truncate { path, len } => {
-            let got =
-                errno(std::fs::OpenOptions::new().write(true).open(at(path)).and_then(|f| f.set_len(*len as u64)));
-            let Some(id) = found(m, path) else { return (libc::ENOENT, got) };
-            let f = m.files.get_mut(&id).unwrap();
-            f.data.resize(*len, 0);
-            f.mtime = None;
-            (0, got)
+            errno(std::fs::OpenOptions::new().write(true).open(at(path)).and_then(|f| f.set_len(*len as u64)))
         }
         Change::Chmod { path, mode } => {
-            let got = errno(std::fs::set_permissions(at(path), std::fs::Permissions::from_mode(*mode)));
-            let Some(id) = found(m, path) else { return (libc::ENOENT, got) };
-            m.files.get_mut(&id).unwrap().mode = *mode;
-            (0, got)
+            errno(std::fs::set_permissions(at(path), std::fs::Permissions::from_mode(*mode)))
         }
         Change::Utimes { path, mtime } => {
             let t = SystemTime::UNIX_EPOCH + Duration::from_secs(*mtime as u64);
             let times = std::fs::FileTimes::new().set_modified(t).set_accessed(t);
-            let got = errno(std::fs::OpenOptions::new().write(true).open(at(path)).and_then(|f| f.set_times(times)));
-            let Some(id) = found(m, path) else { return (libc::ENOENT, got) };
-            m.files.get_mut(&id).unwrap().mtime = Some(*mtime);
-            (0, got)
+            errno(std::fs::OpenOptions::new().write(true).open(at(path)).and_then(|f| f.set_times(times)))
         }
-        Change::Rename { .. } | Change::Link { .. } | Change::Unlink { .. } => apply_to_names(root, m, c),
+        Change::Rename { from, to } => errno(std::fs::rename(at(from), at(to))),
+        Change::Link { from, to } => errno(std::fs::hard_link(at(from), at(to))),
+        Change::Unlink { path } => errno(std::fs::remove_file(at(path))),
     }
 }
 
-/// [`apply`] of the changes of names.
-fn apply_to_names(root: &Path, m: &mut Model, c: &Change) -> (i32, i32) {
-    let at = |p: &str| root.join(p);
+/// The third actor: the native client, which has no kernel of its own and goes by inode and name.
+struct Native {
+    rt: tokio::runtime::Handle,
+    client: weft_client::Client,
+    /// The inode of each of [`DIRS`].
+    dirs: BTreeMap<&'static str, u64>,
+}
+
+impl Native {
+    fn split<'p>(&self, path: &'p str) -> (u64, &'p str) {
+        let (dir, name) = path.rsplit_once('/').expect("a path in a directory");
+        (self.dirs[dir], name)
+    }
+
+    /// Makes change `c` through the native client: the errno it got, or `None` for a change it does not make
+    /// (data: the mounts write).
+    fn change(&self, c: &Change) -> Option<i32> {
+        use weft_proto::{SetAttrs, TimeSet};
+        let c2 = &self.client;
+        let ino = |path: &str| {
+            let (dir, name) = self.split(path);
+            let name = name.to_string();
+            async move { c2.lookup(dir, &name).await.map(|a| a.ino) }
+        };
+        if matches!(c, Change::Create { .. } | Change::Append { .. } | Change::Truncate { .. }) {
+            return None;
+        }
+        let r = self.rt.block_on(async {
+            match c {
+                Change::Chmod { path, mode } => {
+                    let set = SetAttrs { mode: Some(*mode), ..Default::default() };
+                    c2.setattr(ino(path).await?, set).await.map(drop)
+                }
+                Change::Utimes { path, mtime } => {
+                    let t = Some(TimeSet::AtNs(mtime * 1_000_000_000));
+                    c2.setattr(ino(path).await?, SetAttrs { atime: t, mtime: t, ..Default::default() }).await.map(drop)
+                }
+                Change::Rename { from, to } => {
+                    let ((sd, sn), (dd, dn)) = (self.split(from), self.split(to));
+                    c2.rename(sd, sn, dd, dn, 0).await
+                }
+                Change::Link { from, to } => {
+                    let (dd, dn) = self.split(to);
+                    c2.link(ino(from).await?, dd, dn).await.map(drop)
+                }
+                Change::Unlink { path } => {
+                    let (dir, name) = self.split(path);
+                    c2.unlink(dir, name).await
+                }
+                _ => unreachable!("a change of data: {c:?}"),
+            }
+        });
+        Some(match r {
+            Ok(()) => 0,
+            Err(e) => match e.code() {
+                Some(weft_proto::ErrorCode::NotFound) => libc::ENOENT,
+                Some(weft_proto::ErrorCode::Exists) => libc::EEXIST,
+                _ => panic!("native client: {c:?}: {e}"),
+            },
+        })
+    }
+}
+
+/// Applies change `c` (step `step`) to the model; the errno it expects. `ino_of` tells a new file's inode number.
+fn model_change(m: &mut Model, c: &Change, step: u64, ino_of: impl Fn(&str) -> u64) -> i32 {
+    let found = |m: &Model, p: &str| m.names.get(p).copied();
+    let edit = |m: &mut Model, p: &str, f: &mut dyn FnMut(&mut File)| match found(m, p) {
+        Some(id) => {
+            f(m.files.get_mut(&id).unwrap());
+            0
+        }
+        None => libc::ENOENT,
+    };
+    match c {
+        Change::Create { path, len } => {
+            if found(m, path).is_some() {
+                return libc::EEXIST;
+            }
+            let id = m.next_id;
+            m.next_id += 1;
+            m.files.insert(id, File { data: bytes(step, *len), mode: 0o644, ino: ino_of(path), mtime: None });
+            m.names.insert(path.clone(), id);
+            0
+        }
+        Change::Append { path, len } => edit(m, path, &mut |f| {
+            f.data.extend_from_slice(&bytes(step, *len));
+            f.mtime = None;
+        }),
+        Change::Truncate { path, len } => edit(m, path, &mut |f| {
+            f.data.resize(*len, 0);
+            f.mtime = None;
+        }),
+        Change::Chmod { path, mode } => edit(m, path, &mut |f| f.mode = *mode),
+        Change::Utimes { path, mtime } => edit(m, path, &mut |f| f.mtime = Some(*mtime)),
+        Change::Rename { .. } | Change::Link { .. } | Change::Unlink { .. } => model_names(m, c),
+    }
+}
+
+/// [`model_change`] of the changes of names.
+fn model_names(m: &mut Model, c: &Change) -> i32 {
     let found = |m: &Model, p: &str| m.names.get(p).copied();
     match c {
         Change::Rename { from, to } => {
-            let got = errno(std::fs::rename(at(from), at(to)));
-            let Some(id) = found(m, from) else { return (libc::ENOENT, got) };
+            let Some(id) = found(m, from) else { return libc::ENOENT };
             // Two names of one file: rename does nothing (POSIX).
             if found(m, to) != Some(id) {
                 m.forget(to);
                 m.names.remove(from);
                 m.names.insert(to.clone(), id);
             }
-            (0, got)
+            0
         }
         Change::Link { from, to } => {
-            let got = errno(std::fs::hard_link(at(from), at(to)));
-            let Some(id) = found(m, from) else { return (libc::ENOENT, got) };
+            let Some(id) = found(m, from) else { return libc::ENOENT };
             if found(m, to).is_some() {
-                return (libc::EEXIST, got);
+                return libc::EEXIST;
             }
             m.names.insert(to.clone(), id);
-            (0, got)
+            0
         }
         Change::Unlink { path } => {
-            let got = errno(std::fs::remove_file(at(path)));
             if found(m, path).is_none() {
-                return (libc::ENOENT, got);
+                return libc::ENOENT;
             }
             m.forget(path);
-            (0, got)
+            0
         }
         _ => unreachable!("not a change of names: {c:?}"),
     }
@@ -293,8 +358,21 @@ fn list(root: &Path, dir: &str) -> BTreeSet<String> {
     std::fs::read_dir(root.join(dir)).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
 }
 
-/// One seed: `ops` changes, each through a mount drawn at random, each followed by looks through both.
-fn run_seed(roots: &[PathBuf; 2], seed: u64, ops: u64) {
+/// Makes change `c` through actor `by` (0, 1: the mounts at `roots`; 2: the native client, for the changes it
+/// makes) and in the model; returns the actor that made it and (the errno the model expects, the one it got).
+fn apply(roots: &[PathBuf; 2], native: &Native, by: usize, m: &mut Model, c: &Change, step: u64) -> (usize, i32, i32) {
+    let got = if by == 2 { native.change(c) } else { None };
+    let (by, got) = match got {
+        Some(got) => (2, got),
+        None => (by % 2, fs_change(&roots[by % 2], c, step)),
+    };
+    let want = model_change(m, c, step, |p| std::fs::metadata(roots[0].join(p)).map_or(0, |s| s.ino()));
+    (by, want, got)
+}
+
+/// One seed: `ops` changes, each through an actor drawn at random (mount A, mount B, the native client), each
+/// followed by looks through both mounts.
+fn run_seed(roots: &[PathBuf; 2], native: &Native, seed: u64, ops: u64) {
     let mut rng = Rng(seed);
     let mut m = Model::default();
     let mut trail: Vec<String> = Vec::new();
@@ -309,22 +387,19 @@ fn run_seed(roots: &[PathBuf; 2], seed: u64, ops: u64) {
     };
     for step in 0..ops {
         let c = Change::draw(&mut rng, step, &m);
-        let by = rng.below(2);
-        trail.push(format!("step {step}: mount {} {c:?}", ["A", "B"][by]));
-        let (want, got) = apply(&roots[by], &mut m, &c, step);
+        let (by, want, got) = apply(roots, native, rng.below(3), &mut m, &c, step);
+        trail.push(format!("step {step}: {} {c:?}", ["mount A", "mount B", "the native client"][by]));
         if want != got {
             fail(&trail, format!("errno {got}, the model {want}"));
         }
         applied += u64::from(got == 0);
-        // Both mounts, the other first: the change must already be there, with no timeout run out.
-        for r in [&roots[1 - by], &roots[by]] {
+        // Both mounts, another's first: the change must already be there, with no timeout run out.
+        for who in [(by + 1) % 2, by % 2] {
+            let r = &roots[who];
             for p in c.paths() {
                 let read = rng.below(3) == 0;
                 if let Some(why) = look(r, &m, p, read) {
-                    fail(
-                        &trail,
-                        format!("through mount {}: {why}", if r == &roots[by] { "A/B (its own)" } else { "the other" }),
-                    );
+                    fail(&trail, format!("through mount {}: {why}", ["A", "B"][who]));
                 }
             }
             let dir = *rng.pick(&DIRS);
@@ -378,13 +453,17 @@ async fn two_leased_mounts_agree_with_a_model_after_every_change() {
             .await;
     }
     let ops = std::env::var("WEFT_LEASE_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let client = cl.client().await;
     for seed in seeds() {
         let roots = [a.path(&format!("s{seed}")), b.path(&format!("s{seed}"))];
+        let mut dirs = BTreeMap::new();
         for d in DIRS {
             std::fs::create_dir_all(roots[0].join(d)).unwrap();
+            dirs.insert(d, client.resolve(&format!("/s{seed}/{d}")).await.unwrap().ino);
         }
+        let native = Native { rt: tokio::runtime::Handle::current(), client: client.clone(), dirs };
         let r = roots.clone();
-        tokio::task::spawn_blocking(move || run_seed(&r, seed, ops)).await.unwrap();
+        tokio::task::spawn_blocking(move || run_seed(&r, &native, seed, ops)).await.unwrap();
     }
     if !off {
         assert!(mds_gauge(&cl, "weft_mds_lease_recalls").await > 0.0, "the mounts held leases and had them recalled");
