@@ -226,6 +226,7 @@ impl DirHandle {
             if offset == 0 || s.cookies.is_empty() {
                 self.list_whole(client, &mut s, asked).await?;
             }
+            debug_assert_eq!(s.cookies.len(), s.entries.len(), "an offset per entry");
             let at = s.cookies.partition_point(|&c| c <= offset);
             let end = s.cookies.len().min(at + DIR_PAGE_ENTRIES as usize);
             return Ok((at..end).map(|i| (s.cookies[i], s.entries[i].clone())).collect());
@@ -243,6 +244,8 @@ impl DirHandle {
         s: &mut DirState,
         asked: Option<crate::leases::Ticket>,
     ) -> Result<(), ClientError> {
+        // Until the listing is whole again there are no offsets (a failed fetch leaves none half-made).
+        s.cookies.clear();
         s.entries.truncate(2);
         s.after.clear();
         s.eof = false;
