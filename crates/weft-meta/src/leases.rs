@@ -379,6 +379,46 @@ impl LeaseTable {
     pub fn holders(&self) -> usize {
         self.holders.values().filter(|h| !h.closed).count()
     }
+
+    /// Checks the table's invariants, in full (a scan of everything: for tests and the simulation, after every
+    /// step): the index by inode and the holders' sets agree, the counts and bounds hold, recall numbers rise.
+    pub fn check(&self) -> Result<(), String> {
+        let held: usize = self.holders.values().map(|h| h.inos.len()).sum();
+        let indexed: usize = self.by_ino.values().map(Vec::len).sum();
+        if held != self.leased || indexed != self.leased || self.leased > self.limits.total {
+            return Err(format!("leases: {held} held, {indexed} indexed, {} counted", self.leased));
+        }
+        for (ino, sessions) in &self.by_ino {
+            if let Some(s) = sessions.iter().find(|s| !self.holders.get(s).is_some_and(|h| h.inos.contains(ino))) {
+                return Err(format!("inode {ino} is indexed under session {s:#x}, which does not hold it"));
+            }
+        }
+        for (s, h) in &self.holders {
+            let rising = h.queue.iter().zip(h.queue.iter().skip(1)).all(|(a, b)| a.0 < b.0);
+            let numbered = h.queue.back().is_none_or(|(seq, _, _)| *seq < h.next);
+            if !rising || !numbered || h.queue.len() > self.limits.queued || h.inos.len() > self.limits.per_holder {
+                return Err(format!(
+                    "holder {s:#x}: queue of {} (next {}), {} inodes",
+                    h.queue.len(),
+                    h.next,
+                    h.inos.len()
+                ));
+            }
+            if h.epoch == 0 {
+                return Err(format!("holder {s:#x} has epoch 0, which means no leases"));
+            }
+        }
+        let ordered = self.changes.iter().zip(self.changes.iter().skip(1)).all(|(a, b)| a.0 <= b.0);
+        if !ordered || self.changes.len() > CHANGES_KEPT || self.changes.back().is_some_and(|c| c.0 > self.change_seq) {
+            return Err(format!(
+                "changes: {} kept, up to {:?} of {}",
+                self.changes.len(),
+                self.changes.back().map(|c| c.0),
+                self.change_seq
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -395,6 +435,29 @@ mod tests {
 
     fn table() -> LeaseTable {
         LeaseTable::new(Limits { lease_ms: 1000, per_holder: 4, total: 6, queued: 3 }, 7)
+    }
+
+    #[test]
+    fn the_invariant_check_holds_through_a_walk_and_catches_a_broken_index() {
+        let mut t = table();
+        let step = |t: &mut LeaseTable, f: &mut dyn FnMut(&mut LeaseTable)| {
+            f(t);
+            t.check().unwrap();
+        };
+        step(&mut t, &mut |t| drop(t.poll(1, 0, 0, 0)));
+        step(&mut t, &mut |t| drop(t.poll(2, 0, 0, 0)));
+        step(&mut t, &mut |t| assert!(t.grant(1, &[10, 11], 0, 0)));
+        step(&mut t, &mut |t| assert!(t.grant(2, &[10, 12, 13, 14], 0, 0)));
+        step(&mut t, &mut |t| assert!(!t.grant(2, &[15], 0, 0), "past per_holder: revoked"));
+        step(&mut t, &mut |t| drop(t.changed(1, &[attrs(10), entry(10, "x")], 5)));
+        step(&mut t, &mut |t| t.closed(1, 6));
+        step(&mut t, &mut |t| drop(t.changed(2, &[attrs(11)], 2000)));
+        step(&mut t, &mut |t| t.revoke(2));
+        let mut broken = table();
+        broken.poll(1, 0, 0, 0);
+        broken.grant(1, &[10], 0, 0);
+        broken.by_ino.get_mut(&10).unwrap().push(9);
+        assert!(broken.check().unwrap_err().contains("leases"), "an index entry no holder backs");
     }
 
     #[test]

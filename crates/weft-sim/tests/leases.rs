@@ -482,6 +482,7 @@ impl World {
 
     fn check(&mut self) -> Result<(), String> {
         self.summary.checks += 1;
+        self.table.check()?;
         for (c, m) in self.mounts.iter().enumerate() {
             if m.slow {
                 continue;
