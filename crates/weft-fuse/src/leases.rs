@@ -12,13 +12,14 @@
 //! are recorded under it before they are applied, so a reply judged trusted is in the kernel before the recall
 //! that voids it is applied.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fuser::{INodeNo, Notifier};
 use weft_client::Client;
+use weft_proto::Attr;
 use weft_proto::msg::LeaseWaitResp;
 
 /// Inodes and entries handed to the kernel under leases, each; past it, replies get the plain timeouts.
@@ -63,8 +64,9 @@ pub struct LeaseView {
     entries: HashSet<(u64, String)>,
     /// Directories whose listings the kernel may cache (opened with `FOPEN_CACHE_DIR`): a recall of their
     /// attributes drops the listing too. (Every change of a directory's names recalls its attributes, docs/format.md
-    /// §31; the kernel also checks the mtime, but a utimes could set it back.)
-    dirs: HashSet<u64>,
+    /// §31; the kernel also checks the mtime, but a utimes could set it back.) With the attributes its open
+    /// got, so the next open of it asks the MDS nothing.
+    dirs: HashMap<u64, Attr>,
 }
 
 impl LeaseView {
@@ -107,13 +109,24 @@ impl LeaseView {
 
     /// A directory opened under `t` whose attributes the reply `attr` carried: true if the kernel may cache its
     /// listing under the lease (then remembered, so a recall drops the listing too).
-    pub fn dir(&mut self, t: &Ticket, ino: u64, now: (Instant, u64)) -> bool {
-        let full = self.dirs.len() >= TRACKED_MAX && !self.dirs.contains(&ino);
-        if full || !self.attr(t, ino, now) {
+    pub fn dir(&mut self, t: &Ticket, attr: &Attr, now: (Instant, u64)) -> bool {
+        let full = self.dirs.len() >= TRACKED_MAX && !self.dirs.contains_key(&attr.ino);
+        if full || !self.attr(t, attr.ino, now) {
             return false;
         }
-        self.dirs.insert(ino);
+        self.dirs.insert(attr.ino, attr.clone());
         true
+    }
+
+    /// The attributes a leased directory's last open got, if its lease holds now: it exists and is a directory
+    /// (its removal would have recalled it), so an open needs nothing else from the MDS. (Its times may have moved
+    /// with this mount's own changes: they only fill the listing's "." entry, which the kernel skips.)
+    pub fn held_dir(&self, ino: u64, (now, session): (Instant, u64)) -> Option<Attr> {
+        let live = self.epoch != 0 && session == self.session && self.trust_until.is_some_and(|u| now < u);
+        if !live || !self.attrs.contains(&ino) {
+            return None;
+        }
+        self.dirs.get(&ino).cloned()
     }
 
     /// This mount changed `ino` behind its kernel's back (a commit at close or fsync): true if the kernel holds its
@@ -140,7 +153,8 @@ impl LeaseView {
             match &r.name {
                 None => {
                     self.attrs.remove(&r.ino);
-                    out.push(if self.dirs.remove(&r.ino) { Inval::Dir(r.ino) } else { Inval::Attr(r.ino) });
+                    let dir = self.dirs.remove(&r.ino).is_some();
+                    out.push(if dir { Inval::Dir(r.ino) } else { Inval::Attr(r.ino) });
                 }
                 Some(n) => {
                     self.entries.remove(&(r.ino, n.clone()));
@@ -156,7 +170,7 @@ impl LeaseView {
     pub fn lose(&mut self) -> Vec<Inval> {
         self.epoch = 0;
         self.trust_until = None;
-        let dirs: Vec<Inval> = self.dirs.drain().map(Inval::Dir).collect();
+        let dirs: Vec<Inval> = self.dirs.drain().map(|(ino, _)| Inval::Dir(ino)).collect();
         let attrs = self.attrs.drain().map(Inval::Attr);
         let entries = self.entries.drain().map(|(p, n)| Inval::Entry(p, n));
         attrs.chain(entries).chain(dirs).collect()
@@ -323,16 +337,36 @@ mod tests {
 
     #[test]
     fn a_cached_listing_is_dropped_with_its_directorys_attributes_and_with_the_leases() {
+        let dir = |ino| Attr {
+            ino,
+            kind: weft_proto::FileKind::Dir,
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+            nlink: 2,
+            size: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            layout: None,
+            rdev: 0,
+            data_version: 0,
+        };
         let t0 = Instant::now();
         let mut v = LeaseView::default();
         let before = v.ticket();
         v.received(&resp(1, 0, vec![]), t0, 1);
-        assert!(!v.dir(&before, 2, (t0, 1)), "opened before the epoch: not cached");
+        assert!(!v.dir(&before, &dir(2), (t0, 1)), "opened before the epoch: not cached");
+        assert!(v.held_dir(2, (t0, 1)).is_none());
         let t = v.ticket();
-        assert!(v.dir(&t, 2, (t0, 1)) && v.dir(&t, 3, (t0, 1)));
+        assert!(v.dir(&t, &dir(2), (t0, 1)) && v.dir(&t, &dir(3), (t0, 1)));
+        assert_eq!(v.held_dir(2, (t0, 1)), Some(dir(2)), "the next open asks the MDS nothing");
+        assert!(v.held_dir(2, (t0, 2)).is_none(), "another MDS session");
+        assert!(v.held_dir(2, (t0 + Duration::from_millis(1000), 1)).is_none(), "past the trust horizon");
         let inv = v.received(&resp(1, 1, vec![Recall { ino: 2, name: None }]), t0, 1);
         assert_eq!(inv, vec![Inval::Dir(2)], "the listing goes with the attributes");
-        assert!(!v.dir(&t, 2, (t0, 1)), "opened before the recall");
+        assert!(v.held_dir(2, (t0, 1)).is_none(), "recalled");
+        assert!(!v.dir(&t, &dir(2), (t0, 1)), "opened before the recall");
         let inv = v.received(&resp(1, 2, vec![Recall { ino: 2, name: None }]), t0, 1);
         assert_eq!(inv, vec![Inval::Attr(2)], "no listing held any more");
         let mut inv = v.lose();

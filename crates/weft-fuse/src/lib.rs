@@ -1065,7 +1065,12 @@ impl Filesystem for WeftFs {
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.spawn(FuseOp::Opendir, req, move |i, c| async move {
             let t = i.ticket();
-            let r = if i.leasing() { c.getattr_at_mds(ino.0).await } else { c.getattr(ino.0).await };
+            let held = i.lease_now().and_then(|now| i.lease_view().held_dir(ino.0, now));
+            let r = match held.clone() {
+                Some(a) => Ok(a),
+                None if i.leasing() => c.getattr_at_mds(ino.0).await,
+                None => c.getattr(ino.0).await,
+            };
             let attr = match r {
                 Ok(a) => a,
                 Err(e) => return reply.error(errno(&e)),
@@ -1078,7 +1083,11 @@ impl Filesystem for WeftFs {
             // directory's attributes drops it; every change of its names recalls them. Its offsets are then the
             // entries' own (`DirHandle::hashed`).
             let mut v = i.lease_view();
-            let cached = i.lease_now().is_some_and(|now| v.dir(&t, ino.0, now));
+            // Decided under the view's lock, as the reply is sent: a recall in between drops the listing after it.
+            let cached = i.lease_now().is_some_and(|now| match held {
+                Some(_) => v.held_dir(ino.0, now).is_some(),
+                None => v.dir(&t, &attr, now),
+            });
             let handle = if cached { DirHandle::hashed(attr, plus) } else { DirHandle::new(attr, plus) };
             let fh = match i.handles.open_dir(handle) {
                 Ok(fh) => fh,

@@ -536,16 +536,22 @@ async fn a_change_waits_for_a_stopped_or_killed_mount_only_until_its_lease_ends(
 }
 
 /// A leased directory's listing (`FOPEN_CACHE_DIR`): B's kernel lists it again without asking the mount for
-/// entries, until a change through A recalls the directory's attributes, which drops the listing: a create, an
+/// entries (nor B the MDS for the directory's attributes at each open), until a change through A recalls the directory's attributes, which drops the listing: a create, an
 /// unlink, and a create followed by a utimes that sets the mtime back (so the kernel's own mtime check cannot
 /// tell).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leased_listing_is_kept_by_the_kernel_until_a_change_elsewhere_drops_it() {
     let cl = start_with("leases-listing", 1, |o| {
         o.postgres = false;
+        o.metrics = true;
         o.meta_extra_toml.push_str(LEASE_TOML);
     })
     .await;
+    let meta = cl.metrics_addrs().into_iter().find(|(role, _)| role == "meta").unwrap().1;
+    let mds_getattrs = || {
+        let meta = meta.clone();
+        async move { sum(&parse(&scrape(&meta).await.unwrap()), "weft_rpc_server_requests_total", &["op=\"GetAttr\""]) }
+    };
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let at = format!("127.0.0.1:{port}");
     let a = Mount::start(&cl, &test_dir("leases-listing-a"), &[]);
@@ -578,11 +584,15 @@ async fn a_leased_listing_is_kept_by_the_kernel_until_a_change_elsewhere_drops_i
     let mut want: Vec<String> = (0..50).map(|i| format!("f{i}")).collect();
     want.sort();
     assert_eq!(names(b.path("d")), want);
-    let before = listed().await;
+    // Once more first: the kernel marks the atime stale after a listing it read from the mount, and glibc's
+    // opendir(3) fstat()s, which then asks for the attributes once.
+    assert_eq!(names(b.path("d")), want);
+    let (before, asked) = (listed().await, mds_getattrs().await);
     for _ in 0..3 {
         assert_eq!(names(b.path("d")), want);
     }
     assert_eq!(listed().await, before, "B's kernel listed the leased directory three times from its cache");
+    assert_eq!(mds_getattrs().await, asked, "and B opened it three times without asking the MDS");
     std::fs::write(a.path("d/new"), b"y").unwrap();
     want.push("new".into());
     want.sort();
