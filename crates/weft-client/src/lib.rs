@@ -1041,6 +1041,12 @@ async fn fabric_offer(tcp: &Rpc) -> FabricOffer {
     }
 }
 
+/// FNV-1a 64 of a directory entry's name: a position that is the entry's own, whatever else the directory holds,
+/// from which the NFS gateway's READDIR cookies and the FUSE mount's offsets of cached listings are made.
+pub fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
 /// A file's layout comes from the MDS: a malformed one is a protocol error, never a panic here.
 fn check_file_layout(ino: u64, layout: &Layout) -> Result<(), ClientError> {
     layout.validate(false).map_err(|e| ClientError::Protocol(format!("file inode {ino}: {e}")))

@@ -175,11 +175,10 @@ struct DirState {
     cookies: Vec<u64>,
 }
 
-/// The offset of the entry `name` in a hashed listing: FNV-1a 64 of the name, in 3..2⁶³ (1 and 2 are "." and "..",
-/// and the kernel's offsets are signed). Two names of one directory share one with odds of about n²/2⁶⁴.
+/// The offset of the entry `name` in a hashed listing: [`weft_client::name_hash`] in 3..2⁶³ (1 and 2 are "." and
+/// "..", and the kernel's offsets are signed). Two names of one directory share one with odds of about n²/2⁶⁴.
 pub(crate) fn name_cookie(name: &str) -> u64 {
-    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-    (h >> 1).max(3)
+    (weft_client::name_hash(name) >> 1).max(3)
 }
 
 impl DirHandle {

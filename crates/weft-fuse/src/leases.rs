@@ -170,10 +170,13 @@ impl LeaseView {
     pub fn lose(&mut self) -> Vec<Inval> {
         self.epoch = 0;
         self.trust_until = None;
-        let dirs: Vec<Inval> = self.dirs.drain().map(|(ino, _)| Inval::Dir(ino)).collect();
-        let attrs = self.attrs.drain().map(Inval::Attr);
+        // A directory's attributes go with its listing (its `Inval::Dir`).
+        let dirs = std::mem::take(&mut self.dirs);
+        let attrs = self.attrs.drain().filter(|ino| !dirs.contains_key(ino)).map(Inval::Attr);
         let entries = self.entries.drain().map(|(p, n)| Inval::Entry(p, n));
-        attrs.chain(entries).chain(dirs).collect()
+        let mut out: Vec<Inval> = attrs.chain(entries).collect();
+        out.extend(dirs.into_keys().map(Inval::Dir));
+        out
     }
 
     pub fn trust_until(&self) -> Option<Instant> {
@@ -184,9 +187,10 @@ impl LeaseView {
         self.epoch
     }
 
-    /// Inodes and entries handed to the kernel under leases now, and recalls heard in all (for metrics).
+    /// Inodes and entries handed to the kernel under leases now (a cached listing's directory among the inodes),
+    /// and recalls heard in all (for metrics).
     pub fn counts(&self) -> (usize, u64) {
-        (self.attrs.len() + self.entries.len() + self.dirs.len(), self.heard)
+        (self.attrs.len() + self.entries.len(), self.heard)
     }
 }
 
@@ -369,8 +373,6 @@ mod tests {
         assert!(!v.dir(&t, &dir(2), (t0, 1)), "opened before the recall");
         let inv = v.received(&resp(1, 2, vec![Recall { ino: 2, name: None }]), t0, 1);
         assert_eq!(inv, vec![Inval::Attr(2)], "no listing held any more");
-        let mut inv = v.lose();
-        inv.sort_by_key(|i| format!("{i:?}"));
-        assert_eq!(inv, vec![Inval::Attr(3), Inval::Dir(3)]);
+        assert_eq!(v.lose(), vec![Inval::Dir(3)], "a directory's attributes go with its listing");
     }
 }

@@ -256,12 +256,6 @@ fn served_ops() -> Vec<(usize, &'static str)> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_mds_counts_the_ops_it_serves() {
-        let names: Vec<&str> = super::served_ops().into_iter().map(|(_, n)| n).collect();
-        assert!(names.contains(&"Create") && names.contains(&"SessionCreate") && !names.contains(&"WriteChunks"));
-    }
-
     use std::time::Duration;
 
     use weft_proto::msg::{LookupReq, MkdirReq};
@@ -269,6 +263,12 @@ mod tests {
     use weft_rpc::{ClientConfig, RpcClient};
 
     use super::*;
+
+    #[test]
+    fn the_mds_counts_the_ops_it_serves() {
+        let names: Vec<&str> = served_ops().into_iter().map(|(_, n)| n).collect();
+        assert!(names.contains(&"Create") && names.contains(&"SessionCreate") && !names.contains(&"WriteChunks"));
+    }
 
     /// Starts a metadata service on `db = url` (no authentication) on `rt`; returns its address.
     fn start(rt: &tokio::runtime::Runtime, url: &str, data_dir: &std::path::Path) -> String {

@@ -656,12 +656,7 @@ async fn link(gw: &Gateway, c: &Client, fh: &[u8], to: DirOp<'_>) -> Out {
 /// A name's cookie: FNV-1a 64 with the top bit set, so it never collides with 0 (start), 1 (".") or 2 ("..");
 /// the same on every gateway and after restarts.
 pub fn name_cookie(name: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in name.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h | 1 << 63
+    weft_client::name_hash(name) | 1 << 63
 }
 
 /// One listed entry: name, inode, and its attributes when READDIRPLUS has them.

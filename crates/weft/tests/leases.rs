@@ -430,20 +430,43 @@ fn seeds() -> Vec<u64> {
     }
 }
 
+/// A cluster of one data server on the embedded store (services that share PostgreSQL grant no leases), its
+/// metrics served, with `meta_toml` in the MDS's config.
+async fn leased_cluster(name: &str, meta_toml: &str) -> TestCluster {
+    start_with(name, 1, |o| {
+        o.postgres = false;
+        o.metrics = true;
+        o.meta_extra_toml.push_str(meta_toml);
+    })
+    .await
+}
+
+/// A mount of `cl` in `test_dir(name)` that serves its metrics; returns it and where they are.
+fn mount_with_metrics(cl: &TestCluster, name: &str) -> (Mount, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let at = format!("127.0.0.1:{port}");
+    (Mount::start(cl, &test_dir(name), &["--metrics-listen", &at]), at)
+}
+
+/// The sum of the samples of metric `name` that carry `labels`, at the metrics endpoint `at`.
+async fn metric(at: &str, name: &str, labels: &[&str]) -> f64 {
+    sum(&parse(&scrape(at).await.unwrap()), name, labels)
+}
+
+/// Whether the mount whose metrics are at `at` holds leases now.
+async fn leasing(at: &str) -> bool {
+    metric(at, "weft_fuse_lease_epoch_live", &[]).await == 1.0
+}
+
 /// The MDS's gauge `name`.
 async fn mds_gauge(cl: &TestCluster, name: &str) -> f64 {
     let meta = cl.metrics_addrs().into_iter().find(|(role, _)| role == "meta").unwrap().1;
-    sum(&parse(&scrape(&meta).await.unwrap()), name, &[])
+    metric(&meta, name, &[]).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_leased_mounts_agree_with_a_model_after_every_change() {
-    let cl = start_with("leases-exerciser", 1, |o| {
-        o.postgres = false;
-        o.metrics = true;
-        o.meta_extra_toml.push_str(LEASE_TOML);
-    })
-    .await;
+    let cl = leased_cluster("leases-exerciser", LEASE_TOML).await;
     let off = std::env::var("WEFT_LEASE_OFF").is_ok_and(|v| v == "1");
     let extra: &[&str] = if off { &["--lease-timeout-ms", "0"] } else { &[] };
     let a = Mount::start(&cl, &test_dir("leases-exerciser-a"), extra);
@@ -476,22 +499,11 @@ async fn two_leased_mounts_agree_with_a_model_after_every_change() {
 /// here), the stopped mount is revoked and comes back with a new epoch, and the dead one is dropped.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_change_waits_for_a_stopped_or_killed_mount_only_until_its_lease_ends() {
-    let cl = start_with("leases-stopped", 1, |o| {
-        o.postgres = false;
-        o.metrics = true;
-        o.meta_extra_toml.push_str("lease_ms = 2000\n");
-    })
-    .await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let b_metrics = format!("127.0.0.1:{port}");
+    let cl = leased_cluster("leases-stopped", "lease_ms = 2000\n").await;
     let a = Mount::start(&cl, &test_dir("leases-stopped-a"), &[]);
-    let b = Mount::start(&cl, &test_dir("leases-stopped-b"), &["--metrics-listen", &b_metrics]);
-    let b_live = || {
-        let at = b_metrics.clone();
-        async move { sum(&parse(&scrape(&at).await.unwrap()), "weft_fuse_lease_epoch_live", &[]) == 1.0 }
-    };
+    let (b, b_metrics) = mount_with_metrics(&cl, "leases-stopped-b");
     members::wait_for("both lease channels", || async { mds_gauge(&cl, "weft_mds_lease_holders").await == 2.0 }).await;
-    members::wait_for("B's lease channel", b_live).await;
+    members::wait_for("B's lease channel", || leasing(&b_metrics)).await;
     std::fs::write(a.path("f"), b"x").unwrap();
     std::fs::write(a.path("g"), b"y").unwrap();
     // B takes a lease on f.
@@ -514,62 +526,31 @@ async fn a_change_waits_for_a_stopped_or_killed_mount_only_until_its_lease_ends(
         }
     })
     .await;
-    members::wait_for("B's new epoch", b_live).await;
+    members::wait_for("B's new epoch", || leasing(&b_metrics)).await;
     assert_eq!(std::fs::metadata(b.path("g")).unwrap().len(), 1);
     signal("-KILL");
     chmod(a.path("g"), 0o600).await.unwrap().expect("a chmod while the other mount is dead");
     assert_eq!(std::fs::metadata(a.path("g")).unwrap().mode() & 0o7777, 0o600);
-    let holders = || async { mds_gauge(&cl, "weft_mds_lease_holders").await };
-    for _ in 0..300 {
-        if holders().await == 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(
-        holders().await,
-        1.0,
-        "the dead mount dropped; revocations {}",
-        mds_gauge(&cl, "weft_mds_lease_revocations").await
-    );
+    members::wait_for("the dead mount dropped", || async { mds_gauge(&cl, "weft_mds_lease_holders").await == 1.0 })
+        .await;
     let _ = std::process::Command::new("fusermount3").arg("-uz").arg(&b.dir).status();
 }
 
 /// A leased directory's listing (`FOPEN_CACHE_DIR`): B's kernel lists it again without asking the mount for
-/// entries (nor B the MDS for the directory's attributes at each open), until a change through A recalls the directory's attributes, which drops the listing: a create, an
-/// unlink, and a create followed by a utimes that sets the mtime back (so the kernel's own mtime check cannot
-/// tell).
+/// entries (nor B the MDS for the directory's attributes at each open), until a change through A recalls the
+/// directory's attributes, which drops the listing: a create, an unlink, and a create followed by a utimes that
+/// sets the mtime back (so the kernel's own mtime check cannot tell).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leased_listing_is_kept_by_the_kernel_until_a_change_elsewhere_drops_it() {
-    let cl = start_with("leases-listing", 1, |o| {
-        o.postgres = false;
-        o.metrics = true;
-        o.meta_extra_toml.push_str(LEASE_TOML);
-    })
-    .await;
+    let cl = leased_cluster("leases-listing", LEASE_TOML).await;
     let meta = cl.metrics_addrs().into_iter().find(|(role, _)| role == "meta").unwrap().1;
-    let mds_getattrs = || {
-        let meta = meta.clone();
-        async move { sum(&parse(&scrape(&meta).await.unwrap()), "weft_rpc_server_requests_total", &["op=\"GetAttr\""]) }
-    };
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let at = format!("127.0.0.1:{port}");
+    let mds_getattrs = || metric(&meta, "weft_rpc_server_requests_total", &["op=\"GetAttr\""]);
     let a = Mount::start(&cl, &test_dir("leases-listing-a"), &[]);
-    let b = Mount::start(&cl, &test_dir("leases-listing-b"), &["--metrics-listen", &at]);
-    let live = || {
-        let at = at.clone();
-        async move { sum(&parse(&scrape(&at).await.unwrap()), "weft_fuse_lease_epoch_live", &[]) == 1.0 }
-    };
-    members::wait_for("B's lease channel", live).await;
-    let listed = || {
-        let at = at.clone();
-        async move {
-            let s = parse(&scrape(&at).await.unwrap());
-            ["readdir", "readdirplus"]
-                .iter()
-                .map(|op| sum(&s, "weft_fuse_requests_total", &[&format!("op=\"{op}\"")]))
-                .sum::<f64>()
-        }
+    let (b, at) = mount_with_metrics(&cl, "leases-listing-b");
+    members::wait_for("B's lease channel", || leasing(&at)).await;
+    let listed = || async {
+        let (plain, plus) = (r#"op="readdir""#, r#"op="readdirplus""#);
+        metric(&at, "weft_fuse_requests_total", &[plain]).await + metric(&at, "weft_fuse_requests_total", &[plus]).await
     };
     std::fs::create_dir(a.path("d")).unwrap();
     for i in 0..50 {
