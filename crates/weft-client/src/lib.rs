@@ -38,6 +38,8 @@ mod file;
 mod handle;
 mod io_queue;
 mod layouts;
+pub mod lease_trust;
+pub mod meta_cache;
 mod mirror;
 mod plain;
 mod recycle;
@@ -123,6 +125,8 @@ struct Inner {
     /// The MDS session this client's locks were taken on (0: none yet); when the client's session changes (its
     /// service died, another answers), the locks are adopted from it before the next lock call (format §30).
     locks_session: std::sync::atomic::AtomicU64,
+    /// Attributes and entries cached under metadata leases, once [`Client::hold_leases`] started the channel.
+    meta_cache: std::sync::OnceLock<Mutex<meta_cache::MetaCache>>,
 }
 
 /// A pNFS data server ([`Client::pnfs_devices`]): a data server's id and the NFS addresses it serves at.
@@ -232,6 +236,7 @@ impl Client {
                 asserted_user_is_effective,
                 lock_keepalive: std::sync::OnceLock::new(),
                 locks_session: std::sync::atomic::AtomicU64::new(0),
+                meta_cache: std::sync::OnceLock::new(),
             }),
             user: Arc::new(user),
         };
@@ -270,7 +275,13 @@ impl Client {
     }
 
     async fn meta(&self, req: Request) -> Result<Response, ClientError> {
-        let r = self.inner.mds.call_simple_as(Some(&self.user), req).await.map_err(ClientError::Meta)?;
+        // A change of this client's own: the MDS recalls nothing from it, so the lease cache drops it itself.
+        let own = self.lease_cache().map(|_| meta_cache::own_change(&req));
+        let r = self.inner.mds.call_simple_as(Some(&self.user), req).await.map_err(ClientError::Meta);
+        if let (Some(c), Some(own)) = (self.lease_cache(), own) {
+            meta_cache::lock(c).changed(own);
+        }
+        let r = r?;
         if let Some(l) = attr_layout(&r) {
             self.inner.layouts.insert(l.0, l.1.clone());
         }
@@ -393,10 +404,14 @@ impl Client {
 
     // ---- namespace -------------------------------------------------------------------------------------------
 
-    /// The attributes of `parent`'s entry `name`: from the cache bank when it has the entry, the child's
+    /// The attributes of `parent`'s entry `name`: from the lease cache while this client holds leases
+    /// ([`Client::hold_leases`]); else from the cache bank when it has the entry, the child's
     /// attributes, and the parent's attributes showing that this client's user may search `parent`
     /// ([`bank_may_search`]); else from the MDS, which checks everything itself.
     pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, ClientError> {
+        if let Some(c) = self.lease_cache() {
+            return self.lookup_leased(c, parent, name).await;
+        }
         if let Some(attr) = self.lookup_in_bank(parent, name).await {
             return Ok(attr);
         }
@@ -429,9 +444,13 @@ impl Client {
         Ok(meta_call!(self, LeaseWait(weft_proto::msg::LeaseWaitReq { epoch, acked, hold_ms })))
     }
 
-    /// The attributes of `ino`: from the cache bank if it has them (attributes are not secret beyond the lookup
+    /// The attributes of `ino`: from the lease cache while this client holds leases; else from the cache bank if it
+    /// has them (attributes are not secret beyond the lookup
     /// that found the inode), else from the MDS.
     pub async fn getattr(&self, ino: u64) -> Result<Attr, ClientError> {
+        if let Some(c) = self.lease_cache() {
+            return self.getattr_leased(c, ino).await;
+        }
         if let Some(bank) = self.attr_bank()
             && self.inner.attr_misses.ask()
         {
@@ -603,8 +622,12 @@ impl Client {
     }
 
     /// One page of a directory with each entry's attributes (at most `READDIRPLUS_ENTRIES_MAX` entries).
+    /// A lease holder's page fills its lease cache (the directory's lease covers its names).
     pub async fn readdir_plus_page(&self, ino: u64, after: &str, limit: u32) -> Result<ReaddirPlusResp, ClientError> {
-        Ok(meta_call!(self, ReaddirPlus(ReaddirReq { ino, after: after.into(), limit })))
+        let t = self.lease_ticket();
+        let page = meta_call!(self, ReaddirPlus(ReaddirReq { ino, after: after.into(), limit }));
+        self.cache_listing(t, ino, &page);
+        Ok(page)
     }
 
     /// A whole directory, page by page.

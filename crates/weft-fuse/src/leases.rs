@@ -3,29 +3,26 @@
 //! and entry timeouts; a recall from the MDS is applied with `notify_inval_inode` / `notify_inval_entry` before it
 //! is acknowledged.
 //!
-//! [`LeaseView`] is the pure part: the epoch, the trust horizon, the recalls heard lately and what was handed to
-//! the kernel under a lease. [`run`] is the channel: one `LeaseWait` call after another on the mount's MDS session.
-//!
-//! A reply is trusted only if it was asked for under the current epoch, within the trust horizon, and no recall
-//! of an inode it names arrived since ([`Ticket`]): the MDS records a grant after the op read the store, so a
-//! recall can overtake the reply it belongs to. Replies are sent to the kernel under the view's lock, and recalls
-//! are recorded under it before they are applied, so a reply judged trusted is in the kernel before the recall
-//! that voids it is applied.
+//! [`LeaseView`] is the pure part: what was handed to the kernel under a lease, on top of weft-client's
+//! [`LeaseTrust`] (the epoch, the trust horizon, the recalls heard lately: which replies may be trusted, [`Ticket`]).
+//! [`run`] is the channel: one `LeaseWait` call after another on the mount's MDS session. Replies are sent to the
+//! kernel under the view's lock, and recalls are recorded under it before they are applied, so a reply judged
+//! trusted is in the kernel before the recall that voids it is applied.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fuser::{INodeNo, Notifier};
 use weft_client::Client;
+use weft_client::lease_trust::LeaseTrust;
+pub use weft_client::lease_trust::Ticket;
 use weft_proto::Attr;
 use weft_proto::msg::LeaseWaitResp;
 
 /// Inodes and entries handed to the kernel under leases, each; past it, replies get the plain timeouts.
 pub const TRACKED_MAX: usize = 65_536;
-/// Recalls remembered for replies in flight; a reply asked for before the oldest is not trusted.
-const RECENT_MAX: usize = 4_096;
 /// How long the MDS may hold one `LeaseWait` (it caps this at a third of the lease).
 const HOLD_MS: u32 = 1_000;
 /// Wait before asking again after a failed call, or at a service that grants no leases.
@@ -41,25 +38,9 @@ pub enum Inval {
     Dir(u64),
 }
 
-/// What a request was asked under: trusted at reply time only if nothing since voids it.
-#[derive(Debug, Clone, Copy)]
-pub struct Ticket {
-    epoch: u64,
-    heard: u64,
-}
-
 #[derive(Debug, Default)]
 pub struct LeaseView {
-    /// 0: no leases (none granted yet, or lost).
-    epoch: u64,
-    /// The MDS session the epoch was granted on: a reply that arrives on another one (the service restarted or
-    /// failed over, and knows nothing of this mount's leases) is not trusted.
-    session: u64,
-    trust_until: Option<Instant>,
-    /// Recalls heard, counted.
-    heard: u64,
-    /// The last [`RECENT_MAX`] recalls' inodes, with their count.
-    recent: VecDeque<(u64, u64)>,
+    trust: LeaseTrust,
     attrs: HashSet<u64>,
     entries: HashSet<(u64, String)>,
     /// Directories whose listings the kernel may cache (opened with `FOPEN_CACHE_DIR`): a recall of their
@@ -71,19 +52,11 @@ pub struct LeaseView {
 
 impl LeaseView {
     pub fn ticket(&self) -> Ticket {
-        Ticket { epoch: self.epoch, heard: self.heard }
+        self.trust.ticket()
     }
 
-    /// Whether a reply asked for under `t` about `inos`, arriving now on MDS session `session`, may be cached
-    /// under a lease.
-    fn trusted(&self, t: &Ticket, inos: &[u64], (now, session): (Instant, u64)) -> bool {
-        let floor = self.recent.front().map_or(self.heard, |(n, _)| n - 1);
-        self.epoch != 0
-            && session == self.session
-            && t.epoch == self.epoch
-            && self.trust_until.is_some_and(|u| now < u)
-            && t.heard >= floor
-            && !self.recent.iter().any(|(n, ino)| *n > t.heard && inos.contains(ino))
+    fn trusted(&self, t: &Ticket, inos: &[u64], now: (Instant, u64)) -> bool {
+        self.trust.trusted(t, inos, now)
     }
 
     /// A reply's attributes of `ino`: true if the kernel may cache them under the lease (then remembered).
@@ -121,9 +94,8 @@ impl LeaseView {
     /// The attributes a leased directory's last open got, if its lease holds now: it exists and is a directory
     /// (its removal would have recalled it), so an open needs nothing else from the MDS. (Its times may have moved
     /// with this mount's own changes: they only fill the listing's "." entry, which the kernel skips.)
-    pub fn held_dir(&self, ino: u64, (now, session): (Instant, u64)) -> Option<Attr> {
-        let live = self.epoch != 0 && session == self.session && self.trust_until.is_some_and(|u| now < u);
-        if !live || !self.attrs.contains(&ino) {
+    pub fn held_dir(&self, ino: u64, now: (Instant, u64)) -> Option<Attr> {
+        if !self.trust.live(now) || !self.attrs.contains(&ino) {
             return None;
         }
         self.dirs.get(&ino).cloned()
@@ -139,17 +111,11 @@ impl LeaseView {
     /// acknowledging `resp.upto`.
     pub fn received(&mut self, resp: &LeaseWaitResp, sent: Instant, session: u64) -> Vec<Inval> {
         let mut out = Vec::new();
-        if resp.epoch != self.epoch || session != self.session {
+        if self.trust.loses_all(resp, session) {
             out = self.lose();
         }
-        self.epoch = resp.epoch;
-        self.session = session;
+        self.trust.received(resp, sent, session);
         for r in &resp.recalls {
-            self.heard += 1;
-            self.recent.push_back((self.heard, r.ino));
-            if self.recent.len() > RECENT_MAX {
-                self.recent.pop_front();
-            }
             match &r.name {
                 None => {
                     self.attrs.remove(&r.ino);
@@ -162,14 +128,12 @@ impl LeaseView {
                 }
             }
         }
-        self.trust_until = (resp.epoch != 0).then(|| sent + Duration::from_millis(u64::from(resp.lease_ms)));
         out
     }
 
     /// Every lease is gone (the channel failed, or the trust ran out): what the kernel must forget.
     pub fn lose(&mut self) -> Vec<Inval> {
-        self.epoch = 0;
-        self.trust_until = None;
+        self.trust.lose();
         // A directory's attributes go with its listing (its `Inval::Dir`).
         let dirs = std::mem::take(&mut self.dirs);
         let attrs = self.attrs.drain().filter(|ino| !dirs.contains_key(ino)).map(Inval::Attr);
@@ -180,17 +144,17 @@ impl LeaseView {
     }
 
     pub fn trust_until(&self) -> Option<Instant> {
-        self.trust_until
+        self.trust.trust_until()
     }
 
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        self.trust.epoch()
     }
 
     /// Inodes and entries handed to the kernel under leases now (a cached listing's directory among the inodes),
     /// and recalls heard in all (for metrics).
     pub fn counts(&self) -> (usize, u64) {
-        (self.attrs.len() + self.entries.len(), self.heard)
+        (self.attrs.len() + self.entries.len(), self.trust.heard())
     }
 }
 
@@ -204,7 +168,7 @@ pub fn register_metrics(m: &weft_rpc::Metrics, view: &Arc<Mutex<LeaseView>>) {
     m.on_scrape(move || {
         let v = view.lock().unwrap_or_else(|e| e.into_inner());
         let (n, heard) = v.counts();
-        live.set(i64::from(v.epoch != 0 && v.trust_until.is_some_and(|u| Instant::now() < u)));
+        live.set(i64::from(v.epoch() != 0 && v.trust_until().is_some_and(|u| Instant::now() < u)));
         // (Whether the MDS session is still the epoch's is checked per reply.)
         items.set(n as i64);
         recalls.set(heard as i64);
@@ -283,6 +247,7 @@ pub async fn run(client: Client, view: Arc<Mutex<LeaseView>>, notifier: Arc<Noti
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weft_client::lease_trust::RECENT_MAX;
     use weft_proto::msg::Recall;
 
     fn resp(epoch: u64, upto: u64, recalls: Vec<Recall>) -> LeaseWaitResp {

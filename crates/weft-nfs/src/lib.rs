@@ -200,6 +200,10 @@ pub struct GatewayConfig {
     /// may bind, so an unprivileged process on an allowed host cannot assert another uid. `weft nfs` turns it on
     /// when `--allow` names any address outside loopback.
     pub secure: bool,
+    /// The gateway holds metadata leases (docs/format.md §31): GETATTR, LOOKUP and the attributes every reply
+    /// carries come from its lease cache while the MDS holds the leases, instead of a round trip each. Off: every
+    /// one asks the MDS (or the cache bank).
+    pub metadata_leases: bool,
 }
 
 impl Default for GatewayConfig {
@@ -222,6 +226,7 @@ impl Default for GatewayConfig {
             layout_check_ms: 3_000,
             deadlines: conn::ConnDeadlines::default(),
             secure: false,
+            metadata_leases: true,
         }
     }
 }
@@ -287,6 +292,10 @@ impl Gateway {
         // Held before anything else: a second gateway on the same directory would take this one's locks.
         let state_dir = cfg.state_dir.as_deref().map(StateDir::open).transpose().map_err(GatewayError::StateDir)?;
         let client = Client::connect(cluster).await?;
+        if cfg.metadata_leases {
+            // The MDS says on the channel whether it grants any (services that share PostgreSQL grant none yet).
+            client.hold_leases();
+        }
         let export = normalize_export(&cfg.export)?;
         let root = client
             .resolve(&export)

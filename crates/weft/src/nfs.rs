@@ -105,6 +105,11 @@ pub struct NfsArgs {
     /// layouts. 0: never (changes through the gateway still recall).
     #[arg(long, default_value_t = 3_000)]
     pub layout_check_ms: u64,
+    /// Hold no metadata leases: every GETATTR and LOOKUP asks the MDS (or the cache bank). By default the gateway
+    /// holds leases, answers them from its cache while the MDS holds the leases, and the MDS recalls a lease
+    /// before another client's change of that inode or directory completes (docs/format.md §31).
+    #[arg(long)]
+    pub no_metadata_leases: bool,
 }
 
 /// Runs the gateway; `ready` is told the bound address (the launcher's readiness line).
@@ -144,6 +149,7 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         state_dir: args.state_dir.clone(),
         pnfs: args.pnfs,
         layout_check_ms: args.layout_check_ms,
+        metadata_leases: !args.no_metadata_leases,
         ..weft_nfs::GatewayConfig::default()
     };
     let listener =
@@ -157,6 +163,7 @@ pub async fn run(cluster_spec: &str, args: &NfsArgs, ready: fn(&str)) -> Result<
         root_squash = !args.no_root_squash,
         secure,
         pnfs = gw.pnfs(),
+        metadata_leases = !args.no_metadata_leases,
         "NFS gateway serving NFSv3, MOUNT v3 and NFSv4.1; mount with: mount -t nfs -o vers=3,proto=tcp,port={p},mountport={p},nolock {h}:/ /mnt or mount -t nfs -o vers=4.1,port={p} {h}:/ /mnt",
         p = addr.port(),
         h = addr.ip(),

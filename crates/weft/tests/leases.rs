@@ -1,7 +1,8 @@
 //! Metadata leases against adversaries (issue 33, docs/format.md §31): two FUSE mounts of one cluster, each holding
 //! leases, and a native client take turns at random changes (create, append, truncate, chmod, utimes, rename,
 //! link, unlink; the native client makes those of names and attributes), and after every change both mounts are
-//! checked against a model: what a stat, a listing and a read return. A lease promises more
+//! checked against a model: what a stat, a listing and a read return; so is the native client, which holds leases
+//! too and answers its lookups from its own cache (`weft_client::meta_cache`). A lease promises more
 //! than the kernel's timeouts do: a change is recalled from the other mount before its call returns, so that mount's
 //! next look sees it, with no timeout to run out. Seeded: a failure prints its seed, the steps before it and the
 //! command that replays it (`WEFT_LEASE_SEED=N`; `WEFT_LEASE_SEEDS=N` runs seeds 1..=N, `WEFT_LEASE_OPS` the steps).
@@ -243,6 +244,33 @@ impl Native {
     }
 }
 
+impl Native {
+    /// What a lookup of `path` through the native client (from its lease cache while it holds leases) disagrees
+    /// with in the model, if anything.
+    fn look(&self, m: &Model, path: &str) -> Option<String> {
+        let (dir, name) = self.split(path);
+        let got = self.rt.block_on(self.client.lookup(dir, name));
+        let Some(&id) = m.names.get(path) else {
+            return match got {
+                Ok(a) => {
+                    Some(format!("native: {path} is ino {} of {} bytes; the model has no such name", a.ino, a.size))
+                }
+                Err(e) if weft_client::is_not_found(&e) => None,
+                Err(e) => Some(format!("native: lookup {path}: {e}")),
+            };
+        };
+        let f = &m.files[&id];
+        let a = match got {
+            Ok(a) => a,
+            Err(e) => return Some(format!("native: lookup {path}: {e}; the model has ino {}", f.ino)),
+        };
+        let want = (f.ino, f.data.len() as u64, f.mode, m.nlink(id), f.mtime);
+        let got = (a.ino, a.size, a.mode & 0o7777, u64::from(a.nlink), f.mtime.map(|_| a.mtime_ns / 1_000_000_000));
+        (got != want)
+            .then(|| format!("native: lookup {path}: (ino, size, mode, nlink, mtime) {got:?}, the model {want:?}"))
+    }
+}
+
 /// Applies change `c` (step `step`) to the model; the errno it expects. `ino_of` tells a new file's inode number.
 fn model_change(m: &mut Model, c: &Change, step: u64, ino_of: impl Fn(&str) -> u64) -> i32 {
     let found = |m: &Model, p: &str| m.names.get(p).copied();
@@ -407,6 +435,12 @@ fn run_seed(roots: &[PathBuf; 2], native: &Native, seed: u64, ops: u64) {
                 fail(&trail, format!("listing {dir}: {:?}, the model {:?}", list(r, dir), m.listing(dir)));
             }
         }
+        // And the native client, which answers from its own lease cache (its own changes drop what they touched).
+        for p in c.paths() {
+            if let Some(why) = native.look(&m, p) {
+                fail(&trail, why);
+            }
+        }
     }
     // Not vacuous: most steps drawn change something (a fifth fail on a missing or existing name, by design).
     assert!(applied >= ops / 2, "seed {seed}: only {applied} of {ops} changes applied");
@@ -477,6 +511,13 @@ async fn two_leased_mounts_agree_with_a_model_after_every_change() {
     }
     let ops = std::env::var("WEFT_LEASE_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
     let client = cl.client().await;
+    if !off {
+        client.hold_leases();
+        members::wait_for("the native client's lease channel", || async {
+            mds_gauge(&cl, "weft_mds_lease_holders").await == 3.0
+        })
+        .await;
+    }
     for seed in seeds() {
         let roots = [a.path(&format!("s{seed}")), b.path(&format!("s{seed}"))];
         let mut dirs = BTreeMap::new();
@@ -491,6 +532,8 @@ async fn two_leased_mounts_agree_with_a_model_after_every_change() {
     if !off {
         assert!(mds_gauge(&cl, "weft_mds_lease_recalls").await > 0.0, "the mounts held leases and had them recalled");
         assert_eq!(mds_gauge(&cl, "weft_mds_lease_revocations").await, 0.0, "every recall was acknowledged");
+        let (_, hits, _) = client.lease_cache_counts().unwrap();
+        assert!(hits > 0, "the native client answered some lookups from its lease cache");
     }
 }
 

@@ -273,6 +273,13 @@ impl Raw {
         (s, data, eof)
     }
 
+    /// RENAME: the status (and the wcc data, unread).
+    async fn rename(&mut self, from: &[u8], from_name: &str, to: &[u8], to_name: &str) -> (u32, Vec<u8>) {
+        let mut a = Writer::new();
+        a.opaque(from).opaque(from_name.as_bytes()).opaque(to).opaque(to_name.as_bytes());
+        self.nfs(14, &a.buf).await
+    }
+
     /// CREATE UNCHECKED mode 0644; the new handle.
     async fn create(&mut self, dir: &[u8], name: &str) -> Vec<u8> {
         let mut a = Writer::new();
@@ -669,7 +676,9 @@ async fn a_getattr_and_lookup_storm_through_the_gateway_is_served_by_the_bank() 
         f.write_at(0, bytes::Bytes::from(pattern(100 + i, i as u64))).await.unwrap();
         f.close().await.unwrap();
     }
-    let g = gateway(&c).await;
+    // Without leases: a lease holder answers from its own cache before the bank (`leases.rs` tests that).
+    let o = NfsOptions { extra_args: vec!["--no-metadata-leases".into()], ..NfsOptions::default() };
+    let g = c.start_nfs(&o).await.unwrap();
     let addrs = c.cache_addrs();
     let mut raw = Raw::connect(&g).await;
     let root = raw.mount_root().await;
@@ -715,6 +724,99 @@ async fn a_getattr_and_lookup_storm_through_the_gateway_is_served_by_the_bank() 
     client.unlink(d.ino, "f3").await.unwrap();
     assert_eq!(raw.lookup(&dir, "f3").await.0, NFS3ERR_NOENT);
     assert_eq!(raw.getattr(&handles[3]).await, NFS3ERR_STALE, "an unlinked file's handle is stale");
+}
+
+/// Issue 33, item 6: the gateway holds metadata leases, so a GETATTR and LOOKUP storm (names found and names
+/// missing) is answered from its lease cache, not by the MDS (its request counters barely move); and every change
+/// made elsewhere (chmod, a rewrite to another size, a rename, an unlink, a create of a name it knew missing) is
+/// what the gateway answers next, as is its own create of a name it knew missing.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_gateway_answers_from_its_lease_cache_and_sees_every_change_at_once() {
+    use common::scrape::{parse, scrape, sum};
+    let c = common::start_with("nfs-leases", 1, |o| {
+        // Services that share PostgreSQL grant no leases yet.
+        o.postgres = false;
+        o.metrics = true;
+    })
+    .await;
+    let meta = c.metrics_addrs().into_iter().find(|(role, _)| role == "meta").unwrap().1;
+    let mds = |name: &'static str, label: &'static str| {
+        let meta = meta.clone();
+        async move { sum(&parse(&scrape(&meta).await.unwrap()), name, &[label]) }
+    };
+    let asked = || async {
+        mds("weft_rpc_server_requests_total", "op=\"GetAttr\"").await
+            + mds("weft_rpc_server_requests_total", "op=\"Lookup\"").await
+    };
+    let client = c.client().await;
+    let d = client.mkdir(1, "open", 0o777).await.unwrap();
+    client.setattr(d.ino, weft_proto::SetAttrs { mode: Some(0o777), ..Default::default() }).await.unwrap();
+    const FILES: usize = 20;
+    for i in 0..FILES {
+        let f = client.create(d.ino, &format!("f{i}"), 0o644, true).await.unwrap();
+        let f = client.open_ino(f.ino, weft_client::OpenMode::Write).await.unwrap();
+        f.write_at(0, bytes::Bytes::from(pattern(100 + i, i as u64))).await.unwrap();
+        f.close().await.unwrap();
+    }
+    let g = gateway(&c).await;
+    common::members::wait_for("the gateway's lease channel", || async {
+        mds("weft_mds_lease_holders", "").await == 1.0
+    })
+    .await;
+    let mut raw = Raw::connect(&g).await;
+    let root = raw.mount_root().await;
+    let dir = raw.lookup(&root, "open").await.1.unwrap();
+
+    // The storm: every name looked up and stat'ed, and a missing name looked up, five times over.
+    let mut handles = Vec::new();
+    const ROUNDS: usize = 5;
+    let mut before = 0.0;
+    for round in 0..ROUNDS {
+        if round == 1 {
+            before = asked().await;
+        }
+        for i in 0..FILES {
+            let (s, fh) = raw.lookup(&dir, &format!("f{i}")).await;
+            assert_eq!(s, NFS3_OK, "round {round}, f{i}");
+            let fh = fh.unwrap();
+            assert_eq!(mode_and_size(&mut raw, &fh).await, (0o644, 100 + i as u64), "round {round}, f{i}");
+            assert_eq!(raw.lookup(&dir, &format!("new{i}")).await.0, NFS3ERR_NOENT, "round {round}, new{i}");
+            if round == 0 {
+                handles.push(fh);
+            }
+        }
+    }
+    // Rounds 1 to 4 made 240 calls; a lost lease (a loaded machine missing a poll) costs one refill.
+    let served = asked().await - before;
+    assert!(served <= (FILES * 3) as f64, "the MDS answered {served} GETATTR and LOOKUP calls of 240");
+
+    // Changes made natively are what the gateway answers next.
+    let f0 = client.lookup(d.ino, "f0").await.unwrap().ino;
+    client.setattr(f0, weft_proto::SetAttrs { mode: Some(0o600), ..Default::default() }).await.unwrap();
+    assert_eq!(mode_and_size(&mut raw, &handles[0]).await, (0o600, 100), "chmod seen through the gateway");
+    let new = pattern(5000, 77);
+    let w = client.open("/open/f1", weft_client::OpenMode::Write).await.unwrap();
+    w.write_at(0, bytes::Bytes::from(new.clone())).await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(mode_and_size(&mut raw, &handles[1]).await, (0o644, 5000), "the rewrite's size");
+    assert!(read_all(&mut raw, &handles[1], 5000).await == new, "the rewrite's bytes through the gateway");
+    client.rename(d.ino, "f2", d.ino, "g2", 0).await.unwrap();
+    assert_eq!(raw.lookup(&dir, "f2").await.0, NFS3ERR_NOENT, "the old name is gone");
+    assert_eq!(raw.lookup(&dir, "g2").await.1.unwrap(), handles[2], "the new name is the same file");
+    client.unlink(d.ino, "f3").await.unwrap();
+    assert_eq!(raw.lookup(&dir, "f3").await.0, NFS3ERR_NOENT);
+    assert_eq!(raw.getattr(&handles[3]).await, NFS3ERR_STALE, "an unlinked file's handle is stale");
+    client.create(d.ino, "new0", 0o644, true).await.unwrap();
+    assert_eq!(raw.lookup(&dir, "new0").await.0, NFS3_OK, "a name created elsewhere is no longer missing");
+    // The gateway's own create of a name it knew missing, then its own rename of it.
+    let fh = raw.create(&dir, "new1").await;
+    assert_eq!(raw.lookup(&dir, "new1").await.1.unwrap(), fh);
+    assert_eq!(mode_and_size(&mut raw, &fh).await, (0o644, 0));
+    let (s, _) = raw.rename(&dir, "new1", &dir, "g1").await;
+    assert_eq!(s, NFS3_OK);
+    assert_eq!(raw.lookup(&dir, "new1").await.0, NFS3ERR_NOENT, "renamed away through the gateway");
+    assert_eq!(raw.lookup(&dir, "g1").await.1.unwrap(), fh);
+    assert_eq!(client.lookup(d.ino, "g1").await.unwrap().size, 0, "the native client sees it too");
 }
 
 /// A WRITE by a user without privilege (uid 4242) drops set-ID bits before its bytes land, as knfsd's VFS does:
