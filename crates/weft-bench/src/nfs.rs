@@ -88,6 +88,10 @@ pub struct NfsArgs {
     /// Data-server counts measured with `--pnfs`.
     #[arg(long, default_value = "1,2,4")]
     pub pnfs_servers: String,
+    /// Run Weft's gateway with `--no-metadata-leases` (every GETATTR and LOOKUP asks the MDS), to measure what
+    /// its lease cache is worth.
+    #[arg(long)]
+    pub no_metadata_leases: bool,
 }
 
 const ALL: [&str; 2] = ["weft", "nfs-ganesha"];
@@ -171,7 +175,15 @@ pub async fn run(a: NfsArgs) -> Result<()> {
                         client.mkdir(1, "bench", 0o777).await?;
                         client.close().await;
                         let mut g = cluster
-                            .start_nfs(&weft_launch::NfsOptions { root_squash: false, ..Default::default() })
+                            .start_nfs(&weft_launch::NfsOptions {
+                                root_squash: false,
+                                extra_args: a
+                                    .no_metadata_leases
+                                    .then(|| "--no-metadata-leases".into())
+                                    .into_iter()
+                                    .collect(),
+                                ..Default::default()
+                            })
                             .await?;
                         let mut pids = cluster.pids();
                         pids.extend(g.pid());
@@ -736,6 +748,7 @@ fn document(doc: Document, figs: &[Fig], a: &NfsArgs, size: u64, skipped: Value)
         "runs": a.runs,
         "servers": a.servers,
         "systems": a.systems,
+        "gateway_metadata_leases": !a.no_metadata_leases,
         "client": "libnfs 4.0 (libnfs.so.13) as a library, synchronous calls on one thread, NFSv3 over TCP, \
                    ports given in the URL (no portmapper)",
         "targets": TARGETS.iter().map(|(op, t)| (op.to_string(), json!(t))).collect::<serde_json::Map<_, _>>(),

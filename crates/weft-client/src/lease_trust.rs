@@ -8,12 +8,18 @@
 //! that made the change.
 
 use std::collections::VecDeque;
+use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};
 
 use weft_proto::msg::LeaseWaitResp;
 
 /// Recalls remembered for replies in flight; a reply asked for before the oldest is not trusted.
 pub const RECENT_MAX: usize = 4_096;
+
+/// The numbers of no hearings (an empty range).
+pub fn no_hearings() -> RangeInclusive<u64> {
+    RangeInclusive::new(1, 0)
+}
 
 /// What a request was asked under: trusted at reply time only if nothing since voids it.
 #[derive(Debug, Clone, Copy)]
@@ -52,12 +58,21 @@ impl LeaseTrust {
     /// Whether a reply asked for under `t` about `inos`, arriving now on MDS session `session`, may be cached
     /// under a lease.
     pub fn trusted(&self, t: &Ticket, inos: &[u64], now: (Instant, u64)) -> bool {
+        self.trusted_except(t, inos, now, no_hearings())
+    }
+
+    /// [`LeaseTrust::trusted`] for the reply of this holder's own change, which heard `own` ([`heard_own`]'s
+    /// numbers): the change's own hearings do not void its reply, every other one since `t` does (a concurrent
+    /// change of this holder's, a recall).
+    ///
+    /// [`heard_own`]: LeaseTrust::heard_own
+    pub fn trusted_except(&self, t: &Ticket, inos: &[u64], now: (Instant, u64), own: RangeInclusive<u64>) -> bool {
         let floor = self.recent.front().map_or(self.heard, |(n, _)| n - 1);
         self.live(now)
             && t.epoch == self.epoch
             && t.heard >= floor
             && t.heard >= self.cleared
-            && !self.recent.iter().any(|(n, ino)| *n > t.heard && inos.contains(ino))
+            && !self.recent.iter().any(|(n, ino)| *n > t.heard && !own.contains(n) && inos.contains(ino))
     }
 
     /// Whether a `LeaseWait` reply arriving on `session` ends every lease held (a new epoch, or another session).
@@ -79,7 +94,9 @@ impl LeaseTrust {
     /// This holder changed `inos` itself (the MDS recalls nothing from the changer): a reply about one of them
     /// asked before now is not trusted. `None`: the change's inodes are not all known, so no reply asked before
     /// now is.
-    pub fn heard_own(&mut self, inos: Option<&[u64]>) {
+    /// Returns the numbers these hearings got.
+    pub fn heard_own(&mut self, inos: Option<&[u64]>) -> RangeInclusive<u64> {
+        let first = self.heard + 1;
         match inos {
             Some(inos) => inos.iter().for_each(|&ino| self.hear(ino)),
             None => {
@@ -87,6 +104,7 @@ impl LeaseTrust {
                 self.cleared = self.heard;
             }
         }
+        first..=self.heard
     }
 
     fn hear(&mut self, ino: u64) {
@@ -140,6 +158,12 @@ mod tests {
         v.heard_own(None);
         assert!(!v.trusted(&t, &[6], (t0, 1)), "a change of inodes not all known voids every earlier reply");
         assert!(v.trusted(&v.ticket(), &[6], (t0, 1)));
+        // The reply of an own change is not voided by that change's hearings, only by others since it was asked.
+        let t = v.ticket();
+        let own = v.heard_own(Some(&[7, 8]));
+        assert!(!v.trusted(&t, &[7], (t0, 1)) && v.trusted_except(&t, &[7, 8], (t0, 1), own.clone()));
+        v.heard_own(Some(&[8]));
+        assert!(!v.trusted_except(&t, &[7, 8], (t0, 1), own), "another own change of 8 since");
         assert!(
             !v.loses_all(&resp(3, vec![]), 1) && v.loses_all(&resp(4, vec![]), 1) && v.loses_all(&resp(3, vec![]), 2)
         );

@@ -276,10 +276,11 @@ impl Client {
 
     async fn meta(&self, req: Request) -> Result<Response, ClientError> {
         // A change of this client's own: the MDS recalls nothing from it, so the lease cache drops it itself.
-        let own = self.lease_cache().map(|_| meta_cache::own_change(&req));
+        let pending = self.lease_cache().map(|c| meta_cache::Pending::of(&req, meta_cache::lock(c).ticket()));
         let r = self.inner.mds.call_simple_as(Some(&self.user), req).await.map_err(ClientError::Meta);
-        if let (Some(c), Some(own)) = (self.lease_cache(), own) {
-            meta_cache::lock(c).changed(own);
+        if let (Some(c), Some(p)) = (self.lease_cache(), pending) {
+            let now = (std::time::Instant::now(), self.mds_session());
+            p.settle(&mut meta_cache::lock(c), r.as_ref().ok(), now);
         }
         let r = r?;
         if let Some(l) = attr_layout(&r) {
@@ -404,12 +405,12 @@ impl Client {
 
     // ---- namespace -------------------------------------------------------------------------------------------
 
-    /// The attributes of `parent`'s entry `name`: from the lease cache while this client holds leases
-    /// ([`Client::hold_leases`]); else from the cache bank when it has the entry, the child's
+    /// The attributes of `parent`'s entry `name`: from the lease cache (or the MDS, to be leased) while this
+    /// client holds leases ([`Client::hold_leases`]); else from the cache bank when it has the entry, the child's
     /// attributes, and the parent's attributes showing that this client's user may search `parent`
     /// ([`bank_may_search`]); else from the MDS, which checks everything itself.
     pub async fn lookup(&self, parent: u64, name: &str) -> Result<Attr, ClientError> {
-        if let Some(c) = self.lease_cache() {
+        if let Some(c) = self.live_lease_cache() {
             return self.lookup_leased(c, parent, name).await;
         }
         if let Some(attr) = self.lookup_in_bank(parent, name).await {
@@ -448,7 +449,7 @@ impl Client {
     /// has them (attributes are not secret beyond the lookup
     /// that found the inode), else from the MDS.
     pub async fn getattr(&self, ino: u64) -> Result<Attr, ClientError> {
-        if let Some(c) = self.lease_cache() {
+        if let Some(c) = self.live_lease_cache() {
             return self.getattr_leased(c, ino).await;
         }
         if let Some(bank) = self.attr_bank()

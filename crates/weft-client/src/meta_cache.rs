@@ -9,6 +9,7 @@
 //! request does not name and this cache does not know (a removed name never looked up here) drops everything.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use weft_proto::{Attr, Request, Rights};
 use weft_proto::{ErrorCode, WireError};
 use weft_rpc::RpcError;
 
-use crate::lease_trust::{LeaseTrust, Ticket};
+use crate::lease_trust::{LeaseTrust, Ticket, no_hearings};
 use crate::{Client, ClientError, Inner, bank_may_search, is_not_found};
 
 /// Inodes and entries cached, each; past it, replies are not cached (the MDS revokes a holder past 65 536 leased
@@ -114,6 +115,38 @@ pub fn own_change(req: &Request) -> Own {
     }
 }
 
+/// One of this client's own requests in flight: what it changes, the entry it makes, and the ticket it was
+/// sent under (its reply's attributes are leased to this session too).
+pub struct Pending {
+    own: Own,
+    made: Option<(u64, String)>,
+    keeps_reply: bool,
+    ticket: Ticket,
+}
+
+impl Pending {
+    pub fn of(req: &Request, ticket: Ticket) -> Pending {
+        let made = match req {
+            Request::Create(r) | Request::CreateOpen(r) => Some((r.parent, r.name.clone())),
+            Request::Mkdir(r) => Some((r.parent, r.name.clone())),
+            Request::Symlink(r) => Some((r.parent, r.name.clone())),
+            Request::Mknod(r) => Some((r.parent, r.name.clone())),
+            Request::Link(r) => Some((r.new_parent, r.new_name.clone())),
+            _ => None,
+        };
+        let keeps_reply = made.is_some() || matches!(req, Request::SetAttr(_) | Request::NfsSetAttr(_));
+        Pending { own: own_change(req), made, keeps_reply, ticket }
+    }
+
+    /// The request returned `resp` (`None`: it failed, and may have applied).
+    pub fn settle(self, cache: &mut MetaCache, resp: Option<&weft_proto::Response>, now: (Instant, u64)) {
+        let own = cache.changed(self.own);
+        if let Some(attr) = resp.filter(|_| self.keeps_reply).and_then(|r| r.attr()) {
+            cache.put_own(&self.ticket, own, self.made.as_ref(), attr, now);
+        }
+    }
+}
+
 /// A lookup answered here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cached {
@@ -151,6 +184,12 @@ pub struct MetaCache {
 impl MetaCache {
     pub fn ticket(&self) -> Ticket {
         self.trust.ticket()
+    }
+
+    /// Whether leases hold now on MDS session `now.1` (if not, lookups go the way they go without leases: the
+    /// cache bank, then the MDS).
+    pub fn live(&self, now: (Instant, u64)) -> bool {
+        self.trust.live(now)
     }
 
     /// `ino`'s attributes, if cached and the leases hold now on MDS session `now.1`.
@@ -228,11 +267,36 @@ impl MetaCache {
         }
     }
 
+    /// The reply of one of this client's own changes, asked for under `t`, whose own hearings were `own`
+    /// ([`MetaCache::changed`]): the attributes it carries (of the inode it made or changed), and the entry
+    /// `made` names, cached if nothing else voided them since `t` (the MDS leased them to this session).
+    pub fn put_own(
+        &mut self,
+        t: &Ticket,
+        own: RangeInclusive<u64>,
+        made: Option<&(u64, String)>,
+        attr: &Attr,
+        now: (Instant, u64),
+    ) {
+        let inos: Vec<u64> = made.map(|(p, _)| *p).into_iter().chain([attr.ino]).collect();
+        let room = self.attrs.len() < CACHED_MAX && self.entries.len() < CACHED_MAX && self.dirs.len() < CACHED_MAX;
+        if !room || !self.trust.trusted_except(t, &inos, now, own) {
+            return;
+        }
+        self.attrs.insert(attr.ino, attr.clone());
+        if attr.kind == weft_proto::FileKind::Dir {
+            self.dirs.insert(attr.ino, attr.clone());
+        }
+        if let Some((parent, name)) = made.filter(|(_, n)| cacheable(n)) {
+            self.entries.insert((*parent, name.clone()), attr.ino);
+        }
+    }
+
     /// One of this client's own requests changed `own` (sent, whether or not it succeeded: a failure may have
-    /// applied).
-    pub fn changed(&mut self, own: Own) {
+    /// applied). Returns the numbers its hearings got.
+    pub fn changed(&mut self, own: Own) -> RangeInclusive<u64> {
         let c = match own {
-            Own::Nothing => return,
+            Own::Nothing => return no_hearings(),
             Own::All => return self.drop_all(),
             Own::Some(c) => c,
         };
@@ -261,7 +325,7 @@ impl MetaCache {
             self.attrs.remove(dir);
         }
         touched.extend(c.dirs);
-        self.trust.heard_own(Some(&touched));
+        self.trust.heard_own(Some(&touched))
     }
 
     /// Drops what is cached of `ino`'s attributes (and, for a directory, the names known missing from it).
@@ -281,9 +345,9 @@ impl MetaCache {
         self.absent_count = 0;
     }
 
-    fn drop_all(&mut self) {
+    fn drop_all(&mut self) -> RangeInclusive<u64> {
         self.clear();
-        self.trust.heard_own(None);
+        self.trust.heard_own(None)
     }
 
     /// A `LeaseWait` reply to a call sent at `sent`, arrived on MDS session `session`.
@@ -309,6 +373,11 @@ impl MetaCache {
     /// (Inodes, entries and missing names cached, answers served from the cache, recalls heard.)
     pub fn counts(&self) -> (usize, u64, u64) {
         (self.attrs.len() + self.entries.len() + self.absent_count, self.hits, self.trust.heard())
+    }
+
+    /// The epoch its leases are held under (0: none).
+    pub fn epoch(&self) -> u64 {
+        self.trust.epoch()
     }
 
     fn epoch_and_horizon(&self) -> (u64, Option<Instant>) {
@@ -348,6 +417,11 @@ impl Client {
     /// The lease cache, if this client holds leases.
     pub(crate) fn lease_cache(&self) -> Option<&Mutex<MetaCache>> {
         self.inner.meta_cache.get()
+    }
+
+    /// The lease cache, if this client holds leases now.
+    pub(crate) fn live_lease_cache(&self) -> Option<&Mutex<MetaCache>> {
+        self.lease_cache().filter(|c| lock(c).live(self.now_and_session()))
     }
 
     /// The time and MDS session a reply is judged at.
@@ -564,6 +638,34 @@ mod tests {
         assert!(c.put_absent(&c.ticket(), 1, "z", now));
         recall(&mut c, t0, 1, 1, None);
         assert!(c.lookup(1, "z", now).is_none() && c.counts().0 == 1);
+    }
+
+    #[test]
+    fn an_own_change_caches_its_reply_unless_another_change_came_between() {
+        use weft_proto::FileKind::{Dir, File};
+        use weft_proto::Response;
+        use weft_proto::msg::CreateReq;
+        let (mut c, t0) = granted();
+        let now = (t0, 1);
+        assert!(c.put_attr(&c.ticket(), &attr(1, Dir), now) && c.put_absent(&c.ticket(), 1, "a", now));
+        let create = Request::Create(CreateReq { parent: 1, name: "a".into(), mode: 0o644, exclusive: true });
+        Pending::of(&create, c.ticket()).settle(&mut c, Some(&Response::Create(attr(5, File))), now);
+        c.check();
+        assert_eq!(c.lookup(1, "a", now), Some(Cached::Entry(attr(1, Dir), attr(5, File))), "the made entry");
+        assert!(c.attr(1, now).is_none(), "the directory's times moved");
+        // Two own requests in flight: the unlink's reply is handled before the create's. The create's reply is
+        // then not cached, as the unlink may have come after it at the MDS.
+        let unlink = Request::Unlink(NameReq { parent: 1, name: "b".into() });
+        let create = Request::Create(CreateReq { parent: 1, name: "b".into(), mode: 0o644, exclusive: true });
+        let (u, cr) = (Pending::of(&unlink, c.ticket()), Pending::of(&create, c.ticket()));
+        u.settle(&mut c, Some(&Response::Unlink(())), now);
+        cr.settle(&mut c, Some(&Response::Create(attr(6, File))), now);
+        c.check();
+        assert!(c.lookup(1, "b", now).is_none() && c.attr(6, now).is_none());
+        // A failed create caches nothing.
+        let create = Request::Create(CreateReq { parent: 1, name: "c".into(), mode: 0o644, exclusive: true });
+        Pending::of(&create, c.ticket()).settle(&mut c, None, now);
+        assert!(c.lookup(1, "c", now).is_none());
     }
 
     #[test]

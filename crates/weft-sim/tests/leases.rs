@@ -7,17 +7,25 @@
 //! whose replies overtake each other (a read's reply may arrive after the recall that voids it); mounts that apply
 //! recalls slowly, past the lease (then revoked), and connections that close and come back on the same session.
 //!
+//! Some holders are instead gateways (`weft_client::meta_cache::MetaCache`: the NFS gateway's cache, with no
+//! kernel to drop its older replies): they have several changes of one inode in flight at once, and drop their own
+//! changes themselves when each reply (or its loss) comes back, caching the reply's version if nothing came
+//! between.
+//!
 //! Checked after every event: no mount that kept up with its recalls holds, in its kernel cache, a version older
-//! than the newest version whose change was answered. A change waits for recalls; so a reader elsewhere never sees
+//! than the newest version whose change was answered; no gateway answers, from its cache, a version older than
+//! that. A change waits for recalls; so a reader elsewhere never sees
 //! the old state after the change returned. Mounts revoked for being slow are excused (their bound is the kernel's
 //! lease timeout) and counted; revocations happen only to slow mounts.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use weft_client::meta_cache::{MetaCache, Pending};
 use weft_fuse::leases::{LeaseView, Ticket};
 use weft_meta::leases::{LeaseTable, Limits, Wait};
-use weft_proto::msg::{LeaseWaitResp, Recall};
+use weft_proto::msg::{LeaseWaitResp, Recall, SetAttrReq};
+use weft_proto::{Attr, Request, Response};
 use weft_sim::seeds::{self, Summary};
 use weft_sim::{Queue, Rng};
 
@@ -60,6 +68,7 @@ enum Ev {
         t: Ticket,
         kv: u64,
         session: u64,
+        id: u64,
     },
     WriteReply {
         c: usize,
@@ -68,6 +77,7 @@ enum Ev {
         kv: u64,
         v: u64,
         incarnation: u64,
+        id: u64,
     },
     PollSend {
         c: usize,
@@ -122,6 +132,35 @@ struct Mount {
     /// Inodes with a change of this mount in flight: the kernel holds the inode's lock through a change, so a
     /// mount never has two of one inode in flight.
     writing: std::collections::HashSet<u64>,
+    /// A gateway instead: its cache, its own changes in flight (by id), and how many of each inode.
+    gateway: Option<Gateway>,
+}
+
+#[derive(Default)]
+struct Gateway {
+    cache: MetaCache,
+    pending: HashMap<u64, Pending>,
+    in_flight: HashMap<u64, u32>,
+    next_id: u64,
+}
+
+/// The attributes of version `v` of inode `ino` (the version is the size).
+fn attr(ino: u64, v: u64) -> Attr {
+    Attr {
+        ino,
+        kind: weft_proto::FileKind::File,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        nlink: 1,
+        size: v,
+        atime_ns: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+        layout: None,
+        rdev: 0,
+        data_version: 0,
+    }
 }
 
 impl Mount {
@@ -154,6 +193,7 @@ struct Change {
     seen: Option<u64>,
     waits: Vec<Wait>,
     incarnation: u64,
+    id: u64,
 }
 
 struct World {
@@ -186,8 +226,15 @@ impl World {
                 attr_version: 0,
                 inode_version: HashMap::new(),
                 writing: Default::default(),
+                gateway: None,
             })
             .collect();
+        let mut mounts: Vec<Mount> = mounts;
+        for m in &mut mounts {
+            if rng.chance(500) {
+                m.gateway = Some(Gateway::default());
+            }
+        }
         let limits = Limits { lease_ms: LEASE_MS, per_holder: 1000, total: 3000, queued: 64 };
         let mut w = World {
             table: LeaseTable::new(limits, seed & 0xffff),
@@ -242,7 +289,9 @@ impl World {
     fn step(&mut self, ev: Ev) -> Result<(), String> {
         match ev {
             Ev::Read { c, ino } => {
-                let (t, kv) = (self.mounts[c].view.ticket(), self.mounts[c].attr_version);
+                let m = &self.mounts[c];
+                let t = m.gateway.as_ref().map_or_else(|| m.view.ticket(), |g| g.cache.ticket());
+                let (t, kv) = (t, m.attr_version);
                 let d = self.delay();
                 self.q.after(d, Ev::ReadAtMds { c, ino, t, kv, session: self.mounts[c].session });
                 let (next, ino) = (self.rng.between(5 * MS, 80 * MS), self.rng.below(INOS));
@@ -259,21 +308,32 @@ impl World {
                 if !waits.is_empty() {
                     self.summary.count("read waited for a raced recall");
                 }
-                let ch = Change { read: true, granted: true, c, ino, v, t, kv, session, seen, waits, incarnation };
+                let ch =
+                    Change { read: true, granted: true, c, ino, v, t, kv, session, seen, waits, incarnation, id: 0 };
                 self.changes.push(ch);
             }
             Ev::ReadReply { c, ino, t, kv, v, incarnation } => self.install(c, ino, (t, kv), v, incarnation),
             Ev::Write { c, ino } => {
                 let (next, next_ino) = (self.rng.between(20 * MS, 300 * MS), self.rng.below(INOS));
                 self.q.after(next, Ev::Write { c, ino: next_ino });
-                if !self.mounts[c].writing.insert(ino) {
-                    return Ok(());
-                }
-                let (t, kv) = (self.mounts[c].view.ticket(), self.mounts[c].attr_version);
+                let m = &mut self.mounts[c];
+                let (t, id) = match &mut m.gateway {
+                    // A gateway has no inode lock: changes of one inode overlap.
+                    Some(g) => {
+                        g.next_id += 1;
+                        let req = Request::SetAttr(SetAttrReq { ino, set: Default::default() });
+                        g.pending.insert(g.next_id, Pending::of(&req, g.cache.ticket()));
+                        *g.in_flight.entry(ino).or_default() += 1;
+                        (g.cache.ticket(), g.next_id)
+                    }
+                    None if !m.writing.insert(ino) => return Ok(()),
+                    None => (m.view.ticket(), 0),
+                };
+                let kv = m.attr_version;
                 let d = self.delay();
-                self.q.after(d, Ev::WriteAtMds { c, ino, t, kv, session: self.mounts[c].session });
+                self.q.after(d, Ev::WriteAtMds { c, ino, t, kv, session: self.mounts[c].session, id });
             }
-            Ev::WriteAtMds { c, ino, t, kv, session } => {
+            Ev::WriteAtMds { c, ino, t, kv, session, id } => {
                 let seen = self.table.is_holder(session).then(|| self.table.change_seq());
                 let v = self.store[&ino] + 1;
                 self.store.insert(ino, v);
@@ -283,10 +343,14 @@ impl World {
                     self.summary.count("change waited for a recall");
                 }
                 let incarnation = self.mounts[c].incarnation;
-                let ch = Change { read: false, granted: false, c, ino, v, t, kv, session, seen, waits, incarnation };
+                let ch =
+                    Change { read: false, granted: false, c, ino, v, t, kv, session, seen, waits, incarnation, id };
                 self.changes.push(ch);
             }
-            Ev::WriteReply { c, ino, t, kv, v, incarnation } => {
+            Ev::WriteReply { c, ino, v, incarnation, id, .. } if self.mounts[c].gateway.is_some() => {
+                self.gateway_reply(c, (ino, v), incarnation, id);
+            }
+            Ev::WriteReply { c, ino, t, kv, v, incarnation, .. } => {
                 // The writer's kernel takes the reply's attributes (under the lease if its view allows).
                 // A change's reply always updates the kernel's attributes (`fuse_do_setattr`), so any older reply of
                 // a read in flight is dropped after it.
@@ -305,7 +369,7 @@ impl World {
                 let ev = Ev::PollAtMds {
                     c,
                     session: m.session,
-                    epoch: m.view.epoch(),
+                    epoch: m.gateway.as_ref().map_or_else(|| m.view.epoch(), |g| g.cache.epoch()),
                     acked: m.acked,
                     sent_us: self.q.now_us(),
                     incarnation,
@@ -367,6 +431,11 @@ impl World {
         if incarnation != m.incarnation {
             return;
         }
+        if let Some(g) = &mut m.gateway {
+            let cached = g.cache.put_attr(&t, &attr(ino, v), (now, 1));
+            self.summary.count(if cached { "gateway cached a reply" } else { "gateway did not trust a reply" });
+            return;
+        }
         if m.inode_version.get(&ino).is_some_and(|&at| at > kv) {
             self.summary.count("kernel dropped an older reply");
             return;
@@ -380,6 +449,21 @@ impl World {
         }
     }
 
+    /// A gateway's change of `ino` to version `v` returned (or its reply was lost with its connection: the call
+    /// fails, and the change may have applied): the cache drops it, and keeps the reply if nothing came between.
+    fn gateway_reply(&mut self, c: usize, (ino, v): (u64, u64), incarnation: u64, id: u64) {
+        let now = self.instant(self.q.now_us());
+        let m = &mut self.mounts[c];
+        let g = m.gateway.as_mut().expect("a gateway");
+        let p = g.pending.remove(&id).expect("a change in flight");
+        let n = g.in_flight.get_mut(&ino).expect("counted");
+        *n -= 1;
+        let reply = Response::SetAttr(attr(ino, v));
+        let lost = incarnation != m.incarnation;
+        p.settle(&mut g.cache, (!lost).then_some(&reply), (now, 1));
+        self.summary.count(if lost { "gateway's change reply lost" } else { "gateway's change returned" });
+    }
+
     fn reply_poll(&mut self, h: Held) {
         let p = self.table.poll(h.session, h.epoch, h.acked, self.now_ms());
         let resp = LeaseWaitResp { epoch: p.epoch, lease_ms: LEASE_MS as u32, upto: p.upto, recalls: p.recalls };
@@ -391,6 +475,14 @@ impl World {
         let sent = self.instant(sent_us);
         let m = &mut self.mounts[c];
         if incarnation != m.incarnation {
+            return;
+        }
+        if let Some(g) = &mut m.gateway {
+            // The cache drops what the recalls name before the next call acknowledges them.
+            g.cache.received(&resp, sent, 1);
+            g.cache.check();
+            m.acked = resp.upto;
+            self.q.after(0, Ev::PollSend { c, incarnation });
             return;
         }
         let new_epoch = resp.epoch != m.view.epoch();
@@ -455,13 +547,13 @@ impl World {
             }
             let ch = self.changes.remove(i);
             let d = self.delay();
-            let (c, ino, t, kv, v, incarnation) = (ch.c, ch.ino, ch.t, ch.kv, ch.v, ch.incarnation);
+            let (c, ino, t, kv, v, incarnation, id) = (ch.c, ch.ino, ch.t, ch.kv, ch.v, ch.incarnation, ch.id);
             if ch.read {
                 self.q.after(d, Ev::ReadReply { c, ino, t, kv, v, incarnation });
             } else {
                 // Answered: from now on no other mount may keep an older version.
                 self.answered.entry(ino).and_modify(|a| *a = (*a).max(v)).or_insert(v);
-                self.q.after(d, Ev::WriteReply { c, ino, t, kv, v, incarnation });
+                self.q.after(d, Ev::WriteReply { c, ino, t, kv, v, incarnation, id });
             }
         }
     }
@@ -483,6 +575,25 @@ impl World {
     fn check(&mut self) -> Result<(), String> {
         self.summary.checks += 1;
         self.table.check()?;
+        let now = self.instant(self.q.now_us());
+        for (c, m) in self.mounts.iter_mut().enumerate() {
+            let Some(g) = &mut m.gateway else { continue };
+            // An inode the gateway is changing itself is excused until each change's reply: until then the
+            // change is not answered to the gateway's own caller.
+            for ino in (0..INOS).filter(|i| g.in_flight.get(i).is_none_or(|&n| n == 0)) {
+                let answered = self.answered.get(&ino).copied().unwrap_or(0);
+                if let Some(a) = g.cache.attr(ino, (now, 1))
+                    && a.size < answered
+                {
+                    return Err(format!(
+                        "at {} ms gateway {c} answers version {} of inode {ino} from its cache, but the change to \
+                         version {answered} was answered",
+                        self.now_ms(),
+                        a.size
+                    ));
+                }
+            }
+        }
         for (c, m) in self.mounts.iter().enumerate() {
             if m.slow {
                 continue;
@@ -526,6 +637,10 @@ fn no_mount_keeps_a_leased_version_older_than_an_answered_change() {
     );
     for what in [
         "reply cached under a lease",
+        "gateway cached a reply",
+        "gateway did not trust a reply",
+        "gateway's change returned",
+        "gateway's change reply lost",
         "reply not trusted",
         "change waited for a recall",
         "slow to apply recalls",
