@@ -72,7 +72,8 @@ impl LeaseTrust {
             && t.epoch == self.epoch
             && t.heard >= floor
             && t.heard >= self.cleared
-            && !self.recent.iter().any(|(n, ino)| *n > t.heard && !own.contains(n) && inos.contains(ino))
+            // Newest first, and only those heard since `t` (numbers rise along the queue).
+            && !self.recent.iter().rev().take_while(|(n, _)| *n > t.heard).any(|(n, ino)| !own.contains(n) && inos.contains(ino))
     }
 
     /// Whether a `LeaseWait` reply arriving on `session` ends every lease held (a new epoch, or another session).
