@@ -367,7 +367,8 @@ async fn read(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, tran
     let eof = offset + data.len() as u64 >= size;
     // Over RDMA the Linux client places a READ's data (sent by RDMA WRITE) after a reply head of the size it
     // reserved, which assumes attributes: a reply without them shifts the data by their 84 bytes. So over RDMA
-    // the reply carries fresh attributes (an MDS round trip per READ; see below why not the cached ones).
+    // the reply carries fresh attributes (from the lease cache while the gateway holds leases, else an MDS round
+    // trip per READ; see below why not the ones this handle cached).
     let fresh = match transport {
         Transport::Rdma => match c.getattr(ino).await {
             Ok(a) => Some(a),
