@@ -45,7 +45,17 @@ fn check_name(name: &str) -> Result<(), u32> {
 
 /// Fresh attributes with the gateway's uncommitted writes; a removed inode is STALE.
 pub(super) async fn attr_of(cx: &Ctx<'_>, ino: u64) -> Result<Attr, u32> {
-    match cx.c.getattr(ino).await {
+    attr_overlaid(cx, cx.c.getattr(ino).await)
+}
+
+/// [`attr_of`] read at the MDS, never from the lease cache: for a layout, whose servers and generation an MDS duty
+/// moves (a slot to a spare) without recalling any lease.
+pub(super) async fn fresh_attr_of(cx: &Ctx<'_>, ino: u64) -> Result<Attr, u32> {
+    attr_overlaid(cx, cx.c.getattr_at_mds(ino).await)
+}
+
+fn attr_overlaid(cx: &Ctx<'_>, got: Result<Attr, weft_client::ClientError>) -> Result<Attr, u32> {
+    match got {
         Ok(mut a) => {
             cx.gw.files.overlay(&mut a);
             Ok(a)

@@ -18,7 +18,7 @@ use super::layout::{
     self, DEVICELIST_MAX, DeviceInfoArgs, DeviceListArgs, IOMODE_ANY, IOMODE_RW, LAYOUT4_NFSV4_1_FILES,
     LayoutCommitArgs, LayoutGetArgs, LayoutReturnArgs, ReturnWhat, STRIPE_INDICES_MAX, WHOLE_FILE,
 };
-use super::ops::{attr_of, st};
+use super::ops::{fresh_attr_of, st};
 use super::state::Stateid;
 use crate::xdr::Writer;
 
@@ -90,7 +90,7 @@ async fn layoutget_ok(cx: &mut Ctx<'_>, a: &LayoutGetArgs) -> Out {
     if a.length < a.minlength || (a.length != WHOLE_FILE && a.offset.checked_add(a.length).is_none()) {
         return Err(NFS4ERR_INVAL);
     }
-    let attr = attr_of(cx, ino).await?;
+    let attr = fresh_attr_of(cx, ino).await?;
     match attr.kind {
         FileKind::File => {}
         FileKind::Dir => return Err(NFS4ERR_ISDIR),

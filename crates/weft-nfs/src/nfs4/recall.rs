@@ -168,7 +168,8 @@ impl Gateway {
         let inos = self.nfs4.state().watched_inodes(cursor, LAYOUT_CHECK_FILES_MAX);
         let next = if inos.len() < LAYOUT_CHECK_FILES_MAX { 0 } else { inos.last().copied().unwrap_or(0) };
         for ino in inos {
-            let now = match self.client.getattr(ino).await {
+            // At the MDS, not from the lease cache: a duty moves a layout's slots without recalling a lease.
+            let now = match self.client.getattr_at_mds(ino).await {
                 Ok(a) => Some(super::state::Watched::of(&a)),
                 Err(e) if super::ops::st(&e) == NFS4ERR_NOENT => None,
                 Err(e) => {
