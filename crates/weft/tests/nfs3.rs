@@ -819,6 +819,59 @@ async fn the_gateway_answers_from_its_lease_cache_and_sees_every_change_at_once(
     assert_eq!(client.lookup(d.ino, "g1").await.unwrap().size, 0, "the native client sees it too");
 }
 
+/// A gateway that stops answering (SIGSTOP) while it holds a lease: a change made natively completes once the
+/// gateway's lease ran out (the service's `lease_ms`, 2 s here), and after SIGCONT the gateway's next GETATTR shows
+/// it (its trust ran out with its lease, so it asks the MDS); killed (SIGKILL) while it holds a lease, the next
+/// change completes and the service drops it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_waits_for_a_stopped_or_killed_gateway_only_until_its_lease_ends() {
+    use common::scrape::{parse, scrape, sum};
+    let c = common::start_with("nfs-leases-stopped", 1, |o| {
+        o.postgres = false;
+        o.metrics = true;
+        o.meta_extra_toml.push_str("lease_ms = 2000\n");
+    })
+    .await;
+    let meta = c.metrics_addrs().into_iter().find(|(role, _)| role == "meta").unwrap().1;
+    let gauge = |name: &'static str| {
+        let meta = meta.clone();
+        async move { sum(&parse(&scrape(&meta).await.unwrap()), name, &[]) }
+    };
+    let client = c.client().await;
+    let d = client.mkdir(1, "s", 0o777).await.unwrap();
+    let f = client.create(d.ino, "f", 0o644, true).await.unwrap().ino;
+    let g_ino = client.create(d.ino, "g", 0o644, true).await.unwrap().ino;
+    let mut g = gateway(&c).await;
+    common::members::wait_for("the gateway's lease channel", || async { gauge("weft_mds_lease_holders").await == 1.0 })
+        .await;
+    let mut raw = Raw::connect(&g).await;
+    let root = raw.mount_root().await;
+    let dir = raw.lookup(&root, "s").await.1.unwrap();
+    let fh_f = raw.lookup(&dir, "f").await.1.unwrap();
+    assert_eq!(mode_and_size(&mut raw, &fh_f).await, (0o644, 0), "the gateway leases f");
+    let pid = g.pid().unwrap().to_string();
+    let signal = |sig: &str| assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    let chmod = |ino: u64| client.setattr(ino, weft_proto::SetAttrs { mode: Some(0o600), ..Default::default() });
+    signal("-STOP");
+    chmod(f).await.expect("a chmod while the gateway is stopped");
+    assert!(gauge("weft_mds_lease_revocations").await >= 1.0, "the stopped gateway was revoked");
+    signal("-CONT");
+    assert_eq!(mode_and_size(&mut raw, &fh_f).await, (0o600, 0), "the chmod, at the gateway's first GETATTR");
+    // The gateway takes leases anew (its next poll names its new epoch): a lookup of g leases the directory and g.
+    let raw = tokio::sync::Mutex::new(raw);
+    common::members::wait_for("the gateway leasing g", || async {
+        let mut r = raw.lock().await;
+        let fh_g = r.lookup(&dir, "g").await.1.unwrap();
+        assert_eq!(mode_and_size(&mut r, &fh_g).await, (0o644, 0));
+        gauge("weft_mds_leased_inodes").await >= 2.0
+    })
+    .await;
+    g.kill().await;
+    chmod(g_ino).await.expect("a chmod while the gateway is dead");
+    common::members::wait_for("the dead gateway dropped", || async { gauge("weft_mds_lease_holders").await == 0.0 })
+        .await;
+}
+
 /// A WRITE by a user without privilege (uid 4242) drops set-ID bits before its bytes land, as knfsd's VFS does:
 /// the next GETATTR, before any COMMIT, and the MDS see them gone; set-group-ID without group execute stays for a
 /// member of the file's group.
