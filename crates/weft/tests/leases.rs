@@ -1,6 +1,6 @@
 //! Metadata leases against adversaries (issue 33, docs/format.md §31): two FUSE mounts of one cluster, each holding
 //! leases, and a native client take turns at random changes (create, append, truncate, chmod, utimes, rename,
-//! link, unlink; the native client makes those of names and attributes), and after every change both mounts are
+//! link, unlink; the native client makes all but appends and truncates), and after every change both mounts are
 //! checked against a model: what a stat, a listing and a read return; so is the native client, which holds leases
 //! too and answers its lookups from its own cache (`weft_client::meta_cache`). A lease promises more
 //! than the kernel's timeouts do: a change is recalled from the other mount before its call returns, so that mount's
@@ -195,9 +195,9 @@ impl Native {
         (self.dirs[dir], name)
     }
 
-    /// Makes change `c` through the native client: the errno it got, or `None` for a change it does not make
-    /// (data: the mounts write).
-    fn change(&self, c: &Change) -> Option<i32> {
+    /// Makes change `c` (step `step`) through the native client: the errno it got, or `None` for a change it
+    /// does not make (appends and truncates: the mounts make those).
+    fn change(&self, c: &Change, step: u64) -> Option<i32> {
         use weft_proto::{SetAttrs, TimeSet};
         let c2 = &self.client;
         let ino = |path: &str| {
@@ -205,11 +205,18 @@ impl Native {
             let name = name.to_string();
             async move { c2.lookup(dir, &name).await.map(|a| a.ino) }
         };
-        if matches!(c, Change::Create { .. } | Change::Append { .. } | Change::Truncate { .. }) {
+        if matches!(c, Change::Append { .. } | Change::Truncate { .. }) {
             return None;
         }
         let r = self.rt.block_on(async {
             match c {
+                Change::Create { path, len } => {
+                    let (dir, name) = self.split(path);
+                    let f = c2.create(dir, name, 0o644, true).await?;
+                    let f = c2.open_ino(f.ino, weft_client::OpenMode::Write).await?;
+                    f.write_at(0, bytes::Bytes::from(bytes(step, *len))).await?;
+                    f.close().await
+                }
                 Change::Chmod { path, mode } => {
                     let set = SetAttrs { mode: Some(*mode), ..Default::default() };
                     c2.setattr(ino(path).await?, set).await.map(drop)
@@ -389,7 +396,7 @@ fn list(root: &Path, dir: &str) -> BTreeSet<String> {
 /// Makes change `c` through actor `by` (0, 1: the mounts at `roots`; 2: the native client, for the changes it
 /// makes) and in the model; returns the actor that made it and (the errno the model expects, the one it got).
 fn apply(roots: &[PathBuf; 2], native: &Native, by: usize, m: &mut Model, c: &Change, step: u64) -> (usize, i32, i32) {
-    let got = if by == 2 { native.change(c) } else { None };
+    let got = if by == 2 { native.change(c, step) } else { None };
     let (by, got) = match got {
         Some(got) => (2, got),
         None => (by % 2, fs_change(&roots[by % 2], c, step)),
