@@ -1204,21 +1204,7 @@ mod tests {
     }
 
     fn dir(mode: u32, uid: u32, gid: u32) -> Attr {
-        Attr {
-            ino: 5,
-            kind: weft_proto::FileKind::Dir,
-            mode,
-            uid,
-            gid,
-            nlink: 2,
-            size: 0,
-            atime_ns: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            layout: None,
-            rdev: 0,
-            data_version: 0,
-        }
+        Attr { uid, gid, ..Attr::new(5, weft_proto::FileKind::Dir, mode) }
     }
 
     /// The local search check agrees with the MDS's rules (perm.rs) where it answers, and says "ask the MDS"

@@ -541,21 +541,7 @@ mod tests {
     use weft_proto::msg::{NameReq, Recall};
 
     fn attr(ino: u64, kind: weft_proto::FileKind) -> Attr {
-        Attr {
-            ino,
-            kind,
-            mode: 0o755,
-            uid: 0,
-            gid: 0,
-            nlink: 1,
-            size: 0,
-            atime_ns: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            layout: None,
-            rdev: 0,
-            data_version: 0,
-        }
+        Attr::new(ino, kind, 0o755)
     }
 
     fn granted() -> (MetaCache, Instant) {

@@ -306,21 +306,7 @@ mod tests {
 
     #[test]
     fn a_cached_listing_is_dropped_with_its_directorys_attributes_and_with_the_leases() {
-        let dir = |ino| Attr {
-            ino,
-            kind: weft_proto::FileKind::Dir,
-            mode: 0o755,
-            uid: 0,
-            gid: 0,
-            nlink: 2,
-            size: 0,
-            atime_ns: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            layout: None,
-            rdev: 0,
-            data_version: 0,
-        };
+        let dir = |ino| Attr::new(ino, weft_proto::FileKind::Dir, 0o755);
         let t0 = Instant::now();
         let mut v = LeaseView::default();
         let before = v.ticket();

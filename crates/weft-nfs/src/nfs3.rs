@@ -892,21 +892,7 @@ mod tests {
     use super::*;
 
     fn attr(kind: FileKind, mode: u32) -> Attr {
-        Attr {
-            ino: 9,
-            kind,
-            mode,
-            uid: 1000,
-            gid: 100,
-            nlink: 1,
-            size: 0,
-            atime_ns: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            layout: None,
-            rdev: 0,
-            data_version: 0,
-        }
+        Attr { uid: 1000, gid: 100, nlink: 1, ..Attr::new(9, kind, mode) }
     }
 
     #[test]

@@ -104,6 +104,28 @@ pub struct Attr {
     pub data_version: u64,
 }
 
+impl Attr {
+    /// Inode `ino` of `kind` with permission bits `mode`: owned by root, empty, every time 0, no layout, one link
+    /// (a directory two). A starting point where only some fields matter (struct update syntax for the rest).
+    pub fn new(ino: u64, kind: FileKind, mode: u32) -> Attr {
+        Attr {
+            ino,
+            kind,
+            mode,
+            uid: 0,
+            gid: 0,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            size: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            layout: None,
+            rdev: 0,
+            data_version: 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TimeSet {
     Now,

@@ -146,21 +146,7 @@ struct Gateway {
 
 /// The attributes of version `v` of inode `ino` (the version is the size).
 fn attr(ino: u64, v: u64) -> Attr {
-    Attr {
-        ino,
-        kind: weft_proto::FileKind::File,
-        mode: 0o644,
-        uid: 0,
-        gid: 0,
-        nlink: 1,
-        size: v,
-        atime_ns: 0,
-        mtime_ns: 0,
-        ctime_ns: 0,
-        layout: None,
-        rdev: 0,
-        data_version: 0,
-    }
+    Attr { size: v, ..Attr::new(ino, weft_proto::FileKind::File, 0o644) }
 }
 
 impl Mount {
