@@ -238,6 +238,10 @@ impl MetaCache {
         {
             return false;
         }
+        // Trusted, so newer than the missing name (whose recall is on its way): not both.
+        if self.absent.get_mut(&parent).is_some_and(|a| a.remove(name)) {
+            self.absent_count -= 1;
+        }
         self.entries.insert(key, attr.ino);
         true
     }
@@ -288,6 +292,9 @@ impl MetaCache {
             self.dirs.insert(attr.ino, attr.clone());
         }
         if let Some((parent, name)) = made.filter(|(_, n)| cacheable(n)) {
+            if self.absent.get_mut(parent).is_some_and(|a| a.remove(name)) {
+                self.absent_count -= 1;
+            }
             self.entries.insert((*parent, name.clone()), attr.ino);
         }
     }
@@ -389,6 +396,9 @@ impl MetaCache {
         assert_eq!(self.absent_count, self.absent.values().map(HashSet::len).sum::<usize>(), "missing names counted");
         assert!(self.absent.keys().all(|d| self.dirs.contains_key(d)), "missing names only of leased directories");
         assert!(self.dirs.values().all(|a| a.kind == weft_proto::FileKind::Dir), "only directories in dirs");
+        let both =
+            self.absent.iter().any(|(d, names)| names.iter().any(|n| self.entries.contains_key(&(*d, n.clone()))));
+        assert!(!both, "a name both missing and an entry");
         assert!(self.attrs.len() <= CACHED_MAX && self.entries.len() <= CACHED_MAX && self.dirs.len() <= CACHED_MAX);
     }
 }
@@ -620,10 +630,14 @@ mod tests {
         c.check();
         assert!(c.attr(5, now).is_none() && c.attr(6, now).is_some(), "only the moved inode");
         assert!(c.lookup(1, "y", now).is_none() && c.lookup(1, "a", now).is_none());
+        // A trusted reply naming a name known missing (its creator's recall is on its way) replaces it.
+        assert!(c.put_absent(&c.ticket(), 1, "w", now) && c.put_entry(&c.ticket(), 1, "w", &attr(9, File), now));
+        c.check();
+        assert_eq!(c.lookup(1, "w", now), Some(Cached::Entry(attr(1, Dir), attr(9, File))));
         // Another session's change of the directory's names recalls its attributes: every missing name goes.
         assert!(c.put_absent(&c.ticket(), 1, "z", now));
         recall(&mut c, t0, 1, 1, None);
-        assert!(c.lookup(1, "z", now).is_none() && c.counts().0 == 1);
+        assert!(c.lookup(1, "z", now).is_none() && c.counts().0 == 3, "6 and 9, and the entry of 9");
     }
 
     #[test]
