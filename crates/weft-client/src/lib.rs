@@ -38,6 +38,7 @@ mod file;
 mod handle;
 mod io_queue;
 mod layouts;
+pub mod lease_channel;
 pub mod lease_trust;
 pub mod meta_cache;
 mod mirror;
@@ -126,7 +127,7 @@ struct Inner {
     /// service died, another answers), the locks are adopted from it before the next lock call (format §30).
     locks_session: std::sync::atomic::AtomicU64,
     /// Attributes and entries cached under metadata leases, once [`Client::hold_leases`] started the channel.
-    meta_cache: std::sync::OnceLock<Mutex<meta_cache::MetaCache>>,
+    meta_cache: std::sync::OnceLock<Arc<Mutex<meta_cache::MetaCache>>>,
 }
 
 /// A pNFS data server ([`Client::pnfs_devices`]): a data server's id and the NFS addresses it serves at.

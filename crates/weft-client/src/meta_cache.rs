@@ -3,15 +3,15 @@
 //! this client's session on an inode, its attributes (and, for a directory, the names in it) are answered from
 //! here instead of a round trip; the MDS recalls the lease before any other session's change of them completes.
 //!
-//! [`MetaCache`] is the pure part: what is cached, on top of [`LeaseTrust`]. The channel is the same `LeaseWait`
-//! loop as the FUSE mount's. The MDS recalls nothing from the session that made a change, so every change this
+//! [`MetaCache`] is the pure part: what is cached, on top of [`LeaseTrust`]. The channel is the FUSE mount's
+//! (`lease_channel.rs`). The MDS recalls nothing from the session that made a change, so every change this
 //! client sends drops what it touched here itself ([`Own`], from the request alone); a change whose inodes the
 //! request does not name and this cache does not know (a removed name never looked up here) drops everything.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::RangeInclusive;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use weft_proto::msg::{LeaseWaitResp, ReaddirPlusResp};
 use weft_proto::{Attr, Request, Rights};
@@ -19,17 +19,13 @@ use weft_proto::{Attr, Request, Rights};
 use weft_proto::{ErrorCode, WireError};
 use weft_rpc::RpcError;
 
+use crate::lease_channel::{self, LeaseHolder};
 use crate::lease_trust::{LeaseTrust, Ticket, no_hearings};
-use crate::{Client, ClientError, Inner, bank_may_search, is_not_found};
+use crate::{Client, ClientError, bank_may_search, is_not_found};
 
 /// Inodes and entries cached, each; past it, replies are not cached (the MDS revokes a holder past 65 536 leased
 /// inodes anyway, and everything cached goes with that epoch).
 pub const CACHED_MAX: usize = 65_536;
-/// How long the MDS may hold one `LeaseWait` (it caps this at a third of the lease).
-const HOLD_MS: u32 = 1_000;
-/// Wait before asking again after a failed call, or at a service that grants no leases.
-const RETRY_MS: u64 = 500;
-const NO_LEASES_RETRY_MS: u64 = 30_000;
 
 /// What one of this client's own requests changes, to drop here ([`own_change`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -387,10 +383,6 @@ impl MetaCache {
         self.trust.epoch()
     }
 
-    fn epoch_and_horizon(&self) -> (u64, Option<Instant>) {
-        (self.trust.epoch(), self.trust.trust_until())
-    }
-
     /// Checks the cache's own bookkeeping (tests and the simulation call it after every step).
     pub fn check(&self) {
         assert_eq!(self.absent_count, self.absent.values().map(HashSet::len).sum::<usize>(), "missing names counted");
@@ -410,23 +402,26 @@ impl Client {
     /// runtime: the lease channel is a task, which ends with the client.
     pub fn hold_leases(&self) {
         let mut started = false;
-        self.inner.meta_cache.get_or_init(|| {
+        let cache = self.inner.meta_cache.get_or_init(|| {
             started = true;
-            Mutex::new(MetaCache::default())
+            Arc::new(Mutex::new(MetaCache::default()))
         });
         if started {
-            tokio::spawn(run(Arc::downgrade(&self.inner), self.user.clone()));
+            let (inner, user) = (Arc::downgrade(&self.inner), self.user.clone());
+            let client = move || inner.upgrade().map(|inner| Client { inner, user: user.clone() });
+            let no_leases = "every lookup and getattr asks it";
+            tokio::spawn(lease_channel::run(client, Holder(cache.clone()), no_leases));
         }
     }
 
     /// This client's lease cache's counts ([`MetaCache::counts`]), if it holds leases.
     pub fn lease_cache_counts(&self) -> Option<(usize, u64, u64)> {
-        self.inner.meta_cache.get().map(|c| lock(c).counts())
+        self.lease_cache().map(|c| lock(c).counts())
     }
 
     /// The lease cache, if this client holds leases.
     pub(crate) fn lease_cache(&self) -> Option<&Mutex<MetaCache>> {
-        self.inner.meta_cache.get()
+        self.inner.meta_cache.get().map(|c| &**c)
     }
 
     /// The lease cache, if this client holds leases now.
@@ -505,49 +500,28 @@ pub(crate) fn lock(c: &Mutex<MetaCache>) -> std::sync::MutexGuard<'_, MetaCache>
     c.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The lease channel: one `LeaseWait` call after another, until the client is gone.
-async fn run(inner: Weak<Inner>, user: Arc<weft_proto::UserCred>) {
-    let mut acked = 0;
-    loop {
-        let Some(inner) = inner.upgrade() else { return };
-        let client = Client { inner, user: user.clone() };
-        let cache = client.lease_cache().expect("started with its cache");
-        let (epoch, until) = lock(cache).epoch_and_horizon();
-        let sent = Instant::now();
-        let call = client.lease_wait(epoch, acked, HOLD_MS);
-        let answered = match until {
-            Some(u) => tokio::time::timeout_at(u.into(), call).await.ok(),
-            None => Some(call.await),
-        };
-        let pause_ms = match answered {
-            Some(Ok(resp)) => {
-                lock(cache).received(&resp, sent, client.mds_session());
-                acked = resp.upto;
-                if resp.epoch != 0 {
-                    continue;
-                }
-                tracing::debug!("the metadata service grants no leases: every lookup and getattr asks it");
-                NO_LEASES_RETRY_MS
-            }
-            Some(Err(e)) => {
-                tracing::debug!("lease channel: {e}; cached metadata is dropped");
-                RETRY_MS
-            }
-            None => {
-                tracing::debug!("lease channel: no answer within the lease; cached metadata is dropped");
-                RETRY_MS
-            }
-        };
-        lock(cache).lose();
-        acked = 0;
-        drop(client);
-        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+/// The cache as the lease channel's holder: it applies recalls to its memory as they arrive.
+struct Holder(Arc<Mutex<MetaCache>>);
+
+impl LeaseHolder for Holder {
+    fn held(&self) -> (u64, Option<Instant>) {
+        let c = lock(&self.0);
+        (c.trust.epoch(), c.trust.trust_until())
+    }
+
+    async fn received(&self, resp: &LeaseWaitResp, sent: Instant, session: u64) {
+        lock(&self.0).received(resp, sent, session);
+    }
+
+    async fn lose(&self) {
+        lock(&self.0).lose();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use weft_proto::msg::{NameReq, Recall};
 
     fn attr(ino: u64, kind: weft_proto::FileKind) -> Attr {

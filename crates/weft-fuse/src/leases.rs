@@ -5,17 +5,18 @@
 //!
 //! [`LeaseView`] is the pure part: what was handed to the kernel under a lease, on top of weft-client's
 //! [`LeaseTrust`] (the epoch, the trust horizon, the recalls heard lately: which replies may be trusted, [`Ticket`]).
-//! [`run`] is the channel: one `LeaseWait` call after another on the mount's MDS session. Replies are sent to the
+//! [`run`] is the channel (weft-client's `lease_channel.rs`) on the mount's MDS session. Replies are sent to the
 //! kernel under the view's lock, and recalls are recorded under it before they are applied, so a reply judged
 //! trusted is in the kernel before the recall that voids it is applied.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use fuser::{INodeNo, Notifier};
 use weft_client::Client;
+use weft_client::lease_channel::{self, LeaseHolder};
 use weft_client::lease_trust::LeaseTrust;
 pub use weft_client::lease_trust::Ticket;
 use weft_proto::Attr;
@@ -23,11 +24,6 @@ use weft_proto::msg::LeaseWaitResp;
 
 /// Inodes and entries handed to the kernel under leases, each; past it, replies get the plain timeouts.
 pub const TRACKED_MAX: usize = 65_536;
-/// How long the MDS may hold one `LeaseWait` (it caps this at a third of the lease).
-const HOLD_MS: u32 = 1_000;
-/// Wait before asking again after a failed call, or at a service that grants no leases.
-const RETRY_MS: u64 = 500;
-const NO_LEASES_RETRY_MS: u64 = 30_000;
 
 /// One kernel invalidation.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -202,51 +198,46 @@ async fn apply(notifier: &Arc<Notifier>, invals: Vec<Inval>) {
     }
 }
 
+/// The view and the kernel as the lease channel's holder: recalls are recorded in the view, then applied to the
+/// kernel, before the next call acknowledges them.
+struct Holder {
+    view: Arc<Mutex<LeaseView>>,
+    notifier: Arc<Notifier>,
+}
+
+impl Holder {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LeaseView> {
+        self.view.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl LeaseHolder for Holder {
+    fn held(&self) -> (u64, Option<Instant>) {
+        let v = self.lock();
+        (v.epoch(), v.trust_until())
+    }
+
+    async fn received(&self, resp: &LeaseWaitResp, sent: Instant, session: u64) {
+        let invals = self.lock().received(resp, sent, session);
+        apply(&self.notifier, invals).await;
+    }
+
+    async fn lose(&self) {
+        let invals = self.lock().lose();
+        apply(&self.notifier, invals).await;
+    }
+}
+
 /// The lease channel of a mount: runs until the task is aborted (at unmount).
 pub async fn run(client: Client, view: Arc<Mutex<LeaseView>>, notifier: Arc<Notifier>) {
-    let lock = || view.lock().unwrap_or_else(|e| e.into_inner());
-    let mut acked = 0;
-    loop {
-        let (epoch, until) = {
-            let v = lock();
-            (v.epoch(), v.trust_until())
-        };
-        let sent = Instant::now();
-        let call = client.lease_wait(epoch, acked, HOLD_MS);
-        let answered = match until {
-            Some(u) => tokio::time::timeout_at(u.into(), call).await.ok(),
-            None => Some(call.await),
-        };
-        let pause_ms = match answered {
-            Some(Ok(resp)) => {
-                let invals = lock().received(&resp, sent, client.mds_session());
-                apply(&notifier, invals).await;
-                acked = resp.upto;
-                if resp.epoch != 0 {
-                    continue;
-                }
-                tracing::debug!("the metadata service grants no leases: attribute and entry timeouts apply");
-                NO_LEASES_RETRY_MS
-            }
-            Some(Err(e)) => {
-                tracing::debug!("lease channel: {e}; cached metadata is dropped");
-                RETRY_MS
-            }
-            None => {
-                tracing::debug!("lease channel: no answer within the lease; cached metadata is dropped");
-                RETRY_MS
-            }
-        };
-        let invals = lock().lose();
-        apply(&notifier, invals).await;
-        acked = 0;
-        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-    }
+    let no_leases = "attribute and entry timeouts apply";
+    lease_channel::run(move || Some(client.clone()), Holder { view, notifier }, no_leases).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use weft_client::lease_trust::RECENT_MAX;
     use weft_proto::msg::Recall;
 

@@ -651,6 +651,40 @@ async fn read_all(raw: &mut Raw, fh: &[u8], count: u32) -> Vec<u8> {
     r.opaque(count as usize).unwrap().to_vec()
 }
 
+/// Files of the GETATTR and LOOKUP storms: `/open/f0`… in a directory anyone may search, file i of 100 + i bytes.
+const STORM_FILES: usize = 20;
+
+/// Makes the storms' directory and files through `client`; the directory's attributes.
+async fn storm_dir(client: &weft_client::Client) -> weft_proto::Attr {
+    let d = client.mkdir(1, "open", 0o777).await.unwrap();
+    client.setattr(d.ino, weft_proto::SetAttrs { mode: Some(0o777), ..Default::default() }).await.unwrap();
+    for i in 0..STORM_FILES {
+        let f = client.create(d.ino, &format!("f{i}"), 0o644, true).await.unwrap();
+        let f = client.open_ino(f.ino, weft_client::OpenMode::Write).await.unwrap();
+        f.write_at(0, bytes::Bytes::from(pattern(100 + i, i as u64))).await.unwrap();
+        f.close().await.unwrap();
+    }
+    d
+}
+
+/// Changes `client` makes after a storm are what the gateway answers next: f1 rewritten to 5000 bytes (size and
+/// bytes), f2 renamed to g2 (the same handle), f3 unlinked (NOENT, then STALE). `handles[i]` is fi's, `dir` the
+/// handle of the storms' directory `d`.
+async fn native_changes_are_seen(client: &weft_client::Client, raw: &mut Raw, d: u64, dir: &[u8], handles: &[Vec<u8>]) {
+    let new = pattern(5000, 77);
+    let w = client.open("/open/f1", weft_client::OpenMode::Write).await.unwrap();
+    w.write_at(0, bytes::Bytes::from(new.clone())).await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(mode_and_size(raw, &handles[1]).await, (0o644, 5000), "the rewrite's size");
+    assert!(read_all(raw, &handles[1], 5000).await == new, "the rewrite's bytes through the gateway");
+    client.rename(d, "f2", d, "g2", 0).await.unwrap();
+    assert_eq!(raw.lookup(dir, "f2").await.0, NFS3ERR_NOENT, "the old name is gone");
+    assert_eq!(raw.lookup(dir, "g2").await.1.unwrap(), handles[2], "the new name is the same file");
+    client.unlink(d, "f3").await.unwrap();
+    assert_eq!(raw.lookup(dir, "f3").await.0, NFS3ERR_NOENT);
+    assert_eq!(raw.getattr(&handles[3]).await, NFS3ERR_STALE, "an unlinked file's handle is stale");
+}
+
 /// Issue 16, item 7: the gateway's client asks the cache bank (the `[cache]` of the cluster.toml it runs on)
 /// before the MDS, so a GETATTR/LOOKUP storm through the gateway is served by memcached (its own `get_hits`
 /// count it); and what the native client changes afterwards (chmod, a rewrite to another size, rename, unlink) is
@@ -667,16 +701,9 @@ async fn a_getattr_and_lookup_storm_through_the_gateway_is_served_by_the_bank() 
     .await;
     let client = c.client().await;
     assert!(client.bank().is_some(), "the test's own client has the bank too");
-    let d = client.mkdir(1, "open", 0o777).await.unwrap();
-    client.setattr(d.ino, weft_proto::SetAttrs { mode: Some(0o777), ..Default::default() }).await.unwrap();
-    const FILES: usize = 20;
-    for i in 0..FILES {
-        let f = client.create(d.ino, &format!("f{i}"), 0o644, true).await.unwrap();
-        let f = client.open_ino(f.ino, weft_client::OpenMode::Write).await.unwrap();
-        f.write_at(0, bytes::Bytes::from(pattern(100 + i, i as u64))).await.unwrap();
-        f.close().await.unwrap();
-    }
-    // Without leases: a lease holder answers from its own cache before the bank (`leases.rs` tests that).
+    let d = storm_dir(&client).await;
+    const FILES: usize = STORM_FILES;
+    // Without leases: a lease holder answers from its own cache before the bank (the next test checks that).
     let o = NfsOptions { extra_args: vec!["--no-metadata-leases".into()], ..NfsOptions::default() };
     let g = c.start_nfs(&o).await.unwrap();
     let addrs = c.cache_addrs();
@@ -711,19 +738,7 @@ async fn a_getattr_and_lookup_storm_through_the_gateway_is_served_by_the_bank() 
     assert_eq!(mode_and_size(&mut raw, &handles[0]).await, (0o600, 100), "chmod seen through the gateway");
     assert!(get_hits(&addrs).await > before, "…and served by the bank");
 
-    let new = pattern(5000, 77);
-    let w = client.open("/open/f1", weft_client::OpenMode::Write).await.unwrap();
-    w.write_at(0, bytes::Bytes::from(new.clone())).await.unwrap();
-    w.close().await.unwrap();
-    assert_eq!(mode_and_size(&mut raw, &handles[1]).await, (0o644, 5000), "the rewrite's size");
-    assert!(read_all(&mut raw, &handles[1], 5000).await == new, "the rewrite's bytes through the gateway");
-
-    client.rename(d.ino, "f2", d.ino, "g2", 0).await.unwrap();
-    assert_eq!(raw.lookup(&dir, "f2").await.0, NFS3ERR_NOENT, "the old name is gone");
-    assert_eq!(raw.lookup(&dir, "g2").await.1.unwrap(), handles[2], "the new name is the same file");
-    client.unlink(d.ino, "f3").await.unwrap();
-    assert_eq!(raw.lookup(&dir, "f3").await.0, NFS3ERR_NOENT);
-    assert_eq!(raw.getattr(&handles[3]).await, NFS3ERR_STALE, "an unlinked file's handle is stale");
+    native_changes_are_seen(&client, &mut raw, d.ino, &dir, &handles).await;
 }
 
 /// Issue 33, item 6: the gateway holds metadata leases, so a GETATTR and LOOKUP storm (names found and names
@@ -749,15 +764,8 @@ async fn the_gateway_answers_from_its_lease_cache_and_sees_every_change_at_once(
             + mds("weft_rpc_server_requests_total", "op=\"Lookup\"").await
     };
     let client = c.client().await;
-    let d = client.mkdir(1, "open", 0o777).await.unwrap();
-    client.setattr(d.ino, weft_proto::SetAttrs { mode: Some(0o777), ..Default::default() }).await.unwrap();
-    const FILES: usize = 20;
-    for i in 0..FILES {
-        let f = client.create(d.ino, &format!("f{i}"), 0o644, true).await.unwrap();
-        let f = client.open_ino(f.ino, weft_client::OpenMode::Write).await.unwrap();
-        f.write_at(0, bytes::Bytes::from(pattern(100 + i, i as u64))).await.unwrap();
-        f.close().await.unwrap();
-    }
+    let d = storm_dir(&client).await;
+    const FILES: usize = STORM_FILES;
     let g = gateway(&c).await;
     common::members::wait_for("the gateway's lease channel", || async {
         mds("weft_mds_lease_holders", "").await == 1.0
@@ -794,18 +802,7 @@ async fn the_gateway_answers_from_its_lease_cache_and_sees_every_change_at_once(
     let f0 = client.lookup(d.ino, "f0").await.unwrap().ino;
     client.setattr(f0, weft_proto::SetAttrs { mode: Some(0o600), ..Default::default() }).await.unwrap();
     assert_eq!(mode_and_size(&mut raw, &handles[0]).await, (0o600, 100), "chmod seen through the gateway");
-    let new = pattern(5000, 77);
-    let w = client.open("/open/f1", weft_client::OpenMode::Write).await.unwrap();
-    w.write_at(0, bytes::Bytes::from(new.clone())).await.unwrap();
-    w.close().await.unwrap();
-    assert_eq!(mode_and_size(&mut raw, &handles[1]).await, (0o644, 5000), "the rewrite's size");
-    assert!(read_all(&mut raw, &handles[1], 5000).await == new, "the rewrite's bytes through the gateway");
-    client.rename(d.ino, "f2", d.ino, "g2", 0).await.unwrap();
-    assert_eq!(raw.lookup(&dir, "f2").await.0, NFS3ERR_NOENT, "the old name is gone");
-    assert_eq!(raw.lookup(&dir, "g2").await.1.unwrap(), handles[2], "the new name is the same file");
-    client.unlink(d.ino, "f3").await.unwrap();
-    assert_eq!(raw.lookup(&dir, "f3").await.0, NFS3ERR_NOENT);
-    assert_eq!(raw.getattr(&handles[3]).await, NFS3ERR_STALE, "an unlinked file's handle is stale");
+    native_changes_are_seen(&client, &mut raw, d.ino, &dir, &handles).await;
     client.create(d.ino, "new0", 0o644, true).await.unwrap();
     assert_eq!(raw.lookup(&dir, "new0").await.0, NFS3_OK, "a name created elsewhere is no longer missing");
     // The gateway's own create of a name it knew missing, then its own rename of it.
