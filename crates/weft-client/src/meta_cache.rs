@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use weft_proto::msg::{LeaseWaitResp, ReaddirPlusResp};
-use weft_proto::{Attr, Request, Rights};
+use weft_proto::{Attr, MetaChange, Request};
 
 use weft_proto::{ErrorCode, WireError};
 use weft_rpc::RpcError;
@@ -50,64 +50,16 @@ pub struct OwnChange {
     pub removed: Vec<(u64, String)>,
 }
 
-/// What request `req` changes of what this cache holds (the client-side twin of the MDS's `Touched`).
+/// What request `req` changes of what this cache holds (the classification the MDS recalls by, weft-proto's
+/// [`MetaChange`]).
 pub fn own_change(req: &Request) -> Own {
-    let inos = |inos: &[u64]| Own::Some(OwnChange { inos: inos.to_vec(), ..Default::default() });
-    let name = |d: u64, n: &str| vec![(d, n.to_string())];
-    let add = |d: u64, n: &str| Own::Some(OwnChange { dirs: vec![d], added: name(d, n), ..Default::default() });
-    let writes = |r: Rights| r.covers(Rights::WRITE);
-    match req {
-        Request::Null(_)
-        | Request::Lookup(_)
-        | Request::GetAttr(_)
-        | Request::Readlink(_)
-        | Request::Readdir(_)
-        | Request::ReaddirPlus(_)
-        | Request::Statfs(_)
-        | Request::ClusterInfo(_)
-        | Request::GetXattr(_)
-        | Request::ListXattr(_)
-        | Request::SetLock(_)
-        | Request::GetLock(_)
-        | Request::ReleaseLocks(_)
-        | Request::AdoptLocks(_)
-        | Request::ListStale(_)
-        | Request::MemberStatus(_)
-        | Request::PnfsDevices(_)
-        | Request::LeaseWait(_) => Own::Nothing,
-        Request::Open(r) | Request::NfsOpen(r) if !writes(r.rights) => Own::Nothing,
-        Request::RenewOpen(r) if !writes(r.rights) => Own::Nothing,
-        Request::PnfsHandle(r) if !writes(r.rights) => Own::Nothing,
-        // An open for writing advances the data version.
-        Request::Open(r) | Request::NfsOpen(r) => inos(&[r.ino]),
-        Request::RenewOpen(r) => inos(&[r.ino]),
-        Request::PnfsHandle(r) => inos(&[r.ino]),
-        Request::SetAttr(r) | Request::NfsSetAttr(r) => inos(&[r.ino]),
-        Request::SetSizeOpen(r) => inos(&[r.ino]),
-        Request::Commit(r) | Request::CommitWcc(r) => inos(&[r.ino]),
-        Request::SetLayout(r) => inos(&[r.ino]),
-        Request::SetXattr(r) => inos(&[r.ino]),
-        Request::RemoveXattr(r) => inos(&[r.ino]),
-        Request::Create(r) | Request::CreateOpen(r) => add(r.parent, &r.name),
-        Request::Mknod(r) => add(r.parent, &r.name),
-        Request::Mkdir(r) => add(r.parent, &r.name),
-        Request::Symlink(r) => add(r.parent, &r.name),
-        Request::Link(r) => Own::Some(OwnChange {
-            inos: vec![r.ino],
-            dirs: vec![r.new_parent],
-            added: name(r.new_parent, &r.new_name),
-            ..Default::default()
-        }),
-        Request::Rmdir(r) | Request::Unlink(r) => {
-            Own::Some(OwnChange { dirs: vec![r.parent], removed: name(r.parent, &r.name), ..Default::default() })
+    let owned = |names: Vec<(u64, &str)>| names.into_iter().map(|(d, n)| (d, n.to_string())).collect();
+    match req.meta_change() {
+        MetaChange::Nothing => Own::Nothing,
+        MetaChange::Unknown => Own::All,
+        MetaChange::Some(c) => {
+            Own::Some(OwnChange { dirs: c.dirs(), inos: c.inos, added: owned(c.added), removed: owned(c.removed) })
         }
-        Request::Rename(r) => Own::Some(OwnChange {
-            inos: Vec::new(),
-            dirs: vec![r.src_parent, r.dst_parent],
-            added: name(r.dst_parent, &r.dst_name),
-            removed: vec![(r.src_parent, r.src_name.clone()), (r.dst_parent, r.dst_name.clone())],
-        }),
-        _ => Own::All,
     }
 }
 
@@ -644,14 +596,13 @@ mod tests {
 
     #[test]
     fn reads_change_nothing_and_unknown_changes_change_everything() {
-        use weft_proto::msg::{InoReq, OpenReq};
+        use weft_proto::msg::{InoReq, RenameReq};
+        // The classification itself is weft-proto's (`changes.rs`); here, what the cache makes of it.
         assert_eq!(own_change(&Request::GetAttr(InoReq { ino: 3 })), Own::Nothing);
-        assert_eq!(own_change(&Request::Open(OpenReq { ino: 3, rights: Rights::READ })), Own::Nothing);
-        assert_eq!(
-            own_change(&Request::Open(OpenReq { ino: 3, rights: Rights::READ_WRITE })),
-            Own::Some(OwnChange { inos: vec![3], ..Default::default() }),
-            "an open for writing advances the data version"
-        );
+        let r = RenameReq { src_parent: 1, src_name: "a".into(), dst_parent: 1, dst_name: "b".into(), flags: 0 };
+        let Own::Some(c) = own_change(&Request::Rename(r)) else { panic!("a rename changes names") };
+        assert_eq!(c.dirs, vec![1], "one directory, once");
+        assert_eq!(c.removed, vec![(1, "a".to_string()), (1, "b".to_string())]);
         assert_eq!(own_change(&Request::HealNow(())), Own::All);
         let (mut c, t0) = granted();
         let t = c.ticket();

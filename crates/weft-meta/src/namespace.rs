@@ -49,10 +49,12 @@ use crate::once::{self, OnceCall};
 use crate::perm::{self, Cred, Mask, SizeRight};
 use crate::store::{Inode, MetaStore, MetaTxn};
 
+mod check;
 mod duties;
 mod stale_ops;
 mod xattr;
 
+pub use check::{CheckError, TreeCount, TreeFault, check_tree};
 pub use stale_ops::StalePage;
 
 pub use xattr::DEFAULT_XATTR_BYTES_MAX_PER_INODE;
@@ -268,6 +270,12 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
 
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// Checks the whole tree's invariants on one snapshot ([`check_tree`]): O(inodes + entries), for tests, the
+    /// simulations and offline checks, never a request path.
+    pub fn check_tree(&self) -> Result<TreeCount, CheckError> {
+        self.store.read(|t| check_tree(t))
     }
 
     /// The store, the namespace dropped (its background state with it).
@@ -999,6 +1007,7 @@ fn touch_loaded_dir(t: &mut dyn MetaTxn, mut d: Inode, delta: i32, now: i64) -> 
         .nlink
         .checked_add_signed(delta)
         .ok_or_else(|| werr(ErrorCode::Invalid, format!("directory {ino} link count out of range")))?;
+    weft_rpc::invariant!(d.kind == FileKind::Dir && d.nlink >= 2, "directory {ino} touched with {} links", d.nlink);
     d.mtime_ns = now;
     d.ctime_ns = now;
     t.put_inode(&d)?;
@@ -1007,6 +1016,7 @@ fn touch_loaded_dir(t: &mut dyn MetaTxn, mut d: Inode, delta: i32, now: i64) -> 
 
 /// Removes one link of a non-directory; at zero the inode goes and a file's objects become an orphan.
 fn drop_link(t: &mut dyn MetaTxn, mut inode: Inode, now: i64) -> Result<(), WireError> {
+    weft_rpc::invariant!(inode.kind != FileKind::Dir && inode.nlink > 0, "inode {} dropped a link it lacks", inode.ino);
     inode.nlink = inode.nlink.saturating_sub(1);
     if inode.nlink == 0 {
         free_inode(t, inode.ino)?;
@@ -1362,6 +1372,11 @@ fn rmdir(t: &mut dyn MetaTxn, cred: &Cred, parent: u64, name: &str, now: i64) ->
     if !t.dir_is_empty(ino)? {
         return Err(werr(ErrorCode::NotEmpty, format!("directory {name:?} is not empty")));
     }
+    weft_rpc::invariant!(
+        dir.nlink == 2 && (dir.parent == parent || dir.parent == 0),
+        "empty directory {ino}: {} links",
+        dir.nlink
+    );
     t.del_dirent(parent, name)?;
     free_inode(t, ino)?;
     touch_loaded_dir(t, parent_dir, -1, now)

@@ -3,7 +3,7 @@
 //! the lease table recalls them (docs/format.md §31).
 
 use weft_proto::msg::{OpenResp, Recall};
-use weft_proto::{Request, Response};
+use weft_proto::{MetaChange, Request, Response};
 
 use crate::MdsNamespace;
 use crate::store::MetaStore;
@@ -19,48 +19,29 @@ pub struct Touched {
 }
 
 impl Touched {
-    /// The names and inodes `req` may change, known before it runs: for a removal or rename the inode a name
-    /// names now (read without a permission check: it only says what to refresh, and is never sent anywhere).
+    /// The names and inodes `req` may change, known before it runs (weft-proto's [`MetaChange`], the classification
+    /// clients drop their own changes by), plus what only the store knows: for a removal or rename the inode a
+    /// name names now, for a link the old sole name (read without a permission check: it only says what to
+    /// refresh, and is never sent anywhere).
     pub fn before(ns: &MdsNamespace, req: &Request) -> Touched {
         let mut t = Touched::default();
-        match req {
-            Request::SetAttr(r) | Request::NfsSetAttr(r) => t.ino(r.ino),
-            Request::SetSizeOpen(r) => t.ino(r.ino),
-            // An open for writing advances the data version.
-            Request::Open(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
-            Request::RenewOpen(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
-            Request::NfsOpen(r) if r.rights.covers(weft_proto::Rights::WRITE) => t.ino(r.ino),
-            Request::Commit(r) | Request::CommitWcc(r) => t.ino(r.ino),
-            Request::SetLayout(r) => t.ino(r.ino),
-            // An ACL changes the mode; any attribute change stamps the ctime.
-            Request::SetXattr(r) => t.ino(r.ino),
-            Request::RemoveXattr(r) => t.ino(r.ino),
-            Request::Create(r) | Request::CreateOpen(r) => t.added(r.parent, &r.name),
-            Request::Mkdir(r) => t.added(r.parent, &r.name),
-            Request::Symlink(r) => t.added(r.parent, &r.name),
-            Request::Mknod(r) => t.added(r.parent, &r.name),
-            Request::Link(r) => {
-                t.adds_only = true;
-                t.ino(r.ino);
-                // The old sole name's entry carried the attributes: it is published again without them.
-                if let Ok(Some(i)) = ns.store().read(|x| x.get_inode(r.ino))
-                    && let Some((parent, name)) = &i.sole_name
-                {
-                    t.name(*parent, name);
-                }
-                t.name(r.new_parent, &r.new_name);
-            }
-            Request::Unlink(r) | Request::Rmdir(r) => {
-                t.named(ns, r.parent, &r.name);
-                t.name(r.parent, &r.name);
-            }
-            Request::Rename(r) => {
-                t.named(ns, r.src_parent, &r.src_name);
-                t.named(ns, r.dst_parent, &r.dst_name);
-                t.name(r.src_parent, &r.src_name);
-                t.name(r.dst_parent, &r.dst_name);
-            }
-            _ => {}
+        let MetaChange::Some(c) = req.meta_change() else { return t };
+        t.adds_only = c.adds_only();
+        for &ino in &c.inos {
+            t.ino(ino);
+        }
+        if let Request::Link(r) = req
+            && let Ok(Some(i)) = ns.store().read(|x| x.get_inode(r.ino))
+            && let Some((parent, name)) = &i.sole_name
+        {
+            // The old sole name's entry carried the attributes: it is published again without them.
+            t.name(*parent, name);
+        }
+        for &(parent, name) in &c.removed {
+            t.named(ns, parent, name);
+        }
+        for &(parent, name) in c.removed.iter().chain(&c.added) {
+            t.name(parent, name);
         }
         t
     }
@@ -80,13 +61,9 @@ impl Touched {
 
     fn name(&mut self, parent: u64, name: &str) {
         self.ino(parent);
-        self.names.push((parent, name.to_string()));
-    }
-
-    /// A name the op only adds.
-    fn added(&mut self, parent: u64, name: &str) {
-        self.adds_only = true;
-        self.name(parent, name);
+        if !self.names.iter().any(|(p, n)| *p == parent && n == name) {
+            self.names.push((parent, name.to_string()));
+        }
     }
 
     /// The recalls of everything touched: each inode's attributes and each name's entry, except names an op only

@@ -9,6 +9,7 @@
 //! the body.
 
 pub mod capability;
+pub mod changes;
 pub mod chunk;
 pub mod chunk_version;
 pub mod error;
@@ -21,6 +22,7 @@ pub mod types;
 pub mod user;
 
 pub use capability::{Capability, Rights};
+pub use changes::{Changes, MetaChange};
 pub use chunk::{Chunk, ChunkError, Region, RegionTable};
 pub use error::{ErrorCode, WireError};
 pub use frame::{FrameError, FrameKind, FrameLimits, HEADER_LEN, Header};

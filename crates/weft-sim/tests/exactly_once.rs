@@ -9,7 +9,8 @@
 //!
 //! Checked: every answer a client takes is the one a single run of its call gives in the client's own sequential
 //! model (a retried mkdir is its first reply, not `Exists`; a retried rmdir not `NotFound`), and at the end the
-//! directory holds exactly the names and inodes of every client's model: no call ran twice, none was lost.
+//! directory holds exactly the names and inodes of every client's model: no call ran twice, none was lost. After
+//! every answer the store's tree keeps its invariants (`weft_meta::namespace::check_tree`: link counts, parents).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -278,6 +279,10 @@ impl World {
                     c.attempts, c.model
                 ));
             }
+        }
+        // The tree's own invariants (link counts, parents, reachability), on the store as every commit left it.
+        if let Err(e) = weft_meta::MetaStore::read(&*self.store, |t| weft_meta::namespace::check_tree(t)) {
+            return Err(format!("after client {client} call {call_no} {call:?}: {e}"));
         }
         self.q.after(self.rng.between(0, 50 * MS), Ev::Send { client, call_no });
         Ok(())

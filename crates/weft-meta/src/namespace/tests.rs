@@ -2002,24 +2002,64 @@ fn race<A: Send, B: Send>(a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + 
     })
 }
 
-/// Every directory reachable from the root once, its parent pointer naming the directory that lists it, and the
-/// directories found equal to every directory stored: the namespace is a tree.
+/// The tree's invariants (`check.rs`): every directory reachable from the root once, its parent pointer naming the
+/// directory that lists it, every link count what the tree gives, nothing unreachable: the namespace is a tree.
 fn assert_tree<S: MetaStore>(ns: &Ns<S>) {
-    let mut seen = std::collections::BTreeSet::from([ROOT_INO]);
-    let mut todo = vec![ROOT_INO];
-    while let Some(dir) = todo.pop() {
-        let page = readdir(ns, dir, "", 0).unwrap();
-        for e in page.entries.iter().filter(|e| e.kind == FileKind::Dir) {
-            assert!(seen.insert(e.ino), "directory {} listed twice", e.ino);
-            let inode = ns.store().read(|t| t.get_inode(e.ino)).unwrap().unwrap();
-            assert_eq!(inode.parent, dir, "{}'s parent pointer", e.name);
-            todo.push(e.ino);
-        }
+    if let Err(e) = ns.check_tree() {
+        panic!("the namespace is broken: {e}");
     }
-    let stored = ns.store().read(|t| t.list_inodes(0, usize::MAX)).unwrap();
-    let dirs: std::collections::BTreeSet<u64> =
-        stored.iter().filter(|i| i.kind == FileKind::Dir).map(|i| i.ino).collect();
-    assert_eq!(dirs, seen, "every stored directory is reachable from the root");
+}
+
+/// The checker can fail: each record broken by hand is found, named by what it breaks.
+#[test]
+fn the_tree_check_finds_each_broken_record() {
+    let broken = |damage: &dyn Fn(&mut dyn MetaTxn, u64, u64, u64)| {
+        let (ns, _) = ns_of::<MemStore>();
+        let d = mkdir(&ns, ROOT_INO, "d").unwrap().ino;
+        let e = mkdir(&ns, d, "e").unwrap().ino;
+        let f = create(&ns, d, "f").unwrap().ino;
+        link(&ns, f, ROOT_INO, "g").unwrap();
+        assert_eq!(ns.check_tree().unwrap(), TreeCount { inodes: 4, dirs: 3, entries: 4 });
+        ns.store()
+            .write(|t| {
+                damage(t, d, e, f);
+                Ok::<_, MetaError>(())
+            })
+            .unwrap();
+        match ns.check_tree() {
+            Err(CheckError::Fault(fault)) => fault,
+            other => panic!("the damage went unseen: {other:?}"),
+        }
+    };
+    let nlink = |t: &mut dyn MetaTxn, ino: u64, n: u32| {
+        let mut i = t.get_inode(ino).unwrap().unwrap();
+        i.nlink = n;
+        t.put_inode(&i).unwrap();
+    };
+    let f = broken(&|t, _, _, f| nlink(t, f, 1));
+    assert!(matches!(f, TreeFault::Links { recorded: 1, counted: 2, .. }), "{f}");
+    let f = broken(&|t, d, _, _| nlink(t, d, 2));
+    assert!(matches!(f, TreeFault::Links { recorded: 2, counted: 3, .. }), "{f}");
+    let f = broken(&|t, _, _, _| t.put_dirent(ROOT_INO, "x", 999, FileKind::File).unwrap());
+    assert!(matches!(f, TreeFault::Dangling { ino: 999, .. }), "{f}");
+    let f = broken(&|t, _, e, _| t.put_dirent(ROOT_INO, "e2", e, FileKind::Dir).unwrap());
+    assert!(matches!(f, TreeFault::DirTwice { .. } | TreeFault::Parent { .. }), "{f}");
+    let f = broken(&|t, _, _, f| t.put_dirent(ROOT_INO, "h", f, FileKind::Dir).unwrap());
+    assert!(matches!(f, TreeFault::Kind { .. }), "{f}");
+    let f = broken(&|t, d, e, _| {
+        // e moved out of d by its entry alone: its parent pointer still says d.
+        t.del_dirent(d, "e").unwrap();
+        t.put_dirent(ROOT_INO, "e", e, FileKind::Dir).unwrap();
+    });
+    assert!(matches!(f, TreeFault::Parent { holder: ROOT_INO, .. }), "{f}");
+    let f = broken(&|t, _, _, _| t.del_dirent(ROOT_INO, "d").unwrap());
+    assert!(matches!(f, TreeFault::Unreachable { .. }), "{f}");
+    let f = broken(&|t, d, _, _| {
+        let mut i = t.get_inode(d).unwrap().unwrap();
+        i.sole_name = Some((ROOT_INO, "nothing".into()));
+        t.put_inode(&i).unwrap();
+    });
+    assert!(matches!(f, TreeFault::SoleName { .. }), "{f}");
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! renames with every flag, links, symlinks, chmods, truncates, lookups, listings; as root and as a user; some
 //! changes tagged with a once block and retried) run on `MemStore` and on `PgStore` side by side. Every answer must
 //! be the same on both (inode numbers, layouts and times aside: PostgreSQL's sequence skips the numbers of
-//! transactions that made nothing), every retry must get its first answer, and the two trees must match at the end.
+//! transactions that made nothing), every retry must get its first answer, the two trees must match at the end, and
+//! the tree's own invariants (`check.rs`: link counts, one name per directory, parents, reachability) must hold
+//! after every step.
 //! A failure names the seed and the step; `WEFT_EXERCISER_SEED=N` replays one seed (`WEFT_EXERCISER_TRACE=1`
 //! prints every step and its answer), `WEFT_EXERCISER_SEEDS=N` runs more of them (`make soak`).
 
@@ -250,11 +252,17 @@ fn exercise(seed: u64) {
         if std::env::var_os("WEFT_EXERCISER_TRACE").is_some() {
             eprintln!("{n}: {step:?} as uid {} -> {on_mem:?}", cred.uid);
         }
+        if let Err(e) = mem.check_tree() {
+            panic!("seed {seed} step {n}: {step:?} as uid {} left a broken tree on MemStore: {e}", cred.uid);
+        }
     }
     // A sequence where nearly everything fails compares little: the generator must keep making changes.
     assert!(changed >= STEPS / 15, "seed {seed}: only {changed} of {STEPS} steps changed the namespace");
     eprintln!("namespace exerciser: seed {seed}: {changed} of {STEPS} steps changed the namespace");
     assert_eq!(tree(&pg), tree(&mem), "seed {seed}: the trees after {STEPS} steps, PgStore against MemStore");
+    if let Err(e) = pg.check_tree() {
+        panic!("seed {seed}: the tree on PgStore after {STEPS} steps is broken: {e}");
+    }
 }
 
 fn env_u64(name: &str) -> Option<u64> {
