@@ -589,7 +589,7 @@ enum Cmd {
     },
 }
 
-/// `weft meta backup | restore | migrate`: moving and keeping a namespace (docs/format.md §29).
+/// `weft meta backup | restore | migrate | check`: moving, keeping and checking a namespace (docs/format.md §29).
 #[derive(Subcommand)]
 enum MetaCmd {
     /// Online, consistent backup into a new embedded store at DIR on the metadata service's host.
@@ -627,6 +627,21 @@ enum MetaCmd {
         from: String,
         #[arg(long, value_name = "redb:DIR|postgres://…")]
         to: String,
+        #[command(flatten)]
+        out: JsonArg,
+    },
+    /// Checks a namespace's tree (an fsck of its records, read-only).
+    ///
+    /// Reads every inode and entry in one snapshot and checks that the directories form a tree from the root (one
+    /// name each, each recording the directory that holds it), that every entry names an inode of its kind, that
+    /// every link count is what the tree gives, and that every inode is reachable. Exits 1 naming the first record
+    /// that breaks one. It changes no record (opening an embedded store replays its journal, as a service would).
+    /// An embedded store must not be open in a running service (stop it, or check a backup); a PostgreSQL
+    /// database may be checked while its services run.
+    Check {
+        /// The store to check: redb:DIR (a metadata service's data_dir, or a backup) or postgres://user@host/db.
+        #[arg(long, value_name = "redb:DIR|postgres://…")]
+        store: String,
         #[command(flatten)]
         out: JsonArg,
     },
@@ -851,6 +866,7 @@ async fn run(cmd: Cmd) -> Result<()> {
             MetaCmd::Backup { c, dir, out } => meta_cmds::backup(c.spec(), &dir, out.json).await,
             MetaCmd::Restore { backup, to, out } => meta_cmds::restore(&backup, &to, out.json).await,
             MetaCmd::Migrate { from, to, out } => meta_cmds::migrate(&from, &to, out.json).await,
+            MetaCmd::Check { store, out } => meta_cmds::check(&store, out.json).await,
         },
         Cmd::Meta { cmd: None, config, db } => {
             let config = config.context("weft meta needs --config FILE to serve (or: backup, restore, migrate)")?;

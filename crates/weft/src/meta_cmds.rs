@@ -1,5 +1,6 @@
-//! `weft meta backup | restore | migrate`: moving and keeping a namespace (docs/format.md §29). The copying is
-//! `weft_meta::copy`'s; this is the command line around it.
+//! `weft meta backup | restore | migrate | check`: moving, keeping and checking a namespace (docs/format.md §29).
+//! The copying is `weft_meta::copy`'s, the check `weft_meta::namespace::check_tree`; this is the command line around
+//! them.
 
 use std::path::Path;
 
@@ -71,4 +72,37 @@ pub async fn migrate(from: &str, to: &str, json: bool) -> Result<()> {
     let shown = to.to_string();
     let d = copy_between(from, to).await?;
     report("migrated into", &shown, &d, json)
+}
+
+/// `weft meta check --store SPEC`: the tree's invariants on one snapshot of the store.
+pub async fn check(store: &str, json: bool) -> Result<()> {
+    let spec: StoreSpec = store.parse()?;
+    if let StoreSpec::Redb(dir) = &spec {
+        let store_file = dir.join(weft_meta::redb_store::STORE_FILE);
+        anyhow::ensure!(
+            store_file.is_file(),
+            "{} holds no embedded store ({} is missing)",
+            dir.display(),
+            store_file.display()
+        );
+    }
+    let shown = spec.to_string();
+    let counted = tokio::task::spawn_blocking(move || {
+        let s = spec.open().with_context(|| format!("opening {spec}"))?;
+        weft_meta::MetaStore::read(&s, |t| weft_meta::namespace::check_tree(t))
+            .with_context(|| format!("checking the namespace in {spec}"))
+    })
+    .await
+    .context("the check's task failed")??;
+    if json {
+        return print_json(&serde_json::json!({
+            "store": shown, "ok": true, "inodes": counted.inodes, "dirs": counted.dirs, "entries": counted.entries,
+        }));
+    }
+    println!(
+        "{shown}: the namespace is a tree: {} inodes ({} directories), {} entries, every link count and parent as the \
+         tree gives",
+        counted.inodes, counted.dirs, counted.entries
+    );
+    Ok(())
 }

@@ -132,6 +132,12 @@ async fn weft_ok(t: &TestCluster, args: &[&str]) -> String {
     out
 }
 
+/// `weft meta check --store SPEC --json`, which must pass.
+async fn check_tree(t: &TestCluster, spec: &str) -> serde_json::Value {
+    let out = weft_ok(t, &["meta", "check", "--store", spec, "--json"]).await;
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("weft meta check printed {out:?}: {e}"))
+}
+
 async fn weft_status(t: &TestCluster, args: &[&str]) -> (bool, String, String) {
     let file = t.cluster_file();
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -174,6 +180,9 @@ async fn backup_restore_and_migrate_keep_the_whole_namespace() {
     assert!(report["inodes"].as_u64().unwrap() >= 30 + acked_before as u64, "{report}");
     let (ok, _, err) = weft_status(&t, &["meta", "backup", path_str(&backup)]).await;
     assert!(!ok && err.contains("not empty"), "a second backup into the same directory: {err}");
+    // The backup is a tree as the service's own checker sees it, with every inode the report counted.
+    let checked = check_tree(&t, &format!("redb:{}", backup.display())).await;
+    assert_eq!(checked["inodes"], report["inodes"], "{checked}");
 
     // Restore into the service's data_dir (offline) and serve it again.
     t.stop_mds().await;
@@ -206,6 +215,8 @@ async fn backup_restore_and_migrate_keep_the_whole_namespace() {
     t.restart_mds().await.unwrap();
     let c = t.client().await;
     assert_eq!(listing(&c).await, before, "the namespace on PostgreSQL");
+    // Checked while its service runs (PostgreSQL: one snapshot).
+    assert_eq!(check_tree(&t, &url).await["ok"], true);
     let from = format!("redb:{}", restored.display());
     let (ok, _, err) = weft_status(&t, &["meta", "migrate", "--from", &from, "--to", &url]).await;
     assert!(!ok && err.contains("not empty"), "a migration into a database in use: {err}");

@@ -52,6 +52,7 @@ async fn writers_ride_out_the_kill_of_either_service_and_the_duties_move_to_the_
     }
     let counts = storm.stop().await;
     check(&c, "d", &counts).await;
+    namespace_is_a_tree(&cl);
 
     // The duties follow the survivor, whichever service held them: a removed file's objects are collected,
     // which only the duty holder does, with either service dead.
@@ -138,6 +139,15 @@ async fn two_services_racing_on_the_same_names_keep_a_tree_and_one_winner() {
         assert_eq!(names.iter().filter(|(_, ino)| *ino == f).count(), 1, "round {n}: f under one name: {names:?}");
         assert_eq!(a.getattr(f).await.unwrap().nlink, 1, "round {n}");
     }
+    namespace_is_a_tree(&cl);
+}
+
+/// `weft meta check` on the cluster's database, while its services run: link counts, parents, reachability.
+fn namespace_is_a_tree(cl: &TestCluster) {
+    let url = cl.postgres_url().expect("a cluster on PostgreSQL");
+    let out = std::process::Command::new(common::WEFT).args(["meta", "check", "--store", url]).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("is a tree"), "weft meta check: {text}");
 }
 
 /// A writer on the kernel mount: writes `t{w}-{i}` whole, renames it to `w{w}-{i}`, until told to stop; every
