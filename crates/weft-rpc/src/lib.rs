@@ -27,9 +27,13 @@ pub mod keyring;
 pub mod metrics;
 mod pin;
 pub mod pool;
-mod retry;
+/// Public only as a seam: the session simulation (weft-sim `tests/sessions.rs`) drives the real retry machine.
+#[doc(hidden)]
+pub mod retry;
 pub mod server;
-mod session;
+/// Public only as a seam: the session simulation drives the real session table.
+#[doc(hidden)]
+pub mod session;
 pub mod side_auth;
 
 /// Whether [`invariant!`] checks run: in debug builds, and in every build of the tests (`make test` builds with

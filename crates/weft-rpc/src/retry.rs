@@ -26,7 +26,7 @@ const BACKOFF_STEP: Duration = Duration::from_millis(20);
 
 /// What this call's attempts so far allow the machine to promise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum State {
+pub enum State {
     /// Nothing that may have run went out unanswered: giving up can say "never executed".
     Clean,
     /// A non-idempotent attempt went out and no answer came back: it may have run.
@@ -38,7 +38,7 @@ pub(crate) enum State {
 
 /// How one attempt ended, short of a reply that completes the call.
 #[derive(Debug)]
-pub(crate) enum Event {
+pub enum Event {
     /// No connection to the server (nothing was sent).
     ConnectFailed(std::io::Error),
     /// The live connection is not the one the call's memory registrations belong to (nothing was sent).
@@ -55,7 +55,7 @@ pub(crate) enum Event {
 
 /// What the call does next.
 #[derive(Debug)]
-pub(crate) enum Next {
+pub enum Next {
     /// Wait `backoff` (zero: none), then send on the same (slot, sequence), on the live connection (reconnecting
     /// if it is dead).
     Send { backoff: Duration },
@@ -69,7 +69,7 @@ pub(crate) enum Next {
 
 /// The retry state of one call.
 #[derive(Debug)]
-pub(crate) struct Retry {
+pub struct Retry {
     addr: String,
     op: Op,
     attempts_max: u32,
@@ -90,7 +90,7 @@ pub(crate) struct Retry {
 }
 
 impl Retry {
-    pub(crate) fn new(addr: &str, op: Op, attempts_max: u32) -> Retry {
+    pub fn new(addr: &str, op: Op, attempts_max: u32) -> Retry {
         Retry {
             addr: addr.to_string(),
             op,
@@ -106,13 +106,13 @@ impl Retry {
     }
 
     /// The call carries a once block that the server honours (`ClientConfig::once_tags`).
-    pub(crate) fn with_durable_once(mut self, durable_once: bool) -> Retry {
+    pub fn with_durable_once(mut self, durable_once: bool) -> Retry {
         self.durable_once = durable_once;
         self
     }
 
     /// Keeps attempting, past `attempts_max`, until `failover_ms` after the call began.
-    pub(crate) fn with_failover(mut self, failover_ms: u64) -> Retry {
+    pub fn with_failover(mut self, failover_ms: u64) -> Retry {
         self.failover_ms = failover_ms;
         self
     }
@@ -123,37 +123,39 @@ impl Retry {
     }
 
     /// Whether the call has used up its attempts and goes on only because of the failover window (for logs).
-    pub(crate) fn failing_over(&self) -> bool {
+    pub fn failing_over(&self) -> bool {
         self.attempt > self.attempts_max && self.failover_ms > 0
     }
 
     /// As [`Retry::on`], `elapsed_ms` after the call began.
-    pub(crate) fn on_at(&mut self, event: Event, elapsed_ms: u64) -> Next {
+    pub fn on_at(&mut self, event: Event, elapsed_ms: u64) -> Next {
         self.elapsed_ms = elapsed_ms;
         self.on(event)
     }
 
     /// The first step: send at once (or, with no attempts allowed, give up).
-    pub(crate) fn start(&mut self) -> Next {
+    pub fn start(&mut self) -> Next {
         self.next_attempt()
     }
 
     /// The attempt under way (1 = the first), for logs.
-    pub(crate) fn attempt(&self) -> u32 {
+    pub fn attempt(&self) -> u32 {
         self.attempt
     }
 
-    #[cfg(test)]
-    fn state(&self) -> State {
+    /// What the attempts so far allow the call to promise.
+    pub fn state(&self) -> State {
         self.state
     }
 
     /// Takes how the current attempt ended; says what to do next.
-    pub(crate) fn on(&mut self, event: Event) -> Next {
+    pub fn on(&mut self, event: Event) -> Next {
         // Every event but a connect failure means a connection was there.
         if !matches!(event, Event::ConnectFailed(_)) {
             self.connect_failed = None;
         }
+        // Whether an attempt before this one may have run (this one's own refusal says nothing of those).
+        let earlier_may_have_run = self.state != State::Clean;
         if matches!(event, Event::SendFailed(_) | Event::NoReply(_) | Event::ErrorReply(_))
             && !self.op.is_idempotent()
             && self.state == State::Clean
@@ -191,7 +193,12 @@ impl Retry {
                     self.attempt += 1;
                     return Next::RenewSession { backoff: self.backoff() };
                 }
-                let error = if self.state == State::SessionLost && !self.durable_once {
+                let error = if refused && earlier_may_have_run {
+                    // No attempt left to ask again in a new session: whether the earlier one ran is unknown.
+                    self.maybe_applied(format!(
+                        "an earlier attempt may have run, and the server then refused the session: {err}"
+                    ))
+                } else if self.state == State::SessionLost && !self.durable_once {
                     self.maybe_applied(format!(
                         "the server lost the session after the request was sent, and the retry answered: {err}"
                     ))
@@ -448,11 +455,19 @@ mod tests {
                             // No attempt left to renew the session in: the refusal is the answer, and a refused
                             // session is forgotten so the next call opens a new one.
                             assert_eq!(forget_session, name != "error reply", "{ctx}");
+                            // A refusal after an attempt that may have run leaves its outcome unknown (the
+                            // session simulation, weft-sim tests/sessions.rs, found it reported as never run).
+                            let refusal = name != "error reply";
                             match error {
+                                RpcError::MaybeApplied { reason, .. } if refusal => {
+                                    assert_ne!(state, State::Clean, "{ctx}");
+                                    assert!(reason.contains("refused the session"), "{reason}");
+                                }
                                 RpcError::MaybeApplied { reason, .. } => {
                                     assert_eq!(state, State::SessionLost);
                                     assert!(reason.contains("the retry answered"), "{reason}");
                                 }
+                                RpcError::Remote(_) if refusal => assert_eq!(state, State::Clean, "{ctx}"),
                                 RpcError::Remote(_) => assert_ne!(state, State::SessionLost),
                                 error => panic!("{op:?} {state:?} {name}: {error:?}"),
                             }

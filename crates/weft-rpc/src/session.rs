@@ -258,7 +258,7 @@ impl SessionTable {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.inner.lock().expect("session table").sessions.len()
     }
 
