@@ -133,6 +133,9 @@ pub struct ObjectStore {
     objects: PathBuf,
     locks: Arc<RangeLocks>,
     object_count: AtomicU64,
+    /// Reads may map objects: false on a memory-backed file system, where a mapped hole on a full disk is SIGBUS
+    /// (`sys::faults_allocate`).
+    maps: bool,
 }
 
 /// A verified read served straight from the page cache: a read-only mapping of the object's blocks, the part of
@@ -169,7 +172,11 @@ impl ObjectStore {
                 }
             }
         }
-        Ok(ObjectStore { root: root.to_path_buf(), objects, locks: Arc::default(), object_count: count.into() })
+        let maps = !crate::sys::faults_allocate(&objects);
+        if !maps {
+            tracing::info!(root = %root.display(), "objects on a memory-backed file system: reads copy, never map");
+        }
+        Ok(ObjectStore { root: root.to_path_buf(), objects, locks: Arc::default(), object_count: count.into(), maps })
     }
 
     /// Where the object of `ino` lives (the sidecar adds `.crc`).
@@ -433,10 +440,11 @@ impl ObjectStore {
 
     /// Like [`ObjectStore::read`], but without copying: maps the blocks covering the range, verifies them, and
     /// returns the mapping. `Ok(None)` when the range is not entirely inside the object (a hole at the end, a
-    /// missing object): the caller then uses `read`, which fills zeros.
+    /// missing object), or the objects live on a memory-backed file system: the caller then uses `read`, which
+    /// fills zeros.
     pub fn read_mapped(&self, ino: u64, offset: u64, len: u64) -> Result<Option<MappedRead>, DataError> {
         let end = check_range(ino, offset, len)?;
-        if len == 0 {
+        if len == 0 || !self.maps {
             return Ok(None);
         }
         let first = offset / B;

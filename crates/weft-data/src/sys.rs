@@ -1,4 +1,5 @@
-//! What std lacks here: statvfs(3) for the space and the file system identity of the object root, read-only mappings of object files
+//! What std lacks here: statvfs(3) for the space and the file system identity of the object root, statfs(2) for its
+//! kind (memory-backed ones are never mapped), read-only mappings of object files
 //! for reads served from the page cache, and fallocate(2) to reserve space before a write (so a full disk fails the
 //! write before any byte changes) and to punch out the appended part of a write that failed. The only `unsafe` of
 //! this crate lives in this module.
@@ -22,6 +23,28 @@ fn statvfs(path: &Path) -> io::Result<libc::statvfs> {
     }
     // SAFETY: statvfs returned 0, so it initialised the struct.
     Ok(unsafe { st.assume_init() })
+}
+
+/// Whether the file system holding `path` is memory-backed (tmpfs, hugetlbfs): there a read fault on a hole of a
+/// mapping allocates a page, and on a full file system the process gets SIGBUS instead of an error, so objects
+/// there are never mapped (`ObjectStore::read_mapped`). Unknown (statfs failed): treated as memory-backed.
+pub fn faults_allocate(path: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    let Ok(c) = CString::new(path.as_os_str().as_bytes()) else { return true };
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; `st` points to writable memory of the right
+    // type, which statfs fills completely when it returns 0.
+    let rc = unsafe { libc::statfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return true;
+    }
+    // SAFETY: statfs returned 0, so it initialised the struct.
+    let st = unsafe { st.assume_init() };
+    // `f_type` is `__fsword_t`, not i64 on every target.
+    #[allow(clippy::unnecessary_cast)]
+    let kind = st.f_type as i64;
+    kind == TMPFS_MAGIC || kind == HUGETLBFS_MAGIC
 }
 
 /// (bytes total, bytes available to unprivileged users) of the file system holding `path`.
@@ -80,5 +103,18 @@ fn fallocate(f: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<b
             Some(libc::EOPNOTSUPP | libc::ENOSYS) => return Ok(false),
             _ => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `/dev/shm` is a tmpfs on Linux; the build's own directory is on a disk file system in every CI we run.
+    #[test]
+    fn memory_backed_file_systems_are_told_apart() {
+        assert!(faults_allocate(Path::new("/dev/shm")), "/dev/shm is a tmpfs");
+        assert!(!faults_allocate(Path::new(env!("CARGO_MANIFEST_DIR"))), "the source tree is on a disk");
+        assert!(faults_allocate(Path::new("/no/such/dir")), "unknown counts as memory-backed");
     }
 }

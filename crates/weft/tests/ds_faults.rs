@@ -8,12 +8,12 @@
 mod common;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use bytes::{Bytes, BytesMut};
 use common::mount::Mount;
 use common::scrape::{parse, scrape, sum};
+use common::tmpfs::Tmpfs;
 use common::*;
 use weft_client::{Client, ClientError, File, OpenMode};
 use weft_proto::{DataRedundancy, ErrorCode, ROOT_INO};
@@ -21,29 +21,6 @@ use weft_rpc::RpcError;
 
 const UNIT: u32 = 64 << 10;
 const CHUNK: usize = 256 << 10;
-
-/// A size-limited tmpfs mounted over a data server's root; unmounted on drop (lazily, so a server still holding
-/// files open, or a failed test, never leaves it behind).
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Tmpfs {
-        std::fs::create_dir_all(dir).unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .status()
-            .expect("running mount");
-        assert!(ok.success(), "mounting a tmpfs on {} (the tests run as root)", dir.display());
-        Tmpfs(dir.to_path_buf())
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 /// A 2-server cluster whose data server 1 keeps its objects on an 8 MiB tmpfs (mounted while it was stopped), and
 /// a directory `/d` striped over both servers in 64 KiB units.

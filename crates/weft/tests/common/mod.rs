@@ -13,6 +13,7 @@ pub mod nfs41;
 #[path = "../../src/scrape.rs"]
 pub mod scrape;
 pub mod storm;
+pub mod tmpfs;
 pub mod wire;
 
 use std::path::{Path, PathBuf};
