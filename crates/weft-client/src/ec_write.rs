@@ -441,10 +441,8 @@ async fn read_chunks(job: &RowJob<'_>, g: &Geom, known: &Known) -> Result<Read, 
         .filter(|&i| Some(i) != heal)
         .collect();
     let presumed = presumed_down(job, g, &skip);
-    let mut lost: Vec<(usize, ClientError)> = presumed
-        .iter()
-        .map(|&i| (i, ClientError::Protocol(format!("data server {} did not answer moments ago", layout.servers[i]))))
-        .collect();
+    let mut lost: Vec<(usize, ClientError)> =
+        presumed.iter().map(|&i| (i, ClientError::NotTried { server: layout.servers[i] })).collect();
     let mut found: Vec<Vec<ChunkVersion>> = vec![Vec::new(); g.k + g.m];
     // Frozen as they arrive (no copy): a partial row's `Known` keeps the chunks read by reference.
     let mut bytes: Vec<Bytes> = vec![Bytes::new(); g.k + g.m];

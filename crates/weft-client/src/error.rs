@@ -64,6 +64,10 @@ pub enum ClientError {
     StaleLayout { ino: u64, held: u64, current: u64 },
     #[error("a layout names data server {0}, which the metadata service does not know")]
     UnknownServer(u32),
+    /// A redundant write, truncate or fsync left out a chunk or copy whose server did not answer moments ago
+    /// (within `UNREACHABLE_HOLD_MS`), as if it had failed: recorded stale, like one that was tried and failed.
+    #[error("data server {server} did not answer moments ago: not tried")]
+    NotTried { server: u32 },
     #[error("{0}")]
     InvalidPath(String),
     /// `error` is not a `source`: its text is already part of this message, so chains do not repeat it.

@@ -953,14 +953,31 @@ impl Client {
     ) -> Result<Vec<(usize, ClientError)>, ClientError> {
         check_file_layout(ino, layout)?;
         let cap = caps.get().await?;
-        let failed = self.on_slots(layout, slots.iter().map(|&s| (s, make(s, cap.clone())))).await;
+        let (down, tried) = self.presumed_down(layout, slots);
+        let mut failed = self.on_slots(layout, tried.iter().map(|&s| (s, make(s, cap.clone())))).await;
+        failed.iter().for_each(|(_, e)| self.note_unreachable(e));
         let expired = |e: &ClientError| matches!(e, ClientError::Data { source, .. } if is_expired(source));
-        if !failed.iter().any(|(_, e)| expired(e)) {
-            return Ok(failed);
+        if failed.iter().any(|(_, e)| expired(e)) {
+            let cap = caps.renew_from(&cap).await?;
+            let again: Vec<u32> = failed.iter().map(|(i, _)| *i as u32).collect();
+            failed = self.on_slots(layout, again.iter().map(|&s| (s, make(s, cap.clone())))).await;
         }
-        let cap = caps.renew_from(&cap).await?;
-        let again: Vec<u32> = failed.iter().map(|(i, _)| *i as u32).collect();
-        Ok(self.on_slots(layout, again.iter().map(|&s| (s, make(s, cap.clone())))).await)
+        failed.extend(down);
+        Ok(failed)
+    }
+
+    /// Of `slots`, those of a redundant layout whose server did not answer moments ago, as failures not tried (at
+    /// most the layout's tolerance, and never every slot), so a dead server's connect retries are paid once per
+    /// hold, not once per truncate or fsync; and the slots to try.
+    fn presumed_down(&self, layout: &Layout, slots: &[u32]) -> (Vec<(usize, ClientError)>, Vec<u32>) {
+        let is_down = |s: u32| layout.servers.get(s as usize).is_some_and(|&id| self.recently_unreachable(id));
+        let down: Vec<u32> = slots.iter().copied().filter(|&s| is_down(s)).collect();
+        if down.is_empty() || down.len() > layout.redundancy.tolerates() as usize || down.len() == slots.len() {
+            return (Vec::new(), slots.to_vec());
+        }
+        let failure = |s: u32| (s as usize, ClientError::NotTried { server: layout.servers[s as usize] });
+        let tried = slots.iter().copied().filter(|s| !down.contains(s)).collect();
+        (down.into_iter().map(failure).collect(), tried)
     }
 
     /// Each `(position, request)` to the server of that position, all in parallel; the failures, by position.

@@ -107,18 +107,25 @@ async fn repair(file: &File, bad: &[usize], a: u64, b: u64, good: &[u8]) {
     }
 }
 
-/// Writes `data` at `offset` to every copy at once.
+/// Writes `data` at `offset` to every copy at once. A copy whose server did not answer moments ago is not tried
+/// while another copy is: it missed the write, as after a failed attempt, so a write stream pays a dead server's
+/// connect retries once per hold (`UNREACHABLE_HOLD_MS`), not once per write (as ec's `presumed_down`).
 pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
     let layout = &file.layout();
+    let n = copies(layout);
+    let down: Vec<usize> = (0..n).filter(|&c| file.client.recently_unreachable(layout.servers[c])).collect();
+    let down = if down.len() < n { down } else { Vec::new() };
     let mut tasks = JoinSet::new();
-    for c in 0..copies(layout) {
+    for c in (0..n).filter(|c| !down.contains(c)) {
         let (io, copy, data) = (file.io(), layout.data_view(c), data.clone());
         tasks.spawn(async move { (c, write_on(&io, &copy, offset, data).await) });
     }
-    let mut failed = Vec::new();
+    let mut failed: Vec<(usize, ClientError)> =
+        down.into_iter().map(|c| (c, ClientError::NotTried { server: layout.servers[c] })).collect();
     while let Some(r) = tasks.join_next().await {
         let (c, r) = r.map_err(|e| ClientError::Protocol(format!("write task failed: {e}")))?;
         if let Err(e) = r {
+            file.client.note_unreachable(&e);
             failed.push((c, e));
         }
     }
