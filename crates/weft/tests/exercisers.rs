@@ -1,6 +1,7 @@
 //! Random-operation exercisers (issue 30): every layout (plain, mirror 2, ec 4+2 at two stripe units, ec 2+1)
 //! through every access path (the FUSE mount with its default options, `--direct-io` and `--writeback-cache`, and
-//! the native client) runs seeded fsx-style op sequences (`fsx/mod.rs`), each read compared with a model.
+//! the native client) runs seeded fsx-style op sequences (`fsx/mod.rs`), each read compared with a model; every
+//! redundant layout runs them again with a data server whose disk fills (native client and mount).
 //! A failure prints the seed and the command that replays it; `make soak` runs the same tests with many more ops
 //! (`WEFT_FSX_OPS`) and seeds (`WEFT_FSX_SEEDS`); `WEFT_FSX_LAYOUTS=ec42-64k,plain` runs only those layouts.
 
@@ -131,12 +132,8 @@ async fn a_commit_that_read_the_size_before_a_truncate_does_not_undo_it() {
 /// memory-backed file system are now read with copies, never mapped.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fsx_with_a_full_data_server_through_the_native_client() {
-    let (mut cl, client) = cluster("fsx-full").await;
-    cl.stop_data_server(2).await;
-    let _fs = common::tmpfs::Tmpfs::mount(&cl.data_root(2), "384k");
-    cl.restart_data_server(2).await.unwrap();
-    let redundant = layouts().into_iter().filter(|(_, _, _, r)| *r != DataRedundancy::Plain);
-    for (dir, unit, _, _) in redundant {
+    let (cl, client, _fs) = cluster_with_a_small_disk("fsx-full").await;
+    for (dir, unit, _, _) in redundant_layouts() {
         for seed in seeds() {
             let mut f = NativeFile::create(client.clone(), &format!("/{dir}/f{seed}")).await;
             run(&format!("full-server {dir}"), plan(seed, unit, false), &mut f).await;
@@ -151,10 +148,43 @@ async fn fsx_with_a_full_data_server_through_the_native_client() {
     assert!(!client.list_stale(Some(ino), None, 16).await.unwrap().entries.is_empty(), "server 2's copy is stale");
     let f = client.open("/mirror2/big", weft_client::OpenMode::Read).await.unwrap();
     assert!(f.read_at(0, bytes::BytesMut::zeroed(big.len())).await.unwrap()[..] == big[..]);
-    // Still serving (a dead server's degraded writes would pass all of the above).
+    server_2_is_alive(&cl);
+}
+
+/// The exercisers' cluster, with data server 2's objects on a 384 KiB tmpfs (unmounted when the handle drops).
+async fn cluster_with_a_small_disk(name: &str) -> (TestCluster, Client, common::tmpfs::Tmpfs) {
+    let (mut cl, client) = cluster(name).await;
+    cl.stop_data_server(2).await;
+    let fs = common::tmpfs::Tmpfs::mount(&cl.data_root(2), "384k");
+    cl.restart_data_server(2).await.unwrap();
+    (cl, client, fs)
+}
+
+fn redundant_layouts() -> impl Iterator<Item = (&'static str, u32, u32, DataRedundancy)> {
+    layouts().into_iter().filter(|(_, _, _, r)| *r != DataRedundancy::Plain)
+}
+
+/// Data server 2 still runs and listens: a dead server's degraded writes would pass every other check. (A killed
+/// child keeps its `/proc` entry until reaped: the state letter tells a zombie.)
+fn server_2_is_alive(cl: &TestCluster) {
     let pid = cl.data_pid(2).expect("data server 2 was started");
     let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let running = state.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z'));
     let listening = std::os::unix::net::UnixStream::connect(cl.data_root(2).join("weft-data.sock")).is_ok();
     assert!(running && listening, "data server 2 is alive after its disk filled: {state}");
+}
+
+/// The full data server of the test above, through the FUSE mount (its default options, mmap ops included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsx_with_a_full_data_server_on_the_mount() {
+    let (cl, _client, _fs) = cluster_with_a_small_disk("fsx-full-mnt").await;
+    let m = Mount::start(&cl, &test_dir("fsx-full-mnt-mnt"), &[]);
+    for (dir, unit, _, _) in redundant_layouts() {
+        for seed in seeds() {
+            let mut f = PathFile::create(m.path(&format!("{dir}/f{seed}")));
+            run(&format!("full-server mount {dir}"), plan(seed, unit, true), &mut f).await;
+        }
+    }
+    drop(m);
+    server_2_is_alive(&cl);
 }
