@@ -201,7 +201,9 @@ fn constant_time_eq(a: &[u8; CAPABILITY_MAC_BYTES], b: &[u8; CAPABILITY_MAC_BYTE
 
 /// Wall-clock now, Unix ms (0 if the clock is before 1970).
 pub fn unix_now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    // Tests only (`WEFT_FAULT=clock-ahead:MS`): a host whose clock runs ahead.
+    now.saturating_add(crate::fault::clock_ahead_ms())
 }
 
 #[cfg(test)]

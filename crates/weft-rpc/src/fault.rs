@@ -17,6 +17,9 @@
 //!
 //! `WEFT_FAULT=delay-fsync:<ms>:<count>` makes a data server's next `<count>` `Fsync` requests wait `<ms>` before
 //! syncing, as a slow disk would (a commit then waits there: the test that a truncate meanwhile is not undone).
+//!
+//! `WEFT_FAULT=clock-ahead:<ms>` sets the process's wall clock (`capability::unix_now_ms`, what capabilities'
+//! expiry is judged by) `<ms>` ahead, as a host whose clock runs ahead would.
 
 #[cfg(feature = "fault-injection")]
 mod imp {
@@ -27,6 +30,7 @@ mod imp {
     static SKIP_SIDECAR: Mutex<u32> = Mutex::new(0);
     static FAIL_FSYNC: Mutex<u32> = Mutex::new(0);
     static DELAY_FSYNC: Mutex<(u64, u32)> = Mutex::new((0, 0));
+    static CLOCK_AHEAD_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     static LOADED: std::sync::Once = std::sync::Once::new();
 
     fn load() {
@@ -52,6 +56,12 @@ mod imp {
             {
                 tracing::warn!(ms, count, "fault injection armed: delay the next fsyncs");
                 *DELAY_FSYNC.lock().expect("fault plan") = (ms, count);
+            }
+            if let ["clock-ahead", ms] = parts.as_slice()
+                && let Ok(ms) = ms.parse::<u64>()
+            {
+                tracing::warn!(ms, "fault injection armed: the wall clock runs ahead");
+                CLOCK_AHEAD_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
             }
             if let ["drop-after-execute", op, count] = parts.as_slice()
                 && let (Ok(op), Ok(count)) = (op.parse(), count.parse())
@@ -101,6 +111,11 @@ mod imp {
     pub fn drop_after_execute(op: u16) -> bool {
         load();
         take(&PLAN, op)
+    }
+
+    pub fn clock_ahead_ms() -> u64 {
+        load();
+        CLOCK_AHEAD_MS.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn exit_after_execute(op: u16) -> bool {
@@ -178,5 +193,17 @@ pub fn fsync_delay_ms() -> u64 {
 #[cfg(not(feature = "fault-injection"))]
 #[inline(always)]
 pub fn fsync_delay_ms() -> u64 {
+    0
+}
+
+/// How far the test plan sets this process's wall clock ahead (`clock-ahead:<ms>`); 0: not at all.
+#[cfg(feature = "fault-injection")]
+pub fn clock_ahead_ms() -> u64 {
+    imp::clock_ahead_ms()
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn clock_ahead_ms() -> u64 {
     0
 }

@@ -281,3 +281,50 @@ async fn a_chmod_revokes_a_users_open_write_capability_within_its_lifetime() {
     let r = bob.open("/shared/a", OpenMode::Read).await.unwrap();
     assert_eq!(&r.read_at(0, BytesMut::zeroed(11)).await.unwrap()[..], b"first+owner");
 }
+
+/// Issue 30 item 2's clock fault: a data server whose clock runs ahead. Within the allowed skew (3 s of the
+/// default 5) nothing changes. Past a capability's whole lifetime (10 min ahead) every capability looks expired
+/// there: a write and a read fail with the server's refusal, which names the expiry, its own clock and the skew
+/// allowed (so the operator sees the clock), and no byte is lost or wrong once the clock is right again.
+#[tokio::test]
+async fn a_data_server_whose_clock_runs_ahead_refuses_clearly_past_the_skew_and_loses_nothing() {
+    let mut c = start("clock-ahead", 1).await;
+    let client = c.client().await;
+    file_with_bytes(&client, "/f", 100_000).await;
+    let restart_with = |c: &mut TestCluster, ahead_ms: u64| {
+        c.set_env(if ahead_ms == 0 { vec![] } else { vec![("WEFT_FAULT".into(), format!("clock-ahead:{ahead_ms}"))] });
+    };
+    let read_f = |client: Client| async move {
+        let f = client.open("/f", OpenMode::Read).await?;
+        let got = f.read_at(0, BytesMut::zeroed(100_000)).await?;
+        Ok::<_, weft_client::ClientError>(got.to_vec())
+    };
+
+    restart_with(&mut c, 3_000);
+    c.restart_data_server(0).await.unwrap();
+    let client = c.client().await;
+    file_with_bytes(&client, "/g", 50_000).await;
+    assert!(c.log("data0").contains("the wall clock runs ahead"), "the fault was armed");
+    assert_eq!(read_f(client.clone()).await.unwrap(), pattern(3, 0, 100_000), "3 s ahead: within the skew");
+
+    restart_with(&mut c, 600_000);
+    c.restart_data_server(0).await.unwrap();
+    let client = c.client().await;
+    let f = client.create_path("/h", 0o644, true, false).await.unwrap();
+    let write = f.write_at(0, Bytes::from(vec![1u8; 4096])).await;
+    let e = match write {
+        Err(e) => e.to_string(),
+        Ok(()) => f.close().await.expect_err("10 min ahead: the write or its close fails").to_string(),
+    };
+    assert!(e.contains("expired") && e.contains("skew"), "the refusal names the clock: {e}");
+    eprintln!("10 min ahead, a write: {e}");
+    let e = read_f(client.clone()).await.expect_err("10 min ahead: the read fails, never returns bytes").to_string();
+    assert!(e.contains("expired") && e.contains("skew"), "the refusal names the clock: {e}");
+
+    restart_with(&mut c, 0);
+    c.restart_data_server(0).await.unwrap();
+    let client = c.client().await;
+    assert_eq!(read_f(client.clone()).await.unwrap(), pattern(3, 0, 100_000), "nothing lost");
+    let g = client.open("/g", OpenMode::Read).await.unwrap();
+    assert_eq!(g.read_at(0, BytesMut::zeroed(50_000)).await.unwrap().to_vec(), pattern(3, 0, 50_000));
+}
