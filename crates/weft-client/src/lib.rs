@@ -968,8 +968,8 @@ impl Client {
 
     /// Of `slots`, those of a redundant layout whose server did not answer moments ago, as failures not tried (at
     /// most the layout's tolerance, and never every slot), so a dead server's connect retries are paid once per
-    /// hold, not once per truncate or fsync; and the slots to try.
-    fn presumed_down(&self, layout: &Layout, slots: &[u32]) -> (Vec<(usize, ClientError)>, Vec<u32>) {
+    /// hold, not once per mirror write, truncate or fsync; and the slots to try.
+    pub(crate) fn presumed_down(&self, layout: &Layout, slots: &[u32]) -> (Vec<(usize, ClientError)>, Vec<u32>) {
         let is_down = |s: u32| layout.servers.get(s as usize).is_some_and(|&id| self.recently_unreachable(id));
         let down: Vec<u32> = slots.iter().copied().filter(|&s| is_down(s)).collect();
         if down.is_empty() || down.len() > layout.redundancy.tolerates() as usize || down.len() == slots.len() {

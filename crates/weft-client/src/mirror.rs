@@ -108,20 +108,17 @@ async fn repair(file: &File, bad: &[usize], a: u64, b: u64, good: &[u8]) {
 }
 
 /// Writes `data` at `offset` to every copy at once. A copy whose server did not answer moments ago is not tried
-/// while another copy is: it missed the write, as after a failed attempt, so a write stream pays a dead server's
-/// connect retries once per hold (`UNREACHABLE_HOLD_MS`), not once per write (as ec's `presumed_down`).
+/// while another copy is ([`crate::Client::presumed_down`], as truncates and fsyncs): it missed the write, as after a
+/// failed attempt, so a write stream pays a dead server's connect retries once per hold, not once per write.
 pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
     let layout = &file.layout();
-    let n = copies(layout);
-    let down: Vec<usize> = (0..n).filter(|&c| file.client.recently_unreachable(layout.servers[c])).collect();
-    let down = if down.len() < n { down } else { Vec::new() };
+    let all: Vec<u32> = (0..copies(layout) as u32).collect();
+    let (mut failed, tried) = file.client.presumed_down(layout, &all);
     let mut tasks = JoinSet::new();
-    for c in (0..n).filter(|c| !down.contains(c)) {
+    for c in tried.into_iter().map(|c| c as usize) {
         let (io, copy, data) = (file.io(), layout.data_view(c), data.clone());
         tasks.spawn(async move { (c, write_on(&io, &copy, offset, data).await) });
     }
-    let mut failed: Vec<(usize, ClientError)> =
-        down.into_iter().map(|c| (c, ClientError::NotTried { server: layout.servers[c] })).collect();
     while let Some(r) = tasks.join_next().await {
         let (c, r) = r.map_err(|e| ClientError::Protocol(format!("write task failed: {e}")))?;
         if let Err(e) = r {

@@ -177,8 +177,8 @@ impl World {
 
     fn on(&mut self, ev: Ev) -> Result<(), String> {
         match ev {
-            Ev::Start { client, slot } => self.start(client, slot),
-            Ev::Send { client, slot, call } => self.send(client, slot, call),
+            Ev::Start { client, slot } => return self.start(client, slot),
+            Ev::Send { client, slot, call } => return self.send(client, slot, call),
             Ev::Arrive { req } => self.arrive(req),
             Ev::Executed { incarnation, req } => self.executed(incarnation, req),
             Ev::Reply { client, call, sid, seq, answer } => return self.reply(client, call, (sid, seq), answer),
@@ -208,10 +208,10 @@ impl World {
         Ok(())
     }
 
-    fn start(&mut self, client: usize, slot: u32) {
+    fn start(&mut self, client: usize, slot: u32) -> Result<(), String> {
         let c = &mut self.clients[client];
         if c.done[slot as usize] >= CALLS_PER_SLOT {
-            return;
+            return Ok(());
         }
         self.next_call += 1;
         let op = if self.rng.chance(700) { CHANGE } else { READ };
@@ -221,7 +221,7 @@ impl World {
         if c.sid != 0 {
             self.take_seq(client, slot);
         }
-        let _ = self.next(client, slot, first);
+        self.next(client, slot, first)
     }
 
     /// The slot's next sequence in the client's session, for its call.
@@ -276,15 +276,14 @@ impl World {
     }
 
     /// An attempt goes out: opens a session first if the client has none (nothing ran under none).
-    fn send(&mut self, client: usize, slot: u32, call: u64) {
+    fn send(&mut self, client: usize, slot: u32, call: u64) -> Result<(), String> {
         let cur = self.clients[client].calls[slot as usize].as_ref().filter(|k| k.id == call);
-        let Some(cur) = cur else { return };
+        let Some(cur) = cur else { return Ok(()) };
         let attempt = cur.retry.attempt();
         if self.table.is_none() {
             let cur = self.clients[client].calls[slot as usize].as_mut().expect("a call");
             let next = cur.retry.on(Event::ConnectFailed(std::io::ErrorKind::ConnectionRefused.into()));
-            let _ = self.next(client, slot, next);
-            return;
+            return self.next(client, slot, next);
         }
         if cur.sid == 0 {
             // The session was forgotten (an earlier call gave up on it): the connection opens a new one.
@@ -300,6 +299,7 @@ impl World {
             self.q.after(d, Ev::Arrive { req: req.clone() });
         }
         self.q.after(CALL_TIMEOUT_US, Ev::Timeout { client, slot, call, attempt });
+        Ok(())
     }
 
     /// How many copies of a message arrive: lost, once, or duplicated.

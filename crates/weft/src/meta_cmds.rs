@@ -57,10 +57,9 @@ pub async fn restore(backup: &Path, to: &str, json: bool) -> Result<()> {
     report("restored into", &shown, &d, json)
 }
 
-/// `weft meta migrate --from SPEC --to SPEC`.
-pub async fn migrate(from: &str, to: &str, json: bool) -> Result<()> {
-    let (from, to): (StoreSpec, StoreSpec) = (from.parse()?, to.parse()?);
-    if let StoreSpec::Redb(dir) = &from {
+/// An embedded store `spec` names must exist: opening one makes it, and an empty new store is not what was meant.
+fn existing(spec: &StoreSpec) -> Result<()> {
+    if let StoreSpec::Redb(dir) = spec {
         let store_file = dir.join(weft_meta::redb_store::STORE_FILE);
         anyhow::ensure!(
             store_file.is_file(),
@@ -69,6 +68,13 @@ pub async fn migrate(from: &str, to: &str, json: bool) -> Result<()> {
             store_file.display()
         );
     }
+    Ok(())
+}
+
+/// `weft meta migrate --from SPEC --to SPEC`.
+pub async fn migrate(from: &str, to: &str, json: bool) -> Result<()> {
+    let (from, to): (StoreSpec, StoreSpec) = (from.parse()?, to.parse()?);
+    existing(&from)?;
     let shown = to.to_string();
     let d = copy_between(from, to).await?;
     report("migrated into", &shown, &d, json)
@@ -77,15 +83,7 @@ pub async fn migrate(from: &str, to: &str, json: bool) -> Result<()> {
 /// `weft meta check --store SPEC`: the tree's invariants on one snapshot of the store.
 pub async fn check(store: &str, json: bool) -> Result<()> {
     let spec: StoreSpec = store.parse()?;
-    if let StoreSpec::Redb(dir) = &spec {
-        let store_file = dir.join(weft_meta::redb_store::STORE_FILE);
-        anyhow::ensure!(
-            store_file.is_file(),
-            "{} holds no embedded store ({} is missing)",
-            dir.display(),
-            store_file.display()
-        );
-    }
+    existing(&spec)?;
     let shown = spec.to_string();
     let counted = tokio::task::spawn_blocking(move || {
         let s = spec.open().with_context(|| format!("opening {spec}"))?;

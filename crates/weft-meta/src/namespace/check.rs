@@ -7,7 +7,7 @@
 //! subdirectories; every other inode's link count is its number of names; a recorded sole name is a name of the
 //! inode; every inode is reachable from the root (which, with one name per directory, makes the directories a tree).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 
 use weft_proto::{FileKind, ROOT_INO};
 
@@ -57,17 +57,29 @@ pub struct TreeCount {
     pub entries: u64,
 }
 
+/// What the check keeps of one inode: its record's fields the rules speak of, and what the walk counted.
+struct Node {
+    kind: FileKind,
+    nlink: u32,
+    parent: u64,
+    sole_name: Option<(u64, String)>,
+    /// Entries naming it (a directory: entries naming a subdirectory of it are counted in `subdirs`).
+    names: u64,
+    subdirs: u64,
+    reached: bool,
+    /// The walk met the entry its sole name names.
+    sole_name_seen: bool,
+}
+
 /// Checks every invariant above on the records `t` reads (one consistent snapshot: run it in a read transaction).
+/// Memory: one small record per inode; store calls: one per page of inodes or entries.
 pub fn check_tree(t: &mut dyn MetaTxn) -> Result<TreeCount, CheckError> {
-    let inodes = all_inodes(t)?;
-    let root = inodes.get(&ROOT_INO).ok_or(TreeFault::Root)?;
+    let mut nodes = all_inodes(t)?;
+    let root = nodes.get_mut(&ROOT_INO).ok_or(TreeFault::Root)?;
     if root.kind != FileKind::Dir || root.parent != ROOT_INO {
         return Err(TreeFault::Root.into());
     }
-    // Names per inode, counted by walking the directories down from the root.
-    let mut names: HashMap<u64, u64> = HashMap::new();
-    let mut subdirs: HashMap<u64, u64> = HashMap::new();
-    let mut reached: HashSet<u64> = HashSet::from([ROOT_INO]);
+    root.reached = true;
     let (mut todo, mut entries) = (vec![ROOT_INO], 0u64);
     while let Some(dir) = todo.pop() {
         let mut after = String::new();
@@ -75,16 +87,8 @@ pub fn check_tree(t: &mut dyn MetaTxn) -> Result<TreeCount, CheckError> {
             let page = t.list_dirents(dir, &after, PAGE)?;
             for (name, ino, kind) in &page {
                 entries += 1;
-                check_entry(&inodes, dir, name, *ino, *kind)?;
-                *names.entry(*ino).or_default() += 1;
-                if *kind == FileKind::Dir {
-                    if !reached.insert(*ino) {
-                        return Err(TreeFault::DirTwice { ino: *ino, parent: dir, name: name.clone() }.into());
-                    }
-                    *subdirs.entry(dir).or_default() += 1;
+                if visit(&mut nodes, dir, name, *ino, *kind)? {
                     todo.push(*ino);
-                } else {
-                    reached.insert(*ino);
                 }
             }
             match page.last() {
@@ -94,66 +98,71 @@ pub fn check_tree(t: &mut dyn MetaTxn) -> Result<TreeCount, CheckError> {
         }
     }
     // An unreachable inode first: it explains the link counts it leaves wrong above it.
-    if let Some(i) = inodes.keys().find(|i| !reached.contains(i)) {
-        return Err(TreeFault::Unreachable { ino: *i }.into());
+    if let Some((ino, _)) = nodes.iter().find(|(_, n)| !n.reached) {
+        return Err(TreeFault::Unreachable { ino: *ino }.into());
     }
-    for i in inodes.values() {
-        check_inode(t, i, &names, &subdirs)?;
+    for (ino, n) in &nodes {
+        check_node(*ino, n)?;
     }
-    let dirs = inodes.values().filter(|i| i.kind == FileKind::Dir).count() as u64;
-    Ok(TreeCount { inodes: inodes.len() as u64, dirs, entries })
+    let dirs = nodes.values().filter(|n| n.kind == FileKind::Dir).count() as u64;
+    Ok(TreeCount { inodes: nodes.len() as u64, dirs, entries })
 }
 
 /// Every inode, by number (so a check reports the same fault every run).
-fn all_inodes(t: &mut dyn MetaTxn) -> Result<BTreeMap<u64, Inode>, MetaError> {
-    let mut inodes = BTreeMap::new();
+fn all_inodes(t: &mut dyn MetaTxn) -> Result<BTreeMap<u64, Node>, MetaError> {
+    let mut nodes = BTreeMap::new();
     let mut after = 0;
     loop {
         let page = t.list_inodes(after, PAGE)?;
         let full = page.len() == PAGE;
         for i in page {
             after = after.max(i.ino);
-            inodes.insert(i.ino, i);
+            let Inode { ino, kind, nlink, parent, sole_name, .. } = i;
+            let node =
+                Node { kind, nlink, parent, sole_name, names: 0, subdirs: 0, reached: false, sole_name_seen: false };
+            nodes.insert(ino, node);
         }
         if !full {
-            return Ok(inodes);
+            return Ok(nodes);
         }
     }
 }
 
-/// Entry `name` of directory `dir` names an inode of its kind, and a directory's `parent` is `dir`.
-fn check_entry(inodes: &BTreeMap<u64, Inode>, dir: u64, name: &str, ino: u64, kind: FileKind) -> Result<(), TreeFault> {
-    let Some(i) = inodes.get(&ino) else {
+/// Entry `name` of directory `dir`, naming `ino` of `kind`: it names an inode of its kind, a directory's `parent`
+/// is `dir` and it has no other name. Counts it; `true` for a directory to walk.
+fn visit(nodes: &mut BTreeMap<u64, Node>, dir: u64, name: &str, ino: u64, kind: FileKind) -> Result<bool, TreeFault> {
+    let Some(n) = nodes.get_mut(&ino) else {
         return Err(TreeFault::Dangling { parent: dir, name: name.to_string(), ino });
     };
-    if i.kind != kind {
-        return Err(TreeFault::Kind { parent: dir, name: name.to_string(), ino, entry: kind, inode: i.kind });
+    if n.kind != kind {
+        return Err(TreeFault::Kind { parent: dir, name: name.to_string(), ino, entry: kind, inode: n.kind });
     }
     // 0: a record written before directories kept their parent (reach checks take it as the root).
-    if kind == FileKind::Dir && i.parent != dir && i.parent != 0 {
-        return Err(TreeFault::Parent { ino, holder: dir, recorded: i.parent });
+    if kind == FileKind::Dir && n.parent != dir && n.parent != 0 {
+        return Err(TreeFault::Parent { ino, holder: dir, recorded: n.parent });
     }
-    Ok(())
+    if kind == FileKind::Dir && n.reached {
+        return Err(TreeFault::DirTwice { ino, parent: dir, name: name.to_string() });
+    }
+    n.reached = true;
+    n.names += 1;
+    n.sole_name_seen |= n.sole_name.as_ref().is_some_and(|(p, s)| *p == dir && s == name);
+    if kind == FileKind::Dir {
+        nodes.get_mut(&dir).expect("a directory being walked is an inode").subdirs += 1;
+    }
+    Ok(kind == FileKind::Dir)
 }
 
-/// Inode `i`'s link count is what the tree gives it, and its sole name (if recorded) names it.
-fn check_inode(
-    t: &mut dyn MetaTxn,
-    i: &Inode,
-    names: &HashMap<u64, u64>,
-    subdirs: &HashMap<u64, u64>,
-) -> Result<(), CheckError> {
-    let counted = match i.kind {
-        FileKind::Dir => 2 + subdirs.get(&i.ino).copied().unwrap_or(0),
-        _ => names.get(&i.ino).copied().unwrap_or(0),
-    };
-    if u64::from(i.nlink) != counted {
-        return Err(TreeFault::Links { ino: i.ino, recorded: i.nlink, counted }.into());
+/// Inode `ino`'s link count is what the tree gives it, and its sole name (if recorded) is one of its names.
+fn check_node(ino: u64, n: &Node) -> Result<(), TreeFault> {
+    let counted = if n.kind == FileKind::Dir { 2 + n.subdirs } else { n.names };
+    if u64::from(n.nlink) != counted {
+        return Err(TreeFault::Links { ino, recorded: n.nlink, counted });
     }
-    if let Some((parent, name)) = &i.sole_name
-        && t.get_dirent(*parent, name)?.map(|(ino, _)| ino) != Some(i.ino)
+    if let Some((parent, name)) = &n.sole_name
+        && !n.sole_name_seen
     {
-        return Err(TreeFault::SoleName { ino: i.ino, parent: *parent, name: name.clone() }.into());
+        return Err(TreeFault::SoleName { ino, parent: *parent, name: name.clone() });
     }
     Ok(())
 }
