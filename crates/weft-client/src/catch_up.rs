@@ -9,7 +9,6 @@ use crate::ClientError;
 use crate::ec_codec::{Codec, km};
 use crate::handle::File;
 use crate::stale::stale_slots;
-use crate::striped::{read_on, write_on};
 
 /// Rebuilds rows `[first, first + rows)` of `slot` from the other chunks of `file` and writes them to the slot's
 /// server, stored as a file of `size` bytes would store them (§16), with a write capability (the handle's, or a
@@ -42,8 +41,8 @@ pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u6
     Ok(bytes)
 }
 
-/// A mirror copy's rows `[first, first + rows)` read from another, fresh copy (zeros past its end) and written to
-/// copy `slot`, up to `size`. Returns the bytes written.
+/// A mirror copy's rows `[first, first + rows)` copied from another, fresh copy (zeros past its end) onto copy
+/// `slot`, up to `size`, under the copies' write fences (`mirror_fence::copy_range`). Returns the bytes written.
 async fn heal_copy(
     file: &File,
     io: &crate::striped::Io,
@@ -52,32 +51,12 @@ async fn heal_copy(
     size: u64,
     stale: &[usize],
 ) -> Result<u64, ClientError> {
-    let layout = &file.layout();
-    let unit = u64::from(layout.stripe_unit);
+    let unit = u64::from(file.layout().stripe_unit);
     let a = first * unit;
     let b = ((first + rows) * unit).min(size);
     if a < b {
-        let mut last = None;
-        let mut got = None;
-        for c in (0..n).filter(|c| *c != slot && !stale.contains(c)) {
-            match read_on(io, &layout.data_view(c), a, b - a).await {
-                Ok(bytes) => {
-                    got = Some(bytes);
-                    break;
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        let Some(got) = got else {
-            return Err(ClientError::Unavailable {
-                ino: file.attr.ino,
-                file_offset: a,
-                available: 0,
-                needed: 1,
-                cause: format!("healing copy {slot}: {}", last.map_or("no fresh copy".into(), |e| e.to_string())),
-            });
-        };
-        write_on(io, &layout.data_view(slot), a, got.freeze()).await?;
+        let sources: Vec<usize> = (0..n).filter(|c| *c != slot && !stale.contains(c)).collect();
+        crate::mirror_fence::copy_range(file, io, (slot, &sources), a, b).await?;
     }
     Ok(b.saturating_sub(a))
 }

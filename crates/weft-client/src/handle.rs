@@ -47,6 +47,9 @@ pub struct File {
     pub(crate) bank_misses: weft_cache::MissHint,
     /// The file's stale ranges as this handle knows them (redundant layouts, `stale.rs`).
     pub(crate) stale: StaleView,
+    /// A mirror file's copies' write-fence epochs as this handle learned them, by data server (`mirror_fence.rs`);
+    /// a server not in it is at epoch 1.
+    pub(crate) fence_epochs: Mutex<std::collections::HashMap<u32, u64>>,
     /// Orders size commits against truncates: the MDS keeps the largest committed size, so a commit that read the
     /// size before a truncate and reached the MDS after it would bring the cut length back (and, through the
     /// mount, the kernel's pages of the cut bytes: issue 30's exerciser on `mirror 2`). A commit holds it from
@@ -167,6 +170,7 @@ impl File {
             unsynced_rows: Mutex::new(None),
             caps,
             stale: Default::default(),
+            fence_epochs: Default::default(),
             size_gate: tokio::sync::Mutex::new(()),
             gather: Mutex::new(None),
             decoded: Default::default(),
@@ -259,7 +263,13 @@ impl File {
     }
 
     pub(crate) fn io(&self) -> Io {
-        Io { client: self.client.clone(), caps: self.caps.clone(), ino: self.attr.ino, unit_max: self.unit_max() }
+        Io {
+            client: self.client.clone(),
+            caps: self.caps.clone(),
+            ino: self.attr.ino,
+            unit_max: self.unit_max(),
+            fence: weft_proto::msg::WriteFence::NONE,
+        }
     }
 
     pub(crate) fn is_plain(&self) -> bool {

@@ -42,6 +42,7 @@ pub mod lease_channel;
 pub mod lease_trust;
 pub mod meta_cache;
 mod mirror;
+mod mirror_fence;
 mod plain;
 mod recycle;
 mod redundancy;
@@ -910,16 +911,22 @@ impl Client {
     /// Sets the objects of a file of `size` bytes to their lengths (§5, §16) on every server at once, as
     /// [`Client::truncate_objects`], but returns the positions that failed with their errors instead of the first
     /// error: a redundant layout records the missed ones stale ([`crate::stale::record_missed`]) and goes on.
+    /// `fences[slot]`, when given, is what each copy's cut carries (a mirror's, docs/format.md §32).
     pub(crate) async fn truncate_each(
         &self,
         ino: u64,
         layout: &Layout,
         size: u64,
         caps: &CapHolder,
+        fences: &[weft_proto::msg::WriteFence],
     ) -> Result<Vec<(usize, ClientError)>, ClientError> {
         let all: Vec<u32> = (0..layout.stripe_count).collect();
         self.on_slots_with(ino, layout, caps, &all, |slot, cap| {
-            Request::Truncate(TruncateReq { ino, size: layout.object_size(size, slot), cap })
+            let size = layout.object_size(size, slot);
+            match fences.get(slot as usize) {
+                Some(&fence) => Request::FencedTruncate(weft_proto::msg::FencedTruncateReq { ino, size, cap, fence }),
+                None => Request::Truncate(TruncateReq { ino, size, cap }),
+            }
         })
         .await
     }

@@ -15,7 +15,8 @@ use crate::ClientError;
 use crate::ec_codec::is_chunk_loss;
 use crate::handle::File;
 use crate::handle::repair_io;
-use crate::striped::{read_on, write_on};
+use crate::mirror_fence::{fence_of, is_fenced, until_unfenced};
+use crate::striped::{Io, read_on, write_on};
 
 /// Checksum block size of the data servers' sidecars (§5): repairs rewrite whole blocks.
 const BLOCK_BYTES: u64 = 4096;
@@ -62,7 +63,7 @@ async fn read_copies(file: &File, offset: u64, len: u64) -> Result<BytesMut, Cli
         match read_on(&file.io(), &layout.data_view(c), a, b - a).await {
             Ok(mut got) => {
                 if !corrupt.is_empty() {
-                    repair(file, &corrupt, a, b, &got).await;
+                    repair(file, &corrupt, c, a, b).await;
                 }
                 let _ = got.split_to((offset - a) as usize);
                 got.truncate(len as usize);
@@ -87,8 +88,9 @@ async fn read_copies(file: &File, offset: u64, len: u64) -> Result<BytesMut, Cli
     })
 }
 
-/// Rewrites the block-aligned range `[a, b)` of the copies in `bad` from `good` (read from another copy).
-async fn repair(file: &File, bad: &[usize], a: u64, b: u64, good: &[u8]) {
+/// Rewrites the block-aligned range `[a, b)` of the copies in `bad` from copy `good` (which just answered), each
+/// under the copies' write fences (`mirror_fence::copy_range`: `good` is read again once fenced).
+async fn repair(file: &File, bad: &[usize], good: usize, a: u64, b: u64) {
     let io = match repair_io(file).await {
         Ok(io) => io,
         Err(e) => {
@@ -97,10 +99,12 @@ async fn repair(file: &File, bad: &[usize], a: u64, b: u64, good: &[u8]) {
         }
     };
     // Cut at the file's size: bytes past it are not the copy's to store.
-    let keep = (b.min(file.size().max(a)) - a) as usize;
+    let end = b.min(file.size().max(a));
+    if end <= a {
+        return;
+    }
     for &c in bad {
-        let copy = file.layout().data_view(c);
-        match write_on(&io, &copy, a, Bytes::copy_from_slice(&good[..keep])).await {
+        match crate::mirror_fence::copy_range(file, &io, (c, &[good]), a, end).await {
             Ok(()) => tracing::info!(ino = file.attr.ino, copy = c, "repaired a corrupt mirror copy"),
             Err(e) => tracing::warn!(ino = file.attr.ino, copy = c, "repairing a mirror copy failed: {e}"),
         }
@@ -109,24 +113,35 @@ async fn repair(file: &File, bad: &[usize], a: u64, b: u64, good: &[u8]) {
 
 /// Writes `data` at `offset` to every copy at once. A copy whose server did not answer moments ago is not tried
 /// while another copy is ([`crate::Client::presumed_down`], as truncates and fsyncs): it missed the write, as after a
-/// failed attempt, so a write stream pays a dead server's connect retries once per hold, not once per write.
+/// failed attempt, so a write stream pays a dead server's connect retries once per hold, not once per write. A copy
+/// refusing the write for its fence has every copy written again (`mirror_fence::until_unfenced`).
 pub(crate) async fn write(file: &File, offset: u64, data: Bytes) -> Result<(), ClientError> {
+    let len = data.len() as u64;
+    let failed = until_unfenced(file, offset, || write_copies(file, offset, data.clone())).await?;
+    let (first, end) = crate::handle::rows_of(&file.layout(), offset, len);
+    crate::stale::refetch_if_fenced(file, &failed).await?;
+    crate::stale::record_missed(file, failed, offset, first, end).await
+}
+
+/// One attempt of [`write`]: every copy tried, each at its fence; the failures.
+async fn write_copies(file: &File, offset: u64, data: Bytes) -> Result<Vec<(usize, ClientError)>, ClientError> {
     let layout = &file.layout();
     let all: Vec<u32> = (0..copies(layout) as u32).collect();
     let (mut failed, tried) = file.client.presumed_down(layout, &all);
     let mut tasks = JoinSet::new();
     for c in tried.into_iter().map(|c| c as usize) {
-        let (io, copy, data) = (file.io(), layout.data_view(c), data.clone());
+        let io = Io { fence: fence_of(file, c), ..file.io() };
+        let (copy, data) = (layout.data_view(c), data.clone());
         tasks.spawn(async move { (c, write_on(&io, &copy, offset, data).await) });
     }
     while let Some(r) = tasks.join_next().await {
         let (c, r) = r.map_err(|e| ClientError::Protocol(format!("write task failed: {e}")))?;
         if let Err(e) = r {
-            file.client.note_unreachable(&e);
+            if !is_fenced(&e) {
+                file.client.note_unreachable(&e);
+            }
             failed.push((c, e));
         }
     }
-    let (first, end) = crate::handle::rows_of(layout, offset, data.len() as u64);
-    crate::stale::refetch_if_fenced(file, &failed).await?;
-    crate::stale::record_missed(file, failed, offset, first, end).await
+    Ok(failed)
 }

@@ -90,7 +90,15 @@ impl File {
             // One unit (every write up to a transfer unit inside one stripe unit): sent from the caller's task. A
             // spawned task would cost a wake-up of another worker to start and another to report back.
             let segs: Vec<Bytes> = u.pieces.iter().map(|&i| seg_of(&data, &pieces[i], offset)).collect();
-            write_unit(&self.client, &self.caps, &self.layout(), self.attr.ino, u, segs).await?;
+            write_unit(
+                &self.client,
+                &self.caps,
+                &self.layout(),
+                (self.attr.ino, weft_proto::msg::WriteFence::NONE),
+                u,
+                segs,
+            )
+            .await?;
             self.size.fetch_max(end, Ordering::SeqCst);
             self.dirty.store(true, Ordering::SeqCst);
             return Ok(());

@@ -22,7 +22,7 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use weft_proto::msg::{VERIFY_BYTES_MAX, VerifyReq, VerifyResp};
 use weft_proto::{DataRedundancy, FileKind, Layout, Request, Response};
 
@@ -31,7 +31,7 @@ use crate::ec_codec::{Codec, is_chunk_loss, km};
 use crate::handle::File;
 use crate::handle::repair_io;
 use crate::striped::Io;
-use crate::striped::{read_on, write_on};
+use crate::striped::read_on;
 use crate::{Client, ClientError, OpenMode};
 
 /// Checksum block of the data servers' sidecars (§5): the unit verify answers in.
@@ -420,7 +420,7 @@ impl FileScrub<'_> {
                         } else {
                             "block lost past the copy's end"
                         };
-                        self.mirror_fix(&mut repair, c, b, what, truth).await?;
+                        self.mirror_fix(&mut repair, c, b, what, verified.first().copied()).await?;
                     }
                 }
                 b += BLOCK_BYTES;
@@ -431,15 +431,16 @@ impl FileScrub<'_> {
         Ok(())
     }
 
-    /// Copy `c`'s block at `b` is wrong (`what`): rewritten from `truth` (a copy that passes) through `repair` (made
-    /// on first use), or reported.
+    /// Copy `c`'s block at `b` is wrong (`what`): copied again from copy `truth` (one that passes) through `repair`
+    /// (made on first use) under the copies' write fences (`mirror_fence::copy_range`, which reads it again once
+    /// fenced, so a write racing the scrub is never undone), or reported.
     async fn mirror_fix(
         &mut self,
         repair: &mut Option<Io>,
         c: usize,
         b: u64,
         what: &str,
-        truth: Option<&[u8]>,
+        truth: Option<usize>,
     ) -> Result<(), ClientError> {
         let layout = self.file.layout();
         let server = layout.servers[c];
@@ -455,7 +456,7 @@ impl FileScrub<'_> {
             *repair = Some(repair_io(self.file).await?);
         }
         let r = repair.as_ref().expect("set above");
-        match write_on(r, &layout.data_view(c), b, Bytes::copy_from_slice(t)).await {
+        match crate::mirror_fence::copy_range(self.file, r, (c, &[t]), b, b + BLOCK_BYTES).await {
             Ok(()) => self.finding(b, server, format!("{what}: rewritten from another copy"), true),
             Err(e) => self.finding(b, server, format!("{what}: rewriting failed: {e}"), false),
         }

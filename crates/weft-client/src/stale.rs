@@ -184,9 +184,19 @@ impl crate::Client {
 /// file grown later never shows them; a grow changes no byte, so a server missed there is nothing to record.
 /// Before, a truncate with one server of the layout unreachable failed after cutting the other copies or chunks,
 /// which then differed with nothing recorded (the model test, tests/model.rs, found it).
+/// A mirror file's copies are cut at their write fences, and all cut again when one refuses (`mirror_fence.rs`).
 pub(crate) async fn truncate_tolerant(file: &File, size: u64, old: u64) -> Result<(), ClientError> {
     let layout = file.layout();
-    let failed = file.client.truncate_each(file.attr.ino, &layout, size, &file.caps).await?;
+    let failed = if matches!(layout.redundancy, weft_proto::DataRedundancy::Mirror { .. }) {
+        crate::mirror_fence::until_unfenced(file, size, || {
+            let fences: Vec<_> = (0..layout.servers.len()).map(|c| crate::mirror_fence::fence_of(file, c)).collect();
+            let layout = layout.clone();
+            async move { file.client.truncate_each(file.attr.ino, &layout, size, &file.caps, &fences).await }
+        })
+        .await?
+    } else {
+        file.client.truncate_each(file.attr.ino, &layout, size, &file.caps, &[]).await?
+    };
     if failed.is_empty() {
         return Ok(());
     }

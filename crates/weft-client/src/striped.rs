@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use tokio::task::JoinSet;
-use weft_proto::msg::FillHint;
+use weft_proto::msg::{FillHint, WriteFence};
 use weft_proto::{ErrorCode, Layout};
 use weft_rpc::RpcError;
 
@@ -28,6 +28,8 @@ pub(crate) struct Io {
     pub caps: Arc<CapHolder>,
     pub ino: u64,
     pub unit_max: u64,
+    /// What writes carry against a mirror copy's write fence (docs/format.md §32); `NONE` for plain and ec objects.
+    pub fence: WriteFence,
 }
 
 /// One request's worth of a transfer: a contiguous object range on one server, and the file ranges it maps to.
@@ -107,8 +109,8 @@ pub(crate) async fn write_units_on(
     let mut tasks = JoinSet::new();
     for u in units {
         let segs: Vec<Bytes> = u.pieces.iter().map(|&i| seg_of(data, &pieces[i], offset)).collect();
-        let (client, caps, ino, layout) = (io.client.clone(), io.caps.clone(), io.ino, layout.clone());
-        tasks.spawn(async move { write_unit(&client, &caps, &layout, ino, &u, segs).await });
+        let (client, caps, ino, layout, fence) = (io.client.clone(), io.caps.clone(), io.ino, layout.clone(), io.fence);
+        tasks.spawn(async move { write_unit(&client, &caps, &layout, (ino, fence), &u, segs).await });
     }
     let mut first_err = None;
     while let Some(r) = tasks.join_next().await {
@@ -184,7 +186,7 @@ pub(crate) async fn write_unit(
     client: &Client,
     caps: &CapHolder,
     layout: &Layout,
-    ino: u64,
+    (ino, fence): (u64, WriteFence),
     u: &Unit,
     segs: Vec<Bytes>,
 ) -> Result<(), ClientError> {
@@ -194,7 +196,7 @@ pub(crate) async fn write_unit(
     let mut cap = caps.get().await?;
     let mut renewed = false;
     loop {
-        match transfer::write_object(&ds, classes, ino, u.object_offset, segs.clone(), cap.clone()).await {
+        match transfer::write_object(&ds, classes, (ino, fence), u.object_offset, segs.clone(), cap.clone()).await {
             Ok(n) if u64::from(n) == u.len => return Ok(()),
             Ok(n) => return Err(ClientError::Protocol(format!("write answered {n} bytes, expected {}", u.len))),
             Err(source) if !renewed && is_expired(&source) => {

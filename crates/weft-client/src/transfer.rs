@@ -12,7 +12,9 @@
 
 use bytes::{Bytes, BytesMut};
 use weft_fabric::Fabric;
-use weft_proto::msg::{FillHint, ReadChunksReq, ReadReq, WriteChunksReq, WriteReq};
+use weft_proto::msg::{
+    FencedWriteChunksReq, FencedWriteReq, FillHint, ReadChunksReq, ReadReq, WriteChunksReq, WriteFence, WriteReq,
+};
 use weft_proto::{Capability, Request, Response};
 use weft_rpc::{RpcClient, RpcError};
 
@@ -75,7 +77,7 @@ pub(crate) async fn read_object<F: Fabric>(
 pub(crate) async fn write_object<F: Fabric>(
     ds: &RpcClient<F>,
     classes: SizeClasses,
-    ino: u64,
+    (ino, fence): (u64, WriteFence),
     offset: u64,
     data: Vec<Bytes>,
     cap: Capability,
@@ -83,14 +85,19 @@ pub(crate) async fn write_object<F: Fabric>(
     let len: usize = data.iter().map(|d| d.len()).sum();
     let arena = if len > classes.inline_bytes_max { ds.arena() } else { None };
     let written = |r: Response| match r {
-        Response::Write(n) | Response::WriteChunks(n) => Ok(n),
+        Response::Write(n) | Response::WriteChunks(n) | Response::FencedWrite(n) | Response::FencedWriteChunks(n) => {
+            Ok(n)
+        }
         other => Err(RpcError::Protocol {
             addr: ds.addr().to_string(),
             source: weft_proto::FrameError::BadBody { op: other.op() as u16, reason: "not a write reply".into() },
         }),
     };
     let Some(arena) = arena else {
-        let req = Request::Write(WriteReq { ino, offset, cap });
+        let req = match fence {
+            WriteFence::NONE => Request::Write(WriteReq { ino, offset, cap }),
+            fence => Request::FencedWrite(FencedWriteReq { ino, offset, cap, fence }),
+        };
         return written(ds.call(req, data, Vec::new()).await?.0);
     };
     if len <= classes.buffered_bytes_max.min(arena.buf_bytes()) {
@@ -100,12 +107,24 @@ pub(crate) async fn write_object<F: Fabric>(
             buf.copy_in(at, d);
             at += d.len();
         }
-        let req = Request::WriteChunks(WriteChunksReq { ino, offset, chunks: vec![buf.chunk(0, len)], cap });
+        let req = write_chunks_req(ino, offset, vec![buf.chunk(0, len)], cap, fence);
         return written(ds.call(req, Vec::new(), Vec::new()).await?.0);
     }
     // The server only reads these chunks (it `get`s the data), as `Bytes` buffers require.
-    let (r, _) = ds
-        .call_with_chunks(data, |chunks| Request::WriteChunks(WriteChunksReq { ino, offset, chunks, cap: cap.clone() }))
-        .await?;
+    let (r, _) = ds.call_with_chunks(data, |chunks| write_chunks_req(ino, offset, chunks, cap.clone(), fence)).await?;
     written(r)
+}
+
+/// `WriteChunks`, or `FencedWriteChunks` for a mirror copy (docs/format.md §32).
+fn write_chunks_req(
+    ino: u64,
+    offset: u64,
+    chunks: Vec<weft_proto::Chunk>,
+    cap: Capability,
+    fence: WriteFence,
+) -> Request {
+    match fence {
+        WriteFence::NONE => Request::WriteChunks(WriteChunksReq { ino, offset, chunks, cap }),
+        fence => Request::FencedWriteChunks(FencedWriteChunksReq { ino, offset, chunks, cap, fence }),
+    }
 }

@@ -12,6 +12,7 @@
 pub mod cache_fill;
 pub mod capabilities;
 pub mod config;
+pub mod fences;
 pub mod lease;
 pub mod node;
 pub mod pipeline;

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 use weft_fabric::{MemoryError, PeerMemory};
+use weft_proto::msg::WriteFence;
 use weft_proto::{Chunk, ErrorCode, WireError};
 use weft_rpc::PoolBuf;
 
@@ -113,7 +114,7 @@ pub async fn write_chunks(
     store: Arc<ObjectStore>,
     memory: Arc<dyn PeerMemory>,
     peer: Arc<str>,
-    ino: u64,
+    (ino, fence): (u64, WriteFence),
     pieces: Vec<Piece>,
     mut bufs: Vec<PoolBuf>,
 ) -> Result<(), WireError> {
@@ -125,7 +126,7 @@ pub async fn write_chunks(
             tokio::task::spawn_blocking(move || {
                 buf.set_len(piece.len as usize);
                 memory.get(&piece.chunks, buf.as_mut_slice()).map_err(|e| memory_error(&peer, e))?;
-                store.write(ino, piece.object_offset, buf.as_slice()).map_err(WireError::from)
+                store.write_fenced(ino, piece.object_offset, buf.as_slice(), fence).map_err(WireError::from)
             })
             .await,
         );
@@ -153,7 +154,7 @@ pub async fn write_chunks(
         let (buf, object_offset) = joined(got)?;
         let store = store.clone();
         writing = Some(tokio::task::spawn_blocking(move || {
-            store.write(ino, object_offset, buf.as_slice()).map_err(WireError::from)?;
+            store.write_fenced(ino, object_offset, buf.as_slice(), fence).map_err(WireError::from)?;
             Ok(buf)
         }));
     }

@@ -16,7 +16,7 @@ use tracing::warn;
 use weft_fabric::PeerMemory;
 use weft_proto::msg::{
     FillHint, FsyncReq, InoReq, ReadChunkRangeReq, ReadChunksReq, ReadReq, ReadRowsReq, TruncateReq, VERIFY_BAD_MAX,
-    VERIFY_BYTES_MAX, VerifyReq, VerifyResp, WriteChunkRangeReq, WriteChunksReq, WriteReq, WriteRowsReq,
+    VERIFY_BYTES_MAX, VerifyReq, VerifyResp, WriteChunkRangeReq, WriteChunksReq, WriteFence, WriteReq, WriteRowsReq,
 };
 use weft_proto::{Chunk, ErrorCode, Request, Response, Rights, WireError};
 use weft_rpc::metrics::FabricBytes;
@@ -147,6 +147,7 @@ impl DataService {
             Request::ReadChunkRange(r) => (r.ino, Rights::READ, &r.cap),
             Request::WriteChunkRange(w) => (w.ino, Rights::WRITE, &w.cap),
             Request::VerifyObject(v) => (v.ino, Rights::READ, &v.cap),
+            Request::FenceWrites(f) => (f.ino, Rights::WRITE, &f.cap),
             // Durability of what is there: either right will do.
             Request::Fsync(f) => (f.ino, Rights::NONE, &f.cap),
             Request::ListObjects(_) => {
@@ -255,7 +256,7 @@ impl DataService {
 
     /// `WriteChunks`: the server gets the bytes from the client's memory when it has a buffer for them (its own
     /// pace, its own memory) and writes them.
-    async fn write_chunks(&self, ctx: &CallCtx, w: WriteChunksReq) -> Result<Reply, WireError> {
+    async fn write_chunks(&self, ctx: &CallCtx, w: WriteChunksReq, fence: WriteFence) -> Result<Reply, WireError> {
         let (memory, len) = checked_chunks(ctx, "write", &w.chunks)?;
         if self.short_circuit {
             return Ok(Response::WriteChunks(len as u32).into());
@@ -263,16 +264,16 @@ impl DataService {
         if len <= u64::from(INLINE_IO_BYTES_MAX) {
             let mut buf = ctx.pool.acquire(len as usize).await;
             memory.get(&w.chunks, buf.as_mut_slice()).map_err(|e| memory_error(&ctx.peer, e))?;
-            self.store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)?;
+            self.store.write_fenced(w.ino, w.offset, buf.as_slice(), fence).map_err(WireError::from)?;
             return Ok(Response::WriteChunks(len as u32).into());
         }
         let (pieces, bufs) = self.pieces(ctx, &*memory, &w.chunks, w.offset).await?;
-        pipeline::write_chunks(self.store.clone(), memory, ctx.peer.clone(), w.ino, pieces, bufs).await?;
+        pipeline::write_chunks(self.store.clone(), memory, ctx.peer.clone(), (w.ino, fence), pieces, bufs).await?;
         Ok(Response::WriteChunks(len as u32).into())
     }
 
     /// `Write`: the bytes came as the request's payload.
-    async fn write(&self, w: WriteReq, data: Option<PoolBuf>) -> Result<Reply, WireError> {
+    async fn write(&self, w: WriteReq, data: Option<PoolBuf>, fence: WriteFence) -> Result<Reply, WireError> {
         let buf = data.ok_or_else(|| WireError::new(ErrorCode::BadRequest, "write without a payload"))?;
         let n = buf.len() as u32;
         if self.short_circuit {
@@ -280,10 +281,10 @@ impl DataService {
         }
         if n <= INLINE_IO_BYTES_MAX {
             // As small reads: a page-cache write takes less than the hand-off to the blocking pool.
-            self.store.write(w.ino, w.offset, buf.as_slice()).map_err(WireError::from)?;
+            self.store.write_fenced(w.ino, w.offset, buf.as_slice(), fence).map_err(WireError::from)?;
         } else {
             let store = self.store.clone();
-            on_blocking_pool(move || store.write(w.ino, w.offset, buf.as_slice())).await?;
+            on_blocking_pool(move || store.write_fenced(w.ino, w.offset, buf.as_slice(), fence)).await?;
         }
         Ok(Response::Write(n).into())
     }
@@ -352,9 +353,9 @@ impl DataService {
         Ok(Response::WriteChunkRange(()).into())
     }
 
-    async fn truncate(&self, t: TruncateReq) -> Result<Reply, WireError> {
+    async fn truncate(&self, t: TruncateReq, fence: WriteFence) -> Result<Reply, WireError> {
         let store = self.store.clone();
-        on_blocking_pool(move || store.truncate(t.ino, t.size)).await?;
+        on_blocking_pool(move || store.truncate_fenced(t.ino, t.size, fence)).await?;
         Ok(Response::Truncate(()).into())
     }
 
@@ -454,6 +455,17 @@ impl DataService {
 
 impl Service for DataService {
     async fn call(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
+        // A fenced op is its unfenced op plus the fence it carries (docs/format.md §32): admitted, counted and
+        // invalidated the same way.
+        let (req, fence) = split_fence(req);
+        if let Some(gate) = weft_rpc::fault::write_gate()
+            && matches!(req, Request::Write(_) | Request::WriteChunks(_) | Request::Truncate(_))
+        {
+            // Tests only (`WEFT_FAULT=gate-writes:PATH`): the write waits, before anything, while the gate is shut.
+            while gate.exists() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
         if let Err(e) = self.admit(ctx, &req) {
             if let Some(m) = &self.metrics {
                 m.refusals.inc();
@@ -480,7 +492,7 @@ impl Service for DataService {
             Some(filler) => self.before_bank(filler, &req, data.as_ref()),
             None => BankWork::None,
         };
-        let r = self.run(ctx, req, data).await;
+        let r = self.run(ctx, req, data, fence).await;
         if let (Some(filler), Ok(_)) = (&self.filler, &r) {
             match bank {
                 BankWork::None => {}
@@ -554,13 +566,24 @@ impl DataService {
     }
 
     /// One op, admitted.
-    async fn run(&self, ctx: &CallCtx, req: Request, data: Option<PoolBuf>) -> Result<Reply, WireError> {
+    async fn run(
+        &self,
+        ctx: &CallCtx,
+        req: Request,
+        data: Option<PoolBuf>,
+        fence: WriteFence,
+    ) -> Result<Reply, WireError> {
         match req {
             Request::Read(r) => self.read(ctx, r).await,
             Request::ReadChunks(r) => self.read_chunks(ctx, r).await,
-            Request::WriteChunks(w) => self.write_chunks(ctx, w).await,
-            Request::Write(w) => self.write(w, data).await,
-            Request::Truncate(t) => self.truncate(t).await,
+            Request::WriteChunks(w) => self.write_chunks(ctx, w, fence).await,
+            Request::Write(w) => self.write(w, data, fence).await,
+            Request::Truncate(t) => self.truncate(t, fence).await,
+            Request::FenceWrites(f) => {
+                let store = self.store.clone();
+                let resp = on_blocking_pool(move || store.fence(f.ino, f.act)).await?;
+                Ok(Response::FenceWrites(resp).into())
+            }
             Request::ReadRows(r) => self.read_rows(ctx, r).await,
             Request::WriteRows(w) => self.write_rows(w, data).await,
             Request::ReadChunkRange(r) => self.read_chunk_range(ctx, r).await,
@@ -580,6 +603,21 @@ impl DataService {
                 Err(WireError::new(ErrorCode::BadRequest, format!("{:?} is not served by a data server", other.op())))
             }
         }
+    }
+}
+
+/// A fenced op as its unfenced op and the fence it carries; any other op with [`WriteFence::NONE`].
+fn split_fence(req: Request) -> (Request, WriteFence) {
+    match req {
+        Request::FencedWrite(w) => (Request::Write(WriteReq { ino: w.ino, offset: w.offset, cap: w.cap }), w.fence),
+        Request::FencedTruncate(t) => {
+            (Request::Truncate(TruncateReq { ino: t.ino, size: t.size, cap: t.cap }), t.fence)
+        }
+        Request::FencedWriteChunks(w) => {
+            let chunks = WriteChunksReq { ino: w.ino, offset: w.offset, chunks: w.chunks, cap: w.cap };
+            (Request::WriteChunks(chunks), w.fence)
+        }
+        other => (other, WriteFence::NONE),
     }
 }
 

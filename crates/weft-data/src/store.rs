@@ -33,8 +33,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 
+use weft_proto::msg::{FenceAct, FenceResp, WriteFence};
 use weft_proto::{DeviceId, ErrorCode, OBJECT_BYTES_MAX, SpaceStat, SpaceStatDev, WireError};
 
+use crate::fences::{FenceRefusal, Fences};
 use crate::range_lock::{RangeGuard, RangeLocks};
 
 mod versions;
@@ -90,6 +92,9 @@ pub enum DataError {
     /// The version sidecar's header is damaged: the records cannot be trusted.
     #[error("object {ino}: version sidecar {path}: {reason}")]
     BadVersions { ino: u64, path: PathBuf, reason: String },
+    /// A mirror object's write fence refused the write or the fence (docs/format.md §32): nothing was written.
+    #[error(transparent)]
+    Fence(#[from] FenceRefusal),
 }
 
 impl From<DataError> for WireError {
@@ -109,6 +114,14 @@ impl From<DataError> for WireError {
             }
             DataError::BadVersions { .. } => WireError::new(ErrorCode::Corrupt, message),
             DataError::Io { .. } => WireError::new(ErrorCode::Io, message),
+            DataError::Fence(r) => match r {
+                FenceRefusal::EpochMoved { .. } => WireError::new(ErrorCode::EpochMoved, message),
+                FenceRefusal::Held { .. } => WireError::new(ErrorCode::Held, message),
+                FenceRefusal::HoldLost { .. } => WireError::new(ErrorCode::HoldLost, message),
+                FenceRefusal::Invalid { .. } => WireError::new(ErrorCode::BadRequest, message),
+                FenceRefusal::Full => WireError::new(ErrorCode::Busy, message),
+                FenceRefusal::Persist { .. } => WireError::new(ErrorCode::Io, message),
+            },
         }
     }
 }
@@ -136,6 +149,8 @@ pub struct ObjectStore {
     /// Reads may map objects: false on a memory-backed file system, where a mapped hole on a full disk is SIGBUS
     /// (`sys::faults_allocate`).
     maps: bool,
+    /// Mirror objects' epochs and holds (docs/format.md §32), checked under the range locks.
+    fences: Fences,
 }
 
 /// A verified read served straight from the page cache: a read-only mapping of the object's blocks, the part of
@@ -176,7 +191,15 @@ impl ObjectStore {
         if !maps {
             tracing::info!(root = %root.display(), "objects on a memory-backed file system: reads copy, never map");
         }
-        Ok(ObjectStore { root: root.to_path_buf(), objects, locks: Arc::default(), object_count: count.into(), maps })
+        let fences = Fences::open(root).map_err(io_err("loading the fence epoch in", root))?;
+        Ok(ObjectStore {
+            root: root.to_path_buf(),
+            objects,
+            locks: Arc::default(),
+            object_count: count.into(),
+            maps,
+            fences,
+        })
     }
 
     /// Where the object of `ino` lives (the sidecar adds `.crc`).
@@ -477,13 +500,26 @@ impl ObjectStore {
     /// Writes `data` at `offset` of the object, creating it if needed, and updates the checksums of every block
     /// touched. A partly overwritten block is verified before it is merged, so corruption is never re-blessed.
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<(), DataError> {
+        self.write_fenced(ino, offset, data, WriteFence::NONE)
+    }
+
+    /// [`ObjectStore::write`] admitted by the object's write fence (docs/format.md §32) under the write's lock.
+    pub fn write_fenced(&self, ino: u64, offset: u64, data: &[u8], fence: WriteFence) -> Result<(), DataError> {
         let len = data.len() as u64;
         let end = check_range(ino, offset, len)?;
         if len == 0 {
             return Ok(());
         }
         let _g = self.locks.lock(ino, offset / B * B, end.div_ceil(B) * B, true);
+        self.fences.admit(ino, (offset, end), fence)?;
         self.write_locked(ino, offset, data)
+    }
+
+    /// Does `act` on the object's write fence (docs/format.md §32) once the writes in progress on it are done: under
+    /// an exclusive lock of the whole object, so the fence falls between two writes, never inside one.
+    pub fn fence(&self, ino: u64, act: FenceAct) -> Result<FenceResp, DataError> {
+        let _g = self.locks.lock(ino, 0, OBJECT_BYTES_MAX + B, true);
+        Ok(self.fences.fence(ino, act)?)
     }
 
     /// [`ObjectStore::write`] by a caller that holds an exclusive range lock covering its blocks.
@@ -567,9 +603,15 @@ impl ObjectStore {
 
     /// Sets the object's length to `size`: bytes past it are gone (a later extension reads zeros).
     pub fn truncate(&self, ino: u64, size: u64) -> Result<(), DataError> {
+        self.truncate_fenced(ino, size, WriteFence::NONE)
+    }
+
+    /// [`ObjectStore::truncate`] admitted by the object's write fence (docs/format.md §32) under the cut's lock.
+    pub fn truncate_fenced(&self, ino: u64, size: u64, fence: WriteFence) -> Result<(), DataError> {
         check_range(ino, size, 0)?;
         let b = size / B;
         let _g = self.locks.lock(ino, b * B, OBJECT_BYTES_MAX + B, true);
+        self.fences.admit(ino, (size, u64::MAX), fence)?;
         let path = self.object_path(ino);
         if size == 0 && !path.exists() {
             return Ok(());

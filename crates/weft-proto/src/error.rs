@@ -66,6 +66,17 @@ pub enum ErrorCode {
     /// server's slot moved to a spare since the client fetched the layout. The client refetches the layout
     /// (`GetAttr`) and retries once (ESTALE).
     StaleLayout,
+    /// A fenced mirror write or truncate (docs/format.md §32) carried an epoch below the object's: a copy of the
+    /// object was fenced since the writer learned it (a heal or a repair copied onto it or from it), so the writer's
+    /// bytes on the other copies may have been undone. Nothing was written. The client asks the epoch
+    /// (`FenceWrites` `Query`) and writes every copy again.
+    EpochMoved,
+    /// The object is held for a copy between mirror copies (docs/format.md §32): nothing was written. The client
+    /// waits (a hold lasts at most 30 s) and writes every copy again.
+    Held,
+    /// A write under a hold found the hold gone (released, expired or lost to a restart, docs/format.md §32):
+    /// nothing was written, and the copier starts over.
+    HoldLost,
 }
 
 impl ErrorCode {
@@ -95,6 +106,7 @@ impl ErrorCode {
             ErrorCode::NoLocks | ErrorCode::LocksAdopted => 37, // ENOLCK
             ErrorCode::VersionMoved => 11,                    // EAGAIN
             ErrorCode::StaleLayout => 116,                    // ESTALE
+            ErrorCode::EpochMoved | ErrorCode::Held | ErrorCode::HoldLost => 11, // EAGAIN
             _ => 5,
         }
     }

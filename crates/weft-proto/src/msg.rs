@@ -266,6 +266,93 @@ messages! {
     /// §20): the object's length and the object offsets of the blocks that fail (corrupt, or written and lost past
     /// the object's end). Needs read rights.
     VerifyObject = 228: VerifyReq => VerifyResp, idempotent = true, data = false;
+    /// `Write` of one copy of a mirrored file, checked against the object's fence (docs/format.md §32). Needs write
+    /// rights.
+    FencedWrite = 229: FencedWriteReq => u32, idempotent = false, data = true;
+    /// `Truncate` of one copy of a mirrored file, checked against the object's fence (§32). Needs write rights.
+    FencedTruncate = 230: FencedTruncateReq => (), idempotent = false, data = false;
+    /// `WriteChunks` of one copy of a mirrored file, checked against the object's fence (§32). Needs write rights.
+    FencedWriteChunks = 231: FencedWriteChunksReq => u32, idempotent = false, data = false;
+    /// Asks, raises or holds an object's write fence, or releases a hold (§32). Needs write rights.
+    FenceWrites = 232: FenceReq => FenceResp, idempotent = false, data = false;
+}
+
+/// What a fenced write carries (docs/format.md §32): the object epoch its writer learned, or the id of the hold
+/// it writes under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteFence {
+    /// At least 1: refused (`EpochMoved`) below the object's epoch.
+    pub epoch: u64,
+    /// Non-zero: a write under that hold, admitted only while it is in place (`HoldLost` otherwise).
+    pub hold: u64,
+}
+
+impl WriteFence {
+    /// What an unfenced op (`Write`, `Truncate`, `WriteChunks`) stands for: no epoch checked, refused only while
+    /// a hold is in place.
+    pub const NONE: WriteFence = WriteFence { epoch: 0, hold: 0 };
+
+    /// A writer's fence at `epoch`.
+    pub fn at(epoch: u64) -> WriteFence {
+        WriteFence { epoch, hold: 0 }
+    }
+}
+
+/// Most milliseconds one hold lasts (docs/format.md §32): a copier renews nothing, so a crashed one holds writers
+/// back at most this long.
+pub const HOLD_TTL_MS_MAX: u32 = 30_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FencedWriteReq {
+    pub ino: u64,
+    pub offset: u64,
+    pub cap: Capability,
+    pub fence: WriteFence,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FencedTruncateReq {
+    pub ino: u64,
+    pub size: u64,
+    pub cap: Capability,
+    pub fence: WriteFence,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FencedWriteChunksReq {
+    pub ino: u64,
+    pub offset: u64,
+    pub chunks: Vec<crate::chunk::Chunk>,
+    pub cap: Capability,
+    pub fence: WriteFence,
+}
+
+/// What `FenceWrites` does (docs/format.md §32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FenceAct {
+    /// The object's epoch.
+    Query,
+    /// Raises the object's epoch by one, after the writes in progress on it.
+    Bump,
+    /// `Bump`, and holds back every other write or cut of the object that touches bytes `[start, end)`, for `ttl_ms`
+    /// (1..=[`HOLD_TTL_MS_MAX`]).
+    Hold { start: u64, end: u64, ttl_ms: u32 },
+    /// Ends the hold `hold`, if it is still in place.
+    Release { hold: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceReq {
+    pub ino: u64,
+    pub cap: Capability,
+    pub act: FenceAct,
+}
+
+/// The object's epoch after the act, and the hold it took (0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceResp {
+    pub epoch: u64,
+    pub hold: u64,
 }
 
 /// Most inode numbers one `ListObjects` reply carries.
@@ -1138,6 +1225,11 @@ mod tests {
         assert_eq!(Op::FabricStat as u16, 210);
         assert_eq!((Op::RegisterServerDev as u16, Op::SpaceStatDev as u16), (126, 217));
         assert_eq!(Op::VerifyObject as u16, 228);
+        assert_eq!(Op::FencedWrite as u16, 229);
+        assert_eq!(Op::FencedTruncate as u16, 230);
+        assert_eq!(Op::FencedWriteChunks as u16, 231);
+        assert_eq!(Op::FenceWrites as u16, 232);
+        assert!(Op::FencedWrite.request_has_data() && !Op::FenceWrites.is_idempotent());
         assert!(Op::VerifyObject.is_idempotent());
         assert_eq!((Op::SetLock as u16, Op::GetLock as u16, Op::ReleaseLocks as u16), (127, 128, 129));
         assert_eq!((Op::ReadRows as u16, Op::WriteRows as u16), (218, 219));

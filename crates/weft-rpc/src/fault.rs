@@ -18,6 +18,10 @@
 //! `WEFT_FAULT=delay-fsync:<ms>:<count>` makes a data server's next `<count>` `Fsync` requests wait `<ms>` before
 //! syncing, as a slow disk would (a commit then waits there: the test that a truncate meanwhile is not undone).
 //!
+//! `WEFT_FAULT=gate-writes:<path>` makes a data server hold every write and truncate it receives, before anything
+//! else is done with it, while `<path>` exists: a test closes the gate, lets one copy of a mirror write land, and
+//! chooses when the other lands (the write fences' test, docs/format.md §32).
+//!
 //! `WEFT_FAULT=clock-ahead:<ms>` sets the process's wall clock (`capability::unix_now_ms`, what capabilities'
 //! expiry is judged by) `<ms>` ahead, as a host whose clock runs ahead would.
 
@@ -30,6 +34,7 @@ mod imp {
     static SKIP_SIDECAR: Mutex<u32> = Mutex::new(0);
     static FAIL_FSYNC: Mutex<u32> = Mutex::new(0);
     static DELAY_FSYNC: Mutex<(u64, u32)> = Mutex::new((0, 0));
+    static WRITE_GATE: Mutex<Option<std::path::PathBuf>> = Mutex::new(None);
     static CLOCK_AHEAD_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     static LOADED: std::sync::Once = std::sync::Once::new();
 
@@ -56,6 +61,10 @@ mod imp {
             {
                 tracing::warn!(ms, count, "fault injection armed: delay the next fsyncs");
                 *DELAY_FSYNC.lock().expect("fault plan") = (ms, count);
+            }
+            if let ["gate-writes", path] = parts.as_slice() {
+                tracing::warn!(path, "fault injection armed: writes wait while the gate file exists");
+                *WRITE_GATE.lock().expect("fault plan") = Some(path.into());
             }
             if let ["clock-ahead", ms] = parts.as_slice()
                 && let Ok(ms) = ms.parse::<u64>()
@@ -111,6 +120,11 @@ mod imp {
     pub fn drop_after_execute(op: u16) -> bool {
         load();
         take(&PLAN, op)
+    }
+
+    pub fn write_gate() -> Option<std::path::PathBuf> {
+        load();
+        WRITE_GATE.lock().expect("fault plan").clone()
     }
 
     pub fn clock_ahead_ms() -> u64 {
@@ -194,6 +208,18 @@ pub fn fsync_delay_ms() -> u64 {
 #[inline(always)]
 pub fn fsync_delay_ms() -> u64 {
     0
+}
+
+/// The gate file a data server's writes wait on while it exists (`gate-writes:<path>`); `None`: no gate.
+#[cfg(feature = "fault-injection")]
+pub fn write_gate() -> Option<std::path::PathBuf> {
+    imp::write_gate()
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn write_gate() -> Option<std::path::PathBuf> {
+    None
 }
 
 /// How far the test plan sets this process's wall clock ahead (`clock-ahead:<ms>`); 0: not at all.

@@ -282,3 +282,140 @@ async fn a_row_moved_inside_a_heal_batch_is_never_overwritten() {
     let got = read_all(&client, "/m/f", ROWS * row).await.unwrap();
     same(&got, &model, "after the heal");
 }
+
+/// Issue 30: a copy between mirror copies racing a write whose two copies land apart (docs/format.md §32). The
+/// write's bytes reach the target copy; its bytes for the source copy wait at a gate on that server
+/// (`WEFT_FAULT=gate-writes`); the healer then copies the target's rows from the source (still the old bytes);
+/// then the gate opens. Without the write fences the heal undid the write on the target while the source took it:
+/// two copies that differ with nothing stale, and a read that returns the old bytes after the write was
+/// acknowledged. With them the source refuses the late copy (its epoch was raised before the heal read it), and
+/// the writer writes both copies again: both hold the write's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_heal_never_undoes_a_write_whose_other_copy_lands_late() {
+    let mut c = start_with("heal-mirror-fence", 2, |o| o.meta_extra_toml = "heal = false\n".into()).await;
+    let client = c.client().await;
+    let d = client.mkdir(ROOT_INO, "m", 0o755).await.unwrap();
+    client.set_layout_with(d.ino, UNIT, 0, DataRedundancy::Mirror { n: 2 }).await.unwrap();
+    let (u, rows) = (UNIT as usize, 4usize);
+    let old = pattern(31, 0, rows * u);
+    let f = client.create_path("/m/f", 0o644, true, false).await.unwrap();
+    f.write_at(0, Bytes::from(old.clone())).await.unwrap();
+    f.close().await.unwrap();
+    let f = client.open("/m/f", OpenMode::Read).await.unwrap();
+    let (ino, layout) = (f.ino(), f.layout().clone());
+    let (target, source) = (0usize, 1usize);
+
+    let gate = c.dir().join("write-gate");
+    c.set_env(vec![("WEFT_FAULT".into(), format!("gate-writes:{}", gate.display()))]);
+    c.restart_data_server(layout.servers[source]).await.unwrap();
+    c.set_env(vec![]);
+    std::fs::write(&gate, b"shut").unwrap();
+
+    let client = c.client().await;
+    let at = u as u64;
+    let new = pattern(32, at, u);
+    let writer = client.open("/m/f", OpenMode::ReadWrite).await.unwrap();
+    let bytes = Bytes::from(new.clone());
+    let write = tokio::spawn(async move {
+        writer.write_at(at, bytes).await?;
+        writer.close().await
+    });
+    // Until the write's target copy is on the target's disk (a condition polled, bounded against a hang).
+    let target_object = object_path(&c.data_root(layout.servers[target]), ino);
+    let landed = || std::fs::read(&target_object).is_ok_and(|b| b.get(u..2 * u) == Some(&new[..]));
+    for _ in 0..3000 {
+        if landed() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(landed(), "the write's target copy never landed");
+    assert!(!write.is_finished(), "the write waits for its source copy");
+
+    let healer = client.open("/m/f", OpenMode::ReadWrite).await.unwrap();
+    let healed = weft_client::heal_rows(&healer, target, 0, rows as u64, (rows * u) as u64).await.unwrap();
+    assert_eq!(healed, (rows * u) as u64);
+    std::fs::remove_file(&gate).unwrap();
+    write.await.unwrap().unwrap();
+    let log = c.log(&format!("data{}", layout.servers[source]));
+    assert!(log.contains("writes wait while the gate file exists"), "the gate was armed");
+
+    let mut model = old;
+    model[u..2 * u].copy_from_slice(&new);
+    for slot in [target, source] {
+        let disk = std::fs::read(object_path(&c.data_root(layout.servers[slot]), ino)).unwrap();
+        same(&disk, &model, &format!("copy {slot} after the heal and the late copy"));
+    }
+    let got = read_all(&client, "/m/f", rows * u).await.unwrap();
+    same(&got, &model, "the file after the heal");
+}
+
+/// A hold on a mirror copy (docs/format.md §32), taken by hand as a copier takes it: an unfenced write of its bytes
+/// is refused `Held` and writes nothing; a client's write lands on the other copy at once and waits for the held
+/// one (not an error, not a stale mark); once the hold is released it lands there too and the close succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mirror_write_waits_out_a_hold_and_lands_on_every_copy() {
+    let c = start_with("mirror-hold", 2, |o| o.meta_extra_toml = "heal = false\n".into()).await;
+    let client = c.client().await;
+    let d = client.mkdir(ROOT_INO, "m", 0o755).await.unwrap();
+    client.set_layout_with(d.ino, UNIT, 0, DataRedundancy::Mirror { n: 2 }).await.unwrap();
+    let (u, rows) = (UNIT as usize, 4usize);
+    let old = pattern(41, 0, rows * u);
+    let f = client.create_path("/m/f", 0o644, true, false).await.unwrap();
+    f.write_at(0, Bytes::from(old.clone())).await.unwrap();
+    f.close().await.unwrap();
+    let f = client.open("/m/f", OpenMode::Read).await.unwrap();
+    let (ino, layout) = (f.ino(), f.layout().clone());
+    let (held, free) = (layout.servers[0], layout.servers[1]);
+
+    let ds =
+        weft_rpc::RpcClient::connect(weft_fabric::TcpFabric::default(), &c.data_addrs()[held as usize], c.rpc_config())
+            .await
+            .unwrap();
+    let cap = client.open_capability(ino, weft_proto::Rights::READ_WRITE).await.unwrap().cap;
+    let fence = |act| weft_proto::Request::FenceWrites(weft_proto::msg::FenceReq { ino, cap: cap.clone(), act });
+    let hold = match ds
+        .call_simple(fence(weft_proto::msg::FenceAct::Hold { start: 0, end: (rows * u) as u64, ttl_ms: 30_000 }))
+        .await
+    {
+        Ok(weft_proto::Response::FenceWrites(r)) => r,
+        other => panic!("a hold: {other:?}"),
+    };
+    assert!(hold.hold != 0 && hold.epoch >= 2, "{hold:?}");
+    let raw = weft_proto::Request::Write(weft_proto::msg::WriteReq { ino, offset: 0, cap: cap.clone() });
+    let e = ds.call(raw, vec![Bytes::from_static(b"not while held")], vec![]).await.expect_err("held");
+    assert_eq!(e.remote().map(|w| w.code), Some(weft_proto::ErrorCode::Held), "{e}");
+
+    let at = (2 * u) as u64;
+    let new = pattern(42, at, u);
+    let writer = client.open("/m/f", OpenMode::ReadWrite).await.unwrap();
+    let bytes = Bytes::from(new.clone());
+    let write = tokio::spawn(async move {
+        writer.write_at(at, bytes).await?;
+        writer.close().await
+    });
+    // Until the free copy has the write (a condition polled, bounded against a hang): the held one was refused.
+    let on_disk = |server: u32| std::fs::read(object_path(&c.data_root(server), ino)).unwrap();
+    let landed = |server: u32| on_disk(server).get(2 * u..3 * u) == Some(&new[..]);
+    for _ in 0..3000 {
+        if landed(free) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(landed(free), "the write never reached the free copy");
+    same(&on_disk(held), &old, "the held copy, while held");
+    assert!(!write.is_finished(), "the write waits for the held copy");
+
+    match ds.call_simple(fence(weft_proto::msg::FenceAct::Release { hold: hold.hold })).await {
+        Ok(weft_proto::Response::FenceWrites(r)) => assert_eq!(r.epoch, hold.epoch),
+        other => panic!("a release: {other:?}"),
+    }
+    write.await.unwrap().unwrap();
+    let mut model = old;
+    model[2 * u..3 * u].copy_from_slice(&new);
+    for server in [held, free] {
+        same(&on_disk(server), &model, &format!("the copy on server {server}"));
+    }
+    assert!(client.list_stale(Some(ino), None, 0).await.unwrap().entries.is_empty(), "nothing was marked stale");
+}
