@@ -104,7 +104,16 @@ pub(crate) fn is_chunk_loss(e: &ClientError) -> bool {
         ClientError::Corrupt { .. } | ClientError::UnknownServer(_) => true,
         ClientError::Data { source, .. } | ClientError::DataAt { source, .. } => match source.remote() {
             Some(w) => {
-                matches!(w.code, ErrorCode::Corrupt | ErrorCode::Io | ErrorCode::Internal | ErrorCode::StaleLayout)
+                // `CapabilityExpired` here is after the renewal every call makes: that server's clock is off, its
+                // chunk is read around as a dead server's would be (the model test's clock fault).
+                matches!(
+                    w.code,
+                    ErrorCode::Corrupt
+                        | ErrorCode::Io
+                        | ErrorCode::Internal
+                        | ErrorCode::StaleLayout
+                        | ErrorCode::CapabilityExpired
+                )
             }
             None => true,
         },
@@ -234,5 +243,6 @@ mod tests {
         };
         assert!(is_chunk_loss(&remote(ErrorCode::StaleLayout)), "a fenced server's chunk is read around");
         assert!(!is_chunk_loss(&remote(ErrorCode::CapabilityRefused)));
+        assert!(is_chunk_loss(&remote(ErrorCode::CapabilityExpired)), "a renewed capability refused: a bad clock");
     }
 }

@@ -7,7 +7,8 @@
 //! found), anything else fails the test.
 //!
 //! Faults join the schedule, each started together with the next op so that it lands mid-op: a data server
-//! killed with `kill -9` and restarted some ops later (each layout survives one), the MDS killed and restarted (the
+//! killed with `kill -9`, or restarted with its clock 10 min ahead (up, refusing every capability as expired), and
+//! restarted as it should be some ops later (each layout survives one), the MDS killed and restarted (the
 //! op blocks and resumes, exactly once), the memcached daemon of the cache bank killed and restarted. A failure
 //! prints the seed, the step, the op, the ops before it, and the command that replays it: `WEFT_MODEL_SEED=N`
 //! (`WEFT_MODEL_SEEDS=N` runs seeds 1..=N, `WEFT_MODEL_OPS=M` sets the ops per seed; `make soak` runs many);
@@ -34,6 +35,8 @@ const SERVERS: u32 = 4;
 /// Files stay below this size: a few rows of the ec layout, so writes and truncates cross unit and row edges.
 const FILE_BYTES_MAX: u64 = 160 << 10;
 const OP_BYTES_MAX: u64 = 48 << 10;
+/// How far a `ClockAhead` server's clock runs: past a capability's whole lifetime and the allowed skew.
+const CLOCK_AHEAD_MS: u64 = 600_000;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -64,6 +67,9 @@ enum Op {
 #[derive(Clone, Copy, Debug)]
 enum Fault {
     KillDataServer(u32),
+    /// Data server `i` restarted with its wall clock 10 min ahead: up, but every capability looks expired there,
+    /// so it serves nothing (as a dead one; `RestartDataServer` sets its clock right).
+    ClockAhead(u32),
     RestartDataServer(u32),
     RestartMds,
     RestartCache,
@@ -326,7 +332,7 @@ fn next_fault(rng: &mut Rng, down: &mut Option<(u32, u64)>, step: u64) -> Option
         0 if down.is_none() => {
             let i = rng.below(u64::from(SERVERS)) as u32;
             *down = Some((i, step + 3 + rng.below(13)));
-            Fault::KillDataServer(i)
+            if rng.below(3) == 0 { Fault::ClockAhead(i) } else { Fault::KillDataServer(i) }
         }
         0 | 1 => Fault::RestartMds,
         _ => Fault::RestartCache,
@@ -353,6 +359,12 @@ async fn inject(cl: &mut TestCluster, admin: &Client, seed: u64, fault: Option<F
     match fault {
         None => {}
         Some(Fault::KillDataServer(i)) => cl.kill_data_server(i).await,
+        Some(Fault::ClockAhead(i)) => {
+            cl.set_env(vec![("WEFT_FAULT".into(), format!("clock-ahead:{CLOCK_AHEAD_MS}"))]);
+            let restarted = cl.restart_data_server(i).await;
+            cl.set_env(Vec::new());
+            restarted.expect("restarting a data server with its clock ahead");
+        }
         Some(Fault::RestartDataServer(i)) => {
             cl.restart_data_server(i).await.expect("restarting a data server");
             healed(admin, seed).await;
@@ -446,7 +458,7 @@ async fn one_seed(seed: u64) {
         let fault = next_fault(&mut rng, &mut down, step);
         let line =
             format!("step {step}: {} {op:?}{}", actor.name(), fault.map_or(String::new(), |f| format!(" with {f:?}")));
-        if let Some(Fault::KillDataServer(_)) = fault {
+        if let Some(Fault::KillDataServer(_) | Fault::ClockAhead(_)) = fault {
             // A second server lost while stale ranges remain would be a second failure of the layouts: the ranges
             // a write marked in the 2 s after a server came back (the client presumes it still down) or that the
             // healer has not reached yet (it wakes every 10 s) are healed first, then the kill lands mid-op.
