@@ -7,12 +7,12 @@
 //! found), anything else fails the test.
 //!
 //! Faults join the schedule, each started together with the next op so that it lands mid-op: a data server
-//! killed with `kill -9`, or restarted with its clock 10 min ahead (up, refusing every capability as expired), and
-//! restarted as it should be some ops later (each layout survives one), the MDS killed and restarted (the
+//! killed with `kill -9`, or restarted with its clock 10 min ahead (up, refusing every capability as expired), or
+//! its disk filled to the last byte (a tmpfs), and made whole again some ops later (each layout survives one), the MDS killed and restarted (the
 //! op blocks and resumes, exactly once), the memcached daemon of the cache bank killed and restarted. A failure
 //! prints the seed, the step, the op, the ops before it, and the command that replays it: `WEFT_MODEL_SEED=N`
 //! (`WEFT_MODEL_SEEDS=N` runs seeds 1..=N, `WEFT_MODEL_OPS=M` sets the ops per seed; `make soak` runs many);
-//! `WEFT_MODEL_VERBOSE=1` prints every step.
+//! `WEFT_MODEL_VERBOSE=1` prints every step, `WEFT_MODEL_KEEP_LOGS=1` keeps every seed's logs.
 
 mod common;
 
@@ -37,6 +37,9 @@ const FILE_BYTES_MAX: u64 = 160 << 10;
 const OP_BYTES_MAX: u64 = 48 << 10;
 /// How far a `ClockAhead` server's clock runs: past a capability's whole lifetime and the allowed skew.
 const CLOCK_AHEAD_MS: u64 = 600_000;
+/// The data server whose root is a tmpfs of [`SMALL_DISK_SIZE`], so that `DiskFull` can fill it.
+const SMALL_DISK: u32 = 2;
+const SMALL_DISK_SIZE: &str = "64m";
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -70,6 +73,10 @@ enum Fault {
     /// Data server `i` restarted with its wall clock 10 min ahead: up, but every capability looks expired there,
     /// so it serves nothing (as a dead one; `RestartDataServer` sets its clock right).
     ClockAhead(u32),
+    /// Data server [`SMALL_DISK`]'s disk filled up (a ballast file takes its tmpfs's last byte): it reads, and
+    /// refuses writes with `NoSpace`; `FreeDisk` removes the ballast.
+    DiskFull(u32),
+    FreeDisk(u32),
     RestartDataServer(u32),
     RestartMds,
     RestartCache,
@@ -318,12 +325,12 @@ fn next_op(rng: &mut Rng) -> Op {
 
 /// The fault to start with step `step`'s op, if any: about one step in twelve; a killed data server comes back
 /// 3 to 15 steps later (only one is down at a time).
-fn next_fault(rng: &mut Rng, down: &mut Option<(u32, u64)>, step: u64) -> Option<Fault> {
-    if let Some((i, back_at)) = *down
+fn next_fault(rng: &mut Rng, down: &mut Option<(Fault, u64)>, step: u64) -> Option<Fault> {
+    if let Some((fault, back_at)) = *down
         && step >= back_at
     {
         *down = None;
-        return Some(Fault::RestartDataServer(i));
+        return Some(undo(fault));
     }
     if rng.below(12) != 0 {
         return None;
@@ -331,8 +338,13 @@ fn next_fault(rng: &mut Rng, down: &mut Option<(u32, u64)>, step: u64) -> Option
     Some(match rng.below(3) {
         0 if down.is_none() => {
             let i = rng.below(u64::from(SERVERS)) as u32;
-            *down = Some((i, step + 3 + rng.below(13)));
-            if rng.below(3) == 0 { Fault::ClockAhead(i) } else { Fault::KillDataServer(i) }
+            let fault = match rng.below(4) {
+                0 => Fault::ClockAhead(i),
+                1 => Fault::DiskFull(SMALL_DISK),
+                _ => Fault::KillDataServer(i),
+            };
+            *down = Some((fault, step + 3 + rng.below(13)));
+            fault
         }
         0 | 1 => Fault::RestartMds,
         _ => Fault::RestartCache,
@@ -355,6 +367,35 @@ async fn healed(admin: &Client, seed: u64) {
     }
 }
 
+/// The fault that ends `fault` (a server back, its clock right, its disk freed).
+fn undo(fault: Fault) -> Fault {
+    match fault {
+        Fault::DiskFull(i) => Fault::FreeDisk(i),
+        Fault::KillDataServer(i) | Fault::ClockAhead(i) => Fault::RestartDataServer(i),
+        other => unreachable!("{other:?} is not undone"),
+    }
+}
+
+/// The ballast file that fills a data server's disk.
+const BALLAST: &str = "ballast";
+
+/// Fills the file system under `root` to its last byte with [`BALLAST`] (written until `ENOSPC`).
+fn fill(root: &std::path::Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(root.join(BALLAST)).expect("creating the ballast");
+    let chunk = vec![0xbau8; 64 << 10];
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling {}: {e}", root.display()),
+        }
+    }
+    // What is left (less than one chunk) goes too, byte by byte at worst.
+    while f.write(&[0xba]).is_ok_and(|n| n == 1) {}
+}
+
 async fn inject(cl: &mut TestCluster, admin: &Client, seed: u64, fault: Option<Fault>) {
     match fault {
         None => {}
@@ -364,6 +405,11 @@ async fn inject(cl: &mut TestCluster, admin: &Client, seed: u64, fault: Option<F
             let restarted = cl.restart_data_server(i).await;
             cl.set_env(Vec::new());
             restarted.expect("restarting a data server with its clock ahead");
+        }
+        Some(Fault::DiskFull(i)) => fill(&cl.data_root(i)),
+        Some(Fault::FreeDisk(i)) => {
+            std::fs::remove_file(cl.data_root(i).join(BALLAST)).expect("removing the ballast");
+            healed(admin, seed).await;
         }
         Some(Fault::RestartDataServer(i)) => {
             cl.restart_data_server(i).await.expect("restarting a data server");
@@ -428,6 +474,9 @@ async fn one_seed(seed: u64) {
         o.cache = if std::env::var_os("WEFT_MODEL_NO_BANK").is_some() { 0 } else { 1 }
     })
     .await;
+    cl.stop_data_server(SMALL_DISK).await;
+    let _small = common::tmpfs::Tmpfs::mount(&cl.data_root(SMALL_DISK), SMALL_DISK_SIZE);
+    cl.restart_data_server(SMALL_DISK).await.unwrap();
     let admin = cl.client().await;
     for (dir, unit, redundancy) in DIRS {
         let d = admin.mkdir(ROOT_INO, dir, 0o777).await.unwrap();
@@ -458,7 +507,7 @@ async fn one_seed(seed: u64) {
         let fault = next_fault(&mut rng, &mut down, step);
         let line =
             format!("step {step}: {} {op:?}{}", actor.name(), fault.map_or(String::new(), |f| format!(" with {f:?}")));
-        if let Some(Fault::KillDataServer(_) | Fault::ClockAhead(_)) = fault {
+        if let Some(Fault::KillDataServer(_) | Fault::ClockAhead(_) | Fault::DiskFull(_)) = fault {
             // A second server lost while stale ranges remain would be a second failure of the layouts: the ranges
             // a write marked in the 2 s after a server came back (the client presumes it still down) or that the
             // healer has not reached yet (it wakes every 10 s) are healed first, then the kill lands mid-op.
@@ -505,9 +554,11 @@ async fn one_seed(seed: u64) {
             history.pop_front();
         }
     }
-    if let Some((i, _)) = down {
-        cl.restart_data_server(i).await.unwrap();
-        healed(&admin, seed).await;
+    if let Some((fault, _)) = down {
+        inject(&mut cl, &admin, seed, Some(undo(fault))).await;
+    }
+    if std::env::var_os("WEFT_MODEL_KEEP_LOGS").is_some() {
+        eprintln!("seed {seed}: the cluster's logs are in {}", keep_logs(&cl, seed));
     }
     // At the end every client reads every name as the model has it.
     for (path, id) in &model.names {
