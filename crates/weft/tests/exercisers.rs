@@ -177,12 +177,23 @@ fn server_2_is_alive(cl: &TestCluster) {
 /// The full data server of the test above, through the FUSE mount (its default options, mmap ops included).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fsx_with_a_full_data_server_on_the_mount() {
-    let (cl, _client, _fs) = cluster_with_a_small_disk("fsx-full-mnt").await;
-    let m = Mount::start(&cl, &test_dir("fsx-full-mnt-mnt"), &[]);
+    full_server_through_the_mount("fsx-full-mnt", &[], true).await;
+}
+
+/// And through the mount's other data paths: every write straight to the servers, and the kernel's write-back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsx_with_a_full_data_server_on_the_mount_with_direct_io_and_with_writeback_cache() {
+    full_server_through_the_mount("fsx-full-direct", &["--direct-io"], false).await;
+    full_server_through_the_mount("fsx-full-writeback", &["--writeback-cache"], true).await;
+}
+
+async fn full_server_through_the_mount(name: &str, options: &[&str], mmap: bool) {
+    let (cl, _client, _fs) = cluster_with_a_small_disk(name).await;
+    let m = Mount::start(&cl, &test_dir(&format!("{name}-mnt")), options);
     for (dir, unit, _, _) in redundant_layouts() {
         for seed in seeds() {
             let mut f = PathFile::create(m.path(&format!("{dir}/f{seed}")));
-            run(&format!("full-server mount {dir}"), plan(seed, unit, true), &mut f).await;
+            run(&format!("full-server mount {options:?} {dir}"), plan(seed, unit, mmap), &mut f).await;
         }
     }
     drop(m);
