@@ -70,7 +70,29 @@ impl Codec {
     /// parity shards stay as they are: the library's cheaper call, for readers that need only the data.
     pub(crate) fn reconstruct_data(&self, shards: &mut [Option<Vec<u8>>]) -> Result<(), String> {
         assert_eq!(shards.len(), self.k + self.m, "k + m shards");
-        self.rs.reconstruct_data(shards).map_err(|e| format!("{e:?}"))
+        self.rs.reconstruct_data(shards).map_err(|e| format!("{e:?}"))?;
+        if weft_rpc::CHECK_INVARIANTS {
+            let data: Vec<&[u8]> = shards[..self.k].iter().map(|s| s.as_deref().expect("reconstructed")).collect();
+            let parity: Vec<Option<&[u8]>> = shards[self.k..].iter().map(|s| s.as_deref()).collect();
+            self.check_decoded(&data, &parity);
+        }
+        Ok(())
+    }
+
+    /// Invariant of a decode (docs/format.md §17: it uses only chunks whose versions agree): every parity chunk it
+    /// was given is what the data chunks it returns encode to, so a decode never returns bytes its own inputs
+    /// deny. One encode per decoded row, so checked where adversaries run ([`weft_rpc::CHECK_INVARIANTS`]: the
+    /// tests' builds), not in the shipped build.
+    fn check_decoded(&self, data: &[&[u8]], parity: &[Option<&[u8]>]) {
+        if parity.iter().all(Option::is_none) {
+            return;
+        }
+        let computed = self.encode(data);
+        for (p, given) in parity.iter().enumerate() {
+            if let Some(given) = given {
+                assert!(computed[p] == *given, "ec decode: parity chunk {p} disagrees with the data decoded from it");
+            }
+        }
     }
 
     /// Fills the data shards not `present` in place from the present ones (`k + m` slices of one length, at
@@ -78,7 +100,13 @@ impl Codec {
     pub(crate) fn reconstruct_data_in_place(&self, shards: Vec<&mut [u8]>, present: &[bool]) -> Result<(), String> {
         assert!(shards.len() == self.k + self.m && present.len() == shards.len(), "k + m shards");
         let mut s: Vec<(&mut [u8], bool)> = shards.into_iter().zip(present.iter().copied()).collect();
-        self.rs.reconstruct_data(&mut s).map_err(|e| format!("{e:?}"))
+        self.rs.reconstruct_data(&mut s).map_err(|e| format!("{e:?}"))?;
+        if weft_rpc::CHECK_INVARIANTS {
+            let data: Vec<&[u8]> = s[..self.k].iter().map(|(b, _)| &**b).collect();
+            let parity: Vec<Option<&[u8]>> = s[self.k..].iter().map(|(b, used)| used.then_some(&**b)).collect();
+            self.check_decoded(&data, &parity);
+        }
+        Ok(())
     }
 
     /// Fills every `None` of `shards` (`k + m` of one length, at least `k` present) from the others.
@@ -229,6 +257,26 @@ mod tests {
             assert!(p[1000..].iter().all(|&b| b == 0));
             assert!(p[..1000].iter().any(|&b| b != 0));
         }
+    }
+
+    #[test]
+    fn a_decode_its_own_parity_denies_breaks_the_invariant() {
+        if !weft_rpc::CHECK_INVARIANTS {
+            return;
+        }
+        let codec = Codec::new(2, 2).unwrap();
+        let (d0, d1) = (bytes(1, 64), bytes(2, 64));
+        let parity = codec.encode(&[&d0, &d1]);
+        // Data chunk 0 missing: decoded from chunk 1 and parity 0. Parity 1, also given, agrees...
+        let mut shards = vec![None, Some(d1.clone()), Some(parity[0].clone()), Some(parity[1].clone())];
+        codec.reconstruct_data(&mut shards).unwrap();
+        assert_eq!(shards[0].as_deref(), Some(&d0[..]));
+        // ...or denies it: the decode is refused by the invariant, never returned.
+        let mut denied = parity[1].clone();
+        denied[5] ^= 1;
+        let mut shards = vec![None, Some(d1), Some(parity[0].clone()), Some(denied)];
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| codec.reconstruct_data(&mut shards)));
+        assert!(r.is_err(), "a parity chunk that denies the decoded data breaks the invariant");
     }
 
     #[test]

@@ -70,10 +70,12 @@ where
         }
         let mut held = false;
         for (slot, e) in &fenced {
-            if e.code() == Some(ErrorCode::EpochMoved) {
-                learn_epoch(file, &file.io(), *slot).await?;
-            } else {
+            if e.code() != Some(ErrorCode::EpochMoved) {
                 held = true;
+            } else if let Err(e) = learn_epoch(file, &file.io(), *slot).await {
+                // The copy's server went away since it refused: the next attempt finds it gone, and records what
+                // it missed as any failed copy's.
+                tracing::debug!(ino = file.attr.ino, copy = slot, "asking a copy its epoch failed: {e}");
             }
         }
         if held {

@@ -261,9 +261,22 @@ impl MetaService {
                 ));
             }
         };
-        let expiry_ms = weft_rpc::capability::unix_now_ms().saturating_add(self.capability_ttl_ms);
-        key.seal(attr.ino, rights, expiry_ms, &key_id, ctx.session, attr.data_version)
-            .map_err(|e| WireError::new(ErrorCode::Internal, format!("sealing a capability: {e}")))
+        let now_ms = weft_rpc::capability::unix_now_ms();
+        let expiry_ms = now_ms.saturating_add(self.capability_ttl_ms);
+        let cap = key
+            .seal(attr.ino, rights, expiry_ms, &key_id, ctx.session, attr.data_version)
+            .map_err(|e| WireError::new(ErrorCode::Internal, format!("sealing a capability: {e}")))?;
+        // What is sealed is what a data server will admit: this inode, these rights, this key, now (§10).
+        weft_rpc::invariant!(
+            attr.kind == weft_proto::FileKind::File
+                && key
+                    .check(&cap, &weft_rpc::Demand { ino: attr.ino, rights, key_id: &key_id, now_ms, skew_ms: 0 })
+                    .is_ok(),
+            "a capability for inode {} ({:?}) that its own check refuses",
+            attr.ino,
+            attr.kind
+        );
+        Ok(cap)
     }
 
     fn opened(&self, ctx: &CallCtx, attr: Attr, rights: Rights) -> Result<OpenResp, WireError> {
