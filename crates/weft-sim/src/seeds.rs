@@ -3,9 +3,9 @@
 //! `WEFT_SIM_SEED=N` runs seed N alone; `WEFT_SIM_SEEDS=N` runs N seeds (from `WEFT_SIM_FIRST`, default 1) instead
 //! of the test's default count (`make soak` runs more).
 
-/// Runs `one` for each seed the environment asks for (else `default_seeds` seeds from 1). On the first failure,
-/// panics with the simulation's name, the seed, what broke and how to replay it: `cargo test --release` with
-/// `where_` (e.g. `-p weft-sim --test membership`) and the test's name.
+/// Runs `one` for each seed the environment asks for (else `default_seeds` seeds from 1). On the first failure (an
+/// error, or a panic inside the world), panics with the simulation's name, the seed, what broke and how to replay
+/// it: `cargo test --release` with `where_` (e.g. `-p weft-sim --test membership`) and the test's name.
 pub fn run(name: &str, where_: &str, default_seeds: u64, one: impl Fn(u64) -> Result<Summary, String>) -> Summary {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     let seeds: Vec<u64> = match env("WEFT_SIM_SEED") {
@@ -17,16 +17,33 @@ pub fn run(name: &str, where_: &str, default_seeds: u64, one: impl Fn(u64) -> Re
     };
     let mut total = Summary::default();
     for seed in seeds {
-        match one(seed) {
-            Ok(s) => total.add(&s),
-            Err(why) => panic!(
-                "simulation {name}, seed {seed}: {why}\n  replay: WEFT_SIM_SEED={seed} cargo test --release {where_} \
-                 {name} -- --nocapture"
-            ),
-        }
+        // A panic inside the world (an `assert!` or `invariant!` of the code under test) is a failure of this seed
+        // too, and names it as an error does.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| one(seed)));
+        let why = match outcome {
+            Ok(Ok(s)) => {
+                total.add(&s);
+                continue;
+            }
+            Ok(Err(why)) => why,
+            Err(payload) => format!("panicked: {}", panic_message(payload.as_ref())),
+        };
+        panic!(
+            "simulation {name}, seed {seed}: {why}\n  replay: WEFT_SIM_SEED={seed} cargo test --release {where_} \
+             {name} -- --nocapture"
+        );
     }
     eprintln!("simulation {name}: {total}");
     total
+}
+
+/// The text a panic carried (`panic!` with a format or a literal), else a placeholder.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    match (payload.downcast_ref::<String>(), payload.downcast_ref::<&str>()) {
+        (Some(s), _) => s.clone(),
+        (None, Some(s)) => (*s).to_string(),
+        (None, None) => "(a panic without a message)".to_string(),
+    }
 }
 
 /// What a run covered, so a test can assert that its faults and checks happened at all.
@@ -65,5 +82,25 @@ impl std::fmt::Display for Summary {
             write!(f, ", {k} {v}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_seed_that_panics_is_named_with_its_replay() {
+        if std::env::var_os("WEFT_SIM_SEED").is_some() || std::env::var_os("WEFT_SIM_SEEDS").is_some() {
+            return;
+        }
+        let r = std::panic::catch_unwind(|| {
+            super::run("boom", "-p weft-sim", 5, |seed| {
+                assert!(seed != 3, "the world broke");
+                Ok(super::Summary::default())
+            })
+        });
+        let payload = r.expect_err("seed 3 fails the run");
+        let message = super::panic_message(payload.as_ref());
+        assert!(message.contains("seed 3: panicked: the world broke"), "{message}");
+        assert!(message.contains("WEFT_SIM_SEED=3"), "{message}");
     }
 }
