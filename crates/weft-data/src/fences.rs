@@ -91,12 +91,22 @@ impl Fences {
 
     /// Admits a write of object bytes `[start, end)` of `ino` (a cut at `size`: `[size, u64::MAX)`) carrying
     /// `fence`; called under the write's exclusive range lock.
-    pub fn admit(&self, ino: u64, (start, end): (u64, u64), fence: WriteFence) -> Result<(), FenceRefusal> {
+    pub fn admit(&self, ino: u64, bytes: (u64, u64), fence: WriteFence) -> Result<(), FenceRefusal> {
         if fence == WriteFence::NONE && !self.any_hold.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.admit_at(ino, bytes, fence, Instant::now())
+    }
+
+    /// [`Fences::admit`] at `now` (the seam a simulation drives holds' expiry through).
+    pub fn admit_at(
+        &self,
+        ino: u64,
+        (start, end): (u64, u64),
+        fence: WriteFence,
+        now: Instant,
+    ) -> Result<(), FenceRefusal> {
         let mut t = self.table.lock().expect("fence table");
-        let now = Instant::now();
         t.expire(ino, now);
         let holds = t.holds.get(&ino).map_or(&[][..], Vec::as_slice);
         if fence.hold != 0 {
@@ -118,8 +128,12 @@ impl Fences {
 
     /// Does `act` on `ino`; called under an exclusive lock of the whole object (a raise must fall between writes).
     pub fn fence(&self, ino: u64, act: FenceAct) -> Result<FenceResp, FenceRefusal> {
+        self.fence_at(ino, act, Instant::now())
+    }
+
+    /// [`Fences::fence`] at `now` (the seam a simulation drives holds' expiry through).
+    pub fn fence_at(&self, ino: u64, act: FenceAct, now: Instant) -> Result<FenceResp, FenceRefusal> {
         let mut t = self.table.lock().expect("fence table");
-        let now = Instant::now();
         t.expire(ino, now);
         let resp = match act {
             FenceAct::Query => FenceResp { epoch: t.epoch(ino), hold: 0 },

@@ -6,7 +6,8 @@
 //! both copies at once, each copy at the epoch the writer knows, done again on every copy after a refusal (an
 //! epoch asked after `EpochMoved`, a pause after `Held`); a copier (the healer's catch-up, a read's repair) copying
 //! a range from one copy onto the other: hold the target, raise the source, read it, write the target under the
-//! hold, release. The network delays every message (sometimes by seconds, so a write's two copies land far apart)
+//! hold, release; and dies mid-copy now and then, its hold left to expire (the tables' clock is the simulated
+//! one). The network delays every message (sometimes by seconds, so a write's two copies land far apart)
 //! and reorders them; the data servers restart (their holds and in-memory epochs lost, the high-water mark read
 //! back), with messages still on the way to them.
 //!
@@ -40,7 +41,7 @@ fn no_copy_between_mirror_copies_undoes_an_acknowledged_write() {
         2000,
         |seed| World::new(seed, true).run(),
     );
-    for what in ["write acknowledged", "epoch moved", "held", "copy done", "restart", "hold lost"] {
+    for what in ["write acknowledged", "epoch moved", "held", "copy done", "restart", "hold lost", "copier crash"] {
         assert!(total.get(what) > 0 || total.seeds < 50, "no '{what}' in {total}");
     }
     // Every world ended with a check of every block.
@@ -138,6 +139,8 @@ struct Copier {
 }
 
 struct World {
+    /// The real instant simulated time 0 stands for.
+    epoch: std::time::Instant,
     rng: Rng,
     q: Queue<Event>,
     fenced: bool,
@@ -174,6 +177,7 @@ impl World {
             .collect();
         let copier = Copier { round: 0, target: 0, blocks: 0..0, hold: 0, step: None };
         World {
+            epoch: std::time::Instant::now(),
             rng: Rng::new(seed),
             q: Queue::new(10_000),
             fenced,
@@ -241,18 +245,20 @@ impl World {
 
     /// What copy `copy`'s data server does with `req`: the real fence table decides.
     fn serve(&mut self, copy: usize, req: Req) -> Result<Resp, String> {
+        // The tables judge holds' expiry by the simulated clock.
+        let now = self.epoch + std::time::Duration::from_micros(self.q.now_us());
         let c = &mut self.copies[copy];
         Ok(match req {
             Req::Write { blocks, data, fence } => {
                 let bytes = (blocks.start as u64 * BLOCK_BYTES, blocks.end as u64 * BLOCK_BYTES);
-                let admitted = if self.fenced { c.fences.admit(INO, bytes, fence) } else { Ok(()) };
+                let admitted = if self.fenced { c.fences.admit_at(INO, bytes, fence, now) } else { Ok(()) };
                 if admitted.is_ok() {
                     c.blocks[blocks].copy_from_slice(&data);
                 }
                 self.summary.checks += 1;
                 Resp::Written(admitted)
             }
-            Req::Fence(act) => Resp::Fenced(c.fences.fence(INO, act)),
+            Req::Fence(act) => Resp::Fenced(c.fences.fence_at(INO, act, now)),
             Req::Read(blocks) => Resp::Read(c.blocks[blocks].to_vec()),
         })
     }
@@ -377,7 +383,16 @@ impl World {
     }
 
     fn copier_reply(&mut self, round: u64, _copy: usize, resp: Resp) {
-        if round != self.copier.round {
+        if round != self.copier.round || self.copier.step.is_none() {
+            return;
+        }
+        if self.rng.chance(30) {
+            // The copier dies mid-round: nothing released, its hold ends by expiring (10 s of simulated time);
+            // what it already sent still lands. A new one starts later.
+            self.summary.count("copier crash");
+            self.copier.step = None;
+            let pause = self.rng.between(MS, 2000 * MS);
+            self.q.after(pause, Event::CopierNext);
             return;
         }
         let (t, s, round) = (self.copier.target, 1 - self.copier.target, self.copier.round);
