@@ -12,7 +12,7 @@ use crate::stale::stale_slots;
 
 /// Rebuilds rows `[first, first + rows)` of `slot` from the other chunks of `file` and writes them to the slot's
 /// server, stored as a file of `size` bytes would store them (§16), with a write capability (the handle's, or a
-/// fresh one). Returns the bytes written. `size` may exceed the committed size: a degraded write's rows can lie
+/// fresh one), and makes them durable there (`Fsync`) before it returns. Returns the bytes written. `size` may exceed the committed size: a degraded write's rows can lie
 /// past it until its writer commits, and those bytes are on the other servers already.
 pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u64) -> Result<u64, ClientError> {
     let layout = &file.layout();
@@ -38,6 +38,14 @@ pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u6
         // Plain files have no other chunk to heal from (and are never marked).
         _ => 0,
     };
+    if bytes > 0 {
+        // Durable before the healer clears the range: healed bytes lost in a crash of the slot's machine after the
+        // clear would leave a copy (or chunk) that missed writes with nothing saying so.
+        let failed = file.client.fsync_slots(file.attr.ino, layout, &io.caps, &[slot as u32]).await?;
+        if let Some((_, e)) = failed.into_iter().next() {
+            return Err(e);
+        }
+    }
     Ok(bytes)
 }
 

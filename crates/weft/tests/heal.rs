@@ -419,3 +419,36 @@ async fn a_mirror_write_waits_out_a_hold_and_lands_on_every_copy() {
     }
     assert!(client.list_stale(Some(ino), None, 0).await.unwrap().entries.is_empty(), "nothing was marked stale");
 }
+
+/// Issue 30 item 3's lost unsynced writes, where they matter most: a heal is durable on the healed server before it
+/// returns (and so before the healer clears the range). With that server unable to flush (`fail-fsync`), the heal
+/// fails, naming the fsync, instead of leaving healed bytes only in a page cache a crash of that machine would
+/// lose after the range was cleared; with the disk flushing again, it succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_heal_is_durable_on_the_healed_server_before_it_returns() {
+    let mut c = start_with("heal-durable", 2, |o| o.meta_extra_toml = "heal = false\n".into()).await;
+    let client = c.client().await;
+    let d = client.mkdir(ROOT_INO, "m", 0o755).await.unwrap();
+    client.set_layout_with(d.ino, UNIT, 0, DataRedundancy::Mirror { n: 2 }).await.unwrap();
+    let (u, rows) = (UNIT as usize, 4usize);
+    let f = client.create_path("/m/f", 0o644, true, false).await.unwrap();
+    f.write_at(0, Bytes::from(pattern(51, 0, rows * u))).await.unwrap();
+    f.close().await.unwrap();
+    let layout = client.open("/m/f", OpenMode::Read).await.unwrap().layout().clone();
+    let target = 0usize;
+
+    c.set_env(vec![("WEFT_FAULT".into(), "fail-fsync:1000000".into())]);
+    c.restart_data_server(layout.servers[target]).await.unwrap();
+    c.set_env(vec![]);
+    let client = c.client().await;
+    let healer = client.open("/m/f", OpenMode::ReadWrite).await.unwrap();
+    let e = weft_client::heal_rows(&healer, target, 0, rows as u64, (rows * u) as u64).await;
+    let e = e.expect_err("a heal the healed server cannot make durable fails").to_string();
+    assert!(e.contains("fsync"), "the failure names the flush: {e}");
+
+    c.restart_data_server(layout.servers[target]).await.unwrap();
+    let client = c.client().await;
+    let healer = client.open("/m/f", OpenMode::ReadWrite).await.unwrap();
+    let healed = weft_client::heal_rows(&healer, target, 0, rows as u64, (rows * u) as u64).await.unwrap();
+    assert_eq!(healed, (rows * u) as u64);
+}
