@@ -64,6 +64,29 @@ pub(crate) fn is_expired(e: &RpcError) -> bool {
     matches!(e, RpcError::Remote(w) if w.code == ErrorCode::CapabilityExpired)
 }
 
+/// One request to data server `server`, made by `make` around this holder's capability, which is renewed once if
+/// the server finds it expired: the single calls (`FenceWrites`, `VerifyObject`) that have no transfer unit's retry.
+pub(crate) async fn call_with_capability(
+    client: &Client,
+    server: u32,
+    caps: &CapHolder,
+    make: impl Fn(Capability) -> weft_proto::Request,
+) -> Result<weft_proto::Response, ClientError> {
+    let ds = client.data_server(server).await?;
+    let mut cap = caps.get().await?;
+    let mut renewed = false;
+    loop {
+        match ds.call_simple(make(cap.clone())).await {
+            Ok(r) => return Ok(r),
+            Err(source) if !renewed && is_expired(&source) => {
+                cap = caps.renew_from(&cap).await?;
+                renewed = true;
+            }
+            Err(source) => return Err(ClientError::Data { server, source }),
+        }
+    }
+}
+
 impl CapHolder {
     pub(crate) fn new(client: Client, ino: u64, rights: Rights, opened: &OpenResp, at: Instant) -> CapHolder {
         CapHolder {

@@ -14,7 +14,7 @@ use weft_proto::msg::{FenceAct, FenceReq, FenceResp, WriteFence};
 use weft_proto::{ErrorCode, Request, Response};
 
 use crate::ClientError;
-use crate::capability::is_expired;
+use crate::capability::call_with_capability;
 use crate::handle::File;
 use crate::striped::{Io, read_on, write_on};
 
@@ -98,21 +98,11 @@ async fn learn_epoch(file: &File, io: &Io, slot: usize) -> Result<(), ClientErro
 
 /// `FenceWrites` to copy `slot`'s server, with `io`'s capability (renewed once if it expired).
 async fn fence_call(file: &File, io: &Io, slot: usize, act: FenceAct) -> Result<FenceResp, ClientError> {
-    let server = file.layout().servers[slot];
-    let ds = file.client.data_server(server).await?;
-    let mut cap = io.caps.get().await?;
-    let mut renewed = false;
-    loop {
-        let req = Request::FenceWrites(FenceReq { ino: file.attr.ino, cap: cap.clone(), act });
-        match ds.call_simple(req).await {
-            Ok(Response::FenceWrites(r)) => return Ok(r),
-            Ok(other) => return Err(ClientError::Protocol(format!("unexpected response {:?}", other.op()))),
-            Err(source) if !renewed && is_expired(&source) => {
-                cap = io.caps.renew_from(&cap).await?;
-                renewed = true;
-            }
-            Err(source) => return Err(ClientError::Data { server, source }),
-        }
+    let (ino, server) = (file.attr.ino, file.layout().servers[slot]);
+    let make = |cap| Request::FenceWrites(FenceReq { ino, cap, act });
+    match call_with_capability(&file.client, server, &io.caps, make).await? {
+        Response::FenceWrites(r) => Ok(r),
+        other => Err(ClientError::Protocol(format!("FenceWrites answered {:?}", other.op()))),
     }
 }
 

@@ -26,7 +26,6 @@ use bytes::BytesMut;
 use weft_proto::msg::{VERIFY_BYTES_MAX, VerifyReq, VerifyResp};
 use weft_proto::{DataRedundancy, FileKind, Layout, Request, Response};
 
-use crate::capability::is_expired;
 use crate::ec_codec::{Codec, is_chunk_loss, km};
 use crate::handle::File;
 use crate::handle::repair_io;
@@ -264,20 +263,11 @@ async fn scrub_ino(
 
 /// Asks server `server` to verify `[offset, offset + len)` of the file's object, `len` ≤ [`VERIFY_BYTES_MAX`].
 async fn verify(file: &File, server: u32, offset: u64, len: u64) -> Result<VerifyResp, ClientError> {
-    let ds = file.client.data_server(server).await?;
-    let mut cap = file.caps.get().await?;
-    let mut renewed = false;
-    loop {
-        let req = Request::VerifyObject(VerifyReq { ino: file.attr.ino, offset, len, cap: cap.clone() });
-        match ds.call_simple(req).await {
-            Ok(Response::VerifyObject(v)) => return Ok(v),
-            Ok(other) => return Err(ClientError::Protocol(format!("VerifyObject answered {:?}", other.op()))),
-            Err(source) if !renewed && is_expired(&source) => {
-                cap = file.caps.renew_from(&cap).await?;
-                renewed = true;
-            }
-            Err(source) => return Err(ClientError::Data { server, source }),
-        }
+    let ino = file.attr.ino;
+    let make = |cap| Request::VerifyObject(VerifyReq { ino, offset, len, cap });
+    match crate::capability::call_with_capability(&file.client, server, &file.caps, make).await? {
+        Response::VerifyObject(v) => Ok(v),
+        other => Err(ClientError::Protocol(format!("VerifyObject answered {:?}", other.op()))),
     }
 }
 

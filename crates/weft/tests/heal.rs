@@ -283,6 +283,21 @@ async fn a_row_moved_inside_a_heal_batch_is_never_overwritten() {
     same(&got, &model, "after the heal");
 }
 
+/// A `mirror 2` file `/m/f` of `rows` stripe units of `pattern(seed)` on a fresh cluster of two data servers with
+/// the healer off (the tests run it by hand): the cluster, the file's inode and layout, and its bytes.
+async fn mirror_file(name: &str, seed: u64, rows: usize) -> (TestCluster, u64, Layout, Vec<u8>) {
+    let c = start_with(name, 2, |o| o.meta_extra_toml = "heal = false\n".into()).await;
+    let client = c.client().await;
+    let d = client.mkdir(ROOT_INO, "m", 0o755).await.unwrap();
+    client.set_layout_with(d.ino, UNIT, 0, DataRedundancy::Mirror { n: 2 }).await.unwrap();
+    let bytes = pattern(seed, 0, rows * UNIT as usize);
+    let f = client.create_path("/m/f", 0o644, true, false).await.unwrap();
+    f.write_at(0, Bytes::from(bytes.clone())).await.unwrap();
+    f.close().await.unwrap();
+    let f = client.open("/m/f", OpenMode::Read).await.unwrap();
+    (c, f.ino(), Layout::clone(&f.layout()), bytes)
+}
+
 /// Issue 30: a copy between mirror copies racing a write whose two copies land apart (docs/format.md §32). The
 /// write's bytes reach the target copy; its bytes for the source copy wait at a gate on that server
 /// (`WEFT_FAULT=gate-writes`); the healer then copies the target's rows from the source (still the old bytes);
@@ -292,17 +307,8 @@ async fn a_row_moved_inside_a_heal_batch_is_never_overwritten() {
 /// the writer writes both copies again: both hold the write's bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_mirror_heal_never_undoes_a_write_whose_other_copy_lands_late() {
-    let mut c = start_with("heal-mirror-fence", 2, |o| o.meta_extra_toml = "heal = false\n".into()).await;
-    let client = c.client().await;
-    let d = client.mkdir(ROOT_INO, "m", 0o755).await.unwrap();
-    client.set_layout_with(d.ino, UNIT, 0, DataRedundancy::Mirror { n: 2 }).await.unwrap();
     let (u, rows) = (UNIT as usize, 4usize);
-    let old = pattern(31, 0, rows * u);
-    let f = client.create_path("/m/f", 0o644, true, false).await.unwrap();
-    f.write_at(0, Bytes::from(old.clone())).await.unwrap();
-    f.close().await.unwrap();
-    let f = client.open("/m/f", OpenMode::Read).await.unwrap();
-    let (ino, layout) = (f.ino(), f.layout().clone());
+    let (mut c, ino, layout, old) = mirror_file("heal-mirror-fence", 31, rows).await;
     let (target, source) = (0usize, 1usize);
 
     let gate = c.dir().join("write-gate");
@@ -355,17 +361,9 @@ async fn a_mirror_heal_never_undoes_a_write_whose_other_copy_lands_late() {
 /// one (not an error, not a stale mark); once the hold is released it lands there too and the close succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_mirror_write_waits_out_a_hold_and_lands_on_every_copy() {
-    let c = start_with("mirror-hold", 2, |o| o.meta_extra_toml = "heal = false\n".into()).await;
-    let client = c.client().await;
-    let d = client.mkdir(ROOT_INO, "m", 0o755).await.unwrap();
-    client.set_layout_with(d.ino, UNIT, 0, DataRedundancy::Mirror { n: 2 }).await.unwrap();
     let (u, rows) = (UNIT as usize, 4usize);
-    let old = pattern(41, 0, rows * u);
-    let f = client.create_path("/m/f", 0o644, true, false).await.unwrap();
-    f.write_at(0, Bytes::from(old.clone())).await.unwrap();
-    f.close().await.unwrap();
-    let f = client.open("/m/f", OpenMode::Read).await.unwrap();
-    let (ino, layout) = (f.ino(), f.layout().clone());
+    let (c, ino, layout, old) = mirror_file("mirror-hold", 41, rows).await;
+    let client = c.client().await;
     let (held, free) = (layout.servers[0], layout.servers[1]);
 
     let ds =
@@ -426,15 +424,8 @@ async fn a_mirror_write_waits_out_a_hold_and_lands_on_every_copy() {
 /// lose after the range was cleared; with the disk flushing again, it succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_heal_is_durable_on_the_healed_server_before_it_returns() {
-    let mut c = start_with("heal-durable", 2, |o| o.meta_extra_toml = "heal = false\n".into()).await;
-    let client = c.client().await;
-    let d = client.mkdir(ROOT_INO, "m", 0o755).await.unwrap();
-    client.set_layout_with(d.ino, UNIT, 0, DataRedundancy::Mirror { n: 2 }).await.unwrap();
     let (u, rows) = (UNIT as usize, 4usize);
-    let f = client.create_path("/m/f", 0o644, true, false).await.unwrap();
-    f.write_at(0, Bytes::from(pattern(51, 0, rows * u))).await.unwrap();
-    f.close().await.unwrap();
-    let layout = client.open("/m/f", OpenMode::Read).await.unwrap().layout().clone();
+    let (mut c, _, layout, _) = mirror_file("heal-durable", 51, rows).await;
     let target = 0usize;
 
     c.set_env(vec![("WEFT_FAULT".into(), "fail-fsync:1000000".into())]);
