@@ -3,6 +3,8 @@
 //! the parity, `ec_rows::heal_batch`; mirror: another copy) and written to that slot's server, cut at the file's
 //! size as §16 stores them.
 
+use std::collections::HashMap;
+
 use weft_proto::DataRedundancy;
 
 use crate::ClientError;
@@ -12,13 +14,16 @@ use crate::stale::stale_slots;
 
 /// Rebuilds rows `[first, first + rows)` of `slot` from the other chunks of `file` and writes them to the slot's
 /// server, stored as a file of `size` bytes would store them (§16), with a write capability (the handle's, or a
-/// fresh one), and makes them durable there (`Fsync`) before it returns. Returns the bytes written. `size` may exceed the committed size: a degraded write's rows can lie
+/// fresh one), and makes them durable there (`FsyncVerified`, its write verifier unmoved: §33) before it returns. Returns the bytes written. `size` may exceed the committed size: a degraded write's rows can lie
 /// past it until its writer commits, and those bytes are on the other servers already.
 pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u64) -> Result<u64, ClientError> {
     let layout = &file.layout();
     let io = &crate::handle::repair_io(file).await?;
     let unit = u64::from(layout.stripe_unit);
     let stale = stale_slots(file, first, first + rows).await?;
+    // What the slot's server's verifier was before the heal writes: a reboot before their sync fails the heal (§33).
+    let server = layout.servers[slot];
+    let kept = HashMap::from([(server, file.client.verifiers().get(server).map(|l| l.latest))]);
     let bytes = match layout.redundancy {
         DataRedundancy::Ec { .. } => {
             // Batches of rows through the versioned write path (§17): each row decoded from the others by the
@@ -41,9 +46,15 @@ pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u6
     if bytes > 0 {
         // Durable before the healer clears the range: healed bytes lost in a crash of the slot's machine after the
         // clear would leave a copy (or chunk) that missed writes with nothing saying so.
-        let failed = file.client.fsync_slots(file.attr.ino, layout, &io.caps, &[slot as u32]).await?;
-        if let Some((_, e)) = failed.into_iter().next() {
+        let synced = file.client.fsync_slots(file.attr.ino, layout, &io.caps, &[slot as u32]).await?;
+        if let Some((_, e)) = synced.failed.into_iter().next() {
             return Err(e);
+        }
+        let moved = crate::verifier::lost(&kept, |s| file.client.verifiers().get(s), &synced.verifiers);
+        if let Some(m) = moved.first() {
+            let addr = file.client.server_addr(server).unwrap_or_else(|| "address unknown".into());
+            let (ino, kept, now) = (file.attr.ino, m.kept, m.now);
+            return Err(ClientError::WritesLost { ino, server, addr, kept, now });
         }
     }
     Ok(bytes)

@@ -25,6 +25,13 @@ pub enum ClientError {
         "file inode {ino}: its writes could not be made durable on data server {server} ({addr}): {source}; the size was not committed"
     )]
     Unsynced { ino: u64, server: u32, addr: String, source: RpcError },
+    /// A data server's write verifier changed between this handle's writes and their sync (its machine rebooted:
+    /// docs/format.md §33), so what the handle wrote there since its last sync may be lost. Reported once; the
+    /// size was not committed by the call that reports it.
+    #[error(
+        "file inode {ino}: data server {server} ({addr}) restarted after a reboot (write verifier {kept:#x}, now {now:#x}) between this handle's writes and their sync: bytes written since the last sync may be lost; the size was not committed"
+    )]
+    WritesLost { ino: u64, server: u32, addr: String, kept: u64, now: u64 },
     /// A stored block failed its checksum; no bytes of it were returned.
     #[error(
         "checksum mismatch in file inode {ino} at file offset {file_offset} (data server {server}, object offset {object_offset})"

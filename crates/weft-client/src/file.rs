@@ -3,6 +3,7 @@
 //! file's state is `handle.rs`'s. Close-to-open: close and fsync make this handle's writes durable on their data
 //! servers (`Fsync`) before the size commit at the metadata service.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
@@ -135,22 +136,42 @@ impl File {
     /// `Fsync` of every object this handle changed since their last sync, every server at once. A plain file:
     /// any failure fails ([`ClientError::Unsynced`]) and those objects stay to be synced. A redundant file: up to
     /// as many failed servers as the layout tolerates have the rows written recorded stale (`MarkStale`), as a
-    /// degraded write's are, and the healer rebuilds them; more fail.
+    /// degraded write's are, and the healer rebuilds them; more fail. A server whose write verifier moved since
+    /// the writes (a reboot: docs/format.md §33) counts as failed, and a plain file's sync reports it once
+    /// ([`ClientError::WritesLost`]).
     async fn sync_objects(&self) -> Result<(), ClientError> {
+        // The verifiers first: a write after this sees its slot taken below and keeps a record of its own.
+        let kept = self.kept.take();
         let slots = self.unsynced.take();
         if slots.is_empty() {
+            self.kept.restore(kept);
             return Ok(());
         }
         let rows = self.unsynced_rows.lock().unwrap_or_else(|p| p.into_inner()).take();
         let layout = self.layout();
-        let failed = match self.client.fsync_slots(self.attr.ino, &layout, &self.caps, &slots).await {
-            Ok(f) if f.is_empty() => return Ok(()),
-            Ok(f) => f,
+        let synced = match self.client.fsync_slots(self.attr.ino, &layout, &self.caps, &slots).await {
+            Ok(s) => s,
             Err(e) => {
-                self.keep_unsynced(&slots, rows);
+                self.keep_unsynced(&slots, rows, kept);
                 return Err(e);
             }
         };
+        let moved = crate::verifier::lost(&kept, |s| self.client.verifiers().get(s), &synced.verifiers);
+        let mut failed = synced.failed;
+        for m in &moved {
+            tracing::warn!(
+                ino = self.attr.ino,
+                server = m.server,
+                kept = m.kept,
+                now = m.now,
+                "a data server's write verifier moved under unsynced writes: they may be lost there"
+            );
+            failed.push((m.slot, self.writes_lost(m)));
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        failed.sort_by_key(|(slot, _)| *slot);
         let tolerated = layout.redundancy.tolerates() as usize;
         let in_layout = failed.iter().all(|(slot, _)| *slot < layout.servers.len());
         if let Some((first, end)) = rows
@@ -159,12 +180,14 @@ impl File {
         {
             let offset = first.saturating_mul(u64::from(layout.stripe_unit));
             if let Err(e) = crate::stale::record_missed(self, failed, offset, first, end).await {
-                self.keep_unsynced(&slots, rows);
+                self.keep_unsynced(&slots, rows, kept);
                 return Err(e);
             }
             return Ok(());
         }
-        self.keep_unsynced(&slots, rows);
+        self.keep_unsynced(&slots, rows, kept);
+        // A loss is reported once, as a page cache's writeback error is: the next sync judges by the new verifier.
+        moved.iter().for_each(|m| self.kept.reported(m.server, m.now));
         let (slot, e) = failed.into_iter().next().expect("one failure at least");
         Err(match e {
             ClientError::Data { server, source } => ClientError::Unsynced {
@@ -173,6 +196,7 @@ impl File {
                 addr: self.client.server_addr(server).unwrap_or_else(|| "address unknown".into()),
                 source,
             },
+            e @ ClientError::WritesLost { .. } => e,
             other if slot < layout.servers.len() => {
                 let server = layout.servers[slot];
                 ClientError::Protocol(format!(
@@ -185,9 +209,21 @@ impl File {
         })
     }
 
+    /// The error of a server whose verifier moved under this handle's unsynced writes.
+    fn writes_lost(&self, m: &crate::verifier::Moved) -> ClientError {
+        ClientError::WritesLost {
+            ino: self.attr.ino,
+            server: m.server,
+            addr: self.client.server_addr(m.server).unwrap_or_else(|| "address unknown".into()),
+            kept: m.kept,
+            now: m.now,
+        }
+    }
+
     /// Puts back what a failed [`File::sync_objects`] took, for the next close or fsync to try again.
-    fn keep_unsynced(&self, slots: &[u32], rows: Option<(u64, u64)>) {
+    fn keep_unsynced(&self, slots: &[u32], rows: Option<(u64, u64)>, kept: HashMap<u32, Option<u64>>) {
         slots.iter().for_each(|&s| self.unsynced.add(s));
+        self.kept.restore(kept);
         if let Some((first, end)) = rows {
             let mut held = self.unsynced_rows.lock().unwrap_or_else(|p| p.into_inner());
             *held = Some(held.map_or((first, end), |(a, b)| (a.min(first), b.max(end))));

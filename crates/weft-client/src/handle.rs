@@ -35,6 +35,9 @@ pub struct File {
     /// Rows `[first, end)` (`stale::rows_of`) those writes of a redundant file covered: what a position whose
     /// `Fsync` fails is recorded stale over, as a degraded write's missed rows are.
     pub(crate) unsynced_rows: Mutex<Option<(u64, u64)>>,
+    /// Per data server written since its last sync, its write verifier as known before the first of those writes
+    /// (docs/format.md §33): what the sync's answer is compared with.
+    pub(crate) kept: crate::verifier::Kept,
     /// The capability every data-server request carries, and its renewal.
     pub(crate) caps: Arc<CapHolder>,
     /// The file's data version at open (raised by a later open of the same file, [`File::observe_open`]): the
@@ -168,6 +171,7 @@ impl File {
             dirty: AtomicBool::new(false),
             unsynced: Slots::default(),
             unsynced_rows: Mutex::new(None),
+            kept: Default::default(),
             caps,
             stale: Default::default(),
             fence_epochs: Default::default(),
@@ -296,11 +300,11 @@ impl File {
         match layout.redundancy {
             DataRedundancy::Ec { k, .. } => {
                 for p in layout.data_view(0).pieces(offset, len) {
-                    self.unsynced.add(p.server_index);
+                    self.add_unsynced(&layout, p.server_index);
                 }
-                (u32::from(k)..layout.stripe_count).for_each(|i| self.unsynced.add(i));
+                (u32::from(k)..layout.stripe_count).for_each(|i| self.add_unsynced(&layout, i));
             }
-            _ => (0..layout.stripe_count).for_each(|i| self.unsynced.add(i)),
+            _ => (0..layout.stripe_count).for_each(|i| self.add_unsynced(&layout, i)),
         }
         if layout.redundancy != DataRedundancy::Plain {
             let (first, end) = rows_of(&layout, offset, len);
@@ -312,12 +316,21 @@ impl File {
     /// Records a truncate to `size`: it changes every object (and, for ec, rewrites the last row).
     pub(crate) fn note_truncate(&self, size: u64) {
         let layout = self.layout();
-        (0..layout.stripe_count).for_each(|i| self.unsynced.add(i));
+        (0..layout.stripe_count).for_each(|i| self.add_unsynced(&layout, i));
         if layout.redundancy != DataRedundancy::Plain {
             let (lo, hi) = (size.min(self.size()), size.max(self.size()));
             let (first, end) = rows_of(&layout, lo, (hi - lo).max(1));
             let mut rows = self.unsynced_rows.lock().unwrap_or_else(|p| p.into_inner());
             *rows = Some(rows.map_or((first, end), |(a, b)| (a.min(first), b.max(end))));
+        }
+    }
+
+    /// Records, before a write or cut is sent to position `slot`, that its object has changes to sync, and what
+    /// its server's write verifier was before them (§33).
+    pub(crate) fn add_unsynced(&self, layout: &weft_proto::Layout, slot: u32) {
+        self.unsynced.add(slot);
+        if let Some(&server) = layout.servers.get(slot as usize) {
+            self.kept.before_write(server, self.client.verifiers());
         }
     }
 }

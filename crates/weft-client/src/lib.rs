@@ -50,6 +50,9 @@ pub mod scrub;
 mod stale;
 mod striped;
 mod transfer;
+mod verifier;
+#[cfg(test)]
+mod verifier_sim;
 
 pub use capability::OpenMode;
 pub use catch_up::heal_rows;
@@ -92,6 +95,19 @@ pub struct Client {
 /// reads and all writes always try it: only a read that can be served from the other chunks or copies skips it.
 pub(crate) const UNREACHABLE_HOLD_MS: u64 = 2000;
 
+/// The answers of the positions a request went to that succeeded, and the failures of the others, each by
+/// position, ascending.
+type Answered = (Vec<(usize, Response)>, Vec<(usize, ClientError)>);
+
+/// What a sync of a handle's positions found.
+#[derive(Debug, Default)]
+pub(crate) struct Synced {
+    /// The positions that synced: `(position, server, write verifier after the sync)` (docs/format.md §33).
+    pub(crate) verifiers: Vec<(usize, u32, u64)>,
+    /// The positions that failed, with why.
+    pub(crate) failed: Vec<(usize, ClientError)>,
+}
+
 struct Inner {
     tuning: ClientTuning,
     rpc_cfg: ClientConfig,
@@ -102,6 +118,8 @@ struct Inner {
     ds: Mutex<HashMap<u32, Rpc>>,
     /// Serialises opening sessions, so two calls to a new server open one.
     ds_connect: tokio::sync::Mutex<()>,
+    /// Each data server's write verifier as last learned (docs/format.md §33).
+    verifiers: verifier::Verifiers,
     /// Data servers that did not answer (connect refused, timed out, connection lost), with when: redundant reads
     /// leave them out for [`UNREACHABLE_HOLD_MS`] and decode from, or read, the other chunks. One entry per server
     /// of the cluster at most.
@@ -224,6 +242,7 @@ impl Client {
                 servers: Mutex::new(HashMap::new()),
                 ds: Mutex::new(HashMap::new()),
                 ds_connect: tokio::sync::Mutex::new(()),
+                verifiers: verifier::Verifiers::default(),
                 unreachable_ds: Mutex::new(HashMap::new()),
                 fabric,
                 guesses: weft_cache::attrs::EntryGuesses::new(
@@ -339,12 +358,30 @@ impl Client {
             addr = self.inner.servers.lock().expect("servers").get(&id).cloned();
         }
         let addr = addr.ok_or(ClientError::UnknownServer(id))?;
+        let c = self.open_data_server(id, &addr).await?;
+        // Before the connection carries a write: what a handle's first write to it is judged by (§33).
+        match c.call_simple(Request::WriteVerifier(())).await {
+            Ok(Response::WriteVerifier(v)) => self.inner.verifiers.connected(id, v),
+            Ok(other) => {
+                c.close().await;
+                return Err(ClientError::Protocol(format!("data server {id}: WriteVerifier answered {other:?}")));
+            }
+            Err(source) => {
+                c.close().await;
+                return Err(ClientError::Data { server: id, source });
+            }
+        }
+        self.inner.ds.lock().expect("data servers").insert(id, c.clone());
+        Ok(c)
+    }
+
+    /// A session with data server `id` at `addr`, over the fabric the tuning chooses.
+    async fn open_data_server(&self, id: u32, addr: &str) -> Result<Rpc, ClientError> {
         let data = |source| ClientError::Data { server: id, source };
         let fabric = self.inner.fabric.clone();
-        let tcp = RpcClient::connect(fabric.clone(), &addr, self.inner.rpc_cfg.clone()).await.map_err(data)?;
+        let tcp = RpcClient::connect(fabric.clone(), addr, self.inner.rpc_cfg.clone()).await.map_err(data)?;
         let choice = self.inner.tuning.fabric;
         if choice == FabricChoice::Tcp {
-            self.inner.ds.lock().expect("data servers").insert(id, tcp.clone());
             return Ok(tcp);
         }
         let offer = fabric_offer(&tcp).await;
@@ -384,8 +421,12 @@ impl Client {
                 )));
             }
         };
-        self.inner.ds.lock().expect("data servers").insert(id, c.clone());
         Ok(c)
+    }
+
+    /// What this client learned of each data server's write verifier (docs/format.md §33).
+    pub(crate) fn verifiers(&self) -> &verifier::Verifiers {
+        &self.inner.verifiers
     }
 
     /// The fabric each open data server session uses, by server id (`tcp`, `shm` or `rdma`).
@@ -940,11 +981,27 @@ impl Client {
         layout: &Layout,
         caps: &CapHolder,
         slots: &[u32],
-    ) -> Result<Vec<(usize, ClientError)>, ClientError> {
+    ) -> Result<Synced, ClientError> {
         if self.tuning().short_circuit_network || slots.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Synced::default());
         }
-        self.on_slots_with(ino, layout, caps, slots, |_, cap| Request::Fsync(FsyncReq { ino, cap })).await
+        let make = |_, cap| Request::FsyncVerified(FsyncReq { ino, cap });
+        let (answers, failed) = self.on_slots_answered(ino, layout, caps, slots, make).await?;
+        let mut verifiers = Vec::with_capacity(answers.len());
+        for (slot, answer) in answers {
+            let server = layout.servers[slot];
+            match answer {
+                Response::FsyncVerified(v) => {
+                    self.inner.verifiers.answered(server, v);
+                    verifiers.push((slot, server, v));
+                }
+                other => {
+                    let e = ClientError::Protocol(format!("data server {server}: FsyncVerified answered {other:?}"));
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Synced { verifiers, failed })
     }
 
     /// `make(position, capability)` sent to the server of each position in `slots`, all at once; the positions
@@ -958,19 +1015,33 @@ impl Client {
         slots: &[u32],
         make: impl Fn(u32, Capability) -> Request,
     ) -> Result<Vec<(usize, ClientError)>, ClientError> {
+        self.on_slots_answered(ino, layout, caps, slots, make).await.map(|(_, failed)| failed)
+    }
+
+    /// [`Client::on_slots_with`], with the answers of the positions that succeeded.
+    async fn on_slots_answered(
+        &self,
+        ino: u64,
+        layout: &Layout,
+        caps: &CapHolder,
+        slots: &[u32],
+        make: impl Fn(u32, Capability) -> Request,
+    ) -> Result<Answered, ClientError> {
         check_file_layout(ino, layout)?;
         let cap = caps.get().await?;
         let (down, tried) = self.presumed_down(layout, slots);
-        let mut failed = self.on_slots(layout, tried.iter().map(|&s| (s, make(s, cap.clone())))).await;
+        let (mut answers, mut failed) = self.on_slots(layout, tried.iter().map(|&s| (s, make(s, cap.clone())))).await;
         failed.iter().for_each(|(_, e)| self.note_unreachable(e));
         let expired = |e: &ClientError| matches!(e, ClientError::Data { source, .. } if is_expired(source));
         if failed.iter().any(|(_, e)| expired(e)) {
             let cap = caps.renew_from(&cap).await?;
             let again: Vec<u32> = failed.iter().map(|(i, _)| *i as u32).collect();
-            failed = self.on_slots(layout, again.iter().map(|&s| (s, make(s, cap.clone())))).await;
+            let (more, still) = self.on_slots(layout, again.iter().map(|&s| (s, make(s, cap.clone())))).await;
+            answers.extend(more);
+            failed = still;
         }
         failed.extend(down);
-        Ok(failed)
+        Ok((answers, failed))
     }
 
     /// Of `slots`, those of a redundant layout whose server did not answer moments ago, as failures not tried (at
@@ -988,7 +1059,7 @@ impl Client {
     }
 
     /// Each `(position, request)` to the server of that position, all in parallel; the failures, by position.
-    async fn on_slots(&self, layout: &Layout, reqs: impl Iterator<Item = (u32, Request)>) -> Vec<(usize, ClientError)> {
+    async fn on_slots(&self, layout: &Layout, reqs: impl Iterator<Item = (u32, Request)>) -> Answered {
         let mut tasks = tokio::task::JoinSet::new();
         for (slot, req) in reqs {
             // Positions come from this layout's width (a layout change keeps the width): never out of range.
@@ -1003,16 +1074,17 @@ impl Client {
                 (slot as usize, r)
             });
         }
-        let mut failed = Vec::new();
+        let (mut answers, mut failed) = (Vec::new(), Vec::new());
         while let Some(r) = tasks.join_next().await {
             match r {
-                Ok((_, Ok(_))) => {}
+                Ok((slot, Ok(answer))) => answers.push((slot, answer)),
                 Ok((slot, Err(e))) => failed.push((slot, e)),
                 Err(e) => failed.push((usize::MAX, ClientError::Protocol(format!("data server task failed: {e}")))),
             }
         }
+        answers.sort_by_key(|(slot, _)| *slot);
         failed.sort_by_key(|(slot, _)| *slot);
-        failed
+        (answers, failed)
     }
 
     /// [`Client::on_every_object`] with requests carrying the file's capability; if a server refuses it as

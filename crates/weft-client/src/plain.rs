@@ -82,8 +82,9 @@ impl File {
             return Ok(());
         }
         // Before sending: a write that fails half-way may still have changed some objects.
+        let layout = self.layout();
         for u in &units {
-            self.unsynced.add(u.server_index);
+            self.add_unsynced(&layout, u.server_index);
         }
         self.wrote.store(true, Ordering::SeqCst);
         if let [u] = &units[..] {

@@ -7,6 +7,7 @@
 //! - [`service`]: the RPC service, one method per data-server op.
 //! - [`cache_fill`]: the cache bank's fills after reads and invalidations after writes (issue 16).
 //! - [`lease`]: the lease to serve clients that the MDS's heartbeat replies grant (stale-layout fencing).
+//! - [`verifier`]: the write verifier a client's fsync compares, to tell a reboot's lost writes (§33).
 //! - [`node`]: the process: listeners, the service, and the heartbeat that registers it with the metadata service.
 
 pub mod cache_fill;
@@ -20,6 +21,7 @@ mod range_lock;
 pub mod service;
 pub mod store;
 mod sys;
+pub mod verifier;
 
 pub use config::{
     DEFAULT_PIPELINE_PIECE_BYTES, DEFAULT_POOL_CLASSES, DEFAULT_RDMA_PIPELINE_PIECE_BYTES, DataConfig, PoolClassConfig,

@@ -150,6 +150,7 @@ impl DataService {
             Request::FenceWrites(f) => (f.ino, Rights::WRITE, &f.cap),
             // Durability of what is there: either right will do.
             Request::Fsync(f) => (f.ino, Rights::NONE, &f.cap),
+            Request::FsyncVerified(f) => (f.ino, Rights::NONE, &f.cap),
             Request::ListObjects(_) => {
                 if !ctx.principal.is_trusted_server() {
                     warn!(peer = %ctx.peer, key = ctx.principal.name(),
@@ -398,6 +399,12 @@ impl DataService {
         Ok(Response::Fsync(()).into())
     }
 
+    /// `Fsync`, answered with the write verifier (docs/format.md §33).
+    async fn fsync_verified(&self, r: FsyncReq) -> Result<Reply, WireError> {
+        self.fsync(r).await?;
+        Ok(Response::FsyncVerified(crate::verifier::write_verifier()).into())
+    }
+
     async fn space_stat(&self) -> Result<Reply, WireError> {
         let store = self.store.clone();
         let s = on_blocking_pool(move || store.space()).await?;
@@ -596,6 +603,8 @@ impl DataService {
                 Ok(Response::ListObjects(weft_proto::msg::ListObjectsResp { inos, eof }).into())
             }
             Request::Fsync(r) => self.fsync(r).await,
+            Request::FsyncVerified(r) => self.fsync_verified(r).await,
+            Request::WriteVerifier(()) => Ok(Response::WriteVerifier(crate::verifier::write_verifier()).into()),
             Request::SpaceStat(()) => self.space_stat().await,
             Request::SpaceStatDev(()) => self.space_stat_dev().await,
             Request::VerifyObject(v) => self.verify(v).await,

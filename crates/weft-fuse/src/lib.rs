@@ -244,7 +244,13 @@ impl FuseOp {
 fn errno(e: &ClientError) -> Errno {
     // Outside a counted request (no metrics) there is no flag to set.
     let _ = REPLIED_ERROR.try_with(|f| f.set(true));
-    if matches!(e, ClientError::DataAt { .. } | ClientError::Corrupt { .. } | ClientError::Unsynced { .. }) {
+    if matches!(
+        e,
+        ClientError::DataAt { .. }
+            | ClientError::Corrupt { .. }
+            | ClientError::Unsynced { .. }
+            | ClientError::WritesLost { .. }
+    ) {
         // EIO (ENOSPC for a full disk) is all the caller sees: the log says which file, offset and server.
         tracing::warn!("{e}");
     }

@@ -15,6 +15,7 @@
 //! answered, a WRITE, a COMMIT, a size change, a handle closed) passes through one place.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,7 +32,58 @@ struct Entry {
     used: Instant,
 }
 
+/// The WRITE/COMMIT verifier an NFS client compares (RFC 1813 §3.3.7, RFC 8881 §18.32): new at every start, and
+/// renewed when a data server lost writes the gateway had not synced (docs/format.md §33), so the clients resend
+/// every write they have not seen committed instead of losing it.
+pub struct WriteVerifier(std::sync::atomic::AtomicU64);
+
+impl WriteVerifier {
+    pub fn new(v: u64) -> WriteVerifier {
+        WriteVerifier(std::sync::atomic::AtomicU64::new(v))
+    }
+
+    pub fn get(&self) -> [u8; 8] {
+        self.0.load(std::sync::atomic::Ordering::SeqCst).to_be_bytes()
+    }
+
+    /// A sync found writes lost at a data server: the verifier every later WRITE and COMMIT answers with changes.
+    fn renew(&self, ino: u64, e: &ClientError) {
+        let v = weft_rpc::auth::random_id();
+        self.0.store(v, std::sync::atomic::Ordering::SeqCst);
+        tracing::warn!(
+            ino,
+            verifier = format_args!("{v:#018x}"),
+            "writes not yet synced were lost at a data server; the write verifier changes so NFS clients resend \
+             what they have not seen committed: {e}"
+        );
+    }
+
+    /// Runs `sync` (a handle's sync or commit); when it reports writes lost at a data server
+    /// ([`ClientError::WritesLost`]), renews the verifier (the clients resend) and runs it once more, which then
+    /// commits what survived (the size a failed sync left uncommitted). A second loss in a row is answered the
+    /// same way, without a third try.
+    pub async fn synced<T: Default, Fut: Future<Output = Result<T, ClientError>>>(
+        &self,
+        ino: u64,
+        mut sync: impl FnMut() -> Fut,
+    ) -> Result<T, ClientError> {
+        match sync().await {
+            Err(e @ ClientError::WritesLost { .. }) => self.renew(ino, &e),
+            r => return r,
+        }
+        match sync().await {
+            Err(e @ ClientError::WritesLost { .. }) => {
+                self.renew(ino, &e);
+                Ok(T::default())
+            }
+            r => r,
+        }
+    }
+}
+
 pub struct OpenFiles {
+    /// What WRITE and COMMIT answer with.
+    pub verifier: Arc<WriteVerifier>,
     map: Mutex<HashMap<Key, Entry>>,
     open_files_max: usize,
     open_idle: Duration,
@@ -42,12 +94,14 @@ pub struct OpenFiles {
 impl OpenFiles {
     /// `read_ahead_files_max` windows of `read_ahead_depth` ranges (either 0: no read-ahead).
     pub fn new(
+        verifier: u64,
         open_files_max: usize,
         open_idle_ms: u64,
         read_ahead_files_max: usize,
         read_ahead_depth: usize,
     ) -> OpenFiles {
         OpenFiles {
+            verifier: Arc::new(WriteVerifier::new(verifier)),
             map: Mutex::new(HashMap::new()),
             open_files_max: open_files_max.max(1),
             open_idle: Duration::from_millis(open_idle_ms),
@@ -122,7 +176,7 @@ impl OpenFiles {
             evicted
         };
         for f in evicted {
-            close(f).await;
+            close(&self.verifier, f).await;
         }
         Ok(file)
     }
@@ -151,7 +205,7 @@ impl OpenFiles {
         self.ahead.drop_inode(ino);
         let mut first = Ok(());
         for f in self.of_inode(ino) {
-            if let Err(e) = f.sync().await
+            if let Err(e) = self.verifier.synced(ino, || f.sync()).await
                 && first.is_ok()
             {
                 first = Err(e);
@@ -170,7 +224,7 @@ impl OpenFiles {
         };
         let mut first = Ok(());
         for f in files {
-            if let Err(e) = f.sync().await
+            if let Err(e) = self.verifier.synced(ino, || f.sync()).await
                 && first.is_ok()
             {
                 first = Err(e);
@@ -208,7 +262,7 @@ impl OpenFiles {
         };
         let n = idle.len();
         for f in idle {
-            close(f).await;
+            close(&self.verifier, f).await;
         }
         n
     }
@@ -218,7 +272,7 @@ impl OpenFiles {
         self.ahead.clear();
         let all: Vec<Arc<File>> = self.map.lock().expect("open files").drain().map(|(_, e)| e.file).collect();
         for f in all {
-            close(f).await;
+            close(&self.verifier, f).await;
         }
     }
 
@@ -232,10 +286,10 @@ impl OpenFiles {
 }
 
 /// Makes a dropped entry's writes durable and visible; a failure is logged (the client learns of lost writes
-/// through COMMIT's verifier only if the gateway restarts, so this is also why entries are synced, not just
-/// committed).
-async fn close(f: Arc<File>) {
-    if let Err(e) = f.sync().await {
+/// through COMMIT's verifier only if the gateway restarts or a data server lost them, so this is also why entries
+/// are synced, not just committed).
+async fn close(verifier: &WriteVerifier, f: Arc<File>) {
+    if let Err(e) = verifier.synced(f.ino(), || f.sync()).await {
         tracing::warn!(ino = f.ino(), error = %e, "closing a cached open file failed");
     }
 }

@@ -252,7 +252,6 @@ pub struct Gateway {
     sealer: FhSealer,
     export_ino: u64,
     fsid: u64,
-    verifier: [u8; 8],
     files: OpenFiles,
     cursors: Mutex<Cursors>,
     nfs4: nfs4::Server,
@@ -310,8 +309,13 @@ impl Gateway {
             ^ ((std::process::id() as u64) << 40))
             .to_be_bytes();
         let fsid = sealer.export_id() as u64;
-        let files =
-            OpenFiles::new(cfg.open_files_max, cfg.open_idle_ms, cfg.read_ahead_files_max, cfg.read_ahead_depth);
+        let files = OpenFiles::new(
+            u64::from_be_bytes(verifier),
+            cfg.open_files_max,
+            cfg.open_idle_ms,
+            cfg.read_ahead_files_max,
+            cfg.read_ahead_depth,
+        );
         // The NFSv4 epoch: new at every start (from the same randomness as the write verifier), so clientids and
         // stateids of an earlier start are recognised as such.
         let epoch = u32::from_be_bytes(verifier[4..].try_into().expect("4 bytes")) | 1;
@@ -354,7 +358,6 @@ impl Gateway {
             sealer,
             export_ino: root.ino,
             fsid,
-            verifier,
             files,
             cursors: Mutex::new(Cursors::default()),
             pnfs,
@@ -363,9 +366,10 @@ impl Gateway {
         }))
     }
 
-    /// The WRITE/COMMIT verifier of this process: new at every start, so clients resend uncommitted writes.
+    /// The WRITE/COMMIT verifier: new at every start and whenever a data server lost unsynced writes
+    /// (`files::WriteVerifier`), so clients resend uncommitted writes.
     pub fn write_verifier(&self) -> [u8; 8] {
-        self.verifier
+        self.files.verifier.get()
     }
 
     pub fn export_path(&self) -> &str {

@@ -417,6 +417,8 @@ async fn write(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, sta
     }
     // The cached handle's attributes are those of its open, not the file's now (see READ): WCC data comes only
     // from the MDS's answer to a commit, else none (RFC 1813 lets both halves be absent).
+    // Read before the bytes go out: a loss found meanwhile (a new verifier) must not vouch for this write.
+    let unstable_verifier = gw.write_verifier();
     let wrote = f.write_at(offset, data).await;
     // Nothing read ahead while the write ran is served after it (readahead.rs).
     gw.files.wrote(ino);
@@ -424,12 +426,12 @@ async fn write(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, sta
         return fail(status_of(&e), no_wcc);
     }
     gw.moved(ino, 0, len as usize);
-    let (committed, post) = if stable == STABLE_UNSTABLE {
-        (STABLE_UNSTABLE, None)
+    let (committed, post, verifier) = if stable == STABLE_UNSTABLE {
+        (STABLE_UNSTABLE, None, unstable_verifier)
     } else {
         // DATA_SYNC and FILE_SYNC: durable and visible before the reply.
-        match f.sync_wcc().await {
-            Ok(r) => (STABLE_FILE_SYNC, r.map(|r| r.attr)),
+        match gw.files.verifier.synced(ino, || f.sync_wcc()).await {
+            Ok(r) => (STABLE_FILE_SYNC, r.map(|r| r.attr), gw.write_verifier()),
             Err(e) => return fail(status_of(&e), no_wcc),
         }
     };
@@ -439,7 +441,7 @@ async fn write(gw: &Gateway, c: &Client, fh: &[u8], offset: u64, count: u32, sta
     });
     fail(NFS3_OK, |w| {
         wcc_data(w, None, post.as_ref(), gw.fsid);
-        w.u32(len).u32(committed).fixed(&gw.verifier);
+        w.u32(len).u32(committed).fixed(&verifier);
     })
 }
 
@@ -881,7 +883,7 @@ async fn commit(gw: &Gateway, c: &Client, fh: &[u8]) -> Out {
     match attr_of(gw, c, ino).await {
         Ok(a) => fail(NFS3_OK, |w| {
             wcc_data(w, None, Some(&a), gw.fsid);
-            w.fixed(&gw.verifier);
+            w.fixed(&gw.write_verifier());
         }),
         Err(s) => fail(s, |w| wcc_data(w, None, None, 0)),
     }

@@ -275,6 +275,11 @@ messages! {
     FencedWriteChunks = 231: FencedWriteChunksReq => u32, idempotent = false, data = false;
     /// Asks, raises or holds an object's write fence, or releases a hold (§32). Needs write rights.
     FenceWrites = 232: FenceReq => FenceResp, idempotent = false, data = false;
+    /// `Fsync`, answered with the server's write verifier (docs/format.md §33): a client whose writes since its
+    /// last sync went to an incarnation with another verifier knows they may be lost. Needs read or write rights.
+    FsyncVerified = 233: FsyncReq => u64, idempotent = true, data = false;
+    /// The server's write verifier (§33), asked once per connection before it carries a write. Needs no capability.
+    WriteVerifier = 234: () => u64, idempotent = true, data = false;
 }
 
 /// What a fenced write carries (docs/format.md §32): the object epoch its writer learned, or the id of the hold
@@ -1229,6 +1234,8 @@ mod tests {
         assert_eq!(Op::FencedTruncate as u16, 230);
         assert_eq!(Op::FencedWriteChunks as u16, 231);
         assert_eq!(Op::FenceWrites as u16, 232);
+        assert_eq!((Op::FsyncVerified as u16, Op::WriteVerifier as u16), (233, 234));
+        assert!(Op::FsyncVerified.is_idempotent() && Op::WriteVerifier.is_idempotent());
         assert!(Op::FencedWrite.request_has_data() && !Op::FenceWrites.is_idempotent());
         assert!(Op::VerifyObject.is_idempotent());
         assert_eq!((Op::SetLock as u16, Op::GetLock as u16, Op::ReleaseLocks as u16), (127, 128, 129));

@@ -22,6 +22,9 @@
 //! else is done with it, while `<path>` exists: a test closes the gate, lets one copy of a mirror write land, and
 //! chooses when the other lands (the write fences' test, docs/format.md §32).
 //!
+//! `WEFT_FAULT=boot-id:<text>` makes a data server take `<text>` for its host's boot id when it derives its write
+//! verifier (docs/format.md §33): restarted with another text, it is a server whose machine rebooted.
+//!
 //! `WEFT_FAULT=clock-ahead:<ms>` sets the process's wall clock (`capability::unix_now_ms`, what capabilities'
 //! expiry is judged by) `<ms>` ahead, as a host whose clock runs ahead would.
 
@@ -35,6 +38,7 @@ mod imp {
     static FAIL_FSYNC: Mutex<u32> = Mutex::new(0);
     static DELAY_FSYNC: Mutex<(u64, u32)> = Mutex::new((0, 0));
     static WRITE_GATE: Mutex<Option<std::path::PathBuf>> = Mutex::new(None);
+    static BOOT_ID: Mutex<Option<String>> = Mutex::new(None);
     static CLOCK_AHEAD_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     static LOADED: std::sync::Once = std::sync::Once::new();
 
@@ -65,6 +69,10 @@ mod imp {
             if let ["gate-writes", path] = parts.as_slice() {
                 tracing::warn!(path, "fault injection armed: writes wait while the gate file exists");
                 *WRITE_GATE.lock().expect("fault plan") = Some(path.into());
+            }
+            if let ["boot-id", text] = parts.as_slice() {
+                tracing::warn!(text, "fault injection armed: the write verifier comes from this boot id");
+                *BOOT_ID.lock().expect("fault plan") = Some(text.to_string());
             }
             if let ["clock-ahead", ms] = parts.as_slice()
                 && let Ok(ms) = ms.parse::<u64>()
@@ -125,6 +133,11 @@ mod imp {
     pub fn write_gate() -> Option<std::path::PathBuf> {
         load();
         WRITE_GATE.lock().expect("fault plan").clone()
+    }
+
+    pub fn boot_id() -> Option<String> {
+        load();
+        BOOT_ID.lock().expect("fault plan").clone()
     }
 
     pub fn clock_ahead_ms() -> u64 {
@@ -232,4 +245,16 @@ pub fn clock_ahead_ms() -> u64 {
 #[inline(always)]
 pub fn clock_ahead_ms() -> u64 {
     0
+}
+
+/// The boot id a test plan gives this process in place of the host's (`boot-id:<text>`).
+#[cfg(feature = "fault-injection")]
+pub fn boot_id() -> Option<String> {
+    imp::boot_id()
+}
+
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn boot_id() -> Option<String> {
+    None
 }

@@ -299,7 +299,10 @@ async fn fsyncs(cl: &TestCluster) -> Vec<(u32, f64)> {
     for (role, addr) in cl.metrics_addrs() {
         let Some(id) = role.strip_prefix("data").and_then(|i| i.parse().ok()) else { continue };
         let text = scrape(&addr).await.unwrap_or_else(|e| panic!("scraping {role} at {addr}: {e}"));
-        out.push((id, sum(&parse(&text), "weft_rpc_server_requests_total", &["op=\"Fsync\""])));
+        // A client's sync is `FsyncVerified` (docs/format.md §33); `Fsync` counted too, so neither is missed.
+        let parsed = parse(&text);
+        let count = |op: &str| sum(&parsed, "weft_rpc_server_requests_total", &[&format!("op=\"{op}\"")]);
+        out.push((id, count("Fsync") + count("FsyncVerified")));
     }
     out
 }

@@ -443,3 +443,77 @@ async fn a_heal_is_durable_on_the_healed_server_before_it_returns() {
     let healed = weft_client::heal_rows(&healer, target, 0, rows as u64, (rows * u) as u64).await.unwrap();
     assert_eq!(healed, (rows * u) as u64);
 }
+
+/// Issue 30 item 3, lost unsynced writes (docs/format.md §33): a mirror copy's machine reboots between a write and
+/// its fsync and comes back without the write. The fsync must not report the write durable on that copy: it finds
+/// the server's write verifier moved, records the rows stale there (the other copy synced them), and succeeds; a
+/// read meanwhile never returns the lost copy's old bytes, and the heal brings the copy back. Before write
+/// verifiers the fsync succeeded with nothing stale, and the rebooted copy served the old bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reboot_that_loses_a_mirror_copys_unsynced_write_is_healed_from_the_other_copy() {
+    let (u, rows) = (UNIT as usize, 4usize);
+    let (mut c, ino, layout, old) = mirror_file("reboot-mirror", 61, rows).await;
+    let target = 0usize;
+    let durable = c.dir().join("durable-root");
+    copy_tree(&c.data_root(layout.servers[target]), &durable);
+
+    let client = c.client().await;
+    let writer = client.open("/m/f", OpenMode::ReadWrite).await.unwrap();
+    let new = pattern(62, u as u64, u);
+    writer.write_at(u as u64, Bytes::from(new.clone())).await.unwrap();
+    power_loss(&mut c, layout.servers[target], &durable, "rebooted-once").await;
+    let on_disk = |slot: usize| std::fs::read(object_path(&c.data_root(layout.servers[slot]), ino)).unwrap();
+    same(&on_disk(target), &old, "the rebooted copy lost the unsynced write");
+
+    writer.sync().await.expect("the other copy holds the write: the fsync succeeds");
+    let stale = client.list_stale(Some(ino), None, 0).await.unwrap().entries;
+    assert!(
+        stale.iter().any(|e| e.slot as usize == target && !e.ranges.is_empty()),
+        "the rebooted copy's rows are recorded stale: {stale:?}"
+    );
+    let mut model = old;
+    model[u..2 * u].copy_from_slice(&new);
+    let reader = c.client().await;
+    same(&read_all(&reader, "/m/f", rows * u).await.unwrap(), &model, "a read before the heal");
+    drop(writer);
+
+    let healer = client.open("/m/f", OpenMode::ReadWrite).await.unwrap();
+    weft_client::heal_rows(&healer, target, 0, rows as u64, (rows * u) as u64).await.unwrap();
+    for slot in [0, 1] {
+        same(&on_disk(slot), &model, &format!("copy {slot} after the heal"));
+    }
+}
+
+/// The same reboot under a plain file (docs/format.md §33): no other copy holds the write, so the fsync fails with
+/// EIO naming the file, the server and the reboot, once (the next fsync judges by the new verifier). A data server
+/// killed and restarted on the same boot lost nothing (the page cache outlives the process): its fsync succeeds and
+/// the write reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reboot_that_loses_a_plain_files_unsynced_write_fails_its_fsync_once() {
+    let mut c = start_with("reboot-plain", 1, |o| o.meta_extra_toml = "heal = false\n".into()).await;
+    let client = c.client().await;
+    let f = client.create_path("/f", 0o644, true, false).await.unwrap();
+    let ino = f.ino();
+    let v1 = pattern(71, 0, UNIT as usize);
+    f.write_at(0, Bytes::from(v1.clone())).await.unwrap();
+    f.sync().await.unwrap();
+    let durable = c.dir().join("durable-root");
+    copy_tree(&c.data_root(0), &durable);
+
+    f.write_at(0, Bytes::from(pattern(72, 0, UNIT as usize))).await.unwrap();
+    power_loss(&mut c, 0, &durable, "rebooted-once").await;
+    let e = f.sync().await.expect_err("the write is gone with the reboot");
+    assert!(matches!(e, ClientError::WritesLost { ino: i, server: 0, .. } if i == ino), "{e:?}");
+    assert!(e.to_string().contains("may be lost"), "{e}");
+    f.sync().await.expect("a loss is reported once");
+    same(&read_all(&client, "/f", UNIT as usize).await.unwrap(), &v1, "what the disk kept");
+
+    let v3 = pattern(73, 0, UNIT as usize);
+    f.write_at(0, Bytes::from(v3.clone())).await.unwrap();
+    c.kill_data_server(0).await;
+    c.set_env(vec![("WEFT_FAULT".into(), "boot-id:rebooted-once".into())]);
+    c.restart_data_server(0).await.unwrap();
+    f.sync().await.expect("a restart on the same boot lost nothing");
+    f.close().await.unwrap();
+    same(&read_all(&c.client().await, "/f", UNIT as usize).await.unwrap(), &v3, "after the restart");
+}

@@ -1387,6 +1387,68 @@ async fn v41_pnfs_layouts_devices_commit_and_return() {
     assert_eq!(client.getattr(ino).await.unwrap().size, 300_001);
 }
 
+/// An UNSTABLE WRITE's verifier and a COMMIT's, as the client reads them.
+async fn write_unstable(v: &mut V4, fh: &[u8], sid: &Sid, data: &[u8]) -> [u8; 8] {
+    let mut res = v
+        .on_fh(fh, |o| {
+            o.write(sid, 0, 0, data);
+        })
+        .await;
+    res.ok(OP_WRITE);
+    res.with(|r| {
+        assert_eq!((r.u32().unwrap() as usize, r.u32().unwrap()), (data.len(), 0));
+        r.fixed(8).unwrap().try_into().unwrap()
+    })
+}
+
+async fn commit_verifier(v: &mut V4, fh: &[u8]) -> [u8; 8] {
+    let mut res = v
+        .on_fh(fh, |o| {
+            o.commit();
+        })
+        .await;
+    res.ok(OP_COMMIT);
+    res.with(|r| r.fixed(8).unwrap().try_into().unwrap())
+}
+
+/// Lost unsynced writes through the gateway (docs/format.md §33): the data server under a file reboots between
+/// an UNSTABLE WRITE and its COMMIT and comes back without it. The COMMIT answers another verifier than the
+/// WRITE's, so the NFS client resends what it has not seen committed (RFC 8881 §18.32.3), and the resent bytes are
+/// what every reader then gets. Before write verifiers reached the data servers the COMMIT answered the WRITE's
+/// verifier: the client dropped its pages, and the write was gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn v41_a_data_servers_reboot_makes_the_commit_verifier_change_and_the_resend_lands() {
+    let mut c = common::start("nfs4-reboot", 1).await;
+    io_dir(&c).await;
+    let g = gateway(&c).await;
+    let mut a = V4::connect(g.addr()).await;
+    a.session(b"client-reboot", true).await;
+    let (sid, fh) = a.open_in_io(b"owner-r", "data", OPEN4_SHARE_ACCESS_BOTH, true).await;
+    let (first, second) = (pattern(70_000, 81), pattern(70_000, 82));
+    let v1 = write_unstable(&mut a, &fh, &sid, &first).await;
+    assert_eq!(commit_verifier(&mut a, &fh).await, v1, "nothing lost: the verifier holds");
+    let durable = c.dir().join("durable-root");
+    common::copy_tree(&c.data_root(0), &durable);
+
+    assert_eq!(write_unstable(&mut a, &fh, &sid, &second).await, v1);
+    common::power_loss(&mut c, 0, &durable, "nfs-reboot").await;
+    let v2 = commit_verifier(&mut a, &fh).await;
+    assert_ne!(v2, v1, "the COMMIT tells the client its unstable WRITE may be lost");
+    assert_eq!(write_unstable(&mut a, &fh, &sid, &second).await, v2, "the resend");
+    assert_eq!(commit_verifier(&mut a, &fh).await, v2);
+    let mut res = a
+        .on_fh(&fh, |o| {
+            o.close(&sid);
+        })
+        .await;
+    res.ok(OP_CLOSE);
+
+    let client = c.client().await;
+    let f = client.open("/io/data", weft_client::OpenMode::Read).await.unwrap();
+    let got = f.read_at(0, bytes::BytesMut::zeroed(second.len())).await.unwrap();
+    assert!(got[..] == second[..], "the resent bytes are the file's");
+}
+
 /// SEQUENCE's `sr_status_flags` of a compound of SEQUENCE alone.
 async fn seq_flags(v: &mut V4) -> u32 {
     let mut res = v.seq(|_| {}).await;

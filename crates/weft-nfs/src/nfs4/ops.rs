@@ -590,6 +590,8 @@ async fn write(cx: &Ctx<'_>, stateid: Stateid, offset: u64, stable: u32, data: B
     let len = data.len() as u32;
     // Set-ID bits go before the bytes land, as knfsd's VFS drops them at a WRITE (`File::drop_set_id_before_write`).
     f.drop_set_id_before_write(&cx.c).await.map_err(|e| st(&e))?;
+    // Read before the bytes go out: a loss found meanwhile (a new verifier) must not vouch for this write.
+    let mut verifier = cx.gw.write_verifier();
     let wrote = f.write_at(offset, data).await;
     // Nothing read ahead while the write ran is served after it (readahead.rs).
     cx.gw.files.wrote(ino);
@@ -598,11 +600,12 @@ async fn write(cx: &Ctx<'_>, stateid: Stateid, offset: u64, stable: u32, data: B
     let committed = if stable == 0 {
         0
     } else {
-        f.sync().await.map_err(|e| st(&e))?;
+        cx.gw.files.verifier.synced(ino, || f.sync()).await.map_err(|e| st(&e))?;
+        verifier = cx.gw.write_verifier();
         2 // FILE_SYNC4
     };
     let mut w = Writer::new();
-    w.u32(len).u32(committed).fixed(&cx.gw.verifier);
+    w.u32(len).u32(committed).fixed(&verifier);
     Ok(w)
 }
 
@@ -614,7 +617,7 @@ async fn commit(cx: &Ctx<'_>) -> Out {
     }
     cx.gw.files.sync_inode(ino).await.map_err(|e| st(&e))?;
     let mut w = Writer::new();
-    w.fixed(&cx.gw.verifier);
+    w.fixed(&cx.gw.write_verifier());
     Ok(w)
 }
 

@@ -94,6 +94,33 @@ impl TestCluster {
     }
 }
 
+/// Copies the directories and regular files under `from` to `to` (what a data server's root holds on its disk).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let kind = e.file_type().unwrap();
+        if kind.is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else if kind.is_file() {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// Data server `i`'s machine loses power: the process is killed, its root goes back to `durable` (a copy taken
+/// when only synced writes were on it: what its disk still holds), and it comes back on another boot
+/// (`WEFT_FAULT=boot-id:`), as after a reboot.
+pub async fn power_loss(c: &mut TestCluster, i: u32, durable: &Path, boot: &str) {
+    c.kill_data_server(i).await;
+    let root = c.data_root(i);
+    std::fs::remove_dir_all(&root).unwrap();
+    copy_tree(durable, &root);
+    c.set_env(vec![("WEFT_FAULT".into(), format!("boot-id:{boot}"))]);
+    c.restart_data_server(i).await.unwrap();
+    c.set_env(vec![]);
+}
+
 /// Where data server `root` keeps the object of inode `ino` (the on-disk format of weft-data).
 pub fn object_path(root: &Path, ino: u64) -> PathBuf {
     root.join("objects").join(format!("{:02x}", ino & 0xff)).join(format!("{ino:016x}"))
