@@ -21,9 +21,10 @@ pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u6
     let io = &crate::handle::repair_io(file).await?;
     let unit = u64::from(layout.stripe_unit);
     let stale = stale_slots(file, first, first + rows).await?;
-    // What the slot's server's verifier was before the heal writes: a reboot before their sync fails the heal (§33).
+    // The slot's server's verifier and session, asked before the heal writes: a reboot before their sync fails the
+    // heal (§33). Asked, not remembered: the healer is often the first to reach a server back from a reboot.
     let server = layout.servers[slot];
-    let kept = HashMap::from([(server, file.client.verifiers().get(server).map(|l| l.latest))]);
+    let kept = HashMap::from([(server, file.client.verifier_now(server).await?)]);
     let bytes = match layout.redundancy {
         DataRedundancy::Ec { .. } => {
             // Batches of rows through the versioned write path (§17): each row decoded from the others by the
@@ -50,7 +51,7 @@ pub async fn heal_rows(file: &File, slot: usize, first: u64, rows: u64, size: u6
         if let Some((_, e)) = synced.failed.into_iter().next() {
             return Err(e);
         }
-        let moved = crate::verifier::lost(&kept, |s| file.client.verifiers().get(s), &synced.verifiers);
+        let moved = crate::verifier::lost(&kept, |s| file.client.verifiers().get(s), &synced.answers);
         if let Some(m) = moved.first() {
             let addr = file.client.server_addr(server).unwrap_or_else(|| "address unknown".into());
             let (ino, kept, now) = (file.attr.ino, m.kept, m.now);

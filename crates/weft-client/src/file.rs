@@ -156,7 +156,7 @@ impl File {
                 return Err(e);
             }
         };
-        let moved = crate::verifier::lost(&kept, |s| self.client.verifiers().get(s), &synced.verifiers);
+        let moved = crate::verifier::lost(&kept, |s| self.client.verifiers().get(s), &synced.answers);
         let mut failed = synced.failed;
         for m in &moved {
             tracing::warn!(
@@ -221,7 +221,7 @@ impl File {
     }
 
     /// Puts back what a failed [`File::sync_objects`] took, for the next close or fsync to try again.
-    fn keep_unsynced(&self, slots: &[u32], rows: Option<(u64, u64)>, kept: HashMap<u32, Option<u64>>) {
+    fn keep_unsynced(&self, slots: &[u32], rows: Option<(u64, u64)>, kept: HashMap<u32, crate::verifier::Before>) {
         slots.iter().for_each(|&s| self.unsynced.add(s));
         self.kept.restore(kept);
         if let Some((first, end)) = rows {

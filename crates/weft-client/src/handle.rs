@@ -326,11 +326,11 @@ impl File {
     }
 
     /// Records, before a write or cut is sent to position `slot`, that its object has changes to sync, and what
-    /// its server's write verifier was before them (§33).
+    /// its server's write verifier and this client's session with it were before them (§33).
     pub(crate) fn add_unsynced(&self, layout: &weft_proto::Layout, slot: u32) {
         self.unsynced.add(slot);
         if let Some(&server) = layout.servers.get(slot as usize) {
-            self.kept.before_write(server, self.client.verifiers());
+            self.kept.before_write(server, self.client.verifiers(), self.client.session_with(server));
         }
     }
 }

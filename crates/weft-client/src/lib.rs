@@ -97,13 +97,14 @@ pub(crate) const UNREACHABLE_HOLD_MS: u64 = 2000;
 
 /// The answers of the positions a request went to that succeeded, and the failures of the others, each by
 /// position, ascending.
-type Answered = (Vec<(usize, Response)>, Vec<(usize, ClientError)>);
+/// Each answer with the session it came on (`None`: the session changed while the call ran).
+type Answered = (Vec<(usize, Response, Option<u64>)>, Vec<(usize, ClientError)>);
 
 /// What a sync of a handle's positions found.
 #[derive(Debug, Default)]
 pub(crate) struct Synced {
-    /// The positions that synced: `(position, server, write verifier after the sync)` (docs/format.md §33).
-    pub(crate) verifiers: Vec<(usize, u32, u64)>,
+    /// The positions that synced, with their write verifiers after the sync (docs/format.md §33).
+    pub(crate) answers: Vec<verifier::Answer>,
     /// The positions that failed, with why.
     pub(crate) failed: Vec<(usize, ClientError)>,
 }
@@ -422,6 +423,27 @@ impl Client {
             }
         };
         Ok(c)
+    }
+
+    /// Data server `id`'s write verifier asked now (`WriteVerifier`), with the session it was answered on (`None`
+    /// if the session changed meanwhile): what a writer about to write there keeps (docs/format.md §33), exact
+    /// where [`Kept::before_write`](verifier::Kept::before_write)'s knowledge may be a reboot behind.
+    pub(crate) async fn verifier_now(&self, id: u32) -> Result<verifier::Before, ClientError> {
+        let ds = self.data_server(id).await?;
+        let session = ds.session_id();
+        match ds.call_simple(Request::WriteVerifier(())).await {
+            Ok(Response::WriteVerifier(v)) => {
+                self.inner.verifiers.answered(id, v);
+                Ok(verifier::Before { verifier: Some(v), session: (ds.session_id() == session).then_some(session) })
+            }
+            Ok(other) => Err(ClientError::Protocol(format!("data server {id}: WriteVerifier answered {other:?}"))),
+            Err(source) => Err(ClientError::Data { server: id, source }),
+        }
+    }
+
+    /// The session this client holds with data server `id` now, if connected (docs/format.md §33).
+    pub(crate) fn session_with(&self, id: u32) -> Option<u64> {
+        self.inner.ds.lock().expect("data servers").get(&id).map(|c| c.session_id())
     }
 
     /// What this client learned of each data server's write verifier (docs/format.md §33).
@@ -987,13 +1009,13 @@ impl Client {
         }
         let make = |_, cap| Request::FsyncVerified(FsyncReq { ino, cap });
         let (answers, failed) = self.on_slots_answered(ino, layout, caps, slots, make).await?;
-        let mut verifiers = Vec::with_capacity(answers.len());
-        for (slot, answer) in answers {
+        let mut synced = Vec::with_capacity(answers.len());
+        for (slot, answer, session) in answers {
             let server = layout.servers[slot];
             match answer {
-                Response::FsyncVerified(v) => {
-                    self.inner.verifiers.answered(server, v);
-                    verifiers.push((slot, server, v));
+                Response::FsyncVerified(verifier) => {
+                    self.inner.verifiers.answered(server, verifier);
+                    synced.push(verifier::Answer { slot, server, verifier, session });
                 }
                 other => {
                     let e = ClientError::Protocol(format!("data server {server}: FsyncVerified answered {other:?}"));
@@ -1001,7 +1023,7 @@ impl Client {
                 }
             }
         }
-        Ok(Synced { verifiers, failed })
+        Ok(Synced { answers: synced, failed })
     }
 
     /// `make(position, capability)` sent to the server of each position in `slots`, all at once; the positions
@@ -1068,7 +1090,9 @@ impl Client {
             tasks.spawn(async move {
                 let r = async {
                     let ds = me.data_server(server).await?;
-                    ds.call_simple(req).await.map_err(|source| ClientError::Data { server, source })
+                    let session = ds.session_id();
+                    let answer = ds.call_simple(req).await.map_err(|source| ClientError::Data { server, source })?;
+                    Ok((answer, (ds.session_id() == session).then_some(session)))
                 }
                 .await;
                 (slot as usize, r)
@@ -1077,12 +1101,12 @@ impl Client {
         let (mut answers, mut failed) = (Vec::new(), Vec::new());
         while let Some(r) = tasks.join_next().await {
             match r {
-                Ok((slot, Ok(answer))) => answers.push((slot, answer)),
+                Ok((slot, Ok((answer, session)))) => answers.push((slot, answer, session)),
                 Ok((slot, Err(e))) => failed.push((slot, e)),
                 Err(e) => failed.push((usize::MAX, ClientError::Protocol(format!("data server task failed: {e}")))),
             }
         }
-        answers.sort_by_key(|(slot, _)| *slot);
+        answers.sort_by_key(|(slot, _, _)| *slot);
         failed.sort_by_key(|(slot, _)| *slot);
         (answers, failed)
     }

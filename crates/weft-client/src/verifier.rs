@@ -3,6 +3,10 @@
 //!
 //! The decision is a pure function ([`lost`]) so its every case is tested without a cluster; the I/O around it (the
 //! `WriteVerifier` at connect, `FsyncVerified` at sync) stays in `lib.rs` and `file.rs`.
+//!
+//! Two witnesses, the session first: a sync answered on the session the client held before the writes ran on the
+//! same server process as they did (a process's sessions die with it, their ids random), so nothing was lost even
+//! if the client learned a reboot's verifier only meanwhile; otherwise the verifiers decide.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -38,25 +42,36 @@ impl Verifiers {
     }
 }
 
-/// What a handle kept, per data server it wrote since its last sync: the verifier its client knew before the
-/// first of those writes went out (`None`: no connection yet, so the one its connect will learn).
+/// What a handle kept of one data server before the first of its writes there since its last sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Before {
+    /// The verifier its client knew (`None`: no connection yet, so the one its connect will learn).
+    pub(crate) verifier: Option<u64>,
+    /// The session its client held with that server (`None`: no connection yet). Sessions die with the server's
+    /// process, and their ids are random: a sync answered on this same session ran on the process every one of
+    /// those writes ran on, so nothing of them can have been lost, whatever the verifiers say.
+    pub(crate) session: Option<u64>,
+}
+
+/// What a handle kept, per data server it wrote since its last sync ([`Before`]).
 #[derive(Debug, Default)]
-pub(crate) struct Kept(Mutex<HashMap<u32, Option<u64>>>);
+pub(crate) struct Kept(Mutex<HashMap<u32, Before>>);
 
 impl Kept {
-    /// Before a write to `server` is sent: keeps what `verifiers` knows now, unless something older is kept.
-    pub(crate) fn before_write(&self, server: u32, verifiers: &Verifiers) {
+    /// Before a write to `server` is sent: keeps what `verifiers` knows now and the session held now (`session`),
+    /// unless something older is kept.
+    pub(crate) fn before_write(&self, server: u32, verifiers: &Verifiers, session: Option<u64>) {
         let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        kept.entry(server).or_insert_with(|| verifiers.get(server).map(|l| l.latest));
+        kept.entry(server).or_insert_with(|| Before { verifier: verifiers.get(server).map(|l| l.latest), session });
     }
 
     /// Empties the record (a sync starts); returns it.
-    pub(crate) fn take(&self) -> HashMap<u32, Option<u64>> {
+    pub(crate) fn take(&self) -> HashMap<u32, Before> {
         std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Puts back what a failed sync took, keeping the older of two records of one server.
-    pub(crate) fn restore(&self, taken: HashMap<u32, Option<u64>>) {
+    pub(crate) fn restore(&self, taken: HashMap<u32, Before>) {
         let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
         for (server, v) in taken {
             kept.insert(server, v);
@@ -65,7 +80,8 @@ impl Kept {
 
     /// After a loss was reported: the handle's writes to `server` from now on are judged against `v`.
     pub(crate) fn reported(&self, server: u32, v: u64) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(server, Some(v));
+        let before = Before { verifier: Some(v), session: None };
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(server, before);
     }
 }
 
@@ -78,19 +94,34 @@ pub(crate) struct Moved {
     pub(crate) now: u64,
 }
 
-/// Of the servers that answered a sync (`(slot, server, verifier)`), those whose verifier differs from what the
-/// handle kept before writing to them. A server the handle kept nothing for (its writes went to another server
-/// of that slot, before a layout change) is not judged; a server kept as "not connected yet" is judged against
-/// the verifier its connect learned; an old server that answers 0 (no verifiers) is not judged.
+/// One server's answer to a sync: its position, id, write verifier, and the session the answer came on (`None`:
+/// the session changed while the call ran).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Answer {
+    pub(crate) slot: usize,
+    pub(crate) server: u32,
+    pub(crate) verifier: u64,
+    pub(crate) session: Option<u64>,
+}
+
+/// Of the servers that answered a sync, those that may have lost what the handle wrote there since its last sync:
+/// answered on another session than the one held before those writes, with another verifier than the one known
+/// then. A server the handle kept nothing for (its writes went to another server of that slot, before a layout
+/// change) is not judged; a server kept as "not connected yet" is judged against the verifier its connect learned;
+/// an old server that answers 0 (no verifiers) is not judged.
 pub(crate) fn lost(
-    kept: &HashMap<u32, Option<u64>>,
+    kept: &HashMap<u32, Before>,
     learned: impl Fn(u32) -> Option<Learned>,
-    answers: &[(usize, u32, u64)],
+    answers: &[Answer],
 ) -> Vec<Moved> {
     let mut out = Vec::new();
-    for &(slot, server, now) in answers {
-        let Some(&k) = kept.get(&server) else { continue };
-        let Some(kept) = k.or_else(|| learned(server).map(|l| l.at_connect)) else {
+    for a in answers {
+        let Some(before) = kept.get(&a.server) else { continue };
+        if before.session.is_some() && before.session == a.session {
+            continue;
+        }
+        let (slot, server, now) = (a.slot, a.server, a.verifier);
+        let Some(kept) = before.verifier.or_else(|| learned(server).map(|l| l.at_connect)) else {
             // Kept before the connection, and the connection forgot since: nothing to judge by, so assume lost.
             out.push(Moved { slot, server, kept: 0, now });
             continue;
@@ -110,32 +141,51 @@ mod tests {
         move |s| (s == 9).then_some(Learned { at_connect, latest })
     }
 
+    fn kept(verifier: Option<u64>, session: Option<u64>) -> HashMap<u32, Before> {
+        HashMap::from([(9, Before { verifier, session })])
+    }
+
+    fn answer(slot: usize, server: u32, verifier: u64, session: Option<u64>) -> Answer {
+        Answer { slot, server, verifier, session }
+    }
+
     #[test]
     fn a_server_that_answers_what_was_kept_lost_nothing() {
-        let kept = HashMap::from([(9, Some(5))]);
-        assert!(lost(&kept, learned(5, 5), &[(0, 9, 5)]).is_empty());
+        assert!(lost(&kept(Some(5), Some(1)), learned(5, 5), &[answer(0, 9, 5, Some(2))]).is_empty());
     }
 
     #[test]
     fn a_server_that_rebooted_after_the_write_may_have_lost_it() {
-        let kept = HashMap::from([(9, Some(5))]);
-        assert_eq!(lost(&kept, learned(5, 5), &[(2, 9, 6)]), vec![Moved { slot: 2, server: 9, kept: 5, now: 6 }]);
+        let k = kept(Some(5), Some(1));
+        let moved = vec![Moved { slot: 2, server: 9, kept: 5, now: 6 }];
+        assert_eq!(lost(&k, learned(5, 5), &[answer(2, 9, 6, Some(2))]), moved);
+        // The session changed while the sync ran: judged by the verifiers.
+        assert_eq!(lost(&k, learned(5, 5), &[answer(2, 9, 6, None)]), moved);
+    }
+
+    #[test]
+    fn the_same_session_proves_the_same_process_whatever_the_verifiers() {
+        // The client learned the reboot's verifier only after the writes (a false alarm without the session).
+        assert!(lost(&kept(Some(5), Some(7)), learned(5, 5), &[answer(0, 9, 6, Some(7))]).is_empty());
+        // No session kept (no connection then): the verifiers decide.
+        assert_eq!(lost(&kept(Some(5), None), learned(5, 5), &[answer(0, 9, 6, None)]).len(), 1);
     }
 
     #[test]
     fn a_write_before_the_connection_is_judged_by_the_connects_answer() {
-        let kept = HashMap::from([(9, None)]);
-        assert!(lost(&kept, learned(5, 6), &[(0, 9, 5)]).is_empty());
-        assert_eq!(lost(&kept, learned(5, 5), &[(0, 9, 6)]).len(), 1);
+        let k = kept(None, None);
+        assert!(lost(&k, learned(5, 6), &[answer(0, 9, 5, Some(3))]).is_empty());
+        assert_eq!(lost(&k, learned(5, 5), &[answer(0, 9, 6, Some(3))]).len(), 1);
         // The connection is gone and its answer with it: judged lost rather than guessed.
-        assert_eq!(lost(&kept, |_| None, &[(0, 9, 6)]), vec![Moved { slot: 0, server: 9, kept: 0, now: 6 }]);
+        let moved = vec![Moved { slot: 0, server: 9, kept: 0, now: 6 }];
+        assert_eq!(lost(&k, |_| None, &[answer(0, 9, 6, Some(3))]), moved);
     }
 
     #[test]
     fn servers_not_written_and_servers_without_verifiers_are_not_judged() {
-        let kept = HashMap::from([(9, Some(5))]);
-        assert!(lost(&kept, learned(5, 5), &[(0, 8, 6)]).is_empty());
-        assert!(lost(&kept, learned(5, 5), &[(0, 9, 0)]).is_empty());
+        let k = kept(Some(5), Some(1));
+        assert!(lost(&k, learned(5, 5), &[answer(0, 8, 6, Some(2))]).is_empty());
+        assert!(lost(&k, learned(5, 5), &[answer(0, 9, 0, Some(2))]).is_empty());
     }
 
     #[test]
@@ -143,17 +193,18 @@ mod tests {
         let v = Verifiers::default();
         v.connected(9, 5);
         let k = Kept::default();
-        k.before_write(9, &v);
+        let at = |verifier, session| Before { verifier: Some(verifier), session: Some(session) };
+        k.before_write(9, &v, Some(1));
         v.answered(9, 6);
-        k.before_write(9, &v);
+        k.before_write(9, &v, Some(2));
         let taken = k.take();
-        assert_eq!(taken, HashMap::from([(9, Some(5))]));
-        k.before_write(9, &v);
+        assert_eq!(taken, HashMap::from([(9, at(5, 1))]));
+        k.before_write(9, &v, Some(2));
         k.restore(taken);
-        assert_eq!(k.take(), HashMap::from([(9, Some(5))]));
+        assert_eq!(k.take(), HashMap::from([(9, at(5, 1))]));
         k.reported(9, 6);
-        assert_eq!(k.take(), HashMap::from([(9, Some(6))]));
-        k.before_write(3, &v);
-        assert_eq!(k.take(), HashMap::from([(3, None)]));
+        assert_eq!(k.take(), HashMap::from([(9, Before { verifier: Some(6), session: None })]));
+        k.before_write(3, &v, None);
+        assert_eq!(k.take(), HashMap::from([(3, Before { verifier: None, session: None })]));
     }
 }

@@ -1,9 +1,11 @@
 //! Lost unsynced writes, simulated (issue 30 item 3; docs/format.md §33): a `mirror 2` file whose data servers'
 //! machines lose power, and what a sync may promise afterwards.
 //!
-//! Real code: what a handle keeps of each server's write verifier before its writes ([`Kept`]), what the client
-//! learns ([`Verifiers`]: at connect, from every `FsyncVerified`), the sync's judgement ([`lost`]) and the
-//! verifiers themselves ([`weft_data::verifier::of_boot_id`] of each boot). Simulated: each data server's disk as a
+//! Real code: what a handle keeps of each server's write verifier and its client's session before its writes
+//! ([`Kept`]), what the client learns ([`Verifiers`]: at connect, from every `FsyncVerified`), the sync's judgement
+//! ([`lost`]: the same session, else the same verifier) and the verifiers themselves
+//! ([`weft_data::verifier::of_boot_id`] of each boot). Sessions are the RPC layer's: one per (client, server
+//! process), renewed by the client when its request meets a restarted process. Simulated: each data server's disk as a
 //! page cache over durable blocks (a write lands in the cache; `Fsync` makes the object's cache durable; a power
 //! loss drops the cache and boots with another boot id; a `kill -9` keeps it and the boot); two handles of one
 //! client writing their own blocks to both copies at once, each request and reply an event with its own delay (so
@@ -12,8 +14,9 @@
 //! server failed or whose verifier moved the same (`File::sync_objects`); a healer copying a stale block from the
 //! other copy, syncing it with its verifier checked, and clearing the mark only if nothing marked it since; readers
 //! that read a copy the stale table does not exclude. One fault at a time, as the layout tolerates one: a power
-//! loss or a crash strikes only when every server is up, the stale table is empty and every handle has synced
-//! whole since the last fault (its effects found and healed, its false alarms over: §33). The healer copies a block no write is on the way to (the
+//! loss or a crash strikes only when every server is up, every handle has synced whole since the last fault (its
+//! effects found, its false alarms over: §33), and the stale table names no other server (a heal to the same one
+//! may be in flight). The healer copies a block no write is on the way to (the
 //! race with a write whose copies land apart is the fences' part, simulated in weft-sim's `mirror.rs`).
 //!
 //! Checked at every read: the value is at least what the last successful sync promised for that block (no synced
@@ -27,7 +30,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use weft_sim::seeds::{self, Summary};
 use weft_sim::{Queue, Rng};
 
-use crate::verifier::{Kept, Verifiers, lost};
+use crate::verifier::{Answer, Before, Kept, Verifiers, lost};
 
 const MS: u64 = 1000;
 const COPIES: usize = 2;
@@ -44,7 +47,8 @@ fn no_synced_write_is_lost_to_a_reboot() {
     let total = seeds::run("no_synced_write_is_lost_to_a_reboot", "-p weft-client --lib", 2000, |seed| {
         World::new(seed, true).run()
     });
-    for what in ["write acknowledged", "sync promised", "power loss", "crash", "verifier moved", "healed", "read"] {
+    let seen = ["write acknowledged", "sync promised", "power loss", "crash", "verifier moved", "healed", "read"];
+    for what in seen.into_iter().chain(["heal lost to a reboot"]) {
         assert!(total.get(what) > 0 || total.seeds < 50, "no '{what}' in {total}");
     }
     assert!(total.checks > total.seeds);
@@ -72,7 +76,24 @@ struct Server {
     durable: [u64; BLOCKS],
     cache: BTreeMap<usize, u64>,
     boot: u64,
+    /// Process starts (a crash or a power loss each ends one): a session lives in one.
+    process: u64,
     up: bool,
+}
+
+/// A client's view of the servers: what it learned of their verifiers and the session it holds with each. The
+/// handles share one client; the healer is another.
+struct Conn {
+    verifiers: Verifiers,
+    session: [u64; COPIES],
+}
+
+const WRITERS: usize = 0;
+const HEALER: usize = 1;
+
+/// The id of client `c`'s session with process `process` of server `s` (random in the RPC layer: unique here).
+fn session_id(c: usize, s: usize, process: u64) -> u64 {
+    1 + c as u64 + 2 * s as u64 + 4 * process
 }
 
 impl Server {
@@ -97,6 +118,15 @@ enum Who {
     Healer,
 }
 
+impl Who {
+    fn client(self) -> usize {
+        if self == Who::Healer { HEALER } else { WRITERS }
+    }
+}
+
+/// A server's answer: its verifier (0 for a write), and the session it came on (`None`: renewed meanwhile).
+type Synced = Option<(u64, Option<u64>)>;
+
 #[derive(Debug)]
 enum Req {
     Write { block: usize, value: u64 },
@@ -106,18 +136,20 @@ enum Req {
 #[derive(Debug)]
 enum Ev {
     Next(Who),
+    /// Stamped with the session the client held when it sent it.
     Deliver {
         server: usize,
         req: Req,
         from: Who,
         round: u64,
+        session: u64,
     },
-    /// `None`: the server was down (the request failed); `Some(v)`: done, with the verifier an `Fsync` answers.
+    /// `None`: the server was down (the request failed); `Some(..)`: done (what an `Fsync` answers).
     Reply {
         to: Who,
         round: u64,
         server: usize,
-        answer: Option<u64>,
+        answer: Synced,
     },
     Fault,
     Up(usize),
@@ -126,7 +158,7 @@ enum Ev {
 
 /// How a sync ended: every server synced with its verifier as kept; some marked stale; or failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Synced {
+enum Outcome {
     Whole,
     Degraded,
     Failed,
@@ -137,13 +169,13 @@ enum Pending {
     Write {
         block: usize,
         value: u64,
-        answers: [Option<Option<u64>>; COPIES],
+        answers: [Option<Synced>; COPIES],
     },
     Sync {
-        kept: HashMap<u32, Option<u64>>,
+        kept: HashMap<u32, Before>,
         blocks: BTreeSet<usize>,
         promise: BTreeMap<usize, u64>,
-        answers: [Option<Option<u64>>; COPIES],
+        answers: [Option<Synced>; COPIES],
         started_us: u64,
     },
 }
@@ -169,7 +201,7 @@ struct Heal {
     server: usize,
     block: usize,
     generation: u64,
-    kept: HashMap<u32, Option<u64>>,
+    kept: HashMap<u32, Before>,
     round: u64,
 }
 
@@ -178,7 +210,7 @@ struct World {
     rng: Rng,
     check: bool,
     servers: Vec<Server>,
-    verifiers: Verifiers,
+    conns: [Conn; 2],
     handles: Vec<Handle>,
     /// The stale table: (server, block) → the generation of its last mark.
     stale: BTreeMap<(usize, usize), u64>,
@@ -199,7 +231,9 @@ struct World {
 
 impl World {
     fn new(seed: u64, check: bool) -> World {
-        let servers = (0..COPIES).map(|_| Server { durable: [0; BLOCKS], cache: BTreeMap::new(), boot: 0, up: true });
+        let servers =
+            (0..COPIES).map(|_| Server { durable: [0; BLOCKS], cache: BTreeMap::new(), boot: 0, process: 0, up: true });
+        let conn = |c| Conn { verifiers: Verifiers::default(), session: std::array::from_fn(|s| session_id(c, s, 0)) };
         let handle = || Handle {
             kept: Kept::default(),
             unsynced: BTreeSet::new(),
@@ -215,7 +249,7 @@ impl World {
             rng: Rng::new(seed),
             check,
             servers: servers.collect(),
-            verifiers: Verifiers::default(),
+            conns: [conn(WRITERS), conn(HEALER)],
             handles: (0..HANDLES).map(|_| handle()).collect(),
             stale: BTreeMap::new(),
             generation: 0,
@@ -232,7 +266,9 @@ impl World {
         };
         // The client's connections, each asked its verifier before it carries a write.
         for s in 0..COPIES {
-            w.verifiers.connected(s as u32, w.servers[s].verifier());
+            for c in &w.conns {
+                c.verifiers.connected(s as u32, w.servers[s].verifier());
+            }
         }
         for h in 0..HANDLES {
             w.q.after(0, Ev::Next(Who::Handle(h)));
@@ -270,16 +306,24 @@ impl World {
 
     fn send(&mut self, server: usize, req: Req, from: Who, round: u64) {
         let d = self.delay();
-        self.q.after(d, Ev::Deliver { server, req, from, round });
+        let session = self.conns[from.client()].session[server];
+        self.q.after(d, Ev::Deliver { server, req, from, round, session });
     }
 
     fn step(&mut self, ev: Ev) {
         match ev {
             Ev::Next(Who::Handle(h)) => self.handle_next(h),
             Ev::Next(Who::Healer) => self.healer_next(),
-            Ev::Deliver { server, req, from, round } => self.deliver(server, req, from, round),
-            Ev::Reply { to: Who::Handle(h), round, server, answer } => self.handle_reply(h, round, server, answer),
-            Ev::Reply { to: Who::Healer, round, server, answer } => self.healer_reply(round, server, answer),
+            Ev::Deliver { server, req, from, round, session } => self.deliver(server, req, from, round, session),
+            Ev::Reply { to, round, server, answer } => {
+                // The session the answer came on, if the client still holds it (else it changed meanwhile).
+                let held = self.conns[to.client()].session[server];
+                let answer = answer.map(|(v, on)| (v, on.filter(|&s| s == held)));
+                match to {
+                    Who::Handle(h) => self.handle_reply(h, round, server, answer),
+                    Who::Healer => self.healer_reply(round, server, answer),
+                }
+            }
             Ev::Fault => self.fault(),
             Ev::Up(s) => {
                 self.servers[s].up = true;
@@ -289,22 +333,27 @@ impl World {
         }
     }
 
-    fn deliver(&mut self, server: usize, req: Req, from: Who, round: u64) {
+    fn deliver(&mut self, server: usize, req: Req, from: Who, round: u64, stamped: u64) {
         if let Req::Write { block, .. } = req {
             self.inflight[block] -= 1;
         }
+        let c = from.client();
         let s = &mut self.servers[server];
         let answer = if !s.up {
             None
         } else {
+            // A session of an earlier process is refused, and the client renews it before the request runs.
+            let current = session_id(c, server, s.process);
+            self.conns[c].session[server] = current;
+            let on = (stamped == current).then_some(current);
             match req {
                 Req::Write { block, value } => {
                     s.cache.insert(block, value);
-                    Some(0)
+                    Some((0, on))
                 }
                 Req::Fsync => {
                     s.sync();
-                    Some(s.verifier())
+                    Some((s.verifier(), on))
                 }
             }
         };
@@ -330,8 +379,9 @@ impl World {
         hd.round += 1;
         // Before sending: the positions it changes, and the verifiers known now (`File::add_unsynced`).
         hd.unsynced.insert(block);
+        let conn = &self.conns[WRITERS];
         for s in 0..COPIES {
-            hd.kept.before_write(s as u32, &self.verifiers);
+            hd.kept.before_write(s as u32, &conn.verifiers, Some(conn.session[s]));
         }
         hd.pending = Some(Pending::Write { block, value, answers: [None; COPIES] });
         let round = hd.round;
@@ -360,7 +410,7 @@ impl World {
         }
     }
 
-    fn handle_reply(&mut self, h: usize, round: u64, server: usize, answer: Option<u64>) {
+    fn handle_reply(&mut self, h: usize, round: u64, server: usize, answer: Synced) {
         let hd = &mut self.handles[h];
         if round != hd.round {
             return;
@@ -376,7 +426,8 @@ impl World {
         match hd.pending.take().expect("pending") {
             Pending::Write { block, value, answers } => self.write_done(h, block, value, answers),
             Pending::Sync { kept, blocks, promise, answers, started_us } => {
-                if self.sync_done(h, kept, blocks, promise, answers) == Synced::Whole && started_us > self.last_fault_us
+                if self.sync_done(h, kept, blocks, promise, answers) == Outcome::Whole
+                    && started_us > self.last_fault_us
                 {
                     self.handles[h].clean = true;
                 }
@@ -386,7 +437,7 @@ impl World {
         self.q.after(d, Ev::Next(Who::Handle(h)));
     }
 
-    fn write_done(&mut self, h: usize, block: usize, value: u64, answers: [Option<Option<u64>>; COPIES]) {
+    fn write_done(&mut self, h: usize, block: usize, value: u64, answers: [Option<Synced>; COPIES]) {
         let failed: Vec<usize> = (0..COPIES).filter(|&s| answers[s] == Some(None)).collect();
         if failed.len() == COPIES {
             self.summary.count("write failed");
@@ -406,18 +457,23 @@ impl World {
     fn sync_done(
         &mut self,
         h: usize,
-        kept: HashMap<u32, Option<u64>>,
+        kept: HashMap<u32, Before>,
         blocks: BTreeSet<usize>,
         promise: BTreeMap<usize, u64>,
-        answers: [Option<Option<u64>>; COPIES],
-    ) -> Synced {
+        answers: [Option<Synced>; COPIES],
+    ) -> Outcome {
         let mut failed: Vec<usize> = (0..COPIES).filter(|&s| answers[s] == Some(None)).collect();
-        let synced: Vec<(usize, u32, u64)> =
-            (0..COPIES).filter_map(|s| answers[s].flatten().map(|v| (s, s as u32, v))).collect();
-        for &(_, s, v) in &synced {
-            self.verifiers.answered(s, v);
+        let synced: Vec<Answer> = (0..COPIES)
+            .filter_map(|s| {
+                let (verifier, session) = answers[s].flatten()?;
+                Some(Answer { slot: s, server: s as u32, verifier, session })
+            })
+            .collect();
+        let verifiers = &self.conns[WRITERS].verifiers;
+        for a in &synced {
+            verifiers.answered(a.server, a.verifier);
         }
-        let moved = if self.check { lost(&kept, |s| self.verifiers.get(s), &synced) } else { Vec::new() };
+        let moved = if self.check { lost(&kept, |s| verifiers.get(s), &synced) } else { Vec::new() };
         for m in &moved {
             self.summary.count("verifier moved");
             failed.push(m.slot);
@@ -432,7 +488,7 @@ impl World {
             hd.promisable.clear();
             self.summary.count("sync failed");
             self.note(format!("handle {h}: sync failed ({failed:?})"));
-            return Synced::Failed;
+            return Outcome::Failed;
         }
         for &s in &failed {
             for &b in &blocks {
@@ -444,7 +500,7 @@ impl World {
         }
         self.summary.count("sync promised");
         self.note(format!("handle {h}: sync promised {promise:?} (marked {failed:?})"));
-        if failed.is_empty() { Synced::Whole } else { Synced::Degraded }
+        if failed.is_empty() { Outcome::Whole } else { Outcome::Degraded }
     }
 
     fn mark(&mut self, server: usize, block: usize, why: &str) {
@@ -466,8 +522,14 @@ impl World {
         }) else {
             return;
         };
-        let mut kept = HashMap::new();
-        kept.insert(server as u32, self.verifiers.get(server as u32).map(|l| l.latest));
+        // The target's verifier and session asked first (`Client::verifier_now`; renewing the session if the target
+        // restarted since), then the copy, in one step here.
+        let conn = &mut self.conns[HEALER];
+        let target = &mut self.servers[server];
+        conn.session[server] = session_id(HEALER, server, target.process);
+        conn.verifiers.answered(server as u32, target.verifier());
+        let before = Before { verifier: Some(target.verifier()), session: Some(conn.session[server]) };
+        let kept = HashMap::from([(server as u32, before)]);
         let value = self.servers[1 - server].read(block);
         self.servers[server].cache.insert(block, value);
         self.healer_round += 1;
@@ -475,11 +537,13 @@ impl World {
         self.send(server, Req::Fsync, Who::Healer, self.healer_round);
     }
 
-    fn healer_reply(&mut self, round: u64, server: usize, answer: Option<u64>) {
+    fn healer_reply(&mut self, round: u64, server: usize, answer: Synced) {
         let Some(heal) = self.heal.take_if(|h| h.round == round) else { return };
-        let Some(v) = answer else { return };
-        self.verifiers.answered(server as u32, v);
-        if self.check && !lost(&heal.kept, |s| self.verifiers.get(s), &[(server, server as u32, v)]).is_empty() {
+        let Some((verifier, session)) = answer else { return };
+        let verifiers = &self.conns[HEALER].verifiers;
+        verifiers.answered(server as u32, verifier);
+        let answer = Answer { slot: server, server: server as u32, verifier, session };
+        if self.check && !lost(&heal.kept, |s| verifiers.get(s), &[answer]).is_empty() {
             self.summary.count("heal lost to a reboot");
             return;
         }
@@ -496,14 +560,20 @@ impl World {
         }
         let d = self.rng.between(100 * MS, 600 * MS);
         self.q.after(d, Ev::Fault);
-        if !self.stale.is_empty() || self.servers.iter().any(|s| !s.up) || self.handles.iter().any(|h| !h.clean) {
+        if self.servers.iter().any(|s| !s.up) || self.handles.iter().any(|h| !h.clean) {
             return;
         }
+        // One machine at a time: the one whose marks are not healed yet (a heal to it may be in flight), or any.
+        let s = match self.stale.keys().next() {
+            Some(&(s, _)) if self.stale.keys().all(|&(x, _)| x == s) => s,
+            Some(_) => return,
+            None => self.rng.index(COPIES),
+        };
         self.last_fault_us = self.q.now_us();
         self.handles.iter_mut().filter(|h| !h.done).for_each(|h| h.clean = false);
-        let s = self.rng.index(COPIES);
         let server = &mut self.servers[s];
         server.up = false;
+        server.process += 1;
         if self.rng.chance(600) {
             server.cache.clear();
             server.boot += 1;

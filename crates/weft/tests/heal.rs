@@ -517,3 +517,30 @@ async fn a_reboot_that_loses_a_plain_files_unsynced_write_fails_its_fsync_once()
     f.close().await.unwrap();
     same(&read_all(&c.client().await, "/f", UNIT as usize).await.unwrap(), &v3, "after the restart");
 }
+
+/// The session witness (docs/format.md §33): a data server reboots without losing anything this client wrote, the
+/// client reconnects to it (a read: a new session) and only then writes. Its sync answers the new boot's verifier,
+/// which the client did not know before the write, on the session the write used: the same process ran both, so
+/// nothing can have been lost, and the fsync succeeds (judged by the verifiers alone it would fail, a false alarm).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_made_after_a_reboot_on_the_new_session_are_not_judged_lost() {
+    let mut c = start_with("reboot-session", 1, |o| o.meta_extra_toml = "heal = false\n".into()).await;
+    let client = c.client().await;
+    let f = client.create_path("/f", 0o644, true, false).await.unwrap();
+    f.write_at(0, Bytes::from(pattern(91, 0, UNIT as usize))).await.unwrap();
+    f.sync().await.unwrap();
+
+    c.kill_data_server(0).await;
+    c.set_env(vec![("WEFT_FAULT".into(), "boot-id:rebooted-clean".into())]);
+    c.restart_data_server(0).await.unwrap();
+    c.set_env(vec![]);
+    // A read reconnects this client to the new process (a new session); no sync has told it the new verifier.
+    let v1 = read_all(&client, "/f", UNIT as usize).await.unwrap();
+    same(&v1, &pattern(91, 0, UNIT as usize), "before the write");
+
+    let v2 = pattern(92, 0, UNIT as usize);
+    f.write_at(0, Bytes::from(v2.clone())).await.unwrap();
+    f.sync().await.expect("written and synced on one process: nothing lost");
+    f.close().await.unwrap();
+    same(&read_all(&c.client().await, "/f", UNIT as usize).await.unwrap(), &v2, "after the sync");
+}
