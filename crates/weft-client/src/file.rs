@@ -189,7 +189,12 @@ impl File {
         // A loss is reported once, as a page cache's writeback error is: the next sync judges by the new verifier.
         moved.iter().for_each(|m| self.kept.reported(m.server, m.now));
         let (slot, e) = failed.into_iter().next().expect("one failure at least");
-        Err(match e {
+        Err(self.unsynced_error(&layout, slot, e))
+    }
+
+    /// What a sync that failed at position `slot` with `e` reports: the file, the server and why.
+    fn unsynced_error(&self, layout: &weft_proto::Layout, slot: usize, e: ClientError) -> ClientError {
+        match e {
             ClientError::Data { server, source } => ClientError::Unsynced {
                 ino: self.attr.ino,
                 server,
@@ -206,7 +211,7 @@ impl File {
                 ))
             }
             other => other,
-        })
+        }
     }
 
     /// The error of a server whose verifier moved under this handle's unsynced writes.
