@@ -330,7 +330,7 @@ impl File {
     pub(crate) fn add_unsynced(&self, layout: &weft_proto::Layout, slot: u32) {
         self.unsynced.add(slot);
         if let Some(&server) = layout.servers.get(slot as usize) {
-            self.kept.before_write(server, self.client.verifiers(), self.client.session_with(server));
+            self.kept.before_write(server, self.client.verifiers(), || self.client.session_with(server));
         }
     }
 }

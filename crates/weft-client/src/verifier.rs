@@ -58,11 +58,12 @@ pub(crate) struct Before {
 pub(crate) struct Kept(Mutex<HashMap<u32, Before>>);
 
 impl Kept {
-    /// Before a write to `server` is sent: keeps what `verifiers` knows now and the session held now (`session`),
-    /// unless something older is kept.
-    pub(crate) fn before_write(&self, server: u32, verifiers: &Verifiers, session: Option<u64>) {
+    /// Before a write to `server` is sent: keeps what `verifiers` knows now and the session held now (`session`,
+    /// asked only then), unless something older is kept.
+    pub(crate) fn before_write(&self, server: u32, verifiers: &Verifiers, session: impl FnOnce() -> Option<u64>) {
         let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        kept.entry(server).or_insert_with(|| Before { verifier: verifiers.get(server).map(|l| l.latest), session });
+        kept.entry(server)
+            .or_insert_with(|| Before { verifier: verifiers.get(server).map(|l| l.latest), session: session() });
     }
 
     /// Empties the record (a sync starts); returns it.
@@ -194,17 +195,17 @@ mod tests {
         v.connected(9, 5);
         let k = Kept::default();
         let at = |verifier, session| Before { verifier: Some(verifier), session: Some(session) };
-        k.before_write(9, &v, Some(1));
+        k.before_write(9, &v, || Some(1));
         v.answered(9, 6);
-        k.before_write(9, &v, Some(2));
+        k.before_write(9, &v, || Some(2));
         let taken = k.take();
         assert_eq!(taken, HashMap::from([(9, at(5, 1))]));
-        k.before_write(9, &v, Some(2));
+        k.before_write(9, &v, || Some(2));
         k.restore(taken);
         assert_eq!(k.take(), HashMap::from([(9, at(5, 1))]));
         k.reported(9, 6);
         assert_eq!(k.take(), HashMap::from([(9, Before { verifier: Some(6), session: None })]));
-        k.before_write(3, &v, None);
+        k.before_write(3, &v, || None);
         assert_eq!(k.take(), HashMap::from([(3, Before { verifier: None, session: None })]));
     }
 }

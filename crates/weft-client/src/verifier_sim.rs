@@ -381,7 +381,7 @@ impl World {
         hd.unsynced.insert(block);
         let conn = &self.conns[WRITERS];
         for s in 0..COPIES {
-            hd.kept.before_write(s as u32, &conn.verifiers, Some(conn.session[s]));
+            hd.kept.before_write(s as u32, &conn.verifiers, || Some(conn.session[s]));
         }
         hd.pending = Some(Pending::Write { block, value, answers: [None; COPIES] });
         let round = hd.round;
