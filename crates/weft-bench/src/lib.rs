@@ -14,6 +14,7 @@ pub mod common;
 pub mod compare;
 pub mod doc;
 mod failover;
+pub mod fuse_transport;
 pub mod gluster_ec;
 mod juicefs;
 pub mod latency;
@@ -45,6 +46,9 @@ pub struct BenchArgs {
 pub enum BenchCmd {
     /// Sequential write then read of one file per point through the native client library.
     Throughput(throughput::ThroughputArgs),
+    /// The FUSE kernel transport alone: `/dev/fuse` reads against FUSE over io_uring, with a server in memory
+    /// (root; sets `enable_uring` for the run).
+    FuseTransport(fuse_transport::FuseTransportArgs),
     /// Metadata operations (mdtest-style): create, stat, readdir, remove; or a stat storm.
     Meta(meta::MetaArgs),
     /// Latency of single reads and writes, one call at a time, per record size.
@@ -101,6 +105,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     match args.cmd {
         BenchCmd::Throughput(a) => throughput::run(a).await,
         BenchCmd::Meta(a) => meta::run(a).await,
+        BenchCmd::FuseTransport(a) => fuse_transport::run(a).await,
         BenchCmd::Latency(a) => latency::run(a).await,
         BenchCmd::Zipf(a) => zipf::run(a).await,
         BenchCmd::Mount(a) => mount::run_bench(a).await,

@@ -40,6 +40,7 @@ fn render(doc: &Value) -> Option<(String, String)> {
         "rebuild" => (crate::rebuild::table(doc), crate::rebuild::chart(doc)),
         "cache" => (crate::cache::table(doc), crate::cache::chart(doc)),
         "nfs" => (crate::nfs::table(doc), crate::nfs::chart(doc)),
+        "fuse-transport" => (crate::fuse_transport::table(doc), crate::fuse_transport::svg(doc)),
         _ => return None,
     })
 }

@@ -676,3 +676,49 @@ fn rebuild() {
     assert!(md.contains("| weft | ec4+2 | rebuild | unthrottled |"), "{md}");
     assert!(std::fs::read_to_string(dir.0.join("rebuild.svg")).unwrap().starts_with("<svg"));
 }
+
+/// `weft bench fuse-transport` at a tiny count: both transports mounted (root; the kernel's `enable_uring` set for
+/// the run and put back after), each with requests served inline and on a pool (two ways), every op measured, every
+/// byte read checked by the bench, the ring's ratio to `/dev/fuse` on each of its results, and the module
+/// parameter as it was.
+#[test]
+fn fuse_transport() {
+    let param = "/sys/module/fuse/parameters/enable_uring";
+    let Ok(before) = std::fs::read_to_string(param) else {
+        eprintln!("skipped: {param} does not exist (a kernel without FUSE over io_uring)");
+        return;
+    };
+    let doc = bench("fuse-transport", &["fuse-transport", "--threads", "1,2", "--count", "300", "--runs", "2"]);
+    assert_eq!(doc["config"]["bench"], "fuse-transport");
+    assert!(doc["command"].as_str().unwrap().contains("bench fuse-transport"), "{doc}");
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2 * 3 * 2 * 2, "two transports, three dispatches, two thread counts, two ops: {doc}");
+    let dispatches = ["inline", "pool", "pool-submits"];
+    for (transport, dispatch) in ["dev-fuse", "io-uring"].into_iter().flat_map(|t| dispatches.map(|d| (t, d))) {
+        for threads in [1, 2] {
+            for op in ["stat", "read4k"] {
+                let r = results
+                    .iter()
+                    .find(|r| {
+                        r["transport"] == transport
+                            && r["dispatch"] == dispatch
+                            && r["threads"] == threads
+                            && r["op"] == op
+                    })
+                    .unwrap_or_else(|| panic!("no {transport} {dispatch} {threads} {op} in {doc}"));
+                assert_eq!(r["runs"], 2, "{r}");
+                assert_eq!(r["ops"], 300 * threads, "{r}");
+                let h = positive(r, "ops_per_s");
+                assert!(positive(r, "min") <= h && h <= positive(r, "max"), "{r}");
+                positive(r, "p50_us");
+                if transport == "io-uring" {
+                    positive(r, "vs_dev_fuse_ops");
+                    positive(r, "vs_dev_fuse_p50");
+                }
+            }
+        }
+    }
+    assert_eq!(std::fs::read_to_string(param).unwrap(), before, "enable_uring is put back as it was");
+    let dir = TempDir::new("fuse-transport-report");
+    assert!(report_of(&dir.0, &[("fuse-transport.json", &doc)]).contains("io-uring"));
+}

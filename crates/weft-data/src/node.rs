@@ -192,6 +192,8 @@ pub async fn run_with_nfs(
         .with_metrics(metrics.as_deref());
     let server = RpcServer::<AnyFabric, _>::with_pool(server_cfg, Arc::new(service), pool);
     info!(id = cfg.id, %addr, tls = cfg.tls, %advertise, shm = ?shm_addr, rdma = ?rdma_addr, root = %cfg.root.display(), mds = %cfg.mds, "data server listening");
+    // Drawn (and logged) now, not at the first fsync: an operator comparing logs across a reboot sees it change.
+    crate::verifier::write_verifier();
     // One heartbeat per metadata service (each must hear every data server, docs/format.md §28), and one beat of
     // each before reporting ready (bounded by its call timeout): with a service up, the server serves from its
     // first request; without, it refuses clients (StaleLayout) until one answers.

@@ -629,6 +629,10 @@ impl Filesystem for WeftFs {
             killpriv,
             locks,
             writeback,
+            // Requests come by /dev/fuse reads: fuser has no io_uring transport yet, so the ring the kernel may
+            // offer (`enable_uring`) is not asked for. `weft bench fuse-transport` measures what it would bring.
+            transport = "/dev/fuse",
+            uring_offered = config.capabilities().contains(InitFlags::FUSE_OVER_IO_URING),
             "FUSE session negotiated"
         );
         Ok(())
