@@ -75,11 +75,11 @@ test: deps
 	mkdir -p target
 	$(CARGO) test --locked --workspace --release --features weft/fault-injection,weft-fabric/rdma 2>&1 | tee target/cargo-test.log
 	@echo "==================== data tests again over tcp (the run above used shm: same host) ===================="
-	WEFT_FABRIC=tcp $(CARGO) test --locked -p weft --release --features weft/fault-injection,weft-fabric/rdma --test data_path --test cli \
-		--test concurrency --test exactly_once --test crash 2>&1 | tee -a target/cargo-test.log
+	WEFT_FABRIC=tcp $(CARGO) test --locked --workspace --release --features weft/fault-injection,weft-fabric/rdma --test integration \
+		-- data_path:: cli:: concurrency:: exactly_once:: crash:: 2>&1 | tee -a target/cargo-test.log
 	@echo "==================== data tests again over tcp under TLS (WEFT_TLS=1: every cluster makes its certificates) ===================="
-	WEFT_FABRIC=tcp WEFT_TLS=1 $(CARGO) test --locked -p weft --release --features weft/fault-injection,weft-fabric/rdma --test data_path --test cli \
-		2>&1 | tee -a target/cargo-test.log
+	WEFT_FABRIC=tcp WEFT_TLS=1 $(CARGO) test --locked --workspace --release --features weft/fault-injection,weft-fabric/rdma --test integration \
+		-- data_path:: cli:: 2>&1 | tee -a target/cargo-test.log
 	@echo "==================== fuzz smoke ===================="
 	scripts/fuzz-smoke.sh
 	@if [ "$(RDMA_VM)" != 0 ]; then \
@@ -101,13 +101,13 @@ test: deps
 SOAK_SEEDS ?= 20
 SOAK_OPS ?= 3000
 soak: deps
-	WEFT_FSX_SEEDS=$(SOAK_SEEDS) WEFT_FSX_OPS=$(SOAK_OPS) $(CARGO) test --locked -p weft --release \
-		--features weft/fault-injection,weft-fabric/rdma --test exercisers
+	WEFT_FSX_SEEDS=$(SOAK_SEEDS) WEFT_FSX_OPS=$(SOAK_OPS) $(CARGO) test --locked --workspace --release \
+		--features weft/fault-injection,weft-fabric/rdma --test integration exercisers::
 	WEFT_EXERCISER_SEEDS=$$(($(SOAK_SEEDS) * 50)) $(CARGO) test --locked -p weft-meta --release --lib exerciser
-	WEFT_MODEL_SEEDS=$(SOAK_SEEDS) WEFT_MODEL_OPS=$$(($(SOAK_OPS) / 10)) $(CARGO) test --locked -p weft --release \
-		--features weft/fault-injection,weft-fabric/rdma --test model
-	WEFT_LEASE_SEEDS=$(SOAK_SEEDS) WEFT_LEASE_OPS=$(SOAK_OPS) $(CARGO) test --locked -p weft --release \
-		--features weft/fault-injection,weft-fabric/rdma --test leases two_leased_mounts
+	WEFT_MODEL_SEEDS=$(SOAK_SEEDS) WEFT_MODEL_OPS=$$(($(SOAK_OPS) / 10)) $(CARGO) test --locked --workspace --release \
+		--features weft/fault-injection,weft-fabric/rdma --test integration model::
+	WEFT_LEASE_SEEDS=$(SOAK_SEEDS) WEFT_LEASE_OPS=$(SOAK_OPS) $(CARGO) test --locked --workspace --release \
+		--features weft/fault-injection,weft-fabric/rdma --test integration leases::two_leased_mounts
 	WEFT_SIM_SEEDS=$$(($(SOAK_SEEDS) * 500)) $(CARGO) test --locked --release -p weft-sim
 	WEFT_SIM_SEEDS=$$(($(SOAK_SEEDS) * 100)) $(CARGO) test --locked --release -p weft-client --lib ec_sim
 

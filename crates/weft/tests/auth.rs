@@ -2,7 +2,7 @@
 //! session nor register a data server, a session serves only the connection it is bound to, key files must be
 //! private, and `auth = "none"` works and says so.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Stdio;

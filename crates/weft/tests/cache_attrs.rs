@@ -7,7 +7,7 @@
 //! Ground truth is a client without a bank (every answer from the MDS). That an answer came from the bank is
 //! proven by the bank's own hit counter of the client that asked, which counts only checked items.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

@@ -2,7 +2,7 @@
 //! multi-gets, hits counted by memcached's own `stats`, garbage planted under a valid key, and a daemon killed
 //! with SIGKILL during a loop of gets, then restarted empty.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! file is rewritten in place (bank up, a daemon killed, a daemon restarted empty, invalidations lost), garbage
 //! planted under a valid key, a daemon killed during a storm of random reads, and a client reading its own writes.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

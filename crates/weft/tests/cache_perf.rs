@@ -1,9 +1,9 @@
 //! Where a bank lookup's time goes (issue 16's speed targets): the pieces of a stat and of a 1-byte read timed in
 //! isolation against real memcached daemons and real servers, printed, never asserted (`#[ignore]`: run by hand
-//! with `cargo test --release -p weft --test cache_perf -- --ignored --nocapture`). The only assertions are that
+//! with `cargo test --release -p weft --test integration cache_perf:: -- --ignored --nocapture`). The only assertions are that
 //! every answer is right, so a figure printed here is the cost of a correct answer.
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

@@ -7,7 +7,7 @@
 //! The requests go out as the client library's frames would (an `RpcClient` proving the cluster key, the same
 //! bytes on the wire), with the capability changed by hand.
 
-mod common;
+use crate::common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;

@@ -1,6 +1,6 @@
 //! The `weft` command against a real cluster, as a user would type it.
 
-mod common;
+use crate::common;
 
 use common::*;
 

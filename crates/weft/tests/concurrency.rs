@@ -1,7 +1,7 @@
 //! Several clients at once: concurrent writers from separate processes, close-to-open consistency between two
 //! clients, and the largest size winning among concurrent writers of one file.
 
-mod common;
+use crate::common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;

@@ -3,7 +3,7 @@
 //! that need it fail with its connection refused while it is down, and after a restart on the same address and
 //! directory the file reads back byte-exact.
 
-mod common;
+use crate::common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;

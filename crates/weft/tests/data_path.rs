@@ -1,7 +1,7 @@
 //! The data path against a real cluster: striping placement, a 1 GiB round trip, holes, truncate, overwrites,
 //! and checksums that refuse to return corrupted bytes.
 
-mod common;
+use crate::common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;

@@ -5,7 +5,7 @@
 //! whose commit outcome died with the primary is settled by its once record. The writers go on with no error, and
 //! every acknowledged file is there, whole.
 
-mod common;
+use crate::common;
 
 use std::future::ready;
 

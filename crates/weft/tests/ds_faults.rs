@@ -5,7 +5,7 @@
 //! before committing the size (close-to-open with COMMIT): exactly the objects it wrote are fsynced, a failed fsync
 //! fails the close (library and mount) and leaves the size as it was.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::Command;

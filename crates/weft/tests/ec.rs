@@ -2,7 +2,7 @@
 //! `m` servers of a layout are killed, a third loss is a clear error naming the file and offset, a flipped byte on
 //! disk is read right and repaired, and a mirror reads from its other copy.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -469,7 +469,7 @@ async fn a_killed_writer_loses_only_what_it_never_fsynced() {
     ec_dir(&client).await;
     let spec = format!("{}\t/ec/held", c.cluster_file().display());
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args(["held_writer_process", "--exact", "--nocapture", "--test-threads=1"])
+        .args(["ec::held_writer_process", "--exact", "--nocapture", "--test-threads=1"])
         .env(HELD_WRITER_ENV, spec)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())

@@ -2,7 +2,7 @@
 //! "Delta parity"), a row read between a degraded write's writes and its stale marks (issue 30). In a test binary
 //! of their own: the hooks are process-wide, and the other ec tests make writes of their own.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

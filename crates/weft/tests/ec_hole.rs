@@ -5,7 +5,7 @@
 //! leave rows whose data and parity agree, so that with servers killed afterwards every read is the last
 //! acknowledged content.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

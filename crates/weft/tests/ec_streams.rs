@@ -10,7 +10,7 @@
 //! two writer processes racing on partial rows through a kill leave data and parity that `weft scrub` finds
 //! consistent.
 
-mod common;
+use crate::common;
 
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -238,7 +238,7 @@ fn spawn_writer(
 ) -> tokio::task::JoinHandle<Vec<String>> {
     let spec = format!("{}\t{path}\t{seed}\t{a}\t{b}", cluster.cluster_file().display());
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args(["worker_process", "--exact", "--nocapture", "--test-threads=1"])
+        .args(["ec_streams::worker_process", "--exact", "--nocapture", "--test-threads=1"])
         .env(WORKER_ENV, spec)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

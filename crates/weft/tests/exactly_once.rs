@@ -2,7 +2,7 @@
 //! The client reconnects and retries on the same slot and sequence; the reply cache answers, and the request is
 //! not executed a second time.
 
-mod common;
+use crate::common;
 
 use common::*;
 use weft_client::OpenMode;

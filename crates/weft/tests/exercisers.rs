@@ -5,8 +5,8 @@
 //! A failure prints the seed and the command that replays it; `make soak` runs the same tests with many more ops
 //! (`WEFT_FSX_OPS`) and seeds (`WEFT_FSX_SEEDS`); `WEFT_FSX_LAYOUTS=ec42-64k,plain` runs only those layouts.
 
-mod common;
-mod fsx;
+use crate::common;
+use crate::fsx;
 
 use common::mount::Mount;
 use common::*;

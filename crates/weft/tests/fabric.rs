@@ -2,7 +2,7 @@
 //! chunks point outside its registered regions is refused while the server keeps serving, and a client's arena
 //! is released when the client is killed.
 
-mod common;
+use crate::common;
 
 use bytes::{Bytes, BytesMut};
 use common::{WEFT, pattern, start};

@@ -7,7 +7,7 @@
 //! native test counts retries, the mount's test waits for the mount's "waiting for it" warning, which only a call
 //! past its attempts logs. Only then is the MDS started again.
 
-mod common;
+use crate::common;
 
 use std::future::ready;
 use std::path::Path;

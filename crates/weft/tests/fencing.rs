@@ -4,7 +4,7 @@
 //! spare (a truncate as well); a server cut off from the MDS stops serving once its lease lapses and serves again
 //! when the MDS answers.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

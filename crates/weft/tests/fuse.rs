@@ -1,7 +1,7 @@
 //! `weft mount` against a real cluster and a real kernel mount: POSIX operations and their errno, consistency
 //! between two mounts, and real tools (tar, diff, git) on the mount.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};

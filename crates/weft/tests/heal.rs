@@ -3,7 +3,7 @@
 //! it up (the stale table empties); then other servers are killed and every file still reads back equal, which
 //! only the caught-up chunks can give. Past the layout's tolerance, a write fails clearly and records nothing.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,7 @@
 //! Hostile input against real server processes: malformed, truncated and oversized frames, and out-of-range
 //! offsets and lengths. Each gets an error; the server keeps serving everyone else.
 
-mod common;
+use crate::common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;

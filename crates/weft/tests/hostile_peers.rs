@@ -2,7 +2,7 @@
 //! deadlines and limits can be set short and small): floods of half-open connections, half-sent headers, idle
 //! connections and clients that never read their replies. Each is cut off; well-behaved clients keep being served.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,7 +13,7 @@
 //! The second test stops, then kills, a mount while a change waits for its acknowledgement: the change completes
 //! once that mount's lease ran out, and the service revokes it.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -416,7 +416,7 @@ fn run_seed(roots: &[PathBuf; 2], native: &Native, seed: u64, ops: u64) {
         let start = trail.len().saturating_sub(12);
         panic!(
             "leases exerciser, seed {seed}: {why}\nlast steps:\n  {}\nreplay: WEFT_LEASE_SEED={seed} cargo test --release \
-             --features weft/fault-injection -p weft --test leases",
+             --features weft/fault-injection -p weft --test integration leases::",
             trail[start..].join("\n  ")
         )
     };

@@ -7,7 +7,7 @@
 //! No sleeps: a waiter first reports that it was refused (`BLOCKED`), then blocks; the test releases the holder and
 //! waits for the waiter's `GOT` line and exit.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! before goes on reading and writing (it refetches the layout), and the server, restarted, is drained of the
 //! object it no longer owns while keeping the one a current layout still names, also across an MDS restart.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

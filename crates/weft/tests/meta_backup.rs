@@ -3,7 +3,7 @@
 //! again; `weft meta migrate` moves it to PostgreSQL and back. Every step is checked by comparing a full listing
 //! (names, inode numbers, attributes, extended attributes and ACLs, layouts, symlink targets, file contents).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! clients go on at the other without an error, and the duties move to the survivor, which keeps a data server
 //! the dead holder fenced fenced.
 
-mod common;
+use crate::common;
 
 use std::future::ready;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! counters move with the work done: creates by op at the MDS, journal entries made durable, bytes written at the
 //! data servers, errors by op, a mount's FUSE requests by op; `weft top` reads the same endpoints.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::mount::Mount;

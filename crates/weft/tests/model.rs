@@ -14,7 +14,7 @@
 //! (`WEFT_MODEL_SEEDS=N` runs seeds 1..=N, `WEFT_MODEL_OPS=M` sets the ops per seed; `make soak` runs many);
 //! `WEFT_MODEL_VERBOSE=1` prints every step, `WEFT_MODEL_KEEP_LOGS=1` keeps every seed's logs.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::unix::fs::FileExt;
@@ -498,7 +498,7 @@ async fn one_seed(seed: u64) {
     let mut history: VecDeque<String> = VecDeque::new();
     let replay = format!(
         "WEFT_MODEL_SEED={seed} WEFT_MODEL_OPS={} cargo test --locked --release -p weft \
-         --features weft/fault-injection,weft-fabric/rdma --test model",
+         --features weft/fault-injection,weft-fabric/rdma --test integration model::",
         ops_per_seed()
     );
     for step in 0..ops_per_seed() {

@@ -1,6 +1,6 @@
 //! Namespace semantics against a real cluster: every operation and its error cases.
 
-mod common;
+use crate::common;
 
 use bytes::{Bytes, BytesMut};
 use common::*;

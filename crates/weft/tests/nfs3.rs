@@ -3,7 +3,7 @@
 //! ONC RPC built with the crate's own encoder for what they cannot: forged and stale filehandles, malformed,
 //! truncated and oversized records, refused addresses, and the write verifier changing across `kill -9`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -8,7 +8,7 @@
 //! successor: still held against a native client in grace, reclaimed by their NFS client, freed at grace's end
 //! when nobody reclaimed them.
 
-mod common;
+use crate::common;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;

@@ -2,7 +2,7 @@
 //! the key its connection proved (cluster key: the asserted user; per-client keys: pinned or root-squashed), and
 //! the MDS applies the POSIX rules to that identity, through the library, the CLI and the mount.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -5,7 +5,7 @@
 //! another inode, a Weft capability in a DS handle, a range crossing into another server's stripe; the server
 //! keeps serving after each; a corrupt block is NFS4ERR_IO, logged with its file offset. The MDS side: no handle without read access, none for an ec file.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

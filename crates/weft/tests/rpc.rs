@@ -1,7 +1,7 @@
 //! The RPC layer over real TCP sockets on loopback: payloads both ways, exactly-once replays, credits, and
 //! refusal of malformed frames without harm to other clients.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -5,7 +5,7 @@
 //! write (fault injection) is repaired by the read and by scrub; a mirror copy is repaired; the background
 //! scrubber of `weft meta` repairs a flipped byte without any client read.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! with a clear error on both sides, a client refuses a server whose certificate does not chain to its CA or does
 //! not name the address it dialled, and `weft tls ca` / `weft tls cert` make working, private files.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! tools (`setfattr`/`getfattr` of package attr, `setfacl`/`getfacl` of package acl, `cp -a`), as other users
 //! (`setpriv`).
 
-mod common;
+use crate::common;
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;

@@ -133,7 +133,7 @@ pub async fn run(what: &str, plan: Plan, target: &mut impl Target) {
             let log: Vec<String> = recent.iter().map(|(n, op)| format!("  {n}: {op:?}")).collect();
             panic!(
                 "fsx {what}: seed {} op {n} {op:?}: {why}\nlast ops:\n{}\nreplay: WEFT_FSX_SEED={} WEFT_FSX_OPS={} \
-                 cargo test --release -p weft --test exercisers",
+                 cargo test --release -p weft --test integration exercisers::",
                 plan.seed,
                 log.join("\n"),
                 plan.seed,
