@@ -175,8 +175,11 @@ pub(super) fn run(conn: &Arc<Conn>, qid: usize, ready: &Ready) {
     let mut scratch = vec![0u8; IN_HEADER_BYTES + 256];
     let mut done = Vec::with_capacity(RING_DEPTH as usize + 1);
     while !conn.stop.load(Ordering::Relaxed) {
-        if queue.ring.submitter().submit_and_wait(1).is_err() {
-            continue; // EINTR
+        if let Err(e) = queue.ring.submitter().submit_and_wait(1) {
+            // A signal, or completions to reap before more can be submitted: reap what there is, then again.
+            if !matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+                return conn.abort(&format!("queue {qid}: io_uring_enter: {e}"));
+            }
         }
         done.clear();
         // SAFETY: only this thread reads the completion queue.
@@ -184,8 +187,13 @@ pub(super) fn run(conn: &Arc<Conn>, qid: usize, ready: &Ready) {
         for &(token, res) in &done {
             if token == WAKE {
                 rearm_and_commit(&queue);
+            } else if res == -libc::ENOTCONN || res == -libc::ECANCELED {
+                return; // The mount went away.
             } else if res < 0 {
-                return; // ENOTCONN / ECANCELED: the mount went away.
+                // An entry the kernel failed is not fetching any more: requests queued on this CPU would wait
+                // forever, so the bench ends the mount and fails instead.
+                let e = io::Error::from_raw_os_error(-res);
+                return conn.abort(&format!("queue {qid}: entry {token}'s command failed: {e}"));
             } else {
                 conn.ring_requests.fetch_add(1, Ordering::Relaxed);
                 serve(conn, &queue, token as usize, &mut scratch);

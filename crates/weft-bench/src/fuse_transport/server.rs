@@ -94,6 +94,22 @@ pub(super) struct Conn {
     pub(super) dispatch: Dispatch,
     /// Requests served through the ring so far.
     pub(super) ring_requests: AtomicU64,
+    /// Where it is mounted (to abort it).
+    mountpoint: CString,
+}
+
+impl Conn {
+    /// Ends the connection as `umount -f` does: every request waiting on the mount fails with ENOTCONN.
+    /// For a queue that cannot go on, so the bench fails instead of its callers waiting forever.
+    pub(super) fn abort(&self, why: &str) {
+        eprintln!("fuse-transport: aborting the mount: {why}");
+        self.stop.store(true, Ordering::SeqCst);
+        // SAFETY: `mountpoint` is a valid NUL-terminated path. MNT_FORCE makes FUSE abort the connection (its
+        // umount_begin) whether or not the unmount then succeeds; `Server`'s drop detaches it after.
+        if unsafe { libc::umount2(self.mountpoint.as_ptr(), libc::MNT_FORCE) } != 0 {
+            eprintln!("fuse-transport: umount2(MNT_FORCE): {}", io::Error::last_os_error());
+        }
+    }
 }
 
 /// A mounted server; unmounts (lazily) and stops its threads when dropped.
@@ -129,7 +145,13 @@ impl Drop for Server {
 pub fn mount(dir: &Path, transport: Transport, readers: usize, dispatch: Dispatch) -> io::Result<Server> {
     let mountpoint = CString::new(dir.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
     let dev = mount_dev(&mountpoint)?;
-    let conn = Arc::new(Conn { dev, stop: AtomicBool::new(false), dispatch, ring_requests: AtomicU64::new(0) });
+    let conn = Arc::new(Conn {
+        dev,
+        stop: AtomicBool::new(false),
+        dispatch,
+        ring_requests: AtomicU64::new(0),
+        mountpoint: mountpoint.clone(),
+    });
     let init = Arc::new((Mutex::new(None::<bool>), Condvar::new()));
     let mut server = Server { mountpoint, conn: conn.clone(), threads: Vec::new(), transport: Transport::DevFuse };
     for i in 0..readers.max(1) {
@@ -457,6 +479,24 @@ mod tests {
         }
         let missing = std::fs::metadata(dir.join("nope")).expect_err("no such name");
         assert_eq!(missing.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    /// An aborted connection (what a ring queue that cannot go on does) fails the mount's callers with ENOTCONN
+    /// instead of leaving them waiting.
+    #[test]
+    fn an_aborted_connection_fails_its_callers() {
+        let dir = std::env::temp_dir().join(format!("weft-fuse-transport-abort-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mountpoint");
+        let server = mount(&dir, Transport::DevFuse, 1, Dispatch::Inline).expect("mount over /dev/fuse (root)");
+        check_mount(&dir);
+        // A file held open keeps the mount busy, so the forced unmount only aborts, as with callers in flight.
+        let f = File::open(dir.join("f")).expect("open /f");
+        server.conn.abort("the test asks");
+        let e = f.read_at(&mut [0u8; 4096], 0).expect_err("an aborted mount answers nothing");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+        drop(f);
+        drop(server);
+        std::fs::remove_dir(&dir).expect("the mountpoint is empty once unmounted");
     }
 
     /// Both transports, each with both dispatches, serve the file's bytes through a real mount (root: mount(2)
