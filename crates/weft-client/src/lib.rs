@@ -125,6 +125,8 @@ struct Inner {
     /// leave them out for [`UNREACHABLE_HOLD_MS`] and decode from, or read, the other chunks. One entry per server
     /// of the cluster at most.
     unreachable_ds: Mutex<HashMap<u32, std::time::Instant>>,
+    /// This client's own changes sent to the MDS (docs/format.md §31, "a mount's own changes").
+    own: Mutex<OwnChanges>,
     layouts: LayoutCache,
     /// One fabric for all sessions: its shm side owns the client's arena, shared with every shm server.
     fabric: AnyFabric,
@@ -163,6 +165,50 @@ pub struct PnfsDevice {
 /// An MDS's refusal of a request it cannot decode: an op newer than it (the caller falls back to an older one).
 fn is_bad_request(e: &ClientError) -> bool {
     matches!(e, ClientError::Meta(weft_rpc::RpcError::Remote(w)) if w.code == ErrorCode::BadRequest)
+}
+
+/// This client's own changes sent to the MDS: how many so far, and how many are waiting for their replies.
+#[derive(Debug, Default, Clone, Copy)]
+struct OwnChanges {
+    sent: u64,
+    in_flight: u64,
+}
+
+/// One own change in flight ([`Client::meta`]): counted when made, done when dropped (answered, failed or
+/// cancelled). Requests that change nothing are not counted.
+struct OwnChangeInFlight<'a>(Option<&'a Mutex<OwnChanges>>);
+
+impl<'a> OwnChangeInFlight<'a> {
+    fn start(client: &'a Client, req: &Request) -> Self {
+        if matches!(req.meta_change(), weft_proto::MetaChange::Nothing) {
+            return OwnChangeInFlight(None);
+        }
+        let mut own = client.inner.own.lock().expect("own changes");
+        own.sent += 1;
+        own.in_flight += 1;
+        OwnChangeInFlight(Some(&client.inner.own))
+    }
+}
+
+impl Drop for OwnChangeInFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(own) = self.0 {
+            let mut own = own.lock().unwrap_or_else(|e| e.into_inner());
+            assert!(own.in_flight > 0, "an own change ended that never started");
+            own.in_flight -= 1;
+        }
+    }
+}
+
+/// A directory's attributes as a create left them ([`Client::create_open_dir`]).
+#[derive(Debug, Clone)]
+pub struct DirAfter {
+    pub attr: Attr,
+    /// No other change of this client's own was in flight when the create was sent, nor sent before its reply.
+    pub alone: bool,
+    /// [`Client::own_changes_sent`] when the reply arrived: the attributes hold this client's every change while
+    /// the count stays here (and the directory's lease holds).
+    pub sent: u64,
 }
 
 fn unexpected(r: Response) -> ClientError {
@@ -245,6 +291,7 @@ impl Client {
                 ds_connect: tokio::sync::Mutex::new(()),
                 verifiers: verifier::Verifiers::default(),
                 unreachable_ds: Mutex::new(HashMap::new()),
+                own: Mutex::new(OwnChanges::default()),
                 fabric,
                 guesses: weft_cache::attrs::EntryGuesses::new(
                     bank.as_ref().filter(|b| b.caches_attrs()).map_or(0, |b| b.config().lookup_guesses_max as usize),
@@ -299,6 +346,7 @@ impl Client {
     async fn meta(&self, req: Request) -> Result<Response, ClientError> {
         // A change of this client's own: the MDS recalls nothing from it, so the lease cache drops it itself.
         let pending = self.lease_cache().map(|c| meta_cache::Pending::of(&req, meta_cache::lock(c).ticket()));
+        let _own = OwnChangeInFlight::start(self, &req);
         let r = self.inner.mds.call_simple_as(Some(&self.user), req).await.map_err(ClientError::Meta);
         if let (Some(c), Some(p)) = (self.lease_cache(), pending) {
             let now = (std::time::Instant::now(), self.mds_session());
@@ -940,6 +988,38 @@ impl Client {
         File::new(self.clone(), opened, Rights::READ_WRITE, std::time::Instant::now())
     }
 
+    /// [`Client::create_open`], also answering directory `parent`'s attributes read right after the create
+    /// (`CreateOpenDir`, op 147; `None` from an MDS older than it), and whether this client sent no other change
+    /// of its own while the create was in flight: only then is nothing of its own missing from them, and they
+    /// stay so until [`Client::own_changes_sent`] moves past the count returned (docs/format.md §31).
+    pub async fn create_open_dir(
+        &self,
+        parent: u64,
+        name: &str,
+        mode: u32,
+        exclusive: bool,
+    ) -> Result<(File, Option<DirAfter>), ClientError> {
+        let before = *self.inner.own.lock().expect("own changes");
+        let req = CreateReq { parent, name: name.into(), mode, exclusive };
+        let again = req.clone();
+        let (opened, dir) = match self.meta_or_older(Request::CreateOpenDir(req), || Request::CreateOpen(again)).await?
+        {
+            Response::CreateOpenDir(r) => (r.open, Some(r.dir)),
+            Response::CreateOpen(o) => (o, None),
+            other => return Err(unexpected(other)),
+        };
+        let sent = self.own_changes_sent();
+        let alone = before.in_flight == 0 && sent == before.sent + 1;
+        let dir = dir.map(|attr| DirAfter { attr, alone, sent });
+        Ok((File::new(self.clone(), opened, Rights::READ_WRITE, std::time::Instant::now())?, dir))
+    }
+
+    /// How many changes of its own this client has sent to the MDS (every request whose `meta_change` is not
+    /// `Nothing`), counted before each is sent.
+    pub fn own_changes_sent(&self) -> u64 {
+        self.inner.own.lock().expect("own changes").sent
+    }
+
     /// Creates (or, unless `exclusive`, opens) a regular file by path, opened read+write. With `truncate`, an
     /// existing file is emptied.
     pub async fn create_path(
@@ -1207,6 +1287,7 @@ fn attr_layout(r: &Response) -> Option<(u64, &Layout)> {
         | Response::Link(a)
         | Response::Commit(a) => a,
         Response::Open(o) | Response::CreateOpen(o) => &o.attr,
+        Response::CreateOpenDir(r) => &r.open.attr,
         _ => return None,
     };
     (a.kind == weft_proto::FileKind::File).then_some(()).and(a.layout.as_ref().map(|l| (a.ino, l)))

@@ -75,7 +75,7 @@ pub struct Pending {
 impl Pending {
     pub fn of(req: &Request, ticket: Ticket) -> Pending {
         let made = match req {
-            Request::Create(r) | Request::CreateOpen(r) => Some((r.parent, r.name.clone())),
+            Request::Create(r) | Request::CreateOpen(r) | Request::CreateOpenDir(r) => Some((r.parent, r.name.clone())),
             Request::Mkdir(r) => Some((r.parent, r.name.clone())),
             Request::Symlink(r) => Some((r.parent, r.name.clone())),
             Request::Mknod(r) => Some((r.parent, r.name.clone())),

@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use fuser::{INodeNo, Notifier};
-use weft_client::Client;
 use weft_client::lease_channel::{self, LeaseHolder};
 use weft_client::lease_trust::LeaseTrust;
 pub use weft_client::lease_trust::Ticket;
+use weft_client::{Client, DirAfter};
 use weft_proto::Attr;
 use weft_proto::msg::LeaseWaitResp;
 
@@ -44,6 +44,10 @@ pub struct LeaseView {
     /// §31; the kernel also checks the mtime, but a utimes could set it back.) With the attributes its open
     /// got, so the next open of it asks the MDS nothing.
     dirs: HashMap<u64, Attr>,
+    /// Directories' attributes as this mount's own last create in each left them (op 147, docs/format.md §31),
+    /// with the count of the client's own changes they hold ([`weft_client::DirAfter::sent`]): the kernel's
+    /// `GETATTR` of one is answered from here while its lease holds and the count has not moved.
+    after_create: HashMap<u64, (Attr, u64)>,
 }
 
 impl LeaseView {
@@ -97,9 +101,34 @@ impl LeaseView {
         self.dirs.get(&ino).cloned()
     }
 
+    /// A create's reply under `t` carried its directory's attributes `d`: true if they are kept for the kernel's
+    /// next `GETATTR` of the directory (the reply is trusted, and no other own change overlapped the create).
+    pub fn created_in(&mut self, t: &Ticket, d: &DirAfter, now: (Instant, u64)) -> bool {
+        let ino = d.attr.ino;
+        let full = self.after_create.len() >= TRACKED_MAX && !self.after_create.contains_key(&ino);
+        if !d.alone || full || !self.attr(t, ino, now) {
+            self.after_create.remove(&ino);
+            return false;
+        }
+        self.after_create.insert(ino, (d.attr.clone(), d.sent));
+        true
+    }
+
+    /// Directory `ino`'s attributes as this mount's last create in it left them, if its lease holds now and the
+    /// client has sent no change of its own since (`sent_now`: its count now). A stale one is dropped.
+    pub fn after_create(&mut self, ino: u64, sent_now: u64, now: (Instant, u64)) -> Option<Attr> {
+        let (attr, sent) = self.after_create.get(&ino)?;
+        if *sent != sent_now || !self.trust.live(now) || !self.attrs.contains(&ino) {
+            self.after_create.remove(&ino);
+            return None;
+        }
+        Some(attr.clone())
+    }
+
     /// This mount changed `ino` behind its kernel's back (a commit at close or fsync): true if the kernel holds its
     /// attributes under a lease, which the caller then invalidates.
     pub fn forget_attr(&mut self, ino: u64) -> bool {
+        self.after_create.remove(&ino);
         self.attrs.remove(&ino)
     }
 
@@ -115,6 +144,7 @@ impl LeaseView {
             match &r.name {
                 None => {
                     self.attrs.remove(&r.ino);
+                    self.after_create.remove(&r.ino);
                     let dir = self.dirs.remove(&r.ino).is_some();
                     out.push(if dir { Inval::Dir(r.ino) } else { Inval::Attr(r.ino) });
                 }
@@ -130,6 +160,7 @@ impl LeaseView {
     /// Every lease is gone (the channel failed, or the trust ran out): what the kernel must forget.
     pub fn lose(&mut self) -> Vec<Inval> {
         self.trust.lose();
+        self.after_create.clear();
         // A directory's attributes go with its listing (its `Inval::Dir`).
         let dirs = std::mem::take(&mut self.dirs);
         let attrs = self.attrs.drain().filter(|ino| !dirs.contains_key(ino)).map(Inval::Attr);
@@ -293,6 +324,36 @@ mod tests {
         v.received(&resp(1, 2, many), t0, 1);
         assert!(!v.attr(&t, 5, (t0, 1)), "recalls it asked before may have been forgotten");
         assert!(v.attr(&v.ticket(), 5, (t0, 1)));
+    }
+
+    #[test]
+    fn a_directorys_attributes_after_a_create_are_kept_only_while_nothing_else_could_have_moved_them() {
+        let t0 = Instant::now();
+        let now = (t0, 1);
+        let after = |ino, alone, sent| DirAfter { attr: Attr::new(ino, weft_proto::FileKind::Dir, 0o755), alone, sent };
+        let mut v = LeaseView::default();
+        let before = v.ticket();
+        v.received(&resp(1, 0, vec![]), t0, 1);
+        assert!(!v.created_in(&before, &after(2, true, 5), now), "asked before the epoch");
+        let t = v.ticket();
+        assert!(!v.created_in(&t, &after(2, false, 5), now), "another own change overlapped the create");
+        assert!(v.after_create(2, 5, now).is_none());
+        assert!(v.created_in(&t, &after(2, true, 5), now));
+        assert_eq!(v.after_create(2, 5, now).map(|a| a.ino), Some(2), "answered while nothing moved");
+        assert!(v.after_create(2, 5, (t0, 2)).is_none(), "another MDS session");
+        assert!(v.after_create(2, 6, now).is_none(), "an own change sent since");
+        assert!(v.after_create(2, 5, now).is_none(), "and dropped for good");
+        assert!(v.created_in(&t, &after(3, true, 7), now) && v.created_in(&t, &after(4, true, 7), now));
+        let inv = v.received(&resp(1, 1, vec![Recall { ino: 3, name: None }]), t0, 1);
+        assert_eq!(inv, vec![Inval::Attr(3)]);
+        assert!(v.after_create(3, 7, now).is_none(), "recalled");
+        assert!(!v.created_in(&t, &after(3, true, 7), now), "a reply asked before the recall");
+        assert!(v.after_create(4, 7, (t0 + Duration::from_millis(1000), 1)).is_none(), "past the trust horizon");
+        assert!(v.created_in(&v.ticket(), &after(4, true, 7), now));
+        assert!(v.forget_attr(4) && v.after_create(4, 7, now).is_none(), "changed behind the kernel's back");
+        assert!(v.created_in(&v.ticket(), &after(4, true, 7), now));
+        v.lose();
+        assert!(v.after_create(4, 7, now).is_none(), "the leases are gone");
     }
 
     #[test]

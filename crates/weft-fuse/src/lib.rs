@@ -515,6 +515,21 @@ impl Inner {
         }
     }
 
+    /// Answers a `GETATTR` of a directory from what this mount's own last create in it left
+    /// ([`leases::LeaseView::after_create`]), on the calling thread: no round trip. Gives the reply back if not.
+    fn getattr_after_create(&self, ino: u64, reply: ReplyAttr) -> Option<ReplyAttr> {
+        let Some(now) = self.lease_now() else { return Some(reply) };
+        let began = std::time::Instant::now();
+        let mut v = self.lease_view();
+        let Some(a) = v.after_create(ino, self.client.own_changes_sent(), now) else { return Some(reply) };
+        reply.attr(&Duration::from_millis(self.opts.lease_timeout_ms), &file_attr(&a));
+        drop(v);
+        if let Some(m) = &self.metrics {
+            m.record(FuseOp::Getattr as usize, true, began.elapsed());
+        }
+        None
+    }
+
     /// Replies with attributes `a` of a request asked under `t`: the lease timeout if leased, else the attribute one.
     fn reply_attr(&self, reply: ReplyAttr, t: Ticket, a: &Attr) {
         let mut v = self.lease_view();
@@ -651,14 +666,16 @@ impl Filesystem for WeftFs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.spawn(FuseOp::Getattr, req, move |i, c| async move {
-            let t = i.ticket();
-            let r = if i.leasing() { c.getattr_at_mds(ino.0).await } else { c.getattr(ino.0).await };
-            match r {
-                Ok(a) => i.reply_attr(reply, t, &i.local_view(a)),
-                Err(e) => reply.error(errno(&e)),
-            }
-        });
+        if let Some(reply) = self.inner.getattr_after_create(ino.0, reply) {
+            self.spawn(FuseOp::Getattr, req, move |i, c| async move {
+                let t = i.ticket();
+                let r = if i.leasing() { c.getattr_at_mds(ino.0).await } else { c.getattr(ino.0).await };
+                match r {
+                    Ok(a) => i.reply_attr(reply, t, &i.local_view(a)),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            });
+        }
     }
 
     fn setattr(
@@ -1293,7 +1310,7 @@ impl Filesystem for WeftFs {
         self.spawn(FuseOp::Create, req, move |i, c| async move {
             let t = i.ticket();
             let perm = weft_proto::mode_with_umask(mode, umask);
-            let file = match c.create_open(parent.0, &name, perm, exclusive).await {
+            let (file, dir) = match c.create_open_dir(parent.0, &name, perm, exclusive).await {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(&e)),
             };
@@ -1302,13 +1319,20 @@ impl Filesystem for WeftFs {
             // A new file has no cached pages (or a previous inode's, if the inode number came back: drop them).
             i.revalidate(&attr);
             match i.handles.open(file) {
-                Ok(fh) => reply.created(
-                    &i.entry_ttl_under(&mut i.lease_view(), &t, parent.0, &name, attr.ino),
-                    &fattr,
-                    Generation(0),
-                    FileHandle(fh),
-                    open_flags(&i.opts, OpenFlags(flags), false),
-                ),
+                Ok(fh) => {
+                    let mut v = i.lease_view();
+                    // The kernel drops the directory's attributes after this create and asks for them again.
+                    if let (Some(d), Some(now)) = (&dir, i.lease_now()) {
+                        v.created_in(&t, d, now);
+                    }
+                    reply.created(
+                        &i.entry_ttl_under(&mut v, &t, parent.0, &name, attr.ino),
+                        &fattr,
+                        Generation(0),
+                        FileHandle(fh),
+                        open_flags(&i.opts, OpenFlags(flags), false),
+                    )
+                }
                 Err(e) => reply.error(e),
             }
         });

@@ -459,6 +459,11 @@ impl<S: MetaStore, C: Clock> Namespace<S, C> {
         }
     }
 
+    /// Inode `ino`'s attributes, as `GetAttr` answers them (no permission check: the path walk to it made them).
+    pub fn attr(&self, ino: u64) -> Result<Attr, WireError> {
+        self.store.read(|t| Ok(load(t, ino)?.attr()))
+    }
+
     /// Whether `cred` may access inode `ino` as `mask` asks ([`Mask::READ`], [`Mask::WRITE`], [`Mask::EXEC`];
     /// [`Mask::NONE`] asks only that it exists): the check an ACCESS request or an open makes. Reads only.
     pub fn access(&self, cred: &Cred, ino: u64, mask: Mask) -> Result<(), WireError> {

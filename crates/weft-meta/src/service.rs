@@ -348,6 +348,22 @@ impl MetaService {
         Ok(Response::CreateOpen(self.opened(ctx, attr, Rights::READ_WRITE)?))
     }
 
+    /// `CreateOpenDir`: `CreateOpen`, and the directory's attributes read right after it (docs/format.md §31), so a
+    /// mount holding the directory's lease need not ask for them.
+    async fn create_open_dir(&self, ctx: &CallCtx, cred: Cred, r: CreateReq) -> Result<Response, WireError> {
+        let ns = self.ns.clone();
+        let once = once_call(ctx, &cred);
+        let (attr, dir) = tokio::task::spawn_blocking(move || {
+            let attr = ns.create_open(&cred, &r, once.as_ref())?;
+            let dir = ns.attr(r.parent)?;
+            Ok::<_, WireError>((attr, dir))
+        })
+        .await
+        .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??;
+        let open = self.opened(ctx, attr, Rights::READ_WRITE)?;
+        Ok(Response::CreateOpenDir(weft_proto::msg::CreateOpenDirResp { open, dir }))
+    }
+
     /// `SetSizeOpen` (ftruncate): the right to write comes from the caller's open, as on Linux, proved by the
     /// write capability that open got ([`MetaService::check_open_right`]); the rest is `SetAttr`'s (set-ID bits
     /// dropped for a caller who is not root, as `caller_cred` names it).
@@ -490,6 +506,7 @@ impl Service for MetaService {
                     resp
                 }
                 Request::CreateOpen(r) => self.create_open(ctx, cred, r).await?,
+                Request::CreateOpenDir(r) => self.create_open_dir(ctx, cred, r).await?,
                 Request::RenewOpen(r) => self.renew_open(ctx, cred, r).await?,
                 Request::NfsOpen(r) => Response::NfsOpen(self.reopen(ctx, cred, (r.ino, r.rights), true).await?),
                 Request::SetSizeOpen(r) => self.set_size_open(ctx, cred, r).await?,
@@ -585,7 +602,7 @@ fn target_of(req: &Request) -> (u64, Option<String>) {
     let named = |parent: u64, name: &str| (parent, Some(name.to_string()));
     match req {
         Request::Lookup(r) => named(r.parent, &r.name),
-        Request::Create(r) | Request::CreateOpen(r) => named(r.parent, &r.name),
+        Request::Create(r) | Request::CreateOpen(r) | Request::CreateOpenDir(r) => named(r.parent, &r.name),
         Request::Mknod(r) => named(r.parent, &r.name),
         Request::Mkdir(r) => named(r.parent, &r.name),
         Request::Rmdir(r) | Request::Unlink(r) => named(r.parent, &r.name),
@@ -623,7 +640,7 @@ fn is_confined(principal: &Principal, cred: &Cred) -> bool {
 fn inodes_named(req: &Request) -> Vec<u64> {
     match req {
         Request::Lookup(r) => vec![r.parent],
-        Request::Create(r) | Request::CreateOpen(r) => vec![r.parent],
+        Request::Create(r) | Request::CreateOpen(r) | Request::CreateOpenDir(r) => vec![r.parent],
         Request::Mknod(r) => vec![r.parent],
         Request::Mkdir(r) => vec![r.parent],
         Request::Rmdir(r) | Request::Unlink(r) => vec![r.parent],

@@ -84,6 +84,7 @@ pub(crate) fn made(resp: &Response) -> Option<u64> {
             Some(a.ino)
         }
         Response::CreateOpen(OpenResp { attr, .. }) => Some(attr.ino),
+        Response::CreateOpenDir(r) => Some(r.open.attr.ino),
         _ => None,
     }
 }

@@ -64,7 +64,7 @@ impl Request {
             // An ACL changes the mode; any attribute change stamps the ctime.
             Request::SetXattr(r) => inos(r.ino),
             Request::RemoveXattr(r) => inos(r.ino),
-            Request::Create(r) | Request::CreateOpen(r) => added(r.parent, &r.name),
+            Request::Create(r) | Request::CreateOpen(r) | Request::CreateOpenDir(r) => added(r.parent, &r.name),
             Request::Mknod(r) => added(r.parent, &r.name),
             Request::Mkdir(r) => added(r.parent, &r.name),
             Request::Symlink(r) => added(r.parent, &r.name),

@@ -217,6 +217,9 @@ messages! {
     /// A client's metadata lease channel (docs/format.md §31): acknowledges recalls up to `acked`, and is answered
     /// when recalls wait or after `hold_ms`.
     LeaseWait = 146: LeaseWaitReq => LeaseWaitResp, idempotent = true, data = false;
+    /// `CreateOpen` whose reply also carries the directory's attributes after the create (docs/format.md §31): a
+    /// mount holding the directory's lease answers the kernel's next `GETATTR` of it without a round trip.
+    CreateOpenDir = 147: CreateReq => CreateOpenDirResp, idempotent = false, data = false;
 
     // Retired with issue 12 (the bodies gained a capability, and a field is never added to a body): 200 Read,
     // 201 Write, 202 Truncate, 205 Fsync, 206 ReadChunks, 207 WriteChunks. Their successors are 211-216.
@@ -593,6 +596,13 @@ pub struct ReaddirResp {
     pub eof: bool,
 }
 
+/// Op 147's reply: the create's open, and the directory's attributes read right after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateOpenDirResp {
+    pub open: OpenResp,
+    pub dir: Attr,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommitWccResp {
     /// mtime and size just before this commit.
@@ -824,6 +834,7 @@ impl Response {
             Response::Open(o) | Response::CreateOpen(o) | Response::RenewOpen(o) | Response::NfsOpen(o) => {
                 Some(&o.attr)
             }
+            Response::CreateOpenDir(r) => Some(&r.open.attr),
             Response::CommitWcc(w) => Some(&w.attr),
             _ => None,
         }

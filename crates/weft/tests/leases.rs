@@ -254,6 +254,12 @@ impl Native {
 impl Native {
     /// What a lookup of `path` through the native client (from its lease cache while it holds leases) disagrees
     /// with in the model, if anything.
+    /// Directory `dir`'s attributes as the MDS holds them now (never from a cache), as [`dir_stat`] shows them.
+    fn dir_at_mds(&self, dir: &str) -> DirStat {
+        let a = self.rt.block_on(self.client.getattr_at_mds(self.dirs[dir])).expect("getattr at the MDS");
+        (a.mode & 0o7777, u64::from(a.nlink), a.size, a.mtime_ns, a.ctime_ns)
+    }
+
     fn look(&self, m: &Model, path: &str) -> Option<String> {
         let (dir, name) = self.split(path);
         let got = self.rt.block_on(self.client.lookup(dir, name));
@@ -389,6 +395,16 @@ fn look(root: &Path, m: &Model, path: &str, read: bool) -> Option<String> {
     None
 }
 
+/// A directory's mode, link count, size, mtime and ctime (ns).
+type DirStat = (u32, u64, u64, i64, i64);
+
+/// What a stat of directory `dir` shows through the mount at `root`.
+fn dir_stat(root: &Path, dir: &str) -> DirStat {
+    let s = std::fs::metadata(root.join(dir)).unwrap();
+    let ns = |sec: i64, nsec: i64| sec * 1_000_000_000 + nsec;
+    (s.mode() & 0o7777, s.nlink(), s.len(), ns(s.mtime(), s.mtime_nsec()), ns(s.ctime(), s.ctime_nsec()))
+}
+
 fn list(root: &Path, dir: &str) -> BTreeSet<String> {
     std::fs::read_dir(root.join(dir)).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
 }
@@ -440,6 +456,12 @@ fn run_seed(roots: &[PathBuf; 2], native: &Native, seed: u64, ops: u64) {
             let dir = *rng.pick(&DIRS);
             if list(r, dir) != m.listing(dir) {
                 fail(&trail, format!("listing {dir}: {:?}, the model {:?}", list(r, dir), m.listing(dir)));
+            }
+            // A directory's attributes are the MDS's: a mount's own creates answer them from the create's reply
+            // (op 147), any other change of its own or anyone else's drops that.
+            let (got, want) = (dir_stat(r, dir), native.dir_at_mds(dir));
+            if got != want {
+                fail(&trail, format!("stat {dir}: (mode, nlink, size, mtime, ctime) {got:?}, the MDS {want:?}"));
             }
         }
         // And the native client, which answers from its own lease cache (its own changes drop what they touched).
@@ -638,4 +660,51 @@ async fn a_leased_listing_is_kept_by_the_kernel_until_a_change_elsewhere_drops_i
     want.sort();
     assert_eq!(names(b.path("d")), want, "a create through A, its mtime set back");
     assert!(listed().await > before, "the changes made B's kernel list again");
+}
+
+/// A mount's own creates answer the kernel's `GETATTR` of their directory from the create's reply (op 147,
+/// docs/format.md §31) instead of asking the MDS, and what they answer is what the MDS holds: a stat of the
+/// directory through the mount equals the MDS's after every create, and after the mount's own other changes
+/// (mkdir, chmod, unlink, rename) and another client's create, which each drop what the creates left.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directorys_attributes_after_the_mounts_own_creates_need_no_round_trip_and_are_the_mdss() {
+    let cl = leased_cluster("leases-dir-after-create", LEASE_TOML).await;
+    let meta = cl.metrics_addrs().into_iter().find(|(role, _)| role == "meta").unwrap().1;
+    let mds_getattrs = || metric(&meta, "weft_rpc_server_requests_total", &["op=\"GetAttr\""]);
+    let (a, at) = mount_with_metrics(&cl, "leases-dir-after-create-a");
+    members::wait_for("the mount's lease channel", || leasing(&at)).await;
+    let native = cl.client().await;
+    std::fs::create_dir(a.path("d")).unwrap();
+    let d = std::fs::metadata(a.path("d")).unwrap().ino();
+    let at_mds = || async {
+        let x = native.getattr_at_mds(d).await.unwrap();
+        (x.mode & 0o7777, u64::from(x.nlink), x.size, x.mtime_ns, x.ctime_ns)
+    };
+    let root = a.path("");
+    const CREATES: usize = 20;
+    let asked = mds_getattrs().await;
+    for i in 0..CREATES {
+        std::fs::OpenOptions::new().write(true).create_new(true).open(a.path(&format!("d/f{i}"))).unwrap();
+        assert_eq!(dir_stat(&root, "d"), at_mds().await, "after create {i}");
+    }
+    // Each create made the kernel ask for the directory's attributes again (the stat above, and its own path
+    // walk to the next create); without op 147 each is a GetAttr at the MDS. The comparisons' own calls aside:
+    let asked = mds_getattrs().await - asked - CREATES as f64;
+    assert!(asked < 3.0, "{asked} GetAttr calls at the MDS for {CREATES} creates and stats of their directory");
+    std::fs::create_dir(a.path("d/sub")).unwrap();
+    assert_eq!(dir_stat(&root, "d"), at_mds().await, "after the mount's own mkdir (nlink 3)");
+    std::fs::OpenOptions::new().write(true).create_new(true).open(a.path("d/g")).unwrap();
+    std::fs::set_permissions(a.path("d"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    assert_eq!(dir_stat(&root, "d"), at_mds().await, "after the mount's own chmod");
+    std::fs::OpenOptions::new().write(true).create_new(true).open(a.path("d/h")).unwrap();
+    std::fs::remove_file(a.path("d/f3")).unwrap();
+    assert_eq!(dir_stat(&root, "d"), at_mds().await, "after the mount's own unlink");
+    std::fs::OpenOptions::new().write(true).create_new(true).open(a.path("d/i")).unwrap();
+    std::fs::rename(a.path("d/f4"), a.path("d/sub/f4")).unwrap();
+    assert_eq!(dir_stat(&root, "d"), at_mds().await, "after the mount's own rename out of it");
+    std::fs::OpenOptions::new().write(true).create_new(true).open(a.path("d/j")).unwrap();
+    assert_eq!(dir_stat(&root, "d"), at_mds().await, "after one more create");
+    native.create(d, "other", 0o644, true).await.unwrap();
+    assert_eq!(dir_stat(&root, "d"), at_mds().await, "after another client's create (recalled)");
+    assert_eq!(std::fs::read_dir(a.path("d")).unwrap().count(), CREATES - 2 + 6, "sub, g, h, i, j and other");
 }
