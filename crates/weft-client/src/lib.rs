@@ -1000,14 +1000,13 @@ impl Client {
         exclusive: bool,
     ) -> Result<(File, Option<DirAfter>), ClientError> {
         let before = *self.inner.own.lock().expect("own changes");
-        let req = CreateReq { parent, name: name.into(), mode, exclusive };
-        let again = req.clone();
-        let (opened, dir) = match self.meta_or_older(Request::CreateOpenDir(req), || Request::CreateOpen(again)).await?
-        {
-            Response::CreateOpenDir(r) => (r.open, Some(r.dir)),
-            Response::CreateOpen(o) => (o, None),
-            other => return Err(unexpected(other)),
-        };
+        let req = || CreateReq { parent, name: name.into(), mode, exclusive };
+        let (opened, dir) =
+            match self.meta_or_older(Request::CreateOpenDir(req()), || Request::CreateOpen(req())).await? {
+                Response::CreateOpenDir(r) => (r.open, Some(r.dir)),
+                Response::CreateOpen(o) => (o, None),
+                other => return Err(unexpected(other)),
+            };
         let sent = self.own_changes_sent();
         let alone = before.in_flight == 0 && sent == before.sent + 1;
         let dir = dir.map(|attr| DirAfter { attr, alone, sent });

@@ -340,28 +340,36 @@ impl MetaService {
     /// ([`crate::Namespace::create_open`]): a new file's creator may write it whatever its mode, as open(2) with
     /// `O_CREAT`; an existing file's mode is checked.
     async fn create_open(&self, ctx: &CallCtx, cred: Cred, r: CreateReq) -> Result<Response, WireError> {
-        let ns = self.ns.clone();
-        let once = once_call(ctx, &cred);
-        let attr = tokio::task::spawn_blocking(move || ns.create_open(&cred, &r, once.as_ref()))
-            .await
-            .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??;
-        Ok(Response::CreateOpen(self.opened(ctx, attr, Rights::READ_WRITE)?))
+        let (open, _) = self.create_opened(ctx, cred, r, false).await?;
+        Ok(Response::CreateOpen(open))
     }
 
     /// `CreateOpenDir`: `CreateOpen`, and the directory's attributes read right after it (docs/format.md §31), so a
     /// mount holding the directory's lease need not ask for them.
     async fn create_open_dir(&self, ctx: &CallCtx, cred: Cred, r: CreateReq) -> Result<Response, WireError> {
+        let (open, dir) = self.create_opened(ctx, cred, r, true).await?;
+        let dir = dir.expect("asked for the directory's attributes");
+        Ok(Response::CreateOpenDir(weft_proto::msg::CreateOpenDirResp { open, dir }))
+    }
+
+    /// The create and open of `CreateOpen`, with (`with_dir`) the directory's attributes read after it.
+    async fn create_opened(
+        &self,
+        ctx: &CallCtx,
+        cred: Cred,
+        r: CreateReq,
+        with_dir: bool,
+    ) -> Result<(OpenResp, Option<Attr>), WireError> {
         let ns = self.ns.clone();
         let once = once_call(ctx, &cred);
         let (attr, dir) = tokio::task::spawn_blocking(move || {
             let attr = ns.create_open(&cred, &r, once.as_ref())?;
-            let dir = ns.attr(r.parent)?;
+            let dir = if with_dir { Some(ns.attr(r.parent)?) } else { None };
             Ok::<_, WireError>((attr, dir))
         })
         .await
         .map_err(|e| WireError::new(ErrorCode::Internal, format!("metadata task failed: {e}")))??;
-        let open = self.opened(ctx, attr, Rights::READ_WRITE)?;
-        Ok(Response::CreateOpenDir(weft_proto::msg::CreateOpenDirResp { open, dir }))
+        Ok((self.opened(ctx, attr, Rights::READ_WRITE)?, dir))
     }
 
     /// `SetSizeOpen` (ftruncate): the right to write comes from the caller's open, as on Linux, proved by the

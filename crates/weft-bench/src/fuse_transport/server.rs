@@ -114,7 +114,6 @@ impl Conn {
 
 /// A mounted server; unmounts (lazily) and stops its threads when dropped.
 pub struct Server {
-    mountpoint: CString,
     conn: Arc<Conn>,
     threads: Vec<JoinHandle<()>>,
     /// Which transport the kernel actually uses (the ring only once every queue has registered).
@@ -132,7 +131,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.conn.stop.store(true, Ordering::SeqCst);
         // SAFETY: `mountpoint` is a valid NUL-terminated path; MNT_DETACH never blocks on the server.
-        unsafe { libc::umount2(self.mountpoint.as_ptr(), libc::MNT_DETACH) };
+        unsafe { libc::umount2(self.conn.mountpoint.as_ptr(), libc::MNT_DETACH) };
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -145,15 +144,10 @@ impl Drop for Server {
 pub fn mount(dir: &Path, transport: Transport, readers: usize, dispatch: Dispatch) -> io::Result<Server> {
     let mountpoint = CString::new(dir.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
     let dev = mount_dev(&mountpoint)?;
-    let conn = Arc::new(Conn {
-        dev,
-        stop: AtomicBool::new(false),
-        dispatch,
-        ring_requests: AtomicU64::new(0),
-        mountpoint: mountpoint.clone(),
-    });
+    let conn =
+        Arc::new(Conn { dev, stop: AtomicBool::new(false), dispatch, ring_requests: AtomicU64::new(0), mountpoint });
     let init = Arc::new((Mutex::new(None::<bool>), Condvar::new()));
-    let mut server = Server { mountpoint, conn: conn.clone(), threads: Vec::new(), transport: Transport::DevFuse };
+    let mut server = Server { conn: conn.clone(), threads: Vec::new(), transport: Transport::DevFuse };
     for i in 0..readers.max(1) {
         let (conn, init) = (conn.clone(), init.clone());
         let want_uring = transport == Transport::Uring;
