@@ -24,18 +24,6 @@ use crate::ec_write::Replaced;
 use crate::handle::File;
 use crate::striped::Io;
 
-/// A test's hook run by every delta write between its reads and its writes, with the row: how a test loses a
-/// server at exactly that moment (`set_delta_hook`). `None` in production.
-pub type DeltaHook =
-    std::sync::Arc<dyn Fn(u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
-static DELTA_HOOK: std::sync::Mutex<Option<DeltaHook>> = std::sync::Mutex::new(None);
-
-/// Tests only: installs (or with `None` removes) the hook of [`DELTA_HOOK`].
-#[doc(hidden)]
-pub fn set_delta_hook(hook: Option<DeltaHook>) {
-    *DELTA_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = hook;
-}
-
 /// How a delta write ended.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Delta {
@@ -110,7 +98,7 @@ pub(crate) async fn write(
     {
         return Ok(Delta::Declined(Vec::new()));
     }
-    let hook = DELTA_HOOK.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let hook = file.client.test_hooks().delta();
     if let Some(hook) = hook {
         hook(row).await;
     }

@@ -266,18 +266,6 @@ pub(crate) async fn heal_row(
 /// healed one by one ([`heal_row`], each retried on its own): a busy row then costs only itself.
 const HEAL_BATCH_ATTEMPTS_MAX: u32 = 2;
 
-/// A test's hook run by every batch heal between its reads and its writes, with the batch's first row: how a test
-/// makes another writer move a row inside a batch at exactly that moment (`set_heal_hook`). `None` in production.
-pub type HealHook =
-    std::sync::Arc<dyn Fn(u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
-static HEAL_HOOK: std::sync::Mutex<Option<HealHook>> = std::sync::Mutex::new(None);
-
-/// Tests only: installs (or with `None` removes) the hook of [`HEAL_HOOK`].
-#[doc(hidden)]
-pub fn set_heal_hook(hook: Option<HealHook>) {
-    *HEAL_HOOK.lock().expect("heal hook") = hook;
-}
-
 /// What one attempt of a batch heal ended with.
 enum HealAttempt {
     /// Every row's chunk was rewritten, with the parity: the bytes of the healed chunk written.
@@ -352,7 +340,7 @@ async fn heal_attempt(
         Ok(None) => return Ok(HealAttempt::RowByRow),
         Err((row, e)) => return Err(torn(file, base + row as u64 * row_bytes, e)),
     };
-    let hook = HEAL_HOOK.lock().expect("heal hook").clone();
+    let hook = file.client.test_hooks().heal();
     if let Some(hook) = hook {
         hook(first).await;
     }

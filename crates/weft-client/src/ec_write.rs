@@ -998,19 +998,6 @@ fn parity_writes(
     (writes, sent)
 }
 
-/// A test's hook run by a degraded row write between its writes and its marking what it missed stale, with the
-/// file's inode and the job's first row: how a test reads the row in exactly that window (`set_degraded_hook`).
-/// `None` in production.
-pub type DegradedHook =
-    std::sync::Arc<dyn Fn(u64, u64) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
-static DEGRADED_HOOK: std::sync::Mutex<Option<DegradedHook>> = std::sync::Mutex::new(None);
-
-/// Tests only: installs (or with `None` removes) the hook of [`DEGRADED_HOOK`].
-#[doc(hidden)]
-pub fn set_degraded_hook(hook: Option<DegradedHook>) {
-    *DEGRADED_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = hook;
-}
-
 /// After the writes: a heal that could not write what it heals fails (the range stays stale), as does a failed
 /// task; up to `m` unavailable servers have the rows each missed (stale ones too: they were skipped in every row)
 /// recorded stale before this write is acknowledged.
@@ -1040,7 +1027,7 @@ async fn finish(
     crate::stale::refetch_if_fenced(job.file, &lost).await?;
     missed.extend(lost);
     if !missed.is_empty() {
-        let hook = DEGRADED_HOOK.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let hook = job.file.client.test_hooks().degraded();
         if let Some(hook) = hook {
             hook(job.file.attr.ino, job.first).await;
         }

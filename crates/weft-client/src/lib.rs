@@ -49,6 +49,7 @@ mod redundancy;
 pub mod scrub;
 mod stale;
 mod striped;
+pub mod test_hooks;
 mod transfer;
 mod verifier;
 #[cfg(test)]
@@ -57,9 +58,6 @@ mod verifier_sim;
 pub use capability::OpenMode;
 pub use catch_up::heal_rows;
 pub use cluster::{ClientTuning, ClusterConfig, FabricChoice};
-pub use ec_delta::{DeltaHook, set_delta_hook};
-pub use ec_rows::{HealHook, set_heal_hook};
-pub use ec_write::{DegradedHook, set_degraded_hook};
 pub use error::ClientError;
 pub use handle::File;
 pub use io_queue::{Completion, IoKind, IoOp, IoQueue};
@@ -150,6 +148,8 @@ struct Inner {
     locks_session: std::sync::atomic::AtomicU64,
     /// Attributes and entries cached under metadata leases, once [`Client::hold_leases`] started the channel.
     meta_cache: std::sync::OnceLock<Arc<Mutex<meta_cache::MetaCache>>>,
+    /// Tests' hooks inside the ec paths (`test_hooks.rs`); empty in production.
+    hooks: test_hooks::TestHooks,
 }
 
 /// A pNFS data server ([`Client::pnfs_devices`]): a data server's id and the NFS addresses it serves at.
@@ -306,6 +306,7 @@ impl Client {
                 lock_keepalive: std::sync::OnceLock::new(),
                 locks_session: std::sync::atomic::AtomicU64::new(0),
                 meta_cache: std::sync::OnceLock::new(),
+                hooks: Default::default(),
             }),
             user: Arc::new(user),
         };
@@ -331,6 +332,17 @@ impl Client {
     /// The cache bank, if the cluster config names one (its counters say what it served).
     pub fn bank(&self) -> Option<&weft_cache::Bank> {
         self.inner.bank.as_ref()
+    }
+
+    /// Calls to the MDS this client sent again (a lost connection, a failover), since it connected.
+    pub fn mds_resends(&self) -> u64 {
+        self.inner.mds.resends()
+    }
+
+    /// Tests only: this client's hooks inside the ec write and heal paths (shared with its clones).
+    #[doc(hidden)]
+    pub fn test_hooks(&self) -> &test_hooks::TestHooks {
+        &self.inner.hooks
     }
 
     /// The ec write path's reused buffers.

@@ -118,6 +118,8 @@ struct Inner<F: Fabric> {
     /// Client memory registered on the current connection (pin-down cache), and the lock its misses take.
     regs: Arc<Mutex<RegCache>>,
     reg_lock: tokio::sync::Mutex<()>,
+    /// Attempts sent again on this session (what `metrics::CLIENT.retries` counts for the whole process).
+    resends: std::sync::atomic::AtomicU64,
 }
 
 impl<F: Fabric> Drop for Inner<F> {
@@ -194,6 +196,7 @@ impl<F: Fabric> RpcClient<F> {
                 session_secret: Mutex::new(secret.map(|s| (session, s))),
                 regs: Arc::new(Mutex::new(RegCache::new(cfg_regs))),
                 reg_lock: tokio::sync::Mutex::new(()),
+                resends: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -201,6 +204,11 @@ impl<F: Fabric> RpcClient<F> {
     /// The address(es) as given to [`RpcClient::connect`].
     pub fn addr(&self) -> &str {
         &self.inner.addr
+    }
+
+    /// Attempts this client sent again (a lost connection, a busy or failed-over server), since it connected.
+    pub fn resends(&self) -> u64 {
+        self.inner.resends.load(Ordering::Relaxed)
     }
 
     /// The address the live connection goes to (one of those given).
@@ -345,6 +353,7 @@ impl<F: Fabric> RpcClient<F> {
             }
             if std::mem::replace(&mut resend, true) {
                 crate::metrics::CLIENT.retries.inc();
+                self.inner.resends.fetch_add(1, Ordering::Relaxed);
             }
             if sid == 0 && self.conn().await.is_ok() {
                 // The session was forgotten (an earlier call gave up on a refused one) and `conn` has just opened

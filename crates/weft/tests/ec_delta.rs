@@ -1,6 +1,6 @@
 //! ec writes with a hook inside them (docs/format.md §17): a data server lost inside a delta write (issue 32,
-//! "Delta parity"), a row read between a degraded write's writes and its stale marks (issue 30). In a test binary
-//! of their own: the hooks are process-wide, and the other ec tests make writes of their own.
+//! "Delta parity"), a row read between a degraded write's writes and its stale marks (issue 30). Each hook is
+//! its client's (`Client::test_hooks`): the other tests' writes in this process never fire it.
 
 use crate::common;
 
@@ -13,9 +13,6 @@ use weft_client::{Client, OpenMode};
 use weft_proto::{DataRedundancy, ROOT_INO};
 
 const UNIT: u32 = 64 << 10;
-
-/// Held by each test for its whole run: a hook is process-wide, and two clusters' files can share an inode number.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// `/ec`, whose new files are `ec 4+2` with a stripe unit of [`UNIT`].
 async fn ec_dir(c: &Client) {
@@ -30,7 +27,6 @@ async fn ec_dir(c: &Client) {
 /// be acknowledged (degraded), and every byte read back right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_inside_a_delta_write_leaves_the_write_acknowledged_and_the_row_decodable() {
-    let _alone = ONE_AT_A_TIME.lock().await;
     let c = start_with("ec-delta-kill", 6, |_| {}).await;
     let client = c.impatient_client().await;
     ec_dir(&client).await;
@@ -43,7 +39,7 @@ async fn a_server_killed_inside_a_delta_write_leaves_the_write_acknowledged_and_
     let pid = c.data_pid(f.layout().servers[1]).expect("data server 1 runs");
     let fired = Arc::new(AtomicU64::new(0));
     let n = fired.clone();
-    weft_client::set_delta_hook(Some(Arc::new(move |_row| {
+    client.test_hooks().set_delta(Some(Arc::new(move |_row| {
         let n = n.clone();
         Box::pin(async move {
             if n.fetch_add(1, Ordering::SeqCst) == 0 {
@@ -61,7 +57,7 @@ async fn a_server_killed_inside_a_delta_write_leaves_the_write_acknowledged_and_
     let patch = pattern(42, at as u64, 200);
     let written = f.write_at(at as u64, Bytes::copy_from_slice(&patch)).await;
     let flushed = f.flush().await;
-    weft_client::set_delta_hook(None);
+    client.test_hooks().set_delta(None);
     written.unwrap();
     flushed.unwrap_or_else(|e| panic!("the write with a server killed under it: {e}"));
     assert_eq!(fired.load(Ordering::SeqCst), 1, "one delta write, the server killed inside it");
@@ -78,7 +74,6 @@ async fn a_server_killed_inside_a_delta_write_leaves_the_write_acknowledged_and_
 /// last written there, or a clear error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chunk_changed_while_unreachable_never_decodes_with_its_old_bytes() {
-    let _alone = ONE_AT_A_TIME.lock().await;
     let mut c = start_with("ec-unreachable-version", 3, |o| o.meta_extra_toml = "heal = false\n".into()).await;
     let client = c.impatient_client().await;
     let dir = client.mkdir(ROOT_INO, "ec", 0o755).await.unwrap();
@@ -94,14 +89,7 @@ async fn a_chunk_changed_while_unreachable_never_decodes_with_its_old_bytes() {
     let (inside_tx, mut inside) = tokio::sync::mpsc::unbounded_channel::<u64>();
     let release = Arc::new(tokio::sync::Notify::new());
     let go = release.clone();
-    struct Unhook;
-    impl Drop for Unhook {
-        fn drop(&mut self) {
-            weft_client::set_degraded_hook(None);
-        }
-    }
-    let _unhook = Unhook;
-    weft_client::set_degraded_hook(Some(Arc::new(move |hooked, first| {
+    client.test_hooks().set_degraded(Some(Arc::new(move |hooked, first| {
         let (inside_tx, go) = (inside_tx.clone(), go.clone());
         Box::pin(async move {
             if hooked == ino {

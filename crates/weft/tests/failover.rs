@@ -92,7 +92,7 @@ async fn writer(c: Client, dir: u64, w: usize, shared: Arc<Shared>, acked: Arc<A
     unreachable!()
 }
 
-/// On the embedded store and on PostgreSQL, one after the other (the retry count below is this process's).
+/// On the embedded store and on PostgreSQL, one after the other (the resends below are counted per client).
 #[tokio::test(flavor = "multi_thread")]
 async fn native_writers_block_through_an_mds_kill_and_restart_and_lose_nothing() {
     ride_out_a_restart(start_with("failover-native", 2, |o| o.postgres = false).await).await;
@@ -106,9 +106,10 @@ async fn ride_out_a_restart(mut cl: TestCluster) {
     let mut cfg = two_address_config(&cl);
     let shared = Arc::new(Shared::default());
     let acked: Vec<Arc<AtomicUsize>> = (0..WRITERS).map(|_| Arc::new(AtomicUsize::new(0))).collect();
-    let mut tasks = Vec::new();
+    let (mut tasks, mut clients) = (Vec::new(), Vec::new());
     for (w, a) in acked.iter().enumerate() {
         let c = Client::connect(&cfg).await.unwrap();
+        clients.push(c.clone());
         let (shared, a) = (shared.clone(), a.clone());
         tasks.push(tokio::spawn(async move { shared.record(writer(c, dir, w, shared.clone(), a).await) }));
     }
@@ -118,10 +119,10 @@ async fn ride_out_a_restart(mut cl: TestCluster) {
 
     cl.kill_mds().await;
     // Four writers blocked in one call each: 6 retries per writer means at least one call went past five
-    // attempts, where it used to fail. (The only other test of this binary that makes this process's clients
-    // retry runs after this one, in it.)
-    let retries = weft_rpc::metrics::CLIENT.retries.get();
-    let blocked = || ready(weft_rpc::metrics::CLIENT.retries.get() >= retries + 6 * WRITERS as u64 || shared.failed());
+    // attempts, where it used to fail. Counted per client: other tests' clients in this process retry too.
+    let resends = || clients.iter().map(|c| c.mds_resends()).sum::<u64>();
+    let before = resends();
+    let blocked = || ready(resends() >= before + 6 * WRITERS as u64 || shared.failed());
     wait_for("the writers to retry past their attempts", blocked).await;
     shared.assert_no_error();
     restart_and_stop(&mut cl, &shared, total).await;

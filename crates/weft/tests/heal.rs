@@ -250,7 +250,7 @@ async fn a_row_moved_inside_a_heal_batch_is_never_overwritten() {
     let writer = Arc::new(client.open("/m/f", OpenMode::ReadWrite).await.unwrap());
     let calls = Arc::new(AtomicU64::new(0));
     let (w, n) = (writer.clone(), calls.clone());
-    weft_client::set_heal_hook(Some(Arc::new(move |first| {
+    client.test_hooks().set_heal(Some(Arc::new(move |first| {
         let (w, n) = (w.clone(), n.clone());
         Box::pin(async move {
             assert_eq!(first, 0, "one batch of every row");
@@ -262,7 +262,7 @@ async fn a_row_moved_inside_a_heal_batch_is_never_overwritten() {
     })));
     let healer = client.open("/m/f", OpenMode::ReadWrite).await.unwrap();
     let written = weft_client::heal_rows(&healer, slot, 0, ROWS as u64, (ROWS * row) as u64).await;
-    weft_client::set_heal_hook(None);
+    client.test_hooks().set_heal(None);
     let written = written.unwrap();
     assert_eq!(written, (ROWS * UNIT as usize) as u64, "the slot's chunk of every row");
     // Every batch attempt was moved under the heal (two), then the rows went one by one (no hook there).
