@@ -351,8 +351,11 @@ async fn write(
     stats: &ConnStats,
     w: &mut Writer,
 ) -> Result<(), u32> {
-    let fh = admitted(ds, cx, Rights::WRITE, peer)?;
     let len = data.len() as u64;
+    let fh = admitted(ds, cx, Rights::WRITE, peer).inspect_err(|&status| {
+        // Where a refused WRITE was (the client resends it through the MDS): what a wrong byte is traced with.
+        tracing::debug!(%peer, ino = cx.cur.as_ref().map(|f| f.cap.ino), offset, len, status, "pnfs ds: WRITE refused");
+    })?;
     let object = fh.object_range(offset, len).map_err(|e| {
         tracing::debug!(%peer, ino = fh.cap.ino, "pnfs ds: WRITE refused: {e}");
         NFS4ERR_INVAL
