@@ -66,30 +66,36 @@ lint:
 # A clean clone builds everything once: incremental compilation's caches would only double the target directory
 # (6.3 GiB of caches beside 4.9 GiB of artifacts after a run, measured) on a machine whose free disk varies (a run
 # failed on a full disk), and slow the build.
+# Each step's banner says how long the run has taken so far, and the last line the whole run's minutes against CI's
+# budget (TEST_BUDGET_MIN, 45): a run that grows past it says so, while every step still passes.
 test: export CARGO_INCREMENTAL = 0
+TEST_BUDGET_MIN ?= 45
+SINCE = $$(( ($$(date +%s) - $$(cat target/test-started-s)) / 60 )) min in
 test: deps
-	@mkdir -p target && scripts/leftovers.sh snapshot target/processes-before-test
-	@echo "==================== lint ===================="
+	@mkdir -p target && date +%s >target/test-started-s && scripts/leftovers.sh snapshot target/processes-before-test
+	@echo "==================== [$(SINCE)] lint ===================="
 	@$(MAKE) --no-print-directory lint
-	@echo "==================== cargo test (release, fault-injection) ===================="
+	@echo "==================== [$(SINCE)] cargo test (release, fault-injection) ===================="
 	mkdir -p target
 	$(CARGO) test --locked --workspace --release --features weft/fault-injection,weft-fabric/rdma 2>&1 | tee target/cargo-test.log
-	@echo "==================== data tests again over tcp (the run above used shm: same host) ===================="
+	@echo "==================== [$(SINCE)] data tests again over tcp (the run above used shm: same host) ===================="
 	WEFT_FABRIC=tcp $(CARGO) test --locked --workspace --release --features weft/fault-injection,weft-fabric/rdma --test integration \
 		-- data_path:: cli:: concurrency:: exactly_once:: crash:: 2>&1 | tee -a target/cargo-test.log
-	@echo "==================== data tests again over tcp under TLS (WEFT_TLS=1: every cluster makes its certificates) ===================="
+	@echo "==================== [$(SINCE)] data tests again over tcp under TLS (WEFT_TLS=1: every cluster makes its certificates) ===================="
 	WEFT_FABRIC=tcp WEFT_TLS=1 $(CARGO) test --locked --workspace --release --features weft/fault-injection,weft-fabric/rdma --test integration \
 		-- data_path:: cli:: 2>&1 | tee -a target/cargo-test.log
-	@echo "==================== fuzz smoke ===================="
+	@echo "==================== [$(SINCE)] fuzz smoke ===================="
 	scripts/fuzz-smoke.sh
 	@if [ "$(RDMA_VM)" != 0 ]; then \
-		echo "==================== rdma over Soft-RoCE (qemu VM) ===================="; \
+		echo "==================== [$(SINCE)] rdma over Soft-RoCE (qemu VM) ===================="; \
 		$(MAKE) --no-print-directory test-rdma; \
 	fi
-	@echo "==================== no process left behind ===================="
+	@echo "==================== [$(SINCE)] no process left behind ===================="
 	scripts/leftovers.sh check target/processes-before-test
-	@echo "==================== make test: all steps passed ===================="
+	@echo "==================== [$(SINCE)] make test: all steps passed ===================="
 	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "tests: %d passed, %d failed\n", p, f}' target/cargo-test.log
+	@m=$$(( ($$(date +%s) - $$(cat target/test-started-s)) / 60 )); echo "make test took $$m min (CI's budget: $(TEST_BUDGET_MIN))"; \
+		[ "$$m" -le "$(TEST_BUDGET_MIN)" ] || echo "make test: WARNING: over the $(TEST_BUDGET_MIN)-minute budget: make the slow steps faster (their banners say when each began)"
 
 # soak: the random-operation exercisers of `make test` (crates/weft/tests/exercisers.rs) run long: every layout
 # through every access path, SOAK_SEEDS seeds of SOAK_OPS ops each (minutes). A failure prints the seed and the
