@@ -9,7 +9,8 @@
 //! attribute time) and 4 KiB `pread` at random offsets (a READ each: the file is opened with direct I/O), every
 //! byte read checked. Reported per point: ops/s, p50 and p99 latency, and CPU µs per op of the whole process
 //! (callers and server threads together), medians over the runs; and the ring's ratio to `/dev/fuse`.
-//! Root only; `enable_uring` is set for the run and put back after.
+//! Root only; `enable_uring` is set for the run and put back after (by the next run if this one is killed first,
+//! which also detaches the mounts a killed run left: [`server::put_right_leftovers`]).
 
 mod ring;
 pub mod server;
@@ -108,10 +109,13 @@ fn dispatch_name(d: &Dispatch) -> &'static str {
 type Measured = Vec<((Transport, &'static str, usize, &'static str), OpRuns)>;
 
 fn measure_all(a: &FuseTransportArgs, threads: &[usize], dispatches: &[Dispatch]) -> Result<Measured> {
+    for line in server::put_right_leftovers() {
+        eprintln!("fuse-transport: {line}");
+    }
     let _enabled = server::UringEnabled::new()
         .context("setting /sys/module/fuse/parameters/enable_uring (root, and a kernel with FUSE over io_uring)")?;
     let parent = a.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let dir = parent.join(format!("weft-bench-fuse-transport-{}", std::process::id()));
+    let dir = parent.join(format!("{}{}", server::MOUNT_DIR_PREFIX, std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut out: Measured = Vec::new();
     for run in 0..a.runs {

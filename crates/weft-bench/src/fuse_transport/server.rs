@@ -419,13 +419,21 @@ fn write_attr(out: &mut [u8], ino: u64) {
     out[80..84].copy_from_slice(&4096u32.to_le_bytes()); // blksize
 }
 
-/// Sets `/sys/module/fuse/parameters/enable_uring` to Y for as long as the guard lives, then back as it was.
+/// Sets `/sys/module/fuse/parameters/enable_uring` to Y for as long as the guard lives, then back as it was. What it
+/// was is also written to [`URING_MARKER`] first, so a run killed with `kill -9` is put right by the next
+/// ([`put_right_leftovers`]).
 pub struct UringEnabled {
     was: Option<String>,
 }
 
 /// The kernel's switch for FUSE over io_uring (absent when the kernel is built without it).
 pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+/// While a run has changed [`ENABLE_URING`]: the run's pid and the value to put back, one per line.
+pub const URING_MARKER: &str = "/run/weft-bench-fuse-transport.enable_uring";
+/// The file system type of this bench's mounts (`fuse.` and the name mount(2) is given).
+const FSTYPE: &str = "fuse.weft-fuse-transport";
+/// Mountpoints are directories named this and the pid of the run that made them.
+pub const MOUNT_DIR_PREFIX: &str = "weft-bench-fuse-transport-";
 
 impl UringEnabled {
     pub fn new() -> io::Result<UringEnabled> {
@@ -433,6 +441,7 @@ impl UringEnabled {
         if was.trim() == "Y" {
             return Ok(UringEnabled { was: None });
         }
+        std::fs::write(URING_MARKER, format!("{}\n{}\n", std::process::id(), was.trim()))?;
         std::fs::write(ENABLE_URING, "Y")?;
         Ok(UringEnabled { was: Some(was) })
     }
@@ -442,8 +451,52 @@ impl Drop for UringEnabled {
     fn drop(&mut self) {
         if let Some(was) = &self.was {
             let _ = std::fs::write(ENABLE_URING, was.trim());
+            let _ = std::fs::remove_file(URING_MARKER);
         }
     }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// What an earlier run killed before its guards ran left behind: `enable_uring` as that run set it (put back
+/// from [`URING_MARKER`]) and its mounts (detached, their directories removed). A live run's are left alone.
+/// Returns what was put right, one line each, for the log.
+pub fn put_right_leftovers() -> Vec<String> {
+    let mut done = Vec::new();
+    if let Ok(marker) = std::fs::read_to_string(URING_MARKER) {
+        let mut lines = marker.lines();
+        let (pid, was) = (lines.next().and_then(|p| p.parse::<u32>().ok()), lines.next());
+        if let (Some(pid), Some(was)) = (pid, was)
+            && !pid_alive(pid)
+            && matches!(was, "Y" | "N")
+            && std::fs::write(ENABLE_URING, was).is_ok()
+        {
+            let _ = std::fs::remove_file(URING_MARKER);
+            done.push(format!("enable_uring put back to {was} (run {pid} died before it could)"));
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    for line in mounts.lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (Some(&point), Some(&fstype)) = (fields.get(1), fields.get(2)) else { continue };
+        let Some(pid) = point.rsplit_once(MOUNT_DIR_PREFIX).and_then(|(_, rest)| rest.split('/').next()) else {
+            continue;
+        };
+        if fstype != FSTYPE || pid.parse::<u32>().map_or(true, pid_alive) {
+            continue;
+        }
+        // /proc/self/mounts writes a space in a path as \040; these paths have none, and one that did would not
+        // be found, which is harmless.
+        let Ok(c) = CString::new(point) else { continue };
+        // SAFETY: a valid NUL-terminated path that outlives the call.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            let _ = std::fs::remove_dir(point);
+            done.push(format!("detached {point} (run {pid} died with it mounted)"));
+        }
+    }
+    done
 }
 
 #[cfg(test)]
@@ -493,6 +546,48 @@ mod tests {
         std::fs::remove_dir(&dir).expect("the mountpoint is empty once unmounted");
     }
 
+    /// Held by the tests that change `enable_uring` or its marker: the module parameter is the machine's.
+    static URING_SWITCH: Mutex<()> = Mutex::new(());
+
+    /// A run killed with `kill -9` leaves its mount and `enable_uring` as it set them; the next run detaches the
+    /// mount, removes its directory and puts `enable_uring` back, and leaves a live run's mount alone.
+    #[test]
+    fn a_killed_runs_mount_and_switch_are_put_right_by_the_next() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let dead = child.id();
+        child.wait().expect("wait");
+        let parent = std::env::temp_dir();
+        let dead_dir = parent.join(format!("{MOUNT_DIR_PREFIX}{dead}"));
+        let live_dir = parent.join(format!("{MOUNT_DIR_PREFIX}{}", std::process::id()));
+        for d in [&dead_dir, &live_dir] {
+            std::fs::create_dir_all(d).expect("mountpoint");
+        }
+        // The killed run's mount: its /dev/fuse closed with the process, the mount left behind.
+        let dead_c = CString::new(dead_dir.to_str().expect("utf-8")).expect("path");
+        drop(mount_dev(&dead_c).expect("mount (root)"));
+        let live = mount(&live_dir, Transport::DevFuse, 1, Dispatch::Inline).expect("mount over /dev/fuse (root)");
+        let _switch = URING_SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+        let switch = Path::new(ENABLE_URING).exists().then(|| std::fs::read_to_string(ENABLE_URING).expect("read"));
+        if switch.is_some() {
+            std::fs::write(URING_MARKER, format!("{dead}\nN\n")).expect("marker");
+            std::fs::write(ENABLE_URING, "Y").expect("enable_uring (root)");
+        }
+        let done = put_right_leftovers();
+        let mounted = |d: &Path| {
+            std::fs::read_to_string("/proc/self/mounts").expect("mounts").contains(&format!(" {} ", d.display()))
+        };
+        assert!(!mounted(&dead_dir) && !dead_dir.exists(), "the dead run's mount detached and removed: {done:?}");
+        assert!(mounted(&live_dir), "a live run's mount stays: {done:?}");
+        check_mount(&live_dir);
+        if let Some(was) = switch {
+            assert_eq!(std::fs::read_to_string(ENABLE_URING).expect("read").trim(), "N", "{done:?}");
+            assert!(!Path::new(URING_MARKER).exists());
+            std::fs::write(ENABLE_URING, was.trim()).expect("put the switch back as the test found it");
+        }
+        drop(live);
+        std::fs::remove_dir(&live_dir).expect("the mountpoint is empty once unmounted");
+    }
+
     /// Both transports, each with both dispatches, serve the file's bytes through a real mount (root: mount(2)
     /// and the module parameter).
     #[test]
@@ -512,6 +607,7 @@ mod tests {
                 eprintln!("skipping the ring half: {ENABLE_URING} does not exist on this kernel");
                 continue;
             }
+            let _switch = URING_SWITCH.lock().unwrap_or_else(|p| p.into_inner());
             let _enabled = UringEnabled::new().expect("setting enable_uring (tests run as root)");
             let server = mount(&dir, Transport::Uring, 1, dispatch).expect("mount over io_uring");
             assert_eq!(server.transport, Transport::Uring);
