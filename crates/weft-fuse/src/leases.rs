@@ -48,6 +48,14 @@ pub struct LeaseView {
     /// with the count of the client's own changes they hold ([`weft_client::DirAfter::sent`]): the kernel's
     /// `GETATTR` of one is answered from here while its lease holds and the count has not moved.
     after_create: HashMap<u64, (Attr, u64)>,
+    /// Directories this mount made itself under a lease, with every name that may be in each: a name the set does
+    /// not hold is missing while the directory's lease holds (another session's change of its names recalls the
+    /// directory's attributes first, which drops the set), so the kernel's lookup of it before a create is
+    /// answered here. Names go in before the mount's own request that may add them is sent, and out only once an
+    /// unlink or rmdir of them succeeded: a set may hold a name that is gone, never miss one that exists.
+    names: HashMap<u64, HashSet<String>>,
+    /// Names in all sets of `names`: at most [`TRACKED_MAX`]; a set that would grow past it is dropped.
+    names_held: usize,
 }
 
 impl LeaseView {
@@ -125,10 +133,57 @@ impl LeaseView {
         Some(attr.clone())
     }
 
+    /// The mount made directory `ino` with a reply the kernel caches under the lease ([`LeaseView::entry`] said
+    /// so): it was empty then, and every later change of its names is this mount's own or recalled.
+    pub fn made_dir(&mut self, ino: u64) {
+        if self.attrs.contains(&ino) && (self.names.len() < TRACKED_MAX || self.names.contains_key(&ino)) {
+            self.drop_names(ino);
+            self.names.insert(ino, HashSet::new());
+        }
+    }
+
+    /// Before the mount's own request that may add `name` to `parent` (a create, mkdir, mknod, symlink, link or
+    /// rename there) is sent: from now on the name is not known to be missing.
+    pub fn adding(&mut self, parent: u64, name: &str) {
+        let Some(set) = self.names.get_mut(&parent) else { return };
+        if set.contains(name) {
+            return;
+        }
+        if self.names_held >= TRACKED_MAX {
+            self.drop_names(parent);
+            return;
+        }
+        set.insert(name.to_string());
+        self.names_held += 1;
+    }
+
+    /// The mount's own unlink or rmdir of `parent`/`name` succeeded: the name is gone.
+    pub fn removed(&mut self, parent: u64, name: &str) {
+        if let Some(set) = self.names.get_mut(&parent)
+            && set.remove(name)
+        {
+            self.names_held -= 1;
+        }
+    }
+
+    /// Whether `parent`/`name` is missing, known here without asking the MDS: the mount made `parent` and holds
+    /// its lease now, and no request of its own that may have added the name was sent.
+    pub fn missing(&self, parent: u64, name: &str, now: (Instant, u64)) -> bool {
+        let Some(set) = self.names.get(&parent) else { return false };
+        name != "." && name != ".." && !set.contains(name) && self.trust.live(now) && self.attrs.contains(&parent)
+    }
+
+    fn drop_names(&mut self, ino: u64) {
+        if let Some(set) = self.names.remove(&ino) {
+            self.names_held -= set.len();
+        }
+    }
+
     /// This mount changed `ino` behind its kernel's back (a commit at close or fsync): true if the kernel holds its
     /// attributes under a lease, which the caller then invalidates.
     pub fn forget_attr(&mut self, ino: u64) -> bool {
         self.after_create.remove(&ino);
+        self.drop_names(ino);
         self.attrs.remove(&ino)
     }
 
@@ -145,11 +200,13 @@ impl LeaseView {
                 None => {
                     self.attrs.remove(&r.ino);
                     self.after_create.remove(&r.ino);
+                    self.drop_names(r.ino);
                     let dir = self.dirs.remove(&r.ino).is_some();
                     out.push(if dir { Inval::Dir(r.ino) } else { Inval::Attr(r.ino) });
                 }
                 Some(n) => {
                     self.entries.remove(&(r.ino, n.clone()));
+                    self.drop_names(r.ino);
                     out.push(Inval::Entry(r.ino, n.clone()));
                 }
             }
@@ -161,6 +218,8 @@ impl LeaseView {
     pub fn lose(&mut self) -> Vec<Inval> {
         self.trust.lose();
         self.after_create.clear();
+        self.names.clear();
+        self.names_held = 0;
         // A directory's attributes go with its listing (its `Inval::Dir`).
         let dirs = std::mem::take(&mut self.dirs);
         let attrs = self.attrs.drain().filter(|ino| !dirs.contains_key(ino)).map(Inval::Attr);
@@ -354,6 +413,77 @@ mod tests {
         assert!(v.created_in(&v.ticket(), &after(4, true, 7), now));
         v.lose();
         assert!(v.after_create(4, 7, now).is_none(), "the leases are gone");
+    }
+
+    /// Every way a directory's name set is made, grows, shrinks and goes: a name is answered missing only while
+    /// the set holds and does not name it.
+    #[test]
+    fn a_made_directorys_names_answer_missing_ones_only_while_its_lease_holds_and_nothing_may_have_added_them() {
+        let t0 = Instant::now();
+        let now = (t0, 1);
+        let mut v = LeaseView::default();
+        v.received(&resp(1, 0, vec![]), t0, 1);
+        v.made_dir(2);
+        assert!(!v.missing(2, "a", now), "made without a lease on it");
+        let t = v.ticket();
+        assert!(v.entry(&t, 1, "d", 2, now));
+        v.made_dir(2);
+        assert!(v.missing(2, "a", now), "made here under its lease: empty");
+        assert!(!v.missing(2, ".", now) && !v.missing(2, "..", now), "never");
+        assert!(!v.missing(3, "a", now), "a directory not made here");
+        v.adding(2, "a");
+        assert!(!v.missing(2, "a", now) && v.missing(2, "b", now), "a request that may add it was sent");
+        v.removed(2, "a");
+        assert!(v.missing(2, "a", now), "unlinked");
+        v.adding(2, "a");
+        assert!(!v.missing(2, "a", (t0, 2)) && !v.missing(2, "b", (t0, 2)), "another MDS session");
+        assert!(!v.missing(2, "b", (t0 + Duration::from_millis(1000), 1)), "past the trust horizon");
+        // Another session's change of the directory's names recalls its attributes: the set goes for good.
+        assert_eq!(v.received(&resp(1, 1, vec![Recall { ino: 2, name: None }]), t0, 1), vec![Inval::Attr(2)]);
+        assert!(!v.missing(2, "b", now));
+        assert!(v.entry(&v.ticket(), 1, "d", 2, now), "leased again by a lookup");
+        assert!(!v.missing(2, "b", now), "what changed in between is not known");
+        // A recall of one of its names, a commit behind the kernel's back, lost leases: each drops it.
+        for drop in 0..3 {
+            let t = v.ticket();
+            assert!(v.entry(&t, 1, "e", 4, now));
+            v.made_dir(4);
+            v.adding(4, "x");
+            assert!(v.missing(4, "y", now));
+            match drop {
+                0 => assert_eq!(
+                    v.received(&resp(1, 2, vec![Recall { ino: 4, name: Some("x".into()) }]), t0, 1),
+                    vec![Inval::Entry(4, "x".into())]
+                ),
+                1 => assert!(v.forget_attr(4)),
+                _ => {
+                    v.lose();
+                }
+            }
+            assert!(!v.missing(4, "y", now), "case {drop}");
+            assert_eq!(v.names_held, v.names.values().map(HashSet::len).sum::<usize>(), "case {drop}");
+        }
+    }
+
+    #[test]
+    fn name_sets_are_bounded_by_dropping_the_one_that_would_grow_past_the_bound() {
+        let t0 = Instant::now();
+        let now = (t0, 1);
+        let mut v = LeaseView::default();
+        v.received(&resp(1, 0, vec![]), t0, 1);
+        let t = v.ticket();
+        assert!(v.entry(&t, 1, "d", 2, now) && v.entry(&t, 1, "e", 3, now));
+        v.made_dir(2);
+        v.made_dir(3);
+        for i in 0..TRACKED_MAX - 1 {
+            v.adding(2, &format!("n{i}"));
+        }
+        v.adding(3, "last");
+        assert_eq!(v.names_held, TRACKED_MAX);
+        v.adding(3, "one-too-many");
+        assert!(!v.missing(3, "other", now), "dropped rather than wrong");
+        assert!(v.missing(2, "other", now) && !v.missing(2, "n0", now), "the other set stands");
+        assert_eq!(v.names_held, TRACKED_MAX - 1);
     }
 
     #[test]

@@ -475,12 +475,28 @@ impl Inner {
 
     /// Replies to a request about entry `parent`/`name` asked under `t`: with the lease timeout if the MDS leased
     /// both to this mount, else the entry timeout.
-    fn reply_entry(&self, reply: ReplyEntry, t: Ticket, (parent, name): (u64, &str), r: Result<Attr, ClientError>) {
+    fn reply_entry(&self, reply: ReplyEntry, t: Ticket, key: (u64, &str), r: Result<Attr, ClientError>) {
+        self.reply_entry_made(reply, t, key, r, false)
+    }
+
+    /// [`Inner::reply_entry`]; `made_dir`: the reply is of this mount's own mkdir, whose new directory's names the
+    /// mount then tracks if the reply is cached under the lease ([`leases::LeaseView::made_dir`]).
+    fn reply_entry_made(
+        &self,
+        reply: ReplyEntry,
+        t: Ticket,
+        (parent, name): (u64, &str),
+        r: Result<Attr, ClientError>,
+        made_dir: bool,
+    ) {
         match r {
             Ok(a) => {
                 let attr = file_attr(&self.local_view(a));
                 let mut v = self.lease_view();
-                let ttl = self.entry_ttl_under(&mut v, &t, parent, name, attr.ino.0);
+                let (ttl, leased) = self.entry_leased_under(&mut v, &t, (parent, name), attr.ino.0);
+                if made_dir && leased {
+                    v.made_dir(attr.ino.0);
+                }
                 reply.entry(&ttl, &attr, Generation(0));
             }
             Err(e) => reply.error(errno(&e)),
@@ -509,9 +525,22 @@ impl Inner {
 
     /// The timeout of an entry reply, decided under the view's lock `v` (held until the reply is sent).
     fn entry_ttl_under(&self, v: &mut leases::LeaseView, t: &Ticket, parent: u64, name: &str, ino: u64) -> Duration {
+        self.entry_leased_under(v, t, (parent, name), ino).0
+    }
+
+    /// [`Inner::entry_ttl_under`], and whether the entry is cached under the lease.
+    fn entry_leased_under(
+        &self,
+        v: &mut leases::LeaseView,
+        t: &Ticket,
+        (parent, name): (u64, &str),
+        ino: u64,
+    ) -> (Duration, bool) {
         match self.lease_now() {
-            Some(now) if v.entry(t, parent, name, ino, now) => Duration::from_millis(self.opts.lease_timeout_ms),
-            _ => self.entry_ttl(),
+            Some(now) if v.entry(t, parent, name, ino, now) => {
+                (Duration::from_millis(self.opts.lease_timeout_ms), true)
+            }
+            _ => (self.entry_ttl(), false),
         }
     }
 
@@ -528,6 +557,28 @@ impl Inner {
             m.record(FuseOp::Getattr as usize, true, began.elapsed());
         }
         None
+    }
+
+    /// Answers a `LOOKUP` of a name known missing ([`leases::LeaseView::missing`]: a directory this mount made and
+    /// holds) with ENOENT on the calling thread: no round trip. Gives the reply back if not known.
+    fn lookup_missing(&self, parent: u64, name: &str, reply: ReplyEntry) -> Option<ReplyEntry> {
+        let Some(now) = self.lease_now() else { return Some(reply) };
+        let began = std::time::Instant::now();
+        let v = self.lease_view();
+        if !v.missing(parent, name, now) {
+            return Some(reply);
+        }
+        reply.error(Errno::ENOENT);
+        drop(v);
+        if let Some(m) = &self.metrics {
+            m.record(FuseOp::Lookup as usize, false, began.elapsed());
+        }
+        None
+    }
+
+    /// Before a request of this mount's own that may add `parent`/`name` is sent ([`leases::LeaseView::adding`]).
+    fn adding(&self, parent: u64, name: &str) {
+        self.lease_view().adding(parent, name);
     }
 
     /// Replies with attributes `a` of a request asked under `t`: the lease timeout if leased, else the attribute one.
@@ -658,6 +709,7 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        let Some(reply) = self.inner.lookup_missing(parent.0, &name, reply) else { return };
         self.spawn(FuseOp::Lookup, req, move |i, c| async move {
             let t = i.ticket();
             let r = if i.leasing() { c.lookup_at_mds(parent.0, &name).await } else { c.lookup(parent.0, &name).await };
@@ -754,6 +806,7 @@ impl Filesystem for WeftFs {
         // The MDS applies the umask, unless the directory has a default ACL (docs/format.md §13).
         let perm = weft_proto::mode_with_umask(mode, umask);
         self.spawn(FuseOp::Mknod, req, move |i, c| async move {
+            i.adding(parent.0, &name);
             let t = i.ticket();
             let r = match kind {
                 None => c.create(parent.0, &name, perm, true).await,
@@ -769,9 +822,10 @@ impl Filesystem for WeftFs {
             Err(e) => return reply.error(e),
         };
         self.spawn(FuseOp::Mkdir, req, move |i, c| async move {
+            i.adding(parent.0, &name);
             let t = i.ticket();
             let r = c.mkdir(parent.0, &name, weft_proto::mode_with_umask(mode, umask)).await;
-            i.reply_entry(reply, t, (parent.0, &name), r);
+            i.reply_entry_made(reply, t, (parent.0, &name), r, true);
         });
     }
 
@@ -791,6 +845,7 @@ impl Filesystem for WeftFs {
                 && i.handles.open_file(a.ino).is_some()
             {
                 let hidden = format!(".weft-unlinked-{:016x}", a.ino);
+                i.adding(parent.0, &hidden);
                 if let Err(e) = c.rename(parent.0, &name, parent.0, &hidden, 0).await {
                     return reply.error(errno(&e));
                 }
@@ -799,7 +854,11 @@ impl Filesystem for WeftFs {
                 }
                 return reply.ok();
             }
-            reply_empty(reply, c.unlink(parent.0, &name).await)
+            let r = c.unlink(parent.0, &name).await;
+            if r.is_ok() {
+                i.lease_view().removed(parent.0, &name);
+            }
+            reply_empty(reply, r)
         });
     }
 
@@ -808,7 +867,13 @@ impl Filesystem for WeftFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.spawn(FuseOp::Rmdir, req, move |_i, c| async move { reply_empty(reply, c.rmdir(parent.0, &name).await) });
+        self.spawn(FuseOp::Rmdir, req, move |i, c| async move {
+            let r = c.rmdir(parent.0, &name).await;
+            if r.is_ok() {
+                i.lease_view().removed(parent.0, &name);
+            }
+            reply_empty(reply, r)
+        });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -820,6 +885,7 @@ impl Filesystem for WeftFs {
             return reply.error(Errno::EINVAL);
         };
         self.spawn(FuseOp::Symlink, req, move |i, c| async move {
+            i.adding(parent.0, &name);
             let t = i.ticket();
             let r = c.symlink(parent.0, &name, &target).await;
             i.reply_entry(reply, t, (parent.0, &name), r);
@@ -852,7 +918,10 @@ impl Filesystem for WeftFs {
             // Atomic at the metadata service: both entries swap in one transaction.
             wire_flags |= weft_proto::msg::RENAME_EXCHANGE;
         }
-        self.spawn(FuseOp::Rename, req, move |_i, c| async move {
+        self.spawn(FuseOp::Rename, req, move |i, c| async move {
+            // The source name stays in its set even when the rename succeeds: a rename between two links of one
+            // file removes nothing (POSIX), and a set may hold a gone name.
+            i.adding(newparent.0, &newname);
             reply_empty(reply, c.rename(parent.0, &name, newparent.0, &newname, wire_flags).await)
         });
     }
@@ -863,6 +932,7 @@ impl Filesystem for WeftFs {
             Err(e) => return reply.error(e),
         };
         self.spawn(FuseOp::Link, req, move |i, c| async move {
+            i.adding(newparent.0, &name);
             let t = i.ticket();
             let r = c.link(ino.0, newparent.0, &name).await;
             i.reply_entry(reply, t, (newparent.0, &name), r);
@@ -1308,6 +1378,7 @@ impl Filesystem for WeftFs {
         };
         let exclusive = flags & libc::O_EXCL != 0;
         self.spawn(FuseOp::Create, req, move |i, c| async move {
+            i.adding(parent.0, &name);
             let t = i.ticket();
             let perm = weft_proto::mode_with_umask(mode, umask);
             let (file, dir) = match c.create_open_dir(parent.0, &name, perm, exclusive).await {

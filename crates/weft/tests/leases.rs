@@ -708,3 +708,83 @@ async fn a_directorys_attributes_after_the_mounts_own_creates_need_no_round_trip
     assert_eq!(dir_stat(&root, "d"), at_mds().await, "after another client's create (recalled)");
     assert_eq!(std::fs::read_dir(a.path("d")).unwrap().count(), CREATES - 2 + 6, "sub, g, h, i, j and other");
 }
+
+/// A mount answers the kernel's lookup of a missing name in a directory it made itself from the names it knows
+/// (docs/format.md §31, "names a mount made"): creates there and lookups of missing names there ask the MDS no
+/// `Lookup`. A name another client or mount adds (create, link, rename in) is seen at once, and the mount's own
+/// unlink, rename, link, symlink and mkdir each leave every name as it is at the MDS.
+#[tokio::test(flavor = "multi_thread")]
+async fn names_missing_from_a_directory_the_mount_made_need_no_round_trip_and_others_names_are_seen() {
+    let cl = leased_cluster("leases-missing", LEASE_TOML).await;
+    let meta = cl.metrics_addrs().into_iter().find(|(role, _)| role == "meta").unwrap().1;
+    let mds_lookups = || metric(&meta, "weft_rpc_server_requests_total", &["op=\"Lookup\""]);
+    let (a, at) = mount_with_metrics(&cl, "leases-missing-a");
+    let (b, bt) = mount_with_metrics(&cl, "leases-missing-b");
+    members::wait_for("the mounts' lease channels", || async { leasing(&at).await && leasing(&bt).await }).await;
+    let native = cl.client().await;
+    let exists = |p: PathBuf| p.symlink_metadata().is_ok();
+    let create = |p: PathBuf| std::fs::OpenOptions::new().write(true).create_new(true).open(p).map(drop);
+    let ino = |p: PathBuf| std::fs::metadata(p).unwrap().ino();
+    for d in ["d", "e", "g", "h"] {
+        std::fs::create_dir(a.path(d)).unwrap();
+    }
+    const CREATES: usize = 20;
+    let asked = mds_lookups().await;
+    for i in 0..CREATES {
+        create(a.path(&format!("d/f{i}"))).unwrap();
+        assert!(!exists(a.path(&format!("d/missing{i}"))));
+    }
+    let asked = mds_lookups().await - asked;
+    assert_eq!(asked, 0.0, "Lookup calls at the MDS for {CREATES} creates and lookups of missing names");
+    assert!(matches!(create(a.path("d/f0")), Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists));
+
+    // Others' names: a create by the native client and by the other mount, a link and a rename in.
+    let (d, e, g) = (ino(a.path("d")), ino(a.path("e")), ino(a.path("g")));
+    assert!(!exists(a.path("d/other")) && !exists(a.path("e/x")) && !exists(a.path("g/y")) && !exists(a.path("h/z")));
+    native.create(d, "other", 0o644, true).await.unwrap();
+    assert!(exists(a.path("d/other")), "a native client's create");
+    native.link(ino(a.path("d/f0")), e, "x").await.unwrap();
+    assert!(exists(a.path("e/x")), "a native client's link");
+    native.rename(d, "f1", g, "y", 0).await.unwrap();
+    assert!(exists(a.path("g/y")) && !exists(a.path("d/f1")), "a native client's rename");
+    create(b.path("h/z")).unwrap();
+    assert!(exists(a.path("h/z")), "the other mount's create");
+
+    // The mount's own changes of names in a directory it made.
+    std::fs::create_dir(a.path("k")).unwrap();
+    let k = |n: &str| a.path(&format!("k/{n}"));
+    create(k("a")).unwrap();
+    std::fs::remove_file(k("a")).unwrap();
+    assert!(!exists(k("a")), "unlinked");
+    create(k("a")).unwrap();
+    std::fs::rename(k("a"), k("b")).unwrap();
+    assert!(!exists(k("a")) && exists(k("b")), "renamed");
+    std::fs::hard_link(k("b"), k("c")).unwrap();
+    std::fs::rename(k("b"), k("c")).unwrap();
+    assert!(exists(k("b")) && exists(k("c")), "a rename between two links of one file removes nothing");
+    std::os::unix::fs::symlink("b", k("s")).unwrap();
+    std::fs::create_dir(k("sub")).unwrap();
+    create(a.path("d/moved")).unwrap();
+    std::fs::rename(a.path("d/moved"), k("moved")).unwrap();
+    assert!(exists(k("s")) && exists(k("sub")) && exists(k("moved")), "symlink, mkdir, rename in");
+    std::fs::remove_dir(k("sub")).unwrap();
+    assert!(!exists(k("sub")), "removed");
+    // An unlink of a file open here renames it aside (until its last close): the old name is gone, the file is not.
+    let open = std::fs::File::open(k("c")).unwrap();
+    std::fs::remove_file(k("c")).unwrap();
+    assert!(!exists(k("c")));
+    drop(open);
+    let mut names: Vec<String> = native
+        .readdir(ino(a.path("k")))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .filter(|n| !n.starts_with(".weft-unlinked"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["b", "moved", "s"], "the MDS's names");
+    for n in ["a", "b", "c", "moved", "s", "sub", "t"] {
+        assert_eq!(exists(k(n)), names.iter().any(|m| m == n), "k/{n} through the mount");
+    }
+}
