@@ -173,6 +173,9 @@ struct DirState {
     eof: bool,
     /// Hashed: the offset of each entry (ascending); empty until the listing is taken.
     cookies: Vec<u64>,
+    /// Hashed: the names of the last whole listing and the lease ticket taken before it, until the caller takes
+    /// them ([`DirHandle::take_listed`]).
+    listed: Option<(crate::leases::Ticket, Vec<String>)>,
 }
 
 /// The offset of the entry `name` in a hashed listing: [`weft_client::name_hash`] in 3..2⁶³ (1 and 2 are "." and
@@ -197,7 +200,7 @@ impl DirHandle {
                 asked: None,
             },
         ];
-        let state = DirState { entries, after: String::new(), eof: false, cookies: Vec::new() };
+        let state = DirState { entries, after: String::new(), eof: false, cookies: Vec::new(), listed: None };
         DirHandle { ino, plus, hashed: false, state: tokio::sync::Mutex::new(state) }
     }
 
@@ -254,8 +257,15 @@ impl DirHandle {
         let mut named: Vec<(u64, DirItem)> = s.entries.drain(2..).map(|e| (name_cookie(&e.name), e)).collect();
         named.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
         s.cookies = [1, 2].into_iter().chain(named.iter().map(|(c, _)| *c)).collect();
+        s.listed = asked.map(|t| (t, named.iter().map(|(_, e)| e.name.clone()).collect()));
         s.entries.extend(named.into_iter().map(|(_, e)| e));
         Ok(())
+    }
+
+    /// The names of the whole listing an [`DirHandle::entries_from`] call just took (hashed handles, with a
+    /// ticket), with that ticket: what the mount may know the directory by ([`crate::leases::LeaseView::listed`]).
+    pub(crate) async fn take_listed(&self) -> Option<(crate::leases::Ticket, Vec<String>)> {
+        self.state.lock().await.listed.take()
     }
 
     /// Fetches pages until the listing holds position `pos` or the directory ended.

@@ -142,6 +142,21 @@ impl LeaseView {
         }
     }
 
+    /// A whole listing of directory `ino` taken under `t` (its pages fetched after `t` was taken, while the kernel
+    /// held the directory's lock): if no recall of the directory overtook it and its lease holds, `names` are all
+    /// its names, kept as [`LeaseView::made_dir`] keeps a new directory's. True if kept.
+    pub fn listed(&mut self, t: &Ticket, ino: u64, names: Vec<String>, now: (Instant, u64)) -> bool {
+        self.drop_names(ino);
+        let fits = self.names_held + names.len() <= TRACKED_MAX && self.names.len() < TRACKED_MAX;
+        if !fits || !self.attrs.contains(&ino) || !self.trusted(t, &[ino], now) {
+            return false;
+        }
+        let set: HashSet<String> = names.into_iter().filter(|n| n != "." && n != "..").collect();
+        self.names_held += set.len();
+        self.names.insert(ino, set);
+        true
+    }
+
     /// Before the mount's own request that may add `name` to `parent` (a create, mkdir, mknod, symlink, link or
     /// rename there) is sent: from now on the name is not known to be missing.
     pub fn adding(&mut self, parent: u64, name: &str) {
@@ -463,6 +478,31 @@ mod tests {
             assert!(!v.missing(4, "y", now), "case {drop}");
             assert_eq!(v.names_held, v.names.values().map(HashSet::len).sum::<usize>(), "case {drop}");
         }
+    }
+
+    /// A whole listing taken under the lease makes the directory's names known, as a mkdir does; a listing a
+    /// recall overtook, or of a directory not leased, does not, and drops what was known.
+    #[test]
+    fn a_whole_listing_under_the_lease_makes_a_directorys_names_known() {
+        let t0 = Instant::now();
+        let now = (t0, 1);
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut v = LeaseView::default();
+        v.received(&resp(1, 0, vec![]), t0, 1);
+        let t = v.ticket();
+        assert!(!v.listed(&t, 2, names(&["a"]), now), "the directory is not leased");
+        assert!(v.attr(&t, 2, now));
+        assert!(v.listed(&t, 2, names(&[".", "..", "a", "b"]), now));
+        assert!(v.missing(2, "c", now) && !v.missing(2, "a", now) && !v.missing(2, "b", now));
+        v.received(&resp(1, 1, vec![Recall { ino: 2, name: None }]), t0, 1);
+        assert!(!v.missing(2, "c", now), "recalled");
+        assert!(v.attr(&v.ticket(), 2, now), "leased again");
+        assert!(!v.listed(&t, 2, names(&["a"]), now), "a listing asked before the recall");
+        assert!(v.listed(&v.ticket(), 2, names(&["a"]), now) && v.missing(2, "b", now));
+        let many: Vec<String> = (0..=TRACKED_MAX).map(|i| format!("n{i}")).collect();
+        assert!(!v.listed(&v.ticket(), 2, many, now), "past the bound");
+        assert!(!v.missing(2, "b", now), "and what was known is dropped");
+        assert_eq!(v.names_held, 0);
     }
 
     #[test]

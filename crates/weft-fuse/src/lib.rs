@@ -448,6 +448,7 @@ impl Inner {
             Ok(e) => e,
             Err(e) => return reply.error(errno(&e)),
         };
+        self.learn_listing(dir).await;
         let mut page = Vec::with_capacity(entries.len());
         for (off, e) in entries {
             let attr = match e.attr {
@@ -574,6 +575,15 @@ impl Inner {
             m.record(FuseOp::Lookup as usize, false, began.elapsed());
         }
         None
+    }
+
+    /// After a page of `dir`: if it took the whole listing, the mount knows the directory's names while its lease
+    /// holds ([`leases::LeaseView::listed`]). (The kernel holds the directory's lock across the listing, so none
+    /// of the mount's own changes of its names ran meanwhile; another session's recalls it.)
+    async fn learn_listing(&self, dir: &DirHandle) {
+        if let (Some((t, names)), Some(now)) = (dir.take_listed().await, self.lease_now()) {
+            self.lease_view().listed(&t, dir.ino(), names, now);
+        }
     }
 
     /// Before a request of this mount's own that may add `parent`/`name` is sent ([`leases::LeaseView::adding`]).
@@ -1200,14 +1210,15 @@ impl Filesystem for WeftFs {
         let Some(dir) = self.inner.handles.dir(fh.0) else {
             return reply.error(Errno::EBADF);
         };
-        self.spawn(FuseOp::Readdir, req, move |_i, c| async move {
+        self.spawn(FuseOp::Readdir, req, move |i, c| async move {
             // Offsets are stable under concurrent changes (see `DirHandle`): an entry listed once keeps its offset.
             let mut pos = offset;
             loop {
-                let entries = match dir.entries_from(&c, pos, None).await {
+                let entries = match dir.entries_from(&c, pos, Some(i.ticket())).await {
                     Ok(e) => e,
                     Err(e) => return reply.error(errno(&e)),
                 };
+                i.learn_listing(&dir).await;
                 if entries.is_empty() {
                     break;
                 }

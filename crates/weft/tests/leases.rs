@@ -750,6 +750,22 @@ async fn names_missing_from_a_directory_the_mount_made_need_no_round_trip_and_ot
     create(b.path("h/z")).unwrap();
     assert!(exists(a.path("h/z")), "the other mount's create");
 
+    // A directory made elsewhere, listed whole through the mount under its lease: its names are known too.
+    let l = native.mkdir(weft_proto::ROOT_INO, "listed", 0o755).await.unwrap().ino;
+    native.create(l, "there", 0o644, true).await.unwrap();
+    let mut listing: Vec<String> =
+        std::fs::read_dir(a.path("listed")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    listing.sort();
+    assert_eq!(listing, ["there"]);
+    let asked = mds_lookups().await;
+    for i in 0..CREATES {
+        create(a.path(&format!("listed/f{i}"))).unwrap();
+    }
+    assert!(exists(a.path("listed/there")));
+    assert_eq!(mds_lookups().await - asked, 0.0, "Lookup calls at the MDS for creates in a listed directory");
+    native.create(l, "later", 0o644, true).await.unwrap();
+    assert!(exists(a.path("listed/later")), "a native client's create after the listing");
+
     // The mount's own changes of names in a directory it made.
     std::fs::create_dir(a.path("k")).unwrap();
     let k = |n: &str| a.path(&format!("k/{n}"));
