@@ -3,66 +3,66 @@
 against one made by the native CLI (the mount does not know its names: each create's lookup goes to the MDS).
 usage: scripts/bench-creates-ab.py WEFT DATA_DIR MOUNT ROUNDS N, against `weft up --mount MOUNT --data-dir DATA_DIR`
 (docs/bench.md, "A mount answers lookups of missing names"). Creates/s and the MDS's Lookup calls per create."""
-import os, subprocess, sys, threading, time, urllib.request, re
+import os, statistics, subprocess, sys, threading, time, urllib.request
+
 weft, data, mnt, rounds, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 cluster = os.path.join(data, "cluster.toml")
-def meta_url():
-    for line in open(os.path.join(data, "metrics.txt")):
-        if line.startswith("meta"):
-            return "http://" + line.split()[-1].replace("http://", "").rstrip("/") + ("" if line.strip().endswith("/metrics") else "/metrics")
-    raise SystemExit("no meta metrics in metrics.txt: " + open(os.path.join(data, "metrics.txt")).read())
-URL = meta_url()
-def mds_ops(op):
+# metrics.txt (written by `weft up`): one "ROLE ADDR" line per role.
+URL = "http://" + [l.split()[1] for l in open(os.path.join(data, "metrics.txt")) if l.startswith("meta ")][0] + "/metrics"
+
+
+def mds_lookups():
     body = urllib.request.urlopen(URL).read().decode()
-    return sum(float(l.split()[-1]) for l in body.splitlines() if l.startswith("weft_rpc_server_requests_total") and f'op="{op}"' in l)
-def creators(dirs, per):
-    def work(d):
-        for i in range(per):
-            os.close(os.open(os.path.join(d, f"f{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-    ts = [threading.Thread(target=work, args=(d,)) for d in dirs]
+    return sum(float(l.split()[-1]) for l in body.splitlines()
+               if l.startswith("weft_rpc_server_requests_total") and 'op="Lookup"' in l)
+
+
+def creators(jobs):
+    """One thread per (dir, name prefix, count): O_CREAT|O_EXCL then close. Creates/s of all together."""
+    def work(d, prefix, count):
+        for i in range(count):
+            os.close(os.open(os.path.join(d, f"{prefix}{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    ts = [threading.Thread(target=work, args=job) for job in jobs]
     t0 = time.perf_counter()
-    for t in ts: t.start()
-    for t in ts: t.join()
-    return per * len(dirs) / (time.perf_counter() - t0)
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return sum(job[2] for job in jobs) / (time.perf_counter() - t0)
+
+
 def make(kind, name):
     if kind == "mount":
         os.mkdir(os.path.join(mnt, name))
     else:
         subprocess.run([weft, "mkdir", "--cluster", cluster, "/" + name], check=True, stdout=subprocess.DEVNULL)
     return os.path.join(mnt, name)
+
+
+# (label, threads, a directory per thread)
 cases = [("1 thread, one dir", 1, False), ("4 threads, one dir", 4, False), ("8 threads, a dir each", 8, True)]
 res = {}
-creators([make("mount", "warm")], 200)
+creators([(make("mount", "warm"), "f", 200)])
 for r in range(rounds):
-    for label, th, own in cases:
+    for label, threads, own in cases:
         for kind in (["mount", "cli"] if r % 2 == 0 else ["cli", "mount"]):
+            per = n // threads
             if own:
-                dirs = [make(kind, f"r{r}-{kind}-{th}-{j}") for j in range(th)]
-                per = n // th
-                rate_dirs = dirs
+                jobs = [(make(kind, f"r{r}-{kind}-{threads}-{j}"), "f", per) for j in range(threads)]
             else:
-                d = make(kind, f"r{r}-{kind}-{th}")
-                rate_dirs = [d] * th
-                per = n // th
-            if not own and th > 1:
-                # threads share one dir: give each its own name prefix
-                def work_shared(d, k, per):
-                    for i in range(per):
-                        os.close(os.open(os.path.join(d, f"t{k}-{i}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-                l0 = mds_ops("Lookup")
-                ts = [threading.Thread(target=work_shared, args=(d, k, per)) for k in range(th)]
-                t0 = time.perf_counter()
-                for t in ts: t.start()
-                for t in ts: t.join()
-                rate = per * th / (time.perf_counter() - t0)
-            else:
-                l0 = mds_ops("Lookup")
-                rate = creators(rate_dirs if own else [d], per)
-            lk = (mds_ops("Lookup") - l0) / (per * th)
-            res.setdefault((label, kind), []).append((rate, lk))
-            print(f"round {r} {label:24} dir made by {kind:5}: {rate:7.0f} creates/s, {lk:.2f} Lookup/create", flush=True)
+                d = make(kind, f"r{r}-{kind}-{threads}")
+                jobs = [(d, f"t{k}-", per) for k in range(threads)]
+            before = mds_lookups()
+            rate = creators(jobs)
+            lookups = (mds_lookups() - before) / (per * threads)
+            res.setdefault((label, kind), []).append((rate, lookups))
+            print(f"round {r} {label:24} dir made by {kind:5}: {rate:7.0f} creates/s, {lookups:.2f} Lookup/create",
+                  flush=True)
 print()
-import statistics
 for label, _, _ in cases:
-    m = statistics.median(x[0] for x in res[(label, "mount")]); c = statistics.median(x[0] for x in res[(label, "cli")])
-    print(f"{label:24} mount-made {m:7.0f} ({' / '.join(f'{x[0]:.0f}' for x in res[(label,'mount')])}), cli-made {c:7.0f} ({' / '.join(f'{x[0]:.0f}' for x in res[(label,'cli')])}), ratio {m/c:.2f}x; Lookup/create {statistics.median(x[1] for x in res[(label,'mount')]):.2f} vs {statistics.median(x[1] for x in res[(label,'cli')]):.2f}")
+    runs = {kind: res[(label, kind)] for kind in ("mount", "cli")}
+    med = {kind: statistics.median(x[0] for x in v) for kind, v in runs.items()}
+    each = {kind: " / ".join(f"{x[0]:.0f}" for x in v) for kind, v in runs.items()}
+    lk = {kind: statistics.median(x[1] for x in v) for kind, v in runs.items()}
+    print(f"{label:24} mount-made {med['mount']:7.0f} ({each['mount']}), cli-made {med['cli']:7.0f} ({each['cli']}), "
+          f"ratio {med['mount'] / med['cli']:.2f}x; Lookup/create {lk['mount']:.2f} vs {lk['cli']:.2f}")
